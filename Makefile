@@ -1,0 +1,55 @@
+# The two commands of the README: `make demo` and `make test`. Everything they need is installed by the
+# project's own files into ignored or cache folders: .venv/ here, binaries and jars under
+# $XDG_CACHE_HOME/icefall (default ~/.cache/icefall), keyed by version.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+VENV := .venv
+BIN := $(VENV)/bin
+TOOLS := eval "$$(hack/tool-env.sh)"
+
+.PHONY: help setup venv tools demo test test-unit test-integration test-e2e lint fmt clean
+help:
+	@echo "make demo   set everything up and run the main job on the embedded default"
+	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e)"
+	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
+	@echo "make lint   ruff + mypy;  make fmt: ruff format"
+
+setup: venv tools
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@echo "[setup] Python packages into $(VENV) (pinned by constraints.txt)"
+	@test -x $(BIN)/python || python3 -m venv $(VENV)
+	@start=$$SECONDS; $(BIN)/pip install -q -c constraints.txt -e '.[dev]'; \
+	  echo "[setup] Python packages ready in $$((SECONDS - start))s"
+	@touch $@
+
+tools:
+	@$(TOOLS) >/dev/null
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+fmt: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: setup lint
+	$(TOOLS) && $(BIN)/pytest
+
+test-unit: venv
+	$(BIN)/pytest -m unit
+
+test-integration: setup
+	$(TOOLS) && $(BIN)/pytest -m integration
+
+test-e2e: setup
+	$(TOOLS) && $(BIN)/pytest -m e2e
+
+demo: setup
+	$(TOOLS) && $(BIN)/icefall demo
+
+clean:
+	rm -rf $(VENV) .icefall .mypy_cache .ruff_cache

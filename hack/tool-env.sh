@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Provisions every non-Python component (cached by version) and prints the `export` lines that point
+# icefall.devstack at them. Usage: eval "$(hack/tool-env.sh)"
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+t0=$SECONDS
+step() { local s=$SECONDS out; out=$("$@"); echo "[setup] $* -> $out ($((SECONDS - s))s)" >&2; echo "$out"; }
+kube=$(step "$here/build-go-tools.sh" kube)
+etcd=$(step "$here/build-go-tools.sh" etcd)
+helm=$(step "$here/build-go-tools.sh" helm)
+kafka=$(step "$here/fetch-jars.sh" kafka)
+spark=$(step "$here/fetch-jars.sh" spark)
+echo "[setup] tools ready in $((SECONDS - t0))s" >&2
+cat <<ENV
+export ICEFALL_KUBE_BIN=$kube
+export ICEFALL_ETCD_BIN=$etcd
+export ICEFALL_HELM_BIN=$helm
+export ICEFALL_KAFKA_JARS=$kafka
+export ICEFALL_SPARK_JARS=$spark
+export PATH=$kube:$helm:\$PATH
+ENV

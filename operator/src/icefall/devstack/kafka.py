@@ -1,0 +1,130 @@
+"""A real Apache Kafka 4 broker in KRaft combined mode on loopback, run from the Maven-resolved jars.
+
+Used by the tests, `make demo` and the benchmarks. One node, replication factor 1, free ports,
+storage formatted with `kafka.tools.StorageTool` in a fresh folder each start.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import socket
+import uuid
+from pathlib import Path
+
+from icefall.devstack.procs import ManagedProcess, free_port, run_checked
+from icefall.devstack.tools import tool_dir
+
+_LOG4J2 = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.stdout.ref = STDOUT
+"""
+
+
+class KafkaBroker:
+    """Start with `start()`, stop with `stop()`; `bootstrap` is `127.0.0.1:<port>`."""
+
+    def __init__(self, workdir: Path, *, heap: str = "768m", log_level: str = "WARN") -> None:
+        self.workdir = workdir
+        self.heap = heap
+        self.log_level = log_level
+        self.port = 0
+        self.controller_port = 0
+        self._proc: ManagedProcess | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "kafka.log"
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        jars = tool_dir("ICEFALL_KAFKA_JARS")
+        java = shutil.which("java") or "java"
+        return [
+            java, f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            "-cp", f"{jars}/*", main, *args,
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 90) -> KafkaBroker:
+        if self.workdir.exists():
+            shutil.rmtree(self.workdir)
+        data = self.workdir / "data"
+        data.mkdir(parents=True)
+        self.port, self.controller_port = free_port(), free_port()
+        (self.workdir / "log4j2.properties").write_text(_LOG4J2.format(level=self.log_level))
+        config = self.workdir / "server.properties"
+        config.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                    "controller.listener.names=CONTROLLER",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                    f"log.dirs={data}",
+                    "num.partitions=1",
+                    "auto.create.topics.enable=false",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=1",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "share.coordinator.state.topic.replication.factor=1",
+                    "share.coordinator.state.topic.min.isr=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    # Tests delete old segments on purpose (retention); make that quick to observe.
+                    "log.retention.check.interval.ms=1000",
+                    "log.segment.delete.delay.ms=0",
+                    "",
+                ]
+            )
+        )
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        run_checked(
+            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            self.log_path,
+            "formatting Kafka storage",
+        )
+        self._proc = ManagedProcess("kafka", self._java("kafka.Kafka", str(config)), self.log_path).start()
+        self._proc.wait_ready(self._ready, timeout, "accepting requests")
+        return self
+
+    def _ready(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        # A plain connect first: an AdminClient pointed at a closed port logs a line every 50 ms.
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            pass
+        metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5)
+        return bool(metadata.brokers)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+
+    def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+        )
+        futures[name].result(30)
+
+    def add_partitions(self, name: str, total: int) -> None:
+        from confluent_kafka.admin import AdminClient, NewPartitions
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_partitions([NewPartitions(name, total)])[name].result(30)

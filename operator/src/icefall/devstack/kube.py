@@ -1,0 +1,146 @@
+"""A real Kubernetes API server backed by a real etcd, on loopback, like controller-runtime's envtest.
+
+No controllers, scheduler or kubelet run: objects are stored, validated, admitted and watched for real,
+but Pods never start. Authentication is a static token file; `admin_token` is in `system:masters`,
+and extra users can be given for least-privilege tests. The serving certificate is self-signed by the
+API server into `certs/`, and the kubeconfig trusts exactly that certificate.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import ssl
+import urllib.request
+from pathlib import Path
+
+from icefall.devstack.procs import ManagedProcess, free_port, run_checked
+from icefall.devstack.tools import tool_dir
+
+
+class KubeAPIServer:
+    def __init__(self, workdir: Path, users: dict[str, str] | None = None) -> None:
+        """`users` maps extra user names to the comma-separated groups they belong to (may be empty)."""
+        self.workdir = workdir
+        self.admin_token = secrets.token_hex(16)
+        self.user_tokens = {name: secrets.token_hex(16) for name in users or {}}
+        self._user_groups = dict(users or {})
+        self.port = 0
+        self._etcd: ManagedProcess | None = None
+        self._apiserver: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "certs" / "apiserver.crt"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    def start(self, timeout: float = 120) -> KubeAPIServer:
+        if self.workdir.exists():
+            shutil.rmtree(self.workdir)
+        (self.workdir / "certs").mkdir(parents=True)
+        self._start_etcd(timeout)
+        self._start_apiserver(timeout)
+        self.write_kubeconfig(self.kubeconfig, self.admin_token, "admin")
+        return self
+
+    def _start_etcd(self, timeout: float) -> None:
+        client, peer = free_port(), free_port()
+        etcd = str(tool_dir("ICEFALL_ETCD_BIN") / "etcd")
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        self._etcd = ManagedProcess(
+            "etcd",
+            [
+                etcd, "--name=default", f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=default=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync", "--log-level=warn",
+            ],
+            self.workdir / "etcd.log",
+        ).start()  # fmt: skip
+        self._etcd.wait_ready(lambda: _http_ok(f"{self.etcd_url}/health"), timeout, "healthy")
+
+    def _start_apiserver(self, timeout: float) -> None:
+        certs = self.workdir / "certs"
+        sa_key = certs / "sa.key"
+        run_checked(
+            ["openssl", "genrsa", "-out", str(sa_key), "2048"], self.workdir / "openssl.log", "openssl genrsa"
+        )
+        run_checked(
+            ["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(certs / "sa.pub")],
+            self.workdir / "openssl.log",
+            "openssl rsa -pubout",
+        )
+        tokens = [f'{self.admin_token},admin,admin,"system:masters"']
+        for name, token in self.user_tokens.items():
+            tokens.append(f'{token},{name},{name},"{self._user_groups[name]}"')
+        (self.workdir / "tokens.csv").write_text("\n".join(tokens) + "\n")
+        self.port = free_port()
+        apiserver = str(tool_dir("ICEFALL_KUBE_BIN") / "kube-apiserver")
+        self._apiserver = ManagedProcess(
+            "kube-apiserver",
+            [
+                apiserver, f"--etcd-servers={self.etcd_url}", f"--cert-dir={certs}",
+                f"--secure-port={self.port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                "--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true",
+                "--authorization-mode=RBAC", f"--token-auth-file={self.workdir / 'tokens.csv'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={certs / 'sa.pub'}",
+                f"--service-account-signing-key-file={sa_key}",
+                # No controller-manager creates the per-namespace "default" ServiceAccount here, so the
+                # ServiceAccount admission plugin could only reject pods; tests check accounts themselves.
+                "--disable-admission-plugins=ServiceAccount",
+                "--enable-priority-and-fairness=false", "--v=1",
+            ],
+            self.workdir / "kube-apiserver.log",
+        ).start()  # fmt: skip
+        self._apiserver.wait_ready(self._ready, timeout, "ready (/readyz)")
+
+    def _ready(self) -> bool:
+        if not self.ca_file.exists():
+            return False
+        return _http_ok(f"{self.url}/readyz", token=self.admin_token, ca_file=self.ca_file)
+
+    def write_kubeconfig(self, path: Path, token: str, user: str, namespace: str = "default") -> Path:
+        path.write_text(
+            f"""apiVersion: v1
+kind: Config
+clusters:
+- name: icefall-test
+  cluster:
+    server: {self.url}
+    certificate-authority: {self.ca_file}
+users:
+- name: {user}
+  user:
+    token: {token}
+contexts:
+- name: {user}@icefall-test
+  context: {{cluster: icefall-test, user: {user}, namespace: {namespace}}}
+current-context: {user}@icefall-test
+"""
+        )
+        return path
+
+    def stop(self) -> None:
+        for proc in (self._apiserver, self._etcd):
+            if proc is not None:
+                proc.stop()
+        self._apiserver = self._etcd = None
+
+
+def _http_ok(url: str, token: str | None = None, ca_file: Path | None = None) -> bool:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
+    with urllib.request.urlopen(request, timeout=3, context=context) as response:
+        return bool(response.status == 200)

@@ -1,0 +1,120 @@
+"""Child processes for the local stack: started on loopback, logged to a file, never left behind.
+
+Guarantees: every process is started in its own session with a parent-death signal, so it is ended when
+the process that started it dies, even by SIGKILL; `stop()` terminates and then kills. Not guaranteed:
+ports are picked free just before use, so another program could take one in between (start fails loudly).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+class StartError(RuntimeError):
+    """A component did not become ready; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ManagedProcess:
+    """One long-running child process whose output goes to `log_path`."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = dict(os.environ if env is None else env)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl runs before exec)
+            )
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def wait_ready(self, check: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll `check` until True; fail with the log tail if the process dies or time runs out."""
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if not self.running():
+                code = self._proc.returncode if self._proc else None
+                raise StartError(
+                    f"{self.name} exited with code {code} before {what}; last log lines "
+                    f"({self.log_path}):\n{tail(self.log_path)}"
+                )
+            try:
+                if check():
+                    return
+            except Exception as exc:  # readiness probes fail in many ways until the service is up
+                last_error = exc
+            time.sleep(0.2)
+        self.stop()
+        raise StartError(
+            f"{self.name} was not {what} after {timeout:.0f}s (last probe error: {last_error!r}); "
+            f"last log lines ({self.log_path}):\n{tail(self.log_path)}"
+        )
+
+    def stop(self, grace: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def run_checked(argv: Sequence[str], log_path: Path, what: str, timeout: float = 120) -> None:
+    """Run a short command to completion; on failure raise StartError with its output."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise StartError(f"{what} failed with code {result.returncode}:\n{tail(log_path)}")

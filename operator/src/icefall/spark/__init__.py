@@ -1,0 +1,1 @@
+"""Spark adapters: the session factory shared by ingestion, compaction, tests and benchmarks."""

@@ -1,0 +1,67 @@
+"""Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, Spark + catalog.
+
+Each component starts once per run on free loopback ports and is stopped at the end of the run, including
+after Ctrl-C; if the run is killed outright, the parent-death signal ends the children. A component that
+cannot start fails the tests that need it with the tail of its log: nothing here ever skips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from icefall.catalog import CatalogConfig
+from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.kube import KubeAPIServer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test belongs to exactly one tier, so `-m unit` really selects the fast ones."""
+    for item in items:
+        tiers = [tier for tier in TIERS if item.get_closest_marker(tier)]
+        if len(tiers) != 1:
+            raise pytest.UsageError(f"{item.nodeid} must be marked with exactly one of {TIERS}, has {tiers}")
+
+
+@pytest.fixture(scope="session")
+def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="session")
+def kafka(stack_dir: Path) -> Iterator[KafkaBroker]:
+    broker = KafkaBroker(stack_dir / "kafka").start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(stack_dir: Path) -> Iterator[KubeAPIServer]:
+    # "limited" belongs to no group: RBAC tests grant it exactly what it needs.
+    server = KubeAPIServer(stack_dir / "kube", users={"limited": ""}).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def catalog_config(stack_dir: Path) -> CatalogConfig:
+    config = CatalogConfig.embedded(stack_dir / "lake")
+    config.pyiceberg()  # creates the catalog tables before Spark's JdbcCatalog looks at them
+    return config
+
+
+@pytest.fixture(scope="session")
+def spark(catalog_config: CatalogConfig) -> Iterator[SparkSession]:
+    from icefall.spark.session import build_spark_session
+
+    session = build_spark_session([catalog_config], app_name="icefall-tests")
+    yield session
+    session.stop()
