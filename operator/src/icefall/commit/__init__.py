@@ -1,0 +1,53 @@
+"""The commit protocol and leases — the one place that decides what is in the table (see DESIGN.md here).
+
+Typical use by an ingestion loop holding the table's commit lease:
+
+    epoch = lease.acquire()
+    sweep_stages(table)                                   # leftovers of crashed attempts
+    stage = prepare_stage(table, stage_branch_name(writer_id, attempt))
+    batch = Batch(topic, start=..., end=...)              # start from stage.base.offsets
+    ... write the batch's rows to branch `stage.branch` (one append) ...
+    commit_staged(table, stage, batch, epoch)             # or a CommitError: nothing committed
+"""
+
+from icefall.commit.errors import (
+    CommitError,
+    CorruptStateError,
+    FencedError,
+    OffsetGapError,
+    StageError,
+    StaleHeadError,
+    TopicMismatchError,
+)
+from icefall.commit.protocol import (
+    STAGE_PREFIX,
+    Batch,
+    Stage,
+    abandon_stage,
+    commit_staged,
+    prepare_stage,
+    stage_branch_name,
+    sweep_stages,
+)
+from icefall.commit.state import CommittedState, read_committed, state_from_properties
+
+__all__ = [
+    "STAGE_PREFIX",
+    "Batch",
+    "CommitError",
+    "CommittedState",
+    "CorruptStateError",
+    "FencedError",
+    "OffsetGapError",
+    "Stage",
+    "StageError",
+    "StaleHeadError",
+    "TopicMismatchError",
+    "abandon_stage",
+    "commit_staged",
+    "prepare_stage",
+    "read_committed",
+    "stage_branch_name",
+    "state_from_properties",
+    "sweep_stages",
+]

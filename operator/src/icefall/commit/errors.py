@@ -1,0 +1,35 @@
+"""Why a commit was refused. Every refusal leaves `main` and the committed offsets exactly as they were."""
+
+from __future__ import annotations
+
+
+class CommitError(RuntimeError):
+    """Base of every refusal by the commit protocol."""
+
+
+class StaleHeadError(CommitError):
+    """The compare-and-swap lost: `main` is no longer the head the batch was planned from.
+
+    Someone else committed in between. Re-read the committed state and plan again; the staged batch is
+    useless (its rows may already be in the table) and should be abandoned.
+    """
+
+
+class FencedError(CommitError):
+    """The writer's lease epoch is below the table's: a newer writer has taken over. Stop writing."""
+
+
+class OffsetGapError(CommitError):
+    """The batch does not start where the table's committed offsets end (a gap or an overlap)."""
+
+
+class TopicMismatchError(CommitError):
+    """The batch comes from another topic than the one this table was filled from."""
+
+
+class StageError(CommitError):
+    """The staging branch is missing, empty, or holds something other than one batch on the planned head."""
+
+
+class CorruptStateError(CommitError):
+    """The table's `icefall.*` properties cannot be read; someone edited them by hand."""

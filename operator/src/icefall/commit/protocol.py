@@ -1,0 +1,360 @@
+"""Stage, then fast-forward: how a batch gets into the table exactly once.
+
+1. `prepare_stage` creates a private staging branch at `main`'s head H (first giving an empty table an empty
+   "genesis" snapshot, so there always is a head to branch from) and returns a `Stage` holding H and the
+   committed state as of H.
+2. The writer (Spark in production) appends the batch to that branch: exactly one snapshot S, parent H.
+   Writers may retry or rebase there freely; nobody else writes to the branch.
+3. `commit_staged` checks, on freshly loaded metadata, that the writer is not fenced (epoch), that `main` is
+   still H, that the batch starts at the committed offsets, and that the branch holds exactly S with parent
+   H. Then ONE catalog commit points `main` at S, drops the branch and sets the `icefall.*` properties,
+   guarded by `AssertRefSnapshotId(main, H)` and `AssertRefSnapshotId(branch, S)`.
+
+Guarantees: `main` only ever moves forward by one staged snapshot whose parent it was pointing at, so a
+batch can land at most once, and only on top of the state it was planned from; its offsets land in the same
+metadata commit. No new snapshot is made at commit time, so there is nothing to rebase and pyiceberg's or
+Spark's retry-by-rebase never applies. A refused commit changes nothing.
+
+Not guaranteed: progress under contention (a writer that keeps losing keeps re-planning; leases make that
+rare), and any cleanup of files written for refused batches (orphan-file removal does that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    RemoveSnapshotRefUpdate,
+    RemoveSnapshotsUpdate,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
+
+from icefall.commit.errors import (
+    CommitError,
+    FencedError,
+    OffsetGapError,
+    StageError,
+    StaleHeadError,
+    TopicMismatchError,
+)
+from icefall.commit.state import MAIN, CommittedState, state_of
+from icefall.failpoints import failpoint
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
+
+STAGE_PREFIX = "icefall_stage_"
+GENESIS_PROPERTY = "icefall.genesis"
+# Attempts of one catalog commit while its own conditions still hold (the table changed elsewhere, e.g. a
+# property or another branch). Each attempt re-checks everything from fresh metadata: this is not a rebase.
+MAX_ATTEMPTS = 5
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of one topic: `start` is the first offset read per partition, `end` the next one to read.
+
+    Partitions with nothing to read may be listed with `start == end` (to pin where they start). For a
+    partition the table knows, `start` must equal its committed offset, unless Kafka's retention deleted
+    records past it: then `retention_gaps[p]` must name that committed offset, acknowledging that
+    `[retention_gaps[p], start)` can never be ingested. An overlap (start below the committed offset) is
+    always refused.
+    """
+
+    topic: str
+    start: Mapping[int, int]
+    end: Mapping[int, int]
+    max_event_time_ms: int | None = None
+    max_produce_time_ms: int | None = None
+    retention_gaps: Mapping[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.topic:
+            raise ValueError("a batch needs its topic")
+        if set(self.start) != set(self.end):
+            raise ValueError(
+                f"start and end cover different partitions: {sorted(self.start)} vs {sorted(self.end)}"
+            )
+        for p, s in self.start.items():
+            if p < 0 or s < 0 or self.end[p] < s:
+                raise ValueError(f"partition {p}: bad offset range [{s}, {self.end[p]})")
+        for p, lost_from in self.retention_gaps.items():
+            if p not in self.start or not 0 <= lost_from <= self.start[p]:
+                raise ValueError(f"partition {p}: retention gap from {lost_from} does not end at the start")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A staging branch and the committed state it was created from (`base.snapshot_id` is never None)."""
+
+    branch: str
+    base: CommittedState
+    table_uuid: uuid.UUID = field(repr=False)
+
+
+def stage_branch_name(writer_id: str, attempt: int | str) -> str:
+    """A branch name unique to a writer and attempt, valid as an unquoted Spark SQL identifier part."""
+    slug = re.sub(r"[^A-Za-z0-9_]+", "_", f"{writer_id}_{attempt}").strip("_")
+    if not slug:
+        raise ValueError("writer id and attempt must not both be empty")
+    return STAGE_PREFIX + slug
+
+
+def prepare_stage(table: Table, branch: str) -> Stage:
+    """Create (or reset) staging branch `branch` at `main`'s current head; return it with the state it saw.
+
+    The table is refreshed in place. A leftover branch of the same name (a crashed earlier attempt) is
+    dropped first, with whatever it held.
+    """
+    if not branch.startswith(STAGE_PREFIX) or branch == MAIN:
+        raise ValueError(f"staging branches are named {STAGE_PREFIX}…; use stage_branch_name()")
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        if MAIN not in table.metadata.refs:
+            _commit_genesis(table)
+            continue
+        if branch in table.metadata.refs:
+            _drop_stages(table, lambda name: name == branch)  # with whatever it held
+            continue
+        meta = table.metadata
+        head = meta.refs[MAIN].snapshot_id
+        try:
+            _commit(
+                table,
+                updates=(_point_branch(meta, branch, head),),
+                requirements=(
+                    AssertTableUUID(uuid=meta.table_uuid),
+                    AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
+                    AssertRefSnapshotId(ref=branch, snapshot_id=None),
+                ),
+            )
+        except CommitFailedException:
+            continue  # main or the branch moved meanwhile: look again
+        failpoint("after-prepare")
+        return Stage(branch=branch, base=state_of(meta), table_uuid=meta.table_uuid)
+    raise CommitError(f"could not create staging branch {branch}: the table kept changing")
+
+
+def commit_staged(table: Table, stage: Stage, batch: Batch, epoch: int) -> int:
+    """Fast-forward `main` to the batch staged on `stage.branch`; return the new head's snapshot id.
+
+    Raises FencedError, StaleHeadError, TopicMismatchError, OffsetGapError or StageError, each meaning
+    nothing was committed. Any other exception leaves the outcome to be found out by re-reading the table
+    (`read_committed`): if the commit did land, this function returns normally instead.
+    """
+    failpoint("after-stage")
+    if epoch < 0:
+        raise ValueError(f"epoch must not be negative, got {epoch}")
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        staged, properties = _check(meta, stage, batch, epoch)
+        updates: tuple[TableUpdate, ...] = (
+            _point_branch(meta, MAIN, staged),
+            RemoveSnapshotRefUpdate(ref_name=stage.branch),
+            SetPropertiesUpdate(updates=properties),
+        )
+        requirements: tuple[TableRequirement, ...] = (
+            AssertTableUUID(uuid=stage.table_uuid),
+            AssertRefSnapshotId(ref=MAIN, snapshot_id=stage.base.snapshot_id),
+            AssertRefSnapshotId(ref=stage.branch, snapshot_id=staged),
+        )
+        failpoint("before-commit")
+        try:
+            _commit(table, updates, requirements)
+        except CommitFailedException as e:
+            log.info("commit of %s refused by the catalog (%s); checking again", stage.branch, e)
+            continue
+        except Exception:
+            if _landed(table, staged):
+                log.warning("commit of %s reported an error but landed", stage.branch)
+                break
+            raise
+        break
+    else:
+        raise CommitError(f"could not commit {stage.branch}: the table kept changing")
+    failpoint("after-commit")
+    return staged
+
+
+def abandon_stage(table: Table, branch: str) -> bool:
+    """Drop a staging branch and the snapshots only it references. False if it was already gone."""
+    return bool(_drop_stages(table, lambda name: name == branch))
+
+
+def sweep_stages(table: Table, keep: Collection[str] = ()) -> list[str]:
+    """Drop every staging branch except `keep` (leftovers of crashed attempts); return their names.
+
+    Meant for the lease holder on start: a branch it drops under a still-running stale writer only makes
+    that writer's commit fail, which it would anyway.
+    """
+    return _drop_stages(table, lambda name: name.startswith(STAGE_PREFIX) and name not in keep)
+
+
+def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> tuple[int, dict[str, str]]:
+    """The staged snapshot id and the properties to set, or the reason to refuse."""
+    main = meta.refs.get(MAIN)
+    head = main.snapshot_id if main else None
+    committed = state_of(meta)
+    if meta.table_uuid != stage.table_uuid:
+        raise StaleHeadError("the table was dropped and created again since the stage was prepared")
+    if epoch < committed.epoch:
+        raise FencedError(
+            f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
+        )
+    if head != stage.base.snapshot_id:
+        raise StaleHeadError(
+            f"main moved from {stage.base.snapshot_id} to {head} since the batch was planned"
+        )
+    if committed.topic is not None and committed.topic != batch.topic:
+        raise TopicMismatchError(
+            f"the table holds topic {committed.topic!r}, the batch is from {batch.topic!r}"
+        )
+    for partition, start in sorted(batch.start.items()):
+        done = committed.offsets.get(partition)
+        expected = batch.retention_gaps.get(partition, start)
+        if done is not None and done != expected:
+            raise OffsetGapError(
+                f"partition {partition}: the table is committed up to {done}, the batch starts at {start}"
+                + (f" after a retention gap from {expected}" if expected != start else "")
+            )
+
+    ref = meta.refs.get(stage.branch)
+    if ref is None or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
+        raise StageError(f"staging branch {stage.branch} does not exist (abandoned, or already committed)")
+    if ref.snapshot_id == head:
+        raise StageError(f"nothing staged on {stage.branch}: write the batch first (an empty batch too)")
+    snapshot = meta.snapshot_by_id(ref.snapshot_id)
+    if snapshot is None or snapshot.parent_snapshot_id != head:
+        parent = snapshot.parent_snapshot_id if snapshot else None
+        raise StageError(
+            f"{stage.branch} must hold exactly one snapshot on top of {head}; its head's parent is {parent}"
+        )
+
+    new = replace(
+        committed,
+        snapshot_id=ref.snapshot_id,
+        topic=batch.topic,
+        offsets={**committed.offsets, **batch.end},
+        epoch=epoch,
+        max_event_time_ms=_newest(committed.max_event_time_ms, batch.max_event_time_ms),
+        max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),
+    )
+    return ref.snapshot_id, new.to_properties()
+
+
+def _newest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _point_branch(meta: TableMetadata, name: str, snapshot_id: int) -> SetSnapshotRefUpdate:
+    """Point branch `name` at `snapshot_id`, keeping the retention settings it already has."""
+    ref = meta.refs.get(name)
+    return SetSnapshotRefUpdate(
+        ref_name=name,
+        type=SnapshotRefType.BRANCH,
+        snapshot_id=snapshot_id,
+        max_ref_age_ms=ref.max_ref_age_ms if ref else None,
+        max_snapshot_age_ms=ref.max_snapshot_age_ms if ref else None,
+        min_snapshots_to_keep=ref.min_snapshots_to_keep if ref else None,
+    )
+
+
+def _commit(
+    table: Table, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...]
+) -> None:
+    """One catalog commit, no retries: the catalog checks `requirements` and swaps the metadata atomically."""
+    response = table.catalog.commit_table(table, requirements, updates)
+    table.metadata = response.metadata
+    table.metadata_location = response.metadata_location
+
+
+def _commit_genesis(table: Table) -> None:
+    """Give a table without snapshots an empty one on `main`, so a staging branch has a head to start at."""
+    meta = table.metadata
+    tx = table.transaction()
+    with tx.update_snapshot(snapshot_properties={GENESIS_PROPERTY: "true"}).fast_append() as append:
+        pass  # nothing added: the snapshot is empty; only its manifest list is written
+    genesis = tx.table_metadata.snapshot_by_id(append.snapshot_id)
+    if genesis is None:  # pragma: no cover - pyiceberg staged it a line above
+        raise CommitError("pyiceberg did not stage the genesis snapshot")
+    # If someone else gives the table a head first, that one serves as well.
+    with contextlib.suppress(CommitFailedException):
+        _commit(
+            table,
+            updates=(AddSnapshotUpdate(snapshot=genesis), _point_branch(meta, MAIN, genesis.snapshot_id)),
+            requirements=(
+                AssertTableUUID(uuid=meta.table_uuid),
+                AssertRefSnapshotId(ref=MAIN, snapshot_id=None),
+            ),
+        )
+
+
+def _landed(table: Table, snapshot_id: int) -> bool:
+    """Whether `snapshot_id` is on `main` (at its head or below it), after an error of unknown outcome."""
+    try:
+        table.refresh()
+    except Exception:
+        return False
+    meta = table.metadata
+    return any(s.snapshot_id == snapshot_id for s in ancestors_of(meta.current_snapshot(), meta))
+
+
+def _drop_stages(table: Table, doomed_name: Callable[[str], bool]) -> list[str]:
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        doomed = {
+            name: ref.snapshot_id
+            for name, ref in meta.refs.items()
+            if name != MAIN and ref.snapshot_ref_type == SnapshotRefType.BRANCH and doomed_name(name)
+        }
+        if not doomed:
+            return []
+        # Snapshots reachable from any ref that stays (main first of all) are kept; what only the dropped
+        # branches reach was never on main and goes with them.
+        kept: set[int] = set()
+        for name, ref in meta.refs.items():
+            if name not in doomed:
+                kept.update(s.snapshot_id for s in ancestors_of(meta.snapshot_by_id(ref.snapshot_id), meta))
+        unreferenced: set[int] = set()
+        for snapshot_id in doomed.values():
+            for s in ancestors_of(meta.snapshot_by_id(snapshot_id), meta):
+                if s.snapshot_id in kept:
+                    break
+                unreferenced.add(s.snapshot_id)
+        updates: tuple[TableUpdate, ...] = tuple(
+            RemoveSnapshotRefUpdate(ref_name=name) for name in sorted(doomed)
+        )
+        if unreferenced:
+            updates += (RemoveSnapshotsUpdate(snapshot_ids=sorted(unreferenced)),)
+        main = meta.refs.get(MAIN)
+        requirements: tuple[TableRequirement, ...] = (
+            AssertTableUUID(uuid=meta.table_uuid),
+            AssertRefSnapshotId(ref=MAIN, snapshot_id=main.snapshot_id if main else None),
+            *(AssertRefSnapshotId(ref=name, snapshot_id=sid) for name, sid in doomed.items()),
+        )
+        try:
+            _commit(table, updates, requirements)
+        except CommitFailedException:
+            continue
+        return sorted(doomed)
+    raise CommitError("could not drop staging branches: the table kept changing")

@@ -1,0 +1,111 @@
+"""The committed state: what the table says it already holds, read from its `icefall.*` properties.
+
+The properties are table properties, set by `commit_staged` in the same metadata commit that moves `main`
+to the batch's snapshot. They belong to no snapshot, so any later commit that does not touch them
+(compaction, file rewrites, snapshot expiry, schema changes, by pyiceberg or Spark) carries them forward
+unchanged, and expiring old snapshots cannot remove them. Resume uses `read_committed`, never a Kafka
+consumer group or a Spark checkpoint.
+
+Not guaranteed: if someone rolls `main` back by hand, the properties still describe the newer commit, so
+the rolled-back records are not ingested again (the rollback wins, no duplicates); edit
+`icefall.offsets` as part of such a repair if the records should come back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from icefall.commit.errors import CorruptStateError
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
+
+TOPIC = "icefall.topic"
+OFFSETS = "icefall.offsets"  # JSON {"<partition>": <next offset to read>}
+EPOCH = "icefall.epoch"
+MAX_EVENT_TIME_MS = "icefall.max-event-time-ms"
+MAX_PRODUCE_TIME_MS = "icefall.max-produce-time-ms"
+PROPERTIES = (TOPIC, OFFSETS, EPOCH, MAX_EVENT_TIME_MS, MAX_PRODUCE_TIME_MS)
+MAIN = "main"
+
+
+@dataclass(frozen=True)
+class CommittedState:
+    """What the table holds: `main`'s head and the Kafka position reached by the last ingestion commit."""
+
+    snapshot_id: int | None  # main's head; None for a table without snapshots
+    topic: str | None = None  # None until the first ingestion commit
+    offsets: Mapping[int, int] = field(default_factory=dict)  # next offset to read, per partition
+    epoch: int = 0  # lease epoch of the last ingestion commit; 0 before any
+    max_event_time_ms: int | None = None  # newest event time committed so far
+    max_produce_time_ms: int | None = None  # newest Kafka (produce) timestamp committed so far
+
+    def to_properties(self) -> dict[str, str]:
+        """The `icefall.*` table properties describing this state."""
+        props = {
+            OFFSETS: encode_offsets(self.offsets),
+            EPOCH: str(self.epoch),
+        }
+        if self.topic is not None:
+            props[TOPIC] = self.topic
+        if self.max_event_time_ms is not None:
+            props[MAX_EVENT_TIME_MS] = str(self.max_event_time_ms)
+        if self.max_produce_time_ms is not None:
+            props[MAX_PRODUCE_TIME_MS] = str(self.max_produce_time_ms)
+        return props
+
+
+def encode_offsets(offsets: Mapping[int, int]) -> str:
+    return json.dumps({str(p): offsets[p] for p in sorted(offsets)}, separators=(",", ":"))
+
+
+def decode_offsets(text: str) -> dict[int, int]:
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise TypeError("not a JSON object")
+        offsets = {int(p): int(o) for p, o in raw.items()}
+    except (TypeError, ValueError) as e:
+        raise CorruptStateError(
+            f"{OFFSETS} is not a JSON object of partition → offset: {text!r} ({e})"
+        ) from e
+    if any(p < 0 or o < 0 for p, o in offsets.items()):
+        raise CorruptStateError(f"{OFFSETS} holds a negative partition or offset: {text!r}")
+    return offsets
+
+
+def state_from_properties(properties: Mapping[str, str], snapshot_id: int | None) -> CommittedState:
+    """The committed state described by table properties (pure: usable on properties read by Spark too)."""
+
+    def integer(key: str) -> int | None:
+        value = properties.get(key)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError as e:
+            raise CorruptStateError(f"{key} is not an integer: {value!r}") from e
+
+    return CommittedState(
+        snapshot_id=snapshot_id,
+        topic=properties.get(TOPIC),
+        offsets=decode_offsets(properties[OFFSETS]) if OFFSETS in properties else {},
+        epoch=integer(EPOCH) or 0,
+        max_event_time_ms=integer(MAX_EVENT_TIME_MS),
+        max_produce_time_ms=integer(MAX_PRODUCE_TIME_MS),
+    )
+
+
+def state_of(metadata: TableMetadata) -> CommittedState:
+    ref = metadata.refs.get(MAIN)
+    return state_from_properties(metadata.properties, ref.snapshot_id if ref else None)
+
+
+def read_committed(table: Table) -> CommittedState:
+    """Refresh `table` from its catalog and return its committed state: where ingestion resumes."""
+    table.refresh()
+    return state_of(table.metadata)

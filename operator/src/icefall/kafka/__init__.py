@@ -1,0 +1,1 @@
+"""Kafka adapters: topic metadata, watermarks and offset look-ups (confluent-kafka), DLQ producer."""

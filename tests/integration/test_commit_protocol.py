@@ -1,0 +1,527 @@
+"""The commit protocol puts every batch into the table exactly once, against a real SQLite catalog.
+
+Proves, with pyiceberg as the writer (standing in for Spark) on a real `SqlCatalog` in a temporary folder:
+- in every metadata version of the table, the rows visible on `main` are exactly the records below the
+  `icefall.offsets` recorded in that same version (data and offsets move in one metadata commit);
+- of two writers planning from the same head, exactly one wins; the loser gets StaleHeadError — also when
+  the competing commit lands inside its commit window — and no record is ever in the table twice;
+- a writer with an older lease epoch is refused even when its compare-and-swap would succeed;
+- a batch that does not start at the committed offsets (unless it acknowledges a gap Kafka's retention
+  made, from exactly the committed offset), or comes from another topic, is refused;
+- an empty table gets its first commit (through an empty genesis snapshot);
+- a process killed after staging, or after committing, leaves nothing to repair: the next run cleans or
+  ignores the leftover branch and resumes from the table;
+- a stage holding more than one snapshot (a writer that ran twice) is refused, and a committed stage
+  cannot be committed again: `main` never holds a staged snapshot twice;
+- a commit whose outcome is unknown (the catalog's answer was lost) is recognised when it did land, and
+  reported when it did not;
+- maintenance commits (rewrites, property changes, snapshot expiry) keep the committed state;
+- and, as a canary for why all this exists: a plain pyiceberg append silently rebases onto a moved head.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import CommitTableResponse, Table
+from pyiceberg.table.snapshots import ancestors_of
+
+from icefall import failpoints
+from icefall.commit import (
+    STAGE_PREFIX,
+    Batch,
+    CommittedState,
+    FencedError,
+    OffsetGapError,
+    Stage,
+    StageError,
+    StaleHeadError,
+    TopicMismatchError,
+    abandon_stage,
+    commit_staged,
+    prepare_stage,
+    read_committed,
+    stage_branch_name,
+    state_from_properties,
+    sweep_stages,
+)
+from icefall.commit.protocol import GENESIS_PROPERTY
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "orders"
+IDENTIFIER = "lake.orders"
+SCHEMA = pa.schema(
+    [
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("value", pa.string()),
+    ]
+)
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> SqlCatalog:
+    (tmp_path / "warehouse").mkdir()
+    catalog = SqlCatalog(
+        "icefall", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=(tmp_path / "warehouse").as_uri()
+    )
+    catalog.create_namespace("lake")
+    return catalog
+
+
+@pytest.fixture
+def table(catalog: SqlCatalog) -> Table:
+    return catalog.create_table(IDENTIFIER, SCHEMA)
+
+
+@pytest.fixture(autouse=True)
+def _no_failpoints() -> Iterator[None]:
+    failpoints.disarm_all()
+    yield
+    failpoints.disarm_all()
+
+
+# --- a tiny ingestion loop: the topic is implicit, record (p, o) has value f"p{p}-o{o}" ---------------------
+
+
+def plan(state: CommittedState, sizes: Mapping[int, int], topic: str = TOPIC) -> Batch:
+    start = {p: state.offsets.get(p, 0) for p in sizes}
+    return Batch(
+        topic,
+        start=start,
+        end={p: start[p] + n for p, n in sizes.items()},
+        max_event_time_ms=1_000 + sum(start.values()),
+        max_produce_time_ms=2_000 + sum(start.values()),
+    )
+
+
+def records(batch: Batch) -> pa.Table:
+    keys = [(p, o) for p in sorted(batch.start) for o in range(batch.start[p], batch.end[p])]
+    return pa.Table.from_pylist(
+        [{"partition": p, "offset": o, "value": f"p{p}-o{o}"} for p, o in keys], schema=SCHEMA
+    )
+
+
+def stage_batch(table: Table, writer: str, attempt: int, sizes: Mapping[int, int]) -> tuple[Stage, Batch]:
+    stage = prepare_stage(table, stage_branch_name(writer, attempt))
+    batch = plan(stage.base, sizes)
+    table.append(records(batch), branch=stage.branch)
+    return stage, batch
+
+
+def ingest(table: Table, writer: str, attempt: int, sizes: Mapping[int, int], epoch: int) -> int:
+    stage, batch = stage_batch(table, writer, attempt, sizes)
+    return commit_staged(table, stage, batch, epoch)
+
+
+def keys_on_main(table: Table, snapshot_id: int | None = None) -> list[tuple[int, int]]:
+    table.refresh()
+    scan = table.scan(snapshot_id=snapshot_id) if snapshot_id is not None else table.scan()
+    rows = scan.to_arrow().select(["partition", "offset"]).to_pylist()
+    return sorted((r["partition"], r["offset"]) for r in rows)
+
+
+def expected_keys(offsets: Mapping[int, int]) -> list[tuple[int, int]]:
+    return sorted((p, o) for p, end in offsets.items() for o in range(end))
+
+
+def assert_exactly_once(table: Table, offsets: Mapping[int, int]) -> None:
+    """The table holds every record below `offsets` once, nothing else, and says so in its properties."""
+    state = read_committed(table)
+    assert dict(state.offsets) == dict(offsets)
+    keys = keys_on_main(table)
+    assert len(keys) == len(set(keys)), "a record is in the table twice"
+    assert keys == expected_keys(offsets)
+
+
+def main_lineage(table: Table) -> list[int]:
+    table.refresh()
+    meta = table.metadata
+    return [s.snapshot_id for s in ancestors_of(meta.current_snapshot(), meta)]
+
+
+def stage_branches(table: Table) -> list[str]:
+    table.refresh()
+    return sorted(name for name in table.metadata.refs if name.startswith(STAGE_PREFIX))
+
+
+# --- tests -----------------------------------------------------------------------------------------------
+
+
+def test_offsets_and_epoch_land_in_the_same_metadata_commit_as_the_data(table: Table) -> None:
+    first = ingest(table, "w", 1, {0: 3, 1: 2}, epoch=1)
+    second = ingest(table, "w", 2, {0: 2, 2: 4}, epoch=1)
+
+    state = read_committed(table)
+    assert state == CommittedState(
+        snapshot_id=second,
+        topic=TOPIC,
+        offsets={0: 5, 1: 2, 2: 4},
+        epoch=1,
+        max_event_time_ms=1_003,
+        max_produce_time_ms=2_003,
+    )
+    assert main_lineage(table)[:2] == [second, first]
+    assert stage_branches(table) == []
+
+    # Every metadata version ever written: what main shows is exactly what the offsets in that version say.
+    meta = table.metadata
+    versions = [entry.metadata_file for entry in meta.metadata_log] + [table.metadata_location]
+    seen_heads = set()
+    for location in versions:
+        version = FromInputFile.table_metadata(table.io.new_input(location))
+        head = version.current_snapshot_id
+        committed = state_from_properties(version.properties, head)
+        visible = keys_on_main(table, head) if head is not None else []
+        assert visible == expected_keys(committed.offsets), location
+        seen_heads.add(head)
+    assert {first, second} <= seen_heads
+
+
+def test_of_two_writers_planning_from_one_head_exactly_one_wins(table: Table) -> None:
+    ingest(table, "a", 0, {0: 2}, epoch=1)
+    stage_a, batch_a = stage_batch(table, "a", 1, {0: 3, 1: 1})
+    stage_b, batch_b = stage_batch(table, "b", 1, {0: 3, 1: 1})  # same head, same offsets, same records
+    assert stage_a.base == stage_b.base
+
+    commit_staged(table, stage_a, batch_a, epoch=1)
+    with pytest.raises(StaleHeadError):
+        commit_staged(table, stage_b, batch_b, epoch=1)
+    assert_exactly_once(table, {0: 5, 1: 1})
+
+    # The loser abandons its stage, re-plans from the table and carries on where the winner stopped.
+    assert abandon_stage(table, stage_b.branch)
+    ingest(table, "b", 2, {0: 3, 1: 1}, epoch=1)
+    assert_exactly_once(table, {0: 8, 1: 2})
+    assert stage_branches(table) == []
+
+
+def test_a_competing_commit_inside_the_commit_window_makes_the_loser_fail(table: Table) -> None:
+    """The check before the commit passes; the catalog's compare-and-swap is what refuses."""
+    stage_a, batch_a = stage_batch(table, "a", 1, {0: 4})
+    stage_b, batch_b = stage_batch(table, "b", 1, {0: 4})
+
+    def commit_a_first(name: str) -> None:
+        failpoints.disarm(name)
+        commit_staged(table, stage_a, batch_a, epoch=1)
+
+    failpoints.arm("before-commit", commit_a_first)
+    with pytest.raises(StaleHeadError):
+        commit_staged(table, stage_b, batch_b, epoch=1)
+    assert_exactly_once(table, {0: 4})
+    assert stage_branches(table) == [stage_b.branch]  # refused: nothing changed, the stage is still there
+
+
+def test_an_unrelated_metadata_change_in_the_commit_window_does_not_refuse_the_commit(table: Table) -> None:
+    stage, batch = stage_batch(table, "a", 1, {0: 2})
+
+    def change_something_else(name: str) -> None:
+        failpoints.disarm(name)
+        other = table.catalog.load_table(IDENTIFIER)
+        other.transaction().set_properties({"owner": "data-team"}).commit_transaction()
+        prepare_stage(other, stage_branch_name("b", 1))  # another writer's branch: a metadata change too
+
+    with failpoints.armed("before-commit", change_something_else):
+        commit_staged(table, stage, batch, epoch=1)
+    assert_exactly_once(table, {0: 2})
+    assert table.metadata.properties["owner"] == "data-team"
+
+
+def test_a_stale_epoch_is_fenced_even_when_the_cas_would_pass(table: Table) -> None:
+    ingest(table, "new", 1, {0: 2}, epoch=3)
+    stage, batch = stage_batch(table, "old", 1, {0: 2})  # planned from the current head: the CAS would pass
+    before = table.refresh().metadata_location
+    with pytest.raises(FencedError):
+        commit_staged(table, stage, batch, epoch=2)
+    assert table.refresh().metadata_location == before
+    assert read_committed(table).epoch == 3
+    assert_exactly_once(table, {0: 2})
+
+    # The same epoch continues; a newer one takes over and from then on fences epoch 3.
+    commit_staged(table, stage, batch, epoch=3)
+    ingest(table, "newer", 1, {0: 1}, epoch=4)
+    with pytest.raises(FencedError):
+        ingest(table, "new", 2, {0: 1}, epoch=3)
+    assert_exactly_once(table, {0: 5})
+
+
+def test_a_batch_must_start_where_the_table_stopped(table: Table) -> None:
+    ingest(table, "w", 1, {0: 5}, epoch=1)
+    head = read_committed(table)
+
+    for wrong_start in (4, 6):  # an overlap would duplicate records, a gap would lose them
+        stage = prepare_stage(table, stage_branch_name("w", f"bad{wrong_start}"))
+        batch = Batch(TOPIC, start={0: wrong_start}, end={0: wrong_start + 2})
+        table.append(records(batch), branch=stage.branch)
+        with pytest.raises(OffsetGapError):
+            commit_staged(table, stage, batch, epoch=1)
+
+    stage = prepare_stage(table, stage_branch_name("w", "other-topic"))
+    batch = plan(stage.base, {0: 1}, topic="payments")
+    table.append(records(batch), branch=stage.branch)
+    with pytest.raises(TopicMismatchError):
+        commit_staged(table, stage, batch, epoch=1)
+
+    # A gap Kafka's retention made is accepted only when acknowledged, from the committed offset.
+    stage = prepare_stage(table, stage_branch_name("w", "retention"))
+    batch = Batch(TOPIC, start={0: 7}, end={0: 8}, retention_gaps={0: 4})
+    table.append(records(batch), branch=stage.branch)
+    with pytest.raises(OffsetGapError, match="retention gap from 4"):
+        commit_staged(table, stage, batch, epoch=1)
+
+    assert read_committed(table) == head
+    assert_exactly_once(table, {0: 5})
+    stage = prepare_stage(table, stage_branch_name("w", "retention"))
+    batch = Batch(TOPIC, start={0: 7}, end={0: 8}, retention_gaps={0: 5})
+    table.append(records(batch), branch=stage.branch)
+    commit_staged(table, stage, batch, epoch=1)
+    assert read_committed(table).offsets == {0: 8}
+    assert keys_on_main(table) == [*expected_keys({0: 5}), (0, 7)]
+
+    # A partition the table has never seen may start anywhere (Kafka retention may have moved its start).
+    stage = prepare_stage(table, stage_branch_name("w", 2))
+    batch = Batch(TOPIC, start={0: 8, 1: 10}, end={0: 8, 1: 12})  # partition 0: nothing to read
+    table.append(records(batch), branch=stage.branch)
+    commit_staged(table, stage, batch, epoch=1)
+    assert read_committed(table).offsets == {0: 8, 1: 12}
+    assert keys_on_main(table) == [*expected_keys({0: 5}), (0, 7), (1, 10), (1, 11)]
+
+
+def test_malformed_batches_are_rejected_before_any_io() -> None:
+    with pytest.raises(ValueError):
+        Batch("", {0: 0}, {0: 1})
+    with pytest.raises(ValueError):
+        Batch(TOPIC, {0: 0}, {1: 1})
+    with pytest.raises(ValueError):
+        Batch(TOPIC, {0: 5}, {0: 4})
+    with pytest.raises(ValueError):
+        Batch(TOPIC, {0: 5}, {0: 6}, retention_gaps={0: 6})
+
+
+def test_the_first_commit_on_an_empty_table(table: Table) -> None:
+    assert table.metadata.current_snapshot_id is None
+    assert read_committed(table) == CommittedState(snapshot_id=None)
+
+    stage = prepare_stage(table, stage_branch_name("w", 1))
+    genesis = table.metadata.snapshot_by_id(stage.base.snapshot_id)  # type: ignore[arg-type]
+    assert genesis is not None and genesis.parent_snapshot_id is None
+    assert genesis.summary is not None and genesis.summary[GENESIS_PROPERTY] == "true"
+    assert keys_on_main(table) == []
+
+    batch = plan(stage.base, {0: 3})
+    table.append(records(batch), branch=stage.branch)
+    committed = commit_staged(table, stage, batch, epoch=1)
+    assert main_lineage(table) == [committed, genesis.snapshot_id]
+    assert_exactly_once(table, {0: 3})
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+    from icefall.commit import Batch, commit_staged, prepare_stage, stage_branch_name
+
+    args = json.loads(sys.argv[1])
+    catalog = SqlCatalog("icefall", uri=args["uri"], warehouse=args["warehouse"])
+    table = catalog.load_table(args["table"])
+    stage = prepare_stage(table, stage_branch_name("child", 1))
+    start = stage.base.offsets.get(0, 0)
+    batch = Batch(args["topic"], start={0: start}, end={0: start + args["n"]})
+    rows = [{"partition": 0, "offset": o, "value": f"p0-o{o}"} for o in range(start, start + args["n"])]
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()), branch=stage.branch)
+    commit_staged(table, stage, batch, epoch=1)
+    print("survived")
+    """
+)
+
+
+def run_child(catalog: SqlCatalog, failpoint_spec: str, n: int) -> subprocess.CompletedProcess[str]:
+    args = {
+        "uri": catalog.properties["uri"],
+        "warehouse": catalog.properties["warehouse"],
+        "table": IDENTIFIER,
+        "topic": TOPIC,
+        "n": n,
+    }
+    env = {"PATH": "/usr/bin:/bin", failpoints.ENV_VAR: failpoint_spec}
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("point", ["after-stage", "before-commit"])
+def test_a_process_killed_after_staging_leaves_nothing_to_repair(
+    catalog: SqlCatalog, table: Table, point: str
+) -> None:
+    ingest(table, "w", 1, {0: 2}, epoch=1)
+    before = read_committed(table)
+
+    child = run_child(catalog, f"{point}=exit", n=3)
+    assert child.returncode == failpoints.EXIT_STATUS, child.stderr
+    assert "survived" not in child.stdout
+
+    assert read_committed(table) == before
+    assert_exactly_once(table, {0: 2})
+    [leftover] = stage_branches(table)
+
+    # Ignored: a new attempt commits without looking at it; the leftover can never reach main.
+    ingest(table, "w", 2, {0: 3}, epoch=1)
+    assert_exactly_once(table, {0: 5})
+    leftover_head = table.metadata.refs[leftover].snapshot_id
+    assert leftover_head not in main_lineage(table)
+    # Cleaned: the next lease holder sweeps it, and the snapshot only it referenced, away.
+    assert sweep_stages(table) == [leftover]
+    assert table.refresh().metadata.snapshot_by_id(leftover_head) is None
+    assert_exactly_once(table, {0: 5})
+
+
+def test_a_process_killed_after_committing_resumes_after_its_batch(catalog: SqlCatalog, table: Table) -> None:
+    ingest(table, "w", 1, {0: 2}, epoch=1)
+
+    child = run_child(catalog, "after-commit=exit", n=3)
+    assert child.returncode == failpoints.EXIT_STATUS, child.stderr
+    assert "survived" not in child.stdout
+
+    assert_exactly_once(table, {0: 5})  # the commit is complete: the restart re-reads it, not Kafka
+    assert stage_branches(table) == []
+    ingest(table, "w", 2, {0: 1}, epoch=1)
+    assert_exactly_once(table, {0: 6})
+
+
+def test_main_never_holds_a_staged_snapshot_twice(table: Table) -> None:
+    ingest(table, "w", 0, {0: 1}, epoch=1)
+
+    # A writer that ran twice (a retried Spark job) left two snapshots on its stage: refused as a whole.
+    stage, batch = stage_batch(table, "w", 1, {0: 2})
+    table.append(records(batch), branch=stage.branch)
+    with pytest.raises(StageError, match="exactly one snapshot"):
+        commit_staged(table, stage, batch, epoch=1)
+    # Nothing written yet: refused too (an empty batch must still be staged as an empty append).
+    empty_stage = prepare_stage(table, stage_branch_name("w", 2))
+    with pytest.raises(StageError, match="nothing staged"):
+        commit_staged(table, empty_stage, plan(empty_stage.base, {0: 0}), epoch=1)
+    assert_exactly_once(table, {0: 1})
+
+    # A committed stage cannot be committed again: main moved on, and the branch went with the commit.
+    assert sorted(sweep_stages(table)) == sorted([stage.branch, empty_stage.branch])
+    stage, batch = stage_batch(table, "w", 3, {0: 2})
+    committed = commit_staged(table, stage, batch, epoch=1)
+    with pytest.raises(StaleHeadError):
+        commit_staged(table, stage, batch, epoch=1)
+    lineage = main_lineage(table)
+    assert lineage.count(committed) == 1
+    assert len(lineage) == len(set(lineage))
+    assert_exactly_once(table, {0: 3})
+
+    # A leftover branch of the same name (a crashed attempt that wrote) is dropped and made anew, not reused.
+    stage, batch = stage_batch(table, "w", 4, {0: 2})
+    leftover = table.metadata.refs[stage.branch].snapshot_id
+    stage, batch = stage_batch(table, "w", 4, {0: 2})
+    assert table.metadata.snapshot_by_id(leftover) is None
+    commit_staged(table, stage, batch, epoch=1)
+    assert_exactly_once(table, {0: 5})
+
+
+def test_abandoning_a_stage_drops_its_branch_and_snapshot_only(table: Table) -> None:
+    ingest(table, "w", 0, {0: 1}, epoch=1)
+    lineage = main_lineage(table)
+    stage, _ = stage_batch(table, "w", 1, {0: 2})
+    staged = table.metadata.refs[stage.branch].snapshot_id
+    kept, _ = stage_batch(table, "other", 1, {0: 2})
+
+    assert abandon_stage(table, stage.branch)
+    assert not abandon_stage(table, stage.branch)
+    table.refresh()
+    assert stage.branch not in table.metadata.refs
+    assert table.metadata.snapshot_by_id(staged) is None
+    assert main_lineage(table) == lineage
+    assert sweep_stages(table, keep=[kept.branch]) == []
+    assert stage_branches(table) == [kept.branch]
+
+
+class FlakyCatalog(SqlCatalog):
+    """A real SQLite catalog whose next commit fails with an error of unknown outcome, before or after."""
+
+    fail: str | None = None
+
+    def commit_table(self, table: Table, requirements: Any, updates: Any) -> CommitTableResponse:
+        fail, self.fail = self.fail, None
+        if fail == "before":
+            raise ConnectionError("catalog unreachable")
+        response = super().commit_table(table, requirements, updates)
+        if fail == "after":
+            raise ConnectionError("catalog answer lost")
+        return response
+
+
+def test_a_commit_of_unknown_outcome_is_resolved_by_reading_the_table(tmp_path: Path) -> None:
+    (tmp_path / "warehouse").mkdir()
+    catalog = FlakyCatalog(
+        "icefall", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=(tmp_path / "warehouse").as_uri()
+    )
+    catalog.create_namespace("lake")
+    table = catalog.create_table(IDENTIFIER, SCHEMA)
+
+    stage, batch = stage_batch(table, "w", 1, {0: 2})
+    catalog.fail = "after"
+    committed = commit_staged(table, stage, batch, epoch=1)  # landed: reported as the success it is
+    assert read_committed(table).snapshot_id == committed
+
+    stage, batch = stage_batch(table, "w", 2, {0: 2})
+    catalog.fail = "before"
+    with pytest.raises(ConnectionError):
+        commit_staged(table, stage, batch, epoch=1)
+    assert_exactly_once(table, {0: 2})
+    commit_staged(table, stage, batch, epoch=1)  # nothing landed, the stage is intact: it can be retried
+    assert_exactly_once(table, {0: 4})
+
+
+def test_maintenance_commits_keep_the_committed_state(table: Table) -> None:
+    ingest(table, "w", 1, {0: 3}, epoch=2)
+    ingest(table, "w", 2, {0: 2, 1: 2}, epoch=2)
+    committed = read_committed(table)
+
+    # A rewrite of all files (what compaction commits), an unrelated property, then expiry of history.
+    table.overwrite(table.scan().to_arrow())
+    table.transaction().set_properties({"write.target-file-size-bytes": "134217728"}).commit_transaction()
+    table.maintenance.expire_snapshots().older_than(datetime.now() + timedelta(seconds=1)).commit()
+    table.refresh()
+    assert len(table.metadata.snapshots) == 1
+
+    after = read_committed(table)
+    assert after.snapshot_id == table.metadata.current_snapshot_id != committed.snapshot_id
+    assert {**after.__dict__, "snapshot_id": None} == {**committed.__dict__, "snapshot_id": None}
+    ingest(table, "w", 3, {1: 1}, epoch=2)
+    assert_exactly_once(table, {0: 5, 1: 3})
+
+
+def test_canary_a_plain_pyiceberg_append_rebases_onto_a_moved_head(catalog: SqlCatalog, table: Table) -> None:
+    """Why the protocol exists: pyiceberg's retry lands a write planned on an old head without complaint.
+
+    If this starts failing, pyiceberg stopped rebasing; the protocol stays correct, but DESIGN.md's
+    rationale should be updated.
+    """
+    table.append(records(Batch(TOPIC, {0: 0}, {0: 2})))
+    stale = catalog.load_table(IDENTIFIER)
+    table.append(records(Batch(TOPIC, {0: 2}, {0: 4})))
+    stale.append(records(Batch(TOPIC, {0: 2}, {0: 4})))  # planned from the old head: should have failed
+    keys = keys_on_main(table)
+    assert len(keys) == 6 and len(set(keys)) == 4

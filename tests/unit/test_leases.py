@@ -1,0 +1,226 @@
+"""Lease take-over rules and the local lease file, with a fake clock.
+
+Proves: a held, unexpired lease is never handed to someone else; the epoch starts at 1 and grows by one on
+every change of holder (expiry take-over, acquisition after release, a restarted incarnation of the same
+identity) and never on renewal; the file backend follows those rules across independent holders, refuses
+renewal of a lost lease, and lets exactly one of many concurrent contenders win.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+
+import pytest
+
+from icefall.commit.lease import FileLease, Lease, LeaseError, LeaseLostError, LeaseTimeoutError
+from icefall.plan.leases import LeaseAction, LeaseRecord, commit_lease_name, decide, release
+
+pytestmark = pytest.mark.unit
+
+DURATION = 10.0
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+# --- the pure rules --------------------------------------------------------------------------------------
+
+
+def held(holder: str | None, epoch: int, renewed: float) -> LeaseRecord:
+    return LeaseRecord(
+        holder, epoch, acquire_time=renewed - 100, renew_time=renewed, duration_seconds=DURATION
+    )
+
+
+def test_nobody_holds_it_so_i_acquire_epoch_one() -> None:
+    decision = decide(None, me="a", my_epoch=None, now=5.0, duration_seconds=DURATION)
+    assert decision.action is LeaseAction.ACQUIRE
+    assert decision.record == LeaseRecord("a", 1, 5.0, 5.0, DURATION)
+
+
+def test_someone_else_holds_it_unexpired_so_i_wait_until_it_runs_out() -> None:
+    current = held("b", 4, renewed=100.0)
+    decision = decide(current, me="a", my_epoch=None, now=103.0, duration_seconds=DURATION)
+    assert decision.action is LeaseAction.WAIT
+    assert decision.record == current
+    assert decision.wait_seconds == pytest.approx(7.0)
+
+
+def test_an_expired_or_released_lease_is_taken_over_with_the_next_epoch() -> None:
+    expired = held("b", 4, renewed=100.0)
+    decision = decide(
+        expired, me="a", my_epoch=None, now=110.0, duration_seconds=DURATION
+    )  # exactly at expiry
+    assert decision.action is LeaseAction.ACQUIRE
+    assert decision.record == LeaseRecord("a", 5, 110.0, 110.0, DURATION)
+
+    released = held(None, 4, renewed=100.0)
+    decision = decide(released, me="a", my_epoch=None, now=101.0, duration_seconds=DURATION)
+    assert (decision.action, decision.record.epoch) == (LeaseAction.ACQUIRE, 5)
+
+
+def test_my_own_lease_is_renewed_at_the_same_epoch_even_after_it_ran_out() -> None:
+    mine = held("a", 4, renewed=100.0)
+    for now in (101.0, 150.0):  # nobody took it over meanwhile, so nobody has a newer epoch
+        decision = decide(mine, me="a", my_epoch=4, now=now, duration_seconds=DURATION)
+        assert decision.action is LeaseAction.RENEW
+        assert decision.record == LeaseRecord("a", 4, mine.acquire_time, now, DURATION)
+
+
+def test_a_restarted_incarnation_of_the_same_identity_does_not_inherit_the_epoch() -> None:
+    old = held("a", 4, renewed=100.0)
+    assert decide(old, me="a", my_epoch=None, now=105.0, duration_seconds=DURATION).action is LeaseAction.WAIT
+    decision = decide(old, me="a", my_epoch=None, now=111.0, duration_seconds=DURATION)
+    assert (decision.action, decision.record.epoch) == (LeaseAction.ACQUIRE, 5)
+
+
+def test_clock_skew_never_makes_a_contender_wait_more_than_one_duration() -> None:
+    from_the_future = held("b", 1, renewed=500.0)
+    decision = decide(from_the_future, me="a", my_epoch=None, now=100.0, duration_seconds=DURATION)
+    assert decision.action is LeaseAction.WAIT
+    assert decision.wait_seconds == DURATION
+
+
+def test_release_only_lets_go_of_my_own_epoch() -> None:
+    mine = held("a", 4, renewed=100.0)
+    assert release(mine, me="a", epoch=4) == held(None, 4, renewed=100.0)
+    assert release(mine, me="a", epoch=3) is None
+    assert release(mine, me="b", epoch=4) is None
+    assert release(None, me="a", epoch=4) is None
+
+
+def test_bad_inputs_and_names() -> None:
+    with pytest.raises(ValueError):
+        decide(None, me="", my_epoch=None, now=0.0, duration_seconds=DURATION)
+    with pytest.raises(ValueError):
+        decide(None, me="a", my_epoch=None, now=0.0, duration_seconds=0)
+    assert commit_lease_name("orders") == "icefall-orders-commit"
+    assert commit_lease_name("Sales_EU.orders") == "icefall-sales-eu.orders-commit"
+
+
+# --- the local file backend ------------------------------------------------------------------------------
+
+
+def lease(tmp_path: Path, holder: str, clock: FakeClock) -> FileLease:
+    return FileLease.in_dir(
+        tmp_path, "icefall-orders-commit", holder, duration_seconds=DURATION, clock=clock, sleep=clock.sleep
+    )
+
+
+def test_file_lease_implements_the_protocol(tmp_path: Path) -> None:
+    assert isinstance(lease(tmp_path, "a", FakeClock()), Lease)
+
+
+def test_acquire_renew_release(tmp_path: Path) -> None:
+    clock = FakeClock()
+    a = lease(tmp_path, "a", clock)
+    assert not a.is_held and a.epoch is None and a.current() is None
+
+    assert a.acquire(timeout=0) == 1
+    assert a.is_held and a.epoch == 1 and a.expires_at == clock.now + DURATION
+    record = a.current()
+    assert record is not None and (record.holder, record.epoch) == ("a", 1)
+
+    clock.now += 6
+    a.renew()
+    assert a.expires_at == clock.now + DURATION
+    clock.now += 6
+    assert a.is_held  # 12 s after acquiring, 6 s after renewing
+
+    a.release()
+    a.release()  # idempotent
+    assert not a.is_held and a.epoch is None
+    record = a.current()
+    assert record is not None and (record.holder, record.epoch) == (None, 1)
+
+
+def test_two_holders_take_turns_and_each_change_of_holder_bumps_the_epoch(tmp_path: Path) -> None:
+    clock = FakeClock()
+    a, b = lease(tmp_path, "a", clock), lease(tmp_path, "b", clock)
+
+    assert a.acquire(timeout=0) == 1
+    with pytest.raises(LeaseTimeoutError, match="held by 'a'"):
+        b.acquire(timeout=0)
+
+    clock.now += DURATION + 1  # a stalls past its lease: b takes over
+    assert b.acquire(timeout=0) == 2
+    assert a.is_held is False
+    with pytest.raises(LeaseLostError):
+        a.renew()
+    assert a.epoch is None
+
+    b.release()  # a released lease is free at once, and still counts as a change of holder
+    assert a.acquire(timeout=0) == 3
+    assert a.acquire(timeout=0) == 3  # acquiring what you hold renews it
+
+
+def test_acquire_waits_for_expiry_within_its_timeout(tmp_path: Path) -> None:
+    clock = FakeClock()
+    a, b = lease(tmp_path, "a", clock), lease(tmp_path, "b", clock)
+    a.acquire()
+    start = clock.now
+
+    with pytest.raises(LeaseTimeoutError):
+        b.acquire(timeout=3.5)
+    assert clock.now == pytest.approx(start + 3.5)
+
+    assert b.acquire(timeout=30) == 2
+    assert clock.now == pytest.approx(start + DURATION)
+    assert max(clock.slept) <= 1.0  # polls, so a release would be noticed early
+
+
+def test_a_new_process_with_the_same_identity_waits_and_gets_a_new_epoch(tmp_path: Path) -> None:
+    clock = FakeClock()
+    old = lease(tmp_path, "pod-0", clock)
+    assert old.acquire() == 1
+    restarted = lease(tmp_path, "pod-0", clock)
+    with pytest.raises(LeaseTimeoutError):
+        restarted.acquire(timeout=0)
+    clock.now += DURATION
+    assert restarted.acquire(timeout=0) == 2
+    with pytest.raises(LeaseLostError):
+        old.renew()
+
+
+def test_renewing_a_lease_never_acquired_fails(tmp_path: Path) -> None:
+    with pytest.raises(LeaseLostError):
+        lease(tmp_path, "a", FakeClock()).renew()
+
+
+def test_a_corrupt_lease_file_fails_loudly(tmp_path: Path) -> None:
+    a = lease(tmp_path, "a", FakeClock())
+    a.path.write_text('{"holder": "x"}')
+    with pytest.raises(LeaseError, match="not a lease record"):
+        a.acquire(timeout=0)
+
+
+def test_exactly_one_of_many_concurrent_contenders_wins(tmp_path: Path) -> None:
+    """Real clock and real flock: 16 threads, each with its own file handle, race for a free lease."""
+    contenders = [FileLease.in_dir(tmp_path, "race", f"w{i}", duration_seconds=60) for i in range(16)]
+    barrier = threading.Barrier(len(contenders))
+    winners: list[int] = []
+
+    def contend(contender: FileLease) -> None:
+        barrier.wait()
+        with contextlib.suppress(LeaseTimeoutError):
+            winners.append(contender.acquire(timeout=0))
+
+    threads = [threading.Thread(target=contend, args=(c,)) for c in contenders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert winners == [1]
+    assert sum(c.is_held for c in contenders) == 1
