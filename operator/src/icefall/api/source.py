@@ -1,0 +1,213 @@
+"""`spec.source`: the Kafka topic a StreamingTable follows, where it starts, and how it connects.
+
+Guarantees:
+- Credentials (usernames, passwords, CA bundles, client keys) are only ever references (`SecretRef`);
+  an inline value is rejected with a message that says how to reference it, without echoing it.
+- The free-form consumer `properties` cannot carry secrets or override what Icefall manages (bootstrap
+  servers, security, offsets, deserialisers): those keys are rejected with the spec field to use instead.
+- `startingPosition` only matters the first time a table is filled. Afterwards ingestion resumes from the
+  offsets committed in the table, and partitions added to the topic later are read from their earliest
+  offset (as Spark does), so no record in a new partition is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import Field, field_validator, model_validator
+
+from icefall.api.base import (
+    BOOTSTRAP_PATTERN,
+    PROPERTY_KEY_PATTERN,
+    TOPIC_PATTERN,
+    ApiModel,
+    ProblemCollector,
+    SecretRef,
+    looks_secret,
+)
+
+#: Consumer properties Icefall sets itself, and the spec field that controls each.
+MANAGED_CONSUMER_PROPERTIES = {
+    "bootstrap.servers": "spec.source.bootstrapServers",
+    "security.protocol": "spec.source.security.protocol",
+    "sasl.mechanism": "spec.source.security.saslMechanism",
+    "sasl.jaas.config": "spec.source.security (username and password references)",
+    "auto.offset.reset": "spec.source.startingPosition",
+    "enable.auto.commit": "nothing: offsets are committed in the Iceberg table",
+    "key.deserializer": "nothing: records are read as bytes and decoded by spec.format",
+    "value.deserializer": "nothing: records are read as bytes and decoded by spec.format",
+    "interceptor.classes": "nothing: Spark's Kafka source does not allow consumer interceptors",
+}
+
+
+class StartingPositionType(StrEnum):
+    """Where a new table starts reading the topic."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    TIMESTAMP = "timestamp"
+
+
+class StartingPosition(ApiModel):
+    """Where to start reading when the table has no committed offsets yet."""
+
+    type: StartingPositionType = Field(
+        default=StartingPositionType.EARLIEST,
+        description=(
+            "earliest: the oldest record Kafka still holds; latest: only records produced after the first "
+            "start; timestamp: the first record at or after timestampMs."
+        ),
+    )
+    timestamp_ms: int | None = Field(
+        default=None,
+        ge=0,
+        description="Start time in milliseconds since the Unix epoch; required for type timestamp only.",
+    )
+
+    @model_validator(mode="after")
+    def _timestamp_iff_type(self) -> StartingPosition:
+        problems = ProblemCollector()
+        if self.type is StartingPositionType.TIMESTAMP and self.timestamp_ms is None:
+            problems.add(("timestampMs",), "type timestamp needs timestampMs (milliseconds since the epoch)")
+        if self.type is not StartingPositionType.TIMESTAMP and self.timestamp_ms is not None:
+            problems.add(
+                ("timestampMs",),
+                "timestampMs only applies to type timestamp; remove it or set type: timestamp",
+            )
+        problems.raise_if_any()
+        return self
+
+
+class SecurityProtocol(StrEnum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
+
+    @property
+    def uses_tls(self) -> bool:
+        return self in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL)
+
+
+class SaslMechanism(StrEnum):
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+class KafkaSecurity(ApiModel):
+    """How to connect to the brokers. Every credential is a reference, never a value."""
+
+    protocol: SecurityProtocol = Field(
+        default=SecurityProtocol.PLAINTEXT, description="Kafka security.protocol."
+    )
+    sasl_mechanism: SaslMechanism | None = Field(
+        default=None, description="SASL mechanism; required with SASL_PLAINTEXT and SASL_SSL."
+    )
+    username: SecretRef | None = Field(default=None, description="Reference to the SASL username.")
+    password: SecretRef | None = Field(default=None, description="Reference to the SASL password.")
+    ca_cert: SecretRef | None = Field(
+        default=None,
+        description="Reference to a PEM bundle of CA certificates to trust; default: the system trust store.",
+    )
+    client_cert: SecretRef | None = Field(
+        default=None, description="Reference to the PEM client certificate, for mutual TLS."
+    )
+    client_key: SecretRef | None = Field(
+        default=None, description="Reference to the PEM client private key, for mutual TLS."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSecurity:
+        problems = ProblemCollector()
+        protocol = self.protocol
+        if protocol.uses_sasl:
+            for name, value in (
+                ("saslMechanism", self.sasl_mechanism),
+                ("username", self.username),
+                ("password", self.password),
+            ):
+                if value is None:
+                    problems.add((name,), f"protocol {protocol.value} needs {name}; add it")
+        else:
+            for name, value in (
+                ("saslMechanism", self.sasl_mechanism),
+                ("username", self.username),
+                ("password", self.password),
+            ):
+                if value is not None:
+                    problems.add(
+                        (name,), f"{name} is only used with SASL; remove it or set protocol: SASL_SSL"
+                    )
+        if not protocol.uses_tls:
+            for name, value in (
+                ("caCert", self.ca_cert),
+                ("clientCert", self.client_cert),
+                ("clientKey", self.client_key),
+            ):
+                if value is not None:
+                    problems.add(
+                        (name,), f"{name} is only used with TLS; remove it or set protocol: SSL or SASL_SSL"
+                    )
+        elif (self.client_cert is None) != (self.client_key is None):
+            missing = "clientKey" if self.client_key is None else "clientCert"
+            problems.add((missing,), "mutual TLS needs both clientCert and clientKey; add " + missing)
+        problems.raise_if_any()
+        return self
+
+
+class KafkaSource(ApiModel):
+    """The Kafka topic to ingest."""
+
+    bootstrap_servers: str = Field(
+        description="Comma-separated host:port list of Kafka brokers, e.g. kafka-0:9092,kafka-1:9092.",
+        min_length=1,
+        max_length=4096,
+        pattern=BOOTSTRAP_PATTERN,
+    )
+    topic: str = Field(
+        description="Kafka topic to read. Immutable: a table follows one topic for its whole life.",
+        min_length=1,
+        max_length=249,
+        pattern=TOPIC_PATTERN,
+    )
+    starting_position: StartingPosition = Field(
+        default_factory=StartingPosition,
+        description="Where a new table starts reading; ignored once the table has committed offsets.",
+    )
+    security: KafkaSecurity = Field(
+        default_factory=KafkaSecurity, description="Connection security; credentials by reference only."
+    )
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Extra non-secret Kafka consumer properties (e.g. fetch.max.bytes), without Spark's 'kafka.' "
+            "prefix. Values are strings."
+        ),
+    )
+
+    @field_validator("properties")
+    @classmethod
+    def _plain_properties(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = ProblemCollector()
+        for key in value:
+            if key.startswith("kafka."):
+                problems.add((key,), f"write consumer properties without the 'kafka.' prefix: {key[6:]!r}")
+            bare = key.removeprefix("kafka.")
+            if bare in MANAGED_CONSUMER_PROPERTIES:
+                problems.add((key,), f"{bare} is set by Icefall; use {MANAGED_CONSUMER_PROPERTIES[bare]}")
+            elif looks_secret(bare) or bare.startswith(("ssl.", "sasl.")):
+                problems.add(
+                    (key,),
+                    f"{bare} is security configuration; set it through spec.source.security "
+                    "with secret references",
+                )
+            elif re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
+                problems.add((key,), "property names use letters, digits, '.', '_' and '-'")
+        problems.raise_if_any()
+        return value

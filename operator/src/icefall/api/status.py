@@ -1,0 +1,209 @@
+"""`status` of a StreamingTable: conditions, freshness, and a few table figures.
+
+Guarantees:
+- Condition types and reasons are closed enums; each reason is valid only for the condition types listed
+  in `REASONS_BY_TYPE`, so a typo in a controller fails in tests instead of reaching users.
+- `conditions` is a list keyed by `type` (at most one entry per type), as Kubernetes API conventions ask.
+- Status is small: scalars for freshness and table shape, plus the per-partition lag map (which a writer
+  may cap to the most lagging partitions). Anything larger or faster-changing belongs in metrics.
+- Unknown status fields are ignored on read, so an older operator can read a newer one's status.
+
+Not guaranteed: how `lastTransitionTime` evolves — keeping it unchanged unless `status` flips is the job of
+whoever merges conditions (the plan layer).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from icefall.api.base import ProblemCollector, StatusModel
+
+
+class ConditionType(StrEnum):
+    """The conditions a StreamingTable reports. `Ready` summarises the others."""
+
+    READY = "Ready"
+    INGESTING = "Ingesting"
+    FRESHNESS_MET = "FreshnessMet"
+    DEGRADED = "Degraded"
+    COMPACTING = "Compacting"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionReason(StrEnum):
+    """Every reason a condition may carry (CamelCase, machine-readable)."""
+
+    # Lifecycle, shared by several types.
+    STARTING = "Starting"
+    SUSPENDED = "Suspended"
+    DELETING = "Deleting"
+    INVALID_SPEC = "InvalidSpec"
+    # Ready
+    RUNNING = "Running"
+    TABLE_CLAIMED = "TableClaimedByOther"
+    CATALOG_UNAVAILABLE = "CatalogUnavailable"
+    KAFKA_UNAVAILABLE = "KafkaUnavailable"
+    DRIVER_FAILED = "DriverFailed"
+    # Ingesting
+    CATCHING_UP = "CatchingUp"
+    CAUGHT_UP = "CaughtUp"
+    WAITING_FOR_LEASE = "WaitingForLease"
+    COMMIT_CONFLICT = "CommitConflict"
+    # FreshnessMet
+    WITHIN_TARGET = "WithinTarget"
+    BEHIND_TARGET = "BehindTarget"
+    NO_COMMITS_YET = "NoCommitsYet"
+    # Degraded
+    HEALTHY = "Healthy"
+    DATA_LOSS = "DataLoss"
+    OFFSETS_AHEAD_OF_TOPIC = "OffsetsAheadOfTopic"
+    BAD_RECORD_HALTED = "BadRecordHalted"
+    DEAD_LETTER_FAILED = "DeadLetterFailed"
+    # Compacting
+    COMPACTING = "Compacting"
+    NO_COMPACTION_NEEDED = "NoCompactionNeeded"
+    COMPACTION_FAILED = "CompactionFailed"
+
+
+_R = ConditionReason
+_LIFECYCLE = frozenset({_R.STARTING, _R.SUSPENDED, _R.DELETING, _R.INVALID_SPEC})
+#: Which reasons each condition type may carry.
+REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
+    ConditionType.READY: _LIFECYCLE
+    | {
+        _R.RUNNING,
+        _R.TABLE_CLAIMED,
+        _R.CATALOG_UNAVAILABLE,
+        _R.KAFKA_UNAVAILABLE,
+        _R.DRIVER_FAILED,
+        _R.DATA_LOSS,
+        _R.OFFSETS_AHEAD_OF_TOPIC,
+        _R.BAD_RECORD_HALTED,
+    },
+    ConditionType.INGESTING: _LIFECYCLE
+    | {
+        _R.CATCHING_UP,
+        _R.CAUGHT_UP,
+        _R.WAITING_FOR_LEASE,
+        _R.COMMIT_CONFLICT,
+        _R.DRIVER_FAILED,
+        _R.CATALOG_UNAVAILABLE,
+        _R.KAFKA_UNAVAILABLE,
+        _R.BAD_RECORD_HALTED,
+    },
+    ConditionType.FRESHNESS_MET: _LIFECYCLE | {_R.WITHIN_TARGET, _R.BEHIND_TARGET, _R.NO_COMMITS_YET},
+    ConditionType.DEGRADED: _LIFECYCLE
+    | {
+        _R.HEALTHY,
+        _R.DATA_LOSS,
+        _R.OFFSETS_AHEAD_OF_TOPIC,
+        _R.BAD_RECORD_HALTED,
+        _R.DEAD_LETTER_FAILED,
+        _R.DRIVER_FAILED,
+        _R.COMPACTION_FAILED,
+    },
+    ConditionType.COMPACTING: _LIFECYCLE | {_R.COMPACTING, _R.NO_COMPACTION_NEEDED, _R.COMPACTION_FAILED},
+}
+
+
+class Condition(StatusModel):
+    """One observation about the StreamingTable, in Kubernetes condition form."""
+
+    type: ConditionType = Field(description="Condition type; one entry per type.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: ConditionReason = Field(description="Machine-readable CamelCase reason for the status.")
+    message: str = Field(default="", description="Human-readable detail.", max_length=32768)
+    last_transition_time: datetime = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+
+    @model_validator(mode="after")
+    def _reason_fits_type(self) -> Condition:
+        if self.reason not in REASONS_BY_TYPE[self.type]:
+            problems = ProblemCollector()
+            allowed = ", ".join(sorted(r.value for r in REASONS_BY_TYPE[self.type]))
+            problems.add(
+                ("reason",),
+                f"{self.reason.value} is not a reason for {self.type.value}; use one of {allowed}",
+            )
+            problems.raise_if_any()
+        return self
+
+
+class FreshnessStatus(StatusModel):
+    """How far the table is behind the topic."""
+
+    seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Seconds between now and the newest record committed to the table; unset before the first commit."
+        ),
+    )
+    lag_records: int = Field(
+        default=0, ge=0, description="Records in Kafka not yet in the table, all partitions."
+    )
+    partition_lag: dict[int, int] = Field(
+        default_factory=dict,
+        description="Records not yet in the table, per Kafka partition (may list only the most lagging).",
+    )
+    last_commit_time: datetime | None = Field(
+        default=None, description="When the last ingestion commit landed."
+    )
+    snapshot_id: int | None = Field(
+        default=None, description="Iceberg snapshot id of the last ingestion commit."
+    )
+
+
+class TableStatus(StatusModel):
+    """Shape of the Iceberg table, as seen at the last observation."""
+
+    files: int = Field(default=0, ge=0, description="Data files in the current snapshot.")
+    avg_file_size_bytes: int = Field(default=0, ge=0, description="Average data file size in bytes.")
+    snapshots: int = Field(default=0, ge=0, description="Snapshots retained in table metadata.")
+
+
+class StreamingTableStatus(StatusModel):
+    """Observed state of a StreamingTable."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec the status describes."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Current conditions, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    freshness: FreshnessStatus | None = Field(default=None, description="Freshness and lag of the table.")
+    table: TableStatus | None = Field(default=None, description="Files and snapshots of the table.")
+    data_loss_records: int = Field(
+        default=0,
+        ge=0,
+        description="Records Kafka deleted (retention) before they could be ingested, over the table's life.",
+    )
+
+    @model_validator(mode="after")
+    def _one_condition_per_type(self) -> StreamingTableStatus:
+        problems = ProblemCollector()
+        seen: set[ConditionType] = set()
+        for i, condition in enumerate(self.conditions):
+            if condition.type in seen:
+                problems.add(
+                    ("conditions", i, "type"), f"a second {condition.type.value} condition; keep one per type"
+                )
+            seen.add(condition.type)
+        problems.raise_if_any()
+        return self
+
+    def condition(self, condition_type: ConditionType) -> Condition | None:
+        """The condition of the given type, if present."""
+        return next((c for c in self.conditions if c.type is condition_type), None)

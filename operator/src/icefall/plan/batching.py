@@ -1,0 +1,172 @@
+"""How big the next ingestion batch is, and when it starts. Pure: the clock is an argument.
+
+The freshness target `F` (seconds) bounds how long a record may wait between reaching Kafka and being
+queryable. A record waits at most for the next batch to start and then for that batch to finish, so when
+the table keeps up, batches start every `F/2` seconds and each takes under `F/2`.
+
+Batch size (`choose_batch_size`), given the backlog `B` (offsets behind), the observed throughput `T`
+(records per second of batch wall time, commit included) and the previous batch's duration `d`:
+1. `B = 0` → nothing to do (`IDLE`).
+2. `T` unknown (first batch, or no records measured yet) → a probe of `min(B, probe_records)` to measure
+   throughput without risking a huge first batch (`PROBE`).
+3. `B / T <= F/2` → caught up: take the whole backlog; the batch is small and finishes within `F/2`
+   (`CAUGHT_UP`).
+4. otherwise → behind: freshness is already missed, so favour throughput with larger batches (less
+   per-batch overhead). The time budget is `F/2`, grown to at most twice the previous batch's duration,
+   capped at `behind_factor * F`; the batch takes `T * budget` records, and never more than `B`
+   (`BEHIND`). Growth by at most 2x per batch keeps a noisy throughput estimate from producing one
+   enormous batch.
+Every size is finally capped by `max_records` and is at least 1 when there is a backlog.
+
+Start time (`next_batch_delay`): when behind, the next batch starts as soon as `min_interval_seconds`
+have passed since the previous start; otherwise (caught up or idle) it starts `max(F/2,
+min_interval_seconds)` after the previous start, so a caught-up table commits about every `F/2` seconds
+instead of spinning on tiny batches, and an idle one polls the watermarks at the same pace.
+
+Not guaranteed: that freshness is met. If one batch's fixed cost (job start, commit) exceeds `F/2`, or
+the topic grows faster than `T`, the table falls behind; `FreshnessMet` reports it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from icefall.api.spec import BatchSpec
+
+DEFAULT_PROBE_RECORDS = 10_000
+DEFAULT_BEHIND_FACTOR = 4.0
+
+
+class BatchMode(StrEnum):
+    IDLE = "Idle"
+    PROBE = "Probe"
+    CAUGHT_UP = "CaughtUp"
+    BEHIND = "Behind"
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """Bounds on batch size and pacing; `from_spec` takes them from `spec.batch`."""
+
+    max_records: int = 1_000_000
+    max_records_per_partition: int | None = None
+    min_interval_seconds: float = 1.0
+    probe_records: int = DEFAULT_PROBE_RECORDS
+    behind_factor: float = DEFAULT_BEHIND_FACTOR
+
+    def __post_init__(self) -> None:
+        if self.max_records < 1 or self.probe_records < 1:
+            raise ValueError("max_records and probe_records must be at least 1")
+        if self.min_interval_seconds < 0 or self.behind_factor < 0.5:
+            raise ValueError("min_interval_seconds must be >= 0 and behind_factor >= 0.5")
+
+    @classmethod
+    def from_spec(cls, batch: BatchSpec) -> BatchLimits:
+        return cls(
+            max_records=batch.max_records,
+            max_records_per_partition=batch.max_records_per_partition,
+            min_interval_seconds=float(batch.min_interval_seconds),
+        )
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """The chosen batch: how many records (offsets), why, and how long it is expected to take."""
+
+    records: int
+    mode: BatchMode
+    expected_seconds: float | None
+    reason: str
+
+
+def is_caught_up(backlog_records: int, throughput_rps: float | None, freshness_target_seconds: float) -> bool:
+    """True when the backlog can be drained within half the freshness target (rule 3)."""
+    if backlog_records <= 0:
+        return True
+    if throughput_rps is None or throughput_rps <= 0:
+        return False
+    return backlog_records / throughput_rps <= freshness_target_seconds / 2
+
+
+def choose_batch_size(
+    *,
+    backlog_records: int,
+    freshness_target_seconds: float,
+    throughput_rps: float | None,
+    last_batch_seconds: float | None,
+    limits: BatchLimits,
+) -> BatchSize:
+    """Records to take in the next batch (rules in the module docstring)."""
+    _check(backlog_records, freshness_target_seconds)
+    half = freshness_target_seconds / 2
+    if backlog_records == 0:
+        return BatchSize(0, BatchMode.IDLE, None, "no records behind")
+    if throughput_rps is None or throughput_rps <= 0:
+        records = min(backlog_records, limits.probe_records, limits.max_records)
+        return BatchSize(records, BatchMode.PROBE, None, "throughput unknown; probing")
+    drain_seconds = backlog_records / throughput_rps
+    if drain_seconds <= half:
+        records = min(backlog_records, limits.max_records)
+        return BatchSize(
+            records,
+            BatchMode.CAUGHT_UP,
+            records / throughput_rps,
+            f"backlog drains in {drain_seconds:.1f}s <= {half:.1f}s; taking all of it",
+        )
+    budget = half
+    if last_batch_seconds is not None and last_batch_seconds > 0:
+        budget = max(half, 2 * last_batch_seconds)
+    budget = min(budget, limits.behind_factor * freshness_target_seconds)
+    records = max(1, min(backlog_records, math.ceil(throughput_rps * budget), limits.max_records))
+    return BatchSize(
+        records,
+        BatchMode.BEHIND,
+        records / throughput_rps,
+        f"backlog needs {drain_seconds:.1f}s > {half:.1f}s; batch budget {budget:.1f}s",
+    )
+
+
+def next_batch_delay(
+    *,
+    now: float,
+    last_batch_started_at: float | None,
+    backlog_records: int,
+    throughput_rps: float | None,
+    freshness_target_seconds: float,
+    min_interval_seconds: float,
+) -> float:
+    """Seconds to wait before starting the next batch (`now` and `last_batch_started_at` on one clock)."""
+    _check(backlog_records, freshness_target_seconds)
+    if last_batch_started_at is None:
+        return 0.0
+    behind = backlog_records > 0 and not is_caught_up(
+        backlog_records, throughput_rps, freshness_target_seconds
+    )
+    cadence = min_interval_seconds if behind else max(freshness_target_seconds / 2, min_interval_seconds)
+    return max(0.0, last_batch_started_at + cadence - now)
+
+
+def update_throughput(
+    previous_rps: float | None, records: int, seconds: float, *, weight: float = 0.5
+) -> float | None:
+    """Exponentially weighted throughput after a batch of `records` that took `seconds` (wall time).
+
+    Batches with no records or no measurable time leave the estimate unchanged.
+    """
+    if not 0 < weight <= 1:
+        raise ValueError(f"weight must be in (0, 1], got {weight}")
+    if records <= 0 or seconds <= 0:
+        return previous_rps
+    observed = records / seconds
+    if previous_rps is None:
+        return observed
+    return weight * observed + (1 - weight) * previous_rps
+
+
+def _check(backlog_records: int, freshness_target_seconds: float) -> None:
+    if backlog_records < 0:
+        raise ValueError(f"backlog must not be negative, got {backlog_records}")
+    if freshness_target_seconds <= 0:
+        raise ValueError(f"freshness target must be positive, got {freshness_target_seconds}")

@@ -1,0 +1,272 @@
+"""Which Kafka offsets the next ingestion batch reads, per partition. Pure: no Kafka, no clock.
+
+Inputs are what the caller observed: the next offsets committed in the table (`icefall.offsets`), the
+partitions' watermarks from Kafka (low = earliest offset still held, high = next offset to be written),
+and the spec's starting position. The output is one `OffsetRange` per partition with records to read
+(start inclusive, end exclusive), the offsets to store with the batch's commit, and the anomalies seen.
+
+Rules:
+1. A committed partition resumes at its committed offset.
+   - If retention already deleted records past it (committed < low), the range starts at `low` and a
+     `DataLoss` reports the `low - committed` records that can never be ingested.
+   - If the committed offset is beyond the high watermark (the topic was recreated, or an unclean leader
+     election truncated the log), nothing is read from that partition and `OffsetAhead` reports it:
+     guessing would either skip or duplicate records, so a person must decide.
+2. A partition without a committed offset:
+   - when the table has no committed offsets at all (its first batch), starts at the starting position:
+     `earliest` → low, `latest` → high, `timestamp` → the offset the caller resolved with Kafka's
+     offsets-for-times (clamped to [low, high]; a partition with no record at or after the time → high);
+   - when the table already has committed offsets, the partition was added to the topic later, so it
+     starts at `low`, whatever the starting position: every record in it is newer than the table's start,
+     and starting at `latest` would silently skip records written before it was noticed (Spark's Kafka
+     source behaves the same).
+3. A committed partition absent from the watermarks is left alone and carried forward unchanged.
+4. Limits: at most `max_records_per_partition` from each partition, and at most `max_records` in total,
+   shared by max-min fairness (water-filling): partitions with little backlog get all of it, and the rest
+   is split evenly among the others, ties broken by partition id. Empty ranges are omitted.
+
+Counts are offset counts: with transactional producers (control records) or compacted topics a range
+may hold fewer records than its width.
+
+What to commit and what to pass next time:
+- `OffsetPlan.next_offsets` is what the batch's commit stores: every known partition, including ones
+  with nothing to read, so the first commit pins where a `latest` or `timestamp` start began.
+- After a successful commit, pass the offsets read back from the table as `committed`. Until then, pass
+  `OffsetPlan.positions.starts` of the previous plan: it holds where each partition stands without the
+  batch's progress, so a `latest` start does not drift forward while nothing is committed. Never pass
+  `next_offsets` of a batch whose commit has not succeeded: that would skip its records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from icefall.api.source import StartingPositionType
+
+
+class Watermarks(NamedTuple):
+    """Kafka watermarks of one partition: `low` is the earliest offset held, `high` the next to be written."""
+
+    low: int
+    high: int
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Offsets `[start, end)` of one partition to read in this batch."""
+
+    partition: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"invalid offset range {self.start}..{self.end} for partition {self.partition}")
+
+    @property
+    def records(self) -> int:
+        """Offsets in the range: an upper bound on the records it holds."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class DataLoss:
+    """Retention deleted `lost` records of `partition` after the committed offset, before they were read."""
+
+    partition: int
+    committed: int
+    earliest_available: int
+    lost: int
+
+
+@dataclass(frozen=True)
+class OffsetAhead:
+    """The table has committed past the partition's high watermark; the partition is not read."""
+
+    partition: int
+    committed: int
+    high: int
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where each partition stands before the batch: its start offset and how far it is behind."""
+
+    starts: Mapping[int, int]
+    lag: Mapping[int, int]
+    data_loss: tuple[DataLoss, ...] = ()
+    offsets_ahead: tuple[OffsetAhead, ...] = ()
+    new_partitions: tuple[int, ...] = ()
+
+    @property
+    def total_lag(self) -> int:
+        return sum(self.lag.values())
+
+
+@dataclass(frozen=True)
+class OffsetPlan:
+    """The next batch: ranges to read and offsets to commit with it."""
+
+    ranges: tuple[OffsetRange, ...]
+    positions: Positions
+    next_offsets: Mapping[int, int] = field(default_factory=dict)
+
+    @property
+    def total_records(self) -> int:
+        return sum(r.records for r in self.ranges)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.ranges
+
+    @property
+    def data_loss(self) -> tuple[DataLoss, ...]:
+        return self.positions.data_loss
+
+    @property
+    def offsets_ahead(self) -> tuple[OffsetAhead, ...]:
+        return self.positions.offsets_ahead
+
+    @property
+    def remaining_lag(self) -> int:
+        """Offsets still behind after this batch."""
+        return self.positions.total_lag - self.total_records
+
+
+def resolve_positions(
+    committed: Mapping[int, int],
+    watermarks: Mapping[int, tuple[int, int]],
+    starting: StartingPositionType,
+    *,
+    timestamp_offsets: Mapping[int, int | None] | None = None,
+) -> Positions:
+    """Start offset and lag of every partition (rules 1-3 of the module docstring)."""
+    _check_inputs(committed, watermarks)
+    first_batch = not committed
+    starts: dict[int, int] = {}
+    lag: dict[int, int] = {}
+    losses: list[DataLoss] = []
+    ahead: list[OffsetAhead] = []
+    new: list[int] = []
+    for partition in sorted(watermarks):
+        low, high = watermarks[partition]
+        if partition in committed:
+            position = committed[partition]
+            if position < low:
+                losses.append(DataLoss(partition, position, low, low - position))
+                position = low
+            elif position > high:
+                ahead.append(OffsetAhead(partition, position, high))
+                starts[partition] = position
+                lag[partition] = 0
+                continue
+        else:
+            new.append(partition)
+            position = _initial(partition, low, high, starting, timestamp_offsets) if first_batch else low
+        starts[partition] = position
+        lag[partition] = high - position
+    for partition, position in committed.items():
+        starts.setdefault(partition, position)
+    return Positions(
+        starts=starts,
+        lag=lag,
+        data_loss=tuple(losses),
+        offsets_ahead=tuple(ahead),
+        new_partitions=tuple(new),
+    )
+
+
+def plan_offsets(
+    committed: Mapping[int, int],
+    watermarks: Mapping[int, tuple[int, int]],
+    starting: StartingPositionType,
+    *,
+    timestamp_offsets: Mapping[int, int | None] | None = None,
+    max_records: int | None = None,
+    max_records_per_partition: int | None = None,
+) -> OffsetPlan:
+    """Plan the next batch's offset ranges (see the module docstring for the rules)."""
+    for name, limit in (
+        ("max_records", max_records),
+        ("max_records_per_partition", max_records_per_partition),
+    ):
+        if limit is not None and limit < 0:
+            raise ValueError(f"{name} must not be negative, got {limit}")
+    positions = resolve_positions(committed, watermarks, starting, timestamp_offsets=timestamp_offsets)
+    available = {
+        p: min(lag, max_records_per_partition) if max_records_per_partition is not None else lag
+        for p, lag in positions.lag.items()
+    }
+    take = split_budget(available, max_records) if max_records is not None else available
+    ranges = tuple(
+        OffsetRange(p, positions.starts[p], positions.starts[p] + n) for p, n in sorted(take.items()) if n > 0
+    )
+    next_offsets = dict(positions.starts)
+    for r in ranges:
+        next_offsets[r.partition] = r.end
+    return OffsetPlan(ranges=ranges, positions=positions, next_offsets=next_offsets)
+
+
+def split_budget(available: Mapping[int, int], budget: int) -> dict[int, int]:
+    """Share `budget` among partitions by max-min fairness, never giving one more than it has available.
+
+    Partitions are served from the smallest availability up (ties by partition id); each gets the smaller
+    of what it has and an even share of what is left, rounded up, so the whole budget is used whenever the
+    partitions together have that much.
+    """
+    if budget < 0:
+        raise ValueError(f"budget must not be negative, got {budget}")
+    remaining = budget
+    share: dict[int, int] = {}
+    order = sorted(available, key=lambda p: (available[p], p))
+    for index, partition in enumerate(order):
+        left = len(order) - index
+        fair = -(-remaining // left)  # ceiling division
+        give = max(0, min(available[partition], fair))
+        share[partition] = give
+        remaining -= give
+    return share
+
+
+def spark_offset_options(topic: str, ranges: tuple[OffsetRange, ...]) -> dict[str, str]:
+    """`startingOffsets` / `endingOffsets` options for Spark's Kafka batch source, as JSON strings."""
+    starting = {topic: {str(r.partition): r.start for r in ranges}}
+    ending = {topic: {str(r.partition): r.end for r in ranges}}
+    return {
+        "startingOffsets": json.dumps(starting, separators=(",", ":")),
+        "endingOffsets": json.dumps(ending, separators=(",", ":")),
+    }
+
+
+def _initial(
+    partition: int,
+    low: int,
+    high: int,
+    starting: StartingPositionType,
+    timestamp_offsets: Mapping[int, int | None] | None,
+) -> int:
+    if starting is StartingPositionType.EARLIEST:
+        return low
+    if starting is StartingPositionType.LATEST:
+        return high
+    if timestamp_offsets is None:
+        raise ValueError(
+            "starting position is a timestamp: resolve it per partition (Kafka offsets_for_times) "
+            "and pass timestamp_offsets"
+        )
+    resolved = timestamp_offsets.get(partition)
+    if resolved is None:  # no record at or after the timestamp yet
+        return high
+    return min(max(resolved, low), high)
+
+
+def _check_inputs(committed: Mapping[int, int], watermarks: Mapping[int, tuple[int, int]]) -> None:
+    for partition, offset in committed.items():
+        if partition < 0 or offset < 0:
+            raise ValueError(f"invalid committed offset {offset} for partition {partition}")
+    for partition, (low, high) in watermarks.items():
+        if partition < 0 or not 0 <= low <= high:
+            raise ValueError(f"invalid watermarks low={low} high={high} for partition {partition}")
