@@ -3,41 +3,165 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from icefall import __version__
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from icefall.demo import run_demo
+
+    return run_demo(Path(args.file), Path(args.state_dir).resolve(), seconds=args.seconds, rate=args.rate)
+
+
+def _catalog_for(st: Any, state_dir: Path) -> Any:
     from icefall.catalog import CatalogConfig
-    from icefall.devstack.kafka import KafkaBroker
+
+    spec = st.spec.table.catalog
+    if spec is None:
+        return CatalogConfig.embedded(state_dir)
+    if spec.uri.startswith("sqlite:///"):
+        database = Path(spec.uri.removeprefix("sqlite:///"))
+        warehouse = Path((spec.warehouse or str(state_dir / "warehouse")).removeprefix("file://"))
+        return CatalogConfig(name=spec.name, database=database, warehouse=warehouse)
+    raise SystemExit(
+        f"spec.table.catalog: icefall run supports the embedded catalog and sqlite:/// URIs so far, not "
+        f"{spec.uri.split(':', 1)[0]}; remove spec.table.catalog to use the embedded one"
+    )
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from icefall.api import ManifestError, load_manifest
+
+    try:
+        st = load_manifest(Path(args.file))
+    except ManifestError as error:
+        raise SystemExit(f"{args.file} is not a valid StreamingTable:\n{error}") from None
+    if args.bootstrap_servers:
+        source = st.spec.source.model_copy(update={"bootstrap_servers": args.bootstrap_servers})
+        st = st.model_copy(update={"spec": st.spec.model_copy(update={"source": source})})
+    return st
+
+
+def _run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from icefall import metrics
+    from icefall.commit.lease import FileLease
+    from icefall.ingest.engine import BatchReport, Ingestor
+    from icefall.plan.leases import commit_lease_name
     from icefall.spark.session import build_spark_session
 
+    st = _load(args)
     state = Path(args.state_dir).resolve()
+    catalog = _catalog_for(st, state)
+    catalog.pyiceberg()
+    metrics.serve(args.metrics_port)
+    print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
+    print("[run] starting local Spark ...", flush=True)
+    spark = build_spark_session([catalog], app_name=f"icefall-{st.metadata.name}", master=args.master)
+    holder = f"{socket.gethostname()}-{os.getpid()}"
+    lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), holder)
+    ingestor = Ingestor(st, catalog, spark, lease)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     started = time.monotonic()
-    print(f"[demo] starting a local Kafka broker under {state / 'kafka'} ...", flush=True)
-    broker = KafkaBroker(state / "kafka").start()
+    totals = {"read": 0, "written": 0, "dead": 0, "batches": 0}
+    last_commit = [0.0]
+
+    def on_batch(report: BatchReport | None) -> None:
+        if report is not None:
+            totals["read"] += report.records_read
+            totals["written"] += report.records_written
+            totals["dead"] += report.records_dead_lettered
+            totals["batches"] += 1
+            last_commit[0] = time.monotonic()
+            rate = report.records_read / report.seconds if report.seconds else 0.0
+            print(
+                f"[run] batch {totals['batches']}: {report.records_read} read, {report.records_written} "
+                f"written, {report.records_dead_lettered} to DLQ in {report.seconds:.1f}s "
+                f"({rate:,.0f} rec/s, "
+                f"commit {report.commit_seconds * 1000:.0f} ms) | lag {report.lag} | snapshot "
+                f"{report.snapshot_id}",
+                flush=True,
+            )
+            if report.data_loss:
+                print(
+                    f"[run] DATA LOSS: {report.data_loss} records were deleted by retention first", flush=True
+                )
+        elif args.until_caught_up:
+            stop.set()
+        if args.max_seconds and time.monotonic() - started > args.max_seconds:
+            stop.set()
+
     try:
-        print(f"[demo] Kafka is up at {broker.bootstrap} ({time.monotonic() - started:.1f}s)", flush=True)
-        broker.create_topic("orders", partitions=3)
-        catalog = CatalogConfig.embedded(state / "lake")
-        catalog.pyiceberg()
-        print("[demo] starting local Spark with the Iceberg runtime and the embedded SQLite catalog ...")
-        spark = build_spark_session([catalog], app_name="icefall-demo")
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog.name}.demo")
-        print(f"[demo] Spark {spark.version} is up; catalog '{catalog.name}' at {catalog.database}")
-        spark.stop()
-        print(
-            "[demo] The local stack works. Ingestion (`icefall run -f examples/orders.yaml`) is not built"
-            " yet: it arrives with the exactly-once ingestion issue, and this demo will then run it."
-        )
+        ingestor.start(lease_timeout=args.lease_timeout)
+        ingestor.run(stop.is_set, on_batch)
     finally:
-        broker.stop()
-        print(f"[demo] stopped the local stack after {time.monotonic() - started:.1f}s")
+        ingestor.close()
+        spark.stop()
+    print(
+        f"[run] stopped after {time.monotonic() - started:.1f}s: {totals['batches']} commits, "
+        f"{totals['read']} read, {totals['written']} written, {totals['dead']} to the dead-letter table",
+        flush=True,
+    )
     return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from icefall.commit import read_committed
+    from icefall.kafka.admin import TopicView
+
+    st = _load(args)
+    catalog = _catalog_for(st, Path(args.state_dir).resolve()).pyiceberg()
+    table = catalog.load_table(st.table_identifier)
+    committed = read_committed(table)
+    with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic) as topic:
+        marks = topic.watermarks()
+    print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
+    print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
+    total = 0
+    for partition, (low, high) in sorted(marks.items()):
+        done = committed.offsets.get(partition, low)
+        total += max(high - done, 0)
+        print(
+            f"{partition:>9} {committed.offsets.get(partition, '-')!s:>12} {high:>12} "
+            f"{max(high - done, 0):>10}"
+        )
+    newest = committed.max_produce_time_ms
+    freshness = 0.0 if total == 0 or newest is None else time.time() - newest / 1000
+    print(f"lag {total} records, freshness {freshness:.1f}s")
+    return 0
+
+
+def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False) -> Any:
+    """Audit the table (and its dead-letter table) against the topic, record by record."""
+    from icefall.audit import audit_from_catalog
+
+    dead_letter = st.dead_letter_identifier
+    return audit_from_catalog(
+        catalog_config.pyiceberg(),
+        ".".join(st.table_identifier),
+        st.spec.source.bootstrap_servers,
+        dead_letter=".".join(dead_letter) if dead_letter else None,
+        filter_configured=bool(st.spec.transforms.filter),
+        ingesting=ingesting,
+    )
+
+
+def _verify(args: argparse.Namespace) -> int:
+    st = _load(args)
+    report = verify_table(st, _catalog_for(st, Path(args.state_dir).resolve()), ingesting=args.ingesting)
+    print(report.render())
+    return 0 if report.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,9 +171,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"icefall {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="bring up the local stack (Kafka, Spark, embedded catalog)")
+    demo = commands.add_parser("demo", help="local Kafka + a producer + ingestion + audit, end to end")
+    demo.add_argument("-f", "--file", default="examples/orders.yaml", help="the StreamingTable manifest")
     demo.add_argument("--state-dir", default=".icefall/demo", help="where the demo keeps its state")
+    demo.add_argument("--seconds", type=float, default=30, help="how long to stream before catching up")
+    demo.add_argument("--rate", type=float, default=2000, help="events per second to produce")
     demo.set_defaults(func=_demo)
+
+    def table_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("-f", "--file", required=True, help="the StreamingTable manifest (YAML)")
+        command.add_argument("--state-dir", default=".icefall", help="embedded catalog, warehouse, leases")
+        command.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
+        return command
+
+    run = table_command("run", "ingest the topic into the table on local Spark (embedded default)")
+    run.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    run.add_argument("--until-caught-up", action="store_true", help="stop once the table has caught up")
+    run.add_argument(
+        "--max-seconds", type=float, default=0, help="stop after this long (0: run until Ctrl-C)"
+    )
+    run.add_argument("--lease-timeout", type=float, default=60, help="seconds to wait for the commit lease")
+    run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
+    run.set_defaults(func=_run)
+    status = table_command("status", "print committed offsets, lag and freshness")
+    status.set_defaults(func=_status)
+    verify = table_command("verify", "audit the table against the topic: duplicates, gaps, dead letters")
+    verify.add_argument(
+        "--ingesting",
+        action="store_true",
+        help="ingestion is running: dead letters past the commit are pending",
+    )
+    verify.set_defaults(func=_verify)
     return parser
 
 

@@ -44,6 +44,8 @@ class CatalogConfig:
             f"{prefix}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
             f"{prefix}.uri": f"jdbc:sqlite:{self.database.resolve()}",
             f"{prefix}.warehouse": self.warehouse.resolve().as_uri(),
+            # pyiceberg moves refs (staging branches, main) behind Spark's back: never serve cached metadata.
+            f"{prefix}.cache-enabled": "false",
             # SQLite allows one writer at a time; wait for the lock rather than fail at once.
             f"{prefix}.jdbc.busy_timeout": "30000",
         }

@@ -1,9 +1,13 @@
 """Leases: one active writer per table, and the epoch that fences the ones that lost it.
 
 `Lease` is the interface every backend implements; the rules (who may take a lease, what the epoch becomes)
-are the pure functions in `icefall.plan.leases`, so the backends cannot drift apart. This module holds the
-local backend used by the embedded default (`icefall run`): a JSON lease file in a state directory, changed
-only under an exclusive `fcntl` lock on a sibling lock file, written atomically (temporary file + rename).
+are the pure functions in `icefall.plan.leases`, so the backends cannot drift apart. `StoredLease` is the one
+acquire / renew / release loop; a backend only supplies a versioned read and a conditional write
+(compare-and-swap), and every write is conditional on the version read: a lost race means "read again and
+decide again", never a blind overwrite. This module holds the local backend used by the embedded default
+(`icefall run`): a JSON lease file in a state directory, compared and replaced under an exclusive `fcntl`
+lock on a sibling lock file, written atomically (temporary file + rename). The Kubernetes backend is
+`icefall.commit.kube_lease.KubernetesLease`.
 
 A lease gives liveness (writers take turns and do not waste work on conflicts), never safety: a paused
 process may wake up believing it still holds a lease that was taken over. Safety comes from the commit
@@ -20,12 +24,13 @@ import json
 import os
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from icefall.plan.leases import LeaseAction, LeaseRecord, decide, release
+from icefall.plan.leases import LeaseAction, LeaseDecision, LeaseRecord, decide, release
 
 
 class LeaseError(RuntimeError):
@@ -85,12 +90,20 @@ class Lease(Protocol):
         ...
 
 
-class FileLease:
-    """The local backend: `<path>` holds the record, `<path>.lock` serialises read-decide-write."""
+VersionT = TypeVar("VersionT")
+
+
+class StoredLease(ABC, Generic[VersionT]):
+    """The acquire / renew / release loop, shared by every backend; a backend stores the record.
+
+    A backend supplies `_read`, returning the stored record with an opaque version, and `_write`, which
+    stores a record only if the stored version is still the one read (False otherwise: someone else wrote
+    first). Every change is read → `decide` → conditional write; a conflict sends the loop back to reading,
+    so two contenders can never both believe they won, and nothing is ever written blindly.
+    """
 
     def __init__(
         self,
-        path: Path,
         holder: str,
         *,
         duration_seconds: float = 15.0,
@@ -98,7 +111,6 @@ class FileLease:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.path = path
         self._holder = holder
         self._duration = duration_seconds
         self._poll = poll_seconds
@@ -107,9 +119,21 @@ class FileLease:
         self._epoch: int | None = None
         self._expires_at: float | None = None
 
-    @classmethod
-    def in_dir(cls, state_dir: Path, name: str, holder: str, **kwargs: Any) -> FileLease:
-        return cls(state_dir / f"{name}.lease.json", holder, **kwargs)
+    # --- what a backend supplies ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _label(self) -> str:
+        """The lease's name in messages."""
+
+    @abstractmethod
+    def _read(self) -> tuple[LeaseRecord | None, VersionT]:
+        """The stored record (None: no lease stored yet) and the version to pass to `_write`."""
+
+    @abstractmethod
+    def _write(self, record: LeaseRecord, version: VersionT) -> bool:
+        """Store `record` if the stored lease is still at `version`; False (nothing written) if not."""
+
+    # --- the Lease interface -------------------------------------------------------------------------
 
     @property
     def holder(self) -> str:
@@ -130,60 +154,91 @@ class FileLease:
     def acquire(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else self._clock() + timeout
         while True:
-            with self._locked():
-                now = self._clock()
-                decision = decide(
-                    self._read(),
-                    me=self._holder,
-                    my_epoch=self._epoch,
-                    now=now,
-                    duration_seconds=self._duration,
-                )
-                if decision.action is not LeaseAction.WAIT:
-                    self._write(decision.record)
-                    self._hold(decision.record)
-                    return decision.record.epoch
+            decision, _, now = self._decide_and_write(lambda d: d.action is not LeaseAction.WAIT)
+            if decision.action is not LeaseAction.WAIT:
+                self._hold(decision.record)
+                return decision.record.epoch
             if deadline is not None and now >= deadline:
                 holder = decision.record.holder
-                raise LeaseTimeoutError(f"lease {self.path.name} is held by {holder!r} (timeout {timeout}s)")
+                raise LeaseTimeoutError(f"lease {self._label()} is held by {holder!r} (timeout {timeout}s)")
             pause = min(decision.wait_seconds, self._poll)
             if deadline is not None:
                 pause = min(pause, deadline - now)
             self._sleep(max(pause, 0.0))
 
     def renew(self) -> None:
-        with self._locked():
-            current = self._read()
-            decision = decide(
-                current,
-                me=self._holder,
-                my_epoch=self._epoch,
-                now=self._clock(),
-                duration_seconds=self._duration,
-            )
-            if self._epoch is None or decision.action is not LeaseAction.RENEW:
-                self._epoch = self._expires_at = None
-                holder = current.holder if current else None
-                raise LeaseLostError(f"lease {self.path.name} is no longer ours (held by {holder!r})")
-            self._write(decision.record)
-            self._hold(decision.record)
+        def ours(decision: LeaseDecision) -> bool:
+            return self._epoch is not None and decision.action is LeaseAction.RENEW
+
+        decision, current, _ = self._decide_and_write(ours)
+        if not ours(decision):
+            self._epoch = self._expires_at = None
+            holder = current.holder if current else None
+            raise LeaseLostError(f"lease {self._label()} is no longer ours (held by {holder!r})")
+        self._hold(decision.record)
 
     def release(self) -> None:
         if self._epoch is None:
             return
-        with self._locked():
-            released = release(self._read(), me=self._holder, epoch=self._epoch)
-            if released is not None:
-                self._write(released)
+        while True:
+            current, version = self._read()
+            released = release(current, me=self._holder, epoch=self._epoch)
+            if released is None or self._write(released, version):
+                break
         self._epoch = self._expires_at = None
 
     def current(self) -> LeaseRecord | None:
-        with self._locked():
-            return self._read()
+        return self._read()[0]
+
+    # --- the loop ------------------------------------------------------------------------------------
+
+    def _decide_and_write(
+        self, write_if: Callable[[LeaseDecision], bool]
+    ) -> tuple[LeaseDecision, LeaseRecord | None, float]:
+        """Read, decide, and store the decision's record if `write_if` wants it, conditionally on the
+        version read. Returns the decision (written, or not wanted), the record it was made on, and the
+        time it was made at. A lost write means someone else wrote in between: read and decide again."""
+        while True:
+            current, version = self._read()
+            now = self._clock()
+            decision = decide(
+                current, me=self._holder, my_epoch=self._epoch, now=now, duration_seconds=self._duration
+            )
+            if not write_if(decision) or self._write(decision.record, version):
+                return decision, current, now
 
     def _hold(self, record: LeaseRecord) -> None:
         self._epoch = record.epoch
         self._expires_at = record.expires_at
+
+
+class FileLease(StoredLease[str | None]):
+    """The local backend: `<path>` holds the record; `<path>.lock` serialises each compare-and-replace.
+
+    The version of the record is the file's exact text (None when there is no file).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        holder: str,
+        *,
+        duration_seconds: float = 15.0,
+        poll_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(
+            holder, duration_seconds=duration_seconds, poll_seconds=poll_seconds, clock=clock, sleep=sleep
+        )
+        self.path = path
+
+    @classmethod
+    def in_dir(cls, state_dir: Path, name: str, holder: str, **kwargs: Any) -> FileLease:
+        return cls(state_dir / f"{name}.lease.json", holder, **kwargs)
+
+    def _label(self) -> str:
+        return self.path.name
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -197,13 +252,20 @@ class FileLease:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _read(self) -> LeaseRecord | None:
+    def _text(self) -> str | None:
         try:
-            raw = json.loads(self.path.read_text())
+            return self.path.read_text()
         except FileNotFoundError:
             return None
+
+    def _read(self) -> tuple[LeaseRecord | None, str | None]:
+        with self._locked():
+            text = self._text()
+        if text is None:
+            return None, None
         try:
-            return LeaseRecord(
+            raw = json.loads(text)
+            record = LeaseRecord(
                 holder=raw["holder"] or None,
                 epoch=int(raw["epoch"]),
                 acquire_time=float(raw["acquireTime"]),
@@ -212,8 +274,9 @@ class FileLease:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise LeaseError(f"lease file {self.path} is not a lease record: {e}") from e
+        return record, text
 
-    def _write(self, record: LeaseRecord) -> None:
+    def _write(self, record: LeaseRecord, version: str | None) -> bool:
         body = {
             "holder": record.holder,
             "epoch": record.epoch,
@@ -221,13 +284,17 @@ class FileLease:
             "renewTime": record.renew_time,
             "durationSeconds": record.duration_seconds,
         }
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(body, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with self._locked():
+            if self._text() != version:
+                return False
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(body, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        return True

@@ -254,6 +254,11 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> tuple
         snapshot_id=ref.snapshot_id,
         topic=batch.topic,
         offsets={**committed.offsets, **batch.end},
+        # The first offset read of each partition new to the table: where the audit starts counting.
+        start_offsets={
+            **{p: start for p, start in batch.start.items() if p not in committed.offsets},
+            **committed.start_offsets,
+        },
         epoch=epoch,
         max_event_time_ms=_newest(committed.max_event_time_ms, batch.max_event_time_ms),
         max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),

@@ -29,7 +29,8 @@ OFFSETS = "icefall.offsets"  # JSON {"<partition>": <next offset to read>}
 EPOCH = "icefall.epoch"
 MAX_EVENT_TIME_MS = "icefall.max-event-time-ms"
 MAX_PRODUCE_TIME_MS = "icefall.max-produce-time-ms"
-PROPERTIES = (TOPIC, OFFSETS, EPOCH, MAX_EVENT_TIME_MS, MAX_PRODUCE_TIME_MS)
+START_OFFSETS = "icefall.start-offsets"  # JSON {"<partition>": <first offset ever read>}, for the audit
+PROPERTIES = (TOPIC, OFFSETS, EPOCH, MAX_EVENT_TIME_MS, MAX_PRODUCE_TIME_MS, START_OFFSETS)
 MAIN = "main"
 
 
@@ -43,6 +44,7 @@ class CommittedState:
     epoch: int = 0  # lease epoch of the last ingestion commit; 0 before any
     max_event_time_ms: int | None = None  # newest event time committed so far
     max_produce_time_ms: int | None = None  # newest Kafka (produce) timestamp committed so far
+    start_offsets: Mapping[int, int] = field(default_factory=dict)  # where each partition was first read
 
     def to_properties(self) -> dict[str, str]:
         """The `icefall.*` table properties describing this state."""
@@ -52,6 +54,8 @@ class CommittedState:
         }
         if self.topic is not None:
             props[TOPIC] = self.topic
+        if self.start_offsets:
+            props[START_OFFSETS] = encode_offsets(self.start_offsets)
         if self.max_event_time_ms is not None:
             props[MAX_EVENT_TIME_MS] = str(self.max_event_time_ms)
         if self.max_produce_time_ms is not None:
@@ -63,18 +67,16 @@ def encode_offsets(offsets: Mapping[int, int]) -> str:
     return json.dumps({str(p): offsets[p] for p in sorted(offsets)}, separators=(",", ":"))
 
 
-def decode_offsets(text: str) -> dict[int, int]:
+def decode_offsets(text: str, key: str = OFFSETS) -> dict[int, int]:
     try:
         raw = json.loads(text)
         if not isinstance(raw, dict):
             raise TypeError("not a JSON object")
         offsets = {int(p): int(o) for p, o in raw.items()}
     except (TypeError, ValueError) as e:
-        raise CorruptStateError(
-            f"{OFFSETS} is not a JSON object of partition → offset: {text!r} ({e})"
-        ) from e
+        raise CorruptStateError(f"{key} is not a JSON object of partition → offset: {text!r} ({e})") from e
     if any(p < 0 or o < 0 for p, o in offsets.items()):
-        raise CorruptStateError(f"{OFFSETS} holds a negative partition or offset: {text!r}")
+        raise CorruptStateError(f"{key} holds a negative partition or offset: {text!r}")
     return offsets
 
 
@@ -97,6 +99,9 @@ def state_from_properties(properties: Mapping[str, str], snapshot_id: int | None
         epoch=integer(EPOCH) or 0,
         max_event_time_ms=integer(MAX_EVENT_TIME_MS),
         max_produce_time_ms=integer(MAX_PRODUCE_TIME_MS),
+        start_offsets=(
+            decode_offsets(properties[START_OFFSETS], START_OFFSETS) if START_OFFSETS in properties else {}
+        ),
     )
 
 

@@ -90,9 +90,10 @@ class KafkaBroker:
                 ]
             )
         )
+        # "=" form: a random id may start with "-", which would read as an option.
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         run_checked(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)),
             self.log_path,
             "formatting Kafka storage",
         )

@@ -1,0 +1,208 @@
+"""The Kubernetes backend of `Lease`: one coordination.k8s.io/v1 Lease object per lease name.
+
+The record is stored in the Lease's spec, which is what `kubectl get lease` and other tools understand:
+
+| LeaseRecord | Lease spec |
+|---|---|
+| holder | `holderIdentity` ("" or absent: released, nobody holds it) |
+| epoch | `leaseTransitions` |
+| acquire_time / renew_time | `acquireTime` / `renewTime` (MicroTime) |
+| duration_seconds | `leaseDurationSeconds` (whole seconds) |
+
+The loop and the rules are the shared ones (`StoredLease`, `icefall.plan.leases.decide`), so this backend
+behaves exactly like `FileLease`. Every write is optimistic: a replace carries the `resourceVersion` that was
+read, a missing Lease is created; a 409 Conflict (or AlreadyExists) means someone else wrote first, so the
+loop reads again and decides again. Nothing is ever written blindly. Objects are labelled
+`app.kubernetes.io/managed-by: icefall`; labels, annotations, owner references and spec fields written by
+others are kept.
+
+Any other API error is raised as `LeaseAPIError` with what to fix (403: the RBAC rule the identity lacks).
+Network errors from the client propagate unchanged.
+
+Not guaranteed: expiry is judged by the observer's clock against the stored `renewTime`, so clock skew
+between holders shortens or lengthens a lease (never beyond one duration; see `decide`). As with every
+lease, a paused holder can outlive its lease: the epoch in the table is what fences it.
+
+Requests are sent as JSON built here, not through the client's typed models: kubernetes-client 37 serialises
+a datetime with `isoformat()`, which drops the fraction at whole seconds, and the API server refuses
+MicroTime without exactly six fraction digits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from icefall.commit.lease import LeaseError, StoredLease
+from icefall.plan.leases import LeaseRecord
+
+LABELS: Mapping[str, str] = {"app.kubernetes.io/managed-by": "icefall"}
+_API_VERSION = "coordination.k8s.io/v1"
+_COLLECTION = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+_OBJECT = _COLLECTION + "/{name}"
+_MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # RFC3339 with exactly six fraction digits, as MicroTime requires
+
+_Object = dict[str, Any]
+
+
+class LeaseAPIError(LeaseError):
+    """The API server refused a lease request for a reason other than a write conflict."""
+
+    def __init__(self, message: str, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class KubernetesLease(StoredLease[_Object | None]):
+    """A lease kept in the Lease `namespace/name`. A record's version is the whole object it was read from."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        namespace: str,
+        name: str,
+        holder: str,
+        *,
+        duration_seconds: int = 15,
+        poll_seconds: float = 1,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        request_timeout: float = 10,
+    ) -> None:
+        if not float(duration_seconds).is_integer() or duration_seconds < 1:
+            raise ValueError(
+                f"a Kubernetes Lease lasts a whole number of seconds (>= 1), got {duration_seconds}"
+            )
+        super().__init__(
+            holder,
+            duration_seconds=int(duration_seconds),
+            poll_seconds=poll_seconds,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._api = api
+        self.namespace = namespace
+        self.name = name
+        self._request_timeout = request_timeout
+
+    def _label(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def _read(self) -> tuple[LeaseRecord | None, _Object | None]:
+        try:
+            obj = self._call("GET", _OBJECT)
+        except ApiException as e:
+            if e.status == 404:
+                return None, None
+            raise self._error(e, "get") from e
+        return self._record(obj), obj
+
+    def _write(self, record: LeaseRecord, version: _Object | None) -> bool:
+        spec = {
+            "holderIdentity": record.holder or "",
+            "leaseDurationSeconds": int(record.duration_seconds),
+            "acquireTime": _micro_time(record.acquire_time),
+            "renewTime": _micro_time(record.renew_time),
+            "leaseTransitions": record.epoch,
+        }
+        try:
+            if version is None:
+                metadata: _Object = {"name": self.name, "namespace": self.namespace, "labels": dict(LABELS)}
+                self._call("POST", _COLLECTION, _lease(metadata, spec))
+            else:
+                # The read object's metadata carries its resourceVersion: the server applies the replace
+                # only if the Lease is still that version. Server-managed bookkeeping is left out.
+                metadata = {k: v for k, v in version["metadata"].items() if k != "managedFields"}
+                metadata["labels"] = {**(metadata.get("labels") or {}), **LABELS}
+                self._call("PUT", _OBJECT, _lease(metadata, {**(version.get("spec") or {}), **spec}))
+        except ApiException as e:
+            # 409: changed (or created) since we read it. 404 on replace: deleted since we read it.
+            if e.status == 409 or (e.status == 404 and version is not None):
+                return False
+            raise self._error(e, "create" if version is None else "update") from e
+        return True
+
+    def _record(self, obj: Mapping[str, Any]) -> LeaseRecord | None:
+        spec = obj.get("spec") or {}
+        holder = spec.get("holderIdentity") or None
+        acquired = _seconds(spec.get("acquireTime"))
+        renewed = _seconds(spec.get("renewTime"))
+        duration = spec.get("leaseDurationSeconds")
+        if holder is not None and ((renewed is None and acquired is None) or duration is None):
+            raise LeaseError(
+                f"Lease {self._label()} is held by {holder!r} but has no renewTime or "
+                "leaseDurationSeconds, so it cannot be judged expired; it was not written by icefall "
+                "(delete it if nothing else uses it)"
+            )
+        acquired = acquired if acquired is not None else renewed
+        renewed = renewed if renewed is not None else acquired
+        return LeaseRecord(
+            holder=holder,
+            epoch=int(spec.get("leaseTransitions") or 0),
+            acquire_time=acquired if acquired is not None else 0.0,
+            renew_time=renewed if renewed is not None else 0.0,
+            duration_seconds=float(duration if duration is not None else self._duration),
+        )
+
+    def _call(self, method: str, path: str, body: _Object | None = None) -> _Object:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            path_params={"namespace": self.namespace, "name": self.name},
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(*request, _request_timeout=self._request_timeout)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
+        result: _Object = json.loads(response.data or b"{}")
+        return result
+
+    def _error(self, e: ApiException, verb: str) -> LeaseAPIError:
+        said = _message(e)
+        where = f"Lease {self._label()}"
+        if e.status == 403:
+            message = (
+                f"not allowed to {verb} {where}: the service account needs get/create/update on "
+                f"leases.coordination.k8s.io in namespace {self.namespace} (API server: {said})"
+            )
+        elif e.status == 401:
+            message = f"the API server rejected the credentials while trying to {verb} {where} ({said})"
+        elif e.status == 404:
+            message = f"cannot {verb} {where}: does namespace {self.namespace} exist? (API server: {said})"
+        else:
+            message = f"Kubernetes API error {e.status} {e.reason} while trying to {verb} {where}: {said}"
+        return LeaseAPIError(message, e.status)
+
+
+def _lease(metadata: _Object, spec: _Object) -> _Object:
+    return {"apiVersion": _API_VERSION, "kind": "Lease", "metadata": metadata, "spec": spec}
+
+
+def _micro_time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime(_MICRO_TIME)
+
+
+def _seconds(micro_time: str | None) -> float | None:
+    if not micro_time:
+        return None
+    parsed = datetime.fromisoformat(micro_time)
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+def _message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(e.body or e.reason)

@@ -1,0 +1,94 @@
+"""A seeded stream of sample order events (~230 bytes of JSON each) for the demo, tests and benchmarks.
+
+Matches `examples/orders.yaml`. `malformed_every=N` makes every N-th record bad in a rotating way
+(broken JSON, a missing required field, a wrong type, a value too large for its decimal), so the
+dead-letter path is exercised with realistic variety.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+CITIES = ["Oslo", "Bergen", "Lisbon", "Porto", "Lyon", "Turin", "Ghent", "Graz"]
+TAGS = ["gift", "express", "fragile", "bulk", "promo", "repeat"]
+_BAD_KINDS = ("broken-json", "missing-id", "wrong-type", "decimal-overflow")
+
+
+def order_event(i: int, rng: random.Random, now_ms: int) -> dict[str, object]:
+    return {
+        "id": i,
+        "customer": f"customer-{rng.randrange(10_000):05d}",
+        "amount": round(rng.uniform(1, 5_000), 2),
+        "ts": datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="milliseconds"),
+        "shipping": {
+            "street": f"{rng.randrange(1, 300)} {rng.choice(['Main', 'Harbour', 'Mill', 'Station'])} St",
+            "city": rng.choice(CITIES),
+            "country": rng.choice(["NO", "PT", "FR", "IT", "BE", "AT"]),
+        },
+        "tags": rng.sample(TAGS, rng.randrange(0, 3)),
+    }
+
+
+def order_values(seed: int = 7, start: int = 0, malformed_every: int = 0) -> Iterator[bytes]:
+    rng = random.Random(seed)
+    i = start
+    while True:
+        event = order_event(i, rng, int(time.time() * 1000))
+        if malformed_every and i % malformed_every == malformed_every - 1:
+            kind = _BAD_KINDS[(i // malformed_every) % len(_BAD_KINDS)]
+            if kind == "broken-json":
+                yield json.dumps(event).encode()[:-7]
+            else:
+                if kind == "missing-id":
+                    del event["id"]
+                elif kind == "wrong-type":
+                    event["id"] = f"order-{i}"
+                else:
+                    event["amount"] = 1e12
+                yield json.dumps(event).encode()
+        else:
+            yield json.dumps(event).encode()
+        i += 1
+
+
+class EventProducer(threading.Thread):
+    """Produces order events to `topic` at about `rate` records/s until `stop()`; counts what was acked."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, *, malformed_every: int = 0, seed: int = 7):
+        super().__init__(daemon=True, name=f"produce-{topic}")
+        from confluent_kafka import Producer
+
+        self.topic = topic
+        self.rate = rate
+        self._producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
+        self._values = order_values(seed, malformed_every=malformed_every)
+        self._stop = threading.Event()
+        self.acked = 0
+        self.errors = 0
+
+    def _delivered(self, err: object, _msg: object) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.errors += 1
+
+    def run(self) -> None:
+        sent, started = 0, time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - started) * self.rate) - sent
+            for _ in range(max(due, 0)):
+                self._producer.produce(self.topic, value=next(self._values), on_delivery=self._delivered)
+                sent += 1
+            self._producer.poll(0.05)
+        self._producer.flush(30)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(60)

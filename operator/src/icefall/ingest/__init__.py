@@ -1,0 +1,4 @@
+"""Ingestion: decode Kafka records with Spark (`decode`) and commit them exactly once (`engine`).
+
+Nothing is imported here: the submodules import pyspark, which not every caller of `icefall.ingest` wants.
+"""

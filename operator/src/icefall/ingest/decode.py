@@ -1,0 +1,318 @@
+"""Decode a batch of Kafka records with Spark: good rows for the table, bad rows for the dead-letter table.
+
+Input is what Spark's Kafka batch source returns (with `includeHeaders=true`; without it `headers` is
+null): `key, value, topic, partition, offset, timestamp, timestampType, headers`. `prepare` returns
+
+- `good`: the spec's columns (Spark types per `icefall.api.to_spark_ddl`) and `_kafka`
+  struct<partition int, offset bigint, timestamp timestamp>, then `spec.transforms` applied: `select`
+  expressions over those columns (`_kafka` is kept even when `select` leaves it out), then `filter`.
+  A record the filter drops is in neither output.
+- `bad`: `partition, offset, timestamp, key, value, headers, error, ingested_at` (`DEAD_LETTER_COLUMNS`),
+  one row per record that cannot be ingested. `error` lists every reason found, joined by "; ":
+  `tombstone: the record's value is null`;
+  `record is N bytes, over the limit of M (spec.deadLetter.maxRecordBytes)` (the value is not parsed);
+  `malformed JSON: '<start of value>'`, `malformed JSON: the value is empty`,
+  `not a JSON object (got an array): '<start of value>'`;
+  `field 'amount': '1.234567890125E11' does not fit decimal(10,2)` (raw value, truncated);
+  `a nested value does not fit the schema: '<start of value>'` (a mismatch below the top level);
+  `required field 'customer.id' is missing or null` (also inside present structs, and `items[].sku` for
+  structs in lists, `attrs{}.x` in map values); `list 'tags' holds a null element, but spec says
+  elementRequired`; `map 'attrs' holds a null value, but spec says valueRequired`;
+  `field 'id': 'abc' does not fit uuid`; `field 'h': '<base64>' does not fit fixed[16]`.
+
+How JSON maps to types (Spark's JSON reader, `from_json` in PERMISSIVE mode):
+- timestamptz: an ISO-8601 string (no offset = UTC, the session time zone) or a JSON number of epoch
+  SECONDS; timestamp (no zone): an ISO-8601 string without offset, numbers do not fit; date: "YYYY-MM-DD".
+- decimal(P,S): a number or a numeric string, rounded half-up to S digits; more than P digits does not fit.
+- binary and fixed[N]: base64 strings. uuid: a canonical UUID string. string: any value (objects and
+  arrays as their JSON text).
+- Fields not in the schema are ignored; text after the first JSON value is ignored.
+
+Guarantees: every input row is in exactly one of good, bad, or filtered out; everything is Spark column
+expressions (no Python UDF). Each output re-reads its input: persist `kafka_df`, or call `decode` and
+persist its result, then `split` it, to decode once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F  # noqa: N812 - the usual name
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from icefall.api import SchemaField, StreamingTableSpec, TypeSpec, to_spark_schema_json
+
+KAFKA_COLUMN = "_kafka"
+DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
+HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+#: How much of a field's raw value, and of a whole record, an error message quotes.
+VALUE_QUOTE_CHARS = 64
+RECORD_QUOTE_CHARS = 100
+UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+_PREFIX = "__icefall_"
+_CORRUPT = f"{_PREFIX}corrupt"
+_TEXT = f"{_PREFIX}text"  # the value as text; null when it is not parsed (tombstone, oversized)
+_TYPED = f"{_PREFIX}typed"
+_RAW = f"{_PREFIX}raw"
+ERROR_COLUMN = f"{_PREFIX}error"
+TYPED_COLUMN = _TYPED
+
+_Node = SchemaField | TypeSpec
+_Check = tuple[Column, Column]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    good: DataFrame
+    bad: DataFrame
+
+
+def prepare(kafka_df: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | None = None) -> Prepared:
+    """Decode and validate `kafka_df`; `now_expr` gives `ingested_at` (default `current_timestamp()`)."""
+    return split(decode(kafka_df, spec), spec, now_expr=now_expr)
+
+
+def decode(kafka_df: DataFrame, spec: StreamingTableSpec) -> DataFrame:
+    """One row per record: the Kafka columns of `DEAD_LETTER_COLUMNS`, `TYPED_COLUMN` (the decoded struct)
+    and `ERROR_COLUMN` (null when the record is good). Persist it to decode once, then `split` it."""
+    fields = spec.format.schema_fields
+    max_bytes = spec.dead_letter.max_record_bytes
+    typed_schema = StructType.fromJson(to_spark_schema_json(fields)).add(_CORRUPT, StringType())
+    loose_schema = StructType(
+        [StructField(f.name, StringType()) for f in fields] + [StructField(_CORRUPT, StringType())]
+    )
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+    value = F.col("value")
+    headers = F.col("headers") if "headers" in kafka_df.columns else F.lit(None).cast(HEADERS_TYPE)
+    base = kafka_df.select(
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset").cast("bigint").alias("offset"),
+        F.col("timestamp").cast("timestamp").alias("timestamp"),
+        F.col("key").cast("binary").alias("key"),
+        value.cast("binary").alias("value"),
+        headers.alias("headers"),
+        F.when(value.isNotNull() & (F.length(value) <= max_bytes), value.cast("string")).alias(_TEXT),
+    )
+    # Separate projections, so the optimizer keeps each parse in one place (it does not inline a costly
+    # expression that is referenced several times).
+    typed_df = base.withColumn(_TYPED, F.from_json(F.col(_TEXT), typed_schema, options))
+    typed_failed = F.col(_TEXT).isNotNull() & (F.col(_TYPED).isNull() | F.col(_TYPED)[_CORRUPT].isNotNull())
+    # The loose parse (every field as text) only runs for records the typed parse rejected.
+    raw_df = typed_df.withColumn(_RAW, F.when(typed_failed, F.from_json(F.col(_TEXT), loose_schema, options)))
+    errors = raw_df.withColumn(ERROR_COLUMN, _error(fields, max_bytes))
+    return errors.drop(_TEXT, _RAW)
+
+
+def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | None = None) -> Prepared:
+    """Good rows (transforms applied) and bad rows of a `decode` result."""
+    typed = F.col(_TYPED)
+    good = decoded.where(F.col(ERROR_COLUMN).isNull()).select(
+        *[typed[f.name].alias(f.name) for f in spec.format.schema_fields],
+        F.struct(F.col("partition"), F.col("offset"), F.col("timestamp")).alias(KAFKA_COLUMN),
+    )
+    transforms = spec.transforms
+    if transforms.select is not None:
+        projected = good.selectExpr(*transforms.select)
+        if KAFKA_COLUMN not in projected.columns:
+            projected = good.selectExpr(*transforms.select, KAFKA_COLUMN)
+        good = projected
+    if transforms.filter is not None:
+        good = good.where(F.expr(transforms.filter))
+    bad = decoded.where(F.col(ERROR_COLUMN).isNotNull()).select(
+        *DEAD_LETTER_COLUMNS[:6],
+        F.col(ERROR_COLUMN).alias("error"),
+        (now_expr if now_expr is not None else F.current_timestamp()).cast("timestamp").alias("ingested_at"),
+    )
+    return Prepared(good=good, bad=bad)
+
+
+# --- reasons -------------------------------------------------------------------------------------------
+
+
+def _error(fields: Sequence[SchemaField], max_bytes: int) -> Column:
+    value, text, typed, raw = F.col("value"), F.col(_TEXT), F.col(_TYPED), F.col(_RAW)
+    typed_failed = text.isNotNull() & (typed.isNull() | typed[_CORRUPT].isNotNull())
+    json_bad = typed_failed & (raw.isNull() | raw[_CORRUPT].isNotNull())
+    fields_bad = typed_failed & ~json_bad
+    decoded = text.isNotNull() & ~json_bad
+    size = F.length(value)
+
+    reasons: list[Column] = [
+        F.when(value.isNull(), F.lit("tombstone: the record's value is null")),
+        F.when(
+            value.isNotNull() & (size > max_bytes),
+            F.format_string(
+                f"record is %d bytes, over the limit of {max_bytes} (spec.deadLetter.maxRecordBytes)", size
+            ),
+        ),
+        F.when(json_bad, _json_problem(text)),
+    ]
+    mismatches: list[Column] = []
+    for field in fields:
+        mismatch = fields_bad & raw[field.name].isNotNull() & typed[field.name].isNull()
+        mismatches.append(mismatch)
+        reasons.append(
+            F.when(
+                mismatch,
+                F.concat(
+                    F.lit(f"field '{field.name}': "),
+                    _quote(raw[field.name], VALUE_QUOTE_CHARS),
+                    F.lit(f" does not fit {describe(field)}"),
+                ),
+            )
+        )
+    any_mismatch = F.lit(False)
+    for mismatch in mismatches:
+        any_mismatch = any_mismatch | mismatch
+    reasons.append(
+        F.when(
+            fields_bad & ~any_mismatch,
+            F.concat(F.lit("a nested value does not fit the schema: "), _quote(text, RECORD_QUOTE_CHARS)),
+        )
+    )
+    for field, mismatch in zip(fields, mismatches, strict=True):
+        column = typed[field.name]
+        if field.required:
+            reasons.append(
+                F.when(
+                    decoded & column.isNull() & ~mismatch,
+                    F.lit(f"required field '{field.name}' is missing or null"),
+                )
+            )
+        for condition, message in _value_checks(field, column, field.name, quotable=True):
+            reasons.append(F.when(decoded & condition, message))
+    joined = F.concat_ws("; ", *reasons)
+    return F.when(joined != "", joined)
+
+
+def _json_problem(text: Column) -> Column:
+    start = F.regexp_replace(F.substring(text, 1, 1000), r"^\s+", "")
+    first = F.substring(start, 1, 1)
+    kind = (
+        F.when(first == "[", "an array")
+        .when(first == '"', "a string")
+        .when(first.isin("t", "f"), "a boolean")
+        .when(first == "n", "null")
+        .otherwise("a number")
+    )
+    return (
+        F.when(start == "", F.lit("malformed JSON: the value is empty"))
+        .when(
+            (first == "{") | F.try_parse_json(text).isNull(),
+            F.concat(F.lit("malformed JSON: "), _quote(text, RECORD_QUOTE_CHARS)),
+        )
+        .otherwise(
+            F.concat(F.lit("not a JSON object (got "), kind, F.lit("): "), _quote(text, RECORD_QUOTE_CHARS))
+        )
+    )
+
+
+def _quote(text: Column, limit: int) -> Column:
+    shown = F.when(
+        F.char_length(text) > limit, F.concat(F.substring(text, 1, limit), F.lit("..."))
+    ).otherwise(text)
+    return F.concat(F.lit("'"), shown, F.lit("'"))
+
+
+def _value_checks(node: _Node, column: Column, path: str, *, quotable: bool) -> list[_Check]:
+    """Problems inside a non-null value of `node`'s type: (condition, message) pairs.
+
+    Conditions are false (never null) when `column` is null. Messages quote the value only when
+    `quotable` (outside lists and maps, where the offending element has no single column).
+    """
+    parsed = node.parsed
+    checks: list[_Check] = []
+
+    def shown(value: Column) -> Column:
+        return _quote(value, VALUE_QUOTE_CHARS) if quotable else F.lit("a value")
+
+    if parsed.name == "uuid":
+        checks.append(
+            (
+                column.isNotNull() & ~column.rlike(UUID_PATTERN),
+                F.concat(F.lit(f"field '{path}': "), shown(column), F.lit(" does not fit uuid")),
+            )
+        )
+    elif parsed.name == "fixed":
+        checks.append(
+            (
+                column.isNotNull() & (F.length(column) != parsed.length),
+                F.concat(
+                    F.lit(f"field '{path}': "), shown(F.base64(column)), F.lit(f" does not fit {parsed}")
+                ),
+            )
+        )
+    elif parsed.name == "struct":
+        assert node.fields is not None
+        for child in node.fields:
+            child_column = column[child.name]
+            child_path = f"{path}.{child.name}"
+            if child.required:
+                checks.append(
+                    (
+                        column.isNotNull() & child_column.isNull(),
+                        F.lit(f"required field '{child_path}' is missing or null"),
+                    )
+                )
+            checks.extend(_value_checks(child, child_column, child_path, quotable=quotable))
+    elif parsed.name == "list":
+        assert node.element is not None
+        if node.element_required:
+            checks.append(
+                (
+                    column.isNotNull() & F.exists(column, lambda e: e.isNull()),
+                    F.lit(f"list '{path}' holds a null element, but spec says elementRequired"),
+                )
+            )
+        checks.extend(_collection_checks(node.element, column, f"{path}[]"))
+    elif parsed.name == "map":
+        assert node.value is not None
+        values = F.map_values(column)
+        if node.value_required:
+            checks.append(
+                (
+                    column.isNotNull() & F.exists(values, lambda v: v.isNull()),
+                    F.lit(f"map '{path}' holds a null value, but spec says valueRequired"),
+                )
+            )
+        checks.extend(_collection_checks(node.value, values, f"{path}{{}}"))
+    return checks
+
+
+def _collection_checks(element: TypeSpec, array: Column, path: str) -> list[_Check]:
+    """The checks of `element` applied to every item of `array`: true when any item fails."""
+    templates = _value_checks(element, F.col("x"), path, quotable=False)
+
+    def condition(i: int) -> Callable[[Column], Column]:
+        return lambda item: _value_checks(element, item, path, quotable=False)[i][0]
+
+    return [
+        (array.isNotNull() & F.coalesce(F.exists(array, condition(i)), F.lit(False)), message)
+        for i, (_, message) in enumerate(templates)
+    ]
+
+
+def describe(node: _Node) -> str:
+    """A type as the spec spells it, with nested parts: `list<struct<sku: string, qty: int>>`."""
+    parsed = node.parsed
+    if parsed.name == "struct":
+        assert node.fields is not None
+        text = "struct<" + ", ".join(f"{f.name}: {describe(f)}" for f in node.fields) + ">"
+    elif parsed.name == "list":
+        assert node.element is not None
+        text = f"list<{describe(node.element)}>"
+    elif parsed.name == "map":
+        assert node.key is not None and node.value is not None
+        text = f"map<{describe(node.key)}, {describe(node.value)}>"
+    else:
+        return str(parsed)
+    return text if len(text) <= 80 else text[:77] + "..."

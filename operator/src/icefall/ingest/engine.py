@@ -1,0 +1,367 @@
+"""The ingestion loop: Kafka offset ranges in, one exactly-once Iceberg commit per batch out.
+
+Each batch: read the committed state from the table (never from Kafka groups), plan offset ranges from it
+and the watermarks, read them with Spark's Kafka source, decode and validate, append the good rows to a
+staging branch, then let `icefall.commit` fast-forward `main` with a compare-and-swap that also stores the
+offsets and the lease epoch. Bad records go to the dead-letter table first, through the same protocol.
+
+Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
+(epoch fencing); records lost to topic retention are counted and reported, never skipped silently.
+Not guaranteed: the dead-letter table may briefly hold rows of a batch whose main commit then failed;
+`reconcile_dead_letters` removes them before the next batch (and at start).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from icefall import metrics
+from icefall.api import StreamingTable
+from icefall.catalog import CatalogConfig
+from icefall.commit import (
+    Batch,
+    FencedError,
+    StaleHeadError,
+    commit_staged,
+    prepare_stage,
+    read_committed,
+    stage_branch_name,
+    sweep_stages,
+)
+from icefall.commit.lease import Lease
+from icefall.kafka.admin import TopicView
+from icefall.plan.batching import BatchLimits, choose_batch_size, update_throughput
+from icefall.plan.offsets import plan_offsets, spark_offset_options
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    records_read: int
+    records_written: int
+    records_dead_lettered: int
+    seconds: float
+    commit_seconds: float
+    snapshot_id: int
+    offsets: dict[int, int]
+    lag: int
+    data_loss: int = 0
+
+
+@dataclass
+class _Progress:
+    throughput_rps: float | None = None
+    last_batch_seconds: float | None = None
+    data_loss_seen: set[tuple[int, int]] = field(default_factory=set)
+
+
+class Ingestor:
+    """One table's writer. Call `start()` once (takes the lease), then `run_batch()` in a loop."""
+
+    def __init__(
+        self,
+        st: StreamingTable,
+        catalog: CatalogConfig,
+        spark: SparkSession,
+        lease: Lease,
+        *,
+        writer_id: str | None = None,
+    ) -> None:
+        self.st = st
+        self.spec = st.spec
+        self.catalog_config = catalog
+        self.catalog = catalog.pyiceberg()
+        self.spark = spark
+        self.lease = lease
+        self.writer_id = writer_id or uuid.uuid4().hex[:12]
+        self.label = ".".join(st.table_identifier)
+        self.topic = TopicView(self.spec.source.bootstrap_servers, self.spec.source.topic)
+        self.epoch = 0
+        self._attempt = 0
+        self._progress = _Progress()
+        self._dead_letters_dirty = True
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def start(self, lease_timeout: float | None = None) -> None:
+        from icefall.catalog.tables import ensure_tables, spark_struct_to_iceberg
+        from icefall.ingest.decode import prepare
+
+        self.epoch = self.lease.acquire(lease_timeout)
+        log.info("%s: writer %s holds the commit lease at epoch %d", self.label, self.writer_id, self.epoch)
+        override = None
+        if self.spec.transforms.select:
+            # The table's columns are what the select expressions produce: ask Spark's analyser.
+            override = spark_struct_to_iceberg(prepare(self._empty_source(), self.spec).good.schema.json())
+        self.table, self.dead_letter_table = ensure_tables(self.catalog, self.st, schema_override=override)
+        # Branches of writers that died mid-batch: their data was never on main.
+        for t in (self.table, self.dead_letter_table):
+            if t is not None:
+                sweep_stages(t)
+        self.reconcile_dead_letters()
+
+    def close(self) -> None:
+        self.topic.close()
+        self.lease.release()
+
+    # -- one batch ------------------------------------------------------------------------------------
+
+    def run_batch(self) -> BatchReport | None:
+        """Plan, read, write and commit one batch; None when there was nothing to read."""
+        started = time.monotonic()
+        self.table.refresh()
+        committed = read_committed(self.table)
+        watermarks = self.topic.watermarks()
+        backlog = sum(high - committed.offsets.get(p, low) for p, (low, high) in watermarks.items())
+        size = choose_batch_size(
+            backlog_records=max(backlog, 0),
+            freshness_target_seconds=self.spec.freshness.target_seconds,
+            throughput_rps=self._progress.throughput_rps,
+            last_batch_seconds=self._progress.last_batch_seconds,
+            limits=BatchLimits.from_spec(self.spec.batch),
+        )
+        timestamp_offsets = None
+        position = self.spec.source.starting_position
+        if position.timestamp_ms is not None and not committed.offsets:
+            timestamp_offsets = dict(self.topic.offsets_for_time(position.timestamp_ms))
+        plan = plan_offsets(
+            committed.offsets,
+            watermarks,
+            position.type,
+            timestamp_offsets=timestamp_offsets,
+            max_records=size.records,
+            max_records_per_partition=self.spec.batch.max_records_per_partition,
+        )
+        if plan.is_empty:
+            self._publish_lag(plan.positions.lag)
+            return None
+        self.lease.renew()
+        if self._dead_letters_dirty:
+            self.reconcile_dead_letters()
+
+        lost = self._report_data_loss(plan)
+        ranges = plan.ranges
+        start = {r.partition: r.start for r in ranges}
+        end = {r.partition: r.end for r in ranges}
+        gaps = {d.partition: d.committed for d in plan.data_loss if d.partition in start}
+
+        from icefall.ingest.decode import decode, split
+
+        # Decode once: the good and the dead-letter outputs both read this cached frame.
+        source = decode(self._read(ranges), self.spec).persist()
+        try:
+            prepared = split(source, self.spec)
+            stats = source.agg({"timestamp": "max", "*": "count"}).collect()[0]
+            records_read = int(stats["count(1)"])
+            newest = stats["max(timestamp)"]
+            max_produce_ms = int(newest.timestamp() * 1000) if newest is not None else None
+            batch = Batch(
+                topic=self.spec.source.topic,
+                start=start,
+                end=end,
+                max_produce_time_ms=max_produce_ms,
+                retention_gaps=gaps,
+            )
+            dead = self._write_dead_letters(prepared.bad, batch)
+            commit_started = time.monotonic()
+            snapshot_id = self._write_and_commit(prepared.good, batch, committed.offsets)
+            commit_seconds = time.monotonic() - commit_started
+        finally:
+            source.unpersist()
+
+        written = self._added_records(snapshot_id)
+        seconds = time.monotonic() - started
+        self._progress.throughput_rps = update_throughput(
+            self._progress.throughput_rps, records_read, seconds
+        )
+        self._progress.last_batch_seconds = seconds
+        lag = {
+            p: max(high - end.get(p, committed.offsets.get(p, low)), 0)
+            for p, (low, high) in watermarks.items()
+        }
+        self._publish(
+            records_read, written, dead, seconds, commit_seconds, lag=lag, max_produce_ms=max_produce_ms
+        )
+        return BatchReport(
+            records_read=records_read,
+            records_written=written,
+            records_dead_lettered=dead,
+            seconds=seconds,
+            commit_seconds=commit_seconds,
+            snapshot_id=snapshot_id,
+            offsets={**committed.offsets, **end},
+            lag=sum(lag.values()),
+            data_loss=lost,
+        )
+
+    def run(self, should_stop: Callable[[], bool], on_batch: Callable[[BatchReport | None], None]) -> None:
+        """Run batches until `should_stop()`; idle polls wait a fraction of the freshness target."""
+        idle_wait = max(self.spec.freshness.target_seconds / 4, 0.2)
+        while not should_stop():
+            try:
+                report = self.run_batch()
+            except (StaleHeadError, FencedError) as refused:
+                reason = "fenced" if isinstance(refused, FencedError) else "stale_head"
+                metrics.COMMITS_REFUSED.labels(self.label, reason).inc()
+                self._dead_letters_dirty = True
+                if isinstance(refused, FencedError):
+                    raise
+                log.warning("%s: commit refused (%s); planning again from the table", self.label, refused)
+                continue
+            on_batch(report)
+            if report is None:
+                self._sleep_until(idle_wait, should_stop)
+            elif self.spec.batch.min_interval_seconds:
+                self._sleep_until(self.spec.batch.min_interval_seconds - report.seconds, should_stop)
+
+    # -- steps ----------------------------------------------------------------------------------------
+
+    def _read(self, ranges: Any) -> DataFrame:
+        options = spark_offset_options(self.spec.source.topic, ranges)
+        assign = {self.spec.source.topic: sorted(r.partition for r in ranges)}
+        reader = (
+            self.spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", self.spec.source.bootstrap_servers)
+            .option("assign", json.dumps(assign))
+            .option("includeHeaders", "true")
+        )
+        for key, value in {**self.spec.source.properties}.items():
+            reader = reader.option(f"kafka.{key}", value)
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load()
+
+    def _empty_source(self) -> DataFrame:
+        from icefall.ingest.decode import HEADERS_TYPE
+
+        schema = (
+            "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
+            f"timestampType int, headers {HEADERS_TYPE.simpleString()}"
+        )
+        return self.spark.createDataFrame([], schema)
+
+    def _spark_name(self, identifier: tuple[str, ...], branch: str) -> str:
+        return ".".join([self.catalog_config.name, *identifier, f"branch_{branch}"])
+
+    def _next_branch(self) -> str:
+        self._attempt += 1
+        return stage_branch_name(f"{self.writer_id}_e{self.epoch}", self._attempt)
+
+    def _write_and_commit(self, good: DataFrame, batch: Batch, committed: Mapping[int, int]) -> int:
+        stage = prepare_stage(self.table, self._next_branch())
+        if stage.base.offsets != committed:
+            raise StaleHeadError("the table moved between planning and staging")
+        good.writeTo(self._spark_name(self.st.table_identifier, stage.branch)).append()
+        self.table.refresh()
+        if self.table.metadata.refs[stage.branch].snapshot_id == stage.base.snapshot_id:
+            _empty_append(self.table, stage.branch)  # Spark commits nothing for zero rows
+        return commit_staged(self.table, stage, batch, self.epoch)
+
+    def _write_dead_letters(self, bad: DataFrame, batch: Batch) -> int:
+        count = int(bad.count())
+        if count == 0 or self.dead_letter_table is None:
+            return count
+        dlq = self.dead_letter_table
+        known = read_committed(dlq).offsets
+        # Batches without bad records leave the dead-letter table alone, so it may start further back.
+        dlq_batch = Batch(
+            topic=batch.topic,
+            start={p: known.get(p, s) for p, s in batch.start.items()},
+            end=dict(batch.end),
+            max_produce_time_ms=batch.max_produce_time_ms,
+        )
+        stage = prepare_stage(dlq, self._next_branch())
+        bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
+        self._dead_letters_dirty = True  # ahead of main until the main commit lands
+        commit_staged(dlq, stage, dlq_batch, self.epoch)
+        return count
+
+    def reconcile_dead_letters(self) -> None:
+        """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed."""
+        self._dead_letters_dirty = False
+        if self.dead_letter_table is None:
+            return
+        dlq = self.dead_letter_table
+        dlq.refresh()
+        self.table.refresh()
+        main = read_committed(self.table).offsets
+        ahead = read_committed(dlq).offsets
+        stale = {p: main.get(p, 0) for p, o in ahead.items() if o > main.get(p, 0)}
+        if not stale:
+            return
+        condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in sorted(stale.items()))
+        log.warning("%s: removing dead-letter rows of uncommitted batches: %s", self.label, stale)
+        with dlq.transaction() as tx:
+            tx.delete(condition)
+            props = dict(dlq.properties)
+            offsets = {**ahead, **stale}
+            props_update = {"icefall.offsets": json.dumps({str(p): o for p, o in sorted(offsets.items())})}
+            props_update["icefall.epoch"] = str(max(self.epoch, int(props.get("icefall.epoch", "0"))))
+            tx.set_properties(props_update)
+
+    # -- reporting ------------------------------------------------------------------------------------
+
+    def _report_data_loss(self, plan: Any) -> int:
+        lost = 0
+        for loss in plan.data_loss:
+            key = (loss.partition, loss.committed)
+            if key in self._progress.data_loss_seen:
+                continue
+            self._progress.data_loss_seen.add(key)
+            lost += loss.lost
+            metrics.DATA_LOSS.labels(self.label).inc(loss.lost)
+            log.error(
+                "%s: DATA LOSS: partition %d: records %d..%d were deleted by topic retention before they "
+                "were ingested; continuing from %d",
+                self.label, loss.partition, loss.committed, loss.earliest_available - 1,
+                loss.earliest_available,
+            )  # fmt: skip
+        return lost
+
+    def _added_records(self, snapshot_id: int) -> int:
+        snapshot = self.table.snapshot_by_id(snapshot_id)
+        if snapshot is None or snapshot.summary is None:
+            return 0
+        return int(snapshot.summary.get("added-records", "0"))
+
+    def _publish_lag(self, lag: Any) -> None:
+        for partition, records in lag.items():
+            metrics.LAG.labels(self.label, str(partition)).set(records)
+
+    def _publish(
+        self, read: int, written: int, dead: int, seconds: float, commit: float, *, lag: dict[int, int],
+        max_produce_ms: int | None,
+    ) -> None:  # fmt: skip
+        metrics.RECORDS_READ.labels(self.label).inc(read)
+        metrics.RECORDS_WRITTEN.labels(self.label).inc(written)
+        metrics.RECORDS_DEAD_LETTERED.labels(self.label).inc(dead)
+        metrics.BATCH_DURATION.labels(self.label).observe(seconds)
+        metrics.COMMIT_DURATION.labels(self.label).observe(commit)
+        self._publish_lag(lag)
+        behind = (
+            0.0 if not any(lag.values()) or max_produce_ms is None else time.time() - max_produce_ms / 1000
+        )
+        metrics.FRESHNESS.labels(self.label).set(max(behind, 0.0))
+
+    @staticmethod
+    def _sleep_until(seconds: float, should_stop: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not should_stop():
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+def _empty_append(table: Table, branch: str) -> None:
+    """Stage an empty snapshot: every batch moves main, so its offsets are committed even with no rows."""
+    with table.transaction() as tx, tx.update_snapshot(branch=branch).fast_append():
+        pass
