@@ -4,13 +4,19 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 t0=$SECONDS
-step() { local s=$SECONDS out; out=$("$@"); echo "[setup] $* -> $out ($((SECONDS - s))s)" >&2; echo "$out"; }
+# A cached step is silent; a step that builds or downloads says what it did and how long it took.
+step() {
+  local s=$SECONDS out
+  out=$("$@")
+  if ((SECONDS - s > 0)); then echo "[setup] $(basename "$1") ${2:-} -> $out ($((SECONDS - s))s)" >&2; fi
+  echo "$out"
+}
 kube=$(step "$here/build-go-tools.sh" kube)
 etcd=$(step "$here/build-go-tools.sh" etcd)
 helm=$(step "$here/build-go-tools.sh" helm)
 kafka=$(step "$here/fetch-jars.sh" kafka)
 spark=$(step "$here/fetch-jars.sh" spark)
-echo "[setup] tools ready in $((SECONDS - t0))s" >&2
+if ((SECONDS - t0 > 0)); then echo "[setup] tools ready in $((SECONDS - t0))s" >&2; fi
 cat <<ENV
 export ICEFALL_KUBE_BIN=$kube
 export ICEFALL_ETCD_BIN=$etcd

@@ -69,7 +69,7 @@ class EventProducer(threading.Thread):
             {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
         )
         self._values = order_values(seed, malformed_every=malformed_every)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.acked = 0
         self.errors = 0
 
@@ -81,7 +81,7 @@ class EventProducer(threading.Thread):
 
     def run(self) -> None:
         sent, started = 0, time.monotonic()
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             due = int((time.monotonic() - started) * self.rate) - sent
             for _ in range(max(due, 0)):
                 self._producer.produce(self.topic, value=next(self._values), on_delivery=self._delivered)
@@ -90,5 +90,5 @@ class EventProducer(threading.Thread):
         self._producer.flush(30)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(60)
