@@ -172,6 +172,7 @@ def test_offsets_and_epoch_land_in_the_same_metadata_commit_as_the_data(table: T
         epoch=1,
         max_event_time_ms=1_003,
         max_produce_time_ms=2_003,
+        start_offsets={0: 0, 1: 0, 2: 0},  # where each partition was first read, for the audit
     )
     assert main_lineage(table)[:2] == [second, first]
     assert stage_branches(table) == []

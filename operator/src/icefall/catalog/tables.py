@@ -531,7 +531,12 @@ def _load_or_create(
         return catalog.load_table(identifier), False
     except NoSuchTableError:
         pass
-    catalog.create_namespace_if_not_exists(identifier[:-1])
+    try:
+        catalog.create_namespace_if_not_exists(identifier[:-1])
+    except Exception:
+        # The SQL catalog reports a lost creation race as an integrity error, not NamespaceAlreadyExists.
+        if not catalog.namespace_exists(identifier[:-1]):
+            raise
     try:
         table = catalog.create_table(
             identifier, schema, partition_spec=spec, sort_order=order, properties=dict(properties)
