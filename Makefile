@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TOOLS := eval "$$(hack/tool-env.sh)"
 
-.PHONY: help setup venv tools demo test test-unit test-integration test-e2e lint fmt clean
+.PHONY: help setup venv tools demo test test-unit test-integration test-e2e bench-ingest lint fmt clean
 help:
 	@echo "make demo   set everything up and run the main job on the embedded default"
 	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e)"
@@ -36,6 +36,12 @@ fmt: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The StreamingTable CRD, generated from the pydantic models (tests/unit/test_crd.py fails when it drifts).
+.PHONY: crds
+crds: venv
+	$(BIN)/python -m icefall.api.crd > crds/streamingtables.icefall.dev.yaml.tmp
+	mv crds/streamingtables.icefall.dev.yaml.tmp crds/streamingtables.icefall.dev.yaml
+
 test: setup lint
 	$(TOOLS) && $(BIN)/pytest
 
@@ -47,6 +53,10 @@ test-integration: setup
 
 test-e2e: setup
 	$(TOOLS) && $(BIN)/pytest -m e2e
+
+# Benchmarks (not tests): results in bench/results/. Pass options with BENCH_ARGS="--records N --seconds S".
+bench-ingest: venv
+	$(BIN)/python bench/ingest.py $(BENCH_ARGS)
 
 demo: setup
 	$(TOOLS) && $(BIN)/icefall demo
