@@ -75,7 +75,8 @@ class ConditionReason(StrEnum):
 
 _R = ConditionReason
 _LIFECYCLE = frozenset({_R.STARTING, _R.SUSPENDED, _R.DELETING, _R.INVALID_SPEC})
-#: Which reasons each condition type may carry.
+#: Which reasons each condition type may carry. A Ready that is not True carries the reason of the
+#: condition that made it so, hence every non-positive reason of Ingesting, FreshnessMet and Degraded.
 REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
     ConditionType.READY: _LIFECYCLE
     | {
@@ -84,9 +85,15 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.CATALOG_UNAVAILABLE,
         _R.KAFKA_UNAVAILABLE,
         _R.DRIVER_FAILED,
+        _R.WAITING_FOR_LEASE,
+        _R.COMMIT_CONFLICT,
+        _R.BEHIND_TARGET,
+        _R.NO_COMMITS_YET,
         _R.DATA_LOSS,
         _R.OFFSETS_AHEAD_OF_TOPIC,
         _R.BAD_RECORD_HALTED,
+        _R.DEAD_LETTER_FAILED,
+        _R.COMPACTION_FAILED,
     },
     ConditionType.INGESTING: _LIFECYCLE
     | {
@@ -98,6 +105,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.CATALOG_UNAVAILABLE,
         _R.KAFKA_UNAVAILABLE,
         _R.BAD_RECORD_HALTED,
+        _R.TABLE_CLAIMED,
     },
     ConditionType.FRESHNESS_MET: _LIFECYCLE | {_R.WITHIN_TARGET, _R.BEHIND_TARGET, _R.NO_COMMITS_YET},
     ConditionType.DEGRADED: _LIFECYCLE

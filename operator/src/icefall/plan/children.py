@@ -1,0 +1,783 @@
+"""The Kubernetes objects a StreamingTable owns, as plain manifests (dicts). Pure: no client, no I/O.
+
+`desired_children` turns a StreamingTable, the operator's settings and the image into:
+
+| object | name | purpose |
+|---|---|---|
+| ServiceAccount, Role, RoleBinding | `icefall-<st>-driver` | the driver: its executors, its commit Lease |
+| ServiceAccount, Role, RoleBinding | `icefall-<st>-compact` | the compaction pods: the commit Lease |
+| ConfigMap | `<st>-ingest-executor` | pod template for Spark executors (Kubernetes master only) |
+| Pod | `<st>-ingest` | the PySpark driver running `icefall ingest` (absent while suspended) |
+| Deployment | `<st>-compact` | compaction pods running `icefall compact` (0 replicas while suspended) |
+
+Guarantees:
+- Deterministic: the same inputs give the same manifests, byte for byte once serialised with sorted keys.
+  Names are at most 63 characters (a hash of the table name replaces its tail when needed).
+- Every child carries the `app.kubernetes.io/*` labels, `icefall.dev/streamingtable`, the submission id
+  `icefall.dev/spec-hash`, and a controller owner reference to the StreamingTable (blockOwnerDeletion).
+- `icefall.dev/spec-hash` (`spec_hash`) changes exactly when something the driver is built from changes:
+  the spec minus the fields listed in `NON_RESTART_FIELDS`, the image, the operator settings, the Spark
+  master, and the `icefall.dev/restart` annotation. Status, labels, other annotations, `spec.suspend` and
+  `spec.deletionPolicy` never change it. A spec field added later restarts the driver by default (the
+  list names what does *not* restart, so forgetting it is the safe mistake); fields at their defaults are
+  left out, so an operator upgrade that adds a defaulted field does not roll every driver.
+- No secret value is ever in a manifest: credentials reach the pods only as `secretKeyRef` env vars
+  (`secret_env_vars` names them), and no free-form spec value (consumer or catalog properties, URIs,
+  transforms) is copied into any manifest: the entry points read the StreamingTable from the API.
+- Pods satisfy the `restricted` Pod Security Standard: non-root, RuntimeDefault seccomp, no privilege
+  escalation, all capabilities dropped, read-only root filesystem with emptyDirs for /tmp and Spark's
+  local directories. Spark executors get the same through the pod template ConfigMap.
+- RBAC is namespaced and minimal; see `driver_rules` and `compaction_rules` for what and why.
+
+Not guaranteed: that the referenced Secrets exist (a missing one keeps the pod in CreateContainerConfigError,
+which the driver state machine reports), and that rotating a Secret's value restarts anything (set the
+`icefall.dev/restart` annotation to a new value for that). `SecretRef.env` references cannot be honoured in a
+cluster; they are reported in `Children.problems` and left out.
+
+Spark master: the driver runs Spark on Kubernetes (`k8s://https://kubernetes.default.svc`, dynamic
+allocation, executors from the same image) unless the operator setting `spark_master` or, per table, the
+annotation `icefall.dev/spark-master` says `local`, `local[N]` or `local[*]`: then Spark runs inside the
+driver pod only, no executor RBAC or pod template is created, and nothing else changes. An annotation (not
+a spec field) because where Spark runs is a placement choice of whoever operates the cluster, not part of
+the table's contract, and it keeps the v1alpha1 API free of a field we may want to shape differently later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from icefall.api import API_VERSION, KIND, Problem, SecretRef, StreamingTable, StreamingTableSpec
+from icefall.plan.leases import commit_lease_name
+
+Manifest = dict[str, Any]
+
+# --- labels, annotations, names ---------------------------------------------------------------------------
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_STREAMINGTABLE = "icefall.dev/streamingtable"
+LABEL_SPEC_HASH = "icefall.dev/spec-hash"
+APP_NAME = "icefall"
+MANAGED_BY = "icefall-operator"
+COMPONENT_INGEST = "ingest"
+COMPONENT_COMPACT = "compact"
+
+#: The generation of the StreamingTable a child was rendered from (intent, recorded before launching).
+ANNOTATION_GENERATION = "icefall.dev/generation"
+#: Per-table Spark master override: `kubernetes`, `local`, `local[N]` or `local[*]`.
+ANNOTATION_SPARK_MASTER = "icefall.dev/spark-master"
+#: Any new value restarts the driver and the compaction pods (like `kubectl rollout restart`).
+ANNOTATION_RESTART = "icefall.dev/restart"
+
+MAX_NAME_LENGTH = 63
+
+# --- the entry points and their environment ---------------------------------------------------------------
+
+#: The driver's command; `{namespace}` and `{name}` name the StreamingTable it reads from the API.
+INGEST_COMMAND: tuple[str, ...] = ("icefall", "ingest", "--namespace", "{namespace}", "--name", "{name}")
+#: The compaction pods' command.
+COMPACT_COMMAND: tuple[str, ...] = ("icefall", "compact", "--namespace", "{namespace}", "--name", "{name}")
+
+#: JSON object of Spark configuration (str → str) the entry point passes to its SparkSession; it holds
+#: `$(ICEFALL_POD_NAME)` / `$(ICEFALL_POD_IP)` references that the kubelet expands.
+ENV_SPARK_CONF = "ICEFALL_SPARK_CONF"
+ENV_POD_NAME = "ICEFALL_POD_NAME"
+ENV_POD_NAMESPACE = "ICEFALL_POD_NAMESPACE"
+ENV_POD_IP = "ICEFALL_POD_IP"
+
+KUBERNETES_MASTER = "k8s://https://kubernetes.default.svc"
+SPARK_LOCAL_DIR = "/var/data/spark-local"
+TMP_DIR = "/tmp"
+EXECUTOR_TEMPLATE_DIR = "/etc/icefall/spark"
+EXECUTOR_TEMPLATE_KEY = "executor-pod-template.json"
+EXECUTOR_CONTAINER = "spark-kubernetes-executor"
+DRIVER_PORT = 7078
+BLOCK_MANAGER_PORT = 7079
+
+#: Spec fields whose change must NOT restart the driver. Everything else does (safe by default).
+NON_RESTART_FIELDS = frozenset({"suspend", "deletion_policy"})
+
+_LOCAL_MASTER = re.compile(r"^local(\[(\*|[1-9][0-9]{0,2})\])?$")
+
+
+def child_name(prefix: str, table: str, suffix: str) -> str:
+    """`<prefix><table><suffix>`, at most 63 characters: a long table name keeps its head plus a hash."""
+    name = f"{prefix}{table}{suffix}"
+    if len(name) <= MAX_NAME_LENGTH:
+        return name
+    digest = _digest(table)[:8]
+    room = MAX_NAME_LENGTH - len(prefix) - len(suffix) - len(digest) - 1
+    if room < 1:
+        raise ValueError(f"no room for a table name in {prefix!r}...{suffix!r}")
+    return f"{prefix}{table[:room].rstrip('-.')}-{digest}{suffix}"
+
+
+def driver_pod_name(table: str) -> str:
+    return child_name("", table, "-ingest")
+
+
+def executor_template_name(table: str) -> str:
+    return child_name("", table, "-ingest-executor")
+
+
+def compaction_name(table: str) -> str:
+    return child_name("", table, "-compact")
+
+
+def driver_account_name(table: str) -> str:
+    """Name of the driver's ServiceAccount, Role and RoleBinding."""
+    return child_name("icefall-", table, "-driver")
+
+
+def compaction_account_name(table: str) -> str:
+    """Name of the compaction pods' ServiceAccount, Role and RoleBinding."""
+    return child_name("icefall-", table, "-compact")
+
+
+def command(template: Sequence[str], *, namespace: str, name: str) -> list[str]:
+    return [part.format(namespace=namespace, name=name) for part in template]
+
+
+# --- operator settings ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Container resources; `None` leaves that request or limit unset."""
+
+    cpu_request: str | None = None
+    memory_request: str | None = None
+    cpu_limit: str | None = None
+    memory_limit: str | None = None
+
+    def manifest(self) -> Manifest:
+        requests = {k: v for k, v in (("cpu", self.cpu_request), ("memory", self.memory_request)) if v}
+        limits = {k: v for k, v in (("cpu", self.cpu_limit), ("memory", self.memory_limit)) if v}
+        return {**({"requests": requests} if requests else {}), **({"limits": limits} if limits else {})}
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Cluster-wide choices of whoever runs the operator (Helm values), applied to every table.
+
+    Changing any of them changes every table's spec hash, so drivers roll once to pick them up.
+    """
+
+    #: `kubernetes` (Spark on Kubernetes, executors as pods) or `local`, `local[N]`, `local[*]` (Spark
+    #: inside the driver pod; for small clusters). A table may override it with `icefall.dev/spark-master`.
+    spark_master: str = "kubernetes"
+    image_pull_policy: str = "IfNotPresent"
+    run_as_user: int = 185  # the `spark` user of Apache Spark's images
+    run_as_group: int = 185
+    driver_resources: Resources = Resources("1", "2Gi", None, "2Gi")
+    #: JVM heap of the driver (`spark.driver.memory`); must leave room for Python in the container.
+    driver_jvm_memory: str = "1g"
+    executor_cores: int = 1
+    executor_memory: str = "2g"
+    executor_request_cores: str | None = None
+    executor_limit_cores: str | None = None
+    min_executors: int = 0
+    max_executors: int = 4
+    executor_idle_timeout_seconds: int = 60
+    compaction_resources: Resources = Resources("500m", "2Gi", None, "2Gi")
+    tmp_size_limit: str = "1Gi"
+    spark_local_size_limit: str = "16Gi"
+    termination_grace_period_seconds: int = 60
+
+    def __post_init__(self) -> None:
+        if self.spark_master != "kubernetes" and not _LOCAL_MASTER.match(self.spark_master):
+            raise ValueError(
+                f"spark_master {self.spark_master!r}: use kubernetes, local, local[N] or local[*]"
+            )
+        if not 0 <= self.min_executors <= self.max_executors or self.max_executors < 1:
+            raise ValueError(
+                f"executors: need 0 <= min ({self.min_executors}) <= max ({self.max_executors}), max >= 1"
+            )
+        if self.executor_cores < 1 or self.termination_grace_period_seconds < 0:
+            raise ValueError("executor_cores must be >= 1 and termination_grace_period_seconds >= 0")
+
+
+# --- secrets ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SecretEnv:
+    """One credential handed to a pod: env var `name` from key `key` of Secret `secret`."""
+
+    path: str  # the spec field, e.g. spec.source.security.password
+    name: str
+    secret: str
+    key: str
+
+    def manifest(self) -> Manifest:
+        return {"name": self.name, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": self.key}}}
+
+
+_KAFKA_SECRET_FIELDS = ("username", "password", "ca_cert", "client_cert", "client_key")
+
+
+def secret_env_vars(spec: StreamingTableSpec) -> tuple[list[SecretEnv], list[SecretEnv], list[Problem]]:
+    """Env vars carrying the spec's secret references: (Kafka ones, catalog ones, problems).
+
+    The entry points call this with the spec they read, so both sides agree on the names:
+    `ICEFALL_KAFKA_<FIELD>` for `spec.source.security.<field>` and `ICEFALL_CATALOG_<KEY>` for
+    `spec.table.catalog.secretProperties[<key>]` (non-alphanumerics become `_`; keys that collide after
+    that all get a hash suffix). `env` references are problems: only `icefall run` can honour them.
+    """
+    problems: list[Problem] = []
+    kafka: list[SecretEnv] = []
+    security = spec.source.security
+    for attr in _KAFKA_SECRET_FIELDS:
+        ref: SecretRef | None = getattr(security, attr)
+        path = f"spec.source.security.{_camel(attr)}"
+        if ref is not None:
+            env = _secret_env(ref, path, f"ICEFALL_KAFKA_{attr.upper()}", problems)
+            if env is not None:
+                kafka.append(env)
+    catalog: list[SecretEnv] = []
+    if spec.table.catalog is not None:
+        properties = spec.table.catalog.secret_properties
+        plain = {key: re.sub(r"[^A-Za-z0-9]", "_", key).upper() for key in properties}
+        seen: dict[str, int] = {}
+        for slug in plain.values():
+            seen[slug] = seen.get(slug, 0) + 1
+        for key in sorted(properties):
+            slug = plain[key] if seen[plain[key]] == 1 else f"{plain[key]}_{_digest(key)[:6].upper()}"
+            path = f"spec.table.catalog.secretProperties[{key}]"
+            env = _secret_env(properties[key], path, f"ICEFALL_CATALOG_{slug}", problems)
+            if env is not None:
+                catalog.append(env)
+    return kafka, catalog, problems
+
+
+def _secret_env(ref: SecretRef, path: str, name: str, problems: list[Problem]) -> SecretEnv | None:
+    if ref.secret_key_ref is None:
+        problems.append(
+            Problem(
+                path,
+                f"env reference {ref.env!r} works only with `icefall run`; in a cluster reference a Secret: "
+                "{secretKeyRef: {name: <secret>, key: <key>}}",
+            )
+        )
+        return None
+    return SecretEnv(path, name, ref.secret_key_ref.name, ref.secret_key_ref.key)
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+# --- the spec hash ----------------------------------------------------------------------------------------
+
+
+def spark_master(st: StreamingTable, settings: OperatorSettings) -> tuple[str, list[Problem]]:
+    """The Spark master URL for this table's driver, and a problem if the annotation cannot be used."""
+    wanted = st.metadata.annotations.get(ANNOTATION_SPARK_MASTER, settings.spark_master)
+    problems: list[Problem] = []
+    if wanted != "kubernetes" and not _LOCAL_MASTER.match(wanted):
+        problems.append(
+            Problem(
+                f"metadata.annotations[{ANNOTATION_SPARK_MASTER}]",
+                f"{wanted!r} is not a Spark master; use kubernetes, local, local[N] or local[*] "
+                f"(using the operator default {settings.spark_master!r})",
+            )
+        )
+        wanted = settings.spark_master
+    if wanted == "kubernetes":
+        return KUBERNETES_MASTER, problems
+    return ("local[*]" if wanted == "local" else wanted), problems
+
+
+def spec_hash(st: StreamingTable, *, image: str, settings: OperatorSettings, master: str) -> str:
+    """The submission id: a stable hash of everything a restart of the driver would pick up."""
+    restart_worthy = st.spec.model_dump(
+        mode="json", by_alias=True, exclude_defaults=True, exclude=set(NON_RESTART_FIELDS)
+    )
+    payload = {
+        "spec": restart_worthy,
+        "image": image,
+        "master": master,
+        "settings": dataclasses.asdict(settings),
+        "restart": st.metadata.annotations.get(ANNOTATION_RESTART),
+    }
+    return _digest(json.dumps(payload, sort_keys=True, separators=(",", ":")))[:16]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --- RBAC -------------------------------------------------------------------------------------------------
+
+
+def _lease_rules(lease: str) -> list[Manifest]:
+    # `create` is checked before the object (and so its name) exists: RBAC cannot restrict it by name.
+    return [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]
+
+
+def _read_self_rule(name: str) -> Manifest:
+    group = API_VERSION.split("/")[0]
+    return {"apiGroups": [group], "resources": ["streamingtables"], "resourceNames": [name], "verbs": ["get"]}
+
+
+def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
+    """What the ingestion driver may do in its namespace.
+
+    - read its own StreamingTable (the entry point reads the spec from the API);
+    - get/update its commit Lease by name, and create Leases (unrestrictable by name);
+    - with executors (Kubernetes master): what Spark's scheduler backend does to executor pods and the
+      objects it makes for them: pods (create, watch, label for decommissioning, delete one or by label),
+      configmaps (the executor config map), persistentvolumeclaims (on-demand executor volumes) and
+      services (Spark's clean-up of services labelled with its app id).
+    Nothing cluster-scoped, no Secrets (credentials arrive as env vars), no wildcards.
+    """
+    rules = [_read_self_rule(st.metadata.name), *_lease_rules(commit_lease_name(st.table_name))]
+    if executors:
+        managed = ["create", "get", "list", "delete", "deletecollection"]
+        rules += [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": [*managed, "watch", "patch"]},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps", "persistentvolumeclaims", "services"],
+                "verbs": managed,
+            },
+        ]
+    return rules
+
+
+def compaction_rules(st: StreamingTable) -> list[Manifest]:
+    """Compaction reads its StreamingTable and takes the commit Lease between ingestion commits.
+
+    Rules for work Leases come with the compaction entry point that names them.
+    """
+    return [_read_self_rule(st.metadata.name), *_lease_rules(commit_lease_name(st.table_name))]
+
+
+# --- the result -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    api_version: str
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Children:
+    """What should exist for one StreamingTable.
+
+    - `applied`: server-side apply these, in order (accounts before the pods that use them).
+    - `driver_pod`: the driver Pod to create when `icefall.plan.driver.decide` says Create; never applied
+      over a running pod (pods are immutable), None while suspended.
+    - `absent`: objects that must not exist in this configuration; delete them if found.
+    - `problems`: what could not be honoured (Degraded, reason InvalidSpec).
+    """
+
+    spec_hash: str
+    spark_master: str
+    applied: tuple[Manifest, ...]
+    driver_pod: Manifest | None
+    absent: tuple[ObjectRef, ...] = ()
+    problems: tuple[Problem, ...] = field(default=())
+
+    def get(self, kind: str, name: str) -> Manifest:
+        """The applied manifest of that kind and name (KeyError if none)."""
+        for manifest in (*self.applied, *([self.driver_pod] if self.driver_pod else [])):
+            if manifest["kind"] == kind and manifest["metadata"]["name"] == name:
+                return manifest
+        raise KeyError(f"{kind}/{name}")
+
+
+def desired_children(
+    st: StreamingTable,
+    *,
+    namespace: str,
+    uid: str,
+    generation: int,
+    image: str,
+    operator_settings: OperatorSettings,
+    compaction_replicas: int = 0,
+) -> Children:
+    """Render every child of `st` (see the module docstring). `compaction_replicas` comes from
+    `icefall.plan.scaling`; suspend overrides it with 0."""
+    if not uid:
+        raise ValueError("the StreamingTable's uid is needed for owner references")
+    if compaction_replicas < 0:
+        raise ValueError(f"compaction_replicas must be >= 0, got {compaction_replicas}")
+    settings = operator_settings
+    name = st.metadata.name
+    master, problems = spark_master(st, settings)
+    on_kubernetes = master == KUBERNETES_MASTER
+    digest = spec_hash(st, image=image, settings=settings, master=master)
+    kafka_env, catalog_env, secret_problems = secret_env_vars(st.spec)
+    problems += secret_problems
+    r = _Renderer(st, namespace=namespace, uid=uid, generation=generation, digest=digest)
+
+    driver_account = driver_account_name(name)
+    compact_account = compaction_account_name(name)
+    applied: list[Manifest] = [
+        *r.rbac(driver_account, COMPONENT_INGEST, driver_rules(st, executors=on_kubernetes)),
+        *r.rbac(compact_account, COMPONENT_COMPACT, compaction_rules(st)),
+    ]
+    absent: list[ObjectRef] = []
+    template = executor_template_name(name)
+    if on_kubernetes:
+        applied.append(r.executor_template(template, settings))
+    else:
+        absent.append(ObjectRef("v1", "ConfigMap", template))
+    applied.append(
+        r.compaction(
+            compaction_name(name),
+            image=image,
+            settings=settings,
+            account=compact_account,
+            replicas=0 if st.spec.suspend else compaction_replicas,
+            secrets=catalog_env,
+        )
+    )
+    driver = None
+    if not st.spec.suspend:
+        conf = _driver_spark_conf(
+            st, namespace=namespace, master=master, image=image, settings=settings, digest=digest
+        )
+        driver = r.driver_pod(
+            driver_pod_name(name),
+            image=image,
+            settings=settings,
+            account=driver_account,
+            spark_conf=conf,
+            secrets=[*kafka_env, *catalog_env],
+            template=template if on_kubernetes else None,
+        )
+    return Children(
+        spec_hash=digest,
+        spark_master=master,
+        applied=tuple(applied),
+        driver_pod=driver,
+        absent=tuple(absent),
+        problems=tuple(problems),
+    )
+
+
+def _driver_spark_conf(
+    st: StreamingTable, *, namespace: str, master: str, image: str, settings: OperatorSettings, digest: str
+) -> dict[str, str]:
+    """Spark configuration of the driver (`ICEFALL_SPARK_CONF`); Kubernetes keys only with that master."""
+    conf = {
+        "spark.master": master,
+        "spark.app.name": f"icefall-{st.metadata.name}",
+        "spark.driver.memory": settings.driver_jvm_memory,
+        "spark.local.dir": SPARK_LOCAL_DIR,
+    }
+    if master != KUBERNETES_MASTER:
+        return conf
+    name = st.metadata.name
+    account = driver_account_name(name)
+    executor_labels = {**_labels(name, COMPONENT_INGEST), LABEL_SPEC_HASH: digest}
+    conf |= {
+        "spark.submit.deployMode": "client",
+        "spark.kubernetes.namespace": namespace,
+        "spark.kubernetes.driver.pod.name": f"$({ENV_POD_NAME})",  # executors are owned by the driver pod
+        "spark.driver.host": f"$({ENV_POD_IP})",
+        "spark.driver.port": str(DRIVER_PORT),
+        "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.kubernetes.container.image": image,
+        "spark.kubernetes.container.image.pullPolicy": settings.image_pull_policy,
+        "spark.kubernetes.authenticate.driver.serviceAccountName": account,
+        "spark.kubernetes.authenticate.executor.serviceAccountName": account,
+        "spark.kubernetes.executor.podNamePrefix": driver_pod_name(name),
+        "spark.kubernetes.executor.podTemplateFile": f"{EXECUTOR_TEMPLATE_DIR}/{EXECUTOR_TEMPLATE_KEY}",
+        "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
+        "spark.kubernetes.executor.deleteOnTermination": "true",
+        "spark.executor.cores": str(settings.executor_cores),
+        "spark.executor.memory": settings.executor_memory,
+        "spark.dynamicAllocation.enabled": "true",
+        # No external shuffle service on Kubernetes: track shuffle files to release executors safely.
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.minExecutors": str(settings.min_executors),
+        "spark.dynamicAllocation.initialExecutors": str(settings.min_executors),
+        "spark.dynamicAllocation.maxExecutors": str(settings.max_executors),
+        "spark.dynamicAllocation.executorIdleTimeout": f"{settings.executor_idle_timeout_seconds}s",
+    }
+    if settings.executor_request_cores:
+        conf["spark.kubernetes.executor.request.cores"] = settings.executor_request_cores
+    if settings.executor_limit_cores:
+        conf["spark.kubernetes.executor.limit.cores"] = settings.executor_limit_cores
+    for key, value in executor_labels.items():
+        conf[f"spark.kubernetes.executor.label.{key}"] = value
+    return conf
+
+
+def _labels(name: str, component: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: name,
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_STREAMINGTABLE: name,
+    }
+
+
+def selector_labels(name: str, component: str) -> dict[str, str]:
+    """The immutable subset of labels used in selectors (never the spec hash)."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_COMPONENT: component}
+
+
+def _pod_security_context(settings: OperatorSettings) -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": settings.run_as_user,
+        "runAsGroup": settings.run_as_group,
+        "fsGroup": settings.run_as_group,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+_CONTAINER_SECURITY_CONTEXT: Mapping[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _scratch_volumes(settings: OperatorSettings) -> tuple[list[Manifest], list[Manifest]]:
+    volumes = [
+        {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}},
+        {"name": "spark-local", "emptyDir": {"sizeLimit": settings.spark_local_size_limit}},
+    ]
+    mounts = [{"name": "tmp", "mountPath": TMP_DIR}, {"name": "spark-local", "mountPath": SPARK_LOCAL_DIR}]
+    return volumes, mounts
+
+
+def _downward_env() -> list[Manifest]:
+    def field_ref(name: str, path: str) -> Manifest:
+        return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    return [
+        field_ref(ENV_POD_NAME, "metadata.name"),
+        field_ref(ENV_POD_NAMESPACE, "metadata.namespace"),
+        field_ref(ENV_POD_IP, "status.podIP"),
+        {"name": "HOME", "value": TMP_DIR},
+    ]
+
+
+class _Renderer:
+    def __init__(self, st: StreamingTable, *, namespace: str, uid: str, generation: int, digest: str) -> None:
+        self.name = st.metadata.name
+        self.namespace = namespace
+        self.digest = digest
+        self.generation = generation
+        self.owner = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def labels(self, component: str) -> dict[str, str]:
+        return {**_labels(self.name, component), LABEL_SPEC_HASH: self.digest}
+
+    def metadata(self, name: str, component: str) -> Manifest:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": self.labels(component),
+            "annotations": {ANNOTATION_GENERATION: str(self.generation)},
+            "ownerReferences": [dict(self.owner)],
+        }
+
+    def rbac(self, name: str, component: str, rules: list[Manifest]) -> list[Manifest]:
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": self.metadata(name, component),
+                # Pods opt in (the driver needs the API; compaction needs the Lease).
+                "automountServiceAccountToken": False,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": self.metadata(name, component),
+                "rules": rules,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": self.metadata(name, component),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": self.namespace}],
+            },
+        ]
+
+    def executor_template(self, name: str, settings: OperatorSettings) -> Manifest:
+        """Spark executors' pod template: the restricted security settings Spark cannot set by conf."""
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "spec": {
+                "automountServiceAccountToken": False,  # executors never call the API
+                "enableServiceLinks": False,
+                "securityContext": _pod_security_context(settings),
+                "containers": [
+                    {
+                        "name": EXECUTOR_CONTAINER,
+                        "securityContext": dict(_CONTAINER_SECURITY_CONTEXT),
+                        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}],
+                    }
+                ],
+                # Spark adds its own emptyDir local dirs (spark-local-dir-*) next to this one.
+                "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}}],
+            },
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": self.metadata(name, COMPONENT_INGEST),
+            "data": {EXECUTOR_TEMPLATE_KEY: json.dumps(pod, sort_keys=True, indent=2)},
+        }
+
+    def container(
+        self,
+        name: str,
+        *,
+        image: str,
+        settings: OperatorSettings,
+        args: list[str],
+        env: list[Manifest],
+        resources: Resources,
+        mounts: list[Manifest],
+    ) -> Manifest:
+        return {
+            "name": name,
+            "image": image,
+            "imagePullPolicy": settings.image_pull_policy,
+            "command": args,
+            "env": env,
+            "resources": resources.manifest(),
+            "securityContext": dict(_CONTAINER_SECURITY_CONTEXT),
+            "volumeMounts": mounts,
+        }
+
+    def driver_pod(
+        self,
+        name: str,
+        *,
+        image: str,
+        settings: OperatorSettings,
+        account: str,
+        spark_conf: dict[str, str],
+        secrets: list[SecretEnv],
+        template: str | None,
+    ) -> Manifest:
+        volumes, mounts = _scratch_volumes(settings)
+        env = [
+            *_downward_env(),  # before ICEFALL_SPARK_CONF: the kubelet expands $(...) from earlier vars only
+            {"name": ENV_SPARK_CONF, "value": json.dumps(spark_conf, sort_keys=True, separators=(",", ":"))},
+            *(s.manifest() for s in secrets),
+        ]
+        if template is not None:
+            volumes.append({"name": "executor-template", "configMap": {"name": template}})
+            mounts.append({"name": "executor-template", "mountPath": EXECUTOR_TEMPLATE_DIR, "readOnly": True})
+        container = self.container(
+            "ingest",
+            image=image,
+            settings=settings,
+            args=command(INGEST_COMMAND, namespace=self.namespace, name=self.name),
+            env=env,
+            resources=settings.driver_resources,
+            mounts=mounts,
+        )
+        if template is not None:
+            container["ports"] = [
+                {"name": "spark-driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
+                {"name": "block-manager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
+            ]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": self.metadata(name, COMPONENT_INGEST),
+            "spec": {
+                "serviceAccountName": account,
+                "automountServiceAccountToken": True,  # Spark and the commit Lease use the API
+                "enableServiceLinks": False,
+                # The operator restarts a failed driver itself, with backoff (icefall.plan.driver).
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+                "securityContext": _pod_security_context(settings),
+                "containers": [container],
+                "volumes": volumes,
+            },
+        }
+
+    def compaction(
+        self,
+        name: str,
+        *,
+        image: str,
+        settings: OperatorSettings,
+        account: str,
+        replicas: int,
+        secrets: list[SecretEnv],
+    ) -> Manifest:
+        volumes, mounts = _scratch_volumes(settings)
+        conf = {"spark.master": "local[*]", "spark.local.dir": SPARK_LOCAL_DIR}
+        env = [
+            *_downward_env(),
+            {"name": ENV_SPARK_CONF, "value": json.dumps(conf, sort_keys=True, separators=(",", ":"))},
+            *(s.manifest() for s in secrets),
+        ]
+        container = self.container(
+            "compact",
+            image=image,
+            settings=settings,
+            args=command(COMPACT_COMMAND, namespace=self.namespace, name=self.name),
+            env=env,
+            resources=settings.compaction_resources,
+            mounts=mounts,
+        )
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": self.metadata(name, COMPONENT_COMPACT),
+            "spec": {
+                "replicas": replicas,
+                "revisionHistoryLimit": 2,
+                "selector": {"matchLabels": selector_labels(self.name, COMPONENT_COMPACT)},
+                "template": {
+                    # The spec hash in the template's labels rolls the pods when the spec changes.
+                    "metadata": {"labels": self.labels(COMPONENT_COMPACT)},
+                    "spec": {
+                        "serviceAccountName": account,
+                        "automountServiceAccountToken": True,
+                        "enableServiceLinks": False,
+                        "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+                        "securityContext": _pod_security_context(settings),
+                        "containers": [container],
+                        "volumes": volumes,
+                    },
+                },
+            },
+        }

@@ -1,0 +1,289 @@
+"""Conditions from observations, and when status is worth writing. Pure: the clock is an argument.
+
+`derive_conditions` computes `Ingesting`, `FreshnessMet` and `Degraded` from what the operator observed,
+then the summary:
+
+    Ready = Ingesting ∧ FreshnessMet ∧ ¬Degraded
+
+`Ready` is True only when all three hold, False as soon as one is bad (Ingesting False, FreshnessMet False,
+Degraded True), Unknown otherwise. A False or Unknown Ready carries the reason and message of the condition
+that made it so, picked in this order: a lifecycle reason (Deleting, Suspended), Degraded, Ingesting,
+FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
+
+- Ingesting: True while the driver runs — CaughtUp (within target, or nothing to read) or CatchingUp;
+  False when it does not (Starting, DriverFailed, Suspended, Deleting) or a blocking issue stops it
+  (TableClaimedByOther, BadRecordHalted, KafkaUnavailable, CatalogUnavailable, CommitConflict,
+  WaitingForLease); Unknown when the driver's node stopped reporting.
+- FreshnessMet: True (WithinTarget) when freshness <= spec.freshness.targetSeconds or the topic is empty;
+  False when behind (BehindTarget) or records wait and nothing is committed (NoCommitsYet); Unknown before
+  the first measurement, while suspended and while deleting.
+- Degraded: True with the most severe of DataLoss, OffsetsAheadOfTopic, BadRecordHalted, InvalidSpec,
+  DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else False
+  (Healthy, Deleting).
+
+A spec that cannot be honoured (`spec_problems`) makes Degraded True with reason InvalidSpec, hence Ready
+False: the driver keeps running what it started with, and the message says what to fix.
+
+Guarantees:
+- Every condition carries `observedGeneration` = `metadata.generation` and a reason valid for its type.
+- `lastTransitionTime` changes only when a condition's `status` changes (`set_condition`); reason and
+  message updates keep it. Conditions of other types (e.g. Compacting) are kept as they are.
+- `should_write_status` writes at once when a condition appears, disappears, flips status or changes
+  reason, or when `observedGeneration` changes; figures and messages alone are written at most every
+  `min_interval` seconds.
+
+Not guaranteed: that an issue is still current. Observations are taken as given: whoever reports an issue
+(the driver's report, a lag probe) decides when it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from icefall.api import (
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    ConditionType,
+    StreamingTable,
+    StreamingTableStatus,
+)
+from icefall.plan.driver import DriverState
+
+_R = ConditionReason
+_T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+
+#: Issues that stop ingestion (Ingesting False), most decisive first.
+INGEST_BLOCKING: tuple[ConditionReason, ...] = (
+    _R.TABLE_CLAIMED,
+    _R.BAD_RECORD_HALTED,
+    _R.KAFKA_UNAVAILABLE,
+    _R.CATALOG_UNAVAILABLE,
+    _R.COMMIT_CONFLICT,
+    _R.WAITING_FOR_LEASE,
+)
+#: Reasons that make the table Degraded, most severe first.
+DEGRADING: tuple[ConditionReason, ...] = (
+    _R.DATA_LOSS,
+    _R.OFFSETS_AHEAD_OF_TOPIC,
+    _R.BAD_RECORD_HALTED,
+    _R.INVALID_SPEC,
+    _R.DRIVER_FAILED,
+    _R.DEAD_LETTER_FAILED,
+    _R.COMPACTION_FAILED,
+)
+#: Reasons an `Issue` may carry (InvalidSpec and DriverFailed come from their own observations).
+ISSUE_REASONS = frozenset(INGEST_BLOCKING) | (frozenset(DEGRADING) - {_R.INVALID_SPEC, _R.DRIVER_FAILED})
+MAX_MESSAGE = 2000
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A current problem someone observed (the driver's report, the operator's probes)."""
+
+    reason: ConditionReason
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.reason not in ISSUE_REASONS:
+            allowed = ", ".join(sorted(r.value for r in ISSUE_REASONS))
+            raise ValueError(f"{self.reason.value} is not an issue reason; use one of {allowed}")
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What the operator knows about one table right now."""
+
+    driver: DriverState
+    driver_message: str = ""
+    freshness_seconds: float | None = None  # None: not measured (yet)
+    lag_records: int | None = None  # None: not measured (yet)
+    last_commit_time: datetime | None = None
+    spec_problems: tuple[str, ...] = ()  # what in the spec cannot be honoured, with its path
+    issues: tuple[Issue, ...] = ()
+    suspended: bool = False  # in addition to spec.suspend (e.g. a pause annotation)
+    deleting: bool = False
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    type: ConditionType,
+    status: ConditionStatus,
+    reason: ConditionReason,
+    message: str,
+    *,
+    generation: int | None,
+    now: datetime,
+) -> list[Condition]:
+    """`conditions` with the one of `type` set; lastTransitionTime moves only when `status` changes.
+
+    The input is not modified; the condition keeps its position, a new type is appended.
+    """
+    out = list(conditions)
+    for i, current in enumerate(out):
+        if current.type is type:
+            since = current.last_transition_time if current.status is status else now
+            out[i] = _condition(type, status, reason, message, generation=generation, since=since)
+            return out
+    out.append(_condition(type, status, reason, message, generation=generation, since=now))
+    return out
+
+
+def _condition(
+    type: ConditionType,
+    status: ConditionStatus,
+    reason: ConditionReason,
+    message: str,
+    *,
+    generation: int | None,
+    since: datetime,
+) -> Condition:
+    return Condition(
+        type=type,
+        status=status,
+        reason=reason,
+        message=_clip(message),
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+
+
+_Verdict = tuple[ConditionStatus, ConditionReason, str]
+
+
+def derive_conditions(observations: Observations, st: StreamingTable, now: datetime) -> list[Condition]:
+    """The table's conditions after `observations`, merged into its current ones (see the module doc)."""
+    obs = observations
+    target = st.spec.freshness.target_seconds
+    ingesting = _ingesting(obs, st, target)
+    freshness = _freshness(obs, st, target)
+    degraded = _degraded(obs)
+    ready = _ready(ingesting, freshness, degraded, obs, target)
+    conditions: list[Condition] = list(st.status.conditions) if st.status else []
+    generation = st.metadata.generation
+    for kind, (status, reason, message) in (
+        (ConditionType.READY, ready),
+        (ConditionType.INGESTING, ingesting),
+        (ConditionType.FRESHNESS_MET, freshness),
+        (ConditionType.DEGRADED, degraded),
+    ):
+        conditions = set_condition(conditions, kind, status, reason, message, generation=generation, now=now)
+    return conditions
+
+
+def _suspended(obs: Observations, st: StreamingTable) -> bool:
+    return obs.suspended or st.spec.suspend
+
+
+def _ingesting(obs: Observations, st: StreamingTable, target: int) -> _Verdict:
+    if obs.deleting:
+        return _F, _R.DELETING, "the StreamingTable is being deleted"
+    if _suspended(obs, st):
+        return _F, _R.SUSPENDED, "ingestion is suspended (spec.suspend)"
+    driver = obs.driver
+    if driver is DriverState.BACKING_OFF:
+        return _F, _R.DRIVER_FAILED, obs.driver_message or "the driver failed"
+    if driver is DriverState.UNKNOWN:
+        return _U, _R.STARTING, obs.driver_message or "the driver's state is unknown"
+    if driver is not DriverState.RUNNING:  # starting, restarting, or wanted but not yet created
+        return _F, _R.STARTING, obs.driver_message or "the driver is starting"
+    blocking = _first(obs.issues, INGEST_BLOCKING)
+    if blocking is not None:
+        return _F, blocking, _messages(obs.issues, blocking)
+    behind = obs.freshness_seconds is not None and obs.freshness_seconds > target
+    if behind or (obs.freshness_seconds is None and (obs.lag_records or 0) > 0):
+        return _T, _R.CATCHING_UP, f"catching up: {_lag_text(obs)}"
+    return _T, _R.CAUGHT_UP, f"caught up: {_lag_text(obs)}"
+
+
+def _freshness(obs: Observations, st: StreamingTable, target: int) -> _Verdict:
+    if obs.deleting:
+        return _U, _R.DELETING, "the StreamingTable is being deleted"
+    if _suspended(obs, st):
+        return _U, _R.SUSPENDED, "freshness is not tracked while suspended"
+    if obs.freshness_seconds is not None:
+        if obs.freshness_seconds <= target:
+            return _T, _R.WITHIN_TARGET, f"{_lag_text(obs)} (target {target} s)"
+        return _F, _R.BEHIND_TARGET, f"{_lag_text(obs)} (target {target} s)"
+    if obs.last_commit_time is None:
+        if obs.lag_records == 0:
+            return _T, _R.WITHIN_TARGET, "nothing to ingest yet: the topic holds no records"
+        if obs.lag_records is not None:
+            return _F, _R.NO_COMMITS_YET, f"{obs.lag_records} records waiting; nothing committed yet"
+    return _U, _R.NO_COMMITS_YET, "freshness not measured yet"
+
+
+def _degraded(obs: Observations) -> _Verdict:
+    if obs.deleting:
+        return _F, _R.DELETING, "the StreamingTable is being deleted"
+    found: list[tuple[ConditionReason, str]] = [(i.reason, i.message) for i in obs.issues]
+    if obs.spec_problems:
+        found.append((_R.INVALID_SPEC, "the spec cannot be honoured: " + "; ".join(obs.spec_problems)))
+    if obs.driver is DriverState.BACKING_OFF:
+        found.append((_R.DRIVER_FAILED, obs.driver_message or "the driver failed"))
+    degrading = [(reason, message) for reason, message in found if reason in DEGRADING]
+    if not degrading:
+        return _F, _R.HEALTHY, "no problems observed"
+    degrading.sort(key=lambda item: DEGRADING.index(item[0]))
+    return _T, degrading[0][0], "; ".join(message for _, message in degrading)
+
+
+def _ready(
+    ingesting: _Verdict, freshness: _Verdict, degraded: _Verdict, obs: Observations, target: int
+) -> _Verdict:
+    lifecycle = {_R.DELETING, _R.SUSPENDED}
+    if ingesting[1] in lifecycle:
+        return _F, ingesting[1], ingesting[2]
+    bad = [v for v, is_bad in ((degraded, degraded[0] is _T), (ingesting, ingesting[0] is _F)) if is_bad]
+    bad += [freshness] if freshness[0] is _F else []
+    if bad:
+        return _F, bad[0][1], bad[0][2]
+    unknown = [v for v in (ingesting, freshness) if v[0] is _U]
+    if unknown:
+        return _U, unknown[0][1], unknown[0][2]
+    return _T, _R.RUNNING, f"ingesting; {_lag_text(obs)} (target {target} s)"
+
+
+def _first(issues: Sequence[Issue], order: Sequence[ConditionReason]) -> ConditionReason | None:
+    present = {issue.reason for issue in issues}
+    return next((reason for reason in order if reason in present), None)
+
+
+def _messages(issues: Sequence[Issue], reason: ConditionReason) -> str:
+    return "; ".join(issue.message for issue in issues if issue.reason is reason)
+
+
+def _lag_text(obs: Observations) -> str:
+    parts = []
+    if obs.freshness_seconds is not None:
+        parts.append(f"{obs.freshness_seconds:.1f} s behind")
+    if obs.lag_records is not None:
+        parts.append(f"lag {obs.lag_records} records")
+    return ", ".join(parts) or "freshness not measured yet"
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 1] + "…"
+
+
+def should_write_status(
+    previous: StreamingTableStatus | None,
+    new: StreamingTableStatus,
+    last_write: datetime | None,
+    now: datetime,
+    min_interval: float,
+) -> bool:
+    """Whether to write `new` now, given what was last written (`previous`, at `last_write`)."""
+    if previous is None or last_write is None:
+        return True
+    if new == previous:
+        return False
+    if _signature(previous) != _signature(new) or previous.observed_generation != new.observed_generation:
+        return True
+    return (now - last_write).total_seconds() >= min_interval
+
+
+def _signature(status: StreamingTableStatus) -> dict[ConditionType, tuple[ConditionStatus, ConditionReason]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
