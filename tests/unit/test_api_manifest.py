@@ -155,6 +155,8 @@ def test_example_manifest_loads_with_defaults() -> None:
         "ts",
         "shipping",
         "tags",
+        "channel",
+        "items",
     ]
     assert spec.table.partitioning[0].field == "ts"
     assert spec.table.partitioning[0].transform == "day"

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 CITIES = ["Oslo", "Bergen", "Lisbon", "Porto", "Lyon", "Turin", "Ghent", "Graz"]
 TAGS = ["gift", "express", "fragile", "bulk", "promo", "repeat"]
+CHANNELS = ["web", "mobile-app", "store", "phone", "partner-api", "marketplace"]
 _BAD_KINDS = ("broken-json", "missing-id", "wrong-type", "decimal-overflow")
 
 
@@ -31,6 +32,8 @@ def order_event(i: int, rng: random.Random, now_ms: int) -> dict[str, object]:
             "country": rng.choice(["NO", "PT", "FR", "IT", "BE", "AT"]),
         },
         "tags": rng.sample(TAGS, rng.randrange(0, 3)),
+        "channel": rng.choice(CHANNELS),
+        "items": rng.randrange(1, 13),
     }
 
 

@@ -1,0 +1,419 @@
+"""Ingest benchmark: throughput, CPU cost, commit latency and freshness of `Ingestor` on this machine.
+
+    .venv/bin/python bench/ingest.py [--records N] [--seconds S]        (or: make bench-ingest)
+
+Starts the local Kafka broker (devstack), an embedded catalog in a temporary folder and local Spark
+(`local[2]`), and runs the real `Ingestor` in this process on `examples/orders.yaml` (freshness target 10 s)
+fed with the seeded ~230-byte order events of `icefall.devstack.events`. Two phases:
+
+(a) Full speed. A warm-up backlog is ingested and discarded (JIT, first table commits), then N records are
+    preloaded and ingested until caught up, batch after batch with no pause. Reported: records/s (wall
+    time from the first batch's start to caught up), records per CPU-second of the ingesting process
+    (this Python process plus the Spark JVM it started and that JVM's children, from /proc; the Kafka
+    broker is not counted), and latencies per batch.
+(b) Freshness. An `EventProducer` streams at half the rate measured in (a) for S seconds while the
+    ingestion loop (`Ingestor.run`, with its own pacing) runs; then it catches up. Afterwards, for each
+    record produced after the warm-up (the first quarter of S, at most 15 s): freshness = the time `main`
+    was fast-forwarded to the snapshot that added it (the table's snapshot log: when it became visible to
+    readers) minus its Kafka produce timestamp. Which snapshot added a row comes from the manifest entries
+    (`table.inspect.entries`, status ADDED); the row's produce time from its `_kafka.timestamp`. The same
+    figure against `snapshot.timestamp_ms` (when Spark wrote the staged snapshot, before the
+    fast-forward) is shown too.
+
+Commit latency: "CAS" is `commit_staged` alone (the compare-and-swap of `main`), timed by wrapping it as
+the engine module sees it; "write + commit" is `BatchReport.commit_seconds` (staging branch, Spark decode
+and write, CAS); "batch" is `BatchReport.seconds` (watermarks, planning, read, write, commit).
+
+Results go to bench/results/ingest.md and stdout. The numbers depend on what else runs on the machine:
+the load average at the start is recorded with them. Nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from confluent_kafka import Producer, libversion
+
+from icefall.api import StreamingTable, load_manifest
+from icefall.catalog import CatalogConfig
+from icefall.commit.lease import FileLease
+from icefall.devstack.events import EventProducer, order_values
+from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.tools import tool_dir
+from icefall.ingest import engine
+from icefall.ingest.engine import BatchReport, Ingestor
+from icefall.plan.leases import commit_lease_name
+from icefall.spark.session import build_spark_session
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "examples" / "orders.yaml"
+RESULTS = ROOT / "bench" / "results" / "ingest.md"
+TOPIC = "orders"
+PARTITIONS = 3
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def say(text: str) -> None:
+    print(f"[bench] {text}", flush=True)
+
+
+# --- measuring ---------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between closest ranks; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone
+        return None
+    return text[text.rindex(")") + 2 :].split()  # fields from 3 (state) on; the name may hold spaces
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _proc_stat(int(entry.name))) is not None:
+            parents.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(parents.get(pid, []))
+    return found
+
+
+class ProcessCpu:
+    """CPU seconds (user + system) of this process, its reaped children, and the live Spark JVM tree."""
+
+    def __init__(self, jvm_pid: int) -> None:
+        self.jvm_pid = jvm_pid
+
+    def seconds(self) -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)  # only children that have exited
+        total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+        for pid in _descendants(self.jvm_pid):
+            stat = _proc_stat(pid)
+            if stat is not None:  # utime, stime, and its own reaped children's cutime, cstime
+                total += sum(int(x) for x in stat[11:15]) / CLOCK_TICKS
+        return total
+
+
+@dataclass
+class CasTimer:
+    """Times `commit_staged` (the compare-and-swap of main) as the engine calls it."""
+
+    seconds: list[float] = field(default_factory=list)
+
+    def install(self) -> None:
+        original = engine.commit_staged
+
+        def timed(*args: Any, **kwargs: Any) -> int:
+            started = time.monotonic()
+            try:
+                return int(original(*args, **kwargs))
+            finally:
+                self.seconds.append(time.monotonic() - started)
+
+        engine.commit_staged = timed
+
+    def take(self) -> list[float]:
+        taken, self.seconds = self.seconds, []
+        return taken
+
+
+# --- driving -----------------------------------------------------------------------------------------
+
+
+def preload(bootstrap: str, count: int, seed: int) -> None:
+    """Produce `count` order events as fast as the client goes; returns once all are acknowledged."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000, "enable.idempotence": True}
+    )
+    errors: list[object] = []
+
+    def on_delivery(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+
+    values = order_values(seed)
+    for _ in range(count):
+        while True:
+            try:
+                producer.produce(TOPIC, value=next(values), on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(60) or errors:
+        raise RuntimeError(f"preloading failed: {errors[:3]}")
+
+
+def until_caught_up(ingestor: Ingestor) -> list[BatchReport]:
+    """Batches back to back until there is nothing left to read."""
+    reports = []
+    while (report := ingestor.run_batch()) is not None:
+        reports.append(report)
+    return reports
+
+
+def describe_batches(reports: list[BatchReport]) -> str:
+    sizes = [r.records_read for r in reports]
+    return f"{len(sizes)} (mean {statistics.mean(sizes):,.0f} records)" if sizes else "0"
+
+
+def latency_ms(values: list[float]) -> str:
+    return f"{percentile(values, 50) * 1000:,.0f} / {percentile(values, 99) * 1000:,.0f} ms (n={len(values)})"
+
+
+def seconds_pair(values: list[float]) -> str:
+    return f"{percentile(values, 50):.2f} / {percentile(values, 99):.2f} s"
+
+
+# --- freshness from the table ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Freshness:
+    visible: list[float]  # seconds from produce to main's fast-forward, per record
+    written: list[float]  # seconds from produce to the staged snapshot's timestamp, per record
+    rows_after_start: int  # rows produced after the live phase began (all of them, warm-up included)
+
+
+def freshness(table: Any, window_ms: tuple[int, int], phase_start_ms: int) -> Freshness:
+    """Per-record freshness of the rows produced inside `window_ms`, from the committed table."""
+    table.refresh()
+    became_visible: dict[int, int] = {}
+    for entry in table.metadata.snapshot_log:  # when main moved to each snapshot
+        became_visible.setdefault(entry.snapshot_id, entry.timestamp_ms)
+    visible: list[float] = []
+    written: list[float] = []
+    rows_after_start = 0
+    # The live data files of main's head, each with the snapshot that added it (nothing rewrites files here).
+    entries = table.inspect.entries().select(["status", "snapshot_id", "data_file"]).to_pylist()
+    for entry in entries:
+        added_by = entry["snapshot_id"]
+        if entry["status"] == 2 or entry["data_file"]["content"] != 0:
+            continue  # deleted entries and delete files
+        if became_visible.get(added_by, 0) < phase_start_ms:
+            continue  # files of the full-speed phase
+        visible_ms = became_visible[added_by]
+        written_ms = table.snapshot_by_id(added_by).timestamp_ms
+        with table.io.new_input(entry["data_file"]["file_path"]).open() as stream:
+            kafka = pq.read_table(stream, columns=["_kafka"]).column("_kafka").combine_chunks()
+        for produced_us in pc.struct_field(kafka, "timestamp").cast("int64").to_pylist():
+            produced_ms = produced_us // 1000
+            rows_after_start += produced_ms >= phase_start_ms
+            if window_ms[0] <= produced_ms <= window_ms[1]:
+                visible.append((visible_ms - produced_ms) / 1000)
+                written.append((written_ms - produced_ms) / 1000)
+    return Freshness(visible, written, rows_after_start)
+
+
+# --- the machine -------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        platform.processor() or "unknown",
+    )  # fmt: skip
+    mem_kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+                 .split()[1])  # fmt: skip
+    java = subprocess.run(
+        [shutil.which("java") or "java", "-version"], capture_output=True, text=True, check=False
+    ).stderr.splitlines()
+    kafka_jar = sorted(tool_dir("ICEFALL_KAFKA_JARS").glob("kafka-server-[0-9]*.jar"))
+    iceberg_jar = sorted(tool_dir("ICEFALL_SPARK_JARS").glob("iceberg-spark-runtime-*.jar"))
+    return {
+        "CPU": f"{cpu}; nproc {os.cpu_count()}, usable by this process {len(os.sched_getaffinity(0))}",
+        "Memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "Load average at start (1/5/15 min)": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+        "OS": f"{platform.system()} {platform.release()}",
+        "Python": platform.python_version(),
+        "Java": java[0] if java else "unknown",
+        "PySpark": version("pyspark"),
+        "Iceberg Spark runtime": iceberg_jar[0].stem if iceberg_jar else "unknown",
+        "pyiceberg": version("pyiceberg"),
+        "Kafka broker": kafka_jar[0].stem.replace("kafka-server-", "") if kafka_jar else "unknown",
+        "confluent-kafka / librdkafka": f"{version('confluent-kafka')} / {libversion()[0]}",
+    }
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+
+def manifest_for(bootstrap: str) -> StreamingTable:
+    st = load_manifest(MANIFEST)
+    source = st.spec.source.model_copy(update={"bootstrap_servers": bootstrap, "topic": TOPIC})
+    return st.model_copy(update={"spec": st.spec.model_copy(update={"source": source})})
+
+
+def run(args: argparse.Namespace, state: Path) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    machine_facts = machine()
+    say("starting Kafka ...")
+    broker = KafkaBroker(state / "kafka").start()
+    try:
+        broker.create_topic(TOPIC, partitions=PARTITIONS)
+        st = manifest_for(broker.bootstrap)
+        catalog = CatalogConfig.embedded(state / "lake")
+        catalog.pyiceberg()
+        say("starting Spark (local[2]) ...")
+        spark = build_spark_session([catalog], app_name="icefall-bench", master="local[2]")
+        try:
+            lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), "bench")
+            ingestor = Ingestor(st, catalog, spark, lease)
+            ingestor.start(lease_timeout=30)
+            try:
+                return machine_facts, phases(args, broker, spark, ingestor)
+            finally:
+                ingestor.close()
+        finally:
+            spark.stop()
+    finally:
+        broker.stop()
+
+
+def phases(
+    args: argparse.Namespace, broker: KafkaBroker, spark: Any, ingestor: Ingestor
+) -> list[tuple[str, str]]:
+    cas = CasTimer()
+    cas.install()
+    cpu = ProcessCpu(spark.sparkContext._gateway.proc.pid)  # the spark-submit launcher, then the JVM
+    rows: list[tuple[str, str]] = []
+
+    warmup = args.warmup_records or max(args.records // 5, 10_000)
+    say(f"(a) warm-up: {warmup:,} records")
+    preload(broker.bootstrap, warmup, seed=1)
+    until_caught_up(ingestor)
+    cas.take()
+
+    say(f"(a) preloading {args.records:,} records ...")
+    preload(broker.bootstrap, args.records, seed=2)
+    say("(a) ingesting the backlog at full speed ...")
+    cpu_start, wall_start = cpu.seconds(), time.monotonic()
+    reports = until_caught_up(ingestor)
+    wall, cpu_used = time.monotonic() - wall_start, cpu.seconds() - cpu_start
+    records = sum(r.records_read for r in reports)
+    full_rps = records / wall
+    rows += [
+        ("**(a) full speed on a preloaded backlog**", f"{records:,} records, warm-up of {warmup:,} excluded"),
+        ("records/s", f"{full_rps:,.0f}"),
+        ("records per CPU-second (driver + Spark JVM)", f"{records / cpu_used:,.0f}"),
+        ("CPU cores busy on average", f"{cpu_used / wall:.2f} (CPU {cpu_used:.1f} s over {wall:.1f} s)"),
+        ("batches", describe_batches(reports)),
+        ("commit (CAS of main) p50 / p99", latency_ms(cas.take())),
+        ("write + commit p50 / p99", seconds_pair([r.commit_seconds for r in reports])),
+        ("batch p50 / p99", seconds_pair([r.seconds for r in reports])),
+    ]
+    say(f"(a) {full_rps:,.0f} records/s, {records / cpu_used:,.0f} records per CPU-second")
+
+    rate = full_rps / 2
+    warmup_seconds = min(15.0, args.seconds / 4)
+    say(f"(b) streaming ~{rate:,.0f} records/s for {args.seconds:.0f}s (first {warmup_seconds:.0f}s warm-up)")
+    producer = EventProducer(broker.bootstrap, TOPIC, rate, seed=3)
+    live: list[BatchReport] = []
+    phase_start_ms = int(time.time() * 1000)
+    producer.start()
+    deadline = time.monotonic() + args.seconds
+    ingestor.run(lambda: time.monotonic() > deadline, lambda r: live.append(r) if r else None)
+    producer.stop()
+    stop_ms = int(time.time() * 1000)
+    say(f"(b) producer stopped after {producer.acked:,} acknowledged records; catching up ...")
+    live += until_caught_up(ingestor)
+    measured_from = phase_start_ms + int(warmup_seconds * 1000)
+    fresh = freshness(ingestor.table, (measured_from, stop_ms), phase_start_ms)
+    if fresh.rows_after_start != producer.acked or producer.errors:
+        say(
+            f"WARNING: {producer.acked} records acknowledged ({producer.errors} errors) but "
+            f"{fresh.rows_after_start} rows of the live phase found in the table"
+        )
+    live_cas = cas.take()
+    rows += [
+        (
+            "**(b) live stream at half the full-speed rate**",
+            f"{rate:,.0f} records/s for {args.seconds:.0f} s; first {warmup_seconds:.0f} s excluded",
+        ),
+        ("freshness p50 / p99 (produce → main fast-forward)", seconds_pair(fresh.visible)),
+        ("freshness p50 / p99 (produce → snapshot.timestamp_ms)", seconds_pair(fresh.written)),
+        ("freshness max (produce → main fast-forward)", f"{max(fresh.visible, default=float('nan')):.2f} s"),
+        ("records measured", f"{len(fresh.visible):,} of {producer.acked:,} produced"),
+        ("batches", describe_batches(live)),
+        ("commit (CAS of main) p50 / p99", latency_ms(live_cas)),
+        ("write + commit p50 / p99", seconds_pair([r.commit_seconds for r in live])),
+        ("batch p50 / p99", seconds_pair([r.seconds for r in live])),
+    ]
+    return rows
+
+
+def render(args: argparse.Namespace, facts: dict[str, str], rows: list[tuple[str, str]]) -> str:
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Ingest benchmark",
+        "",
+        f"`bench/ingest.py --records {args.records} --seconds {args.seconds:g}` on {when}. "
+        "What is measured and how: the docstring of `bench/ingest.py`. One run on a shared machine: "
+        "compare runs only with similar load averages.",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *(f"| {name} | {value} |" for name, value in rows),
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {name} | {value} |" for name, value in facts.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=200_000, help="backlog for the full-speed phase")
+    parser.add_argument("--seconds", type=float, default=60, help="length of the live (freshness) phase")
+    parser.add_argument(
+        "--warmup-records", type=int, default=0, help="warm-up backlog (default: records/5, >= 10,000)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the markdown")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="icefall-bench-") as state:
+        facts, rows = run(args, Path(state))
+    text = render(args, facts, rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text, flush=True)
+    say(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
