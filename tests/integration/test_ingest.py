@@ -1,112 +1,38 @@
-"""Ingestion is exactly once against real Kafka, Spark and catalog: after a normal run, and after the process
-is killed at every commit failpoint and restarted, each produced record is in the table or the dead-letter
-table exactly once, checked record by record by (partition, offset)."""
+"""Ingestion is exactly once against real Kafka, Spark and catalog: after a normal run, after the process
+is killed at every commit failpoint and restarted, when partitions are added to the topic mid-run (read
+from their first record by the running writer), and when a new writer resumes a table with a long history
+(150 commits), each produced record is in the table or the dead-letter table exactly once, checked record
+by record by (partition, offset) and by the auditor. Races between writers: test_ingest_races.py; records
+deleted by Kafka retention: test_ingest_retention.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from collections import Counter
+import time
 from pathlib import Path
 
-import pyarrow.compute as pc
 import pytest
-from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from icefall.api import load_manifest
+from icefall.api.source import StartingPositionType
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
-from icefall.ingest.engine import Ingestor
+from icefall.ingest.engine import BatchReport, Ingestor
+from icefall.testing.streams import (
+    assert_exactly_once,
+    drain,
+    manifest_text,
+    produce,
+    streaming_table,
+    table_offsets,
+    watermarks,
+)
 
 pytestmark = pytest.mark.integration
-
-MANIFEST = """
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {{name: {k8s_name}}}
-spec:
-  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
-  format:
-    type: json
-    schema:
-      - {{name: id, type: long, required: true}}
-      - {{name: customer, type: string}}
-      - {{name: amount, type: "decimal(10,2)"}}
-      - {{name: ts, type: timestamptz, required: true}}
-  table: {{namespace: it, name: {name}, partitioning: [{{field: ts, transform: day}}]}}
-  freshness: {{targetSeconds: 2}}
-"""
-
-
-def produce(
-    kafka: KafkaBroker, topic: str, start: int, count: int, bad_every: int = 0
-) -> set[tuple[int, int]]:
-    """Produce `count` events, every `bad_every`-th malformed; returns the (partition, offset) of bad ones."""
-    delivered: list[tuple[int, int, bool]] = []
-    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
-    for i in range(start, start + count):
-        bad = bad_every > 0 and i % bad_every == 0
-        value = (
-            "{not json"
-            if bad
-            else json.dumps(
-                {"id": i, "customer": f"c{i % 7}", "amount": round(i * 1.25, 2), "ts": "2026-11-22T10:00:00Z"}
-            )
-        )
-
-        def on_delivery(err: object, msg: object, bad: bool = bad) -> None:
-            assert err is None, err
-            delivered.append((msg.partition(), msg.offset(), bad))  # type: ignore[attr-defined]
-
-        producer.produce(topic, key=str(i), value=value, on_delivery=on_delivery)
-    assert producer.flush(30) == 0
-    return {(p, o) for p, o, bad in delivered if bad}
-
-
-def table_offsets(
-    config: CatalogConfig, name: str
-) -> tuple[Counter[tuple[int, int]], Counter[tuple[int, int]]]:
-    catalog = config.pyiceberg()
-    rows = catalog.load_table(("it", name)).scan(selected_fields=("_kafka",)).to_arrow()
-    kafka = rows.column("_kafka").combine_chunks()
-    partitions = pc.struct_field(kafka, "partition").to_pylist()
-    main = Counter(zip(partitions, pc.struct_field(kafka, "offset").to_pylist(), strict=True))
-    dlq_rows = (
-        catalog.load_table(("it", f"{name}_dlq")).scan(selected_fields=("partition", "offset")).to_arrow()
-    )
-    dlq = Counter(
-        zip(dlq_rows.column("partition").to_pylist(), dlq_rows.column("offset").to_pylist(), strict=True)
-    )
-    return main, dlq
-
-
-def assert_exactly_once(
-    config: CatalogConfig, name: str, high: dict[int, int], bad: set[tuple[int, int]]
-) -> None:
-    main, dlq = table_offsets(config, name)
-    expected = {(p, o) for p, end in high.items() for o in range(end)}
-    assert max(main.values(), default=1) == 1, (
-        f"duplicates in table: {[k for k, n in main.items() if n > 1][:10]}"
-    )
-    assert max(dlq.values(), default=1) == 1, (
-        f"duplicates in DLQ: {[k for k, n in dlq.items() if n > 1][:10]}"
-    )
-    assert set(dlq) == bad
-    assert set(main) == expected - bad
-    committed = read_committed(config.pyiceberg().load_table(("it", name)))
-    assert committed.offsets == high
-
-
-def watermarks(kafka: KafkaBroker, topic: str) -> dict[int, int]:
-    from icefall.kafka.admin import TopicView
-
-    with TopicView(kafka.bootstrap, topic) as view:
-        return {p: high for p, (_, high) in view.watermarks().items()}
 
 
 def test_ingest_in_process_exactly_once(
@@ -114,11 +40,7 @@ def test_ingest_in_process_exactly_once(
 ) -> None:
     kafka.create_topic("it-orders", partitions=3)
     bad = produce(kafka, "it-orders", 0, 600, bad_every=50)
-    st = load_manifest(
-        MANIFEST.format(
-            name="orders_inproc", k8s_name="orders-inproc", bootstrap=kafka.bootstrap, topic="it-orders"
-        )
-    )
+    st = streaming_table("orders_inproc", "it-orders", kafka.bootstrap)
     ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "test-writer"))
     ingestor.start(lease_timeout=10)
     reports = []
@@ -133,7 +55,8 @@ def test_ingest_in_process_exactly_once(
     assert len(reports) >= 2
     assert sum(r.records_read for r in reports) == 750
     assert sum(r.records_dead_lettered for r in reports) == len(bad) == 15
-    assert_exactly_once(catalog_config, "orders_inproc", watermarks(kafka, "it-orders"), bad)
+    high = watermarks(kafka, "it-orders")
+    assert_exactly_once(catalog_config, "orders_inproc", high, bad, bootstrap=kafka.bootstrap)
 
 
 @pytest.mark.parametrize("failpoint", ["after-prepare", "after-stage", "before-commit", "after-commit"])
@@ -145,9 +68,7 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
     kafka.create_topic(topic, partitions=2)
     bad = produce(kafka, topic, 0, 200, bad_every=40)
     manifest = tmp_path / "table.yaml"
-    manifest.write_text(
-        MANIFEST.format(name=name, k8s_name=name.replace("_", "-"), bootstrap=kafka.bootstrap, topic=topic)
-    )
+    manifest.write_text(manifest_text(name, topic, kafka.bootstrap))
     state = tmp_path / "state"
 
     def run(*, fail: str | None) -> subprocess.CompletedProcess[str]:
@@ -165,4 +86,118 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
     bad |= produce(kafka, topic, 200, 100, bad_every=40)
     finished = run(fail=None)
     assert finished.returncode == 0, finished.stdout + finished.stderr[-3000:]
-    assert_exactly_once(CatalogConfig.embedded(state), name, watermarks(kafka, topic), bad)
+    high = watermarks(kafka, topic)
+    assert_exactly_once(CatalogConfig.embedded(state), name, high, bad, bootstrap=kafka.bootstrap)
+
+
+def test_partitions_added_mid_run_are_read_from_their_start(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic, name = "it-grow", "grow"
+    kafka.create_topic(topic, partitions=2)
+    bad = produce(kafka, topic, 0, 60, bad_every=9, partitions=[0, 1])
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w")
+    ingestor.start(lease_timeout=10)
+    try:
+        assert drain(ingestor)[-1].offsets == {0: 30, 1: 30}
+        kafka.add_partitions(topic, 4)
+        bad |= produce(kafka, topic, 60, 80, bad_every=9, partitions=[0, 1, 2, 3])
+        reports = drain(ingestor)  # the same writer, never restarted
+    finally:
+        ingestor.close()
+    assert sum(r.records_read for r in reports) == 80
+    high = watermarks(kafka, topic)
+    assert high == {0: 50, 1: 50, 2: 20, 3: 20}
+    assert_exactly_once(catalog_config, name, high, bad, bootstrap=kafka.bootstrap)
+    committed = read_committed(catalog_config.pyiceberg().load_table(("it", name)))
+    assert committed.start_offsets == {0: 0, 1: 0, 2: 0, 3: 0}  # the new partitions from their first record
+
+
+def mean_ms(reports: list[BatchReport]) -> float:
+    return 1000 * sum(r.commit_seconds for r in reports) / len(reports)
+
+
+def test_a_restart_after_many_small_commits_resumes_exactly_once(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """150 one-batch commits of 2 records each, then a new writer resumes from the table; prints timings."""
+    topic, name, commits = "it-history", "history", 150
+    kafka.create_topic(topic, partitions=1)
+    bad = produce(kafka, topic, 0, 2 * commits, bad_every=25)
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"maxRecords": 2, "minIntervalSeconds": 0})
+    lease_file = tmp_path / "lease.json"
+    first = Ingestor(st, catalog_config, spark, FileLease(lease_file, "first"), writer_id="first")
+    first.start(lease_timeout=10)
+    started = time.monotonic()
+    try:
+        reports = drain(first, max_batches=commits)
+    finally:
+        first.close()
+    history_seconds = time.monotonic() - started
+    assert len(reports) == commits and {r.records_read for r in reports} == {2}
+
+    bad |= produce(kafka, topic, 2 * commits, 10, bad_every=25)
+    table = catalog_config.pyiceberg().load_table(("it", name))
+    snapshots = len(table.metadata.snapshots)
+    metadata_bytes = Path(table.metadata_location.removeprefix("file://")).stat().st_size
+    started = time.monotonic()
+    committed = read_committed(table)
+    read_seconds = time.monotonic() - started
+    assert committed.offsets == {0: 2 * commits}
+
+    restarted = Ingestor(st, catalog_config, spark, FileLease(lease_file, "restarted"), writer_id="restarted")
+    started = time.monotonic()
+    restarted.start(lease_timeout=10)
+    start_seconds = time.monotonic() - started
+    try:
+        started = time.monotonic()
+        resumed = restarted.run_batch()
+        first_batch_seconds = time.monotonic() - started
+        assert resumed is not None and resumed.offsets == {0: 2 * commits + 2}
+        drain(restarted)
+    finally:
+        restarted.close()
+    print(
+        f"\n[history] {commits} commits in {history_seconds:.1f}s ({history_seconds / commits:.2f}s each); "
+        f"{snapshots} snapshots on the table ({metadata_bytes / 1024:.0f} KiB of metadata JSON); commit "
+        f"{mean_ms(reports[:10]):.0f} ms on average in the first 10 batches, "
+        f"{mean_ms(reports[-10:]):.0f} ms in the last 10; read_committed {read_seconds * 1000:.0f} ms; "
+        f"restart (lease, tables, sweep, reconcile) {start_seconds:.2f}s; first batch after restart "
+        f"{first_batch_seconds:.2f}s (of which commit {resumed.commit_seconds * 1000:.0f} ms)"
+    )
+    high = watermarks(kafka, topic)
+    assert high == {0: 2 * commits + 10}
+    assert_exactly_once(catalog_config, name, high, bad, bootstrap=kafka.bootstrap)
+
+
+def test_latest_start_is_pinned_by_the_first_commit(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """`startingPosition: latest` skips what the topic held at the first poll, and only that."""
+    kafka.create_topic("it-latest", partitions=2)
+    produce(kafka, "it-latest", 0, 40)
+    before = watermarks(kafka, "it-latest")
+    st = streaming_table("orders_latest", "it-latest", kafka.bootstrap)
+    source = st.spec.source.model_copy(
+        update={
+            "starting_position": st.spec.source.starting_position.model_copy(
+                update={"type": StartingPositionType.LATEST}
+            )
+        }
+    )
+    st = st.model_copy(update={"spec": st.spec.model_copy(update={"source": source})})
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "latest-writer"))
+    ingestor.start(lease_timeout=10)
+    try:
+        pinned = ingestor.run_batch()
+        assert pinned is not None and pinned.records_read == 0
+        assert pinned.offsets == before
+        produce(kafka, "it-latest", 40, 30)
+        reports = list(iter(ingestor.run_batch, None))
+    finally:
+        ingestor.close()
+    assert sum(r.records_read for r in reports) == 30
+    main, _ = table_offsets(catalog_config, "orders_latest")
+    after = watermarks(kafka, "it-latest")
+    assert set(main) == {(p, o) for p in after for o in range(before[p], after[p])}

@@ -138,7 +138,13 @@ def _status(args: argparse.Namespace) -> int:
         )
     newest = committed.max_produce_time_ms
     freshness = 0.0 if total == 0 or newest is None else time.time() - newest / 1000
-    print(f"lag {total} records, freshness {freshness:.1f}s")
+    lost = committed.lost_records
+    print(f"lag {total} records, freshness {freshness:.1f}s, lost to retention {lost} records")
+    if lost:
+        print(
+            f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "
+            "ingested (table property icefall.lost-records)"
+        )
     return 0
 
 

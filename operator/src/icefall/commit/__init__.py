@@ -26,6 +26,8 @@ from icefall.commit.protocol import (
     abandon_stage,
     commit_staged,
     prepare_stage,
+    retention_loss,
+    rewind_dead_letters,
     stage_branch_name,
     sweep_stages,
 )
@@ -47,6 +49,8 @@ __all__ = [
     "commit_staged",
     "prepare_stage",
     "read_committed",
+    "retention_loss",
+    "rewind_dead_letters",
     "stage_branch_name",
     "state_from_properties",
     "sweep_stages",

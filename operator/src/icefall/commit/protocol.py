@@ -10,6 +10,12 @@
    H. Then ONE catalog commit points `main` at S, drops the branch and sets the `icefall.*` properties,
    guarded by `AssertRefSnapshotId(main, H)` and `AssertRefSnapshotId(branch, S)`.
 
+A batch that skips records Kafka's retention deleted names the gap (`Batch.retention_gaps`); its commit adds
+the gap's width to `icefall.lost-records` in the same metadata commit. `rewind_dead_letters` is the one
+other commit that sets `icefall.*`: it takes a dead-letter table left ahead of its main table (a batch whose
+dead letters landed but whose main commit did not) back to the main table's offsets, deleting the rows past
+them in the same guarded commit.
+
 Guarantees: `main` only ever moves forward by one staged snapshot whose parent it was pointing at, so a
 batch can land at most once, and only on top of the state it was planned from; its offsets land in the same
 metadata commit. No new snapshot is made at commit time, so there is nothing to rebase and pyiceberg's or
@@ -25,6 +31,7 @@ import contextlib
 import logging
 import re
 import uuid
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -195,6 +202,68 @@ def commit_staged(table: Table, stage: Stage, batch: Batch, epoch: int) -> int:
     return staged
 
 
+def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
+    """Take a dead-letter table back to `to_offsets` (the main table's committed offsets); return what moved.
+
+    A batch's dead letters are committed before the batch itself; if the main commit then fails, the
+    dead-letter table is ahead of the main table. For every partition whose committed offset here is
+    beyond `to_offsets[p]`, this deletes the rows with `offset >= to_offsets[p]` and sets the committed
+    offset back to `to_offsets[p]`, in ONE catalog commit that moves `main` (the delete's snapshot, or an
+    empty one if no row matched) and sets `icefall.offsets` and `icefall.epoch`, guarded by
+    `AssertRefSnapshotId(main, head)`: rows and offsets cannot drift apart. Partitions at or behind their
+    target are left alone (this never moves forward). Returns `{partition: offset rewound to}`; empty when
+    nothing was ahead.
+
+    Raises FencedError, changing nothing, if `epoch` is below the table's `icefall.epoch` (a newer writer
+    owns the table and may have committed those rows for real). The epoch check is atomic with the
+    commit for the same reason as in `commit_staged`: `icefall.*` only change in commits that move `main`.
+    """
+    if epoch < 0:
+        raise ValueError(f"epoch must not be negative, got {epoch}")
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        committed = state_of(meta)
+        if epoch < committed.epoch:
+            raise FencedError(
+                f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
+            )
+        back = {
+            p: offset
+            for p, offset in sorted(to_offsets.items())
+            if p in committed.offsets and committed.offsets[p] > offset
+        }
+        if not back:
+            return {}
+        head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
+        condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in back.items())
+        tx = table.transaction()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Delete operation did not match any records")
+            tx.delete(condition)  # staged on main, not committed: a delete and/or an overwrite snapshot
+        staged: tuple[TableUpdate, ...] = tx._updates
+        if not any(isinstance(update, AddSnapshotUpdate) for update in staged):
+            # No row matched: still move main, so the property change rides on a commit that moves it.
+            with tx.update_snapshot().fast_append():
+                pass
+            staged = tx._updates
+        rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
+        try:
+            _commit(
+                table,
+                updates=(*staged, SetPropertiesUpdate(updates=rewound.to_properties())),
+                requirements=(
+                    AssertTableUUID(uuid=meta.table_uuid),
+                    AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
+                ),
+            )
+        except CommitFailedException as e:
+            log.info("rewind of %s refused by the catalog (%s); checking again", _name(table), e)
+            continue
+        return back
+    raise CommitError(f"could not rewind {_name(table)}: the table kept changing")
+
+
 def abandon_stage(table: Table, branch: str) -> bool:
     """Drop a staging branch and the snapshots only it references. False if it was already gone."""
     return bool(_drop_stages(table, lambda name: name == branch))
@@ -252,6 +321,7 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> tuple
     new = replace(
         committed,
         snapshot_id=ref.snapshot_id,
+        lost_records=committed.lost_records + retention_loss(committed.offsets, batch),
         topic=batch.topic,
         offsets={**committed.offsets, **batch.end},
         # The first offset read of each partition new to the table: where the audit starts counting.
@@ -264,6 +334,15 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> tuple
         max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),
     )
     return ref.snapshot_id, new.to_properties()
+
+
+def retention_loss(committed: Mapping[int, int], batch: Batch) -> int:
+    """Records `batch` skips because Kafka's retention deleted them: the width of its acknowledged gaps.
+
+    Only partitions the table has committed count (`_check` has verified that each gap starts at the
+    committed offset); a gap named on a partition new to the table has nothing to start from and counts 0.
+    """
+    return sum(batch.start[p] - lost_from for p, lost_from in batch.retention_gaps.items() if p in committed)
 
 
 def _newest(a: int | None, b: int | None) -> int | None:
@@ -281,6 +360,10 @@ def _point_branch(meta: TableMetadata, name: str, snapshot_id: int) -> SetSnapsh
         max_snapshot_age_ms=ref.max_snapshot_age_ms if ref else None,
         min_snapshots_to_keep=ref.min_snapshots_to_keep if ref else None,
     )
+
+
+def _name(table: Table) -> str:
+    return ".".join(table.name())
 
 
 def _commit(

@@ -30,7 +30,8 @@ EPOCH = "icefall.epoch"
 MAX_EVENT_TIME_MS = "icefall.max-event-time-ms"
 MAX_PRODUCE_TIME_MS = "icefall.max-produce-time-ms"
 START_OFFSETS = "icefall.start-offsets"  # JSON {"<partition>": <first offset ever read>}, for the audit
-PROPERTIES = (TOPIC, OFFSETS, EPOCH, MAX_EVENT_TIME_MS, MAX_PRODUCE_TIME_MS, START_OFFSETS)
+LOST_RECORDS = "icefall.lost-records"  # records Kafka's retention deleted before they were ingested, in total
+PROPERTIES = (TOPIC, OFFSETS, EPOCH, MAX_EVENT_TIME_MS, MAX_PRODUCE_TIME_MS, START_OFFSETS, LOST_RECORDS)
 MAIN = "main"
 
 
@@ -45,6 +46,9 @@ class CommittedState:
     max_event_time_ms: int | None = None  # newest event time committed so far
     max_produce_time_ms: int | None = None  # newest Kafka (produce) timestamp committed so far
     start_offsets: Mapping[int, int] = field(default_factory=dict)  # where each partition was first read
+    # Offsets Kafka's retention deleted past the committed ones before they could be read, over the table's
+    # life: each batch that skips such a gap (`Batch.retention_gaps`) adds its width in the same commit.
+    lost_records: int = 0
 
     def to_properties(self) -> dict[str, str]:
         """The `icefall.*` table properties describing this state."""
@@ -60,6 +64,8 @@ class CommittedState:
             props[MAX_EVENT_TIME_MS] = str(self.max_event_time_ms)
         if self.max_produce_time_ms is not None:
             props[MAX_PRODUCE_TIME_MS] = str(self.max_produce_time_ms)
+        if self.lost_records:
+            props[LOST_RECORDS] = str(self.lost_records)
         return props
 
 
@@ -92,6 +98,9 @@ def state_from_properties(properties: Mapping[str, str], snapshot_id: int | None
         except ValueError as e:
             raise CorruptStateError(f"{key} is not an integer: {value!r}") from e
 
+    lost = integer(LOST_RECORDS) or 0
+    if lost < 0:
+        raise CorruptStateError(f"{LOST_RECORDS} is negative: {lost}")
     return CommittedState(
         snapshot_id=snapshot_id,
         topic=properties.get(TOPIC),
@@ -102,6 +111,7 @@ def state_from_properties(properties: Mapping[str, str], snapshot_id: int | None
         start_offsets=(
             decode_offsets(properties[START_OFFSETS], START_OFFSETS) if START_OFFSETS in properties else {}
         ),
+        lost_records=lost,
     )
 
 

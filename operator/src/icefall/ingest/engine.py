@@ -6,7 +6,9 @@ staging branch, then let `icefall.commit` fast-forward `main` with a compare-and
 offsets and the lease epoch. Bad records go to the dead-letter table first, through the same protocol.
 
 Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
-(epoch fencing); records lost to topic retention are counted and reported, never skipped silently.
+(epoch fencing; `run_batch` raises FencedError once it notices); records lost to topic retention are
+never skipped silently: logged at ERROR, counted in `icefall_data_loss_records_total`, and added to the
+table's `icefall.lost-records` by the commit that skips them.
 Not guaranteed: the dead-letter table may briefly hold rows of a batch whose main commit then failed;
 `reconcile_dead_letters` removes them before the next batch (and at start).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,14 +31,17 @@ from icefall.commit import (
     Batch,
     FencedError,
     StaleHeadError,
+    abandon_stage,
     commit_staged,
     prepare_stage,
     read_committed,
+    rewind_dead_letters,
     stage_branch_name,
     sweep_stages,
 )
-from icefall.commit.lease import Lease
+from icefall.commit.lease import Lease, LeaseLostError
 from icefall.kafka.admin import TopicView
+from icefall.kafka.dead_letters import produce_dead_letters
 from icefall.plan.batching import BatchLimits, choose_batch_size, update_throughput
 from icefall.plan.offsets import plan_offsets, spark_offset_options
 
@@ -57,6 +63,60 @@ class BatchReport:
     offsets: dict[int, int]
     lag: int
     data_loss: int = 0
+
+
+class LeaseKeeper:
+    """Renews the commit lease in the background, so a long batch or a quiet topic never lets it lapse.
+
+    A lost lease is remembered, and `check()` turns it into FencedError before anything is committed.
+    Losing the lease is only about liveness: the epoch in the table refuses a stale writer regardless.
+    """
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._lost: LeaseLostError | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="icefall-lease", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval()):
+            try:
+                self.renew()
+            except LeaseLostError:
+                return
+            except Exception:  # a flaky API server: try again at the next tick, the lease has slack
+                log.warning("renewing the commit lease failed; retrying", exc_info=True)
+
+    def _interval(self) -> float:
+        expires = self.lease.expires_at
+        return 0.5 if expires is None else max((expires - time.time()) / 3, 0.5)
+
+    def renew(self) -> None:
+        with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            try:
+                self.lease.renew()
+            except LeaseLostError as lost:
+                self._lost = lost
+                raise
+
+    def check(self, label: str) -> None:
+        """Raise FencedError if the lease was lost (renewing it now, so the answer is current)."""
+        try:
+            self.renew()
+        except LeaseLostError as lost:
+            raise FencedError(f"{label}: this writer lost the commit lease") from lost
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
 
 
 @dataclass
@@ -91,6 +151,7 @@ class Ingestor:
         self._attempt = 0
         self._progress = _Progress()
         self._dead_letters_dirty = True
+        self._keeper: LeaseKeeper | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -99,6 +160,8 @@ class Ingestor:
         from icefall.ingest.decode import prepare
 
         self.epoch = self.lease.acquire(lease_timeout)
+        self._keeper = LeaseKeeper(self.lease)
+        self._keeper.start()
         log.info("%s: writer %s holds the commit lease at epoch %d", self.label, self.writer_id, self.epoch)
         override = None
         if self.spec.transforms.select:
@@ -112,13 +175,19 @@ class Ingestor:
         self.reconcile_dead_letters()
 
     def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
         self.topic.close()
         self.lease.release()
 
     # -- one batch ------------------------------------------------------------------------------------
 
     def run_batch(self) -> BatchReport | None:
-        """Plan, read, write and commit one batch; None when there was nothing to read."""
+        """Plan, read, write and commit one batch; None when there was nothing to read.
+
+        Raises FencedError when this writer lost its lease or a newer writer committed (stop writing),
+        StaleHeadError when the table moved under the batch (plan again).
+        """
         started = time.monotonic()
         self.table.refresh()
         committed = read_committed(self.table)
@@ -143,10 +212,12 @@ class Ingestor:
             max_records=size.records,
             max_records_per_partition=self.spec.batch.max_records_per_partition,
         )
-        if plan.is_empty:
+        # A table's first commit pins where it starts (a `latest` start would otherwise drift forward).
+        pin_start = not committed.offsets and bool(plan.positions.starts)
+        if plan.is_empty and not plan.data_loss and not pin_start:
             self._publish_lag(plan.positions.lag)
             return None
-        self.lease.renew()
+        self._check_lease()
         if self._dead_letters_dirty:
             self.reconcile_dead_letters()
 
@@ -154,12 +225,22 @@ class Ingestor:
         ranges = plan.ranges
         start = {r.partition: r.start for r in ranges}
         end = {r.partition: r.end for r in ranges}
-        gaps = {d.partition: d.committed for d in plan.data_loss if d.partition in start}
+        # A partition retention emptied past its committed offset is committed at its low watermark even
+        # with nothing to read, so the loss lands in the table (icefall.lost-records) with this batch.
+        for loss in plan.data_loss:
+            start.setdefault(loss.partition, loss.earliest_available)
+            end.setdefault(loss.partition, loss.earliest_available)
+        gaps = {d.partition: d.committed for d in plan.data_loss}
+        if pin_start:
+            for partition, offset in plan.positions.starts.items():
+                start.setdefault(partition, offset)
+                end.setdefault(partition, offset)
 
         from icefall.ingest.decode import decode, split
 
         # Decode once: the good and the dead-letter outputs both read this cached frame.
-        source = decode(self._read(ranges), self.spec).persist()
+        raw = self._read(ranges) if ranges else self._empty_source()
+        source = decode(raw, self.spec).persist()
         try:
             prepared = split(source, self.spec)
             stats = source.agg({"timestamp": "max", "*": "count"}).collect()[0]
@@ -173,10 +254,17 @@ class Ingestor:
                 max_produce_time_ms=max_produce_ms,
                 retention_gaps=gaps,
             )
-            dead = self._write_dead_letters(prepared.bad, batch)
-            commit_started = time.monotonic()
-            snapshot_id = self._write_and_commit(prepared.good, batch, committed.offsets)
-            commit_seconds = time.monotonic() - commit_started
+            dead = self._write_dead_letters(prepared.bad, batch, committed.offsets)
+            if dead and self.spec.dead_letter.topic is not None:
+                # Before the main commit: at-least-once, deduplicated downstream by the source headers.
+                produce_dead_letters(
+                    prepared.bad,
+                    bootstrap=self.spec.source.bootstrap_servers,
+                    topic=self.spec.dead_letter.topic,
+                    source_topic=self.spec.source.topic,
+                )
+            snapshot_id, commit_seconds = self._write_and_commit(prepared.good, batch, committed.offsets)
+            self._dead_letters_dirty = False  # main caught up with the dead letters just committed
         finally:
             source.unpersist()
 
@@ -258,7 +346,10 @@ class Ingestor:
         self._attempt += 1
         return stage_branch_name(f"{self.writer_id}_e{self.epoch}", self._attempt)
 
-    def _write_and_commit(self, good: DataFrame, batch: Batch, committed: Mapping[int, int]) -> int:
+    def _write_and_commit(
+        self, good: DataFrame, batch: Batch, committed: Mapping[int, int]
+    ) -> tuple[int, float]:
+        """Stage the good rows and commit them; returns the snapshot id and the seconds of the commit."""
         stage = prepare_stage(self.table, self._next_branch())
         if stage.base.offsets != committed:
             raise StaleHeadError("the table moved between planning and staging")
@@ -266,14 +357,30 @@ class Ingestor:
         self.table.refresh()
         if self.table.metadata.refs[stage.branch].snapshot_id == stage.base.snapshot_id:
             _empty_append(self.table, stage.branch)  # Spark commits nothing for zero rows
-        return commit_staged(self.table, stage, batch, self.epoch)
+        self._check_lease()
+        commit_started = time.monotonic()
+        snapshot_id = commit_staged(self.table, stage, batch, self.epoch)
+        return snapshot_id, time.monotonic() - commit_started
 
-    def _write_dead_letters(self, bad: DataFrame, batch: Batch) -> int:
+    def _check_lease(self) -> None:
+        if self._keeper is None:
+            raise RuntimeError("call start() first: it takes the commit lease")
+        self._keeper.check(self.label)
+
+    def _write_dead_letters(self, bad: DataFrame, batch: Batch, committed: Mapping[int, int]) -> int:
         count = int(bad.count())
         if count == 0 or self.dead_letter_table is None:
             return count
         dlq = self.dead_letter_table
-        known = read_committed(dlq).offsets
+        stage = prepare_stage(dlq, self._next_branch())
+        known = stage.base.offsets
+        ahead = {p: o for p, o in known.items() if o > committed.get(p, 0)}
+        if ahead:
+            # Dead letters of a batch whose main commit never landed (a writer fenced mid-batch, say):
+            # writing on top would put their records in the dead-letter table twice.
+            self._dead_letters_dirty = True
+            abandon_stage(dlq, stage.branch)
+            raise StaleHeadError(f"the dead-letter table is ahead of the table at {ahead}; rewind it first")
         # Batches without bad records leave the dead-letter table alone, so it may start further back.
         dlq_batch = Batch(
             topic=batch.topic,
@@ -281,34 +388,25 @@ class Ingestor:
             end=dict(batch.end),
             max_produce_time_ms=batch.max_produce_time_ms,
         )
-        stage = prepare_stage(dlq, self._next_branch())
         bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
         self._dead_letters_dirty = True  # ahead of main until the main commit lands
         commit_staged(dlq, stage, dlq_batch, self.epoch)
         return count
 
     def reconcile_dead_letters(self) -> None:
-        """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed."""
+        """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed.
+
+        The delete and the offsets move in one commit of `icefall.commit` (`rewind_dead_letters`), refused
+        with FencedError if a newer writer has committed to the dead-letter table.
+        """
+        if self.dead_letter_table is not None:
+            main = read_committed(self.table).offsets
+            ahead = read_committed(self.dead_letter_table).offsets
+            target = {p: main.get(p, 0) for p, o in ahead.items() if o > main.get(p, 0)}
+            if target:
+                log.warning("%s: dropping dead letters of uncommitted batches from %s", self.label, target)
+                rewind_dead_letters(self.dead_letter_table, target, self.epoch)
         self._dead_letters_dirty = False
-        if self.dead_letter_table is None:
-            return
-        dlq = self.dead_letter_table
-        dlq.refresh()
-        self.table.refresh()
-        main = read_committed(self.table).offsets
-        ahead = read_committed(dlq).offsets
-        stale = {p: main.get(p, 0) for p, o in ahead.items() if o > main.get(p, 0)}
-        if not stale:
-            return
-        condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in sorted(stale.items()))
-        log.warning("%s: removing dead-letter rows of uncommitted batches: %s", self.label, stale)
-        with dlq.transaction() as tx:
-            tx.delete(condition)
-            props = dict(dlq.properties)
-            offsets = {**ahead, **stale}
-            props_update = {"icefall.offsets": json.dumps({str(p): o for p, o in sorted(offsets.items())})}
-            props_update["icefall.epoch"] = str(max(self.epoch, int(props.get("icefall.epoch", "0"))))
-            tx.set_properties(props_update)
 
     # -- reporting ------------------------------------------------------------------------------------
 
@@ -333,7 +431,8 @@ class Ingestor:
         snapshot = self.table.snapshot_by_id(snapshot_id)
         if snapshot is None or snapshot.summary is None:
             return 0
-        return int(snapshot.summary.get("added-records", "0"))
+        # pyiceberg's Summary.get ignores its default: an empty snapshot has no "added-records" at all.
+        return int(snapshot.summary.get("added-records") or 0)
 
     def _publish_lag(self, lag: Any) -> None:
         for partition, records in lag.items():

@@ -1,0 +1,182 @@
+"""Helpers for ingestion tests against the real stack: a manifest, a producer, and the exactly-once check.
+
+`assert_exactly_once` is the record-by-record proof every ingestion test ends with: each offset Kafka ever
+held below the committed end is in the table or (if malformed) in the dead-letter table exactly once,
+unless retention deleted it before it was ingested; the committed offsets are the topic's end; and the
+auditor (`icefall.audit`, what `icefall verify` runs) agrees.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence, Set
+from typing import TYPE_CHECKING, Any
+
+from icefall.api import StreamingTable, load_manifest
+from icefall.audit import AuditReport, audit_from_catalog
+from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
+from icefall.kafka.admin import TopicView
+
+if TYPE_CHECKING:
+    from icefall.devstack.kafka import KafkaBroker
+    from icefall.ingest.engine import BatchReport, Ingestor
+
+NAMESPACE = "it"
+
+MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {k8s_name}}}
+spec:
+  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
+  format:
+    type: json
+    schema:
+      - {{name: id, type: long, required: true}}
+      - {{name: customer, type: string}}
+      - {{name: amount, type: "decimal(10,2)"}}
+      - {{name: ts, type: timestamptz, required: true}}
+  table: {{namespace: it, name: {name}, partitioning: [{{field: ts, transform: day}}]}}
+  freshness: {{targetSeconds: 2}}
+"""
+
+
+def manifest_text(name: str, topic: str, bootstrap: str, *, batch: Mapping[str, int] | None = None) -> str:
+    """The test manifest for table `it.<name>` (dead letters in `it.<name>_dlq`) filled from `topic`.
+
+    `batch` sets `spec.batch` (camelCase keys: `maxRecords`, `maxRecordsPerPartition`, ...).
+    """
+    text = MANIFEST.format(name=name, k8s_name=name.replace("_", "-"), bootstrap=bootstrap, topic=topic)
+    if batch:
+        text += f"  batch: {json.dumps(dict(batch))}\n"
+    return text
+
+
+def streaming_table(
+    name: str, topic: str, bootstrap: str, *, batch: Mapping[str, int] | None = None
+) -> StreamingTable:
+    return load_manifest(manifest_text(name, topic, bootstrap, batch=batch))
+
+
+def produce(
+    kafka: KafkaBroker,
+    topic: str,
+    start: int,
+    count: int,
+    bad_every: int = 0,
+    *,
+    partitions: Sequence[int] | None = None,
+) -> set[tuple[int, int]]:
+    """Produce events `start..start+count-1`, every `bad_every`-th malformed; return the (partition, offset)
+    of the bad ones. Keyed by id (the default partitioner spreads them), or round-robin over `partitions`
+    when given."""
+    from confluent_kafka import Producer
+
+    delivered: list[tuple[int, int, bool]] = []
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for i in range(start, start + count):
+        bad = bad_every > 0 and i % bad_every == 0
+        value = (
+            "{not json"
+            if bad
+            else json.dumps(
+                {"id": i, "customer": f"c{i % 7}", "amount": round(i * 1.25, 2), "ts": "2026-11-22T10:00:00Z"}
+            )
+        )
+
+        def on_delivery(err: Any, msg: Any, bad: bool = bad) -> None:
+            assert err is None, err
+            delivered.append((msg.partition(), msg.offset(), bad))
+
+        if partitions is None:
+            producer.produce(topic, key=str(i), value=value, on_delivery=on_delivery)
+        else:
+            partition = partitions[i % len(partitions)]
+            producer.produce(topic, key=str(i), value=value, partition=partition, on_delivery=on_delivery)
+    assert producer.flush(30) == 0
+    assert len(delivered) == count
+    return {(p, o) for p, o, bad in delivered if bad}
+
+
+def drain(ingestor: Ingestor, max_batches: int = 50) -> list[BatchReport]:
+    """Run batches until there is nothing left to read; the reports of those that committed."""
+    reports = []
+    while (report := ingestor.run_batch()) is not None:
+        reports.append(report)
+        assert len(reports) <= max_batches, f"not caught up after {max_batches} batches"
+    return reports
+
+
+def watermarks(kafka: KafkaBroker, topic: str) -> dict[int, int]:
+    """The high watermark (next offset) of every partition of `topic`."""
+    with TopicView(kafka.bootstrap, topic) as view:
+        return {p: high for p, (_, high) in view.watermarks().items()}
+
+
+def table_offsets(
+    config: CatalogConfig, name: str
+) -> tuple[Counter[tuple[int, int]], Counter[tuple[int, int]]]:
+    """How many times each (partition, offset) is in table `it.<name>` and in `it.<name>_dlq`."""
+    import pyarrow.compute as pc
+
+    catalog = config.pyiceberg()
+    rows = catalog.load_table((NAMESPACE, name)).scan(selected_fields=("_kafka",)).to_arrow()
+    kafka = rows.column("_kafka").combine_chunks()
+    partitions = pc.struct_field(kafka, "partition").to_pylist()
+    main = Counter(zip(partitions, pc.struct_field(kafka, "offset").to_pylist(), strict=True))
+    dlq_rows = (
+        catalog.load_table((NAMESPACE, f"{name}_dlq"))
+        .scan(selected_fields=("partition", "offset"))
+        .to_arrow()
+    )
+    dlq = Counter(
+        zip(dlq_rows.column("partition").to_pylist(), dlq_rows.column("offset").to_pylist(), strict=True)
+    )
+    return main, dlq
+
+
+def audit(config: CatalogConfig, name: str, bootstrap: str) -> AuditReport:
+    """`icefall verify` of table `it.<name>` and its dead-letter table against the live topic."""
+    return audit_from_catalog(
+        config.pyiceberg(), f"{NAMESPACE}.{name}", bootstrap, dead_letter=f"{NAMESPACE}.{name}_dlq"
+    )
+
+
+def assert_exactly_once(
+    config: CatalogConfig,
+    name: str,
+    high: Mapping[int, int],
+    bad: Set[tuple[int, int]],
+    *,
+    lost: Set[tuple[int, int]] = frozenset(),
+    bootstrap: str | None = None,
+) -> AuditReport | None:
+    """Every offset below `high` (per partition) is in the table, or in the DLQ if it is in `bad`, exactly
+    once, except the `lost` ones (deleted by retention before ingestion: in neither); the table's committed
+    offsets are `high`. With `bootstrap`, the auditor must agree too; its report is returned."""
+    main, dlq = table_offsets(config, name)
+    expected = {(p, o) for p, end in high.items() for o in range(end)} - set(lost)
+    assert max(main.values(), default=1) == 1, (
+        f"duplicates in table: {[k for k, n in main.items() if n > 1][:10]}"
+    )
+    assert max(dlq.values(), default=1) == 1, (
+        f"duplicates in DLQ: {[k for k, n in dlq.items() if n > 1][:10]}"
+    )
+    assert not set(main) & set(dlq), f"in table and DLQ: {sorted(set(main) & set(dlq))[:10]}"
+    assert set(dlq) == set(bad) - set(lost), (
+        f"DLQ differs: extra {sorted(set(dlq) - set(bad))[:10]}, missing {sorted(set(bad) - set(dlq))[:10]}"
+    )
+    assert set(main) == expected - set(bad), (
+        f"table differs: extra {sorted(set(main) - expected)[:10]}, "
+        f"missing {sorted(expected - set(bad) - set(main))[:10]}"
+    )
+    committed = read_committed(config.pyiceberg().load_table((NAMESPACE, name)))
+    assert committed.offsets == dict(high)
+    if bootstrap is None:
+        return None
+    report = audit(config, name, bootstrap)
+    assert report.ok, report.render()
+    assert report.duplicates == report.missing == report.unexpected == 0, report.render()
+    return report

@@ -1,0 +1,362 @@
+"""Writers racing on one table, against real Kafka, Spark and catalog, in process (threads share one Spark).
+
+Proves, each time checking record by record that every produced record is in the table or the dead-letter
+table exactly once (and that the auditor agrees):
+- two writers started at the same moment on one table (two `FileLease` holders of one lease file) take
+  turns: exactly one holds the lease at a time, the other waits in `start`; when the first closes, the
+  second takes over at the next epoch and continues where the table stopped;
+- a writer paused past its lease after staging a batch (its dead letters committed, its compare-and-swap
+  of the main table next) cannot commit once another writer has taken over and committed: the resumed
+  commit is refused, and every later `run_batch` raises FencedError, both when it notices the lost lease
+  and when its lease backend wrongly says it still holds it (the table's epoch fences it);
+- dead letters left ahead of the main table by a crash between the two commits of a batch are removed on
+  restart by `rewind_dead_letters`, in one guarded commit that deletes the rows and moves the offsets
+  back together, and which a writer with an older epoch is refused;
+- dead letters a fenced-out writer commits after the new holder's start-up check (before the new holder
+  has committed any, so the dead-letter table's epoch cannot refuse them) are noticed before the new
+  holder writes its own on top (which would duplicate them): it plans again, rewinds, and commits.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from icefall import failpoints
+from icefall.catalog import CatalogConfig
+from icefall.commit import FencedError, StaleHeadError, read_committed
+from icefall.commit.lease import FileLease, LeaseLostError
+from icefall.commit.protocol import rewind_dead_letters
+from icefall.devstack.kafka import KafkaBroker
+from icefall.failpoints import FailpointError
+from icefall.ingest.engine import BatchReport, Ingestor
+from icefall.plan.leases import LeaseRecord
+from icefall.testing.streams import (
+    assert_exactly_once,
+    drain,
+    produce,
+    streaming_table,
+    table_offsets,
+    watermarks,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _no_failpoints() -> Any:
+    yield
+    failpoints.disarm_all()
+
+
+def tables(config: CatalogConfig, name: str) -> tuple[Any, Any]:
+    catalog = config.pyiceberg()
+    return catalog.load_table(("it", name)), catalog.load_table(("it", f"{name}_dlq"))
+
+
+def test_two_writers_started_at_once_take_turns_and_the_second_continues(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic, name = "it-race-start", "race_start"
+    kafka.create_topic(topic, partitions=2)
+    bad = produce(kafka, topic, 0, 120, bad_every=15)
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    lease_file = tmp_path / "commit.lease.json"
+
+    start_together = threading.Barrier(2)
+    lock = threading.Lock()
+    order: list[str] = []  # holders, in the order they got the lease
+    holding: set[str] = set()
+    overlaps: list[tuple[str, set[str]]] = []
+    first_released = threading.Event()
+    second_batch_produced = threading.Event()
+    results: dict[str, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+
+    def writer(holder: str) -> None:
+        try:
+            # Longer than a batch: the lease is renewed once per batch, so a shorter one could run out
+            # mid-batch and let the waiting writer in (harmless: the table's epoch fences the first).
+            lease = FileLease(lease_file, holder, duration_seconds=60, poll_seconds=0.2)
+            ingestor = Ingestor(st, catalog_config, spark, lease, writer_id=holder)
+            start_together.wait(30)
+            asked = time.monotonic()
+            ingestor.start(lease_timeout=120)
+            with lock:
+                turn = len(order)
+                order.append(holder)
+                if holding:
+                    overlaps.append((holder, set(holding)))
+                holding.add(holder)
+            result: dict[str, Any] = {"epoch": ingestor.epoch, "asked": asked, "acquired": time.monotonic()}
+            try:
+                if turn == 1:
+                    assert second_batch_produced.wait(120)
+                result["reports"] = drain(ingestor)
+            finally:
+                with lock:
+                    holding.discard(holder)
+                result["released"] = time.monotonic()
+                ingestor.close()  # releases the lease
+                if turn == 0:
+                    first_released.set()
+            results[holder] = result
+        except BaseException as error:
+            errors.append(error)
+            first_released.set()
+
+    threads = [threading.Thread(target=writer, args=(holder,)) for holder in ("writer-a", "writer-b")]
+    for thread in threads:
+        thread.start()
+    assert first_released.wait(300)
+    bad |= produce(kafka, topic, 120, 60, bad_every=15)
+    second_batch_produced.set()
+    for thread in threads:
+        thread.join(300)
+    if errors:
+        raise errors[0]
+
+    first, second = (results[holder] for holder in order)
+    assert overlaps == [], f"two writers held the lease at once: {overlaps}"
+    assert second["epoch"] == first["epoch"] + 1
+    # The second asked as early as the first, and only got the lease once the first let go.
+    assert second["asked"] < first["released"] <= second["acquired"]
+    first_reports: list[BatchReport] = first["reports"]
+    second_reports: list[BatchReport] = second["reports"]
+    assert sum(r.records_read for r in first_reports) == 120
+    assert sum(r.records_read for r in second_reports) == 60
+    table, dead_letters = tables(catalog_config, name)
+    assert read_committed(table).epoch == read_committed(dead_letters).epoch == second["epoch"]
+    record = FileLease(lease_file, "observer").current()
+    assert record is not None and (record.holder, record.epoch) == (None, second["epoch"])
+    assert_exactly_once(catalog_config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
+
+
+class BlindLease:
+    """A lease backend that never notices it lost the lease: only the table's epoch can stop its holder."""
+
+    def __init__(self, epoch: int) -> None:
+        self._epoch = epoch
+
+    @property
+    def holder(self) -> str:
+        return "blind"
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch
+
+    @property
+    def expires_at(self) -> float | None:
+        return time.time() + 60
+
+    @property
+    def is_held(self) -> bool:
+        return True
+
+    def acquire(self, timeout: float | None = None) -> int:
+        return self._epoch
+
+    def renew(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def current(self) -> LeaseRecord | None:
+        return None
+
+
+def test_a_writer_paused_past_its_lease_cannot_commit_after_a_takeover(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic, name = "it-race-pause", "race_pause"
+    kafka.create_topic(topic, partitions=2)
+    bad = produce(kafka, topic, 0, 80, bad_every=10)
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    lease_file = tmp_path / "commit.lease.json"
+    a = Ingestor(st, catalog_config, spark, FileLease(lease_file, "a", duration_seconds=3), writer_id="a")
+    a.start(lease_timeout=10)
+
+    paused, resume = threading.Event(), threading.Event()
+    commits_of_a: list[str] = []
+    outcome: dict[str, Any] = {}
+
+    def run_a() -> None:
+        try:
+            outcome["report"] = a.run_batch()
+        except BaseException as error:
+            outcome["error"] = error
+
+    a_thread = threading.Thread(target=run_a)
+
+    def pause_a(point: str) -> None:
+        if threading.current_thread() is a_thread:
+            commits_of_a.append(point)
+            if len(commits_of_a) == 2:  # the dead letters are committed first, then the batch itself
+                paused.set()
+                assert resume.wait(300)
+
+    b = None
+    try:
+        with failpoints.armed("before-commit", pause_a):
+            a_thread.start()
+            assert paused.wait(300), outcome
+            # A passed every check of its main commit and sleeps before the compare-and-swap, with its
+            # dead letters committed: the dead-letter table is ahead of the main table.
+            table, dead_letters = tables(catalog_config, name)
+            assert read_committed(table).offsets == {}
+            assert read_committed(dead_letters).offsets == watermarks(kafka, topic)
+            assert sum(table_offsets(catalog_config, name)[1].values()) == len(bad)
+
+            # B waits for A's lease to run out, takes over at the next epoch, and commits everything.
+            lease_b = FileLease(lease_file, "b", duration_seconds=60, poll_seconds=0.2)
+            b = Ingestor(st, catalog_config, spark, lease_b, writer_id="b")
+            b.start(lease_timeout=30)
+            assert b.epoch == a.epoch + 1
+            # B's start dropped A's staging branch and rewound A's dead letters (never committed on main).
+            assert set(read_committed(dead_letters).offsets.values()) == {0}
+            assert sum(table_offsets(catalog_config, name)[1].values()) == 0
+            b_report = b.run_batch()
+            assert b_report is not None and b_report.records_read == 80
+            head = read_committed(table)
+
+            resume.set()
+            a_thread.join(120)
+        # Refused: main moved off the head A planned from, and on the re-check A's epoch is below B's.
+        assert isinstance(outcome.get("error"), FencedError), outcome
+        assert read_committed(table) == head
+        assert_exactly_once(catalog_config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
+
+        # A cannot commit anything later: it notices the lost lease ...
+        bad |= produce(kafka, topic, 80, 40, bad_every=10)
+        with pytest.raises(FencedError) as fenced:
+            a.run_batch()
+        assert isinstance(fenced.value.__cause__, LeaseLostError)
+        # ... and if its lease backend failed to notice, the table's epoch refuses it anyway.
+        a.lease = BlindLease(a.epoch)
+        with pytest.raises(FencedError, match="below the table's epoch"):
+            a.run_batch()
+        assert read_committed(table) == head
+
+        assert sum(r.records_read for r in drain(b)) == 40
+        assert read_committed(table).epoch == b.epoch
+        assert_exactly_once(catalog_config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
+    finally:
+        resume.set()
+        a.close()
+        if b is not None:
+            b.close()
+
+
+def test_dead_letters_left_ahead_by_a_crash_are_rewound_on_restart(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic, name = "it-race-dlq", "race_dlq"
+    kafka.create_topic(topic, partitions=2)
+    # Round robin: partition p holds ids p, p+2, ...; ids 0, 5, 10, ... are malformed, in both partitions.
+    bad = produce(kafka, topic, 0, 60, bad_every=5, partitions=[0, 1])
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    lease_file = tmp_path / "commit.lease.json"
+
+    crashed = Ingestor(st, catalog_config, spark, FileLease(lease_file, "crashed"), writer_id="crashed")
+    crashed.start(lease_timeout=10)
+    commits: list[str] = []
+
+    def crash_after_the_dead_letters(point: str) -> None:
+        commits.append(point)
+        if len(commits) == 1:  # the batch's first commit is its dead letters'; the main commit never runs
+            raise FailpointError(point)
+
+    try:
+        with failpoints.armed("after-commit", crash_after_the_dead_letters), pytest.raises(FailpointError):
+            crashed.run_batch()
+    finally:
+        crashed.close()
+    table, dead_letters = tables(catalog_config, name)
+    high = watermarks(kafka, topic)
+    assert read_committed(table).offsets == {}
+    ahead = read_committed(dead_letters)
+    assert (ahead.offsets, ahead.epoch) == (high, 1)
+    assert sum(table_offsets(catalog_config, name)[1].values()) == len(bad)
+
+    # A writer with an older epoch may not rewind: the rows might have been committed for real.
+    location = dead_letters.metadata_location
+    with pytest.raises(FencedError):
+        rewind_dead_letters(dead_letters, dict.fromkeys(high, 0), epoch=0)
+    dead_letters.refresh()
+    assert dead_letters.metadata_location == location
+
+    versions = len(dead_letters.metadata.metadata_log)
+    restarted = Ingestor(st, catalog_config, spark, FileLease(lease_file, "restarted"), writer_id="restarted")
+    restarted.start(lease_timeout=10)
+    try:
+        # One metadata commit deleted the rows and moved the offsets back, at the new epoch.
+        dead_letters.refresh()
+        assert len(dead_letters.metadata.metadata_log) == versions + 1
+        assert dead_letters.metadata.current_snapshot().parent_snapshot_id == ahead.snapshot_id
+        rewound = read_committed(dead_letters)
+        assert (rewound.offsets, rewound.epoch) == (dict.fromkeys(high, 0), restarted.epoch)
+        assert sum(table_offsets(catalog_config, name)[1].values()) == 0
+
+        assert sum(r.records_read for r in drain(restarted)) == 60
+        assert_exactly_once(catalog_config, name, high, bad, bootstrap=kafka.bootstrap)
+
+        # Rewinding to where the table already is, or behind it, commits nothing.
+        dead_letters.refresh()
+        location = dead_letters.metadata_location
+        assert rewind_dead_letters(dead_letters, high, restarted.epoch) == {}
+        assert dead_letters.metadata_location == location
+        # Rewinding past the last dead letter of a partition deletes no row and still moves main, so the
+        # offsets change in a commit that moves main, like every change of `icefall.*`.
+        last_bad = max(offset for partition, offset in bad if partition == 0)
+        assert last_bad + 1 < high[0]
+        before = read_committed(dead_letters)
+        assert rewind_dead_letters(dead_letters, {0: last_bad + 1}, restarted.epoch) == {0: last_bad + 1}
+        after = read_committed(dead_letters)
+        assert after.offsets == {**high, 0: last_bad + 1}
+        assert dead_letters.metadata.current_snapshot().parent_snapshot_id == before.snapshot_id
+        assert set(table_offsets(catalog_config, name)[1]) == bad
+    finally:
+        restarted.close()
+
+
+def test_dead_letters_committed_behind_the_active_writers_back_are_not_duplicated(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """A fenced-out writer's dead-letter commit lands after the new holder's start-up check (the table's
+    epoch cannot stop it: the new holder has not committed dead letters yet). The new holder must notice
+    the dead-letter table is ahead before it writes its own dead letters on top of those rows."""
+    topic, name = "it-race-dlq-late", "race_dlq_late"
+    kafka.create_topic(topic, partitions=2)
+    bad = produce(kafka, topic, 0, 40, bad_every=5, partitions=[0, 1])
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    lease_file = tmp_path / "commit.lease.json"
+    old = FileLease(lease_file, "old")  # epoch 1: the writer that is about to be fenced out
+    old_epoch = old.acquire(timeout=10)
+    old.release()
+    b = Ingestor(st, catalog_config, spark, FileLease(lease_file, "b"), writer_id="b")
+    b.start(lease_timeout=10)
+    assert b.epoch == old_epoch + 1
+    # The old writer, still believing it holds epoch 1, commits a batch's dead letters, then stalls.
+    a = Ingestor(st, catalog_config, spark, BlindLease(old_epoch), writer_id="a")
+    a.start()
+    try:
+        with failpoints.armed("after-commit", "raise"), pytest.raises(FailpointError):
+            a.run_batch()
+        _, dead_letters = tables(catalog_config, name)
+        assert read_committed(dead_letters).offsets == watermarks(kafka, topic)
+
+        with pytest.raises(StaleHeadError, match="dead-letter table is ahead"):
+            b.run_batch()
+        assert sum(r.records_read for r in drain(b)) == 40  # rewinds first, then commits the batch
+    finally:
+        a.close()
+        b.close()
+    assert read_committed(dead_letters).epoch == b.epoch
+    assert_exactly_once(catalog_config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
