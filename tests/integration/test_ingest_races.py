@@ -34,7 +34,7 @@ from icefall.commit.lease import FileLease, LeaseLostError
 from icefall.commit.protocol import rewind_dead_letters
 from icefall.devstack.kafka import KafkaBroker
 from icefall.failpoints import FailpointError
-from icefall.ingest.engine import BatchReport, Ingestor
+from icefall.ingest.engine import BatchReport, Ingestor, LeaseKeeper
 from icefall.plan.leases import LeaseRecord
 from icefall.testing.streams import (
     assert_exactly_once,
@@ -199,6 +199,8 @@ def test_a_writer_paused_past_its_lease_cannot_commit_after_a_takeover(
         if threading.current_thread() is a_thread:
             commits_of_a.append(point)
             if len(commits_of_a) == 2:  # the dead letters are committed first, then the batch itself
+                assert a._keeper is not None
+                a._keeper.stop()  # a paused process renews nothing: its lease runs out
                 paused.set()
                 assert resume.wait(300)
 
@@ -240,6 +242,7 @@ def test_a_writer_paused_past_its_lease_cannot_commit_after_a_takeover(
         assert isinstance(fenced.value.__cause__, LeaseLostError)
         # ... and if its lease backend failed to notice, the table's epoch refuses it anyway.
         a.lease = BlindLease(a.epoch)
+        a._keeper = LeaseKeeper(a.lease)  # never started: only asked at commit time
         with pytest.raises(FencedError, match="below the table's epoch"):
             a.run_batch()
         assert read_committed(table) == head
