@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from icefall import metrics
 from icefall.api.source import StartingPositionType
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
@@ -55,6 +56,18 @@ def test_ingest_in_process_exactly_once(
     assert len(reports) >= 2
     assert sum(r.records_read for r in reports) == 750
     assert sum(r.records_dead_lettered for r in reports) == len(bad) == 15
+
+    # The Prometheus metrics tell the same story.
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.REGISTRY.get_sample_value(name, {"table": "it.orders_inproc", **labels})
+
+    assert sample("icefall_records_read_total") == 750
+    assert sample("icefall_records_written_total") == 735
+    assert sample("icefall_records_dead_lettered_total") == 15
+    assert (sample("icefall_read_bytes_total") or 0) > 750 * 50
+    assert sample("icefall_batch_duration_seconds_count") == len(reports)
+    assert sample("icefall_lag_records", partition="0") == 0
+    assert sample("icefall_freshness_seconds") == 0
     high = watermarks(kafka, "it-orders")
     assert_exactly_once(catalog_config, "orders_inproc", high, bad, bootstrap=kafka.bootstrap)
 

@@ -75,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     started = time.monotonic()
     totals = {"read": 0, "written": 0, "dead": 0, "batches": 0}
-    last_commit = [0.0]
+    last_commit = [started]
+    last_idle_note = [started]
 
     def on_batch(report: BatchReport | None) -> None:
         if report is not None:
@@ -89,8 +90,8 @@ def _run(args: argparse.Namespace) -> int:
                 f"[run] batch {totals['batches']}: {report.records_read} read, {report.records_written} "
                 f"written, {report.records_dead_lettered} to DLQ in {report.seconds:.1f}s "
                 f"({rate:,.0f} rec/s, "
-                f"commit {report.commit_seconds * 1000:.0f} ms) | lag {report.lag} | snapshot "
-                f"{report.snapshot_id}",
+                f"commit {report.commit_seconds * 1000:.0f} ms) | lag {report.lag} | freshness "
+                f"{report.freshness_seconds:.1f}s | snapshot {report.snapshot_id}",
                 flush=True,
             )
             if report.data_loss:
@@ -99,6 +100,10 @@ def _run(args: argparse.Namespace) -> int:
                 )
         elif args.until_caught_up:
             stop.set()
+        elif time.monotonic() - last_commit[0] > 30 and time.monotonic() - last_idle_note[0] > 30:
+            last_idle_note[0] = time.monotonic()
+            since = f"{time.monotonic() - last_commit[0]:.0f}s ago" if totals["batches"] else "none yet"
+            print(f"[run] caught up, waiting for records; last commit {since}", flush=True)
         if args.max_seconds and time.monotonic() - started > args.max_seconds:
             stop.set()
 

@@ -62,6 +62,8 @@ class BatchReport:
     snapshot_id: int
     offsets: dict[int, int]
     lag: int
+    freshness_seconds: float = 0.0  # now - produce time of the newest committed record; 0 when caught up
+    bytes_read: int = 0
     data_loss: int = 0
 
 
@@ -243,9 +245,16 @@ class Ingestor:
         source = decode(raw, self.spec).persist()
         try:
             prepared = split(source, self.spec)
-            stats = source.agg({"timestamp": "max", "*": "count"}).collect()[0]
-            records_read = int(stats["count(1)"])
-            newest = stats["max(timestamp)"]
+            from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+            stats = source.agg(
+                F.count("*").alias("records"),
+                F.max("timestamp").alias("newest"),
+                F.sum(F.length("value")).alias("bytes"),
+            ).collect()[0]
+            records_read = int(stats["records"])
+            bytes_read = int(stats["bytes"] or 0)
+            newest = stats["newest"]
             max_produce_ms = int(newest.timestamp() * 1000) if newest is not None else None
             batch = Batch(
                 topic=self.spec.source.topic,
@@ -278,10 +287,10 @@ class Ingestor:
             p: max(high - end.get(p, committed.offsets.get(p, low)), 0)
             for p, (low, high) in watermarks.items()
         }
-        self._publish(
-            records_read, written, dead, seconds, commit_seconds, lag=lag, max_produce_ms=max_produce_ms
+        behind = (
+            0.0 if not any(lag.values()) or max_produce_ms is None else time.time() - max_produce_ms / 1000
         )
-        return BatchReport(
+        report = BatchReport(
             records_read=records_read,
             records_written=written,
             records_dead_lettered=dead,
@@ -290,8 +299,12 @@ class Ingestor:
             snapshot_id=snapshot_id,
             offsets={**committed.offsets, **end},
             lag=sum(lag.values()),
+            freshness_seconds=max(behind, 0.0),
+            bytes_read=bytes_read,
             data_loss=lost,
         )
+        self._publish(report, lag)
+        return report
 
     def run(self, should_stop: Callable[[], bool], on_batch: Callable[[BatchReport | None], None]) -> None:
         """Run batches until `should_stop()`; idle polls wait a fraction of the freshness target."""
@@ -438,20 +451,17 @@ class Ingestor:
         for partition, records in lag.items():
             metrics.LAG.labels(self.label, str(partition)).set(records)
 
-    def _publish(
-        self, read: int, written: int, dead: int, seconds: float, commit: float, *, lag: dict[int, int],
-        max_produce_ms: int | None,
-    ) -> None:  # fmt: skip
-        metrics.RECORDS_READ.labels(self.label).inc(read)
-        metrics.RECORDS_WRITTEN.labels(self.label).inc(written)
-        metrics.RECORDS_DEAD_LETTERED.labels(self.label).inc(dead)
-        metrics.BATCH_DURATION.labels(self.label).observe(seconds)
-        metrics.COMMIT_DURATION.labels(self.label).observe(commit)
+    def _publish(self, report: BatchReport, lag: Mapping[int, int]) -> None:
+        filtered = report.records_read - report.records_written - report.records_dead_lettered
+        metrics.RECORDS_READ.labels(self.label).inc(report.records_read)
+        metrics.RECORDS_WRITTEN.labels(self.label).inc(report.records_written)
+        metrics.RECORDS_DEAD_LETTERED.labels(self.label).inc(report.records_dead_lettered)
+        metrics.RECORDS_FILTERED.labels(self.label).inc(max(filtered, 0))
+        metrics.BYTES_READ.labels(self.label).inc(report.bytes_read)
+        metrics.BATCH_DURATION.labels(self.label).observe(report.seconds)
+        metrics.COMMIT_DURATION.labels(self.label).observe(report.commit_seconds)
+        metrics.FRESHNESS.labels(self.label).set(report.freshness_seconds)
         self._publish_lag(lag)
-        behind = (
-            0.0 if not any(lag.values()) or max_produce_ms is None else time.time() - max_produce_ms / 1000
-        )
-        metrics.FRESHNESS.labels(self.label).set(max(behind, 0.0))
 
     @staticmethod
     def _sleep_until(seconds: float, should_stop: Callable[[], bool]) -> None:
