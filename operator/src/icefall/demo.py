@@ -7,6 +7,7 @@ record-by-record audit. Each run starts from a clean state folder.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections import Counter
@@ -93,7 +94,7 @@ def _progress(report: BatchReport | None) -> None:
     say(
         f"commit: {report.records_read:>6} read, {report.records_written:>6} written, "
         f"{report.records_dead_lettered:>3} dead-lettered in {report.seconds:4.1f}s ({rate:,.0f} rec/s) "
-        f"| lag {report.lag}"
+        f"| lag {report.lag} | freshness {report.freshness_seconds:.1f}s"
     )
 
 
@@ -109,5 +110,7 @@ def _show(catalog: CatalogConfig, st: Any) -> None:
     if st.dead_letter_identifier:
         dead = lake.load_table(st.dead_letter_identifier).scan(selected_fields=("error",)).to_arrow()
         say(f"dead-letter table {'.'.join(st.dead_letter_identifier)} holds {dead.num_rows} rows:")
-        for reason, count in Counter(dead.column("error").to_pylist()).most_common(5):
+        # Group by the kind of problem: the quoted values differ record by record.
+        kinds = Counter(re.sub(r"(: )'.*?'(\.\.\.)?", r"\1'…'", e) for e in dead.column("error").to_pylist())
+        for reason, count in kinds.most_common(6):
             print(f"    {count:>4} x {reason}", flush=True)
