@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -50,12 +51,8 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
     from icefall import metrics
     from icefall.commit.lease import FileLease
-    from icefall.ingest.engine import BatchReport, Ingestor
     from icefall.plan.leases import commit_lease_name
     from icefall.spark.session import build_spark_session
 
@@ -69,6 +66,16 @@ def _run(args: argparse.Namespace) -> int:
     spark = build_spark_session([catalog], app_name=f"icefall-{st.metadata.name}", master=args.master)
     holder = f"{socket.gethostname()}-{os.getpid()}"
     lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), holder)
+    return _ingest_until_stopped(st, catalog, spark, lease, args)
+
+
+def _ingest_until_stopped(st: Any, catalog: Any, spark: Any, lease: Any, args: argparse.Namespace) -> int:
+    """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so."""
+    import signal
+    import threading
+
+    from icefall.ingest.engine import BatchReport, Ingestor
+
     ingestor = Ingestor(st, catalog, spark, lease)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -117,6 +124,64 @@ def _run(args: argparse.Namespace) -> int:
         f"[run] stopped after {time.monotonic() - started:.1f}s: {totals['batches']} commits, "
         f"{totals['read']} read, {totals['written']} written, {totals['dead']} to the dead-letter table",
         flush=True,
+    )
+    return 0
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
+    import json
+
+    from icefall.api import ManifestError, streaming_table_from_object
+    from icefall.commit.kube_lease import KubernetesLease
+    from icefall.controller.handlers import api_client
+    from icefall.controller.kube import Kube
+    from icefall.plan.children import ENV_POD_NAME, ENV_SPARK_CONF
+    from icefall.plan.leases import commit_lease_name
+    from icefall.spark.session import build_spark_session
+
+    api = api_client()
+    try:
+        st = streaming_table_from_object(Kube(api).get_streaming_table(args.namespace, args.name))
+    except ManifestError as error:
+        raise SystemExit(f"StreamingTable {args.namespace}/{args.name} is not valid:\n{error}") from None
+    if st.spec.table.catalog is None:
+        raise SystemExit("spec.table.catalog is required in a cluster: the embedded catalog is pod-local")
+    catalog = _catalog_for(st, Path(args.state_dir).resolve())
+    catalog.pyiceberg()
+    conf: dict[str, str] = json.loads(os.environ.get(ENV_SPARK_CONF) or "{}")
+    print(
+        f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
+    )
+    spark = build_spark_session(
+        [catalog],
+        app_name=conf.get("spark.app.name", f"icefall-{st.metadata.name}"),
+        master=conf.get("spark.master", "local[2]"),
+        extra_conf=conf,
+    )
+    holder = os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
+    lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), holder)
+    return _ingest_until_stopped(st, catalog, spark, lease, args)
+
+
+def _operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    import icefall.controller.handlers  # noqa: F401  (registers the handlers)
+    from icefall import metrics
+
+    if args.namespace and args.all_namespaces:
+        raise SystemExit("give --namespace or --all-namespaces, not both")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    metrics.serve(args.metrics_port)
+    namespaces = args.namespace or []
+    kopf.run(
+        standalone=True,
+        namespaces=namespaces,
+        clusterwide=not namespaces,
+        liveness_endpoint=args.liveness,
     )
     return 0
 
@@ -205,6 +270,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-timeout", type=float, default=60, help="seconds to wait for the commit lease")
     run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
     run.set_defaults(func=_run)
+    ingest = commands.add_parser("ingest", help="the driver pod: ingest the StreamingTable read from the API")
+    ingest.add_argument("--namespace", required=True, help="namespace of the StreamingTable")
+    ingest.add_argument("--name", required=True, help="name of the StreamingTable")
+    ingest.add_argument(
+        "--state-dir", default="/tmp/icefall", help="scratch space (a sqlite warehouse default)"
+    )
+    ingest.add_argument("--lease-timeout", type=float, default=None, help="seconds to wait for the lease")
+    ingest.set_defaults(func=_ingest, until_caught_up=False, max_seconds=0)
+    operator = commands.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    operator.add_argument(
+        "--namespace", action="append", help="watch this namespace (repeatable; default: all namespaces)"
+    )
+    operator.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    operator.add_argument(
+        "--liveness", help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz"
+    )
+    operator.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics (0: off)")
+    operator.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    operator.set_defaults(func=_operator)
     status = table_command("status", "print committed offsets, lag and freshness")
     status.set_defaults(func=_status)
     verify = table_command("verify", "audit the table against the topic: duplicates, gaps, dead letters")

@@ -1,0 +1,155 @@
+"""The operator's few Kubernetes calls, as plain JSON over the client's `ApiClient`. No decisions here.
+
+- `apply`: server-side apply with the single field manager `icefall-operator`, forcing conflicts (the
+  operator owns its children's fields; a user's `kubectl edit` of them is reverted on the next pass).
+- `create` / `delete` / `get`: the driver Pod is created (never applied over: pods are immutable) and
+  deleted with a uid precondition, so a stale decision never deletes a newer pod of the same name.
+- `patch_status` / `patch_annotations`: merge patches of one StreamingTable, status through the status
+  subresource.
+
+Guarantees: idempotent where Kubernetes allows it — a create that finds the object (409 AlreadyExists) and
+a delete that finds nothing (404) or another object (409 uid precondition) are no-ops and return False.
+Every other API error propagates as `ApiException` for the caller to map.
+
+Not guaranteed: ordering between calls; nothing here waits for an object to appear or disappear.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from icefall.api import GROUP, PLURAL, VERSION
+from icefall.plan.children import MANAGED_BY, Manifest
+
+FIELD_MANAGER = MANAGED_BY
+REQUEST_TIMEOUT_SECONDS = 30
+
+#: kind → (API path prefix, plural) for the kinds the operator manages.
+_RESOURCES: Mapping[str, tuple[str, str]] = {
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Pod": ("/api/v1", "pods"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+}
+_ST = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}/{{name}}"
+
+
+def collection_path(kind: str, namespace: str) -> str:
+    if kind not in _RESOURCES:
+        raise ValueError(f"the operator does not manage {kind} objects")
+    prefix, plural = _RESOURCES[kind]
+    return f"{prefix}/namespaces/{namespace}/{plural}"
+
+
+def object_path(kind: str, namespace: str, name: str) -> str:
+    return f"{collection_path(kind, namespace)}/{name}"
+
+
+class Kube:
+    """Thin JSON calls on one `ApiClient`."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        request = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*request, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
+        return json.loads(response.data or b"{}")
+
+    def apply(self, manifest: Manifest) -> Any:
+        """Server-side apply `manifest` (which names its namespace) as `icefall-operator`, forced."""
+        meta = manifest["metadata"]
+        return self._call(
+            "PATCH",
+            object_path(manifest["kind"], meta["namespace"], meta["name"]),
+            body=manifest,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    def create(self, manifest: Manifest) -> bool:
+        """Create `manifest`; False if an object of that name exists already."""
+        meta = manifest["metadata"]
+        try:
+            self._call(
+                "POST",
+                collection_path(manifest["kind"], meta["namespace"]),
+                body=manifest,
+                query=[("fieldManager", FIELD_MANAGER)],
+            )
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self._call("GET", object_path(kind, namespace, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete (gracefully, background propagation); with `uid`, only that very object."""
+        body: dict[str, Any] = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self._call("DELETE", object_path(kind, namespace, name), body=body)
+        except ApiException as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
+    def get_streaming_table(self, namespace: str, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._call("GET", _ST.format(namespace=namespace, name=name))
+        return found
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self._call(
+            "PATCH",
+            _ST.format(namespace=namespace, name=name) + "/status",
+            body={"status": dict(status)},
+            content_type="application/merge-patch+json",
+        )
+
+    def patch_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        self._call(
+            "PATCH",
+            _ST.format(namespace=namespace, name=name),
+            body={"metadata": {"annotations": dict(annotations)}},
+            content_type="application/merge-patch+json",
+        )

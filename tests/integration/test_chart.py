@@ -1,0 +1,312 @@
+"""The Helm chart charts/icefall against helm and a real kube-apiserver.
+
+Proves:
+- `helm lint` (also `--strict`) passes with the default values and with clusterWide + ServiceMonitor;
+- `helm template` renders both: a Role/RoleBinding in the release namespace by default, a ClusterRole/
+  ClusterRoleBinding and `--all-namespaces` with `rbac.clusterWide`, a ServiceMonitor only when enabled;
+- values.schema.json rejects a bad value (`replicas: "two"`, an unknown key);
+- the chart's CRD is byte for byte crds/ (refresh it with `make chart-crds`);
+- every rendered object, the CRD included, passes `kubectl apply --server-side --dry-run=server` (a minimal
+  ServiceMonitor CRD is installed first: prometheus-operator is not here);
+- the operator can grant what drivers and compaction pods need: the rendered Role holds every rule of
+  `driver_rules` and `compaction_rules`, statically and on the API server, which refuses a Role (or a
+  RoleBinding to it) granting more than its creator holds, while the operator has no `escalate`/`bind`;
+- the operator pod satisfies the `restricted` Pod Security Standard.
+Not proved: that the operator starts (its `icefall operator` command and the image are tested elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from icefall.api import load_manifest
+from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.tools import tool_dir
+from icefall.plan.children import compaction_rules, driver_account_name, driver_rules
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "icefall"
+CRD_FILE = "streamingtables.icefall.dev.yaml"
+RELEASE = "icefall"
+CLUSTER_WIDE = ("--set", "rbac.clusterWide=true", "--set", "metrics.serviceMonitor.enabled=true")
+
+# Just enough of prometheus-operator's CRD for the API server to accept a ServiceMonitor.
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+def _run(
+    tool: str,
+    *args: str,
+    home: Path,
+    kube: KubeAPIServer | None = None,
+    stdin: str | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": str(home)}
+    if kube is not None:
+        env["KUBECONFIG"] = str(kube.kubeconfig)
+    result = subprocess.run(
+        [tool, *args], input=stdin, capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    if check:
+        assert result.returncode == 0, f"{tool} {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("helm-home")
+
+
+def helm(*args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return _run(str(tool_dir("ICEFALL_HELM_BIN") / "helm"), *args, home=home, check=check)
+
+
+def kubectl(*args: str, kube: KubeAPIServer, home: Path, stdin: str | None = None) -> str:
+    return _run(
+        str(tool_dir("ICEFALL_KUBE_BIN") / "kubectl"), *args, home=home, kube=kube, stdin=stdin
+    ).stdout
+
+
+def render(home: Path, namespace: str, *values: str, crds: bool = False) -> list[dict[str, Any]]:
+    args = ["template", RELEASE, str(CHART), "--namespace", namespace, *values]
+    out = helm(*args, *(["--include-crds"] if crds else []), home=home).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def only(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [doc for doc in docs if doc["kind"] == kind]
+    assert len(found) == 1, f"{len(found)} {kind}"
+    return found[0]
+
+
+def kinds(docs: Iterable[dict[str, Any]]) -> list[str]:
+    return sorted(doc["kind"] for doc in docs)
+
+
+@pytest.mark.parametrize("values", [(), CLUSTER_WIDE], ids=["default", "cluster-wide"])
+def test_helm_lint(home: Path, values: tuple[str, ...]) -> None:
+    helm("lint", str(CHART), *values, home=home)
+    helm("lint", "--strict", str(CHART), *values, home=home)
+
+
+def test_default_render_is_namespaced(home: Path) -> None:
+    docs = render(home, "icefall-system")
+    assert kinds(docs) == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert {doc["metadata"]["namespace"] for doc in docs} == {"icefall-system"}
+    container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["icefall", "operator"]
+    assert "--namespace=icefall-system" in container["args"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ICEFALL_IMAGE"] == container["image"] == "ghcr.io/icefall-dev/icefall:0.1.0"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert only(docs, "Deployment")["spec"]["replicas"] == 1
+
+
+def test_cluster_wide_render(home: Path) -> None:
+    docs = render(home, "ops", *CLUSTER_WIDE)
+    assert kinds(docs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
+    assert "namespace" not in only(docs, "ClusterRole")["metadata"]
+    binding = only(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": "ops"}]
+    args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args
+    assert not any(arg.startswith("--namespace") for arg in args)
+    monitor = only(docs, "ServiceMonitor")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items()
+        <= only(docs, "Service")["metadata"]["labels"].items()
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (("--set-string", "replicas=two"), "/replicas"),
+        (("--set", "image.pullPolicy=Sometimes"), "/image/pullPolicy"),
+        (("--set", "securityContext.runAsUser=0"), "/securityContext/runAsUser"),
+        (("--set", "rbac.clusterwide=true"), "clusterwide"),
+    ],
+)
+def test_schema_rejects_bad_values(home: Path, values: tuple[str, ...], message: str) -> None:
+    result = helm("template", RELEASE, str(CHART), *values, home=home, check=False)
+    assert result.returncode != 0
+    assert "schema" in result.stderr and message in result.stderr, result.stderr
+
+
+def test_chart_crd_is_the_generated_one() -> None:
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [CRD_FILE]
+    chart_crd = (CHART / "crds" / CRD_FILE).read_bytes()
+    assert chart_crd == (ROOT / "crds" / CRD_FILE).read_bytes(), "run `make chart-crds`"
+
+
+def test_pods_are_restricted(home: Path) -> None:
+    for values in ((), CLUSTER_WIDE):
+        pod = only(render(home, "icefall-system", *values), "Deployment")["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 10001
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["runAsNonRoot"] is True
+            assert container["resources"]["requests"] and container["resources"]["limits"]
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+        assert all("hostPath" not in volume for volume in pod["volumes"])
+
+
+def _covers(held: list[dict[str, Any]], wanted: dict[str, Any]) -> bool:
+    """Whether `held` grants everything `wanted` does (no wildcards are used on either side)."""
+    for group in wanted["apiGroups"]:
+        for resource in wanted["resources"]:
+            for verb in wanted["verbs"]:
+                if not any(
+                    group in rule["apiGroups"]
+                    and resource in rule["resources"]
+                    and verb in rule["verbs"]
+                    and (
+                        not rule.get("resourceNames")
+                        or set(wanted.get("resourceNames") or ["*"]) <= set(rule["resourceNames"])
+                    )
+                    for rule in held
+                ):
+                    return False
+    return True
+
+
+def _granted_rules() -> list[dict[str, Any]]:
+    st = load_manifest(ROOT / "examples" / "orders.yaml")
+    return [*driver_rules(st, executors=True), *driver_rules(st, executors=False), *compaction_rules(st)]
+
+
+@pytest.mark.parametrize(("values", "kind"), [((), "Role"), (CLUSTER_WIDE, "ClusterRole")])
+def test_operator_holds_every_permission_it_grants(home: Path, values: tuple[str, ...], kind: str) -> None:
+    rules = only(render(home, "icefall-system", *values), kind)["rules"]
+    for wanted in _granted_rules():
+        assert _covers(rules, wanted), f"the operator cannot grant {wanted}"
+    for rule in rules:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+        assert "secrets" not in rule["resources"], rule
+
+
+def test_manifests_pass_server_side_dry_run_and_rbac_escalation_checks(
+    kube: KubeAPIServer, home: Path
+) -> None:
+    namespace = "icefall-chart"
+    kubectl("create", "namespace", namespace, kube=kube, home=home)
+    kubectl("apply", "--server-side", "-f", "-", kube=kube, home=home, stdin=json.dumps(SERVICE_MONITOR_CRD))
+    kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/servicemonitors.monitoring.coreos.com",
+        kube=kube,
+        home=home,
+    )
+    for values in ((), CLUSTER_WIDE):
+        docs = render(home, namespace, *values, crds=True)
+        assert "CustomResourceDefinition" in kinds(docs)
+        stream = yaml.safe_dump_all(docs)
+        applied = kubectl(
+            "apply", "--server-side", "--dry-run=server", "-f", "-", kube=kube, home=home, stdin=stream
+        )
+        for doc in docs:
+            assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in applied, doc["kind"]
+
+    # Install the namespaced operator's RBAC for real, then act as its ServiceAccount: the API server
+    # refuses a Role granting what the creator lacks (no escalate), and a binding to it (no bind).
+    docs = render(home, namespace)
+    rbac = [doc for doc in docs if doc["kind"] in {"ServiceAccount", "Role", "RoleBinding"}]
+    kubectl("apply", "--server-side", "-f", "-", kube=kube, home=home, stdin=yaml.safe_dump_all(rbac))
+    account = f"system:serviceaccount:{namespace}:{only(docs, 'ServiceAccount')['metadata']['name']}"
+    st = load_manifest(ROOT / "examples" / "orders.yaml")
+    for name, rules in (
+        (driver_account_name(st.metadata.name), driver_rules(st, executors=True)),
+        (f"{st.metadata.name}-compaction-check", compaction_rules(st)),
+    ):
+        role = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": rules,
+        }
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        }
+        for obj in (role, binding):
+            kubectl(
+                "apply",
+                "--server-side",
+                f"--as={account}",
+                "-f",
+                "-",
+                kube=kube,
+                home=home,
+                stdin=json.dumps(obj),
+            )
+
+    # And the check has teeth: a rule the operator does not hold is refused.
+    beyond = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "beyond", "namespace": namespace},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
+    }
+    refused = _run(
+        str(tool_dir("ICEFALL_KUBE_BIN") / "kubectl"),
+        "apply",
+        "--server-side",
+        f"--as={account}",
+        "-f",
+        "-",
+        home=home,
+        kube=kube,
+        stdin=json.dumps(beyond),
+        check=False,
+    )
+    assert refused.returncode != 0 and "permissions not currently held" in refused.stderr, refused.stderr

@@ -1,0 +1,145 @@
+"""spark_images/Dockerfile, checked statically (no Docker here): the image is built from the one jar list and
+the pinned Python packages.
+
+Proves:
+- the Maven stage copies spark_images/pom.xml and resolves it with `dependency:copy-dependencies`, and its
+  jars land in Spark's jar folder; no other jar list exists (no `--packages`, `spark.jars.packages`, no
+  Maven coordinates or jar downloads in the Dockerfile);
+- the Apache Spark base tag is `<spark.version of the pom>-scala<scala.binary>-…`, and that version is the
+  pyspark pinned in constraints.txt;
+- the icefall wheel is installed with constraints.txt;
+- the final user is numeric and not root, and the entrypoint is set.
+Not proved: that the image builds or runs (that needs Docker and the network).
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "spark_images" / "Dockerfile"
+POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, comments dropped and continuation lines joined."""
+    text = re.sub(r"^\s*#.*\n", "", DOCKERFILE.read_text(), flags=re.M)
+    text = re.sub(r"\\\n", " ", text)
+    result = []
+    for line in text.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def _args() -> dict[str, str]:
+    """Default values of the Dockerfile's ARGs (the first default wins, like the global ones)."""
+    values: dict[str, str] = {}
+    for keyword, rest in _instructions():
+        if keyword == "ARG" and "=" in rest:
+            name, _, value = rest.partition("=")
+            values.setdefault(name, value)
+    return values
+
+
+def _expand(text: str) -> str:
+    args = _args()
+    return re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), text)
+
+
+def _stages() -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for instruction in _instructions():
+        if instruction[0] == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(instruction)
+    return stages
+
+
+def _pom_property(name: str) -> str:
+    value = (
+        ET.parse(ROOT / "spark_images" / "pom.xml")
+        .getroot()
+        .findtext(f"m:properties/m:{name}", namespaces=POM_NS)
+    )
+    assert value, name
+    return value
+
+
+def _pinned(package: str) -> str:
+    found = re.search(rf"^{package}==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)
+    assert found is not None, package
+    return found.group(1)
+
+
+def test_jars_come_from_the_one_pom_into_sparks_jar_folder() -> None:
+    maven = [stage for stage in _stages() if any("mvn" in rest for kw, rest in stage if kw == "RUN")]
+    assert len(maven) == 1, "exactly one Maven stage"
+    stage = maven[0]
+    alias = stage[0][1].split()[-1]
+    copies = [rest for kw, rest in stage if kw == "COPY"]
+    assert any(rest.split()[0] == "spark_images/pom.xml" for rest in copies), copies
+    runs = " ".join(rest for kw, rest in stage if kw == "RUN")
+    assert "dependency:copy-dependencies" in runs
+    out = re.search(r"-DoutputDirectory=(\S+)", runs)
+    assert out is not None
+    final = _stages()[-1]
+    assert any(
+        kw == "COPY"
+        and f"--from={alias}" in rest
+        and out.group(1) in rest
+        and rest.split()[-1].startswith("/opt/spark/jars")
+        for kw, rest in final
+    ), "the resolved jars are copied into /opt/spark/jars"
+
+
+def test_no_second_jar_list() -> None:
+    text = " ".join(rest for _, rest in _instructions())
+    for forbidden in ("--packages", "spark.jars.packages", "spark.jars=", "ivy", "repo1.maven.org", ".jar "):
+        assert forbidden not in text, forbidden
+    for maven_coordinate in re.findall(r"\b[\w.-]+:[\w.-]+:\d[\w.-]*\b", text):
+        pytest.fail(f"a Maven coordinate in the Dockerfile: {maven_coordinate}")
+    poms = [p for p in ROOT.glob("spark_images/**/*") if p.name.endswith(("pom.xml", ".jars", "jars.txt"))]
+    assert poms == [ROOT / "spark_images" / "pom.xml"]
+
+
+def test_spark_base_matches_pom_and_pinned_pyspark() -> None:
+    spark_version = _pom_property("spark.version")
+    scala = _pom_property("scala.binary")
+    assert spark_version == _pinned("pyspark")
+    base = _expand(_stages()[-1][0][1]).split()[0]
+    image, _, tag = base.partition(":")
+    assert image == "apache/spark"
+    assert re.fullmatch(rf"{re.escape(spark_version)}-scala{re.escape(scala)}-java\d+-python3-ubuntu", tag), (
+        tag
+    )
+
+
+def test_wheel_installed_with_the_pinned_constraints() -> None:
+    final = _stages()[-1]
+    constraints_copy = [rest for kw, rest in final if kw == "COPY" and rest.split()[0] == "constraints.txt"]
+    assert len(constraints_copy) == 1
+    target = constraints_copy[0].split()[-1]
+    installs = [rest for kw, rest in final if kw == "RUN" and "pip install" in rest]
+    assert installs, "the final stage installs the wheel"
+    for install in installs:
+        assert re.search(rf"(--constraint|-c)[ =]{re.escape(target)}\b", install), install
+        assert re.search(r"icefall-\*\.whl", install), install
+
+
+def test_runs_as_a_numeric_non_root_user_with_an_entrypoint() -> None:
+    final = _stages()[-1]
+    users = [rest for kw, rest in final if kw == "USER"]
+    assert users, "the final stage sets USER"
+    user, _, group = users[-1].partition(":")
+    assert user.isdigit() and int(user) > 0, users[-1]
+    assert not group or (group.isdigit() and int(group) > 0), users[-1]
+    assert [kw for kw, _ in final].count("ENTRYPOINT") == 1
