@@ -1,0 +1,528 @@
+"""Table maintenance as work items: what to compact, expire, clean up, drop. Pure: the clock is an argument.
+
+Input: a `TableView`, the table's metadata summarised as plain data (live files of `main`'s head, every
+snapshot with the refs that point at it, the head's manifests, every path any metadata still references,
+and a listing of the table's storage), plus a `MaintenancePolicy` and `now_ms`. The caller reads these
+(pyiceberg inspect tables / Spark metadata tables, an object-store listing); this module does no I/O.
+Output of `plan_maintenance`: an ordered tuple of work items, each claimable by one worker through a
+Kubernetes Lease named by `work_key`:
+
+1. `ApplyRetention` — drop whole partitions that lie entirely before `now - max_age` (first, so nothing
+   is compacted only to be dropped; partitions it drops are not compacted).
+2. `CompactPartition` — per partition holding at least `min_files_to_compact` small data files (below
+   `small_file_ratio * target`), the small files bin-packed (first-fit decreasing) into output files of at
+   most the target size, and the bins cut into groups of at most `max_bytes_per_task` input bytes: a hot
+   partition becomes several small steps rather than one long rewrite. Files at or near the target size
+   are never touched; a bin that would hold one file alone is dropped (rewriting it gains nothing).
+   Hot partitions (most small files) come first.
+3. `RewriteManifests` — when `main`'s head has at least `manifest_count_threshold` small manifests (each
+   ingestion commit adds one).
+4. `ExpireSnapshots` — snapshots older than `snapshot_max_age_ms` beyond the newest `snapshot_min_keep` of
+   `main`'s history. Never expired: `main`'s head, any snapshot a branch or tag points at (staging branches
+   `icefall_stage_*` included: a write in flight, and the base a staged snapshot was planned from), the newest
+   `snapshot_min_keep` of `main`, anything newer than the age cut-off. The item names the exact ids to expire
+   and the ids kept.
+5. `RemoveOrphans` — storage objects no metadata references AND older than `orphan_min_age_ms` (default 3
+   days, never below 1 h): a batch being staged writes its data files before any snapshot references them,
+   and the window keeps them safe. Reference checks use the metadata before this round's expiry, so a file
+   only an expiring snapshot still holds is left for the next round.
+
+Why maintenance cannot lose the resume state: the committed offsets, epoch and watermarks live in the
+`icefall.*` table properties (commit/DESIGN.md), not in snapshot summaries. Properties belong to no
+snapshot; every later commit (rewrite, manifest rewrite, expiry, retention delete) carries them forward,
+and expiry removes snapshots, never properties. No work item here sets or reads a property; workers must
+leave `icefall.*` alone, and that is all they need to do.
+
+`ApplyDeletes` is a placeholder type for "when upserts arrive" (merging position/equality delete files
+into data files). It is NOT implemented: `plan_maintenance` never emits it and no worker handles it.
+
+`backlog(work)` is the number of items (units that can run in parallel, as `plan.scaling` expects);
+`bytes_to_rewrite(work)` the input bytes of the compaction items.
+
+Not guaranteed: that groups of one planning round are still valid when a worker runs them (an ingestion or
+another rewrite may have committed since). Correctness then rests on Iceberg's rewrite validation (a
+rewrite of files no longer live fails and is re-planned), not on this planner. Paths are compared as exact
+strings: the caller must spell referenced paths and listed paths the same way (scheme, bucket, prefix).
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+MIB = 1024 * 1024
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # Iceberg's table property
+DEFAULT_TARGET_FILE_SIZE = 128 * MIB  # Iceberg's default for that property
+DEFAULT_MANIFEST_TARGET_SIZE = 8 * MIB  # Iceberg's commit.manifest.target-size-bytes default
+MIN_ORPHAN_AGE_MS = HOUR_MS
+STAGE_BRANCH_PREFIX = "icefall_stage_"
+MAIN = "main"
+
+_LEASE_NAME_MAX = 63
+_HASH_CHARS = 10
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+class FileContent(StrEnum):
+    DATA = "data"
+    POSITION_DELETES = "position_deletes"
+    EQUALITY_DELETES = "equality_deletes"
+
+
+PartitionValue = tuple[object, ...]  # partition values in the spec's field order; () when unpartitioned
+
+
+@dataclass(frozen=True)
+class DataFileInfo:
+    """One live file of `main`'s head (data or delete file)."""
+
+    path: str
+    partition: PartitionValue
+    size_bytes: int
+    record_count: int
+    added_snapshot_id: int
+    content: FileContent = FileContent.DATA
+    spec_id: int = 0
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """One snapshot in the table metadata. `refs`: names of the branches and tags whose head it is."""
+
+    snapshot_id: int
+    parent_id: int | None
+    timestamp_ms: int
+    is_on_main: bool  # an ancestor of (or equal to) main's head
+    refs: tuple[str, ...] = ()
+
+    @property
+    def referenced_by_branch_or_tag(self) -> bool:
+        return bool(self.refs)
+
+    @property
+    def is_main_head(self) -> bool:
+        return MAIN in self.refs
+
+
+@dataclass(frozen=True)
+class ManifestInfo:
+    """One manifest of `main`'s head."""
+
+    path: str
+    size_bytes: int
+    added_files_count: int = 0
+    existing_files_count: int = 0
+    deleted_files_count: int = 0
+
+
+@dataclass(frozen=True)
+class StorageObject:
+    """One object found by listing the table's location."""
+
+    path: str
+    size_bytes: int
+    modified_ms: int
+
+
+@dataclass(frozen=True)
+class TableView:
+    """The metadata the planner looks at. `referenced_paths`: every path any current metadata still
+    reaches — data and delete files and manifests of every snapshot, manifest lists, metadata files in
+    the metadata log, statistics files. `files` and `manifests` count as referenced too."""
+
+    name: str
+    snapshots: tuple[SnapshotInfo, ...] = ()
+    files: tuple[DataFileInfo, ...] = ()
+    manifests: tuple[ManifestInfo, ...] = ()
+    referenced_paths: frozenset[str] = frozenset()
+    storage: tuple[StorageObject, ...] = ()
+    partition_fields: tuple[str, ...] = ()  # names of the default spec's partition fields, in order
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+class TimeTransform(StrEnum):
+    """Iceberg time partition transforms; values count hours/days/months/years since 1970-01-01 UTC."""
+
+    HOUR = "hour"
+    DAY = "day"
+    MONTH = "month"
+    YEAR = "year"
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """Drop data older than `max_age_ms`, by whole partitions of `partition_field` (a time transform of
+    `source_column`). The spec has no field for this yet: it is an optional policy input. A partition is
+    dropped only once ALL of its range is older than the cut-off; rows in a partition that straddles the
+    cut-off stay until the whole partition is old."""
+
+    partition_field: str
+    source_column: str
+    transform: TimeTransform
+    max_age_ms: int
+
+    def __post_init__(self) -> None:
+        if self.max_age_ms <= 0:
+            raise ValueError(f"retention max_age_ms must be positive, got {self.max_age_ms}")
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    target_file_size_bytes: int | None = None  # None: the table's write.target-file-size-bytes, or 128 MiB
+    small_file_ratio: float = 0.75  # a data file below ratio * target is "small"
+    min_files_to_compact: int = 5  # small files a partition needs before it is compacted
+    max_bytes_per_task: int = 1024 * MIB  # input bytes of one CompactPartition item
+    snapshot_max_age_ms: int = 5 * DAY_MS
+    snapshot_min_keep: int = 1  # newest snapshots of main always kept
+    orphan_min_age_ms: int = 3 * DAY_MS  # never below MIN_ORPHAN_AGE_MS
+    manifest_count_threshold: int = 100
+    manifest_target_size_bytes: int = DEFAULT_MANIFEST_TARGET_SIZE
+    retention: RetentionPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if self.target_file_size_bytes is not None and self.target_file_size_bytes <= 0:
+            raise ValueError(f"target_file_size_bytes must be positive, got {self.target_file_size_bytes}")
+        if not 0 < self.small_file_ratio <= 1:
+            raise ValueError(f"small_file_ratio must be in (0, 1], got {self.small_file_ratio}")
+        if self.min_files_to_compact < 2:
+            raise ValueError(f"min_files_to_compact must be >= 2, got {self.min_files_to_compact}")
+        if self.max_bytes_per_task <= 0:
+            raise ValueError(f"max_bytes_per_task must be positive, got {self.max_bytes_per_task}")
+        if self.snapshot_max_age_ms < 0 or self.snapshot_min_keep < 1:
+            raise ValueError("need snapshot_max_age_ms >= 0 and snapshot_min_keep >= 1")
+        if self.orphan_min_age_ms < MIN_ORPHAN_AGE_MS:
+            raise ValueError(
+                f"orphan_min_age_ms must be at least {MIN_ORPHAN_AGE_MS} (1 h): an in-flight write's files "
+                f"are referenced by nothing yet; got {self.orphan_min_age_ms}"
+            )
+        if self.manifest_count_threshold < 2 or self.manifest_target_size_bytes <= 0:
+            raise ValueError("need manifest_count_threshold >= 2 and a positive manifest_target_size_bytes")
+
+    def target_size(self, properties: Mapping[str, str]) -> int:
+        """The target data file size: the policy's, else the table property, else 128 MiB."""
+        if self.target_file_size_bytes is not None:
+            return self.target_file_size_bytes
+        raw = properties.get(TARGET_FILE_SIZE_PROPERTY)
+        try:
+            value = int(raw) if raw is not None else DEFAULT_TARGET_FILE_SIZE
+        except ValueError:
+            value = DEFAULT_TARGET_FILE_SIZE
+        return value if value > 0 else DEFAULT_TARGET_FILE_SIZE
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class ApplyRetention:
+    """Delete every row with `source_column < delete_before_ms`: exactly the listed partitions, whole, so
+    the delete is metadata-only."""
+
+    partition_field: str
+    source_column: str
+    delete_before_ms: int
+    partitions: tuple[PartitionValue, ...]
+    files: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class CompactPartition:
+    """Rewrite `files` (all in `partition` of spec `spec_id`) into files of about `target_size_bytes`."""
+
+    partition: PartitionValue
+    files: tuple[str, ...]
+    input_bytes: int
+    target_size_bytes: int
+    reason: str
+    spec_id: int = 0
+
+
+@dataclass(frozen=True)
+class RewriteManifests:
+    manifests: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ExpireSnapshots:
+    """Expire `expire_ids` (all older than `older_than_ms`); `keep_ids` must survive whatever the worker's
+    tool decides, `retain_last` is the newest-of-main count kept. Table properties are untouched."""
+
+    older_than_ms: int
+    retain_last: int
+    keep_ids: tuple[int, ...]
+    expire_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RemoveOrphans:
+    """Delete exactly `paths`: referenced by no metadata and last modified before `older_than_ms`."""
+
+    older_than_ms: int
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ApplyDeletes:
+    """PLACEHOLDER for when upserts arrive: merge delete files into the data files of a partition.
+
+    A type only, so the work-item union and `work_key` leave room for it. Not implemented: the planner
+    never emits it and no worker executes it."""
+
+    partition: PartitionValue
+    data_files: tuple[str, ...]
+    delete_files: tuple[str, ...]
+    spec_id: int = 0
+
+
+WorkItem = (
+    ApplyRetention | CompactPartition | RewriteManifests | ExpireSnapshots | RemoveOrphans | ApplyDeletes
+)
+
+
+# ---------------------------------------------------------------------------------------------- planning
+
+
+def plan_maintenance(table: TableView, policy: MaintenancePolicy, now_ms: int) -> tuple[WorkItem, ...]:
+    """The maintenance work for `table` at `now_ms`, in the order described in the module doc."""
+    work: list[WorkItem] = []
+    retention = plan_retention(table, policy, now_ms)
+    dropped: set[tuple[int, PartitionValue]] = set()
+    if retention is not None:
+        work.append(retention)
+        spec_ids = {f.spec_id for f in table.files}
+        dropped = {(s, p) for s in spec_ids for p in retention.partitions}
+    work.extend(plan_compaction(table, policy, skip=dropped))
+    manifests = plan_manifests(table, policy)
+    if manifests is not None:
+        work.append(manifests)
+    expiry = plan_expiry(table.snapshots, policy, now_ms)
+    if expiry is not None:
+        work.append(expiry)
+    orphans = plan_orphans(table, policy, now_ms)
+    if orphans is not None:
+        work.append(orphans)
+    return tuple(work)
+
+
+def plan_compaction(
+    table: TableView, policy: MaintenancePolicy, *, skip: Iterable[tuple[int, PartitionValue]] = ()
+) -> tuple[CompactPartition, ...]:
+    """Bounded rewrite groups of small data files per partition (module doc, step 2)."""
+    target = policy.target_size(table.properties)
+    small_below = policy.small_file_ratio * target
+    capacity = min(target, policy.max_bytes_per_task)
+    skipped = set(skip)
+    by_partition: dict[tuple[int, PartitionValue], list[DataFileInfo]] = {}
+    for f in table.files:
+        if (
+            f.content is FileContent.DATA
+            and f.size_bytes < small_below
+            and (f.spec_id, f.partition) not in skipped
+        ):
+            by_partition.setdefault((f.spec_id, f.partition), []).append(f)
+    eligible = [
+        (key, files) for key, files in by_partition.items() if len(files) >= policy.min_files_to_compact
+    ]
+    eligible.sort(key=lambda kv: (-len(kv[1]), kv[0][0], repr(kv[0][1])))
+    items: list[CompactPartition] = []
+    for (spec_id, partition), files in eligible:
+        bins = [b for b in _first_fit_decreasing(files, capacity) if len(b) > 1]
+        groups = _cut(bins, policy.max_bytes_per_task)
+        for n, group in enumerate(groups, start=1):
+            paths = tuple(sorted(f.path for b in group for f in b))
+            size = sum(f.size_bytes for b in group for f in b)
+            reason = (
+                f"{len(files)} files below {int(small_below)} bytes in partition {partition!r}; "
+                f"step {n}/{len(groups)}: {len(paths)} files, {size} bytes into {len(group)} file(s)"
+            )
+            items.append(CompactPartition(partition, paths, size, target, reason, spec_id))
+    return tuple(items)
+
+
+def _first_fit_decreasing(files: Sequence[DataFileInfo], capacity: int) -> list[list[DataFileInfo]]:
+    bins: list[list[DataFileInfo]] = []
+    room: list[int] = []
+    for f in sorted(files, key=lambda f: (-f.size_bytes, f.path)):
+        for i, free in enumerate(room):
+            if f.size_bytes <= free:
+                bins[i].append(f)
+                room[i] -= f.size_bytes
+                break
+        else:
+            bins.append([f])
+            room.append(capacity - f.size_bytes)
+    return bins
+
+
+def _cut(bins: Sequence[list[DataFileInfo]], max_bytes: int) -> list[list[list[DataFileInfo]]]:
+    """Consecutive bins into groups of at most `max_bytes` input bytes (a bin is never split)."""
+    groups: list[list[list[DataFileInfo]]] = []
+    used = 0
+    for b in bins:
+        size = sum(f.size_bytes for f in b)
+        if not groups or used + size > max_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(b)
+        used += size
+    return groups
+
+
+def plan_manifests(table: TableView, policy: MaintenancePolicy) -> RewriteManifests | None:
+    small = sorted(m.path for m in table.manifests if m.size_bytes < policy.manifest_target_size_bytes)
+    if len(small) < policy.manifest_count_threshold:
+        return None
+    return RewriteManifests(
+        tuple(small),
+        f"{len(small)} manifests below {policy.manifest_target_size_bytes} bytes "
+        f"(threshold {policy.manifest_count_threshold})",
+    )
+
+
+def plan_expiry(
+    snapshots: Sequence[SnapshotInfo], policy: MaintenancePolicy, now_ms: int
+) -> ExpireSnapshots | None:
+    """Snapshots to expire, or None when none may go (module doc, step 4)."""
+    older_than = now_ms - policy.snapshot_max_age_ms
+    main_newest_first = sorted(
+        (s for s in snapshots if s.is_on_main), key=lambda s: (s.timestamp_ms, s.snapshot_id), reverse=True
+    )
+    keep = {s.snapshot_id for s in main_newest_first[: policy.snapshot_min_keep]}
+    keep |= {s.snapshot_id for s in snapshots if s.referenced_by_branch_or_tag}
+    # A staged write's base too: cheap, and a commit of that stage can still name it.
+    keep |= {
+        s.parent_id
+        for s in snapshots
+        if s.parent_id is not None and any(r.startswith(STAGE_BRANCH_PREFIX) for r in s.refs)
+    }
+    keep |= {s.snapshot_id for s in snapshots if s.timestamp_ms >= older_than}
+    expire = sorted(s.snapshot_id for s in snapshots if s.snapshot_id not in keep)
+    if not expire:
+        return None
+    return ExpireSnapshots(older_than, policy.snapshot_min_keep, tuple(sorted(keep)), tuple(expire))
+
+
+def plan_orphans(table: TableView, policy: MaintenancePolicy, now_ms: int) -> RemoveOrphans | None:
+    """Unreferenced storage objects older than the safety window (module doc, step 5)."""
+    if table.snapshots and not table.referenced_paths:
+        return None  # metadata that references nothing is a caller's mistake, not a licence to delete all
+    referenced = set(table.referenced_paths)
+    referenced |= {f.path for f in table.files}
+    referenced |= {m.path for m in table.manifests}
+    older_than = now_ms - max(policy.orphan_min_age_ms, MIN_ORPHAN_AGE_MS)
+    paths = sorted(o.path for o in table.storage if o.path not in referenced and o.modified_ms < older_than)
+    if not paths:
+        return None
+    return RemoveOrphans(older_than, tuple(paths))
+
+
+def plan_retention(table: TableView, policy: MaintenancePolicy, now_ms: int) -> ApplyRetention | None:
+    """Whole partitions of the retention field that end at or before `now - max_age` (module doc, step 1)."""
+    rule = policy.retention
+    if rule is None:
+        return None
+    if rule.partition_field not in table.partition_fields:
+        raise ValueError(f"retention field {rule.partition_field!r} is not a partition field of {table.name}")
+    index = table.partition_fields.index(rule.partition_field)
+    cutoff = now_ms - rule.max_age_ms
+    boundary = partition_start_ms(rule.transform, partition_ordinal(rule.transform, cutoff))
+    partitions: set[PartitionValue] = set()
+    files: list[str] = []
+    for f in table.files:
+        if len(f.partition) <= index:
+            continue
+        value = f.partition[index]
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and partition_end_ms(rule.transform, value) <= cutoff
+        ):
+            partitions.add(f.partition)
+            files.append(f.path)
+    if not partitions:
+        return None
+    return ApplyRetention(
+        rule.partition_field,
+        rule.source_column,
+        boundary,
+        tuple(sorted(partitions, key=repr)),
+        tuple(sorted(files)),
+        f"{len(partitions)} partition(s) of {rule.partition_field} entirely before {cutoff} ms",
+    )
+
+
+def partition_start_ms(transform: TimeTransform, ordinal: int) -> int:
+    """Start (inclusive, ms since epoch) of the partition with Iceberg transform value `ordinal`."""
+    if transform is TimeTransform.HOUR:
+        return ordinal * HOUR_MS
+    if transform is TimeTransform.DAY:
+        return ordinal * DAY_MS
+    if transform is TimeTransform.MONTH:
+        year, month = divmod(ordinal, 12)
+        return calendar.timegm((1970 + year, month + 1, 1, 0, 0, 0)) * 1000
+    return calendar.timegm((1970 + ordinal, 1, 1, 0, 0, 0)) * 1000
+
+
+def partition_end_ms(transform: TimeTransform, ordinal: int) -> int:
+    """End (exclusive) of that partition: the start of the next."""
+    return partition_start_ms(transform, ordinal + 1)
+
+
+def partition_ordinal(transform: TimeTransform, ms: int) -> int:
+    """The Iceberg transform value of the timestamp `ms`."""
+    if transform is TimeTransform.HOUR:
+        return ms // HOUR_MS
+    if transform is TimeTransform.DAY:
+        return ms // DAY_MS
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    if transform is TimeTransform.MONTH:
+        return (moment.year - 1970) * 12 + moment.month - 1
+    return moment.year - 1970
+
+
+# ---------------------------------------------------------------------------------------------- claiming
+
+
+def backlog(work: Sequence[WorkItem]) -> int:
+    """Units of work that can run in parallel: the number of items (input of `plan.scaling`)."""
+    return len(work)
+
+
+def bytes_to_rewrite(work: Sequence[WorkItem]) -> int:
+    return sum(item.input_bytes for item in work if isinstance(item, CompactPartition))
+
+
+def work_key(table: str, item: WorkItem) -> str:
+    """A deterministic Lease name for `item`, `icefall-<table>-work-<hash>`: a DNS label of at most 63 chars.
+
+    Table-wide items (retention, manifests, expiry, orphans) are keyed by kind only, so two workers can
+    never run the same kind at once even if they planned at different times. Compaction (and the future
+    delete merge) is keyed by partition and input files. The hash covers the full table name, so tables
+    whose names truncate to the same slug still get different keys.
+    """
+    identity: dict[str, object]
+    if isinstance(item, CompactPartition | ApplyDeletes):
+        files = item.files if isinstance(item, CompactPartition) else item.data_files + item.delete_files
+        identity = {"spec": item.spec_id, "partition": repr(item.partition), "files": sorted(files)}
+    else:
+        identity = {}
+    identity.update(table=table, kind=type(item).__name__)
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:_HASH_CHARS]
+    room = _LEASE_NAME_MAX - len("icefall-") - len("-work-") - _HASH_CHARS
+    slug = re.sub(r"[^a-z0-9-]+", "-", table.lower())[:room].strip("-")
+    if not slug:
+        raise ValueError(f"cannot derive a lease name from table name {table!r}")
+    return f"icefall-{slug}-work-{digest}"
