@@ -103,7 +103,7 @@ def test_jars_come_from_the_one_pom_into_sparks_jar_folder() -> None:
 
 def test_no_second_jar_list() -> None:
     text = " ".join(rest for _, rest in _instructions())
-    for forbidden in ("--packages", "spark.jars.packages", "spark.jars=", "ivy", "repo1.maven.org", ".jar "):
+    for forbidden in ("--packages", "spark.jars.packages", "spark.jars=", "ivy", "curl ", "wget ", ".jar "):
         assert forbidden not in text, forbidden
     for maven_coordinate in re.findall(r"\b[\w.-]+:[\w.-]+:\d[\w.-]*\b", text):
         pytest.fail(f"a Maven coordinate in the Dockerfile: {maven_coordinate}")
