@@ -114,9 +114,19 @@ def _ingest_until_stopped(st: Any, catalog: Any, spark: Any, lease: Any, args: a
         if args.max_seconds and time.monotonic() - started > args.max_seconds:
             stop.set()
 
+    from icefall.commit import FencedError
+    from icefall.commit.lease import LeaseTimeoutError
+
+    code = 0
     try:
         ingestor.start(lease_timeout=args.lease_timeout)
         ingestor.run(stop.is_set, on_batch)
+    except LeaseTimeoutError as waited:
+        print(f"[run] another writer holds this table's commit lease: {waited}", flush=True)
+        code = 3
+    except FencedError as fenced:
+        print(f"[run] stopping: a newer writer took over this table ({fenced})", flush=True)
+        code = 3
     finally:
         ingestor.close()
         spark.stop()
@@ -125,7 +135,7 @@ def _ingest_until_stopped(st: Any, catalog: Any, spark: Any, lease: Any, args: a
         f"{totals['read']} read, {totals['written']} written, {totals['dead']} to the dead-letter table",
         flush=True,
     )
-    return 0
+    return code
 
 
 def _ingest(args: argparse.Namespace) -> int:

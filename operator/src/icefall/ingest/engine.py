@@ -191,8 +191,7 @@ class Ingestor:
         StaleHeadError when the table moved under the batch (plan again).
         """
         started = time.monotonic()
-        self.table.refresh()
-        committed = read_committed(self.table)
+        committed = read_committed(self.table)  # refreshes the table
         watermarks = self.topic.watermarks()
         backlog = sum(high - committed.offsets.get(p, low) for p, (low, high) in watermarks.items())
         size = choose_batch_size(
