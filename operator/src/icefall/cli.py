@@ -199,12 +199,14 @@ def _operator(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from icefall.commit import read_committed
     from icefall.kafka.admin import TopicView
+    from icefall.kafka.security import librdkafka_config
 
     st = _load(args)
     catalog = _catalog_for(st, Path(args.state_dir).resolve()).pyiceberg()
     table = catalog.load_table(st.table_identifier)
     committed = read_committed(table)
-    with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic) as topic:
+    kafka_config = librdkafka_config(st.spec.source.security)
+    with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic, kafka_config) as topic:
         marks = topic.watermarks()
     print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
     print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
@@ -231,6 +233,7 @@ def _status(args: argparse.Namespace) -> int:
 def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False) -> Any:
     """Audit the table (and its dead-letter table) against the topic, record by record."""
     from icefall.audit import audit_from_catalog
+    from icefall.kafka.security import librdkafka_config
 
     dead_letter = st.dead_letter_identifier
     return audit_from_catalog(
@@ -238,6 +241,7 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False) -> An
         ".".join(st.table_identifier),
         st.spec.source.bootstrap_servers,
         dead_letter=".".join(dead_letter) if dead_letter else None,
+        kafka_config=librdkafka_config(st.spec.source.security),
         filter_configured=bool(st.spec.transforms.filter),
         ingesting=ingesting,
     )

@@ -7,9 +7,11 @@ storage formatted with `kafka.tools.StorageTool` in a fresh folder each start.
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import socket
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from icefall.devstack.procs import ManagedProcess, free_port, run_checked
@@ -27,19 +29,62 @@ rootLogger.appenderRef.stdout.ref = STDOUT
 
 
 class KafkaBroker:
-    """Start with `start()`, stop with `stop()`; `bootstrap` is `127.0.0.1:<port>`."""
+    """Start with `start()`, stop with `stop()`; `bootstrap` is `127.0.0.1:<port>`.
 
-    def __init__(self, workdir: Path, *, heap: str = "768m", log_level: str = "WARN") -> None:
+    With `sasl_users` (name -> password) the broker also listens on `sasl_bootstrap` with SASL_PLAINTEXT
+    and mechanism PLAIN for those users; PLAINTEXT stays the default and inter-broker listener.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        heap: str = "768m",
+        log_level: str = "WARN",
+        sasl_users: Mapping[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.heap = heap
         self.log_level = log_level
+        self.sasl_users = dict(sasl_users or {})
         self.port = 0
         self.controller_port = 0
+        self.sasl_port = 0
         self._proc: ManagedProcess | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """`127.0.0.1:<port>` of the SASL_PLAINTEXT (PLAIN) listener; only with `sasl_users`."""
+        if not self.sasl_users:
+            raise RuntimeError("this broker has no SASL listener; create it with sasl_users")
+        return f"127.0.0.1:{self.sasl_port}"
+
+    def _listener_config(self) -> list[str]:
+        listeners = [f"PLAINTEXT://127.0.0.1:{self.port}"]
+        advertised = list(listeners)
+        protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
+        extra = []
+        if self.sasl_users:
+            sasl = f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+            listeners.append(sasl)
+            advertised.append(sasl)
+            protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+            users = " ".join(f"user_{name}={json.dumps(pw)}" for name, pw in self.sasl_users.items())
+            extra = [
+                "sasl.enabled.mechanisms=PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+            ]
+        return [
+            f"listeners={','.join(listeners)},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners={','.join(advertised)}",
+            f"listener.security.protocol.map={','.join(protocols)}",
+            *extra,
+        ]
 
     @property
     def log_path(self) -> Path:
@@ -60,6 +105,7 @@ class KafkaBroker:
         data = self.workdir / "data"
         data.mkdir(parents=True)
         self.port, self.controller_port = free_port(), free_port()
+        self.sasl_port = free_port() if self.sasl_users else 0
         (self.workdir / "log4j2.properties").write_text(_LOG4J2.format(level=self.log_level))
         config = self.workdir / "server.properties"
         config.write_text(
@@ -68,11 +114,9 @@ class KafkaBroker:
                     "process.roles=broker,controller",
                     "node.id=1",
                     f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                    *self._listener_config(),
                     "controller.listener.names=CONTROLLER",
                     "inter.broker.listener.name=PLAINTEXT",
-                    "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
                     f"log.dirs={data}",
                     "num.partitions=1",
                     "auto.create.topics.enable=false",

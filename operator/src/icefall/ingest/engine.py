@@ -42,6 +42,7 @@ from icefall.commit import (
 from icefall.commit.lease import Lease, LeaseLostError
 from icefall.kafka.admin import TopicView
 from icefall.kafka.dead_letters import produce_dead_letters
+from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.plan.batching import BatchLimits, choose_batch_size, update_throughput
 from icefall.plan.offsets import plan_offsets, spark_offset_options
 
@@ -148,7 +149,10 @@ class Ingestor:
         self.lease = lease
         self.writer_id = writer_id or uuid.uuid4().hex[:12]
         self.label = ".".join(st.table_identifier)
-        self.topic = TopicView(self.spec.source.bootstrap_servers, self.spec.source.topic)
+        # Secret values: handed to the clients only, never logged.
+        self._kafka_config = librdkafka_config(self.spec.source.security)
+        self._spark_kafka_options = spark_kafka_options(self.spec.source.security)
+        self.topic = TopicView(self.spec.source.bootstrap_servers, self.spec.source.topic, self._kafka_config)
         self.epoch = 0
         self._attempt = 0
         self._progress = _Progress()
@@ -270,6 +274,7 @@ class Ingestor:
                     bootstrap=self.spec.source.bootstrap_servers,
                     topic=self.spec.dead_letter.topic,
                     source_topic=self.spec.source.topic,
+                    kafka_config=self._kafka_config,
                 )
             snapshot_id, commit_seconds = self._write_and_commit(prepared.good, batch, committed.offsets)
             self._dead_letters_dirty = False  # main caught up with the dead letters just committed
@@ -338,6 +343,8 @@ class Ingestor:
         )
         for key, value in {**self.spec.source.properties}.items():
             reader = reader.option(f"kafka.{key}", value)
+        for key, value in self._spark_kafka_options.items():  # secrets: not logged
+            reader = reader.option(key, value)
         for key, value in options.items():
             reader = reader.option(key, value)
         return reader.load()

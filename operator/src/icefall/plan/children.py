@@ -224,6 +224,11 @@ class SecretEnv:
 _KAFKA_SECRET_FIELDS = ("username", "password", "ca_cert", "client_cert", "client_key")
 
 
+def kafka_secret_env_name(attr: str) -> str:
+    """The env var carrying `spec.source.security.<attr>` (snake_case attribute) in the operator's pods."""
+    return f"ICEFALL_KAFKA_{attr.upper()}"
+
+
 def secret_env_vars(spec: StreamingTableSpec) -> tuple[list[SecretEnv], list[SecretEnv], list[Problem]]:
     """Env vars carrying the spec's secret references: (Kafka ones, catalog ones, problems).
 
@@ -239,7 +244,7 @@ def secret_env_vars(spec: StreamingTableSpec) -> tuple[list[SecretEnv], list[Sec
         ref: SecretRef | None = getattr(security, attr)
         path = f"spec.source.security.{_camel(attr)}"
         if ref is not None:
-            env = _secret_env(ref, path, f"ICEFALL_KAFKA_{attr.upper()}", problems)
+            env = _secret_env(ref, path, kafka_secret_env_name(attr), problems)
             if env is not None:
                 kafka.append(env)
     catalog: list[SecretEnv] = []
