@@ -31,8 +31,9 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # SIGKILL, not SIGTERM: an orphaned kube-apiserver whose etcd is gone takes a minute to shut down.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def tail(path: Path, lines: int = 40) -> str:
