@@ -32,9 +32,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import (
-    BinaryType,
     IntegerType,
-    ListType,
     LongType,
     NestedField,
     StringType,
@@ -49,6 +47,7 @@ from icefall.audit import (
     audit_table,
     dlq_identifier,
 )
+from icefall.catalog.tables import DEAD_LETTER_SCHEMA
 from icefall.commit.state import EPOCH, OFFSETS, START_OFFSETS, TOPIC
 from icefall.devstack.kafka import KafkaBroker
 from icefall.kafka.admin import TopicView
@@ -71,29 +70,6 @@ MAIN_SCHEMA = Schema(
         required=True,
     ),
 )
-DLQ_SCHEMA = Schema(
-    NestedField(1, "partition", IntegerType(), required=False),
-    NestedField(2, "offset", LongType(), required=False),
-    NestedField(3, "timestamp", TimestamptzType(), required=False),
-    NestedField(4, "key", BinaryType(), required=False),
-    NestedField(5, "value", BinaryType(), required=False),
-    NestedField(
-        6,
-        "headers",
-        ListType(
-            7,
-            StructType(
-                NestedField(8, "key", StringType(), required=False),
-                NestedField(9, "value", BinaryType(), required=False),
-            ),
-            element_required=False,
-        ),
-        required=False,
-    ),
-    NestedField(10, "error", StringType(), required=False),
-    NestedField(11, "ingested_at", TimestamptzType(), required=False),
-)
-
 Offsets = Mapping[int, Iterable[int]]
 
 
@@ -140,7 +116,7 @@ def ingested(
 ) -> tuple[Table, Table]:
     """A main table and its DLQ holding `rows` and `dlq` (partition → offsets), committed to `committed`."""
     table = catalog.create_table(name, MAIN_SCHEMA)
-    dead = catalog.create_table(dlq_identifier(name), DLQ_SCHEMA)
+    dead = catalog.create_table(dlq_identifier(name), DEAD_LETTER_SCHEMA)
     main_rows = [
         {"value": f"p{p}-o{o}", "_kafka": {"partition": p, "offset": o, "timestamp": TS}}
         for p, offsets in rows.items()

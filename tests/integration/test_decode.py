@@ -18,13 +18,10 @@ from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
 from icefall.api import StreamingTableSpec, load_manifest
 from icefall.ingest.decode import DEAD_LETTER_COLUMNS, KAFKA_COLUMN, prepare
+from icefall.testing.streams import kafka_source_frame
 
 pytestmark = pytest.mark.integration
 
-KAFKA_SCHEMA = (
-    "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
-    "timestampType int, headers array<struct<key:string,value:binary>>"
-)
 PRODUCED = datetime(2026, 3, 1, 12, 0, 0)
 
 SCHEMA = """
@@ -71,14 +68,8 @@ spec:
 
 
 def kafka_frame(spark: SparkSession, values: list[Any], partition: int = 0) -> DataFrame:
-    """Records as Spark's Kafka source returns them; dicts are JSON-encoded, str encoded as UTF-8."""
-    rows = []
-    for offset, value in enumerate(values):
-        text = json.dumps(value) if isinstance(value, dict) else value
-        payload = text.encode() if isinstance(text, str) else text
-        headers = [("trace", b"t-%d" % offset)]
-        rows.append((b"k%d" % offset, payload, "orders", partition, offset, PRODUCED, 0, headers))
-    return spark.createDataFrame(rows, KAFKA_SCHEMA)
+    """Records as Spark's Kafka source returns them, keyed, from offset 0."""
+    return kafka_source_frame(spark, values, produced=PRODUCED, partition=partition)
 
 
 def errors_by_offset(frame: DataFrame) -> dict[int, str]:

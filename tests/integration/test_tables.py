@@ -4,7 +4,6 @@ what Spark writes into them (rows decoded by `prepare`) reads back through pyice
 from __future__ import annotations
 
 import base64
-import json
 import threading
 import uuid
 from datetime import UTC, date, datetime
@@ -30,13 +29,10 @@ from icefall.catalog.tables import (
     spark_struct_to_iceberg,
 )
 from icefall.ingest.decode import prepare
+from icefall.testing.streams import kafka_source_frame
 
 pytestmark = pytest.mark.integration
 
-KAFKA_SCHEMA = (
-    "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
-    "timestampType int, headers array<struct<key:string,value:binary>>"
-)
 PRODUCED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
 SCHEMA = """
@@ -386,11 +382,8 @@ EXPECTED: list[dict[str, Any]] = [
 
 
 def kafka_frame(spark: SparkSession, records: list[Any]) -> Any:
-    rows: list[tuple[Any, ...]] = [
-        (None, (json.dumps(r) if isinstance(r, dict) else r).encode(), "orders", 1, 100 + i, PRODUCED, 0, [])
-        for i, r in enumerate(records)
-    ]
-    return spark.createDataFrame(rows, KAFKA_SCHEMA)
+    """Records as Spark's Kafka source returns them: no key or headers, partition 1, from offset 100."""
+    return kafka_source_frame(spark, records, produced=PRODUCED, partition=1, first_offset=100, keyed=False)
 
 
 def read_back(catalog: Catalog, identifier: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from icefall.api import StreamingTable, load_manifest
@@ -20,6 +21,8 @@ from icefall.commit import read_committed
 from icefall.kafka.admin import TopicView
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
     from icefall.devstack.kafka import KafkaBroker
     from icefall.ingest.engine import BatchReport, Ingestor
 
@@ -180,3 +183,31 @@ def assert_exactly_once(
     assert report.ok, report.render()
     assert report.duplicates == report.missing == report.unexpected == 0, report.render()
     return report
+
+
+#: The columns of Spark's Kafka source, as a DDL string.
+KAFKA_SOURCE_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
+    "timestampType int, headers array<struct<key:string,value:binary>>"
+)
+
+
+def kafka_source_frame(
+    spark: SparkSession,
+    values: Sequence[Any],
+    *,
+    produced: datetime,
+    partition: int = 0,
+    first_offset: int = 0,
+    keyed: bool = True,
+) -> DataFrame:
+    """`values` as Spark's Kafka source returns them from topic `orders`, at consecutive offsets from
+    `first_offset`: dicts JSON-encoded, str UTF-8-encoded, bytes as they are. With `keyed`, record `o` has
+    key `k<o>` and one header `trace` = `t-<o>`; without, no key and no headers."""
+    rows = []
+    for offset, value in enumerate(values, start=first_offset):
+        text = json.dumps(value) if isinstance(value, dict) else value
+        payload = text.encode() if isinstance(text, str) else text
+        key, headers = (b"k%d" % offset, [("trace", b"t-%d" % offset)]) if keyed else (None, [])
+        rows.append((key, payload, "orders", partition, offset, produced, 0, headers))
+    return spark.createDataFrame(rows, KAFKA_SOURCE_SCHEMA)
