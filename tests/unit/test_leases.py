@@ -9,12 +9,22 @@ renewal of a lost lease, and lets exactly one of many concurrent contenders win.
 from __future__ import annotations
 
 import contextlib
+import socket
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from icefall.commit.lease import FileLease, Lease, LeaseError, LeaseLostError, LeaseTimeoutError
+from icefall.commit.lease import (
+    FileLease,
+    Lease,
+    LeaseError,
+    LeaseLostError,
+    LeaseTimeoutError,
+    local_holder_exited,
+    local_process_holder,
+)
 from icefall.plan.leases import LeaseAction, LeaseRecord, commit_lease_name, decide, release
 
 pytestmark = pytest.mark.unit
@@ -91,6 +101,47 @@ def test_clock_skew_never_makes_a_contender_wait_more_than_one_duration() -> Non
     decision = decide(from_the_future, me="a", my_epoch=None, now=100.0, duration_seconds=DURATION)
     assert decision.action is LeaseAction.WAIT
     assert decision.wait_seconds == DURATION
+
+
+def test_a_holder_known_to_be_gone_is_taken_over_at_once_with_the_next_epoch() -> None:
+    held = LeaseRecord("dead", 4, 990.0, 999.0, DURATION)
+    taken = decide(held, me="b", my_epoch=None, now=1_000.0, duration_seconds=DURATION, holder_is_gone=True)
+    assert taken.action is LeaseAction.ACQUIRE
+    assert (taken.record.holder, taken.record.epoch) == ("b", 5)
+    # Never applied to my own record: renewal stays renewal.
+    mine = decide(held, me="dead", my_epoch=4, now=1_000.0, duration_seconds=DURATION, holder_is_gone=True)
+    assert mine.action is LeaseAction.RENEW
+
+
+def test_local_process_holders_tell_when_their_process_exited() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        running = local_process_holder(child.pid)
+        assert not local_holder_exited(running)
+    finally:
+        child.kill()
+        child.wait()
+    assert local_holder_exited(running)
+    me = local_process_holder()
+    host, pid_and_start = me.rsplit("/", 1)
+    # The same pid with another start time is another process (pid reuse): the holder exited.
+    assert local_holder_exited(f"{host}/{pid_and_start.rsplit('-', 1)[0]}-1")
+    assert not local_holder_exited(me)
+    # Only holders this host can judge: another host's, or a free-form name, are never "exited".
+    assert not local_holder_exited(me.replace(socket.gethostname(), "elsewhere", 1))
+    assert not local_holder_exited("test-writer")
+
+
+def test_a_file_lease_held_by_an_exited_local_process_is_taken_without_waiting(tmp_path: Path) -> None:
+    clock = FakeClock()
+    child = subprocess.Popen(["true"])
+    gone = local_process_holder(child.pid)
+    child.wait()
+    old = FileLease(tmp_path / "l.json", gone, duration_seconds=3600, clock=clock, sleep=clock.sleep)
+    old.acquire()
+    new = FileLease(tmp_path / "l.json", local_process_holder(), duration_seconds=DURATION, clock=clock)
+    assert new.acquire(timeout=0) == 2
+    assert clock.slept == []
 
 
 def test_release_only_lets_go_of_my_own_epoch() -> None:

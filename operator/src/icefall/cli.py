@@ -52,7 +52,7 @@ def _load(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     from icefall import metrics
-    from icefall.commit.lease import FileLease
+    from icefall.commit.lease import FileLease, local_process_holder
     from icefall.plan.leases import commit_lease_name
     from icefall.spark.session import build_spark_session
 
@@ -64,8 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
     print("[run] starting local Spark ...", flush=True)
     spark = build_spark_session([catalog], app_name=f"icefall-{st.metadata.name}", master=args.master)
-    holder = f"{socket.gethostname()}-{os.getpid()}"
-    lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), holder)
+    lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), local_process_holder())
     return _ingest_until_stopped(st, catalog, spark, lease, args)
 
 

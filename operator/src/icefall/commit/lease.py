@@ -13,6 +13,11 @@ A lease gives liveness (writers take turns and do not waste work on conflicts), 
 process may wake up believing it still holds a lease that was taken over. Safety comes from the commit
 protocol, which refuses commits whose epoch is below the table's (see `icefall.commit`).
 
+A lease held by a local process that has exited is taken at once rather than waited out, when the holder
+is named by `local_process_holder()` (host, pid and the process's start time, so a reused pid is not
+mistaken for the holder): a killed `icefall run` restarts without waiting for its own old lease. The epoch
+still grows, so the exited holder is fenced as usual (it cannot commit anyway).
+
 Not guaranteed: the file backend works across processes of one machine (or one POSIX file system with
 working `flock`), not across machines on NFS.
 """
@@ -22,6 +27,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import socket
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -92,6 +99,32 @@ class Lease(Protocol):
 
 VersionT = TypeVar("VersionT")
 
+_LOCAL_HOLDER = re.compile(r"^(?P<host>.+)/pid-(?P<pid>\d+)-(?P<start>\d+)$")
+
+
+def _process_start(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def local_process_holder(pid: int | None = None) -> str:
+    """A holder identity `<host>/pid-<pid>-<start ticks>` that lets a file lease tell when it exited."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}/pid-{pid}-{_process_start(pid) or 0}"
+
+
+def local_holder_exited(holder: str) -> bool:
+    """True only when `holder` names a process of this host (`local_process_holder`) that no longer runs."""
+    match = _LOCAL_HOLDER.match(holder)
+    if match is None or match["host"] != socket.gethostname():
+        return False
+    return _process_start(int(match["pid"])) != int(match["start"])
+
 
 class StoredLease(ABC, Generic[VersionT]):
     """The acquire / renew / release loop, shared by every backend; a backend stores the record.
@@ -132,6 +165,10 @@ class StoredLease(ABC, Generic[VersionT]):
     @abstractmethod
     def _write(self, record: LeaseRecord, version: VersionT) -> bool:
         """Store `record` if the stored lease is still at `version`; False (nothing written) if not."""
+
+    def _holder_is_gone(self, holder: str) -> bool:
+        """True if `holder` can be known never to write again; backends that cannot know say False."""
+        return False
 
     # --- the Lease interface -------------------------------------------------------------------------
 
@@ -201,8 +238,14 @@ class StoredLease(ABC, Generic[VersionT]):
         while True:
             current, version = self._read()
             now = self._clock()
+            gone = current is not None and current.holder is not None and self._holder_is_gone(current.holder)
             decision = decide(
-                current, me=self._holder, my_epoch=self._epoch, now=now, duration_seconds=self._duration
+                current,
+                me=self._holder,
+                my_epoch=self._epoch,
+                now=now,
+                duration_seconds=self._duration,
+                holder_is_gone=gone,
             )
             if not write_if(decision) or self._write(decision.record, version):
                 return decision, current, now
@@ -239,6 +282,9 @@ class FileLease(StoredLease[str | None]):
 
     def _label(self) -> str:
         return self.path.name
+
+    def _holder_is_gone(self, holder: str) -> bool:
+        return local_holder_exited(holder)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

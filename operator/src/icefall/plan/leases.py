@@ -50,13 +50,21 @@ class LeaseDecision:
 
 
 def decide(
-    current: LeaseRecord | None, *, me: str, my_epoch: int | None, now: float, duration_seconds: float
+    current: LeaseRecord | None,
+    *,
+    me: str,
+    my_epoch: int | None,
+    now: float,
+    duration_seconds: float,
+    holder_is_gone: bool = False,
 ) -> LeaseDecision:
     """What `me` should do about a lease currently described by `current` (None: no lease yet).
 
     `my_epoch` is the epoch `me` believes it holds (None when it holds nothing). The lease is ours only if
     both holder and epoch match: an earlier incarnation with the same identity (a restarted process) is
     treated like any other holder, so it is waited out and the new incarnation gets a new epoch.
+    `holder_is_gone`: the caller KNOWS the current holder can never write again (a local process that
+    has exited), so its unexpired lease is taken at once instead of waited out; the epoch still grows.
     """
     if not me:
         raise ValueError("a lease holder needs a non-empty identity")
@@ -69,7 +77,7 @@ def decide(
         return LeaseDecision(
             LeaseAction.RENEW, replace(current, renew_time=now, duration_seconds=duration_seconds)
         )
-    if current.holder is None or current.expired(now):
+    if current.holder is None or current.expired(now) or (holder_is_gone and current.holder != me):
         return LeaseDecision(
             LeaseAction.ACQUIRE, LeaseRecord(me, current.epoch + 1, now, now, duration_seconds)
         )
