@@ -33,6 +33,10 @@ def spark_conf(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.adaptive.enabled": "true",
     }
+    if master.startswith("local"):
+        # One machine: keep the driver's RPC and block manager on loopback, not the host's interface.
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.driver.host"] = "127.0.0.1"
     for catalog in catalogs:
         conf.update(catalog.spark_conf())
     return conf
