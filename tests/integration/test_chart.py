@@ -310,3 +310,42 @@ def test_manifests_pass_server_side_dry_run_and_rbac_escalation_checks(
         check=False,
     )
     assert refused.returncode != 0 and "permissions not currently held" in refused.stderr, refused.stderr
+
+
+def test_leader_election_allows_standby_replicas(home: Path) -> None:
+    docs = render(home, "icefall-system", "--set", "replicas=3")
+    deployment = only(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args and "--leader-lease-seconds=15" in args
+    alone = render(home, "icefall-system", "--set", "leaderElection.enabled=false")
+    args = only(alone, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-leader-elect" in args
+    refused = helm(
+        "template", RELEASE, str(CHART), "--set", "leaderElection.enabled=false", "--set", "replicas=2",
+        home=home, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "/replicas" in refused.stderr, refused.stderr
+
+
+#: What the operator process itself calls (controller/, commit/kube_lease.py for its leader Lease, kopf's
+#: watches, events and finalizer patches), beyond what it grants to drivers and compaction pods.
+OPERATOR_CALLS: list[dict[str, Any]] = [
+    {
+        "apiGroups": ["icefall.dev"],
+        "resources": ["streamingtables"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
+    {"apiGroups": ["icefall.dev"], "resources": ["streamingtables/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch", "delete"]},
+]
+
+
+@pytest.mark.parametrize(("values", "kind"), [((), "Role"), (CLUSTER_WIDE, "ClusterRole")])
+def test_operator_rbac_covers_its_own_calls(home: Path, values: tuple[str, ...], kind: str) -> None:
+    rules = only(render(home, "icefall-system", *values), kind)["rules"]
+    for wanted in OPERATOR_CALLS:
+        assert _covers(rules, wanted), f"the operator's role lacks {wanted}"

@@ -16,6 +16,11 @@ Proves, with pyiceberg as the writer (standing in for Spark) on a real `SqlCatal
 - a commit whose outcome is unknown (the catalog's answer was lost) is recognised when it did land, and
   reported when it did not;
 - maintenance commits (rewrites, property changes, snapshot expiry) keep the committed state;
+- a maintenance commit (a delete here; Spark's rewrites in test_commit_over_maintenance.py) landing between
+  staging and commit does not refuse the batch: it is re-staged on top, once, even when another maintenance
+  commit wins the commit window, and for an empty batch too; but anything that is not maintenance in
+  between (an ingestion commit, a foreign append, a hand-edited `icefall.offsets`) still refuses it, and so
+  does maintenance the batch cannot be re-staged over (a schema change): MaintenanceConflictError;
 - and, as a canary for why all this exists: a plain pyiceberg append silently rebases onto a moved head.
 """
 
@@ -43,6 +48,7 @@ from icefall.commit import (
     Batch,
     CommittedState,
     FencedError,
+    MaintenanceConflictError,
     OffsetGapError,
     Stage,
     StageError,
@@ -50,13 +56,14 @@ from icefall.commit import (
     TopicMismatchError,
     abandon_stage,
     commit_staged,
+    commit_staged_outcome,
     prepare_stage,
     read_committed,
     stage_branch_name,
     state_from_properties,
     sweep_stages,
 )
-from icefall.commit.protocol import GENESIS_PROPERTY
+from icefall.commit.protocol import GENESIS_PROPERTY, RESTAGED_FROM_PROPERTY
 
 pytestmark = pytest.mark.integration
 
@@ -512,6 +519,132 @@ def test_maintenance_commits_keep_the_committed_state(table: Table) -> None:
     assert {**after.__dict__, "snapshot_id": None} == {**committed.__dict__, "snapshot_id": None}
     ingest(table, "w", 3, {1: 1}, epoch=2)
     assert_exactly_once(table, {0: 5, 1: 3})
+
+
+def maintenance(catalog: SqlCatalog, delete: str) -> Any:
+    """A failpoint action: another process deletes rows matching `delete` on main (a retention delete)."""
+
+    def act(name: str) -> None:
+        failpoints.disarm(name)
+        other = catalog.load_table(IDENTIFIER)
+        before = other.metadata.current_snapshot_id
+        other.delete(delete)
+        other.refresh()
+        assert other.metadata.current_snapshot_id != before, "the maintenance delete committed nothing"
+
+    return act
+
+
+def test_a_maintenance_commit_before_the_commit_is_restaged_over(catalog: SqlCatalog, table: Table) -> None:
+    ingest(table, "w", 1, {0: 4, 1: 2}, epoch=1)
+    stage, batch = stage_batch(table, "w", 2, {0: 3, 1: 1})
+    staged = table.metadata.refs[stage.branch].snapshot_id
+
+    with failpoints.armed("after-stage", maintenance(catalog, "partition = 1")):
+        outcome = commit_staged_outcome(table, stage, batch, epoch=1)
+
+    assert outcome.restaged and len(outcome.restaged_over) >= 1
+    meta = table.refresh().metadata
+    head = meta.snapshot_by_id(outcome.snapshot_id)
+    assert head is not None and head.summary is not None
+    assert head.parent_snapshot_id == outcome.restaged_over[-1]
+    assert head.summary[RESTAGED_FROM_PROPERTY] == str(staged)
+    assert head.summary["added-records"] == "4"
+    assert meta.snapshot_by_id(staged) is None  # only the dropped branch reached it
+    assert stage_branches(table) == []
+    # The delete took partition 1's first two rows; the batch landed whole on top of it, exactly once.
+    assert keys_on_main(table) == sorted([*expected_keys({0: 7}), (1, 2)])
+    assert read_committed(table).offsets == {0: 7, 1: 3}
+    ingest(table, "w", 3, {1: 1}, epoch=1)
+    assert keys_on_main(table) == sorted([*expected_keys({0: 7}), (1, 2), (1, 3)])
+
+
+def test_a_second_maintenance_commit_in_the_commit_window_is_restaged_over_too(
+    catalog: SqlCatalog, table: Table
+) -> None:
+    """The re-stage's compare-and-swap loses to a commit landing after the re-check: it is derived again."""
+    ingest(table, "w", 1, {0: 4, 1: 2, 2: 2}, epoch=1)
+    stage, batch = stage_batch(table, "w", 2, {0: 2})
+    failpoints.arm("after-stage", maintenance(catalog, "partition = 1"))
+    failpoints.arm("before-commit", maintenance(catalog, "partition = 2"))
+    outcome = commit_staged_outcome(table, stage, batch, epoch=1)
+    assert len(outcome.restaged_over) >= 2  # re-derived over both deletes after the first swap lost
+    assert keys_on_main(table) == expected_keys({0: 6})
+    assert read_committed(table).offsets == {0: 6, 1: 2, 2: 2}
+    assert stage_branches(table) == []
+
+
+def test_an_empty_batch_is_restaged_over_maintenance(catalog: SqlCatalog, table: Table) -> None:
+    ingest(table, "w", 1, {0: 3}, epoch=1)
+    stage = prepare_stage(table, stage_branch_name("w", 2))
+    batch = Batch(TOPIC, start={0: 3, 1: 0}, end={0: 3, 1: 0})  # pins partition 1, no rows
+    with table.transaction() as tx, tx.update_snapshot(branch=stage.branch).fast_append():
+        pass
+    with failpoints.armed("after-stage", maintenance(catalog, "offset = 0")):
+        outcome = commit_staged_outcome(table, stage, batch, epoch=1)
+    assert outcome.restaged
+    assert keys_on_main(table) == [(0, 1), (0, 2)]
+    assert read_committed(table).offsets == {0: 3, 1: 0}
+
+
+def test_only_maintenance_in_between_is_restaged_over(catalog: SqlCatalog, table: Table) -> None:
+    ingest(table, "w", 1, {0: 4}, epoch=2)
+
+    # Another writer's ingestion commit after the maintenance: the batch overlaps it, refused.
+    stage, batch = stage_batch(table, "w", 2, {0: 2})
+    other = catalog.load_table(IDENTIFIER)
+    other.delete("offset = 0")
+    ingest(other, "other", 1, {0: 1}, epoch=2)
+    with pytest.raises(StaleHeadError) as refused:
+        commit_staged(table, stage, batch, epoch=2)
+    assert not isinstance(refused.value, MaintenanceConflictError)
+    assert_rows = expected_keys({0: 5})[1:]
+    assert keys_on_main(table) == assert_rows
+    abandon_stage(table, stage.branch)
+
+    # A foreign append (not an ingestion commit: icefall.offsets unchanged) is not maintenance either.
+    stage, batch = stage_batch(table, "w", 3, {0: 2})
+    other.refresh().append(records(Batch(TOPIC, {3: 0}, {3: 1})))
+    with pytest.raises(StaleHeadError, match="appended rows"):
+        commit_staged(table, stage, batch, epoch=2)
+    abandon_stage(table, stage.branch)
+    assert read_committed(table).offsets == {0: 5}
+
+    # icefall.offsets edited by hand alongside a maintenance commit: the stage's view is stale.
+    stage, batch = stage_batch(table, "w", 4, {0: 2})
+    with other.refresh().transaction() as tx:
+        tx.set_properties({"icefall.offsets": json.dumps({"0": 7})})
+        tx.delete("partition = 3")
+    with pytest.raises(StaleHeadError, match="properties changed"):
+        commit_staged(table, stage, batch, epoch=2)
+    abandon_stage(table, stage.branch)
+
+    # A newer writer's epoch still fences, maintenance or not.
+    other.refresh().transaction().set_properties(
+        {"icefall.offsets": json.dumps({"0": 5})}
+    ).commit_transaction()
+    stage, batch = stage_batch(table, "w", 5, {0: 2})
+    with failpoints.armed("after-stage", maintenance(catalog, "offset = 1")), pytest.raises(FencedError):
+        commit_staged(table, stage, batch, epoch=1)
+    assert keys_on_main(table) == expected_keys({0: 5})[2:]
+    assert read_committed(table).offsets == {0: 5}
+
+
+def test_maintenance_the_batch_cannot_be_restaged_over_is_a_maintenance_conflict(
+    catalog: SqlCatalog, table: Table
+) -> None:
+    from pyiceberg.types import StringType
+
+    ingest(table, "w", 1, {0: 3}, epoch=1)
+    stage, batch = stage_batch(table, "w", 2, {0: 2})
+    other = catalog.load_table(IDENTIFIER)
+    other.update_schema().add_column("note", StringType()).commit()
+    other.refresh().delete("offset = 0")
+    with pytest.raises(MaintenanceConflictError, match="schema changed"):
+        commit_staged(table, stage, batch, epoch=1)
+    assert read_committed(table).offsets == {0: 3}
+    assert keys_on_main(table) == [(0, 1), (0, 2)]
+    assert stage_branches(table) == [stage.branch]  # refused: nothing changed
 
 
 def test_canary_a_plain_pyiceberg_append_rebases_onto_a_moved_head(catalog: SqlCatalog, table: Table) -> None:

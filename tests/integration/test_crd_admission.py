@@ -50,6 +50,12 @@ Proves:
     password itself is not echoed)
   - metadata.name 9lives without spec.table.name → `spec.table.name: ... metadata.name starts with a
     digit, so it does not make an Iceberg table name; set spec.table.name`
+  - compaction.orphanMinAgeSeconds 60 → `spec.compaction.orphanMinAgeSeconds: Invalid value: 60: ... should
+    be greater than or equal to 3600`
+  - compaction.minReplicas 3 with maxReplicas 1 → `spec.compaction.minReplicas: Invalid value:
+    minReplicas is more than maxReplicas; ...`
+  - retention on column id (not time-partitioned) → `spec.retention.field: Invalid value: retention.field
+    must be partitioned by hour, day, month or year: ...`
   - an unknown field spec.source.topics → `.spec.source.topics: field not declared in schema`
   - spec.table.name: null → `spec.table.name: Invalid value: "null": ... must be of type string`
 - Unknown fields and nulls depend on the client. Server-side apply rejects both (above), whatever
@@ -361,6 +367,21 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         "unknown-field",
         lambda o: _spec(o)["source"].__setitem__("topics", ["orders"]),
         [".spec.source.topics: field not declared in schema"],
+    ),
+    (
+        "orphan-window-too-short",
+        lambda o: _spec(o).__setitem__("compaction", {"orphanMinAgeSeconds": 60}),
+        ["spec.compaction.orphanMinAgeSeconds: Invalid value: 60", "greater than or equal to 3600"],
+    ),
+    (
+        "replicas-inverted",
+        lambda o: _spec(o).__setitem__("compaction", {"minReplicas": 3, "maxReplicas": 1}),
+        ["spec.compaction.minReplicas: Invalid value: minReplicas is more than maxReplicas"],
+    ),
+    (
+        "retention-not-time-partitioned",
+        lambda o: _spec(o).__setitem__("retention", {"field": "id", "maxAgeSeconds": 86400}),
+        ["spec.retention.field: Invalid value: retention.field must be partitioned by hour, day, month"],
     ),
     (
         "null-table-name",

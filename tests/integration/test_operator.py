@@ -21,7 +21,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,9 +31,16 @@ import pytest
 import yaml
 from kubernetes import client, config
 
+from icefall.api import streaming_table_from_object
 from icefall.api.crd import CRD_NAME
+from icefall.catalog import CatalogConfig
+from icefall.catalog.tables import ensure_tables
+from icefall.commit.state import CommittedState
+from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.procs import free_port
 from icefall.devstack.tools import tool_dir
+from icefall.testing.streams import produce
 
 pytestmark = pytest.mark.integration
 
@@ -57,24 +66,45 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60) -> T
 class Operator:
     """`python -m icefall.cli operator` in a subprocess, logging to a file."""
 
-    def __init__(self, kube: KubeAPIServer, log: Path) -> None:
+    def __init__(
+        self,
+        kube: KubeAPIServer,
+        log: Path,
+        *,
+        namespace: str = NAMESPACE,
+        resync_seconds: float = 1,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.kube = kube
         self.log = log
+        self.namespace = namespace
+        self.resync_seconds = resync_seconds
+        self.args = args
+        self.metrics_port = free_port()
+        self.health_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kube.kubeconfig),
-            "ICEFALL_RESYNC_SECONDS": "1",
+            "ICEFALL_RESYNC_SECONDS": str(self.resync_seconds),
+            "ICEFALL_OBSERVE_SECONDS": "0.5",
+            "ICEFALL_STATUS_SECONDS": "1",
             "ICEFALL_IMAGE": "icefall:test",
             "PYTHONPATH": str(REPO / "operator" / "src"),
         }
+        command = [
+            sys.executable, "-m", "icefall.cli", "operator", "--namespace", self.namespace,
+            f"--metrics-port={self.metrics_port}",
+            f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
+            "--leader-lease-seconds=3",  # a SIGKILLed leader's successor waits this long
+            *self.args,
+        ]  # fmt: skip
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "icefall.cli", "operator", "--namespace", NAMESPACE],
-                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.log.parent,
-            )  # fmt: skip
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.log.parent
+            )
 
     def kill(self) -> None:
         assert self.process is not None
@@ -102,9 +132,13 @@ def api(kube: KubeAPIServer) -> client.ApiClient:
         ["wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"],
         ["create", "namespace", NAMESPACE],
     ):
-        done = subprocess.run(
-            [kubectl, *args], capture_output=True, text=True, env=env, timeout=90, check=False
-        )
+        for _ in range(20):  # `kubectl wait` fails while a just-applied CRD has no status conditions yet
+            done = subprocess.run(
+                [kubectl, *args], capture_output=True, text=True, env=env, timeout=90, check=False
+            )
+            if done.returncode == 0 or "accessor error" not in done.stderr:
+                break
+            time.sleep(0.5)
         assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}"
     return config.new_client_from_config(config_file=str(kube.kubeconfig))
 
@@ -160,6 +194,14 @@ class Cluster:
     def pod(self, name: str) -> client.V1Pod | None:
         try:
             return self.core.read_namespaced_pod(name, NAMESPACE)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def pod_in(self, name: str, namespace: str) -> client.V1Pod | None:
+        try:
+            return self.core.read_namespaced_pod(name, namespace)
         except client.ApiException as error:
             if error.status == 404:
                 return None
@@ -281,3 +323,398 @@ def test_sigkill_and_restart_leave_exactly_one_driver_pod(
         assert len(cluster.driver_pods(table)) == 1, table
     after = cluster.pod("orders-ingest")
     assert after is not None and after.metadata.uid == before.metadata.uid
+
+
+# --- status from the table and Kafka, deletion, contested tables, leader election ------------------------
+
+
+def lake_catalog(lake: Path) -> CatalogConfig:
+    return CatalogConfig(name="lake", database=lake / "catalog.db", warehouse=lake / "warehouse")
+
+
+def small_table(
+    name: str,
+    lake: Path | None,
+    *,
+    topic: str = "events",
+    bootstrap: str = "127.0.0.1:1",
+    table: str | None = None,
+    deletion: str = "Retain",
+    namespace: str = NAMESPACE,
+) -> Obj:
+    """A one-column StreamingTable; `lake=None` names a catalog that cannot be opened."""
+    database = lake / "catalog.db" if lake is not None else Path("/nonexistent-icefall-dir/catalog.db")
+    warehouse = lake / "warehouse" if lake is not None else Path("/nonexistent-icefall-dir/warehouse")
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "StreamingTable",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "source": {"bootstrapServers": bootstrap, "topic": topic},
+            "format": {"type": "json", "schema": [{"name": "id", "type": "long", "required": True}]},
+            "table": {
+                "namespace": "it",
+                "name": table or name.replace("-", "_"),
+                "catalog": {
+                    "name": "lake",
+                    "type": "sql",
+                    "uri": f"sqlite:///{database}",
+                    "warehouse": f"file://{warehouse}",
+                },
+            },
+            "freshness": {"targetSeconds": 10},
+            "deletionPolicy": deletion,
+        },
+    }
+
+
+def commit_like_ingestion(
+    table: Any,
+    rows: list[tuple[int, int]],
+    *,
+    offsets: dict[int, int],
+    produce_ms: int,
+    lost: int = 0,
+) -> None:
+    """Append `rows` (partition, offset) and set the icefall.* properties in one commit, as ingestion does."""
+    import pyarrow as pa
+
+    when = datetime.fromtimestamp(produce_ms / 1000, UTC)
+    data = pa.Table.from_pylist(
+        [{"id": o, "_kafka": {"partition": p, "offset": o, "timestamp": when}} for p, o in rows],
+        schema=table.schema().as_arrow(),
+    )
+    state = CommittedState(
+        snapshot_id=None,
+        topic="t",
+        offsets=offsets,
+        epoch=1,
+        max_produce_time_ms=produce_ms,
+        lost_records=lost,
+    )
+    with table.transaction() as tx:
+        if rows:
+            tx.append(data)
+        tx.set_properties(state.to_properties())
+
+
+def mark_running(cluster: Cluster, pod: str, namespace: str = NAMESPACE) -> None:
+    """What a kubelet would report once the driver container started."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cluster.core.patch_namespaced_pod_status(
+        pod,
+        namespace,
+        {
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "driver", "image": "icefall:test", "imageID": "", "ready": True,
+                        "restartCount": 0, "state": {"running": {"startedAt": now}},
+                    }
+                ],
+            }
+        },
+    )  # fmt: skip
+
+
+def conditions_of(cluster: Cluster, name: str) -> dict[str, tuple[str, str]]:
+    st = cluster.st(name)
+    return {c["type"]: (c["status"], c["reason"]) for c in (st.get("status") or {}).get("conditions", [])}
+
+
+def events_for(cluster: Cluster, name: str, namespace: str = NAMESPACE) -> list[tuple[str, str]]:
+    found = cluster.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return [(e.reason, e.message) for e in found.items]
+
+
+def gone(cluster: Cluster, name: str) -> bool:
+    try:
+        cluster.st(name)
+    except client.ApiException as error:
+        if error.status == 404:
+            return True
+        raise
+    return False
+
+
+def printer_columns(kube: KubeAPIServer, name: str) -> dict[str, str]:
+    kubectl = str(tool_dir("ICEFALL_KUBE_BIN") / "kubectl")
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.workdir)}
+    out = subprocess.run(
+        [kubectl, "get", "st", name, "-n", NAMESPACE], capture_output=True, text=True, env=env, check=True
+    ).stdout.splitlines()
+    return dict(zip(out[0].split(), out[1].split(), strict=True))
+
+
+def test_status_shows_freshness_lag_files_and_data_loss_from_the_table_and_kafka(
+    cluster: Cluster, operator: Operator, kube: KubeAPIServer, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    kafka.create_topic("status-events", partitions=2)
+    produce(kafka, "status-events", 0, 10, partitions=[0, 1])  # offsets 0..4 in each partition
+    obj = small_table("status", tmp_path, topic="status-events", bootstrap=kafka.bootstrap)
+    table = ensure_tables(lake_catalog(tmp_path).pyiceberg(), streaming_table_from_object(obj)).table
+    a_minute_ago = int(time.time() * 1000) - 60_000
+    rows = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
+    commit_like_ingestion(table, rows, offsets={0: 3, 1: 5}, produce_ms=a_minute_ago)
+    snapshot = table.refresh().current_snapshot().snapshot_id
+    cluster.create_st(obj)
+    wait_for("the driver pod", lambda: cluster.pod("status-ingest"))
+    mark_running(cluster, "status-ingest")
+
+    def measured() -> Obj | None:
+        status = cluster.st("status").get("status") or {}
+        behind = conditions_of(cluster, "status").get("Ingesting") == ("True", "CatchingUp")
+        return status if behind and (status.get("freshness") or {}).get("lagRecords") == 2 else None
+
+    status = wait_for("lag 2 with the driver catching up", measured, timeout=30)
+    freshness, shape = status["freshness"], status["table"]
+    assert freshness["partitionLag"] == {"0": 2, "1": 0}
+    assert freshness["seconds"] >= 60 and freshness["snapshotId"] == snapshot
+    assert freshness["lastCommitTime"]
+    files = table.inspect.files()  # what pyiceberg counts from the manifests
+    assert (shape["files"], shape["records"]) == (files.num_rows, len(rows))
+    assert shape["avgFileSizeBytes"] == sum(files["file_size_in_bytes"].to_pylist()) // files.num_rows
+    assert shape["snapshots"] == len(table.metadata.snapshots)
+    assert conditions_of(cluster, "status")["FreshnessMet"] == ("False", "BehindTarget")
+    assert conditions_of(cluster, "status")["Ready"] == ("False", "BehindTarget")
+    columns = printer_columns(kube, "status")
+    assert (columns["LAG"], columns["FILES"]) == ("2", str(files.num_rows)) and float(
+        columns["FRESHNESS"]
+    ) >= 60
+
+    # The driver commits the rest: caught up, fresh, Ready.
+    commit_like_ingestion(table, [(0, 3), (0, 4)], offsets={0: 5, 1: 5}, produce_ms=int(time.time() * 1000))
+    wait_for("Ready", lambda: conditions_of(cluster, "status").get("Ready") == ("True", "Running"), 30)
+    assert conditions_of(cluster, "status")["Ingesting"] == ("True", "CaughtUp")
+    status = cluster.st("status")["status"]
+    assert (status["freshness"]["seconds"], status["freshness"]["lagRecords"]) == (0, 0)
+    assert printer_columns(kube, "status")["FRESHNESS"] == "0"
+
+    # Retention deleted records before they were ingested: Degraded until acknowledged.
+    commit_like_ingestion(table, [], offsets={0: 5, 1: 5}, produce_ms=int(time.time() * 1000), lost=4)
+    wait_for("DataLoss", lambda: conditions_of(cluster, "status").get("Degraded") == ("True", "DataLoss"), 30)
+    assert cluster.st("status")["status"]["dataLossRecords"] == 4
+    assert conditions_of(cluster, "status")["Ready"] == ("False", "DataLoss")
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, "status",
+        {"metadata": {"annotations": {"icefall.dev/acknowledged-data-loss": "4"}}},
+    )  # fmt: skip
+    wait_for("Healthy", lambda: conditions_of(cluster, "status").get("Degraded") == ("False", "Healthy"), 30)
+
+    # Operator metrics and liveness.
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read()
+    text = metrics.decode()
+    assert 'icefall_operator_reconciles_total{result="ok"}' in text
+    assert 'icefall_lag_records{partition="0",table="operator-test.status"} 0.0' in text
+    assert "icefall_operator_leader 1.0" in text
+    health = urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}/healthz", timeout=5)
+    assert health.status == 200
+
+    # deletionPolicy Retain (the default): the StreamingTable goes, the table stays.
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "status")
+    wait_for("the StreamingTable to go", lambda: gone(cluster, "status"), 30)
+    assert cluster.pod("status-ingest") is None
+    catalog = lake_catalog(tmp_path).pyiceberg()
+    assert catalog.table_exists(("it", "status")) and catalog.table_exists(("it", "status_dlq"))
+    reasons = [reason for reason, _ in events_for(cluster, "status")]
+    assert "TableRetained" in reasons
+
+
+def test_unreachable_catalog_and_kafka_are_conditions_and_retain_deletes_without_them(
+    cluster: Cluster, operator: Operator
+) -> None:
+    cluster.create_st(small_table("nocatalog", None, bootstrap=f"127.0.0.1:{free_port()}"))
+    wait_for("the driver pod", lambda: cluster.pod("nocatalog-ingest"))
+    mark_running(cluster, "nocatalog-ingest")
+
+    def blocked() -> Obj | None:
+        ingesting = condition(cluster.st("nocatalog"), "Ingesting")
+        return ingesting if ingesting and "cannot read the table" in ingesting["message"] else None
+
+    ingesting = wait_for("Ingesting=False naming the catalog and Kafka", blocked, timeout=30)
+    # Kafka is the more decisive reason; the message names both problems, without secrets.
+    assert (ingesting["status"], ingesting["reason"]) == ("False", "KafkaUnavailable")
+    assert "cannot read the table it.nocatalog from catalog 'lake'" in ingesting["message"]
+    assert "cannot read the watermarks of topic 'events'" in ingesting["message"]
+    assert conditions_of(cluster, "nocatalog")["Ready"] == ("False", "KafkaUnavailable")
+    started = time.monotonic()
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "nocatalog")
+    wait_for("the StreamingTable to go", lambda: gone(cluster, "nocatalog"), 30)
+    assert time.monotonic() - started < 15
+    assert cluster.pod("nocatalog-ingest") is None
+
+
+def test_deletion_policy_delete_drops_the_table_and_its_dead_letters(
+    cluster: Cluster, operator: Operator, tmp_path: Path
+) -> None:
+    obj = small_table("dropme", tmp_path, deletion="Delete")
+    ensure_tables(lake_catalog(tmp_path).pyiceberg(), streaming_table_from_object(obj))
+    cluster.create_st(obj)
+    wait_for("the driver pod", lambda: cluster.pod("dropme-ingest"))
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "dropme")
+    wait_for("the StreamingTable to go", lambda: gone(cluster, "dropme"), 30)
+    assert cluster.pod("dropme-ingest") is None
+    catalog = lake_catalog(tmp_path).pyiceberg()
+    assert not catalog.table_exists(("it", "dropme")) and not catalog.table_exists(("it", "dropme_dlq"))
+    dropped = [message for reason, message in events_for(cluster, "dropme") if reason == "TableDropped"]
+    assert dropped and "it.dropme" in dropped[0] and "it.dropme_dlq" in dropped[0]
+
+
+def test_the_older_streaming_table_wins_a_contested_table(
+    cluster: Cluster, operator: Operator, tmp_path: Path
+) -> None:
+    cluster.create_st(small_table("claim-a", tmp_path, table="shared"))
+    time.sleep(1.1)  # creationTimestamp has one-second resolution: make claim-a strictly older
+    cluster.create_st(small_table("claim-b", tmp_path, table="SHARED"))  # the same table, case folded
+    wait_for("claim-a's driver", lambda: cluster.pod("claim-a-ingest"))
+
+    def claimed() -> Obj | None:
+        ready = condition(cluster.st("claim-b"), "Ready")
+        return ready if ready and ready["reason"] == "TableClaimedByOther" else None
+
+    ready = wait_for("claim-b: Ready=False TableClaimedByOther", claimed, timeout=30)
+    assert ready["status"] == "False" and f"{NAMESPACE}/claim-a" in ready["message"]
+    time.sleep(2)  # two resync passes: the loser still has no driver
+    assert cluster.pod("claim-b-ingest") is None
+    events = events_for(cluster, "claim-b")
+    assert any(r == "TableClaimedByOther" and "claim-a" in m for r, m in events), events
+    assert conditions_of(cluster, "claim-a")["Ready"][1] != "TableClaimedByOther"
+
+    # The owner goes (its table is retained): the other one takes the table over.
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "claim-a")
+    wait_for("claim-b's driver after claim-a left", lambda: cluster.pod("claim-b-ingest"), timeout=30)
+    wait_for(
+        "claim-b no longer claimed",
+        lambda: conditions_of(cluster, "claim-b").get("Ready", ("", ""))[1] != "TableClaimedByOther",
+        timeout=30,
+    )
+
+
+LEADER_NAMESPACE = "operator-leader"
+
+
+def test_only_the_leader_reconciles_and_a_follower_takes_over(
+    cluster: Cluster, kube: KubeAPIServer, tmp_path: Path
+) -> None:
+    cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=LEADER_NAMESPACE)))
+    # Long resync: whatever happens within seconds is the pod watch's doing, not the timer's.
+    operators = [
+        Operator(kube, tmp_path / f"op{i}.log", namespace=LEADER_NAMESPACE, resync_seconds=300)
+        for i in (1, 2)
+    ]
+    try:
+        for op in operators:
+            op.start()
+
+        def leader_and_follower() -> tuple[Operator, Operator] | None:
+            leads = [op for op in operators if "is the leader" in op.log.read_text(errors="replace")]
+            waits = [op for op in operators if "waiting as a follower" in op.log.read_text(errors="replace")]
+            return (leads[0], waits[0]) if len(leads) == 1 and len(waits) == 1 else None
+
+        leader, follower = wait_for("one leader and one follower", leader_and_follower, timeout=30)
+
+        def replaced(old: client.V1Pod) -> bool:
+            new = cluster.pod_in("led-ingest", LEADER_NAMESPACE)
+            return new is not None and new.metadata.uid != old.metadata.uid
+
+        lease = client.CoordinationV1Api(cluster.core.api_client).read_namespaced_lease(
+            "icefall-operator-leader", LEADER_NAMESPACE
+        )
+        assert lease.spec.holder_identity and lease.spec.holder_identity in leader.log.read_text()
+
+        custom = cluster.custom
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, LEADER_NAMESPACE, PLURAL, small_table("led", None, namespace=LEADER_NAMESPACE)
+        )
+        pod = wait_for("the driver pod", lambda: cluster.pod_in("led-ingest", LEADER_NAMESPACE), timeout=30)
+        assert "Handler '" not in follower.log.read_text(errors="replace")  # the follower never ran kopf
+        for op in (leader, follower):  # a follower is alive too (its standby probe answers)
+            probe = urllib.request.urlopen(f"http://127.0.0.1:{op.health_port}/healthz", timeout=5)
+            assert probe.status == 200
+
+        # The pod watch brings a deleted driver back at once (the resync timer is 300 s away).
+        started = time.monotonic()
+        cluster.core.delete_namespaced_pod("led-ingest", LEADER_NAMESPACE)
+        wait_for(
+            "a new driver pod",
+            lambda: (
+                (p := cluster.pod_in("led-ingest", LEADER_NAMESPACE)) and p.metadata.uid != pod.metadata.uid
+            ),
+            timeout=10,
+        )
+        recreated_after = time.monotonic() - started
+        assert recreated_after < 5, recreated_after
+
+        # The leader dies without releasing the Lease: the follower takes over within its duration (3 s).
+        leader.kill()
+        killed = time.monotonic()
+        wait_for("the follower to lead", lambda: "is the leader" in follower.log.read_text(), timeout=15)
+        took_over = time.monotonic() - killed
+        assert took_over < 3 + 2 + 2, took_over  # duration + one acquire poll + slack
+        print(f"driver recreated after {recreated_after:.1f} s; follower led after {took_over:.1f} s")
+        pod = wait_for("the driver pod", lambda: cluster.pod_in("led-ingest", LEADER_NAMESPACE))
+        cluster.core.delete_namespaced_pod("led-ingest", LEADER_NAMESPACE)
+        wait_for(
+            "the new leader to recreate the driver",
+            lambda: (
+                (p := cluster.pod_in("led-ingest", LEADER_NAMESPACE)) and p.metadata.uid != pod.metadata.uid
+            ),
+            timeout=10,
+        )
+        assert "Traceback" not in follower.log.read_text(errors="replace"), follower.tail()
+        # kopf now serves the liveness endpoint on the port the standby probe held.
+        probe = urllib.request.urlopen(f"http://127.0.0.1:{follower.health_port}/healthz", timeout=5)
+        assert probe.status == 200 and b"follower" not in probe.read()
+    finally:
+        for op in operators:
+            op.stop()
+
+
+def test_compaction_replicas_follow_the_measured_backlog(
+    cluster: Cluster, operator: Operator, tmp_path: Path
+) -> None:
+    from icefall.compact.view import read_table_view
+    from icefall.plan.maintenance import backlog, plan_maintenance, policy_from_spec
+    from icefall.plan.scaling import compaction_replicas
+
+    obj = small_table("tidy", tmp_path)
+    st = streaming_table_from_object(obj)
+    table = ensure_tables(lake_catalog(tmp_path).pyiceberg(), st).table
+    for offset in range(8):  # eight tiny files: what frequent small commits leave behind
+        commit_like_ingestion(
+            table, [(0, offset)], offsets={0: offset + 1}, produce_ms=int(time.time() * 1000)
+        )
+    table = table.refresh()
+    work = backlog(plan_maintenance(read_table_view(table, list_storage=False), policy_from_spec(st.spec), 0))
+    expected = compaction_replicas(work, st.spec.compaction.min_replicas, st.spec.compaction.max_replicas)
+    assert work > 0 and expected > 0
+    cluster.create_st(obj)
+
+    def scaled() -> Any:
+        found = cluster.apps.list_namespaced_deployment(
+            NAMESPACE, field_selector="metadata.name=tidy-compact"
+        )
+        return any(d.spec.replicas == expected for d in found.items)
+
+    wait_for(f"the compaction Deployment at {expected} replicas", scaled, timeout=30)
+    shape = wait_for("table status", lambda: (cluster.st("tidy").get("status") or {}).get("table"))
+    assert (shape["compactionBacklog"], shape["smallFileRatio"], shape["files"]) == (work, 1.0, 8)
+    assert "lastCompactionTime" not in shape  # nothing was rewritten yet
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "tidy")
+    wait_for("the StreamingTable to go", lambda: gone(cluster, "tidy"), 30)
+
+
+def test_a_leader_that_was_paused_past_its_lease_notices_it_lost_leadership(api: client.ApiClient) -> None:
+    from icefall.controller.leader import LeaderElection
+
+    lost: list[str] = []
+    paused = LeaderElection(
+        api, NAMESPACE, name="pause-test", holder="paused", duration_seconds=1, on_lost=lost.append
+    )
+    paused.acquire()
+    time.sleep(1.2)  # paused (no renewal) past its lease: another replica takes over
+    LeaderElection(api, NAMESPACE, name="pause-test", holder="successor", duration_seconds=30).acquire()
+    paused.start_renewing()  # it wakes up and tries to renew
+    wait_for("the paused leader to notice", lambda: lost, timeout=5)
+    assert "successor" in lost[0]

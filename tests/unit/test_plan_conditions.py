@@ -302,3 +302,19 @@ def test_a_reason_change_without_a_flip_is_written_at_once() -> None:
         catching_up, C.INGESTING, S.TRUE, R.CAUGHT_UP, "caught up", generation=4, now=T0
     )
     assert should_write_status(written, status(caught_up, seconds=12.0), T0, T0 + timedelta(seconds=1), 30)
+
+
+def test_a_claimed_table_is_not_ready_and_says_who_owns_it() -> None:
+    obs = healthy(driver=DriverState.NOT_WANTED, issues=(Issue(R.TABLE_CLAIMED, "claimed by ns/older"),))
+    states = {c.type: c for c in derive_conditions(obs, table(), T0)}
+    assert (states[C.READY].status, states[C.READY].reason) == (S.FALSE, R.TABLE_CLAIMED)
+    assert states[C.READY].message == "claimed by ns/older"
+    assert (states[C.INGESTING].status, states[C.INGESTING].reason) == (S.FALSE, R.TABLE_CLAIMED)
+
+
+def test_freshness_that_cannot_be_measured_is_unknown_with_the_reason() -> None:
+    obs = healthy(freshness_seconds=None, lag_records=None, last_commit_time=T0, unmeasured="no Kafka secret")
+    states = {c.type: c for c in derive_conditions(obs, table(), T0)}
+    fresh = states[C.FRESHNESS_MET]
+    assert (fresh.status, fresh.reason, fresh.message) == (S.UNKNOWN, R.NOT_MEASURED, "no Kafka secret")
+    assert (states[C.READY].status, states[C.READY].reason) == (S.UNKNOWN, R.NOT_MEASURED)

@@ -338,3 +338,13 @@ def test_history_survives_a_round_trip_and_garbage_reads_as_none() -> None:
     assert DriverHistory.from_dict(history.to_dict()) == history
     assert DriverHistory.from_dict(None) == DriverHistory()
     assert DriverHistory.from_dict({"failures": "many", "lastFailureTime": "yesterday"}) == DriverHistory()
+
+
+def test_a_claimed_table_stops_its_driver_and_names_the_owner() -> None:
+    decision = decide(running(), desired_hash=HASH, history=DriverHistory(), now=T0, claimed_by="ns/older")
+    assert (decision.action, decision.state) == (Action.DELETE, DriverState.NOT_WANTED)
+    (event,) = decision.events
+    assert event.reason is EventReason.TABLE_CLAIMED and "ns/older" in event.message
+    idle = decide(None, desired_hash=HASH, history=decision.history, now=T0, claimed_by="ns/older")
+    assert (idle.action, idle.events) == (Action.KEEP, ())
+    assert "ns/older" in idle.state_message

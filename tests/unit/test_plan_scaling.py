@@ -39,3 +39,14 @@ def test_replicas_follow_the_backlog(backlog: int, low: int, high: int, per: int
 def test_nonsense_is_refused(backlog: int, low: int, high: int, per: int) -> None:
     with pytest.raises(ValueError):
         compaction_replicas(backlog, low, high, items_per_replica=per)
+
+
+def test_scale_down_waits_for_the_cool_down_and_scale_up_does_not() -> None:
+    from icefall.plan.scaling import damped_replicas
+
+    assert damped_replicas(3, None, None, 0.0, cooldown_seconds=60) == 3  # first decision
+    assert damped_replicas(4, 1, 100.0, 101.0, cooldown_seconds=60) == 4  # up at once
+    assert damped_replicas(0, 2, 100.0, 159.0, cooldown_seconds=60) == 2  # down: not yet
+    assert damped_replicas(0, 2, 100.0, 160.0, cooldown_seconds=60) == 0  # down after the cool-down
+    with pytest.raises(ValueError, match="cooldown_seconds"):
+        damped_replicas(0, 1, 0.0, 0.0, cooldown_seconds=-1)

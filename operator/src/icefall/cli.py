@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
 import sys
@@ -65,11 +64,25 @@ def _run(args: argparse.Namespace) -> int:
     print("[run] starting local Spark ...", flush=True)
     spark = build_spark_session([catalog], app_name=f"icefall-{st.metadata.name}", master=args.master)
     lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), local_process_holder())
-    return _ingest_until_stopped(st, catalog, spark, lease, args)
+    between_batches = None
+    if st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance:
+        from icefall.compact.runner import embedded_maintenance
+
+        between_batches = embedded_maintenance(st, catalog, spark, state / "leases").between_batches
+    return _ingest_until_stopped(st, catalog, spark, lease, args, between_batches=between_batches)
 
 
-def _ingest_until_stopped(st: Any, catalog: Any, spark: Any, lease: Any, args: argparse.Namespace) -> int:
-    """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so."""
+def _ingest_until_stopped(
+    st: Any,
+    catalog: Any,
+    spark: Any,
+    lease: Any,
+    args: argparse.Namespace,
+    *,
+    between_batches: Any = None,
+) -> int:
+    """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so.
+    `between_batches(report)`, if given, runs after every batch (in-process maintenance)."""
     import signal
     import threading
 
@@ -112,6 +125,8 @@ def _ingest_until_stopped(st: Any, catalog: Any, spark: Any, lease: Any, args: a
             print(f"[run] caught up, waiting for records; last commit {since}", flush=True)
         if args.max_seconds and time.monotonic() - started > args.max_seconds:
             stop.set()
+        if between_batches is not None and not stop.is_set():
+            between_batches(report)
 
     from icefall.commit import FencedError
     from icefall.commit.lease import LeaseTimeoutError
@@ -173,6 +188,61 @@ def _ingest(args: argparse.Namespace) -> int:
     return _ingest_until_stopped(st, catalog, spark, lease, args)
 
 
+def _compact(args: argparse.Namespace) -> int:
+    """The compaction pods' entry point (`--namespace/--name`: the StreamingTable from the API, work Leases
+    in Kubernetes) and its local twin (`-f`: a manifest, work Leases as files in `--state-dir`)."""
+    import json
+
+    from icefall.compact.runner import file_leases, runner_for, serve
+    from icefall.plan.children import ENV_POD_NAME, ENV_SPARK_CONF
+    from icefall.spark.session import build_spark_session
+
+    if bool(args.file) == bool(args.namespace and args.name):
+        raise SystemExit("give either -f <manifest> or --namespace and --name")
+    state = Path(args.state_dir).resolve()
+    if args.file:
+        st = _load(args)
+        leases = file_leases(state / "leases")
+    else:
+        from icefall.api import ManifestError, streaming_table_from_object
+        from icefall.commit.kube_lease import KubernetesLease
+        from icefall.compact.runner import WORK_LEASE_SECONDS
+        from icefall.controller.handlers import api_client
+        from icefall.controller.kube import Kube
+
+        api = api_client()
+        try:
+            st = streaming_table_from_object(Kube(api).get_streaming_table(args.namespace, args.name))
+        except ManifestError as error:
+            raise SystemExit(f"StreamingTable {args.namespace}/{args.name} is not valid:\n{error}") from None
+        if st.spec.table.catalog is None:
+            raise SystemExit("spec.table.catalog is required in a cluster: the embedded catalog is pod-local")
+        holder = os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
+
+        def leases(name: str) -> Any:
+            return KubernetesLease(api, args.namespace, name, holder, duration_seconds=WORK_LEASE_SECONDS)
+
+    if not st.spec.compaction.enabled or st.spec.suspend:
+        print(f"[compact] {st.metadata.name}: compaction is disabled or suspended; nothing to do", flush=True)
+        return 0
+    from icefall import metrics
+
+    metrics.serve(args.metrics_port)
+    catalog = _catalog_for(st, state)
+    catalog.pyiceberg()
+    conf: dict[str, str] = json.loads(os.environ.get(ENV_SPARK_CONF) or "{}")
+    spark = build_spark_session(
+        [catalog],
+        app_name=conf.get("spark.app.name", f"icefall-{st.metadata.name}-compact"),
+        master=conf.get("spark.master", args.master),
+        extra_conf=conf,
+    )
+    try:
+        return serve(runner_for(st, catalog, spark, leases), once=args.once, idle_seconds=args.idle_seconds)
+    finally:
+        spark.stop()
+
+
 def _operator(args: argparse.Namespace) -> int:
     import kopf
 
@@ -181,17 +251,38 @@ def _operator(args: argparse.Namespace) -> int:
 
     if args.namespace and args.all_namespaces:
         raise SystemExit("give --namespace or --all-namespaces, not both")
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from icefall.controller.logs import configure_logging
+
+    configure_logging(args.log_level, json_lines=args.log_format == "json")
     metrics.serve(args.metrics_port)
     namespaces = args.namespace or []
-    kopf.run(
-        standalone=True,
-        namespaces=namespaces,
-        clusterwide=not namespaces,
-        liveness_endpoint=args.liveness,
-    )
+    election = None
+    if args.leader_elect:
+        from icefall.controller.handlers import api_client
+        from icefall.controller.leader import LeaderElection, StandbyHealth
+
+        lease_namespace = (
+            args.leader_election_namespace
+            or os.environ.get("ICEFALL_POD_NAMESPACE")
+            or (namespaces[0] if namespaces else "default")
+        )
+        election = LeaderElection(api_client(), lease_namespace, duration_seconds=args.leader_lease_seconds)
+        standby = StandbyHealth(args.liveness)  # a follower is alive, not broken
+        try:
+            election.acquire()
+        finally:
+            standby.stop()
+        election.start_renewing()
+    try:
+        kopf.run(
+            standalone=True,
+            namespaces=namespaces,
+            clusterwide=not namespaces,
+            liveness_endpoint=args.liveness,
+        )
+    finally:
+        if election is not None:
+            election.release()
     return 0
 
 
@@ -282,7 +373,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--lease-timeout", type=float, default=60, help="seconds to wait for the commit lease")
     run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
+    run.add_argument("--no-maintenance", action="store_true", help="no in-process compaction between batches")
     run.set_defaults(func=_run)
+    compact = commands.add_parser("compact", help="compaction and maintenance worker (the compaction pods)")
+    compact.add_argument("-f", "--file", help="a StreamingTable manifest (local mode, file Leases)")
+    compact.add_argument("--namespace", help="namespace of the StreamingTable (in a cluster)")
+    compact.add_argument("--name", help="name of the StreamingTable (in a cluster)")
+    compact.add_argument("--state-dir", default=".icefall", help="embedded catalog, warehouse, leases")
+    compact.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
+    compact.add_argument("--master", default="local[2]", help="Spark master unless the pod's conf sets it")
+    compact.add_argument("--once", action="store_true", help="one round (at most one item), then exit")
+    compact.add_argument("--idle-seconds", type=float, default=30, help="pause when there is nothing to do")
+    compact.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics (0: off)")
+    compact.set_defaults(func=_compact)
     ingest = commands.add_parser("ingest", help="the driver pod: ingest the StreamingTable read from the API")
     ingest.add_argument("--namespace", required=True, help="namespace of the StreamingTable")
     ingest.add_argument("--name", required=True, help="name of the StreamingTable")
@@ -300,7 +403,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--liveness", help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz"
     )
     operator.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics (0: off)")
-    operator.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    operator.add_argument(
+        "--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"]
+    )
+    operator.add_argument(
+        "--log-format", default="text", choices=["text", "json"], help="json: one JSON object per line"
+    )
+    operator.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reconcile only while holding the Lease icefall-operator-leader (default: on)",
+    )
+    operator.add_argument(
+        "--leader-election-namespace",
+        help="namespace of the leader Lease (default: $ICEFALL_POD_NAMESPACE, else the first --namespace)",
+    )
+    operator.add_argument(
+        "--leader-lease-seconds", type=int, default=15, help="leader Lease duration (renewed every third)"
+    )
     operator.set_defaults(func=_operator)
     status = table_command("status", "print committed offsets, lag and freshness")
     status.set_defaults(func=_status)

@@ -51,6 +51,21 @@ COMMITS_REFUSED = Counter(
     ["table", "reason"],
     registry=REGISTRY,
 )
+INGEST_COMMITS_RESTAGED = Counter(
+    "icefall_ingest_commits_restaged_total",
+    "Ingestion commits that found main moved by maintenance only (compaction, retention, manifest "
+    "rewrites) and landed their batch on top of it anyway, in one commit, without re-reading Kafka.",
+    ["table"],
+    registry=REGISTRY,
+)
+INGEST_COMMITS_FAILED_BY_MAINTENANCE = Counter(
+    "icefall_ingest_commits_failed_by_maintenance_total",
+    "Ingestion commits refused because maintenance moved main in a way the batch could not be re-staged "
+    "over (schema or partition spec changed, or maintenance kept committing); the batch is planned again. "
+    'Also counted in icefall_commits_refused_total{reason="stale_head"}.',
+    ["table"],
+    registry=REGISTRY,
+)
 FRESHNESS = Gauge(
     "icefall_freshness_seconds",
     "Seconds between now and the produce time of the newest committed record; 0 when caught up.",
@@ -64,6 +79,51 @@ LAG = Gauge(
 DATA_LOSS = Counter(
     "icefall_data_loss_records_total",
     "Records deleted by topic retention before ingestion committed them.",
+    ["table"],
+    registry=REGISTRY,
+)
+
+MAINTENANCE_ITEMS = Counter(
+    "icefall_maintenance_items_total",
+    "Maintenance work items run, by kind (CompactPartition, ExpireSnapshots, ...) and outcome "
+    "(done, skipped: stale plan, failed).",
+    ["table", "kind", "outcome"],
+    registry=REGISTRY,
+)
+MAINTENANCE_ITEM_DURATION = Histogram(
+    "icefall_maintenance_item_duration_seconds",
+    "Wall time of one maintenance work item, claim to commit.",
+    ["table", "kind"],
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
+    registry=REGISTRY,
+)
+COMPACTION_FILES_REWRITTEN = Counter(
+    "icefall_compaction_rewritten_files_total",
+    "Data files replaced by compaction (inputs of committed rewrites).",
+    ["table"],
+    registry=REGISTRY,
+)
+COMPACTION_FILES_ADDED = Counter(
+    "icefall_compaction_added_files_total",
+    "Data files written by committed compaction rewrites.",
+    ["table"],
+    registry=REGISTRY,
+)
+LAST_COMPACTION = Gauge(
+    "icefall_last_compaction_timestamp_seconds",
+    "Unix time of the last committed compaction rewrite by this process.",
+    ["table"],
+    registry=REGISTRY,
+)
+LAST_SNAPSHOT_EXPIRY = Gauge(
+    "icefall_last_snapshot_expiry_timestamp_seconds",
+    "Unix time of the last snapshot expiry by this process.",
+    ["table"],
+    registry=REGISTRY,
+)
+MAINTENANCE_BACKLOG = Gauge(
+    "icefall_maintenance_backlog_items",
+    "Maintenance work items in the last plan this process made.",
     ["table"],
     registry=REGISTRY,
 )

@@ -268,6 +268,25 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
             ),
             field_path=".batch.minIntervalSeconds",
         ),
+        Rule(
+            # partitioning has at most 16 items: a bounded scan.
+            "!has(self.retention) || (has(self.table) && has(self.table.partitioning) && "
+            "self.table.partitioning.exists(p, p.field == self.retention.field && has(p.transform) && "
+            "p.transform in ['hour', 'day', 'month', 'year']))",
+            message=(
+                "retention.field must be partitioned by hour, day, month or year: add {field: <column>, "
+                "transform: day} to table.partitioning, or name a column partitioned that way"
+            ),
+            field_path=".retention.field",
+        ),
+    ),
+    "CompactionSpec": (
+        Rule(
+            # Both are defaulted scalars when the spec is validated.
+            "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            message="minReplicas is more than maxReplicas; lower minReplicas or raise maxReplicas",
+            field_path=".minReplicas",
+        ),
     ),
     "BatchSpec": (
         Rule(

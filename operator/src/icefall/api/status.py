@@ -61,6 +61,7 @@ class ConditionReason(StrEnum):
     WITHIN_TARGET = "WithinTarget"
     BEHIND_TARGET = "BehindTarget"
     NO_COMMITS_YET = "NoCommitsYet"
+    NOT_MEASURED = "NotMeasured"
     # Degraded
     HEALTHY = "Healthy"
     DATA_LOSS = "DataLoss"
@@ -89,6 +90,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.COMMIT_CONFLICT,
         _R.BEHIND_TARGET,
         _R.NO_COMMITS_YET,
+        _R.NOT_MEASURED,
         _R.DATA_LOSS,
         _R.OFFSETS_AHEAD_OF_TOPIC,
         _R.BAD_RECORD_HALTED,
@@ -107,7 +109,13 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.BAD_RECORD_HALTED,
         _R.TABLE_CLAIMED,
     },
-    ConditionType.FRESHNESS_MET: _LIFECYCLE | {_R.WITHIN_TARGET, _R.BEHIND_TARGET, _R.NO_COMMITS_YET},
+    ConditionType.FRESHNESS_MET: _LIFECYCLE
+    | {
+        _R.WITHIN_TARGET,
+        _R.BEHIND_TARGET,
+        _R.NO_COMMITS_YET,
+        _R.NOT_MEASURED,
+    },
     ConditionType.DEGRADED: _LIFECYCLE
     | {
         _R.HEALTHY,
@@ -178,6 +186,31 @@ class TableStatus(StatusModel):
     files: int = Field(default=0, ge=0, description="Data files in the current snapshot.")
     avg_file_size_bytes: int = Field(default=0, ge=0, description="Average data file size in bytes.")
     snapshots: int = Field(default=0, ge=0, description="Snapshots retained in table metadata.")
+    records: int = Field(default=0, ge=0, description="Rows in the current snapshot.")
+    small_file_ratio: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=(
+            "Share of data files smaller than the compaction target size; unset when not measured (it needs "
+            "the manifests, read only with the compaction planner)."
+        ),
+    )
+    compaction_backlog: int | None = Field(
+        default=None,
+        ge=0,
+        description="Compaction and maintenance work items waiting (what the compaction pods scale on).",
+    )
+    last_compaction_time: datetime | None = Field(
+        default=None, description="When the newest retained rewrite (replace) snapshot was committed."
+    )
+    last_expiry_time: datetime | None = Field(
+        default=None,
+        description=(
+            "When snapshots were last expired, from table property icefall.last-expiry-time-ms; unset when "
+            "unknown (expiry leaves no snapshot behind, so only a maintenance run that records it tells)."
+        ),
+    )
 
 
 class StreamingTableStatus(StatusModel):

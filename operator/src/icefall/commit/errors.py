@@ -15,6 +15,14 @@ class StaleHeadError(CommitError):
     """
 
 
+class MaintenanceConflictError(StaleHeadError):
+    """`main` moved only by maintenance commits (compaction, retention, manifest rewrites), yet the batch
+    could not be re-staged on top of them: the schema or partition spec changed, the stage is not one plain
+    append, or maintenance kept committing. Plan again, as for any StaleHeadError; counted apart, because
+    these are the ingestion commits that failed because of maintenance.
+    """
+
+
 class FencedError(CommitError):
     """The writer's lease epoch is below the table's: a newer writer has taken over. Stop writing."""
 

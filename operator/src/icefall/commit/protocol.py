@@ -9,6 +9,11 @@
    still H, that the batch starts at the committed offsets, and that the branch holds exactly S with parent
    H. Then ONE catalog commit points `main` at S, drops the branch and sets the `icefall.*` properties,
    guarded by `AssertRefSnapshotId(main, H)` and `AssertRefSnapshotId(branch, S)`.
+4. If `main` moved from H to H' only through maintenance (every snapshot after H up to H' is not an
+   append, and the `icefall.*` properties are still those the stage read, so nobody ingested), the batch is
+   re-staged instead of refused: ONE catalog commit appends exactly S's data files onto H', sets the
+   properties and drops the branch, guarded by `AssertRefSnapshotId(main, H')`. Compaction, retention and
+   manifest rewrites therefore never make an ingestion commit fail (DESIGN.md, "Maintenance in between").
 
 A batch that skips records Kafka's retention deleted names the gap (`Batch.retention_gaps`); its commit adds
 the gap's width to `icefall.lost-records` in the same metadata commit. `rewind_dead_letters` is the one
@@ -16,10 +21,12 @@ other commit that sets `icefall.*`: it takes a dead-letter table left ahead of i
 dead letters landed but whose main commit did not) back to the main table's offsets, deleting the rows past
 them in the same guarded commit.
 
-Guarantees: `main` only ever moves forward by one staged snapshot whose parent it was pointing at, so a
-batch can land at most once, and only on top of the state it was planned from; its offsets land in the same
-metadata commit. No new snapshot is made at commit time, so there is nothing to rebase and pyiceberg's or
-Spark's retry-by-rebase never applies. A refused commit changes nothing.
+Guarantees: `main` only ever moves forward by one staged snapshot whose parent it was pointing at, or by
+one snapshot appending exactly the staged files onto maintenance commits that changed no `icefall.*`
+property, so a batch can land at most once, and only on top of the state it was planned from (or that
+state with its files compacted or its expired rows dropped); its offsets land in the same metadata commit.
+Nothing is rebased by a client's retry: a re-stage is re-derived from freshly loaded metadata and guarded
+by a compare-and-swap on the head it was derived from. A refused commit changes nothing.
 
 Not guaranteed: progress under contention (a writer that keeps losing keeps re-planning; leases make that
 rare), and any cleanup of files written for refused batches (orphan-file removal does that).
@@ -37,8 +44,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntryStatus
 from pyiceberg.table.refs import SnapshotRefType
-from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
 from pyiceberg.table.update import (
     AddSnapshotUpdate,
     AssertRefSnapshotId,
@@ -54,6 +62,7 @@ from pyiceberg.table.update import (
 from icefall.commit.errors import (
     CommitError,
     FencedError,
+    MaintenanceConflictError,
     OffsetGapError,
     StageError,
     StaleHeadError,
@@ -68,6 +77,7 @@ if TYPE_CHECKING:
 
 STAGE_PREFIX = "icefall_stage_"
 GENESIS_PROPERTY = "icefall.genesis"
+RESTAGED_FROM_PROPERTY = "icefall.restaged-from"  # snapshot summary of a re-staged batch: the staged id
 # Attempts of one catalog commit while its own conditions still hold (the table changed elsewhere, e.g. a
 # property or another branch). Each attempt re-checks everything from fresh metadata: this is not a rebase.
 MAX_ATTEMPTS = 5
@@ -117,6 +127,33 @@ class Stage:
     table_uuid: uuid.UUID = field(repr=False)
 
 
+@dataclass(frozen=True)
+class CommitOutcome:
+    """What `commit_staged_outcome` did: `snapshot_id` is `main`'s new head.
+
+    `restaged_over` lists the maintenance snapshots (oldest first) that had moved `main` since the stage was
+    prepared and that the batch was re-staged on top of; empty when `main` was fast-forwarded to the staged
+    snapshot itself.
+    """
+
+    snapshot_id: int
+    restaged_over: tuple[int, ...] = ()
+
+    @property
+    def restaged(self) -> bool:
+        return bool(self.restaged_over)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A commit `_check` allows: assert `main` is `head`, land the batch staged as `staged`."""
+
+    head: int
+    staged: int
+    properties: dict[str, str]
+    restage_over: tuple[int, ...] = ()  # maintenance snapshots after the stage's base; () = fast-forward
+
+
 def stage_branch_name(writer_id: str, attempt: int | str) -> str:
     """A branch name unique to a writer and attempt, valid as an unquoted Spark SQL identifier part."""
     slug = re.sub(r"[^A-Za-z0-9_]+", "_", f"{writer_id}_{attempt}").strip("_")
@@ -161,28 +198,48 @@ def prepare_stage(table: Table, branch: str) -> Stage:
 
 
 def commit_staged(table: Table, stage: Stage, batch: Batch, epoch: int) -> int:
-    """Fast-forward `main` to the batch staged on `stage.branch`; return the new head's snapshot id.
+    """Land the batch staged on `stage.branch` on `main`; return the new head's snapshot id.
 
-    Raises FencedError, StaleHeadError, TopicMismatchError, OffsetGapError or StageError, each meaning
-    nothing was committed. Any other exception leaves the outcome to be found out by re-reading the table
-    (`read_committed`): if the commit did land, this function returns normally instead.
+    Raises FencedError, StaleHeadError (MaintenanceConflictError among them), TopicMismatchError,
+    OffsetGapError or StageError, each meaning nothing was committed. Any other exception leaves the
+    outcome to be found out by re-reading the table (`read_committed`): if the commit did land, this
+    function returns normally instead. `commit_staged_outcome` also tells whether the batch was re-staged.
+    """
+    return commit_staged_outcome(table, stage, batch, epoch).snapshot_id
+
+
+def commit_staged_outcome(table: Table, stage: Stage, batch: Batch, epoch: int) -> CommitOutcome:
+    """`commit_staged`, telling whether `main` was fast-forwarded or the batch re-staged over maintenance.
+
+    Fast-forward: `main` is still the stage's base H; `main` → S. Re-stage: `main` moved from H to H' by
+    maintenance only (module doc, step 4); one new snapshot appending S's data files goes on top of H'.
+    Every attempt starts from freshly loaded metadata; a compare-and-swap the catalog refuses (a rewrite
+    landed in between, say) is looked at again, up to MAX_ATTEMPTS times.
     """
     failpoint("after-stage")
     if epoch < 0:
         raise ValueError(f"epoch must not be negative, got {epoch}")
+    plan: _Plan | None = None
     for _ in range(MAX_ATTEMPTS):
         table.refresh()
         meta = table.metadata
-        staged, properties = _check(meta, stage, batch, epoch)
-        updates: tuple[TableUpdate, ...] = (
-            _point_branch(meta, MAIN, staged),
+        plan = _check(meta, stage, batch, epoch)
+        updates: tuple[TableUpdate, ...]
+        if plan.restage_over:
+            new_head, updates = _restage(table, meta, stage, plan)
+        else:
+            new_head, updates = plan.staged, (_point_branch(meta, MAIN, plan.staged),)
+        updates += (
             RemoveSnapshotRefUpdate(ref_name=stage.branch),
-            SetPropertiesUpdate(updates=properties),
+            SetPropertiesUpdate(updates=plan.properties),
         )
+        if plan.restage_over:
+            # Only the dropped branch reached the staged snapshot; its data files now belong to new_head.
+            updates += (RemoveSnapshotsUpdate(snapshot_ids=[plan.staged]),)
         requirements: tuple[TableRequirement, ...] = (
             AssertTableUUID(uuid=stage.table_uuid),
-            AssertRefSnapshotId(ref=MAIN, snapshot_id=stage.base.snapshot_id),
-            AssertRefSnapshotId(ref=stage.branch, snapshot_id=staged),
+            AssertRefSnapshotId(ref=MAIN, snapshot_id=plan.head),
+            AssertRefSnapshotId(ref=stage.branch, snapshot_id=plan.staged),
         )
         failpoint("before-commit")
         try:
@@ -190,16 +247,32 @@ def commit_staged(table: Table, stage: Stage, batch: Batch, epoch: int) -> int:
         except CommitFailedException as e:
             log.info("commit of %s refused by the catalog (%s); checking again", stage.branch, e)
             continue
-        except Exception:
-            if _landed(table, staged):
+        except Exception as e:
+            if _landed(table, new_head):
                 log.warning("commit of %s reported an error but landed", stage.branch)
                 break
+            if plan.restage_over and isinstance(e, ValueError):
+                # A re-stage adds a snapshot numbered from the metadata it was built on; if the table gained
+                # a snapshot elsewhere (another branch), the catalog refuses it while applying the updates,
+                # before any swap.
+                log.info("re-stage of %s no longer applies (%s); checking again", stage.branch, e)
+                continue
             raise
         break
     else:
+        if plan is not None and plan.restage_over:
+            raise MaintenanceConflictError(
+                f"could not re-stage {stage.branch}: maintenance kept committing to main "
+                f"({MAX_ATTEMPTS} attempts)"
+            )
         raise CommitError(f"could not commit {stage.branch}: the table kept changing")
+    if plan.restage_over:
+        log.info(
+            "%s: main had moved by maintenance (%s); batch of %s re-staged as %d",
+            _name(table), ", ".join(map(str, plan.restage_over)), stage.branch, new_head,
+        )  # fmt: skip
     failpoint("after-commit")
-    return staged
+    return CommitOutcome(snapshot_id=new_head, restaged_over=plan.restage_over)
 
 
 def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
@@ -278,8 +351,8 @@ def sweep_stages(table: Table, keep: Collection[str] = ()) -> list[str]:
     return _drop_stages(table, lambda name: name.startswith(STAGE_PREFIX) and name not in keep)
 
 
-def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> tuple[int, dict[str, str]]:
-    """The staged snapshot id and the properties to set, or the reason to refuse."""
+def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan:
+    """The commit to make (fast-forward or re-stage, and the properties to set), or the reason to refuse."""
     main = meta.refs.get(MAIN)
     head = main.snapshot_id if main else None
     committed = state_of(meta)
@@ -289,10 +362,10 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> tuple
         raise FencedError(
             f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
         )
-    if head != stage.base.snapshot_id:
-        raise StaleHeadError(
-            f"main moved from {stage.base.snapshot_id} to {head} since the batch was planned"
-        )
+    base = stage.base.snapshot_id
+    if head is None:
+        raise StaleHeadError(f"main was removed since the batch was planned on {base}")
+    restage_over = () if head == base else _maintenance_since(meta, stage, head)
     if committed.topic is not None and committed.topic != batch.topic:
         raise TopicMismatchError(
             f"the table holds topic {committed.topic!r}, the batch is from {batch.topic!r}"
@@ -309,13 +382,13 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> tuple
     ref = meta.refs.get(stage.branch)
     if ref is None or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
         raise StageError(f"staging branch {stage.branch} does not exist (abandoned, or already committed)")
-    if ref.snapshot_id == head:
+    if ref.snapshot_id == base:
         raise StageError(f"nothing staged on {stage.branch}: write the batch first (an empty batch too)")
     snapshot = meta.snapshot_by_id(ref.snapshot_id)
-    if snapshot is None or snapshot.parent_snapshot_id != head:
+    if snapshot is None or snapshot.parent_snapshot_id != base:
         parent = snapshot.parent_snapshot_id if snapshot else None
         raise StageError(
-            f"{stage.branch} must hold exactly one snapshot on top of {head}; its head's parent is {parent}"
+            f"{stage.branch} must hold exactly one snapshot on top of {base}; its head's parent is {parent}"
         )
 
     new = replace(
@@ -333,7 +406,91 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> tuple
         max_event_time_ms=_newest(committed.max_event_time_ms, batch.max_event_time_ms),
         max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),
     )
-    return ref.snapshot_id, new.to_properties()
+    return _Plan(head=head, staged=ref.snapshot_id, properties=new.to_properties(), restage_over=restage_over)
+
+
+def _maintenance_since(meta: TableMetadata, stage: Stage, head: int) -> tuple[int, ...]:
+    """The snapshots after the stage's base up to `head`, oldest first, if all of them are maintenance.
+
+    Maintenance: `head` descends from the base, no snapshot in between is an append (every ingestion
+    commit is one), and the `icefall.*` properties are still exactly those the stage read (every ingestion
+    commit, and a dead-letter rewind, changes `icefall.offsets`). Otherwise StaleHeadError: someone else
+    committed, and the batch must be planned again.
+    """
+    base = stage.base.snapshot_id
+    moved = f"main moved from {base} to {head} since the batch was planned"
+    between: list[Snapshot] = []
+    current: int | None = head
+    while current != base:
+        snapshot = meta.snapshot_by_id(current) if current is not None else None
+        if snapshot is None or len(between) > len(meta.snapshots):
+            raise StaleHeadError(
+                f"{moved}, and {head} does not descend from {base} (rolled back or replaced)"
+            )
+        between.append(snapshot)
+        current = snapshot.parent_snapshot_id
+    for snapshot in between:
+        operation = snapshot.summary.operation if snapshot.summary is not None else None
+        if operation is None or operation == Operation.APPEND:
+            raise StaleHeadError(f"{moved}: snapshot {snapshot.snapshot_id} appended rows (another writer)")
+    if replace(state_of(meta), snapshot_id=base) != stage.base:
+        raise StaleHeadError(f"{moved}, and its icefall.* properties changed: another writer committed")
+    return tuple(s.snapshot_id for s in reversed(between))
+
+
+def _restage(
+    table: Table, meta: TableMetadata, stage: Stage, plan: _Plan
+) -> tuple[int, tuple[TableUpdate, ...]]:
+    """A new snapshot on `plan.head` that appends exactly the data files of the staged snapshot.
+
+    Its manifest and manifest list are written now (they become orphans if the commit is refused).
+    """
+    files = _staged_data_files(table, meta, stage, plan.staged)
+    tx = table.transaction()
+    producer = tx.update_snapshot(snapshot_properties={RESTAGED_FROM_PROPERTY: str(plan.staged)})
+    with producer.fast_append() as append:
+        for data_file in files:
+            append.append_data_file(data_file)
+    snapshot = tx.table_metadata.snapshot_by_id(append.snapshot_id)
+    if snapshot is None:  # pragma: no cover - pyiceberg staged it a line above
+        raise CommitError("pyiceberg did not stage the re-staged snapshot")
+    return snapshot.snapshot_id, (
+        AddSnapshotUpdate(snapshot=snapshot),
+        _point_branch(meta, MAIN, snapshot.snapshot_id),
+    )
+
+
+def _staged_data_files(table: Table, meta: TableMetadata, stage: Stage, staged_id: int) -> list[DataFile]:
+    """The data files the staged snapshot added, if it is one plain append that fits the current table."""
+    staged = meta.snapshot_by_id(staged_id)
+    if staged is None:  # pragma: no cover - _check found it in the same metadata
+        raise StageError(f"the snapshot staged on {stage.branch} is gone")
+    cannot = f"main moved by maintenance since {stage.branch} was staged, but the batch cannot be re-staged"
+    operation = staged.summary.operation if staged.summary is not None else None
+    if operation != Operation.APPEND:
+        raise MaintenanceConflictError(f"{cannot}: the staged snapshot is a {operation}, not an append")
+    if staged.schema_id is not None and staged.schema_id != meta.current_schema_id:
+        raise MaintenanceConflictError(
+            f"{cannot}: the schema changed (id {staged.schema_id} → {meta.current_schema_id})"
+        )
+    files: list[DataFile] = []
+    for manifest in staged.manifests(table.io):
+        if manifest.added_snapshot_id != staged_id:
+            continue  # inherited from the base: already on main (or compacted there)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            if entry.snapshot_id != staged_id or entry.status == ManifestEntryStatus.EXISTING:
+                continue  # carried over by a merging writer
+            if (
+                entry.status != ManifestEntryStatus.ADDED
+                or manifest.content != ManifestContent.DATA
+                or entry.data_file.content != DataFileContent.DATA
+            ):
+                raise MaintenanceConflictError(f"{cannot}: the staged snapshot deletes or holds delete files")
+            if entry.data_file.spec_id != meta.default_spec_id:
+                spec_change = f"{entry.data_file.spec_id} → {meta.default_spec_id}"
+                raise MaintenanceConflictError(f"{cannot}: the partition spec changed (id {spec_change})")
+            files.append(entry.data_file)
+    return files
 
 
 def retention_loss(committed: Mapping[int, int], batch: Batch) -> int:

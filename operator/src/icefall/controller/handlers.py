@@ -1,14 +1,28 @@
 """kopf handlers for `icefall.dev/v1alpha1` StreamingTables. Thin: each one calls `reconcile.reconcile`.
 
 Registered on create, update, resume (the operator's start) and a timer (`ICEFALL_RESYNC_SECONDS`, 30 s by
-default) that re-observes the driver Pod: children deleted behind the operator's back come back, backoff
-waits end, a suspended table loses its driver.
+default) that re-observes the driver Pod, the table and the topic: children deleted behind the operator's
+back come back, backoff waits end, a suspended table loses its driver. A lighter timer
+(`ICEFALL_STATUS_REFRESH_SECONDS`, 10 s) refreshes only the status (freshness, lag, files, conditions)
+between those passes. Driver Pods (labelled `app.kubernetes.io/managed-by=icefall-operator`, component
+`ingest`) are watched too: any change of one reconciles its owner at once, so a deleted or failed driver
+comes back in seconds, not at the next resync.
+
+An in-memory index (`claims`) maps each catalog table to the StreamingTables naming it, for the
+"older one wins" rule of a contested table (`plan.claims`); kopf fills it before any handler runs. Only
+the StreamingTables this operator watches are compared (with `--namespace`, those namespaces).
+
+Deletion: the finalizer's handler is `controller.deletion.finalize` (stop the driver, then keep or drop
+the table as `spec.deletionPolicy` says); it is retried every few seconds until done.
+
+Passes over one StreamingTable never overlap in this process (a lock per uid): the resource handlers and
+the pod watch run in different kopf workers.
 
 kopf's own state lives in annotations with the `icefall.dev/` prefix (the status schema is strict and
-would prune it), its finalizer is `icefall.dev/finalizer` (kopf needs one for timers; no cleanup runs in
-it: owner references let the garbage collector remove the children and the table is retained), and the
-driver history annotation is left out of kopf's diff so writing it does not trigger an update. Peering is
-off (standalone): run one replica until leader election lands.
+would prune it), its finalizer is `icefall.dev/finalizer` (for the timers and the deletion policy; owner
+references let the garbage collector remove the children), and the driver history annotation is left out
+of kopf's diff so writing it does not trigger an update. kopf peering is off (standalone): across
+replicas, only the holder of the leader Lease runs kopf at all (`controller.leader`).
 
 Errors: 409 Conflict from the API → `kopf.TemporaryError(delay=2)`; anything else is retried by kopf
 with its backoff. A spec that cannot be honoured is a condition written by `reconcile`, never an error.
@@ -18,21 +32,52 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from icefall.api import GROUP, PLURAL, VERSION
+from icefall.api import GROUP, PLURAL, VERSION, ManifestError, streaming_table_from_object
+from icefall.controller import metrics
+from icefall.controller.deletion import finalize
 from icefall.controller.kube import Kube
+from icefall.controller.observe import TableObserver
 from icefall.controller.reconcile import ANNOTATION_DRIVER_HISTORY, Config, StatusMemory, reconcile
+from icefall.plan.children import COMPONENT_INGEST, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
+from icefall.plan.claims import Claim, claim_from_object, table_identity
 
 PREFIX = "icefall.dev"
 RESYNC_SECONDS = float(os.environ.get("ICEFALL_RESYNC_SECONDS", "30"))
+OBSERVE_SECONDS = float(os.environ.get("ICEFALL_OBSERVE_SECONDS", "5"))
+STATUS_REFRESH_SECONDS = float(os.environ.get("ICEFALL_STATUS_REFRESH_SECONDS", "10"))
 RESOURCE = (GROUP, VERSION, PLURAL)
+DRIVER_LABELS = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT_INGEST}
+
+
+class Locks:
+    """One lock per StreamingTable uid, so passes over one table never overlap in this process."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    @contextmanager
+    def hold(self, uid: str) -> Iterator[None]:
+        with self._guard:
+            lock = self._locks.setdefault(uid, threading.Lock())
+        with lock:
+            yield
+
+    def forget(self, uid: str) -> None:
+        with self._guard:
+            self._locks.pop(uid, None)
 
 
 def api_client() -> ApiClient:
@@ -60,26 +105,113 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.kube = Kube(api_client())
     memo.config = Config.from_env()
     memo.status = StatusMemory()
+    memo.observer = TableObserver(interval=OBSERVE_SECONDS)
+    memo.locks = Locks()
 
 
-def _reconcile(body: kopf.Body, memo: kopf.Memo) -> None:
+@kopf.index(*RESOURCE, id="claims")
+def claims(body: kopf.Body, **_: Any) -> dict[str, Claim]:
+    """catalog table identity → the claim of this StreamingTable (nothing for one that does not parse)."""
+    claim = claim_from_object(body)
     try:
-        outcome = reconcile(body, memo.kube, memo.config, memo.status, datetime.now(UTC))
+        st = streaming_table_from_object(body)
+    except ManifestError:
+        return {}
+    if claim is None or st.spec.table.catalog is None:
+        return {}
+    return {table_identity(st): claim}
+
+
+def _claims_for(body: Mapping[str, Any], index: kopf.Index[str, Claim]) -> list[Claim]:
+    try:
+        st = streaming_table_from_object(body)
+    except ManifestError:
+        return []
+    return list(index.get(table_identity(st), []))
+
+
+def _reconcile(
+    body: Mapping[str, Any], memo: kopf.Memo, index: kopf.Index[str, Claim], *, act: bool = True
+) -> None:
+    uid = str(body["metadata"]["uid"])
+    started = time.monotonic()
+    try:
+        with memo.locks.hold(uid):
+            outcome = reconcile(
+                body,
+                memo.kube,
+                memo.config,
+                memo.status,
+                datetime.now(UTC),
+                observer=memo.observer,
+                claims=_claims_for(body, index),
+                act=act,
+            )
     except ApiException as error:
+        metrics.RECONCILES.labels(result="error").inc()
         if error.status == 409:
             raise kopf.TemporaryError(f"conflict: {error.reason}", delay=2) from error
         raise
+    except Exception:
+        metrics.RECONCILES.labels(result="error").inc()
+        raise
+    finally:
+        metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
+    metrics.RECONCILES.labels(result="ok").inc()
     for event in outcome.events:
-        kopf.event(body, type=event.type.value, reason=event.reason.value, message=event.message)
+        kopf.event(
+            cast(kopf.Body, body), type=event.type.value, reason=event.reason.value, message=event.message
+        )
 
 
 @kopf.on.resume(*RESOURCE, id="resume")
 @kopf.on.create(*RESOURCE, id="create")
 @kopf.on.update(*RESOURCE, id="update")
-def on_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    _reconcile(body, memo)
+def on_change(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    _reconcile(body, memo, kwargs["claims"])
 
 
 @kopf.timer(*RESOURCE, id="resync", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    _reconcile(body, memo)
+def resync(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    _reconcile(body, memo, kwargs["claims"])
+
+
+@kopf.timer(*RESOURCE, id="status", interval=STATUS_REFRESH_SECONDS, initial_delay=STATUS_REFRESH_SECONDS)
+def refresh_status(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Freshness and lag move while nothing else happens: a status-only pass (one GET, at most one write)."""
+    _reconcile(body, memo, kwargs["claims"], act=False)
+
+
+@kopf.on.event("pods", labels=DRIVER_LABELS)  # type: ignore[arg-type]
+def on_driver_pod(body: kopf.Body, memo: kopf.Memo, claims: kopf.Index[str, Claim], **_: Any) -> None:
+    """A driver Pod changed (created, failed, deleted): reconcile its StreamingTable now."""
+    owners = [o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "StreamingTable"]
+    namespace = body.metadata.namespace
+    if not owners or not namespace:
+        return
+    try:
+        st = memo.kube.get_streaming_table(namespace, owners[0]["name"])
+    except ApiException as error:
+        if error.status == 404:
+            return  # the owner is gone; the garbage collector takes the pod
+        raise
+    if st["metadata"].get("uid") != owners[0].get("uid"):
+        return  # a pod of an earlier StreamingTable of the same name
+    _reconcile(st, memo, claims)
+
+
+@kopf.on.delete(*RESOURCE, id="delete")
+def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
+    uid = str(body.metadata.uid)
+    claims = _claims_for(body, kwargs["claims"])
+    with memo.locks.hold(uid):
+        result = finalize(body, memo.kube, datetime.now(UTC), claims=claims)
+    for event in result.events:
+        if result.done or retry % 30 == 0:  # a failing drop is retried often; say so now and then
+            kopf.event(body, type=event.type.value, reason=event.reason.value, message=event.message)
+    if not result.done:
+        raise kopf.TemporaryError(result.message, delay=result.retry_seconds)
+    memo.status.forget(uid)
+    memo.observer.forget(uid)
+    memo.locks.forget(uid)
+    metrics.forget_table(str(body.metadata.namespace), str(body.metadata.name))

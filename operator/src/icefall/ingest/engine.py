@@ -8,7 +8,10 @@ offsets and the lease epoch. Bad records go to the dead-letter table first, thro
 Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
 (epoch fencing; `run_batch` raises FencedError once it notices); records lost to topic retention are
 never skipped silently: logged at ERROR, counted in `icefall_data_loss_records_total`, and added to the
-table's `icefall.lost-records` by the commit that skips them.
+table's `icefall.lost-records` by the commit that skips them. Maintenance committing to the table
+between staging and commit (compaction, retention, manifest rewrites) does not cost a batch: the commit
+re-stages it on top (`icefall_ingest_commits_restaged_total`); the rare case where it cannot is counted in
+`icefall_ingest_commits_failed_by_maintenance_total`, and the batch is planned again.
 Not guaranteed: the dead-letter table may briefly hold rows of a batch whose main commit then failed;
 `reconcile_dead_letters` removes them before the next batch (and at start).
 """
@@ -29,10 +32,12 @@ from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.commit import (
     Batch,
+    CommitOutcome,
     FencedError,
+    MaintenanceConflictError,
     StaleHeadError,
     abandon_stage,
-    commit_staged,
+    commit_staged_outcome,
     prepare_stage,
     read_committed,
     rewind_dead_letters,
@@ -319,6 +324,8 @@ class Ingestor:
             except (StaleHeadError, FencedError) as refused:
                 reason = "fenced" if isinstance(refused, FencedError) else "stale_head"
                 metrics.COMMITS_REFUSED.labels(self.label, reason).inc()
+                if isinstance(refused, MaintenanceConflictError):
+                    metrics.INGEST_COMMITS_FAILED_BY_MAINTENANCE.labels(self.label).inc()
                 self._dead_letters_dirty = True
                 if isinstance(refused, FencedError):
                     raise
@@ -373,13 +380,18 @@ class Ingestor:
         if stage.base.offsets != committed:
             raise StaleHeadError("the table moved between planning and staging")
         good.writeTo(self._spark_name(self.st.table_identifier, stage.branch)).append()
-        self.table.refresh()
-        if self.table.metadata.refs[stage.branch].snapshot_id == stage.base.snapshot_id:
-            _empty_append(self.table, stage.branch)  # Spark commits nothing for zero rows
+        _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)  # Spark commits nothing for 0 rows
         self._check_lease()
         commit_started = time.monotonic()
-        snapshot_id = commit_staged(self.table, stage, batch, self.epoch)
-        return snapshot_id, time.monotonic() - commit_started
+        outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
+        self._count_restage(self.label, outcome)
+        return outcome.snapshot_id, time.monotonic() - commit_started
+
+    @staticmethod
+    def _count_restage(label: str, outcome: CommitOutcome) -> None:
+        if outcome.restaged:
+            metrics.INGEST_COMMITS_RESTAGED.labels(label).inc()
+            log.info("%s: maintenance committed meanwhile; batch re-staged on top of it", label)
 
     def _check_lease(self) -> None:
         if self._keeper is None:
@@ -409,7 +421,8 @@ class Ingestor:
         )
         bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
         self._dead_letters_dirty = True  # ahead of main until the main commit lands
-        commit_staged(dlq, stage, dlq_batch, self.epoch)
+        outcome = commit_staged_outcome(dlq, stage, dlq_batch, self.epoch)
+        self._count_restage(".".join(self.st.dead_letter_identifier or ()), outcome)
         return count
 
     def reconcile_dead_letters(self) -> None:
@@ -476,7 +489,25 @@ class Ingestor:
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
 
 
-def _empty_append(table: Table, branch: str) -> None:
-    """Stage an empty snapshot: every batch moves main, so its offsets are committed even with no rows."""
-    with table.transaction() as tx, tx.update_snapshot(branch=branch).fast_append():
-        pass
+def _ensure_staged(table: Table, branch: str, base: int | None, attempts: int = 5) -> None:
+    """Stage an empty snapshot if the writer staged none: every batch moves main, so its offsets are
+    committed even with no rows.
+
+    pyiceberg numbers the snapshot from the metadata it just read; a commit landing elsewhere in the table
+    meanwhile (maintenance on main) makes the catalog refuse it (CommitFailedException, or ValueError for
+    the sequence number) before anything changes, so it is simply tried again from fresh metadata.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    for _ in range(attempts):
+        table.refresh()
+        if table.metadata.refs[branch].snapshot_id != base:
+            return
+        try:
+            with table.transaction() as tx, tx.update_snapshot(branch=branch).fast_append():
+                pass
+        except (CommitFailedException, ValueError) as e:
+            log.info("staging an empty batch on %s was refused (%s); trying again", branch, e)
+    table.refresh()
+    if table.metadata.refs[branch].snapshot_id == base:
+        raise StaleHeadError(f"could not stage an empty batch on {branch}: the table kept changing")

@@ -368,11 +368,14 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
 
 
 def compaction_rules(st: StreamingTable) -> list[Manifest]:
-    """Compaction reads its StreamingTable and takes the commit Lease between ingestion commits.
+    """Compaction reads its StreamingTable and claims work items with work Leases.
 
-    Rules for work Leases come with the compaction entry point that names them.
+    Work Leases are named `icefall-<table>-work-<hash of the item>` (`icefall.plan.maintenance.work_key`):
+    names not known in advance, so get/update cannot be restricted by resourceNames; they cover the Leases
+    of this namespace. The commit Lease rules stay for a worker that must pause ingestion.
     """
-    return [_read_self_rule(st.metadata.name), *_lease_rules(commit_lease_name(st.table_name))]
+    work_leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"]}
+    return [_read_self_rule(st.metadata.name), *_lease_rules(commit_lease_name(st.table_name)), work_leases]
 
 
 # --- the result -------------------------------------------------------------------------------------------

@@ -10,13 +10,16 @@ Degraded True), Unknown otherwise. A False or Unknown Ready carries the reason a
 that made it so, picked in this order: a lifecycle reason (Deleting, Suspended), Degraded, Ingesting,
 FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
 
-- Ingesting: True while the driver runs — CaughtUp (within target, or nothing to read) or CatchingUp;
+- Ingesting: False with TableClaimedByOther whenever that issue is present (the loser of a contested table
+  runs no driver on purpose); else True while the driver runs — CaughtUp (within target, or nothing to
+  read) or CatchingUp;
   False when it does not (Starting, DriverFailed, Suspended, Deleting) or a blocking issue stops it
   (TableClaimedByOther, BadRecordHalted, KafkaUnavailable, CatalogUnavailable, CommitConflict,
   WaitingForLease); Unknown when the driver's node stopped reporting.
 - FreshnessMet: True (WithinTarget) when freshness <= spec.freshness.targetSeconds or the topic is empty;
   False when behind (BehindTarget) or records wait and nothing is committed (NoCommitsYet); Unknown before
-  the first measurement, while suspended and while deleting.
+  the first measurement (NoCommitsYet), when it cannot be measured (NotMeasured, with `unmeasured` as the
+  message), while suspended and while deleting.
 - Degraded: True with the most severe of DataLoss, OffsetsAheadOfTopic, BadRecordHalted, InvalidSpec,
   DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else False
   (Healthy, Deleting).
@@ -104,6 +107,7 @@ class Observations:
     spec_problems: tuple[str, ...] = ()  # what in the spec cannot be honoured, with its path
     issues: tuple[Issue, ...] = ()
     suspended: bool = False  # in addition to spec.suspend (e.g. a pause annotation)
+    unmeasured: str = ""  # why freshness could not be measured (e.g. a credential the operator lacks)
     deleting: bool = False
 
 
@@ -182,6 +186,9 @@ def _ingesting(obs: Observations, st: StreamingTable, target: int) -> _Verdict:
         return _F, _R.DELETING, "the StreamingTable is being deleted"
     if _suspended(obs, st):
         return _F, _R.SUSPENDED, "ingestion is suspended (spec.suspend)"
+    if any(issue.reason is _R.TABLE_CLAIMED for issue in obs.issues):
+        # The loser of a contested table runs no driver on purpose: say why, not "starting".
+        return _F, _R.TABLE_CLAIMED, _messages(obs.issues, _R.TABLE_CLAIMED)
     driver = obs.driver
     if driver is DriverState.BACKING_OFF:
         return _F, _R.DRIVER_FAILED, obs.driver_message or "the driver failed"
@@ -191,7 +198,12 @@ def _ingesting(obs: Observations, st: StreamingTable, target: int) -> _Verdict:
         return _F, _R.STARTING, obs.driver_message or "the driver is starting"
     blocking = _first(obs.issues, INGEST_BLOCKING)
     if blocking is not None:
-        return _F, blocking, _messages(obs.issues, blocking)
+        # The most decisive reason; the messages of every blocking issue (e.g. Kafka and the catalog).
+        ordered = sorted(
+            (i for i in obs.issues if i.reason in INGEST_BLOCKING),
+            key=lambda i: INGEST_BLOCKING.index(i.reason),
+        )
+        return _F, blocking, "; ".join(i.message for i in ordered)
     behind = obs.freshness_seconds is not None and obs.freshness_seconds > target
     if behind or (obs.freshness_seconds is None and (obs.lag_records or 0) > 0):
         return _T, _R.CATCHING_UP, f"catching up: {_lag_text(obs)}"
@@ -212,6 +224,8 @@ def _freshness(obs: Observations, st: StreamingTable, target: int) -> _Verdict:
             return _T, _R.WITHIN_TARGET, "nothing to ingest yet: the topic holds no records"
         if obs.lag_records is not None:
             return _F, _R.NO_COMMITS_YET, f"{obs.lag_records} records waiting; nothing committed yet"
+    if obs.unmeasured:
+        return _U, _R.NOT_MEASURED, obs.unmeasured
     return _U, _R.NO_COMMITS_YET, "freshness not measured yet"
 
 

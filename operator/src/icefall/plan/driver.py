@@ -152,6 +152,12 @@ class EventReason(StrEnum):
     SPEC_CHANGED = "SpecChanged"
     SUSPENDED = "Suspended"
     DRIVER_RECOVERED = "DriverRecovered"
+    TABLE_CLAIMED = "TableClaimedByOther"
+    # Deletion (controller.deletion), not about the driver but from the same closed list.
+    TABLE_RETAINED = "TableRetained"
+    TABLE_DROPPED = "TableDropped"
+    TABLE_DROP_FAILED = "TableDropFailed"
+    TABLE_KEPT_FOR_OWNER = "TableKeptForOwner"
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,7 @@ def decide(
     history: DriverHistory,
     now: datetime,
     hold: bool = False,
+    claimed_by: str | None = None,
 ) -> DriverDecision:
     """What to do about the driver Pod. `desired_hash` is `Children.spec_hash`, or None when no driver
     should run (suspended).
@@ -192,9 +199,17 @@ def decide(
     `hold=True` (the new spec has problems, `Children.problems`) keeps a pending or running driver on the
     spec it started with instead of rolling it. It cannot bring back one that exited: a new driver reads
     the current spec.
+
+    `claimed_by` (another StreamingTable owns the same catalog table, `plan.claims`) means no driver, like
+    suspend, with messages and the Event naming the owner.
     """
+    if claimed_by is not None:
+        why = f"the table is claimed by the older StreamingTable {claimed_by}"
+        return _not_wanted(observed, history, why, EventReason.TABLE_CLAIMED, EventType.WARNING)
     if desired_hash is None:
-        return _not_wanted(observed, history)
+        return _not_wanted(
+            observed, history, "suspended", EventReason.SUSPENDED, EventType.NORMAL, "spec.suspend is true"
+        )
     if history.spec_hash is not None and history.spec_hash != desired_hash:
         # Failures under an older spec say nothing about this one: start afresh.
         history = DriverHistory(spec_hash=desired_hash)
@@ -214,21 +229,28 @@ def decide(
     return _pending_or_running(observed, desired_hash, history, now, hold=hold)
 
 
-def _not_wanted(observed: DriverPod | None, history: DriverHistory) -> DriverDecision:
+def _not_wanted(  # noqa: PLR0917 (private; every caller passes all of them)
+    observed: DriverPod | None,
+    history: DriverHistory,
+    why: str,
+    reason: EventReason,
+    kind: EventType,
+    cause: str | None = None,
+) -> DriverDecision:
     fresh = DriverHistory()  # resuming starts without backoff
     if observed is None:
-        return DriverDecision(Action.KEEP, fresh, DriverState.NOT_WANTED, "suspended")
+        return DriverDecision(Action.KEEP, fresh, DriverState.NOT_WANTED, why)
     if observed.deletion_timestamp is not None:
         return DriverDecision(
             Action.WAIT,
             fresh,
             DriverState.NOT_WANTED,
-            "suspended; the driver is stopping",
+            f"{why}; the driver is stopping",
             (),
             TERMINATING_POLL_SECONDS,
         )
-    event = Event(EventReason.SUSPENDED, "spec.suspend is true: stopping the ingestion driver")
-    return DriverDecision(Action.DELETE, fresh, DriverState.NOT_WANTED, "suspended", (event,))
+    event = Event(reason, f"{cause or why}: stopping the ingestion driver", kind)
+    return DriverDecision(Action.DELETE, fresh, DriverState.NOT_WANTED, why, (event,))
 
 
 def _absent(desired_hash: str, history: DriverHistory, now: datetime) -> DriverDecision:

@@ -55,6 +55,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from icefall.api.spec import StreamingTableSpec
 
 MIB = 1024 * 1024
 HOUR_MS = 3_600_000
@@ -163,7 +167,7 @@ class TimeTransform(StrEnum):
 @dataclass(frozen=True)
 class RetentionPolicy:
     """Drop data older than `max_age_ms`, by whole partitions of `partition_field` (a time transform of
-    `source_column`). The spec has no field for this yet: it is an optional policy input. A partition is
+    `source_column`), from `spec.retention` (see `policy_from_spec`). A partition is
     dropped only once ALL of its range is older than the cut-off; rows in a partition that straddles the
     cut-off stay until the whole partition is old."""
 
@@ -219,6 +223,47 @@ class MaintenancePolicy:
         except ValueError:
             value = DEFAULT_TARGET_FILE_SIZE
         return value if value > 0 else DEFAULT_TARGET_FILE_SIZE
+
+
+def time_partition_field_name(column: str, transform: TimeTransform) -> str:
+    """The partition field name Icefall and Iceberg Java give `transform(column)`: `<column>_<transform>`."""
+    return f"{column}_{transform.value}"
+
+
+def policy_from_spec(spec: StreamingTableSpec) -> MaintenancePolicy:
+    """The `MaintenancePolicy` of `spec.compaction` and `spec.retention` (seconds become milliseconds).
+
+    `spec.retention.field` names a column; its time transform is the one `spec.table.partitioning` applies
+    to it (the spec's validation guarantees there is exactly one). Whether maintenance runs at all
+    (`spec.compaction.enabled`, `spec.suspend`) is the caller's decision, not part of the policy.
+    """
+    compaction = spec.compaction
+    retention: RetentionPolicy | None = None
+    if spec.retention is not None:
+        column = spec.retention.field
+        transforms = [
+            TimeTransform(p.transform)
+            for p in spec.table.partitioning
+            if p.field == column and p.transform in TimeTransform.__members__.values()
+        ]
+        if not transforms:
+            raise ValueError(
+                f"spec.retention.field: {column!r} is not partitioned by hour, day, month or year in "
+                "spec.table.partitioning; add such a partition field"
+            )
+        retention = RetentionPolicy(
+            partition_field=time_partition_field_name(column, transforms[0]),
+            source_column=column,
+            transform=transforms[0],
+            max_age_ms=spec.retention.max_age_seconds * 1000,
+        )
+    return MaintenancePolicy(
+        target_file_size_bytes=compaction.target_file_size_bytes,
+        snapshot_max_age_ms=compaction.max_snapshot_age_seconds * 1000,
+        snapshot_min_keep=compaction.min_snapshots_to_keep,
+        orphan_min_age_ms=compaction.orphan_min_age_seconds * 1000,
+        retention=retention,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- outputs

@@ -6,8 +6,9 @@ needs rewriting, each claimed by one pod through a work Lease); measuring it is 
 Rule: no backlog → 0 pods (compaction costs nothing while the table is tidy). Otherwise one pod per
 `items_per_replica` units, rounded up, at least `min_replicas` (and at least 1), at most `max_replicas`.
 
-Not guaranteed: smoothing. A backlog that flaps between 0 and 1 scales between 0 and 1 pod; damping, if
-needed, belongs to the caller (e.g. keep the previous count for a cool-down period).
+`damped_replicas` smooths the result: scaling up happens at once, scaling down only once the previous count
+has held for a cool-down, so a backlog that flaps between 0 and 1 does not start and stop pods each pass.
+Not guaranteed: anything across operator restarts (the caller keeps the previous count in memory).
 """
 
 from __future__ import annotations
@@ -27,3 +28,23 @@ def compaction_replicas(
         return 0
     wanted = -(-backlog // items_per_replica)  # ceiling division
     return min(max(wanted, min_replicas, 1), max_replicas)
+
+
+def damped_replicas(
+    wanted: int,
+    current: int | None,
+    changed_at: float | None,
+    now: float,
+    *,
+    cooldown_seconds: float,
+) -> int:
+    """`wanted`, except that a scale-down waits until `cooldown_seconds` have passed since the last change.
+
+    `current` is the replica count last set (None: nothing set yet) and `changed_at` when it was set
+    (seconds, any clock the caller also passes as `now`). Scaling up is never delayed: work should not wait.
+    """
+    if cooldown_seconds < 0:
+        raise ValueError(f"cooldown_seconds must be >= 0, got {cooldown_seconds}")
+    if current is None or changed_at is None or wanted >= current:
+        return wanted
+    return wanted if now - changed_at >= cooldown_seconds else current

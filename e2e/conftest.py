@@ -1,0 +1,197 @@
+"""The e2e harness: the operator as a process, the local kubelet, kubectl, all against the session's stack.
+
+Fixtures (module scope unless said otherwise; the stack itself — `kube`, `kafka` — is the session's):
+- `e2e_namespace`: the CRD applied and a namespace of the module's own, so modules never see each other's
+  objects (there is no garbage collector to clean up after a module: see e2e/README.md);
+- `kubectl`: the real kubectl built next to kube-apiserver, with the admin kubeconfig;
+- `kubelet`: `icefall.testing.kubelet.LocalKubelet` running that namespace's Pods with this venv as image;
+- `operator`: `icefall operator --namespace <ns>` in a subprocess with Spark in the driver pod
+  (`ICEFALL_SPARK_MASTER=local[1]`) and short resync/status intervals.
+Teardown order matters: the operator stops before the kubelet, so a driver killed at the end of a module
+is not reported as a failure to a live operator.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client, config
+
+from icefall.api.crd import CRD_NAME
+from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.procs import tail
+from icefall.devstack.tools import tool_dir
+from icefall.testing.kubelet import JsonApi, LocalKubelet
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float = 60,
+    every: float = 0.5,
+    details: Callable[[], str] | None = None,
+) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` seconds, with
+    `details()` (logs, status) as they are at that moment."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            more = f"\n{details()}" if details else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{more}")
+        time.sleep(every)
+
+
+class Kubectl:
+    """The real kubectl against the test API server, as the admin user."""
+
+    def __init__(self, kube: KubeAPIServer) -> None:
+        self.binary = str(tool_dir("ICEFALL_KUBE_BIN") / "kubectl")
+        self.env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.workdir)}
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        done = subprocess.run(
+            [self.binary, *args], capture_output=True, text=True, env=self.env, timeout=90, check=False
+        )
+        if check:
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}"
+        out: str = done.stdout
+        return out
+
+
+class Operator:
+    """`python -m icefall.cli operator --namespace <ns>` in a subprocess, logging to a file."""
+
+    def __init__(self, kube: KubeAPIServer, namespace: str, log: Path) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kube.kubeconfig),
+            "ICEFALL_RESYNC_SECONDS": "1",
+            "ICEFALL_OBSERVE_SECONDS": "1",
+            "ICEFALL_STATUS_SECONDS": "1",
+            "ICEFALL_IMAGE": "icefall:e2e",
+            # Spark inside the driver pod: there are no executor pods without a real node.
+            "ICEFALL_SPARK_MASTER": "local[1]",
+            "PYTHONPATH": str(REPO / "operator" / "src"),
+        }
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "icefall.cli", "operator", "--namespace", self.namespace],
+                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.log.parent,
+            )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+    def tail(self, lines: int = 40) -> str:
+        """The last lines of its log, without kopf's per-pass "succeeded" lines (one a second here)."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        kept = [line for line in text.splitlines() if not line.rstrip().endswith("succeeded.")]
+        return "\n".join(kept[-lines:])
+
+
+@pytest.fixture(scope="module")
+def kubectl(kube: KubeAPIServer) -> Kubectl:
+    return Kubectl(kube)
+
+
+@pytest.fixture(scope="module")
+def e2e_namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> str:
+    namespace: str = "e2e-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace(
+        "_", "-"
+    )
+    kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    # Right after the apply, `kubectl wait` can fail on a CRD that has no status.conditions yet: retry.
+    wait_for(
+        "the CRD to be Established",
+        lambda: (
+            kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s", check=False)
+            .strip()
+            .endswith("condition met")
+        ),
+        timeout=60,
+    )
+    kubectl("create", "namespace", namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def api(kube: KubeAPIServer) -> client.ApiClient:
+    made: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kube.kubeconfig)
+    )
+    return made
+
+
+@pytest.fixture(scope="module")
+def rest(api: client.ApiClient) -> JsonApi:
+    """The API as plain JSON, admin user (objects read as the server sends them)."""
+    return JsonApi(api)
+
+
+@pytest.fixture(scope="module")
+def kubelet(
+    kube: KubeAPIServer, api: client.ApiClient, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalKubelet]:
+    image_env = {
+        "ICEFALL_SPARK_JARS": str(tool_dir("ICEFALL_SPARK_JARS")),
+        # A pod's hostname resolves to its pod IP, which is loopback here: keep Spark's driver on it
+        # rather than on whatever interface the machine's hostname resolves to.
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    if os.environ.get("JAVA_HOME"):
+        image_env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+    running = LocalKubelet(
+        api,
+        e2e_namespace,
+        tmp_path_factory.mktemp("kubelet"),
+        bin_dir=Path(sys.executable).parent,  # the venv's bin: its `icefall` is the checkout's code
+        server=kube.url,
+        ca_file=kube.ca_file,
+        image_env=image_env,
+    ).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def operator(
+    kube: KubeAPIServer, kubelet: LocalKubelet, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    running = Operator(kube, e2e_namespace, tmp_path_factory.mktemp("operator") / "operator.log")
+    running.start()
+    yield running
+    running.stop()
+
+
+def pod_logs(kubelet: LocalKubelet, name: str) -> str:
+    """The tail of the newest container log of Pod `name`, for failure messages."""
+    path = kubelet.log_path(name)
+    return f"--- {path}\n{tail(path, 60)}" if path else f"(no log for pod {name})"
+
+
+Obj = dict[str, Any]

@@ -1,0 +1,288 @@
+"""The whole system: a StreamingTable applied to a real API server becomes a running pipeline.
+
+The operator runs as a process (`icefall operator`, Spark master `local[1]` for the driver), the local
+kubelet runs the driver Pod the operator renders (its command, args and env; the image replaced by this
+venv), against the session's real Kafka broker and a SQLite catalog the test reads too. Proves:
+- (a) events produced to the topic become rows in the table, exactly once (malformed ones in the
+  dead-letter table), and `kubectl get st` — the CRD's printer columns — shows READY True and a
+  FRESHNESS under the table's target; `status.freshness.seconds` says the same; the driver holds the
+  commit Lease under its pod name, reached with the ServiceAccount token the kubelet got for its Pod;
+- (b) deleting the driver Pod while events keep arriving: the kubelet stops the process (SIGTERM, the
+  Pod's grace period) and the old driver stops cleanly, the operator creates a new driver Pod (new uid,
+  an Event), the kubelet runs it, it takes the commit Lease with a newer epoch and resumes from the
+  offsets in the table, and once producing stops the table equals the topic exactly once (record by
+  record, and per the auditor); only the new Pod is left.
+
+The two tests share one StreamingTable and run in order: (b) starts from the running driver of (a),
+which saves a Spark start. Each still checks everything it claims on its own.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
+from icefall.devstack.kafka import KafkaBroker
+from icefall.plan.leases import commit_lease_name
+from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
+from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
+
+from .conftest import Kubectl, Operator, pod_logs, wait_for
+
+pytestmark = pytest.mark.e2e
+
+GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
+TABLE = "e2e_orders"  # it.e2e_orders, dead letters in it.e2e_orders_dlq
+NAME = "e2e-orders"  # the StreamingTable
+DRIVER = f"{NAME}-ingest"
+LABEL = f"icefall.dev/streamingtable={NAME}"
+TOPIC = "e2e-orders"
+TARGET_SECONDS = 30
+BAD_EVERY = 40
+#: The operator's Event reasons for starting a driver Pod.
+STARTS = frozenset({"DriverCreated", "DriverRestarted"})
+Obj = dict[str, Any]
+
+
+class Pipeline:
+    """What the tests share: the clients, the catalog and the bad records produced so far."""
+
+    def __init__(
+        self,
+        *,
+        rest: JsonApi,
+        namespace: str,
+        catalog: CatalogConfig,
+        kafka: KafkaBroker,
+        kubelet: LocalKubelet,
+        operator: Operator,
+    ) -> None:
+        self.rest = rest
+        self.namespace = namespace
+        self.catalog = catalog
+        self.kafka = kafka
+        self.kubelet = kubelet
+        self.operator = operator
+        self.bad: set[tuple[int, int]] = set()
+        self.produced = 0
+        self.started = time.monotonic()
+
+    def note(self, what: str) -> None:
+        """A milestone with the seconds since the StreamingTable was created (pytest shows it on failure)."""
+        print(f"[e2e +{time.monotonic() - self.started:5.1f}s] {what}", flush=True)
+
+    def produce(self, count: int) -> None:
+        self.bad |= produce(self.kafka, TOPIC, self.produced, count, bad_every=BAD_EVERY)
+        self.produced += count
+
+    @property
+    def st_path(self) -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}"
+
+    def st(self) -> Obj:
+        return self.rest.get(f"{self.st_path}/{NAME}") or {}
+
+    def pods(self) -> list[Obj]:
+        """The StreamingTable's pods."""
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        found: list[Obj] = self.rest.call("GET", path, query=[("labelSelector", LABEL)])["items"]
+        return found
+
+    def running_driver(self) -> Obj | None:
+        """The driver Pod if it runs and is not being deleted."""
+        pod = self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods/{DRIVER}")
+        if pod is None or pod["metadata"].get("deletionTimestamp"):
+            return None
+        return pod if (pod.get("status") or {}).get("phase") == "Running" else None
+
+    def committed(self) -> dict[int, int]:
+        """The next offset per partition committed to the table (empty before the table exists)."""
+        catalog = self.catalog.pyiceberg()
+        if not catalog.table_exists((TABLE_NAMESPACE, TABLE)):
+            return {}
+        return dict(read_committed(catalog.load_table((TABLE_NAMESPACE, TABLE))).offsets)
+
+    def caught_up(self) -> dict[int, int] | None:
+        high = watermarks(self.kafka, TOPIC)
+        return high if self.committed() == high and sum(high.values()) == self.produced else None
+
+    def lease(self) -> Obj:
+        """The table's commit Lease (the driver takes it with its ServiceAccount's token)."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{commit_lease_name(TABLE)}"
+        return self.rest.get(path) or {}
+
+    def events(self, reasons: frozenset[str]) -> list[Obj]:
+        """Events about the StreamingTable with one of `reasons`."""
+        selector = f"involvedObject.name={NAME},involvedObject.kind=StreamingTable"
+        path = f"/api/v1/namespaces/{self.namespace}/events"
+        found: list[Obj] = self.rest.call("GET", path, query=[("fieldSelector", selector)])["items"]
+        return [e for e in found if e.get("reason") in reasons]
+
+    def explain(self) -> str:
+        """Logs for a failure message: the driver's and the operator's tails."""
+        status = yaml.safe_dump(self.st().get("status"))
+        return f"--- status\n{status}{pod_logs(self.kubelet, DRIVER)}\n--- operator\n{self.operator.tail()}"
+
+
+@pytest.fixture(scope="module")
+def pipeline(  # noqa: PLR0917 (fixtures)
+    rest: JsonApi,
+    e2e_namespace: str,
+    kafka: KafkaBroker,
+    kubelet: LocalKubelet,
+    operator: Operator,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Pipeline]:
+    lake = tmp_path_factory.mktemp("lake")
+    catalog = CatalogConfig(name="lake", database=lake / "catalog.db", warehouse=lake / "warehouse")
+    catalog.pyiceberg()
+    kafka.create_topic(TOPIC, partitions=2)
+    running = Pipeline(
+        rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, kubelet=kubelet, operator=operator
+    )
+    st: Obj = yaml.safe_load(manifest_text(TABLE, TOPIC, kafka.bootstrap))
+    st["metadata"]["namespace"] = e2e_namespace
+    st["spec"]["table"]["catalog"] = {
+        "name": catalog.name,
+        "type": "sql",
+        "uri": f"sqlite:///{catalog.database}",
+        "warehouse": f"file://{catalog.warehouse}",
+    }
+    st["spec"]["freshness"] = {"targetSeconds": TARGET_SECONDS}
+    running.produce(200)  # before the table exists: the driver starts with a backlog
+    rest.call("POST", running.st_path, st)
+    running.started = time.monotonic()
+    yield running
+    print(running.explain())  # shown when a test failed
+
+
+@pytest.fixture(autouse=True)
+def operator_log_is_clean(operator: Operator) -> Iterator[None]:
+    """No handler of the operator crashed during the test (kopf logs the traceback and retries)."""
+    yield
+    assert "Traceback" not in operator.log.read_text(errors="replace"), operator.tail()
+
+
+def _count(events: list[Obj]) -> int:
+    """How many times these Events happened (a repeated Event may be one object with a count)."""
+    return sum(int(e.get("count") or 1) for e in events)
+
+
+def _printed_row(kubectl: Kubectl, namespace: str) -> dict[str, str]:
+    """`kubectl get st <name>` as the user sees it: header → value of the one row."""
+    header, row = kubectl("-n", namespace, "get", "st", NAME).rstrip().splitlines()
+    # Columns are fixed-width and an unset value prints as nothing: cut the row where header words start.
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+
+
+def test_events_become_rows_and_kubectl_shows_ready_and_fresh(pipeline: Pipeline, kubectl: Kubectl) -> None:
+    pod = wait_for("the driver pod running", pipeline.running_driver, timeout=120, details=pipeline.explain)
+    pipeline.note(f"driver pod {pod['metadata']['uid']} running")
+    assert pod["metadata"]["uid"] in pipeline.kubelet.started
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == ["icefall", "ingest", "--namespace", pipeline.namespace, "--name", NAME]
+
+    pipeline.produce(100)  # while it runs
+    high = wait_for("the table to catch up", pipeline.caught_up, timeout=300, details=pipeline.explain)
+    pipeline.note(f"table caught up with {sum(high.values())} records")
+    assert_exactly_once(pipeline.catalog, TABLE, high, pipeline.bad, bootstrap=pipeline.kafka.bootstrap)
+    # The driver took the commit Lease as itself: its pod name came from a fieldRef, the API access from
+    # the ServiceAccount token the kubelet got for the pod, under the Role the operator rendered.
+    assert pipeline.lease()["spec"]["holderIdentity"] == DRIVER
+    # The pod's emptyDir for Spark's scratch space is where Spark put it (spark.local.dir was mapped).
+    log = pipeline.kubelet.log_path(DRIVER, pod["metadata"]["uid"])
+    assert log is not None and any((log.parent / "volumes" / "spark-local").iterdir())
+
+    def ready_row() -> dict[str, str] | None:
+        row = _printed_row(kubectl, pipeline.namespace)
+        return row if row.get("READY") == "True" and "FRESHNESS" in row else None
+
+    row = wait_for(
+        "kubectl get st to show READY True with a freshness",
+        ready_row,
+        timeout=90,
+        details=pipeline.explain,
+        every=1,
+    )
+    pipeline.note(f"kubectl get st: {row}")
+    assert float(row["FRESHNESS"]) <= TARGET_SECONDS, row
+    assert row["LAG"] == "0", row
+    freshness = kubectl(
+        "-n", pipeline.namespace, "get", "st", NAME, "-o", "jsonpath={.status.freshness.seconds}"
+    )
+    assert freshness and float(freshness) <= TARGET_SECONDS, freshness
+
+
+def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
+    pipeline: Pipeline, kubectl: Kubectl
+) -> None:
+    old = wait_for("the driver pod running", pipeline.running_driver, timeout=120, details=pipeline.explain)
+    created_before = _count(pipeline.events(STARTS))
+    epoch_before = pipeline.lease()["spec"]["leaseTransitions"]
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        while not stop.is_set():
+            pipeline.produce(20)
+            time.sleep(0.25)
+
+    producer = threading.Thread(target=keep_producing, name="producer")
+    producer.start()
+    try:
+        # Mid-stream: the driver has committed records produced after the stream started.
+        start = sum(watermarks(pipeline.kafka, TOPIC).values())
+        wait_for(
+            "a commit of the running stream",
+            lambda: sum(pipeline.committed().values()) > start,
+            timeout=240,
+            details=pipeline.explain,
+        )
+        pipeline.note(f"stream committed past {start}; deleting the driver pod")
+        kubectl("-n", pipeline.namespace, "delete", "pod", DRIVER, "--wait=false")  # the pod's grace period
+        new = wait_for(
+            "a new driver pod running",
+            lambda: (p := pipeline.running_driver()) and p["metadata"]["uid"] != old["metadata"]["uid"] and p,
+            timeout=240,
+            details=pipeline.explain,
+        )
+        pipeline.note(f"new driver pod {new['metadata']['uid']} running")
+        assert new["metadata"]["uid"] in pipeline.kubelet.started
+        resumed_from = sum(pipeline.committed().values())
+        wait_for(
+            "the new driver to commit",
+            lambda: sum(pipeline.committed().values()) > resumed_from,
+            timeout=300,
+            details=pipeline.explain,
+        )
+        pipeline.note("the new driver committed")
+    finally:
+        stop.set()
+        producer.join(timeout=60)
+    high = wait_for("the table to catch up", pipeline.caught_up, timeout=300, details=pipeline.explain)
+    pipeline.note(f"table caught up with {sum(high.values())} records")
+    report = assert_exactly_once(
+        pipeline.catalog, TABLE, high, pipeline.bad, bootstrap=pipeline.kafka.bootstrap
+    )
+    assert report is not None and report.ok
+
+    old_log = pipeline.kubelet.log_path(DRIVER, old["metadata"]["uid"])
+    assert old_log is not None and "[run] stopped after" in old_log.read_text(), (
+        "the old driver did not stop cleanly"
+    )
+    # The new driver writes under a newer epoch (the commit Lease changed hands), which fences the old one.
+    assert pipeline.lease()["spec"]["leaseTransitions"] > epoch_before
+    starts = pipeline.events(STARTS)
+    assert _count(starts) > created_before, [(e["reason"], e["message"]) for e in starts]
+    # The old pod is gone from the API (the kubelet finished its deletion); only the new one is left.
+    assert [p["metadata"]["uid"] for p in pipeline.pods()] == [new["metadata"]["uid"]]

@@ -1,0 +1,335 @@
+"""The maintenance loop: read the table → plan → claim one item with a work Lease → run it → repeat.
+
+`MaintenanceRunner.step()` does one round and runs at most one item: it loads the table, reads its
+`TableView`, plans with `plan_maintenance(view, policy, now_ms)` (the clock is injectable: tests move it
+forward instead of waiting out the orphan safety window), and walks the plan in order, claiming each item
+with the Lease `work_key(table, item)` (`acquire(timeout=0)`: an item another worker holds is skipped, not
+waited for) until one is claimed; that one is run by `icefall.compact.worker.run_item` while a background
+thread renews its Lease, then the Lease is released. `run(should_stop)` repeats steps, sleeping
+`idle_seconds` when there was nothing to claim, until `should_stop()` — the compaction pods' loop
+(`icefall compact`). `EmbeddedMaintenance` calls `step()` between ingestion batches of `icefall run`.
+
+Guarantees:
+- Two workers never run the same item at once while their Leases work (keys: plan/maintenance.py
+  `work_key`); table-wide items (expiry, orphans, manifests, retention) are one per table at a time.
+  Correctness does not rest on the Lease: a rewrite of files already rewritten fails Iceberg's validation.
+- A failed item never stops the loop: it is counted (metrics), logged, and planned again next round.
+- The loop never takes the table's commit Lease: ingestion holds it for its whole life, and taking it would
+  fence the writer. A maintenance commit that lands between an ingestion batch's stage and commit is
+  absorbed by the commit protocol: the batch is re-staged on the new head (commit/DESIGN.md), neither
+  re-planned nor duplicated.
+
+`EmbeddedMaintenance` runs a step only when `interval_seconds` have passed since the last one and ingestion
+is not behind (the last batch left no lag, or its freshness is within half the target), so maintenance
+never starves the freshness target; each step runs at most one item, bounded by the policy's
+`max_bytes_per_task`.
+
+Not guaranteed: fairness between items of one table (the plan's order decides: retention, the hottest
+partitions, manifests, expiry, orphans), or that a step's plan is current when its item runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from icefall import metrics
+from icefall.catalog import CatalogConfig
+from icefall.commit.lease import Lease, LeaseError, LeaseTimeoutError
+from icefall.compact.view import read_table_view
+from icefall.compact.worker import ItemResult, kind_of, run_item, table_label
+from icefall.plan.maintenance import (
+    MIB,
+    MaintenancePolicy,
+    WorkItem,
+    plan_maintenance,
+    policy_from_spec,
+    work_key,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from icefall.api.spec import StreamingTable
+
+log = logging.getLogger(__name__)
+
+LeaseFactory = Callable[[str], Lease]
+WORK_LEASE_SECONDS = 60
+EMBEDDED_MAX_BYTES_PER_ITEM = 256 * MIB
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One round: how many items the plan had, which one ran (if any), and how it went."""
+
+    planned: int
+    item: WorkItem | None = None
+    result: ItemResult | None = None
+    error: str | None = None
+    busy: int = 0  # items skipped because another worker holds their Lease
+
+    @property
+    def ran(self) -> bool:
+        return self.item is not None
+
+
+class ItemRunner(Protocol):
+    def __call__(
+        self, spark: SparkSession, catalog: CatalogConfig, identifier: Sequence[str], item: WorkItem
+    ) -> ItemResult: ...
+
+
+class _Renewer:
+    """Renews a held Lease every third of its duration until stopped (a long rewrite keeps its claim)."""
+
+    def __init__(self, lease: Lease, period: float) -> None:
+        self._lease = lease
+        self._period = period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="icefall-work-lease", daemon=True)
+
+    def __enter__(self) -> _Renewer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self._lease.renew()
+            except LeaseError:
+                log.warning("lost a work lease while running its item; the commit stays safe")
+                return
+            except Exception:  # a flaky API server: the lease has slack, try again
+                log.warning("renewing a work lease failed; retrying", exc_info=True)
+
+
+class MaintenanceRunner:
+    """Plan and run maintenance for one table (module doc)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        catalog: CatalogConfig,
+        identifier: Sequence[str],
+        policy: MaintenancePolicy,
+        leases: LeaseFactory,
+        *,
+        lease_table: str,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        list_storage: bool = True,
+        lease_seconds: float = WORK_LEASE_SECONDS,
+        runner: ItemRunner = run_item,
+    ) -> None:
+        self.spark = spark
+        self.catalog = catalog
+        self.identifier = tuple(identifier)
+        self.policy = policy
+        self.leases = leases
+        self.lease_table = lease_table
+        self.clock_ms = clock_ms
+        self.list_storage = list_storage
+        self.lease_seconds = lease_seconds
+        self.runner = runner
+        self.label = table_label(self.identifier)
+
+    def plan(self, now_ms: int | None = None) -> tuple[WorkItem, ...]:
+        table = self.catalog.pyiceberg().load_table(self.identifier)
+        view = read_table_view(table, list_storage=self.list_storage)
+        work = plan_maintenance(view, self.policy, self.clock_ms() if now_ms is None else now_ms)
+        metrics.MAINTENANCE_BACKLOG.labels(self.label).set(len(work))
+        return work
+
+    def step(self, now_ms: int | None = None) -> StepResult:
+        """One round (module doc): at most one item run. Errors of the item are returned, not raised."""
+        work = self.plan(now_ms)
+        busy = 0
+        for item in work:
+            lease = self.leases(work_key(self.lease_table, item))
+            try:
+                lease.acquire(timeout=0)
+            except LeaseTimeoutError:
+                busy += 1
+                continue
+            try:
+                with _Renewer(lease, max(self.lease_seconds / 3, 0.5)):
+                    result = self.runner(self.spark, self.catalog, self.identifier, item)
+            except Exception as error:  # counted and logged by run_item; planned again next round
+                log.warning("%s: %s failed: %s", self.label, kind_of(item), error, exc_info=True)
+                return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
+            finally:
+                try:
+                    lease.release()
+                except Exception:  # it runs out by itself
+                    log.warning("releasing a work lease failed", exc_info=True)
+            return StepResult(len(work), item, result, None, busy)
+        return StepResult(len(work), busy=busy)
+
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        *,
+        idle_seconds: float = 30.0,
+        wait: Callable[[float], object] | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+    ) -> None:
+        """Repeat `step()` until `should_stop()`; sleep `idle_seconds` after a round with nothing run, and
+        back off (up to `idle_seconds`) after failures. `wait(seconds)` sleeps and may return early."""
+        pause = wait or time.sleep
+        failures = 0
+        while not should_stop():
+            try:
+                outcome = self.step()
+            except Exception:  # the catalog or storage did not answer: try again later
+                log.warning("%s: planning maintenance failed", self.label, exc_info=True)
+                outcome = StepResult(0, error="planning failed")
+            if on_step is not None:
+                on_step(outcome)
+            if should_stop():
+                break
+            if outcome.error is not None:
+                failures += 1
+                pause(min(idle_seconds, 2.0 * failures))
+            else:
+                failures = 0
+                if not outcome.ran:
+                    pause(idle_seconds)
+
+
+class BatchLike(Protocol):
+    @property
+    def lag(self) -> int: ...
+
+    @property
+    def freshness_seconds(self) -> float: ...
+
+
+class EmbeddedMaintenance:
+    """In-process maintenance between ingestion batches (module doc). Call `between_batches(report)` after
+    every batch (None: an idle poll)."""
+
+    def __init__(
+        self,
+        runner: MaintenanceRunner,
+        *,
+        interval_seconds: float,
+        freshness_target_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runner = runner
+        self.interval_seconds = interval_seconds
+        self.freshness_target_seconds = freshness_target_seconds
+        self.clock = clock
+        self._last: float | None = None
+        self.steps: list[StepResult] = []
+
+    def due(self, report: BatchLike | None) -> bool:
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval_seconds:
+            return False
+        if report is None:
+            return True
+        return report.lag == 0 or report.freshness_seconds < self.freshness_target_seconds / 2
+
+    def between_batches(self, report: BatchLike | None) -> StepResult | None:
+        if not self.due(report):
+            return None
+        self._last = self.clock()
+        try:
+            outcome = self.runner.step()
+        except Exception:
+            log.warning("%s: in-process maintenance failed", self.runner.label, exc_info=True)
+            return None
+        if outcome.ran:
+            self.steps.append(outcome)
+        return outcome
+
+
+# ------------------------------------------------------------------------------------------ entry points
+
+
+def file_leases(lease_dir: Path, holder: str | None = None) -> LeaseFactory:
+    """Work Leases as files in `lease_dir` (the embedded default and local `icefall compact -f`)."""
+    from icefall.commit.lease import FileLease, local_process_holder
+
+    identity = holder or local_process_holder()
+    return lambda name: FileLease.in_dir(lease_dir, name, identity, duration_seconds=WORK_LEASE_SECONDS)
+
+
+def runner_for(
+    st: StreamingTable,
+    catalog: CatalogConfig,
+    spark: SparkSession,
+    leases: LeaseFactory,
+    *,
+    clock_ms: Callable[[], int] = wall_clock_ms,
+    policy: MaintenancePolicy | None = None,
+) -> MaintenanceRunner:
+    """The runner of `st`'s table with `policy_from_spec(st.spec)` (or `policy`)."""
+    return MaintenanceRunner(
+        spark,
+        catalog,
+        st.table_identifier,
+        policy or policy_from_spec(st.spec),
+        leases,
+        lease_table=st.table_name,
+        clock_ms=clock_ms,
+    )
+
+
+def embedded_maintenance(
+    st: StreamingTable, catalog: CatalogConfig, spark: SparkSession, lease_dir: Path
+) -> EmbeddedMaintenance:
+    """`icefall run`'s in-process maintenance: one item per pause, `spec.compaction.embeddedIntervalSeconds`
+    apart; an item rewrites at most 256 MiB so a pause stays short."""
+    policy = policy_from_spec(st.spec)
+    policy = replace(policy, max_bytes_per_task=min(policy.max_bytes_per_task, EMBEDDED_MAX_BYTES_PER_ITEM))
+    return EmbeddedMaintenance(
+        runner_for(st, catalog, spark, file_leases(lease_dir), policy=policy),
+        interval_seconds=st.spec.compaction.embedded_interval_seconds,
+        freshness_target_seconds=st.spec.freshness.target_seconds,
+    )
+
+
+def serve(runner: MaintenanceRunner, *, once: bool = False, idle_seconds: float = 30.0) -> int:
+    """The compaction pods' loop until SIGTERM/SIGINT (the item in flight finishes first): 0 on a clean
+    stop. With `once`, one round: 0 if it ran an item or had nothing to do, 1 if the item failed."""
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def report(outcome: StepResult) -> None:
+        if outcome.item is None:
+            print(f"[compact] {runner.label}: {outcome.planned} items planned, none to claim", flush=True)
+        elif outcome.result is not None:
+            result = outcome.result
+            print(
+                f"[compact] {runner.label}: {result.kind} {result.outcome.value}: {result.detail} "
+                f"({result.seconds:.1f}s)",
+                flush=True,
+            )
+        else:
+            print(f"[compact] {runner.label}: {kind_of(outcome.item)} failed: {outcome.error}", flush=True)
+
+    if once:
+        outcome = runner.step()
+        report(outcome)
+        return 1 if outcome.error else 0
+    runner.run(stop.is_set, idle_seconds=idle_seconds, wait=stop.wait, on_step=report)
+    print(f"[compact] {runner.label}: stopped", flush=True)
+    return 0

@@ -1,0 +1,199 @@
+"""Read a pyiceberg table's metadata into the planner's `TableView` (plan/maintenance.py).
+
+`read_table_view(table, list_storage=True)` reads, from the metadata the `Table` object was loaded with:
+
+- `files`: the live data and delete files of `main`'s head (from its manifests), with partition values as
+  tuples in the spec's field order, sizes, record counts, the snapshot that added them, and the spec id;
+- `snapshots`: every snapshot, with the names of the branches and tags whose head it is and whether it is
+  an ancestor of `main`'s head (staging branches `icefall_stage_*` are refs like any other);
+- `manifests`: the manifests of `main`'s head;
+- `referenced_paths`: every path the metadata still reaches: each snapshot's manifest list, its manifests
+  and the files their live entries name, the current metadata file and those of the metadata log, and
+  statistics files;
+- `storage` (only with `list_storage`): every object under the table's location, with size and mtime,
+  listed through pyarrow's file systems (local `file:` warehouses; S3/GCS when pyarrow can reach them).
+
+Hadoop's local file system (Spark's writes to `file:` warehouses) leaves a checksum sidecar `.<name>.crc`
+beside each file it writes: a sidecar counts as referenced when its file is, so it goes with its file.
+
+Paths are canonical: `file:/x`, `file:///x` and a bare `/x` all become `file:///x` (Spark's Hadoop paths
+and pyiceberg's URIs spell local files differently; the planner compares exact strings). Other schemes are
+kept as written. `to_local_path` turns a canonical `file:` path back into a filesystem path.
+
+Not guaranteed: a consistent cut. Reading many manifests takes time; the planner is told so (its items may
+be stale when run, and Iceberg's commit validation catches that). Every snapshot's manifests are read once
+per call (deduplicated by path), so the cost grows with the number of distinct manifests: snapshot expiry
+and manifest rewrites keep that bounded. Objects under the location that belong to no Iceberg metadata
+(a stray file someone copied in) are listed too: with the orphan safety window they are removed like any
+orphan, which is what Iceberg's `remove_orphan_files` does as well.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from pyiceberg.manifest import DataFileContent, ManifestFile
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ancestors_of
+
+from icefall.plan.maintenance import (
+    MAIN,
+    DataFileInfo,
+    FileContent,
+    ManifestInfo,
+    PartitionValue,
+    SnapshotInfo,
+    StorageObject,
+    TableView,
+)
+
+log = logging.getLogger(__name__)
+
+_CONTENT = {
+    DataFileContent.DATA: FileContent.DATA,
+    DataFileContent.POSITION_DELETES: FileContent.POSITION_DELETES,
+    DataFileContent.EQUALITY_DELETES: FileContent.EQUALITY_DELETES,
+}
+
+
+def canonical_path(path: str) -> str:
+    """One spelling per local file: `file:///abs/path`. Other schemes unchanged."""
+    if path.startswith("file:"):
+        rest = path[len("file:") :]
+        if rest.startswith("//") and not rest.startswith("///"):
+            return path  # file://host/... : leave as written
+        return "file:///" + rest.lstrip("/")
+    if path.startswith("/"):
+        return "file:///" + path.lstrip("/")
+    return path
+
+
+def to_local_path(path: str) -> str | None:
+    """The filesystem path of a canonical `file:` path, or None for other schemes."""
+    canonical = canonical_path(path)
+    if canonical.startswith("file:///"):
+        return "/" + canonical[len("file:///") :]
+    return None
+
+
+def read_table_view(table: Table, *, list_storage: bool = True) -> TableView:
+    """The planner's view of `table` (module doc). Does not refresh `table`: the caller loads it."""
+    metadata = table.metadata
+    io = table.io
+    identifier = ".".join(table.name())
+
+    refs_by_snapshot: dict[int, list[str]] = {}
+    for ref_name, ref in metadata.refs.items():
+        refs_by_snapshot.setdefault(ref.snapshot_id, []).append(ref_name)
+    main_ref = metadata.refs.get(MAIN)
+    head = metadata.snapshot_by_id(main_ref.snapshot_id) if main_ref is not None else None
+    on_main = {s.snapshot_id for s in ancestors_of(head, metadata)} if head is not None else set()
+
+    snapshots = tuple(
+        SnapshotInfo(
+            snapshot_id=s.snapshot_id,
+            parent_id=s.parent_snapshot_id,
+            timestamp_ms=s.timestamp_ms,
+            is_on_main=s.snapshot_id in on_main,
+            refs=tuple(sorted(refs_by_snapshot.get(s.snapshot_id, ()))),
+        )
+        for s in metadata.snapshots
+    )
+
+    referenced: set[str] = {canonical_path(table.metadata_location)}
+    referenced |= {canonical_path(entry.metadata_file) for entry in metadata.metadata_log}
+    referenced |= {canonical_path(s.statistics_path) for s in metadata.statistics}
+    referenced |= {canonical_path(s.statistics_path) for s in metadata.partition_statistics}
+
+    manifests_by_path: dict[str, ManifestFile] = {}
+    for snapshot in metadata.snapshots:
+        referenced.add(canonical_path(snapshot.manifest_list))
+        for manifest in snapshot.manifests(io):
+            manifests_by_path.setdefault(canonical_path(manifest.manifest_path), manifest)
+    for path, manifest in manifests_by_path.items():
+        referenced.add(path)
+        referenced |= {
+            canonical_path(e.data_file.file_path)
+            for e in manifest.fetch_manifest_entry(io, discard_deleted=True)
+        }
+
+    files: list[DataFileInfo] = []
+    head_manifests: list[ManifestInfo] = []
+    if head is not None:
+        for manifest in head.manifests(io):
+            head_manifests.append(
+                ManifestInfo(
+                    path=canonical_path(manifest.manifest_path),
+                    size_bytes=manifest.manifest_length,
+                    added_files_count=manifest.added_files_count or 0,
+                    existing_files_count=manifest.existing_files_count or 0,
+                    deleted_files_count=manifest.deleted_files_count or 0,
+                )
+            )
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
+                data_file = entry.data_file
+                files.append(
+                    DataFileInfo(
+                        path=canonical_path(data_file.file_path),
+                        partition=_partition_tuple(data_file.partition),
+                        size_bytes=data_file.file_size_in_bytes,
+                        record_count=data_file.record_count,
+                        added_snapshot_id=entry.snapshot_id or 0,
+                        content=_CONTENT.get(data_file.content, FileContent.DATA),
+                        spec_id=manifest.partition_spec_id,
+                    )
+                )
+
+    storage = tuple(list_location(metadata.location)) if list_storage else ()
+    referenced |= {o.path for o in storage if checksum_owner(o.path) in referenced}
+    return TableView(
+        name=identifier,
+        snapshots=snapshots,
+        files=tuple(sorted(files, key=lambda f: f.path)),
+        manifests=tuple(head_manifests),
+        referenced_paths=frozenset(referenced),
+        storage=storage,
+        partition_fields=tuple(f.name for f in table.spec().fields),
+        properties=dict(metadata.properties),
+    )
+
+
+def checksum_owner(path: str) -> str | None:
+    """The file a Hadoop checksum sidecar `<dir>/.<name>.crc` belongs to (`<dir>/<name>`), else None."""
+    directory, _, name = path.rpartition("/")
+    if name.startswith(".") and name.endswith(".crc") and len(name) > len("..crc"):
+        return f"{directory}/{name[1 : -len('.crc')]}"
+    return None
+
+
+def _partition_tuple(partition: Any) -> PartitionValue:
+    if partition is None:
+        return ()
+    return tuple(partition[i] for i in range(len(partition)))
+
+
+def list_location(location: str) -> Iterable[StorageObject]:
+    """Every object under `location` (recursively), with canonical paths. Empty if it does not exist."""
+    from pyarrow import fs
+
+    local = to_local_path(location)
+    if local is not None:
+        filesystem: fs.FileSystem = fs.LocalFileSystem()
+        root, scheme_prefix = local, "file://"
+    else:
+        filesystem, root = fs.FileSystem.from_uri(location)
+        scheme_prefix = location.split("://", 1)[0] + "://"
+    root_info = filesystem.get_file_info(root)
+    if root_info.type == fs.FileType.NotFound:
+        return
+    for info in filesystem.get_file_info(fs.FileSelector(root, recursive=True)):
+        if info.type != fs.FileType.File:
+            continue
+        modified_ns = info.mtime_ns or 0
+        yield StorageObject(
+            path=canonical_path(scheme_prefix + info.path),
+            size_bytes=info.size or 0,
+            modified_ms=modified_ns // 1_000_000,
+        )

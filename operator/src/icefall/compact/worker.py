@@ -1,0 +1,424 @@
+"""Run one maintenance work item (plan/maintenance.py) with Spark and Iceberg's own commit machinery.
+
+`run_item(spark, catalog, identifier, item)` executes one item and returns an `ItemResult`; the caller
+claims the item first (a work Lease named by `work_key`, see `icefall.compact.runner`). In-process callers
+(tests, benchmarks, the embedded runner) call it directly with their SparkSession.
+
+What each item does:
+
+- `CompactPartition`: rewrites exactly the planned files (those still live in `main`'s head; fewer than
+  two left → skipped) into files of about the target size, the way Iceberg's `rewrite_data_files` does it,
+  in two visible steps: the files are staged as a scan task set, read and written by Spark (the new files
+  are written but not committed), then — after the failpoint `mid-rewrite` — one `RewriteFiles` commit
+  replaces them, validated from the snapshot the files were read at and keeping that snapshot's data
+  sequence number (so deletes added later still apply). Spark's procedure has no hook between writing and
+  committing; using the same Iceberg classes it uses (`ScanTaskSetManager`, `FileRewriteCoordinator`,
+  `Table.newRewrite`) gives one, and rewrites the planned files rather than a partition filter's.
+- `RewriteManifests`: `CALL <catalog>.system.rewrite_manifests`.
+- `ExpireSnapshots`: `CALL <catalog>.system.expire_snapshots` with the planned ids, the planned age
+  cut-off and `retain_last`. Iceberg itself refuses to expire a branch or tag head (main's, staging
+  branches' `icefall_stage_*`), and deletes the files only the expired snapshots reached.
+- `RemoveOrphans`: deletes exactly the planned paths, after checking each again against freshly loaded
+  metadata (still referenced by nothing) and storage (still older than the planned cut-off).
+- `ApplyRetention`: `DELETE FROM <table> WHERE <column> < <partition boundary>`; the boundary is a
+  partition boundary, so Iceberg drops whole files (a metadata-only delete, reported in the result).
+
+Guarantees:
+- No item reads or writes a table property: `icefall.*` (the resume state) is carried forward by every
+  commit, as commit/DESIGN.md requires ("Properties belong to no snapshot").
+- A compaction commit changes which files hold the rows, never the rows: Iceberg's rewrite validation
+  refuses it if an input file is no longer live (a concurrent rewrite or delete), and it never rebases a
+  change of rows. A process killed before the commit leaves only unreferenced new files: orphans, removed by
+  a later `RemoveOrphans` once they are older than the safety window.
+- Errors propagate (Py4J/Spark exceptions included); the caller counts the item as failed and plans again.
+
+Not guaranteed: that an item is still useful when it runs (the plan may be stale; such items are
+`skipped`); exactness of expiry beyond the planned ids (Iceberg also expires what its own age and
+`retain_last` rules select with the same cut-off — the base of a staging branch the planner keeps may go;
+that base is only needed while it is main's head, which is always kept); cleanup of a failed rewrite's
+new files (left to orphan removal: deleting them after an unknown commit outcome could delete live data).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from icefall import metrics
+from icefall.catalog import CatalogConfig
+from icefall.compact.view import canonical_path, read_table_view, to_local_path
+from icefall.failpoints import failpoint
+from icefall.plan.maintenance import (
+    ApplyDeletes,
+    ApplyRetention,
+    CompactPartition,
+    ExpireSnapshots,
+    RemoveOrphans,
+    RewriteManifests,
+    WorkItem,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    DONE = "done"
+    SKIPPED = "skipped"  # the plan went stale: nothing (useful) left to do
+    FAILED = "failed"  # used by callers that catch the error
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    kind: str
+    outcome: Outcome
+    detail: str
+    seconds: float
+    snapshot_id: int | None = None  # the snapshot this item committed, if it committed one
+    files_rewritten: int = 0
+    files_added: int = 0
+    expired_ids: tuple[int, ...] = ()
+    deleted_paths: tuple[str, ...] = ()
+    metadata_only: bool | None = None  # retention: no data file was rewritten
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def kind_of(item: WorkItem) -> str:
+    return type(item).__name__
+
+
+def table_label(identifier: Sequence[str] | str) -> str:
+    return identifier if isinstance(identifier, str) else ".".join(identifier)
+
+
+def spark_table_name(catalog: CatalogConfig, identifier: Sequence[str] | str) -> str:
+    parts = identifier.split(".") if isinstance(identifier, str) else list(identifier)
+    return ".".join(_quote(p) for p in (catalog.name, *parts))
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def run_item(
+    spark: SparkSession,
+    catalog: CatalogConfig,
+    identifier: Sequence[str] | str,
+    item: WorkItem,
+) -> ItemResult:
+    """Run `item` on table `identifier` of `catalog` (module doc). Records metrics; raises on failure."""
+    label = table_label(identifier)
+    kind = kind_of(item)
+    started = time.monotonic()
+    try:
+        if isinstance(item, CompactPartition):
+            result = _compact(spark, catalog, identifier, item, started)
+        elif isinstance(item, RewriteManifests):
+            result = _rewrite_manifests(spark, catalog, identifier, item, started)
+        elif isinstance(item, ExpireSnapshots):
+            result = _expire(spark, catalog, identifier, item, started)
+        elif isinstance(item, RemoveOrphans):
+            result = _remove_orphans(catalog, identifier, item, started)
+        elif isinstance(item, ApplyRetention):
+            result = _retention(spark, catalog, identifier, item, started)
+        elif isinstance(item, ApplyDeletes):
+            raise NotImplementedError("ApplyDeletes is a placeholder: no worker merges delete files yet")
+        else:  # pragma: no cover - the union is closed
+            raise TypeError(f"unknown work item {item!r}")
+    except Exception:
+        metrics.MAINTENANCE_ITEMS.labels(label, kind, Outcome.FAILED.value).inc()
+        metrics.MAINTENANCE_ITEM_DURATION.labels(label, kind).observe(time.monotonic() - started)
+        raise
+    metrics.MAINTENANCE_ITEMS.labels(label, kind, result.outcome.value).inc()
+    metrics.MAINTENANCE_ITEM_DURATION.labels(label, kind).observe(result.seconds)
+    if result.outcome is Outcome.DONE:
+        if isinstance(item, CompactPartition):
+            metrics.COMPACTION_FILES_REWRITTEN.labels(label).inc(result.files_rewritten)
+            metrics.COMPACTION_FILES_ADDED.labels(label).inc(result.files_added)
+            metrics.LAST_COMPACTION.labels(label).set(time.time())
+        elif isinstance(item, ExpireSnapshots):
+            metrics.LAST_SNAPSHOT_EXPIRY.labels(label).set(time.time())
+    log.info("%s: %s %s: %s (%.1fs)", label, kind, result.outcome.value, result.detail, result.seconds)
+    return result
+
+
+# --------------------------------------------------------------------------------------------- compaction
+
+
+def _compact(
+    spark: SparkSession,
+    catalog: CatalogConfig,
+    identifier: Sequence[str] | str,
+    item: CompactPartition,
+    started: float,
+) -> ItemResult:
+    jvm: Any = spark._jvm  # Py4J: the only door to Iceberg's Java API
+    iceberg_spark = jvm.org.apache.iceberg.spark
+    jtable = iceberg_spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession,
+        spark_table_name(catalog, identifier),
+    )
+    return _compact_files(spark, jvm, jtable, item, started)
+
+
+def _singleton(spark: SparkSession, loader: Any, class_name: str) -> Any:
+    """`<class_name>.get()`, the class loaded with `loader`. Py4J's `jvm.a.b.C` resolves names with the
+    calling Java thread's context class loader, which does not always see the jars Spark added after start
+    (seen in tests: `SparkTableCache.get does not exist in the JVM` right after `Spark3Util` resolved);
+    `Class.forName` with the Iceberg runtime's own loader does, and says why when it cannot."""
+    jvm: Any = spark._jvm
+    gateway: Any = spark.sparkContext._gateway
+    cls = jvm.java.lang.Class.forName(class_name, True, loader)
+    no_types = gateway.new_array(jvm.java.lang.Class, 0)
+    return cls.getMethod("get", no_types).invoke(None, gateway.new_array(jvm.java.lang.Object, 0))
+
+
+def _compact_files(
+    spark: SparkSession, jvm: Any, jtable: Any, item: CompactPartition, started: float
+) -> ItemResult:
+    start = jtable.currentSnapshot()
+    kind = kind_of(item)
+    if start is None:
+        return ItemResult(kind, Outcome.SKIPPED, "the table has no snapshot", time.monotonic() - started)
+    wanted = set(item.files)
+    tasks = jvm.java.util.ArrayList()
+    inputs = jvm.java.util.HashSet()
+    found: list[str] = []
+    planned = jtable.newScan().useSnapshot(start.snapshotId()).planFiles()
+    try:
+        iterator = planned.iterator()
+        while iterator.hasNext():
+            task = iterator.next()
+            path = canonical_path(str(task.file().location()))
+            if path in wanted and task.spec().specId() == item.spec_id:
+                tasks.add(task)
+                inputs.add(task.file())
+                found.append(path)
+    finally:
+        planned.close()
+    if len(found) < 2:
+        return ItemResult(
+            kind,
+            Outcome.SKIPPED,
+            f"{len(found)} of {len(wanted)} planned files still live: nothing to rewrite",
+            time.monotonic() - started,
+        )
+
+    group = str(uuid.uuid4())
+    loader = jtable.getClass().getClassLoader()
+    table_cache = _singleton(spark, loader, "org.apache.iceberg.spark.SparkTableCache")
+    task_sets = _singleton(spark, loader, "org.apache.iceberg.spark.ScanTaskSetManager")
+    coordinator = _singleton(spark, loader, "org.apache.iceberg.spark.FileRewriteCoordinator")
+    try:
+        table_cache.add(group, jtable)
+        task_sets.stageTasks(jtable, group, tasks)
+        target = str(item.target_size_bytes)
+        frame = (
+            spark.read.format("iceberg")
+            .option("split-size", target)  # pack the inputs into splits of the target size
+            .option("file-open-cost", "0")
+            .load(group)
+        )
+        (
+            frame.write.format("iceberg")
+            .option("target-file-size-bytes", target)
+            .option("distribution-mode", "none")
+            .option("output-spec-id", str(item.spec_id))
+            .mode("append")
+            .save(group)
+        )
+        outputs = coordinator.fetchNewFiles(jtable, group)
+        # Written, not committed: a crash here leaves only orphans.
+        failpoint("mid-rewrite")
+        rewrite = jtable.newRewrite().validateFromSnapshot(start.snapshotId())
+        rewrite.rewriteFiles(inputs, outputs, start.sequenceNumber()).commit()
+    finally:
+        table_cache.remove(group)
+        task_sets.removeTasks(jtable, group)
+        coordinator.clearRewrite(jtable, group)
+    committed = jtable.currentSnapshot()
+    return ItemResult(
+        kind,
+        Outcome.DONE,
+        f"{len(found)} files of partition {item.partition!r} into {outputs.size()}",
+        time.monotonic() - started,
+        snapshot_id=int(committed.snapshotId()) if committed is not None else None,
+        files_rewritten=len(found),
+        files_added=int(outputs.size()),
+    )
+
+
+# ------------------------------------------------------------------------------------- procedures and SQL
+
+
+def _call(spark: SparkSession, catalog: CatalogConfig, procedure: str, arguments: str) -> list[Any]:
+    return spark.sql(f"CALL {_quote(catalog.name)}.system.{procedure}({arguments})").collect()
+
+
+def _procedure_table(catalog: CatalogConfig, identifier: Sequence[str] | str) -> str:
+    """The `table => '...'` argument: catalog, namespace and table, as a SQL string literal. (Without the
+    catalog, Iceberg first tries the namespace as a catalog name and logs a CatalogNotFoundException.)"""
+    return _string(spark_table_name(catalog, identifier))
+
+
+def _string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _timestamp(ms: int) -> str:
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC).replace(tzinfo=None)
+    return f"TIMESTAMP '{moment.isoformat(sep=' ', timespec='milliseconds')}'"  # session time zone is UTC
+
+
+def _rewrite_manifests(
+    spark: SparkSession,
+    catalog: CatalogConfig,
+    identifier: Sequence[str] | str,
+    item: RewriteManifests,
+    started: float,
+) -> ItemResult:
+    rows = _call(spark, catalog, "rewrite_manifests", f"table => {_procedure_table(catalog, identifier)}")
+    rewritten, added = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+    return ItemResult(
+        kind_of(item),
+        Outcome.DONE if rewritten else Outcome.SKIPPED,
+        f"{rewritten} manifests into {added}",
+        time.monotonic() - started,
+        extra={"rewritten_manifests": rewritten, "added_manifests": added},
+    )
+
+
+def _expire(
+    spark: SparkSession,
+    catalog: CatalogConfig,
+    identifier: Sequence[str] | str,
+    item: ExpireSnapshots,
+    started: float,
+) -> ItemResult:
+    table = catalog.pyiceberg().load_table(_tuple(identifier))
+    existing = {s.snapshot_id for s in table.metadata.snapshots}
+    ids = [i for i in item.expire_ids if i in existing]
+    if not ids:
+        return ItemResult(
+            kind_of(item), Outcome.SKIPPED, "the planned snapshots are gone", time.monotonic() - started
+        )
+    arguments = ", ".join(
+        (
+            f"table => {_procedure_table(catalog, identifier)}",
+            f"older_than => {_timestamp(item.older_than_ms)}",
+            f"retain_last => {item.retain_last}",
+            "snapshot_ids => array(" + ", ".join(f"{i}L" for i in ids) + ")",
+        )
+    )
+    rows = _call(spark, catalog, "expire_snapshots", arguments)
+    after = {s.snapshot_id for s in catalog.pyiceberg().load_table(_tuple(identifier)).metadata.snapshots}
+    expired = tuple(sorted(existing - after))
+    deleted_files = sum(int(v) for v in rows[0]) if rows else 0
+    return ItemResult(
+        kind_of(item),
+        Outcome.DONE,
+        f"{len(expired)} snapshots expired, {deleted_files} files deleted",
+        time.monotonic() - started,
+        expired_ids=expired,
+        extra={"deleted_files": deleted_files},
+    )
+
+
+def _retention(
+    spark: SparkSession,
+    catalog: CatalogConfig,
+    identifier: Sequence[str] | str,
+    item: ApplyRetention,
+    started: float,
+) -> ItemResult:
+    from pyiceberg.types import DateType, TimestampType
+
+    table = catalog.pyiceberg().load_table(_tuple(identifier))
+    before = table.metadata.current_snapshot_id
+    column_type = table.schema().find_field(item.source_column).field_type
+    if isinstance(column_type, DateType):
+        day = datetime.fromtimestamp(item.delete_before_ms / 1000, tz=UTC).date()
+        bound = f"DATE '{day.isoformat()}'"
+    elif isinstance(column_type, TimestampType):  # without zone: Spark's TIMESTAMP_NTZ
+        bound = "TIMESTAMP_NTZ" + _timestamp(item.delete_before_ms).removeprefix("TIMESTAMP")
+    else:
+        bound = _timestamp(item.delete_before_ms)
+    column = ".".join(_quote(p) for p in item.source_column.split("."))
+    spark.sql(f"DELETE FROM {spark_table_name(catalog, identifier)} WHERE {column} < {bound}")
+    snapshot = catalog.pyiceberg().load_table(_tuple(identifier)).current_snapshot()
+    if snapshot is None or snapshot.snapshot_id == before:
+        return ItemResult(kind_of(item), Outcome.SKIPPED, "nothing to delete", time.monotonic() - started)
+    summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+    metadata_only = int(summary.get("added-data-files", "0")) == 0 and (
+        int(summary.get("added-delete-files", "0")) == 0
+    )
+    return ItemResult(
+        kind_of(item),
+        Outcome.DONE,
+        f"{summary.get('deleted-data-files', '0')} files ({summary.get('deleted-records', '0')} rows) "
+        f"before {bound} dropped",
+        time.monotonic() - started,
+        snapshot_id=snapshot.snapshot_id,
+        metadata_only=metadata_only,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ orphans
+
+
+def _remove_orphans(
+    catalog: CatalogConfig, identifier: Sequence[str] | str, item: RemoveOrphans, started: float
+) -> ItemResult:
+    table = catalog.pyiceberg().load_table(_tuple(identifier))
+    fresh = read_table_view(table, list_storage=False)
+    referenced = (
+        set(fresh.referenced_paths) | {f.path for f in fresh.files} | {m.path for m in fresh.manifests}
+    )
+    deleted: list[str] = []
+    kept: list[str] = []
+    for path in item.paths:
+        if path in referenced or not _delete_if_older(path, item.older_than_ms):
+            kept.append(path)
+        else:
+            deleted.append(path)
+    return ItemResult(
+        kind_of(item),
+        Outcome.DONE if deleted else Outcome.SKIPPED,
+        f"{len(deleted)} orphan files deleted, {len(kept)} kept (referenced again, newer or gone)",
+        time.monotonic() - started,
+        deleted_paths=tuple(deleted),
+    )
+
+
+def _delete_if_older(path: str, older_than_ms: int) -> bool:
+    """Delete `path` if it still exists and was last modified before `older_than_ms`."""
+    from pyarrow import fs
+
+    local = to_local_path(path)
+    if local is not None:
+        try:
+            if os.stat(local).st_mtime_ns // 1_000_000 >= older_than_ms:
+                return False
+            os.remove(local)
+        except FileNotFoundError:
+            return False
+        return True
+    filesystem, inner = fs.FileSystem.from_uri(path)
+    info = filesystem.get_file_info(inner)
+    if info.type != fs.FileType.File or (info.mtime_ns or 0) // 1_000_000 >= older_than_ms:
+        return False
+    filesystem.delete_file(inner)
+    return True
+
+
+def _tuple(identifier: Sequence[str] | str) -> tuple[str, ...]:
+    return tuple(identifier.split(".")) if isinstance(identifier, str) else tuple(identifier)

@@ -1,0 +1,69 @@
+"""Prometheus metrics of the operator process, in the one registry `icefall.metrics` serves.
+
+Names follow Prometheus conventions (`icefall_operator_` prefix for the operator's own work, base units,
+`_total` counters). Per-table gauges reuse the ingestion process's names (`icefall_freshness_seconds`,
+`icefall_lag_records`) with the same `table` label (`namespace.name`), so one dashboard reads either.
+Labels are bounded: table, partition (capped by `plan.table_status.MAX_PARTITIONS`), result.
+
+Not guaranteed: gauges of a deleted table disappear only when this process removes them (`forget_table`)
+or restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from icefall.metrics import FRESHNESS, LAG, REGISTRY
+from icefall.plan.table_status import Summary
+
+RECONCILES = Counter(
+    "icefall_operator_reconciles_total",
+    "Reconcile passes of StreamingTables, by result (ok, error).",
+    ["result"],
+    registry=REGISTRY,
+)
+RECONCILE_DURATION = Histogram(
+    "icefall_operator_reconcile_duration_seconds",
+    "Wall time of one reconcile pass (observation included).",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+    registry=REGISTRY,
+)
+LEADER = Gauge(
+    "icefall_operator_leader",
+    "1 while this operator process holds the leader Lease and reconciles, else 0.",
+    registry=REGISTRY,
+)
+TABLE_FILES = Gauge(
+    "icefall_table_data_files", "Data files in the table's current snapshot.", ["table"], registry=REGISTRY
+)
+COMPACTION_REPLICAS = Gauge(
+    "icefall_compaction_replicas",
+    "Compaction pods the operator asks for (the Deployment's replicas).",
+    ["table"],
+    registry=REGISTRY,
+)
+
+
+def record_table(namespace: str, name: str, summary: Summary, compaction_replicas: int) -> None:
+    table = f"{namespace}.{name}"
+    if summary.freshness_seconds is not None:
+        FRESHNESS.labels(table=table).set(summary.freshness_seconds)
+    if summary.freshness is not None:
+        for partition, lag in summary.freshness.partition_lag.items():
+            LAG.labels(table=table, partition=str(partition)).set(lag)
+    if summary.table is not None:
+        TABLE_FILES.labels(table=table).set(summary.table.files)
+    COMPACTION_REPLICAS.labels(table=table).set(compaction_replicas)
+
+
+def forget_table(namespace: str, name: str) -> None:
+    """Drop the per-table series of a deleted table."""
+    table = f"{namespace}.{name}"
+    for gauge in (FRESHNESS, TABLE_FILES, COMPACTION_REPLICAS):
+        with contextlib.suppress(KeyError):  # never reported
+            gauge.remove(table)
+    for labels in list(LAG._metrics):  # the partitions this table reported
+        if labels[0] == table:
+            LAG.remove(*labels)

@@ -1,0 +1,315 @@
+"""Read a StreamingTable's Iceberg table (pyiceberg) and its topic's watermarks (confluent-kafka).
+
+`TableObserver.observe` returns `Observed`: `TableFacts` from the table's metadata (no data is read), the
+high/low watermarks per partition, issues for what could not be read (CatalogUnavailable,
+KafkaUnavailable, with the client's error text) and, when a credential the spec references is not in this
+process's environment, an `unmeasured` note instead of an issue (the operator may simply not have been
+given the Secret; the driver has it). Turning the facts into status is `icefall.plan.table_status`.
+
+Rate: one read per table per `interval` seconds (the last result is served in between), and the
+compaction backlog (which reads manifests, `icefall.compact.view.read_table_view`) at most every
+`backlog_interval` seconds. A change of the catalog or source spec reads again at once. Reads run on a
+small thread pool, one at a time per table; a reconcile waits at most `wait_seconds` for one and otherwise
+goes on with the previous result.
+
+Guarantees: never raises for an unreachable or misconfigured catalog or broker; messages never contain a
+credential (the values the spec references are masked out of every error text). Not guaranteed: that the
+result is current: with a slow catalog or broker it is as old as the last read that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from icefall.api import ConditionReason, StreamingTable
+from icefall.commit.errors import CorruptStateError
+from icefall.commit.state import state_of
+from icefall.plan.children import secret_env_vars
+from icefall.plan.conditions import Issue
+from icefall.plan.table_status import TableFacts
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+log = logging.getLogger(__name__)
+
+KAFKA_TIMEOUT_SECONDS = 5.0
+LAST_EXPIRY_PROPERTY = "icefall.last-expiry-time-ms"
+_SECRET_KEY = re.compile(r"secretProperties\[(?P<key>.+)\]$")
+
+
+@dataclass(frozen=True)
+class Observed:
+    facts: TableFacts | None = None  # None: not read (no catalog, table missing, or an error)
+    watermarks: Mapping[int, tuple[int, int]] | None = None
+    issues: tuple[Issue, ...] = ()
+    unmeasured: str = ""
+    backlog: int | None = None  # compaction work items; None: not measured
+
+
+class MissingCredentialError(RuntimeError):
+    """A secret the spec references is not in this process's environment (names the field and variable)."""
+
+
+def catalog_properties(st: StreamingTable, environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """pyiceberg `load_catalog` properties for `spec.table.catalog`, and the secret values in them.
+
+    Secret properties come from the variables the operator's own Deployment would carry
+    (`ICEFALL_CATALOG_<KEY>`, the names `plan.children.secret_env_vars` gives the pods).
+    """
+    spec = st.spec.table.catalog
+    if spec is None:
+        raise ValueError("spec.table.catalog is not set")
+    props: dict[str, str] = {"type": spec.type.value, "uri": spec.uri, **spec.properties}
+    if spec.warehouse:
+        props["warehouse"] = spec.warehouse
+    secrets: list[str] = []
+    for env in secret_env_vars(st.spec)[1]:
+        match = _SECRET_KEY.search(env.path)
+        value = environ.get(env.name)
+        if match is None:
+            continue
+        if not value:
+            raise MissingCredentialError(
+                f"{env.path}: the operator has no variable {env.name} (from key {env.key!r} of Secret "
+                f"{env.secret!r}); give the operator that variable to measure the table"
+            )
+        props[match["key"]] = value
+        secrets.append(value)
+    return props, secrets
+
+
+def _mask(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        if value:
+            text = text.replace(value, "***")
+    return text
+
+
+def table_facts(table: Table) -> TableFacts:
+    """The figures `plan.table_status` needs, from the table's metadata and its head's summary."""
+    from pyiceberg.table.snapshots import Operation, ancestors_of
+
+    metadata = table.metadata
+    state = state_of(metadata)
+    head = table.current_snapshot()
+    summary: Mapping[str, str] = head.summary if head is not None and head.summary is not None else {}
+
+    def number(key: str) -> int:
+        try:
+            return int(summary.get(key, 0) or 0)
+        except ValueError:
+            return 0
+
+    last_append = last_replace = None
+    for snapshot in ancestors_of(head, metadata) if head is not None else ():
+        operation = snapshot.summary.operation if snapshot.summary is not None else None
+        if operation is Operation.APPEND and last_append is None:
+            last_append = snapshot
+        elif operation is Operation.REPLACE and last_replace is None:
+            last_replace = snapshot
+        if last_append is not None and last_replace is not None:
+            break
+    expiry = metadata.properties.get(LAST_EXPIRY_PROPERTY)
+    return TableFacts(
+        committed_offsets=dict(state.offsets),
+        max_produce_time_ms=state.max_produce_time_ms,
+        lost_records=state.lost_records,
+        last_commit_ms=last_append.timestamp_ms if last_append is not None else None,
+        last_commit_snapshot_id=last_append.snapshot_id if last_append is not None else None,
+        data_files=number("total-data-files"),
+        total_file_bytes=number("total-files-size"),
+        records=number("total-records"),
+        snapshots=len(metadata.snapshots),
+        last_compaction_ms=last_replace.timestamp_ms if last_replace is not None else None,
+        last_expiry_ms=int(expiry) if expiry and expiry.isdigit() else None,
+    )
+
+
+def compaction_backlog(table: Table, st: StreamingTable, now_ms: int) -> tuple[int, float | None]:
+    """(work items the maintenance planner finds now, share of small data files or None)."""
+    from icefall.compact.view import read_table_view
+    from icefall.plan.maintenance import FileContent, backlog, plan_maintenance, policy_from_spec
+
+    view = read_table_view(table, list_storage=False)
+    policy = policy_from_spec(st.spec)
+    data = [f for f in view.files if f.content is FileContent.DATA]
+    small = policy.small_file_ratio * policy.target_size(view.properties)
+    ratio = sum(1 for f in data if f.size_bytes < small) / len(data) if data else None
+    return backlog(plan_maintenance(view, policy, now_ms)), ratio
+
+
+@dataclass
+class _Entry:
+    key: str
+    at: float
+    observed: Observed
+    backlog_at: float | None = None
+    backlog: tuple[int, float | None] | None = None
+
+
+@dataclass
+class TableObserver:
+    """Observes tables at a bounded rate (see the module doc). Thread-safe; one per operator process."""
+
+    interval: float = 5.0
+    backlog_interval: float = 30.0
+    wait_seconds: float = 1.0
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    clock: Callable[[], float] = time.monotonic
+    _cache: dict[str, _Entry] = field(default_factory=dict)
+    _running: dict[str, Future[Observed]] = field(default_factory=dict)
+    _catalogs: dict[str, Catalog] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="icefall-observe")
+    )
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._cache.pop(uid, None)
+
+    def observe(self, uid: str, st: StreamingTable) -> Observed:
+        """The latest observation: a fresh read if one finishes within `wait_seconds`, else the last one
+        (a slow catalog or broker never holds a reconcile for longer than that)."""
+        key = (
+            st.spec.table.model_dump_json()
+            + st.spec.source.model_dump_json()
+            + st.spec.compaction.model_dump_json()
+        )
+        with self._lock:
+            entry = self._cache.get(uid)
+            current = entry if entry is not None and entry.key == key else None
+            if current is not None and self.clock() - current.at < self.interval:
+                return current.observed
+            running = self._running.get(uid)
+            if running is None:
+                running = self._pool.submit(self._refresh, uid, key, st, current)
+                self._running[uid] = running
+        try:
+            return running.result(timeout=self.wait_seconds)
+        except FutureTimeout:
+            if current is not None:
+                return current.observed
+            return Observed(unmeasured="reading the table and the topic for the first time")
+
+    def _refresh(self, uid: str, key: str, st: StreamingTable, previous: _Entry | None) -> Observed:
+        try:
+            observed, backlog_at, backlog = self._read(st, self.clock(), previous)
+            with self._lock:
+                self._cache[uid] = _Entry(key, self.clock(), observed, backlog_at, backlog)
+            return observed
+        finally:
+            with self._lock:
+                self._running.pop(uid, None)
+
+    def _read(
+        self, st: StreamingTable, now: float, previous: _Entry | None
+    ) -> tuple[Observed, float | None, tuple[int, float | None] | None]:
+        issues: list[Issue] = []
+        notes: list[str] = []
+        facts: TableFacts | None = None
+        backlog_at = previous.backlog_at if previous else None
+        backlog = previous.backlog if previous else None
+        table = self._load_table(st, issues, notes)
+        if table is not None:
+            try:
+                facts = table_facts(table)
+            except CorruptStateError as error:
+                issues.append(
+                    Issue(ConditionReason.CATALOG_UNAVAILABLE, f"the table's icefall.* state: {error}")
+                )
+        if table is not None and facts is not None and st.spec.compaction.enabled:
+            if backlog_at is None or now - backlog_at >= self.backlog_interval:
+                try:
+                    backlog = compaction_backlog(table, st, int(time.time() * 1000))
+                except Exception as error:  # a planner or manifest read failure must not stop status
+                    log.warning("measuring the compaction backlog of %s failed: %s", st.metadata.name, error)
+                    backlog = None
+                backlog_at = now
+            if backlog is not None:
+                facts = replace(facts, compaction_backlog=backlog[0], small_file_ratio=backlog[1])
+        watermarks = self._watermarks(st, issues, notes)
+        observed = Observed(
+            facts=facts,
+            watermarks=watermarks,
+            issues=tuple(issues),
+            unmeasured="; ".join(notes),
+            backlog=backlog[0] if backlog is not None and facts is not None else None,
+        )
+        return observed, backlog_at, backlog
+
+    def _load_table(self, st: StreamingTable, issues: list[Issue], notes: list[str]) -> Table | None:
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.exceptions import NoSuchTableError
+
+        if st.spec.table.catalog is None:
+            return None
+        secrets: list[str] = []
+        try:
+            props, secrets = catalog_properties(st, self.environ)
+            # One client per catalog configuration (a sql catalog holds a connection pool).
+            key = json.dumps([st.spec.table.catalog.name, props], sort_keys=True)
+            with self._lock:
+                catalog = self._catalogs.get(key)
+            if catalog is None:
+                catalog = load_catalog(st.spec.table.catalog.name, **props)
+                with self._lock:
+                    self._catalogs[key] = catalog
+            return catalog.load_table(st.table_identifier)
+        except MissingCredentialError as error:
+            notes.append(str(error))
+        except NoSuchTableError:
+            notes.append(
+                f"the table {'.'.join(st.table_identifier)} does not exist yet (the driver creates it)"
+            )
+        except Exception as error:  # any client error: a condition, never a crash
+            text = _mask(f"{type(error).__name__}: {error}", secrets)
+            issues.append(
+                Issue(
+                    ConditionReason.CATALOG_UNAVAILABLE,
+                    f"cannot read the table {'.'.join(st.table_identifier)} from catalog "
+                    f"{st.spec.table.catalog.name!r}: {text}",
+                )
+            )
+        return None
+
+    def _watermarks(
+        self, st: StreamingTable, issues: list[Issue], notes: list[str]
+    ) -> dict[int, tuple[int, int]] | None:
+        from icefall.kafka.admin import TopicView
+        from icefall.kafka.security import MissingSecretError, librdkafka_config
+
+        source = st.spec.source
+        try:
+            config = librdkafka_config(source.security, self.environ)
+        except MissingSecretError as error:
+            notes.append(f"{error}; the operator cannot read the topic's watermarks")
+            return None
+        secrets = [v for k, v in config.items() if k not in ("security.protocol", "sasl.mechanism")]
+        try:
+            # Errors reach the status as KafkaUnavailable; librdkafka's own log would repeat them forever.
+            client = {**config, "socket.timeout.ms": 5000, "log_level": 0}
+            with TopicView(source.bootstrap_servers, source.topic, client) as topic:
+                return topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS)
+        except Exception as error:  # any client error: a condition, never a crash
+            text = _mask(f"{type(error).__name__}: {error}", secrets)
+            issues.append(
+                Issue(
+                    ConditionReason.KAFKA_UNAVAILABLE,
+                    f"cannot read the watermarks of topic {source.topic!r} at "
+                    f"{source.bootstrap_servers}: {text}",
+                )
+            )
+        return None

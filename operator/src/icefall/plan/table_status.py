@@ -1,0 +1,190 @@
+"""Freshness, lag, table figures and data-loss issues from what the table and Kafka say. Pure.
+
+Inputs are plain facts the act layer read (`TableFacts` from the table's metadata, the topic's watermarks
+from Kafka); the clock is an argument. `summarize` turns them into the status blocks (`FreshnessStatus`,
+`TableStatus`, `dataLossRecords`) and the figures and issues `plan.conditions.Observations` takes.
+
+Rules:
+- Lag of a partition = high watermark - the table's committed offset (the low watermark when the table has
+  committed nothing for it). The total is the sum; the status map lists the `MAX_PARTITIONS` most lagging.
+- Freshness = 0 when the table holds everything Kafka has (lag 0: an idle topic is not stale); otherwise
+  the seconds between now and the produce time of the newest committed record (`icefall.max-produce-time-ms`);
+  unmeasured (None) when records wait and nothing was committed yet. Without the watermarks (Kafka could
+  not be read) there is no freshness block at all: "caught up" and "stalled" look the same, so the
+  previous figures stay and a condition says why.
+- A committed offset above the high watermark (the topic was deleted and recreated, or truncated) is an
+  `OffsetsAheadOfTopic` issue naming the partitions; that partition counts as lag 0.
+- `icefall.lost-records` above the acknowledged count (annotation `icefall.dev/acknowledged-data-loss`) is a
+  `DataLoss` issue: the table permanently misses those records; acknowledging the count clears it until
+  more are lost.
+- The last ingestion commit is the newest `append` snapshot, and only once offsets were committed (the
+  genesis snapshot of an empty table is not a commit of records).
+
+Not guaranteed: that the facts are current (they are as old as the read), or that freshness is exact for
+records produced with timestamps from a skewed producer clock (the produce time is the producer's or the
+broker's, per the topic's `message.timestamp.type`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from icefall.api import ConditionReason, FreshnessStatus, TableStatus
+from icefall.plan.conditions import Issue
+
+MAX_PARTITIONS = 20
+ANNOTATION_ACKNOWLEDGED_LOSS = "icefall.dev/acknowledged-data-loss"
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """What the operator read from the table's metadata (no manifests, no data)."""
+
+    committed_offsets: Mapping[int, int] = field(default_factory=dict)
+    max_produce_time_ms: int | None = None
+    lost_records: int = 0
+    last_commit_ms: int | None = None  # newest append snapshot
+    last_commit_snapshot_id: int | None = None
+    data_files: int = 0
+    total_file_bytes: int = 0
+    records: int = 0
+    snapshots: int = 0
+    last_compaction_ms: int | None = None  # newest replace snapshot
+    last_expiry_ms: int | None = None  # icefall.last-expiry-time-ms, when a maintenance run recorded it
+    small_file_ratio: float | None = None
+    compaction_backlog: int | None = None
+
+
+@dataclass(frozen=True)
+class Summary:
+    freshness: FreshnessStatus | None
+    table: TableStatus | None
+    data_loss_records: int | None  # None: the table could not be read
+    freshness_seconds: float | None
+    lag_records: int | None
+    last_commit_time: datetime | None
+    issues: tuple[Issue, ...] = ()
+
+
+def _time(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def table_status(facts: TableFacts) -> TableStatus:
+    files = facts.data_files
+    return TableStatus(
+        files=files,
+        avg_file_size_bytes=facts.total_file_bytes // files if files else 0,
+        snapshots=facts.snapshots,
+        records=facts.records,
+        small_file_ratio=facts.small_file_ratio,
+        compaction_backlog=facts.compaction_backlog,
+        last_compaction_time=_time(facts.last_compaction_ms),
+        last_expiry_time=_time(facts.last_expiry_ms),
+    )
+
+
+def partition_lag(
+    committed: Mapping[int, int], watermarks: Mapping[int, tuple[int, int]]
+) -> tuple[dict[int, int], list[int]]:
+    """Lag per partition of the topic, and the partitions whose committed offset is past the high mark."""
+    lag: dict[int, int] = {}
+    ahead: list[int] = []
+    for partition, (low, high) in sorted(watermarks.items()):
+        done = committed.get(partition, low)
+        if done > high:
+            ahead.append(partition)
+        lag[partition] = max(high - done, 0)
+    return lag, ahead
+
+
+def summarize(
+    facts: TableFacts | None,
+    watermarks: Mapping[int, tuple[int, int]] | None,
+    now: datetime,
+    *,
+    acknowledged_loss: int = 0,
+) -> Summary:
+    """Status blocks and observations from `facts` (None: table not read) and `watermarks` (None: Kafka
+    not read), as the module docstring says."""
+    committed = facts.committed_offsets if facts is not None else {}
+    issues: list[Issue] = []
+    lag_map: dict[int, int] | None = None
+    if watermarks is not None:
+        lag_map, ahead = partition_lag(committed, watermarks)
+        if ahead:
+            detail = ", ".join(f"{p} (committed {committed[p]}, high {watermarks[p][1]})" for p in ahead)
+            issues.append(
+                Issue(
+                    ConditionReason.OFFSETS_AHEAD_OF_TOPIC,
+                    f"the table's committed offsets are past the topic's end in partition(s) {detail}: "
+                    "the topic was recreated or truncated; records written there now are not ingested "
+                    "until the offsets are repaired",
+                )
+            )
+    if facts is None:
+        # Without the table, lag would count everything as waiting: report nothing rather than a guess.
+        return Summary(None, None, None, None, None, None, tuple(issues))
+    if watermarks is None:
+        # Without Kafka, lag and freshness are unknown: keep the table figures, leave freshness alone.
+        return Summary(
+            None,
+            table_status(facts),
+            facts.lost_records,
+            None,
+            None,
+            None,
+            tuple(issues + _loss(facts, acknowledged_loss)),
+        )
+    issues += _loss(facts, acknowledged_loss)
+    total = sum(lag_map.values()) if lag_map is not None else None
+    last_commit = _time(facts.last_commit_ms) if committed else None
+    freshness_seconds: float | None = None
+    if total == 0:
+        freshness_seconds = 0.0
+    elif total is not None and facts.max_produce_time_ms is not None and committed:
+        freshness_seconds = max((now - _time(facts.max_produce_time_ms)).total_seconds(), 0.0)  # type: ignore[operator]
+    freshness = FreshnessStatus(
+        seconds=None if freshness_seconds is None else round(freshness_seconds, 1),
+        lag_records=total or 0,
+        partition_lag=_most_lagging(lag_map or {}),
+        last_commit_time=last_commit,
+        snapshot_id=facts.last_commit_snapshot_id if committed else None,
+    )
+    return Summary(
+        freshness=freshness,
+        table=table_status(facts),
+        data_loss_records=facts.lost_records,
+        freshness_seconds=freshness_seconds,
+        lag_records=total,
+        last_commit_time=last_commit,
+        issues=tuple(issues),
+    )
+
+
+def _loss(facts: TableFacts, acknowledged: int) -> list[Issue]:
+    if facts.lost_records <= acknowledged:
+        return []
+    return [
+        Issue(
+            ConditionReason.DATA_LOSS,
+            f"{facts.lost_records} records were deleted by Kafka retention before they were ingested "
+            "(table property icefall.lost-records); the table does not hold them. To acknowledge, "
+            f"annotate the StreamingTable {ANNOTATION_ACKNOWLEDGED_LOSS}={facts.lost_records}",
+        )
+    ]
+
+
+def _most_lagging(lag: Mapping[int, int]) -> dict[int, int]:
+    if len(lag) <= MAX_PARTITIONS:
+        return dict(lag)
+    top = sorted(lag, key=lambda p: (-lag[p], p))[:MAX_PARTITIONS]
+    return {p: lag[p] for p in sorted(top)}
+
+
+def acknowledged_loss(annotations: Mapping[str, str]) -> int:
+    """The data-loss count a user acknowledged (0 when absent or not a non-negative integer)."""
+    text = annotations.get(ANNOTATION_ACKNOWLEDGED_LOSS, "")
+    return int(text) if text.strip().isdigit() else 0

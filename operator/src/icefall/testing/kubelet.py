@@ -1,0 +1,729 @@
+"""A local kubelet for e2e tests: runs the Pods of one namespace as local processes, the way a kubelet would.
+
+No container runtime exists here, so `LocalKubelet` stands in for kubelet + runtime on one pretend node. It
+watches Pods in its namespace and, for each new one:
+
+1. binds it to its node (the `binding` subresource sets `spec.nodeName`; there is no scheduler);
+2. builds the container's environment the way the kubelet does: `value` with `$(VAR)` expansion from the
+   variables defined before it, `valueFrom.secretKeyRef` / `configMapKeyRef` read from the API (a missing
+   one keeps the container waiting in `CreateContainerConfigError`, retried), `fieldRef` (metadata.name,
+   namespace, uid, labels, annotations, spec.nodeName, spec.serviceAccountName, status.podIP/hostIP),
+   `envFrom`; on top of the *image's* environment, which is the local install's (`image_env`: a `PATH`
+   starting with the folder holding the venv's `icefall`, plus whatever the caller passes, e.g. JAVA_HOME
+   and the Spark jars folder). Nothing else of the test process's environment leaks in;
+3. runs `containers[0].command + args` (argv[0] resolved on that PATH: the image is replaced by the local
+   install) in its own session with a parent-death signal, in a per-pod folder, its output in
+   `<workdir>/<namespace>_<name>_<uid>/<container>.log`;
+4. writes status through the status subresource as it goes: Pending (ContainerCreating, or
+   CreateContainerConfigError) → Running (podIP 127.0.0.1, containerStatuses started/ready, restartCount)
+   → Succeeded/Failed with the exit code, `terminated.reason` Completed/Error and start/finish times.
+   `restartPolicy` Always/OnFailure restart the container in place (restartCount + 1, 1 s backoff);
+5. when the Pod is deleted with a grace period (it gets a deletionTimestamp), sends SIGTERM to the main
+   process, SIGKILL to the whole process group after `deletionGracePeriodSeconds`, writes the terminated
+   status, and finishes the deletion (delete with grace 0 and a uid precondition) — without a kubelet a
+   Pod with a grace period stays Terminating forever. A Pod removed outright (grace 0) gets SIGTERM and
+   2 s. When the main process exits, what is left of its process group is killed (a container's PID
+   namespace ends with its PID 1).
+
+Volumes and the service account, and how they differ from a node:
+- Each `emptyDir` volume is a folder `<pod dir>/volumes/<name>`; `configMap` and `secret` volumes are
+  folders holding their keys as files (read once, at start). A process here sees the host's file system,
+  not a container's, so mounts cannot appear at their `mountPath`: instead every occurrence of a mount
+  path in an env value (as a whole path or a path prefix) is rewritten to its folder, and a `workingDir`
+  under a mount is too. Paths written into the process's own code (not env) are not rewritten.
+- With `automountServiceAccountToken` (the pod's field, else the ServiceAccount's, default true), the
+  kubelet asks the TokenRequest API for a token of the pod's ServiceAccount bound to this Pod (as the
+  projected `kube-api-access` volume would hold; the ServiceAccount admission plugin that adds that
+  volume is disabled on the test API server), writes token, ca.crt and namespace to
+  `<pod dir>/serviceaccount/`, and, because client libraries read in-cluster credentials from the fixed
+  path /var/run/secrets/kubernetes.io/serviceaccount, also writes a kubeconfig with the same token and
+  sets KUBECONFIG. So the process talks to the API as its ServiceAccount, under the RBAC the operator
+  rendered — not as the test's admin. KUBERNETES_SERVICE_HOST/PORT are not set (no cluster IP exists).
+
+Not done (other components' jobs, or out of scope): no Node object is registered and no node heartbeats
+or evictions; no probes, resource limits, security contexts (the process runs as the test's user),
+image pulls, init or sidecar containers (only `containers[0]` runs), ports or networking (everything is
+on loopback), pod-level garbage collection by owner references (kube-controller-manager's job; see
+e2e/README.md). It never creates, changes or deletes anything but the Pods it runs and their status.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import watch
+from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from icefall.devstack.procs import _die_with_parent
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+NODE_NAME = "icefall-local-kubelet"
+POD_IP = "127.0.0.1"
+#: Grace after SIGTERM for a pod removed without one (deleted with gracePeriodSeconds=0).
+FORCED_GRACE_SECONDS = 2.0
+CONFIG_RETRY_SECONDS = 2.0
+RESTART_BACKOFF_SECONDS = 1.0
+SERVICE_ACCOUNT_TOKEN_SECONDS = 3600
+WATCH_TIMEOUT_SECONDS = 5
+_VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+_FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
+
+
+class PodConfigError(RuntimeError):
+    """A Secret, ConfigMap or key the container needs is missing: CreateContainerConfigError, retried."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class JsonApi:
+    """Plain JSON calls on one ApiClient: no model classes, so objects read exactly as the server sends them.
+
+    Also what the e2e tests use to read Pods, Events and StreamingTables as dicts."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        content_type: str = "application/json",
+    ) -> Any:
+        """The decoded response; ApiException for any status outside 2xx."""
+        request = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*request, _request_timeout=30)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
+        return json.loads(response.data or b"{}")
+
+    def get(self, path: str) -> Obj | None:
+        """The object at `path`, or None if there is none (404)."""
+        try:
+            found: Obj = self.call("GET", path)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+
+@dataclass
+class _PodRun:
+    """One Pod this kubelet runs: its worker thread, its process and what it knows about the Pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    folder: Path
+    thread: threading.Thread | None = None
+    process: subprocess.Popen[bytes] | None = None
+    #: Set to stop the container within `grace` seconds: the Pod is being deleted, or the kubelet stops.
+    stop: threading.Event = field(default_factory=threading.Event)
+    grace: float = FORCED_GRACE_SECONDS
+    #: The Pod is being deleted (not just the kubelet stopping): finish the deletion once stopped.
+    deleting: bool = False
+    #: Set when the Pod no longer exists in the API (nothing left to finalise or report).
+    gone: threading.Event = field(default_factory=threading.Event)
+    restarts: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+
+
+class LocalKubelet:
+    """Runs the Pods of `namespace` as local processes; `start()` it, `stop()` it (kills what it runs).
+
+    `bin_dir` is the folder of the local install's executables (the venv's `bin`): it leads the PATH the
+    processes see, so a pod's `icefall ...` runs the checkout's code. `image_env` is the rest of the
+    "image's" environment (e.g. JAVA_HOME, ICEFALL_SPARK_JARS). `server` and `ca_file` are what the
+    service-account kubeconfig points at.
+    """
+
+    def __init__(
+        self,
+        api: ApiClient,
+        namespace: str,
+        workdir: Path,
+        *,
+        bin_dir: Path,
+        server: str,
+        ca_file: Path,
+        image_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.api = JsonApi(api)
+        self.core = CoreV1Api(api)
+        self.namespace = namespace
+        self.workdir = workdir
+        self.bin_dir = bin_dir
+        self.server = server
+        self.ca_file = ca_file
+        self.image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", **(image_env or {})}
+        self._runs: dict[str, _PodRun] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watch: watch.Watch | None = None
+        self._watcher: threading.Thread | None = None
+        #: Every pod uid this kubelet started a container for, in order (tests read restarts from it).
+        self.started: list[str] = []
+
+    # --- lifecycle of the kubelet itself ------------------------------------------------------------------
+
+    def start(self) -> LocalKubelet:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._watcher = threading.Thread(target=self._watch_pods, name="local-kubelet-watch", daemon=True)
+        self._watcher.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching and kill every process this kubelet started (SIGTERM, then SIGKILL after 10 s)."""
+        self._stopping.set()
+        if self._watch is not None:
+            self._watch.stop()  # type: ignore[no-untyped-call]
+        with self._lock:
+            runs = list(self._runs.values())
+        for run in runs:
+            run.grace = 10.0
+            run.stop.set()
+        for run in runs:
+            if run.thread is not None:
+                run.thread.join(timeout=30)
+        if self._watcher is not None:
+            self._watcher.join(timeout=WATCH_TIMEOUT_SECONDS + 5)
+
+    def log_path(self, name: str, uid: str | None = None) -> Path | None:
+        """The container log of the newest run of Pod `name` (or of that very `uid`), if any."""
+        with self._lock:
+            runs = [r for r in self._runs.values() if r.name == name and (uid is None or r.uid == uid)]
+        if runs:
+            return runs[-1].folder / "container.log"
+        found = sorted(self.workdir.glob(f"{self.namespace}_{name}_{uid or '*'}/container.log"))
+        return found[-1] if found else None
+
+    # --- the watch ----------------------------------------------------------------------------------------
+
+    def _watch_pods(self) -> None:
+        resource_version: str | None = None
+        while not self._stopping.is_set():
+            self._watch = watch.Watch()  # type: ignore[no-untyped-call]
+            kwargs: dict[str, Any] = {"timeout_seconds": WATCH_TIMEOUT_SECONDS, "deserialize": False}
+            if resource_version:
+                kwargs["resource_version"] = resource_version
+            try:
+                events = self._watch.stream(  # type: ignore[no-untyped-call]
+                    self.core.list_namespaced_pod, self.namespace, **kwargs
+                )
+                for event in events:  # plain JSON (deserialize=False); errors arrive as ApiException
+                    pod: Obj = event["object"]
+                    resource_version = (pod.get("metadata") or {}).get("resourceVersion") or resource_version
+                    if event["type"] == "DELETED":
+                        self._pod_removed(pod)
+                    elif event["type"] in ("ADDED", "MODIFIED"):
+                        self._pod_seen(pod)
+            except ApiException as error:
+                if error.status == 410:
+                    resource_version = None
+                    self._resync()
+                else:
+                    log.warning("watching pods in %s failed: %s", self.namespace, error.reason)
+                    time.sleep(1)
+            except Exception as error:  # the connection dropped: watch again
+                if not self._stopping.is_set():
+                    log.warning("watching pods in %s failed: %r", self.namespace, error)
+                    time.sleep(1)
+
+    def _resync(self) -> None:
+        """After a lost watch: pods we run that are gone from the API are stopped."""
+        pods = self.api.call("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        alive = {p["metadata"]["uid"] for p in pods}
+        with self._lock:
+            runs = [r for uid, r in self._runs.items() if uid not in alive]
+        for run in runs:
+            run.gone.set()
+            run.deleting = True
+            run.stop.set()
+        for pod in pods:
+            self._pod_seen(pod)
+
+    def _pod_seen(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        deleting = bool(meta.get("deletionTimestamp"))
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and node != NODE_NAME:
+            return  # another node's (none exist here, but a Pod may name one)
+        with self._lock:
+            run = self._runs.get(uid)
+            ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            idle = run is None or run.thread is None or not run.thread.is_alive()
+            if idle and (deleting or ended):
+                # Nothing runs for it (it ended, or was deleted before it started): a deletion only needs
+                # finishing, which is what a node does for a Pod whose containers are all gone.
+                finish = deleting
+            elif run is None:
+                folder = self.workdir / f"{self.namespace}_{meta['name']}_{uid}"
+                run = _PodRun(self.namespace, meta["name"], uid, folder)
+                run.thread = threading.Thread(
+                    target=self._run_pod, args=(run, pod), name=f"pod-{meta['name']}", daemon=True
+                )
+                self._runs[uid] = run
+                run.thread.start()
+                return
+            else:
+                finish = False
+                if deleting and not run.deleting:
+                    run.grace = float(meta.get("deletionGracePeriodSeconds") or 0) or FORCED_GRACE_SECONDS
+                    run.deleting = True
+                    run.stop.set()
+        if finish:
+            self._finalise_deletion(meta["name"], uid)
+
+    def _pod_removed(self, pod: Obj) -> None:
+        with self._lock:
+            run = self._runs.get(pod["metadata"]["uid"])
+        if run is not None:
+            run.gone.set()
+            if not run.deleting:
+                run.grace = FORCED_GRACE_SECONDS
+                run.deleting = True
+                run.stop.set()
+
+    # --- one pod ------------------------------------------------------------------------------------------
+
+    def _run_pod(self, run: _PodRun, pod: Obj) -> None:
+        """The worker of one Pod. It owns the process until it ends: the parent-death signal is per thread."""
+        try:
+            self._bind(run, pod)
+            self._set_status(run, self._waiting_status(pod, "ContainerCreating", ""))
+            argv, env, cwd = self._prepare(run, pod)
+            policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
+            while True:
+                started = _now()
+                code = self._run_container(run, pod, argv, env, cwd, started=started)
+                run.exit_codes.append(code)
+                again = not run.stop.is_set() and (policy == "Always" or (policy == "OnFailure" and code))
+                if not again:
+                    if not self._stopping.is_set():  # a kubelet going away leaves the status as it was
+                        self._set_status(run, self._terminated_status(pod, run, code, started))
+                    break
+                run.restarts += 1
+                if run.stop.wait(RESTART_BACKOFF_SECONDS):
+                    break
+        except Exception as error:
+            log.exception("local kubelet: pod %s/%s failed to run", run.namespace, run.name)
+            self._set_status(run, self._failed_to_start_status(pod, str(error)))
+        finally:
+            if run.deleting and not run.gone.is_set():
+                self._finalise_deletion(run.name, run.uid)
+
+    def _bind(self, run: _PodRun, pod: Obj) -> None:
+        if (pod.get("spec") or {}).get("nodeName"):
+            return
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": run.name, "namespace": run.namespace, "uid": run.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME},
+        }
+        with contextlib.suppress(ApiException):  # deleted meanwhile, or bound already: the status says
+            self.api.call("POST", f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/binding", binding)
+
+    def _prepare(self, run: _PodRun, pod: Obj) -> tuple[list[str], dict[str, str], Path]:
+        """argv, env and working folder of the container; waits (CreateContainerConfigError) for config."""
+        while True:
+            try:
+                return self._container_config(run, pod)
+            except PodConfigError as error:
+                self._set_status(run, self._waiting_status(pod, "CreateContainerConfigError", str(error)))
+                if run.stop.wait(CONFIG_RETRY_SECONDS):
+                    raise RuntimeError(f"deleted before it could start: {error}") from None
+
+    def _container_config(self, run: _PodRun, pod: Obj) -> tuple[list[str], dict[str, str], Path]:
+        spec = pod["spec"]
+        container = spec["containers"][0]
+        mounts = self._volumes(run, pod, container)
+        env: dict[str, str] = dict(self.image_env)
+        account = self._service_account_credentials(run, pod)
+        if account is not None:
+            env["KUBECONFIG"] = str(account)
+        for source in container.get("envFrom") or []:
+            prefix = source.get("prefix", "")
+            data = self._env_from(run.namespace, source)
+            env.update({f"{prefix}{key}": value for key, value in data.items()})
+        for var in container.get("env") or []:
+            if "valueFrom" in var:
+                value = self._value_from(run.namespace, pod, var["name"], var["valueFrom"])
+                if value is None:
+                    continue
+            else:
+                value = _expand(var.get("value", ""), env)
+            env[var["name"]] = _rewrite_paths(value, mounts)
+        command = [_expand(part, env) for part in container.get("command") or []]
+        args = [_expand(part, env) for part in container.get("args") or []]
+        if not command:
+            raise RuntimeError(
+                "containers[0].command is empty: this kubelet has no image entry point to fall back on"
+            )
+        argv = [*command, *args]
+        resolved = shutil.which(argv[0], path=env["PATH"])
+        if resolved is None:
+            raise RuntimeError(f"{argv[0]!r} is not in the local install's PATH {env['PATH']}")
+        argv[0] = resolved
+        root = run.folder / "root"
+        root.mkdir(parents=True, exist_ok=True)
+        workdir = container.get("workingDir")
+        cwd = Path(_rewrite_paths(workdir, mounts)) if workdir else root
+        return argv, env, cwd
+
+    def _volumes(self, run: _PodRun, pod: Obj, container: Obj) -> dict[str, Path]:
+        """mountPath → local folder for every mount of the container."""
+        folders: dict[str, Path] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            folder = run.folder / "volumes" / volume["name"]
+            folder.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume or "secret" in volume:
+                self._fill_volume(run.namespace, volume, folder)
+            elif "emptyDir" not in volume:
+                raise RuntimeError(
+                    f"volume {volume['name']}: only emptyDir, configMap and secret are supported"
+                )
+            folders[volume["name"]] = folder
+        mounts: dict[str, Path] = {}
+        for mount in container.get("volumeMounts") or []:
+            if mount["name"] not in folders:
+                raise PodConfigError(f"volumeMounts: no volume named {mount['name']}")
+            folder = folders[mount["name"]]
+            if mount.get("subPath"):
+                folder = folder / mount["subPath"]
+                folder.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"].rstrip("/") or "/"] = folder
+        return mounts
+
+    def _fill_volume(self, namespace: str, volume: Obj, folder: Path) -> None:
+        if "configMap" in volume:
+            source, kind = volume["configMap"], "configmaps"
+        else:
+            source, kind = volume["secret"], "secrets"
+        name = source.get("name") or source.get("secretName")
+        found = self.api.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
+        if found is None:
+            if source.get("optional"):
+                return
+            raise PodConfigError(f"volume {volume['name']}: {kind[:-1]} {name!r} not found")
+        data = _decoded(found, secret=kind == "secrets")
+        items = source.get("items")
+        pairs = [(i["key"], i["path"]) for i in items] if items else [(k, k) for k in data]
+        for key, path in pairs:
+            if key not in data:
+                raise PodConfigError(f"volume {volume['name']}: key {key!r} not in {kind[:-1]} {name!r}")
+            target = folder / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(data[key])
+
+    def _service_account_credentials(self, run: _PodRun, pod: Obj) -> Path | None:
+        """A token bound to this Pod for its ServiceAccount, as files and as a kubeconfig (or None)."""
+        spec = pod["spec"]
+        account_name = spec.get("serviceAccountName") or "default"
+        automount = spec.get("automountServiceAccountToken")
+        account = self.api.get(f"/api/v1/namespaces/{run.namespace}/serviceaccounts/{account_name}")
+        if account is None:
+            raise PodConfigError(f"serviceaccount {account_name!r} not found")
+        if automount is None:
+            automount = account.get("automountServiceAccountToken", True)
+        if not automount:
+            return None
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": SERVICE_ACCOUNT_TOKEN_SECONDS,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": run.name, "uid": run.uid},
+            },
+        }
+        path = f"/api/v1/namespaces/{run.namespace}/serviceaccounts/{account_name}/token"
+        token = self.api.call("POST", path, request)["status"]["token"]
+        folder = run.folder / "serviceaccount"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "token").write_text(token)
+        (folder / "namespace").write_text(run.namespace)
+        shutil.copyfile(self.ca_file, folder / "ca.crt")
+        kubeconfig = folder / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "local",
+                            "cluster": {
+                                "server": self.server,
+                                "certificate-authority": str(folder / "ca.crt"),
+                            },
+                        }
+                    ],
+                    "users": [{"name": account_name, "user": {"tokenFile": str(folder / "token")}}],
+                    "contexts": [
+                        {
+                            "name": "pod",
+                            "context": {"cluster": "local", "user": account_name, "namespace": run.namespace},
+                        }
+                    ],
+                    "current-context": "pod",
+                }
+            )
+        )
+        return kubeconfig
+
+    def _env_from(self, namespace: str, source: Obj) -> dict[str, str]:
+        if "configMapRef" in source:
+            ref, kind = source["configMapRef"], "configmaps"
+        else:
+            ref, kind = source["secretRef"], "secrets"
+        found = self.api.get(f"/api/v1/namespaces/{namespace}/{kind}/{ref['name']}")
+        if found is None:
+            if ref.get("optional"):
+                return {}
+            raise PodConfigError(f"envFrom: {kind[:-1]} {ref['name']!r} not found")
+        return _decoded(found, secret=kind == "secrets")
+
+    def _value_from(self, namespace: str, pod: Obj, name: str, source: Obj) -> str | None:
+        for kind, key in (("secrets", "secretKeyRef"), ("configmaps", "configMapKeyRef")):
+            if key not in source:
+                continue
+            ref = source[key]
+            found = self.api.get(f"/api/v1/namespaces/{namespace}/{kind}/{ref['name']}")
+            data = _decoded(found, secret=kind == "secrets") if found else None
+            if data is None or ref["key"] not in data:
+                if ref.get("optional"):
+                    return None
+                what = f"{kind[:-1]} {ref['name']!r}" + (
+                    "" if data is None else f" has no key {ref['key']!r}"
+                )
+                raise PodConfigError(f"env {name}: {what}" + (" not found" if data is None else ""))
+            return data[ref["key"]]
+        if "fieldRef" in source:
+            return _field(pod, source["fieldRef"]["fieldPath"])
+        raise RuntimeError(f"env {name}: only secretKeyRef, configMapKeyRef and fieldRef are supported")
+
+    def _run_container(
+        self, run: _PodRun, pod: Obj, argv: Sequence[str], env: Mapping[str, str], cwd: Path, *, started: str
+    ) -> int:
+        """Start the process, report Running, wait for its exit or for a stop; the exit code."""
+        log_path = run.folder / "container.log"
+        with log_path.open("ab") as out:
+            out.write(f"--- {started} local kubelet: {' '.join(argv)}\n".encode())
+            out.flush()
+            run.process = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl runs before exec)
+            )
+        with self._lock:
+            self.started.append(run.uid)
+        self._set_status(run, self._running_status(pod, run, started))
+        process = run.process
+        while process.poll() is None:
+            if run.stop.wait(0.2):
+                self._terminate(process, run.grace)
+                break
+        code = process.wait()
+        # The container ends with its main process: nothing it started outlives it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        return 128 - code if code < 0 else code  # killed by signal N: 128 + N, like a container runtime
+
+    @staticmethod
+    def _terminate(process: subprocess.Popen[bytes], grace: float) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+    def _finalise_deletion(self, name: str, uid: str) -> None:
+        """Remove a Pod whose containers are gone (what the kubelet's status manager does)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": uid},
+        }
+        with contextlib.suppress(ApiException):  # gone already (404) or another pod by now (409)
+            self.api.call("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}", body)
+
+    # --- status -------------------------------------------------------------------------------------------
+
+    def _set_status(self, run: _PodRun, status: Obj) -> None:
+        """Merge-patch the Pod's status; the uid in the patch keeps a stale worker off a newer namesake."""
+        patch = {"metadata": {"uid": run.uid}, "status": status}
+        path = f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status"
+        try:
+            self.api.call("PATCH", path, patch, content_type="application/merge-patch+json")
+        except ApiException as error:
+            if error.status not in (404, 409, 422):
+                log.warning("pod %s/%s: status not written: %s", run.namespace, run.name, error.reason)
+
+    def _container_status(self, pod: Obj, run: _PodRun, state: Obj, *, ready: bool) -> Obj:
+        container = pod["spec"]["containers"][0]
+        status: Obj = {
+            "name": container["name"],
+            "image": container.get("image", ""),
+            "imageID": f"local://{self.bin_dir}",
+            "ready": ready,
+            "started": "running" in state,
+            "restartCount": run.restarts,
+            "state": state,
+        }
+        if run.process is not None:
+            status["containerID"] = f"local://{run.process.pid}"
+        return status
+
+    @staticmethod
+    def _conditions(*, ready: bool) -> list[Obj]:
+        now = _now()
+        flag = "True" if ready else "False"
+        return [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": flag, "lastTransitionTime": now},
+            {"type": "Ready", "status": flag, "lastTransitionTime": now},
+        ]
+
+    def _base(self, phase: str, *, ready: bool) -> Obj:
+        return {
+            "phase": phase,
+            "hostIP": POD_IP,
+            "podIP": POD_IP,
+            "podIPs": [{"ip": POD_IP}],
+            "conditions": self._conditions(ready=ready),
+        }
+
+    def _waiting_status(self, pod: Obj, reason: str, message: str) -> Obj:
+        run = _PodRun(self.namespace, pod["metadata"]["name"], pod["metadata"]["uid"], Path())
+        waiting = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+        return {
+            **self._base("Pending", ready=False),
+            "startTime": _now(),
+            "containerStatuses": [self._container_status(pod, run, waiting, ready=False)],
+        }
+
+    def _running_status(self, pod: Obj, run: _PodRun, started: str) -> Obj:
+        state = {"running": {"startedAt": started}}
+        return {
+            **self._base("Running", ready=True),
+            "containerStatuses": [self._container_status(pod, run, state, ready=True)],
+        }
+
+    def _terminated_status(self, pod: Obj, run: _PodRun, code: int, started: str) -> Obj:
+        state = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": started,
+                "finishedAt": _now(),
+                **({"containerID": f"local://{run.process.pid}"} if run.process else {}),
+            }
+        }
+        return {
+            **self._base("Succeeded" if code == 0 else "Failed", ready=False),
+            "containerStatuses": [self._container_status(pod, run, state, ready=False)],
+        }
+
+    def _failed_to_start_status(self, pod: Obj, message: str) -> Obj:
+        run = _PodRun(self.namespace, pod["metadata"]["name"], pod["metadata"]["uid"], Path())
+        state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message[:1000]}}
+        return {
+            **self._base("Failed", ready=False),
+            "containerStatuses": [self._container_status(pod, run, state, ready=False)],
+        }
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+
+
+def _decoded(obj: Obj, *, secret: bool) -> dict[str, str]:
+    if secret:
+        return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()} | dict(
+            obj.get("stringData") or {}
+        )
+    return dict(obj.get("data") or {})
+
+
+def _expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion: defined variables are replaced, `$$` is a literal `$`, others stay."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env.get(name, match.group(0))
+
+    return _VAR_REF.sub(replace, value)
+
+
+def _rewrite_paths(value: str, mounts: Mapping[str, Path]) -> str:
+    """Replace each mount path that appears in `value` as a whole path or a path prefix by its folder.
+
+    One pass over `value` (longest mount path first at each place), so a folder put in for one mount is
+    never rewritten again for another (a folder under /tmp and a mount at /tmp)."""
+    if not mounts:
+        return value
+    paths = "|".join(re.escape(path) for path in sorted(mounts, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w./-])({paths})(?=$|[/\"',:;\s}}\]])")
+    return pattern.sub(lambda match: str(mounts[match.group(1)]), value)
+
+
+def _field(pod: Obj, path: str) -> str:
+    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": spec.get("nodeName") or NODE_NAME,
+        "spec.serviceAccountName": spec.get("serviceAccountName"),
+        "status.podIP": status.get("podIP") or POD_IP,
+        "status.hostIP": status.get("hostIP") or POD_IP,
+    }
+    if path in simple:
+        return str(simple[path] or "")
+    keyed = _FIELD_KEY.match(path)
+    if keyed:
+        return str((meta.get(keyed.group(1)) or {}).get(keyed.group(2), ""))
+    raise RuntimeError(f"fieldRef {path!r} is not supported by the local kubelet")

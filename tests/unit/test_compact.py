@@ -1,0 +1,277 @@
+"""`spec.compaction` / `spec.retention`, `policy_from_spec`, path spelling, and the maintenance loop's rules.
+
+Proves: the new spec sections default as documented and refuse what cannot be honoured (an orphan window
+below one hour, minReplicas above maxReplicas, retention on a column that is not time-partitioned) with the
+field's path and the fix; `policy_from_spec` converts seconds to milliseconds and finds the retention
+partition field; local paths compare equal whatever their spelling, and a Hadoop checksum sidecar follows
+its file; the runner claims the first item whose work Lease is free, releases it, and returns failures
+instead of raising; in-process maintenance waits for its interval and never runs while ingestion is
+behind; compaction pods may get/update their work Leases.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from icefall.api import ManifestError, streaming_table_from_object
+from icefall.catalog import CatalogConfig
+from icefall.commit.lease import LeaseTimeoutError
+from icefall.compact.runner import EmbeddedMaintenance, MaintenanceRunner, StepResult
+from icefall.compact.view import canonical_path, checksum_owner, to_local_path
+from icefall.compact.worker import ItemResult, Outcome
+from icefall.plan.children import compaction_rules
+from icefall.plan.maintenance import (
+    DAY_MS,
+    ExpireSnapshots,
+    MaintenancePolicy,
+    RemoveOrphans,
+    TimeTransform,
+    WorkItem,
+    policy_from_spec,
+    work_key,
+)
+
+pytestmark = pytest.mark.unit
+
+BASE: dict[str, Any] = {
+    "apiVersion": "icefall.dev/v1alpha1",
+    "kind": "StreamingTable",
+    "metadata": {"name": "orders"},
+    "spec": {
+        "source": {"bootstrapServers": "127.0.0.1:9092", "topic": "orders"},
+        "format": {
+            "schema": [
+                {"name": "id", "type": "long", "required": True},
+                {"name": "region", "type": "string"},
+                {"name": "ts", "type": "timestamptz", "required": True},
+            ]
+        },
+        "table": {"partitioning": [{"field": "ts", "transform": "hour"}, {"field": "region"}]},
+    },
+}
+
+
+def with_spec(**sections: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    doc["spec"].update(sections)
+    return doc
+
+
+def problems_of(doc: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(ManifestError) as caught:
+        streaming_table_from_object(doc)
+    return {p.path: p.message for p in caught.value.problems}
+
+
+def test_compaction_defaults() -> None:
+    compaction = streaming_table_from_object(with_spec()).spec.compaction
+    assert compaction.enabled is True
+    assert (compaction.min_replicas, compaction.max_replicas) == (0, 2)
+    assert compaction.target_file_size_bytes is None
+    assert compaction.orphan_min_age_seconds == 3 * 86400
+    assert compaction.min_snapshots_to_keep == 1
+    assert streaming_table_from_object(with_spec()).spec.retention is None
+
+
+def test_orphan_window_below_an_hour_is_refused_naming_the_field() -> None:
+    problems = problems_of(with_spec(compaction={"orphanMinAgeSeconds": 600}))
+    assert list(problems) == ["spec.compaction.orphanMinAgeSeconds"]
+    assert "at least 3600" in problems["spec.compaction.orphanMinAgeSeconds"]
+    streaming_table_from_object(with_spec(compaction={"orphanMinAgeSeconds": 3600}))
+
+
+def test_replica_range() -> None:
+    problems = problems_of(with_spec(compaction={"minReplicas": 3, "maxReplicas": 1}))
+    assert "raise maxReplicas" in problems["spec.compaction.minReplicas"]
+    assert "spec.compaction.maxReplicas" in problems_of(with_spec(compaction={"maxReplicas": 101}))
+
+
+@pytest.mark.parametrize(
+    ("field", "why"),
+    [("region", "partitioned by identity, not by time"), ("id", "not in spec.table.partitioning")],
+)
+def test_retention_needs_a_time_partitioned_column(field: str, why: str) -> None:
+    problems = problems_of(with_spec(retention={"field": field, "maxAgeSeconds": 86400}))
+    message = problems["spec.retention.field"]
+    assert why in message and "transform: day" in message
+
+
+def test_retention_age_has_a_floor() -> None:
+    assert "spec.retention.maxAgeSeconds" in problems_of(
+        with_spec(retention={"field": "ts", "maxAgeSeconds": 60})
+    )
+
+
+def test_policy_from_spec() -> None:
+    st = streaming_table_from_object(
+        with_spec(
+            compaction={
+                "targetFileSizeBytes": 64 * 1024 * 1024,
+                "maxSnapshotAgeSeconds": 3600,
+                "minSnapshotsToKeep": 3,
+                "orphanMinAgeSeconds": 7200,
+            },
+            retention={"field": "ts", "maxAgeSeconds": 7 * 86400},
+        )
+    )
+    policy = policy_from_spec(st.spec)
+    assert policy.target_file_size_bytes == 64 * 1024 * 1024
+    assert policy.snapshot_max_age_ms == 3_600_000 and policy.snapshot_min_keep == 3
+    assert policy.orphan_min_age_ms == 7_200_000
+    assert policy.retention is not None
+    assert policy.retention.partition_field == "ts_hour"
+    assert policy.retention.transform is TimeTransform.HOUR
+    assert policy.retention.source_column == "ts"
+    assert policy.retention.max_age_ms == 7 * DAY_MS
+    assert policy_from_spec(streaming_table_from_object(with_spec()).spec).retention is None
+
+
+@pytest.mark.parametrize("spelling", ["file:/w/t/a.parquet", "file:///w/t/a.parquet", "/w/t/a.parquet"])
+def test_local_paths_have_one_spelling(spelling: str) -> None:
+    assert canonical_path(spelling) == "file:///w/t/a.parquet"
+    assert to_local_path(spelling) == "/w/t/a.parquet"
+
+
+def test_other_schemes_are_kept() -> None:
+    assert canonical_path("s3://bucket/w/a.parquet") == "s3://bucket/w/a.parquet"
+    assert to_local_path("s3://bucket/w/a.parquet") is None
+
+
+def test_checksum_sidecar_belongs_to_its_file() -> None:
+    assert checksum_owner("file:///w/t/data/.a.parquet.crc") == "file:///w/t/data/a.parquet"
+    assert checksum_owner("file:///w/t/data/a.parquet") is None
+    assert checksum_owner("file:///w/t/data/.crc") is None
+
+
+# ------------------------------------------------------------------------------------------ the runner
+
+
+class FakeLease:
+    def __init__(self, name: str, taken: set[str], log: list[str]) -> None:
+        self.name, self.taken, self.log = name, taken, log
+
+    def acquire(self, timeout: float | None = None) -> int:
+        if self.name in self.taken:
+            raise LeaseTimeoutError(self.name)
+        self.log.append(f"acquire {self.name}")
+        return 1
+
+    def renew(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.log.append(f"release {self.name}")
+
+
+class PlannedRunner(MaintenanceRunner):
+    def __init__(self, work: Sequence[WorkItem], runner: Any, taken: set[str], log: list[str]) -> None:
+        super().__init__(
+            spark=None,  # type: ignore[arg-type]
+            catalog=CatalogConfig.embedded(Path("/nonexistent")),
+            identifier=("ns", "t"),
+            policy=MaintenancePolicy(),
+            leases=lambda name: FakeLease(name, taken, log),  # type: ignore[arg-type, return-value]
+            lease_table="t",
+            runner=runner,
+        )
+        self.work = tuple(work)
+
+    def plan(self, now_ms: int | None = None) -> tuple[WorkItem, ...]:
+        return self.work
+
+
+EXPIRY = ExpireSnapshots(older_than_ms=0, retain_last=1, keep_ids=(2,), expire_ids=(1,))
+ORPHANS = RemoveOrphans(older_than_ms=0, paths=("file:///w/x",))
+
+
+def test_runner_claims_the_first_free_item_and_releases_it() -> None:
+    log: list[str] = []
+    ran: list[WorkItem] = []
+
+    def run(spark: Any, catalog: Any, identifier: Any, item: WorkItem) -> ItemResult:
+        ran.append(item)
+        return ItemResult(type(item).__name__, Outcome.DONE, "ok", 0.1)
+
+    runner = PlannedRunner([EXPIRY, ORPHANS], run, {work_key("t", EXPIRY)}, log)
+    step = runner.step()
+    assert ran == [ORPHANS] and step.item == ORPHANS and step.busy == 1 and step.ran
+    key = work_key("t", ORPHANS)
+    assert log == [f"acquire {key}", f"release {key}"]
+
+
+def test_runner_returns_failures_and_still_releases() -> None:
+    log: list[str] = []
+
+    def fail(spark: Any, catalog: Any, identifier: Any, item: WorkItem) -> ItemResult:
+        raise RuntimeError("validation failed: a file is gone")
+
+    step = PlannedRunner([EXPIRY], fail, set(), log).step()
+    assert step.item == EXPIRY and step.result is None
+    assert step.error is not None and "validation failed" in step.error
+    assert log[-1] == f"release {work_key('t', EXPIRY)}"
+
+
+def test_runner_with_nothing_to_do() -> None:
+    step = PlannedRunner([], None, set(), []).step()
+    assert step == StepResult(planned=0)
+
+
+def test_run_loop_sleeps_when_idle_and_stops() -> None:
+    pauses: list[float] = []
+    rounds = iter([False, False, True, True])
+    runner = PlannedRunner([], None, set(), [])
+    runner.run(lambda: next(rounds), idle_seconds=7, wait=pauses.append)
+    assert pauses == [7]
+
+
+class Report:
+    def __init__(self, lag: int, freshness_seconds: float) -> None:
+        self.lag, self.freshness_seconds = lag, freshness_seconds
+
+
+def test_embedded_maintenance_waits_for_interval_and_for_ingestion() -> None:
+    now = [100.0]
+    steps: list[int] = []
+
+    class Counting(PlannedRunner):
+        def step(self, now_ms: int | None = None) -> StepResult:
+            steps.append(1)
+            return StepResult(0)
+
+    embedded = EmbeddedMaintenance(
+        Counting([], None, set(), []),
+        interval_seconds=30,
+        freshness_target_seconds=10,
+        clock=lambda: now[0],
+    )
+    assert embedded.between_batches(Report(lag=500, freshness_seconds=8)) is None  # behind: wait
+    assert embedded.between_batches(Report(lag=500, freshness_seconds=2)) is not None  # fresh enough
+    now[0] += 10
+    assert embedded.between_batches(None) is None  # interval not over
+    now[0] += 25
+    assert embedded.between_batches(None) is not None  # idle and due
+    assert len(steps) == 2
+
+
+def test_compaction_pods_may_use_work_leases() -> None:
+    st = streaming_table_from_object(with_spec())
+    rules = compaction_rules(st)
+    unnamed = [r for r in rules if r["resources"] == ["leases"] and "resourceNames" not in r]
+    verbs = {v for r in unnamed for v in r["verbs"]}
+    assert {"get", "update", "create"} <= verbs
+    assert not any("delete" in r["verbs"] or "list" in r["verbs"] for r in rules)
+
+
+def test_the_compaction_deployment_command_parses() -> None:
+    from icefall.cli import _compact, build_parser
+    from icefall.plan.children import COMPACT_COMMAND
+
+    argv = [part.format(namespace="data", name="orders") for part in COMPACT_COMMAND[1:]]
+    args = build_parser().parse_args(argv)
+    assert args.func is _compact
+    assert (args.namespace, args.name, args.file, args.once) == ("data", "orders", None, False)

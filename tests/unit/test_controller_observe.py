@@ -1,0 +1,70 @@
+"""What the operator does when the credentials a StreamingTable references are not in its environment, and
+how catalog properties are assembled (`controller.observe`). No client is contacted: a missing credential
+stops the read before any connection.
+
+Proves: missing Kafka and catalog secrets give an "unmeasured" note naming the field and the variable,
+never an issue (the operator may simply not have been given them; the driver has); present catalog secrets
+are passed to pyiceberg under their property names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from icefall.api import StreamingTable
+from icefall.controller.observe import TableObserver, catalog_properties
+
+pytestmark = pytest.mark.unit
+
+
+def secured() -> StreamingTable:
+    ref = {"secretKeyRef": {"name": "creds", "key": "password"}}
+    body: dict[str, Any] = {
+        "metadata": {"name": "orders"},
+        "spec": {
+            "source": {
+                "bootstrapServers": "kafka:9092",
+                "topic": "orders",
+                "security": {
+                    "protocol": "SASL_PLAINTEXT",
+                    "saslMechanism": "PLAIN",
+                    "username": {"secretKeyRef": {"name": "creds", "key": "user"}},
+                    "password": ref,
+                },
+            },
+            "format": {"schema": [{"name": "id", "type": "long"}]},
+            "table": {
+                "namespace": "shop",
+                "catalog": {
+                    "name": "lake",
+                    "type": "rest",
+                    "uri": "https://catalog:8181",
+                    "properties": {"s3.region": "eu-west-1"},
+                    "secretProperties": {"token": {"secretKeyRef": {"name": "cat", "key": "token"}}},
+                },
+            },
+        },
+    }
+    return StreamingTable.model_validate(body)
+
+
+def test_missing_credentials_leave_the_figures_unmeasured_and_say_which() -> None:
+    observed = TableObserver(environ={}, wait_seconds=10).observe("uid", secured())
+    assert observed.issues == () and observed.facts is None and observed.watermarks is None
+    assert "spec.table.catalog.secretProperties[token]" in observed.unmeasured
+    assert "ICEFALL_CATALOG_TOKEN" in observed.unmeasured
+    assert "spec.source.security.username" in observed.unmeasured
+    assert "ICEFALL_KAFKA_USERNAME" in observed.unmeasured
+
+
+def test_catalog_secrets_are_passed_under_their_property_names() -> None:
+    props, secrets = catalog_properties(secured(), {"ICEFALL_CATALOG_TOKEN": "t0ken"})
+    assert props == {
+        "type": "rest",
+        "uri": "https://catalog:8181",
+        "s3.region": "eu-west-1",
+        "token": "t0ken",
+    }
+    assert secrets == ["t0ken"]

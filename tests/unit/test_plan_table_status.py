@@ -1,0 +1,124 @@
+"""Status blocks and observations from table facts and Kafka watermarks (`plan.table_status`).
+
+Proves: lag per partition is high watermark minus the committed offset (the low watermark when nothing is
+committed), summed, capped to the most lagging partitions; freshness is 0 when caught up and the age of the
+newest committed produce time when behind, unmeasured without watermarks or commits; offsets past the
+topic's end and unacknowledged retention loss become issues; table figures (files, average size,
+compaction and expiry times) come through; an unread table reports nothing rather than a guess.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from icefall.api import ConditionReason, StreamingTableStatus
+from icefall.plan.table_status import (
+    ANNOTATION_ACKNOWLEDGED_LOSS,
+    MAX_PARTITIONS,
+    TableFacts,
+    acknowledged_loss,
+    partition_lag,
+    summarize,
+)
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+NOW_MS = int(NOW.timestamp() * 1000)
+
+
+def facts(**changes: object) -> TableFacts:
+    values: dict[str, object] = {
+        "committed_offsets": {0: 100, 1: 50},
+        "max_produce_time_ms": NOW_MS - 7_500,
+        "last_commit_ms": NOW_MS - 2_000,
+        "last_commit_snapshot_id": 42,
+        "data_files": 4,
+        "total_file_bytes": 4_000_001,
+        "records": 150,
+        "snapshots": 9,
+    }
+    values.update(changes)
+    return TableFacts(**values)  # type: ignore[arg-type]
+
+
+def test_lag_is_high_watermark_minus_committed_or_low_watermark() -> None:
+    lag, ahead = partition_lag({0: 90, 2: 10}, {0: (0, 100), 1: (5, 25), 2: (0, 10)})
+    assert (lag, ahead) == ({0: 10, 1: 20, 2: 0}, [])
+
+
+def test_behind_the_topic_freshness_is_the_age_of_the_newest_committed_record() -> None:
+    summary = summarize(facts(), {0: (0, 130), 1: (0, 50)}, NOW)
+    assert summary.freshness_seconds == pytest.approx(7.5)
+    assert summary.lag_records == 30
+    assert summary.freshness is not None and summary.freshness.partition_lag == {0: 30, 1: 0}
+    assert summary.freshness.snapshot_id == 42
+    assert summary.last_commit_time == NOW - timedelta(seconds=2)
+    assert summary.issues == ()
+
+
+def test_caught_up_is_fresh_however_old_the_last_record() -> None:
+    summary = summarize(facts(max_produce_time_ms=NOW_MS - 3_600_000), {0: (0, 100), 1: (0, 50)}, NOW)
+    assert (summary.freshness_seconds, summary.lag_records) == (0.0, 0)
+
+
+def test_without_watermarks_freshness_and_lag_are_not_guessed() -> None:
+    summary = summarize(facts(lost_records=3), None, NOW)
+    assert (summary.freshness_seconds, summary.lag_records, summary.freshness) == (None, None, None)
+    assert [i.reason for i in summary.issues] == [ConditionReason.DATA_LOSS]  # known from the table alone
+    assert summary.table is not None and summary.table.files == 4
+
+
+def test_records_waiting_and_nothing_committed() -> None:
+    summary = summarize(facts(committed_offsets={}, max_produce_time_ms=None), {0: (0, 5)}, NOW)
+    assert (summary.freshness_seconds, summary.lag_records, summary.last_commit_time) == (None, 5, None)
+
+
+def test_an_unread_table_reports_nothing_but_offsets_ahead_need_the_table() -> None:
+    summary = summarize(None, {0: (0, 5)}, NOW)
+    assert (summary.freshness, summary.table, summary.data_loss_records) == (None, None, None)
+    assert summary.lag_records is None
+
+
+def test_offsets_past_the_topic_end_are_an_issue_naming_the_partition() -> None:
+    summary = summarize(facts(committed_offsets={0: 500, 1: 50}), {0: (0, 20), 1: (0, 50)}, NOW)
+    (issue,) = summary.issues
+    assert issue.reason is ConditionReason.OFFSETS_AHEAD_OF_TOPIC
+    assert "0 (committed 500, high 20)" in issue.message
+    assert summary.lag_records == 0
+
+
+def test_retention_loss_is_an_issue_until_acknowledged() -> None:
+    lost = facts(lost_records=17)
+    (issue,) = summarize(lost, {0: (0, 100), 1: (0, 50)}, NOW).issues
+    assert issue.reason is ConditionReason.DATA_LOSS and "17 records" in issue.message
+    assert ANNOTATION_ACKNOWLEDGED_LOSS in issue.message
+    assert summarize(lost, {0: (0, 100), 1: (0, 50)}, NOW, acknowledged_loss=17).issues == ()
+    assert summarize(lost, None, NOW).data_loss_records == 17
+    assert acknowledged_loss({ANNOTATION_ACKNOWLEDGED_LOSS: "17"}) == 17
+    assert acknowledged_loss({ANNOTATION_ACKNOWLEDGED_LOSS: "lots"}) == 0
+
+
+def test_table_figures_and_maintenance_times() -> None:
+    summary = summarize(
+        facts(last_compaction_ms=NOW_MS - 60_000, small_file_ratio=0.25, compaction_backlog=3), None, NOW
+    )
+    table = summary.table
+    assert table is not None
+    assert (table.files, table.avg_file_size_bytes, table.snapshots, table.records) == (4, 1_000_000, 9, 150)
+    assert table.last_compaction_time == NOW - timedelta(minutes=1)
+    assert table.last_expiry_time is None  # unknown unless a maintenance run recorded it
+    assert (table.small_file_ratio, table.compaction_backlog) == (0.25, 3)
+    # The blocks fit the status model (and so the CRD's schema) with their camelCase names.
+    dumped = StreamingTableStatus(freshness=summary.freshness, table=table).model_dump(by_alias=True)
+    assert dumped["table"]["smallFileRatio"] == 0.25
+
+
+def test_the_partition_map_keeps_the_most_lagging() -> None:
+    marks = {p: (0, p) for p in range(MAX_PARTITIONS + 10)}
+    summary = summarize(facts(committed_offsets={}), marks, NOW)
+    assert summary.freshness is not None
+    assert sorted(summary.freshness.partition_lag) == list(range(10, MAX_PARTITIONS + 10))
+    assert summary.lag_records == sum(range(MAX_PARTITIONS + 10))
