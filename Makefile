@@ -64,6 +64,21 @@ test-e2e: setup
 bench-ingest: venv
 	$(BIN)/python bench/ingest.py $(BENCH_ARGS)
 
+# Icefall side by side with Spark Structured Streaming, the Iceberg Kafka Connect sink and a floor
+# (bench/compare.py; results in bench/results/compare.md and .png). A short run: BENCH_ARGS=--quick.
+.PHONY: bench
+bench: setup $(VENV)/.bench-installed
+	$(TOOLS) && $(BIN)/python bench/compare.py $(BENCH_ARGS)
+$(VENV)/.bench-installed: pyproject.toml constraints.txt
+	@$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
+	@touch $@
+
+# Files per partition, read time and commit latency with and without compaction. Default: one hour of
+# 5-second commits per arm (two hours in all); compress with BENCH_ARGS="--commits 150 --interval 1".
+.PHONY: bench-compaction
+bench-compaction: setup
+	$(TOOLS) && $(BIN)/python bench/compaction.py $(BENCH_ARGS)
+
 demo: setup
 	$(TOOLS) && $(BIN)/icefall demo
 

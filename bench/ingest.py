@@ -20,8 +20,8 @@ fed with the seeded ~230-byte order events of `icefall.devstack.events`. Two pha
     figure against `snapshot.timestamp_ms` (when Spark wrote the staged snapshot, before the
     fast-forward) is shown too.
 
-Commit latency: "CAS" is `commit_staged` alone (the compare-and-swap of `main`), timed by wrapping it as
-the engine module sees it; "write + commit" is `BatchReport.commit_seconds` (staging branch, Spark decode
+Commit latency: "CAS" is `commit_staged_outcome` alone (the compare-and-swap of `main`), timed by wrapping it
+as the engine module sees it; "write + commit" is `BatchReport.commit_seconds` (staging branch, Spark decode
 and write, CAS); "batch" is `BatchReport.seconds` (watermarks, planning, read, write, commit).
 
 Results go to bench/results/ingest.md and stdout. The numbers depend on what else runs on the machine:
@@ -31,12 +31,8 @@ the load average at the start is recorded with them. Nothing here asserts on tim
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +44,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from common import cpu_seconds, descendants, load_average, machine_basics, percentile, proc_stat
 from confluent_kafka import Producer, libversion
 
 from icefall.api import StreamingTable, load_manifest
@@ -66,7 +63,6 @@ MANIFEST = ROOT / "examples" / "orders.yaml"
 RESULTS = ROOT / "bench" / "results" / "ingest.md"
 TOPIC = "orders"
 PARTITIONS = 3
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def say(text: str) -> None:
@@ -74,38 +70,6 @@ def say(text: str) -> None:
 
 
 # --- measuring ---------------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100), linear between closest ranks; NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # gone
-        return None
-    return text[text.rindex(")") + 2 :].split()  # fields from 3 (state) on; the name may hold spaces
-
-
-def _descendants(root: int) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _proc_stat(int(entry.name))) is not None:
-            parents.setdefault(int(stat[1]), []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(parents.get(pid, []))
-    return found
 
 
 class ProcessCpu:
@@ -118,30 +82,30 @@ class ProcessCpu:
         own = resource.getrusage(resource.RUSAGE_SELF)
         reaped = resource.getrusage(resource.RUSAGE_CHILDREN)  # only children that have exited
         total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
-        for pid in _descendants(self.jvm_pid):
-            stat = _proc_stat(pid)
+        for pid in descendants(self.jvm_pid):
+            stat = proc_stat(pid)
             if stat is not None:  # utime, stime, and its own reaped children's cutime, cstime
-                total += sum(int(x) for x in stat[11:15]) / CLOCK_TICKS
+                total += cpu_seconds(stat)
         return total
 
 
 @dataclass
 class CasTimer:
-    """Times `commit_staged` (the compare-and-swap of main) as the engine calls it."""
+    """Times `commit_staged_outcome` (the compare-and-swap of main) as the engine calls it."""
 
     seconds: list[float] = field(default_factory=list)
 
     def install(self) -> None:
-        original = engine.commit_staged
+        original = engine.commit_staged_outcome
 
-        def timed(*args: Any, **kwargs: Any) -> int:
+        def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.monotonic()
             try:
-                return int(original(*args, **kwargs))
+                return original(*args, **kwargs)
             finally:
                 self.seconds.append(time.monotonic() - started)
 
-        engine.commit_staged = timed
+        engine.commit_staged_outcome = timed
 
     def take(self) -> list[float]:
         taken, self.seconds = self.seconds, []
@@ -240,25 +204,16 @@ def freshness(table: Any, window_ms: tuple[int, int], phase_start_ms: int) -> Fr
 
 
 def machine() -> dict[str, str]:
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")),
-        platform.processor() or "unknown",
-    )  # fmt: skip
-    mem_kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
-                 .split()[1])  # fmt: skip
-    java = subprocess.run(
-        [shutil.which("java") or "java", "-version"], capture_output=True, text=True, check=False
-    ).stderr.splitlines()
     kafka_jar = sorted(tool_dir("ICEFALL_KAFKA_JARS").glob("kafka-server-[0-9]*.jar"))
     iceberg_jar = sorted(tool_dir("ICEFALL_SPARK_JARS").glob("iceberg-spark-runtime-*.jar"))
+    basics = machine_basics()
     return {
-        "CPU": f"{cpu}; nproc {os.cpu_count()}, usable by this process {len(os.sched_getaffinity(0))}",
-        "Memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
-        "Load average at start (1/5/15 min)": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
-        "OS": f"{platform.system()} {platform.release()}",
-        "Python": platform.python_version(),
-        "Java": java[0] if java else "unknown",
+        "CPU": basics["CPU"],
+        "Memory": basics["Memory"],
+        "Load average at start (1/5/15 min)": load_average(),
+        "OS": basics["OS"],
+        "Python": basics["Python"],
+        "Java": basics["Java"],
         "PySpark": version("pyspark"),
         "Iceberg Spark runtime": iceberg_jar[0].stem if iceberg_jar else "unknown",
         "pyiceberg": version("pyiceberg"),

@@ -1,0 +1,254 @@
+"""Helpers shared by the benchmarks: percentiles, CPU and memory of a process tree, the machine, events.
+
+Pure or /proc-reading helpers only; nothing here starts a component. Not guaranteed: CPU and RSS come
+from sampling /proc, so a process that starts and exits between two samples is missed (its CPU is still
+counted if its parent reaps it, through the parent's cutime/cstime), and RSS peaks between samples are
+missed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between closest ranks; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+# --- /proc -------------------------------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (state first), or None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()  # the name may hold spaces
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every live process below it."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := proc_stat(int(entry.name))) is not None:
+            parents.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(parents.get(pid, []))
+    return found
+
+
+def cpu_seconds(stat: list[str]) -> float:
+    """utime + stime + cutime + cstime (its own and its reaped children's) of one stat line."""
+    return sum(int(x) for x in stat[11:15]) / CLOCK_TICKS
+
+
+def rss_bytes(stat: list[str]) -> int:
+    return int(stat[21]) * PAGE_BYTES
+
+
+@dataclass(frozen=True)
+class TreeSample:
+    at: float  # time.time()
+    cpu: float  # seconds, cumulative
+    rss: int  # bytes, the tree's sum now
+
+
+@dataclass
+class TreeMonitor:
+    """Samples CPU (user + system) and RSS of a process tree every `interval` seconds in a thread.
+
+    A child that exits is reaped by its parent in the tree, whose cutime/cstime then hold its CPU, so the
+    cumulative sum stays right; a child reaped by something outside the tree would be lost.
+    """
+
+    root: int
+    interval: float = 0.5
+    samples: list[TreeSample] = field(default_factory=list)
+    _halt: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def sample(self) -> TreeSample:
+        cpu, rss = 0.0, 0
+        for pid in descendants(self.root):
+            stat = proc_stat(pid)
+            if stat is not None:
+                cpu += cpu_seconds(stat)
+                rss += rss_bytes(stat)
+        sample = TreeSample(time.time(), cpu, rss)
+        self.samples.append(sample)
+        return sample
+
+    def start(self) -> TreeMonitor:
+        def loop() -> None:
+            while not self._halt.wait(self.interval):
+                self.sample()
+
+        self.sample()
+        self._thread = threading.Thread(target=loop, daemon=True, name=f"monitor-{self.root}")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    @property
+    def peak_rss(self) -> int:
+        return max((s.rss for s in self.samples), default=0)
+
+    @property
+    def total_cpu(self) -> float:
+        return max((s.cpu for s in self.samples), default=0.0)
+
+    def cpu_at(self, when: float) -> float:
+        """Cumulative CPU at `when` (time.time()), linear between the two nearest samples."""
+        before = [s for s in self.samples if s.at <= when]
+        after = [s for s in self.samples if s.at >= when]
+        if not before:
+            return self.samples[0].cpu if self.samples else 0.0
+        if not after:
+            return before[-1].cpu
+        a, b = before[-1], after[0]
+        if b.at == a.at:
+            return a.cpu
+        return a.cpu + (b.cpu - a.cpu) * (when - a.at) / (b.at - a.at)
+
+
+# --- the machine -------------------------------------------------------------------------------------
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def machine_basics() -> dict[str, str]:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        platform.processor() or "unknown",
+    )  # fmt: skip
+    mem_kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+                 .split()[1])  # fmt: skip
+    java = subprocess.run(
+        [shutil.which("java") or "java", "-version"], capture_output=True, text=True, check=False
+    ).stderr.splitlines()
+    return {
+        "CPU": f"{cpu}; nproc {os.cpu_count()}, usable by this process {len(os.sched_getaffinity(0))}",
+        "Memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "OS": f"{platform.system()} {platform.release()}",
+        "Python": platform.python_version(),
+        "Java": java[0] if java else "unknown",
+    }
+
+
+# --- events ------------------------------------------------------------------------------------------
+
+CITIES = ["Oslo", "Bergen", "Lisbon", "Porto", "Lyon", "Turin", "Ghent", "Graz"]
+TAGS = ["gift", "express", "fragile", "bulk", "promo", "repeat"]
+WORDS = [
+    "the",
+    "order",
+    "left",
+    "the",
+    "warehouse",
+    "on",
+    "time",
+    "and",
+    "the",
+    "parcel",
+    "was",
+    "handed",
+    "over",
+    "to",
+    "the",
+    "courier",
+    "at",
+]
+
+# The 9 fields of a bench event, as a StreamingTable `spec.format.schema` (the one schema all systems use).
+# All optional: a plain Spark job's from_json yields nullable columns, which Iceberg refuses for required
+# ones.
+EVENT_SCHEMA: list[dict[str, object]] = [
+    {"name": "id", "type": "long"},
+    {"name": "key", "type": "string"},
+    {"name": "ts", "type": "timestamptz"},
+    {"name": "customer", "type": "string"},
+    {"name": "amount", "type": "double"},
+    {"name": "items", "type": "int"},
+    {
+        "name": "shipping",
+        "type": "struct",
+        "fields": [
+            {"name": "street", "type": "string"},
+            {"name": "city", "type": "string"},
+            {"name": "country", "type": "string"},
+        ],
+    },
+    {"name": "tags", "type": "list", "element": {"type": "string"}},
+    {"name": "note", "type": "string"},
+]
+
+
+def iso_ms(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def bench_event(i: int, rng: random.Random, now_ms: int, note_words: int) -> dict[str, object]:
+    """Event number `i`: 9 fields (a timestamp, a string key, a nested struct, a list); `note_words`
+    words of free text set the size (2 words: ~230 bytes of JSON; 140 words: ~1 KB)."""
+    return {
+        "id": i,
+        "key": f"ord-{i:09d}",
+        "ts": iso_ms(now_ms),
+        "customer": f"customer-{rng.randrange(10_000):05d}",
+        "amount": round(rng.uniform(1, 5_000), 2),
+        "items": rng.randrange(1, 13),
+        "shipping": {
+            "street": f"{rng.randrange(1, 300)} {rng.choice(['Main', 'Harbour', 'Mill', 'Station'])} St",
+            "city": rng.choice(CITIES),
+            "country": rng.choice(["NO", "PT", "FR", "IT", "BE", "AT"]),
+        },
+        "tags": rng.sample(TAGS, rng.randrange(0, 3)),
+        "note": " ".join(rng.choice(WORDS) for _ in range(note_words)),
+    }
+
+
+SMALL_NOTE_WORDS = 2
+LARGE_NOTE_WORDS = 156
+
+
+def bench_records(seed: int, note_words: int, start: int = 0) -> Iterator[tuple[str, bytes, int]]:
+    """(key, JSON value, timestamp ms) forever; the event's `ts` is the Kafka timestamp given to produce()."""
+    rng = random.Random(seed)
+    i = start
+    while True:
+        now_ms = int(time.time() * 1000)
+        event = bench_event(i, rng, now_ms, note_words)
+        yield str(event["key"]), json.dumps(event, separators=(",", ":")).encode(), now_ms
+        i += 1

@@ -1,0 +1,440 @@
+"""Compaction benchmark: files per partition, read time and commit latency over a stream of small commits.
+
+    .venv/bin/python bench/compaction.py [--commits N] [--interval S] [--records-per-commit R]
+    (or: make bench-compaction BENCH_ARGS="--commits 150 --interval 1")
+
+The issue's setting is one hour of 5-second commits: `--commits 720 --interval 5` (the defaults). A shorter
+`--interval` compresses time: the same number of commits of the same size (R records each) arrive faster,
+and the snapshot-expiry age below shrinks with it; the output says which setting ran.
+
+Starts the local Kafka broker (devstack), an embedded catalog in a temporary folder and local Spark
+(`local[2]`), and runs two arms one after the other, each on its own topic and table built from
+`examples/orders.yaml` (day partitions, ~230-byte order events of `icefall.devstack.events` produced at
+R / S records/s, so every commit lands in the one hot day partition; when a batch takes longer than S,
+commits come back to back and each carries more than R records: the output shows the mean):
+
+- **without compaction**: only the real `Ingestor`, one `run_batch()` every S seconds;
+- **with compaction**: the same, while a maintenance thread of the same process and Spark session runs
+  Iceberg's Spark procedures every S seconds: `rewrite_data_files` (partitions with at least 5 files), and
+  every 10th round `rewrite_manifests` and `expire_snapshots` (older than 60 x S, keeping the last 10).
+  Orphan removal is off (its safety window is an hour). The project's worker (`icefall.compact`) is not
+  used: its `run_item(CompactPartition)` failed intermittently from a thread other than the one that made
+  the SparkSession (`Py4JError: SparkTableCache.get does not exist in the JVM`), and the benchmark has to
+  run maintenance concurrently with ingestion, as the compaction pods do.
+
+At 10 checkpoints (and at the end) of each arm, ingestion pauses (the schedule shifts by the pause) and this
+is measured on `main`: data files per partition (max) and in total, snapshots, the metadata file's size,
+the time Spark takes for `SELECT count(*)` and for a full scan (`SELECT sum(hash(*))` over every column),
+and the time pyiceberg takes for a full scan to Arrow (`table.scan().to_arrow()`; DuckDB's Iceberg reader
+would need an extension download, so DuckDB is not used). Commit latency: "CAS" is
+`commit_staged_outcome` alone (the compare-and-swap of `main`, or the re-stage over maintenance), "batch"
+is `BatchReport.seconds` (plan, Kafka read, Spark write to the staging branch, CAS); both compared between
+the first and the last decile of the arm's commits (medians): a ratio well above 1 is drift. Also
+counted: commits re-staged over maintenance, and ingestion commits that failed because of it (must be 0).
+
+Results go to bench/results/compaction.md (or `--out`) and stdout, with the load average at the start and
+end of each arm: the machine is shared, so compare runs only under similar load. Nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ingest import CasTimer, machine  # bench/ingest.py: the house helpers
+from pyiceberg.manifest import ManifestContent
+
+from icefall import metrics
+from icefall.api import StreamingTable, load_manifest
+from icefall.catalog import CatalogConfig
+from icefall.commit import MaintenanceConflictError, StaleHeadError
+from icefall.commit.lease import FileLease
+from icefall.devstack.events import EventProducer
+from icefall.devstack.kafka import KafkaBroker
+from icefall.ingest.engine import BatchReport, Ingestor
+from icefall.plan.leases import commit_lease_name
+from icefall.spark.session import build_spark_session
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "examples" / "orders.yaml"
+RESULTS = ROOT / "bench" / "results" / "compaction.md"
+PARTITIONS = 3
+CHECKPOINTS = 10
+
+
+def say(text: str) -> None:
+    print(f"[bench] {text}", flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between closest ranks; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    commits: int
+    max_files_per_partition: int
+    data_files: int
+    snapshots: int
+    metadata_bytes: int
+    spark_count_seconds: float
+    spark_scan_seconds: float
+    pyiceberg_scan_seconds: float
+    rows: int
+
+
+@dataclass
+class Arm:
+    name: str
+    compaction: bool
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    reports: list[BatchReport] = field(default_factory=list)
+    cas_seconds: list[float] = field(default_factory=list)
+    maintenance: Counter[str] = field(default_factory=Counter)  # "<kind> <outcome>" → count
+    restaged: float = 0.0
+    refused: Counter[str] = field(default_factory=Counter)  # ingestion commits refused, by cause
+    seconds: float = 0.0
+    load_start: str = ""
+    load_end: str = ""
+
+
+def manifest_for(bootstrap: str, topic: str, table: str) -> StreamingTable:
+    st = load_manifest(MANIFEST)
+    spec = st.spec
+    source = spec.source.model_copy(update={"bootstrap_servers": bootstrap, "topic": topic})
+    table_spec = spec.table.model_copy(update={"name": table})
+    batch = spec.batch.model_copy(update={"min_interval_seconds": 0})  # this benchmark paces the commits
+    spec = spec.model_copy(update={"source": source, "table": table_spec, "batch": batch})
+    meta = st.metadata.model_copy(update={"name": table.replace("_", "-")})
+    return st.model_copy(update={"spec": spec, "metadata": meta})
+
+
+def measure(spark: Any, catalog: CatalogConfig, st: StreamingTable, commits: int) -> Checkpoint:
+    table = catalog.pyiceberg().load_table(st.table_identifier)
+    per_partition: Counter[str] = Counter()
+    snapshot = table.current_snapshot()
+    for manifest in snapshot.manifests(table.io) if snapshot is not None else []:
+        if manifest.content == ManifestContent.DATA:
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                per_partition[repr(entry.data_file.partition)] += 1
+    metadata_bytes = (
+        Path(table.metadata_location.removeprefix("file://").removeprefix("file:")).stat().st_size
+    )
+    name = ".".join([catalog.name, *st.table_identifier])
+    started = time.monotonic()
+    rows = int(spark.sql(f"SELECT count(*) FROM {name}").collect()[0][0])
+    counted = time.monotonic()
+    spark.sql(f"SELECT sum(hash(*)) FROM {name}").collect()
+    scanned = time.monotonic()
+    arrow_rows = table.scan().to_arrow().num_rows
+    pyiceberg_seconds = time.monotonic() - scanned
+    if arrow_rows != rows:
+        say(f"WARNING: Spark counted {rows} rows, pyiceberg scanned {arrow_rows}")
+    return Checkpoint(
+        commits=commits,
+        max_files_per_partition=max(per_partition.values(), default=0),
+        data_files=sum(per_partition.values()),
+        snapshots=len(table.metadata.snapshots),
+        metadata_bytes=metadata_bytes,
+        spark_count_seconds=counted - started,
+        spark_scan_seconds=scanned - counted,
+        pyiceberg_scan_seconds=pyiceberg_seconds,
+        rows=rows,
+    )
+
+
+def run_arm(
+    args: argparse.Namespace,
+    arm: Arm,
+    *,
+    broker: KafkaBroker,
+    spark: Any,
+    catalog: CatalogConfig,
+    state: Path,
+    cas: CasTimer,
+) -> None:
+    topic = f"orders-{arm.name}"
+    broker.create_topic(topic, partitions=PARTITIONS)
+    st = manifest_for(broker.bootstrap, topic, f"orders_{arm.name}")
+    label = ".".join(st.table_identifier)
+    lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), f"bench-{arm.name}")
+    ingestor = Ingestor(st, catalog, spark, lease)
+    ingestor.start(lease_timeout=30)
+    rate = args.records_per_commit / args.interval
+    producer = EventProducer(broker.bootstrap, topic, rate, seed=11)
+    stop = threading.Event()
+    maintenance: threading.Thread | None = None
+    if arm.compaction:
+        maintenance = threading.Thread(
+            target=maintain,
+            args=(spark, catalog, st, arm),
+            kwargs={"interval": args.interval, "stop": stop},
+            name="maintenance",
+            daemon=True,
+        )
+    restaged_before = restaged_commits(label)
+    every = max(args.commits // CHECKPOINTS, 1)
+    arm.load_start = load_average()
+    producer.start()
+    time.sleep(min(args.interval, 2.0))  # the first batch has records to read
+    if maintenance is not None:
+        maintenance.start()
+    started = next_at = time.monotonic()
+    cas.take()
+    try:
+        while len(arm.reports) < args.commits:
+            time.sleep(max(next_at - time.monotonic(), 0))
+            next_at += args.interval
+            try:
+                report = ingestor.run_batch()
+            except StaleHeadError as refused:  # what Ingestor.run does: plan again
+                arm.refused[
+                    "because of maintenance" if isinstance(refused, MaintenanceConflictError) else "stale"
+                ] += 1
+                continue
+            if report is None:
+                continue  # nothing arrived yet: try at the next tick
+            arm.reports.append(report)
+            arm.cas_seconds += cas.take()
+            if len(arm.reports) % every == 0 or len(arm.reports) == args.commits:
+                paused = time.monotonic()
+                arm.checkpoints.append(measure(spark, catalog, st, len(arm.reports)))
+                next_at += time.monotonic() - paused
+                last = arm.checkpoints[-1]
+                say(
+                    f"{arm.name}: {last.commits} commits, "
+                    f"files/partition max {last.max_files_per_partition}, "
+                    f"snapshots {last.snapshots}, Spark count {last.spark_count_seconds:.2f} s, "
+                    f"scan {last.spark_scan_seconds:.2f} s, pyiceberg {last.pyiceberg_scan_seconds:.2f} s"
+                )
+    finally:
+        arm.seconds = time.monotonic() - started
+        stop.set()
+        producer.stop()
+        if maintenance is not None:
+            maintenance.join(120)
+        ingestor.close()
+    arm.load_end = load_average()
+    arm.restaged = restaged_commits(label) - restaged_before
+
+
+def maintain(
+    spark: Any,
+    catalog: CatalogConfig,
+    st: StreamingTable,
+    arm: Arm,
+    *,
+    interval: float,
+    stop: threading.Event,
+) -> None:
+    """Iceberg's maintenance procedures on `st`'s table every `interval` seconds until `stop` (module doc)."""
+    ident = ".".join(st.table_identifier)
+    procedures = f"{catalog.name}.system"
+    rounds = 0
+    while not stop.wait(interval):
+        rounds += 1
+        calls = [("rewrite_data_files", f"table => '{ident}', options => map('min-input-files', '5')")]
+        if rounds % 10 == 0:
+            cutoff = datetime.fromtimestamp(time.time() - 60 * interval, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            calls += [
+                ("rewrite_manifests", f"table => '{ident}'"),
+                (
+                    "expire_snapshots",
+                    f"table => '{ident}', older_than => TIMESTAMP '{cutoff}', retain_last => 10",
+                ),
+            ]
+        for procedure, arguments in calls:
+            try:
+                result = spark.sql(f"CALL {procedures}.{procedure}({arguments})").collect()
+            except Exception as error:  # counted; the next round tries again
+                arm.maintenance[f"{procedure} failed"] += 1
+                lines = str(error).splitlines()
+                why = next((line for line in lines[1:] if "Exception" in line), lines[0] if lines else "")
+                say(f"{arm.name}: {procedure} failed: {why.strip()[:300]}")
+                continue
+            changed = bool(result) and any(bool(value) for value in result[0].asDict().values())
+            arm.maintenance[f"{procedure} {'done' if changed else 'nothing to do'}"] += 1
+
+
+def restaged_commits(label: str) -> float:
+    return metrics.REGISTRY.get_sample_value("icefall_ingest_commits_restaged_total", {"table": label}) or 0.0
+
+
+# --- report -------------------------------------------------------------------------------------------
+
+
+def decile(values: list[float], which: str) -> list[float]:
+    n = max(len(values) // 10, 1)
+    return values[:n] if which == "first" else values[-n:]
+
+
+def drift(values: list[float], scale: float, unit: str) -> str:
+    if not values:
+        return "n/a"
+    first, last = statistics.median(decile(values, "first")), statistics.median(decile(values, "last"))
+    return f"{first * scale:,.1f} → {last * scale:,.1f} {unit} (x {last / first:.2f})"
+
+
+def render(args: argparse.Namespace, facts: dict[str, str], arms: list[Arm]) -> str:
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    compressed = args.interval != 5.0 or args.commits != 720
+    setting = (
+        f"`bench/compaction.py --commits {args.commits} --interval {args.interval:g} "
+        f"--records-per-commit {args.records_per_commit}`"
+    )
+    lines = [
+        "# Compaction benchmark",
+        "",
+        f"{setting} on {when}: {args.commits} commits, one every {args.interval:g} s, "
+        f"{args.records_per_commit} records each"
+        + (
+            f" — time COMPRESSED {5.0 / args.interval:g}x against the issue's one hour of 5-second commits "
+            f"(720): {args.commits * args.interval / 60:.1f} minutes of commits per arm."
+            if compressed
+            else " — the issue's one hour of 5-second commits."
+        ),
+        "What is measured and how: the docstring of `bench/compaction.py`. One run on a shared 2-core "
+        "machine (other Spark/Kafka jobs were running: see the load averages); compare runs only under "
+        "similar load.",
+        "",
+        "## Summary",
+        "",
+        "| | " + " | ".join(a.name for a in arms) + " |",
+        "|---|" + "---|" * len(arms),
+    ]
+
+    def row(label: str, value: Any) -> str:
+        return f"| {label} | " + " | ".join(str(value(a)) for a in arms) + " |"
+
+    def final(a: Arm) -> Checkpoint:
+        return a.checkpoints[-1]
+
+    lines += [
+        row("ingestion commits (wall time)", lambda a: f"{len(a.reports)} ({a.seconds:.0f} s)"),
+        row(
+            "records per commit (mean)",
+            lambda a: f"{statistics.mean(r.records_read for r in a.reports):,.0f}" if a.reports else "n/a",
+        ),
+        row("rows at the end", lambda a: f"{final(a).rows:,}"),
+        row("data files per partition at the end (max)", lambda a: final(a).max_files_per_partition),
+        row(
+            "data files per partition, max over checkpoints",
+            lambda a: max(c.max_files_per_partition for c in a.checkpoints),
+        ),
+        row("data files in total at the end", lambda a: final(a).data_files),
+        row("snapshots at the end", lambda a: final(a).snapshots),
+        row("metadata file at the end", lambda a: f"{final(a).metadata_bytes / 1024:,.0f} KiB"),
+        row("Spark `count(*)` at the end", lambda a: f"{final(a).spark_count_seconds:.2f} s"),
+        row("Spark full scan at the end", lambda a: f"{final(a).spark_scan_seconds:.2f} s"),
+        row("pyiceberg full scan at the end", lambda a: f"{final(a).pyiceberg_scan_seconds:.2f} s"),
+        row("CAS of main, first → last decile (median)", lambda a: drift(a.cas_seconds, 1000, "ms")),
+        row("batch, first → last decile (median)", lambda a: drift([r.seconds for r in a.reports], 1, "s")),
+        row(
+            "CAS p50 / p99",
+            lambda a: (
+                f"{percentile(a.cas_seconds, 50) * 1000:,.0f} / "
+                f"{percentile(a.cas_seconds, 99) * 1000:,.0f} ms"
+            ),
+        ),
+        row("commits re-staged over maintenance", lambda a: f"{a.restaged:.0f}"),
+        row(
+            "ingestion commits failed because of maintenance / refused otherwise",
+            lambda a: f"{a.refused['because of maintenance']} / {a.refused['stale']}",
+        ),
+        row(
+            "maintenance procedure calls (outcome: n)",
+            lambda a: ", ".join(f"{k}: {n}" for k, n in sorted(a.maintenance.items())) or "none",
+        ),
+        row("load average at start → end", lambda a: f"{a.load_start} → {a.load_end}"),
+        "",
+    ]
+    for arm in arms:
+        lines += [
+            f"## Checkpoints: {arm.name}",
+            "",
+            "| commits | files/partition (max) | data files | snapshots | metadata | Spark count "
+            "| Spark scan | pyiceberg scan | rows |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {c.commits} | {c.max_files_per_partition} | {c.data_files} | {c.snapshots} "
+                f"| {c.metadata_bytes / 1024:,.0f} KiB | {c.spark_count_seconds:.2f} s "
+                f"| {c.spark_scan_seconds:.2f} s | {c.pyiceberg_scan_seconds:.2f} s | {c.rows:,} |"
+                for c in arm.checkpoints
+            ),
+            "",
+        ]
+    lines += [
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {name} | {value} |" for name, value in facts.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--commits", type=int, default=720, help="ingestion commits per arm (default 720)")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between commits (default 5)")
+    parser.add_argument(
+        "--records-per-commit", type=int, default=100, help="records per commit (default 100)"
+    )
+    parser.add_argument("--arms", default="without,with", help="which arms to run: without,with")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the markdown")
+    args = parser.parse_args(argv)
+    arms = [Arm(f"{name}_compaction", name == "with") for name in args.arms.split(",")]
+    with tempfile.TemporaryDirectory(prefix="icefall-bench-compaction-") as tmp:
+        state = Path(tmp)
+        facts = machine()
+        say("starting Kafka ...")
+        broker = KafkaBroker(state / "kafka").start()
+        try:
+            catalog = CatalogConfig.embedded(state / "lake")
+            catalog.pyiceberg()
+            say("starting Spark (local[2]) ...")
+            spark = build_spark_session([catalog], app_name="icefall-bench-compaction", master="local[2]")
+            cas = CasTimer()
+            cas.install()
+            try:
+                for arm in arms:
+                    say(f"arm {arm.name}: {args.commits} commits every {args.interval:g} s ...")
+                    run_arm(args, arm, broker=broker, spark=spark, catalog=catalog, state=state, cas=cas)
+            except KeyboardInterrupt:  # Ctrl-C / SIGINT: report what was measured so far
+                say("interrupted: writing the results measured so far")
+            finally:
+                spark.stop()
+        finally:
+            broker.stop()
+    arms = [arm for arm in arms if arm.checkpoints]
+    text = render(args, facts, arms)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text, flush=True)
+    say(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,947 @@
+"""Side-by-side benchmark: Icefall against its peers on one Kafka broker, one topic, one kind of catalog.
+
+    .venv/bin/python bench/compare.py [--records N] [--large-records N] [--seconds S] [--quick]
+                                      [--systems icefall,spark,connect-60s,connect-10s,floor]
+    (or: make bench BENCH_ARGS="...")
+
+One Kafka broker (the devstack's) is started once. Two topics are preloaded with the seeded events of
+`common.bench_records` (9 fields: a timestamp, a string key, a nested struct, a list, a free-text note;
+~230 bytes of JSON, and a ~1 KB variant with a longer note), 3 partitions each, keyed by the string key,
+the Kafka timestamp equal to the event's `ts`. Then each system runs alone, pinned to core 1 with the
+broker (and this process, which produces and polls) on core 0 when the machine has 2 or more cores:
+
+- **icefall**: `icefall run -f <manifest> --state-dir <dir>` as a subprocess (embedded default: local
+  Spark `local[2]`, SQLite catalog, local warehouse), freshness target `--freshness-target` seconds.
+- **spark**: `bench/peers/spark_streaming.py`, a plain Structured Streaming job (Kafka → from_json →
+  writeStream iceberg, processingTime trigger = the freshness target, checkpoint folder), same jars.
+- **connect-60s / connect-10s**: Kafka Connect standalone with the Apache Iceberg sink connector
+  (jars from hack/kafka-connect/pom.xml), commit interval 60 s / 10 s, its control topic created first.
+- **floor**: `bench/peers/floor.py` on one core: confluent-kafka → json → pyarrow Parquet files, no
+  table, no commits.
+
+Every Iceberg system writes the same table (`bench.events`, the events' 9 columns, all optional,
+partitioned by day(ts); Icefall adds its `_kafka` column) into its own SQLite catalog (named `icefall`)
+and warehouse folder; the peers' table is created up front with pyiceberg.
+
+Measures, per system:
+1. Throughput on a preloaded backlog (both topics): the system starts on the full topic; its commits are
+   read from the table's snapshot log (when `main` moved; for the floor: when each file was closed).
+   records/s = records committed after the first commit / (time of the commit that completed the
+   backlog - time of the first commit): start-up and the first commit are excluded, and so the figure
+   is "n/a" when one commit took everything. "drain" = process start -> all committed, start-up included.
+   Commit-interval systems are penalised by up to one interval at the end: that is their cost of
+   visibility, not hidden. A trickle of `--trickle` records/s (ids from TRICKLE_FIRST_ID) is produced to
+   the topic meanwhile, for every system: the Iceberg sink (1.11.0) answers its coordinator's commit
+   requests only while records arrive, so on a backlog that stops growing it never commits the tail
+   (seen here; compare apache/iceberg#17811). "Complete" = every backlog id is in the table.
+2. CPU: user + system seconds of the system's whole process tree (/proc; the broker is not counted) over
+   the same window -> records per CPU-second; also over the whole run, start-up included.
+3. Peak RSS: the largest sum of resident memory of the tree, sampled every 0.5 s.
+4. Data files: `total-data-files` of the final snapshot (the floor: files written).
+5. Freshness at half of Icefall's max rate (the small events): a fresh topic per system, the live
+   producer and the system started together. Warm-up: until the newest commit holds every record
+   acknowledged (freshness target + commit interval) seconds earlier (the start-up backlog is gone), at
+   most half of `--timeout`. Then a window of `--seconds` (at least one commit interval for
+   the Connect sink); each record produced in it gets freshness = when `main` first held it (snapshot log
+   time of the snapshot that added its data file) - its Kafka produce timestamp (= its `ts`). p50/p99
+   over those records, and per commit over time (the chart). After the window the producer falls back to
+   the trickle (the Iceberg sink would not commit the tail otherwise) until everything produced by the
+   window's end is committed. The floor has no commits: n/a.
+
+Writes bench/results/compare.md and compare.png. Nothing asserts on time. One run on a shared machine:
+the load averages at start and end are in the report; compare runs only at similar loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import yaml
+from common import (
+    EVENT_SCHEMA,
+    LARGE_NOTE_WORDS,
+    SMALL_NOTE_WORDS,
+    TreeMonitor,
+    bench_records,
+    load_average,
+    machine_basics,
+    percentile,
+)
+from confluent_kafka import Producer, libversion
+
+from icefall.api import load_manifest, to_iceberg_schema
+from icefall.catalog import CatalogConfig
+from icefall.catalog.tables import partition_spec
+from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.procs import ManagedProcess, free_port, tail
+from icefall.devstack.tools import jar_files, repo_root, tool_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PEERS = ROOT / "bench" / "peers"
+PARTITIONS = 3
+TABLE = ("bench", "events")
+# Ids of the trickle produced during the backlog phases (the backlog's ids are below it).
+TRICKLE_FIRST_ID = 1_000_000_000
+SYSTEMS = ("icefall", "spark", "connect-60s", "connect-10s", "floor")
+LABELS = {
+    "icefall": "Icefall (icefall run, embedded)",
+    "spark": "Spark Structured Streaming → Iceberg",
+    "connect-60s": "Iceberg Kafka Connect sink, 60 s commits",
+    "connect-10s": "Iceberg Kafka Connect sink, 10 s commits",
+    "floor": "floor: confluent-kafka → pyarrow Parquet",
+}
+
+
+def say(text: str) -> None:
+    print(f"[bench] {time.strftime('%H:%M:%S')} {text}", flush=True)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# --- commits as the table shows them -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Commit:
+    visible_ms: int  # when main moved to it (snapshot log), or when the floor closed the file
+    total_records: int
+    total_files: int
+    snapshot_id: int = 0
+
+
+def table_commits(catalog: CatalogConfig) -> list[Commit]:
+    """Main's history with record and file totals; [] while the table or its first snapshot is missing."""
+    try:
+        table = catalog.pyiceberg().load_table(TABLE)
+    except Exception:  # not created yet (Icefall creates its own), or SQLite busy: try on the next poll
+        return []
+    out = []
+    for entry in table.metadata.snapshot_log:
+        snapshot = table.snapshot_by_id(entry.snapshot_id)
+        if snapshot is None or snapshot.summary is None:
+            continue
+        summary = snapshot.summary
+        out.append(
+            Commit(
+                entry.timestamp_ms,
+                int(summary.get("total-records") or 0),
+                int(summary.get("total-data-files") or 0),
+                entry.snapshot_id,
+            )
+        )
+    return out
+
+
+FILE_LINE = re.compile(r"^FILE (\d+) (\d+) (\S+)$", re.M)
+
+
+def floor_commits(log: Path) -> list[Commit]:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [Commit(int(ms), int(total), n + 1) for n, (ms, total, _) in enumerate(FILE_LINE.findall(text))]
+
+
+# --- the systems -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One system running against one topic, in its own folder."""
+
+    system: str
+    topic: str
+    work: Path
+    proc: ManagedProcess
+    monitor: TreeMonitor
+    started: float  # time.time()
+    catalog: CatalogConfig | None  # None: the floor
+
+    def commits(self) -> list[Commit]:
+        if self.catalog is None:
+            return floor_commits(self.proc.log_path)
+        return table_commits(self.catalog)
+
+    def stop(self) -> None:
+        self.monitor.sample()
+        self.monitor.stop()
+        self.proc.stop(grace=20)
+
+
+@dataclass
+class Context:
+    broker: KafkaBroker
+    args: argparse.Namespace
+    state: Path
+    pin: list[str]  # the taskset prefix for systems, [] on a 1-core machine
+    settings: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def icefall_manifest(ctx: Context, topic: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "icefall.dev/v1alpha1",
+        "kind": "StreamingTable",
+        "metadata": {"name": "bench-events"},
+        "spec": {
+            "source": {
+                "bootstrapServers": ctx.broker.bootstrap,
+                "topic": topic,
+                "startingPosition": {"type": "earliest"},
+            },
+            "format": {"type": "json", "schema": EVENT_SCHEMA},
+            "table": {
+                "namespace": TABLE[0],
+                "name": TABLE[1],
+                "partitioning": [{"field": "ts", "transform": "day"}],
+            },
+            "freshness": {"targetSeconds": int(ctx.args.freshness_target)},
+        },
+    }
+
+
+def create_peer_table(ctx: Context, catalog: CatalogConfig) -> None:
+    """The table the peers write: Icefall's columns without `_kafka`, partitioned by day(ts)."""
+    st = load_manifest(yaml.safe_dump(icefall_manifest(ctx, "unused")))
+    schema = to_iceberg_schema(st.spec.format.schema_fields)
+    pyiceberg = catalog.pyiceberg()
+    pyiceberg.create_namespace_if_not_exists(TABLE[0])
+    pyiceberg.create_table(TABLE, schema, partition_spec=partition_spec(st, schema),
+                           properties={"format-version": "2"})  # fmt: skip
+
+
+def launch_icefall(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
+    manifest = work / "events.yaml"
+    manifest.write_text(yaml.safe_dump(icefall_manifest(ctx, topic), sort_keys=False))
+    argv = [
+        str(Path(sys.executable).with_name("icefall")),
+        "run",
+        "-f",
+        str(manifest),
+        "--state-dir",
+        str(work),
+    ]
+    ctx.settings["icefall"] = {
+        "command": "icefall run -f events.yaml --state-dir <dir> (defaults: --master local[2])",
+        "freshness target": f"{ctx.args.freshness_target:g} s",
+        "table": "partitioned by day(ts), dead-letter table on (default)",
+    }
+    return ManagedProcess("icefall", [*ctx.pin, *argv], work / "system.log").start(), CatalogConfig.embedded(
+        work
+    )
+
+
+def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
+    catalog = CatalogConfig.embedded(work)
+    create_peer_table(ctx, catalog)
+    jars = ",".join(str(j) for j in jar_files("ICEFALL_SPARK_JARS"))
+    argv = [
+        sys.executable, str(PEERS / "spark_streaming.py"), "--bootstrap", ctx.broker.bootstrap,
+        "--topic", topic, "--table", ".".join(TABLE), "--catalog-db", str(catalog.database),
+        "--warehouse", str(catalog.warehouse), "--checkpoint", str(work / "checkpoint"), "--jars", jars,
+        "--trigger-seconds", f"{ctx.args.freshness_target:g}",
+        "--max-offsets-per-trigger", str(ctx.args.spark_max_offsets),
+    ]  # fmt: skip
+    ctx.settings["spark"] = {
+        "command": "bench/peers/spark_streaming.py (master local[2], driver memory 1g)",
+        "trigger": f"processingTime {ctx.args.freshness_target:g} s",
+        "maxOffsetsPerTrigger": str(ctx.args.spark_max_offsets or "unlimited"),
+        "startingOffsets": "earliest",
+        "write": "format iceberg, append, fanout-enabled, checkpoint folder",
+    }
+    return ManagedProcess("spark", [*ctx.pin, *argv], work / "system.log").start(), catalog
+
+
+CONNECT_LOG4J2 = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = WARN
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = WARN
+logger.parquet.name = org.apache.parquet
+logger.parquet.level = WARN
+"""
+
+
+def connect_jars() -> Path:
+    root = repo_root() or ROOT
+    out = os.popen(f"'{root}/hack/fetch-jars.sh' kafka-connect").read().strip()
+    if not out or not Path(out).is_dir():
+        raise RuntimeError(
+            "hack/fetch-jars.sh kafka-connect did not print a folder; run it by hand to see why"
+        )
+    return Path(out)
+
+
+def launch_connect(
+    ctx: Context, topic: str, work: Path, interval_s: int
+) -> tuple[ManagedProcess, CatalogConfig]:
+    catalog = CatalogConfig.embedded(work)
+    create_peer_table(ctx, catalog)
+    control = f"control-{work.name}"
+    ctx.broker.create_topic(control, partitions=1)
+    name = f"iceberg-sink-{work.name}"
+    props = {
+        "name": name,
+        "connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+        "tasks.max": "1",
+        "topics": topic,
+        "iceberg.tables": ".".join(TABLE),
+        "iceberg.catalog": catalog.name,
+        "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+        "iceberg.catalog.uri": f"jdbc:sqlite:{catalog.database.resolve()}",
+        "iceberg.catalog.warehouse": catalog.warehouse.resolve().as_uri(),
+        "iceberg.catalog.jdbc.busy_timeout": "30000",
+        "iceberg.control.topic": control,
+        "iceberg.control.commit.interval-ms": str(interval_s * 1000),
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+    }
+    worker = {
+        "bootstrap.servers": ctx.broker.bootstrap,
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "offset.storage.file.filename": str(work / "connect.offsets"),
+        "listeners": f"http://127.0.0.1:{free_port()}",
+        "plugin.discovery": "only_scan",
+    }
+    (work / "sink.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    (work / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
+    (work / "log4j2.properties").write_text(CONNECT_LOG4J2)
+    jars = connect_jars()
+    argv = [
+        shutil.which("java") or "java", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}", "-cp", f"{jars}/*",
+        "org.apache.kafka.connect.cli.ConnectStandalone",
+        str(work / "worker.properties"), str(work / "sink.properties"),
+    ]  # fmt: skip
+    ctx.settings[f"connect-{interval_s}s"] = {
+        "command": "java -Xmx1g -cp '<jars-kafka-connect>/*' org.apache.kafka.connect.cli.ConnectStandalone",
+        "sink": " ".join(f"{k}={v}" for k, v in props.items() if k.startswith("iceberg.control.commit")),
+        "tasks.max": "1",
+        "converters": "StringConverter keys, JsonConverter values (schemas.enable=false)",
+        "catalog": "JdbcCatalog on SQLite, local warehouse; control topic created (1 partition)",
+    }
+    return ManagedProcess(f"connect-{interval_s}s", [*ctx.pin, *argv], work / "system.log").start(), catalog
+
+
+def launch_floor(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, None]:
+    roll = max(ctx.args.records // 4, 10_000)  # several files per backlog, so records/s is measurable
+    argv = [
+        sys.executable, str(PEERS / "floor.py"), "--bootstrap", ctx.broker.bootstrap, "--topic", topic,
+        "--out", str(work / "files"), "--roll-seconds", f"{ctx.args.freshness_target:g}",
+        "--roll-records", str(roll),
+    ]  # fmt: skip
+    ctx.settings["floor"] = {
+        "command": "bench/peers/floor.py (one process, one core)",
+        "files": f"one Parquet file (zstd) per {roll:,} records, {ctx.args.freshness_target:g} s, "
+        "or when caught up",
+    }
+    return ManagedProcess("floor", [*ctx.pin, *argv], work / "system.log").start(), None
+
+
+def launch(ctx: Context, system: str, topic: str, work: Path) -> Run:
+    work.mkdir(parents=True)
+    started = time.time()
+    catalog: CatalogConfig | None
+    if system == "icefall":
+        proc, catalog = launch_icefall(ctx, topic, work)
+    elif system == "spark":
+        proc, catalog = launch_spark(ctx, topic, work)
+    elif system.startswith("connect-"):
+        proc, catalog = launch_connect(ctx, topic, work, int(system.split("-")[1].rstrip("s")))
+    elif system == "floor":
+        proc, catalog = launch_floor(ctx, topic, work)
+    else:
+        raise ValueError(f"--systems: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+    assert proc.pid is not None
+    return Run(system, topic, work, proc, TreeMonitor(proc.pid).start(), started, catalog)
+
+
+def wait_for(run: Run, done: Callable[[list[Commit]], bool], timeout: float) -> list[Commit]:
+    """Poll the commits every second until `done`; fail with the system's log when it dies or times out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        commits = run.commits()
+        if done(commits):
+            return commits
+        if not run.proc.running() or FATAL.search(run.proc.log_path.read_text(errors="replace")):
+            raise RuntimeError(
+                f"{run.system} exited; last log lines ({run.proc.log_path}):\n{tail(run.proc.log_path)}"
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{run.system}: not done after {timeout:.0f}s "
+                f"(last commit: {commits[-1] if commits else None}); "
+                f"last log lines ({run.proc.log_path}):\n{tail(run.proc.log_path)}"
+            )
+        time.sleep(1)
+
+
+# A Connect task that dies leaves the worker running: its log line is the only sign.
+FATAL = re.compile(r"Task threw an uncaught and unrecoverable exception")
+
+
+# --- producing ---------------------------------------------------------------------------------------
+
+
+def preload(bootstrap: str, topic: str, count: int, note_words: int, seed: int) -> float:
+    """Produce `count` events as fast as the client goes; returns the seconds it took."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000, "enable.idempotence": True,
+         "compression.type": "none"}
+    )  # fmt: skip
+    errors: list[object] = []
+
+    def on_delivery(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+
+    started = time.monotonic()
+    records = bench_records(seed, note_words)
+    for _ in range(count):
+        key, value, ts = next(records)
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, timestamp=ts, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(120) or errors:
+        raise RuntimeError(f"preloading {topic} failed: {errors[:3]}")
+    return time.monotonic() - started
+
+
+class LiveProducer(threading.Thread):
+    """Small events to `topic` at about `rate` records/s until `stop()`; counts acknowledged records."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, seed: int, first_id: int = 0) -> None:
+        super().__init__(daemon=True, name=f"produce-{topic}")
+        self.topic, self.rate = topic, rate
+        self._producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
+        self._records = bench_records(seed, SMALL_NOTE_WORDS, start=first_id)
+        self._halt = threading.Event()
+        self.acked = self.errors = 0
+
+    def _delivered(self, err: object, _msg: object) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.errors += 1
+
+    def run(self) -> None:
+        due, last = 0.0, time.monotonic()
+        while not self._halt.is_set():
+            now = time.monotonic()
+            due, last = due + (now - last) * self.rate, now  # `rate` may change while running
+            while due >= 1:
+                key, value, ts = next(self._records)
+                self._producer.produce(
+                    self.topic, key=key, value=value, timestamp=ts, on_delivery=self._delivered
+                )
+                due -= 1
+            self._producer.poll(0.02)
+        self._producer.flush(30)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(60)
+
+
+# --- the phases --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Throughput:
+    records: int
+    commits: int
+    rate: float | None  # records/s between the first and the completing commit; None with one commit
+    per_cpu: float | None
+    drain_s: float
+    per_cpu_all: float
+    cpu_total: float
+    peak_rss: int
+    files: int
+    error: str = ""
+
+
+def backlog_rows(run: Run) -> int:
+    """Committed rows of the preloaded backlog (ids below TRICKLE_FIRST_ID)."""
+    if run.catalog is None:
+        files = sorted((run.work / "files").glob("*.parquet"))
+        ids = [pq.read_table(f, columns=["id"]).column("id") for f in files]
+        return sum(int(pc.sum(pc.less(i, TRICKLE_FIRST_ID)).as_py() or 0) for i in ids)
+    table = run.catalog.pyiceberg().load_table(TABLE)
+    return int(table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=("id",)).to_arrow().num_rows)
+
+
+def throughput(ctx: Context, system: str, topic: str, records: int, variant: str) -> Throughput:
+    run = launch(ctx, system, topic, ctx.state / f"{system}-{variant}")
+    trickle = LiveProducer(ctx.broker.bootstrap, topic, ctx.args.trickle, seed=9, first_id=TRICKLE_FIRST_ID)
+    trickle.start()
+    say(f"{system}: {records:,} {variant} records from {topic} ...")
+
+    def complete(commits: list[Commit]) -> bool:
+        return bool(commits) and commits[-1].total_records >= records and backlog_rows(run) >= records
+
+    try:
+        commits = wait_for(run, complete, ctx.args.timeout)
+    finally:
+        trickle.stop()
+        run.stop()
+    data = [c for c in commits if c.total_records > 0]
+    first, last = data[0], data[-1]
+    after_first = last.total_records - first.total_records
+    window = (last.visible_ms - first.visible_ms) / 1000
+    cpu_window = run.monitor.cpu_at(last.visible_ms / 1000) - run.monitor.cpu_at(first.visible_ms / 1000)
+    cpu_all = run.monitor.cpu_at(last.visible_ms / 1000)
+    result = Throughput(
+        records=last.total_records,
+        commits=len(data),
+        rate=after_first / window if window > 0 and after_first > 0 else None,
+        per_cpu=after_first / cpu_window if cpu_window > 0 and after_first > 0 else None,
+        drain_s=last.visible_ms / 1000 - run.started,
+        per_cpu_all=last.total_records / cpu_all if cpu_all else float("nan"),
+        cpu_total=run.monitor.total_cpu,
+        peak_rss=run.monitor.peak_rss,
+        files=last.total_files,
+    )
+    rate = f"{result.rate:,.0f} records/s" if result.rate else "n/a (one commit)"
+    say(f"{system}: {rate}, drain {result.drain_s:.1f}s, {result.commits} commits, {result.files} files")
+    return result
+
+
+@dataclass
+class Live:
+    rate: float
+    window_s: float
+    produced: int
+    rows: int
+    measured: int
+    p50: float
+    p99: float
+    max: float
+    commits: list[tuple[float, float, float, int]]  # (seconds since the window start, p50, max, records)
+    cpu_cores: float
+    peak_rss: int
+    files: int
+    interval_p50: float
+    warmup_s: float
+    caught_up: bool
+
+
+def added_ts_by_snapshot(catalog: CatalogConfig) -> Iterator[tuple[int, list[int]]]:
+    """(snapshot id, produce ms of every row in the data files it added), from the live data files."""
+    table = catalog.pyiceberg().load_table(TABLE)
+    entries = table.inspect.entries().select(["status", "snapshot_id", "data_file"]).to_pylist()
+    for entry in entries:
+        if entry["status"] == 2 or entry["data_file"]["content"] != 0:
+            continue  # deleted entries and delete files
+        with table.io.new_input(entry["data_file"]["file_path"]).open() as stream:
+            ts = pq.read_table(stream, columns=["ts"]).column("ts").combine_chunks()
+        yield entry["snapshot_id"], [us // 1000 for us in pc.cast(ts, "int64").to_pylist()]
+
+
+def live(ctx: Context, system: str, rate: float) -> Live:
+    topic = f"live-{system}"
+    ctx.broker.create_topic(topic, partitions=PARTITIONS)
+    interval = int(system.split("-")[1].rstrip("s")) if system.startswith("connect-") else 0
+    window_s = max(ctx.args.seconds, interval)
+    allowance = ctx.args.freshness_target + interval
+    run = launch(ctx, system, topic, ctx.state / f"{system}-live")
+    producer = LiveProducer(ctx.broker.bootstrap, topic, rate, seed=3)
+    producer.start()
+    say(f"{system}: live at {rate:,.0f} records/s; warm-up until it has caught up with its start-up ...")
+    try:
+        acked: list[tuple[float, int]] = []
+
+        def caught_up(commits: list[Commit]) -> bool:
+            acked.append((time.time(), producer.acked))
+            target = max((n for t, n in acked if t <= time.time() - allowance), default=0)
+            return bool(commits) and commits[-1].total_records > 0 and commits[-1].total_records >= target
+
+        warmup_started = time.time()
+        try:
+            wait_for(run, caught_up, ctx.args.timeout / 2)
+            did_catch_up = True
+        except TimeoutError:
+            did_catch_up = False
+        warmup_s = time.time() - warmup_started
+        note = "" if did_catch_up else " (did NOT catch up)"
+        say(f"{system}: warm-up {warmup_s:.0f}s{note}; measuring for {window_s:.0f}s")
+        start_ms = now_ms()
+        time.sleep(window_s)
+        end_ms = now_ms()
+        cpu_start = run.monitor.cpu_at(start_ms / 1000)
+        cpu_end = run.monitor.sample().cpu
+        # Back to a trickle, not silence: the Iceberg sink commits only while records arrive.
+        producer.rate = ctx.args.trickle
+        produced = producer.acked
+        say(f"{system}: window over at {produced:,} records; waiting until they are committed ...")
+        commits = wait_for(run, lambda c: bool(c) and c[-1].total_records >= produced,
+                           ctx.args.timeout + interval)  # fmt: skip
+    finally:
+        producer.stop()
+        run.stop()
+    assert run.catalog is not None
+    visible = {c.snapshot_id: c.visible_ms for c in commits}
+    per_commit: dict[int, list[float]] = {}
+    for snapshot_id, produced_ms in added_ts_by_snapshot(run.catalog):
+        at = visible.get(snapshot_id)
+        if at is None:
+            continue
+        per_commit.setdefault(at, []).extend((at - p) / 1000 for p in produced_ms if start_ms <= p <= end_ms)
+    latencies = [x for values in per_commit.values() for x in values]
+    times = sorted(c.visible_ms for c in commits if start_ms <= c.visible_ms <= end_ms + 120_000)
+    intervals = [(b - a) / 1000 for a, b in itertools.pairwise(times)]
+    return Live(
+        rate=rate,
+        window_s=(end_ms - start_ms) / 1000,
+        produced=produced,
+        rows=commits[-1].total_records,
+        measured=len(latencies),
+        p50=percentile(latencies, 50),
+        p99=percentile(latencies, 99),
+        max=max(latencies, default=float("nan")),
+        commits=[
+            ((at - start_ms) / 1000, percentile(v, 50), max(v), len(v))
+            for at, v in sorted(per_commit.items())
+            if v
+        ],
+        cpu_cores=(cpu_end - cpu_start) / ((end_ms - start_ms) / 1000),
+        peak_rss=run.monitor.peak_rss,
+        files=commits[-1].total_files,
+        interval_p50=percentile(intervals, 50),
+        warmup_s=warmup_s,
+        caught_up=did_catch_up,
+    )
+
+
+# --- report ------------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, spec: str = ",.0f", unit: str = "") -> str:
+    if value is None or math.isnan(value):
+        return "n/a"
+    return f"{value:{spec}}{unit}"
+
+
+def mib(value: int) -> str:
+    return f"{value / 1024 / 1024:,.0f} MiB"
+
+
+@dataclass
+class Results:
+    small: dict[str, Throughput | str] = field(default_factory=dict)
+    large: dict[str, Throughput | str] = field(default_factory=dict)
+    live: dict[str, Live | str] = field(default_factory=dict)
+
+
+def throughput_table(title: str, results: dict[str, Throughput | str]) -> list[str]:
+    lines = [
+        f"### {title}",
+        "",
+        "| system | records/s (first → completing commit) | records per CPU-s (same window) "
+        "| drain incl. start-up "
+        "| records per CPU-s incl. start-up | commits | data files | peak RSS |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for system, r in results.items():
+        if isinstance(r, str):
+            lines.append(f"| {LABELS[system]} | failed: {r.splitlines()[0][:200]} | | | | | | |")
+            continue
+        lines.append(
+            f"| {LABELS[system]} | {fmt(r.rate) if r.rate else 'n/a (one commit)'} | {fmt(r.per_cpu)} "
+            f"| {r.drain_s:.1f} s | {fmt(r.per_cpu_all)} | {r.commits} | {r.files} | {mib(r.peak_rss)} |"
+        )
+    return [*lines, ""]
+
+
+def live_table(results: dict[str, Live | str]) -> list[str]:
+    lines = [
+        "| system | rate | warm-up | window | freshness p50 / p99 / max | records measured "
+        "| commit interval p50 | CPU cores busy | data files | peak RSS "
+        "| rows / produced by the window's end |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for system, r in results.items():
+        if isinstance(r, str):
+            lines.append(f"| {LABELS[system]} | failed: {r.splitlines()[0][:200]} | | | | | | | | | |")
+            continue
+        lines.append(
+            f"| {LABELS[system]} | {r.rate:,.0f}/s "
+            f"| {r.warmup_s:.0f} s{'' if r.caught_up else ' (not caught up)'} | {r.window_s:.0f} s "
+            f"| {fmt(r.p50, '.1f')} / {fmt(r.p99, '.1f')} / {fmt(r.max, '.1f')} s | {r.measured:,} "
+            f"| {fmt(r.interval_p50, '.1f', ' s')} | {r.cpu_cores:.2f} | {r.files} | {mib(r.peak_rss)} "
+            f"| {r.rows:,} / {r.produced:,} |"
+        )
+    return [*lines, ""]
+
+
+def failures(results: Results) -> list[str]:
+    """A section with the full error text (and log tail) of every phase that failed; [] when none did."""
+    failed = [
+        (f"{system} ({phase})", text)
+        for phase, phase_results in (
+            ("~230 B backlog", results.small),
+            ("1 KB backlog", results.large),
+            ("live", results.live),
+        )
+        for system, text in phase_results.items()
+        if isinstance(text, str)
+    ]
+    if not failed:
+        return []
+    lines = ["## Failures", ""]
+    for name, text in failed:
+        lines += [f"### {name}", "", "```", text.strip()[-4000:], "```", ""]
+    return lines
+
+
+def chart(results: Results, path: Path) -> str:
+    """Three panels: records/s, records per CPU-second (small events), freshness of each commit over time."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart: matplotlib is not installed (make bench installs the `bench` extra)"
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    names = [s for s, r in results.small.items() if isinstance(r, Throughput)]
+    small = [r for r in results.small.values() if isinstance(r, Throughput)]
+    short = [s.replace("connect-", "connect\n") for s in names]
+    for axis, values, title, color in (
+        (axes[0], [r.rate for r in small], "records/s on the backlog (~230 B events)", "#4878a8"),
+        (axes[1], [r.per_cpu for r in small], "records per CPU-second (same window)", "#6a9f58"),
+    ):
+        axis.bar(short, [v or 0 for v in values], color=color)
+        for x, v in enumerate(values):
+            if not v:  # one commit took the whole backlog: no window to measure in
+                axis.annotate("n/a", (x, 0), ha="center", va="bottom")
+        axis.set_title(title)
+    for system, r in results.live.items():
+        if isinstance(r, Live) and r.commits:
+            axes[2].plot([c[0] for c in r.commits], [c[2] for c in r.commits], marker="o", label=system)
+    axes[2].set_title("freshness of each commit (max over its records)")
+    axes[2].set_xlabel("seconds since the measuring window began")
+    axes[2].set_ylabel("seconds")
+    axes[2].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    return f"![chart]({path.name})"
+
+
+def versions(ctx: Context) -> dict[str, str]:
+    kafka_jar = sorted(tool_dir("ICEFALL_KAFKA_JARS").glob("kafka-server-[0-9]*.jar"))
+    iceberg_jar = sorted(tool_dir("ICEFALL_SPARK_JARS").glob("iceberg-spark-runtime-*.jar"))
+    out = {
+        "PySpark": version("pyspark"),
+        "Iceberg Spark runtime": iceberg_jar[0].stem if iceberg_jar else "unknown",
+        "pyiceberg": version("pyiceberg"),
+        "pyarrow": version("pyarrow"),
+        "Kafka broker": kafka_jar[0].stem.replace("kafka-server-", "") if kafka_jar else "unknown",
+        "confluent-kafka / librdkafka": f"{version('confluent-kafka')} / {libversion()[0]}",
+    }
+    if any(s.startswith("connect-") for s in ctx.args.systems):
+        with contextlib.suppress(Exception):
+            names = sorted(p.name for p in connect_jars().glob("*.jar"))
+            out["Kafka Connect / Iceberg sink"] = ", ".join(
+                n.removesuffix(".jar")
+                for n in names
+                if n.startswith(("connect-runtime", "iceberg-kafka-connect-1"))
+            )
+    return out
+
+
+def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: str, started: str) -> str:
+    a = ctx.args
+    kind = "a short run (`--quick` or reduced scale)" if a.quick or a.records < 200_000 else "a full run"
+    lines = [
+        "# Icefall against its peers",
+        "",
+        f"`bench/compare.py {' '.join(a.argv)}` started {started}; this is **{kind}**. "
+        "How each figure is measured: the docstring of `bench/compare.py`. One run on a shared machine "
+        "(other work ran on the same 2 cores: see the load averages); compare runs only at similar loads.",
+        "",
+        f"Backlogs: {a.records:,} events of ~230 bytes and {a.large_records:,} of ~1 KB, "
+        f"{PARTITIONS} partitions, "
+        f"preloaded once and read by every system from the start. Live phase: half of Icefall's records/s "
+        f"on the small events, a fresh {PARTITIONS}-partition topic per system.",
+        "",
+        "## Throughput on a preloaded backlog",
+        "",
+        "records/s counts from the first commit to the commit that completed the backlog (start-up and "
+        'the first commit excluded; n/a when one commit took everything); "drain" is process start to '
+        f"all committed. A trickle of {a.trickle:g} records/s goes to the topic meanwhile, for every system: "
+        "without new records the Iceberg sink 1.11.0 never committed the tail of a backlog here (its "
+        "worker answers commit requests only while records arrive; compare apache/iceberg#17811).",
+        "",
+        *throughput_table("~230-byte events", results.small),
+        *throughput_table("~1 KB events", results.large),
+        "## Freshness with a live producer (produce → visible in a committed snapshot of main)",
+        "",
+        *live_table(results.live),
+        "The floor writes files but commits nothing, so it has no freshness (n/a) and no live row.",
+        "",
+        chart_line,
+        "",
+        *failures(results),
+        "## Settings",
+        "",
+        "| system | setting | value |",
+        "|---|---|---|",
+        *(f"| {s} | {k} | {v} |" for s, kv in ctx.settings.items() for k, v in kv.items()),
+        f"| all | pinning | {' '.join(ctx.pin) or 'none (1 core)'} for the system; "
+        "broker and this process on core 0 |",
+        f"| all | freshness target | {a.freshness_target:g} s |",
+        "| all | catalog | SQLite (pyiceberg SqlCatalog / Iceberg JdbcCatalog, catalog name `icefall`), "
+        "local warehouse, one per system run |",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in facts.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- main --------------------------------------------------------------------------------------------
+
+
+def run_all(ctx: Context) -> tuple[Results, dict[str, str]]:
+    a = ctx.args
+    results = Results()
+    ctx.broker.create_topic("events-small", partitions=PARTITIONS)
+    ctx.broker.create_topic("events-1kb", partitions=PARTITIONS)
+    say(f"preloading {a.records:,} small and {a.large_records:,} 1 KB events ...")
+    took = preload(ctx.broker.bootstrap, "events-small", a.records, SMALL_NOTE_WORDS, seed=1)
+    took_large = preload(ctx.broker.bootstrap, "events-1kb", a.large_records, LARGE_NOTE_WORDS, seed=2)
+    produced = {
+        "preload": f"{a.records / took:,.0f} small / {a.large_records / took_large:,.0f} 1 KB events/s"
+    }
+    rate = a.rate
+    for system in a.systems:
+        for variant, topic, count, into in (
+            ("small", "events-small", a.records, results.small),
+            ("1kb", "events-1kb", a.large_records, results.large),
+        ):
+            try:
+                into[system] = throughput(ctx, system, topic, count, variant)
+            except Exception as exc:
+                say(f"{system} ({variant}) FAILED: {exc}")
+                into[system] = str(exc)
+        small = results.small.get(system)
+        if system == "icefall" and isinstance(small, Throughput) and small.rate and not rate:
+            rate = small.rate / 2
+        if system != "floor":
+            try:
+                results.live[system] = live(ctx, system, rate or 2_000)
+            except Exception as exc:
+                say(f"{system} (live) FAILED: {exc}")
+                results.live[system] = str(exc)
+    return results, produced
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=200_000, help="backlog of ~230-byte events")
+    parser.add_argument("--large-records", type=int, default=50_000, help="backlog of ~1 KB events")
+    parser.add_argument(
+        "--seconds", type=float, default=60, help="live window (Connect: at least 1 interval)"
+    )
+    parser.add_argument("--rate", type=float, default=0, help="live rate (default: half of Icefall's)")
+    parser.add_argument(
+        "--trickle",
+        type=float,
+        default=5,
+        help="records/s added during the backlog phases (see the docstring)",
+    )
+    parser.add_argument("--freshness-target", type=float, default=10)
+    parser.add_argument(
+        "--spark-max-offsets", type=int, default=-1, help="maxOffsetsPerTrigger (0: none; default: records/4)"
+    )
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, run in this order")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for a phase")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few minutes: 40,000 + 10,000 records, 30 s live"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--keep", type=Path, help="keep the state (logs, tables) in this new folder")
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    if args.quick:
+        args.records, args.large_records, args.seconds = 40_000, 10_000, 30
+    if args.spark_max_offsets < 0:  # several micro-batches per backlog, so records/s is measurable
+        args.spark_max_offsets = max(args.records // 4, 10_000)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for system in args.systems:
+        if system not in SYSTEMS:
+            parser.error(f"--systems: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    facts = machine_basics()
+    facts["Load average at start (1/5/15 min)"] = load_average()
+    pin: list[str] = []
+    if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
+        os.sched_setaffinity(0, {0})  # this process and the broker it starts: core 0
+        pin = ["taskset", "-c", "1"]
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True)
+            state = str(args.keep.resolve())
+        else:
+            state = stack.enter_context(tempfile.TemporaryDirectory(prefix="icefall-compare-"))
+        say("starting Kafka ...")
+        broker = KafkaBroker(Path(state) / "kafka", heap="1g").start()
+        ctx = Context(broker, args, Path(state), pin)
+        try:
+            results, produced = run_all(ctx)
+        finally:
+            broker.stop()
+        facts.update(versions(ctx))
+    facts["Load average at end (1/5/15 min)"] = load_average()
+    facts["Preload speed (this process, core 0)"] = produced["preload"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    chart_line = chart(results, args.out / "compare.png")
+    text = render(ctx, facts, results, chart_line, started)
+    (args.out / "compare.md").write_text(text)
+    print(text, flush=True)
+    say(f"written to {args.out / 'compare.md'} and {args.out / 'compare.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The benchmarks' pure helpers measure what they claim.
+
+Proves: percentiles interpolate between ranks (and are NaN for nothing); the bench events have the 9
+documented fields, match the schema every system is given, carry the Kafka timestamp in `ts`, and come
+in the two documented sizes; a process tree's CPU at a moment is interpolated between samples; the
+icefall manifest the comparison writes is a valid StreamingTable over that schema.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from icefall.api import load_manifest
+
+pytestmark = pytest.mark.unit
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # compare.py imports `common` by that name, as when run as a script
+    spec.loader.exec_module(module)
+    return module
+
+
+common = _load("common")
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert common.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert common.percentile([5.0], 99) == 5.0
+    assert common.percentile([3.0, 1.0, 2.0], 100) == 3.0
+    assert math.isnan(common.percentile([], 50))
+
+
+def test_events_have_the_documented_fields_sizes_and_timestamp() -> None:
+    names = [f["name"] for f in common.EVENT_SCHEMA]
+    for words, low, high in ((common.SMALL_NOTE_WORDS, 200, 260), (common.LARGE_NOTE_WORDS, 900, 1100)):
+        records = common.bench_records(seed=1, note_words=words)
+        sizes = []
+        for i in range(300):
+            key, value, ts_ms = next(records)
+            event = json.loads(value)
+            assert list(event) == names and len(names) == 9
+            assert event["id"] == i and event["key"] == key
+            assert event["ts"] == common.iso_ms(ts_ms)
+            assert set(event["shipping"]) == {"street", "city", "country"}
+            sizes.append(len(value))
+        assert low <= sum(sizes) / len(sizes) <= high
+
+
+def test_events_are_seeded() -> None:
+    first = common.bench_event(7, random.Random(3), 0, 2)
+    again = common.bench_event(7, random.Random(3), 0, 2)
+    assert first == again
+
+
+def test_cpu_at_interpolates_between_samples() -> None:
+    monitor = common.TreeMonitor(root=0)
+    monitor.samples = [common.TreeSample(10.0, 1.0, 100), common.TreeSample(12.0, 3.0, 300)]
+    assert monitor.cpu_at(11.0) == 2.0
+    assert monitor.cpu_at(5.0) == 1.0
+    assert monitor.cpu_at(20.0) == 3.0
+    assert monitor.peak_rss == 300
+
+
+def test_the_icefall_manifest_is_a_valid_streaming_table() -> None:
+    import yaml
+
+    compare = _load("compare")
+
+    class Broker:
+        bootstrap = "127.0.0.1:9092"
+
+    class Args:
+        freshness_target = 10.0
+
+    ctx = compare.Context(broker=Broker(), args=Args(), state=Path("/nonexistent"), pin=[])
+    st = load_manifest(yaml.safe_dump(compare.icefall_manifest(ctx, "events-small")))
+    assert st.spec.source.topic == "events-small"
+    assert st.table_identifier == compare.TABLE
+    assert [f.name for f in st.spec.format.schema_fields] == [f["name"] for f in common.EVENT_SCHEMA]
