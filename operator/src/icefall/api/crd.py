@@ -61,7 +61,7 @@ from pydantic_core import core_schema
 from icefall.api.schema import NESTED_TYPES, PRIMITIVE_TYPES, TIME_UNSUPPORTED_MESSAGE
 from icefall.api.source import MANAGED_CONSUMER_PROPERTIES
 from icefall.api.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, StreamingTable
-from icefall.api.table import _SQL_URI_RE, _URI_PASSWORD_RE, RESERVED_PROPERTY_PREFIX
+from icefall.api.table import RESERVED_PROPERTY_PREFIX, SQL_URI_RE, URI_PASSWORD_RE
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_PATH = f"crds/{CRD_NAME}.yaml"
@@ -337,7 +337,7 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".warehouse",
         ),
         Rule(
-            f"self.type != 'sql' || self.uri.matches({_cel_regex(_SQL_URI_RE)})",
+            f"self.type != 'sql' || self.uri.matches({_cel_regex(SQL_URI_RE)})",
             message=(
                 "a sql catalog URI is a database URL such as postgresql://host:5432/db "
                 "or sqlite:////path/catalog.db"
@@ -350,7 +350,7 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".uri",
         ),
         Rule(
-            f"!self.uri.matches({_cel_regex(_URI_PASSWORD_RE)})",
+            f"!self.uri.matches({_cel_regex(URI_PASSWORD_RE)})",
             message=(
                 "the URI carries a password; remove it and reference the password in "
                 "secretProperties.password"

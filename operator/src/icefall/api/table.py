@@ -215,8 +215,9 @@ class CatalogType(StrEnum):
     REST = "rest"
 
 
-_SQL_URI_RE = re.compile(r"^(jdbc:)?(sqlite|postgresql|postgres|mysql)(\+[a-z0-9]+)?:")
-_URI_PASSWORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.:-]*://[^/@\s]*:[^/@\s]*@|[?&;]password=", re.IGNORECASE)
+# Shared with api/crd.py, which turns them into the CRD's CEL rules (one definition for both checks).
+SQL_URI_RE = re.compile(r"^(jdbc:)?(sqlite|postgresql|postgres|mysql)(\+[a-z0-9]+)?:")
+URI_PASSWORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.:-]*://[^/@\s]*:[^/@\s]*@|[?&;]password=", re.IGNORECASE)
 
 
 class CatalogSpec(ApiModel):
@@ -262,7 +263,7 @@ class CatalogSpec(ApiModel):
     @model_validator(mode="after")
     def _consistent(self) -> CatalogSpec:
         problems = ProblemCollector()
-        if _URI_PASSWORD_RE.search(self.uri):
+        if URI_PASSWORD_RE.search(self.uri):
             problems.add(
                 ("uri",),
                 "the URI carries a password; remove it and reference the password in "
@@ -271,7 +272,7 @@ class CatalogSpec(ApiModel):
         if self.type is CatalogType.REST and not self.uri.startswith(("http://", "https://")):
             problems.add(("uri",), "a rest catalog URI starts with http:// or https://")
         if self.type is CatalogType.SQL:
-            if not _SQL_URI_RE.match(self.uri):
+            if not SQL_URI_RE.match(self.uri):
                 problems.add(
                     ("uri",),
                     "a sql catalog URI is a database URL such as postgresql://host:5432/db "
