@@ -143,6 +143,11 @@ class TreeMonitor:
 # --- the machine -------------------------------------------------------------------------------------
 
 
+def machine_section(facts: dict[str, str]) -> list[str]:
+    """The results' closing "## Machine" table, as markdown lines."""
+    return ["## Machine", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in facts.items()), ""]
+
+
 def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 

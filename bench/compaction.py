@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from common import load_average, machine_section, percentile
 from ingest import CasTimer, machine  # bench/ingest.py: the house helpers
 from pyiceberg.manifest import ManifestContent
 
@@ -73,21 +74,6 @@ CHECKPOINTS = 10
 
 def say(text: str) -> None:
     print(f"[bench] {text}", flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100), linear between closest ranks; NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 @dataclass(frozen=True)
@@ -383,15 +369,7 @@ def render(args: argparse.Namespace, facts: dict[str, str], arms: list[Arm]) -> 
             ),
             "",
         ]
-    lines += [
-        "## Machine",
-        "",
-        "| | |",
-        "|---|---|",
-        *(f"| {name} | {value} |" for name, value in facts.items()),
-        "",
-    ]
-    return "\n".join(lines)
+    return "\n".join([*lines, *machine_section(facts)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,7 @@ from common import (
     bench_records,
     load_average,
     machine_basics,
+    machine_section,
     percentile,
 )
 from confluent_kafka import Producer, libversion
@@ -828,12 +829,7 @@ def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: st
         "| all | catalog | SQLite (pyiceberg SqlCatalog / Iceberg JdbcCatalog, catalog name `icefall`), "
         "local warehouse, one per system run |",
         "",
-        "## Machine",
-        "",
-        "| | |",
-        "|---|---|",
-        *(f"| {k} | {v} |" for k, v in facts.items()),
-        "",
+        *machine_section(facts),
     ]
     return "\n".join(lines)
 

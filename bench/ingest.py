@@ -44,7 +44,15 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from common import cpu_seconds, descendants, load_average, machine_basics, percentile, proc_stat
+from common import (
+    cpu_seconds,
+    descendants,
+    load_average,
+    machine_basics,
+    machine_section,
+    percentile,
+    proc_stat,
+)
 from confluent_kafka import Producer, libversion
 
 from icefall.api import StreamingTable, load_manifest
@@ -341,12 +349,7 @@ def render(args: argparse.Namespace, facts: dict[str, str], rows: list[tuple[str
         "|---|---|",
         *(f"| {name} | {value} |" for name, value in rows),
         "",
-        "## Machine",
-        "",
-        "| | |",
-        "|---|---|",
-        *(f"| {name} | {value} |" for name, value in facts.items()),
-        "",
+        *machine_section(facts),
     ]
     return "\n".join(lines)
 
