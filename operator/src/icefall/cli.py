@@ -152,50 +152,65 @@ def _ingest_until_stopped(
     return code
 
 
-def _ingest(args: argparse.Namespace) -> int:
-    """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
-    import json
-
+def _from_api(namespace: str, name: str) -> tuple[Any, Any]:
+    """The pods' view: an API client and the StreamingTable `namespace/name`, which must name a catalog."""
     from icefall.api import ManifestError, streaming_table_from_object
-    from icefall.commit.kube_lease import KubernetesLease
     from icefall.controller.handlers import api_client
     from icefall.controller.kube import Kube
-    from icefall.plan.children import ENV_POD_NAME, ENV_SPARK_CONF
-    from icefall.plan.leases import commit_lease_name
-    from icefall.spark.session import build_spark_session
 
     api = api_client()
     try:
-        st = streaming_table_from_object(Kube(api).get_streaming_table(args.namespace, args.name))
+        st = streaming_table_from_object(Kube(api).get_streaming_table(namespace, name))
     except ManifestError as error:
-        raise SystemExit(f"StreamingTable {args.namespace}/{args.name} is not valid:\n{error}") from None
+        raise SystemExit(f"StreamingTable {namespace}/{name} is not valid:\n{error}") from None
     if st.spec.table.catalog is None:
         raise SystemExit("spec.table.catalog is required in a cluster: the embedded catalog is pod-local")
+    return api, st
+
+
+def _pod_holder() -> str:
+    """A Lease holder identity: the pod's name when the operator's pod spec gives it."""
+    from icefall.plan.children import ENV_POD_NAME
+
+    return os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _pod_spark(catalog: Any, default_app: str, default_master: str) -> Any:
+    """The SparkSession a pod runs, with the Spark conf the operator rendered into its environment."""
+    import json
+
+    from icefall.plan.children import ENV_SPARK_CONF
+    from icefall.spark.session import build_spark_session
+
+    conf: dict[str, str] = json.loads(os.environ.get(ENV_SPARK_CONF) or "{}")
+    return build_spark_session(
+        [catalog],
+        app_name=conf.get("spark.app.name", default_app),
+        master=conf.get("spark.master", default_master),
+        extra_conf=conf,
+    )
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
+    from icefall.commit.kube_lease import KubernetesLease
+    from icefall.plan.leases import commit_lease_name
+
+    api, st = _from_api(args.namespace, args.name)
     catalog = _catalog_for(st, Path(args.state_dir).resolve())
     catalog.pyiceberg()
-    conf: dict[str, str] = json.loads(os.environ.get(ENV_SPARK_CONF) or "{}")
     print(
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
     )
-    spark = build_spark_session(
-        [catalog],
-        app_name=conf.get("spark.app.name", f"icefall-{st.metadata.name}"),
-        master=conf.get("spark.master", "local[2]"),
-        extra_conf=conf,
-    )
-    holder = os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
-    lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), holder)
+    spark = _pod_spark(catalog, f"icefall-{st.metadata.name}", "local[2]")
+    lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), _pod_holder())
     return _ingest_until_stopped(st, catalog, spark, lease, args)
 
 
 def _compact(args: argparse.Namespace) -> int:
     """The compaction pods' entry point (`--namespace/--name`: the StreamingTable from the API, work Leases
     in Kubernetes) and its local twin (`-f`: a manifest, work Leases as files in `--state-dir`)."""
-    import json
-
     from icefall.compact.runner import file_leases, runner_for, serve
-    from icefall.plan.children import ENV_POD_NAME, ENV_SPARK_CONF
-    from icefall.spark.session import build_spark_session
 
     if bool(args.file) == bool(args.namespace and args.name):
         raise SystemExit("give either -f <manifest> or --namespace and --name")
@@ -204,20 +219,11 @@ def _compact(args: argparse.Namespace) -> int:
         st = _load(args)
         leases = file_leases(state / "leases")
     else:
-        from icefall.api import ManifestError, streaming_table_from_object
         from icefall.commit.kube_lease import KubernetesLease
         from icefall.compact.runner import WORK_LEASE_SECONDS
-        from icefall.controller.handlers import api_client
-        from icefall.controller.kube import Kube
 
-        api = api_client()
-        try:
-            st = streaming_table_from_object(Kube(api).get_streaming_table(args.namespace, args.name))
-        except ManifestError as error:
-            raise SystemExit(f"StreamingTable {args.namespace}/{args.name} is not valid:\n{error}") from None
-        if st.spec.table.catalog is None:
-            raise SystemExit("spec.table.catalog is required in a cluster: the embedded catalog is pod-local")
-        holder = os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
+        api, st = _from_api(args.namespace, args.name)
+        holder = _pod_holder()
 
         def leases(name: str) -> Any:
             return KubernetesLease(api, args.namespace, name, holder, duration_seconds=WORK_LEASE_SECONDS)
@@ -230,13 +236,7 @@ def _compact(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port)
     catalog = _catalog_for(st, state)
     catalog.pyiceberg()
-    conf: dict[str, str] = json.loads(os.environ.get(ENV_SPARK_CONF) or "{}")
-    spark = build_spark_session(
-        [catalog],
-        app_name=conf.get("spark.app.name", f"icefall-{st.metadata.name}-compact"),
-        master=conf.get("spark.master", args.master),
-        extra_conf=conf,
-    )
+    spark = _pod_spark(catalog, f"icefall-{st.metadata.name}-compact", args.master)
     try:
         return serve(runner_for(st, catalog, spark, leases), once=args.once, idle_seconds=args.idle_seconds)
     finally:
