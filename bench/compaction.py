@@ -8,29 +8,31 @@ The issue's setting is one hour of 5-second commits: `--commits 720 --interval 5
 and the snapshot-expiry age below shrinks with it; the output says which setting ran.
 
 Starts the local Kafka broker (devstack), an embedded catalog in a temporary folder and local Spark
-(`local[2]`), and runs two arms one after the other, each on its own topic and table built from
-`examples/orders.yaml` (day partitions, ~230-byte order events of `icefall.devstack.events` produced at
-R / S records/s, so every commit lands in the one hot day partition; when a batch takes longer than S,
-commits come back to back and each carries more than R records: the output shows the mean):
+(`local[2]`), and runs two arms AT THE SAME TIME (so both see the same machine), each on its own topic and
+table built from `examples/orders.yaml` (day partitions, ~230-byte order events of
+`icefall.devstack.events` produced at R / S records/s, so every commit lands in the one hot day partition;
+when a batch takes longer than S, commits come back to back and each carries more than R records: the
+output shows the mean). Each arm runs the real `Ingestor` in its own thread, one `run_batch()` every S
+seconds:
 
-- **without compaction**: only the real `Ingestor`, one `run_batch()` every S seconds;
-- **with compaction**: the same, while a maintenance thread of the same process and Spark session runs
-  Iceberg's Spark procedures every S seconds: `rewrite_data_files` (partitions with at least 5 files), and
-  every 10th round `rewrite_manifests` and `expire_snapshots` (older than 60 x S, keeping the last 10).
-  Orphan removal is off (its safety window is an hour). The project's worker (`icefall.compact`) is not
-  used: its `run_item(CompactPartition)` failed intermittently from a thread other than the one that made
-  the SparkSession (`Py4JError: SparkTableCache.get does not exist in the JVM`), and the benchmark has to
-  run maintenance concurrently with ingestion, as the compaction pods do.
+- **without compaction**: ingestion only; nothing else touches the table;
+- **with compaction**: the same, beside the project's compaction worker as its own process, exactly as a
+  compaction pod runs it: `icefall compact -f <the arm's manifest> --idle-seconds S --master local[1]`
+  (its own Spark, file work Leases, the same SQLite catalog). The arm's `spec.compaction` expires
+  snapshots older than 60 x S (5 minutes at S = 5) keeping the last 10; everything else is the default
+  policy (compact a partition at 5 small files, rewrite manifests past 100, orphans only after an hour).
 
 At 10 checkpoints (and at the end) of each arm, ingestion pauses (the schedule shifts by the pause) and this
 is measured on `main`: data files per partition (max) and in total, snapshots, the metadata file's size,
 the time Spark takes for `SELECT count(*)` and for a full scan (`SELECT sum(hash(*))` over every column),
 and the time pyiceberg takes for a full scan to Arrow (`table.scan().to_arrow()`; DuckDB's Iceberg reader
-would need an extension download, so DuckDB is not used). Commit latency: "CAS" is
-`commit_staged_outcome` alone (the compare-and-swap of `main`, or the re-stage over maintenance), "batch"
+would need an extension download, so DuckDB is not used). The two arms never measure at the same time.
+Commit latency: "CAS" is `BatchReport.commit_seconds`, `commit_staged_outcome` alone (the
+compare-and-swap of `main`, or the re-stage over maintenance), "batch"
 is `BatchReport.seconds` (plan, Kafka read, Spark write to the staging branch, CAS); both compared between
 the first and the last decile of the arm's commits (medians): a ratio well above 1 is drift. Also
-counted: commits re-staged over maintenance, and ingestion commits that failed because of it (must be 0).
+counted: commits re-staged over maintenance, ingestion commits that failed because of it (must be 0), and
+the worker's items by kind and outcome (its `icefall_maintenance_items_total`, read from its metrics port).
 
 Results go to bench/results/compaction.md (or `--out`) and stdout, with the load average at the start and
 end of each arm: the machine is shared, so compare runs only under similar load. Nothing here asserts.
@@ -39,19 +41,26 @@ end of each arm: the machine is shared, so compare runs only under similar load.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from common import load_average, machine_section, percentile
-from ingest import CasTimer, machine  # bench/ingest.py: the house helpers
+from ingest import machine  # bench/ingest.py: the house helpers
+from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.manifest import ManifestContent
 
 from icefall import metrics
@@ -96,7 +105,7 @@ class Arm:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     reports: list[BatchReport] = field(default_factory=list)
     cas_seconds: list[float] = field(default_factory=list)
-    maintenance: Counter[str] = field(default_factory=Counter)  # "<kind> <outcome>" → count
+    maintenance: Counter[str] = field(default_factory=Counter)  # the worker's "<kind> <outcome>" → count
     restaged: float = 0.0
     refused: Counter[str] = field(default_factory=Counter)  # ingestion commits refused, by cause
     seconds: float = 0.0
@@ -104,15 +113,86 @@ class Arm:
     load_end: str = ""
 
 
-def manifest_for(bootstrap: str, topic: str, table: str) -> StreamingTable:
+def manifest_for(bootstrap: str, topic: str, table: str, interval: float) -> StreamingTable:
     st = load_manifest(MANIFEST)
     spec = st.spec
     source = spec.source.model_copy(update={"bootstrap_servers": bootstrap, "topic": topic})
     table_spec = spec.table.model_copy(update={"name": table})
     batch = spec.batch.model_copy(update={"min_interval_seconds": 0})  # this benchmark paces the commits
-    spec = spec.model_copy(update={"source": source, "table": table_spec, "batch": batch})
+    compaction = spec.compaction.model_copy(
+        update={"max_snapshot_age_seconds": int(60 * interval), "min_snapshots_to_keep": 10}
+    )
+    spec = spec.model_copy(
+        update={"source": source, "table": table_spec, "batch": batch, "compaction": compaction}
+    )
     meta = st.metadata.model_copy(update={"name": table.replace("_", "-")})
     return st.model_copy(update={"spec": spec, "metadata": meta})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Worker:
+    """`icefall compact -f` as its own process, as a compaction pod runs it."""
+
+    process: subprocess.Popen[bytes]
+    metrics_port: int
+    log: Path
+
+    @classmethod
+    def start(cls, st: StreamingTable, lake: Path, interval: float) -> Worker:
+        manifest = lake.parent / f"{st.metadata.name}.yaml"
+        manifest.write_text(yaml.safe_dump(st.model_dump(mode="json", by_alias=True, exclude_none=True)))
+        port = free_port()
+        log = lake.parent / f"{st.metadata.name}-compact.log"
+        command = [
+            *(
+                ["taskset", "-c", os.environ["BENCH_WORKER_CPUS"]]
+                if os.environ.get("BENCH_WORKER_CPUS")
+                else []
+            ),
+            str(Path(sys.executable).parent / "icefall"),
+            "compact",
+            "-f",
+            str(manifest),
+            "--state-dir",
+            str(lake),
+            "--idle-seconds",
+            f"{interval:g}",
+            "--master",
+            "local[1]",
+            "--metrics-port",
+            str(port),
+        ]
+        with log.open("wb") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        return cls(process, port, log)
+
+    def items(self) -> Counter[str]:
+        """The worker's `icefall_maintenance_items_total` as "<kind> <outcome>" → count."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        counts: Counter[str] = Counter()
+        for family in text_string_to_metric_families(text):
+            if family.name == "icefall_maintenance_items":
+                for sample in family.samples:
+                    if sample.name.endswith("_total") and sample.value:
+                        counts[f"{sample.labels['kind']} {sample.labels['outcome']}"] += int(sample.value)
+        return counts
+
+    def stop(self) -> int:
+        """SIGTERM (the item in flight finishes first), then the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(300)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
 
 
 def measure(spark: Any, catalog: CatalogConfig, st: StreamingTable, commits: int) -> Checkpoint:
@@ -157,39 +237,27 @@ def run_arm(
     spark: Any,
     catalog: CatalogConfig,
     state: Path,
-    cas: CasTimer,
+    measuring: threading.Lock,
+    interrupted: threading.Event,
 ) -> None:
     topic = f"orders-{arm.name}"
     broker.create_topic(topic, partitions=PARTITIONS)
-    st = manifest_for(broker.bootstrap, topic, f"orders_{arm.name}")
+    st = manifest_for(broker.bootstrap, topic, f"orders_{arm.name}", args.interval)
     label = ".".join(st.table_identifier)
     lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), f"bench-{arm.name}")
     ingestor = Ingestor(st, catalog, spark, lease)
-    ingestor.start(lease_timeout=30)
+    ingestor.start(lease_timeout=30)  # creates the table before the worker looks for it
     rate = args.records_per_commit / args.interval
     producer = EventProducer(broker.bootstrap, topic, rate, seed=11)
-    stop = threading.Event()
-    maintenance: threading.Thread | None = None
-    if arm.compaction:
-        maintenance = threading.Thread(
-            target=maintain,
-            args=(spark, catalog, st, arm),
-            kwargs={"interval": args.interval, "stop": stop},
-            name="maintenance",
-            daemon=True,
-        )
+    worker = Worker.start(st, catalog.database.parent, args.interval) if arm.compaction else None
     restaged_before = restaged_commits(label)
     every = max(args.commits // CHECKPOINTS, 1)
     arm.load_start = load_average()
     producer.start()
     time.sleep(min(args.interval, 2.0))  # the first batch has records to read
-    if maintenance is not None:
-        maintenance.start()
     started = next_at = time.monotonic()
-    cas.take()
     try:
-        while len(arm.reports) < args.commits:
-            time.sleep(max(next_at - time.monotonic(), 0))
+        while len(arm.reports) < args.commits and not interrupted.wait(max(next_at - time.monotonic(), 0)):
             next_at += args.interval
             try:
                 report = ingestor.run_batch()
@@ -201,10 +269,11 @@ def run_arm(
             if report is None:
                 continue  # nothing arrived yet: try at the next tick
             arm.reports.append(report)
-            arm.cas_seconds += cas.take()
+            arm.cas_seconds.append(report.commit_seconds)
             if len(arm.reports) % every == 0 or len(arm.reports) == args.commits:
                 paused = time.monotonic()
-                arm.checkpoints.append(measure(spark, catalog, st, len(arm.reports)))
+                with measuring:  # one arm's reads never compete with the other's
+                    arm.checkpoints.append(measure(spark, catalog, st, len(arm.reports)))
                 next_at += time.monotonic() - paused
                 last = arm.checkpoints[-1]
                 say(
@@ -213,53 +282,26 @@ def run_arm(
                     f"snapshots {last.snapshots}, Spark count {last.spark_count_seconds:.2f} s, "
                     f"scan {last.spark_scan_seconds:.2f} s, pyiceberg {last.pyiceberg_scan_seconds:.2f} s"
                 )
+            if worker is not None and worker.process.poll() is not None:
+                raise RuntimeError(
+                    f"the compaction worker exited ({worker.process.returncode}): {worker.log}"
+                )
     finally:
         arm.seconds = time.monotonic() - started
-        stop.set()
         producer.stop()
-        if maintenance is not None:
-            maintenance.join(120)
+        if worker is not None:
+            try:
+                arm.maintenance = worker.items()
+            except OSError as error:
+                say(f"{arm.name}: could not read the worker's metrics: {error}")
+            code = worker.stop()
+            failures = [line for line in worker.log.read_text().splitlines() if " failed" in line]
+            say(f"{arm.name}: worker exit {code}; {len(failures)} failed items in its log")
+            for line in failures[-5:]:
+                say(f"  {line[:300]}")
         ingestor.close()
     arm.load_end = load_average()
     arm.restaged = restaged_commits(label) - restaged_before
-
-
-def maintain(
-    spark: Any,
-    catalog: CatalogConfig,
-    st: StreamingTable,
-    arm: Arm,
-    *,
-    interval: float,
-    stop: threading.Event,
-) -> None:
-    """Iceberg's maintenance procedures on `st`'s table every `interval` seconds until `stop` (module doc)."""
-    ident = ".".join(st.table_identifier)
-    procedures = f"{catalog.name}.system"
-    rounds = 0
-    while not stop.wait(interval):
-        rounds += 1
-        calls = [("rewrite_data_files", f"table => '{ident}', options => map('min-input-files', '5')")]
-        if rounds % 10 == 0:
-            cutoff = datetime.fromtimestamp(time.time() - 60 * interval, UTC).strftime("%Y-%m-%d %H:%M:%S")
-            calls += [
-                ("rewrite_manifests", f"table => '{ident}'"),
-                (
-                    "expire_snapshots",
-                    f"table => '{ident}', older_than => TIMESTAMP '{cutoff}', retain_last => 10",
-                ),
-            ]
-        for procedure, arguments in calls:
-            try:
-                result = spark.sql(f"CALL {procedures}.{procedure}({arguments})").collect()
-            except Exception as error:  # counted; the next round tries again
-                arm.maintenance[f"{procedure} failed"] += 1
-                lines = str(error).splitlines()
-                why = next((line for line in lines[1:] if "Exception" in line), lines[0] if lines else "")
-                say(f"{arm.name}: {procedure} failed: {why.strip()[:300]}")
-                continue
-            changed = bool(result) and any(bool(value) for value in result[0].asDict().values())
-            arm.maintenance[f"{procedure} {'done' if changed else 'nothing to do'}"] += 1
 
 
 def restaged_commits(label: str) -> float:
@@ -300,7 +342,7 @@ def render(args: argparse.Namespace, facts: dict[str, str], arms: list[Arm]) -> 
             else " — the issue's one hour of 5-second commits."
         ),
         "What is measured and how: the docstring of `bench/compaction.py`. One run on a shared 2-core "
-        "machine (other Spark/Kafka jobs were running: see the load averages); compare runs only under "
+        "machine, both arms at the same time (the load averages show what else ran); compare runs only under "
         "similar load.",
         "",
         "## Summary",
@@ -348,7 +390,7 @@ def render(args: argparse.Namespace, facts: dict[str, str], arms: list[Arm]) -> 
             lambda a: f"{a.refused['because of maintenance']} / {a.refused['stale']}",
         ),
         row(
-            "maintenance procedure calls (outcome: n)",
+            "worker items (kind outcome: n)",
             lambda a: ", ".join(f"{k}: {n}" for k, n in sorted(a.maintenance.items())) or "none",
         ),
         row("load average at start → end", lambda a: f"{a.load_start} → {a.load_end}"),
@@ -393,14 +435,35 @@ def main(argv: list[str] | None = None) -> int:
             catalog.pyiceberg()
             say("starting Spark (local[2]) ...")
             spark = build_spark_session([catalog], app_name="icefall-bench-compaction", master="local[2]")
-            cas = CasTimer()
-            cas.install()
+            measuring, interrupted = threading.Lock(), threading.Event()
+
+            def run(arm: Arm) -> None:
+                say(f"arm {arm.name}: {args.commits} commits every {args.interval:g} s ...")
+                try:
+                    run_arm(
+                        args,
+                        arm,
+                        broker=broker,
+                        spark=spark,
+                        catalog=catalog,
+                        state=state,
+                        measuring=measuring,
+                        interrupted=interrupted,
+                    )
+                except Exception as error:  # the other arm goes on; this one reports what it measured
+                    say(f"arm {arm.name} stopped: {error!r}")
+
+            threads = [threading.Thread(target=run, args=(arm,), name=arm.name) for arm in arms]
             try:
-                for arm in arms:
-                    say(f"arm {arm.name}: {args.commits} commits every {args.interval:g} s ...")
-                    run_arm(args, arm, broker=broker, spark=spark, catalog=catalog, state=state, cas=cas)
+                for thread in threads:
+                    thread.start()
+                while any(thread.is_alive() for thread in threads):
+                    threads[0].join(1.0) if threads[0].is_alive() else threads[-1].join(1.0)
             except KeyboardInterrupt:  # Ctrl-C / SIGINT: report what was measured so far
-                say("interrupted: writing the results measured so far")
+                say("interrupted: finishing the current batches, then writing the results measured so far")
+                interrupted.set()
+                for thread in threads:
+                    thread.join()
             finally:
                 spark.stop()
         finally:

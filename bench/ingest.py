@@ -20,9 +20,8 @@ fed with the seeded ~230-byte order events of `icefall.devstack.events`. Two pha
     figure against `snapshot.timestamp_ms` (when Spark wrote the staged snapshot, before the
     fast-forward) is shown too.
 
-Commit latency: "CAS" is `commit_staged_outcome` alone (the compare-and-swap of `main`), timed by wrapping it
-as the engine module sees it; "write + commit" is `BatchReport.commit_seconds` (staging branch, Spark decode
-and write, CAS); "batch" is `BatchReport.seconds` (watermarks, planning, read, write, commit).
+Commit latency: "CAS" is `BatchReport.commit_seconds`, `commit_staged_outcome` alone (the compare-and-swap
+of `main`); "batch" is `BatchReport.seconds` (watermarks, planning, read, write, commit).
 
 Results go to bench/results/ingest.md and stdout. The numbers depend on what else runs on the machine:
 the load average at the start is recorded with them. Nothing here asserts on time.
@@ -36,7 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -61,7 +60,6 @@ from icefall.commit.lease import FileLease
 from icefall.devstack.events import EventProducer, order_values
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tools import tool_dir
-from icefall.ingest import engine
 from icefall.ingest.engine import BatchReport, Ingestor
 from icefall.plan.leases import commit_lease_name
 from icefall.spark.session import build_spark_session
@@ -95,29 +93,6 @@ class ProcessCpu:
             if stat is not None:  # utime, stime, and its own reaped children's cutime, cstime
                 total += cpu_seconds(stat)
         return total
-
-
-@dataclass
-class CasTimer:
-    """Times `commit_staged_outcome` (the compare-and-swap of main) as the engine calls it."""
-
-    seconds: list[float] = field(default_factory=list)
-
-    def install(self) -> None:
-        original = engine.commit_staged_outcome
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.monotonic()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.seconds.append(time.monotonic() - started)
-
-        engine.commit_staged_outcome = timed
-
-    def take(self) -> list[float]:
-        taken, self.seconds = self.seconds, []
-        return taken
 
 
 # --- driving -----------------------------------------------------------------------------------------
@@ -267,8 +242,6 @@ def run(args: argparse.Namespace, state: Path) -> tuple[dict[str, str], list[tup
 def phases(
     args: argparse.Namespace, broker: KafkaBroker, spark: Any, ingestor: Ingestor
 ) -> list[tuple[str, str]]:
-    cas = CasTimer()
-    cas.install()
     cpu = ProcessCpu(spark.sparkContext._gateway.proc.pid)  # the spark-submit launcher, then the JVM
     rows: list[tuple[str, str]] = []
 
@@ -276,7 +249,6 @@ def phases(
     say(f"(a) warm-up: {warmup:,} records")
     preload(broker.bootstrap, warmup, seed=1)
     until_caught_up(ingestor)
-    cas.take()
 
     say(f"(a) preloading {args.records:,} records ...")
     preload(broker.bootstrap, args.records, seed=2)
@@ -292,8 +264,7 @@ def phases(
         ("records per CPU-second (driver + Spark JVM)", f"{records / cpu_used:,.0f}"),
         ("CPU cores busy on average", f"{cpu_used / wall:.2f} (CPU {cpu_used:.1f} s over {wall:.1f} s)"),
         ("batches", describe_batches(reports)),
-        ("commit (CAS of main) p50 / p99", latency_ms(cas.take())),
-        ("write + commit p50 / p99", seconds_pair([r.commit_seconds for r in reports])),
+        ("commit (CAS of main) p50 / p99", latency_ms([r.commit_seconds for r in reports])),
         ("batch p50 / p99", seconds_pair([r.seconds for r in reports])),
     ]
     say(f"(a) {full_rps:,.0f} records/s, {records / cpu_used:,.0f} records per CPU-second")
@@ -318,7 +289,6 @@ def phases(
             f"WARNING: {producer.acked} records acknowledged ({producer.errors} errors) but "
             f"{fresh.rows_after_start} rows of the live phase found in the table"
         )
-    live_cas = cas.take()
     rows += [
         (
             "**(b) live stream at half the full-speed rate**",
@@ -329,8 +299,7 @@ def phases(
         ("freshness max (produce → main fast-forward)", f"{max(fresh.visible, default=float('nan')):.2f} s"),
         ("records measured", f"{len(fresh.visible):,} of {producer.acked:,} produced"),
         ("batches", describe_batches(live)),
-        ("commit (CAS of main) p50 / p99", latency_ms(live_cas)),
-        ("write + commit p50 / p99", seconds_pair([r.commit_seconds for r in live])),
+        ("commit (CAS of main) p50 / p99", latency_ms([r.commit_seconds for r in live])),
         ("batch p50 / p99", seconds_pair([r.seconds for r in live])),
     ]
     return rows
