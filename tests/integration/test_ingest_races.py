@@ -165,7 +165,7 @@ class BlindLease:
     def renew(self) -> None:
         pass
 
-    def release(self) -> None:
+    def release(self, *, forget: bool = False) -> None:
         pass
 
     def current(self) -> LeaseRecord | None:

@@ -156,6 +156,26 @@ def test_release_lets_another_holder_acquire_at_once(api: client.ApiClient, name
         restarted_a.acquire(timeout=0)
 
 
+def test_a_forgotten_lease_is_deleted_unless_someone_took_it(api: client.ApiClient, name: str) -> None:
+    clock = FakeClock()
+    a, b = lease(api, name, "worker-a", clock), lease(api, name, "worker-b", clock)
+    a.acquire(timeout=0)
+    a.release(forget=True)
+    with pytest.raises(client.ApiException) as gone:
+        stored(api, name)
+    assert gone.value.status == 404
+    a.acquire(timeout=0)  # created anew
+    real_delete = a._delete
+
+    def delete_after_b_took_it(version: dict[str, Any] | None) -> None:
+        b.acquire(timeout=0)  # between a's release and its delete: the delete's precondition fails
+        real_delete(version)
+
+    a._delete = delete_after_b_took_it  # type: ignore[method-assign]
+    a.release(forget=True)
+    assert stored(api, name).spec.holder_identity == "worker-b"
+
+
 class Interfering(KubernetesLease):
     """Runs `meddle` once, right after its first read: another writer gets in between read and write."""
 

@@ -164,8 +164,8 @@ class FakeLease:
     def renew(self) -> None:
         pass
 
-    def release(self) -> None:
-        self.log.append(f"release {self.name}")
+    def release(self, *, forget: bool = False) -> None:
+        self.log.append(f"{'release+forget' if forget else 'release'} {self.name}")
 
 
 class PlannedRunner(MaintenanceRunner):
@@ -201,7 +201,7 @@ def test_runner_claims_the_first_free_item_and_releases_it() -> None:
     step = runner.step()
     assert ran == [ORPHANS] and step.item == ORPHANS and step.busy == 1 and step.ran
     key = work_key("t", ORPHANS)
-    assert log == [f"acquire {key}", f"release {key}"]
+    assert log == [f"acquire {key}", f"release+forget {key}"]
 
 
 def test_runner_returns_failures_and_still_releases() -> None:
@@ -213,7 +213,7 @@ def test_runner_returns_failures_and_still_releases() -> None:
     step = PlannedRunner([EXPIRY], fail, set(), log).step()
     assert step.item == EXPIRY and step.result is None
     assert step.error is not None and "validation failed" in step.error
-    assert log[-1] == f"release {work_key('t', EXPIRY)}"
+    assert log[-1] == f"release+forget {work_key('t', EXPIRY)}"
 
 
 def test_runner_with_nothing_to_do() -> None:
@@ -263,8 +263,8 @@ def test_compaction_pods_may_use_work_leases() -> None:
     rules = compaction_rules(st)
     unnamed = [r for r in rules if r["resources"] == ["leases"] and "resourceNames" not in r]
     verbs = {v for r in unnamed for v in r["verbs"]}
-    assert {"get", "update", "create"} <= verbs
-    assert not any("delete" in r["verbs"] or "list" in r["verbs"] for r in rules)
+    assert {"get", "update", "create", "delete"} <= verbs  # delete: released work Leases are removed
+    assert not any("list" in r["verbs"] or "watch" in r["verbs"] for r in rules)
 
 
 def test_the_compaction_deployment_command_parses() -> None:

@@ -144,6 +144,30 @@ def test_a_file_lease_held_by_an_exited_local_process_is_taken_without_waiting(t
     assert clock.slept == []
 
 
+def test_a_forgotten_file_lease_is_removed_unless_someone_took_it(tmp_path: Path) -> None:
+    clock = FakeClock()
+    path = tmp_path / "work.lease.json"
+    a = FileLease(path, "a", duration_seconds=DURATION, clock=clock)
+    a.acquire(timeout=0)
+    a.release(forget=True)
+    assert not path.exists()
+    b = FileLease(path, "b", duration_seconds=DURATION, clock=clock)
+    assert b.acquire(timeout=0) == 1  # a new start: work Leases fence nothing
+
+    b.release()
+    a.acquire(timeout=0)
+    real_delete = a._delete
+
+    def delete_after_b_took_it(version: str | None) -> None:
+        b.acquire(timeout=0)  # between a's release and its delete: the delete finds another version
+        real_delete(version)
+
+    a._delete = delete_after_b_took_it  # type: ignore[method-assign]
+    a.release(forget=True)
+    record = b.current()
+    assert record is not None and record.holder == "b"
+
+
 def test_release_only_lets_go_of_my_own_epoch() -> None:
     mine = held("a", 4, renewed=100.0)
     assert release(mine, me="a", epoch=4) == held(None, 4, renewed=100.0)

@@ -75,6 +75,8 @@ def test_a_hot_partition_is_compacted_in_bounded_steps_and_big_files_are_left_al
         assert item.input_bytes <= policy.max_bytes_per_task
         assert item.target_size_bytes == 100 * MIB
     assert bytes_to_rewrite(items) == 400 * MIB
+    assert [item.step for item in items] == [1, 2]  # distinct work Leases: the steps can run in parallel
+    assert len({work_key("orders", item) for item in items}) == 2
 
 
 def test_target_size_comes_from_the_table_property_then_the_default() -> None:
@@ -225,8 +227,9 @@ def test_manifests_are_rewritten_past_the_threshold() -> None:
 
 def test_work_keys_are_deterministic_distinct_dns_labels() -> None:
     a = CompactPartition(("hot",), ("a", "b"), 2, 10, "r")
-    b = CompactPartition(("hot",), ("c", "d"), 2, 10, "r")
-    same_as_a = CompactPartition(("hot",), ("b", "a"), 2, 10, "other reason")
+    b = CompactPartition(("hot",), ("c", "d"), 2, 10, "r", step=2)
+    # Planned later, with more files: the same partition's first group is the same piece of work.
+    same_as_a = CompactPartition(("hot",), ("b", "a", "e"), 3, 10, "other reason")
     expire_now = ExpireSnapshots(NOW, 1, (5,), (1,))
     expire_later = ExpireSnapshots(NOW + 1, 1, (5,), (1, 2))
     long_name = "A.Very_Long/Table Name " * 10

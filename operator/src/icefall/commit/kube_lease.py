@@ -12,9 +12,10 @@ The record is stored in the Lease's spec, which is what `kubectl get lease` and 
 The loop and the rules are the shared ones (`StoredLease`, `icefall.plan.leases.decide`), so this backend
 behaves exactly like `FileLease`. Every write is optimistic: a replace carries the `resourceVersion` that was
 read, a missing Lease is created; a 409 Conflict (or AlreadyExists) means someone else wrote first, so the
-loop reads again and decides again. Nothing is ever written blindly. Objects are labelled
-`app.kubernetes.io/managed-by: icefall`; labels, annotations, owner references and spec fields written by
-others are kept.
+loop reads again and decides again. Nothing is ever written blindly; `release(forget=True)` (work
+Leases) deletes the Lease with a resourceVersion precondition, so it only removes what it released.
+Objects are labelled `app.kubernetes.io/managed-by: icefall`; labels, annotations, owner references and
+spec fields written by others are kept.
 
 Any other API error is raised as `LeaseAPIError` with what to fix (403: the RBAC rule the identity lacks).
 Network errors from the client propagate unchanged.
@@ -128,6 +129,16 @@ class KubernetesLease(StoredLease[_Object | None]):
             raise self._error(e, "create" if version is None else "update") from e
         return True
 
+    def _delete(self, version: _Object | None) -> None:
+        if version is None:
+            return
+        precondition = {"preconditions": {"resourceVersion": version["metadata"]["resourceVersion"]}}
+        try:
+            self._call("DELETE", _OBJECT, {"apiVersion": "v1", "kind": "DeleteOptions", **precondition})
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone, or changed since we read it: someone else's now
+                raise self._error(e, "delete") from e
+
     def _record(self, obj: Mapping[str, Any]) -> LeaseRecord | None:
         spec = obj.get("spec") or {}
         holder = spec.get("holderIdentity") or None
@@ -174,7 +185,8 @@ class KubernetesLease(StoredLease[_Object | None]):
         where = f"Lease {self._label()}"
         if e.status == 403:
             message = (
-                f"not allowed to {verb} {where}: the service account needs get/create/update on "
+                f"not allowed to {verb} {where}: the service account needs "
+                f"{'delete' if verb == 'delete' else 'get/create/update'} on "
                 f"leases.coordination.k8s.io in namespace {self.namespace} (API server: {said})"
             )
         elif e.status == 401:

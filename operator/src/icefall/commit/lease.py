@@ -88,8 +88,13 @@ class Lease(Protocol):
         """Extend our hold; LeaseLostError if it is no longer ours."""
         ...
 
-    def release(self) -> None:
-        """Let go, so another holder need not wait for expiry. Idempotent; a lost lease is left alone."""
+    def release(self, *, forget: bool = False) -> None:
+        """Let go, so another holder need not wait for expiry. Idempotent; a lost lease is left alone.
+
+        `forget`: then also remove the stored lease if nobody took it meanwhile, so one-off names do not
+        pile up. Only for leases whose epoch fences nothing (work Leases): the next holder of the name
+        starts again at epoch 1.
+        """
         ...
 
     def current(self) -> LeaseRecord | None:
@@ -170,6 +175,10 @@ class StoredLease(ABC, Generic[VersionT]):
         """True if `holder` can be known never to write again; backends that cannot know say False."""
         return False
 
+    @abstractmethod
+    def _delete(self, version: VersionT) -> None:
+        """Remove the stored lease if it is still at `version`; nothing if it changed or is gone."""
+
     # --- the Lease interface -------------------------------------------------------------------------
 
     @property
@@ -214,7 +223,7 @@ class StoredLease(ABC, Generic[VersionT]):
             raise LeaseLostError(f"lease {self._label()} is no longer ours (held by {holder!r})")
         self._hold(decision.record)
 
-    def release(self) -> None:
+    def release(self, *, forget: bool = False) -> None:
         if self._epoch is None:
             return
         while True:
@@ -223,6 +232,10 @@ class StoredLease(ABC, Generic[VersionT]):
             if released is None or self._write(released, version):
                 break
         self._epoch = self._expires_at = None
+        if forget and released is not None:
+            current, version = self._read()
+            if current is not None and current.holder is None:  # nobody took it since
+                self._delete(version)
 
     def current(self) -> LeaseRecord | None:
         return self._read()[0]
@@ -321,6 +334,12 @@ class FileLease(StoredLease[str | None]):
         except (KeyError, TypeError, ValueError) as e:
             raise LeaseError(f"lease file {self.path} is not a lease record: {e}") from e
         return record, text
+
+    def _delete(self, version: str | None) -> None:
+        # The lock file stays: another process may be waiting on it, and a new one would not exclude it.
+        with self._locked():
+            if version is not None and self._text() == version:
+                self.path.unlink()
 
     def _write(self, record: LeaseRecord, version: str | None) -> bool:
         body = {

@@ -172,7 +172,7 @@ class MaintenanceRunner:
                 return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
             finally:
                 try:
-                    lease.release()
+                    lease.release(forget=True)  # work Leases are one-offs: none are left behind
                 except Exception:  # it runs out by itself
                     log.warning("releasing a work lease failed", exc_info=True)
             return StepResult(len(work), item, result, None, busy)

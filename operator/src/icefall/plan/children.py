@@ -371,10 +371,15 @@ def compaction_rules(st: StreamingTable) -> list[Manifest]:
     """Compaction reads its StreamingTable and claims work items with work Leases.
 
     Work Leases are named `icefall-<table>-work-<hash of the item>` (`icefall.plan.maintenance.work_key`):
-    names not known in advance, so get/update cannot be restricted by resourceNames; they cover the Leases
-    of this namespace. The commit Lease rules stay for a worker that must pause ingestion.
+    names not known in advance, so get/update/delete cannot be restricted by resourceNames; they cover the
+    Leases of this namespace (delete: a released work Lease is removed, see `Lease.release(forget=True)`).
+    The commit Lease rules stay for a worker that must pause ingestion.
     """
-    work_leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"]}
+    work_leases = {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "update", "delete"],
+    }
     return [_read_self_rule(st.metadata.name), *_lease_rules(commit_lease_name(st.table_name)), work_leases]
 
 

@@ -292,6 +292,7 @@ class CompactPartition:
     target_size_bytes: int
     reason: str
     spec_id: int = 0
+    step: int = 1  # which of the partition's groups this is (1-based), in the planner's order
 
 
 @dataclass(frozen=True)
@@ -393,7 +394,7 @@ def plan_compaction(
                 f"{len(files)} files below {int(small_below)} bytes in partition {partition!r}; "
                 f"step {n}/{len(groups)}: {len(paths)} files, {size} bytes into {len(group)} file(s)"
             )
-            items.append(CompactPartition(partition, paths, size, target, reason, spec_id))
+            items.append(CompactPartition(partition, paths, size, target, reason, spec_id, n))
     return tuple(items)
 
 
@@ -554,14 +555,19 @@ def work_key(table: str, item: WorkItem) -> str:
     """A deterministic Lease name for `item`, `icefall-<table>-work-<hash>`: a DNS label of at most 63 chars.
 
     Table-wide items (retention, manifests, expiry, orphans) are keyed by kind only, so two workers can
-    never run the same kind at once even if they planned at different times. Compaction (and the future
-    delete merge) is keyed by partition and input files. The hash covers the full table name, so tables
-    whose names truncate to the same slug still get different keys.
+    never run the same kind at once even if they planned at different times. Compaction is keyed by
+    partition and step (a hot partition's groups run in parallel; two plans made at different times
+    share keys, so their overlapping groups never run at once), the future delete merge by partition.
+    Not by input files: the set of keys stays bounded by the partitions, so Leases a crashed worker left
+    behind are reused rather than piling up (the runner deletes a work Lease after releasing it).
+    The hash covers the full table name, so tables whose names truncate to the same slug still get
+    different keys.
     """
     identity: dict[str, object]
-    if isinstance(item, CompactPartition | ApplyDeletes):
-        files = item.files if isinstance(item, CompactPartition) else item.data_files + item.delete_files
-        identity = {"spec": item.spec_id, "partition": repr(item.partition), "files": sorted(files)}
+    if isinstance(item, CompactPartition):
+        identity = {"spec": item.spec_id, "partition": repr(item.partition), "step": item.step}
+    elif isinstance(item, ApplyDeletes):
+        identity = {"spec": item.spec_id, "partition": repr(item.partition)}
     else:
         identity = {}
     identity.update(table=table, kind=type(item).__name__)
