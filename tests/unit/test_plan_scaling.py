@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
     ("backlog", "low", "high", "per", "expected"),
     [
         (0, 0, 5, 1, 0),
-        (0, 2, 5, 1, 0),
+        (0, 2, 5, 1, 2),  # minReplicas: that many pods even with nothing to do
         (1, 0, 5, 1, 1),
         (3, 0, 5, 1, 3),
         (3, 4, 5, 1, 4),

@@ -3,8 +3,9 @@
 `backlog` counts units of compaction work that can proceed in parallel (a partition or file group that
 needs rewriting, each claimed by one pod through a work Lease); measuring it is the compaction issue's job.
 
-Rule: no backlog → 0 pods (compaction costs nothing while the table is tidy). Otherwise one pod per
-`items_per_replica` units, rounded up, at least `min_replicas` (and at least 1), at most `max_replicas`.
+Rule: one pod per `items_per_replica` units of backlog, rounded up, at least `min_replicas`, at most
+`max_replicas`. With the default `min_replicas` 0, no backlog → 0 pods (compaction costs nothing while
+the table is tidy); a `min_replicas` above 0 keeps that many pods even then, as the spec field promises.
 
 `damped_replicas` smooths the result: scaling up happens at once, scaling down only once the previous count
 has held for a cool-down, so a backlog that flaps between 0 and 1 does not start and stop pods each pass.
@@ -24,10 +25,8 @@ def compaction_replicas(
         raise ValueError(f"need 0 <= min_replicas ({min_replicas}) <= max_replicas ({max_replicas})")
     if items_per_replica < 1:
         raise ValueError(f"items_per_replica must be >= 1, got {items_per_replica}")
-    if backlog == 0 or max_replicas == 0:
-        return 0
     wanted = -(-backlog // items_per_replica)  # ceiling division
-    return min(max(wanted, min_replicas, 1), max_replicas)
+    return min(max(wanted, min_replicas), max_replicas)
 
 
 def damped_replicas(

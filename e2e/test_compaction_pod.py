@@ -1,0 +1,357 @@
+"""The compaction pod in the cluster shape: `icefall compact --namespace/--name` as the operator renders it.
+
+The operator runs as a process, the local kubelet runs the driver Pod (small batches: many small files),
+and the test plays the ReplicaSet controller, which the e2e stack does not run: once the operator has
+scaled the Deployment `<st>-compact` to at least one replica, the test creates one Pod from its pod
+template (labels, spec and ServiceAccount as rendered; an ownerReference to the Deployment) and the kubelet
+runs it with a token of the ServiceAccount `icefall-<st>-compact`, so the Role the operator rendered is the
+only thing that lets it read its StreamingTable and take work Leases. Proves:
+- the pod compacts: the partition that had at least `min_files_to_compact` small files has fewer after, and
+  main's history has an Iceberg `replace` snapshot;
+- the rows as a multiset are the same before and after, and the table equals the topic exactly once
+  (record by record, and per the auditor);
+- the pod claimed its item with a work Lease `icefall-<table>-work-<hash>` held under its own pod name (seen
+  by a watch while it ran: the runner deletes a work Lease once it releases it) and no API call of the pod
+  was refused (no 403/Forbidden in its log);
+- `status.table.lastCompactionTime` (what `kubectl get st` reads) shows the rewrite once it happened;
+- deleting the Pod stops the worker cleanly (SIGTERM: the loop says it stopped).
+
+Not proven here: several compaction pods competing for items (the Lease logic has its own tests), the
+Deployment's scale-down, or compaction concurrent with ingestion commits (the driver is idle meanwhile, so
+the file counts are exact).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, ancestors_of
+
+from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
+from icefall.devstack.kafka import KafkaBroker
+from icefall.plan.children import compaction_account_name, compaction_name
+from icefall.plan.maintenance import MaintenancePolicy
+from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
+from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
+
+from .conftest import Kubectl, Operator, pod_logs, wait_for
+
+pytestmark = pytest.mark.e2e
+
+GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
+TABLE = "e2e_small"  # it.e2e_small: every event has the same `ts`, so one day partition gets every file
+NAME = "e2e-small"
+TOPIC = "e2e-small"
+DRIVER = f"{NAME}-ingest"
+DEPLOYMENT = compaction_name(NAME)
+COMPACT_POD = f"{DEPLOYMENT}-e2e-1"  # what a ReplicaSet would call `<deployment>-<hash>-<random>`
+WORK_LEASE_PREFIX = f"icefall-{TABLE.replace('_', '-')}-work-"
+RECORDS = 120
+BATCH_RECORDS = 20  # spec.batch.maxRecords: at least RECORDS / BATCH_RECORDS small commits
+BAD_EVERY = 50
+#: A partition with this many small files is compacted (the planner's default threshold).
+MIN_FILES = MaintenancePolicy().min_files_to_compact
+Obj = dict[str, Any]
+
+
+class LeaseWatch:
+    """Every change of a Lease in the namespace while it runs: (event type, name, holderIdentity)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.coordination = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.seen: list[tuple[str, str, str]] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        listed = self.coordination.list_namespaced_lease(namespace)
+        self._version: str | None = listed.metadata.resource_version if listed.metadata else None
+        self._thread = threading.Thread(target=self._loop, name="lease-watch", daemon=True)
+
+    def __enter__(self) -> LeaseWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def work_leases(self) -> list[tuple[str, str, str]]:
+        with self._lock:
+            return [s for s in self.seen if s[1].startswith(WORK_LEASE_PREFIX)]
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            stream = watch.Watch()  # type: ignore[no-untyped-call]
+            kwargs: dict[str, Any] = {"timeout_seconds": 2, "deserialize": False}
+            if self._version:
+                kwargs["resource_version"] = self._version
+            try:
+                for event in stream.stream(  # type: ignore[no-untyped-call]
+                    self.coordination.list_namespaced_lease, self.namespace, **kwargs
+                ):
+                    obj: Obj = event["object"]
+                    if event["type"] == "ERROR":  # e.g. 410 Gone: list again from now on
+                        self._version = None
+                        break
+                    self._version = obj["metadata"].get("resourceVersion") or self._version
+                    holder = (obj.get("spec") or {}).get("holderIdentity") or ""
+                    with self._lock:
+                        self.seen.append((event["type"], obj["metadata"]["name"], holder))
+            except ApiException as error:
+                if error.status == 410:
+                    self._version = None
+                else:
+                    time.sleep(0.5)
+            except Exception:  # the connection dropped: watch again from the last version
+                time.sleep(0.5)
+
+
+class Setup:
+    """The StreamingTable's world: clients, catalog and what was produced."""
+
+    def __init__(
+        self, *, rest: JsonApi, namespace: str, catalog: CatalogConfig, kafka: KafkaBroker, operator: Operator
+    ) -> None:
+        self.rest = rest
+        self.namespace = namespace
+        self.catalog = catalog
+        self.kafka = kafka
+        self.operator = operator
+        self.bad: set[tuple[int, int]] = set()
+        self.produced = 0
+        self.started = time.monotonic()
+
+    def note(self, what: str) -> None:
+        print(f"[e2e +{time.monotonic() - self.started:5.1f}s] {what}", flush=True)
+
+    def produce(self, count: int) -> None:
+        self.bad |= produce(self.kafka, TOPIC, self.produced, count, bad_every=BAD_EVERY)
+        self.produced += count
+
+    @property
+    def st_path(self) -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}"
+
+    def st(self) -> Obj:
+        return self.rest.get(f"{self.st_path}/{NAME}") or {}
+
+    def deployment(self) -> Obj:
+        return self.rest.get(f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{DEPLOYMENT}") or {}
+
+    def pod(self, name: str) -> Obj | None:
+        return self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
+
+    def table(self) -> Table | None:
+        catalog = self.catalog.pyiceberg()
+        if not catalog.table_exists((TABLE_NAMESPACE, TABLE)):
+            return None
+        return catalog.load_table((TABLE_NAMESPACE, TABLE))
+
+    def caught_up(self) -> dict[int, int] | None:
+        table = self.table()
+        high = watermarks(self.kafka, TOPIC)
+        if table is None or sum(high.values()) != self.produced:
+            return None
+        return high if dict(read_committed(table).offsets) == high else None
+
+    def explain(self, kubelet: LocalKubelet) -> str:
+        status = yaml.safe_dump(self.st().get("status"))
+        return (
+            f"--- status\n{status}{pod_logs(kubelet, DRIVER)}\n{pod_logs(kubelet, COMPACT_POD)}\n"
+            f"--- operator\n{self.operator.tail()}"
+        )
+
+
+def files_per_partition(table: Table) -> Counter[str]:
+    """Data files of the current snapshot, per partition."""
+    return Counter(str(task.file.partition) for task in table.scan().plan_files())
+
+
+def rows(table: Table) -> Counter[str]:
+    """The table's rows as a multiset (each row as canonical JSON: some columns are structs)."""
+    return Counter(
+        json.dumps(row, sort_keys=True, default=str) for row in table.scan().to_arrow().to_pylist()
+    )
+
+
+def replace_snapshots_on_main(table: Table) -> list[int]:
+    """Ids of the `replace` (rewrite) snapshots in main's history."""
+    current = table.current_snapshot()
+    if current is None:
+        return []
+    return [
+        s.snapshot_id
+        for s in ancestors_of(current, table.metadata)
+        if s.summary is not None and s.summary.operation == Operation.REPLACE
+    ]
+
+
+def pod_from_template(deployment: Obj, name: str) -> Obj:
+    """What the ReplicaSet controller would create for one replica of `deployment`."""
+    template = deployment["spec"]["template"]
+    meta = deployment["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "labels": dict(template["metadata"].get("labels") or {}),
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"], "uid": meta["uid"]}
+            ],
+        },
+        "spec": template["spec"],
+    }
+
+
+@pytest.fixture(scope="module")
+def setup(  # noqa: PLR0917 (fixtures)
+    rest: JsonApi,
+    e2e_namespace: str,
+    kafka: KafkaBroker,
+    kubelet: LocalKubelet,
+    operator: Operator,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Setup]:
+    lake = tmp_path_factory.mktemp("lake")
+    catalog = CatalogConfig(name="lake", database=lake / "catalog.db", warehouse=lake / "warehouse")
+    catalog.pyiceberg()
+    kafka.create_topic(TOPIC, partitions=2)
+    made = Setup(rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, operator=operator)
+    st: Obj = yaml.safe_load(
+        manifest_text(
+            TABLE, TOPIC, kafka.bootstrap, batch={"maxRecords": BATCH_RECORDS, "minIntervalSeconds": 0}
+        )
+    )
+    st["metadata"]["namespace"] = e2e_namespace
+    st["spec"]["table"]["catalog"] = {
+        "name": catalog.name,
+        "type": "sql",
+        "uri": f"sqlite:///{catalog.database}",
+        "warehouse": f"file://{catalog.warehouse}",
+    }
+    # One pod at once, whatever the backlog says yet (the test plays its ReplicaSet).
+    st["spec"]["compaction"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 1}
+    made.produce(RECORDS)  # a backlog the driver takes in small batches: one small file (or more) each
+    rest.call("POST", made.st_path, st)
+    made.started = time.monotonic()
+    yield made
+
+
+@pytest.fixture(autouse=True)
+def operator_log_is_clean(operator: Operator) -> Iterator[None]:
+    """No handler of the operator crashed during the test (kopf logs the traceback and retries)."""
+    yield
+    assert "Traceback" not in operator.log.read_text(errors="replace"), operator.tail()
+
+
+def test_compaction_pod_compacts_under_its_own_account(
+    setup: Setup, kubelet: LocalKubelet, kubectl: Kubectl, api: client.ApiClient
+) -> None:
+    def explain() -> str:
+        return setup.explain(kubelet)
+
+    high = wait_for("the driver to ingest the backlog", setup.caught_up, timeout=240, details=explain)
+    table = setup.table()
+    assert table is not None
+    before_files = files_per_partition(table)
+    before_rows = rows(table)
+    setup.note(f"caught up with {sum(high.values())} records; files per partition {dict(before_files)}")
+    hot, hot_files = before_files.most_common(1)[0]
+    assert hot_files >= MIN_FILES, f"small batches left only {dict(before_files)}: nothing to compact"
+    assert not replace_snapshots_on_main(table)
+
+    deployment = wait_for(
+        f"the operator to scale Deployment {DEPLOYMENT} to at least 1",
+        lambda: (d := setup.deployment()) and (d["spec"].get("replicas") or 0) >= 1 and d,
+        timeout=90,
+        details=explain,
+    )
+    template = deployment["spec"]["template"]
+    assert template["spec"]["serviceAccountName"] == compaction_account_name(NAME)
+    (container,) = template["spec"]["containers"]
+    command = [*container.get("command", []), *container.get("args", [])]
+    assert command == ["icefall", "compact", "--namespace", setup.namespace, "--name", NAME], command
+
+    with LeaseWatch(api, setup.namespace) as leases:
+        setup.rest.call(
+            "POST", f"/api/v1/namespaces/{setup.namespace}/pods", pod_from_template(deployment, COMPACT_POD)
+        )
+        setup.note(f"created pod {COMPACT_POD} from the template of {DEPLOYMENT}")
+
+        def compacted() -> list[int] | None:
+            found = setup.table()
+            return replace_snapshots_on_main(found) if found is not None else None
+
+        replaced = wait_for("a replace snapshot on main", compacted, timeout=240, every=1, details=explain)
+        setup.note(f"replace snapshot(s) {replaced} on main")
+        # The Lease is released and deleted after the commit; give the watch a moment to see it.
+        wait_for(
+            "the work Lease to be released",
+            lambda: any(kind == "DELETED" for kind, _, _ in leases.work_leases()),
+            timeout=30,
+            details=lambda: f"{leases.seen}\n{explain()}",
+        )
+    work = leases.work_leases()
+    setup.note(f"work Lease events: {work}")
+    held = {(name, holder) for kind, name, holder in work if holder}
+    assert held, f"no work Lease was ever held: {leases.seen}"
+    assert {holder for _, holder in held} == {COMPACT_POD}, held
+    assert all(re.fullmatch(rf"{re.escape(WORK_LEASE_PREFIX)}[0-9a-f]+", name) for name, _ in held), held
+
+    table = setup.table()
+    assert table is not None
+    after_files = files_per_partition(table)
+    setup.note(f"files per partition after: {dict(after_files)}")
+    assert after_files[hot] < MIN_FILES, (dict(before_files), dict(after_files))
+    assert after_files[hot] < hot_files
+    assert rows(table) == before_rows, "compaction changed the rows"
+    report = assert_exactly_once(setup.catalog, TABLE, high, setup.bad, bootstrap=setup.kafka.bootstrap)
+    assert report is not None and report.ok
+
+    # The operator reports the rewrite: status.table.lastCompactionTime at (or after) the replace commit.
+    replace_ms = max(
+        s.timestamp_ms for s in table.snapshots() if s.summary and s.summary.operation == Operation.REPLACE
+    )
+
+    def last_compaction() -> str | None:
+        found = kubectl(
+            "-n", setup.namespace, "get", "st", NAME, "-o", "jsonpath={.status.table.lastCompactionTime}"
+        )
+        return found or None
+
+    shown = wait_for("status.table.lastCompactionTime", last_compaction, timeout=60, every=1, details=explain)
+    setup.note(f"kubectl get st: lastCompactionTime {shown}")
+    shown_ms = datetime.fromisoformat(shown.replace("Z", "+00:00")).timestamp() * 1000
+    assert abs(shown_ms - replace_ms) < 1000, (shown, replace_ms)
+
+    pod = setup.pod(COMPACT_POD)
+    assert pod is not None and pod["status"]["phase"] == "Running", pod and pod.get("status")
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0, pod["status"]
+    log_path = kubelet.log_path(COMPACT_POD, pod["metadata"]["uid"])
+    assert log_path is not None
+    # A refused API call: the client's "(403)" / "Reason: Forbidden", the API server's "... is forbidden: User
+    # ...", or KubernetesLease's "not allowed to <verb> Lease ...".
+    refused = re.compile(r"forbidden|\(403\)|not allowed to", re.IGNORECASE)
+    log_text = log_path.read_text(errors="replace")
+    assert not refused.search(log_text), pod_logs(kubelet, COMPACT_POD)
+    assert re.search(r"^\[compact\] [^\n]* done: ", log_text, re.MULTILINE), pod_logs(kubelet, COMPACT_POD)
+
+    kubectl("-n", setup.namespace, "delete", "pod", COMPACT_POD, "--wait=false")
+    wait_for("the compaction pod to go", lambda: setup.pod(COMPACT_POD) is None, timeout=60, details=explain)
+    assert "stopped" in log_path.read_text(errors="replace").splitlines()[-1], pod_logs(kubelet, COMPACT_POD)
