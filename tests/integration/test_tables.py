@@ -8,6 +8,7 @@ import threading
 import uuid
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,6 +164,20 @@ def test_no_dead_letter_table_when_disabled(catalog: Catalog, ns: str) -> None:
     assert dead_letter is None
     assert not catalog.table_exists((ns, "plain_dlq"))
     assert table.spec().is_unpartitioned()
+
+
+def test_frequent_commits_keep_only_the_newest_metadata_files(catalog: Catalog, ns: str) -> None:
+    keep_10 = '    properties: {write.metadata.previous-versions-max: "10"}'
+    table, dead_letter = ensure_tables(catalog, make_st(ns, "busy", table=keep_10))
+    assert dead_letter is not None
+    assert dead_letter.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert table.properties["write.metadata.previous-versions-max"] == "10"  # the spec wins
+    for n in range(30):  # a commit every few seconds, compressed
+        table.transaction().set_properties({"icefall.test-commit": str(n)}).commit_transaction()
+    folder = Path(table.metadata_location.removeprefix("file:")).parent
+    assert len(list(folder.glob("*.metadata.json"))) == 11  # the current one and the 10 before it
+    assert len(table.refresh().metadata.metadata_log) == 10
 
 
 def test_a_lost_creation_race_loads_the_winners_table(catalog: Catalog, ns: str) -> None:

@@ -126,6 +126,23 @@ def test_expiry_keeps_main_head_staged_branches_tags_last_n_and_recent_ones() ->
     assert expiry.older_than_ms == NOW - 5 * DAY_MS
 
 
+def test_expiry_waits_for_a_batch_or_a_tenth_of_the_age() -> None:
+    age = 300_000  # 5 minutes, one snapshot every 5 s
+    policy = MaintenancePolicy(snapshot_max_age_ms=age, snapshot_min_keep=1, expire_batch=20)
+
+    def expiry(snapshots: tuple[SnapshotInfo, ...]) -> ExpireSnapshots | None:
+        work = plan_maintenance(TableView("t", snapshots=snapshots), policy, NOW)
+        return next((w for w in work if isinstance(w, ExpireSnapshots)), None)
+
+    head = snapshot(100, 0, refs=("main",))
+    just_past = tuple(snapshot(i, age + 1_000 + i) for i in range(1, 6))  # 5 just past the cut-off
+    assert expiry((*just_past, head)) is None  # not worth a commit yet
+    late = (snapshot(6, age + age // 10 + 1), *just_past, head)  # one waited a tenth of the age
+    assert expiry(late) is not None and len(expiry(late).expire_ids) == 6  # type: ignore[union-attr]
+    batch = (*(snapshot(i, age + 1_000 + i) for i in range(1, 21)), head)
+    assert expiry(batch) is not None and len(expiry(batch).expire_ids) == 20  # type: ignore[union-attr]
+
+
 def test_expiry_never_plans_away_a_lone_old_head() -> None:
     head = SnapshotInfo(1, None, NOW - 365 * DAY_MS, True, ("main",))
     assert plan_maintenance(TableView("t", snapshots=(head,)), MaintenancePolicy(), NOW) == ()

@@ -4,7 +4,10 @@
 exists. The table's columns are `spec.format.schema` (or, with `transforms.select`, the transformed schema
 the caller passes as `schema_override`, e.g. from `spark_struct_to_iceberg(good.schema.json())`), then
 `_kafka` struct<partition int, offset long, timestamp timestamptz>. Partitioning and sort order come from
-`spec.table`, properties from `spec.table.properties` plus `format-version=2`.
+`spec.table`, properties `TABLE_DEFAULTS`, then `spec.table.properties` (which may override them), then
+`format-version=2`. The defaults make every commit delete metadata files beyond the newest 100: a table
+committing every few seconds would otherwise leave tens of thousands of metadata files a day for orphan
+removal, which waits days.
 
 The dead-letter table has `DEAD_LETTER_SCHEMA` (the columns of `icefall.ingest.decode`'s bad rows) and is
 partitioned by day(ingested_at): dead letters are read and expired by time ("what failed since
@@ -79,6 +82,12 @@ from icefall.api import (
 from icefall.api import (
     SortDirection as SpecSortDirection,
 )
+
+#: Table properties Icefall sets at creation unless `spec.table.properties` says otherwise (module doc).
+TABLE_DEFAULTS: dict[str, str] = {
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
+}
 
 log = logging.getLogger(__name__)
 
@@ -561,7 +570,7 @@ def ensure_tables(
     schema = expected_schema(st, schema_override)
     spec = partition_spec(st, schema)
     order = sort_order(st, schema)
-    properties = {**st.spec.table.properties, "format-version": "2"}
+    properties = {**TABLE_DEFAULTS, **st.spec.table.properties, "format-version": "2"}
     table, created = _load_or_create(
         catalog, identifier, schema=schema, spec=spec, order=order, properties=properties
     )
@@ -590,7 +599,7 @@ def ensure_tables(
             schema=dlq_schema,
             spec=dlq_spec,
             order=UNSORTED_SORT_ORDER,
-            properties={"format-version": "2"},
+            properties={**TABLE_DEFAULTS, "format-version": "2"},
         )
         if not created:
             where = _Where(None, "Icefall's dead-letter layout")
