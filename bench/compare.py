@@ -87,6 +87,8 @@ from common import (
     percentile,
 )
 from confluent_kafka import Producer, libversion
+from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+from pyiceberg.table.snapshots import Operation
 
 from icefall.api import load_manifest, to_iceberg_schema
 from icefall.catalog import CatalogConfig
@@ -561,15 +563,25 @@ class Live:
 
 
 def added_ts_by_snapshot(catalog: CatalogConfig) -> Iterator[tuple[int, list[int]]]:
-    """(snapshot id, produce ms of every row in the data files it added), from the live data files."""
+    """(snapshot id, produce ms of every row in the data files it added), for `append` snapshots only.
+
+    A row counts from the commit that first made it visible. Compaction (`replace`) writes the same rows
+    again later; counting them there (as the table's live files would) charged Icefall's in-process
+    compaction as latency: 14.4 s p50 where the first commits gave 4.7 s.
+    """
     table = catalog.pyiceberg().load_table(TABLE)
-    entries = table.inspect.entries().select(["status", "snapshot_id", "data_file"]).to_pylist()
-    for entry in entries:
-        if entry["status"] == 2 or entry["data_file"]["content"] != 0:
-            continue  # deleted entries and delete files
-        with table.io.new_input(entry["data_file"]["file_path"]).open() as stream:
-            ts = pq.read_table(stream, columns=["ts"]).column("ts").combine_chunks()
-        yield entry["snapshot_id"], [us // 1000 for us in pc.cast(ts, "int64").to_pylist()]
+    for snapshot in table.snapshots():
+        if snapshot.summary is None or snapshot.summary.operation != Operation.APPEND:
+            continue
+        for manifest in snapshot.manifests(table.io):
+            if manifest.added_snapshot_id != snapshot.snapshot_id or manifest.content != ManifestContent.DATA:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                if entry.status != ManifestEntryStatus.ADDED:
+                    continue
+                with table.io.new_input(entry.data_file.file_path).open() as stream:
+                    ts = pq.read_table(stream, columns=["ts"]).column("ts").combine_chunks()
+                yield snapshot.snapshot_id, [us // 1000 for us in pc.cast(ts, "int64").to_pylist()]
 
 
 def live(ctx: Context, system: str, rate: float) -> Live:

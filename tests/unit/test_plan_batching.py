@@ -2,8 +2,9 @@
 
 Proves: no backlog → no batch; unknown throughput → a bounded probe; a backlog drainable within half the
 target is taken whole; when behind, batches grow (at most doubling per batch) up to a cap in freshness
-targets and never beyond `max_records` or the backlog; the next batch starts every F/2 when caught up
-and after only `min_interval` when behind (fake clock); throughput estimates are smoothed.
+targets and never beyond `max_records` or the backlog, and double the previous batch's records when a
+throughput average dragged down by fixed cost would grow them slower; the next batch starts every F/2
+when caught up and after only `min_interval` when behind (fake clock); throughput estimates are smoothed.
 """
 
 from __future__ import annotations
@@ -162,3 +163,53 @@ def test_invalid_arguments() -> None:
         size(1, 10, target=0)
     with pytest.raises(ValueError):
         BatchLimits(max_records=0)
+
+
+def behind_size(backlog: int, rps: float, last_seconds: float, last_records: int) -> BatchSize:
+    return choose_batch_size(
+        backlog_records=backlog,
+        freshness_target_seconds=10,
+        throughput_rps=rps,
+        last_batch_seconds=last_seconds,
+        limits=LIMITS,
+        last_batch_records=last_records,
+    )
+
+
+def test_behind_doubles_the_previous_batch_when_fixed_cost_hides_the_throughput() -> None:
+    # Seen live: a 10,000-record first batch took 29.6 s (cold JVM), so T = 338 rec/s although the next
+    # batches ran 13,500 records in ~5 s. T * budget alone grew batches by ~1.3x per batch.
+    after_slow_start = behind_size(124_000, rps=338, last_seconds=5.2, last_records=13_535)
+    assert after_slow_start.mode is BatchMode.BEHIND
+    assert after_slow_start.records == 2 * 13_535
+    # The throughput rule still wins when it asks for more.
+    assert behind_size(1_000_000, rps=20_000, last_seconds=5, last_records=1_000).records == 200_000
+
+
+def test_behind_doubling_is_bounded_by_backlog_limits_and_slow_batches() -> None:
+    assert behind_size(20_000, rps=338, last_seconds=5, last_records=13_535).records == 20_000
+    capped = choose_batch_size(
+        backlog_records=500_000,
+        freshness_target_seconds=10,
+        throughput_rps=338,
+        last_batch_seconds=5,
+        limits=BatchLimits(max_records=25_000),
+        last_batch_records=20_000,
+    )
+    assert capped.records == 25_000
+    # A batch that already took more than half the cap (4 x 10 s / 2) is not doubled again.
+    slow = behind_size(1_000_000, rps=1_000, last_seconds=21, last_records=30_000)
+    assert slow.records == 40_000  # T * cap, not 60,000
+
+
+def test_caught_up_and_probe_ignore_the_previous_batch_size() -> None:
+    assert behind_size(3_000, rps=3_000, last_seconds=2, last_records=9_000).records == 3_000
+    probe = choose_batch_size(
+        backlog_records=50_000,
+        freshness_target_seconds=10,
+        throughput_rps=None,
+        last_batch_seconds=None,
+        limits=LIMITS,
+        last_batch_records=40_000,
+    )
+    assert probe.mode is BatchMode.PROBE and probe.records == 10_000

@@ -110,7 +110,8 @@ def _ingest_until_stopped(
                 f"written, {report.records_dead_lettered} to DLQ in {report.seconds:.1f}s "
                 f"({rate:,.0f} rec/s, "
                 f"commit {report.commit_seconds * 1000:.0f} ms) | lag {report.lag} | freshness "
-                f"{report.freshness_seconds:.1f}s | snapshot {report.snapshot_id}",
+                f"{report.freshness_seconds:.1f}s | snapshot {report.snapshot_id}"
+                + "".join(f" | {name} {secs:.2f}s" for name, secs in report.phases.items()),
                 flush=True,
             )
             if report.data_loss:

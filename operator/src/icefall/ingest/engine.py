@@ -48,7 +48,7 @@ from icefall.commit.lease import Lease, LeaseLostError
 from icefall.kafka.admin import TopicView
 from icefall.kafka.dead_letters import produce_dead_letters
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
-from icefall.plan.batching import BatchLimits, choose_batch_size, update_throughput
+from icefall.plan.batching import BatchLimits, choose_batch_size, next_batch_delay, update_throughput
 from icefall.plan.offsets import plan_offsets, spark_offset_options
 
 if TYPE_CHECKING:
@@ -71,6 +71,9 @@ class BatchReport:
     freshness_seconds: float = 0.0  # now - produce time of the newest committed record; 0 when caught up
     bytes_read: int = 0
     data_loss: int = 0
+    # Seconds per phase of the batch (plan, read_decode, dead_letters, stage, commit, report): where a
+    # batch's fixed cost goes. Spark is lazy, so "read_decode" is the Kafka read, decode and cache together.
+    phases: Mapping[str, float] = field(default_factory=dict)
 
 
 class LeaseKeeper:
@@ -131,6 +134,9 @@ class LeaseKeeper:
 class _Progress:
     throughput_rps: float | None = None
     last_batch_seconds: float | None = None
+    last_batch_records: int | None = None
+    last_batch_started: float | None = None  # time.monotonic()
+    backlog_after_last_batch: int = 0
     data_loss_seen: set[tuple[int, int]] = field(default_factory=set)
 
 
@@ -200,6 +206,15 @@ class Ingestor:
         StaleHeadError when the table moved under the batch (plan again).
         """
         started = time.monotonic()
+        self._progress.last_batch_started = started
+        phases: dict[str, float] = {}
+        mark = [started]
+
+        def phase(name: str) -> None:
+            now = time.monotonic()
+            phases[name] = phases.get(name, 0.0) + now - mark[0]
+            mark[0] = now
+
         committed = read_committed(self.table)  # refreshes the table
         watermarks = self.topic.watermarks()
         backlog = sum(high - committed.offsets.get(p, low) for p, (low, high) in watermarks.items())
@@ -209,6 +224,7 @@ class Ingestor:
             throughput_rps=self._progress.throughput_rps,
             last_batch_seconds=self._progress.last_batch_seconds,
             limits=BatchLimits.from_spec(self.spec.batch),
+            last_batch_records=self._progress.last_batch_records,
         )
         timestamp_offsets = None
         position = self.spec.source.starting_position
@@ -225,6 +241,7 @@ class Ingestor:
         # A table's first commit pins where it starts (a `latest` start would otherwise drift forward).
         pin_start = not committed.offsets and bool(plan.positions.starts)
         if plan.is_empty and not plan.data_loss and not pin_start:
+            self._progress.backlog_after_last_batch = 0
             self._publish_lag(plan.positions.lag)
             return None
         self._check_lease()
@@ -251,6 +268,7 @@ class Ingestor:
         # Decode once: the good and the dead-letter outputs both read this cached frame.
         raw = self._read(ranges) if ranges else self._empty_source()
         source = decode(raw, self.spec).persist()
+        phase("plan")
         try:
             prepared = split(source, self.spec)
             from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
@@ -263,6 +281,7 @@ class Ingestor:
             records_read = int(stats["records"])
             bytes_read = int(stats["bytes"] or 0)
             newest = stats["newest"]
+            phase("read_decode")
             max_produce_ms = int(newest.timestamp() * 1000) if newest is not None else None
             batch = Batch(
                 topic=self.spec.source.topic,
@@ -281,7 +300,11 @@ class Ingestor:
                     source_topic=self.spec.source.topic,
                     kafka_config=self._kafka_config,
                 )
+            phase("dead_letters")
             snapshot_id, commit_seconds = self._write_and_commit(prepared.good, batch, committed.offsets)
+            phases["stage"] = time.monotonic() - mark[0] - commit_seconds
+            phases["commit"] = commit_seconds
+            mark[0] = time.monotonic()
             self._dead_letters_dirty = False  # main caught up with the dead letters just committed
         finally:
             source.unpersist()
@@ -292,10 +315,15 @@ class Ingestor:
             self._progress.throughput_rps, records_read, seconds
         )
         self._progress.last_batch_seconds = seconds
+        self._progress.last_batch_records = records_read
+        # The lag when the commit landed, not when the batch was planned: records keep arriving while a
+        # batch runs, and a lag of 0 from the old watermarks would call a live table caught up (and let
+        # in-process maintenance run) while it is seconds behind. Watermarks are one cheap broker call.
         lag = {
             p: max(high - end.get(p, committed.offsets.get(p, low)), 0)
-            for p, (low, high) in watermarks.items()
+            for p, (low, high) in self._watermarks_after(watermarks).items()
         }
+        self._progress.backlog_after_last_batch = sum(lag.values())
         behind = (
             0.0 if not any(lag.values()) or max_produce_ms is None else time.time() - max_produce_ms / 1000
         )
@@ -311,13 +339,19 @@ class Ingestor:
             freshness_seconds=max(behind, 0.0),
             bytes_read=bytes_read,
             data_loss=lost,
+            phases=phases,
         )
+        phase("report")
+        log.debug(
+            "%s: batch of %d records in %.2fs: %s", self.label, records_read, seconds,
+            ", ".join(f"{name} {secs:.2f}s" for name, secs in phases.items()),
+        )  # fmt: skip
         self._publish(report, lag)
         return report
 
     def run(self, should_stop: Callable[[], bool], on_batch: Callable[[BatchReport | None], None]) -> None:
-        """Run batches until `should_stop()`; idle polls wait a fraction of the freshness target."""
-        idle_wait = max(self.spec.freshness.target_seconds / 4, 0.2)
+        """Run batches until `should_stop()`, paced by `plan.batching.next_batch_delay`: back to back while
+        behind, about every half freshness target when caught up or idle."""
         while not should_stop():
             try:
                 report = self.run_batch()
@@ -332,10 +366,26 @@ class Ingestor:
                 log.warning("%s: commit refused (%s); planning again from the table", self.label, refused)
                 continue
             on_batch(report)
-            if report is None:
-                self._sleep_until(idle_wait, should_stop)
-            elif self.spec.batch.min_interval_seconds:
-                self._sleep_until(self.spec.batch.min_interval_seconds - report.seconds, should_stop)
+            self._sleep_until(self._next_delay(), should_stop)
+
+    def _next_delay(self) -> float:
+        progress = self._progress
+        return next_batch_delay(
+            now=time.monotonic(),
+            last_batch_started_at=progress.last_batch_started,
+            backlog_records=progress.backlog_after_last_batch,
+            throughput_rps=progress.throughput_rps,
+            freshness_target_seconds=self.spec.freshness.target_seconds,
+            min_interval_seconds=float(self.spec.batch.min_interval_seconds),
+        )
+
+    def _watermarks_after(self, planned: Mapping[int, tuple[int, int]]) -> Mapping[int, tuple[int, int]]:
+        """Current watermarks; the planned ones if the broker does not answer (the lag is then a floor)."""
+        try:
+            return self.topic.watermarks()
+        except Exception:
+            log.warning("%s: reading watermarks after the commit failed; lag may be low", self.label)
+            return planned
 
     # -- steps ----------------------------------------------------------------------------------------
 
