@@ -373,8 +373,10 @@ def test_in_process_maintenance_keeps_partition_file_count_bounded(
     print(f"{written} batches wrote {appended} files; {len(compactions)} compactions; at most {most_files}")
     assert written >= 7 and appended >= 7
     assert compactions and all(s.result and s.result.outcome is Outcome.DONE for s in compactions)
-    # Compaction starts at 5 small files (policy_from_spec's default; the compacted file is small too and
-    # joins the next one), so after each pause at most 4 remain, and a round adds `most_added`.
-    assert most_files <= 4 + most_added, (most_files, most_added)
+    # Compaction starts at 5 small files (policy_from_spec's default). The compacted file is small too and
+    # joins a later compaction once as much data has gathered beside it (tiers, plan/maintenance.py): 7
+    # rounds make at most one such tier, so after each pause at most 4 + 1 remain, and a round adds
+    # `most_added`.
+    assert most_files <= 4 + 1 + most_added, (most_files, most_added)
     assert most_files < appended, (most_files, appended)
     assert_exactly_once(catalog_config, "run_compact", watermarks(kafka, topic), set())

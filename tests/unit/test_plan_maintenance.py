@@ -79,6 +79,27 @@ def test_a_hot_partition_is_compacted_in_bounded_steps_and_big_files_are_left_al
     assert len({work_key("orders", item) for item in items}) == 2
 
 
+def test_a_partition_fed_by_steady_commits_is_compacted_in_tiers() -> None:
+    """1,000 commits of 10 KiB each, compacting after every commit as a worker that keeps up would: few
+    files at any time, and each byte rewritten about log2(commits) times, not once per compaction."""
+    policy = MaintenancePolicy(target_file_size_bytes=128 * MIB)
+    files: list[DataFileInfo] = []
+    written = rewritten = most_files = 0
+    for commit in range(1000):
+        files.append(data_file(f"p/c{commit}.parquet", 10 * 1024))
+        written += 10 * 1024
+        for item in compaction(plan_maintenance(TableView("t", files=tuple(files)), policy, NOW)):
+            inputs = set(item.files)
+            files = [f for f in files if f.path not in inputs]
+            files.append(data_file(f"p/compacted-{commit}.parquet", item.input_bytes))
+            rewritten += item.input_bytes
+        most_files = max(most_files, len(files))
+    tiers = 10  # log2(1000) rounded up: every tier at least doubles the one below
+    assert most_files <= policy.min_files_to_compact - 1 + tiers + 1, most_files
+    assert rewritten / written <= tiers, rewritten / written
+    assert sum(f.size_bytes for f in files) == written  # nothing lost or doubled in the simulation
+
+
 def test_target_size_comes_from_the_table_property_then_the_default() -> None:
     files = tuple(data_file(f"f{i}", 60 * MIB) for i in range(6))
     policy = MaintenancePolicy()

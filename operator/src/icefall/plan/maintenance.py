@@ -14,6 +14,12 @@ Kubernetes Lease named by `work_key`:
    most the target size, and the bins cut into groups of at most `max_bytes_per_task` input bytes: a hot
    partition becomes several small steps rather than one long rewrite. Files at or near the target size
    are never touched; a bin that would hold one file alone is dropped (rewriting it gains nothing).
+   Size-tiered: a small file at least as large as all smaller ones together is left out (`_tiered`), so a
+   file that compaction wrote is merged again only once as much new data has gathered beside it. Without
+   this, every compaction of a partition that keeps receiving commits rewrote the whole partition (each
+   byte rewritten about once per compaction until the file reaches the target); with it, each byte is
+   rewritten about log2(target / commit size) times, and a partition holds at most
+   `min_files_to_compact - 1` files below the smallest tier plus one file per tier (tiers at least double).
    Hot partitions (most small files) come first.
 3. `RewriteManifests` — when `main`'s head has at least `manifest_count_threshold` small manifests (each
    ingestion commit adds one).
@@ -385,9 +391,8 @@ def plan_compaction(
             and (f.spec_id, f.partition) not in skipped
         ):
             by_partition.setdefault((f.spec_id, f.partition), []).append(f)
-    eligible = [
-        (key, files) for key, files in by_partition.items() if len(files) >= policy.min_files_to_compact
-    ]
+    tiered = {key: _tiered(files) for key, files in by_partition.items()}
+    eligible = [(key, files) for key, files in tiered.items() if len(files) >= policy.min_files_to_compact]
     eligible.sort(key=lambda kv: (-len(kv[1]), kv[0][0], repr(kv[0][1])))
     items: list[CompactPartition] = []
     for (spec_id, partition), files in eligible:
@@ -402,6 +407,15 @@ def plan_compaction(
             )
             items.append(CompactPartition(partition, paths, size, target, reason, spec_id, n))
     return tuple(items)
+
+
+def _tiered(files: Sequence[DataFileInfo]) -> list[DataFileInfo]:
+    """`files` without the largest ones that are each at least the size of all smaller ones together."""
+    by_size = sorted(files, key=lambda f: (f.size_bytes, f.path))
+    rest = sum(f.size_bytes for f in by_size)
+    while by_size and by_size[-1].size_bytes >= rest - by_size[-1].size_bytes:
+        rest -= by_size.pop().size_bytes
+    return by_size
 
 
 def _first_fit_decreasing(files: Sequence[DataFileInfo], capacity: int) -> list[list[DataFileInfo]]:
