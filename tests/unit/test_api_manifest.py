@@ -363,6 +363,13 @@ BAD_INPUTS = [
         id="managed-consumer-property",
     ),
     pytest.param(
+        ("spec", "source", "properties", "isolation.level"),
+        "read_uncommitted",
+        "spec.source.properties['isolation.level']",
+        ["set by Icefall", "read_committed"],
+        id="isolation-level-is-not-overridable",
+    ),
+    pytest.param(
         ("spec", "source", "properties", "ssl.keystore.password"),
         "x",
         "spec.source.properties['ssl.keystore.password']",

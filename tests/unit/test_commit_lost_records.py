@@ -1,7 +1,8 @@
 """`icefall.lost-records`: the count of records Kafka's retention deleted before they were ingested.
 
-Proves the property math: a batch adds the width of the retention gaps it acknowledges, only on partitions
-the table has committed; the count round-trips through the table properties, is omitted while 0 (tables
+Proves the property math: a batch adds the width of the retention gaps it acknowledges, on partitions the
+table has committed and on partitions added to the topic later whose first records are gone, never in the
+table's first commit; the count round-trips through the table properties, is omitted while 0 (tables
 that never lost anything keep their properties unchanged), and a corrupt value is refused.
 """
 
@@ -25,9 +26,14 @@ def test_a_batch_without_gaps_loses_nothing() -> None:
     assert retention_loss({0: 5}, Batch("t", start={0: 5}, end={0: 9})) == 0
 
 
-def test_a_gap_on_a_partition_new_to_the_table_counts_nothing() -> None:
-    batch = Batch("t", start={3: 10}, end={3: 12}, retention_gaps={3: 4})
-    assert retention_loss({0: 5}, batch) == 0
+def test_a_partition_added_later_whose_first_records_are_gone_counts_them() -> None:
+    batch = Batch("t", start={0: 5, 3: 10}, end={0: 5, 3: 12}, retention_gaps={3: 0})
+    assert retention_loss({0: 5}, batch) == 10
+
+
+def test_the_first_commit_of_a_table_loses_nothing() -> None:
+    batch = Batch("t", start={3: 10}, end={3: 12}, retention_gaps={3: 0})
+    assert retention_loss({}, batch) == 0
 
 
 def test_the_count_round_trips_through_the_properties() -> None:

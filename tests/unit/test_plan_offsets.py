@@ -190,3 +190,14 @@ def test_spark_offset_options() -> None:
 def test_resolve_positions_total_lag() -> None:
     positions = resolve_positions({0: 3}, {0: (0, 10), 1: (4, 9)}, EARLIEST)
     assert positions.total_lag == 7 + 5
+
+
+def test_partition_added_later_with_its_first_records_deleted_is_data_loss() -> None:
+    plan = plan_offsets({0: 10}, {0: (0, 10), 1: (7, 12)}, StartingPositionType.LATEST)
+    assert plan.ranges == (OffsetRange(1, 7, 12),)
+    assert plan.data_loss == (DataLoss(partition=1, committed=0, earliest_available=7, lost=7),)
+
+
+def test_first_batch_starting_past_deleted_records_is_not_data_loss() -> None:
+    plan = plan_offsets({}, {0: (7, 12)}, StartingPositionType.EARLIEST)
+    assert plan.data_loss == ()

@@ -122,3 +122,18 @@ def test_the_partition_map_keeps_the_most_lagging() -> None:
     assert summary.freshness is not None
     assert sorted(summary.freshness.partition_lag) == list(range(10, MAX_PARTITIONS + 10))
     assert summary.lag_records == sum(range(MAX_PARTITIONS + 10))
+
+
+def test_a_recreated_topic_is_an_issue_naming_the_reset_command() -> None:
+    summary = summarize(facts(committed_offsets={0: 500}, topic_id="old"), {0: (0, 900)}, NOW, topic_id="new")
+    (issue,) = summary.issues
+    assert issue.reason is ConditionReason.TOPIC_RECREATED
+    assert "icefall reset-offsets" in issue.message and "old" in issue.message
+
+
+def test_the_same_topic_id_or_an_unknown_one_is_no_issue() -> None:
+    for stored, current in (("same", "same"), (None, "new"), ("old", None)):
+        summary = summarize(
+            facts(committed_offsets={0: 5}, topic_id=stored), {0: (0, 9)}, NOW, topic_id=current
+        )
+        assert summary.issues == ()

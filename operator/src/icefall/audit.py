@@ -27,8 +27,8 @@ Not guaranteed:
   letters before the batch itself, and drops them again if the main commit fails (`reconcile_dead_letters`),
   so DLQ rows at or past the committed end (`dlq_ahead`) are unexpected in a stopped table but normal while
   ingestion runs: pass `ingesting=True` to report them without failing;
-- on compacted topics, or with `isolation.level` differing from ingestion's, records Kafka no longer shows
-  (compacted away, aborted transactions) count as unexpected when the table holds them;
+- on compacted topics, records Kafka no longer shows (compacted away after ingestion) count as unexpected
+  when the table holds them;
 - records deleted by retention before they were audited are only counted, never compared.
 """
 
@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from icefall.commit import read_committed
-from icefall.kafka.admin import TopicView
+from icefall.kafka.admin import ISOLATION, TopicView
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -70,6 +70,11 @@ class TopicOffsets(Protocol):
         """The topic's name, checked against the table's `icefall.topic` (None: not checked)."""
         ...
 
+    @property
+    def topic_id(self) -> str | None:
+        """The topic's id, checked against the table's `icefall.topic-id` (None: not checked)."""
+        ...
+
     def watermarks(self, partition: int) -> tuple[int, int] | None:
         """(low, high): the earliest offset held and the next one to be written; None if no such partition."""
         ...
@@ -87,8 +92,10 @@ class RecordedTopic:
         records: Mapping[int, Iterable[int]],
         low_watermarks: Mapping[int, int] | None = None,
         topic: str | None = None,
+        topic_id: str | None = None,
     ) -> None:
         self.topic = topic
+        self.topic_id = topic_id
         self._offsets: dict[int, Any] = {int(p): _as_offsets(o) for p, o in records.items()}
         self._low = dict(low_watermarks or {})
 
@@ -107,7 +114,8 @@ class RecordedTopic:
 class KafkaTopic:
     """A live topic, read with a consumer assigned to explicit offsets (never a group, never a commit).
 
-    `config` is added to the consumer's configuration (security settings, `isolation.level`, ...). Reading
+    `config` is added to the consumer's configuration (security settings, ...); reads are always
+    `read_committed`, as ingestion's. Reading
     stops at the range's end, at the high watermark, or at the end of the partition, so gaps in the offsets
     (transaction markers, aborted or compacted records) are fine. `timeout` bounds a wait without progress.
     """
@@ -127,10 +135,18 @@ class KafkaTopic:
             # A fetch left waiting on a partition we moved off would hold up the next one (500 ms default).
             "fetch.wait.max.ms": 50,
             **(config or {}),
+            **ISOLATION,  # what ingestion reads: aborted transactions are not records of the topic
         }
         self._view = TopicView(bootstrap, topic, config)
         self._consumer = Consumer(settings)
         self._marks: dict[int, tuple[int, int]] | None = None
+        self._topic_id: str | None = None
+
+    @property
+    def topic_id(self) -> str:
+        if self._topic_id is None:
+            self._topic_id = self._view.topic_id(timeout=self._timeout)
+        return self._topic_id
 
     def watermarks(self, partition: int) -> tuple[int, int] | None:
         if self._marks is None:
@@ -259,10 +275,16 @@ class AuditReport:
     ingesting: bool
     partitions: tuple[PartitionAudit, ...]
     rows_without_offset: int = 0  # rows whose partition or offset is null (in either table)
+    # Why the table cannot be compared with the topic at all (it was recreated): a failed audit.
+    source_changed: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.rows_without_offset == 0 and all(p.ok for p in self.partitions)
+        return (
+            self.source_changed is None
+            and self.rows_without_offset == 0
+            and all(p.ok for p in self.partitions)
+        )
 
     @property
     def duplicates(self) -> int:
@@ -326,6 +348,8 @@ class AuditReport:
                 )
         if self.rows_without_offset:
             lines.append(f"{self.rows_without_offset} rows have no Kafka partition or offset")
+        if self.source_changed:
+            lines.append(self.source_changed)
         return "\n".join(lines)
 
 
@@ -350,6 +374,21 @@ def audit_table(
     if source.topic is not None and state.topic is not None and source.topic != state.topic:
         raise AuditError(
             f"table {_name(main_table)} is filled from topic {state.topic!r}, not {source.topic!r}"
+        )
+    if None not in (state.topic_id, source.topic_id) and state.topic_id != source.topic_id:
+        return AuditReport(
+            table=_name(main_table),
+            dlq_table=_name(dlq_table) if dlq_table is not None else None,
+            topic=state.topic,
+            snapshot_id=state.snapshot_id,
+            filter_configured=filter_configured,
+            ingesting=ingesting,
+            partitions=(),
+            source_changed=(
+                f"topic {state.topic!r} was deleted and created again (the table's offsets belong to topic "
+                f"id {state.topic_id}, Kafka's topic is {source.topic_id}): its records cannot be compared; "
+                "`icefall reset-offsets` goes on with the new topic"
+            ),
         )
     starts = state.start_offsets
 

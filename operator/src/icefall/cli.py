@@ -13,6 +13,10 @@ from typing import Any
 
 from icefall import __version__
 
+# Exit codes of `icefall run` / `icefall ingest` a supervisor can act on (1: failure, 2: usage).
+EXIT_LEASE = 3  # another writer holds or took the table
+EXIT_SOURCE_CHANGED = 4  # the topic was recreated or truncated: `icefall reset-offsets` first
+
 
 def _demo(args: argparse.Namespace) -> int:
     from icefall.demo import run_demo
@@ -131,6 +135,7 @@ def _ingest_until_stopped(
 
     from icefall.commit import FencedError
     from icefall.commit.lease import LeaseTimeoutError
+    from icefall.ingest.engine import SourceChangedError
 
     code = 0
     try:
@@ -138,10 +143,13 @@ def _ingest_until_stopped(
         ingestor.run(stop.is_set, on_batch)
     except LeaseTimeoutError as waited:
         print(f"[run] another writer holds this table's commit lease: {waited}", flush=True)
-        code = 3
+        code = EXIT_LEASE
     except FencedError as fenced:
         print(f"[run] stopping: a newer writer took over this table ({fenced})", flush=True)
-        code = 3
+        code = EXIT_LEASE
+    except SourceChangedError as changed:
+        print(f"[run] stopping: {changed}", flush=True)
+        code = EXIT_SOURCE_CHANGED
     finally:
         ingestor.close()
         spark.stop()
@@ -291,6 +299,7 @@ def _status(args: argparse.Namespace) -> int:
     from icefall.commit import read_committed
     from icefall.kafka.admin import TopicView
     from icefall.kafka.security import librdkafka_config
+    from icefall.plan.offsets import resolve_positions, source_change
 
     st = _load(args)
     catalog = _catalog_for(st, Path(args.state_dir).resolve()).pyiceberg()
@@ -299,6 +308,7 @@ def _status(args: argparse.Namespace) -> int:
     kafka_config = librdkafka_config(st.spec.source.security)
     with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic, kafka_config) as topic:
         marks = topic.watermarks()
+        topic_id = topic.topic_id()
     print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
     print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
     total = 0
@@ -318,6 +328,54 @@ def _status(args: argparse.Namespace) -> int:
             f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "
             "ingested (table property icefall.lost-records)"
         )
+    ahead = resolve_positions(committed.offsets, marks, st.spec.source.starting_position.type).offsets_ahead
+    problem = source_change(st.spec.source.topic, committed.topic_id, topic_id, ahead)
+    if problem is not None:
+        print(f"INGESTION STOPPED: {problem}")
+        return 1
+    return 0
+
+
+def _reset_offsets(args: argparse.Namespace) -> int:
+    """The explicit user action after the topic was recreated or truncated: commit new offsets, recorded."""
+    from icefall.commit import read_committed, reset_offsets
+    from icefall.kafka.admin import TopicView
+    from icefall.kafka.security import librdkafka_config
+    from icefall.plan.offsets import resolve_positions, source_change
+
+    st = _load(args)
+    catalog = _catalog_for(st, Path(args.state_dir).resolve()).pyiceberg()
+    table = catalog.load_table(st.table_identifier)
+    committed = read_committed(table)
+    source = st.spec.source
+    with TopicView(source.bootstrap_servers, source.topic, librdkafka_config(source.security)) as topic:
+        topic_id = topic.topic_id()
+        marks = topic.watermarks()
+    ahead = resolve_positions(committed.offsets, marks, source.starting_position.type).offsets_ahead
+    problem = source_change(source.topic, committed.topic_id, topic_id, ahead)
+    if problem is None:
+        print(
+            f"nothing to reset: {'.'.join(st.table_identifier)} follows topic {source.topic!r} "
+            f"(id {topic_id}) and no committed offset is past the topic's end"
+        )
+        return 1
+    reason = "topic-recreated" if committed.topic_id not in (None, topic_id) else "offsets-ahead"
+    offsets = {p: (low if args.to == "earliest" else high) for p, (low, high) in marks.items()}
+    print(f"[reset] {problem.split(';')[0]}")
+    dead_letter = st.dead_letter_identifier
+    # The dead-letter table first: left ahead of the main table, its rows past the new offsets would be
+    # taken for leftovers of a failed batch and deleted.
+    if dead_letter and catalog.table_exists(dead_letter):
+        dlq = catalog.load_table(dead_letter)
+        if read_committed(dlq).offsets:
+            reset_offsets(
+                dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=int(time.time() * 1000)
+            )
+    reset_offsets(table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=int(time.time() * 1000))
+    print(
+        f"[reset] {'.'.join(st.table_identifier)} now follows topic id {topic_id} from its {args.to} offsets "
+        f"{offsets}; recorded in the table property icefall.offset-resets. Rows already in the table stay."
+    )
     return 0
 
 
@@ -424,6 +482,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--leader-lease-seconds", type=int, default=15, help="leader Lease duration (renewed every third)"
     )
     operator.set_defaults(func=_operator)
+    reset = table_command(
+        "reset-offsets", "after the topic was recreated or truncated: go on from its current records"
+    )
+    reset.add_argument(
+        "--to",
+        choices=["earliest", "latest"],
+        default="earliest",
+        help="earliest: every record the topic holds now (default); latest: only records written from now",
+    )
+    reset.set_defaults(func=_reset_offsets)
     status = table_command("status", "print committed offsets, lag and freshness")
     status.set_defaults(func=_status)
     verify = table_command("verify", "audit the table against the topic: duplicates, gaps, dead letters")

@@ -34,6 +34,7 @@ MANAGED_CONSUMER_PROPERTIES = {
     "sasl.mechanism": "spec.source.security.saslMechanism",
     "sasl.jaas.config": "spec.source.security (username and password references)",
     "auto.offset.reset": "spec.source.startingPosition",
+    "isolation.level": "nothing: Icefall always reads committed records only (read_committed)",
     "enable.auto.commit": "nothing: offsets are committed in the Iceberg table",
     "key.deserializer": "nothing: records are read as bytes and decoded by spec.format",
     "value.deserializer": "nothing: records are read as bytes and decoded by spec.format",

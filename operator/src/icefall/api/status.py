@@ -66,6 +66,7 @@ class ConditionReason(StrEnum):
     HEALTHY = "Healthy"
     DATA_LOSS = "DataLoss"
     OFFSETS_AHEAD_OF_TOPIC = "OffsetsAheadOfTopic"
+    TOPIC_RECREATED = "TopicRecreated"
     BAD_RECORD_HALTED = "BadRecordHalted"
     DEAD_LETTER_FAILED = "DeadLetterFailed"
     # Compacting
@@ -93,6 +94,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.NOT_MEASURED,
         _R.DATA_LOSS,
         _R.OFFSETS_AHEAD_OF_TOPIC,
+        _R.TOPIC_RECREATED,
         _R.BAD_RECORD_HALTED,
         _R.DEAD_LETTER_FAILED,
         _R.COMPACTION_FAILED,
@@ -121,6 +123,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.HEALTHY,
         _R.DATA_LOSS,
         _R.OFFSETS_AHEAD_OF_TOPIC,
+        _R.TOPIC_RECREATED,
         _R.BAD_RECORD_HALTED,
         _R.DEAD_LETTER_FAILED,
         _R.DRIVER_FAILED,

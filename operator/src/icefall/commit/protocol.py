@@ -35,6 +35,7 @@ rare), and any cleanup of files written for refused batches (orphan-file removal
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import uuid
@@ -68,7 +69,7 @@ from icefall.commit.errors import (
     StaleHeadError,
     TopicMismatchError,
 )
-from icefall.commit.state import MAIN, CommittedState, state_of
+from icefall.commit.state import MAIN, OFFSET_RESETS, CommittedState, state_of
 from icefall.failpoints import failpoint
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ if TYPE_CHECKING:
 STAGE_PREFIX = "icefall_stage_"
 GENESIS_PROPERTY = "icefall.genesis"
 RESTAGED_FROM_PROPERTY = "icefall.restaged-from"  # snapshot summary of a re-staged batch: the staged id
+RESET_PROPERTY = "icefall.offset-reset"  # snapshot summary of an offset reset: its reason
+MAX_RESETS_KEPT = 20
 # Attempts of one catalog commit while its own conditions still hold (the table changed elsewhere, e.g. a
 # property or another branch). Each attempt re-checks everything from fresh metadata: this is not a rebase.
 MAX_ATTEMPTS = 5
@@ -102,6 +105,7 @@ class Batch:
     max_event_time_ms: int | None = None
     max_produce_time_ms: int | None = None
     retention_gaps: Mapping[int, int] = field(default_factory=dict)
+    topic_id: str | None = None  # Kafka's id of the topic read; refused if the table holds another one
 
     def __post_init__(self) -> None:
         if not self.topic:
@@ -337,6 +341,60 @@ def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int)
     raise CommitError(f"could not rewind {_name(table)}: the table kept changing")
 
 
+def reset_offsets(
+    table: Table, *, topic_id: str, offsets: Mapping[int, int], reason: str, now_ms: int
+) -> CommittedState:
+    """Point the committed offsets at `offsets` of the topic with id `topic_id`; return the new state.
+
+    The explicit user action after a topic was deleted and created again, or its log truncated
+    (`icefall reset-offsets`). ONE catalog commit moves `main` by an empty snapshot and sets
+    `icefall.topic-id`, `icefall.offsets`, `icefall.start-offsets` (the audit starts there) and appends the
+    reset (time, reason, old and new id and offsets) to `icefall.offset-resets`, guarded by
+    `AssertRefSnapshotId(main, head)`. The epoch is kept: a writer's batch planned before the reset starts at
+    the old offsets and is refused (OffsetGapError, TopicMismatchError); it plans again from here.
+    Rows already in the table stay. A table with no committed offsets has nothing to reset (ValueError).
+    """
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        committed = state_of(meta)
+        if not committed.offsets:
+            raise ValueError(f"{_name(table)} has no committed offsets: there is nothing to reset")
+        history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
+        history.append(
+            {
+                "time_ms": now_ms,
+                "reason": reason,
+                "from_topic_id": committed.topic_id,
+                "to_topic_id": topic_id,
+                "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
+                "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
+            }
+        )
+        reset = replace(committed, topic_id=topic_id, offsets=dict(offsets), start_offsets=dict(offsets))
+        properties = {
+            **reset.to_properties(),
+            OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
+        }
+        tx = table.transaction()
+        with tx.update_snapshot(snapshot_properties={RESET_PROPERTY: reason}).fast_append():
+            pass  # an empty snapshot: the properties ride on a commit that moves main
+        try:
+            _commit(
+                table,
+                updates=(*tx._updates, SetPropertiesUpdate(updates=properties)),
+                requirements=(
+                    AssertTableUUID(uuid=meta.table_uuid),
+                    AssertRefSnapshotId(ref=MAIN, snapshot_id=committed.snapshot_id),
+                ),
+            )
+        except CommitFailedException as e:
+            log.info("offset reset of %s refused by the catalog (%s); checking again", _name(table), e)
+            continue
+        return reset
+    raise CommitError(f"could not reset the offsets of {_name(table)}: the table kept changing")
+
+
 def abandon_stage(table: Table, branch: str) -> bool:
     """Drop a staging branch and the snapshots only it references. False if it was already gone."""
     return bool(_drop_stages(table, lambda name: name == branch))
@@ -370,9 +428,19 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
         raise TopicMismatchError(
             f"the table holds topic {committed.topic!r}, the batch is from {batch.topic!r}"
         )
+    if None not in (committed.topic_id, batch.topic_id) and committed.topic_id != batch.topic_id:
+        raise TopicMismatchError(
+            f"the table holds offsets of topic id {committed.topic_id}, the batch is from topic id "
+            f"{batch.topic_id}: the topic was recreated"
+        )
     for partition, start in sorted(batch.start.items()):
         done = committed.offsets.get(partition)
         expected = batch.retention_gaps.get(partition, start)
+        if done is None and committed.offsets and expected not in (0, start):
+            raise OffsetGapError(
+                f"partition {partition} is new to the table: a retention gap before {start} starts at 0, "
+                f"not {expected}"
+            )
         if done is not None and done != expected:
             raise OffsetGapError(
                 f"partition {partition}: the table is committed up to {done}, the batch starts at {start}"
@@ -396,6 +464,7 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
         snapshot_id=ref.snapshot_id,
         lost_records=committed.lost_records + retention_loss(committed.offsets, batch),
         topic=batch.topic,
+        topic_id=batch.topic_id or committed.topic_id,
         offsets={**committed.offsets, **batch.end},
         # The first offset read of each partition new to the table: where the audit starts counting.
         start_offsets={
@@ -496,10 +565,13 @@ def _staged_data_files(table: Table, meta: TableMetadata, stage: Stage, staged_i
 def retention_loss(committed: Mapping[int, int], batch: Batch) -> int:
     """Records `batch` skips because Kafka's retention deleted them: the width of its acknowledged gaps.
 
-    Only partitions the table has committed count (`_check` has verified that each gap starts at the
-    committed offset); a gap named on a partition new to the table has nothing to start from and counts 0.
+    `_check` has verified that each gap starts at the committed offset, or at 0 for a partition added to
+    the topic after the table's first commit. The first commit of a table loses nothing: where it starts is
+    the spec's starting position.
     """
-    return sum(batch.start[p] - lost_from for p, lost_from in batch.retention_gaps.items() if p in committed)
+    if not committed:
+        return 0
+    return sum(batch.start[p] - lost_from for p, lost_from in batch.retention_gaps.items())
 
 
 def _newest(a: int | None, b: int | None) -> int | None:

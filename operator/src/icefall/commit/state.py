@@ -25,13 +25,28 @@ if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
 
 TOPIC = "icefall.topic"
+# Kafka's id of the topic the offsets belong to: a topic deleted and created again keeps its name, not its id.
+TOPIC_ID = "icefall.topic-id"
 OFFSETS = "icefall.offsets"  # JSON {"<partition>": <next offset to read>}
 EPOCH = "icefall.epoch"
 MAX_EVENT_TIME_MS = "icefall.max-event-time-ms"
 MAX_PRODUCE_TIME_MS = "icefall.max-produce-time-ms"
 START_OFFSETS = "icefall.start-offsets"  # JSON {"<partition>": <first offset ever read>}, for the audit
 LOST_RECORDS = "icefall.lost-records"  # records Kafka's retention deleted before they were ingested, in total
-PROPERTIES = (TOPIC, OFFSETS, EPOCH, MAX_EVENT_TIME_MS, MAX_PRODUCE_TIME_MS, START_OFFSETS, LOST_RECORDS)
+# JSON list of the offset resets a user asked for (`icefall reset-offsets`), newest last: the explicit action
+# that lets ingestion go on after the topic was recreated or its log truncated.
+OFFSET_RESETS = "icefall.offset-resets"
+PROPERTIES = (
+    TOPIC,
+    TOPIC_ID,
+    OFFSETS,
+    EPOCH,
+    MAX_EVENT_TIME_MS,
+    MAX_PRODUCE_TIME_MS,
+    START_OFFSETS,
+    LOST_RECORDS,
+    OFFSET_RESETS,
+)
 MAIN = "main"
 
 
@@ -41,6 +56,7 @@ class CommittedState:
 
     snapshot_id: int | None  # main's head; None for a table without snapshots
     topic: str | None = None  # None until the first ingestion commit
+    topic_id: str | None = None  # None until the first commit that knew it (tables of older versions)
     offsets: Mapping[int, int] = field(default_factory=dict)  # next offset to read, per partition
     epoch: int = 0  # lease epoch of the last ingestion commit; 0 before any
     max_event_time_ms: int | None = None  # newest event time committed so far
@@ -58,6 +74,8 @@ class CommittedState:
         }
         if self.topic is not None:
             props[TOPIC] = self.topic
+        if self.topic_id is not None:
+            props[TOPIC_ID] = self.topic_id
         if self.start_offsets:
             props[START_OFFSETS] = encode_offsets(self.start_offsets)
         if self.max_event_time_ms is not None:
@@ -104,6 +122,7 @@ def state_from_properties(properties: Mapping[str, str], snapshot_id: int | None
     return CommittedState(
         snapshot_id=snapshot_id,
         topic=properties.get(TOPIC),
+        topic_id=properties.get(TOPIC_ID),
         offsets=decode_offsets(properties[OFFSETS]) if OFFSETS in properties else {},
         epoch=integer(EPOCH) or 0,
         max_event_time_ms=integer(MAX_EVENT_TIME_MS),

@@ -53,6 +53,7 @@ _SECRET_KEY = re.compile(r"secretProperties\[(?P<key>.+)\]$")
 class Observed:
     facts: TableFacts | None = None  # None: not read (no catalog, table missing, or an error)
     watermarks: Mapping[int, tuple[int, int]] | None = None
+    topic_id: str | None = None  # Kafka's id of the topic; None: not read
     issues: tuple[Issue, ...] = ()
     unmeasured: str = ""
     backlog: int | None = None  # compaction work items; None: not measured
@@ -124,6 +125,7 @@ def table_facts(table: Table) -> TableFacts:
     expiry = metadata.properties.get(LAST_EXPIRY_PROPERTY)
     return TableFacts(
         committed_offsets=dict(state.offsets),
+        topic_id=state.topic_id,
         max_produce_time_ms=state.max_produce_time_ms,
         lost_records=state.lost_records,
         last_commit_ms=last_append.timestamp_ms if last_append is not None else None,
@@ -240,10 +242,11 @@ class TableObserver:
                 backlog_at = now
             if backlog is not None:
                 facts = replace(facts, compaction_backlog=backlog[0], small_file_ratio=backlog[1])
-        watermarks = self._watermarks(st, issues, notes)
+        watermarks, topic_id = self._watermarks(st, issues, notes)
         observed = Observed(
             facts=facts,
             watermarks=watermarks,
+            topic_id=topic_id,
             issues=tuple(issues),
             unmeasured="; ".join(notes),
             backlog=backlog[0] if backlog is not None and facts is not None else None,
@@ -287,7 +290,8 @@ class TableObserver:
 
     def _watermarks(
         self, st: StreamingTable, issues: list[Issue], notes: list[str]
-    ) -> dict[int, tuple[int, int]] | None:
+    ) -> tuple[dict[int, tuple[int, int]] | None, str | None]:
+        """The topic's watermarks and id; (None, None) when Kafka could not be read."""
         from icefall.kafka.admin import TopicView
         from icefall.kafka.security import MissingSecretError, librdkafka_config
 
@@ -296,13 +300,13 @@ class TableObserver:
             config = librdkafka_config(source.security, self.environ)
         except MissingSecretError as error:
             notes.append(f"{error}; the operator cannot read the topic's watermarks")
-            return None
+            return None, None
         secrets = [v for k, v in config.items() if k not in ("security.protocol", "sasl.mechanism")]
         try:
             # Errors reach the status as KafkaUnavailable; librdkafka's own log would repeat them forever.
             client = {**config, "socket.timeout.ms": 5000, "log_level": 0}
             with TopicView(source.bootstrap_servers, source.topic, client) as topic:
-                return topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS)
+                return topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS), topic.topic_id(KAFKA_TIMEOUT_SECONDS)
         except Exception as error:  # any client error: a condition, never a crash
             text = _mask(f"{type(error).__name__}: {error}", secrets)
             issues.append(
@@ -312,4 +316,4 @@ class TableObserver:
                     f"{source.bootstrap_servers}: {text}",
                 )
             )
-        return None
+        return None, None

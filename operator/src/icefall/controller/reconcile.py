@@ -200,6 +200,7 @@ def reconcile(
         observed.watermarks,
         now,
         acknowledged_loss=acknowledged_loss(st.metadata.annotations),
+        topic_id=observed.topic_id,
     )
     issues = [*observed.issues, *summary.issues]
     events = list(decision.events)

@@ -6,7 +6,10 @@ staging branch, then let `icefall.commit` fast-forward `main` with a compare-and
 offsets and the lease epoch. Bad records go to the dead-letter table first, through the same protocol.
 
 Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
-(epoch fencing; `run_batch` raises FencedError once it notices); records lost to topic retention are
+(epoch fencing; `run_batch` raises FencedError once it notices); every Kafka read is read_committed, so
+records of aborted transactions never land and a batch never reads past an open transaction; a topic
+deleted and created again (another topic id) or truncated below the committed offsets stops ingestion with
+SourceChangedError instead of skipping or re-reading records; records lost to topic retention are
 never skipped silently: logged at ERROR, counted in `icefall_data_loss_records_total`, and added to the
 table's `icefall.lost-records` by the commit that skips them. Maintenance committing to the table
 between staging and commit (compaction, retention, manifest rewrites) does not cost a batch: the commit
@@ -45,17 +48,25 @@ from icefall.commit import (
     sweep_stages,
 )
 from icefall.commit.lease import Lease, LeaseLostError
-from icefall.kafka.admin import TopicView
+from icefall.kafka.admin import ISOLATION, TopicView
 from icefall.kafka.dead_letters import produce_dead_letters
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.plan.batching import BatchLimits, choose_batch_size, next_batch_delay, update_throughput
-from icefall.plan.offsets import plan_offsets, spark_offset_options
+from icefall.plan.offsets import plan_offsets, source_change, spark_offset_options
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+
+class SourceChangedError(RuntimeError):
+    """The topic was recreated or its log truncated: the committed offsets no longer point into it.
+
+    Nothing was skipped or committed. Ingestion stops until a user resets the offsets
+    (`icefall reset-offsets`), which records the reset in the table.
+    """
 
 
 @dataclass(frozen=True)
@@ -216,6 +227,7 @@ class Ingestor:
             mark[0] = now
 
         committed = read_committed(self.table)  # refreshes the table
+        topic_id = self.topic.topic_id()
         watermarks = self.topic.watermarks()
         backlog = sum(high - committed.offsets.get(p, low) for p, (low, high) in watermarks.items())
         size = choose_batch_size(
@@ -238,6 +250,9 @@ class Ingestor:
             max_records=size.records,
             max_records_per_partition=self.spec.batch.max_records_per_partition,
         )
+        problem = source_change(self.spec.source.topic, committed.topic_id, topic_id, plan.offsets_ahead)
+        if problem is not None:
+            raise SourceChangedError(f"{self.label}: {problem}")
         # A table's first commit pins where it starts (a `latest` start would otherwise drift forward).
         pin_start = not committed.offsets and bool(plan.positions.starts)
         if plan.is_empty and not plan.data_loss and not pin_start:
@@ -282,6 +297,12 @@ class Ingestor:
             bytes_read = int(stats["bytes"] or 0)
             newest = stats["newest"]
             phase("read_decode")
+            # The records are read: were they read from the topic the offsets were planned on?
+            if self.topic.topic_id() != topic_id:
+                raise SourceChangedError(
+                    f"{self.label}: topic {self.spec.source.topic!r} was recreated "
+                    "while a batch was read; the batch is not committed"
+                )
             max_produce_ms = int(newest.timestamp() * 1000) if newest is not None else None
             batch = Batch(
                 topic=self.spec.source.topic,
@@ -289,6 +310,7 @@ class Ingestor:
                 end=end,
                 max_produce_time_ms=max_produce_ms,
                 retention_gaps=gaps,
+                topic_id=topic_id,
             )
             dead = self._write_dead_letters(prepared.bad, batch, committed.offsets)
             if dead and self.spec.dead_letter.topic is not None:
@@ -398,7 +420,7 @@ class Ingestor:
             .option("assign", json.dumps(assign))
             .option("includeHeaders", "true")
         )
-        for key, value in {**self.spec.source.properties}.items():
+        for key, value in {**self.spec.source.properties, **ISOLATION}.items():
             reader = reader.option(f"kafka.{key}", value)
         for key, value in self._spark_kafka_options.items():  # secrets: not logged
             reader = reader.option(key, value)
@@ -468,6 +490,7 @@ class Ingestor:
             start={p: known.get(p, s) for p, s in batch.start.items()},
             end=dict(batch.end),
             max_produce_time_ms=batch.max_produce_time_ms,
+            topic_id=batch.topic_id,
         )
         bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
         self._dead_letters_dirty = True  # ahead of main until the main commit lands

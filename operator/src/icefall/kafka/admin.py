@@ -1,7 +1,10 @@
-"""Read-only views of a topic: its partitions, their watermarks, and offsets for a timestamp.
+"""Read-only views of a topic: its id, its partitions, their watermarks, and offsets for a timestamp.
 
 Uses a consumer that never joins a group and never commits: Icefall's progress lives in the table,
-not in Kafka consumer groups.
+not in Kafka consumer groups. Every read is `read_committed` (`ISOLATION`), not overridable: the high
+watermark is the last stable offset, so a batch never plans past an open transaction, and records of
+aborted transactions are never read. The topic id tells a topic from one deleted and created again under
+the same name, whose offsets start over.
 """
 
 from __future__ import annotations
@@ -9,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+#: The one isolation level of every Kafka read (Spark's source, planning, the audit): committed records only.
+ISOLATION = {"isolation.level": "read_committed"}
 
 
 class TopicNotFoundError(RuntimeError):
@@ -19,14 +26,16 @@ class TopicNotFoundError(RuntimeError):
 class TopicView:
     def __init__(self, bootstrap: str, topic: str, config: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
+        self._client_config = {"bootstrap.servers": bootstrap, **(config or {})}
         self._consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **self._client_config,
                 "group.id": "icefall-metadata",  # required by the client; never joined or committed
                 "enable.auto.commit": False,
-                **(config or {}),
+                **ISOLATION,
             }
         )
+        self._admin: AdminClient | None = None
 
     def partitions(self, timeout: float = 10) -> list[int]:
         metadata = self._consumer.list_topics(self.topic, timeout=timeout)
@@ -36,6 +45,23 @@ class TopicView:
                 f"topic '{self.topic}' does not exist on the cluster (spec.source.topic); create it first"
             )
         return sorted(topic.partitions)
+
+    def topic_id(self, timeout: float = 10) -> str:
+        """The topic's id (a UUID in Kafka's base64 form): it changes when the topic is deleted and created
+        again under the same name."""
+        if self._admin is None:
+            self._admin = AdminClient(self._client_config)
+        futures = self._admin.describe_topics(TopicCollection([self.topic]), request_timeout=timeout)
+        future = futures[self.topic]
+        try:
+            description = future.result(timeout=timeout + 5)
+        except KafkaException as e:
+            if e.args and getattr(e.args[0], "code", lambda: None)() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise TopicNotFoundError(
+                    f"topic '{self.topic}' does not exist on the cluster (spec.source.topic); create it first"
+                ) from None
+            raise
+        return str(description.topic_id)
 
     def watermarks(self, timeout: float = 10) -> dict[int, tuple[int, int]]:
         """(low, high) per partition: the first retained offset and the next offset to be written."""

@@ -70,6 +70,7 @@ INGEST_BLOCKING: tuple[ConditionReason, ...] = (
 #: Reasons that make the table Degraded, most severe first.
 DEGRADING: tuple[ConditionReason, ...] = (
     _R.DATA_LOSS,
+    _R.TOPIC_RECREATED,
     _R.OFFSETS_AHEAD_OF_TOPIC,
     _R.BAD_RECORD_HALTED,
     _R.INVALID_SPEC,

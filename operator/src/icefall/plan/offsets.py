@@ -19,7 +19,8 @@ Rules:
    - when the table already has committed offsets, the partition was added to the topic later, so it
      starts at `low`, whatever the starting position: every record in it is newer than the table's start,
      and starting at `latest` would silently skip records written before it was noticed (Spark's Kafka
-     source behaves the same).
+     source behaves the same). If retention already deleted its first records (`low > 0`), a `DataLoss`
+     from offset 0 reports them.
 3. A committed partition absent from the watermarks is left alone and carried forward unchanged.
 4. Limits: at most `max_records_per_partition` from each partition, and at most `max_records` in total,
    shared by max-min fairness (water-filling): partitions with little backlog get all of it, and the rest
@@ -166,6 +167,8 @@ def resolve_positions(
         else:
             new.append(partition)
             position = _initial(partition, low, high, starting, timestamp_offsets) if first_batch else low
+            if not first_batch and low > 0:
+                losses.append(DataLoss(partition, 0, low, low))
         starts[partition] = position
         lag[partition] = high - position
     for partition, position in committed.items():
@@ -270,3 +273,37 @@ def _check_inputs(committed: Mapping[int, int], watermarks: Mapping[int, tuple[i
     for partition, (low, high) in watermarks.items():
         if partition < 0 or not 0 <= low <= high:
             raise ValueError(f"invalid watermarks low={low} high={high} for partition {partition}")
+
+
+RESET_COMMAND = "icefall reset-offsets"
+
+
+def source_change(
+    topic: str,
+    committed_topic_id: str | None,
+    topic_id: str,
+    offsets_ahead: tuple[OffsetAhead, ...] = (),
+) -> str | None:
+    """Why the topic can no longer be read from the table's committed offsets, or None if it can.
+
+    A topic whose id changed was deleted and created again: its offsets start over, so resuming at the
+    committed ones would skip its first records (or wait for ever). Committed offsets past the end of the
+    log mean the same, or a log truncated by an unclean leader election. Either way, guessing would skip
+    or duplicate records: ingestion stops until a user resets the offsets, which the table records.
+    """
+    if committed_topic_id is not None and committed_topic_id != topic_id:
+        return (
+            f"topic {topic!r} was deleted and created again (its id was {committed_topic_id}, now "
+            f"{topic_id}): the table's committed offsets belong to the old topic; nothing was skipped. "
+            f"To go on with the new topic, run `{RESET_COMMAND}` (it records the reset in the table)"
+        )
+    if offsets_ahead:
+        detail = ", ".join(
+            f"partition {a.partition} committed {a.committed}, end {a.high}" for a in offsets_ahead
+        )
+        return (
+            f"the table has committed offsets past the end of topic {topic!r} ({detail}): the topic was "
+            f"recreated or its log truncated; nothing was skipped. To go on from the topic's current "
+            f"records, run `{RESET_COMMAND}` (it records the reset in the table)"
+        )
+    return None

@@ -12,6 +12,8 @@ Rules:
   unmeasured (None) when records wait and nothing was committed yet. Without the watermarks (Kafka could
   not be read) there is no freshness block at all: "caught up" and "stalled" look the same, so the
   previous figures stay and a condition says why.
+- A topic id other than the one the table's offsets belong to (`icefall.topic-id`: the topic was deleted
+  and created again) is a `TopicRecreated` issue; ingestion stops until `icefall reset-offsets`.
 - A committed offset above the high watermark (the topic was deleted and recreated, or truncated) is an
   `OffsetsAheadOfTopic` issue naming the partitions; that partition counts as lag 0.
 - `icefall.lost-records` above the acknowledged count (annotation `icefall.dev/acknowledged-data-loss`) is a
@@ -33,6 +35,7 @@ from datetime import UTC, datetime
 
 from icefall.api import ConditionReason, FreshnessStatus, TableStatus
 from icefall.plan.conditions import Issue
+from icefall.plan.offsets import RESET_COMMAND
 
 MAX_PARTITIONS = 20
 ANNOTATION_ACKNOWLEDGED_LOSS = "icefall.dev/acknowledged-data-loss"
@@ -43,6 +46,7 @@ class TableFacts:
     """What the operator read from the table's metadata (no manifests, no data)."""
 
     committed_offsets: Mapping[int, int] = field(default_factory=dict)
+    topic_id: str | None = None  # icefall.topic-id: the topic the offsets belong to
     max_produce_time_ms: int | None = None
     lost_records: int = 0
     last_commit_ms: int | None = None  # newest append snapshot
@@ -106,13 +110,24 @@ def summarize(
     now: datetime,
     *,
     acknowledged_loss: int = 0,
+    topic_id: str | None = None,
 ) -> Summary:
     """Status blocks and observations from `facts` (None: table not read) and `watermarks` (None: Kafka
     not read), as the module docstring says."""
     committed = facts.committed_offsets if facts is not None else {}
     issues: list[Issue] = []
     lag_map: dict[int, int] | None = None
-    if watermarks is not None:
+    recreated = facts is not None and None not in (facts.topic_id, topic_id) and facts.topic_id != topic_id
+    if recreated:
+        issues.append(
+            Issue(
+                ConditionReason.TOPIC_RECREATED,
+                f"the topic was deleted and created again (the table's offsets belong to topic id "
+                f"{facts.topic_id if facts else None}, the topic's id is now {topic_id}); ingestion stopped "
+                f"and skipped nothing. To go on with the new topic, run `{RESET_COMMAND} -f <manifest>`",
+            )
+        )
+    elif watermarks is not None:
         lag_map, ahead = partition_lag(committed, watermarks)
         if ahead:
             detail = ", ".join(f"{p} (committed {committed[p]}, high {watermarks[p][1]})" for p in ahead)
@@ -120,8 +135,8 @@ def summarize(
                 Issue(
                     ConditionReason.OFFSETS_AHEAD_OF_TOPIC,
                     f"the table's committed offsets are past the topic's end in partition(s) {detail}: "
-                    "the topic was recreated or truncated; records written there now are not ingested "
-                    "until the offsets are repaired",
+                    "the topic was recreated or truncated; ingestion stopped and skipped nothing. To go "
+                    f"on from the topic's current records, run `{RESET_COMMAND} -f <manifest>`",
                 )
             )
     if facts is None:
