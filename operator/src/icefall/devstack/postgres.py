@@ -103,6 +103,8 @@ class PostgresServer:
 
     def start(self, timeout: float = 60) -> PostgresServer:
         """First call: a fresh data folder, port, role and database. Later calls: the same ones again."""
+        if self.running():
+            return self
         first = not self.port
         if first:
             if self.workdir.exists():

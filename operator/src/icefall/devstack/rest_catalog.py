@@ -93,6 +93,8 @@ class RESTCatalogServer:
 
     def start(self, timeout: float = 90) -> RESTCatalogServer:
         """First call: a fresh work folder and port. Later calls: the same catalog on the same port."""
+        if self.running():
+            return self  # a second server would share the port: Jetty binds it with SO_REUSEPORT
         if not self.port:
             if self.workdir.exists():
                 shutil.rmtree(self.workdir)
