@@ -16,6 +16,7 @@ etcd=$(step "$here/build-go-tools.sh" etcd)
 helm=$(step "$here/build-go-tools.sh" helm)
 kafka=$(step "$here/fetch-jars.sh" kafka)
 spark=$(step "$here/fetch-jars.sh" spark)
+rest_catalog=$(step "$here/fetch-jars.sh" rest-catalog)
 if ((SECONDS - t0 > 0)); then echo "[setup] tools ready in $((SECONDS - t0))s" >&2; fi
 cat <<ENV
 export ICEFALL_KUBE_BIN=$kube
@@ -23,5 +24,6 @@ export ICEFALL_ETCD_BIN=$etcd
 export ICEFALL_HELM_BIN=$helm
 export ICEFALL_KAFKA_JARS=$kafka
 export ICEFALL_SPARK_JARS=$spark
+export ICEFALL_REST_CATALOG_JARS=$rest_catalog
 export PATH=$kube:$helm:\$PATH
 ENV

@@ -45,13 +45,25 @@ def tail(path: Path, lines: int = 40) -> str:
 
 
 class ManagedProcess:
-    """One long-running child process whose output goes to `log_path`."""
+    """One long-running child process whose output goes to `log_path`.
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None):
+    `stop()` sends `stop_signal` to the process group first (SIGTERM unless the program shuts down
+    cleanly on another one, like PostgreSQL's fast shutdown on SIGINT).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        stop_signal: signal.Signals = signal.SIGTERM,
+    ):
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self.env = dict(os.environ if env is None else env)
+        self.stop_signal = stop_signal
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ManagedProcess:
@@ -103,7 +115,7 @@ class ManagedProcess:
         if proc is None or proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, self.stop_signal)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:

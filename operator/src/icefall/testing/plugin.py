@@ -1,4 +1,5 @@
-"""Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, Spark + catalog.
+"""Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, Spark + catalog,
+PostgreSQL and the Iceberg REST catalog server.
 
 Each component starts once per run on free loopback ports and is stopped at the end of the run, including
 after Ctrl-C; if the run is killed outright, the parent-death signal ends the children. A component that
@@ -16,6 +17,8 @@ import pytest
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.postgres import PostgresServer
+from icefall.devstack.rest_catalog import RESTCatalogServer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -47,6 +50,21 @@ def kafka(stack_dir: Path) -> Iterator[KafkaBroker]:
 def kube(stack_dir: Path) -> Iterator[KubeAPIServer]:
     # "limited" belongs to no group: RBAC tests grant it exactly what it needs.
     server = KubeAPIServer(stack_dir / "kube", users={"limited": ""}).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres(stack_dir: Path) -> Iterator[PostgresServer]:
+    server = PostgresServer(stack_dir / "postgres").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def rest_catalog(stack_dir: Path) -> Iterator[RESTCatalogServer]:
+    """SQLite-backed, warehouse in a local folder; a test that needs S3 or PostgreSQL starts its own."""
+    server = RESTCatalogServer(stack_dir / "rest-catalog").start()
     yield server
     server.stop()
 
