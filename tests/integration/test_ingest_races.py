@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 
 from icefall import failpoints
 from icefall.catalog import CatalogConfig
-from icefall.commit import FencedError, StaleHeadError, read_committed
+from icefall.commit import FencedError, StaleHeadError, claim_epoch, read_committed
 from icefall.commit.lease import FileLease, LeaseLostError
 from icefall.commit.protocol import rewind_dead_letters
 from icefall.devstack.kafka import KafkaBroker
@@ -159,7 +159,7 @@ class BlindLease:
     def is_held(self) -> bool:
         return True
 
-    def acquire(self, timeout: float | None = None) -> int:
+    def acquire(self, timeout: float | None = None, *, floor: int = 0) -> int:
         return self._epoch
 
     def renew(self) -> None:
@@ -363,3 +363,104 @@ def test_dead_letters_committed_behind_the_active_writers_back_are_not_duplicate
         b.close()
     assert read_committed(dead_letters).epoch == b.epoch
     assert_exactly_once(catalog_config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
+
+
+def test_a_refused_commit_drops_its_staging_branch(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    from icefall import metrics
+    from icefall.commit import STAGE_PREFIX, reset_offsets
+
+    topic, name = "it-race-stage-drop", "race_stage_drop"
+    kafka.create_topic(topic, partitions=1)
+    produce(kafka, topic, 0, 20)
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    writer = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w")
+    writer.start(lease_timeout=10)
+    label = f"it.{name}"
+    dropped_before = metrics.REGISTRY.get_sample_value(
+        "icefall_ingest_stages_dropped_total", {"table": label}
+    )
+    try:
+        drain(writer)
+        produce(kafka, topic, 20, 10)
+        table, _ = tables(catalog_config, name)
+        committed = read_committed(table)
+
+        hits: list[str] = []
+
+        def someone_commits(point: str) -> None:
+            # A commit that is not maintenance lands between staging and the compare-and-swap, once.
+            hits.append(point)
+            if len(hits) == 1:
+                reset_offsets(
+                    table,
+                    topic_id=committed.topic_id or "",
+                    offsets=committed.offsets,
+                    reason="test",
+                    now_ms=0,
+                )
+
+        with failpoints.armed("before-commit", someone_commits), pytest.raises(StaleHeadError):
+            writer.run_batch()
+        table.refresh()
+        assert [ref for ref in table.metadata.refs if ref.startswith(STAGE_PREFIX)] == []
+        dropped = metrics.REGISTRY.get_sample_value("icefall_ingest_stages_dropped_total", {"table": label})
+        assert (dropped or 0) - (dropped_before or 0) == 1
+        drain(writer)
+    finally:
+        writer.close()
+    assert_exactly_once(catalog_config, name, watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap)
+
+
+def test_a_deleted_lease_or_a_second_lease_store_never_fences_in_a_loop_nor_shares_an_epoch(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic, name = "it-race-epochs", "race_epochs"
+    kafka.create_topic(topic, partitions=1)
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    lease_file = tmp_path / "commit.lease.json"
+
+    def writer(path: Path, holder: str) -> Ingestor:
+        ingestor = Ingestor(st, catalog_config, spark, FileLease(path, holder), writer_id=holder)
+        ingestor.start(lease_timeout=10)
+        return ingestor
+
+    # Three writers one after the other: the table's epoch climbs to 3.
+    for i in range(3):
+        produce(kafka, topic, i * 10, 10)
+        w = writer(lease_file, f"w{i}")
+        drain(w)
+        w.close()
+    table, _ = tables(catalog_config, name)
+    assert read_committed(table).epoch == 3
+
+    # The Lease is deleted (a namespace wiped, say): the next writer starts above the table's epoch and
+    # commits at once; before, it restarted at epoch 1 and was fenced until restarts climbed past 3.
+    lease_file.unlink()
+    produce(kafka, topic, 30, 10)
+    fresh = writer(lease_file, "fresh")
+    assert fresh.epoch == 4
+    assert sum(r.records_read for r in drain(fresh)) == 10
+
+    # A second lease store (another operator, a hand-run `icefall run`) would hand out epoch 4 again: the
+    # second writer takes 5 instead of sharing 4, and the first writer is fenced. Two writers reading the
+    # table's epoch at the same moment could still pick one epoch: the claim in the table refuses the second.
+    other_store = tmp_path / "other.lease.json"
+    other_store.write_text(
+        '{"holder": null, "epoch": 3, "acquireTime": 0, "renewTime": 0, "durationSeconds": 15}'
+    )
+    second = writer(other_store, "second")
+    try:
+        assert second.epoch == 5
+        produce(kafka, topic, 40, 10)
+        with pytest.raises(FencedError):
+            fresh.run_batch()
+        assert sum(r.records_read for r in drain(second)) == 10
+        assert read_committed(table).epoch == 5
+        with pytest.raises(FencedError, match="already claimed"):
+            claim_epoch(table, 5)
+    finally:
+        fresh.close()
+        second.close()
+    assert_exactly_once(catalog_config, name, watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap)

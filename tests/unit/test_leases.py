@@ -2,7 +2,8 @@
 
 Proves: a held, unexpired lease is never handed to someone else; the epoch starts at 1 and grows by one on
 every change of holder (expiry take-over, acquisition after release, a restarted incarnation of the same
-identity) and never on renewal; the file backend follows those rules across independent holders, refuses
+identity) and never on renewal, and a new holder's epoch is above the table's (the floor) even when the
+lease was deleted or reset; the file backend follows those rules across independent holders, refuses
 renewal of a lost lease, and lets exactly one of many concurrent contenders win.
 """
 
@@ -299,3 +300,23 @@ def test_exactly_one_of_many_concurrent_contenders_wins(tmp_path: Path) -> None:
         t.join()
     assert winners == [1]
     assert sum(c.is_held for c in contenders) == 1
+
+
+def test_a_new_holder_starts_above_the_tables_epoch_even_after_the_lease_was_deleted_or_reset() -> None:
+    # Deleted: no record at all; the table already holds epoch 7.
+    created = decide(None, me="a", my_epoch=None, now=5.0, duration_seconds=DURATION, floor=7)
+    assert (created.action, created.record.epoch) == (LeaseAction.ACQUIRE, 8)
+    # Reset below the table's epoch, and released: the next epoch is above both.
+    reset = held(None, 2, renewed=100.0)
+    taken = decide(reset, me="a", my_epoch=None, now=101.0, duration_seconds=DURATION, floor=7)
+    assert taken.record.epoch == 8
+    # A lease already above the table keeps counting from itself.
+    ahead = decide(
+        held(None, 12, renewed=100.0), me="a", my_epoch=None, now=101.0, duration_seconds=DURATION, floor=7
+    )
+    assert ahead.record.epoch == 13
+    # Renewing never moves the epoch.
+    mine = decide(
+        held("a", 4, renewed=100.0), me="a", my_epoch=4, now=101.0, duration_seconds=DURATION, floor=7
+    )
+    assert (mine.action, mine.record.epoch) == (LeaseAction.RENEW, 4)

@@ -51,6 +51,13 @@ COMMITS_REFUSED = Counter(
     ["table", "reason"],
     registry=REGISTRY,
 )
+STAGES_DROPPED = Counter(
+    "icefall_ingest_stages_dropped_total",
+    "Staging branches dropped because their batch was not committed (a refused or failed commit); the "
+    "batch is planned again from the table.",
+    ["table"],
+    registry=REGISTRY,
+)
 INGEST_COMMITS_RESTAGED = Counter(
     "icefall_ingest_commits_restaged_total",
     "Ingestion commits that found main moved by maintenance only (compaction, retention, manifest "

@@ -80,8 +80,10 @@ class Lease(Protocol):
         """True while this side holds the lease and it has not run out by this side's clock."""
         ...
 
-    def acquire(self, timeout: float | None = None) -> int:
-        """Wait until the lease is ours (None: forever), and return its epoch; LeaseTimeoutError otherwise."""
+    def acquire(self, timeout: float | None = None, *, floor: int = 0) -> int:
+        """Wait until the lease is ours (None: forever), and return its epoch; LeaseTimeoutError otherwise.
+
+        A new hold's epoch is above both the lease's last epoch and `floor` (the table's epoch)."""
         ...
 
     def renew(self) -> None:
@@ -197,10 +199,10 @@ class StoredLease(ABC, Generic[VersionT]):
     def is_held(self) -> bool:
         return self._expires_at is not None and self._clock() < self._expires_at
 
-    def acquire(self, timeout: float | None = None) -> int:
+    def acquire(self, timeout: float | None = None, *, floor: int = 0) -> int:
         deadline = None if timeout is None else self._clock() + timeout
         while True:
-            decision, _, now = self._decide_and_write(lambda d: d.action is not LeaseAction.WAIT)
+            decision, _, now = self._decide_and_write(lambda d: d.action is not LeaseAction.WAIT, floor)
             if decision.action is not LeaseAction.WAIT:
                 self._hold(decision.record)
                 return decision.record.epoch
@@ -243,7 +245,7 @@ class StoredLease(ABC, Generic[VersionT]):
     # --- the loop ------------------------------------------------------------------------------------
 
     def _decide_and_write(
-        self, write_if: Callable[[LeaseDecision], bool]
+        self, write_if: Callable[[LeaseDecision], bool], floor: int = 0
     ) -> tuple[LeaseDecision, LeaseRecord | None, float]:
         """Read, decide, and store the decision's record if `write_if` wants it, conditionally on the
         version read. Returns the decision (written, or not wanted), the record it was made on, and the
@@ -259,6 +261,7 @@ class StoredLease(ABC, Generic[VersionT]):
                 now=now,
                 duration_seconds=self._duration,
                 holder_is_gone=gone,
+                floor=floor,
             )
             if not write_if(decision) or self._write(decision.record, version):
                 return decision, current, now

@@ -80,6 +80,7 @@ STAGE_PREFIX = "icefall_stage_"
 GENESIS_PROPERTY = "icefall.genesis"
 RESTAGED_FROM_PROPERTY = "icefall.restaged-from"  # snapshot summary of a re-staged batch: the staged id
 RESET_PROPERTY = "icefall.offset-reset"  # snapshot summary of an offset reset: its reason
+EPOCH_CLAIM_PROPERTY = "icefall.epoch-claim"  # snapshot summary of a writer's epoch claim: the epoch
 MAX_RESETS_KEPT = 20
 # Attempts of one catalog commit while its own conditions still hold (the table changed elsewhere, e.g. a
 # property or another branch). Each attempt re-checks everything from fresh metadata: this is not a rebase.
@@ -339,6 +340,51 @@ def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int)
             continue
         return back
     raise CommitError(f"could not rewind {_name(table)}: the table kept changing")
+
+
+def claim_epoch(table: Table, epoch: int) -> None:
+    """Record that a writer holds `epoch` before it commits anything; FencedError if the table's epoch is
+    already `epoch` or above (another writer claimed it: take a new epoch above the table's).
+
+    Leases hand out epochs, but two lease stores (a deleted and recreated Lease, a file lease beside a
+    Kubernetes one) could hand out the same one; this claim is a compare-and-swap in the table, so no two
+    writers ever commit under one epoch. ONE catalog commit moves `main` by an empty snapshot (summary
+    `icefall.epoch-claim`) and sets `icefall.epoch`, guarded by `AssertRefSnapshotId(main, head)`: a paused
+    writer's commit planned before the claim is refused (its head moved, and its epoch is below).
+    """
+    if epoch <= 0:
+        raise ValueError(f"a claimed epoch is positive, got {epoch}")
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        if MAIN not in meta.refs:
+            _commit_genesis(table)
+            continue
+        committed = state_of(meta)
+        if committed.epoch >= epoch:
+            raise FencedError(
+                f"epoch {epoch} is not above the table's epoch {committed.epoch}: already claimed"
+            )
+        tx = table.transaction()
+        with tx.update_snapshot(snapshot_properties={EPOCH_CLAIM_PROPERTY: str(epoch)}).fast_append():
+            pass  # an empty snapshot: the properties ride on a commit that moves main
+        try:
+            _commit(
+                table,
+                updates=(
+                    *tx._updates,
+                    SetPropertiesUpdate(updates=replace(committed, epoch=epoch).to_properties()),
+                ),
+                requirements=(
+                    AssertTableUUID(uuid=meta.table_uuid),
+                    AssertRefSnapshotId(ref=MAIN, snapshot_id=committed.snapshot_id),
+                ),
+            )
+        except CommitFailedException as e:
+            log.info("epoch claim on %s refused by the catalog (%s); checking again", _name(table), e)
+            continue
+        return
+    raise CommitError(f"could not claim epoch {epoch} on {_name(table)}: the table kept changing")
 
 
 def reset_offsets(

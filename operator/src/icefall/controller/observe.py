@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from icefall.api import ConditionReason, StreamingTable
 from icefall.commit.errors import CorruptStateError
+from icefall.commit.protocol import EPOCH_CLAIM_PROPERTY, RESET_PROPERTY
 from icefall.commit.state import state_of
 from icefall.plan.children import secret_env_vars
 from icefall.plan.conditions import Issue
@@ -116,7 +117,11 @@ def table_facts(table: Table) -> TableFacts:
     last_append = last_replace = None
     for snapshot in ancestors_of(head, metadata) if head is not None else ():
         operation = snapshot.summary.operation if snapshot.summary is not None else None
-        if operation is Operation.APPEND and last_append is None:
+        # An epoch claim or an offset reset is an empty append that commits no records.
+        bookkeeping = snapshot.summary is not None and any(
+            key in snapshot.summary.additional_properties for key in (EPOCH_CLAIM_PROPERTY, RESET_PROPERTY)
+        )
+        if operation is Operation.APPEND and last_append is None and not bookkeeping:
             last_append = snapshot
         elif operation is Operation.REPLACE and last_replace is None:
             last_replace = snapshot

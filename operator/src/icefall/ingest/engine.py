@@ -21,12 +21,13 @@ Not guaranteed: the dead-letter table may briefly hold rows of a batch whose mai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ from icefall.commit import (
     MaintenanceConflictError,
     StaleHeadError,
     abandon_stage,
+    claim_epoch,
     commit_staged_outcome,
     prepare_stage,
     read_committed,
@@ -187,20 +189,39 @@ class Ingestor:
         from icefall.catalog.tables import ensure_tables, spark_struct_to_iceberg
         from icefall.ingest.decode import prepare
 
-        self.epoch = self.lease.acquire(lease_timeout)
-        self._keeper = LeaseKeeper(self.lease)
-        self._keeper.start()
-        log.info("%s: writer %s holds the commit lease at epoch %d", self.label, self.writer_id, self.epoch)
         override = None
         if self.spec.transforms.select:
             # The table's columns are what the select expressions produce: ask Spark's analyser.
             override = spark_struct_to_iceberg(prepare(self._empty_source(), self.spec).good.schema.json())
         self.table, self.dead_letter_table = ensure_tables(self.catalog, self.st, schema_override=override)
+        self.epoch = self._acquire_and_claim(lease_timeout)
+        self._keeper = LeaseKeeper(self.lease)
+        self._keeper.start()
+        log.info("%s: writer %s holds the commit lease at epoch %d", self.label, self.writer_id, self.epoch)
         # Branches of writers that died mid-batch: their data was never on main.
         for t in (self.table, self.dead_letter_table):
             if t is not None:
                 sweep_stages(t)
         self.reconcile_dead_letters()
+
+    def _acquire_and_claim(self, lease_timeout: float | None, attempts: int = 5) -> int:
+        """Take the commit lease at an epoch above the tables' and claim it in the main table.
+
+        The floor makes a deleted or reset Lease harmless (its epoch would start again at 1); the claim
+        makes the epoch this writer's alone, whatever lease store another writer used.
+        """
+        for _ in range(attempts):
+            floor = max(
+                read_committed(t).epoch for t in (self.table, self.dead_letter_table) if t is not None
+            )
+            epoch = self.lease.acquire(lease_timeout, floor=floor)
+            try:
+                claim_epoch(self.table, epoch)
+                return epoch
+            except FencedError as taken:
+                log.warning("%s: %s; taking a newer epoch", self.label, taken)
+                self.lease.release()
+        raise FencedError(f"{self.label}: could not claim an epoch: other writers kept claiming newer ones")
 
     def close(self) -> None:
         if self._keeper is not None:
@@ -449,13 +470,14 @@ class Ingestor:
     ) -> tuple[int, float]:
         """Stage the good rows and commit them; returns the snapshot id and the seconds of the commit."""
         stage = prepare_stage(self.table, self._next_branch())
-        if stage.base.offsets != committed:
-            raise StaleHeadError("the table moved between planning and staging")
-        good.writeTo(self._spark_name(self.st.table_identifier, stage.branch)).append()
-        _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)  # Spark commits nothing for 0 rows
-        self._check_lease()
-        commit_started = time.monotonic()
-        outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
+        with _dropped_unless_committed(self.table, stage.branch, self.label):
+            if stage.base.offsets != committed:
+                raise StaleHeadError("the table moved between planning and staging")
+            good.writeTo(self._spark_name(self.st.table_identifier, stage.branch)).append()
+            _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)  # Spark commits none for 0 rows
+            self._check_lease()
+            commit_started = time.monotonic()
+            outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
         self._count_restage(self.label, outcome)
         return outcome.snapshot_id, time.monotonic() - commit_started
 
@@ -492,10 +514,12 @@ class Ingestor:
             max_produce_time_ms=batch.max_produce_time_ms,
             topic_id=batch.topic_id,
         )
-        bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
-        self._dead_letters_dirty = True  # ahead of main until the main commit lands
-        outcome = commit_staged_outcome(dlq, stage, dlq_batch, self.epoch)
-        self._count_restage(".".join(self.st.dead_letter_identifier or ()), outcome)
+        label = ".".join(self.st.dead_letter_identifier or ())
+        with _dropped_unless_committed(dlq, stage.branch, label):
+            bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
+            self._dead_letters_dirty = True  # ahead of main until the main commit lands
+            outcome = commit_staged_outcome(dlq, stage, dlq_batch, self.epoch)
+        self._count_restage(label, outcome)
         return count
 
     def reconcile_dead_letters(self) -> None:
@@ -560,6 +584,25 @@ class Ingestor:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not should_stop():
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+@contextlib.contextmanager
+def _dropped_unless_committed(table: Table, branch: str, label: str) -> Iterator[None]:
+    """Drop staging branch `branch` if the block raises: its batch did not land (a refused commit, a failed
+    write), and a branch left behind would pin its snapshots and files until the next start's sweep.
+
+    A commit that raised but landed has already removed the branch; dropping is then a no-op. A failure to
+    drop is logged, never raised over the original error (the next start sweeps what is left).
+    """
+    try:
+        yield
+    except BaseException:
+        try:
+            if abandon_stage(table, branch):
+                metrics.STAGES_DROPPED.labels(label).inc()
+        except Exception:
+            log.warning("%s: dropping staging branch %s failed; the next start sweeps it", label, branch)
+        raise
 
 
 def _ensure_staged(table: Table, branch: str, base: int | None, attempts: int = 5) -> None:

@@ -57,6 +57,7 @@ def decide(
     now: float,
     duration_seconds: float,
     holder_is_gone: bool = False,
+    floor: int = 0,
 ) -> LeaseDecision:
     """What `me` should do about a lease currently described by `current` (None: no lease yet).
 
@@ -65,13 +66,17 @@ def decide(
     treated like any other holder, so it is waited out and the new incarnation gets a new epoch.
     `holder_is_gone`: the caller KNOWS the current holder can never write again (a local process that
     has exited), so its unexpired lease is taken at once instead of waited out; the epoch still grows.
+    `floor`: an epoch already in use elsewhere (the table's `icefall.epoch`): a new holder's epoch is
+    max(lease epoch, floor) + 1, so a deleted or reset lease never hands out an epoch the table refuses.
     """
     if not me:
         raise ValueError("a lease holder needs a non-empty identity")
     if duration_seconds <= 0:
         raise ValueError(f"lease duration must be positive, got {duration_seconds}")
+    if floor < 0:
+        raise ValueError(f"epoch floor must not be negative, got {floor}")
     if current is None:
-        return LeaseDecision(LeaseAction.ACQUIRE, LeaseRecord(me, 1, now, now, duration_seconds))
+        return LeaseDecision(LeaseAction.ACQUIRE, LeaseRecord(me, floor + 1, now, now, duration_seconds))
     if current.holder == me and current.epoch == my_epoch:
         # Still ours, even if it ran out: nobody took it over, so nobody holds a newer epoch.
         return LeaseDecision(
@@ -79,7 +84,7 @@ def decide(
         )
     if current.holder is None or current.expired(now) or (holder_is_gone and current.holder != me):
         return LeaseDecision(
-            LeaseAction.ACQUIRE, LeaseRecord(me, current.epoch + 1, now, now, duration_seconds)
+            LeaseAction.ACQUIRE, LeaseRecord(me, max(current.epoch, floor) + 1, now, now, duration_seconds)
         )
     # A renew time ahead of our clock (skew) never makes us wait longer than one lease duration.
     wait = min(current.expires_at - now, current.duration_seconds)
