@@ -14,6 +14,7 @@ step() {
 kube=$(step "$here/build-go-tools.sh" kube)
 etcd=$(step "$here/build-go-tools.sh" etcd)
 helm=$(step "$here/build-go-tools.sh" helm)
+minio=$(step "$here/build-go-tools.sh" minio)
 kafka=$(step "$here/fetch-jars.sh" kafka)
 spark=$(step "$here/fetch-jars.sh" spark)
 if ((SECONDS - t0 > 0)); then echo "[setup] tools ready in $((SECONDS - t0))s" >&2; fi
@@ -21,6 +22,7 @@ cat <<ENV
 export ICEFALL_KUBE_BIN=$kube
 export ICEFALL_ETCD_BIN=$etcd
 export ICEFALL_HELM_BIN=$helm
+export ICEFALL_MINIO_BIN=$minio
 export ICEFALL_KAFKA_JARS=$kafka
 export ICEFALL_SPARK_JARS=$spark
 export PATH=$kube:$helm:\$PATH

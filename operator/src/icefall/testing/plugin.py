@@ -1,4 +1,5 @@
-"""Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, Spark + catalog.
+"""Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, an S3 object store
+(MinIO), Spark + catalog.
 
 Each component starts once per run on free loopback ports and is stopped at the end of the run, including
 after Ctrl-C; if the run is killed outright, the parent-death signal ends the children. A component that
@@ -16,6 +17,7 @@ import pytest
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.objectstore import ObjectStore
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,6 +51,13 @@ def kube(stack_dir: Path) -> Iterator[KubeAPIServer]:
     server = KubeAPIServer(stack_dir / "kube", users={"limited": ""}).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def object_store(stack_dir: Path) -> Iterator[ObjectStore]:
+    store = ObjectStore(stack_dir / "objectstore").start()
+    yield store
+    store.stop()
 
 
 @pytest.fixture(scope="session")
