@@ -76,6 +76,9 @@ class ObjectStore:
             "MINIO_SITE_REGION": self.region,
             "MINIO_BROWSER": "off",  # no web console: no second port
             "MINIO_UPDATE": "off",  # never look for a newer release
+            # CI's CI=true switches MinIO's CI mode on; set it everywhere so the server behaves the same
+            # locally (it also caps the buffer pool instead of sizing it from the machine's memory).
+            "MINIO_CI_CD": "on",
         }
         minio = str(tool_dir("ICEFALL_MINIO_BIN") / "minio")
         argv = [minio, "server", "--anonymous", f"--address=127.0.0.1:{self.port}", str(self.data_dir)]
