@@ -93,7 +93,7 @@ build_minio() {
   local out=$cache/minio-$MINIO_VERSION
   if [[ -x $out/bin/minio ]]; then echo "$out/bin"; return; fi
   mkdir -p "$out/bin"
-  log "minio $MINIO_VERSION: building (a few minutes on 2 cores)"
+  log "minio $MINIO_VERSION: building (several minutes on 2 cores)"
   GOBIN=$out/bin go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION" >&2
   echo "$out/bin"
 }
