@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the Go binaries the test stack needs from the Go module proxy, cached by version:
-#   kube-apiserver + kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3), helm.
+#   kube-apiserver + kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3), helm,
+#   minio (github.com/minio/minio: the S3-compatible object store).
 # `go install` cannot build kube-apiserver or etcd (their go.mod files use replace directives), so each is
 # built from a small wrapper module that pins the staging modules to the matching v0.Y.Z versions.
 #
-# Usage: hack/build-go-tools.sh [kube|etcd|helm|all]   (prints the bin folder of what it built)
+# Usage: hack/build-go-tools.sh [kube|etcd|helm|minio|all]   (prints the bin folder of what it built)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -85,10 +86,23 @@ build_helm() {
   echo "$out/bin"
 }
 
+# MinIO tags its releases RELEASE.<date>, which are not module versions, so versions.env pins the
+# pseudo-version of a commit. Its go.mod has no replace directives: `go install` builds it directly.
+# Left unstamped, it reports itself as a development build, which changes nothing the tests use.
+build_minio() {
+  local out=$cache/minio-$MINIO_VERSION
+  if [[ -x $out/bin/minio ]]; then echo "$out/bin"; return; fi
+  mkdir -p "$out/bin"
+  log "minio $MINIO_VERSION: building (several minutes on 2 cores)"
+  GOBIN=$out/bin go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION" >&2
+  echo "$out/bin"
+}
+
 case ${1:-all} in
   kube) build_kube ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
-  all) build_etcd && build_kube && build_helm ;;
-  *) echo "usage: $0 [kube|etcd|helm|all]" >&2; exit 2 ;;
+  minio) build_minio ;;
+  all) build_etcd && build_kube && build_helm && build_minio ;;
+  *) echo "usage: $0 [kube|etcd|helm|minio|all]" >&2; exit 2 ;;
 esac

@@ -14,6 +14,7 @@ step() {
 kube=$(step "$here/build-go-tools.sh" kube)
 etcd=$(step "$here/build-go-tools.sh" etcd)
 helm=$(step "$here/build-go-tools.sh" helm)
+minio=$(step "$here/build-go-tools.sh" minio)
 kafka=$(step "$here/fetch-jars.sh" kafka)
 spark=$(step "$here/fetch-jars.sh" spark)
 rest_catalog=$(step "$here/fetch-jars.sh" rest-catalog)
@@ -22,6 +23,7 @@ cat <<ENV
 export ICEFALL_KUBE_BIN=$kube
 export ICEFALL_ETCD_BIN=$etcd
 export ICEFALL_HELM_BIN=$helm
+export ICEFALL_MINIO_BIN=$minio
 export ICEFALL_KAFKA_JARS=$kafka
 export ICEFALL_SPARK_JARS=$spark
 export ICEFALL_REST_CATALOG_JARS=$rest_catalog

@@ -1,5 +1,5 @@
 """Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, Spark + catalog,
-PostgreSQL and the Iceberg REST catalog server.
+PostgreSQL, the Iceberg REST catalog server and an S3 object store (MinIO).
 
 Each component starts once per run on free loopback ports and is stopped at the end of the run, including
 after Ctrl-C; if the run is killed outright, the parent-death signal ends the children. A component that
@@ -17,6 +17,7 @@ import pytest
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
 
@@ -67,6 +68,13 @@ def rest_catalog(stack_dir: Path) -> Iterator[RESTCatalogServer]:
     server = RESTCatalogServer(stack_dir / "rest-catalog").start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def object_store(stack_dir: Path) -> Iterator[ObjectStore]:
+    store = ObjectStore(stack_dir / "objectstore").start()
+    yield store
+    store.stop()
 
 
 @pytest.fixture(scope="session")
