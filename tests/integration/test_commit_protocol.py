@@ -1,6 +1,9 @@
-"""The commit protocol puts every batch into the table exactly once, against a real SQLite catalog.
+"""The commit protocol puts every batch into the table exactly once, on every catalog and storage it supports.
 
-Proves, with pyiceberg as the writer (standing in for Spark) on a real `SqlCatalog` in a temporary folder:
+Proves, with pyiceberg as the writer (standing in for Spark), each test against three real catalogs: a
+SQLite `SqlCatalog` on a local folder, a `SqlCatalog` on PostgreSQL and Iceberg's REST server (on
+PostgreSQL), the last two with their files in the S3 object store (MinIO), so the compare-and-swap is the
+one each catalog enforces (a row lock, the REST server's `assert-ref-snapshot-id`):
 - in every metadata version of the table, the rows visible on `main` are exactly the records below the
   `icefall.offsets` recorded in that same version (data and offsets move in one metadata commit);
 - of two writers planning from the same head, exactly one wins; the loser gets StaleHeadError — also when
@@ -37,6 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, Table
@@ -64,6 +68,9 @@ from icefall.commit import (
     sweep_stages,
 )
 from icefall.commit.protocol import GENESIS_PROPERTY, RESTAGED_FROM_PROPERTY
+from icefall.devstack.objectstore import ObjectStore
+from icefall.devstack.postgres import PostgresServer
+from icefall.devstack.rest_catalog import RESTCatalogServer
 
 pytestmark = pytest.mark.integration
 
@@ -78,18 +85,40 @@ SCHEMA = pa.schema(
 )
 
 
-@pytest.fixture
-def catalog(tmp_path: Path) -> SqlCatalog:
-    (tmp_path / "warehouse").mkdir()
-    catalog = SqlCatalog(
-        "icefall", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=(tmp_path / "warehouse").as_uri()
-    )
+CATALOGS = ["sqlite-local", "postgres-s3", "rest-s3"]
+
+
+@pytest.fixture(params=CATALOGS)
+def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Catalog]:
+    """A fresh namespace `lake` on each catalog and storage the protocol must hold on: a SQLite catalog on a
+    local folder (the embedded default), a JDBC catalog on PostgreSQL and Iceberg's REST server (itself on
+    PostgreSQL), both with their files in the S3 object store."""
+    if request.param == "sqlite-local":
+        (tmp_path / "warehouse").mkdir()
+        props = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}"}
+        props["warehouse"] = (tmp_path / "warehouse").as_uri()
+    else:
+        store: ObjectStore = request.getfixturevalue("object_store")
+        store.create_bucket("protocol")
+        if request.param == "postgres-s3":
+            postgres: PostgresServer = request.getfixturevalue("postgres")
+            props = {"type": "sql", "uri": postgres.sqlalchemy_uri}
+            props["warehouse"] = f"s3://protocol/{tmp_path.name}"
+        else:
+            rest: RESTCatalogServer = request.getfixturevalue("rest_catalog_s3")
+            props = {"type": "rest", "uri": rest.uri}
+        props.update(store.properties())
+    catalog = load_catalog("icefall", **props)
     catalog.create_namespace("lake")
-    return catalog
+    catalog.properties_for_child = props  # type: ignore[attr-defined]
+    yield catalog
+    for identifier in catalog.list_tables("lake"):
+        catalog.purge_table(identifier)
+    catalog.drop_namespace("lake")
 
 
 @pytest.fixture
-def table(catalog: SqlCatalog) -> Table:
+def table(catalog: Catalog) -> Table:
     return catalog.create_table(IDENTIFIER, SCHEMA)
 
 
@@ -339,11 +368,11 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
-    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.catalog import load_catalog
     from icefall.commit import Batch, commit_staged, prepare_stage, stage_branch_name
 
     args = json.loads(sys.argv[1])
-    catalog = SqlCatalog("icefall", uri=args["uri"], warehouse=args["warehouse"])
+    catalog = load_catalog("icefall", **args["catalog"])
     table = catalog.load_table(args["table"])
     stage = prepare_stage(table, stage_branch_name("child", 1))
     start = stage.base.offsets.get(0, 0)
@@ -356,10 +385,9 @@ CHILD = textwrap.dedent(
 )
 
 
-def run_child(catalog: SqlCatalog, failpoint_spec: str, n: int) -> subprocess.CompletedProcess[str]:
+def run_child(catalog: Catalog, failpoint_spec: str, n: int) -> subprocess.CompletedProcess[str]:
     args = {
-        "uri": catalog.properties["uri"],
-        "warehouse": catalog.properties["warehouse"],
+        "catalog": catalog.properties_for_child,  # type: ignore[attr-defined]
         "table": IDENTIFIER,
         "topic": TOPIC,
         "n": n,
@@ -377,7 +405,7 @@ def run_child(catalog: SqlCatalog, failpoint_spec: str, n: int) -> subprocess.Co
 
 @pytest.mark.parametrize("point", ["after-stage", "before-commit"])
 def test_a_process_killed_after_staging_leaves_nothing_to_repair(
-    catalog: SqlCatalog, table: Table, point: str
+    catalog: Catalog, table: Table, point: str
 ) -> None:
     ingest(table, "w", 1, {0: 2}, epoch=1)
     before = read_committed(table)
@@ -401,7 +429,7 @@ def test_a_process_killed_after_staging_leaves_nothing_to_repair(
     assert_exactly_once(table, {0: 5})
 
 
-def test_a_process_killed_after_committing_resumes_after_its_batch(catalog: SqlCatalog, table: Table) -> None:
+def test_a_process_killed_after_committing_resumes_after_its_batch(catalog: Catalog, table: Table) -> None:
     ingest(table, "w", 1, {0: 2}, epoch=1)
 
     child = run_child(catalog, "after-commit=exit", n=3)
@@ -521,7 +549,7 @@ def test_maintenance_commits_keep_the_committed_state(table: Table) -> None:
     assert_exactly_once(table, {0: 5, 1: 3})
 
 
-def maintenance(catalog: SqlCatalog, delete: str) -> Any:
+def maintenance(catalog: Catalog, delete: str) -> Any:
     """A failpoint action: another process deletes rows matching `delete` on main (a retention delete)."""
 
     def act(name: str) -> None:
@@ -535,7 +563,7 @@ def maintenance(catalog: SqlCatalog, delete: str) -> Any:
     return act
 
 
-def test_a_maintenance_commit_before_the_commit_is_restaged_over(catalog: SqlCatalog, table: Table) -> None:
+def test_a_maintenance_commit_before_the_commit_is_restaged_over(catalog: Catalog, table: Table) -> None:
     ingest(table, "w", 1, {0: 4, 1: 2}, epoch=1)
     stage, batch = stage_batch(table, "w", 2, {0: 3, 1: 1})
     staged = table.metadata.refs[stage.branch].snapshot_id
@@ -560,7 +588,7 @@ def test_a_maintenance_commit_before_the_commit_is_restaged_over(catalog: SqlCat
 
 
 def test_a_second_maintenance_commit_in_the_commit_window_is_restaged_over_too(
-    catalog: SqlCatalog, table: Table
+    catalog: Catalog, table: Table
 ) -> None:
     """The re-stage's compare-and-swap loses to a commit landing after the re-check: it is derived again."""
     ingest(table, "w", 1, {0: 4, 1: 2, 2: 2}, epoch=1)
@@ -574,7 +602,7 @@ def test_a_second_maintenance_commit_in_the_commit_window_is_restaged_over_too(
     assert stage_branches(table) == []
 
 
-def test_an_empty_batch_is_restaged_over_maintenance(catalog: SqlCatalog, table: Table) -> None:
+def test_an_empty_batch_is_restaged_over_maintenance(catalog: Catalog, table: Table) -> None:
     ingest(table, "w", 1, {0: 3}, epoch=1)
     stage = prepare_stage(table, stage_branch_name("w", 2))
     batch = Batch(TOPIC, start={0: 3, 1: 0}, end={0: 3, 1: 0})  # pins partition 1, no rows
@@ -587,7 +615,7 @@ def test_an_empty_batch_is_restaged_over_maintenance(catalog: SqlCatalog, table:
     assert read_committed(table).offsets == {0: 3, 1: 0}
 
 
-def test_only_maintenance_in_between_is_restaged_over(catalog: SqlCatalog, table: Table) -> None:
+def test_only_maintenance_in_between_is_restaged_over(catalog: Catalog, table: Table) -> None:
     ingest(table, "w", 1, {0: 4}, epoch=2)
 
     # Another writer's ingestion commit after the maintenance: the batch overlaps it, refused.
@@ -631,7 +659,7 @@ def test_only_maintenance_in_between_is_restaged_over(catalog: SqlCatalog, table
 
 
 def test_maintenance_the_batch_cannot_be_restaged_over_is_a_maintenance_conflict(
-    catalog: SqlCatalog, table: Table
+    catalog: Catalog, table: Table
 ) -> None:
     from pyiceberg.types import StringType
 
@@ -647,7 +675,7 @@ def test_maintenance_the_batch_cannot_be_restaged_over_is_a_maintenance_conflict
     assert stage_branches(table) == [stage.branch]  # refused: nothing changed
 
 
-def test_canary_a_plain_pyiceberg_append_rebases_onto_a_moved_head(catalog: SqlCatalog, table: Table) -> None:
+def test_canary_a_plain_pyiceberg_append_rebases_onto_a_moved_head(catalog: Catalog, table: Table) -> None:
     """Why the protocol exists: pyiceberg's retry lands a write planned on an old head without complaint.
 
     If this starts failing, pyiceberg stopped rebasing; the protocol stays correct, but DESIGN.md's

@@ -12,9 +12,11 @@ table exactly once (and that the auditor agrees):
 - dead letters left ahead of the main table by a crash between the two commits of a batch are removed on
   restart by `rewind_dead_letters`, in one guarded commit that deletes the rows and moves the offsets
   back together, and which a writer with an older epoch is refused;
-- dead letters a fenced-out writer commits after the new holder's start-up check (before the new holder
-  has committed any, so the dead-letter table's epoch cannot refuse them) are noticed before the new
-  holder writes its own on top (which would duplicate them): it plans again, rewinds, and commits.
+- dead letters a fenced-out writer tries to commit after the new holder started (before the new holder has
+  committed any) are refused by the new holder's epoch claim in the dead-letter table;
+- a commit refused because someone else committed in between drops its staging branch at once (counted in
+  `icefall_ingest_stages_dropped_total`) instead of leaving it, with its snapshot, until the next start;
+- a deleted Lease, or a second lease store, never makes a writer fence itself in a loop nor share an epoch.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pyspark.sql import SparkSession
 
 from icefall import failpoints
 from icefall.catalog import CatalogConfig
-from icefall.commit import FencedError, StaleHeadError, claim_epoch, read_committed
+from icefall.commit import FencedError, claim_epoch, read_committed
 from icefall.commit.lease import FileLease, LeaseLostError
 from icefall.commit.protocol import rewind_dead_letters
 from icefall.devstack.kafka import KafkaBroker
@@ -299,10 +301,14 @@ def test_dead_letters_left_ahead_by_a_crash_are_rewound_on_restart(
     restarted = Ingestor(st, catalog_config, spark, FileLease(lease_file, "restarted"), writer_id="restarted")
     restarted.start(lease_timeout=10)
     try:
-        # One metadata commit deleted the rows and moved the offsets back, at the new epoch.
+        # After the restarted writer's epoch claim, one metadata commit deleted the rows and moved the
+        # offsets back, at the new epoch.
         dead_letters.refresh()
-        assert len(dead_letters.metadata.metadata_log) == versions + 1
-        assert dead_letters.metadata.current_snapshot().parent_snapshot_id == ahead.snapshot_id
+        assert len(dead_letters.metadata.metadata_log) == versions + 2
+        claim = dead_letters.metadata.snapshot_by_id(
+            dead_letters.metadata.current_snapshot().parent_snapshot_id
+        )
+        assert claim is not None and claim.parent_snapshot_id == ahead.snapshot_id
         rewound = read_committed(dead_letters)
         assert (rewound.offsets, rewound.epoch) == (dict.fromkeys(high, 0), restarted.epoch)
         assert sum(table_offsets(catalog_config, name)[1].values()) == 0
@@ -329,12 +335,12 @@ def test_dead_letters_left_ahead_by_a_crash_are_rewound_on_restart(
         restarted.close()
 
 
-def test_dead_letters_committed_behind_the_active_writers_back_are_not_duplicated(
+def test_a_fenced_out_writers_late_dead_letters_are_refused(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
-    """A fenced-out writer's dead-letter commit lands after the new holder's start-up check (the table's
-    epoch cannot stop it: the new holder has not committed dead letters yet). The new holder must notice
-    the dead-letter table is ahead before it writes its own dead letters on top of those rows."""
+    """A fenced-out writer tries to commit a batch's dead letters after the new holder started, before the new
+    holder has committed anything: the new holder's epoch claim in the dead-letter table refuses them (before
+    claims, they landed and the new holder had to notice the dead-letter table ahead of the main one)."""
     topic, name = "it-race-dlq-late", "race_dlq_late"
     kafka.create_topic(topic, partitions=2)
     bad = produce(kafka, topic, 0, 40, bad_every=5, partitions=[0, 1])
@@ -343,21 +349,18 @@ def test_dead_letters_committed_behind_the_active_writers_back_are_not_duplicate
     old = FileLease(lease_file, "old")  # epoch 1: the writer that is about to be fenced out
     old_epoch = old.acquire(timeout=10)
     old.release()
+    # The old writer started while it held epoch 1, and still believes it does.
+    a = Ingestor(st, catalog_config, spark, BlindLease(old_epoch), writer_id="a")
+    a.start()
     b = Ingestor(st, catalog_config, spark, FileLease(lease_file, "b"), writer_id="b")
     b.start(lease_timeout=10)
     assert b.epoch == old_epoch + 1
-    # The old writer, still believing it holds epoch 1, commits a batch's dead letters, then stalls.
-    a = Ingestor(st, catalog_config, spark, BlindLease(old_epoch), writer_id="a")
-    a.start()
     try:
-        with failpoints.armed("after-commit", "raise"), pytest.raises(FailpointError):
+        with pytest.raises(FencedError, match="below the table's epoch"):
             a.run_batch()
-        _, dead_letters = tables(catalog_config, name)
-        assert read_committed(dead_letters).offsets == watermarks(kafka, topic)
-
-        with pytest.raises(StaleHeadError, match="dead-letter table is ahead"):
-            b.run_batch()
-        assert sum(r.records_read for r in drain(b)) == 40  # rewinds first, then commits the batch
+        table, dead_letters = tables(catalog_config, name)
+        assert read_committed(dead_letters).offsets == {} and read_committed(table).offsets == {}
+        assert sum(r.records_read for r in drain(b)) == 40
     finally:
         a.close()
         b.close()
@@ -369,7 +372,7 @@ def test_a_refused_commit_drops_its_staging_branch(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
     from icefall import metrics
-    from icefall.commit import STAGE_PREFIX, reset_offsets
+    from icefall.commit import STAGE_PREFIX
 
     topic, name = "it-race-stage-drop", "race_stage_drop"
     kafka.create_topic(topic, partitions=1)
@@ -390,26 +393,26 @@ def test_a_refused_commit_drops_its_staging_branch(
         hits: list[str] = []
 
         def someone_commits(point: str) -> None:
-            # A commit that is not maintenance lands between staging and the compare-and-swap, once.
+            # A commit that is not maintenance lands between staging and the compare-and-swap, once: a
+            # newer writer's epoch claim.
             hits.append(point)
             if len(hits) == 1:
-                reset_offsets(
-                    table,
-                    topic_id=committed.topic_id or "",
-                    offsets=committed.offsets,
-                    reason="test",
-                    now_ms=0,
-                )
+                claim_epoch(table, committed.epoch + 1)
 
-        with failpoints.armed("before-commit", someone_commits), pytest.raises(StaleHeadError):
+        with failpoints.armed("before-commit", someone_commits), pytest.raises(FencedError):
             writer.run_batch()
         table.refresh()
         assert [ref for ref in table.metadata.refs if ref.startswith(STAGE_PREFIX)] == []
         dropped = metrics.REGISTRY.get_sample_value("icefall_ingest_stages_dropped_total", {"table": label})
         assert (dropped or 0) - (dropped_before or 0) == 1
-        drain(writer)
     finally:
         writer.close()
+    successor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "s"), writer_id="s")
+    successor.start(lease_timeout=10)
+    try:
+        drain(successor)
+    finally:
+        successor.close()
     assert_exactly_once(catalog_config, name, watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap)
 
 

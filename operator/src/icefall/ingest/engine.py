@@ -205,18 +205,19 @@ class Ingestor:
         self.reconcile_dead_letters()
 
     def _acquire_and_claim(self, lease_timeout: float | None, attempts: int = 5) -> int:
-        """Take the commit lease at an epoch above the tables' and claim it in the main table.
+        """Take the commit lease at an epoch above the tables' and claim it in both tables.
 
         The floor makes a deleted or reset Lease harmless (its epoch would start again at 1); the claim
-        makes the epoch this writer's alone, whatever lease store another writer used.
+        makes the epoch this writer's alone, whatever lease store another writer used, and fences an older
+        writer's late dead-letter commit as well as its main one.
         """
+        tables = [t for t in (self.dead_letter_table, self.table) if t is not None]
         for _ in range(attempts):
-            floor = max(
-                read_committed(t).epoch for t in (self.table, self.dead_letter_table) if t is not None
-            )
+            floor = max(read_committed(t).epoch for t in tables)
             epoch = self.lease.acquire(lease_timeout, floor=floor)
             try:
-                claim_epoch(self.table, epoch)
+                for table in tables:
+                    claim_epoch(table, epoch)
                 return epoch
             except FencedError as taken:
                 log.warning("%s: %s; taking a newer epoch", self.label, taken)

@@ -78,6 +78,34 @@ def object_store(stack_dir: Path) -> Iterator[ObjectStore]:
 
 
 @pytest.fixture(scope="session")
+def rest_catalog_s3(
+    stack_dir: Path, object_store: ObjectStore, postgres: PostgresServer
+) -> Iterator[RESTCatalogServer]:
+    """The shape of a production lake: Iceberg's REST server on a PostgreSQL JDBC catalog, table files in
+    the S3 object store (bucket `rest-lake`)."""
+    object_store.create_bucket("rest-lake")
+    postgres.create_database("rest_catalog")
+    store = object_store.properties()
+    server = RESTCatalogServer(
+        stack_dir / "rest-catalog-s3",
+        jdbc_uri=postgres.jdbc_url_for("rest_catalog"),
+        jdbc_user=postgres.user,
+        jdbc_password=postgres.password,
+        warehouse="s3://rest-lake/warehouse",
+        properties={
+            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            "s3.endpoint": store["s3.endpoint"],
+            "s3.path-style-access": "true",
+            "s3.access-key-id": store["s3.access-key-id"],
+            "s3.secret-access-key": store["s3.secret-access-key"],
+            "client.region": store["s3.region"],
+        },
+    ).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def catalog_config(stack_dir: Path) -> CatalogConfig:
     config = CatalogConfig.embedded(stack_dir / "lake")
     config.pyiceberg()  # creates the catalog tables before Spark's JdbcCatalog looks at them
