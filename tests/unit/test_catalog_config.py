@@ -11,16 +11,19 @@ Proves:
   raises an error naming the field and the variable, never a value;
 - secret values are masked in `repr`, in `mask()`ed text (also URL-quoted), and never in error messages;
 - properties that would contradict the spec's own fields, and unsupported databases, are refused naming
-  the field.
+  the field;
+- the README's catalog examples are valid manifests and map as the README says.
 Not proved here: that the clients connect (the integration tests run real catalogs).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig, CatalogConfigError, MissingCredentialError
@@ -326,3 +329,30 @@ def test_contradicting_or_unsupported_settings_name_the_field(catalog: dict[str,
     with pytest.raises(CatalogConfigError) as raised:
         CatalogConfig.for_table(st.spec, environ={})
     assert str(raised.value).startswith(field), raised.value
+
+
+def test_the_readme_examples_map_as_documented() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Catalogs", 1)[1].split("\n## ", 1)[0]
+    blocks = [yaml.safe_load(b)["catalog"] for b in re.findall(r"```yaml\n(.*?)```", section, re.S)]
+    assert [(b["type"], b["uri"].split(":", 1)[0]) for b in blocks] == [
+        ("sql", "sqlite"),
+        ("sql", "postgresql"),
+        ("rest", "https"),
+    ]
+    options = []
+    for block in blocks:
+        spec = table_with(block).spec
+        environ = {env.name: f"value-of-{env.key}" for env in secret_env_vars(spec)[1]}
+        options.append(spark_options(CatalogConfig.for_table(spec, environ=environ)))
+    sqlite, postgres, rest = options
+    assert sqlite["uri"] == "jdbc:sqlite:/var/lib/icefall/catalog.db"
+    assert sqlite["warehouse"] == "file:///var/lib/icefall/warehouse"
+    assert (postgres["uri"], postgres["jdbc.user"], postgres["jdbc.password"]) == (
+        "jdbc:postgresql://postgres.data:5432/iceberg?sslmode=require",
+        "icefall",
+        "value-of-password",
+    )
+    assert (rest["type"], rest["credential"], rest["io-impl"]) == ("rest", "value-of-credential", S3_FILE_IO)
+    assert postgres["io-impl"] == S3_FILE_IO
+    assert postgres["client.region"] == rest["client.region"] == "eu-west-1"
