@@ -90,6 +90,9 @@ def test_sql_on_sqlite_resolves_paths(tmp_path: Path, monkeypatch: pytest.Monkey
         "warehouse": f"file://{tmp_path}/wh",
     }
     assert spark_options(config)["uri"] == f"jdbc:sqlite:{tmp_path}/rel/catalog.db"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # resolved once: a later change of folder changes nothing
+    assert config.database == tmp_path / "rel" / "catalog.db"
     absolute = table_with({"name": "lake", "uri": "jdbc:sqlite:/data/c.db", "warehouse": "file:///data/w"})
     config = CatalogConfig.for_table(absolute.spec, environ={})
     assert config.database == Path("/data/c.db")

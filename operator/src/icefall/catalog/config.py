@@ -197,13 +197,17 @@ class CatalogConfig:
             if state_dir is None:
                 raise CatalogConfigError("spec.table.catalog is not set (no embedded catalog here)")
             return cls.embedded(state_dir)
-        warehouse = catalog.warehouse
-        if warehouse and catalog.type is CatalogType.SQL and "://" not in warehouse:
-            warehouse = Path(warehouse.removeprefix("file:")).resolve().as_uri()  # a local folder
+        uri, warehouse = catalog.uri, catalog.warehouse
+        if catalog.type is CatalogType.SQL:
+            database = _Database.parse(uri).path
+            if database is not None:  # relative paths are relative to here, once and for all
+                uri = f"sqlite:///{database}"
+            if warehouse and "://" not in warehouse:
+                warehouse = Path(warehouse.removeprefix("file:")).resolve().as_uri()  # a local folder
         return cls(
             name=catalog.name,
             type=catalog.type,
-            uri=catalog.uri,
+            uri=uri,
             warehouse=warehouse,
             properties=dict(catalog.properties),
             secrets=_resolve_secrets(spec, os.environ if environ is None else environ),
