@@ -1,5 +1,5 @@
 """The one catalog adapter (`icefall.catalog.CatalogConfig`): `spec.table.catalog` to pyiceberg properties and
-Spark conf, for each catalog type, with secrets from the environment. Pure: no client is built.
+Spark conf, for each catalog type, with secrets from the environment. No server is contacted.
 
 Proves:
 - the embedded default is the SQLite catalog and local warehouse it always was, byte for byte;
@@ -12,7 +12,8 @@ Proves:
 - secret values are masked in `repr`, in `mask()`ed text (also URL-quoted), and never in error messages;
 - properties that would contradict the spec's own fields, and unsupported databases, are refused naming
   the field;
-- the README's catalog examples are valid manifests and map as the README says.
+- the README's catalog examples are valid manifests and map as the README says;
+- the operator's client (`make_folders=False`) never creates a missing SQLite folder.
 Not proved here: that the clients connect (the integration tests run real catalogs).
 """
 
@@ -359,3 +360,10 @@ def test_the_readme_examples_map_as_documented() -> None:
     assert (rest["type"], rest["credential"], rest["io-impl"]) == ("rest", "value-of-credential", S3_FILE_IO)
     assert postgres["io-impl"] == S3_FILE_IO
     assert postgres["client.region"] == rest["client.region"] == "eu-west-1"
+
+
+def test_the_operator_never_creates_a_missing_sqlite_folder(tmp_path: Path) -> None:
+    config = CatalogConfig.sqlite(tmp_path / "gone" / "catalog.db", tmp_path / "gone" / "warehouse")
+    with pytest.raises(Exception, match="unable to open database file"):
+        config.pyiceberg(make_folders=False)
+    assert not (tmp_path / "gone").exists()

@@ -215,9 +215,10 @@ class CatalogConfig:
 
     # -- the two clients ----------------------------------------------------------------------------------
 
-    def pyiceberg(self) -> Catalog:
+    def pyiceberg(self, *, make_folders: bool = True) -> Catalog:
         """A new pyiceberg client (`SqlCatalog` or `RestCatalog`). For SQLite, creates the database's folder
-        and a local warehouse folder first."""
+        and a local warehouse folder first, unless `make_folders` is False (the operator only observes: a
+        catalog whose folder is missing is an error there, not something to create)."""
         props = self.pyiceberg_properties()
         if self.type is CatalogType.REST:
             from pyiceberg.catalog.rest import RestCatalog
@@ -226,9 +227,9 @@ class CatalogConfig:
         from pyiceberg.catalog.sql import SqlCatalog
 
         database = _Database.parse(self.uri)
-        if database.path is not None:
+        if make_folders and database.path is not None:
             database.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.warehouse and self.warehouse.startswith("file:"):
+        if make_folders and self.warehouse and self.warehouse.startswith("file:"):
             Path(urlsplit(self.warehouse).path).mkdir(parents=True, exist_ok=True)
         return SqlCatalog(self.name, **props)
 

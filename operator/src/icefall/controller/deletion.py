@@ -119,7 +119,7 @@ def finalize(
 def _purge(st: StreamingTable, config: CatalogConfig) -> list[str]:
     from pyiceberg.exceptions import NoSuchTableError
 
-    catalog = config.pyiceberg()
+    catalog = config.pyiceberg(make_folders=False)
     dropped = []
     for identifier in (st.table_identifier, st.dead_letter_identifier):
         if identifier is None:

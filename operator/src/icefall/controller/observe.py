@@ -227,7 +227,7 @@ class TableObserver:
             with self._lock:
                 catalog = self._catalogs.get(config.key())
             if catalog is None:
-                catalog = config.pyiceberg()
+                catalog = config.pyiceberg(make_folders=False)
                 with self._lock:
                     self._catalogs[config.key()] = catalog
             return catalog.load_table(st.table_identifier)
