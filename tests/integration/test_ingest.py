@@ -17,6 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from icefall import metrics
+from icefall.api import load_manifest
 from icefall.api.source import StartingPositionType
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
@@ -24,10 +25,12 @@ from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
 from icefall.testing.streams import (
+    SHARED_CATALOGS,
     assert_exactly_once,
     drain,
     manifest_text,
     produce,
+    shared_catalog,
     streaming_table,
     table_offsets,
     watermarks,
@@ -72,20 +75,35 @@ def test_ingest_in_process_exactly_once(
     assert_exactly_once(catalog_config, "orders_inproc", high, bad, bootstrap=kafka.bootstrap)
 
 
-@pytest.mark.parametrize("failpoint", ["after-prepare", "after-stage", "before-commit", "after-commit"])
+CRASHES = [
+    *(
+        (kind, point)
+        for kind in ["embedded"]
+        for point in ["after-prepare", "after-stage", "before-commit", "after-commit"]
+    ),
+    *((kind, point) for kind in SHARED_CATALOGS for point in ["after-stage", "after-commit"]),
+]
+
+
+@pytest.mark.parametrize(("catalog", "failpoint"), CRASHES)
 def test_killed_at_failpoint_then_restarted_is_exactly_once(
-    kafka: KafkaBroker, tmp_path: Path, failpoint: str
+    kafka: KafkaBroker, tmp_path: Path, request: pytest.FixtureRequest, catalog: str, failpoint: str
 ) -> None:
-    topic = f"it-crash-{failpoint}"
-    name = f"crash_{failpoint.replace('-', '_')}"
+    """`icefall run` killed at a commit failpoint, then run again: on the embedded catalog, and on the shared
+    catalogs a cluster uses (PostgreSQL JDBC and Iceberg's REST server, table files in S3), where Spark
+    writes through S3FileIO and the compare-and-swap is the catalog server's."""
+    topic = f"it-crash-{catalog}-{failpoint}"
+    name = f"crash_{catalog}_{failpoint}".replace("-", "_")
     kafka.create_topic(topic, partitions=2)
     bad = produce(kafka, topic, 0, 200, bad_every=40)
+    shared = shared_catalog(request, catalog) if catalog != "embedded" else None
     manifest = tmp_path / "table.yaml"
-    manifest.write_text(manifest_text(name, topic, kafka.bootstrap))
+    manifest.write_text(manifest_text(name, topic, kafka.bootstrap, catalog=shared.block if shared else None))
     state = tmp_path / "state"
 
     def run(*, fail: str | None) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k != "ICEFALL_FAILPOINTS"}
+        env.update(shared.env if shared else {})
         if fail:
             env["ICEFALL_FAILPOINTS"] = f"{fail}=exit"
         return subprocess.run(
@@ -101,7 +119,12 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
     finished = run(fail=None)
     assert finished.returncode == 0, finished.stdout + finished.stderr[-3000:]
     high = watermarks(kafka, topic)
-    assert_exactly_once(CatalogConfig.embedded(state), name, high, bad, bootstrap=kafka.bootstrap)
+    st = load_manifest(manifest.read_text())
+    config = shared.config(st) if shared else CatalogConfig.embedded(state)
+    if shared is not None:
+        table = config.pyiceberg().load_table(("it", name))
+        assert table.metadata.location.startswith("s3://"), table.metadata.location
+    assert_exactly_once(config, name, high, bad, bootstrap=kafka.bootstrap)
 
 
 def test_partitions_added_mid_run_are_read_from_their_start(

@@ -76,10 +76,13 @@ class Installed:
     def _install(self) -> None:
         venv = [sys.executable, "-m", "venv", "--without-pip", str(self.venv)]
         subprocess.run(venv, check=True, timeout=120)
+        # Without the test run's PYTHONPATH: it holds the checkout's operator/src, whose icefall.egg-info
+        # (from the editable install) would make pip take the wheel for installed already.
+        clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
         subprocess.run(
             [sys.executable, "-m", "pip", "--python", str(self.python), "install", "--quiet", "--no-deps",
              "--no-index", str(self.wheel)],
-            check=True, capture_output=True, text=True, timeout=300,
+            check=True, capture_output=True, text=True, timeout=300, env=clean,
         )  # fmt: skip
         # The dependencies: the development virtualenv's site-packages, as a plain path (its own .pth files,
         # such as the editable install pointing at the checkout, are not processed).

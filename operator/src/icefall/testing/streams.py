@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -46,15 +47,83 @@ spec:
 """
 
 
-def manifest_text(name: str, topic: str, bootstrap: str, *, batch: Mapping[str, int] | None = None) -> str:
+def manifest_text(
+    name: str,
+    topic: str,
+    bootstrap: str,
+    *,
+    batch: Mapping[str, int] | None = None,
+    catalog: Mapping[str, Any] | None = None,
+) -> str:
     """The test manifest for table `it.<name>` (dead letters in `it.<name>_dlq`) filled from `topic`.
 
-    `batch` sets `spec.batch` (camelCase keys: `maxRecords`, `maxRecordsPerPartition`, ...).
+    `batch` sets `spec.batch` (camelCase keys: `maxRecords`, `maxRecordsPerPartition`, ...); `catalog` sets
+    `spec.table.catalog` (`SharedCatalog.block`; default: the embedded catalog).
     """
     text = MANIFEST.format(name=name, k8s_name=name.replace("_", "-"), bootstrap=bootstrap, topic=topic)
+    if catalog is not None:
+        text = text.replace("partitioning: [", f"catalog: {json.dumps(dict(catalog))}, partitioning: [")
     if batch:
         text += f"  batch: {json.dumps(dict(batch))}\n"
     return text
+
+
+@dataclass(frozen=True)
+class SharedCatalog:
+    """A `spec.table.catalog` block for a catalog server of the test stack, and the environment holding the
+    secrets it references (`{env: ...}`), as `icefall run` and the pods read them."""
+
+    kind: str
+    block: Mapping[str, Any]
+    env: Mapping[str, str]
+
+    def config(self, st: StreamingTable) -> CatalogConfig:
+        return CatalogConfig.for_table(st.spec, environ=self.env)
+
+
+SHARED_CATALOGS = ("postgres-s3", "rest-s3")
+
+
+def shared_catalog(request: Any, kind: str, bucket: str = "it-lake") -> SharedCatalog:
+    """`postgres-s3`: Iceberg's JDBC catalog on the `postgres` fixture, files in the `object_store` fixture
+    (MinIO); `rest-s3`: Iceberg's REST server `rest_catalog_s3` (on PostgreSQL, files in MinIO). `request`
+    is the test's pytest request: the servers are its session fixtures. Secrets by `env` reference only."""
+    store = request.getfixturevalue("object_store")
+    s3 = store.properties()
+    env = {"IT_S3_ACCESS_KEY": s3["s3.access-key-id"], "IT_S3_SECRET_KEY": s3["s3.secret-access-key"]}
+    secrets: dict[str, Any] = {
+        "s3.access-key-id": {"env": "IT_S3_ACCESS_KEY"},
+        "s3.secret-access-key": {"env": "IT_S3_SECRET_KEY"},
+    }
+    properties = {
+        "s3.endpoint": s3["s3.endpoint"],
+        "s3.region": s3["s3.region"],
+        "s3.path-style-access": "true",
+    }
+    if kind == "postgres-s3":
+        postgres = request.getfixturevalue("postgres")
+        store.create_bucket(bucket)
+        env["IT_PG_PASSWORD"] = postgres.password
+        block = {
+            "name": "icefall",
+            "type": "sql",
+            "uri": f"postgresql://{postgres.user}@{postgres.host}:{postgres.port}/{postgres.database}",
+            "warehouse": f"s3://{bucket}/jdbc",
+            "properties": properties,
+            "secretProperties": {**secrets, "password": {"env": "IT_PG_PASSWORD"}},
+        }
+    elif kind == "rest-s3":
+        rest = request.getfixturevalue("rest_catalog_s3")
+        block = {
+            "name": "icefall",
+            "type": "rest",
+            "uri": rest.uri,
+            "properties": properties,
+            "secretProperties": secrets,
+        }
+    else:
+        raise ValueError(f"unknown shared catalog {kind!r}; one of {SHARED_CATALOGS}")
+    return SharedCatalog(kind, block, env)
 
 
 def streaming_table(
