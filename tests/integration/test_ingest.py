@@ -109,7 +109,7 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
         return subprocess.run(
             [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(state),
              "--until-caught-up", "--lease-timeout", "5"],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
+            env=env, capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
 
     crashed = run(fail=failpoint)
