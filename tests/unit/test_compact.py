@@ -139,7 +139,32 @@ def test_local_paths_have_one_spelling(spelling: str) -> None:
 
 def test_other_schemes_are_kept() -> None:
     assert canonical_path("s3://bucket/w/a.parquet") == "s3://bucket/w/a.parquet"
+    assert canonical_path("gs://bucket/w/a.parquet") == "gs://bucket/w/a.parquet"
     assert to_local_path("s3://bucket/w/a.parquet") is None
+
+
+@pytest.mark.parametrize("scheme", ["s3a", "s3n", "S3A"])
+def test_hadoop_spellings_of_s3_are_s3(scheme: str) -> None:
+    assert canonical_path(f"{scheme}://bucket/w/a.parquet") == "s3://bucket/w/a.parquet"
+
+
+def test_a_file_listed_under_another_scheme_or_bucket_is_a_mismatch() -> None:
+    from icefall.compact.view import _scheme_mismatch
+    from icefall.plan.maintenance import StorageObject
+
+    def listed(path: str) -> StorageObject:
+        return StorageObject(path=path, size_bytes=1, modified_ms=0)
+
+    referenced = {"s3://bucket/w/data/a.parquet", "s3://bucket/w/metadata/v1.json"}
+    same = [listed("s3://bucket/w/data/a.parquet"), listed("s3://bucket/w/data/orphan.parquet")]
+    assert _scheme_mismatch(referenced, same) is None
+    other = [listed("gs://bucket/w/data/a.parquet")]
+    assert _scheme_mismatch(referenced, other) == (
+        "s3://bucket/w/data/a.parquet",
+        "gs://bucket/w/data/a.parquet",
+    )
+    moved = [listed("s3://copy/w/data/a.parquet")]
+    assert _scheme_mismatch(referenced, moved) is not None
 
 
 def test_checksum_sidecar_belongs_to_its_file() -> None:

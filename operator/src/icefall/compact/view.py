@@ -17,8 +17,13 @@ Hadoop's local file system (Spark's writes to `file:` warehouses) leaves a check
 beside each file it writes: a sidecar counts as referenced when its file is, so it goes with its file.
 
 Paths are canonical: `file:/x`, `file:///x` and a bare `/x` all become `file:///x` (Spark's Hadoop paths
-and pyiceberg's URIs spell local files differently; the planner compares exact strings). Other schemes are
-kept as written. `to_local_path` turns a canonical `file:` path back into a filesystem path.
+and pyiceberg's URIs spell local files differently; the planner compares exact strings), and `s3a://` and
+`s3n://` become `s3://` (one bucket, three Hadoop spellings). Other schemes are kept as written.
+`to_local_path` turns a canonical `file:` path back into a filesystem path. Object stores are listed and
+deleted from with the table's own FileIO settings (endpoint, region, credentials), through
+`filesystem_for`. If a referenced path and a listed object name the same key under a different scheme or
+bucket, the listing cannot tell orphans from live files: it is dropped (nothing is planned as an orphan)
+and a warning says why, as Iceberg's own orphan removal refuses such a mismatch.
 
 Not guaranteed: a consistent cut. Reading many manifests takes time; the planner is told so (its items may
 be stale when run, and Iceberg's commit validation catches that). Every snapshot's manifests are read once
@@ -58,8 +63,14 @@ _CONTENT = {
 }
 
 
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
+
+
 def canonical_path(path: str) -> str:
-    """One spelling per local file: `file:///abs/path`. Other schemes unchanged."""
+    """One spelling per file: `file:///abs/path` for local files, `s3://` for s3a/s3n; others unchanged."""
+    scheme, sep, rest = path.partition("://")
+    if sep and scheme.lower() in _SCHEME_ALIASES:
+        return f"{_SCHEME_ALIASES[scheme.lower()]}://{rest}"
     if path.startswith("file:"):
         rest = path[len("file:") :]
         if rest.startswith("//") and not rest.startswith("///"):
@@ -146,8 +157,15 @@ def read_table_view(table: Table, *, list_storage: bool = True) -> TableView:
                     )
                 )
 
-    storage = tuple(list_location(metadata.location)) if list_storage else ()
+    storage = tuple(list_location(metadata.location, io)) if list_storage else ()
     referenced |= {o.path for o in storage if checksum_owner(o.path) in referenced}
+    mismatch = _scheme_mismatch(referenced, storage)
+    if mismatch is not None:
+        log.warning(
+            "%s: %s is referenced, but storage lists %s: the same file under another scheme or bucket; "
+            "no orphan removal until the table's paths and its location agree", identifier, *mismatch,
+        )  # fmt: skip
+        storage = ()
     return TableView(
         name=identifier,
         snapshots=snapshots,
@@ -168,23 +186,52 @@ def checksum_owner(path: str) -> str | None:
     return None
 
 
+def _scheme_mismatch(referenced: set[str], storage: Iterable[StorageObject]) -> tuple[str, str] | None:
+    """A (referenced, listed) pair naming one key under different schemes or authorities, if any."""
+    by_key = {_key(path): path for path in referenced}
+    for listed in storage:
+        known = by_key.get(_key(listed.path))
+        if known is not None and known != listed.path:
+            return known, listed.path
+    return None
+
+
+def _key(path: str) -> str:
+    """The part of a path after its scheme and authority."""
+    rest = path.partition("://")[2] or path
+    return rest.partition("/")[2]
+
+
 def _partition_tuple(partition: Any) -> PartitionValue:
     if partition is None:
         return ()
     return tuple(partition[i] for i in range(len(partition)))
 
 
-def list_location(location: str) -> Iterable[StorageObject]:
+def filesystem_for(path: str, io: Any = None) -> tuple[Any, str]:
+    """A pyarrow file system for `path` and the path inside it. Object stores are reached with `io`'s
+    settings (a pyiceberg `PyArrowFileIO`: the table's endpoint, region and credentials) when given."""
+    from pyarrow import fs
+
+    local = to_local_path(path)
+    if local is not None:
+        return fs.LocalFileSystem(), local
+    canonical = canonical_path(path)
+    scheme, _, rest = canonical.partition("://")
+    if io is not None and hasattr(io, "fs_by_scheme"):
+        netloc = rest.split("/", 1)[0]
+        return io.fs_by_scheme(scheme, netloc), rest
+    filesystem, inner = fs.FileSystem.from_uri(canonical)
+    return filesystem, str(inner)
+
+
+def list_location(location: str, io: Any = None) -> Iterable[StorageObject]:
     """Every object under `location` (recursively), with canonical paths. Empty if it does not exist."""
     from pyarrow import fs
 
+    filesystem, root = filesystem_for(location, io)
     local = to_local_path(location)
-    if local is not None:
-        filesystem: fs.FileSystem = fs.LocalFileSystem()
-        root, scheme_prefix = local, "file://"
-    else:
-        filesystem, root = fs.FileSystem.from_uri(location)
-        scheme_prefix = location.split("://", 1)[0] + "://"
+    scheme_prefix = "file://" if local is not None else canonical_path(location).split("://", 1)[0] + "://"
     root_info = filesystem.get_file_info(root)
     if root_info.type == fs.FileType.NotFound:
         return

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from icefall import metrics
 from icefall.catalog import CatalogConfig
-from icefall.compact.view import canonical_path, read_table_view, to_local_path
+from icefall.compact.view import canonical_path, filesystem_for, read_table_view, to_local_path
 from icefall.failpoints import failpoint
 from icefall.plan.maintenance import (
     ApplyDeletes,
@@ -386,7 +386,7 @@ def _remove_orphans(
     deleted: list[str] = []
     kept: list[str] = []
     for path in item.paths:
-        if path in referenced or not _delete_if_older(path, item.older_than_ms):
+        if path in referenced or not _delete_if_older(path, item.older_than_ms, table.io):
             kept.append(path)
         else:
             deleted.append(path)
@@ -399,7 +399,7 @@ def _remove_orphans(
     )
 
 
-def _delete_if_older(path: str, older_than_ms: int) -> bool:
+def _delete_if_older(path: str, older_than_ms: int, io: Any = None) -> bool:
     """Delete `path` if it still exists and was last modified before `older_than_ms`."""
     from pyarrow import fs
 
@@ -412,7 +412,7 @@ def _delete_if_older(path: str, older_than_ms: int) -> bool:
         except FileNotFoundError:
             return False
         return True
-    filesystem, inner = fs.FileSystem.from_uri(path)
+    filesystem, inner = filesystem_for(path, io)
     info = filesystem.get_file_info(inner)
     if info.type != fs.FileType.File or (info.mtime_ns or 0) // 1_000_000 >= older_than_ms:
         return False

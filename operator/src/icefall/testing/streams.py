@@ -84,7 +84,9 @@ class SharedCatalog:
 SHARED_CATALOGS = ("postgres-s3", "rest-s3")
 
 
-def shared_catalog(request: Any, kind: str, bucket: str = "it-lake") -> SharedCatalog:
+def shared_catalog(
+    request: Any, kind: str, bucket: str = "it-lake", *, name: str = "icefall"
+) -> SharedCatalog:
     """`postgres-s3`: Iceberg's JDBC catalog on the `postgres` fixture, files in the `object_store` fixture
     (MinIO); `rest-s3`: Iceberg's REST server `rest_catalog_s3` (on PostgreSQL, files in MinIO). `request`
     is the test's pytest request: the servers are its session fixtures. Secrets by `env` reference only."""
@@ -105,7 +107,7 @@ def shared_catalog(request: Any, kind: str, bucket: str = "it-lake") -> SharedCa
         store.create_bucket(bucket)
         env["IT_PG_PASSWORD"] = postgres.password
         block = {
-            "name": "icefall",
+            "name": name,
             "type": "sql",
             "uri": f"postgresql://{postgres.user}@{postgres.host}:{postgres.port}/{postgres.database}",
             "warehouse": f"s3://{bucket}/jdbc",
@@ -115,7 +117,7 @@ def shared_catalog(request: Any, kind: str, bucket: str = "it-lake") -> SharedCa
     elif kind == "rest-s3":
         rest = request.getfixturevalue("rest_catalog_s3")
         block = {
-            "name": "icefall",
+            "name": name,
             "type": "rest",
             "uri": rest.uri,
             "properties": properties,
