@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -50,7 +50,6 @@ from icefall.audit import (
 from icefall.catalog.tables import DEAD_LETTER_SCHEMA
 from icefall.commit.state import EPOCH, OFFSETS, START_OFFSETS, TOPIC
 from icefall.devstack.kafka import KafkaBroker
-from icefall.kafka.admin import TopicView
 
 pytestmark = pytest.mark.integration
 
@@ -287,7 +286,10 @@ def test_retention_and_offset_gaps(
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": name})
     producer.init_transactions(30)
     # read_uncommitted: the high watermark of an open transaction's records, not the last stable offset
-    probe = TopicView(kafka.bootstrap, name, {"isolation.level": "read_uncommitted"})
+    # (a plain consumer: Icefall's TopicView always reads committed records only)
+    probe = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": name, "isolation.level": "read_uncommitted"}
+    )
     data: list[int] = []  # offsets of committed records
     aborted: list[int] = []
     for count, commit in ((5, True), (3, False), (2, True), (10, True)):
@@ -295,7 +297,7 @@ def test_retention_and_offset_gaps(
         for i in range(count):
             producer.produce(name, value=f"v{i}", partition=0)
         producer.flush(30)  # abort_transaction would purge records not sent yet
-        high = probe.watermarks()[0][1]
+        high = probe.get_watermark_offsets(TopicPartition(name, 0), timeout=10, cached=False)[1]
         (data if commit else aborted).extend(range(high - count, high))
         if commit:
             producer.commit_transaction(30)
