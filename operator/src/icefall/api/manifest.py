@@ -77,15 +77,19 @@ def load_manifest(source: str | os.PathLike[str]) -> StreamingTable:
 
 
 def parse_manifest(text: str, *, origin: str = "<text>") -> StreamingTable:
-    """Parse one YAML document holding a StreamingTable."""
+    """Parse the StreamingTable of a YAML text: its one document, or the one document of kind
+    StreamingTable among several (a file for `kubectl apply` may carry its Secret too)."""
     try:
         documents = [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
     except yaml.YAMLError as exc:
         raise ManifestError([_yaml_problem(exc)], origin=origin) from exc
+    if len(documents) > 1:
+        tables = [d for d in documents if isinstance(d, dict) and d.get("kind") == "StreamingTable"]
+        documents = tables or documents
     if len(documents) != 1:
         found = "no document" if not documents else f"{len(documents)} documents"
         raise ManifestError(
-            [Problem("", f"expected one YAML document with a StreamingTable, found {found}")], origin=origin
+            [Problem("", f"expected one StreamingTable document, found {found}")], origin=origin
         )
     return streaming_table_from_object(documents[0], origin=origin)
 
