@@ -20,6 +20,8 @@ Not proven here: the auditor after a reset (rows of the old and the new topic sh
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -282,3 +284,37 @@ def test_a_partition_added_with_its_first_records_deleted_counts_them_lost(
     committed = read_committed(catalog_config.pyiceberg().load_table((NAMESPACE, name)))
     assert committed.offsets == {0: 10, 1: 10} and committed.lost_records == 4
     assert table_ids(catalog_config, name) == [*range(0, 10), *range(14, 20)]
+
+
+def test_an_unreachable_broker_is_one_line_naming_it_never_a_traceback(tmp_path: Path) -> None:
+    """`icefall run`, `status` and `verify` with the broker down: one line naming the bootstrap servers and
+    the topic, a non-zero exit, no Python traceback (waiting for the broker to come back is not built yet)."""
+    import socket
+
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(manifest_text("down", "it-down", f"127.0.0.1:{port}"))
+    state = str(tmp_path / "state")
+    for command in (["status"], ["verify"], ["run", "--until-caught-up"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "icefall.cli", *command, "-f", str(manifest), "--state-dir", state],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode != 0, done.stdout
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        last = done.stderr.strip().splitlines()[-1]
+        if command in (["status"], ["verify"]):
+            # The table does not exist yet: that is said first, as plainly.
+            assert last.startswith("icefall: ") and "does not exist yet" in last, last
+        else:
+            assert last.startswith(f"icefall: cannot reach Kafka at 127.0.0.1:{port} for topic 'it-down'"), (
+                last
+            )
+    done = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "status", "-f", str(manifest), "--state-dir", state],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("icefall: cannot reach Kafka at"), done.stderr

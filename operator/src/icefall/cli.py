@@ -508,12 +508,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from icefall.kafka.admin import KafkaUnavailableError, TopicNotFoundError
     from icefall.spark.session import SparkJarsMissingError
 
     try:
         return int(args.func(args))
-    except SparkJarsMissingError as error:
+    except (SparkJarsMissingError, KafkaUnavailableError, TopicNotFoundError) as error:
         raise SystemExit(f"icefall: {error}") from None
+    except NoSuchTableError as error:
+        raise SystemExit(f"icefall: the table does not exist yet (nothing was ingested): {error}") from None
 
 
 if __name__ == "__main__":

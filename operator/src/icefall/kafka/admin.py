@@ -23,9 +23,14 @@ class TopicNotFoundError(RuntimeError):
     pass
 
 
+class KafkaUnavailableError(RuntimeError):
+    """The brokers did not answer (or refused): names the bootstrap servers and the topic."""
+
+
 class TopicView:
     def __init__(self, bootstrap: str, topic: str, config: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
+        self.bootstrap = bootstrap
         self._client_config = {"bootstrap.servers": bootstrap, **(config or {})}
         self._consumer = Consumer(
             {
@@ -37,8 +42,17 @@ class TopicView:
         )
         self._admin: AdminClient | None = None
 
+    def _unavailable(self, error: KafkaException) -> KafkaUnavailableError:
+        reason = error.args[0] if error.args else error
+        return KafkaUnavailableError(
+            f"cannot reach Kafka at {self.bootstrap} for topic '{self.topic}': {reason}"
+        )
+
     def partitions(self, timeout: float = 10) -> list[int]:
-        metadata = self._consumer.list_topics(self.topic, timeout=timeout)
+        try:
+            metadata = self._consumer.list_topics(self.topic, timeout=timeout)
+        except KafkaException as error:
+            raise self._unavailable(error) from None
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None:
             raise TopicNotFoundError(
@@ -60,16 +74,19 @@ class TopicView:
                 raise TopicNotFoundError(
                     f"topic '{self.topic}' does not exist on the cluster (spec.source.topic); create it first"
                 ) from None
-            raise
+            raise self._unavailable(e) from None
         return str(description.topic_id)
 
     def watermarks(self, timeout: float = 10) -> dict[int, tuple[int, int]]:
         """(low, high) per partition: the first retained offset and the next offset to be written."""
         marks = {}
         for partition in self.partitions(timeout):
-            low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, partition), timeout=timeout, cached=False
-            )
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, partition), timeout=timeout, cached=False
+                )
+            except KafkaException as error:
+                raise self._unavailable(error) from None
             marks[partition] = (int(low), int(high))
         return marks
 
