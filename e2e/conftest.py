@@ -4,7 +4,9 @@ Fixtures (module scope unless said otherwise; the stack itself — `kube`, `kafk
 - `e2e_namespace`: the CRD applied and a namespace of the module's own, so modules never see each other's
   objects (there is no garbage collector to clean up after a module: see e2e/README.md);
 - `kubectl`: the real kubectl built next to kube-apiserver, with the admin kubeconfig;
-- `kubelet`: `icefall.testing.kubelet.LocalKubelet` running that namespace's Pods with this venv as image;
+- `kubelet`: `icefall.testing.kubelet.LocalKubelet` running that namespace's Pods with this venv and this
+  checkout as the image, each pod in its own mount namespace: read-only root, its volumes at their mount
+  paths, none of the test's temporary folders visible;
 - `operator`: `icefall operator --namespace <ns>` in a subprocess with Spark in the driver pod
   (`ICEFALL_SPARK_MASTER=local[1]`) and short resync/status intervals.
 Teardown order matters: the operator stops before the kubelet, so a driver killed at the end of a module
@@ -157,7 +159,18 @@ def rest(api: client.ApiClient) -> JsonApi:
 def kubelet(
     kube: KubeAPIServer, api: client.ApiClient, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalKubelet]:
+    bin_dir = Path(sys.executable).parent  # the venv's bin
     image_env = {
+        # spark_images/Dockerfile's ENV, with this venv standing in for /opt/icefall and the checkout's
+        # source for the installed wheel (the venv's editable install may point at another checkout).
+        "PYTHONPATH": str(REPO / "operator" / "src"),
+        "PYSPARK_PYTHON": str(bin_dir / "python"),
+        "PYSPARK_DRIVER_PYTHON": str(bin_dir / "python"),
+        "HOME": "/tmp",
+        "ICEFALL_STATE_DIR": "/tmp/icefall",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        # The image has its jars in $SPARK_HOME/jars; here they are in the jar cache.
         "ICEFALL_SPARK_JARS": str(tool_dir("ICEFALL_SPARK_JARS")),
         # A pod's hostname resolves to its pod IP, which is loopback here: keep Spark's driver on it
         # rather than on whatever interface the machine's hostname resolves to.
@@ -169,10 +182,13 @@ def kubelet(
         api,
         e2e_namespace,
         tmp_path_factory.mktemp("kubelet"),
-        bin_dir=Path(sys.executable).parent,  # the venv's bin: its `icefall` is the checkout's code
+        bin_dir=bin_dir,
         server=kube.url,
         ca_file=kube.ca_file,
         image_env=image_env,
+        # Pods see none of the test's folders (the stack's state, catalogs, other pods' volumes): what
+        # they share with the test goes over the network.
+        hidden=[tmp_path_factory.getbasetemp()],
     ).start()
     yield running
     running.stop()
