@@ -80,7 +80,7 @@ bench-compaction: setup
 	$(TOOLS) && $(BIN)/python bench/compaction.py $(BENCH_ARGS)
 
 demo: setup
-	$(TOOLS) && $(BIN)/icefall demo
+	$(TOOLS) && $(BIN)/python -m icefall.devstack.demo
 
 clean:
 	rm -rf $(VENV) .icefall .mypy_cache .ruff_cache

@@ -259,7 +259,7 @@ def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, 
     argv = [
         sys.executable, str(PEERS / "spark_streaming.py"), "--bootstrap", ctx.broker.bootstrap,
         "--topic", topic, "--table", ".".join(TABLE), "--catalog-db", str(catalog.database),
-        "--warehouse", str(catalog.warehouse), "--checkpoint", str(work / "checkpoint"), "--jars", jars,
+        "--warehouse", str(work / "warehouse"), "--checkpoint", str(work / "checkpoint"), "--jars", jars,
         "--trigger-seconds", f"{ctx.args.freshness_target:g}",
         "--max-offsets-per-trigger", str(ctx.args.spark_max_offsets),
     ]  # fmt: skip
@@ -317,7 +317,7 @@ def launch_connect(
         "iceberg.catalog": catalog.name,
         "iceberg.catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
         "iceberg.catalog.uri": f"jdbc:sqlite:{catalog.database.resolve()}",
-        "iceberg.catalog.warehouse": catalog.warehouse.resolve().as_uri(),
+        "iceberg.catalog.warehouse": catalog.warehouse,
         "iceberg.catalog.jdbc.busy_timeout": "30000",
         "iceberg.control.topic": control,
         "iceberg.control.commit.interval-ms": str(interval_s * 1000),

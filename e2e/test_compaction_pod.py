@@ -229,7 +229,7 @@ def setup(  # noqa: PLR0917 (fixtures)
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Setup]:
     lake = tmp_path_factory.mktemp("lake")
-    catalog = CatalogConfig(name="lake", database=lake / "catalog.db", warehouse=lake / "warehouse")
+    catalog = CatalogConfig.sqlite(lake / "catalog.db", lake / "warehouse", name="lake")
     catalog.pyiceberg()
     kafka.create_topic(TOPIC, partitions=2)
     made = Setup(rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, operator=operator)
@@ -242,8 +242,8 @@ def setup(  # noqa: PLR0917 (fixtures)
     st["spec"]["table"]["catalog"] = {
         "name": catalog.name,
         "type": "sql",
-        "uri": f"sqlite:///{catalog.database}",
-        "warehouse": f"file://{catalog.warehouse}",
+        "uri": catalog.uri,
+        "warehouse": catalog.warehouse,
     }
     # One pod at once, whatever the backlog says yet (the test plays its ReplicaSet).
     st["spec"]["compaction"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 1}

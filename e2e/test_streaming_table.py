@@ -143,7 +143,7 @@ def pipeline(  # noqa: PLR0917 (fixtures)
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Pipeline]:
     lake = tmp_path_factory.mktemp("lake")
-    catalog = CatalogConfig(name="lake", database=lake / "catalog.db", warehouse=lake / "warehouse")
+    catalog = CatalogConfig.sqlite(lake / "catalog.db", lake / "warehouse", name="lake")
     catalog.pyiceberg()
     kafka.create_topic(TOPIC, partitions=2)
     running = Pipeline(
@@ -154,8 +154,8 @@ def pipeline(  # noqa: PLR0917 (fixtures)
     st["spec"]["table"]["catalog"] = {
         "name": catalog.name,
         "type": "sql",
-        "uri": f"sqlite:///{catalog.database}",
-        "warehouse": f"file://{catalog.warehouse}",
+        "uri": catalog.uri,
+        "warehouse": catalog.warehouse,
     }
     st["spec"]["freshness"] = {"targetSeconds": TARGET_SECONDS}
     running.produce(200)  # before the table exists: the driver starts with a backlog

@@ -307,8 +307,8 @@ def test_killed_worker_mid_rewrite_leaves_only_orphans(
     document["spec"]["table"]["catalog"] = {
         "name": catalog_config.name,
         "type": "sql",
-        "uri": f"sqlite:///{catalog_config.database.resolve()}",
-        "warehouse": catalog_config.warehouse.resolve().as_uri(),
+        "uri": catalog_config.uri,
+        "warehouse": catalog_config.warehouse,
     }
     manifest.write_text(yaml.safe_dump(document))
     env = {**os.environ, "ICEFALL_FAILPOINTS": "mid-rewrite=exit"}

@@ -131,8 +131,8 @@ def test_ingestion_and_the_compaction_worker_side_by_side(
     document["spec"]["table"]["catalog"] = {  # the session's catalog, so the checks below read the same
         "name": catalog_config.name,
         "type": "sql",
-        "uri": f"sqlite:///{catalog_config.database.resolve()}",
-        "warehouse": catalog_config.warehouse.resolve().as_uri(),
+        "uri": catalog_config.uri,
+        "warehouse": catalog_config.warehouse,
     }
     manifest = tmp_path / "table.yaml"
     manifest.write_text(yaml.safe_dump(document))

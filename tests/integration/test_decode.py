@@ -329,3 +329,20 @@ def test_required_values_inside_maps(spark: SparkSession) -> None:
         3: "field 'people{}.id': a value does not fit uuid",
     }
     assert [row["id"] for row in prepared.good.collect()] == [1]
+
+
+def test_values_that_are_not_utf8_get_a_valid_utf8_reason(spark: SparkSession) -> None:
+    """Invalid UTF-8 (a Latin-1 byte, a truncated sequence) is dead-lettered with a reason that is itself
+    valid UTF-8, naming the bytes in hex, so readers of the dead-letter table never fail on it."""
+    latin1 = b'{"id": 1, "customer": {"id": 2, "name": "Caf\xe9"}}'
+    truncated = b"\xe2\x82"
+    bad = prepare(kafka_frame(spark, [latin1, truncated]), make_spec()).bad
+    errors = errors_by_offset(bad)
+    assert (
+        errors[0]
+        == "the value is not valid UTF-8 text, as JSON must be; its first bytes: 0x"
+        + latin1[:32].hex().upper()
+    )
+    assert errors[1] == "the value is not valid UTF-8 text, as JSON must be; its first bytes: 0xE282"
+    # The Arrow round trip a reader does fails on invalid UTF-8 in a string column.
+    assert bad.select("error", "value").toArrow().column("error").to_pylist() == [errors[0], errors[1]]

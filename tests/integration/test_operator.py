@@ -329,7 +329,7 @@ def test_sigkill_and_restart_leave_exactly_one_driver_pod(
 
 
 def lake_catalog(lake: Path) -> CatalogConfig:
-    return CatalogConfig(name="lake", database=lake / "catalog.db", warehouse=lake / "warehouse")
+    return CatalogConfig.sqlite(lake / "catalog.db", lake / "warehouse", name="lake")
 
 
 def small_table(

@@ -1,4 +1,5 @@
-"""The console script answers --version and --help without starting anything."""
+"""The console script answers --version and --help without starting anything; `make demo`'s command (a
+development tool, not an `icefall` subcommand) answers --help too."""
 
 from __future__ import annotations
 
@@ -20,4 +21,11 @@ def test_version_and_help() -> None:
     usage = subprocess.run(
         [sys.executable, "-m", "icefall.cli", "--help"], capture_output=True, text=True, check=False
     )
-    assert usage.returncode == 0 and "demo" in usage.stdout
+    assert usage.returncode == 0 and "run" in usage.stdout and "demo" not in usage.stdout
+
+
+def test_the_demo_is_a_development_command() -> None:
+    usage = subprocess.run(
+        [sys.executable, "-m", "icefall.devstack.demo", "--help"], capture_output=True, text=True, check=False
+    )
+    assert usage.returncode == 0 and "make demo" in usage.stdout, usage.stderr

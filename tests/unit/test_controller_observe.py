@@ -1,10 +1,9 @@
-"""What the operator does when the credentials a StreamingTable references are not in its environment, and
-how catalog properties are assembled (`controller.observe`). No client is contacted: a missing credential
-stops the read before any connection.
+"""What the operator does when the credentials a StreamingTable references are not in its environment
+(`controller.observe`). No client is contacted: a missing credential stops the read before any connection.
 
 Proves: missing Kafka and catalog secrets give an "unmeasured" note naming the field and the variable,
-never an issue (the operator may simply not have been given them; the driver has); present catalog secrets
-are passed to pyiceberg under their property names.
+never an issue (the operator may simply not have been given them; the driver has); a catalog the adapter
+cannot map is an issue whose text names the field. The mapping itself: tests/unit/test_catalog_config.py.
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from icefall.api import StreamingTable
-from icefall.controller.observe import TableObserver, catalog_properties
+from icefall.api import ConditionReason, StreamingTable
+from icefall.controller.observe import TableObserver
 
 pytestmark = pytest.mark.unit
 
@@ -59,12 +58,13 @@ def test_missing_credentials_leave_the_figures_unmeasured_and_say_which() -> Non
     assert "ICEFALL_KAFKA_USERNAME" in observed.unmeasured
 
 
-def test_catalog_secrets_are_passed_under_their_property_names() -> None:
-    props, secrets = catalog_properties(secured(), {"ICEFALL_CATALOG_TOKEN": "t0ken"})
-    assert props == {
-        "type": "rest",
-        "uri": "https://catalog:8181",
-        "s3.region": "eu-west-1",
-        "token": "t0ken",
-    }
-    assert secrets == ["t0ken"]
+def test_an_unmappable_catalog_is_an_issue_naming_the_field() -> None:
+    st = secured()
+    assert st.spec.table.catalog is not None
+    catalog = st.spec.table.catalog.model_copy(update={"properties": {"cache-enabled": "true"}})
+    table = st.spec.table.model_copy(update={"catalog": catalog})
+    st = st.model_copy(update={"spec": st.spec.model_copy(update={"table": table})})
+    observed = TableObserver(environ={"ICEFALL_CATALOG_TOKEN": "t0ken"}, wait_seconds=10).observe("uid", st)
+    [issue] = [i for i in observed.issues if i.reason is ConditionReason.CATALOG_UNAVAILABLE]
+    assert "spec.table.catalog.properties[cache-enabled]" in issue.message
+    assert "t0ken" not in issue.message

@@ -6,6 +6,7 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,27 +18,26 @@ from icefall import __version__
 EXIT_LEASE = 3  # another writer holds or took the table
 EXIT_SOURCE_CHANGED = 4  # the topic was recreated or truncated: `icefall reset-offsets` first
 
+STATE_DIR_VARIABLE = "ICEFALL_STATE_DIR"
 
-def _demo(args: argparse.Namespace) -> int:
-    from icefall.demo import run_demo
 
-    return run_demo(Path(args.file), Path(args.state_dir).resolve(), seconds=args.seconds, rate=args.rate)
+def _state_dir(args: argparse.Namespace, *, in_cluster: bool = False) -> Path:
+    """--state-dir, else $ICEFALL_STATE_DIR, else `.icefall` here (local commands) or `<tmp>/icefall`
+    (the pods' commands: their root filesystem is read-only, /tmp is an emptyDir)."""
+    chosen = args.state_dir or os.environ.get(STATE_DIR_VARIABLE)
+    if not chosen:
+        chosen = str(Path(tempfile.gettempdir()) / "icefall") if in_cluster else ".icefall"
+    return Path(chosen).resolve()
 
 
 def _catalog_for(st: Any, state_dir: Path) -> Any:
-    from icefall.catalog import CatalogConfig
+    """`spec.table.catalog` (secrets from the environment), or the embedded catalog in `state_dir`."""
+    from icefall.catalog import CatalogConfig, CatalogConfigError
 
-    spec = st.spec.table.catalog
-    if spec is None:
-        return CatalogConfig.embedded(state_dir)
-    if spec.uri.startswith("sqlite:///"):
-        database = Path(spec.uri.removeprefix("sqlite:///"))
-        warehouse = Path((spec.warehouse or str(state_dir / "warehouse")).removeprefix("file://"))
-        return CatalogConfig(name=spec.name, database=database, warehouse=warehouse)
-    raise SystemExit(
-        f"spec.table.catalog: icefall run supports the embedded catalog and sqlite:/// URIs so far, not "
-        f"{spec.uri.split(':', 1)[0]}; remove spec.table.catalog to use the embedded one"
-    )
+    try:
+        return CatalogConfig.for_table(st.spec, state_dir=state_dir)
+    except CatalogConfigError as error:
+        raise SystemExit(str(error)) from None
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -60,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     from icefall.spark.session import build_spark_session
 
     st = _load(args)
-    state = Path(args.state_dir).resolve()
+    state = _state_dir(args)
     catalog = _catalog_for(st, state)
     catalog.pyiceberg()
     metrics.serve(args.metrics_port)
@@ -206,7 +206,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from icefall.plan.leases import commit_lease_name
 
     api, st = _from_api(args.namespace, args.name)
-    catalog = _catalog_for(st, Path(args.state_dir).resolve())
+    catalog = _catalog_for(st, _state_dir(args, in_cluster=True))
     catalog.pyiceberg()
     print(
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
@@ -223,7 +223,7 @@ def _compact(args: argparse.Namespace) -> int:
 
     if bool(args.file) == bool(args.namespace and args.name):
         raise SystemExit("give either -f <manifest> or --namespace and --name")
-    state = Path(args.state_dir).resolve()
+    state = _state_dir(args, in_cluster=not args.file)
     if args.file:
         st = _load(args)
         leases = file_leases(state / "leases")
@@ -302,7 +302,7 @@ def _status(args: argparse.Namespace) -> int:
     from icefall.plan.offsets import resolve_positions, source_change
 
     st = _load(args)
-    catalog = _catalog_for(st, Path(args.state_dir).resolve()).pyiceberg()
+    catalog = _catalog_for(st, _state_dir(args)).pyiceberg()
     table = catalog.load_table(st.table_identifier)
     committed = read_committed(table)
     kafka_config = librdkafka_config(st.spec.source.security)
@@ -344,7 +344,7 @@ def _reset_offsets(args: argparse.Namespace) -> int:
     from icefall.plan.offsets import resolve_positions, source_change
 
     st = _load(args)
-    catalog = _catalog_for(st, Path(args.state_dir).resolve()).pyiceberg()
+    catalog = _catalog_for(st, _state_dir(args)).pyiceberg()
     table = catalog.load_table(st.table_identifier)
     committed = read_committed(table)
     source = st.spec.source
@@ -398,9 +398,15 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False) -> An
 
 def _verify(args: argparse.Namespace) -> int:
     st = _load(args)
-    report = verify_table(st, _catalog_for(st, Path(args.state_dir).resolve()), ingesting=args.ingesting)
+    report = verify_table(st, _catalog_for(st, _state_dir(args)), ingesting=args.ingesting)
     print(report.render())
     return 0 if report.ok else 1
+
+
+STATE_DIR_HELP = (
+    "embedded catalog, warehouse, leases (default: $ICEFALL_STATE_DIR, else .icefall; "
+    "compact --namespace/--name: <tmp>/icefall)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -410,17 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"icefall {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser("demo", help="local Kafka + a producer + ingestion + audit, end to end")
-    demo.add_argument("-f", "--file", default="examples/orders.yaml", help="the StreamingTable manifest")
-    demo.add_argument("--state-dir", default=".icefall/demo", help="where the demo keeps its state")
-    demo.add_argument("--seconds", type=float, default=30, help="how long to stream before catching up")
-    demo.add_argument("--rate", type=float, default=2000, help="events per second to produce")
-    demo.set_defaults(func=_demo)
 
     def table_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=help_text)
         command.add_argument("-f", "--file", required=True, help="the StreamingTable manifest (YAML)")
-        command.add_argument("--state-dir", default=".icefall", help="embedded catalog, warehouse, leases")
+        command.add_argument("--state-dir", help=STATE_DIR_HELP)
         command.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
         return command
 
@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("-f", "--file", help="a StreamingTable manifest (local mode, file Leases)")
     compact.add_argument("--namespace", help="namespace of the StreamingTable (in a cluster)")
     compact.add_argument("--name", help="name of the StreamingTable (in a cluster)")
-    compact.add_argument("--state-dir", default=".icefall", help="embedded catalog, warehouse, leases")
+    compact.add_argument("--state-dir", help=STATE_DIR_HELP)
     compact.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
     compact.add_argument("--master", default="local[2]", help="Spark master unless the pod's conf sets it")
     compact.add_argument("--once", action="store_true", help="one round (at most one item), then exit")
@@ -448,9 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = commands.add_parser("ingest", help="the driver pod: ingest the StreamingTable read from the API")
     ingest.add_argument("--namespace", required=True, help="namespace of the StreamingTable")
     ingest.add_argument("--name", required=True, help="name of the StreamingTable")
-    ingest.add_argument(
-        "--state-dir", default="/tmp/icefall", help="scratch space (a sqlite warehouse default)"
-    )
+    ingest.add_argument("--state-dir", help="scratch space (default: $ICEFALL_STATE_DIR, else <tmp>/icefall)")
     ingest.add_argument("--lease-timeout", type=float, default=None, help="seconds to wait for the lease")
     ingest.set_defaults(func=_ingest, until_caught_up=False, max_seconds=0)
     operator = commands.add_parser("operator", help="run the Kubernetes operator (kopf)")
@@ -510,7 +508,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args))
+    from icefall.spark.session import SparkJarsMissingError
+
+    try:
+        return int(args.func(args))
+    except SparkJarsMissingError as error:
+        raise SystemExit(f"icefall: {error}") from None
 
 
 if __name__ == "__main__":

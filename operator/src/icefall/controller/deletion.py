@@ -37,8 +37,8 @@ from icefall.api import (
     StreamingTableStatus,
     streaming_table_from_object,
 )
+from icefall.catalog import CatalogConfig
 from icefall.controller.kube import Kube
-from icefall.controller.observe import catalog_properties
 from icefall.plan.children import driver_pod_name
 from icefall.plan.claims import Claim, claim_from_object
 from icefall.plan.conditions import set_condition
@@ -97,14 +97,14 @@ def finalize(
         )
         return Finalized(True, (Event(EventReason.TABLE_KEPT_FOR_OWNER, text, EventType.WARNING),))
 
-    secrets: list[str] = []
+    config: CatalogConfig | None = None
     try:
-        props, secrets = catalog_properties(st, os.environ if environ is None else environ)
-        dropped = _purge(st, props)
+        config = CatalogConfig.for_table(st.spec, environ=os.environ if environ is None else environ)
+        dropped = _purge(st, config)
     except Exception as error:  # unreachable catalog, missing credential: retry, say why
         text = f"{type(error).__name__}: {error}"
-        for value in secrets:
-            text = text.replace(value, "***")
+        if config is not None:
+            text = config.mask(text)
         message = (
             f"deletionPolicy Delete: cannot drop the Iceberg table {identifier} yet ({text}); retrying. "
             "To delete the StreamingTable and keep the table, set spec.deletionPolicy to Retain"
@@ -116,12 +116,10 @@ def finalize(
     return Finalized(True, (Event(EventReason.TABLE_DROPPED, text),))
 
 
-def _purge(st: StreamingTable, props: Mapping[str, str]) -> list[str]:
-    from pyiceberg.catalog import load_catalog
+def _purge(st: StreamingTable, config: CatalogConfig) -> list[str]:
     from pyiceberg.exceptions import NoSuchTableError
 
-    assert st.spec.table.catalog is not None
-    catalog = load_catalog(st.spec.table.catalog.name, **props)
+    catalog = config.pyiceberg(make_folders=False)
     dropped = []
     for identifier in (st.table_identifier, st.dead_letter_identifier):
         if identifier is None:

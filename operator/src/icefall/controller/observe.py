@@ -19,10 +19,8 @@ result is current: with a slow catalog or broker it is as old as the last read t
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,10 +30,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from icefall.api import ConditionReason, StreamingTable
+from icefall.catalog import CatalogConfig, CatalogConfigError, MissingCredentialError
 from icefall.commit.errors import CorruptStateError
 from icefall.commit.protocol import EPOCH_CLAIM_PROPERTY, RESET_PROPERTY
 from icefall.commit.state import state_of
-from icefall.plan.children import secret_env_vars
 from icefall.plan.conditions import Issue
 from icefall.plan.table_status import TableFacts
 
@@ -47,7 +45,6 @@ log = logging.getLogger(__name__)
 
 KAFKA_TIMEOUT_SECONDS = 5.0
 LAST_EXPIRY_PROPERTY = "icefall.last-expiry-time-ms"
-_SECRET_KEY = re.compile(r"secretProperties\[(?P<key>.+)\]$")
 
 
 @dataclass(frozen=True)
@@ -58,38 +55,6 @@ class Observed:
     issues: tuple[Issue, ...] = ()
     unmeasured: str = ""
     backlog: int | None = None  # compaction work items; None: not measured
-
-
-class MissingCredentialError(RuntimeError):
-    """A secret the spec references is not in this process's environment (names the field and variable)."""
-
-
-def catalog_properties(st: StreamingTable, environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """pyiceberg `load_catalog` properties for `spec.table.catalog`, and the secret values in them.
-
-    Secret properties come from the variables the operator's own Deployment would carry
-    (`ICEFALL_CATALOG_<KEY>`, the names `plan.children.secret_env_vars` gives the pods).
-    """
-    spec = st.spec.table.catalog
-    if spec is None:
-        raise ValueError("spec.table.catalog is not set")
-    props: dict[str, str] = {"type": spec.type.value, "uri": spec.uri, **spec.properties}
-    if spec.warehouse:
-        props["warehouse"] = spec.warehouse
-    secrets: list[str] = []
-    for env in secret_env_vars(st.spec)[1]:
-        match = _SECRET_KEY.search(env.path)
-        value = environ.get(env.name)
-        if match is None:
-            continue
-        if not value:
-            raise MissingCredentialError(
-                f"{env.path}: the operator has no variable {env.name} (from key {env.key!r} of Secret "
-                f"{env.secret!r}); give the operator that variable to measure the table"
-            )
-        props[match["key"]] = value
-        secrets.append(value)
-    return props, secrets
 
 
 def _mask(text: str, secrets: list[str]) -> str:
@@ -259,31 +224,33 @@ class TableObserver:
         return observed, backlog_at, backlog
 
     def _load_table(self, st: StreamingTable, issues: list[Issue], notes: list[str]) -> Table | None:
-        from pyiceberg.catalog import load_catalog
         from pyiceberg.exceptions import NoSuchTableError
 
         if st.spec.table.catalog is None:
             return None
-        secrets: list[str] = []
+        config: CatalogConfig | None = None
         try:
-            props, secrets = catalog_properties(st, self.environ)
+            config = CatalogConfig.for_table(st.spec, environ=self.environ)
             # One client per catalog configuration (a sql catalog holds a connection pool).
-            key = json.dumps([st.spec.table.catalog.name, props], sort_keys=True)
             with self._lock:
-                catalog = self._catalogs.get(key)
+                catalog = self._catalogs.get(config.key())
             if catalog is None:
-                catalog = load_catalog(st.spec.table.catalog.name, **props)
+                catalog = config.pyiceberg(make_folders=False)
                 with self._lock:
-                    self._catalogs[key] = catalog
+                    self._catalogs[config.key()] = catalog
             return catalog.load_table(st.table_identifier)
         except MissingCredentialError as error:
-            notes.append(str(error))
+            notes.append(f"{error}; the operator cannot measure the table")
         except NoSuchTableError:
             notes.append(
                 f"the table {'.'.join(st.table_identifier)} does not exist yet (the driver creates it)"
             )
         except Exception as error:  # any client error: a condition, never a crash
-            text = _mask(f"{type(error).__name__}: {error}", secrets)
+            text = f"{type(error).__name__}: {error}"
+            if config is not None:
+                text = config.mask(text)
+            elif not isinstance(error, CatalogConfigError):  # its messages never carry a value
+                text = type(error).__name__
             issues.append(
                 Issue(
                     ConditionReason.CATALOG_UNAVAILABLE,

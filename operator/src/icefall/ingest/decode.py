@@ -60,7 +60,7 @@ UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0
 
 _PREFIX = "__icefall_"
 _CORRUPT = f"{_PREFIX}corrupt"
-_TEXT = f"{_PREFIX}text"  # the value as text; null when it is not parsed (tombstone, oversized)
+_TEXT = f"{_PREFIX}text"  # the value as text; null when it is not parsed (tombstone, oversized, not UTF-8)
 _TYPED = f"{_PREFIX}typed"
 _RAW = f"{_PREFIX}raw"
 ERROR_COLUMN = f"{_PREFIX}error"
@@ -100,7 +100,10 @@ def decode(kafka_df: DataFrame, spec: StreamingTableSpec) -> DataFrame:
         F.col("key").cast("binary").alias("key"),
         value.cast("binary").alias("value"),
         headers.alias("headers"),
-        F.when(value.isNotNull() & (F.length(value) <= max_bytes), value.cast("string")).alias(_TEXT),
+        F.when(
+            value.isNotNull() & (F.length(value) <= max_bytes) & F.is_valid_utf8(value.cast("string")),
+            value.cast("string"),
+        ).alias(_TEXT),
     )
     # Separate projections, so the optimizer keeps each parse in one place (it does not inline a costly
     # expression that is referenced several times).
@@ -154,6 +157,13 @@ def _error(fields: Sequence[SchemaField], max_bytes: int) -> Column:
                 f"record is %d bytes, over the limit of {max_bytes} (spec.deadLetter.maxRecordBytes)", size
             ),
         ),
+        F.when(
+            value.isNotNull() & (size <= max_bytes) & text.isNull(),
+            F.concat(
+                F.lit("the value is not valid UTF-8 text, as JSON must be; its first bytes: 0x"),
+                F.hex(F.substring(value, 1, 32)),
+            ),
+        ),
         F.when(json_bad, _json_problem(text)),
     ]
     mismatches: list[Column] = []
@@ -190,7 +200,8 @@ def _error(fields: Sequence[SchemaField], max_bytes: int) -> Column:
             )
         for condition, message in _value_checks(field, column, field.name, quotable=True):
             reasons.append(F.when(decoded & condition, message))
-    joined = F.concat_ws("; ", *reasons)
+    # Reasons quote parts of the record: never let bytes that are not UTF-8 into a string column.
+    joined = F.make_valid_utf8(F.concat_ws("; ", *reasons))
     return F.when(joined != "", joined)
 
 

@@ -1,21 +1,63 @@
 """Build the one long-lived SparkSession a process uses, with Icefall's jars and catalogs.
 
 Spark session start costs seconds, so callers keep it for their life (tests share one per run).
-The jars are the list in `spark_images/pom.xml`, resolved into a folder (ICEFALL_SPARK_JARS).
+The jars are the list in `spark_images/pom.xml` (Iceberg's Spark runtime and S3FileIO, Spark's Kafka
+source, the JDBC drivers). `spark_jars` finds them: in the folder `ICEFALL_SPARK_JARS` names when it is
+set (a checkout: `hack/tool-env.sh` exports it), else already in Spark's own jar folder
+(`$SPARK_HOME/jars`, where the image puts them, so no `spark.jars` is set); otherwise it fails with one
+line saying how to provide them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icefall.catalog import CatalogConfig
-from icefall.devstack.tools import jar_files
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+JARS_VARIABLE = "ICEFALL_SPARK_JARS"
+RUNTIME_JAR = "iceberg-spark-runtime-*.jar"  # present in a jar folder that holds the pom's jars
+# Spark's default redaction plus the catalog options that carry credentials (credential, s3.access-key-id,
+# header.Authorization): Spark shows redacted values in its UI, event logs and error reports.
+REDACTION_REGEX = "(?i)secret|password|token|access[.-]key|credential|authorization"
+
+
+class SparkJarsMissingError(RuntimeError):
+    """Neither ICEFALL_SPARK_JARS nor Spark's own jar folder provides Icefall's jars."""
+
+
+def spark_home(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """$SPARK_HOME, else the Spark a pip-installed pyspark brings (its package folder)."""
+    if environ.get("SPARK_HOME"):
+        return Path(environ["SPARK_HOME"])
+    spec = importlib.util.find_spec("pyspark")
+    return Path(spec.origin).parent if spec is not None and spec.origin else None
+
+
+def spark_jars(environ: Mapping[str, str] = os.environ, home: Path | None = None) -> list[Path]:
+    """The jars to pass as `spark.jars`: none when Spark's jar folder already holds them (see module doc)."""
+    folder = environ.get(JARS_VARIABLE)
+    if folder:
+        jars = sorted(Path(folder).glob("*.jar"))
+        if not jars:
+            raise SparkJarsMissingError(f"{JARS_VARIABLE}={folder} holds no jars")
+        return jars
+    home = home or spark_home(environ)
+    if home is not None and any((home / "jars").glob(RUNTIME_JAR)):
+        return []
+    where = f"{home / 'jars'}" if home is not None else "Spark's jar folder (no SPARK_HOME)"
+    raise SparkJarsMissingError(
+        f"Icefall's Spark jars are missing: {JARS_VARIABLE} is unset and {where} has no {RUNTIME_JAR}; "
+        f"set {JARS_VARIABLE} to a folder with the jars of spark_images/pom.xml "
+        '(in a checkout: eval "$(hack/tool-env.sh)"), or use the Icefall image'
+    )
 
 
 def spark_conf(
@@ -24,7 +66,6 @@ def spark_conf(
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
-        "spark.jars": ",".join(str(jar) for jar in jar_files("ICEFALL_SPARK_JARS")),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.driver.memory": driver_memory,
         "spark.sql.session.timeZone": "UTC",
@@ -32,7 +73,11 @@ def spark_conf(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.adaptive.enabled": "true",
+        "spark.redaction.regex": REDACTION_REGEX,
     }
+    jars = spark_jars()
+    if jars:
+        conf["spark.jars"] = ",".join(str(jar) for jar in jars)
     if master.startswith("local"):
         # One machine: keep the driver's RPC and block manager on loopback, not the host's interface.
         conf["spark.driver.bindAddress"] = "127.0.0.1"

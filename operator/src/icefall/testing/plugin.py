@@ -8,6 +8,7 @@ cannot start fails the tests that need it with the tail of its log: nothing here
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,11 +21,20 @@ from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
+from icefall.devstack.tools import tool_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 TIERS = ("unit", "integration", "e2e")
+SOURCE = Path(__file__).resolve().parents[2]  # operator/src of the checkout under test
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`python -m icefall...` processes that tests start import this checkout's code, like the tests do
+    (not whatever checkout the virtualenv's editable install points at)."""
+    paths = [str(SOURCE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,6 +43,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tiers = [tier for tier in TIERS if item.get_closest_marker(tier)]
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid} must be marked with exactly one of {TIERS}, has {tiers}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Beyond unit tests, Spark runs (here and in the `icefall` processes tests start), and outside the image
+    it finds Icefall's jars through ICEFALL_SPARK_JARS: resolve them now (cached) if `make` has not."""
+    if any(not item.get_closest_marker("unit") for item in session.items):
+        tool_dir("ICEFALL_SPARK_JARS")
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,20 @@
-"""`make demo`: the main job end to end on the embedded default, with nothing but this machine.
+"""`make demo` (`python -m icefall.devstack.demo`): the main job end to end on the embedded default, with
+nothing but this machine.
 
 A local Kafka broker, a producer streaming order events (a few malformed on purpose), `icefall run`'s
 ingestion on local Spark into the embedded SQLite catalog, then the table, its dead letters, and the
 record-by-record audit. Each run starts from a clean state folder.
+
+A development command, not part of the `icefall` CLI: it starts the test stack's Kafka broker and
+producer (`icefall.devstack`), which need a checkout and are not in the wheel or the image.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,6 +25,7 @@ from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
 from icefall.devstack.events import EventProducer
 from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.tools import tool_dir
 from icefall.ingest.engine import BatchReport, Ingestor
 from icefall.plan.leases import commit_lease_name
 from icefall.spark.session import build_spark_session
@@ -50,6 +57,7 @@ def run_demo(manifest: Path, state: Path, *, seconds: float, rate: float) -> int
 
         catalog = CatalogConfig.embedded(state / "lake")
         catalog.pyiceberg()
+        tool_dir("ICEFALL_SPARK_JARS")  # resolves the jars of spark_images/pom.xml when make has not
         say("starting local Spark with the Iceberg runtime and the embedded SQLite catalog ...")
         spark = build_spark_session([catalog], app_name="icefall-demo")
         lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), "demo")
@@ -114,3 +122,20 @@ def _show(catalog: CatalogConfig, st: Any) -> None:
         kinds = Counter(re.sub(r"(: )'.*?'(\.\.\.)?", r"\1'…'", e) for e in dead.column("error").to_pylist())
         for reason, count in kinds.most_common(6):
             print(f"    {count:>4} x {reason}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m icefall.devstack.demo",
+        description="local Kafka + a producer + ingestion + audit, end to end (what `make demo` runs)",
+    )
+    parser.add_argument("-f", "--file", default="examples/orders.yaml", help="the StreamingTable manifest")
+    parser.add_argument("--state-dir", default=".icefall/demo", help="where the demo keeps its state")
+    parser.add_argument("--seconds", type=float, default=30, help="how long to stream before catching up")
+    parser.add_argument("--rate", type=float, default=2000, help="events per second to produce")
+    args = parser.parse_args(argv)
+    return run_demo(Path(args.file), Path(args.state_dir).resolve(), seconds=args.seconds, rate=args.rate)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

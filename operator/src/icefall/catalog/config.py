@@ -1,0 +1,357 @@
+"""The one mapping from `spec.table.catalog` to the two clients: pyiceberg and Spark's Iceberg runtime.
+
+`CatalogConfig.for_table(spec)` reads `spec.table.catalog` (or, when it is absent, makes the embedded
+default in a state folder) and resolves `secretProperties` from this process's environment: an `env`
+reference reads that variable, a `secretKeyRef` reads the variable the operator gives its pods
+(`ICEFALL_CATALOG_<KEY>`, named by `icefall.plan.children.secret_env_vars`). The config then gives:
+
+- sql, `sqlite:///path`: pyiceberg `SqlCatalog` on `sqlite:////abs/path`; Spark `JdbcCatalog` on
+  `jdbc:sqlite:/abs/path` with a busy timeout (SQLite has one writer at a time).
+- sql, `postgresql://[user@]host[:port]/db[?…]`: pyiceberg `SqlCatalog` on
+  `postgresql+psycopg2://user:password@host/db`; Spark `JdbcCatalog` on `jdbc:postgresql://host/db` with
+  `jdbc.user` and `jdbc.password`. The user comes from the URI or a `user` (`jdbc.user`) property, the
+  password from `secretProperties.password` (or `jdbc.password`).
+- rest, `http(s)://…`: pyiceberg `RestCatalog`; Spark `type=rest`. Both get `uri` and `warehouse`.
+- sql `warehouse`: a local path becomes a `file:` URI; any other location (`s3://…`) is kept.
+- every other property passes through to both sides under its own name (`prefix`, `credential`, `token`,
+  `scope`, `oauth2-server-uri`, `header.*`, `s3.endpoint`, `s3.region`, `s3.access-key-id`, …): Iceberg's
+  Python and Java catalogs and FileIOs use the same names. `s3.path-style-access` also sets pyiceberg's
+  `s3.force-virtual-addressing` to its negation.
+- object storage (an `s3://`/`s3a://` warehouse or any `s3.*` property): without `s3.region` (or
+  `client.region`) both sides use us-east-1 (pyiceberg would otherwise ask AWS for the bucket's region,
+  and the AWS SDK insists on one). Spark only: `io-impl` S3FileIO unless set, `client.region` from
+  `s3.region`, and with `s3.endpoint` and no `s3.path-style-access`, path-style access (pyarrow's default
+  addressing, so both sides address the store alike).
+- always, Spark: `cache-enabled=false`, since pyiceberg moves refs behind Spark's back.
+
+Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
+`mask(text)` removes them from any other text (a client's exception); a missing secret raises
+`MissingCredentialError` naming the spec field and the variable. Not guaranteed: that the catalog is
+reachable or that the credentials work (that shows when a client is used). For a sql catalog the database's
+tables are created by pyiceberg first (its "V0" layout, which Iceberg's JdbcCatalog reads and writes as
+is), so call `pyiceberg()` before building a Spark session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import quote, urlsplit
+
+from icefall.api import CatalogType, StreamingTableSpec
+from icefall.plan.children import secret_env_vars
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
+JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+DEFAULT_S3_REGION = "us-east-1"  # when the spec names none (see the module doc)
+SQLITE_BUSY_TIMEOUT_MS = "30000"  # SQLite allows one writer at a time: wait for the lock, do not fail
+POSTGRES_DRIVER = "psycopg2"  # SQLAlchemy's driver for postgresql:// (pyiceberg[sql-postgres])
+MASK = "***"
+SECRET_PATH = "spec.table.catalog.secretProperties[{key}]"
+
+# Keys the adapter derives from the spec's own fields (or always sets); in `properties` they would
+# contradict those fields, so they are refused with the field to use instead.
+_DERIVED = {
+    "type": "spec.table.catalog.type",
+    "uri": "spec.table.catalog.uri",
+    "warehouse": "spec.table.catalog.warehouse",
+    "catalog-impl": "spec.table.catalog.type",
+    "py-catalog-impl": "spec.table.catalog.type",
+    "cache-enabled": "nothing (Icefall always turns Spark's catalog cache off)",
+}
+_USER_KEYS = ("user", "jdbc.user")
+_PASSWORD_KEYS = ("password", "jdbc.password")
+_S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+
+
+class CatalogConfigError(ValueError):
+    """`spec.table.catalog` cannot be turned into catalog clients; the message names the field."""
+
+
+class MissingCredentialError(CatalogConfigError):
+    """A secret property's variable is not set in this process (names the field and the variable)."""
+
+
+@dataclass(frozen=True)
+class _Database:
+    """A sql catalog's database, parsed from its URI (no password: the API refuses one in the URI)."""
+
+    dialect: str  # sqlite | postgresql
+    path: Path | None = None  # sqlite: the database file, absolute
+    driver: str = ""  # postgresql: the SQLAlchemy driver
+    user: str = ""
+    address: str = ""  # postgresql: host[:port]
+    database: str = ""
+    query: str = ""
+
+    @classmethod
+    def parse(cls, uri: str) -> _Database:
+        raw = uri.removeprefix("jdbc:")
+        scheme, _, rest = raw.partition(":")
+        dialect, _, driver = scheme.lower().partition("+")
+        if dialect == "sqlite":
+            # SQLAlchemy: sqlite:///relative.db, sqlite:////absolute.db; JDBC: jdbc:sqlite:<path>
+            path = rest[3:] if rest.startswith("///") else rest if uri.startswith("jdbc:") else ""
+            if not path or path.startswith(":memory:"):
+                raise CatalogConfigError(
+                    f"spec.table.catalog.uri: {uri!r} names no database file; use sqlite:////path/catalog.db"
+                )
+            return cls("sqlite", path=Path(path.split("?", 1)[0]).resolve())
+        if dialect in ("postgresql", "postgres"):
+            parts = urlsplit(f"postgresql:{rest}")
+            user, _, address = parts.netloc.rpartition("@")
+            if ":" in user:
+                raise CatalogConfigError(
+                    "spec.table.catalog.uri: the URI carries a password; reference it in "
+                    "secretProperties.password"
+                )
+            if not address:
+                raise CatalogConfigError(f"spec.table.catalog.uri: {uri!r} names no host")
+            return cls(
+                "postgresql",
+                driver=driver or POSTGRES_DRIVER,
+                user=user,
+                address=address,
+                database=parts.path.lstrip("/"),
+                query=parts.query,
+            )
+        raise CatalogConfigError(
+            f"spec.table.catalog.uri: {scheme} catalogs are not supported (Icefall's image carries the "
+            "SQLite and PostgreSQL drivers); use sqlite:, postgresql: or a rest catalog"
+        )
+
+    def sqlalchemy_url(self, user: str, password: str) -> str:
+        if self.path is not None:
+            return f"sqlite:///{self.path}"
+        login = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
+        url = f"postgresql+{self.driver}://{login + '@' if login else ''}{self.address}/{self.database}"
+        return url + (f"?{self.query}" if self.query else "")
+
+    def jdbc_url(self) -> str:
+        if self.path is not None:
+            return f"jdbc:sqlite:{self.path}"
+        return f"jdbc:postgresql://{self.address}/{self.database}" + (f"?{self.query}" if self.query else "")
+
+
+@dataclass(frozen=True)
+class CatalogConfig:
+    """One Iceberg catalog, as both pyiceberg and Spark open it. Build with `for_table` or `embedded`.
+
+    `properties` are the non-secret catalog properties, `secrets` the resolved secret ones (masked in
+    `repr`); both by catalog property name.
+    """
+
+    name: str
+    type: CatalogType
+    uri: str
+    warehouse: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for key, where in _DERIVED.items():
+            for kind, given in (("properties", self.properties), ("secretProperties", self.secrets)):
+                if key in given:
+                    raise CatalogConfigError(f"spec.table.catalog.{kind}[{key}]: set {where} instead")
+        if self.type is CatalogType.SQL:
+            _Database.parse(self.uri)  # fail early, naming the field
+
+    # -- construction -------------------------------------------------------------------------------------
+
+    @classmethod
+    def embedded(cls, state_dir: Path, name: str = "icefall") -> CatalogConfig:
+        """The embedded default: a SQLite catalog and a warehouse folder inside `state_dir`."""
+        return cls.sqlite(state_dir / "catalog.db", state_dir / "warehouse", name=name)
+
+    @classmethod
+    def sqlite(cls, database: Path, warehouse: Path, name: str = "icefall") -> CatalogConfig:
+        """A SQLite catalog in `database` with table files under the local folder `warehouse`."""
+        return cls(
+            name=name,
+            type=CatalogType.SQL,
+            uri=f"sqlite:///{database.resolve()}",
+            warehouse=warehouse.resolve().as_uri(),
+        )
+
+    @classmethod
+    def for_table(
+        cls,
+        spec: StreamingTableSpec,
+        *,
+        state_dir: Path | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> CatalogConfig:
+        """The catalog of `spec.table.catalog`, secrets resolved from `environ` (default: this process's
+        environment); without one, the embedded default in `state_dir` (required then)."""
+        catalog = spec.table.catalog
+        if catalog is None:
+            if state_dir is None:
+                raise CatalogConfigError("spec.table.catalog is not set (no embedded catalog here)")
+            return cls.embedded(state_dir)
+        uri, warehouse = catalog.uri, catalog.warehouse
+        if catalog.type is CatalogType.SQL:
+            database = _Database.parse(uri).path
+            if database is not None:  # relative paths are relative to here, once and for all
+                uri = f"sqlite:///{database}"
+            if warehouse and "://" not in warehouse:
+                warehouse = Path(warehouse.removeprefix("file:")).resolve().as_uri()  # a local folder
+        return cls(
+            name=catalog.name,
+            type=catalog.type,
+            uri=uri,
+            warehouse=warehouse,
+            properties=dict(catalog.properties),
+            secrets=_resolve_secrets(spec, os.environ if environ is None else environ),
+        )
+
+    # -- the two clients ----------------------------------------------------------------------------------
+
+    def pyiceberg(self, *, make_folders: bool = True) -> Catalog:
+        """A new pyiceberg client (`SqlCatalog` or `RestCatalog`). For SQLite, creates the database's folder
+        and a local warehouse folder first, unless `make_folders` is False (the operator only observes: a
+        catalog whose folder is missing is an error there, not something to create)."""
+        props = self.pyiceberg_properties()
+        if self.type is CatalogType.REST:
+            from pyiceberg.catalog.rest import RestCatalog
+
+            return RestCatalog(self.name, **props)
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        database = _Database.parse(self.uri)
+        if make_folders and database.path is not None:
+            database.path.parent.mkdir(parents=True, exist_ok=True)
+        if make_folders and self.warehouse and self.warehouse.startswith("file:"):
+            Path(urlsplit(self.warehouse).path).mkdir(parents=True, exist_ok=True)
+        return SqlCatalog(self.name, **props)
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """The properties `pyiceberg()` opens the catalog with (secret values included: never log them)."""
+        props = {**self.properties, **self.secrets}
+        props["type"] = self.type.value
+        if self.type is CatalogType.SQL:
+            user, password = _pop_first(props, _USER_KEYS), _pop_first(props, _PASSWORD_KEYS)
+            database = _Database.parse(self.uri)
+            props["uri"] = database.sqlalchemy_url(user or database.user, password)
+        else:
+            props["uri"] = self.uri
+        if self.warehouse:
+            props["warehouse"] = self.warehouse
+        if self.uses_s3 and "s3.region" not in props and "client.region" not in props:
+            props["s3.region"] = DEFAULT_S3_REGION
+        path_style = props.get("s3.path-style-access")
+        if path_style is not None and "s3.force-virtual-addressing" not in props:
+            props["s3.force-virtual-addressing"] = "false" if path_style.lower() == "true" else "true"
+        return props
+
+    def spark_conf(self) -> dict[str, str]:
+        """`spark.sql.catalog.<name>` and its options (secret values included: never log them)."""
+        props = {**self.properties, **self.secrets}
+        options: dict[str, str] = {}
+        if self.type is CatalogType.SQL:
+            database = _Database.parse(self.uri)
+            user, password = _pop_first(props, _USER_KEYS), _pop_first(props, _PASSWORD_KEYS)
+            options["catalog-impl"] = JDBC_CATALOG
+            options["uri"] = database.jdbc_url()
+            if user or database.user:
+                options["jdbc.user"] = user or database.user
+            if password:
+                options["jdbc.password"] = password
+            if database.path is not None:
+                options["jdbc.busy_timeout"] = SQLITE_BUSY_TIMEOUT_MS
+        else:
+            options["type"] = "rest"
+            options["uri"] = self.uri
+        if self.warehouse:
+            options["warehouse"] = self.warehouse
+        options.update(props)
+        if self.uses_s3:
+            options.setdefault("io-impl", S3_FILE_IO)
+            options.setdefault("client.region", props.get("s3.region", DEFAULT_S3_REGION))
+            if "s3.endpoint" in props:
+                options.setdefault("s3.path-style-access", "true")
+        # pyiceberg moves refs (staging branches, main) behind Spark's back: never serve cached metadata.
+        options["cache-enabled"] = "false"
+        prefix = f"spark.sql.catalog.{self.name}"
+        return {prefix: SPARK_CATALOG, **{f"{prefix}.{key}": value for key, value in options.items()}}
+
+    # -- facts and safety ---------------------------------------------------------------------------------
+
+    @property
+    def uses_s3(self) -> bool:
+        """Table files live in S3 or an S3-compatible store (an s3 warehouse or s3.* properties)."""
+        keys = [*self.properties, *self.secrets]
+        return bool(self.warehouse and self.warehouse.startswith(_S3_SCHEMES)) or any(
+            key.startswith("s3.") for key in keys
+        )
+
+    @property
+    def database(self) -> Path:
+        """The SQLite database file (a SQLite catalog only)."""
+        path = _Database.parse(self.uri).path if self.type is CatalogType.SQL else None
+        if path is None:
+            raise ValueError(f"catalog {self.name!r} is not a SQLite catalog")
+        return path
+
+    def mask(self, text: str) -> str:
+        """`text` with every secret value (also URL-quoted, as in a database URL) replaced by ***."""
+        values = {v for value in self.secrets.values() if value for v in (value, quote(value, safe=""))}
+        for value in sorted(values, key=len, reverse=True):
+            text = text.replace(value, MASK)
+        return text
+
+    def key(self) -> str:
+        """A digest of the whole configuration, secrets included: equal configs, equal keys."""
+        fields = [self.name, self.type.value, self.uri, self.warehouse, self.properties, self.secrets]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __repr__(self) -> str:
+        secrets = {key: MASK for key in sorted(self.secrets)}
+        return (
+            f"CatalogConfig(name={self.name!r}, type={self.type.value!r}, uri={self.uri!r}, "
+            f"warehouse={self.warehouse!r}, properties={dict(self.properties)!r}, secrets={secrets!r})"
+        )
+
+
+def _pop_first(props: dict[str, str], keys: tuple[str, ...]) -> str:
+    found = ""
+    for key in keys:
+        value = props.pop(key, "")
+        found = found or value
+    return found
+
+
+def _resolve_secrets(spec: StreamingTableSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """`spec.table.catalog.secretProperties`, each read from its variable (see the module doc)."""
+    catalog = spec.table.catalog
+    assert catalog is not None
+    pod_variables = {env.path: env for env in secret_env_vars(spec)[1]}
+    values: dict[str, str] = {}
+    for key, ref in sorted(catalog.secret_properties.items()):
+        path = SECRET_PATH.format(key=key)
+        if ref.env is not None:
+            name, hint = ref.env, f"set it or change {path}.env"
+        else:
+            env = pod_variables[path]
+            name = env.name
+            hint = (
+                f"the operator fills it from key {env.key!r} of Secret {env.secret!r} in the pods it runs; "
+                "elsewhere set it yourself, or reference the value with {env: NAME}"
+            )
+        value = environ.get(name)
+        if not value:
+            state = "is not set" if value is None else "is empty"
+            raise MissingCredentialError(f"{path}: environment variable {name} {state} ({hint})")
+        values[key] = value
+    return values
