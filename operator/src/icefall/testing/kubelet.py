@@ -36,7 +36,8 @@ a private mount namespace of its own (`unshare(CLONE_NEWNS)`, the kubelet runs a
   holding their keys as files (read once, at start), mounted read-only, as is any mount with
   `readOnly: true`; `subPath` mounts that sub-folder. A mount point that does not exist yet is created
   in the volume mounted above it (as a runtime does), else on the host (the kubelet removes the empty
-  folders it created there when it stops). Env values and paths are passed through unchanged;
+  folders it created there when it stops, unless another local kubelet still runs: `HOST_LOCK`). Env
+  values and paths are passed through unchanged;
 - /dev/shm is a fresh tmpfs, and the folders in `hidden` (the test's temporary folders: the stack's
   state, catalogs and warehouses, other pods' volumes) are covered by an empty read-only tmpfs: a pod
   cannot even read them. The rest of the host stays READABLE (the venv, the checkout's source, the JDK,
@@ -55,15 +56,17 @@ Not done (other components' jobs, or out of scope): no Node object is registered
 or evictions; no probes, resource limits (an emptyDir's sizeLimit included), security contexts (the
 process runs as the test's user, root: a read-only root is enforced whatever the pod asks, and a pod
 could remount it, which no code of ours does), image pulls, init or sidecar containers (only
-`containers[0]` runs), ports or networking (no network namespace: everything is on the host's loopback),
-PID or user namespaces, pod-level garbage collection by owner references (kube-controller-manager's job; see
-e2e/README.md). It never creates, changes or deletes anything but the Pods it runs and their status.
+`containers[0]` runs), ports or networking (no network namespace: everything is on the host's
+loopback), PID or user namespaces, pod-level garbage collection by owner references
+(kube-controller-manager's job; see e2e/README.md). It never creates, changes or deletes anything but
+the Pods it runs and their status.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -103,6 +106,11 @@ WATCH_TIMEOUT_SECONDS = 5
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: The exit code of a container whose file system could not be set up (a runtime's StartError).
 START_ERROR_EXIT_CODE = 128
+#: Every local kubelet on this machine holds a shared lock on this file while it runs; one that stops
+#: removes the mount points it created on the host only if it can then take the lock exclusively (no
+#: other kubelet, of this test run or another, may be using them: removing a folder that is a mount
+#: point in another pod's mount namespace detaches that pod's mount).
+HOST_LOCK = Path("/tmp/icefall-local-kubelet.lock")
 _VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 _FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 
@@ -241,6 +249,7 @@ class LocalKubelet:
         self._api_port = str(api_address.port or 443)
         #: Mount points this kubelet created on the host (removed, if empty, when it stops).
         self._made_on_host: list[Path] = []
+        self._host_lock: Any = None
         self._runs: dict[str, _PodRun] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -253,6 +262,8 @@ class LocalKubelet:
 
     def start(self) -> LocalKubelet:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._host_lock = HOST_LOCK.open("a")
+        fcntl.flock(self._host_lock, fcntl.LOCK_SH)
         self._watcher = threading.Thread(target=self._watch_pods, name="local-kubelet-watch", daemon=True)
         self._watcher.start()
         return self
@@ -272,11 +283,25 @@ class LocalKubelet:
                 run.thread.join(timeout=30)
         if self._watcher is not None:
             self._watcher.join(timeout=WATCH_TIMEOUT_SECONDS + 5)
+        self._remove_mount_points()
+
+    def _remove_mount_points(self) -> None:
+        """Remove the mount points this kubelet made on the host, unless another local kubelet runs."""
         with self._lock:
             made, self._made_on_host = self._made_on_host, []
-        for path in reversed(made):  # deepest first; another pod's or program's content stays
-            with contextlib.suppress(OSError):
-                path.unlink() if path.is_file() else path.rmdir()
+        lock, self._host_lock = self._host_lock, None
+        if lock is None:
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("local kubelet: another one runs; leaving the mount points %s", [str(p) for p in made])
+        else:
+            for path in reversed(made):  # deepest first; another program's content stays
+                with contextlib.suppress(OSError):
+                    path.unlink() if path.is_file() else path.rmdir()
+        finally:
+            lock.close()
 
     def log_path(self, name: str, uid: str | None = None) -> Path | None:
         """The container log of the newest run of Pod `name` (or of that very `uid`), if any."""
@@ -475,8 +500,8 @@ class LocalKubelet:
         return _Container(argv, env, cwd, mounts, spec_file)
 
     def _make_mount_points(self, mounts: Sequence[_Mount]) -> None:
-        """Create each mount point that is missing: inside the volume mounted above it, else on the host
-        (remembered, to be removed when the kubelet stops). The container's root is read-only by then."""
+        """Create each mount point that is missing, as a runtime does: inside the volume mounted above it,
+        else on the host (remembered, to be removed when the kubelet stops)."""
         for mount in mounts:
             path = PurePosixPath(mount.path)
             above = [m for m in mounts if m is not mount and PurePosixPath(m.path) in path.parents]
