@@ -4,9 +4,16 @@ Fixtures (module scope unless said otherwise; the stack itself — `kube`, `kafk
 - `e2e_namespace`: the CRD applied and a namespace of the module's own, so modules never see each other's
   objects (there is no garbage collector to clean up after a module: see e2e/README.md);
 - `kubectl`: the real kubectl built next to kube-apiserver, with the admin kubeconfig;
-- `kubelet`: `icefall.testing.kubelet.LocalKubelet` running that namespace's Pods with this venv as image;
+- `kubelet`: `icefall.testing.kubelet.LocalKubelet` running that namespace's Pods with this venv and this
+  checkout as the image, each pod in its own mount namespace: read-only root, its volumes at their mount
+  paths, none of the test's temporary folders visible;
+- `lake`: the module's Iceberg catalog, reached by pods only over the network, as in a cluster: a
+  PostgreSQL JDBC catalog (a database of its own on the session's server) with the table files in the
+  session's object store (a bucket of its own), credentials in a Secret `lake` referenced by
+  `secretProperties`;
 - `operator`: `icefall operator --namespace <ns>` in a subprocess with Spark in the driver pod
-  (`ICEFALL_SPARK_MASTER=local[1]`) and short resync/status intervals.
+  (`ICEFALL_SPARK_MASTER=local[1]`), short resync/status intervals and the lake's credentials in the
+  variables the operator reads them from (as its Deployment would get them).
 Teardown order matters: the operator stops before the kubelet, so a driver killed at the end of a module
 is not reported as a failure to a live operator.
 """
@@ -17,21 +24,30 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from kubernetes import client, config
 
+from icefall.api import CatalogType, load_manifest
 from icefall.api.crd import CRD_NAME
+from icefall.catalog import CatalogConfig
 from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.objectstore import ObjectStore
+from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import tail
 from icefall.devstack.tools import tool_dir
+from icefall.plan.children import secret_env_vars
 from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.streams import manifest_text
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
+Obj = dict[str, Any]
 
 
 def wait_for(
@@ -74,10 +90,13 @@ class Kubectl:
 class Operator:
     """`python -m icefall.cli operator --namespace <ns>` in a subprocess, logging to a file."""
 
-    def __init__(self, kube: KubeAPIServer, namespace: str, log: Path) -> None:
+    def __init__(
+        self, kube: KubeAPIServer, namespace: str, log: Path, env: Mapping[str, str] | None = None
+    ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.log = log
+        self.extra_env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -91,6 +110,7 @@ class Operator:
             # Spark inside the driver pod: there are no executor pods without a real node.
             "ICEFALL_SPARK_MASTER": "local[1]",
             "PYTHONPATH": str(REPO / "operator" / "src"),
+            **self.extra_env,
         }
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
@@ -157,7 +177,18 @@ def rest(api: client.ApiClient) -> JsonApi:
 def kubelet(
     kube: KubeAPIServer, api: client.ApiClient, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalKubelet]:
+    bin_dir = Path(sys.executable).parent  # the venv's bin
     image_env = {
+        # spark_images/Dockerfile's ENV, with this venv standing in for /opt/icefall and the checkout's
+        # source for the installed wheel (the venv's editable install may point at another checkout).
+        "PYTHONPATH": str(REPO / "operator" / "src"),
+        "PYSPARK_PYTHON": str(bin_dir / "python"),
+        "PYSPARK_DRIVER_PYTHON": str(bin_dir / "python"),
+        "HOME": "/tmp",
+        "ICEFALL_STATE_DIR": "/tmp/icefall",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        # The image has its jars in $SPARK_HOME/jars; here they are in the jar cache.
         "ICEFALL_SPARK_JARS": str(tool_dir("ICEFALL_SPARK_JARS")),
         # A pod's hostname resolves to its pod IP, which is loopback here: keep Spark's driver on it
         # rather than on whatever interface the machine's hostname resolves to.
@@ -169,20 +200,97 @@ def kubelet(
         api,
         e2e_namespace,
         tmp_path_factory.mktemp("kubelet"),
-        bin_dir=Path(sys.executable).parent,  # the venv's bin: its `icefall` is the checkout's code
+        bin_dir=bin_dir,
         server=kube.url,
         ca_file=kube.ca_file,
         image_env=image_env,
+        # Pods see none of the test's folders (the stack's state, catalogs, other pods' volumes): what
+        # they share with the test goes over the network.
+        hidden=[tmp_path_factory.getbasetemp()],
     ).start()
     yield running
     running.stop()
 
 
+LAKE_SECRET = "lake"
+#: secretProperties key → key in the Secret `lake`.
+_LAKE_SECRET_KEYS = {
+    "password": "password",
+    "s3.access-key-id": "access-key-id",
+    "s3.secret-access-key": "secret-access-key",
+}
+
+
+@dataclass(frozen=True)
+class Lake:
+    """The module's catalog: `block` is `spec.table.catalog` as a user writes it, `catalog` the test's own
+    client (same catalog, secrets given), `variables` what the operator reads the secrets from."""
+
+    block: Obj
+    catalog: CatalogConfig
+    variables: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def lake(e2e_namespace: str, rest: JsonApi, postgres: PostgresServer, object_store: ObjectStore) -> Lake:
+    database, bucket = e2e_namespace.replace("-", "_"), e2e_namespace
+    postgres.create_database(database)
+    object_store.create_bucket(bucket)
+    store = object_store.properties()
+    values = {
+        "password": postgres.password,
+        "s3.access-key-id": store["s3.access-key-id"],
+        "s3.secret-access-key": store["s3.secret-access-key"],
+    }
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": LAKE_SECRET, "namespace": e2e_namespace},
+        "stringData": {_LAKE_SECRET_KEYS[key]: value for key, value in values.items()},
+    }
+    rest.call("POST", f"/api/v1/namespaces/{e2e_namespace}/secrets", secret)
+    block: Obj = {
+        "name": "lake",
+        "type": "sql",
+        "uri": f"postgresql://{postgres.user}@{postgres.host}:{postgres.port}/{database}",
+        "warehouse": f"s3://{bucket}/warehouse",
+        "properties": {
+            "s3.endpoint": store["s3.endpoint"],
+            "s3.region": store["s3.region"],
+            "s3.path-style-access": "true",
+        },
+        "secretProperties": {
+            key: {"secretKeyRef": {"name": LAKE_SECRET, "key": name}}
+            for key, name in _LAKE_SECRET_KEYS.items()
+        },
+    }
+    catalog = CatalogConfig(
+        name=block["name"],
+        type=CatalogType.SQL,
+        uri=block["uri"],
+        warehouse=block["warehouse"],
+        properties=block["properties"],
+        secrets=values,
+    )
+    catalog.pyiceberg()  # creates the catalog's tables, which Spark's JdbcCatalog then uses as they are
+    # The variable names the operator and its pods agree on, from a StreamingTable with this catalog.
+    st: Obj = yaml.safe_load(manifest_text("lake", "lake", "127.0.0.1:9092"))
+    st["spec"]["table"]["catalog"] = block
+    names = {env.path: env.name for env in secret_env_vars(load_manifest(yaml.safe_dump(st)).spec)[1]}
+    variables = {names[f"spec.table.catalog.secretProperties[{key}]"]: value for key, value in values.items()}
+    return Lake(block=block, catalog=catalog, variables=variables)
+
+
 @pytest.fixture(scope="module")
 def operator(
-    kube: KubeAPIServer, kubelet: LocalKubelet, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
+    kube: KubeAPIServer,
+    kubelet: LocalKubelet,
+    lake: Lake,
+    e2e_namespace: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
-    running = Operator(kube, e2e_namespace, tmp_path_factory.mktemp("operator") / "operator.log")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    running = Operator(kube, e2e_namespace, log, env=lake.variables)
     running.start()
     yield running
     running.stop()
@@ -192,6 +300,3 @@ def pod_logs(kubelet: LocalKubelet, name: str) -> str:
     """The tail of the newest container log of Pod `name`, for failure messages."""
     path = kubelet.log_path(name)
     return f"--- {path}\n{tail(path, 60)}" if path else f"(no log for pod {name})"
-
-
-Obj = dict[str, Any]

@@ -48,7 +48,7 @@ from icefall.testing.kubelet import JsonApi, LocalKubelet
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
 
-from .conftest import Kubectl, Operator, pod_logs, wait_for
+from .conftest import Kubectl, Lake, Operator, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -226,11 +226,9 @@ def setup(  # noqa: PLR0917 (fixtures)
     kafka: KafkaBroker,
     kubelet: LocalKubelet,
     operator: Operator,
-    tmp_path_factory: pytest.TempPathFactory,
+    lake: Lake,
 ) -> Iterator[Setup]:
-    lake = tmp_path_factory.mktemp("lake")
-    catalog = CatalogConfig.sqlite(lake / "catalog.db", lake / "warehouse", name="lake")
-    catalog.pyiceberg()
+    catalog = lake.catalog
     kafka.create_topic(TOPIC, partitions=2)
     made = Setup(rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, operator=operator)
     st: Obj = yaml.safe_load(
@@ -239,12 +237,7 @@ def setup(  # noqa: PLR0917 (fixtures)
         )
     )
     st["metadata"]["namespace"] = e2e_namespace
-    st["spec"]["table"]["catalog"] = {
-        "name": catalog.name,
-        "type": "sql",
-        "uri": catalog.uri,
-        "warehouse": catalog.warehouse,
-    }
+    st["spec"]["table"]["catalog"] = lake.block  # credentials by reference, from the Secret
     # One pod at once, whatever the backlog says yet (the test plays its ReplicaSet).
     st["spec"]["compaction"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 1}
     made.produce(RECORDS)  # a backlog the driver takes in small batches: one small file (or more) each

@@ -3,22 +3,31 @@
 Proves, against the real kube-apiserver, with `python` from this venv as the container's command:
 - a Pod is bound to the kubelet's node and moves Pending → Running with podIP, started/ready container
   status and restartCount 0; its environment is the kubelet's: `$(VAR)` expansion with `$$` escapes,
-  secretKeyRef, configMapKeyRef and fieldRef values, emptyDir and configMap mount paths mapped to local
-  folders (the process writes into the emptyDir, reads the configMap's key as a file), and nothing of
-  the test's own environment (no KUBECONFIG of the admin);
-- the process talks to the API as the Pod's ServiceAccount with a token bound to the Pod: what the Role
-  grants works (get a ConfigMap), what it does not is Forbidden (list Secrets);
+  secretKeyRef, configMapKeyRef and fieldRef values, and nothing of the test's own environment (no
+  KUBECONFIG of the admin); its emptyDir and configMap volumes are mounted at their mount paths (the
+  process writes into the emptyDir's sub-folder, which lands in the pod's volume folder, and reads the
+  configMap's key as a file) and it starts in the image's working folder, /;
+- the process talks to the API in-cluster (the ServiceAccount files at their fixed path) as the Pod's
+  ServiceAccount with a token bound to the Pod: what the Role grants works (get a ConfigMap), what it
+  does not is Forbidden (list Secrets);
 - a Pod whose Secret is missing waits in CreateContainerConfigError and starts once the Secret exists;
   a process exiting with 3 leaves the Pod Failed, exitCode 3, reason Error; deleting that ended Pod
   (with a grace period) removes it at once, as a node does for a Pod with no running containers;
 - deleting a Pod with a grace period sends SIGTERM (the process sees it and exits), and the kubelet then
   removes the Pod from the API well before the grace period ends, as a node does; the process and
-  what it started are gone.
+  what it started are gone;
+- a pod cannot write outside its volumes, as with a read-only root filesystem: writing to /, into the
+  checkout (visible, read-only) or into a SQLite database in the test's folder (not even visible) fails,
+  and the pod that tries it last without catching the error fails with "Read-only file system" in its
+  log and exit code 1; HOME is the image's (/tmp, an emptyDir here), not the test's, and no TMPDIR
+  leaks; two pods running at once with emptyDirs at the same mount paths each see only their own files,
+  which land in their own volume folders and nowhere on the host.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +44,7 @@ PROBE = r"""
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 from kubernetes import client, config
-config.load_kube_config()
+config.load_incluster_config()
 core = client.CoreV1Api()
 ns = os.environ["POD_NAMESPACE"]
 settings = core.read_namespaced_config_map("settings", ns).data
@@ -47,7 +56,8 @@ except client.ApiException as error:
 Path(os.environ["SCRATCH"]).mkdir(parents=True, exist_ok=True)
 (Path(os.environ["SCRATCH"]) / "written").write_text("by the probe")
 child = subprocess.Popen(["sleep", "600"])
-keys = ("A", "B", "POD_NAME", "POD_NAMESPACE", "POD_IP", "PASSWORD", "MODE", "SCRATCH", "KUBECONFIG_ADMIN")
+keys = ("A", "B", "POD_NAME", "POD_NAMESPACE", "POD_IP", "PASSWORD", "MODE", "SCRATCH", "KUBECONFIG_ADMIN",
+        "KUBECONFIG")
 report = {k: os.environ.get(k) for k in keys}
 report |= {"settings": settings, "secrets": secrets, "child": child.pid,
            "mounted_mode": (Path(os.environ["CONF_DIR"]) / "mode").read_text(), "cwd": os.getcwd()}
@@ -171,12 +181,13 @@ def test_pod_runs_with_its_env_mounts_and_service_account_then_stops_on_delete(
     assert seen["KUBECONFIG_ADMIN"] is None
     assert seen["settings"] == {"mode": "fast"}
     assert seen["secrets"] == 403  # the ServiceAccount's RBAC, not the admin's
+    assert seen["KUBECONFIG"] is None  # in-cluster configuration, as in a real pod
     log_path = kubelet.log_path("probe", uid)
     assert log_path is not None
-    scratch = log_path.parent / "volumes" / "scratch" / "sub"
-    assert seen["SCRATCH"] == str(scratch)
-    assert (scratch / "written").read_text() == "by the probe"
-    assert seen["cwd"] == str(log_path.parent / "root")
+    assert seen["SCRATCH"] == "/scratch/sub"  # passed as written: the mount is really there
+    assert (log_path.parent / "volumes" / "scratch" / "sub" / "written").read_text() == "by the probe"
+    assert not Path("/scratch/sub").exists()  # the host's mount point stays empty
+    assert seen["cwd"] == "/"
 
     deleted_at = time.monotonic()
     rest.call("DELETE", f"{_pods(ns)}/probe")  # grace period 30 s, from the pod
@@ -215,3 +226,118 @@ def test_missing_secret_waits_then_exit_code_is_reported(
     # Deleting a Pod whose container ended (what the operator does with a failed driver) completes at once.
     rest.call("DELETE", f"{_pods(ns)}/exits")
     wait_for("the ended pod to be removed", lambda: rest.get(f"{_pods(ns)}/exits") is None, timeout=20)
+
+
+#: Run by two pods at once: writes into its HOME and its emptyDir, reports what it sees and what the
+#: file system refused; `SECOND` then writes to / without catching the error, as a careless program would.
+ISOLATION_PROBE = r"""
+import json, os, sqlite3, sys, time
+from pathlib import Path
+me = os.environ["POD_NAME"]
+Path(os.environ["HOME"], f"home-{me}").write_text(me)
+Path("/scratch", f"scratch-{me}").write_text(me)
+
+def refused(write):
+    try:
+        write()
+    except (OSError, sqlite3.Error) as error:
+        return str(error)
+    return "written"
+
+report = {
+    "HOME": os.environ.get("HOME"), "TMPDIR": os.environ.get("TMPDIR"),
+    "tmp": sorted(os.listdir("/tmp")), "scratch": sorted(os.listdir("/scratch")),
+    "checkout": refused(lambda: Path(os.environ["CHECKOUT"], f"from-{me}").write_text(me)),
+    "test_folder": refused(lambda: Path(os.environ["TEST_FOLDER"], f"from-{me}").write_text(me)),
+    "catalog": refused(lambda: sqlite3.connect(os.environ["CATALOG"]).execute("create table t (x)")),
+}
+print("REPORT " + json.dumps(report), flush=True)
+if os.environ.get("SECOND"):
+    Path("/icefall-test-file").write_text(me)  # not caught: the pod fails as on a read-only root
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_pods_write_only_into_their_own_volumes(  # noqa: PLR0917 (fixtures)
+    rest: JsonApi,
+    accounts: str,
+    kubelet: LocalKubelet,
+    e2e_namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ns = e2e_namespace
+    monkeypatch.setenv("HOME", str(tmp_path))  # neither may reach a pod
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    catalog = tmp_path / "catalog.db"
+    sqlite3.connect(catalog).close()  # a SQLite catalog the test could share through the disk
+    checkout = Path(__file__).resolve().parent
+    uids: dict[str, str] = {}
+    for name in ("first", "second"):
+        env = [
+            {"name": "POD_NAME", **_field("metadata.name")},
+            {"name": "CHECKOUT", "value": str(checkout)},
+            {"name": "TEST_FOLDER", "value": str(tmp_path)},
+            {"name": "CATALOG", "value": str(catalog)},
+            *([{"name": "SECOND", "value": "1"}] if name == "second" else []),
+        ]
+        pod = _pod(
+            name,
+            ns,
+            ["-c", ISOLATION_PROBE],
+            env,
+            terminationGracePeriodSeconds=2,
+            volumes=[{"name": "tmp", "emptyDir": {}}, {"name": "scratch", "emptyDir": {}}],
+        )
+        pod["spec"]["containers"][0]["volumeMounts"] = [
+            {"name": "tmp", "mountPath": "/tmp"},  # HOME, from the image
+            {"name": "scratch", "mountPath": "/scratch"},
+        ]
+        uids[name] = rest.call("POST", _pods(ns), pod)["metadata"]["uid"]
+        # The first keeps running while the second starts: both have their volumes mounted at once.
+        wait_for(f"{name}'s report", lambda n=name: _report(kubelet, n, uids[n]), timeout=60)
+
+    first = _report(kubelet, "first", uids["first"])
+    second = _report(kubelet, "second", uids["second"])
+    assert first is not None and second is not None
+    for name, seen in (("first", first), ("second", second)):
+        assert (seen["HOME"], seen["TMPDIR"]) == ("/tmp", None), seen
+        assert seen["tmp"] == [f"home-{name}"], seen  # its own emptyDir, not the host's /tmp
+        assert seen["scratch"] == [f"scratch-{name}"], seen
+        assert "Read-only file system" in seen["checkout"], seen
+        assert "No such file or directory" in seen["test_folder"], seen  # the test's folders are hidden
+        assert "unable to open database file" in seen["catalog"], seen
+        volumes = kubelet.log_path(name, uids[name])
+        assert volumes is not None
+        assert (volumes.parent / "volumes" / "scratch" / f"scratch-{name}").read_text() == name
+        assert (volumes.parent / "volumes" / "tmp" / f"home-{name}").read_text() == name
+    assert not list(tmp_path.glob("from-*")) and not list(checkout.glob("from-*"))
+    assert not Path("/icefall-test-file").exists()
+    assert not Path("/scratch").exists() or not any(Path("/scratch").iterdir())
+
+    def failed() -> Obj | None:
+        status = rest.get(f"{_pods(ns)}/second") or {}
+        return status if (status.get("status") or {}).get("phase") == "Failed" else None
+
+    status = wait_for(
+        "the second pod to fail", failed, timeout=30, details=lambda: pod_logs(kubelet, "second")
+    )
+    terminated = status["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (1, "Error")
+    log = kubelet.log_path("second", uids["second"])
+    assert log is not None
+    assert "OSError: [Errno 30] Read-only file system: '/icefall-test-file'" in log.read_text()
+    for name in ("first", "second"):
+        rest.call("DELETE", f"{_pods(ns)}/{name}")
+    for name in ("first", "second"):
+        wait_for(f"{name} to be removed", lambda n=name: rest.get(f"{_pods(ns)}/{n}") is None, timeout=20)
+
+
+def _report(kubelet: LocalKubelet, name: str, uid: str) -> Obj | None:
+    """The REPORT line a probe printed, decoded (None before it printed one)."""
+    path = kubelet.log_path(name, uid)
+    text = path.read_text() if path and path.exists() else ""
+    line = next((x for x in text.splitlines() if x.startswith("REPORT ")), None)
+    report: Obj | None = json.loads(line.removeprefix("REPORT ")) if line else None
+    return report

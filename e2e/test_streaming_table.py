@@ -2,7 +2,8 @@
 
 The operator runs as a process (`icefall operator`, Spark master `local[1]` for the driver), the local
 kubelet runs the driver Pod the operator renders (its command, args and env; the image replaced by this
-venv), against the session's real Kafka broker and a SQLite catalog the test reads too. Proves:
+venv), against the session's real Kafka broker and a PostgreSQL JDBC catalog with its files in the
+object store (the `lake` fixture), which the pod reaches only over the network. Proves:
 - (a) events produced to the topic become rows in the table, exactly once (malformed ones in the
   dead-letter table), and `kubectl get st` — the CRD's printer columns — shows READY True and a
   FRESHNESS under the table's target; `status.freshness.seconds` says the same; the driver holds the
@@ -36,7 +37,7 @@ from icefall.testing.kubelet import JsonApi, LocalKubelet
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
 
-from .conftest import Kubectl, Operator, pod_logs, wait_for
+from .conftest import Kubectl, Lake, Operator, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -140,23 +141,16 @@ def pipeline(  # noqa: PLR0917 (fixtures)
     kafka: KafkaBroker,
     kubelet: LocalKubelet,
     operator: Operator,
-    tmp_path_factory: pytest.TempPathFactory,
+    lake: Lake,
 ) -> Iterator[Pipeline]:
-    lake = tmp_path_factory.mktemp("lake")
-    catalog = CatalogConfig.sqlite(lake / "catalog.db", lake / "warehouse", name="lake")
-    catalog.pyiceberg()
+    catalog = lake.catalog
     kafka.create_topic(TOPIC, partitions=2)
     running = Pipeline(
         rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, kubelet=kubelet, operator=operator
     )
     st: Obj = yaml.safe_load(manifest_text(TABLE, TOPIC, kafka.bootstrap))
     st["metadata"]["namespace"] = e2e_namespace
-    st["spec"]["table"]["catalog"] = {
-        "name": catalog.name,
-        "type": "sql",
-        "uri": catalog.uri,
-        "warehouse": catalog.warehouse,
-    }
+    st["spec"]["table"]["catalog"] = lake.block  # credentials by reference, from the Secret
     st["spec"]["freshness"] = {"targetSeconds": TARGET_SECONDS}
     running.produce(200)  # before the table exists: the driver starts with a backlog
     rest.call("POST", running.st_path, st)

@@ -8,12 +8,14 @@ watches Pods in its namespace and, for each new one:
    variables defined before it, `valueFrom.secretKeyRef` / `configMapKeyRef` read from the API (a missing
    one keeps the container waiting in `CreateContainerConfigError`, retried), `fieldRef` (metadata.name,
    namespace, uid, labels, annotations, spec.nodeName, spec.serviceAccountName, status.podIP/hostIP),
-   `envFrom`; on top of the *image's* environment, which is the local install's (`image_env`: a `PATH`
-   starting with the folder holding the venv's `icefall`, plus whatever the caller passes, e.g. JAVA_HOME
-   and the Spark jars folder). Nothing else of the test process's environment leaks in;
+   `envFrom`; on top of the *image's* environment (`image_env`: a `PATH` starting with the folder holding
+   the venv's `icefall`, `HOME=/` unless the image says otherwise, plus what the caller passes, e.g. the
+   Dockerfile's HOME=/tmp and the Spark jars folder). Nothing else of the test process's environment
+   leaks in: no HOME, TMPDIR or KUBECONFIG of the test;
 3. runs `containers[0].command + args` (argv[0] resolved on that PATH: the image is replaced by the local
-   install) in its own session with a parent-death signal, in a per-pod folder, its output in
-   `<workdir>/<namespace>_<name>_<uid>/<container>.log`;
+   install) in its own session with a parent-death signal and in its own mount namespace (below), in the
+   container's `workingDir` or the image's (`image_workdir`, default `/`), its output in
+   `<workdir>/<namespace>_<name>_<uid>/container.log`;
 4. writes status through the status subresource as it goes: Pending (ContainerCreating, or
    CreateContainerConfigError) → Running (podIP 127.0.0.1, containerStatuses started/ready, restartCount)
    → Succeeded/Failed with the exit code, `terminated.reason` Completed/Error and start/finish times.
@@ -25,32 +27,46 @@ watches Pods in its namespace and, for each new one:
    2 s. When the main process exits, what is left of its process group is killed (a container's PID
    namespace ends with its PID 1).
 
-Volumes and the service account, and how they differ from a node:
-- Each `emptyDir` volume is a folder `<pod dir>/volumes/<name>`; `configMap` and `secret` volumes are
-  folders holding their keys as files (read once, at start). A process here sees the host's file system,
-  not a container's, so mounts cannot appear at their `mountPath`: instead every occurrence of a mount
-  path in an env value (as a whole path or a path prefix) is rewritten to its folder, and a `workingDir`
-  under a mount is too. Paths written into the process's own code (not env) are not rewritten.
+The file system each container sees (so the harness cannot hide a shared disk): the container starts in
+a private mount namespace of its own (`unshare(CLONE_NEWNS)`, the kubelet runs as root) where
+- every mount of the host is read-only (the root, /dev, /sys, ...; /proc stays as it is), so a write
+  anywhere outside the pod's volumes fails with EROFS, exactly as with `readOnlyRootFilesystem: true`;
+- each volume is mounted for real at its `mountPath`: an `emptyDir` is a folder
+  `<pod dir>/volumes/<name>` bind-mounted read-write; `configMap` and `secret` volumes are folders
+  holding their keys as files (read once, at start), mounted read-only, as is any mount with
+  `readOnly: true`; `subPath` mounts that sub-folder. A mount point that does not exist yet is created
+  in the volume mounted above it (as a runtime does), else on the host (the kubelet removes the empty
+  folders it created there when it stops, unless another local kubelet still runs: `HOST_LOCK`). Env
+  values and paths are passed through unchanged;
+- /dev/shm is a fresh tmpfs, and the folders in `hidden` (the test's temporary folders: the stack's
+  state, catalogs and warehouses, other pods' volumes) are covered by an empty read-only tmpfs: a pod
+  cannot even read them. The rest of the host stays READABLE (the venv, the checkout's source, the JDK,
+  the jar cache, /etc): that is this kubelet's "image". So the other components (Kafka, the API server,
+  a catalog, the object store) are only reachable over the network, on loopback, as from a real pod:
+  a SQLite catalog or a `file://` warehouse in the test's folders cannot be shared with a pod.
 - With `automountServiceAccountToken` (the pod's field, else the ServiceAccount's, default true), the
-  kubelet asks the TokenRequest API for a token of the pod's ServiceAccount bound to this Pod (as the
-  projected `kube-api-access` volume would hold; the ServiceAccount admission plugin that adds that
-  volume is disabled on the test API server), writes token, ca.crt and namespace to
-  `<pod dir>/serviceaccount/`, and, because client libraries read in-cluster credentials from the fixed
-  path /var/run/secrets/kubernetes.io/serviceaccount, also writes a kubeconfig with the same token and
-  sets KUBECONFIG. So the process talks to the API as its ServiceAccount, under the RBAC the operator
-  rendered — not as the test's admin. KUBERNETES_SERVICE_HOST/PORT are not set (no cluster IP exists).
+  kubelet asks the TokenRequest API for a token of the pod's ServiceAccount bound to this Pod and mounts
+  token, ca.crt and namespace read-only at /var/run/secrets/kubernetes.io/serviceaccount (what the
+  projected `kube-api-access` volume holds; the ServiceAccount admission plugin that adds that volume is
+  disabled on the test API server), and sets KUBERNETES_SERVICE_HOST/PORT to the API server's loopback
+  address, so in-cluster configuration works: the process talks to the API as its ServiceAccount, under
+  the RBAC the operator rendered — not as the test's admin.
 
 Not done (other components' jobs, or out of scope): no Node object is registered and no node heartbeats
-or evictions; no probes, resource limits, security contexts (the process runs as the test's user),
-image pulls, init or sidecar containers (only `containers[0]` runs), ports or networking (everything is
-on loopback), pod-level garbage collection by owner references (kube-controller-manager's job; see
-e2e/README.md). It never creates, changes or deletes anything but the Pods it runs and their status.
+or evictions; no probes, resource limits (an emptyDir's sizeLimit included), security contexts (the
+process runs as the test's user, root: a read-only root is enforced whatever the pod asks, and a pod
+could remount it, which no code of ours does), image pulls, init or sidecar containers (only
+`containers[0]` runs), ports or networking (no network namespace: everything is on the host's
+loopback), PID or user namespaces, pod-level garbage collection by owner references
+(kube-controller-manager's job; see e2e/README.md). It never creates, changes or deletes anything but
+the Pods it runs and their status.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -58,13 +74,15 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubernetes import watch
 from kubernetes.client import ApiClient, CoreV1Api
@@ -84,6 +102,15 @@ CONFIG_RETRY_SECONDS = 2.0
 RESTART_BACKOFF_SECONDS = 1.0
 SERVICE_ACCOUNT_TOKEN_SECONDS = 3600
 WATCH_TIMEOUT_SECONDS = 5
+#: Where a container finds its ServiceAccount's token, CA and namespace (in-cluster configuration).
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: The exit code of a container whose file system could not be set up (a runtime's StartError).
+START_ERROR_EXIT_CODE = 128
+#: Every local kubelet on this machine holds a shared lock on this file while it runs; one that stops
+#: removes the mount points it created on the host only if it can then take the lock exclusively (no
+#: other kubelet, of this test run or another, may be using them: removing a folder that is a mount
+#: point in another pod's mount namespace detaches that pod's mount).
+HOST_LOCK = Path("/tmp/icefall-local-kubelet.lock")
 _VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 _FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 
@@ -139,6 +166,27 @@ class JsonApi:
         return found
 
 
+@dataclass(frozen=True)
+class _Mount:
+    """One mount of the container: the local folder (or file) `source` at `path`, the container's path."""
+
+    path: str
+    source: Path
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class _Container:
+    """What starts the container, worked out once per Pod (restarts reuse it, as a kubelet does)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    mounts: list[_Mount]
+    #: The JSON file the mount namespace's entry script reads (argv, cwd, mounts, hidden folders).
+    spec_file: Path
+
+
 @dataclass
 class _PodRun:
     """One Pod this kubelet runs: its worker thread, its process and what it knows about the Pod."""
@@ -164,9 +212,11 @@ class LocalKubelet:
     """Runs the Pods of `namespace` as local processes; `start()` it, `stop()` it (kills what it runs).
 
     `bin_dir` is the folder of the local install's executables (the venv's `bin`): it leads the PATH the
-    processes see, so a pod's `icefall ...` runs the checkout's code. `image_env` is the rest of the
-    "image's" environment (e.g. JAVA_HOME, ICEFALL_SPARK_JARS). `server` and `ca_file` are what the
-    service-account kubeconfig points at.
+    processes see. `image_env` is the rest of the "image's" environment (e.g. HOME, ICEFALL_SPARK_JARS,
+    a PYTHONPATH that puts the checkout's code first), `image_workdir` its working folder. `server` and
+    `ca_file` are the API server pods reach in-cluster. `hidden` are the host folders no pod may see
+    (covered by an empty read-only tmpfs in each pod's mount namespace); `workdir`, where the pods'
+    folders are, should be under one of them.
     """
 
     def __init__(
@@ -179,6 +229,8 @@ class LocalKubelet:
         server: str,
         ca_file: Path,
         image_env: Mapping[str, str] | None = None,
+        image_workdir: str = "/",
+        hidden: Sequence[Path] = (),
     ) -> None:
         self.api = JsonApi(api)
         self.core = CoreV1Api(api)
@@ -187,7 +239,17 @@ class LocalKubelet:
         self.bin_dir = bin_dir
         self.server = server
         self.ca_file = ca_file
-        self.image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", **(image_env or {})}
+        self.image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/", **(image_env or {})}
+        self.image_workdir = image_workdir
+        self.hidden = [str(path) for path in hidden]
+        api_address = urlsplit(server)
+        if api_address.hostname is None:
+            raise ValueError(f"server {server!r} has no host")
+        self._api_host = api_address.hostname
+        self._api_port = str(api_address.port or 443)
+        #: Mount points this kubelet created on the host (removed, if empty, when it stops).
+        self._made_on_host: list[Path] = []
+        self._host_lock: Any = None
         self._runs: dict[str, _PodRun] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -200,6 +262,8 @@ class LocalKubelet:
 
     def start(self) -> LocalKubelet:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._host_lock = HOST_LOCK.open("a")
+        fcntl.flock(self._host_lock, fcntl.LOCK_SH)
         self._watcher = threading.Thread(target=self._watch_pods, name="local-kubelet-watch", daemon=True)
         self._watcher.start()
         return self
@@ -219,6 +283,25 @@ class LocalKubelet:
                 run.thread.join(timeout=30)
         if self._watcher is not None:
             self._watcher.join(timeout=WATCH_TIMEOUT_SECONDS + 5)
+        self._remove_mount_points()
+
+    def _remove_mount_points(self) -> None:
+        """Remove the mount points this kubelet made on the host, unless another local kubelet runs."""
+        with self._lock:
+            made, self._made_on_host = self._made_on_host, []
+        lock, self._host_lock = self._host_lock, None
+        if lock is None:
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("local kubelet: another one runs; leaving the mount points %s", [str(p) for p in made])
+        else:
+            for path in reversed(made):  # deepest first; another program's content stays
+                with contextlib.suppress(OSError):
+                    path.unlink() if path.is_file() else path.rmdir()
+        finally:
+            lock.close()
 
     def log_path(self, name: str, uid: str | None = None) -> Path | None:
         """The container log of the newest run of Pod `name` (or of that very `uid`), if any."""
@@ -324,11 +407,11 @@ class LocalKubelet:
         try:
             self._bind(run, pod)
             self._set_status(run, self._waiting_status(pod, "ContainerCreating", ""))
-            argv, env, cwd = self._prepare(run, pod)
+            container = self._prepare(run, pod)
             policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
             while True:
                 started = _now()
-                code = self._run_container(run, pod, argv, env, cwd, started=started)
+                code = self._run_container(run, pod, container, started=started)
                 run.exit_codes.append(code)
                 again = not run.stop.is_set() and (policy == "Always" or (policy == "OnFailure" and code))
                 if not again:
@@ -357,24 +440,29 @@ class LocalKubelet:
         with contextlib.suppress(ApiException):  # deleted meanwhile, or bound already: the status says
             self.api.call("POST", f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/binding", binding)
 
-    def _prepare(self, run: _PodRun, pod: Obj) -> tuple[list[str], dict[str, str], Path]:
-        """argv, env and working folder of the container; waits (CreateContainerConfigError) for config."""
+    def _prepare(self, run: _PodRun, pod: Obj) -> _Container:
+        """argv, env, working folder and mounts of the container; waits (CreateContainerConfigError) for
+        config."""
         while True:
             try:
-                return self._container_config(run, pod)
+                container = self._container_config(run, pod)
+                self._make_mount_points(container.mounts)
+                return container
             except PodConfigError as error:
                 self._set_status(run, self._waiting_status(pod, "CreateContainerConfigError", str(error)))
                 if run.stop.wait(CONFIG_RETRY_SECONDS):
                     raise RuntimeError(f"deleted before it could start: {error}") from None
 
-    def _container_config(self, run: _PodRun, pod: Obj) -> tuple[list[str], dict[str, str], Path]:
+    def _container_config(self, run: _PodRun, pod: Obj) -> _Container:
         spec = pod["spec"]
         container = spec["containers"][0]
         mounts = self._volumes(run, pod, container)
         env: dict[str, str] = dict(self.image_env)
         account = self._service_account_credentials(run, pod)
         if account is not None:
-            env["KUBECONFIG"] = str(account)
+            mounts.append(_Mount(SERVICE_ACCOUNT_DIR, account, read_only=True))
+            env["KUBERNETES_SERVICE_HOST"] = self._api_host
+            env["KUBERNETES_SERVICE_PORT"] = self._api_port
         for source in container.get("envFrom") or []:
             prefix = source.get("prefix", "")
             data = self._env_from(run.namespace, source)
@@ -386,7 +474,7 @@ class LocalKubelet:
                     continue
             else:
                 value = _expand(var.get("value", ""), env)
-            env[var["name"]] = _rewrite_paths(value, mounts)
+            env[var["name"]] = value
         command = [_expand(part, env) for part in container.get("command") or []]
         args = [_expand(part, env) for part in container.get("args") or []]
         if not command:
@@ -398,14 +486,35 @@ class LocalKubelet:
         if resolved is None:
             raise RuntimeError(f"{argv[0]!r} is not in the local install's PATH {env['PATH']}")
         argv[0] = resolved
-        root = run.folder / "root"
-        root.mkdir(parents=True, exist_ok=True)
-        workdir = container.get("workingDir")
-        cwd = Path(_rewrite_paths(workdir, mounts)) if workdir else root
-        return argv, env, cwd
+        cwd = container.get("workingDir") or self.image_workdir
+        # Parents before children: a mount point inside another mount is made in (and mounted over) it.
+        mounts.sort(key=lambda mount: len(PurePosixPath(mount.path).parts))
+        spec_file = run.folder / "container.json"
+        entry = {
+            "argv": argv,
+            "cwd": cwd,
+            "hidden": self.hidden,
+            "mounts": [{"path": m.path, "source": str(m.source), "readOnly": m.read_only} for m in mounts],
+        }
+        spec_file.write_text(json.dumps(entry, indent=2))
+        return _Container(argv, env, cwd, mounts, spec_file)
 
-    def _volumes(self, run: _PodRun, pod: Obj, container: Obj) -> dict[str, Path]:
-        """mountPath → local folder for every mount of the container."""
+    def _make_mount_points(self, mounts: Sequence[_Mount]) -> None:
+        """Create each mount point that is missing, as a runtime does: inside the volume mounted above it,
+        else on the host (remembered, to be removed when the kubelet stops)."""
+        for mount in mounts:
+            path = PurePosixPath(mount.path)
+            above = [m for m in mounts if m is not mount and PurePosixPath(m.path) in path.parents]
+            if above:
+                parent = max(above, key=lambda m: len(m.path))
+                _make_point(parent.source / path.relative_to(parent.path), is_dir=mount.source.is_dir())
+                continue
+            made = _make_point(Path(path), is_dir=mount.source.is_dir())
+            with self._lock:
+                self._made_on_host.extend(p for p in made if p not in self._made_on_host)
+
+    def _volumes(self, run: _PodRun, pod: Obj, container: Obj) -> list[_Mount]:
+        """The container's mounts, each with its local folder (or file, for a subPath onto a key)."""
         folders: dict[str, Path] = {}
         for volume in pod["spec"].get("volumes") or []:
             folder = run.folder / "volumes" / volume["name"]
@@ -417,15 +526,22 @@ class LocalKubelet:
                     f"volume {volume['name']}: only emptyDir, configMap and secret are supported"
                 )
             folders[volume["name"]] = folder
-        mounts: dict[str, Path] = {}
+        mounts: list[_Mount] = []
         for mount in container.get("volumeMounts") or []:
-            if mount["name"] not in folders:
-                raise PodConfigError(f"volumeMounts: no volume named {mount['name']}")
-            folder = folders[mount["name"]]
+            name = mount["name"]
+            if name not in folders:
+                raise PodConfigError(f"volumeMounts: no volume named {name}")
+            source = folders[name]
             if mount.get("subPath"):
-                folder = folder / mount["subPath"]
-                folder.mkdir(parents=True, exist_ok=True)
-            mounts[mount["mountPath"].rstrip("/") or "/"] = folder
+                source = source / mount["subPath"]
+                if not source.exists():
+                    source.mkdir(parents=True)
+            path = mount["mountPath"].rstrip("/") or "/"
+            if not path.startswith("/") or path == "/":
+                raise RuntimeError(f"volumeMounts {name}: mountPath {mount['mountPath']!r} is not allowed")
+            volume = next(v for v in pod["spec"]["volumes"] if v["name"] == name)
+            read_only = bool(mount.get("readOnly")) or "configMap" in volume or "secret" in volume
+            mounts.append(_Mount(path, source, read_only))
         return mounts
 
     def _fill_volume(self, namespace: str, volume: Obj, folder: Path) -> None:
@@ -450,7 +566,8 @@ class LocalKubelet:
             target.write_text(data[key])
 
     def _service_account_credentials(self, run: _PodRun, pod: Obj) -> Path | None:
-        """A token bound to this Pod for its ServiceAccount, as files and as a kubeconfig (or None)."""
+        """A folder with a token bound to this Pod for its ServiceAccount, the CA and the namespace (or
+        None: no token for this Pod)."""
         spec = pod["spec"]
         account_name = spec.get("serviceAccountName") or "default"
         automount = spec.get("automountServiceAccountToken")
@@ -476,33 +593,7 @@ class LocalKubelet:
         (folder / "token").write_text(token)
         (folder / "namespace").write_text(run.namespace)
         shutil.copyfile(self.ca_file, folder / "ca.crt")
-        kubeconfig = folder / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "local",
-                            "cluster": {
-                                "server": self.server,
-                                "certificate-authority": str(folder / "ca.crt"),
-                            },
-                        }
-                    ],
-                    "users": [{"name": account_name, "user": {"tokenFile": str(folder / "token")}}],
-                    "contexts": [
-                        {
-                            "name": "pod",
-                            "context": {"cluster": "local", "user": account_name, "namespace": run.namespace},
-                        }
-                    ],
-                    "current-context": "pod",
-                }
-            )
-        )
-        return kubeconfig
+        return folder
 
     def _env_from(self, namespace: str, source: Obj) -> dict[str, str]:
         if "configMapRef" in source:
@@ -535,21 +626,22 @@ class LocalKubelet:
             return _field(pod, source["fieldRef"]["fieldPath"])
         raise RuntimeError(f"env {name}: only secretKeyRef, configMapKeyRef and fieldRef are supported")
 
-    def _run_container(
-        self, run: _PodRun, pod: Obj, argv: Sequence[str], env: Mapping[str, str], cwd: Path, *, started: str
-    ) -> int:
-        """Start the process, report Running, wait for its exit or for a stop; the exit code."""
+    def _run_container(self, run: _PodRun, pod: Obj, container: _Container, *, started: str) -> int:
+        """Start the process, report Running, wait for its exit or for a stop; the exit code.
+
+        The process is this venv's Python running `_ENTER_POD` (isolated: -I -S), which makes the pod's
+        mount namespace and then execs the container's command in place: same pid and session."""
         log_path = run.folder / "container.log"
         with log_path.open("ab") as out:
-            out.write(f"--- {started} local kubelet: {' '.join(argv)}\n".encode())
+            out.write(f"--- {started} local kubelet: {' '.join(container.argv)}\n".encode())
             out.flush()
             run.process = subprocess.Popen(
-                list(argv),
+                [sys.executable, "-I", "-S", "-c", _ENTER_POD, str(container.spec_file)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=dict(env),
-                cwd=cwd,
+                env=dict(container.env),
+                cwd="/",
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl runs before exec)
             )
@@ -698,16 +790,90 @@ def _expand(value: str, env: Mapping[str, str]) -> str:
     return _VAR_REF.sub(replace, value)
 
 
-def _rewrite_paths(value: str, mounts: Mapping[str, Path]) -> str:
-    """Replace each mount path that appears in `value` as a whole path or a path prefix by its folder.
+def _make_point(path: Path, *, is_dir: bool) -> list[Path]:
+    """Create the mount point `path` (a folder, or an empty file to mount a file on) and its missing
+    parents; the paths created, outermost first."""
+    made: list[Path] = []
+    for parent in reversed(path.parents):
+        if not parent.exists():
+            parent.mkdir()
+            made.append(parent)
+    if not path.exists():
+        if is_dir:
+            path.mkdir()
+        else:
+            path.touch()
+        made.append(path)
+    return made
 
-    One pass over `value` (longest mount path first at each place), so a folder put in for one mount is
-    never rewritten again for another (a folder under /tmp and a mount at /tmp)."""
-    if not mounts:
-        return value
-    paths = "|".join(re.escape(path) for path in sorted(mounts, key=len, reverse=True))
-    pattern = re.compile(rf"(?<![\w./-])({paths})(?=$|[/\"',:;\s}}\]])")
-    return pattern.sub(lambda match: str(mounts[match.group(1)]), value)
+
+#: Runs as the container's process before its command: makes the pod's mount namespace, then execs the
+#: command in place. Only the standard library (it runs with -I -S); argv[1] is the `container.json` the
+#: kubelet wrote. Order matters: the volumes' folders are opened before anything covers them (they live
+#: under a hidden folder, and /tmp may be a mount point), binds copy their source mount's flags (so they
+#: are made before the root turns read-only), and every mount is made read-only last, except /proc, the
+#: fresh /dev/shm and the writable volumes.
+_ENTER_POD = r"""
+import ctypes, json, os, re, sys
+
+CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x20000, 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
+KEPT = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+        "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+def call(what, result):
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+def mount(source, target, fstype, flags, data=None):
+    enc = lambda v: v.encode() if v is not None else None
+    done = libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data))
+    call(f"mount {source or ''} on {target}", done)
+
+def under(path, folders):
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+try:
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    call("unshare(CLONE_NEWNS)", libc.unshare(CLONE_NEWNS))
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    sources = [os.open(m["source"], os.O_PATH | os.O_CLOEXEC) for m in spec["mounts"]]
+    for folder in spec["hidden"]:
+        mount("pod-hidden", folder, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
+    mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    writable, covered = ["/dev/shm", "/proc"], list(spec["hidden"])
+    for m, fd in zip(spec["mounts"], sources):
+        mount(f"/proc/self/fd/{fd}", m["path"], None, MS_BIND)
+        path = os.path.realpath(m["path"])
+        covered.append(path)
+        if not m["readOnly"]:
+            writable.append(path)
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4:6] for line in f]
+    for point, options in points:
+        # mountinfo writes a space, tab, newline or backslash in a path as an octal escape (\040)
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+        if point in writable or under(point, ["/proc"]):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        flags |= sum(KEPT[o] for o in set(options.split(",")) & KEPT.keys())
+        try:
+            mount(None, point, None, flags)
+        except OSError:
+            if not under(point, covered):  # a host mount under a pod's mount is out of reach anyway
+                raise
+    os.chdir(spec["cwd"])
+    argv = spec["argv"]
+except Exception as error:
+    print(f"local kubelet: cannot set up the container's file system: {error!r}", file=sys.stderr, flush=True)
+    sys.exit(START_ERROR_EXIT_CODE)
+os.execve(argv[0], argv, os.environ)
+""".replace("START_ERROR_EXIT_CODE", str(START_ERROR_EXIT_CODE))
 
 
 def _field(pod: Obj, path: str) -> str:
