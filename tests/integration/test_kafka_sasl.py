@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from icefall.api import StreamingTable, load_manifest
@@ -19,6 +19,7 @@ from icefall.cli import verify_table
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
+from icefall.kafka.admin import KafkaUnavailableError
 from icefall.testing.streams import drain, manifest_text, table_offsets
 
 pytestmark = pytest.mark.integration
@@ -103,8 +104,10 @@ def test_wrong_password_fails_loudly(
     ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "sasl-writer"))
     ingestor.start(lease_timeout=10)
     try:
-        with pytest.raises(KafkaException) as raised:
+        with pytest.raises(KafkaUnavailableError) as raised:
             ingestor.run_batch()
     finally:
         ingestor.close()
+    assert "refused the credentials" in str(raised.value)
+    assert "spec.source.security" in str(raised.value)
     assert "wrong-password" not in str(raised.value)

@@ -19,6 +19,14 @@ from confluent_kafka.admin import AdminClient
 ISOLATION = {"isolation.level": "read_committed"}
 
 
+_REFUSED_CREDENTIALS = {
+    KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+}
+
+
 class TopicNotFoundError(RuntimeError):
     pass
 
@@ -31,7 +39,9 @@ class TopicView:
     def __init__(self, bootstrap: str, topic: str, config: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
         self.bootstrap = bootstrap
-        self._client_config = {"bootstrap.servers": bootstrap, **(config or {})}
+        # librdkafka reports refused credentials only to error_cb (calls just time out): kept to name them
+        self._refused: KafkaError | None = None
+        self._client_config = {"bootstrap.servers": bootstrap, **(config or {}), "error_cb": self._on_error}
         self._consumer = Consumer(
             {
                 **self._client_config,
@@ -42,8 +52,21 @@ class TopicView:
         )
         self._admin: AdminClient | None = None
 
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() in _REFUSED_CREDENTIALS:
+            self._refused = error
+
     def _unavailable(self, error: KafkaException) -> KafkaUnavailableError:
-        reason = error.args[0] if error.args else error
+        self._consumer.poll(0)  # serves the error callbacks queued during the failed call
+        if self._admin is not None:
+            self._admin.poll(0)
+        reason = self._refused or (error.args[0] if error.args else error)
+        code = getattr(reason, "code", lambda: None)()
+        if code in _REFUSED_CREDENTIALS:
+            return KafkaUnavailableError(
+                f"Kafka at {self.bootstrap} refused the credentials for topic '{self.topic}' ({reason}): "
+                "check spec.source.security (username, password) and the Secret or variables it references"
+            )
         return KafkaUnavailableError(
             f"cannot reach Kafka at {self.bootstrap} for topic '{self.topic}': {reason}"
         )
