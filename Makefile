@@ -13,6 +13,7 @@ help:
 	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e)"
 	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
+	@echo "make e2e-kind  (needs Docker) the cluster example on a kind cluster, with the image and the chart"
 
 setup: venv tools
 
@@ -59,6 +60,15 @@ test-integration: setup
 
 test-e2e: setup
 	$(TOOLS) && $(BIN)/pytest -m e2e
+
+# Needs Docker, so neither `make test` nor CI here runs it: a kind cluster (kept between runs), the image,
+# Kafka, MinIO and Iceberg's REST catalog in it, `helm install`, then examples/cluster.yaml applied as it is
+# and checked by hack/kind/test_kind.py (hack/kind/e2e-kind.sh). `make e2e-kind-clean` deletes the cluster.
+.PHONY: e2e-kind e2e-kind-clean
+e2e-kind: setup
+	$(TOOLS) && hack/kind/e2e-kind.sh
+e2e-kind-clean:
+	hack/kind/e2e-kind.sh --delete
 
 # Benchmarks (not tests): results in bench/results/. Pass options with BENCH_ARGS="--records N --seconds S".
 bench-ingest: venv

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds the Go binaries the test stack needs from the Go module proxy, cached by version:
 #   kube-apiserver + kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3), helm,
-#   minio (github.com/minio/minio: the S3-compatible object store).
+#   minio (github.com/minio/minio: the S3-compatible object store); on request only, kind (sigs.k8s.io/kind,
+#   for `make e2e-kind`, which needs Docker).
 # `go install` cannot build kube-apiserver or etcd (their go.mod files use replace directives), so each is
 # built from a small wrapper module that pins the staging modules to the matching v0.Y.Z versions.
 #
-# Usage: hack/build-go-tools.sh [kube|etcd|helm|minio|all]   (prints the bin folder of what it built)
+# Usage: hack/build-go-tools.sh [kube|etcd|helm|minio|kind|all]   (prints the bin folder; all: not kind)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -98,11 +99,21 @@ build_minio() {
   echo "$out/bin"
 }
 
+build_kind() {
+  local out=$cache/kind-$KIND_VERSION
+  if [[ -x $out/bin/kind ]]; then echo "$out/bin"; return; fi
+  mkdir -p "$out/bin"
+  log "kind $KIND_VERSION: building"
+  GOBIN=$out/bin go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kind@$KIND_VERSION" >&2
+  echo "$out/bin"
+}
+
 case ${1:-all} in
   kube) build_kube ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
   minio) build_minio ;;
+  kind) build_kind ;;
   all) build_etcd && build_kube && build_helm && build_minio ;;
-  *) echo "usage: $0 [kube|etcd|helm|minio|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [kube|etcd|helm|minio|kind|all]" >&2; exit 2 ;;
 esac
