@@ -31,19 +31,21 @@ fail() {
 command -v docker >/dev/null || fail "needs Docker: no docker command here"
 docker info >/dev/null 2>&1 || fail "needs Docker: the Docker daemon does not answer (docker info)"
 kind_bin=$("$repo/hack/build-go-tools.sh" kind)
-kube_bin=$("$repo/hack/build-go-tools.sh" kube) # kubectl
-helm_bin=$("$repo/hack/build-go-tools.sh" helm)
-export PATH=$kind_bin:$kube_bin:$helm_bin:$PATH
-
+export PATH=$kind_bin:$PATH
 if [[ ${1:-} == --delete ]]; then
   kind delete cluster --name "$cluster"
   rm -f "$kubeconfig"
   exit 0
 fi
+kube_bin=$("$repo/hack/build-go-tools.sh" kube) # kubectl
+helm_bin=$("$repo/hack/build-go-tools.sh" helm)
+export PATH=$kube_bin:$helm_bin:$PATH
 
 mkdir -p "$(dirname "$kubeconfig")"
+reused=false
 if kind get clusters 2>/dev/null | grep -qx "$cluster"; then
-  log "cluster $cluster exists: reusing it"
+  log "cluster $cluster exists: reusing it (make e2e-kind-clean first for a fresh one)"
+  reused=true
 else
   log "creating cluster $cluster"
   kind create cluster --name "$cluster" --kubeconfig "$kubeconfig" --wait 180s
@@ -64,10 +66,14 @@ kubectl -n lake rollout status deployment/minio --timeout=300s
 kubectl -n lake wait --for=condition=Complete job/lake-bucket --timeout=300s
 kubectl -n lake rollout status deployment/iceberg-rest --timeout=300s
 
+# Helm installs crds/ only when the CRD is absent: apply it first, so a reused cluster gets this checkout's.
+kubectl apply --server-side -f "$repo/crds"
 # No --wait: the operator's pod starts once the test has applied examples/cluster.yaml (its Secret).
 log "helm upgrade --install icefall charts/icefall"
 helm upgrade --install icefall "$repo/charts/icefall" --namespace icefall --create-namespace \
   --values "$here/values.yaml"
+# The image was rebuilt under the same tag: a running operator would go on with the old one.
+if $reused; then kubectl -n icefall rollout restart deployment/icefall; fi
 
 log "the e2e assertions (hack/kind/test_kind.py)"
 cd "$repo"

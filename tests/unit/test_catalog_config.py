@@ -12,7 +12,8 @@ Proves:
 - secret values are masked in `repr`, in `mask()`ed text (also URL-quoted), and never in error messages;
 - properties that would contradict the spec's own fields, and unsupported databases, are refused naming
   the field;
-- the README's catalog examples are valid manifests and map as the README says;
+- the README's catalog examples are valid manifests and map as the README says, and it names the embedded
+  default as it is;
 - the operator's client (`make_folders=False`) never creates a missing SQLite folder.
 Not proved here: that the clients connect (the integration tests run real catalogs).
 """
@@ -360,6 +361,21 @@ def test_the_readme_examples_map_as_documented() -> None:
     assert (rest["type"], rest["credential"], rest["io-impl"]) == ("rest", "value-of-credential", S3_FILE_IO)
     assert postgres["io-impl"] == S3_FILE_IO
     assert postgres["client.region"] == rest["client.region"] == "eu-west-1"
+
+
+def test_the_readme_says_what_the_embedded_default_is(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    said = " ".join(readme.split("**sql on SQLite**", 1)[1].split("```", 1)[0].split())
+    assert (
+        "named `icefall`, in the state folder (`<state>/catalog.db`, files under `<state>/warehouse`)" in said
+    )
+    embedded = CatalogConfig.embedded(tmp_path)
+    assert (embedded.name, embedded.type.value, embedded.database, embedded.warehouse) == (
+        "icefall",
+        "sql",
+        tmp_path.resolve() / "catalog.db",
+        (tmp_path.resolve() / "warehouse").as_uri(),
+    )
 
 
 def test_the_operator_never_creates_a_missing_sqlite_folder(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ store) are Services here with those ports, its warehouse is the REST server's an
 and the object store's keys are the example's; the REST server's CATALOG_* variables spell the properties
 icefall.devstack.rest_catalog gives the same server; the Helm values give the operator the variables the
 example's secrets travel in; the script is valid bash and clean under shellcheck; the kind test module is an
-e2e test that `make test` never collects. Not proven: that the cluster comes up (only Docker can show that).
+e2e test that `make test` never collects; `make e2e-kind` runs the script and both READMEs say what it does.
+Not proven: that the cluster comes up and the test passes there (only Docker can show that).
 """
 
 from __future__ import annotations
@@ -197,3 +198,17 @@ def test_the_kind_module_is_an_e2e_test_that_make_test_never_collects() -> None:
     assert not any(Path(path).parts[0] == "hack" for path in config["testpaths"])
     assert "pytestmark = pytest.mark.e2e" in (KIND / "test_kind.py").read_text()
     assert "hack/kind/test_kind.py" in SCRIPT.read_text()
+
+
+def test_make_e2e_kind_runs_the_script_and_the_readme_says_so() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^e2e-kind: .*\n\t.*hack/kind/e2e-kind\.sh$", makefile, re.M)
+    readme = (ROOT / "README.md").read_text()
+    for named in (
+        "make e2e-kind",
+        "hack/kind/values.yaml",
+        "hack/kind/test_kind.py",
+        "ICEFALL_E2E_KUBECONFIG",
+    ):
+        assert named in readme
+    assert "ICEFALL_E2E_KUBECONFIG" in (ROOT / "e2e" / "README.md").read_text()
