@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Go binaries the test stack needs from the Go module proxy, cached by version:
-#   kube-apiserver + kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3), helm,
-#   minio (github.com/minio/minio: the S3-compatible object store); on request only, kind (sigs.k8s.io/kind,
-#   for `make e2e-kind`, which needs Docker).
+#   kube-apiserver + kubectl + kube-controller-manager (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3),
+#   helm, minio (github.com/minio/minio: the S3-compatible object store); on request only, kind
+#   (sigs.k8s.io/kind, for `make e2e-kind`, which needs Docker).
 # `go install` cannot build kube-apiserver or etcd (their go.mod files use replace directives), so each is
 # built from a small wrapper module that pins the staging modules to the matching v0.Y.Z versions.
 #
@@ -17,13 +17,21 @@ build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 log() { echo "[build-go-tools] $*" >&2; }
 
+# The cached folder may be in use by a running test stack: a missing binary is built in a private work
+# folder and renamed into bin/ (atomic on one file system); binaries already there are never touched.
 build_kube() {
   local out=$cache/kube-$KUBE_VERSION
-  if [[ -x $out/bin/kube-apiserver && -x $out/bin/kubectl ]]; then echo "$out/bin"; return; fi
-  local work=$out/src minor=${KUBE_VERSION#v1.}
+  local cmd missing=()
+  for cmd in kube-apiserver kubectl kube-controller-manager; do
+    [[ -x $out/bin/$cmd ]] || missing+=("$cmd")
+  done
+  if ((${#missing[@]} == 0)); then echo "$out/bin"; return; fi
+  local minor=${KUBE_VERSION#v1.}
   minor=${minor%%.*}
   local staging_version=v0.${KUBE_VERSION#v1.}
-  rm -rf "$work" && mkdir -p "$work" "$out/bin"
+  mkdir -p "$out/bin"
+  local work
+  work=$(mktemp -d "$out/build.XXXXXX")
   log "kube $KUBE_VERSION: resolving the staging modules from its go.mod"
   (cd "$work" && go mod init icefall.dev/kubebuild >/dev/null 2>&1)
   local gomod
@@ -34,16 +42,18 @@ build_kube() {
     sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\t\1 => \1 '"$staging_version"'#p' "$gomod"
     echo ")"
   } >>"$work/go.mod"
-  log "kube $KUBE_VERSION: building kube-apiserver and kubectl (several minutes on 2 cores)"
+  log "kube $KUBE_VERSION: building ${missing[*]} (several minutes on 2 cores)"
   local pkg
   local ldflags=""
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date -X $pkg.gitCommit=icefall-build"
   done
+  local pkgs=()
+  for cmd in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
   (cd "$work" && go get "k8s.io/kubernetes@$KUBE_VERSION" >&2 &&
-    go build -mod=mod -trimpath -ldflags "-s -w $ldflags" -o "$out/bin/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl >&2)
+    go build -mod=mod -trimpath -ldflags "-s -w $ldflags" -o "$work/bin/" "${pkgs[@]}" >&2)
+  for cmd in "${missing[@]}"; do mv "$work/bin/$cmd" "$out/bin/$cmd"; done
   rm -rf "$work"
   echo "$out/bin"
 }

@@ -2,8 +2,10 @@
 
 Proves: examples/cluster.yaml (a Secret and a StreamingTable in one file) loads as a StreamingTable with
 `icefall run -f`'s loader; every secret it references is a key of the Secret in the same file; the pods and
-`icefall run` read those secrets from the variables the file's comment names; and the catalog maps to a
-REST catalog with its files in S3 on both the pyiceberg and the Spark side.
+`icefall run` read those secrets from the variables the file's comment names; the catalog maps to a
+REST catalog with its files in S3 on both the pyiceberg and the Spark side; and examples/cluster-values.yaml
+gives the operator exactly those variables, from the same keys of the same Secret (e2e/test_user_path.py
+installs the chart with it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from icefall.plan.children import secret_env_vars
 pytestmark = pytest.mark.unit
 
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
+VALUES = CLUSTER.with_name("cluster-values.yaml")
 
 
 def test_the_cluster_example_is_a_rest_catalog_in_s3_with_its_secrets_in_its_secret() -> None:
@@ -38,3 +41,13 @@ def test_the_cluster_example_is_a_rest_catalog_in_s3_with_its_secrets_in_its_sec
     assert spark["spark.sql.catalog.lake.type"] == "rest"
     assert spark["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
     assert config.pyiceberg_properties()["type"] == "rest"
+
+
+def test_the_cluster_values_give_the_operator_the_secrets_the_pods_get() -> None:
+    _, catalog_env, _ = secret_env_vars(load_manifest(CLUSTER).spec)
+    values = yaml.safe_load(VALUES.read_text())
+    given = {
+        env["name"]: (env["valueFrom"]["secretKeyRef"]["name"], env["valueFrom"]["secretKeyRef"]["key"])
+        for env in values["extraEnv"]
+    }
+    assert given == {env.name: (env.secret, env.key) for env in catalog_env}

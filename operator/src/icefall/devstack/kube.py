@@ -1,9 +1,11 @@
 """A real Kubernetes API server backed by a real etcd, on loopback, like controller-runtime's envtest.
 
-No controllers, scheduler or kubelet run: objects are stored, validated, admitted and watched for real,
-but Pods never start. Authentication is a static token file; `admin_token` is in `system:masters`,
-and extra users can be given for least-privilege tests. The serving certificate is self-signed by the
-API server into `certs/`, and the kubeconfig trusts exactly that certificate.
+No controllers, scheduler or kubelet run with it: objects are stored, validated, admitted and watched for
+real, but Pods never start. `KubeControllerManager` adds the real kube-controller-manager (built from the
+same Kubernetes version) with a chosen set of controllers, for tests where Deployments must become Pods.
+Authentication is a static token file; `admin_token` is in `system:masters`, and extra users can be given
+for least-privilege tests. The serving certificate is self-signed by the API server into `certs/`, and the
+kubeconfig trusts exactly that certificate.
 """
 
 from __future__ import annotations
@@ -135,6 +137,60 @@ current-context: {user}@icefall-test
             if proc is not None:
                 proc.stop()
         self._apiserver = self._etcd = None
+
+
+#: Deployments become ReplicaSets and Pods, owner references are honoured, namespaces get their "default"
+#: ServiceAccount. Nothing that needs nodes, a cloud or the legacy token Secrets.
+DEFAULT_CONTROLLERS = ("deployment-controller", "replicaset-controller", "garbage-collector-controller",
+                       "serviceaccount-controller")  # fmt: skip
+
+
+class KubeControllerManager:
+    """The real kube-controller-manager against `api`, running only `controllers`, as the admin user.
+
+    `start()` returns once the ServiceAccount controller has given the `default` namespace its `default`
+    ServiceAccount (the controllers are running and reach the API). No leader election, no serving port
+    (`--secure-port=0`). Not guaranteed: it acts on every namespace of the API server (it has no namespace
+    filter), so objects other tests left behind are reconciled too while it runs.
+    """
+
+    def __init__(self, api: KubeAPIServer, workdir: Path, controllers: tuple[str, ...] = DEFAULT_CONTROLLERS):
+        self.api = api
+        self.workdir = workdir
+        self.controllers = controllers
+        self._proc: ManagedProcess | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "kube-controller-manager.log"
+
+    def start(self, timeout: float = 90) -> KubeControllerManager:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        binary = str(tool_dir("ICEFALL_KUBE_BIN") / "kube-controller-manager")
+        self._proc = ManagedProcess(
+            "kube-controller-manager",
+            [
+                binary, f"--kubeconfig={self.api.kubeconfig}", f"--controllers={','.join(self.controllers)}",
+                "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
+                "--concurrent-gc-syncs=2", "--v=1",
+            ],
+            self.log_path,
+        ).start()  # fmt: skip
+        url = f"{self.api.url}/api/v1/namespaces/default/serviceaccounts/default"
+        self._proc.wait_ready(
+            lambda: _http_ok(url, token=self.api.admin_token, ca_file=self.api.ca_file),
+            timeout,
+            "running its controllers (the default ServiceAccount of namespace default)",
+        )
+        return self
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.running()
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
 
 
 def _http_ok(url: str, token: str | None = None, ca_file: Path | None = None) -> bool:

@@ -6,7 +6,8 @@ Used by the tests for tables whose warehouse is `s3://`. Guarantees: the server 
 followed by `start()` brings the same server back on the same port, data and credentials, so objects written
 before an outage are there after it; `pause()` freezes the process (SIGSTOP) so clients see a hang instead
 of a refused connection, and `resume()` lets it go on. The secret is handed over by environment and the
-server runs `--anonymous`, so it is in no log or repr.
+server runs `--anonymous`, so it is in no log or repr. Given credentials (a test that uses an example's
+Secret as written) replace the generated ones.
 
 Not guaranteed: the port is free when first picked, so a restart fails loudly if another program took it
 during the outage. No TLS, versioning or erasure coding; the region is a name only (`us-east-1`).
@@ -36,10 +37,13 @@ class ObjectStore:
 
     region = "us-east-1"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(
+        self, workdir: Path, *, access_key: str | None = None, secret_key: str | None = None
+    ) -> None:
+        """Root credentials are generated unless given (MinIO wants at least 3 and 8 characters)."""
         self.workdir = workdir
-        self.access_key = f"icefall-{secrets.token_hex(4)}"
-        self.secret_key = secrets.token_urlsafe(24)
+        self.access_key = access_key or f"icefall-{secrets.token_hex(4)}"
+        self.secret_key = secret_key or secrets.token_urlsafe(24)
         self.port = 0
         self._proc: ManagedProcess | None = None
         self._paused = False

@@ -190,18 +190,19 @@ def watermarks(kafka: KafkaBroker, topic: str) -> dict[int, int]:
 
 
 def table_offsets(
-    config: CatalogConfig, name: str
+    config: CatalogConfig, name: str, namespace: str = NAMESPACE
 ) -> tuple[Counter[tuple[int, int]], Counter[tuple[int, int]]]:
-    """How many times each (partition, offset) is in table `it.<name>` and in `it.<name>_dlq`."""
+    """How many times each (partition, offset) is in table `<namespace>.<name>` (default `it`) and in
+    `<namespace>.<name>_dlq`."""
     import pyarrow.compute as pc
 
     catalog = config.pyiceberg()
-    rows = catalog.load_table((NAMESPACE, name)).scan(selected_fields=("_kafka",)).to_arrow()
+    rows = catalog.load_table((namespace, name)).scan(selected_fields=("_kafka",)).to_arrow()
     kafka = rows.column("_kafka").combine_chunks()
     partitions = pc.struct_field(kafka, "partition").to_pylist()
     main = Counter(zip(partitions, pc.struct_field(kafka, "offset").to_pylist(), strict=True))
     dlq_rows = (
-        catalog.load_table((NAMESPACE, f"{name}_dlq"))
+        catalog.load_table((namespace, f"{name}_dlq"))
         .scan(selected_fields=("partition", "offset"))
         .to_arrow()
     )
@@ -211,10 +212,10 @@ def table_offsets(
     return main, dlq
 
 
-def audit(config: CatalogConfig, name: str, bootstrap: str) -> AuditReport:
-    """`icefall verify` of table `it.<name>` and its dead-letter table against the live topic."""
+def audit(config: CatalogConfig, name: str, bootstrap: str, namespace: str = NAMESPACE) -> AuditReport:
+    """`icefall verify` of table `<namespace>.<name>` and its dead-letter table against the live topic."""
     return audit_from_catalog(
-        config.pyiceberg(), f"{NAMESPACE}.{name}", bootstrap, dead_letter=f"{NAMESPACE}.{name}_dlq"
+        config.pyiceberg(), f"{namespace}.{name}", bootstrap, dead_letter=f"{namespace}.{name}_dlq"
     )
 
 
@@ -226,11 +227,13 @@ def assert_exactly_once(
     *,
     lost: Set[tuple[int, int]] = frozenset(),
     bootstrap: str | None = None,
+    namespace: str = NAMESPACE,
 ) -> AuditReport | None:
-    """Every offset below `high` (per partition) is in the table, or in the DLQ if it is in `bad`, exactly
-    once, except the `lost` ones (deleted by retention before ingestion: in neither); the table's committed
-    offsets are `high`. With `bootstrap`, the auditor must agree too; its report is returned."""
-    main, dlq = table_offsets(config, name)
+    """Every offset below `high` (per partition) is in the table `<namespace>.<name>`, or in the DLQ if it is
+    in `bad`, exactly once, except the `lost` ones (deleted by retention before ingestion: in neither); the
+    table's committed offsets are `high`. With `bootstrap`, the auditor must agree too; its report is
+    returned."""
+    main, dlq = table_offsets(config, name, namespace)
     expected = {(p, o) for p, end in high.items() for o in range(end)} - set(lost)
     assert max(main.values(), default=1) == 1, (
         f"duplicates in table: {[k for k, n in main.items() if n > 1][:10]}"
@@ -246,11 +249,11 @@ def assert_exactly_once(
         f"table differs: extra {sorted(set(main) - expected)[:10]}, "
         f"missing {sorted(expected - set(bad) - set(main))[:10]}"
     )
-    committed = read_committed(config.pyiceberg().load_table((NAMESPACE, name)))
+    committed = read_committed(config.pyiceberg().load_table((namespace, name)))
     assert committed.offsets == dict(high)
     if bootstrap is None:
         return None
-    report = audit(config, name, bootstrap)
+    report = audit(config, name, bootstrap, namespace)
     assert report.ok, report.render()
     assert report.duplicates == report.missing == report.unexpected == 0, report.render()
     return report

@@ -1,0 +1,495 @@
+"""The user path of README "In a cluster", run as a user runs it, with the files a user has.
+
+What a user does, and what runs for it here:
+- `icefall run -f examples/cluster.yaml` on a workstation (the secrets in the variables the file's comment
+  names): Spark `local[1]` fills the table in the REST catalog, its files in the object store;
+- `helm install icefall charts/icefall -f examples/cluster-values.yaml`: the chart as shipped; the real
+  kube-controller-manager (Deployment, ReplicaSet, garbage-collector and ServiceAccount controllers,
+  built from the same Kubernetes version as kube-apiserver, started for this module only) turns the
+  operator's Deployment into a Pod, and the local kubelet runs that Pod's command (`icefall operator
+  --namespace=... --leader-elect ...`) with the Pod's ServiceAccount token, so the chart's RBAC is all the
+  operator holds; the operator gets the catalog's credentials from the example's Secret through the values
+  file's `extraEnv` (secretKeyRef), as its pods do;
+- `kubectl apply -f examples/cluster.yaml` (the Secret and the StreamingTable): the operator starts the
+  driver Pod, which goes on from the offsets `icefall run` committed;
+- compaction: small batches leave small files, the operator (reading the table with the Secret's
+  credentials) scales the compaction Deployment from its backlog, the controller-manager makes its Pod, the
+  kubelet runs it, and it rewrites them;
+- `kubectl get st orders` shows READY True, a FRESHNESS and LAG 0.
+
+Proves: every row produced is in the table (or its dead-letter table) exactly once, readable by pyiceberg
+from the object store (every data file is under the example's `s3://lake/warehouse`) and by Spark: every
+event has the same day, so the compaction Pod (made by the ReplicaSet controller, not by the test) reads
+every row of the table with Spark from the object store and writes them back, and pyiceberg then reads the
+same rows; `kubectl get st` shows the table Ready, fresh and caught up.
+
+The example is used as written except its endpoints: `kafka-bootstrap.kafka:9092`,
+`http://iceberg-rest.lake:8181` and `http://minio.lake:9000` are cluster DNS names that do not resolve
+here, so `with_endpoints` replaces exactly those three values by the loopback addresses of the test's
+servers and asserts the rest of the file is byte-identical. Everything else is the example's: the topic
+`orders`, the table `shop.orders`, the catalog name `lake`, the warehouse `s3://lake/warehouse`, and the
+Secret's values — the object store runs with the Secret's `change-me` keys as its root credentials, and
+the REST catalog (Iceberg's own REST server, on a PostgreSQL database of its own, files in that object
+store) grants the OAuth2 client credentials `client-id:client-secret` a token, as its test server grants
+any. The values file is used as written plus what only a test needs: Spark `local[1]` in the driver pod
+(`ICEFALL_SPARK_MASTER`; Spark-on-Kubernetes executors are another module's subject), short operator
+intervals, and free ports for the health and metrics endpoints (every pod shares the host's loopback).
+
+Not proven here: Spark executors as pods, several operator replicas (leader election has its own tests),
+deletion of the StreamingTable, or a PostgreSQL catalog (test_streaming_table.py runs that one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, ancestors_of
+
+from icefall.api import StreamingTable, load_manifest
+from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
+from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.kube import KubeAPIServer, KubeControllerManager
+from icefall.devstack.objectstore import ObjectStore
+from icefall.devstack.postgres import PostgresServer
+from icefall.devstack.procs import free_port, tail
+from icefall.devstack.rest_catalog import RESTCatalogServer
+from icefall.devstack.tools import tool_dir
+from icefall.plan.children import (
+    COMPONENT_COMPACT,
+    COMPONENT_INGEST,
+    LABEL_COMPONENT,
+    LABEL_STREAMINGTABLE,
+    compaction_name,
+    secret_env_vars,
+)
+from icefall.plan.maintenance import MaintenancePolicy
+from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.streams import assert_exactly_once, produce, watermarks
+
+from .conftest import REPO, Kubectl, pod_logs, wait_for
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = REPO / "examples" / "cluster.yaml"
+VALUES = REPO / "examples" / "cluster-values.yaml"
+CHART = REPO / "charts" / "icefall"
+RELEASE = "icefall"  # README's `helm install icefall charts/icefall`: objects named `icefall`
+#: The example's endpoints: cluster DNS names (and ports) of Kafka, the REST catalog and the object store.
+KAFKA, REST, S3 = "kafka-bootstrap.kafka:9092", "http://iceberg-rest.lake:8181", "http://minio.lake:9000"
+GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
+BAD_EVERY = 45
+MIN_FILES = MaintenancePolicy().min_files_to_compact
+OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE},{LABEL_COMPONENT}=operator"
+COMPACTION_SELECTOR = f"{LABEL_COMPONENT}={COMPONENT_COMPACT}"
+Obj = dict[str, Any]
+
+
+def with_endpoints(text: str, endpoints: Mapping[str, str]) -> str:
+    """`text` with each endpoint (a key of `endpoints`, which must occur exactly once) replaced by its value;
+    asserts that nothing else changed: mapping the values back gives `text` byte for byte, and only as
+    many lines differ as there are endpoints."""
+    mapped = text
+    for old, new in endpoints.items():
+        assert text.count(old) == 1, f"{old!r} should occur once in the example"
+        assert new not in text, f"{new!r} is already in the example"
+        mapped = mapped.replace(old, new)
+    restored = mapped
+    for old, new in endpoints.items():
+        restored = restored.replace(new, old)
+    assert restored == text
+    old_lines, new_lines = text.splitlines(keepends=True), mapped.splitlines(keepends=True)
+    assert len(old_lines) == len(new_lines)
+    assert sum(a != b for a, b in zip(old_lines, new_lines, strict=True)) == len(endpoints)
+    return mapped
+
+
+@dataclass
+class UserPath:
+    """The example as applied here and what the tests share."""
+
+    manifest: Path  # examples/cluster.yaml with the endpoints mapped
+    st: StreamingTable
+    secret: Mapping[str, str]  # the example Secret's stringData
+    env: Mapping[str, str]  # ICEFALL_CATALOG_* → value: what `icefall run` and the pods read
+    catalog: CatalogConfig  # the test's own client of the example's catalog
+    kafka: KafkaBroker
+    namespace: str
+    rest: JsonApi
+    kubectl: Kubectl
+    started: float = field(default_factory=time.monotonic)
+    produced: int = 0
+    bad: set[tuple[int, int]] = field(default_factory=set)
+
+    @property
+    def topic(self) -> str:
+        return self.st.spec.source.topic
+
+    @property
+    def name(self) -> str:
+        return self.st.metadata.name
+
+    @property
+    def table_namespace(self) -> str:
+        return self.st.spec.table.namespace
+
+    @property
+    def table_name(self) -> str:
+        return self.st.spec.table.name
+
+    def note(self, what: str) -> None:
+        print(f"[e2e +{time.monotonic() - self.started:5.1f}s] {what}", flush=True)
+
+    def produce(self, count: int) -> None:
+        self.bad |= produce(self.kafka, self.topic, self.produced, count, bad_every=BAD_EVERY)
+        self.produced += count
+
+    def table(self) -> Table | None:
+        catalog = self.catalog.pyiceberg()
+        identifier = (self.table_namespace, self.table_name)
+        return catalog.load_table(identifier) if catalog.table_exists(identifier) else None
+
+    def committed(self) -> dict[int, int]:
+        table = self.table()
+        return dict(read_committed(table).offsets) if table is not None else {}
+
+    def caught_up(self) -> dict[int, int] | None:
+        high = watermarks(self.kafka, self.topic)
+        return high if sum(high.values()) == self.produced and self.committed() == high else None
+
+    def assert_exactly_once(self, high: Mapping[int, int]) -> None:
+        report = assert_exactly_once(
+            self.catalog, self.table_name, high, self.bad, bootstrap=self.kafka.bootstrap,
+            namespace=self.table_namespace,
+        )  # fmt: skip
+        assert report is not None and report.ok
+
+    def st_object(self) -> Obj:
+        return (
+            self.rest.get(f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{self.name}") or {}
+        )
+
+    def pods(self, selector: str) -> list[Obj]:
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        found: list[Obj] = self.rest.call("GET", path, query=[("labelSelector", selector)])["items"]
+        return found
+
+    def running(self, selector: str) -> list[Obj]:
+        pods = self.pods(selector)
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
+
+
+def _secret_of(text: str) -> dict[str, str]:
+    (secret,) = [doc for doc in yaml.safe_load_all(text) if doc["kind"] == "Secret"]
+    data: dict[str, str] = secret["stringData"]
+    return data
+
+
+@pytest.fixture(scope="module")
+def secret() -> dict[str, str]:
+    return _secret_of(EXAMPLE.read_text())
+
+
+@pytest.fixture(scope="module")
+def lake_store(secret: Mapping[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
+    """An object store whose root credentials are the example Secret's keys, with the example's bucket."""
+    store = ObjectStore(
+        tmp_path_factory.mktemp("lake-store"),
+        access_key=secret["access-key-id"],
+        secret_key=secret["secret-access-key"],
+    ).start()
+    warehouse = load_manifest(EXAMPLE).spec.table.catalog
+    assert warehouse is not None and warehouse.warehouse is not None
+    store.create_bucket(warehouse.warehouse.removeprefix("s3://").split("/")[0])  # `lake`
+    yield store
+    store.stop()
+
+
+@pytest.fixture(scope="module")
+def lake_catalog(
+    lake_store: ObjectStore, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RESTCatalogServer]:
+    """Iceberg's REST server on a PostgreSQL database of its own, new tables under the example's warehouse."""
+    postgres.create_database("user_path")
+    catalog = load_manifest(EXAMPLE).spec.table.catalog
+    assert catalog is not None and catalog.warehouse is not None
+    store = lake_store.properties()
+    server = RESTCatalogServer(
+        tmp_path_factory.mktemp("lake-rest"),
+        jdbc_uri=postgres.jdbc_url_for("user_path"),
+        jdbc_user=postgres.user,
+        jdbc_password=postgres.password,
+        warehouse=catalog.warehouse,
+        properties={
+            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            "s3.endpoint": store["s3.endpoint"],
+            "s3.path-style-access": "true",
+            "s3.access-key-id": store["s3.access-key-id"],
+            "s3.secret-access-key": store["s3.secret-access-key"],
+            "client.region": store["s3.region"],
+        },
+    ).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def controller_manager(
+    kube: KubeAPIServer, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeControllerManager]:
+    started = time.monotonic()
+    running = KubeControllerManager(kube, tmp_path_factory.mktemp("controller-manager")).start()
+    print(f"[e2e] kube-controller-manager running in {time.monotonic() - started:.1f}s", flush=True)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def user_path(  # noqa: PLR0917 (fixtures)
+    secret: dict[str, str],
+    lake_store: ObjectStore,
+    lake_catalog: RESTCatalogServer,
+    kafka: KafkaBroker,
+    e2e_namespace: str,
+    rest: JsonApi,
+    kubectl: Kubectl,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> UserPath:
+    text = with_endpoints(
+        EXAMPLE.read_text(), {KAFKA: kafka.bootstrap, REST: lake_catalog.uri, S3: lake_store.endpoint}
+    )
+    manifest = tmp_path_factory.mktemp("example") / "cluster.yaml"
+    manifest.write_text(text)
+    st = load_manifest(manifest)
+    _, catalog_env, problems = secret_env_vars(st.spec)
+    assert problems == []
+    env = {ref.name: secret[ref.key] for ref in catalog_env}
+    kafka.create_topic(st.spec.source.topic, partitions=2)
+    catalog = CatalogConfig.for_table(st.spec, environ=env)
+    return UserPath(
+        manifest=manifest, st=st, secret=secret, env=env, catalog=catalog, kafka=kafka,
+        namespace=e2e_namespace, rest=rest, kubectl=kubectl,
+    )  # fmt: skip
+
+
+def data_files(table: Table) -> list[str]:
+    return [task.file.file_path for task in table.scan().plan_files()]
+
+
+def files_per_partition(table: Table) -> Counter[str]:
+    return Counter(str(task.file.partition) for task in table.scan().plan_files())
+
+
+def replace_snapshots_on_main(table: Table) -> list[int]:
+    current = table.current_snapshot()
+    if current is None:
+        return []
+    return [
+        s.snapshot_id
+        for s in ancestors_of(current, table.metadata)
+        if s.summary is not None and s.summary.operation == Operation.REPLACE
+    ]
+
+
+def rows(table: Table) -> Counter[str]:
+    return Counter(json.dumps(r, sort_keys=True, default=str) for r in table.scan().to_arrow().to_pylist())
+
+
+def test_icefall_run_fills_the_table_from_the_same_file(
+    user_path: UserPath, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = user_path
+    path.produce(150)
+    workdir = tmp_path_factory.mktemp("icefall-run")
+    command = [
+        sys.executable, "-m", "icefall.cli", "run", "-f", str(path.manifest), "--until-caught-up",
+        "--master", "local[1]", "--state-dir", str(workdir / "state"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    log = workdir / "icefall-run.log"
+    with log.open("wb") as out:
+        done = subprocess.run(
+            command, env={**os.environ, **path.env}, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+            timeout=600, check=False,
+        )  # fmt: skip
+    path.note(f"icefall run -f: exit {done.returncode} after {time.monotonic() - started:.1f}s")
+    assert done.returncode == 0, tail(log, 60)
+    high = path.caught_up()
+    assert high is not None, (path.committed(), watermarks(path.kafka, path.topic), tail(log, 60))
+    path.assert_exactly_once(high)
+    table = path.table()
+    assert table is not None
+    catalog = path.st.spec.table.catalog
+    assert catalog is not None and catalog.warehouse is not None
+    files = data_files(table)
+    assert files and all(f.startswith(f"{catalog.warehouse}/") for f in files), files
+    path.note(f"{sum(high.values())} records in {len(files)} data files under {catalog.warehouse}")
+    # Nothing of the catalog or the table was written on this machine's disk: the state dir holds leases.
+    assert not list((workdir / "state").rglob("*.parquet")), list((workdir / "state").rglob("*"))
+
+
+def _values_file(tmp: Path) -> Path:
+    """examples/cluster-values.yaml plus what only the test needs (see the module docstring)."""
+    values: Obj = yaml.safe_load(VALUES.read_text())
+    values["extraEnv"] = [
+        *values["extraEnv"],
+        {"name": "ICEFALL_SPARK_MASTER", "value": "local[1]"},
+        {"name": "ICEFALL_RESYNC_SECONDS", "value": "2"},
+        {"name": "ICEFALL_OBSERVE_SECONDS", "value": "1"},
+        {"name": "ICEFALL_STATUS_SECONDS", "value": "1"},
+        {"name": "ICEFALL_STATUS_REFRESH_SECONDS", "value": "2"},
+    ]
+    values["health"] = {"port": free_port()}
+    values["metrics"] = {"port": free_port()}
+    path = tmp / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def _helm(kube: KubeAPIServer, home: Path, *args: str) -> str:
+    done = subprocess.run(
+        [str(tool_dir("ICEFALL_HELM_BIN") / "helm"), *args],
+        env={**os.environ, "HOME": str(home), "KUBECONFIG": str(kube.kubeconfig)},
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _printed_row(kubectl: Kubectl, namespace: str, name: str) -> dict[str, str]:
+    """`kubectl get st <name>` as the user sees it: header → value of the one row."""
+    header, row = kubectl("-n", namespace, "get", "st", name).rstrip().splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+
+
+# Two Spark starts (the driver's and the compaction pod's): minutes each on a loaded 2-core machine.
+@pytest.mark.timeout(1500)
+def test_helm_install_and_kubectl_apply_run_the_pipeline_with_compaction(
+    user_path: UserPath,
+    controller_manager: KubeControllerManager,
+    kubelet: LocalKubelet,
+    kube: KubeAPIServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    path = user_path
+    namespace = path.namespace
+    kubectl = path.kubectl
+
+    def operator_log() -> str:
+        pods = path.pods(OPERATOR_SELECTOR)
+        return pod_logs(kubelet, pods[-1]["metadata"]["name"]) if pods else "(no operator pod)"
+
+    def explain() -> str:
+        status = yaml.safe_dump(path.st_object().get("status"))
+        compaction = [p["metadata"]["name"] for p in path.pods(COMPACTION_SELECTOR)]
+        more = "\n".join(pod_logs(kubelet, name) for name in compaction)
+        return (
+            f"--- status\n{status}{pod_logs(kubelet, f'{path.name}-ingest')}\n{more}\n--- operator\n"
+            f"{operator_log()}\n--- controller-manager\n{tail(controller_manager.log_path, 20)}"
+        )
+
+    home = tmp_path_factory.mktemp("helm-home")
+    path.started = time.monotonic()
+    _helm(kube, home, "install", RELEASE, str(CHART), "-n", namespace, "-f", str(_values_file(home)))
+    path.note("helm install done")
+    kubectl("-n", namespace, "apply", "-f", str(path.manifest))
+    path.note("kubectl apply -f examples/cluster.yaml done")
+
+    # The Deployment becomes a ReplicaSet and a Pod (the controller-manager), which the kubelet runs.
+    kubectl("-n", namespace, "rollout", "status", f"deployment/{RELEASE}", "--timeout=180s")
+    (operator_pod,) = path.running(OPERATOR_SELECTOR)
+    (owner,) = operator_pod["metadata"]["ownerReferences"]
+    assert owner["kind"] == "ReplicaSet", owner
+    (container,) = operator_pod["spec"]["containers"]
+    assert container["command"] == ["icefall", "operator"], container
+    path.note(f"operator pod {operator_pod['metadata']['name']} running (made by {owner['name']})")
+
+    driver = wait_for(
+        "the driver pod running",
+        lambda: path.running(f"{LABEL_STREAMINGTABLE}={path.name},{LABEL_COMPONENT}={COMPONENT_INGEST}"),
+        timeout=120,
+        details=explain,
+    )[0]
+    path.note(f"driver pod {driver['metadata']['name']} running")
+
+    # Small batches, each committed before the next is produced: small files in one day partition (every
+    # event has the same `ts`), until there are enough to compact. The first wait includes Spark's start.
+    for round_ in range(8):
+        path.produce(30)
+        wait_for(
+            "the driver to catch up", path.caught_up, timeout=480 if round_ == 0 else 240, details=explain
+        )
+        table = path.table()
+        assert table is not None
+        before_files = files_per_partition(table)
+        path.note(f"driver caught up with {path.produced} records; files per partition {dict(before_files)}")
+        if max(before_files.values()) >= MIN_FILES:
+            break
+    high = path.caught_up()
+    assert high is not None
+    path.assert_exactly_once(high)
+    before_rows = rows(table)
+    before_paths = set(data_files(table))
+    hot, hot_files = before_files.most_common(1)[0]
+    assert hot_files >= MIN_FILES, f"small batches left only {dict(before_files)}: nothing to compact"
+
+    # The operator sees the backlog (with the Secret's credentials from the chart's extraEnv) and scales
+    # the compaction Deployment; the controller-manager makes the Pod; the kubelet runs it; it compacts.
+    deployment = compaction_name(path.name)
+    replaced = wait_for(
+        "a replace snapshot on main", lambda: (t := path.table()) and replace_snapshots_on_main(t),
+        timeout=480, every=2, details=explain,
+    )  # fmt: skip
+    path.note(f"replace snapshot(s) {replaced} on main")
+    compactors = path.pods(COMPACTION_SELECTOR)
+    assert compactors, explain()
+    for pod in compactors:
+        (ref,) = pod["metadata"]["ownerReferences"]
+        assert ref["kind"] == "ReplicaSet" and ref["name"].startswith(f"{deployment}-"), ref
+    table = path.table()
+    assert table is not None
+    after_files = files_per_partition(table)
+    path.note(f"files per partition after: {dict(after_files)}")
+    assert after_files[hot] < hot_files, (dict(before_files), dict(after_files))
+    assert rows(table) == before_rows, "compaction changed the rows"
+    # Every data file is new: Spark in the compaction pod read every row from the object store.
+    assert not set(data_files(table)) & before_paths, (before_paths, data_files(table))
+    path.assert_exactly_once(high)
+    catalog = path.st.spec.table.catalog
+    assert catalog is not None and catalog.warehouse is not None
+    files = data_files(table)
+    assert all(f.startswith(f"{catalog.warehouse}/") for f in files), files
+
+    def ready_row() -> dict[str, str] | None:
+        row = _printed_row(kubectl, namespace, path.name)
+        shown = row.get("READY") == "True" and row.get("FRESHNESS") and row.get("LAG") == "0"
+        return row if shown and row.get("FILES") == str(len(files)) else None
+
+    row = wait_for(
+        f"kubectl get st: READY True, a FRESHNESS, LAG 0, FILES {len(files)}",
+        ready_row,
+        timeout=120,
+        every=1,
+        details=lambda: f"{kubectl('-n', namespace, 'get', 'st')}{explain()}",
+    )
+    path.note(f"kubectl get st: {row}")
+    assert float(row["FRESHNESS"]) <= path.st.spec.freshness.target_seconds, row
+    log = operator_log()
+    assert "Traceback" not in log, log
+    assert not re.search(r"forbidden|\(403\)", log, re.IGNORECASE), log
