@@ -98,9 +98,8 @@ def test_a_row_changed_behind_icefalls_back_fails_naming_its_offset(
     assert (changed.wrong, changed.wrong_examples) == (1, (offset,)), report.render()
     assert report.duplicates == report.missing == report.unexpected == 0, report.render()
     assert changed.result == "FAIL: 1 wrong"
-    assert f"partition {partition}: wrong rows (content differs from the Kafka record) at offsets {offset}" in (
-        report.render()
-    )
+    named = f"partition {partition}: wrong rows (content differs from the Kafka record) at offsets {offset}"
+    assert named in report.render()
 
     manifest = tmp_path / "table.yaml"
     manifest.write_text(text)

@@ -1,35 +1,58 @@
-"""The table auditor: does the table hold every committed Kafka record exactly once? (`icefall verify`)
+"""The table auditor: does the table hold every committed Kafka record once, as it should? (`icefall verify`)
 
 For each partition the audited range is `[start, committed end)`: the end is the table's committed next
 offset (`icefall.offsets`, read with `read_committed`), the start is where ingestion began (the
-`icefall.start-offsets` property ingestion sets on its first commit; 0 for partitions absent from it). The
-offsets Kafka still holds in that range are compared with the `_kafka.offset`s of the main table's rows and
-the `offset`s of the dead-letter table's rows:
+`icefall.start-offsets` property ingestion sets on its first commit and every offset reset; 0 for
+partitions absent from it). The records Kafka still holds in that range are compared with the main table's
+rows (`_kafka.partition`, `_kafka.offset`) and the dead-letter table's rows (`partition`, `offset`):
 
 - duplicate: an offset that appears more than once across the table and the DLQ (twice in the table, or in
   both); reported as offsets, and as `duplicate_rows` (rows beyond the first per offset);
-- missing: in Kafka, in neither table; with `filter_configured=True` these count as `filtered` instead (a
-  spec filter drops records on purpose, so their absence is expected and no error);
+- wrong (by content, below): a row whose content is not what its record decodes to; named by offset;
+- missing: in Kafka, in neither table, and not dropped by the spec's filter;
 - unexpected: in a table but below the range start, at or beyond the committed end, or inside the range
   where Kafka holds no such record (e.g. rows of a batch that was never committed);
 - lost to retention: the range start lies below Kafka's low watermark, so `[start, low)` can no longer be
-  compared with Kafka; rows there are counted as `unverified`, and only checked for duplicates.
+  compared with Kafka; rows there are counted as `unverified`, and only checked for duplicates. The
+  table's own count, `icefall.lost-records`, is cross-checked: it cannot exceed the offsets below the low
+  watermark that are in neither table (`lost_records_problem` otherwise).
 
-`AuditReport.ok` is True when no partition has duplicates, unexpected rows or missing records, and no row
-lacks a partition or offset. Lost-to-retention and filtered records are reported, not errors.
+By content (`content=`, a `ContentSource`; `icefall.audit_content.SparkContent` is what `icefall verify`
+uses): the records of the range are decoded again with the StreamingTable's spec, as ingestion decodes them,
+and each row's digest is compared with its record's. A main-table row must be the record's good row
+(columns and Kafka timestamp), a dead-letter row the record's key, value, timestamp and headers; a row in
+the table for a record that decodes as a dead letter or that the filter drops is wrong too. The filter is
+evaluated again, so only records it drops count as `filtered`; without a dead-letter table, records that
+decode as dead letters count as `dead_letters_elsewhere` (sent to the dead-letter topic, or nowhere).
+Without `content` only offsets are compared and, with `filter_configured=True`, every absent record is
+taken for a filtered one.
+
+Offset resets (`icefall reset-offsets`, after a topic was deleted and created again): rows of the old and
+the new topic can share offsets. Chosen: the audit uses the reset history (`icefall.offset-resets`) rather
+than a per-row topic id column. Adding `_kafka.topic_id` would change the schema of every existing table,
+which `ensure_tables` refuses (no schema evolution yet), and every writer, reader and test of the `_kafka`
+layout. Instead the reset's own snapshot on `main` (an empty append, summary `icefall.offset-reset`) holds
+exactly the rows committed before the reset: those are taken away from the audited rows as a multiset of
+(partition, offset, digest), which compaction since the reset does not change, and only the rows committed
+after the last reset are audited against the current topic (`before_reset` counts the others, and the
+report says so). If that snapshot was expired, the rows below the old committed offsets cannot be told
+apart and are set aside unaudited, together with the new topic's records at those offsets (`reset_note`).
 
 The main table is read at `main`'s head from the same metadata the committed offsets were read from, so an
-ingestion commit racing the audit cannot show up as unexpected rows. Only `_kafka.partition` and
-`_kafka.offset` are read, into Arrow, and every comparison is a vectorised pyarrow kernel.
+ingestion commit racing the audit cannot show up as unexpected rows. The dead-letter table is read after
+it and cut at the same committed offsets: ingestion commits a batch's dead letters before the batch
+itself (and drops them again if the main commit fails, `reconcile_dead_letters`), so every dead letter of
+the main table's batches is there, and DLQ rows at or past the committed end (`dlq_ahead`) belong to a
+batch not committed yet: unexpected in a stopped table, reported without failing with `ingesting=True`.
+Offset comparisons are vectorised pyarrow kernels; digests are computed by Spark.
 
 Not guaranteed:
-- the dead-letter table is separate and read at its current snapshot. Ingestion commits a batch's dead
-  letters before the batch itself, and drops them again if the main commit fails (`reconcile_dead_letters`),
-  so DLQ rows at or past the committed end (`dlq_ahead`) are unexpected in a stopped table but normal while
-  ingestion runs: pass `ingesting=True` to report them without failing;
 - on compacted topics, records Kafka no longer shows (compacted away after ingestion) count as unexpected
   when the table holds them;
-- records deleted by retention before they were audited are only counted, never compared.
+- records deleted by retention before they were audited are only counted, never compared;
+- a spec changed since the rows were written (schema, select, filter) makes those rows wrong: audit with the
+  spec the table was filled with; a 64-bit digest can collide (a changed row then passes, with negligible
+  probability).
 """
 
 from __future__ import annotations

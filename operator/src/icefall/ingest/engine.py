@@ -51,6 +51,7 @@ from icefall.commit import (
 )
 from icefall.commit.lease import Lease, LeaseLostError
 from icefall.kafka.admin import ISOLATION, TopicView
+from icefall.kafka.dead_letters import Source as DeadLetterSource
 from icefall.kafka.dead_letters import produce_dead_letters
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.plan.batching import BatchLimits, choose_batch_size, next_batch_delay, update_throughput
@@ -359,12 +360,12 @@ class Ingestor:
             )
             dead = self._write_dead_letters(prepared.bad, batch, committed.offsets)
             if dead and self.spec.dead_letter.topic is not None:
-                # Before the main commit: at-least-once, deduplicated downstream by the source headers.
+                # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
                 produce_dead_letters(
                     prepared.bad,
                     bootstrap=self.spec.source.bootstrap_servers,
                     topic=self.spec.dead_letter.topic,
-                    source_topic=self.spec.source.topic,
+                    source=DeadLetterSource(self.spec.source.topic, topic_id, self.epoch),
                     kafka_config=self._kafka_config,
                 )
             phase("dead_letters")

@@ -252,11 +252,13 @@ def audit(
 ) -> AuditReport:
     """`icefall verify` of table `it.<name>` and its dead-letter table against the live topic, by content
     when `content_source` finds a Spark session."""
+    dead_letter = f"{NAMESPACE}.{name}_dlq"
+    catalog = config.pyiceberg()
     return audit_from_catalog(
-        config.pyiceberg(),
+        catalog,
         f"{NAMESPACE}.{name}",
         bootstrap,
-        dead_letter=f"{NAMESPACE}.{name}_dlq",
+        dead_letter=dead_letter if catalog.table_exists(dead_letter) else None,
         content=content_source(config, name, bootstrap, spark=spark, st=st),
     )
 
