@@ -303,7 +303,8 @@ def test_a_crash_before_the_commit_resends_dead_letters_that_the_dedupe_key_remo
     assert sum(p.dead_letters_elsewhere for p in report.partitions) == len(bad), report.render()
 
     # The source topic recreated and refilled: its records reuse the partitions and offsets, not the keys.
-    AdminClient({"bootstrap.servers": kafka.bootstrap}).delete_topics([topic])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept: the future needs its handle
+    admin.delete_topics([topic])[topic].result(30)
     deadline = time.monotonic() + 60
     while True:
         try:
