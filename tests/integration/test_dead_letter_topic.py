@@ -1,6 +1,12 @@
 """Dead letters reach a real Kafka topic with their original key, value and headers, the exact reason and
 the source coordinates; records read from a real topic through Spark's Kafka source are each either good or
-sent to the dead-letter topic exactly once by one call; a delivery failure raises."""
+sent to the dead-letter topic exactly once by one call; a delivery failure raises.
+
+Delivery to the topic is at least once: a writer that crashes after sending a batch's dead letters and
+before committing the batch sends them again from the next writer (another epoch). Proved here: every
+dead letter carries `icefall.dedupe-key` (source topic id, partition, offset) and `icefall.epoch`; keeping
+the first record per key leaves each bad record exactly once; a source topic deleted and created again
+gives its records new keys although their partitions and offsets repeat."""
 
 from __future__ import annotations
 
@@ -9,16 +15,25 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 
+from icefall import cli
 from icefall.api import StreamingTableSpec, load_manifest
+from icefall.catalog import CatalogConfig
+from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
+from icefall.failpoints import FailpointError, armed
 from icefall.ingest.decode import prepare
+from icefall.ingest.engine import Ingestor
 from icefall.kafka.admin import TopicView
-from icefall.kafka.dead_letters import DeadLetterDeliveryError, produce_dead_letters
+from icefall.kafka.dead_letters import DeadLetterDeliveryError, Source, produce_dead_letters
+from icefall.testing.streams import audit, drain, manifest_text
+from icefall.testing.streams import produce as stream_produce
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +185,10 @@ def test_bad_records_reach_the_dead_letter_topic_once_with_reason_and_source(
     placed = produce(kafka, topic, inputs)
 
     prepared = prepare(read_with_spark(spark, kafka, topic), make_spec(topic, dlq))
-    sent = produce_dead_letters(prepared.bad, bootstrap=kafka.bootstrap, topic=dlq, source_topic=topic)
+    with TopicView(kafka.bootstrap, topic) as view:
+        topic_id = view.topic_id()
+    source = Source(topic, topic_id, epoch=3)
+    sent = produce_dead_letters(prepared.bad, bootstrap=kafka.bootstrap, topic=dlq, source=source)
     valid = prepared.good.count()
 
     assert sent == len(BAD)
@@ -188,14 +206,20 @@ def test_bad_records_reach_the_dead_letter_topic_once_with_reason_and_source(
         assert record.header("icefall.error") == item.reason
         assert record.header("icefall.source.topic") == topic
         assert record.header("icefall.source.timestamp") == str(timestamp)
+        assert record.header("icefall.source.topic-id") == topic_id
+        assert record.header("icefall.epoch") == "3"
+        assert record.header("icefall.dedupe-key") == f"{topic_id}/{coordinates[0]}/{coordinates[1]}"
         assert (record.key, record.value) == (item.key, item.value)
         assert record.headers[: len(item.headers)] == item.headers
         assert [key for key, _ in record.headers[len(item.headers) :]] == [
             "icefall.error",
             "icefall.source.topic",
+            "icefall.source.topic-id",
             "icefall.source.partition",
             "icefall.source.offset",
             "icefall.source.timestamp",
+            "icefall.epoch",
+            "icefall.dedupe-key",
         ]
 
 
@@ -215,7 +239,7 @@ def test_a_failed_delivery_raises(kafka: KafkaBroker, spark: SparkSession) -> No
             dead_letter_rows(spark),
             bootstrap=kafka.bootstrap,
             topic="dlq-missing",
-            source_topic="orders",
+            source=Source("orders"),
             kafka_config={"message.timeout.ms": "3000"},
         )
 
@@ -223,4 +247,95 @@ def test_a_failed_delivery_raises(kafka: KafkaBroker, spark: SparkSession) -> No
 def test_no_bad_records_sends_nothing(spark: SparkSession) -> None:
     no_rows = dead_letter_rows(spark).limit(0)
     # Nothing listens on port 1: a batch without bad records never needs the dead-letter cluster.
-    assert produce_dead_letters(no_rows, bootstrap="127.0.0.1:1", topic="t", source_topic="orders") == 0
+    assert produce_dead_letters(no_rows, bootstrap="127.0.0.1:1", topic="t", source=Source("orders")) == 0
+
+
+def test_a_crash_before_the_commit_resends_dead_letters_that_the_dedupe_key_removes(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """Real ingestion, dead letters to a topic only: the first writer sends a batch's dead letters, then
+    crashes before its commit (failpoint); the next writer (a newer epoch) sends them again. Then the source
+    topic is deleted, created again and refilled: same partitions and offsets, new keys."""
+    topic, dlq, name = "dlq-crash-src", "dlq-crash-dead", "dlq_crash"
+    kafka.create_topic(topic, partitions=2)
+    kafka.create_topic(dlq, partitions=1)
+    bad = stream_produce(kafka, topic, 0, 30, bad_every=4)
+    text = manifest_text(name, topic, kafka.bootstrap) + (
+        f"  deadLetter: {{topic: {dlq}, table: {{enabled: false}}}}\n"
+    )
+    st = load_manifest(text)
+    with TopicView(kafka.bootstrap, topic) as view:
+        first_id = view.topic_id()
+
+    def writer(holder: str) -> Ingestor:
+        ingestor = Ingestor(
+            st, catalog_config, spark, FileLease(tmp_path / "lease.json", holder, duration_seconds=30)
+        )
+        ingestor.start(lease_timeout=30)
+        return ingestor
+
+    crashed = writer("w1")
+    try:
+        with armed("before-commit", "raise"), pytest.raises(FailpointError):
+            crashed.run_batch()
+    finally:
+        crashed.close()
+    second = writer("w2")
+    try:
+        drain(second)
+    finally:
+        second.close()
+    assert second.epoch > crashed.epoch
+
+    received = list(consume_all(kafka, dlq))
+    by_key: dict[str, list[Received]] = {}
+    for record in received:
+        by_key.setdefault(record.header("icefall.dedupe-key"), []).append(record)
+    expected_keys = {f"{first_id}/{p}/{o}" for p, o in bad}
+    assert set(by_key) == expected_keys
+    assert len(received) == 2 * len(bad), "each dead letter was sent twice: before the crash and after"
+    for copies in by_key.values():
+        assert sorted(int(c.header("icefall.epoch")) for c in copies) == [crashed.epoch, second.epoch]
+        assert len({(c.key, c.value, c.header("icefall.error")) for c in copies}) == 1
+    # The table holds the good records once; the auditor counts the bad ones as sent to the topic.
+    report = audit(catalog_config, name, kafka.bootstrap, spark=spark, st=st)
+    assert report.ok and report.content_checked, report.render()
+    assert sum(p.dead_letters_elsewhere for p in report.partitions) == len(bad), report.render()
+
+    # The source topic recreated and refilled: its records reuse the partitions and offsets, not the keys.
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept: the future needs its handle
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            kafka.create_topic(topic, partitions=2)
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "the topic could not be created again"
+            time.sleep(0.5)
+    again = stream_produce(kafka, topic, 0, 30, bad_every=4)
+    with TopicView(kafka.bootstrap, topic) as view:
+        second_id = view.topic_id()
+    assert second_id != first_id and again & bad
+    assert (
+        cli.main(["reset-offsets", "-f", str(write(tmp_path, text)), "--state-dir", state_of(catalog_config)])
+        == 0
+    )
+    third = writer("w3")
+    try:
+        drain(third)
+    finally:
+        third.close()
+    keys = [r.header("icefall.dedupe-key") for r in consume_all(kafka, dlq)]
+    assert set(keys) == expected_keys | {f"{second_id}/{p}/{o}" for p, o in again}
+    assert len(set(keys)) == len(bad) + len(again), "deduplicated: each bad record of each topic once"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(text)
+    return manifest
+
+
+def state_of(config: CatalogConfig) -> str:
+    return str(config.database.parent)

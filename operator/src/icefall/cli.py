@@ -379,18 +379,35 @@ def _reset_offsets(args: argparse.Namespace) -> int:
     return 0
 
 
-def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False) -> Any:
-    """Audit the table (and its dead-letter table) against the topic, record by record."""
-    from icefall.audit import audit_from_catalog
-    from icefall.kafka.security import librdkafka_config
+def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark: Any = None) -> Any:
+    """Audit the table (and its dead-letter table) against the topic, row by row and by content.
 
+    `spark`: a session with the table's catalog configured; by default a local one is started (after the
+    table is found, so a missing table is said without waiting for Spark).
+    """
+    from icefall.audit import audit_from_catalog
+    from icefall.audit_content import SparkContent
+    from icefall.kafka.security import librdkafka_config, spark_kafka_options
+
+    catalog = catalog_config.pyiceberg()
+    identifier = ".".join(st.table_identifier)
+    catalog.load_table(identifier)  # NoSuchTableError before Spark starts
+    if spark is None:
+        from icefall.spark.session import build_spark_session
+
+        print("[verify] starting local Spark to decode the topic's records ...", flush=True)
+        spark = build_spark_session([catalog_config], app_name=f"icefall-verify-{st.metadata.name}")
+    content = SparkContent(
+        spark, st.spec, catalog_config.name, security_options=spark_kafka_options(st.spec.source.security)
+    )
     dead_letter = st.dead_letter_identifier
     return audit_from_catalog(
-        catalog_config.pyiceberg(),
-        ".".join(st.table_identifier),
+        catalog,
+        identifier,
         st.spec.source.bootstrap_servers,
         dead_letter=".".join(dead_letter) if dead_letter else None,
         kafka_config=librdkafka_config(st.spec.source.security),
+        content=content,
         filter_configured=bool(st.spec.transforms.filter),
         ingesting=ingesting,
     )

@@ -80,12 +80,12 @@ def run_demo(manifest: Path, state: Path, *, seconds: float, rate: float) -> int
         ingestor.run(lambda: caught_up[0], until_idle)
         ingestor.close()
         _show(catalog, st)
-        spark.stop()
 
         from icefall.cli import verify_table
 
-        report = verify_table(st, catalog)
-        say("audit of the table against the topic, record by record:")
+        report = verify_table(st, catalog, spark=spark)
+        spark.stop()
+        say("audit of the table against the topic, record by record and by content:")
         print(report.render(), flush=True)
         say(f"done in {time.monotonic() - started:.0f}s; state is in {state}")
         return 0 if report.ok else 1

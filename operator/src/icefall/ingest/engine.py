@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from icefall import metrics
-from icefall.api import StreamingTable
+from icefall.api import StreamingTable, StreamingTableSpec
 from icefall.catalog import CatalogConfig
 from icefall.commit import (
     Batch,
@@ -51,16 +51,40 @@ from icefall.commit import (
 )
 from icefall.commit.lease import Lease, LeaseLostError
 from icefall.kafka.admin import ISOLATION, TopicView
+from icefall.kafka.dead_letters import Source as DeadLetterSource
 from icefall.kafka.dead_letters import produce_dead_letters
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.plan.batching import BatchLimits, choose_batch_size, next_batch_delay, update_throughput
-from icefall.plan.offsets import plan_offsets, source_change, spark_offset_options
+from icefall.plan.offsets import OffsetRange, plan_offsets, source_change, spark_offset_options
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+
+def read_kafka(
+    spark: SparkSession,
+    spec: StreamingTableSpec,
+    ranges: tuple[OffsetRange, ...],
+    security_options: Mapping[str, str],
+) -> DataFrame:
+    """Spark's Kafka batch source over `ranges` (`OffsetRange`s of `spec.source.topic`), as ingestion reads
+    it: assigned partitions, explicit offsets, headers, read_committed whatever `spec.source.properties`
+    say; `security_options` from `spark_kafka_options` (secrets: never logged)."""
+    topic = spec.source.topic
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", spec.source.bootstrap_servers)
+        .option("assign", json.dumps({topic: sorted(r.partition for r in ranges)}))
+        .option("includeHeaders", "true")
+    )
+    for key, value in {**spec.source.properties, **ISOLATION}.items():
+        reader = reader.option(f"kafka.{key}", value)
+    for key, value in {**security_options, **spark_offset_options(topic, ranges)}.items():
+        reader = reader.option(key, value)
+    return reader.load()
 
 
 class SourceChangedError(RuntimeError):
@@ -336,12 +360,12 @@ class Ingestor:
             )
             dead = self._write_dead_letters(prepared.bad, batch, committed.offsets)
             if dead and self.spec.dead_letter.topic is not None:
-                # Before the main commit: at-least-once, deduplicated downstream by the source headers.
+                # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
                 produce_dead_letters(
                     prepared.bad,
                     bootstrap=self.spec.source.bootstrap_servers,
                     topic=self.spec.dead_letter.topic,
-                    source_topic=self.spec.source.topic,
+                    source=DeadLetterSource(self.spec.source.topic, topic_id, self.epoch),
                     kafka_config=self._kafka_config,
                 )
             phase("dead_letters")
@@ -434,21 +458,7 @@ class Ingestor:
     # -- steps ----------------------------------------------------------------------------------------
 
     def _read(self, ranges: Any) -> DataFrame:
-        options = spark_offset_options(self.spec.source.topic, ranges)
-        assign = {self.spec.source.topic: sorted(r.partition for r in ranges)}
-        reader = (
-            self.spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", self.spec.source.bootstrap_servers)
-            .option("assign", json.dumps(assign))
-            .option("includeHeaders", "true")
-        )
-        for key, value in {**self.spec.source.properties, **ISOLATION}.items():
-            reader = reader.option(f"kafka.{key}", value)
-        for key, value in self._spark_kafka_options.items():  # secrets: not logged
-            reader = reader.option(key, value)
-        for key, value in options.items():
-            reader = reader.option(key, value)
-        return reader.load()
+        return read_kafka(self.spark, self.spec, ranges, self._spark_kafka_options)
 
     def _empty_source(self) -> DataFrame:
         from icefall.ingest.decode import HEADERS_TYPE

@@ -1,21 +1,27 @@
-"""Send dead-letter rows to a Kafka topic (`spec.deadLetter.topic`).
+"""Send dead-letter rows to a Kafka topic (`spec.deadLetter.topic`). Delivery is AT LEAST ONCE.
 
 Each bad record goes out with its original key and value (a tombstone stays a tombstone) and its original
 headers, followed by these headers (UTF-8 text):
 
 - `icefall.error`: why it cannot be ingested (the dead-letter `error` column, see `icefall.ingest.decode`);
-- `icefall.source.topic`, `icefall.source.partition`, `icefall.source.offset`: where it came from;
-- `icefall.source.timestamp`: its Kafka timestamp in the source topic, epoch milliseconds.
+- `icefall.source.topic`, `icefall.source.topic-id`, `icefall.source.partition`, `icefall.source.offset`:
+  where it came from (the topic id is Kafka's, so it changes when the topic is deleted and created again);
+- `icefall.source.timestamp`: its Kafka timestamp in the source topic, epoch milliseconds;
+- `icefall.epoch`: the epoch of the writer that sent it (a re-send after a take-over carries a newer one);
+- `icefall.dedupe-key`: `<source topic id>/<partition>/<offset>`, the dedupe key (below).
 
 Kafka headers may repeat a key: if the original record already had one of these (a dead letter that was
 replayed into the source, say), the original stays and Icefall's comes after it, so take the last one.
 The dead-letter record's own timestamp is the time it was produced.
 
-Delivery is at least once, not exactly once. The engine sends a batch's dead letters BEFORE it commits the
-batch to the table (so no committed batch ever misses its dead letters), and a crash or a refused commit
-between the two replays the batch, which sends its dead letters again. Consumers of the dead-letter topic
-that need each bad record once dedupe on (`icefall.source.topic`, `icefall.source.partition`,
-`icefall.source.offset`): that triple is unique per source record and identical in every re-send.
+At least once, not exactly once: the engine sends a batch's dead letters BEFORE it commits the batch to the
+table (so no committed batch ever misses its dead letters), and a crash, a lost lease or a refused commit
+between the two replays the batch, which sends its dead letters again (possibly from another writer, with
+another epoch). Consumers of the dead-letter topic that need each bad record once keep the first record
+per `icefall.dedupe-key` (`dedupe_key`): it is unique per source record, identical in every re-send, and,
+because it holds the topic id rather than the name, a topic deleted and created again (whose offsets start
+over) never makes two different records share a key. Records sent before topic ids were stored carry no
+topic id (the key's first part is empty).
 
 The producer is idempotent (no duplicates from its own retries), uses acks=all and the Java client's
 murmur2 partitioner (records with the same key land in the same partition as a Java producer would put
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -34,9 +41,12 @@ if TYPE_CHECKING:
 
 ERROR_HEADER = "icefall.error"
 SOURCE_TOPIC_HEADER = "icefall.source.topic"
+SOURCE_TOPIC_ID_HEADER = "icefall.source.topic-id"
 SOURCE_PARTITION_HEADER = "icefall.source.partition"
 SOURCE_OFFSET_HEADER = "icefall.source.offset"
 SOURCE_TIMESTAMP_HEADER = "icefall.source.timestamp"
+EPOCH_HEADER = "icefall.epoch"
+DEDUPE_KEY_HEADER = "icefall.dedupe-key"
 
 #: Producer settings Icefall needs; `kafka_config` may override the others (timeouts, security, ...).
 _REQUIRED = {"enable.idempotence": True, "acks": "all"}
@@ -60,12 +70,32 @@ class DeadLetterDeliveryError(RuntimeError):
     """A dead-letter record was not acknowledged by the cluster; the batch must not be committed."""
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a batch's records come from, as the dead-letter headers name it."""
+
+    topic: str
+    topic_id: str | None = None  # Kafka's id of the topic (None: unknown, e.g. a table of an older version)
+    epoch: int = 0  # the writer's lease epoch
+
+
+def dedupe_key(topic_id: str | None, partition: int, offset: int) -> str:
+    """The value of `icefall.dedupe-key`: one per source record, the same in every re-send."""
+    return f"{topic_id or ''}/{partition}/{offset}"
+
+
+def header(headers: list[Header] | None, name: str) -> bytes | None:
+    """The last value of header `name` (Icefall's come after the record's own), or None."""
+    found = [value for key, value in headers or [] if key == name]
+    return found[-1] if found else None
+
+
 def produce_dead_letters(
     bad: DataFrame,
     *,
     bootstrap: str,
     topic: str,
-    source_topic: str,
+    source: Source,
     kafka_config: Mapping[str, str] | None = None,
 ) -> int:
     """Send every row of `bad` (`icefall.ingest.decode` dead-letter columns) to `topic`; returns how many.
@@ -92,7 +122,7 @@ def produce_dead_letters(
     sent = 0
     try:
         for row in itertools.chain([first], rows):
-            _produce(producer, topic, _message(row, source_topic), on_delivery)
+            _produce(producer, topic, _message(row, source), on_delivery)
             sent += 1
             if failures:
                 break
@@ -124,16 +154,21 @@ def _records(bad: DataFrame) -> Iterator[Any]:
     return rows
 
 
-def _message(row: Any, source_topic: str) -> _Message:
+def _message(row: Any, source: Source) -> _Message:
     headers: list[Header] = [(h["key"], _bytes(h["value"])) for h in row["headers"] or []]
     headers += [
         (ERROR_HEADER, str(row["error"]).encode()),
-        (SOURCE_TOPIC_HEADER, source_topic.encode()),
+        (SOURCE_TOPIC_HEADER, source.topic.encode()),
+        (SOURCE_TOPIC_ID_HEADER, (source.topic_id or "").encode()),
         (SOURCE_PARTITION_HEADER, str(row["partition"]).encode()),
         (SOURCE_OFFSET_HEADER, str(row["offset"]).encode()),
     ]
     if row["timestamp_ms"] is not None:
         headers.append((SOURCE_TIMESTAMP_HEADER, str(row["timestamp_ms"]).encode()))
+    headers += [
+        (EPOCH_HEADER, str(source.epoch).encode()),
+        (DEDUPE_KEY_HEADER, dedupe_key(source.topic_id, row["partition"], row["offset"]).encode()),
+    ]
     return _Message(_bytes(row["key"]), _bytes(row["value"]), headers)
 
 

@@ -3,7 +3,9 @@
 `assert_exactly_once` is the record-by-record proof every ingestion test ends with: each offset Kafka ever
 held below the committed end is in the table or (if malformed) in the dead-letter table exactly once,
 unless retention deleted it before it was ingested; the committed offsets are the topic's end; and the
-auditor (`icefall.audit`, what `icefall verify` runs) agrees.
+auditor (`icefall.audit`, what `icefall verify` runs) agrees. With a Spark session that has the table's
+catalog (passed, or the active one), the auditor compares every row with its Kafka record by content
+(`icefall.audit_content`): a row whose value differs from its record fails, naming its offset.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from icefall.kafka.admin import TopicView
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from icefall.audit_content import SparkContent
     from icefall.devstack.kafka import KafkaBroker
     from icefall.ingest.engine import BatchReport, Ingestor
 
@@ -212,10 +215,54 @@ def table_offsets(
     return main, dlq
 
 
-def audit(config: CatalogConfig, name: str, bootstrap: str, namespace: str = NAMESPACE) -> AuditReport:
-    """`icefall verify` of table `<namespace>.<name>` and its dead-letter table against the live topic."""
+def content_source(
+    config: CatalogConfig,
+    name: str,
+    bootstrap: str,
+    *,
+    spark: SparkSession | None = None,
+    st: StreamingTable | None = None,
+    namespace: str = NAMESPACE,
+) -> SparkContent | None:
+    """What compares table `<namespace>.<name>` by content: `spark` (default: the active session, if it has
+    `config`'s catalog) decoding with `st` (default: the test manifest for the table's topic). None without
+    such a session."""
+    from icefall.audit_content import SparkContent
+
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        key = f"spark.sql.catalog.{config.name}.uri"
+        if spark is None or spark.conf.get(key, None) != config.spark_conf().get(key):
+            return None
+    if st is None:
+        topic = read_committed(config.pyiceberg().load_table((namespace, name))).topic
+        if topic is None:
+            return None
+        st = streaming_table(name, topic, bootstrap)
+    return SparkContent(spark, st.spec, config.name)
+
+
+def audit(
+    config: CatalogConfig,
+    name: str,
+    bootstrap: str,
+    namespace: str = NAMESPACE,
+    *,
+    spark: SparkSession | None = None,
+    st: StreamingTable | None = None,
+) -> AuditReport:
+    """`icefall verify` of table `<namespace>.<name>` and its dead-letter table against the live topic, by
+    content when `content_source` finds a Spark session."""
+    dead_letter = f"{namespace}.{name}_dlq"
+    catalog = config.pyiceberg()
     return audit_from_catalog(
-        config.pyiceberg(), f"{namespace}.{name}", bootstrap, dead_letter=f"{namespace}.{name}_dlq"
+        catalog,
+        f"{namespace}.{name}",
+        bootstrap,
+        dead_letter=dead_letter if catalog.table_exists(dead_letter) else None,
+        content=content_source(config, name, bootstrap, spark=spark, st=st, namespace=namespace),
     )
 
 
@@ -228,11 +275,13 @@ def assert_exactly_once(
     lost: Set[tuple[int, int]] = frozenset(),
     bootstrap: str | None = None,
     namespace: str = NAMESPACE,
+    spark: SparkSession | None = None,
+    st: StreamingTable | None = None,
 ) -> AuditReport | None:
     """Every offset below `high` (per partition) is in the table `<namespace>.<name>`, or in the DLQ if it is
     in `bad`, exactly once, except the `lost` ones (deleted by retention before ingestion: in neither); the
-    table's committed offsets are `high`. With `bootstrap`, the auditor must agree too; its report is
-    returned."""
+    table's committed offsets are `high`. With `bootstrap`, the auditor must agree too, by content when a
+    Spark session is at hand (`content_source`); its report is returned."""
     main, dlq = table_offsets(config, name, namespace)
     expected = {(p, o) for p, end in high.items() for o in range(end)} - set(lost)
     assert max(main.values(), default=1) == 1, (
@@ -253,9 +302,9 @@ def assert_exactly_once(
     assert committed.offsets == dict(high)
     if bootstrap is None:
         return None
-    report = audit(config, name, bootstrap, namespace)
+    report = audit(config, name, bootstrap, namespace, spark=spark, st=st)
     assert report.ok, report.render()
-    assert report.duplicates == report.missing == report.unexpected == 0, report.render()
+    assert report.duplicates == report.missing == report.unexpected == report.wrong == 0, report.render()
     return report
 
 

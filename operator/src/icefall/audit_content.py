@@ -1,0 +1,155 @@
+"""The auditor's content side (`icefall.audit.ContentSource` on Spark): rows and records as digests.
+
+`SparkContent` reads the table's rows through Spark's Iceberg catalog at the snapshot the audit names, and
+the topic's records through Spark's Kafka source (read_committed, the offsets the audit names), decodes the
+records with `icefall.ingest.decode` and the StreamingTable's spec (format, schema, transforms: `select`
+and `filter`), and turns both sides into one int64 digest per row:
+
+- a main-table row: xxhash64 of the JSON of every column but `_kafka`, plus `_kafka.timestamp`
+  (columns by name, nulls written out, timestamps to the microsecond, binary as base64);
+- a dead-letter row: xxhash64 of the JSON of the record's key, value, timestamp and headers;
+- a record: the digest of the row it must have become (GOOD), of the dead letter it must have become
+  (DEAD_LETTER), or FILTERED when the spec's filter drops it.
+
+Equal digests mean equal content with overwhelming probability (a 64-bit hash); a differing row is found
+unless it collides. Not guaranteed: a spec changed since the rows were written (another schema, select or
+filter) makes rows differ that were right when written — audit with the spec they were written with.
+The Spark session must have the table's catalog configured (`CatalogConfig.spark_conf`) under
+`catalog_name`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from icefall.audit import DEAD_LETTER, EXPECTED_SCHEMA, FILTERED, GOOD, KAFKA_COLUMN, ROW_SCHEMA
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.table import Table
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from icefall.api import StreamingTableSpec
+
+#: `to_json` options: every field written (a null differs from an absent one), timestamps to the microsecond.
+JSON_OPTIONS = {
+    "ignoreNullFields": "false",
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+}
+DEAD_LETTER_CONTENT = ("key", "value", "timestamp", "headers")
+_TIMESTAMP = "__icefall_kafka_timestamp"
+
+
+class SparkContent:
+    """`ContentSource` on a Spark session: see the module docstring."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        spec: StreamingTableSpec,
+        catalog_name: str,
+        *,
+        security_options: Mapping[str, str] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.spec = spec
+        self.catalog_name = catalog_name
+        self.security_options = dict(security_options or {})
+
+    def main_rows(self, table: Table, snapshot_id: int) -> pa.Table:
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        rows = self._read(table, snapshot_id)
+        return _arrow(
+            rows.select(
+                F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
+                F.col(f"{KAFKA_COLUMN}.offset").cast("long").alias("offset"),
+                main_digest(rows).alias("digest"),
+            ),
+            ROW_SCHEMA,
+        )
+
+    def dead_letter_rows(self, table: Table, snapshot_id: int) -> pa.Table:
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        rows = self._read(table, snapshot_id)
+        return _arrow(
+            rows.select(
+                F.col("partition").cast("long").alias("partition"),
+                F.col("offset").cast("long").alias("offset"),
+                dead_letter_digest(rows).alias("digest"),
+            ),
+            ROW_SCHEMA,
+        )
+
+    def expected(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        from icefall.ingest.decode import decode, split
+        from icefall.ingest.engine import read_kafka
+        from icefall.plan.offsets import OffsetRange
+
+        if topic != self.spec.source.topic:
+            raise ValueError(f"the spec reads topic {self.spec.source.topic!r}, not {topic!r}")
+        offset_ranges = tuple(OffsetRange(p, start, end) for p, (start, end) in sorted(ranges.items()))
+        decoded = decode(read_kafka(self.spark, self.spec, offset_ranges, self.security_options), self.spec)
+        decoded = decoded.persist()
+        try:
+            prepared = split(decoded, self.spec)
+            good = prepared.good.select(
+                F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
+                F.col(f"{KAFKA_COLUMN}.offset").cast("long").alias("offset"),
+                F.lit(GOOD).cast("byte").alias("kind"),
+                main_digest(prepared.good).alias("digest"),
+            )
+            bad = prepared.bad.select(
+                F.col("partition").cast("long").alias("partition"),
+                F.col("offset").cast("long").alias("offset"),
+                F.lit(DEAD_LETTER).cast("byte").alias("kind"),
+                dead_letter_digest(prepared.bad).alias("digest"),
+            )
+            kept = good.unionByName(bad)
+            filtered = (
+                decoded.select(
+                    F.col("partition").cast("long").alias("partition"),
+                    F.col("offset").cast("long").alias("offset"),
+                )
+                .join(kept.select("partition", "offset"), ["partition", "offset"], "left_anti")
+                .select(
+                    "partition",
+                    "offset",
+                    F.lit(FILTERED).cast("byte").alias("kind"),
+                    F.lit(None).cast("long").alias("digest"),
+                )
+            )
+            return _arrow(kept.unionByName(filtered), EXPECTED_SCHEMA)
+        finally:
+            decoded.unpersist()
+
+    def _read(self, table: Table, snapshot_id: int) -> DataFrame:
+        name = ".".join(f"`{part}`" for part in (self.catalog_name, *table.name()))
+        return self.spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(snapshot_id)}")
+
+
+def main_digest(rows: DataFrame) -> Column:
+    """The digest of a main-table row (or of a decoded good row: the same columns)."""
+    from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+    columns = sorted(c for c in rows.columns if c != KAFKA_COLUMN)
+    content = F.struct(
+        *[F.col(f"`{c}`") for c in columns], F.col(f"{KAFKA_COLUMN}.timestamp").alias(_TIMESTAMP)
+    )
+    return F.xxhash64(F.to_json(content, JSON_OPTIONS))
+
+
+def dead_letter_digest(rows: DataFrame) -> Column:
+    """The digest of a dead-letter row (or of a bad record): its key, value, timestamp and headers."""
+    from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+    return F.xxhash64(F.to_json(F.struct(*[F.col(c) for c in DEAD_LETTER_CONTENT]), JSON_OPTIONS))
+
+
+def _arrow(frame: DataFrame, schema: pa.Schema) -> pa.Table:
+    return frame.toArrow().cast(schema)
