@@ -20,7 +20,7 @@ import sqlalchemy.exc
 
 from icefall import metrics
 from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError
-from icefall.outages import Outages, classify
+from icefall.outages import Outages, classify, log_failure
 from icefall.plan.outages import OutageClock, Service, retry_delay
 
 pytestmark = pytest.mark.unit
@@ -157,3 +157,17 @@ def test_outages_log_one_line_per_attempt_count_once_and_clear(caplog: pytest.Lo
         "resuming"
     )
     assert outages.failed(ValueError("a bug")) is None
+
+
+def test_log_failure_is_one_line_for_an_outage_and_a_traceback_for_a_bug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("icefall.test_outages")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        log_failure(
+            logger, sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception(PG_REFUSED)), "%s: x", "t"
+        )
+        log_failure(logger, ValueError("a bug"), "%s: y", "t")
+    outage, bug = caplog.records
+    assert outage.exc_info is None and outage.getMessage().startswith("t: x: cannot reach the catalog (")
+    assert bug.exc_info is not None and bug.getMessage() == "t: y"

@@ -165,6 +165,16 @@ def classify(error: BaseException) -> Unavailable | None:
     return None
 
 
+def log_failure(logger: logging.Logger, error: BaseException, message: str, *args: object) -> None:
+    """Log `message % args` at WARNING: one line naming the service when `error` is an outage, else with
+    the traceback (a real failure must be readable in full)."""
+    found = classify(error)
+    if found is None:
+        logger.warning(message, *args, exc_info=error)
+    else:
+        logger.warning(message + ": cannot reach %s (%s)", *args, found.service.display_name, found.reason)
+
+
 def service_addresses(bootstrap: str, topic: str, catalog: CatalogConfig) -> dict[Service, str]:
     """Where each service is, as the outage lines name it: the bootstrap servers (and topic), the catalog's
     URI (secrets masked) and the object store's endpoint (or the warehouse)."""
