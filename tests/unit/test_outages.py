@@ -3,7 +3,8 @@
 Proves: the retry delay doubles from 1 s and stays at 30 s (no overflow however long the outage); the clock
 keeps the first failure's time and counts attempts; the errors the real servers were seen to raise when
 stopped (texts copied from test_outages.py runs: librdkafka via `KafkaUnavailableError`, PostgreSQL through
-SQLAlchemy, pyarrow's S3 client, and the Java errors Spark and Iceberg Java wrap) map to their service,
+SQLAlchemy, pyarrow's S3 client, Spark's JdbcCatalog) and the Java client errors named in
+`icefall.outages` (Kafka's Java client, the AWS SDK: not seen in a run yet) map to their service,
 while refused Kafka credentials, "no such table" and ordinary bugs do not (they fail loudly); `Outages` logs
 one line per attempt naming the service and where, without a traceback, counts an outage once, sets and
 clears the gauge, and logs when the service answers again (fake clock).
@@ -54,7 +55,8 @@ def _raised_from(error: BaseException, cause: BaseException) -> BaseException:
 
 PG_REFUSED = (
     'connection to server at "127.0.0.1", port 55223 failed: Connection refused\n'
-    "\tIs the server running on that host and accepting TCP/IP connections?"
+    "\tIs the server running on that host and accepting TCP/IP connections?\n\n"
+    "(Background on this error at: https://sqlalche.me/e/21/e3q8)"
 )
 
 
@@ -101,8 +103,8 @@ PG_REFUSED = (
         (
             RuntimeError(
                 "An error occurred while calling o80.append.\n: "
-                "org.apache.iceberg.jdbc.UncheckedSQLException: Failed to get table\nCaused by: "
-                "org.postgresql.util.PSQLException: Connection to 127.0.0.1:5432 refused."
+                "org.apache.iceberg.jdbc.UncheckedSQLException: Failed to get table "
+                "it.outage_lake.branch_icefall_stage_f2b2a10eaf3c_e1_6 from catalog outage"
             ),
             "catalog",
         ),
@@ -113,6 +115,7 @@ def test_what_stopped_servers_raise_is_an_outage_of_that_service(error: BaseExce
     found = classify(error)
     assert found is not None and found.service.value == service
     assert "\n" not in found.reason and len(found.reason) <= 300
+    assert not found.reason.startswith(":") and "Background on this error" not in found.reason
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,12 @@
 """Which errors mean "a service is unreachable", and one outage followed from its first failure to its end.
 
 `classify(error)` answers Kafka, the catalog, the object store, or None (a real failure: raise it). It looks
-at the exception, its causes and, for errors from the JVM (Spark, Iceberg Java), the Java exception text,
-for what the real servers were seen to raise when stopped (tests/integration/test_outages.py):
+at the exception, its causes and, for errors from the JVM (Spark, Iceberg Java), the Java exception text.
+Seen from the real servers stopped (tests/integration/test_outages.py): librdkafka `_TRANSPORT` and
+`_TIMED_OUT` (as `KafkaUnavailableError`), psycopg2's `OperationalError` through SQLAlchemy, pyarrow's S3
+`OSError` "AWS Error NETWORK_CONNECTION ... curlCode: 7", and Spark's JdbcCatalog `UncheckedSQLException:
+Failed to get table`. The other Java markers (Kafka's Java client, the AWS SDK, the REST client) follow
+those clients' exception names and were not seen yet: the Python clients meet an outage first.
 
 - Kafka: `KafkaUnavailableError` from `icefall.kafka.admin` (librdkafka: `_TRANSPORT`, `_TIMED_OUT`,
   `_ALL_BROKERS_DOWN`) except refused credentials; a librdkafka `KafkaException` with one of those codes;
@@ -51,6 +55,9 @@ _CONNECTION_TROUBLE = re.compile(
     r"connect|server closed|timeout|timed out|terminat|database is locked|could not translate host",
     re.IGNORECASE,
 )
+
+# SQLAlchemy's pointer to its error docs: no news for the reader of one log line.
+_BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
 
 # Lines of an error's text (Java exception chains included) that name an unreachable service. First match
 # wins, so the specific markers (the client that failed) come before the generic ones.
@@ -124,7 +131,8 @@ def _java_text(error: BaseException) -> str:
 
 
 def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(text.split())
+    text = _BACKGROUND.sub("", text)
+    line = " ".join(text.split()).removeprefix(": ")  # Py4J puts the Java error on a line of its own
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
