@@ -193,6 +193,7 @@ class KafkaTopic:
             "auto.offset.reset": "error",  # records deleted while we read: fail, do not skip silently
             # A fetch left waiting on a partition we moved off would hold up the next one (500 ms default).
             "fetch.wait.max.ms": 50,
+            "log_level": 0,  # a broker down is an exception to the caller, not a log line every backoff
             **(config or {}),
             **ISOLATION,  # what ingestion reads: aborted transactions are not records of the topic
         }

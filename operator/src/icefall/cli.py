@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,40 @@ def _load(args: argparse.Namespace) -> Any:
     return st
 
 
+def _stop_on_signals() -> Any:
+    """An Event set by SIGINT/SIGTERM: the process finishes what it is doing and stops."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+def _outages_for(st: Any, catalog: Any) -> Any:
+    from icefall.outages import Outages, service_addresses
+
+    label = ".".join(st.table_identifier)
+    return Outages(label, service_addresses(st.spec.source.bootstrap_servers, st.spec.source.topic, catalog))
+
+
+@contextlib.contextmanager
+def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
+    """An unreachable Kafka, catalog or object store ends the command with one line naming it and where
+    (exit 1), not a traceback; any other error passes through."""
+    from icefall.outages import classify
+
+    try:
+        yield
+    except Exception as error:
+        found = classify(error)
+        if found is None:
+            raise
+        describe = _outages_for(st, catalog).describe(found)
+        raise SystemExit(f"icefall: {describe} ({found.reason})") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     from icefall import metrics
     from icefall.commit.lease import FileLease, local_process_holder
@@ -62,8 +97,11 @@ def _run(args: argparse.Namespace) -> int:
     st = _load(args)
     state = _state_dir(args)
     catalog = _catalog_for(st, state)
-    catalog.pyiceberg()
     metrics.serve(args.metrics_port)
+    stop = _stop_on_signals()
+    # The catalog's tables exist before Spark's JdbcCatalog looks at them; a catalog down now is waited for.
+    if not _outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
+        return 1
     print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
     print("[run] starting local Spark ...", flush=True)
     spark = build_spark_session([catalog], app_name=f"icefall-{st.metadata.name}", master=args.master)
@@ -73,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
         from icefall.compact.runner import embedded_maintenance
 
         between_batches = embedded_maintenance(st, catalog, spark, state / "leases").between_batches
-    return _ingest_until_stopped(st, catalog, spark, lease, args, between_batches=between_batches)
+    return _ingest_until_stopped(st, catalog, spark, lease, args, between_batches=between_batches, stop=stop)
 
 
 def _ingest_until_stopped(
@@ -84,19 +122,22 @@ def _ingest_until_stopped(
     args: argparse.Namespace,
     *,
     between_batches: Any = None,
+    stop: Any = None,
 ) -> int:
     """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so.
-    `between_batches(report)`, if given, runs after every batch (in-process maintenance)."""
-    import signal
-    import threading
-
+    `between_batches(report)`, if given, runs after every batch (in-process maintenance). Kafka, the catalog
+    or the object store unreachable, at start or later, is waited out (`icefall.outages`)."""
     from icefall.ingest.engine import BatchReport, Ingestor
 
     ingestor = Ingestor(st, catalog, spark, lease)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = stop if stop is not None else _stop_on_signals()
     started = time.monotonic()
+
+    def should_stop() -> bool:
+        if args.max_seconds and time.monotonic() - started > args.max_seconds:
+            stop.set()
+        return bool(stop.is_set())
+
     totals = {"read": 0, "written": 0, "dead": 0, "batches": 0}
     last_commit = [started]
     last_idle_note = [started]
@@ -139,8 +180,16 @@ def _ingest_until_stopped(
 
     code = 0
     try:
-        ingestor.start(lease_timeout=args.lease_timeout)
-        ingestor.run(stop.is_set, on_batch)
+        if ingestor.outages.retrying(lambda: ingestor.start(lease_timeout=args.lease_timeout), should_stop):
+            ingestor.run(should_stop, on_batch)
+        if ingestor.outages.state.ongoing:
+            code = 1
+            service = ingestor.outages.state.service
+            print(
+                f"[run] stopped while {service.display_name if service else 'a service'} was unreachable "
+                f"({ingestor.outages.state.failures} failed attempts)",
+                flush=True,
+            )
     except LeaseTimeoutError as waited:
         print(f"[run] another writer holds this table's commit lease: {waited}", flush=True)
         code = EXIT_LEASE
@@ -207,13 +256,15 @@ def _ingest(args: argparse.Namespace) -> int:
 
     api, st = _from_api(args.namespace, args.name)
     catalog = _catalog_for(st, _state_dir(args, in_cluster=True))
-    catalog.pyiceberg()
+    stop = _stop_on_signals()
+    if not _outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
+        return 1
     print(
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
     )
     spark = _pod_spark(catalog, f"icefall-{st.metadata.name}", "local[2]")
     lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), _pod_holder())
-    return _ingest_until_stopped(st, catalog, spark, lease, args)
+    return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop)
 
 
 def _compact(args: argparse.Namespace) -> int:
@@ -302,13 +353,14 @@ def _status(args: argparse.Namespace) -> int:
     from icefall.plan.offsets import resolve_positions, source_change
 
     st = _load(args)
-    catalog = _catalog_for(st, _state_dir(args)).pyiceberg()
-    table = catalog.load_table(st.table_identifier)
-    committed = read_committed(table)
-    kafka_config = librdkafka_config(st.spec.source.security)
-    with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic, kafka_config) as topic:
-        marks = topic.watermarks()
-        topic_id = topic.topic_id()
+    config = _catalog_for(st, _state_dir(args))
+    with _unreachable_is_one_line(st, config):
+        table = config.pyiceberg().load_table(st.table_identifier)
+        committed = read_committed(table)
+        kafka_config = librdkafka_config(st.spec.source.security)
+        with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic, kafka_config) as topic:
+            marks = topic.watermarks()
+            topic_id = topic.topic_id()
     print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
     print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
     total = 0
@@ -415,7 +467,9 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
 
 def _verify(args: argparse.Namespace) -> int:
     st = _load(args)
-    report = verify_table(st, _catalog_for(st, _state_dir(args)), ingesting=args.ingesting)
+    config = _catalog_for(st, _state_dir(args))
+    with _unreachable_is_one_line(st, config):
+        report = verify_table(st, config, ingesting=args.ingesting)
     print(report.render())
     return 0 if report.ok else 1
 
@@ -536,6 +590,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"icefall: {error}") from None
     except NoSuchTableError as error:
         raise SystemExit(f"icefall: the table does not exist yet (nothing was ingested): {error}") from None
+    except Exception as error:
+        from icefall.outages import classify
+
+        found = classify(error)  # commands without an address book of their own: the client's words
+        if found is None:
+            raise
+        raise SystemExit(f"icefall: cannot reach {found.service.display_name} ({found.reason})") from None
 
 
 if __name__ == "__main__":

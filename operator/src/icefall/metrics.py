@@ -89,6 +89,31 @@ DATA_LOSS = Counter(
     ["table"],
     registry=REGISTRY,
 )
+OUTAGES = Counter(
+    "icefall_ingest_outages_total",
+    "Outages of a service ingestion needs (service: kafka, catalog, object_store), counted when the first "
+    "attempt fails; ingestion waits them out with capped exponential backoff and resumes by itself.",
+    ["table", "service"],
+    registry=REGISTRY,
+)
+UNAVAILABLE = Gauge(
+    "icefall_ingest_unavailable",
+    "1 while ingestion cannot reach the service (kafka, catalog, object_store), else 0.",
+    ["table", "service"],
+    registry=REGISTRY,
+)
+UNAVAILABLE_RETRIES = Counter(
+    "icefall_ingest_unavailable_retries_total",
+    "Ingestion attempts that failed because a service was unreachable (each is retried after a backoff).",
+    ["table", "service"],
+    registry=REGISTRY,
+)
+LAST_SUCCESS = Gauge(
+    "icefall_ingest_last_success_timestamp_seconds",
+    "Unix time of the last ingestion attempt that reached every service it needed (a batch or an idle poll).",
+    ["table"],
+    registry=REGISTRY,
+)
 
 MAINTENANCE_ITEMS = Counter(
     "icefall_maintenance_items_total",

@@ -43,6 +43,7 @@ from icefall.catalog import CatalogConfig
 from icefall.commit.lease import Lease, LeaseError, LeaseTimeoutError
 from icefall.compact.view import read_table_view
 from icefall.compact.worker import ItemResult, kind_of, run_item, table_label
+from icefall.outages import log_failure
 from icefall.plan.maintenance import (
     MIB,
     MaintenancePolicy,
@@ -168,7 +169,7 @@ class MaintenanceRunner:
                 with _Renewer(lease, max(self.lease_seconds / 3, 0.5)):
                     result = self.runner(self.spark, self.catalog, self.identifier, item)
             except Exception as error:  # counted and logged by run_item; planned again next round
-                log.warning("%s: %s failed: %s", self.label, kind_of(item), error, exc_info=True)
+                log_failure(log, error, "%s: %s failed", self.label, kind_of(item))
                 return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
             finally:
                 try:
@@ -193,8 +194,8 @@ class MaintenanceRunner:
         while not should_stop():
             try:
                 outcome = self.step()
-            except Exception:  # the catalog or storage did not answer: try again later
-                log.warning("%s: planning maintenance failed", self.label, exc_info=True)
+            except Exception as error:  # the catalog or storage did not answer: try again later
+                log_failure(log, error, "%s: planning maintenance failed", self.label)
                 outcome = StepResult(0, error="planning failed")
             if on_step is not None:
                 on_step(outcome)
@@ -250,8 +251,8 @@ class EmbeddedMaintenance:
         self._last = self.clock()
         try:
             outcome = self.runner.step()
-        except Exception:
-            log.warning("%s: in-process maintenance failed", self.runner.label, exc_info=True)
+        except Exception as error:
+            log_failure(log, error, "%s: in-process maintenance failed", self.runner.label)
             return None
         if outcome.ran:
             self.steps.append(outcome)

@@ -1,7 +1,11 @@
 """A real Apache Kafka 4 broker in KRaft combined mode on loopback, run from the Maven-resolved jars.
 
 Used by the tests, `make demo` and the benchmarks. One node, replication factor 1, free ports,
-storage formatted with `kafka.tools.StorageTool` in a fresh folder each start.
+storage formatted with `kafka.tools.StorageTool` in a fresh folder on the first start. `stop()` followed by
+`start()` is a broker restart: the same ports, listeners, cluster id and log folder, so every record and
+topic written before the outage is there after it (what a client sees of a broker that went away and came
+back). Not guaranteed: the ports are free when first picked, so a restart fails loudly if another program
+took one during the outage.
 """
 
 from __future__ import annotations
@@ -100,6 +104,18 @@ class KafkaBroker:
         ]  # fmt: skip
 
     def start(self, timeout: float = 90) -> KafkaBroker:
+        """First call: a fresh folder, ports and formatted storage. Later calls (after `stop()`): the same
+        broker again, with its data."""
+        if self._proc is not None:
+            raise RuntimeError("the broker is already running")
+        config = self.workdir / "server.properties"
+        if self.port == 0:
+            self._format(config)
+        self._proc = ManagedProcess("kafka", self._java("kafka.Kafka", str(config)), self.log_path).start()
+        self._proc.wait_ready(self._ready, timeout, "accepting requests")
+        return self
+
+    def _format(self, config: Path) -> None:
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         data = self.workdir / "data"
@@ -107,7 +123,6 @@ class KafkaBroker:
         self.port, self.controller_port = free_port(), free_port()
         self.sasl_port = free_port() if self.sasl_users else 0
         (self.workdir / "log4j2.properties").write_text(_LOG4J2.format(level=self.log_level))
-        config = self.workdir / "server.properties"
         config.write_text(
             "\n".join(
                 [
@@ -141,9 +156,6 @@ class KafkaBroker:
             self.log_path,
             "formatting Kafka storage",
         )
-        self._proc = ManagedProcess("kafka", self._java("kafka.Kafka", str(config)), self.log_path).start()
-        self._proc.wait_ready(self._ready, timeout, "accepting requests")
-        return self
 
     def _ready(self) -> bool:
         from confluent_kafka.admin import AdminClient
@@ -155,6 +167,7 @@ class KafkaBroker:
         return bool(metadata.brokers)
 
     def stop(self) -> None:
+        """Stop the broker (a clean shutdown); its ports and data are kept for the next `start()`."""
         if self._proc is not None:
             self._proc.stop()
             self._proc = None

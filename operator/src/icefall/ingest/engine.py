@@ -15,6 +15,11 @@ table's `icefall.lost-records` by the commit that skips them. Maintenance commit
 between staging and commit (compaction, retention, manifest rewrites) does not cost a batch: the commit
 re-stages it on top (`icefall_ingest_commits_restaged_total`); the rare case where it cannot is counted in
 `icefall_ingest_commits_failed_by_maintenance_total`, and the batch is planned again.
+Outages: `run` waits out an unreachable Kafka, catalog or object store (`icefall.outages`): one log line
+per failed attempt, capped exponential backoff, the outage metrics, and on the next attempt the batch is
+planned again from the table, so a batch whose commit outcome the outage left unknown is either found
+committed (its offsets are the table's) or read again, never committed twice; staging branches the
+outage left behind are swept and the dead-letter table reconciled before that batch.
 Not guaranteed: the dead-letter table may briefly hold rows of a batch whose main commit then failed;
 `reconcile_dead_letters` removes them before the next batch (and at start).
 """
@@ -54,10 +59,12 @@ from icefall.kafka.admin import ISOLATION, TopicView
 from icefall.kafka.dead_letters import Source as DeadLetterSource
 from icefall.kafka.dead_letters import produce_dead_letters
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
+from icefall.outages import Outages, classify, service_addresses, sleep_unless
 from icefall.plan.batching import BatchLimits, choose_batch_size, next_batch_delay, update_throughput
 from icefall.plan.offsets import OffsetRange, plan_offsets, source_change, spark_offset_options
 
 if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
@@ -192,7 +199,7 @@ class Ingestor:
         self.st = st
         self.spec = st.spec
         self.catalog_config = catalog
-        self.catalog = catalog.pyiceberg()
+        self._catalog: Catalog | None = None
         self.spark = spark
         self.lease = lease
         self.writer_id = writer_id or uuid.uuid4().hex[:12]
@@ -206,10 +213,43 @@ class Ingestor:
         self._progress = _Progress()
         self._dead_letters_dirty = True
         self._keeper: LeaseKeeper | None = None
+        self._sweep_pending = False
+        self.outages = Outages(
+            self.label,
+            service_addresses(self.spec.source.bootstrap_servers, self.spec.source.topic, catalog),
+        )
+
+    @property
+    def catalog(self) -> Catalog:
+        """The pyiceberg client, made on first use (a catalog unreachable at start is an outage, retried)."""
+        if self._catalog is None:
+            self._catalog = self.catalog_config.pyiceberg()
+        return self._catalog
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
     def start(self, lease_timeout: float | None = None) -> None:
+        """Create the tables if needed, take the commit lease, claim its epoch, sweep what crashed writers
+        left. If anything fails, the lease is given back, so calling `start` again (after an outage) is safe.
+        """
+        try:
+            self._start(lease_timeout)
+        except BaseException:
+            self._abort_start()
+            raise
+
+    def _abort_start(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
+            self._keeper = None
+        if self.epoch:
+            try:
+                self.lease.release()
+            except Exception:
+                log.warning("%s: giving back the commit lease after a failed start failed", self.label)
+            self.epoch = 0
+
+    def _start(self, lease_timeout: float | None) -> None:
         from icefall.catalog.tables import ensure_tables, spark_struct_to_iceberg
         from icefall.ingest.decode import prepare
 
@@ -219,6 +259,7 @@ class Ingestor:
             override = spark_struct_to_iceberg(prepare(self._empty_source(), self.spec).good.schema.json())
         self.table, self.dead_letter_table = ensure_tables(self.catalog, self.st, schema_override=override)
         self.epoch = self._acquire_and_claim(lease_timeout)
+        self._sweep_pending = False
         self._keeper = LeaseKeeper(self.lease)
         self._keeper.start()
         log.info("%s: writer %s holds the commit lease at epoch %d", self.label, self.writer_id, self.epoch)
@@ -273,6 +314,8 @@ class Ingestor:
             mark[0] = now
 
         committed = read_committed(self.table)  # refreshes the table
+        if self._sweep_pending:
+            self._sweep_after_outage()
         topic_id = self.topic.topic_id()
         watermarks = self.topic.watermarks()
         backlog = sum(high - committed.offsets.get(p, low) for p, (low, high) in watermarks.items())
@@ -419,22 +462,50 @@ class Ingestor:
 
     def run(self, should_stop: Callable[[], bool], on_batch: Callable[[BatchReport | None], None]) -> None:
         """Run batches until `should_stop()`, paced by `plan.batching.next_batch_delay`: back to back while
-        behind, about every half freshness target when caught up or idle."""
+        behind, about every half freshness target when caught up or idle. An unreachable service is waited
+        out (module doc); any other error is raised."""
         while not should_stop():
             try:
                 report = self.run_batch()
+            except SourceChangedError:
+                raise
             except (StaleHeadError, FencedError) as refused:
-                reason = "fenced" if isinstance(refused, FencedError) else "stale_head"
-                metrics.COMMITS_REFUSED.labels(self.label, reason).inc()
-                if isinstance(refused, MaintenanceConflictError):
-                    metrics.INGEST_COMMITS_FAILED_BY_MAINTENANCE.labels(self.label).inc()
-                self._dead_letters_dirty = True
+                self._count_refused(refused)
                 if isinstance(refused, FencedError):
                     raise
                 log.warning("%s: commit refused (%s); planning again from the table", self.label, refused)
                 continue
+            except Exception as error:
+                delay = self.outages.failed(error)
+                if delay is None:
+                    raise
+                # The batch may have stopped anywhere: a staging branch or dead letters of an uncommitted
+                # batch may be left, and are cleaned before the next batch is planned.
+                self._dead_letters_dirty = True
+                self._sweep_pending = True
+                sleep_unless(delay, should_stop)
+                continue
+            self.outages.succeeded()
             on_batch(report)
             self._sleep_until(self._next_delay(), should_stop)
+
+    def _count_refused(self, refused: StaleHeadError | FencedError) -> None:
+        reason = "fenced" if isinstance(refused, FencedError) else "stale_head"
+        metrics.COMMITS_REFUSED.labels(self.label, reason).inc()
+        if isinstance(refused, MaintenanceConflictError):
+            metrics.INGEST_COMMITS_FAILED_BY_MAINTENANCE.labels(self.label).inc()
+        self._dead_letters_dirty = True
+
+    def _sweep_after_outage(self) -> None:
+        """Drop the staging branches an outage left (this writer holds the lease: no batch of another writer
+        is in flight), so they do not pin files until the next start."""
+        for table in (self.table, self.dead_letter_table):
+            if table is not None:
+                dropped = sweep_stages(table)
+                if dropped:
+                    metrics.STAGES_DROPPED.labels(".".join(table.name())).inc(len(dropped))
+                    log.info("%s: dropped staging branches left by the outage: %s", self.label, dropped)
+        self._sweep_pending = False
 
     def _next_delay(self) -> float:
         progress = self._progress
@@ -611,8 +682,10 @@ def _dropped_unless_committed(table: Table, branch: str, label: str) -> Iterator
         try:
             if abandon_stage(table, branch):
                 metrics.STAGES_DROPPED.labels(label).inc()
-        except Exception:
-            log.warning("%s: dropping staging branch %s failed; the next start sweeps it", label, branch)
+        except Exception as error:
+            # In an outage the failure is the outage's, logged once by the retry loop, which sweeps later.
+            level = logging.INFO if classify(error) is not None else logging.WARNING
+            log.log(level, "%s: dropping staging branch %s failed; it is swept later", label, branch)
         raise
 
 

@@ -35,13 +35,24 @@ class KafkaUnavailableError(RuntimeError):
     """The brokers did not answer (or refused): names the bootstrap servers and the topic."""
 
 
+class KafkaCredentialsRefusedError(KafkaUnavailableError):
+    """The brokers answered but refused the credentials: a configuration error, not an outage."""
+
+
 class TopicView:
     def __init__(self, bootstrap: str, topic: str, config: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
         self.bootstrap = bootstrap
         # librdkafka reports refused credentials only to error_cb (calls just time out): kept to name them
         self._refused: KafkaError | None = None
-        self._client_config = {"bootstrap.servers": bootstrap, **(config or {}), "error_cb": self._on_error}
+        # librdkafka's own log would repeat "connection refused" every backoff while a broker is down; every
+        # failure reaches the caller as an exception instead (refused credentials through error_cb).
+        self._client_config = {
+            "bootstrap.servers": bootstrap,
+            "log_level": 0,
+            **(config or {}),
+            "error_cb": self._on_error,
+        }
         self._consumer = Consumer(
             {
                 **self._client_config,
@@ -63,7 +74,7 @@ class TopicView:
         reason = self._refused or (error.args[0] if error.args else error)
         code = getattr(reason, "code", lambda: None)()
         if code in _REFUSED_CREDENTIALS:
-            return KafkaUnavailableError(
+            return KafkaCredentialsRefusedError(
                 f"Kafka at {self.bootstrap} refused the credentials for topic '{self.topic}' ({reason}): "
                 "check spec.source.security (username, password) and the Secret or variables it references"
             )

@@ -1,0 +1,176 @@
+"""Outages: the backoff, the outage clock, which errors count as "unreachable", what is logged and counted.
+
+Proves: the retry delay doubles from 1 s and stays at 30 s (no overflow however long the outage); the clock
+keeps the first failure's time and counts attempts; the errors the real servers were seen to raise when
+stopped (texts copied from test_outages.py runs: librdkafka via `KafkaUnavailableError`, PostgreSQL through
+SQLAlchemy, pyarrow's S3 client, Spark's JdbcCatalog) and the Java client errors named in
+`icefall.outages` (Kafka's Java client, the AWS SDK: not seen in a run yet) map to their service,
+while refused Kafka credentials, "no such table" and ordinary bugs do not (they fail loudly); `Outages` logs
+one line per attempt naming the service and where, without a traceback, counts an outage once, sets and
+clears the gauge, and logs when the service answers again (fake clock).
+Not proven here: that the real servers raise these (tests/integration/test_outages.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+import pytest
+import sqlalchemy.exc
+
+from icefall import metrics
+from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError
+from icefall.outages import Outages, classify, log_failure
+from icefall.plan.outages import OutageClock, Service, retry_delay
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_retry_delay_doubles_and_is_capped() -> None:
+    assert [retry_delay(n) for n in range(0, 8)] == [0, 1, 2, 4, 8, 16, 30, 30]
+    assert retry_delay(10**6) == 30
+    assert retry_delay(3, initial_seconds=0.5, max_seconds=60, factor=3) == 4.5
+    with pytest.raises(ValueError):
+        retry_delay(1, initial_seconds=0)
+
+
+def test_the_outage_clock_keeps_its_start_and_counts_attempts() -> None:
+    clock = OutageClock()
+    assert not clock.ongoing and clock.lasted(5) == 0
+    clock = clock.failed(Service.KAFKA, 10).failed(Service.KAFKA, 11).failed(Service.CATALOG, 13)
+    assert (clock.started_at, clock.failures, clock.service) == (10, 3, Service.CATALOG)
+    assert clock.next_delay() == 4 and clock.lasted(40) == 30
+
+
+def _raised_from(error: BaseException, cause: BaseException) -> BaseException:
+    try:
+        try:
+            raise cause
+        except BaseException as inner:
+            raise error from inner
+    except BaseException as outer:
+        return outer
+
+
+PG_REFUSED = (
+    'connection to server at "127.0.0.1", port 55223 failed: Connection refused\n'
+    "\tIs the server running on that host and accepting TCP/IP connections?\n\n"
+    "(Background on this error at: https://sqlalche.me/e/21/e3q8)"
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "service"),
+    [
+        (
+            KafkaUnavailableError(
+                "cannot reach Kafka at 127.0.0.1:9 for topic 't': KafkaError{code=_TRANSPORT}"
+            ),
+            "kafka",
+        ),
+        (sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception(PG_REFUSED)), "catalog"),
+        (
+            sqlalchemy.exc.OperationalError(
+                "SELECT 1", {}, Exception("server closed the connection unexpectedly")
+            ),
+            "catalog",
+        ),
+        (
+            OSError(
+                "When reading information for key 'w/metadata/1.json' in bucket 'lake': AWS Error "
+                "NETWORK_CONNECTION during HeadObject operation: curlCode: 7, Could not connect to server"
+            ),
+            "object_store",
+        ),
+        (
+            RuntimeError(
+                "An error occurred while calling o93.append.\n: "
+                "org.apache.iceberg.exceptions.RuntimeIOException\nCaused by: "
+                "software.amazon.awssdk.core.exception.SdkClientException: "
+                "Unable to execute HTTP request: Connection refused"
+            ),
+            "object_store",
+        ),
+        (
+            RuntimeError(
+                "An error occurred while calling o70.load.\n: "
+                "org.apache.kafka.common.errors.TimeoutException: "
+                "Timed out waiting for a node assignment. Call: describeTopics"
+            ),
+            "kafka",
+        ),
+        (
+            RuntimeError(
+                "An error occurred while calling o80.append.\n: "
+                "org.apache.iceberg.jdbc.UncheckedSQLException: Failed to get table "
+                "it.outage_lake.branch_icefall_stage_f2b2a10eaf3c_e1_6 from catalog outage"
+            ),
+            "catalog",
+        ),
+        (_raised_from(ValueError("wrapped"), KafkaUnavailableError("cannot reach Kafka at x")), "kafka"),
+    ],
+)
+def test_what_stopped_servers_raise_is_an_outage_of_that_service(error: BaseException, service: str) -> None:
+    found = classify(error)
+    assert found is not None and found.service.value == service
+    assert "\n" not in found.reason and len(found.reason) <= 300
+    assert not found.reason.startswith(":") and "Background on this error" not in found.reason
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KafkaCredentialsRefusedError("Kafka at x refused the credentials"),
+        sqlalchemy.exc.OperationalError("SELECT 1", {}, sqlite3.OperationalError("no such table: iceberg")),
+        ValueError("a bug"),
+        OSError("No such file or directory: '/nope'"),
+    ],
+)
+def test_real_failures_are_not_outages(error: BaseException) -> None:
+    assert classify(error) is None
+
+
+def test_outages_log_one_line_per_attempt_count_once_and_clear(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    outages = Outages("it.unit_outage", {Service.KAFKA: "127.0.0.1:9 for topic 't'"}, clock=lambda: now[0])
+    labels = ("it.unit_outage", "kafka")
+    before = metrics.OUTAGES.labels(*labels)._value.get()
+    error = KafkaUnavailableError(
+        "cannot reach Kafka at 127.0.0.1:9 for topic 't': KafkaError{code=_TRANSPORT}"
+    )
+    with caplog.at_level(logging.WARNING, logger="icefall.outages"):
+        delays = []
+        for _ in range(3):
+            delays.append(outages.failed(error))
+            now[0] += 5
+        assert metrics.UNAVAILABLE.labels(*labels)._value.get() == 1
+        outages.succeeded()
+    assert delays == [1, 2, 4]
+    assert metrics.OUTAGES.labels(*labels)._value.get() == before + 1
+    assert metrics.UNAVAILABLE.labels(*labels)._value.get() == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and all(r.exc_info is None for r in caplog.records)
+    assert lines[0] == (
+        "it.unit_outage: cannot reach Kafka at 127.0.0.1:9 for topic 't' (KafkaError{code=_TRANSPORT}); "
+        "attempt 1 failed, retrying in 1s"
+    )
+    assert lines[3] == (
+        "it.unit_outage: Kafka at 127.0.0.1:9 for topic 't' answers again after 15s (3 failed attempts); "
+        "resuming"
+    )
+    assert outages.failed(ValueError("a bug")) is None
+
+
+def test_log_failure_is_one_line_for_an_outage_and_a_traceback_for_a_bug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("icefall.test_outages")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        log_failure(
+            logger, sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception(PG_REFUSED)), "%s: x", "t"
+        )
+        log_failure(logger, ValueError("a bug"), "%s: y", "t")
+    outage, bug = caplog.records
+    assert outage.exc_info is None and outage.getMessage().startswith("t: x: cannot reach the catalog (")
+    assert bug.exc_info is not None and bug.getMessage() == "t: y"
