@@ -12,9 +12,10 @@ watches Pods in its namespace and, for each new one:
    the venv's `icefall`, `HOME=/` unless the image says otherwise, plus what the caller passes, e.g. the
    Dockerfile's HOME=/tmp and the Spark jars folder). Nothing else of the test process's environment
    leaks in: no HOME, TMPDIR or KUBECONFIG of the test;
-3. runs `containers[0].command + args` (argv[0] resolved on that PATH: the image is replaced by the local
-   install) in its own session with a parent-death signal and in its own mount namespace (below), in the
-   container's `workingDir` or the image's (`image_workdir`, default `/`), its output in
+3. runs `containers[0].command + args`, or the image's entry point + args when there is no command
+   (argv[0] resolved on that PATH: the image is replaced by the local install) in its own session with a
+   parent-death signal and in its own mount namespace (below), in the container's `workingDir` or the
+   image's (`image_workdir`, default `/`), its output in
    `<workdir>/<namespace>_<name>_<uid>/container.log`;
 4. writes status through the status subresource as it goes: Pending (ContainerCreating, or
    CreateContainerConfigError) → Running (podIP 127.0.0.1, containerStatuses started/ready, restartCount)
@@ -213,7 +214,8 @@ class LocalKubelet:
 
     `bin_dir` is the folder of the local install's executables (the venv's `bin`): it leads the PATH the
     processes see. `image_env` is the rest of the "image's" environment (e.g. HOME, ICEFALL_SPARK_JARS,
-    a PYTHONPATH that puts the checkout's code first), `image_workdir` its working folder. `server` and
+    a PYTHONPATH that puts the checkout's code first), `image_workdir` its working folder, `entrypoint` its
+    ENTRYPOINT (a container without `command` runs `entrypoint + args`, as a runtime does). `server` and
     `ca_file` are the API server pods reach in-cluster. `hidden` are the host folders no pod may see
     (covered by an empty read-only tmpfs in each pod's mount namespace); `workdir`, where the pods'
     folders are, should be under one of them.
@@ -230,6 +232,7 @@ class LocalKubelet:
         ca_file: Path,
         image_env: Mapping[str, str] | None = None,
         image_workdir: str = "/",
+        entrypoint: Sequence[str] = (),
         hidden: Sequence[Path] = (),
     ) -> None:
         self.api = JsonApi(api)
@@ -241,6 +244,7 @@ class LocalKubelet:
         self.ca_file = ca_file
         self.image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/", **(image_env or {})}
         self.image_workdir = image_workdir
+        self.entrypoint = list(entrypoint)
         self.hidden = [str(path) for path in hidden]
         api_address = urlsplit(server)
         if api_address.hostname is None:
@@ -477,6 +481,8 @@ class LocalKubelet:
             env[var["name"]] = value
         command = [_expand(part, env) for part in container.get("command") or []]
         args = [_expand(part, env) for part in container.get("args") or []]
+        if not command:
+            command = list(self.entrypoint)
         if not command:
             raise RuntimeError(
                 "containers[0].command is empty: this kubelet has no image entry point to fall back on"
