@@ -18,7 +18,7 @@ watches Pods in its namespace and, for each new one:
    image's (`image_workdir`, default `/`), its output in
    `<workdir>/<namespace>_<name>_<uid>/container.log`;
 4. writes status through the status subresource as it goes: Pending (ContainerCreating, or
-   CreateContainerConfigError) → Running (podIP 127.0.0.1, containerStatuses started/ready, restartCount)
+   CreateContainerConfigError) → Running (podIP: `pod_ip`, containerStatuses started/ready, restartCount)
    → Succeeded/Failed with the exit code, `terminated.reason` Completed/Error and start/finish times.
    `restartPolicy` Always/OnFailure restart the container in place (restartCount + 1, 1 s backoff);
 5. when the Pod is deleted with a grace period (it gets a deletionTimestamp), sends SIGTERM to the main
@@ -58,7 +58,8 @@ or evictions; no probes, resource limits (an emptyDir's sizeLimit included), sec
 process runs as the test's user, root: a read-only root is enforced whatever the pod asks, and a pod
 could remount it, which no code of ours does), image pulls, init or sidecar containers (only
 `containers[0]` runs), ports or networking (no network namespace: everything is on the host's
-loopback), PID or user namespaces, pod-level garbage collection by owner references
+loopback, each pod with a loopback address of its own, `pod_ip`), PID or user namespaces, pod-level
+garbage collection by owner references
 (kube-controller-manager's job; see e2e/README.md). It never creates, changes or deletes anything but
 the Pods it runs and their status.
 """
@@ -68,6 +69,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -96,7 +98,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 NODE_NAME = "icefall-local-kubelet"
-POD_IP = "127.0.0.1"
+#: The node's address (`status.hostIP`); each pod has a loopback address of its own (`pod_ip`).
+HOST_IP = "127.0.0.1"
 #: Grace after SIGTERM for a pod removed without one (deleted with gracePeriodSeconds=0).
 FORCED_GRACE_SECONDS = 2.0
 CONFIG_RETRY_SECONDS = 2.0
@@ -724,12 +727,13 @@ class LocalKubelet:
             {"type": "Ready", "status": flag, "lastTransitionTime": now},
         ]
 
-    def _base(self, phase: str, *, ready: bool) -> Obj:
+    def _base(self, pod: Obj, phase: str, *, ready: bool) -> Obj:
+        address = pod_ip(pod["metadata"]["uid"])
         return {
             "phase": phase,
-            "hostIP": POD_IP,
-            "podIP": POD_IP,
-            "podIPs": [{"ip": POD_IP}],
+            "hostIP": HOST_IP,
+            "podIP": address,
+            "podIPs": [{"ip": address}],
             "conditions": self._conditions(ready=ready),
         }
 
@@ -737,7 +741,7 @@ class LocalKubelet:
         run = _PodRun(self.namespace, pod["metadata"]["name"], pod["metadata"]["uid"], Path())
         waiting = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
         return {
-            **self._base("Pending", ready=False),
+            **self._base(pod, "Pending", ready=False),
             "startTime": _now(),
             "containerStatuses": [self._container_status(pod, run, waiting, ready=False)],
         }
@@ -745,7 +749,7 @@ class LocalKubelet:
     def _running_status(self, pod: Obj, run: _PodRun, started: str) -> Obj:
         state = {"running": {"startedAt": started}}
         return {
-            **self._base("Running", ready=True),
+            **self._base(pod, "Running", ready=True),
             "containerStatuses": [self._container_status(pod, run, state, ready=True)],
         }
 
@@ -760,7 +764,7 @@ class LocalKubelet:
             }
         }
         return {
-            **self._base("Succeeded" if code == 0 else "Failed", ready=False),
+            **self._base(pod, "Succeeded" if code == 0 else "Failed", ready=False),
             "containerStatuses": [self._container_status(pod, run, state, ready=False)],
         }
 
@@ -768,7 +772,7 @@ class LocalKubelet:
         run = _PodRun(self.namespace, pod["metadata"]["name"], pod["metadata"]["uid"], Path())
         state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message[:1000]}}
         return {
-            **self._base("Failed", ready=False),
+            **self._base(pod, "Failed", ready=False),
             "containerStatuses": [self._container_status(pod, run, state, ready=False)],
         }
 
@@ -882,6 +886,15 @@ os.execve(argv[0], argv, os.environ)
 """.replace("START_ERROR_EXIT_CODE", str(START_ERROR_EXIT_CODE))
 
 
+def pod_ip(uid: str) -> str:
+    """The pod's own address: one of loopback's 127.0.0.0/8, fixed by its uid. Pods share the host's network
+    (no network namespace), but as in a cluster no two pods have the same IP, so a program that treats
+    "same IP" as "same machine" (Spark reads a same-host executor's shuffle files from its disk) sees pods
+    as the separate machines they are."""
+    digest = hashlib.sha256(uid.encode()).digest()
+    return f"127.{1 + digest[0] % 254}.{digest[1]}.{1 + digest[2] % 254}"
+
+
 def _field(pod: Obj, path: str) -> str:
     meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
     simple = {
@@ -890,8 +903,8 @@ def _field(pod: Obj, path: str) -> str:
         "metadata.uid": meta.get("uid"),
         "spec.nodeName": spec.get("nodeName") or NODE_NAME,
         "spec.serviceAccountName": spec.get("serviceAccountName"),
-        "status.podIP": status.get("podIP") or POD_IP,
-        "status.hostIP": status.get("hostIP") or POD_IP,
+        "status.podIP": status.get("podIP") or pod_ip(meta["uid"]),
+        "status.hostIP": status.get("hostIP") or HOST_IP,
     }
     if path in simple:
         return str(simple[path] or "")
