@@ -16,7 +16,7 @@ PostgreSQL catalog and the object store over the network. Proves:
 - (c) dynamic allocation: with no records to read, idle executors are released (Spark deletes their
   pods) and new records bring an executor back.
 
-Operator settings (what the chart's `spark.*` values set): executors of 512m, at most 2, released after
+Operator settings (what the chart's `spark.*` values set): executors of 512m, at most 1, released after
 10 s idle.
 """
 
@@ -66,7 +66,7 @@ def operator(
     settings = {
         "ICEFALL_SPARK_MASTER": "kubernetes",
         "ICEFALL_EXECUTOR_MEMORY": "512m",
-        "ICEFALL_MAX_EXECUTORS": "2",
+        "ICEFALL_MAX_EXECUTORS": "1",  # one executor JVM at a time: 2 cores
         "ICEFALL_EXECUTOR_IDLE_TIMEOUT_SECONDS": str(IDLE_SECONDS),
     }
     log = tmp_path_factory.mktemp("operator") / "operator.log"
@@ -153,7 +153,7 @@ def test_spark_creates_executor_pods_that_write_the_table(cluster: Cluster) -> N
     (container,) = driver["spec"]["containers"]
     conf = next(e["value"] for e in container["env"] if e["name"] == ENV_SPARK_CONF)
     assert f'"spark.master":"{KUBERNETES_MASTER}"' in conf
-    executors = wait_for("a running executor pod", cluster.executors, timeout=240, details=cluster.explain)
+    executors = wait_for("a running executor pod", cluster.executors, timeout=420, details=cluster.explain)
     cluster.note(f"executor pods: {[p['metadata']['name'] for p in executors]}")
     executor = executors[0]
     # Spark made it: owned by the driver Pod, the driver's account, from the operator's template.
@@ -164,7 +164,7 @@ def test_spark_creates_executor_pods_that_write_the_table(cluster: Cluster) -> N
     assert "command" not in executor["spec"]["containers"][0]  # the image's entry point runs it
     assert executor["metadata"]["uid"] in cluster.kubelet.started
 
-    high = wait_for("the table to catch up", cluster.caught_up, timeout=300, details=cluster.explain)
+    high = wait_for("the table to catch up", cluster.caught_up, timeout=600, details=cluster.explain)
     cluster.note(f"table caught up with {sum(high.values())} records")
     report = assert_exactly_once(cluster.catalog, TABLE, high, cluster.bad, bootstrap=cluster.kafka.bootstrap)
     assert report is not None and report.ok
@@ -188,10 +188,10 @@ def test_a_lost_executor_is_replaced_and_nothing_is_lost(cluster: Cluster) -> No
     producer = threading.Thread(target=keep_producing, name="producer")
     producer.start()
     try:
-        victim = wait_for("a running executor", cluster.executors, timeout=240, details=cluster.explain)[0]
+        victim = wait_for("a running executor", cluster.executors, timeout=420, details=cluster.explain)[0]
         name = victim["metadata"]["name"]
         start = sum(cluster.committed().values())
-        wait_for("a commit mid-stream", lambda: sum(cluster.committed().values()) > start, timeout=240)
+        wait_for("a commit mid-stream", lambda: sum(cluster.committed().values()) > start, timeout=420)
         cluster.note(f"deleting executor pod {name}")
         cluster.rest.call(
             "DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/{name}", {"gracePeriodSeconds": 0}
@@ -199,7 +199,7 @@ def test_a_lost_executor_is_replaced_and_nothing_is_lost(cluster: Cluster) -> No
         replacement = wait_for(
             "a replacement executor pod",
             lambda: [p for p in cluster.executors() if p["metadata"]["name"] != name],
-            timeout=240,
+            timeout=420,
             details=cluster.explain,
         )[0]
         cluster.note(f"replacement executor {replacement['metadata']['name']} running")
@@ -207,13 +207,13 @@ def test_a_lost_executor_is_replaced_and_nothing_is_lost(cluster: Cluster) -> No
         wait_for(
             "a commit after the loss",
             lambda: sum(cluster.committed().values()) > resumed,
-            timeout=240,
+            timeout=420,
             details=cluster.explain,
         )
     finally:
         stop.set()
         producer.join(timeout=60)
-    high = wait_for("the table to catch up", cluster.caught_up, timeout=300, details=cluster.explain)
+    high = wait_for("the table to catch up", cluster.caught_up, timeout=600, details=cluster.explain)
     cluster.note(f"table caught up with {sum(high.values())} records")
     report = assert_exactly_once(cluster.catalog, TABLE, high, cluster.bad, bootstrap=cluster.kafka.bootstrap)
     assert report is not None and report.ok
@@ -221,7 +221,7 @@ def test_a_lost_executor_is_replaced_and_nothing_is_lost(cluster: Cluster) -> No
 
 
 def test_idle_executors_are_released_and_new_records_bring_one_back(cluster: Cluster) -> None:
-    wait_for("the table to catch up", cluster.caught_up, timeout=300, details=cluster.explain)
+    wait_for("the table to catch up", cluster.caught_up, timeout=600, details=cluster.explain)
     before = {p["metadata"]["name"] for p in cluster.executors(running=False)}
     wait_for(
         f"Spark to release its idle executors (idle timeout {IDLE_SECONDS} s)",
@@ -232,8 +232,8 @@ def test_idle_executors_are_released_and_new_records_bring_one_back(cluster: Clu
     )
     cluster.note(f"released executor pods {sorted(before)}")
     cluster.produce(60)
-    back = wait_for("an executor for new records", cluster.executors, timeout=240, details=cluster.explain)
+    back = wait_for("an executor for new records", cluster.executors, timeout=420, details=cluster.explain)
     assert {p["metadata"]["name"] for p in back}.isdisjoint(before)
-    high = wait_for("the table to catch up", cluster.caught_up, timeout=300, details=cluster.explain)
+    high = wait_for("the table to catch up", cluster.caught_up, timeout=600, details=cluster.explain)
     report = assert_exactly_once(cluster.catalog, TABLE, high, cluster.bad, bootstrap=cluster.kafka.bootstrap)
     assert report is not None and report.ok
