@@ -403,6 +403,10 @@ def test_the_driver_runs_spark_on_kubernetes_with_dynamic_allocation() -> None:
     assert conf["spark.driver.host"] == f"$({ENV_POD_IP})"
     assert conf["spark.dynamicAllocation.enabled"] == "true"
     assert conf["spark.dynamicAllocation.shuffleTracking.enabled"] == "true"
+    assert (
+        conf["spark.dynamicAllocation.shuffleTracking.timeout"]
+        == conf["spark.dynamicAllocation.executorIdleTimeout"]
+    )
     assert (conf["spark.dynamicAllocation.minExecutors"], conf["spark.dynamicAllocation.maxExecutors"]) == (
         "1",
         "8",

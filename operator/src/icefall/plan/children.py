@@ -569,8 +569,11 @@ def _driver_spark_conf(
         "spark.executor.cores": str(settings.executor_cores),
         "spark.executor.memory": settings.executor_memory,
         "spark.dynamicAllocation.enabled": "true",
-        # No external shuffle service on Kubernetes: track shuffle files to release executors safely.
+        # No external shuffle service on Kubernetes: track shuffle files to release executors safely. A
+        # batch never reads another batch's shuffle files, yet Spark keeps an executor that holds some
+        # forever by default (seen in e2e: idle executors never left); the idle timeout releases them too.
         "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.timeout": f"{settings.executor_idle_timeout_seconds}s",
         "spark.dynamicAllocation.minExecutors": str(settings.min_executors),
         "spark.dynamicAllocation.initialExecutors": str(settings.min_executors),
         "spark.dynamicAllocation.maxExecutors": str(settings.max_executors),
