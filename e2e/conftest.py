@@ -204,6 +204,8 @@ def kubelet(
         server=kube.url,
         ca_file=kube.ca_file,
         image_env=image_env,
+        # The image's ENTRYPOINT (Spark's /opt/entrypoint.sh), for pods without a command: Spark's executors.
+        entrypoint=[str(bin_dir / "python"), "-m", "icefall.testing.spark_entrypoint"],
         # Pods see none of the test's folders (the stack's state, catalogs, other pods' volumes): what
         # they share with the test goes over the network.
         hidden=[tmp_path_factory.getbasetemp()],

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from icefall.testing.kubelet import NODE_NAME, JsonApi, LocalKubelet
+from icefall.testing.kubelet import NODE_NAME, JsonApi, LocalKubelet, pod_ip
 
 from .conftest import Kubectl, pod_logs, wait_for
 
@@ -170,13 +170,14 @@ def test_pod_runs_with_its_env_mounts_and_service_account_then_stops_on_delete(
     assert status is not None
     assert status["spec"]["nodeName"] == NODE_NAME
     assert status["status"]["phase"] == "Running"
-    assert status["status"]["podIP"] == "127.0.0.1"
+    address = pod_ip(status["metadata"]["uid"])  # a loopback address of its own
+    assert status["status"]["podIP"] == address and address.startswith("127.") and address != "127.0.0.1"
     (container,) = status["status"]["containerStatuses"]
     assert (container["ready"], container["started"], container["restartCount"]) == (True, True, 0)
     assert "running" in container["state"]
     assert seen["A"] == "alpha"
     assert seen["B"] == "alpha-beta $(A) $(MISSING)"
-    assert (seen["POD_NAME"], seen["POD_NAMESPACE"], seen["POD_IP"]) == ("probe", ns, "127.0.0.1")
+    assert (seen["POD_NAME"], seen["POD_NAMESPACE"], seen["POD_IP"]) == ("probe", ns, address)
     assert (seen["PASSWORD"], seen["MODE"], seen["mounted_mode"]) == ("s3cret", "fast", "fast")
     assert seen["KUBECONFIG_ADMIN"] is None
     assert seen["settings"] == {"mode": "fast"}

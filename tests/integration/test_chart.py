@@ -30,7 +30,13 @@ import yaml
 from icefall.api import load_manifest
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
-from icefall.plan.children import compaction_rules, driver_account_name, driver_rules
+from icefall.plan.children import (
+    SETTINGS_ENV,
+    OperatorSettings,
+    compaction_rules,
+    driver_account_name,
+    driver_rules,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -165,12 +171,30 @@ def test_cluster_wide_render(home: Path) -> None:
         (("--set", "image.pullPolicy=Sometimes"), "/image/pullPolicy"),
         (("--set", "securityContext.runAsUser=0"), "/securityContext/runAsUser"),
         (("--set", "rbac.clusterwide=true"), "clusterwide"),
+        (("--set", "spark.master=yarn"), "/spark/master"),
+        (("--set", "spark.executorMemory=2GB"), "/spark/executorMemory"),
     ],
 )
 def test_schema_rejects_bad_values(home: Path, values: tuple[str, ...], message: str) -> None:
     result = helm("template", RELEASE, str(CHART), *values, home=home, check=False)
     assert result.returncode != 0
     assert "schema" in result.stderr and message in result.stderr, result.stderr
+
+
+def test_spark_values_reach_the_operator_settings(home: Path) -> None:
+    """What `spark.*` says is what the operator renders into every table's Spark configuration."""
+    values = ("--set", "spark.master=kubernetes", "--set", "spark.executorMemory=3g")
+    values += ("--set", "spark.minExecutors=1", "--set", "spark.maxExecutors=6")
+    container = only(render(home, "ops", *values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
+    assert set(SETTINGS_ENV.values()) <= env.keys(), "a setting the chart cannot set"
+    settings = OperatorSettings.from_environ(env)
+    assert (settings.spark_master, settings.executor_memory) == ("kubernetes", "3g")
+    assert (settings.min_executors, settings.max_executors) == (1, 6)
+    defaults = render(home, "ops")
+    env = {var["name"]: var["value"] for var in only(defaults, "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["env"] if "value" in var}  # fmt: skip
+    assert OperatorSettings.from_environ(env) == OperatorSettings(), "the chart's defaults are the operator's"
 
 
 def test_chart_crd_is_the_generated_one() -> None:

@@ -38,6 +38,7 @@ from icefall.plan.children import (
     Resources,
     child_name,
     desired_children,
+    in_cluster_master,
     secret_env_vars,
 )
 from icefall.plan.leases import commit_lease_name
@@ -402,6 +403,10 @@ def test_the_driver_runs_spark_on_kubernetes_with_dynamic_allocation() -> None:
     assert conf["spark.driver.host"] == f"$({ENV_POD_IP})"
     assert conf["spark.dynamicAllocation.enabled"] == "true"
     assert conf["spark.dynamicAllocation.shuffleTracking.enabled"] == "true"
+    assert (
+        conf["spark.dynamicAllocation.shuffleTracking.timeout"]
+        == conf["spark.dynamicAllocation.executorIdleTimeout"]
+    )
     assert (conf["spark.dynamicAllocation.minExecutors"], conf["spark.dynamicAllocation.maxExecutors"]) == (
         "1",
         "8",
@@ -559,3 +564,41 @@ def test_the_plan_layer_imports_no_client() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        (
+            {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+            "k8s://https://10.96.0.1:443",
+        ),
+        (
+            {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"},
+            "k8s://https://[fd00::1]:6443",
+        ),
+        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, "k8s://https://10.96.0.1:443"),
+        ({}, KUBERNETES_MASTER),  # not in a pod: as rendered
+    ],
+)
+def test_the_driver_reaches_the_api_server_at_its_in_cluster_address(
+    environ: dict[str, str], expected: str
+) -> None:
+    assert in_cluster_master(KUBERNETES_MASTER, environ) == expected
+    assert in_cluster_master("local[2]", environ) == "local[2]"
+
+
+def test_operator_settings_from_the_environment() -> None:
+    settings = OperatorSettings.from_environ(
+        {"ICEFALL_SPARK_MASTER": "local[2]", "ICEFALL_EXECUTOR_MEMORY": "512m", "ICEFALL_MAX_EXECUTORS": "8"}
+    )
+    assert (settings.spark_master, settings.executor_memory, settings.max_executors) == (
+        "local[2]",
+        "512m",
+        8,
+    )
+    assert OperatorSettings.from_environ({}) == OperatorSettings()
+    with pytest.raises(ValueError, match="ICEFALL_MAX_EXECUTORS='many': expected a whole number"):
+        OperatorSettings.from_environ({"ICEFALL_MAX_EXECUTORS": "many"})
+    with pytest.raises(ValueError, match=r"environment: executors: need 0 <= min \(3\) <= max \(2\)"):
+        OperatorSettings.from_environ({"ICEFALL_MIN_EXECUTORS": "3", "ICEFALL_MAX_EXECUTORS": "2"})

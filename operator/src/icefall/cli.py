@@ -237,14 +237,15 @@ def _pod_spark(catalog: Any, default_app: str, default_master: str) -> Any:
     """The SparkSession a pod runs, with the Spark conf the operator rendered into its environment."""
     import json
 
-    from icefall.plan.children import ENV_SPARK_CONF
+    from icefall.plan.children import ENV_SPARK_CONF, in_cluster_master
     from icefall.spark.session import build_spark_session
 
     conf: dict[str, str] = json.loads(os.environ.get(ENV_SPARK_CONF) or "{}")
+    conf["spark.master"] = in_cluster_master(conf.get("spark.master", default_master), os.environ)
     return build_spark_session(
         [catalog],
         app_name=conf.get("spark.app.name", default_app),
-        master=conf.get("spark.master", default_master),
+        master=conf["spark.master"],
         extra_conf=conf,
     )
 

@@ -80,9 +80,9 @@ class Config:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        """`ICEFALL_IMAGE` and `ICEFALL_SPARK_MASTER` (kubernetes, local, local[N]); defaults otherwise."""
+        """`ICEFALL_IMAGE` and the settings of `icefall.plan.children.SETTINGS_ENV`; defaults otherwise."""
         env = os.environ if env is None else env
-        settings = OperatorSettings(spark_master=env.get("ICEFALL_SPARK_MASTER", "kubernetes"))
+        settings = OperatorSettings.from_environ(env)
         return cls(image=env.get("ICEFALL_IMAGE", DEFAULT_IMAGE), settings=settings)
 
 

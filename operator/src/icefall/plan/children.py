@@ -204,6 +204,40 @@ class OperatorSettings:
         if self.executor_cores < 1 or self.termination_grace_period_seconds < 0:
             raise ValueError("executor_cores must be >= 1 and termination_grace_period_seconds >= 0")
 
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> OperatorSettings:
+        """The settings the operator's environment gives (`SETTINGS_ENV`, set by the Helm chart's values);
+        defaults for the rest. A value that does not parse names its variable."""
+        values: dict[str, Any] = {}
+        for name, variable in SETTINGS_ENV.items():
+            raw = environ.get(variable)
+            if raw is None or raw == "":
+                continue
+            if isinstance(getattr(cls, name), int):
+                try:
+                    values[name] = int(raw)
+                except ValueError:
+                    raise ValueError(f"{variable}={raw!r}: expected a whole number") from None
+            else:
+                values[name] = raw
+        try:
+            return cls(**values)
+        except ValueError as error:
+            raise ValueError(f"operator settings from the environment: {error}") from None
+
+
+#: OperatorSettings field → the operator's environment variable that sets it (charts/icefall: `spark.*`).
+SETTINGS_ENV = {
+    "spark_master": "ICEFALL_SPARK_MASTER",
+    "image_pull_policy": "ICEFALL_IMAGE_PULL_POLICY",
+    "driver_jvm_memory": "ICEFALL_DRIVER_JVM_MEMORY",
+    "executor_cores": "ICEFALL_EXECUTOR_CORES",
+    "executor_memory": "ICEFALL_EXECUTOR_MEMORY",
+    "min_executors": "ICEFALL_MIN_EXECUTORS",
+    "max_executors": "ICEFALL_MAX_EXECUTORS",
+    "executor_idle_timeout_seconds": "ICEFALL_EXECUTOR_IDLE_TIMEOUT_SECONDS",
+}
+
 
 # --- secrets ----------------------------------------------------------------------------------------------
 
@@ -300,6 +334,18 @@ def spark_master(st: StreamingTable, settings: OperatorSettings) -> tuple[str, l
     if wanted == "kubernetes":
         return KUBERNETES_MASTER, problems
     return ("local[*]" if wanted == "local" else wanted), problems
+
+
+def in_cluster_master(master: str, environ: Mapping[str, str]) -> str:
+    """The master the driver process hands Spark: `KUBERNETES_MASTER` becomes the API server's address as
+    the kubelet gives every container (`KUBERNETES_SERVICE_HOST`/`_PORT`), which is what Spark documents for
+    a client-mode driver inside a pod and needs no cluster DNS; any other master, or no such variables,
+    stays as it is."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if master != KUBERNETES_MASTER or not host:
+        return master
+    address = f"[{host}]" if ":" in host else host  # an IPv6 service address
+    return f"k8s://https://{address}:{port or 443}"
 
 
 def spec_hash(st: StreamingTable, *, image: str, settings: OperatorSettings, master: str) -> str:
@@ -523,8 +569,11 @@ def _driver_spark_conf(
         "spark.executor.cores": str(settings.executor_cores),
         "spark.executor.memory": settings.executor_memory,
         "spark.dynamicAllocation.enabled": "true",
-        # No external shuffle service on Kubernetes: track shuffle files to release executors safely.
+        # No external shuffle service on Kubernetes: track shuffle files to release executors safely. A
+        # batch never reads another batch's shuffle files, yet Spark keeps an executor that holds some
+        # forever by default (seen in e2e: idle executors never left); the idle timeout releases them too.
         "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.timeout": f"{settings.executor_idle_timeout_seconds}s",
         "spark.dynamicAllocation.minExecutors": str(settings.min_executors),
         "spark.dynamicAllocation.initialExecutors": str(settings.min_executors),
         "spark.dynamicAllocation.maxExecutors": str(settings.max_executors),
@@ -658,6 +707,9 @@ class _Renderer:
                     {
                         "name": EXECUTOR_CONTAINER,
                         "securityContext": dict(_CONTAINER_SECURITY_CONTEXT),
+                        # Executors fetch the driver's added files and jars into their working folder;
+                        # the root is read-only.
+                        "workingDir": TMP_DIR,
                         "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}],
                     }
                 ],

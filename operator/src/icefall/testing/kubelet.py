@@ -12,12 +12,13 @@ watches Pods in its namespace and, for each new one:
    the venv's `icefall`, `HOME=/` unless the image says otherwise, plus what the caller passes, e.g. the
    Dockerfile's HOME=/tmp and the Spark jars folder). Nothing else of the test process's environment
    leaks in: no HOME, TMPDIR or KUBECONFIG of the test;
-3. runs `containers[0].command + args` (argv[0] resolved on that PATH: the image is replaced by the local
-   install) in its own session with a parent-death signal and in its own mount namespace (below), in the
-   container's `workingDir` or the image's (`image_workdir`, default `/`), its output in
+3. runs `containers[0].command + args`, or the image's entry point + args when there is no command
+   (argv[0] resolved on that PATH: the image is replaced by the local install) in its own session with a
+   parent-death signal and in its own mount namespace (below), in the container's `workingDir` or the
+   image's (`image_workdir`, default `/`), its output in
    `<workdir>/<namespace>_<name>_<uid>/container.log`;
 4. writes status through the status subresource as it goes: Pending (ContainerCreating, or
-   CreateContainerConfigError) → Running (podIP 127.0.0.1, containerStatuses started/ready, restartCount)
+   CreateContainerConfigError) → Running (podIP: `pod_ip`, containerStatuses started/ready, restartCount)
    → Succeeded/Failed with the exit code, `terminated.reason` Completed/Error and start/finish times.
    `restartPolicy` Always/OnFailure restart the container in place (restartCount + 1, 1 s backoff);
 5. when the Pod is deleted with a grace period (it gets a deletionTimestamp), sends SIGTERM to the main
@@ -57,7 +58,8 @@ or evictions; no probes, resource limits (an emptyDir's sizeLimit included), sec
 process runs as the test's user, root: a read-only root is enforced whatever the pod asks, and a pod
 could remount it, which no code of ours does), image pulls, init or sidecar containers (only
 `containers[0]` runs), ports or networking (no network namespace: everything is on the host's
-loopback), PID or user namespaces, pod-level garbage collection by owner references
+loopback, each pod with a loopback address of its own, `pod_ip`), PID or user namespaces, pod-level
+garbage collection by owner references
 (kube-controller-manager's job; see e2e/README.md). It never creates, changes or deletes anything but
 the Pods it runs and their status.
 """
@@ -67,6 +69,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -95,7 +98,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 NODE_NAME = "icefall-local-kubelet"
-POD_IP = "127.0.0.1"
+#: The node's address (`status.hostIP`); each pod has a loopback address of its own (`pod_ip`).
+HOST_IP = "127.0.0.1"
 #: Grace after SIGTERM for a pod removed without one (deleted with gracePeriodSeconds=0).
 FORCED_GRACE_SECONDS = 2.0
 CONFIG_RETRY_SECONDS = 2.0
@@ -213,7 +217,8 @@ class LocalKubelet:
 
     `bin_dir` is the folder of the local install's executables (the venv's `bin`): it leads the PATH the
     processes see. `image_env` is the rest of the "image's" environment (e.g. HOME, ICEFALL_SPARK_JARS,
-    a PYTHONPATH that puts the checkout's code first), `image_workdir` its working folder. `server` and
+    a PYTHONPATH that puts the checkout's code first), `image_workdir` its working folder, `entrypoint` its
+    ENTRYPOINT (a container without `command` runs `entrypoint + args`, as a runtime does). `server` and
     `ca_file` are the API server pods reach in-cluster. `hidden` are the host folders no pod may see
     (covered by an empty read-only tmpfs in each pod's mount namespace); `workdir`, where the pods'
     folders are, should be under one of them.
@@ -230,6 +235,7 @@ class LocalKubelet:
         ca_file: Path,
         image_env: Mapping[str, str] | None = None,
         image_workdir: str = "/",
+        entrypoint: Sequence[str] = (),
         hidden: Sequence[Path] = (),
     ) -> None:
         self.api = JsonApi(api)
@@ -241,6 +247,7 @@ class LocalKubelet:
         self.ca_file = ca_file
         self.image_env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": "/", **(image_env or {})}
         self.image_workdir = image_workdir
+        self.entrypoint = list(entrypoint)
         self.hidden = [str(path) for path in hidden]
         api_address = urlsplit(server)
         if api_address.hostname is None:
@@ -477,6 +484,8 @@ class LocalKubelet:
             env[var["name"]] = value
         command = [_expand(part, env) for part in container.get("command") or []]
         args = [_expand(part, env) for part in container.get("args") or []]
+        if not command:
+            command = list(self.entrypoint)
         if not command:
             raise RuntimeError(
                 "containers[0].command is empty: this kubelet has no image entry point to fall back on"
@@ -718,12 +727,13 @@ class LocalKubelet:
             {"type": "Ready", "status": flag, "lastTransitionTime": now},
         ]
 
-    def _base(self, phase: str, *, ready: bool) -> Obj:
+    def _base(self, pod: Obj, phase: str, *, ready: bool) -> Obj:
+        address = pod_ip(pod["metadata"]["uid"])
         return {
             "phase": phase,
-            "hostIP": POD_IP,
-            "podIP": POD_IP,
-            "podIPs": [{"ip": POD_IP}],
+            "hostIP": HOST_IP,
+            "podIP": address,
+            "podIPs": [{"ip": address}],
             "conditions": self._conditions(ready=ready),
         }
 
@@ -731,7 +741,7 @@ class LocalKubelet:
         run = _PodRun(self.namespace, pod["metadata"]["name"], pod["metadata"]["uid"], Path())
         waiting = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
         return {
-            **self._base("Pending", ready=False),
+            **self._base(pod, "Pending", ready=False),
             "startTime": _now(),
             "containerStatuses": [self._container_status(pod, run, waiting, ready=False)],
         }
@@ -739,7 +749,7 @@ class LocalKubelet:
     def _running_status(self, pod: Obj, run: _PodRun, started: str) -> Obj:
         state = {"running": {"startedAt": started}}
         return {
-            **self._base("Running", ready=True),
+            **self._base(pod, "Running", ready=True),
             "containerStatuses": [self._container_status(pod, run, state, ready=True)],
         }
 
@@ -754,7 +764,7 @@ class LocalKubelet:
             }
         }
         return {
-            **self._base("Succeeded" if code == 0 else "Failed", ready=False),
+            **self._base(pod, "Succeeded" if code == 0 else "Failed", ready=False),
             "containerStatuses": [self._container_status(pod, run, state, ready=False)],
         }
 
@@ -762,7 +772,7 @@ class LocalKubelet:
         run = _PodRun(self.namespace, pod["metadata"]["name"], pod["metadata"]["uid"], Path())
         state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message[:1000]}}
         return {
-            **self._base("Failed", ready=False),
+            **self._base(pod, "Failed", ready=False),
             "containerStatuses": [self._container_status(pod, run, state, ready=False)],
         }
 
@@ -876,6 +886,15 @@ os.execve(argv[0], argv, os.environ)
 """.replace("START_ERROR_EXIT_CODE", str(START_ERROR_EXIT_CODE))
 
 
+def pod_ip(uid: str) -> str:
+    """The pod's own address: one of loopback's 127.0.0.0/8, fixed by its uid. Pods share the host's network
+    (no network namespace), but as in a cluster no two pods have the same IP, so a program that treats
+    "same IP" as "same machine" (Spark reads a same-host executor's shuffle files from its disk) sees pods
+    as the separate machines they are."""
+    digest = hashlib.sha256(uid.encode()).digest()
+    return f"127.{1 + digest[0] % 254}.{digest[1]}.{1 + digest[2] % 254}"
+
+
 def _field(pod: Obj, path: str) -> str:
     meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
     simple = {
@@ -884,8 +903,8 @@ def _field(pod: Obj, path: str) -> str:
         "metadata.uid": meta.get("uid"),
         "spec.nodeName": spec.get("nodeName") or NODE_NAME,
         "spec.serviceAccountName": spec.get("serviceAccountName"),
-        "status.podIP": status.get("podIP") or POD_IP,
-        "status.hostIP": status.get("hostIP") or POD_IP,
+        "status.podIP": status.get("podIP") or pod_ip(meta["uid"]),
+        "status.hostIP": status.get("hostIP") or HOST_IP,
     }
     if path in simple:
         return str(simple[path] or "")

@@ -1,0 +1,81 @@
+"""The image's entry point (`/opt/entrypoint.sh` of Apache Spark's image) for the local kubelet.
+
+Spark on Kubernetes creates executor pods with no `command` and the single argument `executor`: the
+image's entry point turns the variables Spark sets on the pod (SPARK_DRIVER_URL, SPARK_EXECUTOR_ID,
+SPARK_EXECUTOR_CORES, SPARK_EXECUTOR_MEMORY, SPARK_APPLICATION_ID, SPARK_EXECUTOR_POD_IP,
+SPARK_EXECUTOR_POD_NAME, SPARK_RESOURCE_PROFILE_ID, SPARK_CONF_DIR and the JVM options SPARK_JAVA_OPT_<n>)
+into the executor JVM's command line. This does the same with the local install standing in for the
+image: Spark's jars are pyspark's (the image's $SPARK_HOME/jars) plus the folder `ICEFALL_SPARK_JARS`
+names (the jars spark_images/Dockerfile adds there). Any other arguments run as a command, as Spark's entry
+point does. Run as `python -m icefall.testing.spark_entrypoint executor`; it replaces itself with the JVM
+(same pid), so the kubelet's signals reach the executor.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+EXECUTOR_BACKEND = "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
+_JAVA_OPT = re.compile(r"^SPARK_JAVA_OPT_(\d+)$")
+
+
+def executor_command(environ: Mapping[str, str], spark_jars: Path) -> list[str]:
+    """The executor JVM's argv from the pod's environment (what the image's entry point runs)."""
+    missing = [
+        name
+        for name in ("SPARK_DRIVER_URL", "SPARK_EXECUTOR_ID", "SPARK_EXECUTOR_CORES", "SPARK_APPLICATION_ID")
+        if not environ.get(name)
+    ]
+    if missing:
+        raise SystemExit(f"executor: {', '.join(missing)} not set (Spark sets them on executor pods)")
+    options = [
+        environ[name]
+        for name in sorted((n for n in environ if _JAVA_OPT.match(n)), key=lambda n: int(n.rsplit("_", 1)[1]))
+    ]
+    memory = environ.get("SPARK_EXECUTOR_MEMORY", "1g")
+    classpath = [
+        *([environ["SPARK_CONF_DIR"]] if environ.get("SPARK_CONF_DIR") else []),
+        f"{spark_jars}/*",
+        *([f"{environ['ICEFALL_SPARK_JARS']}/*"] if environ.get("ICEFALL_SPARK_JARS") else []),
+        os.getcwd(),
+    ]
+    java = f"{environ['JAVA_HOME']}/bin/java" if environ.get("JAVA_HOME") else "java"
+    return [
+        java,
+        *options,
+        f"-Xms{memory}",
+        f"-Xmx{memory}",
+        "-cp",
+        ":".join(classpath),
+        EXECUTOR_BACKEND,
+        "--driver-url", environ["SPARK_DRIVER_URL"],
+        "--executor-id", environ["SPARK_EXECUTOR_ID"],
+        "--cores", environ["SPARK_EXECUTOR_CORES"],
+        "--app-id", environ["SPARK_APPLICATION_ID"],
+        "--hostname", environ.get("SPARK_EXECUTOR_POD_IP", "127.0.0.1"),
+        "--resourceProfileId", environ.get("SPARK_RESOURCE_PROFILE_ID", "0"),
+        "--podName", environ.get("SPARK_EXECUTOR_POD_NAME", ""),
+    ]  # fmt: skip
+
+
+def main(argv: Sequence[str]) -> None:
+    if not argv:
+        raise SystemExit("usage: spark_entrypoint executor | <command> [args...]")
+    if argv[0] != "executor":
+        os.execvp(argv[0], list(argv))
+    import pyspark
+
+    command = executor_command(os.environ, Path(pyspark.__file__).parent / "jars")
+    print(
+        f"[entrypoint] executor {os.environ.get('SPARK_EXECUTOR_ID')}: {' '.join(command[:1])} ...",
+        flush=True,
+    )
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
