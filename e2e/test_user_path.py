@@ -32,7 +32,7 @@ Secret's values — the object store runs with the Secret's `change-me` keys as 
 the REST catalog (Iceberg's own REST server, on a PostgreSQL database of its own, files in that object
 store) grants the OAuth2 client credentials `client-id:client-secret` a token, as its test server grants
 any. The values file is used as written plus what only a test needs: Spark `local[1]` in the driver pod
-(`ICEFALL_SPARK_MASTER`; Spark-on-Kubernetes executors are another module's subject), short operator
+(`spark.master`; Spark-on-Kubernetes executors are another module's subject), short operator
 intervals, and free ports for the health and metrics endpoints (every pod shares the host's loopback).
 
 Not proven here: Spark executors as pods, several operator replicas (leader election has its own tests),
@@ -347,12 +347,12 @@ def _values_file(tmp: Path) -> Path:
     values: Obj = yaml.safe_load(VALUES.read_text())
     values["extraEnv"] = [
         *values["extraEnv"],
-        {"name": "ICEFALL_SPARK_MASTER", "value": "local[1]"},
         {"name": "ICEFALL_RESYNC_SECONDS", "value": "2"},
         {"name": "ICEFALL_OBSERVE_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_REFRESH_SECONDS", "value": "2"},
     ]
+    values["spark"] = {"master": "local[1]"}
     values["health"] = {"port": free_port()}
     values["metrics"] = {"port": free_port()}
     path = tmp / "values.yaml"
