@@ -144,7 +144,7 @@ def test_ingestion_and_the_compaction_worker_side_by_side(
     produce(kafka, topic, 0, RECORDS_PER_TICK)  # the table exists once the first batch commits
     ingestion = icefall(
         "run", *common, "--no-maintenance", "--metrics-port", str(metrics_port),
-        log=ingest_log, env={"ICEFALL_FAILPOINTS": "after-stage=sleep:3"},
+        log=ingest_log, env={"ICEFALL_FAILPOINTS": "main.after-stage=sleep:3"},
     )  # fmt: skip
     worker: subprocess.Popen[bytes] | None = None
     producing = threading.Event()
@@ -166,7 +166,7 @@ def test_ingestion_and_the_compaction_worker_side_by_side(
             time.sleep(1)
         worker = icefall(
             "compact", *common, "--idle-seconds", "1",
-            log=compact_log, env={"ICEFALL_FAILPOINTS": "mid-rewrite=sleep:3"},
+            log=compact_log, env={"ICEFALL_FAILPOINTS": "main.mid-rewrite=sleep:3"},
         )  # fmt: skip
         feeder.start()
         started, peak = time.monotonic(), 0

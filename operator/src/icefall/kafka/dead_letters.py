@@ -29,6 +29,8 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from icefall.failpoints import failpoint
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -94,6 +96,7 @@ def produce_dead_letters(
         for row in itertools.chain([first], rows):
             _produce(producer, topic, _message(row, source_topic), on_delivery)
             sent += 1
+            failpoint("dlq-topic.mid-produce")
             if failures:
                 break
         pending = producer.flush(float(config["message.timeout.ms"]) / 1000 + 30)
