@@ -21,10 +21,13 @@ than the embedded one (test_ingest.py kills at the main commit points on those).
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import sys
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,10 @@ from icefall.kafka.dead_letters import SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HE
 from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
 
 pytestmark = pytest.mark.integration
+
+# One `icefall run` process per kill, each starting Spark (~15 s, minutes on a loaded 2-core machine): a
+# chain of ten outlasts the suite's default per-test timeout.
+CHAIN_TIMEOUT = pytest.mark.timeout(2700)
 
 
 class Chain:
@@ -110,6 +117,7 @@ def dead_letters_sent(kafka: KafkaBroker, topic: str) -> Counter[tuple[int, int]
     return seen
 
 
+@CHAIN_TIMEOUT
 def test_kills_while_a_new_table_is_created_and_first_committed(kafka: KafkaBroker, tmp_path: Path) -> None:
     chain = Chain(kafka, tmp_path, "kills_new")
     for spec in (
@@ -128,6 +136,7 @@ def test_kills_while_a_new_table_is_created_and_first_committed(kafka: KafkaBrok
     chain.finish(bad)
 
 
+@CHAIN_TIMEOUT
 def test_kills_around_dead_letters_leases_and_commits(kafka: KafkaBroker, tmp_path: Path) -> None:
     chain = Chain(kafka, tmp_path, "kills_dlq")
     bad = produce(kafka, chain.topic, 0, 120, bad_every=10)
@@ -147,3 +156,88 @@ def test_kills_around_dead_letters_leases_and_commits(kafka: KafkaBroker, tmp_pa
         chain.kill_at(spec)
     bad |= produce(kafka, chain.topic, 120, 40, bad_every=10)
     chain.finish(bad)
+
+
+# Points a run of `icefall run` on a table with traffic and malformed records can reach, for the chaos run.
+CHAOS_POINTS = (
+    "main.after-prepare",
+    "main.after-stage",
+    "main.before-commit",
+    "main.after-commit",
+    "dlq.after-prepare",
+    "dlq.after-stage",
+    "dlq.before-commit",
+    "dlq.after-commit",
+    "dlq-topic.mid-produce",
+    "dlq-topic.after-produce",
+    "dlq.before-rewind",
+    "dlq.after-rewind",
+    "main.before-sweep",
+    "dlq.before-sweep",
+    "lease.renew",
+)
+
+
+def source_records(kafka: KafkaBroker, topic: str) -> dict[tuple[int, int], bytes | None]:
+    """The value of every record of `topic` by (partition, offset), read_committed."""
+    from confluent_kafka import Consumer
+
+    high = watermarks(kafka, topic)
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": f"content-{topic}",
+         "auto.offset.reset": "earliest", "enable.auto.commit": False, "isolation.level": "read_committed"}
+    )  # fmt: skip
+    records: dict[tuple[int, int], bytes | None] = {}
+    try:
+        consumer.subscribe([topic])
+        while len(records) < sum(high.values()):
+            message = consumer.poll(10)
+            assert message is not None, f"{topic}: only {len(records)} of {sum(high.values())} read"
+            assert message.error() is None, message.error()
+            records[message.partition(), message.offset()] = message.value()
+    finally:
+        consumer.close()
+    return records
+
+
+def assert_rows_match_their_records(config: CatalogConfig, name: str, kafka: KafkaBroker, topic: str) -> None:
+    """Each row of `it.<name>` holds the values of the Kafka record at its (partition, offset)."""
+    records = source_records(kafka, topic)
+    table = config.pyiceberg().load_table(("it", name)).scan().to_arrow().to_pylist()
+    assert table, "the table is empty"
+    for row in table:
+        where = (row["_kafka"]["partition"], row["_kafka"]["offset"])
+        value = records[where]
+        assert value is not None, where
+        produced = json.loads(value)
+        assert (row["id"], row["customer"], str(row["amount"])) == (
+            produced["id"], produced["customer"], f"{Decimal(str(produced['amount'])):.2f}",
+        ), where  # fmt: skip
+
+
+@CHAIN_TIMEOUT
+def test_a_small_chaos_run_of_random_kills_stays_exactly_once(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """10 runs, each armed to exit at a random point on a random hit (1-3) while records keep arriving; a
+    run that never reaches its point finishes normally. Then exactly once by offset, the auditor, and by
+    content: every row equals the record at its offset. Seed: ICEFALL_CHAOS_SEED (default 12)."""
+    seed = int(os.environ.get("ICEFALL_CHAOS_SEED", "12"))
+    rng = random.Random(seed)
+    chain = Chain(kafka, tmp_path, "chaos_small", partitions=3)
+    bad: set[tuple[int, int]] = set()
+    produced = 0
+    outcomes: list[str] = []
+    for _ in range(10):
+        bad |= produce(kafka, chain.topic, produced, 50, bad_every=7)
+        produced += 50
+        point, hit = rng.choice(CHAOS_POINTS), rng.randint(1, 3)
+        done = chain.run(f"{point}=exit@{hit}")
+        if done.returncode == failpoints.EXIT_STATUS:
+            assert f"failpoint {point} triggered" in done.stderr, done.stderr[-3000:]
+            outcomes.append(f"{point}@{hit}: killed")
+        else:
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            outcomes.append(f"{point}@{hit}: not reached")
+    print(f"\n[chaos seed {seed}] " + "; ".join(outcomes))
+    assert sum(o.endswith("killed") for o in outcomes) >= 5, outcomes
+    chain.finish(bad)
+    assert_rows_match_their_records(CatalogConfig.embedded(chain.state), chain.name, kafka, chain.topic)
