@@ -1,11 +1,14 @@
-"""Maintenance stopped between its re-check and its delete changes nothing it should not, and finishes later.
+"""Failpoints no `icefall run` kill reaches: maintenance between its re-check and its delete, and an empty
+batch staged by Icefall rather than by Spark. Each changes nothing it should not, and finishes later.
 
 Proves: a process running orphan removal (`run_item` of a planned `RemoveOrphans`, in a child: orphan
 removal needs no Spark) killed at `main.before-orphan-delete` on its 2nd file has deleted exactly the first
 orphan and nothing referenced, the table reads the same, and a second run deletes the rest; snapshot expiry
 failing at `main.before-expire` (in process, with the shared Spark) has expired nothing and the table
-reads the same, and the next run expires the planned snapshots. The compaction rewrite's point
-(`main.mid-rewrite`) is killed in test_compaction.py.
+reads the same, and the next run expires the planned snapshots; an empty batch that the writer staged
+nothing for gets its empty snapshot on the staging branch (`main.after-ensure-staged`, where `main` is
+untouched) and then commits. The compaction rewrite's point (`main.mid-rewrite`) is killed in
+test_compaction.py; the others in test_failpoint_kills.py.
 Not proved: a kill inside Iceberg's `expire_snapshots` between its metadata commit and its file deletes
 (Spark's procedure has no hook there; files it leaves are orphans by construction).
 """
@@ -152,3 +155,27 @@ def test_expiry_stopped_before_its_call_expires_nothing(
     assert failpoints.hits("main.before-expire") == hits + 1
     assert result.outcome is Outcome.DONE and set(item.expire_ids) <= set(result.expired_ids)
     assert rows(catalog_config, identifier) == [0, 1, 2, 3]
+
+
+def test_an_empty_batch_staged_by_icefall_passes_its_point(catalog_config: CatalogConfig) -> None:
+    """Spark stages an empty snapshot for an empty append itself: this is the fallback for other writers."""
+    from icefall.commit import Batch, commit_staged, prepare_stage, read_committed, stage_branch_name
+    from icefall.ingest.engine import _ensure_staged
+
+    identifier = ("it", "fp_empty_batch")
+    catalog = catalog_config.pyiceberg()
+    catalog.create_namespace_if_not_exists("it")
+    table = catalog.create_table(identifier, schema=pa.schema([pa.field("id", pa.int64())]))
+    stage = prepare_stage(table, stage_branch_name("w", 1))
+    base = stage.base.snapshot_id
+
+    with failpoints.armed("main.after-ensure-staged", "raise"), pytest.raises(FailpointError):
+        _ensure_staged(table, stage.branch, base)
+    table.refresh()
+    assert table.metadata.refs[stage.branch].snapshot_id != base  # staged
+    assert table.metadata.refs["main"].snapshot_id == base  # main untouched
+
+    _ensure_staged(table, stage.branch, base)  # already staged: nothing more to do
+    commit_staged(table, stage, Batch("t", start={0: 0}, end={0: 0}), epoch=1)
+    assert read_committed(table).offsets == {0: 0}
+    assert rows(catalog_config, identifier) == []
