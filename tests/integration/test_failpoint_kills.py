@@ -177,6 +177,8 @@ CHAOS_POINTS = (
     "dlq.before-sweep",
     "lease.renew",
 )
+# Passed once per run, at its start (a rewind also follows a refused commit, rarely): armed on the 1st hit.
+AT_START = {"dlq.before-rewind", "dlq.after-rewind", "main.before-sweep", "dlq.before-sweep"}
 
 
 def source_records(kafka: KafkaBroker, topic: str) -> dict[tuple[int, int], bytes | None]:
@@ -218,7 +220,7 @@ def assert_rows_match_their_records(config: CatalogConfig, name: str, kafka: Kaf
 
 @CHAIN_TIMEOUT
 def test_a_small_chaos_run_of_random_kills_stays_exactly_once(kafka: KafkaBroker, tmp_path: Path) -> None:
-    """10 runs, each armed to exit at a random point on a random hit (1-3) while records keep arriving; a
+    """10 runs, each armed to exit at a random point on a random hit (1-2) while records keep arriving; a
     run that never reaches its point finishes normally. Then exactly once by offset, the auditor, and by
     content: every row equals the record at its offset. Seed: ICEFALL_CHAOS_SEED (default 12)."""
     seed = int(os.environ.get("ICEFALL_CHAOS_SEED", "12"))
@@ -228,9 +230,10 @@ def test_a_small_chaos_run_of_random_kills_stays_exactly_once(kafka: KafkaBroker
     produced = 0
     outcomes: list[str] = []
     for _ in range(10):
-        bad |= produce(kafka, chain.topic, produced, 50, bad_every=7)
-        produced += 50
-        point, hit = rng.choice(CHAOS_POINTS), rng.randint(1, 3)
+        bad |= produce(kafka, chain.topic, produced, 80, bad_every=7)
+        produced += 80  # two batches or more per run
+        point = rng.choice(CHAOS_POINTS)
+        hit = 1 if point in AT_START else rng.randint(1, 2)
         done = chain.run(f"{point}=exit@{hit}")
         if done.returncode == failpoints.EXIT_STATUS:
             assert f"failpoint {point} triggered" in done.stderr, done.stderr[-3000:]
@@ -239,6 +242,6 @@ def test_a_small_chaos_run_of_random_kills_stays_exactly_once(kafka: KafkaBroker
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             outcomes.append(f"{point}@{hit}: not reached")
     print(f"\n[chaos seed {seed}] " + "; ".join(outcomes))
-    assert sum(o.endswith("killed") for o in outcomes) >= 5, outcomes
     chain.finish(bad)
     assert_rows_match_their_records(CatalogConfig.embedded(chain.state), chain.name, kafka, chain.topic)
+    assert sum(o.endswith("killed") for o in outcomes) >= 5, outcomes  # the run really was chaotic
