@@ -1,8 +1,8 @@
 """Maintenance committed by real Spark between staging and commit never costs an ingestion batch.
 
 Proves, with Spark (the Iceberg runtime's procedures and SQL) committing to `main` at a deterministic moment
-(the failpoints `after-stage` / `before-commit` of `commit_staged`) on a table partitioned by day, whose
-batches Spark writes to the staging branch as the ingestion engine does:
+(the failpoints `main.after-stage` / `main.before-commit` of `commit_staged`) on a table partitioned by day,
+whose batches Spark writes to the staging branch as the ingestion engine does:
 - a `rewrite_data_files` compaction, a retention `DELETE FROM … WHERE <whole days>` (a metadata-only
   delete) and a `rewrite_manifests` landing after the batch was staged: the batch is re-staged on top, in one
   commit; the table then holds, as a multiset, exactly the rows before, minus what the retention deleted,
@@ -167,7 +167,7 @@ def test_a_compaction_a_retention_delete_and_a_manifest_rewrite_are_restaged_ove
     compact = (
         f"CALL {cat}.system.rewrite_data_files(table => '{ident}', options => map('min-input-files', '2'))"
     )
-    with failpoints.armed("after-stage", in_spark(spark, compact)):
+    with failpoints.armed("main.after-stage", in_spark(spark, compact)):
         outcome = commit_staged_outcome(table, stage, batch, epoch=1)
     assert outcome.restaged
     expected.update(rows)
@@ -179,7 +179,7 @@ def test_a_compaction_a_retention_delete_and_a_manifest_rewrite_are_restaged_ove
     stage, batch, rows = stage_with_spark(spark, catalog_config, table, 11, {0: 2, 1: 2})
     cutoff = DAY0 + timedelta(days=1)
     retention = f"DELETE FROM {spark_name(catalog_config, table)} WHERE ts < TIMESTAMP '{cutoff.isoformat()}'"
-    with failpoints.armed("after-stage", in_spark(spark, retention)):
+    with failpoints.armed("main.after-stage", in_spark(spark, retention)):
         outcome = commit_staged_outcome(table, stage, batch, epoch=1)
     assert outcome.restaged
     table.refresh()
@@ -193,8 +193,8 @@ def test_a_compaction_a_retention_delete_and_a_manifest_rewrite_are_restaged_ove
     # 3. A manifest rewrite, then a compaction inside the re-stage's commit window: the catalog refuses the
     # re-stage (main moved after the re-check), and the next attempt re-stages over both.
     stage, batch, rows = stage_with_spark(spark, catalog_config, table, 12, {0: 1, 1: 4})
-    failpoints.arm("after-stage", in_spark(spark, f"CALL {cat}.system.rewrite_manifests('{ident}')"))
-    failpoints.arm("before-commit", in_spark(spark, compact))
+    failpoints.arm("main.after-stage", in_spark(spark, f"CALL {cat}.system.rewrite_manifests('{ident}')"))
+    failpoints.arm("main.before-commit", in_spark(spark, compact))
     outcome = commit_staged_outcome(table, stage, batch, epoch=1)
     assert outcome.restaged and len(outcome.restaged_over) == 2
     expected.update(rows)
@@ -221,7 +221,7 @@ def test_an_ingestion_commit_in_between_is_still_refused(
         expected.update(ingest(spark, catalog_config, other, 6, {0: 3}))
 
     with (
-        failpoints.armed("after-stage", compaction_then_another_writer),
+        failpoints.armed("main.after-stage", compaction_then_another_writer),
         pytest.raises(StaleHeadError) as refused,
     ):
         commit_staged(table, stage, batch, epoch=1)

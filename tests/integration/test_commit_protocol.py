@@ -30,6 +30,7 @@ one each catalog enforces (a row lock, the REST server's `assert-ref-snapshot-id
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -254,7 +255,7 @@ def test_a_competing_commit_inside_the_commit_window_makes_the_loser_fail(table:
         failpoints.disarm(name)
         commit_staged(table, stage_a, batch_a, epoch=1)
 
-    failpoints.arm("before-commit", commit_a_first)
+    failpoints.arm("main.before-commit", commit_a_first)
     with pytest.raises(StaleHeadError):
         commit_staged(table, stage_b, batch_b, epoch=1)
     assert_exactly_once(table, {0: 4})
@@ -270,7 +271,7 @@ def test_an_unrelated_metadata_change_in_the_commit_window_does_not_refuse_the_c
         other.transaction().set_properties({"owner": "data-team"}).commit_transaction()
         prepare_stage(other, stage_branch_name("b", 1))  # another writer's branch: a metadata change too
 
-    with failpoints.armed("before-commit", change_something_else):
+    with failpoints.armed("main.before-commit", change_something_else):
         commit_staged(table, stage, batch, epoch=1)
     assert_exactly_once(table, {0: 2})
     assert table.metadata.properties["owner"] == "data-team"
@@ -392,7 +393,12 @@ def run_child(catalog: Catalog, failpoint_spec: str, n: int) -> subprocess.Compl
         "topic": TOPIC,
         "n": n,
     }
-    env = {"PATH": "/usr/bin:/bin", failpoints.ENV_VAR: failpoint_spec}
+    # PYTHONPATH (set by the test plugin): this checkout's code, not the editable install's.
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": os.environ["PYTHONPATH"],
+        failpoints.ENV_VAR: failpoint_spec,
+    }
     return subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(args)],
         env=env,
@@ -403,7 +409,7 @@ def run_child(catalog: Catalog, failpoint_spec: str, n: int) -> subprocess.Compl
     )
 
 
-@pytest.mark.parametrize("point", ["after-stage", "before-commit"])
+@pytest.mark.parametrize("point", ["main.after-stage", "main.before-commit"])
 def test_a_process_killed_after_staging_leaves_nothing_to_repair(
     catalog: Catalog, table: Table, point: str
 ) -> None:
@@ -432,7 +438,7 @@ def test_a_process_killed_after_staging_leaves_nothing_to_repair(
 def test_a_process_killed_after_committing_resumes_after_its_batch(catalog: Catalog, table: Table) -> None:
     ingest(table, "w", 1, {0: 2}, epoch=1)
 
-    child = run_child(catalog, "after-commit=exit", n=3)
+    child = run_child(catalog, "main.after-commit=exit", n=3)
     assert child.returncode == failpoints.EXIT_STATUS, child.stderr
     assert "survived" not in child.stdout
 
@@ -568,7 +574,7 @@ def test_a_maintenance_commit_before_the_commit_is_restaged_over(catalog: Catalo
     stage, batch = stage_batch(table, "w", 2, {0: 3, 1: 1})
     staged = table.metadata.refs[stage.branch].snapshot_id
 
-    with failpoints.armed("after-stage", maintenance(catalog, "partition = 1")):
+    with failpoints.armed("main.after-stage", maintenance(catalog, "partition = 1")):
         outcome = commit_staged_outcome(table, stage, batch, epoch=1)
 
     assert outcome.restaged and len(outcome.restaged_over) >= 1
@@ -593,8 +599,8 @@ def test_a_second_maintenance_commit_in_the_commit_window_is_restaged_over_too(
     """The re-stage's compare-and-swap loses to a commit landing after the re-check: it is derived again."""
     ingest(table, "w", 1, {0: 4, 1: 2, 2: 2}, epoch=1)
     stage, batch = stage_batch(table, "w", 2, {0: 2})
-    failpoints.arm("after-stage", maintenance(catalog, "partition = 1"))
-    failpoints.arm("before-commit", maintenance(catalog, "partition = 2"))
+    failpoints.arm("main.after-stage", maintenance(catalog, "partition = 1"))
+    failpoints.arm("main.before-commit", maintenance(catalog, "partition = 2"))
     outcome = commit_staged_outcome(table, stage, batch, epoch=1)
     assert len(outcome.restaged_over) >= 2  # re-derived over both deletes after the first swap lost
     assert keys_on_main(table) == expected_keys({0: 6})
@@ -608,7 +614,7 @@ def test_an_empty_batch_is_restaged_over_maintenance(catalog: Catalog, table: Ta
     batch = Batch(TOPIC, start={0: 3, 1: 0}, end={0: 3, 1: 0})  # pins partition 1, no rows
     with table.transaction() as tx, tx.update_snapshot(branch=stage.branch).fast_append():
         pass
-    with failpoints.armed("after-stage", maintenance(catalog, "offset = 0")):
+    with failpoints.armed("main.after-stage", maintenance(catalog, "offset = 0")):
         outcome = commit_staged_outcome(table, stage, batch, epoch=1)
     assert outcome.restaged
     assert keys_on_main(table) == [(0, 1), (0, 2)]
@@ -652,7 +658,7 @@ def test_only_maintenance_in_between_is_restaged_over(catalog: Catalog, table: T
         {"icefall.offsets": json.dumps({"0": 5})}
     ).commit_transaction()
     stage, batch = stage_batch(table, "w", 5, {0: 2})
-    with failpoints.armed("after-stage", maintenance(catalog, "offset = 1")), pytest.raises(FencedError):
+    with failpoints.armed("main.after-stage", maintenance(catalog, "offset = 1")), pytest.raises(FencedError):
         commit_staged(table, stage, batch, epoch=1)
     assert keys_on_main(table) == expected_keys({0: 5})[2:]
     assert read_committed(table).offsets == {0: 5}

@@ -9,7 +9,7 @@ What this proves:
 - Aggressive snapshot expiry (keep only main's head) never breaks resume: a restarted writer is still
   exactly once.
 - Retention drops exactly the rows of the expired partitions, with a metadata-only delete.
-- A worker (`icefall compact` in a subprocess) killed at the failpoint `mid-rewrite` leaves the table
+- A worker (`icefall compact` in a subprocess) killed at the failpoint `main.mid-rewrite` leaves the table
   unchanged; its new files are orphans that `RemoveOrphans` deletes once the (injected) clock is past the
   safety window.
 - In-process maintenance between batches (what `icefall run` does) keeps the file count of a partition
@@ -311,7 +311,7 @@ def test_killed_worker_mid_rewrite_leaves_only_orphans(
         "warehouse": catalog_config.warehouse,
     }
     manifest.write_text(yaml.safe_dump(document))
-    env = {**os.environ, "ICEFALL_FAILPOINTS": "mid-rewrite=exit"}
+    env = {**os.environ, "ICEFALL_FAILPOINTS": "main.mid-rewrite=exit"}
     done = subprocess.run(
         [sys.executable, "-m", "icefall.cli", "compact", "-f", str(manifest), "--state-dir", str(tmp_path),
          "--once", "--master", "local[1]"],

@@ -8,8 +8,8 @@ and its own Spark — plans and runs maintenance on the same table and catalog. 
 Left alone, the worker sees a partition's 5th file right after the commit that adds it and is done before
 the next batch stages, so the two would never overlap. So that compactions land between a batch's stage and
 its commit (what has to be absorbed), both processes run with a failpoint that stalls them there: the
-ingestion process `after-stage=sleep:3` (each staged batch waits 3 s before its compare-and-swap), the
-worker `mid-rewrite=sleep:3` (its rewritten files wait 3 s before their commit). A compaction committed
+ingestion process `main.after-stage=sleep:3` (each staged batch waits 3 s before its compare-and-swap), the
+worker `main.mid-rewrite=sleep:3` (its rewritten files wait 3 s before their commit). A compaction committed
 while a batch waits makes that batch re-stage. Proves:
 - the number of data files in the partition stays bounded (far below the files the commits added);
 - every compaction commit kept the rows: the multiset of rows of each `replace` snapshot on `main` equals
@@ -144,7 +144,7 @@ def test_ingestion_and_the_compaction_worker_side_by_side(
     produce(kafka, topic, 0, RECORDS_PER_TICK)  # the table exists once the first batch commits
     ingestion = icefall(
         "run", *common, "--no-maintenance", "--metrics-port", str(metrics_port),
-        log=ingest_log, env={"ICEFALL_FAILPOINTS": "after-stage=sleep:3"},
+        log=ingest_log, env={"ICEFALL_FAILPOINTS": "main.after-stage=sleep:3"},
     )  # fmt: skip
     worker: subprocess.Popen[bytes] | None = None
     producing = threading.Event()
@@ -166,7 +166,7 @@ def test_ingestion_and_the_compaction_worker_side_by_side(
             time.sleep(1)
         worker = icefall(
             "compact", *common, "--idle-seconds", "1",
-            log=compact_log, env={"ICEFALL_FAILPOINTS": "mid-rewrite=sleep:3"},
+            log=compact_log, env={"ICEFALL_FAILPOINTS": "main.mid-rewrite=sleep:3"},
         )  # fmt: skip
         feeder.start()
         started, peak = time.monotonic(), 0
@@ -187,7 +187,7 @@ def test_ingestion_and_the_compaction_worker_side_by_side(
         producing.clear()
         feeder.join(30)
         high = watermarks(kafka, topic)
-        # every batch still sleeps 3 s at after-stage, so catching up takes a while on a busy machine:
+        # every batch still sleeps 3 s at main.after-stage, so catching up takes a while on a busy machine:
         # fail only when ingestion stops making progress
         committed, stalled_since = None, time.monotonic()
         while (offsets := read_committed(catalog_config.pyiceberg().load_table(identifier)).offsets) != high:

@@ -79,9 +79,9 @@ CRASHES = [
     *(
         (kind, point)
         for kind in ["embedded"]
-        for point in ["after-prepare", "after-stage", "before-commit", "after-commit"]
+        for point in ["main.after-prepare", "main.after-stage", "main.before-commit", "main.after-commit"]
     ),
-    *((kind, point) for kind in SHARED_CATALOGS for point in ["after-stage", "after-commit"]),
+    *((kind, point) for kind in SHARED_CATALOGS for point in ["main.after-stage", "main.after-commit"]),
 ]
 
 
@@ -92,8 +92,8 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
     """`icefall run` killed at a commit failpoint, then run again: on the embedded catalog, and on the shared
     catalogs a cluster uses (PostgreSQL JDBC and Iceberg's REST server, table files in S3), where Spark
     writes through S3FileIO and the compare-and-swap is the catalog server's."""
-    topic = f"it-crash-{catalog}-{failpoint}"
-    name = f"crash_{catalog}_{failpoint}".replace("-", "_")
+    topic = f"it-crash-{catalog}-{failpoint.replace('.', '-')}"
+    name = f"crash_{catalog}_{failpoint}".replace("-", "_").replace(".", "_")
     kafka.create_topic(topic, partitions=2)
     bad = produce(kafka, topic, 0, 200, bad_every=40)
     shared = shared_catalog(request, catalog) if catalog != "embedded" else None
@@ -114,6 +114,7 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
 
     crashed = run(fail=failpoint)
     assert crashed.returncode == 137, crashed.stdout + crashed.stderr
+    assert f"failpoint {failpoint} triggered" in crashed.stderr, crashed.stderr[-3000:]
     # The killed run's 15 s lease is taken at once (its process is gone): a 5 s lease timeout is enough.
     bad |= produce(kafka, topic, 200, 100, bad_every=40)
     finished = run(fail=None)

@@ -200,7 +200,7 @@ def test_a_writer_paused_past_its_lease_cannot_commit_after_a_takeover(
     def pause_a(point: str) -> None:
         if threading.current_thread() is a_thread:
             commits_of_a.append(point)
-            if len(commits_of_a) == 2:  # the dead letters are committed first, then the batch itself
+            if len(commits_of_a) == 1:  # the batch's main commit (its dead letters are committed already)
                 assert a._keeper is not None
                 a._keeper.stop()  # a paused process renews nothing: its lease runs out
                 paused.set()
@@ -208,7 +208,7 @@ def test_a_writer_paused_past_its_lease_cannot_commit_after_a_takeover(
 
     b = None
     try:
-        with failpoints.armed("before-commit", pause_a):
+        with failpoints.armed("main.before-commit", pause_a):
             a_thread.start()
             assert paused.wait(300), outcome
             # A passed every check of its main commit and sleeps before the compare-and-swap, with its
@@ -271,15 +271,9 @@ def test_dead_letters_left_ahead_by_a_crash_are_rewound_on_restart(
 
     crashed = Ingestor(st, catalog_config, spark, FileLease(lease_file, "crashed"), writer_id="crashed")
     crashed.start(lease_timeout=10)
-    commits: list[str] = []
-
-    def crash_after_the_dead_letters(point: str) -> None:
-        commits.append(point)
-        if len(commits) == 1:  # the batch's first commit is its dead letters'; the main commit never runs
-            raise FailpointError(point)
-
     try:
-        with failpoints.armed("after-commit", crash_after_the_dead_letters), pytest.raises(FailpointError):
+        # The dead letters are committed; the main commit never runs.
+        with failpoints.armed("dlq.after-commit", "raise"), pytest.raises(FailpointError):
             crashed.run_batch()
     finally:
         crashed.close()
@@ -399,7 +393,7 @@ def test_a_refused_commit_drops_its_staging_branch(
             if len(hits) == 1:
                 claim_epoch(table, committed.epoch + 1)
 
-        with failpoints.armed("before-commit", someone_commits), pytest.raises(FencedError):
+        with failpoints.armed("main.before-commit", someone_commits), pytest.raises(FencedError):
             writer.run_batch()
         table.refresh()
         assert [ref for ref in table.metadata.refs if ref.startswith(STAGE_PREFIX)] == []

@@ -1,8 +1,11 @@
 """Failpoints do nothing until armed, then exactly what they were armed with.
 
-Proves: `ICEFALL_FAILPOINTS` parsing (several points, `exit`, `raise`, `sleep:<s>`) and its loud refusal of
-unknown names and actions; in-process arming with a spec or a callable, restored after an `armed` block; and
-that `exit` really ends a process at once with status 137, skipping `finally` and `atexit` (in a child).
+Proves: `ICEFALL_FAILPOINTS` parsing (several points, `exit`, `raise`, `sleep:<s>`, `@<hit>`) and its loud
+refusal of unknown names (unqualified ones of old too), actions and hit counts; that main-table and
+dead-letter points are distinct; hit counting (armed or not, `@<hit>` counted from arming) and the
+"triggered" log line; that a call site with an unknown name fails; in-process arming with a spec or a
+callable, restored after an `armed` block; and that `exit` really ends a process at once with status 137,
+skipping `finally` and `atexit` (in a child). Which test reaches each point: test_failpoint_coverage.py.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +23,8 @@ from icefall import failpoints
 from icefall.failpoints import FailpointError, failpoint
 
 pytestmark = pytest.mark.unit
+
+SOURCE = Path(failpoints.__file__).resolve().parents[1]  # operator/src of this checkout
 
 
 @pytest.fixture(autouse=True)
@@ -28,36 +34,105 @@ def _clean() -> Iterator[None]:
     failpoints.disarm_all()
 
 
-def test_disarmed_points_do_nothing() -> None:
+def test_disarmed_points_do_nothing_but_count() -> None:
+    failpoints.reset_hits()
     for name in failpoints.POINTS:
         failpoint(name)
-    failpoint("not-even-a-known-name")  # never checked on the hot path
+    failpoint("main.after-commit")
+    assert failpoints.hits("main.after-commit") == 2
+    assert failpoints.hits("dlq.after-commit") == 1
+    assert failpoints.hit_counts() == {
+        name: 2 if name == "main.after-commit" else 1 for name in failpoints.POINTS
+    }
+    failpoints.reset_hits()
+    assert failpoints.hits("main.after-commit") == 0
+
+
+def test_an_unknown_name_fails_at_the_call_site_too() -> None:
+    with pytest.raises(ValueError, match="unknown failpoint 'after-commit'"):
+        failpoint("after-commit")  # the unqualified names of old: a table scope is required now
+    with pytest.raises(ValueError):
+        failpoints.hits("nope")
+
+
+def test_the_registry_names_scope_dot_point() -> None:
+    assert len(set(failpoints.POINTS)) == len(failpoints.POINTS)
+    scopes = {name.partition(".")[0] for name in failpoints.POINTS}
+    assert scopes == {"main", "dlq", "dlq-topic", "lease"}
+    # Both tables go through the commit protocol: each of its points exists once per table.
+    for point in ("after-prepare", "after-stage", "before-commit", "after-commit", "before-abandon"):
+        assert {f"main.{point}", f"dlq.{point}"} <= set(failpoints.POINTS)
 
 
 def test_env_parsing() -> None:
-    failpoints.load_env({failpoints.ENV_VAR: " after-commit=raise , before-commit=sleep:0.05,"})
-    with pytest.raises(FailpointError, match="after-commit") as raised:
-        failpoint("after-commit")
-    assert raised.value.name == "after-commit"
+    spec = " main.after-commit=raise , dlq.before-commit=sleep:0.05,"
+    failpoints.load_env({failpoints.ENV_VAR: spec})
+    with pytest.raises(FailpointError, match=r"main\.after-commit") as raised:
+        failpoint("main.after-commit")
+    assert raised.value.name == "main.after-commit"
+    failpoint("dlq.after-commit")  # the other table's point is another point
 
     started = time.monotonic()
-    failpoint("before-commit")
+    failpoint("dlq.before-commit")
     assert time.monotonic() - started >= 0.05
-    failpoint("after-stage")  # not armed
+    failpoint("main.before-commit")  # not armed
 
     failpoints.load_env({})  # replaces, does not add
-    failpoint("after-commit")
+    failpoint("main.after-commit")
+
+
+def test_a_hit_count_fires_on_that_hit_only() -> None:
+    failpoints.load_env({failpoints.ENV_VAR: "main.after-commit=raise@3,dlq.after-commit=raise@1"})
+    failpoint("main.after-commit")
+    failpoint("main.after-commit")
+    with pytest.raises(FailpointError):
+        failpoint("main.after-commit")
+    failpoint("main.after-commit")  # the 4th: past it
+    with pytest.raises(FailpointError):
+        failpoint("dlq.after-commit")
+    failpoint("dlq.after-commit")
+
+
+def test_hits_are_counted_from_arming_in_process() -> None:
+    calls: list[str] = []
+    failpoint("lease.renew")  # before arming: counted, but not towards the armed hit
+    with failpoints.armed("lease.renew", calls.append, hit=2):
+        failpoint("lease.renew")
+        assert calls == []
+        failpoint("lease.renew")
+        assert calls == ["lease.renew"]
+        failpoint("lease.renew")
+    assert calls == ["lease.renew"]
+    failpoints.arm("main.mid-rewrite", "raise@2")
+    failpoint("main.mid-rewrite")
+    with pytest.raises(FailpointError):
+        failpoint("main.mid-rewrite")
+
+
+def test_the_triggered_line_names_the_point_and_its_hit(caplog: pytest.LogCaptureFixture) -> None:
+    failpoints.reset_hits()
+    failpoint("dlq.after-rewind")
+    with failpoints.armed("dlq.after-rewind", lambda name: None):
+        failpoint("dlq.after-rewind")
+    assert "failpoint dlq.after-rewind triggered (hit 2)" in caplog.text
 
 
 @pytest.mark.parametrize(
     "spec",
     [
         "no-such-point=exit",
-        "after-commit",
-        "after-commit=explode",
-        "after-commit=sleep:",
-        "after-commit=sleep:-1",
-        "after-commit=exit:3",
+        "after-commit=exit",  # unqualified: which table?
+        "main.after-commit",
+        "main.after-commit=explode",
+        "main.after-commit=sleep:",
+        "main.after-commit=sleep:-1",
+        "main.after-commit=exit:3",
+        "main.after-commit=exit@",
+        "main.after-commit=exit@0",
+        "main.after-commit=exit@-1",
+        "main.after-commit=exit@two",
+        "main.after-commit=exit@1@2",
+        "main.after-commit=exit,main.after-commit=raise",
     ],
 )
 def test_bad_specs_fail_loudly(spec: str) -> None:
@@ -67,16 +142,18 @@ def test_bad_specs_fail_loudly(spec: str) -> None:
 
 def test_arming_in_process_with_a_callable_and_restoring() -> None:
     calls: list[str] = []
-    failpoints.arm("after-stage", "raise")
-    with failpoints.armed("after-stage", calls.append):
-        failpoint("after-stage")
-    assert calls == ["after-stage"]
+    failpoints.arm("main.after-stage", "raise")
+    with failpoints.armed("main.after-stage", calls.append):
+        failpoint("main.after-stage")
+    assert calls == ["main.after-stage"]
     with pytest.raises(FailpointError):  # the earlier arming is back
-        failpoint("after-stage")
-    failpoints.disarm("after-stage")
-    failpoint("after-stage")
+        failpoint("main.after-stage")
+    failpoints.disarm("main.after-stage")
+    failpoint("main.after-stage")
     with pytest.raises(ValueError):
         failpoints.arm("typo", "raise")
+    with pytest.raises(ValueError):
+        failpoints.arm("main.after-stage", "raise", hit=0)
 
 
 CHILD = textwrap.dedent(
@@ -86,7 +163,7 @@ CHILD = textwrap.dedent(
     atexit.register(lambda: print("atexit ran"))
     try:
         print("before", flush=True)
-        failpoint("after-commit")
+        failpoint("main.after-commit")
         print("after")
     finally:
         print("finally ran")
@@ -96,13 +173,18 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.parametrize(
     ("spec", "status", "reached_end"),
-    [("after-commit=exit", failpoints.EXIT_STATUS, False), ("after-stage=exit", 0, True)],
+    [
+        ("main.after-commit=exit", failpoints.EXIT_STATUS, False),
+        ("main.after-commit=exit@2", 0, True),  # passed once only
+        ("dlq.after-commit=exit", 0, True),  # the other table's point
+    ],
 )
 def test_exit_kills_the_process_at_the_point(spec: str, status: int, reached_end: bool) -> None:
     child = subprocess.run(
         [sys.executable, "-c", CHILD],
         check=False,
-        env={"PATH": "/usr/bin:/bin", failpoints.ENV_VAR: spec},
+        # This checkout's code, not the one the virtualenv's editable install points at.
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SOURCE), failpoints.ENV_VAR: spec},
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,46 +1,102 @@
 """Named failpoints: places in the code where a test can make the process crash, fail or stall on purpose.
 
-Crash tests must be deterministic, not timing luck. Code calls `failpoint("before-commit")` at the
+Crash tests must be deterministic, not timing luck. Code calls `failpoint("main.before-commit")` at the
 risky places; nothing happens unless that point is armed, either
 
-- from the environment, read once at import: `ICEFALL_FAILPOINTS="after-commit=exit,before-commit=sleep:2"`
-  (for child processes: drivers, pods, `icefall run`), or
-- programmatically, for in-process tests: `with armed("before-commit", "raise"): ...`, or with a callable
-  that runs at the point (to inject a competing commit exactly there).
+- from the environment, read once at import, for child processes (drivers, pods, `icefall run`):
+  `ICEFALL_FAILPOINTS="main.after-commit=exit@3,dlq.before-commit=sleep:2"`, or
+- programmatically, for in-process tests: `with armed("main.before-commit", "raise"): ...`, or with a
+  callable that runs at the point (to inject a competing commit exactly there).
 
-Actions: `exit` ends the process at once with status 137, like SIGKILL (no `finally`, no `atexit`, no
-flushing); `raise` raises `FailpointError`; `sleep:<seconds>` stalls (a paused process).
+Names are `<scope>.<point>`. The scope says which table or resource the crash is about: `main` (the
+table), `dlq` (the dead-letter table; the commit protocol runs once per table, so `main.before-commit`
+and `dlq.before-commit` are two points), `dlq-topic` (the dead-letter Kafka topic) and `lease` (the
+ingestion writer's commit lease). `POINTS` lists every name, `DESCRIPTIONS` says where each one is.
 
-Guarantees: a disarmed failpoint costs one dict truthiness check; names are checked against `POINTS`
-when armed, so a typo in `ICEFALL_FAILPOINTS` fails loudly instead of silently testing nothing.
-Not guaranteed: thread isolation — the armed set is process-wide.
+Entry syntax: `<name>=<action>[@<hit>]`. Actions: `exit` ends the process at once with status 137, like
+SIGKILL (no `finally`, no `atexit`, no flushing); `raise` raises `FailpointError`; `sleep:<seconds>`
+stalls (a paused process). `@<hit>` fires on that hit of the point only (`@3`: the third time the code
+passes it, counted from arming; for the environment, from the start of the process); without it, every
+hit fires. Every pass is counted, armed or not: `hits(name)` tells a test how often a point was reached.
+Each firing logs `failpoint <name> triggered (hit <n>)` at WARNING, before its action.
+
+Guarantees: an unknown name fails loudly with ValueError — in `ICEFALL_FAILPOINTS` or `arm` (a typo never
+silently tests nothing) and at a call site (a point missing from `POINTS` breaks its first test run); a
+malformed entry or hit count fails the same way. A disarmed point costs a lock and a counter increment.
+Not guaranteed: thread isolation — the armed set and the counters are process-wide.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
 
 ENV_VAR = "ICEFALL_FAILPOINTS"
 EXIT_STATUS = 137  # what a SIGKILLed process reports: the crash the exit action stands for
 
-# Every failpoint in the code base, with where it is. Add a name here when you add a point.
-POINTS: Mapping[str, str] = {
-    "after-prepare": "commit: the staging branch exists at the planned head; no data written yet",
-    "after-stage": "commit: the batch is written to its staging branch; main is untouched",
-    "before-commit": "commit: all checks passed; the compare-and-swap of main is next",
-    "after-commit": "commit: main points at the batch; the caller has not updated status yet",
-    "mid-rewrite": "compaction: rewritten files are written but not committed",
+# Every failpoint in the code base and where it is. Add a name here when you add a point: call sites, the
+# environment and `arm` refuse names that are not listed.
+DESCRIPTIONS: Mapping[str, str] = {
+    # Creating a new table (catalog/tables.py `ensure_tables`) and starting a writer (ingest/engine.py).
+    "main.after-create": "ensure_tables: the table exists (its dead-letter table not yet); nothing committed",
+    "dlq.after-create": "ensure_tables: the dead-letter table was created, nothing committed to it",
+    "main.after-genesis": "the empty first snapshot of a new table is on main (its first commit)",
+    "dlq.after-genesis": "the empty first snapshot of a new dead-letter table is on main",
+    "main.after-claim": "start: the writer's epoch is claimed in the table (dead-letter table already)",
+    "dlq.after-claim": "start: the writer's epoch is claimed in the dead-letter table, not in the table yet",
+    "main.before-sweep": "start: leftover staging branches found; the commit dropping them is next",
+    "dlq.before-sweep": "start: leftover staging branches of the dead-letter table found; their drop is next",
+    # The commit protocol (commit/protocol.py), once per table.
+    "main.after-prepare": "commit: the staging branch exists at the planned head; no data written yet",
+    "dlq.after-prepare": "dead letters: the staging branch exists at the planned head; no row written yet",
+    "main.after-ensure-staged": "an empty batch: its empty snapshot is on the staging branch, main untouched",
+    "main.after-stage": "commit: the batch is written to its staging branch; main is untouched",
+    "dlq.after-stage": "dead letters: the rows are on their staging branch; main of the dlq table untouched",
+    "main.before-commit": "commit: all checks passed; the compare-and-swap of main is next",
+    "dlq.before-commit": "dead letters: all checks passed; the compare-and-swap is next",
+    "main.after-commit": "commit: main points at the batch; the caller has not updated status yet",
+    "dlq.after-commit": "dead letters committed, the dead-letter topic not produced, the table not committed",
+    "main.before-abandon": "a failed attempt: its staging branch is found; the commit dropping it is next",
+    "dlq.before-abandon": "a failed dead-letter attempt: the commit dropping its staging branch is next",
+    "dlq.before-rewind": "rewind: dead letters past the table's offsets found; the delete commit is next",
+    "dlq.after-rewind": "rewind: the dead-letter table is back at the table's offsets",
+    # The dead-letter topic (kafka/dead_letters.py): at least once.
+    "dlq-topic.mid-produce": "a dead letter went to the producer (not acknowledged yet); more may follow",
+    "dlq-topic.after-produce": "every dead letter of the batch is acknowledged; the table's commit is next",
+    # The ingestion writer's commit lease (ingest/engine.py LeaseKeeper).
+    "lease.renew": "the commit lease is renewed next (background thread, or the check before a commit)",
+    # Maintenance (compact/worker.py), each between its re-check and its commit or delete.
+    "main.mid-rewrite": "compaction: rewritten files are written but not committed",
+    "main.before-expire": "expiry: the planned snapshots still exist; the expire_snapshots call is next",
+    "main.before-orphan-delete": "orphans: a file is referenced by nothing (re-checked); its delete is next",
 }
+POINTS: tuple[str, ...] = tuple(DESCRIPTIONS)
 
 Action = Callable[[str], None]
+# The scope of a per-table point: the table a StreamingTable fills, or its dead-letter table. Code that runs
+# for either (the commit protocol) takes one and calls `failpoint(f"{table}.<point>")`.
+TableRole = Literal["main", "dlq"]
 
 log = logging.getLogger(__name__)
 
-_ARMED: dict[str, Action] = {}
+
+@dataclass
+class _Armed:
+    action: Action
+    on_hit: int | None = None  # fire on this hit only (1-based, counted from arming); None: on every hit
+    seen: int = 0
+
+
+_LOCK = threading.Lock()
+_ARMED: dict[str, _Armed] = {}
+_HITS: Counter[str] = Counter()
 
 
 class FailpointError(RuntimeError):
@@ -52,13 +108,37 @@ class FailpointError(RuntimeError):
 
 
 def failpoint(name: str) -> None:
-    """Run the action armed at `name`, if any."""
-    if not _ARMED:
-        return
-    action = _ARMED.get(name)
-    if action is not None:
-        log.warning("failpoint %s triggered", name)
-        action(name)
+    """Count a pass at `name` and run the action armed there, if this hit is the one it waits for."""
+    with _LOCK:
+        if name not in DESCRIPTIONS:
+            raise ValueError(f"unknown failpoint {name!r}: add it to icefall.failpoints.DESCRIPTIONS")
+        _HITS[name] += 1
+        armed = _ARMED.get(name)
+        if armed is None:
+            return
+        armed.seen += 1
+        if armed.on_hit is not None and armed.seen != armed.on_hit:
+            return
+        hit = _HITS[name]
+    log.warning("failpoint %s triggered (hit %d)", name, hit)
+    armed.action(name)
+
+
+def hits(name: str) -> int:
+    """How often the code passed `name` in this process (since the last `reset_hits`)."""
+    _check_name(name)
+    return _HITS[name]
+
+
+def hit_counts() -> dict[str, int]:
+    """{name: passes} of every point passed at least once."""
+    with _LOCK:
+        return dict(_HITS)
+
+
+def reset_hits() -> None:
+    with _LOCK:
+        _HITS.clear()
 
 
 def _exit(name: str) -> None:
@@ -93,59 +173,84 @@ def parse_action(spec: str) -> Action:
     raise ValueError(f"unknown failpoint action {spec!r}: use exit, raise or sleep:<seconds>")
 
 
-def parse(spec: str) -> dict[str, Action]:
-    """`"a=exit,b=sleep:1.5"` → {name: action}; empty entries are ignored."""
-    points: dict[str, Action] = {}
+def parse_hit(spec: str) -> int:
+    """The `<hit>` of `@<hit>`: a positive integer."""
+    if not spec.strip().isdigit() or int(spec) < 1:
+        raise ValueError(f"failpoint hit {spec!r} must be a positive integer (1 is the first hit)")
+    return int(spec)
+
+
+def _parse_armed(spec: str) -> _Armed:
+    action, at, hit = spec.partition("@")
+    return _Armed(parse_action(action), parse_hit(hit) if at else None)
+
+
+def parse(spec: str) -> dict[str, _Armed]:
+    """`"a.x=exit@2,b.y=sleep:1.5"` → {name: armed action}; empty entries are ignored."""
+    points: dict[str, _Armed] = {}
     for entry in spec.split(","):
         if not entry.strip():
             continue
         name, sep, action = entry.partition("=")
         name = name.strip()
         if not sep:
-            raise ValueError(f"failpoint entry {entry!r} must be <name>=<action>")
+            raise ValueError(f"failpoint entry {entry!r} must be <name>=<action>[@<hit>]")
         _check_name(name)
-        points[name] = parse_action(action)
+        if name in points:
+            raise ValueError(f"failpoint {name!r} is armed twice in {spec!r}")
+        points[name] = _parse_armed(action)
     return points
 
 
 def _check_name(name: str) -> None:
-    if name not in POINTS:
-        raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(sorted(POINTS))}")
+    if name not in DESCRIPTIONS:
+        raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(sorted(DESCRIPTIONS))}")
 
 
-def arm(name: str, action: str | Action) -> None:
-    """Arm one failpoint with an action spec (`"raise"`) or a callable taking the point's name."""
+def arm(name: str, action: str | Action, *, hit: int | None = None) -> None:
+    """Arm one failpoint with an action spec (`"raise"`, `"exit@2"`) or a callable taking the point's name.
+
+    `hit`: fire on that hit only, counted from now (an `@<hit>` in the spec says the same).
+    """
     _check_name(name)
-    _ARMED[name] = parse_action(action) if isinstance(action, str) else action
+    armed = _parse_armed(action) if isinstance(action, str) else _Armed(action)
+    if hit is not None:
+        armed.on_hit = parse_hit(str(hit))
+    with _LOCK:
+        _ARMED[name] = armed
 
 
 def disarm(name: str) -> None:
-    _ARMED.pop(name, None)
+    with _LOCK:
+        _ARMED.pop(name, None)
 
 
 def disarm_all() -> None:
-    _ARMED.clear()
+    with _LOCK:
+        _ARMED.clear()
 
 
 @contextmanager
-def armed(name: str, action: str | Action) -> Iterator[None]:
+def armed(name: str, action: str | Action, *, hit: int | None = None) -> Iterator[None]:
     """Arm `name` for the duration of the block, then restore what was there before."""
     previous = _ARMED.get(name)
-    arm(name, action)
+    arm(name, action, hit=hit)
     try:
         yield
     finally:
-        if previous is None:
-            disarm(name)
-        else:
-            _ARMED[name] = previous
+        with _LOCK:
+            if previous is None:
+                _ARMED.pop(name, None)
+            else:
+                _ARMED[name] = previous
 
 
 def load_env(environ: Mapping[str, str] = os.environ) -> None:
     """Replace the armed set with what `ICEFALL_FAILPOINTS` says (done once at import)."""
     points = parse(environ.get(ENV_VAR, ""))
-    _ARMED.clear()
-    _ARMED.update(points)
+    with _LOCK:
+        _ARMED.clear()
+        _ARMED.update(points)
 
 
 load_env()

@@ -82,6 +82,7 @@ from icefall.api import (
 from icefall.api import (
     SortDirection as SpecSortDirection,
 )
+from icefall.failpoints import failpoint
 
 #: Table properties Icefall sets at creation unless `spec.table.properties` says otherwise (module doc).
 TABLE_DEFAULTS: dict[str, str] = {
@@ -574,7 +575,9 @@ def ensure_tables(
     table, created = _load_or_create(
         catalog, identifier, schema=schema, spec=spec, order=order, properties=properties
     )
-    if not created:
+    if created:
+        failpoint("main.after-create")
+    else:
         where = (
             _Where("spec.format.schema", "spec.format.schema", kafka_label="Icefall's _kafka column")
             if schema_override is None
@@ -601,7 +604,9 @@ def ensure_tables(
             order=UNSORTED_SORT_ORDER,
             properties={**TABLE_DEFAULTS, "format-version": "2"},
         )
-        if not created:
+        if created:
+            failpoint("dlq.after-create")
+        else:
             where = _Where(None, "Icefall's dead-letter layout")
             differences = schema_differences(
                 dlq_name, dead_letter.schema(), dlq_schema, where, DEAD_LETTER_FIX

@@ -34,7 +34,6 @@ rare), and any cleanup of files written for refused batches (orphan-file removal
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
@@ -70,7 +69,7 @@ from icefall.commit.errors import (
     TopicMismatchError,
 )
 from icefall.commit.state import MAIN, OFFSET_RESETS, CommittedState, state_of
-from icefall.failpoints import failpoint
+from icefall.failpoints import TableRole, failpoint
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -130,6 +129,7 @@ class Stage:
     branch: str
     base: CommittedState
     table_uuid: uuid.UUID = field(repr=False)
+    role: TableRole = "main"  # which table it is, for the failpoints `<role>.after-stage` and on
 
 
 @dataclass(frozen=True)
@@ -167,21 +167,21 @@ def stage_branch_name(writer_id: str, attempt: int | str) -> str:
     return STAGE_PREFIX + slug
 
 
-def prepare_stage(table: Table, branch: str) -> Stage:
+def prepare_stage(table: Table, branch: str, *, role: TableRole = "main") -> Stage:
     """Create (or reset) staging branch `branch` at `main`'s current head; return it with the state it saw.
 
     The table is refreshed in place. A leftover branch of the same name (a crashed earlier attempt) is
-    dropped first, with whatever it held.
+    dropped first, with whatever it held. `role` names the table in failpoints (`dlq.after-prepare`, ...).
     """
     if not branch.startswith(STAGE_PREFIX) or branch == MAIN:
         raise ValueError(f"staging branches are named {STAGE_PREFIX}…; use stage_branch_name()")
     for _ in range(MAX_ATTEMPTS):
         table.refresh()
         if MAIN not in table.metadata.refs:
-            _commit_genesis(table)
+            _commit_genesis(table, role)
             continue
         if branch in table.metadata.refs:
-            _drop_stages(table, lambda name: name == branch)  # with whatever it held
+            _drop_stages(table, lambda name: name == branch, f"{role}.before-abandon")  # what it held too
             continue
         meta = table.metadata
         head = meta.refs[MAIN].snapshot_id
@@ -197,8 +197,8 @@ def prepare_stage(table: Table, branch: str) -> Stage:
             )
         except CommitFailedException:
             continue  # main or the branch moved meanwhile: look again
-        failpoint("after-prepare")
-        return Stage(branch=branch, base=state_of(meta), table_uuid=meta.table_uuid)
+        failpoint(f"{role}.after-prepare")
+        return Stage(branch=branch, base=state_of(meta), table_uuid=meta.table_uuid, role=role)
     raise CommitError(f"could not create staging branch {branch}: the table kept changing")
 
 
@@ -221,7 +221,7 @@ def commit_staged_outcome(table: Table, stage: Stage, batch: Batch, epoch: int) 
     Every attempt starts from freshly loaded metadata; a compare-and-swap the catalog refuses (a rewrite
     landed in between, say) is looked at again, up to MAX_ATTEMPTS times.
     """
-    failpoint("after-stage")
+    failpoint(f"{stage.role}.after-stage")
     if epoch < 0:
         raise ValueError(f"epoch must not be negative, got {epoch}")
     plan: _Plan | None = None
@@ -246,7 +246,7 @@ def commit_staged_outcome(table: Table, stage: Stage, batch: Batch, epoch: int) 
             AssertRefSnapshotId(ref=MAIN, snapshot_id=plan.head),
             AssertRefSnapshotId(ref=stage.branch, snapshot_id=plan.staged),
         )
-        failpoint("before-commit")
+        failpoint(f"{stage.role}.before-commit")
         try:
             _commit(table, updates, requirements)
         except CommitFailedException as e:
@@ -276,7 +276,7 @@ def commit_staged_outcome(table: Table, stage: Stage, batch: Batch, epoch: int) 
             "%s: main had moved by maintenance (%s); batch of %s re-staged as %d",
             _name(table), ", ".join(map(str, plan.restage_over)), stage.branch, new_head,
         )  # fmt: skip
-    failpoint("after-commit")
+    failpoint(f"{stage.role}.after-commit")
     return CommitOutcome(snapshot_id=new_head, restaged_over=plan.restage_over)
 
 
@@ -326,6 +326,7 @@ def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int)
                 pass
             staged = tx._updates
         rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
+        failpoint("dlq.before-rewind")
         try:
             _commit(
                 table,
@@ -338,11 +339,12 @@ def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int)
         except CommitFailedException as e:
             log.info("rewind of %s refused by the catalog (%s); checking again", _name(table), e)
             continue
+        failpoint("dlq.after-rewind")
         return back
     raise CommitError(f"could not rewind {_name(table)}: the table kept changing")
 
 
-def claim_epoch(table: Table, epoch: int) -> None:
+def claim_epoch(table: Table, epoch: int, *, role: TableRole = "main") -> None:
     """Record that a writer holds `epoch` before it commits anything; FencedError if the table's epoch is
     already `epoch` or above (another writer claimed it: take a new epoch above the table's).
 
@@ -358,7 +360,7 @@ def claim_epoch(table: Table, epoch: int) -> None:
         table.refresh()
         meta = table.metadata
         if MAIN not in meta.refs:
-            _commit_genesis(table)
+            _commit_genesis(table, role)
             continue
         committed = state_of(meta)
         if committed.epoch >= epoch:
@@ -383,6 +385,7 @@ def claim_epoch(table: Table, epoch: int) -> None:
         except CommitFailedException as e:
             log.info("epoch claim on %s refused by the catalog (%s); checking again", _name(table), e)
             continue
+        failpoint(f"{role}.after-claim")
         return
     raise CommitError(f"could not claim epoch {epoch} on {_name(table)}: the table kept changing")
 
@@ -441,18 +444,20 @@ def reset_offsets(
     raise CommitError(f"could not reset the offsets of {_name(table)}: the table kept changing")
 
 
-def abandon_stage(table: Table, branch: str) -> bool:
+def abandon_stage(table: Table, branch: str, *, role: TableRole = "main") -> bool:
     """Drop a staging branch and the snapshots only it references. False if it was already gone."""
-    return bool(_drop_stages(table, lambda name: name == branch))
+    return bool(_drop_stages(table, lambda name: name == branch, f"{role}.before-abandon"))
 
 
-def sweep_stages(table: Table, keep: Collection[str] = ()) -> list[str]:
+def sweep_stages(table: Table, keep: Collection[str] = (), *, role: TableRole = "main") -> list[str]:
     """Drop every staging branch except `keep` (leftovers of crashed attempts); return their names.
 
     Meant for the lease holder on start: a branch it drops under a still-running stale writer only makes
     that writer's commit fail, which it would anyway.
     """
-    return _drop_stages(table, lambda name: name.startswith(STAGE_PREFIX) and name not in keep)
+    return _drop_stages(
+        table, lambda name: name.startswith(STAGE_PREFIX) and name not in keep, f"{role}.before-sweep"
+    )
 
 
 def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan:
@@ -650,7 +655,7 @@ def _commit(
     table.metadata_location = response.metadata_location
 
 
-def _commit_genesis(table: Table) -> None:
+def _commit_genesis(table: Table, role: TableRole) -> None:
     """Give a table without snapshots an empty one on `main`, so a staging branch has a head to start at."""
     meta = table.metadata
     tx = table.transaction()
@@ -659,8 +664,7 @@ def _commit_genesis(table: Table) -> None:
     genesis = tx.table_metadata.snapshot_by_id(append.snapshot_id)
     if genesis is None:  # pragma: no cover - pyiceberg staged it a line above
         raise CommitError("pyiceberg did not stage the genesis snapshot")
-    # If someone else gives the table a head first, that one serves as well.
-    with contextlib.suppress(CommitFailedException):
+    try:
         _commit(
             table,
             updates=(AddSnapshotUpdate(snapshot=genesis), _point_branch(meta, MAIN, genesis.snapshot_id)),
@@ -669,6 +673,9 @@ def _commit_genesis(table: Table) -> None:
                 AssertRefSnapshotId(ref=MAIN, snapshot_id=None),
             ),
         )
+    except CommitFailedException:
+        return  # someone else gave the table a head first: that one serves as well
+    failpoint(f"{role}.after-genesis")
 
 
 def _landed(table: Table, snapshot_id: int) -> bool:
@@ -681,7 +688,8 @@ def _landed(table: Table, snapshot_id: int) -> bool:
     return any(s.snapshot_id == snapshot_id for s in ancestors_of(meta.current_snapshot(), meta))
 
 
-def _drop_stages(table: Table, doomed_name: Callable[[str], bool]) -> list[str]:
+def _drop_stages(table: Table, doomed_name: Callable[[str], bool], point: str) -> list[str]:
+    """Drop the branches `doomed_name` selects, in one guarded commit; `point` is the failpoint before it."""
     for _ in range(MAX_ATTEMPTS):
         table.refresh()
         meta = table.metadata
@@ -715,6 +723,7 @@ def _drop_stages(table: Table, doomed_name: Callable[[str], bool]) -> list[str]:
             AssertRefSnapshotId(ref=MAIN, snapshot_id=main.snapshot_id if main else None),
             *(AssertRefSnapshotId(ref=name, snapshot_id=sid) for name, sid in doomed.items()),
         )
+        failpoint(point)
         try:
             _commit(table, updates, requirements)
         except CommitFailedException:

@@ -9,7 +9,7 @@ What each item does:
 - `CompactPartition`: rewrites exactly the planned files (those still live in `main`'s head; fewer than
   two left → skipped) into files of about the target size, the way Iceberg's `rewrite_data_files` does it,
   in two visible steps: the files are staged as a scan task set, read and written by Spark (the new files
-  are written but not committed), then — after the failpoint `mid-rewrite` — one `RewriteFiles` commit
+  are written but not committed), then — after the failpoint `main.mid-rewrite` — one `RewriteFiles` commit
   replaces them, validated from the snapshot the files were read at and keeping that snapshot's data
   sequence number (so deletes added later still apply). Spark's procedure has no hook between writing and
   committing; using the same Iceberg classes it uses (`ScanTaskSetManager`, `FileRewriteCoordinator`,
@@ -238,7 +238,7 @@ def _compact_files(
         )
         outputs = coordinator.fetchNewFiles(jtable, group)
         # Written, not committed: a crash here leaves only orphans.
-        failpoint("mid-rewrite")
+        failpoint("main.mid-rewrite")
         rewrite = jtable.newRewrite().validateFromSnapshot(start.snapshotId())
         rewrite.rewriteFiles(inputs, outputs, start.sequenceNumber()).commit()
     finally:
@@ -319,6 +319,7 @@ def _expire(
             "snapshot_ids => array(" + ", ".join(f"{i}L" for i in ids) + ")",
         )
     )
+    failpoint("main.before-expire")
     rows = _call(spark, catalog, "expire_snapshots", arguments)
     after = {s.snapshot_id for s in catalog.pyiceberg().load_table(_tuple(identifier)).metadata.snapshots}
     expired = tuple(sorted(existing - after))
@@ -386,10 +387,14 @@ def _remove_orphans(
     deleted: list[str] = []
     kept: list[str] = []
     for path in item.paths:
-        if path in referenced or not _delete_if_older(path, item.older_than_ms, table.io):
+        if path in referenced:
             kept.append(path)
-        else:
+            continue
+        failpoint("main.before-orphan-delete")
+        if _delete_if_older(path, item.older_than_ms, table.io):
             deleted.append(path)
+        else:
+            kept.append(path)
     return ItemResult(
         kind_of(item),
         Outcome.DONE if deleted else Outcome.SKIPPED,

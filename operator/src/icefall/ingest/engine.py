@@ -55,6 +55,7 @@ from icefall.commit import (
     sweep_stages,
 )
 from icefall.commit.lease import Lease, LeaseLostError
+from icefall.failpoints import failpoint
 from icefall.kafka.admin import ISOLATION, TopicView
 from icefall.kafka.dead_letters import Source as DeadLetterSource
 from icefall.kafka.dead_letters import produce_dead_letters
@@ -67,6 +68,8 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
+
+    from icefall.failpoints import TableRole
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +158,7 @@ class LeaseKeeper:
         with self._lock:
             if self._lost is not None:
                 raise self._lost
+            failpoint("lease.renew")
             try:
                 self.lease.renew()
             except LeaseLostError as lost:
@@ -264,9 +268,9 @@ class Ingestor:
         self._keeper.start()
         log.info("%s: writer %s holds the commit lease at epoch %d", self.label, self.writer_id, self.epoch)
         # Branches of writers that died mid-batch: their data was never on main.
-        for t in (self.table, self.dead_letter_table):
-            if t is not None:
-                sweep_stages(t)
+        sweep_stages(self.table, role="main")
+        if self.dead_letter_table is not None:
+            sweep_stages(self.dead_letter_table, role="dlq")
         self.reconcile_dead_letters()
 
     def _acquire_and_claim(self, lease_timeout: float | None, attempts: int = 5) -> int:
@@ -276,13 +280,15 @@ class Ingestor:
         makes the epoch this writer's alone, whatever lease store another writer used, and fences an older
         writer's late dead-letter commit as well as its main one.
         """
-        tables = [t for t in (self.dead_letter_table, self.table) if t is not None]
+        tables: list[tuple[Table, TableRole]] = [(self.table, "main")]
+        if self.dead_letter_table is not None:
+            tables.insert(0, (self.dead_letter_table, "dlq"))
         for _ in range(attempts):
-            floor = max(read_committed(t).epoch for t in tables)
+            floor = max(read_committed(t).epoch for t, _ in tables)
             epoch = self.lease.acquire(lease_timeout, floor=floor)
             try:
-                for table in tables:
-                    claim_epoch(table, epoch)
+                for table, role in tables:
+                    claim_epoch(table, epoch, role=role)
                 return epoch
             except FencedError as taken:
                 log.warning("%s: %s; taking a newer epoch", self.label, taken)
@@ -411,6 +417,7 @@ class Ingestor:
                     source=DeadLetterSource(self.spec.source.topic, topic_id, self.epoch),
                     kafka_config=self._kafka_config,
                 )
+                failpoint("dlq-topic.after-produce")
             phase("dead_letters")
             snapshot_id, commit_seconds = self._write_and_commit(prepared.good, batch, committed.offsets)
             phases["stage"] = time.monotonic() - mark[0] - commit_seconds
@@ -551,8 +558,8 @@ class Ingestor:
         self, good: DataFrame, batch: Batch, committed: Mapping[int, int]
     ) -> tuple[int, float]:
         """Stage the good rows and commit them; returns the snapshot id and the seconds of the commit."""
-        stage = prepare_stage(self.table, self._next_branch())
-        with _dropped_unless_committed(self.table, stage.branch, self.label):
+        stage = prepare_stage(self.table, self._next_branch(), role="main")
+        with _dropped_unless_committed(self.table, stage.branch, self.label, "main"):
             if stage.base.offsets != committed:
                 raise StaleHeadError("the table moved between planning and staging")
             good.writeTo(self._spark_name(self.st.table_identifier, stage.branch)).append()
@@ -579,14 +586,14 @@ class Ingestor:
         if count == 0 or self.dead_letter_table is None:
             return count
         dlq = self.dead_letter_table
-        stage = prepare_stage(dlq, self._next_branch())
+        stage = prepare_stage(dlq, self._next_branch(), role="dlq")
         known = stage.base.offsets
         ahead = {p: o for p, o in known.items() if o > committed.get(p, 0)}
         if ahead:
             # Dead letters of a batch whose main commit never landed (a writer fenced mid-batch, say):
             # writing on top would put their records in the dead-letter table twice.
             self._dead_letters_dirty = True
-            abandon_stage(dlq, stage.branch)
+            abandon_stage(dlq, stage.branch, role="dlq")
             raise StaleHeadError(f"the dead-letter table is ahead of the table at {ahead}; rewind it first")
         # Batches without bad records leave the dead-letter table alone, so it may start further back.
         dlq_batch = Batch(
@@ -597,7 +604,7 @@ class Ingestor:
             topic_id=batch.topic_id,
         )
         label = ".".join(self.st.dead_letter_identifier or ())
-        with _dropped_unless_committed(dlq, stage.branch, label):
+        with _dropped_unless_committed(dlq, stage.branch, label, "dlq"):
             bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
             self._dead_letters_dirty = True  # ahead of main until the main commit lands
             outcome = commit_staged_outcome(dlq, stage, dlq_batch, self.epoch)
@@ -669,7 +676,7 @@ class Ingestor:
 
 
 @contextlib.contextmanager
-def _dropped_unless_committed(table: Table, branch: str, label: str) -> Iterator[None]:
+def _dropped_unless_committed(table: Table, branch: str, label: str, role: TableRole) -> Iterator[None]:
     """Drop staging branch `branch` if the block raises: its batch did not land (a refused commit, a failed
     write), and a branch left behind would pin its snapshots and files until the next start's sweep.
 
@@ -680,7 +687,7 @@ def _dropped_unless_committed(table: Table, branch: str, label: str) -> Iterator
         yield
     except BaseException:
         try:
-            if abandon_stage(table, branch):
+            if abandon_stage(table, branch, role=role):
                 metrics.STAGES_DROPPED.labels(label).inc()
         except Exception as error:
             # In an outage the failure is the outage's, logged once by the retry loop, which sweeps later.
@@ -708,6 +715,9 @@ def _ensure_staged(table: Table, branch: str, base: int | None, attempts: int = 
                 pass
         except (CommitFailedException, ValueError) as e:
             log.info("staging an empty batch on %s was refused (%s); trying again", branch, e)
+            continue
+        failpoint("main.after-ensure-staged")
+        return
     table.refresh()
     if table.metadata.refs[branch].snapshot_id == base:
         raise StaleHeadError(f"could not stage an empty batch on {branch}: the table kept changing")

@@ -36,6 +36,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from icefall.failpoints import failpoint
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -124,6 +126,7 @@ def produce_dead_letters(
         for row in itertools.chain([first], rows):
             _produce(producer, topic, _message(row, source), on_delivery)
             sent += 1
+            failpoint("dlq-topic.mid-produce")
             if failures:
                 break
         pending = producer.flush(float(config["message.timeout.ms"]) / 1000 + 30)

@@ -1,0 +1,247 @@
+"""`icefall run` killed at every crash point of a table's life, one process per point, stays exactly once.
+
+Each test drives ONE table through a chain of `icefall run` processes; each process is killed (status 137,
+like SIGKILL) at one failpoint (`icefall.failpoints`), the next one starts on what it left, and a last,
+unarmed run finishes the topic. Every killed run must really have reached its point (its log says
+"failpoint <name> triggered"); the table and its dead-letter table must then hold each produced record
+exactly once (`assert_exactly_once`, record by record and by the auditor), and the dead-letter topic each
+bad record at least once (it is at-least-once by design: kafka/dead_letters.py).
+
+Proves, for a new table on an empty topic: kills after creating the table, before and after its
+dead-letter table; after each table's first (genesis) snapshot and epoch claim; after staging the first,
+empty batch; before sweeping the branch that left; after the table's first commit. For a table with traffic
+and malformed records: kills after preparing a dead-letter stage, mid-produce and after producing to the
+dead-letter topic (the dead-letter table is then ahead), before and after the rewind that repairs it,
+after staging dead letters, before sweeping them, while abandoning a failed dead-letter and a failed main
+commit (`raise` at the commit, `exit` while dropping its branch), at a lease renewal, and at the second
+main commit of a run (a hit count).
+Not proved here: maintenance points and `main.after-ensure-staged` (Spark stages an empty snapshot for an
+empty batch itself, so `icefall run` passes that point rarely): test_failpoints_in_process.py reaches them;
+catalogs other than the embedded one (test_ingest.py kills at the main commit points on those).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from icefall import failpoints
+from icefall.catalog import CatalogConfig
+from icefall.devstack.kafka import KafkaBroker
+from icefall.kafka.dead_letters import SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER
+from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
+
+pytestmark = pytest.mark.integration
+
+# One `icefall run` process per kill, each starting Spark (~15 s, minutes on a loaded 2-core machine): a
+# chain of ten outlasts the suite's default per-test timeout.
+CHAIN_TIMEOUT = pytest.mark.timeout(3600)
+
+
+class Chain:
+    """`icefall run` processes on one table, each killed at a failpoint or run to the end of the topic."""
+
+    def __init__(self, kafka: KafkaBroker, tmp_path: Path, name: str, partitions: int = 2) -> None:
+        self.kafka, self.name = kafka, name
+        self.topic, self.dlq_topic = f"it-kills-{name}", f"it-kills-{name}-dlq"
+        kafka.create_topic(self.topic, partitions=partitions)
+        kafka.create_topic(self.dlq_topic, partitions=1)
+        self.manifest = tmp_path / "table.yaml"
+        text = manifest_text(
+            name, self.topic, kafka.bootstrap, batch={"maxRecords": 40, "minIntervalSeconds": 0}
+        )
+        self.manifest.write_text(text + f"  deadLetter: {{topic: {self.dlq_topic}}}\n")
+        self.state = tmp_path / "state"
+        self.killed_at: list[str] = []
+
+    def run(self, spec: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        if spec:
+            env[failpoints.ENV_VAR] = spec
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "run", "-f", str(self.manifest),
+             "--state-dir", str(self.state), "--until-caught-up", "--lease-timeout", "5", "--no-maintenance",
+             "--master", "local[1]"],
+            env=env, capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+
+    def kill_at(self, spec: str) -> None:
+        """Run armed with `spec` (`name=exit[@n]`, maybe after `other=raise` entries); it must die there."""
+        point = spec.rsplit(",", maxsplit=1)[-1].partition("=")[0]
+        done = self.run(spec)
+        output = done.stdout + done.stderr
+        assert done.returncode == failpoints.EXIT_STATUS, f"{spec}: exit {done.returncode}\n{output[-4000:]}"
+        assert f"failpoint {point} triggered" in done.stderr, f"{spec} was not reached:\n{output[-4000:]}"
+        self.killed_at.append(point)
+
+    def finish(self, bad: set[tuple[int, int]]) -> None:
+        done = self.run()
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        config = CatalogConfig.embedded(self.state)
+        assert_exactly_once(
+            config, self.name, watermarks(self.kafka, self.topic), bad, bootstrap=self.kafka.bootstrap
+        )
+        sent = dead_letters_sent(self.kafka, self.dlq_topic)
+        assert set(sent) == bad, f"dead-letter topic: missing {sorted(bad - set(sent))[:10]}"
+
+
+def dead_letters_sent(kafka: KafkaBroker, topic: str) -> Counter[tuple[int, int]]:
+    """How often each source (partition, offset) is on the dead-letter topic (read_committed, all of it)."""
+    from confluent_kafka import Consumer
+
+    high = watermarks(kafka, topic)
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": f"check-{topic}", "auto.offset.reset": "earliest",
+         "enable.auto.commit": False, "isolation.level": "read_committed"}
+    )  # fmt: skip
+    seen: Counter[tuple[int, int]] = Counter()
+    try:
+        consumer.subscribe([topic])
+        read = 0
+        while read < sum(high.values()):
+            message = consumer.poll(10)
+            assert message is not None, f"dead-letter topic {topic}: only {read} of {sum(high.values())} read"
+            assert message.error() is None, message.error()
+            read += 1
+            headers = dict(message.headers() or [])
+            seen[int(headers[SOURCE_PARTITION_HEADER]), int(headers[SOURCE_OFFSET_HEADER])] += 1
+    finally:
+        consumer.close()
+    return seen
+
+
+@CHAIN_TIMEOUT
+def test_kills_while_a_new_table_is_created_and_first_committed(kafka: KafkaBroker, tmp_path: Path) -> None:
+    chain = Chain(kafka, tmp_path, "kills_new")
+    for spec in (
+        "main.after-create=exit",  # the table exists, its dead-letter table not yet
+        "dlq.after-create=exit",
+        "dlq.after-genesis=exit",  # the dead-letter table is claimed first, then the table
+        "dlq.after-claim=exit",
+        "main.after-genesis=exit",
+        "main.after-claim=exit",
+        "main.after-stage=exit",  # the first batch of an empty topic (no row; it pins the start) is staged
+        "main.before-sweep=exit",  # the branch the last kill left
+        "main.after-commit=exit",  # the table's first commit
+    ):
+        chain.kill_at(spec)
+    bad = produce(kafka, chain.topic, 0, 60, bad_every=10)
+    chain.finish(bad)
+
+
+@CHAIN_TIMEOUT
+def test_kills_around_dead_letters_leases_and_commits(kafka: KafkaBroker, tmp_path: Path) -> None:
+    chain = Chain(kafka, tmp_path, "kills_dlq")
+    bad = produce(kafka, chain.topic, 0, 120, bad_every=10)
+    for spec in (
+        "dlq.after-prepare=exit",  # a dead-letter staging branch, nothing on it
+        "dlq-topic.mid-produce=exit@2",  # the dead-letter table is committed, the main table not
+        "dlq.before-rewind=exit",  # the start repairs that: killed before, then after the rewind
+        "dlq.after-rewind=exit",
+        "dlq-topic.after-produce=exit",  # every dead letter acknowledged, the main commit next
+        "dlq.after-stage=exit",  # leaves a dead-letter staging branch
+        "dlq.before-sweep=exit",
+        "dlq.before-commit=raise,dlq.before-abandon=exit",  # a failed dead-letter commit, then its drop
+        "main.before-commit=raise,main.before-abandon=exit",
+        "lease.renew=exit@2",  # the check before the first main commit
+        "main.after-commit=exit@2",  # the second batch of the run
+    ):
+        chain.kill_at(spec)
+    bad |= produce(kafka, chain.topic, 120, 40, bad_every=10)
+    chain.finish(bad)
+
+
+# Points a run of `icefall run` on a table with traffic and malformed records can reach, for the chaos run.
+CHAOS_POINTS = (
+    "main.after-prepare",
+    "main.after-stage",
+    "main.before-commit",
+    "main.after-commit",
+    "dlq.after-prepare",
+    "dlq.after-stage",
+    "dlq.before-commit",
+    "dlq.after-commit",
+    "dlq-topic.mid-produce",
+    "dlq-topic.after-produce",
+    "dlq.before-rewind",
+    "dlq.after-rewind",
+    "main.before-sweep",
+    "dlq.before-sweep",
+    "lease.renew",
+)
+# Passed once per run, at its start (a rewind also follows a refused commit, rarely): armed on the 1st hit.
+AT_START = {"dlq.before-rewind", "dlq.after-rewind", "main.before-sweep", "dlq.before-sweep"}
+
+
+def source_records(kafka: KafkaBroker, topic: str) -> dict[tuple[int, int], bytes | None]:
+    """The value of every record of `topic` by (partition, offset), read_committed."""
+    from confluent_kafka import Consumer
+
+    high = watermarks(kafka, topic)
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": f"content-{topic}",
+         "auto.offset.reset": "earliest", "enable.auto.commit": False, "isolation.level": "read_committed"}
+    )  # fmt: skip
+    records: dict[tuple[int, int], bytes | None] = {}
+    try:
+        consumer.subscribe([topic])
+        while len(records) < sum(high.values()):
+            message = consumer.poll(10)
+            assert message is not None, f"{topic}: only {len(records)} of {sum(high.values())} read"
+            assert message.error() is None, message.error()
+            records[message.partition(), message.offset()] = message.value()
+    finally:
+        consumer.close()
+    return records
+
+
+def assert_rows_match_their_records(config: CatalogConfig, name: str, kafka: KafkaBroker, topic: str) -> None:
+    """Each row of `it.<name>` holds the values of the Kafka record at its (partition, offset)."""
+    records = source_records(kafka, topic)
+    table = config.pyiceberg().load_table(("it", name)).scan().to_arrow().to_pylist()
+    assert table, "the table is empty"
+    for row in table:
+        where = (row["_kafka"]["partition"], row["_kafka"]["offset"])
+        value = records[where]
+        assert value is not None, where
+        produced = json.loads(value)
+        assert (row["id"], row["customer"], str(row["amount"])) == (
+            produced["id"], produced["customer"], f"{Decimal(str(produced['amount'])):.2f}",
+        ), where  # fmt: skip
+
+
+@CHAIN_TIMEOUT
+def test_a_small_chaos_run_of_random_kills_stays_exactly_once(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """10 runs, each armed to exit at a random point on a random hit (1-2) while records keep arriving; a
+    run that never reaches its point finishes normally. Then exactly once by offset, the auditor, and by
+    content: every row equals the record at its offset. Seed: ICEFALL_CHAOS_SEED (default 12)."""
+    seed = int(os.environ.get("ICEFALL_CHAOS_SEED", "12"))
+    rng = random.Random(seed)
+    chain = Chain(kafka, tmp_path, "chaos_small", partitions=3)
+    bad: set[tuple[int, int]] = set()
+    produced = 0
+    outcomes: list[str] = []
+    for _ in range(10):
+        bad |= produce(kafka, chain.topic, produced, 80, bad_every=7)
+        produced += 80  # two batches or more per run
+        point = rng.choice(CHAOS_POINTS)
+        hit = 1 if point in AT_START else rng.randint(1, 2)
+        done = chain.run(f"{point}=exit@{hit}")
+        if done.returncode == failpoints.EXIT_STATUS:
+            assert f"failpoint {point} triggered" in done.stderr, done.stderr[-3000:]
+            outcomes.append(f"{point}@{hit}: killed")
+        else:
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            outcomes.append(f"{point}@{hit}: not reached")
+    print(f"\n[chaos seed {seed}] " + "; ".join(outcomes))
+    chain.finish(bad)
+    assert_rows_match_their_records(CatalogConfig.embedded(chain.state), chain.name, kafka, chain.topic)
+    assert sum(o.endswith("killed") for o in outcomes) >= 5, outcomes  # the run really was chaotic
