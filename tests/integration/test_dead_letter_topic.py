@@ -276,7 +276,7 @@ def test_a_crash_before_the_commit_resends_dead_letters_that_the_dedupe_key_remo
 
     crashed = writer("w1")
     try:
-        with armed("before-commit", "raise"), pytest.raises(FailpointError):
+        with armed("main.before-commit", "raise"), pytest.raises(FailpointError):
             crashed.run_batch()
     finally:
         crashed.close()
