@@ -563,7 +563,8 @@ class Ingestor:
             if stage.base.offsets != committed:
                 raise StaleHeadError("the table moved between planning and staging")
             good.writeTo(self._spark_name(self.st.table_identifier, stage.branch)).append()
-            _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)  # Spark commits none for 0 rows
+            # A fallback: Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot.
+            _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)
             self._check_lease()
             commit_started = time.monotonic()
             outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
