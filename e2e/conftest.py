@@ -36,6 +36,8 @@ from kubernetes import client, config
 from icefall.api import CatalogType, load_manifest
 from icefall.api.crd import CRD_NAME
 from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
+from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
@@ -43,7 +45,8 @@ from icefall.devstack.procs import tail
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import secret_env_vars
 from icefall.testing.kubelet import JsonApi, LocalKubelet
-from icefall.testing.streams import manifest_text
+from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
+from icefall.testing.streams import manifest_text, produce, watermarks
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -284,15 +287,18 @@ def lake(e2e_namespace: str, rest: JsonApi, postgres: PostgresServer, object_sto
 
 
 @pytest.fixture(scope="module")
-def operator(
+def operator(  # noqa: PLR0917 (fixtures)
+    request: pytest.FixtureRequest,
     kube: KubeAPIServer,
     kubelet: LocalKubelet,
     lake: Lake,
     e2e_namespace: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
+    """The operator with the lake's credentials, plus the module's `OPERATOR_ENV` (its settings) if any."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    running = Operator(kube, e2e_namespace, log, env=lake.variables)
+    settings: Mapping[str, str] = getattr(request.module, "OPERATOR_ENV", {})
+    running = Operator(kube, e2e_namespace, log, env={**lake.variables, **settings})
     running.start()
     yield running
     running.stop()
@@ -302,3 +308,37 @@ def pod_logs(kubelet: LocalKubelet, name: str) -> str:
     """The tail of the newest container log of Pod `name`, for failure messages."""
     path = kubelet.log_path(name)
     return f"--- {path}\n{tail(path, 60)}" if path else f"(no log for pod {name})"
+
+
+class TableStream:
+    """A topic the test produces to and the table it fills: what was produced (and which records were bad),
+    what the table committed, whether it caught up, and timed milestones for failure messages."""
+
+    def __init__(
+        self, kafka: KafkaBroker, catalog: CatalogConfig, *, topic: str, table: str, bad_every: int
+    ) -> None:
+        self.kafka, self.catalog = kafka, catalog
+        self.topic, self.table, self.bad_every = topic, table, bad_every
+        self.bad: set[tuple[int, int]] = set()
+        self.produced = 0
+        self.started = time.monotonic()
+
+    def note(self, what: str) -> None:
+        """A milestone with the seconds since the start (pytest shows it on failure)."""
+        print(f"[e2e +{time.monotonic() - self.started:5.1f}s] {what}", flush=True)
+
+    def produce(self, count: int) -> None:
+        self.bad |= produce(self.kafka, self.topic, self.produced, count, bad_every=self.bad_every)
+        self.produced += count
+
+    def committed(self) -> dict[int, int]:
+        """The next offset per partition committed to the table (empty before the table exists)."""
+        catalog = self.catalog.pyiceberg()
+        if not catalog.table_exists((TABLE_NAMESPACE, self.table)):
+            return {}
+        return dict(read_committed(catalog.load_table((TABLE_NAMESPACE, self.table))).offsets)
+
+    def caught_up(self) -> dict[int, int] | None:
+        """The topic's high watermarks once the table committed all of them and all were produced."""
+        high = watermarks(self.kafka, self.topic)
+        return high if self.committed() == high and sum(high.values()) == self.produced else None

@@ -32,15 +32,13 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from icefall.catalog import CatalogConfig
-from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.kube import KubeAPIServer
 from icefall.plan.children import ENV_SPARK_CONF, KUBERNETES_MASTER, driver_account_name
 from icefall.testing.kubelet import JsonApi, LocalKubelet
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
-from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
+from icefall.testing.streams import assert_exactly_once, manifest_text
 
-from .conftest import Lake, Operator, pod_logs, wait_for
+from .conftest import Lake, Operator, TableStream, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -53,48 +51,24 @@ EXECUTORS = f"icefall.dev/streamingtable={NAME},spark-role=executor"
 IDLE_SECONDS = 30
 BAD_EVERY = 30
 Obj = dict[str, Any]
+#: The operator's settings here (conftest's `operator` fixture adds them): its default Spark master,
+#: small executors.
+OPERATOR_ENV = {
+    "ICEFALL_SPARK_MASTER": "kubernetes",
+    "ICEFALL_EXECUTOR_MEMORY": "512m",
+    "ICEFALL_MAX_EXECUTORS": "1",  # one executor JVM at a time: 2 cores
+    "ICEFALL_EXECUTOR_IDLE_TIMEOUT_SECONDS": str(IDLE_SECONDS),
+}
 
 
-@pytest.fixture(scope="module")
-def operator(
-    kube: KubeAPIServer,
-    kubelet: LocalKubelet,
-    lake: Lake,
-    e2e_namespace: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Operator]:
-    """The operator with its default Spark master (kubernetes) and small executors."""
-    settings = {
-        "ICEFALL_SPARK_MASTER": "kubernetes",
-        "ICEFALL_EXECUTOR_MEMORY": "512m",
-        "ICEFALL_MAX_EXECUTORS": "1",  # one executor JVM at a time: 2 cores
-        "ICEFALL_EXECUTOR_IDLE_TIMEOUT_SECONDS": str(IDLE_SECONDS),
-    }
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    running = Operator(kube, e2e_namespace, log, env={**lake.variables, **settings})
-    running.start()
-    yield running
-    running.stop()
-
-
-class Cluster:
-    """What the tests share: clients, the catalog, what was produced."""
+class Cluster(TableStream):
+    """What the tests share: the stream and table, plus the API and the kubelet."""
 
     def __init__(
         self, rest: JsonApi, namespace: str, catalog: CatalogConfig, kafka: KafkaBroker, kubelet: LocalKubelet
     ) -> None:
-        self.rest, self.namespace, self.catalog = rest, namespace, catalog
-        self.kafka, self.kubelet = kafka, kubelet
-        self.bad: set[tuple[int, int]] = set()
-        self.produced = 0
-        self.started = time.monotonic()
-
-    def note(self, what: str) -> None:
-        print(f"[e2e +{time.monotonic() - self.started:5.1f}s] {what}", flush=True)
-
-    def produce(self, count: int) -> None:
-        self.bad |= produce(self.kafka, TOPIC, self.produced, count, bad_every=BAD_EVERY)
-        self.produced += count
+        super().__init__(kafka, catalog, topic=TOPIC, table=TABLE, bad_every=BAD_EVERY)
+        self.rest, self.namespace, self.kubelet = rest, namespace, kubelet
 
     def pod(self, name: str) -> Obj | None:
         return self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
@@ -120,16 +94,6 @@ class Cluster:
                 raise
             return name
         return None
-
-    def committed(self) -> dict[int, int]:
-        catalog = self.catalog.pyiceberg()
-        if not catalog.table_exists((TABLE_NAMESPACE, TABLE)):
-            return {}
-        return dict(read_committed(catalog.load_table((TABLE_NAMESPACE, TABLE))).offsets)
-
-    def caught_up(self) -> dict[int, int] | None:
-        high = watermarks(self.kafka, TOPIC)
-        return high if self.committed() == high and sum(high.values()) == self.produced else None
 
     def executor_log(self, pod: Obj) -> str:
         path = self.kubelet.log_path(pod["metadata"]["name"], pod["metadata"]["uid"])

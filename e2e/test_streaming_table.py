@@ -30,14 +30,12 @@ import pytest
 import yaml
 
 from icefall.catalog import CatalogConfig
-from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.leases import commit_lease_name
 from icefall.testing.kubelet import JsonApi, LocalKubelet
-from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
-from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
+from icefall.testing.streams import assert_exactly_once, manifest_text, watermarks
 
-from .conftest import Kubectl, Lake, Operator, pod_logs, wait_for
+from .conftest import Kubectl, Lake, Operator, TableStream, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -54,8 +52,8 @@ STARTS = frozenset({"DriverCreated", "DriverRestarted"})
 Obj = dict[str, Any]
 
 
-class Pipeline:
-    """What the tests share: the clients, the catalog and the bad records produced so far."""
+class Pipeline(TableStream):
+    """What the tests share: the stream and table, plus the clients and the operator."""
 
     def __init__(
         self,
@@ -67,23 +65,11 @@ class Pipeline:
         kubelet: LocalKubelet,
         operator: Operator,
     ) -> None:
+        super().__init__(kafka, catalog, topic=TOPIC, table=TABLE, bad_every=BAD_EVERY)
         self.rest = rest
         self.namespace = namespace
-        self.catalog = catalog
-        self.kafka = kafka
         self.kubelet = kubelet
         self.operator = operator
-        self.bad: set[tuple[int, int]] = set()
-        self.produced = 0
-        self.started = time.monotonic()
-
-    def note(self, what: str) -> None:
-        """A milestone with the seconds since the StreamingTable was created (pytest shows it on failure)."""
-        print(f"[e2e +{time.monotonic() - self.started:5.1f}s] {what}", flush=True)
-
-    def produce(self, count: int) -> None:
-        self.bad |= produce(self.kafka, TOPIC, self.produced, count, bad_every=BAD_EVERY)
-        self.produced += count
 
     @property
     def st_path(self) -> str:
@@ -104,17 +90,6 @@ class Pipeline:
         if pod is None or pod["metadata"].get("deletionTimestamp"):
             return None
         return pod if (pod.get("status") or {}).get("phase") == "Running" else None
-
-    def committed(self) -> dict[int, int]:
-        """The next offset per partition committed to the table (empty before the table exists)."""
-        catalog = self.catalog.pyiceberg()
-        if not catalog.table_exists((TABLE_NAMESPACE, TABLE)):
-            return {}
-        return dict(read_committed(catalog.load_table((TABLE_NAMESPACE, TABLE))).offsets)
-
-    def caught_up(self) -> dict[int, int] | None:
-        high = watermarks(self.kafka, TOPIC)
-        return high if self.committed() == high and sum(high.values()) == self.produced else None
 
     def lease(self) -> Obj:
         """The table's commit Lease (the driver takes it with its ServiceAccount's token)."""
