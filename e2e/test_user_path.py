@@ -66,7 +66,7 @@ from icefall.devstack.kube import KubeAPIServer, KubeControllerManager
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import free_port, tail
-from icefall.devstack.rest_catalog import RESTCatalogServer
+from icefall.devstack.rest_catalog import RESTCatalogServer, s3_file_io
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import (
     COMPONENT_COMPACT,
@@ -227,21 +227,13 @@ def lake_catalog(
     postgres.create_database("user_path")
     catalog = load_manifest(EXAMPLE).spec.table.catalog
     assert catalog is not None and catalog.warehouse is not None
-    store = lake_store.properties()
     server = RESTCatalogServer(
         tmp_path_factory.mktemp("lake-rest"),
         jdbc_uri=postgres.jdbc_url_for("user_path"),
         jdbc_user=postgres.user,
         jdbc_password=postgres.password,
         warehouse=catalog.warehouse,
-        properties={
-            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-            "s3.endpoint": store["s3.endpoint"],
-            "s3.path-style-access": "true",
-            "s3.access-key-id": store["s3.access-key-id"],
-            "s3.secret-access-key": store["s3.secret-access-key"],
-            "client.region": store["s3.region"],
-        },
+        properties=s3_file_io(lake_store.properties()),
     ).start()
     yield server
     server.stop()

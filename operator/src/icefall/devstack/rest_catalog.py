@@ -43,6 +43,18 @@ def catalog_env(properties: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def s3_file_io(store: Mapping[str, str]) -> dict[str, str]:
+    """The server's FileIO settings for tables in an object store, from `ObjectStore.properties()`."""
+    return {
+        "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+        "s3.endpoint": store["s3.endpoint"],
+        "s3.path-style-access": "true",
+        "s3.access-key-id": store["s3.access-key-id"],
+        "s3.secret-access-key": store["s3.secret-access-key"],
+        "client.region": store["s3.region"],
+    }
+
+
 class RESTCatalogServer:
     """Start with `start()`, stop with `stop()`; `uri` is `http://127.0.0.1:<port>` for a REST catalog client.
 

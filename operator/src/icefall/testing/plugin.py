@@ -20,7 +20,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
-from icefall.devstack.rest_catalog import RESTCatalogServer
+from icefall.devstack.rest_catalog import RESTCatalogServer, s3_file_io
 from icefall.devstack.tools import tool_dir
 
 if TYPE_CHECKING:
@@ -102,21 +102,13 @@ def rest_catalog_s3(
     the S3 object store (bucket `rest-lake`)."""
     object_store.create_bucket("rest-lake")
     postgres.create_database("rest_catalog")
-    store = object_store.properties()
     server = RESTCatalogServer(
         stack_dir / "rest-catalog-s3",
         jdbc_uri=postgres.jdbc_url_for("rest_catalog"),
         jdbc_user=postgres.user,
         jdbc_password=postgres.password,
         warehouse="s3://rest-lake/warehouse",
-        properties={
-            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-            "s3.endpoint": store["s3.endpoint"],
-            "s3.path-style-access": "true",
-            "s3.access-key-id": store["s3.access-key-id"],
-            "s3.secret-access-key": store["s3.secret-access-key"],
-            "client.region": store["s3.region"],
-        },
+        properties=s3_file_io(object_store.properties()),
     ).start()
     yield server
     server.stop()
