@@ -20,10 +20,12 @@ is not reported as a failure to a live operator.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 from kubernetes import client, config
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, ancestors_of
 
 from icefall.api import CatalogType, load_manifest
 from icefall.api.crd import CRD_NAME
@@ -342,3 +346,22 @@ class TableStream:
         """The topic's high watermarks once the table committed all of them and all were produced."""
         high = watermarks(self.kafka, self.topic)
         return high if self.committed() == high and sum(high.values()) == self.produced else None
+
+
+def table_rows(table: Table) -> Counter[str]:
+    """The table's rows as a multiset (each row as canonical JSON: some columns are structs)."""
+    return Counter(
+        json.dumps(row, sort_keys=True, default=str) for row in table.scan().to_arrow().to_pylist()
+    )
+
+
+def replace_snapshots_on_main(table: Table) -> list[int]:
+    """Ids of the `replace` (rewrite) snapshots in main's history."""
+    current = table.current_snapshot()
+    if current is None:
+        return []
+    return [
+        s.snapshot_id
+        for s in ancestors_of(current, table.metadata)
+        if s.summary is not None and s.summary.operation == Operation.REPLACE
+    ]

@@ -23,7 +23,6 @@ the file counts are exact).
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -37,7 +36,7 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation, ancestors_of
+from pyiceberg.table.snapshots import Operation
 
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
@@ -48,7 +47,7 @@ from icefall.testing.kubelet import JsonApi, LocalKubelet
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
 
-from .conftest import Kubectl, Lake, Operator, pod_logs, wait_for
+from .conftest import Kubectl, Lake, Operator, pod_logs, replace_snapshots_on_main, table_rows, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -181,25 +180,6 @@ def files_per_partition(table: Table) -> Counter[str]:
     return Counter(str(task.file.partition) for task in table.scan().plan_files())
 
 
-def rows(table: Table) -> Counter[str]:
-    """The table's rows as a multiset (each row as canonical JSON: some columns are structs)."""
-    return Counter(
-        json.dumps(row, sort_keys=True, default=str) for row in table.scan().to_arrow().to_pylist()
-    )
-
-
-def replace_snapshots_on_main(table: Table) -> list[int]:
-    """Ids of the `replace` (rewrite) snapshots in main's history."""
-    current = table.current_snapshot()
-    if current is None:
-        return []
-    return [
-        s.snapshot_id
-        for s in ancestors_of(current, table.metadata)
-        if s.summary is not None and s.summary.operation == Operation.REPLACE
-    ]
-
-
 def pod_from_template(deployment: Obj, name: str) -> Obj:
     """What the ReplicaSet controller would create for one replica of `deployment`."""
     template = deployment["spec"]["template"]
@@ -263,7 +243,7 @@ def test_compaction_pod_compacts_under_its_own_account(
     table = setup.table()
     assert table is not None
     before_files = files_per_partition(table)
-    before_rows = rows(table)
+    before_rows = table_rows(table)
     setup.note(f"caught up with {sum(high.values())} records; files per partition {dict(before_files)}")
     hot, hot_files = before_files.most_common(1)[0]
     assert hot_files >= MIN_FILES, f"small batches left only {dict(before_files)}: nothing to compact"
@@ -313,7 +293,7 @@ def test_compaction_pod_compacts_under_its_own_account(
     setup.note(f"files per partition after: {dict(after_files)}")
     assert after_files[hot] < MIN_FILES, (dict(before_files), dict(after_files))
     assert after_files[hot] < hot_files
-    assert rows(table) == before_rows, "compaction changed the rows"
+    assert table_rows(table) == before_rows, "compaction changed the rows"
     report = assert_exactly_once(setup.catalog, TABLE, high, setup.bad, bootstrap=setup.kafka.bootstrap)
     assert report is not None and report.ok
 

@@ -41,7 +41,6 @@ deletion of the StreamingTable, or a PostgreSQL catalog (test_streaming_table.py
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -56,7 +55,6 @@ from typing import Any
 import pytest
 import yaml
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation, ancestors_of
 
 from icefall.api import StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
@@ -80,7 +78,7 @@ from icefall.plan.maintenance import MaintenancePolicy
 from icefall.testing.kubelet import JsonApi, LocalKubelet
 from icefall.testing.streams import assert_exactly_once, produce, watermarks
 
-from .conftest import REPO, Kubectl, pod_logs, wait_for
+from .conftest import REPO, Kubectl, pod_logs, replace_snapshots_on_main, table_rows, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -286,21 +284,6 @@ def files_per_partition(table: Table) -> Counter[str]:
     return Counter(str(task.file.partition) for task in table.scan().plan_files())
 
 
-def replace_snapshots_on_main(table: Table) -> list[int]:
-    current = table.current_snapshot()
-    if current is None:
-        return []
-    return [
-        s.snapshot_id
-        for s in ancestors_of(current, table.metadata)
-        if s.summary is not None and s.summary.operation == Operation.REPLACE
-    ]
-
-
-def rows(table: Table) -> Counter[str]:
-    return Counter(json.dumps(r, sort_keys=True, default=str) for r in table.scan().to_arrow().to_pylist())
-
-
 def test_icefall_run_fills_the_table_from_the_same_file(
     user_path: UserPath, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -436,7 +419,7 @@ def test_helm_install_and_kubectl_apply_run_the_pipeline_with_compaction(
     high = path.caught_up()
     assert high is not None
     path.assert_exactly_once(high)
-    before_rows = rows(table)
+    before_rows = table_rows(table)
     before_paths = set(data_files(table))
     hot, hot_files = before_files.most_common(1)[0]
     assert hot_files >= MIN_FILES, f"small batches left only {dict(before_files)}: nothing to compact"
@@ -459,7 +442,7 @@ def test_helm_install_and_kubectl_apply_run_the_pipeline_with_compaction(
     after_files = files_per_partition(table)
     path.note(f"files per partition after: {dict(after_files)}")
     assert after_files[hot] < hot_files, (dict(before_files), dict(after_files))
-    assert rows(table) == before_rows, "compaction changed the rows"
+    assert table_rows(table) == before_rows, "compaction changed the rows"
     # Every data file is new: Spark in the compaction pod read every row from the object store.
     assert not set(data_files(table)) & before_paths, (before_paths, data_files(table))
     path.assert_exactly_once(high)
