@@ -100,21 +100,17 @@ build_helm() {
 # MinIO tags its releases RELEASE.<date>, which are not module versions, so versions.env pins the
 # pseudo-version of a commit. Its go.mod has no replace directives: `go install` builds it directly.
 # Left unstamped, it reports itself as a development build, which changes nothing the tests use.
-build_minio() {
-  local out=$cache/minio-$MINIO_VERSION
-  if [[ -x $out/bin/minio ]]; then echo "$out/bin"; return; fi
-  mkdir -p "$out/bin"
-  log "minio $MINIO_VERSION: building (several minutes on 2 cores)"
-  GOBIN=$out/bin go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION" >&2
-  echo "$out/bin"
-}
+build_minio() { go_install_cached minio "$MINIO_VERSION" "github.com/minio/minio"; }
 
-build_kind() {
-  local out=$cache/kind-$KIND_VERSION
-  if [[ -x $out/bin/kind ]]; then echo "$out/bin"; return; fi
+build_kind() { go_install_cached kind "$KIND_VERSION" "sigs.k8s.io/kind"; }
+
+# go_install_cached NAME VERSION MODULE: `go install MODULE@VERSION` into $cache/NAME-VERSION/bin once.
+go_install_cached() {
+  local name=$1 version=$2 module=$3 out=$cache/$1-$2
+  if [[ -x $out/bin/$name ]]; then echo "$out/bin"; return; fi
   mkdir -p "$out/bin"
-  log "kind $KIND_VERSION: building"
-  GOBIN=$out/bin go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kind@$KIND_VERSION" >&2
+  log "$name $version: building (minutes on 2 cores)"
+  GOBIN=$out/bin go install -trimpath -ldflags "-s -w" "$module@$version" >&2
   echo "$out/bin"
 }
 
