@@ -48,6 +48,7 @@ from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import tail
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import secret_env_vars
+from icefall.testing.harness import E2E_KUBECONFIG, e2e_kubeconfig
 from icefall.testing.kubelet import JsonApi, LocalKubelet
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import manifest_text, produce, watermarks
@@ -78,11 +79,11 @@ def wait_for(
 
 
 class Kubectl:
-    """The real kubectl against the test API server, as the admin user."""
+    """The real kubectl (built next to kube-apiserver) with the kubeconfig of the cluster under test."""
 
-    def __init__(self, kube: KubeAPIServer) -> None:
+    def __init__(self, kubeconfig: Path, home: Path) -> None:
         self.binary = str(tool_dir("ICEFALL_KUBE_BIN") / "kubectl")
-        self.env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.workdir)}
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(home)}
 
     def __call__(self, *args: str, check: bool = True) -> str:
         done = subprocess.run(
@@ -142,8 +143,25 @@ class Operator:
 
 
 @pytest.fixture(scope="module")
-def kubectl(kube: KubeAPIServer) -> Kubectl:
-    return Kubectl(kube)
+def kubeconfig(request: pytest.FixtureRequest) -> Path:
+    """The switch between the harnesses: the cluster of ICEFALL_E2E_KUBECONFIG (`make e2e-kind`), else the
+    local harness's API server (started only then), as its admin user."""
+    cluster = e2e_kubeconfig()
+    if cluster is not None:
+        return cluster
+    kube: KubeAPIServer = request.getfixturevalue("kube")
+    return kube.kubeconfig
+
+
+def local_harness_only() -> None:
+    """Fails a fixture that only the local harness has (the local kubelet, the operator as a process)."""
+    if e2e_kubeconfig() is not None:
+        pytest.fail(f"this test runs on the local harness only: unset {E2E_KUBECONFIG}")
+
+
+@pytest.fixture(scope="module")
+def kubectl(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    return Kubectl(kubeconfig, home=tmp_path_factory.mktemp("kubectl-home"))
 
 
 @pytest.fixture(scope="module")
@@ -167,9 +185,9 @@ def e2e_namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> str:
 
 
 @pytest.fixture(scope="module")
-def api(kube: KubeAPIServer) -> client.ApiClient:
+def api(kubeconfig: Path) -> client.ApiClient:
     made: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kube.kubeconfig)
+        config_file=str(kubeconfig)
     )
     return made
 
@@ -184,6 +202,7 @@ def rest(api: client.ApiClient) -> JsonApi:
 def kubelet(
     kube: KubeAPIServer, api: client.ApiClient, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalKubelet]:
+    local_harness_only()
     bin_dir = Path(sys.executable).parent  # the venv's bin
     image_env = {
         # spark_images/Dockerfile's ENV, with this venv standing in for /opt/icefall and the checkout's

@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,8 +75,9 @@ from icefall.plan.children import (
     secret_env_vars,
 )
 from icefall.plan.maintenance import MaintenancePolicy
+from icefall.testing.harness import KafkaAt, PortForward, e2e_kubeconfig, kind_forwards, on_loopback
 from icefall.testing.kubelet import JsonApi, LocalKubelet
-from icefall.testing.streams import assert_exactly_once, produce, watermarks
+from icefall.testing.streams import Broker, assert_exactly_once, produce, watermarks
 
 from .conftest import REPO, Kubectl, pod_logs, replace_snapshots_on_main, table_rows, wait_for
 
@@ -84,6 +85,7 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLE = REPO / "examples" / "cluster.yaml"
 VALUES = REPO / "examples" / "cluster-values.yaml"
+KIND_VALUES = REPO / "hack" / "kind" / "values.yaml"  # the image hack/kind/e2e-kind.sh loads
 CHART = REPO / "charts" / "icefall"
 RELEASE = "icefall"  # README's `helm install icefall charts/icefall`: objects named `icefall`
 #: The example's endpoints: cluster DNS names (and ports) of Kafka, the REST catalog and the object store.
@@ -115,16 +117,30 @@ def with_endpoints(text: str, endpoints: Mapping[str, str]) -> str:
     return mapped
 
 
+@dataclass(frozen=True)
+class Harness:
+    """What differs between the local harness and a real cluster (ICEFALL_E2E_KUBECONFIG set); the tests
+    below are the same on both."""
+
+    kafka: KafkaBroker | KafkaAt  # the broker, at the address this process reaches it
+    reach: Mapping[str, str]  # each endpoint of the example → the address this process reaches it at
+    pods_resolve_the_example: bool  # a real cluster's pods do; the local kubelet's run here, on loopback
+    values: Obj  # Helm values only this harness needs
+    pod_log: Callable[[str], str]  # a pod's log (its tail), for failure messages
+    details: Callable[[], str]  # what else to show on failure
+
+
 @dataclass
 class UserPath:
     """The example as applied here and what the tests share."""
 
-    manifest: Path  # examples/cluster.yaml with the endpoints mapped
+    manifest: Path  # examples/cluster.yaml with the endpoints this process reaches
+    applied: Path  # what `kubectl apply` gets: the example as it is, or `manifest` for the local kubelet
     st: StreamingTable
     secret: Mapping[str, str]  # the example Secret's stringData
     env: Mapping[str, str]  # ICEFALL_CATALOG_* → value: what `icefall run` and the pods read
     catalog: CatalogConfig  # the test's own client of the example's catalog
-    kafka: KafkaBroker
+    kafka: Broker
     namespace: str
     rest: JsonApi
     kubectl: Kubectl
@@ -248,31 +264,87 @@ def controller_manager(
     running.stop()
 
 
+def _local_harness(request: pytest.FixtureRequest) -> Harness:
+    """The servers are processes here (started now), the controller-manager too, the kubelet local."""
+    kafka: KafkaBroker = request.getfixturevalue("kafka")
+    store: ObjectStore = request.getfixturevalue("lake_store")
+    catalog: RESTCatalogServer = request.getfixturevalue("lake_catalog")
+    controller_manager: KubeControllerManager = request.getfixturevalue("controller_manager")
+    kubelet: LocalKubelet = request.getfixturevalue("kubelet")
+    return Harness(
+        kafka=kafka,
+        reach={KAFKA: kafka.bootstrap, REST: catalog.uri, S3: store.endpoint},
+        pods_resolve_the_example=False,
+        # Spark-on-Kubernetes executors are test_spark_on_kubernetes.py's subject; every pod shares the
+        # host's loopback, so the operator's health and metrics ports must be free ones.
+        values={
+            "spark": {"master": "local[1]"},
+            "health": {"port": free_port()},
+            "metrics": {"port": free_port()},
+        },
+        pod_log=lambda name: pod_logs(kubelet, name),
+        details=lambda: f"--- controller-manager\n{tail(controller_manager.log_path, 20)}",
+    )
+
+
+@pytest.fixture(scope="module")
+def harness(
+    request: pytest.FixtureRequest,
+    kubectl: Kubectl,
+    e2e_namespace: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Harness]:
+    """The local harness, or with ICEFALL_E2E_KUBECONFIG the cluster hack/kind/e2e-kind.sh prepared: its
+    Kafka, REST catalog and object store reached through `kubectl port-forward`, pods run by its nodes."""
+    if e2e_kubeconfig() is None:
+        yield _local_harness(request)
+        return
+    logs = tmp_path_factory.mktemp("port-forward")
+    forwards = kind_forwards(KAFKA, [REST, S3])
+    running: list[PortForward] = []
+    try:
+        for forward in forwards.values():
+            log = logs / f"{forward.service}.log"
+            running.append(PortForward([kubectl.binary], kubectl.env, forward, log).start())
+        reach = {
+            endpoint: on_loopback(endpoint, forward.local_port) for endpoint, forward in forwards.items()
+        }
+        yield Harness(
+            kafka=KafkaAt(reach[KAFKA]),
+            reach=reach,
+            pods_resolve_the_example=True,
+            values=yaml.safe_load(KIND_VALUES.read_text()),
+            pod_log=lambda name: (
+                f"--- {name}\n" + kubectl("-n", e2e_namespace, "logs", name, "--tail=60", check=False)
+            ),
+            details=lambda: kubectl("-n", e2e_namespace, "get", "pods,events", check=False),
+        )
+    finally:
+        for forward_process in running:
+            forward_process.stop()
+
+
 @pytest.fixture(scope="module")
 def user_path(  # noqa: PLR0917 (fixtures)
     secret: dict[str, str],
-    lake_store: ObjectStore,
-    lake_catalog: RESTCatalogServer,
-    kafka: KafkaBroker,
+    harness: Harness,
     e2e_namespace: str,
     rest: JsonApi,
     kubectl: Kubectl,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> UserPath:
-    text = with_endpoints(
-        EXAMPLE.read_text(), {KAFKA: kafka.bootstrap, REST: lake_catalog.uri, S3: lake_store.endpoint}
-    )
     manifest = tmp_path_factory.mktemp("example") / "cluster.yaml"
-    manifest.write_text(text)
+    manifest.write_text(with_endpoints(EXAMPLE.read_text(), harness.reach))
     st = load_manifest(manifest)
     _, catalog_env, problems = secret_env_vars(st.spec)
     assert problems == []
     env = {ref.name: secret[ref.key] for ref in catalog_env}
-    kafka.create_topic(st.spec.source.topic, partitions=2)
+    harness.kafka.create_topic(st.spec.source.topic, partitions=2)
     catalog = CatalogConfig.for_table(st.spec, environ=env)
     return UserPath(
-        manifest=manifest, st=st, secret=secret, env=env, catalog=catalog, kafka=kafka,
-        namespace=e2e_namespace, rest=rest, kubectl=kubectl,
+        manifest=manifest, applied=EXAMPLE if harness.pods_resolve_the_example else manifest, st=st,
+        secret=secret, env=env, catalog=catalog, kafka=harness.kafka, namespace=e2e_namespace, rest=rest,
+        kubectl=kubectl,
     )  # fmt: skip
 
 
@@ -317,8 +389,8 @@ def test_icefall_run_fills_the_table_from_the_same_file(
     assert not list((workdir / "state").rglob("*.parquet")), list((workdir / "state").rglob("*"))
 
 
-def _values_file(tmp: Path) -> Path:
-    """examples/cluster-values.yaml plus what only the test needs (see the module docstring)."""
+def _values_file(tmp: Path, harness: Harness) -> Path:
+    """examples/cluster-values.yaml plus what only the test (and its harness) needs: see the docstring."""
     values: Obj = yaml.safe_load(VALUES.read_text())
     values["extraEnv"] = [
         *values["extraEnv"],
@@ -327,18 +399,16 @@ def _values_file(tmp: Path) -> Path:
         {"name": "ICEFALL_STATUS_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_REFRESH_SECONDS", "value": "2"},
     ]
-    values["spark"] = {"master": "local[1]"}
-    values["health"] = {"port": free_port()}
-    values["metrics"] = {"port": free_port()}
+    values.update(harness.values)
     path = tmp / "values.yaml"
     path.write_text(yaml.safe_dump(values))
     return path
 
 
-def _helm(kube: KubeAPIServer, home: Path, *args: str) -> str:
+def _helm(kubeconfig: Path, home: Path, *args: str) -> str:
     done = subprocess.run(
         [str(tool_dir("ICEFALL_HELM_BIN") / "helm"), *args],
-        env={**os.environ, "HOME": str(home), "KUBECONFIG": str(kube.kubeconfig)},
+        env={**os.environ, "HOME": str(home), "KUBECONFIG": str(kubeconfig)},
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
@@ -356,11 +426,7 @@ def _printed_row(kubectl: Kubectl, namespace: str, name: str) -> dict[str, str]:
 # Two Spark starts (the driver's and the compaction pod's): minutes each on a loaded 2-core machine.
 @pytest.mark.timeout(1500)
 def test_helm_install_and_kubectl_apply_run_the_pipeline_with_compaction(
-    user_path: UserPath,
-    controller_manager: KubeControllerManager,
-    kubelet: LocalKubelet,
-    kube: KubeAPIServer,
-    tmp_path_factory: pytest.TempPathFactory,
+    user_path: UserPath, harness: Harness, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     path = user_path
     namespace = path.namespace
@@ -368,22 +434,23 @@ def test_helm_install_and_kubectl_apply_run_the_pipeline_with_compaction(
 
     def operator_log() -> str:
         pods = path.pods(OPERATOR_SELECTOR)
-        return pod_logs(kubelet, pods[-1]["metadata"]["name"]) if pods else "(no operator pod)"
+        return harness.pod_log(pods[-1]["metadata"]["name"]) if pods else "(no operator pod)"
 
     def explain() -> str:
         status = yaml.safe_dump(path.st_object().get("status"))
         compaction = [p["metadata"]["name"] for p in path.pods(COMPACTION_SELECTOR)]
-        more = "\n".join(pod_logs(kubelet, name) for name in compaction)
+        more = "\n".join(harness.pod_log(name) for name in compaction)
         return (
-            f"--- status\n{status}{pod_logs(kubelet, f'{path.name}-ingest')}\n{more}\n--- operator\n"
-            f"{operator_log()}\n--- controller-manager\n{tail(controller_manager.log_path, 20)}"
+            f"--- status\n{status}{harness.pod_log(f'{path.name}-ingest')}\n{more}\n--- operator\n"
+            f"{operator_log()}\n{harness.details()}"
         )
 
     home = tmp_path_factory.mktemp("helm-home")
     path.started = time.monotonic()
-    _helm(kube, home, "install", RELEASE, str(CHART), "-n", namespace, "-f", str(_values_file(home)))
+    values = _values_file(home, harness)
+    _helm(kubeconfig, home, "install", RELEASE, str(CHART), "-n", namespace, "-f", str(values))
     path.note("helm install done")
-    kubectl("-n", namespace, "apply", "-f", str(path.manifest))
+    kubectl("-n", namespace, "apply", "-f", str(path.applied))
     path.note("kubectl apply -f examples/cluster.yaml done")
 
     # The Deployment becomes a ReplicaSet and a Pod (the controller-manager), which the kubelet runs.

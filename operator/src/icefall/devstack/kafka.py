@@ -173,16 +173,23 @@ class KafkaBroker:
             self._proc = None
 
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
-        )
-        futures[name].result(30)
+        create_topic(self.bootstrap, name, partitions, config)
 
     def add_partitions(self, name: str, total: int) -> None:
         from confluent_kafka.admin import AdminClient, NewPartitions
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         admin.create_partitions([NewPartitions(name, total)])[name].result(30)
+
+
+def create_topic(
+    bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None
+) -> None:
+    """Create topic `name` (replication factor 1) on the broker at `bootstrap`."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+    )
+    futures[name].result(30)

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from icefall.api import StreamingTable, load_manifest
 from icefall.audit import AuditReport, audit_from_catalog
@@ -27,10 +27,17 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from icefall.audit_content import SparkContent
-    from icefall.devstack.kafka import KafkaBroker
     from icefall.ingest.engine import BatchReport, Ingestor
 
 NAMESPACE = "it"
+
+
+class Broker(Protocol):
+    """A Kafka broker as these helpers use it: the test stack's `KafkaBroker`, or a cluster's broker."""
+
+    @property
+    def bootstrap(self) -> str: ...
+
 
 MANIFEST = """
 apiVersion: icefall.dev/v1alpha1
@@ -138,7 +145,7 @@ def streaming_table(
 
 
 def produce(
-    kafka: KafkaBroker,
+    kafka: Broker,
     topic: str,
     start: int,
     count: int,
@@ -186,7 +193,7 @@ def drain(ingestor: Ingestor, max_batches: int = 50) -> list[BatchReport]:
     return reports
 
 
-def watermarks(kafka: KafkaBroker, topic: str) -> dict[int, int]:
+def watermarks(kafka: Broker, topic: str) -> dict[int, int]:
     """The high watermark (next offset) of every partition of `topic`."""
     with TopicView(kafka.bootstrap, topic) as view:
         return {p: high for p, (_, high) in view.watermarks().items()}
