@@ -61,9 +61,10 @@ test-integration: setup
 test-e2e: setup
 	$(TOOLS) && $(BIN)/pytest -m e2e
 
-# Needs Docker, so neither `make test` nor CI here runs it: a kind cluster (kept between runs), the image,
-# Kafka, MinIO and Iceberg's REST catalog in it, `helm install`, then examples/cluster.yaml applied as it is
-# and checked by hack/kind/test_kind.py (hack/kind/e2e-kind.sh). `make e2e-kind-clean` deletes the cluster.
+# Needs Docker, so neither `make test` nor CI here runs it (never run on these machines): a kind cluster
+# (kept between runs), the image, Kafka, MinIO and Iceberg's REST catalog in it, then e2e/test_user_path.py,
+# the local e2e's module, with ICEFALL_E2E_KUBECONFIG set to that cluster (hack/kind/e2e-kind.sh): it
+# `helm install`s the chart and applies examples/cluster.yaml as it is. `make e2e-kind-clean` deletes it.
 .PHONY: e2e-kind e2e-kind-clean
 e2e-kind: setup
 	$(TOOLS) && hack/kind/e2e-kind.sh

@@ -1,10 +1,14 @@
 """The e2e harness: the operator as a process, the local kubelet, kubectl, all against the session's stack.
 
 Fixtures (module scope unless said otherwise; the stack itself — `kube`, `kafka` — is the session's):
+- `kubeconfig`: the switch between harnesses: the cluster of ICEFALL_E2E_KUBECONFIG (`make e2e-kind`;
+  only test_user_path.py supports it), else the local API server's admin kubeconfig; `kubectl`, `api`,
+  `rest` and `e2e_namespace` work on either;
 - `e2e_namespace`: the CRD applied and a namespace of the module's own, so modules never see each other's
   objects (there is no garbage collector to clean up after a module: see e2e/README.md);
-- `kubectl`: the real kubectl built next to kube-apiserver, with the admin kubeconfig;
-- `kubelet`: `icefall.testing.kubelet.LocalKubelet` running that namespace's Pods with this venv and this
+- `kubectl`: the real kubectl built next to kube-apiserver, with that kubeconfig;
+- `kubelet` (local harness only: it fails with ICEFALL_E2E_KUBECONFIG set, and so does `operator`, which
+  needs it): `icefall.testing.kubelet.LocalKubelet` running that namespace's Pods with this venv and this
   checkout as the image, each pod in its own mount namespace: read-only root, its volumes at their mount
   paths, none of the test's temporary folders visible;
 - `lake`: the module's Iceberg catalog, reached by pods only over the network, as in a cluster: a

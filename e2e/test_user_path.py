@@ -1,6 +1,11 @@
 """The user path of README "In a cluster", run as a user runs it, with the files a user has.
 
-What a user does, and what runs for it here:
+One module for both harnesses, chosen by ICEFALL_E2E_KUBECONFIG (the `harness` fixture; everything that
+differs is in its `Harness`): unset, the local harness described below; set (hack/kind/e2e-kind.sh, `make
+e2e-kind`), the kind cluster of that kubeconfig, whose own controllers and nodes run the pods. The tests
+and their assertions are the same on both.
+
+What a user does, and what runs for it on the local harness:
 - `icefall run -f examples/cluster.yaml` on a workstation (the secrets in the variables the file's comment
   names): Spark `local[1]` fills the table in the REST catalog, its files in the object store;
 - `helm install icefall charts/icefall -f examples/cluster-values.yaml`: the chart as shipped; the real
@@ -26,7 +31,9 @@ same rows; `kubectl get st` shows the table Ready, fresh and caught up.
 The example is used as written except its endpoints: `kafka-bootstrap.kafka:9092`,
 `http://iceberg-rest.lake:8181` and `http://minio.lake:9000` are cluster DNS names that do not resolve
 here, so `with_endpoints` replaces exactly those three values by the loopback addresses of the test's
-servers and asserts the rest of the file is byte-identical. Everything else is the example's: the topic
+servers and asserts the rest of the file is byte-identical. `icefall run` and the test's own clients use
+that file on both harnesses; the local kubelet's pods too, while kind's pods get the example as it is.
+Everything else is the example's: the topic
 `orders`, the table `shop.orders`, the catalog name `lake`, the warehouse `s3://lake/warehouse`, and the
 Secret's values — the object store runs with the Secret's `change-me` keys as its root credentials, and
 the REST catalog (Iceberg's own REST server, on a PostgreSQL database of its own, files in that object
@@ -35,8 +42,16 @@ any. The values file is used as written plus what only a test needs: Spark `loca
 (`spark.master`; Spark-on-Kubernetes executors are another module's subject), short operator
 intervals, and free ports for the health and metrics endpoints (every pod shares the host's loopback).
 
-Not proven here: Spark executors as pods, several operator replicas (leader election has its own tests),
-deletion of the StreamingTable, or a PostgreSQL catalog (test_streaming_table.py runs that one).
+On kind (never run on the machines that run `make test`: they have no Docker), the same steps run with
+the cluster's Kafka, MinIO and REST catalog (hack/kind/*.yaml, under the example's Service names), reached
+from this process through `kubectl port-forward` (icefall.testing.harness); `icefall run` runs on this
+machine through those forwards; the chart is installed with hack/kind/values.yaml's image instead of the
+local-only settings (Spark keeps the chart's `k8s://` master, so executors are pods); pod logs come from
+`kubectl logs`.
+
+Not proven here: Spark executors as pods on the local harness, several operator replicas (leader election
+has its own tests), deletion of the StreamingTable, or a PostgreSQL catalog (test_streaming_table.py runs
+that one).
 """
 
 from __future__ import annotations

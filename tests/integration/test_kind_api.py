@@ -1,10 +1,11 @@
 """`make e2e-kind`'s objects are accepted by a real kube-apiserver, though the kind run itself needs Docker.
 
 Proves: hack/kind/kafka.yaml and hack/kind/lake.yaml (their Namespaces created for real, everything else
-`--dry-run=server`), the chart rendered with hack/kind/values.yaml, and examples/cluster.yaml (after the
-CRD) all pass the API server's validation; the operator Deployment rendered with those values runs the
-icefall:e2e image, never pulled, with the example's secrets in its environment. Not proved: that the images
-build or the pods start (tests/unit/test_kind_manifests.py lints the rest).
+`--dry-run=server`), the chart rendered with examples/cluster-values.yaml plus hack/kind/values.yaml (what
+e2e/test_user_path.py installs it with on kind, less its test-only settings), and examples/cluster.yaml
+(after the CRD) all pass the API server's validation; the operator Deployment rendered with those values runs
+the icefall:e2e image, never pulled, with the example's secrets in its environment. Not proved: that the
+images build or the pods start (tests/unit/test_kind_manifests.py lints the rest).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def test_the_kind_objects_pass_the_api_servers_validation(
 
     rendered = run(
         helm, "template", "icefall", str(ROOT / "charts" / "icefall"), "--namespace", NAMESPACE,
-        "--values", str(KIND / "values.yaml"), kube=kube, home=home,
+        "--values", str(ROOT / "examples" / "cluster-values.yaml"), "--values", str(KIND / "values.yaml"),
+        kube=kube, home=home,
     )  # fmt: skip
     chart: list[dict[str, Any]] = [d for d in yaml.safe_load_all(rendered) if d]
     run(kubectl, *dry_run, stdin=rendered, kube=kube, home=home)

@@ -5,10 +5,13 @@ Job with every namespaced object in a namespace; every image is pinned by a tag 
 no Deployment or Job carries a secret value except through a Secret; each Deployment's pods are selected by
 a Service whose ports exist; the addresses examples/cluster.yaml names (Kafka, the REST catalog, the object
 store) are Services here with those ports, its warehouse is the REST server's and its bucket the one made,
-and the object store's keys are the example's; the REST server's CATALOG_* variables spell the properties
-icefall.devstack.rest_catalog gives the same server; the Helm values give the operator the variables the
-example's secrets travel in; the script is valid bash and clean under shellcheck; the kind test module is an
-e2e test that `make test` never collects; `make e2e-kind` runs the script and both READMEs say what it does.
+and the object store's keys are the example's; Kafka also advertises the loopback listener the test process
+reaches through a port-forward, and every forward icefall.testing.harness makes for the example goes to a
+Service port here; the REST server's CATALOG_* variables spell the properties icefall.devstack.rest_catalog
+gives the same server; the kind Helm values only name the image (the operator's environment is
+examples/cluster-values.yaml's, as in the local e2e); the script is valid bash and clean under shellcheck
+and runs e2e/test_user_path.py (the local harness's module) with ICEFALL_E2E_KUBECONFIG set, and hack/kind/
+has no test module of its own; `make e2e-kind` runs the script and both READMEs say what it does.
 Not proven: that the cluster comes up and the test passes there (only Docker can show that).
 """
 
@@ -17,7 +20,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,10 +27,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from icefall.api import load_manifest
 from icefall.api.base import looks_secret
 from icefall.devstack.rest_catalog import catalog_env
-from icefall.plan.children import secret_env_vars
+from icefall.testing.harness import E2E_KUBECONFIG, HOST_LISTENER_PORT, kind_forwards
 
 pytestmark = pytest.mark.unit
 
@@ -147,7 +148,7 @@ def test_the_cluster_example_applies_as_it_is() -> None:
     kafka = the_container("Deployment", "kafka")
     service(st["spec"]["source"]["bootstrapServers"])
     assert env_of(kafka)["KAFKA_ADVERTISED_LISTENERS"]["value"] == (
-        f"PLAINTEXT://{st['spec']['source']['bootstrapServers']}"
+        f"PLAINTEXT://{st['spec']['source']['bootstrapServers']},HOST://127.0.0.1:{HOST_LISTENER_PORT}"
     )
     service(urlsplit(catalog["uri"]).netloc)
     service(urlsplit(catalog["properties"]["s3.endpoint"]).netloc)
@@ -170,12 +171,24 @@ def test_the_rest_server_variables_spell_the_devstack_properties() -> None:
     assert names == set(catalog_env(dict.fromkeys(properties, "x")))
 
 
-def test_the_operator_gets_the_examples_secrets_in_the_variables_it_reads() -> None:
-    _, catalog_env_vars, problems = secret_env_vars(load_manifest(EXAMPLE).spec)
-    assert problems == []
+def test_the_test_process_reaches_the_examples_services_through_port_forwards() -> None:
+    _, st = example()
+    catalog = st["spec"]["table"]["catalog"]
+    kafka = st["spec"]["source"]["bootstrapServers"]
+    forwards = kind_forwards(kafka, [catalog["uri"], catalog["properties"]["s3.endpoint"]])
+    for forward in forwards.values():
+        service(f"{forward.service}.{forward.namespace}:{forward.port}")
+    # Kafka's forward goes to the listener that advertises its local end.
+    assert forwards[kafka].port == forwards[kafka].local_port == HOST_LISTENER_PORT
+    host = env_of(the_container("Deployment", "kafka"))["KAFKA_LISTENERS"]["value"].split(",")
+    assert f"HOST://:{HOST_LISTENER_PORT}" in host
+
+
+def test_the_kind_values_only_name_the_image() -> None:
+    """The rest (the catalog's secrets for the operator) is examples/cluster-values.yaml, which the test
+    installs with on both harnesses."""
     values = yaml.safe_load((KIND / "values.yaml").read_text())
-    given = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in values["extraEnv"]}
-    assert given == {e.name: {"name": e.secret, "key": e.key} for e in catalog_env_vars}
+    assert set(values) == {"image"}
 
 
 def test_the_kafka_image_is_the_version_the_test_stack_runs() -> None:
@@ -193,11 +206,11 @@ def test_the_script_is_valid_bash_and_clean_under_shellcheck() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_kind_module_is_an_e2e_test_that_make_test_never_collects() -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    assert not any(Path(path).parts[0] == "hack" for path in config["testpaths"])
-    assert "pytestmark = pytest.mark.e2e" in (KIND / "test_kind.py").read_text()
-    assert "hack/kind/test_kind.py" in SCRIPT.read_text()
+def test_the_script_runs_the_local_harness_module_with_the_switch_set() -> None:
+    script = SCRIPT.read_text()
+    assert re.search(rf"^{E2E_KUBECONFIG}=\S+ .*pytest\S* e2e/test_user_path\.py", script, re.M), script
+    assert "pytestmark = pytest.mark.e2e" in (ROOT / "e2e" / "test_user_path.py").read_text()
+    assert not list(KIND.glob("*.py")), "hack/kind/ holds no test code of its own"
 
 
 def test_make_e2e_kind_runs_the_script_and_the_readme_says_so() -> None:
@@ -207,7 +220,7 @@ def test_make_e2e_kind_runs_the_script_and_the_readme_says_so() -> None:
     for named in (
         "make e2e-kind",
         "hack/kind/values.yaml",
-        "hack/kind/test_kind.py",
+        "e2e/test_user_path.py",
         "ICEFALL_E2E_KUBECONFIG",
     ):
         assert named in readme
