@@ -103,6 +103,9 @@ COMPACTION_POINTS = ("main.mid-rewrite", "main.before-expire")
 ARM_CHANCE = 0.7  # of a container start getting a failpoint; the others die at a random moment
 RANDOM_KILL_AFTER = (3.0, 90.0)  # seconds after a container started (or the operator) before its SIGKILL
 OUTAGE_SECONDS = 30.0
+#: The producer's pace: ~3 records/s, well under what a driver ingests between kills on a loaded 2-core
+#: machine (~10/s), so each fault's convergence measures recovery rather than a growing backlog.
+PRODUCE_RECORDS, PRODUCE_EVERY_SECONDS = 10, 3.0
 CONVERGE_TIMEOUT = 900.0
 RANDOM = "random moment"
 FAILPOINT_LINE = re.compile(r"failpoint (\S+) triggered")
@@ -181,7 +184,7 @@ def streaming_table(kafka: KafkaBroker, catalog: RESTCatalogServer, store: Objec
                 },
             },
             "deadLetter": {"topic": DLQ_TOPIC, "maxRecordBytes": data.MAX_RECORD_BYTES},
-            "batch": {"maxRecords": 150, "minIntervalSeconds": 1},
+            "batch": {"maxRecords": 400, "minIntervalSeconds": 1},
             "freshness": {"targetSeconds": 5},
             "compaction": {"minReplicas": 1, "maxReplicas": 1, "maxSnapshotAgeSeconds": 60},
         },
@@ -281,6 +284,12 @@ class Chaos:
             f"committed {sum(self.committed().values())}, faults done {sum(f.ended > 0 for f in self.faults)}"
         )
 
+    def progress_loop(self) -> None:
+        """A progress line every 30 s, faults included (the main thread blocks in them)."""
+        while not self.done.wait(30):
+            fault = next((f.name for f in reversed(self.faults) if not f.converged_after), None)
+            self.note(self.progress() + (f"; in fault: {fault}" if fault else ""))
+
     def explain(self) -> str:
         status = yaml.safe_dump((self.st() or {}).get("status"))
         compact = [name for name in self.kubelet.running_pids() if name.startswith(COMPACT_PREFIX)]
@@ -338,7 +347,7 @@ class Chaos:
 
         try:
             while self._producing.is_set():
-                batch = list(data.records(self.rng, self.produced, 20))
+                batch = list(data.records(self.rng, self.produced, PRODUCE_RECORDS))
                 for record in batch:
                     producer.produce(TOPIC, key=record.key, value=record.value, on_delivery=delivered)
                     self.kinds[record.kind] += 1
@@ -347,7 +356,7 @@ class Chaos:
                 if failures:
                     self.errors.append(f"producer: {failures[:3]}")
                     return
-                time.sleep(1.0)
+                time.sleep(PRODUCE_EVERY_SECONDS)
         finally:
             left = producer.flush(600)
             if left:
@@ -702,7 +711,8 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         ]
         chaos.rng.shuffle(faults)
         due = [round(KILLS * (i + 1) / (len(faults) + 1)) for i in range(len(faults))]
-        last_progress = 0.0
+        threads.append(threading.Thread(target=chaos.progress_loop, name="chaos-progress", daemon=True))
+        threads[-1].start()
         while any(t.is_alive() for t in killers) or faults:
             time.sleep(1)
             chaos.count_exits()
@@ -711,9 +721,6 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
                 name, act = faults.pop(0)
                 due.pop(0)
                 chaos.fault(name, act)
-            if time.monotonic() - last_progress > 30:
-                last_progress = time.monotonic()
-                chaos.note(chaos.progress())
         chaos.done.set()
         chaos._producing.clear()
         threads[0].join(900)
