@@ -17,7 +17,8 @@ timestamps, large values, every malformed kind):
 - kills, until as many were observed as asked (split driver 40 % / compaction 35 % / operator 25 %):
   each start of a driver or compaction container is armed (kubelet hook `container_env`), with a chance,
   to exit at a random failpoint (`ICEFALL_FAILPOINTS=<point>=exit@<hit>`, status 137 like SIGKILL), and
-  the ones that live on get SIGKILL (the whole process group) at a random moment; the operator gets
+  the others get SIGKILL (the whole process group) at a random moment (an armed one that has not reached
+  its point after 300 s too); the operator gets
   SIGKILL at random moments and is started again. A kill is counted only when its exit was seen: status
   137 and the log line `failpoint <name> triggered`, or 137 of a process this run SIGKILLed;
 - faults, one at a time while kills pause, spread over the run: the Kafka broker stopped and started
@@ -102,6 +103,7 @@ AT_START = {"dlq.before-rewind", "dlq.after-rewind", "main.before-sweep", "dlq.b
 COMPACTION_POINTS = ("main.mid-rewrite", "main.before-expire")
 ARM_CHANCE = 0.7  # of a container start getting a failpoint; the others die at a random moment
 RANDOM_KILL_AFTER = (3.0, 90.0)  # seconds after a container started (or the operator) before its SIGKILL
+ARMED_GRACE = 300.0  # an armed container gets this long to reach its failpoint before a SIGKILL
 OUTAGE_SECONDS = 30.0
 #: The producer's pace: ~3 records/s, well under what a driver ingests between kills on a loaded 2-core
 #: machine (~10/s), so each fault's convergence measures recovery rather than a growing backlog.
@@ -270,6 +272,9 @@ class Chaos:
         self.produced = 0
         self.started = time.monotonic()
         self._producing = threading.Event()
+        #: Pod name → whether its latest container start was armed (the kubelet calls the hook just before
+        #: it starts the process, so this is about the pid running now).
+        self.armed_now: dict[str, bool] = {}
 
     # --- progress and failure details ---
 
@@ -366,11 +371,14 @@ class Chaos:
 
     def container_env(self, pod: Obj, _restarts: int) -> dict[str, str]:
         """The kubelet hook: maybe arm this container start to exit at a random failpoint."""
-        component = component_of(pod["metadata"]["name"])
+        name = pod["metadata"]["name"]
+        component = component_of(name)
+        self.armed_now[name] = False
         if component is None or self.calm.is_set() or self.done.is_set():
             return {}
         if self.tally.of(component) >= self.quota[component] or self.arm_rng.random() > ARM_CHANCE:
             return {}
+        self.armed_now[name] = True
         if component == "driver":
             point = self.arm_rng.choice(DRIVER_POINTS)
             hit = 1 if point in AT_START else self.arm_rng.randint(1, 3)
@@ -406,9 +414,10 @@ class Chaos:
             if self.calm.is_set():
                 deadline.clear()  # a container that lived through a fault gets a new moment afterwards
                 continue
-            pids = [p for name, p in self.kubelet.running_pids().items() if component_of(name) == component]
-            for pid in pids:
-                when = deadline.setdefault(pid, time.monotonic() + rng.uniform(*RANDOM_KILL_AFTER))
+            pids = [(n, p) for n, p in self.kubelet.running_pids().items() if component_of(n) == component]
+            for name, pid in pids:
+                after = ARMED_GRACE if self.armed_now.get(name) else rng.uniform(*RANDOM_KILL_AFTER)
+                when = deadline.setdefault(pid, time.monotonic() + after)
                 if time.monotonic() >= when and pid not in self.tally.killed_pids:
                     with self.tally.lock:
                         self.tally.killed_pids.add(pid)
