@@ -108,6 +108,8 @@ OUTAGE_SECONDS = 30.0
 #: The producer's pace: ~3 records/s, well under what a driver ingests between kills on a loaded 2-core
 #: machine (~10/s), so each fault's convergence measures recovery rather than a growing backlog.
 PRODUCE_RECORDS, PRODUCE_EVERY_SECONDS = 10, 3.0
+#: ... and it waits while the table is this many records behind (a loaded machine ingests slower).
+MAX_BACKLOG = 1000
 CONVERGE_TIMEOUT = 900.0
 RANDOM = "random moment"
 FAILPOINT_LINE = re.compile(r"failpoint (\S+) triggered")
@@ -352,6 +354,10 @@ class Chaos:
 
         try:
             while self._producing.is_set():
+                committed = self.committed()
+                if committed and self.produced - sum(committed.values()) > MAX_BACKLOG:
+                    time.sleep(PRODUCE_EVERY_SECONDS)
+                    continue
                 batch = list(data.records(self.rng, self.produced, PRODUCE_RECORDS))
                 for record in batch:
                     producer.produce(TOPIC, key=record.key, value=record.value, on_delivery=delivered)
