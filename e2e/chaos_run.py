@@ -286,9 +286,10 @@ class Chaos:
     def progress(self) -> str:
         with self.tally.lock:
             kills = dict(self.tally.by_component)
+        converged = sum(f.converged_after is not None for f in self.faults)
         return (
             f"kills {sum(kills.values())}/{KILLS} {kills}, produced {self.produced}, "
-            f"committed {sum(self.committed().values())}, faults done {sum(f.ended > 0 for f in self.faults)}"
+            f"committed {sum(self.committed().values())}, faults converged {converged}"
         )
 
     def progress_loop(self) -> None:
