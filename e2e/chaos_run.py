@@ -643,7 +643,7 @@ def _watermarks(kafka: KafkaBroker) -> dict[int, int]:
 # --- the run --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(1800 + KILLS * 60)
+@pytest.mark.timeout(1800 + KILLS * 90)
 def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     kafka: KafkaBroker,
     kube: KubeAPIServer,
