@@ -93,7 +93,8 @@ bench-compaction: setup
 
 # The chaos run (e2e/chaos_run.py; not a test: `make test` never collects it): CHAOS_KILLS observed kills of
 # the driver, compaction pods and operator plus a broker restart, catalog and object-store outages and a
-# paused writer, then an audit by content. About 15 s per kill on a 2-core machine. Results in
+# paused writer, then an audit by content. CHAOS_KILLS=20 took 39 min on a 2-core machine at a load average
+# of 12 to 19 (setup and the four outages are ~20 min of it; a driver kill costs a Spark start). Results in
 # bench/results/chaos.md. Extra pytest options: CHAOS_ARGS.
 CHAOS_KILLS ?= 200
 CHAOS_SEED ?= 1
