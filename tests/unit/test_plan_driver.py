@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from icefall.controller.reconcile import Config
 from icefall.plan.driver import (
     MAX_BACKOFF_SECONDS,
     RESET_AFTER_SECONDS,
@@ -171,6 +172,21 @@ def test_failures_back_off_exponentially_up_to_five_minutes() -> None:
     assert cluster.history.failures == 8
     assert cluster.history.last_exit_code == 137
     assert backoff_seconds(0) == 0 and backoff_seconds(1000) == MAX_BACKOFF_SECONDS
+
+
+def test_the_operator_can_cap_the_backoff_lower() -> None:
+    """`ICEFALL_DRIVER_MAX_BACKOFF_SECONDS` (the chaos run restarts drivers hundreds of times)."""
+    assert [backoff_seconds(n, cap=2) for n in (0, 1, 5, 50)] == [0, 2, 2, 2]
+    history = DriverHistory(failures=6, spec_hash=HASH, last_failure_time=T0)
+    waiting = decide(None, desired_hash=HASH, history=history, now=T0 + timedelta(seconds=1),
+                     max_backoff_seconds=2)  # fmt: skip
+    assert waiting.action is Action.WAIT and waiting.requeue_seconds == pytest.approx(1)
+    later = T0 + timedelta(seconds=2)
+    assert decide(None, desired_hash=HASH, history=history, now=later, max_backoff_seconds=2).action is (
+        Action.CREATE
+    )
+    assert Config.from_env({"ICEFALL_DRIVER_MAX_BACKOFF_SECONDS": "2"}).driver_max_backoff_seconds == 2
+    assert Config.from_env({}).driver_max_backoff_seconds == MAX_BACKOFF_SECONDS
 
 
 def test_a_failed_pod_is_counted_once_even_when_decided_twice() -> None:

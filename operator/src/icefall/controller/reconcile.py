@@ -54,6 +54,7 @@ from icefall.plan.conditions import (
     should_write_status,
 )
 from icefall.plan.driver import (
+    MAX_BACKOFF_SECONDS,
     Action,
     DriverHistory,
     Event,
@@ -77,13 +78,19 @@ class Config:
 
     image: str = DEFAULT_IMAGE
     settings: OperatorSettings = field(default_factory=OperatorSettings)
+    #: The cap of a failed driver's restart backoff (plan/driver.py); lowered by the chaos run.
+    driver_max_backoff_seconds: float = MAX_BACKOFF_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        """`ICEFALL_IMAGE` and the settings of `icefall.plan.children.SETTINGS_ENV`; defaults otherwise."""
+        """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS` and the settings of
+        `icefall.plan.children.SETTINGS_ENV`; defaults otherwise."""
         env = os.environ if env is None else env
         settings = OperatorSettings.from_environ(env)
-        return cls(image=env.get("ICEFALL_IMAGE", DEFAULT_IMAGE), settings=settings)
+        cap = float(env.get("ICEFALL_DRIVER_MAX_BACKOFF_SECONDS", MAX_BACKOFF_SECONDS))
+        return cls(
+            image=env.get("ICEFALL_IMAGE", DEFAULT_IMAGE), settings=settings, driver_max_backoff_seconds=cap
+        )
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,7 @@ def reconcile(
         now=now,
         hold=bool(problems),
         claimed_by=owner.ref if owner is not None else None,
+        max_backoff_seconds=config.driver_max_backoff_seconds,
     )
     if not act:
         pass  # status only: the next full pass acts on the same decision

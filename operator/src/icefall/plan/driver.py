@@ -177,11 +177,12 @@ class DriverDecision:
     requeue_seconds: float | None = None
 
 
-def backoff_seconds(failures: int) -> float:
-    """Delay before attempt `failures + 1`: 10 s, 20 s, 40 s, ... capped at 5 min; 0 without failures."""
+def backoff_seconds(failures: int, cap: float = MAX_BACKOFF_SECONDS) -> float:
+    """Delay before attempt `failures + 1`: 10 s, 20 s, 40 s, ... capped at `cap` (5 min); 0 without
+    failures."""
     if failures <= 0:
         return 0.0
-    return min(INITIAL_BACKOFF_SECONDS * float(2 ** min(failures - 1, 30)), MAX_BACKOFF_SECONDS)
+    return min(INITIAL_BACKOFF_SECONDS * float(2 ** min(failures - 1, 30)), cap)
 
 
 def decide(
@@ -192,6 +193,7 @@ def decide(
     now: datetime,
     hold: bool = False,
     claimed_by: str | None = None,
+    max_backoff_seconds: float = MAX_BACKOFF_SECONDS,
 ) -> DriverDecision:
     """What to do about the driver Pod. `desired_hash` is `Children.spec_hash`, or None when no driver
     should run (suspended).
@@ -201,7 +203,8 @@ def decide(
     the current spec.
 
     `claimed_by` (another StreamingTable owns the same catalog table, `plan.claims`) means no driver, like
-    suspend, with messages and the Event naming the owner.
+    suspend, with messages and the Event naming the owner. `max_backoff_seconds` caps the restart backoff
+    (the operator's `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS`; the chaos run restarts drivers hundreds of times).
     """
     if claimed_by is not None:
         why = f"the table is claimed by the older StreamingTable {claimed_by}"
@@ -214,11 +217,11 @@ def decide(
         # Failures under an older spec say nothing about this one: start afresh.
         history = DriverHistory(spec_hash=desired_hash)
     if observed is None:
-        return _absent(desired_hash, history, now)
+        return _absent(desired_hash, history, now, max_backoff_seconds)
     if observed.deletion_timestamp is not None:
         return _terminating(observed, history)
     if observed.phase in (PodPhase.SUCCEEDED, PodPhase.FAILED):
-        return _exited(observed, desired_hash, history, now)
+        return _exited(observed, desired_hash, history, now, max_backoff_seconds)
     if observed.phase is PodPhase.UNKNOWN:
         return DriverDecision(
             Action.KEEP,
@@ -253,7 +256,7 @@ def _not_wanted(  # noqa: PLR0917 (private; every caller passes all of them)
     return DriverDecision(Action.DELETE, fresh, DriverState.NOT_WANTED, why, (event,))
 
 
-def _absent(desired_hash: str, history: DriverHistory, now: datetime) -> DriverDecision:
+def _absent(desired_hash: str, history: DriverHistory, now: datetime, cap: float) -> DriverDecision:
     if history.failures == 0:
         event = Event(EventReason.DRIVER_CREATED, f"starting the ingestion driver (spec hash {desired_hash})")
         return DriverDecision(
@@ -263,7 +266,7 @@ def _absent(desired_hash: str, history: DriverHistory, now: datetime) -> DriverD
             "creating",
             (event,),
         )
-    delay = backoff_seconds(history.failures)
+    delay = backoff_seconds(history.failures, cap)
     # No failure time (a history written by hand): do not wait forever on a moving "now".
     since = history.last_failure_time
     remaining = 0.0 if since is None else delay - (now - since).total_seconds()
@@ -293,7 +296,9 @@ def _terminating(observed: DriverPod, history: DriverHistory) -> DriverDecision:
     return DriverDecision(Action.WAIT, history, state, message, (), TERMINATING_POLL_SECONDS)
 
 
-def _exited(observed: DriverPod, desired_hash: str, history: DriverHistory, now: datetime) -> DriverDecision:
+def _exited(
+    observed: DriverPod, desired_hash: str, history: DriverHistory, now: datetime, cap: float
+) -> DriverDecision:
     """A driver never finishes on its own: any exit is a failure, counted once per pod, then deleted."""
     if history.last_failed_uid == observed.uid:  # counted already; the delete did not happen yet
         return DriverDecision(Action.DELETE, history, DriverState.BACKING_OFF, _failure_text(history))
@@ -324,7 +329,7 @@ def _exited(observed: DriverPod, desired_hash: str, history: DriverHistory, now:
     event = Event(
         reason,
         f"the ingestion driver {_exit_text(observed)}; restarting in "
-        f"{backoff_seconds(history.failures):.0f} s (failure {history.failures})",
+        f"{backoff_seconds(history.failures, cap):.0f} s (failure {history.failures})",
         EventType.WARNING,
     )
     return DriverDecision(Action.DELETE, history, DriverState.BACKING_OFF, _failure_text(history), (event,))

@@ -27,6 +27,9 @@ watches Pods in its namespace and, for each new one:
    Pod with a grace period stays Terminating forever. A Pod removed outright (grace 0) gets SIGTERM and
    2 s. When the main process exits, what is left of its process group is killed (a container's PID
    namespace ends with its PID 1).
+6. records every container run that ended in `exits` (`ContainerExit`: pod, exit code, its part of the
+   log), and, as a test hook, adds `container_env(pod, restart_count)` to the environment of each start
+   (the chaos run arms a random failpoint in each new process that way).
 
 The file system each container sees (so the harness cannot hide a shared disk): the container starts in
 a private mount namespace of its own (`unshare(CLONE_NEWNS)`, the kubelet runs as root) where
@@ -80,7 +83,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -191,6 +194,28 @@ class _Container:
     spec_file: Path
 
 
+@dataclass(frozen=True)
+class ContainerExit:
+    """One container run that ended: its Pod, exit code (128 + N when killed by signal N) and where its
+    output is (`log_path` from byte `log_offset` on: the log holds every restart of the container)."""
+
+    name: str
+    uid: str
+    pid: int  # also its process group: the container ran in a session of its own
+    exit_code: int
+    log_path: Path
+    log_offset: int
+
+    def output(self) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode(errors="replace")
+
+
+#: A test hook: extra environment for one container start, from the Pod and its restart count.
+ContainerEnv = Callable[[Obj, int], Mapping[str, str]]
+
+
 @dataclass
 class _PodRun:
     """One Pod this kubelet runs: its worker thread, its process and what it knows about the Pod."""
@@ -264,6 +289,11 @@ class LocalKubelet:
         self._watcher: threading.Thread | None = None
         #: Every pod uid this kubelet started a container for, in order (tests read restarts from it).
         self.started: list[str] = []
+        #: Every container run that ended, in order (the chaos run counts kills from them).
+        self.exits: list[ContainerExit] = []
+        #: Test hook (the chaos run arms a random failpoint per start): called before each start of a
+        #: container, its result added to the container's environment. None: the Pod's environment only.
+        self.container_env: ContainerEnv | None = None
 
     # --- lifecycle of the kubelet itself ------------------------------------------------------------------
 
@@ -309,6 +339,17 @@ class LocalKubelet:
                     path.unlink() if path.is_file() else path.rmdir()
         finally:
             lock.close()
+
+    def running_pids(self) -> dict[str, int]:
+        """Pod name → pid of its running container (also its process group), for pods running now."""
+        with self._lock:
+            runs = list(self._runs.values())
+        found: dict[str, int] = {}
+        for run in runs:
+            process = run.process
+            if process is not None and process.poll() is None and not run.stop.is_set():
+                found[run.name] = process.pid
+        return found
 
     def log_path(self, name: str, uid: str | None = None) -> Path | None:
         """The container log of the newest run of Pod `name` (or of that very `uid`), if any."""
@@ -641,7 +682,11 @@ class LocalKubelet:
         The process is this venv's Python running `_ENTER_POD` (isolated: -I -S), which makes the pod's
         mount namespace and then execs the container's command in place: same pid and session."""
         log_path = run.folder / "container.log"
+        env = dict(container.env)
+        if self.container_env is not None:
+            env.update(self.container_env(pod, run.restarts))
         with log_path.open("ab") as out:
+            offset = out.tell()
             out.write(f"--- {started} local kubelet: {' '.join(container.argv)}\n".encode())
             out.flush()
             run.process = subprocess.Popen(
@@ -649,7 +694,7 @@ class LocalKubelet:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=dict(container.env),
+                env=env,
                 cwd="/",
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl runs before exec)
@@ -666,7 +711,10 @@ class LocalKubelet:
         # The container ends with its main process: nothing it started outlives it.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        return 128 - code if code < 0 else code  # killed by signal N: 128 + N, like a container runtime
+        code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, like a container runtime
+        with self._lock:
+            self.exits.append(ContainerExit(run.name, run.uid, process.pid, code, log_path, offset))
+        return code
 
     @staticmethod
     def _terminate(process: subprocess.Popen[bytes], grace: float) -> None:
