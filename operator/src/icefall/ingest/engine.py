@@ -42,6 +42,7 @@ from icefall.catalog import CatalogConfig
 from icefall.commit import (
     Batch,
     CommitOutcome,
+    CommittedState,
     FencedError,
     MaintenanceConflictError,
     StaleHeadError,
@@ -62,6 +63,7 @@ from icefall.kafka.dead_letters import produce_dead_letters
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.outages import Outages, classify, service_addresses, sleep_unless
 from icefall.plan.batching import BatchLimits, choose_batch_size, next_batch_delay, update_throughput
+from icefall.plan.lag import freshness_seconds, partition_lag, total_lag
 from icefall.plan.offsets import OffsetRange, plan_offsets, source_change, spark_offset_options
 
 if TYPE_CHECKING:
@@ -188,6 +190,77 @@ class _Progress:
     data_loss_seen: set[tuple[int, int]] = field(default_factory=set)
 
 
+class _PhaseClock:
+    """Seconds per phase of one batch (`BatchReport.phases`), on the monotonic clock."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.phases: dict[str, float] = {}
+        self._mark = self.started
+
+    def mark(self, name: str) -> None:
+        """The time since the previous mark belongs to phase `name`."""
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+    def mark_stage_and_commit(self, commit_seconds: float) -> None:
+        """The time since the previous mark was staging, but its last `commit_seconds` were the commit."""
+        now = time.monotonic()
+        self.phases["stage"] = now - self._mark - commit_seconds
+        self.phases["commit"] = commit_seconds
+        self._mark = now
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+@dataclass(frozen=True)
+class _PlannedBatch:
+    """A batch planned from the table's committed state and the watermarks, before anything is read."""
+
+    committed: CommittedState
+    topic_id: str | None
+    watermarks: Mapping[int, tuple[int, int]]
+    ranges: tuple[OffsetRange, ...]  # what to read (may be empty: a batch that only pins or skips)
+    start: dict[int, int]  # the commit's offset range per partition (ranges, plus pinned and skipped ones)
+    end: dict[int, int]
+    gaps: dict[int, int]  # retention gaps the commit acknowledges
+    lost: int  # records lost to retention first reported by this batch
+
+    def batch(self, topic: str, max_produce_ms: int | None) -> Batch:
+        return Batch(
+            topic=topic,
+            start=self.start,
+            end=self.end,
+            max_produce_time_ms=max_produce_ms,
+            retention_gaps=self.gaps,
+            topic_id=self.topic_id,
+        )
+
+
+@dataclass(frozen=True)
+class _ReadStats:
+    """What the read of a batch saw: records, bytes of their values, newest produce time."""
+
+    records: int
+    bytes: int
+    max_produce_ms: int | None
+
+    @classmethod
+    def of(cls, records: Any, value_bytes: Any, newest: Any) -> _ReadStats:
+        """From Spark's aggregates: a count, a sum (None over no rows), a max timestamp (None or datetime)."""
+        return cls(
+            records=int(records or 0),
+            bytes=int(value_bytes or 0),
+            max_produce_ms=int(newest.timestamp() * 1000) if newest is not None else None,
+        )
+
+
+def _newest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
 class Ingestor:
     """One table's writer. Call `start()` once (takes the lease), then `run_batch()` in a loop."""
 
@@ -306,27 +379,55 @@ class Ingestor:
     def run_batch(self) -> BatchReport | None:
         """Plan, read, write and commit one batch; None when there was nothing to read.
 
+        The steps, in order: `_plan_batch` (committed state, watermarks, offset ranges), `_read_decode`
+        (the Kafka read, decoded once and counted), `_dead_letter_step` (bad rows: dead-letter table, then
+        the dead-letter topic), `_write_and_commit` (good rows staged, then the compare-and-swap of
+        `main`), `_report_batch` (lag and freshness after the commit, the pacing figures, the metrics).
+
         Raises FencedError when this writer lost its lease or a newer writer committed (stop writing),
         StaleHeadError when the table moved under the batch (plan again).
         """
-        started = time.monotonic()
-        self._progress.last_batch_started = started
-        phases: dict[str, float] = {}
-        mark = [started]
+        clock = _PhaseClock()
+        self._progress.last_batch_started = clock.started
+        planned = self._plan_batch()
+        if planned is None:
+            return None
+        from icefall.ingest.decode import decode, split
 
-        def phase(name: str) -> None:
-            now = time.monotonic()
-            phases[name] = phases.get(name, 0.0) + now - mark[0]
-            mark[0] = now
+        # Decode once: the good and the dead-letter outputs both read this cached frame.
+        raw = self._read(planned.ranges) if planned.ranges else self._empty_source()
+        source = decode(raw, self.spec).persist()
+        clock.mark("plan")
+        try:
+            stats = self._read_decode(source)
+            clock.mark("read_decode")
+            self._check_topic_unchanged(planned.topic_id)
+            batch = planned.batch(self.spec.source.topic, stats.max_produce_ms)
+            prepared = split(source, self.spec)
+            dead = self._dead_letter_step(prepared.bad, batch, planned)
+            clock.mark("dead_letters")
+            snapshot_id, commit_seconds = self._write_and_commit(
+                prepared.good, batch, planned.committed.offsets
+            )
+            clock.mark_stage_and_commit(commit_seconds)
+            self._dead_letters_dirty = False  # main caught up with the dead letters just committed
+        finally:
+            source.unpersist()
+        return self._report_batch(
+            planned, stats, dead=dead, snapshot_id=snapshot_id, commit_seconds=commit_seconds, clock=clock
+        )
 
+    def _plan_batch(self) -> _PlannedBatch | None:
+        """Read the committed state and the watermarks, choose the batch size and plan the offset ranges;
+        None (lag published) when there is nothing to commit. Reconciles the dead-letter table first when
+        a batch may have left it ahead."""
         committed = read_committed(self.table)  # refreshes the table
         if self._sweep_pending:
             self._sweep_after_outage()
         topic_id = self.topic.topic_id()
         watermarks = self.topic.watermarks()
-        backlog = sum(high - committed.offsets.get(p, low) for p, (low, high) in watermarks.items())
         size = choose_batch_size(
-            backlog_records=max(backlog, 0),
+            backlog_records=total_lag(committed.offsets, watermarks),
             freshness_target_seconds=self.spec.freshness.target_seconds,
             throughput_rps=self._progress.throughput_rps,
             last_batch_seconds=self._progress.last_batch_seconds,
@@ -359,110 +460,107 @@ class Ingestor:
             self.reconcile_dead_letters()
 
         lost = self._report_data_loss(plan)
-        ranges = plan.ranges
-        start = {r.partition: r.start for r in ranges}
-        end = {r.partition: r.end for r in ranges}
+        start = {r.partition: r.start for r in plan.ranges}
+        end = {r.partition: r.end for r in plan.ranges}
         # A partition retention emptied past its committed offset is committed at its low watermark even
         # with nothing to read, so the loss lands in the table (icefall.lost-records) with this batch.
         for loss in plan.data_loss:
             start.setdefault(loss.partition, loss.earliest_available)
             end.setdefault(loss.partition, loss.earliest_available)
-        gaps = {d.partition: d.committed for d in plan.data_loss}
         if pin_start:
             for partition, offset in plan.positions.starts.items():
                 start.setdefault(partition, offset)
                 end.setdefault(partition, offset)
-
-        from icefall.ingest.decode import decode, split
-
-        # Decode once: the good and the dead-letter outputs both read this cached frame.
-        raw = self._read(ranges) if ranges else self._empty_source()
-        source = decode(raw, self.spec).persist()
-        phase("plan")
-        try:
-            prepared = split(source, self.spec)
-            from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-            stats = source.agg(
-                F.count("*").alias("records"),
-                F.max("timestamp").alias("newest"),
-                F.sum(F.length("value")).alias("bytes"),
-            ).collect()[0]
-            records_read = int(stats["records"])
-            bytes_read = int(stats["bytes"] or 0)
-            newest = stats["newest"]
-            phase("read_decode")
-            # The records are read: were they read from the topic the offsets were planned on?
-            if self.topic.topic_id() != topic_id:
-                raise SourceChangedError(
-                    f"{self.label}: topic {self.spec.source.topic!r} was recreated "
-                    "while a batch was read; the batch is not committed"
-                )
-            max_produce_ms = int(newest.timestamp() * 1000) if newest is not None else None
-            batch = Batch(
-                topic=self.spec.source.topic,
-                start=start,
-                end=end,
-                max_produce_time_ms=max_produce_ms,
-                retention_gaps=gaps,
-                topic_id=topic_id,
-            )
-            dead = self._write_dead_letters(prepared.bad, batch, committed.offsets)
-            if dead and self.spec.dead_letter.topic is not None:
-                # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
-                produce_dead_letters(
-                    prepared.bad,
-                    bootstrap=self.spec.source.bootstrap_servers,
-                    topic=self.spec.dead_letter.topic,
-                    source=DeadLetterSource(self.spec.source.topic, topic_id, self.epoch),
-                    kafka_config=self._kafka_config,
-                )
-                failpoint("dlq-topic.after-produce")
-            phase("dead_letters")
-            snapshot_id, commit_seconds = self._write_and_commit(prepared.good, batch, committed.offsets)
-            phases["stage"] = time.monotonic() - mark[0] - commit_seconds
-            phases["commit"] = commit_seconds
-            mark[0] = time.monotonic()
-            self._dead_letters_dirty = False  # main caught up with the dead letters just committed
-        finally:
-            source.unpersist()
-
-        written = self._added_records(snapshot_id)
-        seconds = time.monotonic() - started
-        self._progress.throughput_rps = update_throughput(
-            self._progress.throughput_rps, records_read, seconds
+        return _PlannedBatch(
+            committed=committed,
+            topic_id=topic_id,
+            watermarks=watermarks,
+            ranges=plan.ranges,
+            start=start,
+            end=end,
+            gaps={d.partition: d.committed for d in plan.data_loss},
+            lost=lost,
         )
-        self._progress.last_batch_seconds = seconds
-        self._progress.last_batch_records = records_read
+
+    def _read_decode(self, source: DataFrame) -> _ReadStats:
+        """Count the records, bytes and newest produce time of the decoded batch (this runs the read)."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        stats = source.agg(
+            F.count("*").alias("records"),
+            F.max("timestamp").alias("newest"),
+            F.sum(F.length("value")).alias("bytes"),
+        ).collect()[0]
+        return _ReadStats.of(stats["records"], stats["bytes"], stats["newest"])
+
+    def _check_topic_unchanged(self, planned_topic_id: str | None) -> None:
+        """The records are read: were they read from the topic the offsets were planned on?"""
+        if self.topic.topic_id() != planned_topic_id:
+            raise SourceChangedError(
+                f"{self.label}: topic {self.spec.source.topic!r} was recreated "
+                "while a batch was read; the batch is not committed"
+            )
+
+    def _dead_letter_step(self, bad: DataFrame, batch: Batch, planned: _PlannedBatch) -> int:
+        """Commit the bad rows to the dead-letter table, then produce them to the dead-letter topic (if
+        the spec names one); both before the main commit. Returns how many there were."""
+        dead = self._write_dead_letters(bad, batch, planned.committed.offsets)
+        if dead and self.spec.dead_letter.topic is not None:
+            # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
+            produce_dead_letters(
+                bad,
+                bootstrap=self.spec.source.bootstrap_servers,
+                topic=self.spec.dead_letter.topic,
+                source=DeadLetterSource(self.spec.source.topic, planned.topic_id, self.epoch),
+                kafka_config=self._kafka_config,
+            )
+            failpoint("dlq-topic.after-produce")
+        return dead
+
+    def _report_batch(
+        self,
+        planned: _PlannedBatch,
+        stats: _ReadStats,
+        *,
+        dead: int,
+        snapshot_id: int,
+        commit_seconds: float,
+        clock: _PhaseClock,
+    ) -> BatchReport:
+        """After the commit: update the pacing figures, measure lag and freshness, publish the metrics."""
+        written = self._added_records(snapshot_id)
+        seconds = clock.elapsed()
+        progress = self._progress
+        progress.throughput_rps = update_throughput(progress.throughput_rps, stats.records, seconds)
+        progress.last_batch_seconds = seconds
+        progress.last_batch_records = stats.records
+        committed = planned.committed
+        offsets = {**committed.offsets, **planned.end}
         # The lag when the commit landed, not when the batch was planned: records keep arriving while a
         # batch runs, and a lag of 0 from the old watermarks would call a live table caught up (and let
         # in-process maintenance run) while it is seconds behind. Watermarks are one cheap broker call.
-        lag = {
-            p: max(high - end.get(p, committed.offsets.get(p, low)), 0)
-            for p, (low, high) in self._watermarks_after(watermarks).items()
-        }
-        self._progress.backlog_after_last_batch = sum(lag.values())
-        behind = (
-            0.0 if not any(lag.values()) or max_produce_ms is None else time.time() - max_produce_ms / 1000
-        )
+        lag = partition_lag(offsets, self._watermarks_after(planned.watermarks))
+        progress.backlog_after_last_batch = sum(lag.values())
+        newest = _newest(committed.max_produce_time_ms, stats.max_produce_ms)
+        behind = freshness_seconds(sum(lag.values()), newest, time.time())
         report = BatchReport(
-            records_read=records_read,
+            records_read=stats.records,
             records_written=written,
             records_dead_lettered=dead,
             seconds=seconds,
             commit_seconds=commit_seconds,
             snapshot_id=snapshot_id,
-            offsets={**committed.offsets, **end},
+            offsets=offsets,
             lag=sum(lag.values()),
-            freshness_seconds=max(behind, 0.0),
-            bytes_read=bytes_read,
-            data_loss=lost,
-            phases=phases,
+            freshness_seconds=behind or 0.0,
+            bytes_read=stats.bytes,
+            data_loss=planned.lost,
+            phases=clock.phases,
         )
-        phase("report")
+        clock.mark("report")
         log.debug(
-            "%s: batch of %d records in %.2fs: %s", self.label, records_read, seconds,
-            ", ".join(f"{name} {secs:.2f}s" for name, secs in phases.items()),
+            "%s: batch of %d records in %.2fs: %s", self.label, stats.records, seconds,
+            ", ".join(f"{name} {secs:.2f}s" for name, secs in clock.phases.items()),
         )  # fmt: skip
         self._publish(report, lag)
         return report
