@@ -45,6 +45,7 @@ from icefall.commit import (
     CommittedState,
     FencedError,
     MaintenanceConflictError,
+    Stage,
     StaleHeadError,
     abandon_stage,
     claim_epoch,
@@ -120,8 +121,9 @@ class BatchReport:
     freshness_seconds: float = 0.0  # now - produce time of the newest committed record; 0 when caught up
     bytes_read: int = 0
     data_loss: int = 0
-    # Seconds per phase of the batch (plan, read_decode, dead_letters, stage, commit, report): where a
-    # batch's fixed cost goes. Spark is lazy, so "read_decode" is the Kafka read, decode and cache together.
+    # Seconds per phase of the batch (plan, stage, write, dead_letters, commit, report): where a batch's
+    # fixed cost goes. "write" is the one Spark job that reads, decodes and writes the good rows; "stage"
+    # creates the staging branch and makes sure it holds a snapshot.
     phases: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -207,8 +209,8 @@ class _PhaseClock:
     def mark_stage_and_commit(self, commit_seconds: float) -> None:
         """The time since the previous mark was staging, but its last `commit_seconds` were the commit."""
         now = time.monotonic()
-        self.phases["stage"] = now - self._mark - commit_seconds
-        self.phases["commit"] = commit_seconds
+        self.phases["stage"] = self.phases.get("stage", 0.0) + now - self._mark - commit_seconds
+        self.phases["commit"] = self.phases.get("commit", 0.0) + commit_seconds
         self._mark = now
 
     def elapsed(self) -> float:
@@ -241,19 +243,21 @@ class _PlannedBatch:
 
 @dataclass(frozen=True)
 class _ReadStats:
-    """What the read of a batch saw: records, bytes of their values, newest produce time."""
+    """What the read of a batch saw: records, bytes of their values, newest produce time, bad records."""
 
     records: int
     bytes: int
     max_produce_ms: int | None
+    bad: int
 
     @classmethod
-    def of(cls, records: Any, value_bytes: Any, newest: Any) -> _ReadStats:
-        """From Spark's aggregates: a count, a sum (None over no rows), a max timestamp (None or datetime)."""
+    def of(cls, records: Any, value_bytes: Any, newest: Any, bad: Any) -> _ReadStats:
+        """From Spark's aggregates: counts, a sum (None over no rows), a max timestamp (None or datetime)."""
         return cls(
             records=int(records or 0),
             bytes=int(value_bytes or 0),
             max_produce_ms=int(newest.timestamp() * 1000) if newest is not None else None,
+            bad=int(bad or 0),
         )
 
 
@@ -379,10 +383,13 @@ class Ingestor:
     def run_batch(self) -> BatchReport | None:
         """Plan, read, write and commit one batch; None when there was nothing to read.
 
-        The steps, in order: `_plan_batch` (committed state, watermarks, offset ranges), `_read_decode`
-        (the Kafka read, decoded once and counted), `_dead_letter_step` (bad rows: dead-letter table, then
-        the dead-letter topic), `_write_and_commit` (good rows staged, then the compare-and-swap of
-        `main`), `_report_batch` (lag and freshness after the commit, the pacing figures, the metrics).
+        The steps, in order: `_plan_batch` (committed state, watermarks, offset ranges), a staging branch
+        of `main`, `_write_good_rows` (ONE Spark job: read, decode, write the good rows to the branch, and
+        count records, bytes, newest produce time and bad rows on the way), `_dead_letter_step` (only when
+        there are bad rows: the same offsets read again, the bad rows committed to the dead-letter table,
+        then produced to the dead-letter topic), `_commit_main` (the compare-and-swap of `main`, after the
+        dead letters as the protocol requires), `_report_batch` (lag and freshness after the commit, the
+        pacing figures, the metrics).
 
         Raises FencedError when this writer lost its lease or a newer writer committed (stop writing),
         StaleHeadError when the table moved under the batch (plan again).
@@ -392,27 +399,21 @@ class Ingestor:
         planned = self._plan_batch()
         if planned is None:
             return None
-        from icefall.ingest.decode import decode, split
-
-        # Decode once: the good and the dead-letter outputs both read this cached frame.
-        raw = self._read(planned.ranges) if planned.ranges else self._empty_source()
-        source = decode(raw, self.spec).persist()
         clock.mark("plan")
-        try:
-            stats = self._read_decode(source)
-            clock.mark("read_decode")
+        stage = prepare_stage(self.table, self._next_branch(), role="main")
+        with _dropped_unless_committed(self.table, stage.branch, self.label, "main"):
+            if stage.base.offsets != planned.committed.offsets:
+                raise StaleHeadError("the table moved between planning and staging")
+            clock.mark("stage")
+            stats = self._write_good_rows(planned, stage.branch)
+            clock.mark("write")
             self._check_topic_unchanged(planned.topic_id)
             batch = planned.batch(self.spec.source.topic, stats.max_produce_ms)
-            prepared = split(source, self.spec)
-            dead = self._dead_letter_step(prepared.bad, batch, planned)
+            dead = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else 0
             clock.mark("dead_letters")
-            snapshot_id, commit_seconds = self._write_and_commit(
-                prepared.good, batch, planned.committed.offsets
-            )
+            snapshot_id, commit_seconds = self._commit_main(stage, batch)
             clock.mark_stage_and_commit(commit_seconds)
-            self._dead_letters_dirty = False  # main caught up with the dead letters just committed
-        finally:
-            source.unpersist()
+        self._dead_letters_dirty = False  # main caught up with the dead letters just committed
         return self._report_batch(
             planned, stats, dead=dead, snapshot_id=snapshot_id, commit_seconds=commit_seconds, clock=clock
         )
@@ -482,16 +483,29 @@ class Ingestor:
             lost=lost,
         )
 
-    def _read_decode(self, source: DataFrame) -> _ReadStats:
-        """Count the records, bytes and newest produce time of the decoded batch (this runs the read)."""
+    def _write_good_rows(self, planned: _PlannedBatch, branch: str) -> _ReadStats:
+        """Read the planned offsets, decode them (no error text) and append the good rows to `branch`, in
+        one Spark job that also counts, through an observation, every record read, their value bytes, the
+        newest produce time and the bad rows. A batch with nothing to read writes nothing here
+        (`_commit_main` stages its empty snapshot)."""
+        if not planned.ranges:
+            return _ReadStats(records=0, bytes=0, max_produce_ms=None, bad=0)
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        stats = source.agg(
-            F.count("*").alias("records"),
-            F.max("timestamp").alias("newest"),
+        from icefall.ingest.decode import BAD_COLUMN, decode, good_rows
+
+        observation = Observation()
+        decoded = decode(self._read(planned.ranges), self.spec, errors=False).observe(
+            observation,
+            F.count(F.lit(1)).alias("records"),
             F.sum(F.length("value")).alias("bytes"),
-        ).collect()[0]
-        return _ReadStats.of(stats["records"], stats["bytes"], stats["newest"])
+            F.max("timestamp").alias("newest"),
+            F.count_if(F.col(BAD_COLUMN)).alias("bad"),
+        )
+        good_rows(decoded, self.spec).writeTo(self._spark_name(self.st.table_identifier, branch)).append()
+        seen = observation.get
+        return _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"])
 
     def _check_topic_unchanged(self, planned_topic_id: str | None) -> None:
         """The records are read: were they read from the topic the offsets were planned on?"""
@@ -501,20 +515,27 @@ class Ingestor:
                 "while a batch was read; the batch is not committed"
             )
 
-    def _dead_letter_step(self, bad: DataFrame, batch: Batch, planned: _PlannedBatch) -> int:
-        """Commit the bad rows to the dead-letter table, then produce them to the dead-letter topic (if
-        the spec names one); both before the main commit. Returns how many there were."""
-        dead = self._write_dead_letters(bad, batch, planned.committed.offsets)
-        if dead and self.spec.dead_letter.topic is not None:
-            # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
-            produce_dead_letters(
-                bad,
-                bootstrap=self.spec.source.bootstrap_servers,
-                topic=self.spec.dead_letter.topic,
-                source=DeadLetterSource(self.spec.source.topic, planned.topic_id, self.epoch),
-                kafka_config=self._kafka_config,
-            )
-            failpoint("dlq-topic.after-produce")
+    def _dead_letter_step(self, batch: Batch, planned: _PlannedBatch, expected: int) -> int:
+        """Read the batch's offsets again and commit its `expected` bad rows (with their error text) to the
+        dead-letter table, then produce them to the dead-letter topic (if the spec names one); both before
+        the main commit. Returns how many there were."""
+        from icefall.ingest.decode import bad_rows, decode
+
+        bad = bad_rows(decode(self._read(planned.ranges), self.spec)).persist()
+        try:
+            dead = self._write_dead_letters(bad, batch, planned.committed.offsets, expected)
+            if dead and self.spec.dead_letter.topic is not None:
+                # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
+                produce_dead_letters(
+                    bad,
+                    bootstrap=self.spec.source.bootstrap_servers,
+                    topic=self.spec.dead_letter.topic,
+                    source=DeadLetterSource(self.spec.source.topic, planned.topic_id, self.epoch),
+                    kafka_config=self._kafka_config,
+                )
+                failpoint("dlq-topic.after-produce")
+        finally:
+            bad.unpersist()
         return dead
 
     def _report_batch(
@@ -652,20 +673,15 @@ class Ingestor:
         self._attempt += 1
         return stage_branch_name(f"{self.writer_id}_e{self.epoch}", self._attempt)
 
-    def _write_and_commit(
-        self, good: DataFrame, batch: Batch, committed: Mapping[int, int]
-    ) -> tuple[int, float]:
-        """Stage the good rows and commit them; returns the snapshot id and the seconds of the commit."""
-        stage = prepare_stage(self.table, self._next_branch(), role="main")
-        with _dropped_unless_committed(self.table, stage.branch, self.label, "main"):
-            if stage.base.offsets != committed:
-                raise StaleHeadError("the table moved between planning and staging")
-            good.writeTo(self._spark_name(self.st.table_identifier, stage.branch)).append()
-            # A fallback: Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot.
-            _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)
-            self._check_lease()
-            commit_started = time.monotonic()
-            outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
+    def _commit_main(self, stage: Stage, batch: Batch) -> tuple[int, float]:
+        """Commit what is staged on `stage` (an empty snapshot if nothing is); returns the snapshot id and
+        the seconds of the commit itself."""
+        # Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot; a batch that read
+        # nothing (it only pins its start or skips a retention gap) wrote nothing: stage one here.
+        _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)
+        self._check_lease()
+        commit_started = time.monotonic()
+        outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
         self._count_restage(self.label, outcome)
         return outcome.snapshot_id, time.monotonic() - commit_started
 
@@ -680,10 +696,13 @@ class Ingestor:
             raise RuntimeError("call start() first: it takes the commit lease")
         self._keeper.check(self.label)
 
-    def _write_dead_letters(self, bad: DataFrame, batch: Batch, committed: Mapping[int, int]) -> int:
-        count = int(bad.count())
-        if count == 0 or self.dead_letter_table is None:
-            return count
+    def _write_dead_letters(
+        self, bad: DataFrame, batch: Batch, committed: Mapping[int, int], expected: int
+    ) -> int:
+        """Commit the `expected` rows of `bad` to the dead-letter table; refused (StaleHeadError, nothing
+        committed) if reading the offsets again gave another number of bad rows."""
+        if expected == 0 or self.dead_letter_table is None:
+            return expected
         dlq = self.dead_letter_table
         stage = prepare_stage(dlq, self._next_branch(), role="dlq")
         known = stage.base.offsets
@@ -703,12 +722,22 @@ class Ingestor:
             topic_id=batch.topic_id,
         )
         label = ".".join(self.st.dead_letter_identifier or ())
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        observation = Observation()
+        observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
         with _dropped_unless_committed(dlq, stage.branch, label, "dlq"):
-            bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
+            observed.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
+            written = int(observation.get["rows"])
+            if written != expected:
+                raise StaleHeadError(
+                    f"reading the batch again gave {written} bad records, not {expected}; planning again"
+                )
             self._dead_letters_dirty = True  # ahead of main until the main commit lands
             outcome = commit_staged_outcome(dlq, stage, dlq_batch, self.epoch)
         self._count_restage(label, outcome)
-        return count
+        return expected
 
     def reconcile_dead_letters(self) -> None:
         """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed.
