@@ -24,6 +24,7 @@ from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
+from icefall.plan.offsets import OffsetRange
 from icefall.testing.streams import (
     SHARED_CATALOGS,
     assert_exactly_once,
@@ -239,3 +240,46 @@ def test_latest_start_is_pinned_by_the_first_commit(
     main, _ = table_offsets(catalog_config, "orders_latest")
     after = watermarks(kafka, "it-latest")
     assert set(main) == {(p, o) for p in after for o in range(before[p], after[p])}
+
+
+def test_a_clean_batch_is_one_spark_job_read_with_the_writers_group(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """A batch without bad records runs one Spark job (read, decode, write, counted on the way); a batch
+    with bad records reads its offsets again for the dead-letter path and still commits each record once.
+    Every read uses the writer's one consumer group, and no offset is ever committed to it."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic, name = "it-onepass", "onepass"
+    kafka.create_topic(topic, partitions=2)
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w1")
+    scheduler = spark.sparkContext._jsc.sc().dagScheduler()  # type: ignore[union-attr]
+    ingestor.start(lease_timeout=10)
+    try:
+        drain(ingestor)  # the first commit of an empty topic pins its start
+        produce(kafka, topic, 0, 120)
+        jobs = int(scheduler.nextJobId())
+        (clean,) = drain(ingestor)
+        assert int(scheduler.nextJobId()) - jobs == 1
+        assert (clean.records_read, clean.records_written, clean.records_dead_lettered) == (120, 120, 0)
+        assert clean.bytes_read > 120 * 50
+
+        bad = produce(kafka, topic, 120, 60, bad_every=10)
+        jobs = int(scheduler.nextJobId())
+        (dirty,) = drain(ingestor)
+        assert int(scheduler.nextJobId()) - jobs > 1
+        assert len(bad) == 6
+        assert (dirty.records_read, dirty.records_dead_lettered, dirty.records_written) == (60, 6, 54)
+
+        plan = ingestor._read((OffsetRange(0, 0, 1),))._jdf.queryExecution().logical().toString()
+        assert ingestor.consumer_group == "icefall-it.onepass-w1"
+        assert ingestor.consumer_group in plan
+    finally:
+        ingestor.close()
+    assert_exactly_once(catalog_config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    request = ConsumerGroupTopicPartitions("icefall-it.onepass-w1", [TopicPartition(topic, 0)])
+    (future,) = admin.list_consumer_group_offsets([request]).values()
+    assert [tp.offset for tp in future.result().topic_partitions] == [-1001]  # nothing committed

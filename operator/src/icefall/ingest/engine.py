@@ -82,18 +82,30 @@ def read_kafka(
     spec: StreamingTableSpec,
     ranges: tuple[OffsetRange, ...],
     security_options: Mapping[str, str],
+    *,
+    group_id: str | None = None,
+    headers: bool = True,
 ) -> DataFrame:
     """Spark's Kafka batch source over `ranges` (`OffsetRange`s of `spec.source.topic`), as ingestion reads
     it: assigned partitions, explicit offsets, headers, read_committed whatever `spec.source.properties`
-    say; `security_options` from `spark_kafka_options` (secrets: never logged)."""
+    say; `security_options` from `spark_kafka_options` (secrets: never logged).
+
+    `group_id`: the consumers' group id, unless `spec.source.properties` sets `group.id` (Kafka ACLs may
+    require a given one). Spark pools its consumers per group id and partition, so a fixed id lets every
+    batch reuse them; without one, Spark makes a new id (and new consumers) per read. The group is never
+    joined (partitions are assigned) and nothing commits offsets to it: Spark's Kafka source turns
+    `enable.auto.commit` off and never commits; Icefall's offsets live in the table. Without `headers`,
+    the records' headers are not read (the `headers` column is absent).
+    """
     topic = spec.source.topic
     reader = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", spec.source.bootstrap_servers)
         .option("assign", json.dumps({topic: sorted(r.partition for r in ranges)}))
-        .option("includeHeaders", "true")
+        .option("includeHeaders", str(headers).lower())
     )
-    for key, value in {**spec.source.properties, **ISOLATION}.items():
+    group = {"group.id": group_id} if group_id is not None else {}
+    for key, value in {**group, **spec.source.properties, **ISOLATION}.items():
         reader = reader.option(f"kafka.{key}", value)
     for key, value in {**security_options, **spark_offset_options(topic, ranges)}.items():
         reader = reader.option(key, value)
@@ -285,6 +297,8 @@ class Ingestor:
         self.lease = lease
         self.writer_id = writer_id or uuid.uuid4().hex[:12]
         self.label = ".".join(st.table_identifier)
+        # One Kafka consumer group per writer, the same for every batch (`read_kafka`).
+        self.consumer_group = f"icefall-{self.label}-{self.writer_id}"
         # Secret values: handed to the clients only, never logged.
         self._kafka_config = librdkafka_config(self.spec.source.security)
         self._spark_kafka_options = spark_kafka_options(self.spec.source.security)
@@ -496,7 +510,8 @@ class Ingestor:
         from icefall.ingest.decode import BAD_COLUMN, decode, good_rows
 
         observation = Observation()
-        decoded = decode(self._read(planned.ranges), self.spec, errors=False).observe(
+        # The table's rows carry no headers: only dead letters keep them (`_dead_letter_step`).
+        decoded = decode(self._read(planned.ranges, headers=False), self.spec, errors=False).observe(
             observation,
             F.count(F.lit(1)).alias("records"),
             F.sum(F.length("value")).alias("bytes"),
@@ -654,8 +669,15 @@ class Ingestor:
 
     # -- steps ----------------------------------------------------------------------------------------
 
-    def _read(self, ranges: Any) -> DataFrame:
-        return read_kafka(self.spark, self.spec, ranges, self._spark_kafka_options)
+    def _read(self, ranges: Any, *, headers: bool = True) -> DataFrame:
+        return read_kafka(
+            self.spark,
+            self.spec,
+            ranges,
+            self._spark_kafka_options,
+            group_id=self.consumer_group,
+            headers=headers,
+        )
 
     def _empty_source(self) -> DataFrame:
         from icefall.ingest.decode import HEADERS_TYPE
