@@ -245,15 +245,20 @@ def test_latest_start_is_pinned_by_the_first_commit(
 def test_a_clean_batch_is_one_spark_job_read_with_the_writers_group(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
-    """A batch without bad records runs one Spark job (read, decode, write, counted on the way); a batch
-    with bad records reads its offsets again for the dead-letter path and still commits each record once.
-    Every read uses the writer's one consumer group, and no offset is ever committed to it."""
+    """A batch without bad records reads Kafka once: the write's jobs (its shuffle's map stage and the
+    write) and nothing else, counted on the way; a batch with bad records reads its offsets again for the
+    dead-letter path and still commits each record once. Every read uses the writer's one consumer group,
+    and no offset is ever committed to it."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import AdminClient
 
     topic, name = "it-onepass", "onepass"
     kafka.create_topic(topic, partitions=2)
-    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    # Sorted as well as partitioned: Iceberg's default (range) distribution would sample the batch in a job
+    # of its own, computing it twice.
+    text = manifest_text(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    st = load_manifest(text.replace("partitioning: [", "sortOrder: [{field: id}], partitioning: ["))
+    assert st.spec.table.sort_order
     ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w1")
     scheduler = spark.sparkContext._jsc.sc().dagScheduler()  # type: ignore[union-attr]
     ingestor.start(lease_timeout=10)
@@ -262,7 +267,7 @@ def test_a_clean_batch_is_one_spark_job_read_with_the_writers_group(
         produce(kafka, topic, 0, 120)
         jobs = int(scheduler.nextJobId())
         (clean,) = drain(ingestor)
-        assert int(scheduler.nextJobId()) - jobs == 1
+        assert int(scheduler.nextJobId()) - jobs <= 2
         assert (clean.records_read, clean.records_written, clean.records_dead_lettered) == (120, 120, 0)
         assert clean.bytes_read > 120 * 50
 

@@ -518,9 +518,17 @@ class Ingestor:
             F.max("timestamp").alias("newest"),
             F.count_if(F.col(BAD_COLUMN)).alias("bad"),
         )
-        good_rows(decoded, self.spec).writeTo(self._spark_name(self.st.table_identifier, branch)).append()
+        _append(good_rows(decoded, self.spec), self._spark_name(self.st.table_identifier, branch))
         seen = observation.get
-        return _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"])
+        stats = _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"])
+        planned_offsets = sum(r.records for r in planned.ranges)
+        if stats.records > planned_offsets:
+            # Each offset holds at most one record: the write ran its input twice, and every count is off.
+            raise RuntimeError(
+                f"{self.label}: the batch's write counted {stats.records} records in {planned_offsets} "
+                "offsets (its input was computed twice); the batch is not committed"
+            )
+        return stats
 
     def _check_topic_unchanged(self, planned_topic_id: str | None) -> None:
         """The records are read: were they read from the topic the offsets were planned on?"""
@@ -750,7 +758,7 @@ class Ingestor:
         observation = Observation()
         observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
         with _dropped_unless_committed(dlq, stage.branch, label, "dlq"):
-            observed.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
+            _append(observed, self._spark_name(self.st.dead_letter_identifier or (), stage.branch))
             written = int(observation.get["rows"])
             if written != expected:
                 raise StaleHeadError(
@@ -823,6 +831,14 @@ class Ingestor:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not should_stop():
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+def _append(rows: DataFrame, name: str) -> None:
+    """Append `rows` to the Spark table `name` (a staging branch) with hash distribution: clustered by
+    partition, each file sorted by the table's sort order. Not range distribution (Iceberg's default for
+    a sorted table): it samples its input in a job of its own, which would compute the batch twice and
+    make the batch's observed counts count every record twice."""
+    rows.writeTo(name).option("distribution-mode", "hash").append()
 
 
 @contextlib.contextmanager
