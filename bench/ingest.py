@@ -122,6 +122,11 @@ def preload(bootstrap: str, count: int, seed: int) -> None:
         raise RuntimeError(f"preloading failed: {errors[:3]}")
 
 
+def spark_jobs_started(spark: Any) -> int:
+    """Spark jobs started so far in this session (job ids are handed out in order, from 0)."""
+    return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())  # an AtomicInteger, as a number
+
+
 def until_caught_up(ingestor: Ingestor) -> list[BatchReport]:
     """Batches back to back until there is nothing left to read."""
     reports = []
@@ -253,9 +258,10 @@ def phases(
     say(f"(a) preloading {args.records:,} records ...")
     preload(broker.bootstrap, args.records, seed=2)
     say("(a) ingesting the backlog at full speed ...")
-    cpu_start, wall_start = cpu.seconds(), time.monotonic()
+    cpu_start, wall_start, jobs_start = cpu.seconds(), time.monotonic(), spark_jobs_started(spark)
     reports = until_caught_up(ingestor)
     wall, cpu_used = time.monotonic() - wall_start, cpu.seconds() - cpu_start
+    jobs = spark_jobs_started(spark) - jobs_start
     records = sum(r.records_read for r in reports)
     full_rps = records / wall
     rows += [
@@ -264,9 +270,11 @@ def phases(
         ("records per CPU-second (driver + Spark JVM)", f"{records / cpu_used:,.0f}"),
         ("CPU cores busy on average", f"{cpu_used / wall:.2f} (CPU {cpu_used:.1f} s over {wall:.1f} s)"),
         ("batches", describe_batches(reports)),
+        ("Spark jobs per batch", f"{jobs / max(len(reports), 1):.1f} ({jobs} jobs)"),
         ("commit (CAS of main) p50 / p99", latency_ms([r.commit_seconds for r in reports])),
         ("batch p50 / p99", seconds_pair([r.seconds for r in reports])),
     ]
+    say(f"(a) {jobs} Spark jobs in {len(reports)} batches")
     say(f"(a) {full_rps:,.0f} records/s, {records / cpu_used:,.0f} records per CPU-second")
 
     rate = full_rps / 2

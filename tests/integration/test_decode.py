@@ -17,7 +17,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
 from icefall.api import StreamingTableSpec, load_manifest
-from icefall.ingest.decode import DEAD_LETTER_COLUMNS, KAFKA_COLUMN, prepare
+from icefall.ingest.decode import (
+    BAD_COLUMN,
+    DEAD_LETTER_COLUMNS,
+    ERROR_COLUMN,
+    KAFKA_COLUMN,
+    decode,
+    good_rows,
+    prepare,
+)
 from icefall.testing.streams import kafka_source_frame
 
 pytestmark = pytest.mark.integration
@@ -193,6 +201,21 @@ def test_each_bad_record_is_dead_lettered_with_its_exact_reasons(spark: SparkSes
     expected = {i + 1: reason for i, (_, _, reason) in enumerate(DEAD_LETTERS)}
     assert errors_by_offset(prepared.bad) == expected
     assert prepared.good.count() == 2
+
+
+def test_the_bad_flag_is_exactly_having_an_error_text(spark: SparkSession) -> None:
+    """Ingestion's one-pass write filters on the flag alone (no error text): it must pick the same rows."""
+    frame = kafka_frame(spark, [GOOD, *(v for _, v, _ in DEAD_LETTERS), GOOD])
+    spec = make_spec()
+    flags = decode(frame, spec).select(
+        "offset", BAD_COLUMN, F.col(ERROR_COLUMN).isNotNull().alias("has_error")
+    )
+    rows = flags.collect()
+    assert len(rows) == len(DEAD_LETTERS) + 2
+    assert all(row[BAD_COLUMN] is row["has_error"] for row in rows), rows
+    without_text = decode(frame, spec, errors=False)
+    assert ERROR_COLUMN not in without_text.columns
+    assert sorted(good_rows(without_text, spec).collect()) == sorted(prepare(frame, spec).good.collect())
 
 
 def test_dead_letter_rows_keep_the_record(spark: SparkSession) -> None:

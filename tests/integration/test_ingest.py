@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -24,6 +25,7 @@ from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
+from icefall.plan.offsets import OffsetRange
 from icefall.testing.streams import (
     SHARED_CATALOGS,
     assert_exactly_once,
@@ -239,3 +241,78 @@ def test_latest_start_is_pinned_by_the_first_commit(
     main, _ = table_offsets(catalog_config, "orders_latest")
     after = watermarks(kafka, "it-latest")
     assert set(main) == {(p, o) for p in after for o in range(before[p], after[p])}
+
+
+COUNTS = ("records_read", "records_written", "records_dead_lettered")
+
+
+def _read_options(spec: Any, ranges: Any, **kwargs: Any) -> dict[str, str]:
+    """The options `read_kafka` gives Spark's Kafka source."""
+    from icefall.ingest.engine import read_kafka
+
+    options: dict[str, str] = {}
+
+    class Reader:
+        read = property(lambda self: self)
+
+        def format(self, _name: str) -> Reader:
+            return self
+
+        def option(self, key: str, value: str) -> Reader:
+            options[key] = value
+            return self
+
+        def load(self) -> None:
+            return None
+
+    read_kafka(Reader(), spec, ranges, {}, **kwargs)  # type: ignore[arg-type]
+    return options
+
+
+def test_a_clean_batch_is_one_spark_job_read_with_the_writers_group(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """A batch without bad records reads Kafka once: the write's jobs (its shuffle's map stage and the
+    write) and nothing else, counted on the way; a batch with bad records reads its offsets again for the
+    dead-letter path and still commits each record once. Every read uses the writer's one consumer group,
+    and no offset is ever committed to it."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic, name = "it-onepass", "onepass"
+    kafka.create_topic(topic, partitions=2)
+    # Sorted as well as partitioned: Iceberg's default (range) distribution would sample the batch in a job
+    # of its own, computing it twice.
+    text = manifest_text(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    st = load_manifest(text.replace("partitioning: [", "sortOrder: [{field: id}], partitioning: ["))
+    assert st.spec.table.sort_order
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w1")
+    scheduler = spark.sparkContext._jsc.sc().dagScheduler()  # type: ignore[union-attr]
+    ingestor.start(lease_timeout=10)
+    try:
+        drain(ingestor)  # the first commit of an empty topic pins its start
+        produce(kafka, topic, 0, 120)
+        # A slow machine may make the batch sizing split a backlog: count per batch.
+        jobs = int(scheduler.nextJobId())
+        clean = drain(ingestor)
+        assert int(scheduler.nextJobId()) - jobs <= 2 * len(clean)
+        assert [sum(getattr(r, f) for r in clean) for f in COUNTS] == [120, 120, 0]
+        assert sum(r.bytes_read for r in clean) > 120 * 50
+
+        bad = produce(kafka, topic, 120, 60, bad_every=10)
+        jobs = int(scheduler.nextJobId())
+        dirty = drain(ingestor)
+        assert int(scheduler.nextJobId()) - jobs > 2 * len(dirty)  # the dead-letter path's own jobs
+        assert len(bad) == 6
+        assert [sum(getattr(r, f) for r in dirty) for f in COUNTS] == [60, 54, 6]
+
+        assert ingestor.consumer_group == "icefall-it.onepass-w1"
+        options = _read_options(ingestor.spec, (OffsetRange(0, 0, 1),), group_id=ingestor.consumer_group)
+        assert options["kafka.group.id"] == "icefall-it.onepass-w1"
+    finally:
+        ingestor.close()
+    assert_exactly_once(catalog_config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    request = ConsumerGroupTopicPartitions("icefall-it.onepass-w1", [TopicPartition(topic, 0)])
+    (future,) = admin.list_consumer_group_offsets([request]).values()
+    assert [tp.offset for tp in future.result().topic_partitions] == [-1001]  # nothing committed

@@ -1,8 +1,8 @@
 """Status blocks and observations from table facts and Kafka watermarks (`plan.table_status`).
 
-Proves: lag per partition is high watermark minus the committed offset (the low watermark when nothing is
-committed), summed, capped to the most lagging partitions; freshness is 0 when caught up and the age of the
-newest committed produce time when behind, unmeasured without watermarks or commits; offsets past the
+Proves: lag per partition (`plan.lag`) from the watermarks and the committed offsets, summed, capped to
+the most lagging partitions; freshness is 0 when caught up and the age of the newest committed produce
+time when behind, unmeasured without watermarks or commits; offsets past the
 topic's end and unacknowledged retention loss become issues; table figures (files, average size,
 compaction and expiry times) come through; an unread table reports nothing rather than a guess.
 """
@@ -19,7 +19,6 @@ from icefall.plan.table_status import (
     MAX_PARTITIONS,
     TableFacts,
     acknowledged_loss,
-    partition_lag,
     summarize,
 )
 
@@ -42,11 +41,6 @@ def facts(**changes: object) -> TableFacts:
     }
     values.update(changes)
     return TableFacts(**values)  # type: ignore[arg-type]
-
-
-def test_lag_is_high_watermark_minus_committed_or_low_watermark() -> None:
-    lag, ahead = partition_lag({0: 90, 2: 10}, {0: (0, 100), 1: (5, 25), 2: (0, 10)})
-    assert (lag, ahead) == ({0: 10, 1: 20, 2: 0}, [])
 
 
 def test_behind_the_topic_freshness_is_the_age_of_the_newest_committed_record() -> None:

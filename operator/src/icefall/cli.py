@@ -351,6 +351,7 @@ def _status(args: argparse.Namespace) -> int:
     from icefall.commit import read_committed
     from icefall.kafka.admin import TopicView
     from icefall.kafka.security import librdkafka_config
+    from icefall.plan.lag import freshness_seconds, partition_lag
     from icefall.plan.offsets import resolve_positions, source_change
 
     st = _load(args)
@@ -364,18 +365,14 @@ def _status(args: argparse.Namespace) -> int:
             topic_id = topic.topic_id()
     print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
     print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
-    total = 0
-    for partition, (low, high) in sorted(marks.items()):
-        done = committed.offsets.get(partition, low)
-        total += max(high - done, 0)
-        print(
-            f"{partition:>9} {committed.offsets.get(partition, '-')!s:>12} {high:>12} "
-            f"{max(high - done, 0):>10}"
-        )
-    newest = committed.max_produce_time_ms
-    freshness = 0.0 if total == 0 or newest is None else time.time() - newest / 1000
+    lag = partition_lag(committed.offsets, marks)
+    for partition, (_, high) in sorted(marks.items()):
+        print(f"{partition:>9} {committed.offsets.get(partition, '-')!s:>12} {high:>12} {lag[partition]:>10}")
+    total = sum(lag.values())
+    behind = freshness_seconds(total, committed.max_produce_time_ms, time.time())
+    freshness = "unmeasured" if behind is None else f"{behind:.1f}s"
     lost = committed.lost_records
-    print(f"lag {total} records, freshness {freshness:.1f}s, lost to retention {lost} records")
+    print(f"lag {total} records, freshness {freshness}, lost to retention {lost} records")
     if lost:
         print(
             f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "

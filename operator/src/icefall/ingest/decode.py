@@ -28,9 +28,10 @@ How JSON maps to types (Spark's JSON reader, `from_json` in PERMISSIVE mode):
   arrays as their JSON text).
 - Fields not in the schema are ignored; text after the first JSON value is ignored.
 
-Guarantees: every input row is in exactly one of good, bad, or filtered out; everything is Spark column
-expressions (no Python UDF). Each output re-reads its input: persist `kafka_df`, or call `decode` and
-persist its result, then `split` it, to decode once.
+Guarantees: every input row is in exactly one of good, bad, or filtered out (one boolean, `BAD_COLUMN`,
+splits them); everything is Spark column expressions (no Python UDF). Each output re-reads its input:
+persist `kafka_df`, or call `decode` and persist its result, then `split` it, to decode once. The good
+rows alone (`good_rows` of `decode(..., errors=False)`) build no error text.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ _TEXT = f"{_PREFIX}text"  # the value as text; null when it is not parsed (tombs
 _TYPED = f"{_PREFIX}typed"
 _RAW = f"{_PREFIX}raw"
 ERROR_COLUMN = f"{_PREFIX}error"
+BAD_COLUMN = f"{_PREFIX}bad"
 TYPED_COLUMN = _TYPED
 
 _Node = SchemaField | TypeSpec
@@ -81,9 +83,11 @@ def prepare(kafka_df: DataFrame, spec: StreamingTableSpec, *, now_expr: Column |
     return split(decode(kafka_df, spec), spec, now_expr=now_expr)
 
 
-def decode(kafka_df: DataFrame, spec: StreamingTableSpec) -> DataFrame:
-    """One row per record: the Kafka columns of `DEAD_LETTER_COLUMNS`, `TYPED_COLUMN` (the decoded struct)
-    and `ERROR_COLUMN` (null when the record is good). Persist it to decode once, then `split` it."""
+def decode(kafka_df: DataFrame, spec: StreamingTableSpec, *, errors: bool = True) -> DataFrame:
+    """One row per record: the Kafka columns of `DEAD_LETTER_COLUMNS`, `TYPED_COLUMN` (the decoded struct),
+    `BAD_COLUMN` (true when the record cannot be ingested) and, with `errors`, `ERROR_COLUMN` (why; null
+    exactly when `BAD_COLUMN` is false). Without `errors` no error text is built: the good rows cost only
+    the parse and the checks. Persist it to decode once, then `split` it."""
     fields = spec.format.schema_fields
     max_bytes = spec.dead_letter.max_record_bytes
     typed_schema = StructType.fromJson(to_spark_schema_json(fields)).add(_CORRUPT, StringType())
@@ -111,14 +115,22 @@ def decode(kafka_df: DataFrame, spec: StreamingTableSpec) -> DataFrame:
     typed_failed = F.col(_TEXT).isNotNull() & (F.col(_TYPED).isNull() | F.col(_TYPED)[_CORRUPT].isNotNull())
     # The loose parse (every field as text) only runs for records the typed parse rejected.
     raw_df = typed_df.withColumn(_RAW, F.when(typed_failed, F.from_json(F.col(_TEXT), loose_schema, options)))
-    errors = raw_df.withColumn(ERROR_COLUMN, _error(fields, max_bytes))
-    return errors.drop(_TEXT, _RAW)
+    reasons = _reasons(fields, max_bytes)
+    checked = raw_df.withColumn(BAD_COLUMN, _any(reasons))
+    if errors:
+        checked = checked.withColumn(ERROR_COLUMN, _error(reasons))
+    return checked.drop(_TEXT, _RAW)
 
 
 def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | None = None) -> Prepared:
     """Good rows (transforms applied) and bad rows of a `decode` result."""
+    return Prepared(good=good_rows(decoded, spec), bad=bad_rows(decoded, now_expr=now_expr))
+
+
+def good_rows(decoded: DataFrame, spec: StreamingTableSpec) -> DataFrame:
+    """The table's rows of a `decode` result (with or without `errors`): `spec.transforms` applied."""
     typed = F.col(_TYPED)
-    good = decoded.where(F.col(ERROR_COLUMN).isNull()).select(
+    good = decoded.where(~F.col(BAD_COLUMN)).select(
         *[typed[f.name].alias(f.name) for f in spec.format.schema_fields],
         F.struct(F.col("partition"), F.col("offset"), F.col("timestamp")).alias(KAFKA_COLUMN),
     )
@@ -130,18 +142,27 @@ def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | No
         good = projected
     if transforms.filter is not None:
         good = good.where(F.expr(transforms.filter))
-    bad = decoded.where(F.col(ERROR_COLUMN).isNotNull()).select(
+    return good
+
+
+def bad_rows(decoded: DataFrame, *, now_expr: Column | None = None) -> DataFrame:
+    """The dead-letter rows (`DEAD_LETTER_COLUMNS`) of a `decode` result made with `errors`."""
+    return decoded.where(F.col(BAD_COLUMN)).select(
         *DEAD_LETTER_COLUMNS[:6],
         F.col(ERROR_COLUMN).alias("error"),
         (now_expr if now_expr is not None else F.current_timestamp()).cast("timestamp").alias("ingested_at"),
     )
-    return Prepared(good=good, bad=bad)
 
 
 # --- reasons -------------------------------------------------------------------------------------------
 
 
-def _error(fields: Sequence[SchemaField], max_bytes: int) -> Column:
+def _reasons(fields: Sequence[SchemaField], max_bytes: int) -> list[_Check]:
+    """Every reason a record cannot be ingested: (condition, message) pairs, in the order they are listed.
+
+    A message is never null or empty where its condition is true (it quotes only values the condition
+    found present), so a record has an error text exactly when one condition is true (`_any`, `_error`).
+    """
     value, text, typed, raw = F.col("value"), F.col(_TEXT), F.col(_TYPED), F.col(_RAW)
     typed_failed = text.isNotNull() & (typed.isNull() | typed[_CORRUPT].isNotNull())
     json_bad = typed_failed & (raw.isNull() | raw[_CORRUPT].isNotNull())
@@ -149,29 +170,29 @@ def _error(fields: Sequence[SchemaField], max_bytes: int) -> Column:
     decoded = text.isNotNull() & ~json_bad
     size = F.length(value)
 
-    reasons: list[Column] = [
-        F.when(value.isNull(), F.lit("tombstone: the record's value is null")),
-        F.when(
+    reasons: list[_Check] = [
+        (value.isNull(), F.lit("tombstone: the record's value is null")),
+        (
             value.isNotNull() & (size > max_bytes),
             F.format_string(
                 f"record is %d bytes, over the limit of {max_bytes} (spec.deadLetter.maxRecordBytes)", size
             ),
         ),
-        F.when(
+        (
             value.isNotNull() & (size <= max_bytes) & text.isNull(),
             F.concat(
                 F.lit("the value is not valid UTF-8 text, as JSON must be; its first bytes: 0x"),
                 F.hex(F.substring(value, 1, 32)),
             ),
         ),
-        F.when(json_bad, _json_problem(text)),
+        (json_bad, _json_problem(text)),
     ]
     mismatches: list[Column] = []
     for field in fields:
         mismatch = fields_bad & raw[field.name].isNotNull() & typed[field.name].isNull()
         mismatches.append(mismatch)
         reasons.append(
-            F.when(
+            (
                 mismatch,
                 F.concat(
                     F.lit(f"field '{field.name}': "),
@@ -184,7 +205,7 @@ def _error(fields: Sequence[SchemaField], max_bytes: int) -> Column:
     for mismatch in mismatches:
         any_mismatch = any_mismatch | mismatch
     reasons.append(
-        F.when(
+        (
             fields_bad & ~any_mismatch,
             F.concat(F.lit("a nested value does not fit the schema: "), _quote(text, RECORD_QUOTE_CHARS)),
         )
@@ -193,15 +214,28 @@ def _error(fields: Sequence[SchemaField], max_bytes: int) -> Column:
         column = typed[field.name]
         if field.required:
             reasons.append(
-                F.when(
+                (
                     decoded & column.isNull() & ~mismatch,
                     F.lit(f"required field '{field.name}' is missing or null"),
                 )
             )
         for condition, message in _value_checks(field, column, field.name, quotable=True):
-            reasons.append(F.when(decoded & condition, message))
+            reasons.append((decoded & condition, message))
+    return reasons
+
+
+def _any(reasons: Sequence[_Check]) -> Column:
+    """True when any reason applies (never null); builds no message."""
+    found = F.lit(False)
+    for condition, _ in reasons:
+        found = found | F.coalesce(condition, F.lit(False))
+    return found
+
+
+def _error(reasons: Sequence[_Check]) -> Column:
+    """The messages of the reasons that apply, joined by "; "; null when none does."""
     # Reasons quote parts of the record: never let bytes that are not UTF-8 into a string column.
-    joined = F.make_valid_utf8(F.concat_ws("; ", *reasons))
+    joined = F.make_valid_utf8(F.concat_ws("; ", *(F.when(c, m) for c, m in reasons)))
     return F.when(joined != "", joined)
 
 

@@ -42,8 +42,10 @@ from icefall.catalog import CatalogConfig
 from icefall.commit import (
     Batch,
     CommitOutcome,
+    CommittedState,
     FencedError,
     MaintenanceConflictError,
+    Stage,
     StaleHeadError,
     abandon_stage,
     claim_epoch,
@@ -62,6 +64,7 @@ from icefall.kafka.dead_letters import produce_dead_letters
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.outages import Outages, classify, service_addresses, sleep_unless
 from icefall.plan.batching import BatchLimits, choose_batch_size, next_batch_delay, update_throughput
+from icefall.plan.lag import freshness_seconds, partition_lag, total_lag
 from icefall.plan.offsets import OffsetRange, plan_offsets, source_change, spark_offset_options
 
 if TYPE_CHECKING:
@@ -79,18 +82,30 @@ def read_kafka(
     spec: StreamingTableSpec,
     ranges: tuple[OffsetRange, ...],
     security_options: Mapping[str, str],
+    *,
+    group_id: str | None = None,
+    headers: bool = True,
 ) -> DataFrame:
     """Spark's Kafka batch source over `ranges` (`OffsetRange`s of `spec.source.topic`), as ingestion reads
     it: assigned partitions, explicit offsets, headers, read_committed whatever `spec.source.properties`
-    say; `security_options` from `spark_kafka_options` (secrets: never logged)."""
+    say; `security_options` from `spark_kafka_options` (secrets: never logged).
+
+    `group_id`: the consumers' group id, unless `spec.source.properties` sets `group.id` (Kafka ACLs may
+    require a given one). Spark pools its consumers per group id and partition, so a fixed id lets every
+    batch reuse them; without one, Spark makes a new id (and new consumers) per read. The group is never
+    joined (partitions are assigned) and nothing commits offsets to it: Spark's Kafka source turns
+    `enable.auto.commit` off and never commits; Icefall's offsets live in the table. Without `headers`,
+    the records' headers are not read (the `headers` column is absent).
+    """
     topic = spec.source.topic
     reader = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", spec.source.bootstrap_servers)
         .option("assign", json.dumps({topic: sorted(r.partition for r in ranges)}))
-        .option("includeHeaders", "true")
+        .option("includeHeaders", str(headers).lower())
     )
-    for key, value in {**spec.source.properties, **ISOLATION}.items():
+    group = {"group.id": group_id} if group_id is not None else {}
+    for key, value in {**group, **spec.source.properties, **ISOLATION}.items():
         reader = reader.option(f"kafka.{key}", value)
     for key, value in {**security_options, **spark_offset_options(topic, ranges)}.items():
         reader = reader.option(key, value)
@@ -118,8 +133,9 @@ class BatchReport:
     freshness_seconds: float = 0.0  # now - produce time of the newest committed record; 0 when caught up
     bytes_read: int = 0
     data_loss: int = 0
-    # Seconds per phase of the batch (plan, read_decode, dead_letters, stage, commit, report): where a
-    # batch's fixed cost goes. Spark is lazy, so "read_decode" is the Kafka read, decode and cache together.
+    # Seconds per phase of the batch (plan, stage, write, dead_letters, commit, report): where a batch's
+    # fixed cost goes. "write" is the one Spark job that reads, decodes and writes the good rows; "stage"
+    # creates the staging branch and makes sure it holds a snapshot.
     phases: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -188,6 +204,79 @@ class _Progress:
     data_loss_seen: set[tuple[int, int]] = field(default_factory=set)
 
 
+class _PhaseClock:
+    """Seconds per phase of one batch (`BatchReport.phases`), on the monotonic clock."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.phases: dict[str, float] = {}
+        self._mark = self.started
+
+    def mark(self, name: str) -> None:
+        """The time since the previous mark belongs to phase `name`."""
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+    def mark_stage_and_commit(self, commit_seconds: float) -> None:
+        """The time since the previous mark was staging, but its last `commit_seconds` were the commit."""
+        now = time.monotonic()
+        self.phases["stage"] = self.phases.get("stage", 0.0) + now - self._mark - commit_seconds
+        self.phases["commit"] = self.phases.get("commit", 0.0) + commit_seconds
+        self._mark = now
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+@dataclass(frozen=True)
+class _PlannedBatch:
+    """A batch planned from the table's committed state and the watermarks, before anything is read."""
+
+    committed: CommittedState
+    topic_id: str | None
+    watermarks: Mapping[int, tuple[int, int]]
+    ranges: tuple[OffsetRange, ...]  # what to read (may be empty: a batch that only pins or skips)
+    start: dict[int, int]  # the commit's offset range per partition (ranges, plus pinned and skipped ones)
+    end: dict[int, int]
+    gaps: dict[int, int]  # retention gaps the commit acknowledges
+    lost: int  # records lost to retention first reported by this batch
+
+    def batch(self, topic: str, max_produce_ms: int | None) -> Batch:
+        return Batch(
+            topic=topic,
+            start=self.start,
+            end=self.end,
+            max_produce_time_ms=max_produce_ms,
+            retention_gaps=self.gaps,
+            topic_id=self.topic_id,
+        )
+
+
+@dataclass(frozen=True)
+class _ReadStats:
+    """What the read of a batch saw: records, bytes of their values, newest produce time, bad records."""
+
+    records: int
+    bytes: int
+    max_produce_ms: int | None
+    bad: int
+
+    @classmethod
+    def of(cls, records: Any, value_bytes: Any, newest: Any, bad: Any) -> _ReadStats:
+        """From Spark's aggregates: counts, a sum (None over no rows), a max timestamp (None or datetime)."""
+        return cls(
+            records=int(records or 0),
+            bytes=int(value_bytes or 0),
+            max_produce_ms=int(newest.timestamp() * 1000) if newest is not None else None,
+            bad=int(bad or 0),
+        )
+
+
+def _newest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
 class Ingestor:
     """One table's writer. Call `start()` once (takes the lease), then `run_batch()` in a loop."""
 
@@ -208,6 +297,8 @@ class Ingestor:
         self.lease = lease
         self.writer_id = writer_id or uuid.uuid4().hex[:12]
         self.label = ".".join(st.table_identifier)
+        # One Kafka consumer group per writer, the same for every batch (`read_kafka`).
+        self.consumer_group = f"icefall-{self.label}-{self.writer_id}"
         # Secret values: handed to the clients only, never logged.
         self._kafka_config = librdkafka_config(self.spec.source.security)
         self._spark_kafka_options = spark_kafka_options(self.spec.source.security)
@@ -306,27 +397,52 @@ class Ingestor:
     def run_batch(self) -> BatchReport | None:
         """Plan, read, write and commit one batch; None when there was nothing to read.
 
+        The steps, in order: `_plan_batch` (committed state, watermarks, offset ranges), a staging branch
+        of `main`, `_write_good_rows` (ONE Spark job: read, decode, write the good rows to the branch, and
+        count records, bytes, newest produce time and bad rows on the way), `_dead_letter_step` (only when
+        there are bad rows: the same offsets read again, the bad rows committed to the dead-letter table,
+        then produced to the dead-letter topic), `_commit_main` (the compare-and-swap of `main`, after the
+        dead letters as the protocol requires), `_report_batch` (lag and freshness after the commit, the
+        pacing figures, the metrics).
+
         Raises FencedError when this writer lost its lease or a newer writer committed (stop writing),
         StaleHeadError when the table moved under the batch (plan again).
         """
-        started = time.monotonic()
-        self._progress.last_batch_started = started
-        phases: dict[str, float] = {}
-        mark = [started]
+        clock = _PhaseClock()
+        self._progress.last_batch_started = clock.started
+        planned = self._plan_batch()
+        if planned is None:
+            return None
+        clock.mark("plan")
+        stage = prepare_stage(self.table, self._next_branch(), role="main")
+        with _dropped_unless_committed(self.table, stage.branch, self.label, "main"):
+            if stage.base.offsets != planned.committed.offsets:
+                raise StaleHeadError("the table moved between planning and staging")
+            clock.mark("stage")
+            stats = self._write_good_rows(planned, stage.branch)
+            clock.mark("write")
+            self._check_topic_unchanged(planned.topic_id)
+            batch = planned.batch(self.spec.source.topic, stats.max_produce_ms)
+            dead = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else 0
+            clock.mark("dead_letters")
+            snapshot_id, commit_seconds = self._commit_main(stage, batch)
+            clock.mark_stage_and_commit(commit_seconds)
+        self._dead_letters_dirty = False  # main caught up with the dead letters just committed
+        return self._report_batch(
+            planned, stats, dead=dead, snapshot_id=snapshot_id, commit_seconds=commit_seconds, clock=clock
+        )
 
-        def phase(name: str) -> None:
-            now = time.monotonic()
-            phases[name] = phases.get(name, 0.0) + now - mark[0]
-            mark[0] = now
-
+    def _plan_batch(self) -> _PlannedBatch | None:
+        """Read the committed state and the watermarks, choose the batch size and plan the offset ranges;
+        None (lag published) when there is nothing to commit. Reconciles the dead-letter table first when
+        a batch may have left it ahead."""
         committed = read_committed(self.table)  # refreshes the table
         if self._sweep_pending:
             self._sweep_after_outage()
         topic_id = self.topic.topic_id()
         watermarks = self.topic.watermarks()
-        backlog = sum(high - committed.offsets.get(p, low) for p, (low, high) in watermarks.items())
         size = choose_batch_size(
-            backlog_records=max(backlog, 0),
+            backlog_records=total_lag(committed.offsets, watermarks),
             freshness_target_seconds=self.spec.freshness.target_seconds,
             throughput_rps=self._progress.throughput_rps,
             last_batch_seconds=self._progress.last_batch_seconds,
@@ -359,110 +475,136 @@ class Ingestor:
             self.reconcile_dead_letters()
 
         lost = self._report_data_loss(plan)
-        ranges = plan.ranges
-        start = {r.partition: r.start for r in ranges}
-        end = {r.partition: r.end for r in ranges}
+        start = {r.partition: r.start for r in plan.ranges}
+        end = {r.partition: r.end for r in plan.ranges}
         # A partition retention emptied past its committed offset is committed at its low watermark even
         # with nothing to read, so the loss lands in the table (icefall.lost-records) with this batch.
         for loss in plan.data_loss:
             start.setdefault(loss.partition, loss.earliest_available)
             end.setdefault(loss.partition, loss.earliest_available)
-        gaps = {d.partition: d.committed for d in plan.data_loss}
         if pin_start:
             for partition, offset in plan.positions.starts.items():
                 start.setdefault(partition, offset)
                 end.setdefault(partition, offset)
+        return _PlannedBatch(
+            committed=committed,
+            topic_id=topic_id,
+            watermarks=watermarks,
+            ranges=plan.ranges,
+            start=start,
+            end=end,
+            gaps={d.partition: d.committed for d in plan.data_loss},
+            lost=lost,
+        )
 
-        from icefall.ingest.decode import decode, split
+    def _write_good_rows(self, planned: _PlannedBatch, branch: str) -> _ReadStats:
+        """Read the planned offsets, decode them (no error text) and append the good rows to `branch`, in
+        one Spark job that also counts, through an observation, every record read, their value bytes, the
+        newest produce time and the bad rows. A batch with nothing to read writes nothing here
+        (`_commit_main` stages its empty snapshot)."""
+        if not planned.ranges:
+            return _ReadStats(records=0, bytes=0, max_produce_ms=None, bad=0)
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        # Decode once: the good and the dead-letter outputs both read this cached frame.
-        raw = self._read(ranges) if ranges else self._empty_source()
-        source = decode(raw, self.spec).persist()
-        phase("plan")
-        try:
-            prepared = split(source, self.spec)
-            from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+        from icefall.ingest.decode import BAD_COLUMN, decode, good_rows
 
-            stats = source.agg(
-                F.count("*").alias("records"),
-                F.max("timestamp").alias("newest"),
-                F.sum(F.length("value")).alias("bytes"),
-            ).collect()[0]
-            records_read = int(stats["records"])
-            bytes_read = int(stats["bytes"] or 0)
-            newest = stats["newest"]
-            phase("read_decode")
-            # The records are read: were they read from the topic the offsets were planned on?
-            if self.topic.topic_id() != topic_id:
-                raise SourceChangedError(
-                    f"{self.label}: topic {self.spec.source.topic!r} was recreated "
-                    "while a batch was read; the batch is not committed"
-                )
-            max_produce_ms = int(newest.timestamp() * 1000) if newest is not None else None
-            batch = Batch(
-                topic=self.spec.source.topic,
-                start=start,
-                end=end,
-                max_produce_time_ms=max_produce_ms,
-                retention_gaps=gaps,
-                topic_id=topic_id,
+        observation = Observation()
+        # The table's rows carry no headers: only dead letters keep them (`_dead_letter_step`).
+        decoded = decode(self._read(planned.ranges, headers=False), self.spec, errors=False).observe(
+            observation,
+            F.count(F.lit(1)).alias("records"),
+            F.sum(F.length("value")).alias("bytes"),
+            F.max("timestamp").alias("newest"),
+            F.count_if(F.col(BAD_COLUMN)).alias("bad"),
+        )
+        _append(good_rows(decoded, self.spec), self._spark_name(self.st.table_identifier, branch))
+        seen = observation.get
+        stats = _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"])
+        planned_offsets = sum(r.records for r in planned.ranges)
+        if stats.records > planned_offsets:
+            # Each offset holds at most one record: the write ran its input twice, and every count is off.
+            raise RuntimeError(
+                f"{self.label}: the batch's write counted {stats.records} records in {planned_offsets} "
+                "offsets (its input was computed twice); the batch is not committed"
             )
-            dead = self._write_dead_letters(prepared.bad, batch, committed.offsets)
+        return stats
+
+    def _check_topic_unchanged(self, planned_topic_id: str | None) -> None:
+        """The records are read: were they read from the topic the offsets were planned on?"""
+        if self.topic.topic_id() != planned_topic_id:
+            raise SourceChangedError(
+                f"{self.label}: topic {self.spec.source.topic!r} was recreated "
+                "while a batch was read; the batch is not committed"
+            )
+
+    def _dead_letter_step(self, batch: Batch, planned: _PlannedBatch, expected: int) -> int:
+        """Read the batch's offsets again and commit its `expected` bad rows (with their error text) to the
+        dead-letter table, then produce them to the dead-letter topic (if the spec names one); both before
+        the main commit. Returns how many there were."""
+        from icefall.ingest.decode import bad_rows, decode
+
+        bad = bad_rows(decode(self._read(planned.ranges), self.spec)).persist()
+        try:
+            dead = self._write_dead_letters(bad, batch, planned.committed.offsets, expected)
             if dead and self.spec.dead_letter.topic is not None:
                 # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
                 produce_dead_letters(
-                    prepared.bad,
+                    bad,
                     bootstrap=self.spec.source.bootstrap_servers,
                     topic=self.spec.dead_letter.topic,
-                    source=DeadLetterSource(self.spec.source.topic, topic_id, self.epoch),
+                    source=DeadLetterSource(self.spec.source.topic, planned.topic_id, self.epoch),
                     kafka_config=self._kafka_config,
                 )
                 failpoint("dlq-topic.after-produce")
-            phase("dead_letters")
-            snapshot_id, commit_seconds = self._write_and_commit(prepared.good, batch, committed.offsets)
-            phases["stage"] = time.monotonic() - mark[0] - commit_seconds
-            phases["commit"] = commit_seconds
-            mark[0] = time.monotonic()
-            self._dead_letters_dirty = False  # main caught up with the dead letters just committed
         finally:
-            source.unpersist()
+            bad.unpersist()
+        return dead
 
+    def _report_batch(
+        self,
+        planned: _PlannedBatch,
+        stats: _ReadStats,
+        *,
+        dead: int,
+        snapshot_id: int,
+        commit_seconds: float,
+        clock: _PhaseClock,
+    ) -> BatchReport:
+        """After the commit: update the pacing figures, measure lag and freshness, publish the metrics."""
         written = self._added_records(snapshot_id)
-        seconds = time.monotonic() - started
-        self._progress.throughput_rps = update_throughput(
-            self._progress.throughput_rps, records_read, seconds
-        )
-        self._progress.last_batch_seconds = seconds
-        self._progress.last_batch_records = records_read
+        seconds = clock.elapsed()
+        progress = self._progress
+        progress.throughput_rps = update_throughput(progress.throughput_rps, stats.records, seconds)
+        progress.last_batch_seconds = seconds
+        progress.last_batch_records = stats.records
+        committed = planned.committed
+        offsets = {**committed.offsets, **planned.end}
         # The lag when the commit landed, not when the batch was planned: records keep arriving while a
         # batch runs, and a lag of 0 from the old watermarks would call a live table caught up (and let
         # in-process maintenance run) while it is seconds behind. Watermarks are one cheap broker call.
-        lag = {
-            p: max(high - end.get(p, committed.offsets.get(p, low)), 0)
-            for p, (low, high) in self._watermarks_after(watermarks).items()
-        }
-        self._progress.backlog_after_last_batch = sum(lag.values())
-        behind = (
-            0.0 if not any(lag.values()) or max_produce_ms is None else time.time() - max_produce_ms / 1000
-        )
+        lag = partition_lag(offsets, self._watermarks_after(planned.watermarks))
+        progress.backlog_after_last_batch = sum(lag.values())
+        newest = _newest(committed.max_produce_time_ms, stats.max_produce_ms)
+        behind = freshness_seconds(sum(lag.values()), newest, time.time())
         report = BatchReport(
-            records_read=records_read,
+            records_read=stats.records,
             records_written=written,
             records_dead_lettered=dead,
             seconds=seconds,
             commit_seconds=commit_seconds,
             snapshot_id=snapshot_id,
-            offsets={**committed.offsets, **end},
+            offsets=offsets,
             lag=sum(lag.values()),
-            freshness_seconds=max(behind, 0.0),
-            bytes_read=bytes_read,
-            data_loss=lost,
-            phases=phases,
+            freshness_seconds=behind or 0.0,
+            bytes_read=stats.bytes,
+            data_loss=planned.lost,
+            phases=clock.phases,
         )
-        phase("report")
+        clock.mark("report")
         log.debug(
-            "%s: batch of %d records in %.2fs: %s", self.label, records_read, seconds,
-            ", ".join(f"{name} {secs:.2f}s" for name, secs in phases.items()),
+            "%s: batch of %d records in %.2fs: %s", self.label, stats.records, seconds,
+            ", ".join(f"{name} {secs:.2f}s" for name, secs in clock.phases.items()),
         )  # fmt: skip
         self._publish(report, lag)
         return report
@@ -535,8 +677,15 @@ class Ingestor:
 
     # -- steps ----------------------------------------------------------------------------------------
 
-    def _read(self, ranges: Any) -> DataFrame:
-        return read_kafka(self.spark, self.spec, ranges, self._spark_kafka_options)
+    def _read(self, ranges: Any, *, headers: bool = True) -> DataFrame:
+        return read_kafka(
+            self.spark,
+            self.spec,
+            ranges,
+            self._spark_kafka_options,
+            group_id=self.consumer_group,
+            headers=headers,
+        )
 
     def _empty_source(self) -> DataFrame:
         from icefall.ingest.decode import HEADERS_TYPE
@@ -554,20 +703,15 @@ class Ingestor:
         self._attempt += 1
         return stage_branch_name(f"{self.writer_id}_e{self.epoch}", self._attempt)
 
-    def _write_and_commit(
-        self, good: DataFrame, batch: Batch, committed: Mapping[int, int]
-    ) -> tuple[int, float]:
-        """Stage the good rows and commit them; returns the snapshot id and the seconds of the commit."""
-        stage = prepare_stage(self.table, self._next_branch(), role="main")
-        with _dropped_unless_committed(self.table, stage.branch, self.label, "main"):
-            if stage.base.offsets != committed:
-                raise StaleHeadError("the table moved between planning and staging")
-            good.writeTo(self._spark_name(self.st.table_identifier, stage.branch)).append()
-            # A fallback: Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot.
-            _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)
-            self._check_lease()
-            commit_started = time.monotonic()
-            outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
+    def _commit_main(self, stage: Stage, batch: Batch) -> tuple[int, float]:
+        """Commit what is staged on `stage` (an empty snapshot if nothing is); returns the snapshot id and
+        the seconds of the commit itself."""
+        # Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot; a batch that read
+        # nothing (it only pins its start or skips a retention gap) wrote nothing: stage one here.
+        _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)
+        self._check_lease()
+        commit_started = time.monotonic()
+        outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
         self._count_restage(self.label, outcome)
         return outcome.snapshot_id, time.monotonic() - commit_started
 
@@ -582,10 +726,13 @@ class Ingestor:
             raise RuntimeError("call start() first: it takes the commit lease")
         self._keeper.check(self.label)
 
-    def _write_dead_letters(self, bad: DataFrame, batch: Batch, committed: Mapping[int, int]) -> int:
-        count = int(bad.count())
-        if count == 0 or self.dead_letter_table is None:
-            return count
+    def _write_dead_letters(
+        self, bad: DataFrame, batch: Batch, committed: Mapping[int, int], expected: int
+    ) -> int:
+        """Commit the `expected` rows of `bad` to the dead-letter table; refused (StaleHeadError, nothing
+        committed) if reading the offsets again gave another number of bad rows."""
+        if expected == 0 or self.dead_letter_table is None:
+            return expected
         dlq = self.dead_letter_table
         stage = prepare_stage(dlq, self._next_branch(), role="dlq")
         known = stage.base.offsets
@@ -605,12 +752,22 @@ class Ingestor:
             topic_id=batch.topic_id,
         )
         label = ".".join(self.st.dead_letter_identifier or ())
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        observation = Observation()
+        observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
         with _dropped_unless_committed(dlq, stage.branch, label, "dlq"):
-            bad.writeTo(self._spark_name(self.st.dead_letter_identifier or (), stage.branch)).append()
+            _append(observed, self._spark_name(self.st.dead_letter_identifier or (), stage.branch))
+            written = int(observation.get["rows"])
+            if written != expected:
+                raise StaleHeadError(
+                    f"reading the batch again gave {written} bad records, not {expected}; planning again"
+                )
             self._dead_letters_dirty = True  # ahead of main until the main commit lands
             outcome = commit_staged_outcome(dlq, stage, dlq_batch, self.epoch)
         self._count_restage(label, outcome)
-        return count
+        return expected
 
     def reconcile_dead_letters(self) -> None:
         """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed.
@@ -674,6 +831,14 @@ class Ingestor:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not should_stop():
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+def _append(rows: DataFrame, name: str) -> None:
+    """Append `rows` to the Spark table `name` (a staging branch) with hash distribution: clustered by
+    partition, each file sorted by the table's sort order. Not range distribution (Iceberg's default for
+    a sorted table): it samples its input in a job of its own, which would compute the batch twice and
+    make the batch's observed counts count every record twice."""
+    rows.writeTo(name).option("distribution-mode", "hash").append()
 
 
 @contextlib.contextmanager

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from icefall.api.source import StartingPositionType
+from icefall.plan.lag import records_behind
 
 
 class Watermarks(NamedTuple):
@@ -170,7 +171,7 @@ def resolve_positions(
             if not first_batch and low > 0:
                 losses.append(DataLoss(partition, 0, low, low))
         starts[partition] = position
-        lag[partition] = high - position
+        lag[partition] = records_behind(position, low, high)
     for partition, position in committed.items():
         starts.setdefault(partition, position)
     return Positions(

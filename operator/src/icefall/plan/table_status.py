@@ -5,13 +5,11 @@ from Kafka); the clock is an argument. `summarize` turns them into the status bl
 `TableStatus`, `dataLossRecords`) and the figures and issues `plan.conditions.Observations` takes.
 
 Rules:
-- Lag of a partition = high watermark - the table's committed offset (the low watermark when the table has
-  committed nothing for it). The total is the sum; the status map lists the `MAX_PARTITIONS` most lagging.
-- Freshness = 0 when the table holds everything Kafka has (lag 0: an idle topic is not stale); otherwise
-  the seconds between now and the produce time of the newest committed record (`icefall.max-produce-time-ms`);
-  unmeasured (None) when records wait and nothing was committed yet. Without the watermarks (Kafka could
-  not be read) there is no freshness block at all: "caught up" and "stalled" look the same, so the
-  previous figures stay and a condition says why.
+- Lag and freshness are `plan.lag`'s (lag per partition from the watermarks and the table's committed
+  offsets; freshness from the lag and `icefall.max-produce-time-ms`, unmeasured while nothing was
+  committed). The status map lists the `MAX_PARTITIONS` most lagging partitions. Without the watermarks
+  (Kafka could not be read) there is no freshness block at all: "caught up" and "stalled" look the same,
+  so the previous figures stay and a condition says why.
 - A topic id other than the one the table's offsets belong to (`icefall.topic-id`: the topic was deleted
   and created again) is a `TopicRecreated` issue; ingestion stops until `icefall reset-offsets`.
 - A committed offset above the high watermark (the topic was deleted and recreated, or truncated) is an
@@ -35,6 +33,7 @@ from datetime import UTC, datetime
 
 from icefall.api import ConditionReason, FreshnessStatus, TableStatus
 from icefall.plan.conditions import Issue
+from icefall.plan.lag import freshness_seconds, partition_lag, partitions_ahead
 from icefall.plan.offsets import RESET_COMMAND
 
 MAX_PARTITIONS = 20
@@ -90,20 +89,6 @@ def table_status(facts: TableFacts) -> TableStatus:
     )
 
 
-def partition_lag(
-    committed: Mapping[int, int], watermarks: Mapping[int, tuple[int, int]]
-) -> tuple[dict[int, int], list[int]]:
-    """Lag per partition of the topic, and the partitions whose committed offset is past the high mark."""
-    lag: dict[int, int] = {}
-    ahead: list[int] = []
-    for partition, (low, high) in sorted(watermarks.items()):
-        done = committed.get(partition, low)
-        if done > high:
-            ahead.append(partition)
-        lag[partition] = max(high - done, 0)
-    return lag, ahead
-
-
 def summarize(
     facts: TableFacts | None,
     watermarks: Mapping[int, tuple[int, int]] | None,
@@ -128,7 +113,7 @@ def summarize(
             )
         )
     elif watermarks is not None:
-        lag_map, ahead = partition_lag(committed, watermarks)
+        lag_map, ahead = partition_lag(committed, watermarks), partitions_ahead(committed, watermarks)
         if ahead:
             detail = ", ".join(f"{p} (committed {committed[p]}, high {watermarks[p][1]})" for p in ahead)
             issues.append(
@@ -156,13 +141,12 @@ def summarize(
     issues += _loss(facts, acknowledged_loss)
     total = sum(lag_map.values()) if lag_map is not None else None
     last_commit = _time(facts.last_commit_ms) if committed else None
-    freshness_seconds: float | None = None
-    if total == 0:
-        freshness_seconds = 0.0
-    elif total is not None and facts.max_produce_time_ms is not None and committed:
-        freshness_seconds = max((now - _time(facts.max_produce_time_ms)).total_seconds(), 0.0)  # type: ignore[operator]
+    seconds: float | None = None
+    if total is not None:
+        newest = facts.max_produce_time_ms if committed else None
+        seconds = freshness_seconds(total, newest, now.timestamp())
     freshness = FreshnessStatus(
-        seconds=None if freshness_seconds is None else round(freshness_seconds, 1),
+        seconds=None if seconds is None else round(seconds, 1),
         lag_records=total or 0,
         partition_lag=_most_lagging(lag_map or {}),
         last_commit_time=last_commit,
@@ -172,7 +156,7 @@ def summarize(
         freshness=freshness,
         table=table_status(facts),
         data_loss_records=facts.lost_records,
-        freshness_seconds=freshness_seconds,
+        freshness_seconds=seconds,
         lag_records=total,
         last_commit_time=last_commit,
         issues=tuple(issues),

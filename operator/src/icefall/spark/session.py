@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from icefall.catalog import CatalogConfig
 
@@ -106,4 +106,12 @@ def build_spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    # Ingestion sets `kafka.group.id` on purpose (one group per writer, partitions assigned, nothing
+    # committed: `icefall.ingest.engine.read_kafka`); Spark's warning about it, meant for subscribed
+    # streaming queries, would otherwise be logged on every read.
+    jvm: Any = session.sparkContext._jvm
+    log4j = jvm.org.apache.logging.log4j
+    log4j.core.config.Configurator.setLevel(
+        "org.apache.spark.sql.kafka010.KafkaSourceProvider", log4j.Level.ERROR
+    )
     return session
