@@ -220,16 +220,17 @@ def assert_rows_match_their_records(config: CatalogConfig, name: str, kafka: Kaf
 
 @CHAIN_TIMEOUT
 def test_a_small_chaos_run_of_random_kills_stays_exactly_once(kafka: KafkaBroker, tmp_path: Path) -> None:
-    """10 runs, each armed to exit at a random point on a random hit (1-2) while records keep arriving; a
-    run that never reaches its point finishes normally. Then exactly once by offset, the auditor, and by
-    content: every row equals the record at its offset. Seed: ICEFALL_CHAOS_SEED (default 12)."""
+    """6 runs (`make chaos` is the long run), each armed to exit at a random point on a random hit (1-2)
+    while records keep arriving; a run that never reaches its point finishes normally. Then exactly once
+    by offset, the auditor, and by content: every row equals the record at its offset. Seed:
+    ICEFALL_CHAOS_SEED (default 12)."""
     seed = int(os.environ.get("ICEFALL_CHAOS_SEED", "12"))
     rng = random.Random(seed)
     chain = Chain(kafka, tmp_path, "chaos_small", partitions=3)
     bad: set[tuple[int, int]] = set()
     produced = 0
     outcomes: list[str] = []
-    for _ in range(10):
+    for _ in range(6):
         bad |= produce(kafka, chain.topic, produced, 80, bad_every=7)
         produced += 80  # two batches or more per run
         point = rng.choice(CHAOS_POINTS)
@@ -244,4 +245,4 @@ def test_a_small_chaos_run_of_random_kills_stays_exactly_once(kafka: KafkaBroker
     print(f"\n[chaos seed {seed}] " + "; ".join(outcomes))
     chain.finish(bad)
     assert_rows_match_their_records(CatalogConfig.embedded(chain.state), chain.name, kafka, chain.topic)
-    assert sum(o.endswith("killed") for o in outcomes) >= 5, outcomes  # the run really was chaotic
+    assert sum(o.endswith("killed") for o in outcomes) >= 3, outcomes  # the run really was chaotic
