@@ -147,15 +147,6 @@ def rest_catalog(
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def controller_manager(
-    kube: KubeAPIServer, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[KubeControllerManager]:
-    running = KubeControllerManager(kube, tmp_path_factory.mktemp("controller-manager")).start()
-    yield running
-    running.stop()
-
-
 def streaming_table(kafka: KafkaBroker, catalog: RESTCatalogServer, store: ObjectStore) -> Obj:
     s3 = store.properties()
     return {

@@ -46,7 +46,7 @@ from icefall.api.crd import CRD_NAME
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.kube import KubeAPIServer, KubeControllerManager
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import tail
@@ -311,6 +311,18 @@ def lake(e2e_namespace: str, rest: JsonApi, postgres: PostgresServer, object_sto
     names = {env.path: env.name for env in secret_env_vars(load_manifest(yaml.safe_dump(st)).spec)[1]}
     variables = {names[f"spec.table.catalog.secretProperties[{key}]"]: value for key, value in values.items()}
     return Lake(block=block, catalog=catalog, variables=variables)
+
+
+@pytest.fixture(scope="module")
+def controller_manager(
+    kube: KubeAPIServer, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeControllerManager]:
+    """The real kube-controller-manager (Deployments, ReplicaSets, garbage collection), for one module."""
+    started = time.monotonic()
+    running = KubeControllerManager(kube, tmp_path_factory.mktemp("controller-manager")).start()
+    print(f"[e2e] kube-controller-manager running in {time.monotonic() - started:.1f}s", flush=True)
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="module")

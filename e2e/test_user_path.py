@@ -75,7 +75,7 @@ from icefall.api import StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.kube import KubeAPIServer, KubeControllerManager
+from icefall.devstack.kube import KubeControllerManager
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import free_port, tail
@@ -266,17 +266,6 @@ def lake_catalog(
     ).start()
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def controller_manager(
-    kube: KubeAPIServer, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[KubeControllerManager]:
-    started = time.monotonic()
-    running = KubeControllerManager(kube, tmp_path_factory.mktemp("controller-manager")).start()
-    print(f"[e2e] kube-controller-manager running in {time.monotonic() - started:.1f}s", flush=True)
-    yield running
-    running.stop()
 
 
 def _local_harness(request: pytest.FixtureRequest) -> Harness:
