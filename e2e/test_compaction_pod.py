@@ -39,15 +39,23 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 from icefall.catalog import CatalogConfig
-from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.children import compaction_account_name, compaction_name
 from icefall.plan.maintenance import MaintenancePolicy
 from icefall.testing.kubelet import JsonApi, LocalKubelet
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
-from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
+from icefall.testing.streams import assert_exactly_once, manifest_text
 
-from .conftest import Kubectl, Lake, Operator, pod_logs, replace_snapshots_on_main, table_rows, wait_for
+from .conftest import (
+    Kubectl,
+    Lake,
+    Operator,
+    TableStream,
+    pod_logs,
+    replace_snapshots_on_main,
+    table_rows,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -119,27 +127,16 @@ class LeaseWatch:
                 time.sleep(0.5)
 
 
-class Setup:
+class Setup(TableStream):
     """The StreamingTable's world: clients, catalog and what was produced."""
 
     def __init__(
         self, *, rest: JsonApi, namespace: str, catalog: CatalogConfig, kafka: KafkaBroker, operator: Operator
     ) -> None:
+        super().__init__(kafka, catalog, topic=TOPIC, table=TABLE, bad_every=BAD_EVERY)
         self.rest = rest
         self.namespace = namespace
-        self.catalog = catalog
-        self.kafka = kafka
         self.operator = operator
-        self.bad: set[tuple[int, int]] = set()
-        self.produced = 0
-        self.started = time.monotonic()
-
-    def note(self, what: str) -> None:
-        print(f"[e2e +{time.monotonic() - self.started:5.1f}s] {what}", flush=True)
-
-    def produce(self, count: int) -> None:
-        self.bad |= produce(self.kafka, TOPIC, self.produced, count, bad_every=BAD_EVERY)
-        self.produced += count
 
     @property
     def st_path(self) -> str:
@@ -154,18 +151,11 @@ class Setup:
     def pod(self, name: str) -> Obj | None:
         return self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
 
-    def table(self) -> Table | None:
+    def iceberg_table(self) -> Table | None:
         catalog = self.catalog.pyiceberg()
         if not catalog.table_exists((TABLE_NAMESPACE, TABLE)):
             return None
         return catalog.load_table((TABLE_NAMESPACE, TABLE))
-
-    def caught_up(self) -> dict[int, int] | None:
-        table = self.table()
-        high = watermarks(self.kafka, TOPIC)
-        if table is None or sum(high.values()) != self.produced:
-            return None
-        return high if dict(read_committed(table).offsets) == high else None
 
     def explain(self, kubelet: LocalKubelet) -> str:
         status = yaml.safe_dump(self.st().get("status"))
@@ -240,7 +230,7 @@ def test_compaction_pod_compacts_under_its_own_account(
         return setup.explain(kubelet)
 
     high = wait_for("the driver to ingest the backlog", setup.caught_up, timeout=240, details=explain)
-    table = setup.table()
+    table = setup.iceberg_table()
     assert table is not None
     before_files = files_per_partition(table)
     before_rows = table_rows(table)
@@ -268,7 +258,7 @@ def test_compaction_pod_compacts_under_its_own_account(
         setup.note(f"created pod {COMPACT_POD} from the template of {DEPLOYMENT}")
 
         def compacted() -> list[int] | None:
-            found = setup.table()
+            found = setup.iceberg_table()
             return replace_snapshots_on_main(found) if found is not None else None
 
         replaced = wait_for("a replace snapshot on main", compacted, timeout=240, every=1, details=explain)
@@ -287,7 +277,7 @@ def test_compaction_pod_compacts_under_its_own_account(
     assert {holder for _, holder in held} == {COMPACT_POD}, held
     assert all(re.fullmatch(rf"{re.escape(WORK_LEASE_PREFIX)}[0-9a-f]+", name) for name, _ in held), held
 
-    table = setup.table()
+    table = setup.iceberg_table()
     assert table is not None
     after_files = files_per_partition(table)
     setup.note(f"files per partition after: {dict(after_files)}")
