@@ -73,7 +73,7 @@ from icefall.devstack.kube import KubeAPIServer, KubeControllerManager
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import tail
-from icefall.devstack.rest_catalog import RESTCatalogServer, s3_file_io
+from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.plan.children import compaction_name, secret_env_vars
 from icefall.testing.kubelet import ContainerExit, JsonApi, LocalKubelet
 
@@ -134,14 +134,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
 def rest_catalog(
     store: ObjectStore, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RESTCatalogServer]:
-    postgres.create_database("chaos")
-    server = RESTCatalogServer(
+    server = RESTCatalogServer.on_postgres(
         tmp_path_factory.mktemp("chaos-rest"),
-        jdbc_uri=postgres.jdbc_url_for("chaos"),
-        jdbc_user=postgres.user,
-        jdbc_password=postgres.password,
+        postgres,
+        "chaos",
         warehouse="s3://chaos/warehouse",
-        properties=s3_file_io(store.properties()),
+        store=store,
     ).start()
     yield server
     server.stop()

@@ -79,7 +79,7 @@ from icefall.devstack.kube import KubeControllerManager
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import free_port, tail
-from icefall.devstack.rest_catalog import RESTCatalogServer, s3_file_io
+from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import (
     COMPONENT_COMPACT,
@@ -253,16 +253,14 @@ def lake_catalog(
     lake_store: ObjectStore, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RESTCatalogServer]:
     """Iceberg's REST server on a PostgreSQL database of its own, new tables under the example's warehouse."""
-    postgres.create_database("user_path")
     catalog = load_manifest(EXAMPLE).spec.table.catalog
     assert catalog is not None and catalog.warehouse is not None
-    server = RESTCatalogServer(
+    server = RESTCatalogServer.on_postgres(
         tmp_path_factory.mktemp("lake-rest"),
-        jdbc_uri=postgres.jdbc_url_for("user_path"),
-        jdbc_user=postgres.user,
-        jdbc_password=postgres.password,
+        postgres,
+        "user_path",
         warehouse=catalog.warehouse,
-        properties=s3_file_io(lake_store.properties()),
+        store=lake_store,
     ).start()
     yield server
     server.stop()

@@ -23,9 +23,14 @@ import shutil
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from icefall.devstack.procs import ManagedProcess, free_port
 from icefall.devstack.tools import tool_dir
+
+if TYPE_CHECKING:
+    from icefall.devstack.objectstore import ObjectStore
+    from icefall.devstack.postgres import PostgresServer
 
 _MAIN = "org.apache.iceberg.rest.RESTCatalogServer"
 _ENV_PREFIX = "CATALOG_"
@@ -102,6 +107,22 @@ class RESTCatalogServer:
 
     def running(self) -> bool:
         return self._proc is not None and self._proc.running()
+
+    @classmethod
+    def on_postgres(
+        cls, workdir: Path, postgres: PostgresServer, database: str, *, warehouse: str, store: ObjectStore
+    ) -> RESTCatalogServer:
+        """The shape of a production lake: the server on a PostgreSQL database of its own (created here),
+        new tables under `warehouse`, their files in `store` (not started yet)."""
+        postgres.create_database(database)
+        return cls(
+            workdir,
+            jdbc_uri=postgres.jdbc_url_for(database),
+            jdbc_user=postgres.user,
+            jdbc_password=postgres.password,
+            warehouse=warehouse,
+            properties=s3_file_io(store.properties()),
+        )
 
     def start(self, timeout: float = 90) -> RESTCatalogServer:
         """First call: a fresh work folder and port. Later calls: the same catalog on the same port."""

@@ -20,7 +20,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
-from icefall.devstack.rest_catalog import RESTCatalogServer, s3_file_io
+from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.devstack.tools import tool_dir
 
 if TYPE_CHECKING:
@@ -101,14 +101,12 @@ def rest_catalog_s3(
     """The shape of a production lake: Iceberg's REST server on a PostgreSQL JDBC catalog, table files in
     the S3 object store (bucket `rest-lake`)."""
     object_store.create_bucket("rest-lake")
-    postgres.create_database("rest_catalog")
-    server = RESTCatalogServer(
+    server = RESTCatalogServer.on_postgres(
         stack_dir / "rest-catalog-s3",
-        jdbc_uri=postgres.jdbc_url_for("rest_catalog"),
-        jdbc_user=postgres.user,
-        jdbc_password=postgres.password,
+        postgres,
+        "rest_catalog",
         warehouse="s3://rest-lake/warehouse",
-        properties=s3_file_io(object_store.properties()),
+        store=object_store,
     ).start()
     yield server
     server.stop()
