@@ -18,7 +18,12 @@ fed with the seeded ~230-byte order events of `icefall.devstack.events`. Two pha
     readers) minus its Kafka produce timestamp. Which snapshot added a row comes from the manifest entries
     (`table.inspect.entries`, status ADDED); the row's produce time from its `_kafka.timestamp`. The same
     figure against `snapshot.timestamp_ms` (when Spark wrote the staged snapshot, before the
-    fast-forward) is shown too.
+    fast-forward) is shown too. The files a batch added are read from its own snapshot's manifests, so a
+    compaction that rewrote them since does not change the figure.
+(c) With `--maintenance` (`make bench-ingest BENCH_ARGS=--maintenance`): phase (b) twice more, with
+    `icefall run`'s in-process maintenance (`embedded_maintenance`, the spec's interval) run between
+    batches, then on its thread beside them; the table holds the earlier phases' many small files, so
+    there is compaction to do. What maintenance costs ingestion's freshness, side by side.
 
 Commit latency: "CAS" is `BatchReport.commit_seconds`, `commit_staged_outcome` alone (the compare-and-swap
 of `main`); "batch" is `BatchReport.seconds` (watermarks, planning, read, write, commit).
@@ -35,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -57,6 +63,8 @@ from confluent_kafka import Producer, libversion
 from icefall.api import StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
+from icefall.compact.runner import EmbeddedMaintenance, embedded_maintenance
+from icefall.compact.worker import kind_of
 from icefall.devstack.events import EventProducer, order_values
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tools import tool_dir
@@ -160,6 +168,8 @@ class Freshness:
 
 def freshness(table: Any, window_ms: tuple[int, int], phase_start_ms: int) -> Freshness:
     """Per-record freshness of the rows produced inside `window_ms`, from the committed table."""
+    from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
+
     table.refresh()
     became_visible: dict[int, int] = {}
     for entry in table.metadata.snapshot_log:  # when main moved to each snapshot
@@ -167,24 +177,30 @@ def freshness(table: Any, window_ms: tuple[int, int], phase_start_ms: int) -> Fr
     visible: list[float] = []
     written: list[float] = []
     rows_after_start = 0
-    # The live data files of main's head, each with the snapshot that added it (nothing rewrites files here).
-    entries = table.inspect.entries().select(["status", "snapshot_id", "data_file"]).to_pylist()
-    for entry in entries:
-        added_by = entry["snapshot_id"]
-        if entry["status"] == 2 or entry["data_file"]["content"] != 0:
-            continue  # deleted entries and delete files
+    # The files each batch's snapshot added, read from that snapshot's own manifests: they are still there
+    # when maintenance has rewritten them since (the snapshot is not expired during a run).
+    for snapshot in table.metadata.snapshots:
+        added_by = snapshot.snapshot_id
+        if snapshot.summary is None or snapshot.summary.operation.value != "append":
+            continue  # compaction, expiry, retention
         if became_visible.get(added_by, 0) < phase_start_ms:
-            continue  # files of the full-speed phase
-        visible_ms = became_visible[added_by]
-        written_ms = table.snapshot_by_id(added_by).timestamp_ms
-        with table.io.new_input(entry["data_file"]["file_path"]).open() as stream:
-            kafka = pq.read_table(stream, columns=["_kafka"]).column("_kafka").combine_chunks()
-        for produced_us in pc.struct_field(kafka, "timestamp").cast("int64").to_pylist():
-            produced_ms = produced_us // 1000
-            rows_after_start += produced_ms >= phase_start_ms
-            if window_ms[0] <= produced_ms <= window_ms[1]:
-                visible.append((visible_ms - produced_ms) / 1000)
-                written.append((written_ms - produced_ms) / 1000)
+            continue  # files of the full-speed phase, or a snapshot main never reached
+        visible_ms, written_ms = became_visible[added_by], snapshot.timestamp_ms
+        for manifest in snapshot.manifests(table.io):
+            if manifest.added_snapshot_id != added_by:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                added = entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == added_by
+                if not added or entry.data_file.content != DataFileContent.DATA:
+                    continue
+                with table.io.new_input(entry.data_file.file_path).open() as stream:
+                    kafka = pq.read_table(stream, columns=["_kafka"]).column("_kafka").combine_chunks()
+                for produced_us in pc.struct_field(kafka, "timestamp").cast("int64").to_pylist():
+                    produced_ms = produced_us // 1000
+                    rows_after_start += produced_ms >= phase_start_ms
+                    if window_ms[0] <= produced_ms <= window_ms[1]:
+                        visible.append((visible_ms - produced_ms) / 1000)
+                        written.append((written_ms - produced_ms) / 1000)
     return Freshness(visible, written, rows_after_start)
 
 
@@ -229,13 +245,17 @@ def run(args: argparse.Namespace, state: Path) -> tuple[dict[str, str], list[tup
         catalog = CatalogConfig.embedded(state / "lake")
         catalog.pyiceberg()
         say("starting Spark (local[2]) ...")
-        spark = build_spark_session([catalog], app_name="icefall-bench", master="local[2]")
+        fair = {"spark.scheduler.mode": "FAIR"}  # as `icefall run` with in-process maintenance
+        spark = build_spark_session([catalog], app_name="icefall-bench", master="local[2]", extra_conf=fair)
         try:
             lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), "bench")
             ingestor = Ingestor(st, catalog, spark, lease)
             ingestor.start(lease_timeout=30)
+            maintenance = (
+                embedded_maintenance(st, catalog, spark, state / "leases") if args.maintenance else None
+            )
             try:
-                return machine_facts, phases(args, broker, spark, ingestor)
+                return machine_facts, phases(args, broker, spark, ingestor, maintenance)
             finally:
                 ingestor.close()
         finally:
@@ -245,7 +265,11 @@ def run(args: argparse.Namespace, state: Path) -> tuple[dict[str, str], list[tup
 
 
 def phases(
-    args: argparse.Namespace, broker: KafkaBroker, spark: Any, ingestor: Ingestor
+    args: argparse.Namespace,
+    broker: KafkaBroker,
+    spark: Any,
+    ingestor: Ingestor,
+    maintenance: EmbeddedMaintenance | None = None,
 ) -> list[tuple[str, str]]:
     cpu = ProcessCpu(spark.sparkContext._gateway.proc.pid)  # the spark-submit launcher, then the JVM
     rows: list[tuple[str, str]] = []
@@ -278,17 +302,51 @@ def phases(
     say(f"(a) {full_rps:,.0f} records/s, {records / cpu_used:,.0f} records per CPU-second")
 
     rate = full_rps / 2
+    rows += live_phase("(b) live stream at half the full-speed rate", args, broker, ingestor, rate)
+    if maintenance is not None:
+        for mode in ("between batches", "on its thread"):
+            label = f"(c) the same live stream, in-process maintenance {mode}"
+            rows += live_phase(label, args, broker, ingestor, rate, maintenance=maintenance, mode=mode)
+    return rows
+
+
+def live_phase(
+    label: str,
+    args: argparse.Namespace,
+    broker: KafkaBroker,
+    ingestor: Ingestor,
+    rate: float,
+    *,
+    maintenance: EmbeddedMaintenance | None = None,
+    mode: str = "",
+) -> list[tuple[str, str]]:
+    """Stream `rate` records/s for `args.seconds` into `Ingestor.run` (with `maintenance` between batches or
+    on its thread), catch up, and measure freshness from the table."""
     warmup_seconds = min(15.0, args.seconds / 4)
-    say(f"(b) streaming ~{rate:,.0f} records/s for {args.seconds:.0f}s (first {warmup_seconds:.0f}s warm-up)")
+    say(f"{label}: ~{rate:,.0f} records/s for {args.seconds:.0f}s (first {warmup_seconds:.0f}s warm-up)")
     producer = EventProducer(broker.bootstrap, TOPIC, rate, seed=3)
     live: list[BatchReport] = []
+    steps_before = len(maintenance.steps) if maintenance is not None else 0
+
+    def on_batch(report: BatchReport | None) -> None:
+        if report is not None:
+            live.append(report)
+        if maintenance is not None and mode == "between batches":
+            maintenance.between_batches(report)
+        elif maintenance is not None:
+            maintenance.offer(report)
+
+    if maintenance is not None and mode != "between batches":
+        maintenance.start()
     phase_start_ms = int(time.time() * 1000)
     producer.start()
     deadline = time.monotonic() + args.seconds
-    ingestor.run(lambda: time.monotonic() > deadline, lambda r: live.append(r) if r else None)
+    ingestor.run(lambda: time.monotonic() > deadline, on_batch)
     producer.stop()
     stop_ms = int(time.time() * 1000)
-    say(f"(b) producer stopped after {producer.acked:,} acknowledged records; catching up ...")
+    if maintenance is not None and mode != "between batches":
+        maintenance.stop()
+    say(f"{label}: producer stopped after {producer.acked:,} acknowledged records; catching up ...")
     live += until_caught_up(ingestor)
     measured_from = phase_start_ms + int(warmup_seconds * 1000)
     fresh = freshness(ingestor.table, (measured_from, stop_ms), phase_start_ms)
@@ -297,9 +355,9 @@ def phases(
             f"WARNING: {producer.acked} records acknowledged ({producer.errors} errors) but "
             f"{fresh.rows_after_start} rows of the live phase found in the table"
         )
-    rows += [
+    rows = [
         (
-            "**(b) live stream at half the full-speed rate**",
+            f"**{label}**",
             f"{rate:,.0f} records/s for {args.seconds:.0f} s; first {warmup_seconds:.0f} s excluded",
         ),
         ("freshness p50 / p99 (produce → main fast-forward)", seconds_pair(fresh.visible)),
@@ -310,6 +368,12 @@ def phases(
         ("commit (CAS of main) p50 / p99", latency_ms([r.commit_seconds for r in live])),
         ("batch p50 / p99", seconds_pair([r.seconds for r in live])),
     ]
+    if maintenance is not None:
+        steps = maintenance.steps[steps_before:]
+        kinds = Counter(kind_of(step.item) for step in steps if step.item is not None)
+        seconds = sum(step.result.seconds for step in steps if step.result is not None)
+        done = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items())) or "none"
+        rows.append(("maintenance items run", f"{len(steps)} ({done}), {seconds:.1f} s in all"))
     return rows
 
 
@@ -337,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60, help="length of the live (freshness) phase")
     parser.add_argument(
         "--warmup-records", type=int, default=0, help="warm-up backlog (default: records/5, >= 10,000)"
+    )
+    parser.add_argument(
+        "--maintenance",
+        action="store_true",
+        help="also run the live phase with in-process maintenance, between batches and on its thread",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the markdown")
     args = parser.parse_args(argv)

@@ -102,8 +102,10 @@ DRIVER_POINTS = (
 AT_START = {"dlq.before-rewind", "dlq.after-rewind", "main.before-sweep", "dlq.before-sweep"}
 COMPACTION_POINTS = ("main.mid-rewrite", "main.before-expire")
 ARM_CHANCE = 0.7  # of a container start getting a failpoint; the others die at a random moment
-RANDOM_KILL_AFTER = (3.0, 90.0)  # seconds after a container started (or the operator) before its SIGKILL
-ARMED_GRACE = 300.0  # an armed container gets this long to reach its failpoint before a SIGKILL
+#: Seconds after a container (or the operator) started before its SIGKILL: short enough that 200 kills fit
+#: in about an hour on 2 cores (a Spark start is most of a cycle), long enough to land mid-batch as well.
+RANDOM_KILL_AFTER = (2.0, 45.0)
+ARMED_GRACE = 150.0  # an armed container gets this long to reach its failpoint before a SIGKILL
 OUTAGE_SECONDS = 30.0
 #: The producer's pace: ~3 records/s, well under what a driver ingests between kills on a loaded 2-core
 #: machine (~10/s), so each fault's convergence measures recovery rather than a growing backlog.

@@ -12,8 +12,9 @@ What this proves:
 - A worker (`icefall compact` in a subprocess) killed at the failpoint `main.mid-rewrite` leaves the table
   unchanged; its new files are orphans that `RemoveOrphans` deletes once the (injected) clock is past the
   safety window.
-- In-process maintenance between batches (what `icefall run` does) keeps the file count of a partition
-  bounded over many small batches (without it every batch adds files), and ingestion stays exactly once.
+- In-process maintenance between batches keeps the file count of a partition bounded over many small
+  batches (without it every batch adds files), and ingestion stays exactly once; on a thread of its own
+  beside `Ingestor.run` (what `icefall run` does) it compacts while batches commit, exactly once too.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
 from icefall.compact.runner import MaintenanceRunner, embedded_maintenance, file_leases
 from icefall.compact.view import read_table_view, to_local_path
-from icefall.compact.worker import Outcome, run_item
+from icefall.compact.worker import Outcome, kind_of, run_item
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
 from icefall.plan.maintenance import (
@@ -380,3 +381,55 @@ def test_in_process_maintenance_keeps_partition_file_count_bounded(
     assert most_files <= 4 + 1 + most_added, (most_files, most_added)
     assert most_files < appended, (most_files, appended)
     assert_exactly_once(catalog_config, "run_compact", watermarks(kafka, topic), set())
+
+
+def test_in_process_maintenance_runs_on_its_thread_beside_the_batches(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """`icefall run`'s shape: `Ingestor.run` commits batches while maintenance runs on a thread of its own in
+    the same Spark session (offered every report); small files are compacted meanwhile, and every record
+    lands once whether a maintenance commit came between a batch's stage and its commit or not."""
+    topic = "it-run-compact-thread"
+    kafka.create_topic(topic, partitions=2)
+    name = "run_compact_thread"
+    st = load_manifest(
+        manifest_text(name, topic, kafka.bootstrap) + "  compaction: {embeddedIntervalSeconds: 0}\n"
+    )
+    maintenance = embedded_maintenance(st, catalog_config, spark, tmp_path / "leases")
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "commit.json", "writer-1"))
+    reports: list[object] = []
+    produced = 10
+    deadline = time.monotonic() + 300
+
+    def compacted() -> bool:
+        return any(
+            isinstance(s.item, CompactPartition) and s.result is not None and s.result.outcome is Outcome.DONE
+            for s in maintenance.steps
+        )
+
+    def on_batch(report: object) -> None:
+        nonlocal produced
+        reports.append(report)
+        if not compacted() and time.monotonic() < deadline:  # small files keep coming until a compaction
+            produce(kafka, topic, produced, 10)
+            produced += 10
+        maintenance.offer(report)  # type: ignore[arg-type]
+
+    produce(kafka, topic, 0, 10)
+    maintenance.start()
+    ingestor.start(lease_timeout=10)
+    try:
+        ingestor.run(lambda: time.monotonic() > deadline or (compacted() and reports[-1] is None), on_batch)
+    finally:
+        ingestor.close()
+        assert maintenance.stop(timeout=120)
+    batches = sum(r is not None for r in reports)
+    steps = [kind_of(s.item) for s in maintenance.steps if s.item is not None]
+    print(f"{batches} batches, {produced} records, maintenance steps: {steps}")
+    assert compacted(), f"no compaction in {batches} batches"
+    assert_exactly_once(catalog_config, name, watermarks(kafka, topic), set())
+    cache = maintenance.runner.manifests
+    maintenance.runner.plan()
+    read = cache.files_read
+    maintenance.runner.plan()  # the table has not changed since: no manifest or manifest list is read again
+    assert cache.files_read == read > 0

@@ -12,6 +12,8 @@ behind; compaction pods may get/update their work Leases.
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from icefall.api import ManifestError, streaming_table_from_object
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import LeaseTimeoutError
 from icefall.compact.runner import EmbeddedMaintenance, MaintenanceRunner, StepResult
-from icefall.compact.view import canonical_path, checksum_owner, to_local_path
+from icefall.compact.view import ManifestCache, canonical_path, checksum_owner, to_local_path
 from icefall.compact.worker import ItemResult, Outcome
 from icefall.plan.children import compaction_rules
 from icefall.plan.maintenance import (
@@ -281,6 +283,64 @@ def test_embedded_maintenance_waits_for_interval_and_for_ingestion() -> None:
     now[0] += 25
     assert embedded.between_batches(None) is not None  # idle and due
     assert len(steps) == 2
+
+
+def test_embedded_maintenance_on_its_thread_never_holds_up_the_batches() -> None:
+    """`icefall run`'s shape: `offer` after each batch returns at once while an item runs; the thread takes
+    the latest report when it is free again; `stop` waits for the item in flight."""
+    running, release = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    class Slow(PlannedRunner):
+        def step(self, now_ms: int | None = None) -> StepResult:
+            seen.append(threading.current_thread().name)
+            running.set()
+            release.wait(10)
+            return StepResult(1)
+
+    embedded = EmbeddedMaintenance(Slow([], None, set(), []), interval_seconds=0, freshness_target_seconds=10)
+    embedded.start()
+    embedded.offer(None)
+    assert running.wait(10)
+    started = time.monotonic()
+    for lag in (500, 0):  # two more batches while the item runs
+        embedded.offer(Report(lag=lag, freshness_seconds=1))
+    assert time.monotonic() - started < 1, "offer waited for the item in flight"
+    assert not embedded.stop(timeout=0.2), "stop returned while the item was still running"
+    release.set()
+    assert embedded.stop(timeout=10)
+    assert seen == ["icefall-maintenance"]  # stopped before a second step
+
+
+def test_manifest_cache_reads_each_file_once_and_forgets_what_metadata_dropped() -> None:
+    reads: list[str] = []
+
+    class Manifest:
+        def __init__(self, path: str) -> None:
+            self.manifest_path = path
+
+        def fetch_manifest_entry(self, io: object, discard_deleted: bool = True) -> list[str]:
+            reads.append(self.manifest_path)
+            return [f"{self.manifest_path}-entry"]
+
+    class Snapshot:
+        def __init__(self, manifest_list: str, manifests: list[Manifest]) -> None:
+            self.manifest_list, self._manifests = manifest_list, manifests
+
+        def manifests(self, io: object) -> list[Manifest]:
+            reads.append(self.manifest_list)
+            return self._manifests
+
+    cache = ManifestCache()
+    m1 = Manifest("m1")
+    first = Snapshot("list-1", [m1])
+    for _ in range(2):
+        assert [m.manifest_path for m in cache.manifests(first, None)] == ["m1"]  # type: ignore[arg-type]
+        assert cache.live_entries(m1, None) == ["m1-entry"]  # type: ignore[arg-type]
+    assert reads == ["list-1", "m1"] and cache.files_read == 2
+    cache.keep_only(["list-2"], ["m2"])  # list-1 expired, m1 rewritten away
+    cache.manifests(first, None)  # type: ignore[arg-type]
+    assert reads[-1] == "list-1" and cache.files_read == 3
 
 
 def test_compaction_pods_may_use_work_leases() -> None:

@@ -104,14 +104,20 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
     print("[run] starting local Spark ...", flush=True)
-    spark = build_spark_session([catalog], app_name=f"icefall-{st.metadata.name}", master=args.master)
+    maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
+    # FAIR: in-process maintenance's jobs (a pool of their own) share the cores with the batches' jobs.
+    fair = {"spark.scheduler.mode": "FAIR"} if maintain else None
+    spark = build_spark_session(
+        [catalog], app_name=f"icefall-{st.metadata.name}", master=args.master, extra_conf=fair
+    )
     lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), local_process_holder())
-    between_batches = None
-    if st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance:
-        from icefall.compact.runner import embedded_maintenance
+    if not maintain:
+        return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop)
+    from icefall.compact.runner import embedded_maintenance
 
-        between_batches = embedded_maintenance(st, catalog, spark, state / "leases").between_batches
-    return _ingest_until_stopped(st, catalog, spark, lease, args, between_batches=between_batches, stop=stop)
+    maintenance = embedded_maintenance(st, catalog, spark, state / "leases")
+    maintenance.start()
+    return _ingest_until_stopped(st, catalog, spark, lease, args, maintenance=maintenance, stop=stop)
 
 
 def _ingest_until_stopped(
@@ -121,12 +127,13 @@ def _ingest_until_stopped(
     lease: Any,
     args: argparse.Namespace,
     *,
-    between_batches: Any = None,
+    maintenance: Any = None,
     stop: Any = None,
 ) -> int:
     """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so.
-    `between_batches(report)`, if given, runs after every batch (in-process maintenance). Kafka, the catalog
-    or the object store unreachable, at start or later, is waited out (`icefall.outages`)."""
+    `maintenance` (an EmbeddedMaintenance on its own thread), if given, is offered every batch's report and
+    stopped, after its item in flight, before Spark. Kafka, the catalog or the object store unreachable, at
+    start or later, is waited out (`icefall.outages`)."""
     from icefall.ingest.engine import BatchReport, Ingestor
 
     ingestor = Ingestor(st, catalog, spark, lease)
@@ -171,8 +178,8 @@ def _ingest_until_stopped(
             print(f"[run] caught up, waiting for records; last commit {since}", flush=True)
         if args.max_seconds and time.monotonic() - started > args.max_seconds:
             stop.set()
-        if between_batches is not None and not stop.is_set():
-            between_batches(report)
+        if maintenance is not None and not stop.is_set():
+            maintenance.offer(report)
 
     from icefall.commit import FencedError
     from icefall.commit.lease import LeaseTimeoutError
@@ -201,6 +208,9 @@ def _ingest_until_stopped(
         code = EXIT_SOURCE_CHANGED
     finally:
         ingestor.close()
+        if maintenance is not None and not maintenance.stop(timeout=1):
+            print("[run] waiting for the maintenance item in flight to finish ...", flush=True)
+            maintenance.stop()
         spark.stop()
     print(
         f"[run] stopped after {time.monotonic() - started:.1f}s: {totals['batches']} commits, "

@@ -201,7 +201,7 @@ MAX_COMPACTION_REPLICAS = 100
 class CompactionSpec(ApiModel):
     """Continuous compaction and table maintenance: rewrite small files, rewrite manifests, expire snapshots,
     remove orphan files, apply `spec.retention`. In a cluster a Deployment of stateless pods does it, scaled
-    from the backlog between minReplicas and maxReplicas; `icefall run` does it in-process between batches.
+    from the backlog between minReplicas and maxReplicas; `icefall run` does it in-process beside the batches.
     """
 
     enabled: bool = Field(
@@ -261,7 +261,7 @@ class CompactionSpec(ApiModel):
         le=86400,
         description=(
             "icefall run only: least seconds between two in-process maintenance steps (one work item "
-            "each, between ingestion batches). 0: after every batch."
+            "each, on a thread beside the ingestion batches). 0: one after another."
         ),
     )
 

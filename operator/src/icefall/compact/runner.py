@@ -7,7 +7,9 @@ with the Lease `work_key(table, item)` (`acquire(timeout=0)`: an item another wo
 waited for) until one is claimed; that one is run by `icefall.compact.worker.run_item` while a background
 thread renews its Lease, then the Lease is released. `run(should_stop)` repeats steps, sleeping
 `idle_seconds` when there was nothing to claim, until `should_stop()` — the compaction pods' loop
-(`icefall compact`). `EmbeddedMaintenance` calls `step()` between ingestion batches of `icefall run`.
+(`icefall compact`). `EmbeddedMaintenance` runs `step()` in `icefall run`, on a thread of its own beside
+the ingestion batches (their Spark jobs share the cores through Spark's FAIR scheduler), so a rewrite never
+delays a batch's start or commit.
 
 Guarantees:
 - Two workers never run the same item at once while their Leases work (keys: plan/maintenance.py
@@ -22,7 +24,7 @@ Guarantees:
 `EmbeddedMaintenance` runs a step only when `interval_seconds` have passed since the last one and ingestion
 is not behind (the last batch left no lag, or its freshness is within half the target), so maintenance
 never starves the freshness target; each step runs at most one item, bounded by the policy's
-`max_bytes_per_task`.
+`max_bytes_per_task`. A runner reads only the manifests written since its last round (`ManifestCache`).
 
 Not guaranteed: fairness between items of one table (the plan's order decides: retention, the hottest
 partitions, manifests, expiry, orphans), or that a step's plan is current when its item runs.
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Protocol
 from icefall import metrics
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import Lease, LeaseError, LeaseTimeoutError
-from icefall.compact.view import read_table_view
+from icefall.compact.view import ManifestCache, read_table_view
 from icefall.compact.worker import ItemResult, kind_of, run_item, table_label
 from icefall.outages import log_failure
 from icefall.plan.maintenance import (
@@ -63,6 +65,7 @@ log = logging.getLogger(__name__)
 LeaseFactory = Callable[[str], Lease]
 WORK_LEASE_SECONDS = 60
 EMBEDDED_MAX_BYTES_PER_ITEM = 256 * MIB
+MAINTENANCE_POOL = "maintenance"  # the Spark scheduler pool of in-process maintenance
 
 
 def wall_clock_ms() -> int:
@@ -146,10 +149,11 @@ class MaintenanceRunner:
         self.lease_seconds = lease_seconds
         self.runner = runner
         self.label = table_label(self.identifier)
+        self.manifests = ManifestCache()  # a round reads only the manifests written since the last one
 
     def plan(self, now_ms: int | None = None) -> tuple[WorkItem, ...]:
         table = self.catalog.pyiceberg().load_table(self.identifier)
-        view = read_table_view(table, list_storage=self.list_storage)
+        view = read_table_view(table, list_storage=self.list_storage, cache=self.manifests)
         work = plan_maintenance(view, self.policy, self.clock_ms() if now_ms is None else now_ms)
         metrics.MAINTENANCE_BACKLOG.labels(self.label).set(len(work))
         return work
@@ -219,8 +223,10 @@ class BatchLike(Protocol):
 
 
 class EmbeddedMaintenance:
-    """In-process maintenance between ingestion batches (module doc). Call `between_batches(report)` after
-    every batch (None: an idle poll)."""
+    """In-process maintenance beside ingestion (module doc). `between_batches(report)` runs a step now if one
+    is due (None: an idle poll). `start()` moves the steps to a thread of their own: then `offer(report)`
+    after every batch hands over the latest report and returns at once, and `stop()` waits for the item in
+    flight."""
 
     def __init__(
         self,
@@ -236,6 +242,10 @@ class EmbeddedMaintenance:
         self.clock = clock
         self._last: float | None = None
         self.steps: list[StepResult] = []
+        self._latest: BatchLike | None = None
+        self._offered = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def due(self, report: BatchLike | None) -> bool:
         now = self.clock()
@@ -257,6 +267,35 @@ class EmbeddedMaintenance:
         if outcome.ran:
             self.steps.append(outcome)
         return outcome
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="icefall-maintenance", daemon=True)
+        self._thread.start()
+
+    def offer(self, report: BatchLike | None) -> None:
+        self._latest = report
+        self._offered.set()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop the thread once its item in flight is done; False if it still runs after `timeout`."""
+        self._stopping.set()
+        self._offered.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def _loop(self) -> None:
+        # Spark's FAIR scheduler (set by `icefall run`) then shares the cores between this pool and the
+        # ingestion batches instead of queueing a batch's tasks behind a rewrite's.
+        if self.runner.spark is not None:
+            self.runner.spark.sparkContext.setLocalProperty("spark.scheduler.pool", MAINTENANCE_POOL)
+        while True:
+            self._offered.wait()
+            if self._stopping.is_set():
+                return
+            self._offered.clear()
+            self.between_batches(self._latest)
 
 
 # ------------------------------------------------------------------------------------------ entry points

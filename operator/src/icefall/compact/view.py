@@ -25,12 +25,16 @@ deleted from with the table's own FileIO settings (endpoint, region, credentials
 bucket, the listing cannot tell orphans from live files: it is dropped (nothing is planned as an orphan)
 and a warning says why, as Iceberg's own orphan removal refuses such a mismatch.
 
+Manifest lists and manifests never change once written, so a `ManifestCache` passed in (a maintenance
+runner keeps one for its life) makes a round read only the files that are new since the last round; it keeps
+only what the table's metadata still references.
+
 Not guaranteed: a consistent cut. Reading many manifests takes time; the planner is told so (its items may
-be stale when run, and Iceberg's commit validation catches that). Every snapshot's manifests are read once
-per call (deduplicated by path), so the cost grows with the number of distinct manifests: snapshot expiry
-and manifest rewrites keep that bounded. Objects under the location that belong to no Iceberg metadata
-(a stray file someone copied in) are listed too: with the orphan safety window they are removed like any
-orphan, which is what Iceberg's `remove_orphan_files` does as well.
+be stale when run, and Iceberg's commit validation catches that). Without a cache every snapshot's
+manifests are read once per call (deduplicated by path), so the cost grows with the number of distinct
+manifests: snapshot expiry and manifest rewrites keep that bounded. Objects under the location that belong
+to no Iceberg metadata (a stray file someone copied in) are listed too: with the orphan safety window they
+are removed like any orphan, which is what Iceberg's `remove_orphan_files` does as well.
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from pyiceberg.manifest import DataFileContent, ManifestFile
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestFile
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from icefall.plan.maintenance import (
     MAIN,
@@ -89,8 +94,40 @@ def to_local_path(path: str) -> str | None:
     return None
 
 
-def read_table_view(table: Table, *, list_storage: bool = True) -> TableView:
+class ManifestCache:
+    """Manifest lists and live manifest entries already read, by path (both are immutable once written)."""
+
+    def __init__(self) -> None:
+        self._lists: dict[str, list[ManifestFile]] = {}
+        self._entries: dict[str, list[ManifestEntry]] = {}
+        self.files_read = 0  # manifest lists and manifests read from storage (not served from the cache)
+
+    def manifests(self, snapshot: Snapshot, io: FileIO) -> list[ManifestFile]:
+        path = snapshot.manifest_list
+        if path not in self._lists:
+            self._lists[path] = list(snapshot.manifests(io))
+            self.files_read += 1
+        return self._lists[path]
+
+    def live_entries(self, manifest: ManifestFile, io: FileIO) -> list[ManifestEntry]:
+        path = manifest.manifest_path
+        if path not in self._entries:
+            self._entries[path] = manifest.fetch_manifest_entry(io, discard_deleted=True)
+            self.files_read += 1
+        return self._entries[path]
+
+    def keep_only(self, manifest_lists: Iterable[str], manifests: Iterable[str]) -> None:
+        """Forget what the metadata no longer references (expired snapshots, rewritten manifests)."""
+        lists, paths = set(manifest_lists), set(manifests)
+        self._lists = {p: v for p, v in self._lists.items() if p in lists}
+        self._entries = {p: v for p, v in self._entries.items() if p in paths}
+
+
+def read_table_view(
+    table: Table, *, list_storage: bool = True, cache: ManifestCache | None = None
+) -> TableView:
     """The planner's view of `table` (module doc). Does not refresh `table`: the caller loads it."""
+    cache = cache or ManifestCache()
     metadata = table.metadata
     io = table.io
     identifier = ".".join(table.name())
@@ -121,19 +158,19 @@ def read_table_view(table: Table, *, list_storage: bool = True) -> TableView:
     manifests_by_path: dict[str, ManifestFile] = {}
     for snapshot in metadata.snapshots:
         referenced.add(canonical_path(snapshot.manifest_list))
-        for manifest in snapshot.manifests(io):
+        for manifest in cache.manifests(snapshot, io):
             manifests_by_path.setdefault(canonical_path(manifest.manifest_path), manifest)
     for path, manifest in manifests_by_path.items():
         referenced.add(path)
-        referenced |= {
-            canonical_path(e.data_file.file_path)
-            for e in manifest.fetch_manifest_entry(io, discard_deleted=True)
-        }
+        referenced |= {canonical_path(e.data_file.file_path) for e in cache.live_entries(manifest, io)}
+    cache.keep_only(
+        (s.manifest_list for s in metadata.snapshots), (m.manifest_path for m in manifests_by_path.values())
+    )
 
     files: list[DataFileInfo] = []
     head_manifests: list[ManifestInfo] = []
     if head is not None:
-        for manifest in head.manifests(io):
+        for manifest in cache.manifests(head, io):
             head_manifests.append(
                 ManifestInfo(
                     path=canonical_path(manifest.manifest_path),
@@ -143,7 +180,7 @@ def read_table_view(table: Table, *, list_storage: bool = True) -> TableView:
                     deleted_files_count=manifest.deleted_files_count or 0,
                 )
             )
-            for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
+            for entry in cache.live_entries(manifest, io):
                 data_file = entry.data_file
                 files.append(
                     DataFileInfo(
