@@ -70,7 +70,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.engine import BatchReport, Ingestor
 from icefall.plan.leases import commit_lease_name
-from icefall.spark.session import build_spark_session
+from icefall.spark.session import FAIR_SCHEDULING, build_spark_session
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "examples" / "orders.yaml"
@@ -245,8 +245,9 @@ def run(args: argparse.Namespace, state: Path) -> tuple[dict[str, str], list[tup
         catalog = CatalogConfig.embedded(state / "lake")
         catalog.pyiceberg()
         say("starting Spark (local[2]) ...")
-        fair = {"spark.scheduler.mode": "FAIR"}  # as `icefall run` with in-process maintenance
-        spark = build_spark_session([catalog], app_name="icefall-bench", master="local[2]", extra_conf=fair)
+        spark = build_spark_session(  # FAIR: as `icefall run` with in-process maintenance
+            [catalog], app_name="icefall-bench", master="local[2]", extra_conf=FAIR_SCHEDULING
+        )
         try:
             lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), "bench")
             ingestor = Ingestor(st, catalog, spark, lease)

@@ -538,6 +538,16 @@ class Audit:
         if len(self.examples) < 20:
             self.examples.append(f"{kind}: {text}")
 
+    def place(self, seen: Counter[tuple[int, int]], where: tuple[int, int], records: Any, what: str) -> bool:
+        """Count a row at `where`: seen twice is a duplicate; False when the topic has no such record."""
+        seen[where] += 1
+        if seen[where] == 2:
+            self.problem("duplicates", f"{what} {where} twice")
+        if where not in records:
+            self.problem("wrong", f"{what} {where} has no record in the topic")
+            return False
+        return True
+
 
 def topic_records(kafka: KafkaBroker, high: dict[int, int]) -> dict[tuple[int, int], bytes | None]:
     from confluent_kafka import Consumer, TopicPartition
@@ -578,11 +588,7 @@ def audit(kafka: KafkaBroker, catalog: CatalogConfig) -> Audit:
     in_table: Counter[tuple[int, int]] = Counter()
     for row in rows:
         where = (row["_kafka"]["partition"], row["_kafka"]["offset"])
-        in_table[where] += 1
-        if in_table[where] == 2:
-            result.problem("duplicates", f"table row {where} twice")
-        if where not in records:
-            result.problem("wrong", f"table row {where} has no record in the topic")
+        if not result.place(in_table, where, records, "table row"):
             continue
         want = data.expected(records[where])
         if want is data.BAD:
@@ -596,11 +602,7 @@ def audit(kafka: KafkaBroker, catalog: CatalogConfig) -> Audit:
     in_dead: Counter[tuple[int, int]] = Counter()
     for row in dead:
         where = (row["partition"], row["offset"])
-        in_dead[where] += 1
-        if in_dead[where] == 2:
-            result.problem("duplicates", f"dead letter {where} twice")
-        if where not in records:
-            result.problem("wrong", f"dead letter {where} has no record in the topic")
+        if not result.place(in_dead, where, records, "dead letter"):
             continue
         if data.expected(records[where]) is not data.BAD:
             result.problem("wrong", f"good record {where} is a dead letter")

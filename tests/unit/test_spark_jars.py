@@ -4,8 +4,8 @@ Proves: `icefall.spark.session.spark_jars` uses the folder ICEFALL_SPARK_JARS na
 refuses an empty one), sets no `spark.jars` when Spark's own jar folder already holds Icefall's jars (the
 image), and otherwise fails with one line saying how to provide them; the CLI's state folder is
 `--state-dir`, else ICEFALL_STATE_DIR, else `.icefall` for local commands and `<tmp>/icefall` for the pods'
-commands (read-only root, /tmp an emptyDir). Not proved: that Spark starts with them
-(tests/integration/test_installed.py).
+commands (read-only root, /tmp an emptyDir); `FAIR_SCHEDULING` names a pool file with the pools `icefall run`
+uses. Not proved: that Spark starts with them (tests/integration/test_installed.py).
 """
 
 from __future__ import annotations
@@ -59,3 +59,20 @@ def test_state_folder_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cli.STATE_DIR_VARIABLE, "/srv/state")
     assert cli._state_dir(unset) == cli._state_dir(unset, in_cluster=True) == Path("/srv/state")
     assert cli._state_dir(argparse.Namespace(state_dir="/given")) == Path("/given")
+
+
+def test_fair_scheduling_names_the_pools_icefall_run_uses() -> None:
+    """`icefall run` (and the wheel: package-data) gives Spark a pool file with the batches' `default` pool
+    ahead of in-process maintenance's, so Spark neither warns about an unknown pool nor queues a batch."""
+    import xml.etree.ElementTree as ET
+
+    from icefall.compact.runner import MAINTENANCE_POOL
+    from icefall.spark.session import FAIR_SCHEDULING
+
+    assert FAIR_SCHEDULING["spark.scheduler.mode"] == "FAIR"
+    pools = {
+        pool.get("name"): (int(pool.findtext("weight", "1")), int(pool.findtext("minShare", "0")))
+        for pool in ET.parse(FAIR_SCHEDULING["spark.scheduler.allocation.file"]).getroot().iter("pool")
+    }
+    assert set(pools) == {"default", MAINTENANCE_POOL}
+    assert pools["default"][0] > pools[MAINTENANCE_POOL][0] and pools["default"][1] >= 1

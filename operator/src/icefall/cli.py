@@ -92,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from icefall import metrics
     from icefall.commit.lease import FileLease, local_process_holder
     from icefall.plan.leases import commit_lease_name
-    from icefall.spark.session import build_spark_session
+    from icefall.spark.session import FAIR_SCHEDULING, build_spark_session
 
     st = _load(args)
     state = _state_dir(args)
@@ -105,10 +105,12 @@ def _run(args: argparse.Namespace) -> int:
     print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
-    # FAIR: in-process maintenance's jobs (a pool of their own) share the cores with the batches' jobs.
-    fair = {"spark.scheduler.mode": "FAIR"} if maintain else None
+    # In-process maintenance's jobs (a pool of their own) share the cores with the batches' jobs.
     spark = build_spark_session(
-        [catalog], app_name=f"icefall-{st.metadata.name}", master=args.master, extra_conf=fair
+        [catalog],
+        app_name=f"icefall-{st.metadata.name}",
+        master=args.master,
+        extra_conf=FAIR_SCHEDULING if maintain else None,
     )
     lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), local_process_holder())
     if not maintain:

@@ -27,6 +27,12 @@ RUNTIME_JAR = "iceberg-spark-runtime-*.jar"  # present in a jar folder that hold
 # Spark's default redaction plus the catalog options that carry credentials (credential, s3.access-key-id,
 # header.Authorization): Spark shows redacted values in its UI, event logs and error reports.
 REDACTION_REGEX = "(?i)secret|password|token|access[.-]key|credential|authorization"
+#: `extra_conf` of a session whose jobs come from two threads (`icefall run`: batches and in-process
+#: maintenance): Spark's FAIR scheduler with the pools of fairscheduler.xml, beside this module.
+FAIR_SCHEDULING = {
+    "spark.scheduler.mode": "FAIR",
+    "spark.scheduler.allocation.file": str(Path(__file__).with_name("fairscheduler.xml")),
+}
 
 
 class SparkJarsMissingError(RuntimeError):
