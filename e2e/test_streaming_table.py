@@ -6,8 +6,9 @@ venv), against the session's real Kafka broker and a PostgreSQL JDBC catalog wit
 object store (the `lake` fixture), which the pod reaches only over the network. Proves:
 - (a) events produced to the topic become rows in the table, exactly once (malformed ones in the
   dead-letter table), and `kubectl get st` — the CRD's printer columns — shows READY True and a
-  FRESHNESS under the table's target; `status.freshness.seconds` says the same; the driver holds the
-  commit Lease under its pod name, reached with the ServiceAccount token the kubelet got for its Pod;
+  FRESHNESS under the table's target; `status.freshness.seconds` says the same, and, while records keep
+  arriving (lag > 0), is measured (above 0) and under the target; the driver holds the commit Lease under
+  its pod name, reached with the ServiceAccount token the kubelet got for its Pod;
 - (b) deleting the driver Pod while events keep arriving: the kubelet stops the process (SIGTERM, the
   Pod's grace period) and the old driver stops cleanly, the operator creates a new driver Pod (new uid,
   an Event), the kubelet runs it, it takes the commit Lease with a newer epoch and resumes from the
@@ -191,6 +192,30 @@ def test_events_become_rows_and_kubectl_shows_ready_and_fresh(pipeline: Pipeline
         "-n", pipeline.namespace, "get", "st", NAME, "-o", "jsonpath={.status.freshness.seconds}"
     )
     assert freshness and float(freshness) <= TARGET_SECONDS, freshness
+    # Caught up, freshness is 0 by definition: it is measured for real while records keep arriving.
+    waiting = _freshness_while_producing(pipeline, readings=5, timeout=150)
+    assert all(seconds is not None and 0 < seconds <= TARGET_SECONDS for _, seconds in waiting), waiting
+    wait_for("the table to catch up again", pipeline.caught_up, timeout=300, details=pipeline.explain)
+
+
+def _freshness_while_producing(pipeline: Pipeline, *, readings: int, timeout: float) -> list[tuple[int, Any]]:
+    """Distinct (lagRecords, seconds) of `status.freshness`, read every 2 s while 20 records are produced
+    every second, until `readings` of them show records waiting (lag > 0)."""
+    waiting: list[tuple[int, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(waiting) < readings:
+        assert time.monotonic() < deadline, f"status showed records waiting only {len(waiting)} times"
+        for _ in range(2):
+            pipeline.produce(20)
+            time.sleep(1)
+        fresh = (pipeline.st().get("status") or {}).get("freshness") or {}
+        reading = (fresh.get("lagRecords", 0), fresh.get("seconds"))
+        if (
+            reading[0] > 0 and reading not in waiting
+        ):  # a new status refresh (every 10 s) with records waiting
+            waiting.append(reading)
+    pipeline.note(f"status.freshness while records arrive (lagRecords, seconds): {waiting}")
+    return waiting
 
 
 def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(

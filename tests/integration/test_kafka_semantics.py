@@ -13,7 +13,9 @@ Proves:
   ingestion goes on with every record of the new topic, the reset recorded in the table; the auditor then
   sets the old topic's rows aside (the reset's snapshot holds exactly them) and passes by content, although
   old and new rows share offsets 0..29 (it reported them as duplicates before);
-- a partition added to the topic whose first records retention already deleted counts them as lost.
+- a partition added to the topic whose first records retention already deleted counts them as lost;
+- the produce time status freshness is measured from is that of the first record past the table's offset
+  that a read_committed reader sees (aborted records skipped).
 
 Not proven here: brokers with more than one replica (leader elections, truncation by unclean election).
 """
@@ -38,6 +40,7 @@ from icefall.commit.lease import FileLease
 from icefall.commit.state import OFFSET_RESETS
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor, SourceChangedError
+from icefall.kafka.admin import TopicView
 from icefall.testing.streams import (
     NAMESPACE,
     audit,
@@ -124,6 +127,30 @@ def test_aborted_transactions_never_land_and_open_ones_hold_ingestion(
     assert committed.offsets[0] == 30 + 5 and stable == 23
     report = audit(catalog_config, name, kafka.bootstrap)
     assert report.ok and report.partition(0).in_table == 25, report.render()
+
+
+def test_freshness_reads_the_produce_time_of_the_first_committed_record_past_an_offset(
+    kafka: KafkaBroker,
+) -> None:
+    """What status freshness is measured from (`TopicView.produce_times`): the first record past the table's
+    offset that a read_committed reader sees; an aborted transaction's records are skipped."""
+    topic = "it-produce-times"
+    kafka.create_topic(topic, partitions=2)
+    base = int(time.time() * 1000) - 60_000
+    aborted = transactional(kafka, "icefall-it-times")
+    aborted.begin_transaction()
+    for i in range(3):
+        aborted.produce(topic, value=event(i), partition=0, timestamp=base + 100 + i)
+    aborted.abort_transaction(30)  # offsets 0..2, then the abort marker
+    plain = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for partition, offset_time in ((0, 1), (0, 2), (1, 3), (1, 4)):
+        plain.produce(topic, value=event(offset_time), partition=partition, timestamp=base + offset_time)
+    assert plain.flush(30) == 0
+    with TopicView(kafka.bootstrap, topic) as view:
+        assert view.produce_times({0: 0, 1: 1}) == {0: base + 1, 1: base + 4}
+        last = view.watermarks()[0][1] - 1
+        assert view.produce_times({0: last}) == {0: base + 2}
+        assert view.produce_times({}) == {}
 
 
 def test_a_compacted_topic_is_read_through_its_offset_gaps(

@@ -54,6 +54,14 @@ def test_behind_freshness_is_the_age_of_the_newest_committed_record() -> None:
     assert freshness_seconds(30, NOW_MS - 7_500, NOW + 2) == pytest.approx(9.5)  # the clock moves on
 
 
+def test_behind_freshness_is_the_wait_of_the_oldest_waiting_record_when_read() -> None:
+    """After a quiet hour the first new record waited 2 s, not an hour (the newest committed one is old)."""
+    hour_old = NOW_MS - 3_600_000
+    assert freshness_seconds(3, hour_old, NOW, oldest_waiting_ms=NOW_MS - 2_000) == pytest.approx(2.0)
+    assert freshness_seconds(3, None, NOW, oldest_waiting_ms=NOW_MS - 2_000) == pytest.approx(2.0)
+    assert freshness_seconds(0, hour_old, NOW, oldest_waiting_ms=NOW_MS - 2_000) == 0.0
+
+
 def test_a_producer_clock_ahead_of_ours_is_not_negative_freshness() -> None:
     assert freshness_seconds(30, NOW_MS + 5_000, NOW) == 0.0
 

@@ -1,8 +1,9 @@
 """Status blocks and observations from table facts and Kafka watermarks (`plan.table_status`).
 
 Proves: lag per partition (`plan.lag`) from the watermarks and the committed offsets, summed, capped to
-the most lagging partitions; freshness is 0 when caught up and the age of the newest committed produce
-time when behind, unmeasured without watermarks or commits; offsets past the
+the most lagging partitions; freshness is 0 when caught up and, when behind, the wait of the oldest
+waiting record if it was read, else the age of the newest committed produce time; unmeasured without
+watermarks or commits; offsets past the
 topic's end and unacknowledged retention loss become issues; table figures (files, average size,
 compaction and expiry times) come through; an unread table reports nothing rather than a guess.
 """
@@ -51,6 +52,12 @@ def test_behind_the_topic_freshness_is_the_age_of_the_newest_committed_record() 
     assert summary.freshness.snapshot_id == 42
     assert summary.last_commit_time == NOW - timedelta(seconds=2)
     assert summary.issues == ()
+
+
+def test_behind_the_topic_freshness_is_the_wait_of_the_oldest_waiting_record_when_read() -> None:
+    waited = int(NOW.timestamp() * 1000) - 1_500
+    summary = summarize(facts(), {0: (0, 130), 1: (0, 50)}, NOW, oldest_waiting_ms=waited)
+    assert summary.freshness is not None and summary.freshness.seconds == pytest.approx(1.5)
 
 
 def test_caught_up_is_fresh_however_old_the_last_record() -> None:

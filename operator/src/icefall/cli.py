@@ -375,13 +375,16 @@ def _status(args: argparse.Namespace) -> int:
         with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic, kafka_config) as topic:
             marks = topic.watermarks()
             topic_id = topic.topic_id()
+            oldest_waiting_ms = topic.oldest_waiting_ms(committed.offsets, marks)
     print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
     print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
     lag = partition_lag(committed.offsets, marks)
     for partition, (_, high) in sorted(marks.items()):
         print(f"{partition:>9} {committed.offsets.get(partition, '-')!s:>12} {high:>12} {lag[partition]:>10}")
     total = sum(lag.values())
-    behind = freshness_seconds(total, committed.max_produce_time_ms, time.time())
+    behind = freshness_seconds(
+        total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=oldest_waiting_ms
+    )
     freshness = "unmeasured" if behind is None else f"{behind:.1f}s"
     lost = committed.lost_records
     print(f"lag {total} records, freshness {freshness}, lost to retention {lost} records")

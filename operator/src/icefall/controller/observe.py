@@ -1,7 +1,9 @@
 """Read a StreamingTable's Iceberg table (pyiceberg) and its topic's watermarks (confluent-kafka).
 
 `TableObserver.observe` returns `Observed`: `TableFacts` from the table's metadata (no data is read), the
-high/low watermarks per partition, issues for what could not be read (CatalogUnavailable,
+high/low watermarks per partition, the produce time of the oldest record the table has not committed (the
+first record past the committed offset of each partition that lags: what freshness is measured from),
+issues for what could not be read (CatalogUnavailable,
 KafkaUnavailable, with the client's error text) and, when a credential the spec references is not in this
 process's environment, an `unmeasured` note instead of an issue (the operator may simply not have been
 given the Secret; the driver has it). Turning the facts into status is `icefall.plan.table_status`.
@@ -52,6 +54,8 @@ class Observed:
     facts: TableFacts | None = None  # None: not read (no catalog, table missing, or an error)
     watermarks: Mapping[int, tuple[int, int]] | None = None
     topic_id: str | None = None  # Kafka's id of the topic; None: not read
+    #: Produce time (epoch ms) of the oldest record the table has not committed; None: none waits, or not read
+    oldest_waiting_ms: int | None = None
     issues: tuple[Issue, ...] = ()
     unmeasured: str = ""
     backlog: int | None = None  # compaction work items; None: not measured
@@ -212,11 +216,13 @@ class TableObserver:
                 backlog_at = now
             if backlog is not None:
                 facts = replace(facts, compaction_backlog=backlog[0], small_file_ratio=backlog[1])
-        watermarks, topic_id = self._watermarks(st, issues, notes)
+        committed = facts.committed_offsets if facts is not None else None
+        watermarks, topic_id, oldest_waiting_ms = self._watermarks(st, committed, issues, notes)
         observed = Observed(
             facts=facts,
             watermarks=watermarks,
             topic_id=topic_id,
+            oldest_waiting_ms=oldest_waiting_ms,
             issues=tuple(issues),
             unmeasured="; ".join(notes),
             backlog=backlog[0] if backlog is not None and facts is not None else None,
@@ -261,9 +267,10 @@ class TableObserver:
         return None
 
     def _watermarks(
-        self, st: StreamingTable, issues: list[Issue], notes: list[str]
-    ) -> tuple[dict[int, tuple[int, int]] | None, str | None]:
-        """The topic's watermarks and id; (None, None) when Kafka could not be read."""
+        self, st: StreamingTable, committed: Mapping[int, int] | None, issues: list[Issue], notes: list[str]
+    ) -> tuple[dict[int, tuple[int, int]] | None, str | None, int | None]:
+        """The topic's watermarks and id, and the produce time of the oldest record past the `committed`
+        offsets (None: nothing waits, or unknown); (None, None, None) when Kafka could not be read."""
         from icefall.kafka.admin import TopicView
         from icefall.kafka.security import MissingSecretError, librdkafka_config
 
@@ -272,13 +279,19 @@ class TableObserver:
             config = librdkafka_config(source.security, self.environ)
         except MissingSecretError as error:
             notes.append(f"{error}; the operator cannot read the topic's watermarks")
-            return None, None
+            return None, None, None
         secrets = [v for k, v in config.items() if k not in ("security.protocol", "sasl.mechanism")]
         try:
             # Errors reach the status as KafkaUnavailable; librdkafka's own log would repeat them forever.
             client = {**config, "socket.timeout.ms": 5000, "log_level": 0}
             with TopicView(source.bootstrap_servers, source.topic, client) as topic:
-                return topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS), topic.topic_id(KAFKA_TIMEOUT_SECONDS)
+                marks = topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS)
+                topic_id = topic.topic_id(KAFKA_TIMEOUT_SECONDS)
+                # Before the first commit the table's freshness is unmeasured anyway.
+                oldest = (
+                    topic.oldest_waiting_ms(committed, marks, KAFKA_TIMEOUT_SECONDS) if committed else None
+                )
+                return marks, topic_id, oldest
         except Exception as error:  # any client error: a condition, never a crash
             text = _mask(f"{type(error).__name__}: {error}", secrets)
             issues.append(
@@ -288,4 +301,4 @@ class TableObserver:
                     f"{source.bootstrap_servers}: {text}",
                 )
             )
-        return None, None
+        return None, None, None

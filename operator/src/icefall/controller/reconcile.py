@@ -209,6 +209,7 @@ def reconcile(
         now,
         acknowledged_loss=acknowledged_loss(st.metadata.annotations),
         topic_id=observed.topic_id,
+        oldest_waiting_ms=observed.oldest_waiting_ms,
     )
     issues = [*observed.issues, *summary.issues]
     events = list(decision.events)

@@ -9,10 +9,18 @@ the same name, whose offsets start over.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 #: The one isolation level of every Kafka read (Spark's source, planning, the audit): committed records only.
@@ -123,6 +131,51 @@ class TopicView:
                 raise self._unavailable(error) from None
             marks[partition] = (int(low), int(high))
         return marks
+
+    def produce_times(self, offsets: Mapping[int, int], timeout: float = 5) -> dict[int, int]:
+        """The produce time (epoch ms) of the first committed record at or after each partition's offset,
+        for the partitions that have one within `timeout` (the oldest record a table has not yet read)."""
+        if not offsets:
+            return {}
+        reader = Consumer(
+            {
+                **self._client_config,
+                "group.id": "icefall-metadata",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",  # an offset retention deleted: the first one left
+                "max.partition.fetch.bytes": 65536,  # one record is wanted, not a full fetch
+                **ISOLATION,
+            }
+        )
+        times: dict[int, int] = {}
+        try:
+            reader.assign([TopicPartition(self.topic, p, o) for p, o in offsets.items()])
+            deadline = time.monotonic() + timeout
+            while len(times) < len(offsets) and time.monotonic() < deadline:
+                message = reader.poll(min(0.5, max(deadline - time.monotonic(), 0)))
+                if message is None or message.error() is not None:
+                    continue
+                partition = message.partition()
+                if partition is None or partition in times:
+                    continue
+                kind, timestamp = message.timestamp()
+                if kind != TIMESTAMP_NOT_AVAILABLE:
+                    times[partition] = timestamp
+                reader.pause([TopicPartition(self.topic, partition)])
+        finally:
+            reader.close()
+        return times
+
+    def oldest_waiting_ms(
+        self, committed: Mapping[int, int], marks: Mapping[int, tuple[int, int]], timeout: float = 5
+    ) -> int | None:
+        """The produce time of the oldest record past a table's `committed` offsets, given the watermarks
+        `marks` (what freshness is measured from: `plan.lag`); None when none waits or a partition with
+        records waiting did not answer within `timeout`."""
+        positions = {p: max(committed.get(p, low), low) for p, (low, _) in marks.items()}
+        waiting = {p: o for p, o in positions.items() if o < marks[p][1]}
+        times = self.produce_times(waiting, timeout)
+        return min(times.values()) if waiting and len(times) == len(waiting) else None
 
     def offsets_for_time(self, timestamp_ms: int, timeout: float = 10) -> dict[int, int]:
         """The first offset at or after `timestamp_ms` per partition (the high watermark if none)."""

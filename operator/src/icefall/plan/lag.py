@@ -13,9 +13,14 @@ Rules:
   counted in `icefall.lost-records` by the commit that skips them).
 - Lag of the table = the sum over the partitions of the watermarks; a committed partition the watermarks
   do not list is not counted.
-- Freshness = 0 when the lag is 0 (an idle topic is not stale); otherwise the seconds between now and the
-  produce time of the newest committed record, at least 0 (a producer clock ahead of ours); None
-  (unmeasured) when records wait and no committed record has a produce time yet.
+- Freshness = 0 when the lag is 0 (an idle topic is not stale); otherwise how long the oldest record not
+  yet in the table has waited: the seconds between now and its produce time, at least 0 (a producer clock
+  ahead of ours). A caller that did not read that record's time passes the produce time of the newest
+  committed record instead: an upper bound, too high by however long the topic was idle before the
+  waiting records came (after a quiet minute, the first new record would read as a minute stale). The
+  operator's status and `icefall status` read the oldest waiting record (`TopicView.oldest_waiting_ms`);
+  ingestion, right after its own commit, passes the bound: there the waiting records follow the ones it
+  just committed, so the bound is close. None (unmeasured) when records wait and neither time is known.
 
 Not guaranteed: that the inputs are current (they are as old as the reads), or that freshness is exact
 for records produced with timestamps from a skewed producer clock.
@@ -51,11 +56,15 @@ def partitions_ahead(committed: Mapping[int, int], watermarks: Mapping[int, tupl
     return [p for p, (_, high) in sorted(watermarks.items()) if committed.get(p, 0) > high]
 
 
-def freshness_seconds(lag_records: int, newest_produce_ms: int | None, now: float) -> float | None:
-    """Seconds the table is behind at `now` (epoch seconds), given its lag and the produce time (epoch
-    milliseconds) of its newest committed record; None when unmeasured (module docstring)."""
+def freshness_seconds(
+    lag_records: int, newest_produce_ms: int | None, now: float, *, oldest_waiting_ms: int | None = None
+) -> float | None:
+    """Seconds the table is behind at `now` (epoch seconds), given its lag, the produce time (epoch
+    milliseconds) of the oldest record waiting if read, else that of its newest committed record; None
+    when unmeasured (module docstring)."""
     if lag_records <= 0:
         return 0.0
-    if newest_produce_ms is None:
+    since = oldest_waiting_ms if oldest_waiting_ms is not None else newest_produce_ms
+    if since is None:
         return None
-    return max(now - newest_produce_ms / 1000, 0.0)
+    return max(now - since / 1000, 0.0)

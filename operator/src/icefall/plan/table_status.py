@@ -6,10 +6,11 @@ from Kafka); the clock is an argument. `summarize` turns them into the status bl
 
 Rules:
 - Lag and freshness are `plan.lag`'s (lag per partition from the watermarks and the table's committed
-  offsets; freshness from the lag and `icefall.max-produce-time-ms`, unmeasured while nothing was
-  committed). The status map lists the `MAX_PARTITIONS` most lagging partitions. Without the watermarks
-  (Kafka could not be read) there is no freshness block at all: "caught up" and "stalled" look the same,
-  so the previous figures stay and a condition says why.
+  offsets; freshness from the lag and the produce time of the oldest waiting record when the act layer
+  read it, else `icefall.max-produce-time-ms`; unmeasured while nothing was committed). The status map
+  lists the `MAX_PARTITIONS` most lagging partitions. Without the watermarks (Kafka could not be read)
+  there is no freshness block at all: "caught up" and "stalled" look the same, so the previous figures
+  stay and a condition says why.
 - A topic id other than the one the table's offsets belong to (`icefall.topic-id`: the topic was deleted
   and created again) is a `TopicRecreated` issue; ingestion stops until `icefall reset-offsets`.
 - A committed offset above the high watermark (the topic was deleted and recreated, or truncated) is an
@@ -96,6 +97,7 @@ def summarize(
     *,
     acknowledged_loss: int = 0,
     topic_id: str | None = None,
+    oldest_waiting_ms: int | None = None,
 ) -> Summary:
     """Status blocks and observations from `facts` (None: table not read) and `watermarks` (None: Kafka
     not read), as the module docstring says."""
@@ -144,7 +146,7 @@ def summarize(
     seconds: float | None = None
     if total is not None:
         newest = facts.max_produce_time_ms if committed else None
-        seconds = freshness_seconds(total, newest, now.timestamp())
+        seconds = freshness_seconds(total, newest, now.timestamp(), oldest_waiting_ms=oldest_waiting_ms)
     freshness = FreshnessStatus(
         seconds=None if seconds is None else round(seconds, 1),
         lag_records=total or 0,
