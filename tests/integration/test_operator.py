@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from confluent_kafka import Producer
 from kubernetes import client, config
 
 from icefall.api import streaming_table_from_object
@@ -40,7 +41,6 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.procs import free_port
 from icefall.devstack.tools import tool_dir
-from icefall.testing.streams import produce
 
 pytestmark = pytest.mark.integration
 
@@ -451,10 +451,15 @@ def test_status_shows_freshness_lag_files_and_data_loss_from_the_table_and_kafka
     cluster: Cluster, operator: Operator, kube: KubeAPIServer, kafka: KafkaBroker, tmp_path: Path
 ) -> None:
     kafka.create_topic("status-events", partitions=2)
-    produce(kafka, "status-events", 0, 10, partitions=[0, 1])  # offsets 0..4 in each partition
+    # Offsets 0..4 in each partition, produced "a minute ago": freshness is the wait of the oldest record
+    # the table lacks (partition 0, offset 3), read from Kafka.
+    a_minute_ago = int(time.time() * 1000) - 60_000
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(10):
+        producer.produce("status-events", value=b"{}", partition=i % 2, timestamp=a_minute_ago + i)
+    assert producer.flush(30) == 0
     obj = small_table("status", tmp_path, topic="status-events", bootstrap=kafka.bootstrap)
     table = ensure_tables(lake_catalog(tmp_path).pyiceberg(), streaming_table_from_object(obj)).table
-    a_minute_ago = int(time.time() * 1000) - 60_000
     rows = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
     commit_like_ingestion(table, rows, offsets={0: 3, 1: 5}, produce_ms=a_minute_ago)
     snapshot = table.refresh().current_snapshot().snapshot_id
