@@ -42,6 +42,8 @@ a private mount namespace of its own (`unshare(CLONE_NEWNS)`, the kubelet runs a
   in the volume mounted above it (as a runtime does), else on the host (the kubelet removes the empty
   folders it created there when it stops, unless another local kubelet still runs: `HOST_LOCK`). Env
   values and paths are passed through unchanged;
+- the image's folders (the venv and the checkout's code: `image_paths`) stay visible where a volume
+  covers them (a checkout under /tmp, where every pod mounts an emptyDir), bind-mounted back read-only;
 - /dev/shm is a fresh tmpfs, and the folders in `hidden` (the test's temporary folders: the stack's
   state, catalogs and warehouses, other pods' volumes) are covered by an empty read-only tmpfs: a pod
   cannot even read them. The rest of the host stays READABLE (the venv, the checkout's source, the JDK,
@@ -274,6 +276,9 @@ class LocalKubelet:
         self.image_workdir = image_workdir
         self.entrypoint = list(entrypoint)
         self.hidden = [str(path) for path in hidden]
+        #: The "image": the install and the checkout's code. Where a pod's volume covers one (a checkout
+        #: under /tmp, which pods get as an emptyDir), it is mounted back, read-only, over the volume.
+        self.image_paths = sorted({str(bin_dir.resolve().parent), str(Path(__file__).resolve().parents[2])})
         api_address = urlsplit(server)
         if api_address.hostname is None:
             raise ValueError(f"server {server!r} has no host")
@@ -544,6 +549,7 @@ class LocalKubelet:
             "argv": argv,
             "cwd": cwd,
             "hidden": self.hidden,
+            "image": self.image_paths,
             "mounts": [{"path": m.path, "source": str(m.source), "readOnly": m.read_only} for m in mounts],
         }
         spec_file.write_text(json.dumps(entry, indent=2))
@@ -901,6 +907,7 @@ try:
     call("unshare(CLONE_NEWNS)", libc.unshare(CLONE_NEWNS))
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     sources = [os.open(m["source"], os.O_PATH | os.O_CLOEXEC) for m in spec["mounts"]]
+    image = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in spec["image"]]
     for folder in spec["hidden"]:
         mount("pod-hidden", folder, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
     mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
@@ -911,6 +918,10 @@ try:
         covered.append(path)
         if not m["readOnly"]:
             writable.append(path)
+    for path, fd in image:  # the image's folders under a volume (a checkout in /tmp) stay visible, read-only
+        if under(path, [m["path"] for m in spec["mounts"]]):
+            os.makedirs(path, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
     with open("/proc/self/mountinfo") as f:
         points = [line.split()[4:6] for line in f]
     for point, options in points:
