@@ -42,7 +42,7 @@ a private mount namespace of its own (`unshare(CLONE_NEWNS)`, the kubelet runs a
   in the volume mounted above it (as a runtime does), else on the host (the kubelet removes the empty
   folders it created there when it stops, unless another local kubelet still runs: `HOST_LOCK`). Env
   values and paths are passed through unchanged;
-- the image's folders (the venv and the checkout's code: `image_paths`) stay visible where a volume
+- the image's folders (the venv and the checkout: `image_paths`) stay visible where a volume
   covers them (a checkout under /tmp, where every pod mounts an emptyDir), bind-mounted back read-only;
 - /dev/shm is a fresh tmpfs, and the folders in `hidden` (the test's temporary folders: the stack's
   state, catalogs and warehouses, other pods' volumes) are covered by an empty read-only tmpfs: a pod
@@ -276,9 +276,10 @@ class LocalKubelet:
         self.image_workdir = image_workdir
         self.entrypoint = list(entrypoint)
         self.hidden = [str(path) for path in hidden]
-        #: The "image": the install and the checkout's code. Where a pod's volume covers one (a checkout
-        #: under /tmp, which pods get as an emptyDir), it is mounted back, read-only, over the volume.
-        self.image_paths = sorted({str(bin_dir.resolve().parent), str(Path(__file__).resolve().parents[2])})
+        #: The "image": the venv and the checkout (this module lives in one: operator/src/icefall/testing).
+        #: Where a pod's volume covers one (a checkout under /tmp, which pods get as an emptyDir), it is
+        #: mounted back, read-only, over the volume.
+        self.image_paths = sorted({str(bin_dir.resolve().parent), str(Path(__file__).resolve().parents[4])})
         api_address = urlsplit(server)
         if api_address.hostname is None:
             raise ValueError(f"server {server!r} has no host")
