@@ -328,16 +328,17 @@ def live_phase(
     producer = EventProducer(broker.bootstrap, TOPIC, rate, seed=3)
     live: list[BatchReport] = []
     steps_before = len(maintenance.steps) if maintenance is not None else 0
+    threaded = maintenance is not None and mode == "on its thread"
 
     def on_batch(report: BatchReport | None) -> None:
         if report is not None:
             live.append(report)
-        if maintenance is not None and mode == "between batches":
-            maintenance.between_batches(report)
-        elif maintenance is not None:
+        if threaded:
             maintenance.offer(report)
+        elif maintenance is not None:
+            maintenance.between_batches(report)
 
-    if maintenance is not None and mode != "between batches":
+    if threaded:
         maintenance.start()
     phase_start_ms = int(time.time() * 1000)
     producer.start()
@@ -345,7 +346,7 @@ def live_phase(
     ingestor.run(lambda: time.monotonic() > deadline, on_batch)
     producer.stop()
     stop_ms = int(time.time() * 1000)
-    if maintenance is not None and mode != "between batches":
+    if threaded:
         maintenance.stop()
     say(f"{label}: producer stopped after {producer.acked:,} acknowledged records; catching up ...")
     live += until_caught_up(ingestor)

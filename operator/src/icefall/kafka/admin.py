@@ -61,15 +61,20 @@ class TopicView:
             **(config or {}),
             "error_cb": self._on_error,
         }
-        self._consumer = Consumer(
+        self._consumer = self._reader()
+        self._admin: AdminClient | None = None
+
+    def _reader(self, **settings: Any) -> Consumer:
+        """A consumer of this view's client settings that reads read_committed and never joins a group."""
+        return Consumer(
             {
                 **self._client_config,
                 "group.id": "icefall-metadata",  # required by the client; never joined or committed
                 "enable.auto.commit": False,
+                **settings,
                 **ISOLATION,
             }
         )
-        self._admin: AdminClient | None = None
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in _REFUSED_CREDENTIALS:
@@ -137,16 +142,10 @@ class TopicView:
         for the partitions that have one within `timeout` (the oldest record a table has not yet read)."""
         if not offsets:
             return {}
-        reader = Consumer(
-            {
-                **self._client_config,
-                "group.id": "icefall-metadata",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",  # an offset retention deleted: the first one left
-                "max.partition.fetch.bytes": 65536,  # one record is wanted, not a full fetch
-                **ISOLATION,
-            }
-        )
+        reader = self._reader(**{
+            "auto.offset.reset": "earliest",  # an offset retention deleted: the first one left
+            "max.partition.fetch.bytes": 65536,  # one record is wanted, not a full fetch
+        })  # fmt: skip
         times: dict[int, int] = {}
         try:
             reader.assign([TopicPartition(self.topic, p, o) for p, o in offsets.items()])
