@@ -148,6 +148,14 @@ def describe_batches(reports: list[BatchReport]) -> str:
     return f"{len(sizes)} (mean {statistics.mean(sizes):,.0f} records)" if sizes else "0"
 
 
+def mean_phases(reports: list[BatchReport]) -> str:
+    """Mean seconds per phase of `BatchReport.phases`, in the order the batch runs them."""
+    names = list(dict.fromkeys(name for r in reports for name in r.phases))
+    n = max(len(reports), 1)
+    means = (f"{name} {sum(r.phases.get(name, 0.0) for r in reports) / n:.2f}" for name in names)
+    return ", ".join(means) + " s"
+
+
 def latency_ms(values: list[float]) -> str:
     return f"{percentile(values, 50) * 1000:,.0f} / {percentile(values, 99) * 1000:,.0f} ms (n={len(values)})"
 
@@ -229,10 +237,13 @@ def machine() -> dict[str, str]:
 # --- the run -----------------------------------------------------------------------------------------
 
 
-def manifest_for(bootstrap: str) -> StreamingTable:
+def manifest_for(bootstrap: str, target_seconds: int | None = None) -> StreamingTable:
     st = load_manifest(MANIFEST)
     source = st.spec.source.model_copy(update={"bootstrap_servers": bootstrap, "topic": TOPIC})
-    return st.model_copy(update={"spec": st.spec.model_copy(update={"source": source})})
+    update: dict[str, Any] = {"source": source}
+    if target_seconds is not None:
+        update["freshness"] = st.spec.freshness.model_copy(update={"target_seconds": target_seconds})
+    return st.model_copy(update={"spec": st.spec.model_copy(update=update)})
 
 
 def run(args: argparse.Namespace, state: Path) -> tuple[dict[str, str], list[tuple[str, str]]]:
@@ -241,7 +252,7 @@ def run(args: argparse.Namespace, state: Path) -> tuple[dict[str, str], list[tup
     broker = KafkaBroker(state / "kafka").start()
     try:
         broker.create_topic(TOPIC, partitions=PARTITIONS)
-        st = manifest_for(broker.bootstrap)
+        st = manifest_for(broker.bootstrap, args.target_seconds)
         catalog = CatalogConfig.embedded(state / "lake")
         catalog.pyiceberg()
         say("starting Spark (local[2]) ...")
@@ -298,6 +309,7 @@ def phases(
         ("Spark jobs per batch", f"{jobs / max(len(reports), 1):.1f} ({jobs} jobs)"),
         ("commit (CAS of main) p50 / p99", latency_ms([r.commit_seconds for r in reports])),
         ("batch p50 / p99", seconds_pair([r.seconds for r in reports])),
+        ("batch phases, mean", mean_phases(reports)),
     ]
     say(f"(a) {jobs} Spark jobs in {len(reports)} batches")
     say(f"(a) {full_rps:,.0f} records/s, {records / cpu_used:,.0f} records per CPU-second")
@@ -369,6 +381,7 @@ def live_phase(
         ("batches", describe_batches(live)),
         ("commit (CAS of main) p50 / p99", latency_ms([r.commit_seconds for r in live])),
         ("batch p50 / p99", seconds_pair([r.seconds for r in live])),
+        ("batch phases, mean", mean_phases(live)),
     ]
     if maintenance is not None:
         steps = maintenance.steps[steps_before:]
@@ -384,7 +397,8 @@ def render(args: argparse.Namespace, facts: dict[str, str], rows: list[tuple[str
     lines = [
         "# Ingest benchmark",
         "",
-        f"`bench/ingest.py --records {args.records} --seconds {args.seconds:g}` on {when}. "
+        f"`bench/ingest.py --records {args.records} --seconds {args.seconds:g}"
+        f"{f' --target-seconds {args.target_seconds}' if args.target_seconds else ''}` on {when}. "
         "What is measured and how: the docstring of `bench/ingest.py`. One run on a shared machine: "
         "compare runs only with similar load averages.",
         "",
@@ -409,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run the live phase with in-process maintenance, between batches and on its thread",
     )
+    parser.add_argument("--target-seconds", type=int, help="freshness target (default: the example's, 10 s)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the markdown")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="icefall-bench-") as state:

@@ -16,6 +16,7 @@ from icefall.plan.batching import (
     BatchLimits,
     BatchMode,
     BatchSize,
+    caught_up_interval,
     choose_batch_size,
     is_caught_up,
     next_batch_delay,
@@ -213,3 +214,22 @@ def test_caught_up_and_probe_ignore_the_previous_batch_size() -> None:
         last_batch_records=40_000,
     )
     assert probe.mode is BatchMode.PROBE and probe.records == 10_000
+
+
+def test_caught_up_batches_start_sooner_when_batches_take_longer() -> None:
+    # F = 3: a 0.5 s batch leaves I = min(1.5, 3 - 1) = 1.5; a 0.9 s batch I = 1.2; a 1.5 s batch runs
+    # back to back, held only by min_interval_seconds.
+    assert caught_up_interval(3, 0.5, 0.2) == pytest.approx(1.5)
+    assert caught_up_interval(3, 0.9, 0.2) == pytest.approx(1.2)
+    assert caught_up_interval(3, 1.5, 0.2) == pytest.approx(0.2)
+    assert caught_up_interval(3, None, 0.2) == pytest.approx(1.5)  # no batch measured yet
+    assert caught_up_interval(10, 2.0, 1.0) == pytest.approx(5.0)  # cheap batches: every F/2
+    assert next_batch_delay(
+        now=100.9,
+        last_batch_started_at=100.0,
+        backlog_records=1_000,
+        throughput_rps=10_000.0,
+        freshness_target_seconds=3,
+        min_interval_seconds=0.5,
+        last_batch_seconds=0.9,
+    ) == pytest.approx(0.3)

@@ -87,39 +87,69 @@ def decode(kafka_df: DataFrame, spec: StreamingTableSpec, *, errors: bool = True
     """One row per record: the Kafka columns of `DEAD_LETTER_COLUMNS`, `TYPED_COLUMN` (the decoded struct),
     `BAD_COLUMN` (true when the record cannot be ingested) and, with `errors`, `ERROR_COLUMN` (why; null
     exactly when `BAD_COLUMN` is false). Without `errors` no error text is built: the good rows cost only
-    the parse and the checks. Persist it to decode once, then `split` it."""
-    fields = spec.format.schema_fields
-    max_bytes = spec.dead_letter.max_record_bytes
-    typed_schema = StructType.fromJson(to_spark_schema_json(fields)).add(_CORRUPT, StringType())
-    loose_schema = StructType(
-        [StructField(f.name, StringType()) for f in fields] + [StructField(_CORRUPT, StringType())]
-    )
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
-    value = F.col("value")
-    headers = F.col("headers") if "headers" in kafka_df.columns else F.lit(None).cast(HEADERS_TYPE)
-    base = kafka_df.select(
-        F.col("partition").cast("int").alias("partition"),
-        F.col("offset").cast("bigint").alias("offset"),
-        F.col("timestamp").cast("timestamp").alias("timestamp"),
-        F.col("key").cast("binary").alias("key"),
-        value.cast("binary").alias("value"),
-        headers.alias("headers"),
-        F.when(
+    the parse and the checks. Persist it to decode once, then `split` it. To decode many batches with one
+    spec, build a `Decoder` once."""
+    return Decoder(spec, errors=errors).decode(kafka_df)
+
+
+class Decoder:
+    """`decode` for one spec, its Spark expressions built once and applied to each batch's input.
+
+    Building the expressions takes hundreds of py4j calls, and each `withColumn` analyses the whole plan
+    again: about 0.3 s per batch, more than reading and decoding a small batch takes. A Decoder builds the
+    columns once, and `decode` adds them in three projections.
+    """
+
+    def __init__(self, spec: StreamingTableSpec, *, errors: bool = True) -> None:
+        fields = spec.format.schema_fields
+        max_bytes = spec.dead_letter.max_record_bytes
+        typed_schema = StructType.fromJson(to_spark_schema_json(fields)).add(_CORRUPT, StringType())
+        loose_schema = StructType(
+            [StructField(f.name, StringType()) for f in fields] + [StructField(_CORRUPT, StringType())]
+        )
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+        value = F.col("value")
+        self.spec = spec
+        self._base = [
+            F.col("partition").cast("int").alias("partition"),
+            F.col("offset").cast("bigint").alias("offset"),
+            F.col("timestamp").cast("timestamp").alias("timestamp"),
+            F.col("key").cast("binary").alias("key"),
+            value.cast("binary").alias("value"),
+        ]
+        self._headers = F.col("headers").alias("headers")
+        self._no_headers = F.lit(None).cast(HEADERS_TYPE).alias("headers")
+        self._text = F.when(
             value.isNotNull() & (F.length(value) <= max_bytes) & F.is_valid_utf8(value.cast("string")),
             value.cast("string"),
-        ).alias(_TEXT),
-    )
-    # Separate projections, so the optimizer keeps each parse in one place (it does not inline a costly
-    # expression that is referenced several times).
-    typed_df = base.withColumn(_TYPED, F.from_json(F.col(_TEXT), typed_schema, options))
-    typed_failed = F.col(_TEXT).isNotNull() & (F.col(_TYPED).isNull() | F.col(_TYPED)[_CORRUPT].isNotNull())
-    # The loose parse (every field as text) only runs for records the typed parse rejected.
-    raw_df = typed_df.withColumn(_RAW, F.when(typed_failed, F.from_json(F.col(_TEXT), loose_schema, options)))
-    reasons = _reasons(fields, max_bytes)
-    checked = raw_df.withColumn(BAD_COLUMN, _any(reasons))
-    if errors:
-        checked = checked.withColumn(ERROR_COLUMN, _error(reasons))
-    return checked.drop(_TEXT, _RAW)
+        ).alias(_TEXT)
+        # Separate projections, so the optimizer keeps each parse in one place (it does not inline a costly
+        # expression that is referenced several times).
+        self._typed = F.from_json(F.col(_TEXT), typed_schema, options).alias(_TYPED)
+        self._bad = _bad(fields).alias(BAD_COLUMN)
+        self._raw: Column | None = None
+        self._error: Column | None = None
+        self._good_filter = ~F.col(BAD_COLUMN)
+        self._good = _good_columns(spec)
+        if errors:
+            text, typed = F.col(_TEXT), F.col(_TYPED)
+            typed_failed = text.isNotNull() & (typed.isNull() | typed[_CORRUPT].isNotNull())
+            # The loose parse (every field as text) only runs for records the typed parse rejected: it
+            # tells a malformed record from one whose fields do not fit, for the error text.
+            self._raw = F.when(typed_failed, F.from_json(text, loose_schema, options)).alias(_RAW)
+            self._error = _error(_reasons(fields, max_bytes)).alias(ERROR_COLUMN)
+
+    def good_rows(self, decoded: DataFrame) -> DataFrame:
+        """`good_rows` (module function) of a `decode` result of this decoder."""
+        return _transformed(decoded.where(self._good_filter).select(*self._good), self.spec)
+
+    def decode(self, kafka_df: DataFrame) -> DataFrame:
+        """`decode` of `kafka_df` (module function) with this decoder's spec."""
+        headers = self._headers if "headers" in kafka_df.columns else self._no_headers
+        typed = kafka_df.select(*self._base, headers, self._text).select("*", self._typed)
+        if self._raw is None or self._error is None:
+            return typed.select("*", self._bad).drop(_TEXT)
+        return typed.select("*", self._raw).select("*", self._bad, self._error).drop(_TEXT, _RAW)
 
 
 def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | None = None) -> Prepared:
@@ -129,11 +159,18 @@ def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | No
 
 def good_rows(decoded: DataFrame, spec: StreamingTableSpec) -> DataFrame:
     """The table's rows of a `decode` result (with or without `errors`): `spec.transforms` applied."""
+    return _transformed(decoded.where(~F.col(BAD_COLUMN)).select(*_good_columns(spec)), spec)
+
+
+def _good_columns(spec: StreamingTableSpec) -> list[Column]:
     typed = F.col(_TYPED)
-    good = decoded.where(~F.col(BAD_COLUMN)).select(
+    return [
         *[typed[f.name].alias(f.name) for f in spec.format.schema_fields],
         F.struct(F.col("partition"), F.col("offset"), F.col("timestamp")).alias(KAFKA_COLUMN),
-    )
+    ]
+
+
+def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:
     transforms = spec.transforms
     if transforms.select is not None:
         projected = good.selectExpr(*transforms.select)
@@ -161,7 +198,7 @@ def _reasons(fields: Sequence[SchemaField], max_bytes: int) -> list[_Check]:
     """Every reason a record cannot be ingested: (condition, message) pairs, in the order they are listed.
 
     A message is never null or empty where its condition is true (it quotes only values the condition
-    found present), so a record has an error text exactly when one condition is true (`_any`, `_error`).
+    found present), so a record has an error text exactly when one condition is true (`_bad`, `_error`).
     """
     value, text, typed, raw = F.col("value"), F.col(_TEXT), F.col(_TYPED), F.col(_RAW)
     typed_failed = text.isNotNull() & (typed.isNull() | typed[_CORRUPT].isNotNull())
@@ -224,10 +261,24 @@ def _reasons(fields: Sequence[SchemaField], max_bytes: int) -> list[_Check]:
     return reasons
 
 
-def _any(reasons: Sequence[_Check]) -> Column:
-    """True when any reason applies (never null); builds no message."""
+def _bad(fields: Sequence[SchemaField]) -> Column:
+    """True when a record cannot be ingested (never null), without the loose parse or any message.
+
+    The same records as "some reason of `_reasons` applies": the value is not parsed (null, over the size
+    limit, not UTF-8: `_TEXT` is null), the typed parse failed (malformed JSON or a field that does not
+    fit: every such reason requires it), a required field is missing, or a value check fails. `_reasons`
+    tells these apart only to word the message.
+    """
+    text, typed = F.col(_TEXT), F.col(_TYPED)
+    conditions = [text.isNull(), typed.isNull(), typed[_CORRUPT].isNotNull()]
+    for field in fields:
+        column = typed[field.name]
+        if field.required:
+            conditions.append(column.isNull())
+        checks = _value_checks(field, column, field.name, quotable=True)
+        conditions.extend(condition for condition, _ in checks)
     found = F.lit(False)
-    for condition, _ in reasons:
+    for condition in conditions:
         found = found | F.coalesce(condition, F.lit(False))
     return found
 

@@ -73,8 +73,17 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from icefall.failpoints import TableRole
+    from icefall.ingest.decode import Decoder
 
 log = logging.getLogger(__name__)
+
+
+#: Consumer settings for Spark's Kafka reader, unless `spec.source.properties` set them. After each poll
+#: the reader asks the broker for the partition's earliest and latest offsets; a consumer that has read to
+#: the end of a partition has a fetch waiting at the broker for up to `fetch.max.wait.ms` (500 ms by
+#: default), and a broker answers one request per connection at a time, so every task of a caught-up batch
+#: waited half a second. Larger polls mean fewer round trips per batch.
+SPARK_CONSUMER_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "5000"}
 
 
 def read_kafka(
@@ -105,7 +114,7 @@ def read_kafka(
         .option("includeHeaders", str(headers).lower())
     )
     group = {"group.id": group_id} if group_id is not None else {}
-    for key, value in {**group, **spec.source.properties, **ISOLATION}.items():
+    for key, value in {**SPARK_CONSUMER_DEFAULTS, **group, **spec.source.properties, **ISOLATION}.items():
         reader = reader.option(f"kafka.{key}", value)
     for key, value in {**security_options, **spark_offset_options(topic, ranges)}.items():
         reader = reader.option(key, value)
@@ -277,6 +286,34 @@ def _newest(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
+class _Decoders:
+    """The spec's `Decoder`s and the batch's observed aggregates, built once per writer: building them
+    costs more than reading and writing a small batch (`icefall.ingest.decode.Decoder`)."""
+
+    def __init__(self, spec: StreamingTableSpec) -> None:
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        from icefall.ingest.decode import BAD_COLUMN, Decoder
+
+        self.spec = spec
+        self.good = Decoder(spec, errors=False)  # no error text: the table's rows
+        self._with_errors: Decoder | None = None
+        self.observed = [
+            F.count(F.lit(1)).alias("records"),
+            F.sum(F.length("value")).alias("bytes"),
+            F.max("timestamp").alias("newest"),
+            F.count_if(F.col(BAD_COLUMN)).alias("bad"),
+        ]
+
+    def with_errors(self) -> Decoder:
+        """The dead-letter path's decoder (with error text), built when a batch first has bad records."""
+        if self._with_errors is None:
+            from icefall.ingest.decode import Decoder
+
+            self._with_errors = Decoder(self.spec)
+        return self._with_errors
+
+
 class Ingestor:
     """One table's writer. Call `start()` once (takes the lease), then `run_batch()` in a loop."""
 
@@ -307,6 +344,7 @@ class Ingestor:
         self._attempt = 0
         self._progress = _Progress()
         self._dead_letters_dirty = True
+        self._decoding: _Decoders | None = None
         self._keeper: LeaseKeeper | None = None
         self._sweep_pending = False
         self.outages = Outages(
@@ -505,20 +543,13 @@ class Ingestor:
         if not planned.ranges:
             return _ReadStats(records=0, bytes=0, max_produce_ms=None, bad=0)
         from pyspark.sql import Observation
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        from icefall.ingest.decode import BAD_COLUMN, decode, good_rows
-
+        decoders = self._decoders()
         observation = Observation()
         # The table's rows carry no headers: only dead letters keep them (`_dead_letter_step`).
-        decoded = decode(self._read(planned.ranges, headers=False), self.spec, errors=False).observe(
-            observation,
-            F.count(F.lit(1)).alias("records"),
-            F.sum(F.length("value")).alias("bytes"),
-            F.max("timestamp").alias("newest"),
-            F.count_if(F.col(BAD_COLUMN)).alias("bad"),
-        )
-        _append(good_rows(decoded, self.spec), self._spark_name(self.st.table_identifier, branch))
+        decoded = decoders.good.decode(self._read(planned.ranges, headers=False))
+        observed = decoded.observe(observation, *decoders.observed)
+        _append(decoders.good.good_rows(observed), self._spark_name(self.st.table_identifier, branch))
         seen = observation.get
         stats = _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"])
         planned_offsets = sum(r.records for r in planned.ranges)
@@ -542,9 +573,9 @@ class Ingestor:
         """Read the batch's offsets again and commit its `expected` bad rows (with their error text) to the
         dead-letter table, then produce them to the dead-letter topic (if the spec names one); both before
         the main commit. Returns how many there were."""
-        from icefall.ingest.decode import bad_rows, decode
+        from icefall.ingest.decode import bad_rows
 
-        bad = bad_rows(decode(self._read(planned.ranges), self.spec)).persist()
+        bad = bad_rows(self._decoders().with_errors().decode(self._read(planned.ranges))).persist()
         try:
             dead = self._write_dead_letters(bad, batch, planned.committed.offsets, expected)
             if dead and self.spec.dead_letter.topic is not None:
@@ -611,8 +642,8 @@ class Ingestor:
 
     def run(self, should_stop: Callable[[], bool], on_batch: Callable[[BatchReport | None], None]) -> None:
         """Run batches until `should_stop()`, paced by `plan.batching.next_batch_delay`: back to back while
-        behind, about every half freshness target when caught up or idle. An unreachable service is waited
-        out (module doc); any other error is raised."""
+        behind; caught up or idle, every half freshness target, sooner when batches take longer. An
+        unreachable service is waited out (module doc); any other error is raised."""
         while not should_stop():
             try:
                 report = self.run_batch()
@@ -665,6 +696,7 @@ class Ingestor:
             throughput_rps=progress.throughput_rps,
             freshness_target_seconds=self.spec.freshness.target_seconds,
             min_interval_seconds=float(self.spec.batch.min_interval_seconds),
+            last_batch_seconds=progress.last_batch_seconds,
         )
 
     def _watermarks_after(self, planned: Mapping[int, tuple[int, int]]) -> Mapping[int, tuple[int, int]]:
@@ -676,6 +708,11 @@ class Ingestor:
             return planned
 
     # -- steps ----------------------------------------------------------------------------------------
+
+    def _decoders(self) -> _Decoders:
+        if self._decoding is None:
+            self._decoding = _Decoders(self.spec)
+        return self._decoding
 
     def _read(self, ranges: Any, *, headers: bool = True) -> DataFrame:
         return read_kafka(

@@ -23,12 +23,16 @@ Batch size (`choose_batch_size`), given the backlog `B` (offsets behind), the ob
 Every size is finally capped by `max_records` and is at least 1 when there is a backlog.
 
 Start time (`next_batch_delay`): when behind, the next batch starts as soon as `min_interval_seconds`
-have passed since the previous start; otherwise (caught up or idle) it starts `max(F/2,
-min_interval_seconds)` after the previous start, so a caught-up table commits about every `F/2` seconds
-instead of spinning on tiny batches, and an idle one polls the watermarks at the same pace.
+have passed since the previous start. Otherwise (caught up or idle) batches start every `I` seconds
+(`caught_up_interval`): a record waits for the next start (up to `I`, `I/2` on average) and then for that
+batch to run (`d`, the previous batch's duration), so `I = min(F/2, F - 2d)` keeps the average wait
+within `F/2` and the longest within `F - d`, and never less than `min_interval_seconds`. A table whose
+batches are cheap commits every `F/2` instead of spinning on tiny batches; one whose batches cost more
+starts them sooner, as often as back to back when `d >= F/3`. An idle table polls the watermarks at the
+same pace.
 
-Not guaranteed: that freshness is met. If one batch's fixed cost (job start, commit) exceeds `F/2`, or
-the topic grows faster than `T`, the table falls behind; `FreshnessMet` reports it.
+Not guaranteed: that freshness is met. If one batch's fixed cost (job start, commit) exceeds about `F/3`,
+or the topic grows faster than `T`, the table falls behind; `FreshnessMet` reports it.
 """
 
 from __future__ import annotations
@@ -141,6 +145,16 @@ def choose_batch_size(
     )
 
 
+def caught_up_interval(
+    freshness_target_seconds: float, last_batch_seconds: float | None, min_interval_seconds: float
+) -> float:
+    """Seconds between batch starts once caught up: `max(min(F/2, F - 2d), min_interval_seconds)`."""
+    interval = freshness_target_seconds / 2
+    if last_batch_seconds is not None:
+        interval = min(interval, freshness_target_seconds - 2 * last_batch_seconds)
+    return max(interval, min_interval_seconds)
+
+
 def next_batch_delay(
     *,
     now: float,
@@ -149,6 +163,7 @@ def next_batch_delay(
     throughput_rps: float | None,
     freshness_target_seconds: float,
     min_interval_seconds: float,
+    last_batch_seconds: float | None = None,
 ) -> float:
     """Seconds to wait before starting the next batch (`now` and `last_batch_started_at` on one clock)."""
     _check(backlog_records, freshness_target_seconds)
@@ -157,7 +172,11 @@ def next_batch_delay(
     behind = backlog_records > 0 and not is_caught_up(
         backlog_records, throughput_rps, freshness_target_seconds
     )
-    cadence = min_interval_seconds if behind else max(freshness_target_seconds / 2, min_interval_seconds)
+    cadence = (
+        min_interval_seconds
+        if behind
+        else caught_up_interval(freshness_target_seconds, last_batch_seconds, min_interval_seconds)
+    )
     return max(0.0, last_batch_started_at + cadence - now)
 
 
