@@ -1,21 +1,27 @@
-"""Side-by-side benchmark: Icefall against its peers on one Kafka broker, one topic, one kind of catalog.
+"""Side-by-side benchmark: Icefall against its peers on one Kafka broker, one kind of catalog.
 
     .venv/bin/python bench/compare.py [--records N] [--large-records N] [--seconds S] [--quick]
-                                      [--systems icefall,spark,connect-60s,connect-10s,floor]
+                                      [--systems icefall,icefall-nodlq,spark,connect,floor]
+                                      [--live-systems icefall,icefall-3s,spark,connect]
     (or: make bench BENCH_ARGS="...")
 
-One Kafka broker (the devstack's) is started once. Two topics are preloaded with the seeded events of
-`common.bench_records` (9 fields: a timestamp, a string key, a nested struct, a list, a free-text note;
-~230 bytes of JSON, and a ~1 KB variant with a longer note), 3 partitions each, keyed by the string key,
-the Kafka timestamp equal to the event's `ts`. Then each system runs alone, pinned to core 1 with the
-broker (and this process, which produces and polls) on core 0 when the machine has 2 or more cores:
+One Kafka broker (the devstack's) is started once. Events are the seeded ones of `common.bench_records`
+(9 fields: a timestamp, a string key, a nested struct, a list, a free-text note; ~230 bytes of JSON, and a
+~1 KB variant with a longer note), 3 partitions, keyed by the string key, the Kafka timestamp equal to the
+event's `ts`. Each system runs alone, pinned to core 1 with the broker (and this process, which produces
+and polls) on core 0 when the machine has 2 or more cores. Every peer is set for the same freshness target
+`F` (`--freshness-target`, 10 s): its trigger or commit interval is Icefall's cadence once caught up,
+`F/2` (`plan.batching.caught_up_interval`).
 
 - **icefall**: `icefall run -f <manifest> --state-dir <dir>` as a subprocess (embedded default: local
-  Spark `local[2]`, SQLite catalog, local warehouse), freshness target `--freshness-target` seconds.
+  Spark `local[2]`, SQLite catalog, local warehouse, in-process compaction on its thread), target `F`.
+  **icefall-nodlq**: the same without the dead-letter table (what validation costs).
+  **icefall-3s** (live phase only): the same at a 3 s target.
 - **spark**: `bench/peers/spark_streaming.py`, a plain Structured Streaming job (Kafka → from_json →
-  writeStream iceberg, processingTime trigger = the freshness target, checkpoint folder), same jars.
-- **connect-60s / connect-10s**: Kafka Connect standalone with the Apache Iceberg sink connector
-  (jars from hack/kafka-connect/pom.xml), commit interval 60 s / 10 s, its control topic created first.
+  writeStream iceberg, processingTime trigger `F/2`, `maxOffsetsPerTrigger` unlimited unless
+  `--spark-max-offsets`, a checkpoint folder), same jars.
+- **connect**: Kafka Connect standalone with the Apache Iceberg sink connector (jars from
+  hack/kafka-connect/pom.xml), commit interval `F/2`, its control topic created first.
 - **floor**: `bench/peers/floor.py` on one core: confluent-kafka → json → pyarrow Parquet files, no
   table, no commits.
 
@@ -24,21 +30,23 @@ partitioned by day(ts); Icefall adds its `_kafka` column) into its own SQLite ca
 and warehouse folder; the peers' table is created up front with pyiceberg.
 
 Measures, per system:
-1. Throughput on a preloaded backlog (both topics): the system starts on the full topic; its commits are
-   read from the table's snapshot log (when `main` moved; for the floor: when each file was closed).
-   records/s = records committed after the first commit / (time of the commit that completed the
-   backlog - time of the first commit): start-up and the first commit are excluded, and so the figure
-   is "n/a" when one commit took everything. "drain" = process start -> all committed, start-up included.
-   Commit-interval systems are penalised by up to one interval at the end: that is their cost of
-   visibility, not hidden. A trickle of `--trickle` records/s (ids from TRICKLE_FIRST_ID) is produced to
-   the topic meanwhile, for every system: the Iceberg sink (1.11.0) answers its coordinator's commit
-   requests only while records arrive, so on a backlog that stops growing it never commits the tail
-   (seen here; compare apache/iceberg#17811). "Complete" = every backlog id is in the table.
-2. CPU: user + system seconds of the system's whole process tree (/proc; the broker is not counted) over
-   the same window -> records per CPU-second; also over the whole run, start-up included.
-3. Peak RSS: the largest sum of resident memory of the tree, sampled every 0.5 s.
-4. Data files: `total-data-files` of the final snapshot (the floor: files written).
-5. Freshness at half of Icefall's max rate (the small events): a fresh topic per system, the live
+1. Throughput draining a backlog (small and 1 KB events, a fresh topic per system): the system starts on
+   an empty topic fed by a trickle of `--trickle` records/s (ids from TRICKLE_FIRST_ID) and makes its
+   first commit ("start-up"); then the backlog is produced as fast as the client goes. "drain" = from
+   the first backlog record produced to the commit (snapshot log: when `main` moved; the floor: when a
+   file was closed) that completed the backlog; records/s = backlog / drain, whatever the number of
+   commits. The trickle goes on meanwhile because the Iceberg sink (1.11.0) answers its coordinator's
+   commit requests only while records arrive, so on a backlog that stops growing it never commits the
+   tail (seen here; compare apache/iceberg#17811). Commit-interval systems are penalised by up to one
+   interval at the end: that is their cost of visibility, not hidden.
+2. Exactly once by content: every backlog event in the table once, and each column but `ts` equal to
+   the event produced (regenerated from its seed): "exact", or the counts of duplicates, missing and
+   different rows.
+3. CPU: user + system seconds of the system's whole process tree (/proc; the broker is not counted) over
+   the drain -> records per CPU-second.
+4. Peak RSS: the largest sum of resident memory of the tree, sampled every 0.5 s.
+5. Data files: `total-data-files` of the final snapshot (the floor: files written).
+6. Freshness at half of Icefall's drain rate (the small events): a fresh topic per system, the live
    producer and the system started together. Warm-up: until the newest commit holds every record
    acknowledged (freshness target + commit interval) seconds earlier (the start-up backlog is gone), at
    most half of `--timeout`. Then a window of `--seconds` (at least one commit interval for
@@ -57,6 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import math
 import os
 import re
@@ -65,6 +74,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -104,12 +114,16 @@ PARTITIONS = 3
 TABLE = ("bench", "events")
 # Ids of the trickle produced during the backlog phases (the backlog's ids are below it).
 TRICKLE_FIRST_ID = 1_000_000_000
-SYSTEMS = ("icefall", "spark", "connect-60s", "connect-10s", "floor")
+SYSTEMS = ("icefall", "icefall-nodlq", "spark", "connect", "floor")
+#: Systems of the live phase; `icefall-3s` is Icefall at a 3 s freshness target (the others run at
+#: `--freshness-target`).
+LIVE_SYSTEMS = ("icefall", "icefall-3s", "spark", "connect")
 LABELS = {
     "icefall": "Icefall (icefall run, embedded)",
+    "icefall-nodlq": "Icefall without its dead-letter table",
+    "icefall-3s": "Icefall at a 3 s freshness target",
     "spark": "Spark Structured Streaming → Iceberg",
-    "connect-60s": "Iceberg Kafka Connect sink, 60 s commits",
-    "connect-10s": "Iceberg Kafka Connect sink, 10 s commits",
+    "connect": "Iceberg Kafka Connect sink",
     "floor": "floor: confluent-kafka → pyarrow Parquet",
 }
 
@@ -199,7 +213,15 @@ class Context:
     settings: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def icefall_manifest(ctx: Context, topic: str) -> dict[str, Any]:
+def cadence(ctx: Context) -> float:
+    """The peers' trigger / commit interval: Icefall's batch cadence once caught up at the same target
+    (`plan.batching.caught_up_interval`: half the target, or sooner when batches take longer)."""
+    return float(ctx.args.freshness_target) / 2
+
+
+def icefall_manifest(
+    ctx: Context, topic: str, *, target: float | None = None, dead_letters: bool = True
+) -> dict[str, Any]:
     return {
         "apiVersion": "icefall.dev/v1alpha1",
         "kind": "StreamingTable",
@@ -216,7 +238,8 @@ def icefall_manifest(ctx: Context, topic: str) -> dict[str, Any]:
                 "name": TABLE[1],
                 "partitioning": [{"field": "ts", "transform": "day"}],
             },
-            "freshness": {"targetSeconds": int(ctx.args.freshness_target)},
+            "freshness": {"targetSeconds": int(target or ctx.args.freshness_target)},
+            "deadLetter": {"table": {"enabled": dead_letters}},
         },
     }
 
@@ -231,9 +254,15 @@ def create_peer_table(ctx: Context, catalog: CatalogConfig) -> None:
                            properties={"format-version": "2"})  # fmt: skip
 
 
-def launch_icefall(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
+def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
+    target = 3.0 if system == "icefall-3s" else ctx.args.freshness_target
+    dead_letters = system != "icefall-nodlq"
     manifest = work / "events.yaml"
-    manifest.write_text(yaml.safe_dump(icefall_manifest(ctx, topic), sort_keys=False))
+    manifest.write_text(
+        yaml.safe_dump(
+            icefall_manifest(ctx, topic, target=target, dead_letters=dead_letters), sort_keys=False
+        )
+    )
     argv = [
         str(Path(sys.executable).with_name("icefall")),
         "run",
@@ -242,14 +271,15 @@ def launch_icefall(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess
         "--state-dir",
         str(work),
     ]
-    ctx.settings["icefall"] = {
-        "command": "icefall run -f events.yaml --state-dir <dir> (defaults: --master local[2])",
-        "freshness target": f"{ctx.args.freshness_target:g} s",
-        "table": "partitioned by day(ts), dead-letter table on (default)",
+    ctx.settings[system] = {
+        "command": "icefall run -f events.yaml --state-dir <dir> (defaults: --master local[2], "
+        "in-process compaction on its thread)",
+        "freshness target": f"{target:g} s",
+        "table": "partitioned by day(ts), dead-letter table "
+        + ("on (default)" if dead_letters else "off (deadLetter.table.enabled: false)"),
     }
-    return ManagedProcess("icefall", [*ctx.pin, *argv], work / "system.log").start(), CatalogConfig.embedded(
-        work
-    )
+    proc = ManagedProcess(system, [*ctx.pin, *argv], work / "system.log").start()
+    return proc, CatalogConfig.embedded(work)
 
 
 def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
@@ -260,12 +290,12 @@ def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, 
         sys.executable, str(PEERS / "spark_streaming.py"), "--bootstrap", ctx.broker.bootstrap,
         "--topic", topic, "--table", ".".join(TABLE), "--catalog-db", str(catalog.database),
         "--warehouse", str(work / "warehouse"), "--checkpoint", str(work / "checkpoint"), "--jars", jars,
-        "--trigger-seconds", f"{ctx.args.freshness_target:g}",
+        "--trigger-seconds", f"{cadence(ctx):g}",
         "--max-offsets-per-trigger", str(ctx.args.spark_max_offsets),
     ]  # fmt: skip
     ctx.settings["spark"] = {
         "command": "bench/peers/spark_streaming.py (master local[2], driver memory 1g)",
-        "trigger": f"processingTime {ctx.args.freshness_target:g} s",
+        "trigger": f"processingTime {cadence(ctx):g} s (Icefall's cadence at the same target)",
         "maxOffsetsPerTrigger": str(ctx.args.spark_max_offsets or "unlimited"),
         "startingOffsets": "earliest",
         "write": "format iceberg, append, fanout-enabled, checkpoint folder",
@@ -300,9 +330,8 @@ def connect_jars() -> Path:
     return Path(out)
 
 
-def launch_connect(
-    ctx: Context, topic: str, work: Path, interval_s: int
-) -> tuple[ManagedProcess, CatalogConfig]:
+def launch_connect(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
+    interval_s = cadence(ctx)
     catalog = CatalogConfig.embedded(work)
     create_peer_table(ctx, catalog)
     control = f"control-{work.name}"
@@ -320,7 +349,7 @@ def launch_connect(
         "iceberg.catalog.warehouse": catalog.warehouse,
         "iceberg.catalog.jdbc.busy_timeout": "30000",
         "iceberg.control.topic": control,
-        "iceberg.control.commit.interval-ms": str(interval_s * 1000),
+        "iceberg.control.commit.interval-ms": str(int(interval_s * 1000)),
         "key.converter": "org.apache.kafka.connect.storage.StringConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter.schemas.enable": "false",
@@ -344,14 +373,15 @@ def launch_connect(
         "org.apache.kafka.connect.cli.ConnectStandalone",
         str(work / "worker.properties"), str(work / "sink.properties"),
     ]  # fmt: skip
-    ctx.settings[f"connect-{interval_s}s"] = {
+    ctx.settings["connect"] = {
         "command": "java -Xmx1g -cp '<jars-kafka-connect>/*' org.apache.kafka.connect.cli.ConnectStandalone",
-        "sink": " ".join(f"{k}={v}" for k, v in props.items() if k.startswith("iceberg.control.commit")),
+        "sink": " ".join(f"{k}={v}" for k, v in props.items() if k.startswith("iceberg.control.commit"))
+        + " (Icefall's cadence at the same target)",
         "tasks.max": "1",
         "converters": "StringConverter keys, JsonConverter values (schemas.enable=false)",
         "catalog": "JdbcCatalog on SQLite, local warehouse; control topic created (1 partition)",
     }
-    return ManagedProcess(f"connect-{interval_s}s", [*ctx.pin, *argv], work / "system.log").start(), catalog
+    return ManagedProcess("connect", [*ctx.pin, *argv], work / "system.log").start(), catalog
 
 
 def launch_floor(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, None]:
@@ -373,12 +403,12 @@ def launch(ctx: Context, system: str, topic: str, work: Path) -> Run:
     work.mkdir(parents=True)
     started = time.time()
     catalog: CatalogConfig | None
-    if system == "icefall":
-        proc, catalog = launch_icefall(ctx, topic, work)
+    if system.startswith("icefall"):
+        proc, catalog = launch_icefall(ctx, system, topic, work)
     elif system == "spark":
         proc, catalog = launch_spark(ctx, topic, work)
-    elif system.startswith("connect-"):
-        proc, catalog = launch_connect(ctx, topic, work, int(system.split("-")[1].rstrip("s")))
+    elif system == "connect":
+        proc, catalog = launch_connect(ctx, topic, work)
     elif system == "floor":
         proc, catalog = launch_floor(ctx, topic, work)
     else:
@@ -486,15 +516,14 @@ class LiveProducer(threading.Thread):
 @dataclass
 class Throughput:
     records: int
-    commits: int
-    rate: float | None  # records/s between the first and the completing commit; None with one commit
-    per_cpu: float | None
-    drain_s: float
-    per_cpu_all: float
-    cpu_total: float
+    commits: int  # commits while draining the backlog
+    startup_s: float  # process start -> its first commit (of the trickle)
+    drain_s: float  # backlog produce start -> the commit that completed it
+    rate: float  # backlog records / drain_s
+    per_cpu: float  # backlog records / CPU seconds of the system over the drain
     peak_rss: int
     files: int
-    error: str = ""
+    audit: str  # "exact" or what is wrong, by content
 
 
 def backlog_rows(run: Run) -> int:
@@ -507,39 +536,97 @@ def backlog_rows(run: Run) -> int:
     return int(table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=("id",)).to_arrow().num_rows)
 
 
-def throughput(ctx: Context, system: str, topic: str, records: int, variant: str) -> Throughput:
+#: The columns compared by content (`ts` is the produce time, checked against nothing but itself).
+CONTENT = ("id", "key", "customer", "amount", "items", "shipping", "tags", "note")
+
+
+def backlog_content(run: Run) -> list[dict[str, Any]]:
+    """The committed rows of the backlog, `CONTENT` columns, as Python values."""
+    if run.catalog is None:
+        tables = [
+            pq.read_table(f, columns=list(CONTENT)) for f in sorted((run.work / "files").glob("*.parquet"))
+        ]
+        rows = [row for t in tables for row in t.to_pylist()]
+    else:
+        table = run.catalog.pyiceberg().load_table(TABLE)
+        scan = table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=CONTENT)
+        rows = scan.to_arrow().to_pylist()
+    return [row for row in rows if row["id"] < TRICKLE_FIRST_ID]
+
+
+def audit_backlog(run: Run, records: int, seed: int, note_words: int) -> str:
+    """Every backlog event exactly once, each column equal to the event produced: "exact", or what is not.
+
+    The events are generated again from their seed (`common.bench_records`); every field but `ts` (the
+    produce time) is compared.
+    """
+    expected = bench_records(seed, note_words)
+    wanted: dict[int, dict[str, Any]] = {}
+    for _ in range(records):
+        event = json.loads(next(expected)[1])
+        wanted[event["id"]] = {c: event[c] for c in CONTENT}
+    seen: Counter[int] = Counter()
+    wrong = 0
+    for row in backlog_content(run):
+        seen[row["id"]] += 1
+        want = wanted.get(row["id"])
+        if want is None or any(not same(row[c], want[c]) for c in CONTENT):
+            wrong += 1
+    duplicates = sum(n - 1 for n in seen.values() if n > 1)
+    missing = sum(1 for i in wanted if i not in seen)
+    if not (duplicates or missing or wrong):
+        return "exact"
+    return f"{duplicates} duplicates, {missing} missing, {wrong} differ"
+
+
+def same(got: Any, want: Any) -> bool:
+    if isinstance(want, float) or isinstance(got, float):
+        return got is not None and want is not None and math.isclose(got, want, rel_tol=1e-12)
+    return bool(got == want)
+
+
+def throughput(
+    ctx: Context, system: str, records: int, variant: str, *, note_words: int, seed: int
+) -> Throughput:
+    """Start `system` on an empty topic with a trickle, wait for its first commit (started, warm), then
+    produce the backlog and time it from the first record produced to the commit that completes it."""
+    topic = f"{variant}-{system}"
+    ctx.broker.create_topic(topic, partitions=PARTITIONS)
     run = launch(ctx, system, topic, ctx.state / f"{system}-{variant}")
     trickle = LiveProducer(ctx.broker.bootstrap, topic, ctx.args.trickle, seed=9, first_id=TRICKLE_FIRST_ID)
     trickle.start()
-    say(f"{system}: {records:,} {variant} records from {topic} ...")
+    say(f"{system}: started on an empty topic; waiting for its first commit ...")
 
     def complete(commits: list[Commit]) -> bool:
         return bool(commits) and commits[-1].total_records >= records and backlog_rows(run) >= records
 
     try:
+        first = wait_for(run, lambda c: bool(c) and c[-1].total_records > 0, ctx.args.timeout)
+        startup_s = first[-1].visible_ms / 1000 - run.started
+        say(f"{system}: first commit after {startup_s:.1f}s; producing {records:,} {variant} records ...")
+        started, cpu_start, commits_before = time.time(), run.monitor.sample().cpu, len(first)
+        preload(ctx.broker.bootstrap, topic, records, note_words, seed)
         commits = wait_for(run, complete, ctx.args.timeout)
     finally:
         trickle.stop()
         run.stop()
-    data = [c for c in commits if c.total_records > 0]
-    first, last = data[0], data[-1]
-    after_first = last.total_records - first.total_records
-    window = (last.visible_ms - first.visible_ms) / 1000
-    cpu_window = run.monitor.cpu_at(last.visible_ms / 1000) - run.monitor.cpu_at(first.visible_ms / 1000)
-    cpu_all = run.monitor.cpu_at(last.visible_ms / 1000)
+    last = commits[-1]
+    drain = last.visible_ms / 1000 - started
+    cpu = run.monitor.cpu_at(last.visible_ms / 1000) - cpu_start
+    audit = audit_backlog(run, records, seed, note_words)
     result = Throughput(
-        records=last.total_records,
-        commits=len(data),
-        rate=after_first / window if window > 0 and after_first > 0 else None,
-        per_cpu=after_first / cpu_window if cpu_window > 0 and after_first > 0 else None,
-        drain_s=last.visible_ms / 1000 - run.started,
-        per_cpu_all=last.total_records / cpu_all if cpu_all else float("nan"),
-        cpu_total=run.monitor.total_cpu,
+        records=records,
+        commits=len(commits) - commits_before,
+        startup_s=startup_s,
+        drain_s=drain,
+        rate=records / drain,
+        per_cpu=records / cpu if cpu > 0 else float("nan"),
         peak_rss=run.monitor.peak_rss,
         files=last.total_files,
+        audit=audit,
     )
-    rate = f"{result.rate:,.0f} records/s" if result.rate else "n/a (one commit)"
-    say(f"{system}: {rate}, drain {result.drain_s:.1f}s, {result.commits} commits, {result.files} files")
+    say(f"{system}: {result.rate:,.0f} records/s, {result.per_cpu:,.0f} per CPU-s, drain {drain:.1f}s, "
+        f"{result.commits} commits, audit: {audit}")  # fmt: skip
     return result
 
 
@@ -587,9 +674,9 @@ def added_ts_by_snapshot(catalog: CatalogConfig) -> Iterator[tuple[int, list[int
 def live(ctx: Context, system: str, rate: float) -> Live:
     topic = f"live-{system}"
     ctx.broker.create_topic(topic, partitions=PARTITIONS)
-    interval = int(system.split("-")[1].rstrip("s")) if system.startswith("connect-") else 0
+    interval = cadence(ctx) if system == "connect" else 0
     window_s = max(ctx.args.seconds, interval)
-    allowance = ctx.args.freshness_target + interval
+    allowance = (3.0 if system == "icefall-3s" else ctx.args.freshness_target) + interval
     run = launch(ctx, system, topic, ctx.state / f"{system}-live")
     producer = LiveProducer(ctx.broker.bootstrap, topic, rate, seed=3)
     producer.start()
@@ -683,18 +770,17 @@ def throughput_table(title: str, results: dict[str, Throughput | str]) -> list[s
     lines = [
         f"### {title}",
         "",
-        "| system | records/s (first → completing commit) | records per CPU-s (same window) "
-        "| drain incl. start-up "
-        "| records per CPU-s incl. start-up | commits | data files | peak RSS |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| system | records/s (drain) | records per CPU-s (drain) | drain | start-up "
+        "| commits while draining | data files | peak RSS | exactly once, by content |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for system, r in results.items():
         if isinstance(r, str):
-            lines.append(f"| {LABELS[system]} | failed: {r.splitlines()[0][:200]} | | | | | | |")
+            lines.append(f"| {LABELS[system]} | failed: {r.splitlines()[0][:200]} | | | | | | | |")
             continue
         lines.append(
-            f"| {LABELS[system]} | {fmt(r.rate) if r.rate else 'n/a (one commit)'} | {fmt(r.per_cpu)} "
-            f"| {r.drain_s:.1f} s | {fmt(r.per_cpu_all)} | {r.commits} | {r.files} | {mib(r.peak_rss)} |"
+            f"| {LABELS[system]} | {fmt(r.rate)} | {fmt(r.per_cpu)} | {r.drain_s:.1f} s "
+            f"| {r.startup_s:.1f} s | {r.commits} | {r.files} | {mib(r.peak_rss)} | {r.audit} |"
         )
     return [*lines, ""]
 
@@ -752,15 +838,12 @@ def chart(results: Results, path: Path) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     names = [s for s, r in results.small.items() if isinstance(r, Throughput)]
     small = [r for r in results.small.values() if isinstance(r, Throughput)]
-    short = [s.replace("connect-", "connect\n") for s in names]
+    short = [s.replace("-", "\n") for s in names]
     for axis, values, title, color in (
-        (axes[0], [r.rate for r in small], "records/s on the backlog (~230 B events)", "#4878a8"),
-        (axes[1], [r.per_cpu for r in small], "records per CPU-second (same window)", "#6a9f58"),
+        (axes[0], [r.rate for r in small], "records/s draining the backlog (~230 B events)", "#4878a8"),
+        (axes[1], [r.per_cpu for r in small], "records per CPU-second (same drain)", "#6a9f58"),
     ):
-        axis.bar(short, [v or 0 for v in values], color=color)
-        for x, v in enumerate(values):
-            if not v:  # one commit took the whole backlog: no window to measure in
-                axis.annotate("n/a", (x, 0), ha="center", va="bottom")
+        axis.bar(short, [0 if math.isnan(v) else v for v in values], color=color)
         axis.set_title(title)
     for system, r in results.live.items():
         if isinstance(r, Live) and r.commits:
@@ -786,7 +869,7 @@ def versions(ctx: Context) -> dict[str, str]:
         "Kafka broker": kafka_jar[0].stem.replace("kafka-server-", "") if kafka_jar else "unknown",
         "confluent-kafka / librdkafka": f"{version('confluent-kafka')} / {libversion()[0]}",
     }
-    if any(s.startswith("connect-") for s in ctx.args.systems):
+    if "connect" in ctx.args.systems:
         with contextlib.suppress(Exception):
             names = sorted(p.name for p in connect_jars().glob("*.jar"))
             out["Kafka Connect / Iceberg sink"] = ", ".join(
@@ -808,17 +891,23 @@ def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: st
         "(other work ran on the same 2 cores: see the load averages); compare runs only at similar loads.",
         "",
         f"Backlogs: {a.records:,} events of ~230 bytes and {a.large_records:,} of ~1 KB, "
-        f"{PARTITIONS} partitions, "
-        f"preloaded once and read by every system from the start. Live phase: half of Icefall's records/s "
-        f"on the small events, a fresh {PARTITIONS}-partition topic per system.",
+        f"{PARTITIONS} partitions, a fresh topic per system. Each peer at the same freshness target "
+        f"({a.freshness_target:g} s): Spark's trigger and the Connect sink's commit interval at Icefall's "
+        f"cadence ({a.freshness_target / 2:g} s), Spark's `maxOffsetsPerTrigger` "
+        f"{a.spark_max_offsets or 'unlimited'}. Live phase: half of Icefall's records/s on the small "
+        f"events, a fresh {PARTITIONS}-partition topic per system.",
         "",
-        "## Throughput on a preloaded backlog",
+        "## Throughput draining a backlog",
         "",
-        "records/s counts from the first commit to the commit that completed the backlog (start-up and "
-        'the first commit excluded; n/a when one commit took everything); "drain" is process start to '
-        f"all committed. A trickle of {a.trickle:g} records/s goes to the topic meanwhile, for every system: "
-        "without new records the Iceberg sink 1.11.0 never committed the tail of a backlog here (its "
-        "worker answers commit requests only while records arrive; compare apache/iceberg#17811).",
+        "Each system starts on an empty topic and makes its first commit (start-up); then the backlog is "
+        "produced as fast as the client goes, and **drain** is from its first record to the commit that "
+        "completed it: records/s and records per CPU-second of the system's process tree are over that "
+        "drain, whatever the number of commits. The table is then checked **by content**: every backlog "
+        "event exactly once, every column but `ts` equal to the event produced (regenerated from its seed). "
+        f"A trickle of {a.trickle:g} records/s goes to the topic meanwhile, for every system: without new "
+        "records the Iceberg sink 1.11.0 never committed the tail of a backlog here (its worker answers "
+        "commit requests only while records arrive; compare apache/iceberg#17811). The floor is bounded by "
+        "the producer (this process, one core).",
         "",
         *throughput_table("~230-byte events", results.small),
         *throughput_table("~1 KB events", results.large),
@@ -852,34 +941,29 @@ def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: st
 def run_all(ctx: Context) -> tuple[Results, dict[str, str]]:
     a = ctx.args
     results = Results()
-    ctx.broker.create_topic("events-small", partitions=PARTITIONS)
-    ctx.broker.create_topic("events-1kb", partitions=PARTITIONS)
-    say(f"preloading {a.records:,} small and {a.large_records:,} 1 KB events ...")
-    took = preload(ctx.broker.bootstrap, "events-small", a.records, SMALL_NOTE_WORDS, seed=1)
-    took_large = preload(ctx.broker.bootstrap, "events-1kb", a.large_records, LARGE_NOTE_WORDS, seed=2)
-    produced = {
-        "preload": f"{a.records / took:,.0f} small / {a.large_records / took_large:,.0f} 1 KB events/s"
-    }
+    ctx.broker.create_topic("events-probe", partitions=PARTITIONS)
+    took = preload(ctx.broker.bootstrap, "events-probe", 50_000, SMALL_NOTE_WORDS, seed=1)
+    produced = {"producer alone": f"{50_000 / took:,.0f} small events/s"}
     rate = a.rate
     for system in a.systems:
-        for variant, topic, count, into in (
-            ("small", "events-small", a.records, results.small),
-            ("1kb", "events-1kb", a.large_records, results.large),
+        for variant, count, words, seed, into in (
+            ("small", a.records, SMALL_NOTE_WORDS, 1, results.small),
+            ("1kb", a.large_records, LARGE_NOTE_WORDS, 2, results.large),
         ):
             try:
-                into[system] = throughput(ctx, system, topic, count, variant)
+                into[system] = throughput(ctx, system, count, variant, note_words=words, seed=seed)
             except Exception as exc:
                 say(f"{system} ({variant}) FAILED: {exc}")
                 into[system] = str(exc)
         small = results.small.get(system)
-        if system == "icefall" and isinstance(small, Throughput) and small.rate and not rate:
+        if system == "icefall" and isinstance(small, Throughput) and not rate:
             rate = small.rate / 2
-        if system != "floor":
-            try:
-                results.live[system] = live(ctx, system, rate or 2_000)
-            except Exception as exc:
-                say(f"{system} (live) FAILED: {exc}")
-                results.live[system] = str(exc)
+    for system in a.live_systems:
+        try:
+            results.live[system] = live(ctx, system, rate or 2_000)
+        except Exception as exc:
+            say(f"{system} (live) FAILED: {exc}")
+            results.live[system] = str(exc)
     return results, produced
 
 
@@ -898,10 +982,11 @@ def main(argv: list[str] | None = None) -> int:
         help="records/s added during the backlog phases (see the docstring)",
     )
     parser.add_argument("--freshness-target", type=float, default=10)
-    parser.add_argument(
-        "--spark-max-offsets", type=int, default=-1, help="maxOffsetsPerTrigger (0: none; default: records/4)"
-    )
+    parser.add_argument("--spark-max-offsets", type=int, default=0, help="maxOffsetsPerTrigger (0: none)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, run in this order")
+    parser.add_argument(
+        "--live-systems", default=",".join(LIVE_SYSTEMS), help="the live phase's, comma-separated"
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for a phase")
     parser.add_argument(
         "--quick", action="store_true", help="a few minutes: 40,000 + 10,000 records, 30 s live"
@@ -912,12 +997,15 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else argv
     if args.quick:
         args.records, args.large_records, args.seconds = 40_000, 10_000, 30
-    if args.spark_max_offsets < 0:  # several micro-batches per backlog, so records/s is measurable
-        args.spark_max_offsets = max(args.records // 4, 10_000)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    for system in args.systems:
-        if system not in SYSTEMS:
-            parser.error(f"--systems: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+    args.live_systems = [s.strip() for s in args.live_systems.split(",") if s.strip()]
+    for option, chosen, known in (
+        ("--systems", args.systems, SYSTEMS),
+        ("--live-systems", args.live_systems, LIVE_SYSTEMS),
+    ):
+        for system in chosen:
+            if system not in known:
+                parser.error(f"{option}: unknown system {system!r}; choose from {', '.join(known)}")
 
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     facts = machine_basics()
@@ -941,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
             broker.stop()
         facts.update(versions(ctx))
     facts["Load average at end (1/5/15 min)"] = load_average()
-    facts["Preload speed (this process, core 0)"] = produced["preload"]
+    facts["Producer alone (this process, core 0)"] = produced["producer alone"]
     args.out.mkdir(parents=True, exist_ok=True)
     chart_line = chart(results, args.out / "compare.png")
     text = render(ctx, facts, results, chart_line, started)

@@ -89,7 +89,7 @@ def test_limits_bound_every_mode() -> None:
     assert size(10_000_000, None, limits=small).records == 1_000
     assert size(900, 10_000, limits=small).records == 900
     assert size(10_000_000, 10_000, last=20, limits=small).records == 1_000
-    assert size(10_000_000, 0.01, limits=small).records == 1  # at least one record while behind
+    assert size(10_000_000, 0.01, limits=small).records == 1_000  # a probe's worth, capped
 
 
 def test_backlog_bounds_behind_batches() -> None:
@@ -233,3 +233,9 @@ def test_caught_up_batches_start_sooner_when_batches_take_longer() -> None:
         min_interval_seconds=0.5,
         last_batch_seconds=0.9,
     ) == pytest.approx(0.3)
+
+
+def test_a_burst_after_a_quiet_spell_starts_from_a_probe() -> None:
+    # Batches of a few records taught T = 20 records/s; 200k records then arrive at once.
+    burst = behind_size(200_000, 20.0, last_seconds=0.5, last_records=10)
+    assert burst.mode is BatchMode.BEHIND and burst.records == 10_000

@@ -14,8 +14,10 @@ Batch size (`choose_batch_size`), given the backlog `B` (offsets behind), the ob
 4. otherwise → behind: freshness is already missed, so favour throughput with larger batches (less
    per-batch overhead). The time budget is `F/2`, grown to at most twice the previous batch's duration,
    capped at `behind_factor * F`; the batch takes `T * budget` records — or twice the previous batch's
-   records `n` when that batch took at most half the budget cap, whichever is more — and never more
-   than `B` (`BEHIND`). `T` counts a batch's fixed cost (job start, commit, a cold JVM on the first
+   records `n` when that batch took at most half the budget cap, or a probe's worth, whichever is
+   most — and never more than `B` (`BEHIND`). The probe floor matters after a quiet spell: `T` learnt
+   from batches of a few records is tiny, and a burst would otherwise start from a few records and take
+   a dozen doublings to reach a useful size. `T` counts a batch's fixed cost (job start, commit, a cold JVM on the first
    batch), so on small batches it underestimates what a larger batch does per second; doubling `n`
    amortises that cost within a few batches instead of creeping up with the throughput average. Growth
    by at most 2x per batch (in time or in records) keeps a noisy estimate from producing one enormous
@@ -136,6 +138,7 @@ def choose_batch_size(
         and 0 < last_batch_seconds <= cap / 2
     ):
         wanted = max(wanted, 2 * last_batch_records)
+    wanted = max(wanted, limits.probe_records)
     records = max(1, min(backlog_records, wanted, limits.max_records))
     return BatchSize(
         records,
