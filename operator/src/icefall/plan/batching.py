@@ -17,9 +17,10 @@ Batch size (`choose_batch_size`), given the backlog `B` (offsets behind), the ob
    records `n` when that batch took at most half the budget cap, or a probe's worth, whichever is
    most — and never more than `B` (`BEHIND`). The probe floor matters after a quiet spell: `T` learnt
    from batches of a few records is tiny, and a burst would otherwise start from a few records and take
-   a dozen doublings to reach a useful size. `T` counts a batch's fixed cost (job start, commit, a cold JVM on the first
-   batch), so on small batches it underestimates what a larger batch does per second; doubling `n`
-   amortises that cost within a few batches instead of creeping up with the throughput average. Growth
+   a dozen doublings to reach a useful size. `T` counts a batch's fixed cost (job start, commit, a cold
+   JVM on the first batch), so on small batches it underestimates what a larger batch does per second;
+   doubling `n` amortises that cost within a few batches instead of creeping up with the throughput
+   average. Growth
    by at most 2x per batch (in time or in records) keeps a noisy estimate from producing one enormous
    batch.
 Every size is finally capped by `max_records` and is at least 1 when there is a backlog.
