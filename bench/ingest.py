@@ -398,7 +398,8 @@ def render(args: argparse.Namespace, facts: dict[str, str], rows: list[tuple[str
         "# Ingest benchmark",
         "",
         f"`bench/ingest.py --records {args.records} --seconds {args.seconds:g}"
-        f"{f' --target-seconds {args.target_seconds}' if args.target_seconds else ''}` on {when}. "
+        f"{f' --target-seconds {args.target_seconds}' if args.target_seconds else ''}"
+        f"{' --maintenance' if args.maintenance else ''}` on {when}. "
         "What is measured and how: the docstring of `bench/ingest.py`. One run on a shared machine: "
         "compare runs only with similar load averages.",
         "",
