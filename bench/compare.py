@@ -218,14 +218,20 @@ class Context:
 
 
 def cadence(ctx: Context) -> float:
-    """The peers' trigger / commit interval: Icefall's batch cadence once caught up at the same target
-    (`plan.batching.caught_up_interval`: half the target, or sooner when batches take longer)."""
+    """The peers' trigger / commit interval: Icefall's batch cadence once caught up at the same target when
+    its batches are cheap (`plan.batching.caught_up_interval`: half the target)."""
     return float(ctx.args.freshness_target) / 2
+
+
+def target_of(ctx: Context, system: str) -> float:
+    """The freshness target `system` runs at: 3 s for `icefall-3s`, `--freshness-target` for the others."""
+    return 3.0 if system == "icefall-3s" else float(ctx.args.freshness_target)
 
 
 def icefall_manifest(
     ctx: Context, topic: str, *, target: float | None = None, dead_letters: bool = True
 ) -> dict[str, Any]:
+    """Icefall's StreamingTable for `topic`, at `target` seconds (default `--freshness-target`)."""
     return {
         "apiVersion": "icefall.dev/v1alpha1",
         "kind": "StreamingTable",
@@ -259,7 +265,7 @@ def create_peer_table(ctx: Context, catalog: CatalogConfig) -> None:
 
 
 def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
-    target = 3.0 if system == "icefall-3s" else ctx.args.freshness_target
+    target = target_of(ctx, system)
     dead_letters = system != "icefall-nodlq"
     manifest = work / "events.yaml"
     manifest.write_text(
@@ -546,15 +552,13 @@ CONTENT = ("id", "key", "customer", "amount", "items", "shipping", "tags", "note
 
 def backlog_content(run: Run) -> list[dict[str, Any]]:
     """The committed rows of the backlog, `CONTENT` columns, as Python values."""
-    if run.catalog is None:
-        tables = [
-            pq.read_table(f, columns=list(CONTENT)) for f in sorted((run.work / "files").glob("*.parquet"))
-        ]
-        rows = [row for t in tables for row in t.to_pylist()]
-    else:
+    if run.catalog is not None:
         table = run.catalog.pyiceberg().load_table(TABLE)
         scan = table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=CONTENT)
-        rows = scan.to_arrow().to_pylist()
+        committed: list[dict[str, Any]] = scan.to_arrow().to_pylist()
+        return committed
+    files = sorted((run.work / "files").glob("*.parquet"))
+    rows = [row for f in files for row in pq.read_table(f, columns=list(CONTENT)).to_pylist()]
     return [row for row in rows if row["id"] < TRICKLE_FIRST_ID]
 
 
@@ -688,7 +692,7 @@ def live(ctx: Context, system: str, rate: float) -> Live:
     ctx.broker.create_topic(topic, partitions=PARTITIONS)
     interval = cadence(ctx) if system == "connect" else 0
     window_s = max(ctx.args.seconds, interval)
-    allowance = (3.0 if system == "icefall-3s" else ctx.args.freshness_target) + interval
+    allowance = target_of(ctx, system) + interval
     run = launch(ctx, system, topic, ctx.state / f"{system}-live")
     producer = LiveProducer(ctx.broker.bootstrap, topic, rate, seed=3)
     producer.start()
@@ -881,7 +885,7 @@ def versions(ctx: Context) -> dict[str, str]:
         "Kafka broker": kafka_jar[0].stem.replace("kafka-server-", "") if kafka_jar else "unknown",
         "confluent-kafka / librdkafka": f"{version('confluent-kafka')} / {libversion()[0]}",
     }
-    if "connect" in ctx.args.systems:
+    if "connect" in (*ctx.args.systems, *ctx.args.live_systems):
         with contextlib.suppress(Exception):
             names = sorted(p.name for p in connect_jars().glob("*.jar"))
             out["Kafka Connect / Iceberg sink"] = ", ".join(

@@ -27,6 +27,7 @@ Not guaranteed: the dead-letter table may briefly hold rows of a batch whose mai
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -297,7 +298,6 @@ class _Decoders:
 
         self.spec = spec
         self.good = Decoder(spec, errors=False)  # no error text: the table's rows
-        self._with_errors: Decoder | None = None
         self.observed = [
             F.count(F.lit(1)).alias("records"),
             F.sum(F.length("value")).alias("bytes"),
@@ -305,13 +305,12 @@ class _Decoders:
             F.count_if(F.col(BAD_COLUMN)).alias("bad"),
         ]
 
+    @functools.cached_property
     def with_errors(self) -> Decoder:
         """The dead-letter path's decoder (with error text), built when a batch first has bad records."""
-        if self._with_errors is None:
-            from icefall.ingest.decode import Decoder
+        from icefall.ingest.decode import Decoder
 
-            self._with_errors = Decoder(self.spec)
-        return self._with_errors
+        return Decoder(self.spec)
 
 
 class Ingestor:
@@ -344,7 +343,6 @@ class Ingestor:
         self._attempt = 0
         self._progress = _Progress()
         self._dead_letters_dirty = True
-        self._decoding: _Decoders | None = None
         self._keeper: LeaseKeeper | None = None
         self._sweep_pending = False
         self.outages = Outages(
@@ -544,7 +542,7 @@ class Ingestor:
             return _ReadStats(records=0, bytes=0, max_produce_ms=None, bad=0)
         from pyspark.sql import Observation
 
-        decoders = self._decoders()
+        decoders = self._decoders
         observation = Observation()
         # The table's rows carry no headers: only dead letters keep them (`_dead_letter_step`).
         decoded = decoders.good.decode(self._read(planned.ranges, headers=False))
@@ -575,7 +573,7 @@ class Ingestor:
         the main commit. Returns how many there were."""
         from icefall.ingest.decode import bad_rows
 
-        bad = bad_rows(self._decoders().with_errors().decode(self._read(planned.ranges))).persist()
+        bad = bad_rows(self._decoders.with_errors.decode(self._read(planned.ranges))).persist()
         try:
             dead = self._write_dead_letters(bad, batch, planned.committed.offsets, expected)
             if dead and self.spec.dead_letter.topic is not None:
@@ -709,10 +707,10 @@ class Ingestor:
 
     # -- steps ----------------------------------------------------------------------------------------
 
+    @functools.cached_property
     def _decoders(self) -> _Decoders:
-        if self._decoding is None:
-            self._decoding = _Decoders(self.spec)
-        return self._decoding
+        """Built on first use: its columns need the running Spark session."""
+        return _Decoders(self.spec)
 
     def _read(self, ranges: Any, *, headers: bool = True) -> DataFrame:
         return read_kafka(
