@@ -190,8 +190,14 @@ def main_lineage(table: Table) -> list[int]:
 
 
 def stage_branches(table: Table) -> list[str]:
-    table.refresh()
-    return sorted(name for name in table.metadata.refs if name.startswith(STAGE_PREFIX))
+    """Staging branches that hold a snapshot `main` never had: a branch a commit left on `main` (for the
+    writer's next batch) holds nothing of its own."""
+    on_main = set(main_lineage(table))
+    return sorted(
+        name
+        for name, ref in table.metadata.refs.items()
+        if name.startswith(STAGE_PREFIX) and ref.snapshot_id not in on_main
+    )
 
 
 # --- tests -----------------------------------------------------------------------------------------------
@@ -226,6 +232,48 @@ def test_offsets_and_epoch_land_in_the_same_metadata_commit_as_the_data(table: T
         assert visible == expected_keys(committed.offsets), location
         seen_heads.add(head)
     assert {first, second} <= seen_heads
+
+
+def test_a_batch_costs_two_catalog_commits_once_the_writers_branch_exists(
+    catalog: Catalog, table: Table
+) -> None:
+    """The commit leaves the writer's branch at main's new head: the next batch is staged there without a
+    commit of its own, so a batch is the writer's append plus the compare-and-swap."""
+
+    def versions() -> int:
+        table.refresh()
+        return len(table.metadata.metadata_log)
+
+    ingest(table, "w", 1, {0: 2}, epoch=1)  # the first batch also creates the branch
+    branch = stage_branch_name("w", 1)
+    for _ in range(3):
+        before = versions()
+        head = ingest(table, "w", 1, {0: 2, 1: 1}, epoch=1)
+        assert versions() - before == 2
+        assert table.metadata.refs[branch].snapshot_id == head == main_lineage(table)[0]
+    assert_exactly_once(table, {0: 8, 1: 3})
+
+    # Maintenance moves main past the branch: the next stage points it at main's head again (one commit).
+    maintenance(catalog, "partition = 1")("none")
+    before = versions()
+    stage = prepare_stage(table, branch)
+    assert versions() - before == 1
+    assert stage.base.snapshot_id == table.metadata.refs[branch].snapshot_id == main_lineage(table)[0]
+
+    # A re-stage over maintenance leaves the branch at the re-staged head as well.
+    stage, batch = stage_batch(table, "w", 1, {0: 1})
+    with failpoints.armed("main.after-stage", maintenance(catalog, "offset = 0")):
+        outcome = commit_staged_outcome(table, stage, batch, epoch=1)
+    assert outcome.restaged
+    assert table.refresh().metadata.refs[branch].snapshot_id == outcome.snapshot_id == main_lineage(table)[0]
+    assert keys_on_main(table) == expected_keys({0: 9})[1:]  # the deletes took partition 1 and (0, 0)
+
+
+def test_a_writer_may_drop_its_branch_with_the_commit(table: Table) -> None:
+    stage, batch = stage_batch(table, "w", 1, {0: 2})
+    commit_staged(table, stage, batch, epoch=1, keep_branch=False)
+    assert stage.branch not in table.refresh().metadata.refs
+    assert_exactly_once(table, {0: 2})
 
 
 def test_of_two_writers_planning_from_one_head_exactly_one_wins(table: Table) -> None:
@@ -430,7 +478,8 @@ def test_a_process_killed_after_staging_leaves_nothing_to_repair(
     leftover_head = table.metadata.refs[leftover].snapshot_id
     assert leftover_head not in main_lineage(table)
     # Cleaned: the next lease holder sweeps it, and the snapshot only it referenced, away.
-    assert sweep_stages(table) == [leftover]
+    # (with w's branches, which their commits left on main: they hold nothing of their own)
+    assert sweep_stages(table) == sorted([leftover, stage_branch_name("w", 1), stage_branch_name("w", 2)])
     assert table.refresh().metadata.snapshot_by_id(leftover_head) is None
     assert_exactly_once(table, {0: 5})
 
@@ -462,8 +511,8 @@ def test_main_never_holds_a_staged_snapshot_twice(table: Table) -> None:
         commit_staged(table, empty_stage, plan(empty_stage.base, {0: 0}), epoch=1)
     assert_exactly_once(table, {0: 1})
 
-    # A committed stage cannot be committed again: main moved on, and the branch went with the commit.
-    assert sorted(sweep_stages(table)) == sorted([stage.branch, empty_stage.branch])
+    # A committed stage cannot be committed again: main moved on past its base with it.
+    assert sweep_stages(table) == sorted([stage_branch_name("w", 0), stage.branch, empty_stage.branch])
     stage, batch = stage_batch(table, "w", 3, {0: 2})
     committed = commit_staged(table, stage, batch, epoch=1)
     with pytest.raises(StaleHeadError):
@@ -495,7 +544,7 @@ def test_abandoning_a_stage_drops_its_branch_and_snapshot_only(table: Table) -> 
     assert stage.branch not in table.metadata.refs
     assert table.metadata.snapshot_by_id(staged) is None
     assert main_lineage(table) == lineage
-    assert sweep_stages(table, keep=[kept.branch]) == []
+    assert sweep_stages(table, keep=[kept.branch]) == [stage_branch_name("w", 0)]  # at main's head
     assert stage_branches(table) == [kept.branch]
 
 
@@ -544,6 +593,7 @@ def test_maintenance_commits_keep_the_committed_state(table: Table) -> None:
     # A rewrite of all files (what compaction commits), an unrelated property, then expiry of history.
     table.overwrite(table.scan().to_arrow())
     table.transaction().set_properties({"write.target-file-size-bytes": "134217728"}).commit_transaction()
+    sweep_stages(table)  # the writer's branches keep their snapshots (an idle writer drops its own)
     table.maintenance.expire_snapshots().older_than(datetime.now() + timedelta(seconds=1)).commit()
     table.refresh()
     assert len(table.metadata.snapshots) == 1

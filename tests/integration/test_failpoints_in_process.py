@@ -159,8 +159,15 @@ def test_expiry_stopped_before_its_call_expires_nothing(
 
 def test_an_empty_batch_staged_by_icefall_passes_its_point(catalog_config: CatalogConfig) -> None:
     """Spark stages an empty snapshot for an empty append itself: this is the fallback for other writers."""
-    from icefall.commit import Batch, commit_staged, prepare_stage, read_committed, stage_branch_name
-    from icefall.ingest.engine import _ensure_staged
+    from icefall.commit import (
+        Batch,
+        StaleHeadError,
+        commit_staged,
+        prepare_stage,
+        read_committed,
+        stage_branch_name,
+    )
+    from icefall.ingest.engine import _stage_empty
 
     identifier = ("it", "fp_empty_batch")
     catalog = catalog_config.pyiceberg()
@@ -170,12 +177,13 @@ def test_an_empty_batch_staged_by_icefall_passes_its_point(catalog_config: Catal
     base = stage.base.snapshot_id
 
     with failpoints.armed("main.after-ensure-staged", "raise"), pytest.raises(FailpointError):
-        _ensure_staged(table, stage.branch, base)
+        _stage_empty(table, stage.branch, base)
     table.refresh()
     assert table.metadata.refs[stage.branch].snapshot_id != base  # staged
     assert table.metadata.refs["main"].snapshot_id == base  # main untouched
 
-    _ensure_staged(table, stage.branch, base)  # already staged: nothing more to do
+    with pytest.raises(StaleHeadError):  # the branch holds a snapshot already: not staged twice
+        _stage_empty(table, stage.branch, base)
     commit_staged(table, stage, Batch("t", start={0: 0}, end={0: 0}), epoch=1)
     assert read_committed(table).offsets == {0: 0}
     assert rows(catalog_config, identifier) == []

@@ -146,6 +146,29 @@ def test_throughput_estimate_is_smoothed() -> None:
     assert update_throughput(None, 10, 0.0) is None
 
 
+def test_a_batch_that_took_the_whole_backlog_never_lowers_the_throughput() -> None:
+    # Caught up, a batch of 500 records takes 0.8 s, nearly all of it fixed cost: not the writer's rate.
+    assert update_throughput(30_000, 500, 0.8, whole_backlog=True) == 30_000
+    assert update_throughput(None, 500, 0.8, whole_backlog=True) == 625  # the first estimate is what it is
+    assert update_throughput(1_000, 4_000, 1.0, whole_backlog=True) == 2_500  # a faster one still counts
+    assert update_throughput(30_000, 500, 0.8) == pytest.approx(15_312.5)  # limited by its size: it does
+
+    # After a drain taught 30,000 rec/s and ten quiet batches, a burst of 200,000 records at F = 10 s is
+    # taken in batches of 5 s of work, not from the probe up by doubling.
+    rps: float | None = 30_000
+    for _ in range(10):
+        rps = update_throughput(rps, 500, 0.8, whole_backlog=True)
+    size = choose_batch_size(
+        backlog_records=200_000,
+        freshness_target_seconds=10,
+        throughput_rps=rps,
+        last_batch_seconds=0.8,
+        limits=BatchLimits(),
+        last_batch_records=500,
+    )
+    assert size.mode is BatchMode.BEHIND and size.records == 150_000
+
+
 def test_limits_from_spec() -> None:
     limits = BatchLimits.from_spec(
         BatchSpec(max_records=5000, max_records_per_partition=100, min_interval_seconds=3)

@@ -1,19 +1,23 @@
 """Stage, then fast-forward: how a batch gets into the table exactly once.
 
-1. `prepare_stage` creates a private staging branch at `main`'s head H (first giving an empty table an empty
-   "genesis" snapshot, so there always is a head to branch from) and returns a `Stage` holding H and the
-   committed state as of H.
+1. `prepare_stage` makes sure the writer's staging branch is at `main`'s head H (first giving an empty
+   table an empty "genesis" snapshot, so there always is a head to branch from) and returns a `Stage`
+   holding H and the committed state as of H. The branch is the writer's own and follows `main`: a commit
+   leaves it at `main`'s new head, so the next batch finds it there and needs no catalog commit to stage;
+   only a missing branch, or one left behind by maintenance or holding a failed attempt, is (re)created.
 2. The writer (Spark in production) appends the batch to that branch: exactly one snapshot S, parent H.
    Writers may retry or rebase there freely; nobody else writes to the branch.
 3. `commit_staged` checks, on freshly loaded metadata, that the writer is not fenced (epoch), that `main` is
    still H, that the batch starts at the committed offsets, and that the branch holds exactly S with parent
-   H. Then ONE catalog commit points `main` at S, drops the branch and sets the `icefall.*` properties,
-   guarded by `AssertRefSnapshotId(main, H)` and `AssertRefSnapshotId(branch, S)`.
+   H. Then ONE catalog commit points `main` at S and sets the `icefall.*` properties, guarded by
+   `AssertRefSnapshotId(main, H)` and `AssertRefSnapshotId(branch, S)`. Two catalog commits per batch in
+   all: the writer's append and this one.
 4. If `main` moved from H to H' only through maintenance (every snapshot after H up to H' is not an
    append, and the `icefall.*` properties are still those the stage read, so nobody ingested), the batch is
-   re-staged instead of refused: ONE catalog commit appends exactly S's data files onto H', sets the
-   properties and drops the branch, guarded by `AssertRefSnapshotId(main, H')`. Compaction, retention and
-   manifest rewrites therefore never make an ingestion commit fail (DESIGN.md, "Maintenance in between").
+   re-staged instead of refused: ONE catalog commit appends exactly S's data files onto H' as N, sets the
+   properties and points the branch at N (S is dropped), guarded by `AssertRefSnapshotId(main, H')`.
+   Compaction, retention and manifest rewrites therefore never make an ingestion commit fail (DESIGN.md,
+   "Maintenance in between").
 
 A batch that skips records Kafka's retention deleted names the gap (`Batch.retention_gaps`); its commit adds
 the gap's width to `icefall.lost-records` in the same metadata commit. `rewind_dead_letters` is the one
@@ -167,53 +171,69 @@ def stage_branch_name(writer_id: str, attempt: int | str) -> str:
     return STAGE_PREFIX + slug
 
 
-def prepare_stage(table: Table, branch: str, *, role: TableRole = "main") -> Stage:
-    """Create (or reset) staging branch `branch` at `main`'s current head; return it with the state it saw.
+def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refresh: bool = True) -> Stage:
+    """Make sure staging branch `branch` is at `main`'s head; return it with the state it saw.
 
-    The table is refreshed in place. A leftover branch of the same name (a crashed earlier attempt) is
-    dropped first, with whatever it held. `role` names the table in failpoints (`dlq.after-prepare`, ...).
+    A branch already there (the writer's previous commit left it at `main`'s new head) costs no catalog
+    commit. A missing one is created; one elsewhere (maintenance moved `main` since, or it holds the
+    snapshot of an attempt that never landed) is dropped with whatever only it held, then created again.
+    The table is refreshed in place first, unless `refresh` is False (the caller has just read it: a stale
+    base only makes the commit re-stage or refuse, never land wrongly). `role` names the table in
+    failpoints (`dlq.after-prepare`, ...).
     """
     if not branch.startswith(STAGE_PREFIX) or branch == MAIN:
         raise ValueError(f"staging branches are named {STAGE_PREFIX}…; use stage_branch_name()")
     for _ in range(MAX_ATTEMPTS):
-        table.refresh()
+        if refresh:
+            table.refresh()
+        refresh = True
         if MAIN not in table.metadata.refs:
             _commit_genesis(table, role)
             continue
-        if branch in table.metadata.refs:
-            _drop_stages(table, lambda name: name == branch, f"{role}.before-abandon")  # what it held too
-            continue
         meta = table.metadata
         head = meta.refs[MAIN].snapshot_id
-        try:
-            _commit(
-                table,
-                updates=(_point_branch(meta, branch, head),),
-                requirements=(
-                    AssertTableUUID(uuid=meta.table_uuid),
-                    AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
-                    AssertRefSnapshotId(ref=branch, snapshot_id=None),
-                ),
-            )
-        except CommitFailedException:
-            continue  # main or the branch moved meanwhile: look again
+        ref = meta.refs.get(branch)
+        if ref is None or ref.snapshot_id != head:
+            # What only the branch reached (a failed attempt's snapshot) goes with the move.
+            orphaned = _reached_only_by(meta, {branch})
+            try:
+                _commit(
+                    table,
+                    updates=(
+                        _point_branch(meta, branch, head),
+                        *((RemoveSnapshotsUpdate(snapshot_ids=orphaned),) if orphaned else ()),
+                    ),
+                    requirements=(
+                        AssertTableUUID(uuid=meta.table_uuid),
+                        AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
+                        AssertRefSnapshotId(ref=branch, snapshot_id=ref.snapshot_id if ref else None),
+                    ),
+                )
+            except CommitFailedException:
+                continue  # main or the branch moved meanwhile: look again
         failpoint(f"{role}.after-prepare")
         return Stage(branch=branch, base=state_of(meta), table_uuid=meta.table_uuid, role=role)
-    raise CommitError(f"could not create staging branch {branch}: the table kept changing")
+    raise CommitError(f"could not prepare staging branch {branch}: the table kept changing")
 
 
-def commit_staged(table: Table, stage: Stage, batch: Batch, epoch: int) -> int:
+def commit_staged(table: Table, stage: Stage, batch: Batch, epoch: int, *, keep_branch: bool = True) -> int:
     """Land the batch staged on `stage.branch` on `main`; return the new head's snapshot id.
+
+    The branch is left at `main`'s new head for the writer's next batch, or dropped in the same commit
+    when `keep_branch` is False (a table written to only now and then, whose branch would otherwise pin
+    old snapshots once maintenance moves `main`).
 
     Raises FencedError, StaleHeadError (MaintenanceConflictError among them), TopicMismatchError,
     OffsetGapError or StageError, each meaning nothing was committed. Any other exception leaves the
     outcome to be found out by re-reading the table (`read_committed`): if the commit did land, this
     function returns normally instead. `commit_staged_outcome` also tells whether the batch was re-staged.
     """
-    return commit_staged_outcome(table, stage, batch, epoch).snapshot_id
+    return commit_staged_outcome(table, stage, batch, epoch, keep_branch=keep_branch).snapshot_id
 
 
-def commit_staged_outcome(table: Table, stage: Stage, batch: Batch, epoch: int) -> CommitOutcome:
+def commit_staged_outcome(
+    table: Table, stage: Stage, batch: Batch, epoch: int, *, keep_branch: bool = True
+) -> CommitOutcome:
     """`commit_staged`, telling whether `main` was fast-forwarded or the batch re-staged over maintenance.
 
     Fast-forward: `main` is still the stage's base H; `main` → S. Re-stage: `main` moved from H to H' by
@@ -234,12 +254,14 @@ def commit_staged_outcome(table: Table, stage: Stage, batch: Batch, epoch: int) 
             new_head, updates = _restage(table, meta, stage, plan)
         else:
             new_head, updates = plan.staged, (_point_branch(meta, MAIN, plan.staged),)
-        updates += (
-            RemoveSnapshotRefUpdate(ref_name=stage.branch),
-            SetPropertiesUpdate(updates=plan.properties),
-        )
+        if not keep_branch:
+            updates += (RemoveSnapshotRefUpdate(ref_name=stage.branch),)
+        elif plan.restage_over:
+            updates += (_point_branch(meta, stage.branch, new_head),)
+        # else the branch is already at the new head: the writer's next batch is staged without a commit
+        updates += (SetPropertiesUpdate(updates=plan.properties),)
         if plan.restage_over:
-            # Only the dropped branch reached the staged snapshot; its data files now belong to new_head.
+            # Only the branch reached the staged snapshot; its data files now belong to new_head.
             updates += (RemoveSnapshotsUpdate(snapshot_ids=[plan.staged]),)
         requirements: tuple[TableRequirement, ...] = (
             AssertTableUUID(uuid=stage.table_uuid),
@@ -688,6 +710,24 @@ def _landed(table: Table, snapshot_id: int) -> bool:
     return any(s.snapshot_id == snapshot_id for s in ancestors_of(meta.current_snapshot(), meta))
 
 
+def _reached_only_by(meta: TableMetadata, branches: Collection[str]) -> list[int]:
+    """The snapshots only `branches` reach: none reachable from any other ref (main first of all)."""
+    kept: set[int] = set()
+    heads: list[int] = []
+    for name, ref in meta.refs.items():
+        if name in branches:
+            heads.append(ref.snapshot_id)
+        else:
+            kept.update(s.snapshot_id for s in ancestors_of(meta.snapshot_by_id(ref.snapshot_id), meta))
+    only: set[int] = set()
+    for head in heads:
+        for s in ancestors_of(meta.snapshot_by_id(head), meta):
+            if s.snapshot_id in kept:
+                break
+            only.add(s.snapshot_id)
+    return sorted(only)
+
+
 def _drop_stages(table: Table, doomed_name: Callable[[str], bool], point: str) -> list[str]:
     """Drop the branches `doomed_name` selects, in one guarded commit; `point` is the failpoint before it."""
     for _ in range(MAX_ATTEMPTS):
@@ -700,23 +740,13 @@ def _drop_stages(table: Table, doomed_name: Callable[[str], bool], point: str) -
         }
         if not doomed:
             return []
-        # Snapshots reachable from any ref that stays (main first of all) are kept; what only the dropped
-        # branches reach was never on main and goes with them.
-        kept: set[int] = set()
-        for name, ref in meta.refs.items():
-            if name not in doomed:
-                kept.update(s.snapshot_id for s in ancestors_of(meta.snapshot_by_id(ref.snapshot_id), meta))
-        unreferenced: set[int] = set()
-        for snapshot_id in doomed.values():
-            for s in ancestors_of(meta.snapshot_by_id(snapshot_id), meta):
-                if s.snapshot_id in kept:
-                    break
-                unreferenced.add(s.snapshot_id)
+        # What only the dropped branches reach was never on main and goes with them.
+        unreferenced = _reached_only_by(meta, set(doomed))
         updates: tuple[TableUpdate, ...] = tuple(
             RemoveSnapshotRefUpdate(ref_name=name) for name in sorted(doomed)
         )
         if unreferenced:
-            updates += (RemoveSnapshotsUpdate(snapshot_ids=sorted(unreferenced)),)
+            updates += (RemoveSnapshotsUpdate(snapshot_ids=unreferenced),)
         main = meta.refs.get(MAIN)
         requirements: tuple[TableRequirement, ...] = (
             AssertTableUUID(uuid=meta.table_uuid),

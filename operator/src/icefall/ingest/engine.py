@@ -145,7 +145,8 @@ class BatchReport:
     data_loss: int = 0
     # Seconds per phase of the batch (plan, stage, write, dead_letters, commit, report): where a batch's
     # fixed cost goes. "write" is the one Spark job that reads, decodes and writes the good rows; "stage"
-    # creates the staging branch and makes sure it holds a snapshot.
+    # puts the writer's staging branch at main's head (no catalog commit when the last commit left it
+    # there) and, for a batch that wrote nothing, stages its empty snapshot.
     phases: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -251,6 +252,7 @@ class _PlannedBatch:
     end: dict[int, int]
     gaps: dict[int, int]  # retention gaps the commit acknowledges
     lost: int  # records lost to retention first reported by this batch
+    whole_backlog: bool  # the batch takes everything Kafka held when it was planned
 
     def batch(self, topic: str, max_produce_ms: int | None) -> Batch:
         return Batch(
@@ -340,7 +342,6 @@ class Ingestor:
         self._spark_kafka_options = spark_kafka_options(self.spec.source.security)
         self.topic = TopicView(self.spec.source.bootstrap_servers, self.spec.source.topic, self._kafka_config)
         self.epoch = 0
-        self._attempt = 0
         self._progress = _Progress()
         self._dead_letters_dirty = True
         self._keeper: LeaseKeeper | None = None
@@ -450,7 +451,9 @@ class Ingestor:
         if planned is None:
             return None
         clock.mark("plan")
-        stage = prepare_stage(self.table, self._next_branch(), role="main")
+        # `_plan_batch` has just read the table: the branch left by the last commit is normally at main's
+        # head already, and staging costs no catalog round trip.
+        stage = prepare_stage(self.table, self._stage_branch, role="main", refresh=False)
         with _dropped_unless_committed(self.table, stage.branch, self.label, "main"):
             if stage.base.offsets != planned.committed.offsets:
                 raise StaleHeadError("the table moved between planning and staging")
@@ -461,7 +464,7 @@ class Ingestor:
             batch = planned.batch(self.spec.source.topic, stats.max_produce_ms)
             dead = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else 0
             clock.mark("dead_letters")
-            snapshot_id, commit_seconds = self._commit_main(stage, batch)
+            snapshot_id, commit_seconds = self._commit_main(stage, batch, wrote=bool(planned.ranges))
             clock.mark_stage_and_commit(commit_seconds)
         self._dead_letters_dirty = False  # main caught up with the dead letters just committed
         return self._report_batch(
@@ -477,8 +480,9 @@ class Ingestor:
             self._sweep_after_outage()
         topic_id = self.topic.topic_id()
         watermarks = self.topic.watermarks()
+        backlog = total_lag(committed.offsets, watermarks)
         size = choose_batch_size(
-            backlog_records=total_lag(committed.offsets, watermarks),
+            backlog_records=backlog,
             freshness_target_seconds=self.spec.freshness.target_seconds,
             throughput_rps=self._progress.throughput_rps,
             last_batch_seconds=self._progress.last_batch_seconds,
@@ -505,6 +509,7 @@ class Ingestor:
         if plan.is_empty and not plan.data_loss and not pin_start:
             self._progress.backlog_after_last_batch = 0
             self._publish_lag(plan.positions.lag)
+            self._drop_stage_if_behind(committed.snapshot_id)
             return None
         self._check_lease()
         if self._dead_letters_dirty:
@@ -531,6 +536,7 @@ class Ingestor:
             end=end,
             gaps={d.partition: d.committed for d in plan.data_loss},
             lost=lost,
+            whole_backlog=sum(r.records for r in plan.ranges) >= backlog,
         )
 
     def _write_good_rows(self, planned: _PlannedBatch, branch: str) -> _ReadStats:
@@ -604,7 +610,9 @@ class Ingestor:
         written = self._added_records(snapshot_id)
         seconds = clock.elapsed()
         progress = self._progress
-        progress.throughput_rps = update_throughput(progress.throughput_rps, stats.records, seconds)
+        progress.throughput_rps = update_throughput(
+            progress.throughput_rps, stats.records, seconds, whole_backlog=planned.whole_backlog
+        )
         progress.last_batch_seconds = seconds
         progress.last_batch_records = stats.records
         committed = planned.committed
@@ -734,16 +742,26 @@ class Ingestor:
     def _spark_name(self, identifier: tuple[str, ...], branch: str) -> str:
         return ".".join([self.catalog_config.name, *identifier, f"branch_{branch}"])
 
-    def _next_branch(self) -> str:
-        self._attempt += 1
-        return stage_branch_name(f"{self.writer_id}_e{self.epoch}", self._attempt)
+    @property
+    def _stage_branch(self) -> str:
+        """This writer's staging branch, in both tables: one per writer and epoch, reused by every batch
+        (a commit leaves it at main's new head), so another incarnation never writes to it."""
+        return stage_branch_name(f"{self.writer_id}_e{self.epoch}", "stage")
 
-    def _commit_main(self, stage: Stage, batch: Batch) -> tuple[int, float]:
-        """Commit what is staged on `stage` (an empty snapshot if nothing is); returns the snapshot id and
-        the seconds of the commit itself."""
-        # Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot; a batch that read
-        # nothing (it only pins its start or skips a retention gap) wrote nothing: stage one here.
-        _ensure_staged(self.table, stage.branch, stage.base.snapshot_id)
+    def _drop_stage_if_behind(self, head: int | None) -> None:
+        """Idle, drop the staging branch if maintenance moved main past it: it would pin the snapshot it
+        points at (and the files compaction replaced) until the next batch."""
+        ref = self.table.metadata.refs.get(self._stage_branch)
+        if ref is not None and ref.snapshot_id != head:
+            abandon_stage(self.table, self._stage_branch, role="main")
+
+    def _commit_main(self, stage: Stage, batch: Batch, *, wrote: bool) -> tuple[int, float]:
+        """Commit what is staged on `stage` (an empty snapshot if the batch had nothing to write); returns
+        the snapshot id and the seconds of the commit itself."""
+        if not wrote:
+            # Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot; a batch that read
+            # nothing (it only pins its start or skips a retention gap) wrote nothing: stage one here.
+            _stage_empty(self.table, stage.branch, stage.base.snapshot_id)
         self._check_lease()
         commit_started = time.monotonic()
         outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
@@ -769,7 +787,7 @@ class Ingestor:
         if expected == 0 or self.dead_letter_table is None:
             return expected
         dlq = self.dead_letter_table
-        stage = prepare_stage(dlq, self._next_branch(), role="dlq")
+        stage = prepare_stage(dlq, self._stage_branch, role="dlq")
         known = stage.base.offsets
         ahead = {p: o for p, o in known.items() if o > committed.get(p, 0)}
         if ahead:
@@ -800,7 +818,8 @@ class Ingestor:
                     f"reading the batch again gave {written} bad records, not {expected}; planning again"
                 )
             self._dead_letters_dirty = True  # ahead of main until the main commit lands
-            outcome = commit_staged_outcome(dlq, stage, dlq_batch, self.epoch)
+            # Dead letters come now and then: a branch left behind would pin old snapshots meanwhile.
+            outcome = commit_staged_outcome(dlq, stage, dlq_batch, self.epoch, keep_branch=False)
         self._count_restage(label, outcome)
         return expected
 
@@ -897,9 +916,9 @@ def _dropped_unless_committed(table: Table, branch: str, label: str, role: Table
         raise
 
 
-def _ensure_staged(table: Table, branch: str, base: int | None, attempts: int = 5) -> None:
-    """Stage an empty snapshot if the writer staged none: every batch moves main, so its offsets are
-    committed even with no rows.
+def _stage_empty(table: Table, branch: str, base: int | None, attempts: int = 5) -> None:
+    """Stage an empty snapshot on `branch` (at `base`) for a batch that wrote nothing: every batch moves
+    main, so its offsets are committed even with no rows.
 
     pyiceberg numbers the snapshot from the metadata it just read; a commit landing elsewhere in the table
     meanwhile (maintenance on main) makes the catalog refuse it (CommitFailedException, or ValueError for
@@ -909,8 +928,10 @@ def _ensure_staged(table: Table, branch: str, base: int | None, attempts: int = 
 
     for _ in range(attempts):
         table.refresh()
-        if table.metadata.refs[branch].snapshot_id != base:
-            return
+        ref = table.metadata.refs.get(branch)
+        if ref is None or ref.snapshot_id != base:
+            # Nothing else writes this branch while the batch runs: the stage is gone or not this batch's.
+            raise StaleHeadError(f"staging branch {branch} is no longer at {base}; planning again")
         try:
             with table.transaction() as tx, tx.update_snapshot(branch=branch).fast_append():
                 pass
@@ -919,6 +940,4 @@ def _ensure_staged(table: Table, branch: str, base: int | None, attempts: int = 
             continue
         failpoint("main.after-ensure-staged")
         return
-    table.refresh()
-    if table.metadata.refs[branch].snapshot_id == base:
-        raise StaleHeadError(f"could not stage an empty batch on {branch}: the table kept changing")
+    raise StaleHeadError(f"could not stage an empty batch on {branch}: the table kept changing")

@@ -185,11 +185,20 @@ def next_batch_delay(
 
 
 def update_throughput(
-    previous_rps: float | None, records: int, seconds: float, *, weight: float = 0.5
+    previous_rps: float | None,
+    records: int,
+    seconds: float,
+    *,
+    weight: float = 0.5,
+    whole_backlog: bool = False,
 ) -> float | None:
     """Exponentially weighted throughput after a batch of `records` that took `seconds` (wall time).
 
-    Batches with no records or no measurable time leave the estimate unchanged.
+    Batches with no records or no measurable time leave the estimate unchanged. A batch that took the
+    `whole_backlog` was limited by what Kafka held, not by what the writer can do: its rate is mostly its
+    fixed cost, so it may raise the estimate but never lower it. Otherwise a few seconds of small caught-up
+    batches would teach a rate far below the writer's, and the next burst would be taken in many small
+    batches (each paying the fixed cost again) instead of a few large ones.
     """
     if not 0 < weight <= 1:
         raise ValueError(f"weight must be in (0, 1], got {weight}")
@@ -198,6 +207,8 @@ def update_throughput(
     observed = records / seconds
     if previous_rps is None:
         return observed
+    if whole_backlog and observed < previous_rps:
+        return previous_rps
     return weight * observed + (1 - weight) * previous_rps
 
 
