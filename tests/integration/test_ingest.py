@@ -314,3 +314,49 @@ def test_a_clean_batch_is_one_spark_job_read_with_the_writers_group(
     request = ConsumerGroupTopicPartitions("icefall-it.onepass-w1", [TopicPartition(topic, 0)])
     (future,) = admin.list_consumer_group_offsets([request]).values()
     assert [tp.offset for tp in future.result().topic_partitions] == [-1001]  # nothing committed
+
+
+def test_a_batch_is_two_catalog_commits_and_an_idle_writer_lets_go_of_a_branch_maintenance_passed(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """Once the writer's staging branch exists, a batch adds two metadata versions (Spark's append to the
+    branch, the compare-and-swap of main), not three; the branch waits at main's head between batches.
+    When maintenance moves main and nothing arrives, the idle writer drops its branch, which would otherwise
+    keep the replaced snapshot (and its files) until the next batch."""
+    from icefall.commit import STAGE_PREFIX
+
+    topic = "it-two-commits"
+    kafka.create_topic(topic, partitions=2)
+    st = streaming_table("two_commits", topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w")
+    ingestor.start(lease_timeout=10)
+    table = catalog_config.pyiceberg().load_table(("it", "two_commits"))
+
+    def versions() -> int:
+        return len(table.refresh().metadata.metadata_log)
+
+    def stage_refs() -> dict[str, int]:
+        refs = table.refresh().metadata.refs
+        return {name: ref.snapshot_id for name, ref in refs.items() if name.startswith(STAGE_PREFIX)}
+
+    try:
+        produce(kafka, topic, 0, 40)
+        drain(ingestor)  # the first batch also creates the branch
+        for n in range(3):
+            produce(kafka, topic, 40 + 10 * n, 10)
+            before = versions()
+            report = ingestor.run_batch()
+            assert report is not None and report.records_read == 10
+            assert versions() - before == 2
+            assert list(stage_refs().values()) == [report.snapshot_id]  # at main's new head
+
+        head = table.refresh().metadata.current_snapshot_id
+        spark.sql(f"CALL {catalog_config.name}.system.rewrite_manifests('it.two_commits')").collect()
+        assert table.refresh().metadata.current_snapshot_id != head  # main moved past the branch
+        assert ingestor.run_batch() is None  # nothing to read
+        assert stage_refs() == {}
+    finally:
+        ingestor.close()
+    assert_exactly_once(
+        catalog_config, "two_commits", watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap
+    )
