@@ -1135,6 +1135,17 @@ def render_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str)
     return "\n".join(lines)
 
 
+def write_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) -> None:
+    """The growth table to `--out` (a file; a folder gets growth.md), default bench/results/growth.md."""
+    out = ctx.args.out or RESULTS / "growth.md"
+    out = out / "growth.md" if out.is_dir() else out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = render_growth(ctx, facts, grid, started)
+    out.write_text(text)
+    print(text, flush=True)
+    say(f"written to {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000, help="backlog of ~230-byte events")
@@ -1241,13 +1252,7 @@ def main(argv: list[str] | None = None) -> int:
         facts.update(versions(ctx))
     facts["Load average at end (1/5/15 min)"] = load_average()
     if args.growth:
-        out = args.out or RESULTS / "growth.md"
-        out = out / "growth.md" if out.is_dir() else out
-        out.parent.mkdir(parents=True, exist_ok=True)
-        text = render_growth(ctx, facts, grid, started)
-        out.write_text(text)
-        print(text, flush=True)
-        say(f"written to {out}")
+        write_growth(ctx, facts, grid, started)
         return 0
     args.out = args.out or RESULTS
     facts["Producer alone (this process, core 0)"] = produced["producer alone"]
