@@ -14,6 +14,8 @@ help:
 	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
 	@echo "make e2e-kind  (needs Docker) the cluster example on a kind cluster, with the image and the chart"
+	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
+	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
@@ -82,6 +84,12 @@ bench-ingest: venv
 .PHONY: bench
 bench: setup $(VENV)/.bench-installed
 	$(TOOLS) && $(BIN)/python bench/compare.py $(BENCH_ARGS)
+# The growth table: the same drain measurement for Icefall and Spark over ~230 B / ~1 KB / ~4 KB events x 3 /
+# 48 partitions (bench/compare.py --growth; results in bench/results/growth.md). Smaller: BENCH_ARGS=
+# "--records 40000 --warmup-records 10000", fewer cells: "--growth-sizes small,4k --growth-partitions 3".
+.PHONY: bench-growth
+bench-growth: setup $(VENV)/.bench-installed
+	$(TOOLS) && $(BIN)/python bench/compare.py --growth $(BENCH_ARGS)
 $(VENV)/.bench-installed: pyproject.toml constraints.txt
 	@$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	@touch $@

@@ -226,7 +226,7 @@ def iso_ms(epoch_ms: int) -> str:
 
 def bench_event(i: int, rng: random.Random, now_ms: int, note_words: int) -> dict[str, object]:
     """Event number `i`: 9 fields (a timestamp, a string key, a nested struct, a list); `note_words`
-    words of free text set the size (2 words: ~230 bytes of JSON; 140 words: ~1 KB)."""
+    words of free text set the size (2 words: ~230 bytes of JSON; 156 words: ~1 KB; 747 words: ~4 KB)."""
     return {
         "id": i,
         "key": f"ord-{i:09d}",
@@ -246,6 +246,7 @@ def bench_event(i: int, rng: random.Random, now_ms: int, note_words: int) -> dic
 
 SMALL_NOTE_WORDS = 2
 LARGE_NOTE_WORDS = 156
+XL_NOTE_WORDS = 747
 
 
 def bench_records(seed: int, note_words: int, start: int = 0) -> Iterator[tuple[str, bytes, int]]:

@@ -3,7 +3,9 @@
     .venv/bin/python bench/compare.py [--records N] [--large-records N] [--seconds S] [--quick]
                                       [--systems icefall,icefall-nodlq,spark,connect,floor]
                                       [--live-systems icefall,icefall-3s,spark,connect]
-    (or: make bench BENCH_ARGS="...")
+    .venv/bin/python bench/compare.py --growth [--records N] [--warmup-records N] [--systems icefall,spark]
+                                      [--growth-sizes small,1k,4k] [--growth-partitions 3,48] [--out FILE]
+    (or: make bench / make bench-growth BENCH_ARGS="...")
 
 One Kafka broker (the devstack's) is started once. Events are the seeded ones of `common.bench_records`
 (9 fields: a timestamp, a string key, a nested struct, a list, a free-text note; ~230 bytes of JSON, and a
@@ -19,7 +21,9 @@ and polls) on core 0 when the machine has 2 or more cores. Every peer is set for
   **icefall-3s** (live phase only): the same at a 3 s target.
 - **spark**: `bench/peers/spark_streaming.py`, a plain Structured Streaming job (Kafka → from_json →
   writeStream iceberg, processingTime trigger `F/2`, `maxOffsetsPerTrigger` unlimited unless
-  `--spark-max-offsets`, a checkpoint folder), same jars.
+  `--spark-max-offsets`, a checkpoint folder), same jars. Its Kafka consumer gets Icefall's reader
+  defaults (`kafka.fetch.max.wait.ms=10`, `kafka.max.poll.records=5000`: `SPARK_CONSUMER_DEFAULTS` of
+  icefall.ingest.engine); with the client's 500 ms default a caught-up partition makes each read wait.
 - **connect**: Kafka Connect standalone with the Apache Iceberg sink connector (jars from
   hack/kafka-connect/pom.xml), commit interval `F/2`, its control topic created first.
 - **floor**: `bench/peers/floor.py` on one core: confluent-kafka → json → pyarrow Parquet files, no
@@ -60,6 +64,15 @@ Measures, per system:
 
 Writes bench/results/compare.md and compare.png. Nothing asserts on time. One run on a shared machine:
 the load averages at start and end are in the report; compare runs only at similar loads.
+
+`--growth` (a growth table): only measure 1 (drain, exactly once by content, CPU, peak RSS), for
+`--systems` (default icefall,spark), over a grid of event sizes (`--growth-sizes`: ~230 B, ~1 KB and ~4 KB,
+`common.XL_NOTE_WORDS`) x partitions (`--growth-partitions`: 3 and 48). The backlog keeps its bytes about
+equal: `--records` small events, a quarter as many of ~1 KB, a sixteenth of ~4 KB (200,000 / 50,000 /
+12,500 by default), and the warm-up `--warmup-records` is divided the same way. In each cell the systems
+run one after another on fresh topics. Writes one table (per system records/s, records per CPU-s, peak RSS,
+commits while draining, the audit; Icefall/Spark in records per CPU-s) to `--out`, default
+bench/results/growth.md.
 """
 
 from __future__ import annotations
@@ -91,6 +104,7 @@ from common import (
     EVENT_SCHEMA,
     LARGE_NOTE_WORDS,
     SMALL_NOTE_WORDS,
+    XL_NOTE_WORDS,
     TreeMonitor,
     bench_records,
     load_average,
@@ -108,6 +122,7 @@ from icefall.catalog.tables import partition_spec
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.procs import ManagedProcess, free_port, tail
 from icefall.devstack.tools import jar_files, repo_root, tool_dir
+from icefall.ingest.engine import SPARK_CONSUMER_DEFAULTS as SPARK_CONSUMER
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -122,6 +137,15 @@ SYSTEMS = ("icefall", "icefall-nodlq", "spark", "connect", "floor")
 #: Systems of the live phase; `icefall-3s` is Icefall at a 3 s freshness target (the others run at
 #: `--freshness-target`).
 LIVE_SYSTEMS = ("icefall", "icefall-3s", "spark", "connect")
+#: Growth mode's event sizes: (label, note words, seed, backlog divisor). The divisor keeps the backlog's
+#: bytes about equal across sizes: `--records` small events, a quarter as many of ~1 KB, a sixteenth of ~4 KB.
+GROWTH_SIZES = {
+    "small": ("~230 B", SMALL_NOTE_WORDS, 1, 1),
+    "1k": ("~1 KB", LARGE_NOTE_WORDS, 2, 4),
+    "4k": ("~4 KB", XL_NOTE_WORDS, 4, 16),
+}
+GROWTH_PARTITIONS = (3, 48)
+GROWTH_SYSTEMS = ("icefall", "spark")
 LABELS = {
     "icefall": "Icefall (icefall run, embedded)",
     "icefall-nodlq": "Icefall without its dead-letter table",
@@ -302,12 +326,15 @@ def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, 
         "--warehouse", str(work / "warehouse"), "--checkpoint", str(work / "checkpoint"), "--jars", jars,
         "--trigger-seconds", f"{cadence(ctx):g}",
         "--max-offsets-per-trigger", str(ctx.args.spark_max_offsets),
+        *(f"--kafka-option={k}={v}" for k, v in SPARK_CONSUMER.items()),
     ]  # fmt: skip
     ctx.settings["spark"] = {
         "command": "bench/peers/spark_streaming.py (master local[2], driver memory 1g)",
         "trigger": f"processingTime {cadence(ctx):g} s (Icefall's cadence at the same target)",
         "maxOffsetsPerTrigger": str(ctx.args.spark_max_offsets or "unlimited"),
         "startingOffsets": "earliest",
+        "Kafka consumer": ", ".join(f"kafka.{k}={v}" for k, v in SPARK_CONSUMER.items())
+        + " (Icefall's reader defaults)",
         "write": "format iceberg, append, fanout-enabled, checkpoint folder",
     }
     return ManagedProcess("spark", [*ctx.pin, *argv], work / "system.log").start(), catalog
@@ -594,12 +621,22 @@ def same(got: Any, want: Any) -> bool:
 
 
 def throughput(
-    ctx: Context, system: str, records: int, variant: str, *, note_words: int, seed: int
+    ctx: Context,
+    system: str,
+    records: int,
+    variant: str,
+    *,
+    note_words: int,
+    seed: int,
+    partitions: int = PARTITIONS,
+    warmup: int | None = None,
 ) -> Throughput:
-    """Start `system` on an empty topic with a trickle, wait for its first commit (started, warm), then
-    produce the backlog and time it from the first record produced to the commit that completes it."""
+    """Start `system` on an empty topic of `partitions` partitions with a trickle, wait for its first commit
+    (started), ingest `warmup` records (default `--warmup-records`; warm), then produce the backlog and time
+    it from the first record produced to the commit that completes it."""
+    warmup = ctx.args.warmup_records if warmup is None else warmup
     topic = f"{variant}-{system}"
-    ctx.broker.create_topic(topic, partitions=PARTITIONS)
+    ctx.broker.create_topic(topic, partitions=partitions)
     run = launch(ctx, system, topic, ctx.state / f"{system}-{variant}")
     trickle = LiveProducer(ctx.broker.bootstrap, topic, ctx.args.trickle, seed=9, first_id=TRICKLE_FIRST_ID)
     trickle.start()
@@ -611,12 +648,10 @@ def throughput(
     try:
         first = wait_for(run, lambda c: bool(c) and c[-1].total_records > 0, ctx.args.timeout)
         startup_s = first[-1].visible_ms / 1000 - run.started
-        if ctx.args.warmup_records:
-            warm = first[-1].total_records + ctx.args.warmup_records
-            say(
-                f"{system}: first commit after {startup_s:.1f}s; warm-up: {ctx.args.warmup_records:,} records"
-            )
-            preload(ctx.broker.bootstrap, topic, ctx.args.warmup_records, note_words, seed + 100,
+        if warmup:
+            warm = first[-1].total_records + warmup
+            say(f"{system}: first commit after {startup_s:.1f}s; warm-up: {warmup:,} records")
+            preload(ctx.broker.bootstrap, topic, warmup, note_words, seed + 100,
                     start=WARMUP_FIRST_ID)  # fmt: skip
             first = wait_for(run, lambda c: bool(c) and c[-1].total_records >= warm, ctx.args.timeout)
         say(f"{system}: producing {records:,} {variant} records ...")
@@ -641,8 +676,8 @@ def throughput(
         files=last.total_files,
         audit=audit,
     )
-    say(f"{system}: {result.rate:,.0f} records/s, {result.per_cpu:,.0f} per CPU-s, drain {drain:.1f}s, "
-        f"{result.commits} commits, audit: {audit}")  # fmt: skip
+    say(f"{system} ({variant}): {result.rate:,.0f} records/s, {result.per_cpu:,.0f} per CPU-s, "
+        f"drain {drain:.1f}s, {result.commits} commits, audit: {audit}")  # fmt: skip
     return result
 
 
@@ -834,6 +869,11 @@ def failures(results: Results) -> list[str]:
         for system, text in phase_results.items()
         if isinstance(text, str)
     ]
+    return failure_section(failed)
+
+
+def failure_section(failed: list[tuple[str, str]]) -> list[str]:
+    """The "## Failures" section: the full error text (and log tail) of each (name, text); [] for none."""
     if not failed:
         return []
     lines = ["## Failures", ""]
@@ -985,6 +1025,127 @@ def run_all(ctx: Context) -> tuple[Results, dict[str, str]]:
     return results, produced
 
 
+# --- growth mode -------------------------------------------------------------------------------------
+
+#: (event size, partitions) -> system -> its drain, or the error text when it failed.
+Grid = dict[tuple[str, int], dict[str, Throughput | str]]
+
+
+def growth_counts(args: argparse.Namespace, size: str) -> tuple[int, int]:
+    """(backlog, warm-up) records of `size` events: `--records` and `--warmup-records` over its divisor."""
+    divisor = GROWTH_SIZES[size][3]
+    return max(args.records // divisor, 1), args.warmup_records // divisor
+
+
+def run_growth(ctx: Context) -> Grid:
+    """The drain measurement for every (size, partitions) cell, the systems one after another in each cell
+    (so a change of load on the machine falls on all of them alike)."""
+    a = ctx.args
+    grid: Grid = {}
+    for size, partitions in itertools.product(a.growth_sizes, a.growth_partitions):
+        _, words, seed, _ = GROWTH_SIZES[size]
+        records, warmup = growth_counts(a, size)
+        cell = grid.setdefault((size, partitions), {})
+        for system in a.systems:
+            variant = f"{size}-p{partitions}"
+            try:
+                cell[system] = throughput(ctx, system, records, variant, note_words=words, seed=seed,
+                                          partitions=partitions, warmup=warmup)  # fmt: skip
+            except Exception as exc:
+                say(f"{system} ({variant}) FAILED: {exc}")
+                cell[system] = str(exc)
+    return grid
+
+
+def growth_table(systems: list[str], grid: Grid) -> list[str]:
+    """One row per (size, partitions): per system records/s, per CPU-s, peak RSS, commits, audit; and
+    Icefall/Spark in records per CPU-s when both ran."""
+    ratio = "icefall" in systems and "spark" in systems
+    columns = ["records/s", "records per CPU-s", "peak RSS", "commits while draining", "exactly once"]
+    head = ["events", "partitions", *(f"{s}: {c}" for s in systems for c in columns)]
+    align = ["---", "--:", *(a for _ in systems for a in ("--:", "--:", "--:", "--:", "---"))]
+    if ratio:
+        head.append("Icefall / Spark, records per CPU-s")
+        align.append("--:")
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    for (size, partitions), cell in grid.items():
+        row = [GROWTH_SIZES[size][0], str(partitions)]
+        for system in systems:
+            r = cell.get(system)
+            if isinstance(r, Throughput):
+                row += [fmt(r.rate), fmt(r.per_cpu), mib(r.peak_rss), str(r.commits), r.audit]
+            else:
+                row += ["failed" if r else "not run", "", "", "", ""]
+        if ratio:
+            ice, spark = cell.get("icefall"), cell.get("spark")
+            if isinstance(ice, Throughput) and isinstance(spark, Throughput):
+                row.append(fmt(ice.per_cpu / spark.per_cpu, ".2f"))
+            else:
+                row.append("n/a")
+        lines.append("| " + " | ".join(row) + " |")
+    return [*lines, ""]
+
+
+def render_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) -> str:
+    a = ctx.args
+    kind = "a short run (reduced scale)" if a.quick or a.records < 200_000 else "a full run"
+    backlogs = ", ".join(
+        f"{growth_counts(a, size)[0]:,} of {GROWTH_SIZES[size][0]} (warm-up {growth_counts(a, size)[1]:,})"
+        for size in a.growth_sizes
+    )
+    failed = [
+        (f"{system} ({GROWTH_SIZES[size][0]}, {partitions} partitions)", r)
+        for (size, partitions), cell in grid.items()
+        for system, r in cell.items()
+        if isinstance(r, str)
+    ]
+    lines = [
+        "# Growth: throughput as events and partitions grow",
+        "",
+        f"`bench/compare.py {' '.join(a.argv)}` started {started}; this is **{kind}**. "
+        "Each cell is the drain measurement of `bench/compare.py` (its docstring says how each figure is "
+        "measured): the system starts on an empty topic, ingests a warm-up, then drains a backlog produced "
+        "as fast as the client goes; records/s and records per CPU-second of its process tree over the "
+        "drain, then the table audited by content (every backlog event exactly once, equal to the event "
+        "produced). One run on a shared machine (see the load averages); compare runs only at similar "
+        "loads.",
+        "",
+        f"Backlogs (about equal bytes per size): {backlogs}; partitions "
+        f"{', '.join(str(p) for p in a.growth_partitions)}; a fresh topic per system and cell, the systems "
+        f"one after another in each cell. Each at the same freshness target ({a.freshness_target:g} s): "
+        f"Spark's trigger at Icefall's cadence ({cadence(ctx):g} s), `maxOffsetsPerTrigger` "
+        f"{a.spark_max_offsets or 'unlimited'}, Kafka consumer "
+        + ", ".join(f"`{k}={v}`" for k, v in SPARK_CONSUMER.items())
+        + f" (Icefall's reader defaults). A trickle of {a.trickle:g} records/s meanwhile.",
+        "",
+        "Systems: " + "; ".join(f"**{s}**: {LABELS[s]}" for s in a.systems) + ".",
+        "",
+        *growth_table(a.systems, grid),
+        *failure_section(failed),
+        "## Settings",
+        "",
+        "| system | setting | value |",
+        "|---|---|---|",
+        *(f"| {s} | {k} | {v} |" for s, kv in ctx.settings.items() for k, v in kv.items()),
+        f"| all | pinning | {' '.join(ctx.pin) or 'none (1 core)'} for the system; "
+        "broker and this process on core 0 |",
+        "",
+        *machine_section(facts),
+    ]
+    return "\n".join(lines)
+
+
+def write_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) -> None:
+    """The growth table to `--out` (a file; a folder gets growth.md), default bench/results/growth.md."""
+    out = ctx.args.out or RESULTS / "growth.md"
+    out = out / "growth.md" if out.is_dir() else out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = render_growth(ctx, facts, grid, started)
+    out.write_text(text)
+    print(text, flush=True)
+    say(f"written to {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000, help="backlog of ~230-byte events")
@@ -1007,7 +1168,11 @@ def main(argv: list[str] | None = None) -> int:
         help="records each system ingests after its first commit, before the measured backlog (JIT, caches)",
     )
     parser.add_argument("--spark-max-offsets", type=int, default=0, help="maxOffsetsPerTrigger (0: none)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, run in this order")
+    parser.add_argument(
+        "--systems",
+        help=f"comma-separated, run in this order (default: {','.join(SYSTEMS)}; "
+        f"--growth: {','.join(GROWTH_SYSTEMS)})",
+    )
     parser.add_argument(
         "--live-systems", default=",".join(LIVE_SYSTEMS), help="the live phase's, comma-separated"
     )
@@ -1015,14 +1180,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="a few minutes: 40,000 + 10,000 records, 30 s live"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--growth",
+        action="store_true",
+        help="only the drain measurement, over event sizes x partitions (bench/results/growth.md)",
+    )
+    parser.add_argument(
+        "--growth-sizes", default=",".join(GROWTH_SIZES), help="--growth's event sizes, comma-separated"
+    )
+    parser.add_argument(
+        "--growth-partitions",
+        default=",".join(str(p) for p in GROWTH_PARTITIONS),
+        help="--growth's partition counts, comma-separated",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"results folder (default {RESULTS}); --growth: the markdown file (default: growth.md in it)",
+    )
     parser.add_argument("--keep", type=Path, help="keep the state (logs, tables) in this new folder")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     if args.quick:
         args.records, args.large_records, args.seconds, args.warmup_records = 40_000, 10_000, 30, 10_000
-    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    default_systems = GROWTH_SYSTEMS if args.growth else SYSTEMS
+    args.systems = [s.strip() for s in (args.systems or ",".join(default_systems)).split(",") if s.strip()]
     args.live_systems = [s.strip() for s in args.live_systems.split(",") if s.strip()]
+    if args.growth:
+        args.live_systems = []  # no live phase
+        args.growth_sizes = [s.strip() for s in args.growth_sizes.split(",") if s.strip()]
+        for size in args.growth_sizes:
+            if size not in GROWTH_SIZES:
+                parser.error(f"--growth-sizes: unknown size {size!r}; choose from {', '.join(GROWTH_SIZES)}")
+        try:
+            args.growth_partitions = [int(p) for p in args.growth_partitions.split(",") if p.strip()]
+        except ValueError:
+            parser.error(f"--growth-partitions: not comma-separated integers: {args.growth_partitions!r}")
+        if not all(p > 0 for p in args.growth_partitions):
+            parser.error("--growth-partitions: each must be at least 1")
     for option, chosen, known in (
         ("--systems", args.systems, SYSTEMS),
         ("--live-systems", args.live_systems, LIVE_SYSTEMS),
@@ -1048,11 +1243,18 @@ def main(argv: list[str] | None = None) -> int:
         broker = KafkaBroker(Path(state) / "kafka", heap="1g").start()
         ctx = Context(broker, args, Path(state), pin)
         try:
-            results, produced = run_all(ctx)
+            if args.growth:
+                grid = run_growth(ctx)
+            else:
+                results, produced = run_all(ctx)
         finally:
             broker.stop()
         facts.update(versions(ctx))
     facts["Load average at end (1/5/15 min)"] = load_average()
+    if args.growth:
+        write_growth(ctx, facts, grid, started)
+        return 0
+    args.out = args.out or RESULTS
     facts["Producer alone (this process, core 0)"] = produced["producer alone"]
     args.out.mkdir(parents=True, exist_ok=True)
     chart_line = chart(results, args.out / "compare.png")

@@ -1,10 +1,14 @@
 """Spark Structured Streaming → Iceberg: the plain PySpark job a Spark user would write for this topic.
 
     python bench/peers/spark_streaming.py --bootstrap HOST:PORT --topic T --table bench.events \
-        --catalog-db catalog.db --warehouse DIR --checkpoint DIR --jars 'a.jar,b.jar' [--trigger-seconds 10]
+        --catalog-db catalog.db --warehouse DIR --checkpoint DIR --jars 'a.jar,b.jar' [--trigger-seconds 10] \
+        [--kafka-option fetch.max.wait.ms=10 ...]
 
 readStream from Kafka (earliest) → from_json with the events' schema → writeStream format iceberg into an
 existing table of a JDBC (SQLite) catalog named `icefall`, trigger processingTime, a checkpoint folder.
+Each `--kafka-option KEY=VALUE` is set on the readStream as `kafka.KEY` (bench/compare.py passes Icefall's
+reader defaults: with the client's own `fetch.max.wait.ms`, 500 ms, a partition with nothing new makes each
+Kafka read wait that long).
 Same jars as Icefall (spark_images/pom.xml). Exactly-once comes from Spark's checkpoint (offsets and
 commit log), not from the table. Runs until SIGTERM.
 """
@@ -37,6 +41,9 @@ def main() -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--trigger-seconds", type=float, default=10)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: no limit")
+    parser.add_argument(
+        "--kafka-option", action="append", default=[], metavar="KEY=VALUE", help="a Kafka consumer option"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -64,6 +71,9 @@ def main() -> int:
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
     )
+    for option in args.kafka_option:
+        key, _, value = option.partition("=")
+        reader = reader.option(f"kafka.{key}", value)
     if args.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", args.max_offsets_per_trigger)
     events = reader.load().select(from_json(col("value").cast("string"), EVENT_DDL).alias("e")).select("e.*")
