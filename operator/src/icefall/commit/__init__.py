@@ -4,7 +4,7 @@ Typical use by an ingestion loop holding the table's commit lease:
 
     epoch = lease.acquire()
     sweep_stages(table)                                   # leftovers of crashed attempts
-    stage = prepare_stage(table, stage_branch_name(writer_id, attempt))
+    stage = prepare_stage(table, stage_branch_name(writer_id, "stage"))  # one branch per writer, reused
     batch = Batch(topic, start=..., end=...)              # start from stage.base.offsets
     ... write the batch's rows to branch `stage.branch` (one append) ...
     commit_staged(table, stage, batch, epoch)             # or a CommitError: nothing committed

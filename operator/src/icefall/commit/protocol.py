@@ -4,7 +4,7 @@
    table an empty "genesis" snapshot, so there always is a head to branch from) and returns a `Stage`
    holding H and the committed state as of H. The branch is the writer's own and follows `main`: a commit
    leaves it at `main`'s new head, so the next batch finds it there and needs no catalog commit to stage;
-   only a missing branch, or one left behind by maintenance or holding a failed attempt, is (re)created.
+   a missing branch, or one left behind by maintenance or holding a failed attempt, is (re)pointed at H.
 2. The writer (Spark in production) appends the batch to that branch: exactly one snapshot S, parent H.
    Writers may retry or rebase there freely; nobody else writes to the branch.
 3. `commit_staged` checks, on freshly loaded metadata, that the writer is not fenced (epoch), that `main` is
@@ -176,7 +176,8 @@ def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refres
 
     A branch already there (the writer's previous commit left it at `main`'s new head) costs no catalog
     commit. A missing one is created; one elsewhere (maintenance moved `main` since, or it holds the
-    snapshot of an attempt that never landed) is dropped with whatever only it held, then created again.
+    snapshot of an attempt that never landed) is pointed at the head, dropping what only it reached, in
+    the same one commit.
     The table is refreshed in place first, unless `refresh` is False (the caller has just read it: a stale
     base only makes the commit re-stage or refuse, never land wrongly). `role` names the table in
     failpoints (`dlq.after-prepare`, ...).
