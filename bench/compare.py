@@ -872,6 +872,21 @@ def failures(results: Results) -> list[str]:
     return failure_section(failed)
 
 
+def settings_section(ctx: Context, *rows: str) -> list[str]:
+    """The "## Settings" table: each system's settings, the pinning, then `rows` (already table rows)."""
+    return [
+        "## Settings",
+        "",
+        "| system | setting | value |",
+        "|---|---|---|",
+        *(f"| {s} | {k} | {v} |" for s, kv in ctx.settings.items() for k, v in kv.items()),
+        f"| all | pinning | {' '.join(ctx.pin) or 'none (1 core)'} for the system; "
+        "broker and this process on core 0 |",
+        *rows,
+        "",
+    ]
+
+
 def failure_section(failed: list[tuple[str, str]]) -> list[str]:
     """The "## Failures" section: the full error text (and log tail) of each (name, text); [] for none."""
     if not failed:
@@ -977,17 +992,12 @@ def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: st
         chart_line,
         "",
         *failures(results),
-        "## Settings",
-        "",
-        "| system | setting | value |",
-        "|---|---|---|",
-        *(f"| {s} | {k} | {v} |" for s, kv in ctx.settings.items() for k, v in kv.items()),
-        f"| all | pinning | {' '.join(ctx.pin) or 'none (1 core)'} for the system; "
-        "broker and this process on core 0 |",
-        f"| all | freshness target | {a.freshness_target:g} s |",
-        "| all | catalog | SQLite (pyiceberg SqlCatalog / Iceberg JdbcCatalog, catalog name `icefall`), "
-        "local warehouse, one per system run |",
-        "",
+        *settings_section(
+            ctx,
+            f"| all | freshness target | {a.freshness_target:g} s |",
+            "| all | catalog | SQLite (pyiceberg SqlCatalog / Iceberg JdbcCatalog, catalog name `icefall`), "
+            "local warehouse, one per system run |",
+        ),
         *machine_section(facts),
     ]
     return "\n".join(lines)
@@ -1122,14 +1132,7 @@ def render_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str)
         "",
         *growth_table(a.systems, grid),
         *failure_section(failed),
-        "## Settings",
-        "",
-        "| system | setting | value |",
-        "|---|---|---|",
-        *(f"| {s} | {k} | {v} |" for s, kv in ctx.settings.items() for k, v in kv.items()),
-        f"| all | pinning | {' '.join(ctx.pin) or 'none (1 core)'} for the system; "
-        "broker and this process on core 0 |",
-        "",
+        *settings_section(ctx),
         *machine_section(facts),
     ]
     return "\n".join(lines)
