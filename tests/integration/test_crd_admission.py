@@ -141,7 +141,14 @@ class Kubectl:
 def kubectl(kube: KubeAPIServer) -> Kubectl:
     tool = Kubectl(kube)
     tool.ok("apply", "--server-side", "-f", str(REPO / "crds"))
-    tool.ok("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    # kubectl wait errors out ("accessor error: <nil>") instead of waiting when it reads the CRD before
+    # the API server has given it any condition (seen once in a fresh-clone run): ask again until it waits.
+    deadline = time.monotonic() + 60
+    while (
+        waited := tool.run("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    ).returncode:
+        assert "accessor error" in waited.stderr and time.monotonic() < deadline, waited.stderr
+        time.sleep(0.5)
     tool.ok("create", "namespace", NAMESPACE)
     return tool
 
