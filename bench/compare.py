@@ -1099,9 +1099,10 @@ def growth_table(systems: list[str], grid: Grid) -> list[str]:
 def render_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) -> str:
     a = ctx.args
     kind = "a short run (reduced scale)" if a.quick or a.records < 200_000 else "a full run"
+    counts = {size: growth_counts(a, size) for size in a.growth_sizes}
     backlogs = ", ".join(
-        f"{growth_counts(a, size)[0]:,} of {GROWTH_SIZES[size][0]} (warm-up {growth_counts(a, size)[1]:,})"
-        for size in a.growth_sizes
+        f"{backlog:,} of {GROWTH_SIZES[size][0]} (warm-up {warmup:,})"
+        for size, (backlog, warmup) in counts.items()
     )
     failed = [
         (f"{system} ({GROWTH_SIZES[size][0]}, {partitions} partitions)", r)
@@ -1147,6 +1148,11 @@ def write_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) 
     out.write_text(text)
     print(text, flush=True)
     say(f"written to {out}")
+
+
+def comma_list(text: str) -> list[str]:
+    """The non-empty, stripped items of a comma-separated option."""
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1207,16 +1213,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.records, args.large_records, args.seconds, args.warmup_records = 40_000, 10_000, 30, 10_000
     default_systems = GROWTH_SYSTEMS if args.growth else SYSTEMS
-    args.systems = [s.strip() for s in (args.systems or ",".join(default_systems)).split(",") if s.strip()]
-    args.live_systems = [s.strip() for s in args.live_systems.split(",") if s.strip()]
+    args.systems = comma_list(args.systems or ",".join(default_systems))
+    args.live_systems = comma_list(args.live_systems)
     if args.growth:
         args.live_systems = []  # no live phase
-        args.growth_sizes = [s.strip() for s in args.growth_sizes.split(",") if s.strip()]
+        args.growth_sizes = comma_list(args.growth_sizes)
         for size in args.growth_sizes:
             if size not in GROWTH_SIZES:
                 parser.error(f"--growth-sizes: unknown size {size!r}; choose from {', '.join(GROWTH_SIZES)}")
         try:
-            args.growth_partitions = [int(p) for p in args.growth_partitions.split(",") if p.strip()]
+            args.growth_partitions = [int(p) for p in comma_list(args.growth_partitions)]
         except ValueError:
             parser.error(f"--growth-partitions: not comma-separated integers: {args.growth_partitions!r}")
         if not all(p > 0 for p in args.growth_partitions):

@@ -184,10 +184,9 @@ def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refres
     """
     if not branch.startswith(STAGE_PREFIX) or branch == MAIN:
         raise ValueError(f"staging branches are named {STAGE_PREFIX}…; use stage_branch_name()")
-    for _ in range(MAX_ATTEMPTS):
-        if refresh:
+    for attempt in range(MAX_ATTEMPTS):
+        if refresh or attempt:  # every retry looks at the table again
             table.refresh()
-        refresh = True
         if MAIN not in table.metadata.refs:
             _commit_genesis(table, role)
             continue
