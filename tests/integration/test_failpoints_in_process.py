@@ -162,6 +162,7 @@ def test_an_empty_batch_staged_by_icefall_passes_its_point(catalog_config: Catal
     from icefall.commit import (
         Batch,
         StaleHeadError,
+        abandon_stage,
         commit_staged,
         prepare_stage,
         read_committed,
@@ -182,8 +183,14 @@ def test_an_empty_batch_staged_by_icefall_passes_its_point(catalog_config: Catal
     assert table.metadata.refs[stage.branch].snapshot_id != base  # staged
     assert table.metadata.refs["main"].snapshot_id == base  # main untouched
 
-    with pytest.raises(StaleHeadError):  # the branch holds a snapshot already: not staged twice
-        _stage_empty(table, stage.branch, base)
+    staged = table.metadata.refs[stage.branch].snapshot_id
+    _stage_empty(table, stage.branch, base)  # the branch holds a snapshot already: not staged twice
+    table.refresh()
+    assert table.metadata.refs[stage.branch].snapshot_id == staged
+    other = prepare_stage(table, stage_branch_name("w", 2))
+    with pytest.raises(StaleHeadError):  # a branch that is not at (or one snapshot past) the base
+        _stage_empty(table, other.branch, staged)
+    abandon_stage(table, other.branch)
     commit_staged(table, stage, Batch("t", start={0: 0}, end={0: 0}), epoch=1)
     assert read_committed(table).offsets == {0: 0}
     assert rows(catalog_config, identifier) == []

@@ -51,6 +51,7 @@ from icefall.api.spec import (
     ObjectMeta,
     StreamingTable,
     StreamingTableSpec,
+    TableMode,
     Transforms,
 )
 from icefall.api.status import (
@@ -122,6 +123,7 @@ __all__ = [
     "StreamingTable",
     "StreamingTableSpec",
     "StreamingTableStatus",
+    "TableMode",
     "TableSpec",
     "TableStatus",
     "TransformName",

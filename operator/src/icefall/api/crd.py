@@ -279,6 +279,12 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
             ),
             field_path=".retention.field",
         ),
+        Rule(
+            "(has(self.mode) && self.mode != 'append') == has(self.key)",
+            message="mode upsert and cdc need a key (the columns that identify a row), mode append has none",
+            field_path=".key",
+        ),
+        _fixed_presence("key", "spec.key"),
     ),
     "CompactionSpec": (
         Rule(
@@ -396,6 +402,8 @@ _PROPERTY_RULES: Mapping[tuple[str, str], tuple[Rule, ...]] = {
     ("KafkaSource", "topic"): (
         _immutable("spec.source.topic", "a table follows one topic for its whole life"),
     ),
+    ("StreamingTableSpec", "mode"): (_immutable("spec.mode", "it decides what the rows mean"),),
+    ("StreamingTableSpec", "key"): (_immutable("spec.key", "it identifies the rows"),),
     ("TableSpec", "catalog"): (_immutable("spec.table.catalog", "it holds the table"),),
     ("TableSpec", "namespace"): (_immutable("spec.table.namespace", "it identifies the table"),),
     ("TableSpec", "name"): (_immutable("spec.table.name", "it identifies the table"),),

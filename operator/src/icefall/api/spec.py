@@ -19,6 +19,7 @@ expressions; those are checked when the pipeline starts and reported as conditio
 
 from __future__ import annotations
 
+import difflib
 import re
 from enum import StrEnum
 from typing import Literal
@@ -57,6 +58,22 @@ class FormatType(StrEnum):
     """How Kafka record values are decoded. Registry-backed formats (avro, protobuf) will be added here."""
 
     JSON = "json"
+
+
+class TableMode(StrEnum):
+    """What a record means for the table."""
+
+    APPEND = "append"  # every record is a new row
+    UPSERT = "upsert"  # a record replaces the row with its key; a tombstone (null value) deletes it
+    CDC = "cdc"  # a Debezium change event (op c/r/u/d, before/after) changes the row with its key
+
+
+#: Types an identifier (key) field may have: Iceberg refuses float and double identifier fields, and
+#: nested types cannot be compared for equality.
+KEY_TYPES = frozenset(
+    {"boolean", "int", "long", "decimal", "date", "time", "timestamp", "timestamptz", "string", "uuid",
+     "fixed", "binary"}
+)  # fmt: skip
 
 
 class Format(ApiModel):
@@ -332,6 +349,27 @@ class StreamingTableSpec(ApiModel):
     retention: RetentionSpec | None = Field(
         default=None, description="Drop old data by time partition. Default: keep everything."
     )
+    mode: TableMode = Field(
+        default=TableMode.APPEND,
+        description=(
+            "append: every record is a new row. upsert: the table holds the latest record per key; a "
+            "tombstone (null value) deletes the key. cdc: records are Debezium change events (JSON, with "
+            "or without the schema envelope); op c, r and u write the after image, d deletes the key. "
+            "Immutable."
+        ),
+    )
+    key: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description=(
+            "upsert and cdc only, required there: the columns that identify a row (the table's Iceberg "
+            "identifier fields): required top-level schema fields of a primitive type other than float and "
+            "double. Read from the record's value; a tombstone's (or a delete without a before image) from "
+            "the Kafka key: a JSON object with these fields, or for a one-column key the bare value. "
+            "Immutable."
+        ),
+    )
     suspend: bool = Field(
         default=False, description="Pause ingestion and compaction without deleting anything."
     )
@@ -366,11 +404,47 @@ class StreamingTableSpec(ApiModel):
             )
         if self.retention is not None:
             problems.extend(("retention",), retention_problems(self.retention, self.table))
+        problems.extend((), key_problems(self))
         problems.raise_if_any()
         return self
 
 
 TIME_TRANSFORM_NAMES = ("hour", "day", "month", "year")
+
+
+def key_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
+    """`key` against `mode` and the schema; paths relative to `spec`. With `transforms.select` the key is
+    also checked against the selected columns when the pipeline starts (`icefall.catalog.tables`)."""
+    if spec.mode is TableMode.APPEND:
+        if spec.key is not None:
+            return [(("key",), "a key applies to mode upsert or cdc; remove it or set mode")]
+        return []
+    if spec.key is None:
+        return [
+            (("key",), f"mode {spec.mode.value} needs the columns that identify a row, e.g. key: [id]")
+        ]
+    problems: list[tuple[Loc, str]] = []
+    fields = {f.name: f for f in spec.format.schema_fields}
+    seen: set[str] = set()
+    for i, name in enumerate(spec.key):
+        field = fields.get(name)
+        if name in seen:
+            problems.append((("key", i), f"{name!r} is already in the key; remove one"))
+        elif field is None:
+            close = difflib.get_close_matches(name, list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append((("key", i), f"{name!r} is not a top-level field of format.schema{hint}"))
+        elif field.parsed.name not in KEY_TYPES:
+            problems.append(
+                (("key", i), f"{name!r} is a {field.parsed.name}; a key column is a primitive other than "
+                 "float and double")
+            )  # fmt: skip
+        elif not field.required:
+            problems.append(
+                (("key", i), f"{name!r} may be null; a key column must be set: add required: true to it")
+            )
+        seen.add(name)
+    return problems
 
 
 def retention_problems(retention: RetentionSpec, table: TableSpec) -> list[tuple[Loc, str]]:

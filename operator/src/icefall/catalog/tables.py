@@ -94,6 +94,13 @@ log = logging.getLogger(__name__)
 
 KAFKA_COLUMN = "_kafka"
 PARTITION_FIELD_ID_START = 1000
+#: Keyed tables (spec.mode upsert or cdc): Spark's MERGE writes the batch's changes as new rows plus
+#: position deletes of the rows they replace (merge-on-read), not by rewriting whole data files.
+KEYED_TABLE_DEFAULTS: dict[str, str] = {
+    "write.merge.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.delete.mode": "merge-on-read",
+}
 TABLE_FIX = "schema evolution is not supported yet — change the spec back or use a new table"
 DEAD_LETTER_FIX = (
     "a dead-letter table must have Icefall's layout — drop or rename that table, "
@@ -190,8 +197,27 @@ def expected_schema(st: StreamingTable, schema_override: Schema | None = None) -
             for i, f in enumerate(kafka_struct().fields)
         )
     )
-    combined = Schema(*base.fields, NestedField(top + 1, KAFKA_COLUMN, kafka, required=True))
-    return assign_fresh_schema_ids(combined)
+    combined = assign_fresh_schema_ids(
+        Schema(*base.fields, NestedField(top + 1, KAFKA_COLUMN, kafka, required=True))
+    )
+    key = st.spec.key or []
+    missing = [name for name in key if name not in {f.name for f in base.fields}]
+    if missing:
+        raise TableLayoutError(
+            f"spec.key names {', '.join(map(repr, missing))}, which spec.transforms.select does not "
+            "produce; select the key columns as they are (e.g. add them to select)"
+        )
+    if not key:
+        return combined
+    # Identifier fields must be required: a key column is, whatever Spark's nullability of a select says
+    # (the decoder dead-letters records without their key).
+    fields = [replace_required(f) if f.name in key else f for f in combined.fields]
+    ids = [f.field_id for name in key for f in fields if f.name == name]
+    return Schema(*fields, identifier_field_ids=ids)
+
+
+def replace_required(field: NestedField) -> NestedField:
+    return NestedField(field.field_id, field.name, field.field_type, required=True, doc=field.doc)
 
 
 def _transform(parsed: ParsedTransform) -> Transform[Any, Any]:
@@ -527,6 +553,18 @@ def _layout_warnings(
 # --- ensuring ------------------------------------------------------------------------------------------
 
 
+def _key_differences(identifier: str, actual: Schema, expected: Schema) -> list[str]:
+    """The table's identifier fields (its key) against spec.key."""
+    have = sorted(actual.identifier_field_names())
+    want = sorted(expected.identifier_field_names())
+    if have == want:
+        return []
+    return [
+        f"the table {identifier} has key (identifier fields) [{', '.join(have)}], spec.key says "
+        f"[{', '.join(want)}]; {TABLE_FIX}"
+    ]
+
+
 def _load_or_create(
     catalog: Catalog,
     identifier: tuple[str, ...],
@@ -571,7 +609,8 @@ def ensure_tables(
     schema = expected_schema(st, schema_override)
     spec = partition_spec(st, schema)
     order = sort_order(st, schema)
-    properties = {**TABLE_DEFAULTS, **st.spec.table.properties, "format-version": "2"}
+    keyed = KEYED_TABLE_DEFAULTS if st.spec.key else {}
+    properties = {**TABLE_DEFAULTS, **keyed, **st.spec.table.properties, "format-version": "2"}
     table, created = _load_or_create(
         catalog, identifier, schema=schema, spec=spec, order=order, properties=properties
     )
@@ -584,6 +623,7 @@ def ensure_tables(
             else _Where(None, "spec.transforms.select", kafka_label="Icefall's _kafka column")
         )
         differences = schema_differences(name, table.schema(), schema, where, TABLE_FIX)
+        differences += _key_differences(name, table.schema(), schema)
         if differences:
             raise TableMismatchError(name, differences)
         warnings += _layout_warnings(

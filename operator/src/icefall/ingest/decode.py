@@ -49,7 +49,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from icefall.api import SchemaField, StreamingTableSpec, TypeSpec, to_spark_schema_json
+from icefall.api import SchemaField, StreamingTableSpec, TableMode, TypeSpec, to_spark_schema_json
 
 KAFKA_COLUMN = "_kafka"
 DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
@@ -63,9 +63,15 @@ _PREFIX = "__icefall_"
 _CORRUPT = f"{_PREFIX}corrupt"
 _TEXT = f"{_PREFIX}text"  # the value as text; null when it is not parsed (tombstone, oversized, not UTF-8)
 _TYPED = f"{_PREFIX}typed"
+_IMAGE = f"{_PREFIX}image"  # cdc: the text of the row image the event carries (after, or before for d)
+_ENVELOPE = f"{_PREFIX}envelope"  # cdc: the Debezium envelope's op, before and after (as JSON text)
+_KAFKA_KEY = f"{_PREFIX}kafka_key"  # keyed modes: the key fields read from the Kafka key, when needed
 _RAW = f"{_PREFIX}raw"
 ERROR_COLUMN = f"{_PREFIX}error"
 BAD_COLUMN = f"{_PREFIX}bad"
+#: Keyed modes (upsert, cdc): true when the record deletes its key (a tombstone, a Debezium d event).
+DELETE_COLUMN = f"{_PREFIX}delete"
+CDC_OPS = ("c", "r", "u", "d")
 TYPED_COLUMN = _TYPED
 
 _Node = SchemaField | TypeSpec
@@ -123,21 +129,22 @@ class Decoder:
             value.isNotNull() & (F.length(value) <= max_bytes) & F.is_valid_utf8(value.cast("string")),
             value.cast("string"),
         ).alias(_TEXT)
+        self._keyed = _Keyed(spec) if spec.mode is not TableMode.APPEND else None
         # Separate projections, so the optimizer keeps each parse in one place (it does not inline a costly
         # expression that is referenced several times).
-        self._typed = F.from_json(F.col(_TEXT), typed_schema, options).alias(_TYPED)
-        self._bad = _bad(fields).alias(BAD_COLUMN)
+        self._typed = F.from_json(F.col(_image_column(spec)), typed_schema, options).alias(_TYPED)
+        self._bad = _bad(fields, self._keyed).alias(BAD_COLUMN)
         self._raw: Column | None = None
         self._error: Column | None = None
         self._good_filter = ~F.col(BAD_COLUMN)
-        self._good = _good_columns(spec)
+        self._good = _good_columns(spec, self._keyed)
         if errors:
-            text, typed = F.col(_TEXT), F.col(_TYPED)
+            text, typed = F.col(_image_column(spec)), F.col(_TYPED)
             typed_failed = text.isNotNull() & (typed.isNull() | typed[_CORRUPT].isNotNull())
             # The loose parse (every field as text) only runs for records the typed parse rejected: it
             # tells a malformed record from one whose fields do not fit, for the error text.
             self._raw = F.when(typed_failed, F.from_json(text, loose_schema, options)).alias(_RAW)
-            self._error = _error(_reasons(fields, max_bytes)).alias(ERROR_COLUMN)
+            self._error = _error(_reasons(fields, max_bytes, self._keyed)).alias(ERROR_COLUMN)
 
     def good_rows(self, decoded: DataFrame) -> DataFrame:
         """`good_rows` (module function) of a `decode` result of this decoder."""
@@ -146,10 +153,17 @@ class Decoder:
     def decode(self, kafka_df: DataFrame) -> DataFrame:
         """`decode` of `kafka_df` (module function) with this decoder's spec."""
         headers = self._headers if "headers" in kafka_df.columns else self._no_headers
-        typed = kafka_df.select(*self._base, headers, self._text).select("*", self._typed)
+        text = kafka_df.select(*self._base, headers, self._text)
+        internal = [_TEXT]
+        if self._keyed is not None:
+            text = self._keyed.changes(text)
+            internal += self._keyed.internal
+        typed = text.select("*", self._typed)
+        if self._keyed is not None:
+            typed = typed.select("*", self._keyed.kafka_key)
         if self._raw is None or self._error is None:
-            return typed.select("*", self._bad).drop(_TEXT)
-        return typed.select("*", self._raw).select("*", self._bad, self._error).drop(_TEXT, _RAW)
+            return typed.select("*", self._bad).drop(*internal)
+        return typed.select("*", self._raw).select("*", self._bad, self._error).drop(*internal, _RAW)
 
 
 def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | None = None) -> Prepared:
@@ -159,26 +173,41 @@ def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | No
 
 def good_rows(decoded: DataFrame, spec: StreamingTableSpec) -> DataFrame:
     """The table's rows of a `decode` result (with or without `errors`): `spec.transforms` applied."""
-    return _transformed(decoded.where(~F.col(BAD_COLUMN)).select(*_good_columns(spec)), spec)
+    keyed = _Keyed(spec) if spec.mode is not TableMode.APPEND else None
+    return _transformed(decoded.where(~F.col(BAD_COLUMN)).select(*_good_columns(spec, keyed)), spec)
 
 
-def _good_columns(spec: StreamingTableSpec) -> list[Column]:
+def _good_columns(spec: StreamingTableSpec, keyed: _Keyed | None) -> list[Column]:
     typed = F.col(_TYPED)
-    return [
-        *[typed[f.name].alias(f.name) for f in spec.format.schema_fields],
+    columns = [
+        *[
+            (keyed.column(f.name) if keyed is not None else typed[f.name]).alias(f.name)
+            for f in spec.format.schema_fields
+        ],
         F.struct(F.col("partition"), F.col("offset"), F.col("timestamp")).alias(KAFKA_COLUMN),
     ]
+    if keyed is not None:
+        columns.append(F.col(DELETE_COLUMN))
+    return columns
 
 
 def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:
+    """`spec.transforms` on the good rows. `_kafka` (and in keyed modes the delete flag) is kept even when
+    `select` leaves it out; a delete is never filtered out (it carries only its key, which the filter
+    may not be able to judge, and deleting a key that is not there changes nothing)."""
     transforms = spec.transforms
+    keep = [KAFKA_COLUMN] + ([DELETE_COLUMN] if spec.mode is not TableMode.APPEND else [])
     if transforms.select is not None:
         projected = good.selectExpr(*transforms.select)
-        if KAFKA_COLUMN not in projected.columns:
-            projected = good.selectExpr(*transforms.select, KAFKA_COLUMN)
+        missing = [c for c in keep if c not in projected.columns]
+        if missing:
+            projected = good.selectExpr(*transforms.select, *missing)
         good = projected
     if transforms.filter is not None:
-        good = good.where(F.expr(transforms.filter))
+        condition = F.expr(transforms.filter)
+        if DELETE_COLUMN in keep:
+            condition = F.col(DELETE_COLUMN) | condition
+        good = good.where(condition)
     return good
 
 
@@ -191,16 +220,167 @@ def bad_rows(decoded: DataFrame, *, now_expr: Column | None = None) -> DataFrame
     )
 
 
+def _image_column(spec: StreamingTableSpec) -> str:
+    """The column holding the JSON text of the row a record writes."""
+    return _IMAGE if spec.mode is TableMode.CDC else _TEXT
+
+
+class _Keyed:
+    """The expressions of the keyed modes (`spec.mode` upsert and cdc): which records delete their key,
+    the row image a Debezium event carries, and the key read from the Kafka key where the value has none.
+
+    upsert: a record with a value writes it; a tombstone (null value) deletes the key, read from the Kafka
+    key. cdc: the value is a Debezium change event, `{"op", "before", "after", "source", ...}` or the same
+    inside `{"schema", "payload"}` (JsonConverter with schemas.enable); op c (create), r (snapshot read) and
+    u (update) write the after image, d deletes the key of the before image (or of the Kafka key); a
+    tombstone (Debezium writes one after each delete, for log compaction) deletes the Kafka key's key.
+    Key fields missing from a row image are read from the Kafka key: a JSON object holding them (also
+    inside `payload`), or for a one-column key the bare value (JSON, or plain text for string keys).
+    """
+
+    def __init__(self, spec: StreamingTableSpec) -> None:
+        self.mode = spec.mode
+        fields = {f.name: f for f in spec.format.schema_fields}
+        self.key = list(spec.key or [])
+        self.key_fields = [fields[name] for name in self.key]
+        self.image = _image_column(spec)
+        # Dropped after decoding; `_KAFKA_KEY` stays: the good rows' key columns read it.
+        self.internal = [_ENVELOPE, _IMAGE] if spec.mode is TableMode.CDC else []
+
+    def column(self, name: str) -> Column:
+        """Field `name` of the row: for a key field, the image's value, else the Kafka key's."""
+        typed = F.col(_TYPED)
+        if name not in self.key:
+            return typed[name]
+        return F.coalesce(typed[name], F.col(_KAFKA_KEY)[name])
+
+    # -- projections ----------------------------------------------------------------------------------
+
+    def changes(self, text_df: DataFrame) -> DataFrame:
+        """`DELETE_COLUMN` (and for cdc the envelope and the row image) on the value text's rows."""
+        value = F.col("value")
+        if self.mode is TableMode.UPSERT:
+            return text_df.select("*", value.isNull().alias(DELETE_COLUMN))
+        envelope = F.from_json(
+            F.col(_TEXT),
+            "op string, before string, after string, payload struct<op string, before string, after string>",
+            {"mode": "PERMISSIVE"},
+        )
+        with_envelope = text_df.select(
+            "*",
+            F.when(envelope["op"].isNull() & envelope["payload"].isNotNull(), envelope["payload"])
+            .otherwise(envelope.dropFields("payload"))
+            .alias(_ENVELOPE),
+        )
+        op = F.col(_ENVELOPE)["op"]
+        return with_envelope.select(
+            "*",
+            F.when(op.isin("c", "r", "u"), F.col(_ENVELOPE)["after"])
+            .when(op == "d", F.col(_ENVELOPE)["before"])
+            .alias(_IMAGE),
+            (value.isNull() | F.coalesce(op == "d", F.lit(False))).alias(DELETE_COLUMN),
+        )
+
+    @property
+    def kafka_key(self) -> Column:
+        """The key fields parsed from the Kafka key, only for records whose image lacks one of them."""
+        typed = F.col(_TYPED)
+        needed = F.lit(False)
+        for name in self.key:
+            needed = needed | typed.isNull() | typed[name].isNull()
+        key_text = F.when(F.is_valid_utf8(F.col("key").cast("string")), F.col("key").cast("string"))
+        schema = StructType.fromJson(to_spark_schema_json([_optional(f) for f in self.key_fields]))
+        wrapped = StructType([*schema.fields, StructField("payload", schema)])
+        parsed = F.from_json(key_text, wrapped, {"mode": "PERMISSIVE"})
+        as_object = F.struct(*(F.coalesce(parsed["payload"][n], parsed[n]).alias(n) for n in self.key))
+        from_key = as_object
+        if len(self.key) == 1:
+            name = self.key[0]
+            scalar = F.from_json(
+                F.concat(F.lit('{"v":'), key_text, F.lit("}")), f"v {schema[name].dataType.simpleString()}"
+            )["v"]
+            if self.key_fields[0].parsed.name in ("string", "uuid"):
+                scalar = F.coalesce(scalar, key_text)
+            from_key = F.when(F.ltrim(key_text).startswith("{"), as_object).otherwise(
+                F.struct(scalar.alias(name))
+            )
+        return F.when(needed, from_key).alias(_KAFKA_KEY)
+
+    # -- reasons --------------------------------------------------------------------------------------
+
+    def key_missing(self) -> Column:
+        """True when some key field has no value (in the image nor the Kafka key)."""
+        missing = F.lit(False)
+        for name in self.key:
+            missing = missing | self.column(name).isNull()
+        return missing
+
+    def delete_reasons(self) -> list[_Check]:
+        """Why a delete cannot be applied: a key field without a value."""
+        delete = F.col(DELETE_COLUMN)
+        what = "tombstone (null value)" if self.mode is TableMode.UPSERT else "delete (op d, or a tombstone)"
+        source = "the Kafka key" if self.mode is TableMode.UPSERT else "the before image nor the Kafka key"
+        return [
+            (
+                delete & self.column(name).isNull(),
+                F.lit(
+                    f"{what}: {source} gives no value for key field '{name}' (a JSON object with the key "
+                    "fields, or the bare value of a one-column key)"
+                ),
+            )
+            for name in self.key
+        ]
+
+    def envelope_reasons(self) -> list[_Check]:
+        """cdc: why a record (with a value that is text) is not a change event Icefall applies."""
+        if self.mode is not TableMode.CDC:
+            return []
+        text, envelope = F.col(_TEXT), F.col(_ENVELOPE)
+        op = envelope["op"]
+        parsed = text.isNotNull() & F.try_parse_json(text).isNotNull() & F.ltrim(text).startswith("{")
+        return [
+            (text.isNotNull() & ~parsed, _json_problem(text)),
+            (parsed & op.isNull(), F.lit("not a Debezium change event: it has no op (nor payload.op)")),
+            (
+                parsed & op.isNotNull() & ~op.isin(*CDC_OPS),
+                F.concat(
+                    F.lit("Debezium op "), _quote(op, VALUE_QUOTE_CHARS), F.lit(" is not one of c, r, u, d")
+                ),
+            ),
+            (
+                parsed & op.isin("c", "r", "u") & envelope["after"].isNull(),
+                F.concat(F.lit("Debezium op "), _quote(op, VALUE_QUOTE_CHARS), F.lit(" has no after image")),
+            ),
+        ]
+
+
+def _optional(field: SchemaField) -> SchemaField:
+    return field.model_copy(update={"required": False})
+
+
 # --- reasons -------------------------------------------------------------------------------------------
 
 
-def _reasons(fields: Sequence[SchemaField], max_bytes: int) -> list[_Check]:
+def _reasons(fields: Sequence[SchemaField], max_bytes: int, keyed: _Keyed | None = None) -> list[_Check]:
     """Every reason a record cannot be ingested: (condition, message) pairs, in the order they are listed.
 
     A message is never null or empty where its condition is true (it quotes only values the condition
     found present), so a record has an error text exactly when one condition is true (`_bad`, `_error`).
+    In keyed modes a delete needs only its key (`_Keyed.delete_reasons`); everything else is checked on
+    the row image (the value, or a Debezium event's after image).
     """
-    value, text, typed, raw = F.col("value"), F.col(_TEXT), F.col(_TYPED), F.col(_RAW)
+    if keyed is None:
+        return _row_reasons(fields, max_bytes, F.col(_TEXT), None)
+    row = _row_reasons(fields, max_bytes, F.col(keyed.image), keyed)
+    not_delete = ~F.col(DELETE_COLUMN)
+    return [*keyed.delete_reasons(), *((not_delete & c, m) for c, m in row)]
+
+
+def _row_reasons(
+    fields: Sequence[SchemaField], max_bytes: int, text: Column, keyed: _Keyed | None
+) -> list[_Check]:
+    """`_reasons` of a record that writes a row, `text` being the JSON text of the row."""
+    value, typed, raw = F.col("value"), F.col(_TYPED), F.col(_RAW)
     typed_failed = text.isNotNull() & (typed.isNull() | typed[_CORRUPT].isNotNull())
     json_bad = typed_failed & (raw.isNull() | raw[_CORRUPT].isNotNull())
     fields_bad = typed_failed & ~json_bad
@@ -216,12 +396,13 @@ def _reasons(fields: Sequence[SchemaField], max_bytes: int) -> list[_Check]:
             ),
         ),
         (
-            value.isNotNull() & (size <= max_bytes) & text.isNull(),
+            value.isNotNull() & (size <= max_bytes) & F.col(_TEXT).isNull(),
             F.concat(
                 F.lit("the value is not valid UTF-8 text, as JSON must be; its first bytes: 0x"),
                 F.hex(F.substring(value, 1, 32)),
             ),
         ),
+        *(keyed.envelope_reasons() if keyed is not None else ()),
         (json_bad, _json_problem(text)),
     ]
     mismatches: list[Column] = []
@@ -248,7 +429,7 @@ def _reasons(fields: Sequence[SchemaField], max_bytes: int) -> list[_Check]:
         )
     )
     for field, mismatch in zip(fields, mismatches, strict=True):
-        column = typed[field.name]
+        column = keyed.column(field.name) if keyed is not None else typed[field.name]
         if field.required:
             reasons.append(
                 (
@@ -261,7 +442,7 @@ def _reasons(fields: Sequence[SchemaField], max_bytes: int) -> list[_Check]:
     return reasons
 
 
-def _bad(fields: Sequence[SchemaField]) -> Column:
+def _bad(fields: Sequence[SchemaField], keyed: _Keyed | None = None) -> Column:
     """True when a record cannot be ingested (never null), without the loose parse or any message.
 
     The same records as "some reason of `_reasons` applies": the value is not parsed (null, over the size
@@ -269,10 +450,10 @@ def _bad(fields: Sequence[SchemaField]) -> Column:
     fit: every such reason requires it), a required field is missing, or a value check fails. `_reasons`
     tells these apart only to word the message.
     """
-    text, typed = F.col(_TEXT), F.col(_TYPED)
+    text, typed = F.col(_TEXT if keyed is None else keyed.image), F.col(_TYPED)
     conditions = [text.isNull(), typed.isNull(), typed[_CORRUPT].isNotNull()]
     for field in fields:
-        column = typed[field.name]
+        column = keyed.column(field.name) if keyed is not None else typed[field.name]
         if field.required:
             conditions.append(column.isNull())
         checks = _value_checks(field, column, field.name, quotable=True)
@@ -280,7 +461,9 @@ def _bad(fields: Sequence[SchemaField]) -> Column:
     found = F.lit(False)
     for condition in conditions:
         found = found | F.coalesce(condition, F.lit(False))
-    return found
+    if keyed is None:
+        return found
+    return F.when(F.col(DELETE_COLUMN), keyed.key_missing()).otherwise(found)
 
 
 def _error(reasons: Sequence[_Check]) -> Column:

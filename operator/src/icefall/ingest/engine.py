@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -464,7 +464,9 @@ class Ingestor:
             batch = planned.batch(self.spec.source.topic, stats.max_produce_ms)
             dead = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else 0
             clock.mark("dead_letters")
-            snapshot_id, commit_seconds = self._commit_main(stage, batch, wrote=bool(planned.ranges))
+            # A keyed batch's MERGE may stage nothing (Spark skips a MERGE without changes): checked there.
+            wrote = bool(planned.ranges) and not self.spec.key
+            snapshot_id, commit_seconds = self._commit_main(stage, batch, wrote=wrote)
             clock.mark_stage_and_commit(commit_seconds)
         self._dead_letters_dirty = False  # main caught up with the dead letters just committed
         return self._report_batch(
@@ -553,7 +555,12 @@ class Ingestor:
         # The table's rows carry no headers: only dead letters keep them (`_dead_letter_step`).
         decoded = decoders.good.decode(self._read(planned.ranges, headers=False))
         observed = decoded.observe(observation, *decoders.observed)
-        _append(decoders.good.good_rows(observed), self._spark_name(self.st.table_identifier, branch))
+        rows = decoders.good.good_rows(observed)
+        target = self._spark_name(self.st.table_identifier, branch)
+        if self.spec.key:
+            _merge(rows, target, self.spec.key, view=f"icefall_changes_{self.writer_id}")
+        else:
+            _append(rows, target)
         seen = observation.get
         stats = _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"])
         planned_offsets = sum(r.records for r in planned.ranges)
@@ -869,7 +876,12 @@ class Ingestor:
             metrics.LAG.labels(self.label, str(partition)).set(records)
 
     def _publish(self, report: BatchReport, lag: Mapping[int, int]) -> None:
-        filtered = report.records_read - report.records_written - report.records_dead_lettered
+        # A keyed table writes one row per key and batch, and none for a delete: not "filtered".
+        filtered = (
+            0
+            if self.spec.key
+            else report.records_read - report.records_written - report.records_dead_lettered
+        )
         metrics.RECORDS_READ.labels(self.label).inc(report.records_read)
         metrics.RECORDS_WRITTEN.labels(self.label).inc(report.records_written)
         metrics.RECORDS_DEAD_LETTERED.labels(self.label).inc(report.records_dead_lettered)
@@ -895,6 +907,40 @@ def _append(rows: DataFrame, name: str) -> None:
     rows.writeTo(name).option("distribution-mode", "hash").append()
 
 
+def _merge(changes: DataFrame, name: str, key: Sequence[str], *, view: str) -> None:
+    """Apply a keyed batch's `changes` (the decoded rows with `DELETE_COLUMN`) to the Spark table `name`
+    (a staging branch) in ONE Spark MERGE: one snapshot, new rows plus position deletes of the rows they
+    replace (the table is merge-on-read, `icefall.catalog.tables.KEYED_TABLE_DEFAULTS`).
+
+    Several changes to one key in the batch collapse to the last first: the highest (partition, offset).
+    Within a partition that is the Kafka order; a key written to several partitions has no order between
+    them, and the highest partition's last change wins (keys must be partition-stable, as Kafka's
+    default partitioner keeps them). The last change decides alone, so insert-then-delete leaves no row,
+    delete-then-insert leaves the insert, and the batch never deletes a row it writes itself.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    from icefall.ingest.decode import DELETE_COLUMN, KAFKA_COLUMN
+
+    order = F.struct(F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset"))
+    last = changes.groupBy(*key).agg(F.max_by(F.struct(*changes.columns), order).alias("last"))
+    last.select("last.*").createOrReplaceTempView(view)
+    columns = [_quoted(c) for c in changes.columns if c != DELETE_COLUMN]
+    on = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key)
+    delete = f"s.{_quoted(DELETE_COLUMN)}"
+    changes.sparkSession.sql(
+        f"MERGE INTO {name} t USING {view} s ON {on} "
+        f"WHEN MATCHED AND {delete} THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
+        f"WHEN NOT MATCHED AND NOT {delete} THEN INSERT ({', '.join(columns)}) "
+        f"VALUES ({', '.join(f's.{c}' for c in columns)})"
+    )
+
+
+def _quoted(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
+
+
 @contextlib.contextmanager
 def _dropped_unless_committed(table: Table, branch: str, label: str, role: TableRole) -> Iterator[None]:
     """Drop staging branch `branch` if the block raises: its batch did not land (a refused commit, a failed
@@ -918,7 +964,8 @@ def _dropped_unless_committed(table: Table, branch: str, label: str, role: Table
 
 def _stage_empty(table: Table, branch: str, base: int | None, attempts: int = 5) -> None:
     """Stage an empty snapshot on `branch` (at `base`) for a batch that wrote nothing: every batch moves
-    main, so its offsets are committed even with no rows.
+    main, so its offsets are committed even with no rows. A branch already one snapshot past `base` (a
+    keyed batch's MERGE that did change rows) is left as it is.
 
     pyiceberg numbers the snapshot from the metadata it just read; a commit landing elsewhere in the table
     meanwhile (maintenance on main) makes the catalog refuse it (CommitFailedException, or ValueError for
@@ -929,6 +976,9 @@ def _stage_empty(table: Table, branch: str, base: int | None, attempts: int = 5)
     for _ in range(attempts):
         table.refresh()
         ref = table.metadata.refs.get(branch)
+        staged = table.metadata.snapshot_by_id(ref.snapshot_id) if ref is not None else None
+        if staged is not None and staged.parent_snapshot_id == base and base is not None:
+            return
         if ref is None or ref.snapshot_id != base:
             # Nothing else writes this branch while the batch runs: the stage is gone or not this batch's.
             raise StaleHeadError(f"staging branch {branch} is no longer at {base}; planning again")

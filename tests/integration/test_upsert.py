@@ -1,0 +1,291 @@
+"""Keyed tables (`spec.mode` upsert and cdc) against real Kafka, Spark and catalog: the table holds the
+latest row per key, checked row by row against the changes produced.
+
+Proves: several changes to one key in one batch collapse to the last by offset; insert-then-delete and
+delete-then-insert in one batch end right, and so do the same across batches; a tombstone deletes the
+key its Kafka key names (JSON object, Debezium's schema envelope, bare value); a key missing from the
+value is read from the Kafka key; a tombstone whose key gives no key, and a Debezium event Icefall does
+not apply, are dead-lettered with a reason; each batch is ONE snapshot holding new rows and position
+deletes, readable alike by Spark and pyiceberg; a keyed batch staged when compaction commits in between
+is planned again (never landed on files it did not see), and compaction over position deletes keeps the
+rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from icefall import failpoints
+from icefall.api import StreamingTable, load_manifest
+from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
+from icefall.commit.lease import FileLease
+from icefall.devstack.kafka import KafkaBroker
+from icefall.ingest.engine import Ingestor
+from icefall.testing.streams import drain
+
+pytestmark = pytest.mark.integration
+
+MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {k8s_name}}}
+spec:
+  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
+  mode: {mode}
+  key: [id]
+  format:
+    schema:
+      - {{name: id, type: long, required: true}}
+      - {{name: status, type: string}}
+      - {{name: amount, type: "decimal(10,2)"}}
+  table: {{namespace: it, name: {name}}}
+  freshness: {{targetSeconds: 2}}
+"""
+
+Change = tuple[int, Any, Any]  # (partition, Kafka key, value); None value = tombstone
+
+
+def keyed_table(name: str, topic: str, bootstrap: str, mode: str = "upsert") -> StreamingTable:
+    text = MANIFEST.format(
+        name=name, k8s_name=name.replace("_", "-"), bootstrap=bootstrap, topic=topic, mode=mode
+    )
+    return load_manifest(text)
+
+
+def send(kafka: KafkaBroker, topic: str, changes: Iterable[Change]) -> None:
+    """Produce `changes` in order; keys and values that are not bytes or str are sent as JSON."""
+    from confluent_kafka import Producer
+
+    def encoded(x: Any) -> Any:
+        return None if x is None else x if isinstance(x, str | bytes) else json.dumps(x)
+
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for partition, key, value in changes:
+        producer.produce(topic, key=encoded(key), value=encoded(value), partition=partition)
+    assert producer.flush(30) == 0
+
+
+def row(i: int, status: str, amount: float = 1.0) -> dict[str, Any]:
+    return {"id": i, "status": status, "amount": amount}
+
+
+def table_rows(config: CatalogConfig, name: str) -> dict[int, tuple[str | None, str | None]]:
+    """id → (status, amount as text), read by pyiceberg (which applies the position deletes itself)."""
+    table = config.pyiceberg().load_table(("it", name))
+    rows = table.scan().to_arrow().to_pylist()
+    by_id = {r["id"]: (r["status"], None if r["amount"] is None else str(r["amount"])) for r in rows}
+    assert len(by_id) == len(rows), f"a key appears twice: {sorted(r['id'] for r in rows)}"
+    return by_id
+
+
+def spark_rows(spark: SparkSession, config: CatalogConfig, name: str) -> dict[int, tuple[Any, Any]]:
+    rows = spark.sql(f"SELECT id, status, amount FROM {config.name}.it.{name}").collect()
+    return {r.id: (r.status, None if r.amount is None else str(r.amount)) for r in rows}
+
+
+def dead_letters(config: CatalogConfig, name: str) -> list[str]:
+    table = config.pyiceberg().load_table(("it", f"{name}_dlq"))
+    return sorted(table.scan().to_arrow().column("error").to_pylist())
+
+
+def run_to_end(st: StreamingTable, config: CatalogConfig, spark: SparkSession, tmp_path: Path) -> list[Any]:
+    ingestor = Ingestor(st, config, spark, FileLease(tmp_path / f"{st.table_name}.lease", "w"))
+    ingestor.start(lease_timeout=10)
+    try:
+        return drain(ingestor)
+    finally:
+        ingestor.close()
+
+
+def expect(rows: Mapping[int, tuple[str, float]]) -> dict[int, tuple[str, str]]:
+    return {i: (status, f"{amount:.2f}") for i, (status, amount) in rows.items()}
+
+
+def test_upsert_ordering_tombstones_and_keys(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic = "it-upsert-order"
+    kafka.create_topic(topic, partitions=2)
+    st = keyed_table("upsert_order", topic, kafka.bootstrap)
+    send(
+        kafka,
+        topic,
+        [
+            (0, 3, row(3, "old")),  # deleted then inserted again in the next batch
+            (0, 4, row(4, "old")),  # deleted in the next batch
+            (1, 6, row(6, "old")),  # updated in the next batch
+        ],
+    )
+    reports = run_to_end(st, catalog_config, spark, tmp_path)
+    assert sum(r.records_read for r in reports) == 3
+    assert table_rows(catalog_config, "upsert_order") == expect(
+        {3: ("old", 1.0), 4: ("old", 1.0), 6: ("old", 1.0)}
+    )
+
+    send(
+        kafka,
+        topic,
+        [
+            (0, 1, row(1, "v1")),
+            (0, 1, row(1, "v2")),
+            (0, 1, row(1, "v3", 3.5)),  # three changes in one batch: the last wins
+            (1, "2", row(2, "new")),
+            (1, "2", None),  # insert then delete in one batch: no row
+            (0, {"id": 3}, None),
+            (0, {"id": 3}, row(3, "again", 2.0)),  # delete then insert in one batch: the insert
+            (0, {"schema": {}, "payload": {"id": 4}}, None),  # Debezium-style key: deletes 4
+            (1, 5, None),  # deleting a key that was never there: nothing
+            (1, 6, row(6, "updated", 6.0)),
+            (1, {"id": 7}, {"status": "from the Kafka key", "amount": 7}),  # value without its key
+            (0, "not a key", None),  # a tombstone whose key gives no id: dead-lettered
+            (0, 8, {"status": "no id in the value"}),  # the id from the Kafka key (a bare 8)
+            (1, None, {"status": "no id", "amount": 1}),  # no key in the value nor the Kafka key
+        ],
+    )
+    reports = run_to_end(st, catalog_config, spark, tmp_path)
+    assert sum(r.records_read for r in reports) == 14
+    assert len(reports) == 1, "the changes are meant to be one batch"
+    expected = expect(
+        {
+            1: ("v3", 3.5),
+            3: ("again", 2.0),
+            6: ("updated", 6.0),
+            7: ("from the Kafka key", 7.0),
+        }
+    )
+    expected[8] = ("no id in the value", None)
+    assert table_rows(catalog_config, "upsert_order") == expected
+    assert spark_rows(spark, catalog_config, "upsert_order") == expected
+    errors = dead_letters(catalog_config, "upsert_order")
+    assert len(errors) == 2, errors
+    assert any(
+        e.startswith("tombstone (null value): the Kafka key gives no value for key field 'id'")
+        for e in errors
+    )
+    assert any("required field 'id' is missing or null" in e for e in errors)
+
+    # The batch is one snapshot on top of the last: new rows plus position deletes of the replaced ones.
+    table = catalog_config.pyiceberg().load_table(("it", "upsert_order"))
+    head = table.current_snapshot()
+    assert head is not None and head.summary is not None
+    assert int(head.summary.get("added-position-deletes") or 0) >= 2  # 3, 4 and 6 replaced or deleted
+    committed = read_committed(table)
+    assert committed.snapshot_id == head.snapshot_id
+    assert sum(committed.offsets.values()) == 17
+
+
+def test_cdc_debezium_events(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic = "it-cdc"
+    kafka.create_topic(topic, partitions=1)
+    st = keyed_table("cdc_orders", topic, kafka.bootstrap, mode="cdc")
+
+    def event(op: str, before: Any, after: Any, wrapped: bool = False) -> dict[str, Any]:
+        payload = {"op": op, "before": before, "after": after, "source": {"lsn": 1}, "ts_ms": 1}
+        return {"schema": {"type": "struct"}, "payload": payload} if wrapped else payload
+
+    send(
+        kafka,
+        topic,
+        [
+            (0, {"id": 1}, event("r", None, row(1, "snapshot"))),
+            (0, {"id": 2}, event("c", None, row(2, "created"))),
+            (0, {"id": 3}, event("c", None, row(3, "created"))),
+            (0, {"id": 1}, event("u", row(1, "snapshot"), row(1, "updated", 9.0), wrapped=True)),
+            (0, {"id": 2}, event("d", row(2, "created"), None)),
+            (0, {"id": 2}, None),  # Debezium's tombstone after a delete
+            (0, {"id": 3}, event("d", None, None)),  # no before image: the Kafka key's
+            (0, {"id": 4}, event("c", None, row(4, "kept"))),
+            (0, {"id": 5}, event("t", None, None)),  # truncate: not applied
+            (0, {"id": 6}, event("c", None, None)),  # create without an after image
+            (0, {"id": 7}, {"id": 7, "status": "not an event"}),
+        ],
+    )
+    run_to_end(st, catalog_config, spark, tmp_path)
+    expected = expect({1: ("updated", 9.0), 4: ("kept", 1.0)})
+    assert table_rows(catalog_config, "cdc_orders") == expected
+    assert spark_rows(spark, catalog_config, "cdc_orders") == expected
+    errors = dead_letters(catalog_config, "cdc_orders")
+    assert errors == sorted(
+        [
+            "Debezium op 'c' has no after image",
+            "Debezium op 't' is not one of c, r, u, d",
+            "not a Debezium change event: it has no op (nor payload.op)",
+        ]
+    )
+
+
+def _compact_all(spark: SparkSession, config: CatalogConfig, identifier: tuple[str, ...]) -> Any:
+    """Run compaction of every data file of the table's head (one partition: unpartitioned)."""
+    from icefall.compact.view import read_table_view
+    from icefall.compact.worker import run_item
+    from icefall.plan.maintenance import CompactPartition, FileContent
+
+    view = read_table_view(config.pyiceberg().load_table(identifier))
+    files = tuple(f.path for f in view.files if f.content is FileContent.DATA)
+    item = CompactPartition(
+        partition=(), files=files, input_bytes=1, target_size_bytes=128 << 20, reason="test"
+    )
+    return run_item(spark, config, identifier, item)
+
+
+def test_compaction_and_a_keyed_batch_in_between_each_other(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """Compaction commits while a keyed batch is staged: re-staging the batch on top would miss the files
+    its position deletes point at (two versions of a key), so the commit refuses it and the batch is
+    planned again on the compacted table. A keyed batch commits while compaction is rewriting: Iceberg's
+    validation of new deletes refuses the rewrite (it would bring the deleted rows back)."""
+    from icefall.commit import MaintenanceConflictError
+    from icefall.compact.worker import Outcome
+
+    topic = "it-upsert-compact"
+    kafka.create_topic(topic, partitions=1)
+    st = keyed_table("upsert_compact", topic, kafka.bootstrap)
+    identifier = ("it", "upsert_compact")
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease", "w"))
+    ingestor.start(lease_timeout=10)
+    try:
+        for i in range(3):  # three versions of ten keys, in three files
+            send(kafka, topic, [(0, k, row(k, f"v{i}")) for k in range(10)])
+            assert ingestor.run_batch() is not None
+        send(kafka, topic, [(0, k, row(k, "last")) for k in range(5)])
+
+        def compact(_: str) -> None:
+            assert _compact_all(spark, catalog_config, identifier).outcome is Outcome.DONE
+
+        with (
+            failpoints.armed("main.before-commit", compact, hit=1),
+            pytest.raises(MaintenanceConflictError),
+        ):
+            ingestor.run_batch()
+        assert table_rows(catalog_config, "upsert_compact") == expect({k: ("v2", 1.0) for k in range(10)})
+        assert ingestor.run_batch() is not None  # planned again: lands on the compacted files
+        expected = expect({k: ("last" if k < 5 else "v2", 1.0) for k in range(10)})
+        assert table_rows(catalog_config, "upsert_compact") == expected
+
+        send(kafka, topic, [(0, k, None) for k in range(3)])  # deletes, committed mid-rewrite
+
+        def ingest(_: str) -> None:
+            assert ingestor.run_batch() is not None
+
+        with failpoints.armed("main.mid-rewrite", ingest, hit=1), pytest.raises(Exception) as refused:
+            _compact_all(spark, catalog_config, identifier)
+        assert "found new" in str(refused.value) and "delete" in str(refused.value), refused.value
+    finally:
+        ingestor.close()
+    expected = {k: v for k, v in expected.items() if k >= 3}
+    assert table_rows(catalog_config, "upsert_compact") == expected
+
+    # Compaction over position deletes keeps the rows, and Spark reads what pyiceberg reads.
+    assert _compact_all(spark, catalog_config, identifier).outcome is Outcome.DONE
+    assert table_rows(catalog_config, "upsert_compact") == expected
+    assert spark_rows(spark, catalog_config, "upsert_compact") == expected
