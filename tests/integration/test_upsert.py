@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 
 from icefall import failpoints
 from icefall.api import StreamingTable, load_manifest
+from icefall.audit_keyed import KeyedAuditReport, audit_keyed
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
@@ -104,6 +105,10 @@ def run_to_end(st: StreamingTable, config: CatalogConfig, spark: SparkSession, t
         ingestor.close()
 
 
+def audited(spark: SparkSession, st: StreamingTable, config: CatalogConfig) -> KeyedAuditReport:
+    return audit_keyed(spark, st, config.pyiceberg(), config.name)
+
+
 def expect(rows: Mapping[int, tuple[str, float]]) -> dict[int, tuple[str, str]]:
     return {i: (status, f"{amount:.2f}") for i, (status, amount) in rows.items()}
 
@@ -180,6 +185,24 @@ def test_upsert_ordering_tombstones_and_keys(
     assert committed.snapshot_id == head.snapshot_id
     assert sum(committed.offsets.values()) == 17
 
+    # `icefall verify` by key: the table matches the topic's last change per key, then each tampering
+    # (a deleted key brought back, a row changed, a row lost) is found.
+    report = audited(spark, st, catalog_config)
+    assert report.ok, report.render()
+    assert (report.records, report.keys, report.rows) == (17, 5, 5)
+    table_name = f"{catalog_config.name}.it.upsert_order"
+    spark.sql(
+        f"INSERT INTO {table_name} SELECT 2L, 'resurrected', 1.00, _kafka FROM {table_name} WHERE id = 1"
+    )
+    spark.sql(f"UPDATE {table_name} SET status = 'tampered' WHERE id = 6")
+    spark.sql(f"DELETE FROM {table_name} WHERE id = 3")
+    report = audited(spark, st, catalog_config)
+    assert not report.ok
+    assert (report.unexpected, report.wrong, report.missing, report.duplicates) == (1, 1, 1, 0), (
+        report.render()
+    )
+    assert report.examples["unexpected"] == ('{"id":2}',)
+
 
 def test_cdc_debezium_events(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
@@ -213,6 +236,9 @@ def test_cdc_debezium_events(
     expected = expect({1: ("updated", 9.0), 4: ("kept", 1.0)})
     assert table_rows(catalog_config, "cdc_orders") == expected
     assert spark_rows(spark, catalog_config, "cdc_orders") == expected
+    report = audited(spark, st, catalog_config)
+    assert report.ok and report.dead_letters_missing == 0, report.render()
+    assert (report.records, report.keys) == (11, 2)
     errors = dead_letters(catalog_config, "cdc_orders")
     assert errors == sorted(
         [
@@ -289,3 +315,5 @@ def test_compaction_and_a_keyed_batch_in_between_each_other(
     assert _compact_all(spark, catalog_config, identifier).outcome is Outcome.DONE
     assert table_rows(catalog_config, "upsert_compact") == expected
     assert spark_rows(spark, catalog_config, "upsert_compact") == expected
+    report = audited(spark, st, catalog_config)
+    assert report.ok, report.render()

@@ -462,6 +462,16 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
 
         print("[verify] starting local Spark to decode the topic's records ...", flush=True)
         spark = build_spark_session([catalog_config], app_name=f"icefall-verify-{st.metadata.name}")
+    if st.spec.key:
+        from icefall.audit_keyed import audit_keyed
+
+        return audit_keyed(
+            spark,
+            st,
+            catalog,
+            catalog_config.name,
+            security_options=spark_kafka_options(st.spec.source.security),
+        )
     content = SparkContent(
         spark, st.spec, catalog_config.name, security_options=spark_kafka_options(st.spec.source.security)
     )

@@ -191,6 +191,19 @@ def _good_columns(spec: StreamingTableSpec, keyed: _Keyed | None) -> list[Column
     return columns
 
 
+def last_changes(changes: DataFrame, key: Sequence[str]) -> DataFrame:
+    """The last of `changes` (good rows of a keyed mode) per key: the highest (partition, offset).
+
+    Within a partition that is Kafka's order. A key written to several partitions has no order between
+    them: the highest partition's last change wins here, and across batches the later batch's. Keys must be
+    partition-stable, as Kafka's default partitioner keeps them (`icefall verify` counts the keys that
+    are not, and does not judge them).
+    """
+    order = F.struct(F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset"))
+    last = changes.groupBy(*key).agg(F.max_by(F.struct(*changes.columns), order).alias("last"))
+    return last.select("last.*")
+
+
 def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:
     """`spec.transforms` on the good rows. `_kafka` (and in keyed modes the delete flag) is kept even when
     `select` leaves it out; a delete is never filtered out (it carries only its key, which the filter

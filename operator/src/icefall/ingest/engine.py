@@ -908,23 +908,17 @@ def _append(rows: DataFrame, name: str) -> None:
 
 
 def _merge(changes: DataFrame, name: str, key: Sequence[str], *, view: str) -> None:
-    """Apply a keyed batch's `changes` (the decoded rows with `DELETE_COLUMN`) to the Spark table `name`
-    (a staging branch) in ONE Spark MERGE: one snapshot, new rows plus position deletes of the rows they
+    """Apply a keyed batch's `changes` (good rows with `DELETE_COLUMN`) to the Spark table `name` (a
+    staging branch) in ONE Spark MERGE: one snapshot, new rows plus position deletes of the rows they
     replace (the table is merge-on-read, `icefall.catalog.tables.KEYED_TABLE_DEFAULTS`).
 
-    Several changes to one key in the batch collapse to the last first: the highest (partition, offset).
-    Within a partition that is the Kafka order; a key written to several partitions has no order between
-    them, and the highest partition's last change wins (keys must be partition-stable, as Kafka's
-    default partitioner keeps them). The last change decides alone, so insert-then-delete leaves no row,
-    delete-then-insert leaves the insert, and the batch never deletes a row it writes itself.
+    The batch's changes collapse to the last per key first (`icefall.ingest.decode.last_changes`), and
+    that one decides alone: insert-then-delete leaves no row, delete-then-insert leaves the insert, and the
+    batch never deletes a row it writes itself (position deletes name rows of files already there).
     """
-    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+    from icefall.ingest.decode import DELETE_COLUMN, last_changes
 
-    from icefall.ingest.decode import DELETE_COLUMN, KAFKA_COLUMN
-
-    order = F.struct(F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset"))
-    last = changes.groupBy(*key).agg(F.max_by(F.struct(*changes.columns), order).alias("last"))
-    last.select("last.*").createOrReplaceTempView(view)
+    last_changes(changes, key).createOrReplaceTempView(view)
     columns = [_quoted(c) for c in changes.columns if c != DELETE_COLUMN]
     on = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key)
     delete = f"s.{_quoted(DELETE_COLUMN)}"

@@ -1,0 +1,213 @@
+"""`icefall verify` for keyed tables (`spec.mode` upsert or cdc): the table against a model of the topic.
+
+The model: every record of the committed offset ranges (per partition from where the table first read it
+to the committed offset, read_committed) decoded with the table's spec exactly as ingestion decodes it;
+the good changes collapsed to the last per key (`icefall.ingest.decode.last_changes`, the rule ingestion
+applies batch by batch); deletes removed. Compared with the table's rows at the committed snapshot by key
+and by content: a digest of every column, `_kafka` (partition, offset, timestamp) included, so a row must
+be the very record that last changed its key. The bad records must be in the dead-letter table, by
+(partition, offset).
+
+Reports keys missing from the table, rows whose key the model does not hold (never written, or deleted:
+a resurrected row), rows with other content, keys held twice, and dead letters missing or unexpected.
+Keys changed in several partitions have no order between partitions: they are counted, not judged.
+Not covered: tables with offset resets (`icefall reset-offsets`) and records lost to retention before
+ingestion (the model lacks them; counted in the report, which then cannot be OK by content alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from icefall.commit.state import OFFSET_RESETS, read_committed
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyspark.sql import DataFrame, SparkSession
+
+    from icefall.api import StreamingTable
+    from icefall.plan.offsets import OffsetRange
+
+EXAMPLES = 5
+
+
+class KeyedAuditError(RuntimeError):
+    """The table cannot be audited by key (say why and what to do)."""
+
+
+@dataclass(frozen=True)
+class KeyedAuditReport:
+    table: str
+    snapshot_id: int | None
+    records: int  # records in the committed offset ranges
+    keys: int  # keys the model holds (after deletes)
+    rows: int  # rows in the table
+    missing: int = 0  # keys the model holds and the table does not
+    unexpected: int = 0  # rows whose key the model does not hold
+    wrong: int = 0  # rows whose content differs from the key's last change
+    duplicates: int = 0  # keys with more than one row
+    unordered: int = 0  # keys changed in several partitions: not judged
+    dead_letters_missing: int = 0
+    dead_letters_unexpected: int = 0
+    lost_records: int = 0
+    examples: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.missing
+            or self.unexpected
+            or self.wrong
+            or self.duplicates
+            or self.dead_letters_missing
+            or self.dead_letters_unexpected
+            or self.lost_records
+        )
+
+    def render(self) -> str:
+        lines = [
+            f"table {self.table} (keyed) at snapshot {self.snapshot_id}: {self.rows} rows; the topic's "
+            f"{self.records} committed records leave {self.keys} keys",
+        ]
+        for label, count, what in (
+            ("missing", self.missing, "keys the topic's last change keeps, absent from the table"),
+            ("unexpected", self.unexpected, "rows whose key was deleted or never written"),
+            ("wrong", self.wrong, "rows that differ from their key's last change"),
+            ("duplicates", self.duplicates, "keys with more than one row"),
+            ("dead letters missing", self.dead_letters_missing, "bad records not in the dead-letter table"),
+            ("dead letters unexpected", self.dead_letters_unexpected, "dead letters of good records"),
+        ):
+            if count:
+                shown = ", ".join(self.examples.get(label, ()))
+                lines.append(f"  {label}: {count} ({what}), e.g. {shown}")
+        if self.unordered:
+            lines.append(
+                f"  note: {self.unordered} keys were changed in several partitions; Kafka orders only within "
+                "a partition, so they are not judged (produce a key to one partition)"
+            )
+        if self.lost_records:
+            lines.append(
+                f"  {self.lost_records} records were lost to topic retention before ingestion: the model "
+                "cannot be rebuilt, differences may be theirs"
+            )
+        lines.append("OK" if self.ok else "NOT OK")
+        return "\n".join(lines)
+
+
+def audit_keyed(
+    spark: SparkSession,
+    st: StreamingTable,
+    catalog: Catalog,
+    catalog_name: str,
+    *,
+    security_options: Mapping[str, str] | None = None,
+) -> KeyedAuditReport:
+    """Audit the keyed table of `st` (module doc). `spark` has `catalog_name` configured."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    from icefall.audit_content import main_digest
+    from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, KAFKA_COLUMN, decode, good_rows, last_changes
+    from icefall.ingest.engine import read_kafka
+    from icefall.plan.offsets import OffsetRange
+
+    key = list(st.spec.key or [])
+    if not key:
+        raise KeyedAuditError(f"{st.metadata.name}: mode {st.spec.mode.value} has no key to audit by")
+    label = ".".join(st.table_identifier)
+    table = catalog.load_table(st.table_identifier)
+    if table.properties.get(OFFSET_RESETS):
+        raise KeyedAuditError(f"{label}: its offsets were reset; a keyed audit cannot model that yet")
+    committed = read_committed(table)
+    ranges = tuple(
+        OffsetRange(p, committed.start_offsets.get(p, 0), end)
+        for p, end in sorted(committed.offsets.items())
+        if end > committed.start_offsets.get(p, 0)
+    )
+    name = ".".join(f"`{part}`" for part in (catalog_name, *st.table_identifier))
+    if committed.snapshot_id is None:
+        raise KeyedAuditError(f"{label}: the table has no snapshot yet; nothing to audit")
+    rows = spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(committed.snapshot_id)}")
+    decoded = decode(read_kafka(spark, st.spec, ranges, security_options or {}), st.spec).persist()
+    try:
+        records = decoded.count() if ranges else 0
+        changes = good_rows(decoded, st.spec)
+        unordered = (
+            changes.groupBy(*key)
+            .agg(F.count_distinct(F.col(f"{KAFKA_COLUMN}.partition")).alias("partitions"))
+            .where("partitions > 1")
+            .select(*key)
+        )
+        model = last_changes(changes, key).where(~F.col(DELETE_COLUMN)).drop(DELETE_COLUMN)
+        model = model.join(unordered, key, "left_anti")
+        table_rows = rows.join(unordered, key, "left_anti")
+
+        def digested(frame: DataFrame, side: str) -> DataFrame:
+            kafka = F.col(KAFKA_COLUMN)
+            digest = F.xxhash64(main_digest(frame), kafka["partition"], kafka["offset"])
+            return frame.select(F.to_json(F.struct(*key)).alias("key"), digest.alias(side))
+
+        expected = digested(model, "expected")
+        actual = digested(table_rows, "actual")
+        duplicates = actual.groupBy("key").count().where("count > 1")
+        compared = expected.join(actual.dropDuplicates(["key"]), "key", "full_outer")
+        missing = compared.where("actual IS NULL")
+        unexpected = compared.where("expected IS NULL")
+        wrong = compared.where("expected IS NOT NULL AND actual IS NOT NULL AND expected != actual")
+
+        bad = decoded.where(F.col(BAD_COLUMN)).select("partition", "offset")
+        dead = _dead_letters(spark, st, catalog_name, ranges)
+
+        def keys_of(frame: DataFrame) -> tuple[str, ...]:
+            return tuple(r["key"] for r in frame.limit(EXAMPLES).collect())
+
+        def offsets_of(frame: DataFrame) -> tuple[str, ...]:
+            return tuple(f"{r['partition']}:{r['offset']}" for r in frame.limit(EXAMPLES).collect())
+
+        dead_missing = bad.join(dead, ["partition", "offset"], "left_anti") if dead is not None else bad
+        dead_unexpected = dead.join(bad, ["partition", "offset"], "left_anti") if dead is not None else None
+        return KeyedAuditReport(
+            table=label,
+            snapshot_id=committed.snapshot_id,
+            records=records,
+            keys=expected.count(),
+            rows=rows.count(),
+            missing=missing.count(),
+            unexpected=unexpected.count(),
+            wrong=wrong.count(),
+            duplicates=duplicates.count(),
+            unordered=unordered.count(),
+            dead_letters_missing=dead_missing.count() if st.dead_letter_identifier else 0,
+            dead_letters_unexpected=dead_unexpected.count() if dead_unexpected is not None else 0,
+            lost_records=committed.lost_records,
+            examples={
+                "missing": keys_of(missing),
+                "unexpected": keys_of(unexpected),
+                "wrong": keys_of(wrong),
+                "duplicates": keys_of(duplicates),
+                "dead letters missing": offsets_of(dead_missing),
+                "dead letters unexpected": offsets_of(dead_unexpected) if dead_unexpected else (),
+            },
+        )
+    finally:
+        decoded.unpersist()
+
+
+def _dead_letters(
+    spark: SparkSession, st: StreamingTable, catalog_name: str, ranges: tuple[OffsetRange, ...]
+) -> DataFrame | None:
+    """(partition, offset) of the dead-letter table's rows inside the audited ranges; None without one."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    identifier = st.dead_letter_identifier
+    if identifier is None:
+        return None
+    name = ".".join(f"`{part}`" for part in (catalog_name, *identifier))
+    rows = spark.table(name).select(F.col("partition").cast("int"), F.col("offset").cast("long"))
+    inside = F.lit(False)
+    for r in ranges:
+        inside = inside | (
+            (F.col("partition") == r.partition) & (F.col("offset") >= r.start) & (F.col("offset") < r.end)
+        )
+    return rows.where(inside)
