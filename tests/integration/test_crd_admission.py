@@ -58,13 +58,17 @@ Proves:
     must be partitioned by hour, day, month or year: ...`
   - an unknown field spec.source.topics → `.spec.source.topics: field not declared in schema`
   - spec.table.name: null → `spec.table.name: Invalid value: "null": ... must be of type string`
+  - mode upsert without a key, or a key with mode append → `spec.key: Invalid value: mode upsert and cdc
+    need a key (the columns that identify a row), mode append has none`; mode merge → `spec.mode:
+    Unsupported value: "merge": supported values: "append", "upsert", "cdc"`
 - Unknown fields and nulls depend on the client. Server-side apply rejects both (above), whatever
   `--validate` says. Client-side `kubectl create`/`apply` rejects unknown fields by default
   (`--validate=strict`: `strict decoding error: unknown field "spec.source.topics"`). A client that does
   not ask for strict field validation (`kubectl --validate=warn`, the Python client's default) gets the
   object created with the unknown field pruned (and a warning), and an explicit null pruned, so the
   models see the default.
-- Updates: changing spec.source.topic, spec.table.namespace, spec.table.name or spec.table.catalog, or
+- Updates: changing spec.source.topic, spec.table.namespace, spec.table.name, spec.table.catalog or
+  spec.mode (and with it spec.key), or
   adding/removing the catalog or the table name, is REJECTED by CEL, e.g. `spec.source.topic: Invalid
   value: "orders-v2": spec.source.topic is immutable (a table follows one topic for its whole life); to
   change it, create a new StreamingTable`; changing freshness.targetSeconds is accepted.
@@ -391,6 +395,21 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         ["spec.retention.field: Invalid value: retention.field must be partitioned by hour, day, month"],
     ),
     (
+        "upsert-without-key",
+        lambda o: _spec(o).__setitem__("mode", "upsert"),
+        ["spec.key: Invalid value: mode upsert and cdc need a key (the columns that identify a row)"],
+    ),
+    (
+        "key-in-append-mode",
+        lambda o: _spec(o).__setitem__("key", ["id"]),
+        ["spec.key: Invalid value: mode upsert and cdc need a key", "mode append has none"],
+    ),
+    (
+        "mode-unknown",
+        lambda o: _spec(o).__setitem__("mode", "merge"),
+        ['spec.mode: Unsupported value: "merge": supported values: "append", "upsert", "cdc"'],
+    ),
+    (
         "null-table-name",
         lambda o: _spec(o)["table"].__setitem__("name", None),
         ['spec.table.name: Invalid value: "null"', "must be of type string"],
@@ -468,6 +487,11 @@ IMMUTABLE: list[tuple[str, Mutation, str]] = [
         "catalog-removed",
         lambda o: _spec(o)["table"].pop("catalog"),
         "spec.table.catalog: Invalid value: spec.table.catalog cannot be added or removed after creation",
+    ),
+    (
+        "mode",
+        lambda o: _spec(o).update(mode="upsert", key=["id"]),
+        'spec.mode: Invalid value: "upsert": spec.mode is immutable',
     ),
 ]
 

@@ -25,6 +25,7 @@ from icefall.api import (
     SecurityProtocol,
     StartingPositionType,
     StreamingTable,
+    TableMode,
     load_manifest,
     parse_manifest,
     streaming_table_from_object,
@@ -565,3 +566,54 @@ def test_api_object_with_server_fields_is_accepted() -> None:
     table = streaming_table_from_object(body)
     assert table.metadata.generation == 3
     assert table.status is not None and table.status.data_loss_records == 5
+
+
+def keyed(mode: str | None, key: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(FULL)
+    if mode is not None:
+        doc["spec"]["mode"] = mode
+    if key is not DELETE:
+        doc["spec"]["key"] = key
+    return doc
+
+
+def test_keyed_modes_take_a_key_of_required_primitive_columns() -> None:
+    st = streaming_table_from_object(keyed("upsert", ["id", "at"]))
+    assert st.spec.mode is TableMode.UPSERT and st.spec.key == ["id", "at"]
+    assert streaming_table_from_object(keyed("cdc", ["id"])).spec.mode is TableMode.CDC
+    assert streaming_table_from_object(FULL).spec.mode is TableMode.APPEND  # the default
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "path", "words"),
+    [
+        ("upsert", DELETE, "spec.key", "mode upsert needs the columns that identify a row, e.g. key: [id]"),
+        ("cdc", DELETE, "spec.key", "mode cdc needs"),
+        (None, ["id"], "spec.key", "a key applies to mode upsert or cdc; remove it or set mode"),
+        (
+            "upsert",
+            ["idd"],
+            "spec.key[0]",
+            "'idd' is not a top-level field of format.schema (did you mean 'id'?)",
+        ),
+        ("upsert", ["id", "id"], "spec.key[1]", "'id' is already in the key; remove one"),
+        (
+            "upsert",
+            ["attrs"],
+            "spec.key[0]",
+            "'attrs' is a map; a key column is a primitive other than float",
+        ),
+        (
+            "upsert",
+            ["local_day"],
+            "spec.key[0]",
+            "'local_day' may be null; a key column must be set: add required",
+        ),
+        ("upsert", [], "spec.key", "at least 1 item"),
+        ("merge", ["id"], "spec.mode", "'merge' is not allowed; use one of append, upsert, cdc"),
+    ],
+)
+def test_bad_keys_name_the_field_and_the_fix(mode: str | None, key: Any, path: str, words: str) -> None:
+    problems = problems_of(keyed(mode, key))
+    assert path in problems, problems
+    assert words in problems[path]
