@@ -15,6 +15,8 @@ dead-letter topic (the dead-letter table is then ahead), before and after the re
 after staging dead letters, before sweeping them, while abandoning a failed dead-letter and a failed main
 commit (`raise` at the commit, `exit` while dropping its branch), at a lease renewal, and at the second
 main commit of a run (a hit count).
+For an upsert table (each batch one MERGE): kills after staging, before and after the commit, after its
+dead letters, while abandoning a failed commit; `icefall verify` then finds the last change per key.
 Not proved here: maintenance points and `main.after-ensure-staged` (Spark stages an empty snapshot for an
 empty batch itself, so `icefall run` passes that point rarely): test_failpoints_in_process.py reaches them;
 catalogs other than the embedded one (test_ingest.py kills at the main commit points on those).
@@ -35,6 +37,7 @@ import pytest
 
 from icefall import failpoints
 from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.kafka.dead_letters import SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER
 from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
@@ -49,7 +52,9 @@ CHAIN_TIMEOUT = pytest.mark.timeout(3600)
 class Chain:
     """`icefall run` processes on one table, each killed at a failpoint or run to the end of the topic."""
 
-    def __init__(self, kafka: KafkaBroker, tmp_path: Path, name: str, partitions: int = 2) -> None:
+    def __init__(
+        self, kafka: KafkaBroker, tmp_path: Path, name: str, partitions: int = 2, *, keyed: bool = False
+    ) -> None:
         self.kafka, self.name = kafka, name
         self.topic, self.dlq_topic = f"it-kills-{name}", f"it-kills-{name}-dlq"
         kafka.create_topic(self.topic, partitions=partitions)
@@ -58,6 +63,8 @@ class Chain:
         text = manifest_text(
             name, self.topic, kafka.bootstrap, batch={"maxRecords": 40, "minIntervalSeconds": 0}
         )
+        if keyed:
+            text += "  mode: upsert\n  key: [id]\n"
         self.manifest.write_text(text + f"  deadLetter: {{topic: {self.dlq_topic}}}\n")
         self.state = tmp_path / "state"
         self.killed_at: list[str] = []
@@ -91,6 +98,64 @@ class Chain:
         )
         sent = dead_letters_sent(self.kafka, self.dlq_topic)
         assert set(sent) == bad, f"dead-letter topic: missing {sorted(bad - set(sent))[:10]}"
+
+    def finish_keyed(self, bad: set[tuple[int, int]]) -> None:
+        """Run to the end, then `icefall verify`: the table against the topic's last change per key."""
+        done = self.run()
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        verify = subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "verify", "-f", str(self.manifest),
+             "--state-dir", str(self.state)],
+            capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+        assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+        assert verify.stdout.rstrip().endswith("OK"), verify.stdout
+        table = CatalogConfig.embedded(self.state).pyiceberg().load_table(("it", self.name))
+        assert read_committed(table).offsets == watermarks(self.kafka, self.topic)
+        sent = dead_letters_sent(self.kafka, self.dlq_topic)
+        assert set(sent) == bad, f"dead-letter topic: missing {sorted(bad - set(sent))[:10]}"
+
+
+def produce_changes(kafka: KafkaBroker, topic: str, start: int, count: int) -> set[tuple[int, int]]:
+    """`count` changes to 25 keys: updates, every 6th a tombstone, every 11th malformed (a dead letter);
+    returns the (partition, offset) of the malformed ones."""
+    from confluent_kafka import Producer
+
+    delivered: list[tuple[int, int, bool]] = []
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for i in range(start, start + count):
+        key = i % 25
+        bad = i % 11 == 0
+        value = None if i % 6 == 0 else "{not json" if bad else json.dumps(
+            {"id": key, "customer": f"c{i}", "amount": round(i * 1.25, 2), "ts": "2026-11-22T10:00:00Z"}
+        )  # fmt: skip
+
+        def on_delivery(err: object, msg: object, bad: bool = bad and value is not None) -> None:
+            assert err is None, err
+            delivered.append((msg.partition(), msg.offset(), bad))  # type: ignore[attr-defined]
+
+        producer.produce(topic, key=str(key), value=value, on_delivery=on_delivery)
+    assert producer.flush(30) == 0
+    return {(p, o) for p, o, bad in delivered if bad}
+
+
+@CHAIN_TIMEOUT
+def test_kills_around_the_commits_of_a_keyed_table(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """An upsert table killed around its MERGE batches: staged and not committed, before and after the
+    compare-and-swap, around its dead letters; the last change per key is in the table exactly once."""
+    chain = Chain(kafka, tmp_path, "kills_keyed", keyed=True)
+    bad = produce_changes(kafka, chain.topic, 0, 150)
+    for spec in (
+        "main.after-stage=exit",  # the MERGE is on the staging branch, main untouched
+        "main.before-commit=exit",
+        "main.after-commit=exit",
+        "dlq.after-commit=exit",  # dead letters committed, the MERGE batch not
+        "main.before-commit=raise,main.before-abandon=exit",
+        "main.after-commit=exit@2",
+    ):
+        chain.kill_at(spec)
+    bad |= produce_changes(kafka, chain.topic, 150, 60)
+    chain.finish_keyed(bad)
 
 
 def dead_letters_sent(kafka: KafkaBroker, topic: str) -> Counter[tuple[int, int]]:

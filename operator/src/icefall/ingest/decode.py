@@ -28,6 +28,14 @@ How JSON maps to types (Spark's JSON reader, `from_json` in PERMISSIVE mode):
   arrays as their JSON text).
 - Fields not in the schema are ignored; text after the first JSON value is ignored.
 
+Keyed modes (`spec.mode` upsert, cdc; `_Keyed`): the good rows carry `DELETE_COLUMN` (true for a record that
+deletes its key: a tombstone, a Debezium d event), a delete needs only its key, a Debezium event is
+decoded from its row image (after, or before for d), and key fields missing from the image come from the
+Kafka key. Errors of keyed modes: `tombstone (null value): the Kafka key gives no value for key field
+'id' ...`, `delete (op d, or a tombstone): the before image nor the Kafka key gives ...`,
+`not a Debezium change event: it has no op (nor payload.op)`, `Debezium op 't' is not one of c, r, u, d`,
+`Debezium op 'c' has no after image`.
+
 Guarantees: every input row is in exactly one of good, bad, or filtered out (one boolean, `BAD_COLUMN`,
 splits them); everything is Spark column expressions (no Python UDF). Each output re-reads its input:
 persist `kafka_df`, or call `decode` and persist its result, then `split` it, to decode once. The good

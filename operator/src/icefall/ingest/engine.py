@@ -2,7 +2,8 @@
 
 Each batch: read the committed state from the table (never from Kafka groups), plan offset ranges from it
 and the watermarks, read them with Spark's Kafka source, decode and validate, append the good rows to a
-staging branch, then let `icefall.commit` fast-forward `main` with a compare-and-swap that also stores the
+staging branch (a keyed table, `spec.mode` upsert or cdc: MERGE them, the last change per key, `_merge`),
+then let `icefall.commit` fast-forward `main` with a compare-and-swap that also stores the
 offsets and the lease epoch. Bad records go to the dead-letter table first, through the same protocol.
 
 Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
