@@ -491,3 +491,33 @@ def test_the_expected_schema_is_the_one_the_catalog_stores(catalog: Catalog, ns:
     st = make_st(ns, "ids")
     table, _ = ensure_tables(catalog, st)
     assert table.schema().as_struct() == expected_schema(st).as_struct()
+
+
+def test_a_keyed_table_has_its_key_as_identifier_fields_and_is_merge_on_read(
+    catalog: Catalog, ns: str
+) -> None:
+    keyed = make_st(ns, "customers", extra="  mode: upsert\n  key: [id]")
+    table = ensure_tables(catalog, keyed).table
+    assert table.schema().identifier_field_names() == {"id"}
+    assert table.properties["write.merge.mode"] == "merge-on-read"
+    assert table.properties["write.delete.mode"] == "merge-on-read"
+    assert ensure_tables(catalog, keyed).table.schema() == table.schema()  # an existing keyed table fits
+
+    # The same table name for an append spec (no key), and a keyed spec for an append table: refused.
+    with pytest.raises(TableMismatchError) as caught:
+        ensure_tables(catalog, make_st(ns, "customers"))
+    assert "has key (identifier fields) [id], spec.key says []" in str(caught.value)
+    ensure_tables(catalog, make_st(ns, "events"))
+    with pytest.raises(TableMismatchError) as caught:
+        ensure_tables(catalog, make_st(ns, "events", extra="  mode: upsert\n  key: [id]"))
+    assert "has key (identifier fields) [], spec.key says [id]" in str(caught.value)
+
+
+def test_a_key_the_select_does_not_produce_is_a_clear_error(ns: str) -> None:
+    st = make_st(ns, "keyed_select", extra="  mode: upsert\n  key: [id]")
+    without_key = Schema(NestedField(1, "name", StringType(), required=False))
+    with pytest.raises(TableLayoutError) as caught:
+        expected_schema(st, without_key)
+    assert "spec.key names 'id', which spec.transforms.select does not produce" in str(caught.value)
+    with_key = Schema(NestedField(1, "id", LongType(), required=False))
+    assert expected_schema(st, with_key).find_field("id").required  # a key column is required
