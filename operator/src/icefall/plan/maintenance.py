@@ -451,43 +451,67 @@ def plan_delete_application(
     """Bounded groups of data files to rewrite without their deleted rows, per partition (module doc, step
     3). `taken`: data files another item of the plan rewrites already."""
     target = policy.target_size(table.properties)
-    skipped, busy = set(skip), set(taken)
+    due = _partitions_due_for_deletes(table.files, policy, set(skip), set(taken))
+    due.sort(key=lambda d: (-d.deleted_rows, d.spec_id, repr(d.partition)))
+    items: list[ApplyDeletes] = []
+    for d in due:
+        groups = _cut([[f] for f in d.files], policy.max_bytes_per_task)
+        for n, group in enumerate(groups, start=1):
+            files = [f for bin_ in group for f in bin_]
+            found = [d.scoped[f.path] for f in files if f.path in d.scoped]
+            names = tuple(sorted(name for deletes in found for name in deletes.delete_files))
+            rows = sum(deletes.rows for deletes in found)
+            size = sum(f.size_bytes for f in files)
+            reason = (
+                f"{len(d.files)} data files with deletes due in partition {d.partition!r}; step "
+                f"{n}/{len(groups)}: {len(files)} files, {size} bytes, {rows} rows deleted by "
+                f"{len(names)} file-scoped delete files"
+            )
+            paths = tuple(f.path for f in files)
+            items.append(ApplyDeletes(d.partition, paths, names, size, rows, target, reason, d.spec_id, n))
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class _PartitionDue:
+    """One partition's data files due for delete application (by path), and its file-scoped deletes."""
+
+    spec_id: int
+    partition: PartitionValue
+    files: list[DataFileInfo]
+    scoped: dict[str, _FileDeletes]
+
+    @property
+    def deleted_rows(self) -> int:
+        return sum(self.scoped[f.path].rows for f in self.files if f.path in self.scoped)
+
+
+def _partitions_due_for_deletes(
+    files: Iterable[DataFileInfo],
+    policy: MaintenancePolicy,
+    skip: set[tuple[int, PartitionValue]],
+    taken: set[str],
+) -> list[_PartitionDue]:
     data: dict[tuple[int, PartitionValue], list[DataFileInfo]] = {}
     deletes: dict[tuple[int, PartitionValue], list[DataFileInfo]] = {}
-    for f in table.files:
+    for f in files:
         key = (f.spec_id, f.partition)
-        if key in skipped:
+        if key in skip:
             continue
         if f.content is FileContent.DATA:
             data.setdefault(key, []).append(f)
         elif f.content is FileContent.POSITION_DELETES:
             deletes.setdefault(key, []).append(f)
-    due: list[tuple[tuple[int, PartitionValue], list[DataFileInfo], dict[str, _FileDeletes]]] = []
-    for key, delete_files in deletes.items():
+    due: list[_PartitionDue] = []
+    for (spec_id, partition), delete_files in deletes.items():
         scoped = _file_scoped_deletes(delete_files)
+        candidates = data.get((spec_id, partition), [])
         chosen = [
-            f for f in _due_for_deletes(data.get(key, []), delete_files, scoped, policy) if f.path not in busy
+            f for f in _due_for_deletes(candidates, delete_files, scoped, policy) if f.path not in taken
         ]
         if chosen:
-            due.append((key, chosen, scoped))
-    due.sort(key=lambda d: (-sum(d[2][f.path].rows for f in d[1] if f.path in d[2]), d[0][0], repr(d[0][1])))
-    items: list[ApplyDeletes] = []
-    for (spec_id, partition), chosen, scoped in due:
-        groups = _cut([[f] for f in sorted(chosen, key=lambda f: f.path)], policy.max_bytes_per_task)
-        for n, group in enumerate(groups, start=1):
-            files = [f for bin_ in group for f in bin_]
-            found = [scoped[f.path] for f in files if f.path in scoped]
-            names = tuple(sorted(name for d in found for name in d.delete_files))
-            rows = sum(d.rows for d in found)
-            size = sum(f.size_bytes for f in files)
-            reason = (
-                f"{len(chosen)} data files with deletes due in partition {partition!r}; step "
-                f"{n}/{len(groups)}: {len(files)} files, {size} bytes, {rows} rows deleted by "
-                f"{len(names)} file-scoped delete files"
-            )
-            paths = tuple(f.path for f in files)
-            items.append(ApplyDeletes(partition, paths, names, size, rows, target, reason, spec_id, n))
-    return tuple(items)
+            due.append(_PartitionDue(spec_id, partition, sorted(chosen, key=lambda f: f.path), scoped))
+    return due
 
 
 @dataclass(frozen=True)
