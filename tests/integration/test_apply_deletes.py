@@ -6,7 +6,8 @@ threshold; a data file never has more than one delete file (each batch merges th
 its own); running the items rewrites them without the deleted rows and drops their delete files in the
 same commit, while Spark and pyiceberg read the same rows as before and `audit_keyed` finds the table
 right; a keyed batch that commits new deletes against those files while the rewrite is running makes
-Iceberg refuse the rewrite (no deleted row comes back), and the item planned again afterwards succeeds.
+Iceberg refuse the rewrite (no deleted row comes back), and the item planned again afterwards succeeds;
+a data file whose rows are all deleted goes with its delete file and nothing is written in its place.
 
 Does not prove: the per-partition delete-file-count trigger on a real table (unit-tested), partitioned
 tables, or equality deletes (Icefall writes none).
@@ -205,5 +206,37 @@ def test_apply_deletes_is_refused_when_a_keyed_batch_deletes_from_its_files_mean
     assert pyiceberg_rows(catalog_config, identifier) == expected
     assert spark_rows(spark, catalog_config, identifier) == expected
     assert delete_files(view_of(catalog_config, identifier)) == []
+    report = audit_keyed(spark, st, catalog_config.pyiceberg(), catalog_config.name)
+    assert report.ok, report.render()
+
+
+def test_a_data_file_whose_rows_are_all_deleted_goes_with_its_delete_file(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic = "it-apply-deletes-all"
+    kafka.create_topic(topic, partitions=1)
+    st = keyed_table("apply_deletes_all", topic, kafka.bootstrap)
+    identifier = ("it", "apply_deletes_all")
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease", "w"))
+    ingestor.start(lease_timeout=10)
+    try:
+        send(kafka, topic, [(k, "v0") for k in range(10)])
+        assert ingestor.run_batch() is not None
+        send(kafka, topic, [(k, "v1") for k in range(10)])
+        assert ingestor.run_batch() is not None  # every row of the first file replaced
+    finally:
+        ingestor.close()
+    (item,) = apply_deletes_items(view_of(catalog_config, identifier))
+    assert len(item.data_files) == 1 and item.deleted_rows == 10
+
+    result = run_item(spark, catalog_config, identifier, item)
+
+    assert result.outcome is Outcome.DONE, result.detail
+    assert (result.files_rewritten, result.files_added, result.extra["delete_files_removed"]) == (1, 0, 1)
+    after = view_of(catalog_config, identifier)
+    assert [f.record_count for f in after.files] == [10]  # the second file alone, no delete file
+    expected = {k: "v1" for k in range(10)}
+    assert pyiceberg_rows(catalog_config, identifier) == expected
+    assert spark_rows(spark, catalog_config, identifier) == expected
     report = audit_keyed(spark, st, catalog_config.pyiceberg(), catalog_config.name)
     assert report.ok, report.render()
