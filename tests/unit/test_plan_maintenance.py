@@ -5,8 +5,11 @@ several bounded steps; files at the target are left alone; partitions with fewer
 are untouched; expiry keeps main's head, staging branches (in-flight writes) and their bases, tags, the newest
 N of main and every recent snapshot, and expires the rest; orphan removal never lists a file younger than the
 safety window (an in-flight write) nor a referenced file, and the window cannot be set below 1 h; retention
-selects exactly the partitions entirely older than the cut-off; work keys are deterministic, distinct per unit
-of work and valid DNS labels of at most 63 characters; the backlog is zero when there is nothing to do.
+selects exactly the partitions entirely older than the cut-off; delete application picks the data files
+whose file-scoped deletes pass the deleted share, or every file a delete may apply to once a partition holds
+many delete files, never a file compaction takes in the same plan nor one of a partition retention drops, in
+bounded steps, and counts in the backlog and the bytes to rewrite; work keys are deterministic, distinct per
+unit of work and valid DNS labels of at most 63 characters; the backlog is zero when there is nothing to do.
 """
 
 from __future__ import annotations
@@ -276,10 +279,15 @@ def test_work_keys_are_deterministic_distinct_dns_labels() -> None:
         work_key("orders", b),
         work_key("orders", expire_now),
         work_key("orders", RemoveOrphans(NOW, ("x",))),
-        work_key("orders", ApplyDeletes(("hot",), ("a",), ("d",))),
+        work_key("orders", ApplyDeletes(("hot",), ("a",), ("d",), 1, 1, 10, "r")),
         work_key("customers", a),
     }
     assert len(keys) == 6
+    # Delete application is keyed like compaction (partition and step), never sharing its keys.
+    assert work_key("orders", ApplyDeletes(("hot",), ("x",), (), 1, 1, 10, "r")) == work_key(
+        "orders", ApplyDeletes(("hot",), ("a",), ("d",), 1, 1, 10, "r")
+    )
+    assert work_key("orders", ApplyDeletes(("hot",), ("a",), (), 1, 1, 10, "r", step=2)) not in keys
     assert work_key("orders", a) == work_key("orders", same_as_a)
     assert work_key("orders", expire_now) == work_key("orders", expire_later)  # one expiry at a time
     assert work_key(long_name, a) != work_key(long_name + "x", a)
@@ -325,8 +333,111 @@ def test_backlog_is_zero_when_there_is_nothing_to_do() -> None:
         {"max_bytes_per_task": 0},
         {"snapshot_min_keep": 0},
         {"manifest_count_threshold": 1},
+        {"deleted_fraction_threshold": 0.0},
+        {"deleted_fraction_threshold": 1.5},
+        {"max_delete_files_per_partition": 0},
     ],
 )
 def test_nonsense_policies_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         MaintenancePolicy(**bad)  # type: ignore[arg-type]
+
+
+def deletes_for(data: DataFileInfo, rows: int, name: str, *, seq: int = 2) -> DataFileInfo:
+    """A file-scoped position delete file deleting `rows` rows of `data`."""
+    return DataFileInfo(
+        name,
+        data.partition,
+        1000,
+        rows,
+        2,
+        content=FileContent.POSITION_DELETES,
+        referenced_data_file=data.path,
+        sequence_number=seq,
+    )
+
+
+def applied(work: tuple[object, ...]) -> list[ApplyDeletes]:
+    return [w for w in work if isinstance(w, ApplyDeletes)]
+
+
+def test_deletes_are_applied_to_files_past_the_deleted_share() -> None:
+    big = {n: DataFileInfo(f"p/{n}.parquet", ("p",), 120 * MIB, 1000, 1) for n in "abcd"}
+    table = TableView(
+        "t",
+        files=(
+            *big.values(),
+            deletes_for(big["a"], 100, "p/a-del.parquet"),  # 10 %: due
+            deletes_for(big["b"], 99, "p/b-del.parquet"),  # 9.9 %: not yet
+            deletes_for(big["c"], 300, "p/c-del-1.parquet"),  # two delete files, 50 % together
+            deletes_for(big["c"], 200, "p/c-del-2.parquet"),
+        ),
+    )
+
+    (item,) = applied(plan_maintenance(table, MaintenancePolicy(), NOW))
+
+    assert item.data_files == ("p/a.parquet", "p/c.parquet")
+    assert item.delete_files == ("p/a-del.parquet", "p/c-del-1.parquet", "p/c-del-2.parquet")
+    assert (item.partition, item.deleted_rows, item.input_bytes) == (("p",), 600, 240 * MIB)
+    assert item.target_size_bytes == 128 * MIB
+    strict = MaintenancePolicy(deleted_fraction_threshold=0.5)
+    assert applied(plan_maintenance(table, strict, NOW))[0].data_files == ("p/c.parquet",)
+
+
+def test_many_delete_files_in_a_partition_make_all_its_deleted_files_due() -> None:
+    files = [DataFileInfo(f"p/{i:02}.parquet", ("p",), 120 * MIB, 1000, 1) for i in range(25)]
+    few = [deletes_for(f, 1, f"{f.path}-del") for f in files[:19]]  # 0.1 % each
+    untouched = DataFileInfo("p/new.parquet", ("p",), 120 * MIB, 1000, 5, sequence_number=9)
+    policy = MaintenancePolicy(max_delete_files_per_partition=20, max_bytes_per_task=10_000 * MIB)
+
+    assert applied(plan_maintenance(TableView("t", files=(*files, *few)), policy, NOW)) == []
+    many = [*few, deletes_for(files[19], 1, "p/19-del")]
+    (item,) = applied(plan_maintenance(TableView("t", files=(*files, *many, untouched)), policy, NOW))
+    assert item.data_files == tuple(f.path for f in files[:20])  # those with deletes; never `untouched`
+
+    # A delete file naming several data files may apply to every one not newer than itself.
+    unscoped = DataFileInfo(
+        "p/wide-del", ("p",), 1000, 5, 3, content=FileContent.POSITION_DELETES, sequence_number=3
+    )
+    (item,) = applied(
+        plan_maintenance(TableView("t", files=(*files, *many, unscoped, untouched)), policy, NOW)
+    )
+    assert item.data_files == tuple(f.path for f in files)
+    assert item.delete_files == tuple(sorted(d.path for d in many))  # the wide one is the worker's to judge
+
+
+def test_delete_application_leaves_compactions_files_and_dropped_partitions_alone() -> None:
+    small = [DataFileInfo(f"hot/{i}.parquet", ("hot",), MIB, 1000, 1) for i in range(5)]
+    big = DataFileInfo("hot/big.parquet", ("hot",), 120 * MIB, 1000, 1)
+    day = 20_000  # a day partition long past
+    old = DataFileInfo("old/0.parquet", (day,), 120 * MIB, 1000, 1)
+    deletes = [deletes_for(f, 500, f"{f.path}-del") for f in (*small, big, old)]
+    table = TableView("t", files=(*small, big, old, *deletes), partition_fields=("ts_day",))
+    retention = RetentionPolicy("ts_day", "ts", TimeTransform.DAY, DAY_MS)
+
+    work = plan_maintenance(table, MaintenancePolicy(retention=retention), NOW)
+
+    (compact,) = compaction(work)
+    (apply,) = applied(work)
+    assert set(compact.files) == {f.path for f in small}  # compaction reads through their deletes too
+    assert apply.data_files == (big.path,)  # not in two items, not in the dropped partition
+    assert backlog(work) == 3  # retention, compaction, deletes
+    assert bytes_to_rewrite(work) == 5 * MIB + 120 * MIB
+
+
+def test_delete_application_is_cut_into_bounded_steps_hottest_partition_first() -> None:
+    hot = [DataFileInfo(f"hot/{i}.parquet", ("hot",), 100 * MIB, 1000, 1) for i in range(5)]
+    cold = DataFileInfo("cold/0.parquet", ("cold",), 100 * MIB, 1000, 1)
+    deletes = [deletes_for(f, 200, f"{f.path}-del") for f in (*hot, cold)]
+    policy = MaintenancePolicy(max_bytes_per_task=250 * MIB)
+
+    items = applied(plan_maintenance(TableView("t", files=(*hot, cold, *deletes)), policy, NOW))
+
+    assert [(i.partition, i.step, len(i.data_files)) for i in items] == [
+        (("hot",), 1, 2),
+        (("hot",), 2, 2),
+        (("hot",), 3, 1),
+        (("cold",), 1, 1),
+    ]
+    assert sorted(p for i in items[:3] for p in i.data_files) == [f.path for f in hot]
+    assert len({work_key("t", i) for i in items}) == 4

@@ -131,13 +131,19 @@ MAINTENANCE_ITEM_DURATION = Histogram(
 )
 COMPACTION_FILES_REWRITTEN = Counter(
     "icefall_compaction_rewritten_files_total",
-    "Data files replaced by compaction (inputs of committed rewrites).",
+    "Data files replaced by compaction and delete application (inputs of committed rewrites).",
     ["table"],
     registry=REGISTRY,
 )
 COMPACTION_FILES_ADDED = Counter(
     "icefall_compaction_added_files_total",
     "Data files written by committed compaction rewrites.",
+    ["table"],
+    registry=REGISTRY,
+)
+COMPACTION_DELETE_FILES_REMOVED = Counter(
+    "icefall_compaction_removed_delete_files_total",
+    "Position delete files dropped by committed rewrites: their data files were rewritten without the rows.",
     ["table"],
     registry=REGISTRY,
 )

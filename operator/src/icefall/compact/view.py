@@ -3,7 +3,10 @@
 `read_table_view(table, list_storage=True)` reads, from the metadata the `Table` object was loaded with:
 
 - `files`: the live data and delete files of `main`'s head (from its manifests), with partition values as
-  tuples in the spec's field order, sizes, record counts, the snapshot that added them, and the spec id;
+  tuples in the spec's field order, sizes, record counts, the snapshot that added them, the spec id and the
+  data sequence number; for a position delete file also the one data file all its rows name, when its
+  `file_path` bounds are equal (how Iceberg itself tells a file-scoped delete file: pyiceberg does not read
+  the v2 manifests' `referenced_data_file` field);
 - `snapshots`: every snapshot, with the names of the branches and tags whose head it is and whether it is
   an ancestor of `main`'s head (staging branches `icefall_stage_*` are refs like any other);
 - `manifests`: the manifests of `main`'s head;
@@ -191,6 +194,8 @@ def read_table_view(
                         added_snapshot_id=entry.snapshot_id or 0,
                         content=_CONTENT.get(data_file.content, FileContent.DATA),
                         spec_id=manifest.partition_spec_id,
+                        referenced_data_file=referenced_data_file(data_file),
+                        sequence_number=entry.sequence_number or 0,
                     )
                 )
 
@@ -213,6 +218,24 @@ def read_table_view(
         partition_fields=tuple(f.name for f in table.spec().fields),
         properties=dict(metadata.properties),
     )
+
+
+DELETE_FILE_PATH_FIELD_ID = 2147483546  # the `file_path` column of position delete files (Iceberg spec)
+
+
+def referenced_data_file(data_file: Any) -> str | None:
+    """The one data file (canonical path) all rows of a position delete file name, else None: from its
+    `file_path` column's lower and upper bounds when they are equal."""
+    if data_file.content != DataFileContent.POSITION_DELETES:
+        return None
+    lower = (data_file.lower_bounds or {}).get(DELETE_FILE_PATH_FIELD_ID)
+    upper = (data_file.upper_bounds or {}).get(DELETE_FILE_PATH_FIELD_ID)
+    if not lower or lower != upper:
+        return None
+    try:
+        return canonical_path(bytes(lower).decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
 
 
 def checksum_owner(path: str) -> str | None:

@@ -13,7 +13,12 @@ What each item does:
   replaces them, validated from the snapshot the files were read at and keeping that snapshot's data
   sequence number (so deletes added later still apply). Spark's procedure has no hook between writing and
   committing; using the same Iceberg classes it uses (`ScanTaskSetManager`, `FileRewriteCoordinator`,
-  `Table.newRewrite`) gives one, and rewrites the planned files rather than a partition filter's.
+  `Table.newRewrite`) gives one, and rewrites the planned files rather than a partition filter's. The
+  read applies the files' deletes, so the same commit also drops the position delete files that applied
+  to the rewritten files only (dangling afterwards: they would be opened by every scan planning, forever).
+- `ApplyDeletes`: the same rewrite of the planned files that still have position deletes (one is enough),
+  so keyed tables' delete files go away with the rows they delete. A delete file that still applies to a
+  file left out stays.
 - `RewriteManifests`: `CALL <catalog>.system.rewrite_manifests`.
 - `ExpireSnapshots`: `CALL <catalog>.system.expire_snapshots` with the planned ids, the planned age
   cut-off and `retain_last`. Iceberg itself refuses to expire a branch or tag head (main's, staging
@@ -26,9 +31,11 @@ What each item does:
 Guarantees:
 - No item reads or writes a table property: `icefall.*` (the resume state) is carried forward by every
   commit, as commit/DESIGN.md requires ("Properties belong to no snapshot").
-- A compaction commit changes which files hold the rows, never the rows: Iceberg's rewrite validation
-  refuses it if an input file is no longer live (a concurrent rewrite or delete), and it never rebases a
-  change of rows. A process killed before the commit leaves only unreferenced new files: orphans, removed by
+- A rewrite commit (compaction, deletes applied) changes which files hold the rows, never the rows:
+  Iceberg's rewrite validation refuses it if an input file is no longer live (a concurrent rewrite or
+  delete), if new deletes for an input file were committed since it was read (a keyed batch: the rewrite
+  would bring the deleted rows back), or if a delete file it drops is gone; it never rebases a change of
+  rows. A process killed before the commit leaves only unreferenced new files: orphans, removed by
   a later `RemoveOrphans` once they are older than the safety window.
 - Errors propagate (Py4J/Spark exceptions included); the caller counts the item as failed and plans again.
 
@@ -60,6 +67,7 @@ from icefall.plan.maintenance import (
     ApplyRetention,
     CompactPartition,
     ExpireSnapshots,
+    PartitionValue,
     RemoveOrphans,
     RewriteManifests,
     WorkItem,
@@ -131,7 +139,7 @@ def run_item(
         elif isinstance(item, ApplyRetention):
             result = _retention(spark, catalog, identifier, item, started)
         elif isinstance(item, ApplyDeletes):
-            raise NotImplementedError("ApplyDeletes is a placeholder: no worker merges delete files yet")
+            result = _apply_deletes(spark, catalog, identifier, item, started)
         else:  # pragma: no cover - the union is closed
             raise TypeError(f"unknown work item {item!r}")
     except Exception:
@@ -141,9 +149,10 @@ def run_item(
     metrics.MAINTENANCE_ITEMS.labels(label, kind, result.outcome.value).inc()
     metrics.MAINTENANCE_ITEM_DURATION.labels(label, kind).observe(result.seconds)
     if result.outcome is Outcome.DONE:
-        if isinstance(item, CompactPartition):
+        if isinstance(item, CompactPartition | ApplyDeletes):
             metrics.COMPACTION_FILES_REWRITTEN.labels(label).inc(result.files_rewritten)
             metrics.COMPACTION_FILES_ADDED.labels(label).inc(result.files_added)
+            metrics.COMPACTION_DELETE_FILES_REMOVED.labels(label).inc(result.extra["delete_files_removed"])
             metrics.LAST_COMPACTION.labels(label).set(time.time())
         elif isinstance(item, ExpireSnapshots):
             metrics.LAST_SNAPSHOT_EXPIRY.labels(label).set(time.time())
@@ -182,34 +191,114 @@ def _singleton(spark: SparkSession, loader: Any, class_name: str) -> Any:
     return cls.getMethod("get", no_types).invoke(None, gateway.new_array(jvm.java.lang.Object, 0))
 
 
+@dataclass(frozen=True)
+class _Rewrite:
+    """One rewrite of data files: which, into files of which size, and when it is worth doing."""
+
+    kind: str  # the work item's, for the result
+    files: frozenset[str]
+    spec_id: int
+    target_size_bytes: int
+    partition: PartitionValue
+    min_files: int  # fewer of the planned files still live (and due): skipped
+    only_with_deletes: bool  # rewrite only the planned files that still have position deletes
+
+
 def _compact_files(
     spark: SparkSession, jvm: Any, jtable: Any, item: CompactPartition, started: float
 ) -> ItemResult:
-    start = jtable.currentSnapshot()
-    kind = kind_of(item)
-    if start is None:
-        return ItemResult(kind, Outcome.SKIPPED, "the table has no snapshot", time.monotonic() - started)
-    wanted = set(item.files)
-    tasks = jvm.java.util.ArrayList()
-    inputs = jvm.java.util.HashSet()
-    found: list[str] = []
-    planned = jtable.newScan().useSnapshot(start.snapshotId()).planFiles()
+    rewrite = _Rewrite(
+        kind_of(item),
+        frozenset(item.files),
+        item.spec_id,
+        item.target_size_bytes,
+        item.partition,
+        min_files=2,  # one file alone gains nothing from compaction
+        only_with_deletes=False,
+    )
+    return _rewrite_data_files(spark, jvm, jtable, rewrite, started)
+
+
+def _apply_deletes(
+    spark: SparkSession,
+    catalog: CatalogConfig,
+    identifier: Sequence[str] | str,
+    item: ApplyDeletes,
+    started: float,
+) -> ItemResult:
+    jvm: Any = spark._jvm
+    jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession, spark_table_name(catalog, identifier)
+    )
+    rewrite = _Rewrite(
+        kind_of(item),
+        frozenset(item.data_files),
+        item.spec_id,
+        item.target_size_bytes,
+        item.partition,
+        min_files=1,  # one file with deletes is worth rewriting without them
+        only_with_deletes=True,
+    )
+    return _rewrite_data_files(spark, jvm, jtable, rewrite, started)
+
+
+@dataclass
+class _Inputs:
+    """The scan tasks of `main`'s head a rewrite reads, and the position delete files it makes dangling."""
+
+    tasks: Any  # java.util.ArrayList of the chosen files' FileScanTasks
+    files: Any  # java.util.HashSet of their DataFiles
+    paths: list[str]
+    dangling_deletes: list[Any]  # DeleteFiles that apply to chosen files only
+
+
+def _choose_inputs(jvm: Any, jtable: Any, snapshot_id: int, rewrite: _Rewrite) -> _Inputs:
+    """The planned files still live at `snapshot_id` (with deletes, if `only_with_deletes`), and the position
+    delete files that apply to no other live data file: once those files are rewritten, nothing reads them."""
+    position_deletes = jvm.org.apache.iceberg.FileContent.POSITION_DELETES
+    inputs = _Inputs(jvm.java.util.ArrayList(), jvm.java.util.HashSet(), [], [])
+    chosen_deletes: dict[str, Any] = {}
+    needed_elsewhere: set[str] = set()
+    planned = jtable.newScan().useSnapshot(snapshot_id).planFiles()
     try:
         iterator = planned.iterator()
         while iterator.hasNext():
             task = iterator.next()
+            deletes = {str(d.location()): d for d in task.deletes() if d.content().equals(position_deletes)}
             path = canonical_path(str(task.file().location()))
-            if path in wanted and task.spec().specId() == item.spec_id:
-                tasks.add(task)
-                inputs.add(task.file())
-                found.append(path)
+            chosen = (
+                path in rewrite.files
+                and task.spec().specId() == rewrite.spec_id
+                and (bool(deletes) or not rewrite.only_with_deletes)
+            )
+            if chosen:
+                inputs.tasks.add(task)
+                inputs.files.add(task.file())
+                inputs.paths.append(path)
+                chosen_deletes.update(deletes)
+            else:
+                needed_elsewhere |= deletes.keys()
     finally:
         planned.close()
-    if len(found) < 2:
+    inputs.dangling_deletes = [d for p, d in sorted(chosen_deletes.items()) if p not in needed_elsewhere]
+    return inputs
+
+
+def _rewrite_data_files(
+    spark: SparkSession, jvm: Any, jtable: Any, rewrite: _Rewrite, started: float
+) -> ItemResult:
+    """Rewrite the chosen files (module doc) and drop the position delete files left dangling: one commit."""
+    kind = rewrite.kind
+    start = jtable.currentSnapshot()
+    if start is None:
+        return ItemResult(kind, Outcome.SKIPPED, "the table has no snapshot", time.monotonic() - started)
+    inputs = _choose_inputs(jvm, jtable, start.snapshotId(), rewrite)
+    if len(inputs.paths) < rewrite.min_files:
+        due = " with deletes" if rewrite.only_with_deletes else ""
         return ItemResult(
             kind,
             Outcome.SKIPPED,
-            f"{len(found)} of {len(wanted)} planned files still live: nothing to rewrite",
+            f"{len(inputs.paths)} of {len(rewrite.files)} planned files still live{due}: nothing to rewrite",
             time.monotonic() - started,
         )
 
@@ -220,8 +309,8 @@ def _compact_files(
     coordinator = _singleton(spark, loader, "org.apache.iceberg.spark.FileRewriteCoordinator")
     try:
         table_cache.add(group, jtable)
-        task_sets.stageTasks(jtable, group, tasks)
-        target = str(item.target_size_bytes)
+        task_sets.stageTasks(jtable, group, inputs.tasks)
+        target = str(rewrite.target_size_bytes)
         frame = (
             spark.read.format("iceberg")
             .option("split-size", target)  # pack the inputs into splits of the target size
@@ -232,28 +321,41 @@ def _compact_files(
             frame.write.format("iceberg")
             .option("target-file-size-bytes", target)
             .option("distribution-mode", "none")
-            .option("output-spec-id", str(item.spec_id))
+            .option("output-spec-id", str(rewrite.spec_id))
             .mode("append")
             .save(group)
         )
         outputs = coordinator.fetchNewFiles(jtable, group)
         # Written, not committed: a crash here leaves only orphans.
         failpoint("main.mid-rewrite")
-        rewrite = jtable.newRewrite().validateFromSnapshot(start.snapshotId())
-        rewrite.rewriteFiles(inputs, outputs, start.sequenceNumber()).commit()
+        commit = (
+            jtable.newRewrite()
+            .validateFromSnapshot(start.snapshotId())
+            .dataSequenceNumber(start.sequenceNumber())  # deletes committed later still apply
+        )
+        for data_file in inputs.files:
+            commit.deleteFile(data_file)
+        for data_file in outputs:
+            commit.addFile(data_file)
+        for delete_file in inputs.dangling_deletes:
+            commit.deleteFile(delete_file)
+        commit.commit()
     finally:
         table_cache.remove(group)
         task_sets.removeTasks(jtable, group)
         coordinator.clearRewrite(jtable, group)
     committed = jtable.currentSnapshot()
+    dropped = len(inputs.dangling_deletes)
     return ItemResult(
         kind,
         Outcome.DONE,
-        f"{len(found)} files of partition {item.partition!r} into {outputs.size()}",
+        f"{len(inputs.paths)} files of partition {rewrite.partition!r} into {outputs.size()}, "
+        f"{dropped} position delete files dropped",
         time.monotonic() - started,
         snapshot_id=int(committed.snapshotId()) if committed is not None else None,
-        files_rewritten=len(found),
+        files_rewritten=len(inputs.paths),
         files_added=int(outputs.size()),
+        extra={"delete_files_removed": dropped},
     )
 
 

@@ -8,7 +8,7 @@ Output of `plan_maintenance`: an ordered tuple of work items, each claimable by 
 Kubernetes Lease named by `work_key`:
 
 1. `ApplyRetention` — drop whole partitions that lie entirely before `now - max_age` (first, so nothing
-   is compacted only to be dropped; partitions it drops are not compacted).
+   is compacted only to be dropped; partitions it drops are neither compacted nor rewritten for deletes).
 2. `CompactPartition` — per partition holding at least `min_files_to_compact` small data files (below
    `small_file_ratio * target`), the small files bin-packed (first-fit decreasing) into output files of at
    most the target size, and the bins cut into groups of at most `max_bytes_per_task` input bytes: a hot
@@ -21,9 +21,21 @@ Kubernetes Lease named by `work_key`:
    rewritten about log2(target / commit size) times, and a partition holds at most
    `min_files_to_compact - 1` files below the smallest tier plus one file per tier (tiers at least double).
    Hot partitions (most small files) come first.
-3. `RewriteManifests` — when `main`'s head has at least `manifest_count_threshold` small manifests (each
+3. `ApplyDeletes` — data files of keyed tables carry position delete files (each upsert batch's MERGE
+   writes them, one per data file it touches: Iceberg's `write.delete.granularity=file`). Every read opens
+   them and skips the deleted rows, so they cost reads until the data file is rewritten without those rows.
+   A data file is planned when its deleted fraction (rows its file-scoped position deletes name / its rows)
+   is at least `deleted_fraction_threshold`, and every data file a delete may apply to is planned once its
+   partition holds `max_delete_files_per_partition` position delete files (a delete file whose rows name
+   several data files, `referenced_data_file` None, may apply to each data file of its partition not
+   newer than it). Per partition, in steps of at most `max_bytes_per_task` input bytes (a file is never
+   split); partitions with most deleted rows first. Files a `CompactPartition` item of the same plan
+   rewrites are left out: that rewrite reads through the deletes too and drops the same delete files, so
+   ApplyDeletes takes what compaction does not (files at the target size, or left out by the tiers), and
+   no file is in two items of one plan. Equality deletes are not planned (Icefall writes none).
+4. `RewriteManifests` — when `main`'s head has at least `manifest_count_threshold` small manifests (each
    ingestion commit adds one).
-4. `ExpireSnapshots` — snapshots older than `snapshot_max_age_ms` beyond the newest `snapshot_min_keep` of
+5. `ExpireSnapshots` — snapshots older than `snapshot_max_age_ms` beyond the newest `snapshot_min_keep` of
    `main`'s history. Never expired: `main`'s head, any snapshot a branch or tag points at (staging branches
    `icefall_stage_*` included: a write in flight, and the base a staged snapshot was planned from), the newest
    `snapshot_min_keep` of `main`, anything newer than the age cut-off. Planned only once it is worth a
@@ -31,7 +43,7 @@ Kubernetes Lease named by `work_key`:
    table committing every few seconds expires in batches, not once per commit; measured in the hour
    benchmark: 609 one-snapshot expiries before this rule). The item names the exact ids to expire
    and the ids kept.
-5. `RemoveOrphans` — storage objects no metadata references AND older than `orphan_min_age_ms` (default 3
+6. `RemoveOrphans` — storage objects no metadata references AND older than `orphan_min_age_ms` (default 3
    days, never below 1 h): a batch being staged writes its data files before any snapshot references them,
    and the window keeps them safe. Reference checks use the metadata before this round's expiry, so a file
    only an expiring snapshot still holds is left for the next round.
@@ -42,11 +54,8 @@ snapshot; every later commit (rewrite, manifest rewrite, expiry, retention delet
 and expiry removes snapshots, never properties. No work item here sets or reads a property; workers must
 leave `icefall.*` alone, and that is all they need to do.
 
-`ApplyDeletes` is a placeholder type for "when upserts arrive" (merging position/equality delete files
-into data files). It is NOT implemented: `plan_maintenance` never emits it and no worker handles it.
-
 `backlog(work)` is the number of items (units that can run in parallel, as `plan.scaling` expects);
-`bytes_to_rewrite(work)` the input bytes of the compaction items.
+`bytes_to_rewrite(work)` the input bytes of the items that rewrite data files (compaction and deletes).
 
 Not guaranteed: that groups of one planning round are still valid when a worker runs them (an ingestion or
 another rewrite may have committed since). Correctness then rests on Iceberg's rewrite validation (a
@@ -98,7 +107,10 @@ PartitionValue = tuple[object, ...]  # partition values in the spec's field orde
 
 @dataclass(frozen=True)
 class DataFileInfo:
-    """One live file of `main`'s head (data or delete file)."""
+    """One live file of `main`'s head (data or delete file). For a position delete file, `record_count` is
+    the number of deleted rows and `referenced_data_file` the one data file they all name (None: several,
+    or unknown). `sequence_number`: the data sequence number (a position delete applies to data files of
+    its partition whose number is not greater than its own)."""
 
     path: str
     partition: PartitionValue
@@ -107,6 +119,8 @@ class DataFileInfo:
     added_snapshot_id: int
     content: FileContent = FileContent.DATA
     spec_id: int = 0
+    referenced_data_file: str | None = None
+    sequence_number: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,6 +218,8 @@ class MaintenancePolicy:
     orphan_min_age_ms: int = 3 * DAY_MS  # never below MIN_ORPHAN_AGE_MS
     manifest_count_threshold: int = 100
     manifest_target_size_bytes: int = DEFAULT_MANIFEST_TARGET_SIZE
+    deleted_fraction_threshold: float = 0.1  # a data file with this share of its rows deleted is rewritten
+    max_delete_files_per_partition: int = 20  # position delete files that make a partition's deletes due
     retention: RetentionPolicy | None = None
 
     def __post_init__(self) -> None:
@@ -224,6 +240,14 @@ class MaintenancePolicy:
             )
         if self.manifest_count_threshold < 2 or self.manifest_target_size_bytes <= 0:
             raise ValueError("need manifest_count_threshold >= 2 and a positive manifest_target_size_bytes")
+        if not 0 < self.deleted_fraction_threshold <= 1:
+            raise ValueError(
+                f"deleted_fraction_threshold must be in (0, 1], got {self.deleted_fraction_threshold}"
+            )
+        if self.max_delete_files_per_partition < 1:
+            raise ValueError(
+                f"max_delete_files_per_partition must be >= 1, got {self.max_delete_files_per_partition}"
+            )
 
     def target_size(self, properties: Mapping[str, str]) -> int:
         """The target data file size: the policy's, else the table property, else 128 MiB."""
@@ -334,15 +358,20 @@ class RemoveOrphans:
 
 @dataclass(frozen=True)
 class ApplyDeletes:
-    """PLACEHOLDER for when upserts arrive: merge delete files into the data files of a partition.
-
-    A type only, so the work-item union and `work_key` leave room for it. Not implemented: the planner
-    never emits it and no worker executes it."""
+    """Rewrite `data_files` (all in `partition` of spec `spec_id`) without the rows their position deletes
+    name, into files of about `target_size_bytes`, and drop the delete files left applying to no live data
+    file. `delete_files`: the file-scoped ones the planner expects to go (the worker decides from the
+    metadata it reads); `deleted_rows`: rows they delete."""
 
     partition: PartitionValue
     data_files: tuple[str, ...]
     delete_files: tuple[str, ...]
+    input_bytes: int
+    deleted_rows: int
+    target_size_bytes: int
+    reason: str
     spec_id: int = 0
+    step: int = 1  # which of the partition's groups this is (1-based), in the planner's order
 
 
 WorkItem = (
@@ -362,7 +391,10 @@ def plan_maintenance(table: TableView, policy: MaintenancePolicy, now_ms: int) -
         work.append(retention)
         spec_ids = {f.spec_id for f in table.files}
         dropped = {(s, p) for s in spec_ids for p in retention.partitions}
-    work.extend(plan_compaction(table, policy, skip=dropped))
+    compaction = plan_compaction(table, policy, skip=dropped)
+    work.extend(compaction)
+    taken = {path for item in compaction for path in item.files}
+    work.extend(plan_delete_application(table, policy, skip=dropped, taken=taken))
     manifests = plan_manifests(table, policy)
     if manifests is not None:
         work.append(manifests)
@@ -407,6 +439,120 @@ def plan_compaction(
             )
             items.append(CompactPartition(partition, paths, size, target, reason, spec_id, n))
     return tuple(items)
+
+
+def plan_delete_application(
+    table: TableView,
+    policy: MaintenancePolicy,
+    *,
+    skip: Iterable[tuple[int, PartitionValue]] = (),
+    taken: Iterable[str] = (),
+) -> tuple[ApplyDeletes, ...]:
+    """Bounded groups of data files to rewrite without their deleted rows, per partition (module doc, step
+    3). `taken`: data files another item of the plan rewrites already."""
+    target = policy.target_size(table.properties)
+    due = _partitions_due_for_deletes(table.files, policy, set(skip), set(taken))
+    due.sort(key=lambda d: (-d.deleted_rows, d.spec_id, repr(d.partition)))
+    items: list[ApplyDeletes] = []
+    for d in due:
+        groups = _cut([[f] for f in d.files], policy.max_bytes_per_task)
+        for n, group in enumerate(groups, start=1):
+            files = [f for bin_ in group for f in bin_]
+            found = [d.scoped[f.path] for f in files if f.path in d.scoped]
+            names = tuple(sorted(name for deletes in found for name in deletes.delete_files))
+            rows = sum(deletes.rows for deletes in found)
+            size = sum(f.size_bytes for f in files)
+            reason = (
+                f"{len(d.files)} data files with deletes due in partition {d.partition!r}; step "
+                f"{n}/{len(groups)}: {len(files)} files, {size} bytes, {rows} rows deleted by "
+                f"{len(names)} file-scoped delete files"
+            )
+            paths = tuple(f.path for f in files)
+            items.append(ApplyDeletes(d.partition, paths, names, size, rows, target, reason, d.spec_id, n))
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class _PartitionDue:
+    """One partition's data files due for delete application (by path), and its file-scoped deletes."""
+
+    spec_id: int
+    partition: PartitionValue
+    files: list[DataFileInfo]
+    scoped: dict[str, _FileDeletes]
+
+    @property
+    def deleted_rows(self) -> int:
+        return sum(self.scoped[f.path].rows for f in self.files if f.path in self.scoped)
+
+
+def _partitions_due_for_deletes(
+    files: Iterable[DataFileInfo],
+    policy: MaintenancePolicy,
+    skip: set[tuple[int, PartitionValue]],
+    taken: set[str],
+) -> list[_PartitionDue]:
+    data: dict[tuple[int, PartitionValue], list[DataFileInfo]] = {}
+    deletes: dict[tuple[int, PartitionValue], list[DataFileInfo]] = {}
+    for f in files:
+        key = (f.spec_id, f.partition)
+        if key in skip:
+            continue
+        if f.content is FileContent.DATA:
+            data.setdefault(key, []).append(f)
+        elif f.content is FileContent.POSITION_DELETES:
+            deletes.setdefault(key, []).append(f)
+    due: list[_PartitionDue] = []
+    for (spec_id, partition), delete_files in deletes.items():
+        scoped = _file_scoped_deletes(delete_files)
+        candidates = data.get((spec_id, partition), [])
+        chosen = [
+            f for f in _due_for_deletes(candidates, delete_files, scoped, policy) if f.path not in taken
+        ]
+        if chosen:
+            due.append(_PartitionDue(spec_id, partition, sorted(chosen, key=lambda f: f.path), scoped))
+    return due
+
+
+@dataclass(frozen=True)
+class _FileDeletes:
+    """What the file-scoped position delete files of one data file delete."""
+
+    rows: int
+    delete_files: tuple[str, ...]
+
+
+def _file_scoped_deletes(deletes: Sequence[DataFileInfo]) -> dict[str, _FileDeletes]:
+    """By data file: the rows its file-scoped delete files delete (summed: they never name a row twice,
+    since a deleted row is not read again to be deleted) and their paths."""
+    found: dict[str, _FileDeletes] = {}
+    for d in deletes:
+        if d.referenced_data_file is not None:
+            old = found.get(d.referenced_data_file, _FileDeletes(0, ()))
+            found[d.referenced_data_file] = _FileDeletes(
+                old.rows + d.record_count, (*old.delete_files, d.path)
+            )
+    return found
+
+
+def _due_for_deletes(
+    data: Sequence[DataFileInfo],
+    deletes: Sequence[DataFileInfo],
+    scoped: Mapping[str, _FileDeletes],
+    policy: MaintenancePolicy,
+) -> list[DataFileInfo]:
+    """The data files of one partition whose deletes are due (either trigger of the module doc)."""
+    unscoped = [d.sequence_number for d in deletes if d.referenced_data_file is None]
+    newest_unscoped = max(unscoped) if unscoped else None
+    many = len(deletes) >= policy.max_delete_files_per_partition
+    chosen: list[DataFileInfo] = []
+    for f in data:
+        rows = scoped[f.path].rows if f.path in scoped else 0
+        enough_deleted = f.record_count > 0 and rows / f.record_count >= policy.deleted_fraction_threshold
+        maybe_deleted = rows > 0 or (newest_unscoped is not None and f.sequence_number <= newest_unscoped)
+        if enough_deleted or (many and maybe_deleted):
+            chosen.append(f)
+    return chosen
 
 
 def _tiered(files: Sequence[DataFileInfo]) -> list[DataFileInfo]:
@@ -572,7 +718,8 @@ def backlog(work: Sequence[WorkItem]) -> int:
 
 
 def bytes_to_rewrite(work: Sequence[WorkItem]) -> int:
-    return sum(item.input_bytes for item in work if isinstance(item, CompactPartition))
+    """Input bytes of the items that rewrite data files (compaction and delete application)."""
+    return sum(item.input_bytes for item in work if isinstance(item, CompactPartition | ApplyDeletes))
 
 
 def work_key(table: str, item: WorkItem) -> str:
@@ -581,17 +728,15 @@ def work_key(table: str, item: WorkItem) -> str:
     Table-wide items (retention, manifests, expiry, orphans) are keyed by kind only, so two workers can
     never run the same kind at once even if they planned at different times. Compaction is keyed by
     partition and step (a hot partition's groups run in parallel; two plans made at different times
-    share keys, so their overlapping groups never run at once), the future delete merge by partition.
+    share keys, so their overlapping groups never run at once), and so is delete application.
     Not by input files: the set of keys stays bounded by the partitions, so Leases a crashed worker left
     behind are reused rather than piling up (the runner deletes a work Lease after releasing it).
     The hash covers the full table name, so tables whose names truncate to the same slug still get
     different keys.
     """
     identity: dict[str, object]
-    if isinstance(item, CompactPartition):
+    if isinstance(item, CompactPartition | ApplyDeletes):
         identity = {"spec": item.spec_id, "partition": repr(item.partition), "step": item.step}
-    elif isinstance(item, ApplyDeletes):
-        identity = {"spec": item.spec_id, "partition": repr(item.partition)}
     else:
         identity = {}
     identity.update(table=table, kind=type(item).__name__)
