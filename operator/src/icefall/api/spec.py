@@ -420,9 +420,7 @@ def key_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
             return [(("key",), "a key applies to mode upsert or cdc; remove it or set mode")]
         return []
     if spec.key is None:
-        return [
-            (("key",), f"mode {spec.mode.value} needs the columns that identify a row, e.g. key: [id]")
-        ]
+        return [(("key",), f"mode {spec.mode.value} needs the columns that identify a row, e.g. key: [id]")]
     problems: list[tuple[Loc, str]] = []
     fields = {f.name: f for f in spec.format.schema_fields}
     seen: set[str] = set()
