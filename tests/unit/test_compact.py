@@ -117,6 +117,7 @@ def test_policy_from_spec() -> None:
                 "maxSnapshotAgeSeconds": 3600,
                 "minSnapshotsToKeep": 3,
                 "orphanMinAgeSeconds": 7200,
+                "rewriteDeletedPercent": 25,
             },
             retention={"field": "ts", "maxAgeSeconds": 7 * 86400},
         )
@@ -125,6 +126,8 @@ def test_policy_from_spec() -> None:
     assert policy.target_file_size_bytes == 64 * 1024 * 1024
     assert policy.snapshot_max_age_ms == 3_600_000 and policy.snapshot_min_keep == 3
     assert policy.orphan_min_age_ms == 7_200_000
+    assert policy.deleted_fraction_threshold == 0.25
+    assert policy_from_spec(streaming_table_from_object(with_spec()).spec).deleted_fraction_threshold == 0.1
     assert policy.retention is not None
     assert policy.retention.partition_field == "ts_hour"
     assert policy.retention.transform is TimeTransform.HOUR

@@ -272,6 +272,15 @@ class CompactionSpec(ApiModel):
             "in flight has files no snapshot references yet."
         ),
     )
+    rewrite_deleted_percent: int = Field(
+        default=10,
+        ge=1,
+        le=100,
+        description=(
+            "Keyed tables (mode upsert or cdc): a data file is rewritten without its deleted rows (and its "
+            "position delete files dropped) once this percentage of its rows is deleted."
+        ),
+    )
     embedded_interval_seconds: int = Field(
         default=30,
         ge=0,

@@ -298,6 +298,7 @@ def policy_from_spec(spec: StreamingTableSpec) -> MaintenancePolicy:
         snapshot_max_age_ms=compaction.max_snapshot_age_seconds * 1000,
         snapshot_min_keep=compaction.min_snapshots_to_keep,
         orphan_min_age_ms=compaction.orphan_min_age_seconds * 1000,
+        deleted_fraction_threshold=compaction.rewrite_deleted_percent / 100,
         retention=retention,
     )
 
