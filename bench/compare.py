@@ -481,8 +481,18 @@ FATAL = re.compile(r"Task threw an uncaught and unrecoverable exception")
 # --- producing ---------------------------------------------------------------------------------------
 
 
-def preload(bootstrap: str, topic: str, count: int, note_words: int, seed: int, *, start: int = 0) -> float:
-    """Produce `count` events as fast as the client goes; returns the seconds it took."""
+def preload(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    note_words: int,
+    seed: int,
+    *,
+    start: int = 0,
+    records: Iterator[tuple[str, bytes | None, int]] | None = None,
+) -> float:
+    """Produce `count` events (of `seed` from `start`, or the next `count` of `records`: key, value or None
+    for a tombstone, timestamp ms) as fast as the client goes; returns the seconds it took."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000, "enable.idempotence": True,
          "compression.type": "none"}
@@ -494,7 +504,7 @@ def preload(bootstrap: str, topic: str, count: int, note_words: int, seed: int, 
             errors.append(err)
 
     started = time.monotonic()
-    records = bench_records(seed, note_words, start=start)
+    records = records or bench_records(seed, note_words, start=start)
     for _ in range(count):
         key, value, ts = next(records)
         while True:
@@ -512,13 +522,24 @@ def preload(bootstrap: str, topic: str, count: int, note_words: int, seed: int, 
 class LiveProducer(threading.Thread):
     """Small events to `topic` at about `rate` records/s until `stop()`; counts acknowledged records."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: float, seed: int, first_id: int = 0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        rate: float,
+        seed: int,
+        first_id: int = 0,
+        *,
+        records: Iterator[tuple[str, bytes | None, int]] | None = None,
+    ) -> None:
+        """`records` (key, value or None for a tombstone, timestamp ms): what to produce instead of the
+        small events of `seed` from `first_id`."""
         super().__init__(daemon=True, name=f"produce-{topic}")
         self.topic, self.rate = topic, rate
         self._producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
         )
-        self._records = bench_records(seed, SMALL_NOTE_WORDS, start=first_id)
+        self._records = records or bench_records(seed, SMALL_NOTE_WORDS, start=first_id)
         self._halt = threading.Event()
         self.acked = self.errors = 0
 
@@ -700,8 +721,11 @@ class Live:
     caught_up: bool
 
 
-def added_ts_by_snapshot(catalog: CatalogConfig) -> Iterator[tuple[int, list[int]]]:
-    """(snapshot id, produce ms of every row in the data files it added), for `append` snapshots only.
+def added_ts_by_snapshot(
+    catalog: CatalogConfig, operations: tuple[Operation, ...] = (Operation.APPEND,)
+) -> Iterator[tuple[int, list[int]]]:
+    """(snapshot id, produce ms of every row in the data files it added), for snapshots of `operations`
+    only (`append`; a keyed table's MERGE is an `overwrite`).
 
     A row counts from the commit that first made it visible. Compaction (`replace`) writes the same rows
     again later; counting them there (as the table's live files would) charged Icefall's in-process
@@ -709,7 +733,7 @@ def added_ts_by_snapshot(catalog: CatalogConfig) -> Iterator[tuple[int, list[int
     """
     table = catalog.pyiceberg().load_table(TABLE)
     for snapshot in table.snapshots():
-        if snapshot.summary is None or snapshot.summary.operation != Operation.APPEND:
+        if snapshot.summary is None or snapshot.summary.operation not in operations:
             continue
         for manifest in snapshot.manifests(table.io):
             if manifest.added_snapshot_id != snapshot.snapshot_id or manifest.content != ManifestContent.DATA:
