@@ -32,20 +32,27 @@ Phases, per system (measured on its own topic):
    consumed them (Icefall: the committed offsets in the table; Spark: its checkpoint's last committed
    micro-batch's offsets). Not measured.
 2. Initial load: the remaining keys produced as fast as the client goes; drain = first record produced to
-   the commit that consumed the last; records/s and records per CPU-second of the process tree.
+   the commit that consumed the last (snapshot log time; compaction's `replace` snapshots are not
+   commits here); records/s and records per CPU-second (user + system of the process tree) over it.
 3. Change backlog: `--backlog-changes` changes produced as fast as the client goes; the same figures.
 4. Live: changes at `--rate` records/s for `--seconds`, the table's files sampled every
    `--sample-seconds` (data files, delete files, position deletes of main's head). Freshness of a change
    = when main first held its row (snapshot log time of the MERGE's snapshot that added its data file) -
    its produce time: p50/p99 over the rows written in the window. A change overwritten by a later one of
-   the same micro-batch, and a tombstone, write no row: they are not measured. Then the producer stops
-   and the system drains what is left; then it is stopped.
-5. Reads, by a Spark session of this process (`local[2]`) on the stopped system's catalog: a full scan
-   (`SELECT count(*), sum(amount)`) and a point lookup by key (`SELECT * ... WHERE id = k`), each run
-   `READS` times, the median reported (the first run included: a cold start is what a reader sees).
+   the same micro-batch, and a tombstone, write no row: they are not measured. CPU cores busy = CPU
+   seconds of the tree over the window / its length. Then the producer stops and the system drains what
+   is left; then it is stopped (Icefall's log then tells how many batches were planned again because
+   maintenance moved `main` under a staged MERGE: `REPLANNED`).
+5. Reads, by a Spark session of this process (`local[2]`, on every core: the system is stopped) on the
+   system's catalog: a full scan (`SELECT count(*), sum(amount)`) and a point lookup by key (`SELECT *
+   ... WHERE id = k`), each run `READS` times, the median reported (the first run included: a cold start
+   is what a reader sees).
 6. Exactness: the final table against the model (the workload's last value per key, deletes removed) by
    content (every column but `ts`, compared like bench/compare.py's audit); Icefall's table also by
    `icefall.audit_keyed.audit_keyed` (`icefall verify`: the table against the topic, row by row).
+
+`--quick` (a smoke run): 50,000 keys, 10,000 changes, 60 s live at 300/s, files sampled every 5 s; an
+option given beside it wins. A full run (the defaults) streams an hour per system: over three hours in all.
 
 Writes bench/results/upsert.md (or `--out`). Nothing asserts on time. One run on a shared machine: the load
 averages at start and end are in the report; compare runs only at similar loads.
@@ -54,14 +61,11 @@ averages at start and end are in the report; compare runs only at similar loads.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -79,10 +83,10 @@ from common import (
     machine_basics,
     machine_section,
     percentile,
+    write_results,
 )
 from compare import (
     CONTENT,
-    PEERS,
     RESULTS,
     TABLE,
     Commit,
@@ -90,6 +94,7 @@ from compare import (
     LiveProducer,
     Run,
     added_ts_by_snapshot,
+    bench_context,
     cadence,
     comma_list,
     failure_section,
@@ -100,6 +105,7 @@ from compare import (
     same,
     say,
     settings_section,
+    spark_peer_argv,
     versions,
     wait_for,
 )
@@ -110,9 +116,7 @@ from icefall.api import load_manifest, to_iceberg_schema
 from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import KEYED_TABLE_DEFAULTS, TABLE_DEFAULTS
 from icefall.commit import read_committed
-from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.procs import ManagedProcess
-from icefall.devstack.tools import jar_files
 from icefall.ingest.engine import SPARK_CONSUMER_DEFAULTS as SPARK_CONSUMER
 
 PARTITIONS = 3
@@ -124,11 +128,15 @@ LABELS = {
 }
 #: Keys of the initial load produced before the system starts (its start-up, not measured).
 START_KEYS = 1_000
+#: What Icefall logs when maintenance moved `main` under a staged keyed batch (planned again, not re-staged).
+REPLANNED = "commit refused (main moved by maintenance"
 #: Runs of each read query; the median is reported.
 READS = 3
 #: Shares of the change stream: updates of a live key, inserts of a new key, tombstones of a live key.
 UPDATE_SHARE, INSERT_SHARE, DELETE_SHARE = 0.89, 0.10, 0.01
 
+#: What the workload counts: the initial load's inserts, then the change stream's kinds.
+KINDS = ("load", "insert", "update", "delete")
 Change = tuple[str, bytes | None, int]  # (Kafka key, JSON value or None for a tombstone, timestamp ms)
 
 
@@ -148,7 +156,7 @@ class Workload:
     keys: int
     note_words: int = SMALL_NOTE_WORDS
     model: dict[int, bytes] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=lambda: {"insert": 0, "update": 0, "delete": 0})
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     _live: list[int] = field(default_factory=list)  # live keys, for a random pick
     _where: dict[int, int] = field(default_factory=dict)  # key -> its index in _live
     _next_id: int = 0
@@ -158,7 +166,7 @@ class Workload:
 
     def initial(self) -> Iterator[Change]:
         while self._next_id < self.keys:
-            yield self._write(self._new_key(), "insert")
+            yield self._write(self._new_key(), "load")
 
     def changes(self) -> Iterator[Change]:
         while True:
@@ -258,14 +266,7 @@ def launch(ctx: Context, system: str, topic: str, work: Path) -> Run:
         }
     else:
         create_peer_table(ctx, catalog)
-        jars = ",".join(str(j) for j in jar_files("ICEFALL_SPARK_JARS"))
-        argv = [
-            sys.executable, str(PEERS / "spark_streaming.py"), "--bootstrap", ctx.broker.bootstrap,
-            "--topic", topic, "--table", ".".join(TABLE), "--catalog-db", str(catalog.database),
-            "--warehouse", str(work / "warehouse"), "--checkpoint", str(work / "checkpoint"), "--jars", jars,
-            "--trigger-seconds", f"{cadence(ctx):g}", "--upsert-key", "id",
-            *(f"--kafka-option={k}={v}" for k, v in SPARK_CONSUMER.items()),
-        ]  # fmt: skip
+        argv = spark_peer_argv(ctx, topic, work, catalog, "--upsert-key", "id")
         ctx.settings[system] = {
             "command": "bench/peers/spark_streaming.py --upsert-key id (master local[2], driver memory 1g)",
             "trigger": f"processingTime {cadence(ctx):g} s (Icefall's cadence at the same target)",
@@ -362,18 +363,31 @@ class Result:
     changes: dict[str, int] = field(default_factory=dict)
     exact: str = "not checked"
     audit: str = "n/a"
+    replanned: str = "n/a"  # Icefall: batches planned again because maintenance moved main
     error: str = ""
 
 
 def drain(ctx: Context, run: Run, records: Iterator[Change], count: int) -> Drain:
     """Produce `count` of `records` as fast as the client goes; time it to the commit that consumed all."""
-    before = len(run.commits())
+    before = len(writes(run, run.commits()))
     started, cpu_start = time.time(), run.monitor.sample().cpu
     preload(ctx.broker.bootstrap, run.topic, count, SMALL_NOTE_WORDS, 0, records=records)
-    commits = until_consumed(ctx, run)
+    commits = writes(run, until_consumed(ctx, run))
     end = commits[-1].visible_ms / 1000 if commits else time.time()
     cpu = run.monitor.cpu_at(end) - cpu_start
     return Drain(count, end - started, count / cpu if cpu > 0 else float("nan"), len(commits) - before)
+
+
+def writes(run: Run, commits: list[Commit]) -> list[Commit]:
+    """`commits` but compaction's (`replace`: the same rows again), so the last is the last write."""
+    assert run.catalog is not None
+    table = run.catalog.pyiceberg().load_table(TABLE)
+    kept = []
+    for commit in commits:
+        snapshot = table.snapshot_by_id(commit.snapshot_id)
+        if snapshot is None or snapshot.summary is None or snapshot.summary.operation != Operation.REPLACE:
+            kept.append(commit)
+    return kept
 
 
 def files_now(catalog: CatalogConfig, since: float) -> Files | None:
@@ -433,7 +447,12 @@ def reads(run: Run, workload: Workload, result: Result) -> None:
     from icefall.spark.session import build_spark_session
 
     assert run.catalog is not None
-    spark = build_spark_session([run.catalog], master="local[2]", app_name="bench-upsert-reads")
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the system is stopped: its core is free
+    try:
+        spark = build_spark_session([run.catalog], master="local[2]", app_name="bench-upsert-reads")
+    finally:
+        os.sched_setaffinity(0, pinned)
     try:
         name = f"{run.catalog.name}.{'.'.join(TABLE)}"
         probe = random.Random(7).choice(sorted(workload.model))
@@ -484,6 +503,8 @@ def bench_system(ctx: Context, result: Result) -> None:
     finally:
         run.stop()
     result.peak_rss = run.monitor.peak_rss
+    if system.startswith("icefall"):
+        result.replanned = str(run.proc.log_path.read_text(errors="replace").count(REPLANNED))
     result.changes = dict(workload.counts)
     reads(run, workload, result)
     say(f"{system}: scan {result.scan_s:.2f}s, lookup {result.lookup_s:.2f}s, model: {result.exact}, "
@@ -504,7 +525,7 @@ def thinned(samples: list[Files], most: int) -> list[Files]:
 def drain_cells(d: Drain | None) -> list[str]:
     if d is None:
         return ["n/a"] * 4
-    return [f"{d.records:,}", fmt(d.rate), fmt(d.per_cpu), f"{d.seconds:.1f} s ({d.commits} snapshots)"]
+    return [f"{d.records:,}", fmt(d.rate), fmt(d.per_cpu), f"{d.seconds:.1f} s, {d.commits} commits"]
 
 
 def render(ctx: Context, facts: dict[str, str], results: list[Result], started: str) -> str:
@@ -557,6 +578,7 @@ def render(ctx: Context, facts: dict[str, str], results: list[Result], started: 
         row("live: rows measured for freshness", [f"{r.measured:,}" for r in ok]),
         row("live: CPU cores busy", [fmt(r.cpu_cores, ".2f") for r in ok]),
         row("peak RSS of the process tree", [mib(r.peak_rss) for r in ok]),
+        row("batches planned again: maintenance moved main (from its log)", [r.replanned for r in ok]),
         "",
         "## After the run",
         "",
@@ -570,8 +592,8 @@ def render(ctx: Context, facts: dict[str, str], results: list[Result], started: 
         ),
         row("rows / keys in the model", [f"{r.rows:,} / {r.model_keys:,}" for r in ok]),
         row(
-            "changes generated (insert / update / delete)",
-            [" / ".join(f"{r.changes.get(k, 0):,}" for k in ("insert", "update", "delete")) for r in ok],
+            "records produced: initial load / inserts / updates / tombstones",
+            [" / ".join(f"{r.changes.get(k, 0):,}" for k in KINDS) for r in ok],
         ),
         row("exact against the model, by content", [r.exact for r in ok]),
         row("`icefall verify` (audit_keyed)", [r.audit for r in ok]),
@@ -597,7 +619,8 @@ def render(ctx: Context, facts: dict[str, str], results: list[Result], started: 
             ctx,
             "| all | catalog | SQLite (pyiceberg SqlCatalog / Iceberg JdbcCatalog, catalog name `icefall`), "
             "local warehouse, one per system |",
-            "| reads | Spark | a session of the bench process, local[2], after the system stopped |",
+            "| reads | Spark | a session of the bench process, local[2] on every core, after the system "
+            "stopped |",
         ),
         *machine_section(facts),
     ]
@@ -624,10 +647,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "upsert.md")
     parser.add_argument("--keep", type=Path, help="keep the state (logs, tables) in this new folder")
     args = parser.parse_args(argv)
+    if args.quick:  # its scale, unless an option says otherwise
+        parser.set_defaults(keys=50_000, backlog_changes=10_000, seconds=60, rate=300, sample_seconds=5)
+        args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    if args.quick:
-        args.keys, args.backlog_changes, args.seconds = 50_000, 10_000, 60
-        args.rate, args.sample_seconds = 300, 5
     args.systems = comma_list(args.systems)
     args.live_systems = []
     for system in args.systems:
@@ -639,37 +662,18 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     facts = machine_basics()
     facts["Load average at start (1/5/15 min)"] = load_average()
-    pin: list[str] = []
-    if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
-        os.sched_setaffinity(0, {0})  # this process and the broker it starts: core 0
-        pin = ["taskset", "-c", "1"]
     results = []
-    with contextlib.ExitStack() as stack:
-        if args.keep:
-            args.keep.mkdir(parents=True)
-            state = Path(args.keep.resolve())
-        else:
-            state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="icefall-upsert-")))
-        say("starting Kafka ...")
-        broker = KafkaBroker(state / "kafka", heap="1g").start()
-        ctx = Context(broker, args, state, pin)
-        try:
-            for system in args.systems:
-                results.append(Result(system))
-                try:
-                    bench_system(ctx, results[-1])
-                except Exception as exc:
-                    say(f"{system} FAILED: {exc}")
-                    results[-1].error = str(exc)
-        finally:
-            broker.stop()
-        facts.update(versions(ctx))
+    with bench_context(args, "icefall-upsert-") as ctx:
+        for system in args.systems:
+            results.append(Result(system))
+            try:
+                bench_system(ctx, results[-1])
+            except Exception as exc:
+                say(f"{system} FAILED: {exc}")
+                results[-1].error = str(exc)
+    facts.update(versions(ctx))
     facts["Load average at end (1/5/15 min)"] = load_average()
-    text = render(ctx, facts, results, started)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text, flush=True)
-    say(f"written to {args.out}")
+    write_results(args.out, render(ctx, facts, results, started))
     return 0
 
 
