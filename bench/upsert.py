@@ -36,10 +36,10 @@ Phases, per system (measured on its own topic):
    commits here); records/s and records per CPU-second (user + system of the process tree) over it.
 3. Change backlog: `--backlog-changes` changes produced as fast as the client goes; the same figures.
 4. Live: changes at `--rate` records/s for `--seconds`, the table's files sampled every
-   `--sample-seconds` (data files, delete files, position deletes of main's head). Freshness of a change
-   = when main first held its row (snapshot log time of the MERGE's snapshot that added its data file) -
-   its produce time: p50/p99 over the rows written in the window. A change overwritten by a later one of
-   the same micro-batch, and a tombstone, write no row: they are not measured. CPU cores busy = CPU
+   `--sample-seconds` (data files, delete files, position deletes, records of main's head). Freshness of
+   a change = when main first held its row (snapshot log time of the MERGE's snapshot that added its data
+   file) - its produce time: p50/p99 over the rows written in the window. A change overwritten by a later
+   one of the same micro-batch, and a tombstone, write no row: they are not measured. CPU cores busy = CPU
    seconds of the tree over the window / its length. Then the producer stops and the system drains what
    is left; then it is stopped (Icefall's log then tells how many batches were planned again because
    maintenance moved `main` under a staged MERGE: `REPLANNED`).
@@ -339,7 +339,7 @@ class Files:
     data: int
     deletes: int
     position_deletes: int
-    rows: int
+    records: int  # in the data files, deleted ones included until a rewrite drops them
 
 
 @dataclass
@@ -403,7 +403,7 @@ def files_now(catalog: CatalogConfig, since: float) -> Files | None:
         int(summary.get("total-data-files") or 0),
         int(summary.get("total-delete-files") or 0),
         int(summary.get("total-position-deletes") or 0),
-        int(summary.get("total-records") or 0) - int(summary.get("total-position-deletes") or 0),
+        int(summary.get("total-records") or 0),
     )
 
 
@@ -549,7 +549,8 @@ def render(ctx: Context, facts: dict[str, str], results: list[Result], started: 
         "# Upserts: Icefall's keyed tables beside Spark Structured Streaming's MERGE",
         "",
         f"`bench/upsert.py {' '.join(a.argv)}` started {started}; this is **{kind}**. How each figure is "
-        "measured: the docstring of `bench/upsert.py`.",
+        "measured: the docstring of `bench/upsert.py`. The systems run one after another, so a change of "
+        "load between them falls on some of them only (load averages at the start and end: under Machine).",
         "",
         f"Workload: {a.keys:,} keys (~230-byte JSON events of 9 fields, keyed by `id`, the Kafka key the "
         f"id), {PARTITIONS} partitions, a fresh topic per system; an initial load of one insert per key, "
@@ -600,15 +601,20 @@ def render(ctx: Context, facts: dict[str, str], results: list[Result], started: 
         "",
         f"## Files over the live window (main's head, sampled every {a.sample_seconds:g} s)",
         "",
+        "From the head snapshot's summary: `total-data-files`, `total-delete-files` (position-delete files: "
+        "one per MERGE that replaced or deleted rows), `total-position-deletes` and `total-records` (rows in "
+        "the data files, the deleted ones included). A compaction that rewrites data files applies the "
+        "deletes (records drop), while the delete files stay counted until something removes them.",
+        "",
     ]
     for r in ok:
         lines += [
             f"### {LABELS[r.system]}",
             "",
-            "| seconds | data files | delete files | position deletes | live rows |",
+            "| seconds | data files | delete files | position deletes | records in data files |",
             "|--:|--:|--:|--:|--:|",
             *(
-                f"| {s.at:.0f} | {s.data} | {s.deletes} | {s.position_deletes:,} | {s.rows:,} |"
+                f"| {s.at:.0f} | {s.data} | {s.deletes} | {s.position_deletes:,} | {s.records:,} |"
                 for s in thinned(r.files, 12)
             ),
             "",
