@@ -4,7 +4,8 @@ Proves: the keyed workload inserts every key once, then changes in about the doc
 (89 % updates of live keys, 10 % inserts of new keys, 1 % tombstones of live keys), is seeded, names each
 key by its id in the Kafka key, and its model is the last value per key with deleted keys gone; the
 content check finds missing, unexpected, different and duplicated rows; the samples are thinned evenly
-keeping both ends; the keyed manifest is a valid upsert StreamingTable keyed by a required id.
+keeping both ends; the keyed manifest is a valid upsert StreamingTable keyed by a required id; the report
+puts each system's figures in its column and keeps a failed system's error.
 """
 
 from __future__ import annotations
@@ -111,3 +112,17 @@ def test_the_keyed_manifest_is_an_upsert_streaming_table() -> None:
     assert st.spec.source.topic == "upsert-icefall"
     assert st.table_identifier == upsert.TABLE
     assert next(f for f in st.spec.format.schema_fields if f.name == "id").required
+
+
+def test_the_report_puts_the_systems_side_by_side_and_keeps_failures() -> None:
+    args = SimpleNamespace(argv=["--quick"], quick=True, keys=50_000, backlog_changes=10_000, rate=300.0,
+                           seconds=60.0, freshness_target=10.0, sample_seconds=5.0)  # fmt: skip
+    ctx = upsert.Context(SimpleNamespace(bootstrap="x"), args, Path("/nonexistent"), [])
+    done = upsert.Result("icefall", load=upsert.Drain(49_000, 10.0, 4_000.0, 3), p50=4.9, p99=10.5)
+    done.files = [upsert.Files(0.0, 5, 4, 8_154, 59_034), upsert.Files(10.0, 1, 5, 8_680, 50_922)]
+    text = upsert.render(ctx, {"CPU": "test"}, [done, upsert.Result("spark", error="boom")], "now")
+    assert "QUICK run" in text
+    assert "| initial load: records/s | 4,900 |" in text
+    assert "| live: freshness p50 / p99 | 4.9 / 10.5 s |" in text
+    assert "| 10 | 1 | 5 | 8,680 | 50,922 |" in text
+    assert "## Failures" in text and "boom" in text
