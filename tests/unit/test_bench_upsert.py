@@ -1,11 +1,11 @@
 """The upsert benchmark's pure helpers do what bench/upsert.py says.
 
-Proves: the keyed workload inserts every key once, then changes in about the documented shares
-(89 % updates of live keys, 10 % inserts of new keys, 1 % tombstones of live keys), never changes a deleted
-key again, is seeded, names each key by its id in the Kafka key, and its model is the last value per key with deleted keys gone; the
-content check finds missing, unexpected, different and duplicated rows; the samples are thinned evenly
-keeping both ends; the keyed manifest is a valid upsert StreamingTable keyed by a required id; the report
-puts each system's figures in its column and keeps a failed system's error.
+Proves: the keyed workload inserts every key once, then changes in about the documented shares (89 %
+updates of live keys, 10 % inserts of new keys, 1 % tombstones of live keys), never changes a deleted key
+again, is seeded, names each key by its id in the Kafka key, and its model is the last value per key with
+deleted keys gone; the content check finds missing, unexpected, different and duplicated rows; the samples
+are thinned evenly keeping both ends; the keyed manifest is a valid upsert StreamingTable keyed by a
+required id; the report puts each system's figures in its column and keeps a failed system's error.
 """
 
 from __future__ import annotations
