@@ -16,6 +16,7 @@ help:
 	@echo "make e2e-kind  (needs Docker) the cluster example on a kind cluster, with the image and the chart"
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
+	@echo "make bench-upsert  keyed upserts: Icefall beside Spark's foreachBatch MERGE (bench/results/upsert.md)"
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
@@ -90,6 +91,13 @@ bench: setup $(VENV)/.bench-installed
 .PHONY: bench-growth
 bench-growth: setup $(VENV)/.bench-installed
 	$(TOOLS) && $(BIN)/python bench/compare.py --growth $(BENCH_ARGS)
+# Upserts (#14): Icefall's keyed table (with and without compaction) beside Spark Structured Streaming's
+# foreachBatch MERGE over 1,000,000 keys, a change backlog and an hour of live changes per system
+# (bench/upsert.py; results in bench/results/upsert.md). A smoke run: BENCH_ARGS=--quick; a shorter live
+# stream: BENCH_ARGS="--seconds 600".
+.PHONY: bench-upsert
+bench-upsert: setup $(VENV)/.bench-installed
+	$(TOOLS) && $(BIN)/python bench/upsert.py $(BENCH_ARGS)
 $(VENV)/.bench-installed: pyproject.toml constraints.txt
 	@$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	@touch $@

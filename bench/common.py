@@ -140,6 +140,14 @@ class TreeMonitor:
         return a.cpu + (b.cpu - a.cpu) * (when - a.at) / (b.at - a.at)
 
 
+def write_results(path: Path, text: str) -> None:
+    """Write a results file (its folder made first), print it, then say where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(text, flush=True)
+    print(f"[bench] {time.strftime('%H:%M:%S')} written to {path}", flush=True)
+
+
 # --- the machine -------------------------------------------------------------------------------------
 
 

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import load_average, machine_section, percentile
+from common import load_average, machine_section, percentile, write_results
 from ingest import machine  # bench/ingest.py: the house helpers
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.manifest import ManifestContent
@@ -470,10 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             broker.stop()
     arms = [arm for arm in arms if arm.checkpoints]
     text = render(args, facts, arms)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text, flush=True)
-    say(f"written to {args.out}")
+    write_results(args.out, text)
     return 0
 
 

@@ -111,6 +111,7 @@ from common import (
     machine_basics,
     machine_section,
     percentile,
+    write_results,
 )
 from confluent_kafka import Producer, libversion
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
@@ -316,18 +317,24 @@ def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[M
     return proc, CatalogConfig.embedded(work)
 
 
-def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
-    catalog = CatalogConfig.embedded(work)
-    create_peer_table(ctx, catalog)
+def spark_peer_argv(ctx: Context, topic: str, work: Path, catalog: CatalogConfig, *extra: str) -> list[str]:
+    """bench/peers/spark_streaming.py on `topic` into `catalog`'s TABLE, its checkpoint in `work`, the
+    same jars as Icefall, the trigger at Icefall's cadence, Icefall's Kafka reader defaults; then `extra`."""
     jars = ",".join(str(j) for j in jar_files("ICEFALL_SPARK_JARS"))
-    argv = [
+    return [
         sys.executable, str(PEERS / "spark_streaming.py"), "--bootstrap", ctx.broker.bootstrap,
         "--topic", topic, "--table", ".".join(TABLE), "--catalog-db", str(catalog.database),
         "--warehouse", str(work / "warehouse"), "--checkpoint", str(work / "checkpoint"), "--jars", jars,
         "--trigger-seconds", f"{cadence(ctx):g}",
-        "--max-offsets-per-trigger", str(ctx.args.spark_max_offsets),
-        *(f"--kafka-option={k}={v}" for k, v in SPARK_CONSUMER.items()),
+        *(f"--kafka-option={k}={v}" for k, v in SPARK_CONSUMER.items()), *extra,
     ]  # fmt: skip
+
+
+def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
+    catalog = CatalogConfig.embedded(work)
+    create_peer_table(ctx, catalog)
+    limit = str(ctx.args.spark_max_offsets)
+    argv = spark_peer_argv(ctx, topic, work, catalog, "--max-offsets-per-trigger", limit)
     ctx.settings["spark"] = {
         "command": "bench/peers/spark_streaming.py (master local[2], driver memory 1g)",
         "trigger": f"processingTime {cadence(ctx):g} s (Icefall's cadence at the same target)",
@@ -481,8 +488,18 @@ FATAL = re.compile(r"Task threw an uncaught and unrecoverable exception")
 # --- producing ---------------------------------------------------------------------------------------
 
 
-def preload(bootstrap: str, topic: str, count: int, note_words: int, seed: int, *, start: int = 0) -> float:
-    """Produce `count` events as fast as the client goes; returns the seconds it took."""
+def preload(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    note_words: int,
+    seed: int,
+    *,
+    start: int = 0,
+    records: Iterator[tuple[str, bytes | None, int]] | None = None,
+) -> float:
+    """Produce `count` events (of `seed` from `start`, or the next `count` of `records`: key, value or None
+    for a tombstone, timestamp ms) as fast as the client goes; returns the seconds it took."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000, "enable.idempotence": True,
          "compression.type": "none"}
@@ -494,7 +511,7 @@ def preload(bootstrap: str, topic: str, count: int, note_words: int, seed: int, 
             errors.append(err)
 
     started = time.monotonic()
-    records = bench_records(seed, note_words, start=start)
+    records = records or bench_records(seed, note_words, start=start)
     for _ in range(count):
         key, value, ts = next(records)
         while True:
@@ -512,13 +529,24 @@ def preload(bootstrap: str, topic: str, count: int, note_words: int, seed: int, 
 class LiveProducer(threading.Thread):
     """Small events to `topic` at about `rate` records/s until `stop()`; counts acknowledged records."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: float, seed: int, first_id: int = 0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        rate: float,
+        seed: int,
+        first_id: int = 0,
+        *,
+        records: Iterator[tuple[str, bytes | None, int]] | None = None,
+    ) -> None:
+        """`records` (key, value or None for a tombstone, timestamp ms): what to produce instead of the
+        small events of `seed` from `first_id`."""
         super().__init__(daemon=True, name=f"produce-{topic}")
         self.topic, self.rate = topic, rate
         self._producer = Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
         )
-        self._records = bench_records(seed, SMALL_NOTE_WORDS, start=first_id)
+        self._records = records or bench_records(seed, SMALL_NOTE_WORDS, start=first_id)
         self._halt = threading.Event()
         self.acked = self.errors = 0
 
@@ -700,8 +728,11 @@ class Live:
     caught_up: bool
 
 
-def added_ts_by_snapshot(catalog: CatalogConfig) -> Iterator[tuple[int, list[int]]]:
-    """(snapshot id, produce ms of every row in the data files it added), for `append` snapshots only.
+def added_ts_by_snapshot(
+    catalog: CatalogConfig, operations: tuple[Operation, ...] = (Operation.APPEND,)
+) -> Iterator[tuple[int, list[int]]]:
+    """(snapshot id, produce ms of every row in the data files it added), for snapshots of `operations`
+    only (`append`; a keyed table's MERGE is an `overwrite`).
 
     A row counts from the commit that first made it visible. Compaction (`replace`) writes the same rows
     again later; counting them there (as the table's live files would) charged Icefall's in-process
@@ -709,7 +740,7 @@ def added_ts_by_snapshot(catalog: CatalogConfig) -> Iterator[tuple[int, list[int
     """
     table = catalog.pyiceberg().load_table(TABLE)
     for snapshot in table.snapshots():
-        if snapshot.summary is None or snapshot.summary.operation != Operation.APPEND:
+        if snapshot.summary is None or snapshot.summary.operation not in operations:
             continue
         for manifest in snapshot.manifests(table.io):
             if manifest.added_snapshot_id != snapshot.snapshot_id or manifest.content != ManifestContent.DATA:
@@ -1143,11 +1174,7 @@ def write_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) 
     """The growth table to `--out` (a file; a folder gets growth.md), default bench/results/growth.md."""
     out = ctx.args.out or RESULTS / "growth.md"
     out = out / "growth.md" if out.is_dir() else out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = render_growth(ctx, facts, grid, started)
-    out.write_text(text)
-    print(text, flush=True)
-    say(f"written to {out}")
+    write_results(out, render_growth(ctx, facts, grid, started))
 
 
 def comma_list(text: str) -> list[str]:
@@ -1238,27 +1265,12 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     facts = machine_basics()
     facts["Load average at start (1/5/15 min)"] = load_average()
-    pin: list[str] = []
-    if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
-        os.sched_setaffinity(0, {0})  # this process and the broker it starts: core 0
-        pin = ["taskset", "-c", "1"]
-    with contextlib.ExitStack() as stack:
-        if args.keep:
-            args.keep.mkdir(parents=True)
-            state = str(args.keep.resolve())
+    with bench_context(args, "icefall-compare-") as ctx:
+        if args.growth:
+            grid = run_growth(ctx)
         else:
-            state = stack.enter_context(tempfile.TemporaryDirectory(prefix="icefall-compare-"))
-        say("starting Kafka ...")
-        broker = KafkaBroker(Path(state) / "kafka", heap="1g").start()
-        ctx = Context(broker, args, Path(state), pin)
-        try:
-            if args.growth:
-                grid = run_growth(ctx)
-            else:
-                results, produced = run_all(ctx)
-        finally:
-            broker.stop()
-        facts.update(versions(ctx))
+            results, produced = run_all(ctx)
+    facts.update(versions(ctx))
     facts["Load average at end (1/5/15 min)"] = load_average()
     if args.growth:
         write_growth(ctx, facts, grid, started)
@@ -1267,11 +1279,32 @@ def main(argv: list[str] | None = None) -> int:
     facts["Producer alone (this process, core 0)"] = produced["producer alone"]
     args.out.mkdir(parents=True, exist_ok=True)
     chart_line = chart(results, args.out / "compare.png")
-    text = render(ctx, facts, results, chart_line, started)
-    (args.out / "compare.md").write_text(text)
-    print(text, flush=True)
-    say(f"written to {args.out / 'compare.md'} and {args.out / 'compare.png'}")
+    write_results(args.out / "compare.md", render(ctx, facts, results, chart_line, started))
+    say(f"chart: {args.out / 'compare.png'}")
     return 0
+
+
+@contextlib.contextmanager
+def bench_context(args: argparse.Namespace, prefix: str) -> Iterator[Context]:
+    """The run's Context: this process (and the broker it starts) pinned to core 0 and the systems to core 1
+    when there are 2 or more cores; the state in `args.keep` (a new folder) or a temporary one named
+    `prefix`...; one Kafka broker, stopped (and a temporary state deleted) when the block ends."""
+    pin: list[str] = []
+    if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
+        os.sched_setaffinity(0, {0})  # this process and the broker it starts: core 0
+        pin = ["taskset", "-c", "1"]
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True)
+            state = Path(args.keep.resolve())
+        else:
+            state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+        say("starting Kafka ...")
+        broker = KafkaBroker(state / "kafka", heap="1g").start()
+        try:
+            yield Context(broker, args, state, pin)
+        finally:
+            broker.stop()
 
 
 if __name__ == "__main__":

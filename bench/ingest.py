@@ -57,6 +57,7 @@ from common import (
     machine_section,
     percentile,
     proc_stat,
+    write_results,
 )
 from confluent_kafka import Producer, libversion
 
@@ -430,10 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="icefall-bench-") as state:
         facts, rows = run(args, Path(state))
     text = render(args, facts, rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text, flush=True)
-    say(f"written to {args.out}")
+    write_results(args.out, text)
     return 0
 
 

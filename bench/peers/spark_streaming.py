@@ -2,10 +2,16 @@
 
     python bench/peers/spark_streaming.py --bootstrap HOST:PORT --topic T --table bench.events \
         --catalog-db catalog.db --warehouse DIR --checkpoint DIR --jars 'a.jar,b.jar' [--trigger-seconds 10] \
-        [--kafka-option fetch.max.wait.ms=10 ...]
+        [--kafka-option fetch.max.wait.ms=10 ...] [--upsert-key id]
 
 readStream from Kafka (earliest) → from_json with the events' schema → writeStream format iceberg into an
 existing table of a JDBC (SQLite) catalog named `icefall`, trigger processingTime, a checkpoint folder.
+With `--upsert-key COLUMN` (bench/upsert.py) the job is the keyed one a Spark user writes instead: each
+micro-batch, in `foreachBatch`, is cut to the last record per key (by Kafka offset; a key stays in one
+partition), a tombstone (null value) taking its key from the Kafka key (a bare value), then applied by
+one `MERGE INTO` (matched and tombstone: DELETE; matched: UPDATE; not matched and not a tombstone:
+INSERT). The table's write modes say how (bench/upsert.py creates it merge-on-read). A micro-batch run
+again after a crash applies the same last values again: idempotent.
 Each `--kafka-option KEY=VALUE` is set on the readStream as `kafka.KEY` (bench/compare.py passes Icefall's
 reader defaults: with the client's own `fetch.max.wait.ms`, 500 ms, a partition with nothing new makes each
 Kafka read wait that long).
@@ -18,15 +24,42 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from pyspark.sql import SparkSession
-from pyspark.sql.functions import col, from_json
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql.functions import coalesce, col, from_json, row_number
 
 EVENT_DDL = (
     "id BIGINT, key STRING, ts TIMESTAMP, customer STRING, amount DOUBLE, items INT, "
     "shipping STRUCT<street: STRING, city: STRING, country: STRING>, tags ARRAY<STRING>, note STRING"
 )
+COLUMNS = ("id", "key", "ts", "customer", "amount", "items", "shipping", "tags", "note")
+
+
+def upsert_batch(table: str, key: str) -> Callable[[DataFrame, int], None]:
+    """The `foreachBatch` function: the micro-batch's last record per `key`, then one MERGE into `table`."""
+
+    def apply(batch: DataFrame, _batch_id: int) -> None:
+        changes = batch.select(
+            coalesce(col("e." + key), col("key").cast("string").cast("bigint")).alias("_key"),
+            col("value").isNull().alias("_deleted"),
+            col("offset"),
+            *(col("e." + c).alias(c) for c in COLUMNS),
+        )
+        last = Window.partitionBy("_key").orderBy(col("offset").desc())
+        changes = changes.withColumn("_n", row_number().over(last)).where("_n = 1").where("_key IS NOT NULL")
+        changes.createOrReplaceTempView("changes")
+        updates = ", ".join(f"t.{c} = s.{c}" for c in COLUMNS)
+        batch.sparkSession.sql(
+            f"MERGE INTO {table} t USING changes s ON t.{key} = s._key "
+            "WHEN MATCHED AND s._deleted THEN DELETE "
+            f"WHEN MATCHED THEN UPDATE SET {updates} "
+            f"WHEN NOT MATCHED AND NOT s._deleted THEN INSERT ({', '.join(COLUMNS)}) "
+            f"VALUES ({', '.join('s.' + c for c in COLUMNS)})"
+        )
+
+    return apply
 
 
 def main() -> int:
@@ -41,6 +74,7 @@ def main() -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--trigger-seconds", type=float, default=10)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: no limit")
+    parser.add_argument("--upsert-key", help="a keyed table: MERGE each micro-batch by this column")
     parser.add_argument(
         "--kafka-option", action="append", default=[], metavar="KEY=VALUE", help="a Kafka consumer option"
     )
@@ -76,11 +110,24 @@ def main() -> int:
         reader = reader.option(f"kafka.{key}", value)
     if args.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", args.max_offsets_per_trigger)
-    events = reader.load().select(from_json(col("value").cast("string"), EVENT_DDL).alias("e")).select("e.*")
+    records = reader.load()
+    trigger = f"{args.trigger_seconds:g} seconds"
+    if args.upsert_key:
+        value = from_json(col("value").cast("string"), EVENT_DDL).alias("e")
+        parsed = records.select("key", "value", "offset", value)
+        query = (
+            parsed.writeStream.foreachBatch(upsert_batch(f"icefall.{args.table}", args.upsert_key))
+            .trigger(processingTime=trigger)
+            .option("checkpointLocation", str(args.checkpoint))
+            .start()
+        )
+        query.awaitTermination()
+        return 0
+    events = records.select(from_json(col("value").cast("string"), EVENT_DDL).alias("e")).select("e.*")
     query = (
         events.writeStream.format("iceberg")
         .outputMode("append")
-        .trigger(processingTime=f"{args.trigger_seconds:g} seconds")
+        .trigger(processingTime=trigger)
         .option("checkpointLocation", str(args.checkpoint))
         .option("fanout-enabled", "true")
         .toTable(f"icefall.{args.table}")
