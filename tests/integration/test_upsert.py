@@ -6,9 +6,9 @@ delete-then-insert in one batch end right, and so do the same across batches; a 
 key its Kafka key names (JSON object, Debezium's schema envelope, bare value); a key missing from the
 value is read from the Kafka key; a tombstone whose key gives no key, and a Debezium event Icefall does
 not apply, are dead-lettered with a reason; each batch is ONE snapshot holding new rows and position
-deletes, readable alike by Spark and pyiceberg; a keyed batch staged when compaction commits in between
-is planned again (never landed on files it did not see), and compaction over position deletes keeps the
-rows.
+deletes, readable alike by Spark, pyiceberg and DuckDB (its iceberg extension); a keyed batch staged when
+compaction commits in between is planned again (never landed on files it did not see), and compaction
+over position deletes keeps the rows.
 """
 
 from __future__ import annotations
@@ -91,6 +91,21 @@ def spark_rows(spark: SparkSession, config: CatalogConfig, name: str) -> dict[in
     return {r.id: (r.status, None if r.amount is None else str(r.amount)) for r in rows}
 
 
+def duckdb_rows(config: CatalogConfig, name: str) -> dict[int, tuple[Any, Any]]:
+    """id → (status, amount as text), read by DuckDB's iceberg extension from the table's metadata file (it
+    applies the position deletes itself)."""
+    import duckdb
+    import duckdb_extensions
+
+    location = config.pyiceberg().load_table(("it", name)).metadata_location
+    con = duckdb.connect()
+    for extension in ("avro", "iceberg"):  # from their wheels: no download
+        duckdb_extensions.import_extension(extension, con=con)
+        con.sql(f"LOAD {extension}")
+    rows = con.sql(f"SELECT id, status, amount FROM iceberg_scan('{location}')").fetchall()
+    return {i: (status, None if amount is None else str(amount)) for i, status, amount in rows}
+
+
 def dead_letters(config: CatalogConfig, name: str) -> list[str]:
     table = config.pyiceberg().load_table(("it", f"{name}_dlq"))
     return sorted(table.scan().to_arrow().column("error").to_pylist())
@@ -168,6 +183,7 @@ def test_upsert_ordering_tombstones_and_keys(
     expected[8] = ("no id in the value", None)
     assert table_rows(catalog_config, "upsert_order") == expected
     assert spark_rows(spark, catalog_config, "upsert_order") == expected
+    assert duckdb_rows(catalog_config, "upsert_order") == expected
     errors = dead_letters(catalog_config, "upsert_order")
     assert len(errors) == 2, errors
     assert any(
@@ -236,6 +252,7 @@ def test_cdc_debezium_events(
     expected = expect({1: ("updated", 9.0), 4: ("kept", 1.0)})
     assert table_rows(catalog_config, "cdc_orders") == expected
     assert spark_rows(spark, catalog_config, "cdc_orders") == expected
+    assert duckdb_rows(catalog_config, "cdc_orders") == expected
     report = audited(spark, st, catalog_config)
     assert report.ok and report.dead_letters_missing == 0, report.render()
     assert (report.records, report.keys) == (11, 2)
@@ -315,5 +332,6 @@ def test_compaction_and_a_keyed_batch_in_between_each_other(
     assert _compact_all(spark, catalog_config, identifier).outcome is Outcome.DONE
     assert table_rows(catalog_config, "upsert_compact") == expected
     assert spark_rows(spark, catalog_config, "upsert_compact") == expected
+    assert duckdb_rows(catalog_config, "upsert_compact") == expected
     report = audited(spark, st, catalog_config)
     assert report.ok, report.render()
