@@ -240,8 +240,15 @@ def _covers(held: list[dict[str, Any]], wanted: dict[str, Any]) -> bool:
 
 
 def _granted_rules() -> list[dict[str, Any]]:
-    st = load_manifest(ROOT / "examples" / "orders.yaml")
-    return [*driver_rules(st, executors=True), *driver_rules(st, executors=False), *compaction_rules(st)]
+    rules = []
+    for example in ("orders.yaml", "customers.yaml"):  # an append and a keyed table (the yield Lease)
+        st = load_manifest(ROOT / "examples" / example)
+        rules += [
+            *driver_rules(st, executors=True),
+            *driver_rules(st, executors=False),
+            *compaction_rules(st),
+        ]
+    return rules
 
 
 @pytest.mark.parametrize(("values", "kind"), [((), "Role"), (CLUSTER_WIDE, "ClusterRole")])

@@ -15,6 +15,7 @@ import copy
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,10 @@ from icefall.compact.runner import EmbeddedMaintenance, MaintenanceRunner, StepR
 from icefall.compact.view import ManifestCache, canonical_path, checksum_owner, to_local_path
 from icefall.compact.worker import ItemResult, Outcome
 from icefall.plan.children import compaction_rules
+from icefall.plan.leases import LeaseRecord, rewrite_yield_name, yield_pending
 from icefall.plan.maintenance import (
     DAY_MS,
+    ApplyDeletes,
     ExpireSnapshots,
     MaintenancePolicy,
     RemoveOrphans,
@@ -257,6 +260,64 @@ def test_run_loop_sleeps_when_idle_and_stops() -> None:
     runner = PlannedRunner([], None, set(), [])
     runner.run(lambda: next(rounds), idle_seconds=7, wait=pauses.append)
     assert pauses == [7]
+
+
+DELETES = ApplyDeletes((), ("file:///w/a.parquet",), ("file:///w/a-deletes.parquet",), 10, 3, 100, "deletes")
+CONFLICT = "ValidationException: Cannot commit, found new position delete for replaced data file: a.parquet"
+
+
+def test_a_rewrite_that_keeps_losing_to_deletes_runs_holding_the_yield_lease() -> None:
+    """Two refusals for new deletes in a row: the third attempt holds `icefall-t-yield` (ingestion waits), is
+    tried once more if the batch in flight still beat it, and the lease is let go; success resets the count;
+    other failures neither count nor take the lease."""
+    log: list[str] = []
+    outcomes = iter([CONFLICT, CONFLICT, CONFLICT, None, "disk full", None])
+
+    def run(spark: Any, catalog: Any, identifier: Any, item: WorkItem) -> ItemResult:
+        log.append("run")
+        error = next(outcomes)
+        if error is not None:
+            raise RuntimeError(error)
+        return ItemResult("ApplyDeletes", Outcome.DONE, "ok", 0.1)
+
+    runner = PlannedRunner([DELETES], run, set(), log)
+    key, barrier = work_key("t", DELETES), rewrite_yield_name("t")
+    assert runner.step().error and runner.step().error  # two conflicts, no yield lease yet
+    assert f"acquire {barrier}" not in log and runner.conflicts == {key: 2}
+    log.clear()
+    third = runner.step()
+    assert third.error is None and third.result is not None
+    assert log == [
+        f"acquire {key}",
+        f"acquire {barrier}",
+        "run",
+        "run",
+        f"release+forget {barrier}",
+        f"release+forget {key}",
+    ]
+    assert runner.conflicts == {}
+    log.clear()
+    assert runner.step().error == "RuntimeError: disk full" and runner.conflicts == {}
+    assert f"acquire {barrier}" not in log
+
+
+def test_a_yield_lease_held_by_another_rewrite_is_not_waited_for() -> None:
+    log: list[str] = []
+    runner = PlannedRunner(
+        [DELETES],
+        lambda *_: ItemResult("ApplyDeletes", Outcome.DONE, "ok", 0.1),
+        {rewrite_yield_name("t")},
+        log,
+    )
+    runner.conflicts[work_key("t", DELETES)] = 5
+    assert runner.step().result is not None and runner.conflicts == {}
+
+
+def test_yield_names_and_pending() -> None:
+    assert rewrite_yield_name("shop.Orders_v2") == "icefall-shop.orders-v2-yield"
+    held = LeaseRecord("compactor", 3, acquire_time=100.0, renew_time=100.0, duration_seconds=60)
+    assert yield_pending(held, 159.9) and not yield_pending(held, 160.0)
+    assert not yield_pending(None, 0) and not yield_pending(replace(held, holder=None), 120)
 
 
 class Report:

@@ -91,7 +91,7 @@ def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
 def _run(args: argparse.Namespace) -> int:
     from icefall import metrics
     from icefall.commit.lease import FileLease, local_process_holder
-    from icefall.plan.leases import commit_lease_name
+    from icefall.plan.leases import commit_lease_name, rewrite_yield_name
     from icefall.spark.session import FAIR_SCHEDULING, build_spark_session
 
     st = _load(args)
@@ -112,14 +112,18 @@ def _run(args: argparse.Namespace) -> int:
         master=args.master,
         extra_conf=FAIR_SCHEDULING if maintain else None,
     )
-    lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), local_process_holder())
+    holder = local_process_holder()
+    lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), holder)
+    yield_to = FileLease.in_dir(state / "leases", rewrite_yield_name(st.table_name), holder)
     if not maintain:
-        return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop)
+        return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop, yield_to=yield_to)
     from icefall.compact.runner import embedded_maintenance
 
     maintenance = embedded_maintenance(st, catalog, spark, state / "leases")
     maintenance.start()
-    return _ingest_until_stopped(st, catalog, spark, lease, args, maintenance=maintenance, stop=stop)
+    return _ingest_until_stopped(
+        st, catalog, spark, lease, args, maintenance=maintenance, stop=stop, yield_to=yield_to
+    )
 
 
 def _ingest_until_stopped(
@@ -131,6 +135,7 @@ def _ingest_until_stopped(
     *,
     maintenance: Any = None,
     stop: Any = None,
+    yield_to: Any = None,
 ) -> int:
     """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so.
     `maintenance` (an EmbeddedMaintenance on its own thread), if given, is offered every batch's report and
@@ -138,7 +143,7 @@ def _ingest_until_stopped(
     start or later, is waited out (`icefall.outages`)."""
     from icefall.ingest.engine import BatchReport, Ingestor
 
-    ingestor = Ingestor(st, catalog, spark, lease)
+    ingestor = Ingestor(st, catalog, spark, lease, yield_to=yield_to)
     stop = stop if stop is not None else _stop_on_signals()
     started = time.monotonic()
 
@@ -265,7 +270,7 @@ def _pod_spark(catalog: Any, default_app: str, default_master: str) -> Any:
 def _ingest(args: argparse.Namespace) -> int:
     """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
     from icefall.commit.kube_lease import KubernetesLease
-    from icefall.plan.leases import commit_lease_name
+    from icefall.plan.leases import commit_lease_name, rewrite_yield_name
 
     api, st = _from_api(args.namespace, args.name)
     catalog = _catalog_for(st, _state_dir(args, in_cluster=True))
@@ -276,8 +281,10 @@ def _ingest(args: argparse.Namespace) -> int:
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
     )
     spark = _pod_spark(catalog, f"icefall-{st.metadata.name}", "local[2]")
-    lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), _pod_holder())
-    return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop)
+    holder = _pod_holder()
+    lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), holder)
+    yield_to = KubernetesLease(api, args.namespace, rewrite_yield_name(st.table_name), holder)
+    return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop, yield_to=yield_to)
 
 
 def _compact(args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from icefall.plan.leases import YIELD_AFTER_CONFLICTS
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 RECORDS_READ = Counter(
@@ -70,6 +72,12 @@ INGEST_COMMITS_FAILED_BY_MAINTENANCE = Counter(
     "Ingestion commits refused because maintenance moved main in a way the batch could not be re-staged "
     "over (schema or partition spec changed, or maintenance kept committing); the batch is planned again. "
     'Also counted in icefall_commits_refused_total{reason="stale_head"}.',
+    ["table"],
+    registry=REGISTRY,
+)
+INGEST_YIELD_SECONDS = Counter(
+    "icefall_ingest_yield_seconds_total",
+    "Seconds a keyed table's ingestion waited before a batch for a rewrite holding the yield Lease.",
     ["table"],
     registry=REGISTRY,
 )
@@ -144,6 +152,13 @@ COMPACTION_FILES_ADDED = Counter(
 COMPACTION_DELETE_FILES_REMOVED = Counter(
     "icefall_compaction_removed_delete_files_total",
     "Position delete files dropped by committed rewrites: their data files were rewritten without the rows.",
+    ["table"],
+    registry=REGISTRY,
+)
+COMPACTION_YIELDS = Counter(
+    "icefall_compaction_yields_total",
+    "Rewrites run while holding the table's yield Lease, after losing to a keyed table's deletes "
+    f"{YIELD_AFTER_CONFLICTS} times in a row: ingestion waits for them before its next batch.",
     ["table"],
     registry=REGISTRY,
 )

@@ -20,6 +20,12 @@ Guarantees:
   fence the writer. A maintenance commit that lands between an ingestion batch's stage and commit is
   absorbed by the commit protocol: the batch is re-staged on the new head (commit/DESIGN.md), neither
   re-planned nor duplicated.
+- A rewrite cannot starve on a hot keyed table: each keyed batch adds position deletes to the files it
+  touches, and Iceberg refuses a rewrite whose input files got new deletes after they were read. After
+  `YIELD_AFTER_CONFLICTS` such refusals in a row, the item's next attempt runs holding the table's yield
+  Lease (`rewrite_yield_name`); the keyed table's ingestion does not start a batch while it is held (at
+  most `YIELD_MAX_WAIT_SECONDS` per batch), so that attempt, or the one right after the batch that was
+  already in flight, commits. The price is one pause of ingestion for the length of a rewrite.
 
 `EmbeddedMaintenance` runs a step only when `interval_seconds` have passed since the last one and ingestion
 is not behind (the last batch left no lag, or its freshness is within half the target), so maintenance
@@ -44,10 +50,13 @@ from icefall import metrics
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import Lease, LeaseError, LeaseTimeoutError
 from icefall.compact.view import ManifestCache, read_table_view
-from icefall.compact.worker import ItemResult, kind_of, run_item, table_label
+from icefall.compact.worker import ItemResult, is_delete_conflict, kind_of, run_item, table_label
 from icefall.outages import log_failure
+from icefall.plan.leases import YIELD_AFTER_CONFLICTS, rewrite_yield_name
 from icefall.plan.maintenance import (
     MIB,
+    ApplyDeletes,
+    CompactPartition,
     MaintenancePolicy,
     WorkItem,
     plan_maintenance,
@@ -150,6 +159,7 @@ class MaintenanceRunner:
         self.runner = runner
         self.label = table_label(self.identifier)
         self.manifests = ManifestCache()  # a round reads only the manifests written since the last one
+        self.conflicts: dict[str, int] = {}  # work key -> rewrites refused in a row for deletes meanwhile
 
     def plan(self, now_ms: int | None = None) -> tuple[WorkItem, ...]:
         table = self.catalog.pyiceberg().load_table(self.identifier)
@@ -171,7 +181,7 @@ class MaintenanceRunner:
                 continue
             try:
                 with _Renewer(lease, max(self.lease_seconds / 3, 0.5)):
-                    result = self.runner(self.spark, self.catalog, self.identifier, item)
+                    result = self._run_claimed(item, work_key(self.lease_table, item))
             except Exception as error:  # counted and logged by run_item; planned again next round
                 log_failure(log, error, "%s: %s failed", self.label, kind_of(item))
                 return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
@@ -182,6 +192,50 @@ class MaintenanceRunner:
                     log.warning("releasing a work lease failed", exc_info=True)
             return StepResult(len(work), item, result, None, busy)
         return StepResult(len(work), busy=busy)
+
+    def _run_claimed(self, item: WorkItem, key: str) -> ItemResult:
+        """Run a claimed item. A rewrite that lost to a keyed table's deletes `YIELD_AFTER_CONFLICTS` times
+        in a row runs holding the table's yield Lease (ingestion waits before its next batch), and once
+        more if the batch that was in flight when the Lease was taken still beat it."""
+        if not isinstance(item, CompactPartition | ApplyDeletes) or self.conflicts.get(key, 0) < (
+            YIELD_AFTER_CONFLICTS
+        ):
+            return self._run_counting_conflicts(item, key)
+        barrier = self.leases(rewrite_yield_name(self.lease_table))
+        try:
+            barrier.acquire(timeout=0)
+        except LeaseTimeoutError:  # another worker's rewrite holds it: try without
+            return self._run_counting_conflicts(item, key)
+        log.info(
+            "%s: %s lost to ingestion's deletes %d times in a row; ingestion waits for this attempt",
+            self.label,
+            kind_of(item),
+            self.conflicts[key],
+        )
+        metrics.COMPACTION_YIELDS.labels(self.label).inc()
+        try:
+            with _Renewer(barrier, max(self.lease_seconds / 3, 0.5)):
+                try:
+                    return self._run_counting_conflicts(item, key)
+                except Exception as error:
+                    if not is_delete_conflict(error):
+                        raise
+                    return self._run_counting_conflicts(item, key)
+        finally:
+            try:
+                barrier.release(forget=True)
+            except Exception:  # it runs out by itself
+                log.warning("releasing the yield lease failed", exc_info=True)
+
+    def _run_counting_conflicts(self, item: WorkItem, key: str) -> ItemResult:
+        try:
+            result = self.runner(self.spark, self.catalog, self.identifier, item)
+        except Exception as error:
+            if is_delete_conflict(error):
+                self.conflicts[key] = self.conflicts.get(key, 0) + 1
+            raise
+        self.conflicts.pop(key, None)
+        return result
 
     def run(
         self,

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -115,6 +116,16 @@ def spark_table_name(catalog: CatalogConfig, identifier: Sequence[str] | str) ->
 
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
+
+
+# Iceberg's RewriteFiles validation when a keyed batch deleted rows of the rewritten files after they were
+# read ("Cannot commit, found new position delete for replaced data file: ...").
+_DELETE_CONFLICT = re.compile(r"found new (position )?delete(s)? for replaced data file")
+
+
+def is_delete_conflict(error: BaseException) -> bool:
+    """True if `error` is a rewrite refused because rows of its input files were deleted meanwhile."""
+    return _DELETE_CONFLICT.search(str(error)) is not None
 
 
 def run_item(

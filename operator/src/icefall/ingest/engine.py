@@ -67,6 +67,7 @@ from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.outages import Outages, classify, service_addresses, sleep_unless
 from icefall.plan.batching import BatchLimits, choose_batch_size, next_batch_delay, update_throughput
 from icefall.plan.lag import freshness_seconds, partition_lag, total_lag
+from icefall.plan.leases import YIELD_MAX_WAIT_SECONDS, yield_pending
 from icefall.plan.offsets import OffsetRange, plan_offsets, source_change, spark_offset_options
 
 if TYPE_CHECKING:
@@ -327,13 +328,17 @@ class Ingestor:
         lease: Lease,
         *,
         writer_id: str | None = None,
+        yield_to: Lease | None = None,
     ) -> None:
+        """`yield_to`: the table's yield Lease (`rewrite_yield_name`), only read: a keyed table's batches wait
+        while a rewrite holds it (`icefall.compact.runner`), so compaction cannot starve."""
         self.st = st
         self.spec = st.spec
         self.catalog_config = catalog
         self._catalog: Catalog | None = None
         self.spark = spark
         self.lease = lease
+        self.yield_to = yield_to if st.spec.key else None  # appends never conflict with a rewrite
         self.writer_id = writer_id or uuid.uuid4().hex[:12]
         self.label = ".".join(st.table_identifier)
         # One Kafka consumer group per writer, the same for every batch (`read_kafka`).
@@ -659,6 +664,7 @@ class Ingestor:
         behind; caught up or idle, every half freshness target, sooner when batches take longer. An
         unreachable service is waited out (module doc); any other error is raised."""
         while not should_stop():
+            self._wait_for_rewrite(should_stop)
             try:
                 report = self.run_batch()
             except SourceChangedError:
@@ -682,6 +688,28 @@ class Ingestor:
             self.outages.succeeded()
             on_batch(report)
             self._sleep_until(self._next_delay(), should_stop)
+
+    def _wait_for_rewrite(self, should_stop: Callable[[], bool]) -> None:
+        """Before a batch: wait while a rewrite holds the yield Lease (at most YIELD_MAX_WAIT_SECONDS)."""
+        if self.yield_to is None:
+            return
+        started = time.monotonic()
+        try:
+            while yield_pending(self.yield_to.current(), time.time()) and not should_stop():
+                if time.monotonic() - started >= YIELD_MAX_WAIT_SECONDS:
+                    log.warning(
+                        "%s: a rewrite held the yield lease for %.0fs; going on",
+                        self.label,
+                        YIELD_MAX_WAIT_SECONDS,
+                    )
+                    break
+                time.sleep(0.1)
+        except Exception:  # the lease store did not answer: ingestion does not depend on it
+            log.warning("%s: reading the yield lease failed; going on", self.label, exc_info=True)
+        waited = time.monotonic() - started
+        if waited >= 0.1:
+            metrics.INGEST_YIELD_SECONDS.labels(self.label).inc(waited)
+            log.info("%s: waited %.1fs for a rewrite holding the yield lease", self.label, waited)
 
     def _count_refused(self, refused: StaleHeadError | FencedError) -> None:
         reason = "fenced" if isinstance(refused, FencedError) else "stale_head"

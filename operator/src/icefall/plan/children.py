@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from icefall.api import API_VERSION, KIND, Problem, SecretRef, StreamingTable, StreamingTableSpec
-from icefall.plan.leases import commit_lease_name
+from icefall.plan.leases import commit_lease_name, rewrite_yield_name
 
 Manifest = dict[str, Any]
 
@@ -393,6 +393,7 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
 
     - read its own StreamingTable (the entry point reads the spec from the API);
     - get/update its commit Lease by name, and create Leases (unrestrictable by name);
+    - a keyed table's driver: get the table's yield Lease by name (it waits while a rewrite holds it);
     - with executors (Kubernetes master): what Spark's scheduler backend does to executor pods and the
       objects it makes for them: pods (create, watch, label for decommissioning, delete one or by label),
       configmaps (the executor config map), persistentvolumeclaims (on-demand executor volumes) and
@@ -400,6 +401,15 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
     Nothing cluster-scoped, no Secrets (credentials arrive as env vars), no wildcards.
     """
     rules = [_read_self_rule(st.metadata.name), *_lease_rules(commit_lease_name(st.table_name))]
+    if st.spec.key:  # a keyed table's batches wait while a rewrite holds the yield Lease (only read)
+        rules.append(
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [rewrite_yield_name(st.table_name)],
+                "verbs": ["get"],
+            }
+        )
     if executors:
         managed = ["create", "get", "list", "delete", "deletecollection"]
         rules += [

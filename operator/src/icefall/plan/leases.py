@@ -104,3 +104,20 @@ def commit_lease_name(table: str) -> str:
     if not slug:
         raise ValueError(f"cannot derive a lease name from table name {table!r}")
     return f"icefall-{slug}-commit"
+
+
+# A compaction worker whose rewrite keeps losing to a keyed table's batches (each batch adds deletes to the
+# files it rewrites, and Iceberg refuses the rewrite) takes the table's yield Lease for its next attempt;
+# ingestion waits before starting a batch while that Lease is held, at most YIELD_MAX_WAIT_SECONDS a batch.
+YIELD_AFTER_CONFLICTS = 2
+YIELD_MAX_WAIT_SECONDS = 60.0
+
+
+def rewrite_yield_name(table: str) -> str:
+    """The per-table yield Lease, `icefall-<table>-yield`: held by a rewrite that ingestion lets go first."""
+    return commit_lease_name(table).removesuffix("-commit") + "-yield"
+
+
+def yield_pending(record: LeaseRecord | None, now: float) -> bool:
+    """True while somebody holds the yield Lease and it has not run out (a crashed holder's runs out)."""
+    return record is not None and record.holder is not None and not record.expired(now)

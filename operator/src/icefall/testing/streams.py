@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from icefall.api import StreamingTable, load_manifest
@@ -182,6 +184,83 @@ def produce(
     assert producer.flush(30) == 0
     assert len(delivered) == count
     return {(p, o) for p, o, bad in delivered if bad}
+
+
+KEYED_MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {k8s_name}}}
+spec:
+  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
+  mode: {mode}
+  key: [id]
+  format:
+    schema:
+      - {{name: id, type: long, required: true}}
+{fields}
+  table: {{namespace: it, name: {name}}}
+  freshness: {{targetSeconds: 2}}
+"""
+
+
+def keyed_table(
+    name: str,
+    topic: str,
+    bootstrap: str,
+    *,
+    mode: str = "upsert",
+    fields: Mapping[str, str] | None = None,
+) -> StreamingTable:
+    """A keyed table `it.<name>` (`spec.mode` upsert or cdc, key `id: long`) with optional `fields`
+    (name -> type; default `status: string`), unpartitioned."""
+    lines = [
+        f"      - {{name: {n}, type: {json.dumps(t)}}}" for n, t in (fields or {"status": "string"}).items()
+    ]
+    text = KEYED_MANIFEST.format(
+        name=name,
+        k8s_name=name.replace("_", "-"),
+        bootstrap=bootstrap,
+        topic=topic,
+        mode=mode,
+        fields="\n".join(lines),
+    )
+    return load_manifest(text)
+
+
+Change = tuple[int | None, Any, Any]  # (partition or None for the default partitioner, Kafka key, value)
+
+
+def send_changes(kafka: Broker, topic: str, changes: Iterable[Change]) -> None:
+    """Produce `changes` in order (a None value is a tombstone); keys and values that are not bytes or str
+    are sent as JSON."""
+    from confluent_kafka import Producer
+
+    def encoded(x: Any) -> Any:
+        return None if x is None else x if isinstance(x, str | bytes) else json.dumps(x)
+
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for partition, key, value in changes:
+        if partition is None:
+            producer.produce(topic, key=encoded(key), value=encoded(value))
+        else:
+            producer.produce(topic, key=encoded(key), value=encoded(value), partition=partition)
+    assert producer.flush(30) == 0
+
+
+@contextmanager
+def started_ingestor(
+    st: StreamingTable, config: CatalogConfig, spark: SparkSession, lease_path: Path, **kwargs: Any
+) -> Iterator[Ingestor]:
+    """An Ingestor of `st` holding a file commit lease at `lease_path`, started, closed on exit."""
+    from icefall.commit.lease import FileLease
+    from icefall.ingest.engine import Ingestor
+
+    ingestor = Ingestor(st, config, spark, FileLease(lease_path, "w"), **kwargs)
+    ingestor.start(lease_timeout=10)
+    try:
+        yield ingestor
+    finally:
+        ingestor.close()
 
 
 def drain(ingestor: Ingestor, max_batches: int = 50) -> list[BatchReport]:
