@@ -346,6 +346,10 @@ def _operator(args: argparse.Namespace) -> int:
         finally:
             standby.stop()
         election.start_renewing()
+    else:
+        from icefall.controller import metrics as operator_metrics
+
+        operator_metrics.LEADER.set(1)  # alone, this process is the one that reconciles
     try:
         kopf.run(
             standalone=True,

@@ -79,6 +79,19 @@ FRESHNESS = Gauge(
     ["table"],
     registry=REGISTRY,
 )
+FRESHNESS_TARGET = Gauge(
+    "icefall_freshness_target_seconds",
+    "The table's freshness target (spec.freshness.targetSeconds), set beside icefall_freshness_seconds so "
+    "alerts and dashboards compare the two without knowing the spec.",
+    ["table"],
+    registry=REGISTRY,
+)
+LAST_COMMIT = Gauge(
+    "icefall_last_commit_timestamp_seconds",
+    "Unix time of the last ingestion commit to the table.",
+    ["table"],
+    registry=REGISTRY,
+)
 LAG = Gauge(
     "icefall_lag_records", "Records in Kafka not yet committed, per partition.", ["table", "partition"],
     registry=REGISTRY,

@@ -242,7 +242,7 @@ def reconcile(
     if summary.data_loss_records is not None:
         update["data_loss_records"] = summary.data_loss_records
     new = (st.status or StreamingTableStatus()).model_copy(update=update)
-    metrics.record_table(namespace, name, summary, replicas)
+    metrics.record_table(namespace, name, summary, replicas, st.spec.freshness.target_seconds)
     written = False
     if should_write_status(st.status, new, memory.last_write(uid), now, STATUS_MIN_INTERVAL_SECONDS):
         kube.patch_status(namespace, name, _status_patch(st.status, new))
