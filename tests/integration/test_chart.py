@@ -4,14 +4,16 @@ Proves:
 - `helm lint` (also `--strict`) passes with the default values and with clusterWide + ServiceMonitor +
   PrometheusRule;
 - `helm template` renders both: a Role/RoleBinding in the release namespace by default, a ClusterRole/
-  ClusterRoleBinding and `--all-namespaces` with `rbac.clusterWide`, a ServiceMonitor and a PrometheusRule
-  only when enabled;
+  ClusterRoleBinding and `--all-namespaces` with `rbac.clusterWide`, a ServiceMonitor, a PodMonitor and a
+  PrometheusRule only when enabled;
+- the PodMonitor selects the driver pod and the compaction pods `plan.children` renders (not the operator)
+  on their port `metrics`, in the release namespace or, cluster-wide, in every namespace;
 - the Grafana dashboard ConfigMap carries the sidecar's label (name and value configurable) and the
   generated dashboard file byte for byte, and disappears when disabled;
 - values.schema.json rejects a bad value (`replicas: "two"`, an unknown key);
 - the chart's CRD is byte for byte crds/ (refresh it with `make chart-crds`);
 - every rendered object, the CRD included, passes `kubectl apply --server-side --dry-run=server` (a minimal
-  ServiceMonitor and PrometheusRule CRD are installed first: prometheus-operator is not here);
+  ServiceMonitor, PodMonitor and PrometheusRule CRD are installed first: prometheus-operator is not here);
 - the operator can grant what drivers and compaction pods need: the rendered Role holds every rule of
   `driver_rules` and `compaction_rules`, statically and on the API server, which refuses a Role (or a
   RoleBinding to it) granting more than its creator holds, while the operator has no `escalate`/`bind`;
@@ -38,6 +40,7 @@ from icefall.plan.children import (
     SETTINGS_ENV,
     OperatorSettings,
     compaction_rules,
+    desired_children,
     driver_account_name,
     driver_rules,
 )
@@ -55,6 +58,8 @@ CLUSTER_WIDE = (
     "metrics.serviceMonitor.enabled=true",
     "--set",
     "metrics.prometheusRule.enabled=true",
+    "--set",
+    "metrics.podMonitor.enabled=true",
 )
 
 
@@ -83,7 +88,7 @@ def _monitoring_crd(kind: str) -> dict[str, Any]:
     }
 
 
-MONITORING_CRDS = [_monitoring_crd("ServiceMonitor"), _monitoring_crd("PrometheusRule")]
+MONITORING_CRDS = [_monitoring_crd(kind) for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")]
 
 
 def _run(
@@ -165,6 +170,7 @@ def test_cluster_wide_render(home: Path) -> None:
         "ClusterRoleBinding",
         "ConfigMap",
         "Deployment",
+        "PodMonitor",
         "PrometheusRule",
         "Service",
         "ServiceAccount",
@@ -214,6 +220,27 @@ def test_spark_values_reach_the_operator_settings(home: Path) -> None:
     env = {var["name"]: var["value"] for var in only(defaults, "Deployment")["spec"]["template"]["spec"][
         "containers"][0]["env"] if "value" in var}  # fmt: skip
     assert OperatorSettings.from_environ(env) == OperatorSettings(), "the chart's defaults are the operator's"
+
+
+def test_pod_monitor_selects_the_pods_the_operator_runs(home: Path) -> None:
+    st = load_manifest(ROOT / "examples" / "orders.yaml")
+    children = desired_children(
+        st, namespace="ops", uid="u", generation=1, image="i", operator_settings=OperatorSettings(),
+        compaction_replicas=1,
+    )  # fmt: skip
+    assert children.driver_pod is not None
+    compaction = next(m for m in children.applied if m["kind"] == "Deployment")["spec"]["template"]
+    for values, namespaces in ((CLUSTER_WIDE, {"any": True}), (("--set", "metrics.podMonitor.enabled=true"), {
+        "matchNames": ["ops"]})):  # fmt: skip
+        monitor = only(render(home, "ops", *values), "PodMonitor")["spec"]
+        assert monitor["namespaceSelector"] == namespaces
+        (endpoint,) = monitor["podMetricsEndpoints"]
+        for pod in (children.driver_pod, compaction):
+            assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+            ports = [p for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+            assert endpoint["port"] in {p["name"] for p in ports}
+    operator_pod = only(render(home, "ops"), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not monitor["selector"]["matchLabels"].items() <= operator_pod.items(), "the ServiceMonitor's job"
 
 
 def test_dashboard_configmap_for_the_grafana_sidecar(home: Path) -> None:

@@ -259,7 +259,9 @@ def test_children_are_created_with_owner_references(cluster: Cluster, orders: Ob
     assert children[-1].spec.replicas == 0
     container = pod.spec.containers[0]
     assert container.image == "icefall:test"
-    assert container.command == ["icefall", "ingest", "--namespace", NAMESPACE, "--name", "orders"]
+    assert container.command == [
+        "icefall", "ingest", "--namespace", NAMESPACE, "--name", "orders", "--metrics-port=9090"
+    ]  # fmt: skip
     assert pod.status.phase == "Pending"  # no scheduler here: it never runs
 
 

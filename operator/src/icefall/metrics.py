@@ -6,6 +6,8 @@ Labels are the table (`namespace.name`) and, for lag, the Kafka partition; never
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -180,7 +182,15 @@ MAINTENANCE_BACKLOG = Gauge(
 )
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on `port` (0 disables)."""
-    if port:
+def serve(port: int, *, required: bool = True) -> None:
+    """Expose /metrics on `port` (0 disables). A port already taken raises, unless `required` is False (the
+    pods: each has a network namespace of its own, so that happens only where pods share the host's, as
+    under the e2e tests' local kubelet); then it is logged and the process runs without metrics."""
+    if not port:
+        return
+    try:
         start_http_server(port, registry=REGISTRY)
+    except OSError as error:
+        if required:
+            raise
+        logging.getLogger(__name__).warning("metrics not served on port %d: %s", port, error)

@@ -9,7 +9,7 @@ does not define, or when the JSON does not load into the SDK's dashboard model.
 Guarantees: every query filters on the `$table` variable and reads only metrics of `icefall.metrics` and
 `icefall.controller.metrics`; the output is deterministic (sorted keys, fixed panel ids).
 Not guaranteed: that every panel has data in a given deployment — ingestion and compaction figures come
-from the processes that serve them (`icefall run --metrics-port`, `icefall compact --metrics-port`), the
+from the driver and compaction pods (scraped by the chart's PodMonitor) or `icefall run --metrics-port`;
 per-table freshness, lag, files, snapshots, backlog and replicas also from the operator.
 """
 
