@@ -54,6 +54,13 @@ crds: venv
 chart-crds:
 	cp crds/streamingtables.icefall.dev.yaml charts/icefall/crds/streamingtables.icefall.dev.yaml
 
+# The Grafana dashboard the chart ships, generated with Grafana's foundation SDK (tests/unit/test_dashboards.py
+# fails when it drifts).
+.PHONY: dashboards
+dashboards: venv
+	$(BIN)/python -m icefall.devstack.dashboards > charts/icefall/dashboards/icefall.json.tmp
+	mv charts/icefall/dashboards/icefall.json.tmp charts/icefall/dashboards/icefall.json
+
 test: setup lint
 	$(TOOLS) && $(BIN)/pytest
 

@@ -161,7 +161,9 @@ def test_events_become_rows_and_kubectl_shows_ready_and_fresh(pipeline: Pipeline
     pipeline.note(f"driver pod {pod['metadata']['uid']} running")
     assert pod["metadata"]["uid"] in pipeline.kubelet.started
     (container,) = pod["spec"]["containers"]
-    assert container["command"] == ["icefall", "ingest", "--namespace", pipeline.namespace, "--name", NAME]
+    assert container["command"] == [
+        "icefall", "ingest", "--namespace", pipeline.namespace, "--name", NAME, "--metrics-port=9090"
+    ]  # fmt: skip
 
     pipeline.produce(100)  # while it runs
     high = wait_for("the table to catch up", pipeline.caught_up, timeout=300, details=pipeline.explain)

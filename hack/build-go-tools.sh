@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds the Go binaries the test stack needs from the Go module proxy, cached by version:
 #   kube-apiserver + kubectl + kube-controller-manager (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3),
-#   helm, minio (github.com/minio/minio: the S3-compatible object store); on request only, kind
+#   helm, minio (github.com/minio/minio: the S3-compatible object store), promtool (Prometheus's rule checker
+#   and rule unit-test runner); on request only, kind
 #   (sigs.k8s.io/kind, for `make e2e-kind`, which needs Docker).
 # `go install` cannot build kube-apiserver or etcd (their go.mod files use replace directives), so each is
 # built from a small wrapper module that pins the staging modules to the matching v0.Y.Z versions.
 #
-# Usage: hack/build-go-tools.sh [kube|etcd|helm|minio|kind|all]   (prints the bin folder; all: not kind)
+# Usage: hack/build-go-tools.sh [kube|etcd|helm|minio|promtool|kind|all]   (prints the bin folder; all: not kind)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -104,6 +105,21 @@ build_minio() { go_install_cached minio "$MINIO_VERSION" "github.com/minio/minio
 
 build_kind() { go_install_cached kind "$KIND_VERSION" "sigs.k8s.io/kind"; }
 
+# Only promtool, from the Prometheus module (its go.mod has no replace directives). `remove_all_sd` leaves out
+# the service-discovery plugins (cloud SDKs), which rule checks and rule unit tests never use.
+build_promtool() {
+  local out=$cache/promtool-$PROMETHEUS_VERSION
+  if [[ -x $out/bin/promtool ]]; then echo "$out/bin"; return; fi
+  mkdir -p "$out/bin"
+  local module=${PROMETHEUS_VERSION#v0.}   # 316.0 for Prometheus 3.16.0
+  local release="3.$((${module%%.*} - 300)).${module#*.}"
+  log "promtool $PROMETHEUS_VERSION (Prometheus $release): building"
+  GOBIN=$out/bin go install -trimpath -tags remove_all_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" >&2
+  echo "$out/bin"
+}
+
 # go_install_cached NAME VERSION MODULE: `go install MODULE@VERSION` into $cache/NAME-VERSION/bin once.
 go_install_cached() {
   local name=$1 version=$2 module=$3 out=$cache/$1-$2
@@ -119,7 +135,8 @@ case ${1:-all} in
   etcd) build_etcd ;;
   helm) build_helm ;;
   minio) build_minio ;;
+  promtool) build_promtool ;;
   kind) build_kind ;;
-  all) build_etcd && build_kube && build_helm && build_minio ;;
-  *) echo "usage: $0 [kube|etcd|helm|minio|kind|all]" >&2; exit 2 ;;
+  all) build_etcd && build_kube && build_helm && build_minio && build_promtool ;;
+  *) echo "usage: $0 [kube|etcd|helm|minio|promtool|kind|all]" >&2; exit 2 ;;
 esac

@@ -1,13 +1,19 @@
 """The Helm chart charts/icefall against helm and a real kube-apiserver.
 
 Proves:
-- `helm lint` (also `--strict`) passes with the default values and with clusterWide + ServiceMonitor;
+- `helm lint` (also `--strict`) passes with the default values and with clusterWide + ServiceMonitor +
+  PrometheusRule;
 - `helm template` renders both: a Role/RoleBinding in the release namespace by default, a ClusterRole/
-  ClusterRoleBinding and `--all-namespaces` with `rbac.clusterWide`, a ServiceMonitor only when enabled;
+  ClusterRoleBinding and `--all-namespaces` with `rbac.clusterWide`, a ServiceMonitor, a PodMonitor and a
+  PrometheusRule only when enabled;
+- the PodMonitor selects the driver pod and the compaction pods `plan.children` renders (not the operator)
+  on their port `metrics`, in the release namespace or, cluster-wide, in every namespace;
+- the Grafana dashboard ConfigMap carries the sidecar's label (name and value configurable) and the
+  generated dashboard file byte for byte, and disappears when disabled;
 - values.schema.json rejects a bad value (`replicas: "two"`, an unknown key);
 - the chart's CRD is byte for byte crds/ (refresh it with `make chart-crds`);
 - every rendered object, the CRD included, passes `kubectl apply --server-side --dry-run=server` (a minimal
-  ServiceMonitor CRD is installed first: prometheus-operator is not here);
+  ServiceMonitor, PodMonitor and PrometheusRule CRD are installed first: prometheus-operator is not here);
 - the operator can grant what drivers and compaction pods need: the rendered Role holds every rule of
   `driver_rules` and `compaction_rules`, statically and on the API server, which refuses a Role (or a
   RoleBinding to it) granting more than its creator holds, while the operator has no `escalate`/`bind`;
@@ -34,6 +40,7 @@ from icefall.plan.children import (
     SETTINGS_ENV,
     OperatorSettings,
     compaction_rules,
+    desired_children,
     driver_account_name,
     driver_rules,
 )
@@ -44,29 +51,44 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "icefall"
 CRD_FILE = "streamingtables.icefall.dev.yaml"
 RELEASE = "icefall"
-CLUSTER_WIDE = ("--set", "rbac.clusterWide=true", "--set", "metrics.serviceMonitor.enabled=true")
+CLUSTER_WIDE = (
+    "--set",
+    "rbac.clusterWide=true",
+    "--set",
+    "metrics.serviceMonitor.enabled=true",
+    "--set",
+    "metrics.prometheusRule.enabled=true",
+    "--set",
+    "metrics.podMonitor.enabled=true",
+)
 
-# Just enough of prometheus-operator's CRD for the API server to accept a ServiceMonitor.
-SERVICE_MONITOR_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "scope": "Namespaced",
-        "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-            }
-        ],
-    },
-}
+
+def _monitoring_crd(kind: str) -> dict[str, Any]:
+    """Just enough of a prometheus-operator CRD for the API server to accept a `kind` object."""
+    plural = f"{kind.lower()}s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
+
+
+MONITORING_CRDS = [_monitoring_crd(kind) for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")]
 
 
 def _run(
@@ -127,7 +149,7 @@ def test_helm_lint(home: Path, values: tuple[str, ...]) -> None:
 
 def test_default_render_is_namespaced(home: Path) -> None:
     docs = render(home, "icefall-system")
-    assert kinds(docs) == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds(docs) == ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
     assert {doc["metadata"]["namespace"] for doc in docs} == {"icefall-system"}
     container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["icefall", "operator"]
@@ -146,7 +168,10 @@ def test_cluster_wide_render(home: Path) -> None:
     assert kinds(docs) == [
         "ClusterRole",
         "ClusterRoleBinding",
+        "ConfigMap",
         "Deployment",
+        "PodMonitor",
+        "PrometheusRule",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
@@ -195,6 +220,48 @@ def test_spark_values_reach_the_operator_settings(home: Path) -> None:
     env = {var["name"]: var["value"] for var in only(defaults, "Deployment")["spec"]["template"]["spec"][
         "containers"][0]["env"] if "value" in var}  # fmt: skip
     assert OperatorSettings.from_environ(env) == OperatorSettings(), "the chart's defaults are the operator's"
+
+
+def test_pod_monitor_selects_the_pods_the_operator_runs(home: Path) -> None:
+    st = load_manifest(ROOT / "examples" / "orders.yaml")
+    children = desired_children(
+        st, namespace="ops", uid="u", generation=1, image="i", operator_settings=OperatorSettings(),
+        compaction_replicas=1,
+    )  # fmt: skip
+    assert children.driver_pod is not None
+    compaction = next(m for m in children.applied if m["kind"] == "Deployment")["spec"]["template"]
+    for values, namespaces in ((CLUSTER_WIDE, {"any": True}), (("--set", "metrics.podMonitor.enabled=true"), {
+        "matchNames": ["ops"]})):  # fmt: skip
+        monitor = only(render(home, "ops", *values), "PodMonitor")["spec"]
+        assert monitor["namespaceSelector"] == namespaces
+        (endpoint,) = monitor["podMetricsEndpoints"]
+        for pod in (children.driver_pod, compaction):
+            assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+            ports = [p for c in pod["spec"]["containers"] for p in c.get("ports", [])]
+            assert endpoint["port"] in {p["name"] for p in ports}
+    operator_pod = only(render(home, "ops"), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not monitor["selector"]["matchLabels"].items() <= operator_pod.items(), "the ServiceMonitor's job"
+
+
+def test_dashboard_configmap_for_the_grafana_sidecar(home: Path) -> None:
+    configmap = only(render(home, "ops"), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["namespace"] == "ops"
+    assert configmap["data"] == {"icefall.json": (CHART / "dashboards" / "icefall.json").read_text()}
+    json.loads(configmap["data"]["icefall.json"])
+    values = (
+        "--set",
+        "grafana.dashboards.label=team/dashboards",
+        "--set-string",
+        "grafana.dashboards.labelValue=yes",
+    )
+    values += ("--set", "grafana.dashboards.annotations.grafana_folder=Icefall")
+    relabelled = only(render(home, "ops", *values), "ConfigMap")["metadata"]
+    assert (
+        relabelled["labels"]["team/dashboards"] == "yes" and "grafana_dashboard" not in relabelled["labels"]
+    )
+    assert relabelled["annotations"] == {"grafana_folder": "Icefall"}
+    assert "ConfigMap" not in kinds(render(home, "ops", "--set", "grafana.dashboards.enabled=false"))
 
 
 def test_chart_crd_is_the_generated_one() -> None:
@@ -267,14 +334,9 @@ def test_manifests_pass_server_side_dry_run_and_rbac_escalation_checks(
 ) -> None:
     namespace = "icefall-chart"
     kubectl("create", "namespace", namespace, kube=kube, home=home)
-    kubectl("apply", "--server-side", "-f", "-", kube=kube, home=home, stdin=json.dumps(SERVICE_MONITOR_CRD))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/servicemonitors.monitoring.coreos.com",
-        kube=kube,
-        home=home,
-    )
+    for crd in MONITORING_CRDS:
+        kubectl("apply", "--server-side", "-f", "-", kube=kube, home=home, stdin=json.dumps(crd))
+        kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", kube=kube, home=home)
     for values in ((), CLUSTER_WIDE):
         docs = render(home, namespace, *values, crds=True)
         assert "CustomResourceDefinition" in kinds(docs)

@@ -73,8 +73,9 @@ Proves:
   value: "orders-v2": spec.source.topic is immutable (a table follows one topic for its whole life); to
   change it, create a new StreamingTable`; changing freshness.targetSeconds is accepted.
 - The status subresource takes a status built with the status models (and rejects a reason outside the
-  enum); `kubectl get st` shows Ready, Freshness, Lag and Files from it, `-o wide` adds the reason, and
-  `kubectl get icefall` lists StreamingTables by category.
+  enum); `kubectl get st` shows Ready, Freshness, the spec's Target, Lag and Files from it, `-o wide` adds
+  Ready's reason and message, the Ingesting and Degraded reasons, the last commit's age, the compaction
+  backlog and the snapshots; `kubectl get icefall` lists StreamingTables by category.
 """
 
 from __future__ import annotations
@@ -161,6 +162,14 @@ def example(name: str) -> Obj:
     obj: Obj = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     obj["metadata"] = {"name": name}
     return obj
+
+
+def _table(printed: str) -> dict[str, str]:
+    """One row of `kubectl get` output, header -> value, cut at the header's column starts."""
+    header, row = printed.rstrip("\n").splitlines()
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
 
 
 # --- installing ------------------------------------------------------------------------------------------
@@ -551,10 +560,21 @@ def test_status_subresource_and_printer_columns(kubectl: Kubectl) -> None:
                 message="following orders",
                 last_transition_time=datetime(2024, 5, 1, 12, 0, tzinfo=UTC),
                 observed_generation=1,
-            )
+            ),
+            Condition(
+                type=ConditionType.DEGRADED,
+                status=ConditionStatus.FALSE,
+                reason=ConditionReason.HEALTHY,
+                last_transition_time=datetime(2024, 5, 1, 12, 0, tzinfo=UTC),
+            ),
         ],
-        freshness=FreshnessStatus(seconds=2.5, lag_records=42, partition_lag={0: 40, 1: 2}),
-        table=TableStatus(files=7, avg_file_size_bytes=1024, snapshots=3),
+        freshness=FreshnessStatus(
+            seconds=2.5,
+            lag_records=42,
+            partition_lag={0: 40, 1: 2},
+            last_commit_time=datetime(2024, 5, 1, 12, 0, tzinfo=UTC),
+        ),
+        table=TableStatus(files=7, avg_file_size_bytes=1024, snapshots=3, compaction_backlog=4),
     )
     patch = {"status": status.model_dump(mode="json", by_alias=True, exclude_none=True)}
     kubectl.ok(
@@ -565,10 +585,21 @@ def test_status_subresource_and_printer_columns(kubectl: Kubectl) -> None:
     assert StreamingTableStatus.model_validate(stored["status"]) == status
 
     row = kubectl.ok("get", "st", "with-status", "-n", NAMESPACE).splitlines()
-    assert row[0].split() == ["NAME", "READY", "FRESHNESS", "LAG", "FILES", "AGE"]
-    assert row[1].split()[:5] == ["with-status", "True", "2.5", "42", "7"]
-    wide = kubectl.ok("get", "st", "with-status", "-n", NAMESPACE, "-o", "wide").splitlines()
-    assert wide[0].split()[:3] == ["NAME", "READY", "REASON"] and wide[1].split()[2] == "Running"
+    assert row[0].split() == ["NAME", "READY", "FRESHNESS", "TARGET", "LAG", "FILES", "AGE"]
+    assert row[1].split()[:6] == ["with-status", "True", "2.5", "10", "42", "7"]
+    wide = _table(kubectl.ok("get", "st", "with-status", "-n", NAMESPACE, "-o", "wide"))
+    assert list(wide) == [
+        "NAME", "READY", "REASON", "FRESHNESS", "TARGET", "LAG", "FILES", "AGE",
+        "INGESTING", "DEGRADED", "LAST-COMMIT", "BACKLOG", "SNAPSHOTS", "MESSAGE",
+    ]  # fmt: skip
+    assert (wide["REASON"], wide["DEGRADED"], wide["BACKLOG"], wide["SNAPSHOTS"]) == (
+        "Running",
+        "Healthy",
+        "4",
+        "3",
+    )
+    assert wide["INGESTING"] == "" and wide["MESSAGE"] == "following orders"
+    assert wide["LAST-COMMIT"].endswith(("d", "y")), wide  # an age, like AGE
     assert "streamingtable.icefall.dev/with-status" in kubectl.ok(
         "get", "icefall", "-n", NAMESPACE, "-o", "name"
     )

@@ -7,7 +7,8 @@ no kubelet, no garbage collector: pods stay Pending forever, so nothing here wai
   driver Pod `<name>-ingest` and the compaction Deployment with 0 replicas, each with a controller owner
   reference to the StreamingTable and written by the single field manager `icefall-operator`;
 - status carries Ready/Ingesting/FreshnessMet/Degraded with `observedGeneration`; a pending driver reads
-  as Ingesting=False, reason Starting;
+  as Ingesting=False, reason Starting; Degraded turning True (DataLoss) and clearing gives one Warning
+  Event `Degraded` and one Normal `DegradationCleared`;
 - a deleted driver Pod comes back (a new uid); a deleted child (a Role) comes back;
 - `spec.suspend: true` deletes the driver Pod and sets Ready=False, reason Suspended; resuming brings it back;
 - the operator killed with SIGKILL right after a new StreamingTable is created, then restarted, leaves
@@ -258,7 +259,9 @@ def test_children_are_created_with_owner_references(cluster: Cluster, orders: Ob
     assert children[-1].spec.replicas == 0
     container = pod.spec.containers[0]
     assert container.image == "icefall:test"
-    assert container.command == ["icefall", "ingest", "--namespace", NAMESPACE, "--name", "orders"]
+    assert container.command == [
+        "icefall", "ingest", "--namespace", NAMESPACE, "--name", "orders", "--metrics-port=9090"
+    ]  # fmt: skip
     assert pod.status.phase == "Pending"  # no scheduler here: it never runs
 
 
@@ -501,11 +504,22 @@ def test_status_shows_freshness_lag_files_and_data_loss_from_the_table_and_kafka
     wait_for("DataLoss", lambda: conditions_of(cluster, "status").get("Degraded") == ("True", "DataLoss"), 30)
     assert cluster.st("status")["status"]["dataLossRecords"] == 4
     assert conditions_of(cluster, "status")["Ready"] == ("False", "DataLoss")
+
+    def degraded_events() -> list[str]:
+        return [m for r, m in events_for(cluster, "status") if r == "Degraded" and m.startswith("DataLoss: ")]
+
+    wait_for("a Degraded event saying DataLoss", degraded_events, 60)
     cluster.custom.patch_namespaced_custom_object(
         GROUP, VERSION, NAMESPACE, PLURAL, "status",
         {"metadata": {"annotations": {"icefall.dev/acknowledged-data-loss": "4"}}},
     )  # fmt: skip
     wait_for("Healthy", lambda: conditions_of(cluster, "status").get("Degraded") == ("False", "Healthy"), 30)
+    cleared = wait_for(
+        "a DegradationCleared event",
+        lambda: [m for r, m in events_for(cluster, "status") if r == "DegradationCleared"],
+        60,
+    )
+    assert cleared == ["no longer degraded (DataLoss)"] and len(degraded_events()) == 1
 
     # Operator metrics and liveness.
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read()
@@ -513,6 +527,9 @@ def test_status_shows_freshness_lag_files_and_data_loss_from_the_table_and_kafka
     assert 'icefall_operator_reconciles_total{result="ok"}' in text
     assert 'icefall_lag_records{partition="0",table="operator-test.status"} 0.0' in text
     assert "icefall_operator_leader 1.0" in text
+    assert 'icefall_freshness_target_seconds{table="operator-test.status"} 10.0' in text
+    assert 'icefall_table_snapshots{table="operator-test.status"}' in text
+    assert 'icefall_last_commit_timestamp_seconds{table="operator-test.status"}' in text
     health = urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}/healthz", timeout=5)
     assert health.status == 200
 

@@ -335,8 +335,13 @@ def test_names_columns_and_subresources(crd: Node, root: Node) -> None:
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 0] == [
-        "Ready", "Freshness", "Lag", "Files", "Age",
+        "Ready", "Freshness", "Target", "Lag", "Files", "Age",
     ]  # fmt: skip
+    assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 1] == [
+        "Reason", "Ingesting", "Degraded", "Last-Commit", "Backlog", "Snapshots", "Message",
+    ]  # fmt: skip
+    assert columns["Target"]["jsonPath"] == ".spec.freshness.targetSeconds"
+    assert columns["Degraded"]["jsonPath"] == '.status.conditions[?(@.type=="Degraded")].reason'
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Freshness"]["jsonPath"] == ".status.freshness.seconds"
     assert columns["Lag"]["jsonPath"] == ".status.freshness.lagRecords"

@@ -32,6 +32,7 @@ from icefall.plan.children import (
     INGEST_COMMAND,
     KUBERNETES_MASTER,
     LABEL_SPEC_HASH,
+    POD_METRICS_PORT,
     Children,
     ObjectRef,
     OperatorSettings,
@@ -379,10 +380,14 @@ def test_commands_run_the_entry_points_for_this_table() -> None:
     children = render(table())
     assert children.driver_pod is not None
     driver = children.driver_pod["spec"]["containers"][0]
-    assert driver["command"] == ["icefall", "ingest", "--namespace", "shop", "--name", "orders"]
+    metrics = f"--metrics-port={POD_METRICS_PORT}"
+    assert driver["command"] == ["icefall", "ingest", "--namespace", "shop", "--name", "orders", metrics]
     assert INGEST_COMMAND[:2] == ("icefall", "ingest")
     compact = children.get("Deployment", "orders-compact")["spec"]["template"]["spec"]["containers"][0]
-    assert compact["command"] == ["icefall", "compact", "--namespace", "shop", "--name", "orders"]
+    assert compact["command"] == ["icefall", "compact", "--namespace", "shop", "--name", "orders", metrics]
+    # Both serve Prometheus metrics on a port named `metrics` (the chart's PodMonitor scrapes it).
+    for container in (driver, compact):
+        assert {"name": "metrics", "containerPort": POD_METRICS_PORT, "protocol": "TCP"} in container["ports"]
     assert COMPACT_COMMAND[:2] == ("icefall", "compact")
     assert driver["image"] == compact["image"] == IMAGE
     assert children.driver_pod["spec"]["restartPolicy"] == "Never"
@@ -449,7 +454,9 @@ def test_a_local_master_keeps_spark_in_the_driver_pod(
     role = children.get("Role", "icefall-orders-driver")
     assert {r["apiGroups"][0] for r in role["rules"]} == {"icefall.dev", "coordination.k8s.io"}
     assert children.driver_pod is not None
-    assert "ports" not in children.driver_pod["spec"]["containers"][0]
+    assert children.driver_pod["spec"]["containers"][0]["ports"] == [
+        {"name": "metrics", "containerPort": POD_METRICS_PORT, "protocol": "TCP"}
+    ]
 
 
 def test_an_unusable_master_annotation_is_a_problem_and_the_default_is_used() -> None:

@@ -5,7 +5,9 @@ change), moves it when the status flips, and leaves other conditions alone; `der
 healthy table as Ready/Running, and for a slow, failing, suspended, deleting, blocked or misconfigured
 table gives the documented reasons; over every combination of observations every condition is valid
 for its type and Ready = Ingesting ∧ FreshnessMet ∧ ¬Degraded holds; `should_write_status` writes flips,
-reason changes and new generations at once and everything else at most every `min_interval`.
+reason changes and new generations at once and everything else at most every `min_interval`;
+`degraded_event` gives one Warning per Degraded episode and reason, a Normal one when it clears, and none for
+DriverFailed (the driver's own Events cover it).
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ from icefall.api import (
     StreamingTable,
     StreamingTableStatus,
 )
-from icefall.plan.conditions import Issue, Observations, derive_conditions, set_condition, should_write_status
-from icefall.plan.driver import DriverState
+from icefall.plan.conditions import (
+    Issue,
+    Observations,
+    degraded_event,
+    degraded_reason,
+    derive_conditions,
+    set_condition,
+    should_write_status,
+)
+from icefall.plan.driver import DriverState, EventReason, EventType
 
 pytestmark = pytest.mark.unit
 
@@ -183,6 +193,26 @@ def test_issues_block_ingestion_or_degrade_the_table_most_severe_first() -> None
     assert halted[C.DEGRADED] == (S.TRUE, R.BAD_RECORD_HALTED)
     with pytest.raises(ValueError, match="not an issue reason"):
         Issue(R.RUNNING, "fine")
+
+
+def test_degraded_transitions_give_one_event_each() -> None:
+    loss = derive_conditions(healthy(issues=(Issue(R.DATA_LOSS, "120 records deleted"),)), table(), T0)
+    fine = derive_conditions(healthy(), table(), T0)
+    assert (degraded_reason(loss), degraded_reason(fine)) == (R.DATA_LOSS, None)
+    event = degraded_event(None, loss)
+    assert event is not None and event.reason is EventReason.DEGRADED and event.type is EventType.WARNING
+    assert event.message == "DataLoss: 120 records deleted"
+    assert degraded_event(R.DATA_LOSS, loss) is None, "once per episode, not once per pass"
+    halted = derive_conditions(healthy(issues=(Issue(R.BAD_RECORD_HALTED, "bad record"),)), table(), T0)
+    changed = degraded_event(R.DATA_LOSS, halted)
+    assert changed is not None and changed.message.startswith("BadRecordHalted: ")
+    cleared = degraded_event(R.BAD_RECORD_HALTED, fine)
+    assert cleared is not None and cleared.reason is EventReason.DEGRADATION_CLEARED
+    assert cleared.type is EventType.NORMAL and "BadRecordHalted" in cleared.message
+    assert degraded_event(None, fine) is None
+    failing = derive_conditions(healthy(driver=DriverState.BACKING_OFF), table(), T0)
+    assert degraded_reason(failing) == R.DRIVER_FAILED
+    assert degraded_event(None, failing) is None and degraded_event(R.DRIVER_FAILED, fine) is None
 
 
 def test_freshness_before_the_first_commit() -> None:

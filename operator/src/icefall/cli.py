@@ -280,6 +280,9 @@ def _ingest(args: argparse.Namespace) -> int:
     print(
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
     )
+    from icefall import metrics
+
+    metrics.serve(args.metrics_port, required=False)
     spark = _pod_spark(catalog, f"icefall-{st.metadata.name}", "local[2]")
     holder = _pod_holder()
     lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), holder)
@@ -313,7 +316,7 @@ def _compact(args: argparse.Namespace) -> int:
         return 0
     from icefall import metrics
 
-    metrics.serve(args.metrics_port)
+    metrics.serve(args.metrics_port, required=bool(args.file))  # a pod: see metrics.serve
     catalog = _catalog_for(st, state)
     catalog.pyiceberg()
     spark = _pod_spark(catalog, f"icefall-{st.metadata.name}-compact", args.master)
@@ -353,6 +356,10 @@ def _operator(args: argparse.Namespace) -> int:
         finally:
             standby.stop()
         election.start_renewing()
+    else:
+        from icefall.controller import metrics as operator_metrics
+
+        operator_metrics.LEADER.set(1)  # alone, this process is the one that reconciles
     try:
         kopf.run(
             standalone=True,
@@ -551,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--name", required=True, help="name of the StreamingTable")
     ingest.add_argument("--state-dir", help="scratch space (default: $ICEFALL_STATE_DIR, else <tmp>/icefall)")
     ingest.add_argument("--lease-timeout", type=float, default=None, help="seconds to wait for the lease")
+    ingest.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics (0: off)")
     ingest.set_defaults(func=_ingest, until_caught_up=False, max_seconds=0)
     operator = commands.add_parser("operator", help="run the Kubernetes operator (kopf)")
     operator.add_argument(

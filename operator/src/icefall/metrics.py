@@ -6,6 +6,8 @@ Labels are the table (`namespace.name`) and, for lag, the Kafka partition; never
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from icefall.plan.leases import YIELD_AFTER_CONFLICTS
@@ -84,6 +86,19 @@ INGEST_YIELD_SECONDS = Counter(
 FRESHNESS = Gauge(
     "icefall_freshness_seconds",
     "Seconds between now and the produce time of the newest committed record; 0 when caught up.",
+    ["table"],
+    registry=REGISTRY,
+)
+FRESHNESS_TARGET = Gauge(
+    "icefall_freshness_target_seconds",
+    "The table's freshness target (spec.freshness.targetSeconds), set beside icefall_freshness_seconds so "
+    "alerts and dashboards compare the two without knowing the spec.",
+    ["table"],
+    registry=REGISTRY,
+)
+LAST_COMMIT = Gauge(
+    "icefall_last_commit_timestamp_seconds",
+    "Unix time of the last ingestion commit to the table.",
     ["table"],
     registry=REGISTRY,
 )
@@ -182,7 +197,15 @@ MAINTENANCE_BACKLOG = Gauge(
 )
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on `port` (0 disables)."""
-    if port:
+def serve(port: int, *, required: bool = True) -> None:
+    """Expose /metrics on `port` (0 disables). A port already taken raises, unless `required` is False (the
+    pods: each has a network namespace of its own, so that happens only where pods share the host's, as
+    under the e2e tests' local kubelet); then it is logged and the process runs without metrics."""
+    if not port:
+        return
+    try:
         start_http_server(port, registry=REGISTRY)
+    except OSError as error:
+        if required:
+            raise
+        logging.getLogger(__name__).warning("metrics not served on port %d: %s", port, error)

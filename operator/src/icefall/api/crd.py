@@ -550,6 +550,12 @@ def _printer_columns() -> list[dict[str, Any]]:
             "description": "Seconds between now and the newest record committed to the table.",
         },
         {
+            "name": "Target",
+            "type": "integer",
+            "jsonPath": ".spec.freshness.targetSeconds",
+            "description": "The freshness target in seconds (FreshnessMet is False above it).",
+        },
+        {
             "name": "Lag",
             "type": "integer",
             "jsonPath": ".status.freshness.lagRecords",
@@ -562,6 +568,49 @@ def _printer_columns() -> list[dict[str, Any]]:
             "description": "Data files in the table's current snapshot.",
         },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        # -o wide: what an on-call engineer reads next.
+        {
+            "name": "Ingesting",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ingesting")].reason',
+            "description": "Why ingestion is where it is (CaughtUp, CatchingUp, WaitingForLease, ...).",
+            "priority": 1,
+        },
+        {
+            "name": "Degraded",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Degraded")].reason',
+            "description": "Healthy, or what needs a person (DataLoss, TopicRecreated, BadRecordHalted...).",
+            "priority": 1,
+        },
+        {
+            "name": "Last-Commit",
+            "type": "date",
+            "jsonPath": ".status.freshness.lastCommitTime",
+            "description": "How long ago the last ingestion commit landed.",
+            "priority": 1,
+        },
+        {
+            "name": "Backlog",
+            "type": "integer",
+            "jsonPath": ".status.table.compactionBacklog",
+            "description": "Compaction and maintenance work items waiting.",
+            "priority": 1,
+        },
+        {
+            "name": "Snapshots",
+            "type": "integer",
+            "jsonPath": ".status.table.snapshots",
+            "description": "Snapshots retained in the table's metadata.",
+            "priority": 1,
+        },
+        {
+            "name": "Message",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].message',
+            "description": "The Ready condition's message: what is wrong, and what to do about it.",
+            "priority": 1,
+        },
     ]
 
 

@@ -2,7 +2,9 @@
 
 Names follow Prometheus conventions (`icefall_operator_` prefix for the operator's own work, base units,
 `_total` counters). Per-table gauges reuse the ingestion process's names (`icefall_freshness_seconds`,
-`icefall_lag_records`) with the same `table` label (`namespace.name`), so one dashboard reads either.
+`icefall_lag_records`, `icefall_freshness_target_seconds`, `icefall_last_commit_timestamp_seconds`,
+`icefall_maintenance_backlog_items`) with the same `table` label (`namespace.name`), so one dashboard reads
+either.
 Labels are bounded: table, partition (capped by `plan.table_status.MAX_PARTITIONS`), result.
 
 Not guaranteed: gauges of a deleted table disappear only when this process removes them (`forget_table`)
@@ -15,7 +17,14 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from icefall.metrics import FRESHNESS, LAG, REGISTRY
+from icefall.metrics import (
+    FRESHNESS,
+    FRESHNESS_TARGET,
+    LAG,
+    LAST_COMMIT,
+    MAINTENANCE_BACKLOG,
+    REGISTRY,
+)
 from icefall.plan.table_status import Summary
 
 RECONCILES = Counter(
@@ -32,11 +41,14 @@ RECONCILE_DURATION = Histogram(
 )
 LEADER = Gauge(
     "icefall_operator_leader",
-    "1 while this operator process holds the leader Lease and reconciles, else 0.",
+    "1 while this operator process reconciles: it holds the leader Lease, or runs without leader election.",
     registry=REGISTRY,
 )
 TABLE_FILES = Gauge(
     "icefall_table_data_files", "Data files in the table's current snapshot.", ["table"], registry=REGISTRY
+)
+TABLE_SNAPSHOTS = Gauge(
+    "icefall_table_snapshots", "Snapshots retained in the table's metadata.", ["table"], registry=REGISTRY
 )
 COMPACTION_REPLICAS = Gauge(
     "icefall_compaction_replicas",
@@ -46,22 +58,38 @@ COMPACTION_REPLICAS = Gauge(
 )
 
 
-def record_table(namespace: str, name: str, summary: Summary, compaction_replicas: int) -> None:
+def record_table(
+    namespace: str, name: str, summary: Summary, compaction_replicas: int, freshness_target_seconds: int
+) -> None:
     table = f"{namespace}.{name}"
+    FRESHNESS_TARGET.labels(table=table).set(freshness_target_seconds)
     if summary.freshness_seconds is not None:
         FRESHNESS.labels(table=table).set(summary.freshness_seconds)
+    if summary.last_commit_time is not None:
+        LAST_COMMIT.labels(table=table).set(summary.last_commit_time.timestamp())
     if summary.freshness is not None:
         for partition, lag in summary.freshness.partition_lag.items():
             LAG.labels(table=table, partition=str(partition)).set(lag)
     if summary.table is not None:
         TABLE_FILES.labels(table=table).set(summary.table.files)
+        TABLE_SNAPSHOTS.labels(table=table).set(summary.table.snapshots)
+        if summary.table.compaction_backlog is not None:
+            MAINTENANCE_BACKLOG.labels(table=table).set(summary.table.compaction_backlog)
     COMPACTION_REPLICAS.labels(table=table).set(compaction_replicas)
 
 
 def forget_table(namespace: str, name: str) -> None:
     """Drop the per-table series of a deleted table."""
     table = f"{namespace}.{name}"
-    for gauge in (FRESHNESS, TABLE_FILES, COMPACTION_REPLICAS):
+    for gauge in (
+        FRESHNESS,
+        FRESHNESS_TARGET,
+        LAST_COMMIT,
+        MAINTENANCE_BACKLOG,
+        TABLE_FILES,
+        TABLE_SNAPSHOTS,
+        COMPACTION_REPLICAS,
+    ):
         with contextlib.suppress(KeyError):  # never reported
             gauge.remove(table)
     for labels in list(LAG._metrics):  # the partitions this table reported

@@ -49,6 +49,8 @@ from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
 from icefall.plan.conditions import (
     Issue,
     Observations,
+    degraded_event,
+    degraded_reason,
     derive_conditions,
     set_condition,
     should_write_status,
@@ -101,12 +103,21 @@ class Outcome:
 
 
 class StatusMemory:
-    """Per table (by uid), what this process last did: when it wrote status (for `should_write_status`)
-    and which compaction replica count it set, since when (for the scale-down cool-down)."""
+    """Per table (by uid), what this process last did: when it wrote status (for `should_write_status`),
+    which compaction replica count it set, since when (for the scale-down cool-down), and which Degraded
+    reason it last sent an Event for."""
 
     def __init__(self) -> None:
         self._last: dict[str, datetime] = {}
         self._replicas: dict[str, tuple[int, datetime]] = {}
+        self._degraded: dict[str, ConditionReason | None] = {}
+
+    def degraded(self, uid: str, default: ConditionReason | None) -> ConditionReason | None:
+        """The Degraded reason last evented for `uid`; `default` (what status says) before the first."""
+        return self._degraded.get(uid, default)
+
+    def evented_degraded(self, uid: str, reason: ConditionReason | None) -> None:
+        self._degraded[uid] = reason
 
     def last_write(self, uid: str) -> datetime | None:
         return self._last.get(uid)
@@ -125,6 +136,7 @@ class StatusMemory:
     def forget(self, uid: str) -> None:
         self._last.pop(uid, None)
         self._replicas.pop(uid, None)
+        self._degraded.pop(uid, None)
 
 
 def reconcile(
@@ -234,6 +246,12 @@ def reconcile(
         unmeasured=observed.unmeasured,
     )
     conditions = derive_conditions(observations, st, now)
+    if act:  # status-only passes leave the transition to the next full pass, which returns the Event
+        stored = degraded_reason(st.status.conditions) if st.status else None
+        degraded = degraded_event(memory.degraded(uid, stored), conditions)
+        memory.evented_degraded(uid, degraded_reason(conditions))
+        if degraded is not None:
+            events.append(degraded)
     update: dict[str, Any] = {"conditions": conditions, "observed_generation": generation}
     if summary.freshness is not None:
         update["freshness"] = summary.freshness
@@ -242,7 +260,7 @@ def reconcile(
     if summary.data_loss_records is not None:
         update["data_loss_records"] = summary.data_loss_records
     new = (st.status or StreamingTableStatus()).model_copy(update=update)
-    metrics.record_table(namespace, name, summary, replicas)
+    metrics.record_table(namespace, name, summary, replicas, st.spec.freshness.target_seconds)
     written = False
     if should_write_status(st.status, new, memory.last_write(uid), now, STATUS_MIN_INTERVAL_SECONDS):
         kube.patch_status(namespace, name, _status_patch(st.status, new))

@@ -1,9 +1,9 @@
 """Where the provisioned binaries and jars are.
 
 `make` exports their folders as environment variables (ICEFALL_KUBE_BIN, ICEFALL_ETCD_BIN, ICEFALL_HELM_BIN,
-ICEFALL_MINIO_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_REST_CATALOG_JARS). When one is unset and
-this runs from a checkout, the matching `hack/` script is called: it builds or resolves into the
-version-keyed cache and prints the folder.
+ICEFALL_MINIO_BIN, ICEFALL_PROMTOOL_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_REST_CATALOG_JARS).
+When one is unset and this runs from a checkout, the matching `hack/` script is called: it builds or resolves
+into the version-keyed cache and prints the folder.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ _SCRIPTS = {
     "ICEFALL_ETCD_BIN": ("build-go-tools.sh", "etcd"),
     "ICEFALL_HELM_BIN": ("build-go-tools.sh", "helm"),
     "ICEFALL_MINIO_BIN": ("build-go-tools.sh", "minio"),
+    "ICEFALL_PROMTOOL_BIN": ("build-go-tools.sh", "promtool"),
     "ICEFALL_KAFKA_JARS": ("fetch-jars.sh", "kafka"),
     "ICEFALL_SPARK_JARS": ("fetch-jars.sh", "spark"),
     "ICEFALL_REST_CATALOG_JARS": ("fetch-jars.sh", "rest-catalog"),

@@ -919,6 +919,8 @@ class Ingestor:
         metrics.BATCH_DURATION.labels(self.label).observe(report.seconds)
         metrics.COMMIT_DURATION.labels(self.label).observe(report.commit_seconds)
         metrics.FRESHNESS.labels(self.label).set(report.freshness_seconds)
+        metrics.FRESHNESS_TARGET.labels(self.label).set(self.spec.freshness.target_seconds)
+        metrics.LAST_COMMIT.labels(self.label).set(time.time())
         self._publish_lag(lag)
 
     @staticmethod

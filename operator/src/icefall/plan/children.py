@@ -81,10 +81,19 @@ MAX_NAME_LENGTH = 63
 
 # --- the entry points and their environment ---------------------------------------------------------------
 
+#: The port the driver and compaction pods serve Prometheus metrics on, named `metrics` in their containers
+#: (the chart's PodMonitor scrapes that name).
+POD_METRICS_PORT = 9090
 #: The driver's command; `{namespace}` and `{name}` name the StreamingTable it reads from the API.
-INGEST_COMMAND: tuple[str, ...] = ("icefall", "ingest", "--namespace", "{namespace}", "--name", "{name}")
+INGEST_COMMAND: tuple[str, ...] = (
+    "icefall", "ingest", "--namespace", "{namespace}", "--name", "{name}",
+    f"--metrics-port={POD_METRICS_PORT}",
+)  # fmt: skip
 #: The compaction pods' command.
-COMPACT_COMMAND: tuple[str, ...] = ("icefall", "compact", "--namespace", "{namespace}", "--name", "{name}")
+COMPACT_COMMAND: tuple[str, ...] = (
+    "icefall", "compact", "--namespace", "{namespace}", "--name", "{name}",
+    f"--metrics-port={POD_METRICS_PORT}",
+)  # fmt: skip
 
 #: JSON object of Spark configuration (str → str) the entry point passes to its SparkSession; it holds
 #: `$(ICEFALL_POD_NAME)` / `$(ICEFALL_POD_IP)` references that the kubelet expands.
@@ -140,6 +149,9 @@ def driver_account_name(table: str) -> str:
 def compaction_account_name(table: str) -> str:
     """Name of the compaction pods' ServiceAccount, Role and RoleBinding."""
     return child_name("icefall-", table, "-compact")
+
+
+_METRICS_PORT: Manifest = {"name": "metrics", "containerPort": POD_METRICS_PORT, "protocol": "TCP"}
 
 
 def command(template: Sequence[str], *, namespace: str, name: str) -> list[str]:
@@ -785,8 +797,9 @@ class _Renderer:
             resources=settings.driver_resources,
             mounts=mounts,
         )
+        container["ports"] = [_METRICS_PORT]
         if template is not None:
-            container["ports"] = [
+            container["ports"] += [
                 {"name": "spark-driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
                 {"name": "block-manager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
             ]
@@ -833,6 +846,7 @@ class _Renderer:
             resources=settings.compaction_resources,
             mounts=mounts,
         )
+        container["ports"] = [_METRICS_PORT]
         return {
             "apiVersion": "apps/v1",
             "kind": "Deployment",

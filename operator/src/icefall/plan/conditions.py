@@ -34,6 +34,8 @@ Guarantees:
 - `should_write_status` writes at once when a condition appears, disappears, flips status or changes
   reason, or when `observedGeneration` changes; figures and messages alone are written at most every
   `min_interval` seconds.
+- `degraded_event` gives one Warning Event per Degraded episode and reason (what a person must act on), and
+  a Normal one when it clears; DriverFailed is left to the driver's own Events.
 
 Not guaranteed: that an issue is still current. Observations are taken as given: whoever reports an issue
 (the driver's report, a lag probe) decides when it ends.
@@ -53,7 +55,7 @@ from icefall.api import (
     StreamingTable,
     StreamingTableStatus,
 )
-from icefall.plan.driver import DriverState
+from icefall.plan.driver import DriverState, Event, EventReason, EventType
 
 _R = ConditionReason
 _T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
@@ -281,6 +283,32 @@ def _lag_text(obs: Observations) -> str:
 
 def _clip(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 1] + "…"
+
+
+#: Degraded reasons that already have an Event of their own (plan.driver: DriverFailed, DriverRecovered).
+_EVENTED_ELSEWHERE = frozenset({_R.DRIVER_FAILED})
+
+
+def degraded_reason(conditions: Sequence[Condition]) -> ConditionReason | None:
+    """The reason of a True Degraded condition among `conditions`, else None."""
+    found = next((c for c in conditions if c.type is ConditionType.DEGRADED), None)
+    return found.reason if found is not None and found.status is _T else None
+
+
+def degraded_event(previous: ConditionReason | None, conditions: Sequence[Condition]) -> Event | None:
+    """The Event for Degraded now, given the reason last evented (`previous`; None: not degraded): a
+    Warning when it turns True or changes reason, a Normal one when it clears, else None."""
+    current = degraded_reason(conditions)
+    if current == previous:
+        return None
+    if current is None:
+        if previous in _EVENTED_ELSEWHERE:
+            return None
+        return Event(EventReason.DEGRADATION_CLEARED, f"no longer degraded ({previous})")
+    if current in _EVENTED_ELSEWHERE:
+        return None
+    condition = next(c for c in conditions if c.type is ConditionType.DEGRADED)
+    return Event(EventReason.DEGRADED, f"{current}: {condition.message}", EventType.WARNING)
 
 
 def should_write_status(

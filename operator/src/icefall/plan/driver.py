@@ -153,6 +153,9 @@ class EventReason(StrEnum):
     SUSPENDED = "Suspended"
     DRIVER_RECOVERED = "DriverRecovered"
     TABLE_CLAIMED = "TableClaimedByOther"
+    # Degraded turned True or changed its reason, or cleared (plan.conditions.degraded_event).
+    DEGRADED = "Degraded"
+    DEGRADATION_CLEARED = "DegradationCleared"
     # Deletion (controller.deletion), not about the driver but from the same closed list.
     TABLE_RETAINED = "TableRetained"
     TABLE_DROPPED = "TableDropped"
