@@ -291,7 +291,6 @@ def _with_tail(
     ).first()
     assert counts is not None
     good = decoder.good_rows(decoded)
-    types = {f.name: f.dataType for f in rows.schema.fields}
     missing = [c for c in rows.columns if c not in good.columns]
     if missing:
         raise ReadError(
@@ -299,7 +298,8 @@ def _with_tail(
             "table was made; read with the spec the table is filled with"
         )
     extra = [DELETE_COLUMN] if st.spec.key else []
-    tail = good.select(*[F.col(f"`{c}`").cast(types[c]).alias(c) for c in rows.columns], *extra)
+    # The table's columns are the good rows' (ingestion wrote them): the union widens only nullability.
+    tail = good.select(*[F.col(f"`{c}`") for c in rows.columns], *extra)
     if st.spec.key:
         key = list(st.spec.key)
         changes = last_changes(tail, key)
