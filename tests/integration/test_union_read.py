@@ -224,6 +224,7 @@ def test_read_after_a_writer_is_killed_mid_commit(
     )  # fmt: skip
     output = (run.stdout + run.stderr)[-4000:]
     assert run.returncode == failpoints.EXIT_STATUS, f"exit {run.returncode}:\n{output}"
+    assert "failpoint main.before-commit triggered" in run.stderr, output
     committed = read_committed(catalog_config.pyiceberg().load_table(st.table_identifier))
     assert sum(committed.offsets.values()) == 100, committed
     with union_read(st, catalog_config, spark=spark) as fresh:

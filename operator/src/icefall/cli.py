@@ -574,9 +574,9 @@ def _table_text(rows: Any) -> list[str]:
     names = list(rows.column_names)
     cells = [[_cell(v) for v in row.values()] for row in rows.to_pylist()]
     widths = [max([len(n), *(len(r[i]) for r in cells)]) for i, n in enumerate(names)]
-    lines = [" | ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
+    lines = [" | ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip()]
     lines.append("-+-".join("-" * w for w in widths))
-    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.append(f"({len(cells)} rows)")
     return lines
 
