@@ -194,9 +194,7 @@ def test_reads_racing_ingestion_are_exactly_the_topic_up_to_their_cut(
 
 def lake_dir(config: CatalogConfig) -> Path:
     """The state dir of the test stack's embedded catalog: `icefall ... --state-dir` for the same tables."""
-    lake = Path(config.uri.removeprefix("sqlite:///")).parent
-    assert CatalogConfig.embedded(lake) == config
-    return lake
+    return config.database.parent
 
 
 def test_read_after_a_writer_is_killed_mid_commit(
@@ -349,3 +347,29 @@ def test_cli_read_prints_the_cut_and_the_rows(
     assert cli.main([*base, "--sql", "SELECT count(*) AS n FROM t"]) == 0
     out, _ = capsys.readouterr()
     assert out.splitlines()[2].strip() == "45"
+
+
+def test_a_recreated_topic_is_refused(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """The table's offsets belong to the topic that was deleted: a read from them would skip or repeat
+    records of the new one, so it is refused, as ingestion refuses it."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = "it-union-recreated"
+    kafka.create_topic(topic, partitions=1)
+    produce(kafka, topic, 0, 20, partitions=[0])
+    st = streaming_table("union_recreated", topic, kafka.bootstrap)
+    ingest_to_end(st, catalog_config, spark, tmp_path / "lease")
+    AdminClient({"bootstrap.servers": kafka.bootstrap}).delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            kafka.create_topic(topic, partitions=1)
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "the topic could not be created again"
+            time.sleep(0.5)
+    produce(kafka, topic, 100, 30, partitions=[0])
+    with pytest.raises(ReadError, match=r"deleted and created again.*icefall reset-offsets"):
+        union_read(st, catalog_config, spark=spark)

@@ -191,7 +191,15 @@ def union_read(
         starts_at = (
             view.offsets_for_time(timestamp, timeout) if timestamp is not None and not state.offsets else None
         )
-    ranges, lost = _tail_ranges(st, state, topic_id, marks, starts_at=starts_at, label=label)
+    ranges, lost = _tail_ranges(
+        st,
+        state,
+        topic_id,
+        marks,
+        starts_at=starts_at,
+        label=label,
+        older=snapshot_id is not None or as_of is not None,
+    )
     if spark is None:
         from icefall.spark.session import build_spark_session
 
@@ -242,6 +250,7 @@ def _tail_ranges(
     *,
     starts_at: Mapping[int, int] | None,
     label: str,
+    older: bool,
 ) -> tuple[tuple[OffsetRange, ...], int]:
     """Per partition of the topic, the tail `[where ingestion goes on, the cut)`, and the records lost to
     retention in between."""
@@ -252,6 +261,12 @@ def _tail_ranges(
         state.offsets, marks, source.starting_position.type, timestamp_offsets=starts_at
     )
     problem = source_change(source.topic, state.topic_id, topic_id, positions.offsets_ahead)
+    if problem is not None and older and state.topic_id not in (None, topic_id):
+        raise ReadError(
+            f"{label}: snapshot {state.snapshot_id} holds records of topic {source.topic!r} before it was "
+            f"deleted and created again (topic id {state.topic_id}, now {topic_id}): its offsets do not "
+            "point into the topic there is now; read a snapshot committed after the offset reset"
+        )
     if problem is not None:
         raise ReadError(f"{label}: {problem}")
     ranges = tuple(
