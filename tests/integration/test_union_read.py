@@ -361,7 +361,8 @@ def test_a_recreated_topic_is_refused(
     produce(kafka, topic, 0, 20, partitions=[0])
     st = streaming_table("union_recreated", topic, kafka.bootstrap)
     ingest_to_end(st, catalog_config, spark, tmp_path / "lease")
-    AdminClient({"bootstrap.servers": kafka.bootstrap}).delete_topics([topic])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept: its futures need it alive
+    admin.delete_topics([topic])[topic].result(30)
     deadline = time.monotonic() + 60
     while True:
         try:

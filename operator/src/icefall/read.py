@@ -12,7 +12,8 @@ is every record of the topic up to the cut exactly once, fresh to the moment the
   file that had `main` at S (`icefall.commit.state.committed_at`; a table keeps about fifty batches of
   them). The cut is "now" either way: an older snapshot gives the same records, more of them from the tail.
 - **The cut** is one set of end offsets taken once, after S was chosen: each partition's high watermark as
-  a read_committed consumer sees it (the last stable offset: never inside an open transaction). The tail is
+  a read_committed consumer sees it (the last stable offset: never inside an open transaction), asked
+  partition after partition in one pass. The tail is
   read with exactly those end offsets, so a commit racing the read changes nothing: the result is the
   topic up to the cut, whatever landed in the table meanwhile. The cut is reported (`Cut`).
 - **The tail** is read by Spark's Kafka source as ingestion reads it (`icefall.ingest.engine.read_kafka`:
@@ -70,7 +71,9 @@ class Cut:
     # partition -> (first offset of the tail, the cut: next offset not read); every partition of the topic
     partitions: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     tail_records: int = 0  # records read from the tail
-    tail_rows: int = 0  # good rows they decode to (before a keyed table's last change per key)
+    tail_rows: int = (
+        0  # good rows they decode to (a keyed table's changes, deletes too, before the last per key)
+    )
     bad_records: int = 0  # records left out as dead letters
     lost_records: int = 0  # offsets past the snapshot's that retention deleted before this read
 
@@ -176,6 +179,10 @@ def union_read(
         raise ValueError("give snapshot_id or as_of, not both")
     label = ".".join(st.table_identifier)
     table = catalog_config.pyiceberg().load_table(st.table_identifier)
+    if spark is None:  # before the snapshot and the cut are taken: a Spark start takes seconds
+        from icefall.spark.session import build_spark_session
+
+        spark = build_spark_session([catalog_config], app_name=f"icefall-read-{st.metadata.name}")
     state = _state(table, label, snapshot_id, as_of)
     source = st.spec.source
     if state.topic is not None and state.topic != source.topic:
@@ -200,10 +207,6 @@ def union_read(
         label=label,
         older=snapshot_id is not None or as_of is not None,
     )
-    if spark is None:
-        from icefall.spark.session import build_spark_session
-
-        spark = build_spark_session([catalog_config], app_name=f"icefall-read-{st.metadata.name}")
     snapshot = table.metadata.snapshot_by_id(state.snapshot_id) if state.snapshot_id is not None else None
     cut = Cut(
         table=label,
