@@ -11,8 +11,9 @@ the reader runs, one after the other:
 - **plain scan**: `SELECT count(*), max(_kafka.timestamp) FROM <table>` (main's head);
 - **union read**: `union_read(st, catalog)` and the same aggregate over its frame.
 
-For each: latency (query start to result) and staleness = query start - the newest Kafka (produce)
-timestamp in the result: how far behind the topic the answer is. Medians and p90 are reported, and the
+For each: latency (query start to result) and staleness = when the result came - the newest Kafka
+(produce) timestamp in it: how far behind the topic the answer is when it arrives; for the union read also
+how old that newest record was when the cut was taken. Medians and p90 are reported, and the
 union read's tail size (records read from Kafka past the snapshot). Writes bench/results/union_read.md (or
 `--out`). Nothing asserts on time; one run on a shared machine (load averages in the report).
 """
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from common import load_average, machine_basics, machine_section, percentile, write_results
@@ -63,6 +65,8 @@ class Samples:
     latency: list[float] = field(default_factory=list)
     staleness: list[float] = field(default_factory=list)
     tail: list[float] = field(default_factory=list)
+    bad: int = 0
+    at_cut: list[float] = field(default_factory=list)  # union read: the cut's time - newest produce time
 
 
 def say(text: str) -> None:
@@ -75,7 +79,7 @@ def produce(bootstrap: str, rate: float, stop: threading.Event) -> None:
     while not stop.is_set():
         due = int((time.monotonic() - started) * rate)
         while n < due:
-            value = {"id": n, "ts": time.time(), "note": f"record {n}"}
+            value = {"id": n, "ts": datetime.now(UTC).isoformat(), "note": f"record {n}"}
             producer.produce(TOPIC, key=str(n), value=json.dumps(value))
             n += 1
         producer.poll(0)
@@ -118,16 +122,21 @@ def measure(args: argparse.Namespace, state: Path) -> tuple[Samples, Samples, in
             while time.monotonic() < ends:
                 started = time.time()
                 row = spark.sql(f"SELECT {query} FROM {name}").first()
-                plain.latency.append(time.time() - started)
+                answered = time.time()
+                plain.latency.append(answered - started)
                 if row is not None and row["newest"] is not None:
-                    plain.staleness.append(started - row["newest"].timestamp())
+                    plain.staleness.append(answered - row["newest"].timestamp())
                 started = time.time()
                 with union_read(st, catalog, spark=spark) as fresh:
                     row = fresh.frame.selectExpr(*query.split(", ")).first()
-                    union.latency.append(time.time() - started)
+                    answered = time.time()
+                    union.latency.append(answered - started)
                     union.tail.append(fresh.cut.tail_records)
+                    union.bad += fresh.cut.bad_records
                 if row is not None and row["newest"] is not None:
-                    union.staleness.append(started - row["newest"].timestamp())
+                    newest = row["newest"].timestamp()
+                    union.staleness.append(answered - newest)
+                    union.at_cut.append(fresh.cut.taken_at_ms / 1000 - newest)
                 time.sleep(args.interval)
         finally:
             stop.set()
@@ -152,8 +161,8 @@ def render(args: argparse.Namespace, plain: Samples, union: Samples, commits: in
         f"`python bench/union_read.py --seconds {args.seconds:g} --rate {args.rate:g} --interval "
         f"{args.interval:g} --target-seconds {args.target_seconds}`: {PARTITIONS} partitions, "
         f"{args.rate:g} records/s, ingestion (freshness target {args.target_seconds} s) committed {commits} "
-        f"times while {len(plain.latency)} pairs of reads ran. Staleness = query start - newest produce time "
-        "in the answer.",
+        f"times while {len(plain.latency)} pairs of reads ran ({union.bad} records left out as bad by the "
+        "union reads). Staleness = when the answer came - the newest produce time in it.",
         "",
         "| read | latency p50 | latency p90 | staleness p50 | staleness p90 |",
         "|---|---|---|---|---|",
@@ -161,7 +170,9 @@ def render(args: argparse.Namespace, plain: Samples, union: Samples, commits: in
         f"| union read (head + tail to the cut) | {cells(union.latency)} | {cells(union.staleness)} |",
         "",
         f"Union read tail, records read from Kafka past the snapshot: p50 {percentile(union.tail, 50):.0f}, "
-        f"p90 {percentile(union.tail, 90):.0f}."
+        f"p90 {percentile(union.tail, 90):.0f}; the newest record in the answer was produced "
+        f"{percentile(union.at_cut, 50):.2f} s (p50) / {percentile(union.at_cut, 90):.2f} s (p90) before the "
+        "cut was taken."
         if union.tail
         else "",
         "",
