@@ -6,8 +6,9 @@ commit (bad records left out and counted), from an older snapshot (`snapshot_id`
 more of them from the tail), while an Ingestor commits batch after batch in the background and a producer
 writes (each read equals the topic up to its own cut: no duplicate, no gap), and after a writer process is
 killed in the middle of a commit; for an upsert table the tail's updates, inserts and deletes are applied
-by key (the same rows ingestion then commits); `icefall read` prints the cut and the rows as CSV, JSON
-lines and Parquet. Not covered here: cdc tables (the same code path as upsert; decode tests cover cdc).
+by key (the same rows ingestion then commits); a topic deleted and created again is refused; `icefall
+read` prints the cut and the rows as CSV, JSON lines, Parquet and a table. Not covered here: cdc tables
+(the same code path as upsert; the decode tests cover cdc).
 """
 
 from __future__ import annotations
