@@ -17,6 +17,7 @@ help:
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
 	@echo "make bench-upsert  keyed upserts: Icefall beside Spark's foreachBatch MERGE (bench/results/upsert.md)"
+	@echo "make bench-fresh  union reads (icefall read) vs a plain scan: latency, staleness (bench/results/union_read.md)"
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
@@ -108,6 +109,12 @@ bench-upsert: setup $(VENV)/.bench-installed
 $(VENV)/.bench-installed: pyproject.toml constraints.txt
 	@$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	@touch $@
+
+# Fresh reads (#16): latency and staleness of a union read (`icefall read`) beside a plain scan of the table
+# while ingestion commits (bench/union_read.py; results in bench/results/union_read.md).
+.PHONY: bench-fresh
+bench-fresh: setup
+	$(TOOLS) && $(BIN)/python bench/union_read.py $(BENCH_ARGS)
 
 # Files per partition, read time and commit latency with and without compaction. Default: one hour of
 # 5-second commits per arm (two hours in all); compress with BENCH_ARGS="--commits 150 --interval 1".

@@ -143,3 +143,28 @@ def read_committed(table: Table) -> CommittedState:
     """Refresh `table` from its catalog and return its committed state: where ingestion resumes."""
     table.refresh()
     return state_of(table.metadata)
+
+
+def committed_at(table: Table, snapshot_id: int) -> CommittedState | None:
+    """The committed state of the table when `main` was at `snapshot_id` (as loaded: no refresh), or None
+    when no metadata file kept by the table shows `main` there.
+
+    The `icefall.*` properties change only in the metadata commit that moves `main` (DESIGN.md), so every
+    metadata file whose `main` is at `snapshot_id` holds the same ones: the offsets of exactly the records
+    that snapshot holds. They are found in the current metadata or the files of its metadata log, newest
+    first; the table keeps `write.metadata.previous-versions-max` of them (about two per batch), so an
+    older snapshot's state is gone even while the snapshot itself is still there.
+    """
+    from pyiceberg.serializers import FromInputFile
+
+    if state_of(table.metadata).snapshot_id == snapshot_id:
+        return state_of(table.metadata)
+    for entry in reversed(table.metadata.metadata_log):
+        try:
+            metadata = FromInputFile.table_metadata(table.io.new_input(entry.metadata_file))
+        except (FileNotFoundError, OSError):
+            continue  # deleted with write.metadata.delete-after-commit.enabled
+        state = state_of(metadata)
+        if state.snapshot_id == snapshot_id:
+            return state
+    return None

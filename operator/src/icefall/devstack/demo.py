@@ -2,8 +2,9 @@
 nothing but this machine.
 
 A local Kafka broker, a producer streaming order events (a few malformed on purpose), `icefall run`'s
-ingestion on local Spark into the embedded SQLite catalog, then the table, its dead letters, and the
-record-by-record audit. Each run starts from a clean state folder.
+ingestion on local Spark into the embedded SQLite catalog, a fresh read (`icefall read`: the table plus
+the records past its last commit) while the producer still writes, then the table, its dead letters, and
+the record-by-record audit. Each run starts from a clean state folder.
 
 A development command, not part of the `icefall` CLI: it starts the test stack's Kafka broker and
 producer (`icefall.devstack`), which need a checkout and are not in the wheel or the image.
@@ -69,6 +70,7 @@ def run_demo(manifest: Path, state: Path, *, seconds: float, rate: float) -> int
 
         phase_end = time.monotonic() + seconds
         ingestor.run(lambda: time.monotonic() > phase_end, _progress)
+        _fresh_read(st, catalog, spark)
         producer.stop()
         say(f"producer stopped after {producer.acked} acknowledged records; catching up ...")
         caught_up = [False]
@@ -104,6 +106,18 @@ def _progress(report: BatchReport | None) -> None:
         f"{report.records_dead_lettered:>3} dead-lettered in {report.seconds:4.1f}s ({rate:,.0f} rec/s) "
         f"| lag {report.lag} | freshness {report.freshness_seconds:.1f}s"
     )
+
+
+def _fresh_read(st: Any, catalog: CatalogConfig, spark: Any) -> None:
+    """`icefall read` while the producer still writes: the table plus the records past its last commit."""
+    from icefall.read import union_read
+
+    say("a fresh read (`icefall read`): the table at its last commit plus the topic up to a cut taken now")
+    with union_read(st, catalog, spark=spark) as fresh:
+        rows = fresh.frame.count()
+    for line in fresh.cut.render():
+        print(f"    {line}", flush=True)
+    say(f"{rows} rows, {fresh.cut.tail_rows} of them from Kafka past the commit")
 
 
 def _show(catalog: CatalogConfig, st: Any) -> None:

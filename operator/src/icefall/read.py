@@ -1,0 +1,338 @@
+"""Fresh reads (`icefall read`): the table at a snapshot plus the topic after it, decoded as ingestion would.
+
+An Iceberg table is as fresh as its last commit, and the records after it are already in Kafka. The table
+stores, with each commit, the next offset per partition it holds (`icefall.offsets`), so
+
+    union read = rows of the table at snapshot S  +  the topic from S's offsets up to a cut
+
+is every record of the topic up to the cut exactly once, fresh to the moment the cut is taken:
+
+- **S** is `main`'s head by default (its offsets read from the same metadata as its id), or an older
+  snapshot (`snapshot_id`, or `as_of`: the one `main` was at then), whose offsets come from the metadata
+  file that had `main` at S (`icefall.commit.state.committed_at`; a table keeps about fifty batches of
+  them). The cut is "now" either way: an older snapshot gives the same records, more of them from the tail.
+- **The cut** is one set of end offsets taken once, after S was chosen: each partition's high watermark as
+  a read_committed consumer sees it (the last stable offset: never inside an open transaction), asked
+  partition after partition in one pass. The tail is
+  read with exactly those end offsets, so a commit racing the read changes nothing: the result is the
+  topic up to the cut, whatever landed in the table meanwhile. The cut is reported (`Cut`).
+- **The tail** is read by Spark's Kafka source as ingestion reads it (`icefall.ingest.engine.read_kafka`:
+  read_committed, the spec's source properties) from where ingestion would go on (`icefall.plan.offsets.
+  resolve_positions`: committed offsets, new partitions from their first record, the spec's starting
+  position before the first commit), decoded with the spec's format, schema and transforms
+  (`icefall.ingest.decode`). Bad records are left out and counted, as ingestion sends them to the
+  dead-letter path; records the filter drops are left out.
+- **Keyed tables** (`spec.mode` upsert, cdc): the tail's last change per key (`last_changes`, the rule
+  ingestion's MERGE applies) replaces the table's row for that key, or deletes it.
+
+Refused (`ReadError`): a topic other than the one the table was filled from, a topic deleted and created
+again or truncated below the committed offsets (`source_change`: the offsets no longer point into it), an
+unknown snapshot, or one whose offsets the table no longer keeps.
+
+Not guaranteed: records deleted by Kafka retention after S's commit and before the read are in neither part
+(counted as `Cut.lost_records`); a spec changed since the table was written decodes the tail differently
+from the rows; keys changed in several partitions have no order between partitions (as in ingestion).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from icefall.commit.state import CommittedState, committed_at, read_committed
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from duckdb import DuckDBPyConnection, DuckDBPyRelation
+    from pyiceberg.table import Table
+    from pyspark.sql import DataFrame, SparkSession
+
+    from icefall.api import StreamingTable
+    from icefall.catalog import CatalogConfig
+    from icefall.plan.offsets import OffsetRange
+
+
+class ReadError(RuntimeError):
+    """The union read cannot be made exactly (says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a union read stands: the table's snapshot and the topic's offsets it was read up to."""
+
+    table: str
+    topic: str
+    snapshot_id: int | None  # the table's part: its rows at this snapshot (None: no snapshot yet)
+    snapshot_ms: int | None  # when that snapshot was committed
+    taken_at_ms: int  # when the end offsets were taken
+    # partition -> (first offset of the tail, the cut: next offset not read); every partition of the topic
+    partitions: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    tail_records: int = 0  # records read from the tail
+    tail_rows: int = (
+        0  # good rows they decode to (a keyed table's changes, deletes too, before the last per key)
+    )
+    bad_records: int = 0  # records left out as dead letters
+    lost_records: int = 0  # offsets past the snapshot's that retention deleted before this read
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        """The cut: per partition, the next offset not in the result."""
+        return {p: end for p, (_, end) in self.partitions.items()}
+
+    @property
+    def filtered_records(self) -> int:
+        """Tail records the spec's filter dropped."""
+        return self.tail_records - self.tail_rows - self.bad_records
+
+    def render(self) -> list[str]:
+        """A few lines for people (what `icefall read` prints to stderr)."""
+        at = f"snapshot {self.snapshot_id}" if self.snapshot_id is not None else "no snapshot yet"
+        if self.snapshot_ms is not None:
+            at += f" (committed {_iso(self.snapshot_ms)})"
+        ranges = ", ".join(f"{p}: {start}..{end}" for p, (start, end) in sorted(self.partitions.items()))
+        lines = [
+            f"[read] {self.table} at {at} + topic {self.topic} up to the cut taken {_iso(self.taken_at_ms)}",
+            f"[read] cut, per partition tail from..to: {ranges or 'no partitions'}",
+            f"[read] tail: {self.tail_records} records, {self.tail_rows} rows, {self.bad_records} bad "
+            f"records left out, {self.filtered_records} filtered out",
+        ]
+        if self.lost_records:
+            lines.append(
+                f"[read] DATA LOSS: {self.lost_records} records past the snapshot were deleted by retention "
+                "before they were read: in neither part"
+            )
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "topic": self.topic,
+            "snapshot_id": self.snapshot_id,
+            "snapshot_ms": self.snapshot_ms,
+            "taken_at_ms": self.taken_at_ms,
+            "partitions": {str(p): [s, e] for p, (s, e) in sorted(self.partitions.items())},
+            "tail_records": self.tail_records,
+            "tail_rows": self.tail_rows,
+            "bad_records": self.bad_records,
+            "lost_records": self.lost_records,
+        }
+
+
+@dataclass
+class UnionRead:
+    """The result of `union_read`: a Spark DataFrame of the table's columns and the cut it was read at.
+
+    The tail is cached in Spark until `close` (or the end of a `with` block); the frame is deterministic
+    anyway (a fixed snapshot, fixed offsets), so reading it again gives the same rows.
+    """
+
+    frame: DataFrame
+    cut: Cut
+    _cached: list[DataFrame] = field(default_factory=list, repr=False)
+
+    def to_spark(self) -> DataFrame:
+        return self.frame
+
+    def to_arrow(self) -> pa.Table:
+        return self.frame.toArrow()
+
+    def to_duckdb(self, con: DuckDBPyConnection | None = None) -> DuckDBPyRelation:
+        """The rows as a DuckDB relation (on `con`, else a new in-memory connection)."""
+        import duckdb
+
+        connection = con if con is not None else duckdb.connect()
+        return connection.from_arrow(self.to_arrow())
+
+    def close(self) -> None:
+        for frame in self._cached:
+            frame.unpersist()
+        self._cached.clear()
+
+    def __enter__(self) -> UnionRead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def union_read(
+    st: StreamingTable,
+    catalog_config: CatalogConfig,
+    *,
+    snapshot_id: int | None = None,
+    as_of: datetime | None = None,
+    spark: SparkSession | None = None,
+    timeout: float = 30,
+) -> UnionRead:
+    """The table of `st` at a snapshot plus its topic up to a cut taken now (module docstring).
+
+    `snapshot_id` or `as_of` (a time; naive means UTC) choose an older snapshot than `main`'s head.
+    `spark`: a session with `catalog_config`'s catalog; by default a local one is started.
+    """
+    from icefall.kafka.admin import TopicView
+    from icefall.kafka.security import librdkafka_config
+
+    if snapshot_id is not None and as_of is not None:
+        raise ValueError("give snapshot_id or as_of, not both")
+    label = ".".join(st.table_identifier)
+    table = catalog_config.pyiceberg().load_table(st.table_identifier)
+    if spark is None:  # before the snapshot and the cut are taken: a Spark start takes seconds
+        from icefall.spark.session import build_spark_session
+
+        spark = build_spark_session([catalog_config], app_name=f"icefall-read-{st.metadata.name}")
+    state = _state(table, label, snapshot_id, as_of)
+    source = st.spec.source
+    if state.topic is not None and state.topic != source.topic:
+        raise ReadError(
+            f"{label} was filled from topic {state.topic!r}, the manifest names {source.topic!r}: "
+            "its offsets say nothing about that topic"
+        )
+    with TopicView(source.bootstrap_servers, source.topic, librdkafka_config(source.security)) as view:
+        topic_id = view.topic_id(timeout=timeout)
+        marks = view.watermarks(timeout=timeout)  # the cut: taken once, after the snapshot was chosen
+        taken_at_ms = int(time.time() * 1000)
+        timestamp = source.starting_position.timestamp_ms
+        starts_at = (
+            view.offsets_for_time(timestamp, timeout) if timestamp is not None and not state.offsets else None
+        )
+    ranges, lost = _tail_ranges(
+        st,
+        state,
+        topic_id,
+        marks,
+        starts_at=starts_at,
+        label=label,
+        older=snapshot_id is not None or as_of is not None,
+    )
+    snapshot = table.metadata.snapshot_by_id(state.snapshot_id) if state.snapshot_id is not None else None
+    cut = Cut(
+        table=label,
+        topic=source.topic,
+        snapshot_id=state.snapshot_id,
+        snapshot_ms=snapshot.timestamp_ms if snapshot is not None else None,
+        taken_at_ms=taken_at_ms,
+        partitions={r.partition: (r.start, r.end) for r in ranges},
+        lost_records=lost,
+    )
+    rows = _table_rows(spark, st, catalog_config.name, state.snapshot_id)
+    return _with_tail(spark, st, rows, ranges, cut)
+
+
+def _state(table: Table, label: str, snapshot_id: int | None, as_of: datetime | None) -> CommittedState:
+    """The committed state of the snapshot the read starts from."""
+    if snapshot_id is None and as_of is None:
+        return read_committed(table)
+    table.refresh()
+    if as_of is not None:
+        moment = as_of if as_of.tzinfo is not None else as_of.replace(tzinfo=UTC)
+        found = table.snapshot_as_of_timestamp(int(moment.timestamp() * 1000))
+        if found is None:
+            raise ReadError(f"{label} had no snapshot on main at {moment.isoformat()}")
+        snapshot_id = found.snapshot_id
+    assert snapshot_id is not None
+    if table.metadata.snapshot_by_id(snapshot_id) is None:
+        raise ReadError(f"{label} has no snapshot {snapshot_id} (never was one, or expired)")
+    state = committed_at(table, snapshot_id)
+    if state is None:
+        raise ReadError(
+            f"{label}: no metadata file the table still keeps shows main at snapshot {snapshot_id} (a "
+            "snapshot of another branch, or one older than write.metadata.previous-versions-max commits), "
+            "so its committed offsets are unknown; read a newer snapshot"
+        )
+    return state
+
+
+def _tail_ranges(
+    st: StreamingTable,
+    state: CommittedState,
+    topic_id: str,
+    marks: Mapping[int, tuple[int, int]],
+    *,
+    starts_at: Mapping[int, int] | None,
+    label: str,
+    older: bool,
+) -> tuple[tuple[OffsetRange, ...], int]:
+    """Per partition of the topic, the tail `[where ingestion goes on, the cut)`, and the records lost to
+    retention in between."""
+    from icefall.plan.offsets import OffsetRange, resolve_positions, source_change
+
+    source = st.spec.source
+    positions = resolve_positions(
+        state.offsets, marks, source.starting_position.type, timestamp_offsets=starts_at
+    )
+    problem = source_change(source.topic, state.topic_id, topic_id, positions.offsets_ahead)
+    if problem is not None and older and state.topic_id not in (None, topic_id):
+        raise ReadError(
+            f"{label}: snapshot {state.snapshot_id} holds records of topic {source.topic!r} before it was "
+            f"deleted and created again (topic id {state.topic_id}, now {topic_id}): its offsets do not "
+            "point into the topic there is now; read a snapshot committed after the offset reset"
+        )
+    if problem is not None:
+        raise ReadError(f"{label}: {problem}")
+    ranges = tuple(
+        OffsetRange(p, positions.starts[p], max(positions.starts[p], high))
+        for p, (_, high) in sorted(marks.items())
+    )
+    return ranges, sum(loss.lost for loss in positions.data_loss)
+
+
+def _table_rows(
+    spark: SparkSession, st: StreamingTable, catalog_name: str, snapshot_id: int | None
+) -> DataFrame:
+    name = ".".join(f"`{part}`" for part in (catalog_name, *st.table_identifier))
+    if snapshot_id is None:
+        return spark.table(name)  # no snapshot: no rows, the table's columns
+    return spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(snapshot_id)}")
+
+
+def _with_tail(
+    spark: SparkSession, st: StreamingTable, rows: DataFrame, ranges: tuple[OffsetRange, ...], cut: Cut
+) -> UnionRead:
+    """`rows` (the table at the snapshot) with the decoded tail applied, and the cut with its counts."""
+    from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+    from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, Decoder, last_changes
+    from icefall.ingest.engine import read_kafka
+    from icefall.kafka.security import spark_kafka_options
+
+    reading = tuple(r for r in ranges if r.records)
+    if not reading:
+        return UnionRead(frame=rows, cut=cut)
+    decoder = Decoder(st.spec, errors=False)
+    kafka = read_kafka(spark, st.spec, reading, spark_kafka_options(st.spec.source.security), headers=False)
+    decoded = decoder.decode(kafka).persist()
+    counts = decoded.agg(
+        F.count(F.lit(1)).alias("records"), F.sum(F.col(BAD_COLUMN).cast("long")).alias("bad")
+    ).first()
+    assert counts is not None
+    good = decoder.good_rows(decoded)
+    missing = [c for c in rows.columns if c not in good.columns]
+    if missing:
+        raise ReadError(
+            f"{cut.table}: the spec's rows lack the table's columns {missing}: the spec changed since the "
+            "table was made; read with the spec the table is filled with"
+        )
+    extra = [DELETE_COLUMN] if st.spec.key else []
+    # The table's columns are the good rows' (ingestion wrote them): the union widens only nullability.
+    tail = good.select(*[F.col(f"`{c}`") for c in rows.columns], *extra)
+    if st.spec.key:
+        key = list(st.spec.key)
+        changes = last_changes(tail, key)
+        kept = rows.join(changes.select(*key), key, "left_anti")
+        frame = kept.unionByName(changes.where(~F.col(DELETE_COLUMN)).drop(DELETE_COLUMN))
+    else:
+        frame = rows.unionByName(tail)
+    tail_rows = tail.count()
+    counted = replace(
+        cut, tail_records=int(counts["records"]), tail_rows=tail_rows, bad_records=int(counts["bad"] or 0)
+    )
+    return UnionRead(
+        frame=frame.select(*[F.col(f"`{c}`") for c in rows.columns]), cut=counted, _cached=[decoded]
+    )
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
