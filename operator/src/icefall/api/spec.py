@@ -540,6 +540,12 @@ class StreamingTableSpec(ApiModel):
             )
         if self.retention is not None:
             problems.extend(("retention",), retention_problems(self.retention, self.table))
+        if self.format.type is not FormatType.JSON and self.mode is not TableMode.APPEND:
+            problems.add(
+                ("mode",),
+                f"mode {self.mode.value} is not supported with format {self.format.type.value} yet; use "
+                "mode: append, or json records",
+            )
         problems.extend((), key_problems(self))
         problems.raise_if_any()
         return self
