@@ -328,6 +328,9 @@ class Ingestor:
         *,
         writer_id: str | None = None,
     ) -> None:
+        from icefall.kafka.registry import with_registry_schema
+
+        st = with_registry_schema(st)  # avro without an inline schema: the registry's latest
         self.st = st
         self.spec = st.spec
         self.catalog_config = catalog
