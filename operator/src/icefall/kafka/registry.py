@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable
 from icefall.api.avro import fields_from_avro
@@ -52,6 +53,14 @@ def client_config(registry: SchemaRegistry, environ: Mapping[str, str] = os.envi
         password = _resolve(registry.password, "password", environ)
         config["basic.auth.user.info"] = f"{user}:{password}"
     return config
+
+
+class Registry(Protocol):
+    """What ingestion asks a registry: writer schemas by id, and a topic's latest schema."""
+
+    def lookup(self, ids: Iterable[int]) -> dict[int, str | None]: ...
+
+    def latest_schema(self, topic: str) -> str: ...
 
 
 class WriterSchemas:
