@@ -9,7 +9,8 @@ Guarantees:
 - `latest_schema` is the subject's latest Avro schema (the subject per `subjectNameStrategy`).
 
 Credentials are references (`SecretRef`): an `env` reference reads that variable of this process; a
-`secretKeyRef` reads `ICEFALL_REGISTRY_<USERNAME|PASSWORD>` (the operator does not fill those yet).
+`secretKeyRef` reads `ICEFALL_REGISTRY_<USERNAME|PASSWORD>`, which the operator fills in the ingestion
+driver's pod from the referenced Secret (`icefall.plan.children.secret_env_vars`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Protocol
 
 from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable
 from icefall.api.avro import fields_from_avro
+from icefall.plan.children import registry_secret_env_name
 
 
 class MissingRegistrySecretError(RuntimeError):
@@ -28,11 +30,6 @@ class MissingRegistrySecretError(RuntimeError):
 
 class RegistryError(RuntimeError):
     """The registry could not answer (unreachable, refused, an error other than an unknown id)."""
-
-
-def registry_secret_env_name(field: str) -> str:
-    """The env var carrying `spec.format.registry.<field>` when it is a `secretKeyRef`."""
-    return f"ICEFALL_REGISTRY_{field.upper()}"
 
 
 def _resolve(ref: SecretRef, field: str, environ: Mapping[str, str]) -> str:
