@@ -251,6 +251,40 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".spec.table.name",
         ),
     ),
+    "Format": (
+        Rule(
+            "self.type != 'json' || (has(self.schema) && size(self.schema) > 0)",
+            message="json needs the record's fields; add schema: [{name, type}, ...]",
+            field_path=".schema",
+        ),
+        Rule(
+            "self.type != 'json' || !has(self.registry)",
+            message="json records carry no schema id; remove registry or set type: avro",
+            field_path=".registry",
+        ),
+        Rule(
+            "self.type == 'json' || has(self.registry)",
+            message="records of a registry format are framed by a schema registry: add registry: {url: ...}",
+            field_path=".registry",
+        ),
+        Rule(
+            "self.type in ['json', 'avro']",
+            message_expression="self.type + ' is not supported yet; use avro or json'",
+            field_path=".type",
+        ),
+    ),
+    "SchemaRegistry": (
+        Rule(
+            "has(self.username) == has(self.password)",
+            message="basic auth needs both username and password",
+            field_path=".password",
+        ),
+        Rule(
+            "!has(self.subjectNameStrategy) || self.subjectNameStrategy == 'topic' || has(self.recordName)",
+            message="record and topic-record name the subject after the record: add recordName",
+            field_path=".recordName",
+        ),
+    ),
     "StreamingTableSpec": (
         Rule(
             "!has(self.deadLetter) || !has(self.deadLetter.topic) || "

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
@@ -57,7 +58,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from icefall.api import SchemaField, StreamingTableSpec, TableMode, TypeSpec, to_spark_schema_json
+from icefall.api import FormatType, SchemaField, StreamingTableSpec, TableMode, TypeSpec, to_spark_schema_json
+
+if TYPE_CHECKING:
+    from icefall.ingest.avro import AvroDecoding, SchemaLookup
 
 KAFKA_COLUMN = "_kafka"
 DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
@@ -114,7 +118,13 @@ class Decoder:
     columns once, and `decode` adds them in three projections.
     """
 
-    def __init__(self, spec: StreamingTableSpec, *, errors: bool = True) -> None:
+    def __init__(
+        self, spec: StreamingTableSpec, *, errors: bool = True, schemas: SchemaLookup | None = None
+    ) -> None:
+        self._avro: AvroDecoding | None = None
+        if spec.format.type is not FormatType.JSON:
+            self._init_registry_format(spec, errors=errors, schemas=schemas)
+            return
         fields = spec.format.schema_fields
         max_bytes = spec.dead_letter.max_record_bytes
         typed_schema = StructType.fromJson(to_spark_schema_json(fields)).add(_CORRUPT, StringType())
@@ -154,6 +164,32 @@ class Decoder:
             self._raw = F.when(typed_failed, F.from_json(text, loose_schema, options)).alias(_RAW)
             self._error = _error(_reasons(fields, max_bytes, self._keyed)).alias(ERROR_COLUMN)
 
+    def _init_registry_format(
+        self, spec: StreamingTableSpec, *, errors: bool, schemas: SchemaLookup | None
+    ) -> None:
+        """A registry format (`spec.format.registry`): decoded by `icefall.ingest.avro`."""
+        from icefall.ingest.avro import AvroDecoding
+
+        if schemas is None:
+            from icefall.kafka.registry import WriterSchemas
+
+            assert spec.format.registry is not None  # the spec requires it for registry formats
+            schemas = WriterSchemas(spec.format.registry).lookup
+        self.spec = spec
+        self._headers = F.col("headers").alias("headers")
+        self._no_headers = F.lit(None).cast(HEADERS_TYPE).alias("headers")
+        value = F.col("value")
+        base = [
+            F.col("partition").cast("int").alias("partition"),
+            F.col("offset").cast("bigint").alias("offset"),
+            F.col("timestamp").cast("timestamp").alias("timestamp"),
+            F.col("key").cast("binary").alias("key"),
+            value.cast("binary").alias("value"),
+        ]
+        self._avro = AvroDecoding(spec, schemas, base=base, errors=errors)
+        self._good_filter = ~F.col(BAD_COLUMN)
+        self._good = _good_columns(spec, None)
+
     def good_rows(self, decoded: DataFrame) -> DataFrame:
         """`good_rows` (module function) of a `decode` result of this decoder."""
         return _transformed(decoded.where(self._good_filter).select(*self._good), self.spec)
@@ -161,6 +197,8 @@ class Decoder:
     def decode(self, kafka_df: DataFrame) -> DataFrame:
         """`decode` of `kafka_df` (module function) with this decoder's spec."""
         headers = self._headers if "headers" in kafka_df.columns else self._no_headers
+        if self._avro is not None:
+            return self._avro.decode(kafka_df, headers)
         text = kafka_df.select(*self._base, headers, self._text)
         internal = [_TEXT]
         if self._keyed is not None:

@@ -76,7 +76,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from icefall.failpoints import TableRole
+    from icefall.ingest.avro import SchemaLookup
     from icefall.ingest.decode import Decoder
+    from icefall.kafka.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -295,13 +297,14 @@ class _Decoders:
     """The spec's `Decoder`s and the batch's observed aggregates, built once per writer: building them
     costs more than reading and writing a small batch (`icefall.ingest.decode.Decoder`)."""
 
-    def __init__(self, spec: StreamingTableSpec) -> None:
+    def __init__(self, spec: StreamingTableSpec, schemas: SchemaLookup | None = None) -> None:
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         from icefall.ingest.decode import BAD_COLUMN, Decoder
 
         self.spec = spec
-        self.good = Decoder(spec, errors=False)  # no error text: the table's rows
+        self.schemas = schemas
+        self.good = Decoder(spec, errors=False, schemas=schemas)  # no error text: the table's rows
         self.observed = [
             F.count(F.lit(1)).alias("records"),
             F.sum(F.length("value")).alias("bytes"),
@@ -314,7 +317,7 @@ class _Decoders:
         """The dead-letter path's decoder (with error text), built when a batch first has bad records."""
         from icefall.ingest.decode import Decoder
 
-        return Decoder(self.spec)
+        return Decoder(self.spec, schemas=self.schemas)
 
 
 class Ingestor:
@@ -329,9 +332,18 @@ class Ingestor:
         *,
         writer_id: str | None = None,
         yield_to: Lease | None = None,
+        registry: Registry | None = None,
     ) -> None:
         """`yield_to`: the table's yield Lease (`rewrite_yield_name`), only read: a keyed table's batches wait
-        while a rewrite holds it (`icefall.compact.runner`), so compaction cannot starve."""
+        while a rewrite holds it (`icefall.compact.runner`), so compaction cannot starve. `registry`: writer
+        schemas by id and the latest schema (default: the spec's `format.registry`, if any)."""
+        from icefall.kafka.registry import WriterSchemas, with_registry_schema
+
+        if registry is None and st.spec.format.registry is not None:
+            registry = WriterSchemas(st.spec.format.registry)
+        # A registry format without an inline schema: the table's columns are the registry's latest schema.
+        st = with_registry_schema(st, registry.latest_schema if registry is not None else None)
+        self._writer_schemas = registry.lookup if registry is not None else None
         self.st = st
         self.spec = st.spec
         self.catalog_config = catalog
@@ -754,7 +766,7 @@ class Ingestor:
     @functools.cached_property
     def _decoders(self) -> _Decoders:
         """Built on first use: its columns need the running Spark session."""
-        return _Decoders(self.spec)
+        return _Decoders(self.spec, self._writer_schemas)
 
     def _read(self, ranges: Any, *, headers: bool = True) -> DataFrame:
         return read_kafka(

@@ -275,13 +275,21 @@ def kafka_secret_env_name(attr: str) -> str:
     return f"ICEFALL_KAFKA_{attr.upper()}"
 
 
+def registry_secret_env_name(attr: str) -> str:
+    """The env var carrying `spec.format.registry.<attr>` (username, password) in the operator's pods."""
+    return f"ICEFALL_REGISTRY_{attr.upper()}"
+
+
 def secret_env_vars(spec: StreamingTableSpec) -> tuple[list[SecretEnv], list[SecretEnv], list[Problem]]:
-    """Env vars carrying the spec's secret references: (Kafka ones, catalog ones, problems).
+    """Env vars carrying the spec's secret references: (Kafka and schema registry ones, catalog ones,
+    problems).
 
     The entry points call this with the spec they read, so both sides agree on the names:
-    `ICEFALL_KAFKA_<FIELD>` for `spec.source.security.<field>` and `ICEFALL_CATALOG_<KEY>` for
-    `spec.table.catalog.secretProperties[<key>]` (non-alphanumerics become `_`; keys that collide after
-    that all get a hash suffix). `env` references are problems: only `icefall run` can honour them.
+    `ICEFALL_KAFKA_<FIELD>` for `spec.source.security.<field>`, `ICEFALL_REGISTRY_<FIELD>` for
+    `spec.format.registry.<field>` (the ingestion driver's, with the Kafka ones) and
+    `ICEFALL_CATALOG_<KEY>` for `spec.table.catalog.secretProperties[<key>]` (non-alphanumerics become
+    `_`; keys that collide after that all get a hash suffix). `env` references are problems: only
+    `icefall run` can honour them.
     """
     problems: list[Problem] = []
     kafka: list[SecretEnv] = []
@@ -291,6 +299,14 @@ def secret_env_vars(spec: StreamingTableSpec) -> tuple[list[SecretEnv], list[Sec
         path = f"spec.source.security.{_camel(attr)}"
         if ref is not None:
             env = _secret_env(ref, path, kafka_secret_env_name(attr), problems)
+            if env is not None:
+                kafka.append(env)
+    registry = spec.format.registry
+    for attr in ("username", "password"):
+        registry_ref: SecretRef | None = getattr(registry, attr) if registry is not None else None
+        if registry_ref is not None:
+            path = f"spec.format.registry.{attr}"
+            env = _secret_env(registry_ref, path, registry_secret_env_name(attr), problems)
             if env is not None:
                 kafka.append(env)
     catalog: list[SecretEnv] = []

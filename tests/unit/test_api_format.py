@@ -1,0 +1,127 @@
+"""`spec.format`: json keeps its inline schema; avro is read through a schema registry.
+
+Proves: json still needs `schema` and refuses a registry; avro needs `registry` and may leave `schema` out
+(then layout and key checks wait for the registry schema); protobuf and jsonSchema are refused as not
+supported yet; the subject follows the naming strategy; basic auth and recordName mistakes name the field
+and the fix. Does not prove anything about a running registry (tests/integration does).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from icefall.api import FormatType, ManifestError, SubjectNameStrategy, parse_manifest
+
+pytestmark = pytest.mark.unit
+
+BASE: dict[str, Any] = {
+    "apiVersion": "icefall.dev/v1alpha1",
+    "kind": "StreamingTable",
+    "metadata": {"name": "orders"},
+    "spec": {
+        "source": {"bootstrapServers": "kafka:9092", "topic": "orders"},
+        "format": {"type": "avro", "registry": {"url": "http://registry:8081"}},
+        "table": {"name": "orders", "namespace": "shop"},
+    },
+}
+
+
+def _with_format(fmt: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["format"] = fmt
+    doc["spec"].update(spec)
+    return doc
+
+
+def _error(doc: dict[str, Any]) -> str:
+    import yaml
+
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(yaml.safe_dump(doc))
+    return str(info.value)
+
+
+def _load(doc: dict[str, Any]) -> Any:
+    import yaml
+
+    return parse_manifest(yaml.safe_dump(doc))
+
+
+def test_avro_without_inline_schema_loads_with_topic_strategy() -> None:
+    st = _load(BASE)
+    fmt = st.spec.format
+    assert fmt.type is FormatType.AVRO
+    assert not fmt.schema_known
+    assert fmt.registry.subject_name_strategy is SubjectNameStrategy.TOPIC
+    assert fmt.registry.subject("orders") == "orders-value"
+
+
+def test_avro_without_schema_defers_layout_checks() -> None:
+    doc = _with_format(BASE["spec"]["format"])
+    doc["spec"]["table"]["partitioning"] = [{"field": "ts", "transform": "day"}]
+    st = _load(doc)
+    assert st.spec.table.partitioning[0].field == "ts"
+
+
+def test_keyed_modes_are_not_supported_with_avro_yet() -> None:
+    message = _error(_with_format(BASE["spec"]["format"], mode="upsert", key=["id"]))
+    assert "spec.mode" in message
+    assert "not supported with format avro yet" in message
+
+
+@pytest.mark.parametrize(
+    ("strategy", "subject"),
+    [("record", "com.shop.Order"), ("topic-record", "orders-com.shop.Order")],
+)
+def test_record_strategies_name_the_subject_after_the_record(strategy: str, subject: str) -> None:
+    registry = {"url": "http://r:8081", "subjectNameStrategy": strategy, "recordName": "com.shop.Order"}
+    st = _load(_with_format({"type": "avro", "registry": registry}))
+    assert st.spec.format.registry.subject("orders") == subject
+
+
+def test_record_strategy_needs_record_name() -> None:
+    message = _error(
+        _with_format({"type": "avro", "registry": {"url": "http://r:8081", "subjectNameStrategy": "record"}})
+    )
+    assert "spec.format.registry.recordName" in message
+    assert "add recordName" in message
+
+
+def test_basic_auth_needs_both_references() -> None:
+    registry = {"url": "http://r:8081", "username": {"env": "REGISTRY_USER"}}
+    message = _error(_with_format({"type": "avro", "registry": registry}))
+    assert "spec.format.registry.password" in message
+
+
+def test_inline_registry_password_is_refused_without_echo() -> None:
+    registry = {"url": "http://r:8081", "username": {"env": "U"}, "password": "hunter2"}
+    message = _error(_with_format({"type": "avro", "registry": registry}))
+    assert "spec.format.registry.password" in message
+    assert "hunter2" not in message
+
+
+def test_avro_needs_a_registry() -> None:
+    message = _error(_with_format({"type": "avro"}))
+    assert "spec.format.registry" in message
+    assert "add registry" in message
+
+
+def test_registry_url_must_be_http() -> None:
+    message = _error(_with_format({"type": "avro", "registry": {"url": "registry:8081"}}))
+    assert "spec.format.registry.url" in message
+
+
+@pytest.mark.parametrize("kind", ["protobuf", "jsonSchema"])
+def test_other_registry_formats_are_not_supported_yet(kind: str) -> None:
+    message = _error(_with_format({"type": kind, "registry": {"url": "http://r:8081"}}))
+    assert "spec.format.type" in message
+    assert "not supported yet" in message
+
+
+def test_json_still_needs_its_schema_and_no_registry() -> None:
+    message = _error(_with_format({"type": "json", "registry": {"url": "http://r:8081"}}))
+    assert "spec.format.schema" in message
+    assert "spec.format.registry" in message
