@@ -35,7 +35,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
 from pyspark.sql.types import DataType, StructType
 
-from icefall.api import SchemaField, StreamingTableSpec, to_spark_schema_json
+from icefall.api import StreamingTableSpec, to_spark_schema_json
 
 #: The writer schemas (Avro JSON text) of schema ids; None for an id the registry does not know.
 SchemaLookup = Callable[[Iterable[int]], Mapping[int, str | None]]
@@ -48,10 +48,6 @@ _RECORD = "__icefall_avro_"  # + schema id: the record parsed with that writer s
 _FAILED = "__icefall_avro_failed_"  # + schema id: true when the bytes did not decode
 _ROW = "__icefall_avro_row"
 _PROBLEM = "__icefall_avro_problem"
-
-
-def describe_type(field: SchemaField) -> str:
-    return field.type
 
 
 class AvroDecoding:
@@ -216,9 +212,7 @@ class AvroDecoding:
                 checks.append(
                     (
                         mismatch,
-                        F.lit(
-                            f"field '{field.name}': the writer's value does not fit {describe_type(field)}"
-                        ),
+                        F.lit(f"field '{field.name}': the writer's value does not fit {field.type}"),
                     )
                 )
                 absent = ""
