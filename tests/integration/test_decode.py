@@ -22,9 +22,12 @@ from icefall.ingest.decode import (
     DEAD_LETTER_COLUMNS,
     ERROR_COLUMN,
     KAFKA_COLUMN,
+    OTHER_REASON,
+    REASON_KINDS,
     decode,
     good_rows,
     prepare,
+    reason_kind,
 )
 from icefall.testing.streams import kafka_source_frame
 
@@ -201,6 +204,50 @@ def test_each_bad_record_is_dead_lettered_with_its_exact_reasons(spark: SparkSes
     expected = {i + 1: reason for i, (_, _, reason) in enumerate(DEAD_LETTERS)}
     assert errors_by_offset(prepared.bad) == expected
     assert prepared.good.count() == 2
+
+
+KEYED_AND_AVRO_REASONS = {
+    "tombstone (null value): the Kafka key gives no value for key field 'id' (...)": "delete_without_key",
+    "delete (op d, or a tombstone): the before image nor the Kafka key gives ...": "delete_without_key",
+    "not a Debezium change event: it has no op (nor payload.op)": "not_a_change_event",
+    "Debezium op 't' is not one of c, r, u, d": "not_a_change_event",
+    "too short for the Confluent wire format: 3 bytes (...)": "wire_format",
+    "wrong magic byte 0x01: not the Confluent wire format (...)": "wire_format",
+    "unknown schema id 42 (the registry has no Avro schema with this id)": "unknown_schema_id",
+    "bytes do not decode as Avro with writer schema id 7": "undecodable",
+    "field 'amount': the writer's value does not fit decimal(10,2)": "type_mismatch",
+    "something new": OTHER_REASON,
+}
+
+
+def test_each_dead_letter_reason_has_a_bounded_kind(spark: SparkSession) -> None:
+    """The metric label of a dead letter (`reason_kind`) is the kind of its first message: every message
+    the decoders write has one (none is "other")."""
+    expected = {
+        "tombstone": "tombstone",
+        "oversized": "too_large",
+        "at the limit": "malformed_json",
+        "array": "malformed_json",
+        "decimal overflow": "type_mismatch",
+        "nested mismatch": "type_mismatch",
+        "required missing": "required_missing",
+        "null element": "null_element",
+        "several reasons": "type_mismatch",
+    }
+    cases = [(name, reason) for name, _, reason in DEAD_LETTERS]
+    cases.append(("not utf8", "the value is not valid UTF-8 text, as JSON must be; its first bytes: 0xFF"))
+    texts = [*{reason for _, reason in cases}, *KEYED_AND_AVRO_REASONS]
+    rows = spark.createDataFrame([(t,) for t in texts], "error string")
+    kinds = {
+        r["error"]: r["kind"]
+        for r in rows.select("error", reason_kind(F.col("error")).alias("kind")).collect()
+    }
+    by_case = {name: kinds[reason] for name, reason in cases}
+    assert {case: by_case[case] for case in expected} == expected
+    assert by_case["not utf8"] == "not_utf8"
+    assert OTHER_REASON not in by_case.values(), by_case
+    assert {t: kinds[t] for t in KEYED_AND_AVRO_REASONS} == KEYED_AND_AVRO_REASONS
+    assert {kind for kind, _ in REASON_KINDS} >= set(kinds.values()) - {OTHER_REASON}
 
 
 def test_the_bad_flag_is_exactly_having_an_error_text(spark: SparkSession) -> None:

@@ -167,11 +167,14 @@ def _ingestion_row() -> db.Row:
         .with_panel(
             _series(
                 "Dead letters per second",
-                "Records routed to the dead-letter table. Each dead-letter row's `error` column says why; "
-                "refused commits are shown by reason beside it.",
+                "Records routed to the dead-letter table, by kind of reason (each dead-letter row's `error` "
+                "column has the full text); refused commits are shown by reason beside it.",
                 "rps",
                 [
-                    (f"sum by (table) (rate(icefall_records_dead_lettered_total{T}[{RATE}]))", "{{table}}"),
+                    (
+                        f"sum by (table, reason) (rate(icefall_records_dead_lettered_total{T}[{RATE}]))",
+                        "{{table}} {{reason}}",
+                    ),
                     (
                         f"sum by (table, reason) (rate(icefall_commits_refused_total{T}[{RATE}]))",
                         "{{table}} commit refused: {{reason}}",

@@ -270,6 +270,33 @@ def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:
     return good
 
 
+#: A dead letter's reason as a bounded metric label (`icefall_records_dead_lettered_total{reason}`): the
+#: kind of its first message (JSON, keyed and Avro messages alike), matched on how the message starts.
+REASON_KINDS: tuple[tuple[str, str], ...] = (
+    ("delete_without_key", r"^(tombstone \(null value\)|delete \(op d, or a tombstone\)): "),
+    ("tombstone", r"^tombstone: "),
+    ("too_large", r"^record is \d+ bytes, over the limit"),
+    ("not_utf8", r"^the value is not valid UTF-8"),
+    ("malformed_json", r"^(malformed JSON|not a JSON object)"),
+    ("not_a_change_event", r"^(not a Debezium change event|Debezium op )"),
+    ("wire_format", r"^(too short for the Confluent wire format|wrong magic byte)"),
+    ("unknown_schema_id", r"^unknown schema id"),
+    ("undecodable", r"^(bytes do not decode as Avro|schema id \d+ is not an Avro record)"),
+    ("required_missing", r"^required field "),
+    ("null_element", r"^(list|map) '.*' holds a null"),
+    ("type_mismatch", r"^(field '|a nested value does not fit)"),
+)
+OTHER_REASON = "other"
+
+
+def reason_kind(error: Column) -> Column:
+    """The `REASON_KINDS` label of an error text (`OTHER_REASON` for a message no kind matches)."""
+    kind = F.when(F.lit(False), F.lit(None))
+    for name, pattern in REASON_KINDS:
+        kind = kind.when(error.rlike(pattern), F.lit(name))
+    return kind.otherwise(F.lit(OTHER_REASON))
+
+
 def bad_rows(decoded: DataFrame, *, now_expr: Column | None = None) -> DataFrame:
     """The dead-letter rows (`DEAD_LETTER_COLUMNS`) of a `decode` result made with `errors`."""
     return decoded.where(F.col(BAD_COLUMN)).select(

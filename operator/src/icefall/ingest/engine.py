@@ -152,6 +152,8 @@ class BatchReport:
     # puts the writer's staging branch at main's head (no catalog commit when the last commit left it
     # there) and, for a batch that wrote nothing, stages its empty snapshot.
     phases: Mapping[str, float] = field(default_factory=dict)
+    # The dead letters by kind of reason (`icefall.ingest.decode.REASON_KINDS`), summing to the above.
+    dead_letter_reasons: Mapping[str, int] = field(default_factory=dict)
 
 
 class LeaseKeeper:
@@ -480,7 +482,7 @@ class Ingestor:
             clock.mark("write")
             self._check_topic_unchanged(planned.topic_id)
             batch = planned.batch(self.spec.source.topic, stats.max_produce_ms)
-            dead = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else 0
+            dead, kinds = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else (0, {})
             clock.mark("dead_letters")
             # A keyed batch's MERGE may stage nothing (Spark skips a MERGE without changes): checked there.
             wrote = bool(planned.ranges) and not self.spec.key
@@ -488,7 +490,13 @@ class Ingestor:
             clock.mark_stage_and_commit(commit_seconds)
         self._dead_letters_dirty = False  # main caught up with the dead letters just committed
         return self._report_batch(
-            planned, stats, dead=dead, snapshot_id=snapshot_id, commit_seconds=commit_seconds, clock=clock
+            planned,
+            stats,
+            dead=dead,
+            kinds=kinds,
+            snapshot_id=snapshot_id,
+            commit_seconds=commit_seconds,
+            clock=clock,
         )
 
     def _plan_batch(self) -> _PlannedBatch | None:
@@ -598,15 +606,22 @@ class Ingestor:
                 "while a batch was read; the batch is not committed"
             )
 
-    def _dead_letter_step(self, batch: Batch, planned: _PlannedBatch, expected: int) -> int:
+    def _dead_letter_step(
+        self, batch: Batch, planned: _PlannedBatch, expected: int
+    ) -> tuple[int, dict[str, int]]:
         """Read the batch's offsets again and commit its `expected` bad rows (with their error text) to the
         dead-letter table, then produce them to the dead-letter topic (if the spec names one); both before
-        the main commit. Returns how many there were."""
-        from icefall.ingest.decode import bad_rows
+        the main commit. Returns how many there were, and how many of each kind of reason."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        from icefall.ingest.decode import bad_rows, reason_kind
 
         bad = bad_rows(self._decoders.with_errors.decode(self._read(planned.ranges))).persist()
         try:
             dead = self._write_dead_letters(bad, batch, planned.committed.offsets, expected)
+            # For the metrics by kind of reason (`_publish`): one small job on the cached rows.
+            counted = bad.groupBy(reason_kind(F.col("error")).alias("kind")).count().collect()
+            kinds = {row["kind"]: int(row["count"]) for row in counted}
             if dead and self.spec.dead_letter.topic is not None:
                 # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
                 produce_dead_letters(
@@ -619,7 +634,7 @@ class Ingestor:
                 failpoint("dlq-topic.after-produce")
         finally:
             bad.unpersist()
-        return dead
+        return dead, kinds
 
     def _report_batch(
         self,
@@ -627,6 +642,7 @@ class Ingestor:
         stats: _ReadStats,
         *,
         dead: int,
+        kinds: Mapping[str, int],
         snapshot_id: int,
         commit_seconds: float,
         clock: _PhaseClock,
@@ -662,6 +678,7 @@ class Ingestor:
             bytes_read=stats.bytes,
             data_loss=planned.lost,
             phases=clock.phases,
+            dead_letter_reasons=kinds,
         )
         clock.mark("report")
         log.debug(
@@ -925,7 +942,8 @@ class Ingestor:
         )
         metrics.RECORDS_READ.labels(self.label).inc(report.records_read)
         metrics.RECORDS_WRITTEN.labels(self.label).inc(report.records_written)
-        metrics.RECORDS_DEAD_LETTERED.labels(self.label).inc(report.records_dead_lettered)
+        for kind, count in report.dead_letter_reasons.items():
+            metrics.RECORDS_DEAD_LETTERED.labels(self.label, kind).inc(count)
         metrics.RECORDS_FILTERED.labels(self.label).inc(max(filtered, 0))
         metrics.BYTES_READ.labels(self.label).inc(report.bytes_read)
         metrics.BATCH_DURATION.labels(self.label).observe(report.seconds)
