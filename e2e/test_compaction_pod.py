@@ -249,7 +249,9 @@ def test_compaction_pod_compacts_under_its_own_account(
     assert template["spec"]["serviceAccountName"] == compaction_account_name(NAME)
     (container,) = template["spec"]["containers"]
     command = [*container.get("command", []), *container.get("args", [])]
-    assert command == ["icefall", "compact", "--namespace", setup.namespace, "--name", NAME], command
+    assert command == [
+        "icefall", "compact", "--namespace", setup.namespace, "--name", NAME, "--metrics-port=9090"
+    ], command  # fmt: skip
 
     with LeaseWatch(api, setup.namespace) as leases:
         setup.rest.call(
