@@ -723,8 +723,10 @@ class Ingestor:
         if self.yield_to is None:
             return
         started = time.monotonic()
+        waited = False
         try:
             while yield_pending(self.yield_to.current(), time.time()) and not should_stop():
+                waited = True
                 if time.monotonic() - started >= YIELD_MAX_WAIT_SECONDS:
                     log.warning(
                         "%s: a rewrite held the yield lease for %.0fs; going on",
@@ -732,13 +734,13 @@ class Ingestor:
                         YIELD_MAX_WAIT_SECONDS,
                     )
                     break
-                time.sleep(0.1)
+                time.sleep(0.25)
         except Exception:  # the lease store did not answer: ingestion does not depend on it
             log.warning("%s: reading the yield lease failed; going on", self.label, exc_info=True)
-        waited = time.monotonic() - started
-        if waited >= 0.1:
-            metrics.INGEST_YIELD_SECONDS.labels(self.label).inc(waited)
-            log.info("%s: waited %.1fs for a rewrite holding the yield lease", self.label, waited)
+        if waited:
+            seconds = time.monotonic() - started
+            metrics.INGEST_YIELD_SECONDS.labels(self.label).inc(seconds)
+            log.info("%s: waited %.1fs for a rewrite holding the yield lease", self.label, seconds)
 
     def _count_refused(self, refused: StaleHeadError | FencedError) -> None:
         reason = "fenced" if isinstance(refused, FencedError) else "stale_head"
