@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 from kubernetes.client import ApiClient
 
 from icefall.commit.kube_lease import KubernetesLease
-from icefall.commit.lease import LeaseLostError
+from icefall.commit.lease import LeaseLostError, LeaseTimeoutError
 from icefall.controller import metrics
 
 log = logging.getLogger(__name__)
@@ -78,11 +78,15 @@ class LeaderElection:
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> int:
-        current = self.lease.current()
-        if current is not None and current.holder and not current.expired(time.time()):
+        # One try first, so that a replica that lost the race says it waits (a read before the try would
+        # miss a Lease another replica creates a moment later, and the follower would wait silently).
+        try:
+            epoch = self.lease.acquire(timeout=0)
+        except LeaseTimeoutError:
+            current = self.lease.current()
             log.info("leader election: %s/%s is held by %s; waiting as a follower",
-                     self.lease.namespace, self.lease.name, current.holder)  # fmt: skip
-        epoch = self.lease.acquire(timeout=None)
+                     self.lease.namespace, self.lease.name, current.holder if current else None)  # fmt: skip
+            epoch = self.lease.acquire(timeout=None)
         log.info("leader election: %s is the leader (Lease %s/%s, epoch %d)",
                  self.lease.holder, self.lease.namespace, self.lease.name, epoch)  # fmt: skip
         metrics.LEADER.set(1)
