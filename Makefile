@@ -17,6 +17,7 @@ help:
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
 	@echo "make bench-upsert  keyed upserts: Icefall beside Spark's foreachBatch MERGE (bench/results/upsert.md)"
+	@echo "make bench-write-path  CPU of Icefall's write path vs the plain Spark write (bench/results/write_path.md)"
 	@echo "make bench-fresh  union reads (icefall read) vs a plain scan: latency, staleness (bench/results/union_read.md)"
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
@@ -109,6 +110,12 @@ bench-upsert: setup $(VENV)/.bench-installed
 $(VENV)/.bench-installed: pyproject.toml constraints.txt
 	@$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	@touch $@
+
+# Where a batch's CPU goes: Icefall's write path (and its variants) beside the plain Spark write, in one Spark
+# session, round after round (bench/write_path.py; results in bench/results/write_path.md).
+.PHONY: bench-write-path
+bench-write-path: setup
+	$(TOOLS) && $(BIN)/python bench/write_path.py $(BENCH_ARGS)
 
 # Fresh reads (#16): latency and staleness of a union read (`icefall read`) beside a plain scan of the table
 # while ingestion commits (bench/union_read.py; results in bench/results/union_read.md).

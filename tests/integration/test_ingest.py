@@ -28,6 +28,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
 from icefall.plan.offsets import OffsetRange
 from icefall.testing.streams import (
+    NAMESPACE,
     SHARED_CATALOGS,
     assert_exactly_once,
     drain,
@@ -314,6 +315,36 @@ def test_a_clean_batch_is_one_spark_job_read_with_the_writers_group(
     request = ConsumerGroupTopicPartitions("icefall-it.onepass-w1", [TopicPartition(topic, 0)])
     (future,) = admin.list_consumer_group_offsets([request]).values()
     assert [tp.offset for tp in future.result().topic_partitions] == [-1001]  # nothing committed
+
+
+def test_an_unsorted_table_is_written_without_a_shuffle(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """A clean batch of an unsorted, partitioned table is ONE Spark job: the read tasks write their rows
+    (sorted by partition within each task), with no shuffle's map stage before the write; at most one file
+    per task and partition; every record once."""
+    topic, name = "it-noshuffle", "noshuffle"
+    kafka.create_topic(topic, partitions=3)
+    st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
+    assert st.spec.table.partitioning and not st.spec.table.sort_order
+    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w1")
+    scheduler = spark.sparkContext._jsc.sc().dagScheduler()  # type: ignore[union-attr]
+    ingestor.start(lease_timeout=10)
+    try:
+        drain(ingestor)  # the first commit of an empty topic pins its start
+        produce(kafka, topic, 0, 300)
+        jobs = int(scheduler.nextJobId())
+        clean = drain(ingestor)
+        assert int(scheduler.nextJobId()) - jobs == len(clean)
+        assert sum(r.records_written for r in clean) == 300
+        tasks = spark.sparkContext.defaultParallelism
+        table = catalog_config.pyiceberg().load_table((NAMESPACE, name))
+        added = [int(s.summary.get("added-data-files") or 0) for s in table.snapshots() if s.summary]
+        partitions = {str(f["partition"]) for f in table.inspect.files().to_pylist()}
+        assert 0 < max(added) <= tasks * len(partitions)
+    finally:
+        ingestor.close()
+    assert_exactly_once(catalog_config, name, watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap)
 
 
 def test_a_batch_is_two_catalog_commits_and_an_idle_writer_lets_go_of_a_branch_maintenance_passed(

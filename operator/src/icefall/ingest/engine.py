@@ -586,7 +586,7 @@ class Ingestor:
         if self.spec.key:
             _merge(rows, target, self.spec.key, view=f"icefall_changes_{self.writer_id}")
         else:
-            _append(rows, target)
+            _append(rows, target, sorted_table=bool(self.spec.table.sort_order))
         seen = observation.get
         stats = _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"])
         planned_offsets = sum(r.records for r in planned.ranges)
@@ -878,7 +878,8 @@ class Ingestor:
         observation = Observation()
         observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
         with _dropped_unless_committed(dlq, stage.branch, label, "dlq"):
-            _append(observed, self._spark_name(self.st.dead_letter_identifier or (), stage.branch))
+            dead_letter_table = self._spark_name(self.st.dead_letter_identifier or (), stage.branch)
+            _append(observed, dead_letter_table, sorted_table=False)
             written = int(observation.get["rows"])
             if written != expected:
                 raise StaleHeadError(
@@ -962,12 +963,24 @@ class Ingestor:
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
 
 
-def _append(rows: DataFrame, name: str) -> None:
-    """Append `rows` to the Spark table `name` (a staging branch) with hash distribution: clustered by
-    partition, each file sorted by the table's sort order. Not range distribution (Iceberg's default for
-    a sorted table): it samples its input in a job of its own, which would compute the batch twice and
-    make the batch's observed counts count every record twice."""
-    rows.writeTo(name).option("distribution-mode", "hash").append()
+def _append(rows: DataFrame, name: str, *, sorted_table: bool) -> None:
+    """Append `rows` to the Spark table `name` (a staging branch).
+
+    A table with a sort order gets hash distribution: clustered by partition, each file sorted (not range
+    distribution, Iceberg's default for a sorted table: it samples its input in a job of its own, which
+    would compute the batch twice and make the batch's observed counts count every record twice). An
+    unsorted table is written without a shuffle: the read tasks, coalesced to Spark's parallelism, each
+    sort their rows by partition and write them (at most that many files per partition and batch;
+    compaction merges them). bench/write_path.py: the shuffle cost 6 to 20 % of the write's CPU. Not the
+    fanout writer (no sort): as cheap here, but it keeps a file open per partition value in each task,
+    which a backfill over many hours or an identity partition on a wide column would make thousands.
+    """
+    if sorted_table:
+        rows.writeTo(name).option("distribution-mode", "hash").append()
+        return
+    tasks = rows.sparkSession.sparkContext.defaultParallelism
+    writer = rows.coalesce(tasks).writeTo(name).option("distribution-mode", "none")
+    writer.option("fanout-enabled", "false").append()
 
 
 def _merge(changes: DataFrame, name: str, key: Sequence[str], *, view: str) -> None:
