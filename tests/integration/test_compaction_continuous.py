@@ -18,7 +18,7 @@ while a batch waits makes that batch re-stage. Proves:
   `icefall_ingest_commits_failed_by_maintenance_total` and `icefall_commits_refused_total` stay 0 (read
   from its metrics endpoint), and some commits were re-staged over a compaction
   (`icefall_ingest_commits_restaged_total` > 0);
-- both processes stop cleanly on SIGTERM, and the table holds every record of the topic exactly once.
+- both processes stop cleanly on SIGTERM to their process groups, and the table holds every record of the topic exactly once.
 """
 
 from __future__ import annotations
@@ -108,18 +108,21 @@ def icefall(*args: str, log: Path, env: dict[str, str] | None = None) -> subproc
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own process group: `stop` signals the group, as a supervisor does
         )
 
 
 def stop(process: subprocess.Popen[bytes], log: Path) -> None:
-    """SIGTERM, and a clean exit within a minute (the batch or item in flight finishes first)."""
-    process.send_signal(signal.SIGTERM)
+    """SIGTERM to the process group (the Spark JVM too), and a clean exit within a minute (the batch or item
+    in flight finishes first), without a traceback."""
+    os.killpg(process.pid, signal.SIGTERM)
     try:
         code = process.wait(60)
     except subprocess.TimeoutExpired:
         process.kill()
         code = process.wait()
     assert code == 0, f"exit {code}:\n{log.read_text()[-3000:]}"
+    assert "Traceback" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
 
 
 def test_ingestion_and_the_compaction_worker_side_by_side(

@@ -218,7 +218,7 @@ def _ingest_until_stopped(
         if maintenance is not None and not maintenance.stop(timeout=1):
             print("[run] waiting for the maintenance item in flight to finish ...", flush=True)
             maintenance.stop()
-        spark.stop()
+        _stop_spark(spark)
     print(
         f"[run] stopped after {time.monotonic() - started:.1f}s: {totals['batches']} commits, "
         f"{totals['read']} read, {totals['written']} written, {totals['dead']} to the dead-letter table",
@@ -323,7 +323,29 @@ def _compact(args: argparse.Namespace) -> int:
     try:
         return serve(runner_for(st, catalog, spark, leases), once=args.once, idle_seconds=args.idle_seconds)
     finally:
+        _stop_spark(spark)
+
+
+def _stop_spark(spark: Any) -> None:
+    """Stop the Spark session; a JVM already gone is not an error: a SIGTERM sent to the whole process
+    group (a supervisor stopping the group, `kill -- -PGID`) ends the JVM at once, beside this process's
+    orderly stop. Everything committed is in the table; nothing else was pending."""
+    import logging
+
+    from py4j.protocol import Py4JError
+
+    gone = "[icefall] Spark's JVM had already stopped (the signal reached it too)"
+    jvm = getattr(spark.sparkContext._gateway, "proc", None)
+    if jvm is not None and jvm.poll() is not None:
+        print(gone, flush=True)
+        return
+    logging.disable(logging.ERROR)  # py4j logs a traceback of its own before raising
+    try:
         spark.stop()
+    except (Py4JError, OSError):
+        print(gone, flush=True)
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _operator(args: argparse.Namespace) -> int:
