@@ -18,7 +18,8 @@ while a batch waits makes that batch re-stage. Proves:
   `icefall_ingest_commits_failed_by_maintenance_total` and `icefall_commits_refused_total` stay 0 (read
   from its metrics endpoint), and some commits were re-staged over a compaction
   (`icefall_ingest_commits_restaged_total` > 0);
-- both processes stop cleanly on SIGTERM to their process groups, and the table holds every record of the topic exactly once.
+- both processes stop cleanly on SIGTERM to their process groups (their JVMs get it too), and the table
+  holds every record of the topic exactly once.
 """
 
 from __future__ import annotations
