@@ -143,6 +143,18 @@ DEAD_LETTERS: list[tuple[str, Any, str]] = [
         "field 'local': '2026-01-02T03:04:05Z' does not fit timestamp",
     ),
     ("ntz number", good(local=1700000000), "field 'local': '1700000000' does not fit timestamp"),
+    (
+        "epoch millis",
+        good(ts=1700000000123),
+        "field 'ts': '+55840-11-08 22:15:23' is outside the years 1 to 9999 (a number is read as epoch "
+        "seconds: millis?)",
+    ),
+    (
+        "before year 1",
+        good(ts=-62135596801),
+        "field 'ts': '0000-12-31 23:59:59' is outside the years 1 to 9999 (a number is read as epoch "
+        "seconds: millis?)",
+    ),
     ("bad base64", good(blob="!!!"), "field 'blob': '!!!' does not fit binary"),
     (
         "list of wrong type",

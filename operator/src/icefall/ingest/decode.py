@@ -21,8 +21,10 @@ null): `key, value, topic, partition, offset, timestamp, timestampType, headers`
   `field 'id': 'abc' does not fit uuid`; `field 'h': '<base64>' does not fit fixed[16]`.
 
 How JSON maps to types (Spark's JSON reader, `from_json` in PERMISSIVE mode):
-- timestamptz: an ISO-8601 string (no offset = UTC, the session time zone) or a JSON number of epoch
-  SECONDS; timestamp (no zone): an ISO-8601 string without offset, numbers do not fit; date: "YYYY-MM-DD".
+- timestamptz: an ISO-8601 string (no offset = UTC, the session time zone) or a JSON integer of epoch
+  SECONDS (a fraction does not fit; a time outside the years 1 to 9999, as epoch milliseconds read as
+  seconds give, is `field 'ts': '+55840-11-08 22:15:23' is outside the years 1 to 9999 (...)`);
+  timestamp (no zone): an ISO-8601 string without offset, numbers do not fit; date: "YYYY-MM-DD".
 - decimal(P,S): a number or a numeric string, rounded half-up to S digits; more than P digits does not fit.
 - binary and fixed[N]: base64 strings. uuid: a canonical UUID string. string: any value (objects and
   arrays as their JSON text).
@@ -69,6 +71,8 @@ HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructFie
 #: How much of a field's raw value, and of a whole record, an error message quotes.
 VALUE_QUOTE_CHARS = 64
 RECORD_QUOTE_CHARS = 100
+#: The last year a timestamp may fall in (from year 1: ISO-8601's four digits, Python's `datetime`).
+MAX_YEAR = 9999
 UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
 _PREFIX = "__icefall_"
@@ -605,6 +609,21 @@ def _value_checks(node: _Node, column: Column, path: str, *, quotable: bool) -> 
             (
                 column.isNotNull() & ~column.rlike(UUID_PATTERN),
                 F.concat(F.lit(f"field '{path}': "), shown(column), F.lit(" does not fit uuid")),
+            )
+        )
+    elif parsed.name in ("timestamp", "timestamptz"):
+        # A JSON number is epoch seconds: epoch milliseconds would land tens of thousands of years ahead,
+        # past where Python's and many readers' datetimes end (years 1 to 9999).
+        checks.append(
+            (
+                column.isNotNull() & ((F.year(column) > MAX_YEAR) | (F.year(column) < 1)),
+                F.concat(
+                    F.lit(f"field '{path}': "),
+                    shown(column.cast("string")),
+                    F.lit(
+                        f" is outside the years 1 to {MAX_YEAR} (a number is read as epoch seconds: millis?)"
+                    ),
+                ),
             )
         )
     elif parsed.name == "fixed":
