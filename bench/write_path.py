@@ -41,7 +41,6 @@ import yaml
 from common import (
     EVENT_SCHEMA,
     SMALL_NOTE_WORDS,
-    bench_records,
     cpu_seconds,
     descendants,
     load_average,
@@ -50,7 +49,8 @@ from common import (
     proc_stat,
     write_results,
 )
-from confluent_kafka import Consumer, Producer, TopicPartition
+from compare import preload
+from confluent_kafka import Consumer, TopicPartition
 
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
@@ -59,14 +59,13 @@ from icefall.ingest.engine import _append, _Decoders, read_kafka
 from icefall.plan.offsets import OffsetRange
 from icefall.spark.session import build_spark_session
 
+sys.path.insert(0, str(Path(__file__).parent / "peers"))
+from spark_streaming import EVENT_DDL  # the peer's schema of the events (bench/peers/)
+
 RESULTS = Path(__file__).parent / "results" / "write_path.md"
 TOPIC = "bench-write-path"
 DAY_TS = {"field": "ts", "transform": "day"}
 PARTITIONS = 3
-EVENT_DDL = (
-    "id BIGINT, key STRING, ts TIMESTAMP, customer STRING, amount DOUBLE, items INT, "
-    "shipping STRUCT<street: STRING, city: STRING, country: STRING>, tags ARRAY<STRING>, note STRING"
-)
 VARIANTS = {
     "icefall": "Icefall (decode, observe, `_kafka`; coalesced, local sort, no shuffle)",
     "icefall-hash": "Icefall, hash distribution (shuffle + sort; before this change)",
@@ -76,16 +75,9 @@ VARIANTS = {
 }
 
 
-def preload(bootstrap: str, records: int) -> tuple[OffsetRange, ...]:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
-    for i, (key, value, ts) in enumerate(bench_records(1, SMALL_NOTE_WORDS)):
-        if i >= records:
-            break
-        producer.produce(TOPIC, value=value, key=key, timestamp=ts)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    producer.flush()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-write-path"})
+def end_offsets(bootstrap: str) -> tuple[OffsetRange, ...]:
+    """Every offset of the topic, per partition."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": TOPIC})
     try:
         ends = [consumer.get_watermark_offsets(TopicPartition(TOPIC, p))[1] for p in range(PARTITIONS)]
     finally:
@@ -165,7 +157,8 @@ def main() -> int:
     try:
         broker.create_topic(TOPIC, partitions=PARTITIONS)
         print(f"[bench] producing {args.records:,} events ...", flush=True)
-        ranges = preload(broker.bootstrap, args.records)
+        preload(broker.bootstrap, TOPIC, args.records, SMALL_NOTE_WORDS, seed=1)
+        ranges = end_offsets(broker.bootstrap)
         records = sum(r.end - r.start for r in ranges)
         spark = build_spark_session([CatalogConfig.embedded(state)], master="local[2]")
         jvm = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]

@@ -35,6 +35,7 @@ from icefall.testing.streams import (
     manifest_text,
     produce,
     shared_catalog,
+    started_ingestor,
     streaming_table,
     table_offsets,
     watermarks,
@@ -268,6 +269,14 @@ def _read_options(spec: Any, ranges: Any, **kwargs: Any) -> dict[str, str]:
     return options
 
 
+def _drain_counting_jobs(spark: SparkSession, ingestor: Ingestor) -> tuple[list[BatchReport], int]:
+    """`drain(ingestor)`'s reports and how many Spark jobs it started."""
+    scheduler = spark.sparkContext._jsc.sc().dagScheduler()  # type: ignore[union-attr]
+    before = int(scheduler.nextJobId())
+    reports = drain(ingestor)
+    return reports, int(scheduler.nextJobId()) - before
+
+
 def test_a_clean_batch_is_one_spark_job_read_with_the_writers_group(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
@@ -286,22 +295,19 @@ def test_a_clean_batch_is_one_spark_job_read_with_the_writers_group(
     st = load_manifest(text.replace("partitioning: [", "sortOrder: [{field: id}], partitioning: ["))
     assert st.spec.table.sort_order
     ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w1")
-    scheduler = spark.sparkContext._jsc.sc().dagScheduler()  # type: ignore[union-attr]
     ingestor.start(lease_timeout=10)
     try:
         drain(ingestor)  # the first commit of an empty topic pins its start
         produce(kafka, topic, 0, 120)
         # A slow machine may make the batch sizing split a backlog: count per batch.
-        jobs = int(scheduler.nextJobId())
-        clean = drain(ingestor)
-        assert int(scheduler.nextJobId()) - jobs <= 2 * len(clean)
+        clean, jobs = _drain_counting_jobs(spark, ingestor)
+        assert jobs <= 2 * len(clean)
         assert [sum(getattr(r, f) for r in clean) for f in COUNTS] == [120, 120, 0]
         assert sum(r.bytes_read for r in clean) > 120 * 50
 
         bad = produce(kafka, topic, 120, 60, bad_every=10)
-        jobs = int(scheduler.nextJobId())
-        dirty = drain(ingestor)
-        assert int(scheduler.nextJobId()) - jobs > 2 * len(dirty)  # the dead-letter path's own jobs
+        dirty, jobs = _drain_counting_jobs(spark, ingestor)
+        assert jobs > 2 * len(dirty)  # the dead-letter path's own jobs
         assert len(bad) == 6
         assert [sum(getattr(r, f) for r in dirty) for f in COUNTS] == [60, 54, 6]
 
@@ -327,23 +333,17 @@ def test_an_unsorted_table_is_written_without_a_shuffle(
     kafka.create_topic(topic, partitions=3)
     st = streaming_table(name, topic, kafka.bootstrap, batch={"minIntervalSeconds": 0})
     assert st.spec.table.partitioning and not st.spec.table.sort_order
-    ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w"), writer_id="w1")
-    scheduler = spark.sparkContext._jsc.sc().dagScheduler()  # type: ignore[union-attr]
-    ingestor.start(lease_timeout=10)
-    try:
+    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json", writer_id="w1") as ingestor:
         drain(ingestor)  # the first commit of an empty topic pins its start
         produce(kafka, topic, 0, 300)
-        jobs = int(scheduler.nextJobId())
-        clean = drain(ingestor)
-        assert int(scheduler.nextJobId()) - jobs == len(clean)
+        clean, jobs = _drain_counting_jobs(spark, ingestor)
+        assert jobs == len(clean)
         assert sum(r.records_written for r in clean) == 300
-        tasks = spark.sparkContext.defaultParallelism
-        table = catalog_config.pyiceberg().load_table((NAMESPACE, name))
-        added = [int(s.summary.get("added-data-files") or 0) for s in table.snapshots() if s.summary]
-        partitions = {str(f["partition"]) for f in table.inspect.files().to_pylist()}
-        assert 0 < max(added) <= tasks * len(partitions)
-    finally:
-        ingestor.close()
+    tasks = spark.sparkContext.defaultParallelism
+    table = catalog_config.pyiceberg().load_table((NAMESPACE, name))
+    added = [int(s.summary.get("added-data-files") or 0) for s in table.snapshots() if s.summary]
+    partitions = {str(f["partition"]) for f in table.inspect.files().to_pylist()}
+    assert 0 < max(added) <= tasks * len(partitions)
     assert_exactly_once(catalog_config, name, watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap)
 
 

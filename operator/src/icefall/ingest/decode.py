@@ -614,9 +614,10 @@ def _value_checks(node: _Node, column: Column, path: str, *, quotable: bool) -> 
     elif parsed.name in ("timestamp", "timestamptz"):
         # A JSON number is epoch seconds: epoch milliseconds would land tens of thousands of years ahead,
         # past where Python's and many readers' datetimes end (years 1 to 9999).
+        year = F.year(column)
         checks.append(
             (
-                column.isNotNull() & ((F.year(column) > MAX_YEAR) | (F.year(column) < 1)),
+                column.isNotNull() & ((year > MAX_YEAR) | (year < 1)),
                 F.concat(
                     F.lit(f"field '{path}': "),
                     shown(column.cast("string")),
