@@ -12,11 +12,13 @@ behind; compaction pods may get/update their work Leases.
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -247,6 +249,28 @@ def test_runner_returns_failures_and_still_releases() -> None:
     assert step.item == EXPIRY and step.result is None
     assert step.error is not None and "validation failed" in step.error
     assert log[-1] == f"release+forget {work_key('t', EXPIRY)}"
+
+
+def test_runner_stopped_with_sparks_jvm_says_so_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A SIGTERM to the whole process group ends Spark's JVM under an item in flight: its Py4J error
+    cannot even be turned into text (it asks the JVM). The round ends quietly and still releases."""
+
+    class JvmGoneError(Exception):
+        def __str__(self) -> str:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    def jvm_gone(spark: Any, catalog: Any, identifier: Any, item: WorkItem) -> ItemResult:
+        raise JvmGoneError()
+
+    log: list[str] = []
+    runner = PlannedRunner([EXPIRY], jvm_gone, set(), log)
+    exited = SimpleNamespace(poll=lambda: -15)
+    runner.spark = SimpleNamespace(sparkContext=SimpleNamespace(_gateway=SimpleNamespace(proc=exited)))  # type: ignore[assignment]
+    with caplog.at_level(logging.INFO):
+        step = runner.step()
+    assert step.item == EXPIRY and step.error == "Spark's JVM stopped"
+    assert log[-1] == f"release+forget {work_key('t', EXPIRY)}"
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
 def test_runner_with_nothing_to_do() -> None:

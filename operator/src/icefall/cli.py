@@ -334,9 +334,10 @@ def _stop_spark(spark: Any) -> None:
 
     from py4j.protocol import Py4JError
 
+    from icefall.spark.session import jvm_stopped
+
     gone = "[icefall] Spark's JVM had already stopped (the signal reached it too)"
-    jvm = getattr(spark.sparkContext._gateway, "proc", None)
-    if jvm is not None and jvm.poll() is not None:
+    if jvm_stopped(spark):
         print(gone, flush=True)
         return
     logging.disable(logging.ERROR)  # py4j logs a traceback of its own before raising

@@ -108,6 +108,15 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
+def _text(error: BaseException) -> str:
+    """`str(error)`, or its type's name when that fails: a Py4J error asks the JVM for its text, and the JVM
+    may be gone."""
+    try:
+        return str(error)
+    except Exception:
+        return type(error).__name__
+
+
 def _java_text(error: BaseException) -> str:
     """The Java exception chain of a Py4J / PySpark captured error ('' for a Python one)."""
     parts = []
@@ -164,7 +173,7 @@ def classify(error: BaseException) -> Unavailable | None:
             "ReadTimeout",
         ):
             return Unavailable(Service.CATALOG, _one_line(str(link)))
-        texts.append(f"{link}\n{_java_text(link)}")
+        texts.append(f"{_text(link)}\n{_java_text(link)}")
     text = "\n".join(texts)
     for service, pattern in _MARKERS:
         for line in text.splitlines():

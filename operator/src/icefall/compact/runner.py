@@ -63,6 +63,7 @@ from icefall.plan.maintenance import (
     policy_from_spec,
     work_key,
 )
+from icefall.spark.session import jvm_stopped
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -183,6 +184,9 @@ class MaintenanceRunner:
                 with _Renewer(lease, max(self.lease_seconds / 3, 0.5)):
                     result = self._run_claimed(item, work_key(self.lease_table, item))
             except Exception as error:  # counted and logged by run_item; planned again next round
+                if jvm_stopped(self.spark):  # the process is being stopped: nothing to report but that
+                    log.info("%s: %s stopped with Spark's JVM", self.label, kind_of(item))
+                    return StepResult(len(work), item, None, "Spark's JVM stopped", busy)
                 log_failure(log, error, "%s: %s failed", self.label, kind_of(item))
                 return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
             finally:

@@ -121,3 +121,12 @@ def build_spark_session(
         "org.apache.spark.sql.kafka010.KafkaSourceProvider", log4j.Level.ERROR
     )
     return session
+
+
+def jvm_stopped(spark: SparkSession | None) -> bool:
+    """True when the session's JVM (the process PySpark started) has exited: a SIGTERM sent to the whole
+    process group ends it at once, beside this process's orderly stop. Its errors then say nothing about
+    the work (and a Py4J error cannot even be turned into text)."""
+    gateway = getattr(getattr(spark, "sparkContext", None), "_gateway", None)
+    jvm = getattr(gateway, "proc", None)
+    return jvm is not None and jvm.poll() is not None
