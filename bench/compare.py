@@ -1,8 +1,8 @@
 """Side-by-side benchmark: Icefall against its peers on one Kafka broker, one kind of catalog.
 
     .venv/bin/python bench/compare.py [--records N] [--large-records N] [--seconds S] [--quick]
-                                      [--systems icefall,icefall-nodlq,spark,connect,floor]
-                                      [--live-systems icefall,icefall-3s,spark,connect]
+                                      [--systems icefall,icefall-nodlq,icefall-nomaint,spark,connect,floor]
+                                      [--live-systems icefall,icefall-nomaint,icefall-3s,spark,connect]
     .venv/bin/python bench/compare.py --growth [--records N] [--warmup-records N] [--systems icefall,spark]
                                       [--growth-sizes small,1k,4k] [--growth-partitions 3,48] [--out FILE]
     (or: make bench / make bench-growth BENCH_ARGS="...")
@@ -18,6 +18,7 @@ and polls) on core 0 when the machine has 2 or more cores. Every peer is set for
 - **icefall**: `icefall run -f <manifest> --state-dir <dir>` as a subprocess (embedded default: local
   Spark `local[2]`, SQLite catalog, local warehouse, in-process compaction on its thread), target `F`.
   **icefall-nodlq**: the same without the dead-letter table (what validation costs).
+  **icefall-nomaint**: the same with `--no-maintenance` (what in-process compaction and expiry cost).
   **icefall-3s** (live phase only): the same at a 3 s target.
 - **spark**: `bench/peers/spark_streaming.py`, a plain Structured Streaming job (Kafka → from_json →
   writeStream iceberg, processingTime trigger `F/2`, `maxOffsetsPerTrigger` unlimited unless
@@ -134,10 +135,10 @@ TABLE = ("bench", "events")
 TRICKLE_FIRST_ID = 1_000_000_000
 # Ids of the warm-up backlog (above the trickle's, so neither counts as backlog).
 WARMUP_FIRST_ID = 2_000_000_000
-SYSTEMS = ("icefall", "icefall-nodlq", "spark", "connect", "floor")
+SYSTEMS = ("icefall", "icefall-nodlq", "icefall-nomaint", "spark", "connect", "floor")
 #: Systems of the live phase; `icefall-3s` is Icefall at a 3 s freshness target (the others run at
 #: `--freshness-target`).
-LIVE_SYSTEMS = ("icefall", "icefall-3s", "spark", "connect")
+LIVE_SYSTEMS = ("icefall", "icefall-nomaint", "icefall-3s", "spark", "connect")
 #: Growth mode's event sizes: (label, note words, seed, backlog divisor). The divisor keeps the backlog's
 #: bytes about equal across sizes: `--records` small events, a quarter as many of ~1 KB, a sixteenth of ~4 KB.
 GROWTH_SIZES = {
@@ -150,6 +151,7 @@ GROWTH_SYSTEMS = ("icefall", "spark")
 LABELS = {
     "icefall": "Icefall (icefall run, embedded)",
     "icefall-nodlq": "Icefall without its dead-letter table",
+    "icefall-nomaint": "Icefall without in-process maintenance",
     "icefall-3s": "Icefall at a 3 s freshness target",
     "spark": "Spark Structured Streaming → Iceberg",
     "connect": "Iceberg Kafka Connect sink",
@@ -292,6 +294,7 @@ def create_peer_table(ctx: Context, catalog: CatalogConfig) -> None:
 def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
     target = target_of(ctx, system)
     dead_letters = system != "icefall-nodlq"
+    maintenance = system != "icefall-nomaint"
     manifest = work / "events.yaml"
     manifest.write_text(
         yaml.safe_dump(
@@ -305,10 +308,11 @@ def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[M
         str(manifest),
         "--state-dir",
         str(work),
+        *([] if maintenance else ["--no-maintenance"]),
     ]
     ctx.settings[system] = {
         "command": "icefall run -f events.yaml --state-dir <dir> (defaults: --master local[2], "
-        "in-process compaction on its thread)",
+        + ("in-process compaction on its thread)" if maintenance else "no maintenance: --no-maintenance)"),
         "freshness target": f"{target:g} s",
         "table": "partitioned by day(ts), dead-letter table "
         + ("on (default)" if dead_letters else "off (deadLetter.table.enabled: false)"),
