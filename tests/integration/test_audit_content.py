@@ -13,17 +13,19 @@ Not proved here: the offset-level findings (duplicates, unexpected rows, retenti
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import cli
+from icefall import audit_content, cli
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
-from icefall.ingest.engine import Ingestor
+from icefall.ingest.engine import Ingestor, read_kafka
+from icefall.plan.offsets import OffsetRange
 from icefall.testing.streams import (
     NAMESPACE,
     assert_exactly_once,
@@ -107,6 +109,36 @@ def test_a_row_changed_behind_icefalls_back_fails_naming_its_offset(
     assert cli.main(["verify", "-f", str(manifest), "--state-dir", state_dir]) == 1
     out = capsys.readouterr().out
     assert "by content: FAILED" in out and f"partition {partition}: wrong rows" in out, out
+
+
+def test_an_audit_reads_the_topic_in_tasks_of_bounded_size(
+    kafka: KafkaBroker,
+    spark: SparkSession,
+    catalog_config: CatalogConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An audit reads and caches the whole topic. With one Spark task per partition, a partition was cached
+    as one block, and the audit of a 1,000,000-key table ran a 1 GB driver out of heap: the read is cut
+    into tasks of at most `RECORDS_PER_TASK` offsets, and the audit judges the same."""
+    name = "content_split"
+    text, _ = ingest(kafka, spark, catalog_config, tmp_path, name)
+    high = watermarks(kafka, f"it-{name.replace('_', '-')}")
+    ranges = tuple(OffsetRange(p, 0, end) for p, end in sorted(high.items()))
+    spec = load_manifest(text).spec
+    whole = read_kafka(spark, spec, ranges, {})
+    split = read_kafka(spark, spec, ranges, {}, records_per_task=7)
+    assert whole.rdd.getNumPartitions() == len(high)
+    assert split.rdd.getNumPartitions() == sum(math.ceil(end / 7) for end in high.values())
+    columns = ("partition", "offset", "value")
+    assert sorted(split.select(*columns).collect()) == sorted(whole.select(*columns).collect())
+
+    monkeypatch.setattr(audit_content, "RECORDS_PER_TASK", 7)
+    partition, offset = where(spark, catalog_config, name, "id = 11")
+    spark.sql(f"UPDATE {catalog_config.name}.{NAMESPACE}.{name} SET amount = -1 WHERE id = 11")
+    report = audit(catalog_config, name, kafka.bootstrap, spark=spark)
+    assert report.content_checked and report.wrong == 1, report.render()
+    assert report.partition(partition).wrong_examples == (offset,), report.render()
 
 
 def test_a_dead_letter_row_is_compared_by_content_too(

@@ -39,6 +39,9 @@ JSON_OPTIONS = {
     "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
 }
 DEAD_LETTER_CONTENT = ("key", "value", "timestamp", "headers")
+#: Offsets per Spark task when an audit reads (and caches) a whole topic: one task per partition cached the
+#: records of a partition as one block, and a 1,000,000-key topic ran a 1 GB driver out of heap.
+RECORDS_PER_TASK = 100_000
 _TIMESTAMP = "__icefall_kafka_timestamp"
 
 
@@ -94,7 +97,10 @@ class SparkContent:
         if topic != self.spec.source.topic:
             raise ValueError(f"the spec reads topic {self.spec.source.topic!r}, not {topic!r}")
         offset_ranges = tuple(OffsetRange(p, start, end) for p, (start, end) in sorted(ranges.items()))
-        decoded = decode(read_kafka(self.spark, self.spec, offset_ranges, self.security_options), self.spec)
+        kafka = read_kafka(
+            self.spark, self.spec, offset_ranges, self.security_options, records_per_task=RECORDS_PER_TASK
+        )
+        decoded = decode(kafka, self.spec)
         decoded = decoded.persist()
         try:
             prepared = split(decoded, self.spec)

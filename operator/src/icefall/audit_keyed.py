@@ -107,7 +107,7 @@ def audit_keyed(
     """Audit the keyed table of `st` (module doc). `spark` has `catalog_name` configured."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    from icefall.audit_content import main_digest
+    from icefall.audit_content import RECORDS_PER_TASK, main_digest
     from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, KAFKA_COLUMN, decode, good_rows, last_changes
     from icefall.ingest.engine import read_kafka
     from icefall.plan.offsets import OffsetRange
@@ -129,7 +129,8 @@ def audit_keyed(
     if committed.snapshot_id is None:
         raise KeyedAuditError(f"{label}: the table has no snapshot yet; nothing to audit")
     rows = spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(committed.snapshot_id)}")
-    decoded = decode(read_kafka(spark, st.spec, ranges, security_options or {}), st.spec).persist()
+    kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
+    decoded = decode(kafka, st.spec).persist()
     compared: DataFrame | None = None
     try:
         records = decoded.count() if ranges else 0

@@ -99,6 +99,7 @@ def read_kafka(
     *,
     group_id: str | None = None,
     headers: bool = True,
+    records_per_task: int | None = None,
 ) -> DataFrame:
     """Spark's Kafka batch source over `ranges` (`OffsetRange`s of `spec.source.topic`), as ingestion reads
     it: assigned partitions, explicit offsets, headers, read_committed whatever `spec.source.properties`
@@ -109,7 +110,10 @@ def read_kafka(
     batch reuse them; without one, Spark makes a new id (and new consumers) per read. The group is never
     joined (partitions are assigned) and nothing commits offsets to it: Spark's Kafka source turns
     `enable.auto.commit` off and never commits; Icefall's offsets live in the table. Without `headers`,
-    the records' headers are not read (the `headers` column is absent).
+    the records' headers are not read (the `headers` column is absent). `records_per_task`: split each
+    partition's range into Spark tasks of at most that many offsets (Spark's `maxRecordsPerPartition`;
+    default: one task per partition), so a read of a whole topic that is cached does not hold a partition's
+    records in one block.
     """
     topic = spec.source.topic
     reader = (
@@ -123,6 +127,8 @@ def read_kafka(
         reader = reader.option(f"kafka.{key}", value)
     for key, value in {**security_options, **spark_offset_options(topic, ranges)}.items():
         reader = reader.option(key, value)
+    if records_per_task is not None:
+        reader = reader.option("maxRecordsPerPartition", str(records_per_task))
     return reader.load()
 
 
