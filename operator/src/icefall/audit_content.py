@@ -100,8 +100,7 @@ class SparkContent:
         kafka = read_kafka(
             self.spark, self.spec, offset_ranges, self.security_options, records_per_task=RECORDS_PER_TASK
         )
-        decoded = decode(kafka, self.spec)
-        decoded = decoded.persist()
+        decoded = decode(kafka, self.spec).persist()
         try:
             prepared = split(decoded, self.spec)
             good = prepared.good.select(
