@@ -418,6 +418,11 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         ["spec.key: Invalid value: mode upsert and cdc need a key", "mode append has none"],
     ),
     (
+        "sequence-by-in-upsert-mode",
+        lambda o: _spec(o).update(mode="upsert", key=["id"], sequenceBy=["source.lsn"]),
+        ["spec.sequenceBy: Invalid value: sequenceBy orders Debezium change events; it applies to mode cdc"],
+    ),
+    (
         "mode-unknown",
         lambda o: _spec(o).__setitem__("mode", "merge"),
         ['spec.mode: Unsupported value: "merge": supported values: "append", "upsert", "cdc"'],
@@ -549,6 +554,21 @@ def test_identity_fields_cannot_change(
     result = kubectl.apply(changed)
     assert result.returncode != 0, f"changing {field} was accepted"
     assert expected in result.stderr and "create a new StreamingTable" in result.stderr, result.stderr
+
+
+def test_sequence_by_cannot_change_nor_be_added(kubectl: Kubectl) -> None:
+    obj = example("cdc-sequence")
+    _spec(obj).update(mode="cdc", key=["id"], sequenceBy=["source.lsn"])
+    applied = kubectl.apply(obj)
+    assert applied.returncode == 0, applied.stderr
+    _spec(obj)["sequenceBy"] = ["source.ts_ms"]
+    result = kubectl.apply(obj)
+    assert result.returncode != 0
+    assert "spec.sequenceBy is immutable (it decides which change of a key wins)" in result.stderr
+    _spec(obj).pop("sequenceBy")
+    result = kubectl.apply(obj)
+    assert result.returncode != 0
+    assert "spec.sequenceBy cannot be added or removed after creation" in result.stderr
 
 
 def test_catalog_cannot_be_added_later(kubectl: Kubectl) -> None:

@@ -584,6 +584,33 @@ def test_keyed_modes_take_a_key_of_required_primitive_columns() -> None:
     assert streaming_table_from_object(FULL).spec.mode is TableMode.APPEND  # the default
 
 
+def test_cdc_orders_by_the_source_position_given() -> None:
+    doc = keyed("cdc", ["id"])
+    doc["spec"]["sequenceBy"] = ["source.file", "source.pos"]
+    assert streaming_table_from_object(doc).spec.sequence_by == ["source.file", "source.pos"]
+    assert streaming_table_from_object(keyed("cdc", ["id"])).spec.sequence_by is None  # Kafka's order
+
+
+@pytest.mark.parametrize(
+    ("mode", "sequence_by", "path", "words"),
+    [
+        ("upsert", ["source.lsn"], "spec.sequenceBy", "it applies to mode cdc: remove it, or set mode: cdc"),
+        ("cdc", ["source..lsn"], "spec.sequenceBy[0]", "is not a path of field names, e.g. source.lsn"),
+        ("cdc", ["after.updated_at"], "spec.sequenceBy[0]", "is not a position of the change: name a field"),
+        ("cdc", ["ts_ms", "ts_ms"], "spec.sequenceBy[1]", "'ts_ms' is already in sequenceBy; remove one"),
+        ("cdc", [], "spec.sequenceBy", "at least 1 item"),
+    ],
+)
+def test_bad_sequence_by_names_the_field_and_the_fix(
+    mode: str, sequence_by: list[str], path: str, words: str
+) -> None:
+    doc = keyed(mode, ["id"])
+    doc["spec"]["sequenceBy"] = sequence_by
+    problems = problems_of(doc)
+    assert path in problems, problems
+    assert words in problems[path]
+
+
 @pytest.mark.parametrize(
     ("mode", "key", "path", "words"),
     [

@@ -319,6 +319,12 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".key",
         ),
         _fixed_presence("key", "spec.key"),
+        Rule(
+            "!has(self.sequenceBy) || (has(self.mode) && self.mode == 'cdc')",
+            message="sequenceBy orders Debezium change events; it applies to mode cdc",
+            field_path=".sequenceBy",
+        ),
+        _fixed_presence("sequenceBy", "spec.sequenceBy"),
     ),
     "CompactionSpec": (
         Rule(
@@ -438,6 +444,9 @@ _PROPERTY_RULES: Mapping[tuple[str, str], tuple[Rule, ...]] = {
     ),
     ("StreamingTableSpec", "mode"): (_immutable("spec.mode", "it decides what the rows mean"),),
     ("StreamingTableSpec", "key"): (_immutable("spec.key", "it identifies the rows"),),
+    ("StreamingTableSpec", "sequenceBy"): (
+        _immutable("spec.sequenceBy", "it decides which change of a key wins"),
+    ),
     ("TableSpec", "catalog"): (_immutable("spec.table.catalog", "it holds the table"),),
     ("TableSpec", "namespace"): (_immutable("spec.table.namespace", "it identifies the table"),),
     ("TableSpec", "name"): (_immutable("spec.table.name", "it identifies the table"),),

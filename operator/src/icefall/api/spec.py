@@ -506,6 +506,21 @@ class StreamingTableSpec(ApiModel):
             "Immutable."
         ),
     )
+    sequence_by: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8,
+        description=(
+            "cdc only: fields of the Debezium envelope that order a key's changes, compared in turn, e.g. "
+            "[source.lsn] (PostgreSQL), [source.file, source.pos, source.row] (MySQL), [source.scn] "
+            "(Oracle), [source.change_lsn, source.event_serial_no] (SQL Server). Non-negative integers "
+            "compare as numbers, other values as text. A change older than the row's stored position "
+            "(column _sequence) is skipped, so changes of a key may come from several partitions, or "
+            "again after a connector restart. Debezium's tombstones are then not applied (the d event "
+            "before each carries the delete and its position). Default: Kafka's order within a "
+            "partition. Immutable."
+        ),
+    )
     suspend: bool = Field(
         default=False, description="Pause ingestion and compaction without deleting anything."
     )
@@ -547,6 +562,7 @@ class StreamingTableSpec(ApiModel):
                 "mode: append, or json records",
             )
         problems.extend((), key_problems(self))
+        problems.extend((), sequence_problems(self))
         problems.raise_if_any()
         return self
 
@@ -586,6 +602,43 @@ def key_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
                 (("key", i), f"{name!r} may be null; a key column must be set: add required: true to it")
             )
         seen.add(name)
+    return problems
+
+
+#: A path into a Debezium envelope: dotted field names.
+SEQUENCE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+#: Envelope fields that hold the row or the operation, not a position.
+NOT_POSITIONS = ("op", "before", "after", "payload", "schema")
+
+
+def sequence_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
+    """`sequenceBy` against `mode`: paths into the Debezium envelope; paths relative to `spec`."""
+    if spec.sequence_by is None:
+        return []
+    if spec.mode is not TableMode.CDC:
+        return [
+            (
+                ("sequenceBy",),
+                "sequenceBy orders Debezium change events by their source position; it applies to mode "
+                "cdc: remove it, or set mode: cdc",
+            )
+        ]
+    problems: list[tuple[Loc, str]] = []
+    for i, path in enumerate(spec.sequence_by):
+        if not SEQUENCE_PATH.match(path):
+            problems.append(
+                (("sequenceBy", i), f"{path!r} is not a path of field names, e.g. source.lsn or ts_ms")
+            )
+        elif path.split(".")[0] in NOT_POSITIONS:
+            problems.append(
+                (
+                    ("sequenceBy", i),
+                    f"{path!r} is not a position of the change: name a field of the envelope's source "
+                    "block (e.g. source.lsn; paths are inside payload when the schema envelope is on)",
+                )
+            )
+        elif path in spec.sequence_by[:i]:
+            problems.append((("sequenceBy", i), f"{path!r} is already in sequenceBy; remove one"))
     return problems
 
 

@@ -93,6 +93,11 @@ TABLE_DEFAULTS: dict[str, str] = {
 log = logging.getLogger(__name__)
 
 KAFKA_COLUMN = "_kafka"
+#: cdc with `spec.sequenceBy`: each row's position in the source (`icefall.ingest.decode.SEQUENCE_COLUMN`).
+SEQUENCE_COLUMN = "_sequence"
+SEQUENCE_DOC = (
+    "The change's position in the source (spec.sequenceBy); integers zero-padded to compare as text"
+)
 PARTITION_FIELD_ID_START = 1000
 #: Keyed tables (spec.mode upsert or cdc): Spark's MERGE writes the batch's changes as new rows plus
 #: position deletes of the rows they replace (merge-on-read), not by rewriting whole data files.
@@ -189,7 +194,8 @@ def expected_schema(st: StreamingTable, schema_override: Schema | None = None) -
     if schema_override is None:
         base = to_iceberg_schema(st.spec.format.schema_fields)
     else:
-        base = Schema(*(f for f in schema_override.fields if f.name != KAFKA_COLUMN))
+        system = (KAFKA_COLUMN, SEQUENCE_COLUMN)
+        base = Schema(*(f for f in schema_override.fields if f.name not in system))
     top = base.highest_field_id
     kafka = StructType(
         *(
@@ -197,9 +203,14 @@ def expected_schema(st: StreamingTable, schema_override: Schema | None = None) -
             for i, f in enumerate(kafka_struct().fields)
         )
     )
-    combined = assign_fresh_schema_ids(
-        Schema(*base.fields, NestedField(top + 1, KAFKA_COLUMN, kafka, required=True))
-    )
+    system_fields = [NestedField(top + 1, KAFKA_COLUMN, kafka, required=True)]
+    if st.spec.sequence_by:
+        top += 1 + len(kafka.fields)
+        sequence = ListType(top + 2, StringType(), element_required=False)
+        system_fields.append(
+            NestedField(top + 1, SEQUENCE_COLUMN, sequence, required=False, doc=SEQUENCE_DOC)
+        )
+    combined = assign_fresh_schema_ids(Schema(*base.fields, *system_fields))
     key = st.spec.key or []
     missing = [name for name in key if name not in {f.name for f in base.fields}]
     if missing:

@@ -66,6 +66,9 @@ if TYPE_CHECKING:
     from icefall.ingest.avro import AvroDecoding, SchemaLookup
 
 KAFKA_COLUMN = "_kafka"
+#: cdc with `spec.sequenceBy`: the change's position in the source, one text per path, numbers padded so
+#: that arrays compare in the source's order (`sequence_part`).
+SEQUENCE_COLUMN = "_sequence"
 DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
 HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 #: How much of a field's raw value, and of a whole record, an error message quotes.
@@ -81,10 +84,13 @@ _TEXT = f"{_PREFIX}text"  # the value as text; null when it is not parsed (tombs
 _TYPED = f"{_PREFIX}typed"
 _IMAGE = f"{_PREFIX}image"  # cdc: the text of the row image the event carries (after, or before for d)
 _ENVELOPE = f"{_PREFIX}envelope"  # cdc: the Debezium envelope's op, before and after (as JSON text)
+_SEQUENCE = f"{_PREFIX}sequence"  # cdc with spec.sequenceBy: the event's position (SEQUENCE_COLUMN)
 _KAFKA_KEY = f"{_PREFIX}kafka_key"  # keyed modes: the key fields read from the Kafka key, when needed
 _RAW = f"{_PREFIX}raw"
 ERROR_COLUMN = f"{_PREFIX}error"
 BAD_COLUMN = f"{_PREFIX}bad"
+#: Digits of the largest non-negative integer a sequence part compares as a number (Spark's decimal(38)).
+SEQUENCE_DIGITS = 38
 #: Keyed modes (upsert, cdc): true when the record deletes its key (a tombstone, a Debezium d event).
 DELETE_COLUMN = f"{_PREFIX}delete"
 CDC_OPS = ("c", "r", "u", "d")
@@ -236,20 +242,25 @@ def _good_columns(spec: StreamingTableSpec, keyed: _Keyed | None) -> list[Column
         ],
         F.struct(F.col("partition"), F.col("offset"), F.col("timestamp")).alias(KAFKA_COLUMN),
     ]
+    if keyed is not None and keyed.sequence_by:
+        columns.append(F.col(_SEQUENCE).alias(SEQUENCE_COLUMN))
     if keyed is not None:
         columns.append(F.col(DELETE_COLUMN))
     return columns
 
 
 def last_changes(changes: DataFrame, key: Sequence[str]) -> DataFrame:
-    """The last of `changes` (good rows of a keyed mode) per key: the highest (partition, offset).
+    """The last of `changes` (good rows of a keyed mode) per key: the highest (partition, offset), or with
+    `SEQUENCE_COLUMN` (cdc with `spec.sequenceBy`) the highest (sequence, partition, offset).
 
     Within a partition that is Kafka's order. A key written to several partitions has no order between
     them: the highest partition's last change wins here, and across batches the later batch's. Keys must be
     partition-stable, as Kafka's default partitioner keeps them (`icefall verify` counts the keys that
-    are not, and does not judge them).
+    are not, and does not judge them), unless the source's position orders them (`spec.sequenceBy`; a
+    tombstone has none and loses to every change event).
     """
-    order = F.struct(F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset"))
+    sequence = [F.col(SEQUENCE_COLUMN)] if SEQUENCE_COLUMN in changes.columns else []
+    order = F.struct(*sequence, F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset"))
     last = changes.groupBy(*key).agg(F.max_by(F.struct(*changes.columns), order).alias("last"))
     return last.select("last.*")
 
@@ -260,6 +271,7 @@ def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:
     may not be able to judge, and deleting a key that is not there changes nothing)."""
     transforms = spec.transforms
     keep = [KAFKA_COLUMN] + ([DELETE_COLUMN] if spec.mode is not TableMode.APPEND else [])
+    keep += [SEQUENCE_COLUMN] if spec.sequence_by else []
     if transforms.select is not None:
         projected = good.selectExpr(*transforms.select)
         missing = [c for c in keep if c not in projected.columns]
@@ -334,7 +346,8 @@ class _Keyed:
         self.key = list(spec.key or [])
         self.key_fields = [fields[name] for name in self.key]
         self.image = _image_column(spec)
-        # Dropped after decoding; `_KAFKA_KEY` stays: the good rows' key columns read it.
+        self.sequence_by = list(spec.sequence_by or [])
+        # Dropped after decoding; `_KAFKA_KEY` and `_SEQUENCE` stay: the good rows read them.
         self.internal = [_ENVELOPE, _IMAGE] if spec.mode is TableMode.CDC else []
 
     def column(self, name: str) -> Column:
@@ -351,10 +364,11 @@ class _Keyed:
         value = F.col("value")
         if self.mode is TableMode.UPSERT:
             return text_df.select("*", value.isNull().alias(DELETE_COLUMN))
+        # Each field as its JSON text (Spark keeps a number's or an object's text in a string field).
+        fields = ["op", "before", "after", *dict.fromkeys(p.split(".")[0] for p in self.sequence_by)]
+        envelope_type = ", ".join(f"`{f}` string" for f in fields)
         envelope = F.from_json(
-            F.col(_TEXT),
-            "op string, before string, after string, payload struct<op string, before string, after string>",
-            {"mode": "PERMISSIVE"},
+            F.col(_TEXT), f"{envelope_type}, payload struct<{envelope_type}>", {"mode": "PERMISSIVE"}
         )
         with_envelope = text_df.select(
             "*",
@@ -363,13 +377,25 @@ class _Keyed:
             .alias(_ENVELOPE),
         )
         op = F.col(_ENVELOPE)["op"]
+        sequence = []
+        if self.sequence_by:
+            parts = [sequence_part(self._envelope_field(p)) for p in self.sequence_by]
+            sequence = [F.when(value.isNotNull(), F.array(*parts)).alias(_SEQUENCE)]
         return with_envelope.select(
             "*",
             F.when(op.isin("c", "r", "u"), F.col(_ENVELOPE)["after"])
             .when(op == "d", F.col(_ENVELOPE)["before"])
             .alias(_IMAGE),
             (value.isNull() | F.coalesce(op == "d", F.lit(False))).alias(DELETE_COLUMN),
+            *sequence,
         )
+
+    @staticmethod
+    def _envelope_field(path: str) -> Column:
+        """The JSON text of `path` (a `spec.sequenceBy` entry) in the envelope; null when it is not there."""
+        head, _, rest = path.partition(".")
+        top = F.col(_ENVELOPE)[head]
+        return F.get_json_object(top, f"$.{rest}") if rest else top
 
     @property
     def kafka_key(self) -> Column:
@@ -404,6 +430,13 @@ class _Keyed:
         for name in self.key:
             missing = missing | self.column(name).isNull()
         return missing
+
+    def sequence_missing(self) -> Column:
+        """True (never null) when a change event lacks a field of `spec.sequenceBy` (a tombstone has none
+        and needs none)."""
+        if not self.sequence_by:
+            return F.lit(False)
+        return F.coalesce(F.exists(F.col(_SEQUENCE), lambda part: part.isNull()), F.lit(False))
 
     def delete_reasons(self) -> list[_Check]:
         """Why a delete cannot be applied: a key field without a value."""
@@ -443,6 +476,25 @@ class _Keyed:
             ),
         ]
 
+    def sequence_reasons(self) -> list[_Check]:
+        """cdc with `spec.sequenceBy`: a change event (a delete too) without one of its fields."""
+        op = F.col(_ENVELOPE)["op"]
+        return [
+            (
+                op.isin(*CDC_OPS) & F.col(_SEQUENCE)[i].isNull(),
+                F.lit(f"Debezium event has no {path} (spec.sequenceBy orders a key's changes by it)"),
+            )
+            for i, path in enumerate(self.sequence_by)
+        ]
+
+
+def sequence_part(text: Column) -> Column:
+    """A part of `SEQUENCE_COLUMN`: a non-negative integer left-padded with zeros to `SEQUENCE_DIGITS`
+    digits, so that text order is number order; any other value as it is (compared as text)."""
+    return F.when(
+        text.rlike(f"^[0-9]{{1,{SEQUENCE_DIGITS}}}$"), F.lpad(text, SEQUENCE_DIGITS, "0")
+    ).otherwise(text)
+
 
 def _optional(field: SchemaField) -> SchemaField:
     return field.model_copy(update={"required": False})
@@ -463,7 +515,7 @@ def _reasons(fields: Sequence[SchemaField], max_bytes: int, keyed: _Keyed | None
         return _row_reasons(fields, max_bytes, F.col(_TEXT), None)
     row = _row_reasons(fields, max_bytes, F.col(keyed.image), keyed)
     not_delete = ~F.col(DELETE_COLUMN)
-    return [*keyed.delete_reasons(), *((not_delete & c, m) for c, m in row)]
+    return [*keyed.delete_reasons(), *((not_delete & c, m) for c, m in row), *keyed.sequence_reasons()]
 
 
 def _row_reasons(
@@ -553,7 +605,7 @@ def _bad(fields: Sequence[SchemaField], keyed: _Keyed | None = None) -> Column:
         found = found | F.coalesce(condition, F.lit(False))
     if keyed is None:
         return found
-    return F.when(F.col(DELETE_COLUMN), keyed.key_missing()).otherwise(found)
+    return F.when(F.col(DELETE_COLUMN), keyed.key_missing()).otherwise(found) | keyed.sequence_missing()
 
 
 def _error(reasons: Sequence[_Check]) -> Column:

@@ -996,18 +996,24 @@ def _merge(changes: DataFrame, name: str, key: Sequence[str], *, view: str) -> N
 
     The batch's changes collapse to the last per key first (`icefall.ingest.decode.last_changes`), and
     that one decides alone: insert-then-delete leaves no row, delete-then-insert leaves the insert, and the
-    batch never deletes a row it writes itself (position deletes name rows of files already there).
+    batch never deletes a row it writes itself (position deletes name rows of files already there). With
+    `SEQUENCE_COLUMN` (cdc with `spec.sequenceBy`) a change older than the row's stored position, or
+    without one (a tombstone), leaves the row as it is.
     """
-    from icefall.ingest.decode import DELETE_COLUMN, last_changes
+    from icefall.ingest.decode import DELETE_COLUMN, SEQUENCE_COLUMN, last_changes
 
     last_changes(changes, key).createOrReplaceTempView(view)
     columns = [_quoted(c) for c in changes.columns if c != DELETE_COLUMN]
     on = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key)
     delete = f"s.{_quoted(DELETE_COLUMN)}"
+    current = "true"
+    if SEQUENCE_COLUMN in changes.columns:
+        s_seq, t_seq = f"s.{_quoted(SEQUENCE_COLUMN)}", f"t.{_quoted(SEQUENCE_COLUMN)}"
+        current = f"({s_seq} IS NOT NULL AND NOT coalesce({s_seq} < {t_seq}, false))"
     changes.sparkSession.sql(
         f"MERGE INTO {name} t USING {view} s ON {on} "
-        f"WHEN MATCHED AND {delete} THEN DELETE "
-        f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
+        f"WHEN MATCHED AND {current} AND {delete} THEN DELETE "
+        f"WHEN MATCHED AND {current} THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
         f"WHEN NOT MATCHED AND NOT {delete} THEN INSERT ({', '.join(columns)}) "
         f"VALUES ({', '.join(f's.{c}' for c in columns)})"
     )

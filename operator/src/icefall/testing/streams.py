@@ -193,7 +193,7 @@ metadata: {{name: {k8s_name}}}
 spec:
   source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
   mode: {mode}
-  key: [id]
+  key: [id]{sequence_by}
   format:
     schema:
       - {{name: id, type: long, required: true}}
@@ -210,9 +210,10 @@ def keyed_table(
     *,
     mode: str = "upsert",
     fields: Mapping[str, str] | None = None,
+    sequence_by: Sequence[str] = (),
 ) -> StreamingTable:
     """A keyed table `it.<name>` (`spec.mode` upsert or cdc, key `id: long`) with optional `fields`
-    (name -> type; default `status: string`), unpartitioned."""
+    (name -> type; default `status: string`) and `sequence_by` (cdc), unpartitioned."""
     lines = [
         f"      - {{name: {n}, type: {json.dumps(t)}}}" for n, t in (fields or {"status": "string"}).items()
     ]
@@ -222,6 +223,7 @@ def keyed_table(
         bootstrap=bootstrap,
         topic=topic,
         mode=mode,
+        sequence_by=f"\n  sequenceBy: {json.dumps(list(sequence_by))}" if sequence_by else "",
         fields="\n".join(lines),
     )
     return load_manifest(text)
