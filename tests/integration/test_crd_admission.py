@@ -423,6 +423,11 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         ["spec.sequenceBy: Invalid value: sequenceBy orders Debezium change events; it applies to mode cdc"],
     ),
     (
+        "remember-deletes-without-sequence-by",
+        lambda o: _spec(o).update(mode="cdc", key=["id"], rememberDeletesSeconds=60),
+        ["spec.rememberDeletesSeconds: Invalid value: rememberDeletesSeconds applies with sequenceBy"],
+    ),
+    (
         "mode-unknown",
         lambda o: _spec(o).__setitem__("mode", "merge"),
         ['spec.mode: Unsupported value: "merge": supported values: "append", "upsert", "cdc"'],

@@ -308,6 +308,69 @@ def test_cdc_ordered_by_the_source_position(
     assert (report.records, report.keys, report.unordered) == (14, 4, 0)
 
 
+def test_cdc_remembers_deleted_keys_against_late_older_changes(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    """spec.sequenceBy: a deleted key has no row to keep its position, so the table remembers it: a change
+    older than the delete that arrives in a later batch stays out, a newer one brings the key back (and
+    is then guarded by its row); the set lands with the offsets and maintenance keeps its file."""
+    from icefall.commit.state import DELETED_KEYS
+    from icefall.compact.view import read_table_view
+    from icefall.ingest import deleted_keys
+
+    topic = "it-cdc-deleted"
+    kafka.create_topic(topic, partitions=2)
+    st = streams.keyed_table(
+        "cdc_deleted", topic, kafka.bootstrap, mode="cdc", fields=FIELDS, sequence_by=["source.lsn"]
+    )
+
+    def event(op: str, i: int, status: str, lsn: int) -> dict[str, Any]:
+        image = row(i, status)
+        before, after = (image, None) if op == "d" else (None, image)
+        return {"op": op, "before": before, "after": after, "source": {"lsn": lsn}}
+
+    def remembered() -> dict[int, list[str]]:
+        table = catalog_config.pyiceberg().load_table(("it", "cdc_deleted"))
+        keys = deleted_keys.load(table, table.properties.get(DELETED_KEYS))
+        return {} if keys is None else {r["id"]: r["_sequence"] for r in keys.to_pylist()}
+
+    def lsn(n: int) -> list[str]:
+        return [str(n).rjust(38, "0")]
+
+    batches = [
+        [
+            (0, {"id": 10}, event("c", 10, "ten", 100)),
+            (1, {"id": 11}, event("d", 11, "eleven", 200)),  # deleted before its (older) insert arrives
+            (0, {"id": 12}, event("c", 12, "twelve", 300)),
+        ],
+        [(1, {"id": 12}, event("d", 12, "twelve", 400))],
+        [
+            (0, {"id": 11}, event("c", 11, "late insert", 150)),  # older than its delete: stays out
+            (0, {"id": 12}, event("u", 12, "late update", 350)),  # older than its delete: stays out
+            (1, {"id": 13}, event("c", 13, "thirteen", 500)),
+        ],
+        [(1, {"id": 12}, event("c", 12, "back again", 450))],  # newer than the delete: the key is back
+    ]
+    expected_after = [
+        ({10: ("ten", 1.0), 12: ("twelve", 1.0)}, {11: lsn(200)}),
+        ({10: ("ten", 1.0)}, {11: lsn(200), 12: lsn(400)}),
+        ({10: ("ten", 1.0), 13: ("thirteen", 1.0)}, {11: lsn(200), 12: lsn(400)}),
+        ({10: ("ten", 1.0), 12: ("back again", 1.0), 13: ("thirteen", 1.0)}, {11: lsn(200)}),
+    ]
+    for changes, (rows, keys) in zip(batches, expected_after, strict=True):
+        send(kafka, topic, changes)
+        run_to_end(st, catalog_config, spark, tmp_path)
+        assert table_rows(catalog_config, "cdc_deleted") == expect(rows)
+        assert remembered() == keys
+
+    table = catalog_config.pyiceberg().load_table(("it", "cdc_deleted"))
+    path = table.properties[DELETED_KEYS]
+    assert path in read_table_view(table).referenced_paths  # orphan removal keeps it
+    report = audited(spark, st, catalog_config)
+    assert report.ok, report.render()
+    assert (report.records, report.keys) == (8, 3)
+
+
 def _compact_all(spark: SparkSession, config: CatalogConfig, identifier: tuple[str, ...]) -> Any:
     """Run compaction of every data file of the table's head (one partition: unpartitioned)."""
     from icefall.compact.view import read_table_view

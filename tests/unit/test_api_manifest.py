@@ -599,13 +599,17 @@ def test_cdc_orders_by_the_source_position_given() -> None:
         ("cdc", ["after.updated_at"], "spec.sequenceBy[0]", "is not a position of the change: name a field"),
         ("cdc", ["ts_ms", "ts_ms"], "spec.sequenceBy[1]", "'ts_ms' is already in sequenceBy; remove one"),
         ("cdc", [], "spec.sequenceBy", "at least 1 item"),
+        ("cdc", None, "spec.rememberDeletesSeconds", "applies with sequenceBy (mode cdc); remove it"),
     ],
 )
 def test_bad_sequence_by_names_the_field_and_the_fix(
-    mode: str, sequence_by: list[str], path: str, words: str
+    mode: str, sequence_by: list[str] | None, path: str, words: str
 ) -> None:
     doc = keyed(mode, ["id"])
-    doc["spec"]["sequenceBy"] = sequence_by
+    if sequence_by is None:
+        doc["spec"]["rememberDeletesSeconds"] = 60
+    else:
+        doc["spec"]["sequenceBy"] = sequence_by
     problems = problems_of(doc)
     assert path in problems, problems
     assert words in problems[path]

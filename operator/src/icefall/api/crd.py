@@ -325,6 +325,11 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".sequenceBy",
         ),
         _fixed_presence("sequenceBy", "spec.sequenceBy"),
+        Rule(
+            "!has(self.rememberDeletesSeconds) || has(self.sequenceBy)",
+            message="rememberDeletesSeconds applies with sequenceBy (mode cdc)",
+            field_path=".rememberDeletesSeconds",
+        ),
     ),
     "CompactionSpec": (
         Rule(

@@ -92,6 +92,8 @@ class TableMode(StrEnum):
     CDC = "cdc"  # a Debezium change event (op c/r/u/d, before/after) changes the row with its key
 
 
+#: How long a cdc table with sequenceBy remembers a deleted key by default (`rememberDeletesSeconds`).
+DEFAULT_REMEMBER_DELETES_SECONDS = 3600
 #: Types an identifier (key) field may have: Iceberg refuses float and double identifier fields, and
 #: nested types cannot be compared for equality.
 KEY_TYPES = frozenset(
@@ -516,9 +518,20 @@ class StreamingTableSpec(ApiModel):
             "(Oracle), [source.change_lsn, source.event_serial_no] (SQL Server). Non-negative integers "
             "compare as numbers, other values as text. A change older than the row's stored position "
             "(column _sequence) is skipped, so changes of a key may come from several partitions, or "
-            "again after a connector restart. Debezium's tombstones are then not applied (the d event "
-            "before each carries the delete and its position). Default: Kafka's order within a "
-            "partition. Immutable."
+            "again after a connector restart; a deleted key is remembered with its delete's position for "
+            "rememberDeletesSeconds. Debezium's tombstones are then not applied (the d event before each "
+            "carries the delete and its position). Default: Kafka's order within a partition. Immutable."
+        ),
+    )
+    remember_deletes_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=30 * 86400,
+        description=(
+            "With sequenceBy: how long after its delete is ingested a deleted key is remembered, so that "
+            "an older change of it arriving later (a connector restart, a partition read behind) does not "
+            "bring the row back. Every batch with deletes rewrites the set (about 1 MB per 30,000 keys). "
+            f"Default {DEFAULT_REMEMBER_DELETES_SECONDS} (one hour)."
         ),
     )
     suspend: bool = Field(
@@ -614,6 +627,8 @@ NOT_POSITIONS = ("op", "before", "after", "payload", "schema")
 def sequence_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
     """`sequenceBy` against `mode`: paths into the Debezium envelope; paths relative to `spec`."""
     if spec.sequence_by is None:
+        if spec.remember_deletes_seconds is not None:
+            return [(("rememberDeletesSeconds",), "applies with sequenceBy (mode cdc); remove it")]
         return []
     if spec.mode is not TableMode.CDC:
         return [

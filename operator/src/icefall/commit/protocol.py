@@ -110,6 +110,7 @@ class Batch:
     max_produce_time_ms: int | None = None
     retention_gaps: Mapping[int, int] = field(default_factory=dict)
     topic_id: str | None = None  # Kafka's id of the topic read; refused if the table holds another one
+    deleted_keys: str | None = None  # the deleted keys file the commit names (cdc, sequenceBy); None: same
 
     def __post_init__(self) -> None:
         if not self.topic:
@@ -547,6 +548,7 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
         epoch=epoch,
         max_event_time_ms=_newest(committed.max_event_time_ms, batch.max_event_time_ms),
         max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),
+        deleted_keys=batch.deleted_keys or committed.deleted_keys,
     )
     return _Plan(head=head, staged=ref.snapshot_id, properties=new.to_properties(), restage_over=restage_over)
 

@@ -36,6 +36,9 @@ LOST_RECORDS = "icefall.lost-records"  # records Kafka's retention deleted befor
 # JSON list of the offset resets a user asked for (`icefall reset-offsets`), newest last: the explicit action
 # that lets ingestion go on after the topic was recreated or its log truncated.
 OFFSET_RESETS = "icefall.offset-resets"
+# cdc with spec.sequenceBy: the Parquet file of the keys whose last change was a delete, with its position
+# (`icefall.ingest.deleted_keys`); written before the commit that names it, so it lands with the offsets.
+DELETED_KEYS = "icefall.deleted-keys"
 PROPERTIES = (
     TOPIC,
     TOPIC_ID,
@@ -46,6 +49,7 @@ PROPERTIES = (
     START_OFFSETS,
     LOST_RECORDS,
     OFFSET_RESETS,
+    DELETED_KEYS,
 )
 MAIN = "main"
 
@@ -65,6 +69,7 @@ class CommittedState:
     # Offsets Kafka's retention deleted past the committed ones before they could be read, over the table's
     # life: each batch that skips such a gap (`Batch.retention_gaps`) adds its width in the same commit.
     lost_records: int = 0
+    deleted_keys: str | None = None  # cdc with spec.sequenceBy: the file of deleted keys remembered
 
     def to_properties(self) -> dict[str, str]:
         """The `icefall.*` table properties describing this state."""
@@ -84,6 +89,8 @@ class CommittedState:
             props[MAX_PRODUCE_TIME_MS] = str(self.max_produce_time_ms)
         if self.lost_records:
             props[LOST_RECORDS] = str(self.lost_records)
+        if self.deleted_keys is not None:
+            props[DELETED_KEYS] = self.deleted_keys
         return props
 
 
@@ -131,6 +138,7 @@ def state_from_properties(properties: Mapping[str, str], snapshot_id: int | None
             decode_offsets(properties[START_OFFSETS], START_OFFSETS) if START_OFFSETS in properties else {}
         ),
         lost_records=lost,
+        deleted_keys=properties.get(DELETED_KEYS),
     )
 
 

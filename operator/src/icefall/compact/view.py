@@ -11,8 +11,8 @@
   an ancestor of `main`'s head (staging branches `icefall_stage_*` are refs like any other);
 - `manifests`: the manifests of `main`'s head;
 - `referenced_paths`: every path the metadata still reaches: each snapshot's manifest list, its manifests
-  and the files their live entries name, the current metadata file and those of the metadata log, and
-  statistics files;
+  and the files their live entries name, the current metadata file and those of the metadata log,
+  statistics files, and the deleted keys file the committed state names (`icefall.ingest.deleted_keys`);
 - `storage` (only with `list_storage`): every object under the table's location, with size and mtime,
   listed through pyarrow's file systems (local `file:` warehouses; S3/GCS when pyarrow can reach them).
 
@@ -51,6 +51,7 @@ from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
+from icefall.commit.state import DELETED_KEYS
 from icefall.plan.maintenance import (
     MAIN,
     DataFileInfo,
@@ -157,6 +158,9 @@ def read_table_view(
     referenced |= {canonical_path(entry.metadata_file) for entry in metadata.metadata_log}
     referenced |= {canonical_path(s.statistics_path) for s in metadata.statistics}
     referenced |= {canonical_path(s.statistics_path) for s in metadata.partition_statistics}
+    deleted_keys = metadata.properties.get(DELETED_KEYS)  # cdc with sequenceBy: the committed state's
+    if deleted_keys:
+        referenced.add(canonical_path(deleted_keys))
 
     manifests_by_path: dict[str, ManifestFile] = {}
     for snapshot in metadata.snapshots:

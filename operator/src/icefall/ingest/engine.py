@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from icefall import metrics
 from icefall.api import StreamingTable, StreamingTableSpec
+from icefall.api.spec import DEFAULT_REMEMBER_DELETES_SECONDS
 from icefall.catalog import CatalogConfig
 from icefall.commit import (
     Batch,
@@ -266,14 +267,15 @@ class _PlannedBatch:
     lost: int  # records lost to retention first reported by this batch
     whole_backlog: bool  # the batch takes everything Kafka held when it was planned
 
-    def batch(self, topic: str, max_produce_ms: int | None) -> Batch:
+    def batch(self, topic: str, stats: _ReadStats) -> Batch:
         return Batch(
             topic=topic,
             start=self.start,
             end=self.end,
-            max_produce_time_ms=max_produce_ms,
+            max_produce_time_ms=stats.max_produce_ms,
             retention_gaps=self.gaps,
             topic_id=self.topic_id,
+            deleted_keys=stats.deleted_keys,
         )
 
 
@@ -285,15 +287,19 @@ class _ReadStats:
     bytes: int
     max_produce_ms: int | None
     bad: int
+    deleted_keys: str | None = None  # cdc with sequenceBy: the deleted keys file the commit names
 
     @classmethod
-    def of(cls, records: Any, value_bytes: Any, newest: Any, bad: Any) -> _ReadStats:
+    def of(
+        cls, records: Any, value_bytes: Any, newest: Any, bad: Any, deleted_keys: str | None = None
+    ) -> _ReadStats:
         """From Spark's aggregates: counts, a sum (None over no rows), a max timestamp (None or datetime)."""
         return cls(
             records=int(records or 0),
             bytes=int(value_bytes or 0),
             max_produce_ms=int(newest.timestamp() * 1000) if newest is not None else None,
             bad=int(bad or 0),
+            deleted_keys=deleted_keys,
         )
 
 
@@ -487,7 +493,7 @@ class Ingestor:
             stats = self._write_good_rows(planned, stage.branch)
             clock.mark("write")
             self._check_topic_unchanged(planned.topic_id)
-            batch = planned.batch(self.spec.source.topic, stats.max_produce_ms)
+            batch = planned.batch(self.spec.source.topic, stats)
             dead, kinds = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else (0, {})
             clock.mark("dead_letters")
             # A keyed batch's MERGE may stage nothing (Spark skips a MERGE without changes): checked there.
@@ -589,12 +595,13 @@ class Ingestor:
         observed = decoded.observe(observation, *decoders.observed)
         rows = decoders.good.good_rows(observed)
         target = self._spark_name(self.st.table_identifier, branch)
+        deleted_keys = None
         if self.spec.key:
-            _merge(rows, target, self.spec.key, view=f"icefall_changes_{self.writer_id}")
+            deleted_keys = self._merge_changes(rows, planned, target)
         else:
             _append(rows, target, sorted_table=bool(self.spec.table.sort_order))
         seen = observation.get
-        stats = _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"])
+        stats = _ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], deleted_keys)
         planned_offsets = sum(r.records for r in planned.ranges)
         if stats.records > planned_offsets:
             # Each offset holds at most one record: the write ran its input twice, and every count is off.
@@ -603,6 +610,37 @@ class Ingestor:
                 "offsets (its input was computed twice); the batch is not committed"
             )
         return stats
+
+    def _merge_changes(self, rows: DataFrame, planned: _PlannedBatch, target: str) -> str | None:
+        """MERGE the last change per key of a keyed batch's `rows` into `target`. With `spec.sequenceBy`
+        first drop the changes older than a remembered delete and store the deleted keys to remember
+        (`icefall.ingest.deleted_keys`); returns that file, for the commit to name, or None."""
+        from icefall.ingest import deleted_keys
+        from icefall.ingest.decode import last_changes
+
+        key = self.spec.key or []
+        view = f"icefall_changes_{self.writer_id}"
+        if not self.spec.sequence_by:
+            _merge(last_changes(rows, key), target, key, view=view)
+            return None
+        remembered = deleted_keys.load(self.table, planned.committed.deleted_keys)
+        keep = self.spec.remember_deletes_seconds
+        changes, kept = deleted_keys.apply(
+            self.spark,
+            last_changes(rows, key),
+            remembered,
+            key,
+            now_ms=int(time.time() * 1000),
+            keep_ms=1000 * (DEFAULT_REMEMBER_DELETES_SECONDS if keep is None else keep),
+        )
+        changes.persist()  # read by the set to remember and by the MERGE: decoded once
+        try:
+            keys = kept.toArrow()
+            path = deleted_keys.store(self.table, keys) if keys.num_rows or remembered is not None else None
+            _merge(changes, target, key, view=view)
+        finally:
+            changes.unpersist()
+        return path
 
     def _check_topic_unchanged(self, planned_topic_id: str | None) -> None:
         """The records are read: were they read from the topic the offsets were planned on?"""
@@ -994,15 +1032,15 @@ def _merge(changes: DataFrame, name: str, key: Sequence[str], *, view: str) -> N
     staging branch) in ONE Spark MERGE: one snapshot, new rows plus position deletes of the rows they
     replace (the table is merge-on-read, `icefall.catalog.tables.KEYED_TABLE_DEFAULTS`).
 
-    The batch's changes collapse to the last per key first (`icefall.ingest.decode.last_changes`), and
-    that one decides alone: insert-then-delete leaves no row, delete-then-insert leaves the insert, and the
+    `changes` are the batch's last change per key (`icefall.ingest.decode.last_changes`), and that one
+    decides alone: insert-then-delete leaves no row, delete-then-insert leaves the insert, and the
     batch never deletes a row it writes itself (position deletes name rows of files already there). With
     `SEQUENCE_COLUMN` (cdc with `spec.sequenceBy`) a change older than the row's stored position, or
     without one (a tombstone), leaves the row as it is.
     """
-    from icefall.ingest.decode import DELETE_COLUMN, SEQUENCE_COLUMN, last_changes
+    from icefall.ingest.decode import DELETE_COLUMN, SEQUENCE_COLUMN
 
-    last_changes(changes, key).createOrReplaceTempView(view)
+    changes.createOrReplaceTempView(view)
     columns = [_quoted(c) for c in changes.columns if c != DELETE_COLUMN]
     on = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key)
     delete = f"s.{_quoted(DELETE_COLUMN)}"

@@ -1,0 +1,63 @@
+"""`icefall.ingest.deleted_keys.apply` on real Spark: which changes a remembered delete keeps out, and which
+deleted keys are remembered after the batch (the window, tombstones, a newer write forgetting a key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from icefall.ingest import deleted_keys
+from icefall.ingest.decode import DELETE_COLUMN, SEQUENCE_COLUMN
+
+pytestmark = pytest.mark.integration
+
+NOW = 10_000_000
+HOUR = 3_600_000
+
+
+def changes(spark: SparkSession, rows: list[tuple[int, str | None, bool]]) -> Any:
+    """The batch's last change per key: (id, position or None for a tombstone, deletes)."""
+    data = [(i, None if p is None else [p], d) for i, p, d in rows]
+    return spark.createDataFrame(data, f"id long, {SEQUENCE_COLUMN} array<string>, {DELETE_COLUMN} boolean")
+
+
+def remembered(rows: list[tuple[int, str, int]]) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array([i for i, _, _ in rows], pa.int64()),
+            SEQUENCE_COLUMN: pa.array([[p] for _, p, _ in rows], pa.list_(pa.string())),
+            deleted_keys.DELETED_AT: pa.array([t for _, _, t in rows], pa.int64()),
+        }
+    )
+
+
+def test_remembered_deletes_keep_older_changes_out_for_their_window(spark: SparkSession) -> None:
+    last = changes(
+        spark,
+        [
+            (1, "5", False),  # older than its remembered delete (7): out
+            (2, "9", False),  # newer than its remembered delete: applied, the key forgotten
+            (3, None, True),  # a tombstone, against a remembered delete: out
+            (4, "5", False),  # its delete is past the window: forgotten, the change applies
+            (5, "8", True),  # a new delete: remembered from now
+            (6, None, True),  # a tombstone of a key not remembered: passes (the MERGE ignores it)
+        ],
+    )
+    known = remembered([(1, "7", NOW - 1), (2, "7", NOW - 1), (3, "7", NOW - 1), (4, "7", NOW - HOUR - 1)])
+    kept_changes, kept = deleted_keys.apply(spark, last, known, ["id"], now_ms=NOW, keep_ms=HOUR)
+    assert sorted(r.id for r in kept_changes.collect()) == [2, 4, 5, 6]
+    assert sorted((r.id, r[SEQUENCE_COLUMN], r[deleted_keys.DELETED_AT]) for r in kept.collect()) == [
+        (1, ["7"], NOW - 1),
+        (3, ["7"], NOW - 1),
+        (5, ["8"], NOW),
+    ]
+
+
+def test_without_remembered_keys_every_change_passes_and_deletes_are_remembered(spark: SparkSession) -> None:
+    last = changes(spark, [(1, "5", False), (2, "6", True), (3, None, True)])
+    kept_changes, kept = deleted_keys.apply(spark, last, None, ["id"], now_ms=NOW, keep_ms=HOUR)
+    assert kept_changes is last
+    assert [(r.id, r[SEQUENCE_COLUMN]) for r in kept.collect()] == [(2, ["6"])]
