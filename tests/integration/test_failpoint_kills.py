@@ -53,7 +53,7 @@ class Chain:
     """`icefall run` processes on one table, each killed at a failpoint or run to the end of the topic."""
 
     def __init__(
-        self, kafka: KafkaBroker, tmp_path: Path, name: str, partitions: int = 2, *, keyed: bool = False
+        self, kafka: KafkaBroker, tmp_path: Path, name: str, partitions: int = 2, *, keyed: str | None = None
     ) -> None:
         self.kafka, self.name = kafka, name
         self.topic, self.dlq_topic = f"it-kills-{name}", f"it-kills-{name}-dlq"
@@ -63,8 +63,10 @@ class Chain:
         text = manifest_text(
             name, self.topic, kafka.bootstrap, batch={"maxRecords": 40, "minIntervalSeconds": 0}
         )
-        if keyed:
+        if keyed == "upsert":
             text += "  mode: upsert\n  key: [id]\n"
+        elif keyed == "cdc":
+            text += "  mode: cdc\n  key: [id]\n  sequenceBy: [source.lsn]\n"
         self.manifest.write_text(text + f"  deadLetter: {{topic: {self.dlq_topic}}}\n")
         self.state = tmp_path / "state"
         self.killed_at: list[str] = []
@@ -139,11 +141,54 @@ def produce_changes(kafka: KafkaBroker, topic: str, start: int, count: int) -> s
     return {(p, o) for p, o, bad in delivered if bad}
 
 
+def produce_cdc_changes(kafka: KafkaBroker, topic: str, start: int, count: int) -> set[tuple[int, int]]:
+    """`count` Debezium events of 20 keys, spread over both partitions, positioned by `source.lsn`: every
+    5th a delete, every 7th sent late (an older position than events already sent), every 17th without
+    its position (a dead letter); returns the (partition, offset) of those."""
+    from confluent_kafka import Producer
+
+    delivered: list[tuple[int, int, bool]] = []
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for i in range(start, start + count):
+        key, lsn, bad = i % 20, 1000 + i - (30 if i % 7 == 0 else 0), i % 17 == 0
+        image = {"id": key, "customer": f"c{i}", "amount": round(i * 1.25, 2), "ts": "2026-11-22T10:00:00Z"}
+        op, before, after = ("d", image, None) if i % 5 == 0 else ("u", None, image)
+        event = {"op": op, "before": before, "after": after, "source": {} if bad else {"lsn": lsn}}
+
+        def on_delivery(err: object, msg: object, bad: bool = bad) -> None:
+            assert err is None, err
+            delivered.append((msg.partition(), msg.offset(), bad))  # type: ignore[attr-defined]
+
+        producer.produce(
+            topic,
+            key=json.dumps({"id": key}),
+            value=json.dumps(event),
+            partition=i % 2,
+            on_delivery=on_delivery,
+        )
+    assert producer.flush(30) == 0
+    return {(p, o) for p, o, bad in delivered if bad}
+
+
+@CHAIN_TIMEOUT
+def test_kills_around_the_commits_of_a_cdc_table_ordered_by_position(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """A cdc table with sequenceBy (its rows' positions and the deleted keys it remembers, a file the
+    commit names) killed around its batches: the table ends as the topic's highest position per key."""
+    chain = Chain(kafka, tmp_path, "kills_cdc", keyed="cdc")
+    bad = produce_cdc_changes(kafka, chain.topic, 0, 150)
+    for spec in ("main.after-stage=exit", "main.before-commit=exit", "main.after-commit=exit@2"):
+        chain.kill_at(spec)
+    bad |= produce_cdc_changes(kafka, chain.topic, 150, 60)
+    chain.finish_keyed(bad)
+
+
 @CHAIN_TIMEOUT
 def test_kills_around_the_commits_of_a_keyed_table(kafka: KafkaBroker, tmp_path: Path) -> None:
     """An upsert table killed around its MERGE batches: staged and not committed, before and after the
     compare-and-swap, around its dead letters; the last change per key is in the table exactly once."""
-    chain = Chain(kafka, tmp_path, "kills_keyed", keyed=True)
+    chain = Chain(kafka, tmp_path, "kills_keyed", keyed="upsert")
     bad = produce_changes(kafka, chain.topic, 0, 150)
     for spec in (
         "main.after-stage=exit",  # the MERGE is on the staging branch, main untouched
