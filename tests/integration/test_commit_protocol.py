@@ -643,6 +643,33 @@ def test_a_maintenance_commit_before_the_commit_is_restaged_over(catalog: Catalo
     assert keys_on_main(table) == sorted([*expected_keys({0: 7}), (1, 2), (1, 3)])
 
 
+def test_the_deleted_keys_a_batch_remembers_land_with_its_offsets(catalog: Catalog, table: Table) -> None:
+    """cdc with sequenceBy: the deleted keys file, written through the table's FileIO (local or S3), is
+    named by the commit that lands the batch, kept by a batch that names none, through a re-stage too."""
+    from dataclasses import replace
+
+    from icefall.compact.view import read_table_view
+    from icefall.ingest import deleted_keys
+
+    keys = pa.table({"id": pa.array([7, 9], pa.int64()), "_sequence": pa.array([["5"], ["6"]])})
+    path = deleted_keys.store(table, keys)
+    stage, batch = stage_batch(table, "w", 1, {0: 2})
+    commit_staged(table, stage, replace(batch, deleted_keys=path), epoch=1)
+    assert read_committed(table).deleted_keys == path
+    assert deleted_keys.load(table, path) == keys
+    assert path in read_table_view(table).referenced_paths  # orphan removal keeps it
+
+    ingest(table, "w", 2, {0: 1}, epoch=1)  # names no new file: the set stays
+    assert read_committed(table).deleted_keys == path
+    newer = deleted_keys.store(table, keys.slice(0, 1))
+    stage, batch = stage_batch(table, "w", 3, {0: 1})
+    with failpoints.armed("main.after-stage", maintenance(catalog, "partition = 0")):
+        outcome = commit_staged_outcome(table, stage, replace(batch, deleted_keys=newer), epoch=1)
+    assert outcome.restaged
+    assert read_committed(table).deleted_keys == newer
+    assert deleted_keys.load(table, newer) == keys.slice(0, 1)
+
+
 def test_a_second_maintenance_commit_in_the_commit_window_is_restaged_over_too(
     catalog: Catalog, table: Table
 ) -> None:
