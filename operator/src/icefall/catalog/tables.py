@@ -3,7 +3,8 @@
 `ensure_tables(catalog, st)` creates what is missing (namespace, table, dead-letter table) and checks what
 exists. The table's columns are `spec.format.schema` (or, with `transforms.select`, the transformed schema
 the caller passes as `schema_override`, e.g. from `spark_struct_to_iceberg(good.schema.json())`), then
-`_kafka` struct<partition int, offset long, timestamp timestamptz>. Partitioning and sort order come from
+`_kafka` struct<partition int, offset long, timestamp timestamptz> (and for cdc with `spec.sequenceBy`,
+`_sequence` list<string>: each row's position in the source). Partitioning and sort order come from
 `spec.table`, properties `TABLE_DEFAULTS`, then `spec.table.properties` (which may override them), then
 `format-version=2`. The defaults make every commit delete metadata files beyond the newest 100: a table
 committing every few seconds would otherwise leave tens of thousands of metadata files a day for orphan
@@ -187,9 +188,10 @@ DEAD_LETTER_SCHEMA = Schema(
 
 
 def expected_schema(st: StreamingTable, schema_override: Schema | None = None) -> Schema:
-    """The table's schema: the spec's (or `schema_override`'s) columns, then `_kafka`, with fresh ids.
+    """The table's schema: the spec's (or `schema_override`'s) columns, then `_kafka` (and `_sequence` for
+    cdc with `spec.sequenceBy`), with fresh ids.
 
-    A `_kafka` column in `schema_override` is replaced by Icefall's.
+    A `_kafka` or `_sequence` column in `schema_override` is replaced by Icefall's.
     """
     if schema_override is None:
         base = to_iceberg_schema(st.spec.format.schema_fields)
