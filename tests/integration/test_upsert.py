@@ -13,6 +13,7 @@ over position deletes keeps the rows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -332,7 +333,7 @@ def test_cdc_remembers_deleted_keys_against_late_older_changes(
     def remembered() -> dict[int, list[str]]:
         table = catalog_config.pyiceberg().load_table(("it", "cdc_deleted"))
         keys = deleted_keys.load(table, table.properties.get(DELETED_KEYS))
-        return {} if keys is None else {r["id"]: r["_sequence"] for r in keys.to_pylist()}
+        return {} if keys is None else {json.loads(r["key"])["id"]: r["_sequence"] for r in keys.to_pylist()}
 
     def lsn(n: int) -> list[str]:
         return [str(n).rjust(38, "0")]

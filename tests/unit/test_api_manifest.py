@@ -599,6 +599,12 @@ def test_cdc_orders_by_the_source_position_given() -> None:
         ("cdc", ["after.updated_at"], "spec.sequenceBy[0]", "is not a position of the change: name a field"),
         ("cdc", ["ts_ms", "ts_ms"], "spec.sequenceBy[1]", "'ts_ms' is already in sequenceBy; remove one"),
         ("cdc", [], "spec.sequenceBy", "at least 1 item"),
+        (
+            "cdc",
+            ["source", "source.lsn"],
+            "spec.sequenceBy[0]",
+            "holds, or is inside, another entry; keep one",
+        ),
         ("cdc", None, "spec.rememberDeletesSeconds", "applies with sequenceBy (mode cdc); remove it"),
     ],
 )

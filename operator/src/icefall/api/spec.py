@@ -530,7 +530,7 @@ class StreamingTableSpec(ApiModel):
         description=(
             "With sequenceBy: how long after its delete is ingested a deleted key is remembered, so that "
             "an older change of it arriving later (a connector restart, a partition read behind) does not "
-            "bring the row back. Every batch with deletes rewrites the set (about 1 MB per 30,000 keys). "
+            "bring the row back. Every batch with deletes rewrites the set (tens of bytes per key). "
             f"Default {DEFAULT_REMEMBER_DELETES_SECONDS} (one hour)."
         ),
     )
@@ -654,6 +654,8 @@ def sequence_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
             )
         elif path in spec.sequence_by[:i]:
             problems.append((("sequenceBy", i), f"{path!r} is already in sequenceBy; remove one"))
+        elif any(other.startswith(f"{path}.") or path.startswith(f"{other}.") for other in spec.sequence_by):
+            problems.append((("sequenceBy", i), f"{path!r} holds, or is inside, another entry; keep one"))
     return problems
 
 

@@ -364,9 +364,9 @@ class _Keyed:
         value = F.col("value")
         if self.mode is TableMode.UPSERT:
             return text_df.select("*", value.isNull().alias(DELETE_COLUMN))
-        # Each field as its JSON text (Spark keeps a number's or an object's text in a string field).
-        fields = ["op", "before", "after", *dict.fromkeys(p.split(".")[0] for p in self.sequence_by)]
-        envelope_type = ", ".join(f"`{f}` string" for f in fields)
+        # Each field as its JSON text (Spark keeps a number's or an object's text in a string field); the
+        # positions' paths as nested structs, so the parse reads them on its way.
+        envelope_type = _struct_ddl({"op": {}, "before": {}, "after": {}, **_path_tree(self.sequence_by)})
         envelope = F.from_json(
             F.col(_TEXT), f"{envelope_type}, payload struct<{envelope_type}>", {"mode": "PERMISSIVE"}
         )
@@ -393,9 +393,10 @@ class _Keyed:
     @staticmethod
     def _envelope_field(path: str) -> Column:
         """The JSON text of `path` (a `spec.sequenceBy` entry) in the envelope; null when it is not there."""
-        head, _, rest = path.partition(".")
-        top = F.col(_ENVELOPE)[head]
-        return F.get_json_object(top, f"$.{rest}") if rest else top
+        column = F.col(_ENVELOPE)
+        for name in path.split("."):
+            column = column[name]
+        return column
 
     @property
     def kafka_key(self) -> Column:
@@ -494,6 +495,26 @@ def sequence_part(text: Column) -> Column:
     return F.when(
         text.rlike(f"^[0-9]{{1,{SEQUENCE_DIGITS}}}$"), F.lpad(text, SEQUENCE_DIGITS, "0")
     ).otherwise(text)
+
+
+_Tree = dict[str, "_Tree"]
+
+
+def _path_tree(paths: Sequence[str]) -> _Tree:
+    """Dotted paths as a tree of names: a leaf is `{}`."""
+    tree: _Tree = {}
+    for path in paths:
+        node = tree
+        for name in path.split("."):
+            node = node.setdefault(name, {})
+    return tree
+
+
+def _struct_ddl(tree: _Tree) -> str:
+    """A tree of names as the fields of a Spark DDL struct: leaves are strings."""
+    return ", ".join(
+        f"`{name}` " + (f"struct<{_struct_ddl(sub)}>" if sub else "string") for name, sub in tree.items()
+    )
 
 
 def _optional(field: SchemaField) -> SchemaField:

@@ -6,12 +6,14 @@ later batch (sent again after a connector restart, or from a partition read behi
 again. So each batch remembers the keys whose last change was a delete, with the delete's position, for
 `spec.rememberDeletesSeconds` after it was ingested, and drops every change older than a remembered delete.
 
-The keys live in one small Parquet file (key columns, `_sequence`, `deleted_at_ms`) in the table's
-metadata folder, written through the table's FileIO before the commit; the commit names it in the
-`icefall.deleted-keys` property in the same compare-and-swap as the offsets, so it is exactly the set the
-committed offsets left, and a batch that fails leaves only an unreferenced file (removed as an orphan;
-maintenance keeps the named one, `icefall.compact.view`). Each batch with deletes, or with remembered keys,
-writes the whole set again: its size is the deletes of the window (about 1 MB per 30,000 keys).
+The keys live in one small Parquet file (`KEY`: the key as Spark's `to_json` of the key columns,
+`_sequence`, `deleted_at_ms`) in the table's metadata folder, written through the table's FileIO before the
+commit; the commit names it in the `icefall.deleted-keys` property in the same compare-and-swap as the
+offsets, so it is exactly the set the committed offsets left, and a batch that fails leaves only an
+unreferenced file (removed as an orphan; maintenance keeps the named one, `icefall.compact.view`). What
+the batch changes is gathered by an observation on the MERGE's own input (`Remembering`): no second pass
+over the batch. Each batch with deletes, or with remembered keys, writes the whole set again: its size is
+the deletes of the window (tens of bytes per key).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from icefall.ingest.decode import DELETE_COLUMN, SEQUENCE_COLUMN
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.table import Table
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
+KEY = "key"  # the key columns as JSON text (Spark's to_json of their struct): one type for any key
 DELETED_AT = "deleted_at_ms"
-_REMEMBERED_SEQUENCE = "__icefall_deleted_sequence"
+_KEY = "__icefall_deleted_key"
+_REMEMBERED = "__icefall_deleted_sequence"
 
 
 def load(table: Table, path: str | None) -> pa.Table | None:
@@ -51,41 +55,66 @@ def store(table: Table, keys: pa.Table) -> str:
     return path
 
 
-def apply(
-    spark: SparkSession,
-    last: DataFrame,
-    remembered: pa.Table | None,
-    key: Sequence[str],
-    *,
-    now_ms: int,
-    keep_ms: int,
-) -> tuple[DataFrame, DataFrame]:
-    """`(changes, kept)`: the batch's last changes per key (`last`, with `SEQUENCE_COLUMN`) without those
-    older than a remembered delete of their key, and the deleted keys to remember after this batch.
+class Remembering:
+    """One batch: `filter` its last changes per key against the remembered deletes (the MERGE's input),
+    then, once the MERGE ran, `kept` tells the deleted keys to remember after it."""
 
-    Kept: the remembered keys not yet `keep_ms` old that the batch did not change, and the keys whose last
-    change now is a delete (with its position, remembered from `now_ms`). A key the batch changes with a
-    newer write is forgotten: its row's `_sequence` guards it from then on.
-    """
-    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+    def __init__(self, remembered: pa.Table | None, *, now_ms: int, keep_ms: int) -> None:
+        import pyarrow.compute as pc
 
-    sequence = F.col(SEQUENCE_COLUMN)
+        self.now_ms = now_ms
+        self.known = None
+        if remembered is not None:
+            self.known = remembered.filter(pc.greater_equal(remembered[DELETED_AT], now_ms - keep_ms))
+        self._observation: Observation | None = None
 
-    def deletes(changes: DataFrame) -> DataFrame:
-        return changes.where(F.col(DELETE_COLUMN) & sequence.isNotNull()).select(
-            *key, sequence, F.lit(now_ms).cast("long").alias(DELETED_AT)
+    def filter(self, spark: SparkSession, last: DataFrame, key: Sequence[str]) -> DataFrame:
+        """`last` (the batch's last change per key, with `SEQUENCE_COLUMN`) without the changes older than a
+        remembered delete of their key (a change without a position, a tombstone, is never newer). The
+        result carries an observation: run the MERGE on it (once), then call `kept`."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        sequence, delete = F.col(SEQUENCE_COLUMN), F.col(DELETE_COLUMN)
+        changes = last.select("*", F.to_json(F.struct(*key)).alias(_KEY))
+        remembered = F.lit(None).cast("array<string>")
+        if self.known is not None and self.known.num_rows:
+            known = spark.createDataFrame(self.known.select([KEY, SEQUENCE_COLUMN]))
+            changes = changes.join(
+                known.select(F.col(KEY).alias(_KEY), F.col(SEQUENCE_COLUMN).alias(_REMEMBERED)), _KEY, "left"
+            )
+            remembered = F.col(_REMEMBERED)
+            older = remembered.isNotNull() & F.coalesce(sequence < remembered, F.lit(True))
+            changes = changes.where(~older)
+        self._observation = Observation()
+        observed = changes.observe(
+            self._observation,
+            F.collect_list(F.when(remembered.isNotNull(), F.col(_KEY))).alias("changed"),
+            F.collect_list(
+                F.when(delete & sequence.isNotNull(), F.struct(F.col(_KEY).alias(KEY), sequence))
+            ).alias("deleted"),
         )
+        return observed.drop(_KEY, _REMEMBERED)
 
-    if remembered is None or remembered.num_rows == 0:
-        return last, deletes(last)
-    known = spark.createDataFrame(remembered).where(F.col(DELETED_AT) >= now_ms - keep_ms)
-    deleted_at = F.col(_REMEMBERED_SEQUENCE)
-    # A change without a position (a tombstone) is never newer than a remembered delete.
-    older = deleted_at.isNotNull() & F.coalesce(sequence < deleted_at, F.lit(True))
-    changes = (
-        last.join(known.select(*key, sequence.alias(_REMEMBERED_SEQUENCE)), list(key), "left")
-        .where(~older)
-        .drop(_REMEMBERED_SEQUENCE)
-    )
-    kept = known.join(changes.select(*key), list(key), "left_anti").unionByName(deletes(changes))
-    return changes, kept
+    def kept(self) -> pa.Table:
+        """The deleted keys to remember after the batch: the remembered ones, still inside the window, that
+        the batch did not change, and the keys whose last change now is a delete (remembered from now). A
+        key the batch wrote again is forgotten: its row's `_sequence` guards it from then on."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        assert self._observation is not None, "filter first, then run the MERGE"
+        seen = self._observation.get
+        deleted = [(row[KEY], list(row[SEQUENCE_COLUMN])) for row in seen["deleted"]]
+        fresh = pa.table(
+            {
+                KEY: pa.array([k for k, _ in deleted], pa.string()),
+                SEQUENCE_COLUMN: pa.array([s for _, s in deleted], pa.list_(pa.string())),
+                DELETED_AT: pa.array([self.now_ms] * len(deleted), pa.int64()),
+            }
+        )
+        if self.known is None:
+            return fresh
+        changed = pa.array(seen["changed"], pa.string())
+        unchanged = self.known.filter(pc.invert(pc.is_in(self.known[KEY], value_set=changed)))
+        return pa.concat_tables([unchanged.select(fresh.column_names).cast(fresh.schema), fresh])

@@ -625,21 +625,14 @@ class Ingestor:
             return None
         remembered = deleted_keys.load(self.table, planned.committed.deleted_keys)
         keep = self.spec.remember_deletes_seconds
-        changes, kept = deleted_keys.apply(
-            self.spark,
-            last_changes(rows, key),
+        remembering = deleted_keys.Remembering(
             remembered,
-            key,
             now_ms=int(time.time() * 1000),
             keep_ms=1000 * (DEFAULT_REMEMBER_DELETES_SECONDS if keep is None else keep),
         )
-        changes.persist()  # read by the set to remember and by the MERGE: decoded once
-        try:
-            keys = kept.toArrow()
-            path = deleted_keys.store(self.table, keys) if keys.num_rows or remembered is not None else None
-            _merge(changes, target, key, view=view)
-        finally:
-            changes.unpersist()
+        _merge(remembering.filter(self.spark, last_changes(rows, key), key), target, key, view=view)
+        keys = remembering.kept()
+        path = deleted_keys.store(self.table, keys) if keys.num_rows or remembered is not None else None
         return path
 
     def _check_topic_unchanged(self, planned_topic_id: str | None) -> None:
