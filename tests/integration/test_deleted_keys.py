@@ -73,3 +73,10 @@ def test_without_remembered_keys_every_change_passes_and_deletes_are_remembered(
     remembering = deleted_keys.Remembering(None, now_ms=NOW, keep_ms=HOUR)
     assert sorted(r.id for r in remembering.filter(spark, last, ["id"]).collect()) == [1, 2, 3]
     assert kept(remembering) == [('{"id":2}', ["6"], NOW)]
+
+
+def test_a_batch_that_changes_no_remembered_key_leaves_the_set_as_it_is(spark: SparkSession) -> None:
+    last = changes(spark, [(1, "5", False), (9, "9", False)])  # 1 older than its delete: out; 9 unknown
+    remembering = deleted_keys.Remembering(remembered([(1, "7", NOW - 1)]), now_ms=NOW, keep_ms=HOUR)
+    assert sorted(r.id for r in remembering.filter(spark, last, ["id"]).collect()) == [9]
+    assert remembering.kept() is None  # nothing to write: the commit keeps the file named now

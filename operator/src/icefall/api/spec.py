@@ -579,6 +579,12 @@ class StreamingTableSpec(ApiModel):
         problems.raise_if_any()
         return self
 
+    @property
+    def deletes_remembered_seconds(self) -> int:
+        """`rememberDeletesSeconds`, or its default."""
+        given = self.remember_deletes_seconds
+        return DEFAULT_REMEMBER_DELETES_SECONDS if given is None else given
+
 
 TIME_TRANSFORM_NAMES = ("hour", "day", "month", "year")
 

@@ -57,12 +57,13 @@ def store(table: Table, keys: pa.Table) -> str:
 
 class Remembering:
     """One batch: `filter` its last changes per key against the remembered deletes (the MERGE's input),
-    then, once the MERGE ran, `kept` tells the deleted keys to remember after it."""
+    then, once the MERGE ran, `kept` tells the deleted keys to remember after it (None: as they were)."""
 
     def __init__(self, remembered: pa.Table | None, *, now_ms: int, keep_ms: int) -> None:
         import pyarrow.compute as pc
 
         self.now_ms = now_ms
+        self.remembered = remembered
         self.known = None
         if remembered is not None:
             self.known = remembered.filter(pc.greater_equal(remembered[DELETED_AT], now_ms - keep_ms))
@@ -96,10 +97,11 @@ class Remembering:
         )
         return observed.drop(_KEY, _REMEMBERED)
 
-    def kept(self) -> pa.Table:
+    def kept(self) -> pa.Table | None:
         """The deleted keys to remember after the batch: the remembered ones, still inside the window, that
         the batch did not change, and the keys whose last change now is a delete (remembered from now). A
-        key the batch wrote again is forgotten: its row's `_sequence` guards it from then on."""
+        key the batch wrote again is forgotten: its row's `_sequence` guards it from then on. None when
+        that is the set remembered before (nothing to write)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -113,8 +115,10 @@ class Remembering:
                 DELETED_AT: pa.array([self.now_ms] * len(deleted), pa.int64()),
             }
         )
-        if self.known is None:
-            return fresh
+        if self.known is None or self.remembered is None:
+            return fresh if fresh.num_rows else None
         changed = pa.array(seen["changed"], pa.string())
         unchanged = self.known.filter(pc.invert(pc.is_in(self.known[KEY], value_set=changed)))
+        if not fresh.num_rows and unchanged.num_rows == self.remembered.num_rows:
+            return None
         return pa.concat_tables([unchanged.select(fresh.column_names).cast(fresh.schema), fresh])

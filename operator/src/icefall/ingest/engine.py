@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 from icefall import metrics
 from icefall.api import StreamingTable, StreamingTableSpec
-from icefall.api.spec import DEFAULT_REMEMBER_DELETES_SECONDS
 from icefall.catalog import CatalogConfig
 from icefall.commit import (
     Batch,
@@ -72,6 +71,7 @@ from icefall.plan.leases import YIELD_MAX_WAIT_SECONDS, yield_pending
 from icefall.plan.offsets import OffsetRange, plan_offsets, source_change, spark_offset_options
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
@@ -378,6 +378,9 @@ class Ingestor:
         self._dead_letters_dirty = True
         self._keeper: LeaseKeeper | None = None
         self._sweep_pending = False
+        # cdc with sequenceBy: the deleted keys file this writer wrote last and its content, so that the
+        # next batch does not read back what it has (`_merge_changes`).
+        self._deleted_keys: tuple[str, pa.Table] | None = None
         self.outages = Outages(
             self.label,
             service_addresses(self.spec.source.bootstrap_servers, self.spec.source.topic, catalog),
@@ -623,16 +626,20 @@ class Ingestor:
         if not self.spec.sequence_by:
             _merge(last_changes(rows, key), target, key, view=view)
             return None
-        remembered = deleted_keys.load(self.table, planned.committed.deleted_keys)
-        keep = self.spec.remember_deletes_seconds
+        committed = planned.committed.deleted_keys
+        if self._deleted_keys is not None and self._deleted_keys[0] == committed:
+            remembered: pa.Table | None = self._deleted_keys[1]
+        else:
+            remembered = deleted_keys.load(self.table, committed)
         remembering = deleted_keys.Remembering(
-            remembered,
-            now_ms=int(time.time() * 1000),
-            keep_ms=1000 * (DEFAULT_REMEMBER_DELETES_SECONDS if keep is None else keep),
+            remembered, now_ms=int(time.time() * 1000), keep_ms=1000 * self.spec.deletes_remembered_seconds
         )
         _merge(remembering.filter(self.spark, last_changes(rows, key), key), target, key, view=view)
         keys = remembering.kept()
-        path = deleted_keys.store(self.table, keys) if keys.num_rows or remembered is not None else None
+        if keys is None:
+            return None  # the commit keeps the set named now
+        path = deleted_keys.store(self.table, keys)
+        self._deleted_keys = (path, keys)
         return path
 
     def _check_topic_unchanged(self, planned_topic_id: str | None) -> None:
