@@ -24,6 +24,9 @@ one each catalog enforces (a row lock, the REST server's `assert-ref-snapshot-id
   commit wins the commit window, and for an empty batch too; but anything that is not maintenance in
   between (an ingestion commit, a foreign append, a hand-edited `icefall.offsets`) still refuses it, and so
   does maintenance the batch cannot be re-staged over (a schema change): MaintenanceConflictError;
+- pipelining: a batch appended to the branch on top of one whose commit has not run yet (`next_stage`)
+  lands after it, whether it was appended before that commit or inside its commit window; it is refused
+  if the batch below it never lands, or lands re-staged over maintenance as another snapshot;
 - and, as a canary for why all this exists: a plain pyiceberg append silently rebases onto a moved head.
 """
 
@@ -62,9 +65,11 @@ from icefall.commit import (
     abandon_stage,
     commit_staged,
     commit_staged_outcome,
+    next_stage,
     prepare_stage,
     read_committed,
     stage_branch_name,
+    staged_on,
     state_from_properties,
     sweep_stages,
 )
@@ -151,14 +156,14 @@ def records(batch: Batch) -> pa.Table:
     )
 
 
-def stage_batch(table: Table, writer: str, attempt: int, sizes: Mapping[int, int]) -> tuple[Stage, Batch]:
+def stage_batch(table: Table, writer: str, attempt: int | str, sizes: Mapping[int, int]) -> tuple[Stage, Batch]:
     stage = prepare_stage(table, stage_branch_name(writer, attempt))
     batch = plan(stage.base, sizes)
     table.append(records(batch), branch=stage.branch)
     return stage, batch
 
 
-def ingest(table: Table, writer: str, attempt: int, sizes: Mapping[int, int], epoch: int) -> int:
+def ingest(table: Table, writer: str, attempt: int | str, sizes: Mapping[int, int], epoch: int) -> int:
     stage, batch = stage_batch(table, writer, attempt, sizes)
     return commit_staged(table, stage, batch, epoch)
 
@@ -756,6 +761,91 @@ def test_maintenance_the_batch_cannot_be_restaged_over_is_a_maintenance_conflict
     assert read_committed(table).offsets == {0: 3}
     assert keys_on_main(table) == [(0, 1), (0, 2)]
     assert stage_branches(table) == [stage.branch]  # refused: nothing changed
+
+
+def stacked_batches(table: Table) -> tuple[Stage, Batch, Stage, Batch]:
+    """Batch A staged on the writer's branch, then batch B appended on top of it before A is committed,
+    as a pipelining writer does: (A's stage with its snapshot recorded, A, B's stage, B)."""
+    ingest(table, "w", "stage", {0: 2, 1: 1}, epoch=1)
+    stage = prepare_stage(table, stage_branch_name("w", "stage"))
+    a = plan(stage.base, {0: 3, 1: 1})
+    table.append(records(a), branch=stage.branch)
+    stage = staged_on(table, stage)
+    after = next_stage(stage, a, epoch=1)
+    b = plan(after.base, {0: 1, 1: 2})
+    assert b.start == a.end
+    table.append(records(b), branch=stage.branch)
+    return stage, a, after, b
+
+
+def test_a_batch_stacked_on_one_being_committed_lands_after_it(table: Table) -> None:
+    stage, a, after, b = stacked_batches(table)
+    with pytest.raises(StaleHeadError):
+        commit_staged(table, after, b, epoch=1)  # A is not on main yet: B cannot go first
+    assert commit_staged(table, stage, a, epoch=1) == stage.staged
+    assert_exactly_once(table, a.end)
+    # The branch still holds B on top of A, and the state A's commit gave the table is B's planned base.
+    assert table.metadata.refs[stage.branch].snapshot_id != stage.staged
+    assert read_committed(table) == after.base
+    commit_staged(table, after, b, epoch=1)
+    assert_exactly_once(table, b.end)
+
+
+def test_a_batch_stacked_inside_the_commit_window_does_not_refuse_the_commit(
+    catalog: Catalog, table: Table
+) -> None:
+    """The next batch's append lands between the check and the swap of the batch below it: the catalog
+    refuses the swap (the branch moved), the check finds the branch still holding the staged snapshot
+    under the new one, and the swap is made again."""
+    ingest(table, "w", "stage", {0: 2}, epoch=1)
+    stage = prepare_stage(table, stage_branch_name("w", "stage"))
+    a = plan(stage.base, {0: 2})
+    table.append(records(a), branch=stage.branch)
+    stage = staged_on(table, stage)
+    after = next_stage(stage, a, epoch=1)
+    b = plan(after.base, {0: 3})
+
+    def stack(name: str) -> None:
+        failpoints.disarm(name)
+        catalog.load_table(IDENTIFIER).append(records(b), branch=stage.branch)
+
+    with failpoints.armed("main.before-commit", stack):
+        assert commit_staged(table, stage, a, epoch=1) == stage.staged
+    assert failpoints.hits("main.before-commit") >= 2  # the first swap was refused
+    assert_exactly_once(table, a.end)
+    commit_staged(table, after, b, epoch=1)
+    assert_exactly_once(table, b.end)
+
+
+def test_a_batch_stacked_on_one_that_never_lands_is_refused(table: Table) -> None:
+    stage, a, after, b = stacked_batches(table)
+    ingest(table, "x", 1, {0: 3, 1: 1}, epoch=1)  # another writer commits A's offsets first
+    for staged, batch in ((stage, a), (after, b)):
+        with pytest.raises(StaleHeadError):
+            commit_staged(table, staged, batch, epoch=1)
+    assert_exactly_once(table, a.end)
+    assert abandon_stage(table, stage.branch)
+    assert stage_branches(table) == []
+
+
+def test_a_batch_stacked_on_one_restaged_over_maintenance_is_refused(catalog: Catalog, table: Table) -> None:
+    """A lands re-staged as a new snapshot; B sits on A's staged snapshot, which main never holds: B's
+    commit is refused (the writer plans it again), and dropping the branch drops both staged snapshots."""
+    stage, a, after, b = stacked_batches(table)
+    with failpoints.armed("main.after-stage", maintenance(catalog, "partition = 1")):
+        outcome = commit_staged_outcome(table, stage, a, epoch=1)
+    assert outcome.restaged
+    meta = table.refresh().metadata
+    assert meta.refs[stage.branch].snapshot_id != outcome.snapshot_id  # B is left where it was, on A
+    with pytest.raises(StaleHeadError):
+        commit_staged(table, after, b, epoch=1)
+    assert read_committed(table).offsets == a.end
+    # The delete took partition 1's rows before A, and A landed whole on top of it.
+    assert keys_on_main(table) == sorted([*expected_keys({0: 5}), (1, 1)])
+    assert abandon_stage(table, stage.branch)
+    meta = table.refresh().metadata
+    assert meta.snapshot_by_id(stage.staged) is None
+    assert stage_branches(table) == []
 
 
 def test_canary_a_plain_pyiceberg_append_rebases_onto_a_moved_head(catalog: Catalog, table: Table) -> None:

@@ -64,6 +64,13 @@ STAGES_DROPPED = Counter(
     ["table"],
     registry=REGISTRY,
 )
+INGEST_BATCHES_DISCARDED = Counter(
+    "icefall_ingest_batches_discarded_total",
+    "Batches written while the batch before them was being committed (pipelining) and dropped because "
+    "that commit re-staged the batch before over maintenance: planned and read again.",
+    ["table"],
+    registry=REGISTRY,
+)
 INGEST_COMMITS_RESTAGED = Counter(
     "icefall_ingest_commits_restaged_total",
     "Ingestion commits that found main moved by maintenance only (compaction, retention, manifest "

@@ -336,6 +336,13 @@ class BatchSpec(ApiModel):
         le=3600,
         description="Least seconds between the starts of two batches; bounds the commit rate.",
     )
+    pipelined: bool = Field(
+        default=True,
+        description=(
+            "While behind, read and write the next batch while the previous one's commit runs. "
+            "false: every batch is committed before the next one starts."
+        ),
+    )
 
 
 DEFAULT_ORPHAN_MIN_AGE_SECONDS = 3 * 86400

@@ -8,6 +8,10 @@ Typical use by an ingestion loop holding the table's commit lease:
     batch = Batch(topic, start=..., end=...)              # start from stage.base.offsets
     ... write the batch's rows to branch `stage.branch` (one append) ...
     commit_staged(table, stage, batch, epoch)             # or a CommitError: nothing committed
+
+Pipelined, the next batch is written while a commit runs: `stage = staged_on(table, stage)`, then
+`after = next_stage(stage, batch, epoch)`; commit `stage` on another thread while the next batch is
+appended to the same branch, and commit that one with `after` once the first has landed.
 """
 
 from icefall.commit.errors import (
@@ -29,11 +33,14 @@ from icefall.commit.protocol import (
     claim_epoch,
     commit_staged,
     commit_staged_outcome,
+    next_stage,
     prepare_stage,
     reset_offsets,
     retention_loss,
     rewind_dead_letters,
     stage_branch_name,
+    staged_on,
+    state_after,
     sweep_stages,
 )
 from icefall.commit.state import CommittedState, read_committed, state_from_properties
@@ -56,12 +63,15 @@ __all__ = [
     "claim_epoch",
     "commit_staged",
     "commit_staged_outcome",
+    "next_stage",
     "prepare_stage",
     "read_committed",
     "reset_offsets",
     "retention_loss",
     "rewind_dead_letters",
     "stage_branch_name",
+    "staged_on",
+    "state_after",
     "state_from_properties",
     "sweep_stages",
 ]

@@ -19,6 +19,11 @@
    Compaction, retention and manifest rewrites therefore never make an ingestion commit fail (DESIGN.md,
    "Maintenance in between").
 
+5. Pipelining: `staged_on` records the appended snapshot S in the stage, and `next_stage` gives the stage
+   of the writer's next batch on top of S, with the state S's commit will give the table. The next batch
+   is appended to the branch (S', parent S) while S's commit runs; that commit lands S itself, guarded
+   by the branch's head (S or S'), and S' lands in its own commit afterwards, only while `main` is S.
+
 A batch that skips records Kafka's retention deleted names the gap (`Batch.retention_gaps`); its commit adds
 the gap's width to `icefall.lost-records` in the same metadata commit. `rewind_dead_letters` is the one
 other commit that sets `icefall.*`: it takes a dead-letter table left ahead of its main table (a batch whose
@@ -129,12 +134,18 @@ class Batch:
 
 @dataclass(frozen=True)
 class Stage:
-    """A staging branch and the committed state it was created from (`base.snapshot_id` is never None)."""
+    """A staging branch and the committed state it was created from (`base.snapshot_id` is never None).
+
+    `staged` is the snapshot the writer appended, once `staged_on` has recorded it: the commit then lands
+    that snapshot even if the writer has stacked its next batch on the branch meanwhile (`next_stage`).
+    None: the branch's head is the batch.
+    """
 
     branch: str
     base: CommittedState
     table_uuid: uuid.UUID = field(repr=False)
     role: TableRole = "main"  # which table it is, for the failpoints `<role>.after-stage` and on
+    staged: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,12 @@ class _Plan:
     staged: int
     properties: dict[str, str]
     restage_over: tuple[int, ...] = ()  # maintenance snapshots after the stage's base; () = fast-forward
+    branch_head: int | None = None  # the branch's head: `staged`, or the writer's next batch on top of it
+
+    @property
+    def stacked(self) -> bool:
+        """The writer's next batch is already on the branch, on top of the staged snapshot."""
+        return self.branch_head is not None and self.branch_head != self.staged
 
 
 def stage_branch_name(writer_id: str, attempt: int | str) -> str:
@@ -257,17 +274,19 @@ def commit_staged_outcome(
             new_head, updates = plan.staged, (_point_branch(meta, MAIN, plan.staged),)
         if not keep_branch:
             updates += (RemoveSnapshotRefUpdate(ref_name=stage.branch),)
-        elif plan.restage_over:
+        elif plan.restage_over and not plan.stacked:
             updates += (_point_branch(meta, stage.branch, new_head),)
-        # else the branch is already at the new head: the writer's next batch is staged without a commit
+        # else the branch is already at the new head, where the writer's next batch is staged without a
+        # commit; or that next batch is on it already (and was planned on the staged snapshot: after a
+        # re-stage it cannot land, and the writer drops it)
         updates += (SetPropertiesUpdate(updates=plan.properties),)
-        if plan.restage_over:
+        if plan.restage_over and not plan.stacked:
             # Only the branch reached the staged snapshot; its data files now belong to new_head.
             updates += (RemoveSnapshotsUpdate(snapshot_ids=[plan.staged]),)
         requirements: tuple[TableRequirement, ...] = (
             AssertTableUUID(uuid=stage.table_uuid),
             AssertRefSnapshotId(ref=MAIN, snapshot_id=plan.head),
-            AssertRefSnapshotId(ref=stage.branch, snapshot_id=plan.staged),
+            AssertRefSnapshotId(ref=stage.branch, snapshot_id=plan.branch_head),
         )
         failpoint(f"{stage.role}.before-commit")
         try:
@@ -301,6 +320,40 @@ def commit_staged_outcome(
         )  # fmt: skip
     failpoint(f"{stage.role}.after-commit")
     return CommitOutcome(snapshot_id=new_head, restaged_over=plan.restage_over)
+
+
+def staged_on(table: Table, stage: Stage) -> Stage:
+    """`stage` with the snapshot its writer has just appended recorded as `Stage.staged` (refreshes `table`).
+
+    Pipelining: the commit of a stage recorded so lands that snapshot, while the writer already appends
+    its next batch on top of it (`next_stage`). Raises StageError if the branch holds no one snapshot on
+    top of the stage's base.
+    """
+    table.refresh()
+    meta = table.metadata
+    ref = meta.refs.get(stage.branch)
+    snapshot = meta.snapshot_by_id(ref.snapshot_id) if ref is not None else None
+    if snapshot is None or snapshot.parent_snapshot_id != stage.base.snapshot_id:
+        raise StageError(f"{stage.branch} holds no snapshot on top of {stage.base.snapshot_id}")
+    return replace(stage, staged=snapshot.snapshot_id)
+
+
+def next_stage(stage: Stage, batch: Batch, epoch: int) -> Stage:
+    """The stage for the batch after `batch`, on top of `stage.staged`, before `batch` has landed.
+
+    Its base is the state `commit_staged` gives the table by fast-forwarding to the staged snapshot, so
+    the next batch can be planned, read and appended to the branch while that commit runs (no catalog
+    call here). It lands only on top of exactly that state: if `batch`'s commit fails, or re-stages it as
+    another snapshot, the next batch's commit finds `main` elsewhere and is refused (StaleHeadError).
+    """
+    if stage.staged is None:
+        raise ValueError("record the staged snapshot first (staged_on)")
+    return Stage(
+        branch=stage.branch,
+        base=state_after(stage.base, batch, epoch, snapshot_id=stage.staged),
+        table_uuid=stage.table_uuid,
+        role=stage.role,
+    )
 
 
 def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
@@ -524,18 +577,32 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
     ref = meta.refs.get(stage.branch)
     if ref is None or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
         raise StageError(f"staging branch {stage.branch} does not exist (abandoned, or already committed)")
-    if ref.snapshot_id == base:
+    staged = ref.snapshot_id if stage.staged is None else stage.staged
+    if staged == base:
         raise StageError(f"nothing staged on {stage.branch}: write the batch first (an empty batch too)")
-    snapshot = meta.snapshot_by_id(ref.snapshot_id)
+    snapshot = meta.snapshot_by_id(staged)
     if snapshot is None or snapshot.parent_snapshot_id != base:
         parent = snapshot.parent_snapshot_id if snapshot else None
         raise StageError(
             f"{stage.branch} must hold exactly one snapshot on top of {base}; its head's parent is {parent}"
         )
+    if staged != ref.snapshot_id and staged not in _ancestor_ids(meta, ref.snapshot_id):
+        raise StageError(f"{stage.branch} no longer holds the staged snapshot {staged}")
+    new = state_after(committed, batch, epoch, snapshot_id=staged)
+    return _Plan(
+        head=head,
+        staged=staged,
+        properties=new.to_properties(),
+        restage_over=restage_over,
+        branch_head=ref.snapshot_id,
+    )
 
-    new = replace(
+
+def state_after(committed: CommittedState, batch: Batch, epoch: int, *, snapshot_id: int) -> CommittedState:
+    """The committed state once `batch` lands on top of `committed` as `snapshot_id`."""
+    return replace(
         committed,
-        snapshot_id=ref.snapshot_id,
+        snapshot_id=snapshot_id,
         lost_records=committed.lost_records + retention_loss(committed.offsets, batch),
         topic=batch.topic,
         topic_id=batch.topic_id or committed.topic_id,
@@ -550,7 +617,10 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
         max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),
         deleted_keys=batch.deleted_keys or committed.deleted_keys,
     )
-    return _Plan(head=head, staged=ref.snapshot_id, properties=new.to_properties(), restage_over=restage_over)
+
+
+def _ancestor_ids(meta: TableMetadata, snapshot_id: int) -> set[int]:
+    return {s.snapshot_id for s in ancestors_of(meta.snapshot_by_id(snapshot_id), meta)}
 
 
 def _maintenance_since(meta: TableMetadata, stage: Stage, head: int) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ Not guaranteed: the dead-letter table may briefly hold rows of a batch whose mai
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import logging
@@ -35,6 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,10 +54,12 @@ from icefall.commit import (
     abandon_stage,
     claim_epoch,
     commit_staged_outcome,
+    next_stage,
     prepare_stage,
     read_committed,
     rewind_dead_letters,
     stage_branch_name,
+    staged_on,
     sweep_stages,
 )
 from icefall.commit.lease import Lease, LeaseLostError
@@ -233,6 +237,7 @@ class _PhaseClock:
 
     def __init__(self) -> None:
         self.started = time.monotonic()
+        self.ended: float | None = None
         self.phases: dict[str, float] = {}
         self._mark = self.started
 
@@ -249,8 +254,15 @@ class _PhaseClock:
         self.phases["commit"] = self.phases.get("commit", 0.0) + commit_seconds
         self._mark = now
 
+    def landed(self, commit_seconds: float, at: float) -> None:
+        """A pipelined batch's commit, run on the commit thread, took `commit_seconds` and ended `at`."""
+        self.phases["commit"] = self.phases.get("commit", 0.0) + commit_seconds
+        self.ended = at
+        self._mark = time.monotonic()  # what follows is the report
+
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        """From the start to the commit that landed the batch (or now, if that is not known yet)."""
+        return (self.ended or time.monotonic()) - self.started
 
 
 @dataclass(frozen=True)
@@ -266,6 +278,11 @@ class _PlannedBatch:
     gaps: dict[int, int]  # retention gaps the commit acknowledges
     lost: int  # records lost to retention first reported by this batch
     whole_backlog: bool  # the batch takes everything Kafka held when it was planned
+    backlog: int = 0  # records waiting in Kafka when it was planned (this batch's among them)
+
+    @property
+    def records(self) -> int:
+        return sum(r.records for r in self.ranges)
 
     def batch(self, topic: str, stats: _ReadStats) -> Batch:
         return Batch(
@@ -305,6 +322,21 @@ class _ReadStats:
 
 def _newest(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
+
+
+@dataclass
+class _InFlight:
+    """A written batch whose commit runs on the commit thread while the next batch is read and written on
+    top of it (`Ingestor._step`). `after` is that next batch's stage."""
+
+    planned: _PlannedBatch
+    stats: _ReadStats
+    clock: _PhaseClock
+    table: Table  # the commit thread's own pyiceberg table object
+    commit: Future[tuple[CommitOutcome, float, float]]  # outcome, seconds of the commit, when it ended
+    after: Stage
+    settled: bool = False
+    restaged: bool = False
 
 
 class _Decoders:
@@ -381,6 +413,9 @@ class Ingestor:
         # cdc with sequenceBy: the deleted keys file this writer wrote last and its content, so that the
         # next batch does not read back what it has (`_merge_changes`).
         self._deleted_keys: tuple[str, pa.Table] | None = None
+        # Pipelining (`_step`): the batch whose commit runs on the commit thread, and that thread.
+        self._in_flight: _InFlight | None = None
+        self._committer: ThreadPoolExecutor | None = None
         self.outages = Outages(
             self.label,
             service_addresses(self.spec.source.bootstrap_servers, self.spec.source.topic, catalog),
@@ -459,6 +494,8 @@ class Ingestor:
         raise FencedError(f"{self.label}: could not claim an epoch: other writers kept claiming newer ones")
 
     def close(self) -> None:
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
         if self._keeper is not None:
             self._keeper.stop()
         self.topic.close()
@@ -475,20 +512,48 @@ class Ingestor:
         there are bad rows: the same offsets read again, the bad rows committed to the dead-letter table,
         then produced to the dead-letter topic), `_commit_main` (the compare-and-swap of `main`, after the
         dead letters as the protocol requires), `_report_batch` (lag and freshness after the commit, the
-        pacing figures, the metrics).
+        pacing figures, the metrics). `run` pipelines these (`_step`).
 
         Raises FencedError when this writer lost its lease or a newer writer committed (stop writing),
         StaleHeadError when the table moved under the batch (plan again).
         """
+        reports = self._step(pipeline=False)
+        return reports[-1] if reports else None
+
+    def _step(self, *, pipeline: bool) -> list[BatchReport]:
+        """One batch, as `run_batch` describes; returns the reports of the batches that landed, oldest first.
+
+        With `pipeline` (and `spec.batch.pipelined`), a clean batch after which the next one is due at
+        once is not committed here: its commit runs on the commit thread (`_in_flight`) while the next
+        step plans that next batch from the state the commit gives the table, reads it and appends it to
+        the branch on top of it (`commit.next_stage`); then that step waits for the commit and reports it.
+        If the commit failed, the next batch is dropped with the branch and the error raised, as it
+        would have been without pipelining; if it re-staged the batch over maintenance, the next batch
+        sits on a snapshot that never landed and is dropped (planned again from the table).
+        """
+        flight, self._in_flight = self._in_flight, None
+        try:
+            return self._step_on(flight, pipeline=pipeline)
+        except BaseException:
+            if flight is not None and not flight.settled:
+                self._settle(flight)
+            raise
+
+    def _step_on(self, flight: _InFlight | None, *, pipeline: bool) -> list[BatchReport]:
         clock = _PhaseClock()
         self._progress.last_batch_started = clock.started
-        planned = self._plan_batch()
+        planned = self._plan_batch(flight.after.base if flight is not None else None)
         if planned is None:
-            return None
+            return [self._land(flight)] if flight is not None else []
         clock.mark("plan")
         # `_plan_batch` has just read the table: the branch left by the last commit is normally at main's
-        # head already, and staging costs no catalog round trip.
-        stage = prepare_stage(self.table, self._stage_branch, role="main", refresh=False)
+        # head already, and staging costs no catalog round trip. In flight: on top of the batch before.
+        stage = (
+            flight.after
+            if flight is not None
+            else prepare_stage(self.table, self._stage_branch, role="main", refresh=False)
+        )
+        reports: list[BatchReport] = []
         with _dropped_unless_committed(self.table, stage.branch, self.label, "main"):
             if stage.base.offsets != planned.committed.offsets:
                 raise StaleHeadError("the table moved between planning and staging")
@@ -496,7 +561,17 @@ class Ingestor:
             stats = self._write_good_rows(planned, stage.branch)
             clock.mark("write")
             self._check_topic_unchanged(planned.topic_id)
+            if flight is not None:
+                reports.append(self._land(flight))
+                if flight.restaged:
+                    log.info("%s: the batch before was re-staged; this one is planned again", self.label)
+                    metrics.INGEST_BATCHES_DISCARDED.labels(self.label).inc()
+                    abandon_stage(self.table, stage.branch, role="main")
+                    return reports
             batch = planned.batch(self.spec.source.topic, stats)
+            if pipeline and self.spec.batch.pipelined and not stats.bad and self._next_is_due(planned, clock):
+                self._in_flight = self._send_commit(planned, stats, stage, batch, clock)
+                return reports
             dead, kinds = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else (0, {})
             clock.mark("dead_letters")
             # A keyed batch's MERGE may stage nothing (Spark skips a MERGE without changes): checked there.
@@ -504,21 +579,100 @@ class Ingestor:
             snapshot_id, commit_seconds = self._commit_main(stage, batch, wrote=wrote)
             clock.mark_stage_and_commit(commit_seconds)
         self._dead_letters_dirty = False  # main caught up with the dead letters just committed
-        return self._report_batch(
-            planned,
-            stats,
-            dead=dead,
-            kinds=kinds,
-            snapshot_id=snapshot_id,
-            commit_seconds=commit_seconds,
-            clock=clock,
+        reports.append(
+            self._report_batch(
+                planned,
+                stats,
+                dead=dead,
+                kinds=kinds,
+                snapshot_id=snapshot_id,
+                commit_seconds=commit_seconds,
+                clock=clock,
+            )
+        )
+        return reports
+
+    def _next_is_due(self, planned: _PlannedBatch, clock: _PhaseClock) -> bool:
+        """Whether the pacing (`plan.batching.next_batch_delay`) would start the next batch at once after this
+        one: records are left behind it and the writer is behind, past the least interval between batches."""
+        left = planned.backlog - planned.records
+        return left > 0 and not next_batch_delay(
+            now=time.monotonic(),
+            last_batch_started_at=clock.started,
+            backlog_records=left,
+            throughput_rps=self._progress.throughput_rps,
+            freshness_target_seconds=self.spec.freshness.target_seconds,
+            min_interval_seconds=float(self.spec.batch.min_interval_seconds),
+            last_batch_seconds=clock.elapsed(),
         )
 
-    def _plan_batch(self) -> _PlannedBatch | None:
+    def _send_commit(
+        self, planned: _PlannedBatch, stats: _ReadStats, stage: Stage, batch: Batch, clock: _PhaseClock
+    ) -> _InFlight:
+        """Start the commit of a written batch on the commit thread; the next batch goes on top of it."""
+        if not planned.ranges or self.spec.key:
+            _stage_empty(self.table, stage.branch, stage.base.snapshot_id)  # as `_commit_main` does
+        stage = staged_on(self.table, stage)
+        self._check_lease()
+        clock.mark("stage")
+        table = copy.copy(self.table)  # the commit thread's own: refreshing it leaves this one alone
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="icefall-commit")
+        commit = self._committer.submit(self._commit_in_background, table, stage, batch)
+        return _InFlight(planned, stats, clock, table, commit, after=next_stage(stage, batch, self.epoch))
+
+    def _commit_in_background(
+        self, table: Table, stage: Stage, batch: Batch
+    ) -> tuple[CommitOutcome, float, float]:
+        started = time.monotonic()
+        outcome = commit_staged_outcome(table, stage, batch, self.epoch)
+        ended = time.monotonic()
+        return outcome, ended - started, ended
+
+    def _land(self, flight: _InFlight) -> BatchReport:
+        """Wait for the in-flight batch's commit and report it; its error, if it failed, is raised here."""
+        flight.settled = True
+        outcome, commit_seconds, ended = flight.commit.result()
+        flight.restaged = outcome.restaged
+        self._count_restage(self.label, outcome)
+        flight.clock.landed(commit_seconds, ended)
+        return self._report_batch(
+            flight.planned,
+            flight.stats,
+            dead=0,
+            kinds={},
+            snapshot_id=outcome.snapshot_id,
+            commit_seconds=commit_seconds,
+            clock=flight.clock,
+            table=flight.table,
+        )
+
+    def _settle(self, flight: _InFlight) -> None:
+        """The step after an in-flight batch failed: still wait for that batch's commit (it may land)."""
+        try:
+            self._land(flight)
+        except Exception as error:
+            log.info("%s: the commit of the batch before did not land either (%s)", self.label, error)
+
+    def _land_at_stop(self, on_batch: Callable[[BatchReport | None], None]) -> None:
+        """Stopping: wait for the batch still in flight, if any, and report it."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        try:
+            report = self._land(flight)
+        except StaleHeadError as refused:
+            self._count_refused(refused)
+            log.warning("%s: the last batch's commit was refused (%s)", self.label, refused)
+            return
+        on_batch(report)
+
+    def _plan_batch(self, after: CommittedState | None = None) -> _PlannedBatch | None:
         """Read the committed state and the watermarks, choose the batch size and plan the offset ranges;
         None (lag published) when there is nothing to commit. Reconciles the dead-letter table first when
-        a batch may have left it ahead."""
-        committed = read_committed(self.table)  # refreshes the table
+        a batch may have left it ahead. `after`: the state a batch in flight gives the table, planned on
+        instead of the table's."""
+        committed = after if after is not None else read_committed(self.table)  # refreshes the table
         if self._sweep_pending:
             self._sweep_after_outage()
         topic_id = self.topic.topic_id()
@@ -552,7 +706,8 @@ class Ingestor:
         if plan.is_empty and not plan.data_loss and not pin_start:
             self._progress.backlog_after_last_batch = 0
             self._publish_lag(plan.positions.lag)
-            self._drop_stage_if_behind(committed.snapshot_id)
+            if after is None:
+                self._drop_stage_if_behind(committed.snapshot_id)
             return None
         self._check_lease()
         if self._dead_letters_dirty:
@@ -580,6 +735,7 @@ class Ingestor:
             gaps={d.partition: d.committed for d in plan.data_loss},
             lost=lost,
             whole_backlog=sum(r.records for r in plan.ranges) >= backlog,
+            backlog=backlog,
         )
 
     def _write_good_rows(self, planned: _PlannedBatch, branch: str) -> _ReadStats:
@@ -690,9 +846,11 @@ class Ingestor:
         snapshot_id: int,
         commit_seconds: float,
         clock: _PhaseClock,
+        table: Table | None = None,
     ) -> BatchReport:
-        """After the commit: update the pacing figures, measure lag and freshness, publish the metrics."""
-        written = self._added_records(snapshot_id)
+        """After the commit: update the pacing figures, measure lag and freshness, publish the metrics.
+        `table`: one whose metadata holds the new snapshot (default: the writer's)."""
+        written = _added_records(table or self.table, snapshot_id)
         seconds = clock.elapsed()
         progress = self._progress
         progress.throughput_rps = update_throughput(
@@ -736,10 +894,16 @@ class Ingestor:
         """Run batches until `should_stop()`, paced by `plan.batching.next_batch_delay`: back to back while
         behind; caught up or idle, every half freshness target, sooner when batches take longer. An
         unreachable service is waited out (module doc); any other error is raised."""
+        try:
+            self._run(should_stop, on_batch)
+        finally:
+            self._land_at_stop(on_batch)
+
+    def _run(self, should_stop: Callable[[], bool], on_batch: Callable[[BatchReport | None], None]) -> None:
         while not should_stop():
             self._wait_for_rewrite(should_stop)
             try:
-                report = self.run_batch()
+                reports = self._step(pipeline=True)
             except SourceChangedError:
                 raise
             except (StaleHeadError, FencedError) as refused:
@@ -759,7 +923,12 @@ class Ingestor:
                 sleep_unless(delay, should_stop)
                 continue
             self.outages.succeeded()
-            on_batch(report)
+            for report in reports:
+                on_batch(report)
+            if self._in_flight is not None:
+                continue  # the next batch is due now, and is written while this one's commit runs
+            if not reports:
+                on_batch(None)
             self._sleep_until(self._next_delay(), should_stop)
 
     def _wait_for_rewrite(self, should_stop: Callable[[], bool]) -> None:
@@ -969,13 +1138,6 @@ class Ingestor:
             )  # fmt: skip
         return lost
 
-    def _added_records(self, snapshot_id: int) -> int:
-        snapshot = self.table.snapshot_by_id(snapshot_id)
-        if snapshot is None or snapshot.summary is None:
-            return 0
-        # pyiceberg's Summary.get ignores its default: an empty snapshot has no "added-records" at all.
-        return int(snapshot.summary.get("added-records") or 0)
-
     def _publish_lag(self, lag: Any) -> None:
         for partition, records in lag.items():
             metrics.LAG.labels(self.label, str(partition)).set(records)
@@ -1005,6 +1167,14 @@ class Ingestor:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not should_stop():
             time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+def _added_records(table: Table, snapshot_id: int) -> int:
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    # pyiceberg's Summary.get ignores its default: an empty snapshot has no "added-records" at all.
+    return int(snapshot.summary.get("added-records") or 0)
 
 
 def _append(rows: DataFrame, name: str, *, sorted_table: bool) -> None:
