@@ -156,7 +156,9 @@ def records(batch: Batch) -> pa.Table:
     )
 
 
-def stage_batch(table: Table, writer: str, attempt: int | str, sizes: Mapping[int, int]) -> tuple[Stage, Batch]:
+def stage_batch(
+    table: Table, writer: str, attempt: int | str, sizes: Mapping[int, int]
+) -> tuple[Stage, Batch]:
     stage = prepare_stage(table, stage_branch_name(writer, attempt))
     batch = plan(stage.base, sizes)
     table.append(records(batch), branch=stage.branch)
