@@ -15,6 +15,8 @@ dead-letter topic (the dead-letter table is then ahead), before and after the re
 after staging dead letters, before sweeping them, while abandoning a failed dead-letter and a failed main
 commit (`raise` at the commit, `exit` while dropping its branch), at a lease renewal, and at the second
 main commit of a run (a hit count).
+With batches pipelined (clean records): kills at the commit points passed on the commit thread while the
+next batch is written on top, and while a refused commit in flight is dropped.
 For an upsert table (each batch one MERGE): kills after staging, before and after the commit, after its
 dead letters, while abandoning a failed commit; `icefall verify` then finds the last change per key.
 Not proved here: maintenance points and `main.after-ensure-staged` (Spark stages an empty snapshot for an
@@ -82,14 +84,16 @@ class Chain:
             env=env, capture_output=True, text=True, timeout=1200, check=False,
         )  # fmt: skip
 
-    def kill_at(self, spec: str) -> None:
-        """Run armed with `spec` (`name=exit[@n]`, maybe after `other=raise` entries); it must die there."""
+    def kill_at(self, spec: str) -> str:
+        """Run armed with `spec` (`name=exit[@n]`, maybe after `other=raise` entries); it must die there.
+        Returns the run's log."""
         point = spec.rsplit(",", maxsplit=1)[-1].partition("=")[0]
         done = self.run(spec)
         output = done.stdout + done.stderr
         assert done.returncode == failpoints.EXIT_STATUS, f"{spec}: exit {done.returncode}\n{output[-4000:]}"
         assert f"failpoint {point} triggered" in done.stderr, f"{spec} was not reached:\n{output[-4000:]}"
         self.killed_at.append(point)
+        return done.stderr
 
     def finish(self, bad: set[tuple[int, int]]) -> None:
         done = self.run()
@@ -182,6 +186,26 @@ def test_kills_around_the_commits_of_a_cdc_table_ordered_by_position(
         chain.kill_at(spec)
     bad |= produce_cdc_changes(kafka, chain.topic, 150, 60)
     chain.finish_keyed(bad)
+
+
+@CHAIN_TIMEOUT
+def test_kills_around_pipelined_commits(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """Clean records, 40 a batch: every batch but the last is committed on the commit thread while the
+    next one is read and appended on top of it (pipelining). Killed there at each commit point, and while
+    a refused commit in flight is dropped with the batch on top; then run to the end, exactly once."""
+    chain = Chain(kafka, tmp_path, "kills_pipelined")
+    produce(kafka, chain.topic, 0, 600)
+    for spec in (
+        "main.after-stage=exit@2",
+        "main.before-commit=exit@2",
+        "main.after-commit=exit@2",
+        "main.before-commit=raise@2,main.before-abandon=exit",
+    ):
+        log = chain.kill_at(spec)
+        point = spec.split("=")[0]
+        assert f"failpoint {point} triggered (hit 2) on thread icefall-commit" in log, log[-4000:]
+    produce(kafka, chain.topic, 600, 100)
+    chain.finish(set())
 
 
 @CHAIN_TIMEOUT

@@ -120,7 +120,9 @@ def failpoint(name: str) -> None:
         if armed.on_hit is not None and armed.seen != armed.on_hit:
             return
         hit = _HITS[name]
-    log.warning("failpoint %s triggered (hit %d)", name, hit)
+    thread = threading.current_thread()
+    where = "" if thread is threading.main_thread() else f" on thread {thread.name}"
+    log.warning("failpoint %s triggered (hit %d)%s", name, hit, where)
     armed.action(name)
 
 

@@ -64,7 +64,7 @@ def manifest_text(
     topic: str,
     bootstrap: str,
     *,
-    batch: Mapping[str, int] | None = None,
+    batch: Mapping[str, int | bool] | None = None,
     catalog: Mapping[str, Any] | None = None,
 ) -> str:
     """The test manifest for table `it.<name>` (dead letters in `it.<name>_dlq`) filled from `topic`.
@@ -141,7 +141,7 @@ def shared_catalog(
 
 
 def streaming_table(
-    name: str, topic: str, bootstrap: str, *, batch: Mapping[str, int] | None = None
+    name: str, topic: str, bootstrap: str, *, batch: Mapping[str, int | bool] | None = None
 ) -> StreamingTable:
     return load_manifest(manifest_text(name, topic, bootstrap, batch=batch))
 
