@@ -80,9 +80,10 @@ def next_batch_stacked(config: CatalogConfig, name: str, timeout: float = 60.0) 
         on_main = {s.snapshot_id for s in ancestors_of(meta.current_snapshot(), meta)}
         for ref_name, ref in meta.refs.items():
             head = meta.snapshot_by_id(ref.snapshot_id)
-            if ref_name.startswith(STAGE_PREFIX) and head is not None and head.snapshot_id not in on_main:
-                if head.parent_snapshot_id not in on_main:
-                    return True
+            if not ref_name.startswith(STAGE_PREFIX) or head is None:
+                continue
+            if head.snapshot_id not in on_main and head.parent_snapshot_id not in on_main:
+                return True
         time.sleep(0.05)
     return False
 
