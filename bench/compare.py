@@ -1,7 +1,8 @@
 """Side-by-side benchmark: Icefall against its peers on one Kafka broker, one kind of catalog.
 
     .venv/bin/python bench/compare.py [--records N] [--large-records N] [--seconds S] [--quick]
-                                      [--systems icefall,icefall-nodlq,icefall-nomaint,spark,connect,floor]
+                                      [--systems icefall,icefall-nodlq,icefall-nomaint,icefall-serial,
+                                                 spark,connect,floor]
                                       [--live-systems icefall,icefall-nomaint,icefall-3s,spark,connect]
     .venv/bin/python bench/compare.py --growth [--records N] [--warmup-records N] [--systems icefall,spark]
                                       [--growth-sizes small,1k,4k] [--growth-partitions 3,48] [--out FILE]
@@ -19,6 +20,8 @@ and polls) on core 0 when the machine has 2 or more cores. Every peer is set for
   Spark `local[2]`, SQLite catalog, local warehouse, in-process compaction on its thread), target `F`.
   **icefall-nodlq**: the same without the dead-letter table (what validation costs).
   **icefall-nomaint**: the same with `--no-maintenance` (what in-process compaction and expiry cost).
+  **icefall-serial**: the same with `batch.pipelined: false` (each commit before the next batch is read;
+  what pipelining saves, in a backlog taken in several batches).
   **icefall-3s** (live phase only): the same at a 3 s target.
 - **spark**: `bench/peers/spark_streaming.py`, a plain Structured Streaming job (Kafka → from_json →
   writeStream iceberg, processingTime trigger `F/2`, `maxOffsetsPerTrigger` unlimited unless
@@ -135,7 +138,7 @@ TABLE = ("bench", "events")
 TRICKLE_FIRST_ID = 1_000_000_000
 # Ids of the warm-up backlog (above the trickle's, so neither counts as backlog).
 WARMUP_FIRST_ID = 2_000_000_000
-SYSTEMS = ("icefall", "icefall-nodlq", "icefall-nomaint", "spark", "connect", "floor")
+SYSTEMS = ("icefall", "icefall-nodlq", "icefall-nomaint", "icefall-serial", "spark", "connect", "floor")
 #: Systems of the live phase; `icefall-3s` is Icefall at a 3 s freshness target (the others run at
 #: `--freshness-target`).
 LIVE_SYSTEMS = ("icefall", "icefall-nomaint", "icefall-3s", "spark", "connect")
@@ -152,6 +155,7 @@ LABELS = {
     "icefall": "Icefall (icefall run, embedded)",
     "icefall-nodlq": "Icefall without its dead-letter table",
     "icefall-nomaint": "Icefall without in-process maintenance",
+    "icefall-serial": "Icefall without pipelining",
     "icefall-3s": "Icefall at a 3 s freshness target",
     "spark": "Spark Structured Streaming → Iceberg",
     "connect": "Iceberg Kafka Connect sink",
@@ -256,7 +260,12 @@ def target_of(ctx: Context, system: str) -> float:
 
 
 def icefall_manifest(
-    ctx: Context, topic: str, *, target: float | None = None, dead_letters: bool = True
+    ctx: Context,
+    topic: str,
+    *,
+    target: float | None = None,
+    dead_letters: bool = True,
+    pipelined: bool = True,
 ) -> dict[str, Any]:
     """Icefall's StreamingTable for `topic`, at `target` seconds (default `--freshness-target`)."""
     return {
@@ -277,6 +286,7 @@ def icefall_manifest(
             },
             "freshness": {"targetSeconds": int(target or ctx.args.freshness_target)},
             "deadLetter": {"table": {"enabled": dead_letters}},
+            **({} if pipelined else {"batch": {"pipelined": False}}),
         },
     }
 
@@ -298,7 +308,10 @@ def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[M
     manifest = work / "events.yaml"
     manifest.write_text(
         yaml.safe_dump(
-            icefall_manifest(ctx, topic, target=target, dead_letters=dead_letters), sort_keys=False
+            icefall_manifest(
+                ctx, topic, target=target, dead_letters=dead_letters, pipelined=system != "icefall-serial"
+            ),
+            sort_keys=False,
         )
     )
     argv = [
@@ -315,7 +328,8 @@ def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[M
         + ("in-process compaction on its thread)" if maintenance else "no maintenance: --no-maintenance)"),
         "freshness target": f"{target:g} s",
         "table": "partitioned by day(ts), dead-letter table "
-        + ("on (default)" if dead_letters else "off (deadLetter.table.enabled: false)"),
+        + ("on (default)" if dead_letters else "off (deadLetter.table.enabled: false)")
+        + ("" if system != "icefall-serial" else "; batch.pipelined: false"),
     }
     proc = ManagedProcess(system, [*ctx.pin, *argv], work / "system.log").start()
     return proc, CatalogConfig.embedded(work)

@@ -16,6 +16,10 @@ table's `icefall.lost-records` by the commit that skips them. Maintenance commit
 between staging and commit (compaction, retention, manifest rewrites) does not cost a batch: the commit
 re-stages it on top (`icefall_ingest_commits_restaged_total`); the rare case where it cannot is counted in
 `icefall_ingest_commits_failed_by_maintenance_total`, and the batch is planned again.
+Pipelining (`run`, `spec.batch.pipelined`): while behind, a clean batch's commit runs on a commit thread
+while the next batch is planned from the state that commit gives the table, read, and appended to the
+branch on top of it (`commit.next_stage`); that batch is committed only after the one below it landed as
+itself, and is otherwise dropped and planned again (`icefall_ingest_batches_discarded_total`).
 Outages: `run` waits out an unreachable Kafka, catalog or object store (`icefall.outages`): one log line
 per failed attempt, capped exponential backoff, the outage metrics, and on the next attempt the batch is
 planned again from the table, so a batch whose commit outcome the outage left unknown is either found
