@@ -527,8 +527,8 @@ class Ingestor:
     def _step(self, *, pipeline: bool) -> list[BatchReport]:
         """One batch, as `run_batch` describes; returns the reports of the batches that landed, oldest first.
 
-        With `pipeline` (and `spec.batch.pipelined`), a clean batch after which the next one is due at
-        once is not committed here: its commit runs on the commit thread (`_in_flight`) while the next
+        With `pipeline` (and `spec.batch.pipelined`), a clean batch after which a next one as large is due
+        at once is not committed here: its commit runs on the commit thread (`_in_flight`) while the next
         step plans that next batch from the state the commit gives the table, reads it and appends it to
         the branch on top of it (`commit.next_stage`); then that step waits for the commit and reports it.
         If the commit failed, the next batch is dropped with the branch and the error raised, as it
@@ -596,11 +596,21 @@ class Ingestor:
         )
         return reports
 
+    def _learn_pace(self, planned: _PlannedBatch, stats: _ReadStats, seconds: float) -> None:
+        """The pacing figures after a batch of `stats.records` that took `seconds`."""
+        progress = self._progress
+        progress.throughput_rps = update_throughput(
+            progress.throughput_rps, stats.records, seconds, whole_backlog=planned.whole_backlog
+        )
+        progress.last_batch_seconds = seconds
+        progress.last_batch_records = stats.records
+
     def _next_is_due(self, planned: _PlannedBatch, clock: _PhaseClock) -> bool:
-        """Whether the pacing (`plan.batching.next_batch_delay`) would start the next batch at once after this
-        one: records are left behind it and the writer is behind, past the least interval between batches."""
+        """Whether a next batch as large as this one is waiting, and the pacing
+        (`plan.batching.next_batch_delay`) starts it at once. With less left, waiting for the commit
+        lets the next batch take what arrives meanwhile: fewer, larger batches."""
         left = planned.backlog - planned.records
-        return left > 0 and not next_batch_delay(
+        return left >= max(planned.records, 1) and not next_batch_delay(
             now=time.monotonic(),
             last_batch_started_at=clock.started,
             backlog_records=left,
@@ -619,6 +629,8 @@ class Ingestor:
         stage = staged_on(self.table, stage)
         self._check_lease()
         clock.mark("stage")
+        # The next batch is sized before this one's report: learn from it now (its commit is a few ms).
+        self._learn_pace(planned, stats, clock.elapsed())
         table = copy.copy(self.table)  # the commit thread's own: refreshing it leaves this one alone
         if self._committer is None:
             self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="icefall-commit")
@@ -649,6 +661,7 @@ class Ingestor:
             commit_seconds=commit_seconds,
             clock=flight.clock,
             table=flight.table,
+            paced=True,
         )
 
     def _settle(self, flight: _InFlight) -> None:
@@ -851,17 +864,16 @@ class Ingestor:
         commit_seconds: float,
         clock: _PhaseClock,
         table: Table | None = None,
+        paced: bool = False,
     ) -> BatchReport:
         """After the commit: update the pacing figures, measure lag and freshness, publish the metrics.
-        `table`: one whose metadata holds the new snapshot (default: the writer's)."""
+        `table`: one whose metadata holds the new snapshot (default: the writer's); `paced`: the pacing
+        figures were updated when the batch was written (`_send_commit`)."""
         written = _added_records(table or self.table, snapshot_id)
         seconds = clock.elapsed()
         progress = self._progress
-        progress.throughput_rps = update_throughput(
-            progress.throughput_rps, stats.records, seconds, whole_backlog=planned.whole_backlog
-        )
-        progress.last_batch_seconds = seconds
-        progress.last_batch_records = stats.records
+        if not paced:
+            self._learn_pace(planned, stats, seconds)
         committed = planned.committed
         offsets = {**committed.offsets, **planned.end}
         # The lag when the commit landed, not when the batch was planned: records keep arriving while a
