@@ -19,6 +19,7 @@ help:
 	@echo "make bench-upsert  keyed upserts: Icefall beside Spark's foreachBatch MERGE (bench/results/upsert.md)"
 	@echo "make bench-write-path  CPU of Icefall's write path vs the plain Spark write (bench/results/write_path.md)"
 	@echo "make bench-fresh  union reads (icefall read) vs a plain scan: latency, staleness (bench/results/union_read.md)"
+	@echo "make bench-pipelining  a backlog drained with spec.batch.pipelined on and off (bench/results/pipelining.md)"
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
@@ -94,6 +95,10 @@ bench-ingest: venv
 .PHONY: bench
 bench: setup $(VENV)/.bench-installed
 	$(TOOLS) && $(BIN)/python bench/compare.py $(BENCH_ARGS)
+# Pipelining on and off, a preloaded backlog drained by `icefall run` (bench/results/pipelining.md).
+.PHONY: bench-pipelining
+bench-pipelining: setup $(VENV)/.bench-installed
+	$(TOOLS) && $(BIN)/python bench/pipelining.py $(BENCH_ARGS)
 # The growth table: the same drain measurement for Icefall and Spark over ~230 B / ~1 KB / ~4 KB events x 3 /
 # 48 partitions (bench/compare.py --growth; results in bench/results/growth.md). Smaller: BENCH_ARGS=
 # "--records 40000 --warmup-records 10000", fewer cells: "--growth-sizes small,4k --growth-partitions 3".
