@@ -167,7 +167,7 @@ def test_a_refused_commit_in_flight_drops_the_batch_written_on_top(
 
     assert counter("icefall_commits_refused_total", name, reason="stale_head") == refused_before + 1
     # The refused batch and the one on top of it were read again: every record is committed once.
-    assert sum(r.records_read + 0 for r in reports) == RECORDS
+    assert sum(r.records_read for r in reports) == RECORDS
     assert_exactly_once(catalog_config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
     table = catalog_config.pyiceberg().load_table(("it", name))
     on_main = {s.snapshot_id for s in ancestors_of(table.metadata.current_snapshot(), table.metadata)}

@@ -281,12 +281,16 @@ class _PlannedBatch:
     end: dict[int, int]
     gaps: dict[int, int]  # retention gaps the commit acknowledges
     lost: int  # records lost to retention first reported by this batch
-    whole_backlog: bool  # the batch takes everything Kafka held when it was planned
-    backlog: int = 0  # records waiting in Kafka when it was planned (this batch's among them)
+    backlog: int  # records waiting in Kafka when it was planned (this batch's among them)
 
     @property
     def records(self) -> int:
         return sum(r.records for r in self.ranges)
+
+    @property
+    def whole_backlog(self) -> bool:
+        """The batch takes everything Kafka held when it was planned."""
+        return self.records >= self.backlog
 
     def batch(self, topic: str, stats: _ReadStats) -> Batch:
         return Batch(
@@ -578,9 +582,7 @@ class Ingestor:
                 return reports
             dead, kinds = self._dead_letter_step(batch, planned, stats.bad) if stats.bad else (0, {})
             clock.mark("dead_letters")
-            # A keyed batch's MERGE may stage nothing (Spark skips a MERGE without changes): checked there.
-            wrote = bool(planned.ranges) and not self.spec.key
-            snapshot_id, commit_seconds = self._commit_main(stage, batch, wrote=wrote)
+            snapshot_id, commit_seconds = self._commit_main(stage, batch, planned)
             clock.mark_stage_and_commit(commit_seconds)
         self._dead_letters_dirty = False  # main caught up with the dead letters just committed
         reports.append(
@@ -624,8 +626,7 @@ class Ingestor:
         self, planned: _PlannedBatch, stats: _ReadStats, stage: Stage, batch: Batch, clock: _PhaseClock
     ) -> _InFlight:
         """Start the commit of a written batch on the commit thread; the next batch goes on top of it."""
-        if not planned.ranges or self.spec.key:
-            _stage_empty(self.table, stage.branch, stage.base.snapshot_id)  # as `_commit_main` does
+        self._stage_if_nothing_written(stage, planned)
         stage = staged_on(self.table, stage)
         self._check_lease()
         clock.mark("stage")
@@ -751,7 +752,6 @@ class Ingestor:
             end=end,
             gaps={d.partition: d.committed for d in plan.data_loss},
             lost=lost,
-            whole_backlog=sum(r.records for r in plan.ranges) >= backlog,
             backlog=backlog,
         )
 
@@ -1051,13 +1051,18 @@ class Ingestor:
         if ref is not None and ref.snapshot_id != head:
             abandon_stage(self.table, self._stage_branch, role="main")
 
-    def _commit_main(self, stage: Stage, batch: Batch, *, wrote: bool) -> tuple[int, float]:
+    def _stage_if_nothing_written(self, stage: Stage, planned: _PlannedBatch) -> None:
+        """Every commit moves main: stage an empty snapshot for a batch that may have written none."""
+        # Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot; a batch that read nothing
+        # (it only pins its start or skips a retention gap) wrote nothing, and a keyed batch's MERGE may
+        # stage nothing (Spark skips a MERGE without changes): `_stage_empty` checks the branch then.
+        if not planned.ranges or self.spec.key:
+            _stage_empty(self.table, stage.branch, stage.base.snapshot_id)
+
+    def _commit_main(self, stage: Stage, batch: Batch, planned: _PlannedBatch) -> tuple[int, float]:
         """Commit what is staged on `stage` (an empty snapshot if the batch had nothing to write); returns
         the snapshot id and the seconds of the commit itself."""
-        if not wrote:
-            # Spark 4.1 with Iceberg 1.11 commits an empty append's own empty snapshot; a batch that read
-            # nothing (it only pins its start or skips a retention gap) wrote nothing: stage one here.
-            _stage_empty(self.table, stage.branch, stage.base.snapshot_id)
+        self._stage_if_nothing_written(stage, planned)
         self._check_lease()
         commit_started = time.monotonic()
         outcome = commit_staged_outcome(self.table, stage, batch, self.epoch)
