@@ -33,6 +33,17 @@ TOPIC_PATTERN = r"^[A-Za-z0-9._-]+$"
 BOOTSTRAP_PATTERN = r"^[^,\s]+:[0-9]{1,5}(,[^,\s]+:[0-9]{1,5})*$"
 FIELD_NAME_PATTERN = r"^[^.`]+$"
 FIELD_PATH_PATTERN = r"^[^.`]+(\.[^.`]+)*$"
+#: A Kubernetes quantity without a sign (`500m`, `2`, `1.5`, `4Gi`, `1e3`).
+QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+#: A qualified name (`cpu`, `nvidia.com/gpu`, `app.kubernetes.io/name`): optional DNS prefix and a name.
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+MOUNT_PATH_PATTERN = r"^/.*$"
 
 PATTERN_HINTS: dict[str, str] = {
     IDENTIFIER_PATTERN: "use letters, digits and '_', starting with a letter or '_'",
@@ -46,6 +57,10 @@ PATTERN_HINTS: dict[str, str] = {
     BOOTSTRAP_PATTERN: "write host:port, comma-separated for several brokers (kafka-0:9092,kafka-1:9092)",
     FIELD_NAME_PATTERN: "a field name cannot contain '.' or a backtick",
     FIELD_PATH_PATTERN: "name a column, with '.' between struct levels (e.g. shipping.city)",
+    QUANTITY_PATTERN: "write a Kubernetes quantity such as 500m, 2, 1.5, 512Mi or 4Gi",
+    QUALIFIED_NAME_PATTERN: "write [dns.prefix/]name with letters, digits, '-', '_' and '.'",
+    LABEL_VALUE_PATTERN: "a label value uses letters, digits, '-', '_' and '.', at most 63 characters",
+    MOUNT_PATH_PATTERN: "write an absolute path, starting with /",
 }
 
 #: Words that mark a configuration key as secret; such keys must be given as references.

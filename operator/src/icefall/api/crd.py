@@ -10,7 +10,10 @@ How the models' JSON schema becomes a Kubernetes structural schema:
   server-side apply refuses it instead.
 - `title` and `additionalProperties: false` are dropped: unknown fields are pruned by the API server, or
   refused by server-side apply and by clients asking for strict field validation (kubectl's default);
-  maps keep `additionalProperties: <value schema>`; a `const` becomes a one-value `enum`.
+  maps keep `additionalProperties: <value schema>`; a free-form map or object (`dict[str, Any]`, a model
+  with `extra="allow"`: the affinity terms and volume sources of `spec.pods`, whose full Kubernetes schemas
+  would outweigh the rest of the CRD) becomes `x-kubernetes-preserve-unknown-fields: true`, beside any
+  declared properties; a `const` becomes a one-value `enum`.
   Any keyword the conversion does not know makes `build_crd` fail rather than emit something unchecked.
 - Defaults: every scalar default of the models. An object field whose default is the model with its own
   defaults gets `default: {}`, so the API server fills in the nested defaults (`kubectl get -o yaml` shows
@@ -41,7 +44,9 @@ checks that need the whole schema (partition and sort columns exist and fit thei
 column names, nesting depth), number ranges inside strings (decimal precision, bucket counts), property
 keys that look secret or carry `kafka.`/`ssl.`/`sasl.` prefixes, blank transform expressions, a dead-letter
 table equal to the table, schema parts below `TYPED_SCHEMA_DEPTH`, and the columns' part rules below level
-1 (their CEL cost would multiply by every enclosing unbounded list).
+1 (their CEL cost would multiply by every enclosing unbounded list). In `spec.pods`: map keys (label and
+annotation keys reserved by the operator, resource names; CEL would walk each map), a mount naming a
+volume the template lacks, request above limit, duplicate names, and the source part of a volume.
 """
 
 from __future__ import annotations
@@ -58,6 +63,13 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
+from icefall.api.pods import (
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    RESERVED_MOUNT_PATHS,
+    RESERVED_VOLUME_NAMES,
+    RESERVED_VOLUME_PREFIX,
+)
 from icefall.api.schema import NESTED_TYPES, PRIMITIVE_TYPES, TIME_UNSUPPORTED_MESSAGE
 from icefall.api.source import MANAGED_CONSUMER_PROPERTIES
 from icefall.api.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, StreamingTable
@@ -236,6 +248,11 @@ _TYPE_NODE_RULES = (
     ),
     Rule("self.type.trim() != 'time'", message=TIME_UNSUPPORTED_MESSAGE, field_path=".type"),
 )
+
+
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
 
 _MANAGED_KEYS = "[" + ", ".join(f"'{key}'" for key in sorted(MANAGED_CONSUMER_PROPERTIES)) + "]"
 
@@ -440,6 +457,56 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
         ),
     ),
     "SchemaField": _TYPE_NODE_RULES,
+    # Pod templates: per-item rules on bounded lists (maxItems), no walk of a map.
+    "PodTemplates": (
+        Rule(
+            "!has(self.executor) || !has(self.executor.serviceAccountAnnotations)",
+            message=(
+                "executors run as the driver's ServiceAccount; set serviceAccountAnnotations in driver or "
+                "common"
+            ),
+            field_path=".executor.serviceAccountAnnotations",
+        ),
+    ),
+    "EnvVar": (
+        Rule(
+            f"!(self.name in {_cel_list(RESERVED_ENV_NAMES)}) && "
+            f"!{_cel_list(RESERVED_ENV_PREFIXES)}.exists(p, self.name.startsWith(p))",
+            message_expression=(
+                "self.name + ' is set by the operator; pick another name (not ICEFALL_SPARK_CONF, HOME, or "
+                "ICEFALL_POD_*, ICEFALL_KAFKA_*, ICEFALL_CATALOG_*, ICEFALL_REGISTRY_*)'"
+            ),
+            field_path=".name",
+        ),
+        Rule("!has(self.value) || !has(self.valueFrom)", message="set value or valueFrom, not both"),
+    ),
+    "EnvVarSource": (
+        Rule(
+            "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), "
+            "has(self.resourceFieldRef)].filter(x, x).size() == 1",
+            message="set exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef",
+        ),
+    ),
+    "Volume": (
+        Rule(
+            f"!(self.name in {_cel_list(RESERVED_VOLUME_NAMES)}) && "
+            f"!self.name.startsWith('{RESERVED_VOLUME_PREFIX}')",
+            message_expression=(
+                "self.name + ' is a volume of the operator or of Spark; pick another name (not tmp, "
+                "spark-local, executor-template or spark-*)'"
+            ),
+            field_path=".name",
+        ),
+    ),
+    "VolumeMount": (
+        Rule(
+            f"!{_cel_list(RESERVED_MOUNT_PATHS)}.exists(p, self.mountPath == p || self.mountPath == p + '/')",
+            message_expression=(
+                "self.mountPath + ' is where the operator or Spark mounts its own volume; mount elsewhere'"
+            ),
+            field_path=".mountPath",
+        ),
+    ),
 }
 
 #: Rules on single properties, by (model, property).
@@ -520,8 +587,10 @@ class _Converter:
             elif key == "items":
                 out[key] = self.convert(value, depth=depth)
             elif key == "additionalProperties":
-                if isinstance(value, dict):
+                if isinstance(value, dict) and value:
                     out[key] = self.convert(value, depth=depth)
+                elif value is True or value == {}:  # free-form: kept as written (see the module docstring)
+                    out["x-kubernetes-preserve-unknown-fields"] = True
                 elif value is not False:
                     raise ValueError(f"additionalProperties: {value!r} has no structural form")
             elif key == "format":

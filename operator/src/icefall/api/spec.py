@@ -38,6 +38,7 @@ from icefall.api.base import (
     ProblemCollector,
     SecretRef,
 )
+from icefall.api.pods import PodTemplates
 from icefall.api.schema import SchemaField, check_fields
 from icefall.api.source import KafkaSource
 from icefall.api.status import StreamingTableStatus
@@ -539,6 +540,15 @@ class StreamingTableSpec(ApiModel):
             "an older change of it arriving later (a connector restart, a partition read behind) does not "
             "bring the row back. Every batch with deletes rewrites the set (tens of bytes per key). "
             f"Default {DEFAULT_REMEMBER_DELETES_SECONDS} (one hour)."
+        ),
+    )
+    pods: PodTemplates = Field(
+        default_factory=PodTemplates,
+        description=(
+            "What to add to the pods the operator runs for this table (image pull secrets, node selector, "
+            "tolerations, affinity, resources, host network, env, volumes, labels, annotations, priority "
+            "class, ServiceAccount annotations): common to all, then per role (driver, executor, "
+            "compaction), over the operator's defaults."
         ),
     )
     suspend: bool = Field(
