@@ -10,6 +10,7 @@ from icefall.api.manifest import (
     Problem,
     load_manifest,
     parse_manifest,
+    pod_templates_from_object,
     problems_from_validation_error,
     streaming_table_from_object,
 )
@@ -154,6 +155,7 @@ __all__ = [
     "load_manifest",
     "parse_manifest",
     "parse_quantity",
+    "pod_templates_from_object",
     "parse_transform",
     "parse_type",
     "problems_from_validation_error",

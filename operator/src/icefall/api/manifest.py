@@ -33,6 +33,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from icefall.api.base import PATTERN_HINTS, PROBLEMS_ERROR_TYPE, Loc, format_loc
+from icefall.api.pods import PodTemplates
 from icefall.api.spec import API_VERSION, KIND, StreamingTable
 
 
@@ -128,6 +129,16 @@ def streaming_table_from_object(obj: Any, *, origin: str | None = None) -> Strea
     if problems:
         raise ManifestError(_dedupe(problems), origin=origin)
     return table
+
+
+def pod_templates_from_object(obj: Any, *, origin: str) -> PodTemplates:
+    """Validate `obj` (the shape of `spec.pods`, e.g. the operator's chart-wide defaults) into
+    `PodTemplates`; a `ManifestError` names `origin` and each problem's path under `pods`."""
+    try:
+        return PodTemplates.model_validate(obj)
+    except ValidationError as error:
+        problems = problems_from_validation_error(error, model=PodTemplates, prefix=("pods",))
+        raise ManifestError(problems, origin=origin) from None
 
 
 def problems_from_validation_error(

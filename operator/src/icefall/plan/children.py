@@ -23,10 +23,16 @@ Guarantees:
   left out, so an operator upgrade that adds a defaulted field does not roll every driver.
 - No secret value is ever in a manifest: credentials reach the pods only as `secretKeyRef` env vars
   (`secret_env_vars` names them), and no free-form spec value (consumer or catalog properties, URIs,
-  transforms) is copied into any manifest: the entry points read the StreamingTable from the API.
+  transforms) is copied into any manifest: the entry points read the StreamingTable from the API. The one
+  exception is `spec.pods` (and the operator's chart-wide `pods`), which is pod content by definition:
+  its env values, labels, annotations, volumes and scheduling go to the pods as written (`icefall.plan.pods`
+  merges the layers and applies them after the operator's own, which they cannot replace).
 - Pods satisfy the `restricted` Pod Security Standard: non-root, RuntimeDefault seccomp, no privilege
   escalation, all capabilities dropped, read-only root filesystem with emptyDirs for /tmp and Spark's
-  local directories. Spark executors get the same through the pod template ConfigMap.
+  local directories. Spark executors get the same through the pod template ConfigMap. A pod template that
+  asks for `hostNetwork` (or a volume type such as hostPath) leaves the standard, as the cluster allows.
+- Each of the driver, executor and compaction pods gets its role's effective pod template; the driver's
+  and compaction's ServiceAccounts get its `serviceAccountAnnotations` (executors run as the driver's).
 - RBAC is namespaced and minimal; see `driver_rules` and `compaction_rules` for what and why.
 
 Not guaranteed: that the referenced Secrets exist (a missing one keeps the pod in CreateContainerConfigError,
@@ -48,11 +54,24 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from icefall.api import API_VERSION, KIND, Problem, SecretRef, StreamingTable, StreamingTableSpec
+from icefall.api import (
+    API_VERSION,
+    KIND,
+    ManifestError,
+    PodTemplate,
+    PodTemplates,
+    Problem,
+    ResourceRequirements,
+    SecretRef,
+    StreamingTable,
+    StreamingTableSpec,
+    pod_templates_from_object,
+)
+from icefall.plan import pods
 from icefall.plan.leases import commit_lease_name, rewrite_yield_name
 
 Manifest = dict[str, Any]
@@ -82,18 +101,13 @@ MAX_NAME_LENGTH = 63
 # --- the entry points and their environment ---------------------------------------------------------------
 
 #: The port the driver and compaction pods serve Prometheus metrics on, named `metrics` in their containers
-#: (the chart's PodMonitor scrapes that name).
+#: (the chart's PodMonitor scrapes that name). On the host network each table's pods get their own port
+#: instead (`icefall.plan.pods.host_network_port`); `command` passes it as `--metrics-port`.
 POD_METRICS_PORT = 9090
 #: The driver's command; `{namespace}` and `{name}` name the StreamingTable it reads from the API.
-INGEST_COMMAND: tuple[str, ...] = (
-    "icefall", "ingest", "--namespace", "{namespace}", "--name", "{name}",
-    f"--metrics-port={POD_METRICS_PORT}",
-)  # fmt: skip
+INGEST_COMMAND: tuple[str, ...] = ("icefall", "ingest", "--namespace", "{namespace}", "--name", "{name}")
 #: The compaction pods' command.
-COMPACT_COMMAND: tuple[str, ...] = (
-    "icefall", "compact", "--namespace", "{namespace}", "--name", "{name}",
-    f"--metrics-port={POD_METRICS_PORT}",
-)  # fmt: skip
+COMPACT_COMMAND: tuple[str, ...] = ("icefall", "compact", "--namespace", "{namespace}", "--name", "{name}")
 
 #: JSON object of Spark configuration (str → str) the entry point passes to its SparkSession; it holds
 #: `$(ICEFALL_POD_NAME)` / `$(ICEFALL_POD_IP)` references that the kubelet expands.
@@ -151,11 +165,22 @@ def compaction_account_name(table: str) -> str:
     return child_name("icefall-", table, "-compact")
 
 
-_METRICS_PORT: Manifest = {"name": "metrics", "containerPort": POD_METRICS_PORT, "protocol": "TCP"}
+def command(template: Sequence[str], *, namespace: str, name: str, metrics_port: int) -> list[str]:
+    """The entry point's command line for this table, serving metrics on `metrics_port`."""
+    return [
+        *(part.format(namespace=namespace, name=name) for part in template),
+        f"--metrics-port={metrics_port}",
+    ]
 
 
-def command(template: Sequence[str], *, namespace: str, name: str) -> list[str]:
-    return [part.format(namespace=namespace, name=name) for part in template]
+def _metrics_port(port: int, *, host_network: bool) -> Manifest:
+    """The `metrics` port; on the host network also the node's port (which the API server would default)."""
+    return {
+        "name": "metrics",
+        "containerPort": port,
+        "protocol": "TCP",
+        **({"hostPort": port} if host_network else {}),
+    }
 
 
 # --- operator settings ------------------------------------------------------------------------------------
@@ -174,6 +199,10 @@ class Resources:
         requests = {k: v for k, v in (("cpu", self.cpu_request), ("memory", self.memory_request)) if v}
         limits = {k: v for k, v in (("cpu", self.cpu_limit), ("memory", self.memory_limit)) if v}
         return {**({"requests": requests} if requests else {}), **({"limits": limits} if limits else {})}
+
+    def template(self) -> PodTemplate:
+        """These resources as the lowest layer of a pod template (`icefall.plan.pods.effective`)."""
+        return PodTemplate(resources=ResourceRequirements.model_validate(self.manifest()))
 
 
 @dataclass(frozen=True)
@@ -203,6 +232,10 @@ class OperatorSettings:
     tmp_size_limit: str = "1Gi"
     spark_local_size_limit: str = "16Gi"
     termination_grace_period_seconds: int = 60
+    #: What every table's pods get (the chart's `pods`), under each table's own `spec.pods`.
+    pod_template: PodTemplates = field(default_factory=PodTemplates)
+    #: Where host-network pods' metrics ports are drawn from (inclusive; `icefall.plan.pods`).
+    host_network_ports: tuple[int, int] = (20000, 29999)
 
     def __post_init__(self) -> None:
         if self.spark_master != "kubernetes" and not _LOCAL_MASTER.match(self.spark_master):
@@ -215,6 +248,12 @@ class OperatorSettings:
             )
         if self.executor_cores < 1 or self.termination_grace_period_seconds < 0:
             raise ValueError("executor_cores must be >= 1 and termination_grace_period_seconds >= 0")
+        first, last = self.host_network_ports
+        if not 1024 <= first < last <= 65535:
+            raise ValueError(
+                f"host_network_ports {first}-{last}: need 1024 <= first < last <= 65535 (two ports at least: "
+                "a table's driver and compaction pods each get one)"
+            )
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> OperatorSettings:
@@ -225,20 +264,49 @@ class OperatorSettings:
             raw = environ.get(variable)
             if raw is None or raw == "":
                 continue
-            if isinstance(getattr(cls, name), int):
-                try:
-                    values[name] = int(raw)
-                except ValueError:
-                    raise ValueError(f"{variable}={raw!r}: expected a whole number") from None
-            else:
-                values[name] = raw
+            parse = _SETTINGS_PARSERS.get(name, str)
+            try:
+                values[name] = parse(raw)
+            except ValueError as error:
+                shown = f"{variable}={raw!r}" if len(raw) <= 64 else variable  # not a whole JSON document
+                raise ValueError(f"{shown}: {error}") from None
         try:
             return cls(**values)
         except ValueError as error:
             raise ValueError(f"operator settings from the environment: {error}") from None
 
 
-#: OperatorSettings field → the operator's environment variable that sets it (charts/icefall: `spark.*`).
+def _whole_number(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+
+
+def _port_range(raw: str) -> tuple[int, int]:
+    first, dash, last = raw.partition("-")
+    try:
+        if dash:
+            return int(first), int(last)
+    except ValueError:
+        pass
+    raise ValueError("expected a port range FIRST-LAST, e.g. 20000-29999")
+
+
+def _pod_template(raw: str) -> PodTemplates:
+    """JSON of the shape of `spec.pods` (the chart's `pods`), validated like a table's."""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON ({error}); give an object like the chart's pods value") from None
+    try:
+        return pod_templates_from_object(data, origin="the chart's pods")
+    except ManifestError as error:
+        raise ValueError("; ".join(map(str, error.problems))) from None
+
+
+#: OperatorSettings field → the operator's environment variable that sets it (charts/icefall: `spark.*`,
+#: `pods`, `hostNetworkPorts`).
 SETTINGS_ENV = {
     "spark_master": "ICEFALL_SPARK_MASTER",
     "image_pull_policy": "ICEFALL_IMAGE_PULL_POLICY",
@@ -248,6 +316,17 @@ SETTINGS_ENV = {
     "min_executors": "ICEFALL_MIN_EXECUTORS",
     "max_executors": "ICEFALL_MAX_EXECUTORS",
     "executor_idle_timeout_seconds": "ICEFALL_EXECUTOR_IDLE_TIMEOUT_SECONDS",
+    "pod_template": "ICEFALL_POD_TEMPLATE",
+    "host_network_ports": "ICEFALL_HOST_NETWORK_PORTS",
+}
+#: How a variable's text becomes the field's value (str when not listed); a ValueError says what is wrong.
+_SETTINGS_PARSERS: dict[str, Callable[[str], Any]] = {
+    "executor_cores": _whole_number,
+    "min_executors": _whole_number,
+    "max_executors": _whole_number,
+    "executor_idle_timeout_seconds": _whole_number,
+    "pod_template": _pod_template,
+    "host_network_ports": _port_range,
 }
 
 
@@ -385,10 +464,22 @@ def spec_hash(st: StreamingTable, *, image: str, settings: OperatorSettings, mas
         "spec": restart_worthy,
         "image": image,
         "master": master,
-        "settings": dataclasses.asdict(settings),
+        "settings": _settings_payload(settings),
         "restart": st.metadata.annotations.get(ANNOTATION_RESTART),
     }
     return _digest(json.dumps(payload, sort_keys=True, separators=(",", ":")))[:16]
+
+
+def _settings_payload(settings: OperatorSettings) -> dict[str, Any]:
+    payload: dict[str, Any] = {}
+    for setting in dataclasses.fields(settings):
+        value = getattr(settings, setting.name)
+        if isinstance(value, PodTemplates):
+            value = value.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        elif isinstance(value, Resources):
+            value = dataclasses.asdict(value)
+        payload[setting.name] = value
+    return payload
 
 
 def _digest(text: str) -> str:
@@ -503,6 +594,36 @@ class Children:
         raise KeyError(f"{kind}/{name}")
 
 
+@dataclass(frozen=True)
+class PodPlan:
+    """One role's pods (`icefall.plan.pods` DRIVER, EXECUTOR, COMPACTION): the effective pod template
+    (operator defaults, chart, table) and the port its entry point serves metrics on."""
+
+    template: PodTemplate
+    metrics_port: int
+
+    @property
+    def host_network(self) -> bool:
+        return bool(self.template.host_network)
+
+
+def pod_plans(st: StreamingTable, settings: OperatorSettings, *, namespace: str) -> dict[str, PodPlan]:
+    """The effective pod template and metrics port of each role of `st`'s pods."""
+    bases = {
+        pods.DRIVER: settings.driver_resources.template(),
+        pods.EXECUTOR: PodTemplate(),  # executors' cpu and memory come from the Spark settings
+        pods.COMPACTION: settings.compaction_resources.template(),
+    }
+    plans: dict[str, PodPlan] = {}
+    for role, base in bases.items():
+        template = pods.effective(role, base=base, chart=settings.pod_template, table=st.spec.pods)
+        port = POD_METRICS_PORT
+        if template.host_network:
+            port = pods.host_network_port(namespace, st.metadata.name, role, settings.host_network_ports)
+        plans[role] = PodPlan(template, port)
+    return plans
+
+
 def desired_children(
     st: StreamingTable,
     *,
@@ -526,44 +647,32 @@ def desired_children(
     digest = spec_hash(st, image=image, settings=settings, master=master)
     kafka_env, catalog_env, secret_problems = secret_env_vars(st.spec)
     problems += secret_problems
-    r = _Renderer(st, namespace=namespace, uid=uid, generation=generation, digest=digest)
-
-    driver_account = driver_account_name(name)
-    compact_account = compaction_account_name(name)
-    applied: list[Manifest] = [
-        *r.rbac(driver_account, COMPONENT_INGEST, driver_rules(st, executors=on_kubernetes)),
-        *r.rbac(compact_account, COMPONENT_COMPACT, compaction_rules(st)),
-    ]
-    absent: list[ObjectRef] = []
-    template = executor_template_name(name)
+    plans = pod_plans(st, settings, namespace=namespace)
+    executor_conf, executor_problems = pods.executor_spark_conf(plans[pods.EXECUTOR].template)
     if on_kubernetes:
-        applied.append(r.executor_template(template, settings))
-    else:
-        absent.append(ObjectRef("v1", "ConfigMap", template))
+        problems += executor_problems
+    r = _Renderer(st, namespace=namespace, uid=uid, generation=generation, digest=digest, settings=settings)
+
+    applied, absent = _accounts_and_executor_template(r, st, plans, on_kubernetes=on_kubernetes)
+    template = executor_template_name(name)
+    replicas = 0 if st.spec.suspend else compaction_replicas
     applied.append(
         r.compaction(
-            compaction_name(name),
-            image=image,
-            settings=settings,
-            account=compact_account,
-            replicas=0 if st.spec.suspend else compaction_replicas,
-            secrets=catalog_env,
+            compaction_name(name), image=image, account=compaction_account_name(name), replicas=replicas,
+            secrets=catalog_env, pod=plans[pods.COMPACTION],
         )
-    )
+    )  # fmt: skip
     driver = None
     if not st.spec.suspend:
         conf = _driver_spark_conf(
-            st, namespace=namespace, master=master, image=image, settings=settings, digest=digest
-        )
+            st, namespace=namespace, master=master, image=image, settings=settings, digest=digest,
+            driver_host_network=plans[pods.DRIVER].host_network, executor_conf=executor_conf,
+        )  # fmt: skip
         driver = r.driver_pod(
-            driver_pod_name(name),
-            image=image,
-            settings=settings,
-            account=driver_account,
-            spark_conf=conf,
-            secrets=[*kafka_env, *catalog_env],
-            template=template if on_kubernetes else None,
-        )
+            driver_pod_name(name), image=image, account=driver_account_name(name), spark_conf=conf,
+            secrets=[*kafka_env, *catalog_env], template=template if on_kubernetes else None,
+            pod=plans[pods.DRIVER],
+        )  # fmt: skip
     return Children(
         spec_hash=digest,
         spark_master=master,
@@ -574,10 +683,38 @@ def desired_children(
     )
 
 
+def _accounts_and_executor_template(
+    r: _Renderer, st: StreamingTable, plans: Mapping[str, PodPlan], *, on_kubernetes: bool
+) -> tuple[list[Manifest], list[ObjectRef]]:
+    """The ServiceAccounts with their RBAC, and the executors' pod template (or that it must be absent)."""
+    name = st.metadata.name
+    driver_rbac = driver_rules(st, executors=on_kubernetes)
+    applied: list[Manifest] = [
+        *r.rbac(driver_account_name(name), COMPONENT_INGEST, driver_rbac, plans[pods.DRIVER]),
+        *r.rbac(
+            compaction_account_name(name), COMPONENT_COMPACT, compaction_rules(st), plans[pods.COMPACTION]
+        ),
+    ]
+    template = executor_template_name(name)
+    if on_kubernetes:
+        return [*applied, r.executor_template(template, plans[pods.EXECUTOR])], []
+    return applied, [ObjectRef("v1", "ConfigMap", template)]
+
+
 def _driver_spark_conf(
-    st: StreamingTable, *, namespace: str, master: str, image: str, settings: OperatorSettings, digest: str
+    st: StreamingTable,
+    *,
+    namespace: str,
+    master: str,
+    image: str,
+    settings: OperatorSettings,
+    digest: str,
+    driver_host_network: bool,
+    executor_conf: Mapping[str, str],
 ) -> dict[str, str]:
-    """Spark configuration of the driver (`ICEFALL_SPARK_CONF`); Kubernetes keys only with that master."""
+    """Spark configuration of the driver (`ICEFALL_SPARK_CONF`); Kubernetes keys only with that master.
+    On the host network the driver fixes no port (see `icefall.plan.pods`); `executor_conf` (from the
+    executors' pod template) comes last and wins."""
     conf = {
         "spark.master": master,
         "spark.app.name": f"icefall-{st.metadata.name}",
@@ -586,16 +723,26 @@ def _driver_spark_conf(
     }
     if master != KUBERNETES_MASTER:
         return conf
+    conf |= _kubernetes_spark_conf(st, namespace=namespace, image=image, settings=settings, digest=digest)
+    if not driver_host_network:
+        conf |= {
+            "spark.driver.port": str(DRIVER_PORT),
+            "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        }
+    return conf | dict(executor_conf)
+
+
+def _kubernetes_spark_conf(
+    st: StreamingTable, *, namespace: str, image: str, settings: OperatorSettings, digest: str
+) -> dict[str, str]:
     name = st.metadata.name
     account = driver_account_name(name)
     executor_labels = {**_labels(name, COMPONENT_INGEST), LABEL_SPEC_HASH: digest}
-    conf |= {
+    conf = {
         "spark.submit.deployMode": "client",
         "spark.kubernetes.namespace": namespace,
         "spark.kubernetes.driver.pod.name": f"$({ENV_POD_NAME})",  # executors are owned by the driver pod
         "spark.driver.host": f"$({ENV_POD_IP})",
-        "spark.driver.port": str(DRIVER_PORT),
-        "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
         "spark.kubernetes.container.image": image,
         "spark.kubernetes.container.image.pullPolicy": settings.image_pull_policy,
         "spark.kubernetes.authenticate.driver.serviceAccountName": account,
@@ -682,11 +829,21 @@ def _downward_env() -> list[Manifest]:
 
 
 class _Renderer:
-    def __init__(self, st: StreamingTable, *, namespace: str, uid: str, generation: int, digest: str) -> None:
+    def __init__(
+        self,
+        st: StreamingTable,
+        *,
+        namespace: str,
+        uid: str,
+        generation: int,
+        digest: str,
+        settings: OperatorSettings,
+    ) -> None:
         self.name = st.metadata.name
         self.namespace = namespace
         self.digest = digest
         self.generation = generation
+        self.settings = settings
         self.owner = {
             "apiVersion": API_VERSION,
             "kind": KIND,
@@ -708,12 +865,21 @@ class _Renderer:
             "ownerReferences": [dict(self.owner)],
         }
 
-    def rbac(self, name: str, component: str, rules: list[Manifest]) -> list[Manifest]:
+    def pod_metadata(self, name: str, component: str, template: PodTemplate) -> Manifest:
+        """A pod's metadata: the operator's, over the template's labels and annotations."""
+        metadata = self.metadata(name, component)
+        metadata["labels"] = pods.pod_labels(template, metadata["labels"])
+        metadata["annotations"] = pods.pod_annotations(template, metadata["annotations"])
+        return metadata
+
+    def rbac(self, name: str, component: str, rules: list[Manifest], pod: PodPlan) -> list[Manifest]:
+        account = self.metadata(name, component)
+        account["annotations"] = {**pod.template.service_account_annotations, **account["annotations"]}
         return [
             {
                 "apiVersion": "v1",
                 "kind": "ServiceAccount",
-                "metadata": self.metadata(name, component),
+                "metadata": account,
                 # Pods opt in (the driver needs the API; compaction needs the Lease).
                 "automountServiceAccountToken": False,
             },
@@ -732,34 +898,47 @@ class _Renderer:
             },
         ]
 
-    def executor_template(self, name: str, settings: OperatorSettings) -> Manifest:
-        """Spark executors' pod template: the restricted security settings Spark cannot set by conf."""
-        pod = {
+    def executor_template(self, name: str, pod: PodPlan) -> Manifest:
+        """Spark executors' pod template: the restricted security settings Spark cannot set by conf, and the
+        executors' pod template (cpu and memory excepted: Spark sets those from its conf)."""
+        template = pod.template
+        container: Manifest = {
+            "name": EXECUTOR_CONTAINER,
+            "securityContext": dict(_CONTAINER_SECURITY_CONTEXT),
+            # Executors fetch the driver's added files and jars into their working folder; the root is
+            # read-only.
+            "workingDir": TMP_DIR,
+            "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}],
+        }
+        pods.apply_to_container(container, template, resources=False)
+        other = pods.resources_manifest(
+            template.resources or ResourceRequirements(), leave_out=("cpu", "memory")
+        )
+        if other:  # cpu and memory are Spark's (spark.executor.memory, spark.kubernetes.executor.*.cores)
+            container["resources"] = other
+        spec: Manifest = {
+            "automountServiceAccountToken": False,  # executors never call the API
+            "enableServiceLinks": False,
+            "securityContext": _pod_security_context(self.settings),
+            "containers": [container],
+            # Spark adds its own emptyDir local dirs (spark-local-dir-*) next to this one.
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": self.settings.tmp_size_limit}}],
+        }
+        pods.apply_to_pod_spec(spec, template)
+        metadata = {
+            k: v for k, v in (("labels", template.labels), ("annotations", template.annotations)) if v
+        }
+        body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "spec": {
-                "automountServiceAccountToken": False,  # executors never call the API
-                "enableServiceLinks": False,
-                "securityContext": _pod_security_context(settings),
-                "containers": [
-                    {
-                        "name": EXECUTOR_CONTAINER,
-                        "securityContext": dict(_CONTAINER_SECURITY_CONTEXT),
-                        # Executors fetch the driver's added files and jars into their working folder;
-                        # the root is read-only.
-                        "workingDir": TMP_DIR,
-                        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}],
-                    }
-                ],
-                # Spark adds its own emptyDir local dirs (spark-local-dir-*) next to this one.
-                "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}}],
-            },
+            **({"metadata": metadata} if metadata else {}),
+            "spec": spec,
         }
         return {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": self.metadata(name, COMPONENT_INGEST),
-            "data": {EXECUTOR_TEMPLATE_KEY: json.dumps(pod, sort_keys=True, indent=2)},
+            "data": {EXECUTOR_TEMPLATE_KEY: json.dumps(body, sort_keys=True, indent=2)},
         }
 
     def container(
@@ -767,35 +946,39 @@ class _Renderer:
         name: str,
         *,
         image: str,
-        settings: OperatorSettings,
         args: list[str],
         env: list[Manifest],
-        resources: Resources,
         mounts: list[Manifest],
+        pod: PodPlan,
     ) -> Manifest:
-        return {
+        """A driver or compaction container: the operator's env and mounts, then the template's; the
+        `metrics` port."""
+        container: Manifest = {
             "name": name,
             "image": image,
-            "imagePullPolicy": settings.image_pull_policy,
+            "imagePullPolicy": self.settings.image_pull_policy,
             "command": args,
             "env": env,
-            "resources": resources.manifest(),
+            "resources": {},
             "securityContext": dict(_CONTAINER_SECURITY_CONTEXT),
             "volumeMounts": mounts,
+            "ports": [_metrics_port(pod.metrics_port, host_network=pod.host_network)],
         }
+        pods.apply_to_container(container, pod.template)
+        return container
 
     def driver_pod(
         self,
         name: str,
         *,
         image: str,
-        settings: OperatorSettings,
         account: str,
         spark_conf: dict[str, str],
         secrets: list[SecretEnv],
         template: str | None,
+        pod: PodPlan,
     ) -> Manifest:
-        volumes, mounts = _scratch_volumes(settings)
+        volumes, mounts = _scratch_volumes(self.settings)
         env = [
             *_downward_env(),  # before ICEFALL_SPARK_CONF: the kubelet expands $(...) from earlier vars only
             {"name": ENV_SPARK_CONF, "value": json.dumps(spark_conf, sort_keys=True, separators=(",", ":"))},
@@ -804,85 +987,72 @@ class _Renderer:
         if template is not None:
             volumes.append({"name": "executor-template", "configMap": {"name": template}})
             mounts.append({"name": "executor-template", "mountPath": EXECUTOR_TEMPLATE_DIR, "readOnly": True})
-        container = self.container(
-            "ingest",
-            image=image,
-            settings=settings,
-            args=command(INGEST_COMMAND, namespace=self.namespace, name=self.name),
-            env=env,
-            resources=settings.driver_resources,
-            mounts=mounts,
+        args = command(
+            INGEST_COMMAND, namespace=self.namespace, name=self.name, metrics_port=pod.metrics_port
         )
-        container["ports"] = [_METRICS_PORT]
-        if template is not None:
+        container = self.container("ingest", image=image, args=args, env=env, mounts=mounts, pod=pod)
+        if template is not None and not pod.host_network:  # on the host network Spark picks free ports
             container["ports"] += [
                 {"name": "spark-driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
                 {"name": "block-manager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
             ]
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": self.metadata(name, COMPONENT_INGEST),
-            "spec": {
-                "serviceAccountName": account,
-                "automountServiceAccountToken": True,  # Spark and the commit Lease use the API
-                "enableServiceLinks": False,
-                # The operator restarts a failed driver itself, with backoff (icefall.plan.driver).
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
-                "securityContext": _pod_security_context(settings),
-                "containers": [container],
-                "volumes": volumes,
-            },
+        spec: Manifest = {
+            "serviceAccountName": account,
+            "automountServiceAccountToken": True,  # Spark and the commit Lease use the API
+            "enableServiceLinks": False,
+            # The operator restarts a failed driver itself, with backoff (icefall.plan.driver).
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": self.settings.termination_grace_period_seconds,
+            "securityContext": _pod_security_context(self.settings),
+            "containers": [container],
+            "volumes": volumes,
         }
+        pods.apply_to_pod_spec(spec, pod.template)
+        metadata = self.pod_metadata(name, COMPONENT_INGEST, pod.template)
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
     def compaction(
-        self,
-        name: str,
-        *,
-        image: str,
-        settings: OperatorSettings,
-        account: str,
-        replicas: int,
-        secrets: list[SecretEnv],
+        self, name: str, *, image: str, account: str, replicas: int, secrets: list[SecretEnv], pod: PodPlan
     ) -> Manifest:
-        volumes, mounts = _scratch_volumes(settings)
+        volumes, mounts = _scratch_volumes(self.settings)
         conf = {"spark.master": "local[*]", "spark.local.dir": SPARK_LOCAL_DIR}
         env = [
             *_downward_env(),
             {"name": ENV_SPARK_CONF, "value": json.dumps(conf, sort_keys=True, separators=(",", ":"))},
             *(s.manifest() for s in secrets),
         ]
-        container = self.container(
-            "compact",
-            image=image,
-            settings=settings,
-            args=command(COMPACT_COMMAND, namespace=self.namespace, name=self.name),
-            env=env,
-            resources=settings.compaction_resources,
-            mounts=mounts,
+        args = command(
+            COMPACT_COMMAND, namespace=self.namespace, name=self.name, metrics_port=pod.metrics_port
         )
-        container["ports"] = [_METRICS_PORT]
+        container = self.container("compact", image=image, args=args, env=env, mounts=mounts, pod=pod)
+        spec: Manifest = {
+            "serviceAccountName": account,
+            "automountServiceAccountToken": True,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": self.settings.termination_grace_period_seconds,
+            "securityContext": _pod_security_context(self.settings),
+            "containers": [container],
+            "volumes": volumes,
+        }
+        pods.apply_to_pod_spec(spec, pod.template)
+        # The spec hash in the template's labels rolls the pods when the spec changes.
+        metadata: Manifest = {"labels": pods.pod_labels(pod.template, self.labels(COMPONENT_COMPACT))}
+        if pod.template.annotations:
+            metadata["annotations"] = dict(pod.template.annotations)
+        deployment: Manifest = {
+            "replicas": replicas,
+            "revisionHistoryLimit": 2,
+            "selector": {"matchLabels": selector_labels(self.name, COMPONENT_COMPACT)},
+            "template": {"metadata": metadata, "spec": spec},
+        }
+        if pod.host_network:  # a new pod would want the node port the old one holds: replace, then start
+            deployment["strategy"] = {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            }
         return {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": self.metadata(name, COMPONENT_COMPACT),
-            "spec": {
-                "replicas": replicas,
-                "revisionHistoryLimit": 2,
-                "selector": {"matchLabels": selector_labels(self.name, COMPONENT_COMPACT)},
-                "template": {
-                    # The spec hash in the template's labels rolls the pods when the spec changes.
-                    "metadata": {"labels": self.labels(COMPONENT_COMPACT)},
-                    "spec": {
-                        "serviceAccountName": account,
-                        "automountServiceAccountToken": True,
-                        "enableServiceLinks": False,
-                        "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
-                        "securityContext": _pod_security_context(settings),
-                        "containers": [container],
-                        "volumes": volumes,
-                    },
-                },
-            },
+            "spec": deployment,
         }
