@@ -216,8 +216,8 @@ class OperatorSettings:
     #: inside the driver pod; for small clusters). A table may override it with `icefall.dev/spark-master`.
     spark_master: str = "kubernetes"
     image_pull_policy: str = "IfNotPresent"
-    run_as_user: int = 185  # the `spark` user of Apache Spark's images
-    run_as_group: int = 185
+    run_as_user: int = 10001  # the image's `icefall` user (spark_images/Dockerfile)
+    run_as_group: int = 10001
     driver_resources: Resources = Resources("1", "2Gi", None, "2Gi")
     #: JVM heap of the driver (`spark.driver.memory`); must leave room for Python in the container.
     driver_jvm_memory: str = "1g"
@@ -268,7 +268,7 @@ class OperatorSettings:
             try:
                 values[name] = parse(raw)
             except ValueError as error:
-                shown = f"{variable}={raw!r}" if len(raw) <= 64 else variable  # not a whole JSON document
+                shown = variable if name == "pod_template" else f"{variable}={raw!r}"  # not a JSON document
                 raise ValueError(f"{shown}: {error}") from None
         try:
             return cls(**values)
