@@ -386,7 +386,13 @@ class PodTemplate(ApiModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=MAX_TOLERATIONS, description="Taints the pod tolerates."
     )
-    affinity: Affinity | None = Field(default=None, description="Node and pod (anti-)affinity.")
+    affinity: Affinity | None = Field(
+        default=None,
+        description=(
+            "Node and pod (anti-)affinity, as in a pod spec. The terms are kept as written and checked by the "
+            "API server when the pod is created."
+        ),
+    )
     priority_class_name: str | None = Field(
         default=None,
         description="PriorityClass of the pod.",
