@@ -10,7 +10,11 @@ Proves:
   on their port `metrics`, in the release namespace or, cluster-wide, in every namespace;
 - the Grafana dashboard ConfigMap carries the sidecar's label (name and value configurable) and the
   generated dashboard file byte for byte, and disappears when disabled;
-- values.schema.json rejects a bad value (`replicas: "two"`, an unknown key);
+- values.schema.json rejects a bad value (`replicas: "two"`, an unknown key, an env name the operator sets
+  in `pods`);
+- `pods` and `hostNetworkPorts` reach the operator as its settings (ICEFALL_POD_TEMPLATE,
+  ICEFALL_HOST_NETWORK_PORTS), and `hostNetwork` puts the operator's own pod on the node's network with
+  ClusterFirstWithHostNet DNS (off by default);
 - the chart's CRD is byte for byte crds/ (refresh it with `make chart-crds`);
 - every rendered object, the CRD included, passes `kubectl apply --server-side --dry-run=server` (a minimal
   ServiceMonitor, PodMonitor and PrometheusRule CRD are installed first: prometheus-operator is not here);
@@ -33,7 +37,7 @@ from typing import Any
 import pytest
 import yaml
 
-from icefall.api import load_manifest
+from icefall.api import PodTemplates, load_manifest
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import (
@@ -198,6 +202,9 @@ def test_cluster_wide_render(home: Path) -> None:
         (("--set", "rbac.clusterwide=true"), "clusterwide"),
         (("--set", "spark.master=yarn"), "/spark/master"),
         (("--set", "spark.executorMemory=2GB"), "/spark/executorMemory"),
+        (("--set", "hostNetwork=yes"), "/hostNetwork"),
+        (("--set-json", 'pods={"driver":{"env":[{"name":"HOME","value":"/x"}]}}'), "/pods/driver/env/0/name"),
+        (("--set", "hostNetworkPorts.first=80"), "/hostNetworkPorts/first"),
     ],
 )
 def test_schema_rejects_bad_values(home: Path, values: tuple[str, ...], message: str) -> None:
@@ -220,6 +227,23 @@ def test_spark_values_reach_the_operator_settings(home: Path) -> None:
     env = {var["name"]: var["value"] for var in only(defaults, "Deployment")["spec"]["template"]["spec"][
         "containers"][0]["env"] if "value" in var}  # fmt: skip
     assert OperatorSettings.from_environ(env) == OperatorSettings(), "the chart's defaults are the operator's"
+
+
+def test_pod_templates_and_host_network_reach_the_operator(home: Path) -> None:
+    pods = {
+        "common": {"nodeSelector": {"pool": "data"}, "imagePullSecrets": [{"name": "registry"}]},
+        "driver": {"hostNetwork": True, "resources": {"limits": {"memory": "4Gi"}}},
+    }
+    values = ("--set-json", f"pods={json.dumps(pods)}", "--set", "hostNetwork=true")
+    values += ("--set", "hostNetworkPorts.first=30000", "--set", "hostNetworkPorts.last=30999")
+    pod = only(render(home, "ops", *values), "Deployment")["spec"]["template"]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    env = {var["name"]: var["value"] for var in pod["containers"][0]["env"] if "value" in var}
+    settings = OperatorSettings.from_environ(env)
+    assert settings.pod_template == PodTemplates.model_validate(pods)
+    assert settings.host_network_ports == (30000, 30999)
+    default = only(render(home, "ops"), "Deployment")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in default and "dnsPolicy" not in default
 
 
 def test_pod_monitor_selects_the_pods_the_operator_runs(home: Path) -> None:

@@ -422,7 +422,12 @@ def test_operator_settings_read_the_pod_template_and_port_range_from_the_environ
     )
     assert settings.pod_template == PodTemplates.model_validate(chart)
     assert settings.host_network_ports == (25000, 25099)
-    empty = {"common": {}, "driver": {}, "executor": {}, "compaction": {}}  # the chart's default
+    empty: dict[str, dict[str, Any]] = {
+        "common": {},
+        "driver": {},
+        "executor": {},
+        "compaction": {},
+    }  # the chart's default
     assert OperatorSettings.from_environ({"ICEFALL_POD_TEMPLATE": json.dumps(empty)}) == OperatorSettings()
 
 

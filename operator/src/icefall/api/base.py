@@ -35,7 +35,8 @@ FIELD_NAME_PATTERN = r"^[^.`]+$"
 FIELD_PATH_PATTERN = r"^[^.`]+(\.[^.`]+)*$"
 #: A Kubernetes quantity without a sign (`500m`, `2`, `1.5`, `4Gi`, `1e3`).
 QUANTITY_PATTERN = (
-    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"  # the number, then a binary or decimal suffix or an exponent
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 #: A qualified name (`cpu`, `nvidia.com/gpu`, `app.kubernetes.io/name`): optional DNS prefix and a name.
 QUALIFIED_NAME_PATTERN = (

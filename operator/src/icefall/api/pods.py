@@ -389,8 +389,8 @@ class PodTemplate(ApiModel):
     affinity: Affinity | None = Field(
         default=None,
         description=(
-            "Node and pod (anti-)affinity, as in a pod spec. The terms are kept as written and checked by the "
-            "API server when the pod is created."
+            "Node and pod (anti-)affinity, as in a pod spec. The terms are kept as written and checked by "
+            "the API server when the pod is created."
         ),
     )
     priority_class_name: str | None = Field(
