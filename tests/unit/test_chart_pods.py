@@ -6,7 +6,7 @@ the operator accepts and refuses, at `helm install` time, what the operator woul
 the operator sets, executor ServiceAccount annotations, unknown fields, unquoted quantities, privileged
 ports); its pod-template schema names exactly the model's fields and reserved names; the operator's
 Deployment passes every operator setting as env and runs on the host network (with ClusterFirstWithHostNet
-DNS) only when `hostNetwork` is true.
+DNS) only when `hostNetwork` is true; the examples of docs/pod-templates.md are valid.
 
 The schema is checked with a small draft-07 validator below covering the keywords the chart uses (it
 fails on any other keyword); tests/integration/test_chart.py renders the chart with helm itself.
@@ -24,7 +24,15 @@ from typing import Any
 import pytest
 import yaml
 
-from icefall.api import EnvVar, PodTemplate, PodTemplates, ResourceRequirements, Toleration, VolumeMount
+from icefall.api import (
+    EnvVar,
+    PodTemplate,
+    PodTemplates,
+    ResourceRequirements,
+    Toleration,
+    VolumeMount,
+    parse_manifest,
+)
 from icefall.api.pods import (
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
@@ -235,3 +243,12 @@ def test_the_deployment_passes_every_setting_and_honours_host_network() -> None:
     host = re.search(r"\{\{- if \.Values\.hostNetwork \}\}\n(.*?)\{\{- end \}\}", DEPLOYMENT, re.S)
     assert host is not None
     assert yaml.safe_load(host.group(1)) == {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+
+
+def test_the_docs_examples_are_valid() -> None:
+    doc = (CHART.parents[1] / "docs" / "pod-templates.md").read_text()
+    table, chart = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    assert parse_manifest(table).spec.pods.driver.service_account_annotations
+    values = with_values(**yaml.safe_load(chart))
+    assert errors(values, SCHEMA) == []
+    assert OperatorSettings.from_environ(chart_env(values)).pod_template.driver.resources is not None
