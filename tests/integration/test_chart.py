@@ -41,13 +41,12 @@ from icefall.api import PodTemplates, load_manifest
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import (
-    SETTINGS_ENV,
-    OperatorSettings,
     compaction_rules,
     desired_children,
     driver_account_name,
     driver_rules,
 )
+from icefall.plan.settings import SETTINGS_ENV, OperatorSettings
 
 pytestmark = pytest.mark.integration
 

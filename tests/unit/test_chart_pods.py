@@ -40,7 +40,7 @@ from icefall.api.pods import (
     RESERVED_VOLUME_NAMES,
     Affinity,
 )
-from icefall.plan.children import SETTINGS_ENV, OperatorSettings
+from icefall.plan.settings import SETTINGS_ENV, OperatorSettings
 
 pytestmark = pytest.mark.unit
 

@@ -35,14 +35,13 @@ from icefall.plan.children import (
     POD_METRICS_PORT,
     Children,
     ObjectRef,
-    OperatorSettings,
-    Resources,
     child_name,
     desired_children,
     in_cluster_master,
     secret_env_vars,
 )
 from icefall.plan.leases import commit_lease_name
+from icefall.plan.settings import OperatorSettings, Resources
 
 pytestmark = pytest.mark.unit
 

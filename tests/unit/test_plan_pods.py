@@ -30,10 +30,10 @@ from icefall.plan.children import (
     EXECUTOR_TEMPLATE_KEY,
     POD_METRICS_PORT,
     Children,
-    OperatorSettings,
     desired_children,
     pod_plans,
 )
+from icefall.plan.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
 

@@ -44,7 +44,7 @@ from icefall.api import (
 from icefall.controller import metrics
 from icefall.controller.kube import Kube
 from icefall.controller.observe import Observed, TableObserver
-from icefall.plan.children import OperatorSettings, desired_children, driver_pod_name
+from icefall.plan.children import desired_children, driver_pod_name
 from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
 from icefall.plan.conditions import (
     Issue,
@@ -66,6 +66,7 @@ from icefall.plan.driver import (
     driver_pod_from_object,
 )
 from icefall.plan.scaling import compaction_replicas, damped_replicas
+from icefall.plan.settings import OperatorSettings
 from icefall.plan.table_status import acknowledged_loss, summarize
 
 ANNOTATION_DRIVER_HISTORY = "icefall.dev/driver-history"
@@ -86,7 +87,7 @@ class Config:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
         """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS` and the settings of
-        `icefall.plan.children.SETTINGS_ENV`; defaults otherwise."""
+        `icefall.plan.settings.SETTINGS_ENV`; defaults otherwise."""
         env = os.environ if env is None else env
         settings = OperatorSettings.from_environ(env)
         cap = float(env.get("ICEFALL_DRIVER_MAX_BACKOFF_SECONDS", MAX_BACKOFF_SECONDS))
