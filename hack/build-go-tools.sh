@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Go binaries the test stack needs from the Go module proxy, cached by version:
-#   kube-apiserver + kubectl + kube-controller-manager (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3),
+#   kube-apiserver + kubectl + kube-controller-manager + kube-scheduler + kubelet (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3),
 #   helm, minio (github.com/minio/minio: the S3-compatible object store), promtool (Prometheus's rule checker
 #   and rule unit-test runner); on request only, kind
 #   (sigs.k8s.io/kind, for `make e2e-kind`, which needs Docker).
@@ -23,7 +23,7 @@ log() { echo "[build-go-tools] $*" >&2; }
 build_kube() {
   local out=$cache/kube-$KUBE_VERSION
   local cmd missing=()
-  for cmd in kube-apiserver kubectl kube-controller-manager; do
+  for cmd in kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet; do
     [[ -x $out/bin/$cmd ]] || missing+=("$cmd")
   done
   if ((${#missing[@]} == 0)); then echo "$out/bin"; return; fi

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from icefall.testing.spark_entrypoint import EXECUTOR_BACKEND, executor_command
+from icefall.spark.entrypoint import EXECUTOR_BACKEND, executor_command
 
 pytestmark = pytest.mark.unit
 

@@ -21,9 +21,16 @@ from icefall.devstack.tools import tool_dir
 
 
 class KubeAPIServer:
-    def __init__(self, workdir: Path, users: dict[str, str] | None = None) -> None:
-        """`users` maps extra user names to the comma-separated groups they belong to (may be empty)."""
+    def __init__(
+        self, workdir: Path, users: dict[str, str] | None = None, *, service_accounts: bool = False
+    ) -> None:
+        """`users` maps extra user names to the comma-separated groups they belong to (may be empty).
+
+        `service_accounts`: the ServiceAccount admission plugin is on, as in a cluster (pods get the
+        projected token volume; a pod's ServiceAccount must exist). Only with a controller-manager that
+        runs the serviceaccount and root-ca-certificate-publisher controllers (`NODE_CONTROLLERS`)."""
         self.workdir = workdir
+        self.service_accounts = service_accounts
         self.admin_token = secrets.token_hex(16)
         self.user_tokens = {name: secrets.token_hex(16) for name in users or {}}
         self._user_groups = dict(users or {})
@@ -68,7 +75,7 @@ class KubeAPIServer:
             ],
             self.workdir / "etcd.log",
         ).start()  # fmt: skip
-        self._etcd.wait_ready(lambda: _http_ok(f"{self.etcd_url}/health"), timeout, "healthy")
+        self._etcd.wait_ready(lambda: http_ok(f"{self.etcd_url}/health"), timeout, "healthy")
 
     def _start_apiserver(self, timeout: float) -> None:
         certs = self.workdir / "certs"
@@ -97,9 +104,9 @@ class KubeAPIServer:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={certs / 'sa.pub'}",
                 f"--service-account-signing-key-file={sa_key}",
-                # No controller-manager creates the per-namespace "default" ServiceAccount here, so the
-                # ServiceAccount admission plugin could only reject pods; tests check accounts themselves.
-                "--disable-admission-plugins=ServiceAccount",
+                # Without a controller-manager nothing creates the per-namespace "default" ServiceAccount, so
+                # the ServiceAccount admission plugin could only reject pods; tests check accounts themselves.
+                *([] if self.service_accounts else ["--disable-admission-plugins=ServiceAccount"]),
                 "--enable-priority-and-fairness=false", "--v=1",
             ],
             self.workdir / "kube-apiserver.log",
@@ -109,7 +116,7 @@ class KubeAPIServer:
     def _ready(self) -> bool:
         if not self.ca_file.exists():
             return False
-        return _http_ok(f"{self.url}/readyz", token=self.admin_token, ca_file=self.ca_file)
+        return http_ok(f"{self.url}/readyz", token=self.admin_token, ca_file=self.ca_file)
 
     def write_kubeconfig(self, path: Path, token: str, user: str, namespace: str = "default") -> Path:
         path.write_text(
@@ -143,6 +150,15 @@ current-context: {user}@icefall-test
 #: ServiceAccount. Nothing that needs nodes, a cloud or the legacy token Secrets.
 DEFAULT_CONTROLLERS = ("deployment-controller", "replicaset-controller", "garbage-collector-controller",
                        "serviceaccount-controller")  # fmt: skip
+#: What a cluster with a node needs besides: each namespace's `kube-root-ca.crt` (the projected token volume
+#: mounts it), a deleted namespace emptied (its pods stopped), and the node's `not-ready` taint lifted once
+#: the kubelet reports Ready (the kubelet registers with it).
+NODE_CONTROLLERS = (
+    *DEFAULT_CONTROLLERS,
+    "root-ca-certificate-publisher-controller",
+    "namespace-controller",
+    "node-lifecycle-controller",
+)
 
 
 class KubeControllerManager:
@@ -172,13 +188,13 @@ class KubeControllerManager:
             [
                 binary, f"--kubeconfig={self.api.kubeconfig}", f"--controllers={','.join(self.controllers)}",
                 "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false",
-                "--concurrent-gc-syncs=2", "--v=1",
+                f"--root-ca-file={self.api.ca_file}", "--concurrent-gc-syncs=2", "--v=1",
             ],
             self.log_path,
         ).start()  # fmt: skip
         url = f"{self.api.url}/api/v1/namespaces/default/serviceaccounts/default"
         self._proc.wait_ready(
-            lambda: _http_ok(url, token=self.api.admin_token, ca_file=self.api.ca_file),
+            lambda: http_ok(url, token=self.api.admin_token, ca_file=self.api.ca_file),
             timeout,
             "running its controllers (the default ServiceAccount of namespace default)",
         )
@@ -193,7 +209,31 @@ class KubeControllerManager:
             self._proc = None
 
 
-def _http_ok(url: str, token: str | None = None, ca_file: Path | None = None) -> bool:
+class KubeScheduler:
+    """The real kube-scheduler against `api`, as the admin user; no leader election, no serving port."""
+
+    def __init__(self, api: KubeAPIServer, workdir: Path) -> None:
+        self.api = api
+        self.workdir = workdir
+        self._proc: ManagedProcess | None = None
+
+    def start(self) -> KubeScheduler:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        binary = str(tool_dir("ICEFALL_KUBE_BIN") / "kube-scheduler")
+        self._proc = ManagedProcess(
+            "kube-scheduler",
+            [binary, f"--kubeconfig={self.api.kubeconfig}", "--leader-elect=false", "--secure-port=0"],
+            self.workdir / "kube-scheduler.log",
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+
+
+def http_ok(url: str, token: str | None = None, ca_file: Path | None = None) -> bool:
     request = urllib.request.Request(url)
     if token:
         request.add_header("Authorization", f"Bearer {token}")

@@ -1,14 +1,12 @@
-"""The image's entry point (`/opt/entrypoint.sh` of Apache Spark's image) for the local kubelet.
+"""The image's entry point (spark_images/Dockerfile), where Apache Spark's images have `/opt/entrypoint.sh`.
 
-Spark on Kubernetes creates executor pods with no `command` and the single argument `executor`: the
-image's entry point turns the variables Spark sets on the pod (SPARK_DRIVER_URL, SPARK_EXECUTOR_ID,
-SPARK_EXECUTOR_CORES, SPARK_EXECUTOR_MEMORY, SPARK_APPLICATION_ID, SPARK_EXECUTOR_POD_IP,
-SPARK_EXECUTOR_POD_NAME, SPARK_RESOURCE_PROFILE_ID, SPARK_CONF_DIR and the JVM options SPARK_JAVA_OPT_<n>)
-into the executor JVM's command line. This does the same with the local install standing in for the
-image: Spark's jars are pyspark's (the image's $SPARK_HOME/jars) plus the folder `ICEFALL_SPARK_JARS`
-names (the jars spark_images/Dockerfile adds there). Any other arguments run as a command, as Spark's entry
-point does. Run as `python -m icefall.testing.spark_entrypoint executor`; it replaces itself with the JVM
-(same pid), so the kubelet's signals reach the executor.
+Spark on Kubernetes creates executor pods with no `command` and the single argument `executor`: the entry
+point turns the variables Spark sets on the pod (SPARK_DRIVER_URL, SPARK_EXECUTOR_ID, SPARK_EXECUTOR_CORES,
+SPARK_EXECUTOR_MEMORY, SPARK_APPLICATION_ID, SPARK_EXECUTOR_POD_IP, SPARK_EXECUTOR_POD_NAME,
+SPARK_RESOURCE_PROFILE_ID, SPARK_CONF_DIR and the JVM options SPARK_JAVA_OPT_<n>) into the executor JVM's
+command line: Spark's jars are pyspark's ($SPARK_HOME/jars, where the image also puts Icefall's), plus the
+folder `ICEFALL_SPARK_JARS` names when it is set. Any other arguments run as a command, as Spark's entry
+point does. It replaces itself with the JVM (same pid), so the runtime's signals reach the executor.
 """
 
 from __future__ import annotations
@@ -64,7 +62,7 @@ def executor_command(environ: Mapping[str, str], spark_jars: Path) -> list[str]:
 
 def main(argv: Sequence[str]) -> None:
     if not argv:
-        raise SystemExit("usage: spark_entrypoint executor | <command> [args...]")
+        raise SystemExit("usage: python -m icefall.spark.entrypoint executor | <command> [args...]")
     if argv[0] != "executor":
         os.execvp(argv[0], list(argv))
     import pyspark
