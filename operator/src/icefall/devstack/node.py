@@ -26,11 +26,14 @@ import contextlib
 import fcntl
 import json
 import os
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.procs import ManagedProcess, StartError, free_port, tail
@@ -295,17 +298,13 @@ class Kubelet:
         return tail(self.log_path, lines)
 
 
-def http_json(url: str, api: KubeAPIServer) -> dict[str, object] | None:
+def http_json(url: str, api: KubeAPIServer) -> dict[str, Any] | None:
     """The object at `url` of the API server, as the admin; None when it does not exist (404)."""
-    import ssl
-    import urllib.error
-    import urllib.request
-
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api.admin_token}"})
     context = ssl.create_default_context(cafile=str(api.ca_file))
     try:
         with urllib.request.urlopen(request, timeout=5, context=context) as response:
-            found: dict[str, object] = json.loads(response.read())
+            found: dict[str, Any] = json.loads(response.read())
             return found
     except urllib.error.HTTPError as error:
         if error.code == 404:
