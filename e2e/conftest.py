@@ -45,15 +45,16 @@ from icefall.api import CatalogType, load_manifest
 from icefall.api.crd import CRD_NAME
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.devstack.cluster import LocalCluster, image_refs
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.kube import KubeAPIServer, KubeControllerManager
+from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.node import Node
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
-from icefall.devstack.procs import tail
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import secret_env_vars
 from icefall.testing.harness import E2E_KUBECONFIG, e2e_kubeconfig
-from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import manifest_text, produce, watermarks
 
@@ -118,8 +119,7 @@ class Operator:
             "ICEFALL_RESYNC_SECONDS": "1",
             "ICEFALL_OBSERVE_SECONDS": "1",
             "ICEFALL_STATUS_SECONDS": "1",
-            "ICEFALL_IMAGE": "icefall:e2e",
-            # Spark inside the driver pod: there are no executor pods without a real node.
+            # Spark inside the driver pod, unless a module asks for executor pods.
             "ICEFALL_SPARK_MASTER": "local[1]",
             "PYTHONPATH": str(REPO / "operator" / "src"),
             **self.extra_env,
@@ -169,7 +169,7 @@ def kubectl(kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Kubec
 
 
 @pytest.fixture(scope="module")
-def e2e_namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> str:
+def e2e_namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> Iterator[str]:
     namespace: str = "e2e-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace(
         "_", "-"
     )
@@ -185,7 +185,9 @@ def e2e_namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> str:
         timeout=60,
     )
     kubectl("create", "namespace", namespace)
-    return namespace
+    yield namespace
+    # The namespace controller stops the module's pods and removes what it left.
+    kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -202,46 +204,41 @@ def rest(api: client.ApiClient) -> JsonApi:
     return JsonApi(api)
 
 
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The e2e's cluster: its own API server, controller-manager, scheduler and a node on containerd, with
+    the image hack/build-image.sh built (every pod is a container from it)."""
+    started = time.monotonic()
+    running = LocalCluster(tmp_path_factory.mktemp("cluster"), image_refs()).start()
+    print(f"[e2e] cluster running in {time.monotonic() - started:.1f}s", flush=True)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: LocalCluster) -> KubeAPIServer:
+    """In e2e/, the API server is the cluster's (integration tests keep the plain one)."""
+    return cluster.api
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The cluster's node as one module sees it: container logs of its namespace's pods."""
+
+    node: Node
+    namespace: str
+
+    def log(self, pod: str, uid: str | None = None) -> str:
+        """The text of Pod `pod`'s container logs (`uid`: that incarnation of the name), '' if none yet."""
+        return self.node.pod_log(self.namespace, pod, uid)
+
+
 @pytest.fixture(scope="module")
-def kubelet(
-    kube: KubeAPIServer, api: client.ApiClient, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalKubelet]:
+def node(cluster: LocalCluster, e2e_namespace: str) -> NodeView:
     local_harness_only()
-    bin_dir = Path(sys.executable).parent  # the venv's bin
-    image_env = {
-        # spark_images/Dockerfile's ENV, with this venv standing in for /opt/icefall and the checkout's
-        # source for the installed wheel (the venv's editable install may point at another checkout).
-        "PYTHONPATH": str(REPO / "operator" / "src"),
-        "PYSPARK_PYTHON": str(bin_dir / "python"),
-        "PYSPARK_DRIVER_PYTHON": str(bin_dir / "python"),
-        "HOME": "/tmp",
-        "ICEFALL_STATE_DIR": "/tmp/icefall",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-        # The image has its jars in $SPARK_HOME/jars; here they are in the jar cache.
-        "ICEFALL_SPARK_JARS": str(tool_dir("ICEFALL_SPARK_JARS")),
-        # A pod's hostname resolves to its pod IP, which is loopback here: keep Spark's driver on it
-        # rather than on whatever interface the machine's hostname resolves to.
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-    if os.environ.get("JAVA_HOME"):
-        image_env["JAVA_HOME"] = os.environ["JAVA_HOME"]
-    running = LocalKubelet(
-        api,
-        e2e_namespace,
-        tmp_path_factory.mktemp("kubelet"),
-        bin_dir=bin_dir,
-        server=kube.url,
-        ca_file=kube.ca_file,
-        image_env=image_env,
-        # The image's ENTRYPOINT (Spark's /opt/entrypoint.sh), for pods without a command: Spark's executors.
-        entrypoint=[str(bin_dir / "python"), "-m", "icefall.testing.spark_entrypoint"],
-        # Pods see none of the test's folders (the stack's state, catalogs, other pods' volumes): what
-        # they share with the test goes over the network.
-        hidden=[tmp_path_factory.getbasetemp()],
-    ).start()
-    yield running
-    running.stop()
+    return NodeView(cluster.node, e2e_namespace)
 
 
 LAKE_SECRET = "lake"
@@ -314,22 +311,10 @@ def lake(e2e_namespace: str, rest: JsonApi, postgres: PostgresServer, object_sto
 
 
 @pytest.fixture(scope="module")
-def controller_manager(
-    kube: KubeAPIServer, e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[KubeControllerManager]:
-    """The real kube-controller-manager (Deployments, ReplicaSets, garbage collection), for one module."""
-    started = time.monotonic()
-    running = KubeControllerManager(kube, tmp_path_factory.mktemp("controller-manager")).start()
-    print(f"[e2e] kube-controller-manager running in {time.monotonic() - started:.1f}s", flush=True)
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
 def operator(  # noqa: PLR0917 (fixtures)
     request: pytest.FixtureRequest,
-    kube: KubeAPIServer,
-    kubelet: LocalKubelet,
+    cluster: LocalCluster,
+    node: NodeView,
     lake: Lake,
     e2e_namespace: str,
     tmp_path_factory: pytest.TempPathFactory,
@@ -337,16 +322,23 @@ def operator(  # noqa: PLR0917 (fixtures)
     """The operator with the lake's credentials, plus the module's `OPERATOR_ENV` (its settings) if any."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     settings: Mapping[str, str] = getattr(request.module, "OPERATOR_ENV", {})
-    running = Operator(kube, e2e_namespace, log, env={**lake.variables, **settings})
+    pods = json.dumps({"common": cluster.pod_template()})
+    env = {
+        "ICEFALL_IMAGE": cluster.images.icefall,
+        "ICEFALL_POD_TEMPLATE": pods,
+        **lake.variables,
+        **settings,
+    }
+    running = Operator(cluster.api, e2e_namespace, log, env=env)
     running.start()
     yield running
     running.stop()
 
 
-def pod_logs(kubelet: LocalKubelet, name: str) -> str:
+def pod_logs(node: NodeView, name: str) -> str:
     """The tail of the newest container log of Pod `name`, for failure messages."""
-    path = kubelet.log_path(name)
-    return f"--- {path}\n{tail(path, 60)}" if path else f"(no log for pod {name})"
+    text = node.log(name)
+    return f"--- pod {name}\n" + "\n".join(text.splitlines()[-60:]) if text else f"(no log for pod {name})"
 
 
 class TableStream:

@@ -358,9 +358,12 @@ class Node:
         finally:
             self.runtime.stop()
 
-    def pod_log(self, namespace: str, pod: str) -> str:
-        """The newest container log of Pod `pod` (every container, every restart), or '' if none yet."""
-        folders = sorted(self.kubelet.pod_logs_dir.glob(f"{namespace}_{pod}_*"), key=os.path.getmtime)
+    def pod_log(self, namespace: str, pod: str, uid: str | None = None) -> str:
+        """The container logs of Pod `pod` (its newest incarnation, or the one with `uid`): every container,
+        every restart, oldest first; '' if none yet."""
+        folders = sorted(
+            self.kubelet.pod_logs_dir.glob(f"{namespace}_{pod}_{uid or '*'}"), key=os.path.getmtime
+        )
         if not folders:
             return ""
         logs = sorted(folders[-1].glob("*/*.log"), key=os.path.getmtime)
