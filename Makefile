@@ -13,6 +13,7 @@ help:
 	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e)"
 	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
+	@echo "make image  build the image (spark_images/Dockerfile) with podman, no registry needed (hack/build-image.sh)"
 	@echo "make e2e-kind  (needs Docker) the cluster example on a kind cluster, with the image and the chart"
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
@@ -35,6 +36,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 tools:
 	@$(TOOLS) >/dev/null
+
+# The one image (operator, drivers, executors, compaction), tagged localhost/icefall:<hash of its inputs>.
+.PHONY: image
+image:
+	hack/build-image.sh
 
 lint: venv
 	$(BIN)/ruff check .

@@ -99,6 +99,17 @@ class Kubectl:
         out: str = done.stdout
         return out
 
+    def following_logs(self, namespace: str, pod: str, path: Path) -> subprocess.Popen[bytes]:
+        """`kubectl logs -f` of `pod` into `path`, until its container ends. A deleted pod's logs go with it:
+        a test that deletes a pod and then checks how it ended follows its logs first."""
+        with path.open("wb") as out:
+            return subprocess.Popen(
+                [self.binary, "-n", namespace, "logs", "-f", pod],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+
 
 class Operator:
     """`python -m icefall.cli operator --namespace <ns>` in a subprocess, logging to a file."""

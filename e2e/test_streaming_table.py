@@ -1,17 +1,17 @@
 """The whole system: a StreamingTable applied to a real API server becomes a running pipeline.
 
-The operator runs as a process (`icefall operator`, Spark master `local[1]` for the driver), the local
-kubelet runs the driver Pod the operator renders (its command, args and env; the image replaced by this
-venv), against the session's real Kafka broker and a PostgreSQL JDBC catalog with its files in the
-object store (the `lake` fixture), which the pod reaches only over the network. Proves:
+The operator runs as a process (`icefall operator`, Spark master `local[1]` for the driver); the node (the
+real kubelet on containerd) runs the driver Pod it renders as a container of the image we ship, as uid
+10001 with a read-only root, against the session's real Kafka broker and a PostgreSQL JDBC catalog with
+its files in the object store (the `lake` fixture), which the pod reaches only over the network. Proves:
 - (a) events produced to the topic become rows in the table, exactly once (malformed ones in the
   dead-letter table), and `kubectl get st` — the CRD's printer columns — shows READY True and a
   FRESHNESS under the table's target; `status.freshness.seconds` says the same, and, while records keep
   arriving (lag > 0), is measured (above 0) and under the target; the driver holds the commit Lease under
-  its pod name, reached with the ServiceAccount token the kubelet got for its Pod;
-- (b) deleting the driver Pod while events keep arriving: the kubelet stops the process (SIGTERM, the
+  its pod name, reached with the Pod's projected ServiceAccount token;
+- (b) deleting the driver Pod while events keep arriving: the kubelet stops the container (SIGTERM, the
   Pod's grace period) and the old driver stops cleanly, the operator creates a new driver Pod (new uid,
-  an Event), the kubelet runs it, it takes the commit Lease with a newer epoch and resumes from the
+  an Event), the node runs it, it takes the commit Lease with a newer epoch and resumes from the
   offsets in the table, and once producing stops the table equals the topic exactly once (record by
   record, and per the auditor); only the new Pod is left.
 
@@ -25,18 +25,20 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from icefall.catalog import CatalogConfig
+from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.leases import commit_lease_name
-from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import assert_exactly_once, manifest_text, watermarks
 
-from .conftest import Kubectl, Lake, Operator, TableStream, pod_logs, wait_for
+from .conftest import Kubectl, Lake, NodeView, Operator, TableStream, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -63,13 +65,13 @@ class Pipeline(TableStream):
         namespace: str,
         catalog: CatalogConfig,
         kafka: KafkaBroker,
-        kubelet: LocalKubelet,
+        node: NodeView,
         operator: Operator,
     ) -> None:
         super().__init__(kafka, catalog, topic=TOPIC, table=TABLE, bad_every=BAD_EVERY)
         self.rest = rest
         self.namespace = namespace
-        self.kubelet = kubelet
+        self.node = node
         self.operator = operator
 
     @property
@@ -107,7 +109,7 @@ class Pipeline(TableStream):
     def explain(self) -> str:
         """Logs for a failure message: the driver's and the operator's tails."""
         status = yaml.safe_dump(self.st().get("status"))
-        return f"--- status\n{status}{pod_logs(self.kubelet, DRIVER)}\n--- operator\n{self.operator.tail()}"
+        return f"--- status\n{status}{pod_logs(self.node, DRIVER)}\n--- operator\n{self.operator.tail()}"
 
 
 @pytest.fixture(scope="module")
@@ -115,14 +117,14 @@ def pipeline(  # noqa: PLR0917 (fixtures)
     rest: JsonApi,
     e2e_namespace: str,
     kafka: KafkaBroker,
-    kubelet: LocalKubelet,
+    node: NodeView,
     operator: Operator,
     lake: Lake,
 ) -> Iterator[Pipeline]:
     catalog = lake.catalog
     kafka.create_topic(TOPIC, partitions=2)
     running = Pipeline(
-        rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, kubelet=kubelet, operator=operator
+        rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, node=node, operator=operator
     )
     st: Obj = yaml.safe_load(manifest_text(TABLE, TOPIC, kafka.bootstrap))
     st["metadata"]["namespace"] = e2e_namespace
@@ -156,14 +158,28 @@ def _printed_row(kubectl: Kubectl, namespace: str) -> dict[str, str]:
     return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
 
 
-def test_events_become_rows_and_kubectl_shows_ready_and_fresh(pipeline: Pipeline, kubectl: Kubectl) -> None:
-    pod = wait_for("the driver pod running", pipeline.running_driver, timeout=120, details=pipeline.explain)
+def test_events_become_rows_and_kubectl_shows_ready_and_fresh(
+    pipeline: Pipeline, kubectl: Kubectl, cluster: LocalCluster
+) -> None:
+    pod = wait_for("the driver pod running", pipeline.running_driver, timeout=180, details=pipeline.explain)
     pipeline.note(f"driver pod {pod['metadata']['uid']} running")
-    assert pod["metadata"]["uid"] in pipeline.kubelet.started
     (container,) = pod["spec"]["containers"]
-    assert container["command"] == [
-        "icefall", "ingest", "--namespace", pipeline.namespace, "--name", NAME, "--metrics-port=9090"
-    ]  # fmt: skip
+    assert container["command"][:-1] == [
+        "icefall",
+        "ingest",
+        "--namespace",
+        pipeline.namespace,
+        "--name",
+        NAME,
+    ]
+    assert re.fullmatch(r"--metrics-port=\d+", container["command"][-1]), container["command"]
+    # A container of the image we ship, run by the runtime as the image's user with a read-only root.
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["image"] == cluster.images.icefall and status["containerID"].startswith("containerd://")
+    who = kubectl(
+        "-n", pipeline.namespace, "exec", DRIVER, "--", "bash", "-c", "id -u; touch /x 2>&1 || true"
+    )
+    assert who.splitlines() == ["10001", "touch: cannot touch '/x': Read-only file system"], who
 
     pipeline.produce(100)  # while it runs
     high = wait_for("the table to catch up", pipeline.caught_up, timeout=300, details=pipeline.explain)
@@ -173,8 +189,7 @@ def test_events_become_rows_and_kubectl_shows_ready_and_fresh(pipeline: Pipeline
     # the ServiceAccount token the kubelet got for the pod, under the Role the operator rendered.
     assert pipeline.lease()["spec"]["holderIdentity"] == DRIVER
     # The pod's emptyDir for Spark's scratch space is where Spark put it (spark.local.dir was mapped).
-    log = pipeline.kubelet.log_path(DRIVER, pod["metadata"]["uid"])
-    assert log is not None and any((log.parent / "volumes" / "spark-local").iterdir())
+    assert any(pipeline.node.node.pod_volume(pod["metadata"]["uid"], "spark-local").iterdir())
 
     def ready_row() -> dict[str, str] | None:
         row = _printed_row(kubectl, pipeline.namespace)
@@ -221,9 +236,9 @@ def _freshness_while_producing(pipeline: Pipeline, *, readings: int, timeout: fl
 
 
 def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
-    pipeline: Pipeline, kubectl: Kubectl
+    pipeline: Pipeline, kubectl: Kubectl, tmp_path: Path
 ) -> None:
-    old = wait_for("the driver pod running", pipeline.running_driver, timeout=120, details=pipeline.explain)
+    old = wait_for("the driver pod running", pipeline.running_driver, timeout=180, details=pipeline.explain)
     created_before = _count(pipeline.events(STARTS))
     epoch_before = pipeline.lease()["spec"]["leaseTransitions"]
     stop = threading.Event()
@@ -235,6 +250,8 @@ def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
 
     producer = threading.Thread(target=keep_producing, name="producer")
     producer.start()
+    old_log = tmp_path / "old-driver.log"
+    following = kubectl.following_logs(pipeline.namespace, DRIVER, old_log)
     try:
         # Mid-stream: the driver has committed records produced after the stream started.
         start = sum(watermarks(pipeline.kafka, TOPIC).values())
@@ -253,7 +270,6 @@ def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
             details=pipeline.explain,
         )
         pipeline.note(f"new driver pod {new['metadata']['uid']} running")
-        assert new["metadata"]["uid"] in pipeline.kubelet.started
         resumed_from = sum(pipeline.committed().values())
         wait_for(
             "the new driver to commit",
@@ -265,6 +281,10 @@ def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
     finally:
         stop.set()
         producer.join(timeout=60)
+        try:
+            following.wait(timeout=120)  # it ends with the old driver's container
+        finally:
+            following.kill()
     high = wait_for("the table to catch up", pipeline.caught_up, timeout=300, details=pipeline.explain)
     pipeline.note(f"table caught up with {sum(high.values())} records")
     report = assert_exactly_once(
@@ -272,10 +292,8 @@ def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
     )
     assert report is not None and report.ok
 
-    old_log = pipeline.kubelet.log_path(DRIVER, old["metadata"]["uid"])
-    assert old_log is not None and "[run] stopped after" in old_log.read_text(), (
-        "the old driver did not stop cleanly"
-    )
+    text = old_log.read_text(errors="replace")
+    assert "[run] stopped after" in text, f"the old driver did not stop cleanly:\n{text[-3000:]}"
     # The new driver writes under a newer epoch (the commit Lease changed hands), which fences the old one.
     assert pipeline.lease()["spec"]["leaseTransitions"] > epoch_before
     starts = pipeline.events(STARTS)

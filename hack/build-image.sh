@@ -68,6 +68,9 @@ if ! podman image exists "$image"; then
     "$root" >"$cache/build-image.log" 2>&1 ||
     { tail -40 "$cache/build-image.log" >&2; exit 1; }
   log "image $image ready ($((SECONDS - s)) s; log: $cache/build-image.log)"
+  # Older builds only take disk space (their layers that the new one shares stay).
+  podman images --format '{{.Repository}}:{{.Tag}}' localhost/icefall | grep -vx "$image" |
+    xargs -r podman rmi >/dev/null 2>&1 || true
 fi
 echo "ICEFALL_IMAGE=$image"
 echo "ICEFALL_PAUSE_IMAGE=$pause"

@@ -110,6 +110,13 @@ class Containerd:
         if save.returncode != 0 or imported.returncode != 0:
             raise StartError(f"importing {ref} into containerd failed: {errors}{imported.stderr}")
 
+    def remove_other_tags(self, ref: str) -> None:
+        """Remove the images of `ref`'s repository with another tag (older builds; their disk space)."""
+        repository = _qualified(ref).rsplit(":", 1)[0]
+        for name in self.ctr("images", "list", "--quiet").stdout.split():
+            if name.rsplit(":", 1)[0] == repository and name != _qualified(ref):
+                self.ctr("images", "remove", name)
+
     def pids(self) -> dict[str, int]:
         """Container id → the pid of its process, for every running task."""
         listed = self.ctr("tasks", "list")
@@ -289,7 +296,6 @@ class Kubelet:
                 self._proc.stop(grace=15)
                 self._proc = None
         finally:
-            _unmount_under(self.root_dir)
             for key, value in self._kernel_before.items():
                 (Path("/proc/sys") / key).write_text(value)
             self._kernel_before = {}
@@ -313,15 +319,16 @@ def http_json(url: str, api: KubeAPIServer) -> dict[str, Any] | None:
 
 
 def _mounts_under(folder: Path) -> Iterator[str]:
-    prefix = str(folder.resolve()) + "/"
+    top = str(folder.resolve())
     for line in Path("/proc/self/mounts").read_text().splitlines():
         point = line.split()[1].replace("\\040", " ")
-        if point.startswith(prefix):
+        if point == top or point.startswith(top + "/"):
             yield point
 
 
-def _unmount_under(folder: Path) -> None:
-    """Unmount what the kubelet mounted under `folder` (its pods' volumes), deepest first."""
+def unmount_under(folder: Path) -> None:
+    """Unmount everything mounted at or under `folder`, deepest first: the kubelet's pods' volumes (and its
+    root, which it bind-mounts onto itself), the sandboxes' /dev/shm under containerd's state."""
     if not folder.exists():
         return
     for point in sorted(_mounts_under(folder), key=len, reverse=True):
@@ -345,6 +352,7 @@ class Node:
                 if not self.runtime.has_image(ref):
                     started = time.monotonic()
                     self.runtime.import_from_podman(ref)
+                    self.runtime.remove_other_tags(ref)
                     print(f"[node] imported {ref} in {time.monotonic() - started:.0f}s", flush=True)
             self.kubelet.start()
         except BaseException:
@@ -356,7 +364,10 @@ class Node:
         try:
             self.kubelet.stop()
         finally:
-            self.runtime.stop()
+            try:
+                self.runtime.stop()
+            finally:
+                unmount_under(self.workdir)
 
     def pod_log(self, namespace: str, pod: str, uid: str | None = None) -> str:
         """The container logs of Pod `pod` (its newest incarnation, or the one with `uid`): every container,
@@ -368,6 +379,10 @@ class Node:
             return ""
         logs = sorted(folders[-1].glob("*/*.log"), key=os.path.getmtime)
         return "".join(_cri_log_text(path) for path in logs)
+
+    def pod_volume(self, uid: str, volume: str) -> Path:
+        """Where the kubelet keeps emptyDir `volume` of the Pod with `uid` on this node."""
+        return self.kubelet.root_dir / "pods" / uid / "volumes" / "kubernetes.io~empty-dir" / volume
 
     def container_pid(self, container_id: str) -> int | None:
         """The host pid of a running container's process (`containerStatuses[].containerID`)."""
