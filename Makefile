@@ -70,7 +70,8 @@ dashboards: venv
 	$(BIN)/python -m icefall.devstack.dashboards > charts/icefall/dashboards/icefall.json.tmp
 	mv charts/icefall/dashboards/icefall.json.tmp charts/icefall/dashboards/icefall.json
 
-test: setup lint
+# The e2e tier runs every pod as a container of the image: build it (or find it, by hash) first.
+test: setup lint image
 	$(TOOLS) && $(BIN)/pytest
 
 test-unit: venv
@@ -79,7 +80,7 @@ test-unit: venv
 test-integration: setup
 	$(TOOLS) && $(BIN)/pytest -m integration
 
-test-e2e: setup
+test-e2e: setup image
 	$(TOOLS) && $(BIN)/pytest -m e2e
 
 # Needs Docker, so neither `make test` nor CI here runs it (never run on these machines): a kind cluster

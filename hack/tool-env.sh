@@ -19,8 +19,6 @@ promtool=$(step "$here/build-go-tools.sh" promtool)
 kafka=$(step "$here/fetch-jars.sh" kafka)
 spark=$(step "$here/fetch-jars.sh" spark)
 rest_catalog=$(step "$here/fetch-jars.sh" rest-catalog)
-# The image every e2e pod runs (spark_images/Dockerfile, built with podman) and the pod sandbox's image.
-images=$(step "$here/build-image.sh")
 if ((SECONDS - t0 > 0)); then echo "[setup] tools ready in $((SECONDS - t0))s" >&2; fi
 cat <<ENV
 export ICEFALL_KUBE_BIN=$kube
@@ -31,6 +29,5 @@ export ICEFALL_PROMTOOL_BIN=$promtool
 export ICEFALL_KAFKA_JARS=$kafka
 export ICEFALL_SPARK_JARS=$spark
 export ICEFALL_REST_CATALOG_JARS=$rest_catalog
-$(sed 's/^/export /' <<<"$images")
 export PATH=$kube:$helm:$promtool:\$PATH
 ENV

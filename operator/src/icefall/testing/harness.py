@@ -2,9 +2,10 @@
 
 The switch is one variable: with `ICEFALL_E2E_KUBECONFIG` set (by hack/kind/e2e-kind.sh), the tests that
 support it run against that cluster, whose Kafka, REST catalog and object store are Services; without it,
-against the local harness (kube-apiserver, Kafka, MinIO, ... as processes on this machine, pods run by
-`icefall.testing.kubelet`). On a real cluster, the test process reaches those Services through `kubectl
-port-forward` on loopback, the way the local harness's servers listen on loopback.
+against the local harness (kube-apiserver, Kafka, MinIO, ... as processes on this machine, pods run as
+containers by a one-node cluster, `icefall.devstack.cluster`). On a real cluster, the test process reaches
+those Services through `kubectl port-forward` on loopback, the way the local harness's servers listen on
+loopback.
 
 Kafka needs more than a forwarded port: clients connect to the addresses the broker advertises, so the
 cluster's broker has a second listener (`HOST_LISTENER_PORT`) that advertises `127.0.0.1:<that port>`,
