@@ -2,8 +2,8 @@
 of its own, Spark's jars in Spark's jar folder, no development variables, no checkout.
 
 Proves:
-- the wheel builds from exactly what the Dockerfile's wheel stage copies (pyproject.toml, README.md,
-  operator/src), offline, and holds neither `icefall/devstack` nor `icefall/testing`;
+- the wheel builds from exactly what the Dockerfile copies (pyproject.toml, README.md, operator/src),
+  offline, and holds neither `icefall/devstack` nor `icefall/testing`;
 - installed into a fresh virtualenv (its dependencies come from the development virtualenv's
   site-packages through a `.pth` line, so nothing is downloaded), `icefall --help` runs from a folder
   outside the checkout with an empty HOME, and neither development package can be imported;
@@ -12,7 +12,7 @@ Proves:
   pyspark's jars plus the jar list's) and ICEFALL_SPARK_JARS unset; the state goes to ICEFALL_STATE_DIR as
   the image sets it, and nothing is written to HOME or the working folder (the image's root is read-only);
 - with the jars nowhere, `icefall run` fails with one line saying how to provide them.
-Not proved: that the image builds (no Docker here; tests/unit/test_image.py checks the Dockerfile).
+The image itself is built and run by the e2e tier (e2e/test_node.py); this is the same layout, quicker.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Installed:
     def _build_wheel(self) -> Path:
         source = self.root / "src"
         source.mkdir()
-        for name in ("pyproject.toml", "README.md"):  # the Dockerfile's wheel stage copies these...
+        for name in ("pyproject.toml", "README.md"):  # the Dockerfile copies these...
             shutil.copy(REPO / name, source / name)
         shutil.copytree(  # ...and operator/src
             REPO / "operator" / "src",
