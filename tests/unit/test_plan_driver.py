@@ -5,7 +5,8 @@ nothing; a spec change deletes the driver and recreates it without backoff once 
 exit counts as one failure (once per pod, even when decided twice) and restarts follow 10 s, 20 s, 40 s, ...
 capped at 5 min; ten minutes of healthy running resets the count; a new spec or a suspend clears the
 backoff; suspend deletes the driver; `hold` keeps a running driver on its old spec; events come only on
-transitions; Pod objects and the stored history are read back faithfully.
+transitions; Pod objects and the stored history are read back faithfully; an OOM kill's Event, state message
+and conditions name OOMKilled, the container's memory limit and the field that raises it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from icefall.api import ConditionReason, ConditionStatus, ConditionType, StreamingTable
 from icefall.controller.reconcile import Config
+from icefall.plan.conditions import Observations, derive_conditions
 from icefall.plan.driver import (
+    DRIVER_MEMORY_FIELD,
     MAX_BACKOFF_SECONDS,
     RESET_AFTER_SECONDS,
     Action,
@@ -348,8 +352,9 @@ def test_history_survives_a_round_trip_and_garbage_reads_as_none() -> None:
         last_failure_time=T0,
         last_failed_uid="u",
         spec_hash=HASH,
-        last_exit_code=1,
-        last_reason="Error",
+        last_exit_code=137,
+        last_reason="OOMKilled",
+        last_memory_limit="300Mi",
     )
     assert DriverHistory.from_dict(history.to_dict()) == history
     assert DriverHistory.from_dict(None) == DriverHistory()
@@ -364,3 +369,60 @@ def test_a_claimed_table_stops_its_driver_and_names_the_owner() -> None:
     idle = decide(None, desired_hash=HASH, history=decision.history, now=T0, claimed_by="ns/older")
     assert (idle.action, idle.events) == (Action.KEEP, ())
     assert "ns/older" in idle.state_message
+
+
+def test_an_oom_kill_names_the_memory_limit_and_the_field_that_raises_it() -> None:
+    pod = driver_pod_from_object(
+        {
+            "metadata": {"uid": "u-oom", "labels": {"icefall.dev/spec-hash": HASH}},
+            "spec": {"containers": [{"name": "ingest", "resources": {"limits": {"memory": "300Mi"}}}]},
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                              "finishedAt": "2024-05-01T12:00:00Z"}}}
+                ],
+            },
+        }
+    )  # fmt: skip
+    assert (pod.memory_limit, pod.reason, pod.exit_code) == ("300Mi", "OOMKilled", 137)
+    hint = f"out of memory at its limit of 300Mi (raise {DRIVER_MEMORY_FIELD})"
+    failed_now = decide(pod, desired_hash=HASH, history=DriverHistory(spec_hash=HASH), now=T0)
+    (event,) = failed_now.events
+    assert event.reason is EventReason.DRIVER_FAILED and event.type is EventType.WARNING
+    assert event.message.startswith(
+        f"the ingestion driver failed (exit code 137, OOMKilled): {hint}; restarting"
+    )
+    assert failed_now.history.last_memory_limit == "300Mi"
+    # Gone and backing off: the limit is remembered in the history, so the message still names it.
+    waiting = decide(None, desired_hash=HASH, history=failed_now.history, now=T0 + timedelta(seconds=1))
+    assert waiting.state is DriverState.BACKING_OFF
+    assert (
+        waiting.state_message
+        == f"the driver failed once (exit code 137, OOMKilled): {hint}; restarting in 9 s"
+    )
+    # ... and so do the conditions: Ready False because Degraded, reason DriverFailed.
+    st = StreamingTable.model_validate(
+        {
+            "metadata": {"name": "orders", "generation": 2},
+            "spec": {
+                "source": {"bootstrapServers": "kafka:9092", "topic": "orders"},
+                "format": {"schema": [{"name": "id", "type": "long"}]},
+            },
+        }
+    )
+    observations = Observations(driver=waiting.state, driver_message=waiting.state_message)
+    conditions = {c.type: c for c in derive_conditions(observations, st, T0)}
+    for kind, status in (
+        (ConditionType.READY, ConditionStatus.FALSE),
+        (ConditionType.DEGRADED, ConditionStatus.TRUE),
+    ):
+        assert (conditions[kind].status, conditions[kind].reason) == (status, ConditionReason.DRIVER_FAILED)
+        assert "OOMKilled" in conditions[kind].message and hint in conditions[kind].message
+    # Without a limit of its own (the node ran out), the message says what to set; other failures say nothing.
+    unlimited = decide(replace(pod, memory_limit=None), desired_hash=HASH, history=DriverHistory(), now=T0)
+    assert (
+        f"out of memory without a limit of its own (set {DRIVER_MEMORY_FIELD}" in unlimited.events[0].message
+    )
+    error = decide(failed("u-err"), desired_hash=HASH, history=DriverHistory(), now=T0)
+    assert error.state_message == "the driver failed once (exit code 1, Error)"

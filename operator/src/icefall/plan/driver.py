@@ -34,6 +34,8 @@ Guarantees:
   starts the driver at once; ten minutes of healthy running resets the count.
 - Events are emitted on transitions only (a failure, a restart, a spec roll, a recovery), never on Keep or
   Wait, so a steady state emits nothing.
+- An OOM kill (container reason OOMKilled) is a failure like any other, and its messages (the Event, the
+  state message the conditions carry) name the container's memory limit and the field that raises it.
 
 Not guaranteed: that a Pending pod ever starts (unschedulable, image pull errors): it is kept, and its
 waiting reason is reported through `state_message`.
@@ -54,6 +56,10 @@ MAX_BACKOFF_SECONDS = 300.0
 RESET_AFTER_SECONDS = 600.0
 #: How soon to look again at a pod that is terminating.
 TERMINATING_POLL_SECONDS = 5.0
+#: The container status reason of a process the kernel killed at the container's memory limit.
+OOM_KILLED = "OOMKilled"
+#: Where a table sets its driver's memory limit (named in the message of an OOM kill).
+DRIVER_MEMORY_FIELD = "spec.pods.driver.resources.limits.memory"
 
 
 class PodPhase(StrEnum):
@@ -78,6 +84,7 @@ class DriverPod:
     started_at: datetime | None = None  # when the container last started running
     finished_at: datetime | None = None  # when the container terminated
     waiting_reason: str | None = None  # e.g. ImagePullBackOff, CreateContainerConfigError
+    memory_limit: str | None = None  # the container's resources.limits.memory, as written (e.g. 300Mi)
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,7 @@ class DriverHistory:
     spec_hash: str | None = None  # the hash the failures happened under
     last_exit_code: int | None = None
     last_reason: str | None = None
+    last_memory_limit: str | None = None  # of the pod that failed last (named when it was OOM-killed)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, for an annotation or a status field."""
@@ -100,6 +108,7 @@ class DriverHistory:
             "specHash": self.spec_hash,
             "lastExitCode": self.last_exit_code,
             "lastReason": self.last_reason,
+            "lastMemoryLimit": self.last_memory_limit,
         }
 
     @classmethod
@@ -116,6 +125,7 @@ class DriverHistory:
                 spec_hash=data.get("specHash"),
                 last_exit_code=data.get("lastExitCode"),
                 last_reason=data.get("lastReason"),
+                last_memory_limit=data.get("lastMemoryLimit"),
             )
         except (TypeError, ValueError):
             return cls()
@@ -328,6 +338,7 @@ def _exited(
         spec_hash=desired_hash,
         last_exit_code=observed.exit_code,
         last_reason=observed.reason,
+        last_memory_limit=observed.memory_limit,
     )
     event = Event(
         reason,
@@ -385,24 +396,29 @@ def _pending_or_running(
 
 
 def _exit_text(pod: DriverPod) -> str:
-    parts = []
-    if pod.exit_code is not None:
-        parts.append(f"exit code {pod.exit_code}")
-    if pod.reason:
-        parts.append(pod.reason)
     how = "failed" if pod.phase is PodPhase.FAILED else "exited"
-    return f"{how} ({', '.join(parts)})" if parts else how
+    return how + _detail(pod.exit_code, pod.reason, pod.memory_limit)
 
 
 def _failure_text(history: DriverHistory) -> str:
-    detail = []
-    if history.last_exit_code is not None:
-        detail.append(f"exit code {history.last_exit_code}")
-    if history.last_reason:
-        detail.append(history.last_reason)
-    suffix = f" ({', '.join(detail)})" if detail else ""
     times = "once" if history.failures == 1 else f"{history.failures} times in a row"
-    return f"the driver failed {times}{suffix}"
+    detail = _detail(history.last_exit_code, history.last_reason, history.last_memory_limit)
+    return f"the driver failed {times}{detail}"
+
+
+def _detail(exit_code: int | None, reason: str | None, memory_limit: str | None) -> str:
+    """` (exit code 1, Error)`; for an OOM kill, also the limit and the field that raises it."""
+    parts = []
+    if exit_code is not None:
+        parts.append(f"exit code {exit_code}")
+    if reason:
+        parts.append(reason)
+    text = f" ({', '.join(parts)})" if parts else ""
+    if reason == OOM_KILLED and memory_limit:
+        text += f": out of memory at its limit of {memory_limit} (raise {DRIVER_MEMORY_FIELD})"
+    elif reason == OOM_KILLED:
+        text += f": out of memory without a limit of its own (set {DRIVER_MEMORY_FIELD} and requests)"
+    return text
 
 
 # --- reading a Pod object ---------------------------------------------------------------------------------
@@ -419,6 +435,8 @@ def driver_pod_from_object(pod: Mapping[str, Any]) -> DriverPod:
     terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated") or {}
     running = state.get("running") or {}
     waiting = state.get("waiting") or {}
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    limits = (containers[0].get("resources") or {}).get("limits") or {}
     phase_text = status.get("phase") or "Pending"
     try:
         phase = PodPhase(phase_text)
@@ -435,6 +453,7 @@ def driver_pod_from_object(pod: Mapping[str, Any]) -> DriverPod:
         started_at=_time(running.get("startedAt")),
         finished_at=_time(terminated.get("finishedAt")),
         waiting_reason=waiting.get("reason"),
+        memory_limit=str(limits["memory"]) if limits.get("memory") is not None else None,
     )
 
 
