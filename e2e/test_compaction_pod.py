@@ -1,11 +1,14 @@
-"""The compaction pod in the cluster shape: `icefall compact --namespace/--name` as the operator renders it.
+"""The compaction pod in the cluster shape: `icefall compact --namespace/--name` as the operator renders it,
+in the Pod the compaction Deployment's own ReplicaSet makes.
 
-The operator runs as a process, the local kubelet runs the driver Pod (small batches: many small files),
-and the test plays the ReplicaSet controller, which the e2e stack does not run: once the operator has
-scaled the Deployment `<st>-compact` to at least one replica, the test creates one Pod from its pod
-template (labels, spec and ServiceAccount as rendered; an ownerReference to the Deployment) and the kubelet
-runs it with a token of the ServiceAccount `icefall-<st>-compact`, so the Role the operator rendered is the
-only thing that lets it read its StreamingTable and take work Leases. Proves:
+The operator runs as a process; the node (the real kubelet on containerd) runs the driver Pod (small
+batches: many small files) and the compaction Pod as containers of the image we ship. The cluster's
+kube-controller-manager turns the Deployment `<st>-compact`, scaled by the operator to one replica, into a
+ReplicaSet and a Pod (owner references Pod → ReplicaSet → Deployment). The table's
+`spec.pods.compaction.nodeSelector` keeps that Pod off the node (Pending, Unschedulable) until the test
+gives the node the label, once the driver has caught up. The Pod runs with the projected token of the
+ServiceAccount `icefall-<st>-compact`, so the Role the operator rendered is the only thing that lets it read
+its StreamingTable and take work Leases. Proves:
 - the pod compacts: the partition that had at least `min_files_to_compact` small files has fewer after, and
   main's history has an Iceberg `replace` snapshot;
 - the rows as a multiset are the same before and after, and the table equals the topic exactly once
@@ -14,7 +17,8 @@ only thing that lets it read its StreamingTable and take work Leases. Proves:
   by a watch while it ran: the runner deletes a work Lease once it releases it) and no API call of the pod
   was refused (no 403/Forbidden in its log);
 - `status.table.lastCompactionTime` (what `kubectl get st` reads) shows the rewrite once it happened;
-- deleting the Pod stops the worker cleanly (SIGTERM: the loop says it stopped).
+- deleting the Pod stops the worker cleanly (SIGTERM from the kubelet: the loop says it stopped), and the
+  ReplicaSet makes a new one in its place.
 
 Not proven here: several compaction pods competing for items (the Lease logic has its own tests), the
 Deployment's scale-down, or compaction concurrent with ingestion commits (the driver is idle meanwhile, so
@@ -39,16 +43,18 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 from icefall.catalog import CatalogConfig
+from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.children import compaction_account_name, compaction_name
 from icefall.plan.maintenance import MaintenancePolicy
-from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import assert_exactly_once, manifest_text
 
 from .conftest import (
     Kubectl,
     Lake,
+    NodeView,
     Operator,
     TableStream,
     pod_logs,
@@ -65,7 +71,8 @@ NAME = "e2e-small"
 TOPIC = "e2e-small"
 DRIVER = f"{NAME}-ingest"
 DEPLOYMENT = compaction_name(NAME)
-COMPACT_POD = f"{DEPLOYMENT}-e2e-1"  # what a ReplicaSet would call `<deployment>-<hash>-<random>`
+#: The node label the compaction pods wait for (spec.pods.compaction.nodeSelector).
+HOLD_LABEL = "e2e.icefall.dev/compaction"
 WORK_LEASE_PREFIX = f"icefall-{TABLE.replace('_', '-')}-work-"
 RECORDS = 120
 BATCH_RECORDS = 20  # spec.batch.maxRecords: at least RECORDS / BATCH_RECORDS small commits
@@ -128,14 +135,22 @@ class LeaseWatch:
 
 
 class Setup(TableStream):
-    """The StreamingTable's world: clients, catalog and what was produced."""
+    """The StreamingTable's world: clients, catalog, the node and what was produced."""
 
     def __init__(
-        self, *, rest: JsonApi, namespace: str, catalog: CatalogConfig, kafka: KafkaBroker, operator: Operator
+        self,
+        *,
+        rest: JsonApi,
+        namespace: str,
+        catalog: CatalogConfig,
+        kafka: KafkaBroker,
+        node: NodeView,
+        operator: Operator,
     ) -> None:
         super().__init__(kafka, catalog, topic=TOPIC, table=TABLE, bad_every=BAD_EVERY)
         self.rest = rest
         self.namespace = namespace
+        self.node = node
         self.operator = operator
 
     @property
@@ -151,18 +166,41 @@ class Setup(TableStream):
     def pod(self, name: str) -> Obj | None:
         return self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
 
+    def compaction_pods(self) -> list[Obj]:
+        """The pods of the compaction Deployment (by its selector), oldest first, none being deleted."""
+        selector = ",".join(
+            f"{k}={v}" for k, v in self.deployment()["spec"]["selector"]["matchLabels"].items()
+        )
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        found: list[Obj] = self.rest.call("GET", path, query=[("labelSelector", selector)])["items"]
+        live = [p for p in found if not p["metadata"].get("deletionTimestamp")]
+        return sorted(live, key=lambda p: str(p["metadata"]["creationTimestamp"]))
+
+    def owner(self, obj: Obj) -> Obj:
+        """The controller owner reference of `obj` (exactly one)."""
+        (ref,) = [r for r in obj["metadata"].get("ownerReferences") or [] if r.get("controller")]
+        return dict(ref)
+
+    def hold_compaction(self, held: bool) -> None:
+        """Label the node so the compaction pods fit on it (`held=False`), or take the label away."""
+        (node,) = self.rest.call("GET", "/api/v1/nodes")["items"]
+        patch = {"metadata": {"labels": {HOLD_LABEL: None if held else "yes"}}}
+        self.rest.call(
+            "PATCH", f"/api/v1/nodes/{node['metadata']['name']}", patch,
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+
     def iceberg_table(self) -> Table | None:
         catalog = self.catalog.pyiceberg()
         if not catalog.table_exists((TABLE_NAMESPACE, TABLE)):
             return None
         return catalog.load_table((TABLE_NAMESPACE, TABLE))
 
-    def explain(self, kubelet: LocalKubelet) -> str:
+    def explain(self) -> str:
         status = yaml.safe_dump(self.st().get("status"))
-        return (
-            f"--- status\n{status}{pod_logs(kubelet, DRIVER)}\n{pod_logs(kubelet, COMPACT_POD)}\n"
-            f"--- operator\n{self.operator.tail()}"
-        )
+        compaction = "\n".join(pod_logs(self.node, p["metadata"]["name"]) for p in self.compaction_pods())
+        driver = pod_logs(self.node, DRIVER)
+        return f"--- status\n{status}{driver}\n{compaction}\n--- operator\n{self.operator.tail()}"
 
 
 def files_per_partition(table: Table) -> Counter[str]:
@@ -170,37 +208,20 @@ def files_per_partition(table: Table) -> Counter[str]:
     return Counter(str(task.file.partition) for task in table.scan().plan_files())
 
 
-def pod_from_template(deployment: Obj, name: str) -> Obj:
-    """What the ReplicaSet controller would create for one replica of `deployment`."""
-    template = deployment["spec"]["template"]
-    meta = deployment["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": meta["namespace"],
-            "labels": dict(template["metadata"].get("labels") or {}),
-            "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"], "uid": meta["uid"]}
-            ],
-        },
-        "spec": template["spec"],
-    }
-
-
 @pytest.fixture(scope="module")
 def setup(  # noqa: PLR0917 (fixtures)
     rest: JsonApi,
     e2e_namespace: str,
     kafka: KafkaBroker,
-    kubelet: LocalKubelet,
+    node: NodeView,
     operator: Operator,
     lake: Lake,
 ) -> Iterator[Setup]:
     catalog = lake.catalog
     kafka.create_topic(TOPIC, partitions=2)
-    made = Setup(rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, operator=operator)
+    made = Setup(
+        rest=rest, namespace=e2e_namespace, catalog=catalog, kafka=kafka, node=node, operator=operator
+    )
     st: Obj = yaml.safe_load(
         manifest_text(
             TABLE, TOPIC, kafka.bootstrap, batch={"maxRecords": BATCH_RECORDS, "minIntervalSeconds": 0}
@@ -208,12 +229,16 @@ def setup(  # noqa: PLR0917 (fixtures)
     )
     st["metadata"]["namespace"] = e2e_namespace
     st["spec"]["table"]["catalog"] = lake.block  # credentials by reference, from the Secret
-    # One pod at once, whatever the backlog says yet (the test plays its ReplicaSet).
+    # One pod at once, whatever the backlog says; it waits for the node's label (see hold_compaction).
     st["spec"]["compaction"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 1}
+    st["spec"]["pods"] = {"compaction": {"nodeSelector": {HOLD_LABEL: "yes"}}}
     made.produce(RECORDS)  # a backlog the driver takes in small batches: one small file (or more) each
     rest.call("POST", made.st_path, st)
     made.started = time.monotonic()
-    yield made
+    try:
+        yield made
+    finally:
+        made.hold_compaction(True)  # the label goes with the module
 
 
 @pytest.fixture(autouse=True)
@@ -223,12 +248,18 @@ def operator_log_is_clean(operator: Operator) -> Iterator[None]:
     assert "Traceback" not in operator.log.read_text(errors="replace"), operator.tail()
 
 
-def test_compaction_pod_compacts_under_its_own_account(
-    setup: Setup, kubelet: LocalKubelet, kubectl: Kubectl, api: client.ApiClient
-) -> None:
-    def explain() -> str:
-        return setup.explain(kubelet)
+def _unschedulable(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(
+        c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+        for c in conditions
+    )
 
+
+def test_compaction_pod_compacts_under_its_own_account(
+    setup: Setup, kubectl: Kubectl, api: client.ApiClient, cluster: LocalCluster
+) -> None:
+    explain = setup.explain
     high = wait_for("the driver to ingest the backlog", setup.caught_up, timeout=240, details=explain)
     table = setup.iceberg_table()
     assert table is not None
@@ -247,23 +278,37 @@ def test_compaction_pod_compacts_under_its_own_account(
     )
     template = deployment["spec"]["template"]
     assert template["spec"]["serviceAccountName"] == compaction_account_name(NAME)
+    assert template["spec"]["nodeSelector"] == {HOLD_LABEL: "yes"}  # spec.pods.compaction reached it
     (container,) = template["spec"]["containers"]
     command = [*container.get("command", []), *container.get("args", [])]
-    assert command == [
-        "icefall", "compact", "--namespace", setup.namespace, "--name", NAME, "--metrics-port=9090"
-    ], command  # fmt: skip
+    assert command[:-1] == ["icefall", "compact", "--namespace", setup.namespace, "--name", NAME], command
+    assert re.fullmatch(r"--metrics-port=\d+", command[-1]), command  # derived per table (host network)
+
+    # The ReplicaSet controller made the pod; it waits, unschedulable, for the node's label.
+    (held,) = wait_for(
+        "the ReplicaSet's pod, unschedulable",
+        lambda: (pods := setup.compaction_pods()) and all(_unschedulable(p) for p in pods) and pods,
+        timeout=90,
+        details=explain,
+    )
+    pod_name, pod_uid = held["metadata"]["name"], held["metadata"]["uid"]
+    owner = setup.owner(held)
+    assert owner["kind"] == "ReplicaSet" and pod_name.startswith(f"{owner['name']}-"), owner
+    replica_set = setup.rest.get(f"/apis/apps/v1/namespaces/{setup.namespace}/replicasets/{owner['name']}")
+    assert replica_set is not None and replica_set["metadata"]["uid"] == owner["uid"], replica_set
+    up = setup.owner(replica_set)
+    assert (up["kind"], up["name"], up["uid"]) == ("Deployment", DEPLOYMENT, deployment["metadata"]["uid"])
+    assert held["spec"]["serviceAccountName"] == compaction_account_name(NAME)
+    setup.note(f"ReplicaSet {owner['name']} made pod {pod_name}; letting it onto the node")
 
     with LeaseWatch(api, setup.namespace) as leases:
-        setup.rest.call(
-            "POST", f"/api/v1/namespaces/{setup.namespace}/pods", pod_from_template(deployment, COMPACT_POD)
-        )
-        setup.note(f"created pod {COMPACT_POD} from the template of {DEPLOYMENT}")
+        setup.hold_compaction(False)
 
         def compacted() -> list[int] | None:
             found = setup.iceberg_table()
             return replace_snapshots_on_main(found) if found is not None else None
 
-        replaced = wait_for("a replace snapshot on main", compacted, timeout=240, every=1, details=explain)
+        replaced = wait_for("a replace snapshot on main", compacted, timeout=300, every=1, details=explain)
         setup.note(f"replace snapshot(s) {replaced} on main")
         # The Lease is released and deleted after the commit; give the watch a moment to see it.
         wait_for(
@@ -274,10 +319,10 @@ def test_compaction_pod_compacts_under_its_own_account(
         )
     work = leases.work_leases()
     setup.note(f"work Lease events: {work}")
-    held = {(name, holder) for kind, name, holder in work if holder}
-    assert held, f"no work Lease was ever held: {leases.seen}"
-    assert {holder for _, holder in held} == {COMPACT_POD}, held
-    assert all(re.fullmatch(rf"{re.escape(WORK_LEASE_PREFIX)}[0-9a-f]+", name) for name, _ in held), held
+    claims = {(name, holder) for kind, name, holder in work if holder}
+    assert claims, f"no work Lease was ever held: {leases.seen}"
+    assert {holder for _, holder in claims} == {pod_name}, claims
+    assert all(re.fullmatch(rf"{re.escape(WORK_LEASE_PREFIX)}[0-9a-f]+", name) for name, _ in claims), claims
 
     table = setup.iceberg_table()
     assert table is not None
@@ -305,18 +350,34 @@ def test_compaction_pod_compacts_under_its_own_account(
     shown_ms = datetime.fromisoformat(shown.replace("Z", "+00:00")).timestamp() * 1000
     assert abs(shown_ms - replace_ms) < 1000, (shown, replace_ms)
 
-    pod = setup.pod(COMPACT_POD)
+    # A container of the image we ship, never restarted, whose log shows no refused API call.
+    pod = setup.pod(pod_name)
     assert pod is not None and pod["status"]["phase"] == "Running", pod and pod.get("status")
-    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0, pod["status"]
-    log_path = kubelet.log_path(COMPACT_POD, pod["metadata"]["uid"])
-    assert log_path is not None
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["image"] == cluster.images.icefall, status
+    assert status["containerID"].startswith("containerd://"), status
+    assert status["restartCount"] == 0, status
     # A refused API call: the client's "(403)" / "Reason: Forbidden", the API server's "... is forbidden: User
     # ...", or KubernetesLease's "not allowed to <verb> Lease ...".
     refused = re.compile(r"forbidden|\(403\)|not allowed to", re.IGNORECASE)
-    log_text = log_path.read_text(errors="replace")
-    assert not refused.search(log_text), pod_logs(kubelet, COMPACT_POD)
-    assert re.search(r"^\[compact\] [^\n]* done: ", log_text, re.MULTILINE), pod_logs(kubelet, COMPACT_POD)
+    log_text = setup.node.log(pod_name, pod_uid)
+    assert not refused.search(log_text), pod_logs(setup.node, pod_name)
+    assert re.search(r"^\[compact\] [^\n]* done: ", log_text, re.MULTILINE), pod_logs(setup.node, pod_name)
 
-    kubectl("-n", setup.namespace, "delete", "pod", COMPACT_POD, "--wait=false")
-    wait_for("the compaction pod to go", lambda: setup.pod(COMPACT_POD) is None, timeout=60, details=explain)
-    assert "stopped" in log_path.read_text(errors="replace").splitlines()[-1], pod_logs(kubelet, COMPACT_POD)
+    # Deleted, it stops cleanly; the ReplicaSet makes another (held off the node again: it would only
+    # start Spark for nothing).
+    setup.hold_compaction(True)
+    kubectl("-n", setup.namespace, "delete", "pod", pod_name, "--wait=false")
+    last_line = wait_for(
+        "the compaction pod to stop",
+        lambda: (
+            (lines := setup.node.log(pod_name, pod_uid).splitlines()) and "stopped" in lines[-1] and lines[-1]
+        ),
+        timeout=60,
+        details=explain,
+    )
+    setup.note(f"the deleted pod's last line: {last_line}")
+    wait_for("the deleted pod to go", lambda: setup.pod(pod_name) is None, timeout=60, details=explain)
+    (replacement,) = wait_for("the ReplicaSet's new pod", setup.compaction_pods, timeout=60, details=explain)
+    assert replacement["metadata"]["uid"] != pod_uid
+    assert setup.owner(replacement)["uid"] == replica_set["metadata"]["uid"]
