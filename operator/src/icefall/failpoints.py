@@ -18,11 +18,25 @@ SIGKILL (no `finally`, no `atexit`, no flushing); `raise` raises `FailpointError
 stalls (a paused process). `@<hit>` fires on that hit of the point only (`@3`: the third time the code
 passes it, counted from arming; for the environment, from the start of the process); without it, every
 hit fires. Every pass is counted, armed or not: `hits(name)` tells a test how often a point was reached.
-Each firing logs `failpoint <name> triggered (hit <n>)` at WARNING, before its action.
+Each firing logs `failpoint <name> triggered (hit <n>)` at WARNING, before its action; `exit` also writes
+`failpoint <name> triggered` to the container's termination-message file (`TERMINATION_MESSAGE_FILE`,
+Kubernetes' default `terminationMessagePath`) when that file exists, so the Pod's status
+(`state.terminated.message`) says which point ended the container.
 
-Guarantees: an unknown name fails loudly with ValueError — in `ICEFALL_FAILPOINTS` or `arm` (a typo never
-silently tests nothing) and at a call site (a point missing from `POINTS` breaks its first test run); a
-malformed entry or hit count fails the same way. A disarmed point costs a lock and a counter increment.
+Random arming, one draw per process (chaos runs, where a kubelet hook per container start is not at hand):
+`ICEFALL_FAILPOINTS_CHAOS="<seed>:<chance>:<point>[@<most>],..."` (a point may be `all`: every point in
+`POINTS`). At import, with probability `<chance>` the process arms ONE of the listed points, drawn
+uniformly, with `exit@<hit>`, `<hit>` drawn from 1..`<most>` (default 1); it logs what it drew, at WARNING:
+`failpoints: ICEFALL_FAILPOINTS_CHAOS drew <point>=exit@<hit>` or `... drew nothing`. The draw is seeded by
+the seed, the pod (`ICEFALL_POD_NAME`, else the host name), the pid and the start time, so each container
+start of one pod draws anew: the seed varies the draws between runs, it does not make them reproducible.
+The process takes the variable out of its environment, so its children (Spark's JVM and Python workers)
+do not draw again. A drawn point replaces an `ICEFALL_FAILPOINTS` entry for the same point.
+
+Guarantees: an unknown name fails loudly with ValueError — in `ICEFALL_FAILPOINTS`,
+`ICEFALL_FAILPOINTS_CHAOS` or `arm` (a typo never silently tests nothing) and at a call site (a point
+missing from `POINTS` breaks its first test run); a malformed entry, chance or hit count fails the same
+way. A disarmed point costs a lock and a counter increment.
 Not guaranteed: thread isolation — the armed set and the counters are process-wide.
 """
 
@@ -30,16 +44,22 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Literal
 
 ENV_VAR = "ICEFALL_FAILPOINTS"
+CHAOS_ENV_VAR = "ICEFALL_FAILPOINTS_CHAOS"
 EXIT_STATUS = 137  # what a SIGKILLed process reports: the crash the exit action stands for
+#: Where a container's last words go (Kubernetes' default terminationMessagePath): `exit` writes its line
+#: there when the file exists (the kubelet creates it, writable by any user); it never creates it.
+TERMINATION_MESSAGE_FILE = "/dev/termination-log"
 
 # Every failpoint in the code base and where it is. Add a name here when you add a point: call sites, the
 # environment and `arm` refuse names that are not listed.
@@ -144,6 +164,12 @@ def reset_hits() -> None:
 
 
 def _exit(name: str) -> None:
+    with suppress(OSError):
+        out = os.open(TERMINATION_MESSAGE_FILE, os.O_WRONLY | os.O_TRUNC)  # no O_CREAT: only if it exists
+        try:
+            os.write(out, f"failpoint {name} triggered\n".encode())
+        finally:
+            os.close(out)
     os._exit(EXIT_STATUS)
 
 
@@ -247,12 +273,77 @@ def armed(name: str, action: str | Action, *, hit: int | None = None) -> Iterato
                 _ARMED[name] = previous
 
 
+@dataclass(frozen=True)
+class ChaosSpec:
+    """`ICEFALL_FAILPOINTS_CHAOS`, parsed: the seed, the chance of arming, (point, most hits) to draw from."""
+
+    seed: str
+    chance: float
+    choices: tuple[tuple[str, int], ...]
+
+
+def parse_chaos(spec: str) -> ChaosSpec:
+    """`"<seed>:<chance>:<point>[@<most>],..."` (`all`: every point) → the spec; ValueError if malformed."""
+    seed, sep1, rest = spec.strip().partition(":")
+    chance_text, sep2, listed = rest.partition(":")
+    if not (sep1 and sep2 and seed.strip()):
+        raise ValueError(f"{CHAOS_ENV_VAR}={spec!r} must be <seed>:<chance>:<point>[@<most>],...")
+    try:
+        chance = float(chance_text)
+    except ValueError:
+        chance = -1.0
+    if not 0.0 <= chance <= 1.0:
+        raise ValueError(f"{CHAOS_ENV_VAR}: chance {chance_text!r} must be a number from 0 to 1")
+    choices: dict[str, int] = {}
+    for entry in listed.split(","):
+        if not entry.strip():
+            continue
+        name, at, most = entry.strip().partition("@")
+        hits = parse_hit(most) if at else 1
+        names = POINTS if name == "all" else (name,)
+        for one in names:
+            _check_name(one)
+            if one in choices:
+                raise ValueError(f"{CHAOS_ENV_VAR}: failpoint {one!r} is listed twice in {spec!r}")
+            choices[one] = hits
+    if not choices:
+        raise ValueError(f"{CHAOS_ENV_VAR}={spec!r} lists no failpoint")
+    return ChaosSpec(seed.strip(), chance, tuple(choices.items()))
+
+
+def chaos_draw(spec: ChaosSpec, identity: str) -> tuple[str, int] | None:
+    """(point, hit) that the process `identity` arms with `exit`, or None (a chance of `1 - spec.chance`).
+    The same seed and identity always draw the same."""
+    rng = random.Random(f"{spec.seed}/{identity}")
+    if rng.random() >= spec.chance:
+        return None
+    point, most = rng.choice(spec.choices)
+    return point, rng.randint(1, most)
+
+
+def _process_identity(environ: Mapping[str, str]) -> str:
+    pod = environ.get("ICEFALL_POD_NAME") or socket.gethostname()
+    return f"{pod}/{os.getpid()}/{time.time_ns()}"
+
+
 def load_env(environ: Mapping[str, str] = os.environ) -> None:
-    """Replace the armed set with what `ICEFALL_FAILPOINTS` says (done once at import)."""
+    """Replace the armed set with what `ICEFALL_FAILPOINTS` says, plus this process's draw from
+    `ICEFALL_FAILPOINTS_CHAOS` if set (done once at import)."""
     points = parse(environ.get(ENV_VAR, ""))
+    chaos = environ.get(CHAOS_ENV_VAR, "")
+    if chaos.strip():
+        drawn = chaos_draw(parse_chaos(chaos), _process_identity(environ))
+        if drawn is None:
+            log.warning("failpoints: %s drew nothing", CHAOS_ENV_VAR)
+        else:
+            name, hit = drawn
+            points[name] = _Armed(_exit, hit)
+            log.warning("failpoints: %s drew %s=exit@%d", CHAOS_ENV_VAR, name, hit)
     with _LOCK:
         _ARMED.clear()
         _ARMED.update(points)
 
 
 load_env()
+# The draw is this process's: its children (Spark's JVM, its Python workers) must not draw again.
+os.environ.pop(CHAOS_ENV_VAR, None)
