@@ -299,4 +299,11 @@ def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
     starts = pipeline.events(STARTS)
     assert _count(starts) > created_before, [(e["reason"], e["message"]) for e in starts]
     # The old pod is gone from the API (the kubelet finished its deletion); only the new one is left.
-    assert [p["metadata"]["uid"] for p in pipeline.pods()] == [new["metadata"]["uid"]]
+    wait_for(
+        "only the new driver pod left",
+        lambda: [p["metadata"]["uid"] for p in pipeline.pods()] == [new["metadata"]["uid"]],
+        timeout=90,
+        details=lambda: str(
+            [(p["metadata"]["uid"], p.get("status", {}).get("phase")) for p in pipeline.pods()]
+        ),
+    )
