@@ -7,8 +7,9 @@ Proves:
   <example>` prints OK and exits 0 (the table against the topic's last change per key, by content); once
   a row is deleted behind Icefall's back (the unpartitioned example), `icefall verify` exits 1 and names it;
 - through the operator: examples/customers.yaml applied to the API server (its catalog replaced by the
-  module's PostgreSQL + object-store lake, credentials from a Secret) starts a driver Pod that fills the
-  table; pyiceberg then reads exactly the last row per key from the object store.
+  module's PostgreSQL + object-store lake, credentials from a Secret) starts a driver Pod, which the node
+  runs as a container of the image we ship, and it fills the table; pyiceberg then reads exactly the last
+  row per key from the object store.
 Not proven here: Debezium's own output (the events are written as its JSON converter writes them).
 """
 
@@ -30,11 +31,12 @@ from pyiceberg.expressions import EqualTo
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
-from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import watermarks
 
-from .conftest import Lake, Operator, pod_logs, wait_for
+from .conftest import Lake, NodeView, Operator, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -182,6 +184,9 @@ def test_icefall_run_and_verify_a_keyed_example(  # noqa: PLR0917 (fixtures and 
 
 
 GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
+NAME = "e2e-customers"  # the StreamingTable
+DRIVER = f"{NAME}-ingest"
+TOPIC = "e2e-customers"
 
 
 @pytest.fixture(scope="module")
@@ -189,39 +194,58 @@ def applied_customers(  # noqa: PLR0917 (fixtures)
     rest: JsonApi,
     e2e_namespace: str,
     kafka: KafkaBroker,
-    kubelet: LocalKubelet,
+    node: NodeView,
     operator: Operator,
     lake: Lake,
 ) -> Iterator[tuple[Any, dict[int, dict[str, Any]]]]:
     obj: dict[str, Any] = yaml.safe_load((EXAMPLES / "customers.yaml").read_text())
     obj["metadata"]["namespace"] = e2e_namespace
-    obj["metadata"]["name"] = "e2e-customers"
+    obj["metadata"]["name"] = NAME
     obj["spec"]["source"]["bootstrapServers"] = kafka.bootstrap
-    obj["spec"]["source"]["topic"] = "e2e-customers"
+    obj["spec"]["source"]["topic"] = TOPIC
     obj["spec"]["table"]["catalog"] = lake.block
-    kafka.create_topic("e2e-customers", partitions=2)
+    kafka.create_topic(TOPIC, partitions=2)
     stream, model = customer_changes(800, 200, seed=7)
-    send(kafka, "e2e-customers", stream)
+    send(kafka, TOPIC, stream)
     rest.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{e2e_namespace}/{PLURAL}", obj)
     yield obj, model
-    print(pod_logs(kubelet, "e2e-customers-ingest"), operator.tail())
+    print(pod_logs(node, DRIVER), operator.tail())
 
 
-def test_the_operator_runs_the_upsert_example(applied_customers: Any, lake: Lake, kafka: KafkaBroker) -> None:
+def test_the_operator_runs_the_upsert_example(  # noqa: PLR0917 (fixtures)
+    applied_customers: Any,
+    lake: Lake,
+    kafka: KafkaBroker,
+    rest: JsonApi,
+    e2e_namespace: str,
+    cluster: LocalCluster,
+    node: NodeView,
+    operator: Operator,
+) -> None:
     obj, model = applied_customers
     identifier = ("crm", "customers")
     started = time.monotonic()
+
+    def explain() -> str:
+        return f"{pod_logs(node, DRIVER)}\n--- operator\n{operator.tail()}"
 
     def caught_up() -> bool:
         catalog = lake.catalog.pyiceberg()
         if not catalog.table_exists(identifier):
             return False
         committed = read_committed(catalog.load_table(identifier)).offsets
-        return dict(committed) == watermarks(kafka, "e2e-customers")
+        return dict(committed) == watermarks(kafka, TOPIC)
 
-    wait_for("the driver Pod to catch up with the topic", caught_up, timeout=600, every=2)
+    wait_for("the driver Pod to catch up with the topic", caught_up, timeout=600, every=2, details=explain)
     rows = rows_by_key(lake.catalog, identifier, "id")
     assert set(rows) == set(model)
     for k, row in model.items():
         assert (rows[k]["tier"], str(rows[k]["balance"])) == (row["tier"], row["balance"]), k
+    # What filled it: the driver Pod, a container of the image we ship on the node, never restarted.
+    pod = rest.get(f"/api/v1/namespaces/{e2e_namespace}/pods/{DRIVER}")
+    assert pod is not None and pod["status"]["phase"] == "Running", pod and pod.get("status")
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["image"] == cluster.images.icefall, status
+    assert status["containerID"].startswith("containerd://"), status
+    assert status["restartCount"] == 0, status
     print(f"[e2e] {obj['metadata']['name']}: caught up in {time.monotonic() - started:.0f} s")
