@@ -12,6 +12,9 @@ Proves:
   generated dashboard file byte for byte, and disappears when disabled;
 - values.schema.json rejects a bad value (`replicas: "two"`, an unknown key, an env name the operator sets
   in `pods`);
+- the operator's startup, liveness and readiness probes are on kopf's /healthz at `health.port` with the
+  timings of `health.*Probe`; `health.port` equal to `metrics.port`, or (with `hostNetwork`) either inside
+  `hostNetworkPorts`, is refused at render time with a message naming the values;
 - `pods` and `hostNetworkPorts` reach the operator as its settings (ICEFALL_POD_TEMPLATE,
   ICEFALL_HOST_NETWORK_PORTS), and `hostNetwork` puts the operator's own pod on the node's network with
   ClusterFirstWithHostNet DNS (off by default);
@@ -160,8 +163,16 @@ def test_default_render_is_namespaced(home: Path) -> None:
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ICEFALL_IMAGE"] == container["image"] == "ghcr.io/icefall-dev/icefall:0.1.0"
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    # A hung operator is restarted after about a minute; a slow start is not mistaken for a hang.
+    assert container["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "health"},
+        "periodSeconds": 15,
+        "timeoutSeconds": 5,
+        "failureThreshold": 4,
+    }
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] >= 300
     assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
     assert only(docs, "Deployment")["spec"]["replicas"] == 1
 
@@ -204,12 +215,54 @@ def test_cluster_wide_render(home: Path) -> None:
         (("--set", "hostNetwork=yes"), "/hostNetwork"),
         (("--set-json", 'pods={"driver":{"env":[{"name":"HOME","value":"/x"}]}}'), "/pods/driver/env/0/name"),
         (("--set", "hostNetworkPorts.first=80"), "/hostNetworkPorts/first"),
+        (("--set", "health.livenessProbe.periodSeconds=0"), "/health/livenessProbe/periodSeconds"),
+        (("--set", "health.readinessProbe.initialDelaySeconds=5"), "initialDelaySeconds"),
     ],
 )
 def test_schema_rejects_bad_values(home: Path, values: tuple[str, ...], message: str) -> None:
     result = helm("template", RELEASE, str(CHART), *values, home=home, check=False)
     assert result.returncode != 0
     assert "schema" in result.stderr and message in result.stderr, result.stderr
+
+
+def test_probe_values_reach_the_deployment(home: Path) -> None:
+    values = ("--set", "health.port=18080", "--set", "health.livenessProbe.periodSeconds=5")
+    values += ("--set", "health.livenessProbe.failureThreshold=2")
+    values += ("--set", "health.startupProbe.timeoutSeconds=3")
+    container = only(render(home, "ops", *values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--liveness=http://0.0.0.0:18080/healthz" in container["args"]
+    assert {"name": "health", "containerPort": 18080, "protocol": "TCP"} in container["ports"]
+    liveness = container["livenessProbe"]
+    assert (liveness["periodSeconds"], liveness["failureThreshold"]) == (5, 2)
+    assert container["startupProbe"]["timeoutSeconds"] == 3
+
+
+HOST = ("--set", "hostNetwork=true", "--set")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (("--set", "metrics.port=8080"), "health.port and metrics.port are both 8080"),
+        ((*HOST, "health.port=20000"), "health.port 20000 is inside hostNetworkPorts"),
+        ((*HOST, "metrics.port=29999"), "metrics.port 29999 is inside hostNetworkPorts"),
+    ],
+)  # fmt: skip
+def test_colliding_ports_are_refused(home: Path, values: tuple[str, ...], message: str) -> None:
+    """The operator's two ports differ; on the node's network they stay out of the table pods' range."""
+    result = helm("template", RELEASE, str(CHART), *values, home=home, check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_ports_that_do_not_collide_are_accepted(home: Path) -> None:
+    """Off the host network the operator's ports are its pod's own; a disabled metrics port is not served."""
+    for values in (
+        ("--set", "health.port=20000"),
+        ("--set", "hostNetwork=true", "--set", "metrics.enabled=false", "--set", "metrics.port=20000"),
+        ("--set", "metrics.enabled=false", "--set", "metrics.port=8080"),
+        ("--set", "hostNetwork=true", "--set", "health.port=30000", "--set", "metrics.port=30001"),
+    ):
+        assert only(render(home, "ops", *values), "Deployment")
 
 
 def test_spark_values_reach_the_operator_settings(home: Path) -> None:

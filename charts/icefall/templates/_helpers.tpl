@@ -43,3 +43,24 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "icefall.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/* The operator's ports must not collide: health vs metrics always (one container), and on the host
+network not with the range the table pods' metrics ports come from (they share the node's ports). */}}
+{{- define "icefall.checkPorts" -}}
+{{- $ports := dict "health.port" (int .Values.health.port) }}
+{{- if .Values.metrics.enabled }}
+{{- $_ := set $ports "metrics.port" (int .Values.metrics.port) }}
+{{- if eq (int .Values.health.port) (int .Values.metrics.port) }}
+{{- fail (printf "health.port and metrics.port are both %d: give them different ports" (int .Values.health.port)) }}
+{{- end }}
+{{- end }}
+{{- if .Values.hostNetwork }}
+{{- $first := int .Values.hostNetworkPorts.first }}
+{{- $last := int .Values.hostNetworkPorts.last }}
+{{- range $name, $port := $ports }}
+{{- if and (ge $port $first) (le $port $last) }}
+{{- fail (printf "%s %d is inside hostNetworkPorts (%d-%d), where table pods on the node's network get their metrics ports: with hostNetwork pick a port outside it" $name $port $first $last) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
