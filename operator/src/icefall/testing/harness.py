@@ -1,28 +1,36 @@
-"""Which cluster the e2e tests run against, and how they reach a real cluster's Services from this machine.
+"""Which cluster the e2e tests run against, how they reach a real cluster's Services from this machine, and
+what the chart needs on the local cluster.
 
 The switch is one variable: with `ICEFALL_E2E_KUBECONFIG` set (by hack/kind/e2e-kind.sh), the tests that
 support it run against that cluster, whose Kafka, REST catalog and object store are Services; without it,
-against the local harness (kube-apiserver, Kafka, MinIO, ... as processes on this machine, pods run as
-containers by a one-node cluster, `icefall.devstack.cluster`). On a real cluster, the test process reaches
-those Services through `kubectl port-forward` on loopback, the way the local harness's servers listen on
-loopback.
+against the local cluster (`icefall.devstack.cluster`: kube-apiserver, controllers, a node on containerd;
+Kafka, MinIO, ... as processes on this machine). On a real cluster, the test process reaches those
+Services through `kubectl port-forward` on loopback, the way the local servers listen on loopback.
 
 Kafka needs more than a forwarded port: clients connect to the addresses the broker advertises, so the
 cluster's broker has a second listener (`HOST_LISTENER_PORT`) that advertises `127.0.0.1:<that port>`,
 and the forward uses the same port on both ends (hack/kind/kafka.yaml).
+
+`Helm` runs the real helm; `local_chart_values` and `image_args` are what `helm install` of the chart takes
+on the local cluster beyond a user's values: the image built here, and, since there is no pod network,
+every pod on the host network with the API server's loopback address and free ports for the operator.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import create_topic
 from icefall.devstack.procs import ManagedProcess, free_port
+from icefall.devstack.tools import tool_dir
 
 E2E_KUBECONFIG = "ICEFALL_E2E_KUBECONFIG"
 #: The Kafka listener of hack/kind/kafka.yaml that advertises 127.0.0.1:<port>, for a port-forward.
@@ -110,3 +118,44 @@ class PortForward:
 
     def stop(self) -> None:
         self.process.stop()
+
+
+class Helm:
+    """The real helm (`ICEFALL_HELM_BIN`) against the cluster of `kubeconfig`, its state under `home`."""
+
+    def __init__(self, kubeconfig: Path, home: Path) -> None:
+        self.binary = str(tool_dir("ICEFALL_HELM_BIN") / "helm")
+        self.env = {**os.environ, "HOME": str(home), "KUBECONFIG": str(kubeconfig)}
+
+    def __call__(self, *args: str) -> str:
+        done = subprocess.run(
+            [self.binary, *args], env=self.env, capture_output=True, text=True, timeout=180, check=False
+        )
+        assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+
+def image_args(image: str) -> list[str]:
+    """`--set image.repository=... --set image.tag=...` for an image reference `repository:tag`."""
+    repository, _, tag = image.rpartition(":")
+    if not repository or "/" in tag:
+        raise ValueError(f"{image!r} is not repository:tag")
+    return ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]
+
+
+def local_chart_values(cluster: LocalCluster) -> dict[str, Any]:
+    """Helm values the chart needs on the local cluster: the operator's pod on the host network, its
+    health and metrics ports free ones of this machine (the node's ports are the machine's), the API
+    server's loopback address in its environment (`extraEnv`: append it to the user's), and every table
+    pod's template `cluster.pod_template()` (`pods.common`: host network, that address, small CPU
+    requests)."""
+    health = metrics = free_port()
+    while metrics == health:
+        metrics = free_port()
+    return {
+        "hostNetwork": True,
+        "health": {"port": health},
+        "metrics": {"port": metrics},
+        "extraEnv": cluster.api_env(),
+        "pods": {"common": cluster.pod_template()},
+    }
