@@ -28,7 +28,6 @@ the file counts are exact).
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -37,8 +36,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
@@ -47,7 +44,7 @@ from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.children import compaction_account_name, compaction_name
 from icefall.plan.maintenance import MaintenancePolicy
-from icefall.testing.kubeapi import JsonApi
+from icefall.testing.kubeapi import JsonApi, ObjectWatch
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import assert_exactly_once, manifest_text
 
@@ -82,56 +79,13 @@ MIN_FILES = MaintenancePolicy().min_files_to_compact
 Obj = dict[str, Any]
 
 
-class LeaseWatch:
-    """Every change of a Lease in the namespace while it runs: (event type, name, holderIdentity)."""
-
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.coordination = client.CoordinationV1Api(api)
-        self.namespace = namespace
-        self.seen: list[tuple[str, str, str]] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        listed = self.coordination.list_namespaced_lease(namespace)
-        self._version: str | None = listed.metadata.resource_version if listed.metadata else None
-        self._thread = threading.Thread(target=self._loop, name="lease-watch", daemon=True)
-
-    def __enter__(self) -> LeaseWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=15)
-
-    def work_leases(self) -> list[tuple[str, str, str]]:
-        with self._lock:
-            return [s for s in self.seen if s[1].startswith(WORK_LEASE_PREFIX)]
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            stream = watch.Watch()  # type: ignore[no-untyped-call]
-            kwargs: dict[str, Any] = {"timeout_seconds": 2, "deserialize": False}
-            if self._version:
-                kwargs["resource_version"] = self._version
-            try:
-                for event in stream.stream(  # type: ignore[no-untyped-call]
-                    self.coordination.list_namespaced_lease, self.namespace, **kwargs
-                ):
-                    obj: Obj = event["object"]
-                    if event["type"] == "ERROR":  # e.g. 410 Gone: list again from now on
-                        self._version = None
-                        break
-                    self._version = obj["metadata"].get("resourceVersion") or self._version
-                    holder = (obj.get("spec") or {}).get("holderIdentity") or ""
-                    with self._lock:
-                        self.seen.append((event["type"], obj["metadata"]["name"], holder))
-            except ApiException as error:
-                if error.status == 410:
-                    self._version = None
-                else:
-                    time.sleep(0.5)
-            except Exception:  # the connection dropped: watch again from the last version
-                time.sleep(0.5)
+def work_leases(leases: ObjectWatch) -> list[tuple[str, str, str]]:
+    """The work Leases' changes a watch saw: (event type, name, holderIdentity)."""
+    return [
+        (kind, obj["metadata"]["name"], (obj.get("spec") or {}).get("holderIdentity") or "")
+        for kind, obj in leases.events()
+        if obj["metadata"]["name"].startswith(WORK_LEASE_PREFIX)
+    ]
 
 
 class Setup(TableStream):
@@ -257,7 +211,7 @@ def _unschedulable(pod: Obj) -> bool:
 
 
 def test_compaction_pod_compacts_under_its_own_account(
-    setup: Setup, kubectl: Kubectl, api: client.ApiClient, cluster: LocalCluster
+    setup: Setup, kubectl: Kubectl, cluster: LocalCluster
 ) -> None:
     explain = setup.explain
     high = wait_for("the driver to ingest the backlog", setup.caught_up, timeout=240, details=explain)
@@ -301,7 +255,8 @@ def test_compaction_pod_compacts_under_its_own_account(
     assert held["spec"]["serviceAccountName"] == compaction_account_name(NAME)
     setup.note(f"ReplicaSet {owner['name']} made pod {pod_name}; letting it onto the node")
 
-    with LeaseWatch(api, setup.namespace) as leases:
+    leases_path = f"/apis/coordination.k8s.io/v1/namespaces/{setup.namespace}/leases"
+    with ObjectWatch(setup.rest, leases_path) as leases:
         setup.hold_compaction(False)
 
         def compacted() -> list[int] | None:
@@ -313,14 +268,14 @@ def test_compaction_pod_compacts_under_its_own_account(
         # The Lease is released and deleted after the commit; give the watch a moment to see it.
         wait_for(
             "the work Lease to be released",
-            lambda: any(kind == "DELETED" for kind, _, _ in leases.work_leases()),
+            lambda: any(kind == "DELETED" for kind, _, _ in work_leases(leases)),
             timeout=30,
-            details=lambda: f"{leases.seen}\n{explain()}",
+            details=lambda: f"{work_leases(leases)}\n{explain()}",
         )
-    work = leases.work_leases()
+    work = work_leases(leases)
     setup.note(f"work Lease events: {work}")
     claims = {(name, holder) for kind, name, holder in work if holder}
-    assert claims, f"no work Lease was ever held: {leases.seen}"
+    assert claims, f"no work Lease was ever held: {leases.events()}"
     assert {holder for _, holder in claims} == {pod_name}, claims
     assert all(re.fullmatch(rf"{re.escape(WORK_LEASE_PREFIX)}[0-9a-f]+", name) for name, _ in claims), claims
 
