@@ -5,45 +5,63 @@ never collects it; `make chaos` passes it to pytest explicitly (it then gets the
 the environment: `ICEFALL_CHAOS_KILLS` (default 200), `ICEFALL_CHAOS_SEED` (default 1),
 `ICEFALL_CHAOS_REPORT` (default bench/results/chaos.md).
 
-The system, as in a cluster: the operator as a process; the real kube-controller-manager turning the
-compaction Deployment into Pods; the local kubelet running the driver Pod and the compaction Pod (each
-its own Spark, `local[1]`); Kafka; Iceberg's REST catalog server on PostgreSQL with the table files in an
-object store (MinIO), both of this run's own so they can be stopped and started on the same port. One
-StreamingTable with a dead-letter table and topic, small batches, a compaction pod always running
-(`minReplicas: 1`) and snapshot expiry after a minute, so compaction and expiry really run meanwhile.
+The system, as in a cluster: the e2e's one-node cluster (`cluster`: API server, controller-manager,
+scheduler, and a node of containerd + runc + the real kubelet) runs the driver Pod and the compaction
+Deployment's Pod as containers of the image we ship, on the host network (each its own Spark, `local[1]`
+and `local[*]`); the operator runs as a process; Kafka; Iceberg's REST catalog server on PostgreSQL with
+the table files in an object store (MinIO), both of this run's own so they can be stopped and started on
+the same port. One StreamingTable with a dead-letter table and topic, small batches, a compaction pod
+always running (`minReplicas: 1`) and snapshot expiry after a minute, so compaction and expiry really run
+meanwhile.
 
 Chaos, while a producer keeps writing edge-case records (`chaos_data`: unicode, extreme numbers and
 timestamps, large values, every malformed kind):
 - kills, until as many were observed as asked (split driver 40 % / compaction 35 % / operator 25 %):
-  each start of a driver or compaction container is armed (kubelet hook `container_env`), with a chance,
-  to exit at a random failpoint (`ICEFALL_FAILPOINTS=<point>=exit@<hit>`, status 137 like SIGKILL), and
-  the others get SIGKILL (the whole process group) at a random moment (an armed one that has not reached
-  its point after 300 s too); the operator gets
-  SIGKILL at random moments and is started again. A kill is counted only when its exit was seen: status
-  137 and the log line `failpoint <name> triggered`, or 137 of a process this run SIGKILLed;
-- faults, one at a time while kills pause, spread over the run: the Kafka broker stopped and started
-  mid-batch (same ports, same data); the REST catalog down 30 s; the object store down 30 s; the driver
-  paused (SIGSTOP) past its commit Lease while a second writer (`icefall ingest`, the driver's command,
-  as a pod rescheduled during a partition) takes the Lease and commits, then resumed (SIGCONT): it must
-  be fenced. Each fault's time to converge: from its end until the table committed every record that
-  was in the topic at that moment.
+  each start of a driver or compaction container arms itself, with a chance, to exit at a random
+  failpoint (`ICEFALL_FAILPOINTS_CHAOS` in the StreamingTable's `spec.pods.driver.env` and
+  `spec.pods.compaction.env`: see icefall.failpoints; status 137 like SIGKILL), and says what it drew in
+  its log; the others get SIGKILL at a random moment (an armed one that has not reached its point after
+  `ARMED_GRACE` too): the SIGKILL goes to the container's PID 1 (tini, its host pid from containerd), so
+  the kernel kills every process of the container, as a node-level kill does. The operator gets SIGKILL
+  at random moments and is started again. A kill is counted only when its exit was seen in the Pod's
+  status (a watch on the namespace's Pods): status 137 with the termination message `failpoint <name>
+  triggered` (icefall.failpoints writes it), or 137 of a container this run SIGKILLed;
+- faults, one at a time while random kills pause, spread over the run: the Kafka broker stopped and
+  started mid-batch (same ports, same data); the REST catalog down 30 s; the object store down 30 s; the
+  driver paused (SIGSTOP to every process of its container) past its commit Lease while a second writer
+  (a Pod with the driver Pod's spec under another name, as if rescheduled during a partition) takes the
+  Lease and commits, then resumed (SIGCONT): it must be fenced (its log says so). The paused driver is
+  one that drew no failpoint (an armed one could exit at its point before its commit is refused): an
+  armed driver is SIGKILLed first, a kill like any other. Each fault's time to converge: from its end
+  until the table committed every record that was in the topic at that moment.
 
-Then, with the producer stopped and the table caught up, the audit, which uses none of the ingestion
-code: every record of the topic read with confluent-kafka (read_committed), decoded by `chaos_data`'s
-reference decoder, compared with the table's rows (pyiceberg, from the object store) by `_kafka`
-(partition, offset) and by every value, and with the dead-letter table's rows (by offset and value
-bytes): duplicates, missing and wrong values must all be 0. `icefall verify` runs as well. The report
-goes to `bench/results/chaos.md`, written even when the run fails.
+Then, with the producer stopped, the arming removed and the table caught up, the audit, which uses none
+of the ingestion code: every record of the topic read with confluent-kafka (read_committed), decoded by
+`chaos_data`'s reference decoder, compared with the table's rows (pyiceberg, from the object store) by
+`_kafka` (partition, offset) and by every value, and with the dead-letter table's rows (by offset and
+value bytes): duplicates, missing and wrong values must all be 0. `icefall verify` runs as well. The
+report goes to `bench/results/chaos.md`, written even when the run fails.
 
-Not covered: kills of Kafka, the API server, PostgreSQL or MinIO themselves (only the outages above);
-the operator has no failpoints (its kills are all at random moments); orphan-file deletion (its safety
-window is at least an hour) and so `main.before-orphan-delete`; the dead-letter topic is checked by
-nobody here (it is at-least-once by design).
+What changed with the move from the local kubelet (pods as host processes) to the real node: arming is
+the containers' own draw from the pod template, not a kubelet hook at each start, so it is switched on
+once the pipeline is up and off once the kills are done (a spec roll each: setup and the final audit run
+unarmed), and a container that starts during a fault may be armed too (the hook never armed those); the
+kubelet restarts a killed compaction container in place under its CrashLoopBackOff (10 s, doubling to
+5 min, reset after 10 min of running), so repeated compaction kills wait that long (the operator restarts
+the driver as a new Pod, with its own short backoff); kills are read from Pod statuses, not from the
+kubelet's records; the second writer is a Pod, not a host process.
+
+Not covered: kills of Kafka, the API server, the kubelet, containerd, PostgreSQL or MinIO themselves (only
+the outages above); the operator has no failpoints (its kills are all at random moments); orphan-file
+deletion (its safety window is at least an hour) and so `main.before-orphan-delete`; the dead-letter
+topic is checked by nobody here (it is at-least-once by design). A container whose whole life fell in a
+gap of the Pod watch (the API server expired it: "watch gaps" in the report) is not seen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import random
@@ -63,22 +81,24 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
 
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.kube import KubeAPIServer, KubeControllerManager
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
-from icefall.devstack.procs import tail
+from icefall.devstack.procs import free_port
 from icefall.devstack.rest_catalog import RESTCatalogServer
-from icefall.plan.children import compaction_name, secret_env_vars
-from icefall.testing.kubelet import ContainerExit, JsonApi, LocalKubelet
+from icefall.failpoints import CHAOS_ENV_VAR
+from icefall.plan.children import compaction_name, driver_pod_name, secret_env_vars
+from icefall.testing.kubeapi import JsonApi
 
 from . import chaos_data as data
-from .conftest import REPO, Operator, pod_logs, wait_for
+from .conftest import REPO, Kubectl, NodeView, Operator, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -87,8 +107,9 @@ SEED = int(os.environ.get("ICEFALL_CHAOS_SEED", "1"))
 REPORT = Path(os.environ.get("ICEFALL_CHAOS_REPORT", str(REPO / "bench" / "results" / "chaos.md")))
 NAME, TOPIC, DLQ_TOPIC = "chaos", "chaos", "chaos-dlq"
 TABLE_NAMESPACE, TABLE = "chaos", "events"
-DRIVER = f"{NAME}-ingest"
+DRIVER = driver_pod_name(NAME)
 COMPACT_PREFIX = f"{compaction_name(NAME)}-"
+SECOND_WRITER = f"{NAME}-second-writer"
 PARTITIONS = 3
 SHARES = {"driver": 0.40, "compaction": 0.35, "operator": 0.25}
 #: Failpoints a driver passes on a table with traffic and malformed records (see
@@ -101,11 +122,22 @@ DRIVER_POINTS = (
 )  # fmt: skip
 AT_START = {"dlq.before-rewind", "dlq.after-rewind", "main.before-sweep", "dlq.before-sweep"}
 COMPACTION_POINTS = ("main.mid-rewrite", "main.before-expire")
-ARM_CHANCE = 0.7  # of a container start getting a failpoint; the others die at a random moment
-#: Seconds after a container (or the operator) started before its SIGKILL: short enough that 200 kills fit
-#: in about an hour on 2 cores (a Spark start is most of a cycle), long enough to land mid-batch as well.
+ARM_CHANCE = 0.7  # of a container start arming a failpoint; the others die at a random moment
+#: `ICEFALL_FAILPOINTS_CHAOS` per pod role: a driver exits on hit 1 to 3 of its point (1 for a point passed
+#: once per process), a compaction pod on hit 1.
+ARMING = {
+    "driver": f"{SEED}:{ARM_CHANCE}:" + ",".join(p if p in AT_START else f"{p}@3" for p in DRIVER_POINTS),
+    "compaction": f"{SEED}:{ARM_CHANCE}:" + ",".join(COMPACTION_POINTS),
+}
+#: What a container start drew (icefall.failpoints logs it at import): `nothing` or `<point>=exit@<hit>`.
+DRAW_LINE = re.compile(rf"{CHAOS_ENV_VAR} drew (\S+)")
+NOTHING = "nothing"
+#: Seconds after a container (or the operator) started before its SIGKILL: short enough that many kills fit
+#: in an hour on 2 cores (a Spark start is most of a cycle), long enough to land mid-batch as well.
 RANDOM_KILL_AFTER = (2.0, 45.0)
 ARMED_GRACE = 150.0  # an armed container gets this long to reach its failpoint before a SIGKILL
+#: A container whose log has not said what it drew after this long is treated as unarmed.
+DRAW_UNKNOWN_AFTER = 90.0
 OUTAGE_SECONDS = 30.0
 #: The producer's pace: ~3 records/s, well under what a driver ingests between kills on a loaded 2-core
 #: machine (~10/s), so each fault's convergence measures recovery rather than a growing backlog.
@@ -116,12 +148,10 @@ CONVERGE_TIMEOUT = 900.0
 RANDOM = "random moment"
 FAILPOINT_LINE = re.compile(r"failpoint (\S+) triggered")
 SIGKILL_STATUS = 137
-#: secretProperties key → key in the Secret `lake`.
-SECRET_KEYS = {"s3.access-key-id": "access-key-id", "s3.secret-access-key": "secret-access-key"}
 Obj = dict[str, Any]
 
 
-# --- the stack: this run's own object store and REST catalog (so they can go down), the controller-manager
+# --- the stack: this run's own object store and REST catalog (so they can go down) -------------------------
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +216,211 @@ def streaming_table(kafka: KafkaBroker, catalog: RESTCatalogServer, store: Objec
     }
 
 
+def arming_patch(on: bool) -> Obj:
+    """A merge patch of the StreamingTable that arms (or disarms) every new driver and compaction container.
+    Each is a spec change: the operator rolls the driver and the compaction pods."""
+    env = {role: [{"name": CHAOS_ENV_VAR, "value": spec}] if on else None for role, spec in ARMING.items()}
+    return {"spec": {"pods": {role: {"env": value} for role, value in env.items()}}}
+
+
 # --- what the run observes -----------------------------------------------------------------------------
+
+
+def component_of(pod: str) -> str | None:
+    if pod == DRIVER:
+        return "driver"
+    if pod.startswith(COMPACT_PREFIX):
+        return "compaction"
+    return None
+
+
+@dataclass
+class Container:
+    """One container the node ran (one start: a container id), as the Pod status showed it."""
+
+    pod: str
+    uid: str
+    name: str
+    restart: int
+    cid: str  # containerd's id, without the `containerd://` prefix
+    seen: float  # monotonic, when the run first saw it
+    spec_armed: bool  # its Pod's spec has ICEFALL_FAILPOINTS_CHAOS
+    draw: str | None = None  # what its failpoints drew (NOTHING or `<point>=exit@<hit>`), once its log said
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def component(self) -> str | None:
+        return component_of(self.pod)
+
+    @property
+    def armed(self) -> bool:
+        return self.draw not in (None, NOTHING)
+
+
+class PodWatch:
+    """Every container start and exit of the namespace's Pods, from a watch (what the kubelet reported to
+    the API server): `running()` now, `ended` in the order seen. An expired watch (410) is listed again and
+    counted in `gaps`: what ended during a gap and whose Pod is gone was not seen."""
+
+    def __init__(self, api: client.ApiClient, node: NodeView) -> None:
+        self.core = client.CoreV1Api(api)
+        self.node = node
+        self.lock = threading.Lock()
+        self.pods: dict[str, Obj] = {}  # name → the Pod as last seen
+        self._running: dict[str, Container] = {}  # container id → container
+        self.ended: list[Container] = []
+        self._ended_ids: set[str] = set()
+        self.gaps = 0
+        self.listed = False
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="chaos-pod-watch", daemon=True)
+        self.reader = threading.Thread(target=self._read_draws, name="chaos-draws", daemon=True)
+
+    def start(self) -> PodWatch:
+        self.thread.start()
+        wait_for("the Pod watch to list", lambda: self.listed, timeout=60)
+        self.reader.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(60)
+        self.reader.join(60)
+
+    def _read_draws(self) -> None:
+        """What each running container drew, read from its log as soon as it says (a driver's log goes
+        with its Pod, which the operator deletes right after the container ended)."""
+        while not self.stopped.wait(1):
+            for container in self.running():
+                self.read_draw(container)
+
+    def running(self, component: str | None = None) -> list[Container]:
+        with self.lock:
+            found = list(self._running.values())
+        return [c for c in found if component is None or c.component == component]
+
+    def pod(self, name: str) -> Obj | None:
+        with self.lock:
+            return self.pods.get(name)
+
+    def _watch(self) -> None:
+        version: str | None = None
+        while not self.stopped.is_set():
+            try:
+                if version is None:
+                    version = self._relist()
+                stream = watch.Watch().stream(
+                    self.core.list_namespaced_pod, self.node.namespace, resource_version=version,
+                    timeout_seconds=30, allow_watch_bookmarks=True,
+                )  # fmt: skip
+                for event in stream:
+                    obj: Obj = event["raw_object"]
+                    version = obj["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._see(obj, deleted=event["type"] == "DELETED")
+                    if self.stopped.is_set():
+                        break
+            except ApiException as error:
+                if error.status == 410:
+                    version = None
+                    self.gaps += 1
+                else:
+                    time.sleep(1)
+            except Exception as error:  # the API server restarting, a dropped connection: watch again
+                print(f"[chaos] pod watch: {type(error).__name__}: {error}"[:300], flush=True)
+                time.sleep(1)
+
+    def _relist(self) -> str:
+        response = self.core.list_namespaced_pod(self.node.namespace, _preload_content=False)
+        listed: Obj = json.loads(response.data)
+        names = {pod["metadata"]["name"] for pod in listed["items"]}
+        with self.lock:
+            for name in set(self.pods) - names:
+                self._forget(self.pods.pop(name))
+        for pod in listed["items"]:
+            self._see(pod, deleted=False)
+        self.listed = True
+        version: str = listed["metadata"]["resourceVersion"]
+        return version
+
+    def _see(self, pod: Obj, *, deleted: bool) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        with self.lock:
+            for container in status.get("containerStatuses") or []:
+                restarts = container.get("restartCount", 0)
+                last, now = container.get("lastState") or {}, container.get("state") or {}
+                if "terminated" in last:
+                    self._ended(pod, container, last["terminated"], restarts - 1)
+                if "terminated" in now:
+                    self._ended(pod, container, now["terminated"], restarts)
+                running_id = _cid(container.get("containerID"))
+                if "running" in now and running_id and running_id not in self._ended_ids:
+                    self._running.setdefault(
+                        running_id, self._container(pod, container, running_id, restarts)
+                    )
+            if deleted:
+                self._forget(pod)
+                self.pods.pop(meta["name"], None)
+            else:
+                self.pods[meta["name"]] = pod
+
+    def _container(self, pod: Obj, status: Obj, cid: str, restart: int) -> Container:
+        meta = pod["metadata"]
+        return Container(
+            meta["name"], meta["uid"], status["name"], restart, cid, time.monotonic(), pod_armed(pod)
+        )
+
+    def _ended(self, pod: Obj, status: Obj, terminated: Obj, restart: int) -> None:
+        cid = _cid(terminated.get("containerID"))
+        if not cid or cid in self._ended_ids:
+            return
+        self._ended_ids.add(cid)
+        ended = self._running.pop(cid, None) or self._container(pod, status, cid, max(restart, 0))
+        ended.exit_code = terminated.get("exitCode")
+        ended.reason = terminated.get("reason") or ""
+        ended.message = terminated.get("message") or ""
+        self.read_draw(ended)  # its log is still on the node now; once its Pod is gone, it is not
+        self.ended.append(ended)
+
+    def _forget(self, pod: Obj) -> None:
+        """A Pod gone: its containers run no more (any exit was recorded from its statuses)."""
+        for cid in [c for c, run in self._running.items() if run.uid == pod["metadata"]["uid"]]:
+            self._running.pop(cid)
+
+    def read_draw(self, container: Container) -> str | None:
+        """What `container` drew, from its own log file on the node (None until it said)."""
+        if container.draw is None:
+            folder = f"{self.node.namespace}_{container.pod}_{container.uid}"
+            path = self.node.node.kubelet.pod_logs_dir / folder / container.name / f"{container.restart}.log"
+            with contextlib.suppress(OSError):
+                found = DRAW_LINE.search(path.read_text(errors="replace"))
+                if found:
+                    container.draw = found.group(1)
+        return container.draw
+
+
+def pod_armed(pod: Obj) -> bool:
+    """Whether this Pod's container gets `ICEFALL_FAILPOINTS_CHAOS`."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return any(e["name"] == CHAOS_ENV_VAR for c in containers for e in c.get("env") or [])
+
+
+def _cid(container_id: str | None) -> str:
+    return (container_id or "").removeprefix("containerd://")
+
+
+def container_processes(init_pid: int) -> list[int]:
+    """Host pids of every process in the PID namespace of `init_pid` (a container's processes)."""
+    namespace = os.readlink(f"/proc/{init_pid}/ns/pid")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "pid") == namespace:
+                    found.append(int(entry.name))
+    return found
 
 
 @dataclass
@@ -200,14 +434,15 @@ class Fault:
 
 @dataclass
 class Tally:
-    """Kills observed, per component and per crash point; what the run armed and SIGKILLed."""
+    """Kills observed, per component and per crash point; what the containers drew; what the run SIGKILLed."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    killed_pids: set[int] = field(default_factory=set)  # container processes this run SIGKILLed
+    killed: set[str] = field(default_factory=set)  # container ids this run SIGKILLed
     by_component: Counter[str] = field(default_factory=Counter)
     by_point: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, point)
-    other_exits: Counter[tuple[str, int]] = field(default_factory=Counter)  # exits that were no kill of ours
-    armed: Counter[str] = field(default_factory=Counter)
+    #: Exits that were no kill of ours: (component, exit code, reason).
+    other_exits: Counter[tuple[str, int, str]] = field(default_factory=Counter)
+    draws: Counter[str] = field(default_factory=Counter)  # point (or NOTHING, or "unknown") → starts
     seen_exits: int = 0
 
     def kill(self, component: str, point: str) -> None:
@@ -224,14 +459,6 @@ class Tally:
             return self.by_component[component]
 
 
-def component_of(pod: str) -> str | None:
-    if pod == DRIVER:
-        return "driver"
-    if pod.startswith(COMPACT_PREFIX):
-        return "compaction"
-    return None
-
-
 class Chaos:
     """The run: the system's handles, the producer, the kill loops, the faults, progress and the tally."""
 
@@ -242,32 +469,30 @@ class Chaos:
         store: ObjectStore,
         catalog_server: RESTCatalogServer,
         catalog: CatalogConfig,
-        kubelet: LocalKubelet,
+        cluster: LocalCluster,
+        pods: PodWatch,
+        kubectl: Kubectl,
         operator: Operator,
         rest: JsonApi,
         namespace: str,
-        writer_env: dict[str, str],
         workdir: Path,
     ) -> None:
         self.kafka, self.store, self.catalog_server, self.catalog = kafka, store, catalog_server, catalog
-        self.kubelet, self.operator, self.rest, self.namespace = kubelet, operator, rest, namespace
-        self.writer_env, self.workdir = writer_env, workdir
+        self.cluster, self.pods, self.kubectl = cluster, pods, kubectl
+        self.operator, self.rest, self.namespace, self.workdir = operator, rest, namespace, workdir
+        self.node = pods.node
         self.rng = random.Random(SEED)
-        self.arm_rng = random.Random(SEED + 1)  # the kubelet's thread draws from its own generator
         self.quota = {name: max(1, round(KILLS * share)) for name, share in SHARES.items()}
         self.quota["operator"] = max(1, KILLS - self.quota["driver"] - self.quota["compaction"])
         self.tally = Tally()
         self.faults: list[Fault] = []
-        self.calm = threading.Event()  # set: no arming, no SIGKILL (a fault is being measured)
+        self.calm = threading.Event()  # set: no SIGKILL (a fault is being measured)
         self.done = threading.Event()
         self.errors: list[str] = []
         self.kinds: Counter[str] = Counter()
         self.produced = 0
         self.started = time.monotonic()
         self._producing = threading.Event()
-        #: Pod name → whether its latest container start was armed (the kubelet calls the hook just before
-        #: it starts the process, so this is about the pid running now).
-        self.armed_now: dict[str, bool] = {}
 
     # --- progress and failure details ---
 
@@ -291,13 +516,33 @@ class Chaos:
 
     def explain(self) -> str:
         status = yaml.safe_dump((self.st() or {}).get("status"))
-        compact = [name for name in self.kubelet.running_pids() if name.startswith(COMPACT_PREFIX)]
-        more = "\n".join(pod_logs(self.kubelet, name) for name in compact)
-        driver = pod_logs(self.kubelet, DRIVER)
+        compact = {c.pod for c in self.pods.running("compaction")}
+        more = "\n".join(pod_logs(self.node, name) for name in sorted(compact))
+        driver = pod_logs(self.node, DRIVER)
         return f"--- status\n{status}{driver}\n{more}\n--- operator\n{self.operator.tail()}"
 
+    def st_path(self) -> str:
+        return f"/apis/icefall.dev/v1alpha1/namespaces/{self.namespace}/streamingtables/{NAME}"
+
     def st(self) -> Obj | None:
-        return self.rest.get(f"/apis/icefall.dev/v1alpha1/namespaces/{self.namespace}/streamingtables/{NAME}")
+        return self.rest.get(self.st_path())
+
+    def arm(self, on: bool) -> None:
+        """Arm (or disarm) every driver and compaction container started from now on; wait for the roll."""
+        self.rest.call("PATCH", self.st_path(), arming_patch(on), content_type="application/merge-patch+json")
+        self.note(f"failpoint arming {'on' if on else 'off'}: the driver and compaction pods roll")
+
+        def rolled() -> bool:
+            """Each component runs, and only from Pods whose spec says what was asked."""
+            now = self.pods.running()
+            return all(
+                any(c.component == k for c in now)
+                and all(c.spec_armed == on for c in now if c.component == k)
+                for k in ARMING
+            )
+
+        wait_for(f"the pods to roll with arming {'on' if on else 'off'}", rolled, timeout=600, every=1,
+                 details=self.explain)  # fmt: skip
 
     # --- the table and the topic ---
 
@@ -365,62 +610,61 @@ class Chaos:
             if left:
                 self.errors.append(f"producer: {left} records never delivered")
 
-    # --- arming and kills ---
-
-    def container_env(self, pod: Obj, _restarts: int) -> dict[str, str]:
-        """The kubelet hook: maybe arm this container start to exit at a random failpoint."""
-        name = pod["metadata"]["name"]
-        component = component_of(name)
-        self.armed_now[name] = False
-        if component is None or self.calm.is_set() or self.done.is_set():
-            return {}
-        if self.tally.of(component) >= self.quota[component] or self.arm_rng.random() > ARM_CHANCE:
-            return {}
-        self.armed_now[name] = True
-        if component == "driver":
-            point = self.arm_rng.choice(DRIVER_POINTS)
-            hit = 1 if point in AT_START else self.arm_rng.randint(1, 3)
-        else:
-            point, hit = self.arm_rng.choice(COMPACTION_POINTS), 1
-        with self.tally.lock:
-            self.tally.armed[point] += 1
-        return {"ICEFALL_FAILPOINTS": f"{point}={'exit'}@{hit}"}
+    # --- kills ---
 
     def count_exits(self) -> None:
-        """Turn the kubelet's new container exits into kills (status 137 that this run caused)."""
-        exits: list[ContainerExit] = self.kubelet.exits[self.tally.seen_exits :]
-        self.tally.seen_exits += len(exits)
-        for ended in exits:
-            component = component_of(ended.name)
+        """Turn the new container exits of the Pod watch into kills (status 137 that this run caused)."""
+        ended = self.pods.ended[self.tally.seen_exits :]
+        self.tally.seen_exits += len(ended)
+        for container in ended:
+            component = container.component
             if component is None:
                 continue
-            point = FAILPOINT_LINE.search(ended.output()) if ended.exit_code == SIGKILL_STATUS else None
+            drew = self.pods.read_draw(container)  # its log may be gone with its Pod: then "unknown"
+            point = (
+                FAILPOINT_LINE.search(container.message) if container.exit_code == SIGKILL_STATUS else None
+            )
+            with self.tally.lock:
+                self.tally.draws[(drew or "unknown").partition("=")[0]] += 1
             if point is not None:
                 self.tally.kill(component, point.group(1))
-            elif ended.exit_code == SIGKILL_STATUS and ended.pid in self.tally.killed_pids:
+            elif container.exit_code == SIGKILL_STATUS and container.cid in self.tally.killed:
                 self.tally.kill(component, RANDOM)
             else:
                 with self.tally.lock:
-                    self.tally.other_exits[component, ended.exit_code] += 1
+                    self.tally.other_exits[component, container.exit_code or 0, container.reason] += 1
+
+    def sigkill(self, container: Container) -> None:
+        """SIGKILL the container's PID 1 (tini): the kernel then kills all its processes; status 137."""
+        pid = self.cluster.node.container_pid(container.cid)
+        if pid is None:
+            return  # it ended meanwhile
+        with self.tally.lock:
+            self.tally.killed.add(container.cid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def pod_killer(self, component: str) -> None:
         """SIGKILL the component's running container at a random moment, until its quota was observed."""
         rng = random.Random(f"{SEED}-{component}")
-        deadline: dict[int, float] = {}
+        deadline: dict[str, float] = {}
         while not self.done.is_set() and self.tally.of(component) < self.quota[component]:
             time.sleep(0.5)
             if self.calm.is_set():
                 deadline.clear()  # a container that lived through a fault gets a new moment afterwards
                 continue
-            pids = [(n, p) for n, p in self.kubelet.running_pids().items() if component_of(n) == component]
-            for name, pid in pids:
-                after = ARMED_GRACE if self.armed_now.get(name) else rng.uniform(*RANDOM_KILL_AFTER)
-                when = deadline.setdefault(pid, time.monotonic() + after)
-                if time.monotonic() >= when and pid not in self.tally.killed_pids:
-                    with self.tally.lock:
-                        self.tally.killed_pids.add(pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGKILL)
+            for container in self.pods.running(component):
+                if container.cid in self.tally.killed:
+                    continue
+                if container.cid not in deadline:
+                    drew = self.pods.read_draw(container)
+                    waited = time.monotonic() - container.seen
+                    if drew is None and waited < DRAW_UNKNOWN_AFTER:
+                        continue  # not said yet: it decides how long this one may live
+                    after = ARMED_GRACE if container.armed else rng.uniform(*RANDOM_KILL_AFTER)
+                    deadline[container.cid] = max(container.seen + after, time.monotonic())
+                if time.monotonic() >= deadline[container.cid]:
+                    self.sigkill(container)
 
     def operator_killer(self) -> None:
         rng = random.Random(f"{SEED}-operator")
@@ -452,13 +696,19 @@ class Chaos:
         finally:
             self.calm.clear()
 
-    def wait_driver_committing(self) -> None:
+    def is_running(self, container: Container) -> bool:
+        return any(c.cid == container.cid for c in self.pods.running())
+
+    def running_driver(self) -> Container | None:
+        return next(iter(self.pods.running("driver")), None)
+
+    def wait_driver_committing(self) -> Container:
         """A driver runs and commits (after any kill in flight): the fault then hits a working pipeline."""
-        wait_for("a running driver", lambda: self.kubelet.running_pids().get(DRIVER), timeout=600,
-                 every=1, details=self.explain)  # fmt: skip
+        driver = wait_for("a running driver", self.running_driver, timeout=600, every=1, details=self.explain)
         before = sum(self.committed().values())
         wait_for("a commit by the running driver", lambda: sum(self.committed().values()) > before,
                  timeout=600, every=1, details=self.explain)  # fmt: skip
+        return driver
 
     def broker_restart(self, fault: Fault) -> None:
         self.kafka.stop()
@@ -478,44 +728,106 @@ class Chaos:
         self.store.start()
         fault.note = f"object store down {OUTAGE_SECONDS:.0f} s (plus its restart)"
 
+    def unarmed_driver(self) -> Container:
+        """A committing driver that drew no failpoint (an armed one could exit at its point once resumed,
+        before its commit is refused): an armed one is SIGKILLed (a kill like any other) until one is."""
+        for _ in range(20):
+            driver = self.wait_driver_committing()
+            drew = wait_for("the driver's draw in its log", lambda d=driver: self.pods.read_draw(d),
+                            timeout=DRAW_UNKNOWN_AFTER, every=1, details=self.explain)  # fmt: skip
+            running = self.is_running(driver)
+            if drew == NOTHING and running:
+                return driver
+            if running:
+                self.note(f"paused writer: the driver drew {drew}; SIGKILL, for a fresh draw")
+                self.sigkill(driver)
+            wait_for("the driver to end", lambda d=driver: not self.is_running(d),
+                     timeout=120, every=1)  # fmt: skip
+        raise AssertionError("20 driver starts in a row were armed")
+
     def paused_writer(self, fault: Fault) -> None:
-        """SIGSTOP the driver past its Lease; a second `icefall ingest` takes over and commits; SIGCONT."""
-        pid = self.kubelet.running_pids()[DRIVER]
-        os.killpg(pid, signal.SIGSTOP)
-        paused = time.monotonic()
-        log = self.workdir / "second-writer.log"
-        before = sum(self.committed().values())
-        with log.open("wb") as out:
-            second = subprocess.Popen(
-                [sys.executable, "-m", "icefall.cli", "ingest", "--namespace", self.namespace,
-                 "--name", NAME],
-                env=self.writer_env, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
-            )  # fmt: skip
+        """SIGSTOP the driver's container past its Lease; a second writer Pod takes over, commits; SIGCONT."""
+        driver = self.unarmed_driver()
+        fault.started = time.monotonic()
+        pod = self.pods.pod(driver.pod)
+        init = self.cluster.node.container_pid(driver.cid)
+        assert pod is not None and init is not None, f"the driver {driver.cid} is gone"
+        log = self.workdir / f"paused-driver-{driver.cid[:12]}.log"
+        following = self.kubectl.following_logs(self.namespace, DRIVER, log)
+        stopped: list[int] = []
+        second = f"/api/v1/namespaces/{self.namespace}/pods/{SECOND_WRITER}"
         try:
+            time.sleep(2)  # `kubectl logs -f` attached to this container
+            stopped = _stop_all(init)
+            paused = time.monotonic()
+            before = sum(self.committed().values())
+            self.rest.call("POST", f"/api/v1/namespaces/{self.namespace}/pods", second_writer_pod(pod))
             wait_for(
                 "the second writer to commit",
                 lambda: sum(self.committed().values()) > before,
-                timeout=600, every=1, details=lambda: tail(log, 40),
+                timeout=600, every=1, details=lambda: pod_logs(self.node, SECOND_WRITER),
             )  # fmt: skip
             time.sleep(max(0.0, 20 - (time.monotonic() - paused)))  # well past the 15 s Lease either way
-            os.killpg(pid, signal.SIGCONT)
+            _signal_all(stopped + container_processes(init), signal.SIGCONT)
+            stopped = []
             resumed = time.monotonic()
             fenced = wait_for(
                 "the paused writer to stop once resumed",
-                lambda: next((e for e in self.kubelet.exits if e.pid == pid), None),
+                lambda: next((c for c in self.pods.ended if c.cid == driver.cid), None),
                 timeout=300, every=1, details=self.explain,
             )  # fmt: skip
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                following.wait(60)  # it ends with the container
         finally:
-            second.terminate()
-            second.wait(60)
-        output = fenced.output()
+            _signal_all(stopped, signal.SIGCONT)
+            following.kill()
+            with contextlib.suppress(ApiException):
+                self.rest.call("DELETE", second)
+        wait_for("the second writer pod gone", lambda: self.rest.get(second) is None, timeout=180, every=1)
+        output = log.read_text(errors="replace")
         said = "newer writer took over" in output or "lost the commit lease" in output
         fault.note = (
-            f"paused {resumed - paused:.0f} s; second writer committed; the resumed writer exited "
+            f"paused {resumed - paused:.0f} s; second writer (a Pod) committed; the resumed writer exited "
             f"{fenced.exit_code} {'fenced (its log says so)' if said else 'WITHOUT saying it was fenced'}"
         )
         if not said:
             self.errors.append(f"paused writer not fenced: exit {fenced.exit_code}\n{output[-3000:]}")
+
+
+def _stop_all(init: int) -> list[int]:
+    """SIGSTOP every process of the container whose PID 1 is `init`, again until no new one appears."""
+    stopped: list[int] = []
+    while new := [pid for pid in container_processes(init) if pid not in stopped]:
+        _signal_all(new, signal.SIGSTOP)
+        stopped += new
+    return stopped
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in dict.fromkeys(pids):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def second_writer_pod(driver: Obj) -> Obj:
+    """The driver Pod's spec under another name, as a driver rescheduled during a partition would run: its own
+    ServiceAccount token volume (admission adds it), another metrics port on the host network, no arming,
+    none of the operator's labels (the operator must not take it for its driver)."""
+    spec = copy.deepcopy(driver["spec"])
+    for key in ("nodeName", "priority"):
+        spec.pop(key, None)
+    token = {v["name"] for v in spec.get("volumes", []) if v["name"].startswith("kube-api-access-")}
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in token]
+    (container,) = spec["containers"]
+    container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] not in token]
+    container["env"] = [e for e in container.get("env", []) if e["name"] != CHAOS_ENV_VAR]
+    port = free_port()
+    container["command"] = [
+        f"--metrics-port={port}" if arg.startswith("--metrics-port=") else arg for arg in container["command"]
+    ]
+    container.pop("ports", None)  # the driver's metrics port is a host port the paused driver still holds
+    metadata = {"name": SECOND_WRITER, "labels": {"app.kubernetes.io/name": SECOND_WRITER}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 # --- the audit: the topic against both tables, by content, with none of the ingestion code ------------------
@@ -636,16 +948,16 @@ def _watermarks(kafka: KafkaBroker) -> dict[int, int]:
 # --- the run --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(1800 + KILLS * 90)
+@pytest.mark.timeout(3600 + KILLS * 150)
 def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     kafka: KafkaBroker,
-    kube: KubeAPIServer,
+    cluster: LocalCluster,
+    node: NodeView,
     store: ObjectStore,
     rest_catalog: RESTCatalogServer,
-    controller_manager: KubeControllerManager,
-    kubelet: LocalKubelet,
     rest: JsonApi,
     api: client.ApiClient,
+    kubectl: Kubectl,
     e2e_namespace: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -666,24 +978,18 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     assert problems == []
     variables = {ref.name: secret[ref.key] for ref in catalog_env}
     catalog = CatalogConfig.for_table(st.spec, environ=variables)
-    operator = Operator(kube, e2e_namespace, workdir / "operator.log", env={
+    # As the `operator` fixture runs it (pods from the image, on this cluster's host network), plus the
+    # credentials and short driver backoff and status refresh.
+    operator = Operator(cluster.api, e2e_namespace, workdir / "operator.log", env={
+        "ICEFALL_IMAGE": cluster.images.icefall,
+        "ICEFALL_POD_TEMPLATE": json.dumps({"common": cluster.pod_template()}),
         **variables, "ICEFALL_DRIVER_MAX_BACKOFF_SECONDS": "2", "ICEFALL_STATUS_REFRESH_SECONDS": "2",
     })  # fmt: skip
-    writer_env = {
-        **{k: v for k, v in os.environ.items() if k != "ICEFALL_FAILPOINTS"},
-        **variables,
-        "KUBECONFIG": str(kube.kubeconfig),
-        "ICEFALL_POD_NAME": "chaos-second-writer",
-        "ICEFALL_SPARK_CONF": json.dumps({"spark.master": "local[1]"}),
-        "ICEFALL_STATE_DIR": str(workdir / "second-writer-state"),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYTHONPATH": str(REPO / "operator" / "src"),
-    }
+    pods = PodWatch(api, node).start()
     chaos = Chaos(
-        kafka=kafka, store=store, catalog_server=rest_catalog, catalog=catalog, kubelet=kubelet,
-        operator=operator, rest=rest, namespace=e2e_namespace, writer_env=writer_env, workdir=workdir,
+        kafka=kafka, store=store, catalog_server=rest_catalog, catalog=catalog, cluster=cluster, pods=pods,
+        kubectl=kubectl, operator=operator, rest=rest, namespace=e2e_namespace, workdir=workdir,
     )  # fmt: skip
-    kubelet.container_env = chaos.container_env
     outcome: Audit | None = None
     verify = "not run"
     failure: BaseException | None = None
@@ -695,15 +1001,14 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         threads[-1].start()
         st_path = f"/apis/icefall.dev/v1alpha1/namespaces/{e2e_namespace}/streamingtables"
         rest.call("POST", st_path, {**st_object, "metadata": {"name": NAME, "namespace": e2e_namespace}})
-        chaos.calm.set()  # the first driver and compaction pod start unarmed: a broken setup fails here
-        wait_for("the first driver pod running", lambda: kubelet.running_pids().get(DRIVER), timeout=300,
-                 every=1, details=chaos.explain)  # fmt: skip
+        # The first driver and compaction pod start unarmed: a broken setup fails here, not in the chaos.
+        wait_for("the first driver pod running", chaos.running_driver, timeout=600, every=1,
+                 details=chaos.explain)  # fmt: skip
         wait_for("the first commit", chaos.committed, timeout=900, every=2, details=chaos.explain)
-        wait_for("the compaction pod running",
-                 lambda: any(n.startswith(COMPACT_PREFIX) for n in kubelet.running_pids()),
-                 timeout=300, every=1, details=chaos.explain)  # fmt: skip
+        wait_for("the compaction pod running", lambda: pods.running("compaction"), timeout=600, every=1,
+                 details=chaos.explain)  # fmt: skip
         chaos.note(f"pipeline up: {chaos.progress()}")
-        chaos.calm.clear()
+        chaos.arm(True)
 
         killers = [
             threading.Thread(target=chaos.pod_killer, args=("driver",), name="kill-driver", daemon=True),
@@ -731,10 +1036,11 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
                 due.pop(0)
                 chaos.fault(name, act)
         chaos.done.set()
+        chaos.arm(False)
         chaos._producing.clear()
         threads[0].join(900)
         assert not chaos.errors, chaos.errors
-        chaos.note(f"kills done, producer stopped: {chaos.progress()}")
+        chaos.note(f"kills done, arming off, producer stopped: {chaos.progress()}")
         final = Fault("the end of the run (producer stopped)", time.monotonic(), time.monotonic())
         chaos.converge(final)
         chaos.faults.append(final)
@@ -748,9 +1054,13 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     finally:
         chaos.done.set()
         chaos._producing.clear()
-        kubelet.container_env = None
-        operator.stop()
-        write_report(chaos, outcome, verify, failure)
+        try:
+            operator.stop()
+        finally:
+            try:
+                pods.stop()
+            finally:
+                write_report(chaos, outcome, verify, failure)
     assert outcome.duplicates == outcome.missing == outcome.wrong == 0, outcome.examples
     assert chaos.tally.total() >= KILLS
 
@@ -782,7 +1092,9 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
         "",
         "`make chaos` (e2e/chaos_run.py): random kills and outages on the whole system while edge-case "
         "records arrive, then an audit by content that uses none of the ingestion code (the topic, "
-        "read_committed, decoded by a reference decoder, against both tables read by pyiceberg).",
+        "read_committed, decoded by a reference decoder, against both tables read by pyiceberg). The "
+        "driver and compaction pods are containers of the image on the e2e's one-node cluster (the real "
+        "kubelet on containerd); the operator is a process.",
         "",
         f"- seed {SEED}, kills asked {KILLS}, kills observed {total}; duration {elapsed / 60:.1f} min "
         f"({elapsed / max(total, 1):.0f} s per kill)",
@@ -804,12 +1116,17 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
     lines += [f"| {c} | {tally.by_component[c]} | {chaos.quota[c]} |" for c in SHARES]
     lines += ["", "## Kills per crash point", "", "| component | crash point | kills |", "|---|---|---:|"]
     lines += [f"| {c} | {p} | {n} |" for (c, p), n in sorted(tally.by_point.items())]
-    armed = ", ".join(f"{p} {n}" for p, n in sorted(tally.armed.items()))
-    other = ", ".join(f"{c} exit {code}: {n}" for (c, code), n in sorted(tally.other_exits.items()))
+    drawn = ", ".join(f"{p} {n}" for p, n in sorted(tally.draws.items()))
+    other = ", ".join(
+        f"{c} exit {code}{f' ({reason})' if reason else ''}: {n}"
+        for (c, code, reason), n in sorted(tally.other_exits.items())
+    )
     lines += [
         "",
-        f"Armed failpoints (container starts armed; a point a process never reached is not a kill): {armed}.",
-        f"Container exits that were not kills of this run: {other or 'none'}.",
+        "What the ended driver and compaction containers had drawn (`ICEFALL_FAILPOINTS_CHAOS`; a point "
+        f"a process never reached is not a kill; unknown: its log was gone): {drawn or 'none'}.",
+        f"Container exits that were not kills of this run (spec rolls, fenced writers): {other or 'none'}.",
+        f"Pod watch gaps (expired and listed again): {chaos.pods.gaps}.",
         "",
         "## Faults",
         "",
@@ -829,11 +1146,12 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
         "",
         "## Not covered",
         "",
-        "Kills of Kafka, the API server, PostgreSQL or MinIO themselves (only the outages above); the "
-        "operator has no failpoints, so its kills are all at random moments; orphan-file deletion (its "
-        "safety window is at least an hour), so `main.before-orphan-delete` is never reached; the "
-        "dead-letter topic is not audited (at-least-once by design); NaN/Infinity, lone surrogates, nested "
-        "structs and maps, and decimal rounding are not in the data (see e2e/chaos_data.py).",
+        "Kills of Kafka, the API server, the kubelet, containerd, PostgreSQL or MinIO themselves (only the "
+        "outages above); the operator has no failpoints, so its kills are all at random moments; "
+        "orphan-file deletion (its safety window is at least an hour), so `main.before-orphan-delete` is "
+        "never reached; the dead-letter topic is not audited (at-least-once by design); NaN/Infinity, lone "
+        "surrogates, nested structs and maps, and decimal rounding are not in the data (see "
+        "e2e/chaos_data.py).",
         "",
     ]
     REPORT.parent.mkdir(parents=True, exist_ok=True)
