@@ -1,30 +1,38 @@
-"""Spark on Kubernetes for real: the driver pod's Spark creates its executors as pods through the API server.
+"""Spark on Kubernetes for real: the driver pod's Spark creates its executors as pods through the API server,
+and the node runs them as containers of the image we ship, with the image's own entry point.
 
 The operator runs with its default Spark master, `kubernetes`: the driver Pod it renders is a client-mode
-Spark driver (`k8s://` the API server's in-cluster address, the address every pod is given), and Spark's
-own scheduler backend creates executor Pods through the API server with the driver's ServiceAccount,
-under the Role the operator rendered for it, from the executor pod template ConfigMap, owned by the
-driver Pod. The local kubelet runs them like any pod: executor pods have no `command`, so the image's
-entry point runs (`icefall.testing.spark_entrypoint`, standing in for Spark's `/opt/entrypoint.sh`
-`executor`), each in its own mount namespace with a read-only root; they reach the driver, Kafka, the
-PostgreSQL catalog and the object store over the network. Proves:
+Spark driver (`k8s://` the API server's in-cluster address, from the `KUBERNETES_SERVICE_HOST`/`_PORT` the
+cluster's pod template gives every pod), and Spark's own scheduler backend creates executor Pods through
+the API server with the driver's ServiceAccount, under the Role the operator rendered for it, from the
+executor pod template ConfigMap, owned by the driver Pod. The node (the real kubelet on containerd + runc)
+runs them: executor pods have no `command`, so the image's ENTRYPOINT (`tini -- python -m
+icefall.spark.entrypoint`, where Apache Spark's images have `/opt/entrypoint.sh`) turns Spark's `executor`
+argument and SPARK_* variables into the executor JVM, as uid 10001 with a read-only root. Every pod is on
+the host network (there is no pod network here): executors dial the driver at its pod IP (127.0.0.1) on the
+ports Spark picked, and reach Kafka, the PostgreSQL catalog and the object store over the network. Proves:
 - (a) executor pods are created by Spark (label `spark-role=executor`, owner reference to the driver Pod,
-  the driver's ServiceAccount name in their spec), they run tasks (their logs), the table files are in the
-  object store, and the topic's records are in the table exactly once;
+  the driver's ServiceAccount name in their spec, no `command`), they are containers of the image whose
+  entry point started the executor (its `[entrypoint] executor` line) running as uid 10001, they run the
+  tasks (their logs), the table files are in the object store, and the topic's records are in the table
+  exactly once;
 - (b) executor loss: an executor pod deleted mid-stream is replaced by a new one, and the table still
   equals the topic exactly once;
 - (c) dynamic allocation: with no records to read, idle executors are released (Spark deletes their
   pods) and new records bring an executor back.
 
-Operator settings (what the chart's `spark.*` values set): executors of 512m, at most 1, released after
-30 s idle.
+Operator settings (what the chart's `spark.*` values set): executors of the default memory (2g), at most
+one, released after 30 s idle; every pod requests 100m CPU (the cluster's pod template, which Spark's
+executors get as `spark.kubernetes.executor.request.cores`), so the driver and an executor fit 2 CPUs.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,13 +40,15 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from icefall.catalog import CatalogConfig
+from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.children import ENV_SPARK_CONF, KUBERNETES_MASTER, driver_account_name
-from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.spark.entrypoint import EXECUTOR_BACKEND
+from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import assert_exactly_once, manifest_text
 
-from .conftest import Lake, Operator, TableStream, pod_logs, wait_for
+from .conftest import Lake, NodeView, Operator, TableStream, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -50,25 +60,32 @@ DRIVER = f"{NAME}-ingest"
 EXECUTORS = f"icefall.dev/streamingtable={NAME},spark-role=executor"
 IDLE_SECONDS = 30
 BAD_EVERY = 30
+UID = 10001  # the image's user
 Obj = dict[str, Any]
 #: The operator's settings here (conftest's `operator` fixture adds them): its default Spark master,
-#: small executors.
+#: at most one executor, released soon when idle.
 OPERATOR_ENV = {
     "ICEFALL_SPARK_MASTER": "kubernetes",
-    "ICEFALL_EXECUTOR_MEMORY": "512m",
     "ICEFALL_MAX_EXECUTORS": "1",  # one executor JVM at a time: 2 cores
     "ICEFALL_EXECUTOR_IDLE_TIMEOUT_SECONDS": str(IDLE_SECONDS),
 }
 
 
-class Cluster(TableStream):
-    """What the tests share: the stream and table, plus the API and the kubelet."""
+class Executors(TableStream):
+    """What the tests share: the stream and table, plus the API and the node."""
 
     def __init__(
-        self, rest: JsonApi, namespace: str, catalog: CatalogConfig, kafka: KafkaBroker, kubelet: LocalKubelet
+        self,
+        *,
+        rest: JsonApi,
+        namespace: str,
+        catalog: CatalogConfig,
+        kafka: KafkaBroker,
+        node: NodeView,
+        operator: Operator,
     ) -> None:
         super().__init__(kafka, catalog, topic=TOPIC, table=TABLE, bad_every=BAD_EVERY)
-        self.rest, self.namespace, self.kubelet = rest, namespace, kubelet
+        self.rest, self.namespace, self.node, self.operator = rest, namespace, node, operator
 
     def pod(self, name: str) -> Obj | None:
         return self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
@@ -96,27 +113,79 @@ class Cluster(TableStream):
         return None
 
     def executor_log(self, pod: Obj) -> str:
-        path = self.kubelet.log_path(pod["metadata"]["name"], pod["metadata"]["uid"])
-        return path.read_text(errors="replace") if path else ""
+        """The container log of this executor pod (that incarnation of its name)."""
+        return self.node.log(pod["metadata"]["name"], pod["metadata"]["uid"])
 
     def explain(self) -> str:
-        executors = "\n".join(
-            pod_logs(self.kubelet, p["metadata"]["name"]) for p in self.executors(running=False)
+        """For failure messages: the executor pods' states, the driver's and executors' log tails, the
+        operator's."""
+        pods = self.executors(running=False)
+        states = "\n".join(f"{p['metadata']['name']}: {_state(p)}" for p in pods) or "(no executor pods)"
+        logs = "\n".join(pod_logs(self.node, p["metadata"]["name"]) for p in pods)
+        return (
+            f"--- executor pods\n{states}\n{pod_logs(self.node, DRIVER)}\n{logs}\n"
+            f"--- operator\n{self.operator.tail()}"
         )
-        return f"{pod_logs(self.kubelet, DRIVER)}\n{executors}"
+
+
+def _state(pod: Obj) -> str:
+    """A pod's phase, unmet conditions and container states, on one line."""
+    status = pod.get("status") or {}
+    unmet = [
+        f"{c['type']}: {c.get('reason', '')} {c.get('message', '')}".strip()
+        for c in status.get("conditions") or []
+        if c.get("status") != "True"
+    ]
+    containers = [s.get("state") for s in status.get("containerStatuses") or []]
+    return f"{status.get('phase')} {unmet} {containers}"
+
+
+def _process_uid(pid: int) -> int:
+    """The real uid of a host process (the `Uid:` line of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for pid {pid}")
+
+
+def _children(pid: int) -> dict[int, list[str]]:
+    """A host process's children: pid → command line."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # `pid (comm) state ppid ...`: comm may hold spaces, so split after its closing parenthesis.
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                found[int(stat.parent.name)] = (
+                    stat.with_name("cmdline").read_bytes().decode().split("\0")[:-1]
+                )
+        except (FileNotFoundError, ProcessLookupError):  # gone meanwhile
+            continue
+    return found
+
+
+def _root_mount_options(pid: int) -> list[str]:
+    """The mount options of a host process's root file system (its mount namespace's `/`)."""
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == "/":
+            return fields[5].split(",")
+    raise AssertionError(f"no root mount for pid {pid}")
 
 
 @pytest.fixture(scope="module")
-def cluster(  # noqa: PLR0917 (fixtures)
+def stream(  # noqa: PLR0917 (fixtures)
     rest: JsonApi,
     e2e_namespace: str,
     kafka: KafkaBroker,
-    kubelet: LocalKubelet,
+    node: NodeView,
     operator: Operator,
     lake: Lake,
-) -> Iterator[Cluster]:
+) -> Iterator[Executors]:
     kafka.create_topic(TOPIC, partitions=2)
-    shared = Cluster(rest, e2e_namespace, lake.catalog, kafka, kubelet)
+    shared = Executors(
+        rest=rest, namespace=e2e_namespace, catalog=lake.catalog, kafka=kafka, node=node, operator=operator
+    )
     st: Obj = yaml.safe_load(manifest_text(TABLE, TOPIC, kafka.bootstrap))
     st["metadata"]["namespace"] = e2e_namespace
     st["spec"]["table"]["catalog"] = lake.block
@@ -125,94 +194,125 @@ def cluster(  # noqa: PLR0917 (fixtures)
     shared.started = time.monotonic()
     yield shared
     print(shared.explain())  # shown when a test failed
-    print(f"--- operator\n{operator.tail()}")
 
 
-def test_spark_creates_executor_pods_that_write_the_table(cluster: Cluster) -> None:
-    driver = wait_for("the driver pod", lambda: cluster.pod(DRIVER), timeout=60, details=cluster.explain)
+def test_spark_creates_executor_pods_from_the_image_that_write_the_table(
+    stream: Executors, cluster: LocalCluster
+) -> None:
+    driver = wait_for("the driver pod", lambda: stream.pod(DRIVER), timeout=60, details=stream.explain)
     (container,) = driver["spec"]["containers"]
     conf = next(e["value"] for e in container["env"] if e["name"] == ENV_SPARK_CONF)
     assert f'"spark.master":"{KUBERNETES_MASTER}"' in conf
-    executors = wait_for("a running executor pod", cluster.executors, timeout=420, details=cluster.explain)
-    cluster.note(f"executor pods: {[p['metadata']['name'] for p in executors]}")
+    executors = wait_for("a running executor pod", stream.executors, timeout=420, details=stream.explain)
+    stream.note(f"executor pods: {[p['metadata']['name'] for p in executors]}")
     executor = executors[0]
     # Spark made it: owned by the driver Pod, the driver's account, from the operator's template.
     owner = executor["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", DRIVER, driver["metadata"]["uid"])
     assert executor["spec"]["serviceAccountName"] == driver_account_name(NAME)
     assert executor["spec"]["automountServiceAccountToken"] is False
-    assert "command" not in executor["spec"]["containers"][0]  # the image's entry point runs it
-    assert executor["metadata"]["uid"] in cluster.kubelet.started
+    assert executor["spec"]["hostNetwork"] is True
+    (spec,) = executor["spec"]["containers"]
+    assert "command" not in spec and spec["args"][0] == "executor"  # the image's entry point runs it
+    assert spec["resources"]["requests"]["cpu"] == "100m", spec["resources"]
+    # On the host network the executor dials the driver at the driver's pod IP (the node's address, its
+    # own too) on the port the driver's Spark picked.
+    address = (stream.pod(DRIVER) or {})["status"]["podIP"]
+    assert executor["status"]["podIP"] == address
+    env = {e["name"]: e.get("value") for e in spec["env"]}
+    assert re.fullmatch(rf"spark://CoarseGrainedScheduler@{re.escape(address)}:\d+", env["SPARK_DRIVER_URL"])
+    # A container of the image we ship, its processes the image's user on a read-only root.
+    (status,) = executor["status"]["containerStatuses"]
+    assert status["image"] == cluster.images.icefall, status
+    assert status["containerID"].startswith("containerd://"), status
+    pid = stream.node.node.container_pid(status["containerID"])
+    assert pid is not None, f"no process for {status['containerID']}"
+    assert _process_uid(pid) == UID
+    assert "ro" in _root_mount_options(pid)
+    # tini (PID 1 in the container) started the entry point, which replaces itself with the executor JVM.
+    (jvm,) = wait_for(
+        "the executor JVM in place of the entry point",
+        lambda: [child for child, argv in _children(pid).items() if EXECUTOR_BACKEND in argv],
+        timeout=60,
+        details=lambda: f"{_children(pid)}\n{stream.explain()}",
+    )
+    assert _process_uid(jvm) == UID
+    wait_for(
+        "the entry point's line in the executor's log",
+        lambda: "[entrypoint] executor" in stream.executor_log(executor),
+        timeout=60,
+        details=stream.explain,
+    )
 
-    high = wait_for("the table to catch up", cluster.caught_up, timeout=600, details=cluster.explain)
-    cluster.note(f"table caught up with {sum(high.values())} records")
-    report = assert_exactly_once(cluster.catalog, TABLE, high, cluster.bad, bootstrap=cluster.kafka.bootstrap)
+    high = wait_for("the table to catch up", stream.caught_up, timeout=600, details=stream.explain)
+    stream.note(f"table caught up with {sum(high.values())} records")
+    report = assert_exactly_once(stream.catalog, TABLE, high, stream.bad, bootstrap=stream.kafka.bootstrap)
     assert report is not None and report.ok
     # The tasks ran in the executor pods (the driver runs none with a Kubernetes master) and the files
     # they wrote are in the object store.
-    logs = "".join(cluster.executor_log(p) for p in cluster.executors(running=False))
-    assert "Finished task" in logs, cluster.explain()
-    table = cluster.catalog.pyiceberg().load_table((TABLE_NAMESPACE, TABLE))
+    logs = "".join(stream.executor_log(p) for p in [executor, *stream.executors(running=False)])
+    assert "Finished task" in logs, stream.explain()
+    table = stream.catalog.pyiceberg().load_table((TABLE_NAMESPACE, TABLE))
     paths = table.inspect.files().column("file_path").to_pylist()
     assert paths and all(path.startswith("s3://") for path in paths), paths[:3]
 
 
-def test_a_lost_executor_is_replaced_and_nothing_is_lost(cluster: Cluster) -> None:
+def test_a_lost_executor_is_replaced_and_nothing_is_lost(stream: Executors) -> None:
     stop = threading.Event()
 
     def keep_producing() -> None:
         while not stop.is_set():
-            cluster.produce(10)
+            stream.produce(10)
             time.sleep(0.5)
 
     producer = threading.Thread(target=keep_producing, name="producer")
     producer.start()
     try:
-        start = sum(cluster.committed().values())
-        wait_for("a commit mid-stream", lambda: sum(cluster.committed().values()) > start, timeout=420)
+        start = sum(stream.committed().values())
+        wait_for("a commit mid-stream", lambda: sum(stream.committed().values()) > start, timeout=420)
         # An idle executor may be released (dynamic allocation) between the look and the delete: retry.
-        name = wait_for("an executor pod deleted while it runs", cluster.delete_an_executor, timeout=420)
-        cluster.note(f"deleted executor pod {name}")
+        name = wait_for("an executor pod deleted while it runs", stream.delete_an_executor, timeout=420)
+        stream.note(f"deleted executor pod {name}")
         replacement = wait_for(
             "a replacement executor pod",
-            lambda: [p for p in cluster.executors() if p["metadata"]["name"] != name],
+            lambda: [p for p in stream.executors() if p["metadata"]["name"] != name],
             timeout=420,
-            details=cluster.explain,
+            details=stream.explain,
         )[0]
-        cluster.note(f"replacement executor {replacement['metadata']['name']} running")
-        resumed = sum(cluster.committed().values())
+        stream.note(f"replacement executor {replacement['metadata']['name']} running")
+        resumed = sum(stream.committed().values())
         wait_for(
             "a commit after the loss",
-            lambda: sum(cluster.committed().values()) > resumed,
+            lambda: sum(stream.committed().values()) > resumed,
             timeout=420,
-            details=cluster.explain,
+            details=stream.explain,
         )
     finally:
         stop.set()
         producer.join(timeout=60)
-    high = wait_for("the table to catch up", cluster.caught_up, timeout=600, details=cluster.explain)
-    cluster.note(f"table caught up with {sum(high.values())} records")
-    report = assert_exactly_once(cluster.catalog, TABLE, high, cluster.bad, bootstrap=cluster.kafka.bootstrap)
+    high = wait_for("the table to catch up", stream.caught_up, timeout=600, details=stream.explain)
+    stream.note(f"table caught up with {sum(high.values())} records")
+    report = assert_exactly_once(stream.catalog, TABLE, high, stream.bad, bootstrap=stream.kafka.bootstrap)
     assert report is not None and report.ok
-    # The local kubelet removes a deleted pod's object after its containers stop: wait for it, bounded.
-    wait_for("the deleted executor pod to be gone", lambda: cluster.pod(name) is None, timeout=120,
-             details=cluster.explain)  # fmt: skip
+    # Deleted with grace 0, the object goes at once and the kubelet kills the container: bounded wait.
+    wait_for("the deleted executor pod to be gone", lambda: stream.pod(name) is None, timeout=120,
+             details=stream.explain)  # fmt: skip
 
 
-def test_idle_executors_are_released_and_new_records_bring_one_back(cluster: Cluster) -> None:
-    wait_for("the table to catch up", cluster.caught_up, timeout=600, details=cluster.explain)
-    before = {p["metadata"]["name"] for p in cluster.executors(running=False)}
+def test_idle_executors_are_released_and_new_records_bring_one_back(stream: Executors) -> None:
+    wait_for("the table to catch up", stream.caught_up, timeout=600, details=stream.explain)
+    before = {p["metadata"]["name"] for p in stream.executors(running=False)}
     wait_for(
         f"Spark to release its idle executors (idle timeout {IDLE_SECONDS} s)",
-        lambda: not cluster.executors(running=False),
+        lambda: not stream.executors(running=False),
         timeout=180,
         every=1,
-        details=cluster.explain,
+        details=stream.explain,
     )
-    cluster.note(f"released executor pods {sorted(before)}")
-    cluster.produce(60)
-    back = wait_for("an executor for new records", cluster.executors, timeout=420, details=cluster.explain)
+    stream.note(f"released executor pods {sorted(before)}")
+    stream.produce(60)
+    back = wait_for("an executor for new records", stream.executors, timeout=420, details=stream.explain)
     assert {p["metadata"]["name"] for p in back}.isdisjoint(before)
-    high = wait_for("the table to catch up", cluster.caught_up, timeout=600, details=cluster.explain)
-    report = assert_exactly_once(cluster.catalog, TABLE, high, cluster.bad, bootstrap=cluster.kafka.bootstrap)
+    high = wait_for("the table to catch up", stream.caught_up, timeout=600, details=stream.explain)
+    report = assert_exactly_once(stream.catalog, TABLE, high, stream.bad, bootstrap=stream.kafka.bootstrap)
     assert report is not None and report.ok

@@ -1,7 +1,8 @@
-"""The local kubelet's stand-in for the image's entry point builds the executor JVM's command line from the
+"""The image's entry point (`icefall.spark.entrypoint`) builds the executor JVM's command line from the
 variables Spark sets on executor pods, as Spark's `/opt/entrypoint.sh executor` does: JVM options in the
 order of their index (not of their names), heap from SPARK_EXECUTOR_MEMORY, the conf dir and both jar
-folders on the class path; and it says which variable is missing instead of starting a broken JVM."""
+folders on the class path; and it says which variable is missing instead of starting a broken JVM.
+e2e/test_spark_on_kubernetes.py runs it in the image as executor pods' entry point."""
 
 from __future__ import annotations
 
