@@ -1,46 +1,50 @@
 """The user path of README "In a cluster", run as a user runs it, with the files a user has.
 
 One module for both harnesses, chosen by ICEFALL_E2E_KUBECONFIG (the `harness` fixture; everything that
-differs is in its `Harness`): unset, the local harness described below; set (hack/kind/e2e-kind.sh, `make
-e2e-kind`), the kind cluster of that kubeconfig, whose own controllers and nodes run the pods. The tests
-and their assertions are the same on both.
+differs is in its `Harness`): unset, the e2e's one-node cluster described below; set (hack/kind/e2e-kind.sh,
+`make e2e-kind`), the kind cluster of that kubeconfig. The tests and their assertions are the same on both.
 
-What a user does, and what runs for it on the local harness:
+What a user does, and what runs for it on the e2e's cluster (`icefall.devstack.cluster`: kube-apiserver,
+kube-controller-manager, kube-scheduler and a node of containerd + runc + the real kubelet):
 - `icefall run -f examples/cluster.yaml` on a workstation (the secrets in the variables the file's comment
   names): Spark `local[1]` fills the table in the REST catalog, its files in the object store;
-- `helm install icefall charts/icefall -f examples/cluster-values.yaml`: the chart as shipped; the real
-  kube-controller-manager (Deployment, ReplicaSet, garbage-collector and ServiceAccount controllers,
-  built from the same Kubernetes version as kube-apiserver, started for this module only) turns the
-  operator's Deployment into a Pod, and the local kubelet runs that Pod's command (`icefall operator
-  --namespace=... --leader-elect ...`) with the Pod's ServiceAccount token, so the chart's RBAC is all the
-  operator holds; the operator gets the catalog's credentials from the example's Secret through the values
-  file's `extraEnv` (secretKeyRef), as its pods do;
+- `helm install icefall charts/icefall -f examples/cluster-values.yaml --set image.repository=...
+  --set image.tag=...` with the image hack/build-image.sh built here: the Deployment controller makes a
+  ReplicaSet, the ReplicaSet controller the Pod, the scheduler binds it, and the node runs it as a
+  container of that image (`icefall operator --namespace=... --leader-elect ...`, uid 10001, read-only
+  root) with the Pod's projected ServiceAccount token, so the chart's RBAC is all the operator holds; it
+  gets the catalog's credentials from the example's Secret through the values file's `extraEnv`
+  (secretKeyRef), as its pods do; the chart's readiness probe (kopf's /healthz) gates the rollout;
 - `kubectl apply -f examples/cluster.yaml` (the Secret and the StreamingTable): the operator starts the
-  driver Pod, which goes on from the offsets `icefall run` committed;
+  driver Pod, a container on the node, which goes on from the offsets `icefall run` committed;
 - compaction: small batches leave small files, the operator (reading the table with the Secret's
-  credentials) scales the compaction Deployment from its backlog, the controller-manager makes its Pod, the
-  kubelet runs it, and it rewrites them;
+  credentials) scales the compaction Deployment from its backlog, the controllers make its Pod, the node
+  runs it, and it rewrites them;
 - `kubectl get st orders` shows READY True, a FRESHNESS and LAG 0.
 
 Proves: every row produced is in the table (or its dead-letter table) exactly once, readable by pyiceberg
 from the object store (every data file is under the example's `s3://lake/warehouse`) and by Spark: every
 event has the same day, so the compaction Pod (made by the ReplicaSet controller, not by the test) reads
 every row of the table with Spark from the object store and writes them back, and pyiceberg then reads the
-same rows; `kubectl get st` shows the table Ready, fresh and caught up.
+same rows; `kubectl get st` shows the table Ready, fresh and caught up; the operator's container ran the
+whole path without a restart (its liveness probe never failed) and logged no traceback and no 403.
 
 The example is used as written except its endpoints: `kafka-bootstrap.kafka:9092`,
 `http://iceberg-rest.lake:8181` and `http://minio.lake:9000` are cluster DNS names that do not resolve
 here, so `with_endpoints` replaces exactly those three values by the loopback addresses of the test's
 servers and asserts the rest of the file is byte-identical. `icefall run` and the test's own clients use
-that file on both harnesses; the local kubelet's pods too, while kind's pods get the example as it is.
-Everything else is the example's: the topic
-`orders`, the table `shop.orders`, the catalog name `lake`, the warehouse `s3://lake/warehouse`, and the
-Secret's values — the object store runs with the Secret's `change-me` keys as its root credentials, and
-the REST catalog (Iceberg's own REST server, on a PostgreSQL database of its own, files in that object
+that file on both harnesses; the e2e cluster's pods too (they run on the host network, where the servers
+listen on loopback), while kind's pods get the example as it is. Everything else is the example's: the
+topic `orders`, the table `shop.orders`, the catalog name `lake`, the warehouse `s3://lake/warehouse`, and
+the Secret's values — the object store runs with the Secret's `change-me` keys as its root credentials,
+and the REST catalog (Iceberg's own REST server, on a PostgreSQL database of its own, files in that object
 store) grants the OAuth2 client credentials `client-id:client-secret` a token, as its test server grants
 any. The values file is used as written plus what only a test needs: Spark `local[1]` in the driver pod
-(`spark.master`; Spark-on-Kubernetes executors are another module's subject), short operator
-intervals, and free ports for the health and metrics endpoints (every pod shares the host's loopback).
+(`spark.master`; Spark-on-Kubernetes executors are another module's subject), short operator intervals,
+and what the e2e cluster needs (`icefall.testing.harness.local_chart_values`): no pod network there, so
+`hostNetwork` for the operator, `pods.common` (host network, the API server's loopback address, small
+CPU requests) for every table pod, that address in `extraEnv`, and free ports of this machine for the
+operator's health and metrics endpoints.
 
 On kind (never run on the machines that run `make test`: they have no Docker), the same steps run with
 the cluster's Kafka, MinIO and REST catalog (hack/kind/*.yaml, under the example's Service names), reached
@@ -49,8 +53,9 @@ machine through those forwards; the chart is installed with hack/kind/values.yam
 local-only settings (Spark keeps the chart's `k8s://` master, so executors are pods); pod logs come from
 `kubectl logs`.
 
-Not proven here: Spark executors as pods on the local harness, several operator replicas (leader election
-has its own tests), deletion of the StreamingTable, or a PostgreSQL catalog (test_streaming_table.py runs
+Not proven here: Spark executors as pods on the e2e cluster (test_spark_on_kubernetes.py), a hung
+operator restarted by its probes (test_operator_pod.py), several operator replicas (leader election has
+its own tests), deletion of the StreamingTable, or a PostgreSQL catalog (test_streaming_table.py runs
 that one).
 """
 
@@ -74,13 +79,12 @@ from pyiceberg.table import Table
 from icefall.api import StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.kube import KubeControllerManager
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
-from icefall.devstack.procs import free_port, tail
+from icefall.devstack.procs import tail
 from icefall.devstack.rest_catalog import RESTCatalogServer
-from icefall.devstack.tools import tool_dir
 from icefall.plan.children import (
     COMPONENT_COMPACT,
     COMPONENT_INGEST,
@@ -90,11 +94,20 @@ from icefall.plan.children import (
     secret_env_vars,
 )
 from icefall.plan.maintenance import MaintenancePolicy
-from icefall.testing.harness import KafkaAt, PortForward, e2e_kubeconfig, kind_forwards, on_loopback
-from icefall.testing.kubelet import JsonApi, LocalKubelet
+from icefall.testing.harness import (
+    Helm,
+    KafkaAt,
+    PortForward,
+    e2e_kubeconfig,
+    image_args,
+    kind_forwards,
+    local_chart_values,
+    on_loopback,
+)
+from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import Broker, assert_exactly_once, produce, watermarks
 
-from .conftest import REPO, Kubectl, pod_logs, replace_snapshots_on_main, table_rows, wait_for
+from .conftest import REPO, Kubectl, NodeView, pod_logs, replace_snapshots_on_main, table_rows, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -139,8 +152,9 @@ class Harness:
 
     kafka: KafkaBroker | KafkaAt  # the broker, at the address this process reaches it
     reach: Mapping[str, str]  # each endpoint of the example → the address this process reaches it at
-    pods_resolve_the_example: bool  # a real cluster's pods do; the local kubelet's run here, on loopback
-    values: Obj  # Helm values only this harness needs
+    pods_resolve_the_example: bool  # kind's pods do; the e2e cluster's run on this host's network
+    values: Obj  # Helm values only this harness needs (its `extraEnv` goes after the example's)
+    install_args: list[str]  # more `helm install` arguments (the e2e cluster's image: `--set image.*`)
     pod_log: Callable[[str], str]  # a pod's log (its tail), for failure messages
     details: Callable[[], str]  # what else to show on failure
 
@@ -150,7 +164,7 @@ class UserPath:
     """The example as applied here and what the tests share."""
 
     manifest: Path  # examples/cluster.yaml with the endpoints this process reaches
-    applied: Path  # what `kubectl apply` gets: the example as it is, or `manifest` for the local kubelet
+    applied: Path  # what `kubectl apply` gets: the example as it is (kind), or `manifest`
     st: StreamingTable
     secret: Mapping[str, str]  # the example Secret's stringData
     env: Mapping[str, str]  # ICEFALL_CATALOG_* → value: what `icefall run` and the pods read
@@ -267,25 +281,24 @@ def lake_catalog(
 
 
 def _local_harness(request: pytest.FixtureRequest) -> Harness:
-    """The servers are processes here (started now), the controller-manager too, the kubelet local."""
+    """The servers are processes here (started now); the session's cluster runs the pods as containers."""
     kafka: KafkaBroker = request.getfixturevalue("kafka")
     store: ObjectStore = request.getfixturevalue("lake_store")
     catalog: RESTCatalogServer = request.getfixturevalue("lake_catalog")
-    controller_manager: KubeControllerManager = request.getfixturevalue("controller_manager")
-    kubelet: LocalKubelet = request.getfixturevalue("kubelet")
+    cluster: LocalCluster = request.getfixturevalue("cluster")
+    node: NodeView = request.getfixturevalue("node")
     return Harness(
         kafka=kafka,
         reach={KAFKA: kafka.bootstrap, REST: catalog.uri, S3: store.endpoint},
         pods_resolve_the_example=False,
-        # Spark-on-Kubernetes executors are test_spark_on_kubernetes.py's subject; every pod shares the
-        # host's loopback, so the operator's health and metrics ports must be free ones.
-        values={
-            "spark": {"master": "local[1]"},
-            "health": {"port": free_port()},
-            "metrics": {"port": free_port()},
-        },
-        pod_log=lambda name: pod_logs(kubelet, name),
-        details=lambda: f"--- controller-manager\n{tail(controller_manager.log_path, 20)}",
+        # Spark-on-Kubernetes executors are test_spark_on_kubernetes.py's subject.
+        values={"spark": {"master": "local[1]"}, **local_chart_values(cluster)},
+        install_args=image_args(cluster.images.icefall),
+        pod_log=lambda name: pod_logs(node, name),
+        details=lambda: (
+            f"--- controller-manager\n{tail(cluster.controller_manager.log_path, 20)}\n"
+            f"--- kubelet\n{cluster.node.kubelet.log_tail(20)}"
+        ),
     )
 
 
@@ -296,7 +309,7 @@ def harness(
     e2e_namespace: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Harness]:
-    """The local harness, or with ICEFALL_E2E_KUBECONFIG the cluster hack/kind/e2e-kind.sh prepared: its
+    """The e2e's cluster, or with ICEFALL_E2E_KUBECONFIG the cluster hack/kind/e2e-kind.sh prepared: its
     Kafka, REST catalog and object store reached through `kubectl port-forward`, pods run by its nodes."""
     if e2e_kubeconfig() is None:
         yield _local_harness(request)
@@ -316,6 +329,7 @@ def harness(
             reach=reach,
             pods_resolve_the_example=True,
             values=yaml.safe_load(KIND_VALUES.read_text()),
+            install_args=[],
             pod_log=lambda name: (
                 f"--- {name}\n" + kubectl("-n", e2e_namespace, "logs", name, "--tail=60", check=False)
             ),
@@ -394,27 +408,19 @@ def test_icefall_run_fills_the_table_from_the_same_file(
 def _values_file(tmp: Path, harness: Harness) -> Path:
     """examples/cluster-values.yaml plus what only the test (and its harness) needs: see the docstring."""
     values: Obj = yaml.safe_load(VALUES.read_text())
+    more = dict(harness.values)
     values["extraEnv"] = [
         *values["extraEnv"],
         {"name": "ICEFALL_RESYNC_SECONDS", "value": "2"},
         {"name": "ICEFALL_OBSERVE_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_REFRESH_SECONDS", "value": "2"},
+        *more.pop("extraEnv", []),
     ]
-    values.update(harness.values)
+    values.update(more)
     path = tmp / "values.yaml"
     path.write_text(yaml.safe_dump(values))
     return path
-
-
-def _helm(kubeconfig: Path, home: Path, *args: str) -> str:
-    done = subprocess.run(
-        [str(tool_dir("ICEFALL_HELM_BIN") / "helm"), *args],
-        env={**os.environ, "HOME": str(home), "KUBECONFIG": str(kubeconfig)},
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
 
 
 def _printed_row(kubectl: Kubectl, namespace: str, name: str) -> dict[str, str]:
@@ -450,19 +456,25 @@ def test_helm_install_and_kubectl_apply_run_the_pipeline_with_compaction(
     home = tmp_path_factory.mktemp("helm-home")
     path.started = time.monotonic()
     values = _values_file(home, harness)
-    _helm(kubeconfig, home, "install", RELEASE, str(CHART), "-n", namespace, "-f", str(values))
-    path.note("helm install done")
+    helm = Helm(kubeconfig, home)
+    helm("install", RELEASE, str(CHART), "-n", namespace, "-f", str(values), *harness.install_args)
+    path.note(f"helm install done {' '.join(harness.install_args)}")
     kubectl("-n", namespace, "apply", "-f", str(path.applied))
     path.note("kubectl apply -f examples/cluster.yaml done")
 
-    # The Deployment becomes a ReplicaSet and a Pod (the controller-manager), which the kubelet runs.
-    kubectl("-n", namespace, "rollout", "status", f"deployment/{RELEASE}", "--timeout=180s")
+    # The Deployment becomes a ReplicaSet and a Pod (the controllers), which the node runs as a container;
+    # the rollout is complete once the readiness probe (kopf's /healthz) passes.
+    kubectl("-n", namespace, "rollout", "status", f"deployment/{RELEASE}", "--timeout=300s")
     (operator_pod,) = path.running(OPERATOR_SELECTOR)
     (owner,) = operator_pod["metadata"]["ownerReferences"]
     assert owner["kind"] == "ReplicaSet", owner
     (container,) = operator_pod["spec"]["containers"]
     assert container["command"] == ["icefall", "operator"], container
-    path.note(f"operator pod {operator_pod['metadata']['name']} running (made by {owner['name']})")
+    (status,) = operator_pod["status"]["containerStatuses"]
+    assert status["ready"] and status["containerID"], status
+    image = container["image"]
+    assert image.endswith(status["image"]) or status["image"].endswith(image), (image, status["image"])
+    path.note(f"operator pod {operator_pod['metadata']['name']} running {image} (made by {owner['name']})")
 
     driver = wait_for(
         "the driver pod running",
@@ -537,3 +549,8 @@ def test_helm_install_and_kubectl_apply_run_the_pipeline_with_compaction(
     log = operator_log()
     assert "Traceback" not in log, log
     assert not re.search(r"forbidden|\(403\)", log, re.IGNORECASE), log
+    # The same operator container ran the whole path: its probes passed all along (no restart).
+    (now,) = path.pods(OPERATOR_SELECTOR)
+    assert now["metadata"]["uid"] == operator_pod["metadata"]["uid"], "the operator pod was replaced"
+    (status,) = now["status"]["containerStatuses"]
+    assert status["restartCount"] == 0 and status["ready"], status
