@@ -24,6 +24,7 @@ while a batch waits makes that batch re-stage. Proves:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -113,15 +114,21 @@ def icefall(*args: str, log: Path, env: dict[str, str] | None = None) -> subproc
         )
 
 
-def stop(process: subprocess.Popen[bytes], log: Path) -> None:
-    """SIGTERM to the process group (the Spark JVM too), and a clean exit within a minute (the batch or item
-    in flight finishes first), without a traceback."""
-    os.killpg(process.pid, signal.SIGTERM)
+def stop(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to the process group (the Spark JVM too); the batch or item in flight finishes first. SIGKILL
+    to the group after a minute. Never raises: the caller's `finally` must stop every process."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
     try:
-        code = process.wait(60)
+        return process.wait(60)
     except subprocess.TimeoutExpired:
-        process.kill()
-        code = process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        return process.wait()
+
+
+def assert_stopped_cleanly(code: int | None, log: Path) -> None:
+    """A clean exit on SIGTERM, without a traceback."""
     assert code == 0, f"exit {code}:\n{log.read_text()[-3000:]}"
     assert "Traceback" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
 
@@ -206,9 +213,10 @@ def test_ingestion_and_the_compaction_worker_side_by_side(
         samples = scrape(metrics_port)
     finally:
         producing.clear()
-        for process, log in ((worker, compact_log), (ingestion, ingest_log)):
-            if process is not None:
-                stop(process, log)
+        processes = ((worker, compact_log), (ingestion, ingest_log))
+        codes = {log: stop(process) for process, log in processes if process is not None}
+    for log, code in codes.items():
+        assert_stopped_cleanly(code, log)
 
     table = catalog_config.pyiceberg().load_table(identifier)
     final, added, compactions = files_per_partition(table), files_added(table), replace_snapshots(table)
