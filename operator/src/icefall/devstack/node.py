@@ -15,9 +15,9 @@ kernel settings it would otherwise change itself (`KERNEL_SETTINGS`, set before 
 when it stops).
 
 Guarantees: `stop()` stops the kubelet, kills every container this containerd runs, unmounts what the
-kubelet mounted under `workdir` and stops containerd, even if one step fails; `start()` first removes
-containers a run that was killed left behind. Not guaranteed: a node shared by two test runs at once
-(the image store is locked: the second waits).
+kubelet mounted under `workdir` and stops containerd, even if one step fails; `start()` first kills,
+removes and unmounts what a run that was killed left behind. Not guaranteed: a node shared by two test
+runs at once (the image store is locked: the second waits).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import ssl
 import subprocess
 import time
@@ -83,6 +84,7 @@ class Containerd:
             "containerd", ["containerd", "--config", str(config)], self.workdir / "containerd.log"
         ).start()
         self._proc.wait_ready(lambda: self.ctr("version").returncode == 0, timeout, "serving its socket")
+        kill_leftover_containers(self.socket)
         self.remove_all_containers()
         return self
 
@@ -153,6 +155,30 @@ class Containerd:
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.workdir / "containerd.log", lines)
+
+
+def kill_leftover_containers(socket: Path) -> None:
+    """SIGKILL what a run killed outright left running (called with the store's lock held, so no other run's
+    node is up): every process in the kubelet's `kubepods` cgroups, and the shims of another containerd
+    socket. The new containerd never knew those (its state folder is new), and they keep running, and
+    using the CPU, until the machine stops."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroups = (entry / "cgroup").read_text()
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        stale_shim = (
+            Path(args[0]).name.startswith("containerd-shim")
+            and "-namespace" in args
+            and K8S_NAMESPACE in args
+            and str(socket) not in args
+        )
+        if "/kubepods" in cgroups or stale_shim:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _containerd_config(runtime: Containerd, cni: Path) -> str:
@@ -326,6 +352,27 @@ def _mounts_under(folder: Path) -> Iterator[str]:
             yield point
 
 
+def unmount_stale(keep: Path, store: Path) -> None:
+    """Unmount what a run killed outright left mounted (with the store's lock held): its containers' root
+    filesystems (overlays on `store`'s snapshots), its sandboxes' /dev/shm and its kubelet's mounts,
+    anywhere but under `keep`."""
+    top = str(keep.resolve())
+    stale = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        point = fields[1].replace("\\040", " ")
+        ours = point == top or point.startswith(top + "/")
+        if not ours and (
+            str(store) in fields[3]
+            or "/containerd/state/io.containerd." in point
+            or "/kubelet/pods/" in point
+            or point.endswith("/node/kubelet")
+        ):
+            stale.append(point)
+    for point in sorted(stale, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
+
+
 def unmount_under(folder: Path) -> None:
     """Unmount everything mounted at or under `folder`, deepest first: the kubelet's pods' volumes (and its
     root, which it bind-mounts onto itself), the sandboxes' /dev/shm under containerd's state."""
@@ -348,6 +395,7 @@ class Node:
     def start(self) -> Node:
         try:
             self.runtime.start()
+            unmount_stale(self.workdir, self.runtime.root)
             for ref in [self.runtime.sandbox_image, *self.images]:
                 if not self.runtime.has_image(ref):
                     started = time.monotonic()
