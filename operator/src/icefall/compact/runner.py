@@ -184,7 +184,7 @@ class MaintenanceRunner:
                 with _Renewer(lease, max(self.lease_seconds / 3, 0.5)):
                     result = self._run_claimed(item, work_key(self.lease_table, item))
             except Exception as error:  # counted and logged by run_item; planned again next round
-                if jvm_stopped(self.spark):  # the process is being stopped: nothing to report but that
+                if jvm_stopped(self.spark, error):  # the process is being stopped: nothing to report but that
                     log.info("%s: %s stopped with Spark's JVM", self.label, kind_of(item))
                     return StepResult(len(work), item, None, "Spark's JVM stopped", busy)
                 log_failure(log, error, "%s: %s failed", self.label, kind_of(item))

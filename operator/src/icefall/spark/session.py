@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -123,10 +124,33 @@ def build_spark_session(
     return session
 
 
-def jvm_stopped(spark: SparkSession | None) -> bool:
+def jvm_stopped(spark: SparkSession | None, error: BaseException | None = None) -> bool:
     """True when the session's JVM (the process PySpark started) has exited: a SIGTERM sent to the whole
     process group ends it at once, beside this process's orderly stop. Its errors then say nothing about
-    the work (and a Py4J error cannot even be turned into text)."""
+    the work (and a Py4J error cannot even be turned into text). When `error` (or one it was raised while
+    handling) is a lost connection to the JVM, the JVM is given a few seconds to finish exiting: its
+    shutdown hooks run after it stops answering."""
     gateway = getattr(getattr(spark, "sparkContext", None), "_gateway", None)
     jvm = getattr(gateway, "proc", None)
-    return jvm is not None and jvm.poll() is not None
+    if jvm is None:
+        return False
+    try:
+        jvm.wait(JVM_EXIT_SECONDS if _lost_connection(error) else 0)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+#: How long a JVM that stopped answering may take to exit (its shutdown hooks stop Spark's executors).
+JVM_EXIT_SECONDS = 15.0
+
+
+def _lost_connection(error: BaseException | None) -> bool:
+    from py4j.protocol import Py4JNetworkError
+
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, Py4JNetworkError | ConnectionError):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
