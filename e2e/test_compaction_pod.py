@@ -60,7 +60,7 @@ from .conftest import (
     wait_for,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
 TABLE = "e2e_small"  # it.e2e_small: every event has the same `ts`, so one day partition gets every file

@@ -38,7 +38,7 @@ from icefall.testing.streams import watermarks
 
 from .conftest import Lake, NodeView, Operator, pod_logs, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 Change = tuple[Any, Any]  # (Kafka key, value); value None: a tombstone

@@ -50,7 +50,7 @@ from icefall.testing.streams import assert_exactly_once, manifest_text
 
 from .conftest import Lake, NodeView, Operator, TableStream, pod_logs, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
 TABLE = "e2e_executors"
