@@ -158,7 +158,8 @@ def test_default_render_is_namespaced(home: Path) -> None:
     assert kinds(docs) == ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
     assert {doc["metadata"]["namespace"] for doc in docs} == {"icefall-system"}
     container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["icefall", "operator"]
+    assert "command" not in container, "the image's entry point (tini as PID 1) stays"
+    assert container["args"][:2] == ["icefall", "operator"]
     assert "--namespace=icefall-system" in container["args"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     env = {e["name"]: e.get("value") for e in container["env"]}
