@@ -134,8 +134,12 @@ def jvm_stopped(spark: SparkSession | None, error: BaseException | None = None) 
     jvm = getattr(gateway, "proc", None)
     if jvm is None:
         return False
+    if jvm.poll() is not None:
+        return True
+    if not _lost_connection(error):
+        return False
     try:
-        jvm.wait(JVM_EXIT_SECONDS if _lost_connection(error) else 0)
+        jvm.wait(JVM_EXIT_SECONDS)
     except subprocess.TimeoutExpired:
         return False
     return True
