@@ -36,6 +36,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the usual name
 from pyspark.sql.types import DataType, StructType
 
 from icefall.api import StreamingTableSpec, to_spark_schema_json
+from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, TYPED_COLUMN
 
 #: The writer schemas (Avro JSON text) of schema ids; None for an id the registry does not know.
 SchemaLookup = Callable[[Iterable[int]], Mapping[int, str | None]]
@@ -61,8 +62,6 @@ class AvroDecoding:
         base: Sequence[Column],
         errors: bool = True,
     ) -> None:
-        from icefall.ingest.decode import BAD_COLUMN, ERROR_COLUMN
-
         self.spec = spec
         self.fields = list(spec.format.schema_fields)
         self.targets: dict[str, DataType] = {
@@ -118,8 +117,6 @@ class AvroDecoding:
 
     def decode(self, kafka_df: DataFrame, headers: Column) -> DataFrame:
         from pyspark.sql.avro.functions import from_avro
-
-        from icefall.ingest.decode import TYPED_COLUMN
 
         framed = kafka_df.select(*self._base, headers, self._schema_id)
         writers = self.schemas(self.schema_ids(framed))
