@@ -129,10 +129,8 @@ def test_no_import_cycles_between_modules() -> None:
         name: {target for _, target in imported(tree) if target in trees and target != name}
         for name, tree in trees.items()
     }
-    assert (
-        "icefall.ingest.decode" in graph["icefall.ingest.avro"]
-        or "icefall.ingest.columns" in (graph["icefall.ingest.avro"])
-    ), "the import graph misses the ingest modules"
+    # decode imports avro only inside a function and under TYPE_CHECKING: those count too.
+    assert "icefall.ingest.avro" in graph["icefall.ingest.decode"], "the import graph misses lazy imports"
     cycles = import_cycles(graph)
     assert not cycles, "modules that import each other (directly or through others):\n" + "\n".join(
         " <-> ".join(cycle) for cycle in cycles
