@@ -109,7 +109,7 @@ def audit_keyed(
     """Audit the keyed table of `st` (module doc). `spark` has `catalog_name` configured."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    from icefall.audit_content import RECORDS_PER_TASK, main_digest
+    from icefall.audit.content import RECORDS_PER_TASK, main_digest
     from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, KAFKA_COLUMN, decode, good_rows, last_changes
     from icefall.ingest.engine import read_kafka
     from icefall.plan.offsets import OffsetRange
