@@ -58,7 +58,7 @@ Not guaranteed:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -99,6 +99,44 @@ DLQ_SUFFIX = "_dlq"
 MAX_EXAMPLES = 10
 
 
+@dataclass(frozen=True)
+class _Options:
+    """How `audit_table` judges what it finds (its keyword arguments)."""
+
+    has_dlq_table: bool
+    filter_configured: bool
+    ingesting: bool
+    max_examples: int
+
+
+@dataclass(frozen=True)
+class _Side:
+    """The rows of the main or the dead-letter table: those after the last offset reset, and how many rows
+    lacked a partition or offset."""
+
+    rows: pa.Table
+    nulls: int = 0
+    reset: Reset = field(default_factory=Reset)
+
+
+@dataclass(frozen=True)
+class _Range:
+    """A partition's audited range `[start, committed)` and Kafka's watermarks (None: no such partition)."""
+
+    partition: int
+    start: int
+    committed: int
+    marks: tuple[int, int] | None
+
+    @property
+    def held(self) -> tuple[int, int] | None:
+        """The part of the range Kafka still holds, if any."""
+        if self.marks is None:
+            return None
+        begin, end = max(self.start, self.marks[0]), min(self.committed, self.marks[1])
+        return (begin, end) if begin < end else None
+
+
 def audit_table(
     main_table: Table,
     dlq_table: Table | None,
@@ -115,8 +153,7 @@ def audit_table(
     Kafka holds (low watermarks 0). `content` compares every row with its record (`SparkContent`); without
     it only offsets are compared, and `filter_configured` says whether absent records count as filtered
     (the spec has a filter) instead of missing. `ingesting`: ingestion may be running, so dead letters past
-    the committed end are pending, not unexpected. Raises AuditError if the table was filled from another
-    topic.
+    the committed end are pending, not unexpected. AuditError: the table was filled from another topic.
     """
     source: TopicOffsets = RecordedTopic(topic) if isinstance(topic, Mapping) else topic
     state = read_committed(main_table)  # refreshes: properties and head come from one metadata version
@@ -136,76 +173,28 @@ def audit_table(
         lost_records=state.lost_records,
     )
     if None not in (state.topic_id, source.topic_id) and state.topic_id != source.topic_id:
-        return replace(
-            report,
-            source_changed=(
-                f"topic {state.topic!r} was deleted and created again (the table's offsets belong to topic "
-                f"id {state.topic_id}, Kafka's topic is {source.topic_id}): its records cannot be compared; "
-                "`icefall reset-offsets` goes on with the new topic"
-            ),
-        )
-    main_meta = main_table.metadata
-    main_rows, main_nulls = read_rows(main_table, state.snapshot_id, content, dead_letters=False)
-    main_rows, main_reset = after_last_reset(main_table, main_meta, main_rows, content, dead_letters=False)
-    dlq_rows, dlq_nulls, dlq_reset = empty_rows(), 0, Reset()
+        return replace(report, source_changed=_recreated(state, source))
+    main = _read_side(main_table, state.snapshot_id, content, dead_letters=False)
+    dlq = _Side(empty_rows())
     if dlq_table is not None:
         # Read after the main table: the dead letters of every batch main holds are committed by then
         # (they land first). Rows past main's committed offsets are cut off below (`dlq_ahead`).
-        dlq_state = read_committed(dlq_table)
-        dlq_rows, dlq_nulls = read_rows(dlq_table, dlq_state.snapshot_id, content, dead_letters=True)
-        dlq_rows, dlq_reset = after_last_reset(
-            dlq_table, dlq_table.metadata, dlq_rows, content, dead_letters=True
-        )
-    starts = {p: max(o, main_reset.audit_from.get(p, 0)) for p, o in state.start_offsets.items()}
-    for p, o in main_reset.audit_from.items():
-        starts.setdefault(p, o)
-
-    partitions = sorted(set(state.offsets) | set(partitions_of(main_rows)) | set(partitions_of(dlq_rows)))
-    ranges: dict[int, tuple[int, int]] = {}
-    marks_of: dict[int, tuple[int, int] | None] = {}
-    for partition in partitions:
-        committed = state.offsets.get(partition, 0)
-        start = min(starts.get(partition, 0), committed)
-        marks = marks_of[partition] = source.watermarks(partition)
-        if marks is not None and max(start, marks[0]) < min(committed, marks[1]):
-            ranges[partition] = (max(start, marks[0]), min(committed, marks[1]))
-    expected = (
-        content.expected(state.topic, ranges) if content is not None and state.topic and ranges else None
-    )
-    wrong = _wrong_rows(main_rows, dlq_rows, expected) if expected is not None else {}
-
-    audits = []
-    empty = pa.array([], OFFSETS)
-    for partition in partitions:
-        committed = state.offsets.get(partition, 0)
-        start = min(starts.get(partition, 0), committed)
-        marks = marks_of[partition]
-        main_p, main_before = split_before(offsets_of(main_rows, partition), main_reset, partition)
-        dlq_p, dlq_before = split_before(offsets_of(dlq_rows, partition), dlq_reset, partition)
-        audits.append(
-            _audit_partition(
-                partition,
-                start,
-                committed,
-                marks,
-                kafka=as_offsets(source.offsets(partition, start, committed)) if marks is not None else empty,
-                table=main_p,
-                dlq=dlq_p,
-                expected=_expected_of(expected, partition),
-                wrong=wrong.get(partition, empty),
-                has_dlq_table=dlq_table is not None,
-                before_reset=main_before + dlq_before,
-                filter_configured=filter_configured,
-                ingesting=ingesting,
-                max_examples=max_examples,
-            )
-        )
-    notes = [n for n in (main_reset.note, dlq_reset.note) if n]
+        dlq = _read_side(dlq_table, read_committed(dlq_table).snapshot_id, content, dead_letters=True)
+    ranges = _ranges(state, main, dlq, source)
+    held = {r.partition: r.held for r in ranges if r.held is not None}
+    expected = content.expected(state.topic, held) if content is not None and state.topic and held else None
+    wrong = _wrong_rows(main.rows, dlq.rows, expected) if expected is not None else {}
+    options = _Options(dlq_table is not None, filter_configured, ingesting, max_examples)
+    audits = [
+        _audit_range(r, source, main=main, dlq=dlq, expected=expected, wrong=wrong, options=options)
+        for r in ranges
+    ]
+    notes = [n for n in (main.reset.note, dlq.reset.note) if n]
     return replace(
         report,
         partitions=tuple(audits),
-        rows_without_offset=main_nulls + dlq_nulls,
-        lost_records_problem=_check_lost_records(state, audits, reset=main_reset.happened),
+        rows_without_offset=main.nulls + dlq.nulls,
+        lost_records_problem=_check_lost_records(state, audits, reset=main.reset.happened),
         reset_note="; ".join(notes) or None,
     )
 
@@ -251,43 +240,88 @@ def audit_from_catalog(
 # --- the comparison ----------------------------------------------------------------------------------------
 
 
-def _audit_partition(
-    partition: int,
-    start: int,
-    committed: int,
-    marks: tuple[int, int] | None,
-    *,
-    kafka: Any,
-    table: Any,
-    dlq: Any,
-    expected: pa.Table | None,
-    wrong: Any,
-    has_dlq_table: bool,
-    before_reset: int,
-    filter_configured: bool,
-    ingesting: bool,
-    max_examples: int,
-) -> PartitionAudit:
-    """Compare sorted int64 offset arrays: Kafka's in the range, the table's and the DLQ's (all rows).
+def _recreated(state: CommittedState, source: TopicOffsets) -> str:
+    return (
+        f"topic {state.topic!r} was deleted and created again (the table's offsets belong to topic "
+        f"id {state.topic_id}, Kafka's topic is {source.topic_id}): its records cannot be compared; "
+        "`icefall reset-offsets` goes on with the new topic"
+    )
 
-    `expected` (by content audits): this partition's re-decoded records (`offset`, `kind`); `wrong`: the
-    offsets whose rows differ from them.
-    """
-    low, high = marks if marks is not None else (None, None)
+
+def _read_side(
+    table: Table, snapshot_id: int | None, content: ContentSource | None, *, dead_letters: bool
+) -> _Side:
+    rows, nulls = read_rows(table, snapshot_id, content, dead_letters=dead_letters)
+    rows, reset = after_last_reset(table, table.metadata, rows, content, dead_letters=dead_letters)
+    return _Side(rows, nulls, reset)
+
+
+def _ranges(state: CommittedState, main: _Side, dlq: _Side, source: TopicOffsets) -> list[_Range]:
+    """The audited range of every partition the table knows or holds rows of (Kafka's watermarks read)."""
+    starts = {p: max(o, main.reset.audit_from.get(p, 0)) for p, o in state.start_offsets.items()}
+    for p, o in main.reset.audit_from.items():
+        starts.setdefault(p, o)
+    partitions = sorted(set(state.offsets) | set(partitions_of(main.rows)) | set(partitions_of(dlq.rows)))
+    ranges = []
+    for partition in partitions:
+        committed = state.offsets.get(partition, 0)
+        start = min(starts.get(partition, 0), committed)
+        ranges.append(_Range(partition, start, committed, source.watermarks(partition)))
+    return ranges
+
+
+def _audit_range(
+    r: _Range,
+    source: TopicOffsets,
+    *,
+    main: _Side,
+    dlq: _Side,
+    expected: pa.Table | None,
+    wrong: Mapping[int, Any],
+    options: _Options,
+) -> PartitionAudit:
+    """The audit of one partition: its offsets from Kafka and both tables, compared."""
+    empty = pa.array([], OFFSETS)
+    main_p, main_before = split_before(offsets_of(main.rows, r.partition), main.reset, r.partition)
+    dlq_p, dlq_before = split_before(offsets_of(dlq.rows, r.partition), dlq.reset, r.partition)
+    found = _Found(
+        kafka=as_offsets(source.offsets(r.partition, r.start, r.committed)) if r.marks is not None else empty,
+        table=main_p,
+        dlq=dlq_p,
+        expected=_expected_of(expected, r.partition),
+        wrong=wrong.get(r.partition, empty),
+        before_reset=main_before + dlq_before,
+    )
+    return _audit_partition(r, found, options)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """One partition's sorted int64 offsets: Kafka's in the range, the main and the dead-letter table's
+    rows (all of them), the rows whose content is wrong; `expected` its re-decoded records (`offset`,
+    `kind`; by content audits); `before_reset` rows set aside as the old topic's."""
+
+    kafka: Any
+    table: Any
+    dlq: Any
+    expected: pa.Table | None
+    wrong: Any
+    before_reset: int
+
+
+def _audit_partition(r: _Range, found: _Found, options: _Options) -> PartitionAudit:
+    """Compare the partition's offsets: Kafka's in the range, the table's and the DLQ's (all rows)."""
+    start, committed, table = r.start, r.committed, found.table
+    low, high = r.marks if r.marks is not None else (None, None)
     verify_from = max(start, low) if low is not None else start
-    kafka = pc.unique(offsets_between(kafka, verify_from, committed))
-    in_dlq = len(dlq)
+    kafka = pc.unique(offsets_between(found.kafka, verify_from, committed))
+    dlq = found.dlq
     dlq_ahead = count_true(pc.greater_equal(dlq, committed))
-    if ingesting:  # a batch's dead letters, committed before the batch: not part of the committed state
+    if options.ingesting:  # a batch's dead letters, committed before the batch: not in the committed state
         dlq = dlq.filter(pc.less(dlq, committed))
 
     rows = pa.concat_arrays([table, dlq]).sort()
-    if len(rows) > 1:
-        repeated = pc.equal(rows.slice(1), rows.slice(0, len(rows) - 1))
-        duplicate_rows = int(pc.sum(repeated).as_py() or 0)
-        duplicated = pc.unique(rows.slice(1).filter(repeated))
-    else:
-        duplicate_rows, duplicated = 0, pa.array([], OFFSETS)
+    duplicate_rows, duplicated = _duplicates(rows)
     present = pc.unique(rows)
     both = count_true(pc.is_in(pc.unique(dlq), value_set=table)) if len(dlq) and len(table) else 0
 
@@ -298,55 +332,66 @@ def _audit_partition(
     )
     unexpected = present.filter(pc.or_(outside, not_in_kafka))
     unverified = count_true(pc.and_(pc.greater_equal(present, start), pc.less(present, verify_from)))
-
-    elsewhere = 0
-    if expected is not None:  # the filter re-evaluated: only records it drops may be absent
-
-        def of_kind(kind: int) -> Any:
-            offsets = expected.filter(pc.equal(expected.column("kind"), kind)).column("offset")
-            return absent.filter(pc.is_in(absent, value_set=offsets.combine_chunks()))
-
-        filtered = of_kind(FILTERED)
-        dropped = filtered
-        if not has_dlq_table:  # dead letters went to the topic (or nowhere): not in a table to compare
-            sent = of_kind(DEAD_LETTER)
-            elsewhere = len(sent)
-            dropped = pa.concat_arrays([filtered, sent])
-        missing = absent.filter(pc.invert(pc.is_in(absent, value_set=dropped)))
-        n_missing, n_filtered = len(missing), len(filtered)
-        examples = missing if len(missing) else filtered
-    else:
-        n_missing, n_filtered = (0, len(absent)) if filter_configured else (len(absent), 0)
-        examples = absent
+    missing, filtered, examples, elsewhere = _absent(absent, found.expected, options)
     below_low = max(0, min(verify_from, committed) - start)
-
+    limit = options.max_examples
     return PartitionAudit(
-        partition=partition,
+        partition=r.partition,
         start=start,
         committed=committed,
         low_watermark=low,
         high_watermark=high,
         expected=len(kafka),
         in_table=len(table),
-        in_dlq=in_dlq,
+        in_dlq=len(found.dlq),
         in_table_and_dlq=both,
         duplicates=len(duplicated),
         duplicate_rows=duplicate_rows,
-        missing=n_missing,
-        filtered=n_filtered,
+        missing=missing,
+        filtered=filtered,
         unexpected=len(unexpected),
         lost_to_retention=max(0, verify_from - start),
         unverified=unverified,
         dlq_ahead=dlq_ahead,
-        duplicate_examples=first_offsets(duplicated, max_examples),
-        missing_examples=first_offsets(examples, max_examples),
-        unexpected_examples=first_offsets(unexpected, max_examples),
-        wrong=len(wrong),
-        wrong_examples=first_offsets(wrong, max_examples),
+        duplicate_examples=first_offsets(duplicated, limit),
+        missing_examples=first_offsets(examples, limit),
+        unexpected_examples=first_offsets(unexpected, limit),
+        wrong=len(found.wrong),
+        wrong_examples=first_offsets(found.wrong, limit),
         dead_letters_elsewhere=elsewhere,
-        before_reset=before_reset,
+        before_reset=found.before_reset,
         absent_below_low=max(0, below_low - unverified),
     )
+
+
+def _duplicates(rows: Any) -> tuple[int, Any]:
+    """(rows beyond the first per offset, the offsets held more than once) of sorted offsets."""
+    if len(rows) <= 1:
+        return 0, pa.array([], OFFSETS)
+    repeated = pc.equal(rows.slice(1), rows.slice(0, len(rows) - 1))
+    return int(pc.sum(repeated).as_py() or 0), pc.unique(rows.slice(1).filter(repeated))
+
+
+def _absent(absent: Any, expected: pa.Table | None, options: _Options) -> tuple[int, int, Any, int]:
+    """Kafka's records in neither table, judged: (missing, filtered, examples, dead letters elsewhere)."""
+    if expected is None:
+        if options.filter_configured:
+            return 0, len(absent), absent, 0
+        return len(absent), 0, absent, 0
+
+    # The filter re-evaluated: only records it drops may be absent.
+    def of_kind(kind: int) -> Any:
+        offsets = expected.filter(pc.equal(expected.column("kind"), kind)).column("offset")
+        return absent.filter(pc.is_in(absent, value_set=offsets.combine_chunks()))
+
+    filtered = of_kind(FILTERED)
+    dropped, elsewhere = filtered, 0
+    if not options.has_dlq_table:  # dead letters went to the topic (or nowhere): not in a table to compare
+        sent = of_kind(DEAD_LETTER)
+        elsewhere = len(sent)
+        dropped = pa.concat_arrays([filtered, sent])
+    missing = absent.filter(pc.invert(pc.is_in(absent, value_set=dropped)))
+    return len(missing), len(filtered), missing if len(missing) else filtered, elsewhere
 
 
 def _check_lost_records(
