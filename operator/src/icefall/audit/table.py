@@ -214,7 +214,6 @@ def audit_from_catalog(
     content: ContentSource | None = None,
     filter_configured: bool = False,
     ingesting: bool = False,
-    timeout: float = 30,
 ) -> AuditReport:
     """Load `identifier` and its dead-letter table and audit them against the live topic.
 
@@ -231,7 +230,7 @@ def audit_from_catalog(
     else:
         default = dlq_identifier(identifier)
         dlq = catalog.load_table(default) if catalog.table_exists(default) else None
-    with KafkaTopic(bootstrap, topic, config=kafka_config, timeout=timeout) as source:
+    with KafkaTopic(bootstrap, topic, config=kafka_config) as source:
         return audit_table(
             table, dlq, source, content=content, filter_configured=filter_configured, ingesting=ingesting
         )
