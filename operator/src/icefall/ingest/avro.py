@@ -73,8 +73,6 @@ class AvroDecoding:
         self.schemas = schemas
         self.errors = errors
         self._base = list(base)
-        self._bad_column = BAD_COLUMN
-        self._error_column = ERROR_COLUMN
         max_bytes = spec.dead_letter.max_record_bytes
         value = F.col("value")
         size = F.length(value)
@@ -158,7 +156,12 @@ class AvroDecoding:
             row, problem = row_case.cast(self._row_struct), problem_case
         projected_df = parsed.select("*", row.alias(_ROW), problem.alias(_PROBLEM))
         unknown = schema_id.isNotNull() & ~schema_id.isin(*known) if known else schema_id.isNotNull()
-        columns = [F.col(_ROW).alias(TYPED_COLUMN)]
+        columns = [F.col(_ROW).alias(TYPED_COLUMN), *self._verdict(unknown, schema_id)]
+        internal = [_SCHEMA_ID, _ROW, _PROBLEM, *(f"{p}{i}" for i in known for p in (_RECORD, _FAILED))]
+        return projected_df.select("*", *columns).drop(*internal)
+
+    def _verdict(self, unknown: Column, schema_id: Column) -> list[Column]:
+        """`BAD_COLUMN` and, with `errors`, `ERROR_COLUMN`: from the frame, the id and the projection."""
         if self.errors:
             reasons = [
                 *self._frame_reasons,
@@ -171,14 +174,11 @@ class AvroDecoding:
                 (F.col(_PROBLEM).isNotNull(), F.col(_PROBLEM)),
             ]
             error = _joined(reasons)
-            columns += [error.isNotNull().alias(self._bad_column), error.alias(self._error_column)]
-        else:
-            bad = unknown | F.coalesce(F.col(_PROBLEM), F.lit(False))
-            for condition, _ in self._frame_reasons:
-                bad = bad | condition
-            columns.append(F.coalesce(bad, F.lit(False)).alias(self._bad_column))
-        internal = [_SCHEMA_ID, _ROW, _PROBLEM, *(f"{p}{i}" for i in known for p in (_RECORD, _FAILED))]
-        return projected_df.select("*", *columns).drop(*internal)
+            return [error.isNotNull().alias(BAD_COLUMN), error.alias(ERROR_COLUMN)]
+        bad = unknown | F.coalesce(F.col(_PROBLEM), F.lit(False))
+        for condition, _ in self._frame_reasons:
+            bad = bad | condition
+        return [F.coalesce(bad, F.lit(False)).alias(BAD_COLUMN)]
 
     def _problem(self, checks: Sequence[tuple[Column, Column]]) -> Column:
         """With `errors`, the messages of the checks that apply (null when none does); without, whether
