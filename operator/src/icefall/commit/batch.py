@@ -1,8 +1,9 @@
 """What a batch commit is made of, and the state it leaves behind: pure values, no catalog access.
 
-`Batch` is the offset range a writer read; `Stage` the staging branch it writes to, with the committed
-state it was planned from; `CommitOutcome` what `commit_staged_outcome` did. `state_after` is the state a
-batch's commit writes to the table (`icefall.*`, commit/DESIGN.md), and `next_stage` the stage of the
+`Batch` is the offset range a writer read; `Stage` the staging branch it writes to (named by
+`stage_branch_name`), with the committed state it was planned from; `CommitOutcome` what
+`commit_staged_outcome` did. `state_after` is the state a batch's commit writes to the table (`icefall.*`,
+commit/DESIGN.md; `retention_loss` the records it counts as lost), and `next_stage` the stage of the
 writer's next batch while that commit runs (pipelining). The checks and the commit itself are
 `icefall.commit.protocol`'s.
 """
@@ -138,9 +139,9 @@ def next_stage(stage: Stage, batch: Batch, epoch: int) -> Stage:
 def retention_loss(committed: Mapping[int, int], batch: Batch) -> int:
     """Records `batch` skips because Kafka's retention deleted them: the width of its acknowledged gaps.
 
-    `_check` has verified that each gap starts at the committed offset, or at 0 for a partition added to
-    the topic after the table's first commit. The first commit of a table loses nothing: where it starts is
-    the spec's starting position.
+    `commit_staged` has verified that each gap starts at the committed offset, or at 0 for a partition
+    added to the topic after the table's first commit. The first commit of a table loses nothing: where
+    it starts is the spec's starting position.
     """
     if not committed:
         return 0
