@@ -49,7 +49,7 @@ Phases, per system (measured on its own topic):
    is what a reader sees).
 6. Exactness: the final table against the model (the workload's last value per key, deletes removed) by
    content (every column but `ts`, compared like bench/compare.py's audit); Icefall's table also by
-   `icefall.audit_keyed.audit_keyed` (`icefall verify`: the table against the topic, row by row).
+   `icefall.audit.keyed.audit_keyed` (`icefall verify`: the table against the topic, row by row).
 
 `--quick` (a smoke run): 50,000 keys, 10,000 changes, 60 s live at 300/s, files sampled every 5 s; an
 option given beside it wins. A full run (the defaults) streams an hour per system: over three hours in all.
@@ -443,7 +443,7 @@ def live(ctx: Context, run: Run, workload: Workload, result: Result) -> None:
 
 def reads(run: Run, workload: Workload, result: Result) -> None:
     """Read times by a Spark session of this process, the model check, and `audit_keyed` for Icefall."""
-    from icefall.audit_keyed import audit_keyed
+    from icefall.audit import audit_keyed
     from icefall.spark.session import build_spark_session
 
     assert run.catalog is not None

@@ -23,7 +23,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from icefall import failpoints
-from icefall.audit_keyed import audit_keyed
+from icefall.audit import audit_keyed
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import read_table_view
 from icefall.compact.worker import Outcome, is_delete_conflict, run_item

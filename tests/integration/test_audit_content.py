@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import audit_content, cli
+from icefall import cli
 from icefall.api import load_manifest
+from icefall.audit import content as audit_content
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker

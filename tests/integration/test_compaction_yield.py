@@ -22,7 +22,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from icefall import failpoints, metrics
-from icefall.audit_keyed import audit_keyed
+from icefall.audit import audit_keyed
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
 from icefall.compact.runner import file_leases, runner_for

@@ -32,8 +32,8 @@ from pyspark.sql import SparkSession
 from icefall import failpoints
 from icefall.catalog import CatalogConfig
 from icefall.commit import FencedError, claim_epoch, read_committed
+from icefall.commit.direct import rewind_dead_letters
 from icefall.commit.lease import FileLease, LeaseLostError
-from icefall.commit.protocol import rewind_dead_letters
 from icefall.devstack.kafka import KafkaBroker
 from icefall.failpoints import FailpointError
 from icefall.ingest.engine import BatchReport, Ingestor, LeaseKeeper

@@ -1,6 +1,6 @@
 """Fresh reads (`icefall.read.union_read`, `icefall read`) against real Kafka, Spark and the embedded catalog.
 
-Proves, by content (every row's digest: `icefall.audit_content`), that a union read is exactly the topic up
+Proves, by content (every row's digest: `icefall.audit.content`), that a union read is exactly the topic up
 to the cut it reports, decoded as ingestion decodes it: for an append table with records past its last
 commit (bad records left out and counted), from an older snapshot (`snapshot_id`, `as_of`: the same rows,
 more of them from the tail), while an Ingestor commits batch after batch in the background and a producer
@@ -34,8 +34,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
 from icefall import cli, failpoints
 from icefall.api import StreamingTable, load_manifest
-from icefall.audit import GOOD
-from icefall.audit_content import SparkContent, main_digest
+from icefall.audit import GOOD, SparkContent, main_digest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 
 from icefall import failpoints
 from icefall.api import StreamingTable
-from icefall.audit_keyed import KeyedAuditReport, audit_keyed
+from icefall.audit import KeyedAuditReport, audit_keyed
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease

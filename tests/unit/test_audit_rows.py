@@ -8,7 +8,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from icefall.audit import ROW_SCHEMA, PartitionAudit, _check_lost_records, _subtract
+from icefall.audit import ROW_SCHEMA, PartitionAudit
+from icefall.audit.rows import subtract
+from icefall.audit.table import _check_lost_records
 from icefall.commit.state import CommittedState
 
 pytestmark = pytest.mark.unit
@@ -29,13 +31,13 @@ def test_rows_of_the_old_topic_are_taken_away_by_content_and_count() -> None:
     # (once before the reset, once after); offset 7 an old row that table retention deleted since.
     now = rows((0, 5, 1), (0, 5, 2), (0, 6, 3), (0, 6, 3), (1, 5, 9))
     before = rows((0, 5, 1), (0, 6, 3), (0, 7, 4))
-    kept, removed = _subtract(now, before)
+    kept, removed = subtract(now, before)
     assert as_set(kept) == [(0, 5, 2), (0, 6, 3), (1, 5, 9)]
     assert as_set(removed) == [(0, 5, 1), (0, 6, 3)]
 
 
 def test_offsets_only_rows_are_taken_away_by_count() -> None:
-    kept, removed = _subtract(rows((0, 1, None), (0, 1, None), (0, 2, None)), rows((0, 1, None)))
+    kept, removed = subtract(rows((0, 1, None), (0, 1, None), (0, 2, None)), rows((0, 1, None)))
     assert [(r["partition"], r["offset"]) for r in kept.to_pylist()] == [(0, 1), (0, 2)]
     assert removed.num_rows == 1
 

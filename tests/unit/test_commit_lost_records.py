@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from icefall.commit import Batch, CommittedState, CorruptStateError, state_from_properties
-from icefall.commit.protocol import retention_loss
+from icefall.commit.batch import retention_loss
 from icefall.commit.state import LOST_RECORDS
 
 pytestmark = pytest.mark.unit

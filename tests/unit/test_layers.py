@@ -5,7 +5,9 @@ Proves:
   the wheel leaves out) never imports the development tooling, at module level or inside a function;
 - the wheel configuration leaves both out of the distribution;
 - one catalog mapping: no module but `icefall.catalog.config` builds a pyiceberg catalog client
-  (`load_catalog`, `SqlCatalog`, `RestCatalog`) or writes `spark.sql.catalog.*` settings.
+  (`load_catalog`, `SqlCatalog`, `RestCatalog`) or writes `spark.sql.catalog.*` settings;
+- no import cycles between the package's modules (`ingest.avro` and `ingest.decode` once imported each
+  other), counting every import: at module level, inside functions and under `TYPE_CHECKING`.
 Not proved here: what the built wheel holds (tests/integration/test_installed.py builds and installs it).
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -31,11 +33,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def runtime_modules() -> Iterator[tuple[str, ast.Module]]:
+def all_modules() -> Iterator[tuple[str, ast.Module]]:
     for path in sorted(PACKAGE.rglob("*.py")):
-        name = module_name(path)
+        yield module_name(path), ast.parse(path.read_text(), filename=str(path))
+
+
+def runtime_modules() -> Iterator[tuple[str, ast.Module]]:
+    for name, tree in all_modules():
         if not any(name == dev or name.startswith(dev + ".") for dev in DEV_PACKAGES):
-            yield name, ast.parse(path.read_text(), filename=str(path))
+            yield name, tree
 
 
 def imported(tree: ast.Module) -> Iterator[tuple[int, str]]:
@@ -86,3 +92,46 @@ def test_one_catalog_mapping() -> None:
             elif isinstance(node, ast.Constant) and "spark.sql.catalog." in str(node.value):
                 found.append(f"{name}:{node.lineno} writes {node.value!r}")
     assert not found, f"catalog clients or Spark catalog conf outside {CATALOG_MAPPING}:\n" + "\n".join(found)
+
+
+def import_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = [stack.pop()]
+            while component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles_between_modules() -> None:
+    trees = dict(all_modules())
+    graph = {
+        name: {target for _, target in imported(tree) if target in trees and target != name}
+        for name, tree in trees.items()
+    }
+    # decode imports avro only inside a function and under TYPE_CHECKING: those count too.
+    assert "icefall.ingest.avro" in graph["icefall.ingest.decode"], "the import graph misses lazy imports"
+    cycles = import_cycles(graph)
+    assert not cycles, "modules that import each other (directly or through others):\n" + "\n".join(
+        " <-> ".join(cycle) for cycle in cycles
+    )

@@ -487,8 +487,7 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
     `spark`: a session with the table's catalog configured; by default a local one is started (after the
     table is found, so a missing table is said without waiting for Spark).
     """
-    from icefall.audit import audit_from_catalog
-    from icefall.audit_content import SparkContent
+    from icefall.audit import SparkContent, audit_from_catalog
     from icefall.kafka.security import librdkafka_config, spark_kafka_options
 
     catalog = catalog_config.pyiceberg()
@@ -500,7 +499,7 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
         print("[verify] starting local Spark to decode the topic's records ...", flush=True)
         spark = build_spark_session([catalog_config], app_name=f"icefall-verify-{st.metadata.name}")
     if st.spec.key:
-        from icefall.audit_keyed import audit_keyed
+        from icefall.audit import audit_keyed
 
         return audit_keyed(
             spark,

@@ -14,6 +14,17 @@ Pipelined, the next batch is written while a commit runs: `stage = staged_on(tab
 appended to the same branch, and commit that one with `after` once the first has landed.
 """
 
+from icefall.commit.batch import (
+    STAGE_PREFIX,
+    Batch,
+    CommitOutcome,
+    Stage,
+    next_stage,
+    retention_loss,
+    stage_branch_name,
+    state_after,
+)
+from icefall.commit.direct import claim_epoch, reset_offsets, rewind_dead_letters
 from icefall.commit.errors import (
     CommitError,
     CorruptStateError,
@@ -25,22 +36,11 @@ from icefall.commit.errors import (
     TopicMismatchError,
 )
 from icefall.commit.protocol import (
-    STAGE_PREFIX,
-    Batch,
-    CommitOutcome,
-    Stage,
     abandon_stage,
-    claim_epoch,
     commit_staged,
     commit_staged_outcome,
-    next_stage,
     prepare_stage,
-    reset_offsets,
-    retention_loss,
-    rewind_dead_letters,
-    stage_branch_name,
     staged_on,
-    state_after,
     sweep_stages,
 )
 from icefall.commit.state import CommittedState, read_committed, state_from_properties

@@ -25,10 +25,8 @@
    by the branch's head (S or S'), and S' lands in its own commit afterwards, only while `main` is S.
 
 A batch that skips records Kafka's retention deleted names the gap (`Batch.retention_gaps`); its commit adds
-the gap's width to `icefall.lost-records` in the same metadata commit. `rewind_dead_letters` is the one
-other commit that sets `icefall.*`: it takes a dead-letter table left ahead of its main table (a batch whose
-dead letters landed but whose main commit did not) back to the main table's offsets, deleting the rows past
-them in the same guarded commit.
+the gap's width to `icefall.lost-records` in the same metadata commit. The commits that set `icefall.*`
+without a batch (an epoch claim, an offset reset, a dead-letter rewind) are `icefall.commit.direct`'s.
 
 Guarantees: `main` only ever moves forward by one staged snapshot whose parent it was pointing at, or by
 one snapshot appending exactly the staged files onto maintenance commits that changed no `icefall.*`
@@ -43,13 +41,9 @@ rare), and any cleanup of files written for refused batches (orphan-file removal
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-import uuid
-import warnings
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pyiceberg.exceptions import CommitFailedException
@@ -68,6 +62,7 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 
+from icefall.commit.batch import STAGE_PREFIX, Batch, CommitOutcome, Stage, state_after
 from icefall.commit.errors import (
     CommitError,
     FencedError,
@@ -77,92 +72,26 @@ from icefall.commit.errors import (
     StaleHeadError,
     TopicMismatchError,
 )
-from icefall.commit.state import MAIN, OFFSET_RESETS, CommittedState, state_of
+from icefall.commit.pyiceberg_internals import (
+    commit_table,
+    new_snapshot,
+)
+from icefall.commit.state import MAIN, CommittedState, state_of
 from icefall.failpoints import TableRole, failpoint
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyiceberg.table.metadata import TableMetadata
 
-STAGE_PREFIX = "icefall_stage_"
 GENESIS_PROPERTY = "icefall.genesis"
 RESTAGED_FROM_PROPERTY = "icefall.restaged-from"  # snapshot summary of a re-staged batch: the staged id
 RESET_PROPERTY = "icefall.offset-reset"  # snapshot summary of an offset reset: its reason
 EPOCH_CLAIM_PROPERTY = "icefall.epoch-claim"  # snapshot summary of a writer's epoch claim: the epoch
-MAX_RESETS_KEPT = 20
 # Attempts of one catalog commit while its own conditions still hold (the table changed elsewhere, e.g. a
 # property or another branch). Each attempt re-checks everything from fresh metadata: this is not a rebase.
 MAX_ATTEMPTS = 5
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One batch of one topic: `start` is the first offset read per partition, `end` the next one to read.
-
-    Partitions with nothing to read may be listed with `start == end` (to pin where they start). For a
-    partition the table knows, `start` must equal its committed offset, unless Kafka's retention deleted
-    records past it: then `retention_gaps[p]` must name that committed offset, acknowledging that
-    `[retention_gaps[p], start)` can never be ingested. An overlap (start below the committed offset) is
-    always refused.
-    """
-
-    topic: str
-    start: Mapping[int, int]
-    end: Mapping[int, int]
-    max_event_time_ms: int | None = None
-    max_produce_time_ms: int | None = None
-    retention_gaps: Mapping[int, int] = field(default_factory=dict)
-    topic_id: str | None = None  # Kafka's id of the topic read; refused if the table holds another one
-    deleted_keys: str | None = None  # the deleted keys file the commit names (cdc, sequenceBy); None: same
-
-    def __post_init__(self) -> None:
-        if not self.topic:
-            raise ValueError("a batch needs its topic")
-        if set(self.start) != set(self.end):
-            raise ValueError(
-                f"start and end cover different partitions: {sorted(self.start)} vs {sorted(self.end)}"
-            )
-        for p, s in self.start.items():
-            if p < 0 or s < 0 or self.end[p] < s:
-                raise ValueError(f"partition {p}: bad offset range [{s}, {self.end[p]})")
-        for p, lost_from in self.retention_gaps.items():
-            if p not in self.start or not 0 <= lost_from <= self.start[p]:
-                raise ValueError(f"partition {p}: retention gap from {lost_from} does not end at the start")
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A staging branch and the committed state it was created from (`base.snapshot_id` is never None).
-
-    `staged` is the snapshot the writer appended, once `staged_on` has recorded it: the commit then lands
-    that snapshot even if the writer has stacked its next batch on the branch meanwhile (`next_stage`).
-    None: the branch's head is the batch.
-    """
-
-    branch: str
-    base: CommittedState
-    table_uuid: uuid.UUID = field(repr=False)
-    role: TableRole = "main"  # which table it is, for the failpoints `<role>.after-stage` and on
-    staged: int | None = None
-
-
-@dataclass(frozen=True)
-class CommitOutcome:
-    """What `commit_staged_outcome` did: `snapshot_id` is `main`'s new head.
-
-    `restaged_over` lists the maintenance snapshots (oldest first) that had moved `main` since the stage was
-    prepared and that the batch was re-staged on top of; empty when `main` was fast-forwarded to the staged
-    snapshot itself.
-    """
-
-    snapshot_id: int
-    restaged_over: tuple[int, ...] = ()
-
-    @property
-    def restaged(self) -> bool:
-        return bool(self.restaged_over)
 
 
 @dataclass(frozen=True)
@@ -179,14 +108,6 @@ class _Plan:
     def stacked(self) -> bool:
         """The writer's next batch is already on the branch, on top of the staged snapshot."""
         return self.branch_head is not None and self.branch_head != self.staged
-
-
-def stage_branch_name(writer_id: str, attempt: int | str) -> str:
-    """A branch name unique to a writer and attempt, valid as an unquoted Spark SQL identifier part."""
-    slug = re.sub(r"[^A-Za-z0-9_]+", "_", f"{writer_id}_{attempt}").strip("_")
-    if not slug:
-        raise ValueError("writer id and attempt must not both be empty")
-    return STAGE_PREFIX + slug
 
 
 def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refresh: bool = True) -> Stage:
@@ -206,7 +127,7 @@ def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refres
         if refresh or attempt:  # every retry looks at the table again
             table.refresh()
         if MAIN not in table.metadata.refs:
-            _commit_genesis(table, role)
+            commit_genesis(table, role)
             continue
         meta = table.metadata
         head = meta.refs[MAIN].snapshot_id
@@ -215,7 +136,7 @@ def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refres
             # What only the branch reached (a failed attempt's snapshot) goes with the move.
             orphaned = _reached_only_by(meta, {branch})
             try:
-                _commit(
+                commit_table(
                     table,
                     updates=(
                         _point_branch(meta, branch, head),
@@ -267,45 +188,9 @@ def commit_staged_outcome(
         table.refresh()
         meta = table.metadata
         plan = _check(meta, stage, batch, epoch)
-        updates: tuple[TableUpdate, ...]
-        if plan.restage_over:
-            new_head, updates = _restage(table, meta, stage, plan)
-        else:
-            new_head, updates = plan.staged, (_point_branch(meta, MAIN, plan.staged),)
-        if not keep_branch:
-            updates += (RemoveSnapshotRefUpdate(ref_name=stage.branch),)
-        elif plan.restage_over and not plan.stacked:
-            updates += (_point_branch(meta, stage.branch, new_head),)
-        # else the branch is already at the new head, where the writer's next batch is staged without a
-        # commit; or that next batch is on it already (and was planned on the staged snapshot: after a
-        # re-stage it cannot land, and the writer drops it)
-        updates += (SetPropertiesUpdate(updates=plan.properties),)
-        if plan.restage_over and not plan.stacked:
-            # Only the branch reached the staged snapshot; its data files now belong to new_head.
-            updates += (RemoveSnapshotsUpdate(snapshot_ids=[plan.staged]),)
-        requirements: tuple[TableRequirement, ...] = (
-            AssertTableUUID(uuid=stage.table_uuid),
-            AssertRefSnapshotId(ref=MAIN, snapshot_id=plan.head),
-            AssertRefSnapshotId(ref=stage.branch, snapshot_id=plan.branch_head),
-        )
-        failpoint(f"{stage.role}.before-commit")
-        try:
-            _commit(table, updates, requirements)
-        except CommitFailedException as e:
-            log.info("commit of %s refused by the catalog (%s); checking again", stage.branch, e)
-            continue
-        except Exception as e:
-            if _landed(table, new_head):
-                log.warning("commit of %s reported an error but landed", stage.branch)
-                break
-            if plan.restage_over and isinstance(e, ValueError):
-                # A re-stage adds a snapshot numbered from the metadata it was built on; if the table gained
-                # a snapshot elsewhere (another branch), the catalog refuses it while applying the updates,
-                # before any swap.
-                log.info("re-stage of %s no longer applies (%s); checking again", stage.branch, e)
-                continue
-            raise
-        break
+        new_head, updates = _landing(table, meta, stage, plan, keep_branch=keep_branch)
+        if _swap(table, stage, plan, new_head, updates):
+            break
     else:
         if plan is not None and plan.restage_over:
             raise MaintenanceConflictError(
@@ -322,6 +207,56 @@ def commit_staged_outcome(
     return CommitOutcome(snapshot_id=new_head, restaged_over=plan.restage_over)
 
 
+def _landing(
+    table: Table, meta: TableMetadata, stage: Stage, plan: _Plan, *, keep_branch: bool
+) -> tuple[int, tuple[TableUpdate, ...]]:
+    """The new head of `main` and the updates landing the batch as `plan` says (fast-forward or re-stage)."""
+    updates: tuple[TableUpdate, ...]
+    if plan.restage_over:
+        new_head, updates = _restage(table, meta, stage, plan)
+    else:
+        new_head, updates = plan.staged, (_point_branch(meta, MAIN, plan.staged),)
+    if not keep_branch:
+        updates += (RemoveSnapshotRefUpdate(ref_name=stage.branch),)
+    elif plan.restage_over and not plan.stacked:
+        updates += (_point_branch(meta, stage.branch, new_head),)
+    # else the branch is already at the new head, where the writer's next batch is staged without a
+    # commit; or that next batch is on it already (and was planned on the staged snapshot: after a
+    # re-stage it cannot land, and the writer drops it)
+    updates += (SetPropertiesUpdate(updates=plan.properties),)
+    if plan.restage_over and not plan.stacked:
+        # Only the branch reached the staged snapshot; its data files now belong to new_head.
+        updates += (RemoveSnapshotsUpdate(snapshot_ids=[plan.staged]),)
+    return new_head, updates
+
+
+def _swap(table: Table, stage: Stage, plan: _Plan, new_head: int, updates: tuple[TableUpdate, ...]) -> bool:
+    """The batch's compare-and-swap: True once it landed, False to check everything again."""
+    requirements: tuple[TableRequirement, ...] = (
+        AssertTableUUID(uuid=stage.table_uuid),
+        AssertRefSnapshotId(ref=MAIN, snapshot_id=plan.head),
+        AssertRefSnapshotId(ref=stage.branch, snapshot_id=plan.branch_head),
+    )
+    failpoint(f"{stage.role}.before-commit")
+    try:
+        commit_table(table, updates, requirements)
+    except CommitFailedException as e:
+        log.info("commit of %s refused by the catalog (%s); checking again", stage.branch, e)
+        return False
+    except Exception as e:
+        if _landed(table, new_head):
+            log.warning("commit of %s reported an error but landed", stage.branch)
+            return True
+        if plan.restage_over and isinstance(e, ValueError):
+            # A re-stage adds a snapshot numbered from the metadata it was built on; if the table gained
+            # a snapshot elsewhere (another branch), the catalog refuses it while applying the updates,
+            # before any swap.
+            log.info("re-stage of %s no longer applies (%s); checking again", stage.branch, e)
+            return False
+        raise
+    return True
+
+
 def staged_on(table: Table, stage: Stage) -> Stage:
     """`stage` with the snapshot its writer has just appended recorded as `Stage.staged` (refreshes `table`).
 
@@ -336,188 +271,6 @@ def staged_on(table: Table, stage: Stage) -> Stage:
     if snapshot is None or snapshot.parent_snapshot_id != stage.base.snapshot_id:
         raise StageError(f"{stage.branch} holds no snapshot on top of {stage.base.snapshot_id}")
     return replace(stage, staged=snapshot.snapshot_id)
-
-
-def next_stage(stage: Stage, batch: Batch, epoch: int) -> Stage:
-    """The stage for the batch after `batch`, on top of `stage.staged`, before `batch` has landed.
-
-    Its base is the state `commit_staged` gives the table by fast-forwarding to the staged snapshot, so
-    the next batch can be planned, read and appended to the branch while that commit runs (no catalog
-    call here). It lands only on top of exactly that state: if `batch`'s commit fails, or re-stages it as
-    another snapshot, the next batch's commit finds `main` elsewhere and is refused (StaleHeadError).
-    """
-    if stage.staged is None:
-        raise ValueError("record the staged snapshot first (staged_on)")
-    return Stage(
-        branch=stage.branch,
-        base=state_after(stage.base, batch, epoch, snapshot_id=stage.staged),
-        table_uuid=stage.table_uuid,
-        role=stage.role,
-    )
-
-
-def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
-    """Take a dead-letter table back to `to_offsets` (the main table's committed offsets); return what moved.
-
-    A batch's dead letters are committed before the batch itself; if the main commit then fails, the
-    dead-letter table is ahead of the main table. For every partition whose committed offset here is
-    beyond `to_offsets[p]`, this deletes the rows with `offset >= to_offsets[p]` and sets the committed
-    offset back to `to_offsets[p]`, in ONE catalog commit that moves `main` (the delete's snapshot, or an
-    empty one if no row matched) and sets `icefall.offsets` and `icefall.epoch`, guarded by
-    `AssertRefSnapshotId(main, head)`: rows and offsets cannot drift apart. Partitions at or behind their
-    target are left alone (this never moves forward). Returns `{partition: offset rewound to}`; empty when
-    nothing was ahead.
-
-    Raises FencedError, changing nothing, if `epoch` is below the table's `icefall.epoch` (a newer writer
-    owns the table and may have committed those rows for real). The epoch check is atomic with the
-    commit for the same reason as in `commit_staged`: `icefall.*` only change in commits that move `main`.
-    """
-    if epoch < 0:
-        raise ValueError(f"epoch must not be negative, got {epoch}")
-    for _ in range(MAX_ATTEMPTS):
-        table.refresh()
-        meta = table.metadata
-        committed = state_of(meta)
-        if epoch < committed.epoch:
-            raise FencedError(
-                f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
-            )
-        back = {
-            p: offset
-            for p, offset in sorted(to_offsets.items())
-            if p in committed.offsets and committed.offsets[p] > offset
-        }
-        if not back:
-            return {}
-        head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
-        condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in back.items())
-        tx = table.transaction()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Delete operation did not match any records")
-            tx.delete(condition)  # staged on main, not committed: a delete and/or an overwrite snapshot
-        staged: tuple[TableUpdate, ...] = tx._updates
-        if not any(isinstance(update, AddSnapshotUpdate) for update in staged):
-            # No row matched: still move main, so the property change rides on a commit that moves it.
-            with tx.update_snapshot().fast_append():
-                pass
-            staged = tx._updates
-        rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
-        failpoint("dlq.before-rewind")
-        try:
-            _commit(
-                table,
-                updates=(*staged, SetPropertiesUpdate(updates=rewound.to_properties())),
-                requirements=(
-                    AssertTableUUID(uuid=meta.table_uuid),
-                    AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
-                ),
-            )
-        except CommitFailedException as e:
-            log.info("rewind of %s refused by the catalog (%s); checking again", _name(table), e)
-            continue
-        failpoint("dlq.after-rewind")
-        return back
-    raise CommitError(f"could not rewind {_name(table)}: the table kept changing")
-
-
-def claim_epoch(table: Table, epoch: int, *, role: TableRole = "main") -> None:
-    """Record that a writer holds `epoch` before it commits anything; FencedError if the table's epoch is
-    already `epoch` or above (another writer claimed it: take a new epoch above the table's).
-
-    Leases hand out epochs, but two lease stores (a deleted and recreated Lease, a file lease beside a
-    Kubernetes one) could hand out the same one; this claim is a compare-and-swap in the table, so no two
-    writers ever commit under one epoch. ONE catalog commit moves `main` by an empty snapshot (summary
-    `icefall.epoch-claim`) and sets `icefall.epoch`, guarded by `AssertRefSnapshotId(main, head)`: a paused
-    writer's commit planned before the claim is refused (its head moved, and its epoch is below).
-    """
-    if epoch <= 0:
-        raise ValueError(f"a claimed epoch is positive, got {epoch}")
-    for _ in range(MAX_ATTEMPTS):
-        table.refresh()
-        meta = table.metadata
-        if MAIN not in meta.refs:
-            _commit_genesis(table, role)
-            continue
-        committed = state_of(meta)
-        if committed.epoch >= epoch:
-            raise FencedError(
-                f"epoch {epoch} is not above the table's epoch {committed.epoch}: already claimed"
-            )
-        tx = table.transaction()
-        with tx.update_snapshot(snapshot_properties={EPOCH_CLAIM_PROPERTY: str(epoch)}).fast_append():
-            pass  # an empty snapshot: the properties ride on a commit that moves main
-        try:
-            _commit(
-                table,
-                updates=(
-                    *tx._updates,
-                    SetPropertiesUpdate(updates=replace(committed, epoch=epoch).to_properties()),
-                ),
-                requirements=(
-                    AssertTableUUID(uuid=meta.table_uuid),
-                    AssertRefSnapshotId(ref=MAIN, snapshot_id=committed.snapshot_id),
-                ),
-            )
-        except CommitFailedException as e:
-            log.info("epoch claim on %s refused by the catalog (%s); checking again", _name(table), e)
-            continue
-        failpoint(f"{role}.after-claim")
-        return
-    raise CommitError(f"could not claim epoch {epoch} on {_name(table)}: the table kept changing")
-
-
-def reset_offsets(
-    table: Table, *, topic_id: str, offsets: Mapping[int, int], reason: str, now_ms: int
-) -> CommittedState:
-    """Point the committed offsets at `offsets` of the topic with id `topic_id`; return the new state.
-
-    The explicit user action after a topic was deleted and created again, or its log truncated
-    (`icefall reset-offsets`). ONE catalog commit moves `main` by an empty snapshot and sets
-    `icefall.topic-id`, `icefall.offsets`, `icefall.start-offsets` (the audit starts there) and appends the
-    reset (time, reason, old and new id and offsets) to `icefall.offset-resets`, guarded by
-    `AssertRefSnapshotId(main, head)`. The epoch is kept: a writer's batch planned before the reset starts at
-    the old offsets and is refused (OffsetGapError, TopicMismatchError); it plans again from here.
-    Rows already in the table stay. A table with no committed offsets has nothing to reset (ValueError).
-    """
-    for _ in range(MAX_ATTEMPTS):
-        table.refresh()
-        meta = table.metadata
-        committed = state_of(meta)
-        if not committed.offsets:
-            raise ValueError(f"{_name(table)} has no committed offsets: there is nothing to reset")
-        history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
-        history.append(
-            {
-                "time_ms": now_ms,
-                "reason": reason,
-                "from_topic_id": committed.topic_id,
-                "to_topic_id": topic_id,
-                "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
-                "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
-            }
-        )
-        reset = replace(committed, topic_id=topic_id, offsets=dict(offsets), start_offsets=dict(offsets))
-        properties = {
-            **reset.to_properties(),
-            OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
-        }
-        tx = table.transaction()
-        with tx.update_snapshot(snapshot_properties={RESET_PROPERTY: reason}).fast_append():
-            pass  # an empty snapshot: the properties ride on a commit that moves main
-        try:
-            _commit(
-                table,
-                updates=(*tx._updates, SetPropertiesUpdate(updates=properties)),
-                requirements=(
-                    AssertTableUUID(uuid=meta.table_uuid),
-                    AssertRefSnapshotId(ref=MAIN, snapshot_id=committed.snapshot_id),
-                ),
-            )
-        except CommitFailedException as e:
-            log.info("offset reset of %s refused by the catalog (%s); checking again", _name(table), e)
-            continue
-        return reset
-    raise CommitError(f"could not reset the offsets of {_name(table)}: the table kept changing")
 
 
 def abandon_stage(table: Table, branch: str, *, role: TableRole = "main") -> bool:
@@ -551,6 +304,24 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
     if head is None:
         raise StaleHeadError(f"main was removed since the batch was planned on {base}")
     restage_over = () if head == base else _maintenance_since(meta, stage, head)
+    _check_source(committed, batch)
+    ref = meta.refs.get(stage.branch)
+    if ref is None or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
+        raise StageError(f"staging branch {stage.branch} does not exist (abandoned, or already committed)")
+    staged = ref.snapshot_id if stage.staged is None else stage.staged
+    _check_staged(meta, stage, staged, ref.snapshot_id)
+    new = state_after(committed, batch, epoch, snapshot_id=staged)
+    return _Plan(
+        head=head,
+        staged=staged,
+        properties=new.to_properties(),
+        restage_over=restage_over,
+        branch_head=ref.snapshot_id,
+    )
+
+
+def _check_source(committed: CommittedState, batch: Batch) -> None:
+    """Refuse a batch of another topic, or one that does not start at the committed offsets."""
     if committed.topic is not None and committed.topic != batch.topic:
         raise TopicMismatchError(
             f"the table holds topic {committed.topic!r}, the batch is from {batch.topic!r}"
@@ -574,10 +345,10 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
                 + (f" after a retention gap from {expected}" if expected != start else "")
             )
 
-    ref = meta.refs.get(stage.branch)
-    if ref is None or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
-        raise StageError(f"staging branch {stage.branch} does not exist (abandoned, or already committed)")
-    staged = ref.snapshot_id if stage.staged is None else stage.staged
+
+def _check_staged(meta: TableMetadata, stage: Stage, staged: int, branch_head: int) -> None:
+    """Refuse unless `staged` is one snapshot on top of the stage's base, held by the branch."""
+    base = stage.base.snapshot_id
     if staged == base:
         raise StageError(f"nothing staged on {stage.branch}: write the batch first (an empty batch too)")
     snapshot = meta.snapshot_by_id(staged)
@@ -586,37 +357,8 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
         raise StageError(
             f"{stage.branch} must hold exactly one snapshot on top of {base}; its head's parent is {parent}"
         )
-    if staged != ref.snapshot_id and staged not in _ancestor_ids(meta, ref.snapshot_id):
+    if staged != branch_head and staged not in _ancestor_ids(meta, branch_head):
         raise StageError(f"{stage.branch} no longer holds the staged snapshot {staged}")
-    new = state_after(committed, batch, epoch, snapshot_id=staged)
-    return _Plan(
-        head=head,
-        staged=staged,
-        properties=new.to_properties(),
-        restage_over=restage_over,
-        branch_head=ref.snapshot_id,
-    )
-
-
-def state_after(committed: CommittedState, batch: Batch, epoch: int, *, snapshot_id: int) -> CommittedState:
-    """The committed state once `batch` lands on top of `committed` as `snapshot_id`."""
-    return replace(
-        committed,
-        snapshot_id=snapshot_id,
-        lost_records=committed.lost_records + retention_loss(committed.offsets, batch),
-        topic=batch.topic,
-        topic_id=batch.topic_id or committed.topic_id,
-        offsets={**committed.offsets, **batch.end},
-        # The first offset read of each partition new to the table: where the audit starts counting.
-        start_offsets={
-            **{p: start for p, start in batch.start.items() if p not in committed.offsets},
-            **committed.start_offsets,
-        },
-        epoch=epoch,
-        max_event_time_ms=_newest(committed.max_event_time_ms, batch.max_event_time_ms),
-        max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),
-        deleted_keys=batch.deleted_keys or committed.deleted_keys,
-    )
 
 
 def _ancestor_ids(meta: TableMetadata, snapshot_id: int) -> set[int]:
@@ -660,14 +402,7 @@ def _restage(
     Its manifest and manifest list are written now (they become orphans if the commit is refused).
     """
     files = _staged_data_files(table, meta, stage, plan.staged)
-    tx = table.transaction()
-    producer = tx.update_snapshot(snapshot_properties={RESTAGED_FROM_PROPERTY: str(plan.staged)})
-    with producer.fast_append() as append:
-        for data_file in files:
-            append.append_data_file(data_file)
-    snapshot = tx.table_metadata.snapshot_by_id(append.snapshot_id)
-    if snapshot is None:  # pragma: no cover - pyiceberg staged it a line above
-        raise CommitError("pyiceberg did not stage the re-staged snapshot")
+    snapshot = new_snapshot(table, {RESTAGED_FROM_PROPERTY: str(plan.staged)}, files)
     return snapshot.snapshot_id, (
         AddSnapshotUpdate(snapshot=snapshot),
         _point_branch(meta, MAIN, snapshot.snapshot_id),
@@ -707,22 +442,6 @@ def _staged_data_files(table: Table, meta: TableMetadata, stage: Stage, staged_i
     return files
 
 
-def retention_loss(committed: Mapping[int, int], batch: Batch) -> int:
-    """Records `batch` skips because Kafka's retention deleted them: the width of its acknowledged gaps.
-
-    `_check` has verified that each gap starts at the committed offset, or at 0 for a partition added to
-    the topic after the table's first commit. The first commit of a table loses nothing: where it starts is
-    the spec's starting position.
-    """
-    if not committed:
-        return 0
-    return sum(batch.start[p] - lost_from for p, lost_from in batch.retention_gaps.items())
-
-
-def _newest(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else max(a, b)
-
-
 def _point_branch(meta: TableMetadata, name: str, snapshot_id: int) -> SetSnapshotRefUpdate:
     """Point branch `name` at `snapshot_id`, keeping the retention settings it already has."""
     ref = meta.refs.get(name)
@@ -740,26 +459,12 @@ def _name(table: Table) -> str:
     return ".".join(table.name())
 
 
-def _commit(
-    table: Table, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...]
-) -> None:
-    """One catalog commit, no retries: the catalog checks `requirements` and swaps the metadata atomically."""
-    response = table.catalog.commit_table(table, requirements, updates)
-    table.metadata = response.metadata
-    table.metadata_location = response.metadata_location
-
-
-def _commit_genesis(table: Table, role: TableRole) -> None:
+def commit_genesis(table: Table, role: TableRole) -> None:
     """Give a table without snapshots an empty one on `main`, so a staging branch has a head to start at."""
     meta = table.metadata
-    tx = table.transaction()
-    with tx.update_snapshot(snapshot_properties={GENESIS_PROPERTY: "true"}).fast_append() as append:
-        pass  # nothing added: the snapshot is empty; only its manifest list is written
-    genesis = tx.table_metadata.snapshot_by_id(append.snapshot_id)
-    if genesis is None:  # pragma: no cover - pyiceberg staged it a line above
-        raise CommitError("pyiceberg did not stage the genesis snapshot")
+    genesis = new_snapshot(table, {GENESIS_PROPERTY: "true"})  # empty: only its manifest list is written
     try:
-        _commit(
+        commit_table(
             table,
             updates=(AddSnapshotUpdate(snapshot=genesis), _point_branch(meta, MAIN, genesis.snapshot_id)),
             requirements=(
@@ -827,7 +532,7 @@ def _drop_stages(table: Table, doomed_name: Callable[[str], bool], point: str) -
         )
         failpoint(point)
         try:
-            _commit(table, updates, requirements)
+            commit_table(table, updates, requirements)
         except CommitFailedException:
             continue
         return sorted(doomed)

@@ -1,4 +1,5 @@
-"""Ingestion: decode Kafka records with Spark (`decode`) and commit them exactly once (`engine`).
+"""Ingestion: decode Kafka records with Spark (`decode`, `avro`; `columns` names what both return) and
+commit them exactly once (`engine`).
 
 Nothing is imported here: the submodules import pyspark, which not every caller of `icefall.ingest` wants.
 """

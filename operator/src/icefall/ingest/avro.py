@@ -36,6 +36,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the usual name
 from pyspark.sql.types import DataType, StructType
 
 from icefall.api import StreamingTableSpec, to_spark_schema_json
+from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, TYPED_COLUMN
 
 #: The writer schemas (Avro JSON text) of schema ids; None for an id the registry does not know.
 SchemaLookup = Callable[[Iterable[int]], Mapping[int, str | None]]
@@ -61,8 +62,6 @@ class AvroDecoding:
         base: Sequence[Column],
         errors: bool = True,
     ) -> None:
-        from icefall.ingest.decode import BAD_COLUMN, ERROR_COLUMN
-
         self.spec = spec
         self.fields = list(spec.format.schema_fields)
         self.targets: dict[str, DataType] = {
@@ -74,8 +73,6 @@ class AvroDecoding:
         self.schemas = schemas
         self.errors = errors
         self._base = list(base)
-        self._bad_column = BAD_COLUMN
-        self._error_column = ERROR_COLUMN
         max_bytes = spec.dead_letter.max_record_bytes
         value = F.col("value")
         size = F.length(value)
@@ -119,8 +116,6 @@ class AvroDecoding:
     def decode(self, kafka_df: DataFrame, headers: Column) -> DataFrame:
         from pyspark.sql.avro.functions import from_avro
 
-        from icefall.ingest.decode import TYPED_COLUMN
-
         framed = kafka_df.select(*self._base, headers, self._schema_id)
         writers = self.schemas(self.schema_ids(framed))
         schema_id = F.col(_SCHEMA_ID)
@@ -161,7 +156,12 @@ class AvroDecoding:
             row, problem = row_case.cast(self._row_struct), problem_case
         projected_df = parsed.select("*", row.alias(_ROW), problem.alias(_PROBLEM))
         unknown = schema_id.isNotNull() & ~schema_id.isin(*known) if known else schema_id.isNotNull()
-        columns = [F.col(_ROW).alias(TYPED_COLUMN)]
+        columns = [F.col(_ROW).alias(TYPED_COLUMN), *self._verdict(unknown, schema_id)]
+        internal = [_SCHEMA_ID, _ROW, _PROBLEM, *(f"{p}{i}" for i in known for p in (_RECORD, _FAILED))]
+        return projected_df.select("*", *columns).drop(*internal)
+
+    def _verdict(self, unknown: Column, schema_id: Column) -> list[Column]:
+        """`BAD_COLUMN` and, with `errors`, `ERROR_COLUMN`: from the frame, the id and the projection."""
         if self.errors:
             reasons = [
                 *self._frame_reasons,
@@ -174,14 +174,11 @@ class AvroDecoding:
                 (F.col(_PROBLEM).isNotNull(), F.col(_PROBLEM)),
             ]
             error = _joined(reasons)
-            columns += [error.isNotNull().alias(self._bad_column), error.alias(self._error_column)]
-        else:
-            bad = unknown | F.coalesce(F.col(_PROBLEM), F.lit(False))
-            for condition, _ in self._frame_reasons:
-                bad = bad | condition
-            columns.append(F.coalesce(bad, F.lit(False)).alias(self._bad_column))
-        internal = [_SCHEMA_ID, _ROW, _PROBLEM, *(f"{p}{i}" for i in known for p in (_RECORD, _FAILED))]
-        return projected_df.select("*", *columns).drop(*internal)
+            return [error.isNotNull().alias(BAD_COLUMN), error.alias(ERROR_COLUMN)]
+        bad = unknown | F.coalesce(F.col(_PROBLEM), F.lit(False))
+        for condition, _ in self._frame_reasons:
+            bad = bad | condition
+        return [F.coalesce(bad, F.lit(False)).alias(BAD_COLUMN)]
 
     def _problem(self, checks: Sequence[tuple[Column, Column]]) -> Column:
         """With `errors`, the messages of the checks that apply (null when none does); without, whether

@@ -61,16 +61,20 @@ from pyspark.sql.types import (
 )
 
 from icefall.api import FormatType, SchemaField, StreamingTableSpec, TableMode, TypeSpec, to_spark_schema_json
+from icefall.ingest import columns
 
 if TYPE_CHECKING:
     from icefall.ingest.avro import AvroDecoding, SchemaLookup
 
-KAFKA_COLUMN = "_kafka"
-#: cdc with `spec.sequenceBy`: the change's position in the source, one text per path, numbers padded so
-#: that arrays compare in the source's order (`sequence_part`).
-SEQUENCE_COLUMN = "_sequence"
-DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
 HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+#: The columns of a decode result, named by `icefall.ingest.columns` (the Avro decoder shares them).
+KAFKA_COLUMN = columns.KAFKA_COLUMN
+SEQUENCE_COLUMN = columns.SEQUENCE_COLUMN
+DEAD_LETTER_COLUMNS = columns.DEAD_LETTER_COLUMNS
+TYPED_COLUMN = columns.TYPED_COLUMN
+ERROR_COLUMN = columns.ERROR_COLUMN
+BAD_COLUMN = columns.BAD_COLUMN
+DELETE_COLUMN = columns.DELETE_COLUMN
 #: How much of a field's raw value, and of a whole record, an error message quotes.
 VALUE_QUOTE_CHARS = 64
 RECORD_QUOTE_CHARS = 100
@@ -78,23 +82,18 @@ RECORD_QUOTE_CHARS = 100
 MAX_YEAR = 9999
 UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
-_PREFIX = "__icefall_"
+_PREFIX = columns.INTERNAL_PREFIX
 _CORRUPT = f"{_PREFIX}corrupt"
 _TEXT = f"{_PREFIX}text"  # the value as text; null when it is not parsed (tombstone, oversized, not UTF-8)
-_TYPED = f"{_PREFIX}typed"
+_TYPED = TYPED_COLUMN
 _IMAGE = f"{_PREFIX}image"  # cdc: the text of the row image the event carries (after, or before for d)
 _ENVELOPE = f"{_PREFIX}envelope"  # cdc: the Debezium envelope's op, before and after (as JSON text)
 _SEQUENCE = f"{_PREFIX}sequence"  # cdc with spec.sequenceBy: the event's position (SEQUENCE_COLUMN)
 _KAFKA_KEY = f"{_PREFIX}kafka_key"  # keyed modes: the key fields read from the Kafka key, when needed
 _RAW = f"{_PREFIX}raw"
-ERROR_COLUMN = f"{_PREFIX}error"
-BAD_COLUMN = f"{_PREFIX}bad"
 #: Digits of the largest non-negative integer a sequence part compares as a number (Spark's decimal(38)).
 SEQUENCE_DIGITS = 38
-#: Keyed modes (upsert, cdc): true when the record deletes its key (a tombstone, a Debezium d event).
-DELETE_COLUMN = f"{_PREFIX}delete"
 CDC_OPS = ("c", "r", "u", "d")
-TYPED_COLUMN = _TYPED
 
 _Node = SchemaField | TypeSpec
 _Check = tuple[Column, Column]

@@ -5,7 +5,7 @@ held below the committed end is in the table or (if malformed) in the dead-lette
 unless retention deleted it before it was ingested; the committed offsets are the topic's end; and the
 auditor (`icefall.audit`, what `icefall verify` runs) agrees. With a Spark session that has the table's
 catalog (passed, or the active one), the auditor compares every row with its Kafka record by content
-(`icefall.audit_content`): a row whose value differs from its record fails, naming its offset.
+(`icefall.audit.content`): a row whose value differs from its record fails, naming its offset.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from icefall.kafka.admin import TopicView
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from icefall.audit_content import SparkContent
+    from icefall.audit import SparkContent
     from icefall.ingest.engine import BatchReport, Ingestor
 
 NAMESPACE = "it"
@@ -315,7 +315,7 @@ def content_source(
     """What compares table `<namespace>.<name>` by content: `spark` (default: the active session, if it has
     `config`'s catalog) decoding with `st` (default: the test manifest for the table's topic). None without
     such a session."""
-    from icefall.audit_content import SparkContent
+    from icefall.audit import SparkContent
 
     if spark is None:
         from pyspark.sql import SparkSession

@@ -1,4 +1,4 @@
-"""The auditor's content side (`icefall.audit.ContentSource` on Spark): rows and records as digests.
+"""The auditor's content side (`icefall.audit.rows.ContentSource` on Spark): rows and records as digests.
 
 `SparkContent` reads the table's rows through Spark's Iceberg catalog at the snapshot the audit names, and
 the topic's records through Spark's Kafka source (read_committed, the offsets the audit names), decodes the
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from icefall.audit import DEAD_LETTER, EXPECTED_SCHEMA, FILTERED, GOOD, KAFKA_COLUMN, ROW_SCHEMA
+from icefall.audit.rows import DEAD_LETTER, EXPECTED_SCHEMA, FILTERED, GOOD, KAFKA_COLUMN, ROW_SCHEMA
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from icefall.commit.state import OFFSET_RESETS, read_committed
+from icefall.commit.state import OFFSET_RESETS, CommittedState, read_committed
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -107,10 +107,8 @@ def audit_keyed(
     security_options: Mapping[str, str] | None = None,
 ) -> KeyedAuditReport:
     """Audit the keyed table of `st` (module doc). `spark` has `catalog_name` configured."""
-    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-    from icefall.audit_content import RECORDS_PER_TASK, main_digest
-    from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, KAFKA_COLUMN, decode, good_rows, last_changes
+    from icefall.audit.content import RECORDS_PER_TASK
+    from icefall.ingest.decode import decode
     from icefall.ingest.engine import read_kafka
     from icefall.plan.offsets import OffsetRange
 
@@ -133,72 +131,113 @@ def audit_keyed(
     rows = spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(committed.snapshot_id)}")
     kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
     decoded = decode(kafka, st.spec).persist()
-    compared: DataFrame | None = None
+    comparison: _Comparison | None = None
     try:
         records = decoded.count() if ranges else 0
-        changes = good_rows(decoded, st.spec)
-        unordered = (
-            changes.groupBy(*key)
-            .agg(F.count_distinct(F.col(f"{KAFKA_COLUMN}.partition")).alias("partitions"))
-            .where("partitions > 1" if not st.spec.sequence_by else "false")
-            .select(*key)
-        )
-        model = last_changes(changes, key).where(~F.col(DELETE_COLUMN)).drop(DELETE_COLUMN)
-        model = model.join(unordered, key, "left_anti")
-        table_rows = rows.join(unordered, key, "left_anti")
-
-        def digested(frame: DataFrame, side: str) -> DataFrame:
-            kafka = F.col(KAFKA_COLUMN)
-            digest = F.xxhash64(main_digest(frame), kafka["partition"], kafka["offset"])
-            return frame.select(F.to_json(F.struct(*key)).alias("key"), digest.alias(side))
-
-        expected = digested(model, "expected")
-        actual = digested(table_rows, "actual")
-        duplicates = actual.groupBy("key").count().where("count > 1")
-        # Counted four ways below: the model's aggregation and the join run once.
-        compared = expected.join(actual.dropDuplicates(["key"]), "key", "full_outer").persist()
-        missing = compared.where("actual IS NULL")
-        unexpected = compared.where("expected IS NULL")
-        wrong = compared.where("expected IS NOT NULL AND actual IS NOT NULL AND expected != actual")
-
-        bad = decoded.where(F.col(BAD_COLUMN)).select("partition", "offset")
+        comparison = _compare(decoded, rows, st, key)
         dead = _dead_letters(spark, st, catalog_name, ranges)
-
-        def keys_of(frame: DataFrame) -> tuple[str, ...]:
-            return tuple(r["key"] for r in frame.limit(EXAMPLES).collect())
-
-        def offsets_of(frame: DataFrame) -> tuple[str, ...]:
-            return tuple(f"{r['partition']}:{r['offset']}" for r in frame.limit(EXAMPLES).collect())
-
-        dead_missing = bad.join(dead, ["partition", "offset"], "left_anti") if dead is not None else bad
-        dead_unexpected = dead.join(bad, ["partition", "offset"], "left_anti") if dead is not None else None
-        return KeyedAuditReport(
-            table=label,
-            snapshot_id=committed.snapshot_id,
-            records=records,
-            keys=compared.where("expected IS NOT NULL").count(),
-            rows=rows.count(),
-            missing=missing.count(),
-            unexpected=unexpected.count(),
-            wrong=wrong.count(),
-            duplicates=duplicates.count(),
-            unordered=unordered.count(),
-            dead_letters_missing=dead_missing.count() if st.dead_letter_identifier else 0,
-            dead_letters_unexpected=dead_unexpected.count() if dead_unexpected is not None else 0,
-            lost_records=committed.lost_records,
-            examples={
-                "missing": keys_of(missing),
-                "unexpected": keys_of(unexpected),
-                "wrong": keys_of(wrong),
-                "duplicates": keys_of(duplicates),
-                "dead letters missing": offsets_of(dead_missing),
-                "dead letters unexpected": offsets_of(dead_unexpected) if dead_unexpected else (),
-            },
+        return _report(
+            st, committed, records=records, rows=rows, comparison=comparison, dead=dead, decoded=decoded
         )
     finally:
         decoded.unpersist()
-        if compared is not None:
-            compared.unpersist()
+        if comparison is not None:
+            comparison.compared.unpersist()
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """The model against the table's rows, by key: `compared` (key, expected, actual digests; persisted),
+    `duplicates` (keys held twice) and `unordered` (keys changed in several partitions, not judged)."""
+
+    compared: DataFrame
+    duplicates: DataFrame
+    unordered: DataFrame
+
+
+def _compare(decoded: DataFrame, rows: DataFrame, st: StreamingTable, key: list[str]) -> _Comparison:
+    """Collapse the decoded changes to the last per key (deletes removed) and join them with the rows."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    from icefall.audit.content import main_digest
+    from icefall.ingest.decode import DELETE_COLUMN, KAFKA_COLUMN, good_rows, last_changes
+
+    changes = good_rows(decoded, st.spec)
+    unordered = (
+        changes.groupBy(*key)
+        .agg(F.count_distinct(F.col(f"{KAFKA_COLUMN}.partition")).alias("partitions"))
+        .where("partitions > 1" if not st.spec.sequence_by else "false")
+        .select(*key)
+    )
+    model = last_changes(changes, key).where(~F.col(DELETE_COLUMN)).drop(DELETE_COLUMN)
+    model = model.join(unordered, key, "left_anti")
+    table_rows = rows.join(unordered, key, "left_anti")
+
+    def digested(frame: DataFrame, side: str) -> DataFrame:
+        kafka = F.col(KAFKA_COLUMN)
+        digest = F.xxhash64(main_digest(frame), kafka["partition"], kafka["offset"])
+        return frame.select(F.to_json(F.struct(*key)).alias("key"), digest.alias(side))
+
+    expected = digested(model, "expected")
+    actual = digested(table_rows, "actual")
+    duplicates = actual.groupBy("key").count().where("count > 1")
+    # Counted four ways by `_report`: the model's aggregation and the join run once.
+    compared = expected.join(actual.dropDuplicates(["key"]), "key", "full_outer").persist()
+    return _Comparison(compared=compared, duplicates=duplicates, unordered=unordered)
+
+
+def _report(
+    st: StreamingTable,
+    committed: CommittedState,
+    *,
+    records: int,
+    rows: DataFrame,
+    comparison: _Comparison,
+    dead: DataFrame | None,
+    decoded: DataFrame,
+) -> KeyedAuditReport:
+    """Count the comparison and the dead letters (the bad records of `decoded` against `dead`)."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    from icefall.ingest.decode import BAD_COLUMN
+
+    compared = comparison.compared
+    missing = compared.where("actual IS NULL")
+    unexpected = compared.where("expected IS NULL")
+    wrong = compared.where("expected IS NOT NULL AND actual IS NOT NULL AND expected != actual")
+    bad = decoded.where(F.col(BAD_COLUMN)).select("partition", "offset")
+    dead_missing = bad.join(dead, ["partition", "offset"], "left_anti") if dead is not None else bad
+    dead_unexpected = dead.join(bad, ["partition", "offset"], "left_anti") if dead is not None else None
+
+    def keys_of(frame: DataFrame) -> tuple[str, ...]:
+        return tuple(r["key"] for r in frame.limit(EXAMPLES).collect())
+
+    def offsets_of(frame: DataFrame) -> tuple[str, ...]:
+        return tuple(f"{r['partition']}:{r['offset']}" for r in frame.limit(EXAMPLES).collect())
+
+    return KeyedAuditReport(
+        table=".".join(st.table_identifier),
+        snapshot_id=committed.snapshot_id,
+        records=records,
+        keys=compared.where("expected IS NOT NULL").count(),
+        rows=rows.count(),
+        missing=missing.count(),
+        unexpected=unexpected.count(),
+        wrong=wrong.count(),
+        duplicates=comparison.duplicates.count(),
+        unordered=comparison.unordered.count(),
+        dead_letters_missing=dead_missing.count() if st.dead_letter_identifier else 0,
+        dead_letters_unexpected=dead_unexpected.count() if dead_unexpected is not None else 0,
+        lost_records=committed.lost_records,
+        examples={
+            "missing": keys_of(missing),
+            "unexpected": keys_of(unexpected),
+            "wrong": keys_of(wrong),
+            "duplicates": keys_of(comparison.duplicates),
+            "dead letters missing": offsets_of(dead_missing),
+            "dead letters unexpected": offsets_of(dead_unexpected) if dead_unexpected else (),
+        },
+    )
 
 
 def _dead_letters(

@@ -1,0 +1,152 @@
+"""What a batch commit is made of, and the state it leaves behind: pure values, no catalog access.
+
+`Batch` is the offset range a writer read; `Stage` the staging branch it writes to (named by
+`stage_branch_name`), with the committed state it was planned from; `CommitOutcome` what
+`commit_staged_outcome` did. `state_after` is the state a batch's commit writes to the table (`icefall.*`,
+commit/DESIGN.md; `retention_loss` the records it counts as lost), and `next_stage` the stage of the
+writer's next batch while that commit runs (pipelining). The checks and the commit itself are
+`icefall.commit.protocol`'s.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from icefall.commit.state import CommittedState
+from icefall.failpoints import TableRole
+
+STAGE_PREFIX = "icefall_stage_"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of one topic: `start` is the first offset read per partition, `end` the next one to read.
+
+    Partitions with nothing to read may be listed with `start == end` (to pin where they start). For a
+    partition the table knows, `start` must equal its committed offset, unless Kafka's retention deleted
+    records past it: then `retention_gaps[p]` must name that committed offset, acknowledging that
+    `[retention_gaps[p], start)` can never be ingested. An overlap (start below the committed offset) is
+    always refused.
+    """
+
+    topic: str
+    start: Mapping[int, int]
+    end: Mapping[int, int]
+    max_event_time_ms: int | None = None
+    max_produce_time_ms: int | None = None
+    retention_gaps: Mapping[int, int] = field(default_factory=dict)
+    topic_id: str | None = None  # Kafka's id of the topic read; refused if the table holds another one
+    deleted_keys: str | None = None  # the deleted keys file the commit names (cdc, sequenceBy); None: same
+
+    def __post_init__(self) -> None:
+        if not self.topic:
+            raise ValueError("a batch needs its topic")
+        if set(self.start) != set(self.end):
+            raise ValueError(
+                f"start and end cover different partitions: {sorted(self.start)} vs {sorted(self.end)}"
+            )
+        for p, s in self.start.items():
+            if p < 0 or s < 0 or self.end[p] < s:
+                raise ValueError(f"partition {p}: bad offset range [{s}, {self.end[p]})")
+        for p, lost_from in self.retention_gaps.items():
+            if p not in self.start or not 0 <= lost_from <= self.start[p]:
+                raise ValueError(f"partition {p}: retention gap from {lost_from} does not end at the start")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A staging branch and the committed state it was created from (`base.snapshot_id` is never None).
+
+    `staged` is the snapshot the writer appended, once `staged_on` has recorded it: the commit then lands
+    that snapshot even if the writer has stacked its next batch on the branch meanwhile (`next_stage`).
+    None: the branch's head is the batch.
+    """
+
+    branch: str
+    base: CommittedState
+    table_uuid: uuid.UUID = field(repr=False)
+    role: TableRole = "main"  # which table it is, for the failpoints `<role>.after-stage` and on
+    staged: int | None = None
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    """What `commit_staged_outcome` did: `snapshot_id` is `main`'s new head.
+
+    `restaged_over` lists the maintenance snapshots (oldest first) that had moved `main` since the stage was
+    prepared and that the batch was re-staged on top of; empty when `main` was fast-forwarded to the staged
+    snapshot itself.
+    """
+
+    snapshot_id: int
+    restaged_over: tuple[int, ...] = ()
+
+    @property
+    def restaged(self) -> bool:
+        return bool(self.restaged_over)
+
+
+def stage_branch_name(writer_id: str, attempt: int | str) -> str:
+    """A branch name unique to a writer and attempt, valid as an unquoted Spark SQL identifier part."""
+    slug = re.sub(r"[^A-Za-z0-9_]+", "_", f"{writer_id}_{attempt}").strip("_")
+    if not slug:
+        raise ValueError("writer id and attempt must not both be empty")
+    return STAGE_PREFIX + slug
+
+
+def state_after(committed: CommittedState, batch: Batch, epoch: int, *, snapshot_id: int) -> CommittedState:
+    """The committed state once `batch` lands on top of `committed` as `snapshot_id`."""
+    return replace(
+        committed,
+        snapshot_id=snapshot_id,
+        lost_records=committed.lost_records + retention_loss(committed.offsets, batch),
+        topic=batch.topic,
+        topic_id=batch.topic_id or committed.topic_id,
+        offsets={**committed.offsets, **batch.end},
+        # The first offset read of each partition new to the table: where the audit starts counting.
+        start_offsets={
+            **{p: start for p, start in batch.start.items() if p not in committed.offsets},
+            **committed.start_offsets,
+        },
+        epoch=epoch,
+        max_event_time_ms=_newest(committed.max_event_time_ms, batch.max_event_time_ms),
+        max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),
+        deleted_keys=batch.deleted_keys or committed.deleted_keys,
+    )
+
+
+def next_stage(stage: Stage, batch: Batch, epoch: int) -> Stage:
+    """The stage for the batch after `batch`, on top of `stage.staged`, before `batch` has landed.
+
+    Its base is the state `commit_staged` gives the table by fast-forwarding to the staged snapshot, so
+    the next batch can be planned, read and appended to the branch while that commit runs (no catalog
+    call here). It lands only on top of exactly that state: if `batch`'s commit fails, or re-stages it as
+    another snapshot, the next batch's commit finds `main` elsewhere and is refused (StaleHeadError).
+    """
+    if stage.staged is None:
+        raise ValueError("record the staged snapshot first (staged_on)")
+    return Stage(
+        branch=stage.branch,
+        base=state_after(stage.base, batch, epoch, snapshot_id=stage.staged),
+        table_uuid=stage.table_uuid,
+        role=stage.role,
+    )
+
+
+def retention_loss(committed: Mapping[int, int], batch: Batch) -> int:
+    """Records `batch` skips because Kafka's retention deleted them: the width of its acknowledged gaps.
+
+    `commit_staged` has verified that each gap starts at the committed offset, or at 0 for a partition
+    added to the topic after the table's first commit. The first commit of a table loses nothing: where
+    it starts is the spec's starting position.
+    """
+    if not committed:
+        return 0
+    return sum(batch.start[p] - lost_from for p, lost_from in batch.retention_gaps.items())
+
+
+def _newest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)

@@ -1,0 +1,199 @@
+"""The commits that move `main` without a staged batch: an epoch claim, an offset reset, a dead-letter rewind.
+
+Each is ONE catalog commit that moves `main` by a snapshot of its own (an empty one, or a delete) and sets
+the `icefall.*` properties, guarded by `AssertTableUUID` and `AssertRefSnapshotId(main, head)`: the
+invariant of `icefall.commit.protocol` holds for them too (`icefall.*` only change in a commit that moves
+`main`), so an epoch check made on the metadata read before the commit is atomic with it, and a batch
+planned before one of these commits is refused afterwards (its head moved).
+
+- `claim_epoch`: a writer records its lease epoch before it commits anything (commit/DESIGN.md, "Leases
+  and epochs").
+- `rewind_dead_letters`: takes a dead-letter table left ahead of its main table (a batch whose dead letters
+  landed but whose main commit did not) back to the main table's offsets, deleting the rows past them.
+- `reset_offsets`: the explicit user action after a topic was recreated or truncated.
+
+Not guaranteed: progress under contention (each gives up after `MAX_ATTEMPTS` refused swaps).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate
+
+from icefall.commit.errors import CommitError, FencedError
+from icefall.commit.protocol import EPOCH_CLAIM_PROPERTY, MAX_ATTEMPTS, RESET_PROPERTY, commit_genesis
+from icefall.commit.pyiceberg_internals import commit_table, delete_updates, empty_snapshot_updates
+from icefall.commit.state import MAIN, OFFSET_RESETS, CommittedState, state_of
+from icefall.failpoints import TableRole, failpoint
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+MAX_RESETS_KEPT = 20
+
+log = logging.getLogger(__name__)
+
+
+def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
+    """Take a dead-letter table back to `to_offsets` (the main table's committed offsets); return what moved.
+
+    A batch's dead letters are committed before the batch itself; if the main commit then fails, the
+    dead-letter table is ahead of the main table. For every partition whose committed offset here is
+    beyond `to_offsets[p]`, this deletes the rows with `offset >= to_offsets[p]` and sets the committed
+    offset back to `to_offsets[p]`, in ONE catalog commit that moves `main` (the delete's snapshot, or an
+    empty one if no row matched) and sets `icefall.offsets` and `icefall.epoch`, guarded by
+    `AssertRefSnapshotId(main, head)`: rows and offsets cannot drift apart. Partitions at or behind their
+    target are left alone (this never moves forward). Returns `{partition: offset rewound to}`; empty when
+    nothing was ahead.
+
+    Raises FencedError, changing nothing, if `epoch` is below the table's `icefall.epoch` (a newer writer
+    owns the table and may have committed those rows for real). The epoch check is atomic with the
+    commit for the same reason as in `commit_staged`: `icefall.*` only change in commits that move `main`.
+    """
+    if epoch < 0:
+        raise ValueError(f"epoch must not be negative, got {epoch}")
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        committed = state_of(meta)
+        if epoch < committed.epoch:
+            raise FencedError(
+                f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
+            )
+        back = {
+            p: offset
+            for p, offset in sorted(to_offsets.items())
+            if p in committed.offsets and committed.offsets[p] > offset
+        }
+        if not back:
+            return {}
+        head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
+        condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in back.items())
+        # Staged, not committed; an empty append if no row matched: the property change rides on a
+        # commit that moves main.
+        staged = delete_updates(table, condition)
+        rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
+        failpoint("dlq.before-rewind")
+        try:
+            commit_table(
+                table,
+                updates=(*staged, SetPropertiesUpdate(updates=rewound.to_properties())),
+                requirements=(
+                    AssertTableUUID(uuid=meta.table_uuid),
+                    AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
+                ),
+            )
+        except CommitFailedException as e:
+            log.info("rewind of %s refused by the catalog (%s); checking again", _name(table), e)
+            continue
+        failpoint("dlq.after-rewind")
+        return back
+    raise CommitError(f"could not rewind {_name(table)}: the table kept changing")
+
+
+def claim_epoch(table: Table, epoch: int, *, role: TableRole = "main") -> None:
+    """Record that a writer holds `epoch` before it commits anything; FencedError if the table's epoch is
+    already `epoch` or above (another writer claimed it: take a new epoch above the table's).
+
+    Leases hand out epochs, but two lease stores (a deleted and recreated Lease, a file lease beside a
+    Kubernetes one) could hand out the same one; this claim is a compare-and-swap in the table, so no two
+    writers ever commit under one epoch. ONE catalog commit moves `main` by an empty snapshot (summary
+    `icefall.epoch-claim`) and sets `icefall.epoch`, guarded by `AssertRefSnapshotId(main, head)`: a paused
+    writer's commit planned before the claim is refused (its head moved, and its epoch is below).
+    """
+    if epoch <= 0:
+        raise ValueError(f"a claimed epoch is positive, got {epoch}")
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        if MAIN not in meta.refs:
+            commit_genesis(table, role)
+            continue
+        committed = state_of(meta)
+        if committed.epoch >= epoch:
+            raise FencedError(
+                f"epoch {epoch} is not above the table's epoch {committed.epoch}: already claimed"
+            )
+        # an empty snapshot: the properties ride on a commit that moves main
+        empty = empty_snapshot_updates(table, {EPOCH_CLAIM_PROPERTY: str(epoch)})
+        try:
+            commit_table(
+                table,
+                updates=(
+                    *empty,
+                    SetPropertiesUpdate(updates=replace(committed, epoch=epoch).to_properties()),
+                ),
+                requirements=(
+                    AssertTableUUID(uuid=meta.table_uuid),
+                    AssertRefSnapshotId(ref=MAIN, snapshot_id=committed.snapshot_id),
+                ),
+            )
+        except CommitFailedException as e:
+            log.info("epoch claim on %s refused by the catalog (%s); checking again", _name(table), e)
+            continue
+        failpoint(f"{role}.after-claim")
+        return
+    raise CommitError(f"could not claim epoch {epoch} on {_name(table)}: the table kept changing")
+
+
+def reset_offsets(
+    table: Table, *, topic_id: str, offsets: Mapping[int, int], reason: str, now_ms: int
+) -> CommittedState:
+    """Point the committed offsets at `offsets` of the topic with id `topic_id`; return the new state.
+
+    The explicit user action after a topic was deleted and created again, or its log truncated
+    (`icefall reset-offsets`). ONE catalog commit moves `main` by an empty snapshot and sets
+    `icefall.topic-id`, `icefall.offsets`, `icefall.start-offsets` (the audit starts there) and appends the
+    reset (time, reason, old and new id and offsets) to `icefall.offset-resets`, guarded by
+    `AssertRefSnapshotId(main, head)`. The epoch is kept: a writer's batch planned before the reset starts at
+    the old offsets and is refused (OffsetGapError, TopicMismatchError); it plans again from here.
+    Rows already in the table stay. A table with no committed offsets has nothing to reset (ValueError).
+    """
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        committed = state_of(meta)
+        if not committed.offsets:
+            raise ValueError(f"{_name(table)} has no committed offsets: there is nothing to reset")
+        history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
+        history.append(
+            {
+                "time_ms": now_ms,
+                "reason": reason,
+                "from_topic_id": committed.topic_id,
+                "to_topic_id": topic_id,
+                "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
+                "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
+            }
+        )
+        reset = replace(committed, topic_id=topic_id, offsets=dict(offsets), start_offsets=dict(offsets))
+        properties = {
+            **reset.to_properties(),
+            OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
+        }
+        # an empty snapshot: the properties ride on a commit that moves main
+        empty = empty_snapshot_updates(table, {RESET_PROPERTY: reason})
+        try:
+            commit_table(
+                table,
+                updates=(*empty, SetPropertiesUpdate(updates=properties)),
+                requirements=(
+                    AssertTableUUID(uuid=meta.table_uuid),
+                    AssertRefSnapshotId(ref=MAIN, snapshot_id=committed.snapshot_id),
+                ),
+            )
+        except CommitFailedException as e:
+            log.info("offset reset of %s refused by the catalog (%s); checking again", _name(table), e)
+            continue
+        return reset
+    raise CommitError(f"could not reset the offsets of {_name(table)}: the table kept changing")
+
+
+def _name(table: Table) -> str:
+    return ".".join(table.name())

@@ -1,0 +1,95 @@
+"""The pyiceberg internals the commit protocol relies on, in one place. Pinned: pyiceberg 0.12.x.
+
+The protocol sends its own updates and requirements in ONE catalog commit with no retries, because
+pyiceberg's `Transaction.commit_transaction` retries by rebasing (commit/DESIGN.md, "Why not let the
+writer commit to `main`"). pyiceberg has no public API for that, so this module relies on:
+
+- `Catalog.commit_table(table, requirements, updates)` returning a `CommitTableResponse` with `metadata`
+  and `metadata_location`, and `Table.metadata` / `Table.metadata_location` being plain attributes: after
+  a commit they are set by hand, as `Table._do_commit` does (without its old-metadata cleanup);
+- `Transaction._updates`: the updates a transaction has staged (a snapshot producer's `AddSnapshotUpdate`
+  and `SetSnapshotRefUpdate`; a delete's snapshots), taken to send in the protocol's own commit;
+- `Transaction.table_metadata`: the table's metadata with those updates applied, and a snapshot
+  producer's `snapshot_id`, to find a staged snapshot.
+
+Everything else the protocol uses is pyiceberg's public API (the models of `pyiceberg.table.update`,
+`ancestors_of`, `ManifestFile.fetch_manifest_entry`). tests/unit/test_pyiceberg_internals.py checks each
+item above on the installed pyiceberg, so an upgrade that moves one fails there first, saying what moved;
+re-run tests/integration/test_commit_protocol.py on any upgrade.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from pyiceberg.table.update import AddSnapshotUpdate
+
+from icefall.commit.errors import CommitError
+
+if TYPE_CHECKING:
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table import Table, Transaction
+    from pyiceberg.table.snapshots import Snapshot
+    from pyiceberg.table.update import TableRequirement, TableUpdate
+
+#: The pyiceberg release (major, minor) these internals were checked against (pyproject.toml pins it).
+PINNED = (0, 12)
+
+
+def commit_table(
+    table: Table, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...]
+) -> None:
+    """One catalog commit, no retries: the catalog checks `requirements` and swaps the metadata atomically.
+
+    `table` then holds the committed metadata, as after pyiceberg's own commit.
+    """
+    response = table.catalog.commit_table(table, requirements, updates)
+    table.metadata = response.metadata
+    table.metadata_location = response.metadata_location
+
+
+def staged_updates(tx: Transaction) -> tuple[TableUpdate, ...]:
+    """The updates `tx` has staged so far, in order (not committed)."""
+    return tuple(tx._updates)
+
+
+def new_snapshot(table: Table, summary: Mapping[str, str], files: Iterable[DataFile] = ()) -> Snapshot:
+    """A snapshot appending `files` (none: an empty one) on `main`'s head, not committed.
+
+    Its manifest and manifest list are written now; the caller commits `AddSnapshotUpdate(snapshot)` with
+    the ref moves it wants (the files become orphans if that commit is refused).
+    """
+    tx = table.transaction()
+    with tx.update_snapshot(snapshot_properties=dict(summary)).fast_append() as append:
+        for data_file in files:
+            append.append_data_file(data_file)
+    snapshot = tx.table_metadata.snapshot_by_id(append.snapshot_id)
+    if snapshot is None:  # pragma: no cover - pyiceberg staged it a line above
+        raise CommitError("pyiceberg did not stage the snapshot it was asked for")
+    return snapshot
+
+
+def empty_snapshot_updates(table: Table, summary: Mapping[str, str]) -> tuple[TableUpdate, ...]:
+    """The updates that add an empty snapshot on `main` (for properties to ride on a commit moving it)."""
+    tx = table.transaction()
+    with tx.update_snapshot(snapshot_properties=dict(summary)).fast_append():
+        pass
+    return staged_updates(tx)
+
+
+def delete_updates(table: Table, condition: str) -> tuple[TableUpdate, ...]:
+    """The updates that delete the rows matching `condition` on `main`, as pyiceberg stages them.
+
+    A delete snapshot and/or an overwrite snapshot; an empty append when no row matched, so the updates
+    always move `main`.
+    """
+    tx = table.transaction()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Delete operation did not match any records")
+        tx.delete(condition)
+    if not any(isinstance(update, AddSnapshotUpdate) for update in staged_updates(tx)):
+        with tx.update_snapshot().fast_append():
+            pass
+    return staged_updates(tx)

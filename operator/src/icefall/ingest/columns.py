@@ -1,0 +1,25 @@
+"""The columns of a decoded batch, shared by both decoders (`icefall.ingest.decode` for JSON, and
+`icefall.ingest.avro`, which `decode` calls): names only, no Spark.
+
+A decode result holds the Kafka columns, `TYPED_COLUMN` (the record as the table's fields), `BAD_COLUMN`
+(true: the record goes to the dead-letter table) and, when error texts are built, `ERROR_COLUMN`. Good rows
+hold the spec's fields and `KAFKA_COLUMN` (keyed modes also `DELETE_COLUMN`, cdc with `spec.sequenceBy`
+`SEQUENCE_COLUMN`); dead-letter rows hold `DEAD_LETTER_COLUMNS`. Columns named with `INTERNAL_PREFIX` never
+reach a table.
+"""
+
+from __future__ import annotations
+
+INTERNAL_PREFIX = "__icefall_"
+
+KAFKA_COLUMN = "_kafka"
+#: cdc with `spec.sequenceBy`: the change's position in the source, one text per path, numbers padded so
+#: that arrays compare in the source's order (`icefall.ingest.decode.sequence_part`).
+SEQUENCE_COLUMN = "_sequence"
+DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
+
+TYPED_COLUMN = f"{INTERNAL_PREFIX}typed"
+ERROR_COLUMN = f"{INTERNAL_PREFIX}error"
+BAD_COLUMN = f"{INTERNAL_PREFIX}bad"
+#: Keyed modes (upsert, cdc): true when the record deletes its key (a tombstone, a Debezium d event).
+DELETE_COLUMN = f"{INTERNAL_PREFIX}delete"
