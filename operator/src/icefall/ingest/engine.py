@@ -238,28 +238,12 @@ class Ingestor:
                 on_batch(report)
 
     def _run(self, should_stop: Callable[[], bool], on_batch: OnBatch) -> None:
-        batches = self.batches
         while not should_stop():
             if self.yield_to is not None:
                 wait_for_rewrite(self.yield_to, self.label, should_stop)
-            try:
-                reports = batches.step(pipeline=True)
-            except SourceChangedError:
-                raise
-            except (StaleHeadError, FencedError) as refused:
-                batches.refused(refused)
-                if isinstance(refused, FencedError):
-                    raise
-                log.warning("%s: commit refused (%s); planning again from the table", self.label, refused)
-                continue
-            except Exception as error:
-                delay = self.outages.failed(error)
-                if delay is None:
-                    raise
-                batches.outage()
-                sleep_unless(delay, should_stop)
-                continue
-            self.outages.succeeded()
+            reports = self._attempt(should_stop)
+            if reports is None:
+                continue  # refused, or an outage waited out: planned again from the table
             for report in reports:
                 on_batch(report)
             if self.commits.in_flight is not None:
@@ -267,6 +251,29 @@ class Ingestor:
             if not reports:
                 on_batch(None)
             sleep_until(self._next_delay(), should_stop)
+
+    def _attempt(self, should_stop: Callable[[], bool]) -> list[BatchReport] | None:
+        """One step of the loop; None when its commit was refused or an outage was waited out."""
+        batches = self.batches
+        try:
+            reports = batches.step(pipeline=True)
+        except SourceChangedError:
+            raise
+        except (StaleHeadError, FencedError) as refused:
+            batches.refused(refused)
+            if isinstance(refused, FencedError):
+                raise
+            log.warning("%s: commit refused (%s); planning again from the table", self.label, refused)
+            return None
+        except Exception as error:
+            delay = self.outages.failed(error)
+            if delay is None:
+                raise
+            batches.outage()
+            sleep_unless(delay, should_stop)
+            return None
+        self.outages.succeeded()
+        return reports
 
     def _next_delay(self) -> float:
         progress = self.planner.progress
