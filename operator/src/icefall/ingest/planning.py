@@ -107,7 +107,7 @@ class Planner:
     label: str
     topic: TopicView
     progress: Progress = field(default_factory=Progress)
-    _losses_seen: set[tuple[int, int]] = field(default_factory=set)
+    _losses_seen: set[tuple[int, int]] = field(default_factory=set, init=False, repr=False)
 
     def propose(self, committed: CommittedState) -> Proposal:
         """Read the watermarks, choose the batch size and plan the offset ranges after `committed`.
