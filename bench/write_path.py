@@ -9,9 +9,9 @@ partitions (`common.bench_records`), one Spark session (`local[2]`, Icefall's se
 embedded SQLite catalog), and the same offsets read and written by each variant in turn, round after round
 (round 0 is a warm-up, not counted). Each write goes to a new table partitioned by day(ts).
 
-- **icefall**: what a clean batch of an unsorted table does (`Ingestor._write_good_rows`): Icefall's
+- **icefall**: what a clean batch of an unsorted table does (`BatchWriter.write_good_rows`): Icefall's
   decoder without error text, the batch's observation (records, bytes, newest, bad), the good rows with
-  `_kafka`, appended by `icefall.ingest.engine._append` (read tasks coalesced to Spark's parallelism,
+  `_kafka`, appended by `icefall.ingest.writer.append` (read tasks coalesced to Spark's parallelism,
   a local sort by partition, no shuffle).
 - **icefall, hash distribution**: the same rows with Iceberg's hash distribution (a shuffle, then a sort):
   what ingestion did before, and still does for a table with a sort order.
@@ -55,7 +55,7 @@ from confluent_kafka import Consumer, TopicPartition
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
-from icefall.ingest.engine import _append, _Decoders, read_kafka
+from icefall.ingest.writer import Decoders, append, read_kafka
 from icefall.plan.offsets import OffsetRange
 from icefall.spark.session import build_spark_session
 
@@ -106,7 +106,7 @@ class Writes:
         self.spec = load_manifest(yaml.safe_dump(manifest)).spec
         self.spark = spark
         self.ranges = ranges
-        self.decoders = _Decoders(self.spec)
+        self.decoders = Decoders(self.spec)
         self.tables = 0
         spark.sql("CREATE NAMESPACE IF NOT EXISTS icefall.bench")
 
@@ -133,9 +133,9 @@ class Writes:
             rows = self.decoders.good.good_rows(decoded)
         rows.limit(0).writeTo(name).using("iceberg").partitionedBy(F.days("ts")).create()
         if variant == "icefall":
-            _append(rows, name, sorted_table=False)
+            append(rows, name, sorted_table=False)
         elif variant == "icefall-hash":
-            _append(rows, name, sorted_table=True)  # what a sorted table gets: hash distribution
+            append(rows, name, sorted_table=True)  # what a sorted table gets: hash distribution
         else:
             tasks = self.spark.sparkContext.defaultParallelism
             rows.coalesce(tasks).writeTo(name).option("distribution-mode", "none").option(

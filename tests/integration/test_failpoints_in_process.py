@@ -168,7 +168,7 @@ def test_an_empty_batch_staged_by_icefall_passes_its_point(catalog_config: Catal
         read_committed,
         stage_branch_name,
     )
-    from icefall.ingest.engine import _stage_empty
+    from icefall.ingest.commits import stage_empty
 
     identifier = ("it", "fp_empty_batch")
     catalog = catalog_config.pyiceberg()
@@ -178,18 +178,18 @@ def test_an_empty_batch_staged_by_icefall_passes_its_point(catalog_config: Catal
     base = stage.base.snapshot_id
 
     with failpoints.armed("main.after-ensure-staged", "raise"), pytest.raises(FailpointError):
-        _stage_empty(table, stage.branch, base)
+        stage_empty(table, stage.branch, base)
     table.refresh()
     assert table.metadata.refs[stage.branch].snapshot_id != base  # staged
     assert table.metadata.refs["main"].snapshot_id == base  # main untouched
 
     staged = table.metadata.refs[stage.branch].snapshot_id
-    _stage_empty(table, stage.branch, base)  # the branch holds a snapshot already: not staged twice
+    stage_empty(table, stage.branch, base)  # the branch holds a snapshot already: not staged twice
     table.refresh()
     assert table.metadata.refs[stage.branch].snapshot_id == staged
     other = prepare_stage(table, stage_branch_name("w", 2))
     with pytest.raises(StaleHeadError):  # a branch that is not at (or one snapshot past) the base
-        _stage_empty(table, other.branch, staged)
+        stage_empty(table, other.branch, staged)
     abandon_stage(table, other.branch)
     commit_staged(table, stage, Batch("t", start={0: 0}, end={0: 0}), epoch=1)
     assert read_committed(table).offsets == {0: 0}

@@ -1,4 +1,4 @@
-"""Pipelining (`Ingestor._step`, `spec.batch.pipelined`): while a backlog lasts, the next batch is planned
+"""Pipelining (`ingest.batches`, `spec.batch.pipelined`): while a backlog lasts, the next batch is planned
 from the state the in-flight commit gives the table, read and appended to the staging branch on top of the
 batch being committed, while that commit runs on the commit thread.
 

@@ -1,0 +1,156 @@
+"""A batch's bad records: committed to the dead-letter table (and produced to the dead-letter topic) before
+the batch's main commit, and dropped again if that main commit never lands.
+
+Guarantees: dead letters are committed with the same protocol as the table (a staging branch, a
+compare-and-swap with the writer's epoch); a batch whose second read gives another number of bad rows is
+refused (StaleHeadError, nothing committed); dead letters past the main table's offsets are removed
+(`reconcile`) before the next batch whenever a batch may have left them (`dirty`). Not guaranteed: the
+dead-letter table never briefly holds rows of a batch whose main commit then failed; the dead-letter topic
+is at-least-once (deduplicated downstream by `icefall.dedupe-key`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from icefall.commit import (
+    Batch,
+    StaleHeadError,
+    abandon_stage,
+    commit_staged_outcome,
+    prepare_stage,
+    read_committed,
+    rewind_dead_letters,
+)
+from icefall.failpoints import failpoint
+from icefall.ingest.commits import count_restage, dropped_unless_committed
+from icefall.ingest.writer import append
+from icefall.kafka.dead_letters import Source as DeadLetterSource
+from icefall.kafka.dead_letters import produce_dead_letters
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyspark.sql import DataFrame
+
+    from icefall.api import StreamingTable
+    from icefall.ingest.planning import PlannedBatch
+    from icefall.ingest.writer import BatchWriter
+
+log = logging.getLogger(__name__)
+
+
+class DeadLetters:
+    """One writer's dead letters: the table (None if the spec has none) and the topic (if named)."""
+
+    def __init__(
+        self, st: StreamingTable, writer: BatchWriter, table: Table | None, kafka_config: Mapping[str, str]
+    ) -> None:
+        """`kafka_config`: librdkafka settings of the dead-letter topic's producer (secrets: never logged)."""
+        self.spec = st.spec
+        self.identifier = st.dead_letter_identifier or ()
+        self.label = ".".join(st.table_identifier)
+        self.table = table
+        self.writer = writer
+        self._kafka_config = kafka_config
+        # The dead-letter table may be ahead of main (a batch's dead letters committed, its main commit
+        # not known to have landed): reconcile before the next batch.
+        self.dirty = True
+
+    def commit(
+        self, batch: Batch, planned: PlannedBatch, expected: int, *, branch: str, epoch: int
+    ) -> tuple[int, dict[str, int]]:
+        """Read the batch's offsets again and commit its `expected` bad rows (with their error text) to the
+        dead-letter table on staging branch `branch`, then produce them to the dead-letter topic (if the
+        spec names one); both before the main commit. Returns how many there were, and how many of each
+        kind of reason."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        from icefall.ingest.decode import reason_kind
+
+        bad = self.writer.bad_rows(planned.ranges).persist()
+        try:
+            dead = self._write(bad, batch, planned.committed.offsets, expected, branch=branch, epoch=epoch)
+            # For the metrics by kind of reason (`Reporter`): one small job on the cached rows.
+            counted = bad.groupBy(reason_kind(F.col("error")).alias("kind")).count().collect()
+            kinds = {row["kind"]: int(row["count"]) for row in counted}
+            if dead and self.spec.dead_letter.topic is not None:
+                # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
+                produce_dead_letters(
+                    bad,
+                    bootstrap=self.spec.source.bootstrap_servers,
+                    topic=self.spec.dead_letter.topic,
+                    source=DeadLetterSource(self.spec.source.topic, planned.topic_id, epoch),
+                    kafka_config=self._kafka_config,
+                )
+                failpoint("dlq-topic.after-produce")
+        finally:
+            bad.unpersist()
+        return dead, kinds
+
+    def _write(
+        self,
+        bad: DataFrame,
+        batch: Batch,
+        committed: Mapping[int, int],
+        expected: int,
+        *,
+        branch: str,
+        epoch: int,
+    ) -> int:
+        """Commit the `expected` rows of `bad` to the dead-letter table; refused (StaleHeadError, nothing
+        committed) if reading the offsets again gave another number of bad rows."""
+        if expected == 0 or self.table is None:
+            return expected
+        dlq = self.table
+        stage = prepare_stage(dlq, branch, role="dlq")
+        known = stage.base.offsets
+        ahead = {p: o for p, o in known.items() if o > committed.get(p, 0)}
+        if ahead:
+            # Dead letters of a batch whose main commit never landed (a writer fenced mid-batch, say):
+            # writing on top would put their records in the dead-letter table twice.
+            self.dirty = True
+            abandon_stage(dlq, stage.branch, role="dlq")
+            raise StaleHeadError(f"the dead-letter table is ahead of the table at {ahead}; rewind it first")
+        # Batches without bad records leave the dead-letter table alone, so it may start further back.
+        dlq_batch = Batch(
+            topic=batch.topic,
+            start={p: known.get(p, s) for p, s in batch.start.items()},
+            end=dict(batch.end),
+            max_produce_time_ms=batch.max_produce_time_ms,
+            topic_id=batch.topic_id,
+        )
+        label = ".".join(self.identifier)
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        observation = Observation()
+        observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
+        with dropped_unless_committed(dlq, stage.branch, label, "dlq"):
+            append(observed, self.writer.spark_name(self.identifier, stage.branch), sorted_table=False)
+            written = int(observation.get["rows"])
+            if written != expected:
+                raise StaleHeadError(
+                    f"reading the batch again gave {written} bad records, not {expected}; planning again"
+                )
+            self.dirty = True  # ahead of main until the main commit lands
+            # Dead letters come now and then: a branch left behind would pin old snapshots meanwhile.
+            outcome = commit_staged_outcome(dlq, stage, dlq_batch, epoch, keep_branch=False)
+        count_restage(label, outcome)
+        return expected
+
+    def reconcile(self, main: Table, epoch: int) -> None:
+        """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed.
+
+        The delete and the offsets move in one commit of `icefall.commit` (`rewind_dead_letters`), refused
+        with FencedError if a newer writer has committed to the dead-letter table.
+        """
+        if self.table is not None:
+            committed = read_committed(main).offsets
+            ahead = read_committed(self.table).offsets
+            target = {p: committed.get(p, 0) for p, o in ahead.items() if o > committed.get(p, 0)}
+            if target:
+                log.warning("%s: dropping dead letters of uncommitted batches from %s", self.label, target)
+                rewind_dead_letters(self.table, target, epoch)
+        self.dirty = False

@@ -1,0 +1,194 @@
+"""What the next batch reads: offset ranges planned from the table's committed state and the watermarks.
+
+Guarantees: a topic deleted and created again (another topic id) or truncated below the committed offsets
+raises SourceChangedError instead of skipping or re-reading records; records lost to topic retention are
+logged at ERROR once, counted in `icefall_data_loss_records_total`, and committed by the batch that skips
+them. A table's first batch pins where it starts. Nothing here writes: the sizes come from
+`plan.batching`, the ranges from `plan.offsets`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from icefall import metrics
+from icefall.api import StreamingTableSpec
+from icefall.commit import Batch, CommittedState
+from icefall.plan.batching import BatchLimits, choose_batch_size
+from icefall.plan.lag import total_lag
+from icefall.plan.offsets import OffsetPlan, OffsetRange, plan_offsets, source_change
+
+if TYPE_CHECKING:
+    from icefall.ingest.writer import ReadStats
+    from icefall.kafka.admin import TopicView
+
+log = logging.getLogger(__name__)
+
+
+class SourceChangedError(RuntimeError):
+    """The topic was recreated or its log truncated: the committed offsets no longer point into it.
+
+    Nothing was skipped or committed. Ingestion stops until a user resets the offsets
+    (`icefall reset-offsets`), which records the reset in the table.
+    """
+
+
+@dataclass
+class Progress:
+    """The writer's pacing figures: what the last batches took, learnt after each (`ingest.report`)."""
+
+    throughput_rps: float | None = None
+    last_batch_seconds: float | None = None
+    last_batch_records: int | None = None
+    last_batch_started: float | None = None  # time.monotonic()
+    backlog_after_last_batch: int = 0
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """A batch planned from the table's committed state and the watermarks, before anything is read."""
+
+    committed: CommittedState
+    topic_id: str | None
+    watermarks: Mapping[int, tuple[int, int]]
+    ranges: tuple[OffsetRange, ...]  # what to read (may be empty: a batch that only pins or skips)
+    start: dict[int, int]  # the commit's offset range per partition (ranges, plus pinned and skipped ones)
+    end: dict[int, int]
+    gaps: dict[int, int]  # retention gaps the commit acknowledges
+    lost: int  # records lost to retention first reported by this batch
+    backlog: int  # records waiting in Kafka when it was planned (this batch's among them)
+
+    @property
+    def records(self) -> int:
+        return sum(r.records for r in self.ranges)
+
+    @property
+    def whole_backlog(self) -> bool:
+        """The batch takes everything Kafka held when it was planned."""
+        return self.records >= self.backlog
+
+    def batch(self, topic: str, stats: ReadStats) -> Batch:
+        return Batch(
+            topic=topic,
+            start=self.start,
+            end=self.end,
+            max_produce_time_ms=stats.max_produce_ms,
+            retention_gaps=self.gaps,
+            topic_id=self.topic_id,
+            deleted_keys=stats.deleted_keys,
+        )
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The offsets plan of a next batch, before it is known to be worth a commit (`idle`)."""
+
+    committed: CommittedState
+    topic_id: str | None
+    watermarks: Mapping[int, tuple[int, int]]
+    backlog: int
+    plan: OffsetPlan
+    pin_start: bool  # a table's first commit pins where it starts (`latest` would otherwise drift)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to read, no retention gap to commit, no start to pin: no batch."""
+        return self.plan.is_empty and not self.plan.data_loss and not self.pin_start
+
+
+@dataclass
+class Planner:
+    """Plans one writer's batches from the table's committed state, Kafka's watermarks and the pacing."""
+
+    spec: StreamingTableSpec
+    label: str
+    topic: TopicView
+    progress: Progress = field(default_factory=Progress)
+    _losses_seen: set[tuple[int, int]] = field(default_factory=set, init=False, repr=False)
+
+    def propose(self, committed: CommittedState) -> Proposal:
+        """Read the watermarks, choose the batch size and plan the offset ranges after `committed`.
+        Raises SourceChangedError if the topic is not the one the offsets were committed on."""
+        topic_id = self.topic.topic_id()
+        watermarks = self.topic.watermarks()
+        backlog = total_lag(committed.offsets, watermarks)
+        size = choose_batch_size(
+            backlog_records=backlog,
+            freshness_target_seconds=self.spec.freshness.target_seconds,
+            throughput_rps=self.progress.throughput_rps,
+            last_batch_seconds=self.progress.last_batch_seconds,
+            limits=BatchLimits.from_spec(self.spec.batch),
+            last_batch_records=self.progress.last_batch_records,
+        )
+        timestamp_offsets = None
+        position = self.spec.source.starting_position
+        if position.timestamp_ms is not None and not committed.offsets:
+            timestamp_offsets = dict(self.topic.offsets_for_time(position.timestamp_ms))
+        plan = plan_offsets(
+            committed.offsets,
+            watermarks,
+            position.type,
+            timestamp_offsets=timestamp_offsets,
+            max_records=size.records,
+            max_records_per_partition=self.spec.batch.max_records_per_partition,
+        )
+        problem = source_change(self.spec.source.topic, committed.topic_id, topic_id, plan.offsets_ahead)
+        if problem is not None:
+            raise SourceChangedError(f"{self.label}: {problem}")
+        pin_start = not committed.offsets and bool(plan.positions.starts)
+        return Proposal(committed, topic_id, watermarks, backlog, plan, pin_start)
+
+    def batch(self, proposal: Proposal) -> PlannedBatch:
+        """The batch of a proposal that is not idle; reports the retention losses it is first to see."""
+        plan = proposal.plan
+        lost = self._report_data_loss(plan)
+        start = {r.partition: r.start for r in plan.ranges}
+        end = {r.partition: r.end for r in plan.ranges}
+        # A partition retention emptied past its committed offset is committed at its low watermark even
+        # with nothing to read, so the loss lands in the table (icefall.lost-records) with this batch.
+        for loss in plan.data_loss:
+            start.setdefault(loss.partition, loss.earliest_available)
+            end.setdefault(loss.partition, loss.earliest_available)
+        if proposal.pin_start:
+            for partition, offset in plan.positions.starts.items():
+                start.setdefault(partition, offset)
+                end.setdefault(partition, offset)
+        return PlannedBatch(
+            committed=proposal.committed,
+            topic_id=proposal.topic_id,
+            watermarks=proposal.watermarks,
+            ranges=plan.ranges,
+            start=start,
+            end=end,
+            gaps={d.partition: d.committed for d in plan.data_loss},
+            lost=lost,
+            backlog=proposal.backlog,
+        )
+
+    def check_topic_unchanged(self, planned_topic_id: str | None) -> None:
+        """The records are read: were they read from the topic the offsets were planned on?"""
+        if self.topic.topic_id() != planned_topic_id:
+            raise SourceChangedError(
+                f"{self.label}: topic {self.spec.source.topic!r} was recreated "
+                "while a batch was read; the batch is not committed"
+            )
+
+    def _report_data_loss(self, plan: OffsetPlan) -> int:
+        lost = 0
+        for loss in plan.data_loss:
+            key = (loss.partition, loss.committed)
+            if key in self._losses_seen:
+                continue
+            self._losses_seen.add(key)
+            lost += loss.lost
+            metrics.DATA_LOSS.labels(self.label).inc(loss.lost)
+            log.error(
+                "%s: DATA LOSS: partition %d: records %d..%d were deleted by topic retention before they "
+                "were ingested; continuing from %d",
+                self.label, loss.partition, loss.committed, loss.earliest_available - 1,
+                loss.earliest_available,
+            )  # fmt: skip
+        return lost

@@ -1,0 +1,216 @@
+"""What a landed batch reports (`BatchReport`): records, lag and freshness when it landed, seconds per
+phase; the pacing figures it teaches the planner; the metrics it publishes.
+
+Guarantees: the lag is measured after the commit (a floor if the broker does not answer then), so a live
+table is never called caught up from watermarks a batch planned from. Not guaranteed: the phases of a
+pipelined batch add up to its wall time (its commit overlaps the next batch's read).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from icefall import metrics
+from icefall.api import StreamingTableSpec
+from icefall.plan.batching import update_throughput
+from icefall.plan.lag import freshness_seconds, partition_lag
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+    from icefall.ingest.planning import PlannedBatch, Progress
+    from icefall.ingest.writer import ReadStats
+    from icefall.kafka.admin import TopicView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    records_read: int
+    records_written: int
+    records_dead_lettered: int
+    seconds: float
+    commit_seconds: float
+    snapshot_id: int
+    offsets: dict[int, int]
+    lag: int
+    freshness_seconds: float = 0.0  # now - produce time of the newest committed record; 0 when caught up
+    bytes_read: int = 0
+    data_loss: int = 0
+    # Seconds per phase of the batch (plan, stage, write, dead_letters, commit, report): where a batch's
+    # fixed cost goes. "write" is the one Spark job that reads, decodes and writes the good rows; "stage"
+    # puts the writer's staging branch at main's head (no catalog commit when the last commit left it
+    # there) and, for a batch that wrote nothing, stages its empty snapshot.
+    phases: Mapping[str, float] = field(default_factory=dict)
+    # The dead letters by kind of reason (`icefall.ingest.decode.REASON_KINDS`), summing to the above.
+    dead_letter_reasons: Mapping[str, int] = field(default_factory=dict)
+
+
+class PhaseClock:
+    """Seconds per phase of one batch (`BatchReport.phases`), on the monotonic clock."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.phases: dict[str, float] = {}
+        self._mark = self.started
+
+    def mark(self, name: str) -> None:
+        """The time since the previous mark belongs to phase `name`."""
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+    def mark_stage_and_commit(self, commit_seconds: float) -> None:
+        """The time since the previous mark was staging, but its last `commit_seconds` were the commit."""
+        now = time.monotonic()
+        self.phases["stage"] = self.phases.get("stage", 0.0) + now - self._mark - commit_seconds
+        self.phases["commit"] = self.phases.get("commit", 0.0) + commit_seconds
+        self._mark = now
+
+    def landed(self, commit_seconds: float, at: float) -> None:
+        """A pipelined batch's commit, run on the commit thread, took `commit_seconds` and ended `at`."""
+        self.phases["commit"] = self.phases.get("commit", 0.0) + commit_seconds
+        self.ended = at
+        self._mark = time.monotonic()  # what follows is the report
+
+    def elapsed(self) -> float:
+        """From the start to the commit that landed the batch (or now, if that is not known yet)."""
+        return (self.ended or time.monotonic()) - self.started
+
+
+@dataclass(frozen=True)
+class WrittenBatch:
+    """A batch read and written to its staging branch: what it was planned as, what the read saw, and its
+    phase clock."""
+
+    planned: PlannedBatch
+    stats: ReadStats
+    clock: PhaseClock
+
+
+@dataclass(frozen=True)
+class Landed:
+    """How a batch's commit landed."""
+
+    snapshot_id: int
+    commit_seconds: float
+    dead: int = 0  # dead letters committed before it
+    kinds: Mapping[str, int] = field(default_factory=dict)  # those by kind of reason
+
+
+class Reporter:
+    """Reports landed batches: pacing figures into `progress`, lag and freshness, the metrics."""
+
+    def __init__(self, spec: StreamingTableSpec, label: str, topic: TopicView, progress: Progress) -> None:
+        self.spec = spec
+        self.label = label
+        self.topic = topic
+        self.progress = progress
+
+    def learn_pace(self, written: WrittenBatch, seconds: float) -> None:
+        """The pacing figures after a batch of `stats.records` that took `seconds`."""
+        progress = self.progress
+        progress.throughput_rps = update_throughput(
+            progress.throughput_rps,
+            written.stats.records,
+            seconds,
+            whole_backlog=written.planned.whole_backlog,
+        )
+        progress.last_batch_seconds = seconds
+        progress.last_batch_records = written.stats.records
+
+    def report(self, written: WrittenBatch, landed: Landed, table: Table, *, paced: bool) -> BatchReport:
+        """After the commit: update the pacing figures, measure lag and freshness, publish the metrics.
+        `table`: one whose metadata holds the new snapshot; `paced`: the pacing figures were updated when
+        the batch was written (a pipelined batch)."""
+        planned, stats, clock = written.planned, written.stats, written.clock
+        records_written = _added_records(table, landed.snapshot_id)
+        seconds = clock.elapsed()
+        if not paced:
+            self.learn_pace(written, seconds)
+        committed = planned.committed
+        offsets = {**committed.offsets, **planned.end}
+        # The lag when the commit landed, not when the batch was planned: records keep arriving while a
+        # batch runs, and a lag of 0 from the old watermarks would call a live table caught up (and let
+        # in-process maintenance run) while it is seconds behind. Watermarks are one cheap broker call.
+        lag = partition_lag(offsets, self._watermarks_after(planned.watermarks))
+        self.progress.backlog_after_last_batch = sum(lag.values())
+        newest = _newest(committed.max_produce_time_ms, stats.max_produce_ms)
+        behind = freshness_seconds(sum(lag.values()), newest, time.time())
+        report = BatchReport(
+            records_read=stats.records,
+            records_written=records_written,
+            records_dead_lettered=landed.dead,
+            seconds=seconds,
+            commit_seconds=landed.commit_seconds,
+            snapshot_id=landed.snapshot_id,
+            offsets=offsets,
+            lag=sum(lag.values()),
+            freshness_seconds=behind or 0.0,
+            bytes_read=stats.bytes,
+            data_loss=planned.lost,
+            phases=clock.phases,
+            dead_letter_reasons=landed.kinds,
+        )
+        clock.mark("report")
+        log.debug(
+            "%s: batch of %d records in %.2fs: %s", self.label, stats.records, seconds,
+            ", ".join(f"{name} {secs:.2f}s" for name, secs in clock.phases.items()),
+        )  # fmt: skip
+        self._publish(report, lag)
+        return report
+
+    def idle(self, lag: Mapping[int, int]) -> None:
+        """Nothing to read: the backlog is gone, the lag is published."""
+        self.progress.backlog_after_last_batch = 0
+        self.publish_lag(lag)
+
+    def publish_lag(self, lag: Mapping[int, int]) -> None:
+        for partition, records in lag.items():
+            metrics.LAG.labels(self.label, str(partition)).set(records)
+
+    def _publish(self, report: BatchReport, lag: Mapping[int, int]) -> None:
+        # A keyed table writes one row per key and batch, and none for a delete: not "filtered".
+        filtered = (
+            0
+            if self.spec.key
+            else report.records_read - report.records_written - report.records_dead_lettered
+        )
+        metrics.RECORDS_READ.labels(self.label).inc(report.records_read)
+        metrics.RECORDS_WRITTEN.labels(self.label).inc(report.records_written)
+        for kind, count in report.dead_letter_reasons.items():
+            metrics.RECORDS_DEAD_LETTERED.labels(self.label, kind).inc(count)
+        metrics.RECORDS_FILTERED.labels(self.label).inc(max(filtered, 0))
+        metrics.BYTES_READ.labels(self.label).inc(report.bytes_read)
+        metrics.BATCH_DURATION.labels(self.label).observe(report.seconds)
+        metrics.COMMIT_DURATION.labels(self.label).observe(report.commit_seconds)
+        metrics.FRESHNESS.labels(self.label).set(report.freshness_seconds)
+        metrics.FRESHNESS_TARGET.labels(self.label).set(self.spec.freshness.target_seconds)
+        metrics.LAST_COMMIT.labels(self.label).set(time.time())
+        self.publish_lag(lag)
+
+    def _watermarks_after(self, planned: Mapping[int, tuple[int, int]]) -> Mapping[int, tuple[int, int]]:
+        """Current watermarks; the planned ones if the broker does not answer (the lag is then a floor)."""
+        try:
+            return self.topic.watermarks()
+        except Exception:
+            log.warning("%s: reading watermarks after the commit failed; lag may be low", self.label)
+            return planned
+
+
+def _added_records(table: Table, snapshot_id: int) -> int:
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    # pyiceberg's Summary.get ignores its default: an empty snapshot has no "added-records" at all.
+    return int(snapshot.summary.get("added-records") or 0)
+
+
+def _newest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)

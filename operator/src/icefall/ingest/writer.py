@@ -1,0 +1,310 @@
+"""The Spark side of a batch: read its offsets with Spark's Kafka source, decode them, and write the good
+rows to a staging branch (append, or MERGE for a keyed table); read the bad rows again for the dead letters.
+
+Guarantees: every read is read_committed whatever `spec.source.properties` say; a write whose observed
+counts show its input was computed twice raises instead of reporting wrong numbers. Not done here: any
+catalog commit of `main`, the lease, or deciding what to read (`icefall.ingest.planning`); the staging
+branch is made and committed by `icefall.ingest.commits`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from icefall.api import StreamingTable, StreamingTableSpec
+from icefall.kafka.admin import ISOLATION
+from icefall.plan.offsets import OffsetRange, spark_offset_options
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.table import Table
+    from pyspark.sql import DataFrame, SparkSession
+
+    from icefall.ingest.avro import SchemaLookup
+    from icefall.ingest.decode import Decoder
+    from icefall.ingest.planning import PlannedBatch
+
+
+#: Consumer settings for Spark's Kafka reader, unless `spec.source.properties` set them. After each poll
+#: the reader asks the broker for the partition's earliest and latest offsets; a consumer that has read to
+#: the end of a partition has a fetch waiting at the broker for up to `fetch.max.wait.ms` (500 ms by
+#: default), and a broker answers one request per connection at a time, so every task of a caught-up batch
+#: waited half a second. Larger polls mean fewer round trips per batch.
+SPARK_CONSUMER_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "5000"}
+
+
+def read_kafka(
+    spark: SparkSession,
+    spec: StreamingTableSpec,
+    ranges: tuple[OffsetRange, ...],
+    security_options: Mapping[str, str],
+    *,
+    group_id: str | None = None,
+    headers: bool = True,
+    records_per_task: int | None = None,
+) -> DataFrame:
+    """Spark's Kafka batch source over `ranges` (`OffsetRange`s of `spec.source.topic`), as ingestion reads
+    it: assigned partitions, explicit offsets, headers, read_committed whatever `spec.source.properties`
+    say; `security_options` from `spark_kafka_options` (secrets: never logged).
+
+    `group_id`: the consumers' group id, unless `spec.source.properties` sets `group.id` (Kafka ACLs may
+    require a given one). Spark pools its consumers per group id and partition, so a fixed id lets every
+    batch reuse them; without one, Spark makes a new id (and new consumers) per read. The group is never
+    joined (partitions are assigned) and nothing commits offsets to it: Spark's Kafka source turns
+    `enable.auto.commit` off and never commits; Icefall's offsets live in the table. Without `headers`,
+    the records' headers are not read (the `headers` column is absent). `records_per_task`: split each
+    partition's range into Spark tasks of at most that many offsets (Spark's `maxRecordsPerPartition`;
+    default: one task per partition), so a read of a whole topic that is cached does not hold a partition's
+    records in one block.
+    """
+    topic = spec.source.topic
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", spec.source.bootstrap_servers)
+        .option("assign", json.dumps({topic: sorted(r.partition for r in ranges)}))
+        .option("includeHeaders", str(headers).lower())
+    )
+    group = {"group.id": group_id} if group_id is not None else {}
+    for key, value in {**SPARK_CONSUMER_DEFAULTS, **group, **spec.source.properties, **ISOLATION}.items():
+        reader = reader.option(f"kafka.{key}", value)
+    for key, value in {**security_options, **spark_offset_options(topic, ranges)}.items():
+        reader = reader.option(key, value)
+    if records_per_task is not None:
+        reader = reader.option("maxRecordsPerPartition", str(records_per_task))
+    return reader.load()
+
+
+@dataclass(frozen=True)
+class ReadStats:
+    """What the read of a batch saw: records, bytes of their values, newest produce time, bad records."""
+
+    records: int
+    bytes: int
+    max_produce_ms: int | None
+    bad: int
+    deleted_keys: str | None = None  # cdc with sequenceBy: the deleted keys file the commit names
+
+    @classmethod
+    def of(
+        cls, records: Any, value_bytes: Any, newest: Any, bad: Any, deleted_keys: str | None = None
+    ) -> ReadStats:
+        """From Spark's aggregates: counts, a sum (None over no rows), a max timestamp (None or datetime)."""
+        return cls(
+            records=int(records or 0),
+            bytes=int(value_bytes or 0),
+            max_produce_ms=int(newest.timestamp() * 1000) if newest is not None else None,
+            bad=int(bad or 0),
+            deleted_keys=deleted_keys,
+        )
+
+
+NOTHING_READ = ReadStats(records=0, bytes=0, max_produce_ms=None, bad=0)
+
+
+class Decoders:
+    """The spec's `Decoder`s and the batch's observed aggregates, built once per writer: building them
+    costs more than reading and writing a small batch (`icefall.ingest.decode.Decoder`)."""
+
+    def __init__(self, spec: StreamingTableSpec, schemas: SchemaLookup | None = None) -> None:
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        from icefall.ingest.decode import BAD_COLUMN, Decoder
+
+        self.spec = spec
+        self.schemas = schemas
+        self.good = Decoder(spec, errors=False, schemas=schemas)  # no error text: the table's rows
+        self.observed = [
+            F.count(F.lit(1)).alias("records"),
+            F.sum(F.length("value")).alias("bytes"),
+            F.max("timestamp").alias("newest"),
+            F.count_if(F.col(BAD_COLUMN)).alias("bad"),
+        ]
+
+    @functools.cached_property
+    def with_errors(self) -> Decoder:
+        """The dead-letter path's decoder (with error text), built when a batch first has bad records."""
+        from icefall.ingest.decode import Decoder
+
+        return Decoder(self.spec, schemas=self.schemas)
+
+
+class BatchWriter:
+    """One writer's Spark work: reads, decodes, appends or merges into staging branches. No commits."""
+
+    def __init__(
+        self,
+        st: StreamingTable,
+        spark: SparkSession,
+        *,
+        catalog_name: str,
+        kafka_options: Mapping[str, str],
+        writer_id: str,
+        schemas: SchemaLookup | None = None,
+    ) -> None:
+        """`kafka_options`: Spark's Kafka security options (secrets: never logged)."""
+        self.st = st
+        self.spec = st.spec
+        self.spark = spark
+        self.catalog_name = catalog_name
+        self.writer_id = writer_id
+        self.label = ".".join(st.table_identifier)
+        # One Kafka consumer group per writer, the same for every batch (`read_kafka`).
+        self.consumer_group = f"icefall-{self.label}-{writer_id}"
+        self._kafka_options = kafka_options
+        self._schemas = schemas
+        # cdc with sequenceBy: the deleted keys file this writer wrote last and its content, so that the
+        # next batch does not read back what it has (`_merge_changes`).
+        self._deleted_keys: tuple[str, pa.Table] | None = None
+
+    @functools.cached_property
+    def decoders(self) -> Decoders:
+        """Built on first use: its columns need the running Spark session."""
+        return Decoders(self.spec, self._schemas)
+
+    def read(self, ranges: tuple[OffsetRange, ...], *, headers: bool = True) -> DataFrame:
+        return read_kafka(
+            self.spark,
+            self.spec,
+            ranges,
+            self._kafka_options,
+            group_id=self.consumer_group,
+            headers=headers,
+        )
+
+    def empty_source(self) -> DataFrame:
+        """No records, in the columns of Spark's Kafka source (for the analyser to type the transforms)."""
+        from icefall.ingest.decode import HEADERS_TYPE
+
+        schema = (
+            "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
+            f"timestampType int, headers {HEADERS_TYPE.simpleString()}"
+        )
+        return self.spark.createDataFrame([], schema)
+
+    def spark_name(self, identifier: tuple[str, ...], branch: str) -> str:
+        return ".".join([self.catalog_name, *identifier, f"branch_{branch}"])
+
+    def write_good_rows(self, planned: PlannedBatch, branch: str, table: Table) -> ReadStats:
+        """Read the planned offsets, decode them (no error text) and append the good rows to `branch` of
+        `table`, in one Spark job that also counts, through an observation, every record read, their value
+        bytes, the newest produce time and the bad rows. A batch with nothing to read writes nothing here
+        (its commit stages its empty snapshot)."""
+        if not planned.ranges:
+            return NOTHING_READ
+        from pyspark.sql import Observation
+
+        decoders = self.decoders
+        observation = Observation()
+        # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
+        decoded = decoders.good.decode(self.read(planned.ranges, headers=False))
+        observed = decoded.observe(observation, *decoders.observed)
+        rows = decoders.good.good_rows(observed)
+        target = self.spark_name(self.st.table_identifier, branch)
+        deleted_keys = None
+        if self.spec.key:
+            deleted_keys = self._merge_changes(rows, planned, target, table)
+        else:
+            append(rows, target, sorted_table=bool(self.spec.table.sort_order))
+        seen = observation.get
+        stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], deleted_keys)
+        planned_offsets = sum(r.records for r in planned.ranges)
+        if stats.records > planned_offsets:
+            # Each offset holds at most one record: the write ran its input twice, and every count is off.
+            raise RuntimeError(
+                f"{self.label}: the batch's write counted {stats.records} records in {planned_offsets} "
+                "offsets (its input was computed twice); the batch is not committed"
+            )
+        return stats
+
+    def _merge_changes(self, rows: DataFrame, planned: PlannedBatch, target: str, table: Table) -> str | None:
+        """MERGE the last change per key of a keyed batch's `rows` into `target`. With `spec.sequenceBy`
+        first drop the changes older than a remembered delete and store the deleted keys to remember
+        (`icefall.ingest.deleted_keys`); returns that file, for the commit to name, or None."""
+        from icefall.ingest import deleted_keys
+        from icefall.ingest.decode import last_changes
+
+        key = self.spec.key or []
+        view = f"icefall_changes_{self.writer_id}"
+        if not self.spec.sequence_by:
+            merge(last_changes(rows, key), target, key, view=view)
+            return None
+        committed = planned.committed.deleted_keys
+        if self._deleted_keys is not None and self._deleted_keys[0] == committed:
+            remembered: pa.Table | None = self._deleted_keys[1]
+        else:
+            remembered = deleted_keys.load(table, committed)
+        remembering = deleted_keys.Remembering(
+            remembered, now_ms=int(time.time() * 1000), keep_ms=1000 * self.spec.deletes_remembered_seconds
+        )
+        merge(remembering.filter(self.spark, last_changes(rows, key), key), target, key, view=view)
+        keys = remembering.kept()
+        if keys is None:
+            return None  # the commit keeps the set named now
+        path = deleted_keys.store(table, keys)
+        self._deleted_keys = (path, keys)
+        return path
+
+    def bad_rows(self, ranges: tuple[OffsetRange, ...]) -> DataFrame:
+        """The bad records of `ranges`, read again and decoded with their error text and headers."""
+        from icefall.ingest.decode import bad_rows
+
+        return bad_rows(self.decoders.with_errors.decode(self.read(ranges)))
+
+
+def append(rows: DataFrame, name: str, *, sorted_table: bool) -> None:
+    """Append `rows` to the Spark table `name` (a staging branch).
+
+    A table with a sort order gets hash distribution: clustered by partition, each file sorted (not range
+    distribution, Iceberg's default for a sorted table: it samples its input in a job of its own, which
+    would compute the batch twice and make the batch's observed counts count every record twice). An
+    unsorted table is written without a shuffle: the read tasks, coalesced to Spark's parallelism, each
+    sort their rows by partition and write them (at most that many files per partition and batch;
+    compaction merges them). bench/write_path.py: the shuffle cost 6 to 20 % of the write's CPU. Not the
+    fanout writer (no sort): as cheap here, but it keeps a file open per partition value in each task,
+    which a backfill over many hours or an identity partition on a wide column would make thousands.
+    """
+    if sorted_table:
+        rows.writeTo(name).option("distribution-mode", "hash").append()
+        return
+    tasks = rows.sparkSession.sparkContext.defaultParallelism
+    writer = rows.coalesce(tasks).writeTo(name).option("distribution-mode", "none")
+    writer.option("fanout-enabled", "false").append()
+
+
+def merge(changes: DataFrame, name: str, key: Sequence[str], *, view: str) -> None:
+    """Apply a keyed batch's `changes` (good rows with `DELETE_COLUMN`) to the Spark table `name` (a
+    staging branch) in ONE Spark MERGE: one snapshot, new rows plus position deletes of the rows they
+    replace (the table is merge-on-read, `icefall.catalog.tables.KEYED_TABLE_DEFAULTS`).
+
+    `changes` are the batch's last change per key (`icefall.ingest.decode.last_changes`), and that one
+    decides alone: insert-then-delete leaves no row, delete-then-insert leaves the insert, and the
+    batch never deletes a row it writes itself (position deletes name rows of files already there). With
+    `SEQUENCE_COLUMN` (cdc with `spec.sequenceBy`) a change older than the row's stored position, or
+    without one (a tombstone), leaves the row as it is.
+    """
+    from icefall.ingest.decode import DELETE_COLUMN, SEQUENCE_COLUMN
+
+    changes.createOrReplaceTempView(view)
+    columns = [_quoted(c) for c in changes.columns if c != DELETE_COLUMN]
+    on = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key)
+    delete = f"s.{_quoted(DELETE_COLUMN)}"
+    current = "true"
+    if SEQUENCE_COLUMN in changes.columns:
+        s_seq, t_seq = f"s.{_quoted(SEQUENCE_COLUMN)}", f"t.{_quoted(SEQUENCE_COLUMN)}"
+        current = f"({s_seq} IS NOT NULL AND NOT coalesce({s_seq} < {t_seq}, false))"
+    changes.sparkSession.sql(
+        f"MERGE INTO {name} t USING {view} s ON {on} "
+        f"WHEN MATCHED AND {current} AND {delete} THEN DELETE "
+        f"WHEN MATCHED AND {current} THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
+        f"WHEN NOT MATCHED AND NOT {delete} THEN INSERT ({', '.join(columns)}) "
+        f"VALUES ({', '.join(f's.{c}' for c in columns)})"
+    )
+
+
+def _quoted(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
