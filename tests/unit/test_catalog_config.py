@@ -30,7 +30,7 @@ import yaml
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig, CatalogConfigError, MissingCredentialError
 from icefall.catalog.config import JDBC_CATALOG, S3_FILE_IO, SPARK_CATALOG
-from icefall.plan.children import secret_env_vars
+from icefall.plan.env import secret_env_vars
 
 pytestmark = pytest.mark.unit
 

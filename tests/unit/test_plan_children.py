@@ -21,27 +21,17 @@ from typing import Any
 import pytest
 
 from icefall.api import StreamingTable
-from icefall.plan.children import (
-    ANNOTATION_RESTART,
-    ANNOTATION_SPARK_MASTER,
-    COMPACT_COMMAND,
-    ENV_POD_IP,
-    ENV_POD_NAME,
-    ENV_SPARK_CONF,
-    EXECUTOR_TEMPLATE_KEY,
-    INGEST_COMMAND,
-    KUBERNETES_MASTER,
-    LABEL_SPEC_HASH,
-    POD_METRICS_PORT,
-    Children,
-    ObjectRef,
-    child_name,
-    desired_children,
-    in_cluster_master,
-    secret_env_vars,
-)
-from icefall.plan.leases import commit_lease_name
+from icefall.plan.children import ANNOTATION_RESTART, Children, ObjectRef, desired_children
+from icefall.plan.env import ENV_POD_IP, ENV_POD_NAME, ENV_SPARK_CONF, secret_env_vars
+from icefall.plan.names import LABEL_SPEC_HASH, child_name, commit_lease_name
 from icefall.plan.settings import OperatorSettings, Resources
+from icefall.plan.spark_conf import (
+    ANNOTATION_SPARK_MASTER,
+    EXECUTOR_TEMPLATE_KEY,
+    KUBERNETES_MASTER,
+    in_cluster_master,
+)
+from icefall.plan.workloads import COMPACT_COMMAND, INGEST_COMMAND, POD_METRICS_PORT
 
 pytestmark = pytest.mark.unit
 

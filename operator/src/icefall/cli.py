@@ -91,7 +91,7 @@ def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
 def _run(args: argparse.Namespace) -> int:
     from icefall import metrics
     from icefall.commit.lease import FileLease, local_process_holder
-    from icefall.plan.leases import commit_lease_name, rewrite_yield_name
+    from icefall.plan.names import commit_lease_name, rewrite_yield_name
     from icefall.spark.session import FAIR_SCHEDULING, build_spark_session
 
     st = _load(args)
@@ -245,7 +245,7 @@ def _from_api(namespace: str, name: str) -> tuple[Any, Any]:
 
 def _pod_holder() -> str:
     """A Lease holder identity: the pod's name when the operator's pod spec gives it."""
-    from icefall.plan.children import ENV_POD_NAME
+    from icefall.plan.env import ENV_POD_NAME
 
     return os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
 
@@ -254,7 +254,8 @@ def _pod_spark(catalog: Any, default_app: str, default_master: str) -> Any:
     """The SparkSession a pod runs, with the Spark conf the operator rendered into its environment."""
     import json
 
-    from icefall.plan.children import ENV_SPARK_CONF, in_cluster_master
+    from icefall.plan.env import ENV_SPARK_CONF
+    from icefall.plan.spark_conf import in_cluster_master
     from icefall.spark.session import build_spark_session
 
     conf: dict[str, str] = json.loads(os.environ.get(ENV_SPARK_CONF) or "{}")
@@ -270,7 +271,7 @@ def _pod_spark(catalog: Any, default_app: str, default_master: str) -> Any:
 def _ingest(args: argparse.Namespace) -> int:
     """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
     from icefall.commit.kube_lease import KubernetesLease
-    from icefall.plan.leases import commit_lease_name, rewrite_yield_name
+    from icefall.plan.names import commit_lease_name, rewrite_yield_name
 
     api, st = _from_api(args.namespace, args.name)
     catalog = _catalog_for(st, _state_dir(args, in_cluster=True))

@@ -50,8 +50,8 @@ from icefall.controller.deletion import finalize
 from icefall.controller.kube import Kube
 from icefall.controller.observe import TableObserver
 from icefall.controller.reconcile import ANNOTATION_DRIVER_HISTORY, Config, StatusMemory, reconcile
-from icefall.plan.children import COMPONENT_INGEST, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
 from icefall.plan.claims import Claim, claim_from_object, table_identity
+from icefall.plan.names import COMPONENT_INGEST, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
 
 PREFIX = "icefall.dev"
 RESYNC_SECONDS = float(os.environ.get("ICEFALL_RESYNC_SECONDS", "30"))

@@ -44,7 +44,7 @@ from icefall.api import (
 from icefall.controller import metrics
 from icefall.controller.kube import Kube
 from icefall.controller.observe import Observed, TableObserver
-from icefall.plan.children import desired_children, driver_pod_name
+from icefall.plan.children import desired_children
 from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
 from icefall.plan.conditions import (
     Issue,
@@ -65,6 +65,7 @@ from icefall.plan.driver import (
     decide,
     driver_pod_from_object,
 )
+from icefall.plan.names import driver_pod_name
 from icefall.plan.scaling import compaction_replicas, damped_replicas
 from icefall.plan.settings import OperatorSettings
 from icefall.plan.table_status import acknowledged_loss, summarize
