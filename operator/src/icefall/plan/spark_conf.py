@@ -203,12 +203,13 @@ def compaction_conf() -> dict[str, str]:
     return {"spark.master": "local[*]", "spark.local.dir": SPARK_LOCAL_DIR}
 
 
-def in_pod(environ: Mapping[str, str], *, app_name: str, master: str) -> dict[str, str]:
-    """The conf a pod's entry point starts Spark with: what the operator rendered into its environment
-    (`app_name` and `master` where it names none), with `KUBERNETES_MASTER` as the in-cluster address."""
+def in_pod(environ: Mapping[str, str], table: str, *, role: str, master: str) -> dict[str, str]:
+    """The conf the entry point of a pod of the StreamingTable `table` starts Spark with in `role`
+    (`ingest`, `compact`): what the operator rendered into its environment (its application name and
+    `master` where it names none), with `KUBERNETES_MASTER` as the in-cluster address."""
     conf = spark_conf_from(environ)
     conf["spark.master"] = in_cluster_master(conf.get("spark.master", master), environ)
-    conf.setdefault("spark.app.name", app_name)
+    conf.setdefault("spark.app.name", names.spark_app_name(table, role))
     return conf
 
 

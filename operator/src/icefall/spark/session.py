@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from icefall.catalog import CatalogConfig
+from icefall.plan.spark_conf import DEFAULT_MASTER
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -102,7 +103,7 @@ def spark_conf(
 def session_conf(
     catalogs: Iterable[CatalogConfig],
     *,
-    master: str = "local[2]",
+    master: str = DEFAULT_MASTER,
     app_name: str = "icefall",
     extra_conf: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
@@ -120,7 +121,7 @@ def session_conf(
 def build_spark_session(
     catalogs: Iterable[CatalogConfig],
     *,
-    master: str = "local[2]",
+    master: str = DEFAULT_MASTER,
     app_name: str = "icefall",
     extra_conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
