@@ -2,10 +2,11 @@
 
 Proves: `icefall run` gets its master and application name, and the FAIR scheduler with the pools file
 beside the session module only with in-process maintenance; a pod's entry point starts Spark with what the
-operator rendered into `ICEFALL_SPARK_CONF`, the Kubernetes master turned into the in-cluster address and
-the application name of its role where the rendered conf names none; the CLI's tools name their
-application; the conf a process asks for wins over the session's base, whose loopback binding follows the
-master the process asks for. No Spark is started.
+operator rendered into `ICEFALL_SPARK_CONF`, with the Kubernetes master turned into the API server's
+address as the kubelet gives it to every container (IPv6 too), and the application name of its role where
+the rendered conf names none; the CLI's tools name their application; the conf a process asks for wins
+over the session's base, whose loopback binding follows the master the process asks for. No Spark is
+started.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from icefall.plan.spark_conf import (
     KUBERNETES_MASTER,
     compaction_conf,
     embedded_conf,
+    in_cluster_master,
     in_pod,
     tool_conf,
 )
@@ -68,3 +70,25 @@ def test_the_cli_tools_name_their_application() -> None:
     )
     assert tool_conf("orders", "read") == {"spark.app.name": "icefall-read-orders"}
     assert session_conf([], extra_conf=tool_conf("orders", "read"))["spark.master"] == "local[2]"
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        (
+            {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+            "k8s://https://10.96.0.1:443",
+        ),
+        (
+            {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"},
+            "k8s://https://[fd00::1]:6443",
+        ),
+        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, "k8s://https://10.96.0.1:443"),
+        ({}, KUBERNETES_MASTER),  # not in a pod: as rendered
+    ],
+)
+def test_the_driver_reaches_the_api_server_at_its_in_cluster_address(
+    environ: dict[str, str], expected: str
+) -> None:
+    assert in_cluster_master(KUBERNETES_MASTER, environ) == expected
+    assert in_cluster_master("local[2]", environ) == "local[2]"
