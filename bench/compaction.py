@@ -71,7 +71,7 @@ from icefall.commit.lease import FileLease
 from icefall.devstack.events import EventProducer
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
-from icefall.plan.leases import commit_lease_name
+from icefall.plan.names import commit_lease_name
 from icefall.spark.session import build_spark_session
 
 ROOT = Path(__file__).resolve().parents[1]

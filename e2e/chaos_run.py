@@ -94,7 +94,8 @@ from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import free_port
 from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.failpoints import CHAOS_ENV_VAR
-from icefall.plan.children import compaction_name, driver_pod_name, secret_env_vars
+from icefall.plan.env import secret_env_vars
+from icefall.plan.names import compaction_name, driver_pod_name
 from icefall.testing.kubeapi import JsonApi
 
 from . import chaos_data as data

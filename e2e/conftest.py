@@ -52,7 +52,7 @@ from icefall.devstack.node import Node
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.tools import tool_dir
-from icefall.plan.children import secret_env_vars
+from icefall.plan.env import secret_env_vars
 from icefall.testing.harness import E2E_KUBECONFIG, e2e_kubeconfig
 from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE

@@ -39,9 +39,9 @@ from typing import Any
 import pytest
 import yaml
 
-from icefall.controller.leader import LEASE_NAME
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.procs import tail
+from icefall.plan.names import LEADER_LEASE_NAME as LEASE_NAME
 from icefall.testing.harness import Helm, image_args, local_chart_values
 from icefall.testing.kubeapi import JsonApi
 

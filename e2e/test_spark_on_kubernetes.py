@@ -42,7 +42,9 @@ from kubernetes.client.exceptions import ApiException
 from icefall.catalog import CatalogConfig
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
-from icefall.plan.children import ENV_SPARK_CONF, KUBERNETES_MASTER, driver_account_name
+from icefall.plan.env import ENV_SPARK_CONF
+from icefall.plan.names import driver_account_name
+from icefall.plan.spark_conf import KUBERNETES_MASTER
 from icefall.spark.entrypoint import EXECUTOR_BACKEND
 from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE

@@ -34,7 +34,7 @@ import yaml
 from icefall.catalog import CatalogConfig
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
-from icefall.plan.leases import commit_lease_name
+from icefall.plan.names import commit_lease_name
 from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import assert_exactly_once, manifest_text, watermarks
 

@@ -85,15 +85,15 @@ from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import tail
 from icefall.devstack.rest_catalog import RESTCatalogServer
-from icefall.plan.children import (
+from icefall.plan.env import secret_env_vars
+from icefall.plan.maintenance import MaintenancePolicy
+from icefall.plan.names import (
     COMPONENT_COMPACT,
     COMPONENT_INGEST,
     LABEL_COMPONENT,
     LABEL_STREAMINGTABLE,
     compaction_name,
-    secret_env_vars,
 )
-from icefall.plan.maintenance import MaintenancePolicy
 from icefall.testing.harness import (
     Helm,
     KafkaAt,

@@ -43,12 +43,9 @@ import yaml
 from icefall.api import PodTemplates, load_manifest
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
-from icefall.plan.children import (
-    compaction_rules,
-    desired_children,
-    driver_account_name,
-    driver_rules,
-)
+from icefall.plan.children import desired_children
+from icefall.plan.names import driver_account_name
+from icefall.plan.rbac import compaction_rules, driver_rules
 from icefall.plan.settings import SETTINGS_ENV, OperatorSettings
 
 pytestmark = pytest.mark.integration

@@ -29,8 +29,9 @@ from icefall.compact.runner import file_leases, runner_for
 from icefall.compact.view import read_table_view
 from icefall.compact.worker import Outcome
 from icefall.devstack.kafka import KafkaBroker
-from icefall.plan.leases import YIELD_AFTER_CONFLICTS, rewrite_yield_name
+from icefall.plan.leases import YIELD_AFTER_CONFLICTS
 from icefall.plan.maintenance import ApplyDeletes, FileContent, MaintenancePolicy
+from icefall.plan.names import rewrite_yield_name
 from icefall.testing.streams import drain, keyed_table, send_changes, started_ingestor
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ Proves:
   the same catalog (JdbcCatalog / RestCatalog, user and password, prefix, OAuth2 credential, token,
   headers, S3FileIO, endpoint, region, path-style access, `cache-enabled=false`);
 - `secretKeyRef` secrets are read from the variables the operator's pods get (the names
-  `plan.children.secret_env_vars` gives), `env` secrets from the named variable; a missing or empty one
+  `plan.env.secret_env_vars` gives), `env` secrets from the named variable; a missing or empty one
   raises an error naming the field and the variable, never a value;
 - secret values are masked in `repr`, in `mask()`ed text (also URL-quoted), and never in error messages;
 - properties that would contradict the spec's own fields, and unsupported databases, are refused naming
@@ -30,7 +30,7 @@ import yaml
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig, CatalogConfigError, MissingCredentialError
 from icefall.catalog.config import JDBC_CATALOG, S3_FILE_IO, SPARK_CATALOG
-from icefall.plan.children import secret_env_vars
+from icefall.plan.env import secret_env_vars
 
 pytestmark = pytest.mark.unit
 

@@ -29,8 +29,7 @@ from icefall.commit.lease import LeaseTimeoutError
 from icefall.compact.runner import EmbeddedMaintenance, MaintenanceRunner, StepResult
 from icefall.compact.view import ManifestCache, canonical_path, checksum_owner, to_local_path
 from icefall.compact.worker import ItemResult, Outcome
-from icefall.plan.children import compaction_rules
-from icefall.plan.leases import LeaseRecord, rewrite_yield_name, yield_pending
+from icefall.plan.leases import LeaseRecord, yield_pending
 from icefall.plan.maintenance import (
     DAY_MS,
     ApplyDeletes,
@@ -42,6 +41,8 @@ from icefall.plan.maintenance import (
     policy_from_spec,
     work_key,
 )
+from icefall.plan.names import rewrite_yield_name
+from icefall.plan.rbac import compaction_rules
 
 pytestmark = pytest.mark.unit
 
@@ -442,7 +443,7 @@ def test_compaction_pods_may_use_work_leases() -> None:
 
 def test_the_compaction_deployment_command_parses() -> None:
     from icefall.cli import _compact, build_parser
-    from icefall.plan.children import COMPACT_COMMAND
+    from icefall.plan.workloads import COMPACT_COMMAND
 
     argv = [part.format(namespace="data", name="orders") for part in COMPACT_COMMAND[1:]]
     args = build_parser().parse_args(argv)

@@ -1,4 +1,4 @@
-"""The status merge patch (`controller.reconcile._status_patch`): figures that went away are removed.
+"""The status merge patch (`controller.status.status_patch`): figures that went away are removed.
 
 A merge patch keeps every key it does not mention, so a partition dropped from the lag map, or a figure that
 became unknown (freshness while records wait and nothing is committed), would otherwise stay in status.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from icefall.api import FreshnessStatus, StreamingTableStatus, TableStatus
-from icefall.controller.reconcile import _status_patch
+from icefall.controller.status import status_patch
 
 pytestmark = pytest.mark.unit
 
@@ -23,8 +23,8 @@ def test_gone_partitions_and_unknown_figures_are_sent_as_null() -> None:
         freshness=FreshnessStatus(seconds=None, lag_records=4, partition_lag={0: 4}),
         table=TableStatus(files=3),
     )
-    patch = _status_patch(before, after)
+    patch = status_patch(before, after)
     assert patch["freshness"]["partitionLag"] == {"0": 4, "7": None}
     assert patch["freshness"]["seconds"] is None
     assert patch["table"]["smallFileRatio"] is None and patch["table"]["files"] == 3
-    assert "freshness" not in _status_patch(before, StreamingTableStatus())  # unknown block: kept as is
+    assert "freshness" not in status_patch(before, StreamingTableStatus())  # unknown block: kept as is

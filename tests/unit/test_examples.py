@@ -17,7 +17,7 @@ import yaml
 
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
-from icefall.plan.children import secret_env_vars
+from icefall.plan.env import secret_env_vars
 
 pytestmark = pytest.mark.unit
 

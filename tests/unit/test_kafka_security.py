@@ -16,7 +16,7 @@ from icefall.kafka.security import (
     resolve_secret,
     spark_kafka_options,
 )
-from icefall.plan.children import secret_env_vars
+from icefall.plan.env import secret_env_vars
 from icefall.testing.streams import streaming_table
 
 pytestmark = pytest.mark.unit

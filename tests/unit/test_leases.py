@@ -26,7 +26,8 @@ from icefall.commit.lease import (
     local_holder_exited,
     local_process_holder,
 )
-from icefall.plan.leases import LeaseAction, LeaseRecord, commit_lease_name, decide, release
+from icefall.plan.leases import LeaseAction, LeaseRecord, decide, release
+from icefall.plan.names import commit_lease_name
 
 pytestmark = pytest.mark.unit
 

@@ -21,27 +21,16 @@ from typing import Any
 import pytest
 
 from icefall.api import StreamingTable
-from icefall.plan.children import (
-    ANNOTATION_RESTART,
-    ANNOTATION_SPARK_MASTER,
-    COMPACT_COMMAND,
-    ENV_POD_IP,
-    ENV_POD_NAME,
-    ENV_SPARK_CONF,
-    EXECUTOR_TEMPLATE_KEY,
-    INGEST_COMMAND,
-    KUBERNETES_MASTER,
-    LABEL_SPEC_HASH,
-    POD_METRICS_PORT,
-    Children,
-    ObjectRef,
-    child_name,
-    desired_children,
-    in_cluster_master,
-    secret_env_vars,
-)
-from icefall.plan.leases import commit_lease_name
+from icefall.plan.children import ANNOTATION_RESTART, Children, ObjectRef, desired_children
+from icefall.plan.env import ENV_POD_IP, ENV_POD_NAME, ENV_SPARK_CONF, secret_env_vars
+from icefall.plan.names import LABEL_SPEC_HASH, child_name, commit_lease_name
 from icefall.plan.settings import OperatorSettings, Resources
+from icefall.plan.spark_conf import (
+    ANNOTATION_SPARK_MASTER,
+    EXECUTOR_TEMPLATE_KEY,
+    KUBERNETES_MASTER,
+)
+from icefall.plan.workloads import COMPACT_COMMAND, INGEST_COMMAND, POD_METRICS_PORT
 
 pytestmark = pytest.mark.unit
 
@@ -565,33 +554,13 @@ def test_the_plan_layer_imports_no_client() -> None:
     code = (
         "import sys\n"
         "import icefall.plan.children, icefall.plan.driver, icefall.plan.conditions, icefall.plan.scaling\n"
+        "import icefall.plan.names, icefall.plan.env, icefall.plan.rbac, icefall.plan.spark_conf\n"
+        "import icefall.plan.workloads, icefall.plan.metadata\n"
         "bad = [m for m in ('kopf', 'kubernetes', 'pyspark', 'confluent_kafka') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ""
-
-
-@pytest.mark.parametrize(
-    ("environ", "expected"),
-    [
-        (
-            {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"},
-            "k8s://https://10.96.0.1:443",
-        ),
-        (
-            {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"},
-            "k8s://https://[fd00::1]:6443",
-        ),
-        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, "k8s://https://10.96.0.1:443"),
-        ({}, KUBERNETES_MASTER),  # not in a pod: as rendered
-    ],
-)
-def test_the_driver_reaches_the_api_server_at_its_in_cluster_address(
-    environ: dict[str, str], expected: str
-) -> None:
-    assert in_cluster_master(KUBERNETES_MASTER, environ) == expected
-    assert in_cluster_master("local[2]", environ) == "local[2]"
 
 
 def test_operator_settings_from_the_environment() -> None:

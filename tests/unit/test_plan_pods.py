@@ -23,17 +23,11 @@ import pytest
 from icefall.api import PodTemplate, PodTemplates, StreamingTable
 from icefall.api.pods import reserved_env
 from icefall.plan import pods
-from icefall.plan.children import (
-    BLOCK_MANAGER_PORT,
-    DRIVER_PORT,
-    ENV_SPARK_CONF,
-    EXECUTOR_TEMPLATE_KEY,
-    POD_METRICS_PORT,
-    Children,
-    desired_children,
-    pod_plans,
-)
+from icefall.plan.children import Children, desired_children
+from icefall.plan.env import ENV_SPARK_CONF
 from icefall.plan.settings import OperatorSettings
+from icefall.plan.spark_conf import BLOCK_MANAGER_PORT, DRIVER_PORT, EXECUTOR_TEMPLATE_KEY
+from icefall.plan.workloads import POD_METRICS_PORT, pod_plans
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import pytest
 
 from icefall.api import StreamingTableSpec, load_manifest
 from icefall.kafka.registry import MissingRegistrySecretError, client_config
-from icefall.plan.children import secret_env_vars
+from icefall.plan.env import secret_env_vars
 
 pytestmark = pytest.mark.unit
 

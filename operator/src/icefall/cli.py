@@ -91,8 +91,9 @@ def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
 def _run(args: argparse.Namespace) -> int:
     from icefall import metrics
     from icefall.commit.lease import FileLease, local_process_holder
-    from icefall.plan.leases import commit_lease_name, rewrite_yield_name
-    from icefall.spark.session import FAIR_SCHEDULING, build_spark_session
+    from icefall.plan.names import commit_lease_name, rewrite_yield_name
+    from icefall.plan.spark_conf import embedded_conf
+    from icefall.spark.session import build_spark_session
 
     st = _load(args)
     state = _state_dir(args)
@@ -105,13 +106,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
-    # In-process maintenance's jobs (a pool of their own) share the cores with the batches' jobs.
-    spark = build_spark_session(
-        [catalog],
-        app_name=f"icefall-{st.metadata.name}",
-        master=args.master,
-        extra_conf=FAIR_SCHEDULING if maintain else None,
-    )
+    conf = embedded_conf(st.metadata.name, master=args.master, maintain=maintain)
+    spark = build_spark_session([catalog], extra_conf=conf)
     holder = local_process_holder()
     lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), holder)
     yield_to = FileLease.in_dir(state / "leases", rewrite_yield_name(st.table_name), holder)
@@ -245,32 +241,25 @@ def _from_api(namespace: str, name: str) -> tuple[Any, Any]:
 
 def _pod_holder() -> str:
     """A Lease holder identity: the pod's name when the operator's pod spec gives it."""
-    from icefall.plan.children import ENV_POD_NAME
+    from icefall.plan.env import ENV_POD_NAME
 
     return os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _pod_spark(catalog: Any, default_app: str, default_master: str) -> Any:
-    """The SparkSession a pod runs, with the Spark conf the operator rendered into its environment."""
-    import json
-
-    from icefall.plan.children import ENV_SPARK_CONF, in_cluster_master
+def _pod_spark(catalog: Any, table: str, role: str, master: str) -> Any:
+    """The SparkSession a pod of the StreamingTable `table` runs in `role`, with the Spark conf the operator
+    rendered into its environment (`master` where it names none)."""
+    from icefall.plan.spark_conf import in_pod
     from icefall.spark.session import build_spark_session
 
-    conf: dict[str, str] = json.loads(os.environ.get(ENV_SPARK_CONF) or "{}")
-    conf["spark.master"] = in_cluster_master(conf.get("spark.master", default_master), os.environ)
-    return build_spark_session(
-        [catalog],
-        app_name=conf.get("spark.app.name", default_app),
-        master=conf["spark.master"],
-        extra_conf=conf,
-    )
+    return build_spark_session([catalog], extra_conf=in_pod(os.environ, table, role=role, master=master))
 
 
 def _ingest(args: argparse.Namespace) -> int:
     """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
     from icefall.commit.kube_lease import KubernetesLease
-    from icefall.plan.leases import commit_lease_name, rewrite_yield_name
+    from icefall.plan.names import commit_lease_name, rewrite_yield_name
+    from icefall.plan.spark_conf import DEFAULT_MASTER
 
     api, st = _from_api(args.namespace, args.name)
     catalog = _catalog_for(st, _state_dir(args, in_cluster=True))
@@ -283,7 +272,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from icefall import metrics
 
     metrics.serve(args.metrics_port, required=False)
-    spark = _pod_spark(catalog, f"icefall-{st.metadata.name}", "local[2]")
+    spark = _pod_spark(catalog, st.metadata.name, "ingest", DEFAULT_MASTER)
     holder = _pod_holder()
     lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), holder)
     yield_to = KubernetesLease(api, args.namespace, rewrite_yield_name(st.table_name), holder)
@@ -319,7 +308,7 @@ def _compact(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port, required=bool(args.file))  # a pod: see metrics.serve
     catalog = _catalog_for(st, state)
     catalog.pyiceberg()
-    spark = _pod_spark(catalog, f"icefall-{st.metadata.name}-compact", args.master)
+    spark = _pod_spark(catalog, st.metadata.name, "compact", args.master)
     try:
         return serve(runner_for(st, catalog, spark, leases), once=args.once, idle_seconds=args.idle_seconds)
     finally:
@@ -494,10 +483,11 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
     identifier = ".".join(st.table_identifier)
     catalog.load_table(identifier)  # NoSuchTableError before Spark starts
     if spark is None:
+        from icefall.plan.spark_conf import tool_conf
         from icefall.spark.session import build_spark_session
 
         print("[verify] starting local Spark to decode the topic's records ...", flush=True)
-        spark = build_spark_session([catalog_config], app_name=f"icefall-verify-{st.metadata.name}")
+        spark = build_spark_session([catalog_config], extra_conf=tool_conf(st.metadata.name, "verify"))
     if st.spec.key:
         from icefall.audit import audit_keyed
 
@@ -555,10 +545,11 @@ def _read(args: argparse.Namespace) -> int:
     config = _catalog_for(st, _state_dir(args))
     with _unreachable_is_one_line(st, config):
         config.pyiceberg().load_table(st.table_identifier)  # NoSuchTableError before Spark starts
+        from icefall.plan.spark_conf import tool_conf
         from icefall.spark.session import build_spark_session
 
         print("[read] starting local Spark ...", file=sys.stderr, flush=True)
-        spark = build_spark_session([config], app_name=f"icefall-read-{st.metadata.name}")
+        spark = build_spark_session([config], extra_conf=tool_conf(st.metadata.name, "read"))
         try:
             result = union_read(st, config, snapshot_id=args.snapshot, as_of=as_of, spark=spark)
         except ReadError as error:

@@ -180,9 +180,10 @@ def union_read(
     label = ".".join(st.table_identifier)
     table = catalog_config.pyiceberg().load_table(st.table_identifier)
     if spark is None:  # before the snapshot and the cut are taken: a Spark start takes seconds
+        from icefall.plan.spark_conf import tool_conf
         from icefall.spark.session import build_spark_session
 
-        spark = build_spark_session([catalog_config], app_name=f"icefall-read-{st.metadata.name}")
+        spark = build_spark_session([catalog_config], extra_conf=tool_conf(st.metadata.name, "read"))
     state = _state(table, label, snapshot_id, as_of)
     source = st.spec.source
     if state.topic is not None and state.topic != source.topic:

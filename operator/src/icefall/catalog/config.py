@@ -3,7 +3,7 @@
 `CatalogConfig.for_table(spec)` reads `spec.table.catalog` (or, when it is absent, makes the embedded
 default in a state folder) and resolves `secretProperties` from this process's environment: an `env`
 reference reads that variable, a `secretKeyRef` reads the variable the operator gives its pods
-(`ICEFALL_CATALOG_<KEY>`, named by `icefall.plan.children.secret_env_vars`). The config then gives:
+(`ICEFALL_CATALOG_<KEY>`, named by `icefall.plan.env.secret_env_vars`). The config then gives:
 
 - sql, `sqlite:///path`: pyiceberg `SqlCatalog` on `sqlite:////abs/path`; Spark `JdbcCatalog` on
   `jdbc:sqlite:/abs/path` with a busy timeout (SQLite has one writer at a time).
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from icefall.api import CatalogType, StreamingTableSpec
-from icefall.plan.children import secret_env_vars
+from icefall.plan.env import secret_env_vars
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

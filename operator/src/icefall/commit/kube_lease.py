@@ -14,8 +14,8 @@ behaves exactly like `FileLease`. Every write is optimistic: a replace carries t
 read, a missing Lease is created; a 409 Conflict (or AlreadyExists) means someone else wrote first, so the
 loop reads again and decides again. Nothing is ever written blindly; `release(forget=True)` (work
 Leases) deletes the Lease with a resourceVersion precondition, so it only removes what it released.
-Objects are labelled `app.kubernetes.io/managed-by: icefall`; labels, annotations, owner references and
-spec fields written by others are kept.
+Objects are labelled `icefall.plan.names.LEASE_LABELS` (`app.kubernetes.io/managed-by: icefall`); labels,
+annotations, owner references and spec fields written by others are kept.
 
 Any other API error is raised as `LeaseAPIError` with what to fix (403: the RBAC rule the identity lacks).
 Network errors from the client propagate unchanged.
@@ -42,8 +42,8 @@ from kubernetes.client.exceptions import ApiException
 
 from icefall.commit.lease import LeaseError, StoredLease
 from icefall.plan.leases import LeaseRecord
+from icefall.plan.names import LEASE_LABELS
 
-LABELS: Mapping[str, str] = {"app.kubernetes.io/managed-by": "icefall"}
 _API_VERSION = "coordination.k8s.io/v1"
 _COLLECTION = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 _OBJECT = _COLLECTION + "/{name}"
@@ -114,13 +114,17 @@ class KubernetesLease(StoredLease[_Object | None]):
         }
         try:
             if version is None:
-                metadata: _Object = {"name": self.name, "namespace": self.namespace, "labels": dict(LABELS)}
+                metadata: _Object = {
+                    "name": self.name,
+                    "namespace": self.namespace,
+                    "labels": dict(LEASE_LABELS),
+                }
                 self._call("POST", _COLLECTION, _lease(metadata, spec))
             else:
                 # The read object's metadata carries its resourceVersion: the server applies the replace
                 # only if the Lease is still that version. Server-managed bookkeeping is left out.
                 metadata = {k: v for k, v in version["metadata"].items() if k != "managedFields"}
-                metadata["labels"] = {**(metadata.get("labels") or {}), **LABELS}
+                metadata["labels"] = {**(metadata.get("labels") or {}), **LEASE_LABELS}
                 self._call("PUT", _OBJECT, _lease(metadata, {**(version.get("spec") or {}), **spec}))
         except ApiException as e:
             # 409: changed (or created) since we read it. 404 on replace: deleted since we read it.

@@ -52,7 +52,7 @@ from icefall.commit.lease import Lease, LeaseError, LeaseTimeoutError
 from icefall.compact.view import ManifestCache, read_table_view
 from icefall.compact.worker import ItemResult, is_delete_conflict, kind_of, run_item, table_label
 from icefall.outages import log_failure
-from icefall.plan.leases import YIELD_AFTER_CONFLICTS, rewrite_yield_name
+from icefall.plan.leases import YIELD_AFTER_CONFLICTS
 from icefall.plan.maintenance import (
     MIB,
     ApplyDeletes,
@@ -63,6 +63,7 @@ from icefall.plan.maintenance import (
     policy_from_spec,
     work_key,
 )
+from icefall.plan.names import rewrite_yield_name
 from icefall.spark.session import jvm_stopped
 
 if TYPE_CHECKING:

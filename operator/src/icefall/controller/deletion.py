@@ -39,10 +39,10 @@ from icefall.api import (
 )
 from icefall.catalog import CatalogConfig
 from icefall.controller.kube import Kube
-from icefall.plan.children import driver_pod_name
 from icefall.plan.claims import Claim, claim_from_object
 from icefall.plan.conditions import set_condition
 from icefall.plan.driver import Event, EventReason, EventType
+from icefall.plan.names import driver_pod_name
 
 log = logging.getLogger(__name__)
 RETRY_SECONDS = 2.0

@@ -1,9 +1,10 @@
-"""kopf handlers for `icefall.dev/v1alpha1` StreamingTables. Thin: each one calls `reconcile.reconcile`.
+"""kopf handlers for `icefall.dev/v1alpha1` StreamingTables. Thin: each one calls one pass of
+`controller.reconcile`: `apply` or `observe` (docs/controller-flow.md).
 
-Registered on create, update, resume (the operator's start) and a timer (`ICEFALL_RESYNC_SECONDS`, 30 s by
+`apply` runs on create, update, resume (the operator's start) and a timer (`ICEFALL_RESYNC_SECONDS`, 30 s by
 default) that re-observes the driver Pod, the table and the topic: children deleted behind the operator's
-back come back, backoff waits end, a suspended table loses its driver. A lighter timer
-(`ICEFALL_STATUS_REFRESH_SECONDS`, 10 s) refreshes only the status (freshness, lag, files, conditions)
+back come back, backoff waits end, a suspended table loses its driver. `observe` runs on a lighter timer
+(`ICEFALL_STATUS_REFRESH_SECONDS`, 10 s) and refreshes only the status (freshness, lag, files, conditions)
 between those passes. Driver Pods (labelled `app.kubernetes.io/managed-by=icefall-operator`, component
 `ingest`) are watched too: any change of one reconciles its owner at once, so a deleted or failed driver
 comes back in seconds, not at the next resync.
@@ -25,7 +26,7 @@ of kopf's diff so writing it does not trigger an update. kopf peering is off (st
 replicas, only the holder of the leader Lease runs kopf at all (`controller.leader`).
 
 Errors: 409 Conflict from the API → `kopf.TemporaryError(delay=2)`; anything else is retried by kopf
-with its backoff. A spec that cannot be honoured is a condition written by `reconcile`, never an error.
+with its backoff. A spec that cannot be honoured is a condition written by the pass, never an error.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -45,15 +46,23 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from icefall.api import GROUP, PLURAL, VERSION, ManifestError, streaming_table_from_object
-from icefall.controller import metrics
+from icefall.controller import metrics, reconcile
 from icefall.controller.deletion import finalize
 from icefall.controller.kube import Kube
 from icefall.controller.observe import TableObserver
-from icefall.controller.reconcile import ANNOTATION_DRIVER_HISTORY, Config, StatusMemory, reconcile
-from icefall.plan.children import COMPONENT_INGEST, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
+from icefall.controller.reconcile import Config, Context, Outcome
+from icefall.controller.status import StatusMemory
 from icefall.plan.claims import Claim, claim_from_object, table_identity
+from icefall.plan.names import (
+    ANNOTATION_DRIVER_HISTORY,
+    ANNOTATION_PREFIX,
+    COMPONENT_INGEST,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
 
-PREFIX = "icefall.dev"
+PREFIX = ANNOTATION_PREFIX
 RESYNC_SECONDS = float(os.environ.get("ICEFALL_RESYNC_SECONDS", "30"))
 OBSERVE_SECONDS = float(os.environ.get("ICEFALL_OBSERVE_SECONDS", "5"))
 STATUS_REFRESH_SECONDS = float(os.environ.get("ICEFALL_STATUS_REFRESH_SECONDS", "10"))
@@ -130,23 +139,18 @@ def _claims_for(body: Mapping[str, Any], index: kopf.Index[str, Claim]) -> list[
     return list(index.get(table_identity(st), []))
 
 
-def _reconcile(
-    body: Mapping[str, Any], memo: kopf.Memo, index: kopf.Index[str, Claim], *, act: bool = True
-) -> None:
+Pass = Callable[[Mapping[str, Any], Context, Sequence[Claim]], Outcome]
+
+
+def _run(run: Pass, body: Mapping[str, Any], memo: kopf.Memo, index: kopf.Index[str, Claim]) -> None:
+    """One pass (`reconcile.apply` or `reconcile.observe`) under the table's lock, counted and timed; its
+    Events sent; a 409 retried soon."""
     uid = str(body["metadata"]["uid"])
     started = time.monotonic()
     try:
         with memo.locks.hold(uid):
-            outcome = reconcile(
-                body,
-                memo.kube,
-                memo.config,
-                memo.status,
-                datetime.now(UTC),
-                observer=memo.observer,
-                claims=_claims_for(body, index),
-                act=act,
-            )
+            ctx = Context(memo.kube, memo.config, memo.status, datetime.now(UTC), observer=memo.observer)
+            outcome = run(body, ctx, _claims_for(body, index))
     except ApiException as error:
         metrics.RECONCILES.labels(result="error").inc()
         if error.status == 409:
@@ -168,18 +172,18 @@ def _reconcile(
 @kopf.on.create(*RESOURCE, id="create")
 @kopf.on.update(*RESOURCE, id="update")
 def on_change(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    _reconcile(body, memo, kwargs["claims"])
+    _run(reconcile.apply, body, memo, kwargs["claims"])
 
 
 @kopf.timer(*RESOURCE, id="resync", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 def resync(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    _reconcile(body, memo, kwargs["claims"])
+    _run(reconcile.apply, body, memo, kwargs["claims"])
 
 
 @kopf.timer(*RESOURCE, id="status", interval=STATUS_REFRESH_SECONDS, initial_delay=STATUS_REFRESH_SECONDS)
 def refresh_status(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Freshness and lag move while nothing else happens: a status-only pass (one GET, at most one write)."""
-    _reconcile(body, memo, kwargs["claims"], act=False)
+    _run(reconcile.observe, body, memo, kwargs["claims"])
 
 
 @kopf.on.event("pods", labels=DRIVER_LABELS)  # type: ignore[arg-type]
@@ -197,7 +201,7 @@ def on_driver_pod(body: kopf.Body, memo: kopf.Memo, claims: kopf.Index[str, Clai
         raise
     if st["metadata"].get("uid") != owners[0].get("uid"):
         return  # a pod of an earlier StreamingTable of the same name
-    _reconcile(st, memo, claims)
+    _run(reconcile.apply, st, memo, claims)
 
 
 @kopf.on.delete(*RESOURCE, id="delete")

@@ -24,7 +24,8 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from icefall.api import GROUP, PLURAL, VERSION
-from icefall.plan.children import MANAGED_BY, Manifest
+from icefall.plan.children import Manifest
+from icefall.plan.names import MANAGED_BY
 
 FIELD_MANAGER = MANAGED_BY
 REQUEST_TIMEOUT_SECONDS = 30

@@ -1,12 +1,12 @@
 """Leader election across operator replicas: one coordination.k8s.io Lease, held for the process's life.
 
-The controller-runtime pattern: `icefall operator` acquires the Lease (`icefall-operator-leader` in the
-operator's namespace by default) before kopf starts, so a follower never reconciles, never writes
-annotations or status, never creates pods. A background thread renews it every third of its duration. If
-the Lease is taken over (another replica saw it expire: this one was paused or cut off) or cannot be renewed
-before it runs out, the process logs why and exits with `EXIT_LEADERSHIP_LOST`; Kubernetes restarts it,
-and it waits as a follower. On a clean stop the Lease is released, so a follower takes over at once
-instead of after the lease duration.
+The controller-runtime pattern: `icefall operator` acquires the Lease (`icefall-operator-leader`,
+`icefall.plan.names.LEADER_LEASE_NAME`, in the operator's namespace by default) before kopf starts, so a
+follower never reconciles, never writes annotations or status, never creates pods. A background thread
+renews it every third of its duration. If the Lease is taken over (another replica saw it expire: this one
+was paused or cut off) or cannot be renewed before it runs out, the process logs why and exits with
+`EXIT_LEADERSHIP_LOST`; Kubernetes restarts it, and it waits as a follower. On a clean stop the Lease is
+released, so a follower takes over at once instead of after the lease duration.
 
 While waiting, a follower answers its liveness endpoint itself (`StandbyHealth`), so Kubernetes does not
 kill it for being a follower; kopf takes the port over once leadership is acquired.
@@ -36,16 +36,17 @@ from kubernetes.client import ApiClient
 from icefall.commit.kube_lease import KubernetesLease
 from icefall.commit.lease import LeaseLostError, LeaseTimeoutError
 from icefall.controller import metrics
+from icefall.plan.env import ENV_POD_NAME
+from icefall.plan.names import LEADER_LEASE_NAME
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "icefall-operator-leader"
 EXIT_LEADERSHIP_LOST = 3
 
 
 def identity() -> str:
     """This process's holder identity: the pod name (or host) plus a random suffix, unique per process."""
-    base = os.environ.get("ICEFALL_POD_NAME") or socket.gethostname()
+    base = os.environ.get(ENV_POD_NAME) or socket.gethostname()
     return f"{base}-{secrets.token_hex(4)}"
 
 
@@ -64,7 +65,7 @@ class LeaderElection:
         api: ApiClient,
         namespace: str,
         *,
-        name: str = LEASE_NAME,
+        name: str = LEADER_LEASE_NAME,
         holder: str | None = None,
         duration_seconds: int = 15,
         on_lost: Callable[[str], None] = _exit_lost,

@@ -28,7 +28,7 @@ from icefall.devstack.events import EventProducer
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.engine import BatchReport, Ingestor
-from icefall.plan.leases import commit_lease_name
+from icefall.plan.names import commit_lease_name
 from icefall.spark.session import build_spark_session
 
 

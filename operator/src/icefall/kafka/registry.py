@@ -10,7 +10,7 @@ Guarantees:
 
 Credentials are references (`SecretRef`): an `env` reference reads that variable of this process; a
 `secretKeyRef` reads `ICEFALL_REGISTRY_<USERNAME|PASSWORD>`, which the operator fills in the ingestion
-driver's pod from the referenced Secret (`icefall.plan.children.secret_env_vars`).
+driver's pod from the referenced Secret (`icefall.plan.env.secret_env_vars`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Protocol
 
 from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable
 from icefall.api.avro import fields_from_avro
-from icefall.plan.children import registry_secret_env_name
+from icefall.plan.env import registry_secret_env_name
 
 
 class MissingRegistrySecretError(RuntimeError):

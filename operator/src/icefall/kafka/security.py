@@ -2,7 +2,7 @@
 
 Credentials are references (`SecretRef`). An `env` reference reads that variable of this process; a
 `secretKeyRef` reads the variable the operator injects into its pods from that Secret key, named by
-`icefall.plan.children.kafka_secret_env_name` (`ICEFALL_KAFKA_<FIELD>`), so both sides agree on the name.
+`icefall.plan.env.kafka_secret_env_name` (`ICEFALL_KAFKA_<FIELD>`), so both sides agree on the name.
 
 Guarantees:
 - A missing or empty variable raises `MissingSecretError` naming the spec field and the variable to set;
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from icefall.api import SecretRef
 from icefall.api.source import KafkaSecurity, SaslMechanism, SecurityProtocol
-from icefall.plan.children import kafka_secret_env_name
+from icefall.plan.env import kafka_secret_env_name
 
 _LOGIN_MODULES = {
     SaslMechanism.PLAIN: "org.apache.kafka.common.security.plain.PlainLoginModule",

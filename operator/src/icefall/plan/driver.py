@@ -49,7 +49,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from icefall.plan.children import LABEL_SPEC_HASH
+from icefall.plan.names import LABEL_SPEC_HASH
 
 INITIAL_BACKOFF_SECONDS = 10.0
 MAX_BACKOFF_SECONDS = 300.0

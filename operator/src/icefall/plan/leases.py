@@ -15,7 +15,6 @@ Times are seconds since the Unix epoch, as floats.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -98,24 +97,11 @@ def release(current: LeaseRecord | None, *, me: str, epoch: int) -> LeaseRecord 
     return replace(current, holder=None)
 
 
-def commit_lease_name(table: str) -> str:
-    """The per-table commit lease, `icefall-<table>-commit`, as a valid Kubernetes object name."""
-    slug = re.sub(r"[^a-z0-9.-]+", "-", table.lower()).strip("-.")
-    if not slug:
-        raise ValueError(f"cannot derive a lease name from table name {table!r}")
-    return f"icefall-{slug}-commit"
-
-
 # A compaction worker whose rewrite keeps losing to a keyed table's batches (each batch adds deletes to the
 # files it rewrites, and Iceberg refuses the rewrite) takes the table's yield Lease for its next attempt;
 # ingestion waits before starting a batch while that Lease is held, at most YIELD_MAX_WAIT_SECONDS a batch.
 YIELD_AFTER_CONFLICTS = 2
 YIELD_MAX_WAIT_SECONDS = 60.0
-
-
-def rewrite_yield_name(table: str) -> str:
-    """The per-table yield Lease, `icefall-<table>-yield`: held by a rewrite that ingestion lets go first."""
-    return commit_lease_name(table).removesuffix("-commit") + "-yield"
 
 
 def yield_pending(record: LeaseRecord | None, now: float) -> bool:

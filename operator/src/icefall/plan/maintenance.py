@@ -66,14 +66,13 @@ strings: the caller must spell referenced paths and listed paths the same way (s
 from __future__ import annotations
 
 import calendar
-import hashlib
-import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from icefall.plan.names import work_lease_name
 
 if TYPE_CHECKING:
     from icefall.api.spec import StreamingTableSpec
@@ -88,9 +87,6 @@ DEFAULT_MANIFEST_TARGET_SIZE = 8 * MIB  # Iceberg's commit.manifest.target-size-
 MIN_ORPHAN_AGE_MS = HOUR_MS
 STAGE_BRANCH_PREFIX = "icefall_stage_"
 MAIN = "main"
-
-_LEASE_NAME_MAX = 63
-_HASH_CHARS = 10
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -740,10 +736,4 @@ def work_key(table: str, item: WorkItem) -> str:
         identity = {"spec": item.spec_id, "partition": repr(item.partition), "step": item.step}
     else:
         identity = {}
-    identity.update(table=table, kind=type(item).__name__)
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:_HASH_CHARS]
-    room = _LEASE_NAME_MAX - len("icefall-") - len("-work-") - _HASH_CHARS
-    slug = re.sub(r"[^a-z0-9-]+", "-", table.lower())[:room].strip("-")
-    if not slug:
-        raise ValueError(f"cannot derive a lease name from table name {table!r}")
-    return f"icefall-{slug}-work-{digest}"
+    return work_lease_name(table, {**identity, "kind": type(item).__name__})

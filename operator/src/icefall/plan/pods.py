@@ -14,8 +14,9 @@ Host network (`hostNetwork: true`, for clusters without a usable pod network): t
 - the metrics port is `host_network_port`, derived from the table's namespace, name and role within the
   operator's range, and still declared (named `metrics`): the scheduler then refuses to put two pods
   that want one port on one node, where a fixed port would crash-loop the second;
-- the Spark driver declares no Spark ports and fixes none (`driver_spark_conf` leaves `spark.driver.port`
-  and `spark.driver.blockManager.port` out; Spark picks free ones and tells the executors);
+- the Spark driver declares no Spark ports and fixes none (`icefall.plan.spark_conf` leaves
+  `spark.driver.port` and `spark.driver.blockManager.port` out; Spark picks free ones and tells the
+  executors);
 - executors on the host network bind their block manager to a free port (`spark.blockManager.port=0`,
   so Spark declares no port either) and never read another executor's shuffle files from the local disk
   (`spark.shuffle.readHostLocalDisk=false`: pods of one node share the node's address, and Spark would
@@ -31,11 +32,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from decimal import Decimal
 from typing import Any
 
-from icefall.api import PodTemplate, PodTemplates, Problem, ResourceRequirements, parse_quantity
-from icefall.api.pods import MIN_EXECUTOR_MEMORY_MIB
+from icefall.api import PodTemplate, PodTemplates, ResourceRequirements, parse_quantity
 
 Manifest = dict[str, Any]
 
@@ -44,10 +43,6 @@ EXECUTOR = "executor"
 COMPACTION = "compaction"
 
 DNS_HOST_NETWORK = "ClusterFirstWithHostNet"
-#: Spark's least memory overhead of an executor (MiB) and its share of the container.
-MIN_OVERHEAD_MIB = 384
-OVERHEAD_FRACTION = Decimal("0.1")
-MIB = 2**20
 
 
 def effective(role: str, *, base: PodTemplate, chart: PodTemplates, table: PodTemplates) -> PodTemplate:
@@ -175,40 +170,3 @@ def host_network_port(namespace: str, name: str, role: str, port_range: tuple[in
         return driver
     other = hashed(role)
     return other if other != driver else first + (driver - first + 1) % span
-
-
-# --- executors --------------------------------------------------------------------------------------------
-
-
-def executor_spark_conf(template: PodTemplate) -> tuple[dict[str, str], list[Problem]]:
-    """What the executors' template asks of Spark: cpu and memory (Spark sets those on the container
-    itself) and the host-network settings (see the module docstring)."""
-    conf: dict[str, str] = {}
-    problems: list[Problem] = []
-    if template.host_network:
-        conf["spark.blockManager.port"] = "0"
-        conf["spark.shuffle.readHostLocalDisk"] = "false"
-    resources = template.resources
-    if resources is None:
-        return conf, problems
-    if "cpu" in resources.requests:
-        conf["spark.kubernetes.executor.request.cores"] = resources.requests["cpu"]
-    if "cpu" in resources.limits:
-        conf["spark.kubernetes.executor.limit.cores"] = resources.limits["cpu"]
-    memory = resources.limits.get("memory") or resources.requests.get("memory")
-    if memory is None:
-        return conf, problems
-    total = int(parse_quantity(memory) // MIB)
-    if total < MIN_EXECUTOR_MEMORY_MIB:
-        problems.append(
-            Problem(
-                "spec.pods.executor.resources",
-                f"executor memory {memory} (with the operator's pod defaults) is below "
-                f"{MIN_EXECUTOR_MEMORY_MIB}Mi; using the operator's executor memory instead",
-            )
-        )
-        return conf, problems
-    overhead = max(MIN_OVERHEAD_MIB, int(total * OVERHEAD_FRACTION))
-    conf["spark.executor.memory"] = f"{total - overhead}m"
-    conf["spark.executor.memoryOverhead"] = f"{overhead}m"
-    return conf, problems

@@ -6,6 +6,10 @@ source, the JDBC drivers). `spark_jars` finds them: in the folder `ICEFALL_SPARK
 set (a checkout: `hack/tool-env.sh` exports it), else already in Spark's own jar folder
 (`$SPARK_HOME/jars`, where the image puts them, so no `spark.jars` is set); otherwise it fails with one
 line saying how to provide them.
+
+`spark_conf` is the base every session shares; what differs per process (master, application name,
+the driver's memory, Kubernetes, scheduling) comes from `icefall.plan.spark_conf` as `extra_conf`, which
+wins. A conf that asks for the FAIR scheduler gets the pools of `fairscheduler.xml`, beside this module.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from icefall.catalog import CatalogConfig
+from icefall.plan.spark_conf import DEFAULT_MASTER
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,6 +75,8 @@ def spark_jars(environ: Mapping[str, str] = os.environ, home: Path | None = None
 def spark_conf(
     catalogs: Iterable[CatalogConfig], *, master: str, app_name: str, driver_memory: str = "1g"
 ) -> dict[str, str]:
+    """The base of every Icefall session: jars, SQL extensions, catalogs, redaction, UTC; a local master
+    binds to loopback."""
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
@@ -94,22 +101,38 @@ def spark_conf(
     return conf
 
 
+def session_conf(
+    catalogs: Iterable[CatalogConfig],
+    *,
+    master: str = DEFAULT_MASTER,
+    app_name: str = "icefall",
+    extra_conf: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The whole conf of a session: the base (`spark_conf`) for the master and application name that
+    `extra_conf` names (else `master`, `app_name`), then `extra_conf`; FAIR scheduling with its pools."""
+    extra = dict(extra_conf or {})
+    master = extra.get("spark.master", master)
+    app_name = extra.get("spark.app.name", app_name)
+    conf = {**spark_conf(catalogs, master=master, app_name=app_name), **extra}
+    if conf.get("spark.scheduler.mode") == "FAIR":
+        conf.setdefault("spark.scheduler.allocation.file", FAIR_SCHEDULING["spark.scheduler.allocation.file"])
+    return conf
+
+
 def build_spark_session(
     catalogs: Iterable[CatalogConfig],
     *,
-    master: str = "local[2]",
+    master: str = DEFAULT_MASTER,
     app_name: str = "icefall",
     extra_conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
+    """The session of `session_conf`, or the one this process already has (Spark keeps one per JVM)."""
     from pyspark.sql import SparkSession
 
     # Executors (local or remote) must run the same Python as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
-    for key, value in {
-        **spark_conf(catalogs, master=master, app_name=app_name),
-        **(extra_conf or {}),
-    }.items():
+    for key, value in session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

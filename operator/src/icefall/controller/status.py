@@ -1,0 +1,248 @@
+"""A StreamingTable's status: derived from one pass's observations, written at a bounded rate.
+
+`derive` turns what a pass knows (the driver decision, the table and topic observations, the spec's
+problems, a claim by another StreamingTable) into conditions, freshness, table figures and dataLossRecords
+(`plan.table_status.summarize` + `plan.conditions.derive_conditions`); `write` sends them through the status
+subresource when `plan.conditions.should_write_status` says so, as a merge patch (`status_patch`).
+`write_invalid` reports a body the models refuse.
+
+Guarantees: a figure that went away is sent as null, so status never shows a figure that is gone; status is
+written at most every `STATUS_MIN_INTERVAL_SECONDS` per table unless a condition changes. Not guaranteed:
+that status figures are current to the second (they are as old as the last observation and the last
+write, both rate-limited). When the table or Kafka cannot be read, the previous freshness and table figures
+are kept and a condition says why.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from icefall.api import (
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    ConditionType,
+    StreamingTable,
+    StreamingTableStatus,
+)
+from icefall.controller.kube import Kube
+from icefall.controller.observe import Observed
+from icefall.plan.claims import Claim
+from icefall.plan.conditions import (
+    Issue,
+    Observations,
+    degraded_event,
+    degraded_reason,
+    derive_conditions,
+    set_condition,
+    should_write_status,
+)
+from icefall.plan.driver import DriverDecision, Event, EventReason, EventType
+from icefall.plan.table_status import Summary, acknowledged_loss, summarize
+
+STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10"))
+
+
+class StatusMemory:
+    """Per table (by uid), what this process last did: when it wrote status (for `should_write_status`),
+    which compaction replica count it set, since when (for the scale-down cool-down), and which Degraded
+    reason it last sent an Event for."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, datetime] = {}
+        self._replicas: dict[str, tuple[int, datetime]] = {}
+        self._degraded: dict[str, ConditionReason | None] = {}
+
+    def degraded(self, uid: str, default: ConditionReason | None) -> ConditionReason | None:
+        """The Degraded reason last evented for `uid`; `default` (what status says) before the first."""
+        return self._degraded.get(uid, default)
+
+    def evented_degraded(self, uid: str, reason: ConditionReason | None) -> None:
+        self._degraded[uid] = reason
+
+    def last_write(self, uid: str) -> datetime | None:
+        return self._last.get(uid)
+
+    def wrote(self, uid: str, when: datetime) -> None:
+        self._last[uid] = when
+
+    def replicas(self, uid: str) -> tuple[int, datetime] | None:
+        return self._replicas.get(uid)
+
+    def scaled(self, uid: str, replicas: int, when: datetime) -> None:
+        previous = self._replicas.get(uid)
+        if previous is None or previous[0] != replicas:
+            self._replicas[uid] = (replicas, when)
+
+    def forget(self, uid: str) -> None:
+        self._last.pop(uid, None)
+        self._replicas.pop(uid, None)
+        self._degraded.pop(uid, None)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """The status one pass derived: the new status, the summary it came from, and the Event of a claim by
+    another StreamingTable that just began (for the applier to send)."""
+
+    status: StreamingTableStatus
+    summary: Summary
+    events: tuple[Event, ...]
+
+    @property
+    def conditions(self) -> list[Condition]:
+        return self.status.conditions
+
+
+def derive(
+    st: StreamingTable,
+    observed: Observed,
+    decision: DriverDecision,
+    *,
+    problems: Sequence[str],
+    owner: Claim | None,
+    now: datetime,
+) -> Derived:
+    """The status of `st` from this pass's observations (see the module docstring); `owner`: the older
+    StreamingTable that claims the same catalog table, if any."""
+    summary = summarize(
+        observed.facts,
+        observed.watermarks,
+        now,
+        acknowledged_loss=acknowledged_loss(st.metadata.annotations),
+        topic_id=observed.topic_id,
+        oldest_waiting_ms=observed.oldest_waiting_ms,
+    )
+    issues = [*observed.issues, *summary.issues]
+    events: list[Event] = []
+    if owner is not None:
+        issue, event = _claimed(st, owner, decision)
+        issues.append(issue)
+        events += [event] if event is not None else []
+    observations = Observations(
+        driver=decision.state,
+        driver_message=decision.state_message,
+        freshness_seconds=summary.freshness_seconds,
+        lag_records=summary.lag_records,
+        last_commit_time=summary.last_commit_time,
+        spec_problems=tuple(problems),
+        issues=tuple(issues),
+        unmeasured=observed.unmeasured,
+    )
+    update: dict[str, Any] = {
+        "conditions": derive_conditions(observations, st, now),
+        "observed_generation": st.metadata.generation or 0,
+    }
+    if summary.freshness is not None:
+        update["freshness"] = summary.freshness
+    if summary.table is not None:
+        update["table"] = summary.table
+    if summary.data_loss_records is not None:
+        update["data_loss_records"] = summary.data_loss_records
+    status = (st.status or StreamingTableStatus()).model_copy(update=update)
+    return Derived(status, summary, tuple(events))
+
+
+def _claimed(st: StreamingTable, owner: Claim, decision: DriverDecision) -> tuple[Issue, Event | None]:
+    """The issue of a table claimed by `owner`, and its Event when the claim is new (not in status yet,
+    and not already an Event of the driver decision)."""
+    text = (
+        f"the catalog table {'.'.join(st.table_identifier)} is claimed by the older StreamingTable "
+        f"{owner.ref}; this one stays idle until that one is deleted or names another table"
+    )
+    previous = st.status.condition(ConditionType.READY) if st.status else None
+    already = previous is not None and previous.reason is ConditionReason.TABLE_CLAIMED
+    if already or any(e.reason is EventReason.TABLE_CLAIMED for e in decision.events):
+        return Issue(ConditionReason.TABLE_CLAIMED, text), None
+    return Issue(ConditionReason.TABLE_CLAIMED, text), Event(
+        EventReason.TABLE_CLAIMED, text, EventType.WARNING
+    )
+
+
+def degraded_transition(
+    st: StreamingTable, uid: str, conditions: Sequence[Condition], memory: StatusMemory
+) -> Event | None:
+    """The Event of a Degraded transition since the last one this process sent (remembered)."""
+    stored = degraded_reason(st.status.conditions) if st.status else None
+    event = degraded_event(memory.degraded(uid, stored), conditions)
+    memory.evented_degraded(uid, degraded_reason(conditions))
+    return event
+
+
+@dataclass(frozen=True)
+class Ref:
+    """The StreamingTable a pass is about, as its body names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> Ref:
+        meta = body.get("metadata") or {}
+        return cls(str(meta["namespace"]), str(meta["name"]), str(meta["uid"]))
+
+
+def write(
+    kube: Kube,
+    memory: StatusMemory,
+    ref: Ref,
+    *,
+    previous: StreamingTableStatus | None,
+    new: StreamingTableStatus,
+    now: datetime,
+) -> bool:
+    """Patch the status of `ref` from `previous` to `new` if `should_write_status` says so; True when
+    written."""
+    if not should_write_status(previous, new, memory.last_write(ref.uid), now, STATUS_MIN_INTERVAL_SECONDS):
+        return False
+    kube.patch_status(ref.namespace, ref.name, status_patch(previous, new))
+    memory.wrote(ref.uid, now)
+    return True
+
+
+def status_patch(previous: StreamingTableStatus | None, new: StreamingTableStatus) -> dict[str, Any]:
+    """`new` as a merge patch. Unset figures of the freshness and table blocks, and partitions no longer
+    listed in the lag map, are sent as null (removed), so the status never shows a figure that is gone."""
+    patch: dict[str, Any] = new.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for block, model in (("freshness", new.freshness), ("table", new.table)):
+        if model is not None:
+            patch[block] = model.model_dump(mode="json", by_alias=True)
+    old_lag = previous.freshness.partition_lag if previous and previous.freshness else {}
+    new_lag = new.freshness.partition_lag if new.freshness else {}
+    dropped = {str(p): None for p in old_lag if p not in new_lag}
+    if dropped and "freshness" in patch:
+        patch["freshness"]["partitionLag"] = {**patch["freshness"].get("partitionLag", {}), **dropped}
+    return patch
+
+
+def write_invalid(body: Mapping[str, Any], kube: Kube, message: str, now: datetime) -> bool:
+    """Report a body the models refuse (Ready=False, Degraded=True, reason InvalidSpec); earlier conditions
+    are kept when they still parse. True when written."""
+    meta = body.get("metadata") or {}
+    try:
+        current = StreamingTableStatus.model_validate(body.get("status") or {}).conditions
+    except ValueError:
+        current = []
+    generation = meta.get("generation")
+    conditions = current
+    for kind, flag in (
+        (ConditionType.READY, ConditionStatus.FALSE),
+        (ConditionType.DEGRADED, ConditionStatus.TRUE),
+    ):
+        conditions = set_condition(
+            conditions, kind, flag, ConditionReason.INVALID_SPEC, message, generation=generation, now=now
+        )
+    if conditions == current:
+        return False
+    written = StreamingTableStatus(conditions=conditions, observed_generation=generation)
+    kube.patch_status(
+        str(meta["namespace"]),
+        str(meta["name"]),
+        written.model_dump(mode="json", by_alias=True, exclude_none=True),
+    )
+    return True

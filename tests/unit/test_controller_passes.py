@@ -1,0 +1,120 @@
+"""The two passes over a StreamingTable (`controller.reconcile`): `apply` acts, `observe` only writes status.
+
+Proves, against a recording stand-in for the API (no cluster): `apply` server-side applies the children
+(ServiceAccounts before the pods that use them) and creates the driver Pod once, and a second pass on the
+same observations creates nothing and returns no Event; `observe` plans the same way but reads and writes
+status only (no child, Pod, annotation or Event), even when the driver is missing; a StreamingTable being
+deleted is left alone by both; a body the models refuse becomes an InvalidSpec status and one Warning Event
+from either pass.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import pytest
+
+from icefall.controller import reconcile
+from icefall.controller.kube import Kube
+from icefall.controller.reconcile import Config, Context
+from icefall.controller.status import StatusMemory
+from icefall.plan.driver import EventReason
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class RecordingKube:
+    """The calls a pass makes, and the Pods it created (read back by `get`)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    def apply(self, manifest: Mapping[str, Any]) -> None:
+        self.calls.append(("apply", f"{manifest['kind']}/{manifest['metadata']['name']}"))
+
+    def create(self, manifest: Mapping[str, Any]) -> bool:
+        self.calls.append(("create", f"{manifest['kind']}/{manifest['metadata']['name']}"))
+        pod = copy.deepcopy(dict(manifest))
+        pod["metadata"]["uid"] = "pod-1"
+        self.pods[pod["metadata"]["name"]] = pod
+        return True
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", f"{kind}/{name}"))
+        return self.pods.get(name) if kind == "Pod" else None
+
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        self.calls.append(("delete", f"{kind}/{name}"))
+        return True
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self.calls.append(("patch_status", name))
+
+    def patch_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        self.calls.append(("patch_annotations", name))
+
+    def verbs(self) -> set[str]:
+        return {verb for verb, _ in self.calls}
+
+
+def body(**metadata: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "icefall.dev/v1alpha1",
+        "kind": "StreamingTable",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "st-1", "generation": 1, **metadata},
+        "spec": {
+            "source": {"bootstrapServers": "kafka:9092", "topic": "orders"},
+            "format": {"schema": [{"name": "id", "type": "long"}]},
+            "table": {
+                "namespace": "shop",
+                "catalog": {"name": "lake", "type": "sql", "uri": "sqlite:///c.db", "warehouse": "/w"},
+            },
+        },
+    }
+
+
+def context(kube: RecordingKube, memory: StatusMemory, now: datetime = NOW) -> Context:
+    return Context(cast(Kube, kube), Config(), memory, now)
+
+
+def test_apply_creates_the_children_and_the_driver_once() -> None:
+    kube, memory = RecordingKube(), StatusMemory()
+    first = reconcile.apply(body(), context(kube, memory))
+    applied = [what for verb, what in kube.calls if verb == "apply"]
+    assert applied.index("ServiceAccount/icefall-orders-driver") < applied.index("Deployment/orders-compact")
+    assert ("create", "Pod/orders-ingest") in kube.calls
+    assert first.status_written
+    kube.calls.clear()
+    second = reconcile.apply(body(), context(kube, memory, NOW + timedelta(seconds=1)))
+    assert "create" not in kube.verbs() and "delete" not in kube.verbs()
+    assert second.events == ()
+
+
+def test_observe_writes_status_only() -> None:
+    kube, memory = RecordingKube(), StatusMemory()
+    outcome = reconcile.observe(body(), context(kube, memory))  # no driver Pod: apply would create one
+    assert kube.verbs() == {"get", "patch_status"}
+    assert outcome.events == () and outcome.status_written
+
+
+def test_a_table_being_deleted_is_left_to_the_finalizer() -> None:
+    for run in (reconcile.apply, reconcile.observe):
+        kube = RecordingKube()
+        outcome = run(body(deletionTimestamp="2026-01-01T00:00:00Z"), context(kube, StatusMemory()))
+        assert outcome == reconcile.Outcome() and kube.calls == []
+
+
+def test_an_unreadable_body_is_an_invalid_spec_status_and_a_warning() -> None:
+    broken = body()
+    broken["spec"]["source"]["topic"] = ""
+    for run in (reconcile.apply, reconcile.observe):
+        kube = RecordingKube()
+        outcome = run(broken, context(kube, StatusMemory()))
+        assert kube.calls == [("patch_status", "orders")]
+        assert [e.reason for e in outcome.events] == [EventReason.SPEC_CHANGED]
