@@ -28,7 +28,7 @@ ALLOWED = {
     "icefall/plan/names.py": "the namer",
     "icefall/api/pods.py": "the labels a pod template may not set (api/ cannot import plan/)",
     "icefall/api/crd.py": "the CRD's own part-of label (api/ cannot import plan/)",
-    "icefall/ingest/engine.py": "a Kafka consumer group id, not a Kubernetes name",
+    "icefall/ingest/writer.py": "a Kafka consumer group id, not a Kubernetes name",
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from icefall import metrics
 from icefall.api import StreamingTableSpec
@@ -22,10 +22,36 @@ from icefall.plan.lag import total_lag
 from icefall.plan.offsets import OffsetPlan, OffsetRange, plan_offsets, source_change
 
 if TYPE_CHECKING:
-    from icefall.ingest.writer import ReadStats
     from icefall.kafka.admin import TopicView
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReadStats:
+    """What the read of a batch saw: records, bytes of their values, newest produce time, bad records."""
+
+    records: int
+    bytes: int
+    max_produce_ms: int | None
+    bad: int
+    deleted_keys: str | None = None  # cdc with sequenceBy: the deleted keys file the commit names
+
+    @classmethod
+    def of(
+        cls, records: Any, value_bytes: Any, newest: Any, bad: Any, deleted_keys: str | None = None
+    ) -> ReadStats:
+        """From Spark's aggregates: counts, a sum (None over no rows), a max timestamp (None or datetime)."""
+        return cls(
+            records=int(records or 0),
+            bytes=int(value_bytes or 0),
+            max_produce_ms=int(newest.timestamp() * 1000) if newest is not None else None,
+            bad=int(bad or 0),
+            deleted_keys=deleted_keys,
+        )
+
+
+NOTHING_READ = ReadStats(records=0, bytes=0, max_produce_ms=None, bad=0)
 
 
 class SourceChangedError(RuntimeError):

@@ -22,8 +22,7 @@ from icefall.plan.lag import freshness_seconds, partition_lag
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-    from icefall.ingest.planning import PlannedBatch, Progress
-    from icefall.ingest.writer import ReadStats
+    from icefall.ingest.planning import PlannedBatch, Progress, ReadStats
     from icefall.kafka.admin import TopicView
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable, StreamingTableSpec
+from icefall.ingest.planning import NOTHING_READ, PlannedBatch, ReadStats
 from icefall.kafka.admin import ISOLATION
 from icefall.plan.offsets import OffsetRange, spark_offset_options
 
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
     from icefall.ingest.avro import SchemaLookup
     from icefall.ingest.decode import Decoder
-    from icefall.ingest.planning import PlannedBatch
 
 
 #: Consumer settings for Spark's Kafka reader, unless `spec.source.properties` set them. After each poll
@@ -77,33 +76,6 @@ def read_kafka(
     if records_per_task is not None:
         reader = reader.option("maxRecordsPerPartition", str(records_per_task))
     return reader.load()
-
-
-@dataclass(frozen=True)
-class ReadStats:
-    """What the read of a batch saw: records, bytes of their values, newest produce time, bad records."""
-
-    records: int
-    bytes: int
-    max_produce_ms: int | None
-    bad: int
-    deleted_keys: str | None = None  # cdc with sequenceBy: the deleted keys file the commit names
-
-    @classmethod
-    def of(
-        cls, records: Any, value_bytes: Any, newest: Any, bad: Any, deleted_keys: str | None = None
-    ) -> ReadStats:
-        """From Spark's aggregates: counts, a sum (None over no rows), a max timestamp (None or datetime)."""
-        return cls(
-            records=int(records or 0),
-            bytes=int(value_bytes or 0),
-            max_produce_ms=int(newest.timestamp() * 1000) if newest is not None else None,
-            bad=int(bad or 0),
-            deleted_keys=deleted_keys,
-        )
-
-
-NOTHING_READ = ReadStats(records=0, bytes=0, max_produce_ms=None, bad=0)
 
 
 class Decoders:
