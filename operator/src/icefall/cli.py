@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     )
 
 
-def _ingest_until_stopped(
+def _ingest_until_stopped(  # noqa: C901, PLR0915 (to split: the run loop of icefall run)
     st: Any,
     catalog: Any,
     spark: Any,
@@ -633,7 +633,7 @@ STATE_DIR_HELP = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one statement per option)
     parser = argparse.ArgumentParser(
         prog="icefall",
         description="Kafka topics in, compacted Apache Iceberg tables out, exactly once.",

@@ -80,7 +80,7 @@ _LOGICAL = {
 }
 
 
-def _type(avro_type: Any, path: str) -> dict[str, Any]:
+def _type(avro_type: Any, path: str) -> dict[str, Any]:  # noqa: C901 (one branch per Avro type)
     """The `type` (and nested parts) of a schema field or `TypeSpec` for a non-null Avro type."""
     if isinstance(avro_type, str):
         if avro_type in _PRIMITIVES:

@@ -556,7 +556,7 @@ class _Converter:
     defs: Mapping[str, Any]
     used_rules: set[str | tuple[str, str]]
 
-    def convert(self, node: Mapping[str, Any], *, model: str | None = None, depth: int = 0) -> dict[str, Any]:
+    def convert(self, node: Mapping[str, Any], *, model: str | None = None, depth: int = 0) -> dict[str, Any]:  # noqa: C901, PLR0912 (one branch per JSON Schema keyword)
         """Convert one schema node; `model` names the model whose definition `node` is (for rules)."""
         node = dict(node)
         if "$ref" in node:

@@ -163,7 +163,7 @@ def problems_from_validation_error(
 # --- messages ------------------------------------------------------------------------------------------
 
 
-def _describe(err: Any, model: type[BaseModel], loc: Loc) -> str:
+def _describe(err: Any, model: type[BaseModel], loc: Loc) -> str:  # noqa: C901, PLR0912 (one branch per pydantic error type)
     kind: str = err["type"]
     ctx: dict[str, Any] = err.get("ctx") or {}
     value = err.get("input")

@@ -63,7 +63,7 @@ class LeaseAPIError(LeaseError):
 class KubernetesLease(StoredLease[_Object | None]):
     """A lease kept in the Lease `namespace/name`. A record's version is the whole object it was read from."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (keyword-only settings)
         self,
         api: ApiClient,
         namespace: str,

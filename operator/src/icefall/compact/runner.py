@@ -135,7 +135,7 @@ class _Renewer:
 class MaintenanceRunner:
     """Plan and run maintenance for one table (module doc)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (keyword-only settings)
         self,
         spark: SparkSession,
         catalog: CatalogConfig,

@@ -69,7 +69,7 @@ class RESTCatalogServer:
     a pyiceberg SqlCatalog's name to share its tables.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (keyword-only settings)
         self,
         workdir: Path,
         *,

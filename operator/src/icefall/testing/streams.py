@@ -354,7 +354,7 @@ def audit(
     )
 
 
-def assert_exactly_once(
+def assert_exactly_once(  # noqa: PLR0913 (keyword-only test settings)
     config: CatalogConfig,
     name: str,
     high: Mapping[int, int],
