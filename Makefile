@@ -10,8 +10,8 @@ TOOLS := eval "$$(hack/tool-env.sh)"
 .PHONY: help setup venv tools demo test test-all test-unit test-integration test-e2e bench-ingest chaos lint fmt clean
 help:
 	@echo "make demo   set everything up and run the main job on the embedded default"
-	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e but the long modules)"
-	@echo "make test-all  the same with every e2e module (about 15 min more)"
+	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e; not the tests marked long)"
+	@echo "make test-all  the same with the long tests too (about 45 min more)"
 	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
 	@echo "make image  build the image (spark_images/Dockerfile) with podman, no registry needed (hack/build-image.sh)"
@@ -72,9 +72,10 @@ dashboards: venv
 	mv charts/icefall/dashboards/icefall.json.tmp charts/icefall/dashboards/icefall.json
 
 # The e2e tier runs every pod as a container of the image: build it (or find it, by hash) first.
-# `make test` leaves out the e2e modules marked `long` (executors as pods, compaction pods, the keyed
-# examples: their pieces are each proved by integration tests) to stay within the hour; `make test-all`
-# runs every test, `make test-e2e` every e2e module.
+# `make test` leaves out the tests marked `long` to stay within CI's time: three e2e modules (executors as
+# pods, compaction pods, the keyed examples) and the longest kill chains (keyed and cdc tables, the small
+# chaos run, the shared catalogs' crash-restarts); each of their pieces is also proved by a shorter test.
+# `make test-all` runs every test, `make test-e2e` every e2e module.
 test: setup lint image
 	$(TOOLS) && $(BIN)/pytest -m "not long"
 

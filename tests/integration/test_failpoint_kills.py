@@ -174,6 +174,7 @@ def produce_cdc_changes(kafka: KafkaBroker, topic: str, start: int, count: int) 
     return {(p, o) for p, o, bad in delivered if bad}
 
 
+@pytest.mark.long  # `make test-all`: keeps `make test` within CI's time
 @CHAIN_TIMEOUT
 def test_kills_around_the_commits_of_a_cdc_table_ordered_by_position(
     kafka: KafkaBroker, tmp_path: Path
@@ -208,6 +209,7 @@ def test_kills_around_pipelined_commits(kafka: KafkaBroker, tmp_path: Path) -> N
     chain.finish(set())
 
 
+@pytest.mark.long  # `make test-all`: keeps `make test` within CI's time
 @CHAIN_TIMEOUT
 def test_kills_around_the_commits_of_a_keyed_table(kafka: KafkaBroker, tmp_path: Path) -> None:
     """An upsert table killed around its MERGE batches: staged and not committed, before and after the
@@ -352,6 +354,7 @@ def assert_rows_match_their_records(config: CatalogConfig, name: str, kafka: Kaf
         ), where  # fmt: skip
 
 
+@pytest.mark.long  # `make test-all`: keeps `make test` within CI's time
 @CHAIN_TIMEOUT
 def test_a_small_chaos_run_of_random_kills_stays_exactly_once(kafka: KafkaBroker, tmp_path: Path) -> None:
     """6 runs (`make chaos` is the long run), each armed to exit at a random point on a random hit (1-2)

@@ -83,7 +83,12 @@ def test_ingest_in_process_exactly_once(
 # On the embedded catalog, test_failpoint_kills.py's chains kill at main.after-stage and main.after-commit.
 CRASHES = [
     *((kind, point) for kind in ["embedded"] for point in ["main.after-prepare", "main.before-commit"]),
-    *((kind, point) for kind in SHARED_CATALOGS for point in ["main.after-stage", "main.after-commit"]),
+    # The shared catalogs' crashes are `long` (`make test-all`), to keep `make test` within CI's time.
+    *(
+        pytest.param(kind, point, marks=pytest.mark.long)
+        for kind in SHARED_CATALOGS
+        for point in ["main.after-stage", "main.after-commit"]
+    ),
 ]
 
 
