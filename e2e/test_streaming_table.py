@@ -298,12 +298,20 @@ def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
     assert pipeline.lease()["spec"]["leaseTransitions"] > epoch_before
     starts = pipeline.events(STARTS)
     assert _count(starts) > created_before, [(e["reason"], e["message"]) for e in starts]
-    # The old pod is gone from the API (the kubelet finished its deletion); only the new one is left.
+
+    # The old pod is gone from the API (the kubelet finished its deletion); only the new one is left. The
+    # table's other pods (compaction) do not count.
+    def drivers() -> list[Obj]:
+        return [p for p in pipeline.pods() if p["metadata"]["name"] == DRIVER]
+
     wait_for(
         "only the new driver pod left",
-        lambda: [p["metadata"]["uid"] for p in pipeline.pods()] == [new["metadata"]["uid"]],
+        lambda: [p["metadata"]["uid"] for p in drivers()] == [new["metadata"]["uid"]],
         timeout=90,
         details=lambda: str(
-            [(p["metadata"]["uid"], p.get("status", {}).get("phase")) for p in pipeline.pods()]
+            [
+                (p["metadata"]["name"], p["metadata"]["uid"], p.get("status", {}).get("phase"))
+                for p in pipeline.pods()
+            ]
         ),
     )
