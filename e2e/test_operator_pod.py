@@ -88,12 +88,13 @@ class OperatorPod:
             return None
 
     def process(self) -> int:
-        """The host pid of the operator's Python process: the container's init process (the chart's
-        `command` replaces the image's entry point, tini included), or a child of it."""
+        """The host pid of the operator's Python process: the child of the container's init (tini, the
+        image's entry point, whose own command line names `icefall operator` too), or init itself."""
         container_id = self.container()["containerID"]
         init = self.node.node.container_pid(container_id)
         assert init is not None, f"no running task for {container_id}"
-        found = [pid for pid in (init, *(p for p in _pids() if _parent(p) == init)) if _is_operator(pid)]
+        children = [pid for pid in _pids() if _parent(pid) == init and _is_operator(pid)]
+        found = children or [pid for pid in (init,) if _is_operator(pid)]  # under tini, its child
         assert len(found) == 1, f"{found}: not one `icefall operator` in the container of pid {init}"
         return found[0]
 
