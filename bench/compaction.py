@@ -71,7 +71,7 @@ from icefall.commit.lease import FileLease
 from icefall.devstack.events import EventProducer
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
-from icefall.plan.names import commit_lease_name
+from icefall.plan.names import table_leases
 from icefall.spark.session import build_spark_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,7 +244,7 @@ def run_arm(
     broker.create_topic(topic, partitions=PARTITIONS)
     st = manifest_for(broker.bootstrap, topic, f"orders_{arm.name}", args.interval)
     label = ".".join(st.table_identifier)
-    lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), f"bench-{arm.name}")
+    lease = FileLease.in_dir(state / "leases", table_leases(st).commit, f"bench-{arm.name}")
     ingestor = Ingestor(st, catalog, spark, lease)
     ingestor.start(lease_timeout=30)  # creates the table before the worker looks for it
     rate = args.records_per_commit / args.interval

@@ -70,7 +70,7 @@ from icefall.devstack.events import EventProducer, order_values
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.engine import BatchReport, Ingestor
-from icefall.plan.names import commit_lease_name
+from icefall.plan.names import table_leases
 from icefall.spark.session import FAIR_SCHEDULING, build_spark_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace, state: Path) -> tuple[dict[str, str], list[tup
             [catalog], app_name="icefall-bench", master="local[2]", extra_conf=FAIR_SCHEDULING
         )
         try:
-            lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), "bench")
+            lease = FileLease.in_dir(state / "leases", table_leases(st).commit, "bench")
             ingestor = Ingestor(st, catalog, spark, lease)
             ingestor.start(lease_timeout=30)
             maintenance = (

@@ -13,9 +13,9 @@ its StreamingTable and take work Leases. Proves:
   main's history has an Iceberg `replace` snapshot;
 - the rows as a multiset are the same before and after, and the table equals the topic exactly once
   (record by record, and per the auditor);
-- the pod claimed its item with a work Lease `icefall-<table>-work-<hash>` held under its own pod name (seen
-  by a watch while it ran: the runner deletes a work Lease once it releases it) and no API call of the pod
-  was refused (no 403/Forbidden in its log);
+- the pod claimed its item with a work Lease of its table's pool (`icefall-<table>-<id>-work-<slot>`) held
+  under its own pod name (seen by a watch while it ran: the runner deletes a work Lease once it releases
+  it) and no API call of the pod was refused (no 403/Forbidden in its log: its Role names those Leases);
 - `status.table.lastCompactionTime` (what `kubectl get st` reads) shows the rewrite once it happened;
 - deleting the Pod stops the worker cleanly (SIGTERM from the kubelet: the loop says it stopped), and the
   ReplicaSet makes a new one in its place.
@@ -39,11 +39,12 @@ import yaml
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
+from icefall.api import streaming_table_from_object
 from icefall.catalog import CatalogConfig
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.maintenance import MaintenancePolicy
-from icefall.plan.names import compaction_account_name, compaction_name
+from icefall.plan.names import compaction_account_name, compaction_name, table_leases
 from icefall.testing.kubeapi import JsonApi, ObjectWatch
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE
 from icefall.testing.streams import assert_exactly_once, manifest_text
@@ -70,7 +71,7 @@ DRIVER = f"{NAME}-ingest"
 DEPLOYMENT = compaction_name(NAME)
 #: The node label the compaction pods wait for (spec.pods.compaction.nodeSelector).
 HOLD_LABEL = "e2e.icefall.dev/compaction"
-WORK_LEASE_PREFIX = f"icefall-{TABLE.replace('_', '-')}-work-"
+WORK_LEASE = re.compile(rf"icefall-{TABLE.replace('_', '-')}-[0-9a-f]{{8}}-work-[0-9]{{2}}")
 RECORDS = 120
 BATCH_RECORDS = 20  # spec.batch.maxRecords: at least RECORDS / BATCH_RECORDS small commits
 BAD_EVERY = 50
@@ -84,7 +85,7 @@ def work_leases(leases: ObjectWatch) -> list[tuple[str, str, str]]:
     return [
         (kind, obj["metadata"]["name"], (obj.get("spec") or {}).get("holderIdentity") or "")
         for kind, obj in leases.events()
-        if obj["metadata"]["name"].startswith(WORK_LEASE_PREFIX)
+        if WORK_LEASE.fullmatch(obj["metadata"]["name"])
     ]
 
 
@@ -277,7 +278,8 @@ def test_compaction_pod_compacts_under_its_own_account(
     claims = {(name, holder) for kind, name, holder in work if holder}
     assert claims, f"no work Lease was ever held: {leases.events()}"
     assert {holder for _, holder in claims} == {pod_name}, claims
-    assert all(re.fullmatch(rf"{re.escape(WORK_LEASE_PREFIX)}[0-9a-f]+", name) for name, _ in claims), claims
+    pool = table_leases(streaming_table_from_object(setup.st())).work
+    assert all(name in pool for name, _ in claims), (claims, pool)
 
     table = setup.iceberg_table()
     assert table is not None

@@ -31,10 +31,11 @@ from typing import Any
 import pytest
 import yaml
 
+from icefall.api import streaming_table_from_object
 from icefall.catalog import CatalogConfig
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
-from icefall.plan.names import commit_lease_name
+from icefall.plan.names import table_leases
 from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import assert_exactly_once, manifest_text, watermarks
 
@@ -96,7 +97,8 @@ class Pipeline(TableStream):
 
     def lease(self) -> Obj:
         """The table's commit Lease (the driver takes it with its ServiceAccount's token)."""
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{commit_lease_name(TABLE)}"
+        name = table_leases(streaming_table_from_object(self.st())).commit
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{name}"
         return self.rest.get(path) or {}
 
     def events(self, reasons: frozenset[str]) -> list[Obj]:

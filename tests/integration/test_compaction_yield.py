@@ -31,7 +31,7 @@ from icefall.compact.worker import Outcome
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.leases import YIELD_AFTER_CONFLICTS
 from icefall.plan.maintenance import ApplyDeletes, FileContent, MaintenancePolicy
-from icefall.plan.names import rewrite_yield_name
+from icefall.plan.names import table_leases
 from icefall.testing.streams import drain, keyed_table, send_changes, started_ingestor
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ def test_a_rewrite_that_keeps_losing_to_keyed_batches_gets_ingestion_to_wait_for
     st = keyed_table("compaction_yield", topic, kafka.bootstrap)
     label = "it.compaction_yield"
     leases = tmp_path / "leases"
-    yield_to = FileLease.in_dir(leases, rewrite_yield_name(st.table_name), "ingestor")
+    yield_to = FileLease.in_dir(leases, table_leases(st).rewrite_yield, "ingestor")
     # Only delete application is due (no small-file compaction), from 1 % of a file's rows deleted.
     policy = MaintenancePolicy(min_files_to_compact=1000, deleted_fraction_threshold=0.01)
     runner = runner_for(st, catalog_config, spark, file_leases(leases, "compactor"), policy=policy)

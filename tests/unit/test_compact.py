@@ -41,7 +41,7 @@ from icefall.plan.maintenance import (
     policy_from_spec,
     work_key,
 )
-from icefall.plan.names import rewrite_yield_name
+from icefall.plan.names import TableIdentity, TableLeases, table_leases
 from icefall.plan.rbac import compaction_rules
 
 pytestmark = pytest.mark.unit
@@ -212,13 +212,20 @@ class PlannedRunner(MaintenanceRunner):
             identifier=("ns", "t"),
             policy=MaintenancePolicy(),
             leases=lambda name: FakeLease(name, taken, log),  # type: ignore[arg-type, return-value]
-            lease_table="t",
+            table_leases=LEASES,
             runner=runner,
         )
         self.work = tuple(work)
 
     def plan(self, now_ms: int | None = None) -> tuple[WorkItem, ...]:
         return self.work
+
+
+LEASES = TableLeases(TableIdentity(catalog="", catalog_uri="", namespace="ns", table="t"))
+
+
+def lease_of(item: WorkItem) -> str:
+    return LEASES.work_for(work_key(item))
 
 
 EXPIRY = ExpireSnapshots(older_than_ms=0, retain_last=1, keep_ids=(2,), expire_ids=(1,))
@@ -233,10 +240,10 @@ def test_runner_claims_the_first_free_item_and_releases_it() -> None:
         ran.append(item)
         return ItemResult(type(item).__name__, Outcome.DONE, "ok", 0.1)
 
-    runner = PlannedRunner([EXPIRY, ORPHANS], run, {work_key("t", EXPIRY)}, log)
+    runner = PlannedRunner([EXPIRY, ORPHANS], run, {lease_of(EXPIRY)}, log)
     step = runner.step()
     assert ran == [ORPHANS] and step.item == ORPHANS and step.busy == 1 and step.ran
-    key = work_key("t", ORPHANS)
+    key = lease_of(ORPHANS)
     assert log == [f"acquire {key}", f"release+forget {key}"]
 
 
@@ -249,7 +256,7 @@ def test_runner_returns_failures_and_still_releases() -> None:
     step = PlannedRunner([EXPIRY], fail, set(), log).step()
     assert step.item == EXPIRY and step.result is None
     assert step.error is not None and "validation failed" in step.error
-    assert log[-1] == f"release+forget {work_key('t', EXPIRY)}"
+    assert log[-1] == f"release+forget {lease_of(EXPIRY)}"
 
 
 def test_runner_stopped_with_sparks_jvm_says_so_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -270,7 +277,7 @@ def test_runner_stopped_with_sparks_jvm_says_so_in_one_line(caplog: pytest.LogCa
     with caplog.at_level(logging.INFO):
         step = runner.step()
     assert step.item == EXPIRY and step.error == "Spark's JVM stopped"
-    assert log[-1] == f"release+forget {work_key('t', EXPIRY)}"
+    assert log[-1] == f"release+forget {lease_of(EXPIRY)}"
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
@@ -306,19 +313,19 @@ def test_a_rewrite_that_keeps_losing_to_deletes_runs_holding_the_yield_lease() -
         return ItemResult("ApplyDeletes", Outcome.DONE, "ok", 0.1)
 
     runner = PlannedRunner([DELETES], run, set(), log)
-    key, barrier = work_key("t", DELETES), rewrite_yield_name("t")
+    key, lease, barrier = work_key(DELETES), lease_of(DELETES), LEASES.rewrite_yield
     assert runner.step().error and runner.step().error  # two conflicts, no yield lease yet
     assert f"acquire {barrier}" not in log and runner.conflicts == {key: 2}
     log.clear()
     third = runner.step()
     assert third.error is None and third.result is not None
     assert log == [
-        f"acquire {key}",
+        f"acquire {lease}",
         f"acquire {barrier}",
         "run",
         "run",
         f"release+forget {barrier}",
-        f"release+forget {key}",
+        f"release+forget {lease}",
     ]
     assert runner.conflicts == {}
     log.clear()
@@ -331,15 +338,14 @@ def test_a_yield_lease_held_by_another_rewrite_is_not_waited_for() -> None:
     runner = PlannedRunner(
         [DELETES],
         lambda *_: ItemResult("ApplyDeletes", Outcome.DONE, "ok", 0.1),
-        {rewrite_yield_name("t")},
+        {LEASES.rewrite_yield},
         log,
     )
-    runner.conflicts[work_key("t", DELETES)] = 5
+    runner.conflicts[work_key(DELETES)] = 5
     assert runner.step().result is not None and runner.conflicts == {}
 
 
 def test_yield_names_and_pending() -> None:
-    assert rewrite_yield_name("shop.Orders_v2") == "icefall-shop.orders-v2-yield"
     held = LeaseRecord("compactor", 3, acquire_time=100.0, renew_time=100.0, duration_seconds=60)
     assert yield_pending(held, 159.9) and not yield_pending(held, 160.0)
     assert not yield_pending(None, 0) and not yield_pending(replace(held, holder=None), 120)
@@ -432,13 +438,20 @@ def test_manifest_cache_reads_each_file_once_and_forgets_what_metadata_dropped()
     assert reads[-1] == "list-1" and cache.files_read == 3
 
 
-def test_compaction_pods_may_use_work_leases() -> None:
+def test_compaction_pods_may_use_their_own_tables_work_and_yield_leases_only() -> None:
     st = streaming_table_from_object(with_spec())
-    rules = compaction_rules(st)
-    unnamed = [r for r in rules if r["resources"] == ["leases"] and "resourceNames" not in r]
-    verbs = {v for r in unnamed for v in r["verbs"]}
-    assert {"get", "update", "create", "delete"} <= verbs  # delete: released work Leases are removed
-    assert not any("list" in r["verbs"] or "watch" in r["verbs"] for r in rules)
+    leases = table_leases(st)
+    rules = [r for r in compaction_rules(st) if r["resources"] == ["leases"]]
+    named, unnamed = (
+        [r for r in rules if "resourceNames" in r],
+        [r for r in rules if "resourceNames" not in r],
+    )
+    assert [r["verbs"] for r in unnamed] == [["create"]]  # RBAC cannot restrict create by name
+    (pool,) = named
+    assert pool["resourceNames"] == [*leases.work, leases.rewrite_yield]
+    assert pool["verbs"] == ["get", "update", "delete"]  # delete: released work Leases are removed
+    assert leases.commit not in pool["resourceNames"]
+    assert not any("list" in r["verbs"] or "watch" in r["verbs"] for r in compaction_rules(st))
 
 
 def test_the_compaction_deployment_command_parses() -> None:

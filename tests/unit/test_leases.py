@@ -23,11 +23,11 @@ from icefall.commit.lease import (
     LeaseError,
     LeaseLostError,
     LeaseTimeoutError,
+    SuccessorLease,
     local_holder_exited,
     local_process_holder,
 )
 from icefall.plan.leases import LeaseAction, LeaseRecord, decide, release
-from icefall.plan.names import commit_lease_name
 
 pytestmark = pytest.mark.unit
 
@@ -178,13 +178,11 @@ def test_release_only_lets_go_of_my_own_epoch() -> None:
     assert release(None, me="a", epoch=4) is None
 
 
-def test_bad_inputs_and_names() -> None:
+def test_bad_inputs() -> None:
     with pytest.raises(ValueError):
         decide(None, me="", my_epoch=None, now=0.0, duration_seconds=DURATION)
     with pytest.raises(ValueError):
         decide(None, me="a", my_epoch=None, now=0.0, duration_seconds=0)
-    assert commit_lease_name("orders") == "icefall-orders-commit"
-    assert commit_lease_name("Sales_EU.orders") == "icefall-sales-eu.orders-commit"
 
 
 # --- the local file backend ------------------------------------------------------------------------------
@@ -321,3 +319,53 @@ def test_a_new_holder_starts_above_the_tables_epoch_even_after_the_lease_was_del
         held("a", 4, renewed=100.0), me="a", my_epoch=4, now=101.0, duration_seconds=DURATION, floor=7
     )
     assert (mine.action, mine.record.epoch) == (LeaseAction.RENEW, 4)
+
+
+# --- renamed leases: an upgrade waits out the writer of the old name ---------------------------------------
+
+
+def named(tmp_path: Path, name: str, holder: str, clock: FakeClock) -> FileLease:
+    return FileLease.in_dir(tmp_path, name, holder, duration_seconds=DURATION, clock=clock, sleep=clock.sleep)
+
+
+def successor(tmp_path: Path, holder: str, clock: FakeClock) -> SuccessorLease:
+    new, old = named(tmp_path, "new", holder, clock), named(tmp_path, "old", holder, clock)
+    return SuccessorLease(new, old, clock=clock)
+
+
+def test_without_an_old_lease_the_successor_is_the_new_lease_alone(tmp_path: Path) -> None:
+    clock = FakeClock()
+    lease = successor(tmp_path, "b", clock)
+    assert isinstance(lease, Lease)
+    assert lease.acquire(timeout=0, floor=4) == 5
+    assert lease.is_held and lease.epoch == 5 and lease.holder == "b"
+    assert named(tmp_path, "old", "x", clock).current() is None  # never created
+    lease.renew()
+    lease.release()
+    record = lease.current()
+    assert record is not None and record.holder is None
+
+
+def test_a_writer_of_the_old_name_is_waited_out_and_outnumbered(tmp_path: Path) -> None:
+    clock = FakeClock()
+    old_writer = named(tmp_path, "old", "a", clock)
+    assert old_writer.acquire(timeout=0, floor=6) == 7  # an older version's writer, still running
+    new_writer = successor(tmp_path, "b", clock)
+    with pytest.raises(LeaseTimeoutError, match="held by 'a'"):
+        new_writer.acquire(timeout=DURATION / 2)
+    assert not new_writer.is_held
+    assert named(tmp_path, "new", "x", clock).current() is None  # the new name waits too
+
+    old_writer.release()  # the old version stops
+    epoch = new_writer.acquire(timeout=0, floor=3)
+    assert epoch > 7  # above every epoch the old name handed out
+    assert named(tmp_path, "old", "x", clock).current() is None  # taken, let go and removed
+    with pytest.raises(LeaseLostError):
+        old_writer.renew()
+
+
+def test_an_old_lease_that_ran_out_is_taken_over(tmp_path: Path) -> None:
+    clock = FakeClock()
+    assert named(tmp_path, "old", "a", clock).acquire(timeout=0) == 1
+    clock.now += DURATION + 1  # its writer died
+    assert successor(tmp_path, "b", clock).acquire(timeout=0) == 3  # old: epoch 2; new: above it

@@ -23,7 +23,7 @@ import pytest
 from icefall.api import StreamingTable
 from icefall.plan.children import ANNOTATION_RESTART, Children, ObjectRef, desired_children
 from icefall.plan.env import ENV_POD_IP, ENV_POD_NAME, ENV_SPARK_CONF, secret_env_vars
-from icefall.plan.names import LABEL_SPEC_HASH, child_name, commit_lease_name
+from icefall.plan.names import LABEL_SPEC_HASH, child_name, table_leases
 from icefall.plan.settings import OperatorSettings, Resources
 from icefall.plan.spark_conf import (
     ANNOTATION_SPARK_MASTER,
@@ -467,8 +467,7 @@ def test_driver_rbac_is_namespaced_least_privilege_and_names_the_commit_lease() 
     st = table("orders-eu", table={"namespace": "shop", "name": "orders_eu_v2"})
     children = render(st)
     role = children.get("Role", "icefall-orders-eu-driver")
-    lease = commit_lease_name("orders_eu_v2")
-    assert lease == "icefall-orders-eu-v2-commit"  # from the table name, as the ingestion entry point does
+    leases = table_leases(st)  # the names the ingestion entry point takes
     by_resource: dict[str, list[dict[str, Any]]] = {}
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
@@ -482,9 +481,13 @@ def test_driver_rbac_is_namespaced_least_privilege_and_names_the_commit_lease() 
         "persistentvolumeclaims",
         "services",
     }
-    leases = by_resource["leases"]
-    assert {"resourceNames": [lease], "verbs": ["get", "update"]}.items() <= leases[0].items()
-    assert leases[1]["verbs"] == ["create"] and "resourceNames" not in leases[1]
+    rules = by_resource["leases"]
+    assert {"resourceNames": [leases.commit], "verbs": ["get", "update"]}.items() <= rules[0].items()
+    assert rules[1]["verbs"] == ["create"] and "resourceNames" not in rules[1]
+    # An upgrade: the commit Lease of versions before identity-keyed names is taken, then removed.
+    assert rules[2]["resourceNames"] == [leases.legacy_commit] == ["icefall-orders-eu-v2-commit"]
+    assert rules[2]["verbs"] == ["get", "update", "delete"]
+    assert len(rules) == 3
     assert by_resource["streamingtables"][0]["resourceNames"] == ["orders-eu"]
     assert by_resource["streamingtables"][0]["verbs"] == ["get"]
     assert "watch" in by_resource["pods"][0]["verbs"]

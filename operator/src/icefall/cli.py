@@ -9,11 +9,15 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from icefall import __version__
+
+if TYPE_CHECKING:
+    from icefall.commit.lease import Lease
+    from icefall.plan.names import TableLeases
 
 # Exit codes of `icefall run` / `icefall ingest` a supervisor can act on (1: failure, 2: usage).
 EXIT_LEASE = 3  # another writer holds or took the table
@@ -91,7 +95,7 @@ def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
 def _run(args: argparse.Namespace) -> int:
     from icefall import metrics
     from icefall.commit.lease import FileLease, local_process_holder
-    from icefall.plan.names import commit_lease_name, rewrite_yield_name
+    from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import embedded_conf
     from icefall.spark.session import build_spark_session
 
@@ -109,8 +113,9 @@ def _run(args: argparse.Namespace) -> int:
     conf = embedded_conf(st.metadata.name, master=args.master, maintain=maintain)
     spark = build_spark_session([catalog], extra_conf=conf)
     holder = local_process_holder()
-    lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), holder)
-    yield_to = FileLease.in_dir(state / "leases", rewrite_yield_name(st.table_name), holder)
+    names = table_leases(st)
+    lease = _commit_lease(lambda name: FileLease.in_dir(state / "leases", name, holder), names)
+    yield_to = FileLease.in_dir(state / "leases", names.rewrite_yield, holder)
     if not maintain:
         return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop, yield_to=yield_to)
     from icefall.compact.runner import embedded_maintenance
@@ -120,6 +125,16 @@ def _run(args: argparse.Namespace) -> int:
     return _ingest_until_stopped(
         st, catalog, spark, lease, args, maintenance=maintenance, stop=stop, yield_to=yield_to
     )
+
+
+def _commit_lease(lease: Callable[[str], Lease], names: TableLeases) -> Lease:
+    """The table's commit Lease (`names`: its `TableLeases`), taken after the commit Lease of versions
+    before identity-keyed names while one exists (an upgrade: `SuccessorLease`)."""
+    from icefall.commit.lease import SuccessorLease
+
+    if names.legacy_commit is None:
+        return lease(names.commit)
+    return SuccessorLease(lease(names.commit), lease(names.legacy_commit))
 
 
 def _ingest_until_stopped(  # noqa: C901, PLR0915 (to split: the run loop of icefall run)
@@ -258,7 +273,7 @@ def _pod_spark(catalog: Any, table: str, role: str, master: str) -> Any:
 def _ingest(args: argparse.Namespace) -> int:
     """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
     from icefall.commit.kube_lease import KubernetesLease
-    from icefall.plan.names import commit_lease_name, rewrite_yield_name
+    from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import DEFAULT_MASTER
 
     api, st = _from_api(args.namespace, args.name)
@@ -274,8 +289,9 @@ def _ingest(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port, required=False)
     spark = _pod_spark(catalog, st.metadata.name, "ingest", DEFAULT_MASTER)
     holder = _pod_holder()
-    lease = KubernetesLease(api, args.namespace, commit_lease_name(st.table_name), holder)
-    yield_to = KubernetesLease(api, args.namespace, rewrite_yield_name(st.table_name), holder)
+    names = table_leases(st)
+    lease = _commit_lease(lambda name: KubernetesLease(api, args.namespace, name, holder), names)
+    yield_to = KubernetesLease(api, args.namespace, names.rewrite_yield, holder)
     return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop, yield_to=yield_to)
 
 

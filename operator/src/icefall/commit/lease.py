@@ -366,3 +366,57 @@ class FileLease(StoredLease[str | None]):
                 Path(tmp).unlink(missing_ok=True)
                 raise
         return True
+
+
+class SuccessorLease:
+    """A Lease renamed in a later version: `lease`, after waiting out whoever holds `predecessor`.
+
+    `acquire` first takes `predecessor` if it exists (an older version's writer may hold it: wait for it to
+    stop or run out), then `lease` at an epoch above both, then lets go of `predecessor` and removes it, so
+    once every writer is upgraded the old name is gone and is never waited on again. Everything else is
+    `lease`'s. An old writer that starts afterwards runs beside this one until the table's epoch fences one
+    of them (`icefall.commit`): safety never rests on the lease.
+    """
+
+    def __init__(
+        self, lease: Lease, predecessor: Lease, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.lease = lease
+        self.predecessor = predecessor
+        self._clock = clock
+
+    @property
+    def holder(self) -> str:
+        return self.lease.holder
+
+    @property
+    def epoch(self) -> int | None:
+        return self.lease.epoch
+
+    @property
+    def expires_at(self) -> float | None:
+        return self.lease.expires_at
+
+    @property
+    def is_held(self) -> bool:
+        return self.lease.is_held
+
+    def acquire(self, timeout: float | None = None, *, floor: int = 0) -> int:
+        if self.predecessor.current() is None:
+            return self.lease.acquire(timeout, floor=floor)
+        started = self._clock()
+        before = self.predecessor.acquire(timeout, floor=floor)
+        try:
+            left = None if timeout is None else max(timeout - (self._clock() - started), 0.0)
+            return self.lease.acquire(left, floor=max(floor, before))
+        finally:
+            self.predecessor.release(forget=True)
+
+    def renew(self) -> None:
+        self.lease.renew()
+
+    def release(self, *, forget: bool = False) -> None:
+        self.lease.release(forget=forget)
+
+    def current(self) -> LeaseRecord | None:
+        return self.lease.current()

@@ -3,10 +3,10 @@
 `MaintenanceRunner.step()` does one round and runs at most one item: it loads the table, reads its
 `TableView`, plans with `plan_maintenance(view, policy, now_ms)` (the clock is injectable: tests move it
 forward instead of waiting out the orphan safety window), and walks the plan in order, claiming each item
-with the Lease `work_key(table, item)` (`acquire(timeout=0)`: an item another worker holds is skipped, not
-waited for) until one is claimed; that one is run by `icefall.compact.worker.run_item` while a background
-thread renews its Lease, then the Lease is released. `run(should_stop)` repeats steps, sleeping
-`idle_seconds` when there was nothing to claim, until `should_stop()` — the compaction pods' loop
+with the work Lease `TableLeases.work_for(work_key(item))` (`acquire(timeout=0)`: an item another worker
+holds is skipped, not waited for) until one is claimed; that one is run by `icefall.compact.worker.run_item`
+while a background thread renews its Lease, then the Lease is released. `run(should_stop)` repeats steps,
+sleeping `idle_seconds` when there was nothing to claim, until `should_stop()` — the compaction pods' loop
 (`icefall compact`). `EmbeddedMaintenance` runs `step()` in `icefall run`, on a thread of its own beside
 the ingestion batches (their Spark jobs share the cores through Spark's FAIR scheduler), so a rewrite never
 delays a batch's start or commit.
@@ -23,7 +23,7 @@ Guarantees:
 - A rewrite cannot starve on a hot keyed table: each keyed batch adds position deletes to the files it
   touches, and Iceberg refuses a rewrite whose input files got new deletes after they were read. After
   `YIELD_AFTER_CONFLICTS` such refusals in a row, the item's next attempt runs holding the table's yield
-  Lease (`rewrite_yield_name`); the keyed table's ingestion does not start a batch while it is held (at
+  Lease (`TableLeases.rewrite_yield`); the keyed table's ingestion does not start a batch while it is held (at
   most `YIELD_MAX_WAIT_SECONDS` per batch), so that attempt, or the one right after the batch that was
   already in flight, commits. The price is one pause of ingestion for the length of a rewrite.
 
@@ -63,7 +63,7 @@ from icefall.plan.maintenance import (
     policy_from_spec,
     work_key,
 )
-from icefall.plan.names import rewrite_yield_name
+from icefall.plan.names import TableLeases, table_leases
 from icefall.spark.session import jvm_stopped
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class MaintenanceRunner:
         policy: MaintenancePolicy,
         leases: LeaseFactory,
         *,
-        lease_table: str,
+        table_leases: TableLeases,
         clock_ms: Callable[[], int] = wall_clock_ms,
         list_storage: bool = True,
         lease_seconds: float = WORK_LEASE_SECONDS,
@@ -154,7 +154,7 @@ class MaintenanceRunner:
         self.identifier = tuple(identifier)
         self.policy = policy
         self.leases = leases
-        self.lease_table = lease_table
+        self.table_leases = table_leases
         self.clock_ms = clock_ms
         self.list_storage = list_storage
         self.lease_seconds = lease_seconds
@@ -175,7 +175,8 @@ class MaintenanceRunner:
         work = self.plan(now_ms)
         busy = 0
         for item in work:
-            lease = self.leases(work_key(self.lease_table, item))
+            key = work_key(item)
+            lease = self.leases(self.table_leases.work_for(key))
             try:
                 lease.acquire(timeout=0)
             except LeaseTimeoutError:
@@ -183,7 +184,7 @@ class MaintenanceRunner:
                 continue
             try:
                 with _Renewer(lease, max(self.lease_seconds / 3, 0.5)):
-                    result = self._run_claimed(item, work_key(self.lease_table, item))
+                    result = self._run_claimed(item, key)
             except Exception as error:  # counted and logged by run_item; planned again next round
                 if jvm_stopped(self.spark, error):  # the process is being stopped: nothing to report but that
                     log.info("%s: %s stopped with Spark's JVM", self.label, kind_of(item))
@@ -206,7 +207,7 @@ class MaintenanceRunner:
             YIELD_AFTER_CONFLICTS
         ):
             return self._run_counting_conflicts(item, key)
-        barrier = self.leases(rewrite_yield_name(self.lease_table))
+        barrier = self.leases(self.table_leases.rewrite_yield)
         try:
             barrier.acquire(timeout=0)
         except LeaseTimeoutError:  # another worker's rewrite holds it: try without
@@ -384,7 +385,7 @@ def runner_for(
         st.table_identifier,
         policy or policy_from_spec(st.spec),
         leases,
-        lease_table=st.table_name,
+        table_leases=table_leases(st),
         clock_ms=clock_ms,
     )
 

@@ -28,7 +28,7 @@ from icefall.devstack.events import EventProducer
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.engine import BatchReport, Ingestor
-from icefall.plan.names import commit_lease_name
+from icefall.plan.names import table_leases
 from icefall.spark.session import build_spark_session
 
 
@@ -61,7 +61,7 @@ def run_demo(manifest: Path, state: Path, *, seconds: float, rate: float) -> int
         tool_dir("ICEFALL_SPARK_JARS")  # resolves the jars of spark_images/pom.xml when make has not
         say("starting local Spark with the Iceberg runtime and the embedded SQLite catalog ...")
         spark = build_spark_session([catalog], app_name="icefall-demo")
-        lease = FileLease.in_dir(state / "leases", commit_lease_name(st.table_name), "demo")
+        lease = FileLease.in_dir(state / "leases", table_leases(st).commit, "demo")
         ingestor = Ingestor(st, catalog, spark, lease)
         ingestor.start(lease_timeout=30)
         table_name = ".".join(st.table_identifier)

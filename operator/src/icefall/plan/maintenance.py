@@ -5,7 +5,7 @@ snapshot with the refs that point at it, the head's manifests, every path any me
 and a listing of the table's storage), plus a `MaintenancePolicy` and `now_ms`. The caller reads these
 (pyiceberg inspect tables / Spark metadata tables, an object-store listing); this module does no I/O.
 Output of `plan_maintenance`: an ordered tuple of work items, each claimable by one worker through a
-Kubernetes Lease named by `work_key`:
+Lease of the table's pool, chosen by `work_key`:
 
 1. `ApplyRetention` — drop whole partitions that lie entirely before `now - max_age` (first, so nothing
    is compacted only to be dropped; partitions it drops are neither compacted nor rewritten for deletes).
@@ -66,13 +66,12 @@ strings: the caller must spell referenced paths and listed paths the same way (s
 from __future__ import annotations
 
 import calendar
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
-
-from icefall.plan.names import work_lease_name
 
 if TYPE_CHECKING:
     from icefall.api.spec import StreamingTableSpec
@@ -719,21 +718,19 @@ def bytes_to_rewrite(work: Sequence[WorkItem]) -> int:
     return sum(item.input_bytes for item in work if isinstance(item, CompactPartition | ApplyDeletes))
 
 
-def work_key(table: str, item: WorkItem) -> str:
-    """A deterministic Lease name for `item`, `icefall-<table>-work-<hash>`: a DNS label of at most 63 chars.
+def work_key(item: WorkItem) -> str:
+    """What makes `item` one unit of work: two workers never run items with the same key at once (the
+    runner claims `TableLeases.work_for(key)`, a Lease of the table's fixed pool).
 
     Table-wide items (retention, manifests, expiry, orphans) are keyed by kind only, so two workers can
     never run the same kind at once even if they planned at different times. Compaction is keyed by
     partition and step (a hot partition's groups run in parallel; two plans made at different times
     share keys, so their overlapping groups never run at once), and so is delete application.
-    Not by input files: the set of keys stays bounded by the partitions, so Leases a crashed worker left
-    behind are reused rather than piling up (the runner deletes a work Lease after releasing it).
-    The hash covers the full table name, so tables whose names truncate to the same slug still get
-    different keys.
+    Not by input files: a key names the same work across plans.
     """
     identity: dict[str, object]
     if isinstance(item, CompactPartition | ApplyDeletes):
         identity = {"spec": item.spec_id, "partition": repr(item.partition), "step": item.step}
     else:
         identity = {}
-    return work_lease_name(table, {**identity, "kind": type(item).__name__})
+    return json.dumps({**identity, "kind": type(item).__name__}, sort_keys=True)

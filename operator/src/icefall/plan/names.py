@@ -8,16 +8,18 @@ Pure: no client, no I/O.
 | compaction Deployment | `<st>-compact` (`compaction_name`) |
 | driver ServiceAccount, Role, RoleBinding | `icefall-<st>-driver` (`driver_account_name`) |
 | compaction ServiceAccount, Role, RoleBinding | `icefall-<st>-compact` (`compaction_account_name`) |
-| commit Lease | `icefall-<table>-commit` (`commit_lease_name`) |
-| yield Lease | `icefall-<table>-yield` (`rewrite_yield_name`) |
-| work Leases | `icefall-<table>-work-<hash>` (`work_lease_name`) |
+| commit Lease | `icefall-<table>-<id>-commit` (`TableLeases.commit`) |
+| yield Lease | `icefall-<table>-<id>-yield` (`TableLeases.rewrite_yield`) |
+| work Leases | `icefall-<table>-<id>-work-<slot>`, a fixed pool (`TableLeases.work`) |
 | the operator's leader Lease | `icefall-operator-leader` (`LEADER_LEASE_NAME`) |
 
-`<st>` is the StreamingTable's name, `<table>` the catalog table's name (`StreamingTable.table_name`).
+`<st>` is the StreamingTable's name (unique in its namespace), `<table>` the catalog table's name and
+`<id>` a hash of the table's whole identity (`TableIdentity`: catalog, Iceberg namespace, table), so
+`sales.orders` and `staging.orders`, or two catalogs' `orders`, never share a Lease.
 
-Guarantees: deterministic; every name is a valid object name of at most 63 characters (a long name keeps
-its head plus a hash of the whole). Not guaranteed (yet): two StreamingTables whose catalog tables share
-a name but not a namespace or catalog get different Lease names: Leases are keyed by the bare table name.
+One rule for every name: `<prefix><readable part><suffix>` of at most 63 characters, lowercase and
+DNS-safe; where the readable part does not make the name unique (Leases), or is cut to fit, a hash of the
+whole follows it. Deterministic: every process working on a table derives the same names from its spec.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from icefall.api import StreamingTable
 
 # --- labels and annotation keys ---------------------------------------------------------------------------
 
@@ -126,29 +133,84 @@ def spark_app_name(table: str, role: str = COMPONENT_INGEST) -> str:
 # --- Leases -----------------------------------------------------------------------------------------------
 
 LEADER_LEASE_NAME = "icefall-operator-leader"
-_WORK_HASH_CHARS = 10
+#: Work Leases per table: a fixed pool, so the compaction Role can name each one (`resourceNames`). An item
+#: takes the slot its key hashes to; two items that share a slot run one after the other.
+WORK_LEASE_SLOTS = 16
+_IDENTITY_HASH_CHARS = 8
+_LONGEST_LEASE_SUFFIX = f"-work-{WORK_LEASE_SLOTS - 1:02d}"
 
 
-def commit_lease_name(table: str) -> str:
-    """The per-table commit lease, `icefall-<table>-commit`, as a valid Kubernetes object name."""
-    slug = re.sub(r"[^a-z0-9.-]+", "-", table.lower()).strip("-.")
-    if not slug:
-        raise ValueError(f"cannot derive a lease name from table name {table!r}")
-    return f"icefall-{slug}-commit"
+@dataclass(frozen=True)
+class TableIdentity:
+    """What makes a table one: its catalog (name and URI; both empty for the runner's default catalog), its
+    Iceberg namespace and its name. Two StreamingTables writing the same identity write the same table."""
+
+    catalog: str
+    catalog_uri: str
+    namespace: str
+    table: str
+
+    @classmethod
+    def of(cls, st: StreamingTable) -> TableIdentity:
+        catalog = st.spec.table.catalog
+        return cls(
+            catalog=catalog.name if catalog else "",
+            catalog_uri=catalog.uri if catalog else "",
+            namespace=st.spec.table.namespace,
+            table=st.table_name,
+        )
+
+    @property
+    def hash(self) -> str:
+        fields = {"catalog": self.catalog, "uri": self.catalog_uri, "namespace": self.namespace}
+        return digest(json.dumps({**fields, "table": self.table}, sort_keys=True))[:_IDENTITY_HASH_CHARS]
 
 
-def rewrite_yield_name(table: str) -> str:
-    """The per-table yield Lease, `icefall-<table>-yield`: held by a rewrite that ingestion lets go first."""
-    return commit_lease_name(table).removesuffix("-commit") + "-yield"
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-def work_lease_name(table: str, identity: Mapping[str, object]) -> str:
-    """A work item's Lease, `icefall-<table>-work-<hash>`: a DNS label of at most 63 characters. The hash
-    covers `identity` (what makes the item one, `icefall.plan.maintenance.work_key`) and the full table
-    name, so tables whose names truncate to the same slug still get different names."""
-    hashed = digest(json.dumps({**identity, "table": table}, sort_keys=True))[:_WORK_HASH_CHARS]
-    room = MAX_NAME_LENGTH - len("icefall-") - len("-work-") - _WORK_HASH_CHARS
-    slug = re.sub(r"[^a-z0-9-]+", "-", table.lower())[:room].strip("-")
-    if not slug:
-        raise ValueError(f"cannot derive a lease name from table name {table!r}")
-    return f"icefall-{slug}-work-{hashed}"
+@dataclass(frozen=True)
+class TableLeases:
+    """The names of one table's Leases (module doc). Every process that works on the table takes them from
+    here: the driver (commit), compaction (yield, work) and the operator (the Roles that name them)."""
+
+    identity: TableIdentity
+
+    @property
+    def _stem(self) -> str:
+        room = MAX_NAME_LENGTH - len("icefall-") - 1 - _IDENTITY_HASH_CHARS - len(_LONGEST_LEASE_SUFFIX)
+        slug = _slug(self.identity.table)[:room].strip("-") or "table"
+        return f"icefall-{slug}-{self.identity.hash}"
+
+    @property
+    def commit(self) -> str:
+        return f"{self._stem}-commit"
+
+    @property
+    def rewrite_yield(self) -> str:
+        """Held by a rewrite that ingestion lets go first (`icefall.plan.leases.yield_pending`)."""
+        return f"{self._stem}-yield"
+
+    @property
+    def work(self) -> tuple[str, ...]:
+        """The pool of work Leases, `-work-00` to `-work-15`."""
+        return tuple(f"{self._stem}-work-{slot:02d}" for slot in range(WORK_LEASE_SLOTS))
+
+    def work_for(self, key: str) -> str:
+        """The work Lease of the item whose key (`icefall.plan.maintenance.work_key`) is `key`."""
+        return self.work[int(digest(key)[:8], 16) % WORK_LEASE_SLOTS]
+
+    @property
+    def legacy_commit(self) -> str | None:
+        """The commit Lease of versions before identity-keyed names (`icefall-<bare table name>-commit`),
+        or None where those versions could not have made one (a name over 63 characters). A writer takes
+        it before its own commit Lease and lets it go at once (`icefall.commit.lease.SuccessorLease`), so a
+        writer of an older version still running is waited out during an upgrade."""
+        slug = re.sub(r"[^a-z0-9.-]+", "-", self.identity.table.lower()).strip("-.")
+        name = f"icefall-{slug}-commit"
+        return name if slug and len(name) <= MAX_NAME_LENGTH else None
+
+
+def table_leases(st: StreamingTable) -> TableLeases:
+    return TableLeases(TableIdentity.of(st))

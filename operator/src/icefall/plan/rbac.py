@@ -17,22 +17,17 @@ from typing import Any
 
 from icefall.api import API_VERSION, StreamingTable
 from icefall.plan.metadata import ChildMeta
-from icefall.plan.names import commit_lease_name, rewrite_yield_name
+from icefall.plan.names import table_leases
 
 Manifest = dict[str, Any]
 
 
-def _lease_rules(lease: str) -> list[Manifest]:
+_LEASES = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+
+
+def _lease_rules(names: list[str], verbs: list[str]) -> list[Manifest]:
     # `create` is checked before the object (and so its name) exists: RBAC cannot restrict it by name.
-    return [
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": [lease],
-            "verbs": ["get", "update"],
-        },
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-    ]
+    return [{**_LEASES, "resourceNames": names, "verbs": verbs}, {**_LEASES, "verbs": ["create"]}]
 
 
 def _read_self_rule(name: str) -> Manifest:
@@ -44,7 +39,8 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
     """What the ingestion driver may do in its namespace.
 
     - read its own StreamingTable (the entry point reads the spec from the API);
-    - get/update its commit Lease by name, and create Leases (unrestrictable by name);
+    - get/update its commit Lease by name, and create Leases (unrestrictable by name); during an upgrade,
+      get/update/delete the commit Lease of versions before identity-keyed names (`SuccessorLease`);
     - a keyed table's driver: get the table's yield Lease by name (it waits while a rewrite holds it);
     - with executors (Kubernetes master): what Spark's scheduler backend does to executor pods and the
       objects it makes for them: pods (create, watch, label for decommissioning, delete one or by label),
@@ -52,16 +48,13 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
       services (Spark's clean-up of services labelled with its app id).
     Nothing cluster-scoped, no Secrets (credentials arrive as env vars), no wildcards.
     """
-    rules = [_read_self_rule(st.metadata.name), *_lease_rules(commit_lease_name(st.table_name))]
+    leases = table_leases(st)
+    rules = [_read_self_rule(st.metadata.name), *_lease_rules([leases.commit], ["get", "update"])]
+    if leases.legacy_commit is not None:
+        legacy = [leases.legacy_commit]
+        rules.append({**_LEASES, "resourceNames": legacy, "verbs": ["get", "update", "delete"]})
     if st.spec.key:  # a keyed table's batches wait while a rewrite holds the yield Lease (only read)
-        rules.append(
-            {
-                "apiGroups": ["coordination.k8s.io"],
-                "resources": ["leases"],
-                "resourceNames": [rewrite_yield_name(st.table_name)],
-                "verbs": ["get"],
-            }
-        )
+        rules.append({**_LEASES, "resourceNames": [leases.rewrite_yield], "verbs": ["get"]})
     if executors:
         managed = ["create", "get", "list", "delete", "deletecollection"]
         rules += [
@@ -76,19 +69,14 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
 
 
 def compaction_rules(st: StreamingTable) -> list[Manifest]:
-    """Compaction reads its StreamingTable and claims work items with work Leases.
-
-    Work Leases are named `icefall-<table>-work-<hash of the item>` (`icefall.plan.names.work_lease_name`):
-    names not known in advance, so get/update/delete cannot be restricted by resourceNames; they cover the
-    Leases of this namespace (delete: a released work Lease is removed, see `Lease.release(forget=True)`).
-    The commit Lease rules stay for a worker that must pause ingestion.
+    """Compaction reads its StreamingTable and claims work items with its table's Leases, by name: the
+    fixed pool of work Leases and the yield Lease (get/update, and delete: a released work Lease is
+    removed, see `Lease.release(forget=True)`), and creates Leases (unrestrictable by name). Nothing else:
+    not the commit Lease, another table's Leases or the operator's leader Lease.
     """
-    work_leases = {
-        "apiGroups": ["coordination.k8s.io"],
-        "resources": ["leases"],
-        "verbs": ["get", "update", "delete"],
-    }
-    return [_read_self_rule(st.metadata.name), *_lease_rules(commit_lease_name(st.table_name)), work_leases]
+    leases = table_leases(st)
+    names = [*leases.work, leases.rewrite_yield]
+    return [_read_self_rule(st.metadata.name), *_lease_rules(names, ["get", "update", "delete"])]
 
 
 def account(
