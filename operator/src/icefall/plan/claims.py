@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from icefall.api import StreamingTable
+from icefall.plan.names import TableIdentity
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,9 @@ class Claim:
 
 
 def table_identity(st: StreamingTable) -> str:
-    """`catalog/namespace.levels/table`, lower-cased: equal for StreamingTables naming one catalog table."""
-    catalog = st.spec.table.catalog.name if st.spec.table.catalog is not None else ""
-    return "/".join(part.lower() for part in (catalog, st.spec.table.namespace, st.table_name))
+    """`TableIdentity.key`: equal for StreamingTables naming one catalog table (the same one their Leases
+    are named by)."""
+    return TableIdentity.of(st).key
 
 
 def winner(claims: Iterable[Claim]) -> Claim | None:

@@ -143,7 +143,9 @@ _LONGEST_LEASE_SUFFIX = f"-work-{WORK_LEASE_SLOTS - 1:02d}"
 @dataclass(frozen=True)
 class TableIdentity:
     """What makes a table one: its catalog (name and URI; both empty for the runner's default catalog), its
-    Iceberg namespace and its name. Two StreamingTables writing the same identity write the same table."""
+    Iceberg namespace and its name, lower-cased but for the URI (Iceberg's Spark catalogs match names
+    case-insensitively). Two StreamingTables with the same identity write the same table: they share its
+    Leases, and the older one wins it (`icefall.plan.claims`)."""
 
     catalog: str
     catalog_uri: str
@@ -154,16 +156,21 @@ class TableIdentity:
     def of(cls, st: StreamingTable) -> TableIdentity:
         catalog = st.spec.table.catalog
         return cls(
-            catalog=catalog.name if catalog else "",
+            catalog=catalog.name.lower() if catalog else "",
             catalog_uri=catalog.uri if catalog else "",
-            namespace=st.spec.table.namespace,
-            table=st.table_name,
+            namespace=st.spec.table.namespace.lower(),
+            table=st.table_name.lower(),
         )
 
     @property
+    def key(self) -> str:
+        """`catalog/namespace/table`, with the catalog's URI when it has one: one string per identity."""
+        catalog = f"{self.catalog}@{self.catalog_uri}" if self.catalog_uri else self.catalog
+        return f"{catalog}/{self.namespace}/{self.table}"
+
+    @property
     def hash(self) -> str:
-        fields = {"catalog": self.catalog, "uri": self.catalog_uri, "namespace": self.namespace}
-        return digest(json.dumps({**fields, "table": self.table}, sort_keys=True))[:_IDENTITY_HASH_CHARS]
+        return digest(self.key)[:_IDENTITY_HASH_CHARS]
 
 
 def _slug(text: str) -> str:
