@@ -2,7 +2,9 @@
 
 Proves, against a recording stand-in for the API (no cluster): `apply` server-side applies the children
 (ServiceAccounts before the pods that use them) and creates the driver Pod once, and a second pass on the
-same observations creates nothing and returns no Event; `observe` plans the same way but reads and writes
+same observations creates nothing and returns no Event; a resync applies only the children whose rendering
+changed or that were deleted, and all of them again after the repair interval; passes read the driver Pod
+from the watch's index when given one (no GET); `observe` plans the same way but reads and writes
 status only (no child, Pod, annotation or Event), even when the driver is missing; a StreamingTable being
 deleted is left alone by both; a body the models refuse becomes an InvalidSpec status and one Warning Event
 from either pass.
@@ -94,6 +96,53 @@ def test_apply_creates_the_children_and_the_driver_once() -> None:
     second = reconcile.apply(body(), context(kube, memory, NOW + timedelta(seconds=1)))
     assert "create" not in kube.verbs() and "delete" not in kube.verbs()
     assert second.events == ()
+
+
+def test_a_resync_applies_only_what_changed_and_everything_now_and_then() -> None:
+    kube, memory = RecordingKube(), StatusMemory()
+    reconcile.apply(body(), context(kube, memory))
+    every = {what for verb, what in kube.calls if verb in {"apply", "delete"}}
+    assert "Role/icefall-orders-driver" in every
+
+    kube.calls.clear()  # a resync on the same spec: not one apply or delete
+    reconcile.apply(body(), context(kube, memory, NOW + timedelta(seconds=30)))
+    assert not {"apply", "delete"} & kube.verbs(), kube.calls
+
+    changed = body()  # a spec change re-renders the children that depend on it
+    changed["spec"]["source"]["topic"] = "orders-v2"
+    kube.calls.clear()
+    reconcile.apply(changed, context(kube, memory, NOW + timedelta(seconds=60)))
+    assert "apply" in kube.verbs()
+
+    memory.forget_child("st-1", ("Role", "icefall-orders-driver"))  # deleted behind the operator's back
+    kube.calls.clear()
+    reconcile.apply(changed, context(kube, memory, NOW + timedelta(seconds=90)))
+    assert [what for verb, what in kube.calls if verb == "apply"] == ["Role/icefall-orders-driver"]
+
+    kube.calls.clear()  # the repair interval: everything again
+    later = NOW + timedelta(seconds=90 + Config().repair_seconds)
+    reconcile.apply(changed, context(kube, memory, later))
+    children = {
+        what for verb, what in kube.calls if verb in {"apply", "delete"} and not what.startswith("Pod/")
+    }
+    assert children == every
+
+
+def test_passes_read_the_driver_pod_from_the_watch_when_given() -> None:
+    kube, memory = RecordingKube(), StatusMemory()
+    reconcile.apply(body(), context(kube, memory))
+    seen: list[tuple[str, str]] = []
+
+    def pods(namespace: str, name: str) -> dict[str, Any] | None:
+        seen.append((namespace, name))
+        return kube.pods.get(name)
+
+    kube.calls.clear()
+    ctx = Context(cast(Kube, kube), Config(), memory, NOW + timedelta(seconds=10), pods=pods)
+    reconcile.observe(body(), ctx)
+    reconcile.apply(body(), ctx)
+    assert seen == [("shop", "orders-ingest")] * 2
+    assert "get" not in kube.verbs() and "create" not in kube.verbs()
 
 
 def test_observe_writes_status_only() -> None:

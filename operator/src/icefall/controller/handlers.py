@@ -2,12 +2,14 @@
 `controller.reconcile`: `apply` or `observe` (docs/controller-flow.md).
 
 `apply` runs on create, update, resume (the operator's start) and a timer (`ICEFALL_RESYNC_SECONDS`, 30 s by
-default) that re-observes the driver Pod, the table and the topic: children deleted behind the operator's
-back come back, backoff waits end, a suspended table loses its driver. `observe` runs on a lighter timer
-(`ICEFALL_STATUS_REFRESH_SECONDS`, 10 s) and refreshes only the status (freshness, lag, files, conditions)
-between those passes. Driver Pods (labelled `app.kubernetes.io/managed-by=icefall-operator`, component
-`ingest`) are watched too: any change of one reconciles its owner at once, so a deleted or failed driver
-comes back in seconds, not at the next resync.
+default) that re-observes the driver Pod, the table and the topic: backoff waits end, a suspended table
+loses its driver; children are applied only when their rendering changed (`plan.applying`). `observe` runs
+on a lighter timer (`ICEFALL_STATUS_REFRESH_SECONDS`, 10 s) and refreshes only the status (freshness, lag,
+files, conditions) between those passes. Driver Pods (labelled `app.kubernetes.io/managed-by=
+icefall-operator`, component `ingest`) are watched and indexed: passes read them from the index (no GET),
+and any change of one reconciles its owner at once, so a deleted or failed driver comes back in seconds.
+The other children are watched for their deletion: one deleted behind the operator's back comes back at
+once.
 
 An in-memory index (`claims`) maps each catalog table to the StreamingTables naming it, for the
 "older one wins" rule of a contested table (`plan.claims`); kopf fills it before any handler runs. Only
@@ -68,6 +70,15 @@ OBSERVE_SECONDS = float(os.environ.get("ICEFALL_OBSERVE_SECONDS", "5"))
 STATUS_REFRESH_SECONDS = float(os.environ.get("ICEFALL_STATUS_REFRESH_SECONDS", "10"))
 RESOURCE = (GROUP, VERSION, PLURAL)
 DRIVER_LABELS = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT_INGEST}
+#: The children besides the driver Pod (`icefall.plan.children`), watched for their deletion.
+CHILD_RESOURCES = (
+    ("", "v1", "serviceaccounts"),
+    ("", "v1", "configmaps"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("apps", "v1", "deployments"),
+)
+CHILD_LABELS = {LABEL_MANAGED_BY: MANAGED_BY}
 
 
 class Locks:
@@ -131,6 +142,23 @@ def claims(body: kopf.Body, **_: Any) -> dict[str, Claim]:
     return {table_identity(st): claim}
 
 
+PodKey = tuple[str, str]
+
+
+@kopf.index("pods", labels=DRIVER_LABELS, id="driver_pods")
+def driver_pods(body: kopf.Body, **_: Any) -> dict[PodKey, dict[str, Any]]:
+    """(namespace, name) → the driver Pod as last seen by the watch: passes read Pods here, not with a GET."""
+    meta = body.get("metadata") or {}
+    return {(str(meta.get("namespace")), str(meta.get("name"))): dict(body)}
+
+
+def _pod_lookup(index: kopf.Index[PodKey, dict[str, Any]]) -> Callable[[str, str], dict[str, Any] | None]:
+    def pod(namespace: str, name: str) -> dict[str, Any] | None:
+        return next(iter(index.get((namespace, name), [])), None)
+
+    return pod
+
+
 def _claims_for(body: Mapping[str, Any], index: kopf.Index[str, Claim]) -> list[Claim]:
     try:
         st = streaming_table_from_object(body)
@@ -142,15 +170,18 @@ def _claims_for(body: Mapping[str, Any], index: kopf.Index[str, Claim]) -> list[
 Pass = Callable[[Mapping[str, Any], Context, Sequence[Claim]], Outcome]
 
 
-def _run(run: Pass, body: Mapping[str, Any], memo: kopf.Memo, index: kopf.Index[str, Claim]) -> None:
+def _run(run: Pass, body: Mapping[str, Any], memo: kopf.Memo, indexes: Mapping[str, Any]) -> None:
     """One pass (`reconcile.apply` or `reconcile.observe`) under the table's lock, counted and timed; its
-    Events sent; a 409 retried soon."""
+    Events sent; a 409 retried soon. `indexes`: the handler's keyword arguments (kopf's indexes)."""
     uid = str(body["metadata"]["uid"])
     started = time.monotonic()
     try:
         with memo.locks.hold(uid):
-            ctx = Context(memo.kube, memo.config, memo.status, datetime.now(UTC), observer=memo.observer)
-            outcome = run(body, ctx, _claims_for(body, index))
+            ctx = Context(
+                memo.kube, memo.config, memo.status, datetime.now(UTC), observer=memo.observer,
+                pods=_pod_lookup(indexes["driver_pods"]),
+            )  # fmt: skip
+            outcome = run(body, ctx, _claims_for(body, indexes["claims"]))
     except ApiException as error:
         metrics.RECONCILES.labels(result="error").inc()
         if error.status == 409:
@@ -172,36 +203,59 @@ def _run(run: Pass, body: Mapping[str, Any], memo: kopf.Memo, index: kopf.Index[
 @kopf.on.create(*RESOURCE, id="create")
 @kopf.on.update(*RESOURCE, id="update")
 def on_change(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    _run(reconcile.apply, body, memo, kwargs["claims"])
+    _run(reconcile.apply, body, memo, kwargs)
 
 
 @kopf.timer(*RESOURCE, id="resync", interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 def resync(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    _run(reconcile.apply, body, memo, kwargs["claims"])
+    _run(reconcile.apply, body, memo, kwargs)
 
 
 @kopf.timer(*RESOURCE, id="status", interval=STATUS_REFRESH_SECONDS, initial_delay=STATUS_REFRESH_SECONDS)
 def refresh_status(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    """Freshness and lag move while nothing else happens: a status-only pass (one GET, at most one write)."""
-    _run(reconcile.observe, body, memo, kwargs["claims"])
+    """Freshness and lag move while nothing else happens: a status-only pass (at most one write)."""
+    _run(reconcile.observe, body, memo, kwargs)
 
 
-@kopf.on.event("pods", labels=DRIVER_LABELS)  # type: ignore[arg-type]
-def on_driver_pod(body: kopf.Body, memo: kopf.Memo, claims: kopf.Index[str, Claim], **_: Any) -> None:
+@kopf.on.event("pods", labels=DRIVER_LABELS)
+def on_driver_pod(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A driver Pod changed (created, failed, deleted): reconcile its StreamingTable now."""
+    _reconcile_owner(body, memo, kwargs)
+
+
+def on_child_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A child was deleted behind the operator's back: apply its StreamingTable now, the child included."""
+    owner = _owner(body)
+    if event.get("type") != "DELETED" or owner is None:
+        return
+    memo.status.forget_child(str(owner.get("uid")), (str(body.get("kind")), str(body.metadata.name)))
+    _reconcile_owner(body, memo, kwargs)
+
+
+for _group, _version, _plural in CHILD_RESOURCES:
+    kopf.on.event(_group, _version, _plural, labels=CHILD_LABELS)(on_child_event)
+
+
+def _owner(body: kopf.Body) -> Mapping[str, Any] | None:
     owners = [o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "StreamingTable"]
-    namespace = body.metadata.namespace
-    if not owners or not namespace:
+    return owners[0] if owners else None
+
+
+def _reconcile_owner(body: kopf.Body, memo: kopf.Memo, indexes: Mapping[str, Any]) -> None:
+    """Run `apply` on the StreamingTable that owns `body` (a driver Pod or another child), if it is still
+    the one that made it."""
+    owner, namespace = _owner(body), body.metadata.namespace
+    if owner is None or not namespace:
         return
     try:
-        st = memo.kube.get_streaming_table(namespace, owners[0]["name"])
+        st = memo.kube.get_streaming_table(namespace, owner["name"])
     except ApiException as error:
         if error.status == 404:
-            return  # the owner is gone; the garbage collector takes the pod
+            return  # the owner is gone; the garbage collector takes its children
         raise
-    if st["metadata"].get("uid") != owners[0].get("uid"):
-        return  # a pod of an earlier StreamingTable of the same name
-    _run(reconcile.apply, st, memo, claims)
+    if st["metadata"].get("uid") != owner.get("uid"):
+        return  # a child of an earlier StreamingTable of the same name
+    _run(reconcile.apply, st, memo, indexes)
 
 
 @kopf.on.delete(*RESOURCE, id="delete")

@@ -15,8 +15,9 @@ Both passes:
 5. Derive the status (`controller.status`) and write it when `should_write_status` says so.
 
 `apply` also, between those steps: server-side applies `applied` (accounts first) and deletes `absent`
-(after 3); creates or deletes the driver Pod as decided and stores the new history (after 4); and returns
-the Events of transitions (the driver's, a new claim, Degraded set or cleared).
+(after 3), each child only when its rendering changed or it is due for repair (`plan.applying`); creates
+or deletes the driver Pod as decided and stores the new history (after 4); and returns the Events of
+transitions (the driver's, a new claim, Degraded set or cleared).
 
 Guarantees: idempotent (a second pass on the same observations changes nothing and emits no Event); the
 driver Pod has a fixed name, so at most one exists whatever runs concurrently or crashes in between;
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -42,6 +43,7 @@ from icefall.controller import metrics, status
 from icefall.controller.kube import Kube
 from icefall.controller.observe import Observed, TableObserver
 from icefall.controller.status import Ref, StatusMemory
+from icefall.plan.applying import ABSENT, REPAIR_SECONDS, Applied, child_key, due, manifest_digest
 from icefall.plan.children import Children, desired_children
 from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
 from icefall.plan.driver import (
@@ -72,16 +74,20 @@ class Config:
     settings: OperatorSettings = field(default_factory=OperatorSettings)
     #: The cap of a failed driver's restart backoff (plan/driver.py); lowered by the chaos run.
     driver_max_backoff_seconds: float = MAX_BACKOFF_SECONDS
+    #: How long an unchanged child goes without being applied again (`icefall.plan.applying`).
+    repair_seconds: float = REPAIR_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS` and the settings of
-        `icefall.plan.settings.SETTINGS_ENV`; defaults otherwise."""
+        """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS`, `ICEFALL_REPAIR_SECONDS` and the settings
+        of `icefall.plan.settings.SETTINGS_ENV`; defaults otherwise."""
         env = os.environ if env is None else env
-        settings = OperatorSettings.from_environ(env)
         cap = float(env.get("ICEFALL_DRIVER_MAX_BACKOFF_SECONDS", MAX_BACKOFF_SECONDS))
         return cls(
-            image=env.get("ICEFALL_IMAGE", DEFAULT_IMAGE), settings=settings, driver_max_backoff_seconds=cap
+            image=env.get("ICEFALL_IMAGE", DEFAULT_IMAGE),
+            settings=OperatorSettings.from_environ(env),
+            driver_max_backoff_seconds=cap,
+            repair_seconds=float(env.get("ICEFALL_REPAIR_SECONDS", REPAIR_SECONDS)),
         )
 
 
@@ -95,13 +101,15 @@ class Outcome:
 @dataclass(frozen=True)
 class Context:
     """What every pass over a table uses: the API, the process's configuration and memory, the table and
-    Kafka observer (None: not observed), the clock."""
+    Kafka observer (None: not observed), the clock, and where driver Pods are read: `pods(namespace,
+    name)`, the operator's watch of them (None: a GET)."""
 
     kube: Kube
     config: Config
     memory: StatusMemory
     now: datetime
     observer: TableObserver | None = None
+    pods: Callable[[str, str], dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -190,13 +198,19 @@ def _plan(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim]) -> _Pl
 
 def _apply_children(planned: _Plan, ctx: Context) -> None:
     """Remember the compaction replicas set; server-side apply the children (accounts first), delete the
-    ones that must not exist."""
-    ref = planned.ref
-    ctx.memory.scaled(ref.uid, planned.replicas, ctx.now)
+    ones that must not exist: each only when `icefall.plan.applying.due`."""
+    ref, memory, repair = planned.ref, ctx.memory, ctx.config.repair_seconds
+    memory.scaled(ref.uid, planned.replicas, ctx.now)
     for manifest in planned.children.applied:
-        ctx.kube.apply(manifest)
+        key, wanted = child_key(manifest), manifest_digest(manifest)
+        if due(memory.applied(ref.uid, key), wanted, ctx.now, repair):
+            ctx.kube.apply(manifest)
+            memory.did_apply(ref.uid, key, Applied(wanted, ctx.now))
     for absent in planned.children.absent:
-        ctx.kube.delete(absent.kind, ref.namespace, absent.name)
+        key = (absent.kind, absent.name)
+        if due(memory.applied(ref.uid, key), ABSENT, ctx.now, repair):
+            ctx.kube.delete(absent.kind, ref.namespace, absent.name)
+            memory.did_apply(ref.uid, key, Applied(ABSENT, ctx.now))
 
 
 def _driver(planned: _Plan, ctx: Context) -> _Driver:
@@ -207,7 +221,8 @@ def _driver(planned: _Plan, ctx: Context) -> _Driver:
         if children.driver_pod
         else driver_pod_name(st.metadata.name)
     )
-    found = ctx.kube.get("Pod", planned.ref.namespace, name)
+    namespace = planned.ref.namespace
+    found = ctx.pods(namespace, name) if ctx.pods is not None else ctx.kube.get("Pod", namespace, name)
     pod = driver_pod_from_object(found) if found is not None else None
     history = _history(st)
     decision = decide(

@@ -31,6 +31,7 @@ from icefall.api import (
 )
 from icefall.controller.kube import Kube
 from icefall.controller.observe import Observed
+from icefall.plan.applying import Applied, ChildKey
 from icefall.plan.claims import Claim
 from icefall.plan.conditions import (
     Issue,
@@ -49,13 +50,24 @@ STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10
 
 class StatusMemory:
     """Per table (by uid), what this process last did: when it wrote status (for `should_write_status`),
-    which compaction replica count it set, since when (for the scale-down cool-down), and which Degraded
-    reason it last sent an Event for."""
+    which compaction replica count it set, since when (for the scale-down cool-down), which Degraded
+    reason it last sent an Event for, and what it applied to each child (`icefall.plan.applying`)."""
 
     def __init__(self) -> None:
         self._last: dict[str, datetime] = {}
         self._replicas: dict[str, tuple[int, datetime]] = {}
         self._degraded: dict[str, ConditionReason | None] = {}
+        self._applied: dict[str, dict[ChildKey, Applied]] = {}
+
+    def applied(self, uid: str, child: ChildKey) -> Applied | None:
+        return self._applied.get(uid, {}).get(child)
+
+    def did_apply(self, uid: str, child: ChildKey, applied: Applied) -> None:
+        self._applied.setdefault(uid, {})[child] = applied
+
+    def forget_child(self, uid: str, child: ChildKey) -> None:
+        """The child is gone (deleted behind the operator's back): the next pass applies it again."""
+        self._applied.get(uid, {}).pop(child, None)
 
     def degraded(self, uid: str, default: ConditionReason | None) -> ConditionReason | None:
         """The Degraded reason last evented for `uid`; `default` (what status says) before the first."""
@@ -82,6 +94,7 @@ class StatusMemory:
         self._last.pop(uid, None)
         self._replicas.pop(uid, None)
         self._degraded.pop(uid, None)
+        self._applied.pop(uid, None)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ whole follows it. Deterministic: every process working on a table derives the sa
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
