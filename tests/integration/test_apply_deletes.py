@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints
 from icefall.audit import audit_keyed
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import read_table_view
@@ -35,6 +34,7 @@ from icefall.plan.maintenance import (
     TableView,
     plan_maintenance,
 )
+from icefall.runtime import failpoints
 from icefall.testing.streams import keyed_table, send_changes, started_ingestor
 
 pytestmark = pytest.mark.integration

@@ -31,7 +31,6 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
-from icefall import metrics
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
@@ -53,6 +52,7 @@ from icefall.plan.maintenance import (
     TimeTransform,
     plan_maintenance,
 )
+from icefall.runtime import metrics
 from icefall.testing.streams import (
     NAMESPACE,
     assert_exactly_once,

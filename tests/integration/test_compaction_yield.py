@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints, metrics
 from icefall.audit import audit_keyed
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
@@ -32,6 +31,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.leases import YIELD_AFTER_CONFLICTS
 from icefall.plan.maintenance import ApplyDeletes, FileContent, MaintenancePolicy
 from icefall.plan.names import rewrite_yield_name
+from icefall.runtime import failpoints, metrics
 from icefall.testing.streams import drain, keyed_table, send_changes, started_ingestor
 
 pytestmark = pytest.mark.integration

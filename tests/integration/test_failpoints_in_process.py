@@ -28,11 +28,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import read_table_view, to_local_path
 from icefall.compact.worker import Outcome, run_item
-from icefall.failpoints import FailpointError
 from icefall.plan.maintenance import (
     HOUR_MS,
     ExpireSnapshots,
@@ -40,6 +38,8 @@ from icefall.plan.maintenance import (
     plan_maintenance,
     plan_orphans,
 )
+from icefall.runtime import failpoints
+from icefall.runtime.failpoints import FailpointError
 
 pytestmark = pytest.mark.integration
 

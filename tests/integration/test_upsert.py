@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints
 from icefall.api import StreamingTable
 from icefall.audit import KeyedAuditReport, audit_keyed
 from icefall.catalog import CatalogConfig
@@ -30,6 +29,7 @@ from icefall.commit.lease import FileLease
 from icefall.compact.worker import is_delete_conflict
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
+from icefall.runtime import failpoints
 from icefall.testing import streams
 from icefall.testing.streams import drain, send_changes, started_ingestor
 

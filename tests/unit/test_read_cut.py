@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from icefall.cli import _table_text, build_parser
-from icefall.read import Cut
+from icefall.ingest.union_read import Cut
 
 pytestmark = pytest.mark.unit
 

@@ -66,7 +66,7 @@ def _stop_on_signals() -> Any:
 
 
 def _outages_for(st: Any, catalog: Any) -> Any:
-    from icefall.outages import Outages, service_addresses
+    from icefall.ingest.outages import Outages, service_addresses
 
     label = ".".join(st.table_identifier)
     return Outages(label, service_addresses(st.spec.source.bootstrap_servers, st.spec.source.topic, catalog))
@@ -76,7 +76,7 @@ def _outages_for(st: Any, catalog: Any) -> Any:
 def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
     """An unreachable Kafka, catalog or object store ends the command with one line naming it and where
     (exit 1), not a traceback; any other error passes through."""
-    from icefall.outages import classify
+    from icefall.ingest.outages import classify
 
     try:
         yield
@@ -89,10 +89,10 @@ def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from icefall import metrics
     from icefall.commit.lease import FileLease, local_process_holder
     from icefall.plan.names import commit_lease_name, rewrite_yield_name
     from icefall.plan.spark_conf import embedded_conf
+    from icefall.runtime import metrics
     from icefall.spark.session import build_spark_session
 
     st = _load(args)
@@ -136,7 +136,7 @@ def _ingest_until_stopped(  # noqa: C901, PLR0915 (to split: the run loop of ice
     """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so.
     `maintenance` (an EmbeddedMaintenance on its own thread), if given, is offered every batch's report and
     stopped, after its item in flight, before Spark. Kafka, the catalog or the object store unreachable, at
-    start or later, is waited out (`icefall.outages`)."""
+    start or later, is waited out (`icefall.ingest.outages`)."""
     from icefall.ingest.engine import BatchReport, Ingestor
 
     ingestor = Ingestor(st, catalog, spark, lease, yield_to=yield_to)
@@ -269,7 +269,7 @@ def _ingest(args: argparse.Namespace) -> int:
     print(
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
     )
-    from icefall import metrics
+    from icefall.runtime import metrics
 
     metrics.serve(args.metrics_port, required=False)
     spark = _pod_spark(catalog, st.metadata.name, "ingest", DEFAULT_MASTER)
@@ -303,7 +303,7 @@ def _compact(args: argparse.Namespace) -> int:
     if not st.spec.compaction.enabled or st.spec.suspend:
         print(f"[compact] {st.metadata.name}: compaction is disabled or suspended; nothing to do", flush=True)
         return 0
-    from icefall import metrics
+    from icefall.runtime import metrics
 
     metrics.serve(args.metrics_port, required=bool(args.file))  # a pod: see metrics.serve
     catalog = _catalog_for(st, state)
@@ -342,7 +342,7 @@ def _operator(args: argparse.Namespace) -> int:
     import kopf
 
     import icefall.controller.handlers  # noqa: F401  (registers the handlers)
-    from icefall import metrics
+    from icefall.runtime import metrics
 
     if args.namespace and args.all_namespaces:
         raise SystemExit("give --namespace or --all-namespaces, not both")
@@ -527,9 +527,9 @@ READ_FORMATS = ("table", "csv", "jsonl", "parquet")
 
 
 def _read(args: argparse.Namespace) -> int:
-    """The table plus the topic after its snapshot up to a cut taken now (`icefall.read`): the cut to
-    stderr, the rows to stdout or --output."""
-    from icefall.read import ReadError, union_read
+    """The table plus the topic after its snapshot up to a cut taken now (`icefall.ingest.union_read`):
+    the cut to stderr, the rows to stdout or --output."""
+    from icefall.ingest.union_read import ReadError, union_read
 
     if args.format == "parquet" and not args.output:
         raise SystemExit("--format parquet needs --output PATH")
@@ -760,7 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoSuchTableError as error:
         raise SystemExit(f"icefall: the table does not exist yet (nothing was ingested): {error}") from None
     except Exception as error:
-        from icefall.outages import classify
+        from icefall.ingest.outages import classify
 
         found = classify(error)  # commands without an address book of their own: the client's words
         if found is None:

@@ -83,7 +83,7 @@ from icefall.api import (
 from icefall.api import (
     SortDirection as SpecSortDirection,
 )
-from icefall.failpoints import failpoint
+from icefall.runtime.failpoints import failpoint
 
 #: Table properties Icefall sets at creation unless `spec.table.properties` says otherwise (module doc).
 TABLE_DEFAULTS: dict[str, str] = {

@@ -59,10 +59,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from icefall import metrics
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import canonical_path, filesystem_for, read_table_view, to_local_path
-from icefall.failpoints import failpoint
 from icefall.plan.maintenance import (
     ApplyDeletes,
     ApplyRetention,
@@ -73,6 +71,8 @@ from icefall.plan.maintenance import (
     RewriteManifests,
     WorkItem,
 )
+from icefall.runtime import metrics
+from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
