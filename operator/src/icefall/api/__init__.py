@@ -5,6 +5,7 @@ that does I/O. The CRD YAML is generated from these models.
 """
 
 from icefall.api.base import SecretKeySelector, SecretRef
+from icefall.api.format import Format, FormatType, SchemaRegistry, SubjectNameStrategy, Transforms
 from icefall.api.manifest import (
     ManifestError,
     Problem,
@@ -56,16 +57,11 @@ from icefall.api.spec import (
     DeadLetter,
     DeadLetterTable,
     DeletionPolicy,
-    Format,
-    FormatType,
     Freshness,
     ObjectMeta,
-    SchemaRegistry,
     StreamingTable,
     StreamingTableSpec,
-    SubjectNameStrategy,
     TableMode,
-    Transforms,
 )
 from icefall.api.status import (
     REASONS_BY_TYPE,
