@@ -42,7 +42,7 @@ from pyiceberg.table.snapshots import Operation
 from icefall.catalog import CatalogConfig
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
-from icefall.plan.maintenance import MaintenancePolicy
+from icefall.plan.maintenance_items import MaintenancePolicy
 from icefall.plan.names import compaction_account_name, compaction_name
 from icefall.testing.kubeapi import JsonApi, ObjectWatch
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE

@@ -31,13 +31,8 @@ from pyspark.sql import SparkSession
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import read_table_view, to_local_path
 from icefall.compact.worker import Outcome, run_item
-from icefall.plan.maintenance import (
-    HOUR_MS,
-    ExpireSnapshots,
-    MaintenancePolicy,
-    plan_maintenance,
-    plan_orphans,
-)
+from icefall.plan.maintenance import plan_maintenance, plan_orphans
+from icefall.plan.maintenance_items import HOUR_MS, ExpireSnapshots, MaintenancePolicy
 from icefall.runtime import failpoints
 from icefall.runtime.failpoints import FailpointError
 

@@ -376,7 +376,8 @@ def _compact_all(spark: SparkSession, config: CatalogConfig, identifier: tuple[s
     """Run compaction of every data file of the table's head (one partition: unpartitioned)."""
     from icefall.compact.view import read_table_view
     from icefall.compact.worker import run_item
-    from icefall.plan.maintenance import CompactPartition, FileContent
+    from icefall.plan.maintenance_items import CompactPartition
+    from icefall.plan.table_view import FileContent
 
     view = read_table_view(config.pyiceberg().load_table(identifier))
     files = tuple(f.path for f in view.files if f.content is FileContent.DATA)
