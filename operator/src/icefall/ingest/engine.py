@@ -175,7 +175,8 @@ class Ingestor:
             raise
 
     def _start(self, lease_timeout: float | None) -> None:
-        from icefall.catalog.tables import ensure_tables, spark_struct_to_iceberg
+        from icefall.catalog.layout import spark_struct_to_iceberg
+        from icefall.catalog.tables import ensure_tables
         from icefall.ingest.decode import prepare
 
         override = None
