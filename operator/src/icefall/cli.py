@@ -3,55 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import socket
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from icefall import __version__
 
+# _run, _ingest and _compact keep their helpers' old names: #31 edits those bodies on main, and unchanged
+# bodies merge cleanly. Use the public names once it has landed.
+from icefall.commands.common import catalog_for as _catalog_for
+from icefall.commands.common import load_table as _load
+from icefall.commands.common import outages_for as _outages_for
+from icefall.commands.common import state_dir as _state_dir
+from icefall.commands.common import unreachable_is_one_line as _unreachable_is_one_line
+from icefall.commands.read import READ_FORMATS, TABLE_ROWS, read_rows
+from icefall.commands.table import reset_offsets, show_status
+
 # Exit codes of `icefall run` / `icefall ingest` a supervisor can act on (1: failure, 2: usage).
 EXIT_LEASE = 3  # another writer holds or took the table
 EXIT_SOURCE_CHANGED = 4  # the topic was recreated or truncated: `icefall reset-offsets` first
-
-STATE_DIR_VARIABLE = "ICEFALL_STATE_DIR"
-
-
-def _state_dir(args: argparse.Namespace, *, in_cluster: bool = False) -> Path:
-    """--state-dir, else $ICEFALL_STATE_DIR, else `.icefall` here (local commands) or `<tmp>/icefall`
-    (the pods' commands: their root filesystem is read-only, /tmp is an emptyDir)."""
-    chosen = args.state_dir or os.environ.get(STATE_DIR_VARIABLE)
-    if not chosen:
-        chosen = str(Path(tempfile.gettempdir()) / "icefall") if in_cluster else ".icefall"
-    return Path(chosen).resolve()
-
-
-def _catalog_for(st: Any, state_dir: Path) -> Any:
-    """`spec.table.catalog` (secrets from the environment), or the embedded catalog in `state_dir`."""
-    from icefall.catalog import CatalogConfig, CatalogConfigError
-
-    try:
-        return CatalogConfig.for_table(st.spec, state_dir=state_dir)
-    except CatalogConfigError as error:
-        raise SystemExit(str(error)) from None
-
-
-def _load(args: argparse.Namespace) -> Any:
-    from icefall.api import ManifestError, load_manifest
-
-    try:
-        st = load_manifest(Path(args.file))
-    except ManifestError as error:
-        raise SystemExit(f"{args.file} is not a valid StreamingTable:\n{error}") from None
-    if args.bootstrap_servers:
-        source = st.spec.source.model_copy(update={"bootstrap_servers": args.bootstrap_servers})
-        st = st.model_copy(update={"spec": st.spec.model_copy(update={"source": source})})
-    return st
 
 
 def _stop_on_signals() -> Any:
@@ -63,29 +36,6 @@ def _stop_on_signals() -> Any:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     return stop
-
-
-def _outages_for(st: Any, catalog: Any) -> Any:
-    from icefall.ingest.outages import Outages, service_addresses
-
-    label = ".".join(st.table_identifier)
-    return Outages(label, service_addresses(st.spec.source.bootstrap_servers, st.spec.source.topic, catalog))
-
-
-@contextlib.contextmanager
-def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
-    """An unreachable Kafka, catalog or object store ends the command with one line naming it and where
-    (exit 1), not a traceback; any other error passes through."""
-    from icefall.ingest.outages import classify
-
-    try:
-        yield
-    except Exception as error:
-        found = classify(error)
-        if found is None:
-            raise
-        describe = _outages_for(st, catalog).describe(found)
-        raise SystemExit(f"icefall: {describe} ({found.reason})") from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -385,91 +335,6 @@ def _operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
-    from icefall.commit import read_committed
-    from icefall.kafka.admin import TopicView
-    from icefall.kafka.security import librdkafka_config
-    from icefall.plan.lag import freshness_seconds, partition_lag
-    from icefall.plan.offsets import resolve_positions, source_change
-
-    st = _load(args)
-    config = _catalog_for(st, _state_dir(args))
-    with _unreachable_is_one_line(st, config):
-        table = config.pyiceberg().load_table(st.table_identifier)
-        committed = read_committed(table)
-        kafka_config = librdkafka_config(st.spec.source.security)
-        with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic, kafka_config) as topic:
-            marks = topic.watermarks()
-            topic_id = topic.topic_id()
-            oldest_waiting_ms = topic.oldest_waiting_ms(committed.offsets, marks)
-    print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
-    print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
-    lag = partition_lag(committed.offsets, marks)
-    for partition, (_, high) in sorted(marks.items()):
-        print(f"{partition:>9} {committed.offsets.get(partition, '-')!s:>12} {high:>12} {lag[partition]:>10}")
-    total = sum(lag.values())
-    behind = freshness_seconds(
-        total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=oldest_waiting_ms
-    )
-    freshness = "unmeasured" if behind is None else f"{behind:.1f}s"
-    lost = committed.lost_records
-    print(f"lag {total} records, freshness {freshness}, lost to retention {lost} records")
-    if lost:
-        print(
-            f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "
-            "ingested (table property icefall.lost-records)"
-        )
-    ahead = resolve_positions(committed.offsets, marks, st.spec.source.starting_position.type).offsets_ahead
-    problem = source_change(st.spec.source.topic, committed.topic_id, topic_id, ahead)
-    if problem is not None:
-        print(f"INGESTION STOPPED: {problem}")
-        return 1
-    return 0
-
-
-def _reset_offsets(args: argparse.Namespace) -> int:
-    """The explicit user action after the topic was recreated or truncated: commit new offsets, recorded."""
-    from icefall.commit import read_committed, reset_offsets
-    from icefall.kafka.admin import TopicView
-    from icefall.kafka.security import librdkafka_config
-    from icefall.plan.offsets import resolve_positions, source_change
-
-    st = _load(args)
-    catalog = _catalog_for(st, _state_dir(args)).pyiceberg()
-    table = catalog.load_table(st.table_identifier)
-    committed = read_committed(table)
-    source = st.spec.source
-    with TopicView(source.bootstrap_servers, source.topic, librdkafka_config(source.security)) as topic:
-        topic_id = topic.topic_id()
-        marks = topic.watermarks()
-    ahead = resolve_positions(committed.offsets, marks, source.starting_position.type).offsets_ahead
-    problem = source_change(source.topic, committed.topic_id, topic_id, ahead)
-    if problem is None:
-        print(
-            f"nothing to reset: {'.'.join(st.table_identifier)} follows topic {source.topic!r} "
-            f"(id {topic_id}) and no committed offset is past the topic's end"
-        )
-        return 1
-    reason = "topic-recreated" if committed.topic_id not in (None, topic_id) else "offsets-ahead"
-    offsets = {p: (low if args.to == "earliest" else high) for p, (low, high) in marks.items()}
-    print(f"[reset] {problem.split(';')[0]}")
-    dead_letter = st.dead_letter_identifier
-    # The dead-letter table first: left ahead of the main table, its rows past the new offsets would be
-    # taken for leftovers of a failed batch and deleted.
-    if dead_letter and catalog.table_exists(dead_letter):
-        dlq = catalog.load_table(dead_letter)
-        if read_committed(dlq).offsets:
-            reset_offsets(
-                dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=int(time.time() * 1000)
-            )
-    reset_offsets(table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=int(time.time() * 1000))
-    print(
-        f"[reset] {'.'.join(st.table_identifier)} now follows topic id {topic_id} from its {args.to} offsets "
-        f"{offsets}; recorded in the table property icefall.offset-resets. Rows already in the table stay."
-    )
-    return 0
-
-
 def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark: Any = None) -> Any:
     """Audit the table (and its dead-letter table) against the topic, row by row and by content.
 
@@ -521,110 +386,6 @@ def _verify(args: argparse.Namespace) -> int:
         report = verify_table(st, config, ingesting=args.ingesting)
     print(report.render())
     return 0 if report.ok else 1
-
-
-READ_FORMATS = ("table", "csv", "jsonl", "parquet")
-
-
-def _read(args: argparse.Namespace) -> int:
-    """The table plus the topic after its snapshot up to a cut taken now (`icefall.ingest.union_read`):
-    the cut to stderr, the rows to stdout or --output."""
-    from icefall.ingest.union_read import ReadError, union_read
-
-    if args.format == "parquet" and not args.output:
-        raise SystemExit("--format parquet needs --output PATH")
-    as_of = None
-    if args.as_of:
-        from datetime import datetime
-
-        try:
-            as_of = datetime.fromisoformat(args.as_of)
-        except ValueError:
-            raise SystemExit(f"--as-of {args.as_of!r} is not an ISO 8601 time") from None
-    st = _load(args)
-    config = _catalog_for(st, _state_dir(args))
-    with _unreachable_is_one_line(st, config):
-        config.pyiceberg().load_table(st.table_identifier)  # NoSuchTableError before Spark starts
-        from icefall.plan.spark_conf import tool_conf
-        from icefall.spark.session import build_spark_session
-
-        print("[read] starting local Spark ...", file=sys.stderr, flush=True)
-        spark = build_spark_session([config], extra_conf=tool_conf(st.metadata.name, "read"))
-        try:
-            result = union_read(st, config, snapshot_id=args.snapshot, as_of=as_of, spark=spark)
-        except ReadError as error:
-            raise SystemExit(f"icefall: {error}") from None
-        with result:
-            for line in result.cut.render():
-                print(line, file=sys.stderr, flush=True)
-            frame = result.frame
-            if args.sql:
-                frame.createOrReplaceTempView("t")
-                frame = spark.sql(args.sql)
-            limit = args.limit if args.limit is not None else (TABLE_ROWS if args.format == "table" else None)
-            if limit is not None:
-                frame = frame.limit(limit)
-            _write_rows(frame, args.format, args.output)
-    return 0
-
-
-TABLE_ROWS = 20  # rows `--format table` shows without --limit
-
-
-def _write_rows(frame: Any, form: str, output: str | None) -> None:
-    """`frame`'s rows as `form` (READ_FORMATS) to `output`, else stdout."""
-    from pyspark.sql import functions as F  # noqa: N812 - the usual name
-    from pyspark.sql.types import ArrayType, MapType, StructType
-
-    if form == "jsonl":
-        _emit([*frame.toJSON().collect()], output)
-    elif form == "table":
-        _emit(_table_text(frame.toArrow()), output)
-    elif form == "csv":
-        import pyarrow.csv as pacsv
-
-        nested = (ArrayType, MapType, StructType)
-        columns = [F.col(f"`{f.name}`") for f in frame.schema.fields]
-        flat = frame.select(*[
-            F.to_json(c).alias(f.name) if isinstance(f.dataType, nested) else c
-            for f, c in zip(frame.schema.fields, columns, strict=True)
-        ])  # fmt: skip
-        pacsv.write_csv(flat.toArrow(), output if output else sys.stdout.buffer)
-    else:
-        import pyarrow.parquet as pq
-
-        pq.write_table(frame.toArrow(), output)
-
-
-def _table_text(rows: Any) -> list[str]:
-    """An Arrow table as aligned text: a header, a rule, one line per row."""
-    names = list(rows.column_names)
-    cells = [[_cell(v) for v in row.values()] for row in rows.to_pylist()]
-    widths = [max([len(n), *(len(r[i]) for r in cells)]) for i, n in enumerate(names)]
-    lines = [" | ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip()]
-    lines.append("-+-".join("-" * w for w in widths))
-    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.append(f"({len(cells)} rows)")
-    return lines
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, dict | list):
-        import json
-
-        return json.dumps(value, default=str, separators=(",", ":"))
-    return str(value)
-
-
-def _emit(lines: Sequence[str], output: str | None) -> None:
-    if output:
-        Path(output).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-        return
-    for line in lines:
-        print(line)
-    sys.stdout.flush()
 
 
 STATE_DIR_HELP = (
@@ -714,9 +475,9 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
         default="earliest",
         help="earliest: every record the topic holds now (default); latest: only records written from now",
     )
-    reset.set_defaults(func=_reset_offsets)
+    reset.set_defaults(func=reset_offsets)
     status = table_command("status", "print committed offsets, lag and freshness")
-    status.set_defaults(func=_status)
+    status.set_defaults(func=show_status)
     verify = table_command("verify", "audit the table against the topic: duplicates, gaps, dead letters")
     verify.add_argument(
         "--ingesting",
@@ -738,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
     read.add_argument(
         "--limit", type=int, help=f"at most this many rows (table format: {TABLE_ROWS} by default)"
     )
-    read.set_defaults(func=_read)
+    read.set_defaults(func=read_rows)
     return parser
 
 
