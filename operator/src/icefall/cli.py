@@ -394,22 +394,35 @@ STATE_DIR_HELP = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one statement per option)
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="icefall",
         description="Kafka topics in, compacted Apache Iceberg tables out, exactly once.",
     )
     parser.add_argument("--version", action="version", version=f"icefall {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # The order here is the order `icefall --help` lists them in.
+    _add_run(commands)
+    _add_compact(commands)
+    _add_ingest(commands)
+    _add_operator(commands)
+    _add_table_tools(commands)
+    _add_read(commands)
+    return parser
 
-    def table_command(name: str, help_text: str) -> argparse.ArgumentParser:
-        command = commands.add_parser(name, help=help_text)
-        command.add_argument("-f", "--file", required=True, help="the StreamingTable manifest (YAML)")
-        command.add_argument("--state-dir", help=STATE_DIR_HELP)
-        command.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
-        return command
 
-    run = table_command("run", "ingest the topic into the table on local Spark (embedded default)")
+def _table_command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand that reads one StreamingTable manifest."""
+    command: argparse.ArgumentParser = commands.add_parser(name, help=help_text)
+    command.add_argument("-f", "--file", required=True, help="the StreamingTable manifest (YAML)")
+    command.add_argument("--state-dir", help=STATE_DIR_HELP)
+    command.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
+    return command
+
+
+def _add_run(commands: Any) -> None:
+    """`icefall run`: local ingestion."""
+    run = _table_command(commands, "run", "ingest the topic into the table on local Spark (embedded default)")
     run.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     run.add_argument("--until-caught-up", action="store_true", help="stop once the table has caught up")
     run.add_argument(
@@ -419,6 +432,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
     run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
     run.add_argument("--no-maintenance", action="store_true", help="no in-process compaction between batches")
     run.set_defaults(func=_run)
+
+
+def _add_compact(commands: Any) -> None:
+    """`icefall compact`: the maintenance worker."""
     compact = commands.add_parser("compact", help="compaction and maintenance worker (the compaction pods)")
     compact.add_argument("-f", "--file", help="a StreamingTable manifest (local mode, file Leases)")
     compact.add_argument("--namespace", help="namespace of the StreamingTable (in a cluster)")
@@ -430,6 +447,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
     compact.add_argument("--idle-seconds", type=float, default=30, help="pause when there is nothing to do")
     compact.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics (0: off)")
     compact.set_defaults(func=_compact)
+
+
+def _add_ingest(commands: Any) -> None:
+    """`icefall ingest`: the driver pod's command."""
     ingest = commands.add_parser("ingest", help="the driver pod: ingest the StreamingTable read from the API")
     ingest.add_argument("--namespace", required=True, help="namespace of the StreamingTable")
     ingest.add_argument("--name", required=True, help="name of the StreamingTable")
@@ -437,6 +458,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
     ingest.add_argument("--lease-timeout", type=float, default=None, help="seconds to wait for the lease")
     ingest.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics (0: off)")
     ingest.set_defaults(func=_ingest, until_caught_up=False, max_seconds=0)
+
+
+def _add_operator(commands: Any) -> None:
+    """`icefall operator`: the Kubernetes operator."""
     operator = commands.add_parser("operator", help="run the Kubernetes operator (kopf)")
     operator.add_argument(
         "--namespace", action="append", help="watch this namespace (repeatable; default: all namespaces)"
@@ -466,8 +491,14 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
         "--leader-lease-seconds", type=int, default=15, help="leader Lease duration (renewed every third)"
     )
     operator.set_defaults(func=_operator)
-    reset = table_command(
-        "reset-offsets", "after the topic was recreated or truncated: go on from its current records"
+
+
+def _add_table_tools(commands: Any) -> None:
+    """`icefall reset-offsets`, `status` and `verify`."""
+    reset = _table_command(
+        commands,
+        "reset-offsets",
+        "after the topic was recreated or truncated: go on from its current records",
     )
     reset.add_argument(
         "--to",
@@ -476,17 +507,25 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
         help="earliest: every record the topic holds now (default); latest: only records written from now",
     )
     reset.set_defaults(func=reset_offsets)
-    status = table_command("status", "print committed offsets, lag and freshness")
+    status = _table_command(commands, "status", "print committed offsets, lag and freshness")
     status.set_defaults(func=show_status)
-    verify = table_command("verify", "audit the table against the topic: duplicates, gaps, dead letters")
+    verify = _table_command(
+        commands, "verify", "audit the table against the topic: duplicates, gaps, dead letters"
+    )
     verify.add_argument(
         "--ingesting",
         action="store_true",
         help="ingestion is running: dead letters past the commit are pending",
     )
     verify.set_defaults(func=_verify)
-    read = table_command(
-        "read", "read the table plus the topic's records after its last commit, up to now (a fresh read)"
+
+
+def _add_read(commands: Any) -> None:
+    """`icefall read`: a fresh read."""
+    read = _table_command(
+        commands,
+        "read",
+        "read the table plus the topic's records after its last commit, up to now (a fresh read)",
     )
     read.add_argument("--sql", help='Spark SQL over the result, exposed as view t ("SELECT ... FROM t")')
     when = read.add_mutually_exclusive_group()
@@ -500,7 +539,6 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
         "--limit", type=int, help=f"at most this many rows (table format: {TABLE_ROWS} by default)"
     )
     read.set_defaults(func=read_rows)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
