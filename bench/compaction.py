@@ -63,7 +63,6 @@ from ingest import machine  # bench/ingest.py: the house helpers
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.manifest import ManifestContent
 
-from icefall import metrics
 from icefall.api import StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import MaintenanceConflictError, StaleHeadError
@@ -72,6 +71,7 @@ from icefall.devstack.events import EventProducer
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
 from icefall.plan.names import table_leases
+from icefall.runtime import metrics
 from icefall.spark.session import build_spark_session
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -123,7 +123,7 @@ from pyiceberg.table.snapshots import Operation
 
 from icefall.api import load_manifest, to_iceberg_schema
 from icefall.catalog import CatalogConfig
-from icefall.catalog.tables import partition_spec
+from icefall.catalog.layout import partition_spec
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.procs import ManagedProcess, free_port, tail
 from icefall.devstack.tools import jar_files, repo_root, tool_dir

@@ -1,4 +1,4 @@
-"""Fresh reads benchmark: a union read (`icefall.read.union_read`) beside a plain scan of the table.
+"""Fresh reads benchmark: a union read (`icefall.ingest.union_read`) beside a plain scan of the table.
 
     .venv/bin/python bench/union_read.py [--seconds S] [--rate R] [--interval I] [--target-seconds F]
                                          [--out FILE]
@@ -38,7 +38,7 @@ from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
-from icefall.read import union_read
+from icefall.ingest.union_read import union_read
 from icefall.spark.session import build_spark_session
 
 RESULTS = Path(__file__).parent / "results" / "union_read.md"

@@ -19,13 +19,13 @@ timestamps, large values, every malformed kind):
 - kills, until as many were observed as asked (split driver 40 % / compaction 35 % / operator 25 %):
   each start of a driver or compaction container arms itself, with a chance, to exit at a random
   failpoint (`ICEFALL_FAILPOINTS_CHAOS` in the StreamingTable's `spec.pods.driver.env` and
-  `spec.pods.compaction.env`: see icefall.failpoints; status 137 like SIGKILL), and says what it drew in
-  its log; the others get SIGKILL at a random moment (an armed one that has not reached its point after
+  `spec.pods.compaction.env`: see icefall.runtime.failpoints; status 137 like SIGKILL), and says what it drew
+  in its log; the others get SIGKILL at a random moment (an armed one that has not reached its point after
   `ARMED_GRACE` too): the SIGKILL goes to the container's PID 1 (tini, its host pid from containerd), so
   the kernel kills every process of the container, as a node-level kill does. The operator gets SIGKILL
   at random moments and is started again. A kill is counted only when its exit was seen in the Pod's
   status (a watch on the namespace's Pods): status 137 with the termination message `failpoint <name>
-  triggered` (icefall.failpoints writes it), or 137 of a container this run SIGKILLed;
+  triggered` (icefall.runtime.failpoints writes it), or 137 of a container this run SIGKILLed;
 - faults, one at a time while random kills pause, spread over the run: the Kafka broker stopped and
   started mid-batch (same ports, same data); the REST catalog down 30 s; the object store down 30 s; the
   driver paused (SIGSTOP to every process of its container) past its commit Lease while a second writer
@@ -93,9 +93,9 @@ from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import free_port
 from icefall.devstack.rest_catalog import RESTCatalogServer
-from icefall.failpoints import CHAOS_ENV_VAR
 from icefall.plan.env import secret_env_vars
 from icefall.plan.names import compaction_name, driver_pod_name
+from icefall.runtime.failpoints import CHAOS_ENV_VAR
 from icefall.testing.kubeapi import JsonApi
 
 from . import chaos_data as data
@@ -130,7 +130,8 @@ ARMING = {
     "driver": f"{SEED}:{ARM_CHANCE}:" + ",".join(p if p in AT_START else f"{p}@3" for p in DRIVER_POINTS),
     "compaction": f"{SEED}:{ARM_CHANCE}:" + ",".join(COMPACTION_POINTS),
 }
-#: What a container start drew (icefall.failpoints logs it at import): `nothing` or `<point>=exit@<hit>`.
+#: What a container start drew (icefall.runtime.failpoints logs it at import): `nothing` or
+#: `<point>=exit@<hit>`.
 DRAW_LINE = re.compile(rf"{CHAOS_ENV_VAR} drew (\S+)")
 NOTHING = "nothing"
 #: Seconds after a container (or the operator) started before its SIGKILL: short enough that many kills fit

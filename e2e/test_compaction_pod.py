@@ -43,7 +43,7 @@ from icefall.api import streaming_table_from_object
 from icefall.catalog import CatalogConfig
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
-from icefall.plan.maintenance import MaintenancePolicy
+from icefall.plan.maintenance_items import MaintenancePolicy
 from icefall.plan.names import compaction_account_name, compaction_name, table_leases
 from icefall.testing.kubeapi import JsonApi, ObjectWatch
 from icefall.testing.streams import NAMESPACE as TABLE_NAMESPACE

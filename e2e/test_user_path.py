@@ -86,7 +86,7 @@ from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import tail
 from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.plan.env import secret_env_vars
-from icefall.plan.maintenance import MaintenancePolicy
+from icefall.plan.maintenance_items import MaintenancePolicy
 from icefall.plan.names import (
     COMPONENT_COMPACT,
     COMPONENT_INGEST,

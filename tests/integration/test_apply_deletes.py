@@ -22,19 +22,15 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints
 from icefall.audit import audit_keyed
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import read_table_view
 from icefall.compact.worker import Outcome, is_delete_conflict, run_item
 from icefall.devstack.kafka import KafkaBroker
-from icefall.plan.maintenance import (
-    ApplyDeletes,
-    FileContent,
-    MaintenancePolicy,
-    TableView,
-    plan_maintenance,
-)
+from icefall.plan.maintenance import plan_maintenance
+from icefall.plan.maintenance_items import ApplyDeletes, MaintenancePolicy
+from icefall.plan.table_view import FileContent, TableView
+from icefall.runtime import failpoints
 from icefall.testing.streams import keyed_table, send_changes, started_ingestor
 
 pytestmark = pytest.mark.integration

@@ -31,23 +31,10 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import (
-    IntegerType,
-    LongType,
-    NestedField,
-    StringType,
-    StructType,
-    TimestamptzType,
-)
+from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType, TimestamptzType
 
-from icefall.audit import (
-    AuditReport,
-    KafkaTopic,
-    audit_from_catalog,
-    audit_table,
-    dlq_identifier,
-)
-from icefall.catalog.tables import DEAD_LETTER_SCHEMA
+from icefall.audit import AuditReport, KafkaTopic, audit_from_catalog, audit_table, dlq_identifier
+from icefall.catalog.layout import DEAD_LETTER_SCHEMA
 from icefall.commit.state import EPOCH, OFFSETS, START_OFFSETS, TOPIC
 from icefall.devstack.kafka import KafkaBroker
 

@@ -26,7 +26,6 @@ from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType, TimestamptzType
 from pyspark.sql import SparkSession
 
-from icefall import failpoints
 from icefall.catalog import CatalogConfig
 from icefall.commit import (
     Batch,
@@ -39,6 +38,7 @@ from icefall.commit import (
     read_committed,
     stage_branch_name,
 )
+from icefall.runtime import failpoints
 
 pytestmark = pytest.mark.integration
 

@@ -50,7 +50,6 @@ from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.snapshots import ancestors_of
 
-from icefall import failpoints
 from icefall.commit import (
     STAGE_PREFIX,
     Batch,
@@ -77,6 +76,7 @@ from icefall.commit.protocol import GENESIS_PROPERTY, RESTAGED_FROM_PROPERTY
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
+from icefall.runtime import failpoints
 
 pytestmark = pytest.mark.integration
 

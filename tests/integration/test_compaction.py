@@ -31,7 +31,6 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
-from icefall import metrics
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
@@ -40,7 +39,8 @@ from icefall.compact.view import read_table_view, to_local_path
 from icefall.compact.worker import Outcome, kind_of, run_item
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
-from icefall.plan.maintenance import (
+from icefall.plan.maintenance import plan_maintenance
+from icefall.plan.maintenance_items import (
     DAY_MS,
     HOUR_MS,
     ApplyRetention,
@@ -51,8 +51,8 @@ from icefall.plan.maintenance import (
     RetentionPolicy,
     RewriteManifests,
     TimeTransform,
-    plan_maintenance,
 )
+from icefall.runtime import metrics
 from icefall.testing.streams import (
     NAMESPACE,
     assert_exactly_once,

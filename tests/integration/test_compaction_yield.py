@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints, metrics
 from icefall.audit import audit_keyed
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
@@ -30,8 +29,10 @@ from icefall.compact.view import read_table_view
 from icefall.compact.worker import Outcome
 from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.leases import YIELD_AFTER_CONFLICTS
-from icefall.plan.maintenance import ApplyDeletes, FileContent, MaintenancePolicy
+from icefall.plan.maintenance_items import ApplyDeletes, MaintenancePolicy
 from icefall.plan.names import table_leases
+from icefall.plan.table_view import FileContent
+from icefall.runtime import failpoints, metrics
 from icefall.testing.streams import drain, keyed_table, send_changes, started_ingestor
 
 pytestmark = pytest.mark.integration

@@ -27,11 +27,11 @@ from icefall.api import StreamingTableSpec, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
-from icefall.failpoints import FailpointError, armed
 from icefall.ingest.decode import prepare
 from icefall.ingest.engine import Ingestor
 from icefall.kafka.admin import TopicView
 from icefall.kafka.dead_letters import DeadLetterDeliveryError, Source, produce_dead_letters
+from icefall.runtime.failpoints import FailpointError, armed
 from icefall.testing.streams import audit, drain, manifest_text
 from icefall.testing.streams import produce as stream_produce
 

@@ -1,8 +1,8 @@
 """`icefall run` killed at every crash point of a table's life, one process per point, stays exactly once.
 
 Each test drives ONE table through a chain of `icefall run` processes; each process is killed (status 137,
-like SIGKILL) at one failpoint (`icefall.failpoints`), the next one starts on what it left, and a last,
-unarmed run finishes the topic. Every killed run must really have reached its point (its log says
+like SIGKILL) at one failpoint (`icefall.runtime.failpoints`), the next one starts on what it left, and a
+last, unarmed run finishes the topic. Every killed run must really have reached its point (its log says
 "failpoint <name> triggered"); the table and its dead-letter table must then hold each produced record
 exactly once (`assert_exactly_once`, record by record and by the auditor), and the dead-letter topic each
 bad record at least once (it is at-least-once by design: kafka/dead_letters.py).
@@ -37,11 +37,11 @@ from pathlib import Path
 
 import pytest
 
-from icefall import failpoints
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.kafka.dead_letters import SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER
+from icefall.runtime import failpoints
 from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
 
 pytestmark = pytest.mark.integration

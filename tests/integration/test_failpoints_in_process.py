@@ -28,18 +28,13 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import read_table_view, to_local_path
 from icefall.compact.worker import Outcome, run_item
-from icefall.failpoints import FailpointError
-from icefall.plan.maintenance import (
-    HOUR_MS,
-    ExpireSnapshots,
-    MaintenancePolicy,
-    plan_maintenance,
-    plan_orphans,
-)
+from icefall.plan.maintenance import plan_maintenance, plan_orphans
+from icefall.plan.maintenance_items import HOUR_MS, ExpireSnapshots, MaintenancePolicy
+from icefall.runtime import failpoints
+from icefall.runtime.failpoints import FailpointError
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +44,7 @@ CHILD = textwrap.dedent(
     from icefall.catalog import CatalogConfig
     from icefall.catalog.config import CatalogType
     from icefall.compact.worker import run_item
-    from icefall.plan.maintenance import RemoveOrphans
+    from icefall.plan.maintenance_items import RemoveOrphans
 
     args = json.loads(sys.argv[1])
     config = CatalogConfig(

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import metrics
 from icefall.api import load_manifest
 from icefall.api.source import StartingPositionType
 from icefall.catalog import CatalogConfig
@@ -27,6 +26,7 @@ from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
 from icefall.plan.offsets import OffsetRange
+from icefall.runtime import metrics
 from icefall.testing.streams import (
     NAMESPACE,
     SHARED_CATALOGS,

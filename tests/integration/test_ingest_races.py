@@ -29,15 +29,15 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints
 from icefall.catalog import CatalogConfig
 from icefall.commit import FencedError, claim_epoch, read_committed
 from icefall.commit.direct import rewind_dead_letters
 from icefall.commit.lease import FileLease, LeaseLostError
 from icefall.devstack.kafka import KafkaBroker
-from icefall.failpoints import FailpointError
 from icefall.ingest.engine import BatchReport, Ingestor, LeaseKeeper
 from icefall.plan.leases import LeaseRecord
+from icefall.runtime import failpoints
+from icefall.runtime.failpoints import FailpointError
 from icefall.testing.streams import (
     assert_exactly_once,
     drain,
@@ -365,8 +365,8 @@ def test_a_fenced_out_writers_late_dead_letters_are_refused(
 def test_a_refused_commit_drops_its_staging_branch(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
-    from icefall import metrics
     from icefall.commit import STAGE_PREFIX
+    from icefall.runtime import metrics
 
     topic, name = "it-race-stage-drop", "race_stage_drop"
     kafka.create_topic(topic, partitions=1)

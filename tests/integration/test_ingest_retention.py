@@ -23,12 +23,13 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
-from icefall import cli, metrics
+from icefall import cli
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
+from icefall.runtime import metrics
 from icefall.testing.streams import (
     assert_exactly_once,
     drain,

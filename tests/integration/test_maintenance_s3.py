@@ -24,13 +24,13 @@ from icefall.catalog import CatalogConfig
 from icefall.compact.view import read_table_view
 from icefall.compact.worker import Outcome, run_item
 from icefall.devstack.objectstore import ObjectStore
-from icefall.plan.maintenance import (
+from icefall.plan.maintenance import plan_maintenance
+from icefall.plan.maintenance_items import (
     HOUR_MS,
     CompactPartition,
     ExpireSnapshots,
     MaintenancePolicy,
     RemoveOrphans,
-    plan_maintenance,
 )
 from icefall.testing.streams import SHARED_CATALOGS, manifest_text, shared_catalog
 

@@ -1,4 +1,4 @@
-"""`icefall.metrics.serve` on real loopback sockets.
+"""`icefall.runtime.metrics.serve` on real loopback sockets.
 
 Proves: a port already taken raises for the processes that must serve (`icefall run`, `icefall operator`)
 and is logged, not raised, for the pods (`required=False`: the e2e tests' local kubelet runs every pod on the
@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from icefall import metrics
+from icefall.runtime import metrics
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def test_a_taken_port_raises_unless_not_required(caplog: pytest.LogCaptureFixtur
         port = taken.getsockname()[1]
         with pytest.raises(OSError):
             metrics.serve(port)
-        with caplog.at_level(logging.WARNING, logger="icefall.metrics"):
+        with caplog.at_level(logging.WARNING, logger="icefall.runtime.metrics"):
             metrics.serve(port, required=False)
         assert f"metrics not served on port {port}" in caplog.text
     metrics.serve(0)  # off: nothing to bind

@@ -25,11 +25,11 @@ import pytest
 from pyiceberg.table.snapshots import ancestors_of
 from pyspark.sql import SparkSession
 
-from icefall import failpoints, metrics
 from icefall.catalog import CatalogConfig
 from icefall.commit import STAGE_PREFIX, StaleHeadError
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor
+from icefall.runtime import failpoints, metrics
 from icefall.testing.streams import (
     assert_exactly_once,
     produce,

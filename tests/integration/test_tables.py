@@ -20,15 +20,14 @@ from pyspark.sql import SparkSession
 
 from icefall.api import StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
-from icefall.catalog.tables import (
+from icefall.catalog.layout import (
     DEAD_LETTER_SCHEMA,
     TableLayoutError,
-    TableMismatchError,
     describe_type,
-    ensure_tables,
     expected_schema,
     spark_struct_to_iceberg,
 )
+from icefall.catalog.tables import TableMismatchError, ensure_tables
 from icefall.ingest.decode import prepare
 from icefall.testing.streams import kafka_source_frame
 

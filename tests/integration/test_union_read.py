@@ -1,4 +1,5 @@
-"""Fresh reads (`icefall.read.union_read`, `icefall read`) against real Kafka, Spark and the embedded catalog.
+"""Fresh reads (`icefall.ingest.union_read`, `icefall read`) against real Kafka, Spark and the embedded
+catalog.
 
 Proves, by content (every row's digest: `icefall.audit.content`), that a union read is exactly the topic up
 to the cut it reports, decoded as ingestion decodes it: for an append table with records past its last
@@ -32,7 +33,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-from icefall import cli, failpoints
+from icefall import cli
 from icefall.api import StreamingTable, load_manifest
 from icefall.audit import GOOD, SparkContent, main_digest
 from icefall.catalog import CatalogConfig
@@ -40,7 +41,8 @@ from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
-from icefall.read import Cut, ReadError, UnionRead, union_read
+from icefall.ingest.union_read import Cut, ReadError, UnionRead, union_read
+from icefall.runtime import failpoints
 from icefall.testing.streams import drain, manifest_text, produce, streaming_table, watermarks
 
 pytestmark = pytest.mark.integration

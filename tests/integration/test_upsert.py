@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall import failpoints
 from icefall.api import StreamingTable
 from icefall.audit import KeyedAuditReport, audit_keyed
 from icefall.catalog import CatalogConfig
@@ -30,6 +29,7 @@ from icefall.commit.lease import FileLease
 from icefall.compact.worker import is_delete_conflict
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
+from icefall.runtime import failpoints
 from icefall.testing import streams
 from icefall.testing.streams import drain, send_changes, started_ingestor
 
@@ -376,7 +376,8 @@ def _compact_all(spark: SparkSession, config: CatalogConfig, identifier: tuple[s
     """Run compaction of every data file of the table's head (one partition: unpartitioned)."""
     from icefall.compact.view import read_table_view
     from icefall.compact.worker import run_item
-    from icefall.plan.maintenance import CompactPartition, FileContent
+    from icefall.plan.maintenance_items import CompactPartition
+    from icefall.plan.table_view import FileContent
 
     view = read_table_view(config.pyiceberg().load_table(identifier))
     files = tuple(f.path for f in view.files if f.content is FileContent.DATA)

@@ -47,7 +47,7 @@ from icefall.api import (
     to_spark_schema_json,
     to_spark_schema_string,
 )
-from icefall.api.schema import iceberg_type
+from icefall.api.iceberg_schema import iceberg_type
 
 pytestmark = pytest.mark.unit
 

@@ -30,7 +30,8 @@ from icefall.compact.runner import EmbeddedMaintenance, MaintenanceRunner, StepR
 from icefall.compact.view import ManifestCache, canonical_path, checksum_owner, to_local_path
 from icefall.compact.worker import ItemResult, Outcome
 from icefall.plan.leases import LeaseRecord, yield_pending
-from icefall.plan.maintenance import (
+from icefall.plan.maintenance import policy_from_spec, work_key
+from icefall.plan.maintenance_items import (
     DAY_MS,
     ApplyDeletes,
     ExpireSnapshots,
@@ -38,8 +39,6 @@ from icefall.plan.maintenance import (
     RemoveOrphans,
     TimeTransform,
     WorkItem,
-    policy_from_spec,
-    work_key,
 )
 from icefall.plan.names import TableIdentity, TableLeases, table_leases
 from icefall.plan.rbac import compaction_rules
@@ -161,7 +160,7 @@ def test_hadoop_spellings_of_s3_are_s3(scheme: str) -> None:
 
 def test_a_file_listed_under_another_scheme_or_bucket_is_a_mismatch() -> None:
     from icefall.compact.view import _scheme_mismatch
-    from icefall.plan.maintenance import StorageObject
+    from icefall.plan.table_view import StorageObject
 
     def listed(path: str) -> StorageObject:
         return StorageObject(path=path, size_bytes=1, modified_ms=0)

@@ -40,15 +40,8 @@ from icefall.api import (
     streaming_table_from_object,
 )
 from icefall.api.base import ApiModel
-from icefall.api.crd import (
-    CRD_PATH,
-    HEADER,
-    TYPE_PATTERN,
-    TYPED_SCHEMA_DEPTH,
-    build_crd,
-    render_crd,
-    structural_schema,
-)
+from icefall.api.crd import CRD_PATH, HEADER, build_crd, render_crd
+from icefall.api.crd_schema import TYPE_PATTERN, TYPED_SCHEMA_DEPTH, structural_schema
 
 pytestmark = pytest.mark.unit
 

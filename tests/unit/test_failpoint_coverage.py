@@ -16,7 +16,7 @@ from typing import get_args
 
 import pytest
 
-from icefall import failpoints
+from icefall.runtime import failpoints
 
 pytestmark = pytest.mark.unit
 

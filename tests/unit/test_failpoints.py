@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from icefall import failpoints
-from icefall.failpoints import FailpointError, failpoint
+from icefall.runtime import failpoints
+from icefall.runtime.failpoints import FailpointError, failpoint
 
 pytestmark = pytest.mark.unit
 
-SOURCE = Path(failpoints.__file__).resolve().parents[1]  # operator/src of this checkout
+SOURCE = Path(failpoints.__file__).resolve().parents[2]  # operator/src of this checkout
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +163,7 @@ def test_arming_in_process_with_a_callable_and_restoring() -> None:
 CHILD = textwrap.dedent(
     """
     import atexit
-    from icefall.failpoints import failpoint
+    from icefall.runtime.failpoints import failpoint
     atexit.register(lambda: print("atexit ran"))
     try:
         print("before", flush=True)
@@ -204,8 +204,8 @@ def test_exit_kills_the_process_at_the_point(spec: str, status: int, reached_end
 CHAOS_CHILD = textwrap.dedent(
     """
     import os, sys
-    from icefall import failpoints
-    from icefall.failpoints import failpoint
+    from icefall.runtime import failpoints
+    from icefall.runtime.failpoints import failpoint
     failpoints.TERMINATION_MESSAGE_FILE = sys.argv[1]
     print("children see", os.environ.get(failpoints.CHAOS_ENV_VAR), flush=True)
     failpoint("main.after-commit")

@@ -6,6 +6,7 @@ Proves:
 - the wheel configuration leaves both out of the distribution;
 - one catalog mapping: no module but `icefall.catalog.config` builds a pyiceberg catalog client
   (`load_catalog`, `SqlCatalog`, `RestCatalog`) or writes `spark.sql.catalog.*` settings;
+- the package root holds the entry points only (`icefall.cli`), every other module lives in a package;
 - no import cycles between the package's modules (`ingest.avro` and `ingest.decode` once imported each
   other), counting every import: at module level, inside functions and under `TYPE_CHECKING`.
 Not proved here: what the built wheel holds (tests/integration/test_installed.py builds and installs it).
@@ -134,4 +135,12 @@ def test_no_import_cycles_between_modules() -> None:
     cycles = import_cycles(graph)
     assert not cycles, "modules that import each other (directly or through others):\n" + "\n".join(
         " <-> ".join(cycle) for cycle in cycles
+    )
+
+
+def test_the_package_root_holds_entry_points_only() -> None:
+    modules = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert modules == ["__init__.py", "cli.py"], (
+        "modules at the package root, not in a package: "
+        + ", ".join(name for name in modules if name not in {"__init__.py", "cli.py"})
     )

@@ -4,7 +4,7 @@ Proves: the retry delay doubles from 1 s and stays at 30 s (no overflow however 
 keeps the first failure's time and counts attempts; the errors the real servers were seen to raise when
 stopped (texts copied from test_outages.py runs: librdkafka via `KafkaUnavailableError`, PostgreSQL through
 SQLAlchemy, pyarrow's S3 client, Spark's JdbcCatalog) and the Java client errors named in
-`icefall.outages` (Kafka's Java client, the AWS SDK: not seen in a run yet) map to their service,
+`icefall.ingest.outages` (Kafka's Java client, the AWS SDK: not seen in a run yet) map to their service,
 while refused Kafka credentials, "no such table" and ordinary bugs do not (they fail loudly); `Outages` logs
 one line per attempt naming the service and where, without a traceback, counts an outage once, sets and
 clears the gauge, and logs when the service answers again (fake clock).
@@ -19,10 +19,10 @@ import sqlite3
 import pytest
 import sqlalchemy.exc
 
-from icefall import metrics
+from icefall.ingest.outages import Outages, classify, log_failure
 from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError
-from icefall.outages import Outages, classify, log_failure
 from icefall.plan.outages import OutageClock, Service, retry_delay
+from icefall.runtime import metrics
 
 pytestmark = pytest.mark.unit
 
@@ -139,7 +139,7 @@ def test_outages_log_one_line_per_attempt_count_once_and_clear(caplog: pytest.Lo
     error = KafkaUnavailableError(
         "cannot reach Kafka at 127.0.0.1:9 for topic 't': KafkaError{code=_TRANSPORT}"
     )
-    with caplog.at_level(logging.WARNING, logger="icefall.outages"):
+    with caplog.at_level(logging.WARNING, logger="icefall.ingest.outages"):
         delays = []
         for _ in range(3):
             delays.append(outages.failed(error))

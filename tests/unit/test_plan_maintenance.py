@@ -18,29 +18,28 @@ import re
 
 import pytest
 
-from icefall.plan.maintenance import (
+from icefall.plan.maintenance import backlog, bytes_to_rewrite, plan_maintenance, work_key
+from icefall.plan.maintenance_items import (
     DAY_MS,
     HOUR_MS,
     MIB,
     ApplyDeletes,
     ApplyRetention,
     CompactPartition,
-    DataFileInfo,
     ExpireSnapshots,
-    FileContent,
     MaintenancePolicy,
-    ManifestInfo,
     RemoveOrphans,
     RetentionPolicy,
     RewriteManifests,
+    TimeTransform,
+)
+from icefall.plan.table_view import (
+    DataFileInfo,
+    FileContent,
+    ManifestInfo,
     SnapshotInfo,
     StorageObject,
     TableView,
-    TimeTransform,
-    backlog,
-    bytes_to_rewrite,
-    plan_maintenance,
-    work_key,
 )
 
 pytestmark = pytest.mark.unit

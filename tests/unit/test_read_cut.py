@@ -11,8 +11,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from icefall.cli import _table_text, build_parser
-from icefall.read import Cut
+from icefall.cli import build_parser
+from icefall.commands.read import table_text
+from icefall.ingest.union_read import Cut
 
 pytestmark = pytest.mark.unit
 
@@ -46,7 +47,7 @@ def test_the_cut_names_the_snapshot_the_ranges_and_the_counts() -> None:
 
 def test_rows_as_aligned_text() -> None:
     rows = pa.table({"id": [1, 22], "_kafka": [{"partition": 0, "offset": 5}, None]})
-    assert _table_text(rows) == [
+    assert table_text(rows) == [
         "id | _kafka",
         "---+-" + "-" * 26,
         '1  | {"partition":0,"offset":5}',

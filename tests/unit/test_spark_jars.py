@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from icefall import cli
+from icefall.commands import common
 from icefall.spark.session import JARS_VARIABLE, SparkJarsMissingError, spark_conf, spark_jars
 
 pytestmark = pytest.mark.unit
@@ -52,13 +52,13 @@ def test_no_jars_anywhere_is_one_line_saying_how(tmp_path: Path) -> None:
 
 
 def test_state_folder_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(cli.STATE_DIR_VARIABLE, raising=False)
+    monkeypatch.delenv(common.STATE_DIR_VARIABLE, raising=False)
     unset = argparse.Namespace(state_dir=None)
-    assert cli._state_dir(unset) == Path(".icefall").resolve()
-    assert cli._state_dir(unset, in_cluster=True) == Path(tempfile.gettempdir()).resolve() / "icefall"
-    monkeypatch.setenv(cli.STATE_DIR_VARIABLE, "/srv/state")
-    assert cli._state_dir(unset) == cli._state_dir(unset, in_cluster=True) == Path("/srv/state")
-    assert cli._state_dir(argparse.Namespace(state_dir="/given")) == Path("/given")
+    assert common.state_dir(unset) == Path(".icefall").resolve()
+    assert common.state_dir(unset, in_cluster=True) == Path(tempfile.gettempdir()).resolve() / "icefall"
+    monkeypatch.setenv(common.STATE_DIR_VARIABLE, "/srv/state")
+    assert common.state_dir(unset) == common.state_dir(unset, in_cluster=True) == Path("/srv/state")
+    assert common.state_dir(argparse.Namespace(state_dir="/given")) == Path("/given")
 
 
 def test_fair_scheduling_names_the_pools_icefall_run_uses() -> None:

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import socket
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from icefall import __version__
+from icefall.commands.common import catalog_for, load_table, outages_for, state_dir, unreachable_is_one_line
+from icefall.commands.read import READ_FORMATS, TABLE_ROWS, read_rows
+from icefall.commands.table import reset_offsets, show_status
 
 if TYPE_CHECKING:
     from icefall.commit.lease import Lease
@@ -22,40 +22,6 @@ if TYPE_CHECKING:
 # Exit codes of `icefall run` / `icefall ingest` a supervisor can act on (1: failure, 2: usage).
 EXIT_LEASE = 3  # another writer holds or took the table
 EXIT_SOURCE_CHANGED = 4  # the topic was recreated or truncated: `icefall reset-offsets` first
-
-STATE_DIR_VARIABLE = "ICEFALL_STATE_DIR"
-
-
-def _state_dir(args: argparse.Namespace, *, in_cluster: bool = False) -> Path:
-    """--state-dir, else $ICEFALL_STATE_DIR, else `.icefall` here (local commands) or `<tmp>/icefall`
-    (the pods' commands: their root filesystem is read-only, /tmp is an emptyDir)."""
-    chosen = args.state_dir or os.environ.get(STATE_DIR_VARIABLE)
-    if not chosen:
-        chosen = str(Path(tempfile.gettempdir()) / "icefall") if in_cluster else ".icefall"
-    return Path(chosen).resolve()
-
-
-def _catalog_for(st: Any, state_dir: Path) -> Any:
-    """`spec.table.catalog` (secrets from the environment), or the embedded catalog in `state_dir`."""
-    from icefall.catalog import CatalogConfig, CatalogConfigError
-
-    try:
-        return CatalogConfig.for_table(st.spec, state_dir=state_dir)
-    except CatalogConfigError as error:
-        raise SystemExit(str(error)) from None
-
-
-def _load(args: argparse.Namespace) -> Any:
-    from icefall.api import ManifestError, load_manifest
-
-    try:
-        st = load_manifest(Path(args.file))
-    except ManifestError as error:
-        raise SystemExit(f"{args.file} is not a valid StreamingTable:\n{error}") from None
-    if args.bootstrap_servers:
-        source = st.spec.source.model_copy(update={"bootstrap_servers": args.bootstrap_servers})
-        st = st.model_copy(update={"spec": st.spec.model_copy(update={"source": source})})
-    return st
 
 
 def _stop_on_signals() -> Any:
@@ -69,43 +35,20 @@ def _stop_on_signals() -> Any:
     return stop
 
 
-def _outages_for(st: Any, catalog: Any) -> Any:
-    from icefall.outages import Outages, service_addresses
-
-    label = ".".join(st.table_identifier)
-    return Outages(label, service_addresses(st.spec.source.bootstrap_servers, st.spec.source.topic, catalog))
-
-
-@contextlib.contextmanager
-def _unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
-    """An unreachable Kafka, catalog or object store ends the command with one line naming it and where
-    (exit 1), not a traceback; any other error passes through."""
-    from icefall.outages import classify
-
-    try:
-        yield
-    except Exception as error:
-        found = classify(error)
-        if found is None:
-            raise
-        describe = _outages_for(st, catalog).describe(found)
-        raise SystemExit(f"icefall: {describe} ({found.reason})") from None
-
-
 def _run(args: argparse.Namespace) -> int:
-    from icefall import metrics
     from icefall.commit.lease import FileLease, local_process_holder
     from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import embedded_conf
+    from icefall.runtime import metrics
     from icefall.spark.session import build_spark_session
 
-    st = _load(args)
-    state = _state_dir(args)
-    catalog = _catalog_for(st, state)
+    st = load_table(args)
+    state = state_dir(args)
+    catalog = catalog_for(st, state)
     metrics.serve(args.metrics_port)
     stop = _stop_on_signals()
     # The catalog's tables exist before Spark's JdbcCatalog looks at them; a catalog down now is waited for.
-    if not _outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
+    if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
         return 1
     print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
     print("[run] starting local Spark ...", flush=True)
@@ -151,7 +94,7 @@ def _ingest_until_stopped(  # noqa: C901, PLR0915 (to split: the run loop of ice
     """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so.
     `maintenance` (an EmbeddedMaintenance on its own thread), if given, is offered every batch's report and
     stopped, after its item in flight, before Spark. Kafka, the catalog or the object store unreachable, at
-    start or later, is waited out (`icefall.outages`)."""
+    start or later, is waited out (`icefall.ingest.outages`)."""
     from icefall.ingest.engine import BatchReport, Ingestor
 
     ingestor = Ingestor(st, catalog, spark, lease, yield_to=yield_to)
@@ -277,14 +220,14 @@ def _ingest(args: argparse.Namespace) -> int:
     from icefall.plan.spark_conf import DEFAULT_MASTER
 
     api, st = _from_api(args.namespace, args.name)
-    catalog = _catalog_for(st, _state_dir(args, in_cluster=True))
+    catalog = catalog_for(st, state_dir(args, in_cluster=True))
     stop = _stop_on_signals()
-    if not _outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
+    if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
         return 1
     print(
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
     )
-    from icefall import metrics
+    from icefall.runtime import metrics
 
     metrics.serve(args.metrics_port, required=False)
     spark = _pod_spark(catalog, st.metadata.name, "ingest", DEFAULT_MASTER)
@@ -302,9 +245,9 @@ def _compact(args: argparse.Namespace) -> int:
 
     if bool(args.file) == bool(args.namespace and args.name):
         raise SystemExit("give either -f <manifest> or --namespace and --name")
-    state = _state_dir(args, in_cluster=not args.file)
+    state = state_dir(args, in_cluster=not args.file)
     if args.file:
-        st = _load(args)
+        st = load_table(args)
         leases = file_leases(state / "leases")
     else:
         from icefall.commit.kube_lease import KubernetesLease
@@ -319,10 +262,10 @@ def _compact(args: argparse.Namespace) -> int:
     if not st.spec.compaction.enabled or st.spec.suspend:
         print(f"[compact] {st.metadata.name}: compaction is disabled or suspended; nothing to do", flush=True)
         return 0
-    from icefall import metrics
+    from icefall.runtime import metrics
 
     metrics.serve(args.metrics_port, required=bool(args.file))  # a pod: see metrics.serve
-    catalog = _catalog_for(st, state)
+    catalog = catalog_for(st, state)
     catalog.pyiceberg()
     spark = _pod_spark(catalog, st.metadata.name, "compact", args.master)
     try:
@@ -358,7 +301,7 @@ def _operator(args: argparse.Namespace) -> int:
     import kopf
 
     import icefall.controller.handlers  # noqa: F401  (registers the handlers)
-    from icefall import metrics
+    from icefall.runtime import metrics
 
     if args.namespace and args.all_namespaces:
         raise SystemExit("give --namespace or --all-namespaces, not both")
@@ -398,91 +341,6 @@ def _operator(args: argparse.Namespace) -> int:
     finally:
         if election is not None:
             election.release()
-    return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    from icefall.commit import read_committed
-    from icefall.kafka.admin import TopicView
-    from icefall.kafka.security import librdkafka_config
-    from icefall.plan.lag import freshness_seconds, partition_lag
-    from icefall.plan.offsets import resolve_positions, source_change
-
-    st = _load(args)
-    config = _catalog_for(st, _state_dir(args))
-    with _unreachable_is_one_line(st, config):
-        table = config.pyiceberg().load_table(st.table_identifier)
-        committed = read_committed(table)
-        kafka_config = librdkafka_config(st.spec.source.security)
-        with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic, kafka_config) as topic:
-            marks = topic.watermarks()
-            topic_id = topic.topic_id()
-            oldest_waiting_ms = topic.oldest_waiting_ms(committed.offsets, marks)
-    print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
-    print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
-    lag = partition_lag(committed.offsets, marks)
-    for partition, (_, high) in sorted(marks.items()):
-        print(f"{partition:>9} {committed.offsets.get(partition, '-')!s:>12} {high:>12} {lag[partition]:>10}")
-    total = sum(lag.values())
-    behind = freshness_seconds(
-        total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=oldest_waiting_ms
-    )
-    freshness = "unmeasured" if behind is None else f"{behind:.1f}s"
-    lost = committed.lost_records
-    print(f"lag {total} records, freshness {freshness}, lost to retention {lost} records")
-    if lost:
-        print(
-            f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "
-            "ingested (table property icefall.lost-records)"
-        )
-    ahead = resolve_positions(committed.offsets, marks, st.spec.source.starting_position.type).offsets_ahead
-    problem = source_change(st.spec.source.topic, committed.topic_id, topic_id, ahead)
-    if problem is not None:
-        print(f"INGESTION STOPPED: {problem}")
-        return 1
-    return 0
-
-
-def _reset_offsets(args: argparse.Namespace) -> int:
-    """The explicit user action after the topic was recreated or truncated: commit new offsets, recorded."""
-    from icefall.commit import read_committed, reset_offsets
-    from icefall.kafka.admin import TopicView
-    from icefall.kafka.security import librdkafka_config
-    from icefall.plan.offsets import resolve_positions, source_change
-
-    st = _load(args)
-    catalog = _catalog_for(st, _state_dir(args)).pyiceberg()
-    table = catalog.load_table(st.table_identifier)
-    committed = read_committed(table)
-    source = st.spec.source
-    with TopicView(source.bootstrap_servers, source.topic, librdkafka_config(source.security)) as topic:
-        topic_id = topic.topic_id()
-        marks = topic.watermarks()
-    ahead = resolve_positions(committed.offsets, marks, source.starting_position.type).offsets_ahead
-    problem = source_change(source.topic, committed.topic_id, topic_id, ahead)
-    if problem is None:
-        print(
-            f"nothing to reset: {'.'.join(st.table_identifier)} follows topic {source.topic!r} "
-            f"(id {topic_id}) and no committed offset is past the topic's end"
-        )
-        return 1
-    reason = "topic-recreated" if committed.topic_id not in (None, topic_id) else "offsets-ahead"
-    offsets = {p: (low if args.to == "earliest" else high) for p, (low, high) in marks.items()}
-    print(f"[reset] {problem.split(';')[0]}")
-    dead_letter = st.dead_letter_identifier
-    # The dead-letter table first: left ahead of the main table, its rows past the new offsets would be
-    # taken for leftovers of a failed batch and deleted.
-    if dead_letter and catalog.table_exists(dead_letter):
-        dlq = catalog.load_table(dead_letter)
-        if read_committed(dlq).offsets:
-            reset_offsets(
-                dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=int(time.time() * 1000)
-            )
-    reset_offsets(table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=int(time.time() * 1000))
-    print(
-        f"[reset] {'.'.join(st.table_identifier)} now follows topic id {topic_id} from its {args.to} offsets "
-        f"{offsets}; recorded in the table property icefall.offset-resets. Rows already in the table stay."
-    )
     return 0
 
 
@@ -531,116 +389,12 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
 
 
 def _verify(args: argparse.Namespace) -> int:
-    st = _load(args)
-    config = _catalog_for(st, _state_dir(args))
-    with _unreachable_is_one_line(st, config):
+    st = load_table(args)
+    config = catalog_for(st, state_dir(args))
+    with unreachable_is_one_line(st, config):
         report = verify_table(st, config, ingesting=args.ingesting)
     print(report.render())
     return 0 if report.ok else 1
-
-
-READ_FORMATS = ("table", "csv", "jsonl", "parquet")
-
-
-def _read(args: argparse.Namespace) -> int:
-    """The table plus the topic after its snapshot up to a cut taken now (`icefall.read`): the cut to
-    stderr, the rows to stdout or --output."""
-    from icefall.read import ReadError, union_read
-
-    if args.format == "parquet" and not args.output:
-        raise SystemExit("--format parquet needs --output PATH")
-    as_of = None
-    if args.as_of:
-        from datetime import datetime
-
-        try:
-            as_of = datetime.fromisoformat(args.as_of)
-        except ValueError:
-            raise SystemExit(f"--as-of {args.as_of!r} is not an ISO 8601 time") from None
-    st = _load(args)
-    config = _catalog_for(st, _state_dir(args))
-    with _unreachable_is_one_line(st, config):
-        config.pyiceberg().load_table(st.table_identifier)  # NoSuchTableError before Spark starts
-        from icefall.plan.spark_conf import tool_conf
-        from icefall.spark.session import build_spark_session
-
-        print("[read] starting local Spark ...", file=sys.stderr, flush=True)
-        spark = build_spark_session([config], extra_conf=tool_conf(st.metadata.name, "read"))
-        try:
-            result = union_read(st, config, snapshot_id=args.snapshot, as_of=as_of, spark=spark)
-        except ReadError as error:
-            raise SystemExit(f"icefall: {error}") from None
-        with result:
-            for line in result.cut.render():
-                print(line, file=sys.stderr, flush=True)
-            frame = result.frame
-            if args.sql:
-                frame.createOrReplaceTempView("t")
-                frame = spark.sql(args.sql)
-            limit = args.limit if args.limit is not None else (TABLE_ROWS if args.format == "table" else None)
-            if limit is not None:
-                frame = frame.limit(limit)
-            _write_rows(frame, args.format, args.output)
-    return 0
-
-
-TABLE_ROWS = 20  # rows `--format table` shows without --limit
-
-
-def _write_rows(frame: Any, form: str, output: str | None) -> None:
-    """`frame`'s rows as `form` (READ_FORMATS) to `output`, else stdout."""
-    from pyspark.sql import functions as F  # noqa: N812 - the usual name
-    from pyspark.sql.types import ArrayType, MapType, StructType
-
-    if form == "jsonl":
-        _emit([*frame.toJSON().collect()], output)
-    elif form == "table":
-        _emit(_table_text(frame.toArrow()), output)
-    elif form == "csv":
-        import pyarrow.csv as pacsv
-
-        nested = (ArrayType, MapType, StructType)
-        columns = [F.col(f"`{f.name}`") for f in frame.schema.fields]
-        flat = frame.select(*[
-            F.to_json(c).alias(f.name) if isinstance(f.dataType, nested) else c
-            for f, c in zip(frame.schema.fields, columns, strict=True)
-        ])  # fmt: skip
-        pacsv.write_csv(flat.toArrow(), output if output else sys.stdout.buffer)
-    else:
-        import pyarrow.parquet as pq
-
-        pq.write_table(frame.toArrow(), output)
-
-
-def _table_text(rows: Any) -> list[str]:
-    """An Arrow table as aligned text: a header, a rule, one line per row."""
-    names = list(rows.column_names)
-    cells = [[_cell(v) for v in row.values()] for row in rows.to_pylist()]
-    widths = [max([len(n), *(len(r[i]) for r in cells)]) for i, n in enumerate(names)]
-    lines = [" | ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)).rstrip()]
-    lines.append("-+-".join("-" * w for w in widths))
-    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.append(f"({len(cells)} rows)")
-    return lines
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, dict | list):
-        import json
-
-        return json.dumps(value, default=str, separators=(",", ":"))
-    return str(value)
-
-
-def _emit(lines: Sequence[str], output: str | None) -> None:
-    if output:
-        Path(output).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-        return
-    for line in lines:
-        print(line)
-    sys.stdout.flush()
 
 
 STATE_DIR_HELP = (
@@ -649,22 +403,35 @@ STATE_DIR_HELP = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one statement per option)
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="icefall",
         description="Kafka topics in, compacted Apache Iceberg tables out, exactly once.",
     )
     parser.add_argument("--version", action="version", version=f"icefall {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # The order here is the order `icefall --help` lists them in.
+    _add_run(commands)
+    _add_compact(commands)
+    _add_ingest(commands)
+    _add_operator(commands)
+    _add_table_tools(commands)
+    _add_read(commands)
+    return parser
 
-    def table_command(name: str, help_text: str) -> argparse.ArgumentParser:
-        command = commands.add_parser(name, help=help_text)
-        command.add_argument("-f", "--file", required=True, help="the StreamingTable manifest (YAML)")
-        command.add_argument("--state-dir", help=STATE_DIR_HELP)
-        command.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
-        return command
 
-    run = table_command("run", "ingest the topic into the table on local Spark (embedded default)")
+def _table_command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand that reads one StreamingTable manifest."""
+    command: argparse.ArgumentParser = commands.add_parser(name, help=help_text)
+    command.add_argument("-f", "--file", required=True, help="the StreamingTable manifest (YAML)")
+    command.add_argument("--state-dir", help=STATE_DIR_HELP)
+    command.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
+    return command
+
+
+def _add_run(commands: Any) -> None:
+    """`icefall run`: local ingestion."""
+    run = _table_command(commands, "run", "ingest the topic into the table on local Spark (embedded default)")
     run.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     run.add_argument("--until-caught-up", action="store_true", help="stop once the table has caught up")
     run.add_argument(
@@ -674,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
     run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
     run.add_argument("--no-maintenance", action="store_true", help="no in-process compaction between batches")
     run.set_defaults(func=_run)
+
+
+def _add_compact(commands: Any) -> None:
+    """`icefall compact`: the maintenance worker."""
     compact = commands.add_parser("compact", help="compaction and maintenance worker (the compaction pods)")
     compact.add_argument("-f", "--file", help="a StreamingTable manifest (local mode, file Leases)")
     compact.add_argument("--namespace", help="namespace of the StreamingTable (in a cluster)")
@@ -685,6 +456,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
     compact.add_argument("--idle-seconds", type=float, default=30, help="pause when there is nothing to do")
     compact.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics (0: off)")
     compact.set_defaults(func=_compact)
+
+
+def _add_ingest(commands: Any) -> None:
+    """`icefall ingest`: the driver pod's command."""
     ingest = commands.add_parser("ingest", help="the driver pod: ingest the StreamingTable read from the API")
     ingest.add_argument("--namespace", required=True, help="namespace of the StreamingTable")
     ingest.add_argument("--name", required=True, help="name of the StreamingTable")
@@ -692,6 +467,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
     ingest.add_argument("--lease-timeout", type=float, default=None, help="seconds to wait for the lease")
     ingest.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics (0: off)")
     ingest.set_defaults(func=_ingest, until_caught_up=False, max_seconds=0)
+
+
+def _add_operator(commands: Any) -> None:
+    """`icefall operator`: the Kubernetes operator."""
     operator = commands.add_parser("operator", help="run the Kubernetes operator (kopf)")
     operator.add_argument(
         "--namespace", action="append", help="watch this namespace (repeatable; default: all namespaces)"
@@ -721,8 +500,14 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
         "--leader-lease-seconds", type=int, default=15, help="leader Lease duration (renewed every third)"
     )
     operator.set_defaults(func=_operator)
-    reset = table_command(
-        "reset-offsets", "after the topic was recreated or truncated: go on from its current records"
+
+
+def _add_table_tools(commands: Any) -> None:
+    """`icefall reset-offsets`, `status` and `verify`."""
+    reset = _table_command(
+        commands,
+        "reset-offsets",
+        "after the topic was recreated or truncated: go on from its current records",
     )
     reset.add_argument(
         "--to",
@@ -730,18 +515,26 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
         default="earliest",
         help="earliest: every record the topic holds now (default); latest: only records written from now",
     )
-    reset.set_defaults(func=_reset_offsets)
-    status = table_command("status", "print committed offsets, lag and freshness")
-    status.set_defaults(func=_status)
-    verify = table_command("verify", "audit the table against the topic: duplicates, gaps, dead letters")
+    reset.set_defaults(func=reset_offsets)
+    status = _table_command(commands, "status", "print committed offsets, lag and freshness")
+    status.set_defaults(func=show_status)
+    verify = _table_command(
+        commands, "verify", "audit the table against the topic: duplicates, gaps, dead letters"
+    )
     verify.add_argument(
         "--ingesting",
         action="store_true",
         help="ingestion is running: dead letters past the commit are pending",
     )
     verify.set_defaults(func=_verify)
-    read = table_command(
-        "read", "read the table plus the topic's records after its last commit, up to now (a fresh read)"
+
+
+def _add_read(commands: Any) -> None:
+    """`icefall read`: a fresh read."""
+    read = _table_command(
+        commands,
+        "read",
+        "read the table plus the topic's records after its last commit, up to now (a fresh read)",
     )
     read.add_argument("--sql", help='Spark SQL over the result, exposed as view t ("SELECT ... FROM t")')
     when = read.add_mutually_exclusive_group()
@@ -754,8 +547,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (argparse: one s
     read.add_argument(
         "--limit", type=int, help=f"at most this many rows (table format: {TABLE_ROWS} by default)"
     )
-    read.set_defaults(func=_read)
-    return parser
+    read.set_defaults(func=read_rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -776,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoSuchTableError as error:
         raise SystemExit(f"icefall: the table does not exist yet (nothing was ingested): {error}") from None
     except Exception as error:
-        from icefall.outages import classify
+        from icefall.ingest.outages import classify
 
         found = classify(error)  # commands without an address book of their own: the client's words
         if found is None:

@@ -5,6 +5,8 @@ that does I/O. The CRD YAML is generated from these models.
 """
 
 from icefall.api.base import SecretKeySelector, SecretRef
+from icefall.api.format import Format, FormatType, SchemaRegistry, SubjectNameStrategy, Transforms
+from icefall.api.iceberg_schema import to_iceberg_schema
 from icefall.api.manifest import (
     ManifestError,
     Problem,
@@ -31,10 +33,6 @@ from icefall.api.schema import (
     TypeSpec,
     parse_type,
     resolve_column,
-    to_iceberg_schema,
-    to_spark_ddl,
-    to_spark_schema_json,
-    to_spark_schema_string,
 )
 from icefall.api.source import (
     KafkaSecurity,
@@ -44,6 +42,7 @@ from icefall.api.source import (
     StartingPosition,
     StartingPositionType,
 )
+from icefall.api.spark_schema import to_spark_ddl, to_spark_schema_json, to_spark_schema_string
 from icefall.api.spec import (
     API_VERSION,
     GROUP,
@@ -56,16 +55,11 @@ from icefall.api.spec import (
     DeadLetter,
     DeadLetterTable,
     DeletionPolicy,
-    Format,
-    FormatType,
     Freshness,
     ObjectMeta,
-    SchemaRegistry,
     StreamingTable,
     StreamingTableSpec,
-    SubjectNameStrategy,
     TableMode,
-    Transforms,
 )
 from icefall.api.status import (
     REASONS_BY_TYPE,

@@ -24,22 +24,21 @@ import re
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from icefall.api.base import (
     DNS1123_LABEL_PATTERN,
-    FIELD_PATH_PATTERN,
     IDENTIFIER_PATTERN,
     NAMESPACE_PATTERN,
     TOPIC_PATTERN,
     ApiModel,
     Loc,
     ProblemCollector,
-    SecretRef,
 )
+from icefall.api.format import Format, FormatType, Transforms
+from icefall.api.maintenance import CompactionSpec, RetentionSpec, retention_problems
 from icefall.api.pods import PodTemplates
-from icefall.api.schema import SchemaField, check_fields
 from icefall.api.source import KafkaSource
 from icefall.api.status import StreamingTableStatus
 from icefall.api.table import TableSpec, layout_problems
@@ -54,35 +53,6 @@ SHORT_NAMES = ("st",)
 #: Longest metadata.name: leaves room for child names such as `icefall-<name>-commit` within 63 characters.
 MAX_NAME_LENGTH = 40
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
-REGISTRY_URL_PATTERN = r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
-#: An Avro full name: dot-separated names.
-RECORD_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-
-
-class FormatType(StrEnum):
-    """How Kafka record values are decoded: JSON text, or a schema registry's wire format (a magic byte 0,
-    the 4-byte schema id, then the encoded record)."""
-
-    JSON = "json"
-    AVRO = "avro"
-    PROTOBUF = "protobuf"
-    JSON_SCHEMA = "jsonSchema"
-
-    @property
-    def uses_registry(self) -> bool:
-        return self is not FormatType.JSON
-
-
-#: Registry formats this version decodes; the others are refused at validation.
-SUPPORTED_REGISTRY_FORMATS = (FormatType.AVRO,)
-
-
-class SubjectNameStrategy(StrEnum):
-    """How the registry subject of the record schema is named (Confluent's subject name strategies)."""
-
-    TOPIC = "topic"  # <topic>-value
-    RECORD = "record"  # <fully qualified record name>
-    TOPIC_RECORD = "topic-record"  # <topic>-<fully qualified record name>
 
 
 class TableMode(StrEnum):
@@ -101,162 +71,6 @@ KEY_TYPES = frozenset(
     {"boolean", "int", "long", "decimal", "date", "time", "timestamp", "timestamptz", "string", "uuid",
      "fixed", "binary"}
 )  # fmt: skip
-
-
-class SchemaRegistry(ApiModel):
-    """A Confluent-compatible schema registry (Confluent, Apicurio's ccompat API, Karapace, Redpanda)."""
-
-    url: str = Field(
-        description=(
-            "Base URL of the registry's Confluent-compatible API, e.g. http://registry:8081 or "
-            "http://apicurio:8080/apis/ccompat/v7."
-        ),
-        min_length=1,
-        max_length=2048,
-        pattern=REGISTRY_URL_PATTERN,
-    )
-    username: SecretRef | None = Field(
-        default=None, description="Reference to the HTTP basic-auth user name (or API key)."
-    )
-    password: SecretRef | None = Field(
-        default=None, description="Reference to the HTTP basic-auth password (or API secret)."
-    )
-    subject_name_strategy: SubjectNameStrategy = Field(
-        default=SubjectNameStrategy.TOPIC,
-        description=(
-            "How the subject of the record schema is named: topic: <topic>-value; record: the record's "
-            "fully qualified name (recordName); topic-record: <topic>-<recordName>."
-        ),
-    )
-    record_name: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=1024,
-        pattern=RECORD_NAME_PATTERN,
-        description="Fully qualified record name (namespace.Name); needed by the record and topic-record "
-        "strategies.",
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SchemaRegistry:
-        problems = ProblemCollector()
-        if (self.username is None) != (self.password is None):
-            missing = "password" if self.password is None else "username"
-            problems.add((missing,), f"basic auth needs both username and password; add {missing}")
-        needs_record = self.subject_name_strategy is not SubjectNameStrategy.TOPIC
-        if needs_record and self.record_name is None:
-            problems.add(
-                ("recordName",),
-                f"subjectNameStrategy {self.subject_name_strategy.value} names the subject after the record: "
-                "add recordName (e.g. com.example.Order)",
-            )
-        if not needs_record and self.record_name is not None:
-            problems.add(
-                ("recordName",),
-                "recordName is used by the record and topic-record strategies only; remove it or set "
-                "subjectNameStrategy",
-            )
-        problems.raise_if_any()
-        return self
-
-    def subject(self, topic: str) -> str:
-        """The subject of the record (value) schema of `topic`."""
-        if self.subject_name_strategy is SubjectNameStrategy.TOPIC:
-            return f"{topic}-value"
-        assert self.record_name is not None  # checked by the validator
-        if self.subject_name_strategy is SubjectNameStrategy.RECORD:
-            return self.record_name
-        return f"{topic}-{self.record_name}"
-
-
-class Format(ApiModel):
-    """How record values are decoded, and the schema they follow."""
-
-    type: FormatType = Field(
-        default=FormatType.JSON,
-        description=(
-            "Record value encoding. json: JSON text read with `schema`. avro: Confluent-framed Avro, decoded "
-            "with the writer schema of each record's schema id from `registry`. protobuf and jsonSchema "
-            "are not supported yet."
-        ),
-    )
-    schema_fields: list[SchemaField] = Field(
-        alias="schema",
-        default_factory=list,
-        max_length=10000,
-        description=(
-            "The record's fields, in column order. They become the Iceberg table's columns. Required for "
-            "json; for avro, default: derived from the subject's latest registry schema when the table is "
-            "created."
-        ),
-    )
-    registry: SchemaRegistry | None = Field(
-        default=None, description="The schema registry; required for avro, protobuf and jsonSchema."
-    )
-
-    @model_validator(mode="after")
-    def _whole_schema(self) -> Format:
-        problems = ProblemCollector()
-        if self.type is FormatType.JSON:
-            if not self.schema_fields:
-                problems.add(("schema",), "json needs the record's fields; add schema: [{name, type}, ...]")
-            if self.registry is not None:
-                problems.add(
-                    ("registry",), "json records carry no schema id; remove registry or set type: avro"
-                )
-        else:
-            if self.type not in SUPPORTED_REGISTRY_FORMATS:
-                problems.add(
-                    ("type",),
-                    f"{self.type.value} is not supported yet; use avro or json",
-                )
-            if self.registry is None:
-                problems.add(
-                    ("registry",),
-                    f"{self.type.value} records are framed by a schema registry: add registry: {{url: ...}}",
-                )
-        problems.extend(
-            ("schema",), check_fields(self.schema_fields, json_format=self.type is FormatType.JSON)
-        )
-        problems.raise_if_any()
-        return self
-
-    @property
-    def schema_known(self) -> bool:
-        """The table's columns are in the spec (always for json; for avro when `schema` is given)."""
-        return bool(self.schema_fields)
-
-
-class Transforms(ApiModel):
-    """Spark SQL applied to decoded records before they are written."""
-
-    select: list[str] | None = Field(
-        default=None,
-        min_length=1,
-        description=(
-            "Spark SQL expressions for the output columns, e.g. ['*', 'amount * 100 AS cents']. "
-            "Default: all schema fields."
-        ),
-    )
-    filter: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=65536,
-        description=(
-            "Spark SQL boolean expression; records for which it is not true are skipped (not dead-lettered)."
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _non_blank(self) -> Transforms:
-        problems = ProblemCollector()
-        for i, expression in enumerate(self.select or []):
-            if not expression.strip():
-                problems.add(("select", i), "empty expression; remove it or write a Spark SQL expression")
-        if self.filter is not None and not self.filter.strip():
-            problems.add(("filter",), "empty filter; remove it or write a Spark SQL boolean expression")
-        problems.raise_if_any()
-        return self
 
 
 class DeadLetterTable(ApiModel):
@@ -343,130 +157,6 @@ class BatchSpec(ApiModel):
             "While behind, read and write the next batch while the previous one's commit runs. "
             "false: every batch is committed before the next one starts."
         ),
-    )
-
-
-DEFAULT_ORPHAN_MIN_AGE_SECONDS = 3 * 86400
-MIN_ORPHAN_MIN_AGE_SECONDS = 3600
-DEFAULT_MAX_SNAPSHOT_AGE_SECONDS = 5 * 86400
-MAX_COMPACTION_REPLICAS = 100
-
-
-class CompactionSpec(ApiModel):
-    """Continuous compaction and table maintenance: rewrite small files, rewrite manifests, expire snapshots,
-    remove orphan files, apply `spec.retention`. In a cluster a Deployment of stateless pods does it, scaled
-    from the backlog between minReplicas and maxReplicas; `icefall run` does it in-process beside the batches.
-    """
-
-    enabled: bool = Field(
-        default=True,
-        description=(
-            "Run compaction and maintenance (including retention). false: the table is left as written."
-        ),
-    )
-    min_replicas: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_COMPACTION_REPLICAS,
-        description="Fewest compaction pods, even with nothing to do. 0: none while the table is tidy.",
-    )
-    max_replicas: int = Field(
-        default=2,
-        ge=0,
-        le=MAX_COMPACTION_REPLICAS,
-        description="Most compaction pods, whatever the backlog. At least minReplicas.",
-    )
-    target_file_size_bytes: int | None = Field(
-        default=None,
-        ge=1024,
-        le=16 * 1024**3,
-        description=(
-            "Size of the data files compaction writes. Default: the table property "
-            "write.target-file-size-bytes, else 128 MiB."
-        ),
-    )
-    max_snapshot_age_seconds: int = Field(
-        default=DEFAULT_MAX_SNAPSHOT_AGE_SECONDS,
-        ge=0,
-        le=10 * 365 * 86400,
-        description=(
-            "Snapshots older than this are expired (time travel reaches back this far). Branch and tag "
-            "heads and the newest minSnapshotsToKeep are always kept."
-        ),
-    )
-    min_snapshots_to_keep: int = Field(
-        default=1,
-        ge=1,
-        le=100000,
-        description="The newest snapshots of main kept whatever their age.",
-    )
-    orphan_min_age_seconds: int = Field(
-        default=DEFAULT_ORPHAN_MIN_AGE_SECONDS,
-        ge=MIN_ORPHAN_MIN_AGE_SECONDS,
-        le=365 * 86400,
-        description=(
-            "Files no metadata references are deleted only once older than this (at least 3600): a write "
-            "in flight has files no snapshot references yet."
-        ),
-    )
-    rewrite_deleted_percent: int = Field(
-        default=10,
-        ge=1,
-        le=100,
-        description=(
-            "Keyed tables (mode upsert or cdc): a data file is rewritten without its deleted rows (and its "
-            "position delete files dropped) once this percentage of its rows is deleted."
-        ),
-    )
-    embedded_interval_seconds: int = Field(
-        default=30,
-        ge=0,
-        le=86400,
-        description=(
-            "icefall run only: least seconds between two in-process maintenance steps (one work item "
-            "each, on a thread beside the ingestion batches). 0: one after another."
-        ),
-    )
-
-    @field_validator("orphan_min_age_seconds", mode="before")
-    @classmethod
-    def _orphan_window(cls, value: object) -> object:
-        if isinstance(value, int) and not isinstance(value, bool) and value < MIN_ORPHAN_MIN_AGE_SECONDS:
-            raise ValueError(
-                f"orphanMinAgeSeconds {value} is below {MIN_ORPHAN_MIN_AGE_SECONDS} (1 h): files of a write "
-                "in flight are referenced by no snapshot yet and would be deleted; raise it to at least 3600"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _replica_range(self) -> CompactionSpec:
-        problems = ProblemCollector()
-        if self.min_replicas > self.max_replicas:
-            problems.add(
-                ("minReplicas",),
-                f"{self.min_replicas} is more than maxReplicas ({self.max_replicas}); lower it or raise "
-                "maxReplicas",
-            )
-        problems.raise_if_any()
-        return self
-
-
-class RetentionSpec(ApiModel):
-    """Drop data older than maxAgeSeconds, by whole partitions of a time-partitioned column (metadata only:
-    no data file is rewritten). A partition goes once all of its time range is older than the cut-off."""
-
-    field: str = Field(
-        description=(
-            "A timestamp or date column that spec.table.partitioning partitions by hour, day, month or year."
-        ),
-        min_length=1,
-        max_length=1024,
-        pattern=FIELD_PATH_PATTERN,
-    )
-    max_age_seconds: int = Field(
-        ge=3600,
-        le=100 * 365 * 86400,
-        description="Rows whose partition ends more than this many seconds ago are deleted.",
     )
 
 
@@ -680,25 +370,6 @@ def sequence_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         elif any(other.startswith(f"{path}.") or path.startswith(f"{other}.") for other in spec.sequence_by):
             problems.append((("sequenceBy", i), f"{path!r} holds, or is inside, another entry; keep one"))
     return problems
-
-
-def retention_problems(retention: RetentionSpec, table: TableSpec) -> list[tuple[Loc, str]]:
-    """`retention.field` must be partitioned by a time transform; paths relative to `spec.retention`."""
-    for part in table.partitioning:
-        if part.field == retention.field and part.parsed_transform.name.is_time:
-            return []
-    same_column = [p.transform for p in table.partitioning if p.field == retention.field]
-    if same_column:
-        why = f"{retention.field!r} is partitioned by {same_column[0]}, not by time"
-    else:
-        why = f"{retention.field!r} is not in spec.table.partitioning"
-    return [
-        (
-            ("field",),
-            f"{why}; retention drops whole time partitions: add {{field: {retention.field}, transform: day}} "
-            "(or hour, month, year) to spec.table.partitioning, or name a column partitioned that way",
-        )
-    ]
 
 
 class ObjectMeta(BaseModel):

@@ -215,7 +215,7 @@ class CatalogType(StrEnum):
     REST = "rest"
 
 
-# Shared with api/crd.py, which turns them into the CRD's CEL rules (one definition for both checks).
+# Shared with api/crd_rules.py, which turns them into the CRD's CEL rules (one definition for both checks).
 SQL_URI_RE = re.compile(r"^(jdbc:)?(sqlite|postgresql|postgres|mysql)(\+[a-z0-9]+)?:")
 URI_PASSWORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.:-]*://[^/@\s]*:[^/@\s]*@|[?&;]password=", re.IGNORECASE)
 

@@ -2,6 +2,8 @@
 
 `icefall.catalog.config` is the one mapping from `spec.table.catalog` to both clients; every entry point
 (the CLI's commands, the pods, the operator's observation and deletion) builds its catalog through it.
+`icefall.catalog.tables` creates or checks the tables, with the layout of `icefall.catalog.layout` and the
+comparison of `icefall.catalog.compare`.
 """
 
 from icefall.catalog.config import CatalogConfig, CatalogConfigError, MissingCredentialError

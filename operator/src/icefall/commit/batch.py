@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from icefall.commit.state import CommittedState
-from icefall.failpoints import TableRole
+from icefall.runtime.failpoints import TableRole
 
 STAGE_PREFIX = "icefall_stage_"
 

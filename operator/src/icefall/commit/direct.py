@@ -30,7 +30,7 @@ from icefall.commit.errors import CommitError, FencedError
 from icefall.commit.protocol import EPOCH_CLAIM_PROPERTY, MAX_ATTEMPTS, RESET_PROPERTY, commit_genesis
 from icefall.commit.pyiceberg_internals import commit_table, delete_updates, empty_snapshot_updates
 from icefall.commit.state import MAIN, OFFSET_RESETS, CommittedState, state_of
-from icefall.failpoints import TableRole, failpoint
+from icefall.runtime.failpoints import TableRole, failpoint
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

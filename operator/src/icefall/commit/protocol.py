@@ -77,7 +77,7 @@ from icefall.commit.pyiceberg_internals import (
     new_snapshot,
 )
 from icefall.commit.state import MAIN, CommittedState, state_of
-from icefall.failpoints import TableRole, failpoint
+from icefall.runtime.failpoints import TableRole, failpoint
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

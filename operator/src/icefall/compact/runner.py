@@ -46,24 +46,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from icefall import metrics
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import Lease, LeaseError, LeaseTimeoutError
 from icefall.compact.view import ManifestCache, read_table_view
 from icefall.compact.worker import ItemResult, is_delete_conflict, kind_of, run_item, table_label
-from icefall.outages import log_failure
+from icefall.ingest.outages import log_failure
 from icefall.plan.leases import YIELD_AFTER_CONFLICTS
-from icefall.plan.maintenance import (
-    MIB,
-    ApplyDeletes,
-    CompactPartition,
-    MaintenancePolicy,
-    WorkItem,
-    plan_maintenance,
-    policy_from_spec,
-    work_key,
-)
+from icefall.plan.maintenance import plan_maintenance, policy_from_spec, work_key
+from icefall.plan.maintenance_items import MIB, ApplyDeletes, CompactPartition, MaintenancePolicy, WorkItem
 from icefall.plan.names import TableLeases, table_leases
+from icefall.runtime import metrics
 from icefall.spark.session import jvm_stopped
 
 if TYPE_CHECKING:

@@ -52,7 +52,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from icefall.commit.state import DELETED_KEYS
-from icefall.plan.maintenance import (
+from icefall.plan.table_view import (
     MAIN,
     DataFileInfo,
     FileContent,

@@ -59,20 +59,20 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from icefall import metrics
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import canonical_path, filesystem_for, read_table_view, to_local_path
-from icefall.failpoints import failpoint
-from icefall.plan.maintenance import (
+from icefall.plan.maintenance_items import (
     ApplyDeletes,
     ApplyRetention,
     CompactPartition,
     ExpireSnapshots,
-    PartitionValue,
     RemoveOrphans,
     RewriteManifests,
     WorkItem,
 )
+from icefall.plan.table_view import PartitionValue
+from icefall.runtime import metrics
+from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the operator process, in the one registry `icefall.metrics` serves.
+"""Prometheus metrics of the operator process, in the one registry `icefall.runtime.metrics` serves.
 
 Names follow Prometheus conventions (`icefall_operator_` prefix for the operator's own work, base units,
 `_total` counters). Per-table gauges reuse the ingestion process's names (`icefall_freshness_seconds`,
@@ -17,7 +17,8 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from icefall.metrics import (
+from icefall.plan.table_status import Summary
+from icefall.runtime.metrics import (
     FRESHNESS,
     FRESHNESS_TARGET,
     LAG,
@@ -25,7 +26,6 @@ from icefall.metrics import (
     MAINTENANCE_BACKLOG,
     REGISTRY,
 )
-from icefall.plan.table_status import Summary
 
 RECONCILES = Counter(
     "icefall_operator_reconciles_total",

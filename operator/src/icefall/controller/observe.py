@@ -116,7 +116,8 @@ def table_facts(table: Table) -> TableFacts:
 def compaction_backlog(table: Table, st: StreamingTable, now_ms: int) -> tuple[int, float | None]:
     """(work items the maintenance planner finds now, share of small data files or None)."""
     from icefall.compact.view import read_table_view
-    from icefall.plan.maintenance import FileContent, backlog, plan_maintenance, policy_from_spec
+    from icefall.plan.maintenance import backlog, plan_maintenance, policy_from_spec
+    from icefall.plan.table_view import FileContent
 
     view = read_table_view(table, list_storage=False)
     policy = policy_from_spec(st.spec)

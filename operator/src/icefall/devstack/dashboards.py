@@ -6,8 +6,8 @@ Regenerate with `make dashboards` (`python -m icefall.devstack.dashboards > <fil
 tests/unit/test_dashboards.py fails when the checked-in file drifts, when a query names a metric the code
 does not define, or when the JSON does not load into the SDK's dashboard model.
 
-Guarantees: every query filters on the `$table` variable and reads only metrics of `icefall.metrics` and
-`icefall.controller.metrics`; the output is deterministic (sorted keys, fixed panel ids).
+Guarantees: every query filters on the `$table` variable and reads only metrics of `icefall.runtime.metrics`
+and `icefall.controller.metrics`; the output is deterministic (sorted keys, fixed panel ids).
 Not guaranteed: that every panel has data in a given deployment — ingestion and compaction figures come
 from the driver and compaction pods (scraped by the chart's PodMonitor) or `icefall run --metrics-port`;
 per-table freshness, lag, files, snapshots, backlog and replicas also from the operator.
@@ -372,7 +372,7 @@ def defined_metric_names() -> set[str]:
     """Every series name the code's registries can expose (counters' _total, histograms' _bucket/_sum/_count;
     `_created` series left out: nothing should query them)."""
     import icefall.controller.metrics  # noqa: F401  (registers the operator's metrics)
-    from icefall.metrics import REGISTRY
+    from icefall.runtime.metrics import REGISTRY
 
     names: set[str] = set()
     for family in REGISTRY.collect():

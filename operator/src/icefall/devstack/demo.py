@@ -110,7 +110,7 @@ def _progress(report: BatchReport | None) -> None:
 
 def _fresh_read(st: Any, catalog: CatalogConfig, spark: Any) -> None:
     """`icefall read` while the producer still writes: the table plus the records past its last commit."""
-    from icefall.read import union_read
+    from icefall.ingest.union_read import union_read
 
     say("a fresh read (`icefall read`): the table at its last commit plus the topic up to a cut taken now")
     with union_read(st, catalog, spark=spark) as fresh:

@@ -15,7 +15,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from icefall import metrics
 from icefall.commit import (
     FencedError,
     MaintenanceConflictError,
@@ -27,6 +26,7 @@ from icefall.commit import (
 from icefall.ingest.commits import dropped_unless_committed
 from icefall.ingest.report import Landed, PhaseClock, WrittenBatch
 from icefall.plan.pipelining import Action, Below, Pace, Written, after_write
+from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

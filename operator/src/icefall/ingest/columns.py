@@ -14,7 +14,7 @@ INTERNAL_PREFIX = "__icefall_"
 
 KAFKA_COLUMN = "_kafka"
 #: cdc with `spec.sequenceBy`: the change's position in the source, one text per path, numbers padded so
-#: that arrays compare in the source's order (`icefall.ingest.decode.sequence_part`).
+#: that arrays compare in the source's order (`icefall.ingest.keyed.sequence_part`).
 SEQUENCE_COLUMN = "_sequence"
 DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
 
@@ -23,3 +23,17 @@ ERROR_COLUMN = f"{INTERNAL_PREFIX}error"
 BAD_COLUMN = f"{INTERNAL_PREFIX}bad"
 #: Keyed modes (upsert, cdc): true when the record deletes its key (a tombstone, a Debezium d event).
 DELETE_COLUMN = f"{INTERNAL_PREFIX}delete"
+
+# Intermediate columns of the JSON decoder, dropped before any output.
+CORRUPT_COLUMN = f"{INTERNAL_PREFIX}corrupt"
+#: The value as text; null when it is not parsed (tombstone, oversized, not UTF-8).
+TEXT_COLUMN = f"{INTERNAL_PREFIX}text"
+#: cdc: the text of the row image the event carries (after, or before for d).
+IMAGE_COLUMN = f"{INTERNAL_PREFIX}image"
+#: cdc: the Debezium envelope's op, before and after (as JSON text).
+ENVELOPE_COLUMN = f"{INTERNAL_PREFIX}envelope"
+#: cdc with spec.sequenceBy: the event's position (becomes `SEQUENCE_COLUMN`).
+POSITION_COLUMN = f"{INTERNAL_PREFIX}sequence"
+#: Keyed modes: the key fields read from the Kafka key, when needed.
+KAFKA_KEY_COLUMN = f"{INTERNAL_PREFIX}kafka_key"
+RAW_COLUMN = f"{INTERNAL_PREFIX}raw"

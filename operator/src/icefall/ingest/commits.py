@@ -21,7 +21,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from icefall import metrics
 from icefall.commit import (
     Batch,
     CommitOutcome,
@@ -38,15 +37,16 @@ from icefall.commit import (
     staged_on,
 )
 from icefall.commit.lease import Lease, LeaseLostError
-from icefall.failpoints import failpoint
+from icefall.ingest.outages import classify
 from icefall.ingest.report import Landed
-from icefall.outages import classify
+from icefall.runtime import metrics
+from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-    from icefall.failpoints import TableRole
     from icefall.ingest.report import WrittenBatch
+    from icefall.runtime.failpoints import TableRole
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from icefall.commit import (
     read_committed,
     rewind_dead_letters,
 )
-from icefall.failpoints import failpoint
 from icefall.ingest.commits import count_restage, dropped_unless_committed
 from icefall.ingest.writer import append
 from icefall.kafka.dead_letters import Source as DeadLetterSource
 from icefall.kafka.dead_letters import produce_dead_letters
+from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

@@ -30,13 +30,13 @@ How JSON maps to types (Spark's JSON reader, `from_json` in PERMISSIVE mode):
   arrays as their JSON text).
 - Fields not in the schema are ignored; text after the first JSON value is ignored.
 
-Keyed modes (`spec.mode` upsert, cdc; `_Keyed`): the good rows carry `DELETE_COLUMN` (true for a record that
-deletes its key: a tombstone, a Debezium d event), a delete needs only its key, a Debezium event is
-decoded from its row image (after, or before for d), and key fields missing from the image come from the
-Kafka key. Errors of keyed modes: `tombstone (null value): the Kafka key gives no value for key field
-'id' ...`, `delete (op d, or a tombstone): the before image nor the Kafka key gives ...`,
-`not a Debezium change event: it has no op (nor payload.op)`, `Debezium op 't' is not one of c, r, u, d`,
-`Debezium op 'c' has no after image`.
+Keyed modes (`spec.mode` upsert, cdc; `icefall.ingest.keyed`): the good rows carry `DELETE_COLUMN` (true for a
+record that deletes its key: a tombstone, a Debezium d event), a delete needs only its key, a Debezium event
+is decoded from its row image (after, or before for d), and key fields missing from the image come from the
+Kafka key. Errors of keyed modes: `tombstone (null value): the Kafka key gives no value for key field 'id'
+...`, `delete (op d, or a tombstone): the before image nor the Kafka key gives ...`, `not a Debezium change
+event: it has no op (nor payload.op)`, `Debezium op 't' is not one of c, r, u, d`, `Debezium op 'c' has no
+after image`.
 
 Guarantees: every input row is in exactly one of good, bad, or filtered out (one boolean, `BAD_COLUMN`,
 splits them); everything is Spark column expressions (no Python UDF). Each output re-reads its input:
@@ -46,22 +46,27 @@ rows alone (`good_rows` of `decode(..., errors=False)`) build no error text.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
 
-from icefall.api import FormatType, SchemaField, StreamingTableSpec, TableMode, TypeSpec, to_spark_schema_json
+from icefall.api import FormatType, SchemaField, StreamingTableSpec, TableMode, to_spark_schema_json
 from icefall.ingest import columns
+from icefall.ingest.columns import CORRUPT_COLUMN, POSITION_COLUMN, RAW_COLUMN, TEXT_COLUMN
+from icefall.ingest.keyed import Keyed, image_column
+from icefall.ingest.reasons import (
+    RECORD_QUOTE_CHARS,
+    VALUE_QUOTE_CHARS,
+    Check,
+    describe,
+    json_problem,
+    quote,
+    value_checks,
+)
 
 if TYPE_CHECKING:
     from icefall.ingest.avro import AvroDecoding, SchemaLookup
@@ -75,28 +80,6 @@ TYPED_COLUMN = columns.TYPED_COLUMN
 ERROR_COLUMN = columns.ERROR_COLUMN
 BAD_COLUMN = columns.BAD_COLUMN
 DELETE_COLUMN = columns.DELETE_COLUMN
-#: How much of a field's raw value, and of a whole record, an error message quotes.
-VALUE_QUOTE_CHARS = 64
-RECORD_QUOTE_CHARS = 100
-#: The last year a timestamp may fall in (from year 1: ISO-8601's four digits, Python's `datetime`).
-MAX_YEAR = 9999
-UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-
-_PREFIX = columns.INTERNAL_PREFIX
-_CORRUPT = f"{_PREFIX}corrupt"
-_TEXT = f"{_PREFIX}text"  # the value as text; null when it is not parsed (tombstone, oversized, not UTF-8)
-_TYPED = TYPED_COLUMN
-_IMAGE = f"{_PREFIX}image"  # cdc: the text of the row image the event carries (after, or before for d)
-_ENVELOPE = f"{_PREFIX}envelope"  # cdc: the Debezium envelope's op, before and after (as JSON text)
-_SEQUENCE = f"{_PREFIX}sequence"  # cdc with spec.sequenceBy: the event's position (SEQUENCE_COLUMN)
-_KAFKA_KEY = f"{_PREFIX}kafka_key"  # keyed modes: the key fields read from the Kafka key, when needed
-_RAW = f"{_PREFIX}raw"
-#: Digits of the largest non-negative integer a sequence part compares as a number (Spark's decimal(38)).
-SEQUENCE_DIGITS = 38
-CDC_OPS = ("c", "r", "u", "d")
-
-_Node = SchemaField | TypeSpec
-_Check = tuple[Column, Column]
 
 
 @dataclass(frozen=True)
@@ -136,11 +119,11 @@ class Decoder:
             return
         fields = spec.format.schema_fields
         max_bytes = spec.dead_letter.max_record_bytes
-        typed_schema = StructType.fromJson(to_spark_schema_json(fields)).add(_CORRUPT, StringType())
+        typed_schema = StructType.fromJson(to_spark_schema_json(fields)).add(CORRUPT_COLUMN, StringType())
         loose_schema = StructType(
-            [StructField(f.name, StringType()) for f in fields] + [StructField(_CORRUPT, StringType())]
+            [StructField(f.name, StringType()) for f in fields] + [StructField(CORRUPT_COLUMN, StringType())]
         )
-        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
         value = F.col("value")
         self.spec = spec
         self._base = [
@@ -155,22 +138,22 @@ class Decoder:
         self._text = F.when(
             value.isNotNull() & (F.length(value) <= max_bytes) & F.is_valid_utf8(value.cast("string")),
             value.cast("string"),
-        ).alias(_TEXT)
-        self._keyed = _Keyed(spec) if spec.mode is not TableMode.APPEND else None
+        ).alias(TEXT_COLUMN)
+        self._keyed = Keyed(spec) if spec.mode is not TableMode.APPEND else None
         # Separate projections, so the optimizer keeps each parse in one place (it does not inline a costly
         # expression that is referenced several times).
-        self._typed = F.from_json(F.col(_image_column(spec)), typed_schema, options).alias(_TYPED)
+        self._typed = F.from_json(F.col(image_column(spec)), typed_schema, options).alias(TYPED_COLUMN)
         self._bad = _bad(fields, self._keyed).alias(BAD_COLUMN)
         self._raw: Column | None = None
         self._error: Column | None = None
         self._good_filter = ~F.col(BAD_COLUMN)
         self._good = _good_columns(spec, self._keyed)
         if errors:
-            text, typed = F.col(_image_column(spec)), F.col(_TYPED)
-            typed_failed = text.isNotNull() & (typed.isNull() | typed[_CORRUPT].isNotNull())
+            text, typed = F.col(image_column(spec)), F.col(TYPED_COLUMN)
+            typed_failed = text.isNotNull() & (typed.isNull() | typed[CORRUPT_COLUMN].isNotNull())
             # The loose parse (every field as text) only runs for records the typed parse rejected: it
             # tells a malformed record from one whose fields do not fit, for the error text.
-            self._raw = F.when(typed_failed, F.from_json(text, loose_schema, options)).alias(_RAW)
+            self._raw = F.when(typed_failed, F.from_json(text, loose_schema, options)).alias(RAW_COLUMN)
             self._error = _error(_reasons(fields, max_bytes, self._keyed)).alias(ERROR_COLUMN)
 
     def _init_registry_format(
@@ -209,7 +192,7 @@ class Decoder:
         if self._avro is not None:
             return self._avro.decode(kafka_df, headers)
         text = kafka_df.select(*self._base, headers, self._text)
-        internal = [_TEXT]
+        internal = [TEXT_COLUMN]
         if self._keyed is not None:
             text = self._keyed.changes(text)
             internal += self._keyed.internal
@@ -218,7 +201,7 @@ class Decoder:
             typed = typed.select("*", self._keyed.kafka_key)
         if self._raw is None or self._error is None:
             return typed.select("*", self._bad).drop(*internal)
-        return typed.select("*", self._raw).select("*", self._bad, self._error).drop(*internal, _RAW)
+        return typed.select("*", self._raw).select("*", self._bad, self._error).drop(*internal, RAW_COLUMN)
 
 
 def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | None = None) -> Prepared:
@@ -228,12 +211,12 @@ def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | No
 
 def good_rows(decoded: DataFrame, spec: StreamingTableSpec) -> DataFrame:
     """The table's rows of a `decode` result (with or without `errors`): `spec.transforms` applied."""
-    keyed = _Keyed(spec) if spec.mode is not TableMode.APPEND else None
+    keyed = Keyed(spec) if spec.mode is not TableMode.APPEND else None
     return _transformed(decoded.where(~F.col(BAD_COLUMN)).select(*_good_columns(spec, keyed)), spec)
 
 
-def _good_columns(spec: StreamingTableSpec, keyed: _Keyed | None) -> list[Column]:
-    typed = F.col(_TYPED)
+def _good_columns(spec: StreamingTableSpec, keyed: Keyed | None) -> list[Column]:
+    typed = F.col(TYPED_COLUMN)
     columns = [
         *[
             (keyed.column(f.name) if keyed is not None else typed[f.name]).alias(f.name)
@@ -242,7 +225,7 @@ def _good_columns(spec: StreamingTableSpec, keyed: _Keyed | None) -> list[Column
         F.struct(F.col("partition"), F.col("offset"), F.col("timestamp")).alias(KAFKA_COLUMN),
     ]
     if keyed is not None and keyed.sequence_by:
-        columns.append(F.col(_SEQUENCE).alias(SEQUENCE_COLUMN))
+        columns.append(F.col(POSITION_COLUMN).alias(SEQUENCE_COLUMN))
     if keyed is not None:
         columns.append(F.col(DELETE_COLUMN))
     return columns
@@ -321,235 +304,36 @@ def bad_rows(decoded: DataFrame, *, now_expr: Column | None = None) -> DataFrame
     )
 
 
-def _image_column(spec: StreamingTableSpec) -> str:
-    """The column holding the JSON text of the row a record writes."""
-    return _IMAGE if spec.mode is TableMode.CDC else _TEXT
-
-
-class _Keyed:
-    """The expressions of the keyed modes (`spec.mode` upsert and cdc): which records delete their key,
-    the row image a Debezium event carries, and the key read from the Kafka key where the value has none.
-
-    upsert: a record with a value writes it; a tombstone (null value) deletes the key, read from the Kafka
-    key. cdc: the value is a Debezium change event, `{"op", "before", "after", "source", ...}` or the same
-    inside `{"schema", "payload"}` (JsonConverter with schemas.enable); op c (create), r (snapshot read) and
-    u (update) write the after image, d deletes the key of the before image (or of the Kafka key); a
-    tombstone (Debezium writes one after each delete, for log compaction) deletes the Kafka key's key.
-    Key fields missing from a row image are read from the Kafka key: a JSON object holding them (also
-    inside `payload`), or for a one-column key the bare value (JSON, or plain text for string keys).
-    """
-
-    def __init__(self, spec: StreamingTableSpec) -> None:
-        self.mode = spec.mode
-        fields = {f.name: f for f in spec.format.schema_fields}
-        self.key = list(spec.key or [])
-        self.key_fields = [fields[name] for name in self.key]
-        self.image = _image_column(spec)
-        self.sequence_by = list(spec.sequence_by or [])
-        # Dropped after decoding; `_KAFKA_KEY` and `_SEQUENCE` stay: the good rows read them.
-        self.internal = [_ENVELOPE, _IMAGE] if spec.mode is TableMode.CDC else []
-
-    def column(self, name: str) -> Column:
-        """Field `name` of the row: for a key field, the image's value, else the Kafka key's."""
-        typed = F.col(_TYPED)
-        if name not in self.key:
-            return typed[name]
-        return F.coalesce(typed[name], F.col(_KAFKA_KEY)[name])
-
-    # -- projections ----------------------------------------------------------------------------------
-
-    def changes(self, text_df: DataFrame) -> DataFrame:
-        """`DELETE_COLUMN` (and for cdc the envelope and the row image) on the value text's rows."""
-        value = F.col("value")
-        if self.mode is TableMode.UPSERT:
-            return text_df.select("*", value.isNull().alias(DELETE_COLUMN))
-        # Each field as its JSON text (Spark keeps a number's or an object's text in a string field); the
-        # positions' paths as nested structs, so the parse reads them on its way.
-        envelope_type = _struct_ddl({"op": {}, "before": {}, "after": {}, **_path_tree(self.sequence_by)})
-        envelope = F.from_json(
-            F.col(_TEXT), f"{envelope_type}, payload struct<{envelope_type}>", {"mode": "PERMISSIVE"}
-        )
-        with_envelope = text_df.select(
-            "*",
-            F.when(envelope["op"].isNull() & envelope["payload"].isNotNull(), envelope["payload"])
-            .otherwise(envelope.dropFields("payload"))
-            .alias(_ENVELOPE),
-        )
-        op = F.col(_ENVELOPE)["op"]
-        sequence = []
-        if self.sequence_by:
-            parts = [sequence_part(self._envelope_field(p)) for p in self.sequence_by]
-            sequence = [F.when(value.isNotNull(), F.array(*parts)).alias(_SEQUENCE)]
-        return with_envelope.select(
-            "*",
-            F.when(op.isin("c", "r", "u"), F.col(_ENVELOPE)["after"])
-            .when(op == "d", F.col(_ENVELOPE)["before"])
-            .alias(_IMAGE),
-            (value.isNull() | F.coalesce(op == "d", F.lit(False))).alias(DELETE_COLUMN),
-            *sequence,
-        )
-
-    @staticmethod
-    def _envelope_field(path: str) -> Column:
-        """The JSON text of `path` (a `spec.sequenceBy` entry) in the envelope; null when it is not there."""
-        column = F.col(_ENVELOPE)
-        for name in path.split("."):
-            column = column[name]
-        return column
-
-    @property
-    def kafka_key(self) -> Column:
-        """The key fields parsed from the Kafka key, only for records whose image lacks one of them."""
-        typed = F.col(_TYPED)
-        needed = F.lit(False)
-        for name in self.key:
-            needed = needed | typed.isNull() | typed[name].isNull()
-        key_text = F.when(F.is_valid_utf8(F.col("key").cast("string")), F.col("key").cast("string"))
-        schema = StructType.fromJson(to_spark_schema_json([_optional(f) for f in self.key_fields]))
-        wrapped = StructType([*schema.fields, StructField("payload", schema)])
-        parsed = F.from_json(key_text, wrapped, {"mode": "PERMISSIVE"})
-        as_object = F.struct(*(F.coalesce(parsed["payload"][n], parsed[n]).alias(n) for n in self.key))
-        from_key = as_object
-        if len(self.key) == 1:
-            name = self.key[0]
-            scalar = F.from_json(
-                F.concat(F.lit('{"v":'), key_text, F.lit("}")), f"v {schema[name].dataType.simpleString()}"
-            )["v"]
-            if self.key_fields[0].parsed.name in ("string", "uuid"):
-                scalar = F.coalesce(scalar, key_text)
-            from_key = F.when(F.ltrim(key_text).startswith("{"), as_object).otherwise(
-                F.struct(scalar.alias(name))
-            )
-        return F.when(needed, from_key).alias(_KAFKA_KEY)
-
-    # -- reasons --------------------------------------------------------------------------------------
-
-    def key_missing(self) -> Column:
-        """True when some key field has no value (in the image nor the Kafka key)."""
-        missing = F.lit(False)
-        for name in self.key:
-            missing = missing | self.column(name).isNull()
-        return missing
-
-    def sequence_missing(self) -> Column:
-        """True (never null) when a change event lacks a field of `spec.sequenceBy` (a tombstone has none
-        and needs none)."""
-        if not self.sequence_by:
-            return F.lit(False)
-        return F.coalesce(F.exists(F.col(_SEQUENCE), lambda part: part.isNull()), F.lit(False))
-
-    def delete_reasons(self) -> list[_Check]:
-        """Why a delete cannot be applied: a key field without a value."""
-        delete = F.col(DELETE_COLUMN)
-        what = "tombstone (null value)" if self.mode is TableMode.UPSERT else "delete (op d, or a tombstone)"
-        source = "the Kafka key" if self.mode is TableMode.UPSERT else "the before image nor the Kafka key"
-        return [
-            (
-                delete & self.column(name).isNull(),
-                F.lit(
-                    f"{what}: {source} gives no value for key field '{name}' (a JSON object with the key "
-                    "fields, or the bare value of a one-column key)"
-                ),
-            )
-            for name in self.key
-        ]
-
-    def envelope_reasons(self) -> list[_Check]:
-        """cdc: why a record (with a value that is text) is not a change event Icefall applies."""
-        if self.mode is not TableMode.CDC:
-            return []
-        text, envelope = F.col(_TEXT), F.col(_ENVELOPE)
-        op = envelope["op"]
-        parsed = text.isNotNull() & F.try_parse_json(text).isNotNull() & F.ltrim(text).startswith("{")
-        return [
-            (text.isNotNull() & ~parsed, _json_problem(text)),
-            (parsed & op.isNull(), F.lit("not a Debezium change event: it has no op (nor payload.op)")),
-            (
-                parsed & op.isNotNull() & ~op.isin(*CDC_OPS),
-                F.concat(
-                    F.lit("Debezium op "), _quote(op, VALUE_QUOTE_CHARS), F.lit(" is not one of c, r, u, d")
-                ),
-            ),
-            (
-                parsed & op.isin("c", "r", "u") & envelope["after"].isNull(),
-                F.concat(F.lit("Debezium op "), _quote(op, VALUE_QUOTE_CHARS), F.lit(" has no after image")),
-            ),
-        ]
-
-    def sequence_reasons(self) -> list[_Check]:
-        """cdc with `spec.sequenceBy`: a change event (a delete too) without one of its fields."""
-        op = F.col(_ENVELOPE)["op"]
-        return [
-            (
-                op.isin(*CDC_OPS) & F.col(_SEQUENCE)[i].isNull(),
-                F.lit(f"Debezium event has no {path} (spec.sequenceBy orders a key's changes by it)"),
-            )
-            for i, path in enumerate(self.sequence_by)
-        ]
-
-
-def sequence_part(text: Column) -> Column:
-    """A part of `SEQUENCE_COLUMN`: a non-negative integer left-padded with zeros to `SEQUENCE_DIGITS`
-    digits, so that text order is number order; any other value as it is (compared as text)."""
-    return F.when(
-        text.rlike(f"^[0-9]{{1,{SEQUENCE_DIGITS}}}$"), F.lpad(text, SEQUENCE_DIGITS, "0")
-    ).otherwise(text)
-
-
-_Tree = dict[str, "_Tree"]
-
-
-def _path_tree(paths: Sequence[str]) -> _Tree:
-    """Dotted paths as a tree of names: a leaf is `{}`."""
-    tree: _Tree = {}
-    for path in paths:
-        node = tree
-        for name in path.split("."):
-            node = node.setdefault(name, {})
-    return tree
-
-
-def _struct_ddl(tree: _Tree) -> str:
-    """A tree of names as the fields of a Spark DDL struct: leaves are strings."""
-    return ", ".join(
-        f"`{name}` " + (f"struct<{_struct_ddl(sub)}>" if sub else "string") for name, sub in tree.items()
-    )
-
-
-def _optional(field: SchemaField) -> SchemaField:
-    return field.model_copy(update={"required": False})
-
-
 # --- reasons -------------------------------------------------------------------------------------------
 
 
-def _reasons(fields: Sequence[SchemaField], max_bytes: int, keyed: _Keyed | None = None) -> list[_Check]:
+def _reasons(fields: Sequence[SchemaField], max_bytes: int, keyed: Keyed | None = None) -> list[Check]:
     """Every reason a record cannot be ingested: (condition, message) pairs, in the order they are listed.
 
     A message is never null or empty where its condition is true (it quotes only values the condition
     found present), so a record has an error text exactly when one condition is true (`_bad`, `_error`).
-    In keyed modes a delete needs only its key (`_Keyed.delete_reasons`); everything else is checked on
+    In keyed modes a delete needs only its key (`Keyed.delete_reasons`); everything else is checked on
     the row image (the value, or a Debezium event's after image).
     """
     if keyed is None:
-        return _row_reasons(fields, max_bytes, F.col(_TEXT), None)
+        return _row_reasons(fields, max_bytes, F.col(TEXT_COLUMN), None)
     row = _row_reasons(fields, max_bytes, F.col(keyed.image), keyed)
     not_delete = ~F.col(DELETE_COLUMN)
     return [*keyed.delete_reasons(), *((not_delete & c, m) for c, m in row), *keyed.sequence_reasons()]
 
 
 def _row_reasons(
-    fields: Sequence[SchemaField], max_bytes: int, text: Column, keyed: _Keyed | None
-) -> list[_Check]:
+    fields: Sequence[SchemaField], max_bytes: int, text: Column, keyed: Keyed | None
+) -> list[Check]:
     """`_reasons` of a record that writes a row, `text` being the JSON text of the row."""
-    value, typed, raw = F.col("value"), F.col(_TYPED), F.col(_RAW)
-    typed_failed = text.isNotNull() & (typed.isNull() | typed[_CORRUPT].isNotNull())
-    json_bad = typed_failed & (raw.isNull() | raw[_CORRUPT].isNotNull())
+    value, typed, raw = F.col("value"), F.col(TYPED_COLUMN), F.col(RAW_COLUMN)
+    typed_failed = text.isNotNull() & (typed.isNull() | typed[CORRUPT_COLUMN].isNotNull())
+    json_bad = typed_failed & (raw.isNull() | raw[CORRUPT_COLUMN].isNotNull())
     fields_bad = typed_failed & ~json_bad
     decoded = text.isNotNull() & ~json_bad
     size = F.length(value)
 
-    reasons: list[_Check] = [
+    reasons: list[Check] = [
         (value.isNull(), F.lit("tombstone: the record's value is null")),
         (
             value.isNotNull() & (size > max_bytes),
@@ -558,14 +342,14 @@ def _row_reasons(
             ),
         ),
         (
-            value.isNotNull() & (size <= max_bytes) & F.col(_TEXT).isNull(),
+            value.isNotNull() & (size <= max_bytes) & F.col(TEXT_COLUMN).isNull(),
             F.concat(
                 F.lit("the value is not valid UTF-8 text, as JSON must be; its first bytes: 0x"),
                 F.hex(F.substring(value, 1, 32)),
             ),
         ),
         *(keyed.envelope_reasons() if keyed is not None else ()),
-        (json_bad, _json_problem(text)),
+        (json_bad, json_problem(text)),
     ]
     mismatches: list[Column] = []
     for field in fields:
@@ -576,7 +360,7 @@ def _row_reasons(
                 mismatch,
                 F.concat(
                     F.lit(f"field '{field.name}': "),
-                    _quote(raw[field.name], VALUE_QUOTE_CHARS),
+                    quote(raw[field.name], VALUE_QUOTE_CHARS),
                     F.lit(f" does not fit {describe(field)}"),
                 ),
             )
@@ -587,7 +371,7 @@ def _row_reasons(
     reasons.append(
         (
             fields_bad & ~any_mismatch,
-            F.concat(F.lit("a nested value does not fit the schema: "), _quote(text, RECORD_QUOTE_CHARS)),
+            F.concat(F.lit("a nested value does not fit the schema: "), quote(text, RECORD_QUOTE_CHARS)),
         )
     )
     for field, mismatch in zip(fields, mismatches, strict=True):
@@ -599,26 +383,26 @@ def _row_reasons(
                     F.lit(f"required field '{field.name}' is missing or null"),
                 )
             )
-        for condition, message in _value_checks(field, column, field.name, quotable=True):
+        for condition, message in value_checks(field, column, field.name, quotable=True):
             reasons.append((decoded & condition, message))
     return reasons
 
 
-def _bad(fields: Sequence[SchemaField], keyed: _Keyed | None = None) -> Column:
+def _bad(fields: Sequence[SchemaField], keyed: Keyed | None = None) -> Column:
     """True when a record cannot be ingested (never null), without the loose parse or any message.
 
     The same records as "some reason of `_reasons` applies": the value is not parsed (null, over the size
-    limit, not UTF-8: `_TEXT` is null), the typed parse failed (malformed JSON or a field that does not
+    limit, not UTF-8: `TEXT_COLUMN` is null), the typed parse failed (malformed JSON or a field that does not
     fit: every such reason requires it), a required field is missing, or a value check fails. `_reasons`
     tells these apart only to word the message.
     """
-    text, typed = F.col(_TEXT if keyed is None else keyed.image), F.col(_TYPED)
-    conditions = [text.isNull(), typed.isNull(), typed[_CORRUPT].isNotNull()]
+    text, typed = F.col(TEXT_COLUMN if keyed is None else keyed.image), F.col(TYPED_COLUMN)
+    conditions = [text.isNull(), typed.isNull(), typed[CORRUPT_COLUMN].isNotNull()]
     for field in fields:
         column = keyed.column(field.name) if keyed is not None else typed[field.name]
         if field.required:
             conditions.append(column.isNull())
-        checks = _value_checks(field, column, field.name, quotable=True)
+        checks = value_checks(field, column, field.name, quotable=True)
         conditions.extend(condition for condition, _ in checks)
     found = F.lit(False)
     for condition in conditions:
@@ -628,148 +412,8 @@ def _bad(fields: Sequence[SchemaField], keyed: _Keyed | None = None) -> Column:
     return F.when(F.col(DELETE_COLUMN), keyed.key_missing()).otherwise(found) | keyed.sequence_missing()
 
 
-def _error(reasons: Sequence[_Check]) -> Column:
+def _error(reasons: Sequence[Check]) -> Column:
     """The messages of the reasons that apply, joined by "; "; null when none does."""
     # Reasons quote parts of the record: never let bytes that are not UTF-8 into a string column.
     joined = F.make_valid_utf8(F.concat_ws("; ", *(F.when(c, m) for c, m in reasons)))
     return F.when(joined != "", joined)
-
-
-def _json_problem(text: Column) -> Column:
-    start = F.regexp_replace(F.substring(text, 1, 1000), r"^\s+", "")
-    first = F.substring(start, 1, 1)
-    kind = (
-        F.when(first == "[", "an array")
-        .when(first == '"', "a string")
-        .when(first.isin("t", "f"), "a boolean")
-        .when(first == "n", "null")
-        .otherwise("a number")
-    )
-    return (
-        F.when(start == "", F.lit("malformed JSON: the value is empty"))
-        .when(
-            (first == "{") | F.try_parse_json(text).isNull(),
-            F.concat(F.lit("malformed JSON: "), _quote(text, RECORD_QUOTE_CHARS)),
-        )
-        .otherwise(
-            F.concat(F.lit("not a JSON object (got "), kind, F.lit("): "), _quote(text, RECORD_QUOTE_CHARS))
-        )
-    )
-
-
-def _quote(text: Column, limit: int) -> Column:
-    shown = F.when(
-        F.char_length(text) > limit, F.concat(F.substring(text, 1, limit), F.lit("..."))
-    ).otherwise(text)
-    return F.concat(F.lit("'"), shown, F.lit("'"))
-
-
-def _value_checks(node: _Node, column: Column, path: str, *, quotable: bool) -> list[_Check]:
-    """Problems inside a non-null value of `node`'s type: (condition, message) pairs.
-
-    Conditions are false (never null) when `column` is null. Messages quote the value only when
-    `quotable` (outside lists and maps, where the offending element has no single column).
-    """
-    parsed = node.parsed
-    checks: list[_Check] = []
-
-    def shown(value: Column) -> Column:
-        return _quote(value, VALUE_QUOTE_CHARS) if quotable else F.lit("a value")
-
-    if parsed.name == "uuid":
-        checks.append(
-            (
-                column.isNotNull() & ~column.rlike(UUID_PATTERN),
-                F.concat(F.lit(f"field '{path}': "), shown(column), F.lit(" does not fit uuid")),
-            )
-        )
-    elif parsed.name in ("timestamp", "timestamptz"):
-        # A JSON number is epoch seconds: epoch milliseconds would land tens of thousands of years ahead,
-        # past where Python's and many readers' datetimes end (years 1 to 9999).
-        year = F.year(column)
-        checks.append(
-            (
-                column.isNotNull() & ((year > MAX_YEAR) | (year < 1)),
-                F.concat(
-                    F.lit(f"field '{path}': "),
-                    shown(column.cast("string")),
-                    F.lit(
-                        f" is outside the years 1 to {MAX_YEAR} (a number is read as epoch seconds: millis?)"
-                    ),
-                ),
-            )
-        )
-    elif parsed.name == "fixed":
-        checks.append(
-            (
-                column.isNotNull() & (F.length(column) != parsed.length),
-                F.concat(
-                    F.lit(f"field '{path}': "), shown(F.base64(column)), F.lit(f" does not fit {parsed}")
-                ),
-            )
-        )
-    elif parsed.name == "struct":
-        assert node.fields is not None
-        for child in node.fields:
-            child_column = column[child.name]
-            child_path = f"{path}.{child.name}"
-            if child.required:
-                checks.append(
-                    (
-                        column.isNotNull() & child_column.isNull(),
-                        F.lit(f"required field '{child_path}' is missing or null"),
-                    )
-                )
-            checks.extend(_value_checks(child, child_column, child_path, quotable=quotable))
-    elif parsed.name == "list":
-        assert node.element is not None
-        if node.element_required:
-            checks.append(
-                (
-                    column.isNotNull() & F.exists(column, lambda e: e.isNull()),
-                    F.lit(f"list '{path}' holds a null element, but spec says elementRequired"),
-                )
-            )
-        checks.extend(_collection_checks(node.element, column, f"{path}[]"))
-    elif parsed.name == "map":
-        assert node.value is not None
-        values = F.map_values(column)
-        if node.value_required:
-            checks.append(
-                (
-                    column.isNotNull() & F.exists(values, lambda v: v.isNull()),
-                    F.lit(f"map '{path}' holds a null value, but spec says valueRequired"),
-                )
-            )
-        checks.extend(_collection_checks(node.value, values, f"{path}{{}}"))
-    return checks
-
-
-def _collection_checks(element: TypeSpec, array: Column, path: str) -> list[_Check]:
-    """The checks of `element` applied to every item of `array`: true when any item fails."""
-    templates = _value_checks(element, F.col("x"), path, quotable=False)
-
-    def condition(i: int) -> Callable[[Column], Column]:
-        return lambda item: _value_checks(element, item, path, quotable=False)[i][0]
-
-    return [
-        (array.isNotNull() & F.coalesce(F.exists(array, condition(i)), F.lit(False)), message)
-        for i, (_, message) in enumerate(templates)
-    ]
-
-
-def describe(node: _Node) -> str:
-    """A type as the spec spells it, with nested parts: `list<struct<sku: string, qty: int>>`."""
-    parsed = node.parsed
-    if parsed.name == "struct":
-        assert node.fields is not None
-        text = "struct<" + ", ".join(f"{f.name}: {describe(f)}" for f in node.fields) + ">"
-    elif parsed.name == "list":
-        assert node.element is not None
-        text = f"list<{describe(node.element)}>"
-    elif parsed.name == "map":
-        assert node.key is not None and node.value is not None
-        text = f"map<{describe(node.key)}, {describe(node.value)}>"
-    else:
-        return str(parsed)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -13,10 +13,10 @@ staging and commit does not cost a batch: the commit re-stages it (`icefall_inge
 when it cannot, `icefall_ingest_commits_failed_by_maintenance_total` counts it and the batch is planned
 again. A pipelined batch whose commit below was re-staged is dropped and planned again
 (`icefall_ingest_batches_discarded_total`). `run` waits out an unreachable Kafka, catalog or object store
-(`icefall.outages`) and plans the next batch from the table, so a batch whose commit outcome is unknown is
-found committed or read again, never committed twice; staging branches and dead letters the outage left
-are cleaned before it. Not guaranteed: the dead-letter table may briefly hold rows of a batch whose main
-commit then failed; they are removed before the next batch (and at start).
+(`icefall.ingest.outages`) and plans the next batch from the table, so a batch whose commit outcome is unknown
+is found committed or read again, never committed twice; staging branches and dead letters the outage left are
+cleaned before it. Not guaranteed: the dead-letter table may briefly hold rows of a batch whose main commit
+then failed; they are removed before the next batch (and at start).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from icefall import metrics
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.commit import FencedError, StaleHeadError, sweep_stages
@@ -35,14 +34,15 @@ from icefall.commit.lease import Lease
 from icefall.ingest.batches import Batches
 from icefall.ingest.commits import CommitPipeline, LeaseKeeper
 from icefall.ingest.dead_letters import DeadLetters
+from icefall.ingest.outages import Outages, service_addresses, sleep_unless
 from icefall.ingest.planning import Planner, SourceChangedError
 from icefall.ingest.report import BatchReport, Reporter
 from icefall.ingest.writer import SPARK_CONSUMER_DEFAULTS, BatchWriter, read_kafka
 from icefall.kafka.admin import TopicView
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
-from icefall.outages import Outages, service_addresses, sleep_unless
 from icefall.plan.batching import next_batch_delay
 from icefall.plan.leases import YIELD_MAX_WAIT_SECONDS, yield_pending
+from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -175,7 +175,8 @@ class Ingestor:
             raise
 
     def _start(self, lease_timeout: float | None) -> None:
-        from icefall.catalog.tables import ensure_tables, spark_struct_to_iceberg
+        from icefall.catalog.layout import spark_struct_to_iceberg
+        from icefall.catalog.tables import ensure_tables
         from icefall.ingest.decode import prepare
 
         override = None

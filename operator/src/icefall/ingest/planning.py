@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from icefall import metrics
 from icefall.api import StreamingTableSpec
 from icefall.commit import Batch, CommittedState
 from icefall.plan.batching import BatchLimits, choose_batch_size
 from icefall.plan.lag import total_lag
 from icefall.plan.offsets import OffsetPlan, OffsetRange, plan_offsets, source_change
+from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     from icefall.kafka.admin import TopicView

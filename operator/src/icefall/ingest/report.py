@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from icefall import metrics
 from icefall.api import StreamingTableSpec
 from icefall.plan.batching import update_throughput
 from icefall.plan.lag import freshness_seconds, partition_lag
+from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

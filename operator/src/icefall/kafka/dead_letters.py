@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from icefall.failpoints import failpoint
+from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,24 +82,35 @@ _Ref = tuple[SecretRef, str, str]  # the reference, its spec path, its env var
 
 
 def _kafka_refs(spec: StreamingTableSpec) -> list[_Ref]:
-    security = spec.source.security
-    refs: list[_Ref] = []
-    for attr in _KAFKA_SECRET_FIELDS:
-        ref: SecretRef | None = getattr(security, attr)
-        if ref is not None:
-            refs.append((ref, f"spec.source.security.{_camel(attr)}", kafka_secret_env_name(attr)))
-    return refs
+    return _secret_refs(
+        spec.source.security,
+        _KAFKA_SECRET_FIELDS,
+        lambda attr: f"spec.source.security.{_camel(attr)}",
+        kafka_secret_env_name,
+    )
 
 
 def _registry_refs(spec: StreamingTableSpec) -> list[_Ref]:
     registry = spec.format.registry
     if registry is None:
         return []
+    return _secret_refs(
+        registry,
+        _REGISTRY_SECRET_FIELDS,
+        lambda attr: f"spec.format.registry.{attr}",
+        registry_secret_env_name,
+    )
+
+
+def _secret_refs(
+    holder: object, fields: Iterable[str], path: Callable[[str], str], env_name: Callable[[str], str]
+) -> list[_Ref]:
+    """The SecretRefs `holder` sets among `fields`, each with its spec path and its env var."""
     refs: list[_Ref] = []
-    for attr in _REGISTRY_SECRET_FIELDS:
-        ref: SecretRef | None = getattr(registry, attr)
+    for attr in fields:
+        ref: SecretRef | None = getattr(holder, attr)
         if ref is not None:
-            refs.append((ref, f"spec.format.registry.{attr}", registry_secret_env_name(attr)))
+            refs.append((ref, path(attr), env_name(attr)))
     return refs
 
 

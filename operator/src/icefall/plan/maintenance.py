@@ -1,11 +1,11 @@
 """Table maintenance as work items: what to compact, expire, clean up, drop. Pure: the clock is an argument.
 
-Input: a `TableView`, the table's metadata summarised as plain data (live files of `main`'s head, every
-snapshot with the refs that point at it, the head's manifests, every path any metadata still references,
-and a listing of the table's storage), plus a `MaintenancePolicy` and `now_ms`. The caller reads these
-(pyiceberg inspect tables / Spark metadata tables, an object-store listing); this module does no I/O.
-Output of `plan_maintenance`: an ordered tuple of work items, each claimable by one worker through a
-Lease of the table's pool, chosen by `work_key`:
+Input: a `TableView` (`icefall.plan.table_view`), the table's metadata summarised as plain data (live files of
+`main`'s head, every snapshot with the refs that point at it, the head's manifests, every path any metadata
+still references, and a listing of the table's storage), plus a `MaintenancePolicy` and `now_ms`. The caller
+reads these (pyiceberg inspect tables / Spark metadata tables, an object-store listing); this module does no
+I/O. Output of `plan_maintenance`: an ordered tuple of work items (`icefall.plan.maintenance_items`), each
+claimable by one worker through a Lease of the table's pool, chosen by `work_key`:
 
 1. `ApplyRetention` — drop whole partitions that lie entirely before `now - max_age` (first, so nothing
    is compacted only to be dropped; partitions it drops are neither compacted nor rewritten for deletes).
@@ -68,197 +68,37 @@ from __future__ import annotations
 import calendar
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from icefall.plan.maintenance_items import (
+    DAY_MS,
+    HOUR_MS,
+    MIN_ORPHAN_AGE_MS,
+    ApplyDeletes,
+    ApplyRetention,
+    CompactPartition,
+    ExpireSnapshots,
+    MaintenancePolicy,
+    RemoveOrphans,
+    RetentionPolicy,
+    RewriteManifests,
+    TimeTransform,
+    WorkItem,
+    time_partition_field_name,
+)
+from icefall.plan.table_view import (
+    STAGE_BRANCH_PREFIX,
+    DataFileInfo,
+    FileContent,
+    PartitionValue,
+    SnapshotInfo,
+    TableView,
+)
 
 if TYPE_CHECKING:
     from icefall.api.spec import StreamingTableSpec
-
-MIB = 1024 * 1024
-HOUR_MS = 3_600_000
-DAY_MS = 24 * HOUR_MS
-
-TARGET_FILE_SIZE_PROPERTY = "write.target-file-size-bytes"  # Iceberg's table property
-DEFAULT_TARGET_FILE_SIZE = 128 * MIB  # Iceberg's default for that property
-DEFAULT_MANIFEST_TARGET_SIZE = 8 * MIB  # Iceberg's commit.manifest.target-size-bytes default
-MIN_ORPHAN_AGE_MS = HOUR_MS
-STAGE_BRANCH_PREFIX = "icefall_stage_"
-MAIN = "main"
-
-
-# ---------------------------------------------------------------------------------------------- inputs
-
-
-class FileContent(StrEnum):
-    DATA = "data"
-    POSITION_DELETES = "position_deletes"
-    EQUALITY_DELETES = "equality_deletes"
-
-
-PartitionValue = tuple[object, ...]  # partition values in the spec's field order; () when unpartitioned
-
-
-@dataclass(frozen=True)
-class DataFileInfo:
-    """One live file of `main`'s head (data or delete file). For a position delete file, `record_count` is
-    the number of deleted rows and `referenced_data_file` the one data file they all name (None: several,
-    or unknown). `sequence_number`: the data sequence number (a position delete applies to data files of
-    its partition whose number is not greater than its own)."""
-
-    path: str
-    partition: PartitionValue
-    size_bytes: int
-    record_count: int
-    added_snapshot_id: int
-    content: FileContent = FileContent.DATA
-    spec_id: int = 0
-    referenced_data_file: str | None = None
-    sequence_number: int = 0
-
-
-@dataclass(frozen=True)
-class SnapshotInfo:
-    """One snapshot in the table metadata. `refs`: names of the branches and tags whose head it is."""
-
-    snapshot_id: int
-    parent_id: int | None
-    timestamp_ms: int
-    is_on_main: bool  # an ancestor of (or equal to) main's head
-    refs: tuple[str, ...] = ()
-
-    @property
-    def referenced_by_branch_or_tag(self) -> bool:
-        return bool(self.refs)
-
-    @property
-    def is_main_head(self) -> bool:
-        return MAIN in self.refs
-
-
-@dataclass(frozen=True)
-class ManifestInfo:
-    """One manifest of `main`'s head."""
-
-    path: str
-    size_bytes: int
-    added_files_count: int = 0
-    existing_files_count: int = 0
-    deleted_files_count: int = 0
-
-
-@dataclass(frozen=True)
-class StorageObject:
-    """One object found by listing the table's location."""
-
-    path: str
-    size_bytes: int
-    modified_ms: int
-
-
-@dataclass(frozen=True)
-class TableView:
-    """The metadata the planner looks at. `referenced_paths`: every path any current metadata still
-    reaches — data and delete files and manifests of every snapshot, manifest lists, metadata files in
-    the metadata log, statistics files. `files` and `manifests` count as referenced too."""
-
-    name: str
-    snapshots: tuple[SnapshotInfo, ...] = ()
-    files: tuple[DataFileInfo, ...] = ()
-    manifests: tuple[ManifestInfo, ...] = ()
-    referenced_paths: frozenset[str] = frozenset()
-    storage: tuple[StorageObject, ...] = ()
-    partition_fields: tuple[str, ...] = ()  # names of the default spec's partition fields, in order
-    properties: Mapping[str, str] = field(default_factory=dict)
-
-
-class TimeTransform(StrEnum):
-    """Iceberg time partition transforms; values count hours/days/months/years since 1970-01-01 UTC."""
-
-    HOUR = "hour"
-    DAY = "day"
-    MONTH = "month"
-    YEAR = "year"
-
-
-@dataclass(frozen=True)
-class RetentionPolicy:
-    """Drop data older than `max_age_ms`, by whole partitions of `partition_field` (a time transform of
-    `source_column`), from `spec.retention` (see `policy_from_spec`). A partition is
-    dropped only once ALL of its range is older than the cut-off; rows in a partition that straddles the
-    cut-off stay until the whole partition is old."""
-
-    partition_field: str
-    source_column: str
-    transform: TimeTransform
-    max_age_ms: int
-
-    def __post_init__(self) -> None:
-        if self.max_age_ms <= 0:
-            raise ValueError(f"retention max_age_ms must be positive, got {self.max_age_ms}")
-
-
-@dataclass(frozen=True)
-class MaintenancePolicy:
-    target_file_size_bytes: int | None = None  # None: the table's write.target-file-size-bytes, or 128 MiB
-    small_file_ratio: float = 0.75  # a data file below ratio * target is "small"
-    min_files_to_compact: int = 5  # small files a partition needs before it is compacted
-    max_bytes_per_task: int = 1024 * MIB  # input bytes of one CompactPartition item
-    snapshot_max_age_ms: int = 5 * DAY_MS
-    snapshot_min_keep: int = 1  # newest snapshots of main always kept
-    expire_batch: int = (
-        20  # expirable snapshots that make expiry worth a commit (else: a tenth of the age late)
-    )
-    orphan_min_age_ms: int = 3 * DAY_MS  # never below MIN_ORPHAN_AGE_MS
-    manifest_count_threshold: int = 100
-    manifest_target_size_bytes: int = DEFAULT_MANIFEST_TARGET_SIZE
-    deleted_fraction_threshold: float = 0.1  # a data file with this share of its rows deleted is rewritten
-    max_delete_files_per_partition: int = 20  # position delete files that make a partition's deletes due
-    retention: RetentionPolicy | None = None
-
-    def __post_init__(self) -> None:
-        if self.target_file_size_bytes is not None and self.target_file_size_bytes <= 0:
-            raise ValueError(f"target_file_size_bytes must be positive, got {self.target_file_size_bytes}")
-        if not 0 < self.small_file_ratio <= 1:
-            raise ValueError(f"small_file_ratio must be in (0, 1], got {self.small_file_ratio}")
-        if self.min_files_to_compact < 2:
-            raise ValueError(f"min_files_to_compact must be >= 2, got {self.min_files_to_compact}")
-        if self.max_bytes_per_task <= 0:
-            raise ValueError(f"max_bytes_per_task must be positive, got {self.max_bytes_per_task}")
-        if self.snapshot_max_age_ms < 0 or self.snapshot_min_keep < 1 or self.expire_batch < 1:
-            raise ValueError("need snapshot_max_age_ms >= 0, snapshot_min_keep >= 1 and expire_batch >= 1")
-        if self.orphan_min_age_ms < MIN_ORPHAN_AGE_MS:
-            raise ValueError(
-                f"orphan_min_age_ms must be at least {MIN_ORPHAN_AGE_MS} (1 h): an in-flight write's files "
-                f"are referenced by nothing yet; got {self.orphan_min_age_ms}"
-            )
-        if self.manifest_count_threshold < 2 or self.manifest_target_size_bytes <= 0:
-            raise ValueError("need manifest_count_threshold >= 2 and a positive manifest_target_size_bytes")
-        if not 0 < self.deleted_fraction_threshold <= 1:
-            raise ValueError(
-                f"deleted_fraction_threshold must be in (0, 1], got {self.deleted_fraction_threshold}"
-            )
-        if self.max_delete_files_per_partition < 1:
-            raise ValueError(
-                f"max_delete_files_per_partition must be >= 1, got {self.max_delete_files_per_partition}"
-            )
-
-    def target_size(self, properties: Mapping[str, str]) -> int:
-        """The target data file size: the policy's, else the table property, else 128 MiB."""
-        if self.target_file_size_bytes is not None:
-            return self.target_file_size_bytes
-        raw = properties.get(TARGET_FILE_SIZE_PROPERTY)
-        try:
-            value = int(raw) if raw is not None else DEFAULT_TARGET_FILE_SIZE
-        except ValueError:
-            value = DEFAULT_TARGET_FILE_SIZE
-        return value if value > 0 else DEFAULT_TARGET_FILE_SIZE
-
-
-def time_partition_field_name(column: str, transform: TimeTransform) -> str:
-    """The partition field name Icefall and Iceberg Java give `transform(column)`: `<column>_<transform>`."""
-    return f"{column}_{transform.value}"
 
 
 def policy_from_spec(spec: StreamingTableSpec) -> MaintenancePolicy:
@@ -296,83 +136,6 @@ def policy_from_spec(spec: StreamingTableSpec) -> MaintenancePolicy:
         deleted_fraction_threshold=compaction.rewrite_deleted_percent / 100,
         retention=retention,
     )
-
-
-# ---------------------------------------------------------------------------------------------- outputs
-
-
-@dataclass(frozen=True)
-class ApplyRetention:
-    """Delete every row with `source_column < delete_before_ms`: exactly the listed partitions, whole, so
-    the delete is metadata-only."""
-
-    partition_field: str
-    source_column: str
-    delete_before_ms: int
-    partitions: tuple[PartitionValue, ...]
-    files: tuple[str, ...]
-    reason: str
-
-
-@dataclass(frozen=True)
-class CompactPartition:
-    """Rewrite `files` (all in `partition` of spec `spec_id`) into files of about `target_size_bytes`."""
-
-    partition: PartitionValue
-    files: tuple[str, ...]
-    input_bytes: int
-    target_size_bytes: int
-    reason: str
-    spec_id: int = 0
-    step: int = 1  # which of the partition's groups this is (1-based), in the planner's order
-
-
-@dataclass(frozen=True)
-class RewriteManifests:
-    manifests: tuple[str, ...]
-    reason: str
-
-
-@dataclass(frozen=True)
-class ExpireSnapshots:
-    """Expire `expire_ids` (all older than `older_than_ms`); `keep_ids` must survive whatever the worker's
-    tool decides, `retain_last` is the newest-of-main count kept. Table properties are untouched."""
-
-    older_than_ms: int
-    retain_last: int
-    keep_ids: tuple[int, ...]
-    expire_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class RemoveOrphans:
-    """Delete exactly `paths`: referenced by no metadata and last modified before `older_than_ms`."""
-
-    older_than_ms: int
-    paths: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ApplyDeletes:
-    """Rewrite `data_files` (all in `partition` of spec `spec_id`) without the rows their position deletes
-    name, into files of about `target_size_bytes`, and drop the delete files left applying to no live data
-    file. `delete_files`: the file-scoped ones the planner expects to go (the worker decides from the
-    metadata it reads); `deleted_rows`: rows they delete."""
-
-    partition: PartitionValue
-    data_files: tuple[str, ...]
-    delete_files: tuple[str, ...]
-    input_bytes: int
-    deleted_rows: int
-    target_size_bytes: int
-    reason: str
-    spec_id: int = 0
-    step: int = 1  # which of the partition's groups this is (1-based), in the planner's order
-
-
-WorkItem = (
-    ApplyRetention | CompactPartition | RewriteManifests | ExpireSnapshots | RemoveOrphans | ApplyDeletes
-)
 
 
 # ---------------------------------------------------------------------------------------------- planning

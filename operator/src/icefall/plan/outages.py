@@ -6,7 +6,7 @@ attempts, the service that failed last) so the caller can log it once per attemp
 outage and say how long it lasted when the service answers again.
 
 Not decided here: which errors mean "unavailable" (that needs the clients' exception types:
-`icefall.outages.classify`), or what is retried (the ingestion loop re-plans from the table, so a retry
+`icefall.ingest.outages.classify`), or what is retried (the ingestion loop re-plans from the table, so a retry
 can never commit a batch twice).
 """
 

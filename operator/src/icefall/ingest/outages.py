@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from icefall import metrics
 from icefall.plan.outages import OutageClock, Service
+from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     from icefall.catalog import CatalogConfig

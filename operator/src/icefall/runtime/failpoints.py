@@ -131,7 +131,7 @@ def failpoint(name: str) -> None:
     """Count a pass at `name` and run the action armed there, if this hit is the one it waits for."""
     with _LOCK:
         if name not in DESCRIPTIONS:
-            raise ValueError(f"unknown failpoint {name!r}: add it to icefall.failpoints.DESCRIPTIONS")
+            raise ValueError(f"unknown failpoint {name!r}: add it to icefall.runtime.failpoints.DESCRIPTIONS")
         _HITS[name] += 1
         armed = _ARMED.get(name)
         if armed is None:

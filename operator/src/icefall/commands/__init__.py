@@ -1,0 +1,5 @@
+"""The subcommands of `icefall` that need no more than a manifest and the catalog (status, reset-offsets,
+read) and what every subcommand shares (`common`). `icefall.cli` parses the command line and calls them.
+
+Nothing is imported here.
+"""

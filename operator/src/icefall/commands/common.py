@@ -1,0 +1,70 @@
+"""What the `icefall` subcommands share: where local state lives, loading the manifest, the catalog it
+names, and an unreachable service reported in one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+STATE_DIR_VARIABLE = "ICEFALL_STATE_DIR"
+
+
+def state_dir(args: argparse.Namespace, *, in_cluster: bool = False) -> Path:
+    """--state-dir, else $ICEFALL_STATE_DIR, else `.icefall` here (local commands) or `<tmp>/icefall`
+    (the pods' commands: their root filesystem is read-only, /tmp is an emptyDir)."""
+    chosen = args.state_dir or os.environ.get(STATE_DIR_VARIABLE)
+    if not chosen:
+        chosen = str(Path(tempfile.gettempdir()) / "icefall") if in_cluster else ".icefall"
+    return Path(chosen).resolve()
+
+
+def catalog_for(st: Any, state_dir: Path) -> Any:
+    """`spec.table.catalog` (secrets from the environment), or the embedded catalog in `state_dir`."""
+    from icefall.catalog import CatalogConfig, CatalogConfigError
+
+    try:
+        return CatalogConfig.for_table(st.spec, state_dir=state_dir)
+    except CatalogConfigError as error:
+        raise SystemExit(str(error)) from None
+
+
+def load_table(args: argparse.Namespace) -> Any:
+    from icefall.api import ManifestError, load_manifest
+
+    try:
+        st = load_manifest(Path(args.file))
+    except ManifestError as error:
+        raise SystemExit(f"{args.file} is not a valid StreamingTable:\n{error}") from None
+    if args.bootstrap_servers:
+        source = st.spec.source.model_copy(update={"bootstrap_servers": args.bootstrap_servers})
+        st = st.model_copy(update={"spec": st.spec.model_copy(update={"source": source})})
+    return st
+
+
+def outages_for(st: Any, catalog: Any) -> Any:
+    from icefall.ingest.outages import Outages, service_addresses
+
+    label = ".".join(st.table_identifier)
+    return Outages(label, service_addresses(st.spec.source.bootstrap_servers, st.spec.source.topic, catalog))
+
+
+@contextlib.contextmanager
+def unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
+    """An unreachable Kafka, catalog or object store ends the command with one line naming it and where
+    (exit 1), not a traceback; any other error passes through."""
+    from icefall.ingest.outages import classify
+
+    try:
+        yield
+    except Exception as error:
+        found = classify(error)
+        if found is None:
+            raise
+        describe = outages_for(st, catalog).describe(found)
+        raise SystemExit(f"icefall: {describe} ({found.reason})") from None
