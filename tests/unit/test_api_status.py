@@ -144,7 +144,14 @@ def test_only_nullable_unions() -> None:
 
 def test_spec_objects_are_closed_and_metadata_status_open() -> None:
     defs = SCHEMA["$defs"]
-    open_models = {"ObjectMeta", "StreamingTableStatus", "Condition", "FreshnessStatus", "TableStatus"}
+    open_models = {
+        "ObjectMeta",
+        "StreamingTableStatus",
+        "Condition",
+        "FreshnessStatus",
+        "TableStatus",
+        "WriterReport",
+    }
     for name, definition in defs.items():
         if definition.get("type") != "object":
             continue

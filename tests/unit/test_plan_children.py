@@ -475,6 +475,7 @@ def test_driver_rbac_is_namespaced_least_privilege_and_names_the_commit_lease() 
             by_resource.setdefault(resource, []).append(rule)
     assert set(by_resource) == {
         "streamingtables",
+        "streamingtables/status",
         "leases",
         "pods",
         "configmaps",
@@ -490,6 +491,15 @@ def test_driver_rbac_is_namespaced_least_privilege_and_names_the_commit_lease() 
     assert len(rules) == 3
     assert by_resource["streamingtables"][0]["resourceNames"] == ["orders-eu"]
     assert by_resource["streamingtables"][0]["verbs"] == ["get"]
+    # Its own status only, to report the lag and freshness it measured (status.writer).
+    assert by_resource["streamingtables/status"] == [
+        {
+            "apiGroups": ["icefall.dev"],
+            "resources": ["streamingtables/status"],
+            "resourceNames": ["orders-eu"],
+            "verbs": ["patch"],
+        }
+    ]
     assert "watch" in by_resource["pods"][0]["verbs"]
     binding = children.get("RoleBinding", "icefall-orders-eu-driver")
     assert binding["roleRef"] == {

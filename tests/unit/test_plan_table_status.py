@@ -14,13 +14,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from icefall.api import ConditionReason, StreamingTableStatus
+from icefall.api import ConditionReason, StreamingTableStatus, WriterReport
 from icefall.plan.table_status import (
     ANNOTATION_ACKNOWLEDGED_LOSS,
     MAX_PARTITIONS,
+    WRITER_REPORT_MAX_AGE_SECONDS,
     TableFacts,
     acknowledged_loss,
     summarize,
+    with_writer_report,
 )
 
 pytestmark = pytest.mark.unit
@@ -138,3 +140,41 @@ def test_the_same_topic_id_or_an_unknown_one_is_no_issue() -> None:
             facts(committed_offsets={0: 5}, topic_id=stored), {0: (0, 9)}, NOW, topic_id=current
         )
         assert summary.issues == ()
+
+
+# --- the driver's report stands in when the operator cannot measure -----------------------------------------
+
+
+def report(age_seconds: float, **changes: object) -> WriterReport:
+    fields: dict[str, object] = {
+        "reported_at": NOW - timedelta(seconds=age_seconds),
+        "freshness_seconds": 1.26,
+        "lag_records": 12,
+        "last_commit_time": NOW - timedelta(seconds=3),
+        "snapshot_id": 42,
+    }
+    return WriterReport.model_validate({**fields, **changes})
+
+
+def test_a_recent_driver_report_fills_what_the_operator_could_not_measure() -> None:
+    unmeasured = summarize(None, None, NOW)  # no credentials: neither the table nor Kafka was read
+    assert unmeasured.freshness_seconds is None and unmeasured.lag_records is None
+    filled = with_writer_report(unmeasured, report(age_seconds=15), NOW)
+    assert filled is not None
+    assert (filled.freshness_seconds, filled.lag_records) == (1.26, 12)
+    assert filled.last_commit_time == NOW - timedelta(seconds=3)
+    assert (
+        filled.freshness is not None
+        and filled.freshness.seconds == 1.3
+        and filled.freshness.snapshot_id == 42
+    )
+    assert filled.table is None and filled.data_loss_records is None  # only what the driver measured
+
+
+def test_the_operators_own_measurement_or_an_old_report_wins() -> None:
+    measured = summarize(facts(), {0: (0, 100), 1: (0, 50)}, NOW)
+    assert measured.freshness_seconds is not None
+    assert with_writer_report(measured, report(age_seconds=1), NOW) is None
+    unmeasured = summarize(None, None, NOW)
+    assert with_writer_report(unmeasured, report(age_seconds=WRITER_REPORT_MAX_AGE_SECONDS + 1), NOW) is None
+    assert with_writer_report(unmeasured, None, NOW) is None

@@ -80,7 +80,68 @@ def _commit_lease(lease: Callable[[str], Lease], names: TableLeases) -> Lease:
     return SuccessorLease(lease(names.commit), lease(names.legacy_commit))
 
 
-def _ingest_until_stopped(  # noqa: C901, PLR0915 (to split: the run loop of icefall run)
+class _RunProgress:
+    """`icefall run`'s batch callback: a line per batch, a note now and then while caught up, and the stop
+    conditions of `args` (`--until-caught-up`, `--max-seconds`); `also` (the driver's status report) and
+    `maintenance` (offered every batch's report) are called after it."""
+
+    def __init__(
+        self, args: argparse.Namespace, stop: Any, *, maintenance: Any = None, also: Any = None
+    ) -> None:
+        self.args, self.stop, self.maintenance, self.also = args, stop, maintenance, also
+        self.started = self.last_commit = self.last_idle_note = time.monotonic()
+        self.totals = {"read": 0, "written": 0, "dead": 0, "batches": 0}
+
+    def should_stop(self) -> bool:
+        if self.args.max_seconds and time.monotonic() - self.started > self.args.max_seconds:
+            self.stop.set()
+        return bool(self.stop.is_set())
+
+    def __call__(self, report: Any) -> None:
+        if report is not None:
+            self._landed(report)
+        elif self.args.until_caught_up:
+            self.stop.set()
+        elif time.monotonic() - self.last_commit > 30 and time.monotonic() - self.last_idle_note > 30:
+            self.last_idle_note = time.monotonic()
+            since = (
+                f"{time.monotonic() - self.last_commit:.0f}s ago" if self.totals["batches"] else "none yet"
+            )
+            print(f"[run] caught up, waiting for records; last commit {since}", flush=True)
+        self.should_stop()
+        if self.also is not None:
+            self.also(report)
+        if self.maintenance is not None and not self.stop.is_set():
+            self.maintenance.offer(report)
+
+    def _landed(self, report: Any) -> None:
+        totals = self.totals
+        totals["read"] += report.records_read
+        totals["written"] += report.records_written
+        totals["dead"] += report.records_dead_lettered
+        totals["batches"] += 1
+        self.last_commit = time.monotonic()
+        rate = report.records_read / report.seconds if report.seconds else 0.0
+        print(
+            f"[run] batch {totals['batches']}: {report.records_read} read, {report.records_written} "
+            f"written, {report.records_dead_lettered} to DLQ in {report.seconds:.1f}s ({rate:,.0f} rec/s, "
+            f"commit {report.commit_seconds * 1000:.0f} ms) | lag {report.lag} | freshness "
+            f"{report.freshness_seconds:.1f}s | snapshot {report.snapshot_id}"
+            + "".join(f" | {name} {secs:.2f}s" for name, secs in report.phases.items()),
+            flush=True,
+        )
+        if report.data_loss:
+            print(f"[run] DATA LOSS: {report.data_loss} records were deleted by retention first", flush=True)
+
+    def summary(self) -> str:
+        totals = self.totals
+        return (
+            f"[run] stopped after {time.monotonic() - self.started:.1f}s: {totals['batches']} commits, "
+            f"{totals['read']} read, {totals['written']} written, {totals['dead']} to the dead-letter table"
+        )
+
+
+def _ingest_until_stopped(  # noqa: PLR0913 (the pieces of one run)
     st: Any,
     catalog: Any,
     spark: Any,
@@ -90,95 +151,61 @@ def _ingest_until_stopped(  # noqa: C901, PLR0915 (to split: the run loop of ice
     maintenance: Any = None,
     stop: Any = None,
     yield_to: Any = None,
+    report_to: Any = None,
 ) -> int:
     """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so.
     `maintenance` (an EmbeddedMaintenance on its own thread), if given, is offered every batch's report and
-    stopped, after its item in flight, before Spark. Kafka, the catalog or the object store unreachable, at
-    start or later, is waited out (`icefall.ingest.outages`)."""
-    from icefall.ingest.engine import BatchReport, Ingestor
+    stopped, after its item in flight, before Spark; `report_to` gets every batch's report too (the
+    driver's status report). Kafka, the catalog or the object store unreachable, at start or later, is
+    waited out (`icefall.ingest.outages`)."""
+    from icefall.ingest.engine import Ingestor
 
     ingestor = Ingestor(st, catalog, spark, lease, yield_to=yield_to)
-    stop = stop if stop is not None else _stop_on_signals()
-    started = time.monotonic()
-
-    def should_stop() -> bool:
-        if args.max_seconds and time.monotonic() - started > args.max_seconds:
-            stop.set()
-        return bool(stop.is_set())
-
-    totals = {"read": 0, "written": 0, "dead": 0, "batches": 0}
-    last_commit = [started]
-    last_idle_note = [started]
-
-    def on_batch(report: BatchReport | None) -> None:
-        if report is not None:
-            totals["read"] += report.records_read
-            totals["written"] += report.records_written
-            totals["dead"] += report.records_dead_lettered
-            totals["batches"] += 1
-            last_commit[0] = time.monotonic()
-            rate = report.records_read / report.seconds if report.seconds else 0.0
-            print(
-                f"[run] batch {totals['batches']}: {report.records_read} read, {report.records_written} "
-                f"written, {report.records_dead_lettered} to DLQ in {report.seconds:.1f}s "
-                f"({rate:,.0f} rec/s, "
-                f"commit {report.commit_seconds * 1000:.0f} ms) | lag {report.lag} | freshness "
-                f"{report.freshness_seconds:.1f}s | snapshot {report.snapshot_id}"
-                + "".join(f" | {name} {secs:.2f}s" for name, secs in report.phases.items()),
-                flush=True,
-            )
-            if report.data_loss:
-                print(
-                    f"[run] DATA LOSS: {report.data_loss} records were deleted by retention first", flush=True
-                )
-        elif args.until_caught_up:
-            stop.set()
-        elif time.monotonic() - last_commit[0] > 30 and time.monotonic() - last_idle_note[0] > 30:
-            last_idle_note[0] = time.monotonic()
-            since = f"{time.monotonic() - last_commit[0]:.0f}s ago" if totals["batches"] else "none yet"
-            print(f"[run] caught up, waiting for records; last commit {since}", flush=True)
-        if args.max_seconds and time.monotonic() - started > args.max_seconds:
-            stop.set()
-        if maintenance is not None and not stop.is_set():
-            maintenance.offer(report)
-
-    from icefall.commit import FencedError
-    from icefall.commit.lease import LeaseTimeoutError
-    from icefall.ingest.engine import SourceChangedError
-
-    code = 0
+    progress = _RunProgress(
+        args, stop if stop is not None else _stop_on_signals(), maintenance=maintenance, also=report_to
+    )
     try:
-        if ingestor.outages.retrying(lambda: ingestor.start(lease_timeout=args.lease_timeout), should_stop):
-            ingestor.run(should_stop, on_batch)
-        if ingestor.outages.state.ongoing:
-            code = 1
-            service = ingestor.outages.state.service
-            print(
-                f"[run] stopped while {service.display_name if service else 'a service'} was unreachable "
-                f"({ingestor.outages.state.failures} failed attempts)",
-                flush=True,
-            )
-    except LeaseTimeoutError as waited:
-        print(f"[run] another writer holds this table's commit lease: {waited}", flush=True)
-        code = EXIT_LEASE
-    except FencedError as fenced:
-        print(f"[run] stopping: a newer writer took over this table ({fenced})", flush=True)
-        code = EXIT_LEASE
-    except SourceChangedError as changed:
-        print(f"[run] stopping: {changed}", flush=True)
-        code = EXIT_SOURCE_CHANGED
+        code = _run_ingestor(ingestor, progress, args)
     finally:
         ingestor.close()
         if maintenance is not None and not maintenance.stop(timeout=1):
             print("[run] waiting for the maintenance item in flight to finish ...", flush=True)
             maintenance.stop()
         _stop_spark(spark)
-    print(
-        f"[run] stopped after {time.monotonic() - started:.1f}s: {totals['batches']} commits, "
-        f"{totals['read']} read, {totals['written']} written, {totals['dead']} to the dead-letter table",
-        flush=True,
-    )
+    print(progress.summary(), flush=True)
     return code
+
+
+def _run_ingestor(ingestor: Any, progress: _RunProgress, args: argparse.Namespace) -> int:
+    """Start and run `ingestor`; the exit code, with what stopped it said in one line."""
+    from icefall.commit import FencedError
+    from icefall.commit.lease import LeaseTimeoutError
+    from icefall.ingest.engine import SourceChangedError
+
+    def start() -> None:
+        ingestor.start(lease_timeout=args.lease_timeout)
+
+    try:
+        if ingestor.outages.retrying(start, progress.should_stop):
+            ingestor.run(progress.should_stop, progress)
+    except LeaseTimeoutError as waited:
+        print(f"[run] another writer holds this table's commit lease: {waited}", flush=True)
+        return EXIT_LEASE
+    except FencedError as fenced:
+        print(f"[run] stopping: a newer writer took over this table ({fenced})", flush=True)
+        return EXIT_LEASE
+    except SourceChangedError as changed:
+        print(f"[run] stopping: {changed}", flush=True)
+        return EXIT_SOURCE_CHANGED
+    if ingestor.outages.state.ongoing:
+        service = ingestor.outages.state.service
+        print(
+            f"[run] stopped while {service.display_name if service else 'a service'} was unreachable "
+            f"({ingestor.outages.state.failures} failed attempts)",
+            flush=True,
+        )
+        return 1
+    return 0
 
 
 def _from_api(namespace: str, name: str) -> tuple[Any, Any]:
@@ -216,6 +243,8 @@ def _pod_spark(catalog: Any, table: str, role: str, master: str) -> Any:
 def _ingest(args: argparse.Namespace) -> int:
     """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
     from icefall.commit.kube_lease import KubernetesLease
+    from icefall.controller.kube import Kube
+    from icefall.ingest.writer_status import WriterStatusReporter
     from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import DEFAULT_MASTER
 
@@ -235,7 +264,10 @@ def _ingest(args: argparse.Namespace) -> int:
     names = table_leases(st)
     lease = _commit_lease(lambda name: KubernetesLease(api, args.namespace, name, holder), names)
     yield_to = KubernetesLease(api, args.namespace, names.rewrite_yield, holder)
-    return _ingest_until_stopped(st, catalog, spark, lease, args, stop=stop, yield_to=yield_to)
+    report_to = WriterStatusReporter(Kube(api), args.namespace, args.name)
+    return _ingest_until_stopped(
+        st, catalog, spark, lease, args, stop=stop, yield_to=yield_to, report_to=report_to
+    )
 
 
 def _compact(args: argparse.Namespace) -> int:

@@ -70,6 +70,7 @@ from icefall.api.status import (
     FreshnessStatus,
     StreamingTableStatus,
     TableStatus,
+    WriterReport,
 )
 from icefall.api.table import (
     CatalogSpec,
@@ -145,6 +146,7 @@ __all__ = [
     "TypeSpec",
     "Volume",
     "VolumeMount",
+    "WriterReport",
     "layout_problems",
     "load_manifest",
     "parse_manifest",

@@ -216,6 +216,22 @@ class TableStatus(StatusModel):
     )
 
 
+class WriterReport(StatusModel):
+    """What the ingestion driver measured last. It holds the table's credentials and computes lag and
+    freshness for every batch anyway; the operator shows these figures when it cannot read the table or
+    the topic itself (no credentials, or not yet)."""
+
+    reported_at: datetime = Field(description="When the driver measured these figures.")
+    freshness_seconds: float = Field(
+        ge=0, description="Seconds between then and the newest committed record; 0 when caught up."
+    )
+    lag_records: int = Field(ge=0, description="Records in Kafka not yet in the table then, all partitions.")
+    last_commit_time: datetime | None = Field(
+        default=None, description="When the driver's last commit landed; unset before its first."
+    )
+    snapshot_id: int | None = Field(default=None, description="Iceberg snapshot id of that commit.")
+
+
 class StreamingTableStatus(StatusModel):
     """Observed state of a StreamingTable."""
 
@@ -233,6 +249,9 @@ class StreamingTableStatus(StatusModel):
         default=0,
         ge=0,
         description="Records Kafka deleted (retention) before they could be ingested, over the table's life.",
+    )
+    writer: WriterReport | None = Field(
+        default=None, description="What the ingestion driver measured last (it reports every ~10 s)."
     )
 
     @model_validator(mode="after")

@@ -43,7 +43,7 @@ from icefall.plan.conditions import (
     should_write_status,
 )
 from icefall.plan.driver import DriverDecision, Event, EventReason, EventType
-from icefall.plan.table_status import Summary, acknowledged_loss, summarize
+from icefall.plan.table_status import Summary, acknowledged_loss, summarize, with_writer_report
 
 STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10"))
 
@@ -130,6 +130,10 @@ def derive(
         topic_id=observed.topic_id,
         oldest_waiting_ms=observed.oldest_waiting_ms,
     )
+    unmeasured = observed.unmeasured
+    reported = with_writer_report(summary, st.status.writer if st.status else None, now)
+    if reported is not None:  # the operator could not measure; the running driver did
+        summary, unmeasured = reported, ""
     issues = [*observed.issues, *summary.issues]
     events: list[Event] = []
     if owner is not None:
@@ -144,7 +148,7 @@ def derive(
         last_commit_time=summary.last_commit_time,
         spec_problems=tuple(problems),
         issues=tuple(issues),
-        unmeasured=observed.unmeasured,
+        unmeasured=unmeasured,
     )
     update: dict[str, Any] = {
         "conditions": derive_conditions(observations, st, now),

@@ -35,10 +35,21 @@ def _read_self_rule(name: str) -> Manifest:
     return {"apiGroups": [group], "resources": ["streamingtables"], "resourceNames": [name], "verbs": ["get"]}
 
 
+def _report_status_rule(name: str) -> Manifest:
+    group = API_VERSION.split("/")[0]
+    return {
+        "apiGroups": [group],
+        "resources": ["streamingtables/status"],
+        "resourceNames": [name],
+        "verbs": ["patch"],
+    }
+
+
 def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
     """What the ingestion driver may do in its namespace.
 
-    - read its own StreamingTable (the entry point reads the spec from the API);
+    - read its own StreamingTable (the entry point reads the spec from the API), and patch its status
+      (`status.writer`: the lag and freshness it measured, `icefall.ingest.writer_status`);
     - get/update its commit Lease by name, and create Leases (unrestrictable by name); during an upgrade,
       get/update/delete the commit Lease of versions before identity-keyed names (`SuccessorLease`);
     - a keyed table's driver: get the table's yield Lease by name (it waits while a rewrite holds it);
@@ -49,7 +60,11 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
     Nothing cluster-scoped, no Secrets (credentials arrive as env vars), no wildcards.
     """
     leases = table_leases(st)
-    rules = [_read_self_rule(st.metadata.name), *_lease_rules([leases.commit], ["get", "update"])]
+    rules = [
+        _read_self_rule(st.metadata.name),
+        _report_status_rule(st.metadata.name),
+        *_lease_rules([leases.commit], ["get", "update"]),
+    ]
     if leases.legacy_commit is not None:
         legacy = [leases.legacy_commit]
         rules.append({**_LEASES, "resourceNames": legacy, "verbs": ["get", "update", "delete"]})

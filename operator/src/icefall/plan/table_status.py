@@ -20,6 +20,10 @@ Rules:
   more are lost.
 - The last ingestion commit is the newest `append` snapshot, and only once offsets were committed (the
   genesis snapshot of an empty table is not a commit of records).
+- When the operator could measure neither lag nor freshness itself (no credentials for the catalog or
+  Kafka, not read yet, or unreachable from the operator), the driver's own report (`status.writer`, at
+  most `WRITER_REPORT_MAX_AGE_SECONDS` old) stands in for them (`with_writer_report`): a running driver
+  always makes the table measured.
 
 Not guaranteed: that the facts are current (they are as old as the read), or that freshness is exact for
 records produced with timestamps from a skewed producer clock (the produce time is the producer's or the
@@ -29,10 +33,10 @@ broker's, per the topic's `message.timestamp.type`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from icefall.api import ConditionReason, FreshnessStatus, TableStatus
+from icefall.api import ConditionReason, FreshnessStatus, TableStatus, WriterReport
 from icefall.plan.conditions import Issue
 from icefall.plan.lag import freshness_seconds, partition_lag, partitions_ahead
 from icefall.plan.offsets import RESET_COMMAND
@@ -70,6 +74,38 @@ class Summary:
     lag_records: int | None
     last_commit_time: datetime | None
     issues: tuple[Issue, ...] = ()
+
+
+#: How old the driver's report may be and still stand in for the operator's own reading (it reports every
+#: ~10 s while it runs; an older one belongs to a driver that stopped).
+WRITER_REPORT_MAX_AGE_SECONDS = 60.0
+
+
+def with_writer_report(
+    summary: Summary,
+    report: WriterReport | None,
+    now: datetime,
+    max_age: float = WRITER_REPORT_MAX_AGE_SECONDS,
+) -> Summary | None:
+    """`summary` with lag and freshness from the driver's `report`, when the summary has neither and the
+    report is recent; None when the report cannot stand in (the summary stays as it is)."""
+    if summary.freshness_seconds is not None or summary.lag_records is not None or report is None:
+        return None
+    if abs((now - report.reported_at).total_seconds()) > max_age:
+        return None
+    freshness = FreshnessStatus(
+        seconds=round(report.freshness_seconds, 1),
+        lag_records=report.lag_records,
+        last_commit_time=report.last_commit_time,
+        snapshot_id=report.snapshot_id,
+    )
+    return replace(
+        summary,
+        freshness=freshness,
+        freshness_seconds=report.freshness_seconds,
+        lag_records=report.lag_records,
+        last_commit_time=report.last_commit_time,
+    )
 
 
 def _time(ms: int | None) -> datetime | None:

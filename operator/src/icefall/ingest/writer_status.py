@@ -1,0 +1,77 @@
+"""The driver's report into its own StreamingTable's status (`status.writer`): lag and freshness as
+ingestion measured them for its last batch, so a table whose driver runs is always measured, whatever the
+operator can read (it may hold none of the table's credentials; `icefall.plan.table_status`).
+
+At most one PATCH every `interval` seconds, the first at once; a failed PATCH is logged (the first one with
+its cause) and never stops ingestion. The driver's Role may patch only its own StreamingTable's status
+(`icefall.plan.rbac`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from icefall.api import WriterReport
+
+if TYPE_CHECKING:
+    from icefall.controller.kube import Kube
+    from icefall.ingest.report import BatchReport
+
+log = logging.getLogger(__name__)
+
+REPORT_INTERVAL_SECONDS = 10.0
+
+
+class WriterStatusReporter:
+    """An `Ingestor.run` batch callback that reports to `namespace/name`'s status (module doc)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        name: str,
+        *,
+        interval: float = REPORT_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+        self.interval, self._clock, self._wall = interval, clock, wall
+        self._sent_at: float | None = None
+        self._last_commit: datetime | None = None
+        self._snapshot_id: int | None = None
+        self._failures = 0
+
+    def __call__(self, report: BatchReport | None) -> None:
+        """A batch landed (`report`), or none was due (None: caught up, nothing waits)."""
+        if report is not None:
+            self._last_commit, self._snapshot_id = self._wall(), report.snapshot_id
+        now = self._clock()
+        if self._sent_at is not None and now - self._sent_at < self.interval:
+            return
+        self._sent_at = now
+        measured = WriterReport(
+            reported_at=self._wall(),
+            freshness_seconds=max(report.freshness_seconds, 0.0) if report is not None else 0.0,
+            lag_records=max(report.lag, 0) if report is not None else 0,
+            last_commit_time=self._last_commit,
+            snapshot_id=self._snapshot_id,
+        )
+        self._send(measured)
+
+    def _send(self, measured: WriterReport) -> None:
+        body = {"writer": measured.model_dump(mode="json", by_alias=True, exclude_none=True)}
+        try:
+            self.kube.patch_status(self.namespace, self.name, body)
+        except Exception as error:  # the status is a courtesy: ingestion goes on
+            self._failures += 1
+            if self._failures == 1:
+                log.warning("reporting to %s/%s's status failed: %s", self.namespace, self.name, error)
+            return
+        if self._failures:
+            log.info("reporting to %s/%s's status works again", self.namespace, self.name)
+            self._failures = 0

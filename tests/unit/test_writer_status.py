@@ -1,0 +1,102 @@
+"""The driver reports lag and freshness into its StreamingTable's status (`icefall.ingest.writer_status`),
+at a bounded rate, and a failing API never stops ingestion. Fake clock, recording API."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import pytest
+
+from icefall.controller.kube import Kube
+from icefall.ingest.report import BatchReport
+from icefall.ingest.writer_status import WriterStatusReporter
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 11, 26, tzinfo=UTC)
+
+
+class RecordingKube:
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, str, Mapping[str, Any]]] = []
+        self.fail = False
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        if self.fail:
+            raise RuntimeError("403 Forbidden")
+        self.patches.append((namespace, name, status))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wall(self) -> datetime:
+        return T0 + timedelta(seconds=self.now)
+
+
+def batch(lag: int, freshness: float, snapshot: int) -> BatchReport:
+    return BatchReport(10, 10, 0, 1.0, 0.1, snapshot, {0: 10}, lag, freshness)
+
+
+def reporter(kube: RecordingKube, clock: Clock) -> WriterStatusReporter:
+    return WriterStatusReporter(cast(Kube, kube), "shop", "orders", interval=10, clock=clock, wall=clock.wall)
+
+
+def test_reports_at_once_then_at_most_every_interval() -> None:
+    kube, clock = RecordingKube(), Clock()
+    report = reporter(kube, clock)
+    report(batch(lag=40, freshness=3.25, snapshot=7))
+    clock.now = 4
+    report(batch(lag=0, freshness=0.5, snapshot=8))  # within the interval: remembered, not sent
+    clock.now = 11
+    report(None)  # caught up
+    assert [(ns, name) for ns, name, _ in kube.patches] == [("shop", "orders")] * 2
+    first, second = (body["writer"] for _, _, body in kube.patches)
+    assert first == {
+        "reportedAt": "2026-11-26T00:00:00Z",
+        "freshnessSeconds": 3.25,
+        "lagRecords": 40,
+        "lastCommitTime": "2026-11-26T00:00:00Z",
+        "snapshotId": 7,
+    }
+    assert second == {
+        "reportedAt": "2026-11-26T00:00:11Z",
+        "freshnessSeconds": 0.0,
+        "lagRecords": 0,
+        "lastCommitTime": "2026-11-26T00:00:04Z",  # the batch that was not sent still counts
+        "snapshotId": 8,
+    }
+
+
+def test_before_any_commit_there_is_no_commit_time() -> None:
+    kube, clock = RecordingKube(), Clock()
+    reporter(kube, clock)(None)
+    assert kube.patches[0][2]["writer"] == {
+        "reportedAt": "2026-11-26T00:00:00Z",
+        "freshnessSeconds": 0.0,
+        "lagRecords": 0,
+    }
+
+
+def test_a_failing_api_is_logged_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    kube, clock = RecordingKube(), Clock()
+    report = reporter(kube, clock)
+    kube.fail = True
+    with caplog.at_level(logging.INFO):
+        for second in (0, 10, 20):
+            clock.now = second
+            report(batch(lag=1, freshness=1.0, snapshot=1))
+        kube.fail = False
+        clock.now = 30
+        report(None)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "403 Forbidden" in warnings[0].getMessage()
+    assert "works again" in caplog.text
+    assert len(kube.patches) == 1
