@@ -8,7 +8,8 @@ its files in the object store (the `lake` fixture), which the pod reaches only o
   dead-letter table), and `kubectl get st` — the CRD's printer columns — shows READY True and a
   FRESHNESS under the table's target; `status.freshness.seconds` says the same, and, while records keep
   arriving (lag > 0), is measured (above 0) and under the target; the driver holds the commit Lease under
-  its pod name, reached with the Pod's projected ServiceAccount token;
+  its pod name, reached with the Pod's projected ServiceAccount token, and reports its own lag and
+  freshness into `status.writer` with that token;
 - (b) deleting the driver Pod while events keep arriving: the kubelet stops the container (SIGTERM, the
   Pod's grace period) and the old driver stops cleanly, the operator creates a new driver Pod (new uid,
   an Event), the node runs it, it takes the commit Lease with a newer epoch and resumes from the
@@ -211,6 +212,15 @@ def test_events_become_rows_and_kubectl_shows_ready_and_fresh(
         "-n", pipeline.namespace, "get", "st", NAME, "-o", "jsonpath={.status.freshness.seconds}"
     )
     assert freshness and float(freshness) <= TARGET_SECONDS, freshness
+    # The driver in its container reports what it measured into its own status (its Role allows that).
+    writer = wait_for(
+        "the driver's report in status.writer",
+        lambda: (pipeline.st().get("status") or {}).get("writer"),
+        timeout=60,
+        details=pipeline.explain,
+    )
+    pipeline.note(f"status.writer: {writer}")
+    assert writer["lagRecords"] >= 0 and writer["reportedAt"], writer
     # Caught up, freshness is 0 by definition: it is measured for real while records keep arriving.
     waiting = _freshness_while_producing(pipeline, readings=5, timeout=150)
     assert all(seconds is not None and 0 < seconds <= TARGET_SECONDS for _, seconds in waiting), waiting

@@ -12,7 +12,10 @@ no kubelet, no garbage collector: pods stay Pending forever, so nothing here wai
 - a deleted driver Pod comes back (a new uid); a deleted child (a Role) comes back;
 - `spec.suspend: true` deletes the driver Pod and sets Ready=False, reason Suspended; resuming brings it back;
 - the operator killed with SIGKILL right after a new StreamingTable is created, then restarted, leaves
-  exactly one driver Pod per table, and the untouched table's Pod is the same one (same uid).
+  exactly one driver Pod per table, and the untouched table's Pod is the same one (same uid);
+- a table whose catalog credentials the operator lacks reads NotMeasured until its driver (its own
+  ServiceAccount, impersonated) reports lag and freshness into status.writer, then measured and fresh;
+  the driver's Role refuses it another table's status.
 """
 
 from __future__ import annotations
@@ -32,16 +35,20 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from icefall.api import streaming_table_from_object
 from icefall.api.crd import CRD_NAME
 from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import ensure_tables
 from icefall.commit.state import CommittedState
+from icefall.controller.kube import Kube
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.procs import free_port
 from icefall.devstack.tools import tool_dir
+from icefall.ingest.report import BatchReport
+from icefall.ingest.writer_status import WriterStatusReporter
 
 pytestmark = pytest.mark.integration
 
@@ -746,3 +753,35 @@ def test_a_leader_that_was_paused_past_its_lease_notices_it_lost_leadership(api:
     paused.start_renewing()  # it wakes up and tries to renew
     wait_for("the paused leader to notice", lambda: lost, timeout=5)
     assert "successor" in lost[0]
+
+
+def test_a_running_drivers_report_measures_a_table_the_operator_cannot_read(
+    kube: KubeAPIServer, cluster: Cluster, operator: Operator, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The operator holds none of this table's catalog credentials, so it cannot measure it; the driver
+    (acting with its own ServiceAccount, which only the operator's Role grants) reports what it measured
+    into the table's status, and the table reads measured and fresh. The driver may patch no other
+    table's status."""
+    obj = streaming_table("reported", tmp_path_factory.mktemp("lake-reported"))
+    secret = {"secretKeyRef": {"name": "lake-credentials", "key": "password"}}
+    obj["spec"]["table"]["catalog"]["secretProperties"] = {"password": secret}
+    cluster.create_st(obj)
+
+    def freshness_reason() -> str | None:
+        found = condition(cluster.st("reported"), "FreshnessMet")
+        return found["reason"] if found else None
+
+    wait_for("the table read as not measured", lambda: freshness_reason() == "NotMeasured")
+    driver = config.new_client_from_config(config_file=str(kube.kubeconfig))
+    driver.set_default_header(
+        "Impersonate-User", f"system:serviceaccount:{NAMESPACE}:icefall-reported-driver"
+    )
+    reporter = WriterStatusReporter(Kube(driver), NAMESPACE, "reported")
+    reporter(BatchReport(20, 20, 0, 1.0, 0.1, 7, {0: 20}, lag=3, freshness_seconds=1.5))
+    wait_for("the driver's figures in status", lambda: freshness_reason() == "WithinTarget")
+    status = cluster.st("reported")["status"]
+    assert status["writer"]["lagRecords"] == 3 and status["writer"]["snapshotId"] == 7
+    assert status["freshness"]["seconds"] == 1.5 and status["freshness"]["lagRecords"] == 3
+    with pytest.raises(ApiException) as refused:
+        Kube(driver).patch_status(NAMESPACE, "orders", {"writer": status["writer"]})
+    assert refused.value.status == 403
