@@ -134,29 +134,37 @@ def _struct_checks(node: Node, column: Column, path: str, *, quotable: bool) -> 
 
 def _list_checks(node: Node, column: Column, path: str) -> list[Check]:
     assert node.element is not None
-    checks: list[Check] = []
-    if node.element_required:
-        checks.append(
-            (
-                column.isNotNull() & F.exists(column, lambda e: e.isNull()),
-                F.lit(f"list '{path}' holds a null element, but spec says elementRequired"),
-            )
-        )
-    return [*checks, *_collection_checks(node.element, column, f"{path}[]")]
+    return _item_checks(
+        column,
+        column,
+        node.element,
+        required=node.element_required,
+        null_message=f"list '{path}' holds a null element, but spec says elementRequired",
+        item_path=f"{path}[]",
+    )
 
 
 def _map_checks(node: Node, column: Column, path: str) -> list[Check]:
     assert node.value is not None
-    values = F.map_values(column)
+    return _item_checks(
+        column,
+        F.map_values(column),
+        node.value,
+        required=node.value_required,
+        null_message=f"map '{path}' holds a null value, but spec says valueRequired",
+        item_path=f"{path}{{}}",
+    )
+
+
+def _item_checks(
+    column: Column, items: Column, item_type: TypeSpec, *, required: bool, null_message: str, item_path: str
+) -> list[Check]:
+    """The items (`items`, an array read from `column`) of a list or a map's values: none null where the
+    spec requires it, and each passing the checks of `item_type`."""
     checks: list[Check] = []
-    if node.value_required:
-        checks.append(
-            (
-                column.isNotNull() & F.exists(values, lambda v: v.isNull()),
-                F.lit(f"map '{path}' holds a null value, but spec says valueRequired"),
-            )
-        )
-    return [*checks, *_collection_checks(node.value, values, f"{path}{{}}")]
+    if required:
+        checks.append((column.isNotNull() & F.exists(items, lambda i: i.isNull()), F.lit(null_message)))
+    return [*checks, *_collection_checks(item_type, items, item_path)]
 
 
 def _collection_checks(element: TypeSpec, array: Column, path: str) -> list[Check]:
