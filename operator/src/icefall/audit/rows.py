@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table.snapshots import ancestors_of
 
-from icefall.commit.protocol import RESET_PROPERTY
+from icefall.commit.protocol import RESET_PROPERTY, table_name
 from icefall.commit.state import MAIN, OFFSET_RESETS
 
 if TYPE_CHECKING:
@@ -270,7 +270,3 @@ def count_true(mask: Any) -> int:
 
 def first_offsets(offsets: Any, limit: int) -> tuple[int, ...]:
     return tuple(int(o) for o in offsets.slice(0, limit).to_pylist())
-
-
-def table_name(table: Table) -> str:
-    return ".".join(table.name())

@@ -86,9 +86,9 @@ from icefall.audit.rows import (
     partitions_of,
     read_rows,
     split_before,
-    table_name,
 )
 from icefall.commit import read_committed
+from icefall.commit.protocol import table_name
 from icefall.commit.state import CommittedState
 
 if TYPE_CHECKING:

@@ -153,7 +153,20 @@ def ensure_tables(
     Raises `TableMismatchError` (columns differ) or `TableLayoutError` (partitioning or sort order names
     a column the table does not have). Returns `(table, dead_letter_table_or_None)` with `.warnings`.
     """
-    warnings: list[str] = []
+    table, warnings = _ensure_main_table(catalog, st, schema_override)
+    dead_letter: Table | None = None
+    if st.dead_letter_identifier is not None:
+        dead_letter, dlq_warnings = _ensure_dead_letter_table(catalog, st.dead_letter_identifier)
+        warnings += dlq_warnings
+    for warning in warnings:
+        log.warning("%s", warning)
+    return EnsuredTables(table, dead_letter, warnings)
+
+
+def _ensure_main_table(
+    catalog: Catalog, st: StreamingTable, schema_override: Schema | None
+) -> tuple[Table, list[str]]:
+    """The table, created with the spec's layout, or checked against it; the layout warnings."""
     identifier = st.table_identifier
     name = ".".join(identifier)
     schema = expected_schema(st, schema_override)
@@ -166,51 +179,46 @@ def ensure_tables(
     )
     if created:
         failpoint("main.after-create")
-    else:
-        where = (
-            ExpectedAt("spec.format.schema", "spec.format.schema", kafka_label="Icefall's _kafka column")
-            if schema_override is None
-            else ExpectedAt(None, "spec.transforms.select", kafka_label="Icefall's _kafka column")
-        )
-        differences = schema_differences(name, table.schema(), schema, where, TABLE_FIX)
-        differences += _key_differences(name, table.schema(), schema)
-        if differences:
-            raise TableMismatchError(name, differences)
-        warnings += layout_warnings(
-            name, table=table, spec=spec, order=order, schema=schema, source="spec.table"
-        )
+        return table, []
+    where = (
+        ExpectedAt("spec.format.schema", "spec.format.schema", kafka_label="Icefall's _kafka column")
+        if schema_override is None
+        else ExpectedAt(None, "spec.transforms.select", kafka_label="Icefall's _kafka column")
+    )
+    differences = schema_differences(name, table.schema(), schema, where, TABLE_FIX)
+    differences += _key_differences(name, table.schema(), schema)
+    if differences:
+        raise TableMismatchError(name, differences)
+    return table, layout_warnings(
+        name, table=table, spec=spec, order=order, schema=schema, source="spec.table"
+    )
 
-    dead_letter: Table | None = None
-    dlq_identifier = st.dead_letter_identifier
-    if dlq_identifier is not None:
-        dlq_name = ".".join(dlq_identifier)
-        dlq_schema = assign_fresh_schema_ids(DEAD_LETTER_SCHEMA)
-        dlq_spec = dead_letter_partition_spec(dlq_schema)
-        dead_letter, created = _load_or_create(
-            catalog,
-            dlq_identifier,
-            schema=dlq_schema,
-            spec=dlq_spec,
-            order=UNSORTED_SORT_ORDER,
-            properties={**TABLE_DEFAULTS, "format-version": "2"},
-        )
-        if created:
-            failpoint("dlq.after-create")
-        else:
-            where = ExpectedAt(None, "Icefall's dead-letter layout")
-            differences = schema_differences(
-                dlq_name, dead_letter.schema(), dlq_schema, where, DEAD_LETTER_FIX
-            )
-            if differences:
-                raise TableMismatchError(dlq_name, differences)
-            warnings += layout_warnings(
-                dlq_name,
-                table=dead_letter,
-                spec=dlq_spec,
-                order=UNSORTED_SORT_ORDER,
-                schema=dlq_schema,
-                source="Icefall's dead-letter layout",
-            )
-    for warning in warnings:
-        log.warning("%s", warning)
-    return EnsuredTables(table, dead_letter, warnings)
+
+def _ensure_dead_letter_table(catalog: Catalog, identifier: tuple[str, ...]) -> tuple[Table, list[str]]:
+    """The dead-letter table, created with Icefall's layout, or checked against it; the layout warnings."""
+    name = ".".join(identifier)
+    schema = assign_fresh_schema_ids(DEAD_LETTER_SCHEMA)
+    spec = dead_letter_partition_spec(schema)
+    table, created = _load_or_create(
+        catalog,
+        identifier,
+        schema=schema,
+        spec=spec,
+        order=UNSORTED_SORT_ORDER,
+        properties={**TABLE_DEFAULTS, "format-version": "2"},
+    )
+    if created:
+        failpoint("dlq.after-create")
+        return table, []
+    where = ExpectedAt(None, "Icefall's dead-letter layout")
+    differences = schema_differences(name, table.schema(), schema, where, DEAD_LETTER_FIX)
+    if differences:
+        raise TableMismatchError(name, differences)
+    return table, layout_warnings(
+        name,
+        table=table,
+        spec=spec,
+        order=UNSORTED_SORT_ORDER,
+        schema=schema,
+        source="Icefall's dead-letter layout",
+    )

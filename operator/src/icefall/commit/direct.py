@@ -19,25 +19,35 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate
 
 from icefall.commit.errors import CommitError, FencedError
-from icefall.commit.protocol import EPOCH_CLAIM_PROPERTY, MAX_ATTEMPTS, RESET_PROPERTY, commit_genesis
+from icefall.commit.protocol import (
+    EPOCH_CLAIM_PROPERTY,
+    MAX_ATTEMPTS,
+    RESET_PROPERTY,
+    commit_genesis,
+    table_name,
+)
 from icefall.commit.pyiceberg_internals import commit_table, delete_updates, empty_snapshot_updates
 from icefall.commit.state import MAIN, OFFSET_RESETS, CommittedState, state_of
 from icefall.runtime.failpoints import TableRole, failpoint
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
+    from pyiceberg.table.update import TableUpdate
 
 MAX_RESETS_KEPT = 20
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
@@ -58,43 +68,40 @@ def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int)
     """
     if epoch < 0:
         raise ValueError(f"epoch must not be negative, got {epoch}")
-    for _ in range(MAX_ATTEMPTS):
-        table.refresh()
-        meta = table.metadata
-        committed = state_of(meta)
-        if epoch < committed.epoch:
-            raise FencedError(
-                f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
-            )
-        back = {
-            p: offset
-            for p, offset in sorted(to_offsets.items())
-            if p in committed.offsets and committed.offsets[p] > offset
-        }
-        if not back:
-            return {}
-        head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
-        condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in back.items())
-        # Staged, not committed; an empty append if no row matched: the property change rides on a
-        # commit that moves main.
-        staged = delete_updates(table, condition)
-        rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
-        failpoint("dlq.before-rewind")
-        try:
-            commit_table(
-                table,
-                updates=(*staged, SetPropertiesUpdate(updates=rewound.to_properties())),
-                requirements=(
-                    AssertTableUUID(uuid=meta.table_uuid),
-                    AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
-                ),
-            )
-        except CommitFailedException as e:
-            log.info("rewind of %s refused by the catalog (%s); checking again", _name(table), e)
-            continue
-        failpoint("dlq.after-rewind")
-        return back
-    raise CommitError(f"could not rewind {_name(table)}: the table kept changing")
+    return _until_committed(
+        table,
+        lambda meta: _rewind_once(table, meta, to_offsets, epoch),
+        failed=f"rewind {table_name(table)}",
+    )
+
+
+def _rewind_once(
+    table: Table, meta: TableMetadata, to_offsets: Mapping[int, int], epoch: int
+) -> dict[int, int] | None:
+    committed = state_of(meta)
+    if epoch < committed.epoch:
+        raise FencedError(
+            f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
+        )
+    back = {
+        p: offset
+        for p, offset in sorted(to_offsets.items())
+        if p in committed.offsets and committed.offsets[p] > offset
+    }
+    if not back:
+        return {}
+    head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
+    condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in back.items())
+    # Staged, not committed; an empty append if no row matched: the property change rides on a commit that
+    # moves main.
+    staged = delete_updates(table, condition)
+    rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
+    failpoint("dlq.before-rewind")
+    updates = (*staged, SetPropertiesUpdate(updates=rewound.to_properties()))
+    if not _commit_on_main(table, meta, head, updates, what=f"rewind of {table_name(table)}"):
+        return None
+    failpoint("dlq.after-rewind")
+    return back
 
 
 def claim_epoch(table: Table, epoch: int, *, role: TableRole = "main") -> None:
@@ -109,37 +116,29 @@ def claim_epoch(table: Table, epoch: int, *, role: TableRole = "main") -> None:
     """
     if epoch <= 0:
         raise ValueError(f"a claimed epoch is positive, got {epoch}")
-    for _ in range(MAX_ATTEMPTS):
-        table.refresh()
-        meta = table.metadata
-        if MAIN not in meta.refs:
-            commit_genesis(table, role)
-            continue
-        committed = state_of(meta)
-        if committed.epoch >= epoch:
-            raise FencedError(
-                f"epoch {epoch} is not above the table's epoch {committed.epoch}: already claimed"
-            )
-        # an empty snapshot: the properties ride on a commit that moves main
-        empty = empty_snapshot_updates(table, {EPOCH_CLAIM_PROPERTY: str(epoch)})
-        try:
-            commit_table(
-                table,
-                updates=(
-                    *empty,
-                    SetPropertiesUpdate(updates=replace(committed, epoch=epoch).to_properties()),
-                ),
-                requirements=(
-                    AssertTableUUID(uuid=meta.table_uuid),
-                    AssertRefSnapshotId(ref=MAIN, snapshot_id=committed.snapshot_id),
-                ),
-            )
-        except CommitFailedException as e:
-            log.info("epoch claim on %s refused by the catalog (%s); checking again", _name(table), e)
-            continue
-        failpoint(f"{role}.after-claim")
-        return
-    raise CommitError(f"could not claim epoch {epoch} on {_name(table)}: the table kept changing")
+    _until_committed(
+        table,
+        lambda meta: _claim_once(table, meta, epoch, role),
+        failed=f"claim epoch {epoch} on {table_name(table)}",
+    )
+
+
+def _claim_once(table: Table, meta: TableMetadata, epoch: int, role: TableRole) -> bool | None:
+    if MAIN not in meta.refs:
+        commit_genesis(table, role)
+        return None  # a head now (ours or another's): check again
+    committed = state_of(meta)
+    if committed.epoch >= epoch:
+        raise FencedError(f"epoch {epoch} is not above the table's epoch {committed.epoch}: already claimed")
+    # an empty snapshot: the properties ride on a commit that moves main
+    empty = empty_snapshot_updates(table, {EPOCH_CLAIM_PROPERTY: str(epoch)})
+    updates = (*empty, SetPropertiesUpdate(updates=replace(committed, epoch=epoch).to_properties()))
+    if not _commit_on_main(
+        table, meta, committed.snapshot_id, updates, what=f"epoch claim on {table_name(table)}"
+    ):
+        return None
+    failpoint(f"{role}.after-claim")
+    return True
 
 
 def reset_offsets(
@@ -155,45 +154,74 @@ def reset_offsets(
     the old offsets and is refused (OffsetGapError, TopicMismatchError); it plans again from here.
     Rows already in the table stay. A table with no committed offsets has nothing to reset (ValueError).
     """
+    return _until_committed(
+        table,
+        lambda meta: _reset_once(
+            table, meta, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms
+        ),
+        failed=f"reset the offsets of {table_name(table)}",
+    )
+
+
+def _reset_once(
+    table: Table, meta: TableMetadata, *, topic_id: str, offsets: Mapping[int, int], reason: str, now_ms: int
+) -> CommittedState | None:
+    committed = state_of(meta)
+    if not committed.offsets:
+        raise ValueError(f"{table_name(table)} has no committed offsets: there is nothing to reset")
+    history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
+    history.append(
+        {
+            "time_ms": now_ms,
+            "reason": reason,
+            "from_topic_id": committed.topic_id,
+            "to_topic_id": topic_id,
+            "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
+            "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
+        }
+    )
+    reset = replace(committed, topic_id=topic_id, offsets=dict(offsets), start_offsets=dict(offsets))
+    properties = {
+        **reset.to_properties(),
+        OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
+    }
+    # an empty snapshot: the properties ride on a commit that moves main
+    empty = empty_snapshot_updates(table, {RESET_PROPERTY: reason})
+    updates = (*empty, SetPropertiesUpdate(updates=properties))
+    if not _commit_on_main(
+        table, meta, committed.snapshot_id, updates, what=f"offset reset of {table_name(table)}"
+    ):
+        return None
+    return reset
+
+
+def _until_committed(table: Table, attempt: Callable[[TableMetadata], T | None], *, failed: str) -> T:
+    """Run `attempt` on freshly loaded metadata until it returns a result; None means "the table changed
+    under it: check again". Gives up with CommitError after `MAX_ATTEMPTS` (`failed` says what it could
+    not do)."""
     for _ in range(MAX_ATTEMPTS):
         table.refresh()
-        meta = table.metadata
-        committed = state_of(meta)
-        if not committed.offsets:
-            raise ValueError(f"{_name(table)} has no committed offsets: there is nothing to reset")
-        history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
-        history.append(
-            {
-                "time_ms": now_ms,
-                "reason": reason,
-                "from_topic_id": committed.topic_id,
-                "to_topic_id": topic_id,
-                "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
-                "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
-            }
+        outcome = attempt(table.metadata)
+        if outcome is not None:
+            return outcome
+    raise CommitError(f"could not {failed}: the table kept changing")
+
+
+def _commit_on_main(
+    table: Table, meta: TableMetadata, head: int | None, updates: tuple[TableUpdate, ...], *, what: str
+) -> bool:
+    """Commit `updates` if `main` is still at `head` in the table `meta` was read from; False, logged, if the
+    catalog refused (`what` names the change)."""
+    try:
+        commit_table(
+            table,
+            updates=updates,
+            requirements=(
+                AssertTableUUID(uuid=meta.table_uuid),
+                AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
+            ),
         )
-        reset = replace(committed, topic_id=topic_id, offsets=dict(offsets), start_offsets=dict(offsets))
-        properties = {
-            **reset.to_properties(),
-            OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
-        }
-        # an empty snapshot: the properties ride on a commit that moves main
-        empty = empty_snapshot_updates(table, {RESET_PROPERTY: reason})
-        try:
-            commit_table(
-                table,
-                updates=(*empty, SetPropertiesUpdate(updates=properties)),
-                requirements=(
-                    AssertTableUUID(uuid=meta.table_uuid),
-                    AssertRefSnapshotId(ref=MAIN, snapshot_id=committed.snapshot_id),
-                ),
-            )
-        except CommitFailedException as e:
-            log.info("offset reset of %s refused by the catalog (%s); checking again", _name(table), e)
-            continue
-        return reset
-    raise CommitError(f"could not reset the offsets of {_name(table)}: the table kept changing")
-
-
-def _name(table: Table) -> str:
-    return ".".join(table.name())
+    except CommitFailedException as e:
+        log.info("%s refused by the catalog (%s); checking again", what, e)
+        return False
+    return True

@@ -201,7 +201,7 @@ def commit_staged_outcome(
     if plan.restage_over:
         log.info(
             "%s: main had moved by maintenance (%s); batch of %s re-staged as %d",
-            _name(table), ", ".join(map(str, plan.restage_over)), stage.branch, new_head,
+            table_name(table), ", ".join(map(str, plan.restage_over)), stage.branch, new_head,
         )  # fmt: skip
     failpoint(f"{stage.role}.after-commit")
     return CommitOutcome(snapshot_id=new_head, restaged_over=plan.restage_over)
@@ -455,7 +455,8 @@ def _point_branch(meta: TableMetadata, name: str, snapshot_id: int) -> SetSnapsh
     )
 
 
-def _name(table: Table) -> str:
+def table_name(table: Table) -> str:
+    """`namespace.table`, as logs and errors name a table."""
     return ".".join(table.name())
 
 

@@ -49,8 +49,10 @@ from typing import Any
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFileContent, ManifestEntry, ManifestFile
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
+from icefall.commit.protocol import table_name
 from icefall.commit.state import DELETED_KEYS
 from icefall.plan.table_view import (
     MAIN,
@@ -133,17 +135,36 @@ def read_table_view(
     """The planner's view of `table` (module doc). Does not refresh `table`: the caller loads it."""
     cache = cache or ManifestCache()
     metadata = table.metadata
-    io = table.io
-    identifier = ".".join(table.name())
+    head = _main_head(metadata)
+    referenced = _metadata_paths(table) | _manifest_paths(metadata, table.io, cache)
+    files, manifests = _head_contents(head, table.io, cache)
+    storage = tuple(list_location(metadata.location, table.io)) if list_storage else ()
+    referenced |= {o.path for o in storage if checksum_owner(o.path) in referenced}
+    name = table_name(table)
+    return TableView(
+        name=name,
+        snapshots=_snapshot_infos(metadata, head),
+        files=tuple(sorted(files, key=lambda f: f.path)),
+        manifests=tuple(manifests),
+        referenced_paths=frozenset(referenced),
+        storage=_unless_schemes_differ(name, referenced, storage),
+        partition_fields=tuple(f.name for f in table.spec().fields),
+        properties=dict(metadata.properties),
+    )
 
+
+def _main_head(metadata: TableMetadata) -> Snapshot | None:
+    main_ref = metadata.refs.get(MAIN)
+    return metadata.snapshot_by_id(main_ref.snapshot_id) if main_ref is not None else None
+
+
+def _snapshot_infos(metadata: TableMetadata, head: Snapshot | None) -> tuple[SnapshotInfo, ...]:
+    """Every snapshot, with the refs whose head it is and whether `main`'s head descends from it."""
     refs_by_snapshot: dict[int, list[str]] = {}
     for ref_name, ref in metadata.refs.items():
         refs_by_snapshot.setdefault(ref.snapshot_id, []).append(ref_name)
-    main_ref = metadata.refs.get(MAIN)
-    head = metadata.snapshot_by_id(main_ref.snapshot_id) if main_ref is not None else None
     on_main = {s.snapshot_id for s in ancestors_of(head, metadata)} if head is not None else set()
-
-    snapshots = tuple(
+    return tuple(
         SnapshotInfo(
             snapshot_id=s.snapshot_id,
             parent_id=s.parent_snapshot_id,
@@ -154,6 +175,10 @@ def read_table_view(
         for s in metadata.snapshots
     )
 
+
+def _metadata_paths(table: Table) -> set[str]:
+    """The metadata files (current and logged), statistics files and the committed deleted keys file."""
+    metadata = table.metadata
     referenced: set[str] = {canonical_path(table.metadata_location)}
     referenced |= {canonical_path(entry.metadata_file) for entry in metadata.metadata_log}
     referenced |= {canonical_path(s.statistics_path) for s in metadata.statistics}
@@ -161,7 +186,13 @@ def read_table_view(
     deleted_keys = metadata.properties.get(DELETED_KEYS)  # cdc with sequenceBy: the committed state's
     if deleted_keys:
         referenced.add(canonical_path(deleted_keys))
+    return referenced
 
+
+def _manifest_paths(metadata: TableMetadata, io: FileIO, cache: ManifestCache) -> set[str]:
+    """Every snapshot's manifest list, its manifests and the files their live entries name; the cache
+    forgets what none of them references any more."""
+    referenced: set[str] = set()
     manifests_by_path: dict[str, ManifestFile] = {}
     for snapshot in metadata.snapshots:
         referenced.add(canonical_path(snapshot.manifest_list))
@@ -173,55 +204,61 @@ def read_table_view(
     cache.keep_only(
         (s.manifest_list for s in metadata.snapshots), (m.manifest_path for m in manifests_by_path.values())
     )
+    return referenced
 
+
+def _head_contents(
+    head: Snapshot | None, io: FileIO, cache: ManifestCache
+) -> tuple[list[DataFileInfo], list[ManifestInfo]]:
+    """The live files and the manifests of `main`'s head (none without a head)."""
     files: list[DataFileInfo] = []
-    head_manifests: list[ManifestInfo] = []
-    if head is not None:
-        for manifest in cache.manifests(head, io):
-            head_manifests.append(
-                ManifestInfo(
-                    path=canonical_path(manifest.manifest_path),
-                    size_bytes=manifest.manifest_length,
-                    added_files_count=manifest.added_files_count or 0,
-                    existing_files_count=manifest.existing_files_count or 0,
-                    deleted_files_count=manifest.deleted_files_count or 0,
-                )
-            )
-            for entry in cache.live_entries(manifest, io):
-                data_file = entry.data_file
-                files.append(
-                    DataFileInfo(
-                        path=canonical_path(data_file.file_path),
-                        partition=_partition_tuple(data_file.partition),
-                        size_bytes=data_file.file_size_in_bytes,
-                        record_count=data_file.record_count,
-                        added_snapshot_id=entry.snapshot_id or 0,
-                        content=_CONTENT.get(data_file.content, FileContent.DATA),
-                        spec_id=manifest.partition_spec_id,
-                        referenced_data_file=referenced_data_file(data_file),
-                        sequence_number=entry.sequence_number or 0,
-                    )
-                )
+    manifests: list[ManifestInfo] = []
+    if head is None:
+        return files, manifests
+    for manifest in cache.manifests(head, io):
+        manifests.append(_manifest_info(manifest))
+        files.extend(_file_info(entry, manifest) for entry in cache.live_entries(manifest, io))
+    return files, manifests
 
-    storage = tuple(list_location(metadata.location, io)) if list_storage else ()
-    referenced |= {o.path for o in storage if checksum_owner(o.path) in referenced}
-    mismatch = _scheme_mismatch(referenced, storage)
-    if mismatch is not None:
-        log.warning(
-            "%s: %s is referenced, but storage lists %s: the same file under another scheme or bucket; "
-            "no orphan removal until the table's paths and its location agree", identifier, *mismatch,
-        )  # fmt: skip
-        storage = ()
-    return TableView(
-        name=identifier,
-        snapshots=snapshots,
-        files=tuple(sorted(files, key=lambda f: f.path)),
-        manifests=tuple(head_manifests),
-        referenced_paths=frozenset(referenced),
-        storage=storage,
-        partition_fields=tuple(f.name for f in table.spec().fields),
-        properties=dict(metadata.properties),
+
+def _manifest_info(manifest: ManifestFile) -> ManifestInfo:
+    return ManifestInfo(
+        path=canonical_path(manifest.manifest_path),
+        size_bytes=manifest.manifest_length,
+        added_files_count=manifest.added_files_count or 0,
+        existing_files_count=manifest.existing_files_count or 0,
+        deleted_files_count=manifest.deleted_files_count or 0,
     )
+
+
+def _file_info(entry: ManifestEntry, manifest: ManifestFile) -> DataFileInfo:
+    data_file = entry.data_file
+    return DataFileInfo(
+        path=canonical_path(data_file.file_path),
+        partition=_partition_tuple(data_file.partition),
+        size_bytes=data_file.file_size_in_bytes,
+        record_count=data_file.record_count,
+        added_snapshot_id=entry.snapshot_id or 0,
+        content=_CONTENT.get(data_file.content, FileContent.DATA),
+        spec_id=manifest.partition_spec_id,
+        referenced_data_file=referenced_data_file(data_file),
+        sequence_number=entry.sequence_number or 0,
+    )
+
+
+def _unless_schemes_differ(
+    identifier: str, referenced: set[str], storage: tuple[StorageObject, ...]
+) -> tuple[StorageObject, ...]:
+    """`storage`, or nothing (with a warning) when it names a referenced file under another scheme or bucket:
+    then the listing cannot tell orphans from live files."""
+    mismatch = _scheme_mismatch(referenced, storage)
+    if mismatch is None:
+        return storage
+    log.warning(
+        "%s: %s is referenced, but storage lists %s: the same file under another scheme or bucket; "
+        "no orphan removal until the table's paths and its location agree", identifier, *mismatch,
+    )  # fmt: skip
+    return ()
 
 
 DELETE_FILE_PATH_FIELD_ID = 2147483546  # the `file_path` column of position delete files (Iceberg spec)

@@ -53,7 +53,8 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -299,20 +300,37 @@ def _rewrite_data_files(
     spark: SparkSession, jvm: Any, jtable: Any, rewrite: _Rewrite, started: float
 ) -> ItemResult:
     """Rewrite the chosen files (module doc) and drop the position delete files left dangling: one commit."""
-    kind = rewrite.kind
     start = jtable.currentSnapshot()
     if start is None:
-        return ItemResult(kind, Outcome.SKIPPED, "the table has no snapshot", time.monotonic() - started)
+        return ItemResult(
+            rewrite.kind, Outcome.SKIPPED, "the table has no snapshot", time.monotonic() - started
+        )
     inputs = _choose_inputs(jvm, jtable, start.snapshotId(), rewrite)
     if len(inputs.paths) < rewrite.min_files:
-        due = " with deletes" if rewrite.only_with_deletes else ""
-        return ItemResult(
-            kind,
-            Outcome.SKIPPED,
-            f"{len(inputs.paths)} of {len(rewrite.files)} planned files still live{due}: nothing to rewrite",
-            time.monotonic() - started,
-        )
+        return _too_few_live(rewrite, inputs, started)
+    with _task_set(spark, jtable, inputs.tasks) as (group, coordinator):
+        _read_and_write(spark, group, rewrite)
+        outputs = coordinator.fetchNewFiles(jtable, group)
+        # Written, not committed: a crash here leaves only orphans.
+        failpoint("main.mid-rewrite")
+        _commit_rewrite(jtable, start, inputs, outputs)
+    return _rewritten(rewrite, inputs, outputs, jtable.currentSnapshot(), started)
 
+
+def _too_few_live(rewrite: _Rewrite, inputs: _Inputs, started: float) -> ItemResult:
+    due = " with deletes" if rewrite.only_with_deletes else ""
+    return ItemResult(
+        rewrite.kind,
+        Outcome.SKIPPED,
+        f"{len(inputs.paths)} of {len(rewrite.files)} planned files still live{due}: nothing to rewrite",
+        time.monotonic() - started,
+    )
+
+
+@contextmanager
+def _task_set(spark: SparkSession, jtable: Any, tasks: Any) -> Iterator[tuple[str, Any]]:
+    """Stage `tasks` as a scan task set Spark reads and writes by a group id; yield the id and the
+    `FileRewriteCoordinator` that collects the files written for it; forget all of it afterwards."""
     group = str(uuid.uuid4())
     loader = jtable.getClass().getClassLoader()
     table_cache = _singleton(spark, loader, "org.apache.iceberg.spark.SparkTableCache")
@@ -320,45 +338,56 @@ def _rewrite_data_files(
     coordinator = _singleton(spark, loader, "org.apache.iceberg.spark.FileRewriteCoordinator")
     try:
         table_cache.add(group, jtable)
-        task_sets.stageTasks(jtable, group, inputs.tasks)
-        target = str(rewrite.target_size_bytes)
-        frame = (
-            spark.read.format("iceberg")
-            .option("split-size", target)  # pack the inputs into splits of the target size
-            .option("file-open-cost", "0")
-            .load(group)
-        )
-        (
-            frame.write.format("iceberg")
-            .option("target-file-size-bytes", target)
-            .option("distribution-mode", "none")
-            .option("output-spec-id", str(rewrite.spec_id))
-            .mode("append")
-            .save(group)
-        )
-        outputs = coordinator.fetchNewFiles(jtable, group)
-        # Written, not committed: a crash here leaves only orphans.
-        failpoint("main.mid-rewrite")
-        commit = (
-            jtable.newRewrite()
-            .validateFromSnapshot(start.snapshotId())
-            .dataSequenceNumber(start.sequenceNumber())  # deletes committed later still apply
-        )
-        for data_file in inputs.files:
-            commit.deleteFile(data_file)
-        for data_file in outputs:
-            commit.addFile(data_file)
-        for delete_file in inputs.dangling_deletes:
-            commit.deleteFile(delete_file)
-        commit.commit()
+        task_sets.stageTasks(jtable, group, tasks)
+        yield group, coordinator
     finally:
         table_cache.remove(group)
         task_sets.removeTasks(jtable, group)
         coordinator.clearRewrite(jtable, group)
-    committed = jtable.currentSnapshot()
+
+
+def _read_and_write(spark: SparkSession, group: str, rewrite: _Rewrite) -> None:
+    """Read the task set `group` and write it again in files of the target size (written, not committed)."""
+    target = str(rewrite.target_size_bytes)
+    frame = (
+        spark.read.format("iceberg")
+        .option("split-size", target)  # pack the inputs into splits of the target size
+        .option("file-open-cost", "0")
+        .load(group)
+    )
+    (
+        frame.write.format("iceberg")
+        .option("target-file-size-bytes", target)
+        .option("distribution-mode", "none")
+        .option("output-spec-id", str(rewrite.spec_id))
+        .mode("append")
+        .save(group)
+    )
+
+
+def _commit_rewrite(jtable: Any, start: Any, inputs: _Inputs, outputs: Any) -> None:
+    """One `RewriteFiles` commit: the inputs and the dangling delete files out, `outputs` in, validated from
+    `start` (the snapshot the inputs were read at)."""
+    commit = (
+        jtable.newRewrite()
+        .validateFromSnapshot(start.snapshotId())
+        .dataSequenceNumber(start.sequenceNumber())  # deletes committed later still apply
+    )
+    for data_file in inputs.files:
+        commit.deleteFile(data_file)
+    for data_file in outputs:
+        commit.addFile(data_file)
+    for delete_file in inputs.dangling_deletes:
+        commit.deleteFile(delete_file)
+    commit.commit()
+
+
+def _rewritten(
+    rewrite: _Rewrite, inputs: _Inputs, outputs: Any, committed: Any, started: float
+) -> ItemResult:
     dropped = len(inputs.dangling_deletes)
     return ItemResult(
-        kind,
+        rewrite.kind,
         Outcome.DONE,
         f"{len(inputs.paths)} files of partition {rewrite.partition!r} into {outputs.size()}, "
         f"{dropped} position delete files dropped",

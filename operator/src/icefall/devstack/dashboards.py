@@ -138,89 +138,86 @@ def _freshness_row() -> db.Row:
 def _ingestion_row() -> db.Row:
     return (
         db.Row("Ingestion")
-        .with_panel(
-            _series(
-                "Records per second",
-                "Records read from Kafka and committed to the table (a keyed table writes one row per key "
-                "and batch, so written may be below read).",
-                "rps",
-                [
-                    (f"sum by (table) (rate(icefall_records_read_total{T}[{RATE}]))", "{{table}} read"),
-                    (f"sum by (table) (rate(icefall_records_written_total{T}[{RATE}]))", "{{table}} written"),
-                    (
-                        f"sum by (table) (rate(icefall_records_filtered_total{T}[{RATE}]))",
-                        "{{table}} filtered",
-                    ),
-                ],
-                width=8,
-            )
-        )
-        .with_panel(
-            _series(
-                "Bytes per second",
-                "Bytes of Kafka record values read.",
-                "Bps",
-                [(f"sum by (table) (rate(icefall_read_bytes_total{T}[{RATE}]))", "{{table}}")],
-                width=8,
-            )
-        )
-        .with_panel(
-            _series(
-                "Dead letters per second",
-                "Records routed to the dead-letter table, by kind of reason (each dead-letter row's `error` "
-                "column has the full text); refused commits are shown by reason beside it.",
-                "rps",
-                [
-                    (
-                        f"sum by (table, reason) (rate(icefall_records_dead_lettered_total{T}[{RATE}]))",
-                        "{{table}} {{reason}}",
-                    ),
-                    (
-                        f"sum by (table, reason) (rate(icefall_commits_refused_total{T}[{RATE}]))",
-                        "{{table}} commit refused: {{reason}}",
-                    ),
-                ],
-                width=8,
-            )
-        )
-        .with_panel(
-            _series(
-                "Commit latency",
-                "Wall time of the table commit (compare-and-swap of main), p50 and p99.",
-                "s",
-                [
-                    (
-                        f"histogram_quantile(0.5, sum by (table, le) "
-                        f"(rate(icefall_commit_duration_seconds_bucket{T}[{RATE}])))",
-                        "{{table}} p50",
-                    ),
-                    (
-                        f"histogram_quantile(0.99, sum by (table, le) "
-                        f"(rate(icefall_commit_duration_seconds_bucket{T}[{RATE}])))",
-                        "{{table}} p99",
-                    ),
-                ],
-            )
-        )
-        .with_panel(
-            _series(
-                "Batch duration and outages",
-                "p99 wall time of one batch, read to commit; and 1 while a service ingestion needs is "
-                "unreachable (ingestion waits it out).",
-                "s",
-                [
-                    (
-                        f"histogram_quantile(0.99, sum by (table, le) "
-                        f"(rate(icefall_batch_duration_seconds_bucket{T}[{RATE}])))",
-                        "{{table}} batch p99",
-                    ),
-                    (
-                        f"max by (table, service) (icefall_ingest_unavailable{T})",
-                        "{{table}} {{service}} down",
-                    ),
-                ],
-            )
-        )
+        .with_panel(_records_panel())
+        .with_panel(_bytes_panel())
+        .with_panel(_dead_letters_panel())
+        .with_panel(_commit_latency_panel())
+        .with_panel(_batch_duration_panel())
+    )
+
+
+def _quantile(q: str, histogram: str) -> str:
+    """The `q` quantile per table of the histogram `histogram` over the rate interval."""
+    return f"histogram_quantile({q}, sum by (table, le) (rate({histogram}_bucket{T}[{RATE}])))"
+
+
+def _records_panel() -> timeseries.Panel:
+    return _series(
+        "Records per second",
+        "Records read from Kafka and committed to the table (a keyed table writes one row per key "
+        "and batch, so written may be below read).",
+        "rps",
+        [
+            (f"sum by (table) (rate(icefall_records_read_total{T}[{RATE}]))", "{{table}} read"),
+            (f"sum by (table) (rate(icefall_records_written_total{T}[{RATE}]))", "{{table}} written"),
+            (f"sum by (table) (rate(icefall_records_filtered_total{T}[{RATE}]))", "{{table}} filtered"),
+        ],
+        width=8,
+    )
+
+
+def _bytes_panel() -> timeseries.Panel:
+    return _series(
+        "Bytes per second",
+        "Bytes of Kafka record values read.",
+        "Bps",
+        [(f"sum by (table) (rate(icefall_read_bytes_total{T}[{RATE}]))", "{{table}}")],
+        width=8,
+    )
+
+
+def _dead_letters_panel() -> timeseries.Panel:
+    return _series(
+        "Dead letters per second",
+        "Records routed to the dead-letter table, by kind of reason (each dead-letter row's `error` "
+        "column has the full text); refused commits are shown by reason beside it.",
+        "rps",
+        [
+            (
+                f"sum by (table, reason) (rate(icefall_records_dead_lettered_total{T}[{RATE}]))",
+                "{{table}} {{reason}}",
+            ),
+            (
+                f"sum by (table, reason) (rate(icefall_commits_refused_total{T}[{RATE}]))",
+                "{{table}} commit refused: {{reason}}",
+            ),
+        ],
+        width=8,
+    )
+
+
+def _commit_latency_panel() -> timeseries.Panel:
+    return _series(
+        "Commit latency",
+        "Wall time of the table commit (compare-and-swap of main), p50 and p99.",
+        "s",
+        [
+            (_quantile("0.5", "icefall_commit_duration_seconds"), "{{table}} p50"),
+            (_quantile("0.99", "icefall_commit_duration_seconds"), "{{table}} p99"),
+        ],
+    )
+
+
+def _batch_duration_panel() -> timeseries.Panel:
+    return _series(
+        "Batch duration and outages",
+        "p99 wall time of one batch, read to commit; and 1 while a service ingestion needs is "
+        "unreachable (ingestion waits it out).",
+        "s",
+        [
+            (_quantile("0.99", "icefall_batch_duration_seconds"), "{{table}} batch p99"),
+            (f"max by (table, service) (icefall_ingest_unavailable{T})", "{{table}} {{service}} down"),
+        ],
     )
 
 

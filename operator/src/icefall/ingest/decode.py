@@ -326,14 +326,27 @@ def _row_reasons(
     fields: Sequence[SchemaField], max_bytes: int, text: Column, keyed: Keyed | None
 ) -> list[Check]:
     """`_reasons` of a record that writes a row, `text` being the JSON text of the row."""
-    value, typed, raw = F.col("value"), F.col(TYPED_COLUMN), F.col(RAW_COLUMN)
+    typed, raw = F.col(TYPED_COLUMN), F.col(RAW_COLUMN)
     typed_failed = text.isNotNull() & (typed.isNull() | typed[CORRUPT_COLUMN].isNotNull())
     json_bad = typed_failed & (raw.isNull() | raw[CORRUPT_COLUMN].isNotNull())
     fields_bad = typed_failed & ~json_bad
     decoded = text.isNotNull() & ~json_bad
-    size = F.length(value)
+    # a top-level field whose JSON value is there but does not parse as its type
+    mismatches = [fields_bad & raw[field.name].isNotNull() & typed[field.name].isNull() for field in fields]
+    return [
+        *_value_reasons(max_bytes, keyed),
+        (json_bad, json_problem(text)),
+        *_mismatch_reasons(fields, mismatches, fields_bad, text),
+        *_field_reasons(fields, mismatches, decoded, keyed),
+    ]
 
-    reasons: list[Check] = [
+
+def _value_reasons(max_bytes: int, keyed: Keyed | None) -> list[Check]:
+    """The record's value cannot be read as JSON text: a tombstone, too large, not UTF-8, or (keyed) no
+    envelope."""
+    value = F.col("value")
+    size = F.length(value)
+    return [
         (value.isNull(), F.lit("tombstone: the record's value is null")),
         (
             value.isNotNull() & (size > max_bytes),
@@ -349,22 +362,26 @@ def _row_reasons(
             ),
         ),
         *(keyed.envelope_reasons() if keyed is not None else ()),
-        (json_bad, json_problem(text)),
     ]
-    mismatches: list[Column] = []
-    for field in fields:
-        mismatch = fields_bad & raw[field.name].isNotNull() & typed[field.name].isNull()
-        mismatches.append(mismatch)
-        reasons.append(
-            (
-                mismatch,
-                F.concat(
-                    F.lit(f"field '{field.name}': "),
-                    quote(raw[field.name], VALUE_QUOTE_CHARS),
-                    F.lit(f" does not fit {describe(field)}"),
-                ),
-            )
+
+
+def _mismatch_reasons(
+    fields: Sequence[SchemaField], mismatches: Sequence[Column], fields_bad: Column, text: Column
+) -> list[Check]:
+    """The JSON parsed but the typed parse did not: each top-level field that does not fit, or, when none
+    is to blame, a nested value."""
+    raw = F.col(RAW_COLUMN)
+    reasons: list[Check] = [
+        (
+            mismatch,
+            F.concat(
+                F.lit(f"field '{field.name}': "),
+                quote(raw[field.name], VALUE_QUOTE_CHARS),
+                F.lit(f" does not fit {describe(field)}"),
+            ),
         )
+        for field, mismatch in zip(fields, mismatches, strict=True)
+    ]
     any_mismatch = F.lit(False)
     for mismatch in mismatches:
         any_mismatch = any_mismatch | mismatch
@@ -374,6 +391,16 @@ def _row_reasons(
             F.concat(F.lit("a nested value does not fit the schema: "), quote(text, RECORD_QUOTE_CHARS)),
         )
     )
+    return reasons
+
+
+def _field_reasons(
+    fields: Sequence[SchemaField], mismatches: Sequence[Column], decoded: Column, keyed: Keyed | None
+) -> list[Check]:
+    """In a decoded row: a required field missing (unless it was there but did not fit), or a value that
+    fails its type's checks (`value_checks`)."""
+    typed = F.col(TYPED_COLUMN)
+    reasons: list[Check] = []
     for field, mismatch in zip(fields, mismatches, strict=True):
         column = keyed.column(field.name) if keyed is not None else typed[field.name]
         if field.required:

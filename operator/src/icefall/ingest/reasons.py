@@ -62,79 +62,109 @@ def value_checks(node: Node, column: Column, path: str, *, quotable: bool) -> li
     Conditions are false (never null) when `column` is null. Messages quote the value only when
     `quotable` (outside lists and maps, where the offending element has no single column).
     """
-    parsed = node.parsed
+    kind = node.parsed.name
+    if kind == "uuid":
+        return [_uuid_check(column, path, quotable=quotable)]
+    if kind in ("timestamp", "timestamptz"):
+        return [_year_check(column, path, quotable=quotable)]
+    if kind == "fixed":
+        return [_length_check(node, column, path, quotable=quotable)]
+    if kind == "struct":
+        return _struct_checks(node, column, path, quotable=quotable)
+    if kind == "list":
+        return _list_checks(node, column, path)
+    if kind == "map":
+        return _map_checks(node, column, path)
+    return []
+
+
+def _shown(value: Column, *, quotable: bool) -> Column:
+    return quote(value, VALUE_QUOTE_CHARS) if quotable else F.lit("a value")
+
+
+def _uuid_check(column: Column, path: str, *, quotable: bool) -> Check:
+    return (
+        column.isNotNull() & ~column.rlike(UUID_PATTERN),
+        F.concat(F.lit(f"field '{path}': "), _shown(column, quotable=quotable), F.lit(" does not fit uuid")),
+    )
+
+
+def _year_check(column: Column, path: str, *, quotable: bool) -> Check:
+    # A JSON number is epoch seconds: epoch milliseconds would land tens of thousands of years ahead,
+    # past where Python's and many readers' datetimes end (years 1 to 9999).
+    year = F.year(column)
+    return (
+        column.isNotNull() & ((year > MAX_YEAR) | (year < 1)),
+        F.concat(
+            F.lit(f"field '{path}': "),
+            _shown(column.cast("string"), quotable=quotable),
+            F.lit(f" is outside the years 1 to {MAX_YEAR} (a number is read as epoch seconds: millis?)"),
+        ),
+    )
+
+
+def _length_check(node: Node, column: Column, path: str, *, quotable: bool) -> Check:
+    return (
+        column.isNotNull() & (F.length(column) != node.parsed.length),
+        F.concat(
+            F.lit(f"field '{path}': "),
+            _shown(F.base64(column), quotable=quotable),
+            F.lit(f" does not fit {node.parsed}"),
+        ),
+    )
+
+
+def _struct_checks(node: Node, column: Column, path: str, *, quotable: bool) -> list[Check]:
+    """Each required child present, and each child's own checks."""
+    assert node.fields is not None
     checks: list[Check] = []
-
-    def shown(value: Column) -> Column:
-        return quote(value, VALUE_QUOTE_CHARS) if quotable else F.lit("a value")
-
-    if parsed.name == "uuid":
-        checks.append(
-            (
-                column.isNotNull() & ~column.rlike(UUID_PATTERN),
-                F.concat(F.lit(f"field '{path}': "), shown(column), F.lit(" does not fit uuid")),
-            )
-        )
-    elif parsed.name in ("timestamp", "timestamptz"):
-        # A JSON number is epoch seconds: epoch milliseconds would land tens of thousands of years ahead,
-        # past where Python's and many readers' datetimes end (years 1 to 9999).
-        year = F.year(column)
-        checks.append(
-            (
-                column.isNotNull() & ((year > MAX_YEAR) | (year < 1)),
-                F.concat(
-                    F.lit(f"field '{path}': "),
-                    shown(column.cast("string")),
-                    F.lit(
-                        f" is outside the years 1 to {MAX_YEAR} (a number is read as epoch seconds: millis?)"
-                    ),
-                ),
-            )
-        )
-    elif parsed.name == "fixed":
-        checks.append(
-            (
-                column.isNotNull() & (F.length(column) != parsed.length),
-                F.concat(
-                    F.lit(f"field '{path}': "), shown(F.base64(column)), F.lit(f" does not fit {parsed}")
-                ),
-            )
-        )
-    elif parsed.name == "struct":
-        assert node.fields is not None
-        for child in node.fields:
-            child_column = column[child.name]
-            child_path = f"{path}.{child.name}"
-            if child.required:
-                checks.append(
-                    (
-                        column.isNotNull() & child_column.isNull(),
-                        F.lit(f"required field '{child_path}' is missing or null"),
-                    )
-                )
-            checks.extend(value_checks(child, child_column, child_path, quotable=quotable))
-    elif parsed.name == "list":
-        assert node.element is not None
-        if node.element_required:
+    for child in node.fields:
+        child_column = column[child.name]
+        child_path = f"{path}.{child.name}"
+        if child.required:
             checks.append(
                 (
-                    column.isNotNull() & F.exists(column, lambda e: e.isNull()),
-                    F.lit(f"list '{path}' holds a null element, but spec says elementRequired"),
+                    column.isNotNull() & child_column.isNull(),
+                    F.lit(f"required field '{child_path}' is missing or null"),
                 )
             )
-        checks.extend(_collection_checks(node.element, column, f"{path}[]"))
-    elif parsed.name == "map":
-        assert node.value is not None
-        values = F.map_values(column)
-        if node.value_required:
-            checks.append(
-                (
-                    column.isNotNull() & F.exists(values, lambda v: v.isNull()),
-                    F.lit(f"map '{path}' holds a null value, but spec says valueRequired"),
-                )
-            )
-        checks.extend(_collection_checks(node.value, values, f"{path}{{}}"))
+        checks.extend(value_checks(child, child_column, child_path, quotable=quotable))
     return checks
+
+
+def _list_checks(node: Node, column: Column, path: str) -> list[Check]:
+    assert node.element is not None
+    return _item_checks(
+        column,
+        column,
+        node.element,
+        required=node.element_required,
+        null_message=f"list '{path}' holds a null element, but spec says elementRequired",
+        item_path=f"{path}[]",
+    )
+
+
+def _map_checks(node: Node, column: Column, path: str) -> list[Check]:
+    assert node.value is not None
+    return _item_checks(
+        column,
+        F.map_values(column),
+        node.value,
+        required=node.value_required,
+        null_message=f"map '{path}' holds a null value, but spec says valueRequired",
+        item_path=f"{path}{{}}",
+    )
+
+
+def _item_checks(
+    column: Column, items: Column, item_type: TypeSpec, *, required: bool, null_message: str, item_path: str
+) -> list[Check]:
+    """The items (`items`, an array read from `column`) of a list or a map's values: none null where the
+    spec requires it, and each passing the checks of `item_type`."""
+    checks: list[Check] = []
+    if required:
+        checks.append((column.isNotNull() & F.exists(items, lambda i: i.isNull()), F.lit(null_message)))
+    return [*checks, *_collection_checks(item_type, items, item_path)]
 
 
 def _collection_checks(element: TypeSpec, array: Column, path: str) -> list[Check]:

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
-    from icefall.api import StreamingTable
+    from icefall.api import KafkaSource, StreamingTable
     from icefall.catalog import CatalogConfig
     from icefall.plan.offsets import OffsetRange
 
@@ -172,54 +172,80 @@ def union_read(
     `snapshot_id` or `as_of` (a time; naive means UTC) choose an older snapshot than `main`'s head.
     `spark`: a session with `catalog_config`'s catalog; by default a local one is started.
     """
-    from icefall.kafka.admin import TopicView
-    from icefall.kafka.security import librdkafka_config
-
     if snapshot_id is not None and as_of is not None:
         raise ValueError("give snapshot_id or as_of, not both")
     label = ".".join(st.table_identifier)
     table = catalog_config.pyiceberg().load_table(st.table_identifier)
     if spark is None:  # before the snapshot and the cut are taken: a Spark start takes seconds
-        from icefall.plan.spark_conf import tool_conf
-        from icefall.spark.session import build_spark_session
-
-        spark = build_spark_session([catalog_config], extra_conf=tool_conf(st.metadata.name, "read"))
+        spark = _local_spark(st, catalog_config)
     state = _state(table, label, snapshot_id, as_of)
-    source = st.spec.source
-    if state.topic is not None and state.topic != source.topic:
-        raise ReadError(
-            f"{label} was filled from topic {state.topic!r}, the manifest names {source.topic!r}: "
-            "its offsets say nothing about that topic"
-        )
-    with TopicView(source.bootstrap_servers, source.topic, librdkafka_config(source.security)) as view:
-        topic_id = view.topic_id(timeout=timeout)
-        marks = view.watermarks(timeout=timeout)  # the cut: taken once, after the snapshot was chosen
-        taken_at_ms = int(time.time() * 1000)
-        timestamp = source.starting_position.timestamp_ms
-        starts_at = (
-            view.offsets_for_time(timestamp, timeout) if timestamp is not None and not state.offsets else None
-        )
+    _check_topic(state, st.spec.source, label)
+    topic = _TopicNow.read(st.spec.source, state, timeout)  # the cut: taken once, after the snapshot
     ranges, lost = _tail_ranges(
         st,
         state,
-        topic_id,
-        marks,
-        starts_at=starts_at,
+        topic.topic_id,
+        topic.marks,
+        starts_at=topic.starts_at,
         label=label,
         older=snapshot_id is not None or as_of is not None,
     )
     snapshot = table.metadata.snapshot_by_id(state.snapshot_id) if state.snapshot_id is not None else None
     cut = Cut(
         table=label,
-        topic=source.topic,
+        topic=st.spec.source.topic,
         snapshot_id=state.snapshot_id,
         snapshot_ms=snapshot.timestamp_ms if snapshot is not None else None,
-        taken_at_ms=taken_at_ms,
+        taken_at_ms=topic.taken_at_ms,
         partitions={r.partition: (r.start, r.end) for r in ranges},
         lost_records=lost,
     )
     rows = _table_rows(spark, st, catalog_config.name, state.snapshot_id)
     return _with_tail(spark, st, rows, ranges, cut)
+
+
+def _local_spark(st: StreamingTable, catalog_config: CatalogConfig) -> SparkSession:
+    from icefall.plan.spark_conf import tool_conf
+    from icefall.spark.session import build_spark_session
+
+    return build_spark_session([catalog_config], extra_conf=tool_conf(st.metadata.name, "read"))
+
+
+def _check_topic(state: CommittedState, source: KafkaSource, label: str) -> None:
+    """ReadError if the table was filled from another topic than the manifest's."""
+    if state.topic is not None and state.topic != source.topic:
+        raise ReadError(
+            f"{label} was filled from topic {state.topic!r}, the manifest names {source.topic!r}: "
+            "its offsets say nothing about that topic"
+        )
+
+
+@dataclass(frozen=True)
+class _TopicNow:
+    """The topic at the cut: its id, its watermarks, when they were read, and (for a table that has never
+    committed and starts at a time) the offsets that time starts at."""
+
+    topic_id: str
+    marks: Mapping[int, tuple[int, int]]
+    taken_at_ms: int
+    starts_at: Mapping[int, int] | None
+
+    @classmethod
+    def read(cls, source: KafkaSource, state: CommittedState, timeout: float) -> _TopicNow:
+        from icefall.kafka.admin import TopicView
+        from icefall.kafka.security import librdkafka_config
+
+        with TopicView(source.bootstrap_servers, source.topic, librdkafka_config(source.security)) as view:
+            topic_id = view.topic_id(timeout=timeout)
+            marks = view.watermarks(timeout=timeout)
+            taken_at_ms = int(time.time() * 1000)
+            timestamp = source.starting_position.timestamp_ms
+            starts_at = (
+                view.offsets_for_time(timestamp, timeout)
+                if timestamp is not None and not state.offsets
+                else None
+            )
+        return cls(topic_id, marks, taken_at_ms, starts_at)
 
 
 def _state(table: Table, label: str, snapshot_id: int | None, as_of: datetime | None) -> CommittedState:
