@@ -138,30 +138,7 @@ def summarize(
     """Status blocks and observations from `facts` (None: table not read) and `watermarks` (None: Kafka
     not read), as the module docstring says."""
     committed = facts.committed_offsets if facts is not None else {}
-    issues: list[Issue] = []
-    lag_map: dict[int, int] | None = None
-    recreated = facts is not None and None not in (facts.topic_id, topic_id) and facts.topic_id != topic_id
-    if recreated:
-        issues.append(
-            Issue(
-                ConditionReason.TOPIC_RECREATED,
-                f"the topic was deleted and created again (the table's offsets belong to topic id "
-                f"{facts.topic_id if facts else None}, the topic's id is now {topic_id}); ingestion stopped "
-                f"and skipped nothing. To go on with the new topic, run `{RESET_COMMAND} -f <manifest>`",
-            )
-        )
-    elif watermarks is not None:
-        lag_map, ahead = partition_lag(committed, watermarks), partitions_ahead(committed, watermarks)
-        if ahead:
-            detail = ", ".join(f"{p} (committed {committed[p]}, high {watermarks[p][1]})" for p in ahead)
-            issues.append(
-                Issue(
-                    ConditionReason.OFFSETS_AHEAD_OF_TOPIC,
-                    f"the table's committed offsets are past the topic's end in partition(s) {detail}: "
-                    "the topic was recreated or truncated; ingestion stopped and skipped nothing. To go "
-                    f"on from the topic's current records, run `{RESET_COMMAND} -f <manifest>`",
-                )
-            )
+    issues, lag_map = _source_issues(facts, watermarks, topic_id)
     if facts is None:
         # Without the table, lag would count everything as waiting: report nothing rather than a guess.
         return Summary(None, None, None, None, None, None, tuple(issues))
@@ -199,6 +176,38 @@ def summarize(
         last_commit_time=last_commit,
         issues=tuple(issues),
     )
+
+
+def _source_issues(
+    facts: TableFacts | None, watermarks: Mapping[int, tuple[int, int]] | None, topic_id: str | None
+) -> tuple[list[Issue], dict[int, int] | None]:
+    """A recreated topic or offsets past the topic's end (issues), else the lag per partition (None: Kafka
+    not read, or the topic was recreated)."""
+    committed = facts.committed_offsets if facts is not None else {}
+    recreated = facts is not None and None not in (facts.topic_id, topic_id) and facts.topic_id != topic_id
+    if recreated:
+        return [
+            Issue(
+                ConditionReason.TOPIC_RECREATED,
+                f"the topic was deleted and created again (the table's offsets belong to topic id "
+                f"{facts.topic_id if facts else None}, the topic's id is now {topic_id}); ingestion stopped "
+                f"and skipped nothing. To go on with the new topic, run `{RESET_COMMAND} -f <manifest>`",
+            )
+        ], None
+    if watermarks is None:
+        return [], None
+    lag_map, ahead = partition_lag(committed, watermarks), partitions_ahead(committed, watermarks)
+    if not ahead:
+        return [], lag_map
+    detail = ", ".join(f"{p} (committed {committed[p]}, high {watermarks[p][1]})" for p in ahead)
+    return [
+        Issue(
+            ConditionReason.OFFSETS_AHEAD_OF_TOPIC,
+            f"the table's committed offsets are past the topic's end in partition(s) {detail}: "
+            "the topic was recreated or truncated; ingestion stopped and skipped nothing. To go "
+            f"on from the topic's current records, run `{RESET_COMMAND} -f <manifest>`",
+        )
+    ], lag_map
 
 
 def _loss(facts: TableFacts, acknowledged: int) -> list[Issue]:
