@@ -18,7 +18,9 @@ one shared SQLite catalog file (the Iceberg tables are never created: the status
 For each size N (ascending, cumulative: the tables of a size stay for the next one):
 1. tables are created until N exist; reported: the seconds until every table has its children (a Pod and a
    Deployment with an owner reference to the table);
-2. `--settle` seconds pass, then a quiet window of `--window` seconds in which this script makes no API
+2. `--settle` seconds pass, then 30 s intervals until one has no write to a StreamingTable object itself
+   (status excluded; kopf writes its handler bookkeeping there, so a write means handlers still run; at
+   most `--settle-max`), then a quiet window of `--window` seconds in which this script makes no API
    request: `apiserver_request_total` is read from the API server's `/metrics` before and after (the scrape
    is a non-resource request, so it is not counted). Counted: resource requests only, WATCH excluded (a
    watch is counted when it ends, not by what it carries). The API server's own requests (its identity
@@ -73,6 +75,7 @@ MANIFEST = ROOT / "examples" / "orders.yaml"
 RESULTS = ROOT / "bench" / "results" / "operator.md"
 NAMESPACE = "icefall-bench"
 GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
+TABLES = f"{PLURAL}.{GROUP}"  # as `scrape_requests` names the resource
 LABEL_TABLE = "icefall.dev/streamingtable"
 LABEL_SPEC_HASH = "icefall.dev/spec-hash"
 # The issue's targets (#31, item 4).
@@ -307,6 +310,8 @@ class Size:
     tables: int
     added: int = 0
     ready_seconds: float = float("nan")  # first create of this size → every table has children
+    settle_seconds: float = float("nan")
+    settle_capped: bool = False
     window: Window | None = None
     new_table: list[float] = field(default_factory=list)
     spec_change: list[float] = field(default_factory=list)
@@ -391,10 +396,33 @@ def probe_spec_change(cluster: Cluster, size: Size, k: int, timeout: float) -> N
     say(f"  spec change on {name}: driver Pod with the new spec hash after {size.spec_change[-1]:.2f} s")
 
 
+def table_writes(counts: Counter[Request]) -> int:
+    """Writes to StreamingTable objects themselves (not their status): handlers still being processed."""
+    return sum(n for key, n in counts.items() if key.resource == TABLES and key.verb not in ("GET", "LIST"))
+
+
+def settle(args: argparse.Namespace, kube: KubeAPIServer, size: Size) -> None:
+    """At least `--settle` seconds, then until a 30 s interval has no write to a StreamingTable object."""
+    say(f"{size.tables} tables: settling for {args.settle:.0f} s, then until the tables are not written ...")
+    start = time.monotonic()
+    time.sleep(args.settle)
+    while True:
+        before = scrape_requests(kube)
+        time.sleep(30)
+        writes = table_writes(scrape_requests(kube) - before)
+        size.settle_seconds = time.monotonic() - start
+        if writes == 0:
+            return
+        if size.settle_seconds > args.settle_max:
+            size.settle_capped = True
+            say(f"  still {writes} writes to StreamingTables per 30 s; measuring anyway (--settle-max)")
+            return
+        say(f"  {writes} writes to StreamingTables in the last 30 s; settling on ...")
+
+
 def measure(args: argparse.Namespace, cluster: Cluster, kube: KubeAPIServer, pid: int, size: Size) -> None:
     grow(cluster, size, timeout=max(180.0, size.added * 3.0))
-    say(f"{size.tables} tables: settling for {args.settle:.0f} s ...")
-    time.sleep(args.settle)
+    settle(args, kube, size)
     size.window = quiet_window(kube, args.window, pid, f"{size.tables} tables")
     rate = total(per_minute(size.window.requests, size.window.seconds))
     say(f"  {rate:,.0f} requests/min in the window (raw), {size.window.cpu:.1f} CPU-s")
@@ -486,6 +514,8 @@ def render(run: Run) -> str:
     lines += [
         row("time until every table had its children (tables added)",
             lambda s: f"{s.ready_seconds:.1f} s ({s.added})"),
+        row("settled before the window (until no writes to the tables)",
+            lambda s: f"{s.settle_seconds:.0f} s" + (" (**cap: not steady**)" if s.settle_capped else "")),
         row("API requests/min, operator (raw minus the API server's own)",
             lambda s: f"{net(s):,.0f} ({net(s) + base:,.0f} - {base:,.0f})"),
         row("**API requests per table per minute**", lambda s: f"**{net(s) / s.tables:.1f}**"),
@@ -643,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", default="10,100,300", help="sizes, ascending (default 10,100,300)")
     parser.add_argument("--window", type=float, default=180, help="quiet window per size, s (default 180)")
     parser.add_argument("--settle", type=float, default=60, help="wait before the window, s (default 60)")
+    parser.add_argument(
+        "--settle-max", type=float, default=600, help="at most this long for the tables to be left alone, s"
+    )
     parser.add_argument("--baseline", type=float, default=60, help="the API server alone, s (default 60)")
     parser.add_argument("--probes", type=int, default=3, help="new tables and spec changes per size (3)")
     parser.add_argument("--probe-gap", type=float, default=3, help="pause before each probe, s (default 3)")
