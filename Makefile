@@ -22,6 +22,7 @@ help:
 	@echo "make bench-write-path  CPU of Icefall's write path vs the plain Spark write (bench/results/write_path.md)"
 	@echo "make bench-fresh  union reads (icefall read) vs a plain scan: latency, staleness (bench/results/union_read.md)"
 	@echo "make bench-pipelining  a backlog drained with spec.batch.pipelined on and off (bench/results/pipelining.md)"
+	@echo "make bench-operator  the operator at 10/100/300 StreamingTables: API requests, CPU, RSS, reaction (bench/results/operator.md)"
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
@@ -142,6 +143,15 @@ bench-write-path: setup
 .PHONY: bench-fresh
 bench-fresh: setup
 	$(TOOLS) && $(BIN)/python bench/union_read.py $(BENCH_ARGS)
+
+# The operator (`icefall operator`, a real kopf process) with 10, 100 and 300 StreamingTables on a real
+# kube-apiserver + etcd (no kubelet: driver Pods stay Pending): API requests per table per minute from the API
+# server's own metrics, the operator's CPU and RSS, a new table's children and a spec change's new driver Pod
+# (bench/operator_scale.py; results in bench/results/operator.md). About 25 minutes on 2 cores; shorter:
+# BENCH_ARGS="--tables 10,100 --window 120".
+.PHONY: bench-operator
+bench-operator: setup
+	$(TOOLS) && nice -n 10 $(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
 
 # Files per partition, read time and commit latency with and without compaction. Default: one hour of
 # 5-second commits per arm (two hours in all); compress with BENCH_ARGS="--commits 150 --interval 1".
