@@ -52,6 +52,7 @@ from icefall.plan.maintenance_items import (
     RewriteManifests,
     TimeTransform,
 )
+from icefall.plan.names import table_leases
 from icefall.runtime import metrics
 from icefall.testing.streams import (
     NAMESPACE,
@@ -170,7 +171,7 @@ def test_compaction_keeps_rows_and_resume_state(
             identifier,
             MaintenancePolicy(min_files_to_compact=5),
             file_leases(tmp_path / "leases", "worker-1"),
-            lease_table=st.table_name,
+            table_leases=table_leases(st),
         )
         step = runner.step()
         assert isinstance(step.item, CompactPartition), step
