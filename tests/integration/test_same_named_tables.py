@@ -100,13 +100,12 @@ def test_same_named_tables_in_one_folder_never_wait_for_each_other(
 
     folder = tmp_path / "state" / "leases"
     leases = {p.name.removesuffix(".lease.json") for p in folder.glob("*.lease.json")}
-    commits = {
-        table_leases(streaming_table_from_object(yaml.safe_load(m.read_text()))).commit
-        for m in (sales, staging)
-    }
+    tables = [streaming_table_from_object(yaml.safe_load(m.read_text())) for m in (sales, staging)]
+    commits = {table_leases(st).commit for st in tables}
     assert len(commits) == 2 and commits <= leases, (commits, leases)
-    for namespace, topic in (("sales", "it-same-name-sales"), ("staging", "it-same-name-staging")):
-        high = watermarks(kafka, topic)
+    for st, topic in zip(tables, ("it-same-name-sales", "it-same-name-staging"), strict=True):
+        namespace, high = st.spec.table.namespace, watermarks(kafka, topic)
+        # The spec itself: the audit's content check (with the session's Spark) decodes each record by it.
         assert_exactly_once(
-            catalog_config, TABLE, high, bad[topic], namespace=namespace, bootstrap=kafka.bootstrap
+            catalog_config, TABLE, high, bad[topic], namespace=namespace, bootstrap=kafka.bootstrap, st=st
         )
