@@ -3,13 +3,13 @@ with nothing lost.
 
 The operator runs as a process; the node (the real kubelet on containerd) runs the driver Pod as a
 container of the image we ship, where the kernel enforces `resources.limits.memory`. A StreamingTable asks
-for a driver of 128Mi (`spec.pods.driver.resources`, requests the same): far less than Spark's JVM and Python
+for a driver of 48Mi (`spec.pods.driver.resources`, requests the same): far less than Spark's JVM and Python
 need. Proves:
-- the driver container is OOM-killed: its Pod (limit 128Mi, as the table asked) ends with the container
+- the driver container is OOM-killed: its Pod (limit 48Mi, as the table asked) ends with the container
   terminated, reason OOMKilled (seen by a watch: the operator deletes a failed driver at once). Its exit
-  code is 1 here rather than 137: the kernel kills Spark's JVM, the largest process, then Python exits;
+  code is 137: the kernel kills Python while it imports, before the JVM starts;
 - the StreamingTable reports it: Ready False, Degraded True and Ingesting False with reason DriverFailed,
-  each message naming OOMKilled, the limit 128Mi and `spec.pods.driver.resources.limits.memory`; a Warning
+  each message naming OOMKilled, the limit 48Mi and `spec.pods.driver.resources.limits.memory`; a Warning
   Event DriverFailed says the same;
 - patching the table to a 2Gi limit starts a new driver at once (a new spec needs no backoff) in a Pod with
   that limit, which runs without a restart; the table catches up with every record produced before, during
@@ -47,11 +47,11 @@ LABEL = f"icefall.dev/streamingtable={NAME}"
 TOPIC = "e2e-oom"
 TARGET_SECONDS = 30
 BAD_EVERY = 40
-# Well under the driver's need. Python alone holds ~60 MiB of anonymous memory before the JVM starts, and
-# the JVM needs ~100 more, which the kernel cannot reclaim (no swap): an OOM kill, whatever the load. At
-# 300Mi and 200Mi the JVM limped along at the limit in CI, the kernel reclaiming page cache (jars) for
-# minutes without an OOM kill.
-TOO_SMALL, ENOUGH = "128Mi", "2Gi"
+# Too small for Python alone: its imports hold ~60 MiB of anonymous memory before the JVM starts, which
+# the kernel cannot reclaim (no swap), so they end in an OOM kill whatever the load. At 300Mi, 200Mi and
+# 128Mi the JVM instead limped along at the limit, its class loading reading jars through a few MiB of
+# page cache, for minutes without an OOM kill (cgroup v1: failcnt in the millions, oom_kill 0).
+TOO_SMALL, ENOUGH = "48Mi", "2Gi"
 Obj = dict[str, Any]
 
 
