@@ -68,7 +68,7 @@ from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.kube import KubeAPIServer, install_crds
 from icefall.devstack.procs import ManagedProcess, free_port
 from icefall.devstack.tools import tool_dir
 
@@ -266,22 +266,7 @@ def owned_by(items: list[Any], uid: str) -> list[Any]:
 
 
 def install_crd(kube: KubeAPIServer) -> None:
-    kubectl = str(tool_dir("ICEFALL_KUBE_BIN") / "kubectl")
-    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.workdir)}
-    for args in (
-        ["apply", "--server-side", "-f", str(ROOT / "crds")],
-        ["wait", "--for=condition=Established", "crd/streamingtables.icefall.dev", "--timeout=60s"],
-        ["create", "namespace", NAMESPACE],
-    ):
-        for _ in range(20):  # `kubectl wait` fails while a just-applied CRD has no status conditions yet
-            done = subprocess.run(
-                [kubectl, *args], capture_output=True, text=True, env=env, timeout=90, check=False
-            )
-            if done.returncode == 0 or "accessor error" not in done.stderr:
-                break
-            time.sleep(0.5)
-        if done.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}")
+    install_crds(kube, ROOT / "crds", NAMESPACE)
 
 
 def poll(what: str, probe: Callable[[], object], timeout: float, interval: float = 0.1) -> float:

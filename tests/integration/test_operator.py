@@ -38,13 +38,12 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from icefall.api import streaming_table_from_object
-from icefall.api.crd import CRD_NAME
 from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import ensure_tables
 from icefall.commit.state import CommittedState
 from icefall.controller.kube import Kube
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.kube import KubeAPIServer, install_crds
 from icefall.devstack.procs import free_port
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.report import BatchReport
@@ -133,21 +132,7 @@ class Operator:
 
 @pytest.fixture(scope="module")
 def api(kube: KubeAPIServer) -> client.ApiClient:
-    kubectl = str(tool_dir("ICEFALL_KUBE_BIN") / "kubectl")
-    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.workdir)}
-    for args in (
-        ["apply", "--server-side", "-f", str(REPO / "crds")],
-        ["wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"],
-        ["create", "namespace", NAMESPACE],
-    ):
-        for _ in range(20):  # `kubectl wait` fails while a just-applied CRD has no status conditions yet
-            done = subprocess.run(
-                [kubectl, *args], capture_output=True, text=True, env=env, timeout=90, check=False
-            )
-            if done.returncode == 0 or "accessor error" not in done.stderr:
-                break
-            time.sleep(0.5)
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}"
+    install_crds(kube, REPO / "crds", NAMESPACE)
     return config.new_client_from_config(config_file=str(kube.kubeconfig))
 
 

@@ -10,9 +10,12 @@ kubeconfig trusts exactly that certificate.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import ssl
+import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -240,3 +243,24 @@ def http_ok(url: str, token: str | None = None, ca_file: Path | None = None) -> 
     context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
     with urllib.request.urlopen(request, timeout=3, context=context) as response:
         return bool(response.status == 200)
+
+
+def install_crds(kube: KubeAPIServer, crds: Path, namespace: str) -> None:
+    """Server-side apply the CRDs in `crds` with kubectl, wait until they are Established, and create
+    `namespace`; RuntimeError naming the kubectl call that failed."""
+    kubectl = str(tool_dir("ICEFALL_KUBE_BIN") / "kubectl")
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.workdir)}
+    for args in (
+        ["apply", "--server-side", "-f", str(crds)],
+        ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"],
+        ["create", "namespace", namespace],
+    ):
+        for _ in range(20):  # `kubectl wait` fails while a just-applied CRD has no status conditions yet
+            done = subprocess.run(
+                [kubectl, *args], capture_output=True, text=True, env=env, timeout=90, check=False
+            )
+            if done.returncode == 0 or "accessor error" not in done.stderr:
+                break
+            time.sleep(0.5)
+        if done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}")
