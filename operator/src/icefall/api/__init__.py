@@ -6,7 +6,7 @@ that does I/O. The CRD YAML is generated from these models.
 
 from icefall.api.base import SecretKeySelector, SecretRef
 from icefall.api.format import Format, FormatType, SchemaRegistry, SubjectNameStrategy, Transforms
-from icefall.api.iceberg_schema import to_iceberg_schema
+from icefall.api.iceberg_schema import fields_from_iceberg, to_iceberg_schema
 from icefall.api.manifest import (
     ManifestError,
     Problem,
@@ -147,6 +147,7 @@ __all__ = [
     "Volume",
     "VolumeMount",
     "WriterReport",
+    "fields_from_iceberg",
     "layout_problems",
     "load_manifest",
     "parse_manifest",

@@ -1,4 +1,5 @@
-"""The inline schema (`spec.format.schema`) as an Iceberg schema: `to_iceberg_schema`, `iceberg_type`.
+"""The inline schema (`spec.format.schema`) as an Iceberg schema: `to_iceberg_schema`, `iceberg_type`; and
+back: `fields_from_iceberg` (a table's columns as schema fields, for the decoder of an evolved table).
 
 Field ids are assigned in Iceberg's fresh-id order (a struct's fields first, then their nested parts), so
 a table created from the same schema gets the same ids pyiceberg would give it.
@@ -7,6 +8,7 @@ a table created from the same schema gets the same ids pyiceberg would give it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
@@ -31,7 +33,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from icefall.api.schema import ParsedType, SchemaField, TypeNode
+from icefall.api.schema import ParsedType, SchemaField, TypeNode, TypeSpec
 
 
 class _Ids:
@@ -120,3 +122,32 @@ def _iceberg_nested(node: TypeNode, ids: _Ids) -> IcebergType:
             value_required=node.value_required,
         )
     return iceberg_type(parsed)
+
+
+def fields_from_iceberg(struct: StructType) -> list[SchemaField]:
+    """The schema fields of an Iceberg struct (a table's columns), the inverse of `to_iceberg_schema` but
+    for field ids."""
+    return [SchemaField.model_validate(_field_data(f)) for f in struct.fields]
+
+
+def _field_data(field: NestedField) -> dict[str, Any]:
+    data: dict[str, Any] = {"name": field.name, "required": field.required, **_type_data(field.field_type)}
+    if field.doc:
+        data["doc"] = field.doc[:1024]
+    return data
+
+
+def _type_data(t: IcebergType) -> dict[str, Any]:
+    if isinstance(t, StructType):
+        return {"type": "struct", "fields": [_field_data(f) for f in t.fields]}
+    if isinstance(t, ListType):
+        element = TypeSpec.model_validate(_type_data(t.element_type))
+        return {"type": "list", "element": element, "elementRequired": t.element_required}
+    if isinstance(t, MapType):
+        key, value = (TypeSpec.model_validate(_type_data(x)) for x in (t.key_type, t.value_type))
+        return {"type": "map", "key": key, "value": value, "valueRequired": t.value_required}
+    if isinstance(t, DecimalType):
+        return {"type": f"decimal({t.precision},{t.scale})"}
+    if isinstance(t, FixedType):
+        return {"type": f"fixed[{len(t)}]"}
+    return {"type": str(t)}

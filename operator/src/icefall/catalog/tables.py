@@ -19,9 +19,11 @@ The expected layout is built by `icefall.catalog.layout`, compared by `icefall.c
 
 Guarantees:
 - Idempotent, and safe when several processes race to create the same namespace or table.
-- An existing table whose columns differ from the expected ones (names, types, requiredness; field ids
-  and docs are ignored) raises `TableMismatchError` listing every difference with its fix. Nothing is
-  ever altered: schema evolution is not supported yet.
+- An existing table whose columns differ from the expected ones in a way Iceberg cannot follow (a type
+  changed or narrowed, a new required field; `icefall.catalog.evolution`) raises `TableMismatchError`
+  listing every such field with its fix. Nothing is altered here: what Iceberg can follow (new optional
+  fields, wider types, required to optional) is changed by the writer before its first batch
+  (`icefall.ingest.schemas`), under its lease.
 - A different partition spec or sort order is not an error (data is still correct): each difference is
   logged and returned in `EnsuredTables.warnings`.
 
@@ -43,6 +45,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from icefall.api import StreamingTable
 from icefall.catalog.compare import ExpectedAt, layout_warnings, schema_differences
+from icefall.catalog.evolution import plan_evolution
 from icefall.catalog.layout import (
     DEAD_LETTER_SCHEMA,
     dead_letter_partition_spec,
@@ -67,7 +70,7 @@ KEYED_TABLE_DEFAULTS: dict[str, str] = {
     "write.update.mode": "merge-on-read",
     "write.delete.mode": "merge-on-read",
 }
-TABLE_FIX = "schema evolution is not supported yet — change the spec back or use a new table"
+TABLE_FIX = "a table's key does not change — change spec.key back or use a new table"
 DEAD_LETTER_FIX = (
     "a dead-letter table must have Icefall's layout — drop or rename that table, "
     "or set spec.deadLetter.table.name to a new table"
@@ -180,15 +183,16 @@ def _ensure_main_table(
     if created:
         failpoint("main.after-create")
         return table, []
-    where = (
-        ExpectedAt("spec.format.schema", "spec.format.schema", kafka_label="Icefall's _kafka column")
-        if schema_override is None
-        else ExpectedAt(None, "spec.transforms.select", kafka_label="Icefall's _kafka column")
+    source = "spec.format.schema" if schema_override is None else "spec.transforms.select"
+    evolution = plan_evolution(
+        table.schema(), schema, source=source, relax_required=st.spec.format.type.uses_registry
     )
-    differences = schema_differences(name, table.schema(), schema, where, TABLE_FIX)
+    differences = [f"the table {name}: {refused}" for refused in evolution.refused]
     differences += _key_differences(name, table.schema(), schema)
     if differences:
         raise TableMismatchError(name, differences)
+    if evolution.changes:
+        log.info("%s: the first batch changes the table's schema: %s", name, evolution.describe())
     return table, layout_warnings(
         name, table=table, spec=spec, order=order, schema=schema, source="spec.table"
     )

@@ -24,7 +24,7 @@ from icefall.commit.batch import (
     stage_branch_name,
     state_after,
 )
-from icefall.commit.direct import claim_epoch, reset_offsets, rewind_dead_letters
+from icefall.commit.direct import claim_epoch, evolve_schema, reset_offsets, rewind_dead_letters
 from icefall.commit.errors import (
     CommitError,
     CorruptStateError,
@@ -63,6 +63,7 @@ __all__ = [
     "claim_epoch",
     "commit_staged",
     "commit_staged_outcome",
+    "evolve_schema",
     "next_stage",
     "prepare_stage",
     "read_committed",

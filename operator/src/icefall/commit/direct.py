@@ -12,6 +12,10 @@ planned before one of these commits is refused afterwards (its head moved).
   landed but whose main commit did not) back to the main table's offsets, deleting the rows past them.
 - `reset_offsets`: the explicit user action after a topic was recreated or truncated.
 
+One writer commit does not move `main`: `evolve_schema` changes the table's schema before the batch that
+needs it is written. It is guarded by `AssertRefSnapshotId(main, head)` all the same, which makes its epoch
+check atomic with it: a fenced writer cannot change the schema after a newer writer committed.
+
 Not guaranteed: progress under contention (each gives up after `MAX_ATTEMPTS` refused swaps).
 """
 
@@ -24,7 +28,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, SetPropertiesUpdate
+from pyiceberg.table.update import (
+    AssertCurrentSchemaId,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetPropertiesUpdate,
+    TableRequirement,
+)
 
 from icefall.commit.errors import CommitError, FencedError
 from icefall.commit.protocol import (
@@ -34,14 +44,22 @@ from icefall.commit.protocol import (
     commit_genesis,
     table_name,
 )
-from icefall.commit.pyiceberg_internals import commit_table, delete_updates, empty_snapshot_updates
+from icefall.commit.pyiceberg_internals import (
+    commit_table,
+    delete_updates,
+    empty_snapshot_updates,
+    schema_updates,
+)
 from icefall.commit.state import MAIN, OFFSET_RESETS, CommittedState, state_of
 from icefall.runtime.failpoints import TableRole, failpoint
 
 if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyiceberg.table.metadata import TableMetadata
     from pyiceberg.table.update import TableUpdate
+
+    from icefall.catalog.evolution import Evolution
 
 MAX_RESETS_KEPT = 20
 
@@ -195,6 +213,43 @@ def _reset_once(
     return reset
 
 
+def evolve_schema(table: Table, plan: Callable[[Schema], Evolution], epoch: int) -> Evolution:
+    """Make the table's schema hold what `plan(current schema)` says (`icefall.catalog.evolution`); return
+    the evolution committed (no changes: nothing was committed).
+
+    ONE catalog commit adds the new schema and makes it current, guarded by `AssertTableUUID`,
+    `AssertCurrentSchemaId` and `AssertRefSnapshotId(main, head)`; `main` does not move, so a batch staged
+    before it still fast-forwards. The plan is made again on the metadata each attempt loads (another
+    writer's change is never undone). Raises FencedError, changing nothing, when `epoch` is below the
+    table's `icefall.epoch`.
+    """
+    return _until_committed(
+        table,
+        lambda meta: _evolve_once(table, meta, plan, epoch),
+        failed=f"evolve the schema of {table_name(table)}",
+    )
+
+
+def _evolve_once(
+    table: Table, meta: TableMetadata, plan: Callable[[Schema], Evolution], epoch: int
+) -> Evolution | None:
+    committed = state_of(meta)
+    if epoch < committed.epoch:
+        raise FencedError(
+            f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
+        )
+    evolution = plan(meta.schema())
+    if not evolution.changes:
+        return evolution
+    updates = schema_updates(table, evolution.apply)
+    schema_id = (AssertCurrentSchemaId(current_schema_id=meta.current_schema_id),)
+    what = f"schema change of {table_name(table)} ({evolution.describe()})"
+    if not _commit_on_main(table, meta, committed.snapshot_id, updates, what=what, also=schema_id):
+        return None
+    failpoint("main.after-schema-change")
+    return evolution
+
+
 def _until_committed(table: Table, attempt: Callable[[TableMetadata], T | None], *, failed: str) -> T:
     """Run `attempt` on freshly loaded metadata until it returns a result; None means "the table changed
     under it: check again". Gives up with CommitError after `MAX_ATTEMPTS` (`failed` says what it could
@@ -208,10 +263,16 @@ def _until_committed(table: Table, attempt: Callable[[TableMetadata], T | None],
 
 
 def _commit_on_main(
-    table: Table, meta: TableMetadata, head: int | None, updates: tuple[TableUpdate, ...], *, what: str
+    table: Table,
+    meta: TableMetadata,
+    head: int | None,
+    updates: tuple[TableUpdate, ...],
+    *,
+    what: str,
+    also: tuple[TableRequirement, ...] = (),
 ) -> bool:
-    """Commit `updates` if `main` is still at `head` in the table `meta` was read from; False, logged, if the
-    catalog refused (`what` names the change)."""
+    """Commit `updates` if `main` is still at `head` in the table `meta` was read from (and the `also`
+    requirements hold); False, logged, if the catalog refused (`what` names the change)."""
     try:
         commit_table(
             table,
@@ -219,6 +280,7 @@ def _commit_on_main(
             requirements=(
                 AssertTableUUID(uuid=meta.table_uuid),
                 AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
+                *also,
             ),
         )
     except CommitFailedException as e:

@@ -21,7 +21,7 @@ re-run tests/integration/test_commit_protocol.py on any upgrade.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from pyiceberg.table.update import AddSnapshotUpdate
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table, Transaction
     from pyiceberg.table.snapshots import Snapshot
     from pyiceberg.table.update import TableRequirement, TableUpdate
+    from pyiceberg.table.update.schema import UpdateSchema
 
 #: The pyiceberg release (major, minor) these internals were checked against (pyproject.toml pins it).
 PINNED = (0, 12)
@@ -92,4 +93,13 @@ def delete_updates(table: Table, condition: str) -> tuple[TableUpdate, ...]:
     if not any(isinstance(update, AddSnapshotUpdate) for update in staged_updates(tx)):
         with tx.update_snapshot().fast_append():
             pass
+    return staged_updates(tx)
+
+
+def schema_updates(table: Table, change: Callable[[UpdateSchema], None]) -> tuple[TableUpdate, ...]:
+    """The updates that make the schema `change` records on an `UpdateSchema` of `table` the current one
+    (a new schema and the move to it), not committed."""
+    tx = table.transaction()
+    with tx.update_schema() as update:
+        change(update)
     return staged_updates(tx)

@@ -113,11 +113,19 @@ class AvroDecoding:
         rows = framed.where(F.col(_SCHEMA_ID).isNotNull()).select(_SCHEMA_ID).distinct().collect()
         return sorted(int(row[0]) for row in rows)
 
-    def decode(self, kafka_df: DataFrame, headers: Column) -> DataFrame:
+    def writer_schemas(self, kafka_df: DataFrame) -> Mapping[int, str | None]:
+        """The writer schema of each schema id in `kafka_df` (a Spark job over the headers, then a lookup)."""
+        return self.schemas(self.schema_ids(kafka_df.select(self._schema_id)))
+
+    def decode(
+        self, kafka_df: DataFrame, headers: Column, writers: Mapping[int, str | None] | None = None
+    ) -> DataFrame:
+        """Decode with `writers` (`writer_schemas` of this input; default: looked up now)."""
         from pyspark.sql.avro.functions import from_avro
 
         framed = kafka_df.select(*self._base, headers, self._schema_id)
-        writers = self.schemas(self.schema_ids(framed))
+        if writers is None:
+            writers = self.schemas(self.schema_ids(framed))
         schema_id = F.col(_SCHEMA_ID)
         payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
         known = sorted(i for i, writer in writers.items() if writer is not None)

@@ -20,6 +20,7 @@ from icefall.commit import (
     MaintenanceConflictError,
     StaleHeadError,
     abandon_stage,
+    evolve_schema,
     read_committed,
     sweep_stages,
 )
@@ -29,6 +30,7 @@ from icefall.plan.pipelining import Action, Below, Pace, Written, after_write
 from icefall.runtime import metrics
 
 if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
 
     from icefall.api import StreamingTableSpec
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from icefall.ingest.dead_letters import DeadLetters
     from icefall.ingest.planning import PlannedBatch, Planner
     from icefall.ingest.report import BatchReport, Reporter
+    from icefall.ingest.schemas import SchemaFollower, Writers
     from icefall.ingest.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -55,9 +58,11 @@ class Batches:
         reporter: Reporter,
         commits: CommitPipeline,
         dead_letters: DeadLetters,
+        schemas: SchemaFollower,
     ) -> None:
         self.spec = spec
         self.table = table
+        self.schemas = schemas
         self.label = planner.label
         self.writer = writer
         self.planner = planner
@@ -139,10 +144,22 @@ class Batches:
         if stage.base.offsets != planned.committed.offsets:
             raise StaleHeadError("the table moved between planning and staging")
         clock.mark("stage")
-        stats = self.writer.write_good_rows(planned, stage.branch, self.table)
+        stats = self.writer.write_good_rows(planned, stage.branch, self.table, self._evolve)
         clock.mark("write")
         self.planner.check_topic_unchanged(planned.topic_id)
         return WrittenBatch(planned, stats, clock)
+
+    def _evolve(self, writers: Writers | None) -> Schema:
+        """Make the table hold the spec's fields and the batch's writer schemas (`icefall.ingest.schemas`)
+        before the batch is written; the table's schema."""
+        if self.schemas.plan(self.table.schema(), writers).changes:
+            # Planned again on the metadata each attempt loads.
+            evolution = evolve_schema(
+                self.table, lambda schema: self.schemas.plan(schema, writers), self.commits.epoch
+            )
+            if evolution.changes:
+                self.schemas.committed(evolution)
+        return self.table.schema()
 
     def _land_below(self, flight: InFlight | None) -> tuple[Below, list[BatchReport], Exception | None]:
         """Wait for the commit in flight below this batch, if any: how it ended, its report, its error."""

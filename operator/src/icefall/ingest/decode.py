@@ -46,7 +46,7 @@ rows alone (`good_rows` of `decode(..., errors=False)`) build no error text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -186,11 +186,17 @@ class Decoder:
         """`good_rows` (module function) of a `decode` result of this decoder."""
         return _transformed(decoded.where(self._good_filter).select(*self._good), self.spec)
 
-    def decode(self, kafka_df: DataFrame) -> DataFrame:
-        """`decode` of `kafka_df` (module function) with this decoder's spec."""
+    def writer_schemas(self, kafka_df: DataFrame) -> Mapping[int, str | None] | None:
+        """A registry format: the writer schema of each schema id in `kafka_df` (a Spark job over the
+        records' headers); None for json."""
+        return self._avro.writer_schemas(kafka_df) if self._avro is not None else None
+
+    def decode(self, kafka_df: DataFrame, writers: Mapping[int, str | None] | None = None) -> DataFrame:
+        """`decode` of `kafka_df` (module function) with this decoder's spec; a registry format with
+        `writers` (`writer_schemas` of this input; default: looked up now)."""
         headers = self._headers if "headers" in kafka_df.columns else self._no_headers
         if self._avro is not None:
-            return self._avro.decode(kafka_df, headers)
+            return self._avro.decode(kafka_df, headers, writers)
         text = kafka_df.select(*self._base, headers, self._text)
         internal = [TEXT_COLUMN]
         if self._keyed is not None:

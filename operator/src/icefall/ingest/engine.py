@@ -175,9 +175,10 @@ class Ingestor:
             raise
 
     def _start(self, lease_timeout: float | None) -> None:
-        from icefall.catalog.layout import spark_struct_to_iceberg
+        from icefall.catalog.layout import expected_schema, spark_struct_to_iceberg
         from icefall.catalog.tables import ensure_tables
         from icefall.ingest.decode import prepare
+        from icefall.ingest.schemas import SchemaFollower
 
         override = None
         if self.spec.transforms.select:
@@ -198,6 +199,7 @@ class Ingestor:
             reporter=self.reporter,
             commits=self.commits,
             dead_letters=self.dead_letters,
+            schemas=SchemaFollower(self.spec, expected_schema(self.st, override), self.label),
         )
         # Branches of writers that died mid-batch: their data was never on main.
         sweep_stages(self.table, role="main")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable, StreamingTableSpec
@@ -22,12 +22,17 @@ from icefall.plan.offsets import OffsetRange, spark_offset_options
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
     from icefall.ingest.avro import SchemaLookup
     from icefall.ingest.decode import Decoder
+    from icefall.ingest.schemas import Writers
 
+#: Before a batch is written: given its writer schemas (None for json), make the table hold them and
+#: return the table's schema (`icefall.ingest.batches`).
+Evolve = Callable[["Writers | None"], "Schema"]
 
 #: Consumer settings for Spark's Kafka reader, unless `spec.source.properties` set them. After each poll
 #: the reader asks the broker for the partition's earliest and latest offsets; a consumer that has read to
@@ -129,14 +134,36 @@ class BatchWriter:
         self.consumer_group = f"icefall-{self.label}-{writer_id}"
         self._kafka_options = kafka_options
         self._schemas = schemas
+        # A registry format without transforms.select decodes into the table's columns, which follow the
+        # writer schemas (`icefall.ingest.schemas`); json decodes the spec's fields.
+        self._follows_table = self.spec.format.type.uses_registry and not self.spec.transforms.select
+        self._table_schema: Schema | None = None
         # cdc with sequenceBy: the deleted keys file this writer wrote last and its content, so that the
         # next batch does not read back what it has (`_merge_changes`).
         self._deleted_keys: tuple[str, pa.Table] | None = None
 
     @functools.cached_property
     def decoders(self) -> Decoders:
-        """Built on first use: its columns need the running Spark session."""
-        return Decoders(self.spec, self._schemas)
+        """Built on first use (its columns need the running Spark session), again after the table's schema
+        changed (`use_table_schema`)."""
+        spec = self.spec
+        if self._follows_table and self._table_schema is not None:
+            from icefall.ingest.schemas import decode_fields
+
+            fields = decode_fields(self._table_schema)
+            spec = spec.model_copy(
+                update={"format": spec.format.model_copy(update={"schema_fields": fields})}
+            )
+        return Decoders(spec, self._schemas)
+
+    def use_table_schema(self, schema: Schema) -> None:
+        """Write into the columns of `schema` (the table's current schema) from now on."""
+        if self._table_schema is not None and self._table_schema.schema_id == schema.schema_id:
+            return
+        changed = self._table_schema is not None or self._follows_table
+        self._table_schema = schema
+        if changed:
+            self.__dict__.pop("decoders", None)  # built again, into the new columns
 
     def read(self, ranges: tuple[OffsetRange, ...], *, headers: bool = True) -> DataFrame:
         return read_kafka(
@@ -161,21 +188,27 @@ class BatchWriter:
     def spark_name(self, identifier: tuple[str, ...], branch: str) -> str:
         return ".".join([self.catalog_name, *identifier, f"branch_{branch}"])
 
-    def write_good_rows(self, planned: PlannedBatch, branch: str, table: Table) -> ReadStats:
+    def write_good_rows(
+        self, planned: PlannedBatch, branch: str, table: Table, evolve: Evolve | None = None
+    ) -> ReadStats:
         """Read the planned offsets, decode them (no error text) and append the good rows to `branch` of
         `table`, in one Spark job that also counts, through an observation, every record read, their value
         bytes, the newest produce time and the bad rows. A batch with nothing to read writes nothing here
-        (its commit stages its empty snapshot)."""
+        (its commit stages its empty snapshot). `evolve` first makes the table hold the batch's writer
+        schemas (a registry format: one more Spark job, over the records' headers)."""
         if not planned.ranges:
             return NOTHING_READ
         from pyspark.sql import Observation
 
+        # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
+        source = self.read(planned.ranges, headers=False)
+        writers = self.decoders.good.writer_schemas(source)
+        self.use_table_schema(evolve(writers) if evolve is not None else table.schema())
         decoders = self.decoders
         observation = Observation()
-        # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
-        decoded = decoders.good.decode(self.read(planned.ranges, headers=False))
+        decoded = decoders.good.decode(source, writers)
         observed = decoded.observe(observation, *decoders.observed)
-        rows = decoders.good.good_rows(observed)
+        rows = _with_every_column(decoders.good.good_rows(observed), self._table_schema)
         target = self.spark_name(self.st.table_identifier, branch)
         deleted_keys = None
         if self.spec.key:
@@ -226,6 +259,22 @@ class BatchWriter:
         from icefall.ingest.decode import bad_rows
 
         return bad_rows(self.decoders.with_errors.decode(self.read(ranges)))
+
+
+def _with_every_column(rows: DataFrame, schema: Schema | None) -> DataFrame:
+    """`rows` with the table's top-level columns they lack (a field the spec no longer has) as nulls."""
+    if schema is None:
+        return rows
+    missing = [f for f in schema.fields if f.name not in rows.columns]
+    if not missing:
+        return rows
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+    from pyspark.sql.types import StructType
+
+    from icefall.api import fields_from_iceberg, to_spark_schema_json
+
+    types = StructType.fromJson(to_spark_schema_json(fields_from_iceberg(schema.as_struct())))
+    return rows.select("*", *(F.lit(None).cast(types[f.name].dataType).alias(f.name) for f in missing))
 
 
 def append(rows: DataFrame, name: str, *, sorted_table: bool) -> None:

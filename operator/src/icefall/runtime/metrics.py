@@ -92,6 +92,19 @@ INGEST_YIELD_SECONDS = Counter(
     ["table"],
     registry=REGISTRY,
 )
+SCHEMA_CHANGES = Counter(
+    "icefall_schema_changes_total",
+    "Schema changes committed to the table because the spec or a writer schema has new or wider fields.",
+    ["table"],
+    registry=REGISTRY,
+)
+SCHEMA_CHANGES_REFUSED = Gauge(
+    "icefall_schema_changes_refused",
+    "Fields whose change the table cannot follow (a type narrowed or changed, ...), as last planned; their "
+    "records are ingested as far as their values fit, the rest go to the dead-letter table.",
+    ["table"],
+    registry=REGISTRY,
+)
 FRESHNESS = Gauge(
     "icefall_freshness_seconds",
     "Seconds between now and the produce time of the newest committed record; 0 when caught up.",

@@ -1,0 +1,108 @@
+"""The table's schema follows the records' schema: the spec's columns, and each writer schema a batch holds.
+
+`SchemaFollower.plan(table schema, writers)` is what the table must change before a batch is written
+(`icefall.catalog.evolution`): the spec's expected schema (`spec.format.schema`, or what
+`transforms.select` produces; changed by a `kubectl apply`), then, for a registry format without
+`transforms.select`, the fields of every writer schema in the batch, oldest id first. `icefall.ingest.batches`
+commits the changes (`icefall.commit.evolve_schema`) before it writes the batch, and the writer then
+decodes into the table's columns (`decode_fields`): a writer's new field lands in the batch that first
+carries it, old rows read it as null.
+
+What the table cannot follow is logged once per message, counted in `icefall_schema_changes_refused`
+and kept in `refused` for the writer's status; the batch is written all the same: a value that does not
+fit its column sends its record to the dead-letter table with the reason, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from icefall.api import SchemaField, fields_from_iceberg, to_iceberg_schema
+from icefall.api.avro import AvroSchemaError, fields_from_avro
+from icefall.catalog.evolution import AddField, Change, Evolution, plan_evolution
+from icefall.catalog.layout import KAFKA_COLUMN, SEQUENCE_COLUMN
+from icefall.runtime import metrics
+
+if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
+
+    from icefall.api import StreamingTableSpec
+
+log = logging.getLogger(__name__)
+
+#: Icefall's own columns: last in the table, never decoded from a record.
+OWN_COLUMNS = (KAFKA_COLUMN, SEQUENCE_COLUMN)
+
+Writers = Mapping[int, str | None]
+
+
+class SchemaFollower:
+    """What one writer's table must change to hold its records; built once per writer."""
+
+    def __init__(self, spec: StreamingTableSpec, expected: Schema, label: str) -> None:
+        """`expected`: the table's schema as the spec says (`icefall.catalog.layout.expected_schema`)."""
+        self.expected = expected
+        self.label = label
+        self.relax_required = spec.format.type.uses_registry
+        self.follow_writers = spec.format.type.uses_registry and not spec.transforms.select
+        self.refused: tuple[str, ...] = ()
+        self._planned: dict[tuple[int, frozenset[int]], Evolution] = {}
+
+    def plan(self, actual: Schema, writers: Writers | None) -> Evolution:
+        """The changes `actual` needs for the spec and `writers` (memoized: most batches change nothing)."""
+        ids = frozenset(i for i, text in (writers or {}).items() if text is not None)
+        key = (actual.schema_id, ids if self.follow_writers else frozenset())
+        if key not in self._planned:
+            self._planned[key] = self._plan(actual, writers or {})
+            self._report(self._planned[key])
+        return self._planned[key]
+
+    def _plan(self, actual: Schema, writers: Writers) -> Evolution:
+        plans = [
+            plan_evolution(
+                actual,
+                self.expected,
+                source="spec.format.schema",
+                relax_required=self.relax_required,
+                last=OWN_COLUMNS,
+            )
+        ]
+        refused: list[str] = []
+        for schema_id, text in sorted(writers.items()) if self.follow_writers else ():
+            if text is None:
+                continue  # an unknown id: its records are dead letters
+            try:
+                wanted = to_iceberg_schema(fields_from_avro(text))
+            except (AvroSchemaError, ValueError) as error:
+                refused.append(f"writer schema id {schema_id}: {error}")
+                continue
+            source = f"writer schema id {schema_id}"
+            plans.append(plan_evolution(actual, wanted, source=source, relax_required=True, last=OWN_COLUMNS))
+        changes: dict[tuple[str, tuple[str, ...]], Change] = {}
+        for plan in plans:
+            for change in plan.changes:
+                key = (type(change).__name__, change.path)
+                if isinstance(change, AddField) and key in changes:
+                    continue  # the first to add a field decides its type; a later widening wins
+                changes[key] = change
+            refused.extend(plan.refused)
+        return Evolution(tuple(changes.values()), tuple(dict.fromkeys(refused)), plans[0].before)
+
+    def _report(self, evolution: Evolution) -> None:
+        for message in evolution.refused:
+            if message not in self.refused:
+                log.warning("%s: the table cannot follow a schema change: %s", self.label, message)
+        self.refused = evolution.refused
+        metrics.SCHEMA_CHANGES_REFUSED.labels(self.label).set(len(evolution.refused))
+
+    def committed(self, evolution: Evolution) -> None:
+        """`evolution` is in the table now."""
+        log.info("%s: schema changed: %s", self.label, evolution.describe())
+        metrics.SCHEMA_CHANGES.labels(self.label).inc()
+
+
+def decode_fields(table_schema: Schema) -> list[SchemaField]:
+    """The fields a registry format decodes into: the table's columns but Icefall's own."""
+    return [f for f in fields_from_iceberg(table_schema.as_struct()) if f.name not in OWN_COLUMNS]

@@ -1,0 +1,252 @@
+"""A table's schema follows its records: a spec's new field after `kubectl apply`, a producer's new writer
+schema, each in the batch that first needs it; what Iceberg cannot follow is refused with the field named.
+
+Proves, with the real broker, Spark and the embedded catalog:
+- json: a spec that adds an optional field and widens a decimal evolves the existing table before the next
+  batch; old rows read null, new rows carry the field, compared with their Kafka records by content; a spec
+  that adds a required field is refused at start, naming the field and the fix;
+- avro: a writer schema that adds a field and widens an int lands both in the batch that first carries it;
+  a later writer schema that changes a type is refused (counted, logged) and its records that do not fit go
+  to the dead-letter table with the reason, while those that fit are ingested;
+- a writer killed right after the schema change (`main.after-schema-change`) and started again ingests
+  every record exactly once, and the new field holds each record's value.
+
+Not proved here: a registry server (the Avro writer schemas are handed to the Ingestor as a registry
+answers them; tests/integration/test_avro_ingest.py uses the real registry).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from confluent_kafka import Producer
+from pyspark.sql import SparkSession
+
+from icefall.api import load_manifest
+from icefall.catalog import CatalogConfig
+from icefall.catalog.tables import TableMismatchError
+from icefall.devstack.kafka import KafkaBroker
+from icefall.runtime import failpoints, metrics
+from icefall.testing.streams import assert_exactly_once, drain, started_ingestor, watermarks
+
+pytestmark = pytest.mark.integration
+
+V1_FIELDS = """
+      - {name: id, type: long, required: true}
+      - {name: customer, type: string}
+      - {name: amount, type: "decimal(10,2)"}
+      - {name: ts, type: timestamptz, required: true}"""
+V2_FIELDS = V1_FIELDS.replace('"decimal(10,2)"', '"decimal(12,2)"') + "\n      - {name: note, type: string}"
+
+
+def json_manifest(name: str, topic: str, bootstrap: str, fields: str) -> str:
+    return f"""
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {name.replace("_", "-")}}}
+spec:
+  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
+  format:
+    type: json
+    schema:{fields}
+  table: {{namespace: it, name: {name}}}
+  freshness: {{targetSeconds: 2}}
+  batch: {{maxRecords: 1000, minIntervalSeconds: 0}}
+"""
+
+
+def produce_json(kafka: KafkaBroker, topic: str, ids: Iterable[int]) -> None:
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for i in ids:
+        record = {
+            "id": i,
+            "customer": f"c{i}",
+            "amount": f"{i}.25",
+            "ts": "2026-11-26T10:00:00Z",
+            "note": f"n{i}",
+        }
+        producer.produce(topic, key=str(i), value=json.dumps(record))
+    assert producer.flush(30) == 0
+
+
+def test_a_spec_with_a_new_field_evolves_the_table(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic, name = "it-evolve-json", "evolve_json"
+    kafka.create_topic(topic, partitions=2)
+    v1 = load_manifest(json_manifest(name, topic, kafka.bootstrap, V1_FIELDS))
+    v2 = load_manifest(json_manifest(name, topic, kafka.bootstrap, V2_FIELDS))
+    produce_json(kafka, topic, range(10))
+    with started_ingestor(v1, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+        drain(ingestor)
+    produce_json(kafka, topic, range(10, 20))
+    with started_ingestor(v2, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+        assert sum(r.records_written for r in drain(ingestor)) == 10
+
+    table = catalog_config.pyiceberg().load_table(("it", name))
+    schema = table.schema()
+    assert str(schema.find_field("amount").field_type) == "decimal(12, 2)"
+    assert not schema.find_field("note").required
+    rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["amount"], r["note"]) for r in rows] == [
+        (i, Decimal(f"{i}.25"), None if i < 10 else f"n{i}") for i in range(20)
+    ]
+
+    required = V2_FIELDS + "\n      - {name: region, type: string, required: true}"
+    v3 = load_manifest(json_manifest(name, topic, kafka.bootstrap, required))
+    with pytest.raises(TableMismatchError) as refused:
+        started_ingestor(v3, catalog_config, spark, tmp_path / "lease.json").__enter__()
+    assert refused.value.differences == (
+        f"the table it.{name}: field 'region' is new in spec.format.schema and required, but the rows "
+        "already in the table have no value for it: make it optional (required: false)",
+    )
+
+
+ORDER_V1: dict[str, Any] = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "com.shop",
+    "fields": [{"name": "id", "type": "long"}, {"name": "qty", "type": "int"}],
+}
+ORDER_V2: dict[str, Any] = {
+    **ORDER_V1,
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "qty", "type": "long"},
+        {"name": "note", "type": ["null", "string"], "default": None},
+    ],
+}
+ORDER_V3: dict[str, Any] = {
+    **ORDER_V1,
+    "fields": [{"name": "id", "type": "long"}, {"name": "qty", "type": "string"}],
+}
+
+
+class Schemas:
+    """What a registry holding ORDER_V1..V3 as ids 1..3 answers; its latest schema is V1 (the table is made
+    from it, before V2 exists)."""
+
+    def __init__(self) -> None:
+        self.by_id = {1: json.dumps(ORDER_V1), 2: json.dumps(ORDER_V2), 3: json.dumps(ORDER_V3)}
+
+    def lookup(self, ids: Iterable[int]) -> dict[int, str | None]:
+        return {i: self.by_id.get(i) for i in ids}
+
+    def latest_schema(self, topic: str) -> str:
+        return self.by_id[1]
+
+
+def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
+
+
+def test_a_writer_schema_with_a_new_field_lands_in_the_batch_that_carries_it(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic, name = "it-evolve-avro", "evolve_avro"
+    kafka.create_topic(topic, partitions=1)
+    st = load_manifest(
+        f"""
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: evolve-avro}}
+spec:
+  source: {{bootstrapServers: "{kafka.bootstrap}", topic: {topic}}}
+  format: {{type: avro, registry: {{url: "http://127.0.0.1:1"}}}}
+  table: {{namespace: it, name: {name}}}
+  freshness: {{targetSeconds: 2}}
+"""
+    )
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+
+    def send(values: Iterable[bytes]) -> None:
+        for value in values:
+            producer.produce(topic, value=value)
+        assert producer.flush(30) == 0
+
+    table_name = f"it.{name}"
+    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json", registry=Schemas()) as ingestor:
+        send(framed(1, ORDER_V1, {"id": i, "qty": i}) for i in range(3))
+        drain(ingestor)
+        table = catalog_config.pyiceberg().load_table(table_name)
+        assert [f.name for f in table.schema().fields] == ["id", "qty", "_kafka"]
+
+        send(framed(2, ORDER_V2, {"id": i, "qty": 2**40 + i, "note": f"n{i}"}) for i in range(3, 6))
+        (report,) = drain(ingestor)
+        assert report.records_written == 3
+        table.refresh()
+        schema = table.schema()
+        assert [(f.name, str(f.field_type), f.required) for f in schema.fields[:3]] == [
+            ("id", "long", True),
+            ("qty", "long", True),
+            ("note", "string", False),
+        ]
+        # The batch that first carried `note` is the snapshot that holds it.
+        assert table.current_snapshot().summary["added-records"] == "3"  # type: ignore[union-attr]
+
+        send([framed(3, ORDER_V3, {"id": 6, "qty": "7"}), framed(3, ORDER_V3, {"id": 7, "qty": "many"})])
+        (report,) = drain(ingestor)
+        assert (report.records_written, report.records_dead_lettered) == (1, 1)
+        refused = metrics.REGISTRY.get_sample_value("icefall_schema_changes_refused", {"table": table_name})
+        assert refused == 1
+
+    table.refresh()
+    assert str(table.schema().find_field("qty").field_type) == "long"
+    rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["qty"], r["note"]) for r in rows] == [
+        *((i, i, None) for i in range(3)),
+        *((i, 2**40 + i, f"n{i}") for i in range(3, 6)),
+        (6, 7, None),
+    ]
+    dead = catalog_config.pyiceberg().load_table(f"{table_name}_dlq").scan().to_arrow().to_pylist()
+    assert [(r["offset"], r["error"]) for r in dead] == [
+        (7, "field 'qty': the writer's value does not fit long")
+    ]
+    changes = metrics.REGISTRY.get_sample_value("icefall_schema_changes_total", {"table": table_name})
+    assert changes == 1
+
+
+def test_a_writer_killed_after_the_schema_change_ingests_exactly_once(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    topic, name = "it-evolve-kill", "evolve_kill"
+    kafka.create_topic(topic, partitions=2)
+    manifest, state = tmp_path / "table.yaml", tmp_path / "state"
+
+    def run(fields: str, armed: str | None = None) -> subprocess.CompletedProcess[str]:
+        manifest.write_text(json_manifest(name, topic, kafka.bootstrap, fields))
+        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        if armed:
+            env[failpoints.ENV_VAR] = armed
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(state),
+             "--until-caught-up", "--lease-timeout", "5", "--no-maintenance", "--master", "local[1]"],
+            env=env, capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+
+    produce_json(kafka, topic, range(20))
+    first = run(V1_FIELDS)
+    assert first.returncode == 0, first.stderr[-3000:]
+    produce_json(kafka, topic, range(20, 40))
+    killed = run(V2_FIELDS, "main.after-schema-change=exit")
+    assert killed.returncode == failpoints.EXIT_STATUS, killed.stderr[-3000:]
+    assert "failpoint main.after-schema-change triggered" in killed.stderr
+    last = run(V2_FIELDS)
+    assert last.returncode == 0, last.stderr[-3000:]
+
+    config = CatalogConfig.embedded(state)
+    assert_exactly_once(config, name, watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap)
+    rows = config.pyiceberg().load_table(("it", name)).scan().to_arrow().to_pylist()
+    assert sorted((r["id"], r["note"]) for r in rows) == [(i, None if i < 20 else f"n{i}") for i in range(40)]
