@@ -14,7 +14,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from icefall.api import ConditionReason, StreamingTableStatus, WriterReport
+from icefall.api import (
+    ConditionReason,
+    ConditionStatus,
+    ConditionType,
+    StreamingTableStatus,
+    WriterReport,
+    streaming_table_from_object,
+)
+from icefall.plan.conditions import DriverState, Observations, degraded_event, derive_conditions
+from icefall.plan.driver import EventType
 from icefall.plan.table_status import (
     ANNOTATION_ACKNOWLEDGED_LOSS,
     MAX_PARTITIONS,
@@ -23,6 +32,7 @@ from icefall.plan.table_status import (
     acknowledged_loss,
     summarize,
     with_writer_report,
+    writer_issues,
 )
 
 pytestmark = pytest.mark.unit
@@ -178,3 +188,37 @@ def test_the_operators_own_measurement_or_an_old_report_wins() -> None:
     unmeasured = summarize(None, None, NOW)
     assert with_writer_report(unmeasured, report(age_seconds=WRITER_REPORT_MAX_AGE_SECONDS + 1), NOW) is None
     assert with_writer_report(unmeasured, None, NOW) is None
+
+
+def test_a_schema_change_the_table_cannot_follow_degrades_it_with_one_warning_event() -> None:
+    refused = [
+        "field 'qty': the table has long, writer schema id 3 has string; Iceberg cannot change it (...)"
+    ]
+    (issue,) = writer_issues(report(age_seconds=5, schema_refused=refused), NOW)
+    assert issue.reason is ConditionReason.SCHEMA_CHANGE_REFUSED
+    assert issue.message == "the table cannot follow the records' schema: " + refused[0]
+    assert writer_issues(report(age_seconds=5), NOW) == []
+    assert (
+        writer_issues(report(age_seconds=WRITER_REPORT_MAX_AGE_SECONDS + 1, schema_refused=refused), NOW)
+        == []
+    )
+
+    st = streaming_table_from_object(
+        {
+            "apiVersion": "icefall.dev/v1alpha1",
+            "kind": "StreamingTable",
+            "metadata": {"name": "orders", "generation": 2},
+            "spec": {
+                "source": {"bootstrapServers": "kafka:9092", "topic": "orders"},
+                "format": {"schema": [{"name": "id", "type": "long"}]},
+                "table": {"namespace": "shop", "name": "orders"},
+            },
+        }
+    )
+    observed = Observations(driver=DriverState.RUNNING, freshness_seconds=1.0, lag_records=0, issues=(issue,))
+    conditions = derive_conditions(observed, st, NOW)
+    degraded = next(c for c in conditions if c.type is ConditionType.DEGRADED)
+    assert (degraded.status, degraded.reason) == (ConditionStatus.TRUE, ConditionReason.SCHEMA_CHANGE_REFUSED)
+    event = degraded_event(None, conditions)
+    assert event is not None and event.type is EventType.WARNING
+    assert event.message == "SchemaChangeRefused: " + issue.message

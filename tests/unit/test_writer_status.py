@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -65,6 +66,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "lagRecords": 40,
         "lastCommitTime": "2026-11-26T00:00:00Z",
         "snapshotId": 7,
+        "schemaRefused": [],
     }
     assert second == {
         "reportedAt": "2026-11-26T00:00:11Z",
@@ -72,6 +74,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "lagRecords": 0,
         "lastCommitTime": "2026-11-26T00:00:04Z",  # the batch that was not sent still counts
         "snapshotId": 8,
+        "schemaRefused": [],
     }
 
 
@@ -82,7 +85,20 @@ def test_before_any_commit_there_is_no_commit_time() -> None:
         "reportedAt": "2026-11-26T00:00:00Z",
         "freshnessSeconds": 0.0,
         "lagRecords": 0,
+        "schemaRefused": [],
     }
+
+
+def test_schema_changes_the_table_cannot_follow_are_reported_until_they_are_gone() -> None:
+    kube, clock = RecordingKube(), Clock()
+    report = reporter(kube, clock)
+    refused = ("field 'qty': the table has long, writer schema id 3 has string; ...",)
+    report(replace(batch(lag=0, freshness=0.0, snapshot=1), schema_refused=refused))
+    clock.now = 10
+    report(None)  # idle: the last batch's verdict stands
+    clock.now = 20
+    report(batch(lag=0, freshness=0.0, snapshot=2))  # planned again with nothing refused
+    assert [body["writer"]["schemaRefused"] for _, _, body in kube.patches] == [list(refused)] * 2 + [[]]
 
 
 def test_a_failing_api_is_logged_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from icefall.api.base import ProblemCollector, StatusModel
 
@@ -69,6 +70,7 @@ class ConditionReason(StrEnum):
     TOPIC_RECREATED = "TopicRecreated"
     BAD_RECORD_HALTED = "BadRecordHalted"
     DEAD_LETTER_FAILED = "DeadLetterFailed"
+    SCHEMA_CHANGE_REFUSED = "SchemaChangeRefused"
     # Compacting
     COMPACTING = "Compacting"
     NO_COMPACTION_NEEDED = "NoCompactionNeeded"
@@ -97,6 +99,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.TOPIC_RECREATED,
         _R.BAD_RECORD_HALTED,
         _R.DEAD_LETTER_FAILED,
+        _R.SCHEMA_CHANGE_REFUSED,
         _R.COMPACTION_FAILED,
     },
     ConditionType.INGESTING: _LIFECYCLE
@@ -126,6 +129,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.TOPIC_RECREATED,
         _R.BAD_RECORD_HALTED,
         _R.DEAD_LETTER_FAILED,
+        _R.SCHEMA_CHANGE_REFUSED,
         _R.DRIVER_FAILED,
         _R.COMPACTION_FAILED,
     },
@@ -230,6 +234,14 @@ class WriterReport(StatusModel):
         default=None, description="When the driver's last commit landed; unset before its first."
     )
     snapshot_id: int | None = Field(default=None, description="Iceberg snapshot id of that commit.")
+    schema_refused: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
+        default_factory=list,
+        max_length=20,
+        description=(
+            "Schema changes of the records that the table cannot follow (a type narrowed or changed), one "
+            "per field with its fix; their records go to the dead-letter table when a value does not fit."
+        ),
+    )
 
 
 class StreamingTableStatus(StatusModel):

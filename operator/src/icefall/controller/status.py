@@ -43,7 +43,13 @@ from icefall.plan.conditions import (
     should_write_status,
 )
 from icefall.plan.driver import DriverDecision, Event, EventReason, EventType
-from icefall.plan.table_status import Summary, acknowledged_loss, summarize, with_writer_report
+from icefall.plan.table_status import (
+    Summary,
+    acknowledged_loss,
+    summarize,
+    with_writer_report,
+    writer_issues,
+)
 
 STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10"))
 
@@ -131,10 +137,11 @@ def derive(
         oldest_waiting_ms=observed.oldest_waiting_ms,
     )
     unmeasured = observed.unmeasured
-    reported = with_writer_report(summary, st.status.writer if st.status else None, now)
+    writer = st.status.writer if st.status else None
+    reported = with_writer_report(summary, writer, now)
     if reported is not None:  # the operator could not measure; the running driver did
         summary, unmeasured = reported, ""
-    issues = [*observed.issues, *summary.issues]
+    issues = [*observed.issues, *summary.issues, *writer_issues(writer, now)]
     events: list[Event] = []
     if owner is not None:
         issue, event = _claimed(st, owner, decision)

@@ -186,6 +186,8 @@ class Ingestor:
             good = prepare(self.writer.empty_source(), self.spec).good
             override = spark_struct_to_iceberg(good.schema.json())
         self.table, dlq = ensure_tables(self.catalog, self.st, schema_override=override)
+        follower = SchemaFollower(self.spec, expected_schema(self.st, override), self.label)
+        self.reporter.schema_refused = lambda: follower.refused
         self.dead_letters.table = dlq
         # The dead-letter table's epoch first: an older writer's late dead-letter commit is fenced too.
         self.commits.start(
@@ -199,7 +201,7 @@ class Ingestor:
             reporter=self.reporter,
             commits=self.commits,
             dead_letters=self.dead_letters,
-            schemas=SchemaFollower(self.spec, expected_schema(self.st, override), self.label),
+            schemas=follower,
         )
         # Branches of writers that died mid-batch: their data was never on main.
         sweep_stages(self.table, role="main")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,8 @@ class BatchReport:
     phases: Mapping[str, float] = field(default_factory=dict)
     # The dead letters by kind of reason (`icefall.ingest.decode.REASON_KINDS`), summing to the above.
     dead_letter_reasons: Mapping[str, int] = field(default_factory=dict)
+    # Schema changes the table cannot follow, as last planned (`icefall.ingest.schemas`), one per field.
+    schema_refused: tuple[str, ...] = ()
 
 
 class PhaseClock:
@@ -111,6 +113,8 @@ class Reporter:
         self.label = label
         self.topic = topic
         self.progress = progress
+        #: What the table cannot follow now (`icefall.ingest.schemas.SchemaFollower.refused`).
+        self.schema_refused: Callable[[], tuple[str, ...]] = tuple
 
     def learn_pace(self, written: WrittenBatch, seconds: float) -> None:
         """The pacing figures after a batch of `stats.records` that took `seconds`."""
@@ -156,6 +160,7 @@ class Reporter:
             data_loss=planned.lost,
             phases=clock.phases,
             dead_letter_reasons=landed.kinds,
+            schema_refused=self.schema_refused(),
         )
         clock.mark("report")
         log.debug(

@@ -44,12 +44,14 @@ class WriterStatusReporter:
         self._sent_at: float | None = None
         self._last_commit: datetime | None = None
         self._snapshot_id: int | None = None
+        self._schema_refused: tuple[str, ...] = ()
         self._failures = 0
 
     def __call__(self, report: BatchReport | None) -> None:
         """A batch landed (`report`), or none was due (None: caught up, nothing waits)."""
         if report is not None:
             self._last_commit, self._snapshot_id = self._wall(), report.snapshot_id
+            self._schema_refused = report.schema_refused
         now = self._clock()
         if self._sent_at is not None and now - self._sent_at < self.interval:
             return
@@ -60,10 +62,12 @@ class WriterStatusReporter:
             lag_records=max(report.lag, 0) if report is not None else 0,
             last_commit_time=self._last_commit,
             snapshot_id=self._snapshot_id,
+            schema_refused=[message[:1000] for message in self._schema_refused[:20]],
         )
         self._send(measured)
 
     def _send(self, measured: WriterReport) -> None:
+        # A merge patch: a list is replaced whole, so an empty one clears what an earlier report said.
         body = {"writer": measured.model_dump(mode="json", by_alias=True, exclude_none=True)}
         try:
             self.kube.patch_status(self.namespace, self.name, body)

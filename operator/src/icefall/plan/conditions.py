@@ -78,6 +78,7 @@ DEGRADING: tuple[ConditionReason, ...] = (
     _R.INVALID_SPEC,
     _R.DRIVER_FAILED,
     _R.DEAD_LETTER_FAILED,
+    _R.SCHEMA_CHANGE_REFUSED,
     _R.COMPACTION_FAILED,
 )
 #: Reasons an `Issue` may carry (InvalidSpec and DriverFailed come from their own observations).

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from icefall.api import ConditionReason, FreshnessStatus, TableStatus, WriterReport
-from icefall.plan.conditions import Issue
+from icefall.plan.conditions import MAX_MESSAGE, Issue
 from icefall.plan.lag import freshness_seconds, partition_lag, partitions_ahead
 from icefall.plan.offsets import RESET_COMMAND
 
@@ -106,6 +106,18 @@ def with_writer_report(
         lag_records=report.lag_records,
         last_commit_time=report.last_commit_time,
     )
+
+
+def writer_issues(
+    report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
+) -> list[Issue]:
+    """The problems a recent driver report names: schema changes the table cannot follow."""
+    if report is None or not report.schema_refused:
+        return []
+    if abs((now - report.reported_at).total_seconds()) > max_age:
+        return []
+    message = "the table cannot follow the records' schema: " + "; ".join(report.schema_refused)
+    return [Issue(ConditionReason.SCHEMA_CHANGE_REFUSED, message[:MAX_MESSAGE])]
 
 
 def _time(ms: int | None) -> datetime | None:
