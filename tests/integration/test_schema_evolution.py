@@ -35,6 +35,7 @@ from pyspark.sql import SparkSession
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import TableMismatchError
+from icefall.commit.state import SchemaChange, schema_changes
 from icefall.devstack.kafka import KafkaBroker
 from icefall.runtime import failpoints, metrics
 from icefall.testing.streams import assert_exactly_once, drain, started_ingestor, watermarks
@@ -195,6 +196,8 @@ spec:
         ]
         # The batch that first carried `note` is the snapshot that holds it.
         assert table.current_snapshot().summary["added-records"] == "3"  # type: ignore[union-attr]
+        # The table remembers which rows came before the change (for the audit).
+        assert schema_changes(table.properties) == [SchemaChange(schema.schema_id, {0: 3})]
 
         send([framed(3, ORDER_V3, {"id": 6, "qty": "7"}), framed(3, ORDER_V3, {"id": 7, "qty": "many"})])
         (report,) = drain(ingestor)

@@ -28,7 +28,7 @@ from pyiceberg.table import CommitTableResponse, Table, Transaction
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import AddSnapshotUpdate, SetPropertiesUpdate, SetSnapshotRefUpdate
-from pyiceberg.types import LongType, NestedField
+from pyiceberg.types import LongType, NestedField, StringType
 
 from icefall.commit import pyiceberg_internals
 from icefall.commit.pyiceberg_internals import (
@@ -37,6 +37,7 @@ from icefall.commit.pyiceberg_internals import (
     delete_updates,
     empty_snapshot_updates,
     new_snapshot,
+    schema_updates,
     staged_updates,
 )
 
@@ -151,6 +152,15 @@ def test_a_delete_matching_nothing_still_moves_main(tmp_path: Path) -> None:
         f"a delete that matches nothing stages {[type(u).__name__ for u in updates]}"
     )
     assert any(isinstance(u, SetSnapshotRefUpdate) and u.ref_name == "main" for u in updates)
+
+
+def test_a_schema_change_stages_the_new_schema_and_names_its_id(tmp_path: Path) -> None:
+    table = make_table(tmp_path)
+    updates, schema_id = schema_updates(table, lambda update: update.add_column("note", StringType()))
+    assert [type(u).__name__ for u in updates] == ["AddSchemaUpdate", "SetCurrentSchemaUpdate"], moved(
+        f"a schema change stages {updates!r}"
+    )
+    assert schema_id == 1 and table.schema().schema_id == 0, moved("the new schema's id is not the next one")
 
 
 def test_reading_manifest_entries_keeps_the_deleted_ones_on_request() -> None:

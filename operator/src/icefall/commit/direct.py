@@ -50,7 +50,15 @@ from icefall.commit.pyiceberg_internals import (
     empty_snapshot_updates,
     schema_updates,
 )
-from icefall.commit.state import MAIN, OFFSET_RESETS, CommittedState, state_of
+from icefall.commit.state import (
+    MAIN,
+    OFFSET_RESETS,
+    SCHEMA_CHANGES,
+    CommittedState,
+    SchemaChange,
+    state_of,
+    with_schema_change,
+)
 from icefall.runtime.failpoints import TableRole, failpoint
 
 if TYPE_CHECKING:
@@ -241,10 +249,13 @@ def _evolve_once(
     evolution = plan(meta.schema())
     if not evolution.changes:
         return evolution
-    updates = schema_updates(table, evolution.apply)
-    schema_id = (AssertCurrentSchemaId(current_schema_id=meta.current_schema_id),)
+    updates, schema_id = schema_updates(table, evolution.apply)
+    # Which rows were written before the change: the audit compares the new fields only after it.
+    history = with_schema_change(meta.properties, SchemaChange(schema_id, committed.offsets))
+    updates = (*updates, SetPropertiesUpdate(updates={SCHEMA_CHANGES: history}))
+    current = (AssertCurrentSchemaId(current_schema_id=meta.current_schema_id),)
     what = f"schema change of {table_name(table)} ({evolution.describe()})"
-    if not _commit_on_main(table, meta, committed.snapshot_id, updates, what=what, also=schema_id):
+    if not _commit_on_main(table, meta, committed.snapshot_id, updates, what=what, also=current):
         return None
     failpoint("main.after-schema-change")
     return evolution

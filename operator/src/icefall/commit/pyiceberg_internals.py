@@ -10,7 +10,7 @@ writer commit to `main`"). pyiceberg has no public API for that, so this module 
 - `Transaction._updates`: the updates a transaction has staged (a snapshot producer's `AddSnapshotUpdate`
   and `SetSnapshotRefUpdate`; a delete's snapshots), taken to send in the protocol's own commit;
 - `Transaction.table_metadata`: the table's metadata with those updates applied, and a snapshot
-  producer's `snapshot_id`, to find a staged snapshot.
+  producer's `snapshot_id`, to find a staged snapshot (and the id a staged schema change gets).
 
 Everything else the protocol uses is pyiceberg's public API (the models of `pyiceberg.table.update`,
 `ancestors_of`, `ManifestFile.fetch_manifest_entry`). tests/unit/test_pyiceberg_internals.py checks each
@@ -96,10 +96,12 @@ def delete_updates(table: Table, condition: str) -> tuple[TableUpdate, ...]:
     return staged_updates(tx)
 
 
-def schema_updates(table: Table, change: Callable[[UpdateSchema], None]) -> tuple[TableUpdate, ...]:
+def schema_updates(
+    table: Table, change: Callable[[UpdateSchema], None]
+) -> tuple[tuple[TableUpdate, ...], int]:
     """The updates that make the schema `change` records on an `UpdateSchema` of `table` the current one
-    (a new schema and the move to it), not committed."""
+    (a new schema and the move to it), not committed; and the id that schema gets."""
     tx = table.transaction()
     with tx.update_schema() as update:
         change(update)
-    return staged_updates(tx)
+    return staged_updates(tx), tx.table_metadata.current_schema_id

@@ -39,6 +39,12 @@ OFFSET_RESETS = "icefall.offset-resets"
 # cdc with spec.sequenceBy: the Parquet file of the keys whose last change was a delete, with its position
 # (`icefall.ingest.deleted_keys`); written before the commit that names it, so it lands with the offsets.
 DELETED_KEYS = "icefall.deleted-keys"
+# JSON list of the schema changes ingestion made (`icefall.commit.evolve_schema`), newest last, each with the
+# committed offsets when it landed: `[{"schema-id": 3, "offsets": {"0": 120}}]`. Rows below those offsets
+# were written before the change, and read the fields it added as null (the audit needs to know). Not part
+# of the committed state: it changes in a commit that does not move `main`, and resume never reads it.
+SCHEMA_CHANGES = "icefall.schema-changes"
+MAX_SCHEMA_CHANGES_KEPT = 100
 PROPERTIES = (
     TOPIC,
     TOPIC_ID,
@@ -50,6 +56,7 @@ PROPERTIES = (
     LOST_RECORDS,
     OFFSET_RESETS,
     DELETED_KEYS,
+    SCHEMA_CHANGES,
 )
 MAIN = "main"
 
@@ -140,6 +147,35 @@ def state_from_properties(properties: Mapping[str, str], snapshot_id: int | None
         lost_records=lost,
         deleted_keys=properties.get(DELETED_KEYS),
     )
+
+
+@dataclass(frozen=True)
+class SchemaChange:
+    """A schema change ingestion made: the schema it made current, and the offsets committed then."""
+
+    schema_id: int
+    offsets: Mapping[int, int]
+
+
+def schema_changes(properties: Mapping[str, str]) -> list[SchemaChange]:
+    """The schema changes `SCHEMA_CHANGES` records, oldest first."""
+    try:
+        entries = json.loads(properties.get(SCHEMA_CHANGES, "[]"))
+        return [
+            SchemaChange(int(e["schema-id"]), {int(p): int(o) for p, o in e["offsets"].items()})
+            for e in entries
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CorruptStateError(f"{SCHEMA_CHANGES} is not a list of schema changes: {error}") from error
+
+
+def with_schema_change(properties: Mapping[str, str], change: SchemaChange) -> str:
+    """`SCHEMA_CHANGES` with `change` added (the newest `MAX_SCHEMA_CHANGES_KEPT` kept)."""
+    entries = [
+        {"schema-id": c.schema_id, "offsets": {str(p): o for p, o in sorted(c.offsets.items())}}
+        for c in [*schema_changes(properties), change][-MAX_SCHEMA_CHANGES_KEPT:]
+    ]
+    return json.dumps(entries, separators=(",", ":"))
 
 
 def state_of(metadata: TableMetadata) -> CommittedState:
