@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable
+from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable, StreamingTableSpec
 from icefall.api.avro import fields_from_avro
 from icefall.plan.env import registry_secret_env_name
 
@@ -153,14 +153,35 @@ def with_registry_schema(
     format without an inline schema (otherwise `st` itself). `latest_schema(topic)` gives that schema's
     text (default: `WriterSchemas(...).latest_schema`). The result is validated again, so the layout and
     key checks the spec could not make without columns are made here, with the same messages."""
-    fmt = st.spec.format
-    if fmt.type is FormatType.JSON or fmt.schema_known:
+    fields = _registry_fields(st.spec, latest_schema)
+    if fields is None:
         return st
+    document = st.model_dump(by_alias=True, exclude_none=True, mode="json")
+    document["spec"]["format"]["schema"] = fields
+    return StreamingTable.model_validate(document)
+
+
+def spec_with_registry_schema(
+    spec: StreamingTableSpec, latest_schema: Callable[[str], str] | None = None
+) -> StreamingTableSpec:
+    """`with_registry_schema` of a spec alone: the fields ingestion derives at start, for whoever decodes
+    the topic's records outside ingestion (`icefall verify`'s auditor)."""
+    fields = _registry_fields(spec, latest_schema)
+    if fields is None:
+        return spec
+    document = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    document["format"]["schema"] = fields
+    return StreamingTableSpec.model_validate(document)
+
+
+def _registry_fields(
+    spec: StreamingTableSpec, latest_schema: Callable[[str], str] | None
+) -> list[dict[str, object]] | None:
+    """The `format.schema` entries of the subject's latest schema; None when the spec has its fields."""
+    fmt = spec.format
+    if fmt.type is FormatType.JSON or fmt.schema_known:
+        return None
     assert fmt.registry is not None  # the spec requires it for registry formats
     latest = latest_schema if latest_schema is not None else WriterSchemas(fmt.registry).latest_schema
-    fields = fields_from_avro(latest(st.spec.source.topic))
-    document = st.model_dump(by_alias=True, exclude_none=True, mode="json")
-    document["spec"]["format"]["schema"] = [
-        f.model_dump(by_alias=True, exclude_none=True, mode="json") for f in fields
-    ]
-    return StreamingTable.model_validate(document)
+    fields = fields_from_avro(latest(spec.source.topic))
+    return [f.model_dump(by_alias=True, exclude_none=True, mode="json") for f in fields]
