@@ -20,6 +20,7 @@ falls behind its target; no condition names the registry), keyed modes with Avro
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from decimal import Decimal
@@ -184,14 +185,23 @@ def test_avro_through_the_registry_to_a_table_with_two_writer_schemas_and_dead_l
 
 
 def test_a_registry_outage_is_waited_out_without_dead_letters(
-    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+    kafka: KafkaBroker,
+    spark: SparkSession,
+    catalog_config: CatalogConfig,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A registry of its own: stopping the session's would empty it (its storage is in memory)."""
     registry = SchemaRegistryServer(tmp_path / "registry").start()
     try:
-        _outage(kafka, registry, spark, catalog_config, tmp_path)
+        with caplog.at_level(logging.WARNING, logger="icefall.ingest.outages"):
+            _outage(kafka, registry, spark, catalog_config, tmp_path)
     finally:
         registry.stop()
+    lines = [r for r in caplog.records if r.name == "icefall.ingest.outages"]
+    where = f"cannot reach the schema registry at {registry.url} (schema id "
+    assert lines and all(r.exc_info is None for r in lines)
+    assert where in lines[0].getMessage() and "answers again" in lines[-1].getMessage()
 
 
 def _outage(

@@ -7,7 +7,8 @@ SQLAlchemy, pyarrow's S3 client, Spark's JdbcCatalog) and the Java client errors
 `icefall.ingest.outages` (Kafka's Java client, the AWS SDK: not seen in a run yet) map to their service,
 while refused Kafka credentials, "no such table" and ordinary bugs do not (they fail loudly); the schema
 registry client's errors (the HTTP client's transport errors, 408/429/5xx) are an outage of the registry,
-a refusal (401, 403, 404 of a subject) is not; `Outages` logs
+a refusal (401, 403, 404 of a subject) is not, and a registry down when ingestion starts is waited out
+(`made_when_reachable`); `Outages` logs
 one line per attempt naming the service and where, without a traceback, counts an outage once, sets and
 clears the gauge, and logs when the service answers again (fake clock).
 Not proven here: that the real servers raise these (tests/integration/test_outages.py).
@@ -234,3 +235,32 @@ def test_a_registry_outage_is_logged_with_its_url_without_credentials(
         "(schema id 3: [Errno 111] Connection refused); attempt 1 failed, retrying in 1s"
     )
     assert metrics.UNAVAILABLE.labels("it.unit_registry", "registry")._value.get() == 1
+
+
+def test_a_registry_down_when_ingestion_starts_is_waited_out_and_a_refusal_is_raised() -> None:
+    from icefall.commands.run import made_when_reachable
+
+    outages = Outages("it.unit_start", {}, initial_seconds=0.01, max_seconds=0.01)
+    calls: list[int] = []
+
+    def make() -> str:
+        calls.append(1)
+        if len(calls) < 3:  # the Ingestor asks the registry for an Avro table's columns when made
+            down = httpx2.ConnectError("[Errno 111] Connection refused")
+            raise registry_failure(REGISTRY, "the latest schema of subject 't-value'", down)
+        return "ingestor"
+
+    assert made_when_reachable(make, outages, lambda: False) == "ingestor"
+    assert len(calls) == 3 and not outages.state.ongoing
+
+    def refused() -> str:
+        raise registry_failure(REGISTRY, "subject 't-value'", SchemaRegistryError(404, 40401, "not found"))
+
+    with pytest.raises(RegistryError, match="not found"):
+        made_when_reachable(refused, outages, lambda: False)
+
+    def unreachable() -> str:
+        raise registry_failure(REGISTRY, "schema id 1", httpx2.ConnectError("refused"))
+
+    # stopped (SIGTERM) while the registry is down: nothing made
+    assert made_when_reachable(unreachable, outages, lambda: outages.state.ongoing) is None
