@@ -19,6 +19,7 @@ promtool=$(step "$here/build-go-tools.sh" promtool)
 kafka=$(step "$here/fetch-jars.sh" kafka)
 spark=$(step "$here/fetch-jars.sh" spark)
 rest_catalog=$(step "$here/fetch-jars.sh" rest-catalog)
+registry=$(step "$here/fetch-jars.sh" registry)
 if ((SECONDS - t0 > 0)); then echo "[setup] tools ready in $((SECONDS - t0))s" >&2; fi
 cat <<ENV
 export ICEFALL_KUBE_BIN=$kube
@@ -29,5 +30,6 @@ export ICEFALL_PROMTOOL_BIN=$promtool
 export ICEFALL_KAFKA_JARS=$kafka
 export ICEFALL_SPARK_JARS=$spark
 export ICEFALL_REST_CATALOG_JARS=$rest_catalog
+export ICEFALL_REGISTRY_HOME=$registry
 export PATH=$kube:$helm:$promtool:\$PATH
 ENV

@@ -1,33 +1,36 @@
 """Confluent-framed Avro decodes in Spark with spark-avro's `from_avro`, one writer schema per schema id.
 
-Proves, on the real Spark session with the spark-avro jar the project fetches: records encoded by fastavro
-(the maintained encoder confluent-kafka's AvroSerializer uses) and framed as the Confluent wire format
-decode into the table's columns by content, logical types included; one batch holding two writer schema
-versions (the later one adds an optional field) decodes each record with its own writer schema, projected
-onto the table's fields; a wrong magic byte, an unknown schema id, bytes that do not decode, a value too
-short for the header and a missing required field go to the dead-letter rows with their precise reasons.
+Proves, on the real Spark session with the spark-avro jar the project fetches and the test stack's schema
+registry: records serialized by confluent-kafka's `AvroSerializer` (which registers their schemas) decode
+into the table's columns by content, logical types included, with the writer schemas the real
+`WriterSchemas.lookup` fetches by id, each batch asking once for the ids it holds; one batch holding two
+writer schema versions (the later one adds an optional field) decodes each record with its own writer
+schema, projected onto the table's fields; a wrong magic byte, an id the registry does not know, bytes
+that do not decode, a value too short for the header and a missing required field go to the dead-letter
+rows with their precise reasons.
 
-Not proved here: the registry lookup itself — the writer schemas are handed to the decoder as the lookup a
-registry client answers (`icefall.kafka.registry.WriterSchemas.lookup` in production); no registry server
-could be installed from the package registries this project reaches (see the session report).
+Not proved here: ingestion end to end and the registry going away (test_avro_ingest.py).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-import fastavro
 import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.sql import SparkSession
 
 from icefall.api import StreamingTableSpec, load_manifest
+from icefall.devstack.registry import SchemaRegistryServer
 from icefall.ingest.decode import DEAD_LETTER_COLUMNS, KAFKA_COLUMN, Decoder, split
+from icefall.kafka.registry import WriterSchemas
 from icefall.testing.streams import kafka_source_frame
 
 pytestmark = pytest.mark.integration
@@ -65,7 +68,10 @@ TABLE_SCHEMA = """
 """
 
 
-def make_spec() -> StreamingTableSpec:
+NOT_AN_ID = 2**31 - 1  # an id the registry does not hand out
+
+
+def make_spec(registry_url: str) -> StreamingTableSpec:
     manifest = f"""
 apiVersion: icefall.dev/v1alpha1
 kind: StreamingTable
@@ -74,7 +80,7 @@ spec:
   source: {{bootstrapServers: "localhost:9092", topic: orders}}
   format:
     type: avro
-    registry: {{url: "http://127.0.0.1:1"}}
+    registry: {{url: "{registry_url}"}}
     schema:
 {TABLE_SCHEMA}
   deadLetter: {{maxRecordBytes: 1000}}
@@ -82,23 +88,31 @@ spec:
     return load_manifest(manifest).spec
 
 
-class Schemas:
-    """The writer schemas by id, as a registry client's lookup answers them; records the ids asked."""
+class Registry:
+    """The test stack's registry: records serialized by `AvroSerializer` (registering their schema under
+    `<topic>-value`), and the decoder's lookup, the real `WriterSchemas.lookup`, recording the ids asked."""
 
-    def __init__(self, known: Mapping[int, dict[str, Any]]) -> None:
-        self.known = {i: json.dumps(s) for i, s in known.items()}
+    def __init__(self, server: SchemaRegistryServer, spec: StreamingTableSpec) -> None:
+        assert spec.format.registry is not None
+        self.client = SchemaRegistryClient({"url": server.url})
+        self.writer_schemas = WriterSchemas(spec.format.registry)
         self.asked: list[list[int]] = []
+
+    def serialize(self, topic: str, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+        value = AvroSerializer(self.client, json.dumps(schema))(
+            record, SerializationContext(topic, MessageField.VALUE)
+        )
+        assert value is not None
+        return value
 
     def __call__(self, ids: Iterable[int]) -> dict[int, str | None]:
         wanted = list(ids)
         self.asked.append(wanted)
-        return {i: self.known.get(i) for i in wanted}
+        return self.writer_schemas.lookup(wanted)
 
 
-def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
-    return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
+def schema_id(value: bytes) -> int:
+    return int.from_bytes(value[1:5], "big")
 
 
 def order(i: int, **extra: Any) -> dict[str, Any]:
@@ -114,20 +128,33 @@ def order(i: int, **extra: Any) -> dict[str, Any]:
     }
 
 
-def decode_batch(spark: SparkSession, values: list[bytes], schemas: Schemas) -> tuple[list[Any], list[Any]]:
-    spec = make_spec()
-    decoded = Decoder(spec, schemas=schemas).decode(kafka_source_frame(spark, values, produced=PRODUCED))
+def decode_batch(
+    spark: SparkSession, spec: StreamingTableSpec, values: list[bytes], registry: Registry
+) -> tuple[list[Any], list[Any]]:
+    decoded = Decoder(spec, schemas=registry).decode(kafka_source_frame(spark, values, produced=PRODUCED))
     prepared = split(decoded, spec)
     good = sorted(prepared.good.collect(), key=lambda r: r[KAFKA_COLUMN]["offset"])
     bad = sorted(prepared.bad.collect(), key=lambda r: r["offset"])
     return good, bad
 
 
-def test_avro_records_decode_by_content_with_logical_types(spark: SparkSession) -> None:
-    schemas = Schemas({7: V1})
-    good, bad = decode_batch(spark, [framed(7, V1, order(i)) for i in (1, 2)], schemas)
+@pytest.fixture
+def spec(schema_registry: SchemaRegistryServer) -> StreamingTableSpec:
+    return make_spec(schema_registry.url)
+
+
+@pytest.fixture
+def registry(schema_registry: SchemaRegistryServer, spec: StreamingTableSpec) -> Registry:
+    return Registry(schema_registry, spec)
+
+
+def test_avro_records_decode_by_content_with_logical_types(
+    spark: SparkSession, spec: StreamingTableSpec, registry: Registry
+) -> None:
+    values = [registry.serialize("it-avro-decode-types", V1, order(i)) for i in (1, 2)]
+    good, bad = decode_batch(spark, spec, values, registry)
     assert bad == []
-    assert schemas.asked == [[7]]
+    assert registry.asked == [[schema_id(values[0])]]
     rows = [{k: v for k, v in r.asDict().items() if k != KAFKA_COLUMN} for r in good]
     assert rows == [
         {
@@ -146,18 +173,20 @@ def test_avro_records_decode_by_content_with_logical_types(spark: SparkSession) 
 
 
 def test_a_batch_with_two_schema_versions_reads_each_record_with_its_writer_schema(
-    spark: SparkSession,
+    spark: SparkSession, spec: StreamingTableSpec, registry: Registry
 ) -> None:
-    schemas = Schemas({7: V1, 8: V2})
+    topic = "it-avro-decode-versions"
     values = [
-        framed(7, V1, order(1)),
-        framed(8, V2, order(2, coupon="SPRING")),
-        framed(7, V1, order(3)),
-        framed(8, V2, order(4, coupon=None)),
+        registry.serialize(topic, V1, order(1)),
+        registry.serialize(topic, V2, order(2, coupon="SPRING")),
+        registry.serialize(topic, V1, order(3)),
+        registry.serialize(topic, V2, order(4, coupon=None)),
     ]
-    good, bad = decode_batch(spark, values, schemas)
+    v1, v2 = schema_id(values[0]), schema_id(values[1])
+    assert v1 != v2 and schema_id(values[2]) == v1
+    good, bad = decode_batch(spark, spec, values, registry)
     assert bad == []
-    assert schemas.asked == [[7, 8]]
+    assert registry.asked == [sorted([v1, v2])]
     assert [(r["id"], r["coupon"], r["amount"]) for r in good] == [
         (1, None, Decimal("1.25")),
         (2, "SPRING", Decimal("2.25")),
@@ -166,44 +195,51 @@ def test_a_batch_with_two_schema_versions_reads_each_record_with_its_writer_sche
     ]
 
 
-def test_bad_records_are_dead_lettered_with_precise_reasons(spark: SparkSession) -> None:
+def test_bad_records_are_dead_lettered_with_precise_reasons(
+    spark: SparkSession, spec: StreamingTableSpec, registry: Registry
+) -> None:
     no_id: dict[str, Any] = {**V1, "fields": [f for f in V1["fields"] if f["name"] != "id"]}
-    schemas = Schemas({7: V1, 9: no_id})
-    good_record = framed(7, V1, order(1))
-    no_id_record = {k: v for k, v in order(5).items() if k != "id"}
+    good_record = registry.serialize("it-avro-decode-bad", V1, order(1))
+    no_id_record = registry.serialize(
+        "it-avro-decode-bad-no-id", no_id, {k: v for k, v in order(5).items() if k != "id"}
+    )
+    v1 = schema_id(good_record)
     values = [
         good_record,  # 0: good
         b"\x01" + good_record[1:],  # 1: wrong magic byte
-        framed(7, V1, order(2))[:1] + (42).to_bytes(4, "big") + good_record[5:],  # 2: unknown id 42
-        b"\x00" + (7).to_bytes(4, "big") + b"\xff\xff\xff",  # 3: bytes that do not decode
+        b"\x00" + NOT_AN_ID.to_bytes(4, "big") + good_record[5:],  # 2: an id the registry does not know
+        good_record[:5] + b"\xff\xff\xff",  # 3: bytes that do not decode
         b"\x00\x00",  # 4: too short for the header
-        framed(9, no_id, no_id_record),  # 5: the writer has no required field id
+        no_id_record,  # 5: the writer has no required field id
         b"{" + b"x" * 1200,  # 6: over maxRecordBytes
     ]
-    good, bad = decode_batch(spark, values, schemas)
+    good, bad = decode_batch(spark, spec, values, registry)
     assert [r["id"] for r in good] == [1]
     assert list(bad[0].asDict()) == list(DEAD_LETTER_COLUMNS)
     reasons = {r["offset"]: r["error"] for r in bad}
     assert reasons == {
         1: "wrong magic byte 0x01: not the Confluent wire format (magic byte 0x00, then a 4-byte schema id)",
-        2: "unknown schema id 42 (the registry has no Avro schema with this id)",
-        3: "bytes do not decode as Avro with writer schema id 7",
+        2: f"unknown schema id {NOT_AN_ID} (the registry has no Avro schema with this id)",
+        3: f"bytes do not decode as Avro with writer schema id {v1}",
         4: "too short for the Confluent wire format: 2 bytes "
         "(a magic byte and a 4-byte schema id come first)",
-        5: "required field 'id' is missing or null, and writer schema id 9 has no such field",
+        5: "required field 'id' is missing or null, and writer schema id "
+        f"{schema_id(no_id_record)} has no such field",
         6: "record is 1201 bytes, over the limit of 1000 (spec.deadLetter.maxRecordBytes)",
     }
-    assert sorted(schemas.asked[0]) == [7, 9, 42]
+    assert sorted(registry.asked[0]) == sorted([v1, schema_id(no_id_record), NOT_AN_ID])
     assert bad[0]["value"] == values[1]
     assert bad[0]["key"] == b"k1"
 
 
-def test_a_writer_value_that_does_not_fit_the_table_type_is_named(spark: SparkSession) -> None:
+def test_a_writer_value_that_does_not_fit_the_table_type_is_named(
+    spark: SparkSession, spec: StreamingTableSpec, registry: Registry
+) -> None:
     wide: dict[str, Any] = {
         **V1,
         "fields": [{"name": "id", "type": "string"} if f["name"] == "id" else f for f in V1["fields"]],
     }
-    schemas = Schemas({11: wide})
-    good, bad = decode_batch(spark, [framed(11, wide, order(1, id="not-a-number"))], schemas)
+    value = registry.serialize("it-avro-decode-wide", wide, order(1, id="not-a-number"))
+    good, bad = decode_batch(spark, spec, [value], registry)
     assert good == []
     assert [r["error"] for r in bad] == ["field 'id': the writer's value does not fit long"]

@@ -5,7 +5,10 @@ keeps the first failure's time and counts attempts; the errors the real servers 
 stopped (texts copied from test_outages.py runs: librdkafka via `KafkaUnavailableError`, PostgreSQL through
 SQLAlchemy, pyarrow's S3 client, Spark's JdbcCatalog) and the Java client errors named in
 `icefall.ingest.outages` (Kafka's Java client, the AWS SDK: not seen in a run yet) map to their service,
-while refused Kafka credentials, "no such table" and ordinary bugs do not (they fail loudly); `Outages` logs
+while refused Kafka credentials, "no such table" and ordinary bugs do not (they fail loudly); the schema
+registry client's errors (the HTTP client's transport errors, 408/429/5xx) are an outage of the registry,
+a refusal (401, 403, 404 of a subject) is not, and a registry down when ingestion starts is waited out
+(`made_when_reachable`); `Outages` logs
 one line per attempt naming the service and where, without a traceback, counts an outage once, sets and
 clears the gauge, and logs when the service answers again (fake clock).
 Not proven here: that the real servers raise these (tests/integration/test_outages.py).
@@ -15,12 +18,17 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from pathlib import Path
 
+import httpx2
 import pytest
 import sqlalchemy.exc
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from icefall.ingest.outages import Outages, classify, log_failure
+from icefall.api import SchemaRegistry
+from icefall.ingest.outages import Outages, classify, log_failure, service_addresses
 from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError
+from icefall.kafka.registry import RegistryError, RegistryUnavailableError, registry_failure
 from icefall.plan.outages import OutageClock, Service, retry_delay
 from icefall.runtime import metrics
 
@@ -174,3 +182,85 @@ def test_log_failure_is_one_line_for_an_outage_and_a_traceback_for_a_bug(
     outage, bug = caplog.records
     assert outage.exc_info is None and outage.getMessage().startswith("t: x: cannot reach the catalog (")
     assert bug.exc_info is not None and bug.getMessage() == "t: y"
+
+
+REGISTRY = SchemaRegistry(url="http://127.0.0.1:9/apis/ccompat/v7")
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        # what the client raised with the real registry stopped (tests/integration/test_registry.py)
+        (httpx2.ConnectError("[Errno 111] Connection refused"), True),
+        (httpx2.ReadTimeout("timed out"), True),
+        (httpx2.RemoteProtocolError("Server disconnected without sending a response."), True),
+        (ConnectionResetError(104, "Connection reset by peer"), True),
+        (SchemaRegistryError(503, 50301, "Service Unavailable"), True),
+        (SchemaRegistryError(500, 50001, "Error in the backend data store"), True),
+        (SchemaRegistryError(429, 42901, "Too Many Requests"), True),
+        (SchemaRegistryError(401, 40101, "Unauthorized"), False),
+        (SchemaRegistryError(403, 40301, "Forbidden"), False),
+        (SchemaRegistryError(404, 40401, "Subject 'orders-value' not found."), False),
+        (ValueError("a bug"), False),
+    ],
+)
+def test_a_registry_that_cannot_answer_is_an_outage_and_one_that_refuses_is_not(
+    error: Exception, outage: bool
+) -> None:
+    failure = registry_failure(REGISTRY, "schema id 3", error)
+    assert isinstance(failure, RegistryError)
+    assert isinstance(failure, RegistryUnavailableError) is outage
+    found = classify(_raised_from(RuntimeError("the batch failed"), failure))
+    if not outage:
+        assert found is None
+        return
+    assert found is not None and found.service is Service.REGISTRY
+    assert found.reason == f"schema id 3: {error}"
+
+
+def test_a_registry_outage_is_logged_with_its_url_without_credentials(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from icefall.catalog import CatalogConfig
+
+    url = "http://user:secret@registry:8081/apis/ccompat/v7"
+    where = service_addresses("k:9092", "t", CatalogConfig.embedded(Path("/nowhere")), registry=url)
+    assert where[Service.REGISTRY] == "http://registry:8081/apis/ccompat/v7"
+    outages = Outages("it.unit_registry", where, clock=lambda: 0.0)
+    failure = registry_failure(REGISTRY, "schema id 3", httpx2.ConnectError("[Errno 111] Connection refused"))
+    with caplog.at_level(logging.WARNING, logger="icefall.ingest.outages"):
+        assert outages.failed(failure) == 1
+    assert caplog.records[0].getMessage() == (
+        "it.unit_registry: cannot reach the schema registry at http://registry:8081/apis/ccompat/v7 "
+        "(schema id 3: [Errno 111] Connection refused); attempt 1 failed, retrying in 1s"
+    )
+    assert metrics.UNAVAILABLE.labels("it.unit_registry", "registry")._value.get() == 1
+
+
+def test_a_registry_down_when_ingestion_starts_is_waited_out_and_a_refusal_is_raised() -> None:
+    from icefall.commands.run import made_when_reachable
+
+    outages = Outages("it.unit_start", {}, initial_seconds=0.01, max_seconds=0.01)
+    calls: list[int] = []
+
+    def make() -> str:
+        calls.append(1)
+        if len(calls) < 3:  # the Ingestor asks the registry for an Avro table's columns when made
+            down = httpx2.ConnectError("[Errno 111] Connection refused")
+            raise registry_failure(REGISTRY, "the latest schema of subject 't-value'", down)
+        return "ingestor"
+
+    assert made_when_reachable(make, outages, lambda: False) == "ingestor"
+    assert len(calls) == 3 and not outages.state.ongoing
+
+    def refused() -> str:
+        raise registry_failure(REGISTRY, "subject 't-value'", SchemaRegistryError(404, 40401, "not found"))
+
+    with pytest.raises(RegistryError, match="not found"):
+        made_when_reachable(refused, outages, lambda: False)
+
+    def unreachable() -> str:
+        raise registry_failure(REGISTRY, "schema id 1", httpx2.ConnectError("refused"))
+
+    # stopped (SIGTERM) while the registry is down: nothing made
+    assert made_when_reachable(unreachable, outages, lambda: outages.state.ongoing) is None

@@ -411,11 +411,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pyiceberg.exceptions import NoSuchTableError
 
     from icefall.kafka.admin import KafkaUnavailableError, TopicNotFoundError
+    from icefall.kafka.registry import MissingRegistrySecretError, RegistryError
     from icefall.spark.session import SparkJarsMissingError
 
+    one_line = (
+        SparkJarsMissingError,
+        KafkaUnavailableError,
+        TopicNotFoundError,
+        RegistryError,  # refused credentials, no such subject, a latest schema that is not Avro
+        MissingRegistrySecretError,
+    )
     try:
         return int(args.func(args))
-    except (SparkJarsMissingError, KafkaUnavailableError, TopicNotFoundError) as error:
+    except one_line as error:
         raise SystemExit(f"icefall: {error}") from None
     except NoSuchTableError as error:
         raise SystemExit(f"icefall: the table does not exist yet (nothing was ingested): {error}") from None

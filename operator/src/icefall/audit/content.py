@@ -3,7 +3,11 @@
 `SparkContent` reads the table's rows through Spark's Iceberg catalog at the snapshot the audit names, and
 the topic's records through Spark's Kafka source (read_committed, the offsets the audit names), decodes the
 records with `icefall.ingest.decode` and the StreamingTable's spec (format, schema, transforms: `select`
-and `filter`), and turns both sides into one int64 digest per row:
+and `filter`), and turns both sides into one int64 digest per row. Avro records decode as ingestion decodes
+them: each with its own writer schema from `spec.format.registry` (`icefall.kafka.registry.WriterSchemas`),
+onto the inline schema's fields or, without one, the subject's latest schema's, as ingestion derives them
+when it starts (`spec_with_registry_schema`).
+
 
 - a main-table row: xxhash64 of the JSON of every column but `_kafka`, plus `_kafka.timestamp`
   (columns by name, nulls written out, timestamps to the microsecond, binary as base64);
@@ -13,7 +17,8 @@ and `filter`), and turns both sides into one int64 digest per row:
 
 Equal digests mean equal content with overwhelming probability (a 64-bit hash); a differing row is found
 unless it collides. Not guaranteed: a spec changed since the rows were written (another schema, select or
-filter) makes rows differ that were right when written — audit with the spec they were written with.
+filter) makes rows differ that were right when written — audit with the spec they were written with; for
+Avro without an inline schema, the subject's latest schema is part of that spec.
 The Spark session must have the table's catalog configured (`CatalogConfig.spark_conf`) under
 `catalog_name`.
 """
@@ -60,6 +65,17 @@ class SparkContent:
         self.spec = spec
         self.catalog_name = catalog_name
         self.security_options = dict(security_options or {})
+        self._decoding: StreamingTableSpec | None = None
+
+    @property
+    def decoding_spec(self) -> StreamingTableSpec:
+        """The spec the records decode with: `spec`, its registry format's fields filled as ingestion fills
+        them (the registry is asked once, on first use)."""
+        if self._decoding is None:
+            from icefall.kafka.registry import spec_with_registry_schema
+
+            self._decoding = spec_with_registry_schema(self.spec)
+        return self._decoding
 
     def main_rows(self, table: Table, snapshot_id: int) -> pa.Table:
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
@@ -100,9 +116,10 @@ class SparkContent:
         kafka = read_kafka(
             self.spark, self.spec, offset_ranges, self.security_options, records_per_task=RECORDS_PER_TASK
         )
-        decoded = decode(kafka, self.spec).persist()
+        spec = self.decoding_spec
+        decoded = decode(kafka, spec).persist()
         try:
-            prepared = split(decoded, self.spec)
+            prepared = split(decoded, spec)
             good = prepared.good.select(
                 F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
                 F.col(f"{KAFKA_COLUMN}.offset").cast("long").alias("offset"),

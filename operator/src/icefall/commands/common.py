@@ -51,13 +51,17 @@ def outages_for(st: Any, catalog: Any) -> Any:
     from icefall.ingest.outages import Outages, service_addresses
 
     label = ".".join(st.table_identifier)
-    return Outages(label, service_addresses(st.spec.source.bootstrap_servers, st.spec.source.topic, catalog))
+    registry = st.spec.format.registry.url if st.spec.format.registry else None
+    source = st.spec.source
+    return Outages(
+        label, service_addresses(source.bootstrap_servers, source.topic, catalog, registry=registry)
+    )
 
 
 @contextlib.contextmanager
 def unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
-    """An unreachable Kafka, catalog or object store ends the command with one line naming it and where
-    (exit 1), not a traceback; any other error passes through."""
+    """An unreachable Kafka, catalog, object store or schema registry ends the command with one line naming
+    it and where (exit 1), not a traceback; any other error passes through."""
     from icefall.ingest.outages import classify
 
     try:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from icefall.commit.lease import Lease
     from icefall.plan.names import TableLeases
+
+T = TypeVar("T")
 
 # Exit codes of `icefall run` / `icefall ingest` a supervisor can act on (1: failure, 2: usage).
 EXIT_LEASE = 3  # another writer holds or took the table
@@ -116,24 +118,41 @@ def ingest_until_stopped(  # noqa: PLR0913 (the pieces of one run)
     """Run the Ingestor until SIGINT/SIGTERM (the batch in flight finishes) or the `args` limits say so.
     `maintenance` (an EmbeddedMaintenance on its own thread), if given, is offered every batch's report and
     stopped, after its item in flight, before Spark; `report_to` gets every batch's report too (the
-    driver's status report). Kafka, the catalog or the object store unreachable, at start or later, is
-    waited out (`icefall.ingest.outages`)."""
+    driver's status report). Kafka, the catalog, the object store or the schema registry unreachable, at
+    start or later, is waited out (`icefall.ingest.outages`)."""
+    from icefall.commands.common import outages_for
     from icefall.ingest.engine import Ingestor
 
-    ingestor = Ingestor(st, catalog, spark, lease, yield_to=yield_to)
     progress = RunProgress(
         args, stop if stop is not None else stop_on_signals(), maintenance=maintenance, also=report_to
     )
+    ingestor = None
     try:
-        code = run_ingestor(ingestor, progress, args)
+        # An Avro table without an inline schema asks the registry for its columns here.
+        ingestor = made_when_reachable(
+            lambda: Ingestor(st, catalog, spark, lease, yield_to=yield_to),
+            outages_for(st, catalog),
+            progress.should_stop,
+        )
+        code = 1 if ingestor is None else run_ingestor(ingestor, progress, args)
     finally:
-        ingestor.close()
+        if ingestor is not None:
+            ingestor.close()
         if maintenance is not None and not maintenance.stop(timeout=1):
             print("[run] waiting for the maintenance item in flight to finish ...", flush=True)
             maintenance.stop()
         stop_spark(spark)
     print(progress.summary(), flush=True)
     return code
+
+
+def made_when_reachable(make: Callable[[], T], outages: Any, should_stop: Callable[[], bool]) -> T | None:
+    """`make()`, called again after each outage (`outages`: an `icefall.ingest.outages.Outages`) until it
+    gets through; None when `should_stop()` first. Any other error is raised."""
+    made: list[T] = []
+    if outages.retrying(lambda: made.append(make()), should_stop):
+        return made[0]
+    return None
 
 
 def run_ingestor(ingestor: Any, progress: RunProgress, args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """Where the provisioned binaries and jars are.
 
 `make` exports their folders as environment variables (ICEFALL_KUBE_BIN, ICEFALL_ETCD_BIN, ICEFALL_HELM_BIN,
-ICEFALL_MINIO_BIN, ICEFALL_PROMTOOL_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_REST_CATALOG_JARS).
+ICEFALL_MINIO_BIN, ICEFALL_PROMTOOL_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_REST_CATALOG_JARS,
+ICEFALL_REGISTRY_HOME: the unpacked schema registry distribution).
 When one is unset and this runs from a checkout, the matching `hack/` script is called: it builds or resolves
 into the version-keyed cache and prints the folder.
 """
@@ -21,6 +22,7 @@ _SCRIPTS = {
     "ICEFALL_KAFKA_JARS": ("fetch-jars.sh", "kafka"),
     "ICEFALL_SPARK_JARS": ("fetch-jars.sh", "spark"),
     "ICEFALL_REST_CATALOG_JARS": ("fetch-jars.sh", "rest-catalog"),
+    "ICEFALL_REGISTRY_HOME": ("fetch-jars.sh", "registry"),
 }
 
 

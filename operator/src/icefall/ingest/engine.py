@@ -115,7 +115,12 @@ class Ingestor:
         self._batches: Batches | None = None  # made by `start`, on the tables it made ready
         self.outages = Outages(
             self.label,
-            service_addresses(self.spec.source.bootstrap_servers, self.spec.source.topic, catalog),
+            service_addresses(
+                self.spec.source.bootstrap_servers,
+                self.spec.source.topic,
+                catalog,
+                registry=self.spec.format.registry.url if self.spec.format.registry else None,
+            ),
         )
 
     @property

@@ -1,7 +1,8 @@
 """Which errors mean "a service is unreachable", and one outage followed from its first failure to its end.
 
-`classify(error)` answers Kafka, the catalog, the object store, or None (a real failure: raise it). It looks
-at the exception, its causes and, for errors from the JVM (Spark, Iceberg Java), the Java exception text.
+`classify(error)` answers Kafka, the catalog, the object store, the schema registry, or None (a real
+failure: raise it). It looks at the exception, its causes and, for errors from the JVM (Spark, Iceberg
+Java), the Java exception text.
 Seen from the real servers stopped (tests/integration/test_outages.py): librdkafka `_TRANSPORT` and
 `_TIMED_OUT` (as `KafkaUnavailableError`), psycopg2's `OperationalError` through SQLAlchemy, pyarrow's S3
 `OSError` "AWS Error NETWORK_CONNECTION ... curlCode: 7", and Spark's JdbcCatalog `UncheckedSQLException:
@@ -16,7 +17,10 @@ those clients' exception names and were not seen yet: the Python clients meet an
   driver's connection errors (`PSQLException`, `SQLTransientConnectionException`, `SQLNonTransientConnection
   Exception`) or the Iceberg REST client's `RESTException`/`ServiceUnavailableException`;
 - the object store: pyarrow's `OSError` "AWS Error NETWORK_CONNECTION" (curl could not connect or timed
-  out) and from Spark the AWS SDK's `SdkClientException` ("Unable to execute HTTP request").
+  out) and from Spark the AWS SDK's `SdkClientException` ("Unable to execute HTTP request");
+- the schema registry: `RegistryUnavailableError` from `icefall.kafka.registry` (not reached, timed out,
+  408/429/5xx), seen with the real registry stopped (tests/integration/test_registry.py); a registry
+  that refuses the credentials or lacks the subject (`RegistryError`) is a configuration error, raised.
 
 `Outages` logs ONE line per failed attempt (what cannot be reached, where, the client's own words, the next
 retry), never a traceback; counts the outage in `icefall_ingest_outages_total{service}`, shows it in the
@@ -55,6 +59,9 @@ _CONNECTION_TROUBLE = re.compile(
     r"connect|server closed|timeout|timed out|terminat|database is locked|could not translate host",
     re.IGNORECASE,
 )
+
+# user:password@ in a URL (kept out of log lines).
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
 
 # SQLAlchemy's pointer to its error docs: no news for the reader of one log line.
 _BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
@@ -147,38 +154,59 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 def classify(error: BaseException) -> Unavailable | None:
     """The service `error` says is unreachable, or None when it is not an outage (see the module doc)."""
-    from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError
-
     texts: list[str] = []
     for link in _chain(error):
-        kind = f"{type(link).__module__}.{type(link).__qualname__}"
-        if isinstance(link, KafkaCredentialsRefusedError):
-            return None  # a configuration error: retrying will not fix it
-        if isinstance(link, KafkaUnavailableError):
-            # Its text names the brokers and topic, as the outage line does: keep the client's reason only.
-            text = str(link)
-            if text.startswith("cannot reach Kafka") and ": " in text:
-                text = text.split(": ", 1)[1]
-            return Unavailable(Service.KAFKA, _one_line(text))
-        if kind.startswith("confluent_kafka") and link.args:
-            code = getattr(link.args[0], "code", lambda: None)()
-            if code in _KAFKA_TRANSPORT_CODES:
-                return Unavailable(Service.KAFKA, _one_line(str(link.args[0])))
-        if type(link).__name__ == "OperationalError" and _CONNECTION_TROUBLE.search(str(link)):
-            # DB-API (psycopg2, sqlite3) and SQLAlchemy; not "no such table" and other real failures
-            return Unavailable(Service.CATALOG, _one_line(str(link).split("\n[SQL:")[0]))
-        if kind.startswith("requests.exceptions") and type(link).__name__ in (
-            "ConnectionError",
-            "ConnectTimeout",
-            "ReadTimeout",
-        ):
-            return Unavailable(Service.CATALOG, _one_line(str(link)))
+        if _configuration_error(link):
+            return None  # retrying will not fix it
+        found = _client_outage(link)
+        if found is not None:
+            return found
         texts.append(f"{_text(link)}\n{_java_text(link)}")
     text = "\n".join(texts)
     for service, pattern in _MARKERS:
         for line in text.splitlines():
             if pattern.search(line):
                 return Unavailable(service, _one_line(line))
+    return None
+
+
+def _configuration_error(link: BaseException) -> bool:
+    """Kafka refused the credentials; the registry refused a request or lacks the subject."""
+    from icefall.kafka.admin import KafkaCredentialsRefusedError
+    from icefall.kafka.registry import RegistryError, RegistryUnavailableError
+
+    registry_refused = isinstance(link, RegistryError) and not isinstance(link, RegistryUnavailableError)
+    return isinstance(link, KafkaCredentialsRefusedError) or registry_refused
+
+
+def _client_outage(link: BaseException) -> Unavailable | None:
+    """The outage a Python client's exception `link` says (its type and text), if any."""
+    from icefall.kafka.admin import KafkaUnavailableError
+    from icefall.kafka.registry import RegistryUnavailableError
+
+    kind = f"{type(link).__module__}.{type(link).__qualname__}"
+    if isinstance(link, KafkaUnavailableError):
+        # Its text names the brokers and topic, as the outage line does: keep the client's reason only.
+        text = str(link)
+        if text.startswith("cannot reach Kafka") and ": " in text:
+            text = text.split(": ", 1)[1]
+        return Unavailable(Service.KAFKA, _one_line(text))
+    if isinstance(link, RegistryUnavailableError):
+        # Its text starts with "schema registry <url>: ", as the outage line does: keep the rest.
+        return Unavailable(Service.REGISTRY, _one_line(str(link).split(": ", 1)[-1]))
+    if kind.startswith("confluent_kafka") and link.args:
+        code = getattr(link.args[0], "code", lambda: None)()
+        if code in _KAFKA_TRANSPORT_CODES:
+            return Unavailable(Service.KAFKA, _one_line(str(link.args[0])))
+    if type(link).__name__ == "OperationalError" and _CONNECTION_TROUBLE.search(str(link)):
+        # DB-API (psycopg2, sqlite3) and SQLAlchemy; not "no such table" and other real failures
+        return Unavailable(Service.CATALOG, _one_line(str(link).split("\n[SQL:")[0]))
+    if kind.startswith("requests.exceptions") and type(link).__name__ in (
+        "ConnectionError",
+        "ConnectTimeout",
+        "ReadTimeout",
+    ):
+        return Unavailable(Service.CATALOG, _one_line(str(link)))
     return None
 
 
@@ -192,15 +220,21 @@ def log_failure(logger: logging.Logger, error: BaseException, message: str, *arg
         logger.warning(message + ": cannot reach %s (%s)", *args, found.service.display_name, found.reason)
 
 
-def service_addresses(bootstrap: str, topic: str, catalog: CatalogConfig) -> dict[Service, str]:
+def service_addresses(
+    bootstrap: str, topic: str, catalog: CatalogConfig, *, registry: str | None = None
+) -> dict[Service, str]:
     """Where each service is, as the outage lines name it: the bootstrap servers (and topic), the catalog's
-    URI (secrets masked) and the object store's endpoint (or the warehouse)."""
+    URI (secrets masked), the object store's endpoint (or the warehouse) and the schema registry's URL
+    (`registry`, when the format has one; any user:password@ in it left out)."""
     store = catalog.properties.get("s3.endpoint") or catalog.warehouse or ""
-    return {
+    where = {
         Service.KAFKA: f"{bootstrap} for topic '{topic}'",
         Service.CATALOG: catalog.mask(catalog.uri),
         Service.OBJECT_STORE: catalog.mask(store),
     }
+    if registry:
+        where[Service.REGISTRY] = _USERINFO.sub(r"\1", registry)
+    return where
 
 
 class Outages:

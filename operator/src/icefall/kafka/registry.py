@@ -2,11 +2,18 @@
 
 Guarantees:
 - `WriterSchemas.lookup` gives the writer schema (Avro JSON text) of each schema id, or None for an id the
-  registry does not know (HTTP 404) or whose schema is not Avro. Known schemas are fetched once per
-  process: a schema id never changes meaning. An unknown id is asked again in the next batch.
-- Any other registry failure (unreachable, 5xx, 401) raises: a batch is never decoded with a partial view
-  of its schemas, so no record goes to the dead-letter table because the registry was briefly down.
-- `latest_schema` is the subject's latest Avro schema (the subject per `subjectNameStrategy`).
+  registry does not know (HTTP 404) or whose schema is not Avro. Answers are kept per process: a schema id
+  never changes meaning. An unknown id is asked again in the next batch.
+- A registry that cannot be reached, times out (`REQUEST_TIMEOUT_SECONDS`) or answers 408, 429 or 5xx
+  raises `RegistryUnavailableError`: an outage, waited out by ingestion (`icefall.ingest.outages`), so no
+  record goes to the dead-letter table because the registry was briefly down, and a batch is never
+  decoded with a partial view of its schemas. Any other refusal (401, 403, ...) raises `RegistryError`:
+  a configuration error, raised loudly.
+- `latest_schema` is the subject's latest Avro schema (the subject per `subjectNameStrategy`); a subject
+  the registry does not hold, or whose latest schema is not Avro, raises `RegistryError` naming it.
+
+Proved against a real registry (Apicurio's Confluent-compatible API): tests/integration/test_registry.py.
+Not supported: schemas with references to other subjects (the writer schema must be self-contained).
 
 Credentials are references (`SecretRef`): an `env` reference reads that variable of this process; a
 `secretKeyRef` reads `ICEFALL_REGISTRY_<USERNAME|PASSWORD>`, which the operator fills in the ingestion
@@ -19,7 +26,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable
+from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable, StreamingTableSpec
 from icefall.api.avro import fields_from_avro
 from icefall.plan.env import registry_secret_env_name
 
@@ -28,8 +35,36 @@ class MissingRegistrySecretError(RuntimeError):
     """A credential referenced by `spec.format.registry` is not available to this process."""
 
 
+#: Seconds one request to the registry may take (the client retries a failed one a few times first).
+REQUEST_TIMEOUT_SECONDS = 30.0
+#: HTTP statuses of a registry that is there but cannot answer now (the client retries these too).
+_UNAVAILABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
 class RegistryError(RuntimeError):
-    """The registry could not answer (unreachable, refused, an error other than an unknown id)."""
+    """The registry refused a request (other than an unknown id), or does not hold what was asked."""
+
+
+class RegistryUnavailableError(RegistryError):
+    """The registry could not be reached, timed out, or answered 408, 429 or 5xx: an outage."""
+
+
+def registry_failure(registry: SchemaRegistry, what: str, error: Exception) -> RegistryError:
+    """The `RegistryError` (or `RegistryUnavailableError`) for `error`, raised by the client while asking
+    for `what`."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    message = f"schema registry {registry.url}: {what}: {error}"
+    if isinstance(error, SchemaRegistryError):
+        if error.http_status_code in _UNAVAILABLE_STATUSES:
+            return RegistryUnavailableError(message)
+        return RegistryError(message)
+    # The HTTP client's transport errors (connection refused or reset, timeouts, DNS) derive from its
+    # TransportError; socket errors are OSErrors. Anything else is a bug, not an outage.
+    transport = any(cls.__name__ == "TransportError" for cls in type(error).__mro__)
+    if transport or isinstance(error, OSError):
+        return RegistryUnavailableError(message)
+    return RegistryError(message)
 
 
 def _resolve(ref: SecretRef, field: str, environ: Mapping[str, str]) -> str:
@@ -67,11 +102,12 @@ class WriterSchemas:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.registry = registry
-        self._client = SchemaRegistryClient(client_config(registry, environ))
-        self._known: dict[int, str] = {}
+        config = {**client_config(registry, environ), "timeout": REQUEST_TIMEOUT_SECONDS}
+        self._client = SchemaRegistryClient(config)
+        self._known: dict[int, str | None] = {}  # None: the id's schema is not Avro
 
     def lookup(self, ids: Iterable[int]) -> dict[int, str | None]:
-        """The Avro writer schema of each id; None for an id the registry does not know."""
+        """The Avro writer schema of each id; None for an id the registry does not know, or not Avro."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         found: dict[int, str | None] = {}
@@ -83,26 +119,31 @@ class WriterSchemas:
                     if error.http_status_code == 404:
                         found[schema_id] = None
                         continue
-                    raise RegistryError(f"schema registry {self.registry.url}: {error}") from error
+                    raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
                 except Exception as error:
-                    raise RegistryError(f"schema registry {self.registry.url}: {error}") from error
-                if (schema.schema_type or "AVRO") != "AVRO" or schema.schema_str is None:
-                    found[schema_id] = None
-                    continue
-                self._known[schema_id] = schema.schema_str
+                    raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
+                avro = (schema.schema_type or "AVRO") == "AVRO" and schema.schema_str is not None
+                self._known[schema_id] = schema.schema_str if avro else None
             found[schema_id] = self._known[schema_id]
         return found
 
     def latest_schema(self, topic: str) -> str:
-        """The Avro text of the latest version of `topic`'s value subject."""
+        """The Avro text of the latest version of `topic`'s record subject (`SchemaRegistry.subject`)."""
         subject = self.registry.subject(topic)
         try:
             registered = self._client.get_latest_version(subject)
         except Exception as error:
-            raise RegistryError(
-                f"schema registry {self.registry.url}: no latest schema for subject {subject!r}: {error}"
+            raise registry_failure(
+                self.registry, f"the latest schema of subject {subject!r}", error
             ) from error
-        return str(registered.schema.schema_str)
+        schema = registered.schema
+        kind = schema.schema_type or "AVRO"
+        if kind != "AVRO" or schema.schema_str is None:
+            raise RegistryError(
+                f"schema registry {self.registry.url}: the latest schema of subject {subject!r} is {kind}, "
+                "not Avro"
+            )
+        return str(schema.schema_str)
 
 
 def with_registry_schema(
@@ -112,14 +153,35 @@ def with_registry_schema(
     format without an inline schema (otherwise `st` itself). `latest_schema(topic)` gives that schema's
     text (default: `WriterSchemas(...).latest_schema`). The result is validated again, so the layout and
     key checks the spec could not make without columns are made here, with the same messages."""
-    fmt = st.spec.format
-    if fmt.type is FormatType.JSON or fmt.schema_known:
+    fields = _registry_fields(st.spec, latest_schema)
+    if fields is None:
         return st
+    document = st.model_dump(by_alias=True, exclude_none=True, mode="json")
+    document["spec"]["format"]["schema"] = fields
+    return StreamingTable.model_validate(document)
+
+
+def spec_with_registry_schema(
+    spec: StreamingTableSpec, latest_schema: Callable[[str], str] | None = None
+) -> StreamingTableSpec:
+    """`with_registry_schema` of a spec alone: the fields ingestion derives at start, for whoever decodes
+    the topic's records outside ingestion (`icefall verify`'s auditor)."""
+    fields = _registry_fields(spec, latest_schema)
+    if fields is None:
+        return spec
+    document = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    document["format"]["schema"] = fields
+    return StreamingTableSpec.model_validate(document)
+
+
+def _registry_fields(
+    spec: StreamingTableSpec, latest_schema: Callable[[str], str] | None
+) -> list[dict[str, object]] | None:
+    """The `format.schema` entries of the subject's latest schema; None when the spec has its fields."""
+    fmt = spec.format
+    if fmt.type is FormatType.JSON or fmt.schema_known:
+        return None
     assert fmt.registry is not None  # the spec requires it for registry formats
     latest = latest_schema if latest_schema is not None else WriterSchemas(fmt.registry).latest_schema
-    fields = fields_from_avro(latest(st.spec.source.topic))
-    document = st.model_dump(by_alias=True, exclude_none=True, mode="json")
-    document["spec"]["format"]["schema"] = [
-        f.model_dump(by_alias=True, exclude_none=True, mode="json") for f in fields
-    ]
-    return StreamingTable.model_validate(document)
+    fields = fields_from_avro(latest(spec.source.topic))
+    return [f.model_dump(by_alias=True, exclude_none=True, mode="json") for f in fields]

@@ -25,10 +25,16 @@ class Service(StrEnum):
     KAFKA = "kafka"
     CATALOG = "catalog"
     OBJECT_STORE = "object_store"
+    REGISTRY = "registry"  # the schema registry of spec.format.registry
 
     @property
     def display_name(self) -> str:
-        return {"kafka": "Kafka", "catalog": "the catalog", "object_store": "the object store"}[self.value]
+        return {
+            "kafka": "Kafka",
+            "catalog": "the catalog",
+            "object_store": "the object store",
+            "registry": "the schema registry",
+        }[self.value]
 
 
 def retry_delay(

@@ -1,5 +1,5 @@
 """Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, Spark + catalog,
-PostgreSQL, the Iceberg REST catalog server and an S3 object store (MinIO).
+PostgreSQL, the Iceberg REST catalog server, an S3 object store (MinIO) and a schema registry (Apicurio).
 
 Each component starts once per run on free loopback ports and is stopped at the end of the run, including
 after Ctrl-C; if the run is killed outright, the parent-death signal ends the children. A component that
@@ -20,6 +20,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
+from icefall.devstack.registry import SchemaRegistryServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.devstack.tools import tool_dir
 
@@ -108,6 +109,16 @@ def rest_catalog_s3(
         warehouse="s3://rest-lake/warehouse",
         store=object_store,
     ).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(stack_dir: Path) -> Iterator[SchemaRegistryServer]:
+    """Apicurio Registry with in-memory storage and global compatibility BACKWARD; `.url` is its
+    Confluent-compatible API. Tests register under subjects of their own (topic names are unique per test):
+    the registry is shared by the whole run."""
+    server = SchemaRegistryServer(stack_dir / "schema-registry").start()
     yield server
     server.stop()
 
