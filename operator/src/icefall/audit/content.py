@@ -15,6 +15,12 @@ when it starts (`spec_with_registry_schema`).
 - a record: the digest of the row it must have become (GOOD), of the dead letter it must have become
   (DEAD_LETTER), or FILTERED when the spec's filter drops it.
 
+A table whose schema ingestion changed (`icefall.ingest.schemas`) is audited as it was written: records decode
+into the table's columns (a registry format follows its writer schemas into them), a column the spec no
+longer has is null, and a field is compared only for the rows written after the change that added it
+(`icefall.schema-changes` records the offsets committed then; older rows hold null in it). Fields added
+inside lists or maps are compared on every row.
+
 Equal digests mean equal content with overwhelming probability (a 64-bit hash); a differing row is found
 unless it collides. Not guaranteed: a spec changed since the rows were written (another schema, select or
 filter) makes rows differ that were right when written — audit with the spec they were written with; for
@@ -28,10 +34,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from pyiceberg.types import StructType
+
 from icefall.audit.rows import DEAD_LETTER, EXPECTED_SCHEMA, FILTERED, GOOD, KAFKA_COLUMN, ROW_SCHEMA
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyspark.sql import Column, DataFrame, SparkSession
 
@@ -66,6 +75,7 @@ class SparkContent:
         self.catalog_name = catalog_name
         self.security_options = dict(security_options or {})
         self._decoding: StreamingTableSpec | None = None
+        self._written: _Written | None = None
 
     @property
     def decoding_spec(self) -> StreamingTableSpec:
@@ -78,8 +88,10 @@ class SparkContent:
         return self._decoding
 
     def main_rows(self, table: Table, snapshot_id: int) -> pa.Table:
+        """(Also remembers the table's columns and schema changes at `snapshot_id`, for `expected`.)"""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
+        self._written = _Written.of(table, snapshot_id)
         rows = self._read(table, snapshot_id)
         return _arrow(
             rows.select(
@@ -117,14 +129,17 @@ class SparkContent:
             self.spark, self.spec, offset_ranges, self.security_options, records_per_task=RECORDS_PER_TASK
         )
         spec = self.decoding_spec
+        if self._written is not None:
+            spec = self._written.decoding(spec)
         decoded = decode(kafka, spec).persist()
         try:
             prepared = split(decoded, spec)
-            good = prepared.good.select(
+            rows = self._written.as_written(prepared.good) if self._written is not None else prepared.good
+            good = rows.select(
                 F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
                 F.col(f"{KAFKA_COLUMN}.offset").cast("long").alias("offset"),
                 F.lit(GOOD).cast("byte").alias("kind"),
-                main_digest(prepared.good).alias("digest"),
+                main_digest(rows).alias("digest"),
             )
             bad = prepared.bad.select(
                 F.col("partition").cast("long").alias("partition"),
@@ -153,6 +168,78 @@ class SparkContent:
     def _read(self, table: Table, snapshot_id: int) -> DataFrame:
         name = ".".join(f"`{part}`" for part in (self.catalog_name, *table.name()))
         return self.spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(snapshot_id)}")
+
+
+class _Written:
+    """The table's columns at the audited snapshot, and the fields each ingestion schema change added."""
+
+    def __init__(self, schema: Schema, added: list[tuple[tuple[str, ...], Mapping[int, int]]]) -> None:
+        self.schema = schema
+        self.added = added  # (path of an added field in `schema`, the offsets committed before it)
+
+    @classmethod
+    def of(cls, table: Table, snapshot_id: int) -> _Written:
+        from icefall.commit.state import schema_changes
+
+        meta = table.metadata
+        schemas = {s.schema_id: s for s in meta.schemas}
+        snapshot = meta.snapshot_by_id(snapshot_id)
+        schema = schemas.get(snapshot.schema_id if snapshot and snapshot.schema_id is not None else -1)
+        schema = schema or table.schema()
+        paths = _struct_paths(schema.as_struct(), ())
+        added = []
+        for change in schema_changes(meta.properties):
+            before = [s for i, s in schemas.items() if i < change.schema_id]
+            after = schemas.get(change.schema_id)
+            if after is None or not before:
+                continue
+            older = set(_struct_paths(max(before, key=lambda s: s.schema_id).as_struct(), ()).values())
+            new_ids = set(_struct_paths(after.as_struct(), ()).values()) - older
+            added += [(path, change.offsets) for path, field_id in paths.items() if field_id in new_ids]
+        return cls(schema, added)
+
+    def decoding(self, spec: StreamingTableSpec) -> StreamingTableSpec:
+        """`spec` as ingestion decodes with it: a registry format without `transforms.select` decodes into
+        the table's columns."""
+        if not spec.format.type.uses_registry or spec.transforms.select:
+            return spec
+        from icefall.ingest.schemas import decode_fields
+
+        fields = decode_fields(self.schema)
+        return spec.model_copy(update={"format": spec.format.model_copy(update={"schema_fields": fields})})
+
+    def as_written(self, good: DataFrame) -> DataFrame:
+        """Decoded good rows as the table holds them: every column, the added fields null before they
+        existed."""
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        from icefall.ingest.writer import with_every_column
+
+        rows = with_every_column(good, self.schema)
+        partition, offset = F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset")
+        for path, offsets in self.added:
+            before = F.lit(False)
+            for p, o in offsets.items():
+                before = before | ((partition == F.lit(p)) & (offset < F.lit(o)))
+            top = path[0]
+            if len(path) == 1:
+                rows = rows.withColumn(top, F.when(~before, F.col(f"`{top}`")))
+            else:
+                nested = ".".join(path[1:])
+                value = F.col(f"`{top}`").withField(nested, F.when(~before, F.col(f"`{top}`.{nested}")))
+                rows = rows.withColumn(top, F.when(F.col(f"`{top}`").isNotNull(), value))
+        return rows
+
+
+def _struct_paths(struct: StructType, at: tuple[str, ...]) -> dict[tuple[str, ...], int]:
+    """Field id of every field reached through structs only (not inside lists or maps), by path."""
+    paths: dict[tuple[str, ...], int] = {}
+    for field in struct.fields:
+        path = (*at, field.name)
+        paths[path] = field.field_id
+        if isinstance(field.field_type, StructType):
+            paths.update(_struct_paths(field.field_type, path))
+    return paths
 
 
 def main_digest(rows: DataFrame) -> Column:

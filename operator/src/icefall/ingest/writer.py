@@ -208,7 +208,7 @@ class BatchWriter:
         observation = Observation()
         decoded = decoders.good.decode(source, writers)
         observed = decoded.observe(observation, *decoders.observed)
-        rows = _with_every_column(decoders.good.good_rows(observed), self._table_schema)
+        rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
         target = self.spark_name(self.st.table_identifier, branch)
         deleted_keys = None
         if self.spec.key:
@@ -261,7 +261,7 @@ class BatchWriter:
         return bad_rows(self.decoders.with_errors.decode(self.read(ranges)))
 
 
-def _with_every_column(rows: DataFrame, schema: Schema | None) -> DataFrame:
+def with_every_column(rows: DataFrame, schema: Schema | None) -> DataFrame:
     """`rows` with the table's top-level columns they lack (a field the spec no longer has) as nulls."""
     if schema is None:
         return rows
