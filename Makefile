@@ -170,8 +170,10 @@ chaos: setup
 	$(TOOLS) && ICEFALL_CHAOS_KILLS=$(CHAOS_KILLS) ICEFALL_CHAOS_SEED=$(CHAOS_SEED) \
 	  $(BIN)/pytest e2e/chaos_run.py -s $(CHAOS_ARGS)
 
+# DEMO=examples/avro-orders.yaml: Avro through a local schema registry, with a producer that adds a field.
+DEMO ?= examples/orders.yaml
 demo: setup
-	$(TOOLS) && $(BIN)/python -m icefall.devstack.demo
+	$(TOOLS) && $(BIN)/python -m icefall.devstack.demo -f $(DEMO)
 
 clean:
 	rm -rf $(VENV) .icefall .mypy_cache .ruff_cache

@@ -51,3 +51,15 @@ def test_the_cluster_values_give_the_operator_the_secrets_the_pods_get() -> None
         for env in values["extraEnv"]
     }
     assert given == {env.name: (env.secret, env.key) for env in catalog_env}
+
+
+def test_every_streaming_table_example_is_valid() -> None:
+    examples = sorted(CLUSTER.parent.glob("*.yaml"))
+    tables = [
+        p
+        for p in examples
+        if any(d and d.get("kind") == "StreamingTable" for d in yaml.safe_load_all(p.read_text()))
+    ]
+    assert CLUSTER.with_name("avro-orders.yaml") in tables
+    for path in tables:
+        load_manifest(path)  # raises, naming the field, when an example drifts from the API

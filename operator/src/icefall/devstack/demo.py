@@ -4,7 +4,9 @@ nothing but this machine.
 A local Kafka broker, a producer streaming order events (a few malformed on purpose), `icefall run`'s
 ingestion on local Spark into the embedded SQLite catalog, a fresh read (`icefall read`: the table plus
 the records past its last commit) while the producer still writes, then the table, its dead letters, and
-the record-by-record audit. Each run starts from a clean state folder.
+the record-by-record audit. Each run starts from a clean state folder. With an Avro manifest
+(`-f examples/avro-orders.yaml`) a local schema registry starts too, and the producer moves to a schema
+with one more field (`coupon`) halfway: the table follows it in the batch that first carries it.
 
 A development command, not part of the `icefall` CLI: it starts the test stack's Kafka broker and
 producer (`icefall.devstack`), which need a checkout and are not in the wheel or the image.
@@ -13,11 +15,13 @@ producer (`icefall.devstack`), which need a checkout and are not in the wheel or
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ def run_demo(manifest: Path, state: Path, *, seconds: float, rate: float) -> int
     if state.exists():
         shutil.rmtree(state)
     started = time.monotonic()
+    stop_later: list[Callable[[], None]] = []
     say("starting a local Kafka broker (KRaft) ...")
     broker = KafkaBroker(state / "kafka").start()
     producer: EventProducer | None = None
@@ -49,12 +54,7 @@ def run_demo(manifest: Path, state: Path, *, seconds: float, rate: float) -> int
             update={"spec": st.spec.model_copy(update={"source": st.spec.source.model_copy(
                 update={"bootstrap_servers": broker.bootstrap})})}
         )  # fmt: skip
-        topic = st.spec.source.topic
-        broker.create_topic(topic, partitions=3)
-        say(f"Kafka is up at {broker.bootstrap}; topic '{topic}' has 3 partitions")
-        producer = EventProducer(broker.bootstrap, topic, rate, malformed_every=400)
-        producer.start()
-        say(f"producing ~{rate:.0f} order events/s, 1 in 400 malformed on purpose")
+        st, producer = _producer(st, broker, state, seconds=seconds, rate=rate, stop_later=stop_later)
 
         catalog = CatalogConfig.embedded(state / "lake")
         catalog.pyiceberg()
@@ -94,7 +94,57 @@ def run_demo(manifest: Path, state: Path, *, seconds: float, rate: float) -> int
     finally:
         if producer is not None and producer.is_alive():
             producer.stop()
+        for stop in reversed(stop_later):
+            stop()
         broker.stop()
+
+
+def _producer(
+    st: Any,
+    broker: KafkaBroker,
+    state: Path,
+    *,
+    seconds: float,
+    rate: float,
+    stop_later: list[Callable[[], None]],
+) -> tuple[Any, EventProducer]:
+    """The demo's topic and its running producer (and `st` as the producer's registry, if any, needs)."""
+    topic = st.spec.source.topic
+    broker.create_topic(topic, partitions=3)
+    say(f"Kafka is up at {broker.bootstrap}; topic '{topic}' has 3 partitions")
+    values = None
+    if st.spec.format.registry is not None:
+        st, values = _with_registry(st, state, seconds, rate, stop_later)
+    producer = EventProducer(broker.bootstrap, topic, rate, malformed_every=400, values=values)
+    producer.start()
+    say(f"producing ~{rate:.0f} order events/s, 1 in 400 malformed on purpose")
+    return st, producer
+
+
+def _with_registry(
+    st: Any, state: Path, seconds: float, rate: float, stop_later: list[Callable[[], None]]
+) -> tuple[Any, Iterator[bytes]]:
+    """An Avro manifest: a local schema registry for it, and Avro events that add a field halfway."""
+    from icefall.devstack.events import avro_order_values
+    from icefall.devstack.registry import SchemaRegistryServer
+
+    say("starting a local schema registry (Apicurio, Confluent-compatible API) ...")
+    registry = SchemaRegistryServer(state / "registry").start()
+    stop_later.append(registry.stop)
+    fmt = st.spec.format
+    spec = st.spec.model_copy(
+        update={
+            "format": fmt.model_copy(
+                update={"registry": fmt.registry.model_copy(update={"url": registry.url})}
+            )
+        }
+    )
+    half = int(seconds * rate / 2)
+    say(f"the producer registers its schema, and a second one with a new field `coupon` after {half} events")
+    values = avro_order_values(registry.url, st.spec.source.topic, malformed_every=400, evolve_after=half)
+    # Registers the first schema now: a table made without an inline schema starts from it.
+    first = next(values)
+    return st.model_copy(update={"spec": spec}), itertools.chain([first], values)
 
 
 def _progress(report: BatchReport | None) -> None:
