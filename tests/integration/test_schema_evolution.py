@@ -3,9 +3,11 @@ schema, each in the batch that first needs it; what Iceberg cannot follow is ref
 
 Proves, with the real broker, Spark and the embedded catalog:
 - json: a spec that adds an optional field and widens a decimal evolves the existing table before the next
-  batch; old rows read null, new rows carry the field, compared with their Kafka records by content; a spec
-  that adds a required field is refused at start, naming the field and the fix;
-- avro: a writer schema that adds a field and widens an int lands both in the batch that first carries it;
+  batch; old rows read null, new rows carry the field, compared with their Kafka records by content;
+  compaction rewrites files of both schemas together; a spec that adds a required field is refused at
+  start, naming the field and the fix;
+- avro: a writer schema that adds a field and widens an int lands both in the batch that first carries it
+  (and a fresh read decodes the records past the commit into the new columns);
   a later writer schema that changes a type is refused (counted, logged) and its records that do not fit go
   to the dead-letter table with the reason, while those that fit are ingested;
 - a writer killed right after the schema change (`main.after-schema-change`) and started again ingests
@@ -37,11 +39,16 @@ from pyspark.sql import SparkSession
 
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
-from icefall.catalog.tables import TableMismatchError
+from icefall.catalog.tables import TableMismatchError, ensure_tables
 from icefall.cli import verify_table
 from icefall.commit.state import SchemaChange, schema_changes
+from icefall.compact.runner import MaintenanceRunner, file_leases
+from icefall.compact.worker import Outcome
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
+from icefall.ingest.union_read import union_read
+from icefall.plan.maintenance_items import CompactPartition, MaintenancePolicy
+from icefall.plan.names import table_leases
 from icefall.runtime import failpoints, metrics
 from icefall.testing.streams import assert_exactly_once, drain, started_ingestor, watermarks
 
@@ -107,6 +114,22 @@ def test_a_spec_with_a_new_field_evolves_the_table(
     assert [(r["id"], r["amount"], r["note"]) for r in rows] == [
         (i, Decimal(f"{i}.25"), None if i < 10 else f"n{i}") for i in range(20)
     ]
+    # Compaction rewrites files of both schemas into one; rows stay as they were.
+    runner = MaintenanceRunner(
+        spark,
+        catalog_config,
+        v2.table_identifier,
+        MaintenancePolicy(min_files_to_compact=2),
+        file_leases(tmp_path / "leases", "worker-1"),
+        table_leases=table_leases(v2),
+    )
+    step = runner.step()
+    assert isinstance(step.item, CompactPartition) and step.result is not None, step
+    assert step.result.outcome is Outcome.DONE
+    table.refresh()
+    assert sorted((r["id"], r["note"]) for r in table.scan().to_arrow().to_pylist()) == [
+        (r["id"], r["note"]) for r in rows
+    ]
     # The audit compares `note` only for the rows written after it was added (their records had it all along).
     report = verify_table(v2, catalog_config, spark=spark)
     assert report.ok and report.content_checked, report.render()
@@ -121,17 +144,20 @@ def test_a_spec_with_a_new_field_evolves_the_table(
     )
 
 
+#: A list of non-null strings: from_avro returns it as a list that may hold nulls.
+TAGS = {"name": "tags", "type": ["null", {"type": "array", "items": "string"}], "default": None}
 ORDER_V1: dict[str, Any] = {
     "type": "record",
     "name": "Order",
     "namespace": "com.shop",
-    "fields": [{"name": "id", "type": "long"}, {"name": "qty", "type": "int"}],
+    "fields": [{"name": "id", "type": "long"}, {"name": "qty", "type": "int"}, TAGS],
 }
 ORDER_V2: dict[str, Any] = {
     **ORDER_V1,
     "fields": [
         {"name": "id", "type": "long"},
         {"name": "qty", "type": "long"},
+        TAGS,
         {"name": "note", "type": ["null", "string"], "default": None},
     ],
 }
@@ -181,26 +207,35 @@ spec:
         assert producer.flush(30) == 0
 
     table_name = f"it.{name}"
-    send(v1({"id": i, "qty": i}, context) for i in range(3))  # registers v1: the table is made from it
+    send(
+        v1({"id": i, "qty": i, "tags": [f"t{i}"]}, context) for i in range(3)
+    )  # registers v1: the table is made from it
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
         drain(ingestor)
         table = catalog_config.pyiceberg().load_table(table_name)
-        assert [f.name for f in table.schema().fields] == ["id", "qty", "_kafka"]
+        assert [f.name for f in table.schema().fields] == ["id", "qty", "tags", "_kafka"]
 
         send(v2({"id": i, "qty": 2**40 + i, "note": f"n{i}"}, context) for i in range(3, 6))
         (report,) = drain(ingestor)
         assert report.records_written == 3
         table.refresh()
         schema = table.schema()
-        assert [(f.name, str(f.field_type), f.required) for f in schema.fields[:3]] == [
+        assert [(f.name, str(f.field_type), f.required) for f in schema.fields[:4]] == [
             ("id", "long", True),
             ("qty", "long", True),
+            ("tags", "list<string>", False),
             ("note", "string", False),
         ]
         # The batch that first carried `note` is the snapshot that holds it.
         assert table.current_snapshot().summary["added-records"] == "3"  # type: ignore[union-attr]
         # The table remembers which rows came before the change (for the audit).
         assert schema_changes(table.properties) == [SchemaChange(schema.schema_id, {0: 3})]
+        # A fresh read decodes the records past the commit into the evolved columns too.
+        send([v2({"id": 99, "qty": 9, "note": "fresh"}, context)])
+        with union_read(st, catalog_config, spark=spark) as fresh:
+            read = sorted((r["id"], r["note"]) for r in fresh.frame.select("id", "note").collect())
+        assert read == [*((i, None) for i in range(3)), *((i, f"n{i}") for i in range(3, 6)), (99, "fresh")]
+        drain(ingestor)
 
         # A producer that changes qty's type: the registry refuses it under the topic's subject (BACKWARD),
         # so it registers under another subject (as the record name strategies do) and frames by that id.
@@ -219,14 +254,16 @@ spec:
     table.refresh()
     assert str(table.schema().find_field("qty").field_type) == "long"
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert rows[0]["tags"] == ["t0"]
     assert [(r["id"], r["qty"], r["note"]) for r in rows] == [
         *((i, i, None) for i in range(3)),
         *((i, 2**40 + i, f"n{i}") for i in range(3, 6)),
         (6, 7, None),
+        (99, 9, "fresh"),
     ]
     dead = catalog_config.pyiceberg().load_table(f"{table_name}_dlq").scan().to_arrow().to_pylist()
     assert [(r["offset"], r["error"]) for r in dead] == [
-        (7, "field 'qty': the writer's value does not fit long")
+        (8, "field 'qty': the writer's value does not fit long")
     ]
     changes = metrics.REGISTRY.get_sample_value("icefall_schema_changes_total", {"table": table_name})
     assert changes == 1
@@ -252,17 +289,20 @@ def test_a_writer_killed_after_the_schema_change_ingests_exactly_once(
             env=env, capture_output=True, text=True, timeout=1200, check=False,
         )  # fmt: skip
 
-    produce_json(kafka, topic, range(20))
-    first = run(V1_FIELDS)
-    assert first.returncode == 0, first.stderr[-3000:]
-    produce_json(kafka, topic, range(20, 40))
+    # The table as a writer with the old spec made it (no Spark needed to create it).
+    config = CatalogConfig.embedded(state)
+    ensure_tables(config.pyiceberg(), load_manifest(json_manifest(name, topic, kafka.bootstrap, V1_FIELDS)))
+    produce_json(kafka, topic, range(40))
     killed = run(V2_FIELDS, "main.after-schema-change=exit")
     assert killed.returncode == failpoints.EXIT_STATUS, killed.stderr[-3000:]
     assert "failpoint main.after-schema-change triggered" in killed.stderr
     last = run(V2_FIELDS)
     assert last.returncode == 0, last.stderr[-3000:]
 
-    config = CatalogConfig.embedded(state)
     assert_exactly_once(config, name, watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap)
-    rows = config.pyiceberg().load_table(("it", name)).scan().to_arrow().to_pylist()
-    assert sorted((r["id"], r["note"]) for r in rows) == [(i, None if i < 20 else f"n{i}") for i in range(40)]
+    table = config.pyiceberg().load_table(("it", name))
+    assert sorted((r["id"], r["note"]) for r in table.scan().to_arrow().to_pylist()) == [
+        (i, f"n{i}") for i in range(40)
+    ]
+    # The writer after the crash found the column there: one change, made before any row was committed.
+    assert [c.offsets for c in schema_changes(table.properties)] == [{}]

@@ -180,12 +180,11 @@ class _Written:
     @classmethod
     def of(cls, table: Table, snapshot_id: int) -> _Written:
         from icefall.commit.state import schema_changes
+        from icefall.ingest.schemas import schema_at
 
         meta = table.metadata
         schemas = {s.schema_id: s for s in meta.schemas}
-        snapshot = meta.snapshot_by_id(snapshot_id)
-        schema = schemas.get(snapshot.schema_id if snapshot and snapshot.schema_id is not None else -1)
-        schema = schema or table.schema()
+        schema = schema_at(table, snapshot_id)
         paths = _struct_paths(schema.as_struct(), ())
         added = []
         for change in schema_changes(meta.properties):
@@ -199,14 +198,10 @@ class _Written:
         return cls(schema, added)
 
     def decoding(self, spec: StreamingTableSpec) -> StreamingTableSpec:
-        """`spec` as ingestion decodes with it: a registry format without `transforms.select` decodes into
-        the table's columns."""
-        if not spec.format.type.uses_registry or spec.transforms.select:
-            return spec
-        from icefall.ingest.schemas import decode_fields
+        """`spec` as ingestion decodes with it (`icefall.ingest.schemas.decoding_spec`)."""
+        from icefall.ingest.schemas import decoding_spec
 
-        fields = decode_fields(self.schema)
-        return spec.model_copy(update={"format": spec.format.model_copy(update={"schema_fields": fields})})
+        return decoding_spec(spec, self.schema)
 
     def as_written(self, good: DataFrame) -> DataFrame:
         """Decoded good rows as the table holds them: every column, the added fields null before they

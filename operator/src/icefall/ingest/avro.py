@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
-from pyspark.sql.types import DataType, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from icefall.api import StreamingTableSpec, to_spark_schema_json
 from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, TYPED_COLUMN
@@ -64,8 +64,11 @@ class AvroDecoding:
     ) -> None:
         self.spec = spec
         self.fields = list(spec.format.schema_fields)
+        # Nullable at every depth: `from_avro` in PERMISSIVE mode returns its whole type nullable, and Spark
+        # refuses to cast a list that may hold nulls to one that may not (the write checks requiredness).
         self.targets: dict[str, DataType] = {
-            f.name: f.dataType for f in StructType.fromJson(to_spark_schema_json(self.fields)).fields
+            f.name: _nullable(f.dataType)
+            for f in StructType.fromJson(to_spark_schema_json(self.fields)).fields
         }
         self._row_struct = "struct<{}>".format(
             ", ".join(f"`{name}`: {dtype.simpleString()}" for name, dtype in self.targets.items())
@@ -234,6 +237,17 @@ class AvroDecoding:
                 )
             values.append(value.alias(field.name))
         return F.struct(*values), checks
+
+
+def _nullable(dtype: DataType) -> DataType:
+    """`dtype` with every nested element, value and field nullable."""
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_nullable(dtype.elementType), True)
+    if isinstance(dtype, MapType):
+        return MapType(dtype.keyType, _nullable(dtype.valueType), True)
+    if isinstance(dtype, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in dtype.fields])
+    return dtype
 
 
 def _failed(record: Column, writer_fields: Mapping[str, bool]) -> Column:

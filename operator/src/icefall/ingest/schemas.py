@@ -27,6 +27,7 @@ from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
+    from pyiceberg.table import Table
 
     from icefall.api import StreamingTableSpec
 
@@ -46,7 +47,7 @@ class SchemaFollower:
         self.expected = expected
         self.label = label
         self.relax_required = spec.format.type.uses_registry
-        self.follow_writers = spec.format.type.uses_registry and not spec.transforms.select
+        self.follow_writers = follows_table(spec)
         self.refused: tuple[str, ...] = ()
         self._planned: dict[tuple[int, frozenset[int]], Evolution] = {}
 
@@ -106,3 +107,27 @@ class SchemaFollower:
 def decode_fields(table_schema: Schema) -> list[SchemaField]:
     """The fields a registry format decodes into: the table's columns but Icefall's own."""
     return [f for f in fields_from_iceberg(table_schema.as_struct()) if f.name not in OWN_COLUMNS]
+
+
+def follows_table(spec: StreamingTableSpec) -> bool:
+    """Whether records decode into the table's columns (a registry format without `transforms.select`,
+    whose table follows its writer schemas) rather than into the spec's fields."""
+    return spec.format.type.uses_registry and not spec.transforms.select
+
+
+def decoding_spec(spec: StreamingTableSpec, table_schema: Schema) -> StreamingTableSpec:
+    """`spec` as records are decoded into a table with `table_schema`: by ingestion, audit and union reads."""
+    if not follows_table(spec):
+        return spec
+    fields = decode_fields(table_schema)
+    return spec.model_copy(update={"format": spec.format.model_copy(update={"schema_fields": fields})})
+
+
+def schema_at(table: Table, snapshot_id: int | None) -> Schema:
+    """The table's schema when `snapshot_id` was written (the current one without a snapshot)."""
+    snapshot = table.metadata.snapshot_by_id(snapshot_id) if snapshot_id is not None else None
+    if snapshot is not None and snapshot.schema_id is not None:
+        for schema in table.metadata.schemas:
+            if schema.schema_id == snapshot.schema_id:
+                return schema
+    return table.schema()

@@ -43,10 +43,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from icefall.commit.state import CommittedState, committed_at, read_committed
+from icefall.ingest.schemas import decoding_spec, schema_at
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from duckdb import DuckDBPyConnection, DuckDBPyRelation
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
@@ -201,7 +203,7 @@ def union_read(
         lost_records=lost,
     )
     rows = _table_rows(spark, st, catalog_config.name, state.snapshot_id)
-    return _with_tail(spark, st, rows, ranges, cut)
+    return _with_tail(spark, st, rows, ranges, cut, schema_at(table, state.snapshot_id))
 
 
 def _local_spark(st: StreamingTable, catalog_config: CatalogConfig) -> SparkSession:
@@ -315,27 +317,35 @@ def _table_rows(
     return spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(snapshot_id)}")
 
 
-def _with_tail(
-    spark: SparkSession, st: StreamingTable, rows: DataFrame, ranges: tuple[OffsetRange, ...], cut: Cut
+def _with_tail(  # noqa: PLR0917 (the parts of one read)
+    spark: SparkSession,
+    st: StreamingTable,
+    rows: DataFrame,
+    ranges: tuple[OffsetRange, ...],
+    cut: Cut,
+    schema: Schema,
 ) -> UnionRead:
-    """`rows` (the table at the snapshot) with the decoded tail applied, and the cut with its counts."""
+    """`rows` (the table at the snapshot, whose schema is `schema`) with the decoded tail applied, and the
+    cut with its counts. The tail decodes as ingestion would write it now: into the table's columns (a
+    column the spec no longer has is null)."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
     from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, Decoder, last_changes
     from icefall.ingest.engine import read_kafka
+    from icefall.ingest.writer import with_every_column
     from icefall.kafka.security import spark_kafka_options
 
     reading = tuple(r for r in ranges if r.records)
     if not reading:
         return UnionRead(frame=rows, cut=cut)
-    decoder = Decoder(st.spec, errors=False)
+    decoder = Decoder(decoding_spec(st.spec, schema), errors=False)
     kafka = read_kafka(spark, st.spec, reading, spark_kafka_options(st.spec.source.security), headers=False)
     decoded = decoder.decode(kafka).persist()
     counts = decoded.agg(
         F.count(F.lit(1)).alias("records"), F.sum(F.col(BAD_COLUMN).cast("long")).alias("bad")
     ).first()
     assert counts is not None
-    good = decoder.good_rows(decoded)
+    good = with_every_column(decoder.good_rows(decoded), schema)
     missing = [c for c in rows.columns if c not in good.columns]
     if missing:
         raise ReadError(

@@ -134,9 +134,7 @@ class BatchWriter:
         self.consumer_group = f"icefall-{self.label}-{writer_id}"
         self._kafka_options = kafka_options
         self._schemas = schemas
-        # A registry format without transforms.select decodes into the table's columns, which follow the
-        # writer schemas (`icefall.ingest.schemas`); json decodes the spec's fields.
-        self._follows_table = self.spec.format.type.uses_registry and not self.spec.transforms.select
+        # The table's schema the decoders were built for (`icefall.ingest.schemas.decoding_spec`).
         self._table_schema: Schema | None = None
         # cdc with sequenceBy: the deleted keys file this writer wrote last and its content, so that the
         # next batch does not read back what it has (`_merge_changes`).
@@ -146,21 +144,18 @@ class BatchWriter:
     def decoders(self) -> Decoders:
         """Built on first use (its columns need the running Spark session), again after the table's schema
         changed (`use_table_schema`)."""
-        spec = self.spec
-        if self._follows_table and self._table_schema is not None:
-            from icefall.ingest.schemas import decode_fields
+        from icefall.ingest.schemas import decoding_spec
 
-            fields = decode_fields(self._table_schema)
-            spec = spec.model_copy(
-                update={"format": spec.format.model_copy(update={"schema_fields": fields})}
-            )
-        return Decoders(spec, self._schemas)
+        schema = self._table_schema
+        return Decoders(decoding_spec(self.spec, schema) if schema is not None else self.spec, self._schemas)
 
     def use_table_schema(self, schema: Schema) -> None:
         """Write into the columns of `schema` (the table's current schema) from now on."""
         if self._table_schema is not None and self._table_schema.schema_id == schema.schema_id:
             return
-        changed = self._table_schema is not None or self._follows_table
+        from icefall.ingest.schemas import follows_table
+
+        changed = self._table_schema is not None or follows_table(self.spec)
         self._table_schema = schema
         if changed:
             self.__dict__.pop("decoders", None)  # built again, into the new columns
