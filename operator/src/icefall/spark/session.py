@@ -144,6 +144,14 @@ def build_spark_session(
     log4j.core.config.Configurator.setLevel(
         "org.apache.spark.sql.kafka010.KafkaSourceProvider", log4j.Level.ERROR
     )
+    # The dead-letter reasons of a wide record are one large expression: its generated code is past what
+    # Janino compiles, and Spark falls back to interpreting that plan (the same results, slower). Both
+    # classes would log it with the whole plan, megabytes at every batch with bad records.
+    for noisy in (
+        "org.apache.spark.sql.execution.WholeStageCodegenExec",
+        "org.apache.spark.sql.catalyst.expressions.codegen.CodeGenerator",
+    ):
+        log4j.core.config.Configurator.setLevel(noisy, log4j.Level.FATAL)
     return session
 
 
