@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -228,6 +228,51 @@ EVENT_SCHEMA: list[dict[str, object]] = [
 ]
 
 
+# The same 9 fields as an Avro record schema (`spec.format.type: avro`, bench/compare.py's Avro systems): the
+# writer schema a producer registers. Plain (non-union) types, as an Avro producer of these events would
+# declare them; `ts` is a timestamp-micros (the produce time). The table stays EVENT_SCHEMA's.
+AVRO_EVENT_SCHEMA: dict[str, object] = {
+    "type": "record",
+    "name": "BenchEvent",
+    "namespace": "dev.icefall.bench",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "key", "type": "string"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": "double"},
+        {"name": "items", "type": "int"},
+        {
+            "name": "shipping",
+            "type": {
+                "type": "record",
+                "name": "Shipping",
+                "fields": [
+                    {"name": "street", "type": "string"},
+                    {"name": "city", "type": "string"},
+                    {"name": "country", "type": "string"},
+                ],
+            },
+        },
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "note", "type": "string"},
+    ],
+}
+
+#: How an event becomes a record value: (the event, its produce time in ms) -> bytes.
+Encode = Callable[[dict[str, object], int], bytes]
+
+
+def json_value(event: dict[str, object], _ts_ms: int) -> bytes:
+    """The event as compact JSON text (its `ts` already the ISO produce time)."""
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def avro_datum(event: dict[str, object], ts_ms: int) -> dict[str, object]:
+    """The event as a datum of AVRO_EVENT_SCHEMA: `ts` as microseconds since the epoch."""
+    return {**event, "ts": ts_ms * 1000}
+
+
 def iso_ms(epoch_ms: int) -> str:
     return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
@@ -257,12 +302,15 @@ LARGE_NOTE_WORDS = 156
 XL_NOTE_WORDS = 747
 
 
-def bench_records(seed: int, note_words: int, start: int = 0) -> Iterator[tuple[str, bytes, int]]:
-    """(key, JSON value, timestamp ms) forever; the event's `ts` is the Kafka timestamp given to produce()."""
+def bench_records(
+    seed: int, note_words: int, start: int = 0, encode: Encode = json_value
+) -> Iterator[tuple[str, bytes, int]]:
+    """(key, value, timestamp ms) forever; the event's `ts` is the Kafka timestamp given to produce(). The
+    value is JSON text, or what `encode` makes of the event (the same events whatever the encoding)."""
     rng = random.Random(seed)
     i = start
     while True:
         now_ms = int(time.time() * 1000)
         event = bench_event(i, rng, now_ms, note_words)
-        yield str(event["key"]), json.dumps(event, separators=(",", ":")).encode(), now_ms
+        yield str(event["key"]), encode(event, now_ms), now_ms
         i += 1

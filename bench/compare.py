@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/compare.py [--records N] [--large-records N] [--seconds S] [--quick]
                                       [--systems icefall,icefall-nodlq,icefall-nomaint,icefall-serial,
-                                                 spark,connect,floor]
+                                                 spark,icefall-avro,spark-avro,connect,floor]
                                       [--live-systems icefall,icefall-nomaint,icefall-3s,spark,connect]
     .venv/bin/python bench/compare.py --growth [--records N] [--warmup-records N] [--systems icefall,spark]
                                       [--growth-sizes small,1k,4k] [--growth-partitions 3,48] [--out FILE]
@@ -28,6 +28,17 @@ and polls) on core 0 when the machine has 2 or more cores. Every peer is set for
   `--spark-max-offsets`, a checkpoint folder), same jars. Its Kafka consumer gets Icefall's reader
   defaults (`kafka.fetch.max.wait.ms=10`, `kafka.max.poll.records=5000`: `SPARK_CONSUMER_DEFAULTS` of
   icefall.ingest.engine); with the client's 500 ms default a caught-up partition makes each read wait.
+- **icefall-avro**, **spark-avro** (measures 1 to 5 only, no live phase): the same events as
+  Confluent-framed Avro (`common.AVRO_EVENT_SCHEMA`: the 9 fields, `ts` a timestamp-micros, `shipping` a
+  nested record, `tags` an array), encoded by confluent-kafka's `AvroSerializer`, which registers the
+  writer schema in a schema registry the bench starts beside the broker (Apicurio,
+  `icefall.devstack.registry`, core 0, its CPU not counted; only when an Avro system runs). The backlog is
+  encoded before its clock starts, then produced as fast as the client goes (encoding as it produces, the
+  serializer was slower than the systems drain), so its `ts` is when it was encoded. Icefall:
+  `spec.format.type: avro` with `registry.url` (each batch looks up its schema ids; the inline `schema`
+  is the JSON table's, so the tables are the same). Spark: the peer with `--format avro`,
+  `from_avro(expr("substring(value, 6)"), schema_json)` with the writer schema as JSON, as a Spark user
+  writes it without a registry client.
 - **connect**: Kafka Connect standalone with the Apache Iceberg sink connector (jars from
   hack/kafka-connect/pom.xml), commit interval `F/2`, its control topic created first.
 - **floor**: `bench/peers/floor.py` on one core: confluent-kafka → json → pyarrow Parquet files, no
@@ -105,12 +116,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 from common import (
+    AVRO_EVENT_SCHEMA,
     EVENT_SCHEMA,
     LARGE_NOTE_WORDS,
     SMALL_NOTE_WORDS,
     XL_NOTE_WORDS,
+    Encode,
     TreeMonitor,
+    avro_datum,
     bench_records,
+    json_value,
     load_average,
     machine_basics,
     machine_section,
@@ -118,6 +133,9 @@ from common import (
     write_results,
 )
 from confluent_kafka import Producer, libversion
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 from pyiceberg.table.snapshots import Operation
 
@@ -126,6 +144,7 @@ from icefall.catalog import CatalogConfig
 from icefall.catalog.layout import partition_spec
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.procs import ManagedProcess, free_port, tail
+from icefall.devstack.registry import SchemaRegistryServer
 from icefall.devstack.tools import jar_files, repo_root, tool_dir
 from icefall.ingest.engine import SPARK_CONSUMER_DEFAULTS as SPARK_CONSUMER
 
@@ -138,7 +157,12 @@ TABLE = ("bench", "events")
 TRICKLE_FIRST_ID = 1_000_000_000
 # Ids of the warm-up backlog (above the trickle's, so neither counts as backlog).
 WARMUP_FIRST_ID = 2_000_000_000
-SYSTEMS = ("icefall", "icefall-nodlq", "icefall-nomaint", "icefall-serial", "spark", "connect", "floor")
+SYSTEMS = (
+    "icefall", "icefall-nodlq", "icefall-nomaint", "icefall-serial", "spark", "icefall-avro", "spark-avro",
+    "connect", "floor",
+)  # fmt: skip
+#: Systems fed Confluent-framed Avro through the schema registry (the others: JSON text).
+AVRO_SYSTEMS = ("icefall-avro", "spark-avro")
 #: Systems of the live phase; `icefall-3s` is Icefall at a 3 s freshness target (the others run at
 #: `--freshness-target`).
 LIVE_SYSTEMS = ("icefall", "icefall-nomaint", "icefall-3s", "spark", "connect")
@@ -158,6 +182,8 @@ LABELS = {
     "icefall-serial": "Icefall without pipelining",
     "icefall-3s": "Icefall at a 3 s freshness target",
     "spark": "Spark Structured Streaming → Iceberg",
+    "icefall-avro": "Icefall, Avro through the registry",
+    "spark-avro": "Spark Structured Streaming, from_avro → Iceberg",
     "connect": "Iceberg Kafka Connect sink",
     "floor": "floor: confluent-kafka → pyarrow Parquet",
 }
@@ -246,6 +272,7 @@ class Context:
     state: Path
     pin: list[str]  # the taskset prefix for systems, [] on a 1-core machine
     settings: dict[str, dict[str, str]] = field(default_factory=dict)
+    registry: SchemaRegistryServer | None = None  # running when an Avro system is among --systems
 
 
 def cadence(ctx: Context) -> float:
@@ -266,8 +293,14 @@ def icefall_manifest(
     target: float | None = None,
     dead_letters: bool = True,
     pipelined: bool = True,
+    avro: bool = False,
 ) -> dict[str, Any]:
-    """Icefall's StreamingTable for `topic`, at `target` seconds (default `--freshness-target`)."""
+    """Icefall's StreamingTable for `topic`, at `target` seconds (default `--freshness-target`); with
+    `avro`, Confluent-framed Avro through the bench's registry into the same columns."""
+    fmt: dict[str, Any] = {"type": "json", "schema": EVENT_SCHEMA}
+    if avro:
+        assert ctx.registry is not None, "an Avro system runs only with the bench's schema registry"
+        fmt = {"type": "avro", "registry": {"url": ctx.registry.url}, "schema": EVENT_SCHEMA}
     return {
         "apiVersion": "icefall.dev/v1alpha1",
         "kind": "StreamingTable",
@@ -278,7 +311,7 @@ def icefall_manifest(
                 "topic": topic,
                 "startingPosition": {"type": "earliest"},
             },
-            "format": {"type": "json", "schema": EVENT_SCHEMA},
+            "format": fmt,
             "table": {
                 "namespace": TABLE[0],
                 "name": TABLE[1],
@@ -309,7 +342,12 @@ def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[M
     manifest.write_text(
         yaml.safe_dump(
             icefall_manifest(
-                ctx, topic, target=target, dead_letters=dead_letters, pipelined=system != "icefall-serial"
+                ctx,
+                topic,
+                target=target,
+                dead_letters=dead_letters,
+                pipelined=system != "icefall-serial",
+                avro=system in AVRO_SYSTEMS,
             ),
             sort_keys=False,
         )
@@ -331,6 +369,11 @@ def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[M
         + ("on (default)" if dead_letters else "off (deadLetter.table.enabled: false)")
         + ("" if system != "icefall-serial" else "; batch.pipelined: false"),
     }
+    if system in AVRO_SYSTEMS:
+        ctx.settings[system]["format"] = (
+            "avro, registry.url: the bench's registry (writer schemas looked up by id per batch), inline "
+            "schema: the JSON table's columns"
+        )
     proc = ManagedProcess(system, [*ctx.pin, *argv], work / "system.log").start()
     return proc, CatalogConfig.embedded(work)
 
@@ -348,12 +391,16 @@ def spark_peer_argv(ctx: Context, topic: str, work: Path, catalog: CatalogConfig
     ]  # fmt: skip
 
 
-def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
+def launch_spark(ctx: Context, system: str, topic: str, work: Path) -> tuple[ManagedProcess, CatalogConfig]:
     catalog = CatalogConfig.embedded(work)
     create_peer_table(ctx, catalog)
     limit = str(ctx.args.spark_max_offsets)
-    argv = spark_peer_argv(ctx, topic, work, catalog, "--max-offsets-per-trigger", limit)
-    ctx.settings["spark"] = {
+    decode: list[str] = []
+    if system in AVRO_SYSTEMS:
+        (work / "event.avsc").write_text(json.dumps(AVRO_EVENT_SCHEMA))
+        decode = ["--format", "avro", "--avro-schema", str(work / "event.avsc")]
+    argv = spark_peer_argv(ctx, topic, work, catalog, "--max-offsets-per-trigger", limit, *decode)
+    ctx.settings[system] = {
         "command": "bench/peers/spark_streaming.py (master local[2], driver memory 1g)",
         "trigger": f"processingTime {cadence(ctx):g} s (Icefall's cadence at the same target)",
         "maxOffsetsPerTrigger": str(ctx.args.spark_max_offsets or "unlimited"),
@@ -362,7 +409,12 @@ def launch_spark(ctx: Context, topic: str, work: Path) -> tuple[ManagedProcess, 
         + " (Icefall's reader defaults)",
         "write": "format iceberg, append, fanout-enabled, checkpoint folder",
     }
-    return ManagedProcess("spark", [*ctx.pin, *argv], work / "system.log").start(), catalog
+    if decode:
+        ctx.settings[system]["decode"] = (
+            'from_avro(expr("substring(value, 6)"), schema_json), the writer schema given as JSON '
+            "(mode FAILFAST, the default)"
+        )
+    return ManagedProcess(system, [*ctx.pin, *argv], work / "system.log").start(), catalog
 
 
 CONNECT_LOG4J2 = """\
@@ -467,8 +519,8 @@ def launch(ctx: Context, system: str, topic: str, work: Path) -> Run:
     catalog: CatalogConfig | None
     if system.startswith("icefall"):
         proc, catalog = launch_icefall(ctx, system, topic, work)
-    elif system == "spark":
-        proc, catalog = launch_spark(ctx, topic, work)
+    elif system.startswith("spark"):
+        proc, catalog = launch_spark(ctx, system, topic, work)
     elif system == "connect":
         proc, catalog = launch_connect(ctx, topic, work)
     elif system == "floor":
@@ -542,6 +594,25 @@ def preload(
     if producer.flush(120) or errors:
         raise RuntimeError(f"preloading {topic} failed: {errors[:3]}")
     return time.monotonic() - started
+
+
+def encoder(ctx: Context, system: str, topic: str) -> Encode:
+    """How `system`'s events become values on `topic`: JSON text, or for an Avro system Confluent-framed
+    Avro by confluent-kafka's `AvroSerializer` (which registers AVRO_EVENT_SCHEMA as `<topic>-value` in the
+    bench's registry on first use). One per producing thread: a serializer keeps state."""
+    if system not in AVRO_SYSTEMS:
+        return json_value
+    assert ctx.registry is not None, "an Avro system runs only with the bench's schema registry"
+    client = SchemaRegistryClient({"url": ctx.registry.url})
+    serializer = AvroSerializer(client, json.dumps(AVRO_EVENT_SCHEMA))
+    context = SerializationContext(topic, MessageField.VALUE)
+
+    def encode(event: dict[str, object], ts_ms: int) -> bytes:
+        value = serializer(avro_datum(event, ts_ms), context)
+        assert value is not None
+        return bytes(value)
+
+    return encode
 
 
 class LiveProducer(threading.Thread):
@@ -684,7 +755,9 @@ def throughput(
     topic = f"{variant}-{system}"
     ctx.broker.create_topic(topic, partitions=partitions)
     run = launch(ctx, system, topic, ctx.state / f"{system}-{variant}")
-    trickle = LiveProducer(ctx.broker.bootstrap, topic, ctx.args.trickle, seed=9, first_id=TRICKLE_FIRST_ID)
+    trickle_records = bench_records(9, SMALL_NOTE_WORDS, TRICKLE_FIRST_ID, encoder(ctx, system, topic))
+    trickle = LiveProducer(ctx.broker.bootstrap, topic, ctx.args.trickle, seed=9, records=trickle_records)
+    encode = encoder(ctx, system, topic)  # this thread's (the warm-up and the backlog)
     trickle.start()
     say(f"{system}: started on an empty topic; waiting for its first commit ...")
 
@@ -698,11 +771,14 @@ def throughput(
             warm = first[-1].total_records + warmup
             say(f"{system}: first commit after {startup_s:.1f}s; warm-up: {warmup:,} records")
             preload(ctx.broker.bootstrap, topic, warmup, note_words, seed + 100,
-                    start=WARMUP_FIRST_ID)  # fmt: skip
+                    records=bench_records(seed + 100, note_words, WARMUP_FIRST_ID, encode))  # fmt: skip
             first = wait_for(run, lambda c: bool(c) and c[-1].total_records >= warm, ctx.args.timeout)
+        backlog = bench_records(seed, note_words, encode=encode)
+        if system in AVRO_SYSTEMS:  # encoded before the clock starts: AvroSerializer is slower than they are
+            backlog = iter(list(itertools.islice(backlog, records)))
         say(f"{system}: producing {records:,} {variant} records ...")
         started, cpu_start, commits_before = time.time(), run.monitor.sample().cpu, len(first)
-        preload(ctx.broker.bootstrap, topic, records, note_words, seed)
+        preload(ctx.broker.bootstrap, topic, records, note_words, seed, records=backlog)
         commits = wait_for(run, complete, ctx.args.timeout)
     finally:
         trickle.stop()
@@ -885,6 +961,24 @@ def throughput_table(title: str, results: dict[str, Throughput | str]) -> list[s
     return [*lines, ""]
 
 
+def avro_note(systems: list[str]) -> list[str]:
+    """The paragraph on the Avro systems' input, when one ran; [] otherwise."""
+    if not any(s in AVRO_SYSTEMS for s in systems):
+        return []
+    return [
+        "The Avro rows (icefall-avro, spark-avro) drain the same events as Confluent-framed Avro "
+        "(`common.AVRO_EVENT_SCHEMA`: `ts` a timestamp-micros, `shipping` a nested record, `tags` an array; "
+        "~95 bytes a value for the small events against ~230 of JSON, ~870 against ~1,000 for the 1 KB "
+        "ones), encoded with confluent-kafka's `AvroSerializer` through a schema registry on core 0 "
+        "(Apicurio, its CPU not counted); Icefall looks the writer schemas up by id, Spark's `from_avro` is "
+        "given the writer schema as JSON. The same table, audited the same way. Their backlog is encoded "
+        "before the clock starts and then produced (the serializer encoding as it produces is slower than "
+        'the systems drain: see "Producer alone, Avro" in the machine table); the JSON backlogs are '
+        "encoded as they are produced.",
+        "",
+    ]
+
+
 def live_table(results: dict[str, Live | str]) -> list[str]:
     lines = [
         "| system | rate | warm-up | window | freshness p50 / p99 / max | records measured "
@@ -989,6 +1083,11 @@ def versions(ctx: Context) -> dict[str, str]:
         "Kafka broker": kafka_jar[0].stem.replace("kafka-server-", "") if kafka_jar else "unknown",
         "confluent-kafka / librdkafka": f"{version('confluent-kafka')} / {libversion()[0]}",
     }
+    if ctx.registry is not None:
+        avro_jar = sorted(tool_dir("ICEFALL_SPARK_JARS").glob("spark-avro_*.jar"))
+        registry_jar = sorted(tool_dir("ICEFALL_REGISTRY_HOME").glob("apicurio-registry-app-*-runner.jar"))
+        out["spark-avro"] = avro_jar[0].stem if avro_jar else "unknown"
+        out["Schema registry"] = registry_jar[0].stem.removesuffix("-runner") if registry_jar else "unknown"
     if "connect" in (*ctx.args.systems, *ctx.args.live_systems):
         with contextlib.suppress(Exception):
             names = sorted(p.name for p in connect_jars().glob("*.jar"))
@@ -1031,6 +1130,7 @@ def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: st
         "commit requests only while records arrive; compare apache/iceberg#17811). The floor is bounded by "
         "the producer (this process, one core).",
         "",
+        *avro_note(a.systems),
         *throughput_table("~230-byte events", results.small),
         *throughput_table("~1 KB events", results.large),
         "## Freshness with a live producer (produce → visible in a committed snapshot of main)",
@@ -1061,6 +1161,11 @@ def run_all(ctx: Context) -> tuple[Results, dict[str, str]]:
     ctx.broker.create_topic("events-probe", partitions=PARTITIONS)
     took = preload(ctx.broker.bootstrap, "events-probe", 50_000, SMALL_NOTE_WORDS, seed=1)
     produced = {"producer alone": f"{50_000 / took:,.0f} small events/s"}
+    if ctx.registry is not None:
+        ctx.broker.create_topic("events-probe-avro", partitions=PARTITIONS)
+        avro = bench_records(1, SMALL_NOTE_WORDS, encode=encoder(ctx, "icefall-avro", "events-probe-avro"))
+        took = preload(ctx.broker.bootstrap, "events-probe-avro", 50_000, SMALL_NOTE_WORDS, 1, records=avro)
+        produced["producer alone, Avro"] = f"{50_000 / took:,.0f} small events/s (AvroSerializer)"
     rate = a.rate
     for system in a.systems:
         for variant, count, words, seed, into in (
@@ -1295,6 +1400,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out = args.out or RESULTS
     facts["Producer alone (this process, core 0)"] = produced["producer alone"]
+    if "producer alone, Avro" in produced:
+        facts["Producer alone, Avro (this process, core 0)"] = produced["producer alone, Avro"]
     args.out.mkdir(parents=True, exist_ok=True)
     chart_line = chart(results, args.out / "compare.png")
     write_results(args.out / "compare.md", render(ctx, facts, results, chart_line, started))
@@ -1306,7 +1413,8 @@ def main(argv: list[str] | None = None) -> int:
 def bench_context(args: argparse.Namespace, prefix: str) -> Iterator[Context]:
     """The run's Context: this process (and the broker it starts) pinned to core 0 and the systems to core 1
     when there are 2 or more cores; the state in `args.keep` (a new folder) or a temporary one named
-    `prefix`...; one Kafka broker, stopped (and a temporary state deleted) when the block ends."""
+    `prefix`...; one Kafka broker, and a schema registry when an Avro system is among `args.systems`, both
+    stopped (and a temporary state deleted) when the block ends."""
     pin: list[str] = []
     if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
         os.sched_setaffinity(0, {0})  # this process and the broker it starts: core 0
@@ -1319,10 +1427,13 @@ def bench_context(args: argparse.Namespace, prefix: str) -> Iterator[Context]:
             state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
         say("starting Kafka ...")
         broker = KafkaBroker(state / "kafka", heap="1g").start()
-        try:
-            yield Context(broker, args, state, pin)
-        finally:
-            broker.stop()
+        stack.callback(broker.stop)
+        registry = None
+        if any(system in AVRO_SYSTEMS for system in getattr(args, "systems", ())):
+            say("starting the schema registry ...")
+            registry = SchemaRegistryServer(state / "registry").start()
+            stack.callback(registry.stop)
+        yield Context(broker, args, state, pin, registry=registry)
 
 
 if __name__ == "__main__":

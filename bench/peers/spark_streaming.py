@@ -2,10 +2,14 @@
 
     python bench/peers/spark_streaming.py --bootstrap HOST:PORT --topic T --table bench.events \
         --catalog-db catalog.db --warehouse DIR --checkpoint DIR --jars 'a.jar,b.jar' [--trigger-seconds 10] \
-        [--kafka-option fetch.max.wait.ms=10 ...] [--upsert-key id]
+        [--kafka-option fetch.max.wait.ms=10 ...] [--upsert-key id] [--format avro --avro-schema FILE]
 
 readStream from Kafka (earliest) → from_json with the events' schema → writeStream format iceberg into an
 existing table of a JDBC (SQLite) catalog named `icefall`, trigger processingTime, a checkpoint folder.
+With `--format avro` the values are Confluent-framed Avro (a magic byte and a 4-byte schema id, then the
+record) and the job decodes them as a Spark user does without a registry client: spark-avro's
+`from_avro(expr("substring(value, 6)"), schema_json)` with the writer schema of `--avro-schema` (an .avsc
+file), default mode FAILFAST. The schema id is not looked at: every record must be of that writer schema.
 With `--upsert-key COLUMN` (bench/upsert.py) the job is the keyed one a Spark user writes instead: each
 micro-batch, in `foreachBatch`, is cut to the last record per key (by Kafka offset; a key stays in one
 partition), a tombstone (null value) taking its key from the Kafka key (a bare value), then applied by
@@ -27,8 +31,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql.functions import coalesce, col, from_json, row_number
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql.functions import coalesce, col, expr, from_json, row_number
 
 EVENT_DDL = (
     "id BIGINT, key STRING, ts TIMESTAMP, customer STRING, amount DOUBLE, items INT, "
@@ -62,6 +66,15 @@ def upsert_batch(table: str, key: str) -> Callable[[DataFrame, int], None]:
     return apply
 
 
+def decoded(args: argparse.Namespace) -> Column:
+    """The event of a record's value: from_json with EVENT_DDL, or from_avro past the 5-byte header."""
+    if args.format == "avro":
+        from pyspark.sql.avro.functions import from_avro
+
+        return from_avro(expr("substring(value, 6)"), args.avro_schema.read_text())
+    return from_json(col("value").cast("string"), EVENT_DDL)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", required=True)
@@ -75,10 +88,14 @@ def main() -> int:
     parser.add_argument("--trigger-seconds", type=float, default=10)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: no limit")
     parser.add_argument("--upsert-key", help="a keyed table: MERGE each micro-batch by this column")
+    parser.add_argument("--format", choices=("json", "avro"), default="json", help="the record values")
+    parser.add_argument("--avro-schema", type=Path, help="--format avro: the writer schema (.avsc)")
     parser.add_argument(
         "--kafka-option", action="append", default=[], metavar="KEY=VALUE", help="a Kafka consumer option"
     )
     args = parser.parse_args()
+    if args.format == "avro" and (args.avro_schema is None or args.upsert_key):
+        parser.error("--format avro needs --avro-schema and does not go with --upsert-key")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
@@ -123,7 +140,7 @@ def main() -> int:
         )
         query.awaitTermination()
         return 0
-    events = records.select(from_json(col("value").cast("string"), EVENT_DDL).alias("e")).select("e.*")
+    events = records.select(decoded(args).alias("e")).select("e.*")
     query = (
         events.writeStream.format("iceberg")
         .outputMode("append")

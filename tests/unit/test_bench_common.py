@@ -2,13 +2,16 @@
 
 Proves: percentiles interpolate between ranks (and are NaN for nothing); the bench events have the 9
 documented fields, match the schema every system is given, carry the Kafka timestamp in `ts`, and come
-in the two documented sizes; a process tree's CPU at a moment is interpolated between samples; the
-icefall manifest the comparison writes is a valid StreamingTable over that schema.
+in the two documented sizes; the Avro writer schema has the same 9 columns and an event encoded with it
+reads back as the same event; a process tree's CPU at a moment is interpolated between samples; the
+icefall manifests the comparison writes (JSON, and Avro through a registry) are valid StreamingTables over
+that schema.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import math
 import random
@@ -67,6 +70,37 @@ def test_events_are_seeded() -> None:
     assert first == again
 
 
+def test_the_avro_events_are_the_json_events_in_the_same_columns() -> None:
+    import fastavro
+    from pyspark.sql.types import StructType
+
+    from icefall.api import to_spark_schema_json
+    from icefall.api.avro import fields_from_avro
+    from icefall.api.schema import SchemaField
+
+    def columns(fields: list[SchemaField]) -> str:  # types and nesting; nullability aside
+        return str(StructType.fromJson(to_spark_schema_json(fields)).simpleString())
+
+    avro_fields = fields_from_avro(json.dumps(common.AVRO_EVENT_SCHEMA))
+    assert columns(avro_fields) == columns([SchemaField.model_validate(f) for f in common.EVENT_SCHEMA])
+
+    schema = fastavro.parse_schema(common.AVRO_EVENT_SCHEMA)
+
+    def encode(event: dict[str, object], ts_ms: int) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, schema, common.avro_datum(event, ts_ms))
+        return out.getvalue()
+
+    as_json = common.bench_records(seed=5, note_words=common.SMALL_NOTE_WORDS)
+    as_avro = common.bench_records(seed=5, note_words=common.SMALL_NOTE_WORDS, encode=encode)
+    for _ in range(50):
+        (key, text, _), (avro_key, value, ts_ms) = next(as_json), next(as_avro)
+        decoded = fastavro.schemaless_reader(io.BytesIO(value), schema, schema)
+        assert isinstance(decoded, dict)
+        assert decoded.pop("ts").timestamp() * 1000 == ts_ms
+        assert avro_key == key and decoded == {k: v for k, v in json.loads(text).items() if k != "ts"}
+
+
 def test_cpu_at_interpolates_between_samples() -> None:
     monitor = common.TreeMonitor(root=0)
     monitor.samples = [common.TreeSample(10.0, 1.0, 100), common.TreeSample(12.0, 3.0, 300)]
@@ -91,4 +125,28 @@ def test_the_icefall_manifest_is_a_valid_streaming_table() -> None:
     st = load_manifest(yaml.safe_dump(compare.icefall_manifest(ctx, "events-small")))
     assert st.spec.source.topic == "events-small"
     assert st.table_identifier == compare.TABLE
+    assert [f.name for f in st.spec.format.schema_fields] == [f["name"] for f in common.EVENT_SCHEMA]
+
+
+def test_the_avro_manifest_reads_the_registry_into_the_same_columns() -> None:
+    import yaml
+
+    compare = _load("compare")
+
+    class Broker:
+        bootstrap = "127.0.0.1:9092"
+
+    class Args:
+        freshness_target = 10.0
+
+    class Registry:
+        url = "http://127.0.0.1:8080/apis/ccompat/v7"
+
+    ctx = compare.Context(
+        broker=Broker(), args=Args(), state=Path("/nonexistent"), pin=[], registry=Registry()
+    )
+    st = load_manifest(yaml.safe_dump(compare.icefall_manifest(ctx, "small-icefall-avro", avro=True)))
+    assert st.spec.format.type.value == "avro"
+    assert st.spec.format.registry is not None and st.spec.format.registry.url == Registry.url
+    assert st.spec.format.registry.subject("small-icefall-avro") == "small-icefall-avro-value"
     assert [f.name for f in st.spec.format.schema_fields] == [f["name"] for f in common.EVENT_SCHEMA]
