@@ -213,13 +213,11 @@ def test_upsert_with_avro_keys_and_values(
         17: f"unknown schema id {NOT_AN_ID} (the registry has no Avro schema with this id)",
     }
 
-    # `icefall verify`: the table is the topic's last change per key, by content; then a tampered row.
+    # `icefall verify`: the table is the topic's last change per key, by content (finding a tampered row is
+    # the JSON path's test: the comparison does not depend on the format).
     report = verify_table(st, catalog_config, spark=spark)
     assert report.ok, report.render()
     assert (report.records, report.keys, report.rows) == (19, 5, 5)
-    spark.sql(f"UPDATE {catalog_config.name}.it.avro_upsert SET status = 'tampered' WHERE id = 6")
-    report = verify_table(st, catalog_config, spark=spark)
-    assert report.wrong == 1 and report.examples["wrong"] == ('{"id":6}',), report.render()
 
 
 def test_cdc_with_debezium_avro_envelopes(
