@@ -14,7 +14,7 @@ Proves, with the real broker, Spark (spark-avro), the embedded catalog and the t
   again every record lands exactly once.
 
 Not proved here: the operator's view of a registry outage (the driver reports freshness, and the table
-falls behind its target; no condition names the registry), keyed modes with Avro (refused by the spec).
+falls behind its target; no condition names the registry), keyed modes with Avro (test_avro_keyed.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Proves: names, docs, required vs union-with-null; logical types (decimal, date, timestamp-millis/micros,
 local-timestamp, uuid), enums as strings, fixed, bytes, nested records, arrays and maps; the Iceberg schema
 built from the result; and that unions of several types, time-millis and non-records are refused with the
-field named. Does not prove the registry answers (no registry runs here).
+field named. A Debezium envelope's row record (a reference resolved) gives a cdc table's columns. Does not
+prove the registry answers (no registry runs here).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import pytest
 
 from icefall.api import to_iceberg_schema
-from icefall.api.avro import AvroSchemaError, fields_from_avro
+from icefall.api.avro import AvroSchemaError, fields_from_avro, row_schema
 
 pytestmark = pytest.mark.unit
 
@@ -121,3 +122,66 @@ spec:
     assert [f.name for f in filled.spec.format.schema_fields] == [f["name"] for f in ORDER["fields"]]
     assert filled.spec.table.partitioning[0].field == "ts"
     assert with_registry_schema(filled, latest) is filled  # an inline schema is kept
+
+
+#: A Debezium envelope as its AvroConverter registers it: the row record defined in `before`, named again
+#: by `after` (a reference), then source, op and ts_ms.
+ENVELOPE = {
+    "type": "record",
+    "name": "Envelope",
+    "namespace": "dbserver1.shop.orders",
+    "fields": [
+        {
+            "name": "before",
+            "type": ["null", {"type": "record", "name": "Value", "fields": ORDER["fields"]}],
+            "default": None,
+        },
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {
+            "name": "source",
+            "type": {"type": "record", "name": "Source", "fields": [{"name": "lsn", "type": "long"}]},
+        },
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ],
+}
+
+
+def test_the_row_of_a_debezium_envelope_is_its_after_record() -> None:
+    envelope = json.loads(json.dumps(ENVELOPE))
+    row = json.loads(row_schema(json.dumps(envelope)))
+    assert row["name"] == "Value"
+    assert fields_from_avro(json.dumps(row)) == fields_from_avro(json.dumps(ORDER))
+    # The full name resolves too, and an after record defined inline is taken as it is.
+    envelope["fields"][1]["type"] = ["null", "dbserver1.shop.orders.Value"]
+    assert json.loads(row_schema(json.dumps(envelope)))["name"] == "Value"
+    with pytest.raises(AvroSchemaError, match="not a Debezium change event envelope"):
+        row_schema(json.dumps(ORDER))
+
+
+def test_a_cdc_spec_without_schema_takes_the_columns_of_the_envelopes_row() -> None:
+    from icefall.api import parse_manifest
+    from icefall.kafka.registry import with_registry_schema
+
+    st = parse_manifest(
+        """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {name: orders}
+spec:
+  source: {bootstrapServers: "kafka:9092", topic: orders}
+  format: {type: avro, registry: {url: "http://registry:8081"}}
+  table: {name: orders, namespace: shop}
+  mode: cdc
+  key: [id]
+  sequenceBy: [source.lsn]
+"""
+    )
+    envelope = json.loads(json.dumps(ENVELOPE))
+    filled = with_registry_schema(st, lambda topic: json.dumps(envelope))
+    assert [f.name for f in filled.spec.format.schema_fields] == [f["name"] for f in ORDER["fields"]]
+    # The key is checked once the columns are known: a key the row lacks is refused as in the spec.
+    missing = json.loads(json.dumps(envelope))
+    missing["fields"][0]["type"][1]["fields"] = ORDER["fields"][1:]
+    with pytest.raises(Exception, match="'id' is not a top-level field"):
+        with_registry_schema(st, lambda topic: json.dumps(missing))

@@ -1,9 +1,9 @@
 """`spec.format`: json keeps its inline schema; avro is read through a schema registry.
 
 Proves: json still needs `schema` and refuses a registry; avro needs `registry` and may leave `schema` out
-(then layout and key checks wait for the registry schema); protobuf and jsonSchema are refused as not
-supported yet; the subject follows the naming strategy; basic auth and recordName mistakes name the field
-and the fix. Does not prove anything about a running registry (tests/integration does).
+(then layout and key checks wait for the registry schema), in every mode; protobuf and jsonSchema are
+refused as not supported yet; the subject follows the naming strategy; basic auth and recordName mistakes
+name the field and the fix. Does not prove anything about a running registry (tests/integration does).
 """
 
 from __future__ import annotations
@@ -66,10 +66,14 @@ def test_avro_without_schema_defers_layout_checks() -> None:
     assert st.spec.table.partitioning[0].field == "ts"
 
 
-def test_keyed_modes_are_not_supported_with_avro_yet() -> None:
-    message = _error(_with_format(BASE["spec"]["format"], mode="upsert", key=["id"]))
-    assert "spec.mode" in message
-    assert "not supported with format avro yet" in message
+def test_keyed_modes_load_with_avro_and_check_the_key_once_columns_are_known() -> None:
+    upsert = _load(_with_format(BASE["spec"]["format"], mode="upsert", key=["id"]))
+    assert upsert.spec.key == ["id"]  # no inline schema: the key is checked against the registry's
+    cdc = _load(_with_format(BASE["spec"]["format"], mode="cdc", key=["id"], sequenceBy=["source.lsn"]))
+    assert cdc.spec.sequence_by == ["source.lsn"]
+    inline = {**BASE["spec"]["format"], "schema": [{"name": "id", "type": "long"}]}
+    message = _error(_with_format(inline, mode="upsert", key=["id"]))
+    assert "spec.key[0]" in message and "add required: true" in message
 
 
 @pytest.mark.parametrize(

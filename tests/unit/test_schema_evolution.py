@@ -4,7 +4,8 @@ Proves: new optional fields are added (top level, inside structs, inside list el
 int→long, float→double and decimal precision are widened, required→optional is relaxed; a narrower
 writer type changes nothing; a changed type, a map key change, a new required spec field and a dropped
 required field are refused with messages naming the field and the fix; writer schemas add required
-fields as optional. Also `fields_from_iceberg` round-trips the spec's fields.
+fields as optional; a cdc table follows the row record of each Debezium envelope. Also `fields_from_iceberg`
+round-trips the spec's fields.
 """
 
 from __future__ import annotations
@@ -139,3 +140,45 @@ def test_fields_from_iceberg_round_trips_the_spec() -> None:
     ]
     back = fields_from_iceberg(to_iceberg_schema(fields).as_struct())
     assert [f.model_dump() for f in back] == [f.model_dump() for f in fields]
+
+
+def test_a_cdc_table_follows_the_row_record_of_each_debezium_envelope() -> None:
+    """mode cdc: a writer schema is the Debezium envelope; the table follows its row record (a new field
+    of the row is added), never the envelope's own fields (before, after, source, op)."""
+    import json
+
+    from icefall.api import parse_manifest
+    from icefall.ingest.schemas import SchemaFollower
+
+    st = parse_manifest(
+        """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {name: orders}
+spec:
+  source: {bootstrapServers: "kafka:9092", topic: orders}
+  format:
+    type: avro
+    registry: {url: "http://registry:8081"}
+    schema: [{name: id, type: long, required: true}]
+  table: {name: orders, namespace: shop}
+  mode: cdc
+  key: [id]
+"""
+    )
+    row = {"type": "record", "name": "Value", "fields": [{"name": "id", "type": "long"}]}
+    row["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
+    envelope = {
+        "type": "record",
+        "name": "Envelope",
+        "fields": [
+            {"name": "before", "type": ["null", row], "default": None},
+            {"name": "after", "type": ["null", "Value"], "default": None},
+            {"name": "op", "type": "string"},
+        ],
+    }
+    expected = schema({"name": "id", "type": "long", "required": True})
+    follower = SchemaFollower(st.spec, expected, "shop.orders")
+    plan = follower.plan(expected, {7: json.dumps(envelope)})
+    assert [str(c) for c in plan.changes] == ["add optional field 'note' string"]
+    assert plan.refused == ()

@@ -11,6 +11,10 @@ spark-avro's `from_avro` reads the same schema, so the decoded rows fit the tabl
 Refused with a message naming the field: unions of several non-null types, time-millis/time-micros (the
 Iceberg Spark runtime cannot write `time`), nesting deeper than `MAX_NESTING_DEPTH`.
 
+`row_schema` is the row record of a Debezium change event's Avro envelope (`spec.mode: cdc`): the record
+of its `after` field (or `before`), a named reference resolved, as a schema of its own; the table's columns
+come from it, not from the envelope.
+
 Pure: no I/O, no pyspark. Field ids are not chosen here: `to_iceberg_schema` assigns them at creation.
 """
 
@@ -35,6 +39,73 @@ def fields_from_avro(text: str) -> list[SchemaField]:
     if not isinstance(parsed, dict) or parsed.get("type") != "record":
         raise AvroSchemaError("the registry schema is not an Avro record; a table needs a record")
     return [_field(f, path=str(f.get("name"))) for f in parsed.get("fields", [])]
+
+
+#: The fields of a Debezium envelope that hold the row.
+IMAGE_FIELDS = ("after", "before")
+
+
+def row_schema(text: str) -> str:
+    """The row record of the Debezium envelope `text` (JSON text of an Avro record with `op`, `before` and
+    `after`), as the JSON text of a record schema: the type of `after`, or of `before`, a nullable union
+    unwrapped and a reference to a record named elsewhere in the envelope resolved."""
+    try:
+        envelope = json.loads(text)
+    except ValueError as error:
+        raise AvroSchemaError(f"the registry schema is not JSON: {error}") from error
+    record = envelope_row(envelope)
+    if record is None:
+        raise AvroSchemaError(
+            "the registry schema is not a Debezium change event envelope (a record with op, and before "
+            "or after holding the row's record); mode cdc needs one"
+        )
+    return json.dumps(record)
+
+
+def envelope_row(envelope: Any) -> dict[str, Any] | None:
+    """The row record (a parsed Avro record schema) of a parsed Debezium envelope; None when `envelope` is
+    not a record with an `op` field and a record in `after` or `before`."""
+    if not isinstance(envelope, dict) or envelope.get("type") != "record":
+        return None
+    fields = {f.get("name"): f for f in envelope.get("fields", []) if isinstance(f, dict)}
+    if "op" not in fields:
+        return None
+    named = named_records(envelope)
+    for name in IMAGE_FIELDS:
+        if name not in fields:
+            continue
+        kind = fields[name].get("type")
+        if isinstance(kind, list):
+            others = [t for t in kind if t != "null"]
+            kind = others[0] if len(others) == 1 else None
+        if isinstance(kind, str):
+            kind = named.get(kind)
+        if isinstance(kind, dict) and kind.get("type") == "record":
+            return kind
+    return None
+
+
+def named_records(schema: Any, namespace: str = "") -> dict[str, dict[str, Any]]:
+    """Every record defined in the parsed Avro `schema`, by its name and by its full name."""
+    found: dict[str, dict[str, Any]] = {}
+    if isinstance(schema, list):
+        for branch in schema:
+            found.update(named_records(branch, namespace))
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind == "record" and isinstance(schema.get("name"), str):
+            name = schema["name"]
+            space = schema.get("namespace", namespace) if "." not in name else name.rsplit(".", 1)[0]
+            found[name.rsplit(".", 1)[-1]] = schema
+            found[f"{space}.{name.rsplit('.', 1)[-1]}" if space else name] = schema
+            for field in schema.get("fields", []):
+                if isinstance(field, dict):
+                    found.update(named_records(field.get("type"), space))
+        elif kind in ("array", "map"):
+            found.update(named_records(schema.get("items", schema.get("values")), namespace))
+        elif isinstance(kind, dict | list):
+            found.update(named_records(kind, namespace))
+    return found
 
 
 def _field(field: dict[str, Any], *, path: str) -> SchemaField:

@@ -36,7 +36,7 @@ from icefall.api.base import (
     Loc,
     ProblemCollector,
 )
-from icefall.api.format import Format, FormatType, Transforms
+from icefall.api.format import Format, Transforms
 from icefall.api.maintenance import CompactionSpec, RetentionSpec, retention_problems
 from icefall.api.pods import PodTemplates
 from icefall.api.source import KafkaSource
@@ -190,8 +190,8 @@ class StreamingTableSpec(ApiModel):
         description=(
             "append: every record is a new row. upsert: the table holds the latest record per key; a "
             "tombstone (null value) deletes the key. cdc: records are Debezium change events (JSON, with "
-            "or without the schema envelope); op c, r and u write the after image, d deletes the key. "
-            "Immutable."
+            "or without the schema envelope, or avro: the AvroConverter's envelope, whose after record "
+            "gives the columns); op c, r and u write the after image, d deletes the key. Immutable."
         ),
     )
     key: list[str] | None = Field(
@@ -202,7 +202,8 @@ class StreamingTableSpec(ApiModel):
             "upsert and cdc only, required there: the columns that identify a row (the table's Iceberg "
             "identifier fields): required top-level schema fields of a primitive type other than float and "
             "double. Read from the record's value; a tombstone's (or a delete without a before image) from "
-            "the Kafka key: a JSON object with these fields, or for a one-column key the bare value. "
+            "the Kafka key: a JSON object with these fields, or for a one-column key the bare value; with "
+            "avro also a Confluent-framed Avro key (a record with these fields). "
             "Immutable."
         ),
     )
@@ -275,12 +276,6 @@ class StreamingTableSpec(ApiModel):
             )
         if self.retention is not None:
             problems.extend(("retention",), retention_problems(self.retention, self.table))
-        if self.format.type is not FormatType.JSON and self.mode is not TableMode.APPEND:
-            problems.add(
-                ("mode",),
-                f"mode {self.mode.value} is not supported with format {self.format.type.value} yet; use "
-                "mode: append, or json records",
-            )
         problems.extend((), key_problems(self))
         problems.extend((), sequence_problems(self))
         problems.raise_if_any()

@@ -1,7 +1,9 @@
 """`icefall verify` for keyed tables (`spec.mode` upsert or cdc): the table against a model of the topic.
 
 The model: every record of the committed offset ranges (per partition from where the table first read it
-to the committed offset, read_committed) decoded with the table's spec exactly as ingestion decodes it;
+to the committed offset, read_committed) decoded with the table's spec exactly as ingestion decodes it
+(the same `Decoder`; Avro with each record's writer schema, and without an inline schema onto the
+registry's latest schema's fields, as ingestion derives them at start: `spec_with_registry_schema`);
 the good changes collapsed to the last per key (`icefall.ingest.decode.last_changes`, the rule ingestion
 applies batch by batch); deletes removed. Compared with the table's rows at the committed snapshot by key
 and by content: a digest of every column, `_kafka` (partition, offset, timestamp) included, so a row must
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyspark.sql import DataFrame, SparkSession
 
-    from icefall.api import StreamingTable
+    from icefall.api import StreamingTable, StreamingTableSpec
     from icefall.plan.offsets import OffsetRange
 
 EXAMPLES = 5
@@ -110,6 +112,7 @@ def audit_keyed(
     from icefall.audit.content import RECORDS_PER_TASK
     from icefall.ingest.decode import decode
     from icefall.ingest.engine import read_kafka
+    from icefall.kafka.registry import spec_with_registry_schema
     from icefall.plan.offsets import OffsetRange
 
     key = list(st.spec.key or [])
@@ -130,11 +133,12 @@ def audit_keyed(
         raise KeyedAuditError(f"{label}: the table has no snapshot yet; nothing to audit")
     rows = spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(committed.snapshot_id)}")
     kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
-    decoded = decode(kafka, st.spec).persist()
+    spec = spec_with_registry_schema(st.spec)
+    decoded = decode(kafka, spec).persist()
     comparison: _Comparison | None = None
     try:
         records = decoded.count() if ranges else 0
-        comparison = _compare(decoded, rows, st, key)
+        comparison = _compare(decoded, rows, spec, key)
         dead = _dead_letters(spark, st, catalog_name, ranges)
         return _report(
             st, committed, records=records, rows=rows, comparison=comparison, dead=dead, decoded=decoded
@@ -155,18 +159,18 @@ class _Comparison:
     unordered: DataFrame
 
 
-def _compare(decoded: DataFrame, rows: DataFrame, st: StreamingTable, key: list[str]) -> _Comparison:
+def _compare(decoded: DataFrame, rows: DataFrame, spec: StreamingTableSpec, key: list[str]) -> _Comparison:
     """Collapse the decoded changes to the last per key (deletes removed) and join them with the rows."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     from icefall.audit.content import main_digest
     from icefall.ingest.decode import DELETE_COLUMN, KAFKA_COLUMN, good_rows, last_changes
 
-    changes = good_rows(decoded, st.spec)
+    changes = good_rows(decoded, spec)
     unordered = (
         changes.groupBy(*key)
         .agg(F.count_distinct(F.col(f"{KAFKA_COLUMN}.partition")).alias("partitions"))
-        .where("partitions > 1" if not st.spec.sequence_by else "false")
+        .where("partitions > 1" if not spec.sequence_by else "false")
         .select(*key)
     )
     model = last_changes(changes, key).where(~F.col(DELETE_COLUMN)).drop(DELETE_COLUMN)

@@ -21,22 +21,48 @@ Reasons a record goes to the dead-letter table (`error`, joined by "; " like the
 `field 'amount': the writer's value does not fit decimal(10,2)`;
 `required field 'id' is missing or null` (with `, and writer schema id 7 has no such field` when absent).
 
+Keyed modes (`spec.mode` upsert and cdc, `icefall.ingest.keyed` for the rules they share with JSON): the
+output also holds `DELETE_COLUMN`, `KAFKA_KEY_COLUMN` and, for cdc with `spec.sequenceBy`, `POSITION_COLUMN`.
+upsert: the value is the row; a tombstone deletes its key. cdc: the value is Debezium's Avro envelope
+(`{before, after, source, op, ts_ms, ...}`, the row record in before and after); op c, r and u write the
+after image, d deletes the key of the before image, and `spec.sequenceBy` paths read the envelope (e.g.
+`source.lsn`). Key fields a row lacks come from the Kafka key, decoded like the value: a Confluent-framed
+Avro key (Kafka Connect's and Debezium's AvroConverter: a record holding the key fields, read by name, or a
+primitive for a one-column key) with its own writer schema (the batch's key schema ids are gathered with
+the values', `BatchWriters.key_schemas`); otherwise as the JSON path reads a text key (a JSON object, or
+the bare value of a one-column key), or for a one-column int or long key 4 or 8 bytes big-endian (Kafka's
+IntegerSerializer, LongSerializer). The reasons are the JSON path's: `tombstone (null value): the Kafka key
+gives no value for key field 'id' (...)`, `not a Debezium change event: ...` (also for a writer schema that
+is not an envelope), `Debezium op 't' is not one of c, r, u, d`, `Debezium op 'c' has no after image`,
+`Debezium event has no source.lsn (...)`.
+
 Not guaranteed: bytes that happen to decode as the writer schema (Avro binary has no checksum) are taken
 as that record; nested records are cast as a whole, so their fields must match the table's in number and
-order. Keyed modes (upsert, cdc) are not supported with Avro yet (refused by the spec).
+order. A binary key that happens to start like a frame (a zero byte, then an id the registry knows) is read
+as a framed key.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
-from icefall.api import StreamingTableSpec, to_spark_schema_json
-from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, TYPED_COLUMN
+from icefall.api import StreamingTableSpec, TableMode, to_spark_schema_json
+from icefall.api.avro import IMAGE_FIELDS, envelope_row, named_records
+from icefall.ingest.columns import (
+    BAD_COLUMN,
+    DELETE_COLUMN,
+    ERROR_COLUMN,
+    KAFKA_KEY_COLUMN,
+    POSITION_COLUMN,
+    TYPED_COLUMN,
+)
+from icefall.ingest.keyed import Keyed, change_reasons, sequence_part
 
 #: The writer schemas (Avro JSON text) of schema ids; None for an id the registry does not know.
 SchemaLookup = Callable[[Iterable[int]], Mapping[int, str | None]]
@@ -49,6 +75,39 @@ _RECORD = "__icefall_avro_"  # + schema id: the record parsed with that writer s
 _FAILED = "__icefall_avro_failed_"  # + schema id: true when the bytes did not decode
 _ROW = "__icefall_avro_row"
 _PROBLEM = "__icefall_avro_problem"
+_KEY_SCHEMA_ID = "__icefall_key_schema_id"
+_KEY = "__icefall_avro_key_"  # + schema id: the Kafka key parsed with that writer schema
+_OP = "__icefall_avro_op"
+#: The Kafka keys an Avro table's key is read from, for the dead-letter reason of a delete without one.
+KEY_FORMS = (
+    "a Confluent-framed Avro record with the key fields, a JSON object with them, or the bare value of a "
+    "one-column key"
+)
+
+
+class BatchWriters(dict[int, str | None]):
+    """The writer schemas of a batch's values by schema id (the mapping, what the table's schema follows),
+    and in keyed modes those of its Kafka keys (`key_schemas`)."""
+
+    def __init__(
+        self, values: Mapping[int, str | None], key_schemas: Mapping[int, str | None] | None = None
+    ) -> None:
+        super().__init__(values)
+        self.key_schemas: dict[int, str | None] = dict(key_schemas or {})
+
+
+class _Decoded:
+    """What the records of one value schema id decode to: the row, the checks on it, and in cdc its op and
+    position."""
+
+    def __init__(
+        self,
+        row: Column,
+        checks: Sequence[tuple[Column, Column]],
+        op: Column | None = None,
+        position: Column | None = None,
+    ) -> None:
+        self.row, self.checks, self.op, self.position = row, list(checks), op, position
 
 
 class AvroDecoding:
@@ -75,6 +134,8 @@ class AvroDecoding:
         )
         self.schemas = schemas
         self.errors = errors
+        self.keyed = Keyed(spec) if spec.mode is not TableMode.APPEND else None
+        self.cdc = spec.mode is TableMode.CDC
         self._base = list(base)
         max_bytes = spec.dead_letter.max_record_bytes
         value = F.col("value")
@@ -84,6 +145,11 @@ class AvroDecoding:
         self._schema_id = F.when(
             self._size_ok & magic_ok, F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("bigint")
         ).alias(_SCHEMA_ID)
+        key = F.col("key")
+        self._key_schema_id = F.when(
+            (F.length(key) >= HEADER_BYTES) & (F.hex(F.substring(key, 1, 1)) == F.lit("00")),
+            F.conv(F.hex(F.substring(key, 2, 4)), 16, 10).cast("bigint"),
+        ).alias(_KEY_SCHEMA_ID)
         self._frame_reasons: list[tuple[Column, Column]] = [
             (value.isNull(), F.lit("tombstone: the record's value is null")),
             (
@@ -116,9 +182,26 @@ class AvroDecoding:
         rows = framed.where(F.col(_SCHEMA_ID).isNotNull()).select(_SCHEMA_ID).distinct().collect()
         return sorted(int(row[0]) for row in rows)
 
-    def writer_schemas(self, kafka_df: DataFrame) -> Mapping[int, str | None]:
-        """The writer schema of each schema id in `kafka_df` (a Spark job over the headers, then a lookup)."""
-        return self.schemas(self.schema_ids(kafka_df.select(self._schema_id)))
+    def writer_schemas(self, kafka_df: DataFrame) -> BatchWriters:
+        """The writer schema of each schema id in `kafka_df`, and in keyed modes of each Kafka key's (one
+        Spark job over the headers, then one lookup)."""
+        if self.keyed is None:
+            return self._writers(kafka_df.select(self._schema_id))
+        return self._writers(kafka_df.select(self._schema_id, self._key_schema_id))
+
+    def _writers(self, framed: DataFrame) -> BatchWriters:
+        """`writer_schemas` of `framed` (holding `_SCHEMA_ID`, and in keyed modes `_KEY_SCHEMA_ID`)."""
+        if self.keyed is None:
+            return BatchWriters(self.schemas(self.schema_ids(framed)))
+        ids = F.array(
+            F.struct(F.lit(False).alias("key"), F.col(_SCHEMA_ID).alias("id")),
+            F.struct(F.lit(True).alias("key"), F.col(_KEY_SCHEMA_ID).alias("id")),
+        )
+        rows = framed.select(F.inline(ids)).where(F.col("id").isNotNull()).distinct().collect()
+        values = sorted(int(r["id"]) for r in rows if not r["key"])
+        keys = sorted(int(r["id"]) for r in rows if r["key"])
+        found = self.schemas(sorted({*values, *keys}))
+        return BatchWriters({i: found.get(i) for i in values}, {i: found.get(i) for i in keys})
 
     def decode(
         self, kafka_df: DataFrame, headers: Column, writers: Mapping[int, str | None] | None = None
@@ -126,70 +209,211 @@ class AvroDecoding:
         """Decode with `writers` (`writer_schemas` of this input; default: looked up now)."""
         from pyspark.sql.avro.functions import from_avro
 
-        framed = kafka_df.select(*self._base, headers, self._schema_id)
+        key_id = [self._key_schema_id] if self.keyed is not None else []
+        framed = kafka_df.select(*self._base, headers, self._schema_id, *key_id)
         if writers is None:
-            writers = self.schemas(self.schema_ids(framed))
+            writers = self._writers(framed)
+        key_writers: Mapping[int, str | None] = getattr(writers, "key_schemas", None) or {}
+        if self.keyed is not None and not isinstance(writers, BatchWriters):
+            key_writers = self._writers(framed).key_schemas
         schema_id = F.col(_SCHEMA_ID)
         payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
         known = sorted(i for i, writer in writers.items() if writer is not None)
         # Each record is parsed once, with its own id's writer schema; later projections read the result.
         parsed_columns: list[Column] = []
         failed_columns: list[Column] = []
-        rows: list[tuple[int, Column, Column]] = []
+        decoded: list[tuple[int, _Decoded]] = []
         for i in known:
             writer = writers[i]
             assert writer is not None
-            writer_fields = _record_fields(writer)
-            if writer_fields is None:
-                why = F.lit(f"schema id {i} is not an Avro record; the table needs a record")
-                rows.append((i, F.lit(None).cast(self._row_struct), self._problem([(F.lit(True), why)])))
+            top_fields = _record_fields(writer)
+            problem = self._writer_problem(i, writer, top_fields)
+            if top_fields is None or problem is not None:
+                why = F.lit(problem or f"schema id {i} is not an Avro record; the table needs a record")
+                decoded.append((i, _Decoded(F.lit(None).cast(self._row_struct), [(F.lit(True), why)])))
                 continue
             name = f"{_RECORD}{i}"
             record = from_avro(payload, writer, {"mode": "PERMISSIVE"})
             # A generator over a one-element array is a barrier the optimizer does not inline through:
             # without it, every field access would parse the record again.
             parsed_columns.append(F.explode(F.array(F.when(schema_id == F.lit(i), record))).alias(name))
-            failed_columns.append(_failed(F.col(name), writer_fields).alias(f"{_FAILED}{i}"))
-            projected, checks = self._projected(i, F.col(name), F.col(f"{_FAILED}{i}"), writer_fields)
-            rows.append((i, projected, self._problem(checks)))
+            failed_columns.append(_failed(F.col(name), top_fields).alias(f"{_FAILED}{i}"))
+            decoded.append((i, self._decoded(i, writer, F.col(name), F.col(f"{_FAILED}{i}"), top_fields)))
+        key_known = sorted(i for i, writer in key_writers.items() if writer is not None)
+        for i in key_known:
+            key_writer = key_writers[i]
+            assert key_writer is not None
+            key_payload = F.expr(f"substring(key, {HEADER_BYTES + 1})")
+            key_record = from_avro(key_payload, key_writer, {"mode": "PERMISSIVE"})
+            parsed_columns.append(
+                F.explode(F.array(F.when(F.col(_KEY_SCHEMA_ID) == F.lit(i), key_record))).alias(f"{_KEY}{i}")
+            )
         parsed = framed
         for column in parsed_columns:
             parsed = parsed.select("*", column)
         parsed = parsed.select("*", *failed_columns)
-        row: Column = F.lit(None).cast(self._row_struct)
-        problem: Column = F.lit(None).cast("string" if self.errors else "boolean")
-        if rows:
-            row_case = F.when(schema_id == F.lit(rows[0][0]), rows[0][1])
-            problem_case = F.when(schema_id == F.lit(rows[0][0]), rows[0][2])
-            for i, projected, why in rows[1:]:
-                row_case = row_case.when(schema_id == F.lit(i), projected)
-                problem_case = problem_case.when(schema_id == F.lit(i), why)
-            row, problem = row_case.cast(self._row_struct), problem_case
-        projected_df = parsed.select("*", row.alias(_ROW), problem.alias(_PROBLEM))
+        rows = parsed.select("*", *self._by_id(decoded, schema_id))
+        internal = [_SCHEMA_ID, _ROW, _PROBLEM, *(f"{p}{i}" for i in known for p in (_RECORD, _FAILED))]
+        if self.keyed is not None:
+            rows = rows.select("*", self._kafka_key(key_writers, key_known))
+            internal += [_KEY_SCHEMA_ID, _OP, *(f"{_KEY}{i}" for i in key_known)]
+        problems = _case(schema_id, [(i, self._problem(d.checks)) for i, d in decoded])
+        if problems is None:
+            problems = F.lit(None).cast("string" if self.errors else "boolean")
+        checked = rows.select("*", problems.alias(_PROBLEM))
         unknown = schema_id.isNotNull() & ~schema_id.isin(*known) if known else schema_id.isNotNull()
         columns = [F.col(_ROW).alias(TYPED_COLUMN), *self._verdict(unknown, schema_id)]
-        internal = [_SCHEMA_ID, _ROW, _PROBLEM, *(f"{p}{i}" for i in known for p in (_RECORD, _FAILED))]
-        return projected_df.select("*", *columns).drop(*internal)
+        return checked.select("*", *columns).drop(*internal)
+
+    def _by_id(self, decoded: Sequence[tuple[int, _Decoded]], schema_id: Column) -> list[Column]:
+        """The row of each record (by its schema id), and in keyed modes whether it deletes its key, in cdc
+        its op and position."""
+        row = _case(schema_id, [(i, d.row) for i, d in decoded])
+        columns = [(row if row is not None else F.lit(None)).cast(self._row_struct).alias(_ROW)]
+        if self.keyed is None:
+            return columns
+        value = F.col("value")
+        if not self.cdc:
+            return [*columns, value.isNull().alias(DELETE_COLUMN)]
+        op = _case(schema_id, [(i, d.op) for i, d in decoded if d.op is not None])
+        op = (op if op is not None else F.lit(None)).cast("string")
+        columns += [
+            op.alias(_OP),
+            (value.isNull() | F.coalesce(op == "d", F.lit(False))).alias(DELETE_COLUMN),
+        ]
+        if self.keyed.sequence_by:
+            position = _case(schema_id, [(i, d.position) for i, d in decoded if d.position is not None])
+            position = (position if position is not None else F.lit(None)).cast("array<string>")
+            columns.append(F.when(value.isNotNull(), position).alias(POSITION_COLUMN))
+        return columns
+
+    def _writer_problem(
+        self, schema_id: int, writer: str, top_fields: Mapping[str, bool] | None
+    ) -> str | None:
+        """cdc: why the records of writer schema `schema_id` are not change events (None: they are)."""
+        if not self.cdc or top_fields is None:
+            return None
+        parsed = json.loads(writer)
+        if envelope_row(parsed) is None:
+            return (
+                f"not a Debezium change event: writer schema id {schema_id} is not an envelope (a record "
+                "with op, and before or after holding the row's record)"
+            )
+        return None
+
+    def _decoded(
+        self, schema_id: int, writer: str, record: Column, failed: Column, top_fields: Mapping[str, bool]
+    ) -> _Decoded:
+        """The records of writer schema `schema_id`, parsed into `record`: their row and its checks; in cdc
+        the envelope's row image (after, or before for op d), op and position."""
+        if not self.cdc:
+            projected, checks = self._projected(schema_id, record, failed, top_fields)
+            return _Decoded(projected, checks)
+        parsed = json.loads(writer)
+        row = envelope_row(parsed)
+        assert row is not None  # `_writer_problem` refused the others
+        row_fields = _record_fields(json.dumps(row)) or {}
+        op = record["op"].cast("string")
+        images = [name for name in IMAGE_FIELDS if name in top_fields]
+        after = record["after"] if "after" in images else F.lit(None)
+        before = record["before"] if "before" in images else F.lit(None)
+        image = F.when(op.isin("c", "r", "u"), after).when(op == "d", before)
+        projected, checks = self._projected(schema_id, image, failed, row_fields)
+        checks = [*change_reasons(~failed, op, after), *checks]
+        position = None
+        if self.keyed is not None and self.keyed.sequence_by:
+            names = named_records(parsed)
+            parts = [
+                sequence_part(_path(record, parsed, path, names).cast("string"))
+                for path in self.keyed.sequence_by
+            ]
+            position = F.array(*parts)
+        return _Decoded(projected, checks, op, position)
+
+    def _kafka_key(self, key_writers: Mapping[int, str | None], key_known: Sequence[int]) -> Column:
+        """`KAFKA_KEY_COLUMN`: the key fields read from the Kafka key, for records whose row lacks one of
+        them (a delete, or a value without the key field): a framed Avro key with its writer schema, else a
+        text key as the JSON path reads it, else a one-column int or long key in binary."""
+        assert self.keyed is not None
+        keyed = self.keyed
+        key_type = keyed.key_schema
+        row = F.col(_ROW)
+        needed = F.col(DELETE_COLUMN) | row.isNull()
+        for name in keyed.key:
+            needed = needed | row[name].isNull()
+        plain = keyed.text_key()
+        binary_bytes = {"int": 4, "long": 8}.get(keyed.key_fields[0].parsed.name)
+        if len(keyed.key) == 1 and binary_bytes is not None:
+            name, key = keyed.key[0], F.col("key")
+            unsigned = F.conv(F.hex(key), 16, 10).cast("decimal(20,0)")
+            half, whole = (
+                F.lit(str(n)).cast("decimal(20,0)")
+                for n in (2 ** (8 * binary_bytes - 1), 2 ** (8 * binary_bytes))
+            )
+            signed = F.when(unsigned >= half, unsigned - whole)
+            binary = F.when(F.length(key) == binary_bytes, signed.otherwise(unsigned))
+            plain = F.struct(F.coalesce(plain[name], binary.cast(key_type[name].dataType)).alias(name))
+        cases: list[tuple[int, Column]] = []
+        for i in key_known:
+            writer = key_writers[i]
+            assert writer is not None
+            cases.append((i, self._avro_key(F.col(f"{_KEY}{i}"), writer)))
+        from_key = plain.cast(key_type)
+        if cases:
+            key_id = F.col(_KEY_SCHEMA_ID)
+            framed = _case(key_id, cases)
+            assert framed is not None
+            decoded_key = F.when(key_id.isin(*key_known), framed.cast(key_type))
+            from_key = F.when(decoded_key.isNotNull(), decoded_key).otherwise(from_key)
+        return F.when(needed, from_key).alias(KAFKA_KEY_COLUMN)
+
+    def _avro_key(self, parsed: Column, writer: str) -> Column:
+        """The key fields of a Kafka key parsed with its Avro `writer`: a record's fields by name, or a
+        primitive as the value of a one-column key; null when the bytes did not decode."""
+        assert self.keyed is not None
+        key = self.keyed.key
+        fields = _record_fields(writer)
+        if fields is None:  # a primitive (or another non-record type)
+            if len(key) != 1:
+                return F.lit(None)
+            return F.struct(parsed.try_cast(self.targets[key[0]]).alias(key[0]))
+        values = [
+            (parsed[name].try_cast(self.targets[name]) if name in fields else F.lit(None)).alias(name)
+            for name in key
+        ]
+        return F.when(~_failed(parsed, fields), F.struct(*values))
 
     def _verdict(self, unknown: Column, schema_id: Column) -> list[Column]:
-        """`BAD_COLUMN` and, with `errors`, `ERROR_COLUMN`: from the frame, the id and the projection."""
-        if self.errors:
-            reasons = [
-                *self._frame_reasons,
-                (
-                    unknown,
-                    F.format_string(
-                        "unknown schema id %d (the registry has no Avro schema with this id)", schema_id
-                    ),
+        """`BAD_COLUMN` and, with `errors`, `ERROR_COLUMN`: from the frame, the id and the projection; in
+        keyed modes a delete needs only its key (`icefall.ingest.decode._bad`)."""
+        reasons = [
+            *self._frame_reasons,
+            (
+                unknown,
+                F.format_string(
+                    "unknown schema id %d (the registry has no Avro schema with this id)", schema_id
                 ),
-                (F.col(_PROBLEM).isNotNull(), F.col(_PROBLEM)),
-            ]
+            ),
+            (F.col(_PROBLEM).isNotNull(), F.col(_PROBLEM)),
+        ]
+        keyed = self.keyed
+        if self.errors:
+            if keyed is not None:
+                not_delete = ~F.col(DELETE_COLUMN)
+                reasons = [
+                    *keyed.delete_reasons(KEY_FORMS),
+                    *((not_delete & c, m) for c, m in reasons),
+                    *keyed.sequence_reasons(F.col(_OP)),
+                ]
             error = _joined(reasons)
             return [error.isNotNull().alias(BAD_COLUMN), error.alias(ERROR_COLUMN)]
         bad = unknown | F.coalesce(F.col(_PROBLEM), F.lit(False))
         for condition, _ in self._frame_reasons:
             bad = bad | condition
-        return [F.coalesce(bad, F.lit(False)).alias(BAD_COLUMN)]
+        bad = F.coalesce(bad, F.lit(False))
+        if keyed is not None:
+            bad = F.when(F.col(DELETE_COLUMN), keyed.key_missing()).otherwise(bad) | keyed.sequence_missing()
+        return [bad.alias(BAD_COLUMN)]
 
     def _problem(self, checks: Sequence[tuple[Column, Column]]) -> Column:
         """With `errors`, the messages of the checks that apply (null when none does); without, whether
@@ -204,13 +428,15 @@ class AvroDecoding:
     def _projected(
         self, schema_id: int, record: Column, failed: Column, writer_fields: Mapping[str, bool]
     ) -> tuple[Column, list[tuple[Column, Column]]]:
-        """The table's row of a record parsed with writer schema `schema_id`, and the checks on it
-        (`failed`: the bytes did not decode, `_failed`)."""
-        decoded = ~failed
+        """The table's row of a record parsed with writer schema `schema_id` (`record`: its row record,
+        null when it has none), and the checks on it (`failed`: the bytes did not decode, `_failed`). In
+        keyed modes a key field the record lacks may come from the Kafka key."""
+        decoded = ~failed & record.isNotNull()
         values: list[Column] = []
         checks: list[tuple[Column, Column]] = [
             (failed, F.lit(f"bytes do not decode as Avro with writer schema id {schema_id}"))
         ]
+        key = self.keyed.key if self.keyed is not None else []
         for field in self.fields:
             target = self.targets[field.name]
             if field.name in writer_fields:
@@ -229,9 +455,12 @@ class AvroDecoding:
                 mismatch = F.lit(False)
                 absent = f", and writer schema id {schema_id} has no such field"
             if field.required:
+                present = (
+                    value if field.name not in key else F.coalesce(value, F.col(KAFKA_KEY_COLUMN)[field.name])
+                )
                 checks.append(
                     (
-                        decoded & value.isNull() & ~mismatch,
+                        decoded & present.isNull() & ~mismatch,
                         F.lit(f"required field '{field.name}' is missing or null{absent}"),
                     )
                 )
@@ -248,6 +477,36 @@ def _nullable(dtype: DataType) -> DataType:
     if isinstance(dtype, StructType):
         return StructType([StructField(f.name, _nullable(f.dataType), True) for f in dtype.fields])
     return dtype
+
+
+def _case(schema_id: Column, cases: Sequence[tuple[int, Column]]) -> Column | None:
+    """`cases[i]`'s column where `schema_id` is its id (null elsewhere); None without cases."""
+    if not cases:
+        return None
+    column = F.when(schema_id == F.lit(cases[0][0]), cases[0][1])
+    for i, value in cases[1:]:
+        column = column.when(schema_id == F.lit(i), value)
+    return column
+
+
+def _path(record: Column, schema: Mapping[str, Any], path: str, named: Mapping[str, Any]) -> Column:
+    """The value at the dotted `path` of `record` (parsed with the Avro record `schema`); null when the
+    schema has no such field."""
+    column: Column = record
+    node: Any = schema
+    for name in path.split("."):
+        fields = node.get("fields") if isinstance(node, Mapping) else None
+        found = [f for f in fields or [] if isinstance(f, Mapping) and f.get("name") == name]
+        if not found:
+            return F.lit(None)
+        kind = found[0].get("type")
+        if isinstance(kind, list):
+            others = [t for t in kind if t != "null"]
+            kind = others[0] if len(others) == 1 else None
+        if isinstance(kind, str) and kind in named:
+            kind = named[kind]
+        column, node = column[name], kind if isinstance(kind, Mapping) else {}
+    return column
 
 
 def _failed(record: Column, writer_fields: Mapping[str, bool]) -> Column:

@@ -33,10 +33,10 @@ How JSON maps to types (Spark's JSON reader, `from_json` in PERMISSIVE mode):
 Keyed modes (`spec.mode` upsert, cdc; `icefall.ingest.keyed`): the good rows carry `DELETE_COLUMN` (true for a
 record that deletes its key: a tombstone, a Debezium d event), a delete needs only its key, a Debezium event
 is decoded from its row image (after, or before for d), and key fields missing from the image come from the
-Kafka key. Errors of keyed modes: `tombstone (null value): the Kafka key gives no value for key field 'id'
-...`, `delete (op d, or a tombstone): the before image nor the Kafka key gives ...`, `not a Debezium change
-event: it has no op (nor payload.op)`, `Debezium op 't' is not one of c, r, u, d`, `Debezium op 'c' has no
-after image`.
+Kafka key (Avro: `icefall.ingest.avro`, the same rules and reasons). Errors of keyed modes: `tombstone
+(null value): the Kafka key gives no value for key field 'id' ...`, `delete (op d, or a tombstone): the
+before image nor the Kafka key gives ...`, `not a Debezium change event: it has no op (nor payload.op)`,
+`Debezium op 't' is not one of c, r, u, d`, `Debezium op 'c' has no after image`.
 
 Guarantees: every input row is in exactly one of good, bad, or filtered out (one boolean, `BAD_COLUMN`,
 splits them); everything is Spark column expressions (no Python UDF). Each output re-reads its input:
@@ -180,7 +180,7 @@ class Decoder:
         ]
         self._avro = AvroDecoding(spec, schemas, base=base, errors=errors)
         self._good_filter = ~F.col(BAD_COLUMN)
-        self._good = _good_columns(spec, None)
+        self._good = _good_columns(spec, self._avro.keyed)
 
     def good_rows(self, decoded: DataFrame) -> DataFrame:
         """`good_rows` (module function) of a `decode` result of this decoder."""

@@ -114,23 +114,30 @@ class Keyed:
         needed = F.lit(False)
         for name in self.key:
             needed = needed | typed.isNull() | typed[name].isNull()
+        return F.when(needed, self.text_key()).alias(KAFKA_KEY_COLUMN)
+
+    def text_key(self) -> Column:
+        """The key fields of a Kafka key that is text: a JSON object holding them (also inside `payload`),
+        or for a one-column key the bare value (JSON, or plain text for string keys)."""
         key_text = F.when(F.is_valid_utf8(F.col("key").cast("string")), F.col("key").cast("string"))
-        schema = StructType.fromJson(to_spark_schema_json([_optional(f) for f in self.key_fields]))
+        schema = self.key_schema
         wrapped = StructType([*schema.fields, StructField("payload", schema)])
         parsed = F.from_json(key_text, wrapped, {"mode": "PERMISSIVE"})
         as_object = F.struct(*(F.coalesce(parsed["payload"][n], parsed[n]).alias(n) for n in self.key))
-        from_key = as_object
-        if len(self.key) == 1:
-            name = self.key[0]
-            scalar = F.from_json(
-                F.concat(F.lit('{"v":'), key_text, F.lit("}")), f"v {schema[name].dataType.simpleString()}"
-            )["v"]
-            if self.key_fields[0].parsed.name in ("string", "uuid"):
-                scalar = F.coalesce(scalar, key_text)
-            from_key = F.when(F.ltrim(key_text).startswith("{"), as_object).otherwise(
-                F.struct(scalar.alias(name))
-            )
-        return F.when(needed, from_key).alias(KAFKA_KEY_COLUMN)
+        if len(self.key) != 1:
+            return as_object
+        name = self.key[0]
+        scalar = F.from_json(
+            F.concat(F.lit('{"v":'), key_text, F.lit("}")), f"v {schema[name].dataType.simpleString()}"
+        )["v"]
+        if self.key_fields[0].parsed.name in ("string", "uuid"):
+            scalar = F.coalesce(scalar, key_text)
+        return F.when(F.ltrim(key_text).startswith("{"), as_object).otherwise(F.struct(scalar.alias(name)))
+
+    @property
+    def key_schema(self) -> StructType:
+        """The Spark type of the key fields (each nullable): the type of `KAFKA_KEY_COLUMN`."""
+        return StructType.fromJson(to_spark_schema_json([_optional(f) for f in self.key_fields]))
 
     # -- reasons --------------------------------------------------------------------------------------
 
@@ -148,18 +155,18 @@ class Keyed:
             return F.lit(False)
         return F.coalesce(F.exists(F.col(POSITION_COLUMN), lambda part: part.isNull()), F.lit(False))
 
-    def delete_reasons(self) -> list[Check]:
-        """Why a delete cannot be applied: a key field without a value."""
+    def delete_reasons(
+        self, key_forms: str = "a JSON object with the key fields, or the bare value of a one-column key"
+    ) -> list[Check]:
+        """Why a delete cannot be applied: a key field without a value (`key_forms`: the Kafka keys that
+        give one, for the message)."""
         delete = F.col(DELETE_COLUMN)
         what = "tombstone (null value)" if self.mode is TableMode.UPSERT else "delete (op d, or a tombstone)"
         source = "the Kafka key" if self.mode is TableMode.UPSERT else "the before image nor the Kafka key"
         return [
             (
                 delete & self.column(name).isNull(),
-                F.lit(
-                    f"{what}: {source} gives no value for key field '{name}' (a JSON object with the key "
-                    "fields, or the bare value of a one-column key)"
-                ),
+                F.lit(f"{what}: {source} gives no value for key field '{name}' ({key_forms})"),
             )
             for name in self.key
         ]
@@ -173,22 +180,14 @@ class Keyed:
         parsed = text.isNotNull() & F.try_parse_json(text).isNotNull() & F.ltrim(text).startswith("{")
         return [
             (text.isNotNull() & ~parsed, json_problem(text)),
-            (parsed & op.isNull(), F.lit("not a Debezium change event: it has no op (nor payload.op)")),
-            (
-                parsed & op.isNotNull() & ~op.isin(*CDC_OPS),
-                F.concat(
-                    F.lit("Debezium op "), quote(op, VALUE_QUOTE_CHARS), F.lit(" is not one of c, r, u, d")
-                ),
-            ),
-            (
-                parsed & op.isin("c", "r", "u") & envelope["after"].isNull(),
-                F.concat(F.lit("Debezium op "), quote(op, VALUE_QUOTE_CHARS), F.lit(" has no after image")),
-            ),
+            *change_reasons(parsed, op, envelope["after"]),
         ]
 
-    def sequence_reasons(self) -> list[Check]:
-        """cdc with `spec.sequenceBy`: a change event (a delete too) without one of its fields."""
-        op = F.col(ENVELOPE_COLUMN)["op"]
+    def sequence_reasons(self, op: Column | None = None) -> list[Check]:
+        """cdc with `spec.sequenceBy`: a change event (a delete too) without one of its fields (`op`: the
+        event's op; default the JSON envelope's)."""
+        if op is None:
+            op = F.col(ENVELOPE_COLUMN)["op"]
         return [
             (
                 op.isin(*CDC_OPS) & F.col(POSITION_COLUMN)[i].isNull(),
@@ -196,6 +195,22 @@ class Keyed:
             )
             for i, path in enumerate(self.sequence_by)
         ]
+
+
+def change_reasons(event: Column, op: Column, after: Column) -> list[Check]:
+    """Why a decoded envelope (`event` true) is not a change Icefall applies: no op, an op other than c, r,
+    u, d, or c, r, u without an after image. The same for every format."""
+    return [
+        (event & op.isNull(), F.lit("not a Debezium change event: it has no op (nor payload.op)")),
+        (
+            event & op.isNotNull() & ~op.isin(*CDC_OPS),
+            F.concat(F.lit("Debezium op "), quote(op, VALUE_QUOTE_CHARS), F.lit(" is not one of c, r, u, d")),
+        ),
+        (
+            event & op.isin("c", "r", "u") & after.isNull(),
+            F.concat(F.lit("Debezium op "), quote(op, VALUE_QUOTE_CHARS), F.lit(" has no after image")),
+        ),
+    ]
 
 
 def sequence_part(text: Column) -> Column:

@@ -3,7 +3,9 @@
 `SchemaFollower.plan(table schema, writers)` is what the table must change before a batch is written
 (`icefall.catalog.evolution`): the spec's expected schema (`spec.format.schema`, or what
 `transforms.select` produces; changed by a `kubectl apply`), then, for a registry format without
-`transforms.select`, the fields of every writer schema in the batch, oldest id first. `icefall.ingest.batches`
+`transforms.select`, the fields of every writer schema in the batch, oldest id first (for `mode: cdc` the
+fields of the row record inside each Debezium envelope, `icefall.api.avro.row_schema`: the envelope
+itself is not the row). `icefall.ingest.batches`
 commits the changes (`icefall.commit.evolve_schema`) before it writes the batch, and the writer then
 decodes into the table's columns (`decode_fields`): a writer's new field lands in the batch that first
 carries it, old rows read it as null.
@@ -19,8 +21,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from icefall.api import SchemaField, fields_from_iceberg, to_iceberg_schema
-from icefall.api.avro import AvroSchemaError, fields_from_avro
+from icefall.api import SchemaField, TableMode, fields_from_iceberg, to_iceberg_schema
+from icefall.api.avro import AvroSchemaError, fields_from_avro, row_schema
 from icefall.catalog.evolution import AddField, Change, Evolution, plan_evolution
 from icefall.catalog.layout import KAFKA_COLUMN, SEQUENCE_COLUMN
 from icefall.runtime import metrics
@@ -48,6 +50,7 @@ class SchemaFollower:
         self.label = label
         self.relax_required = spec.format.type.uses_registry
         self.follow_writers = follows_table(spec)
+        self.envelopes = spec.mode is TableMode.CDC
         self.refused: tuple[str, ...] = ()
         self._planned: dict[tuple[int, frozenset[int]], Evolution] = {}
 
@@ -75,7 +78,8 @@ class SchemaFollower:
             if text is None:
                 continue  # an unknown id: its records are dead letters
             try:
-                wanted = to_iceberg_schema(fields_from_avro(text))
+                row = row_schema(text) if self.envelopes else text
+                wanted = to_iceberg_schema(fields_from_avro(row))
             except (AvroSchemaError, ValueError) as error:
                 refused.append(f"writer schema id {schema_id}: {error}")
                 continue

@@ -26,8 +26,15 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable, StreamingTableSpec
-from icefall.api.avro import fields_from_avro
+from icefall.api import (
+    FormatType,
+    SchemaRegistry,
+    SecretRef,
+    StreamingTable,
+    StreamingTableSpec,
+    TableMode,
+)
+from icefall.api.avro import fields_from_avro, row_schema
 from icefall.plan.env import registry_secret_env_name
 
 
@@ -177,11 +184,13 @@ def spec_with_registry_schema(
 def _registry_fields(
     spec: StreamingTableSpec, latest_schema: Callable[[str], str] | None
 ) -> list[dict[str, object]] | None:
-    """The `format.schema` entries of the subject's latest schema; None when the spec has its fields."""
+    """The `format.schema` entries of the subject's latest schema (for cdc, of its Debezium envelope's row
+    record: `row_schema`); None when the spec has its fields."""
     fmt = spec.format
     if fmt.type is FormatType.JSON or fmt.schema_known:
         return None
     assert fmt.registry is not None  # the spec requires it for registry formats
     latest = latest_schema if latest_schema is not None else WriterSchemas(fmt.registry).latest_schema
-    fields = fields_from_avro(latest(spec.source.topic))
+    text = latest(spec.source.topic)
+    fields = fields_from_avro(row_schema(text) if spec.mode is TableMode.CDC else text)
     return [f.model_dump(by_alias=True, exclude_none=True, mode="json") for f in fields]
