@@ -1,9 +1,10 @@
-"""`spec.format`: json keeps its inline schema; avro is read through a schema registry.
+"""`spec.format`: json keeps its inline schema; avro and jsonSchema are read through a schema registry.
 
 Proves: json still needs `schema` and refuses a registry; avro needs `registry` and may leave `schema` out
-(then layout and key checks wait for the registry schema); protobuf and jsonSchema are refused as not
-supported yet; the subject follows the naming strategy; basic auth and recordName mistakes name the field
-and the fix. Does not prove anything about a running registry (tests/integration does).
+(then layout and key checks wait for the registry schema); jsonSchema likewise, its map keys strings as
+json's; protobuf is refused as not supported yet; the subject follows the naming strategy; basic auth and
+recordName mistakes name the field and the fix. Does not prove anything about a running registry
+(tests/integration does).
 """
 
 from __future__ import annotations
@@ -114,9 +115,21 @@ def test_registry_url_must_be_http() -> None:
     assert "spec.format.registry.url" in message
 
 
-@pytest.mark.parametrize("kind", ["protobuf", "jsonSchema"])
-def test_other_registry_formats_are_not_supported_yet(kind: str) -> None:
-    message = _error(_with_format({"type": kind, "registry": {"url": "http://r:8081"}}))
+def test_json_schema_is_read_through_a_registry_and_may_leave_schema_out() -> None:
+    st = _load(_with_format({"type": "jsonSchema", "registry": {"url": "http://r:8081"}}))
+    assert st.spec.format.type is FormatType.JSON_SCHEMA and not st.spec.format.schema_known
+    assert st.spec.format.type.schema_type == "JSON"
+    assert "add registry" in _error(_with_format({"type": "jsonSchema"}))
+    registry = {"type": "jsonSchema", "registry": {"url": "http://r:8081"}}
+    message = _error(_with_format(registry, mode="upsert", key=["id"]))
+    assert "not supported with format jsonSchema yet" in message
+    bad_key = {"name": "m", "type": "map", "key": {"type": "long"}, "value": {"type": "string"}}
+    fmt = {"type": "jsonSchema", "registry": {"url": "http://r:8081"}, "schema": [bad_key]}
+    assert "JSON object keys are strings" in _error(_with_format(fmt))
+
+
+def test_protobuf_is_not_supported_yet() -> None:
+    message = _error(_with_format({"type": "protobuf", "registry": {"url": "http://r:8081"}}))
     assert "spec.format.type" in message
     assert "not supported yet" in message
 

@@ -186,8 +186,8 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".registry",
         ),
         Rule(
-            "self.type in ['json', 'avro']",
-            message_expression="self.type + ' is not supported yet; use avro or json'",
+            "self.type in ['json', 'avro', 'jsonSchema']",
+            message_expression="self.type + ' is not supported yet; use json, avro or jsonSchema'",
             field_path=".type",
         ),
     ),

@@ -34,9 +34,23 @@ class FormatType(StrEnum):
     def uses_registry(self) -> bool:
         return self is not FormatType.JSON
 
+    @property
+    def schema_type(self) -> str:
+        """The registry's `schemaType` of this format's schemas (AVRO, PROTOBUF, JSON); "" for json."""
+        return _SCHEMA_TYPES[self]
+
+
+_SCHEMA_TYPES = {
+    FormatType.JSON: "",
+    FormatType.AVRO: "AVRO",
+    FormatType.PROTOBUF: "PROTOBUF",
+    FormatType.JSON_SCHEMA: "JSON",
+}
+#: How the registry's schema types are named in messages.
+SCHEMA_TYPE_NAMES = {"AVRO": "Avro", "PROTOBUF": "Protobuf", "JSON": "JSON Schema"}
 
 #: Registry formats this version decodes; the others are refused at validation.
-SUPPORTED_REGISTRY_FORMATS = (FormatType.AVRO,)
+SUPPORTED_REGISTRY_FORMATS = (FormatType.AVRO, FormatType.JSON_SCHEMA)
 
 
 class SubjectNameStrategy(StrEnum):
@@ -120,8 +134,8 @@ class Format(ApiModel):
         default=FormatType.JSON,
         description=(
             "Record value encoding. json: JSON text read with `schema`. avro: Confluent-framed Avro, decoded "
-            "with the writer schema of each record's schema id from `registry`. protobuf and jsonSchema "
-            "are not supported yet."
+            "with the writer schema of each record's schema id from `registry`. jsonSchema: Confluent-framed "
+            "JSON text (JSON Schema serializers), read as json is. protobuf is not supported yet."
         ),
     )
     schema_fields: list[SchemaField] = Field(
@@ -130,8 +144,8 @@ class Format(ApiModel):
         max_length=10000,
         description=(
             "The record's fields, in column order. They become the Iceberg table's columns. Required for "
-            "json; for avro, default: derived from the subject's latest registry schema when the table is "
-            "created."
+            "json; for avro and jsonSchema, default: derived from the subject's latest registry schema when "
+            "the table is created."
         ),
     )
     registry: SchemaRegistry | None = Field(
@@ -152,7 +166,8 @@ class Format(ApiModel):
             if self.type not in SUPPORTED_REGISTRY_FORMATS:
                 problems.add(
                     ("type",),
-                    f"{self.type.value} is not supported yet; use avro or json",
+                    f"{self.type.value} is not supported yet; use "
+                    + ", ".join(f.value for f in (FormatType.JSON, *SUPPORTED_REGISTRY_FORMATS)),
                 )
             if self.registry is None:
                 problems.add(
@@ -160,14 +175,18 @@ class Format(ApiModel):
                     f"{self.type.value} records are framed by a schema registry: add registry: {{url: ...}}",
                 )
         problems.extend(
-            ("schema",), check_fields(self.schema_fields, json_format=self.type is FormatType.JSON)
+            ("schema",),
+            check_fields(
+                self.schema_fields, json_format=self.type in (FormatType.JSON, FormatType.JSON_SCHEMA)
+            ),
         )
         problems.raise_if_any()
         return self
 
     @property
     def schema_known(self) -> bool:
-        """The table's columns are in the spec (always for json; for avro when `schema` is given)."""
+        """The table's columns are in the spec (always for json; for a registry format when `schema` is
+        given)."""
         return bool(self.schema_fields)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from icefall.api import SchemaField, fields_from_iceberg, to_iceberg_schema
-from icefall.api.avro import AvroSchemaError, fields_from_avro
+from icefall.api.registry_schema import fields_from_registry_schema
 from icefall.catalog.evolution import AddField, Change, Evolution, plan_evolution
 from icefall.catalog.layout import KAFKA_COLUMN, SEQUENCE_COLUMN
 from icefall.runtime import metrics
@@ -45,6 +45,7 @@ class SchemaFollower:
         """`expected`: the table's schema as the spec says (`icefall.catalog.layout.expected_schema`)."""
         self.expected = expected
         self.label = label
+        self.format = spec.format
         self.relax_required = spec.format.type.uses_registry
         self.follow_writers = spec.format.type.uses_registry and not spec.transforms.select
         self.refused: tuple[str, ...] = ()
@@ -74,8 +75,8 @@ class SchemaFollower:
             if text is None:
                 continue  # an unknown id: its records are dead letters
             try:
-                wanted = to_iceberg_schema(fields_from_avro(text))
-            except (AvroSchemaError, ValueError) as error:
+                wanted = to_iceberg_schema(fields_from_registry_schema(self.format, text))
+            except ValueError as error:  # the mapping's errors (AvroSchemaError, ...) are ValueErrors
                 refused.append(f"writer schema id {schema_id}: {error}")
                 continue
             source = f"writer schema id {schema_id}"

@@ -1,16 +1,18 @@
 """The schema registry of `spec.format.registry`, through confluent-kafka's `SchemaRegistryClient`.
 
 Guarantees:
-- `WriterSchemas.lookup` gives the writer schema (Avro JSON text) of each schema id, or None for an id the
-  registry does not know (HTTP 404) or whose schema is not Avro. Answers are kept per process: a schema id
-  never changes meaning. An unknown id is asked again in the next batch.
+- `WriterSchemas.lookup` gives the writer schema (its text) of each schema id, or None for an id the
+  registry does not know (HTTP 404) or whose schema is not of the spec's format (Avro, JSON Schema).
+  Answers are kept per process: a schema id never changes meaning. An unknown id is asked again in the
+  next batch.
 - A registry that cannot be reached, times out (`REQUEST_TIMEOUT_SECONDS`) or answers 408, 429 or 5xx
   raises `RegistryUnavailableError`: an outage, waited out by ingestion (`icefall.ingest.outages`), so no
   record goes to the dead-letter table because the registry was briefly down, and a batch is never
   decoded with a partial view of its schemas. Any other refusal (401, 403, ...) raises `RegistryError`:
   a configuration error, raised loudly.
-- `latest_schema` is the subject's latest Avro schema (the subject per `subjectNameStrategy`); a subject
-  the registry does not hold, or whose latest schema is not Avro, raises `RegistryError` naming it.
+- `latest_schema` is the subject's latest schema (the subject per `subjectNameStrategy`); a subject the
+  registry does not hold, or whose latest schema is not of the spec's format, raises `RegistryError`
+  naming it.
 
 Proved against a real registry (Apicurio's Confluent-compatible API): tests/integration/test_registry.py.
 Not supported: schemas with references to other subjects (the writer schema must be self-contained).
@@ -27,7 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable, StreamingTableSpec
-from icefall.api.avro import fields_from_avro
+from icefall.api.format import SCHEMA_TYPE_NAMES
+from icefall.api.registry_schema import fields_from_registry_schema
 from icefall.plan.env import registry_secret_env_name
 
 
@@ -96,18 +99,26 @@ class Registry(Protocol):
 
 
 class WriterSchemas:
-    """Writer schemas by id from one registry, cached per process."""
+    """Writer schemas by id from one registry, cached per process: those of `format_type` (default Avro)."""
 
-    def __init__(self, registry: SchemaRegistry, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(
+        self,
+        registry: SchemaRegistry,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        format_type: FormatType = FormatType.AVRO,
+    ) -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.registry = registry
+        self.schema_type = format_type.schema_type
+        self.kind = SCHEMA_TYPE_NAMES[self.schema_type]
         config = {**client_config(registry, environ), "timeout": REQUEST_TIMEOUT_SECONDS}
         self._client = SchemaRegistryClient(config)
-        self._known: dict[int, str | None] = {}  # None: the id's schema is not Avro
+        self._known: dict[int, str | None] = {}  # None: the id's schema is not of `schema_type`
 
     def lookup(self, ids: Iterable[int]) -> dict[int, str | None]:
-        """The Avro writer schema of each id; None for an id the registry does not know, or not Avro."""
+        """The writer schema of each id; None for an id the registry does not know, or of another type."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         found: dict[int, str | None] = {}
@@ -122,13 +133,13 @@ class WriterSchemas:
                     raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
                 except Exception as error:
                     raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
-                avro = (schema.schema_type or "AVRO") == "AVRO" and schema.schema_str is not None
-                self._known[schema_id] = schema.schema_str if avro else None
+                ours = (schema.schema_type or "AVRO") == self.schema_type and schema.schema_str is not None
+                self._known[schema_id] = schema.schema_str if ours else None
             found[schema_id] = self._known[schema_id]
         return found
 
     def latest_schema(self, topic: str) -> str:
-        """The Avro text of the latest version of `topic`'s record subject (`SchemaRegistry.subject`)."""
+        """The text of the latest version of `topic`'s record subject (`SchemaRegistry.subject`)."""
         subject = self.registry.subject(topic)
         try:
             registered = self._client.get_latest_version(subject)
@@ -138,10 +149,10 @@ class WriterSchemas:
             ) from error
         schema = registered.schema
         kind = schema.schema_type or "AVRO"
-        if kind != "AVRO" or schema.schema_str is None:
+        if kind != self.schema_type or schema.schema_str is None:
             raise RegistryError(
-                f"schema registry {self.registry.url}: the latest schema of subject {subject!r} is {kind}, "
-                "not Avro"
+                f"schema registry {self.registry.url}: the latest schema of subject {subject!r} is "
+                f"{kind}, not {self.kind}"
             )
         return str(schema.schema_str)
 
@@ -182,6 +193,7 @@ def _registry_fields(
     if fmt.type is FormatType.JSON or fmt.schema_known:
         return None
     assert fmt.registry is not None  # the spec requires it for registry formats
-    latest = latest_schema if latest_schema is not None else WriterSchemas(fmt.registry).latest_schema
-    fields = fields_from_avro(latest(spec.source.topic))
+    if latest_schema is None:
+        latest_schema = WriterSchemas(fmt.registry, format_type=fmt.type).latest_schema
+    fields = fields_from_registry_schema(fmt, latest_schema(spec.source.topic))
     return [f.model_dump(by_alias=True, exclude_none=True, mode="json") for f in fields]
