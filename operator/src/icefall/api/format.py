@@ -49,9 +49,6 @@ _SCHEMA_TYPES = {
 #: How the registry's schema types are named in messages.
 SCHEMA_TYPE_NAMES = {"AVRO": "Avro", "PROTOBUF": "Protobuf", "JSON": "JSON Schema"}
 
-#: Registry formats this version decodes; the others are refused at validation.
-SUPPORTED_REGISTRY_FORMATS = (FormatType.AVRO, FormatType.JSON_SCHEMA)
-
 
 class SubjectNameStrategy(StrEnum):
     """How the registry subject of the record schema is named (Confluent's subject name strategies)."""
@@ -135,7 +132,8 @@ class Format(ApiModel):
         description=(
             "Record value encoding. json: JSON text read with `schema`. avro: Confluent-framed Avro, decoded "
             "with the writer schema of each record's schema id from `registry`. jsonSchema: Confluent-framed "
-            "JSON text (JSON Schema serializers), read as json is. protobuf is not supported yet."
+            "JSON text (JSON Schema serializers), read as json is. protobuf: Confluent-framed Protobuf, the "
+            "message named by each record's message index."
         ),
     )
     schema_fields: list[SchemaField] = Field(
@@ -144,8 +142,8 @@ class Format(ApiModel):
         max_length=10000,
         description=(
             "The record's fields, in column order. They become the Iceberg table's columns. Required for "
-            "json; for avro and jsonSchema, default: derived from the subject's latest registry schema when "
-            "the table is created."
+            "json; for a registry format, default: derived from the subject's latest registry schema when "
+            "the table is created (protobuf: its message recordName, or its first message)."
         ),
     )
     registry: SchemaRegistry | None = Field(
@@ -162,23 +160,15 @@ class Format(ApiModel):
                 problems.add(
                     ("registry",), "json records carry no schema id; remove registry or set type: avro"
                 )
-        else:
-            if self.type not in SUPPORTED_REGISTRY_FORMATS:
-                problems.add(
-                    ("type",),
-                    f"{self.type.value} is not supported yet; use "
-                    + ", ".join(f.value for f in (FormatType.JSON, *SUPPORTED_REGISTRY_FORMATS)),
-                )
-            if self.registry is None:
-                problems.add(
-                    ("registry",),
-                    f"{self.type.value} records are framed by a schema registry: add registry: {{url: ...}}",
-                )
+        elif self.registry is None:
+            problems.add(
+                ("registry",),
+                f"{self.type.value} records are framed by a schema registry: add registry: {{url: ...}}",
+            )
         problems.extend(
             ("schema",),
-            check_fields(
-                self.schema_fields, json_format=self.type in (FormatType.JSON, FormatType.JSON_SCHEMA)
-            ),
+            # jsonSchema and protobuf records are read as JSON too (`icefall.ingest.decode`)
+            check_fields(self.schema_fields, json_format=self.type is not FormatType.AVRO),
         )
         problems.raise_if_any()
         return self

@@ -64,6 +64,7 @@ from icefall.ingest import columns
 from icefall.ingest.columns import CORRUPT_COLUMN, POSITION_COLUMN, RAW_COLUMN, TEXT_COLUMN
 from icefall.ingest.framing import HEADER_BYTES, KNOWN_COLUMN, SCHEMA_ID_COLUMN, Framing
 from icefall.ingest.keyed import Keyed, image_column
+from icefall.ingest.protobuf import PAYLOAD_COLUMN, payload
 from icefall.ingest.reasons import (
     RECORD_QUOTE_CHARS,
     VALUE_QUOTE_CHARS,
@@ -121,8 +122,9 @@ class Decoder:
     ) -> None:
         self._avro: AvroDecoding | None = None
         self._framing: Framing | None = None
+        self._frame_reasons: list[Check] | None = None
         self._schemas: SchemaLookup | None = None
-        if spec.format.type not in (FormatType.JSON, FormatType.JSON_SCHEMA):
+        if spec.format.type is FormatType.AVRO:
             self._init_registry_format(spec, errors=errors, schemas=schemas)
             return
         fields = spec.format.schema_fields
@@ -147,7 +149,7 @@ class Decoder:
             value.isNotNull() & (F.length(value) <= max_bytes) & F.is_valid_utf8(value.cast("string")),
             value.cast("string"),
         ).alias(TEXT_COLUMN)
-        if spec.format.type is FormatType.JSON_SCHEMA:
+        if spec.format.type is not FormatType.JSON:
             self._init_framing(spec, schemas)
         self._keyed = Keyed(spec) if spec.mode is not TableMode.APPEND else None
         # Separate projections, so the optimizer keeps each parse in one place (it does not inline a costly
@@ -164,15 +166,39 @@ class Decoder:
             # The loose parse (every field as text) only runs for records the typed parse rejected: it
             # tells a malformed record from one whose fields do not fit, for the error text.
             self._raw = F.when(typed_failed, F.from_json(text, loose_schema, options)).alias(RAW_COLUMN)
-            self._error = _error(_reasons(fields, max_bytes, self._keyed, self._framing)).alias(ERROR_COLUMN)
+            self._error = _error(_reasons(fields, max_bytes, self._keyed, self._frame_reasons)).alias(
+                ERROR_COLUMN
+            )
 
     def _init_framing(self, spec: StreamingTableSpec, schemas: SchemaLookup | None) -> None:
-        """JSON Schema: JSON text after the wire format's header (`icefall.ingest.framing`), read as json is;
-        the text is there only for a record whose frame is right and whose schema id the registry knows."""
+        """JSON Schema and Protobuf: JSON text from what follows the wire format's header
+        (`icefall.ingest.framing`), read as json is. The text is there only for a record whose frame is
+        right and whose schema id the registry knows; `_frame_reasons` say why else it is not."""
         self._schemas = schemas if schemas is not None else _registry_lookup(spec)
-        self._framing = Framing(spec.dead_letter.max_record_bytes, "JSON Schema")
-        payload = F.expr(f"substring(value, {HEADER_BYTES + 1})").cast("string")
-        self._text = F.when(self._framing.ok & F.is_valid_utf8(payload), payload).alias(TEXT_COLUMN)
+        max_bytes = spec.dead_letter.max_record_bytes
+        if spec.format.type is FormatType.PROTOBUF:
+            self._framing = framing = Framing(max_bytes, "Protobuf schema")
+            decoded = F.col(PAYLOAD_COLUMN)
+            self._text = F.when(framing.ok, decoded["json"]).alias(TEXT_COLUMN)
+            problem: Check = (framing.ok & decoded["problem"].isNotNull(), decoded["problem"])
+        else:
+            self._framing = framing = Framing(max_bytes, "JSON Schema")
+            body = F.expr(f"substring(value, {HEADER_BYTES + 1})")
+            text = body.cast("string")
+            self._text = F.when(framing.ok & F.is_valid_utf8(text), text).alias(TEXT_COLUMN)
+            problem = (
+                framing.ok & ~F.is_valid_utf8(text),
+                F.concat(
+                    F.lit("the value is not valid UTF-8 text, as JSON must be; its first bytes after "),
+                    F.lit("the header: 0x"),
+                    F.hex(F.substring(body, 1, 32)),
+                ),
+            )
+        self._frame_reasons = [*framing.reasons, problem]
+
+    def _payload(self, writers: Mapping[int, str | None]) -> list[Column]:
+        """The columns a batch with `writers` needs before its text: Protobuf's decoded payload."""
+        return [payload(writers)] if self.spec.format.type is FormatType.PROTOBUF else []
 
     def _init_registry_format(
         self, spec: StreamingTableSpec, *, errors: bool, schemas: SchemaLookup | None
@@ -220,8 +246,9 @@ class Decoder:
                 writers = self.writer_schemas(kafka_df)
             assert writers is not None
             framed = kafka_df.select(*self._base, headers, self._framing.schema_id)
-            text = framed.select("*", self._framing.known(writers)).select("*", self._text)
-            internal += [SCHEMA_ID_COLUMN, KNOWN_COLUMN]
+            decoded = self._payload(writers)
+            text = framed.select("*", self._framing.known(writers), *decoded).select("*", self._text)
+            internal += [SCHEMA_ID_COLUMN, KNOWN_COLUMN, *(PAYLOAD_COLUMN for _ in decoded)]
         else:
             text = kafka_df.select(*self._base, headers, self._text)
         if self._keyed is not None:
@@ -347,7 +374,10 @@ def _registry_lookup(spec: StreamingTableSpec) -> SchemaLookup:
 
 
 def _reasons(
-    fields: Sequence[SchemaField], max_bytes: int, keyed: Keyed | None = None, framing: Framing | None = None
+    fields: Sequence[SchemaField],
+    max_bytes: int,
+    keyed: Keyed | None = None,
+    framed: Sequence[Check] | None = None,
 ) -> list[Check]:
     """Every reason a record cannot be ingested: (condition, message) pairs, in the order they are listed.
 
@@ -357,7 +387,7 @@ def _reasons(
     the row image (the value, or a Debezium event's after image).
     """
     if keyed is None:
-        return _row_reasons(fields, max_bytes, F.col(TEXT_COLUMN), None, framing)
+        return _row_reasons(fields, max_bytes, F.col(TEXT_COLUMN), None, framed)
     row = _row_reasons(fields, max_bytes, F.col(keyed.image), keyed)
     not_delete = ~F.col(DELETE_COLUMN)
     return [*keyed.delete_reasons(), *((not_delete & c, m) for c, m in row), *keyed.sequence_reasons()]
@@ -368,7 +398,7 @@ def _row_reasons(
     max_bytes: int,
     text: Column,
     keyed: Keyed | None,
-    framing: Framing | None = None,
+    framed: Sequence[Check] | None = None,
 ) -> list[Check]:
     """`_reasons` of a record that writes a row, `text` being the JSON text of the row."""
     typed, raw = F.col(TYPED_COLUMN), F.col(RAW_COLUMN)
@@ -379,7 +409,7 @@ def _row_reasons(
     # a top-level field whose JSON value is there but does not parse as its type
     mismatches = [fields_bad & raw[field.name].isNotNull() & typed[field.name].isNull() for field in fields]
     return [
-        *(_value_reasons(max_bytes, keyed) if framing is None else _framed_reasons(framing)),
+        *(_value_reasons(max_bytes, keyed) if framed is None else framed),
         (json_bad, json_problem(text)),
         *_mismatch_reasons(fields, mismatches, fields_bad, text),
         *_field_reasons(fields, mismatches, decoded, keyed),
@@ -407,24 +437,6 @@ def _value_reasons(max_bytes: int, keyed: Keyed | None) -> list[Check]:
             ),
         ),
         *(keyed.envelope_reasons() if keyed is not None else ()),
-    ]
-
-
-def _framed_reasons(framing: Framing) -> list[Check]:
-    """The record's value cannot be read as JSON text after the wire format's header: the frame's reasons,
-    or the text is not UTF-8."""
-    payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
-    return [
-        *framing.reasons,
-        (
-            framing.ok & F.col(TEXT_COLUMN).isNull(),
-            F.concat(
-                F.lit(
-                    "the value is not valid UTF-8 text, as JSON must be; its first bytes after the header: 0x"
-                ),
-                F.hex(F.substring(payload, 1, 32)),
-            ),
-        ),
     ]
 
 

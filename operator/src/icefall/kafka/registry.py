@@ -2,7 +2,8 @@
 
 Guarantees:
 - `WriterSchemas.lookup` gives the writer schema (its text) of each schema id, or None for an id the
-  registry does not know (HTTP 404) or whose schema is not of the spec's format (Avro, JSON Schema).
+  registry does not know (HTTP 404) or whose schema is not of the spec's format (Avro, JSON Schema,
+  Protobuf: as a base64 `FileDescriptorSet` with its well-known imports, `icefall.kafka.protobuf`).
   Answers are kept per process: a schema id never changes meaning. An unknown id is asked again in the
   next batch.
 - A registry that cannot be reached, times out (`REQUEST_TIMEOUT_SECONDS`) or answers 408, 429 or 5xx
@@ -24,6 +25,7 @@ driver's pod from the referenced Secret (`icefall.plan.env.secret_env_vars`).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
@@ -32,6 +34,8 @@ from icefall.api import FormatType, SchemaRegistry, SecretRef, StreamingTable, S
 from icefall.api.format import SCHEMA_TYPE_NAMES
 from icefall.api.registry_schema import fields_from_registry_schema
 from icefall.plan.env import registry_secret_env_name
+
+log = logging.getLogger(__name__)
 
 
 class MissingRegistrySecretError(RuntimeError):
@@ -116,6 +120,22 @@ class WriterSchemas:
         config = {**client_config(registry, environ), "timeout": REQUEST_TIMEOUT_SECONDS}
         self._client = SchemaRegistryClient(config)
         self._known: dict[int, str | None] = {}  # None: the id's schema is not of `schema_type`
+        # Protobuf: a registry that can (Confluent's) serves the schema as a serialized descriptor.
+        self._format = "serialized" if format_type is FormatType.PROTOBUF else None
+
+    def _usable(self, schema_id: int, text: str) -> str | None:
+        """The writer schema as the decoders read it: Protobuf's as a descriptor set (None when it cannot
+        be made: its records are dead letters, an unknown id, and the log says why)."""
+        if self.schema_type != "PROTOBUF":
+            return text
+        from icefall.api.protobuf_schema import ProtobufSchemaError
+        from icefall.kafka.protobuf import descriptor_set_text
+
+        try:
+            return descriptor_set_text(text)
+        except ProtobufSchemaError as error:
+            log.warning("schema registry %s: schema id %d: %s", self.registry.url, schema_id, error)
+            return None
 
     def lookup(self, ids: Iterable[int]) -> dict[int, str | None]:
         """The writer schema of each id; None for an id the registry does not know, or of another type."""
@@ -125,7 +145,7 @@ class WriterSchemas:
         for schema_id in ids:
             if schema_id not in self._known:
                 try:
-                    schema = self._client.get_schema(schema_id)
+                    schema = self._client.get_schema(schema_id, fmt=self._format)
                 except SchemaRegistryError as error:
                     if error.http_status_code == 404:
                         found[schema_id] = None
@@ -134,7 +154,7 @@ class WriterSchemas:
                 except Exception as error:
                     raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
                 ours = (schema.schema_type or "AVRO") == self.schema_type and schema.schema_str is not None
-                self._known[schema_id] = schema.schema_str if ours else None
+                self._known[schema_id] = self._usable(schema_id, str(schema.schema_str)) if ours else None
             found[schema_id] = self._known[schema_id]
         return found
 
@@ -142,7 +162,7 @@ class WriterSchemas:
         """The text of the latest version of `topic`'s record subject (`SchemaRegistry.subject`)."""
         subject = self.registry.subject(topic)
         try:
-            registered = self._client.get_latest_version(subject)
+            registered = self._client.get_latest_version(subject, fmt=self._format)
         except Exception as error:
             raise registry_failure(
                 self.registry, f"the latest schema of subject {subject!r}", error
@@ -154,7 +174,17 @@ class WriterSchemas:
                 f"schema registry {self.registry.url}: the latest schema of subject {subject!r} is "
                 f"{kind}, not {self.kind}"
             )
-        return str(schema.schema_str)
+        if self.schema_type != "PROTOBUF":
+            return str(schema.schema_str)
+        from icefall.api.protobuf_schema import ProtobufSchemaError
+        from icefall.kafka.protobuf import descriptor_set_text
+
+        try:
+            return descriptor_set_text(schema.schema_str)
+        except ProtobufSchemaError as error:
+            raise RegistryError(
+                f"schema registry {self.registry.url}: the latest schema of subject {subject!r}: {error}"
+            ) from error
 
 
 def with_registry_schema(
