@@ -1,4 +1,4 @@
-"""`spec.format`: json keeps its inline schema; avro, jsonSchema and protobuf are read through a schema registry.
+"""`spec.format`: json keeps its inline schema; avro, jsonSchema and protobuf go through a schema registry.
 
 Proves: json still needs `schema` and refuses a registry; avro needs `registry` and may leave `schema` out
 (then layout and key checks wait for the registry schema); jsonSchema likewise, its map keys strings as

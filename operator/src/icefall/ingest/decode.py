@@ -327,7 +327,8 @@ def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:
 
 
 #: A dead letter's reason as a bounded metric label (`icefall_records_dead_lettered_total{reason}`): the
-#: kind of its first message (JSON, keyed and Avro messages alike), matched on how the message starts.
+#: kind of its first message (JSON, keyed, Avro, JSON Schema and Protobuf messages alike), matched on how
+#: the message starts.
 REASON_KINDS: tuple[tuple[str, str], ...] = (
     ("delete_without_key", r"^(tombstone \(null value\)|delete \(op d, or a tombstone\)): "),
     ("tombstone", r"^tombstone: "),
@@ -337,7 +338,11 @@ REASON_KINDS: tuple[tuple[str, str], ...] = (
     ("not_a_change_event", r"^(not a Debezium change event|Debezium op )"),
     ("wire_format", r"^(too short for the Confluent wire format|wrong magic byte)"),
     ("unknown_schema_id", r"^unknown schema id"),
-    ("undecodable", r"^(bytes do not decode as Avro|schema id \d+ is not an Avro record)"),
+    (
+        "undecodable",
+        r"^(bytes do not decode as (Avro|protobuf)|schema id \d+ is not an Avro record"
+        r"|(the )?message index )",
+    ),
     ("required_missing", r"^required field "),
     ("null_element", r"^(list|map) '.*' holds a null"),
     ("type_mismatch", r"^(field '|a nested value does not fit)"),
