@@ -5,7 +5,7 @@ Proves: examples/cluster.yaml (a Secret and a StreamingTable in one file) loads 
 `icefall run` read those secrets from the variables the file's comment names; the catalog maps to a
 REST catalog with its files in S3 on both the pyiceberg and the Spark side; and examples/cluster-values.yaml
 gives the operator exactly those variables, from the same keys of the same Secret (e2e/test_user_path.py
-installs the chart with it).
+installs the chart with it); and every single-table example (json, Debezium, Protobuf, JSON Schema) loads.
 """
 
 from __future__ import annotations
@@ -51,3 +51,11 @@ def test_the_cluster_values_give_the_operator_the_secrets_the_pods_get() -> None
         for env in values["extraEnv"]
     }
     assert given == {env.name: (env.secret, env.key) for env in catalog_env}
+
+
+@pytest.mark.parametrize(
+    "name", ["orders", "customers", "debezium-orders", "protobuf-orders", "jsonschema-orders"]
+)
+def test_the_single_table_examples_load(name: str) -> None:
+    st = load_manifest(CLUSTER.with_name(f"{name}.yaml"))
+    assert st.spec.source.topic
