@@ -35,9 +35,8 @@ Proves:
     type`
   - a struct member of type integer (level 2) → `spec.format.schema[4].fields[0].type: ... should match`
   - json without schema → `spec.format.schema: ... json needs the record's fields`; avro without registry
-    → `spec.format.registry: ... add registry`; protobuf → `spec.format.type: ... protobuf is not supported
-    yet`; subjectNameStrategy record without recordName → `spec.format.registry.recordName: ... add
-    recordName`
+    → `spec.format.registry: ... add registry`; subjectNameStrategy record without recordName →
+    `spec.format.registry.recordName: ... add recordName`
   - SASL_SSL without mechanism and credentials → one line each for saslMechanism, username, password:
     `spec.source.security.username: Invalid value: protocol SASL_SSL needs username; add it`
   - SSL with clientCert but no clientKey → `spec.source.security.clientCert: ... mutual TLS needs both`
@@ -441,11 +440,6 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         "avro-without-registry",
         lambda o: _spec(o)["format"].__setitem__("type", "avro"),
         ["spec.format.registry: Invalid value", "add registry"],
-    ),
-    (
-        "protobuf-not-yet",
-        lambda o: _spec(o).__setitem__("format", {"type": "protobuf", "registry": {"url": "http://r:8081"}}),
-        ["spec.format.type: Invalid value", "protobuf is not supported yet"],
     ),
     (
         "record-strategy-no-name",

@@ -227,6 +227,11 @@ KEYED_AND_AVRO_REASONS = {
     "wrong magic byte 0x01: not the Confluent wire format (...)": "wire_format",
     "unknown schema id 42 (the registry has no Avro schema with this id)": "unknown_schema_id",
     "bytes do not decode as Avro with writer schema id 7": "undecodable",
+    "unknown schema id 42 (the registry has no Protobuf schema with this id)": "unknown_schema_id",
+    "bytes do not decode as protobuf message shop.Order of schema id 7": "undecodable",
+    "message index [3] names no message of schema id 7": "undecodable",
+    "the message index after the schema id does not parse (...)": "undecodable",
+    "the value is not valid UTF-8 text, as JSON must be; its first bytes after the header: 0xFF": "not_utf8",
     "field 'amount': the writer's value does not fit decimal(10,2)": "type_mismatch",
     "something new": OTHER_REASON,
 }

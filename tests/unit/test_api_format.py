@@ -1,9 +1,10 @@
-"""`spec.format`: json keeps its inline schema; avro is read through a schema registry.
+"""`spec.format`: json keeps its inline schema; avro, jsonSchema and protobuf go through a schema registry.
 
 Proves: json still needs `schema` and refuses a registry; avro needs `registry` and may leave `schema` out
-(then layout and key checks wait for the registry schema), in every mode; protobuf and jsonSchema are
-refused as not supported yet; the subject follows the naming strategy; basic auth and recordName mistakes
-name the field and the fix. Does not prove anything about a running registry (tests/integration does).
+(then layout and key checks wait for the registry schema), in every mode; jsonSchema likewise, its map
+keys strings as json's; protobuf likewise, with recordName naming its message; the subject follows the
+naming strategy; basic auth and recordName mistakes name the field and the fix. Does not prove anything
+about a running registry (tests/integration does).
 """
 
 from __future__ import annotations
@@ -118,11 +119,25 @@ def test_registry_url_must_be_http() -> None:
     assert "spec.format.registry.url" in message
 
 
-@pytest.mark.parametrize("kind", ["protobuf", "jsonSchema"])
-def test_other_registry_formats_are_not_supported_yet(kind: str) -> None:
-    message = _error(_with_format({"type": kind, "registry": {"url": "http://r:8081"}}))
-    assert "spec.format.type" in message
-    assert "not supported yet" in message
+def test_json_schema_is_read_through_a_registry_and_may_leave_schema_out() -> None:
+    st = _load(_with_format({"type": "jsonSchema", "registry": {"url": "http://r:8081"}}))
+    assert st.spec.format.type is FormatType.JSON_SCHEMA and not st.spec.format.schema_known
+    assert st.spec.format.type.schema_type == "JSON"
+    assert "add registry" in _error(_with_format({"type": "jsonSchema"}))
+    registry = {"type": "jsonSchema", "registry": {"url": "http://r:8081"}}
+    message = _error(_with_format(registry, mode="upsert", key=["id"]))
+    assert "not supported with format jsonSchema yet" in message
+    bad_key = {"name": "m", "type": "map", "key": {"type": "long"}, "value": {"type": "string"}}
+    fmt = {"type": "jsonSchema", "registry": {"url": "http://r:8081"}, "schema": [bad_key]}
+    assert "JSON object keys are strings" in _error(_with_format(fmt))
+
+
+def test_protobuf_is_read_through_a_registry_with_the_record_strategies() -> None:
+    registry = {"url": "http://r:8081", "subjectNameStrategy": "record", "recordName": "shop.v1.Order"}
+    st = _load(_with_format({"type": "protobuf", "registry": registry}))
+    assert st.spec.format.type.schema_type == "PROTOBUF"
+    assert st.spec.format.registry.subject("orders") == "shop.v1.Order"
+    assert "add registry" in _error(_with_format({"type": "protobuf"}))
 
 
 def test_json_still_needs_its_schema_and_no_registry() -> None:

@@ -5,7 +5,7 @@ Proves: examples/cluster.yaml (a Secret and a StreamingTable in one file) loads 
 `icefall run` read those secrets from the variables the file's comment names; the catalog maps to a
 REST catalog with its files in S3 on both the pyiceberg and the Spark side; and examples/cluster-values.yaml
 gives the operator exactly those variables, from the same keys of the same Secret (e2e/test_user_path.py
-installs the chart with it).
+installs the chart with it); and every single-table example (json, Debezium, Protobuf, JSON Schema) loads.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def test_every_streaming_table_example_is_valid() -> None:
         for p in examples
         if any(d and d.get("kind") == "StreamingTable" for d in yaml.safe_load_all(p.read_text()))
     ]
-    assert CLUSTER.with_name("avro-orders.yaml") in tables
+    for name in ("avro-orders", "protobuf-orders", "jsonschema-orders", "debezium-orders"):
+        assert CLUSTER.with_name(f"{name}.yaml") in tables
     for path in tables:
         load_manifest(path)  # raises, naming the field, when an example drifts from the API

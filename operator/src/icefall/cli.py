@@ -418,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         SparkJarsMissingError,
         KafkaUnavailableError,
         TopicNotFoundError,
-        RegistryError,  # refused credentials, no such subject, a latest schema that is not Avro
+        RegistryError,  # refused credentials, no such subject, a latest schema of another format
         MissingRegistrySecretError,
     )
     try:

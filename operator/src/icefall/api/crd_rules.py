@@ -185,11 +185,6 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             message="records of a registry format are framed by a schema registry: add registry: {url: ...}",
             field_path=".registry",
         ),
-        Rule(
-            "self.type in ['json', 'avro']",
-            message_expression="self.type + ' is not supported yet; use avro or json'",
-            field_path=".type",
-        ),
     ),
     "SchemaRegistry": (
         Rule(

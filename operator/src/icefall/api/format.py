@@ -34,9 +34,20 @@ class FormatType(StrEnum):
     def uses_registry(self) -> bool:
         return self is not FormatType.JSON
 
+    @property
+    def schema_type(self) -> str:
+        """The registry's `schemaType` of this format's schemas (AVRO, PROTOBUF, JSON); "" for json."""
+        return _SCHEMA_TYPES[self]
 
-#: Registry formats this version decodes; the others are refused at validation.
-SUPPORTED_REGISTRY_FORMATS = (FormatType.AVRO,)
+
+_SCHEMA_TYPES = {
+    FormatType.JSON: "",
+    FormatType.AVRO: "AVRO",
+    FormatType.PROTOBUF: "PROTOBUF",
+    FormatType.JSON_SCHEMA: "JSON",
+}
+#: How the registry's schema types are named in messages.
+SCHEMA_TYPE_NAMES = {"AVRO": "Avro", "PROTOBUF": "Protobuf", "JSON": "JSON Schema"}
 
 
 class SubjectNameStrategy(StrEnum):
@@ -120,8 +131,9 @@ class Format(ApiModel):
         default=FormatType.JSON,
         description=(
             "Record value encoding. json: JSON text read with `schema`. avro: Confluent-framed Avro, decoded "
-            "with the writer schema of each record's schema id from `registry`. protobuf and jsonSchema "
-            "are not supported yet."
+            "with the writer schema of each record's schema id from `registry`. jsonSchema: Confluent-framed "
+            "JSON text (JSON Schema serializers), read as json is. protobuf: Confluent-framed Protobuf, the "
+            "message named by each record's message index."
         ),
     )
     schema_fields: list[SchemaField] = Field(
@@ -130,8 +142,8 @@ class Format(ApiModel):
         max_length=10000,
         description=(
             "The record's fields, in column order. They become the Iceberg table's columns. Required for "
-            "json; for avro, default: derived from the subject's latest registry schema when the table is "
-            "created."
+            "json; for a registry format, default: derived from the subject's latest registry schema when "
+            "the table is created (protobuf: its message recordName, or its first message)."
         ),
     )
     registry: SchemaRegistry | None = Field(
@@ -148,26 +160,23 @@ class Format(ApiModel):
                 problems.add(
                     ("registry",), "json records carry no schema id; remove registry or set type: avro"
                 )
-        else:
-            if self.type not in SUPPORTED_REGISTRY_FORMATS:
-                problems.add(
-                    ("type",),
-                    f"{self.type.value} is not supported yet; use avro or json",
-                )
-            if self.registry is None:
-                problems.add(
-                    ("registry",),
-                    f"{self.type.value} records are framed by a schema registry: add registry: {{url: ...}}",
-                )
+        elif self.registry is None:
+            problems.add(
+                ("registry",),
+                f"{self.type.value} records are framed by a schema registry: add registry: {{url: ...}}",
+            )
         problems.extend(
-            ("schema",), check_fields(self.schema_fields, json_format=self.type is FormatType.JSON)
+            ("schema",),
+            # jsonSchema and protobuf records are read as JSON too (`icefall.ingest.decode`)
+            check_fields(self.schema_fields, json_format=self.type is not FormatType.AVRO),
         )
         problems.raise_if_any()
         return self
 
     @property
     def schema_known(self) -> bool:
-        """The table's columns are in the spec (always for json; for avro when `schema` is given)."""
+        """The table's columns are in the spec (always for json; for a registry format when `schema` is
+        given)."""
         return bool(self.schema_fields)
 
 

@@ -36,7 +36,7 @@ from icefall.api.base import (
     Loc,
     ProblemCollector,
 )
-from icefall.api.format import Format, Transforms
+from icefall.api.format import Format, FormatType, Transforms
 from icefall.api.maintenance import CompactionSpec, RetentionSpec, retention_problems
 from icefall.api.pods import PodTemplates
 from icefall.api.source import KafkaSource
@@ -276,6 +276,13 @@ class StreamingTableSpec(ApiModel):
             )
         if self.retention is not None:
             problems.extend(("retention",), retention_problems(self.retention, self.table))
+        keyed_formats = (FormatType.JSON, FormatType.AVRO)
+        if self.format.type not in keyed_formats and self.mode is not TableMode.APPEND:
+            problems.add(
+                ("mode",),
+                f"mode {self.mode.value} is not supported with format {self.format.type.value} yet; use "
+                "mode: append, or json or avro records",
+            )
         problems.extend((), key_problems(self))
         problems.extend((), sequence_problems(self))
         problems.raise_if_any()

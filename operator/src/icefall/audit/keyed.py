@@ -112,6 +112,7 @@ def audit_keyed(
     from icefall.audit.content import RECORDS_PER_TASK
     from icefall.ingest.decode import decode
     from icefall.ingest.engine import read_kafka
+    from icefall.ingest.schemas import decoding_spec, schema_at
     from icefall.kafka.registry import spec_with_registry_schema
     from icefall.plan.offsets import OffsetRange
 
@@ -133,7 +134,9 @@ def audit_keyed(
         raise KeyedAuditError(f"{label}: the table has no snapshot yet; nothing to audit")
     rows = spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(committed.snapshot_id)}")
     kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
-    spec = spec_with_registry_schema(st.spec)
+    # Decoded as ingestion decodes into this table: its columns at the snapshot (a registry format's grow
+    # with its writer schemas), the registry's latest schema standing in for an inline one.
+    spec = decoding_spec(spec_with_registry_schema(st.spec), schema_at(table, committed.snapshot_id))
     decoded = decode(kafka, spec).persist()
     comparison: _Comparison | None = None
     try:

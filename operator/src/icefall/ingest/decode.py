@@ -30,6 +30,11 @@ How JSON maps to types (Spark's JSON reader, `from_json` in PERMISSIVE mode):
   arrays as their JSON text).
 - Fields not in the schema are ignored; text after the first JSON value is ignored.
 
+JSON Schema (`spec.format.type: jsonSchema`): the JSON text after the Confluent wire format's header, read
+as above into the table's fields; the frame's reasons come first (`icefall.ingest.framing`: tombstone, too
+short, wrong magic byte, `unknown schema id 42 (the registry has no JSON Schema with this id)`, also for an
+id whose schema is of another type). Avro and Protobuf: `icefall.ingest.avro`, `icefall.ingest.protobuf`.
+
 Keyed modes (`spec.mode` upsert, cdc; `icefall.ingest.keyed`): the good rows carry `DELETE_COLUMN` (true for a
 record that deletes its key: a tombstone, a Debezium d event), a delete needs only its key, a Debezium event
 is decoded from its row image (after, or before for d), and key fields missing from the image come from the
@@ -57,7 +62,9 @@ from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, St
 from icefall.api import FormatType, SchemaField, StreamingTableSpec, TableMode, to_spark_schema_json
 from icefall.ingest import columns
 from icefall.ingest.columns import CORRUPT_COLUMN, POSITION_COLUMN, RAW_COLUMN, TEXT_COLUMN
+from icefall.ingest.framing import HEADER_BYTES, KNOWN_COLUMN, SCHEMA_ID_COLUMN, Framing
 from icefall.ingest.keyed import Keyed, image_column
+from icefall.ingest.protobuf import PAYLOAD_COLUMN, payload
 from icefall.ingest.reasons import (
     RECORD_QUOTE_CHARS,
     VALUE_QUOTE_CHARS,
@@ -114,7 +121,10 @@ class Decoder:
         self, spec: StreamingTableSpec, *, errors: bool = True, schemas: SchemaLookup | None = None
     ) -> None:
         self._avro: AvroDecoding | None = None
-        if spec.format.type is not FormatType.JSON:
+        self._framing: Framing | None = None
+        self._frame_reasons: list[Check] | None = None
+        self._schemas: SchemaLookup | None = None
+        if spec.format.type is FormatType.AVRO:
             self._init_registry_format(spec, errors=errors, schemas=schemas)
             return
         fields = spec.format.schema_fields
@@ -139,6 +149,8 @@ class Decoder:
             value.isNotNull() & (F.length(value) <= max_bytes) & F.is_valid_utf8(value.cast("string")),
             value.cast("string"),
         ).alias(TEXT_COLUMN)
+        if spec.format.type is not FormatType.JSON:
+            self._init_framing(spec, schemas)
         self._keyed = Keyed(spec) if spec.mode is not TableMode.APPEND else None
         # Separate projections, so the optimizer keeps each parse in one place (it does not inline a costly
         # expression that is referenced several times).
@@ -154,7 +166,39 @@ class Decoder:
             # The loose parse (every field as text) only runs for records the typed parse rejected: it
             # tells a malformed record from one whose fields do not fit, for the error text.
             self._raw = F.when(typed_failed, F.from_json(text, loose_schema, options)).alias(RAW_COLUMN)
-            self._error = _error(_reasons(fields, max_bytes, self._keyed)).alias(ERROR_COLUMN)
+            self._error = _error(_reasons(fields, max_bytes, self._keyed, self._frame_reasons)).alias(
+                ERROR_COLUMN
+            )
+
+    def _init_framing(self, spec: StreamingTableSpec, schemas: SchemaLookup | None) -> None:
+        """JSON Schema and Protobuf: JSON text from what follows the wire format's header
+        (`icefall.ingest.framing`), read as json is. The text is there only for a record whose frame is
+        right and whose schema id the registry knows; `_frame_reasons` say why else it is not."""
+        self._schemas = schemas if schemas is not None else _registry_lookup(spec)
+        max_bytes = spec.dead_letter.max_record_bytes
+        if spec.format.type is FormatType.PROTOBUF:
+            self._framing = framing = Framing(max_bytes, "Protobuf schema")
+            decoded = F.col(PAYLOAD_COLUMN)
+            self._text = F.when(framing.ok, decoded["json"]).alias(TEXT_COLUMN)
+            problem: Check = (framing.ok & decoded["problem"].isNotNull(), decoded["problem"])
+        else:
+            self._framing = framing = Framing(max_bytes, "JSON Schema")
+            body = F.expr(f"substring(value, {HEADER_BYTES + 1})")
+            text = body.cast("string")
+            self._text = F.when(framing.ok & F.is_valid_utf8(text), text).alias(TEXT_COLUMN)
+            problem = (
+                framing.ok & ~F.is_valid_utf8(text),
+                F.concat(
+                    F.lit("the value is not valid UTF-8 text, as JSON must be; its first bytes after "),
+                    F.lit("the header: 0x"),
+                    F.hex(F.substring(body, 1, 32)),
+                ),
+            )
+        self._frame_reasons = [*framing.reasons, problem]
+
+    def _payload(self, writers: Mapping[int, str | None]) -> list[Column]:
+        """The columns a batch with `writers` needs before its text: Protobuf's decoded payload."""
+        return [payload(writers)] if self.spec.format.type is FormatType.PROTOBUF else []
 
     def _init_registry_format(
         self, spec: StreamingTableSpec, *, errors: bool, schemas: SchemaLookup | None
@@ -163,10 +207,7 @@ class Decoder:
         from icefall.ingest.avro import AvroDecoding
 
         if schemas is None:
-            from icefall.kafka.registry import WriterSchemas
-
-            assert spec.format.registry is not None  # the spec requires it for registry formats
-            schemas = WriterSchemas(spec.format.registry).lookup
+            schemas = _registry_lookup(spec)
         self.spec = spec
         self._headers = F.col("headers").alias("headers")
         self._no_headers = F.lit(None).cast(HEADERS_TYPE).alias("headers")
@@ -189,6 +230,8 @@ class Decoder:
     def writer_schemas(self, kafka_df: DataFrame) -> Mapping[int, str | None] | None:
         """A registry format: the writer schema of each schema id in `kafka_df` (a Spark job over the
         records' headers); None for json."""
+        if self._framing is not None and self._schemas is not None:
+            return self._schemas(self._framing.schema_ids(kafka_df.select(self._framing.schema_id)))
         return self._avro.writer_schemas(kafka_df) if self._avro is not None else None
 
     def decode(self, kafka_df: DataFrame, writers: Mapping[int, str | None] | None = None) -> DataFrame:
@@ -197,8 +240,17 @@ class Decoder:
         headers = self._headers if "headers" in kafka_df.columns else self._no_headers
         if self._avro is not None:
             return self._avro.decode(kafka_df, headers, writers)
-        text = kafka_df.select(*self._base, headers, self._text)
         internal = [TEXT_COLUMN]
+        if self._framing is not None:
+            if writers is None:
+                writers = self.writer_schemas(kafka_df)
+            assert writers is not None
+            framed = kafka_df.select(*self._base, headers, self._framing.schema_id)
+            decoded = self._payload(writers)
+            text = framed.select("*", self._framing.known(writers), *decoded).select("*", self._text)
+            internal += [SCHEMA_ID_COLUMN, KNOWN_COLUMN, *(PAYLOAD_COLUMN for _ in decoded)]
+        else:
+            text = kafka_df.select(*self._base, headers, self._text)
         if self._keyed is not None:
             text = self._keyed.changes(text)
             internal += self._keyed.internal
@@ -275,7 +327,8 @@ def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:
 
 
 #: A dead letter's reason as a bounded metric label (`icefall_records_dead_lettered_total{reason}`): the
-#: kind of its first message (JSON, keyed and Avro messages alike), matched on how the message starts.
+#: kind of its first message (JSON, keyed, Avro, JSON Schema and Protobuf messages alike), matched on how
+#: the message starts.
 REASON_KINDS: tuple[tuple[str, str], ...] = (
     ("delete_without_key", r"^(tombstone \(null value\)|delete \(op d, or a tombstone\)): "),
     ("tombstone", r"^tombstone: "),
@@ -285,7 +338,11 @@ REASON_KINDS: tuple[tuple[str, str], ...] = (
     ("not_a_change_event", r"^(not a Debezium change event|Debezium op )"),
     ("wire_format", r"^(too short for the Confluent wire format|wrong magic byte)"),
     ("unknown_schema_id", r"^unknown schema id"),
-    ("undecodable", r"^(bytes do not decode as Avro|schema id \d+ is not an Avro record)"),
+    (
+        "undecodable",
+        r"^(bytes do not decode as (Avro|protobuf)|schema id \d+ is not an Avro record"
+        r"|(the )?message index )",
+    ),
     ("required_missing", r"^required field "),
     ("null_element", r"^(list|map) '.*' holds a null"),
     ("type_mismatch", r"^(field '|a nested value does not fit)"),
@@ -313,7 +370,20 @@ def bad_rows(decoded: DataFrame, *, now_expr: Column | None = None) -> DataFrame
 # --- reasons -------------------------------------------------------------------------------------------
 
 
-def _reasons(fields: Sequence[SchemaField], max_bytes: int, keyed: Keyed | None = None) -> list[Check]:
+def _registry_lookup(spec: StreamingTableSpec) -> SchemaLookup:
+    """The writer schemas of `spec.format.registry`, of the spec's format."""
+    from icefall.kafka.registry import WriterSchemas
+
+    assert spec.format.registry is not None  # the spec requires it for registry formats
+    return WriterSchemas(spec.format.registry, format_type=spec.format.type).lookup
+
+
+def _reasons(
+    fields: Sequence[SchemaField],
+    max_bytes: int,
+    keyed: Keyed | None = None,
+    framed: Sequence[Check] | None = None,
+) -> list[Check]:
     """Every reason a record cannot be ingested: (condition, message) pairs, in the order they are listed.
 
     A message is never null or empty where its condition is true (it quotes only values the condition
@@ -322,14 +392,18 @@ def _reasons(fields: Sequence[SchemaField], max_bytes: int, keyed: Keyed | None 
     the row image (the value, or a Debezium event's after image).
     """
     if keyed is None:
-        return _row_reasons(fields, max_bytes, F.col(TEXT_COLUMN), None)
+        return _row_reasons(fields, max_bytes, F.col(TEXT_COLUMN), None, framed)
     row = _row_reasons(fields, max_bytes, F.col(keyed.image), keyed)
     not_delete = ~F.col(DELETE_COLUMN)
     return [*keyed.delete_reasons(), *((not_delete & c, m) for c, m in row), *keyed.sequence_reasons()]
 
 
 def _row_reasons(
-    fields: Sequence[SchemaField], max_bytes: int, text: Column, keyed: Keyed | None
+    fields: Sequence[SchemaField],
+    max_bytes: int,
+    text: Column,
+    keyed: Keyed | None,
+    framed: Sequence[Check] | None = None,
 ) -> list[Check]:
     """`_reasons` of a record that writes a row, `text` being the JSON text of the row."""
     typed, raw = F.col(TYPED_COLUMN), F.col(RAW_COLUMN)
@@ -340,7 +414,7 @@ def _row_reasons(
     # a top-level field whose JSON value is there but does not parse as its type
     mismatches = [fields_bad & raw[field.name].isNotNull() & typed[field.name].isNull() for field in fields]
     return [
-        *_value_reasons(max_bytes, keyed),
+        *(_value_reasons(max_bytes, keyed) if framed is None else framed),
         (json_bad, json_problem(text)),
         *_mismatch_reasons(fields, mismatches, fields_bad, text),
         *_field_reasons(fields, mismatches, decoded, keyed),

@@ -85,7 +85,7 @@ class Ingestor:
         from icefall.kafka.registry import WriterSchemas, with_registry_schema
 
         if registry is None and st.spec.format.registry is not None:
-            registry = WriterSchemas(st.spec.format.registry)
+            registry = WriterSchemas(st.spec.format.registry, format_type=st.spec.format.type)
         # A registry format without an inline schema: the table's columns are the registry's latest schema.
         st = with_registry_schema(st, registry.latest_schema if registry is not None else None)
         self.st, self.spec, self.spark = st, st.spec, spark

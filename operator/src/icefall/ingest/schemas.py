@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from icefall.api import SchemaField, TableMode, fields_from_iceberg, to_iceberg_schema
-from icefall.api.avro import AvroSchemaError, fields_from_avro, row_schema
+from icefall.api.avro import row_schema
+from icefall.api.registry_schema import fields_from_registry_schema
 from icefall.catalog.evolution import AddField, Change, Evolution, plan_evolution
 from icefall.catalog.layout import KAFKA_COLUMN, SEQUENCE_COLUMN
 from icefall.runtime import metrics
@@ -48,6 +49,7 @@ class SchemaFollower:
         """`expected`: the table's schema as the spec says (`icefall.catalog.layout.expected_schema`)."""
         self.expected = expected
         self.label = label
+        self.format = spec.format
         self.relax_required = spec.format.type.uses_registry
         self.follow_writers = follows_table(spec)
         self.envelopes = spec.mode is TableMode.CDC
@@ -78,9 +80,9 @@ class SchemaFollower:
             if text is None:
                 continue  # an unknown id: its records are dead letters
             try:
-                row = row_schema(text) if self.envelopes else text
-                wanted = to_iceberg_schema(fields_from_avro(row))
-            except (AvroSchemaError, ValueError) as error:
+                row = row_schema(text) if self.envelopes else text  # cdc: Debezium's Avro envelope
+                wanted = to_iceberg_schema(fields_from_registry_schema(self.format, row))
+            except ValueError as error:  # the mapping's errors (AvroSchemaError, ...) are ValueErrors
                 refused.append(f"writer schema id {schema_id}: {error}")
                 continue
             source = f"writer schema id {schema_id}"

@@ -1,16 +1,19 @@
 """The schema registry of `spec.format.registry`, through confluent-kafka's `SchemaRegistryClient`.
 
 Guarantees:
-- `WriterSchemas.lookup` gives the writer schema (Avro JSON text) of each schema id, or None for an id the
-  registry does not know (HTTP 404) or whose schema is not Avro. Answers are kept per process: a schema id
-  never changes meaning. An unknown id is asked again in the next batch.
+- `WriterSchemas.lookup` gives the writer schema (its text) of each schema id, or None for an id the
+  registry does not know (HTTP 404) or whose schema is not of the spec's format (Avro, JSON Schema,
+  Protobuf: as a base64 `FileDescriptorSet` with its well-known imports, `icefall.kafka.protobuf`).
+  Answers are kept per process: a schema id never changes meaning. An unknown id is asked again in the
+  next batch.
 - A registry that cannot be reached, times out (`REQUEST_TIMEOUT_SECONDS`) or answers 408, 429 or 5xx
   raises `RegistryUnavailableError`: an outage, waited out by ingestion (`icefall.ingest.outages`), so no
   record goes to the dead-letter table because the registry was briefly down, and a batch is never
   decoded with a partial view of its schemas. Any other refusal (401, 403, ...) raises `RegistryError`:
   a configuration error, raised loudly.
-- `latest_schema` is the subject's latest Avro schema (the subject per `subjectNameStrategy`); a subject
-  the registry does not hold, or whose latest schema is not Avro, raises `RegistryError` naming it.
+- `latest_schema` is the subject's latest schema (the subject per `subjectNameStrategy`); a subject the
+  registry does not hold, or whose latest schema is not of the spec's format, raises `RegistryError`
+  naming it.
 
 Proved against a real registry (Apicurio's Confluent-compatible API): tests/integration/test_registry.py.
 Not supported: schemas with references to other subjects (the writer schema must be self-contained).
@@ -22,6 +25,7 @@ driver's pod from the referenced Secret (`icefall.plan.env.secret_env_vars`).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
@@ -34,8 +38,12 @@ from icefall.api import (
     StreamingTableSpec,
     TableMode,
 )
-from icefall.api.avro import fields_from_avro, row_schema
+from icefall.api.avro import row_schema
+from icefall.api.format import SCHEMA_TYPE_NAMES
+from icefall.api.registry_schema import fields_from_registry_schema
 from icefall.plan.env import registry_secret_env_name
+
+log = logging.getLogger(__name__)
 
 
 class MissingRegistrySecretError(RuntimeError):
@@ -103,25 +111,49 @@ class Registry(Protocol):
 
 
 class WriterSchemas:
-    """Writer schemas by id from one registry, cached per process."""
+    """Writer schemas by id from one registry, cached per process: those of `format_type` (default Avro)."""
 
-    def __init__(self, registry: SchemaRegistry, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(
+        self,
+        registry: SchemaRegistry,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        format_type: FormatType = FormatType.AVRO,
+    ) -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.registry = registry
+        self.schema_type = format_type.schema_type
+        self.kind = SCHEMA_TYPE_NAMES[self.schema_type]
         config = {**client_config(registry, environ), "timeout": REQUEST_TIMEOUT_SECONDS}
         self._client = SchemaRegistryClient(config)
-        self._known: dict[int, str | None] = {}  # None: the id's schema is not Avro
+        self._known: dict[int, str | None] = {}  # None: the id's schema is not of `schema_type`
+        # Protobuf: a registry that can (Confluent's) serves the schema as a serialized descriptor.
+        self._format = "serialized" if format_type is FormatType.PROTOBUF else None
+
+    def _usable(self, schema_id: int, text: str) -> str | None:
+        """The writer schema as the decoders read it: Protobuf's as a descriptor set (None when it cannot
+        be made: its records are dead letters, an unknown id, and the log says why)."""
+        if self.schema_type != "PROTOBUF":
+            return text
+        from icefall.api.protobuf_schema import ProtobufSchemaError
+        from icefall.kafka.protobuf import descriptor_set_text
+
+        try:
+            return descriptor_set_text(text)
+        except ProtobufSchemaError as error:
+            log.warning("schema registry %s: schema id %d: %s", self.registry.url, schema_id, error)
+            return None
 
     def lookup(self, ids: Iterable[int]) -> dict[int, str | None]:
-        """The Avro writer schema of each id; None for an id the registry does not know, or not Avro."""
+        """The writer schema of each id; None for an id the registry does not know, or of another type."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         found: dict[int, str | None] = {}
         for schema_id in ids:
             if schema_id not in self._known:
                 try:
-                    schema = self._client.get_schema(schema_id)
+                    schema = self._client.get_schema(schema_id, fmt=self._format)
                 except SchemaRegistryError as error:
                     if error.http_status_code == 404:
                         found[schema_id] = None
@@ -129,28 +161,38 @@ class WriterSchemas:
                     raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
                 except Exception as error:
                     raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
-                avro = (schema.schema_type or "AVRO") == "AVRO" and schema.schema_str is not None
-                self._known[schema_id] = schema.schema_str if avro else None
+                ours = (schema.schema_type or "AVRO") == self.schema_type and schema.schema_str is not None
+                self._known[schema_id] = self._usable(schema_id, str(schema.schema_str)) if ours else None
             found[schema_id] = self._known[schema_id]
         return found
 
     def latest_schema(self, topic: str) -> str:
-        """The Avro text of the latest version of `topic`'s record subject (`SchemaRegistry.subject`)."""
+        """The text of the latest version of `topic`'s record subject (`SchemaRegistry.subject`)."""
         subject = self.registry.subject(topic)
         try:
-            registered = self._client.get_latest_version(subject)
+            registered = self._client.get_latest_version(subject, fmt=self._format)
         except Exception as error:
             raise registry_failure(
                 self.registry, f"the latest schema of subject {subject!r}", error
             ) from error
         schema = registered.schema
         kind = schema.schema_type or "AVRO"
-        if kind != "AVRO" or schema.schema_str is None:
+        if kind != self.schema_type or schema.schema_str is None:
             raise RegistryError(
-                f"schema registry {self.registry.url}: the latest schema of subject {subject!r} is {kind}, "
-                "not Avro"
+                f"schema registry {self.registry.url}: the latest schema of subject {subject!r} is "
+                f"{kind}, not {self.kind}"
             )
-        return str(schema.schema_str)
+        if self.schema_type != "PROTOBUF":
+            return str(schema.schema_str)
+        from icefall.api.protobuf_schema import ProtobufSchemaError
+        from icefall.kafka.protobuf import descriptor_set_text
+
+        try:
+            return descriptor_set_text(schema.schema_str)
+        except ProtobufSchemaError as error:
+            raise RegistryError(
+                f"schema registry {self.registry.url}: the latest schema of subject {subject!r}: {error}"
+            ) from error
 
 
 def with_registry_schema(
@@ -190,7 +232,9 @@ def _registry_fields(
     if fmt.type is FormatType.JSON or fmt.schema_known:
         return None
     assert fmt.registry is not None  # the spec requires it for registry formats
-    latest = latest_schema if latest_schema is not None else WriterSchemas(fmt.registry).latest_schema
-    text = latest(spec.source.topic)
-    fields = fields_from_avro(row_schema(text) if spec.mode is TableMode.CDC else text)
+    if latest_schema is None:
+        latest_schema = WriterSchemas(fmt.registry, format_type=fmt.type).latest_schema
+    text = latest_schema(spec.source.topic)
+    # cdc: the table's columns are the row record of Debezium's (Avro) envelope, not the envelope.
+    fields = fields_from_registry_schema(fmt, row_schema(text) if spec.mode is TableMode.CDC else text)
     return [f.model_dump(by_alias=True, exclude_none=True, mode="json") for f in fields]

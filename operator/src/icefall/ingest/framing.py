@@ -1,0 +1,88 @@
+"""Confluent's wire format around a record value: magic byte 0, a 4-byte big-endian schema id, then the
+encoded record. Spark column expressions for the schema id of each record and the reasons a frame is
+refused, for the registry formats decoded outside `icefall.ingest.avro` (JSON Schema, Protobuf).
+
+Reasons, worded as the Avro decoder words them: `tombstone: the record's value is null`;
+`record is N bytes, over the limit of M (spec.deadLetter.maxRecordBytes)`;
+`too short for the Confluent wire format: N bytes (...)`; `wrong magic byte 0x01: not the Confluent wire
+format (...)`; `unknown schema id 42 (the registry has no JSON Schema with this id)`.
+
+Use: select `schema_id` (a Spark job over the batch's headers gives `schema_ids`, the registry their
+schemas), then `known(writers)` on that frame; the reasons read both columns. Not here: what follows the
+header (a Protobuf message index, the payload's own decoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+#: The wire format's header: magic byte 0 and the 4-byte schema id.
+HEADER_BYTES = 5
+#: The schema id of a well-framed record (null otherwise), and whether the registry knows it.
+SCHEMA_ID_COLUMN = "__icefall_schema_id"
+KNOWN_COLUMN = "__icefall_schema_known"
+
+Check = tuple[Column, Column]
+
+
+class Framing:
+    """The frame checks of one spec (`max_bytes`: `spec.deadLetter.maxRecordBytes`); `kind` names the
+    registry's schemas of the format in messages ("JSON Schema", "Protobuf schema")."""
+
+    def __init__(self, max_bytes: int, kind: str) -> None:
+        value = F.col("value")
+        size = F.length(value)
+        size_ok = value.isNotNull() & (size >= HEADER_BYTES) & (size <= max_bytes)
+        magic_ok = F.hex(F.substring(value, 1, 1)) == F.lit("00")
+        self.schema_id = F.when(
+            size_ok & magic_ok, F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("bigint")
+        ).alias(SCHEMA_ID_COLUMN)
+        schema_id = F.col(SCHEMA_ID_COLUMN)
+        #: The frame is right and the registry has the id's schema (of this format).
+        self.ok = F.col(KNOWN_COLUMN)
+        self.reasons: list[Check] = [
+            (value.isNull(), F.lit("tombstone: the record's value is null")),
+            (
+                value.isNotNull() & (size > max_bytes),
+                F.format_string(
+                    f"record is %d bytes, over the limit of {max_bytes} (spec.deadLetter.maxRecordBytes)",
+                    size,
+                ),
+            ),
+            (
+                value.isNotNull() & (size < HEADER_BYTES),
+                F.format_string(
+                    "too short for the Confluent wire format: %d bytes (a magic byte and a 4-byte schema id "
+                    "come first)",
+                    size,
+                ),
+            ),
+            (
+                size_ok & ~magic_ok,
+                F.concat(
+                    F.lit("wrong magic byte 0x"),
+                    F.lower(F.hex(F.substring(value, 1, 1))),
+                    F.lit(": not the Confluent wire format (magic byte 0x00, then a 4-byte schema id)"),
+                ),
+            ),
+            (
+                schema_id.isNotNull() & ~self.ok,
+                F.format_string(f"unknown schema id %d (the registry has no {kind} with this id)", schema_id),
+            ),
+        ]
+
+    @staticmethod
+    def schema_ids(framed: DataFrame) -> list[int]:
+        """The schema ids of `framed`'s records (a frame with `schema_id`): one Spark job over them."""
+        rows = framed.where(F.col(SCHEMA_ID_COLUMN).isNotNull()).select(SCHEMA_ID_COLUMN).distinct().collect()
+        return sorted(int(row[0]) for row in rows)
+
+    @staticmethod
+    def known(writers: Mapping[int, object | None]) -> Column:
+        """`KNOWN_COLUMN` for a batch whose ids have `writers` (None: the registry has no such schema)."""
+        ids = sorted(i for i, writer in writers.items() if writer is not None)
+        found = F.col(SCHEMA_ID_COLUMN).isin(*ids) if ids else F.lit(False)
+        return F.coalesce(found, F.lit(False)).alias(KNOWN_COLUMN)
