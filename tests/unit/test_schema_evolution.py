@@ -182,3 +182,28 @@ spec:
     plan = follower.plan(expected, {7: json.dumps(envelope)})
     assert [str(c) for c in plan.changes] == ["add optional field 'note' string"]
     assert plan.refused == ()
+
+
+def test_the_follower_reports_what_each_batch_needs_even_when_remembered() -> None:
+    from icefall.api import load_manifest
+    from icefall.ingest.schemas import SchemaFollower
+
+    st = load_manifest(
+        """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {name: orders}
+spec:
+  source: {bootstrapServers: "k:9092", topic: orders}
+  format: {type: avro, registry: {url: "http://registry:8081"}}
+  table: {namespace: shop, name: orders}
+"""
+    )
+    table = schema({"name": "id", "type": "long", "required": True})
+    follower = SchemaFollower(st.spec, table, "shop.orders")
+    long_id = '{"type": "record", "name": "O", "fields": [{"name": "id", "type": "long"}]}'
+    text_id = '{"type": "record", "name": "O", "fields": [{"name": "id", "type": "string"}]}'
+    assert follower.plan(table, {3: text_id}).refused and follower.refused
+    assert not follower.plan(table, {2: long_id}).changes and follower.refused == ()
+    follower.plan(table, {3: text_id})  # remembered, and reported again
+    assert len(follower.refused) == 1 and "writer schema id 3 has string" in follower.refused[0]

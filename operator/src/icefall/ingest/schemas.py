@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 OWN_COLUMNS = (KAFKA_COLUMN, SEQUENCE_COLUMN)
 
 Writers = Mapping[int, str | None]
+#: Plans remembered per (table schema, writer ids); a writer rarely sees more than a few combinations.
+MAX_PLANS_KEPT = 256
 
 
 class SchemaFollower:
@@ -55,15 +57,19 @@ class SchemaFollower:
         self.envelopes = spec.mode is TableMode.CDC
         self.refused: tuple[str, ...] = ()
         self._planned: dict[tuple[int, frozenset[int]], Evolution] = {}
+        self._logged: set[str] = set()
 
     def plan(self, actual: Schema, writers: Writers | None) -> Evolution:
         """The changes `actual` needs for the spec and `writers` (memoized: most batches change nothing)."""
         ids = frozenset(i for i, text in (writers or {}).items() if text is not None)
         key = (actual.schema_id, ids if self.follow_writers else frozenset())
         if key not in self._planned:
+            if len(self._planned) >= MAX_PLANS_KEPT:
+                self._planned.clear()
             self._planned[key] = self._plan(actual, writers or {})
-            self._report(self._planned[key])
-        return self._planned[key]
+        evolution = self._planned[key]
+        self._report(evolution)
+        return evolution
 
     def _plan(self, actual: Schema, writers: Writers) -> Evolution:
         plans = [
@@ -98,8 +104,10 @@ class SchemaFollower:
         return Evolution(tuple(changes.values()), tuple(dict.fromkeys(refused)), plans[0].before)
 
     def _report(self, evolution: Evolution) -> None:
+        """What this batch's records need and the table cannot follow (each message logged once)."""
         for message in evolution.refused:
-            if message not in self.refused:
+            if message not in self._logged:
+                self._logged.add(message)
                 log.warning("%s: the table cannot follow a schema change: %s", self.label, message)
         self.refused = evolution.refused
         metrics.SCHEMA_CHANGES_REFUSED.labels(self.label).set(len(evolution.refused))
