@@ -264,3 +264,14 @@ def test_a_registry_down_when_ingestion_starts_is_waited_out_and_a_refusal_is_ra
 
     # stopped (SIGTERM) while the registry is down: nothing made
     assert made_when_reachable(unreachable, outages, lambda: outages.state.ongoing) is None
+
+
+def test_the_listener_hears_which_service_is_waited_out_and_when_it_answers() -> None:
+    heard: list[Service | None] = []
+    outages = Outages("it.unit_listener", {}, clock=lambda: 0.0)
+    outages.listener = heard.append
+    outages.succeeded()  # no outage to end: nothing to say
+    outages.failed(RegistryUnavailableError("schema registry http://r:8081: connection refused"))
+    outages.failed(RuntimeError("a bug, not an outage"))  # raised by the caller, not heard
+    outages.succeeded()
+    assert heard == [Service.REGISTRY, None]

@@ -222,3 +222,27 @@ def test_a_schema_change_the_table_cannot_follow_degrades_it_with_one_warning_ev
     event = degraded_event(None, conditions)
     assert event is not None and event.type is EventType.WARNING
     assert event.message == "SchemaChangeRefused: " + issue.message
+
+
+def test_a_driver_waiting_for_the_registry_is_not_ingesting() -> None:
+    (issue,) = writer_issues(report(age_seconds=5, waiting_for="registry"), NOW)
+    assert issue.reason is ConditionReason.REGISTRY_UNAVAILABLE and "schema registry" in issue.message
+    assert writer_issues(report(age_seconds=5, waiting_for="kafka"), NOW) == []  # the operator probes Kafka
+    st = streaming_table_from_object(
+        {
+            "apiVersion": "icefall.dev/v1alpha1",
+            "kind": "StreamingTable",
+            "metadata": {"name": "orders", "generation": 2},
+            "spec": {
+                "source": {"bootstrapServers": "kafka:9092", "topic": "orders"},
+                "format": {"schema": [{"name": "id", "type": "long"}]},
+                "table": {"namespace": "shop", "name": "orders"},
+            },
+        }
+    )
+    observed = Observations(driver=DriverState.RUNNING, freshness_seconds=1.0, lag_records=0, issues=(issue,))
+    ingesting = next(c for c in derive_conditions(observed, st, NOW) if c.type is ConditionType.INGESTING)
+    assert (ingesting.status, ingesting.reason) == (
+        ConditionStatus.FALSE,
+        ConditionReason.REGISTRY_UNAVAILABLE,
+    )

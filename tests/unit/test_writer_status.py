@@ -67,6 +67,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "lastCommitTime": "2026-11-26T00:00:00Z",
         "snapshotId": 7,
         "schemaRefused": [],
+        "waitingFor": None,
     }
     assert second == {
         "reportedAt": "2026-11-26T00:00:11Z",
@@ -75,6 +76,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "lastCommitTime": "2026-11-26T00:00:04Z",  # the batch that was not sent still counts
         "snapshotId": 8,
         "schemaRefused": [],
+        "waitingFor": None,
     }
 
 
@@ -86,6 +88,7 @@ def test_before_any_commit_there_is_no_commit_time() -> None:
         "freshnessSeconds": 0.0,
         "lagRecords": 0,
         "schemaRefused": [],
+        "waitingFor": None,
     }
 
 
@@ -99,6 +102,20 @@ def test_schema_changes_the_table_cannot_follow_are_reported_until_they_are_gone
     clock.now = 20
     report(batch(lag=0, freshness=0.0, snapshot=2))  # planned again with nothing refused
     assert [body["writer"]["schemaRefused"] for _, _, body in kube.patches] == [list(refused)] * 2 + [[]]
+
+
+def test_an_outage_is_reported_at_once_when_it_starts_and_ends() -> None:
+    kube, clock = RecordingKube(), Clock()
+    report = reporter(kube, clock)
+    report(batch(lag=5, freshness=2.0, snapshot=3))
+    clock.now = 2
+    report.waiting("registry")  # no batch lands while it lasts: reported now, not at the interval
+    report.waiting("registry")  # the same outage again: within the interval, not sent
+    clock.now = 3
+    report.waiting(None)
+    sent = [body["writer"] for _, _, body in kube.patches]
+    assert [w["waitingFor"] for w in sent] == [None, "registry", None]
+    assert sent[1]["lagRecords"] == 5 and sent[1]["snapshotId"] == 3  # the last figures stand meanwhile
 
 
 def test_a_failing_api_is_logged_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:

@@ -71,6 +71,7 @@ class ConditionReason(StrEnum):
     BAD_RECORD_HALTED = "BadRecordHalted"
     DEAD_LETTER_FAILED = "DeadLetterFailed"
     SCHEMA_CHANGE_REFUSED = "SchemaChangeRefused"
+    REGISTRY_UNAVAILABLE = "RegistryUnavailable"
     # Compacting
     COMPACTING = "Compacting"
     NO_COMPACTION_NEEDED = "NoCompactionNeeded"
@@ -88,6 +89,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.TABLE_CLAIMED,
         _R.CATALOG_UNAVAILABLE,
         _R.KAFKA_UNAVAILABLE,
+        _R.REGISTRY_UNAVAILABLE,
         _R.DRIVER_FAILED,
         _R.WAITING_FOR_LEASE,
         _R.COMMIT_CONFLICT,
@@ -111,6 +113,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.DRIVER_FAILED,
         _R.CATALOG_UNAVAILABLE,
         _R.KAFKA_UNAVAILABLE,
+        _R.REGISTRY_UNAVAILABLE,
         _R.BAD_RECORD_HALTED,
         _R.TABLE_CLAIMED,
     },
@@ -234,6 +237,14 @@ class WriterReport(StatusModel):
         default=None, description="When the driver's last commit landed; unset before its first."
     )
     snapshot_id: int | None = Field(default=None, description="Iceberg snapshot id of that commit.")
+    waiting_for: str | None = Field(
+        default=None,
+        max_length=32,
+        description=(
+            "A service the driver cannot reach and is waiting out (kafka, catalog, object_store, registry); "
+            "unset when it reaches them all."
+        ),
+    )
     schema_refused: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
         default_factory=list,
         max_length=20,

@@ -127,13 +127,17 @@ def ingest_until_stopped(  # noqa: PLR0913 (the pieces of one run)
         args, stop if stop is not None else stop_on_signals(), maintenance=maintenance, also=report_to
     )
     ingestor = None
+    # The driver's status report says which service it is waiting out (no batch lands meanwhile).
+    waiting = getattr(report_to, "waiting", None)
     try:
         # An Avro table without an inline schema asks the registry for its columns here.
+        at_start = outages_for(st, catalog)
+        at_start.listener = waiting
         ingestor = made_when_reachable(
-            lambda: Ingestor(st, catalog, spark, lease, yield_to=yield_to),
-            outages_for(st, catalog),
-            progress.should_stop,
+            lambda: Ingestor(st, catalog, spark, lease, yield_to=yield_to), at_start, progress.should_stop
         )
+        if ingestor is not None:
+            ingestor.outages.listener = waiting
         code = 1 if ingestor is None else run_ingestor(ingestor, progress, args)
     finally:
         if ingestor is not None:

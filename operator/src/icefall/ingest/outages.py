@@ -256,6 +256,9 @@ class Outages:
         self.max_seconds = max_seconds
         self.clock = clock
         self.state = OutageClock()
+        #: Told the service waited out when an attempt fails, None once one gets through after an outage
+        #: (the driver's status report: `icefall.ingest.writer_status`).
+        self.listener: Callable[[Service | None], None] | None = None
 
     def describe(self, found: Unavailable) -> str:
         where = self.where.get(found.service)
@@ -279,6 +282,8 @@ class Outages:
             "%s: %s (%s); attempt %d failed, retrying in %.0fs",
             self.label, self.describe(found), found.reason, self.state.failures, delay,
         )  # fmt: skip
+        if self.listener is not None:
+            self.listener(found.service)
         return delay
 
     def succeeded(self) -> None:
@@ -295,6 +300,8 @@ class Outages:
                 self.label, service.display_name, where, lasted, self.state.failures,
             )  # fmt: skip
         self.state = OutageClock()
+        if self.listener is not None:
+            self.listener(None)
 
     def retrying(self, step: Callable[[], object], should_stop: Callable[[], bool]) -> bool:
         """Call `step()` until it gets through (True) or `should_stop()` (False); outages are waited out,

@@ -3,7 +3,9 @@ ingestion measured them for its last batch, so a table whose driver runs is alwa
 operator can read (it may hold none of the table's credentials; `icefall.plan.table_status`).
 
 At most one PATCH every `interval` seconds, the first at once; a failed PATCH is logged (the first one with
-its cause) and never stops ingestion. The driver's Role may patch only its own StreamingTable's status
+its cause) and never stops ingestion. While an outage is waited out no batch lands, so `waiting(service)`
+(the `Outages` listener) reports the service the driver is waiting for at once when it changes, and at the
+same pace while it lasts. The driver's Role may patch only its own StreamingTable's status
 (`icefall.plan.rbac`).
 """
 
@@ -45,6 +47,8 @@ class WriterStatusReporter:
         self._last_commit: datetime | None = None
         self._snapshot_id: int | None = None
         self._schema_refused: tuple[str, ...] = ()
+        self._waiting_for: str | None = None
+        self._last: BatchReport | None = None
         self._failures = 0
 
     def __call__(self, report: BatchReport | None) -> None:
@@ -52,16 +56,29 @@ class WriterStatusReporter:
         if report is not None:
             self._last_commit, self._snapshot_id = self._wall(), report.snapshot_id
             self._schema_refused = report.schema_refused
+        self._last = report
+        self._report(force=False)
+
+    def waiting(self, service: object | None) -> None:
+        """The driver is waiting out `service` (an `icefall.plan.outages.Service`), or no longer (None)."""
+        name = str(service) if service is not None else None
+        changed = name != self._waiting_for
+        self._waiting_for = name
+        self._report(force=changed)
+
+    def _report(self, *, force: bool) -> None:
         now = self._clock()
-        if self._sent_at is not None and now - self._sent_at < self.interval:
+        if not force and self._sent_at is not None and now - self._sent_at < self.interval:
             return
         self._sent_at = now
+        last = self._last
         measured = WriterReport(
             reported_at=self._wall(),
-            freshness_seconds=max(report.freshness_seconds, 0.0) if report is not None else 0.0,
-            lag_records=max(report.lag, 0) if report is not None else 0,
+            freshness_seconds=max(last.freshness_seconds, 0.0) if last is not None else 0.0,
+            lag_records=max(last.lag, 0) if last is not None else 0,
             last_commit_time=self._last_commit,
             snapshot_id=self._snapshot_id,
+            waiting_for=self._waiting_for,
             schema_refused=[message[:1000] for message in self._schema_refused[:20]],
         )
         self._send(measured)
@@ -69,6 +86,7 @@ class WriterStatusReporter:
     def _send(self, measured: WriterReport) -> None:
         # A merge patch: a list is replaced whole, so an empty one clears what an earlier report said.
         body = {"writer": measured.model_dump(mode="json", by_alias=True, exclude_none=True)}
+        body["writer"].setdefault("waitingFor", None)  # a merge patch: null removes the field
         try:
             self.kube.patch_status(self.namespace, self.name, body)
         except Exception as error:  # the status is a courtesy: ingestion goes on

@@ -111,13 +111,23 @@ def with_writer_report(
 def writer_issues(
     report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
 ) -> list[Issue]:
-    """The problems a recent driver report names: schema changes the table cannot follow."""
-    if report is None or not report.schema_refused:
+    """The problems a recent driver report names: schema changes the table cannot follow, and a schema
+    registry it cannot reach (Kafka and the catalog the operator probes itself)."""
+    if report is None or abs((now - report.reported_at).total_seconds()) > max_age:
         return []
-    if abs((now - report.reported_at).total_seconds()) > max_age:
-        return []
-    message = "the table cannot follow the records' schema: " + "; ".join(report.schema_refused)
-    return [Issue(ConditionReason.SCHEMA_CHANGE_REFUSED, message[:MAX_MESSAGE])]
+    issues = []
+    if report.waiting_for == "registry":
+        issues.append(
+            Issue(
+                ConditionReason.REGISTRY_UNAVAILABLE,
+                "the driver cannot reach the schema registry (spec.format.registry.url) and waits for it; "
+                "records stay in Kafka until it answers",
+            )
+        )
+    if report.schema_refused:
+        message = "the table cannot follow the records' schema: " + "; ".join(report.schema_refused)
+        issues.append(Issue(ConditionReason.SCHEMA_CHANGE_REFUSED, message[:MAX_MESSAGE]))
+    return issues
 
 
 def _time(ms: int | None) -> datetime | None:
