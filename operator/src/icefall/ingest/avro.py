@@ -62,15 +62,14 @@ from icefall.ingest.columns import (
     POSITION_COLUMN,
     TYPED_COLUMN,
 )
+from icefall.ingest.framing import HEADER_BYTES, SCHEMA_ID_COLUMN, Framing
 from icefall.ingest.keyed import Keyed, change_reasons, sequence_part
 
 #: The writer schemas (Avro JSON text) of schema ids; None for an id the registry does not know.
 SchemaLookup = Callable[[Iterable[int]], Mapping[int, str | None]]
 
-#: The wire format's header: magic byte 0 and the 4-byte schema id.
-HEADER_BYTES = 5
 
-_SCHEMA_ID = "__icefall_schema_id"
+_SCHEMA_ID = SCHEMA_ID_COLUMN
 _RECORD = "__icefall_avro_"  # + schema id: the record parsed with that writer schema
 _FAILED = "__icefall_avro_failed_"  # + schema id: true when the bytes did not decode
 _ROW = "__icefall_avro_row"
@@ -138,49 +137,19 @@ class AvroDecoding:
         self.cdc = spec.mode is TableMode.CDC
         self._base = list(base)
         max_bytes = spec.dead_letter.max_record_bytes
-        value = F.col("value")
-        size = F.length(value)
-        self._size_ok = value.isNotNull() & (size >= HEADER_BYTES) & (size <= max_bytes)
-        magic_ok = F.hex(F.substring(value, 1, 1)) == F.lit("00")
-        self._schema_id = F.when(
-            self._size_ok & magic_ok, F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("bigint")
-        ).alias(_SCHEMA_ID)
+        framing = Framing(max_bytes, "Avro schema")
+        self._size_ok = framing.size_ok
+        self._schema_id = framing.schema_id
+        self._frame_reasons = framing.frame_reasons
         key = F.col("key")
         self._key_schema_id = F.when(
             (F.length(key) >= HEADER_BYTES) & (F.hex(F.substring(key, 1, 1)) == F.lit("00")),
             F.conv(F.hex(F.substring(key, 2, 4)), 16, 10).cast("bigint"),
         ).alias(_KEY_SCHEMA_ID)
-        self._frame_reasons: list[tuple[Column, Column]] = [
-            (value.isNull(), F.lit("tombstone: the record's value is null")),
-            (
-                value.isNotNull() & (size > max_bytes),
-                F.format_string(
-                    f"record is %d bytes, over the limit of {max_bytes} (spec.deadLetter.maxRecordBytes)",
-                    size,
-                ),
-            ),
-            (
-                value.isNotNull() & (size < HEADER_BYTES),
-                F.format_string(
-                    "too short for the Confluent wire format: %d bytes (a magic byte and a 4-byte schema id "
-                    "come first)",
-                    size,
-                ),
-            ),
-            (
-                self._size_ok & ~magic_ok,
-                F.concat(
-                    F.lit("wrong magic byte 0x"),
-                    F.lower(F.hex(F.substring(value, 1, 1))),
-                    F.lit(": not the Confluent wire format (magic byte 0x00, then a 4-byte schema id)"),
-                ),
-            ),
-        ]
 
     def schema_ids(self, framed: DataFrame) -> list[int]:
         """The schema ids of the batch's framed records (a Spark job over their headers)."""
-        rows = framed.where(F.col(_SCHEMA_ID).isNotNull()).select(_SCHEMA_ID).distinct().collect()
-        return sorted(int(row[0]) for row in rows)
+        return Framing.schema_ids(framed)
 
     def writer_schemas(self, kafka_df: DataFrame) -> BatchWriters:
         """The writer schema of each schema id in `kafka_df`, and in keyed modes of each Kafka key's (one

@@ -1,6 +1,7 @@
 """Confluent's wire format around a record value: magic byte 0, a 4-byte big-endian schema id, then the
 encoded record. Spark column expressions for the schema id of each record and the reasons a frame is
-refused, for the registry formats decoded outside `icefall.ingest.avro` (JSON Schema, Protobuf).
+refused, for every registry format (`icefall.ingest.avro` uses the header checks, and words its unknown-id
+reason itself).
 
 Reasons, worded as the Avro decoder words them: `tombstone: the record's value is null`;
 `record is N bytes, over the limit of M (spec.deadLetter.maxRecordBytes)`;
@@ -35,7 +36,8 @@ class Framing:
     def __init__(self, max_bytes: int, kind: str) -> None:
         value = F.col("value")
         size = F.length(value)
-        size_ok = value.isNotNull() & (size >= HEADER_BYTES) & (size <= max_bytes)
+        #: The value is long enough for the header and within the size limit.
+        self.size_ok = size_ok = value.isNotNull() & (size >= HEADER_BYTES) & (size <= max_bytes)
         magic_ok = F.hex(F.substring(value, 1, 1)) == F.lit("00")
         self.schema_id = F.when(
             size_ok & magic_ok, F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("bigint")
@@ -43,7 +45,8 @@ class Framing:
         schema_id = F.col(SCHEMA_ID_COLUMN)
         #: The frame is right and the registry has the id's schema (of this format).
         self.ok = F.col(KNOWN_COLUMN)
-        self.reasons: list[Check] = [
+        #: Why a frame is refused before its schema id is looked at (every registry format).
+        self.frame_reasons: list[Check] = [
             (value.isNull(), F.lit("tombstone: the record's value is null")),
             (
                 value.isNotNull() & (size > max_bytes),
@@ -68,6 +71,9 @@ class Framing:
                     F.lit(": not the Confluent wire format (magic byte 0x00, then a 4-byte schema id)"),
                 ),
             ),
+        ]
+        self.reasons: list[Check] = [
+            *self.frame_reasons,
             (
                 schema_id.isNotNull() & ~self.ok,
                 F.format_string(f"unknown schema id %d (the registry has no {kind} with this id)", schema_id),
