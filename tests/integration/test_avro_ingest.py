@@ -34,14 +34,21 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.sql import SparkSession
 
-from icefall.api import StreamingTable, load_manifest
+from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.cli import verify_table
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.ingest.engine import BatchReport
 from icefall.runtime import metrics
-from icefall.testing.streams import assert_exactly_once, drain, started_ingestor, table_offsets, watermarks
+from icefall.testing.streams import (
+    assert_exactly_once,
+    drain,
+    registry_table,
+    started_ingestor,
+    table_offsets,
+    watermarks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -75,21 +82,8 @@ NOT_AN_ID = 2**31 - 1  # an id no registry of this test stack hands out
 def manifest(
     name: str, topic: str, kafka: KafkaBroker, registry_url: str, *, inline: bool = False
 ) -> StreamingTable:
-    return load_manifest(
-        f"""
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {{name: {name.replace("_", "-")}}}
-spec:
-  source: {{bootstrapServers: "{kafka.bootstrap}", topic: {topic}}}
-  format:
-    type: avro
-    registry: {{url: "{registry_url}"}}
-{INLINE_SCHEMA if inline else ""}
-  table: {{namespace: it, name: {name}, partitioning: [{{field: ts, transform: day}}]}}
-  freshness: {{targetSeconds: 2}}
-"""
-    )
+    schema = INLINE_SCHEMA if inline else ""
+    return registry_table(name, topic, kafka.bootstrap, registry_url, "avro", schema=schema)
 
 
 def order(i: int, **extra: Any) -> dict[str, Any]:

@@ -27,11 +27,11 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.sql import SparkSession
 
-from icefall.api import StreamingTable, load_manifest
+from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
-from icefall.testing.streams import assert_exactly_once, drain, started_ingestor, watermarks
+from icefall.testing.streams import assert_exactly_once, drain, registry_table, started_ingestor, watermarks
 
 pytestmark = pytest.mark.integration
 
@@ -64,20 +64,7 @@ BASE_TS = datetime(2026, 5, 1, 10, 0, tzinfo=UTC)
 
 
 def manifest(name: str, topic: str, kafka: KafkaBroker, registry_url: str) -> StreamingTable:
-    return load_manifest(
-        f"""
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {{name: {name.replace("_", "-")}}}
-spec:
-  source: {{bootstrapServers: "{kafka.bootstrap}", topic: {topic}}}
-  format:
-    type: jsonSchema
-    registry: {{url: "{registry_url}"}}
-  table: {{namespace: it, name: {name}, partitioning: [{{field: ts, transform: day}}]}}
-  freshness: {{targetSeconds: 2}}
-"""
-    )
+    return registry_table(name, topic, kafka.bootstrap, registry_url, "jsonSchema")
 
 
 def order(i: int, **extra: Any) -> dict[str, Any]:

@@ -31,12 +31,12 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from pyspark.sql import SparkSession
 
-from icefall.api import StreamingTable, load_manifest
+from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.kafka.protobuf import descriptor_set_text
-from icefall.testing.streams import assert_exactly_once, drain, started_ingestor, watermarks
+from icefall.testing.streams import assert_exactly_once, drain, registry_table, started_ingestor, watermarks
 
 pytestmark = pytest.mark.integration
 
@@ -92,20 +92,7 @@ def classes(text: str) -> dict[str, Any]:
 
 
 def manifest(name: str, topic: str, kafka: KafkaBroker, registry_url: str) -> StreamingTable:
-    return load_manifest(
-        f"""
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {{name: {name.replace("_", "-")}}}
-spec:
-  source: {{bootstrapServers: "{kafka.bootstrap}", topic: {topic}}}
-  format:
-    type: protobuf
-    registry: {{url: "{registry_url}"}}
-  table: {{namespace: it, name: {name}, partitioning: [{{field: ts, transform: day}}]}}
-  freshness: {{targetSeconds: 2}}
-"""
-    )
+    return registry_table(name, topic, kafka.bootstrap, registry_url, "protobuf")
 
 
 def order(i: int, **extra: Any) -> dict[str, Any]:

@@ -140,6 +140,39 @@ def shared_catalog(
     return SharedCatalog(kind, block, env)
 
 
+REGISTRY_MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {k8s_name}}}
+spec:
+  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
+  format:
+    type: {format_type}
+    registry: {{url: "{registry_url}"}}
+{schema}
+  table: {{namespace: it, name: {name}, partitioning: [{{field: ts, transform: day}}]}}
+  freshness: {{targetSeconds: 2}}
+"""
+
+
+def registry_table(
+    name: str, topic: str, bootstrap: str, registry_url: str, format_type: str, *, schema: str = ""
+) -> StreamingTable:
+    """The test manifest for table `it.<name>` (partitioned by day(ts)) of a registry format; `schema`: an
+    inline `    schema:` block, if any."""
+    return load_manifest(
+        REGISTRY_MANIFEST.format(
+            name=name,
+            k8s_name=name.replace("_", "-"),
+            bootstrap=bootstrap,
+            topic=topic,
+            format_type=format_type,
+            registry_url=registry_url,
+            schema=schema,
+        )
+    )
+
+
 def streaming_table(
     name: str, topic: str, bootstrap: str, *, batch: Mapping[str, int | bool] | None = None
 ) -> StreamingTable:
