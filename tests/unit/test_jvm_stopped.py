@@ -3,8 +3,8 @@ stops it reads as the stop, not as a failure of the work.
 
 Proves, with a real child process standing in for the JVM:
 - a running JVM is not stopped, at once, when the error says nothing about the connection;
-- a JVM that stopped answering (a lost connection, also one raised while handling another error) is given
-  time to finish exiting, and then counts as stopped;
+- a JVM that stopped answering (a lost connection, also one raised while handling another error), or whose
+  shutdown hooks stopped the pool a call ran on, is given time to finish exiting, and then counts as stopped;
 - a JVM that has exited counts as stopped whatever the error.
 """
 
@@ -52,7 +52,15 @@ def test_a_running_jvm_is_not_stopped_and_is_not_waited_for() -> None:
         process.wait()
 
 
-@pytest.mark.parametrize("error", [ConnectionRefusedError(111, "refused"), chained_lost_connection()])
+POOL_TERMINATED = RuntimeError(
+    "An error occurred while calling o452.commit.\n: java.util.concurrent.RejectedExecutionException: Task "
+    "rejected from java.util.concurrent.ThreadPoolExecutor@5b734817[Terminated, pool size = 0]"
+)
+
+
+@pytest.mark.parametrize(
+    "error", [ConnectionRefusedError(111, "refused"), chained_lost_connection(), POOL_TERMINATED]
+)
 def test_a_jvm_that_stopped_answering_is_given_time_to_exit(error: BaseException) -> None:
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
     try:

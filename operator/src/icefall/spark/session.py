@@ -159,15 +159,16 @@ def jvm_stopped(spark: SparkSession | None, error: BaseException | None = None) 
     """True when the session's JVM (the process PySpark started) has exited: a SIGTERM sent to the whole
     process group ends it at once, beside this process's orderly stop. Its errors then say nothing about
     the work (and a Py4J error cannot even be turned into text). When `error` (or one it was raised while
-    handling) is a lost connection to the JVM, the JVM is given a few seconds to finish exiting: its
-    shutdown hooks run after it stops answering."""
+    handling) is a lost connection to the JVM, or says that a pool or SparkContext of the JVM was shut
+    down, the JVM is given a few seconds to finish exiting: its shutdown hooks stop those pools (Iceberg's
+    commit workers among them) while it still answers, and it stops answering after them."""
     gateway = getattr(getattr(spark, "sparkContext", None), "_gateway", None)
     jvm = getattr(gateway, "proc", None)
     if jvm is None:
         return False
     if jvm.poll() is not None:
         return True
-    if not _lost_connection(error):
+    if not (_lost_connection(error) or _shut_down_inside(error)):
         return False
     try:
         jvm.wait(JVM_EXIT_SECONDS)
@@ -186,6 +187,23 @@ def _lost_connection(error: BaseException | None) -> bool:
     seen = 0
     while error is not None and seen < 10:
         if isinstance(error, Py4JNetworkError | ConnectionError):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+#: What the JVM's errors say when its shutdown hooks stopped a pool or the SparkContext under a running call.
+_SHUTDOWN_MARKS = ("RejectedExecutionException", "SparkContext was shut down", "stopped SparkContext")
+
+
+def _shut_down_inside(error: BaseException | None) -> bool:
+    seen = 0
+    while error is not None and seen < 10:
+        try:
+            text = f"{type(error).__name__}: {error}"
+        except Exception:  # a Py4J error whose JVM is gone cannot be turned into text
+            text = ""
+        if any(mark in text for mark in _SHUTDOWN_MARKS):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
