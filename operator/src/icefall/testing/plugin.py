@@ -23,6 +23,7 @@ from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.devstack.tools import tool_dir
+from icefall.testing.jvm import fast_start
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,9 +49,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Beyond unit tests, Spark runs (here and in the `icefall` processes tests start), and outside the image
-    it finds Icefall's jars through ICEFALL_SPARK_JARS: resolve them now (cached) if `make` has not."""
+    it finds Icefall's jars through ICEFALL_SPARK_JARS: resolve them now (cached) if `make` has not. Its
+    driver JVMs then start cheaply (`icefall.testing.jvm`)."""
     if any(not item.get_closest_marker("unit") for item in session.items):
-        tool_dir("ICEFALL_SPARK_JARS")
+        jars = tool_dir("ICEFALL_SPARK_JARS")
+        fast_start(jars)
 
 
 @pytest.fixture(scope="session")
