@@ -280,7 +280,9 @@ def test_a_burst_after_a_quiet_spell_starts_from_a_probe() -> None:
     assert burst.mode is BatchMode.BEHIND and burst.records == 10_000
 
 
-def catch_up(backlog: int, *, fixed: float, cold: float, rate: float, arrivals: float, target: float) -> list[int]:
+def catch_up(
+    backlog: int, *, fixed: float, cold: float, rate: float, arrivals: float, target: float
+) -> list[int]:
     """A restarted writer on a fake clock: each batch of n records takes `fixed + n / rate` seconds (the
     first one `cold` more); `arrivals` records per second reach Kafka meanwhile. The batch sizes until
     the backlog drains within half the target."""

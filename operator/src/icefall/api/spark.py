@@ -5,7 +5,7 @@ of `ALLOWED_PREFIXES` — settings that tune how fast and in how much memory a b
 adaptive execution, task sizing, memory fractions, timeouts). Everything else is refused with a message
 naming the key and the fix, because a deny-list would let through the next setting nobody thought of.
 Refused on purpose, among others:
-- Icefall's own wiring: `spark.master`, `spark.jars*`, `spark.sql.extensions`, `spark.sql.catalog.*`,
+- Icefall's own wiring: `spark.master`, `spark.jars*`, `spark.sql.extensions`, `spark.sql.catalog*`,
   `spark.sql.session.timeZone` (event and produce times are read as UTC), the driver's host and ports,
   Kubernetes settings (`spark.kubernetes.*`), executors and memory (from `spec.pods` resources);
 - what would break exactly once: settings that let a read skip data silently
@@ -48,7 +48,7 @@ REFUSED_BECAUSE = (
     ("spark.master", "the master comes from the icefall.dev/spark-master annotation (or --master)"),
     ("spark.jars", "Icefall's jars come from its image or ICEFALL_SPARK_JARS"),
     ("spark.sql.extensions", "Icefall needs Iceberg's SQL extensions"),
-    ("spark.sql.catalog.", "the catalog comes from spec.table.catalog"),
+    ("spark.sql.catalog", "the catalog comes from spec.table.catalog"),
     ("spark.sql.session.timeZone", "Icefall reads event and produce times as UTC"),
     ("spark.sql.files.ignore", "a read that skips files silently would break exactly once"),
     ("spark.speculation", "speculative tasks are not supported by Icefall's writes"),
