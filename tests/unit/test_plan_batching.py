@@ -1,9 +1,11 @@
 """Batch sizing follows the freshness target: small and paced when caught up, large when behind.
 
 Proves: no backlog → no batch; unknown throughput → a bounded probe; a backlog drainable within half the
-target is taken whole; when behind, batches grow (at most doubling per batch) up to a cap in freshness
-targets and never beyond `max_records` or the backlog, and double the previous batch's records when a
-throughput average dragged down by fixed cost would grow them slower; the next batch starts every F/2
+target is taken whole; when behind, the backlog is taken in the fewest even batches that each fit a cap in
+freshness targets at the measured pace (straight after a probe, no ramp), never beyond `max_records` or
+the backlog, and double the previous batch's records when a throughput average dragged down by fixed
+cost would grow them slower; a restarted writer on a fake clock catches up in fewer batches than the old
+ramp; the rate after a cold first batch replaces it; the next batch starts every F/2
 when caught up and after only `min_interval` when behind (fake clock); throughput estimates are smoothed.
 """
 
@@ -63,18 +65,24 @@ def test_caught_up_takes_the_whole_small_backlog() -> None:
     assert decision.expected_seconds == pytest.approx(2.0)
 
 
-def test_behind_starts_at_half_the_target() -> None:
-    # 1M records at 10k/s need 100 s: behind. No previous batch → budget F/2 = 5 s → 50k.
+def test_behind_drains_the_backlog_in_the_fewest_batches_within_the_cap() -> None:
+    # 1M records at 10k/s need 100 s: behind. Batches of at most 4 x F = 40 s: three, of an even share.
     decision = size(1_000_000, 10_000)
     assert decision.mode is BatchMode.BEHIND
-    assert decision.records == 50_000
+    assert decision.records == 333_334
+    assert decision.expected_seconds == pytest.approx(33.3334)
+    # The first batch after a probe is as large: no ramp through the previous batch's duration.
+    assert size(1_000_000, 10_000, last=1).records == 333_334
+    assert size(10_000_000, 10_000, last=100).records == 400_000  # 25 batches of the cap, 40 s each
+    assert size(390_000, 10_000, last=5).records == 390_000  # 39 s: one batch
 
 
-def test_behind_batches_grow_at_most_twofold_up_to_the_cap() -> None:
-    assert size(10_000_000, 10_000, last=5).records == 100_000  # 2 x 5 s
-    assert size(10_000_000, 10_000, last=12).records == 240_000  # 2 x 12 s
-    assert size(10_000_000, 10_000, last=100).records == 400_000  # capped at 4 x F = 40 s
-    assert size(10_000_000, 10_000, last=1).records == 50_000  # never below F/2
+def test_behind_batches_never_take_much_longer_than_the_cap_at_the_measured_pace() -> None:
+    for backlog in (60_001, 123_457, 999_999, 5_000_000):
+        for rps in (1_000.0, 4_500.0, 25_000.0):
+            decision = size(backlog, rps, target=3)
+            if decision.mode is BatchMode.BEHIND and decision.records > LIMITS.probe_records:
+                assert decision.expected_seconds is not None and decision.expected_seconds <= 12.0 + 1e-3
 
 
 def test_behind_batches_are_bigger_than_caught_up_ones() -> None:
@@ -146,6 +154,14 @@ def test_throughput_estimate_is_smoothed() -> None:
     assert update_throughput(None, 10, 0.0) is None
 
 
+def test_the_rate_after_a_cold_first_batch_replaces_it() -> None:
+    # The probe of a fresh JVM: 10k in 3.5 s; the next batch runs 32k in 4.2 s.
+    assert update_throughput(2_857, 32_000, 4.0, previous_cold=True) == 8_000
+    # A caught-up batch limited by its size still never lowers it.
+    assert update_throughput(2_857, 50, 0.5, whole_backlog=True, previous_cold=True) == 2_857
+    assert update_throughput(2_857, 500, 0.1, whole_backlog=True, previous_cold=True) == 5_000
+
+
 def test_a_batch_that_took_the_whole_backlog_never_lowers_the_throughput() -> None:
     # Caught up, a batch of 500 records takes 0.8 s, nearly all of it fixed cost: not the writer's rate.
     assert update_throughput(30_000, 500, 0.8, whole_backlog=True) == 30_000
@@ -154,7 +170,7 @@ def test_a_batch_that_took_the_whole_backlog_never_lowers_the_throughput() -> No
     assert update_throughput(30_000, 500, 0.8) == pytest.approx(15_312.5)  # limited by its size: it does
 
     # After a drain taught 30,000 rec/s and ten quiet batches, a burst of 200,000 records at F = 10 s is
-    # taken in batches of 5 s of work, not from the probe up by doubling.
+    # taken whole (about 7 s of work), not from the probe up by doubling.
     rps: float | None = 30_000
     for _ in range(10):
         rps = update_throughput(rps, 500, 0.8, whole_backlog=True)
@@ -166,7 +182,7 @@ def test_a_batch_that_took_the_whole_backlog_never_lowers_the_throughput() -> No
         limits=BatchLimits(),
         last_batch_records=500,
     )
-    assert size.mode is BatchMode.BEHIND and size.records == 150_000
+    assert size.mode is BatchMode.BEHIND and size.records == 200_000
 
 
 def test_limits_from_spec() -> None:
@@ -206,8 +222,8 @@ def test_behind_doubles_the_previous_batch_when_fixed_cost_hides_the_throughput(
     after_slow_start = behind_size(124_000, rps=338, last_seconds=5.2, last_records=13_535)
     assert after_slow_start.mode is BatchMode.BEHIND
     assert after_slow_start.records == 2 * 13_535
-    # The throughput rule still wins when it asks for more.
-    assert behind_size(1_000_000, rps=20_000, last_seconds=5, last_records=1_000).records == 200_000
+    # The throughput rule still wins when it asks for more: 50 s of work, two batches of 25 s.
+    assert behind_size(1_000_000, rps=20_000, last_seconds=5, last_records=1_000).records == 500_000
 
 
 def test_behind_doubling_is_bounded_by_backlog_limits_and_slow_batches() -> None:
@@ -262,3 +278,47 @@ def test_a_burst_after_a_quiet_spell_starts_from_a_probe() -> None:
     # Batches of a few records taught T = 20 records/s; 200k records then arrive at once.
     burst = behind_size(200_000, 20.0, last_seconds=0.5, last_records=10)
     assert burst.mode is BatchMode.BEHIND and burst.records == 10_000
+
+
+def catch_up(
+    backlog: int, *, fixed: float, cold: float, rate: float, arrivals: float, target: float
+) -> list[int]:
+    """A restarted writer on a fake clock: each batch of n records takes `fixed + n / rate` seconds (the
+    first one `cold` more); `arrivals` records per second reach Kafka meanwhile. The batch sizes until
+    the backlog drains within half the target."""
+    rps: float | None = None
+    last_seconds: float | None = None
+    last_records: int | None = None
+    sizes: list[int] = []
+    while not is_caught_up(backlog, rps, target) and len(sizes) < 50:
+        decision = choose_batch_size(
+            backlog_records=backlog,
+            freshness_target_seconds=target,
+            throughput_rps=rps,
+            last_batch_seconds=last_seconds,
+            limits=LIMITS,
+            last_batch_records=last_records,
+        )
+        seconds = fixed + decision.records / rate + (cold if not sizes else 0.0)
+        rps = update_throughput(
+            rps, decision.records, seconds, whole_backlog=decision.records >= backlog,
+            previous_cold=len(sizes) == 1,
+        )  # fmt: skip
+        sizes.append(decision.records)
+        backlog = backlog - decision.records + int(arrivals * seconds)
+        last_seconds, last_records = seconds, decision.records
+    return sizes
+
+
+def test_a_restarted_writer_catches_up_from_its_probe_without_a_ramp() -> None:
+    # Issue #34's numbers: 170k waiting at F = 3 s, a writer measured near 4,500 rec/s on small batches
+    # (fixed cost 1 s, 10k records/s of work) with 1.5 s more for a cold JVM, 1,000 records/s arriving.
+    sizes = catch_up(170_000, fixed=1.0, cold=1.5, rate=10_000, arrivals=1_000, target=3)
+    assert sizes[0] == 10_000  # the probe
+    assert sizes[1] > 20_000  # not the doubling of the old ramp (10k, 20k, 40k, 80k, ...)
+    assert len(sizes) <= 4, sizes
+    # (The old ramp: 10k, 20k, 40k, 80k, 40.5k.) Ten times the backlog: from the third batch on, batches
+    # of about the cap's worth (12 s at the measured pace, ~100k), never more than max_records.
+    big = catch_up(1_700_000, fixed=1.0, cold=1.5, rate=10_000, arrivals=1_000, target=3)
+    assert big[2] >= 90_000 and max(big) <= 12 * 10_000
+    assert len(big) <= 21, big

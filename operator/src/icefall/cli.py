@@ -34,7 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
-    conf = embedded_conf(st.metadata.name, master=args.master, maintain=maintain)
+    conf = embedded_conf(st, master=args.master, maintain=maintain)
     spark = build_spark_session([catalog], extra_conf=conf)
     holder = local_process_holder()
     names = table_leases(st)

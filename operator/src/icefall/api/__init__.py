@@ -42,6 +42,7 @@ from icefall.api.source import (
     StartingPosition,
     StartingPositionType,
 )
+from icefall.api.spark import SparkSpec
 from icefall.api.spark_schema import to_spark_ddl, to_spark_schema_json, to_spark_schema_string
 from icefall.api.spec import (
     API_VERSION,
@@ -131,6 +132,7 @@ __all__ = [
     "SecurityProtocol",
     "SortDirection",
     "SortField",
+    "SparkSpec",
     "StartingPosition",
     "StartingPositionType",
     "StreamingTable",

@@ -40,6 +40,7 @@ from icefall.api.format import Format, FormatType, Transforms
 from icefall.api.maintenance import CompactionSpec, RetentionSpec, retention_problems
 from icefall.api.pods import PodTemplates
 from icefall.api.source import KafkaSource
+from icefall.api.spark import SparkSpec
 from icefall.api.status import StreamingTableStatus
 from icefall.api.table import TableSpec, layout_problems
 
@@ -179,6 +180,10 @@ class StreamingTableSpec(ApiModel):
     dead_letter: DeadLetter = Field(default_factory=DeadLetter, description="Where bad records go.")
     freshness: Freshness = Field(default_factory=Freshness, description="Freshness target.")
     batch: BatchSpec = Field(default_factory=BatchSpec, description="Batch size limits.")
+    spark: SparkSpec = Field(
+        default_factory=SparkSpec,
+        description="Spark settings of the table's ingestion session, within an allow-list.",
+    )
     compaction: CompactionSpec = Field(
         default_factory=CompactionSpec, description="Continuous compaction and table maintenance."
     )

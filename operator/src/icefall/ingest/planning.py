@@ -71,6 +71,7 @@ class Progress:
     last_batch_records: int | None = None
     last_batch_started: float | None = None  # time.monotonic()
     backlog_after_last_batch: int = 0
+    batches_measured: int = 0  # batches with records whose pace was learnt (the first one ran cold)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,10 @@ class Reporter:
             written.stats.records,
             seconds,
             whole_backlog=written.planned.whole_backlog,
+            previous_cold=progress.batches_measured == 1,
         )
+        if written.stats.records > 0:
+            progress.batches_measured += 1
         progress.last_batch_seconds = seconds
         progress.last_batch_records = written.stats.records
 

@@ -11,19 +11,23 @@ Batch size (`choose_batch_size`), given the backlog `B` (offsets behind), the ob
    throughput without risking a huge first batch (`PROBE`).
 3. `B / T <= F/2` → caught up: take the whole backlog; the batch is small and finishes within `F/2`
    (`CAUGHT_UP`).
-4. otherwise → behind: freshness is already missed, so favour throughput with larger batches (less
-   per-batch overhead). The time budget is `F/2`, grown to at most twice the previous batch's duration,
-   capped at `behind_factor * F`; the batch takes `T * budget` records — or twice the previous batch's
-   records `n` when that batch took at most half the budget cap, or a probe's worth, whichever is
-   most — and never more than `B` (`BEHIND`). The probe floor matters after a quiet spell: `T` learnt
-   from batches of a few records is tiny, and a burst would otherwise start from a few records and take
-   a dozen doublings to reach a useful size. `T` counts a batch's fixed cost (job start, commit, a cold
-   JVM on the first batch), so on small batches it underestimates what a larger batch does per second;
-   doubling `n` amortises that cost within a few batches instead of creeping up with the throughput
-   average. Growth
-   by at most 2x per batch (in time or in records) keeps a noisy estimate from producing one enormous
-   batch.
-Every size is finally capped by `max_records` and is at least 1 when there is a backlog.
+4. otherwise → behind: freshness is already missed, so take the backlog in as few batches as the pace
+   allows, each within a time budget `C = behind_factor * F` (`BEHIND`). At `T` the backlog needs
+   `k = ceil(B / (T * C))` such batches, and the batch takes an even share `ceil(B / k)`, so the last one
+   is not a small remainder paying a whole fixed cost. A probe is enough to size the next batch: a
+   restarted writer goes from its probe straight to batches that drain the backlog, not through a ramp
+   of doublings. Two floors: a probe's worth (after a quiet spell `T` learnt from batches of a few
+   records is tiny, and a burst would otherwise start from a few records), and twice the previous
+   batch's records `n` when that batch took at most `C/2` (`T` counts a batch's fixed cost, so it
+   underestimates what a larger batch does per second). Never more than `B`.
+Every size is finally capped by `max_records` and is at least 1 when there is a backlog. That cap (with
+`max_records_per_partition`) is the memory bound: a pace estimate wrong by a factor `x` makes one batch
+take about `x * C` seconds, never more records than the cap.
+
+Throughput (`update_throughput`): an exponentially weighted average of records per second of batch wall
+time. A writer's first batch pays a cold start (the JVM's warm-up, the first Spark job's planning), so the
+rate of the next batch replaces its estimate instead of averaging with it; a batch that took the whole
+backlog (its rate mostly fixed cost) may raise the estimate but never lower it.
 
 Start time (`next_batch_delay`): when behind, the next batch starts as soon as `min_interval_seconds`
 have passed since the previous start. Otherwise (caught up or idle) batches start every `I` seconds
@@ -127,12 +131,9 @@ def choose_batch_size(
             records / throughput_rps,
             f"backlog drains in {drain_seconds:.1f}s <= {half:.1f}s; taking all of it",
         )
-    budget = half
-    if last_batch_seconds is not None and last_batch_seconds > 0:
-        budget = max(half, 2 * last_batch_seconds)
     cap = limits.behind_factor * freshness_target_seconds
-    budget = min(budget, cap)
-    wanted = math.ceil(throughput_rps * budget)
+    batches = math.ceil(drain_seconds / cap)
+    wanted = math.ceil(backlog_records / batches)
     if (
         last_batch_records is not None
         and last_batch_seconds is not None
@@ -145,7 +146,7 @@ def choose_batch_size(
         records,
         BatchMode.BEHIND,
         records / throughput_rps,
-        f"backlog needs {drain_seconds:.1f}s > {half:.1f}s; batch budget {budget:.1f}s",
+        f"backlog needs {drain_seconds:.1f}s > {half:.1f}s; {batches} batch(es) of at most {cap:.1f}s",
     )
 
 
@@ -191,6 +192,7 @@ def update_throughput(
     *,
     weight: float = 0.5,
     whole_backlog: bool = False,
+    previous_cold: bool = False,
 ) -> float | None:
     """Exponentially weighted throughput after a batch of `records` that took `seconds` (wall time).
 
@@ -198,7 +200,9 @@ def update_throughput(
     `whole_backlog` was limited by what Kafka held, not by what the writer can do: its rate is mostly its
     fixed cost, so it may raise the estimate but never lower it. Otherwise a few seconds of small caught-up
     batches would teach a rate far below the writer's, and the next burst would be taken in many small
-    batches (each paying the fixed cost again) instead of a few large ones.
+    batches (each paying the fixed cost again) instead of a few large ones. `previous_cold`: the estimate
+    so far is the writer's first batch alone, which paid the cold start; this batch's rate replaces it
+    (averaged with it, a restarted writer would size its catch-up batches from half its real pace).
     """
     if not 0 < weight <= 1:
         raise ValueError(f"weight must be in (0, 1], got {weight}")
@@ -209,6 +213,8 @@ def update_throughput(
         return observed
     if whole_backlog and observed < previous_rps:
         return previous_rps
+    if previous_cold:
+        return observed
     return weight * observed + (1 - weight) * previous_rps
 
 

@@ -19,6 +19,16 @@ driver pod only, no executor RBAC or pod template is created, and nothing else c
 a spec field) because where Spark runs is a placement choice of whoever operates the cluster, not part of
 the table's contract, and it keeps the v1alpha1 API free of a field we may want to shape differently later.
 
+Shuffle partitions (`spark.sql.shuffle.partitions`, what a keyed table's MERGE and a sorted write shuffle
+into): twice the cores the job can use (`shuffle_partitions`), so skew is spread and adaptive execution
+coalesces the small ones: `maxExecutors x spark.executor.cores` on Kubernetes, N for `local[N]`, the
+machine's cores for `local[*]` (counted by the session, `icefall.spark.session`, the only place that can).
+
+A table's own Spark settings (`spec.spark.conf`, allow-listed by `icefall.api.spark`) come last in the
+conf of its ingestion session, in the driver pod (`driver_conf`) and in `icefall run` (`embedded_conf`), so
+they win over everything derived here. The compaction pods do not take them (they serve the table's
+maintenance only; `icefall run`'s in-process maintenance shares the ingestion session, and so does).
+
 Host network (see `icefall.plan.pods`): the driver fixes no port (Spark picks free ones and tells the
 executors); executors bind their block manager to a free port and never read another executor's shuffle
 files from the local disk (pods of one node share its address).
@@ -26,6 +36,7 @@ files from the local disk (pods of one node share its address).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 
@@ -51,6 +62,22 @@ BLOCK_MANAGER_PORT = 7079
 MIN_OVERHEAD_MIB = 384
 OVERHEAD_FRACTION = Decimal("0.1")
 MIB = 2**20
+
+
+#: Shuffle partitions per core the job can use (`shuffle_partitions`).
+SHUFFLE_PARTITIONS_PER_CORE = 2
+_LOCAL_CORES = re.compile(r"^local\[([0-9]+)\]$")
+
+
+def shuffle_partitions(master: str, *, cores: int) -> int:
+    """`spark.sql.shuffle.partitions` for a job on `master`: twice the cores it can use. `cores`: the
+    executors' cores on a cluster master, the machine's for `local[*]` (`local` is one core, `local[N]` N,
+    whatever `cores` says)."""
+    if master == "local":
+        cores = 1
+    elif (match := _LOCAL_CORES.match(master)) is not None:
+        cores = int(match.group(1))
+    return SHUFFLE_PARTITIONS_PER_CORE * max(cores, 1)
 
 
 def spark_master(st: StreamingTable, settings: OperatorSettings) -> tuple[str, list[Problem]]:
@@ -99,7 +126,8 @@ def driver_conf(
 ) -> dict[str, str]:
     """Spark configuration of the driver pod; Kubernetes keys only with that master. On the host network
     (`host_network`: the driver's) the driver fixes no port; `executor` (`executor_conf` of the executors'
-    pod template) comes last and wins."""
+    pod template) comes after Icefall's keys, and the table's `spec.spark.conf` last: each wins over what
+    comes before. A local master's shuffle partitions are left to the session (it counts the pod's cores)."""
     conf = {
         "spark.master": master,
         "spark.app.name": names.spark_app_name(st.metadata.name),
@@ -107,14 +135,16 @@ def driver_conf(
         "spark.local.dir": SPARK_LOCAL_DIR,
     }
     if master != KUBERNETES_MASTER:
-        return conf
+        return conf | st.spec.spark.conf
     conf |= _kubernetes_conf(st, settings, namespace=namespace, image=image, digest=digest)
+    cores = settings.max_executors * settings.executor_cores
+    conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions(master, cores=cores))
     if not host_network:
         conf |= {
             "spark.driver.port": str(DRIVER_PORT),
             "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
         }
-    return conf | dict(executor)
+    return conf | dict(executor) | st.spec.spark.conf
 
 
 def _kubernetes_conf(
@@ -216,13 +246,14 @@ def in_pod(environ: Mapping[str, str], table: str, *, role: str, master: str) ->
 # --- processes outside the operator's pods ----------------------------------------------------------------
 
 
-def embedded_conf(table: str, *, master: str, maintain: bool) -> dict[str, str]:
-    """`icefall run` of the StreamingTable `table`: local Spark; with in-process maintenance (`maintain`)
-    its jobs, in a pool of their own, share the cores with the batches' jobs (Spark's FAIR scheduler)."""
-    conf = {"spark.master": master, "spark.app.name": names.spark_app_name(table)}
+def embedded_conf(st: StreamingTable, *, master: str, maintain: bool) -> dict[str, str]:
+    """`icefall run` of the StreamingTable `st`: local Spark; with in-process maintenance (`maintain`)
+    its jobs, in a pool of their own, share the cores with the batches' jobs (Spark's FAIR scheduler); the
+    table's `spec.spark.conf` last."""
+    conf = {"spark.master": master, "spark.app.name": names.spark_app_name(st.metadata.name)}
     if maintain:
         conf["spark.scheduler.mode"] = "FAIR"
-    return conf
+    return conf | st.spec.spark.conf
 
 
 def tool_conf(table: str, tool: str) -> dict[str, str]:

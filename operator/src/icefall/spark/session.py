@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from icefall.catalog import CatalogConfig
-from icefall.plan.spark_conf import DEFAULT_MASTER
+from icefall.plan.spark_conf import DEFAULT_MASTER, shuffle_partitions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,15 +75,16 @@ def spark_jars(environ: Mapping[str, str] = os.environ, home: Path | None = None
 def spark_conf(
     catalogs: Iterable[CatalogConfig], *, master: str, app_name: str, driver_memory: str = "1g"
 ) -> dict[str, str]:
-    """The base of every Icefall session: jars, SQL extensions, catalogs, redaction, UTC; a local master
-    binds to loopback."""
+    """The base of every Icefall session: jars, SQL extensions, catalogs, redaction, UTC, shuffle partitions
+    for the master (`plan.spark_conf.shuffle_partitions`, with this machine's cores for `local[*]`; a
+    cluster driver's conf names its own); a local master binds to loopback."""
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.driver.memory": driver_memory,
         "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions(master, cores=os.cpu_count() or 1)),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.adaptive.enabled": "true",
