@@ -169,6 +169,7 @@ class EventProducer(threading.Thread):
                 sent += 1
             self._producer.poll(0.05)
         self._producer.flush(30)
+        self._producer.close()  # else it retries the broker, logging each try, after the demo stops Kafka
 
     def stop(self) -> None:
         self._halt.set()
