@@ -1,7 +1,8 @@
 """`icefall.testing.jvm.fast_start`: the options tests' Spark drivers start with.
 
 Proves: C1 only always; the class-data archive (and its quiet logging) only when it exists or could be
-made; options already in SPARK_SUBMIT_OPTS are kept.
+made; options already in SPARK_SUBMIT_OPTS are kept; a long-lived JVM started within `long_lived` keeps C2
+and the archive, and the options are back after it.
 """
 
 from __future__ import annotations
@@ -37,3 +38,11 @@ def test_without_an_archive_the_drivers_still_run_c1_only(
     environ: dict[str, str] = {}
     jvm.fast_start(tmp_path, environ)
     assert environ == {jvm.SUBMIT_OPTS: jvm.C1_ONLY}
+
+
+def test_a_long_lived_jvm_keeps_c2_and_the_archive() -> None:
+    options = f"-Dkept=1 {jvm.C1_ONLY} -XX:SharedArchiveFile=/a.jsa"
+    environ = {jvm.SUBMIT_OPTS: options}
+    with jvm.long_lived(environ):
+        assert environ[jvm.SUBMIT_OPTS] == "-Dkept=1 -XX:SharedArchiveFile=/a.jsa"
+    assert environ[jvm.SUBMIT_OPTS] == options

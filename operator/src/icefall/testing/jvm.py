@@ -9,7 +9,8 @@ spark-submit gives the driver JVM; processes the tests start inherit it):
 - `-XX:SharedArchiveFile`: a class-data archive of the classes a Spark session loads, made once per JDK,
   pyspark and jar set, cached beside the jars.
 Together: ~11 CPU-s per start. Neither changes what a job computes. The product's JVMs keep the defaults
-(a long-running driver wants C2's code).
+(a long-running driver wants C2's code), and so does the run's own session (`long_lived`: it serves every
+test of the run).
 
 An archive that does not fit the JVM (another JDK, classpath or jar set) is ignored by the JVM without a
 word (`-Xlog:cds=off`); one that cannot be made leaves the tests on the defaults, slower but the same.
@@ -22,7 +23,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 
 #: The variable spark-submit adds to the driver JVM's command line (client mode: the tests' only mode).
@@ -94,3 +96,16 @@ def fast_start(jars: Path, environ: MutableMapping[str, str] = os.environ) -> No
     if archive.is_file() or make_archive(archive):
         options += [f"-XX:SharedArchiveFile={archive}", QUIET_CDS]
     environ[SUBMIT_OPTS] = " ".join([environ.get(SUBMIT_OPTS, ""), *options]).strip()
+
+
+@contextmanager
+def long_lived(environ: MutableMapping[str, str] = os.environ) -> Iterator[None]:
+    """Within: a JVM started here keeps C2 (the archive stays)."""
+    before = environ.get(SUBMIT_OPTS)
+    if before is not None:
+        environ[SUBMIT_OPTS] = " ".join(option for option in before.split() if option != C1_ONLY)
+    try:
+        yield
+    finally:
+        if before is not None:
+            environ[SUBMIT_OPTS] = before

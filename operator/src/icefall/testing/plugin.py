@@ -23,7 +23,7 @@ from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.devstack.tools import tool_dir
-from icefall.testing.jvm import fast_start
+from icefall.testing.jvm import fast_start, long_lived
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -137,6 +137,7 @@ def catalog_config(stack_dir: Path) -> CatalogConfig:
 def spark(catalog_config: CatalogConfig) -> Iterator[SparkSession]:
     from icefall.spark.session import build_spark_session
 
-    session = build_spark_session([catalog_config], app_name="icefall-tests")
+    with long_lived():
+        session = build_spark_session([catalog_config], app_name="icefall-tests")
     yield session
     session.stop()
