@@ -1,12 +1,12 @@
 """`spec.source.security` reaches every Kafka client: against a broker that only lets SASL/PLAIN clients in
-on its SASL listener, a table whose credentials are `env` references is filled with exactly the produced
-records (Spark's Kafka source, the metadata consumer) and verified by the auditor (`icefall verify`), and a
-wrong password fails loudly instead of ingesting nothing."""
+on its SASL listener (the stack's `secure_kafka`; test_kafka_security.py has TLS, SCRAM and mutual TLS), a
+table whose credentials are `env` references is filled with exactly the produced records (Spark's Kafka
+source, the metadata consumer) and verified by the auditor (`icefall verify`), and a wrong password fails
+loudly instead of ingesting nothing."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,31 +20,22 @@ from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
 from icefall.kafka.admin import KafkaUnavailableError
+from icefall.testing.plugin import PLAIN_USERS
 from icefall.testing.streams import drain, manifest_text, table_offsets
 
 pytestmark = pytest.mark.integration
 
-USER, PASSWORD = "icefall", "s3cret"
-SECURITY = (
-    "security: {protocol: SASL_PLAINTEXT, saslMechanism: PLAIN, "
-    "username: {env: TEST_KAFKA_USER}, password: {env: TEST_KAFKA_PASSWORD}}"
-)
-
-
-@pytest.fixture(scope="module")
-def sasl_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-sasl"), sasl_users={USER: PASSWORD}).start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
+USER, PASSWORD = next(iter(PLAIN_USERS.items()))
+SECURITY = {
+    "protocol": "SASL_PLAINTEXT",
+    "saslMechanism": "PLAIN",
+    "username": {"env": "TEST_KAFKA_USER"},
+    "password": {"env": "TEST_KAFKA_PASSWORD"},
+}
 
 
 def sasl_table(name: str, topic: str, bootstrap: str) -> StreamingTable:
-    text = manifest_text(name, topic, bootstrap)
-    flow = f"topic: {topic}}}"
-    assert flow in text
-    return load_manifest(text.replace(flow, f"topic: {topic}, {SECURITY}}}", 1))
+    return load_manifest(manifest_text(name, topic, bootstrap, security=SECURITY))
 
 
 def produce_sasl(broker: KafkaBroker, topic: str, count: int) -> None:
@@ -64,7 +55,7 @@ def produce_sasl(broker: KafkaBroker, topic: str, count: int) -> None:
 
 
 def test_sasl_plain_ingestion_reads_every_record(
-    sasl_kafka: KafkaBroker,
+    secure_kafka: KafkaBroker,
     spark: SparkSession,
     catalog_config: CatalogConfig,
     tmp_path: Path,
@@ -72,9 +63,9 @@ def test_sasl_plain_ingestion_reads_every_record(
 ) -> None:
     monkeypatch.setenv("TEST_KAFKA_USER", USER)
     monkeypatch.setenv("TEST_KAFKA_PASSWORD", PASSWORD)
-    sasl_kafka.create_topic("it-sasl", partitions=2)
-    produce_sasl(sasl_kafka, "it-sasl", 40)
-    st = sasl_table("orders_sasl", "it-sasl", sasl_kafka.sasl_bootstrap)
+    secure_kafka.create_topic("it-sasl", partitions=2)
+    produce_sasl(secure_kafka, "it-sasl", 40)
+    st = sasl_table("orders_sasl", "it-sasl", secure_kafka.sasl_bootstrap)
     ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "sasl-writer"))
     ingestor.start(lease_timeout=10)
     try:
@@ -90,7 +81,7 @@ def test_sasl_plain_ingestion_reads_every_record(
 
 
 def test_wrong_password_fails_loudly(
-    sasl_kafka: KafkaBroker,
+    secure_kafka: KafkaBroker,
     spark: SparkSession,
     catalog_config: CatalogConfig,
     tmp_path: Path,
@@ -98,9 +89,9 @@ def test_wrong_password_fails_loudly(
 ) -> None:
     monkeypatch.setenv("TEST_KAFKA_USER", USER)
     monkeypatch.setenv("TEST_KAFKA_PASSWORD", "wrong-password")
-    sasl_kafka.create_topic("it-sasl-denied")
-    produce_sasl(sasl_kafka, "it-sasl-denied", 5)
-    st = sasl_table("orders_sasl_denied", "it-sasl-denied", sasl_kafka.sasl_bootstrap)
+    secure_kafka.create_topic("it-sasl-denied")
+    produce_sasl(secure_kafka, "it-sasl-denied", 5)
+    st = sasl_table("orders_sasl_denied", "it-sasl-denied", secure_kafka.sasl_bootstrap)
     ingestor = Ingestor(st, catalog_config, spark, FileLease(tmp_path / "lease.json", "sasl-writer"))
     ingestor.start(lease_timeout=10)
     try:

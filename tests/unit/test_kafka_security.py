@@ -1,15 +1,20 @@
 """`spec.source.security` becomes librdkafka and Spark Kafka settings; secret references resolve from the
 environment (env refs directly, secretKeyRef through the variable the operator injects), and a missing one
-fails naming the spec field and the variable, never showing a secret value."""
+fails naming the spec field and the variable, never showing a secret value. A client error that says the
+brokers refused this client's settings (credentials, an untrusted broker certificate, a refused client
+certificate, TLS against a plaintext listener) is a refusal naming the fields to fix; a TLS connection that
+merely drops stays an outage."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
 from icefall.api import SecretRef
 from icefall.api.source import KafkaSecurity
+from icefall.kafka.admin import refusal
 from icefall.kafka.security import (
     MissingSecretError,
     librdkafka_config,
@@ -195,3 +200,49 @@ def test_errors_never_contain_secret_values() -> None:
 def test_streaming_table_helper_defaults_to_plaintext() -> None:
     st = streaming_table("t", "topic", "127.0.0.1:9092")
     assert librdkafka_config(st.spec.source.security, {}) == {}
+
+
+# librdkafka's own texts, as seen against the stack's broker (tests/integration/test_kafka_security.py).
+REFUSALS = [
+    (
+        KafkaError._AUTHENTICATION,
+        "SASL authentication error: Authentication failed during authentication due to invalid credentials "
+        "with SASL mechanism SCRAM-SHA-512",
+        "username, password",
+    ),
+    (
+        KafkaError._SSL,
+        "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate "
+        "could not be verified",
+        "spec.source.security.caCert",
+    ),
+    (
+        KafkaError._TRANSPORT,
+        "Receive failed: error:0A000412:SSL routines::ssl/tls alert bad certificate: SSL alert number 42",
+        "spec.source.security.clientCert and clientKey",
+    ),
+    (
+        KafkaError._TRANSPORT,
+        "SSL handshake failed: Disconnected: SSL connection closed by peer: connecting to a PLAINTEXT broker "
+        "listener?",
+        "spec.source.security.protocol",
+    ),
+]
+
+
+@pytest.mark.parametrize(("code", "text", "fields"), REFUSALS)
+def test_a_refusal_names_the_fields_to_fix(code: int, text: str, fields: str) -> None:
+    refused = refusal(KafkaError(code, text))
+    assert refused is not None
+    assert fields in refused.message("127.0.0.1:9093", "orders", text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Disconnected: SSL connection closed by peer (after 3ms in state SSL_HANDSHAKE)",
+        "Connect to ipv4#127.0.0.1:9093 failed: Connection refused",
+    ],
+)
+def test_a_dropped_connection_is_no_refusal(text: str) -> None:
+    assert refusal(KafkaError(KafkaError._TRANSPORT, text)) is None

@@ -412,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from icefall.kafka.admin import KafkaUnavailableError, TopicNotFoundError
     from icefall.kafka.registry import MissingRegistrySecretError, RegistryError
+    from icefall.kafka.security import MissingSecretError
     from icefall.spark.session import SparkJarsMissingError
 
     one_line = (
@@ -420,6 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         TopicNotFoundError,
         RegistryError,  # refused credentials, no such subject, a latest schema of another format
         MissingRegistrySecretError,
+        MissingSecretError,  # a credential spec.source.security references is not set
     )
     try:
         return int(args.func(args))

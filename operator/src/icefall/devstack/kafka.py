@@ -17,9 +17,16 @@ import socket
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from icefall.devstack.procs import ManagedProcess, free_port, run_checked
 from icefall.devstack.tools import tool_dir
+
+if TYPE_CHECKING:
+    from icefall.devstack.tls import Pki
+
+#: The SCRAM mechanisms every `scram_users` user can log in with.
+SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 _LOG4J2 = """\
 status = warn
@@ -33,10 +40,14 @@ rootLogger.appenderRef.stdout.ref = STDOUT
 
 
 class KafkaBroker:
-    """Start with `start()`, stop with `stop()`; `bootstrap` is `127.0.0.1:<port>`.
+    """Start with `start()`, stop with `stop()`; `bootstrap` is `127.0.0.1:<port>` of the PLAINTEXT listener,
+    the default and inter-broker one.
 
-    With `sasl_users` (name -> password) the broker also listens on `sasl_bootstrap` with SASL_PLAINTEXT
-    and mechanism PLAIN for those users; PLAINTEXT stays the default and inter-broker listener.
+    Optional listeners, each on its own port (`bootstrap_of(<listener>)`):
+    - `SASL_PLAINTEXT`, with `sasl_users` (name -> password, mechanism PLAIN) and/or `scram_users` (name ->
+      password, mechanisms SCRAM-SHA-256 and SCRAM-SHA-512; the credentials are stored at format time);
+    - with `tls` (an `icefall.devstack.tls.Pki`): `SSL` (server authentication only), `SASL_SSL` (the SASL
+      users above over TLS) and `MTLS` (protocol SSL, a client certificate signed by the CA required).
     """
 
     def __init__(
@@ -46,14 +57,18 @@ class KafkaBroker:
         heap: str = "768m",
         log_level: str = "WARN",
         sasl_users: Mapping[str, str] | None = None,
+        scram_users: Mapping[str, str] | None = None,
+        tls: Pki | None = None,
     ) -> None:
         self.workdir = workdir
         self.heap = heap
         self.log_level = log_level
         self.sasl_users = dict(sasl_users or {})
+        self.scram_users = dict(scram_users or {})
+        self.tls = tls
         self.port = 0
         self.controller_port = 0
-        self.sasl_port = 0
+        self.ports: dict[str, int] = {}  # the optional listeners' ports, by listener name
         self._proc: ManagedProcess | None = None
 
     @property
@@ -62,30 +77,68 @@ class KafkaBroker:
 
     @property
     def sasl_bootstrap(self) -> str:
-        """`127.0.0.1:<port>` of the SASL_PLAINTEXT (PLAIN) listener; only with `sasl_users`."""
-        if not self.sasl_users:
-            raise RuntimeError("this broker has no SASL listener; create it with sasl_users")
-        return f"127.0.0.1:{self.sasl_port}"
+        """`127.0.0.1:<port>` of the SASL_PLAINTEXT listener; only with `sasl_users` or `scram_users`."""
+        return self.bootstrap_of("SASL_PLAINTEXT")
+
+    def bootstrap_of(self, listener: str) -> str:
+        """`127.0.0.1:<port>` of an optional listener: SASL_PLAINTEXT, SSL, SASL_SSL or MTLS."""
+        if listener not in self._listeners():
+            raise RuntimeError(
+                f"this broker has no {listener} listener (SASL ones need sasl_users or scram_users, TLS "
+                "ones tls)"
+            )
+        if listener not in self.ports:
+            raise RuntimeError("the broker was never started")
+        return f"127.0.0.1:{self.ports[listener]}"
+
+    def _listeners(self) -> dict[str, str]:
+        """The optional listeners this broker has: name -> security protocol."""
+        sasl = bool(self.sasl_users or self.scram_users)
+        listeners = {"SASL_PLAINTEXT": "SASL_PLAINTEXT"} if sasl else {}
+        if self.tls is not None:
+            listeners["SSL"] = "SSL"
+            if sasl:
+                listeners["SASL_SSL"] = "SASL_SSL"
+            listeners["MTLS"] = "SSL"
+        return listeners
 
     def _listener_config(self) -> list[str]:
+        optional = self._listeners()
         listeners = [f"PLAINTEXT://127.0.0.1:{self.port}"]
-        advertised = list(listeners)
+        listeners += [f"{name}://127.0.0.1:{self.ports[name]}" for name in optional]
         protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
-        extra = []
-        if self.sasl_users:
-            sasl = f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
-            listeners.append(sasl)
-            advertised.append(sasl)
-            protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
-            users = " ".join(f"user_{name}={json.dumps(pw)}" for name, pw in self.sasl_users.items())
-            extra = [
-                "sasl.enabled.mechanisms=PLAIN",
-                "listener.name.sasl_plaintext.plain.sasl.jaas.config="
-                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+        protocols += [f"{name}:{protocol}" for name, protocol in optional.items()]
+        extra: list[str] = []
+        mechanisms = (["PLAIN"] if self.sasl_users else []) + (list(SCRAM) if self.scram_users else [])
+        if mechanisms:
+            extra.append(f"sasl.enabled.mechanisms={','.join(mechanisms)}")
+        for name, protocol in optional.items():
+            if not protocol.startswith("SASL_"):
+                continue
+            if self.sasl_users:
+                users = " ".join(f"user_{user}={json.dumps(pw)}" for user, pw in self.sasl_users.items())
+                extra.append(
+                    f"listener.name.{name.lower()}.plain.sasl.jaas.config="
+                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+                )
+            if self.scram_users:
+                extra += [
+                    f"listener.name.{name.lower()}.{mechanism.lower()}.sasl.jaas.config="
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                    for mechanism in SCRAM
+                ]
+        if self.tls is not None:
+            extra += [
+                # PEM files: no keytool. The trust store is the CA that signs the clients' certificates.
+                "ssl.keystore.type=PEM",
+                f"ssl.keystore.location={self.tls.server_keystore_path}",
+                "ssl.truststore.type=PEM",
+                f"ssl.truststore.location={self.tls.ca_path}",
+                "listener.name.mtls.ssl.client.auth=required",
             ]
         return [
             f"listeners={','.join(listeners)},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners={','.join(advertised)}",
+            f"advertised.listeners={','.join(listeners)}",
             f"listener.security.protocol.map={','.join(protocols)}",
             *extra,
         ]
@@ -121,7 +174,7 @@ class KafkaBroker:
         data = self.workdir / "data"
         data.mkdir(parents=True)
         self.port, self.controller_port = free_port(), free_port()
-        self.sasl_port = free_port() if self.sasl_users else 0
+        self.ports = {name: free_port() for name in self._listeners()}
         (self.workdir / "log4j2.properties").write_text(_LOG4J2.format(level=self.log_level))
         config.write_text(
             "\n".join(
@@ -151,8 +204,16 @@ class KafkaBroker:
         )
         # "=" form: a random id may start with "-", which would read as an option.
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # SCRAM credentials are metadata records: written at format time, before any listener accepts.
+        scram = [
+            f"--add-scram={mechanism}=[name={user},password={password}]"
+            for user, password in self.scram_users.items()
+            for mechanism in SCRAM
+        ]
         run_checked(
-            self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)),
+            self._java(
+                "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config), *scram
+            ),
             self.log_path,
             "formatting Kafka storage",
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
@@ -34,6 +35,58 @@ _REFUSED_CREDENTIALS = {
     KafkaError.CLUSTER_AUTHORIZATION_FAILED,
 }
 
+# librdkafka's words (OpenSSL's, mostly) for a TLS setup the brokers and this client cannot agree on; a TLS
+# connection that merely drops (a broker restarting mid-handshake) says none of them and stays an outage.
+_UNTRUSTED_BROKER = ("certificate verify failed",)
+_REFUSED_CLIENT_CERT = (
+    "alert bad certificate",
+    "alert certificate required",
+    "alert unknown ca",
+    "alert certificate unknown",
+)
+_NOT_TLS = ("connecting to a PLAINTEXT broker listener",)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The brokers refused this client's security settings: what happened, and what to fix."""
+
+    what: str  # e.g. "refused the credentials"
+    fix: str  # names the spec fields
+
+    def message(self, bootstrap: str, topic: str, reason: object) -> str:
+        return f"Kafka at {bootstrap} {self.what} for topic '{topic}' ({reason}): {self.fix}"
+
+
+def refusal(error: KafkaError) -> Refusal | None:
+    """The refusal `error` says (not an outage: retrying will not help), or None for any other error."""
+    text = error.str()
+    if error.code() in _REFUSED_CREDENTIALS:
+        return Refusal(
+            "refused the credentials",
+            "check spec.source.security (username, password, saslMechanism) and the Secret or variables it "
+            "references",
+        )
+    if any(marker in text for marker in _UNTRUSTED_BROKER):
+        return Refusal(
+            "presented a certificate this client does not trust",
+            "check spec.source.security.caCert (the PEM bundle of the CA that signed the brokers' "
+            "certificates, which must name the hosts of spec.source.bootstrapServers) and the Secret or "
+            "variable it references",
+        )
+    if any(marker in text for marker in _REFUSED_CLIENT_CERT):
+        return Refusal(
+            "refused the client certificate",
+            "check spec.source.security.clientCert and clientKey (a pair signed by a CA the brokers trust; "
+            "the listener requires mutual TLS) and the Secrets or variables they reference",
+        )
+    if any(marker in text for marker in _NOT_TLS):
+        return Refusal(
+            "does not speak TLS on that port",
+            "check spec.source.security.protocol against the listener of spec.source.bootstrapServers",
+        )
+    return None
+
 
 class TopicNotFoundError(RuntimeError):
     pass
@@ -44,15 +97,17 @@ class KafkaUnavailableError(RuntimeError):
 
 
 class KafkaCredentialsRefusedError(KafkaUnavailableError):
-    """The brokers answered but refused the credentials: a configuration error, not an outage."""
+    """The brokers answered but refused the credentials or the TLS settings (an untrusted broker certificate,
+    a refused client certificate, TLS against a plaintext listener): a configuration error, not an outage."""
 
 
 class TopicView:
     def __init__(self, bootstrap: str, topic: str, config: Mapping[str, Any] | None = None) -> None:
         self.topic = topic
         self.bootstrap = bootstrap
-        # librdkafka reports refused credentials only to error_cb (calls just time out): kept to name them
-        self._refused: KafkaError | None = None
+        # librdkafka reports refused credentials and TLS failures only to error_cb (calls just time out):
+        # kept, with what to fix, to name them
+        self._refused: tuple[KafkaError, Refusal] | None = None
         # librdkafka's own log would repeat "connection refused" every backoff while a broker is down; every
         # failure reaches the caller as an exception instead (refused credentials through error_cb).
         self._client_config = {
@@ -77,20 +132,20 @@ class TopicView:
         )
 
     def _on_error(self, error: KafkaError) -> None:
-        if error.code() in _REFUSED_CREDENTIALS:
-            self._refused = error
+        refused = refusal(error)
+        if refused is not None:
+            self._refused = (error, refused)
 
     def _unavailable(self, error: KafkaException) -> KafkaUnavailableError:
         self._consumer.poll(0)  # serves the error callbacks queued during the failed call
         if self._admin is not None:
             self._admin.poll(0)
-        reason = self._refused or (error.args[0] if error.args else error)
-        code = getattr(reason, "code", lambda: None)()
-        if code in _REFUSED_CREDENTIALS:
-            return KafkaCredentialsRefusedError(
-                f"Kafka at {self.bootstrap} refused the credentials for topic '{self.topic}' ({reason}): "
-                "check spec.source.security (username, password) and the Secret or variables it references"
-            )
+        reason = error.args[0] if error.args else error
+        refused = refusal(reason) if isinstance(reason, KafkaError) else None
+        if refused is None and self._refused is not None:
+            reason, refused = self._refused
+        if refused is not None:
+            return KafkaCredentialsRefusedError(refused.message(self.bootstrap, self.topic, reason))
         return KafkaUnavailableError(
             f"cannot reach Kafka at {self.bootstrap} for topic '{self.topic}': {reason}"
         )

@@ -68,6 +68,27 @@ def kafka(stack_dir: Path) -> Iterator[KafkaBroker]:
     broker.stop()
 
 
+#: The users of `secure_kafka`'s SASL listeners: PLAIN ones, and SCRAM ones (SCRAM-SHA-256 and -512).
+PLAIN_USERS = {"icefall": "s3cret"}
+SCRAM_USERS = {"icefall-scram": "scram-s3cret"}
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(stack_dir: Path) -> Iterator[KafkaBroker]:
+    """A second broker, started only for the tests that ask for it, with a listener per security setup:
+    PLAINTEXT (for fixtures: topics, producers), SASL_PLAINTEXT and SASL_SSL (`PLAIN_USERS`,
+    `SCRAM_USERS`), SSL and MTLS (client certificate required). Its `tls` is the CA and the certificates,
+    made for this run (`icefall.devstack.tls.Pki`)."""
+    from icefall.devstack.tls import Pki
+
+    pki = Pki.create(stack_dir / "kafka-secure-pki")
+    broker = KafkaBroker(
+        stack_dir / "kafka-secure", sasl_users=PLAIN_USERS, scram_users=SCRAM_USERS, tls=pki
+    ).start()
+    yield broker
+    broker.stop()
+
+
 @pytest.fixture(scope="session")
 def kube(stack_dir: Path) -> Iterator[KubeAPIServer]:
     # "limited" belongs to no group: RBAC tests grant it exactly what it needs.

@@ -66,13 +66,19 @@ def manifest_text(
     *,
     batch: Mapping[str, int | bool] | None = None,
     catalog: Mapping[str, Any] | None = None,
+    security: Mapping[str, Any] | None = None,
 ) -> str:
     """The test manifest for table `it.<name>` (dead letters in `it.<name>_dlq`) filled from `topic`.
 
     `batch` sets `spec.batch` (camelCase keys: `maxRecords`, `maxRecordsPerPartition`, ...); `catalog` sets
-    `spec.table.catalog` (`SharedCatalog.block`; default: the embedded catalog).
+    `spec.table.catalog` (`SharedCatalog.block`; default: the embedded catalog); `security` sets
+    `spec.source.security` (camelCase keys, credentials as `{env: NAME}` references).
     """
     text = MANIFEST.format(name=name, k8s_name=name.replace("_", "-"), bootstrap=bootstrap, topic=topic)
+    if security is not None:
+        text = text.replace(
+            f"topic: {topic}}}", f"topic: {topic}, security: {json.dumps(dict(security))}}}", 1
+        )
     if catalog is not None:
         text = text.replace("partitioning: [", f"catalog: {json.dumps(dict(catalog))}, partitioning: [")
     if batch:
