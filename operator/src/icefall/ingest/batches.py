@@ -103,10 +103,9 @@ class Batches:
             written = self._write(planned, stage, clock)
             below, reports, refused = self._land_below(flight)
             action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
-            if action is Action.REWRITE:
+            while action is Action.REWRITE:  # once: every id the batch holds is met by then
                 stage, written = self._rewrite(planned, clock)
                 action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
-                assert action is not Action.REWRITE  # every id of the batch is known by now
             if action is Action.DROP and refused is not None:
                 raise refused
             if action is Action.DISCARD:
