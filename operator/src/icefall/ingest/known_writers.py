@@ -9,10 +9,11 @@ key: read as a plain key), which is right only if the registry has no schema for
 returns True when an unseen id has one, and the batch is then written again with it (`plan.pipelining`:
 REWRITE), never committed as first written.
 
-Guarantees: an id's answer (its writer schema, or None: the registry has none of the format) never
-changes once learnt, so a batch's good rows and its dead letters, decoded at different times, decide every
-record alike. Not guaranteed: a bound. A stream of garbage that happens to carry the wire format's magic
-byte makes up ids; each is remembered (as None), as `icefall.kafka.registry.WriterSchemas` caches them.
+Guarantees: a writer schema, once learnt, is never forgotten or changed (registry ids are immutable), so a
+batch's good rows and its dead letters, decoded at different times, decide every record alike. An id the
+registry has no schema for is not remembered: it is asked for again in the next batch that holds it (a
+registry that lags behind its producer, or one restored, may know it by then), as before this memory.
+Not guaranteed: a bound on what is remembered (a writer meets few writer schemas).
 """
 
 from __future__ import annotations
@@ -24,29 +25,32 @@ class KnownWriters:
     """Writer schemas by id (None: the registry has no schema of the format with this id)."""
 
     def __init__(self) -> None:
-        self.values: dict[int, str | None] = {}
-        self.keys: dict[int, str | None] = {}
+        self.values: dict[int, str] = {}
+        self.keys: dict[int, str] = {}
+        self._learnt = False
 
     @property
     def empty(self) -> bool:
         """Nothing learnt yet: the writer's first batch learns its ids before it is decoded."""
-        return not self.values and not self.keys
+        return not self._learnt
 
     def unseen(self, values: Iterable[int], keys: Iterable[int] = ()) -> tuple[list[int], list[int]]:
         """The value and key schema ids of a batch that are not remembered, each sorted."""
         return sorted(set(values) - self.values.keys()), sorted(set(keys) - self.keys.keys())
 
     def learn(self, values: Mapping[int, str | None], keys: Mapping[int, str | None] | None = None) -> bool:
-        """Remember the registry's answers; True when an id not remembered before has a writer schema (a
-        batch decoded without it must be decoded again). An id already remembered keeps its answer."""
+        """Remember the writer schemas of the registry's answers (None: it has none, not remembered); True
+        when an id not remembered before has one (a batch decoded without it must be decoded again). A
+        remembered id keeps its schema."""
+        self._learnt = True
         new_schema = False
         for known, found in ((self.values, values), (self.keys, keys or {})):
             for schema_id, text in found.items():
-                if schema_id not in known:
+                if schema_id not in known and text is not None:
                     known[schema_id] = text
-                    new_schema = new_schema or text is not None
+                    new_schema = True
         return new_schema
 
     def of_values(self, ids: Iterable[int]) -> dict[int, str | None]:
-        """The remembered value writer schemas of `ids` (a batch's), oldest id first."""
-        return {i: self.values[i] for i in sorted(ids) if i in self.values}
+        """The value writer schemas of `ids` (a batch's), oldest id first; None for one not remembered."""
+        return {i: self.values.get(i) for i in sorted(ids)}

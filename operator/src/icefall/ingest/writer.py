@@ -263,7 +263,8 @@ class BatchWriter:
             unseen = self.known.learn(
                 {i: found.get(i) for i in unseen_values}, {i: found.get(i) for i in unseen_keys}
             )
-            log.info(
+            log.log(
+                logging.INFO if unseen else logging.DEBUG,
                 "%s: the batch holds schema ids it was not decoded with (values %s, keys %s)%s",
                 self.label,
                 unseen_values,
