@@ -169,7 +169,7 @@ class Batches:
         if self.schemas.evolution(self.table.schema(), writers).changes:
             # Planned again on the metadata each attempt loads.
             evolution = evolve_schema(
-                self.table, lambda schema: self.schemas.plan(schema, writers), self.commits.epoch
+                self.table, lambda schema: self.schemas.evolution(schema, writers), self.commits.epoch
             )
             if evolution.changes:
                 self.schemas.committed(evolution)
