@@ -7,7 +7,9 @@ Proves, with the real broker, Spark and the embedded catalog:
   compaction rewrites files of both schemas together; a spec that adds a required field is refused at
   start, naming the field and the fix;
 - avro: a writer schema that adds a field and widens an int lands both in the batch that first carries it
-  (and a fresh read decodes the records past the commit into the new columns);
+  (and a fresh read decodes the records past the commit into the new columns); only the writer's first
+  batch reads Kafka for its schema ids, and a batch that meets a new writer schema is written once more
+  with it (a batch of known ids is not);
   a later writer schema that changes a type is refused (counted, logged) and its records that do not fit go
   to the dead-letter table with the reason, while those that fit are ingested;
 - a writer killed right after the schema change (`main.after-schema-change`) and started again ingests
@@ -214,10 +216,14 @@ spec:
         drain(ingestor)
         table = catalog_config.pyiceberg().load_table(table_name)
         assert [f.name for f in table.schema().fields] == ["id", "qty", "tags", "_kafka"]
+        # The first batch learnt its schema id with a Spark job of its own; no later one does.
+        assert (id_reads(table_name), rewritten(table_name)) == (1, 0)
 
         send(v2({"id": i, "qty": 2**40 + i, "note": f"n{i}"}, context) for i in range(3, 6))
         (report,) = drain(ingestor)
         assert report.records_written == 3
+        # v2's id was met as the batch was written: written once more with v2, committed once.
+        assert (id_reads(table_name), rewritten(table_name)) == (1, 1)
         table.refresh()
         schema = table.schema()
         assert [(f.name, str(f.field_type), f.required) for f in schema.fields[:4]] == [
@@ -236,6 +242,7 @@ spec:
             read = sorted((r["id"], r["note"]) for r in fresh.frame.select("id", "note").collect())
         assert read == [*((i, None) for i in range(3)), *((i, f"n{i}") for i in range(3, 6)), (99, "fresh")]
         drain(ingestor)
+        assert (id_reads(table_name), rewritten(table_name)) == (1, 1)  # v2 is known now: written once
 
         # A producer that changes qty's type: the registry refuses it under the topic's subject (BACKWARD),
         # so it registers under another subject (as the record name strategies do) and frames by that id.
@@ -243,6 +250,7 @@ spec:
         send([framed(v3_id, ORDER_V3, {"id": 6, "qty": "7"}), framed(v3_id, ORDER_V3, {"id": 7, "qty": "x"})])
         (report,) = drain(ingestor)
         assert (report.records_written, report.records_dead_lettered) == (1, 1)
+        assert (id_reads(table_name), rewritten(table_name)) == (1, 2)
         refused = metrics.REGISTRY.get_sample_value("icefall_schema_changes_refused", {"table": table_name})
         assert refused == 1
         assert report.schema_refused == (
@@ -269,6 +277,19 @@ spec:
     assert changes == 1
     report = verify_table(st, catalog_config, spark=spark)
     assert report.ok and report.content_checked, report.render()
+
+
+def id_reads(table_name: str) -> float:
+    """Spark jobs that read a batch only for its schema ids (`icefall_schema_id_reads_total`)."""
+    return metrics.REGISTRY.get_sample_value("icefall_schema_id_reads_total", {"table": table_name}) or 0
+
+
+def rewritten(table_name: str) -> float:
+    """Batches written again with a writer schema met as they were written."""
+    sample = metrics.REGISTRY.get_sample_value(
+        "icefall_ingest_batches_rewritten_total", {"table": table_name}
+    )
+    return sample or 0
 
 
 def test_a_writer_killed_after_the_schema_change_ingests_exactly_once(

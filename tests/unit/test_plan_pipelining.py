@@ -4,8 +4,10 @@ Proves: a batch is pipelined only when pipelining is on, it has no bad records, 
 large is waiting that the pacing starts at once (behind: after `min_interval`; caught up: once the batch
 took long enough that the caught-up interval has passed); a batch over a commit that was re-staged is
 discarded and one over a refused commit is dropped, whatever else holds; a batch over a commit that
-landed is decided as if nothing had been in flight. The module imports only the standard library, `api`
-and `plan`. Not proved here: that the engine follows the decision (tests/integration/test_pipelining.py).
+landed is decided as if nothing had been in flight; a batch that met a writer schema it was not decoded
+with is written again (REWRITE) once nothing below can make it be discarded or dropped. The module
+imports only the standard library, `api` and `plan`. Not proved here: that the engine follows the
+decision (tests/integration/test_pipelining.py, test_schema_evolution.py for REWRITE).
 """
 
 from __future__ import annotations
@@ -120,3 +122,18 @@ def test_the_module_imports_only_the_standard_library_api_and_plan() -> None:
         and not name.startswith(allowed)
     }
     assert not outside, outside
+
+
+@pytest.mark.parametrize("below", [Below.NONE, Below.LANDED])
+def test_a_batch_that_met_a_new_writer_schema_is_written_again_whatever_the_pace(below: Below) -> None:
+    unseen = Written(records=1_000, backlog=5_000, bad=3, started=STARTED, unseen_writers=True)
+    for pace in (BEHIND, FAST, Pace(False, 10, 0, None)):
+        assert after_write(below, unseen, pace, now=STARTED + 1) is Action.REWRITE
+
+
+def test_a_batch_that_met_a_new_writer_schema_over_a_restaged_or_refused_commit_is_not_written_again() -> (
+    None
+):
+    unseen = Written(records=1_000, backlog=5_000, bad=3, started=STARTED, unseen_writers=True)
+    assert after_write(Below.RESTAGED, unseen, BEHIND, now=STARTED + 1) is Action.DISCARD
+    assert after_write(Below.REFUSED, unseen, BEHIND, now=STARTED + 1) is Action.DROP

@@ -5,12 +5,16 @@ binary encoding of the record with that (writer) schema. `AvroDecoding.decode` r
 `icefall.ingest.decode.Decoder.decode` (so `good_rows`, `bad_rows` and `split` apply unchanged): the Kafka
 columns, `TYPED_COLUMN` (the table's fields), `BAD_COLUMN` and, with `errors`, `ERROR_COLUMN`.
 
-How a batch is decoded: the schema ids present in the batch are gathered first (one small Spark job over
-the first five bytes of each value), their writer schemas are looked up (`SchemaLookup`, in production
-`icefall.kafka.registry.WriterSchemas`), and each record is decoded by spark-avro's `from_avro` (mode
+How a batch is decoded: with the writer schemas it is given (ingestion: every one the writer has met,
+`icefall.ingest.known_writers`), or else those of the schema ids present in the batch, gathered first (one
+small Spark job over the first five bytes of each value) and looked up (`SchemaLookup`, in production
+`icefall.kafka.registry.WriterSchemas`). Each record is decoded by spark-avro's `from_avro` (mode
 PERMISSIVE) with the writer schema of its own id — one `from_avro` per id, chosen per record by a CASE on
-the id, so each record is parsed once. The writer's record is then projected onto the table's fields by
-name (`try_cast` to the table's type; a field the writer does not have is null).
+the id, so each record is parsed once; an id without a writer schema is an unknown id. The writer's record
+is then projected onto the table's fields by name (`try_cast` to the table's type; a field the writer does
+not have is null). The decoded frame keeps the value's (and key's) schema id (`icefall.ingest.framing`:
+`SCHEMA_ID_COLUMN`, `KEY_SCHEMA_ID_COLUMN`), for the write's observation. The columns for one set of
+writer schemas are built once and kept (`MAX_PLANS_KEPT`): building them costs more than a small batch.
 
 Reasons a record goes to the dead-letter table (`error`, joined by "; " like the JSON path's):
 `tombstone: the record's value is null`; `record is N bytes, over the limit of M (...)`;
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -62,7 +67,7 @@ from icefall.ingest.columns import (
     POSITION_COLUMN,
     TYPED_COLUMN,
 )
-from icefall.ingest.framing import HEADER_BYTES, SCHEMA_ID_COLUMN, Framing
+from icefall.ingest.framing import HEADER_BYTES, KEY_SCHEMA_ID_COLUMN, SCHEMA_ID_COLUMN, Framing
 from icefall.ingest.keyed import Keyed, change_reasons, sequence_part
 
 #: The writer schemas (Avro JSON text) of schema ids; None for an id the registry does not know.
@@ -74,7 +79,9 @@ _RECORD = "__icefall_avro_"  # + schema id: the record parsed with that writer s
 _FAILED = "__icefall_avro_failed_"  # + schema id: true when the bytes did not decode
 _ROW = "__icefall_avro_row"
 _PROBLEM = "__icefall_avro_problem"
-_KEY_SCHEMA_ID = "__icefall_key_schema_id"
+_KEY_SCHEMA_ID = KEY_SCHEMA_ID_COLUMN
+#: Decode columns kept per set of writer schemas; a writer rarely meets more than a few sets.
+MAX_PLANS_KEPT = 32
 _KEY = "__icefall_avro_key_"  # + schema id: the Kafka key parsed with that writer schema
 _OP = "__icefall_avro_op"
 #: The Kafka keys an Avro table's key is read from, for the dead-letter reason of a delete without one.
@@ -107,6 +114,19 @@ class _Decoded:
         position: Column | None = None,
     ) -> None:
         self.row, self.checks, self.op, self.position = row, list(checks), op, position
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The columns that decode a batch with one set of writer schemas, added in this order."""
+
+    parsed: list[Column]  # each in a projection of its own: one `from_avro` per writer schema
+    failed: list[Column]
+    by_id: list[Column]
+    kafka_key: Column | None  # keyed modes
+    problem: Column
+    verdict: list[Column]
+    internal: list[str]  # dropped at the end
 
 
 class AvroDecoding:
@@ -142,6 +162,7 @@ class AvroDecoding:
         self._schema_id = framing.schema_id
         self._frame_reasons = framing.frame_reasons
         key = F.col("key")
+        self._plans: dict[tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]], _Plan] = {}
         self._key_schema_id = F.when(
             (F.length(key) >= HEADER_BYTES) & (F.hex(F.substring(key, 1, 1)) == F.lit("00")),
             F.conv(F.hex(F.substring(key, 2, 4)), 16, 10).cast("bigint"),
@@ -175,9 +196,8 @@ class AvroDecoding:
     def decode(
         self, kafka_df: DataFrame, headers: Column, writers: Mapping[int, str | None] | None = None
     ) -> DataFrame:
-        """Decode with `writers` (`writer_schemas` of this input; default: looked up now)."""
-        from pyspark.sql.avro.functions import from_avro
-
+        """Decode with `writers` (value writer schemas by id; a `BatchWriters` carries the keys' too; an id
+        it lacks is unknown). Default: `writer_schemas` of this input, looked up now."""
         key_id = [self._key_schema_id] if self.keyed is not None else []
         framed = kafka_df.select(*self._base, headers, self._schema_id, *key_id)
         if writers is None:
@@ -185,16 +205,40 @@ class AvroDecoding:
         key_writers: Mapping[int, str | None] = getattr(writers, "key_schemas", None) or {}
         if self.keyed is not None and not isinstance(writers, BatchWriters):
             key_writers = self._writers(framed).key_schemas
+        plan = self._plan(writers, key_writers)
+        parsed = framed
+        for column in plan.parsed:
+            parsed = parsed.select("*", column)
+        rows = parsed.select("*", *plan.failed).select("*", *plan.by_id)
+        if plan.kafka_key is not None:
+            rows = rows.select("*", plan.kafka_key)
+        checked = rows.select("*", plan.problem)
+        return checked.select("*", *plan.verdict).drop(*plan.internal)
+
+    def _plan(self, writers: Mapping[int, str | None], key_writers: Mapping[int, str | None]) -> _Plan:
+        """The decode columns for these writer schemas, built on first use."""
+        values = tuple((i, w) for i, w in sorted(writers.items()) if w is not None)
+        keys = tuple((i, w) for i, w in sorted(key_writers.items()) if w is not None)
+        plan = self._plans.get((values, keys))
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS_KEPT:
+                self._plans.clear()
+            plan = self._plans[values, keys] = self._build(dict(values), dict(keys))
+        return plan
+
+    def _build(self, writers: Mapping[int, str], key_writers: Mapping[int, str]) -> _Plan:
+        """`_plan`'s columns, built."""
+        from pyspark.sql.avro.functions import from_avro
+
         schema_id = F.col(_SCHEMA_ID)
         payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
-        known = sorted(i for i, writer in writers.items() if writer is not None)
+        known = sorted(writers)
         # Each record is parsed once, with its own id's writer schema; later projections read the result.
         parsed_columns: list[Column] = []
         failed_columns: list[Column] = []
         decoded: list[tuple[int, _Decoded]] = []
         for i in known:
             writer = writers[i]
-            assert writer is not None
             top_fields = _record_fields(writer)
             problem = self._writer_problem(i, writer, top_fields)
             if top_fields is None or problem is not None:
@@ -208,31 +252,31 @@ class AvroDecoding:
             parsed_columns.append(F.explode(F.array(F.when(schema_id == F.lit(i), record))).alias(name))
             failed_columns.append(_failed(F.col(name), top_fields).alias(f"{_FAILED}{i}"))
             decoded.append((i, self._decoded(i, writer, F.col(name), F.col(f"{_FAILED}{i}"), top_fields)))
-        key_known = sorted(i for i, writer in key_writers.items() if writer is not None)
+        key_known = sorted(key_writers)
         for i in key_known:
-            key_writer = key_writers[i]
-            assert key_writer is not None
             key_payload = F.expr(f"substring(key, {HEADER_BYTES + 1})")
-            key_record = from_avro(key_payload, key_writer, {"mode": "PERMISSIVE"})
+            key_record = from_avro(key_payload, key_writers[i], {"mode": "PERMISSIVE"})
             parsed_columns.append(
                 F.explode(F.array(F.when(F.col(_KEY_SCHEMA_ID) == F.lit(i), key_record))).alias(f"{_KEY}{i}")
             )
-        parsed = framed
-        for column in parsed_columns:
-            parsed = parsed.select("*", column)
-        parsed = parsed.select("*", *failed_columns)
-        rows = parsed.select("*", *self._by_id(decoded, schema_id))
-        internal = [_SCHEMA_ID, _ROW, _PROBLEM, *(f"{p}{i}" for i in known for p in (_RECORD, _FAILED))]
+        internal = [_ROW, _PROBLEM, *(f"{p}{i}" for i in known for p in (_RECORD, _FAILED))]
+        kafka_key = None
         if self.keyed is not None:
-            rows = rows.select("*", self._kafka_key(key_writers, key_known))
-            internal += [_KEY_SCHEMA_ID, _OP, *(f"{_KEY}{i}" for i in key_known)]
+            kafka_key = self._kafka_key(key_writers, key_known)
+            internal += [_OP, *(f"{_KEY}{i}" for i in key_known)]
         problems = _case(schema_id, [(i, self._problem(d.checks)) for i, d in decoded])
         if problems is None:
             problems = F.lit(None).cast("string" if self.errors else "boolean")
-        checked = rows.select("*", problems.alias(_PROBLEM))
         unknown = schema_id.isNotNull() & ~schema_id.isin(*known) if known else schema_id.isNotNull()
-        columns = [F.col(_ROW).alias(TYPED_COLUMN), *self._verdict(unknown, schema_id)]
-        return checked.select("*", *columns).drop(*internal)
+        return _Plan(
+            parsed=parsed_columns,
+            failed=failed_columns,
+            by_id=self._by_id(decoded, schema_id),
+            kafka_key=kafka_key,
+            problem=problems.alias(_PROBLEM),
+            verdict=[F.col(_ROW).alias(TYPED_COLUMN), *self._verdict(unknown, schema_id)],
+            internal=internal,
+        )
 
     def _by_id(self, decoded: Sequence[tuple[int, _Decoded]], schema_id: Column) -> list[Column]:
         """The row of each record (by its schema id), and in keyed modes whether it deletes its key, in cdc

@@ -103,6 +103,9 @@ class Batches:
             written = self._write(planned, stage, clock)
             below, reports, refused = self._land_below(flight)
             action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
+            while action is Action.REWRITE:  # once: every id the batch holds is met by then
+                stage, written = self._rewrite(planned, clock)
+                action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
             if action is Action.DROP and refused is not None:
                 raise refused
             if action is Action.DISCARD:
@@ -145,17 +148,28 @@ class Batches:
             raise StaleHeadError("the table moved between planning and staging")
         clock.mark("stage")
         stats = self.writer.write_good_rows(planned, stage.branch, self.table, self._evolve)
+        if planned.ranges:  # what the table cannot follow of this batch's own writer schemas (json: the spec)
+            self.schemas.plan(self.table.schema(), stats.writers)
         clock.mark("write")
         self.planner.check_topic_unchanged(planned.topic_id)
         return WrittenBatch(planned, stats, clock)
 
+    def _rewrite(self, planned: PlannedBatch, clock: PhaseClock) -> tuple[Stage, WrittenBatch]:
+        """Write the batch again on a fresh stage (the commit below, if any, has landed): its first write
+        met writer schemas it was not decoded with (`icefall.ingest.known_writers`); that write is dropped
+        with the snapshot it staged, and is never committed."""
+        log.info("%s: the batch met new writer schemas; it is written again with them", self.label)
+        metrics.INGEST_BATCHES_REWRITTEN.labels(self.label).inc()
+        stage = self.commits.restage(self.table)
+        return stage, self._write(planned, stage, clock)
+
     def _evolve(self, writers: Writers | None) -> Schema:
-        """Make the table hold the spec's fields and the batch's writer schemas (`icefall.ingest.schemas`)
-        before the batch is written; the table's schema."""
-        if self.schemas.plan(self.table.schema(), writers).changes:
+        """Make the table hold the spec's fields and the writer schemas the batch is decoded with
+        (`icefall.ingest.schemas`) before the batch is written; the table's schema."""
+        if self.schemas.evolution(self.table.schema(), writers).changes:
             # Planned again on the metadata each attempt loads.
             evolution = evolve_schema(
-                self.table, lambda schema: self.schemas.plan(schema, writers), self.commits.epoch
+                self.table, lambda schema: self.schemas.evolution(schema, writers), self.commits.epoch
             )
             if evolution.changes:
                 self.schemas.committed(evolution)
@@ -240,4 +254,5 @@ class Batches:
 def _facts(written: WrittenBatch) -> Written:
     """What `plan.pipelining` needs to know of a written batch."""
     planned = written.planned
-    return Written(planned.records, planned.backlog, written.stats.bad, written.clock.started)
+    stats = written.stats
+    return Written(planned.records, planned.backlog, stats.bad, written.clock.started, stats.unseen_writers)

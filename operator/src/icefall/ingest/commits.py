@@ -206,6 +206,11 @@ class CommitPipeline:
             return flight.after
         return prepare_stage(table, self.stage_branch, role="main", refresh=False)
 
+    def restage(self, table: Table) -> Stage:
+        """A fresh stage at `main`'s head for a batch written again (nothing in flight): the branch is
+        pointed back, and the snapshot the first write staged goes with it."""
+        return prepare_stage(table, self.stage_branch, role="main", refresh=True)
+
     def drop_stage_if_behind(self, table: Table, head: int | None) -> None:
         """Idle, drop the staging branch if maintenance moved main past it: it would pin the snapshot it
         points at (and the files compaction replaced) until the next batch."""

@@ -62,7 +62,7 @@ from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, St
 from icefall.api import FormatType, SchemaField, StreamingTableSpec, TableMode, to_spark_schema_json
 from icefall.ingest import columns
 from icefall.ingest.columns import CORRUPT_COLUMN, POSITION_COLUMN, RAW_COLUMN, TEXT_COLUMN
-from icefall.ingest.framing import HEADER_BYTES, KNOWN_COLUMN, SCHEMA_ID_COLUMN, Framing
+from icefall.ingest.framing import HEADER_BYTES, KNOWN_COLUMN, Framing, observed_ids
 from icefall.ingest.keyed import Keyed, image_column
 from icefall.ingest.protobuf import PAYLOAD_COLUMN, payload
 from icefall.ingest.reasons import (
@@ -227,12 +227,24 @@ class Decoder:
         """`good_rows` (module function) of a `decode` result of this decoder."""
         return _transformed(decoded.where(self._good_filter).select(*self._good), self.spec)
 
+    @property
+    def uses_registry(self) -> bool:
+        """A registry format: records decode with writer schemas by id."""
+        return self._avro is not None or self._framing is not None
+
     def writer_schemas(self, kafka_df: DataFrame) -> Mapping[int, str | None] | None:
         """A registry format: the writer schema of each schema id in `kafka_df` (a Spark job over the
         records' headers); None for json."""
         if self._framing is not None and self._schemas is not None:
             return self._schemas(self._framing.schema_ids(kafka_df.select(self._framing.schema_id)))
         return self._avro.writer_schemas(kafka_df) if self._avro is not None else None
+
+    def observed_ids(self) -> list[Column]:
+        """A registry format: aggregates naming the schema ids of a `decode` result's records
+        (`icefall.ingest.framing.observed_ids`: values, and for a keyed Avro table keys); json: none."""
+        if not self.uses_registry:
+            return []
+        return observed_ids(keys=self._avro is not None and self._avro.keyed is not None)
 
     def decode(self, kafka_df: DataFrame, writers: Mapping[int, str | None] | None = None) -> DataFrame:
         """`decode` of `kafka_df` (module function) with this decoder's spec; a registry format with
@@ -248,7 +260,7 @@ class Decoder:
             framed = kafka_df.select(*self._base, headers, self._framing.schema_id)
             decoded = self._payload(writers)
             text = framed.select("*", self._framing.known(writers), *decoded).select("*", self._text)
-            internal += [SCHEMA_ID_COLUMN, KNOWN_COLUMN, *(PAYLOAD_COLUMN for _ in decoded)]
+            internal += [KNOWN_COLUMN, *(PAYLOAD_COLUMN for _ in decoded)]  # the id is kept (observed_ids)
         else:
             text = kafka_df.select(*self._base, headers, self._text)
         if self._keyed is not None:

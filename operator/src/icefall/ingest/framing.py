@@ -8,9 +8,11 @@ Reasons, worded as the Avro decoder words them: `tombstone: the record's value i
 `too short for the Confluent wire format: N bytes (...)`; `wrong magic byte 0x01: not the Confluent wire
 format (...)`; `unknown schema id 42 (the registry has no JSON Schema with this id)`.
 
-Use: select `schema_id` (a Spark job over the batch's headers gives `schema_ids`, the registry their
-schemas), then `known(writers)` on that frame; the reasons read both columns. Not here: what follows the
-header (a Protobuf message index, the payload's own decoding).
+Use: select `schema_id`, then `known(writers)` on that frame; the reasons read both columns. The writers
+are those the ingestion writer has met (`icefall.ingest.known_writers`): the decoded frame keeps
+`SCHEMA_ID_COLUMN`, and `observed_ids` are the aggregates that name the batch's ids as it is written.
+Audits and union reads ask first (`schema_ids`: a Spark job over the headers, then the registry).
+Not here: what follows the header (a Protobuf message index, the payload's own decoding).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ HEADER_BYTES = 5
 #: The schema id of a well-framed record (null otherwise), and whether the registry knows it.
 SCHEMA_ID_COLUMN = "__icefall_schema_id"
 KNOWN_COLUMN = "__icefall_schema_known"
+#: The schema id of a framed Kafka key (keyed Avro tables), null otherwise.
+KEY_SCHEMA_ID_COLUMN = "__icefall_key_schema_id"
+#: The names of `observed_ids`' aggregates.
+SCHEMA_IDS, KEY_SCHEMA_IDS = "schema_ids", "key_schema_ids"
 
 Check = tuple[Column, Column]
 
@@ -92,3 +98,11 @@ class Framing:
         ids = sorted(i for i, writer in writers.items() if writer is not None)
         found = F.col(SCHEMA_ID_COLUMN).isin(*ids) if ids else F.lit(False)
         return F.coalesce(found, F.lit(False)).alias(KNOWN_COLUMN)
+
+
+def observed_ids(*, keys: bool) -> list[Column]:
+    """Aggregates over a decoded frame that keeps its id columns: the distinct value schema ids
+    (`SCHEMA_IDS`) and, with `keys`, the distinct Kafka key schema ids (`KEY_SCHEMA_IDS`); for the write's
+    observation, so that no job of its own reads the batch for them."""
+    ids = [F.collect_set(SCHEMA_ID_COLUMN).alias(SCHEMA_IDS)]
+    return [*ids, F.collect_set(KEY_SCHEMA_ID_COLUMN).alias(KEY_SCHEMA_IDS)] if keys else ids

@@ -36,6 +36,10 @@ class ReadStats:
     max_produce_ms: int | None
     bad: int
     deleted_keys: str | None = None  # cdc with sequenceBy: the deleted keys file the commit names
+    #: A registry format: the writer schemas of the batch's value schema ids (None: not one).
+    writers: Mapping[int, str | None] | None = None
+    #: It holds records of a writer schema it was not decoded with: to be written again (REWRITE).
+    unseen_writers: bool = False
 
     @classmethod
     def of(

@@ -1,18 +1,20 @@
 """The table's schema follows the records' schema: the spec's columns, and each writer schema a batch holds.
 
-`SchemaFollower.plan(table schema, writers)` is what the table must change before a batch is written
-(`icefall.catalog.evolution`): the spec's expected schema (`spec.format.schema`, or what
+`SchemaFollower.evolution(table schema, writers)` is what the table must change before a batch is
+written (`icefall.catalog.evolution`): the spec's expected schema (`spec.format.schema`, or what
 `transforms.select` produces; changed by a `kubectl apply`), then, for a registry format without
-`transforms.select`, the fields of every writer schema in the batch, oldest id first (for `mode: cdc` the
-fields of the row record inside each Debezium envelope, `icefall.api.avro.row_schema`: the envelope
-itself is not the row). `icefall.ingest.batches`
-commits the changes (`icefall.commit.evolve_schema`) before it writes the batch, and the writer then
-decodes into the table's columns (`decode_fields`): a writer's new field lands in the batch that first
-carries it, old rows read it as null.
+`transforms.select`, the fields of every writer schema the batch is decoded with (those the writer has
+met, `icefall.ingest.known_writers`), oldest id first (for `mode: cdc` the fields of the row record inside
+each Debezium envelope, `icefall.api.avro.row_schema`: the envelope itself is not the row).
+`icefall.ingest.batches` commits the changes (`icefall.commit.evolve_schema`) before it writes the batch,
+and the writer then decodes into the table's columns (`decode_fields`): a writer's new field lands in the
+batch that first carries it (a batch that meets a new writer schema is written again with it), old rows
+read it as null.
 
-What the table cannot follow is logged once per message, counted in `icefall_schema_changes_refused`
-and kept in `refused` for the writer's status; the batch is written all the same: a value that does not
-fit its column sends its record to the dead-letter table with the reason, as before.
+`SchemaFollower.plan(table schema, writers)`, after the write with the writer schemas of the batch's own
+records: what the table cannot follow is logged once per message, counted in
+`icefall_schema_changes_refused` and kept in `refused` for the writer's status; the batch is written all
+the same: a value that does not fit its column sends its record to the dead-letter table with the reason.
 """
 
 from __future__ import annotations
@@ -60,16 +62,22 @@ class SchemaFollower:
         self._logged: set[str] = set()
 
     def plan(self, actual: Schema, writers: Writers | None) -> Evolution:
-        """The changes `actual` needs for the spec and `writers` (memoized: most batches change nothing)."""
+        """The changes `actual` needs for the spec and `writers` (those of a batch's records), and what
+        of them it cannot follow is reported (`refused`)."""
+        evolution = self.evolution(actual, writers)
+        self._report(evolution)
+        return evolution
+
+    def evolution(self, actual: Schema, writers: Writers | None) -> Evolution:
+        """`plan` without the report: for the writer schemas a batch is decoded with, which may be more
+        than its records have (memoized: most batches change nothing)."""
         ids = frozenset(i for i, text in (writers or {}).items() if text is not None)
         key = (actual.schema_id, ids if self.follow_writers else frozenset())
         if key not in self._planned:
             if len(self._planned) >= MAX_PLANS_KEPT:
                 self._planned.clear()
             self._planned[key] = self._plan(actual, writers or {})
-        evolution = self._planned[key]
-        self._report(evolution)
-        return evolution
+        return self._planned[key]
 
     def _plan(self, actual: Schema, writers: Writers) -> Evolution:
         plans = [

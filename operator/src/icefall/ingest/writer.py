@@ -9,16 +9,20 @@ branch is made and committed by `icefall.ingest.commits`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable, StreamingTableSpec
+from icefall.ingest.known_writers import KnownWriters
 from icefall.ingest.planning import NOTHING_READ, PlannedBatch, ReadStats
 from icefall.kafka.admin import ISOLATION
 from icefall.plan.offsets import OffsetRange, spark_offset_options
+from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,9 +30,11 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
-    from icefall.ingest.avro import SchemaLookup
+    from icefall.ingest.avro import BatchWriters, SchemaLookup
     from icefall.ingest.decode import Decoder
     from icefall.ingest.schemas import Writers
+
+log = logging.getLogger(__name__)
 
 #: Before a batch is written: given its writer schemas (None for json), make the table hold them and
 #: return the table's schema (`icefall.ingest.batches`).
@@ -100,6 +106,7 @@ class Decoders:
             F.sum(F.length("value")).alias("bytes"),
             F.max("timestamp").alias("newest"),
             F.count_if(F.col(BAD_COLUMN)).alias("bad"),
+            *self.good.observed_ids(),  # a registry format: the batch's schema ids
         ]
 
     @functools.cached_property
@@ -139,6 +146,8 @@ class BatchWriter:
         # cdc with sequenceBy: the deleted keys file this writer wrote last and its content, so that the
         # next batch does not read back what it has (`_merge_changes`).
         self._deleted_keys: tuple[str, pa.Table] | None = None
+        # A registry format: every writer schema this writer has met; each batch decodes with them.
+        self.known = KnownWriters()
 
     @functools.cached_property
     def decoders(self) -> Decoders:
@@ -189,15 +198,19 @@ class BatchWriter:
         """Read the planned offsets, decode them (no error text) and append the good rows to `branch` of
         `table`, in one Spark job that also counts, through an observation, every record read, their value
         bytes, the newest produce time and the bad rows. A batch with nothing to read writes nothing here
-        (its commit stages its empty snapshot). `evolve` first makes the table hold the batch's writer
-        schemas (a registry format: one more Spark job, over the records' headers)."""
+        (its commit stages its empty snapshot). `evolve` first makes the table hold the writer schemas.
+
+        A registry format decodes with the writer schemas this writer has met (`known`; its first batch
+        learns its ids first, in one more Spark job over the records' headers). The observation also names
+        the batch's schema ids: ids not met before are looked up, and when one has a writer schema the
+        stats say `unseen_writers` (the batch must be written again, `plan.pipelining` REWRITE)."""
         if not planned.ranges:
             return NOTHING_READ
         from pyspark.sql import Observation
 
         # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
         source = self.read(planned.ranges, headers=False)
-        writers = self.decoders.good.writer_schemas(source)
+        writers = self._writers(source)
         self.use_table_schema(evolve(writers) if evolve is not None else table.schema())
         decoders = self.decoders
         observation = Observation()
@@ -219,7 +232,46 @@ class BatchWriter:
                 f"{self.label}: the batch's write counted {stats.records} records in {planned_offsets} "
                 "offsets (its input was computed twice); the batch is not committed"
             )
-        return stats
+        if writers is None:
+            return stats
+        from icefall.ingest.framing import KEY_SCHEMA_IDS, SCHEMA_IDS
+
+        return self._learn(stats, seen.get(SCHEMA_IDS) or [], seen.get(KEY_SCHEMA_IDS) or [])
+
+    def _writers(self, source: DataFrame) -> BatchWriters | None:
+        """The writer schemas a batch decodes with: those met so far (None: not a registry format). The
+        first batch learns its own first (`icefall_schema_id_reads_total`)."""
+        good = self.decoders.good
+        if not good.uses_registry:
+            return None
+        if self.known.empty:
+            metrics.SCHEMA_ID_READS.labels(self.label).inc()
+            found = good.writer_schemas(source) or {}
+            self.known.learn(found, getattr(found, "key_schemas", None))
+        from icefall.ingest.avro import BatchWriters
+
+        return BatchWriters(self.known.values, self.known.keys)
+
+    def _learn(self, stats: ReadStats, values: Sequence[int], keys: Sequence[int]) -> ReadStats:
+        """`stats` with the batch's writer schemas, after the registry's answer for the ids of the batch
+        not met before (`values`, `keys`: the ids the write observed)."""
+        unseen_values, unseen_keys = self.known.unseen(values, keys)
+        unseen = False
+        if unseen_values or unseen_keys:
+            assert self._schemas is not None  # a registry format's decoder has a lookup
+            found = self._schemas(sorted({*unseen_values, *unseen_keys}))
+            unseen = self.known.learn(
+                {i: found.get(i) for i in unseen_values}, {i: found.get(i) for i in unseen_keys}
+            )
+            log.log(
+                logging.INFO if unseen else logging.DEBUG,
+                "%s: the batch holds schema ids it was not decoded with (values %s, keys %s)%s",
+                self.label,
+                unseen_values,
+                unseen_keys,
+                ": writing it again with their writer schemas" if unseen else "; the registry has none",
+            )
+        return dataclasses.replace(stats, writers=self.known.of_values(values), unseen_writers=unseen)
 
     def _merge_changes(self, rows: DataFrame, planned: PlannedBatch, target: str, table: Table) -> str | None:
         """MERGE the last change per key of a keyed batch's `rows` into `target`. With `spec.sequenceBy`
@@ -253,7 +305,14 @@ class BatchWriter:
         """The bad records of `ranges`, read again and decoded with their error text and headers."""
         from icefall.ingest.decode import bad_rows
 
-        return bad_rows(self.decoders.with_errors.decode(self.read(ranges)))
+        with_errors = self.decoders.with_errors
+        writers = None
+        if with_errors.uses_registry and not self.known.empty:
+            from icefall.ingest.avro import BatchWriters
+
+            # As the good rows were decoded: every id of the batch is met by now, each keeps its answer.
+            writers = BatchWriters(self.known.values, self.known.keys)
+        return bad_rows(with_errors.decode(self.read(ranges), writers))
 
 
 def with_every_column(rows: DataFrame, schema: Schema | None) -> DataFrame:

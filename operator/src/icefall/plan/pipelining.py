@@ -10,6 +10,10 @@ A writer is in one of two states; each step plans, reads and writes one batch, t
       LANDED   → as from SERIAL: COMMIT, or PIPELINE again
       RESTAGED → DISCARD: the batch sits on a snapshot that never landed; it is planned again from the table
       REFUSED  → DROP: the batch goes with its branch and the refusal is raised, as without pipelining
+    A batch whose records carry a schema id the writer had not met, with a writer schema in the registry
+    (`icefall.ingest.known_writers`), was decoded without that schema: once the commit below landed (or
+    there was none) it is REWRITTEN (its branch moved back, the batch written again with the new writer
+    schema), then decided again; below RESTAGED or REFUSED, DISCARD and DROP come first.
     IN_FLIGHT ── nothing to read ─────────────► SERIAL         (the commit below is waited for and reported)
     IN_FLIGHT ── the step fails before waiting for it ─► SERIAL (it is still waited for: it may land;
                                                                  the step's error is raised)
@@ -47,6 +51,7 @@ class Action(StrEnum):
     PIPELINE = "pipeline"  # start its commit on the commit thread; the next step writes on top of it
     DISCARD = "discard"  # drop it with its branch, counted as discarded; plan again from the table
     DROP = "drop"  # drop it with its branch and raise the commit below's error
+    REWRITE = "rewrite"  # write it again on a fresh stage: it met a writer schema it was not decoded with
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Written:
     backlog: int  # records waiting in Kafka when it was planned (its own among them)
     bad: int  # bad records (dead letters) among them
     started: float  # when its step started, on the clock `now` is read from
+    unseen_writers: bool = False  # it holds records of a writer schema it was not decoded with
 
 
 def next_is_due(written: Written, pace: Pace, *, now: float) -> bool:
@@ -89,6 +95,8 @@ def after_write(below: Below, written: Written, pace: Pace, *, now: float) -> Ac
         return Action.DROP
     if below is Below.RESTAGED:
         return Action.DISCARD
+    if written.unseen_writers:
+        return Action.REWRITE
     if pace.pipelined and not written.bad and next_is_due(written, pace, now=now):
         return Action.PIPELINE
     return Action.COMMIT
