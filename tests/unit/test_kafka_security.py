@@ -7,6 +7,7 @@ merely drops stays an outage."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from icefall.kafka.security import (
     spark_kafka_options,
 )
 from icefall.plan.env import secret_env_vars
+from icefall.spark.session import REDACTION_REGEX
 from icefall.testing.streams import streaming_table
 
 pytestmark = pytest.mark.unit
@@ -246,3 +248,19 @@ def test_a_refusal_names_the_fields_to_fix(code: int, text: str, fields: str) ->
 )
 def test_a_dropped_connection_is_no_refusal(text: str) -> None:
     assert refusal(KafkaError(KafkaError._TRANSPORT, text)) is None
+
+
+def test_spark_redacts_every_kafka_option_that_carries_a_secret() -> None:
+    """Spark redacts an option whose key or value matches `spark.redaction.regex` (in plans, logs and its UI):
+    the password (in the JAAS line) and the client's private key must; the public certificates need not."""
+    sec = sasl(
+        "SCRAM-SHA-512",
+        "SASL_SSL",
+        caCert={"env": "CA"},
+        clientCert={"env": "CERT"},
+        clientKey={"env": "KEY"},
+    )
+    environ = {**ENV, "KEY": "-----BEGIN PRIVATE KEY-----\nMIIE...\n-----END PRIVATE KEY-----\n"}
+    options = spark_kafka_options(sec, environ)
+    redacted = {key for key, value in options.items() if re.search(REDACTION_REGEX, f"{key}\n{value}")}
+    assert {"kafka.sasl.jaas.config", "kafka.ssl.keystore.key"} <= redacted
