@@ -7,7 +7,7 @@ short-lived and move little data, so they run with two JVM options (through `SPA
 spark-submit gives the driver JVM; processes the tests start inherit it):
 - `-XX:TieredStopAtLevel=1`: the C1 compiler only;
 - `-XX:SharedArchiveFile`: a class-data archive of the classes a Spark session loads, made once per JDK,
-  pyspark and jar set, cached beside the jars.
+  pyspark install (a checkout's own virtualenv) and jar set, cached beside the jars.
 Together: ~11 CPU-s per start. Neither changes what a job computes. The product's JVMs keep the defaults
 (a long-running driver wants C2's code), and so does the run's own session (`long_lived`: it serves every
 test of the run).
@@ -57,12 +57,14 @@ spark.stop()
 
 
 def archive_path(cache: Path, jars: Path) -> Path:
-    """Where the archive for this JDK, pyspark and jar folder is cached."""
+    """Where the archive for this JDK, pyspark (its version and folder: the driver's classpath, which the
+    archive must match) and jar folder is cached."""
     import pyspark
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False).stderr
     names = sorted(path.name for path in jars.glob("*.jar"))
-    key = hashlib.sha256("\n".join([java, pyspark.__version__, str(jars), *names]).encode()).hexdigest()[:12]
+    parts = [java, pyspark.__version__, str(Path(pyspark.__file__).parent), str(jars), *names]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
     return cache / f"spark-classes-{key}.jsa"
 
 
