@@ -31,6 +31,7 @@ from pathlib import Path
 SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+KEEP_ARCHIVES = 3
 
 # Run in a child process: a session that loads what tests' sessions load (SQL, the Iceberg catalog, a
 # write and a read), then exits, when the JVM writes the archive.
@@ -87,6 +88,10 @@ def make_archive(target: Path) -> bool:
         partial.unlink(missing_ok=True)
         return False
     os.replace(partial, target)
+    # Each checkout has its own (~170 MB): keep the newest few.
+    made = sorted(target.parent.glob("spark-classes-*.jsa"), key=lambda path: path.stat().st_mtime)
+    for old in made[:-KEEP_ARCHIVES]:
+        old.unlink(missing_ok=True)
     return True
 
 
