@@ -47,8 +47,7 @@ def test_a_restarted_writer_drains_a_large_backlog_in_few_batches(
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as first:
         assert sum(r.records_read for r in drain(first)) == 100
 
-    for start in range(100, 100 + BACKLOG, 45_000):  # the producer queues at most 100,000 records
-        produce(kafka, topic, start, 45_000)
+    produce(kafka, topic, 100, BACKLOG)
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as restarted:
         reports = drain(restarted)
 

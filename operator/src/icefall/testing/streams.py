@@ -215,12 +215,14 @@ def produce(
             assert err is None, err
             delivered.append((msg.partition(), msg.offset(), bad))
 
-        if partitions is None:
-            producer.produce(topic, key=str(i), value=value, on_delivery=on_delivery)
-        else:
-            partition = partitions[i % len(partitions)]
-            producer.produce(topic, key=str(i), value=value, partition=partition, on_delivery=on_delivery)
-    assert producer.flush(30) == 0
+        partition = -1 if partitions is None else partitions[i % len(partitions)]  # -1: the partitioner's
+        while True:
+            try:
+                producer.produce(topic, key=str(i), value=value, partition=partition, on_delivery=on_delivery)
+                break
+            except BufferError:  # the local queue is full (100,000 records): let deliveries drain it
+                producer.poll(0.1)
+    assert producer.flush(60) == 0
     assert len(delivered) == count
     return {(p, o) for p, o, bad in delivered if bad}
 
