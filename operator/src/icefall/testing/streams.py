@@ -99,7 +99,7 @@ class SharedCatalog:
         return CatalogConfig.for_table(st.spec, environ=self.env)
 
 
-SHARED_CATALOGS = ("postgres-s3", "rest-s3")
+SHARED_CATALOGS = ("postgres-s3", "rest-s3", "postgres-azure")
 
 
 def shared_catalog(
@@ -107,7 +107,10 @@ def shared_catalog(
 ) -> SharedCatalog:
     """`postgres-s3`: Iceberg's JDBC catalog on the `postgres` fixture, files in the `object_store` fixture
     (MinIO); `rest-s3`: Iceberg's REST server `rest_catalog_s3` (on PostgreSQL, files in MinIO). `request`
-    is the test's pytest request: the servers are its session fixtures. Secrets by `env` reference only."""
+    is the test's pytest request: the servers are its session fixtures. Secrets by `env` reference only.
+    `postgres-azure`: the JDBC catalog on `postgres`, files in the `azurite` fixture (abfss://)."""
+    if kind == "postgres-azure":
+        return _postgres_azure(request, bucket, name)
     store = request.getfixturevalue("object_store")
     s3 = store.properties()
     env = {"IT_S3_ACCESS_KEY": s3["s3.access-key-id"], "IT_S3_SECRET_KEY": s3["s3.secret-access-key"]}
@@ -144,6 +147,28 @@ def shared_catalog(
     else:
         raise ValueError(f"unknown shared catalog {kind!r}; one of {SHARED_CATALOGS}")
     return SharedCatalog(kind, block, env)
+
+
+def _postgres_azure(request: Any, container: str, name: str) -> SharedCatalog:
+    """Iceberg's JDBC catalog on `postgres`, table files in Azurite (`abfss://<container>@.../jdbc`); the
+    account key by `env` reference, as a real one would be."""
+    server = request.getfixturevalue("azurite")
+    postgres = request.getfixturevalue("postgres")
+    server.create_container(container)
+    properties = server.properties()
+    env = {"IT_ADLS_KEY": properties.pop("adls.account-key"), "IT_PG_PASSWORD": postgres.password}
+    block = {
+        "name": name,
+        "type": "sql",
+        "uri": f"postgresql://{postgres.user}@{postgres.host}:{postgres.port}/{postgres.database}",
+        "warehouse": server.location(container, "jdbc"),
+        "properties": properties,
+        "secretProperties": {
+            "adls.account-key": {"env": "IT_ADLS_KEY"},
+            "password": {"env": "IT_PG_PASSWORD"},
+        },
+    }
+    return SharedCatalog("postgres-azure", block, env)
 
 
 REGISTRY_MANIFEST = """
