@@ -98,6 +98,11 @@ class SharedCatalog:
     def config(self, st: StreamingTable) -> CatalogConfig:
         return CatalogConfig.for_table(st.spec, environ=self.env)
 
+    @property
+    def scheme(self) -> str:
+        """How its table locations start: `s3://` (MinIO) or `abfss://` (Azurite)."""
+        return "abfss://" if self.kind.endswith("-azure") else "s3://"
+
 
 SHARED_CATALOGS = ("postgres-s3", "rest-s3", "postgres-azure")
 
