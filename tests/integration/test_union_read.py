@@ -104,14 +104,10 @@ def ingest_to_end(st: StreamingTable, config: CatalogConfig, spark: SparkSession
 
 @pytest.mark.parametrize("storage", ["embedded", "postgres-azure"])
 def test_append_table_plus_tail_is_the_whole_topic(
-    kafka: KafkaBroker,
-    spark: SparkSession,
-    catalog_config: CatalogConfig,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
-    storage: str,
+    kafka: KafkaBroker, spark: SparkSession, tmp_path: Path, request: pytest.FixtureRequest, storage: str
 ) -> None:
     topic = f"it-union-append-{storage}"
+    catalog_config: CatalogConfig = request.getfixturevalue("catalog_config")
     if storage != "embedded":  # a second catalog in the tests' one Spark session, files in Azure storage
         shared = shared_catalog(request, storage, name="union_azure")
         catalog_config = shared.config(

@@ -4,8 +4,9 @@ Locations are written the way Iceberg's Java `ADLSFileIO` wants them:
 `abfss://<container>@<account>.dfs.core.windows.net/<path>` (also `abfs`, `wasb`, `wasbs`). Both sides see
 and store that exact spelling, so orphan removal compares paths as strings.
 
-- pyiceberg: `azure_io.AzureFileIO`, a `PyArrowFileIO` whose path inside the file system is `<container>/<path>`
-  (pyiceberg 0.12 hands pyarrow's `AzureFileSystem` `<container>@<host>/<path>`, which names no container).
+- pyiceberg: `azure_io.AzureFileIO`, a `PyArrowFileIO` whose path inside the file system is
+  `<container>/<path>` (pyiceberg 0.12 hands pyarrow's `AzureFileSystem` `<container>@<host>/<path>`, which
+  names no container).
   It reads pyiceberg's own names: `adls.account-name`, `adls.account-key`, `adls.sas-token`,
   `adls.blob-storage-authority`, `adls.dfs-storage-authority` and their `-scheme`s, ...
 - Spark (`java_properties`): `ADLSFileIO`, with `adls.auth.shared-key.account.name/key` from

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from icefall.api import CatalogType, StreamingTableSpec
-from icefall.catalog import azure
+from icefall.catalog.azure import PY_AZURE_FILE_IO, is_azure_location, java_properties
 from icefall.plan.env import secret_env_vars
 
 if TYPE_CHECKING:
@@ -256,7 +256,7 @@ class CatalogConfig:
         if path_style is not None and "s3.force-virtual-addressing" not in props:
             props["s3.force-virtual-addressing"] = "false" if path_style.lower() == "true" else "true"
         if self.uses_azure:
-            props.setdefault("py-io-impl", azure.PY_AZURE_FILE_IO)
+            props.setdefault("py-io-impl", PY_AZURE_FILE_IO)
         return props
 
     def spark_conf(self) -> dict[str, str]:
@@ -286,7 +286,7 @@ class CatalogConfig:
             if "s3.endpoint" in props:
                 options.setdefault("s3.path-style-access", "true")
         if self.uses_azure:
-            for key, value in azure.java_properties(props, self.warehouse).items():
+            for key, value in java_properties(props, self.warehouse).items():
                 options.setdefault(key, value)
         # pyiceberg moves refs (staging branches, main) behind Spark's back: never serve cached metadata.
         options["cache-enabled"] = "false"
@@ -307,7 +307,7 @@ class CatalogConfig:
     def uses_azure(self) -> bool:
         """Table files live in Azure storage (an abfs(s)/wasb(s) warehouse or adls.* properties)."""
         keys = [*self.properties, *self.secrets]
-        return azure.is_azure_location(self.warehouse) or any(key.startswith("adls.") for key in keys)
+        return is_azure_location(self.warehouse) or any(key.startswith("adls.") for key in keys)
 
     @property
     def database(self) -> Path:

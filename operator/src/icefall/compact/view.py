@@ -339,7 +339,9 @@ def list_location(location: str, io: Any = None) -> Iterable[StorageObject]:
     local = to_local_path(location)
     scheme_prefix = "file://" if local is not None else canonical_path(location).split("://", 1)[0] + "://"
     container = ""
-    if is_azure_location(location):  # inside: <container>/<path>; the location: <scheme>://<container>@<host>/
+    if is_azure_location(
+        location
+    ):  # inside: <container>/<path>; the location: <scheme>://<container>@<host>/
         scheme_prefix, inner = split_location(canonical_path(location))
         container = inner.split("/", 1)[0] + "/"
     root_info = filesystem.get_file_info(root)

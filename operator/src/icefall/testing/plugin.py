@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from icefall.catalog import CatalogConfig
+from icefall.devstack.azurite import Azurite
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
-from icefall.devstack.azurite import Azurite
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.registry import SchemaRegistryServer
