@@ -5,7 +5,8 @@ Proves:
 - an `abfss://` warehouse (or `adls.*` properties) gives pyiceberg `py-io-impl` Icefall's AzureFileIO and
   Spark `io-impl` ADLSFileIO, the shared key under Java's names (from a Secret reference, masked in
   `repr`), and the emulator's endpoint as `adls.connection-string.<account host>` (path-style for a
-  loopback authority, host-style otherwise); given Java names win; S3 tables are unchanged;
+  loopback authority, host-style otherwise); given Java names win; S3 tables are unchanged; both key
+  options match Spark's redaction pattern;
 - without a key (Azure's default credential chain, e.g. workload identity) no key property is set;
 - an account key in plain `properties` is refused as secret-looking;
 - AzureFileIO hands pyarrow `<container>/<path>` for abfs(s)/wasb(s) locations and parses every other
@@ -16,6 +17,7 @@ Not proved here: that the clients reach Azurite (tests/integration do, with real
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -25,6 +27,7 @@ from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.catalog.azure import ADLS_FILE_IO, PY_AZURE_FILE_IO, java_properties, split_location
 from icefall.catalog.azure_io import AzureFileIO
+from icefall.spark.session import REDACTION_REGEX
 
 pytestmark = pytest.mark.unit
 
@@ -79,6 +82,14 @@ def test_emulator_maps_to_both_clients() -> None:
     assert spark["adls.auth.shared-key.account.key"] == "k3y=="
     assert spark[f"adls.connection-string.{HOST}"] == "http://127.0.0.1:10000/acct"
     assert "client.region" not in spark and "s3.path-style-access" not in spark
+    # Spark shows option values in its UI, logs and plans unless their names match the redaction pattern.
+    assert {k for k, v in spark.items() if "k3y==" in v} == {
+        "adls.account-key",
+        "adls.auth.shared-key.account.key",
+    }
+    assert all(
+        re.search(REDACTION_REGEX, key) for key in ("adls.account-key", "adls.auth.shared-key.account.key")
+    )
 
 
 def test_host_style_authority_and_given_java_names_win() -> None:
