@@ -11,6 +11,7 @@ Proves:
 - an account key in plain `properties` is refused as secret-looking;
 - AzureFileIO hands pyarrow `<container>/<path>` for abfs(s)/wasb(s) locations and parses every other
   location as pyiceberg does (a pyiceberg upgrade that moves `parse_location` fails here);
+- the README's Azure example maps as it says;
 - the orphan listing's path mapping turns `abfss://c@host/p` into `c/p` and back, exactly.
 Not proved here: that the clients reach Azurite (tests/integration do, with real servers).
 """
@@ -18,9 +19,11 @@ Not proved here: that the clients reach Azurite (tests/integration do, with real
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from icefall.api import StreamingTable
@@ -133,6 +136,20 @@ def test_azure_file_io_paths(location: str, inner: str) -> None:
     prefix, listed = split_location(location)
     assert listed == inner
     assert prefix + listed.partition("/")[2] == location
+
+
+def test_the_readme_example_maps_as_documented() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("**sql on PostgreSQL, files in Azure storage**", 1)[1]
+    block = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", section, re.S)[0])["catalog"]
+    config = CatalogConfig.for_table(
+        table_with(block).spec,
+        environ={"ICEFALL_CATALOG_PASSWORD": "pw", "ICEFALL_CATALOG_ADLS_ACCOUNT_KEY": "k3y"},
+    )
+    spark = spark_options(config)
+    assert (spark["io-impl"], spark["adls.auth.shared-key.account.key"]) == (ADLS_FILE_IO, "k3y")
+    assert not [key for key in spark if key.startswith("adls.connection-string.")]  # Azure's own endpoint
+    assert config.pyiceberg_properties()["py-io-impl"] == PY_AZURE_FILE_IO
 
 
 def test_other_locations_parse_as_pyiceberg_does() -> None:
