@@ -348,3 +348,17 @@ def test_freshness_that_cannot_be_measured_is_unknown_with_the_reason() -> None:
     fresh = states[C.FRESHNESS_MET]
     assert (fresh.status, fresh.reason, fresh.message) == (S.UNKNOWN, R.NOT_MEASURED, "no Kafka secret")
     assert (states[C.READY].status, states[C.READY].reason) == (S.UNKNOWN, R.NOT_MEASURED)
+
+
+@pytest.mark.parametrize("refused", [R.CATALOG_CREDENTIALS_REFUSED, R.KAFKA_CREDENTIALS_REFUSED])
+def test_refused_credentials_name_themselves_over_an_outage(refused: ConditionReason) -> None:
+    """A service that answered and refused the credentials is what a person must fix: Ingesting and Ready
+    say so, even when the other service is down at the same time."""
+    issues = (
+        Issue(R.CATALOG_UNAVAILABLE, "down"),
+        Issue(R.KAFKA_UNAVAILABLE, "down"),
+        Issue(refused, "fix it"),
+    )
+    states = by_type(derive_conditions(healthy(issues=issues), table(), T0))
+    assert states[C.INGESTING] == (S.FALSE, refused)
+    assert states[C.READY] == (S.FALSE, refused)

@@ -410,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from pyiceberg.exceptions import NoSuchTableError
 
+    from icefall.catalog import CatalogCredentialsRefusedError
+    from icefall.catalog.refusal import refusal
     from icefall.kafka.admin import KafkaUnavailableError, TopicNotFoundError
     from icefall.kafka.registry import MissingRegistrySecretError, RegistryError
     from icefall.kafka.security import MissingSecretError
@@ -422,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         RegistryError,  # refused credentials, no such subject, a latest schema of another format
         MissingRegistrySecretError,
         MissingSecretError,  # a credential spec.source.security references is not set
+        CatalogCredentialsRefusedError,  # names the catalog and the secretProperties to check
     )
     try:
         return int(args.func(args))
@@ -432,6 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         from icefall.ingest.outages import classify
 
+        refused = refusal(error)  # refused later than when the client was opened (a revoked token)
+        if refused is not None:
+            raise SystemExit(f"icefall: the catalog refused the credentials ({refused})") from None
         found = classify(error)  # commands without an address book of their own: the client's words
         if found is None:
             raise

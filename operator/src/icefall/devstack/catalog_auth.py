@@ -25,6 +25,7 @@ import base64
 import http.client
 import json
 import secrets
+import sys
 import threading
 import time
 from collections import Counter
@@ -72,8 +73,7 @@ class CatalogAuthProxy:
             return self
         self.port = self.port or free_port()
         handler = type("Handler", (_Handler,), {"proxy": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", self.port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="catalog-auth", daemon=True)
         self._thread.start()
         return self
@@ -87,7 +87,7 @@ class CatalogAuthProxy:
             self._thread.join(timeout=10)
             self._thread = None
 
-    # -- tokens -----------------------------------------------------------------------------------------------
+    # -- tokens ----------------------------------------------------------------------------------------------
 
     def issue(self, grant: str) -> dict[str, object]:
         token = secrets.token_urlsafe(24)
@@ -116,11 +116,20 @@ class CatalogAuthProxy:
             self.stats[f"refused.{why}"] += 1
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a client closed its keep-alive connection: nothing to report
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 class _Handler(BaseHTTPRequestHandler):
     proxy: CatalogAuthProxy
     protocol_version = "HTTP/1.1"  # keep-alive: every answer carries Content-Length
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: object) -> None:
         pass  # a client's every request would otherwise go to stderr
 
     def _body(self) -> bytes:
@@ -159,7 +168,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self.proxy.refuse("client")
                 self._answer(
                     401,
-                    {"error": "invalid_client", "error_description": "unknown client_id or wrong client_secret"},
+                    {
+                        "error": "invalid_client",
+                        "error_description": "unknown client_id or wrong client_secret",
+                    },
                 )
                 return
             self._answer(200, self.proxy.issue("client_credentials"))

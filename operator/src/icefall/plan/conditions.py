@@ -14,7 +14,8 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   runs no driver on purpose); else True while the driver runs — CaughtUp (within target, or nothing to
   read) or CatchingUp;
   False when it does not (Starting, DriverFailed, Suspended, Deleting) or a blocking issue stops it
-  (TableClaimedByOther, BadRecordHalted, KafkaUnavailable, CatalogUnavailable, CommitConflict,
+  (TableClaimedByOther, BadRecordHalted, KafkaCredentialsRefused, CatalogCredentialsRefused,
+  KafkaUnavailable, CatalogUnavailable, CommitConflict,
   WaitingForLease); Unknown when the driver's node stopped reporting.
 - FreshnessMet: True (WithinTarget) when freshness <= spec.freshness.targetSeconds or the topic is empty;
   False when behind (BehindTarget) or records wait and nothing is committed (NoCommitsYet); Unknown before
@@ -64,6 +65,8 @@ _T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOW
 INGEST_BLOCKING: tuple[ConditionReason, ...] = (
     _R.TABLE_CLAIMED,
     _R.BAD_RECORD_HALTED,
+    _R.KAFKA_CREDENTIALS_REFUSED,
+    _R.CATALOG_CREDENTIALS_REFUSED,
     _R.KAFKA_UNAVAILABLE,
     _R.REGISTRY_UNAVAILABLE,
     _R.CATALOG_UNAVAILABLE,
