@@ -140,6 +140,8 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.BAD_RECORD_HALTED,
         _R.DEAD_LETTER_FAILED,
         _R.SCHEMA_CHANGE_REFUSED,
+        _R.CATALOG_CREDENTIALS_REFUSED,
+        _R.KAFKA_CREDENTIALS_REFUSED,
         _R.DRIVER_FAILED,
         _R.COMPACTION_FAILED,
     },

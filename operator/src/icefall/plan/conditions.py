@@ -22,6 +22,7 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   the first measurement (NoCommitsYet), when it cannot be measured (NotMeasured, with `unmeasured` as the
   message), while suspended and while deleting.
 - Degraded: True with the most severe of DataLoss, OffsetsAheadOfTopic, BadRecordHalted, InvalidSpec,
+  CatalogCredentialsRefused, KafkaCredentialsRefused (they outrank the driver failures they cause),
   DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else False
   (Healthy, Deleting).
 
@@ -56,7 +57,7 @@ from icefall.api import (
     StreamingTable,
     StreamingTableStatus,
 )
-from icefall.plan.driver import DriverState, Event, EventReason, EventType
+from icefall.plan.driver import DriverHistory, DriverState, Event, EventReason, EventType
 
 _R = ConditionReason
 _T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
@@ -80,6 +81,9 @@ DEGRADING: tuple[ConditionReason, ...] = (
     _R.OFFSETS_AHEAD_OF_TOPIC,
     _R.BAD_RECORD_HALTED,
     _R.INVALID_SPEC,
+    # A configuration error a person must fix; it outranks the driver failures it causes.
+    _R.CATALOG_CREDENTIALS_REFUSED,
+    _R.KAFKA_CREDENTIALS_REFUSED,
     _R.DRIVER_FAILED,
     _R.DEAD_LETTER_FAILED,
     _R.SCHEMA_CHANGE_REFUSED,
@@ -101,6 +105,23 @@ class Issue:
         if self.reason not in ISSUE_REASONS:
             allowed = ", ".join(sorted(r.value for r in ISSUE_REASONS))
             raise ValueError(f"{self.reason.value} is not an issue reason; use one of {allowed}")
+
+
+#: Reasons a driver leaves as the first word of its termination message (icefall.cli), with a colon.
+DRIVER_REFUSALS = (_R.CATALOG_CREDENTIALS_REFUSED, _R.KAFKA_CREDENTIALS_REFUSED)
+
+
+def driver_refusal(state: DriverState, history: DriverHistory) -> Issue | None:
+    """The refusal the last failed driver named in its termination message (`<Reason>: <what to fix>`),
+    while no driver has got past it (the next one is backed off or starting), else None."""
+    message = history.last_message or ""
+    reason, _, text = message.partition(": ")
+    if history.failures == 0 or state not in (DriverState.BACKING_OFF, DriverState.STARTING):
+        return None
+    for refused in DRIVER_REFUSALS:
+        if reason == refused.value and text:
+            return Issue(refused, f"the driver stopped: {text}"[:MAX_MESSAGE])
+    return None
 
 
 @dataclass(frozen=True)
