@@ -6,8 +6,10 @@ Spark's Iceberg REST client and pyiceberg alike; a run longer than the tokens' l
 (exactly once), the clients refreshing their tokens; a static bearer `token` by reference works; a wrong
 client secret or token ends `icefall run` with one line naming the catalog, the refusal and the fields to
 fix (no traceback, no secret, no waiting as for an outage), and the operator's observer reports it as
-CatalogCredentialsRefused, not CatalogUnavailable. Does not prove: SigV4 signing or credential vending by
-a real cloud catalog (no such server here).
+CatalogCredentialsRefused, not CatalogUnavailable; with no storage keys in the spec, storage credentials
+vended with each table (`X-Iceberg-Access-Delegation: vended-credentials`) are enough for Spark and
+pyiceberg. Does not prove: SigV4 signing, or vending of scoped short-lived keys by a real cloud catalog
+(the front vends the store's own keys).
 """
 
 from __future__ import annotations
@@ -186,5 +188,42 @@ def test_a_static_bearer_token_by_reference_is_accepted(
         config = CatalogConfig.for_table(load_manifest(manifest.read_text()).spec, environ=env)
         assert_exactly_once(config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
         assert not any(key.startswith("refused.") for key in proxy.stats), dict(proxy.stats)
+    finally:
+        proxy.stop()
+
+
+def test_vended_storage_credentials_replace_static_keys(
+    kafka: KafkaBroker, rest_catalog_s3: RESTCatalogServer, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """No s3 keys in the spec: the catalog hands them out with each table (`X-Iceberg-Access-Delegation:
+    vended-credentials`), and Spark's S3FileIO and pyiceberg write and read the table with them."""
+    store = request.getfixturevalue("object_store").properties()
+    keys = {key: store[key] for key in ("s3.access-key-id", "s3.secret-access-key")}
+    proxy = CatalogAuthProxy(rest_catalog_s3.uri, {REST_CLIENT_ID: REST_CLIENT_SECRET}, vended=keys).start()
+    try:
+        topic, name = "it-auth-vended", "auth_vended"
+        kafka.create_topic(topic, partitions=1)
+        bad = produce(kafka, topic, 0, 50, bad_every=10)
+        block, env = rest_block(request, proxy.uri, "credential")
+        block["secretProperties"] = {"credential": {"env": "IT_REST_SECRET"}}  # no storage keys at all
+        block["properties"] = {
+            **block["properties"],
+            "header.X-Iceberg-Access-Delegation": "vended-credentials",
+        }
+        env = {"IT_REST_SECRET": CREDENTIAL}
+        manifest = tmp_path / "table.yaml"
+        manifest.write_text(manifest_text(name, topic, kafka.bootstrap, catalog=block))
+        run = icefall(
+            "run", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--until-caught-up",
+            "--no-maintenance", env=env,
+        )  # fmt: skip
+        output = run.stdout + run.stderr
+        assert run.returncode == 0, output[-4000:]
+        assert keys["s3.secret-access-key"] not in output
+        config = CatalogConfig.for_table(load_manifest(manifest.read_text()).spec, environ=env)
+        assert not any(key.startswith("s3.") for key in config.secrets)
+        assert_exactly_once(config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
+        assert proxy.stats["vended"] > 0, dict(proxy.stats)
+        print(f"vended: {dict(proxy.stats)}")
     finally:
         proxy.stop()

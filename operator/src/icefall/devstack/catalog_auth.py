@@ -11,7 +11,11 @@ loopback port and plays the catalog's OAuth2 side as the REST specification desc
   it issued and that has not expired: a fresh token (how Iceberg Java refreshes before expiry).
 - every other request needs `Authorization: Bearer <token>`, a token it issued and that has not expired or
   one of `static_tokens`; otherwise 401 with an Iceberg `ErrorResponse` (`NotAuthorizedException`). Good
-  requests are forwarded to the real server as they are and its answer is returned as it is.
+  requests are forwarded to the real server as they are and its answer is returned as it is, except:
+- credential vending: with `vended` storage properties (e.g. `s3.access-key-id`, `s3.secret-access-key`),
+  a table load or create that asks for them (`X-Iceberg-Access-Delegation: vended-credentials`) gets them
+  in the answer's `config`, where Iceberg's clients take a table's FileIO settings from. The same keys for
+  every table: a stand-in for a catalog that mints scoped, short-lived ones.
 
 `stats` counts tokens issued by each grant and the requests refused (wrong client, no or unknown token,
 expired token), so a test can tell that a refresh happened. Not guaranteed: anything beyond what Iceberg's
@@ -30,6 +34,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -52,11 +57,13 @@ class CatalogAuthProxy:
         *,
         token_ttl: float = 3600,
         static_tokens: tuple[str, ...] = (),
+        vended: Mapping[str, str] | None = None,
     ) -> None:
         self.backend = urlsplit(backend_uri)
         self.clients = dict(clients)
         self.token_ttl = token_ttl
         self.static_tokens = frozenset(static_tokens)
+        self.vended = dict(vended or {})
         self.stats: Counter[str] = Counter()
         self._tokens: dict[str, float] = {}  # token -> expiry (time.monotonic())
         self._lock = threading.Lock()
@@ -112,8 +119,15 @@ class CatalogAuthProxy:
         return "expired" if time.monotonic() >= expiry else ""
 
     def refuse(self, why: str) -> None:
+        self.count(f"refused.{why}")
+
+    def count(self, what: str) -> None:
         with self._lock:
-            self.stats[f"refused.{why}"] += 1
+            self.stats[what] += 1
+
+
+def _delegation(headers: Message) -> bool:
+    return "vended-credentials" in (headers.get("X-Iceberg-Access-Delegation") or "")
 
 
 class _Server(ThreadingHTTPServer):
@@ -146,7 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":  # a HEAD answer has no body: a client would read it as the next answer
+            self.wfile.write(data)
 
     def _not_authorized(self, why: str) -> None:
         self.proxy.refuse(why)
@@ -199,6 +214,8 @@ class _Handler(BaseHTTPRequestHandler):
             connection.request(self.command, self.path, body=body or None, headers=headers)
             response = connection.getresponse()
             data = response.read()
+            if response.status == 200 and self.proxy.vended and _delegation(self.headers):
+                data = self._vend(data)
             passed = {
                 key: value
                 for key, value in response.getheaders()
@@ -207,6 +224,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(response.status, data, passed)
         finally:
             connection.close()
+
+    def _vend(self, data: bytes) -> bytes:
+        """A table's load/create answer with the vended storage properties in its `config`."""
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            return data
+        if not isinstance(answer, dict) or "metadata" not in answer:
+            return data  # not a LoadTableResult
+        answer["config"] = {**(answer.get("config") or {}), **self.proxy.vended}
+        self.proxy.count("vended")
+        return json.dumps(answer).encode()
 
     def _handle(self) -> None:
         body = self._body()
