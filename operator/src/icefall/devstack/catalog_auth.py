@@ -204,10 +204,12 @@ class _Handler(BaseHTTPRequestHandler):
         backend = self.proxy.backend
         connection = http.client.HTTPConnection(backend.hostname or "127.0.0.1", backend.port, timeout=120)
         try:
+            # No Accept-Encoding: answers come back as plain JSON, which credential vending edits.
             headers = {
                 key: value
                 for key, value in self.headers.items()
-                if key.lower() not in _HOP and key.lower() not in ("authorization", "host", "content-length")
+                if key.lower() not in _HOP
+                and key.lower() not in ("authorization", "host", "content-length", "accept-encoding")
             }
             if body or self.command in ("POST", "PUT"):
                 headers["Content-Length"] = str(len(body))
