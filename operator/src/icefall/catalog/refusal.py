@@ -15,10 +15,21 @@ namespace) is not recognised here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from icefall.catalog.config import CatalogConfig
+
+class _Catalog(Protocol):
+    """What a refusal names of a catalog (a `CatalogConfig`; not imported: config.py imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def uri(self) -> str: ...
+    @property
+    def secrets(self) -> Mapping[str, str]: ...
+    def mask(self, text: str) -> str: ...
+
 
 #: Catalog properties that authenticate to a REST catalog (secretProperties), in the order named.
 CREDENTIAL_KEYS = ("credential", "token")
@@ -33,7 +44,7 @@ class CatalogCredentialsRefusedError(RuntimeError):
     """The catalog refused this client's credentials; the message names the fields to check."""
 
     @classmethod
-    def of(cls, config: CatalogConfig, detail: str) -> CatalogCredentialsRefusedError:
+    def of(cls, config: _Catalog, detail: str) -> CatalogCredentialsRefusedError:
         given = [key for key in CREDENTIAL_KEYS if key in config.secrets]
         if given:
             fields = " and ".join(f"spec.table.catalog.secretProperties[{key}]" for key in given)
