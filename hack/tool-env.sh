@@ -20,6 +20,7 @@ kafka=$(step "$here/fetch-jars.sh" kafka)
 spark=$(step "$here/fetch-jars.sh" spark)
 rest_catalog=$(step "$here/fetch-jars.sh" rest-catalog)
 registry=$(step "$here/fetch-jars.sh" registry)
+azurite=$(step "$here/fetch-npm-tools.sh" azurite)
 if ((SECONDS - t0 > 0)); then echo "[setup] tools ready in $((SECONDS - t0))s" >&2; fi
 cat <<ENV
 export ICEFALL_KUBE_BIN=$kube
@@ -31,5 +32,6 @@ export ICEFALL_KAFKA_JARS=$kafka
 export ICEFALL_SPARK_JARS=$spark
 export ICEFALL_REST_CATALOG_JARS=$rest_catalog
 export ICEFALL_REGISTRY_HOME=$registry
+export ICEFALL_AZURITE_BIN=$azurite
 export PATH=$kube:$helm:$promtool:\$PATH
 ENV

@@ -8,7 +8,8 @@ more of them from the tail), while an Ingestor commits batch after batch in the 
 writes (each read equals the topic up to its own cut: no duplicate, no gap), and after a writer process is
 killed in the middle of a commit; for an upsert table the tail's updates, inserts and deletes are applied
 by key (the same rows ingestion then commits); a topic deleted and created again is refused; `icefall
-read` prints the cut and the rows as CSV, JSON lines, Parquet and a table. Not covered here: cdc tables
+read` prints the cut and the rows as CSV, JSON lines, Parquet and a table. The first of these also runs on a
+table in Azure storage (`abfss://` on Azurite, JDBC catalog on PostgreSQL). Not covered here: cdc tables
 (the same code path as upsert; the decode tests cover cdc).
 """
 
@@ -43,7 +44,14 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
 from icefall.ingest.union_read import Cut, ReadError, UnionRead, union_read
 from icefall.runtime import failpoints
-from icefall.testing.streams import drain, manifest_text, produce, streaming_table, watermarks
+from icefall.testing.streams import (
+    drain,
+    manifest_text,
+    produce,
+    shared_catalog,
+    streaming_table,
+    watermarks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -94,10 +102,19 @@ def ingest_to_end(st: StreamingTable, config: CatalogConfig, spark: SparkSession
         ingestor.close()
 
 
+@pytest.mark.parametrize("storage", ["embedded", "postgres-azure"])
 def test_append_table_plus_tail_is_the_whole_topic(
-    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+    kafka: KafkaBroker, spark: SparkSession, tmp_path: Path, request: pytest.FixtureRequest, storage: str
 ) -> None:
-    topic = "it-union-append"
+    topic = f"it-union-append-{storage}"
+    catalog_config: CatalogConfig = request.getfixturevalue("catalog_config")
+    if storage != "embedded":  # a second catalog in the tests' one Spark session, files in Azure storage
+        shared = shared_catalog(request, storage, name="union_azure")
+        catalog_config = shared.config(
+            load_manifest(manifest_text("unused", "it-unused", "127.0.0.1:1", catalog=shared.block))
+        )
+        for key, value in catalog_config.spark_conf().items():
+            spark.conf.set(key, value)
     kafka.create_topic(topic, partitions=3)
     produce(kafka, topic, 0, 300, bad_every=25)
     st = streaming_table("union_append", topic, kafka.bootstrap, batch={"maxRecords": 100})

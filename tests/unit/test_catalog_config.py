@@ -346,13 +346,14 @@ def test_the_readme_examples_map_as_documented() -> None:
         ("sql", "sqlite"),
         ("sql", "postgresql"),
         ("rest", "https"),
+        ("sql", "postgresql"),  # files in Azure storage (tests/unit/test_catalog_azure.py)
     ]
     options = []
     for block in blocks:
         spec = table_with(block).spec
         environ = {env.name: f"value-of-{env.key}" for env in secret_env_vars(spec)[1]}
         options.append(spark_options(CatalogConfig.for_table(spec, environ=environ)))
-    sqlite, postgres, rest = options
+    sqlite, postgres, rest, _ = options
     assert sqlite["uri"] == "jdbc:sqlite:/var/lib/icefall/catalog.db"
     assert sqlite["warehouse"] == "file:///var/lib/icefall/warehouse"
     assert (postgres["uri"], postgres["jdbc.user"], postgres["jdbc.password"]) == (

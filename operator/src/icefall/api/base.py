@@ -65,7 +65,10 @@ PATTERN_HINTS: dict[str, str] = {
 }
 
 #: Words that mark a configuration key as secret; such keys must be given as references.
-SECRET_KEY_WORDS = ("password", "secret", "token", "credential", "jaas", "private")
+SECRET_KEY_WORDS = (
+    *("password", "secret", "token", "credential", "jaas", "private"),
+    *("account-key", "account.key"),  # Azure storage's shared key (adls.account-key, Java's ...account.key)
+)
 
 Loc = tuple[str | int, ...]
 

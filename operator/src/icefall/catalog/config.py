@@ -22,6 +22,10 @@ reference reads that variable, a `secretKeyRef` reads the variable the operator 
   and the AWS SDK insists on one). Spark only: `io-impl` S3FileIO unless set, `client.region` from
   `s3.region`, and with `s3.endpoint` and no `s3.path-style-access`, path-style access (pyarrow's default
   addressing, so both sides address the store alike).
+- Azure storage (an `abfs(s)://`/`wasb(s)://` warehouse or any `adls.*` property; icefall.catalog.azure):
+  pyiceberg gets `py-io-impl` AzureFileIO unless set (pyiceberg 0.12's own FileIO misreads these locations);
+  Spark gets `io-impl` ADLSFileIO and the Java names of the key and endpoint, derived from pyiceberg's
+  `adls.account-name`, `adls.account-key` and `adls.dfs-storage-authority`/`-scheme`, unless set.
 - always, Spark: `cache-enabled=false`, since pyiceberg moves refs behind Spark's back.
 
 Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
@@ -45,6 +49,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from icefall.api import CatalogType, StreamingTableSpec
+from icefall.catalog.azure import PY_AZURE_FILE_IO, is_azure_location, java_properties
 from icefall.plan.env import secret_env_vars
 
 if TYPE_CHECKING:
@@ -259,6 +264,8 @@ class CatalogConfig:
         path_style = props.get("s3.path-style-access")
         if path_style is not None and "s3.force-virtual-addressing" not in props:
             props["s3.force-virtual-addressing"] = "false" if path_style.lower() == "true" else "true"
+        if self.uses_azure:
+            props.setdefault("py-io-impl", PY_AZURE_FILE_IO)
         return props
 
     def spark_conf(self) -> dict[str, str]:
@@ -287,6 +294,9 @@ class CatalogConfig:
             options.setdefault("client.region", props.get("s3.region", DEFAULT_S3_REGION))
             if "s3.endpoint" in props:
                 options.setdefault("s3.path-style-access", "true")
+        if self.uses_azure:
+            for key, value in java_properties(props, self.warehouse).items():
+                options.setdefault(key, value)
         # pyiceberg moves refs (staging branches, main) behind Spark's back: never serve cached metadata.
         options["cache-enabled"] = "false"
         prefix = f"spark.sql.catalog.{self.name}"
@@ -301,6 +311,12 @@ class CatalogConfig:
         return bool(self.warehouse and self.warehouse.startswith(_S3_SCHEMES)) or any(
             key.startswith("s3.") for key in keys
         )
+
+    @property
+    def uses_azure(self) -> bool:
+        """Table files live in Azure storage (an abfs(s)/wasb(s) warehouse or adls.* properties)."""
+        keys = [*self.properties, *self.secrets]
+        return is_azure_location(self.warehouse) or any(key.startswith("adls.") for key in keys)
 
     @property
     def database(self) -> Path:

@@ -21,7 +21,9 @@ beside each file it writes: a sidecar counts as referenced when its file is, so 
 
 Paths are canonical: `file:/x`, `file:///x` and a bare `/x` all become `file:///x` (Spark's Hadoop paths
 and pyiceberg's URIs spell local files differently; the planner compares exact strings), and `s3a://` and
-`s3n://` become `s3://` (one bucket, three Hadoop spellings). Other schemes are kept as written.
+`s3n://` become `s3://` (one bucket, three Hadoop spellings). Other schemes are kept as written: Azure's
+`abfss://<container>@<account host>/<path>` is listed through pyarrow's `AzureFileSystem` (inside it,
+`<container>/<path>`) and spelled back with its own container and host, exactly as the metadata names it.
 `to_local_path` turns a canonical `file:` path back into a filesystem path. Object stores are listed and
 deleted from with the table's own FileIO settings (endpoint, region, credentials), through
 `filesystem_for`. If a referenced path and a listed object name the same key under a different scheme or
@@ -52,6 +54,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
+from icefall.catalog.azure import is_azure_location, split_location
 from icefall.commit.protocol import table_name
 from icefall.commit.state import DELETED_KEYS
 from icefall.plan.table_view import (
@@ -321,6 +324,8 @@ def filesystem_for(path: str, io: Any = None) -> tuple[Any, str]:
     scheme, _, rest = canonical.partition("://")
     if io is not None and hasattr(io, "fs_by_scheme"):
         netloc = rest.split("/", 1)[0]
+        if is_azure_location(canonical):
+            return io.fs_by_scheme(scheme, netloc), split_location(canonical)[1]
         return io.fs_by_scheme(scheme, netloc), rest
     filesystem, inner = fs.FileSystem.from_uri(canonical)
     return filesystem, str(inner)
@@ -333,6 +338,12 @@ def list_location(location: str, io: Any = None) -> Iterable[StorageObject]:
     filesystem, root = filesystem_for(location, io)
     local = to_local_path(location)
     scheme_prefix = "file://" if local is not None else canonical_path(location).split("://", 1)[0] + "://"
+    container = ""
+    if is_azure_location(
+        location
+    ):  # inside: <container>/<path>; the location: <scheme>://<container>@<host>/
+        scheme_prefix, inner = split_location(canonical_path(location))
+        container = inner.split("/", 1)[0] + "/"
     root_info = filesystem.get_file_info(root)
     if root_info.type == fs.FileType.NotFound:
         return
@@ -341,7 +352,7 @@ def list_location(location: str, io: Any = None) -> Iterable[StorageObject]:
             continue
         modified_ns = info.mtime_ns or 0
         yield StorageObject(
-            path=canonical_path(scheme_prefix + info.path),
+            path=canonical_path(scheme_prefix + info.path.removeprefix(container)),
             size_bytes=info.size or 0,
             modified_ms=modified_ns // 1_000_000,
         )

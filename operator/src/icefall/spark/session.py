@@ -31,11 +31,12 @@ if TYPE_CHECKING:
 JARS_VARIABLE = "ICEFALL_SPARK_JARS"
 RUNTIME_JAR = "iceberg-spark-runtime-*.jar"  # present in a jar folder that holds the pom's jars
 # Spark's default redaction plus the catalog options that carry credentials (credential, s3.access-key-id,
-# header.Authorization) and the Kafka source's client key (kafka.ssl.keystore.key, a PEM private key whose
-# name and text match none of the others): Spark shows redacted values in its UI, event logs, error reports
-# and the data source options of a plan's text.
+# header.Authorization, Azure's adls.auth.shared-key.account.key) and the Kafka source's client key
+# (kafka.ssl.keystore.key, a PEM private key whose name and text match none of the others): Spark shows
+# redacted values in its UI, event logs, error reports and the data source options of a plan's text.
 REDACTION_REGEX = (
-    "(?i)secret|password|token|access[.-]key|credential|authorization|keystore[.]key|private key"
+    "(?i)secret|password|token|access[.-]key|account[.-]key|credential|authorization|keystore[.]key"
+    "|private key"
 )
 #: `extra_conf` of a session whose jobs come from two threads (`icefall run`: batches and in-process
 #: maintenance): Spark's FAIR scheduler with the pools of fairscheduler.xml, beside this module.

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from icefall.catalog import CatalogConfig
+from icefall.devstack.azurite import Azurite
 from icefall.devstack.catalog_auth import CatalogAuthProxy
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
@@ -118,6 +119,14 @@ def object_store(stack_dir: Path) -> Iterator[ObjectStore]:
     store = ObjectStore(stack_dir / "objectstore").start()
     yield store
     store.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite(stack_dir: Path) -> Iterator[Azurite]:
+    """Azure storage (Azurite's Blob service) for tables on abfss://, development account."""
+    server = Azurite(stack_dir / "azurite").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -98,8 +98,13 @@ class SharedCatalog:
     def config(self, st: StreamingTable) -> CatalogConfig:
         return CatalogConfig.for_table(st.spec, environ=self.env)
 
+    @property
+    def scheme(self) -> str:
+        """How its table locations start: `s3://` (MinIO) or `abfss://` (Azurite)."""
+        return "abfss://" if self.kind.endswith("-azure") else "s3://"
 
-SHARED_CATALOGS = ("postgres-s3", "rest-s3")
+
+SHARED_CATALOGS = ("postgres-s3", "rest-s3", "postgres-azure")
 
 
 def shared_catalog(
@@ -109,7 +114,10 @@ def shared_catalog(
     (MinIO); `rest-s3`: Iceberg's REST server `rest_catalog_s3` (on PostgreSQL, files in MinIO) behind
     `rest_catalog_auth`, which checks the OAuth2 client credential (`credential` by `env` reference).
     `request` is the test's pytest request: the servers are its session fixtures. Secrets by `env`
-    reference only."""
+    reference only. `postgres-azure`: the JDBC catalog on `postgres`, files in the `azurite` fixture
+    (abfss://)."""
+    if kind == "postgres-azure":
+        return _postgres_azure(request, bucket, name)
     store = request.getfixturevalue("object_store")
     s3 = store.properties()
     env = {"IT_S3_ACCESS_KEY": s3["s3.access-key-id"], "IT_S3_SECRET_KEY": s3["s3.secret-access-key"]}
@@ -149,6 +157,28 @@ def shared_catalog(
     else:
         raise ValueError(f"unknown shared catalog {kind!r}; one of {SHARED_CATALOGS}")
     return SharedCatalog(kind, block, env)
+
+
+def _postgres_azure(request: Any, container: str, name: str) -> SharedCatalog:
+    """Iceberg's JDBC catalog on `postgres`, table files in Azurite (`abfss://<container>@.../jdbc`); the
+    account key by `env` reference, as a real one would be."""
+    server = request.getfixturevalue("azurite")
+    postgres = request.getfixturevalue("postgres")
+    server.create_container(container)
+    properties = server.properties()
+    env = {"IT_ADLS_KEY": properties.pop("adls.account-key"), "IT_PG_PASSWORD": postgres.password}
+    block = {
+        "name": name,
+        "type": "sql",
+        "uri": f"postgresql://{postgres.user}@{postgres.host}:{postgres.port}/{postgres.database}",
+        "warehouse": server.location(container, "jdbc"),
+        "properties": properties,
+        "secretProperties": {
+            "adls.account-key": {"env": "IT_ADLS_KEY"},
+            "password": {"env": "IT_PG_PASSWORD"},
+        },
+    }
+    return SharedCatalog("postgres-azure", block, env)
 
 
 REGISTRY_MANIFEST = """
