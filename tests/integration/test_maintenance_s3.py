@@ -1,12 +1,14 @@
-"""Maintenance on tables whose files live in the S3 object store (MinIO), on a shared catalog.
+"""Maintenance on tables whose files live in an object store, on a shared catalog: the S3 store (MinIO) and
+Google Cloud Storage (fake-gcs-server), one parametrized test.
 
-Proves, with Spark's Iceberg runtime writing through S3FileIO and the maintenance worker (`run_item`, what
-the compaction pods run) on a JDBC catalog on PostgreSQL and on Iceberg's REST server:
-- the planner's view lists the table's objects in S3 with the table's own FileIO settings (endpoint,
-  region, credentials), in the same spelling as the metadata's paths, and sees a stray object as an orphan;
+Proves, with Spark's Iceberg runtime writing through S3FileIO or GCSFileIO and the maintenance worker
+(`run_item`, what the compaction pods run) on a JDBC catalog on PostgreSQL and on Iceberg's REST server:
+- the planner's view lists the table's objects in the store with the table's own FileIO settings
+  (endpoint, region, credentials), in the same spelling as the metadata's paths (`s3://`, `gs://`), and
+  sees a stray object as an orphan;
 - compaction rewrites a partition's small files into fewer, keeping the rows;
-- snapshot expiry deletes the files only expired snapshots reached, from S3;
-- orphan removal deletes exactly the stray object from S3 once it is past the safety window, and the rows
+- snapshot expiry deletes the files only expired snapshots reached, from the store;
+- orphan removal deletes exactly the stray object from the store once it is past the safety window, and the rows
   are unchanged throughout.
 """
 
@@ -23,7 +25,6 @@ from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.compact.view import read_table_view
 from icefall.compact.worker import Outcome, run_item
-from icefall.devstack.objectstore import ObjectStore
 from icefall.plan.maintenance import plan_maintenance
 from icefall.plan.maintenance_items import (
     HOUR_MS,
@@ -43,8 +44,8 @@ def rows(config: CatalogConfig, identifier: tuple[str, ...]) -> Counter[tuple[An
 
 
 @pytest.mark.parametrize("kind", SHARED_CATALOGS)
-def test_compaction_expiry_and_orphan_removal_in_s3(
-    spark: SparkSession, object_store: ObjectStore, request: pytest.FixtureRequest, kind: str
+def test_compaction_expiry_and_orphan_removal_in_object_storage(
+    spark: SparkSession, request: pytest.FixtureRequest, kind: str
 ) -> None:
     catalog_name = f"maint_{kind.replace('-', '_')}"
     shared = shared_catalog(request, kind, name=catalog_name)
@@ -63,19 +64,21 @@ def test_compaction_expiry_and_orphan_removal_in_s3(
     for i in range(6):
         spark.sql(f"INSERT INTO {table_name} VALUES ({i}, 'a'), ({100 + i}, 'b')")
     table = config.pyiceberg().load_table(identifier)
-    assert table.location().startswith("s3://"), table.location()
+    scheme = f"{shared.scheme}://"
+    assert table.location().startswith(scheme), table.location()
     before = rows(config, identifier)
 
     # A stray object under the table's location, written by someone else: an orphan.
-    filesystem = object_store.filesystem()
-    stray = f"{table.location().removeprefix('s3://')}/data/stray-orphan.parquet"
+    store = request.getfixturevalue("gcs" if shared.scheme == "gs" else "object_store")
+    filesystem = store.filesystem()
+    stray = f"{table.location().removeprefix(scheme)}/data/stray-orphan.parquet"
     with filesystem.open_output_stream(stray) as out:
         out.write(b"not referenced by any metadata")
 
     view = read_table_view(table)
     listed = {o.path for o in view.storage}
     assert {f.path for f in view.files} <= listed, "the listing spells paths as the metadata does"
-    assert listed - view.referenced_paths == {f"s3://{stray}"}
+    assert listed - view.referenced_paths == {f"{scheme}{stray}"}
 
     policy = MaintenancePolicy(
         min_files_to_compact=3,
@@ -99,14 +102,14 @@ def test_compaction_expiry_and_orphan_removal_in_s3(
     assert expired.outcome is Outcome.DONE
     view = read_table_view(config.pyiceberg().load_table(identifier))
     gone = listed - {o.path for o in view.storage}
-    assert len(gone) >= 12, "the small files only expired snapshots reached were deleted from S3"
+    assert len(gone) >= 12, "the small files only expired snapshots reached were deleted from the store"
     assert rows(config, identifier) == before
 
     later = int(time.time() * 1000) + HOUR_MS + 60_000
     orphans = [w for w in plan_maintenance(view, policy, later) if isinstance(w, RemoveOrphans)]
-    assert len(orphans) == 1 and orphans[0].paths == (f"s3://{stray}",)
+    assert len(orphans) == 1 and orphans[0].paths == (f"{scheme}{stray}",)
     result = run_item(spark, config, identifier, orphans[0])
-    assert result.deleted_paths == (f"s3://{stray}",)
+    assert result.deleted_paths == (f"{scheme}{stray}",)
     from pyarrow import fs
 
     assert filesystem.get_file_info(stray).type == fs.FileType.NotFound

@@ -43,7 +43,14 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
 from icefall.ingest.union_read import Cut, ReadError, UnionRead, union_read
 from icefall.runtime import failpoints
-from icefall.testing.streams import drain, manifest_text, produce, streaming_table, watermarks
+from icefall.testing.streams import (
+    drain,
+    manifest_text,
+    produce,
+    shared_catalog,
+    streaming_table,
+    watermarks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -94,13 +101,39 @@ def ingest_to_end(st: StreamingTable, config: CatalogConfig, spark: SparkSession
         ingestor.close()
 
 
+def table_on(
+    storage: str, request: pytest.FixtureRequest, spark: SparkSession, embedded: CatalogConfig, **manifest: Any
+) -> tuple[StreamingTable, CatalogConfig]:
+    """The test manifest (`manifest_text(**manifest)`) on `storage`: the embedded catalog, or a shared
+    catalog under its own catalog name, added to the tests' one Spark session."""
+    if storage == "embedded":
+        return load_manifest(manifest_text(**manifest)), embedded
+    shared = shared_catalog(request, storage, name=f"union_{storage.replace('-', '_')}")
+    st = load_manifest(manifest_text(**manifest, catalog=shared.block))
+    config = shared.config(st)
+    for key, value in config.spark_conf().items():
+        spark.conf.set(key, value)
+    return st, config
+
+
+# On gs:// too (fake-gcs-server, a JDBC catalog on PostgreSQL): Spark writes through GCSFileIO, pyiceberg
+# reads the table through pyarrow's GcsFileSystem.
+@pytest.mark.parametrize("storage", ["embedded", "postgres-gcs"])
 def test_append_table_plus_tail_is_the_whole_topic(
-    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+    kafka: KafkaBroker,
+    spark: SparkSession,
+    catalog_config: CatalogConfig,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    storage: str,
 ) -> None:
-    topic = "it-union-append"
+    topic = f"it-union-append-{storage}"
     kafka.create_topic(topic, partitions=3)
     produce(kafka, topic, 0, 300, bad_every=25)
-    st = streaming_table("union_append", topic, kafka.bootstrap, batch={"maxRecords": 100})
+    st, catalog_config = table_on(
+        storage, request, spark, catalog_config,
+        name="union_append", topic=topic, bootstrap=kafka.bootstrap, batch={"maxRecords": 100},
+    )  # fmt: skip
     assert ingest_to_end(st, catalog_config, spark, tmp_path / "lease") >= 3
     table = catalog_config.pyiceberg().load_table(st.table_identifier)
     committed = read_committed(table)

@@ -22,6 +22,12 @@ reference reads that variable, a `secretKeyRef` reads the variable the operator 
   and the AWS SDK insists on one). Spark only: `io-impl` S3FileIO unless set, `client.region` from
   `s3.region`, and with `s3.endpoint` and no `s3.path-style-access`, path-style access (pyarrow's default
   addressing, so both sides address the store alike).
+- Google Cloud Storage (a `gs://` warehouse or any `gcs.*` property): Spark only, `io-impl` GCSFileIO unless
+  set. `gcs.service.host` (an emulator's or private endpoint), `gcs.project-id`, `gcs.no-auth` and
+  `gcs.oauth2.token` pass through to both sides. Without a token both clients use Google's default
+  credential chain: on GKE that is Workload Identity, so no key is stored anywhere. `gcs.no-auth=true` (an
+  emulator) also gives pyiceberg a placeholder token, since its pyarrow GcsFileSystem has no anonymous
+  switch: a token is sent and the emulator ignores it.
 - always, Spark: `cache-enabled=false`, since pyiceberg moves refs behind Spark's back.
 
 Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
@@ -52,6 +58,10 @@ if TYPE_CHECKING:
 SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+GCS_FILE_IO = "org.apache.iceberg.gcp.gcs.GCSFileIO"
+# pyiceberg's stand-in for `gcs.no-auth` (see the module doc): a token an emulator ignores, valid until 2100.
+GCS_NO_AUTH_TOKEN = "icefall-no-auth"
+GCS_NO_AUTH_EXPIRES_MS = "4102444800000"
 DEFAULT_S3_REGION = "us-east-1"  # when the spec names none (see the module doc)
 SQLITE_BUSY_TIMEOUT_MS = "30000"  # SQLite allows one writer at a time: wait for the lock, do not fail
 POSTGRES_DRIVER = "psycopg2"  # SQLAlchemy's driver for postgresql:// (pyiceberg[sql-postgres])
@@ -71,6 +81,7 @@ _DERIVED = {
 _USER_KEYS = ("user", "jdbc.user")
 _PASSWORD_KEYS = ("password", "jdbc.password")
 _S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+_GCS_SCHEMES = ("gs://",)
 
 
 class CatalogConfigError(ValueError):
@@ -250,6 +261,9 @@ class CatalogConfig:
         path_style = props.get("s3.path-style-access")
         if path_style is not None and "s3.force-virtual-addressing" not in props:
             props["s3.force-virtual-addressing"] = "false" if path_style.lower() == "true" else "true"
+        if props.get("gcs.no-auth", "").lower() == "true" and "gcs.oauth2.token" not in props:
+            props["gcs.oauth2.token"] = GCS_NO_AUTH_TOKEN
+            props["gcs.oauth2.token-expires-at"] = GCS_NO_AUTH_EXPIRES_MS
         return props
 
     def spark_conf(self) -> dict[str, str]:
@@ -278,6 +292,8 @@ class CatalogConfig:
             options.setdefault("client.region", props.get("s3.region", DEFAULT_S3_REGION))
             if "s3.endpoint" in props:
                 options.setdefault("s3.path-style-access", "true")
+        if self.uses_gcs:
+            options.setdefault("io-impl", GCS_FILE_IO)
         # pyiceberg moves refs (staging branches, main) behind Spark's back: never serve cached metadata.
         options["cache-enabled"] = "false"
         prefix = f"spark.sql.catalog.{self.name}"
@@ -291,6 +307,14 @@ class CatalogConfig:
         keys = [*self.properties, *self.secrets]
         return bool(self.warehouse and self.warehouse.startswith(_S3_SCHEMES)) or any(
             key.startswith("s3.") for key in keys
+        )
+
+    @property
+    def uses_gcs(self) -> bool:
+        """Table files live in Google Cloud Storage (a gs:// warehouse or gcs.* properties)."""
+        keys = [*self.properties, *self.secrets]
+        return bool(self.warehouse and self.warehouse.startswith(_GCS_SCHEMES)) or any(
+            key.startswith("gcs.") for key in keys
         )
 
     @property

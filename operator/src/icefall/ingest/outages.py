@@ -226,7 +226,8 @@ def service_addresses(
     """Where each service is, as the outage lines name it: the bootstrap servers (and topic), the catalog's
     URI (secrets masked), the object store's endpoint (or the warehouse) and the schema registry's URL
     (`registry`, when the format has one; any user:password@ in it left out)."""
-    store = catalog.properties.get("s3.endpoint") or catalog.warehouse or ""
+    properties = catalog.properties
+    store = properties.get("s3.endpoint") or properties.get("gcs.service.host") or catalog.warehouse or ""
     where = {
         Service.KAFKA: f"{bootstrap} for topic '{topic}'",
         Service.CATALOG: catalog.mask(catalog.uri),

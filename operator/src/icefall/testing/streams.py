@@ -98,8 +98,13 @@ class SharedCatalog:
     def config(self, st: StreamingTable) -> CatalogConfig:
         return CatalogConfig.for_table(st.spec, environ=self.env)
 
+    @property
+    def scheme(self) -> str:
+        """The URI scheme of the table files' store: `gs` for the GCS emulator, else `s3`."""
+        return "gs" if self.kind.endswith("-gcs") else "s3"
 
-SHARED_CATALOGS = ("postgres-s3", "rest-s3")
+
+SHARED_CATALOGS = ("postgres-s3", "rest-s3", "postgres-gcs")
 
 
 def shared_catalog(
@@ -107,7 +112,10 @@ def shared_catalog(
 ) -> SharedCatalog:
     """`postgres-s3`: Iceberg's JDBC catalog on the `postgres` fixture, files in the `object_store` fixture
     (MinIO); `rest-s3`: Iceberg's REST server `rest_catalog_s3` (on PostgreSQL, files in MinIO). `request`
-    is the test's pytest request: the servers are its session fixtures. Secrets by `env` reference only."""
+    is the test's pytest request: the servers are its session fixtures. Secrets by `env` reference only.
+    `postgres-gcs`: the JDBC catalog on `postgres`, files in the `gcs` fixture (fake-gcs-server), gs://."""
+    if kind == "postgres-gcs":
+        return _postgres_gcs(request, bucket, name)
     store = request.getfixturevalue("object_store")
     s3 = store.properties()
     env = {"IT_S3_ACCESS_KEY": s3["s3.access-key-id"], "IT_S3_SECRET_KEY": s3["s3.secret-access-key"]}
@@ -144,6 +152,23 @@ def shared_catalog(
     else:
         raise ValueError(f"unknown shared catalog {kind!r}; one of {SHARED_CATALOGS}")
     return SharedCatalog(kind, block, env)
+
+
+def _postgres_gcs(request: Any, bucket: str, name: str) -> SharedCatalog:
+    """Iceberg's JDBC catalog on the `postgres` fixture, table files in the `gcs` emulator. The emulator
+    needs no credentials: only the database password is a secret."""
+    emulator = request.getfixturevalue("gcs")
+    postgres = request.getfixturevalue("postgres")
+    emulator.create_bucket(bucket)
+    block = {
+        "name": name,
+        "type": "sql",
+        "uri": f"postgresql://{postgres.user}@{postgres.host}:{postgres.port}/{postgres.database}",
+        "warehouse": f"gs://{bucket}/jdbc",
+        "properties": emulator.properties(),
+        "secretProperties": {"password": {"env": "IT_PG_PASSWORD"}},
+    }
+    return SharedCatalog("postgres-gcs", block, {"IT_PG_PASSWORD": postgres.password})
 
 
 REGISTRY_MANIFEST = """
