@@ -134,8 +134,8 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
     if shared is not None:
         table = config.pyiceberg().load_table(("it", name))
         assert table.metadata.location.startswith(f"{shared.scheme}://"), table.metadata.location
-        dead_letters = config.pyiceberg().load_table(("it", f"{name}_dlq"))
-        assert dead_letters.metadata.location.startswith(f"{shared.scheme}://"), dead_letters.metadata.location
+        dead_letters = config.pyiceberg().load_table(("it", f"{name}_dlq")).metadata.location
+        assert dead_letters.startswith(f"{shared.scheme}://"), dead_letters
     assert_exactly_once(config, name, high, bad, bootstrap=kafka.bootstrap)
 
 

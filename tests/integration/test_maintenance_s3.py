@@ -8,8 +8,8 @@ Proves, with Spark's Iceberg runtime writing through S3FileIO or GCSFileIO and t
   sees a stray object as an orphan;
 - compaction rewrites a partition's small files into fewer, keeping the rows;
 - snapshot expiry deletes the files only expired snapshots reached, from the store;
-- orphan removal deletes exactly the stray object from the store once it is past the safety window, and the rows
-  are unchanged throughout.
+- orphan removal deletes exactly the stray object from the store once it is past the safety window, and
+  the rows are unchanged throughout.
 """
 
 from __future__ import annotations

@@ -102,7 +102,11 @@ def ingest_to_end(st: StreamingTable, config: CatalogConfig, spark: SparkSession
 
 
 def table_on(
-    storage: str, request: pytest.FixtureRequest, spark: SparkSession, embedded: CatalogConfig, **manifest: Any
+    storage: str,
+    request: pytest.FixtureRequest,
+    spark: SparkSession,
+    embedded: CatalogConfig,
+    **manifest: Any,
 ) -> tuple[StreamingTable, CatalogConfig]:
     """The test manifest (`manifest_text(**manifest)`) on `storage`: the embedded catalog, or a shared
     catalog under its own catalog name, added to the tests' one Spark session."""
@@ -119,7 +123,7 @@ def table_on(
 # On gs:// too (fake-gcs-server, a JDBC catalog on PostgreSQL): Spark writes through GCSFileIO, pyiceberg
 # reads the table through pyarrow's GcsFileSystem.
 @pytest.mark.parametrize("storage", ["embedded", "postgres-gcs"])
-def test_append_table_plus_tail_is_the_whole_topic(
+def test_append_table_plus_tail_is_the_whole_topic(  # noqa: PLR0917 (fixtures)
     kafka: KafkaBroker,
     spark: SparkSession,
     catalog_config: CatalogConfig,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING

@@ -1,8 +1,8 @@
 """Where the provisioned binaries and jars are.
 
 `make` exports their folders as environment variables (ICEFALL_KUBE_BIN, ICEFALL_ETCD_BIN, ICEFALL_HELM_BIN,
-ICEFALL_MINIO_BIN, ICEFALL_FAKE_GCS_BIN, ICEFALL_PROMTOOL_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_REST_CATALOG_JARS,
-ICEFALL_REGISTRY_HOME: the unpacked schema registry distribution).
+ICEFALL_MINIO_BIN, ICEFALL_PROMTOOL_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_REST_CATALOG_JARS,
+ICEFALL_REGISTRY_HOME: the unpacked schema registry distribution; ICEFALL_FAKE_GCS_BIN: the GCS emulator).
 When one is unset and this runs from a checkout, the matching `hack/` script is called: it builds or resolves
 into the version-keyed cache and prints the folder.
 """
