@@ -105,8 +105,10 @@ class GcsEmulator:
             with urllib.request.urlopen(request, timeout=10):
                 pass
         except urllib.error.HTTPError as error:
-            if error.code != 409:  # already there
-                raise
+            if error.code != 409:  # 409: already there
+                detail = error.read().decode(errors="replace").strip()
+                message = f"GCS emulator: cannot create bucket {name!r}: {error.code} {detail}"
+                raise RuntimeError(message) from None
 
     def filesystem(self) -> GcsFileSystem:
         """A pyarrow GCS client for this server; paths are `bucket/key`."""
