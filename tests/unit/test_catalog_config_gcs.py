@@ -9,21 +9,27 @@ Proves, without contacting any server:
   an expiry instead; Spark does not;
 - a token given by reference (`gcs.oauth2.token`) reaches both sides, replaces the placeholder, and is
   masked in `repr`; an `io-impl` the spec sets wins;
-- the outage line names the emulator's endpoint as the object store's address.
+- pyiceberg opens GCS through `GcsFileIO` (unless `py-io-impl` is set), whose GcsFileSystem keeps
+  pyiceberg's settings and retries for `RETRY_SECONDS`, not 15 minutes (this fails when pyiceberg's private
+  `_initialize_gcs_fs` or pyarrow's reported options move);
+- the outage line names the emulator's endpoint as the object store's address, and pyarrow's GCS error for
+  an unreachable store (its text as seen with fake-gcs-server stopped) is an object store outage.
 Not proved here: that the clients reach a server (tests/integration's postgres-gcs catalog does, on
 fake-gcs-server).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
-from icefall.catalog.config import GCS_FILE_IO, GCS_NO_AUTH_TOKEN, SPARK_CATALOG
-from icefall.ingest.outages import service_addresses
+from icefall.catalog.config import GCS_FILE_IO, GCS_NO_AUTH_TOKEN, PY_GCS_FILE_IO, SPARK_CATALOG
+from icefall.catalog.gcs_io import RETRY_SECONDS, GcsFileIO
+from icefall.ingest.outages import classify, service_addresses
 from icefall.plan.outages import Service
 
 pytestmark = pytest.mark.unit
@@ -106,3 +112,26 @@ def test_a_token_by_reference_reaches_both_sides_and_stays_masked() -> None:
 def test_the_outage_line_names_the_emulator() -> None:
     config = config_for(lake(properties=EMULATOR))
     assert service_addresses("k:9092", "t", config)[Service.OBJECT_STORE] == "http://127.0.0.1:4443"
+
+
+def test_pyiceberg_opens_gcs_with_bounded_retries() -> None:
+    props = config_for(lake(properties=EMULATOR)).pyiceberg_properties()
+    assert props["py-io-impl"] == PY_GCS_FILE_IO
+    filesystem = GcsFileIO(props).fs_by_scheme("gs", "lake")
+    options = filesystem.__reduce__()[1][0]
+    assert options["retry_time_limit"] == timedelta(seconds=RETRY_SECONDS)
+    assert (options["scheme"], options["endpoint_override"]) == ("http", "127.0.0.1:4443")
+    assert options["access_token"] == GCS_NO_AUTH_TOKEN
+    custom = lake(properties={**EMULATOR, "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"})
+    assert config_for(custom).pyiceberg_properties()["py-io-impl"] == "pyiceberg.io.fsspec.FsspecFileIO"
+    assert "py-io-impl" not in config_for({**lake(), "warehouse": "s3://lake/w"}).pyiceberg_properties()
+
+
+def test_pyarrows_gcs_error_for_an_unreachable_store_is_an_object_store_outage() -> None:
+    error = OSError(
+        "google::cloud::Status(UNAVAILABLE: Retry policy exhausted, with a last message of PerformWork() - "
+        "CURL error [7]=Could not connect to server error_info={reason=, domain=, metadata={"
+        "gcloud-cpp.retry.function=GetObjectMetadata}})"
+    )
+    found = classify(error)
+    assert found is not None and found.service is Service.OBJECT_STORE

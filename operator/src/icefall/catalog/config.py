@@ -27,7 +27,8 @@ reference reads that variable, a `secretKeyRef` reads the variable the operator 
   `gcs.oauth2.token` pass through to both sides. Without a token both clients use Google's default
   credential chain: on GKE that is Workload Identity, so no key is stored anywhere. `gcs.no-auth=true` (an
   emulator) also gives pyiceberg a placeholder token, since its pyarrow GcsFileSystem has no anonymous
-  switch: a token is sent and the emulator ignores it.
+  switch: a token is sent and the emulator ignores it. pyiceberg's FileIO is `icefall.catalog.gcs_io.
+  GcsFileIO` unless `py-io-impl` is set: GCS calls fail after seconds, not the client's 15 minutes.
 - always, Spark: `cache-enabled=false`, since pyiceberg moves refs behind Spark's back.
 
 Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
@@ -59,6 +60,7 @@ SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 GCS_FILE_IO = "org.apache.iceberg.gcp.gcs.GCSFileIO"
+PY_GCS_FILE_IO = "icefall.catalog.gcs_io.GcsFileIO"  # pyiceberg's PyArrowFileIO, GCS retries bounded
 # pyiceberg's stand-in for `gcs.no-auth` (see the module doc): a token an emulator ignores, valid until 2100.
 GCS_NO_AUTH_TOKEN = "icefall-no-auth"
 GCS_NO_AUTH_EXPIRES_MS = "4102444800000"
@@ -264,6 +266,8 @@ class CatalogConfig:
         if props.get("gcs.no-auth", "").lower() == "true" and "gcs.oauth2.token" not in props:
             props["gcs.oauth2.token"] = GCS_NO_AUTH_TOKEN
             props["gcs.oauth2.token-expires-at"] = GCS_NO_AUTH_EXPIRES_MS
+        if self.uses_gcs:
+            props.setdefault("py-io-impl", PY_GCS_FILE_IO)
         return props
 
     def spark_conf(self) -> dict[str, str]:
