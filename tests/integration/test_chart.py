@@ -15,6 +15,9 @@ Proves:
 - the operator's startup, liveness and readiness probes are on kopf's /healthz at `health.port` with the
   timings of `health.*Probe`; `health.port` equal to `metrics.port`, or (with `hostNetwork`) either inside
   `hostNetworkPorts`, is refused at render time with a message naming the values;
+- `cloudIdentity` (EKS role ARN, GKE service account, AKS client id) annotates the operator's ServiceAccount
+  and every table's driver and compaction ServiceAccount, and labels every pod for AKS; bad values are
+  refused at render time;
 - `pods` and `hostNetworkPorts` reach the operator as its settings (ICEFALL_POD_TEMPLATE,
   ICEFALL_HOST_NETWORK_PORTS), and `hostNetwork` puts the operator's own pod on the node's network with
   ClusterFirstWithHostNet DNS (off by default);
@@ -40,11 +43,12 @@ from typing import Any
 import pytest
 import yaml
 
-from icefall.api import PodTemplates, load_manifest
+from icefall.api import PodTemplate, PodTemplates, load_manifest
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import desired_children
 from icefall.plan.names import driver_account_name
+from icefall.plan.pods import effective
 from icefall.plan.rbac import compaction_rules, driver_rules
 from icefall.plan.settings import SETTINGS_ENV, OperatorSettings
 
@@ -294,6 +298,70 @@ def test_pod_templates_and_host_network_reach_the_operator(home: Path) -> None:
     assert settings.host_network_ports == (30000, 30999)
     default = only(render(home, "ops"), "Deployment")["spec"]["template"]["spec"]
     assert "hostNetwork" not in default and "dnsPolicy" not in default
+
+
+ROLE_ARN = "arn:aws:iam::123456789012:role/icefall"
+GCP_ACCOUNT = "icefall@lake-project.iam.gserviceaccount.com"
+AZURE_CLIENT = "11111111-2222-3333-4444-555555555555"
+DRIVER_ROLE = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/driver"}
+
+
+def test_cloud_identity_reaches_every_service_account_and_pod(home: Path) -> None:
+    """Workload identity without static keys: one value per cloud annotates the operator's ServiceAccount
+    and, through the operator's pod template, every table's driver and compaction ServiceAccount; AKS's
+    label goes on the operator pod and on every table pod (executors too). Explicit annotations win."""
+    values = (
+        "--set", f"cloudIdentity.awsRoleArn={ROLE_ARN}",
+        "--set", f"cloudIdentity.gcpServiceAccount={GCP_ACCOUNT}",
+        "--set", f"cloudIdentity.azureClientId={AZURE_CLIENT}",
+        "--set-json", f"pods={json.dumps({'driver': {'serviceAccountAnnotations': DRIVER_ROLE}})}",
+    )  # fmt: skip
+    docs = render(home, "ops", *values)
+    wanted = {
+        "eks.amazonaws.com/role-arn": ROLE_ARN,
+        "iam.gke.io/gcp-service-account": GCP_ACCOUNT,
+        "azure.workload.identity/client-id": AZURE_CLIENT,
+    }
+    assert only(docs, "ServiceAccount")["metadata"]["annotations"] == wanted
+    pod = only(docs, "Deployment")["spec"]["template"]
+    assert pod["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    env = {var["name"]: var["value"] for var in pod["spec"]["containers"][0]["env"] if "value" in var}
+    settings = OperatorSettings.from_environ(env)
+    st = load_manifest(ROOT / "examples" / "orders.yaml")
+    children = desired_children(
+        st, namespace="ops", uid="u", generation=1, image="i", operator_settings=settings,
+        compaction_replicas=1,
+    )  # fmt: skip
+    accounts = {m["metadata"]["name"]: m for m in children.applied if m["kind"] == "ServiceAccount"}
+    driver_account = accounts.pop(driver_account_name(st.metadata.name))
+    assert driver_account["metadata"]["annotations"].items() >= {**wanted, **DRIVER_ROLE}.items()
+    (compaction_account,) = accounts.values()
+    assert compaction_account["metadata"]["annotations"].items() >= wanted.items()
+    assert children.driver_pod is not None
+    compaction = next(m for m in children.applied if m["kind"] == "Deployment")["spec"]["template"]
+    for table_pod in (children.driver_pod, compaction):
+        assert table_pod["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    executor = effective("executor", base=PodTemplate(), chart=settings.pod_template, table=PodTemplates())
+    assert executor.labels["azure.workload.identity/use"] == "true"
+    # No identity set: nothing added anywhere.
+    plain = render(home, "ops")
+    assert "annotations" not in only(plain, "ServiceAccount")["metadata"]
+    assert (
+        "azure.workload.identity/use"
+        not in only(plain, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("awsRoleArn", "icefall-role"), ("gcpServiceAccount", "icefall"), ("azureClientId", "not-a-guid")],
+)
+def test_cloud_identity_values_are_checked(home: Path, key: str, value: str) -> None:
+    result = helm(
+        "template", RELEASE, str(CHART), "--set", f"cloudIdentity.{key}={value}", home=home, check=False
+    )
+    assert result.returncode != 0
+    assert f"/cloudIdentity/{key}" in result.stderr, result.stderr
 
 
 def test_pod_monitor_selects_the_pods_the_operator_runs(home: Path) -> None:

@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall.api import load_manifest
+from icefall.api import ConditionReason, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.cli import verify_table
+from icefall.controller.observe import TableObserver
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tls import Pki
 from icefall.ingest.union_read import union_read
@@ -136,7 +137,8 @@ def test_a_refused_client_is_told_what_to_fix(
     secure_kafka: KafkaBroker, listener: str, security: dict[str, Any], changes: dict[str, str], names: str
 ) -> None:
     """What `icefall status`, `verify`, the driver and the operator's probe use (a TopicView with the
-    manifest's settings) fails at once with a `KafkaCredentialsRefusedError` naming the fields to check."""
+    manifest's settings) fails at once with a `KafkaCredentialsRefusedError` naming the fields to check;
+    the operator's probe reports it as KafkaCredentialsRefused."""
     topic = f"it-refused-{listener.lower()}"
     secure_kafka.create_topic(topic)
     st = load_manifest(
@@ -149,6 +151,11 @@ def test_a_refused_client_is_told_what_to_fix(
     message = str(raised.value)
     assert names in message, message
     assert "wrong-password" not in message and "PRIVATE KEY" not in message
+    # The operator's probe makes it a condition reason of its own, not KafkaUnavailable.
+    observer = TableObserver(environ=secrets(secure_kafka, **changes), wait_seconds=30)
+    issues = observer.observe("uid-refused", st).issues
+    assert [issue.reason for issue in issues] == [ConditionReason.KAFKA_CREDENTIALS_REFUSED], issues
+    assert names in issues[0].message and "wrong-password" not in issues[0].message
 
 
 def test_icefall_run_with_an_untrusted_ca_stops_with_one_line(

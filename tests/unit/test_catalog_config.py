@@ -14,7 +14,9 @@ Proves:
   the field;
 - the README's catalog examples are valid manifests and map as the README says, and it names the embedded
   default as it is;
-- the operator's client (`make_folders=False`) never creates a missing SQLite folder.
+- the operator's client (`make_folders=False`) never creates a missing SQLite folder;
+- SigV4 signing settings pass through to both clients, and a catalog with no key properties gets none
+  (workload identity: the SDKs' default chains).
 Not proved here: that the clients connect (the integration tests run real catalogs).
 """
 
@@ -383,3 +385,25 @@ def test_the_operator_never_creates_a_missing_sqlite_folder(tmp_path: Path) -> N
     with pytest.raises(Exception, match="unable to open database file"):
         config.pyiceberg(make_folders=False)
     assert not (tmp_path / "gone").exists()
+
+
+def test_sigv4_and_workload_identity_need_no_secret_properties() -> None:
+    """A REST catalog behind AWS SigV4 (Glue, S3 Tables) and files in S3 with no keys at all: the signing
+    settings reach both clients as they are, and no s3 key is invented (the SDKs' default chain applies)."""
+    sigv4 = {"rest.sigv4-enabled": "true", "rest.signing-region": "eu-west-1", "rest.signing-name": "glue"}
+    st = table_with(
+        {
+            "name": "lake",
+            "type": "rest",
+            "uri": "https://glue.eu-west-1.amazonaws.com/iceberg",
+            "warehouse": "123456789012",
+            "properties": {**sigv4, "s3.region": "eu-west-1"},
+        }
+    )
+    config = CatalogConfig.for_table(st.spec, environ={})
+    py, spark = config.pyiceberg_properties(), config.spark_conf()
+    for key, value in sigv4.items():
+        assert py[key] == value
+        assert spark[f"spark.sql.catalog.lake.{key}"] == value
+    assert not any("access-key" in key or "secret" in key for key in [*py, *spark])
+    assert spark["spark.sql.catalog.lake.io-impl"] == S3_FILE_IO

@@ -239,7 +239,7 @@ def test_the_schemas_pod_template_names_the_models_fields_and_reserved_names() -
 def test_the_deployment_passes_every_setting_and_honours_host_network() -> None:
     for variable in SETTINGS_ENV.values():
         assert f"- name: {variable}\n" in DEPLOYMENT, variable
-    assert "value: {{ .Values.pods | toJson | quote }}" in DEPLOYMENT
+    assert 'value: {{ include "icefall.podTemplates" . | quote }}' in DEPLOYMENT  # pods + cloudIdentity
     host = re.search(r"\{\{- if \.Values\.hostNetwork \}\}\n(.*?)\{\{- end \}\}", DEPLOYMENT, re.S)
     assert host is not None
     assert yaml.safe_load(host.group(1)) == {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}

@@ -33,10 +33,11 @@ from icefall.plan.conditions import (
     degraded_event,
     degraded_reason,
     derive_conditions,
+    driver_refusal,
     set_condition,
     should_write_status,
 )
-from icefall.plan.driver import DriverState, EventReason, EventType
+from icefall.plan.driver import DriverHistory, DriverState, EventReason, EventType, driver_pod_from_object
 
 pytestmark = pytest.mark.unit
 
@@ -348,3 +349,68 @@ def test_freshness_that_cannot_be_measured_is_unknown_with_the_reason() -> None:
     fresh = states[C.FRESHNESS_MET]
     assert (fresh.status, fresh.reason, fresh.message) == (S.UNKNOWN, R.NOT_MEASURED, "no Kafka secret")
     assert (states[C.READY].status, states[C.READY].reason) == (S.UNKNOWN, R.NOT_MEASURED)
+
+
+@pytest.mark.parametrize("refused", [R.CATALOG_CREDENTIALS_REFUSED, R.KAFKA_CREDENTIALS_REFUSED])
+def test_refused_credentials_name_themselves_over_an_outage(refused: ConditionReason) -> None:
+    """A service that answered and refused the credentials is what a person must fix: Ingesting and Ready
+    say so, even when the other service is down at the same time."""
+    issues = (
+        Issue(R.CATALOG_UNAVAILABLE, "down"),
+        Issue(R.KAFKA_UNAVAILABLE, "down"),
+        Issue(refused, "fix it"),
+    )
+    states = by_type(derive_conditions(healthy(issues=issues), table(), T0))
+    assert states[C.INGESTING] == (S.FALSE, refused)
+    assert states[C.DEGRADED] == (S.TRUE, refused)
+    assert states[C.READY] == (S.FALSE, refused)
+    # A driver that exits on the refusal and is backed off does not hide it.
+    failed = healthy(issues=issues, driver=DriverState.BACKING_OFF, driver_message="exited 1")
+    states = by_type(derive_conditions(failed, table(), T0))
+    assert states[C.READY] == (S.FALSE, refused)
+
+
+LAST_WORDS = (
+    "CatalogCredentialsRefused: catalog 'lake' at https://c refused the credentials (OAuthError: "
+    "invalid_client): check spec.table.catalog.secretProperties[credential]\n"
+)
+
+
+def test_a_driver_stopped_by_refused_credentials_names_them() -> None:
+    """The driver's CLI leaves `<Reason>: <line>` as its termination message; the history keeps it, and the
+    conditions say it while the next driver is backed off or starting, not once one runs."""
+    pod = driver_pod_from_object(
+        {
+            "metadata": {"uid": "p1"},
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "state": {
+                            "terminated": {
+                                "exitCode": 1,
+                                "message": LAST_WORDS,
+                            }
+                        }
+                    }
+                ],
+            },
+        }
+    )
+    assert pod.message is not None and pod.message.endswith("secretProperties[credential]")
+    history = DriverHistory(failures=2, last_message=pod.message)
+    assert DriverHistory.from_dict(history.to_dict()) == history
+    issue = driver_refusal(DriverState.BACKING_OFF, history)
+    assert issue is not None and issue.reason is R.CATALOG_CREDENTIALS_REFUSED
+    assert issue.message.startswith("the driver stopped: catalog 'lake' at https://c refused the credentials")
+    states = by_type(derive_conditions(healthy(issues=(issue,), driver=DriverState.BACKING_OFF), table(), T0))
+    assert states[C.READY] == (S.FALSE, R.CATALOG_CREDENTIALS_REFUSED)
+    assert driver_refusal(DriverState.RUNNING, history) is None
+    assert (
+        driver_refusal(DriverState.BACKING_OFF, DriverHistory(failures=1, last_message="Error: boom")) is None
+    )
+    kafka = DriverHistory(
+        failures=1, last_message="KafkaCredentialsRefused: Kafka at b:9093 refused the credentials"
+    )
+    refused = driver_refusal(DriverState.STARTING, kafka)
+    assert refused is not None and refused.reason is R.KAFKA_CREDENTIALS_REFUSED

@@ -64,3 +64,35 @@ network not with the range the table pods' metrics ports come from (they share t
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The ServiceAccount annotations `cloudIdentity` asks for (JSON; {} when none is set). */}}
+{{- define "icefall.identityAnnotations" -}}
+{{- $found := dict -}}
+{{- with .Values.cloudIdentity.awsRoleArn }}{{ $_ := set $found "eks.amazonaws.com/role-arn" . }}{{ end -}}
+{{- with .Values.cloudIdentity.gcpServiceAccount }}{{ $_ := set $found "iam.gke.io/gcp-service-account" . }}{{ end -}}
+{{- with .Values.cloudIdentity.azureClientId }}{{ $_ := set $found "azure.workload.identity/client-id" . }}{{ end -}}
+{{- toJson $found -}}
+{{- end -}}
+
+{{/* The pod labels `cloudIdentity` asks for (JSON): AKS injects its token only into labelled pods. */}}
+{{- define "icefall.identityLabels" -}}
+{{- if .Values.cloudIdentity.azureClientId }}{"azure.workload.identity/use":"true"}{{ else }}{}{{ end -}}
+{{- end -}}
+
+{{/* `pods` with `cloudIdentity` under `common` (explicit values win), as JSON for ICEFALL_POD_TEMPLATE. */}}
+{{- define "icefall.podTemplates" -}}
+{{- $pods := deepCopy (.Values.pods | default dict) -}}
+{{- $common := deepCopy (get $pods "common" | default dict) -}}
+{{- $annotations := include "icefall.identityAnnotations" . | fromJson -}}
+{{- $labels := include "icefall.identityLabels" . | fromJson -}}
+{{- if $annotations }}
+{{- $_ := set $common "serviceAccountAnnotations" (merge (get $common "serviceAccountAnnotations" | default dict) $annotations) -}}
+{{- end }}
+{{- if $labels }}
+{{- $_ := set $common "labels" (merge (get $common "labels" | default dict) $labels) -}}
+{{- end }}
+{{- if or $annotations $labels }}
+{{- $_ := set $pods "common" $common -}}
+{{- end }}
+{{- toJson $pods -}}
+{{- end -}}

@@ -410,7 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from pyiceberg.exceptions import NoSuchTableError
 
-    from icefall.kafka.admin import KafkaUnavailableError, TopicNotFoundError
+    from icefall.catalog import CatalogCredentialsRefusedError
+    from icefall.catalog.refusal import refusal
+    from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError, TopicNotFoundError
     from icefall.kafka.registry import MissingRegistrySecretError, RegistryError
     from icefall.kafka.security import MissingSecretError
     from icefall.spark.session import SparkJarsMissingError
@@ -422,9 +424,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         RegistryError,  # refused credentials, no such subject, a latest schema of another format
         MissingRegistrySecretError,
         MissingSecretError,  # a credential spec.source.security references is not set
+        CatalogCredentialsRefusedError,  # names the catalog and the secretProperties to check
     )
     try:
         return int(args.func(args))
+    except (CatalogCredentialsRefusedError, KafkaCredentialsRefusedError) as error:
+        # In a pod, the operator reads the reason in the termination message (plan.conditions.driver_refusal).
+        catalog = isinstance(error, CatalogCredentialsRefusedError)
+        _last_words(f"{'Catalog' if catalog else 'Kafka'}CredentialsRefused: {error}")
+        raise SystemExit(f"icefall: {error}") from None
     except one_line as error:
         raise SystemExit(f"icefall: {error}") from None
     except NoSuchTableError as error:
@@ -432,10 +440,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         from icefall.ingest.outages import classify
 
+        refused = refusal(error)  # refused later than when the client was opened (a revoked token)
+        if refused is not None:
+            line = f"the catalog refused the credentials ({refused})"
+            _last_words(f"CatalogCredentialsRefused: {line}")
+            raise SystemExit(f"icefall: {line}") from None
         found = classify(error)  # commands without an address book of their own: the client's words
         if found is None:
             raise
         raise SystemExit(f"icefall: cannot reach {found.service.display_name} ({found.reason})") from None
+
+
+def _last_words(line: str) -> None:
+    """`line` into the container's termination message, when there is one (in a pod): the Pod's status
+    then says why the container ended."""
+    from contextlib import suppress
+
+    from icefall.runtime.failpoints import TERMINATION_MESSAGE_FILE
+
+    with suppress(OSError):
+        out = os.open(TERMINATION_MESSAGE_FILE, os.O_WRONLY | os.O_TRUNC)  # no O_CREAT: only if it exists
+        try:
+            os.write(out, (line[:3900] + "\n").encode())
+        finally:
+            os.close(out)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,9 @@ class ConditionReason(StrEnum):
     TABLE_CLAIMED = "TableClaimedByOther"
     CATALOG_UNAVAILABLE = "CatalogUnavailable"
     KAFKA_UNAVAILABLE = "KafkaUnavailable"
+    # The service answered and refused the credentials (or TLS settings): a configuration error.
+    CATALOG_CREDENTIALS_REFUSED = "CatalogCredentialsRefused"
+    KAFKA_CREDENTIALS_REFUSED = "KafkaCredentialsRefused"
     DRIVER_FAILED = "DriverFailed"
     # Ingesting
     CATCHING_UP = "CatchingUp"
@@ -89,6 +92,8 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.TABLE_CLAIMED,
         _R.CATALOG_UNAVAILABLE,
         _R.KAFKA_UNAVAILABLE,
+        _R.CATALOG_CREDENTIALS_REFUSED,
+        _R.KAFKA_CREDENTIALS_REFUSED,
         _R.REGISTRY_UNAVAILABLE,
         _R.DRIVER_FAILED,
         _R.WAITING_FOR_LEASE,
@@ -113,6 +118,8 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.DRIVER_FAILED,
         _R.CATALOG_UNAVAILABLE,
         _R.KAFKA_UNAVAILABLE,
+        _R.CATALOG_CREDENTIALS_REFUSED,
+        _R.KAFKA_CREDENTIALS_REFUSED,
         _R.REGISTRY_UNAVAILABLE,
         _R.BAD_RECORD_HALTED,
         _R.TABLE_CLAIMED,
@@ -133,6 +140,8 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.BAD_RECORD_HALTED,
         _R.DEAD_LETTER_FAILED,
         _R.SCHEMA_CHANGE_REFUSED,
+        _R.CATALOG_CREDENTIALS_REFUSED,
+        _R.KAFKA_CREDENTIALS_REFUSED,
         _R.DRIVER_FAILED,
         _R.COMPACTION_FAILED,
     },

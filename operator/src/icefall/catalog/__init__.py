@@ -7,5 +7,6 @@ comparison of `icefall.catalog.compare`.
 """
 
 from icefall.catalog.config import CatalogConfig, CatalogConfigError, MissingCredentialError
+from icefall.catalog.refusal import CatalogCredentialsRefusedError
 
-__all__ = ["CatalogConfig", "CatalogConfigError", "MissingCredentialError"]
+__all__ = ["CatalogConfig", "CatalogConfigError", "CatalogCredentialsRefusedError", "MissingCredentialError"]

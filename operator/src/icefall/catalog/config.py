@@ -33,10 +33,11 @@ reference reads that variable, a `secretKeyRef` reads the variable the operator 
 
 Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
 `mask(text)` removes them from any other text (a client's exception); a missing secret raises
-`MissingCredentialError` naming the spec field and the variable. Not guaranteed: that the catalog is
-reachable or that the credentials work (that shows when a client is used). For a sql catalog the database's
-tables are created by pyiceberg first (its "V0" layout, which Iceberg's JdbcCatalog reads and writes as
-is), so call `pyiceberg()` before building a Spark session.
+`MissingCredentialError` naming the spec field and the variable; a REST catalog that refuses the
+credentials when the client opens it raises `CatalogCredentialsRefusedError` (icefall.catalog.refusal).
+Not guaranteed: that the catalog is reachable or that the credentials work (that shows when a client is
+used). For a sql catalog the database's tables are created by pyiceberg first (its "V0" layout, which
+Iceberg's JdbcCatalog reads and writes as is), so call `pyiceberg()` before building a Spark session.
 """
 
 from __future__ import annotations
@@ -236,7 +237,15 @@ class CatalogConfig:
         if self.type is CatalogType.REST:
             from pyiceberg.catalog.rest import RestCatalog
 
-            return RestCatalog(self.name, **props)
+            from icefall.catalog.refusal import CatalogCredentialsRefusedError, refusal
+
+            try:
+                return RestCatalog(self.name, **props)  # fetches a token and /v1/config: refusals show here
+            except Exception as error:
+                refused = refusal(error)
+                if refused is None:
+                    raise
+                raise CatalogCredentialsRefusedError.of(self, refused) from None
         from pyiceberg.catalog.sql import SqlCatalog
 
         database = _Database.parse(self.uri)

@@ -3,10 +3,11 @@
 `TableObserver.observe` returns `Observed`: `TableFacts` from the table's metadata (no data is read), the
 high/low watermarks per partition, the produce time of the oldest record the table has not committed (the
 first record past the committed offset of each partition that lags: what freshness is measured from),
-issues for what could not be read (CatalogUnavailable,
-KafkaUnavailable, with the client's error text) and, when a credential the spec references is not in this
-process's environment, an `unmeasured` note instead of an issue (the operator may simply not have been
-given the Secret; the driver has it). Turning the facts into status is `icefall.plan.table_status`.
+issues for what could not be read (CatalogUnavailable, KafkaUnavailable, with the client's error text;
+CatalogCredentialsRefused, KafkaCredentialsRefused when the service answered and refused the credentials,
+with the fields to check) and, when a credential the spec references is not in this process's environment,
+an `unmeasured` note instead of an issue (the operator may simply not have been given the Secret; the
+driver has it). Turning the facts into status is `icefall.plan.table_status`.
 
 Rate: one read per table per `interval` seconds (the last result is served in between), and the
 compaction backlog (which reads manifests, `icefall.compact.view.read_table_view`) at most every
@@ -32,7 +33,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from icefall.api import ConditionReason, StreamingTable
-from icefall.catalog import CatalogConfig, CatalogConfigError, MissingCredentialError
+from icefall.catalog import (
+    CatalogConfig,
+    CatalogConfigError,
+    CatalogCredentialsRefusedError,
+    MissingCredentialError,
+)
+from icefall.catalog.refusal import refusal
 from icefall.commit.errors import CorruptStateError
 from icefall.commit.protocol import EPOCH_CLAIM_PROPERTY, RESET_PROPERTY
 from icefall.commit.state import state_of
@@ -253,6 +260,12 @@ class TableObserver:
                 f"the table {'.'.join(st.table_identifier)} does not exist yet (the driver creates it)"
             )
         except Exception as error:  # any client error: a condition, never a crash
+            refused = refusal(error)
+            if refused is not None and config is not None:
+                if not isinstance(error, CatalogCredentialsRefusedError):
+                    refused = str(CatalogCredentialsRefusedError.of(config, refused))
+                issues.append(Issue(ConditionReason.CATALOG_CREDENTIALS_REFUSED, config.mask(refused)))
+                return None
             text = f"{type(error).__name__}: {error}"
             if config is not None:
                 text = config.mask(text)
@@ -272,7 +285,7 @@ class TableObserver:
     ) -> tuple[dict[int, tuple[int, int]] | None, str | None, int | None]:
         """The topic's watermarks and id, and the produce time of the oldest record past the `committed`
         offsets (None: nothing waits, or unknown); (None, None, None) when Kafka could not be read."""
-        from icefall.kafka.admin import TopicView
+        from icefall.kafka.admin import KafkaCredentialsRefusedError, TopicView
         from icefall.kafka.security import MissingSecretError, librdkafka_config
 
         source = st.spec.source
@@ -295,6 +308,9 @@ class TableObserver:
                 return marks, topic_id, oldest
         except Exception as error:  # any client error: a condition, never a crash
             text = _mask(f"{type(error).__name__}: {error}", secrets)
+            if isinstance(error, KafkaCredentialsRefusedError):  # names the fields to fix
+                issues.append(Issue(ConditionReason.KAFKA_CREDENTIALS_REFUSED, _mask(str(error), secrets)))
+                return None, None, None
             issues.append(
                 Issue(
                     ConditionReason.KAFKA_UNAVAILABLE,

@@ -39,6 +39,7 @@ from icefall.plan.conditions import (
     degraded_event,
     degraded_reason,
     derive_conditions,
+    driver_refusal,
     set_condition,
     should_write_status,
 )
@@ -142,6 +143,9 @@ def derive(
     if reported is not None:  # the operator could not measure; the running driver did
         summary, unmeasured = reported, ""
     issues = [*observed.issues, *summary.issues, *writer_issues(writer, now)]
+    refused = driver_refusal(decision.state, decision.history)
+    if refused is not None and refused.reason not in {issue.reason for issue in issues}:
+        issues.append(refused)  # the operator's own probe, when it has the credentials, says it already
     events: list[Event] = []
     if owner is not None:
         issue, event = _claimed(st, owner, decision)

@@ -14,13 +14,15 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   runs no driver on purpose); else True while the driver runs — CaughtUp (within target, or nothing to
   read) or CatchingUp;
   False when it does not (Starting, DriverFailed, Suspended, Deleting) or a blocking issue stops it
-  (TableClaimedByOther, BadRecordHalted, KafkaUnavailable, CatalogUnavailable, CommitConflict,
+  (TableClaimedByOther, BadRecordHalted, KafkaCredentialsRefused, CatalogCredentialsRefused,
+  KafkaUnavailable, CatalogUnavailable, CommitConflict,
   WaitingForLease); Unknown when the driver's node stopped reporting.
 - FreshnessMet: True (WithinTarget) when freshness <= spec.freshness.targetSeconds or the topic is empty;
   False when behind (BehindTarget) or records wait and nothing is committed (NoCommitsYet); Unknown before
   the first measurement (NoCommitsYet), when it cannot be measured (NotMeasured, with `unmeasured` as the
   message), while suspended and while deleting.
 - Degraded: True with the most severe of DataLoss, OffsetsAheadOfTopic, BadRecordHalted, InvalidSpec,
+  CatalogCredentialsRefused, KafkaCredentialsRefused (they outrank the driver failures they cause),
   DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else False
   (Healthy, Deleting).
 
@@ -55,7 +57,7 @@ from icefall.api import (
     StreamingTable,
     StreamingTableStatus,
 )
-from icefall.plan.driver import DriverState, Event, EventReason, EventType
+from icefall.plan.driver import DriverHistory, DriverState, Event, EventReason, EventType
 
 _R = ConditionReason
 _T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
@@ -64,6 +66,8 @@ _T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOW
 INGEST_BLOCKING: tuple[ConditionReason, ...] = (
     _R.TABLE_CLAIMED,
     _R.BAD_RECORD_HALTED,
+    _R.KAFKA_CREDENTIALS_REFUSED,
+    _R.CATALOG_CREDENTIALS_REFUSED,
     _R.KAFKA_UNAVAILABLE,
     _R.REGISTRY_UNAVAILABLE,
     _R.CATALOG_UNAVAILABLE,
@@ -77,6 +81,9 @@ DEGRADING: tuple[ConditionReason, ...] = (
     _R.OFFSETS_AHEAD_OF_TOPIC,
     _R.BAD_RECORD_HALTED,
     _R.INVALID_SPEC,
+    # A configuration error a person must fix; it outranks the driver failures it causes.
+    _R.CATALOG_CREDENTIALS_REFUSED,
+    _R.KAFKA_CREDENTIALS_REFUSED,
     _R.DRIVER_FAILED,
     _R.DEAD_LETTER_FAILED,
     _R.SCHEMA_CHANGE_REFUSED,
@@ -98,6 +105,23 @@ class Issue:
         if self.reason not in ISSUE_REASONS:
             allowed = ", ".join(sorted(r.value for r in ISSUE_REASONS))
             raise ValueError(f"{self.reason.value} is not an issue reason; use one of {allowed}")
+
+
+#: Reasons a driver leaves as the first word of its termination message (icefall.cli), with a colon.
+DRIVER_REFUSALS = (_R.CATALOG_CREDENTIALS_REFUSED, _R.KAFKA_CREDENTIALS_REFUSED)
+
+
+def driver_refusal(state: DriverState, history: DriverHistory) -> Issue | None:
+    """The refusal the last failed driver named in its termination message (`<Reason>: <what to fix>`),
+    while no driver has got past it (the next one is backed off or starting), else None."""
+    message = history.last_message or ""
+    reason, _, text = message.partition(": ")
+    if history.failures == 0 or state not in (DriverState.BACKING_OFF, DriverState.STARTING):
+        return None
+    for refused in DRIVER_REFUSALS:
+        if reason == refused.value and text:
+            return Issue(refused, f"the driver stopped: {text}"[:MAX_MESSAGE])
+    return None
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ TERMINATING_POLL_SECONDS = 5.0
 OOM_KILLED = "OOMKilled"
 #: Where a table sets its driver's memory limit (named in the message of an OOM kill).
 DRIVER_MEMORY_FIELD = "spec.pods.driver.resources.limits.memory"
+#: How much of a termination message is kept (Kubernetes allows 4096 bytes; the history is an annotation).
+MAX_TERMINATION_MESSAGE = 1000
 
 
 class PodPhase(StrEnum):
@@ -85,6 +87,7 @@ class DriverPod:
     finished_at: datetime | None = None  # when the container terminated
     waiting_reason: str | None = None  # e.g. ImagePullBackOff, CreateContainerConfigError
     memory_limit: str | None = None  # the container's resources.limits.memory, as written (e.g. 300Mi)
+    message: str | None = None  # the terminated container's termination message (its last words)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class DriverHistory:
     last_exit_code: int | None = None
     last_reason: str | None = None
     last_memory_limit: str | None = None  # of the pod that failed last (named when it was OOM-killed)
+    last_message: str | None = None  # its termination message (e.g. "CatalogCredentialsRefused: ...")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, for an annotation or a status field."""
@@ -109,6 +113,7 @@ class DriverHistory:
             "lastExitCode": self.last_exit_code,
             "lastReason": self.last_reason,
             "lastMemoryLimit": self.last_memory_limit,
+            "lastMessage": self.last_message,
         }
 
     @classmethod
@@ -126,6 +131,7 @@ class DriverHistory:
                 last_exit_code=data.get("lastExitCode"),
                 last_reason=data.get("lastReason"),
                 last_memory_limit=data.get("lastMemoryLimit"),
+                last_message=data.get("lastMessage"),
             )
         except (TypeError, ValueError):
             return cls()
@@ -339,6 +345,7 @@ def _exited(
         last_exit_code=observed.exit_code,
         last_reason=observed.reason,
         last_memory_limit=observed.memory_limit,
+        last_message=observed.message,
     )
     event = Event(
         reason,
@@ -454,6 +461,9 @@ def driver_pod_from_object(pod: Mapping[str, Any]) -> DriverPod:
         finished_at=_time(terminated.get("finishedAt")),
         waiting_reason=waiting.get("reason"),
         memory_limit=str(limits["memory"]) if limits.get("memory") is not None else None,
+        message=(str(terminated["message"]).strip()[:MAX_TERMINATION_MESSAGE] or None)
+        if terminated.get("message")
+        else None,
     )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from icefall.catalog import CatalogConfig
+from icefall.devstack.catalog_auth import CatalogAuthProxy
 from icefall.devstack.gcs import GcsEmulator
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
@@ -145,6 +146,23 @@ def rest_catalog_s3(
     ).start()
     yield server
     server.stop()
+
+
+#: The one client `rest_catalog_auth` knows: `credential` is `<id>:<secret>` (Iceberg's OAuth2 form).
+REST_CLIENT_ID, REST_CLIENT_SECRET = "icefall-it", "it-client-secret"
+#: Its tokens' lifetime: long enough for any test here; tests of refresh run a proxy of their own.
+REST_TOKEN_TTL = 600.0
+
+
+@pytest.fixture(scope="session")
+def rest_catalog_auth(rest_catalog_s3: RESTCatalogServer) -> Iterator[CatalogAuthProxy]:
+    """`rest_catalog_s3` behind an OAuth2 front that checks credentials (icefall.devstack.catalog_auth):
+    client credentials `REST_CLIENT_ID`/`REST_CLIENT_SECRET`; the Iceberg fixture alone grants anything."""
+    proxy = CatalogAuthProxy(
+        rest_catalog_s3.uri, {REST_CLIENT_ID: REST_CLIENT_SECRET}, token_ttl=REST_TOKEN_TTL
+    ).start()
+    yield proxy
+    proxy.stop()
 
 
 @pytest.fixture(scope="session")

@@ -111,9 +111,11 @@ def shared_catalog(
     request: Any, kind: str, bucket: str = "it-lake", *, name: str = "icefall"
 ) -> SharedCatalog:
     """`postgres-s3`: Iceberg's JDBC catalog on the `postgres` fixture, files in the `object_store` fixture
-    (MinIO); `rest-s3`: Iceberg's REST server `rest_catalog_s3` (on PostgreSQL, files in MinIO). `request`
-    is the test's pytest request: the servers are its session fixtures. Secrets by `env` reference only.
-    `postgres-gcs`: the JDBC catalog on `postgres`, files in the `gcs` fixture (fake-gcs-server), gs://."""
+    (MinIO); `rest-s3`: Iceberg's REST server `rest_catalog_s3` (on PostgreSQL, files in MinIO) behind
+    `rest_catalog_auth`, which checks the OAuth2 client credential (`credential` by `env` reference).
+    `request` is the test's pytest request: the servers are its session fixtures. Secrets by `env`
+    reference only. `postgres-gcs`: the JDBC catalog on `postgres`, files in the `gcs` fixture
+    (fake-gcs-server), gs://, no storage credentials."""
     if kind == "postgres-gcs":
         return _postgres_gcs(request, bucket, name)
     store = request.getfixturevalue("object_store")
@@ -141,13 +143,16 @@ def shared_catalog(
             "secretProperties": {**secrets, "password": {"env": "IT_PG_PASSWORD"}},
         }
     elif kind == "rest-s3":
-        rest = request.getfixturevalue("rest_catalog_s3")
+        from icefall.testing.plugin import REST_CLIENT_ID, REST_CLIENT_SECRET
+
+        front = request.getfixturevalue("rest_catalog_auth")
+        env["IT_REST_CREDENTIAL"] = f"{REST_CLIENT_ID}:{REST_CLIENT_SECRET}"
         block = {
             "name": name,
             "type": "rest",
-            "uri": rest.uri,
-            "properties": properties,
-            "secretProperties": secrets,
+            "uri": front.uri,
+            "properties": {**properties, "oauth2-server-uri": f"{front.uri}/v1/oauth/tokens"},
+            "secretProperties": {**secrets, "credential": {"env": "IT_REST_CREDENTIAL"}},
         }
     else:
         raise ValueError(f"unknown shared catalog {kind!r}; one of {SHARED_CATALOGS}")
