@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the Go binaries the test stack needs from the Go module proxy, cached by version:
 #   kube-apiserver + kubectl + kube-controller-manager + kube-scheduler + kubelet (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3),
-#   helm, minio (github.com/minio/minio: the S3-compatible object store), promtool (Prometheus's rule checker
+#   helm, minio (github.com/minio/minio: the S3-compatible object store), fake-gcs-server (a Google Cloud
+#   Storage emulator, for gs:// tables), promtool (Prometheus's rule checker
 #   and rule unit-test runner); on request only, kind
 #   (sigs.k8s.io/kind, for `make e2e-kind`, which needs Docker).
 # `go install` cannot build kube-apiserver or etcd (their go.mod files use replace directives), so each is
 # built from a small wrapper module that pins the staging modules to the matching v0.Y.Z versions.
 #
-# Usage: hack/build-go-tools.sh [kube|etcd|helm|minio|promtool|kind|all]   (prints the bin folder; all: not kind)
+# Usage: hack/build-go-tools.sh [kube|etcd|helm|minio|fake-gcs-server|promtool|kind|all]   (prints the bin folder; all: not kind)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -103,6 +104,10 @@ build_helm() {
 # Left unstamped, it reports itself as a development build, which changes nothing the tests use.
 build_minio() { go_install_cached minio "$MINIO_VERSION" "github.com/minio/minio"; }
 
+build_fake_gcs_server() {
+  go_install_cached fake-gcs-server "$FAKE_GCS_SERVER_VERSION" "github.com/fsouza/fake-gcs-server"
+}
+
 build_kind() { go_install_cached kind "$KIND_VERSION" "sigs.k8s.io/kind"; }
 
 # Only promtool, from the Prometheus module (its go.mod has no replace directives). `remove_all_sd` leaves out
@@ -135,8 +140,9 @@ case ${1:-all} in
   etcd) build_etcd ;;
   helm) build_helm ;;
   minio) build_minio ;;
+  fake-gcs-server) build_fake_gcs_server ;;
   promtool) build_promtool ;;
   kind) build_kind ;;
-  all) build_etcd && build_kube && build_helm && build_minio && build_promtool ;;
-  *) echo "usage: $0 [kube|etcd|helm|minio|promtool|kind|all]" >&2; exit 2 ;;
+  all) build_etcd && build_kube && build_helm && build_minio && build_fake_gcs_server && build_promtool ;;
+  *) echo "usage: $0 [kube|etcd|helm|minio|fake-gcs-server|promtool|kind|all]" >&2; exit 2 ;;
 esac

@@ -80,17 +80,17 @@ def test_ingest_in_process_exactly_once(
     assert_exactly_once(catalog_config, "orders_inproc", high, bad, bootstrap=kafka.bootstrap)
 
 
+IN_MAKE_TEST = {("postgres-gcs", "main.after-commit"), ("postgres-azure", "main.after-commit")}
 # On the embedded catalog, test_failpoint_kills.py's chains kill at main.after-stage and main.after-commit.
 CRASHES = [
     *((kind, point) for kind in ["embedded"] for point in ["main.after-prepare", "main.before-commit"]),
-    # Azure storage's one case in `make test`: exactly once across a crash, table and dead letters on abfss://.
-    ("postgres-azure", "main.after-commit"),
-    # The other shared catalogs' crashes are `long` (`make test-all`), to keep `make test` within CI's time.
+    # The shared catalogs' crashes are `long` (`make test-all`), to keep `make test` within CI's time, but
+    # for one on gs:// (fake-gcs-server) and one on abfss:// (Azurite): `make test`'s exactly-once proof for
+    # tables and dead letters in GCS and Azure storage.
     *(
-        pytest.param(kind, point, marks=pytest.mark.long)
+        pytest.param(kind, point, marks=() if (kind, point) in IN_MAKE_TEST else pytest.mark.long)
         for kind in SHARED_CATALOGS
         for point in ["main.after-stage", "main.after-commit"]
-        if (kind, point) != ("postgres-azure", "main.after-commit")
     ),
 ]
 
@@ -100,8 +100,9 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
     kafka: KafkaBroker, tmp_path: Path, request: pytest.FixtureRequest, catalog: str, failpoint: str
 ) -> None:
     """`icefall run` killed at a commit failpoint, then run again: on the embedded catalog, and on the shared
-    catalogs a cluster uses (PostgreSQL JDBC and Iceberg's REST server, table files in S3 or Azure storage),
-    where Spark writes through S3FileIO or ADLSFileIO and the compare-and-swap is the catalog server's."""
+    catalogs a cluster uses (PostgreSQL JDBC and Iceberg's REST server, table files in S3, GCS or Azure
+    storage), where Spark writes through S3FileIO, GCSFileIO or ADLSFileIO and the compare-and-swap is the
+    catalog server's."""
     topic = f"it-crash-{catalog}-{failpoint.replace('.', '-')}"
     name = f"crash_{catalog}_{failpoint}".replace("-", "_").replace(".", "_")
     kafka.create_topic(topic, partitions=2)
@@ -134,7 +135,9 @@ def test_killed_at_failpoint_then_restarted_is_exactly_once(
     config = shared.config(st) if shared else CatalogConfig.embedded(state)
     if shared is not None:
         table = config.pyiceberg().load_table(("it", name))
-        assert table.metadata.location.startswith(shared.scheme), table.metadata.location
+        assert table.metadata.location.startswith(f"{shared.scheme}://"), table.metadata.location
+        dead_letters = config.pyiceberg().load_table(("it", f"{name}_dlq")).metadata.location
+        assert dead_letters.startswith(f"{shared.scheme}://"), dead_letters
     assert_exactly_once(config, name, high, bad, bootstrap=kafka.bootstrap)
 
 

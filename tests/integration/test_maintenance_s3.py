@@ -1,14 +1,16 @@
-"""Maintenance on tables whose files live in an object store, on a shared catalog: S3 (MinIO) and Azure
-storage (Azurite, `abfss://`).
+"""Maintenance on tables whose files live in an object store, on a shared catalog: S3 (MinIO), Google Cloud
+Storage (fake-gcs-server, `gs://`) and Azure storage (Azurite, `abfss://`), one parametrized test.
 
-Proves, with Spark's Iceberg runtime writing through S3FileIO or ADLSFileIO and the maintenance worker
-(`run_item`, what the compaction pods run) on a JDBC catalog on PostgreSQL and on Iceberg's REST server:
-- the planner's view lists the table's objects in the store with the table's own FileIO settings (endpoint,
-  region, credentials), in the same spelling as the metadata's paths, and sees a stray object as an orphan;
+Proves, with Spark's Iceberg runtime writing through S3FileIO, GCSFileIO or ADLSFileIO and the maintenance
+worker (`run_item`, what the compaction pods run) on a JDBC catalog on PostgreSQL and on Iceberg's REST
+server:
+- the planner's view lists the table's objects in the store with the table's own FileIO settings
+  (endpoint, region, credentials), in the same spelling as the metadata's paths (`s3://`, `gs://`,
+  `abfss://`), and sees a stray object as an orphan;
 - compaction rewrites a partition's small files into fewer, keeping the rows;
-- snapshot expiry deletes the files only expired snapshots reached, from S3;
-- orphan removal deletes exactly the stray object from S3 once it is past the safety window, and the rows
-  are unchanged throughout.
+- snapshot expiry deletes the files only expired snapshots reached, from the store;
+- orphan removal deletes exactly the stray object from the store once it is past the safety window, and
+  the rows are unchanged throughout.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def rows(config: CatalogConfig, identifier: tuple[str, ...]) -> Counter[tuple[An
 
 
 @pytest.mark.parametrize("kind", SHARED_CATALOGS)
-def test_compaction_expiry_and_orphan_removal_in_s3(
+def test_compaction_expiry_and_orphan_removal_in_object_storage(
     spark: SparkSession, request: pytest.FixtureRequest, kind: str
 ) -> None:
     catalog_name = f"maint_{kind.replace('-', '_')}"
@@ -63,7 +65,7 @@ def test_compaction_expiry_and_orphan_removal_in_s3(
     for i in range(6):
         spark.sql(f"INSERT INTO {table_name} VALUES ({i}, 'a'), ({100 + i}, 'b')")
     table = config.pyiceberg().load_table(identifier)
-    assert table.location().startswith(shared.scheme), table.location()
+    assert table.location().startswith(f"{shared.scheme}://"), table.location()
     before = rows(config, identifier)
 
     # A stray object under the table's location, written by someone else: an orphan.
@@ -99,7 +101,7 @@ def test_compaction_expiry_and_orphan_removal_in_s3(
     assert expired.outcome is Outcome.DONE
     view = read_table_view(config.pyiceberg().load_table(identifier))
     gone = listed - {o.path for o in view.storage}
-    assert len(gone) >= 12, "the small files only expired snapshots reached were deleted from S3"
+    assert len(gone) >= 12, "the small files only expired snapshots reached were deleted from the store"
     assert rows(config, identifier) == before
 
     later = int(time.time() * 1000) + HOUR_MS + 60_000

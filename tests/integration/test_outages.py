@@ -10,7 +10,9 @@ Proves, with `icefall run` as a user starts it (a subprocess on local Spark):
 - a table on PostgreSQL (JDBC catalog) with its files in MinIO: the object store stopped ~15 s and then the
   catalog's database stopped ~15 s, records produced during each outage: the same process logs one line per
   attempt naming the object store's endpoint / the catalog's URI, resumes by itself, and every record lands
-  exactly once; `icefall status` with the catalog down is one line naming it, exit non-zero.
+  exactly once; `icefall status` with the catalog down is one line naming it, exit non-zero;
+- (`long`) a table in Google Cloud Storage (fake-gcs-server): the store stopped ~15 s, the same (pyiceberg
+  meets the outage first, bounded by icefall.catalog.gcs_io).
 
 Not proven here: an outage that begins in the middle of Spark's Kafka read (the Java consumer waits for the
 broker up to its poll timeout, then the batch fails and is planned again; the commit protocol's unknown
@@ -34,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.devstack.gcs import GcsEmulator
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
@@ -249,3 +252,63 @@ def test_icefall_run_waits_out_object_store_and_catalog_outages(tmp_path: Path, 
             proc.kill()
         postgres.stop()
         store.stop()
+
+
+@pytest.mark.long
+def test_icefall_run_waits_out_a_gcs_outage(tmp_path: Path, kafka: KafkaBroker) -> None:
+    """A table in Google Cloud Storage (fake-gcs-server; a SQLite catalog): the store stopped ~15 s while
+    records keep coming. The same process logs one line per attempt naming the store's endpoint, resumes by
+    itself, and every record lands exactly once."""
+    emulator = GcsEmulator(tmp_path / "gcs").start()
+    proc = None
+    try:
+        emulator.create_bucket("outage-gcs")
+        block: dict[str, Any] = {
+            "name": "outage_gcs",
+            "type": "sql",
+            "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+            "warehouse": "gs://outage-gcs/lake",
+            "properties": emulator.properties(),
+        }
+        topic, name = "outage-gcs", "outage_gcs"
+        kafka.create_topic(topic, partitions=2)
+        produce(kafka, topic, 0, 200)
+        manifest = tmp_path / "table.yaml"
+        manifest.write_text(manifest_text(name, topic, kafka.bootstrap, catalog=block))
+        config = CatalogConfig.for_table(load_manifest(manifest).spec)
+        state, log, port = tmp_path / "state", tmp_path / "run.log", free_port()
+        proc = start_run(manifest, state, port, log)
+
+        def caught_up() -> bool:
+            return committed(config, name) == watermarks(kafka, topic)
+
+        wait_for("caught up", caught_up, 400, proc, log)
+        label = {"table": f"{NAMESPACE}.{name}", "service": "object_store"}
+        emulator.stop()
+        down = time.monotonic()
+        produce(kafka, topic, 200, 100)
+        wait_for(
+            "showing the GCS outage",
+            lambda: metric(scrape(port), "icefall_ingest_unavailable", **label) == 1,
+            180, proc, log,
+        )  # fmt: skip
+        while time.monotonic() - down < 15:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            time.sleep(1)
+        emulator.start()
+        wait_for("caught up after the GCS outage", caught_up, 300, proc, log)
+        assert metric(scrape(port), "icefall_ingest_unavailable", **label) == 0
+        lines = [
+            line
+            for line in log.read_text().splitlines()
+            if "retrying in" in line and emulator.endpoint in line
+        ]
+        assert lines, log.read_text()[-4000:]
+        print(*lines[:3], sep="\n")
+        stop_run(proc, log)
+        assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
+        assert_exactly_once(config, name, watermarks(kafka, topic), set(), bootstrap=kafka.bootstrap)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        emulator.stop()

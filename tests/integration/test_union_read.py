@@ -8,8 +8,9 @@ more of them from the tail), while an Ingestor commits batch after batch in the 
 writes (each read equals the topic up to its own cut: no duplicate, no gap), and after a writer process is
 killed in the middle of a commit; for an upsert table the tail's updates, inserts and deletes are applied
 by key (the same rows ingestion then commits); a topic deleted and created again is refused; `icefall
-read` prints the cut and the rows as CSV, JSON lines, Parquet and a table. The first of these also runs on a
-table in Azure storage (`abfss://` on Azurite, JDBC catalog on PostgreSQL). Not covered here: cdc tables
+read` prints the cut and the rows as CSV, JSON lines, Parquet and a table. The first of these also runs on
+tables in GCS and Azure storage (`gs://` on fake-gcs-server, `abfss://` on Azurite; JDBC catalog on
+PostgreSQL). Not covered here: cdc tables
 (the same code path as upsert; the decode tests cover cdc).
 """
 
@@ -102,22 +103,43 @@ def ingest_to_end(st: StreamingTable, config: CatalogConfig, spark: SparkSession
         ingestor.close()
 
 
-@pytest.mark.parametrize("storage", ["embedded", "postgres-azure"])
-def test_append_table_plus_tail_is_the_whole_topic(
-    kafka: KafkaBroker, spark: SparkSession, tmp_path: Path, request: pytest.FixtureRequest, storage: str
+def table_on(
+    storage: str,
+    request: pytest.FixtureRequest,
+    spark: SparkSession,
+    embedded: CatalogConfig,
+    **manifest: Any,
+) -> tuple[StreamingTable, CatalogConfig]:
+    """The test manifest (`manifest_text(**manifest)`) on `storage`: the embedded catalog, or a shared
+    catalog under its own catalog name, added to the tests' one Spark session."""
+    if storage == "embedded":
+        return load_manifest(manifest_text(**manifest)), embedded
+    shared = shared_catalog(request, storage, name=f"union_{storage.replace('-', '_')}")
+    st = load_manifest(manifest_text(**manifest, catalog=shared.block))
+    config = shared.config(st)
+    for key, value in config.spark_conf().items():
+        spark.conf.set(key, value)
+    return st, config
+
+
+# On gs:// and abfss:// too (fake-gcs-server, Azurite; a JDBC catalog on PostgreSQL): Spark writes through
+# GCSFileIO / ADLSFileIO, pyiceberg reads the table through pyarrow's GcsFileSystem / AzureFileSystem.
+@pytest.mark.parametrize("storage", ["embedded", "postgres-gcs", "postgres-azure"])
+def test_append_table_plus_tail_is_the_whole_topic(  # noqa: PLR0917 (fixtures)
+    kafka: KafkaBroker,
+    spark: SparkSession,
+    catalog_config: CatalogConfig,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    storage: str,
 ) -> None:
     topic = f"it-union-append-{storage}"
-    catalog_config: CatalogConfig = request.getfixturevalue("catalog_config")
-    if storage != "embedded":  # a second catalog in the tests' one Spark session, files in Azure storage
-        shared = shared_catalog(request, storage, name="union_azure")
-        catalog_config = shared.config(
-            load_manifest(manifest_text("unused", "it-unused", "127.0.0.1:1", catalog=shared.block))
-        )
-        for key, value in catalog_config.spark_conf().items():
-            spark.conf.set(key, value)
     kafka.create_topic(topic, partitions=3)
     produce(kafka, topic, 0, 300, bad_every=25)
-    st = streaming_table("union_append", topic, kafka.bootstrap, batch={"maxRecords": 100})
+    st, catalog_config = table_on(
+        storage, request, spark, catalog_config,
+        name="union_append", topic=topic, bootstrap=kafka.bootstrap, batch={"maxRecords": 100},
+    )  # fmt: skip
     assert ingest_to_end(st, catalog_config, spark, tmp_path / "lease") >= 3
     table = catalog_config.pyiceberg().load_table(st.table_identifier)
     committed = read_committed(table)

@@ -26,6 +26,13 @@ reference reads that variable, a `secretKeyRef` reads the variable the operator 
   pyiceberg gets `py-io-impl` AzureFileIO unless set (pyiceberg 0.12's own FileIO misreads these locations);
   Spark gets `io-impl` ADLSFileIO and the Java names of the key and endpoint, derived from pyiceberg's
   `adls.account-name`, `adls.account-key` and `adls.dfs-storage-authority`/`-scheme`, unless set.
+- Google Cloud Storage (a `gs://` warehouse or any `gcs.*` property): Spark only, `io-impl` GCSFileIO unless
+  set. `gcs.service.host` (an emulator's or private endpoint), `gcs.project-id`, `gcs.no-auth` and
+  `gcs.oauth2.token` pass through to both sides. Without a token both clients use Google's default
+  credential chain: on GKE that is Workload Identity, so no key is stored anywhere. `gcs.no-auth=true` (an
+  emulator) also gives pyiceberg a placeholder token, since its pyarrow GcsFileSystem has no anonymous
+  switch: a token is sent and the emulator ignores it. pyiceberg's FileIO is `icefall.catalog.gcs_io.
+  GcsFileIO` unless `py-io-impl` is set: GCS calls fail after seconds, not the client's 15 minutes.
 - always, Spark: `cache-enabled=false`, since pyiceberg moves refs behind Spark's back.
 
 Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
@@ -58,6 +65,11 @@ if TYPE_CHECKING:
 SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+GCS_FILE_IO = "org.apache.iceberg.gcp.gcs.GCSFileIO"
+PY_GCS_FILE_IO = "icefall.catalog.gcs_io.GcsFileIO"  # pyiceberg's PyArrowFileIO, GCS retries bounded
+# pyiceberg's stand-in for `gcs.no-auth` (see the module doc): a token an emulator ignores, valid until 2100.
+GCS_NO_AUTH_TOKEN = "icefall-no-auth"
+GCS_NO_AUTH_EXPIRES_MS = "4102444800000"
 DEFAULT_S3_REGION = "us-east-1"  # when the spec names none (see the module doc)
 SQLITE_BUSY_TIMEOUT_MS = "30000"  # SQLite allows one writer at a time: wait for the lock, do not fail
 POSTGRES_DRIVER = "psycopg2"  # SQLAlchemy's driver for postgresql:// (pyiceberg[sql-postgres])
@@ -77,6 +89,7 @@ _DERIVED = {
 _USER_KEYS = ("user", "jdbc.user")
 _PASSWORD_KEYS = ("password", "jdbc.password")
 _S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+_GCS_SCHEMES = ("gs://",)
 
 
 class CatalogConfigError(ValueError):
@@ -266,6 +279,11 @@ class CatalogConfig:
             props["s3.force-virtual-addressing"] = "false" if path_style.lower() == "true" else "true"
         if self.uses_azure:
             props.setdefault("py-io-impl", PY_AZURE_FILE_IO)
+        if props.get("gcs.no-auth", "").lower() == "true" and "gcs.oauth2.token" not in props:
+            props["gcs.oauth2.token"] = GCS_NO_AUTH_TOKEN
+            props["gcs.oauth2.token-expires-at"] = GCS_NO_AUTH_EXPIRES_MS
+        if self.uses_gcs:
+            props.setdefault("py-io-impl", PY_GCS_FILE_IO)
         return props
 
     def spark_conf(self) -> dict[str, str]:
@@ -297,6 +315,8 @@ class CatalogConfig:
         if self.uses_azure:
             for key, value in java_properties(props, self.warehouse).items():
                 options.setdefault(key, value)
+        if self.uses_gcs:
+            options.setdefault("io-impl", GCS_FILE_IO)
         # pyiceberg moves refs (staging branches, main) behind Spark's back: never serve cached metadata.
         options["cache-enabled"] = "false"
         prefix = f"spark.sql.catalog.{self.name}"
@@ -317,6 +337,12 @@ class CatalogConfig:
         """Table files live in Azure storage (an abfs(s)/wasb(s) warehouse or adls.* properties)."""
         keys = [*self.properties, *self.secrets]
         return is_azure_location(self.warehouse) or any(key.startswith("adls.") for key in keys)
+    def uses_gcs(self) -> bool:
+        """Table files live in Google Cloud Storage (a gs:// warehouse or gcs.* properties)."""
+        keys = [*self.properties, *self.secrets]
+        return bool(self.warehouse and self.warehouse.startswith(_GCS_SCHEMES)) or any(
+            key.startswith("gcs.") for key in keys
+        )
 
     @property
     def database(self) -> Path:

@@ -3,7 +3,7 @@
 `make` exports their folders as environment variables (ICEFALL_KUBE_BIN, ICEFALL_ETCD_BIN, ICEFALL_HELM_BIN,
 ICEFALL_MINIO_BIN, ICEFALL_PROMTOOL_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_REST_CATALOG_JARS,
 ICEFALL_REGISTRY_HOME: the unpacked schema registry distribution, ICEFALL_AZURITE_BIN: the Azure Storage
-emulator's executables).
+emulator's executables, ICEFALL_FAKE_GCS_BIN: the GCS emulator).
 When one is unset and this runs from a checkout, the matching `hack/` script is called: it builds or resolves
 into the version-keyed cache and prints the folder.
 """
@@ -19,6 +19,7 @@ _SCRIPTS = {
     "ICEFALL_ETCD_BIN": ("build-go-tools.sh", "etcd"),
     "ICEFALL_HELM_BIN": ("build-go-tools.sh", "helm"),
     "ICEFALL_MINIO_BIN": ("build-go-tools.sh", "minio"),
+    "ICEFALL_FAKE_GCS_BIN": ("build-go-tools.sh", "fake-gcs-server"),
     "ICEFALL_PROMTOOL_BIN": ("build-go-tools.sh", "promtool"),
     "ICEFALL_KAFKA_JARS": ("fetch-jars.sh", "kafka"),
     "ICEFALL_SPARK_JARS": ("fetch-jars.sh", "spark"),

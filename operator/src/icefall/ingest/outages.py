@@ -17,7 +17,10 @@ those clients' exception names and were not seen yet: the Python clients meet an
   driver's connection errors (`PSQLException`, `SQLTransientConnectionException`, `SQLNonTransientConnection
   Exception`) or the Iceberg REST client's `RESTException`/`ServiceUnavailableException`;
 - the object store: pyarrow's `OSError` "AWS Error NETWORK_CONNECTION" (curl could not connect or timed
-  out) and from Spark the AWS SDK's `SdkClientException` ("Unable to execute HTTP request");
+  out), pyarrow's GCS `OSError` "google::cloud::Status(UNAVAILABLE ... CURL error [7]" (seen with
+  fake-gcs-server stopped, after `icefall.catalog.gcs_io`'s bounded retries) and from Spark the AWS SDK's
+  `SdkClientException` ("Unable to execute HTTP request"); Iceberg Java's GCSFileIO errors are not
+  classified yet (a GCS outage seen first by Spark is raised);
 - the schema registry: `RegistryUnavailableError` from `icefall.kafka.registry` (not reached, timed out,
   408/429/5xx), seen with the real registry stopped (tests/integration/test_registry.py); a registry
   that refuses the credentials or lacks the subject (`RegistryError`) is a configuration error, raised.
@@ -73,6 +76,7 @@ _MARKERS: tuple[tuple[Service, re.Pattern[str]], ...] = (
         Service.OBJECT_STORE,
         re.compile(
             r"AWS Error (NETWORK_CONNECTION|SERVICE_UNAVAILABLE)|curlCode: (7|28)\b"
+            r"|google::cloud::Status\(UNAVAILABLE|CURL error \[(7|28)\]"
             r"|software\.amazon\.awssdk\.core\.exception\.SdkClientException"
             r"|Unable to execute HTTP request"
         ),
@@ -226,7 +230,8 @@ def service_addresses(
     """Where each service is, as the outage lines name it: the bootstrap servers (and topic), the catalog's
     URI (secrets masked), the object store's endpoint (or the warehouse) and the schema registry's URL
     (`registry`, when the format has one; any user:password@ in it left out)."""
-    store = catalog.properties.get("s3.endpoint") or catalog.warehouse or ""
+    properties = catalog.properties
+    store = properties.get("s3.endpoint") or properties.get("gcs.service.host") or catalog.warehouse or ""
     where = {
         Service.KAFKA: f"{bootstrap} for topic '{topic}'",
         Service.CATALOG: catalog.mask(catalog.uri),

@@ -1,7 +1,7 @@
 """Build the one long-lived SparkSession a process uses, with Icefall's jars and catalogs.
 
 Spark session start costs seconds, so callers keep it for their life (tests share one per run).
-The jars are the list in `spark_images/pom.xml` (Iceberg's Spark runtime and S3FileIO, Spark's Kafka
+The jars are the list in `spark_images/pom.xml` (Iceberg's Spark runtime, S3FileIO, GCSFileIO, Spark's Kafka
 source, the JDBC drivers). `spark_jars` finds them: in the folder `ICEFALL_SPARK_JARS` names when it is
 set (a checkout: `hack/tool-env.sh` exports it), else already in Spark's own jar folder
 (`$SPARK_HOME/jars`, where the image puts them, so no `spark.jars` is set); otherwise it fails with one

@@ -1,5 +1,6 @@
 """Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, Spark + catalog,
-PostgreSQL, the Iceberg REST catalog server, an S3 object store (MinIO) and a schema registry (Apicurio).
+PostgreSQL, the Iceberg REST catalog server, an S3 object store (MinIO), a Google Cloud Storage emulator
+(fake-gcs-server) and a schema registry (Apicurio).
 
 Each component starts once per run on free loopback ports and is stopped at the end of the run, including
 after Ctrl-C; if the run is killed outright, the parent-death signal ends the children. A component that
@@ -18,6 +19,7 @@ import pytest
 from icefall.catalog import CatalogConfig
 from icefall.devstack.azurite import Azurite
 from icefall.devstack.catalog_auth import CatalogAuthProxy
+from icefall.devstack.gcs import GcsEmulator
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.objectstore import ObjectStore
@@ -127,6 +129,14 @@ def azurite(stack_dir: Path) -> Iterator[Azurite]:
     server = Azurite(stack_dir / "azurite").start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs(stack_dir: Path) -> Iterator[GcsEmulator]:
+    """fake-gcs-server: gs:// buckets on loopback, any credentials accepted (`gcs.no-auth`)."""
+    emulator = GcsEmulator(stack_dir / "gcs").start()
+    yield emulator
+    emulator.stop()
 
 
 @pytest.fixture(scope="session")

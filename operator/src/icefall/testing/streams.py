@@ -100,11 +100,11 @@ class SharedCatalog:
 
     @property
     def scheme(self) -> str:
-        """How its table locations start: `s3://` (MinIO) or `abfss://` (Azurite)."""
-        return "abfss://" if self.kind.endswith("-azure") else "s3://"
+        """The URI scheme of the table files' store: `abfss` (Azurite), `gs` (the GCS emulator), else `s3`."""
+        return {"azure": "abfss", "gcs": "gs"}.get(self.kind.rsplit("-", 1)[-1], "s3")
 
 
-SHARED_CATALOGS = ("postgres-s3", "rest-s3", "postgres-azure")
+SHARED_CATALOGS = ("postgres-s3", "rest-s3", "postgres-azure", "postgres-gcs")
 
 
 def shared_catalog(
@@ -115,9 +115,12 @@ def shared_catalog(
     `rest_catalog_auth`, which checks the OAuth2 client credential (`credential` by `env` reference).
     `request` is the test's pytest request: the servers are its session fixtures. Secrets by `env`
     reference only. `postgres-azure`: the JDBC catalog on `postgres`, files in the `azurite` fixture
-    (abfss://)."""
+    (abfss://). `postgres-gcs`: the JDBC catalog on `postgres`, files in the `gcs` fixture
+    (fake-gcs-server), gs://, no storage credentials."""
     if kind == "postgres-azure":
         return _postgres_azure(request, bucket, name)
+    if kind == "postgres-gcs":
+        return _postgres_gcs(request, bucket, name)
     store = request.getfixturevalue("object_store")
     s3 = store.properties()
     env = {"IT_S3_ACCESS_KEY": s3["s3.access-key-id"], "IT_S3_SECRET_KEY": s3["s3.secret-access-key"]}
@@ -179,6 +182,23 @@ def _postgres_azure(request: Any, container: str, name: str) -> SharedCatalog:
         },
     }
     return SharedCatalog("postgres-azure", block, env)
+
+
+def _postgres_gcs(request: Any, bucket: str, name: str) -> SharedCatalog:
+    """Iceberg's JDBC catalog on the `postgres` fixture, table files in the `gcs` emulator. The emulator
+    needs no credentials: only the database password is a secret."""
+    emulator = request.getfixturevalue("gcs")
+    postgres = request.getfixturevalue("postgres")
+    emulator.create_bucket(bucket)
+    block = {
+        "name": name,
+        "type": "sql",
+        "uri": f"postgresql://{postgres.user}@{postgres.host}:{postgres.port}/{postgres.database}",
+        "warehouse": f"gs://{bucket}/jdbc",
+        "properties": emulator.properties(),
+        "secretProperties": {"password": {"env": "IT_PG_PASSWORD"}},
+    }
+    return SharedCatalog("postgres-gcs", block, {"IT_PG_PASSWORD": postgres.password})
 
 
 REGISTRY_MANIFEST = """
