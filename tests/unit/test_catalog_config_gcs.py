@@ -27,7 +27,8 @@ import pytest
 
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
-from icefall.catalog.config import GCS_FILE_IO, GCS_NO_AUTH_TOKEN, PY_GCS_FILE_IO, SPARK_CATALOG
+from icefall.catalog.azure import ADLS_FILE_IO, PY_AZURE_FILE_IO
+from icefall.catalog.config import GCS_FILE_IO, GCS_NO_AUTH_TOKEN, PY_GCS_FILE_IO, S3_FILE_IO, SPARK_CATALOG
 from icefall.catalog.gcs_io import RETRY_SECONDS, GcsFileIO
 from icefall.ingest.outages import classify, service_addresses
 from icefall.plan.outages import Service
@@ -135,3 +136,25 @@ def test_pyarrows_gcs_error_for_an_unreachable_store_is_an_object_store_outage()
     )
     found = classify(error)
     assert found is not None and found.service is Service.OBJECT_STORE
+
+
+@pytest.mark.parametrize(
+    ("warehouse", "java_io", "python_io"),
+    [
+        ("gs://lake/warehouse", GCS_FILE_IO, PY_GCS_FILE_IO),
+        ("s3://lake/warehouse", S3_FILE_IO, None),
+        ("abfss://lake@acct.dfs.core.windows.net/warehouse", ADLS_FILE_IO, PY_AZURE_FILE_IO),
+        ("/var/lib/icefall/warehouse", None, None),
+    ],
+)
+def test_each_store_selects_only_its_own_file_io(
+    warehouse: str, java_io: str | None, python_io: str | None
+) -> None:
+    config = config_for(lake(warehouse=warehouse))
+    assert (config.uses_gcs, config.uses_s3, config.uses_azure) == (
+        warehouse.startswith("gs:"),
+        warehouse.startswith("s3:"),
+        warehouse.startswith("abfss:"),
+    )
+    assert spark_options(config).get("io-impl") == java_io
+    assert config.pyiceberg_properties().get("py-io-impl") == python_io

@@ -337,6 +337,8 @@ class CatalogConfig:
         """Table files live in Azure storage (an abfs(s)/wasb(s) warehouse or adls.* properties)."""
         keys = [*self.properties, *self.secrets]
         return is_azure_location(self.warehouse) or any(key.startswith("adls.") for key in keys)
+
+    @property
     def uses_gcs(self) -> bool:
         """Table files live in Google Cloud Storage (a gs:// warehouse or gcs.* properties)."""
         keys = [*self.properties, *self.secrets]
