@@ -11,8 +11,8 @@ Proves, with `icefall run` as a user starts it (a subprocess on local Spark):
   catalog's database stopped ~15 s, records produced during each outage: the same process logs one line per
   attempt naming the object store's endpoint / the catalog's URI, resumes by itself, and every record lands
   exactly once; `icefall status` with the catalog down is one line naming it, exit non-zero;
-- (`long`) a table in Google Cloud Storage (fake-gcs-server): the store stopped ~15 s, the same (pyiceberg
-  meets the outage first, bounded by icefall.catalog.gcs_io).
+- (`long`) a table in Google Cloud Storage (fake-gcs-server) or Azure storage (Azurite): the store stopped
+  ~15 s, the same (pyiceberg meets the outage first; GCS's retries bounded by icefall.catalog.gcs_io).
 
 Not proven here: an outage that begins in the middle of Spark's Kafka read (the Java consumer waits for the
 broker up to its poll timeout, then the batch fails and is planned again; the commit protocol's unknown
@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.devstack.azurite import Azurite
 from icefall.devstack.gcs import GcsEmulator
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.objectstore import ObjectStore
@@ -254,55 +255,69 @@ def test_icefall_run_waits_out_object_store_and_catalog_outages(tmp_path: Path, 
         store.stop()
 
 
+def cloud_store(kind: str, workdir: Path) -> tuple[Any, str, dict[str, Any], dict[str, str]]:
+    """A started emulator for `kind` (gcs, azure), its endpoint as outage lines name it, the catalog
+    block's storage fields and the variables its secret references read."""
+    if kind == "gcs":
+        gcs = GcsEmulator(workdir).start()
+        gcs.create_bucket("outage-lake")
+        return gcs, gcs.endpoint, {"warehouse": "gs://outage-lake/lake", "properties": gcs.properties()}, {}
+    azurite = Azurite(workdir).start()
+    azurite.create_container("outage-lake")
+    properties = azurite.properties()
+    env = {"IT_ADLS_KEY": properties.pop("adls.account-key")}
+    block = {
+        "warehouse": azurite.location("outage-lake", "lake"),
+        "properties": properties,
+        "secretProperties": {"adls.account-key": {"env": "IT_ADLS_KEY"}},
+    }
+    return azurite, azurite.authority, block, env
+
+
 @pytest.mark.long
-def test_icefall_run_waits_out_a_gcs_outage(tmp_path: Path, kafka: KafkaBroker) -> None:
-    """A table in Google Cloud Storage (fake-gcs-server; a SQLite catalog): the store stopped ~15 s while
-    records keep coming. The same process logs one line per attempt naming the store's endpoint, resumes by
-    itself, and every record lands exactly once."""
-    emulator = GcsEmulator(tmp_path / "gcs").start()
+@pytest.mark.parametrize("kind", ["gcs", "azure"])
+def test_icefall_run_waits_out_a_cloud_storage_outage(tmp_path: Path, kafka: KafkaBroker, kind: str) -> None:
+    """A table in Google Cloud Storage (fake-gcs-server) or Azure storage (Azurite), on a SQLite catalog:
+    the store stopped ~15 s while records keep coming. The same process logs one line per attempt naming
+    the store's endpoint, resumes by itself, and every record lands exactly once."""
+    store, endpoint, storage, env = cloud_store(kind, tmp_path / kind)
     proc = None
     try:
-        emulator.create_bucket("outage-gcs")
         block: dict[str, Any] = {
-            "name": "outage_gcs",
+            "name": f"outage_{kind}",
             "type": "sql",
             "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
-            "warehouse": "gs://outage-gcs/lake",
-            "properties": emulator.properties(),
+            **storage,
         }
-        topic, name = "outage-gcs", "outage_gcs"
+        topic, name = f"outage-{kind}", f"outage_{kind}"
         kafka.create_topic(topic, partitions=2)
         produce(kafka, topic, 0, 200)
         manifest = tmp_path / "table.yaml"
         manifest.write_text(manifest_text(name, topic, kafka.bootstrap, catalog=block))
-        config = CatalogConfig.for_table(load_manifest(manifest).spec)
+        config = CatalogConfig.for_table(load_manifest(manifest).spec, environ=env)
         state, log, port = tmp_path / "state", tmp_path / "run.log", free_port()
-        proc = start_run(manifest, state, port, log)
+        proc = start_run(manifest, state, port, log, env)
 
         def caught_up() -> bool:
             return committed(config, name) == watermarks(kafka, topic)
 
         wait_for("caught up", caught_up, 400, proc, log)
         label = {"table": f"{NAMESPACE}.{name}", "service": "object_store"}
-        emulator.stop()
+        store.stop()
         down = time.monotonic()
         produce(kafka, topic, 200, 100)
         wait_for(
-            "showing the GCS outage",
+            f"showing the {kind} outage",
             lambda: metric(scrape(port), "icefall_ingest_unavailable", **label) == 1,
-            180, proc, log,
+            240, proc, log,
         )  # fmt: skip
         while time.monotonic() - down < 15:
             assert proc.poll() is None, log.read_text()[-4000:]
             time.sleep(1)
-        emulator.start()
-        wait_for("caught up after the GCS outage", caught_up, 300, proc, log)
+        store.start()
+        wait_for(f"caught up after the {kind} outage", caught_up, 300, proc, log)
         assert metric(scrape(port), "icefall_ingest_unavailable", **label) == 0
-        lines = [
-            line
-            for line in log.read_text().splitlines()
-            if "retrying in" in line and emulator.endpoint in line
-        ]
+        lines = [line for line in log.read_text().splitlines() if "retrying in" in line and endpoint in line]
         assert lines, log.read_text()[-4000:]
         print(*lines[:3], sep="\n")
         stop_run(proc, log)
@@ -311,4 +326,4 @@ def test_icefall_run_waits_out_a_gcs_outage(tmp_path: Path, kafka: KafkaBroker) 
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
-        emulator.stop()
+        store.stop()

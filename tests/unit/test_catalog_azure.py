@@ -157,3 +157,19 @@ def test_other_locations_parse_as_pyiceberg_does() -> None:
 
     for location in ("s3://bucket/a/b.parquet", "file:///tmp/x", "/tmp/y", "gs://b/k"):
         assert AzureFileIO.parse_location(location) == PyArrowFileIO.parse_location(location)
+
+
+def test_an_unreachable_store_is_an_object_store_outage_named_by_its_endpoint() -> None:
+    from icefall.ingest.outages import classify, service_addresses
+    from icefall.plan.outages import Service
+
+    error = OSError(  # pyarrow's words with Azurite stopped (tests/integration/test_outages.py)
+        "GetProperties failed for 'http://127.0.0.1:39911/devstoreaccount1/lake/x.metadata.json'. Cannot "
+        "initialise an ObjectInputFile without knowing the file size. Azure Error: [] Fail to get a new "
+        "connection for: http://127.0.0.1:39911. Could not connect to server"
+    )
+    found = classify(error)
+    assert found is not None and found.service is Service.OBJECT_STORE
+    st = table_with(azure_catalog(**{"adls.dfs-storage-authority": "127.0.0.1:39911"}))
+    config = CatalogConfig.for_table(st.spec, environ={"ADLS_KEY": "k3y==", "PG": "pw"})
+    assert service_addresses("kafka:9092", "orders", config)[Service.OBJECT_STORE] == "127.0.0.1:39911"

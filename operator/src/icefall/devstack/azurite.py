@@ -1,8 +1,8 @@
 """Azure storage on loopback: Azurite's Blob service (Microsoft's emulator, from npm), for `abfss://` tables.
 
-Guarantees: the server listens only on a free 127.0.0.1 port, keeps its blobs in its own folder and serves
-the emulator's well-known development account (`devstoreaccount1` and its published key: a test value,
-not a secret). `start()` returns once the service answers a signed request (list containers). pyarrow's
+Guarantees: the server listens only on a free 127.0.0.1 port (the same one again when restarted), keeps its
+blobs in its own folder (kept across a restart) and serves the emulator's well-known development account
+(`devstoreaccount1` and its published key: a test value, not a secret). `start()` returns once the service answers a signed request (list containers). pyarrow's
 `AzureFileSystem` and Iceberg's `ADLSFileIO` both create, read, list and delete files here (the
 integration tests prove it). Runs with `--loose` (unknown headers are ignored), `--skipApiVersionCheck`
 (the clients' SDKs are newer than the emulator) and `--disableProductStyleUrl` (the account is the first
@@ -52,12 +52,15 @@ class Azurite:
         return self.workdir / "azurite.log"
 
     def start(self, timeout: float = 60) -> Azurite:
+        """First call: a fresh data folder and port. Later calls: the same ones again (a restart, as after
+        an outage: the blobs are still there)."""
         if self._proc is not None:
             raise RuntimeError("azurite is already running")
-        if self.workdir.exists():
-            shutil.rmtree(self.workdir)
-        (self.workdir / "data").mkdir(parents=True)
-        self.port = free_port()
+        if self.port == 0:
+            if self.workdir.exists():
+                shutil.rmtree(self.workdir)
+            (self.workdir / "data").mkdir(parents=True)
+            self.port = free_port()
         argv = [
             str(tool_dir("ICEFALL_AZURITE_BIN") / "azurite-blob"),
             "--blobHost=127.0.0.1",

@@ -18,9 +18,10 @@ those clients' exception names and were not seen yet: the Python clients meet an
   Exception`) or the Iceberg REST client's `RESTException`/`ServiceUnavailableException`;
 - the object store: pyarrow's `OSError` "AWS Error NETWORK_CONNECTION" (curl could not connect or timed
   out), pyarrow's GCS `OSError` "google::cloud::Status(UNAVAILABLE ... CURL error [7]" (seen with
-  fake-gcs-server stopped, after `icefall.catalog.gcs_io`'s bounded retries) and from Spark the AWS SDK's
-  `SdkClientException` ("Unable to execute HTTP request"); Iceberg Java's GCSFileIO errors are not
-  classified yet (a GCS outage seen first by Spark is raised);
+  fake-gcs-server stopped, after `icefall.catalog.gcs_io`'s bounded retries), pyarrow's Azure `OSError`
+  "Azure Error: [] Fail to get a new connection" (seen with Azurite stopped) and from Spark the AWS SDK's
+  `SdkClientException` ("Unable to execute HTTP request"); Iceberg Java's GCSFileIO and ADLSFileIO errors
+  are not classified yet (a GCS or Azure outage seen first by Spark is raised);
 - the schema registry: `RegistryUnavailableError` from `icefall.kafka.registry` (not reached, timed out,
   408/429/5xx), seen with the real registry stopped (tests/integration/test_registry.py); a registry
   that refuses the credentials or lacks the subject (`RegistryError`) is a configuration error, raised.
@@ -77,6 +78,7 @@ _MARKERS: tuple[tuple[Service, re.Pattern[str]], ...] = (
         re.compile(
             r"AWS Error (NETWORK_CONNECTION|SERVICE_UNAVAILABLE)|curlCode: (7|28)\b"
             r"|google::cloud::Status\(UNAVAILABLE|CURL error \[(7|28)\]"
+            r"|Azure Error: \[[^\]]*\] Fail to get a new connection"
             r"|software\.amazon\.awssdk\.core\.exception\.SdkClientException"
             r"|Unable to execute HTTP request"
         ),
@@ -231,7 +233,13 @@ def service_addresses(
     URI (secrets masked), the object store's endpoint (or the warehouse) and the schema registry's URL
     (`registry`, when the format has one; any user:password@ in it left out)."""
     properties = catalog.properties
-    store = properties.get("s3.endpoint") or properties.get("gcs.service.host") or catalog.warehouse or ""
+    store = (
+        properties.get("s3.endpoint")
+        or properties.get("gcs.service.host")
+        or properties.get("adls.dfs-storage-authority")
+        or catalog.warehouse
+        or ""
+    )
     where = {
         Service.KAFKA: f"{bootstrap} for topic '{topic}'",
         Service.CATALOG: catalog.mask(catalog.uri),
