@@ -2,11 +2,12 @@
 
 Guarantees: the server listens only on a free 127.0.0.1 port (the same one again when restarted), keeps its
 blobs in its own folder (kept across a restart) and serves the emulator's well-known development account
-(`devstoreaccount1` and its published key: a test value, not a secret). `start()` returns once the service answers a signed request (list containers). pyarrow's
-`AzureFileSystem` and Iceberg's `ADLSFileIO` both create, read, list and delete files here (the
-integration tests prove it). Runs with `--loose` (unknown headers are ignored), `--skipApiVersionCheck`
-(the clients' SDKs are newer than the emulator) and `--disableProductStyleUrl` (the account is the first
-path segment, as both clients address a loopback endpoint).
+(`devstoreaccount1` and its published key: a test value, not a secret). `start()` returns once the service
+answers a signed request (list containers). pyarrow's `AzureFileSystem` and Iceberg's `ADLSFileIO` both
+create, read, list and delete files here (the integration tests prove it). Runs with `--loose` (unknown
+headers are ignored), `--skipApiVersionCheck` (the clients' SDKs are newer than the emulator) and
+`--disableProductStyleUrl` (the account is the first path segment, as both clients address a loopback
+endpoint).
 
 Not guaranteed: ADLS Gen2's hierarchical namespace (atomic directory renames, ACLs); Iceberg does not use
 them. No TLS: locations say `abfss://`, the endpoint is `http://` (set by the properties below).
