@@ -29,8 +29,7 @@ class GcsFileIO(PyArrowFileIO):
         from pyarrow.fs import GcsFileSystem
 
         filesystem = super()._initialize_gcs_fs()
-        options = dict(
-            filesystem.__reduce__()[1][0]
-        )  # the constructor's keyword arguments, as pyarrow keeps them
+        # The constructor's keyword arguments, as pyarrow keeps them (what it pickles).
+        options = dict(filesystem.__reduce__()[1][0])
         options["retry_time_limit"] = timedelta(seconds=RETRY_SECONDS)
         return GcsFileSystem(**options)
