@@ -1,6 +1,6 @@
 """Where an `icefall run` drain spends its CPU: JFR on the Spark JVM, py-spy on the Python driver.
 
-    .venv/bin/python bench/profile.py [--records N] [--large-records N] [--warmup-records N] [--out FILE]
+    .venv/bin/python bench/profile_drain.py [--records N] [--large-records N] [--warmup-records N] [--out FILE]
     (or: make bench-profile BENCH_ARGS="...")
 
 One Kafka broker (the devstack's), a topic of 3 partitions, the bench's seeded events (`common.bench_records`:
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import shutil
@@ -67,7 +68,7 @@ JVM_AREAS: list[tuple[str, re.Pattern[str]]] = [
     (
         "UTF-8 cast/validation",
         re.compile(
-            r"UTF8String\.(isValid|makeValid|fromBytes|fromString|isFullWidth)"
+            r"UTF8String\.(getIsValid|isValid|makeValid|fromBytes|fromString|isFullWidth)"
             r"|UTF8String\.numChars|Cast.*castToString|CastUtils"
         ),
     ),
@@ -96,7 +97,10 @@ JVM_AREAS: list[tuple[str, re.Pattern[str]]] = [
     ),
     (
         "Spark generated code / rows",
-        re.compile(r"GeneratedClass|codegen|UnsafeRow|UnsafeProjection|catalyst\."),
+        re.compile(
+            r"GeneratedClass|codegen|UnsafeRow|UnsafeProjection|BufferedRowIterator|unsafe\.Platform"
+            r"|ByteArrayMethods|catalyst\."
+        ),
     ),
     ("Spark scheduler/RPC/other Spark", re.compile(r"org\.apache\.spark\.|io\.netty\.|py4j\.")),
 ]
@@ -136,10 +140,16 @@ def java_pid(root: int, timeout: float = 120) -> int:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if exe.endswith("/java") and b"SparkSubmit" in cmd:
+            if exe.endswith("/java") and b"deploy.SparkSubmit" in cmd and b"launcher.Main" not in cmd:
                 return pid
         time.sleep(0.5)
     raise RuntimeError("the Spark JVM of `icefall run` did not appear")
+
+
+def jcmd(pid: int, *command: str) -> None:
+    done = subprocess.run(["jcmd", str(pid), *command], capture_output=True, text=True, check=False)
+    if done.returncode or "Could not" in done.stdout:
+        raise RuntimeError(f"jcmd {pid} {' '.join(command)} failed: {done.stdout} {done.stderr}")
 
 
 def wait_rows(catalog: CatalogConfig, rows: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -162,7 +172,15 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
     (work / "events.yaml").write_text(yaml.safe_dump(manifest(broker.bootstrap, topic), sort_keys=False))
     say(f"{size}: warm-up backlog of {warmup:,} events")
     preload(broker.bootstrap, topic, warmup, note_words, seed)
-    env = {**os.environ, "SPARK_SUBMIT_OPTS": "-XX:FlightRecorderOptions=stackdepth=256"}
+    # JFR from the JVM's start: starting it later (jcmd JFR.start) deoptimizes the compiled code, and the
+    # drain then profiles the JIT recompiling (seen: C2 threads 32 % of the JVM's CPU, batches 5x slower).
+    # The samples outside the drain are left out by their time.
+    jfr = work / "drain.jfr"
+    env = {
+        **os.environ,
+        "SPARK_SUBMIT_OPTS": "-XX:FlightRecorderOptions=stackdepth=256 "
+        f"-XX:StartFlightRecording=name=drain,settings=profile,filename={jfr}",
+    }
     icefall = str(Path(sys.executable).with_name("icefall"))
     log = (work / "icefall.log").open("wb")
     proc = subprocess.Popen(
@@ -172,11 +190,8 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
     spy: subprocess.Popen[bytes] | None = None
     catalog = CatalogConfig.embedded(work)
     try:
-        jvm = java_pid(proc.pid)
         wait_rows(catalog, warmup, proc, 600)
-        jfr = work / "drain.jfr"
-        subprocess.run(["jcmd", str(jvm), "JFR.start", "name=drain", "settings=profile"], check=True,
-                       capture_output=True)  # fmt: skip
+        jvm = java_pid(proc.pid)  # after the launcher JVM (spark-class) is gone
         pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         raw = work / "drain.pyspy.txt"
         if Path(pyspy).exists():
@@ -185,15 +200,14 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
                  "--output", str(raw)],
                 stdout=subprocess.DEVNULL, stderr=(work / "pyspy.log").open("wb"),
             )  # fmt: skip
-        load_start = load_average()
+        load_start, window_start = load_average(), datetime.now(UTC)
         cpu0, jvm0, t0 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic()
         say(f"{size}: profiling; backlog of {records:,} events")
         preload(broker.bootstrap, topic, records, note_words, seed, start=warmup)
         wait_rows(catalog, warmup + records, proc, 1200)
         cpu1, jvm1, t1 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic()
-        load_end = load_average()
-        subprocess.run(["jcmd", str(jvm), "JFR.stop", "name=drain", f"filename={jfr}"], check=True,
-                       capture_output=True)  # fmt: skip
+        load_end, window_end = load_average(), datetime.now(UTC)
+        jcmd(jvm, "JFR.dump", "name=drain", f"filename={jfr}")
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
@@ -206,6 +220,7 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
             "jvm_cpu": jvm1 - jvm0,
             "load": f"{load_start} / {load_end}",
             "jfr": jfr,
+            "window": [window_start.isoformat(), window_end.isoformat()],
             "pyspy": raw if spy is not None and raw.exists() else None,
         }
     finally:
@@ -225,7 +240,18 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
 # --- aggregation ---------------------------------------------------------------------------------------
 
 
-def jfr_stacks(path: Path) -> tuple[list[list[str]], collections.Counter[str]]:
+def in_window(block: str, window: tuple[datetime, datetime]) -> bool:
+    """Whether a `jfr print` event (its startTime: the JVM's local time, UTC here) is in the drain."""
+    found = re.search(r"startTime = (\d\d:\d\d:\d\d(?:\.\d+)?) \((\d{4}-\d\d-\d\d)\)", block)
+    if not found:
+        return False
+    at = datetime.fromisoformat(f"{found.group(2)}T{found.group(1)}+00:00")
+    return window[0] <= at <= window[1]
+
+
+def jfr_stacks(
+    path: Path, window: tuple[datetime, datetime]
+) -> tuple[list[list[str]], collections.Counter[str]]:
     """Stacks (leaf first, `Class.method`) of the recording's execution samples; samples per thread kind."""
     out = subprocess.run(
         ["jfr", "print", "--events", "jdk.ExecutionSample", "--stack-depth", "256", str(path)],
@@ -234,12 +260,35 @@ def jfr_stacks(path: Path) -> tuple[list[list[str]], collections.Counter[str]]:
     stacks: list[list[str]] = []
     threads: collections.Counter[str] = collections.Counter()
     for block in out.split("jdk.ExecutionSample {")[1:]:
+        if not in_window(block, window):
+            continue
         thread = re.search(r'sampledThread = "([^"]*)"', block)
         name = thread.group(1) if thread else "?"
         threads[re.sub(r"\d+", "N", name)[:60]] += 1
         frames = re.findall(r"^\s+([\w$.<>/]+)\(.*\)\s+line:", block, re.M)
         stacks.append(frames)
     return stacks, threads
+
+
+def thread_cpu(path: Path, window: tuple[datetime, datetime]) -> collections.Counter[str]:
+    """The JVM's CPU (user + system) by thread kind, from `jdk.ThreadCPULoad` (once a second per Java
+    thread; JIT compiler threads included, GC threads not)."""
+    out = subprocess.run(
+        ["jfr", "print", "--events", "jdk.ThreadCPULoad", str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    load: collections.Counter[str] = collections.Counter()
+    for block in out.split("jdk.ThreadCPULoad {")[1:]:
+        if not in_window(block, window):
+            continue
+        user = re.search(r"user = ([\d.]+)%", block)
+        system = re.search(r"system = ([\d.]+)%", block)
+        thread = re.search(r'eventThread = "([^"]*)"', block)
+        if user and system and thread:
+            load[re.sub(r"\d+", "N", thread.group(1))[:60]] += float(user.group(1)) + float(system.group(1))
+    return load
 
 
 def area_of(stack: Iterable[str], areas: list[tuple[str, re.Pattern[str]]]) -> str:
@@ -318,9 +367,9 @@ def report(args: argparse.Namespace, started: datetime, runs: list[dict[str, obj
     lines = [
         "# Where an `icefall run` drain spends its CPU (JFR on the Spark JVM, py-spy on the driver)",
         "",
-        f"`bench/profile.py --records {args.records} --large-records {args.large_records} --warmup-records "
+        f"`bench/profile_drain.py --records {args.records} --large-records {args.large_records} --warmup-records "
         f"{args.warmup_records}` on {started:%Y-%m-%d %H:%M} UTC. Method: the docstring of "
-        "`bench/profile.py` "
+        "`bench/profile_drain.py` "
         "(a warm-up backlog committed first, then the profilers on for one backlog drain of the bench's "
         "events; `local[2]`, embedded catalog, dead-letter table on). **The machine is shared with other "
         "engineers' builds and tests**: the load average is given per run; the shares below are robust "
@@ -337,10 +386,21 @@ def report(args: argparse.Namespace, started: datetime, runs: list[dict[str, obj
             f" {records / cpu:,.0f} | {run['load']} |"
         )
     for run in runs:
-        stacks, threads = jfr_stacks(Path(str(run["jfr"])))
+        start, end = (datetime.fromisoformat(t) for t in run["window"])  # type: ignore[attr-defined]
+        window = (start, end)
+        stacks, threads = jfr_stacks(Path(str(run["jfr"])), window)
         lines += ["", f"## {run['size']} events: JVM (JFR, {len(stacks):,} execution samples)", ""]
         lines += ["Samples by thread:", "", "| thread | samples |", "|---|--:|"]
         lines += [f"| {t} | {c:,} |" for t, c in threads.most_common(6)]
+        cpu_by_thread = thread_cpu(Path(str(run["jfr"])), window)
+        whole = sum(cpu_by_thread.values()) or 1
+        lines += [
+            "",
+            "The JVM's CPU by thread (`jdk.ThreadCPULoad`; JIT threads included, GC threads not):",
+            "",
+        ]
+        lines += ["| thread | share of the JVM's thread CPU |", "|---|--:|"]
+        lines += [f"| {t} | {100 * c / whole:.1f} % |" for t, c in cpu_by_thread.most_common(8)]
         lines += ["", *tables(stacks, JVM_AREAS, JVM_RUNTIME)]
         if run["pyspy"] is None:
             lines += ["", "Python driver: py-spy not installed or it could not attach; not profiled."]
@@ -362,7 +422,16 @@ def main() -> int:
     parser.add_argument("--large-records", type=int, default=50_000, help="~1 KB events profiled (0: none)")
     parser.add_argument("--warmup-records", type=int, default=50_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--from", dest="again", type=Path, help="only aggregate again the recordings of a run"
+    )
     args = parser.parse_args()
+    if args.again:
+        saved = json.loads((args.again / "runs.json").read_text())
+        write_results(
+            args.out, report(args, datetime.fromisoformat(saved["started"]), saved["runs"], args.again)
+        )
+        return 0
     started = datetime.now(UTC)
     work = Path(tempfile.mkdtemp(prefix="icefall-profile-"))
     say(f"recordings in {work}")
@@ -380,6 +449,8 @@ def main() -> int:
                 runs.append(drain(broker, folder, size, records, args.warmup_records, words, seed))
     finally:
         broker.stop()
+    saved = {"started": started.isoformat(), "runs": runs}
+    (work / "runs.json").write_text(json.dumps(saved, default=str, indent=1))
     write_results(args.out, report(args, started, runs, work))
     return 0
 
