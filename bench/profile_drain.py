@@ -1,6 +1,7 @@
 """Where an `icefall run` drain spends its CPU: JFR on the Spark JVM, py-spy on the Python driver.
 
-    .venv/bin/python bench/profile_drain.py [--records N] [--large-records N] [--warmup-records N] [--out FILE]
+    .venv/bin/python bench/profile_drain.py [--records N] [--large-records N] [--warmup-records N]
+                                            [--out FILE] [--from RUN_DIR]
     (or: make bench-profile BENCH_ARGS="...")
 
 One Kafka broker (the devstack's), a topic of 3 partitions, the bench's seeded events (`common.bench_records`:
@@ -367,7 +368,8 @@ def report(args: argparse.Namespace, started: datetime, runs: list[dict[str, obj
     lines = [
         "# Where an `icefall run` drain spends its CPU (JFR on the Spark JVM, py-spy on the driver)",
         "",
-        f"`bench/profile_drain.py --records {args.records} --large-records {args.large_records} --warmup-records "
+        f"`bench/profile_drain.py --records {args.records} --large-records {args.large_records} "
+        "--warmup-records "
         f"{args.warmup_records}` on {started:%Y-%m-%d %H:%M} UTC. Method: the docstring of "
         "`bench/profile_drain.py` "
         "(a warm-up backlog committed first, then the profilers on for one backlog drain of the bench's "
