@@ -14,7 +14,7 @@ and its child processes, the Python workers included, around each run), but ever
 - **arrow (prototype)**: `mapInArrow` over `value, partition, offset, timestamp`: the batch's values joined
   by newlines into one buffer and parsed by pyarrow's C++ JSON reader with the table's schema; a batch the
   reader rejects (or with a null value or a newline in a value) falls back to one read per record, and a
-  record that fails alone comes out null (a prototype: no reasons, no dead letters). Not Icefall's
+  record that fails alone comes out with every column null (a prototype: no reasons, no dead letters). Not Icefall's
   semantics (Spark's JSON reader accepts things pyarrow's does not, e.g. numeric strings for numbers):
   only its cost is measured here.
 
@@ -82,14 +82,18 @@ def end_offsets(bootstrap: str, topic: str) -> tuple[OffsetRange, ...]:
 def arrow_decoder(ddl: str) -> Any:
     """The mapInArrow function: pyarrow's JSON reader over each batch's values, with the table's schema."""
 
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    parsed = _parse_datatype_string(ddl)  # on the driver: it needs the session
+    assert isinstance(parsed, StructType)
+    schema = to_arrow_schema(parsed, timestamp_utc=True, prefers_large_types=False)
+
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.json as pj
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import _parse_datatype_string
 
-        schema = to_arrow_schema(_parse_datatype_string(ddl), timezone="UTC", prefers_large_types=False)
         options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
         read = pj.ReadOptions(use_threads=False, block_size=64 << 20)
 
@@ -102,7 +106,7 @@ def arrow_decoder(ddl: str) -> Any:
                 try:
                     rows.append(parse(pa.py_buffer(value)).to_batches()[0].to_pylist()[0])
                 except Exception:
-                    rows.append(None)
+                    rows.append({})  # every column null
             return pa.Table.from_pylist(rows, schema=schema)
 
         for batch in batches:
@@ -167,6 +171,13 @@ class Runs:
                 F.from_json(F.col("value").cast("string"), EVENT_DDL).alias("e"), kafka
             ).select("e.*", "_kafka")
         if variant == "arrow":
+            # PySpark checks for pandas before any pandas_udf-based API, mapInArrow included, though
+            # mapInArrow never uses it; pandas is not installed here (not a dependency): skip the check.
+            import pyspark.sql.pandas.functions as pandas_functions
+            import pyspark.sql.udf as spark_udf
+
+            pandas_functions.require_minimum_pandas_version = lambda: None
+            spark_udf.require_minimum_pandas_version = lambda: None  # type: ignore[attr-defined]
             return source.select("value", "partition", "offset", "timestamp").mapInArrow(
                 self.arrow, self.arrow_schema
             )
