@@ -243,10 +243,11 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
 
 def in_window(block: str, window: tuple[datetime, datetime]) -> bool:
     """Whether a `jfr print` event (its startTime: the JVM's local time, UTC here) is in the drain."""
-    found = re.search(r"startTime = (\d\d:\d\d:\d\d(?:\.\d+)?) \((\d{4}-\d\d-\d\d)\)", block)
+    found = re.search(r"startTime = (\d\d:\d\d:\d\d(?:\.\d+)?)(?: \((\d{4}-\d\d-\d\d)\))?", block)
     if not found:
         return False
-    at = datetime.fromisoformat(f"{found.group(2)}T{found.group(1)}+00:00")
+    day = found.group(2) or f"{window[0]:%Y-%m-%d}"  # printed without the day when it is the recording's
+    at = datetime.fromisoformat(f"{day}T{found.group(1)}+00:00")
     return window[0] <= at <= window[1]
 
 
