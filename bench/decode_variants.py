@@ -14,9 +14,10 @@ and its child processes, the Python workers included, around each run), but ever
 - **arrow (prototype)**: `mapInArrow` over `value, partition, offset, timestamp`: the batch's values joined
   by newlines into one buffer and parsed by pyarrow's C++ JSON reader with the table's schema; a batch the
   reader rejects (or with a null value or a newline in a value) falls back to one read per record, and a
-  record that fails alone comes out with every column null (a prototype: no reasons, no dead letters). Not Icefall's
-  semantics (Spark's JSON reader accepts things pyarrow's does not, e.g. numeric strings for numbers):
-  only its cost is measured here.
+  record that fails alone comes out with every column null (a prototype: no reasons, no dead letters).
+  Not Icefall's semantics (Spark's JSON reader accepts things pyarrow's does not, e.g. numeric strings
+  for numbers): only its cost is measured here. mapInArrow runs the function in PySpark's Python workers
+  (`python3` on PATH must have pyarrow: run with the venv's bin first on PATH).
 
 Events: the bench's seeded ~230 B and ~1 KB events (`common.bench_records`), 3 partitions. Writes
 bench/results/decode_variants.md. Nothing asserts on time.
