@@ -66,6 +66,8 @@ PARTITIONS = 3
 VARIANTS = {
     "read": "kafka read only (`partition, offset, value`)",
     "icefall": "icefall: UTF-8 check + cast + typed from_json + bad flag + observation + `_kafka`",
+    "icefall-no-utf8": "icefall without the UTF-8 check (is_valid_utf8 -> true)",
+    "icefall-no-observe": "icefall without the batch's observation",
     "from-json": "from_json(cast(value as string)) + `_kafka`, nothing checked",
     "arrow": "arrow prototype: mapInArrow + pyarrow.json, per-record fallback + `_kafka`",
 }
@@ -154,10 +156,24 @@ class Runs:
         self.spark = spark
         self.ranges = ranges
         self.decoders = Decoders(self.spec)
+        self.no_utf8 = self._without_utf8_check()
         self.arrow = arrow_decoder(EVENT_DDL)
         self.arrow_schema = (
             f"{EVENT_DDL}, _kafka STRUCT<partition: INT, offset: BIGINT, timestamp: TIMESTAMP>"
         )
+
+    def _without_utf8_check(self) -> Decoders:
+        """Icefall's decoders with `is_valid_utf8` answering true: what the check costs (a measurement
+        only: invalid UTF-8 would then be ingested with replacement characters)."""
+        from icefall.ingest import decode as decode_module
+
+        functions = decode_module.F
+        original = functions.is_valid_utf8
+        functions.is_valid_utf8 = lambda _column: functions.lit(True)
+        try:
+            return Decoders(self.spec)
+        finally:
+            functions.is_valid_utf8 = original
 
     def rows(self, variant: str) -> Any:
         from pyspark.sql import Observation
@@ -182,9 +198,11 @@ class Runs:
             return source.select("value", "partition", "offset", "timestamp").mapInArrow(
                 self.arrow, self.arrow_schema
             )
-        observation = Observation()
-        decoded = self.decoders.good.decode(source).observe(observation, *self.decoders.observed)
-        return self.decoders.good.good_rows(decoded)
+        decoders = self.no_utf8 if variant == "icefall-no-utf8" else self.decoders
+        decoded = decoders.good.decode(source)
+        if variant != "icefall-no-observe":
+            decoded = decoded.observe(Observation(), *decoders.observed)
+        return decoders.good.good_rows(decoded)
 
 
 def measure(
