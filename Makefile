@@ -138,6 +138,16 @@ $(VENV)/.bench-installed: pyproject.toml constraints.txt
 bench-write-path: setup
 	$(TOOLS) && $(BIN)/python bench/write_path.py $(BENCH_ARGS)
 
+# Where an `icefall run` drain spends its CPU: JFR on the Spark JVM, py-spy (a dev tool, installed here into
+# the venv, not a dependency) on the driver (bench/profile_drain.py; bench/results/profile.md). The decode alone,
+# Icefall's decoder beside candidates (bench/decode_variants.py; bench/results/decode_variants.md).
+.PHONY: bench-profile bench-decode
+bench-profile: setup
+	$(BIN)/pip install -q py-spy
+	$(TOOLS) && $(BIN)/python bench/profile_drain.py $(BENCH_ARGS)
+bench-decode: setup
+	$(TOOLS) && $(BIN)/python bench/decode_variants.py $(BENCH_ARGS)
+
 # Fresh reads (#16): latency and staleness of a union read (`icefall read`) beside a plain scan of the table
 # while ingestion commits (bench/union_read.py; results in bench/results/union_read.md).
 .PHONY: bench-fresh
