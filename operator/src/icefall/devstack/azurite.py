@@ -15,11 +15,9 @@ them. No TLS: locations say `abfss://`, the endpoint is `http://` (set by the pr
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from icefall.devstack.procs import ManagedProcess, free_port
+from icefall.devstack.procs import LoopbackServer, ManagedProcess
 from icefall.devstack.tools import tool_dir
 
 if TYPE_CHECKING:
@@ -30,43 +28,27 @@ ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-class Azurite:
+class Azurite(LoopbackServer):
     """Start with `start()`, stop with `stop()`; `authority` is `127.0.0.1:<port>`."""
 
+    what = "azurite"
+    log_name = "azurite.log"
     account = ACCOUNT
     account_key = ACCOUNT_KEY
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = 0
-        self._proc: ManagedProcess | None = None
-
-    def __repr__(self) -> str:
-        return f"Azurite(authority={self.authority!r}, workdir={str(self.workdir)!r})"
 
     @property
     def authority(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "azurite.log"
-
     def start(self, timeout: float = 60) -> Azurite:
         """First call: a fresh data folder and port. Later calls: the same ones again (a restart, as after
         an outage: the blobs are still there)."""
-        if self._proc is not None:
-            raise RuntimeError("azurite is already running")
-        if self.port == 0:
-            if self.workdir.exists():
-                shutil.rmtree(self.workdir)
-            (self.workdir / "data").mkdir(parents=True)
-            self.port = free_port()
+        self._claim()
         argv = [
             str(tool_dir("ICEFALL_AZURITE_BIN") / "azurite-blob"),
             "--blobHost=127.0.0.1",
             f"--blobPort={self.port}",
-            f"--location={self.workdir / 'data'}",
+            f"--location={self.data_dir}",
             "--silent",
             "--loose",
             "--skipApiVersionCheck",
@@ -81,12 +63,6 @@ class Azurite:
 
         self.filesystem().get_file_info(FileSelector("", recursive=False))
         return True
-
-    def stop(self) -> None:
-        if self._proc is None:
-            return
-        self._proc.stop()
-        self._proc = None
 
     def filesystem(self) -> AzureFileSystem:
         """A pyarrow client for the development account; paths are `container/key`."""

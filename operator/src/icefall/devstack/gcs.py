@@ -17,53 +17,27 @@ properties minus `gcs.service.host` and `gcs.no-auth`, with Workload Identity as
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from icefall.devstack.procs import ManagedProcess, free_port
+from icefall.devstack.procs import LoopbackServer, ManagedProcess
 from icefall.devstack.tools import tool_dir
 
 if TYPE_CHECKING:
     from pyarrow.fs import GcsFileSystem
 
 
-class GcsEmulator:
+class GcsEmulator(LoopbackServer):
     """Start with `start()`, stop with `stop()`; `endpoint` is `http://127.0.0.1:<port>`."""
 
+    what = "the GCS emulator"
+    log_name = "fake-gcs-server.log"
     project_id = "icefall-test"
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = 0
-        self._proc: ManagedProcess | None = None
-
-    def __repr__(self) -> str:
-        return f"GcsEmulator(endpoint={self.endpoint!r}, workdir={str(self.workdir)!r})"
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.workdir / "data"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "fake-gcs-server.log"
 
     def start(self, timeout: float = 60) -> GcsEmulator:
         """First call: a fresh data folder and port. Later calls: the same ones again (a restart)."""
-        if self._proc is not None:
-            raise RuntimeError("the GCS emulator is already running")
-        if self.port == 0:
-            if self.workdir.exists():
-                shutil.rmtree(self.workdir)
-            self.data_dir.mkdir(parents=True)
-            self.port = free_port()
+        self._claim()
         binary = str(tool_dir("ICEFALL_FAKE_GCS_BIN") / "fake-gcs-server")
         argv = [
             binary,
@@ -84,13 +58,6 @@ class GcsEmulator:
         """True when the JSON API answers a bucket list; raises if it does not answer in `timeout`."""
         with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=timeout) as response:
             return bool(response.status == 200)
-
-    def stop(self) -> None:
-        """Stop the server; its port and objects are kept for the next `start()`."""
-        if self._proc is None:
-            return
-        self._proc.stop()
-        self._proc = None
 
     def create_bucket(self, name: str) -> None:
         """Create bucket `name` (no error if it exists)."""

@@ -18,60 +18,38 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 import signal
 import time
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from icefall.devstack.procs import ManagedProcess, free_port
+from icefall.devstack.procs import LoopbackServer, ManagedProcess
 from icefall.devstack.tools import tool_dir
 
 if TYPE_CHECKING:
     from pyarrow.fs import S3FileSystem
 
 
-class ObjectStore:
+class ObjectStore(LoopbackServer):
     """Start with `start()`, stop with `stop()`; `endpoint` is `http://127.0.0.1:<port>`."""
 
+    what = "the object store"
+    log_name = "minio.log"
     region = "us-east-1"
 
     def __init__(
         self, workdir: Path, *, access_key: str | None = None, secret_key: str | None = None
     ) -> None:
         """Root credentials are generated unless given (MinIO wants at least 3 and 8 characters)."""
-        self.workdir = workdir
+        super().__init__(workdir)
         self.access_key = access_key or f"icefall-{secrets.token_hex(4)}"
         self.secret_key = secret_key or secrets.token_urlsafe(24)
-        self.port = 0
-        self._proc: ManagedProcess | None = None
         self._paused = False
-
-    def __repr__(self) -> str:
-        return f"ObjectStore(endpoint={self.endpoint!r}, workdir={str(self.workdir)!r})"
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.workdir / "data"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "minio.log"
 
     def start(self, timeout: float = 60) -> ObjectStore:
         """First call: a fresh data folder and port. Later calls: the same ones again (a restart)."""
-        if self._proc is not None:
-            raise RuntimeError("the object store is already running")
-        if self.port == 0:
-            if self.workdir.exists():
-                shutil.rmtree(self.workdir)
-            self.data_dir.mkdir(parents=True)
-            self.port = free_port()
+        self._claim()
         # The caller's MINIO_* variables would change the server; only ours count.
         env = {key: value for key, value in os.environ.items() if not key.startswith("MINIO_")}
         env |= {
@@ -100,11 +78,9 @@ class ObjectStore:
 
     def stop(self) -> None:
         """Stop the server; its port, data and credentials are kept for the next `start()`."""
-        if self._proc is None:
-            return
-        self.resume()  # a frozen process would only die by SIGKILL
-        self._proc.stop()
-        self._proc = None
+        if self._proc is not None:
+            self.resume()  # a frozen process would only die by SIGKILL
+        super().stop()
 
     def pause(self, timeout: float = 5) -> None:
         """Freeze the server: connections are accepted by the kernel but never answered."""

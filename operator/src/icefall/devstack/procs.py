@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -131,3 +132,50 @@ def run_checked(argv: Sequence[str], log_path: Path, what: str, timeout: float =
         result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
     if result.returncode != 0:
         raise StartError(f"{what} failed with code {result.returncode}:\n{tail(log_path)}")
+
+
+class LoopbackServer:
+    """A stack server on a free 127.0.0.1 port, its data (`data_dir`) and log in its own `workdir`.
+
+    A subclass's `start()` calls `_claim()` first: the first time that gives it a fresh folder and port, and
+    after a `stop()` the same ones again, so a restart (the end of an outage a test made) finds its data on
+    the same address. Not guaranteed: that the port is still free for a restart (it fails loudly if not)."""
+
+    what = "the server"  # names it in errors
+    log_name = "server.log"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = 0
+        self._proc: ManagedProcess | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(endpoint={self.endpoint!r}, workdir={str(self.workdir)!r})"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.workdir / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / self.log_name
+
+    def _claim(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError(f"{self.what} is already running")
+        if self.port == 0:
+            if self.workdir.exists():
+                shutil.rmtree(self.workdir)
+            self.data_dir.mkdir(parents=True)
+            self.port = free_port()
+
+    def stop(self) -> None:
+        """Stop the server; its port and data are kept for the next `start()`."""
+        if self._proc is None:
+            return
+        self._proc.stop()
+        self._proc = None
