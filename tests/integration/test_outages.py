@@ -106,6 +106,42 @@ def stop_run(proc: subprocess.Popen[bytes], log: Path) -> None:
         raise AssertionError(f"icefall run did not stop on SIGTERM:\n{log.read_text()[-4000:]}") from None
 
 
+def wait_out_outage(
+    server: Any,
+    service: str,
+    where: str,
+    during: Callable[[], None],
+    *,
+    run: tuple[subprocess.Popen[bytes], Path, int],
+    table: str,
+    caught_up: Callable[[], bool],
+    show_within: float = 120,
+) -> list[str]:
+    """`server` stopped for ~15 s while `during()` runs (records produced, other commands checked), the
+    outage shown by `icefall_ingest_unavailable{service}` of `run` (its process, log and metrics port),
+    then started again: once caught up the gauge is 0 again. The log's retry lines naming `where` (at
+    least one)."""
+    proc, log, port = run
+    label = {"table": table, "service": service}
+    server.stop()
+    down = time.monotonic()
+    during()
+    wait_for(
+        f"showing the {service} outage",
+        lambda: metric(scrape(port), "icefall_ingest_unavailable", **label) == 1,
+        show_within, proc, log,
+    )  # fmt: skip
+    while time.monotonic() - down < 15:
+        assert proc.poll() is None, log.read_text()[-4000:]
+        time.sleep(1)
+    server.start()
+    wait_for(f"caught up after the {service} outage", caught_up, 300, proc, log)
+    assert metric(scrape(port), "icefall_ingest_unavailable", **label) == 0
+    lines = [line for line in log.read_text().splitlines() if "retrying in" in line and where in line]
+    assert lines, log.read_text()[-4000:]
+    return lines
+
+
 def one_line_failure(
     command: list[str], manifest: Path, state: Path, env: Mapping[str, str] | None = None
 ) -> str:
@@ -221,28 +257,20 @@ def test_icefall_run_waits_out_object_store_and_catalog_outages(tmp_path: Path, 
             ("object_store", store, store.endpoint),
             ("catalog", postgres, uri),
         ):
-            label = {"table": f"{NAMESPACE}.{name}", "service": service}
-            server.stop()
-            down = time.monotonic()
-            produce(kafka, topic, produced, 100)  # Kafka is up: records keep coming during the outage
-            produced += 100
-            if service == "catalog":
-                last = one_line_failure(["status"], manifest, state, env)
-                assert last.startswith(f"icefall: cannot reach the catalog at {uri}"), last
-            wait_for(
-                f"showing the {service} outage",
-                lambda label=label: metric(scrape(port), "icefall_ingest_unavailable", **label) == 1,
-                120, proc, log,
+
+            def during(service: str = service, start: int = produced) -> None:
+                produce(kafka, topic, start, 100)  # Kafka is up: records keep coming during the outage
+                if service == "catalog":
+                    last = one_line_failure(["status"], manifest, state, env)
+                    assert last.startswith(f"icefall: cannot reach the catalog at {uri}"), last
+
+            lines = wait_out_outage(
+                server, service, where, during,
+                run=(proc, log, port), table=f"{NAMESPACE}.{name}", caught_up=caught_up,
             )  # fmt: skip
-            while time.monotonic() - down < 15:
-                assert proc.poll() is None, log.read_text()[-4000:]
-                time.sleep(1)
-            server.start()
-            wait_for(f"caught up after the {service} outage", caught_up, 300, proc, log)
-            assert metric(scrape(port), "icefall_ingest_unavailable", **label) == 0
+            produced += 100
+            label = {"table": f"{NAMESPACE}.{name}", "service": service}
             assert metric(scrape(port), "icefall_ingest_outages_total", **label) == 1
-            lines = [line for line in log.read_text().splitlines() if "retrying in" in line and where in line]
-            assert lines, log.read_text()[-4000:]
             print(f"{service}:", *lines[:3], sep="\n")
         stop_run(proc, log)
         text = log.read_text()
@@ -302,23 +330,10 @@ def test_icefall_run_waits_out_a_cloud_storage_outage(tmp_path: Path, kafka: Kaf
             return committed(config, name) == watermarks(kafka, topic)
 
         wait_for("caught up", caught_up, 400, proc, log)
-        label = {"table": f"{NAMESPACE}.{name}", "service": "object_store"}
-        store.stop()
-        down = time.monotonic()
-        produce(kafka, topic, 200, 100)
-        wait_for(
-            f"showing the {kind} outage",
-            lambda: metric(scrape(port), "icefall_ingest_unavailable", **label) == 1,
-            240, proc, log,
+        lines = wait_out_outage(
+            store, "object_store", endpoint, lambda: produce(kafka, topic, 200, 100),
+            run=(proc, log, port), table=f"{NAMESPACE}.{name}", caught_up=caught_up, show_within=240,
         )  # fmt: skip
-        while time.monotonic() - down < 15:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            time.sleep(1)
-        store.start()
-        wait_for(f"caught up after the {kind} outage", caught_up, 300, proc, log)
-        assert metric(scrape(port), "icefall_ingest_unavailable", **label) == 0
-        lines = [line for line in log.read_text().splitlines() if "retrying in" in line and endpoint in line]
-        assert lines, log.read_text()[-4000:]
         print(*lines[:3], sep="\n")
         stop_run(proc, log)
         assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
