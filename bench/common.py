@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from icefall.plan.offsets import OffsetRange
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -138,6 +140,18 @@ class TreeMonitor:
         if b.at == a.at:
             return a.cpu
         return a.cpu + (b.cpu - a.cpu) * (when - a.at) / (b.at - a.at)
+
+
+def whole_topic(bootstrap: str, topic: str, partitions: int) -> tuple[OffsetRange, ...]:
+    """Every offset of `topic`, as one `OffsetRange` per partition (what a bench's batch reads)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic})
+    try:
+        ends = [consumer.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(partitions)]
+    finally:
+        consumer.close()
+    return tuple(OffsetRange(p, 0, end) for p, end in enumerate(ends))
 
 
 def write_results(path: Path, text: str) -> None:

@@ -46,10 +46,10 @@ from common import (
     machine_basics,
     machine_section,
     proc_stat,
+    whole_topic,
     write_results,
 )
 from compare import preload
-from confluent_kafka import Consumer, TopicPartition
 
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
@@ -71,15 +71,6 @@ VARIANTS = {
     "from-json": "from_json(cast(value as string)) + `_kafka`, nothing checked",
     "arrow": "arrow prototype: mapInArrow + pyarrow.json, per-record fallback + `_kafka`",
 }
-
-
-def end_offsets(bootstrap: str, topic: str) -> tuple[OffsetRange, ...]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic})
-    try:
-        ends = [consumer.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(PARTITIONS)]
-    finally:
-        consumer.close()
-    return tuple(OffsetRange(p, 0, end) for p, end in enumerate(ends))
 
 
 def arrow_decoder(ddl: str) -> Any:
@@ -208,7 +199,7 @@ class Runs:
 def measure(
     spark: Any, broker: KafkaBroker, topic: str, rounds: int, jvm_cpu: Any
 ) -> tuple[int, dict[str, list[float]], dict[str, Any]]:
-    ranges = end_offsets(broker.bootstrap, topic)
+    ranges = whole_topic(broker.bootstrap, topic, PARTITIONS)
     records = sum(r.end - r.start for r in ranges)
     runs = Runs(spark, broker.bootstrap, topic, ranges)
     # the same rows out of each decoder (a check of the prototype, not of time)

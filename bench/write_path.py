@@ -47,10 +47,10 @@ from common import (
     machine_basics,
     machine_section,
     proc_stat,
+    whole_topic,
     write_results,
 )
 from compare import preload
-from confluent_kafka import Consumer, TopicPartition
 
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
@@ -73,16 +73,6 @@ VARIANTS = {
     "no-validation": "no validation: from_json + `_kafka`, fanout",
     "plain-spark": "plain Spark: from_json, fanout",
 }
-
-
-def end_offsets(bootstrap: str) -> tuple[OffsetRange, ...]:
-    """Every offset of the topic, per partition."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": TOPIC})
-    try:
-        ends = [consumer.get_watermark_offsets(TopicPartition(TOPIC, p))[1] for p in range(PARTITIONS)]
-    finally:
-        consumer.close()
-    return tuple(OffsetRange(p, 0, end) for p, end in enumerate(ends))
 
 
 class Writes:
@@ -158,7 +148,7 @@ def main() -> int:
         broker.create_topic(TOPIC, partitions=PARTITIONS)
         print(f"[bench] producing {args.records:,} events ...", flush=True)
         preload(broker.bootstrap, TOPIC, args.records, SMALL_NOTE_WORDS, seed=1)
-        ranges = end_offsets(broker.bootstrap)
+        ranges = whole_topic(broker.bootstrap, TOPIC, PARTITIONS)
         records = sum(r.end - r.start for r in ranges)
         spark = build_spark_session([CatalogConfig.embedded(state)], master="local[2]")
         jvm = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
