@@ -275,19 +275,38 @@ def test_kills_while_a_new_table_is_created_and_first_committed(kafka: KafkaBrok
 
 @CHAIN_TIMEOUT
 def test_kills_around_dead_letters_leases_and_commits(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """The dead-letter topic ahead of the tables and its repair, a failed dead-letter commit, a lease
+    renewal: the kills only a table with malformed records reaches (`make test`)."""
     chain = Chain(kafka, tmp_path, "kills_dlq")
     bad = produce(kafka, chain.topic, 0, 120, bad_every=10)
     for spec in (
-        "dlq.after-prepare=exit",  # a dead-letter staging branch, nothing on it
         "dlq-topic.mid-produce=exit@2",  # the dead-letter table is committed, the main table not
         "dlq.before-rewind=exit",  # the start repairs that: killed before, then after the rewind
         "dlq.after-rewind=exit",
         "dlq-topic.after-produce=exit",  # every dead letter acknowledged, the main commit next
+        "dlq.before-commit=raise,dlq.before-abandon=exit",  # a failed dead-letter commit, then its drop
+        "lease.renew=exit@2",  # the check before the first main commit
+    ):
+        chain.kill_at(spec)
+    bad |= produce(kafka, chain.topic, 120, 40, bad_every=10)
+    chain.finish(bad)
+
+
+@pytest.mark.long  # `make test-all`: keeps `make test` within CI's time
+@CHAIN_TIMEOUT
+def test_kills_around_dead_letter_staging_and_a_failed_main_commit(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """The rest of a dead-letter table's crash points: its staging branch before and after it holds dead
+    letters and before it is swept; a failed main commit beside dead letters; a run's second commit.
+    (`make test` reaches the same kinds of point on the main table: the pipelined and new-table chains.)"""
+    chain = Chain(kafka, tmp_path, "kills_dlq_staging")
+    bad = produce(kafka, chain.topic, 0, 120, bad_every=10)
+    for spec in (
+        "dlq.after-prepare=exit",  # a dead-letter staging branch, nothing on it
         "dlq.after-stage=exit",  # leaves a dead-letter staging branch
         "dlq.before-sweep=exit",
-        "dlq.before-commit=raise,dlq.before-abandon=exit",  # a failed dead-letter commit, then its drop
         "main.before-commit=raise,main.before-abandon=exit",
-        "lease.renew=exit@2",  # the check before the first main commit
         "main.after-commit=exit@2",  # the second batch of the run
     ):
         chain.kill_at(spec)

@@ -38,8 +38,10 @@ CLIENT_CERT = {"clientCert": {"env": "TEST_KAFKA_CLIENT_CERT"}, "clientKey": {"e
 CREDENTIALS = {"username": {"env": "TEST_KAFKA_USER"}, "password": {"env": "TEST_KAFKA_PASSWORD"}}
 
 # (listener of secure_kafka, spec.source.security)
+# mTLS and SASL_SSL in `make test` (the CA check, a client certificate, SCRAM over TLS); plain TLS and
+# SASL_PLAINTEXT add no code path of Icefall's over those two: `long` (`make test-all`), for CI's time.
 SETUPS = [
-    pytest.param(("SSL", {"protocol": "SSL", **CA}), id="ssl"),
+    pytest.param(("SSL", {"protocol": "SSL", **CA}), id="ssl", marks=pytest.mark.long),
     pytest.param(("MTLS", {"protocol": "SSL", **CA, **CLIENT_CERT}), id="mtls"),
     pytest.param(
         ("SASL_SSL", {"protocol": "SASL_SSL", "saslMechanism": "SCRAM-SHA-512", **CREDENTIALS, **CA}),
@@ -48,6 +50,7 @@ SETUPS = [
     pytest.param(
         ("SASL_PLAINTEXT", {"protocol": "SASL_PLAINTEXT", "saslMechanism": "SCRAM-SHA-256", **CREDENTIALS}),
         id="sasl_plaintext-scram-sha-256",
+        marks=pytest.mark.long,
     ),
 ]
 
