@@ -69,6 +69,16 @@ def cpu_seconds(stat: list[str]) -> float:
     return sum(int(x) for x in stat[11:15]) / CLOCK_TICKS
 
 
+def tree_cpu(root: int) -> float:
+    """CPU-s of `root` and every live process below it, each counted once (`descendants` holds `root`).
+
+    A child's CPU moves into its parent's cutime/cstime when the parent reaps it, as it leaves the list of
+    live processes, so a sum over the live tree counts it once, before and after (a sum that listed `root`
+    again beside `descendants(root)`, as some bench scripts did, counted the root twice: in
+    bench/results/profile.md the JVM's own CPU came out twice its value, above the tree's)."""
+    return sum(cpu_seconds(stat) for pid in descendants(root) if (stat := proc_stat(pid)) is not None)
+
+
 def rss_bytes(stat: list[str]) -> int:
     return int(stat[21]) * PAGE_BYTES
 

@@ -40,12 +40,10 @@ from common import (
     EVENT_SCHEMA,
     LARGE_NOTE_WORDS,
     SMALL_NOTE_WORDS,
-    cpu_seconds,
-    descendants,
     load_average,
     machine_basics,
     machine_section,
-    proc_stat,
+    tree_cpu,
     whole_topic,
     write_results,
 )
@@ -245,7 +243,7 @@ def main() -> int:
             jvm = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
 
             def jvm_cpu() -> float:
-                return sum(cpu_seconds(stat) for pid in [jvm, *descendants(jvm)] if (stat := proc_stat(pid)))
+                return tree_cpu(jvm)
 
             for size, _, words, _ in sizes:
                 results[size] = measure(spark, broker, f"decode-{words}", args.rounds, jvm_cpu)

@@ -46,12 +46,11 @@ from common import (
     EVENT_SCHEMA,
     LARGE_NOTE_WORDS,
     SMALL_NOTE_WORDS,
-    cpu_seconds,
     descendants,
     load_average,
     machine_basics,
     machine_section,
-    proc_stat,
+    tree_cpu,
     write_results,
 )
 from compare import TABLE, preload, table_commits
@@ -126,10 +125,6 @@ def manifest(bootstrap: str, topic: str) -> dict[str, object]:
             "deadLetter": {"table": {"enabled": True}},
         },
     }  # fmt: skip
-
-
-def tree_cpu(root: int) -> float:
-    return sum(cpu_seconds(stat) for pid in [root, *descendants(root)] if (stat := proc_stat(pid)))
 
 
 def java_pid(root: int, timeout: float = 120) -> int:

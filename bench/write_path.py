@@ -41,12 +41,10 @@ import yaml
 from common import (
     EVENT_SCHEMA,
     SMALL_NOTE_WORDS,
-    cpu_seconds,
-    descendants,
     load_average,
     machine_basics,
     machine_section,
-    proc_stat,
+    tree_cpu,
     whole_topic,
     write_results,
 )
@@ -154,7 +152,7 @@ def main() -> int:
         jvm = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
 
         def jvm_cpu() -> float:
-            return sum(cpu_seconds(stat) for pid in [jvm, *descendants(jvm)] if (stat := proc_stat(pid)))
+            return tree_cpu(jvm)
 
         writes = Writes(spark, broker.bootstrap, ranges)
         cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
