@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -30,41 +31,59 @@ from profile_drain import java_pid, manifest, wait_rows
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
 
+#: Caught up, a batch every half target: many small batches, whose CPU is mostly their fixed cost.
+TARGET_SECONDS = 2
+
+
+def say(text: str) -> None:
+    print(f"[batch_costs] {text}", flush=True)
+
 
 def jstat(pid: int, option: str) -> list[str]:
     out = subprocess.run(["jstat", option, str(pid)], capture_output=True, text=True, check=True).stdout
     return out.splitlines()[1].split()
 
 
-def codegen(folder: Path) -> tuple[int, float]:
-    """Compilations so far and their total time, ms (the newest line of the metric's CSV)."""
+def codegen(folder: Path) -> int:
+    """Spark's code generator compilations so far (the newest line of the metric's CSV)."""
     files = list(folder.glob("*CodeGenerator.compilationTime.csv"))
     if not files:
-        return 0, 0.0
+        return 0
     rows = list(csv.reader(files[0].open()))
-    last = dict(zip(rows[0], rows[-1], strict=True))
-    return int(last["count"]), float(last["mean"]) * int(last["count"])
+    return int(dict(zip(rows[0], rows[-1], strict=True))["count"])
 
 
-def admin_clients(pid: int) -> int:
-    out = subprocess.run(
-        ["jcmd", str(pid), "Thread.print"], capture_output=True, text=True, check=True
-    ).stdout
-    numbers = [int(n) for n in re.findall(r"adminclient-(\d+)", out)]
-    return max(numbers, default=0)
+#: JFR with one event on, the threads started: a Kafka admin client's thread lives as long as the client.
+THREAD_STARTS = """<?xml version="1.0" encoding="UTF-8"?>
+<configuration version="2.0">
+  <event name="jdk.ThreadStart"><setting name="enabled">true</setting></event>
+</configuration>
+"""
 
 
-def counters(jvm: int, metrics: Path) -> dict[str, float]:
+def thread_starts(pid: int, jfr: Path) -> dict[str, int]:
+    """Threads the JVM started so far, by name with the digits left out."""
+    dump = ["jcmd", str(pid), "JFR.dump", "name=threads", f"filename={jfr}"]
+    subprocess.run(dump, check=True, capture_output=True)
+    show = ["jfr", "print", "--events", "jdk.ThreadStart", str(jfr)]
+    out = subprocess.run(show, capture_output=True, text=True, check=True).stdout
+    counts: dict[str, int] = {}
+    for name in re.findall(r'thread = "([^"]*)"', out):
+        kind = re.sub(r"\d+", "N", name)
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def counters(jvm: int, metrics: Path, jfr: Path) -> dict[str, float]:
     compiled = jstat(jvm, "-compiler")
     classes = jstat(jvm, "-class")
-    count, ms = codegen(metrics)
+    threads = thread_starts(jvm, jfr)
     return {
         "jit_compiled": int(compiled[0]),
-        "jit_seconds": float(compiled[3]),
         "classes_loaded": int(classes[0]),
-        "codegen_compiles": count,
-        "codegen_ms": ms,
-        "admin_clients": admin_clients(jvm),
+        "codegen_compiles": codegen(metrics),
+        "threads_started": sum(threads.values()),
+        **{f"threads {k}": v for k, v in threads.items()},
     }
 
 
@@ -72,25 +91,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--warmup-records", type=int, default=30_000)
+    parser.add_argument("--trickle-seconds", type=int, default=40)
     parser.add_argument("--note-words", type=int, default=SMALL_NOTE_WORDS)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="icefall-batchcost-"))
     metrics = work / "metrics"
     metrics.mkdir()
-    print(f"work in {work}; load {load_average()}", flush=True)
+    say(f"work in {work}; load {load_average()}")
     broker = KafkaBroker(work / "kafka", heap="1g").start()
     proc = None
     try:
         topic = "batchcost"
         broker.create_topic(topic, partitions=3)
-        (work / "events.yaml").write_text(yaml.safe_dump(manifest(broker.bootstrap, topic), sort_keys=False))
+        table = manifest(broker.bootstrap, topic)
+        table["spec"]["freshness"]["targetSeconds"] = TARGET_SECONDS  # type: ignore[index]
+        (work / "events.yaml").write_text(yaml.safe_dump(table, sort_keys=False))
         preload(broker.bootstrap, topic, args.warmup_records, args.note_words, 1)
         sink = "-Dspark.metrics.conf.driver.sink.csv"
         env = {
             **os.environ,
             "SPARK_SUBMIT_OPTS": f"{sink}.class=org.apache.spark.metrics.sink.CsvSink {sink}.period=1 "
-            f"{sink}.unit=seconds {sink}.directory={metrics}",
+            f"{sink}.unit=seconds {sink}.directory={metrics} "
+            f"-XX:StartFlightRecording=name=threads,settings={work / 'threads.jfc'}",
         }
+        (work / "threads.jfc").write_text(THREAD_STARTS)
         icefall = str(Path(sys.executable).with_name("icefall"))
         proc = subprocess.Popen(
             [icefall, "run", "-f", str(work / "events.yaml"), "--state-dir", str(work)],
@@ -101,19 +125,37 @@ def main() -> int:
         wait_rows(catalog, args.warmup_records, proc, 600)
         jvm = java_pid(proc.pid)
         time.sleep(3)  # the metrics sink's next line
-        before, cpu0, t0 = counters(jvm, metrics), tree_cpu(proc.pid), time.monotonic()
-        commits0 = len(table_commits(catalog))
-        preload(broker.bootstrap, topic, args.records, args.note_words, 1, start=args.warmup_records)
-        wait_rows(catalog, args.warmup_records + args.records, proc, 1200)
-        cpu1, t1 = tree_cpu(proc.pid), time.monotonic()
+
+        def phase(name: str, produce: Callable[[], None]) -> None:
+            before, t0 = counters(jvm, metrics, work / "a.jfr"), time.monotonic()
+            cpu0, jvm0 = tree_cpu(proc.pid), tree_cpu(jvm)
+            commits0 = len(table_commits(catalog))
+            produce()
+            cpu1, jvm1, t1 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic()
+            time.sleep(3)  # the metrics sink's next line
+            after = counters(jvm, metrics, work / "b.jfr")
+            batches = max(len(table_commits(catalog)) - commits0, 1)
+            cpu, spark = (cpu1 - cpu0) / batches, (jvm1 - jvm0) / batches
+            say(f"{name}: {batches} batches, {t1 - t0:.1f} s, {cpu1 - cpu0:.1f} CPU-s, {cpu:.2f} CPU-s per batch "
+                f"(Spark JVM {spark:.2f}, the rest {cpu - spark:.2f}); load {load_average()}")  # fmt: skip
+            for key, value in after.items():
+                if delta := value - before.get(key, 0):
+                    say(f"  {key}: {delta:,.0f}, {delta / batches:,.1f} per batch")
+
+        def backlog() -> None:
+            preload(broker.bootstrap, topic, args.records, args.note_words, 1, start=args.warmup_records)
+            wait_rows(catalog, args.warmup_records + args.records, proc, 1200)
+
+        def trickle() -> None:
+            start = args.warmup_records + args.records
+            for i in range(args.trickle_seconds):
+                preload(broker.bootstrap, topic, 100, args.note_words, 1, start=start + 100 * i)
+                time.sleep(1)
+            wait_rows(catalog, start + 100 * args.trickle_seconds, proc, 600)
+
         time.sleep(3)
-        after = counters(jvm, metrics)
-        batches = len(table_commits(catalog)) - commits0
-        print(f"drain: {args.records:,} records, {batches} batches, {t1 - t0:.1f} s, {cpu1 - cpu0:.1f} CPU-s "
-              f"({args.records / (cpu1 - cpu0):,.0f} records per CPU-s); load {load_average()}")  # fmt: skip
-        for name, value in after.items():
-            delta = value - before[name]
-            print(f"  {name}: {delta:,.1f} over the drain, {delta / max(batches, 1):,.1f} per batch")
+        phase(f"backlog of {args.records:,} records", backlog)
+        phase(f"{args.trickle_seconds} s of 100 records/s, a {TARGET_SECONDS} s freshness target", trickle)
     finally:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
