@@ -136,7 +136,8 @@ def main() -> int:
             after = counters(jvm, metrics, work / "b.jfr")
             batches = max(len(table_commits(catalog)) - commits0, 1)
             cpu, spark = (cpu1 - cpu0) / batches, (jvm1 - jvm0) / batches
-            say(f"{name}: {batches} batches, {t1 - t0:.1f} s, {cpu1 - cpu0:.1f} CPU-s, {cpu:.2f} CPU-s per batch "
+            say(f"{name}: {batches} batches, {t1 - t0:.1f} s, {cpu1 - cpu0:.1f} CPU-s, "
+                f"{cpu:.2f} CPU-s per batch "
                 f"(Spark JVM {spark:.2f}, the rest {cpu - spark:.2f}); load {load_average()}")  # fmt: skip
             for key, value in after.items():
                 if delta := value - before.get(key, 0):
