@@ -112,7 +112,8 @@ def main() -> int:
             **os.environ,
             "SPARK_SUBMIT_OPTS": f"{sink}.class=org.apache.spark.metrics.sink.CsvSink {sink}.period=1 "
             f"{sink}.unit=seconds {sink}.directory={metrics} "
-            f"-XX:StartFlightRecording=name=threads,settings={work / 'threads.jfc'}",
+            f"-XX:StartFlightRecording=name=threads,settings={work / 'threads.jfc'} "
+            f"-Xlog:class+load=info:file={work / 'classes.log'}:uptime",
         }
         (work / "threads.jfc").write_text(THREAD_STARTS)
         icefall = str(Path(sys.executable).with_name("icefall"))
