@@ -12,6 +12,7 @@ clients Spark made (their thread numbers), and the CPU of the tree. Prints the n
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import os
 import re
@@ -21,12 +22,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 from common import SMALL_NOTE_WORDS, load_average, tree_cpu
 from compare import preload, table_commits
-from profile_drain import java_pid, manifest, wait_rows
+from profile_drain import java_pid, jfr_stacks, manifest, wait_rows
 
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
@@ -87,6 +89,24 @@ def counters(jvm: int, metrics: Path, jfr: Path) -> dict[str, float]:
     }
 
 
+def top_frames(jvm: int, jfr: Path, window: tuple[datetime, datetime], top: int = 25) -> None:
+    """The phase's JFR execution samples: by thread kind, and the top frames by total (inclusive)."""
+    subprocess.run(["jcmd", str(jvm), "JFR.dump", "name=drain", f"filename={jfr}"], check=True,
+                   capture_output=True)  # fmt: skip
+    stacks, threads = jfr_stacks(jfr, window)
+    say(f"  JFR: {len(stacks)} execution samples; by thread: {dict(threads.most_common(6))}")
+    total: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    for frames in stacks:
+        total.update(set(frames))
+        if frames:
+            own[frames[0]] += 1
+    for frame, n in total.most_common(top):
+        say(f"    total {n / max(len(stacks), 1):6.1%} {frame}")
+    for frame, n in own.most_common(12):
+        say(f"    self  {n / max(len(stacks), 1):6.1%} {frame}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
@@ -113,7 +133,8 @@ def main() -> int:
             "SPARK_SUBMIT_OPTS": f"{sink}.class=org.apache.spark.metrics.sink.CsvSink {sink}.period=1 "
             f"{sink}.unit=seconds {sink}.directory={metrics} "
             f"-XX:StartFlightRecording=name=threads,settings={work / 'threads.jfc'} "
-            f"-Xlog:class+load=info:file={work / 'classes.log'}:uptime",
+            f"-Xlog:class+load=info:file={work / 'classes.log'}:uptime "
+            f"-XX:StartFlightRecording=name=drain,settings=profile,filename={work / 'drain.jfr'}",
         }
         (work / "threads.jfc").write_text(THREAD_STARTS)
         icefall = str(Path(sys.executable).with_name("icefall"))
@@ -128,6 +149,7 @@ def main() -> int:
         time.sleep(3)  # the metrics sink's next line
 
         def phase(name: str, produce: Callable[[], None]) -> None:
+            window_start = datetime.now(UTC)
             before, t0 = counters(jvm, metrics, work / "a.jfr"), time.monotonic()
             cpu0, jvm0 = tree_cpu(proc.pid), tree_cpu(jvm)
             commits0 = len(table_commits(catalog))
@@ -143,6 +165,7 @@ def main() -> int:
             for key, value in after.items():
                 if delta := value - before.get(key, 0):
                     say(f"  {key}: {delta:,.0f}, {delta / batches:,.1f} per batch")
+            top_frames(jvm, work / f"{name.split(maxsplit=1)[0]}.jfr", (window_start, datetime.now(UTC)))
 
         def backlog() -> None:
             preload(broker.bootstrap, topic, args.records, args.note_words, 1, start=args.warmup_records)
