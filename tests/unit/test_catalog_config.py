@@ -436,6 +436,8 @@ assert table.properties["icefall.offsets"] == "{{}}", table.properties
 print(type(table.io).__name__, "pyiceberg.io.pyarrow" in sys.modules, "pyarrow" in sys.modules)
 """
     env = {**os.environ, "PYTHONPATH": str(Path(icefall.__file__).parents[1])}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["FsspecFileIO", "False", "False"]

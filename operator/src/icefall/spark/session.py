@@ -8,9 +8,10 @@ set (a checkout: `hack/tool-env.sh` exports it), else already in Spark's own jar
 line saying how to provide them.
 
 The driver JVM's native memory is kept small without costing CPU (`DRIVER_JAVA_OPTIONS`,
-`DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md). `spark_conf` is the base every session shares; what differs per process (master, application name,
-the driver's memory, Kubernetes, scheduling) comes from `icefall.plan.spark_conf` as `extra_conf`, which
-wins. A conf that asks for the FAIR scheduler gets the pools of `fairscheduler.xml`, beside this module.
+`DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md). `spark_conf` is the base every session
+shares; what differs per process (master, application name, the driver's memory, Kubernetes, scheduling)
+comes from `icefall.plan.spark_conf` as `extra_conf`, which wins. A conf that asks for the FAIR scheduler
+gets the pools of `fairscheduler.xml`, beside this module.
 """
 
 from __future__ import annotations
