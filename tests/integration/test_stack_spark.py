@@ -1,5 +1,6 @@
 """Spark with the real Iceberg runtime and pyiceberg share one SQLite catalog both ways, and Spark's Kafka
-source reads an explicit offset range per partition from the real broker."""
+source reads an explicit offset range per partition from the real broker; the driver JVM runs with
+Icefall's footprint settings (`icefall.spark.session.DRIVER_JAVA_OPTIONS`, `DRIVER_MALLOC_ARENAS`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from icefall.catalog import CatalogConfig
 from icefall.devstack.kafka import KafkaBroker
+from icefall.spark.session import DRIVER_JAVA_OPTIONS, DRIVER_MALLOC_ARENAS
 
 pytestmark = pytest.mark.integration
 
@@ -66,3 +68,19 @@ def test_spark_reads_kafka_by_explicit_offsets(spark: SparkSession, kafka: Kafka
     got = sorted((r.partition, r.offset, json.loads(r.value)["n"]) for r in frame.collect())
     expected = [(0, o, 2 * o) for o in range(2, 6)] + [(1, o, 2 * o + 1) for o in range(5, 10)]
     assert got == expected
+
+
+def test_the_driver_jvm_runs_with_the_footprint_settings(spark: SparkSession) -> None:
+    pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        argv = cmdline.read().decode().split("\0")
+    assert DRIVER_JAVA_OPTIONS.split() == [arg for arg in argv if arg in DRIVER_JAVA_OPTIONS.split()]
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        variables = environ.read().decode().split("\0")
+    assert f"MALLOC_ARENA_MAX={DRIVER_MALLOC_ARENAS}" in variables
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    flag = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    ).getVMOption("TrimNativeHeapInterval")
+    assert flag.getValue() == "5000"

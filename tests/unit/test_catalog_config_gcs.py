@@ -28,7 +28,14 @@ import pytest
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.catalog.azure import ADLS_FILE_IO, PY_AZURE_FILE_IO
-from icefall.catalog.config import GCS_FILE_IO, GCS_NO_AUTH_TOKEN, PY_GCS_FILE_IO, S3_FILE_IO, SPARK_CATALOG
+from icefall.catalog.config import (
+    GCS_FILE_IO,
+    GCS_NO_AUTH_TOKEN,
+    PY_GCS_FILE_IO,
+    PY_LOCAL_FILE_IO,
+    S3_FILE_IO,
+    SPARK_CATALOG,
+)
 from icefall.catalog.gcs_io import RETRY_SECONDS, GcsFileIO
 from icefall.ingest.outages import classify, service_addresses
 from icefall.plan.outages import Service
@@ -144,7 +151,7 @@ def test_pyarrows_gcs_error_for_an_unreachable_store_is_an_object_store_outage()
         ("gs://lake/warehouse", GCS_FILE_IO, PY_GCS_FILE_IO),
         ("s3://lake/warehouse", S3_FILE_IO, None),
         ("abfss://lake@acct.dfs.core.windows.net/warehouse", ADLS_FILE_IO, PY_AZURE_FILE_IO),
-        ("/var/lib/icefall/warehouse", None, None),
+        ("/var/lib/icefall/warehouse", None, PY_LOCAL_FILE_IO),
     ],
 )
 def test_each_store_selects_only_its_own_file_io(

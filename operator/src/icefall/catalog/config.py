@@ -33,6 +33,9 @@ reference reads that variable, a `secretKeyRef` reads the variable the operator 
   emulator) also gives pyiceberg a placeholder token, since its pyarrow GcsFileSystem has no anonymous
   switch: a token is sent and the emulator ignores it. pyiceberg's FileIO is `icefall.catalog.gcs_io.
   GcsFileIO` unless `py-io-impl` is set: GCS calls fail after seconds, not the client's 15 minutes.
+- a sql catalog on a local (`file:`) warehouse: pyiceberg gets `py-io-impl` FsspecFileIO unless set, whose
+  local files need no pyarrow (pyarrow's FileIO costs `icefall run` ~85 MiB of RSS for metadata it reads
+  and writes as well; bench/results/memory.md).
 - always, Spark: `cache-enabled=false`, since pyiceberg moves refs behind Spark's back.
 
 Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
@@ -67,6 +70,9 @@ JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 GCS_FILE_IO = "org.apache.iceberg.gcp.gcs.GCSFileIO"
 PY_GCS_FILE_IO = "icefall.catalog.gcs_io.GcsFileIO"  # pyiceberg's PyArrowFileIO, GCS retries bounded
+#: pyiceberg's FileIO for a local (`file:`) warehouse: fsspec's, which reads and writes metadata without
+#: importing pyarrow's datasets, Parquet and compute (~85 MiB RSS in `icefall run`, bench/results/memory.md).
+PY_LOCAL_FILE_IO = "pyiceberg.io.fsspec.FsspecFileIO"
 # pyiceberg's stand-in for `gcs.no-auth` (see the module doc): a token an emulator ignores, valid until 2100.
 GCS_NO_AUTH_TOKEN = "icefall-no-auth"
 GCS_NO_AUTH_EXPIRES_MS = "4102444800000"
@@ -284,6 +290,8 @@ class CatalogConfig:
             props["gcs.oauth2.token-expires-at"] = GCS_NO_AUTH_EXPIRES_MS
         if self.uses_gcs:
             props.setdefault("py-io-impl", PY_GCS_FILE_IO)
+        if self.local_warehouse:
+            props.setdefault("py-io-impl", PY_LOCAL_FILE_IO)
         return props
 
     def spark_conf(self) -> dict[str, str]:
@@ -337,6 +345,15 @@ class CatalogConfig:
         """Table files live in Azure storage (an abfs(s)/wasb(s) warehouse or adls.* properties)."""
         keys = [*self.properties, *self.secrets]
         return is_azure_location(self.warehouse) or any(key.startswith("adls.") for key in keys)
+
+    @property
+    def local_warehouse(self) -> bool:
+        """A sql catalog whose table files live in a local (`file:`) warehouse and in no object store."""
+        return (
+            self.type is CatalogType.SQL
+            and bool(self.warehouse and self.warehouse.startswith("file:"))
+            and not (self.uses_s3 or self.uses_azure or self.uses_gcs)
+        )
 
     @property
     def uses_gcs(self) -> bool:

@@ -45,6 +45,7 @@ are removed like any orphan, which is what Iceberg's `remove_orphan_files` does 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -331,12 +332,30 @@ def filesystem_for(path: str, io: Any = None) -> tuple[Any, str]:
     return filesystem, str(inner)
 
 
+def _list_local(root: str) -> Iterable[StorageObject]:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:  # deleted while listing, as pyarrow would not have listed it
+                continue
+            yield StorageObject(
+                path=canonical_path("file://" + path),
+                size_bytes=stat.st_size,
+                modified_ms=stat.st_mtime_ns // 1_000_000,
+            )
+
+
 def list_location(location: str, io: Any = None) -> Iterable[StorageObject]:
     """Every object under `location` (recursively), with canonical paths. Empty if it does not exist."""
+    local = to_local_path(location)
+    if local is not None:  # the standard library's walk: no pyarrow in a process that needs none else
+        yield from _list_local(local)
+        return
     from pyarrow import fs
 
     filesystem, root = filesystem_for(location, io)
-    local = to_local_path(location)
     scheme_prefix = "file://" if local is not None else canonical_path(location).split("://", 1)[0] + "://"
     container = ""
     if is_azure_location(

@@ -548,8 +548,6 @@ def _remove_orphans(
 
 def _delete_if_older(path: str, older_than_ms: int, io: Any = None) -> bool:
     """Delete `path` if it still exists and was last modified before `older_than_ms`."""
-    from pyarrow import fs
-
     local = to_local_path(path)
     if local is not None:
         try:
@@ -559,6 +557,8 @@ def _delete_if_older(path: str, older_than_ms: int, io: Any = None) -> bool:
         except FileNotFoundError:
             return False
         return True
+    from pyarrow import fs
+
     filesystem, inner = filesystem_for(path, io)
     info = filesystem.get_file_info(inner)
     if info.type != fs.FileType.File or (info.mtime_ns or 0) // 1_000_000 >= older_than_ms:

@@ -7,9 +7,11 @@ set (a checkout: `hack/tool-env.sh` exports it), else already in Spark's own jar
 (`$SPARK_HOME/jars`, where the image puts them, so no `spark.jars` is set); otherwise it fails with one
 line saying how to provide them.
 
-`spark_conf` is the base every session shares; what differs per process (master, application name,
-the driver's memory, Kubernetes, scheduling) comes from `icefall.plan.spark_conf` as `extra_conf`, which
-wins. A conf that asks for the FAIR scheduler gets the pools of `fairscheduler.xml`, beside this module.
+The driver JVM's native memory is kept small without costing CPU (`DRIVER_JAVA_OPTIONS`,
+`DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md). `spark_conf` is the base every session
+shares; what differs per process (master, application name, the driver's memory, Kubernetes, scheduling)
+comes from `icefall.plan.spark_conf` as `extra_conf`, which wins. A conf that asks for the FAIR scheduler
+gets the pools of `fairscheduler.xml`, beside this module.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ FAIR_SCHEDULING = {
     "spark.scheduler.mode": "FAIR",
     "spark.scheduler.allocation.file": str(Path(__file__).with_name("fairscheduler.xml")),
 }
+
+
+#: The driver JVM's options (`spark.driver.extraJavaOptions`, which no table may set: icefall.api.spark):
+#: give freed native memory (C2's compiler arenas, inflaters, Kafka and Parquet buffers) back to the system
+#: every 5 s instead of keeping it in glibc's free lists; a `malloc_trim` every 5 s costs no measurable CPU.
+DRIVER_JAVA_OPTIONS = "-XX:TrimNativeHeapInterval=5000"
+#: glibc's malloc arenas for the driver JVM (its environment; `MALLOC_ARENA_MAX`): the default, 8 per core,
+#: lets each of the JVM's ~55 threads keep a 64 MiB arena of its own, partly resident and rarely reused;
+#: the JVM allocates its heap, metaspace and code itself, so two arenas cost no contention that shows.
+DRIVER_MALLOC_ARENAS = "2"
 
 
 class SparkJarsMissingError(RuntimeError):
@@ -88,6 +100,7 @@ def spark_conf(
         "spark.app.name": app_name,
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.driver.memory": driver_memory,
+        "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(shuffle_partitions(master, cores=os.cpu_count() or 1)),
         "spark.ui.enabled": "false",
@@ -137,6 +150,8 @@ def build_spark_session(
 
     # Executors (local or remote) must run the same Python as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # The JVM PySpark starts inherits this environment (see DRIVER_MALLOC_ARENAS).
+    os.environ.setdefault("MALLOC_ARENA_MAX", DRIVER_MALLOC_ARENAS)
     builder = SparkSession.builder
     for key, value in session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf).items():
         builder = builder.config(key, value)
