@@ -23,6 +23,7 @@ help:
 	@echo "make bench-fresh  union reads (icefall read) vs a plain scan: latency, staleness (bench/results/union_read.md)"
 	@echo "make bench-pipelining  a backlog drained with spec.batch.pipelined on and off (bench/results/pipelining.md)"
 	@echo "make bench-operator  the operator at 10/100/300 StreamingTables: API requests, CPU, RSS, reaction (bench/results/operator.md)"
+	@echo "make bench-scale  per-core drain, 3/48/192 partitions, one driver's commits/s, CAS, Kafka fetch (bench/results/scale.md)"
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
@@ -162,6 +163,15 @@ bench-fresh: setup
 .PHONY: bench-operator
 bench-operator: setup
 	$(TOOLS) && nice -n 10 $(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
+
+# The figures behind bench/results/scale.md's 1 GiB/s model (bench/scale.py; results in
+# bench/results/scale-measured.md): Icefall's drain per core over ~230 B / ~1 KB events x 3/48/192 partitions
+# (compare.py --growth's measurement), one driver's commits/s and the catalog's compare-and-swap on SQLite
+# and PostgreSQL, one Kafka consumer's fetch. About 20 minutes on 2 cores; shorter:
+# BENCH_ARGS="--records 40000 --warmup-records 10000 --partitions 3,48 --commits 100".
+.PHONY: bench-scale
+bench-scale: setup $(VENV)/.bench-installed
+	$(TOOLS) && nice -n 10 $(BIN)/python bench/scale.py $(BENCH_ARGS)
 
 # Files per partition, read time and commit latency with and without compaction. Default: one hour of
 # 5-second commits per arm (two hours in all); compress with BENCH_ARGS="--commits 150 --interval 1".
