@@ -167,7 +167,7 @@ bench-operator: setup
 # The figures behind bench/results/scale.md's 1 GiB/s model (bench/scale.py; results in
 # bench/results/scale-measured.md): Icefall's drain per core over ~230 B / ~1 KB events x 3/48/192 partitions
 # (compare.py --growth's measurement), one driver's commits/s and the catalog's compare-and-swap on SQLite
-# and PostgreSQL, one Kafka consumer's fetch. About 20 minutes on 2 cores; shorter:
+# and PostgreSQL, one Kafka consumer's fetch. Defaults not timed yet (50,000 records took 40 min at load 15-28); shorter:
 # BENCH_ARGS="--records 40000 --warmup-records 10000 --partitions 3,48 --commits 100".
 .PHONY: bench-scale
 bench-scale: setup $(VENV)/.bench-installed
