@@ -16,7 +16,6 @@ import collections
 import csv
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
-from common import SMALL_NOTE_WORDS, load_average, tree_cpu
+from common import SMALL_NOTE_WORDS, load_average, stop_group, tree_cpu
 from compare import preload, table_commits
 from profile_drain import java_pid, jfr_stacks, manifest, wait_rows
 
@@ -182,13 +181,8 @@ def main() -> int:
         phase(f"backlog of {args.records:,} records", backlog)
         phase(f"{args.trickle_seconds} s of 100 records/s, a {TARGET_SECONDS} s freshness target", trickle)
     finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if proc is not None:
+            stop_group(proc)
         broker.stop()
     return 0
 

@@ -13,6 +13,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -338,3 +339,15 @@ def bench_records(
         event = bench_event(i, rng, now_ms, note_words)
         yield str(event["key"]), encode(event, now_ms), now_ms
         i += 1
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 60) -> None:
+    """End a process started in its own group (`start_new_session`): SIGTERM, then SIGKILL after `grace`."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

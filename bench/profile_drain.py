@@ -50,6 +50,7 @@ from common import (
     load_average,
     machine_basics,
     machine_section,
+    stop_group,
     tree_cpu,
     write_results,
 )
@@ -223,13 +224,7 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
         if spy is not None and spy.poll() is None:
             spy.kill()
             spy.wait()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)
         log.close()
 
 
