@@ -78,8 +78,9 @@ dashboards: venv
 # pods, compaction pods, the keyed examples) and the longest kill chains (keyed and cdc tables, the small
 # chaos run, the shared catalogs' crash-restarts); each of their pieces is also proved by a shorter test.
 # `make test-all` runs every test, `make test-e2e` every e2e module.
+# The 25 slowest tests close the output: what to look at first when CI's time grows.
 test: setup lint image
-	$(TOOLS) && $(BIN)/pytest -m "not long"
+	$(TOOLS) && $(BIN)/pytest -m "not long" --durations=25
 
 test-all: setup lint image
 	$(TOOLS) && $(BIN)/pytest

@@ -17,6 +17,7 @@ gets the pools of `fairscheduler.xml`, beside this module.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -152,6 +153,7 @@ def build_spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # The JVM PySpark starts inherits this environment (see DRIVER_MALLOC_ARENAS).
     os.environ.setdefault("MALLOC_ARENA_MAX", DRIVER_MALLOC_ARENAS)
+    quiet_lost_jvm_connections()
     builder = SparkSession.builder
     for key, value in session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf).items():
         builder = builder.config(key, value)
@@ -174,6 +176,30 @@ def build_spark_session(
     ):
         log4j.core.config.Configurator.setLevel(noisy, log4j.Level.FATAL)
     return session
+
+
+class _LostJvmConnection(logging.Filter):
+    """Py4J logs a lost connection to the JVM on the root logger with its whole traceback, then raises an
+    error to the caller, who reports it (and `jvm_stopped` tells a stop from a failure). This keeps that
+    record to one line: a SIGTERM to the process group ends the JVM under a running call, and a traceback
+    in the log of an orderly stop reads as a crash."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Exception while sending command." and "py4j" in record.pathname and record.exc_info:
+            error, why = record.exc_info[1], ""
+            cause = getattr(error, "__cause__", None) or getattr(error, "__context__", None)
+            if cause is not None:
+                why = f" ({type(cause).__name__}: {cause})"
+            record.msg, record.args = "Py4J lost its connection to Spark's JVM: %s%s", (error, why)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_lost_jvm_connections() -> None:
+    """Install `_LostJvmConnection` on the root logger, once."""
+    root = logging.getLogger()
+    if not any(isinstance(each, _LostJvmConnection) for each in root.filters):
+        root.addFilter(_LostJvmConnection())
 
 
 def jvm_stopped(spark: SparkSession | None, error: BaseException | None = None) -> bool:
