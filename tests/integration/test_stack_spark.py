@@ -1,6 +1,7 @@
 """Spark with the real Iceberg runtime and pyiceberg share one SQLite catalog both ways, and Spark's Kafka
 source reads an explicit offset range per partition from the real broker; the driver JVM runs with
-Icefall's footprint settings (`icefall.spark.session.DRIVER_JAVA_OPTIONS`, `DRIVER_MALLOC_ARENAS`)."""
+Icefall's footprint settings (`icefall.spark.session.DRIVER_JAVA_OPTIONS`, `DRIVER_MALLOC_ARENAS`), and
+its Py4J view keeps the names it resolved (`icefall.spark.jvm_names`)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,17 @@ def test_the_driver_jvm_runs_with_the_footprint_settings(spark: SparkSession) ->
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     ).getVMOption("TrimNativeHeapInterval")
     assert flag.getValue() == "5000"
+
+
+def test_the_driver_view_resolves_each_jvm_name_once(spark: SparkSession) -> None:
+    """`icefall.spark.jvm_names`: PySpark's names (`functions` for every column expression) are found again
+    without asking the JVM, and what they resolved to still works."""
+    from pyspark.sql import functions
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    first = jvm.functions
+    assert jvm.functions is first and jvm.org.apache.iceberg.spark is jvm.org.apache.iceberg.spark
+    assert vars(jvm)["functions"] is first  # a plain attribute now: no round trip
+    row = spark.range(3).select(functions.sum(functions.col("id") + 1).alias("total")).first()
+    assert row is not None and row["total"] == 6

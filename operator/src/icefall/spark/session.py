@@ -149,6 +149,8 @@ def build_spark_session(
     """The session of `session_conf`, or the one this process already has (Spark keeps one per JVM)."""
     from pyspark.sql import SparkSession
 
+    from icefall.spark.jvm_names import remember_jvm_names
+
     # Executors (local or remote) must run the same Python as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # The JVM PySpark starts inherits this environment (see DRIVER_MALLOC_ARENAS).
@@ -159,6 +161,7 @@ def build_spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    remember_jvm_names(session.sparkContext._jvm)
     # Ingestion sets `kafka.group.id` on purpose (one group per writer, partitions assigned, nothing
     # committed: `icefall.ingest.engine.read_kafka`); Spark's warning about it, meant for subscribed
     # streaming queries, would otherwise be logged on every read.
