@@ -74,9 +74,10 @@ dashboards: venv
 	mv charts/icefall/dashboards/icefall.json.tmp charts/icefall/dashboards/icefall.json
 
 # The e2e tier runs every pod as a container of the image: build it (or find it, by hash) first.
-# `make test` leaves out the tests marked `long` to stay within CI's time: three e2e modules (executors as
-# pods, compaction pods, the keyed examples) and the longest kill chains (keyed and cdc tables, the small
-# chaos run, the shared catalogs' crash-restarts); each of their pieces is also proved by a shorter test.
+# `make test` leaves out the tests marked `long` to stay within CI's time: four e2e modules (executors as
+# pods, compaction pods, the keyed examples, a producer's new Avro field), the longest kill chains (keyed and
+# cdc tables, the small chaos run, the shared catalogs' crash-restarts, half of the new-table and pipelined
+# points) and the broker restart; each of their pieces is also proved by a shorter test.
 # `make test-all` runs every test, `make test-e2e` every e2e module.
 # The 25 slowest tests close the output: what to look at first when CI's time grows.
 test: setup lint image

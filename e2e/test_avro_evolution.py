@@ -36,7 +36,10 @@ from icefall.testing.streams import assert_exactly_once, watermarks
 
 from .conftest import Lake, NodeView, Operator, pod_logs, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.long,
+]  # `make test-all`: the pieces are in test_schema_evolution.py
 
 GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
 NAME, TABLE, TOPIC = "e2e-avro", "e2e_avro", "e2e-avro"

@@ -189,24 +189,34 @@ def test_kills_around_the_commits_of_a_cdc_table_ordered_by_position(
     chain.finish_keyed(bad)
 
 
-@CHAIN_TIMEOUT
-def test_kills_around_pipelined_commits(kafka: KafkaBroker, tmp_path: Path) -> None:
+def pipelined_chain(kafka: KafkaBroker, tmp_path: Path, name: str, specs: tuple[str, ...]) -> None:
     """Clean records, 40 a batch: every batch but the last is committed on the commit thread while the
-    next one is read and appended on top of it (pipelining). Killed there at each commit point, and while
-    a refused commit in flight is dropped with the batch on top; then run to the end, exactly once."""
-    chain = Chain(kafka, tmp_path, "kills_pipelined")
+    next one is read and appended on top of it (pipelining). Killed at each of `specs` on that thread (the
+    second batch's), then run to the end, exactly once."""
+    chain = Chain(kafka, tmp_path, name)
     produce(kafka, chain.topic, 0, 600)
-    for spec in (
-        "main.after-stage=exit@2",
-        "main.before-commit=exit@2",
-        "main.after-commit=exit@2",
-        "main.before-commit=raise@2,main.before-abandon=exit",
-    ):
+    for spec in specs:
         log = chain.kill_at(spec)
         point = spec.split("=")[0]
         assert f"failpoint {point} triggered (hit 2) on thread icefall-commit" in log, log[-4000:]
     produce(kafka, chain.topic, 600, 100)
     chain.finish(set())
+
+
+@CHAIN_TIMEOUT
+def test_kills_around_pipelined_commits(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """Before a pipelined commit, and while a refused one is dropped with the batch on top of it."""
+    specs = ("main.before-commit=exit@2", "main.before-commit=raise@2,main.before-abandon=exit")
+    pipelined_chain(kafka, tmp_path, "kills_pipelined", specs)
+
+
+@pytest.mark.long  # `make test-all`: keeps `make test` within CI's time
+@CHAIN_TIMEOUT
+def test_kills_after_pipelined_stages_and_commits(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """After a pipelined batch is staged, and after its commit, before the next one is."""
+    pipelined_chain(
+        kafka, tmp_path, "kills_pipelined_after", ("main.after-stage=exit@2", "main.after-commit=exit@2")
+    )
 
 
 @pytest.mark.long  # `make test-all`: keeps `make test` within CI's time
@@ -256,17 +266,32 @@ def dead_letters_sent(kafka: KafkaBroker, topic: str) -> Counter[tuple[int, int]
 
 @CHAIN_TIMEOUT
 def test_kills_while_a_new_table_is_created_and_first_committed(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """A new table and its dead-letter table killed once each is created, claimed and first committed
+    (`make test`); the points between them are `test_kills_between_a_new_tables_creation_steps`."""
     chain = Chain(kafka, tmp_path, "kills_new")
     for spec in (
         "main.after-create=exit",  # the table exists, its dead-letter table not yet
-        "dlq.after-create=exit",
         "dlq.after-genesis=exit",  # the dead-letter table is claimed first, then the table
+        "main.after-claim=exit",
+        "main.after-commit=exit",  # the table's first commit
+    ):
+        chain.kill_at(spec)
+    bad = produce(kafka, chain.topic, 0, 60, bad_every=10)
+    chain.finish(bad)
+
+
+@pytest.mark.long  # `make test-all`: keeps `make test` within CI's time
+@CHAIN_TIMEOUT
+def test_kills_between_a_new_tables_creation_steps(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """The rest of a new table's creation points: each table created but not claimed, and the first
+    batch of an empty topic staged and its branch left behind."""
+    chain = Chain(kafka, tmp_path, "kills_new_steps")
+    for spec in (
+        "dlq.after-create=exit",
         "dlq.after-claim=exit",
         "main.after-genesis=exit",
-        "main.after-claim=exit",
         "main.after-stage=exit",  # the first batch of an empty topic (no row; it pins the start) is staged
         "main.before-sweep=exit",  # the branch the last kill left
-        "main.after-commit=exit",  # the table's first commit
     ):
         chain.kill_at(spec)
     bad = produce(kafka, chain.topic, 0, 60, bad_every=10)

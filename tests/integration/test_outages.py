@@ -157,6 +157,7 @@ def one_line_failure(
     return done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.long  # `make test-all`; `make test` has the object store and catalog outages
 def test_icefall_run_waits_out_a_broker_restart_and_status_and_verify_say_so(tmp_path: Path) -> None:
     broker = KafkaBroker(tmp_path / "kafka").start()
     proc = None
