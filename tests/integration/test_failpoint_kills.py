@@ -264,20 +264,31 @@ def dead_letters_sent(kafka: KafkaBroker, topic: str) -> Counter[tuple[int, int]
     return seen
 
 
+def new_table_chain(kafka: KafkaBroker, tmp_path: Path, name: str, specs: tuple[str, ...]) -> None:
+    """An empty topic's new table killed at each of `specs`, then 60 records (every tenth malformed), run to
+    the end, exactly once."""
+    chain = Chain(kafka, tmp_path, name)
+    for spec in specs:
+        chain.kill_at(spec)
+    bad = produce(kafka, chain.topic, 0, 60, bad_every=10)
+    chain.finish(bad)
+
+
 @CHAIN_TIMEOUT
 def test_kills_while_a_new_table_is_created_and_first_committed(kafka: KafkaBroker, tmp_path: Path) -> None:
     """A new table and its dead-letter table killed once each is created, claimed and first committed
     (`make test`); the points between them are `test_kills_between_a_new_tables_creation_steps`."""
-    chain = Chain(kafka, tmp_path, "kills_new")
-    for spec in (
-        "main.after-create=exit",  # the table exists, its dead-letter table not yet
-        "dlq.after-genesis=exit",  # the dead-letter table is claimed first, then the table
-        "main.after-claim=exit",
-        "main.after-commit=exit",  # the table's first commit
-    ):
-        chain.kill_at(spec)
-    bad = produce(kafka, chain.topic, 0, 60, bad_every=10)
-    chain.finish(bad)
+    new_table_chain(
+        kafka,
+        tmp_path,
+        "kills_new",
+        (
+            "main.after-create=exit",  # the table exists, its dead-letter table not yet
+            "dlq.after-genesis=exit",  # the dead-letter table is claimed first, then the table
+            "main.after-claim=exit",
+            "main.after-commit=exit",  # the table's first commit
+        ),
+    )
 
 
 @pytest.mark.long  # `make test-all`: keeps `make test` within CI's time
@@ -285,17 +296,18 @@ def test_kills_while_a_new_table_is_created_and_first_committed(kafka: KafkaBrok
 def test_kills_between_a_new_tables_creation_steps(kafka: KafkaBroker, tmp_path: Path) -> None:
     """The rest of a new table's creation points: each table created but not claimed, and the first
     batch of an empty topic staged and its branch left behind."""
-    chain = Chain(kafka, tmp_path, "kills_new_steps")
-    for spec in (
-        "dlq.after-create=exit",
-        "dlq.after-claim=exit",
-        "main.after-genesis=exit",
-        "main.after-stage=exit",  # the first batch of an empty topic (no row; it pins the start) is staged
-        "main.before-sweep=exit",  # the branch the last kill left
-    ):
-        chain.kill_at(spec)
-    bad = produce(kafka, chain.topic, 0, 60, bad_every=10)
-    chain.finish(bad)
+    new_table_chain(
+        kafka,
+        tmp_path,
+        "kills_new_steps",
+        (
+            "dlq.after-create=exit",
+            "dlq.after-claim=exit",
+            "main.after-genesis=exit",
+            "main.after-stage=exit",  # an empty topic's first batch (no row; it pins the start) is staged
+            "main.before-sweep=exit",  # the branch the last kill left
+        ),
+    )
 
 
 @CHAIN_TIMEOUT
