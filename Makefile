@@ -23,6 +23,7 @@ help:
 	@echo "make bench-fresh  union reads (icefall read) vs a plain scan: latency, staleness (bench/results/union_read.md)"
 	@echo "make bench-pipelining  a backlog drained with spec.batch.pipelined on and off (bench/results/pipelining.md)"
 	@echo "make bench-operator  the operator at 10/100/300 StreamingTables: API requests, CPU, RSS, reaction (bench/results/operator.md)"
+	@echo "make bench-executors  one backlog drained with 1 then 2 Spark executor pods (bench/results/executors.md)"
 	@echo "make bench-scale  per-core drain, 3/48/192 partitions, one driver's commits/s, CAS, Kafka fetch (bench/results/scale.md)"
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
@@ -174,6 +175,13 @@ bench-operator: setup
 .PHONY: bench-scale
 bench-scale: setup $(VENV)/.bench-installed
 	$(TOOLS) && nice -n 10 $(BIN)/python bench/scale.py $(BENCH_ARGS)
+
+# Spark executors as pods (bench/executors.py; results in bench/results/executors.md): the e2e's cluster (the
+# image built first), the operator with its default Spark master, one backlog drained with 1 then 2 executor
+# pods: executors' CPU per record, tasks per executor, the driver's CPU per commit, audited by content.
+.PHONY: bench-executors
+bench-executors: setup image $(VENV)/.bench-installed
+	$(TOOLS) && $(BIN)/python bench/executors.py $(BENCH_ARGS)
 
 # Files per partition, read time and commit latency with and without compaction. Default: one hour of
 # 5-second commits per arm (two hours in all); compress with BENCH_ARGS="--commits 150 --interval 1".

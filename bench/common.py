@@ -202,7 +202,17 @@ def machine_basics() -> dict[str, str]:
         "OS": f"{platform.system()} {platform.release()}",
         "Python": platform.python_version(),
         "Java": java[0] if java else "unknown",
+        "CPU probe (10M pure-Python additions)": f"{cpu_probe_seconds():.2f} CPU-s",
     }
+
+
+def cpu_probe_seconds() -> float:
+    """CPU-seconds of a fixed pure-Python loop: machines that report the same model name ("AMD EPYC") differ
+    several-fold in speed, so results of two runs are comparable only when their probes are close."""
+    started, total = time.process_time(), 0
+    for i in range(10_000_000):
+        total += i
+    return time.process_time() - started
 
 
 # --- events ------------------------------------------------------------------------------------------

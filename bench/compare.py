@@ -694,20 +694,31 @@ def backlog_rows(run: Run) -> int:
 CONTENT = ("id", "key", "customer", "amount", "items", "shipping", "tags", "note")
 
 
+def committed_backlog(catalog: CatalogConfig) -> list[dict[str, Any]]:
+    """The backlog's rows in the bench table of `catalog`, `CONTENT` columns, as Python values."""
+    table = catalog.pyiceberg().load_table(TABLE)
+    scan = table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=CONTENT)
+    committed: list[dict[str, Any]] = scan.to_arrow().to_pylist()
+    return committed
+
+
 def backlog_content(run: Run) -> list[dict[str, Any]]:
     """The committed rows of the backlog, `CONTENT` columns, as Python values."""
     if run.catalog is not None:
-        table = run.catalog.pyiceberg().load_table(TABLE)
-        scan = table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=CONTENT)
-        committed: list[dict[str, Any]] = scan.to_arrow().to_pylist()
-        return committed
+        return committed_backlog(run.catalog)
     files = sorted((run.work / "files").glob("*.parquet"))
     rows = [row for f in files for row in pq.read_table(f, columns=list(CONTENT)).to_pylist()]
     return [row for row in rows if row["id"] < TRICKLE_FIRST_ID]
 
 
 def audit_backlog(run: Run, records: int, seed: int, note_words: int) -> str:
-    """Every backlog event exactly once, each column equal to the event produced: "exact", or what is not.
+    """`audit_rows` of the backlog `run` committed."""
+    return audit_rows(backlog_content(run), records, seed, note_words)
+
+
+def audit_rows(rows: list[dict[str, Any]], records: int, seed: int, note_words: int) -> str:
+    """Every backlog event exactly once in `rows`, each column equal to the event produced: "exact", or what
+    is not.
 
     The events are generated again from their seed (`common.bench_records`); every field but `ts` (the
     produce time) is compared.
@@ -719,7 +730,7 @@ def audit_backlog(run: Run, records: int, seed: int, note_words: int) -> str:
         wanted[event["id"]] = {c: event[c] for c in CONTENT}
     seen: Counter[int] = Counter()
     wrong = 0
-    for row in backlog_content(run):
+    for row in rows:
         seen[row["id"]] += 1
         want = wanted.get(row["id"])
         if want is None or any(not same(row[c], want[c]) for c in CONTENT):

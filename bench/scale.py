@@ -27,9 +27,9 @@ core 1 (`compare.bench_context`). Measures, in this order:
    client, not measured here) reading a topic of `--fetch-records` ~1 KB events from the start, on core 0
    beside the broker: MiB/s and MiB per CPU-second of this process.
 
-Not measured here (see scale.md): Spark executors as pods; the operator at 10/100/300 tables is
-bench/results/operator.md (bench/operator_scale.py). Nothing asserts on time. One run on a shared
-machine: the load averages at start and end are in the report.
+Measured elsewhere (see scale.md): Spark executors as pods, bench/executors.py; the operator at 10/100/300
+tables, bench/operator_scale.py. Nothing asserts on time. One run on a shared machine: the load averages at
+start and end are in the report.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ documented fields, match the schema every system is given, carry the Kafka times
 in the two documented sizes; the Avro writer schema has the same 9 columns and an event encoded with it
 reads back as the same event; a process tree's CPU at a moment is interpolated between samples; the
 icefall manifests the comparison writes (JSON, and Avro through a registry) are valid StreamingTables over
-that schema.
+that schema, and so is the executor pods' table (in its catalog, compaction off); the audit by content
+counts duplicates, missing and changed events.
 """
 
 from __future__ import annotations
@@ -149,4 +150,28 @@ def test_the_avro_manifest_reads_the_registry_into_the_same_columns() -> None:
     assert st.spec.format.type.value == "avro"
     assert st.spec.format.registry is not None and st.spec.format.registry.url == Registry.url
     assert st.spec.format.registry.subject("small-icefall-avro") == "small-icefall-avro-value"
+    assert [f.name for f in st.spec.format.schema_fields] == [f["name"] for f in common.EVENT_SCHEMA]
+
+
+def test_the_audit_finds_a_duplicate_a_missing_and_a_changed_event() -> None:
+    compare = _load("compare")
+    events = common.bench_records(seed=5, note_words=common.SMALL_NOTE_WORDS)
+    produced = [json.loads(next(events)[1]) for _ in range(4)]
+    rows = [{c: event[c] for c in compare.CONTENT} for event in produced]
+    assert compare.audit_rows(rows, 4, seed=5, note_words=common.SMALL_NOTE_WORDS) == "exact"
+    changed = {**rows[2], "amount": rows[2]["amount"] + 0.01}
+    found = compare.audit_rows([rows[0], rows[0], changed], 4, seed=5, note_words=common.SMALL_NOTE_WORDS)
+    assert found == "1 duplicates, 2 missing, 1 differ"  # events 1 and 3 missing
+
+
+def test_the_executors_bench_table_is_valid_in_its_catalog_without_compaction() -> None:
+    import yaml
+
+    executors = _load("executors")
+    catalog = {"name": "lake", "type": "sql", "uri": "postgresql://icefall@127.0.0.1:5432/lake",
+               "warehouse": "s3://lake/warehouse"}  # fmt: skip
+    st = load_manifest(yaml.safe_dump(executors.manifest("127.0.0.1:9092", "executors-1-2", "ns", catalog)))
+    assert st.spec.source.topic == "executors-1-2"
+    assert st.spec.table.catalog is not None and st.spec.table.catalog.uri == catalog["uri"]
+    assert not st.spec.compaction.enabled
     assert [f.name for f in st.spec.format.schema_fields] == [f["name"] for f in common.EVENT_SCHEMA]
