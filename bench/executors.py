@@ -322,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--executors", default="1,2,1,2", help="executor counts, comma-separated, in this order"
     )
-    parser.add_argument("--records", type=int, default=200_000, help="the measured backlog")
-    parser.add_argument("--warmup-records", type=int, default=50_000)
+    parser.add_argument("--records", type=int, default=300_000, help="the measured backlog")
+    # As many as the backlog: each executor JVM compiles the same hot code, and with a shorter warm-up
+    # (50,000) that compilation doubled 2 executors' CPU per record (bench/results/scale.md, §3).
+    parser.add_argument("--warmup-records", type=int, default=300_000)
     parser.add_argument("--partitions", type=int, default=6, help="the topic's (tasks per batch)")
     parser.add_argument("--size", default="small", choices=sorted(compare.GROWTH_SIZES))
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for a phase")
