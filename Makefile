@@ -143,7 +143,9 @@ bench-write-path: setup
 	$(TOOLS) && $(BIN)/python bench/write_path.py $(BENCH_ARGS)
 
 # Where an `icefall run` drain spends its CPU: JFR on the Spark JVM, py-spy (a dev tool, installed here into
-# the venv, not a dependency) on the driver (bench/profile_drain.py; bench/results/profile.md). The decode alone,
+# the venv, not a dependency) on the driver (bench/profile_drain.py; bench/results/profile.md); a keyed
+# table's updates: BENCH_ARGS="--keyed --large-records 0 --warmup-records 200000 --out
+# bench/results/profile-keyed.md". The decode alone,
 # Icefall's decoder beside candidates (bench/decode_variants.py; bench/results/decode_variants.md).
 .PHONY: bench-profile bench-decode
 bench-profile: setup

@@ -1,7 +1,7 @@
 """Where an `icefall run` drain spends its CPU: JFR on the Spark JVM, py-spy on the Python driver.
 
     .venv/bin/python bench/profile_drain.py [--records N] [--large-records N] [--warmup-records N]
-                                            [--out FILE] [--from RUN_DIR]
+                                            [--keyed] [--out FILE] [--from RUN_DIR]
     (or: make bench-profile BENCH_ARGS="...")
 
 One Kafka broker (the devstack's), a topic of 3 partitions, the bench's seeded events (`common.bench_records`:
@@ -10,7 +10,9 @@ same manifest: day(ts) partitioning, dead-letter table on, `local[2]`). Per even
 is produced and committed first (JIT, caches; not profiled), then JFR is started on the Spark JVM (local
 mode: driver = executor; `jcmd JFR.start settings=profile`, stack depth 256 set at JVM start through
 SPARK_SUBMIT_OPTS) and py-spy records the Python driver (`--nonblocking`, 100 Hz, idle threads left out);
-the backlog is produced as fast as the client goes, and both profilers stop when the table holds it all.
+the backlog is produced as fast as the client goes, and both profilers stop when the table has committed
+it all. With `--keyed`, the table is bench/upsert.py's keyed one (`mode: upsert`, `key: [id]`): the warm-up
+inserts the keys and the profiled backlog updates them (each batch one MERGE).
 
 Aggregates (JFR `jdk.ExecutionSample`: Java threads running Java code; GC, JIT and native time are not in
 it): the top self frames (leaf method), the top frames by total (inclusive, each frame counted once per
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
@@ -55,8 +58,10 @@ from common import (
     write_results,
 )
 from compare import TABLE, preload, table_commits
+from pyiceberg.exceptions import NoSuchTableError
 
 from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 
 RESULTS = Path(__file__).parent / "results" / "profile.md"
@@ -112,20 +117,23 @@ def say(text: str) -> None:
     print(f"[profile] {text}", flush=True)
 
 
-def manifest(bootstrap: str, topic: str) -> dict[str, object]:
-    """bench/compare.py's Icefall manifest (icefall_manifest), without its context object."""
-    return {
-        "apiVersion": "icefall.dev/v1alpha1",
-        "kind": "StreamingTable",
-        "metadata": {"name": "bench-events"},
-        "spec": {
-            "source": {"bootstrapServers": bootstrap, "topic": topic, "startingPosition": EARLIEST},
-            "format": {"type": "json", "schema": EVENT_SCHEMA},
-            "table": {"namespace": TABLE[0], "name": TABLE[1], "partitioning": [DAY_TS]},
-            "freshness": {"targetSeconds": 10},
-            "deadLetter": {"table": {"enabled": True}},
-        },
-    }  # fmt: skip
+def manifest(bootstrap: str, topic: str, *, keyed: bool = False) -> dict[str, object]:
+    """bench/compare.py's Icefall manifest (icefall_manifest), without its context object; `keyed`: made
+    keyed as bench/upsert.py makes it (`mode: upsert`, `key: [id]`, id required, unpartitioned)."""
+    table: dict[str, object] = {"namespace": TABLE[0], "name": TABLE[1], "partitioning": [DAY_TS]}
+    spec: dict[str, object] = {
+        "source": {"bootstrapServers": bootstrap, "topic": topic, "startingPosition": EARLIEST},
+        "format": {"type": "json", "schema": EVENT_SCHEMA},
+        "table": table,
+        "freshness": {"targetSeconds": 10},
+        "deadLetter": {"table": {"enabled": True}},
+    }
+    if keyed:
+        del table["partitioning"]
+        schema = [{**f, "required": True} if f["name"] == "id" else f for f in EVENT_SCHEMA]
+        spec.update(mode="upsert", key=["id"], format={"type": "json", "schema": schema})
+    return {"apiVersion": "icefall.dev/v1alpha1", "kind": "StreamingTable",
+            "metadata": {"name": "bench-upsert" if keyed else "bench-events"}, "spec": spec}  # fmt: skip
 
 
 def java_pid(root: int, timeout: float = 120) -> int:
@@ -161,12 +169,36 @@ def wait_rows(catalog: CatalogConfig, rows: int, proc: subprocess.Popen[bytes], 
     raise RuntimeError(f"the table did not reach {rows:,} rows in {timeout:.0f} s")
 
 
+def wait_offsets(catalog: CatalogConfig, total: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Until the table's committed Kafka offsets add up to `total` (a keyed table's row count does not)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"icefall run exited with {proc.returncode} (see its log)")
+        with contextlib.suppress(NoSuchTableError):  # before Icefall created it
+            if sum(read_committed(catalog.pyiceberg().load_table(TABLE)).offsets.values()) >= total:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the table did not commit {total:,} offsets in {timeout:.0f} s")
+
+
 def drain(  # noqa: PLR0917 (one call site, the size's parameters)
-    broker: KafkaBroker, work: Path, size: str, records: int, warmup: int, note_words: int, seed: int
+    broker: KafkaBroker,
+    work: Path,
+    size: str,
+    records: int,
+    warmup: int,
+    note_words: int,
+    seed: int,
+    *,
+    keyed: bool = False,
 ) -> dict[str, object]:
+    """Warm-up, then the profiled backlog: new events, or with `keyed` new values of the warm-up's first
+    `records` keys (updates)."""
     topic = f"profile-{work.name}"
     broker.create_topic(topic, partitions=PARTITIONS)
-    (work / "events.yaml").write_text(yaml.safe_dump(manifest(broker.bootstrap, topic), sort_keys=False))
+    st = manifest(broker.bootstrap, topic, keyed=keyed)
+    (work / "events.yaml").write_text(yaml.safe_dump(st, sort_keys=False))
     say(f"{size}: warm-up backlog of {warmup:,} events")
     preload(broker.bootstrap, topic, warmup, note_words, seed)
     # JFR from the JVM's start: starting it later (jcmd JFR.start) deoptimizes the compiled code, and the
@@ -187,7 +219,7 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
     spy: subprocess.Popen[bytes] | None = None
     catalog = CatalogConfig.embedded(work)
     try:
-        wait_rows(catalog, warmup, proc, 600)
+        wait_offsets(catalog, warmup, proc, 600)
         jvm = java_pid(proc.pid)  # after the launcher JVM (spark-class) is gone
         pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         raw = work / "drain.pyspy.txt"
@@ -200,8 +232,11 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
         load_start, window_start = load_average(), datetime.now(UTC)
         cpu0, jvm0, t0 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic()
         say(f"{size}: profiling; backlog of {records:,} events")
-        preload(broker.bootstrap, topic, records, note_words, seed, start=warmup)
-        wait_rows(catalog, warmup + records, proc, 1200)
+        if keyed:  # the same ids from 0, other values (another seed)
+            preload(broker.bootstrap, topic, records, note_words, seed + 1)
+        else:
+            preload(broker.bootstrap, topic, records, note_words, seed, start=warmup)
+        wait_offsets(catalog, warmup + records, proc, 1200)
         cpu1, jvm1, t1 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic()
         load_end, window_end = load_average(), datetime.now(UTC)
         jcmd(jvm, "JFR.dump", "name=drain", f"filename={jfr}")
@@ -364,7 +399,14 @@ def report(args: argparse.Namespace, started: datetime, runs: list[dict[str, obj
         f"{args.warmup_records}` on {started:%Y-%m-%d %H:%M} UTC. Method: the docstring of "
         "`bench/profile_drain.py` "
         "(a warm-up backlog committed first, then the profilers on for one backlog drain of the bench's "
-        "events; `local[2]`, embedded catalog, dead-letter table on). **The machine is shared with other "
+        "events; `local[2]`, embedded catalog, dead-letter table on"
+        + (
+            "; **keyed**: `mode: upsert`, `key: [id]`, unpartitioned, the warm-up inserts the keys and the "
+            "profiled backlog updates them"
+            if args.keyed
+            else ""
+        )
+        + "). **The machine is shared with other "
         "engineers' builds and tests**: the load average is given per run; the shares below are robust "
         "to that, the records per CPU-s are of one run and not comparable to compare.md's pinned runs.",
         "",
@@ -416,9 +458,16 @@ def main() -> int:
     parser.add_argument("--warmup-records", type=int, default=50_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
+        "--keyed",
+        action="store_true",
+        help="a keyed table (bench/upsert.py's): the profiled backlog updates the warm-up's keys",
+    )
+    parser.add_argument(
         "--from", dest="again", type=Path, help="only aggregate again the recordings of a run"
     )
     args = parser.parse_args()
+    if args.keyed and args.warmup_records < max(args.records, args.large_records):
+        parser.error("--keyed: --warmup-records must be at least the backlog (its keys are the ones updated)")
     if args.again:
         saved = json.loads((args.again / "runs.json").read_text())
         write_results(
@@ -439,7 +488,10 @@ def main() -> int:
             if records:
                 folder = work / ("small" if words == SMALL_NOTE_WORDS else "1kb")
                 folder.mkdir()
-                runs.append(drain(broker, folder, size, records, args.warmup_records, words, seed))
+                label = f"{size}, keyed updates" if args.keyed else size
+                runs.append(
+                    drain(broker, folder, label, records, args.warmup_records, words, seed, keyed=args.keyed)
+                )
     finally:
         broker.stop()
     saved = {"started": started.isoformat(), "runs": runs}

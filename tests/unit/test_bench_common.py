@@ -5,7 +5,8 @@ documented fields, match the schema every system is given, carry the Kafka times
 in the two documented sizes; the Avro writer schema has the same 9 columns and an event encoded with it
 reads back as the same event; a process tree's CPU at a moment is interpolated between samples; the
 icefall manifests the comparison writes (JSON, and Avro through a registry) are valid StreamingTables over
-that schema, and so is the executor pods' table (in its catalog, compaction off); the audit by content
+that schema, and so are the executor pods' table (in its catalog, compaction off) and the keyed profile's
+(bench/upsert.py's keyed table); the audit by content
 counts duplicates, missing and changed events.
 """
 
@@ -175,3 +176,13 @@ def test_the_executors_bench_table_is_valid_in_its_catalog_without_compaction() 
     assert st.spec.table.catalog is not None and st.spec.table.catalog.uri == catalog["uri"]
     assert not st.spec.compaction.enabled
     assert [f.name for f in st.spec.format.schema_fields] == [f["name"] for f in common.EVENT_SCHEMA]
+
+
+def test_the_keyed_profile_table_is_bench_upserts() -> None:
+    import yaml
+
+    profile = _load("profile_drain")
+    st = load_manifest(yaml.safe_dump(profile.manifest("127.0.0.1:9092", "profile-small", keyed=True)))
+    assert (st.spec.mode.value, st.spec.key, st.spec.table.partitioning) == ("upsert", ["id"], [])
+    plain = load_manifest(yaml.safe_dump(profile.manifest("127.0.0.1:9092", "profile-small")))
+    assert plain.spec.mode.value == "append" and plain.spec.key is None
