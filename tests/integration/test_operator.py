@@ -48,6 +48,7 @@ from icefall.devstack.procs import free_port
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.report import BatchReport
 from icefall.ingest.writer_status import WriterStatusReporter
+from icefall.testing.e2e import wait_for as wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,15 +60,8 @@ T = TypeVar("T")
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
+    """`icefall.testing.e2e.wait_for`, polling every 0.2 s: the operator here reacts within a second."""
+    return wait_until(what, probe, timeout, every=0.2)
 
 
 class Operator:
