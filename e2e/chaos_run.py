@@ -94,6 +94,7 @@ from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import free_port
 from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.plan.env import secret_env_vars
+from icefall.plan.grants import SECRET_GRANT_LABEL, SECRET_GRANT_VALUE
 from icefall.plan.names import compaction_name, driver_pod_name
 from icefall.runtime.failpoints import CHAOS_ENV_VAR
 from icefall.testing.kubeapi import JsonApi
@@ -969,7 +970,9 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     s3 = store.properties()
     secret = {"access-key-id": s3["s3.access-key-id"], "secret-access-key": s3["s3.secret-access-key"]}
     rest.call("POST", f"/api/v1/namespaces/{e2e_namespace}/secrets", {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "lake", "namespace": e2e_namespace},
+        "apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": "lake", "namespace": e2e_namespace, "labels": {SECRET_GRANT_LABEL: SECRET_GRANT_VALUE},
+        },
         "stringData": secret,
     })  # fmt: skip
     st_object = streaming_table(kafka, rest_catalog, store)
@@ -980,12 +983,12 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     assert problems == []
     variables = {ref.name: secret[ref.key] for ref in catalog_env}
     catalog = CatalogConfig.for_table(st.spec, environ=variables)
-    # As the `operator` fixture runs it (pods from the image, on this cluster's host network), plus the
-    # credentials and short driver backoff and status refresh.
+    # As the `operator` fixture runs it (pods from the image, on this cluster's host network; no table
+    # credential), plus short driver backoff and status refresh.
     operator = Operator(cluster.api, e2e_namespace, workdir / "operator.log", env={
         "ICEFALL_IMAGE": cluster.images.icefall,
         "ICEFALL_POD_TEMPLATE": json.dumps({"common": cluster.pod_template()}),
-        **variables, "ICEFALL_DRIVER_MAX_BACKOFF_SECONDS": "2", "ICEFALL_STATUS_REFRESH_SECONDS": "2",
+        "ICEFALL_DRIVER_MAX_BACKOFF_SECONDS": "2", "ICEFALL_STATUS_REFRESH_SECONDS": "2",
     })  # fmt: skip
     pods = PodWatch(api, node).start()
     chaos = Chaos(

@@ -16,8 +16,8 @@ Fixtures (module scope unless said otherwise; the stack itself — `kube`, `kafk
   session's object store (a bucket of its own), credentials in a Secret `lake` referenced by
   `secretProperties`;
 - `operator`: `icefall operator --namespace <ns>` in a subprocess with Spark in the driver pod
-  (`ICEFALL_SPARK_MASTER=local[1]`), short resync/status intervals and the lake's credentials in the
-  variables the operator reads them from (as its Deployment would get them).
+  (`ICEFALL_SPARK_MASTER=local[1]`) and short resync/status intervals; it holds no table credential (the
+  tables' status comes from their drivers' reports, and compaction is scaled on them).
 Teardown order matters: the operator stops before the kubelet, so a driver killed at the end of a module
 is not reported as a failure to a live operator.
 """
@@ -166,14 +166,14 @@ def operator(  # noqa: PLR0917 (fixtures)
     e2e_namespace: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Operator]:
-    """The operator with the lake's credentials, plus the module's `OPERATOR_ENV` (its settings) if any."""
+    """The operator (holding none of the lake's credentials: the tables' own pods read them), plus the
+    module's `OPERATOR_ENV` (its settings) if any."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     settings: Mapping[str, str] = getattr(request.module, "OPERATOR_ENV", {})
     pods = json.dumps({"common": cluster.pod_template()})
     env = {
         "ICEFALL_IMAGE": cluster.images.icefall,
         "ICEFALL_POD_TEMPLATE": pods,
-        **lake.variables,
         **settings,
     }
     running = Operator(cluster.api, e2e_namespace, log, env=env)

@@ -13,13 +13,13 @@ kube-controller-manager, kube-scheduler and a node of containerd + runc + the re
   ReplicaSet, the ReplicaSet controller the Pod, the scheduler binds it, and the node runs it as a
   container of that image (`icefall operator --namespace=... --leader-elect ...`, uid 10001, read-only
   root) with the Pod's projected ServiceAccount token, so the chart's RBAC is all the operator holds; it
-  gets the catalog's credentials from the example's Secret through the values file's `extraEnv`
-  (secretKeyRef), as its pods do; the chart's readiness probe (kopf's /healthz) gates the rollout;
+  holds none of the catalog's credentials (only the table's pods get the example's Secret, which its
+  label grants to StreamingTables); the chart's readiness probe (kopf's /healthz) gates the rollout;
 - `kubectl apply -f examples/cluster.yaml` (the Secret and the StreamingTable): the operator starts the
   driver Pod, a container on the node, which goes on from the offsets `icefall run` committed;
-- compaction: small batches leave small files, the operator (reading the table with the Secret's
-  credentials) scales the compaction Deployment from its backlog, the controllers make its Pod, the node
-  runs it, and it rewrites them;
+- compaction: small batches leave small files, the driver (reading the table with the Secret's
+  credentials) reports the backlog, the operator scales the compaction Deployment from that report, the
+  controllers make its Pod, the node runs it, and it rewrites them;
 - `kubectl get st orders` shows READY True, a FRESHNESS and LAG 0.
 
 Proves: every row produced is in the table (or its dead-letter table) exactly once, readable by pyiceberg
@@ -506,8 +506,9 @@ def test_helm_install_and_kubectl_apply_run_the_pipeline_with_compaction(
     hot, hot_files = before_files.most_common(1)[0]
     assert hot_files >= MIN_FILES, f"small batches left only {dict(before_files)}: nothing to compact"
 
-    # The operator sees the backlog (with the Secret's credentials from the chart's extraEnv) and scales
-    # the compaction Deployment; the controller-manager makes the Pod; the kubelet runs it; it compacts.
+    # The driver measures the backlog (with the Secret's credentials; the operator holds none) and
+    # reports it; the operator scales the compaction Deployment on that report; the controller-manager
+    # makes the Pod; the kubelet runs it; it compacts.
     deployment = compaction_name(path.name)
     replaced = wait_for(
         "a replace snapshot on main", lambda: (t := path.table()) and replace_snapshots_on_main(t),

@@ -87,6 +87,7 @@ def _ingest(args: argparse.Namespace) -> int:
     """The driver pod's entry point: the StreamingTable from the API, the commit lease as a Lease object."""
     from icefall.commit.kube_lease import KubernetesLease
     from icefall.controller.kube import Kube
+    from icefall.ingest.table_meter import TableMeter
     from icefall.ingest.writer_status import WriterStatusReporter
     from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import DEFAULT_MASTER
@@ -107,10 +108,16 @@ def _ingest(args: argparse.Namespace) -> int:
     names = table_leases(st)
     lease = commit_lease(lambda name: KubernetesLease(api, args.namespace, name, holder), names)
     yield_to = KubernetesLease(api, args.namespace, names.rewrite_yield, holder)
-    report_to = WriterStatusReporter(Kube(api), args.namespace, args.name)
-    return ingest_until_stopped(
-        st, catalog, spark, lease, args, stop=stop, yield_to=yield_to, report_to=report_to
-    )
+    # The table's figures, backlog and uuid, read with this pod's credentials: the operator holds none.
+    meter = TableMeter(st, catalog)
+    report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
+    meter.start()
+    try:
+        return ingest_until_stopped(
+            st, catalog, spark, lease, args, stop=stop, yield_to=yield_to, report_to=report_to
+        )
+    finally:
+        meter.stop()
 
 
 def _compact(args: argparse.Namespace) -> int:
@@ -147,6 +154,21 @@ def _compact(args: argparse.Namespace) -> int:
         return serve(runner_for(st, catalog, spark, leases), once=args.once, idle_seconds=args.idle_seconds)
     finally:
         stop_spark(spark)
+
+
+def _purge(args: argparse.Namespace) -> int:
+    """The purge Job's entry point (`--namespace/--name`: the StreamingTable from the API) and its local
+    twin (`-f`): drop the table and its dead-letter table if they are the recorded ones (commands.purge)."""
+    from icefall.commands.purge import purge
+
+    if bool(args.file) == bool(args.namespace and args.name):
+        raise SystemExit("give either -f <manifest> or --namespace and --name")
+    if args.file:
+        st = load_table(args)
+    else:
+        _, st = _from_api(args.namespace, args.name)
+    catalog = catalog_for(st, state_dir(args, in_cluster=not args.file))
+    return purge(args, st, catalog.pyiceberg(make_folders=False), _last_words)
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -267,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compact(commands)
     _add_ingest(commands)
     _add_operator(commands)
+    _add_purge(commands)
     _add_table_tools(commands)
     _add_read(commands)
     return parser
@@ -352,6 +375,22 @@ def _add_operator(commands: Any) -> None:
         "--leader-lease-seconds", type=int, default=15, help="leader Lease duration (renewed every third)"
     )
     operator.set_defaults(func=_operator)
+
+
+def _add_purge(commands: Any) -> None:
+    """`icefall purge`: deletionPolicy Delete's Job."""
+    purge = commands.add_parser(
+        "purge", help="drop the table and its dead-letter table, if they are the ones recorded (by uuid)"
+    )
+    purge.add_argument("-f", "--file", help="a StreamingTable manifest (local mode)")
+    purge.add_argument("--namespace", help="namespace of the StreamingTable (in a cluster)")
+    purge.add_argument("--name", help="name of the StreamingTable (in a cluster)")
+    purge.add_argument("--state-dir", help=STATE_DIR_HELP)
+    purge.add_argument("--table-uuid", required=True, help="drop the table only if its table-uuid is this")
+    purge.add_argument(
+        "--dead-letter-table-uuid", help="drop the dead-letter table only if its table-uuid is this"
+    )
+    purge.set_defaults(func=_purge, bootstrap_servers=None)
 
 
 def _add_table_tools(commands: Any) -> None:

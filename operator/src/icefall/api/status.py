@@ -50,6 +50,8 @@ class ConditionReason(StrEnum):
     # Ready
     RUNNING = "Running"
     TABLE_CLAIMED = "TableClaimedByOther"
+    # A referenced Secret is not granted to StreamingTables (label icefall.dev/streamingtables=allow).
+    SECRET_NOT_ALLOWED = "SecretNotAllowed"
     CATALOG_UNAVAILABLE = "CatalogUnavailable"
     KAFKA_UNAVAILABLE = "KafkaUnavailable"
     # The service answered and refused the credentials (or TLS settings): a configuration error.
@@ -90,6 +92,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
     | {
         _R.RUNNING,
         _R.TABLE_CLAIMED,
+        _R.SECRET_NOT_ALLOWED,
         _R.CATALOG_UNAVAILABLE,
         _R.KAFKA_UNAVAILABLE,
         _R.CATALOG_CREDENTIALS_REFUSED,
@@ -123,6 +126,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.REGISTRY_UNAVAILABLE,
         _R.BAD_RECORD_HALTED,
         _R.TABLE_CLAIMED,
+        _R.SECRET_NOT_ALLOWED,
     },
     ConditionType.FRESHNESS_MET: _LIFECYCLE
     | {
@@ -142,6 +146,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.SCHEMA_CHANGE_REFUSED,
         _R.CATALOG_CREDENTIALS_REFUSED,
         _R.KAFKA_CREDENTIALS_REFUSED,
+        _R.SECRET_NOT_ALLOWED,
         _R.DRIVER_FAILED,
         _R.COMPACTION_FAILED,
     },
@@ -261,6 +266,30 @@ class WriterReport(StatusModel):
             "Schema changes of the records that the table cannot follow (a type narrowed or changed), one "
             "per field with its fix; their records go to the dead-letter table when a value does not fit."
         ),
+    )
+    table_uuid: str | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Iceberg's table-uuid of the table the driver writes, as its catalog gave it: the one table "
+            "deletionPolicy Delete may drop (another table of that name, e.g. one created again, is kept)."
+        ),
+    )
+    dead_letter_table_uuid: str | None = Field(
+        default=None, max_length=64, description="The same for the dead-letter table."
+    )
+    table: TableStatus | None = Field(
+        default=None,
+        description=(
+            "The table's figures as the driver read them with its own credentials (at most every 30 s, the "
+            "compaction backlog included): shown, and what compaction is scaled on, when the operator does "
+            "not read the table itself."
+        ),
+    )
+    data_loss_records: int | None = Field(
+        default=None,
+        ge=0,
+        description="Records Kafka deleted before they were ingested, as the table said then (lost-records).",
     )
 
 

@@ -7,21 +7,24 @@ Runs from the operator's one finalizer (`icefall.dev/finalizer`), once per pass 
    children go with the garbage collector through their owner references.)
 3. `Retain` (the default): the table and its dead-letter table stay; an Event names them. The catalog is
    never contacted, so an unreachable catalog cannot hold the deletion up.
-4. `Delete`: the table and the dead-letter table are purged through pyiceberg (`purge_table`: metadata and
-   files), unless another StreamingTable names the same catalog table (`plan.claims`): then the table is
-   kept for it, with an Event. A table already gone counts as dropped. A catalog that cannot be reached (or
-   credentials the operator lacks) is retried with an Event saying why and how to let go (switch
-   `deletionPolicy` to Retain).
+4. `Delete`: the operator holds no table credential, so it never drops a table itself. Unless another
+   StreamingTable names the same catalog table (`plan.claims`) or recorded the same Iceberg table-uuid,
+   it runs the purge Job (`plan.purge`: `icefall purge` with the table's own credentials, under the
+   driver's ServiceAccount) and waits for it; the Job drops the table and its dead-letter table only if
+   their table-uuids are the ones this StreamingTable's driver recorded (`status.writer`). Whatever
+   happens (no uuid recorded, a Secret not granted, the Job failed, `Config.purge_deadline_seconds`
+   passed) the deletion ends with an Event that says what was dropped, or why the table was kept and
+   what to do.
 
-Guarantees: idempotent (every step checks before it acts); the table is never dropped while this
-StreamingTable's driver Pod exists. Not guaranteed: that a driver of an older operator generation or a
-user's `icefall run` is not writing to the table elsewhere.
+Guarantees: idempotent (every step checks before it acts; the Job has a fixed name); the table is never
+dropped while this StreamingTable's driver Pod exists, nor by the operator's own credentials (it has none).
+Not guaranteed: that a driver of an older operator generation or a user's `icefall run` is not writing to
+the table elsewhere.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,16 +40,20 @@ from icefall.api import (
     StreamingTableStatus,
     streaming_table_from_object,
 )
-from icefall.catalog import CatalogConfig
 from icefall.controller.kube import Kube
+from icefall.controller.reconcile import Config, secret_refusals_of
 from icefall.plan.claims import Claim, claim_from_object
 from icefall.plan.conditions import set_condition
 from icefall.plan.driver import Event, EventReason, EventType
-from icefall.plan.names import driver_pod_name
+from icefall.plan.names import driver_pod_name, purge_job_name
+from icefall.plan.purge import JOB_NAME_LABEL, PurgeStep, job_state, last_words, purge_job, purge_step
 
 log = logging.getLogger(__name__)
 RETRY_SECONDS = 2.0
-CATALOG_RETRY_SECONDS = 10.0
+DO_IT_YOURSELF = (
+    "drop it with your catalog's tools, or run `icefall purge -f <manifest> --table-uuid <its table-uuid>` "
+    "with the table's credentials"
+)
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,11 @@ def finalize(
     now: datetime,
     *,
     claims: Sequence[Claim] = (),
-    environ: Mapping[str, str] | None = None,
+    uuid_claims: Sequence[Claim] = (),
+    config: Config | None = None,
 ) -> Finalized:
-    """One deletion pass (see the module doc)."""
+    """One deletion pass (see the module doc). `claims`: the StreamingTables naming the same catalog
+    table; `uuid_claims`: those that recorded the same table-uuid."""
     meta = body.get("metadata") or {}
     namespace, name = str(meta["namespace"]), str(meta["name"])
     try:
@@ -96,40 +105,97 @@ def finalize(
             f"deletionPolicy Delete: kept the Iceberg table {identifier}: StreamingTable {owner.ref} uses it"
         )
         return Finalized(True, (Event(EventReason.TABLE_KEPT_FOR_OWNER, text, EventType.WARNING),))
+    owners = [c for c in uuid_claims if me is None or c.uid != me.uid]
+    return _purge(body, st, kube, now, owners=owners, config=config)
 
-    config: CatalogConfig | None = None
-    try:
-        config = CatalogConfig.for_table(st.spec, environ=os.environ if environ is None else environ)
-        dropped = _purge(st, config)
-    except Exception as error:  # unreachable catalog, missing credential: retry, say why
-        text = f"{type(error).__name__}: {error}"
-        if config is not None:
-            text = config.mask(text)
-        message = (
-            f"deletionPolicy Delete: cannot drop the Iceberg table {identifier} yet ({text}); retrying. "
-            "To delete the StreamingTable and keep the table, set spec.deletionPolicy to Retain"
+
+def _purge(
+    body: Mapping[str, Any],
+    st: StreamingTable,
+    kube: Kube,
+    now: datetime,
+    *,
+    owners: Sequence[Claim],
+    config: Config | None,
+) -> Finalized:
+    """Step 4 of the module doc: the purge Job, as `plan.purge.purge_step` decides."""
+    config = config or Config()
+    meta = body.get("metadata") or {}
+    namespace, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    report = st.status.writer if st.status else None
+    table_uuid = report.table_uuid if report is not None else None
+    refusals = secret_refusals_of(kube, st, namespace) if table_uuid and not owners else []
+    job_name = purge_job_name(name)
+    job = job_state(kube.get("Job", namespace, job_name))
+    started = meta.get("deletionTimestamp")
+    begun = datetime.fromisoformat(str(started).replace("Z", "+00:00")) if started else now
+    elapsed = (now - begun).total_seconds()
+    deadline = config.purge_deadline_seconds
+    step = purge_step(
+        table_uuid=table_uuid,
+        uuid_owners=[c.ref for c in owners],
+        refusals=refusals,
+        job=job,
+        elapsed_seconds=elapsed,
+        deadline_seconds=deadline,
+    )
+    identifier = ".".join(st.table_identifier)
+    kept = f"deletionPolicy Delete: kept the Iceberg table {identifier}"
+    if step is PurgeStep.CREATE:
+        dead_letters = report.dead_letter_table_uuid if report is not None else None
+        assert table_uuid is not None  # purge_step creates nothing without it
+        kube.create(
+            purge_job(
+                st, namespace=namespace, uid=uid, image=config.image, settings=config.settings,
+                table_uuid=table_uuid, dead_letter_table_uuid=dead_letters, active_seconds=deadline - elapsed,
+            )
+        )  # fmt: skip
+        text = f"deletionPolicy Delete: the Job {job_name} drops {identifier} (table-uuid {table_uuid})"
+        return Finalized(False, (Event(EventReason.TABLE_PURGE_STARTED, text),), message="purging")
+    if step is PurgeStep.WAIT:
+        return Finalized(False, message=f"waiting for the purge Job {job_name}")
+    if step is PurgeStep.DROPPED:
+        text = f"deletionPolicy Delete: the Job {job_name} dropped the Iceberg table {identifier}"
+        text += f" (table-uuid {table_uuid})"
+        if st.dead_letter_identifier is not None:
+            text += f" and its dead-letter table {'.'.join(st.dead_letter_identifier)}"
+        return Finalized(True, (Event(EventReason.TABLE_DROPPED, text),))
+    if step is PurgeStep.KEEP_FOR_OWNER:
+        text = f"{kept} (table-uuid {table_uuid}): StreamingTable {owners[0].ref} writes it too"
+        return Finalized(True, (Event(EventReason.TABLE_KEPT_FOR_OWNER, text, EventType.WARNING),))
+    failure = job.message if job is not None else ""
+    return Finalized(True, (_kept(step, kept, job_name, refusals, kube, namespace, failure),))
+
+
+def _kept(  # noqa: PLR0917 (private: the why of each way to keep)
+    step: PurgeStep,
+    kept: str,
+    job_name: str,
+    refusals: Sequence[str],
+    kube: Kube,
+    namespace: str,
+    job_failure: str,
+) -> Event:
+    """The Warning Event of a Delete that keeps the table (KEEP, FAILED, TIMED_OUT)."""
+    if step is PurgeStep.FAILED:
+        words = last_words(kube.list("Pod", namespace, f"{JOB_NAME_LABEL}={job_name}"))
+        why = f"the purge Job {job_name} failed ({words or job_failure or 'no message'})"
+    elif step is PurgeStep.TIMED_OUT:
+        kube.delete("Job", namespace, job_name)  # stops a pod that still runs: nothing drops it later
+        why = (
+            f"the purge Job {job_name} did not finish in time (its pod could not start or run: image, "
+            "quota, scheduling?); it was stopped"
         )
-        log.warning("%s/%s: %s", namespace, name, message)
-        event = Event(EventReason.TABLE_DROP_FAILED, message, EventType.WARNING)
-        return Finalized(False, (event,), CATALOG_RETRY_SECONDS, message)
-    text = f"deletionPolicy Delete: dropped {', '.join(dropped) or 'nothing (the tables did not exist)'}"
-    return Finalized(True, (Event(EventReason.TABLE_DROPPED, text),))
-
-
-def _purge(st: StreamingTable, config: CatalogConfig) -> list[str]:
-    from pyiceberg.exceptions import NoSuchTableError
-
-    catalog = config.pyiceberg(make_folders=False)
-    dropped = []
-    for identifier in (st.table_identifier, st.dead_letter_identifier):
-        if identifier is None:
-            continue
-        try:
-            catalog.purge_table(identifier)
-        except NoSuchTableError:
-            continue
-        dropped.append(".".join(identifier))
-    return dropped
+    elif refusals:
+        why = "the purge Job would reference Secrets not granted to StreamingTables: " + "; ".join(refusals)
+    else:
+        why = (
+            "its driver never reported which table it writes (status.writer.tableUuid), so nothing proves "
+            "the table under that name is this StreamingTable's"
+        )
+    message = f"{kept}: {why}. To remove it, {DO_IT_YOURSELF}"
+    log.warning("%s/%s", namespace, message)
+    return Event(EventReason.TABLE_DROP_FAILED, message, EventType.WARNING)
 
 
 def _say_deleting(body: Mapping[str, Any], st: StreamingTable, kube: Kube, now: datetime) -> None:

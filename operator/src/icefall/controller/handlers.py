@@ -15,8 +15,10 @@ An in-memory index (`claims`) maps each catalog table to the StreamingTables nam
 "older one wins" rule of a contested table (`plan.claims`); kopf fills it before any handler runs. Only
 the StreamingTables this operator watches are compared (with `--namespace`, those namespaces).
 
-Deletion: the finalizer's handler is `controller.deletion.finalize` (stop the driver, then keep or drop
-the table as `spec.deletionPolicy` says); it is retried every few seconds until done.
+Deletion: the finalizer's handler is `controller.deletion.finalize` (stop the driver, then keep the table,
+or drop it with the purge Job, as `spec.deletionPolicy` says); it is retried every few seconds until done.
+A second index (`table_uuids`) maps the Iceberg table-uuid each driver recorded to its StreamingTable: a
+table another StreamingTable writes is never purged, whatever name or catalog URI reaches it.
 
 Passes over one StreamingTable never overlap in this process (a lock per uid): the resource handlers and
 the pod watch run in different kopf workers.
@@ -142,6 +144,18 @@ def claims(body: kopf.Body, **_: Any) -> dict[str, Claim]:
     return {table_identity(st): claim}
 
 
+@kopf.index(*RESOURCE, id="table_uuids")
+def table_uuids(body: kopf.Body, **_: Any) -> dict[str, Claim]:
+    """Iceberg table-uuid its driver recorded (`status.writer.tableUuid`) → the claim of this StreamingTable:
+    who else writes the very table `deletionPolicy: Delete` would drop (whatever name or URI reaches it)."""
+    claim = claim_from_object(body)
+    writer = (body.get("status") or {}).get("writer") or {}
+    table_uuid = writer.get("tableUuid") if isinstance(writer, Mapping) else None
+    if claim is None or not isinstance(table_uuid, str) or not table_uuid:
+        return {}
+    return {table_uuid: claim}
+
+
 PodKey = tuple[str, str]
 
 
@@ -262,8 +276,12 @@ def _reconcile_owner(body: kopf.Body, memo: kopf.Memo, indexes: Mapping[str, Any
 def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
     uid = str(body.metadata.uid)
     claims = _claims_for(body, kwargs["claims"])
+    table_uuid = ((body.get("status") or {}).get("writer") or {}).get("tableUuid")
+    uuid_claims = list(kwargs["table_uuids"].get(table_uuid, [])) if table_uuid else []
     with memo.locks.hold(uid):
-        result = finalize(body, memo.kube, datetime.now(UTC), claims=claims)
+        result = finalize(
+            body, memo.kube, datetime.now(UTC), claims=claims, uuid_claims=uuid_claims, config=memo.config
+        )
     for event in result.events:
         if result.done or retry % 30 == 0:  # a failing drop is retried often; say so now and then
             kopf.event(body, type=event.type.value, reason=event.reason.value, message=event.message)

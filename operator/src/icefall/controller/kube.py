@@ -2,10 +2,13 @@
 
 - `apply`: server-side apply with the single field manager `icefall-operator`, forcing conflicts (the
   operator owns its children's fields; a user's `kubectl edit` of them is reverted on the next pass).
-- `create` / `delete` / `get`: the driver Pod is created (never applied over: pods are immutable) and
-  deleted with a uid precondition, so a stale decision never deletes a newer pod of the same name.
+- `create` / `delete` / `get` / `list`: the driver Pod and the purge Job are created (never applied over:
+  pods are immutable); the Pod is deleted with a uid precondition, so a stale decision never deletes a
+  newer pod of the same name.
 - `patch_status` / `patch_annotations`: merge patches of one StreamingTable, status through the status
   subresource.
+- `secret_labels`: a Secret's labels, asked for as metadata only (PartialObjectMetadata): its data never
+  reaches the operator.
 
 Guarantees: idempotent where Kubernetes allows it — a create that finds the object (409 AlreadyExists) and
 a delete that finds nothing (404) or another object (409 uid precondition) are no-ops and return False.
@@ -38,7 +41,11 @@ _RESOURCES: Mapping[str, tuple[str, str]] = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    "Secret": ("/api/v1", "secrets"),  # metadata only: `secret_labels`
 }
+#: Ask for an object's metadata only (the API server leaves out a Secret's data).
+_METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 _ST = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}/{{name}}"
 
 
@@ -67,12 +74,13 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Any:
         request = self.api.param_serialize(
             method=method,
             resource_path=path,
             query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": accept},
             body=body,
             auth_settings=["BearerToken"],
         )
@@ -117,6 +125,24 @@ class Kube:
                 return None
             raise
         return found
+
+    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The objects of `kind` in `namespace` whose labels match `label_selector`."""
+        found = self._call("GET", collection_path(kind, namespace), query=[("labelSelector", label_selector)])
+        return list(found.get("items") or [])
+
+    def secret_labels(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The labels of Secret `namespace/name` (None: it does not exist). Only its metadata is asked for
+        and received: the operator never sees a Secret's values."""
+        try:
+            found = self._call("GET", object_path("Secret", namespace, name), accept=_METADATA_ONLY)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        if found.get("kind") != "PartialObjectMetadata":  # never hold a Secret's data, even by mistake
+            raise ValueError(f"the API server answered {found.get('kind')!r} for Secret metadata")
+        return dict((found.get("metadata") or {}).get("labels") or {})
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         """Delete (gracefully, background propagation); with `uid`, only that very object."""

@@ -5,9 +5,13 @@ high/low watermarks per partition, the produce time of the oldest record the tab
 first record past the committed offset of each partition that lags: what freshness is measured from),
 issues for what could not be read (CatalogUnavailable, KafkaUnavailable, with the client's error text;
 CatalogCredentialsRefused, KafkaCredentialsRefused when the service answered and refused the credentials,
-with the fields to check) and, when a credential the spec references is not in this process's environment,
-an `unmeasured` note instead of an issue (the operator may simply not have been given the Secret; the
-driver has it). Turning the facts into status is `icefall.plan.table_status`.
+with the fields to check). Turning the facts into status is `icefall.plan.table_status`.
+
+No credential lending: the operator holds no table credential. A table whose spec references any
+(`secretKeyRef` or `{env: NAME}`, in its source, registry or catalog) is not read at all: `observe` returns
+an `unmeasured` note and its driver, which holds the table's credentials, reports instead (`status.writer`).
+The clients of the tables it does read resolve references from `NO_CREDENTIALS`, never from this process's
+environment (`ICEFALL_CATALOG_*`, `ICEFALL_KAFKA_*` or any other variable set there).
 
 Rate: one read per table per `interval` seconds (the last result is served in between), and the
 compaction backlog (which reads manifests, `icefall.compact.view.read_table_view`) at most every
@@ -23,13 +27,13 @@ result is current: with a slow catalog or broker it is as old as the last read t
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from icefall.api import ConditionReason, StreamingTable
@@ -41,10 +45,9 @@ from icefall.catalog import (
 )
 from icefall.catalog.refusal import refusal
 from icefall.commit.errors import CorruptStateError
-from icefall.commit.protocol import EPOCH_CLAIM_PROPERTY, RESET_PROPERTY
-from icefall.commit.state import state_of
+from icefall.compact.measure import LAST_EXPIRY_PROPERTY, compaction_backlog, table_facts
 from icefall.plan.conditions import Issue
-from icefall.plan.table_status import TableFacts
+from icefall.plan.table_status import TableFacts, not_read_by_operator
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -53,7 +56,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KAFKA_TIMEOUT_SECONDS = 5.0
-LAST_EXPIRY_PROPERTY = "icefall.last-expiry-time-ms"
+#: Where the operator's observer finds a table's credential references: nowhere. The operator holds no
+#: table credential (a table that references one is measured by its driver: `not_read_by_operator`), and
+#: its own environment is never a fallback for a reference.
+NO_CREDENTIALS: Mapping[str, str] = MappingProxyType({})
+__all__ = [
+    "LAST_EXPIRY_PROPERTY",
+    "NO_CREDENTIALS",
+    "Observed",
+    "TableObserver",
+    "compaction_backlog",
+    "table_facts",
+]
 
 
 @dataclass(frozen=True)
@@ -75,65 +89,6 @@ def _mask(text: str, secrets: list[str]) -> str:
     return text
 
 
-def table_facts(table: Table) -> TableFacts:
-    """The figures `plan.table_status` needs, from the table's metadata and its head's summary."""
-    from pyiceberg.table.snapshots import Operation, ancestors_of
-
-    metadata = table.metadata
-    state = state_of(metadata)
-    head = table.current_snapshot()
-    summary: Mapping[str, str] = head.summary if head is not None and head.summary is not None else {}
-
-    def number(key: str) -> int:
-        try:
-            return int(summary.get(key, 0) or 0)
-        except ValueError:
-            return 0
-
-    last_append = last_replace = None
-    for snapshot in ancestors_of(head, metadata) if head is not None else ():
-        operation = snapshot.summary.operation if snapshot.summary is not None else None
-        # An epoch claim or an offset reset is an empty append that commits no records.
-        bookkeeping = snapshot.summary is not None and any(
-            key in snapshot.summary.additional_properties for key in (EPOCH_CLAIM_PROPERTY, RESET_PROPERTY)
-        )
-        if operation is Operation.APPEND and last_append is None and not bookkeeping:
-            last_append = snapshot
-        elif operation is Operation.REPLACE and last_replace is None:
-            last_replace = snapshot
-        if last_append is not None and last_replace is not None:
-            break
-    expiry = metadata.properties.get(LAST_EXPIRY_PROPERTY)
-    return TableFacts(
-        committed_offsets=dict(state.offsets),
-        topic_id=state.topic_id,
-        max_produce_time_ms=state.max_produce_time_ms,
-        lost_records=state.lost_records,
-        last_commit_ms=last_append.timestamp_ms if last_append is not None else None,
-        last_commit_snapshot_id=last_append.snapshot_id if last_append is not None else None,
-        data_files=number("total-data-files"),
-        total_file_bytes=number("total-files-size"),
-        records=number("total-records"),
-        snapshots=len(metadata.snapshots),
-        last_compaction_ms=last_replace.timestamp_ms if last_replace is not None else None,
-        last_expiry_ms=int(expiry) if expiry and expiry.isdigit() else None,
-    )
-
-
-def compaction_backlog(table: Table, st: StreamingTable, now_ms: int) -> tuple[int, float | None]:
-    """(work items the maintenance planner finds now, share of small data files or None)."""
-    from icefall.compact.view import read_table_view
-    from icefall.plan.maintenance import backlog, plan_maintenance, policy_from_spec
-    from icefall.plan.table_view import FileContent
-
-    view = read_table_view(table, list_storage=False)
-    policy = policy_from_spec(st.spec)
-    data = [f for f in view.files if f.content is FileContent.DATA]
-    small = policy.small_file_ratio * policy.target_size(view.properties)
-    ratio = sum(1 for f in data if f.size_bytes < small) / len(data) if data else None
-    return backlog(plan_maintenance(view, policy, now_ms)), ratio
-
-
 @dataclass
 class _Entry:
     key: str
@@ -150,7 +105,7 @@ class TableObserver:
     interval: float = 5.0
     backlog_interval: float = 30.0
     wait_seconds: float = 1.0
-    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    environ: Mapping[str, str] = field(default_factory=lambda: NO_CREDENTIALS)  # see NO_CREDENTIALS
     clock: Callable[[], float] = time.monotonic
     _cache: dict[str, _Entry] = field(default_factory=dict)
     _running: dict[str, Future[Observed]] = field(default_factory=dict)
@@ -166,7 +121,10 @@ class TableObserver:
 
     def observe(self, uid: str, st: StreamingTable) -> Observed:
         """The latest observation: a fresh read if one finishes within `wait_seconds`, else the last one
-        (a slow catalog or broker never holds a reconcile for longer than that)."""
+        (a slow catalog or broker never holds a reconcile for longer than that). A table that references
+        a credential is not read at all: its note says the driver measures it."""
+        if why := not_read_by_operator(st.spec):
+            return Observed(unmeasured=why)
         key = (
             st.spec.table.model_dump_json()
             + st.spec.source.model_dump_json()

@@ -7,9 +7,13 @@ Both passes:
    (the admission schema makes that rare); nothing else is touched. A StreamingTable being deleted is left
    to `controller.deletion` (nothing is created for it here).
 2. Contest: when an older StreamingTable names the same catalog table (`plan.claims`), this one runs no
-   driver and no compaction and reports TableClaimedByOther.
-3. Observe the table and the topic (`controller.observe`, rate-limited per table) → compaction replicas
-   from the backlog (`plan.scaling`, scale-down damped by `SCALE_DOWN_COOLDOWN_SECONDS`) → `desired_children`.
+   driver and no compaction and reports TableClaimedByOther. Grants: when it references a Secret that is
+   missing or not granted to StreamingTables (`plan.grants`; the labels read by `apply`, metadata only),
+   it runs no pod at all and reports SecretNotAllowed.
+3. Observe the table and the topic (`controller.observe`, rate-limited per table; only tables that
+   reference no credential) → compaction replicas from the backlog, the operator's own reading or else the
+   driver's report (`plan.scaling`, scale-down damped by `SCALE_DOWN_COOLDOWN_SECONDS`) →
+   `desired_children`.
 4. Observe the `<st>-ingest` Pod; `plan.driver.decide` with the history kept in the
    `icefall.dev/driver-history` annotation.
 5. Derive the status (`controller.status`) and write it when `should_write_status` says so.
@@ -58,9 +62,12 @@ from icefall.plan.driver import (
     decide,
     driver_pod_from_object,
 )
+from icefall.plan.grants import secret_refusals, secret_uses
 from icefall.plan.names import ANNOTATION_DRIVER_HISTORY, driver_pod_name
+from icefall.plan.purge import PURGE_DEADLINE_SECONDS
 from icefall.plan.scaling import compaction_replicas, damped_replicas
 from icefall.plan.settings import OperatorSettings
+from icefall.plan.table_status import reported_backlog
 
 DEFAULT_IMAGE = "ghcr.io/icefall/icefall:latest"
 SCALE_DOWN_COOLDOWN_SECONDS = 300.0
@@ -76,11 +83,14 @@ class Config:
     driver_max_backoff_seconds: float = MAX_BACKOFF_SECONDS
     #: How long an unchanged child goes without being applied again (`icefall.plan.applying`).
     repair_seconds: float = REPAIR_SECONDS
+    #: How long a `deletionPolicy: Delete` deletion waits for its purge Job (`icefall.plan.purge`).
+    purge_deadline_seconds: float = PURGE_DEADLINE_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS`, `ICEFALL_REPAIR_SECONDS` and the settings
-        of `icefall.plan.settings.SETTINGS_ENV`; defaults otherwise."""
+        """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS`, `ICEFALL_REPAIR_SECONDS`,
+        `ICEFALL_PURGE_DEADLINE_SECONDS` and the settings of `icefall.plan.settings.SETTINGS_ENV`; defaults
+        otherwise."""
         env = os.environ if env is None else env
         cap = float(env.get("ICEFALL_DRIVER_MAX_BACKOFF_SECONDS", MAX_BACKOFF_SECONDS))
         return cls(
@@ -88,6 +98,7 @@ class Config:
             settings=OperatorSettings.from_environ(env),
             driver_max_backoff_seconds=cap,
             repair_seconds=float(env.get("ICEFALL_REPAIR_SECONDS", REPAIR_SECONDS)),
+            purge_deadline_seconds=float(env.get("ICEFALL_PURGE_DEADLINE_SECONDS", PURGE_DEADLINE_SECONDS)),
         )
 
 
@@ -123,6 +134,7 @@ class _Plan:
     replicas: int
     children: Children
     problems: tuple[str, ...]
+    refusals: tuple[str, ...] = ()  # referenced Secrets it may not use (`plan.grants`): no pod at all
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,7 @@ class _Driver:
 def observe(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim] = ()) -> Outcome:
     """The status-only pass (the status timer): plan as `apply` does, write status, act on nothing.
     `claims`: the other StreamingTables naming the same catalog table."""
-    planned = _plan(body, ctx, claims)
+    planned = _plan(body, ctx, claims, check_secrets=False)
     if isinstance(planned, Outcome):
         return planned
     driver = _driver(planned, ctx)
@@ -149,7 +161,7 @@ def observe(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim] = ())
 
 def apply(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim] = ()) -> Outcome:
     """The full pass (spec changes, driver Pod events, resync): see the module docstring."""
-    planned = _plan(body, ctx, claims)
+    planned = _plan(body, ctx, claims, check_secrets=True)
     if isinstance(planned, Outcome):
         return planned
     _apply_children(planned, ctx)
@@ -164,8 +176,11 @@ def apply(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim] = ()) -
     return Outcome(tuple(events), driver.decision.requeue_seconds, written)
 
 
-def _plan(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim]) -> _Plan | Outcome:
-    """Steps 1-3 of the module docstring; an `Outcome` when the pass ends there."""
+def _plan(
+    body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim], *, check_secrets: bool
+) -> _Plan | Outcome:
+    """Steps 1-3 of the module docstring; an `Outcome` when the pass ends there. `check_secrets`: read
+    the referenced Secrets' labels now (else the last `apply` pass's finding)."""
     meta = body.get("metadata") or {}
     ref = Ref.of(body)
     if meta.get("deletionTimestamp"):
@@ -177,10 +192,12 @@ def _plan(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim]) -> _Pl
         message = f"the StreamingTable cannot be read: {error}"
         return Outcome((Event(EventReason.SPEC_CHANGED, message, EventType.WARNING),), None, written)
     owner = _claimed_by(body, st, claims)
+    refusals = _secret_refusals(st, ref, ctx, check=check_secrets)
     observed = Observed()
     if ctx.observer is not None and st.spec.table.catalog is not None:
         observed = ctx.observer.observe(ref.uid, st)
-    replicas = 0 if owner is not None else _compaction_replicas(st, ref.uid, observed, ctx)
+    idle = owner is not None or bool(refusals)  # no pod at all
+    replicas = 0 if idle else _compaction_replicas(st, ref.uid, observed, ctx)
     children = desired_children(
         st,
         namespace=ref.namespace,
@@ -193,7 +210,7 @@ def _plan(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim]) -> _Pl
     problems = [str(p) for p in children.problems]
     if st.spec.table.catalog is None:
         problems.append("spec.table.catalog: required in a cluster (the embedded catalog is pod-local)")
-    return _Plan(ref, st, owner, observed, replicas, children, tuple(problems))
+    return _Plan(ref, st, owner, observed, replicas, children, tuple(problems), refusals)
 
 
 def _apply_children(planned: _Plan, ctx: Context) -> None:
@@ -232,6 +249,7 @@ def _driver(planned: _Plan, ctx: Context) -> _Driver:
         now=ctx.now,
         hold=bool(planned.problems),
         claimed_by=planned.owner.ref if planned.owner is not None else None,
+        refused="; ".join(planned.refusals) or None,
         max_backoff_seconds=ctx.config.driver_max_backoff_seconds,
     )
     return _Driver(name, pod, history, decision)
@@ -258,6 +276,7 @@ def _derive(planned: _Plan, driver: _Driver, ctx: Context) -> status.Derived:
         problems=planned.problems,
         owner=planned.owner,
         now=ctx.now,
+        refusals=planned.refusals,
     )
 
 
@@ -276,16 +295,38 @@ def _claimed_by(body: Mapping[str, Any], st: StreamingTable, claims: Sequence[Cl
     return claimed_by_other(me, [c for c in claims if c.uid != me.uid])
 
 
+def _secret_refusals(st: StreamingTable, ref: Ref, ctx: Context, *, check: bool) -> tuple[str, ...]:
+    """Why `st` may not use the Secrets it references (`plan.grants`; empty: it may). Read from the API
+    (each Secret's labels, metadata only) when `check` or never read before, else remembered."""
+    remembered = ctx.memory.refusals(ref.uid)
+    if remembered is not None and not check:
+        return remembered
+    refusals = tuple(secret_refusals_of(ctx.kube, st, ref.namespace))
+    ctx.memory.refused(ref.uid, refusals)
+    return refusals
+
+
+def secret_refusals_of(kube: Kube, st: StreamingTable, namespace: str) -> list[str]:
+    """`plan.grants.secret_refusals` of `st`, each referenced Secret's labels read now (metadata only)."""
+    uses = secret_uses(st.spec)
+    labels = {name: kube.secret_labels(namespace, name) for name in sorted({use.secret for use in uses})}
+    return secret_refusals(uses, labels, namespace)
+
+
 def _compaction_replicas(st: StreamingTable, uid: str, observed: Observed, ctx: Context) -> int:
-    """Replicas from the measured backlog; without a measurement, the last count set (or minReplicas)."""
+    """Replicas from the backlog (the operator's own reading, else the driver's report); without either,
+    the last count set (or minReplicas)."""
     spec = st.spec.compaction
     last = ctx.memory.replicas(uid)
     if not spec.enabled:
         return 0
-    if observed.backlog is None:
+    backlog = observed.backlog
+    if backlog is None:  # a table the operator does not read: its driver measures it (status.writer)
+        backlog = reported_backlog(st.status.writer if st.status else None, ctx.now)
+    if backlog is None:
         wanted = last[0] if last is not None else spec.min_replicas
         return min(max(wanted, spec.min_replicas), spec.max_replicas)
-    wanted = compaction_replicas(observed.backlog, spec.min_replicas, spec.max_replicas)
+    wanted = compaction_replicas(backlog, spec.min_replicas, spec.max_replicas)
     return damped_replicas(
         wanted,
         last[0] if last is not None else None,

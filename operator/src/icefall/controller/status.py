@@ -34,6 +34,7 @@ from icefall.controller.observe import Observed
 from icefall.plan.applying import Applied, ChildKey
 from icefall.plan.claims import Claim
 from icefall.plan.conditions import (
+    MAX_MESSAGE,
     Issue,
     Observations,
     degraded_event,
@@ -47,6 +48,7 @@ from icefall.plan.driver import DriverDecision, Event, EventReason, EventType
 from icefall.plan.table_status import (
     Summary,
     acknowledged_loss,
+    not_read_by_operator,
     summarize,
     with_writer_report,
     writer_issues,
@@ -58,13 +60,15 @@ STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10
 class StatusMemory:
     """Per table (by uid), what this process last did: when it wrote status (for `should_write_status`),
     which compaction replica count it set, since when (for the scale-down cool-down), which Degraded
-    reason it last sent an Event for, and what it applied to each child (`icefall.plan.applying`)."""
+    reason it last sent an Event for, what it applied to each child (`icefall.plan.applying`), and which
+    referenced Secrets it found not granted (`icefall.plan.grants`)."""
 
     def __init__(self) -> None:
         self._last: dict[str, datetime] = {}
         self._replicas: dict[str, tuple[int, datetime]] = {}
         self._degraded: dict[str, ConditionReason | None] = {}
         self._applied: dict[str, dict[ChildKey, Applied]] = {}
+        self._refusals: dict[str, tuple[str, ...]] = {}
 
     def applied(self, uid: str, child: ChildKey) -> Applied | None:
         return self._applied.get(uid, {}).get(child)
@@ -97,7 +101,15 @@ class StatusMemory:
         if previous is None or previous[0] != replicas:
             self._replicas[uid] = (replicas, when)
 
+    def refusals(self, uid: str) -> tuple[str, ...] | None:
+        """The Secret refusals the last `apply` pass found (`icefall.plan.grants`); None before the first."""
+        return self._refusals.get(uid)
+
+    def refused(self, uid: str, refusals: tuple[str, ...]) -> None:
+        self._refusals[uid] = refusals
+
     def forget(self, uid: str) -> None:
+        self._refusals.pop(uid, None)
         self._last.pop(uid, None)
         self._replicas.pop(uid, None)
         self._degraded.pop(uid, None)
@@ -126,23 +138,31 @@ def derive(
     problems: Sequence[str],
     owner: Claim | None,
     now: datetime,
+    refusals: Sequence[str] = (),
 ) -> Derived:
     """The status of `st` from this pass's observations (see the module docstring); `owner`: the older
-    StreamingTable that claims the same catalog table, if any."""
+    StreamingTable that claims the same catalog table, if any; `refusals`: the Secrets it may not use
+    (`icefall.plan.grants`)."""
+    acknowledged = acknowledged_loss(st.metadata.annotations)
     summary = summarize(
         observed.facts,
         observed.watermarks,
         now,
-        acknowledged_loss=acknowledged_loss(st.metadata.annotations),
+        acknowledged_loss=acknowledged,
         topic_id=observed.topic_id,
         oldest_waiting_ms=observed.oldest_waiting_ms,
     )
     unmeasured = observed.unmeasured
     writer = st.status.writer if st.status else None
-    reported = with_writer_report(summary, writer, now)
-    if reported is not None:  # the operator could not measure; the running driver did
-        summary, unmeasured = reported, ""
-    issues = [*observed.issues, *summary.issues, *writer_issues(writer, now)]
+    reported = with_writer_report(summary, writer, now, acknowledged_loss=acknowledged)
+    if reported is not None:  # the operator could not measure (all of it); the running driver did
+        if reported.freshness_seconds is not None or reported.lag_records is not None:
+            unmeasured = ""
+        summary = reported
+    operator_reads = not not_read_by_operator(st.spec)
+    issues = [*observed.issues, *summary.issues, *writer_issues(writer, now, operator_reads=operator_reads)]
+    if refusals:
+        issues.append(Issue(ConditionReason.SECRET_NOT_ALLOWED, "; ".join(refusals)[:MAX_MESSAGE]))
     refused = driver_refusal(decision.state, decision.history)
     if refused is not None and refused.reason not in {issue.reason for issue in issues}:
         issues.append(refused)  # the operator's own probe, when it has the credentials, says it already

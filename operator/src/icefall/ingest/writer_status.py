@@ -5,8 +5,10 @@ operator can read (it may hold none of the table's credentials; `icefall.plan.ta
 At most one PATCH every `interval` seconds, the first at once; a failed PATCH is logged (the first one with
 its cause) and never stops ingestion. While an outage is waited out no batch lands, so `waiting(service)`
 (the `Outages` listener) reports the service the driver is waiting for at once when it changes, and at the
-same pace while it lasts. The driver's Role may patch only its own StreamingTable's status
-(`icefall.plan.rbac`).
+same pace while it lasts. With a `TableMeter`, each report also carries the meter's last reading of the
+table: its figures and compaction backlog (what the operator shows, and scales compaction on, for a table
+whose credentials it does not hold) and the table-uuids `deletionPolicy: Delete` is judged by. The
+driver's Role may patch only its own StreamingTable's status (`icefall.plan.rbac`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from icefall.api import WriterReport
 if TYPE_CHECKING:
     from icefall.controller.kube import Kube
     from icefall.ingest.report import BatchReport
+    from icefall.ingest.table_meter import TableMeter
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +43,10 @@ class WriterStatusReporter:
         interval: float = REPORT_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        meter: TableMeter | None = None,
     ) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
+        self.meter = meter
         self.interval, self._clock, self._wall = interval, clock, wall
         self._sent_at: float | None = None
         self._last_commit: datetime | None = None
@@ -81,6 +86,16 @@ class WriterStatusReporter:
             waiting_for=self._waiting_for,
             schema_refused=[message[:1000] for message in self._schema_refused[:20]],
         )
+        reading = self.meter.latest if self.meter is not None else None
+        if reading is not None:
+            measured = measured.model_copy(
+                update={
+                    "table_uuid": reading.table_uuid,
+                    "dead_letter_table_uuid": reading.dead_letter_table_uuid,
+                    "table": reading.table,
+                    "data_loss_records": reading.data_loss_records,
+                }
+            )
         self._send(measured)
 
     def _send(self, measured: WriterReport) -> None:

@@ -10,8 +10,9 @@ Degraded True), Unknown otherwise. A False or Unknown Ready carries the reason a
 that made it so, picked in this order: a lifecycle reason (Deleting, Suspended), Degraded, Ingesting,
 FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
 
-- Ingesting: False with TableClaimedByOther whenever that issue is present (the loser of a contested table
-  runs no driver on purpose); else True while the driver runs — CaughtUp (within target, or nothing to
+- Ingesting: False with TableClaimedByOther or SecretNotAllowed whenever that issue is present (the loser
+  of a contested table, or a table referencing a Secret not granted to StreamingTables, runs no driver on
+  purpose); else True while the driver runs — CaughtUp (within target, or nothing to
   read) or CatchingUp;
   False when it does not (Starting, DriverFailed, Suspended, Deleting) or a blocking issue stops it
   (TableClaimedByOther, BadRecordHalted, KafkaCredentialsRefused, CatalogCredentialsRefused,
@@ -22,9 +23,9 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   the first measurement (NoCommitsYet), when it cannot be measured (NotMeasured, with `unmeasured` as the
   message), while suspended and while deleting.
 - Degraded: True with the most severe of DataLoss, OffsetsAheadOfTopic, BadRecordHalted, InvalidSpec,
-  CatalogCredentialsRefused, KafkaCredentialsRefused (they outrank the driver failures they cause),
-  DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else False
-  (Healthy, Deleting).
+  SecretNotAllowed, CatalogCredentialsRefused, KafkaCredentialsRefused (they outrank the driver failures
+  they cause), DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else
+  False (Healthy, Deleting).
 
 A spec that cannot be honoured (`spec_problems`) makes Degraded True with reason InvalidSpec, hence Ready
 False: the driver keeps running what it started with, and the message says what to fix.
@@ -65,6 +66,7 @@ _T, _F, _U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOW
 #: Issues that stop ingestion (Ingesting False), most decisive first.
 INGEST_BLOCKING: tuple[ConditionReason, ...] = (
     _R.TABLE_CLAIMED,
+    _R.SECRET_NOT_ALLOWED,
     _R.BAD_RECORD_HALTED,
     _R.KAFKA_CREDENTIALS_REFUSED,
     _R.CATALOG_CREDENTIALS_REFUSED,
@@ -74,6 +76,8 @@ INGEST_BLOCKING: tuple[ConditionReason, ...] = (
     _R.COMMIT_CONFLICT,
     _R.WAITING_FOR_LEASE,
 )
+#: Issues that mean the operator runs no driver for the table on purpose.
+NO_DRIVER_ON_PURPOSE = (_R.TABLE_CLAIMED, _R.SECRET_NOT_ALLOWED)
 #: Reasons that make the table Degraded, most severe first.
 DEGRADING: tuple[ConditionReason, ...] = (
     _R.DATA_LOSS,
@@ -81,6 +85,7 @@ DEGRADING: tuple[ConditionReason, ...] = (
     _R.OFFSETS_AHEAD_OF_TOPIC,
     _R.BAD_RECORD_HALTED,
     _R.INVALID_SPEC,
+    _R.SECRET_NOT_ALLOWED,
     # A configuration error a person must fix; it outranks the driver failures it causes.
     _R.CATALOG_CREDENTIALS_REFUSED,
     _R.KAFKA_CREDENTIALS_REFUSED,
@@ -215,9 +220,11 @@ def _ingesting(obs: Observations, st: StreamingTable, target: int) -> _Verdict:
         return _F, _R.DELETING, "the StreamingTable is being deleted"
     if _suspended(obs, st):
         return _F, _R.SUSPENDED, "ingestion is suspended (spec.suspend)"
-    if any(issue.reason is _R.TABLE_CLAIMED for issue in obs.issues):
-        # The loser of a contested table runs no driver on purpose: say why, not "starting".
-        return _F, _R.TABLE_CLAIMED, _messages(obs.issues, _R.TABLE_CLAIMED)
+    for idle in NO_DRIVER_ON_PURPOSE:
+        if any(issue.reason is idle for issue in obs.issues):
+            # The loser of a contested table, or one referencing a Secret not granted to it, runs no
+            # driver on purpose: say why, not "starting".
+            return _F, idle, _messages(obs.issues, idle)
     driver = obs.driver
     if driver is DriverState.BACKING_OFF:
         return _F, _R.DRIVER_FAILED, obs.driver_message or "the driver failed"

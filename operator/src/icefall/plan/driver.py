@@ -169,6 +169,7 @@ class EventReason(StrEnum):
     SUSPENDED = "Suspended"
     DRIVER_RECOVERED = "DriverRecovered"
     TABLE_CLAIMED = "TableClaimedByOther"
+    SECRET_NOT_ALLOWED = "SecretNotAllowed"
     # Degraded turned True or changed its reason, or cleared (plan.conditions.degraded_event).
     DEGRADED = "Degraded"
     DEGRADATION_CLEARED = "DegradationCleared"
@@ -177,6 +178,7 @@ class EventReason(StrEnum):
     TABLE_DROPPED = "TableDropped"
     TABLE_DROP_FAILED = "TableDropFailed"
     TABLE_KEPT_FOR_OWNER = "TableKeptForOwner"
+    TABLE_PURGE_STARTED = "TablePurgeStarted"
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,7 @@ def decide(
     now: datetime,
     hold: bool = False,
     claimed_by: str | None = None,
+    refused: str | None = None,
     max_backoff_seconds: float = MAX_BACKOFF_SECONDS,
 ) -> DriverDecision:
     """What to do about the driver Pod. `desired_hash` is `Children.spec_hash`, or None when no driver
@@ -222,12 +225,15 @@ def decide(
     the current spec.
 
     `claimed_by` (another StreamingTable owns the same catalog table, `plan.claims`) means no driver, like
-    suspend, with messages and the Event naming the owner. `max_backoff_seconds` caps the restart backoff
+    suspend, with messages and the Event naming the owner; so does `refused` (why the table may not use
+    a Secret it references, `icefall.plan.grants`). `max_backoff_seconds` caps the restart backoff
     (the operator's `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS`; the chaos run restarts drivers hundreds of times).
     """
     if claimed_by is not None:
         why = f"the table is claimed by the older StreamingTable {claimed_by}"
         return _not_wanted(observed, history, why, EventReason.TABLE_CLAIMED, EventType.WARNING)
+    if refused is not None:
+        return _not_wanted(observed, history, refused, EventReason.SECRET_NOT_ALLOWED, EventType.WARNING)
     if desired_hash is None:
         return _not_wanted(
             observed, history, "suspended", EventReason.SUSPENDED, EventType.NORMAL, "spec.suspend is true"

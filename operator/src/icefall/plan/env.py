@@ -81,6 +81,13 @@ def secret_env_vars(spec: StreamingTableSpec) -> tuple[list[SecretEnv], list[Sec
 _Ref = tuple[SecretRef, str, str]  # the reference, its spec path, its env var
 
 
+def credential_references(spec: StreamingTableSpec) -> list[tuple[str, SecretRef]]:
+    """Every credential reference of the spec (Kafka, schema registry, catalog), with its spec path: what
+    only the table's own pods (or `icefall run`) may resolve, never the operator."""
+    refs = [*_kafka_refs(spec), *_registry_refs(spec), *_catalog_refs(spec)]
+    return [(path, ref) for ref, path, _ in refs]
+
+
 def _kafka_refs(spec: StreamingTableSpec) -> list[_Ref]:
     return _secret_refs(
         spec.source.security,

@@ -6,6 +6,7 @@ Pure: no client, no I/O.
 | driver Pod | `<st>-ingest` (`driver_pod_name`); Spark executors are named after it |
 | executors' pod template ConfigMap | `<st>-ingest-executor` (`executor_template_name`) |
 | compaction Deployment | `<st>-compact` (`compaction_name`) |
+| purge Job (`deletionPolicy: Delete`) | `<st>-purge` (`purge_job_name`) |
 | driver ServiceAccount, Role, RoleBinding | `icefall-<st>-driver` (`driver_account_name`) |
 | compaction ServiceAccount, Role, RoleBinding | `icefall-<st>-compact` (`compaction_account_name`) |
 | commit Lease | `icefall-<table>-<id>-commit` (`TableLeases.commit`) |
@@ -47,6 +48,7 @@ APP_NAME = "icefall"
 MANAGED_BY = "icefall-operator"
 COMPONENT_INGEST = "ingest"
 COMPONENT_COMPACT = "compact"
+COMPONENT_PURGE = "purge"
 #: Labels of the Leases the pods and the operator write (`icefall.commit.kube_lease`).
 LEASE_LABELS: Mapping[str, str] = {LABEL_MANAGED_BY: APP_NAME}
 
@@ -106,6 +108,10 @@ def executor_template_name(table: str) -> str:
 
 def compaction_name(table: str) -> str:
     return child_name("", table, "-compact")
+
+
+def purge_job_name(table: str) -> str:
+    return child_name("", table, "-purge")
 
 
 def driver_account_name(table: str) -> str:

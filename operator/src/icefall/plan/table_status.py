@@ -20,9 +20,11 @@ Rules:
   more are lost.
 - The last ingestion commit is the newest `append` snapshot, and only once offsets were committed (the
   genesis snapshot of an empty table is not a commit of records).
-- When the operator could measure neither lag nor freshness itself (no credentials for the catalog or
-  Kafka, not read yet, or unreachable from the operator), the driver's own report (`status.writer`, at
-  most `WRITER_REPORT_MAX_AGE_SECONDS` old) stands in for them (`with_writer_report`): a running driver
+- The operator holds no table credential: a table that references one (`not_read_by_operator`) is never
+  read by the operator, only by its own pods. When the operator could measure neither lag nor freshness
+  itself (such a table, not read yet, or unreachable from the operator), the driver's own report
+  (`status.writer`, at most `WRITER_REPORT_MAX_AGE_SECONDS` old) stands in for them, and for the table's
+  figures, data loss and compaction backlog (`with_writer_report`, `reported_backlog`): a running driver
   always makes the table measured.
 
 Not guaranteed: that the facts are current (they are as old as the read), or that freshness is exact for
@@ -36,8 +38,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from icefall.api import ConditionReason, FreshnessStatus, TableStatus, WriterReport
+from icefall.api import ConditionReason, FreshnessStatus, StreamingTableSpec, TableStatus, WriterReport
 from icefall.plan.conditions import MAX_MESSAGE, Issue
+from icefall.plan.env import credential_references
 from icefall.plan.lag import freshness_seconds, partition_lag, partitions_ahead
 from icefall.plan.offsets import RESET_COMMAND
 
@@ -86,33 +89,65 @@ def with_writer_report(
     report: WriterReport | None,
     now: datetime,
     max_age: float = WRITER_REPORT_MAX_AGE_SECONDS,
+    *,
+    acknowledged_loss: int = 0,
 ) -> Summary | None:
-    """`summary` with lag and freshness from the driver's `report`, when the summary has neither and the
-    report is recent; None when the report cannot stand in (the summary stays as it is)."""
-    if summary.freshness_seconds is not None or summary.lag_records is not None or report is None:
+    """`summary` with what the driver's recent `report` measured where the summary has nothing: lag and
+    freshness when it has neither, the table's figures and data-loss count (with its `DataLoss` issue) when
+    the operator did not read the table; None when the report fills in nothing."""
+    if report is None or abs((now - report.reported_at).total_seconds()) > max_age:
         return None
-    if abs((now - report.reported_at).total_seconds()) > max_age:
+    filled = summary
+    if summary.freshness_seconds is None and summary.lag_records is None:
+        freshness = FreshnessStatus(
+            seconds=round(report.freshness_seconds, 1),
+            lag_records=report.lag_records,
+            last_commit_time=report.last_commit_time,
+            snapshot_id=report.snapshot_id,
+        )
+        filled = replace(
+            filled,
+            freshness=freshness,
+            freshness_seconds=report.freshness_seconds,
+            lag_records=report.lag_records,
+            last_commit_time=report.last_commit_time,
+        )
+    if summary.table is None and report.table is not None:
+        lost = report.data_loss_records
+        issues = _loss_issues(lost, acknowledged_loss) if lost is not None else []
+        issues = [*filled.issues, *issues]
+        filled = replace(filled, table=report.table, data_loss_records=lost, issues=tuple(issues))
+    return None if filled is summary else filled
+
+
+def reported_backlog(
+    report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
+) -> int | None:
+    """The compaction backlog the driver measured, from its recent `report`; None without one."""
+    if report is None or report.table is None or abs((now - report.reported_at).total_seconds()) > max_age:
         return None
-    freshness = FreshnessStatus(
-        seconds=round(report.freshness_seconds, 1),
-        lag_records=report.lag_records,
-        last_commit_time=report.last_commit_time,
-        snapshot_id=report.snapshot_id,
-    )
-    return replace(
-        summary,
-        freshness=freshness,
-        freshness_seconds=report.freshness_seconds,
-        lag_records=report.lag_records,
-        last_commit_time=report.last_commit_time,
-    )
+    return report.table.compaction_backlog
+
+
+#: The services a driver waits out (`WriterReport.waiting_for`) whose outage the operator reports itself
+#: when it reads the table and the topic, and from the driver's report when it does not.
+_WAITED_OUT = {
+    "kafka": (ConditionReason.KAFKA_UNAVAILABLE, "Kafka"),
+    "catalog": (ConditionReason.CATALOG_UNAVAILABLE, "the catalog"),
+    "object_store": (ConditionReason.CATALOG_UNAVAILABLE, "the object store"),
+}
 
 
 def writer_issues(
-    report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
+    report: WriterReport | None,
+    now: datetime,
+    max_age: float = WRITER_REPORT_MAX_AGE_SECONDS,
+    *,
+    operator_reads: bool = True,
 ) -> list[Issue]:
     """The problems a recent driver report names: schema changes the table cannot follow, and a schema
-    registry it cannot reach (Kafka and the catalog the operator probes itself)."""
+    registry it cannot reach; also Kafka, the catalog or the object store when the operator does not
+    read the table itself (`operator_reads` False), else its own probes say so."""
     if report is None or abs((now - report.reported_at).total_seconds()) > max_age:
         return []
     issues = []
@@ -124,10 +159,26 @@ def writer_issues(
                 "records stay in Kafka until it answers",
             )
         )
+    elif not operator_reads and report.waiting_for in _WAITED_OUT:
+        reason, service = _WAITED_OUT[report.waiting_for]
+        text = f"the driver cannot reach {service} and waits for it; ingestion goes on when it answers"
+        issues.append(Issue(reason, text))
     if report.schema_refused:
         message = "the table cannot follow the records' schema: " + "; ".join(report.schema_refused)
         issues.append(Issue(ConditionReason.SCHEMA_CHANGE_REFUSED, message[:MAX_MESSAGE]))
     return issues
+
+
+def not_read_by_operator(spec: StreamingTableSpec) -> str:
+    """Why the operator does not read this table and its topic itself; empty when it does. It holds no
+    table credential, and never uses one: a table that references any is measured by its own driver."""
+    paths = [path for path, _ in credential_references(spec)]
+    if not paths:
+        return ""
+    return (
+        f"measured by the table's driver only: the table references credentials ({', '.join(paths)}) and "
+        "the operator holds none; its figures appear once the driver reports them (status.writer)"
+    )
 
 
 def _time(ms: int | None) -> datetime | None:
@@ -233,14 +284,18 @@ def _source_issues(
 
 
 def _loss(facts: TableFacts, acknowledged: int) -> list[Issue]:
-    if facts.lost_records <= acknowledged:
+    return _loss_issues(facts.lost_records, acknowledged)
+
+
+def _loss_issues(lost: int, acknowledged: int) -> list[Issue]:
+    if lost <= acknowledged:
         return []
     return [
         Issue(
             ConditionReason.DATA_LOSS,
-            f"{facts.lost_records} records were deleted by Kafka retention before they were ingested "
+            f"{lost} records were deleted by Kafka retention before they were ingested "
             "(table property icefall.lost-records); the table does not hold them. To acknowledge, "
-            f"annotate the StreamingTable {ANNOTATION_ACKNOWLEDGED_LOSS}={facts.lost_records}",
+            f"annotate the StreamingTable {ANNOTATION_ACKNOWLEDGED_LOSS}={lost}",
         )
     ]
 

@@ -227,6 +227,26 @@ def driver_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
+def purge_pod_spec(
+    meta: ChildMeta,
+    settings: OperatorSettings,
+    *,
+    image: str,
+    args: list[str],
+    secrets: Sequence[SecretEnv],
+    pod: PodPlan,
+) -> Manifest:
+    """The pod spec of the purge Job (`icefall.plan.purge`): `args` under the driver's ServiceAccount with
+    `secrets`, the driver's pod template and the same restricted security context; no ports, no Spark."""
+    volumes, mounts = _scratch_volumes(settings)
+    container = _container(
+        settings, "purge", image=image, args=args, env=_env({}, secrets), mounts=mounts, pod=pod
+    )
+    del container["ports"]  # it serves nothing
+    own = {"serviceAccountName": names.driver_account_name(meta.name), "restartPolicy": "Never"}
+    return _pod_spec(settings, own, container=container, volumes=volumes, pod=pod)
+
+
 def executor_template(meta: ChildMeta, settings: OperatorSettings, pod: PodPlan) -> Manifest:
     """The ConfigMap holding Spark executors' pod template: the restricted security settings Spark cannot
     set by conf, and the executors' pod template (cpu and memory excepted: Spark sets those from its

@@ -23,6 +23,7 @@ from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.env import secret_env_vars
+from icefall.plan.grants import SECRET_GRANT_LABEL, SECRET_GRANT_VALUE
 from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import manifest_text
 
@@ -161,7 +162,12 @@ def make_lake(namespace: str, rest: JsonApi, postgres: PostgresServer, object_st
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": LAKE_SECRET, "namespace": namespace},
+        # Granted to the namespace's StreamingTables (icefall.plan.grants), as an admin would.
+        "metadata": {
+            "name": LAKE_SECRET,
+            "namespace": namespace,
+            "labels": {SECRET_GRANT_LABEL: SECRET_GRANT_VALUE},
+        },
         "stringData": {_LAKE_SECRET_KEYS[key]: value for key, value in values.items()},
     }
     rest.call("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)

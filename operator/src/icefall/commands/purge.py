@@ -1,0 +1,95 @@
+"""`icefall purge`: drop a StreamingTable's Iceberg table and its dead-letter table, metadata and files,
+only when each is the very table recorded for it. The command of the purge Job (`deletionPolicy: Delete`,
+`icefall.plan.purge`), run with the table's own credentials in its namespace; `-f` runs it here.
+
+Each table is identified by the catalog's own identity, its Iceberg `table-uuid`: `--table-uuid` (and
+`--dead-letter-table-uuid`) name the tables this StreamingTable's driver wrote. A table found under the name
+with another uuid (one created again, or another StreamingTable's table reached through another name of
+the catalog) is refused: nothing at all is dropped, the command says why and exits `EXIT_REFUSED`. A
+dead-letter table without a recorded uuid is kept (said, not refused). A table already gone counts as
+dropped.
+
+Not guaranteed: that the catalog does not swap the table between the check and the drop (pyiceberg drops
+by name).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+Identifier = tuple[str, ...]
+
+
+class PurgeRefusedError(RuntimeError):
+    """A table under the StreamingTable's name is not the one recorded for it."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A table to drop: its identifier, and the table-uuid recorded for it (None: none recorded)."""
+
+    identifier: Identifier
+    table_uuid: str | None
+    what: str = "table"
+
+
+def purge_tables(catalog: Catalog, targets: list[Target]) -> tuple[list[str], list[str]]:
+    """Drop each target whose uuid is the recorded one: (dropped, kept-with-why). Every target is checked
+    before anything is dropped: one refusal (`PurgeRefusedError`) drops nothing."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    due: list[Target] = []
+    kept: list[str] = []
+    for target in targets:
+        name = ".".join(target.identifier)
+        try:
+            found = str(catalog.load_table(target.identifier).metadata.table_uuid)
+        except NoSuchTableError:
+            continue
+        if target.table_uuid is None:
+            kept.append(f"the {target.what} {name}: no table-uuid was recorded for it; kept")
+            continue
+        if found != target.table_uuid:
+            raise PurgeRefusedError(
+                f"refusing to drop the {target.what} {name}: its table-uuid is {found}, but this "
+                f"StreamingTable's driver wrote the table {target.table_uuid}. It is another table (created "
+                "again under the name, or another StreamingTable's reached through another name of the "
+                "catalog); nothing was dropped. Drop it with your catalog's tools if it is to go"
+            )
+        due.append(target)
+    dropped = []
+    for target in due:
+        try:
+            catalog.purge_table(target.identifier)
+        except NoSuchTableError:
+            continue
+        dropped.append(".".join(target.identifier))
+    return dropped, kept
+
+
+def purge(args: argparse.Namespace, st: Any, catalog: Catalog, say: Callable[[str], None]) -> int:
+    """Run `icefall purge` for `st` on `catalog`; the exit code (`EXIT_REFUSED`: refused, and `say` gets
+    why: the container's termination message, read by the operator)."""
+    from icefall.plan.purge import EXIT_REFUSED
+
+    targets = [Target(tuple(st.table_identifier), args.table_uuid)]
+    if st.dead_letter_identifier is not None:
+        targets.append(
+            Target(tuple(st.dead_letter_identifier), args.dead_letter_table_uuid, "dead-letter table")
+        )
+    try:
+        dropped, kept = purge_tables(catalog, targets)
+    except PurgeRefusedError as refused:
+        print(f"[purge] {refused}", flush=True)
+        say(f"PurgeRefused: {refused}")
+        return EXIT_REFUSED
+    print(f"[purge] dropped {', '.join(dropped) or 'nothing (the tables did not exist)'}", flush=True)
+    for line in kept:
+        print(f"[purge] {line}", flush=True)
+    return 0

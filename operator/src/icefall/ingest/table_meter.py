@@ -1,0 +1,126 @@
+"""The driver's own reading of its table, for its status report (`status.writer`): the table's figures
+(files, records, snapshots, last compaction and expiry), the compaction backlog the compaction pods are
+scaled on, the records lost to retention, and the Iceberg `table-uuid` of the table and its dead-letter
+table (the only tables `deletionPolicy: Delete` may drop, `icefall purge`). The driver reads with the
+table's own credentials; the operator, which holds none, shows these figures and scales compaction from
+them (`icefall.plan.table_status`).
+
+`TableMeter` reads on a thread of its own (the backlog reads manifests: never on the batch loop), at most
+every `interval` seconds, and every `retry` seconds while the table does not exist yet (the driver creates
+it at start). `latest` is the last reading.
+
+Guarantees: a failed reading never stops ingestion; it is logged (the first of a series with its cause)
+and the previous reading stays. Not guaranteed: that the reading is current (it is up to `interval` old).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from icefall.api import StreamingTable, TableStatus
+from icefall.compact.measure import compaction_backlog, table_facts
+from icefall.plan.table_status import table_status
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+    from icefall.catalog import CatalogConfig
+
+log = logging.getLogger(__name__)
+
+READ_INTERVAL_SECONDS = 30.0
+MISSING_RETRY_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class TableReading:
+    """One reading of the driver's table (see the module doc)."""
+
+    table_uuid: str
+    dead_letter_table_uuid: str | None
+    table: TableStatus
+    data_loss_records: int
+
+
+def read_table(catalog: Catalog, st: StreamingTable, now_ms: int) -> TableReading | None:
+    """The table of `st` read from `catalog` now; None while it does not exist."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = catalog.load_table(st.table_identifier)
+    except NoSuchTableError:
+        return None
+    facts = table_facts(table)
+    if st.spec.compaction.enabled:
+        backlog, ratio = compaction_backlog(table, st, now_ms)
+        facts = replace(facts, compaction_backlog=backlog, small_file_ratio=ratio)
+    dead_letter_uuid = None
+    if st.dead_letter_identifier is not None:
+        with contextlib.suppress(NoSuchTableError):
+            dead_letter_uuid = str(catalog.load_table(st.dead_letter_identifier).metadata.table_uuid)
+    uuid = str(table.metadata.table_uuid)
+    return TableReading(uuid, dead_letter_uuid, table_status(facts), facts.lost_records)
+
+
+class TableMeter:
+    """Reads the table of `st` through `catalog` on its own thread (module doc). `start` once, `stop` at
+    the end."""
+
+    def __init__(
+        self,
+        st: StreamingTable,
+        catalog: CatalogConfig,
+        *,
+        interval: float = READ_INTERVAL_SECONDS,
+        retry: float = MISSING_RETRY_SECONDS,
+    ) -> None:
+        self.st, self.catalog_config = st, catalog
+        self.interval, self.retry = interval, retry
+        self._latest: TableReading | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="icefall-table-meter", daemon=True)
+        self._client: Catalog | None = None
+        self._failures = 0
+
+    @property
+    def latest(self) -> TableReading | None:
+        with self._lock:
+            return self._latest
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def read_once(self) -> TableReading | None:
+        """One reading now (also kept as `latest` when there is one); None while the table is missing."""
+        if self._client is None:
+            self._client = self.catalog_config.pyiceberg(make_folders=False)
+        reading = read_table(self._client, self.st, int(time.time() * 1000))
+        if reading is not None:
+            with self._lock:
+                self._latest = reading
+        return reading
+
+    def _loop(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            try:
+                found = self.read_once()
+            except Exception as error:  # the report is a courtesy: ingestion goes on
+                self._failures += 1
+                if self._failures == 1:
+                    log.warning("reading the table for the status report failed: %s", error)
+                delay = self.interval
+                continue
+            self._failures = 0
+            delay = self.interval if found is not None else self.retry
