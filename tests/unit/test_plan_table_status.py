@@ -5,7 +5,9 @@ the most lagging partitions; freshness is 0 when caught up and, when behind, the
 waiting record if it was read, else the age of the newest committed produce time; unmeasured without
 watermarks or commits; offsets past the
 topic's end and unacknowledged retention loss become issues; table figures (files, average size,
-compaction and expiry times) come through; an unread table reports nothing rather than a guess.
+compaction and expiry times) come through; an unread table reports nothing rather than a guess. A table
+the operator does not read gets all of it from its driver's recent report: lag and freshness, the table's
+figures, data loss (an issue until acknowledged), the compaction backlog, and Kafka or catalog outages.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from icefall.api import (
     ConditionStatus,
     ConditionType,
     StreamingTableStatus,
+    TableStatus,
     WriterReport,
     streaming_table_from_object,
 )
@@ -30,6 +33,7 @@ from icefall.plan.table_status import (
     WRITER_REPORT_MAX_AGE_SECONDS,
     TableFacts,
     acknowledged_loss,
+    reported_backlog,
     summarize,
     with_writer_report,
     writer_issues,
@@ -246,3 +250,31 @@ def test_a_driver_waiting_for_the_registry_is_not_ingesting() -> None:
         ConditionStatus.FALSE,
         ConditionReason.REGISTRY_UNAVAILABLE,
     )
+
+
+def test_the_drivers_report_stands_in_for_the_table_figures_data_loss_and_backlog() -> None:
+    figures = TableStatus(files=8, avg_file_size_bytes=1000, snapshots=9, records=80, compaction_backlog=3)
+    sent = report(age_seconds=5, table=figures, data_loss_records=4, table_uuid="u-1")
+    filled = with_writer_report(summarize(None, None, NOW), sent, NOW, acknowledged_loss=1)
+    assert filled is not None and filled.table == figures and filled.data_loss_records == 4
+    (loss,) = [i for i in filled.issues if i.reason is ConditionReason.DATA_LOSS]
+    assert "4 records" in loss.message
+    acknowledged = with_writer_report(summarize(None, None, NOW), sent, NOW, acknowledged_loss=4)
+    assert acknowledged is not None and acknowledged.issues == ()
+    # The operator's own reading of the table wins; lag and freshness still come from the report.
+    own = summarize(facts(), None, NOW)
+    mixed = with_writer_report(own, sent, NOW)
+    assert mixed is not None and mixed.table == own.table and mixed.lag_records == 12
+
+    assert reported_backlog(sent, NOW) == 3
+    assert reported_backlog(report(age_seconds=5), NOW) is None  # no table figures in it
+    assert reported_backlog(report(age_seconds=WRITER_REPORT_MAX_AGE_SECONDS + 1, table=figures), NOW) is None
+
+
+def test_outages_the_driver_waits_out_are_issues_when_the_operator_does_not_read_the_table() -> None:
+    waiting = report(age_seconds=5, waiting_for="catalog")
+    assert writer_issues(waiting, NOW) == []  # its own probe says so
+    (issue,) = writer_issues(waiting, NOW, operator_reads=False)
+    assert issue.reason is ConditionReason.CATALOG_UNAVAILABLE and "catalog" in issue.message
+    (kafka,) = writer_issues(report(age_seconds=5, waiting_for="kafka"), NOW, operator_reads=False)
+    assert kafka.reason is ConditionReason.KAFKA_UNAVAILABLE and "Kafka" in kafka.message

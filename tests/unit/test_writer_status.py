@@ -1,5 +1,6 @@
 """The driver reports lag and freshness into its StreamingTable's status (`icefall.ingest.writer_status`),
-at a bounded rate, and a failing API never stops ingestion. Fake clock, recording API."""
+at a bounded rate, and a failing API never stops ingestion; with a table meter, each report carries its
+last reading (table-uuids, figures, backlog, data loss). Fake clock, recording API."""
 
 from __future__ import annotations
 
@@ -133,3 +134,29 @@ def test_a_failing_api_is_logged_once_and_never_raises(caplog: pytest.LogCapture
     assert len(warnings) == 1 and "403 Forbidden" in warnings[0].getMessage()
     assert "works again" in caplog.text
     assert len(kube.patches) == 1
+
+
+def test_each_report_carries_the_meters_last_reading_of_the_table() -> None:
+    from icefall.api import TableStatus
+    from icefall.ingest.table_meter import TableMeter, TableReading
+
+    class Meter:
+        latest: TableReading | None = None
+
+    kube, clock, meter = RecordingKube(), Clock(), Meter()
+    report = WriterStatusReporter(
+        cast(Kube, kube), "shop", "orders", interval=10, clock=clock, wall=clock.wall,
+        meter=cast(TableMeter, meter),
+    )  # fmt: skip
+    report(batch(lag=1, freshness=1.0, snapshot=7))
+    assert "tableUuid" not in kube.patches[-1][2]["writer"]  # nothing read yet
+    meter.latest = TableReading("u-1", "u-2", TableStatus(files=3, compaction_backlog=2), 5)
+    clock.now = 11
+    report(None)
+    writer = kube.patches[-1][2]["writer"]
+    assert (writer["tableUuid"], writer["deadLetterTableUuid"], writer["dataLossRecords"]) == (
+        "u-1",
+        "u-2",
+        5,
+    )
+    assert (writer["table"]["files"], writer["table"]["compactionBacklog"]) == (3, 2)
