@@ -13,9 +13,12 @@ no kubelet, no garbage collector: pods stay Pending forever, so nothing here wai
 - `spec.suspend: true` deletes the driver Pod and sets Ready=False, reason Suspended; resuming brings it back;
 - the operator killed with SIGKILL right after a new StreamingTable is created, then restarted, leaves
   exactly one driver Pod per table, and the untouched table's Pod is the same one (same uid);
-- a table whose catalog credentials the operator lacks reads NotMeasured until its driver (its own
-  ServiceAccount, impersonated) reports lag and freshness into status.writer, then measured and fresh;
-  the driver's Role refuses it another table's status.
+- a table that references a credential (the operator holds none: its environment has no table credential)
+  reads NotMeasured until its driver (its own ServiceAccount, impersonated) reports lag and freshness into
+  status.writer, then measured and fresh; the driver's Role refuses it another table's status;
+- such a table's compaction Deployment is scaled from the backlog its driver read with its own
+  credentials (`TableMeter`) and reported, and the Files column shows the driver's figures.
+Credentials, Secret grants and deletionPolicy Delete's purge Job: tests/integration/test_operator_trust.py.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -75,8 +78,10 @@ class Operator:
         namespace: str = NAMESPACE,
         resync_seconds: float = 1,
         args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.kube = kube
+        self.extra_env = dict(env or {})
         self.log = log
         self.namespace = namespace
         self.resync_seconds = resync_seconds
@@ -94,6 +99,7 @@ class Operator:
             "ICEFALL_STATUS_SECONDS": "1",
             "ICEFALL_IMAGE": "icefall:test",
             "PYTHONPATH": str(REPO / "operator" / "src"),
+            **self.extra_env,
         }
         command = [
             sys.executable, "-m", "icefall.cli", "operator", "--namespace", self.namespace,
@@ -553,22 +559,6 @@ def test_unreachable_catalog_and_kafka_are_conditions_and_retain_deletes_without
     assert cluster.pod("nocatalog-ingest") is None
 
 
-def test_deletion_policy_delete_drops_the_table_and_its_dead_letters(
-    cluster: Cluster, operator: Operator, tmp_path: Path
-) -> None:
-    obj = small_table("dropme", tmp_path, deletion="Delete")
-    ensure_tables(lake_catalog(tmp_path).pyiceberg(), streaming_table_from_object(obj))
-    cluster.create_st(obj)
-    wait_for("the driver pod", lambda: cluster.pod("dropme-ingest"))
-    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "dropme")
-    wait_for("the StreamingTable to go", lambda: gone(cluster, "dropme"), 30)
-    assert cluster.pod("dropme-ingest") is None
-    catalog = lake_catalog(tmp_path).pyiceberg()
-    assert not catalog.table_exists(("it", "dropme")) and not catalog.table_exists(("it", "dropme_dlq"))
-    dropped = [message for reason, message in events_for(cluster, "dropme") if reason == "TableDropped"]
-    assert dropped and "it.dropme" in dropped[0] and "it.dropme_dlq" in dropped[0]
-
-
 def test_the_older_streaming_table_wins_a_contested_table(
     cluster: Cluster, operator: Operator, tmp_path: Path
 ) -> None:
@@ -742,6 +732,7 @@ def test_a_running_drivers_report_measures_a_table_the_operator_cannot_read(
     into the table's status, and the table reads measured and fresh. The driver may patch no other
     table's status."""
     obj = streaming_table("reported", tmp_path_factory.mktemp("lake-reported"))
+    grant_secret(cluster, "lake-credentials", {"password": "p"})
     secret = {"secretKeyRef": {"name": "lake-credentials", "key": "password"}}
     obj["spec"]["table"]["catalog"]["secretProperties"] = {"password": secret}
     cluster.create_st(obj)
@@ -764,3 +755,74 @@ def test_a_running_drivers_report_measures_a_table_the_operator_cannot_read(
     with pytest.raises(ApiException) as refused:
         Kube(driver).patch_status(NAMESPACE, "orders", {"writer": status["writer"]})
     assert refused.value.status == 403
+
+
+def grant_secret(cluster: Cluster, name: str, data: dict[str, str]) -> None:
+    """A Secret granted to the namespace's StreamingTables, as an admin would (`icefall.plan.grants`)."""
+    cluster.core.create_namespaced_secret(
+        NAMESPACE,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name, labels={"icefall.dev/streamingtables": "allow"}),
+            string_data=data,
+        ),
+    )
+
+
+def driver_client(kube: KubeAPIServer, name: str) -> client.ApiClient:
+    """The API as the driver of the StreamingTable `name` calls it (its own ServiceAccount, impersonated)."""
+    driver = config.new_client_from_config(config_file=str(kube.kubeconfig))
+    driver.set_default_header("Impersonate-User", f"system:serviceaccount:{NAMESPACE}:icefall-{name}-driver")
+    return driver
+
+
+def test_compaction_is_scaled_from_the_drivers_report_by_an_operator_without_credentials(
+    kube: KubeAPIServer, cluster: Cluster, operator: Operator, tmp_path: Path
+) -> None:
+    """The table references a credential (its catalog's password, from a granted Secret), so the operator,
+    which holds none, never reads it. Its driver reads the table with its own credentials (`TableMeter`)
+    and reports the backlog into status.writer (its own ServiceAccount); the operator scales the
+    compaction Deployment from that report, and shows the driver's figures (the Files column)."""
+    from icefall.ingest.table_meter import TableMeter
+    from icefall.plan.scaling import compaction_replicas
+
+    grant_secret(cluster, "tidy-lake", {"password": "table-password"})
+    obj = small_table("tidy-reported", tmp_path)
+    obj["spec"]["table"]["catalog"]["secretProperties"] = {
+        "password": {"secretKeyRef": {"name": "tidy-lake", "key": "password"}}
+    }
+    st = streaming_table_from_object(obj)
+    table = ensure_tables(lake_catalog(tmp_path).pyiceberg(), st).table
+    for offset in range(8):  # eight tiny files: what frequent small commits leave behind
+        commit_like_ingestion(
+            table, [(0, offset)], offsets={0: offset + 1}, produce_ms=int(time.time() * 1000)
+        )
+    cluster.create_st(obj)
+    wait_for("the driver pod", lambda: cluster.pod("tidy-reported-ingest"))
+    deployment = "tidy-reported-compact"
+    replicas = cluster.apps.read_namespaced_deployment(deployment, NAMESPACE).spec.replicas
+    assert replicas == st.spec.compaction.min_replicas  # nothing measured yet: the operator read nothing
+
+    # The driver's side: its credentials are in its environment (the pod's secretKeyRef variable).
+    own = CatalogConfig.for_table(st.spec, environ={"ICEFALL_CATALOG_PASSWORD": "table-password"})
+    meter = TableMeter(st, own)
+    reading = meter.read_once()
+    assert reading is not None and reading.table.compaction_backlog
+    backlog = reading.table.compaction_backlog
+    expected = compaction_replicas(backlog, st.spec.compaction.min_replicas, st.spec.compaction.max_replicas)
+    assert expected > 0
+    WriterStatusReporter(Kube(driver_client(kube, "tidy-reported")), NAMESPACE, "tidy-reported", meter=meter)(
+        None
+    )
+
+    def scaled() -> bool:
+        found = cluster.apps.read_namespaced_deployment(deployment, NAMESPACE)
+        return bool(found.spec.replicas == expected)
+
+    wait_for(f"the compaction Deployment at {expected} replicas", scaled, timeout=30)
+    shape = wait_for("table status", lambda: (cluster.st("tidy-reported").get("status") or {}).get("table"))
+    assert (shape["compactionBacklog"], shape["files"]) == (backlog, 8)
+    assert printer_columns(kube, "tidy-reported")["FILES"] == "8"
+    writer = cluster.st("tidy-reported")["status"]["writer"]
+    assert writer["tableUuid"] == str(table.metadata.table_uuid)
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "tidy-reported")
+    wait_for("the StreamingTable to go", lambda: gone(cluster, "tidy-reported"), 30)
