@@ -5,7 +5,9 @@ purge Job and steps (`plan.purge`).
 Proves: a Secret is usable only with the label icefall.dev/streamingtables=allow, and each refusal names
 the field, the Secret and the fix (a missing Secret too); such a table is Ingesting=False and Ready=False,
 reason SecretNotAllowed, and a running driver is stopped with a Warning Event; any credential reference,
-`{env: NAME}` included, leaves the table to its driver; the purge Job runs `icefall purge` with the
+`{env: NAME}` included, leaves the table to its driver, and so does a catalog or object store the
+operator would reach with its own identity (only a table that needs no credential of anyone is read by
+the operator); the purge Job runs `icefall purge` with the
 recorded table-uuids under the driver's ServiceAccount with only the catalog's secretKeyRef variables, the
 restricted security context, an owner reference, and fails at once on a refusal; `purge_step` keeps the
 table without a recorded uuid, for another StreamingTable that recorded the same uuid, with a Secret not
@@ -131,8 +133,26 @@ def test_a_table_that_may_not_use_a_secret_runs_no_driver_and_says_why() -> None
 # --- who measures -------------------------------------------------------------------------------------
 
 
+def on_catalog(catalog: dict[str, Any]) -> StreamingTable:
+    obj = table().model_dump(by_alias=True, exclude_none=True)
+    obj["spec"]["table"]["catalog"] = {"name": "lake", **catalog}
+    return StreamingTable.model_validate(obj)
+
+
+def test_the_operator_reads_only_what_needs_no_credential_of_anyone() -> None:
+    local = {"type": "sql", "uri": "sqlite:////lake/catalog.db", "warehouse": "file:///lake/warehouse"}
+    assert not_read_by_operator(on_catalog(local).spec) == ""
+    # Its own identity would do: a REST catalog (its tables may live anywhere), an object store.
+    for ambient in (
+        {"type": "rest", "uri": "https://catalog:8181"},
+        {**local, "warehouse": "s3://bucket/warehouse"},
+        {**local, "properties": {"gcs.project-id": "p"}},
+    ):
+        note = not_read_by_operator(on_catalog(ambient).spec)
+        assert "driver" in note and "identity" in note, ambient
+
+
 def test_any_credential_reference_leaves_the_table_to_its_driver() -> None:
-    assert not_read_by_operator(table().spec) == ""
     for st in (SECURED, table(secrets={"token": {"env": "HOME"}})):
         note = not_read_by_operator(st.spec)
         assert "driver" in note and "spec." in note

@@ -7,9 +7,11 @@ issues for what could not be read (CatalogUnavailable, KafkaUnavailable, with th
 CatalogCredentialsRefused, KafkaCredentialsRefused when the service answered and refused the credentials,
 with the fields to check). Turning the facts into status is `icefall.plan.table_status`.
 
-No credential lending: the operator holds no table credential. A table whose spec references any
-(`secretKeyRef` or `{env: NAME}`, in its source, registry or catalog) is not read at all: `observe` returns
-an `unmeasured` note and its driver, which holds the table's credentials, reports instead (`status.writer`).
+No credential lending: the operator holds no table credential and lends none of its own. A table whose
+spec references any (`secretKeyRef` or `{env: NAME}`, in its source, registry or catalog), or whose catalog
+or files the clients would reach with the operator's own identity (a REST catalog, an object store), is not
+read at all (`plan.table_status.not_read_by_operator`): `observe` returns an `unmeasured` note and its
+driver, which holds the table's credentials, reports instead (`status.writer`).
 The clients of the tables it does read resolve references from `NO_CREDENTIALS`, never from this process's
 environment (`ICEFALL_CATALOG_*`, `ICEFALL_KAFKA_*` or any other variable set there).
 

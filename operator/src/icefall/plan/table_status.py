@@ -20,9 +20,11 @@ Rules:
   more are lost.
 - The last ingestion commit is the newest `append` snapshot, and only once offsets were committed (the
   genesis snapshot of an empty table is not a commit of records).
-- The operator holds no table credential: a table that references one (`not_read_by_operator`) is never
-  read by the operator, only by its own pods. When the operator could measure neither lag nor freshness
-  itself (such a table, not read yet, or unreachable from the operator), the driver's own report
+- The operator holds no table credential and lends none of its own: a table that references one, or
+  whose catalog or files its clients would reach with the operator's own identity (a REST catalog, an
+  object store: `not_read_by_operator`), is never read by the operator, only by its own pods. When the
+  operator could measure neither lag nor freshness itself (such a table, not read yet, or unreachable
+  from the operator), the driver's own report
   (`status.writer`, at most `WRITER_REPORT_MAX_AGE_SECONDS` old) stands in for them, and for the table's
   figures, data loss and compaction backlog (`with_writer_report`, `reported_backlog`): a running driver
   always makes the table measured.
@@ -38,7 +40,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from icefall.api import ConditionReason, FreshnessStatus, StreamingTableSpec, TableStatus, WriterReport
+from icefall.api import (
+    CatalogType,
+    ConditionReason,
+    FreshnessStatus,
+    StreamingTableSpec,
+    TableStatus,
+    WriterReport,
+)
 from icefall.plan.conditions import MAX_MESSAGE, Issue
 from icefall.plan.env import credential_references
 from icefall.plan.lag import freshness_seconds, partition_lag, partitions_ahead
@@ -169,15 +178,38 @@ def writer_issues(
     return issues
 
 
+#: Where a catalog's clients reach storage with whatever identity the reading process has (a cloud
+#: identity, an SDK's default chain): object-store locations and the properties that configure them.
+_OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs")
+_AMBIENT_PREFIXES = ("s3.", "gcs.", "adls.", "client.", "rest.", "glue.", "dynamodb.")
+
+
 def not_read_by_operator(spec: StreamingTableSpec) -> str:
-    """Why the operator does not read this table and its topic itself; empty when it does. It holds no
-    table credential, and never uses one: a table that references any is measured by its own driver."""
+    """Why the operator does not read this table and its topic itself; empty when it does. It never uses a
+    credential for a table: not one the table references (any `secretKeyRef` or `{env: NAME}`), nor one
+    of its own the clients would pick up by default (its cloud identity, for an object store or a REST
+    catalog, whose tables may live anywhere). Such a table is measured by its own driver."""
     paths = [path for path, _ in credential_references(spec)]
-    if not paths:
+    then = "its figures appear once the driver reports them (status.writer)"
+    if paths:
+        return (
+            f"measured by the table's driver only: the table references credentials ({', '.join(paths)}) "
+            f"and the operator holds none; {then}"
+        )
+    catalog = spec.table.catalog
+    if catalog is None:
+        return ""
+    scheme = (catalog.warehouse or "").partition("://")[0].lower()
+    ambient = (
+        catalog.type is CatalogType.REST
+        or scheme in _OBJECT_STORE_SCHEMES
+        or any(key.startswith(_AMBIENT_PREFIXES) for key in catalog.properties)
+    )
+    if not ambient:
         return ""
     return (
-        f"measured by the table's driver only: the table references credentials ({', '.join(paths)}) and "
-        "the operator holds none; its figures appear once the driver reports them (status.writer)"
+        "measured by the table's driver only: its catalog or files are reached with the reader's own "
+        f"identity (a REST catalog, an object store), and the operator lends none of its own; {then}"
     )
 
 
