@@ -805,8 +805,12 @@ def test_compaction_is_scaled_from_the_drivers_report_by_an_operator_without_cre
     # The driver's side: its credentials are in its environment (the pod's secretKeyRef variable).
     own = CatalogConfig.for_table(st.spec, environ={"ICEFALL_CATALOG_PASSWORD": "table-password"})
     meter = TableMeter(st, own)
-    reading = meter.read_once()
-    assert reading is not None and reading.table.compaction_backlog
+    meter.start()  # its own thread, as in the driver pod
+    try:
+        reading = wait_for("the driver's reading of its table", lambda: meter.latest, timeout=30)
+    finally:
+        meter.stop()
+    assert reading.table.compaction_backlog
     backlog = reading.table.compaction_backlog
     expected = compaction_replicas(backlog, st.spec.compaction.min_replicas, st.spec.compaction.max_replicas)
     assert expected > 0

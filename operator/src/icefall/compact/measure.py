@@ -22,6 +22,8 @@ from icefall.plan.table_status import TableFacts
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
+    from icefall.compact.view import ManifestCache
+
 LAST_EXPIRY_PROPERTY = "icefall.last-expiry-time-ms"
 
 
@@ -70,13 +72,16 @@ def table_facts(table: Table) -> TableFacts:
     )
 
 
-def compaction_backlog(table: Table, st: StreamingTable, now_ms: int) -> tuple[int, float | None]:
-    """(work items the maintenance planner finds now, share of small data files or None)."""
+def compaction_backlog(
+    table: Table, st: StreamingTable, now_ms: int, cache: ManifestCache | None = None
+) -> tuple[int, float | None]:
+    """(work items the maintenance planner finds now, share of small data files or None). `cache`: the
+    manifests read before (a reader that measures repeatedly keeps one: only new manifests are read)."""
     from icefall.compact.view import read_table_view
     from icefall.plan.maintenance import backlog, plan_maintenance, policy_from_spec
     from icefall.plan.table_view import FileContent
 
-    view = read_table_view(table, list_storage=False)
+    view = read_table_view(table, list_storage=False, cache=cache)
     policy = policy_from_spec(st.spec)
     data = [f for f in view.files if f.content is FileContent.DATA]
     small = policy.small_file_ratio * policy.target_size(view.properties)

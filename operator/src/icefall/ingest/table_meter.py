@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable, TableStatus
 from icefall.compact.measure import compaction_backlog, table_facts
+from icefall.compact.view import ManifestCache
 from icefall.plan.table_status import table_status
 
 if TYPE_CHECKING:
@@ -47,8 +48,11 @@ class TableReading:
     data_loss_records: int
 
 
-def read_table(catalog: Catalog, st: StreamingTable, now_ms: int) -> TableReading | None:
-    """The table of `st` read from `catalog` now; None while it does not exist."""
+def read_table(
+    catalog: Catalog, st: StreamingTable, now_ms: int, cache: ManifestCache | None = None
+) -> TableReading | None:
+    """The table of `st` read from `catalog` now (`cache`: manifests read before); None while it does not
+    exist."""
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
@@ -57,7 +61,7 @@ def read_table(catalog: Catalog, st: StreamingTable, now_ms: int) -> TableReadin
         return None
     facts = table_facts(table)
     if st.spec.compaction.enabled:
-        backlog, ratio = compaction_backlog(table, st, now_ms)
+        backlog, ratio = compaction_backlog(table, st, now_ms, cache)
         facts = replace(facts, compaction_backlog=backlog, small_file_ratio=ratio)
     dead_letter_uuid = None
     if st.dead_letter_identifier is not None:
@@ -86,6 +90,7 @@ class TableMeter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="icefall-table-meter", daemon=True)
         self._client: Catalog | None = None
+        self._manifests = ManifestCache()  # manifests never change: each reading reads only new ones
         self._failures = 0
 
     @property
@@ -105,7 +110,7 @@ class TableMeter:
         """One reading now (also kept as `latest` when there is one); None while the table is missing."""
         if self._client is None:
             self._client = self.catalog_config.pyiceberg(make_folders=False)
-        reading = read_table(self._client, self.st, int(time.time() * 1000))
+        reading = read_table(self._client, self.st, int(time.time() * 1000), self._manifests)
         if reading is not None:
             with self._lock:
                 self._latest = reading
