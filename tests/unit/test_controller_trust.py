@@ -58,7 +58,7 @@ class Api:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.objects.get((kind, name))
 
-    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    def list_objects(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self.pods
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:

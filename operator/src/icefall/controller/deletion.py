@@ -178,7 +178,7 @@ def _kept(  # noqa: PLR0917 (private: the why of each way to keep)
 ) -> Event:
     """The Warning Event of a Delete that keeps the table (KEEP, FAILED, TIMED_OUT)."""
     if step is PurgeStep.FAILED:
-        words = last_words(kube.list("Pod", namespace, f"{JOB_NAME_LABEL}={job_name}"))
+        words = last_words(kube.list_objects("Pod", namespace, f"{JOB_NAME_LABEL}={job_name}"))
         why = f"the purge Job {job_name} failed ({words or job_failure or 'no message'})"
     elif step is PurgeStep.TIMED_OUT:
         kube.delete("Job", namespace, job_name)  # stops a pod that still runs: nothing drops it later

@@ -2,9 +2,9 @@
 
 - `apply`: server-side apply with the single field manager `icefall-operator`, forcing conflicts (the
   operator owns its children's fields; a user's `kubectl edit` of them is reverted on the next pass).
-- `create` / `delete` / `get` / `list`: the driver Pod and the purge Job are created (never applied over:
-  pods are immutable); the Pod is deleted with a uid precondition, so a stale decision never deletes a
-  newer pod of the same name.
+- `create` / `delete` / `get` / `list_objects`: the driver Pod and the purge Job are created (never
+  applied over: pods are immutable); the Pod is deleted with a uid precondition, so a stale decision
+  never deletes a newer pod of the same name.
 - `patch_status` / `patch_annotations`: merge patches of one StreamingTable, status through the status
   subresource.
 - `secret_labels`: a Secret's labels, asked for as metadata only (PartialObjectMetadata): its data never
@@ -126,7 +126,7 @@ class Kube:
             raise
         return found
 
-    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    def list_objects(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         """The objects of `kind` in `namespace` whose labels match `label_selector`."""
         found = self._call("GET", collection_path(kind, namespace), query=[("labelSelector", label_selector)])
         return list(found.get("items") or [])
