@@ -143,22 +143,8 @@ def derive(
     """The status of `st` from this pass's observations (see the module docstring); `owner`: the older
     StreamingTable that claims the same catalog table, if any; `refusals`: the Secrets it may not use
     (`icefall.plan.grants`)."""
-    acknowledged = acknowledged_loss(st.metadata.annotations)
-    summary = summarize(
-        observed.facts,
-        observed.watermarks,
-        now,
-        acknowledged_loss=acknowledged,
-        topic_id=observed.topic_id,
-        oldest_waiting_ms=observed.oldest_waiting_ms,
-    )
-    unmeasured = observed.unmeasured
+    summary, unmeasured = _summary(st, observed, now)
     writer = st.status.writer if st.status else None
-    reported = with_writer_report(summary, writer, now, acknowledged_loss=acknowledged)
-    if reported is not None:  # the operator could not measure (all of it); the running driver did
-        if reported.freshness_seconds is not None or reported.lag_records is not None:
-            unmeasured = ""
-        summary = reported
     operator_reads = not not_read_by_operator(st.spec)
     issues = [*observed.issues, *summary.issues, *writer_issues(writer, now, operator_reads=operator_reads)]
     if refusals:
@@ -193,6 +179,27 @@ def derive(
         update["data_loss_records"] = summary.data_loss_records
     status = (st.status or StreamingTableStatus()).model_copy(update=update)
     return Derived(status, summary, tuple(events))
+
+
+def _summary(st: StreamingTable, observed: Observed, now: datetime) -> tuple[Summary, str]:
+    """The figures of this pass (the operator's own reading, the driver's report where it has none) and
+    why freshness is not measured ("" when it is)."""
+    acknowledged = acknowledged_loss(st.metadata.annotations)
+    summary = summarize(
+        observed.facts,
+        observed.watermarks,
+        now,
+        acknowledged_loss=acknowledged,
+        topic_id=observed.topic_id,
+        oldest_waiting_ms=observed.oldest_waiting_ms,
+    )
+    writer = st.status.writer if st.status else None
+    reported = with_writer_report(summary, writer, now, acknowledged_loss=acknowledged)
+    if reported is None:
+        return summary, observed.unmeasured
+    # The operator could not measure (all of it); the running driver did.
+    measured = reported.freshness_seconds is not None or reported.lag_records is not None
+    return reported, "" if measured else observed.unmeasured
 
 
 def _claimed(st: StreamingTable, owner: Claim, decision: DriverDecision) -> tuple[Issue, Event | None]:
