@@ -2,7 +2,8 @@
 against a recording stand-in for the API (no cluster).
 
 Proves: a table referencing a Secret without the grant label gets no driver and 0 compaction replicas and
-a status saying SecretNotAllowed with the field and the fix, while a granted one runs; the labels are read
+a status saying SecretNotAllowed with the field and the fix, while a granted one runs (a Secret the operator
+may not read is refused, naming the missing rule); the labels are read
 by `apply` only (as metadata), `observe` reuses them; compaction is scaled from the driver's report of the
 backlog when the operator does not read the table; `deletionPolicy: Delete` creates the purge Job with the
 recorded table-uuids and ends when it completes (TableDropped), keeps the table (Warning, with what to do)
@@ -18,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from icefall.controller import reconcile
 from icefall.controller.deletion import finalize
@@ -44,6 +46,7 @@ class Api:
         self.deleted: list[str] = []
         self.status: dict[str, Any] = {}
         self.secret_reads = 0
+        self.forbidden: set[str] = set()
         self.pods: list[dict[str, Any]] = []
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
@@ -68,6 +71,8 @@ class Api:
 
     def secret_labels(self, namespace: str, name: str) -> dict[str, str] | None:
         self.secret_reads += 1
+        if name in self.forbidden:
+            raise ApiException(status=403, reason="Forbidden")
         return self.secrets.get(name)
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
@@ -130,6 +135,15 @@ def test_a_table_referencing_a_secret_not_granted_runs_no_pod_and_says_how_to_gr
     api.secrets["lake"] = ALLOW  # granted: the next apply runs the driver
     reconcile.apply(body(), ctx)
     assert "Pod/orders-ingest" in api.created
+
+
+def test_a_secret_the_operator_may_not_read_is_refused_and_says_which_rule_is_missing() -> None:
+    api = Api({"lake": ALLOW})
+    api.forbidden.add("lake")
+    reconcile.apply(body(), context(api))
+    status, reason, message = conditions(api)["Ready"]
+    assert (status, reason) == ("False", "SecretNotAllowed") and "403" in message and "`get` on" in message
+    assert "Pod/orders-ingest" not in api.created
 
 
 def test_compaction_is_scaled_from_the_drivers_report_when_the_operator_does_not_read_the_table() -> None:

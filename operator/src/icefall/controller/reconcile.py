@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from icefall.api import ManifestError, StreamingTable, streaming_table_from_object
 from icefall.controller import metrics, status
 from icefall.controller.kube import Kube
@@ -307,10 +309,23 @@ def _secret_refusals(st: StreamingTable, ref: Ref, ctx: Context, *, check: bool)
 
 
 def secret_refusals_of(kube: Kube, st: StreamingTable, namespace: str) -> list[str]:
-    """`plan.grants.secret_refusals` of `st`, each referenced Secret's labels read now (metadata only)."""
+    """`plan.grants.secret_refusals` of `st`, each referenced Secret's labels read now (metadata only). A
+    Secret the operator may not `get` is refused too, saying so (its Role lacks the chart's rule)."""
     uses = secret_uses(st.spec)
-    labels = {name: kube.secret_labels(namespace, name) for name in sorted({use.secret for use in uses})}
-    return secret_refusals(uses, labels, namespace)
+    labels: dict[str, dict[str, str] | None] = {}
+    forbidden = []
+    for name in sorted({use.secret for use in uses}):
+        try:
+            labels[name] = kube.secret_labels(namespace, name)
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            forbidden.append(
+                f"Secret {name!r}: the operator may not read its labels (403); its Role needs `get` on "
+                "secrets in this namespace (charts/icefall/templates/rbac.yaml grants it)"
+            )
+    checked = [use for use in uses if use.secret in labels]
+    return [*forbidden, *secret_refusals(checked, labels, namespace)]
 
 
 def _compaction_replicas(st: StreamingTable, uid: str, observed: Observed, ctx: Context) -> int:
