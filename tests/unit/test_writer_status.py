@@ -1,6 +1,7 @@
 """The driver reports lag and freshness into its StreamingTable's status (`icefall.ingest.writer_status`),
 at a bounded rate, and a failing API never stops ingestion; with a table meter, each report carries its
-last reading (table-uuids, figures, backlog, data loss). Fake clock, recording API."""
+last reading (table-uuids, figures, backlog, data loss), a new reading at once. Fake clock, recording
+API."""
 
 from __future__ import annotations
 
@@ -160,3 +161,13 @@ def test_each_report_carries_the_meters_last_reading_of_the_table() -> None:
         5,
     )
     assert (writer["table"]["files"], writer["table"]["compactionBacklog"]) == (3, 2)
+
+    # A new reading is reported at once (the meter calls back), an unchanged one waits for the interval.
+    sent = len(kube.patches)
+    clock.now = 12
+    meter.latest = TableReading("u-1", "u-2", TableStatus(files=1, compaction_backlog=0), 5)
+    report.table_read()
+    assert len(kube.patches) == sent + 1 and kube.patches[-1][2]["writer"]["table"]["files"] == 1
+    clock.now = 13
+    report.table_read()
+    assert len(kube.patches) == sent + 1

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,8 @@ class TableMeter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="icefall-table-meter", daemon=True)
         self._client: Catalog | None = None
+        #: Called (on the meter's thread) after each reading that differs from the one before.
+        self.on_reading: Callable[[], None] | None = None
         self._manifests = ManifestCache()  # manifests never change: each reading reads only new ones
         self._failures = 0
 
@@ -119,8 +122,11 @@ class TableMeter:
     def _loop(self) -> None:
         delay = 0.0
         while not self._stop.wait(delay):
+            before = self.latest
             try:
                 found = self.read_once()
+                if found is not None and found != before and self.on_reading is not None:
+                    self.on_reading()
             except Exception as error:  # the report is a courtesy: ingestion goes on
                 self._failures += 1
                 if self._failures == 1:

@@ -1,19 +1,21 @@
 """The driver's report into its own StreamingTable's status (`status.writer`): lag and freshness as
 ingestion measured them for its last batch, so a table whose driver runs is always measured, whatever the
-operator can read (it may hold none of the table's credentials; `icefall.plan.table_status`).
+operator can read (it holds none of the table's credentials; `icefall.plan.table_status`).
 
 At most one PATCH every `interval` seconds, the first at once; a failed PATCH is logged (the first one with
 its cause) and never stops ingestion. While an outage is waited out no batch lands, so `waiting(service)`
 (the `Outages` listener) reports the service the driver is waiting for at once when it changes, and at the
 same pace while it lasts. With a `TableMeter`, each report also carries the meter's last reading of the
 table: its figures and compaction backlog (what the operator shows, and scales compaction on, for a table
-whose credentials it does not hold) and the table-uuids `deletionPolicy: Delete` is judged by. The
-driver's Role may patch only its own StreamingTable's status (`icefall.plan.rbac`).
+it does not read) and the table-uuids `deletionPolicy: Delete` is judged by; a new reading is reported at
+once, from the meter's thread (a lock keeps the two callers' reports whole). The driver's Role may patch
+only its own StreamingTable's status (`icefall.plan.rbac`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -24,7 +26,7 @@ from icefall.api import WriterReport
 if TYPE_CHECKING:
     from icefall.controller.kube import Kube
     from icefall.ingest.report import BatchReport
-    from icefall.ingest.table_meter import TableMeter
+    from icefall.ingest.table_meter import TableMeter, TableReading
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,10 @@ class WriterStatusReporter:
     ) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.meter = meter
+        if meter is not None:
+            meter.on_reading = self.table_read  # a new reading of the table is reported at once
+        self._lock = threading.Lock()  # the batch loop and the meter's thread both report
+        self._sent_reading: TableReading | None = None
         self.interval, self._clock, self._wall = interval, clock, wall
         self._sent_at: float | None = None
         self._last_commit: datetime | None = None
@@ -71,11 +77,20 @@ class WriterStatusReporter:
         self._waiting_for = name
         self._report(force=changed)
 
+    def table_read(self) -> None:
+        """The meter read the table: report at once when the reading differs from the last one sent."""
+        reading = self.meter.latest if self.meter is not None else None
+        self._report(force=reading is not None and reading != self._sent_reading)
+
     def _report(self, *, force: bool) -> None:
-        now = self._clock()
-        if not force and self._sent_at is not None and now - self._sent_at < self.interval:
-            return
-        self._sent_at = now
+        with self._lock:
+            now = self._clock()
+            if not force and self._sent_at is not None and now - self._sent_at < self.interval:
+                return
+            self._sent_at = now
+            self._send(self._measured())
+
+    def _measured(self) -> WriterReport:
         last = self._last
         measured = WriterReport(
             reported_at=self._wall(),
@@ -87,16 +102,17 @@ class WriterStatusReporter:
             schema_refused=[message[:1000] for message in self._schema_refused[:20]],
         )
         reading = self.meter.latest if self.meter is not None else None
-        if reading is not None:
-            measured = measured.model_copy(
-                update={
-                    "table_uuid": reading.table_uuid,
-                    "dead_letter_table_uuid": reading.dead_letter_table_uuid,
-                    "table": reading.table,
-                    "data_loss_records": reading.data_loss_records,
-                }
-            )
-        self._send(measured)
+        self._sent_reading = reading
+        if reading is None:
+            return measured
+        return measured.model_copy(
+            update={
+                "table_uuid": reading.table_uuid,
+                "dead_letter_table_uuid": reading.dead_letter_table_uuid,
+                "table": reading.table,
+                "data_loss_records": reading.data_loss_records,
+            }
+        )
 
     def _send(self, measured: WriterReport) -> None:
         # A merge patch: a list is replaced whole, so an empty one clears what an earlier report said.
