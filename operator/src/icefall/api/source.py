@@ -3,8 +3,11 @@
 Guarantees:
 - Credentials (usernames, passwords, CA bundles, client keys) are only ever references (`SecretRef`);
   an inline value is rejected with a message that says how to reference it, without echoing it.
-- The free-form consumer `properties` cannot carry secrets or override what Icefall manages (bootstrap
-  servers, security, offsets, deserialisers): those keys are rejected with the spec field to use instead.
+- The free-form consumer `properties` are an allow-list of tuning settings (fetch sizes, timeouts,
+  backoffs, `client.rack`, `group.id`; `icefall.api.code_properties`): what Icefall manages (bootstrap
+  servers, security, offsets, deserialisers) is rejected with the spec field to use instead, and settings
+  that load code (`config.providers`, `*.class`, `interceptor.classes`, ...) or are simply not listed are
+  rejected with that reason.
 - `startingPosition` only matters the first time a table is filled. Afterwards ingestion resumes from the
   offsets committed in the table, and partitions added to the topic later are read from their earliest
   offset (as Spark does), so no record in a new partition is skipped.
@@ -26,6 +29,7 @@ from icefall.api.base import (
     SecretRef,
     looks_secret,
 )
+from icefall.api.code_properties import kafka_property_problem
 
 #: Consumer properties Icefall sets itself, and the spec field that controls each.
 MANAGED_CONSUMER_PROPERTIES = {
@@ -40,6 +44,10 @@ MANAGED_CONSUMER_PROPERTIES = {
     "value.deserializer": "nothing: records are read as bytes and decoded by spec.format",
     "interceptor.classes": "nothing: Spark's Kafka source does not allow consumer interceptors",
 }
+
+
+#: Most consumer properties a table sets (the allow-list is shorter; a bound the CRD's CEL cost needs).
+MAX_CONSUMER_PROPERTIES = 64
 
 
 class StartingPositionType(StrEnum):
@@ -186,9 +194,11 @@ class KafkaSource(ApiModel):
     )
     properties: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_CONSUMER_PROPERTIES,
         description=(
-            "Extra non-secret Kafka consumer properties (e.g. fetch.max.bytes), without Spark's 'kafka.' "
-            "prefix. Values are strings."
+            "Extra Kafka consumer properties, without Spark's 'kafka.' prefix, from an allow-list of "
+            "tuning settings: fetch sizes and waits (fetch.max.bytes, max.poll.records, ...), timeouts, "
+            "backoffs, client.rack, client.id, group.id. Values are strings."
         ),
     )
 
@@ -210,5 +220,7 @@ class KafkaSource(ApiModel):
                 )
             elif re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
                 problems.add((key,), "property names use letters, digits, '.', '_' and '-'")
+            elif (problem := kafka_property_problem(bare)) is not None:
+                problems.add((key,), problem)
         problems.raise_if_any()
         return value

@@ -93,9 +93,10 @@ def spark_jars(environ: Mapping[str, str] = os.environ, home: Path | None = None
 def spark_conf(
     catalogs: Iterable[CatalogConfig], *, master: str, app_name: str, driver_memory: str = "1g"
 ) -> dict[str, str]:
-    """The base of every Icefall session: jars, SQL extensions, catalogs, redaction, UTC, shuffle partitions
-    for the master (`plan.spark_conf.shuffle_partitions`, with this machine's cores for `local[*]`; a
-    cluster driver's conf names its own); a local master binds to loopback."""
+    """The base of every Icefall session: jars, SQL extensions, catalogs, redaction, UTC, no SQL on files
+    (`spark.sql.runSQLOnFiles=false`), shuffle partitions for the master (`plan.spark_conf.
+    shuffle_partitions`, with this machine's cores for `local[*]`; a cluster driver's conf names its own);
+    a local master binds to loopback."""
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
@@ -108,6 +109,8 @@ def spark_conf(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.adaptive.enabled": "true",
         "spark.redaction.regex": REDACTION_REGEX,
+        # No `SELECT ... FROM parquet.`/path``: Icefall's SQL names tables, never files (docs/security.md).
+        "spark.sql.runSQLOnFiles": "false",
     }
     jars = spark_jars()
     if jars:
