@@ -126,6 +126,7 @@ def _keyword(key: str, want: Any, value: Any, node: dict[str, Any], path: str) -
         "maxLength": lambda: not isinstance(value, str) or len(value) <= want,
         "minProperties": lambda: not isinstance(value, dict) or len(value) >= want,
         "maxProperties": lambda: not isinstance(value, dict) or len(value) <= want,
+        "maxItems": lambda: not isinstance(value, list) or len(value) <= want,
     }
     if key not in checks:
         raise AssertionError(f"the test's validator does not know {key!r} (at {path or '/'}); teach it")
