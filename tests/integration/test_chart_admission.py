@@ -11,7 +11,9 @@ only `create streamingtables` in the namespace (`limited`):
   for word, every problem the operator's own check (`plan.pod_policy.violations`) names;
 - a table using what the default policy allows (a Secret its spec references, a ConfigMap under /mnt/,
   resources, labels, AWS_REGION) is admitted, and so is, under a wider policy of another release, each
-  of the things that policy allows; the operator's check agrees on both;
+  of the things that policy allows; the operator's check agrees on both; every Secret a spec references
+  outside spec.pods (Kafka's five fields, the registry's two, the catalog's secretProperties) counts as
+  its own, the same as for the operator;
 - a table that broke the policy before it existed is not stuck: writes that leave its spec alone (the
   operator's annotations) are admitted, a spec change is refused; a namespace the release does not
   watch is not affected.
@@ -46,7 +48,7 @@ from icefall.api.pod_policy import PodPolicy
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import desired_children
-from icefall.plan.pod_policy import violations
+from icefall.plan.pod_policy import referenced_secrets, violations
 from icefall.plan.settings import OperatorSettings
 from icefall.plan.spark_conf import EXECUTOR_TEMPLATE_KEY
 from icefall.testing.kubeapi import JsonApi
@@ -289,6 +291,34 @@ def test_what_the_default_policy_allows_is_admitted(limited: JsonApi) -> None:
     body = table("ok", pods)
     assert violations(PodPolicy(), streaming_table_from_object(body)) == []
     assert create_table(limited, NAMESPACE, body)["metadata"]["name"] == "ok"
+
+
+def test_every_secret_the_spec_references_elsewhere_may_be_used(limited: JsonApi) -> None:
+    """The admission policy's list of the spec's Secret references is the operator's (`secret_env_vars`):
+    Kafka's five, the registry's two, the catalog's secretProperties."""
+    body = table("all-refs")
+    spec = body["spec"]
+    for field in ("caCert", "clientCert", "clientKey"):
+        spec["source"]["security"][field] = {"secretKeyRef": {"name": f"s-{field.lower()}", "key": "k"}}
+    refs = {"username": {"secretKeyRef": {"name": "r-user", "key": "k"}}}
+    refs["password"] = {"secretKeyRef": {"name": "r-pass", "key": "k"}}
+    spec["format"] = {"type": "avro", "registry": {"url": "http://registry:8081", **refs}}
+    token = {"token": {"secretKeyRef": {"name": "c-token", "key": "k"}}}
+    spec["table"]["catalog"] = {
+        "name": "lake",
+        "type": "rest",
+        "uri": "http://rest:8181",
+        "secretProperties": token,
+    }
+    names = sorted(referenced_secrets(streaming_table_from_object(body)))
+    assert len(names) == 8
+    spec["pods"] = {
+        "driver": {"volumes": [{"name": f"v{i}", "secret": {"secretName": n}} for i, n in enumerate(names)]}
+    }
+    assert violations(PodPolicy(), streaming_table_from_object(body)) == []
+    create_table(limited, NAMESPACE, body)
+    spec["pods"]["driver"]["volumes"].append({"name": "other", "secret": {"secretName": "unrelated"}})
+    assert "Secret unrelated is neither referenced" in refusal(lambda: create_table(limited, NAMESPACE, body))
 
 
 def test_a_wider_policy_admits_what_it_lists_and_only_that(limited: JsonApi) -> None:
