@@ -17,8 +17,8 @@ only `create streamingtables` in the namespace (`limited`):
 - a table that broke the policy before it existed is not stuck: writes that leave its spec alone (the
   operator's annotations) are admitted, a spec change is refused; a namespace the release does not
   watch is not affected.
-And for `<release>-<ns>-executors` (drivers confined to their executors), acting as a driver's
-ServiceAccount with the Role `plan.rbac.driver_rules` renders:
+And for `<release>-<ns>-executors` (drivers confined to their executors), with a token of a driver's
+ServiceAccount (TokenRequest) and the Role `plan.rbac.driver_rules` renders:
 - it creates an executor pod as Spark builds it (the operator's executor template plus Spark's name,
   labels, image, argument and Secret of its own table), lists and deletes its own;
 - it is refused a pod labelled or named for another table, with hostPath, the node's network,
@@ -30,6 +30,7 @@ ServiceAccount with the Role `plan.rbac.driver_rules` renders:
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import subprocess
@@ -130,15 +131,14 @@ def refusal(call: Any) -> str:
     return str(json.loads(refused.value.body)["message"])
 
 
-def as_client(kube: KubeAPIServer, *, user: str | None = None, token: str | None = None) -> JsonApi:
-    """The API as the admin impersonating `user`, or as the owner of `token`."""
-    if token is not None:
-        path = kube.write_kubeconfig(kube.workdir / f"kubeconfig-{token[:6]}", token, "someone")
-        return JsonApi(config.new_client_from_config(config_file=str(path)))
-    api = config.new_client_from_config(config_file=str(kube.kubeconfig))
-    if user is not None:
-        api.set_default_header("Impersonate-User", user)
-    return JsonApi(api)
+def as_client(kube: KubeAPIServer, *, token: str | None = None) -> JsonApi:
+    """The API as the admin, or as the owner of `token`."""
+    if token is None:
+        return JsonApi(config.new_client_from_config(config_file=str(kube.kubeconfig)))
+    path = kube.write_kubeconfig(
+        kube.workdir / f"kubeconfig-{hashlib.sha256(token.encode()).hexdigest()[:8]}", token, "someone"
+    )
+    return JsonApi(config.new_client_from_config(config_file=str(path)))
 
 
 def wait_until_refused(call: Any, timeout: float = 20) -> None:
@@ -379,6 +379,7 @@ class Drivers:
     def __init__(self, kube: KubeAPIServer, admin: JsonApi, namespace: str, image: str) -> None:
         self.kube, self.admin, self.namespace, self.image = kube, admin, namespace, image
         self.children: dict[str, Any] = {}
+        self.tokens: dict[str, str] = {}
         for name in ("orders", "clicks"):
             body = table(name)
             admin.call("POST", ST_PATH.format(ns=namespace), body)
@@ -394,8 +395,13 @@ class Drivers:
             self.children[name] = children
 
     def driver(self, name: str) -> JsonApi:
-        """The API as the driver pod of table `name` (its ServiceAccount's token)."""
-        return as_client(self.kube, user=f"system:serviceaccount:{self.namespace}:icefall-{name}-driver")
+        """The API as the driver pod of table `name`: a token of its ServiceAccount (TokenRequest), as the
+        kubelet would project into the pod."""
+        if name not in self.tokens:
+            path = f"/api/v1/namespaces/{self.namespace}/serviceaccounts/icefall-{name}-driver/token"
+            request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+            self.tokens[name] = self.admin.call("POST", path, request)["status"]["token"]
+        return as_client(self.kube, token=self.tokens[name])
 
     def executor(self, name: str, number: int = 1) -> Obj:
         """Executor pod `number` of table `name` as Spark creates it: the operator's executor pod template,
