@@ -44,6 +44,8 @@ import pytest
 import yaml
 
 from icefall.api import PodTemplate, PodTemplates, load_manifest
+from icefall.api.pod_policy import PodPolicy
+from icefall.controller.reconcile import Config
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import desired_children
@@ -57,6 +59,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "icefall"
 CRD_FILE = "streamingtables.icefall.dev.yaml"
+VALUES_POD_POLICY = yaml.safe_load((CHART / "values.yaml").read_text())["podPolicy"]
 RELEASE = "icefall"
 CLUSTER_WIDE = (
     "--set",
@@ -96,6 +99,8 @@ def _monitoring_crd(kind: str) -> dict[str, Any]:
 
 
 MONITORING_CRDS = [_monitoring_crd(kind) for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")]
+#: templates/admission-policies.yaml (cluster-scoped): the pod policy's and the executors'.
+ADMISSION = ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2
 
 
 def _run(
@@ -156,8 +161,20 @@ def test_helm_lint(home: Path, values: tuple[str, ...]) -> None:
 
 def test_default_render_is_namespaced(home: Path) -> None:
     docs = render(home, "icefall-system")
-    assert kinds(docs) == ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
-    assert {doc["metadata"]["namespace"] for doc in docs} == {"icefall-system"}
+    assert kinds(docs) == [
+        "ConfigMap",
+        "Deployment",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        *ADMISSION,
+    ]
+    namespaced = [doc for doc in docs if doc["kind"] not in ADMISSION]
+    assert {doc["metadata"]["namespace"] for doc in namespaced} == {"icefall-system"}
+    for binding in (doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicyBinding"):
+        selector = binding["spec"]["matchResources"]["namespaceSelector"]
+        assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "icefall-system"}}
     container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "command" not in container, "the image's entry point (tini as PID 1) stays"
     assert container["args"][:2] == ["icefall", "operator"]
@@ -191,8 +208,11 @@ def test_cluster_wide_render(home: Path) -> None:
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
+        *ADMISSION,
     ]
     assert "namespace" not in only(docs, "ClusterRole")["metadata"]
+    for binding in (doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicyBinding"):
+        assert "matchResources" not in binding["spec"], "every namespace the operator watches"
     binding = only(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": "ops"}]
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -217,6 +237,9 @@ def test_cluster_wide_render(home: Path) -> None:
         (("--set", "hostNetwork=yes"), "/hostNetwork"),
         (("--set-json", 'pods={"driver":{"env":[{"name":"HOME","value":"/x"}]}}'), "/pods/driver/env/0/name"),
         (("--set", "hostNetworkPorts.first=80"), "/hostNetworkPorts/first"),
+        (("--set-json", 'podPolicy.reservedEnv=["JAVA_*_OPTS"]'), "/podPolicy/reservedEnv/0"),
+        (("--set-json", 'podPolicy.mountPaths=["/mnt/../opt"]'), "/podPolicy/mountPaths/0"),
+        (("--set", "podPolicy.privileged=true"), "privileged"),
         (("--set", "health.livenessProbe.periodSeconds=0"), "/health/livenessProbe/periodSeconds"),
         (("--set", "health.readinessProbe.initialDelaySeconds=5"), "initialDelaySeconds"),
     ],
@@ -298,6 +321,31 @@ def test_pod_templates_and_host_network_reach_the_operator(home: Path) -> None:
     assert settings.host_network_ports == (30000, 30999)
     default = only(render(home, "ops"), "Deployment")["spec"]["template"]["spec"]
     assert "hostNetwork" not in default and "dnsPolicy" not in default
+
+
+def test_pod_policy_reaches_the_operator_and_the_admission_policies(home: Path) -> None:
+    """`podPolicy` is what the operator checks (ICEFALL_POD_POLICY) and what the admission policy's CEL
+    lists say; the defaults are the operator's; `admissionPolicies.enabled=false` ships none."""
+    policy = {"hostNetwork": True, "secrets": ["shared-*"], "tolerations": ["dedicated"]}
+    docs = render(home, "ops", "--set-json", f"podPolicy={json.dumps(policy)}")
+    env = {
+        e["name"]: e.get("value")
+        for e in only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    config = Config.from_env(env)
+    assert config.pod_policy == PodPolicy.model_validate({**VALUES_POD_POLICY, **policy})
+    table_pods = next(d for d in docs if d["metadata"]["name"] == "icefall-ops-table-pods")["spec"]
+    cel = {v["name"]: v["expression"] for v in table_pods["variables"]}
+    assert (json.loads(cel["hostNetwork"]), json.loads(cel["secrets"])) == (True, ["shared-*"])
+    assert json.loads(cel["reservedEnv"]) == list(PodPolicy().reserved_env)
+    defaults = render(home, "ops")
+    env = {
+        e["name"]: e.get("value")
+        for e in only(defaults, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert Config.from_env(env).pod_policy == PodPolicy(), "the chart's defaults are the operator's"
+    off = render(home, "ops", "--set", "admissionPolicies.enabled=false")
+    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & set(kinds(off))
 
 
 ROLE_ARN = "arn:aws:iam::123456789012:role/icefall"

@@ -75,6 +75,8 @@ class ConditionReason(StrEnum):
     DEAD_LETTER_FAILED = "DeadLetterFailed"
     SCHEMA_CHANGE_REFUSED = "SchemaChangeRefused"
     REGISTRY_UNAVAILABLE = "RegistryUnavailable"
+    # spec.pods asks for what the operator's pod policy does not allow: no pod is created or changed.
+    POD_POLICY_VIOLATION = "PodPolicyViolation"
     # Compacting
     COMPACTING = "Compacting"
     NO_COMPACTION_NEEDED = "NoCompactionNeeded"
@@ -108,6 +110,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.DEAD_LETTER_FAILED,
         _R.SCHEMA_CHANGE_REFUSED,
         _R.COMPACTION_FAILED,
+        _R.POD_POLICY_VIOLATION,
     },
     ConditionType.INGESTING: _LIFECYCLE
     | {
@@ -144,6 +147,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.KAFKA_CREDENTIALS_REFUSED,
         _R.DRIVER_FAILED,
         _R.COMPACTION_FAILED,
+        _R.POD_POLICY_VIOLATION,
     },
     ConditionType.COMPACTING: _LIFECYCLE | {_R.COMPACTING, _R.NO_COMPACTION_NEEDED, _R.COMPACTION_FAILED},
 }

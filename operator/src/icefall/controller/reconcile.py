@@ -10,6 +10,9 @@ Both passes:
    driver and no compaction and reports TableClaimedByOther.
 3. Observe the table and the topic (`controller.observe`, rate-limited per table) → compaction replicas
    from the backlog (`plan.scaling`, scale-down damped by `SCALE_DOWN_COOLDOWN_SECONDS`) → `desired_children`.
+   A `spec.pods` that breaks the pod policy (`plan.pod_policy`, `Config.pod_policy`) renders nothing
+   instead (`withheld_children`): Degraded PodPolicyViolation, nothing applied, no driver Pod created; a
+   running driver keeps the spec it started with.
 4. Observe the `<st>-ingest` Pod; `plan.driver.decide` with the history kept in the
    `icefall.dev/driver-history` annotation.
 5. Derive the status (`controller.status`) and write it when `should_write_status` says so.
@@ -34,17 +37,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from icefall.api import ManifestError, StreamingTable, streaming_table_from_object
+from icefall.api.pod_policy import PodPolicy, pod_policy_from_json
 from icefall.controller import metrics, status
 from icefall.controller.kube import Kube
 from icefall.controller.observe import Observed, TableObserver
 from icefall.controller.status import Ref, StatusMemory
 from icefall.plan.applying import ABSENT, REPAIR_SECONDS, Applied, child_key, due, manifest_digest
-from icefall.plan.children import Children, desired_children
+from icefall.plan.children import Children, desired_children, withheld_children
 from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
 from icefall.plan.driver import (
     MAX_BACKOFF_SECONDS,
@@ -52,6 +56,7 @@ from icefall.plan.driver import (
     DriverDecision,
     DriverHistory,
     DriverPod,
+    DriverState,
     Event,
     EventReason,
     EventType,
@@ -59,11 +64,14 @@ from icefall.plan.driver import (
     driver_pod_from_object,
 )
 from icefall.plan.names import ANNOTATION_DRIVER_HISTORY, driver_pod_name
+from icefall.plan.pod_policy import policy_issue, violations
 from icefall.plan.scaling import compaction_replicas, damped_replicas
 from icefall.plan.settings import OperatorSettings
 
 DEFAULT_IMAGE = "ghcr.io/icefall/icefall:latest"
 SCALE_DOWN_COOLDOWN_SECONDS = 300.0
+#: JSON of the chart's `podPolicy` (`icefall.api.pod_policy`); unset: the default, restrictive policy.
+POD_POLICY_ENV = "ICEFALL_POD_POLICY"
 
 
 @dataclass(frozen=True)
@@ -76,18 +84,23 @@ class Config:
     driver_max_backoff_seconds: float = MAX_BACKOFF_SECONDS
     #: How long an unchanged child goes without being applied again (`icefall.plan.applying`).
     repair_seconds: float = REPAIR_SECONDS
+    #: What a table's `spec.pods` may use (not part of the settings: it renders nothing, so a change of it
+    #: restarts no driver).
+    pod_policy: PodPolicy = field(default_factory=PodPolicy)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS`, `ICEFALL_REPAIR_SECONDS` and the settings
-        of `icefall.plan.settings.SETTINGS_ENV`; defaults otherwise."""
+        """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS`, `ICEFALL_REPAIR_SECONDS`,
+        `ICEFALL_POD_POLICY` and the settings of `icefall.plan.settings.SETTINGS_ENV`; defaults otherwise."""
         env = os.environ if env is None else env
         cap = float(env.get("ICEFALL_DRIVER_MAX_BACKOFF_SECONDS", MAX_BACKOFF_SECONDS))
+        policy = env.get(POD_POLICY_ENV)
         return cls(
             image=env.get("ICEFALL_IMAGE", DEFAULT_IMAGE),
             settings=OperatorSettings.from_environ(env),
             driver_max_backoff_seconds=cap,
             repair_seconds=float(env.get("ICEFALL_REPAIR_SECONDS", REPAIR_SECONDS)),
+            pod_policy=pod_policy_from_json(policy, origin=POD_POLICY_ENV) if policy else PodPolicy(),
         )
 
 
@@ -123,6 +136,8 @@ class _Plan:
     replicas: int
     children: Children
     problems: tuple[str, ...]
+    #: spec.pods breaks the pod policy: nothing is applied and no driver Pod is created.
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,19 +196,25 @@ def _plan(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim]) -> _Pl
     if ctx.observer is not None and st.spec.table.catalog is not None:
         observed = ctx.observer.observe(ref.uid, st)
     replicas = 0 if owner is not None else _compaction_replicas(st, ref.uid, observed, ctx)
-    children = desired_children(
-        st,
-        namespace=ref.namespace,
-        uid=ref.uid,
-        generation=st.metadata.generation or 0,
-        image=ctx.config.image,
-        operator_settings=ctx.config.settings,
-        compaction_replicas=replicas,
-    )
+    refusals = violations(ctx.config.pod_policy, st)
+    if refusals:  # render no pod: the driver and compaction keep the last spec the policy allowed
+        issues = (*observed.issues, policy_issue(refusals))
+        observed = replace(observed, issues=issues)
+        children = withheld_children(st, image=ctx.config.image, operator_settings=ctx.config.settings)
+    else:
+        children = desired_children(
+            st,
+            namespace=ref.namespace,
+            uid=ref.uid,
+            generation=st.metadata.generation or 0,
+            image=ctx.config.image,
+            operator_settings=ctx.config.settings,
+            compaction_replicas=replicas,
+        )
     problems = [str(p) for p in children.problems]
     if st.spec.table.catalog is None:
         problems.append("spec.table.catalog: required in a cluster (the embedded catalog is pod-local)")
-    return _Plan(ref, st, owner, observed, replicas, children, tuple(problems))
+    return _Plan(ref, st, owner, observed, replicas, children, tuple(problems), refused=bool(refusals))
 
 
 def _apply_children(planned: _Plan, ctx: Context) -> None:
@@ -230,10 +251,13 @@ def _driver(planned: _Plan, ctx: Context) -> _Driver:
         desired_hash=None if st.spec.suspend else children.spec_hash,
         history=history,
         now=ctx.now,
-        hold=bool(planned.problems),
+        hold=bool(planned.problems) or planned.refused,
         claimed_by=planned.owner.ref if planned.owner is not None else None,
         max_backoff_seconds=ctx.config.driver_max_backoff_seconds,
     )
+    if planned.refused and decision.action is Action.CREATE:
+        why = "no driver is started while spec.pods breaks the pod policy (see Degraded)"
+        decision = DriverDecision(Action.KEEP, history, DriverState.NOT_WANTED, why)
     return _Driver(name, pod, history, decision)
 
 

@@ -177,6 +177,15 @@ def desired_children(
     )
 
 
+def withheld_children(st: StreamingTable, *, image: str, operator_settings: OperatorSettings) -> Children:
+    """What a table whose `spec.pods` the pod policy refuses (`icefall.plan.pod_policy`) gets: nothing to
+    apply, no driver Pod, nothing to delete; only the spec hash its spec would have (so a driver running an
+    older spec is recognised as such, and kept)."""
+    master, _ = spark_conf.spark_master(st, operator_settings)
+    digest = spec_hash(st, image=image, settings=operator_settings, master=master)
+    return Children(spec_hash=digest, spark_master=master, applied=(), driver_pod=None)
+
+
 def _accounts_and_executor_template(
     meta: ChildMeta,
     st: StreamingTable,

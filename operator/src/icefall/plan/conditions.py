@@ -22,9 +22,9 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   the first measurement (NoCommitsYet), when it cannot be measured (NotMeasured, with `unmeasured` as the
   message), while suspended and while deleting.
 - Degraded: True with the most severe of DataLoss, OffsetsAheadOfTopic, BadRecordHalted, InvalidSpec,
-  CatalogCredentialsRefused, KafkaCredentialsRefused (they outrank the driver failures they cause),
-  DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else False
-  (Healthy, Deleting).
+  PodPolicyViolation, CatalogCredentialsRefused, KafkaCredentialsRefused (they outrank the driver failures
+  they cause), DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else
+  False (Healthy, Deleting).
 
 A spec that cannot be honoured (`spec_problems`) makes Degraded True with reason InvalidSpec, hence Ready
 False: the driver keeps running what it started with, and the message says what to fix.
@@ -81,6 +81,7 @@ DEGRADING: tuple[ConditionReason, ...] = (
     _R.OFFSETS_AHEAD_OF_TOPIC,
     _R.BAD_RECORD_HALTED,
     _R.INVALID_SPEC,
+    _R.POD_POLICY_VIOLATION,
     # A configuration error a person must fix; it outranks the driver failures it causes.
     _R.CATALOG_CREDENTIALS_REFUSED,
     _R.KAFKA_CREDENTIALS_REFUSED,

@@ -166,6 +166,12 @@ def _kubernetes_conf(
         "spark.kubernetes.executor.podTemplateFile": f"{EXECUTOR_TEMPLATE_DIR}/{EXECUTOR_TEMPLATE_KEY}",
         "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
         "spark.kubernetes.executor.deleteOnTermination": "true",
+        # The driver's Role grants pods only (`icefall.plan.rbac.driver_rules`): no executor ConfigMap
+        # (executors get their conf from the driver), no PVC listing or clean-up, no Service clean-up.
+        "spark.kubernetes.executor.disableConfigMap": "true",
+        "spark.kubernetes.driver.ownPersistentVolumeClaim": "false",
+        "spark.kubernetes.driver.reusePersistentVolumeClaim": "false",
+        "spark.kubernetes.driver.service.deleteOnTermination": "false",
         **_dynamic_allocation(settings),
     }
     if settings.executor_request_cores:
