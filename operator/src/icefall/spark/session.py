@@ -154,7 +154,7 @@ def launch_and_late_conf(
     JDBC password or Azure's shared key), to set on the running session instead (module doc)."""
     catalogs = list(catalogs)
     secrets = {value for catalog in catalogs for value in catalog.secrets.values() if value}
-    prefixes = tuple(f"spark.sql.catalog.{catalog.name}" for catalog in catalogs)
+    prefixes = tuple(catalog.spark_prefix for catalog in catalogs)
     late = {
         key: value
         for key, value in conf.items()
