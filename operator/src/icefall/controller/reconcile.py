@@ -65,6 +65,7 @@ from icefall.plan.isolation import SPARK_AUTH_BYTES, SPARK_AUTH_KEY
 from icefall.plan.names import ANNOTATION_DRIVER_HISTORY, driver_pod_name
 from icefall.plan.scaling import compaction_replicas, damped_replicas
 from icefall.plan.settings import OperatorSettings
+from icefall.plan.table_status import acknowledged_loss
 
 DEFAULT_IMAGE = "ghcr.io/icefall/icefall:latest"
 SCALE_DOWN_COOLDOWN_SECONDS = 300.0
@@ -280,7 +281,10 @@ def _finish(planned: _Plan, derived: status.Derived, ctx: Context) -> bool:
     """Step 5: the table's metrics, and its status when due; True when status was written."""
     ref, st = planned.ref, planned.st
     target = st.spec.freshness.target_seconds
-    metrics.record_table(ref.namespace, ref.name, derived.summary, planned.replicas, target)
+    metrics.record_table(
+        ref.namespace, ref.name, derived.summary, planned.replicas, target,
+        acknowledged_loss=acknowledged_loss(st.metadata.annotations),
+    )  # fmt: skip
     return status.write(ctx.kube, ctx.memory, ref, previous=st.status, new=derived.status, now=ctx.now)
 
 
