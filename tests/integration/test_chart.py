@@ -27,8 +27,13 @@ Proves:
 - the operator can grant what drivers and compaction pods need: the rendered Role holds every rule of
   `driver_rules` and `compaction_rules`, statically and on the API server, which refuses a Role (or a
   RoleBinding to it) granting more than its creator holds, while the operator has no `escalate`/`bind`;
-- the operator pod satisfies the `restricted` Pod Security Standard.
-Not proved: that the operator starts (its `icefall operator` command and the image are tested elsewhere).
+- the operator pod satisfies the `restricted` Pod Security Standard;
+- `networkPolicy` gives the operator's pod a NetworkPolicy admitting only `metricsNamespace` to its metrics
+  port (none at all without metrics), reaches the operator's settings, and the per-table NetworkPolicy and
+  Spark RPC Secret the operator sends pass the server-side dry run; the operator creates Secrets but never
+  lists, watches or updates them.
+Not proved: that a network plugin enforces the NetworkPolicies (none here does); that the operator starts
+(its `icefall operator` command and the image are tested elsewhere).
 """
 
 from __future__ import annotations
@@ -45,11 +50,11 @@ import yaml
 
 from icefall.api import PodTemplate, PodTemplates, load_manifest
 from icefall.api.pod_policy import PodPolicy
-from icefall.controller.reconcile import Config
+from icefall.controller.reconcile import Config, with_secret_value
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import desired_children
-from icefall.plan.names import driver_account_name
+from icefall.plan.names import driver_account_name, network_policy_name
 from icefall.plan.pods import effective
 from icefall.plan.rbac import compaction_rules, driver_rules
 from icefall.plan.settings import SETTINGS_ENV, OperatorSettings
@@ -164,6 +169,7 @@ def test_default_render_is_namespaced(home: Path) -> None:
     assert kinds(docs) == [
         "ConfigMap",
         "Deployment",
+        "NetworkPolicy",
         "Role",
         "RoleBinding",
         "Service",
@@ -203,6 +209,7 @@ def test_cluster_wide_render(home: Path) -> None:
         "ClusterRoleBinding",
         "ConfigMap",
         "Deployment",
+        "NetworkPolicy",
         "PodMonitor",
         "PrometheusRule",
         "Service",
@@ -304,6 +311,40 @@ def test_spark_values_reach_the_operator_settings(home: Path) -> None:
     env = {var["name"]: var["value"] for var in only(defaults, "Deployment")["spec"]["template"]["spec"][
         "containers"][0]["env"] if "value" in var}  # fmt: skip
     assert OperatorSettings.from_environ(env) == OperatorSettings(), "the chart's defaults are the operator's"
+
+
+def test_network_policies_admit_only_the_monitoring_namespace_to_metrics(home: Path) -> None:
+    """The operator's pod takes connections on its `metrics` port from `networkPolicy.metricsNamespace`
+    only; the same values reach the operator, which renders each table's NetworkPolicy from them
+    (tests/unit/test_plan_isolation.py). Enforcement needs a network plugin that implements
+    NetworkPolicies: none runs here."""
+    docs = render(home, "ops", "--set", "networkPolicy.metricsNamespace=prometheus")
+    policy = only(docs, "NetworkPolicy")
+    pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prometheus"}}}],
+            "ports": [{"protocol": "TCP", "port": "metrics"}],
+        }
+    ]
+    container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
+    settings = OperatorSettings.from_environ(env)
+    assert (settings.network_policy, settings.metrics_namespace) == (True, "prometheus")
+    quiet = only(render(home, "ops", "--set", "metrics.enabled=false"), "NetworkPolicy")
+    assert quiet["spec"]["ingress"] == []  # nothing to scrape: no one gets in
+    off = render(home, "ops", "--set", "networkPolicy.enabled=false")
+    assert "NetworkPolicy" not in kinds(off)
+    env = {var["name"]: var["value"] for var in only(off, "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["env"] if "value" in var}  # fmt: skip
+    assert OperatorSettings.from_environ(env).network_policy is False
+    refused = helm(
+        "template", RELEASE, str(CHART), "--set", "networkPolicy.metricsNamespace=Not_One", home=home,
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "/networkPolicy/metricsNamespace" in refused.stderr, refused.stderr
 
 
 def test_pod_templates_and_host_network_reach_the_operator(home: Path) -> None:
@@ -516,7 +557,8 @@ def test_operator_holds_every_permission_it_grants(home: Path, values: tuple[str
     for rule in rules:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
-        assert "secrets" not in rule["resources"], rule
+        # Secrets: only the Spark RPC secret of each table, created (icefall.plan.isolation), never read.
+        assert "secrets" not in rule["resources"] or rule["verbs"] == ["create"], rule
 
 
 def test_manifests_pass_server_side_dry_run_and_rbac_escalation_checks(
@@ -536,6 +578,20 @@ def test_manifests_pass_server_side_dry_run_and_rbac_escalation_checks(
         )
         for doc in docs:
             assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in applied, doc["kind"]
+
+    # The per-table children that are not pods, as the operator sends them: its NetworkPolicy (applied) and
+    # its Spark RPC Secret (created with its value).
+    children = desired_children(
+        load_manifest(ROOT / "examples" / "orders.yaml"), namespace=namespace, uid="uid-orders",
+        generation=1, image="icefall:test", operator_settings=OperatorSettings(),
+    )  # fmt: skip
+    for manifest in (children.get("NetworkPolicy", network_policy_name("orders")), *children.created):
+        sent = with_secret_value(manifest) if manifest["kind"] == "Secret" else manifest
+        applied = kubectl(
+            "apply", "--server-side", "--dry-run=server", "-f", "-",
+            kube=kube, home=home, stdin=json.dumps(sent),
+        )  # fmt: skip
+        assert "serverside-applied (server dry run)" in applied, manifest["kind"]
 
     # Install the namespaced operator's RBAC for real, then act as its ServiceAccount: the API server
     # refuses a Role granting what the creator lacks (no escalate), and a binding to it (no bind).
@@ -624,6 +680,12 @@ OPERATOR_CALLS: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "list", "watch", "patch", "delete"],
+    },
 ]
 
 
@@ -632,3 +694,6 @@ def test_operator_rbac_covers_its_own_calls(home: Path, values: tuple[str, ...],
     rules = only(render(home, "icefall-system", *values), kind)["rules"]
     for wanted in OPERATOR_CALLS:
         assert _covers(rules, wanted), f"the operator's role lacks {wanted}"
+    # It creates each table's Spark RPC Secret; it never lists or watches Secrets.
+    secret_verbs = {verb for rule in rules if "secrets" in rule["resources"] for verb in rule["verbs"]}
+    assert not secret_verbs & {"list", "watch", "update", "patch"}, secret_verbs

@@ -143,11 +143,14 @@ def with_values(**changes: Any) -> dict[str, Any]:
 
 
 def chart_env(values: dict[str, Any]) -> dict[str, str]:
-    """ICEFALL_POD_TEMPLATE and ICEFALL_HOST_NETWORK_PORTS as templates/deployment.yaml renders them."""
+    """ICEFALL_POD_TEMPLATE, ICEFALL_HOST_NETWORK_PORTS and the network policy settings as
+    templates/deployment.yaml renders them."""
     ports = values["hostNetworkPorts"]
     return {
         "ICEFALL_POD_TEMPLATE": json.dumps(values["pods"]),
         "ICEFALL_HOST_NETWORK_PORTS": f"{int(ports['first'])}-{int(ports['last'])}",
+        "ICEFALL_NETWORK_POLICY": str(values["networkPolicy"]["enabled"]).lower(),
+        "ICEFALL_METRICS_NAMESPACE": values["networkPolicy"]["metricsNamespace"],
     }
 
 

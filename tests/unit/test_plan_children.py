@@ -124,6 +124,7 @@ def test_rendering_is_deterministic_and_every_child_is_labelled_and_owned() -> N
         ("Role", "icefall-orders-compact"),
         ("RoleBinding", "icefall-orders-compact"),
         ("ConfigMap", "orders-ingest-executor"),
+        ("NetworkPolicy", "icefall-orders-ingress"),
         ("Deployment", "orders-compact"),
         ("Pod", "orders-ingest"),
     ]
@@ -248,7 +249,9 @@ def test_credentials_reach_pods_only_as_secret_key_refs() -> None:
             if entry["name"].startswith(("ICEFALL_KAFKA_", "ICEFALL_CATALOG_")):
                 assert "value" not in entry
                 assert set(entry["valueFrom"]) == {"secretKeyRef"}
-        assert not any("secret" in volume for volume in pod_spec.get("volumes", []))
+        # The one Secret volume: the table's own Spark RPC secret (icefall.plan.isolation).
+        secrets = [v["secret"]["secretName"] for v in pod_spec.get("volumes", []) if "secret" in v]
+        assert secrets in ([], ["icefall-orders-spark-auth"])
     assert children.problems == ()
 
 
@@ -331,7 +334,9 @@ def test_every_pod_meets_the_restricted_pod_security_standard(master: str) -> No
             volumes = {v["name"]: v for v in pod_spec["volumes"]}
             assert "emptyDir" in volumes[mounts["/tmp"]], where
         for volume in pod_spec["volumes"]:
-            assert set(volume) & {"emptyDir", "configMap"}, where  # no hostPath, no secret volumes
+            # No hostPath; the one Secret volume is the table's Spark RPC secret (icefall.plan.isolation).
+            spark_auth = volume.get("secret", {}).get("secretName") == "icefall-orders-spark-auth"
+            assert set(volume) & {"emptyDir", "configMap"} or spark_auth, where
         assert "hostNetwork" not in pod_spec and "hostPID" not in pod_spec
     for where in ("driver", "compaction"):
         paths = {m["mountPath"] for m in specs[where]["containers"][0]["volumeMounts"]}

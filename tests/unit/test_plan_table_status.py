@@ -5,7 +5,12 @@ the most lagging partitions; freshness is 0 when caught up and, when behind, the
 waiting record if it was read, else the age of the newest committed produce time; unmeasured without
 watermarks or commits; offsets past the
 topic's end and unacknowledged retention loss become issues; table figures (files, average size,
-compaction and expiry times) come through; an unread table reports nothing rather than a guess.
+compaction and expiry times) come through; an unread table reports nothing rather than a guess. The
+driver's count of records lost to retention (`status.writer.lostRecords`) makes the loss known to an
+operator that cannot read the table (the count, a DataLoss issue naming the last loss until acknowledged,
+the Degraded condition), and never lowers a larger count the operator read itself; with
+`onDataLoss: Halt`, a driver that stopped on lost records makes the table not Ingesting and not Ready
+with reason DataLossHalted.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from icefall.plan.table_status import (
     TableFacts,
     acknowledged_loss,
     summarize,
+    with_writer_loss,
     with_writer_report,
     writer_issues,
 )
@@ -246,3 +252,45 @@ def test_a_driver_waiting_for_the_registry_is_not_ingesting() -> None:
         ConditionStatus.FALSE,
         ConditionReason.REGISTRY_UNAVAILABLE,
     )
+
+
+# --- records lost to retention, as the driver reports them -------------------------------------------------
+
+
+def test_the_drivers_count_of_lost_records_needs_no_credentials_of_the_operator() -> None:
+    blind = summarize(None, None, NOW)  # the operator read neither the table nor Kafka
+    assert blind.data_loss_records is None and blind.issues == ()
+    lost = report(age_seconds=3600, lost_records=25, last_loss_time=NOW - timedelta(minutes=5))
+    known = with_writer_loss(blind, lost)
+    assert known.data_loss_records == 25
+    (issue,) = known.issues
+    assert issue.reason is ConditionReason.DATA_LOSS
+    assert "25 records" in issue.message and "2024-05-01T11:55:00+00:00" in issue.message
+    assert f"{ANNOTATION_ACKNOWLEDGED_LOSS}=25" in issue.message
+    assert with_writer_loss(blind, lost, acknowledged=25).issues == ()
+    assert with_writer_loss(blind, lost, acknowledged=25).data_loss_records == 25
+    st = streaming_table_from_object(
+        {
+            "apiVersion": "icefall.dev/v1alpha1",
+            "kind": "StreamingTable",
+            "metadata": {"name": "orders", "namespace": "shop", "generation": 1},
+            "spec": {
+                "source": {"bootstrapServers": "k:9092", "topic": "orders"},
+                "format": {"schema": [{"name": "id", "type": "long"}]},
+            },
+        }
+    )
+    observed = Observations(driver=DriverState.RUNNING, issues=known.issues)
+    degraded = {c.type: c for c in derive_conditions(observed, st, NOW)}[ConditionType.DEGRADED]
+    assert (degraded.status, degraded.reason) == (ConditionStatus.TRUE, ConditionReason.DATA_LOSS)
+
+
+def test_the_larger_count_wins_and_no_report_changes_nothing() -> None:
+    read = summarize(facts(lost_records=30), {0: (0, 100), 1: (0, 50)}, NOW)
+    assert with_writer_loss(read, report(age_seconds=1, lost_records=20)) is read
+    newer = with_writer_loss(read, report(age_seconds=1, lost_records=40))
+    assert newer.data_loss_records == 40
+    assert [i.reason for i in newer.issues] == [ConditionReason.DATA_LOSS]  # one issue, the larger count
+    assert "40 records" in newer.issues[0].message
+    assert with_writer_loss(read, report(age_seconds=1)) is read  # a driver that has not committed yet
+    assert with_writer_loss(read, None) is read

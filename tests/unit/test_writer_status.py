@@ -1,5 +1,7 @@
 """The driver reports lag and freshness into its StreamingTable's status (`icefall.ingest.writer_status`),
-at a bounded rate, and a failing API never stops ingestion. Fake clock, recording API."""
+at a bounded rate, and a failing API never stops ingestion; it reports the table's count of records lost
+to retention once it knows it, and when one of its commits last skipped some, leaving both out of the
+patch before (so an earlier driver's report stands). Fake clock, recording API."""
 
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "snapshotId": 7,
         "schemaRefused": [],
         "waitingFor": None,
+        "lostRecords": 0,
     }
     assert second == {
         "reportedAt": "2026-11-26T00:00:11Z",
@@ -77,6 +80,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "snapshotId": 8,
         "schemaRefused": [],
         "waitingFor": None,
+        "lostRecords": 0,
     }
 
 
@@ -133,3 +137,23 @@ def test_a_failing_api_is_logged_once_and_never_raises(caplog: pytest.LogCapture
     assert len(warnings) == 1 and "403 Forbidden" in warnings[0].getMessage()
     assert "works again" in caplog.text
     assert len(kube.patches) == 1
+
+
+def test_records_lost_to_retention_are_reported_with_the_time_of_the_last_skip() -> None:
+    kube, clock = RecordingKube(), Clock()
+    report = reporter(kube, clock)
+    report(None)  # a new driver, nothing committed yet: an earlier report of the loss stays as it is
+    assert {"lostRecords", "lastLossTime"}.isdisjoint(kube.patches[-1][2]["writer"])
+    clock.now = 10
+    report(replace(batch(lag=0, freshness=0.0, snapshot=1), lost_records=40))  # lost before this driver
+    assert kube.patches[-1][2]["writer"]["lostRecords"] == 40
+    assert "lastLossTime" not in kube.patches[-1][2]["writer"]
+    clock.now = 20
+    report(replace(batch(lag=0, freshness=0.0, snapshot=2), skipped=15, data_loss=15, lost_records=55))
+    clock.now = 30
+    report(replace(batch(lag=0, freshness=0.0, snapshot=3), lost_records=55))
+    sent = [body["writer"] for _, _, body in kube.patches[-2:]]
+    assert [(w["lostRecords"], w["lastLossTime"]) for w in sent] == [
+        (55, "2026-11-26T00:00:20Z"),
+        (55, "2026-11-26T00:00:20Z"),
+    ]

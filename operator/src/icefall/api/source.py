@@ -8,6 +8,10 @@ Guarantees:
   servers, security, offsets, deserialisers) is rejected with the spec field to use instead, and settings
   that load code (`config.providers`, `*.class`, `interceptor.classes`, ...) or are simply not listed are
   rejected with that reason.
+- `onDataLoss` says what ingestion does when Kafka's retention deleted records it had not read yet:
+  `Continue` (the default) goes on from the earliest record left and counts the skipped ones in the table
+  (`icefall.lost-records`, Degraded reason DataLoss); `Halt` skips nothing and stops ingestion (reason
+  DataLossHalted) until a person decides.
 - `startingPosition` only matters the first time a table is filled. Afterwards ingestion resumes from the
   offsets committed in the table, and partitions added to the topic later are read from their earliest
   offset (as Spark does), so no record in a new partition is skipped.
@@ -86,6 +90,13 @@ class StartingPosition(ApiModel):
             )
         problems.raise_if_any()
         return self
+
+
+class OnDataLoss(StrEnum):
+    """What ingestion does when retention deleted records it had not read yet."""
+
+    CONTINUE = "Continue"
+    HALT = "Halt"
 
 
 class SecurityProtocol(StrEnum):
@@ -199,6 +210,16 @@ class KafkaSource(ApiModel):
             "Extra Kafka consumer properties, without Spark's 'kafka.' prefix, from an allow-list of "
             "tuning settings: fetch sizes and waits (fetch.max.bytes, max.poll.records, ...), timeouts, "
             "backoffs, client.rack, client.id, group.id. Values are strings."
+        ),
+    )
+
+    on_data_loss: OnDataLoss = Field(
+        default=OnDataLoss.CONTINUE,
+        description=(
+            "When Kafka's retention deleted records before they were ingested. Continue: go on from the "
+            "earliest record left; the skipped ones are counted in the table (icefall.lost-records) and "
+            "reported (Degraded, reason DataLoss). Halt: skip nothing and stop ingesting (Ready and "
+            "Ingesting False, reason DataLossHalted) until this is set to Continue for the skip to happen."
         ),
     )
 

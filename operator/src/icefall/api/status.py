@@ -72,6 +72,8 @@ class ConditionReason(StrEnum):
     OFFSETS_AHEAD_OF_TOPIC = "OffsetsAheadOfTopic"
     TOPIC_RECREATED = "TopicRecreated"
     BAD_RECORD_HALTED = "BadRecordHalted"
+    # spec.source.onDataLoss: Halt, and retention deleted records before they were ingested.
+    DATA_LOSS_HALTED = "DataLossHalted"
     DEAD_LETTER_FAILED = "DeadLetterFailed"
     SCHEMA_CHANGE_REFUSED = "SchemaChangeRefused"
     REGISTRY_UNAVAILABLE = "RegistryUnavailable"
@@ -107,6 +109,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.OFFSETS_AHEAD_OF_TOPIC,
         _R.TOPIC_RECREATED,
         _R.BAD_RECORD_HALTED,
+        _R.DATA_LOSS_HALTED,
         _R.DEAD_LETTER_FAILED,
         _R.SCHEMA_CHANGE_REFUSED,
         _R.COMPACTION_FAILED,
@@ -125,6 +128,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.KAFKA_CREDENTIALS_REFUSED,
         _R.REGISTRY_UNAVAILABLE,
         _R.BAD_RECORD_HALTED,
+        _R.DATA_LOSS_HALTED,
         _R.TABLE_CLAIMED,
     },
     ConditionType.FRESHNESS_MET: _LIFECYCLE
@@ -141,6 +145,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.OFFSETS_AHEAD_OF_TOPIC,
         _R.TOPIC_RECREATED,
         _R.BAD_RECORD_HALTED,
+        _R.DATA_LOSS_HALTED,
         _R.DEAD_LETTER_FAILED,
         _R.SCHEMA_CHANGE_REFUSED,
         _R.CATALOG_CREDENTIALS_REFUSED,
@@ -257,6 +262,18 @@ class WriterReport(StatusModel):
             "A service the driver cannot reach and is waiting out (kafka, catalog, object_store, registry); "
             "unset when it reaches them all."
         ),
+    )
+    lost_records: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Records Kafka's retention deleted before they were ingested, over the table's life (the table's "
+            "icefall.lost-records), as of the driver's last commit; unset before its first."
+        ),
+    )
+    last_loss_time: datetime | None = Field(
+        default=None,
+        description="When a commit of the driver last skipped records retention had deleted; unset if never.",
     )
     schema_refused: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
         default_factory=list,

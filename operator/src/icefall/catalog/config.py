@@ -340,8 +340,13 @@ class CatalogConfig:
             options.setdefault("io-impl", GCS_FILE_IO)
         # pyiceberg moves refs (staging branches, main) behind Spark's back: never serve cached metadata.
         options["cache-enabled"] = "false"
-        prefix = f"spark.sql.catalog.{self.name}"
+        prefix = self.spark_prefix
         return {prefix: SPARK_CATALOG, **{f"{prefix}.{key}": value for key, value in options.items()}}
+
+    @property
+    def spark_prefix(self) -> str:
+        """`spark.sql.catalog.<name>`: this catalog's key in Spark's conf (its options follow a dot)."""
+        return f"spark.sql.catalog.{self.name}"
 
     # -- facts and safety ---------------------------------------------------------------------------------
 

@@ -17,8 +17,9 @@ Both passes:
    `icefall.dev/driver-history` annotation.
 5. Derive the status (`controller.status`) and write it when `should_write_status` says so.
 
-`apply` also, between those steps: server-side applies `applied` (accounts first) and deletes `absent`
-(after 3), each child only when its rendering changed or it is due for repair (`plan.applying`); creates
+`apply` also, between those steps: server-side applies `applied` (accounts first), creates `created` with
+their secret value (random bytes made here; an existing one is left as it is) and deletes `absent` (after
+3), each child only when its rendering changed or it is due for repair (`plan.applying`); creates
 or deletes the driver Pod as decided and stores the new history (after 4); and returns the Events of
 transitions (the driver's, a new claim, Degraded set or cleared).
 
@@ -34,8 +35,10 @@ none: the driver restarts without backoff).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -63,10 +66,12 @@ from icefall.plan.driver import (
     decide,
     driver_pod_from_object,
 )
+from icefall.plan.isolation import SPARK_AUTH_BYTES, SPARK_AUTH_KEY
 from icefall.plan.names import ANNOTATION_DRIVER_HISTORY, driver_pod_name
 from icefall.plan.pod_policy import policy_issue, violations
 from icefall.plan.scaling import compaction_replicas, damped_replicas
 from icefall.plan.settings import OperatorSettings
+from icefall.plan.table_status import acknowledged_loss
 
 DEFAULT_IMAGE = "ghcr.io/icefall/icefall:latest"
 SCALE_DOWN_COOLDOWN_SECONDS = 300.0
@@ -227,11 +232,22 @@ def _apply_children(planned: _Plan, ctx: Context) -> None:
         if due(memory.applied(ref.uid, key), wanted, ctx.now, repair):
             ctx.kube.apply(manifest)
             memory.did_apply(ref.uid, key, Applied(wanted, ctx.now))
+    for manifest in planned.children.created:
+        key, wanted = child_key(manifest), manifest_digest(manifest)
+        if due(memory.applied(ref.uid, key), wanted, ctx.now, repair):
+            ctx.kube.create(with_secret_value(manifest))  # False when it exists: never replaced
+            memory.did_apply(ref.uid, key, Applied(wanted, ctx.now))
     for absent in planned.children.absent:
         key = (absent.kind, absent.name)
         if due(memory.applied(ref.uid, key), ABSENT, ctx.now, repair):
             ctx.kube.delete(absent.kind, ref.namespace, absent.name)
             memory.did_apply(ref.uid, key, Applied(ABSENT, ctx.now))
+
+
+def with_secret_value(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A `Children.created` Secret with its value: `SPARK_AUTH_BYTES` random bytes, made here, sent once."""
+    value = base64.b64encode(secrets.token_bytes(SPARK_AUTH_BYTES)).decode()
+    return {**manifest, "data": {SPARK_AUTH_KEY: value}}
 
 
 def _driver(planned: _Plan, ctx: Context) -> _Driver:
@@ -289,7 +305,10 @@ def _finish(planned: _Plan, derived: status.Derived, ctx: Context) -> bool:
     """Step 5: the table's metrics, and its status when due; True when status was written."""
     ref, st = planned.ref, planned.st
     target = st.spec.freshness.target_seconds
-    metrics.record_table(ref.namespace, ref.name, derived.summary, planned.replicas, target)
+    metrics.record_table(
+        ref.namespace, ref.name, derived.summary, planned.replicas, target,
+        acknowledged_loss=acknowledged_loss(st.metadata.annotations),
+    )  # fmt: skip
     return status.write(ctx.kube, ctx.memory, ref, previous=st.status, new=derived.status, now=ctx.now)
 
 

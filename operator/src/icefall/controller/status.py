@@ -48,6 +48,7 @@ from icefall.plan.table_status import (
     Summary,
     acknowledged_loss,
     summarize,
+    with_writer_loss,
     with_writer_report,
     writer_issues,
 )
@@ -142,6 +143,7 @@ def derive(
     reported = with_writer_report(summary, writer, now)
     if reported is not None:  # the operator could not measure; the running driver did
         summary, unmeasured = reported, ""
+    summary = with_writer_loss(summary, writer, acknowledged=acknowledged_loss(st.metadata.annotations))
     issues = [*observed.issues, *summary.issues, *writer_issues(writer, now)]
     refused = driver_refusal(decision.state, decision.history)
     if refused is not None and refused.reason not in {issue.reason for issue in issues}:

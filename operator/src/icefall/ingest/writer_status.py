@@ -1,6 +1,9 @@
 """The driver's report into its own StreamingTable's status (`status.writer`): lag and freshness as
-ingestion measured them for its last batch, so a table whose driver runs is always measured, whatever the
-operator can read (it may hold none of the table's credentials; `icefall.plan.table_status`).
+ingestion measured them for its last batch, and the records lost to retention (the table's count, and when
+a commit of this driver last skipped some), so a table whose driver runs is always measured and its data
+loss shown, whatever the operator can read (it may hold none of the table's credentials;
+`icefall.plan.table_status`). What this driver has not learnt yet (the count before its first commit, a
+loss time) is left out of the patch, so an earlier driver's report of it stays.
 
 At most one PATCH every `interval` seconds, the first at once; a failed PATCH is logged (the first one with
 its cause) and never stops ingestion. While an outage is waited out no batch lands, so `waiting(service)`
@@ -48,6 +51,8 @@ class WriterStatusReporter:
         self._snapshot_id: int | None = None
         self._schema_refused: tuple[str, ...] = ()
         self._waiting_for: str | None = None
+        self._lost_records: int | None = None
+        self._last_loss: datetime | None = None
         self._last: BatchReport | None = None
         self._failures = 0
 
@@ -56,6 +61,9 @@ class WriterStatusReporter:
         if report is not None:
             self._last_commit, self._snapshot_id = self._wall(), report.snapshot_id
             self._schema_refused = report.schema_refused
+            self._lost_records = report.lost_records
+            if report.skipped:
+                self._last_loss = self._last_commit
         self._last = report
         self._report(force=False)
 
@@ -80,6 +88,8 @@ class WriterStatusReporter:
             snapshot_id=self._snapshot_id,
             waiting_for=self._waiting_for,
             schema_refused=[message[:1000] for message in self._schema_refused[:20]],
+            lost_records=self._lost_records,
+            last_loss_time=self._last_loss,
         )
         self._send(measured)
 

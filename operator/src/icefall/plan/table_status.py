@@ -18,6 +18,10 @@ Rules:
 - `icefall.lost-records` above the acknowledged count (annotation `icefall.dev/acknowledged-data-loss`) is a
   `DataLoss` issue: the table permanently misses those records; acknowledging the count clears it until
   more are lost.
+- The driver reports the table's count too (`status.writer.lostRecords`, `lastLossTime`): an operator that
+  cannot read the table (no credentials) takes it from there (`with_writer_loss`), so the loss is shown
+  and alerted on without the table's credentials; when both are known the larger wins (neither count ever
+  goes down).
 - The last ingestion commit is the newest `append` snapshot, and only once offsets were committed (the
   genesis snapshot of an empty table is not a commit of records).
 - When the operator could measure neither lag nor freshness itself (no credentials for the catalog or
@@ -108,6 +112,17 @@ def with_writer_report(
     )
 
 
+def with_writer_loss(summary: Summary, report: WriterReport | None, *, acknowledged: int = 0) -> Summary:
+    """`summary` with the driver's count of records lost to retention (`report.lost_records`), and its
+    DataLoss issue, when it is more than what the operator read itself (module doc)."""
+    reported = report.lost_records if report is not None else None
+    if reported is None or reported <= (summary.data_loss_records or 0):
+        return summary
+    kept = tuple(issue for issue in summary.issues if issue.reason is not ConditionReason.DATA_LOSS)
+    when = report.last_loss_time if report is not None else None
+    return replace(summary, data_loss_records=reported, issues=kept + _loss(reported, acknowledged, when))
+
+
 def writer_issues(
     report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
 ) -> list[Issue]:
@@ -173,9 +188,9 @@ def summarize(
             None,
             None,
             None,
-            tuple(issues + _loss(facts, acknowledged_loss)),
+            tuple(issues) + _loss(facts.lost_records, acknowledged_loss),
         )
-    issues += _loss(facts, acknowledged_loss)
+    issues += _loss(facts.lost_records, acknowledged_loss)
     total = sum(lag_map.values()) if lag_map is not None else None
     last_commit = _time(facts.last_commit_ms) if committed else None
     seconds: float | None = None
@@ -232,17 +247,19 @@ def _source_issues(
     ], lag_map
 
 
-def _loss(facts: TableFacts, acknowledged: int) -> list[Issue]:
-    if facts.lost_records <= acknowledged:
-        return []
-    return [
+def _loss(lost: int, acknowledged: int, last: datetime | None = None) -> tuple[Issue, ...]:
+    if lost <= acknowledged:
+        return ()
+    when = f", the last at {last.isoformat(timespec='seconds')}" if last is not None else ""
+    return (
         Issue(
             ConditionReason.DATA_LOSS,
-            f"{facts.lost_records} records were deleted by Kafka retention before they were ingested "
-            "(table property icefall.lost-records); the table does not hold them. To acknowledge, "
-            f"annotate the StreamingTable {ANNOTATION_ACKNOWLEDGED_LOSS}={facts.lost_records}",
-        )
-    ]
+            f"{lost} records were deleted by Kafka retention before they were ingested (table property "
+            f"icefall.lost-records{when}); the table does not hold them. Raise the topic's retention, or "
+            f"set spec.source.onDataLoss: Halt to stop instead of skipping. To acknowledge, annotate the "
+            f"StreamingTable {ANNOTATION_ACKNOWLEDGED_LOSS}={lost}",
+        ),
+    )
 
 
 def _most_lagging(lag: Mapping[int, int]) -> dict[int, int]:
