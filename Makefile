@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TOOLS := eval "$$(hack/tool-env.sh)"
 
-.PHONY: help setup venv tools demo test test-all test-unit test-integration test-e2e bench-ingest chaos lint fmt clean
+.PHONY: help setup venv tools demo test test-all test-report test-unit test-integration test-e2e bench-ingest chaos lint fmt clean
 help:
 	@echo "make demo   set everything up and run the main job on the embedded default"
 	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e; not the tests marked long)"
@@ -80,12 +80,21 @@ dashboards: venv
 # cdc tables, the small chaos run, the shared catalogs' crash-restarts, half of the new-table and pipelined
 # points) and the broker restart; each of their pieces is also proved by a shorter test.
 # `make test-all` runs every test, `make test-e2e` every e2e module.
-# The 25 slowest tests close the output: what to look at first when CI's time grows.
+# Both run on both cores: a pytest-xdist worker per core, each with a stack of its own; the e2e tier (one
+# node per machine) runs in one worker. Each writes build/test-report.md: every test's wall and CPU time
+# (its process tree) and the components it started, by module and by test; its summary and the slowest
+# modules close the output: what to look at first when CI's time grows. PYTEST_ARGS adds options.
+PYTEST_PARALLEL := -n 2 --dist loadgroup --test-report=build/test-report.md
 test: setup lint image
-	$(TOOLS) && $(BIN)/pytest -m "not long" --durations=25
+	$(TOOLS) && $(BIN)/pytest -m "not long" $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-all: setup lint image
-	$(TOOLS) && $(BIN)/pytest
+	$(TOOLS) && $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+# The report of the last `make test` / `make test-all` (build/test-report.md), slowest modules first.
+.PHONY: test-report
+test-report:
+	@cat build/test-report.md
 
 test-unit: venv
 	$(BIN)/pytest -m unit

@@ -85,6 +85,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from icefall.api import load_manifest
+from icefall.api.pod_policy import DEFAULT_RESERVED_ENV
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.cluster import LocalCluster
@@ -105,6 +106,7 @@ from .conftest import REPO, Kubectl, NodeView, Operator, pod_logs, wait_for
 pytestmark = pytest.mark.e2e
 
 KILLS = int(os.environ.get("ICEFALL_CHAOS_KILLS", "200"))
+ICEFALL = "ICEFALL_*"  # reserved for spec.pods by default; the run's failpoint variable is one
 SEED = int(os.environ.get("ICEFALL_CHAOS_SEED", "1"))
 REPORT = Path(os.environ.get("ICEFALL_CHAOS_REPORT", str(REPO / "bench" / "results" / "chaos.md")))
 NAME, TOPIC, DLQ_TOPIC = "chaos", "chaos", "chaos-dlq"
@@ -988,6 +990,8 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     operator = Operator(cluster.api, e2e_namespace, workdir / "operator.log", env={
         "ICEFALL_IMAGE": cluster.images.icefall,
         "ICEFALL_POD_TEMPLATE": json.dumps({"common": cluster.pod_template()}),
+        # The run arms failpoints through spec.pods (`arming_patch`): its pod policy lets a table set them.
+        "ICEFALL_POD_POLICY": json.dumps({"reservedEnv": [p for p in DEFAULT_RESERVED_ENV if p != ICEFALL]}),
         "ICEFALL_DRIVER_MAX_BACKOFF_SECONDS": "2", "ICEFALL_STATUS_REFRESH_SECONDS": "2",
     })  # fmt: skip
     pods = PodWatch(api, node).start()

@@ -120,6 +120,7 @@ def test_every_alert_is_tested_and_has_a_runbook_section(tmp_path: Path) -> None
         "IcefallIngestionNotCommitting",
         "IcefallCompactionBacklogGrowing",
         "IcefallOperatorNotReconciling",
+        "IcefallDataLost",
     }
     tested = {
         t["alertname"] for test in yaml.safe_load(TESTS.read_text())["tests"] for t in test["alert_rule_test"]

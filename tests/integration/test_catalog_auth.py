@@ -3,7 +3,9 @@
 
 Proves: `icefall run` with the OAuth2 `credential` by reference creates the table and commits through
 Spark's Iceberg REST client and pyiceberg alike; a run longer than the tokens' lifetime keeps committing
-(exactly once), the clients refreshing their tokens; a static bearer `token` by reference works; a wrong
+(exactly once), the clients refreshing their tokens; a static bearer `token` by reference works, and
+neither it nor the storage keys is ever on the command line of `icefall run` or of Spark's JVM (they are
+set on the running session: the catalog, created on first use, still authenticates with them); a wrong
 client secret or token ends `icefall run` with one line naming the catalog, the refusal and the fields to
 fix (no traceback, no secret, no waiting as for an outage), and the operator's observer reports it as
 CatalogCredentialsRefused, not CatalogUnavailable; with no storage keys in the spec, storage credentials
@@ -166,6 +168,52 @@ def test_a_run_longer_than_the_token_lifetime_keeps_committing(
         proxy.stop()
 
 
+def process_tree(root: int) -> dict[int, str]:
+    """The command lines of process `root` and of its descendants (parents from /proc/<pid>/stat)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    tree, grown = {root}, True
+    while grown:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grown = bool(found)
+    lines: dict[int, str] = {}
+    for pid in tree:
+        try:
+            lines[pid] = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return lines
+
+
+def run_watching_command_lines(
+    args: list[str], env: Mapping[str, str], log: Path, timeout: float = 600
+) -> tuple[int, set[str]]:
+    """Run `icefall <args>` to its end; its exit code and every command line seen in its process tree
+    (sampled every 0.1 s: Spark's JVM lives for the whole run)."""
+    seen: set[str] = set()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "icefall.cli", *args],
+            env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None and time.monotonic() < deadline:
+                seen |= set(process_tree(proc.pid).values())
+                time.sleep(0.1)
+            return proc.wait(timeout=1), seen
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def test_a_static_bearer_token_by_reference_is_accepted(
     kafka: KafkaBroker, rest_catalog_s3: RESTCatalogServer, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -179,12 +227,20 @@ def test_a_static_bearer_token_by_reference_is_accepted(
         env = {**env, "IT_REST_SECRET": token}
         manifest = tmp_path / "table.yaml"
         manifest.write_text(manifest_text(name, topic, kafka.bootstrap, catalog=block))
-        run = icefall(
-            "run", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--until-caught-up",
-            "--no-maintenance", env=env,
+        log = tmp_path / "run.log"
+        code, command_lines = run_watching_command_lines(
+            ["run", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--until-caught-up",
+             "--no-maintenance"], env, log,
         )  # fmt: skip
-        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-        assert token not in run.stdout + run.stderr
+        output = log.read_text()
+        assert code == 0, output[-4000:]
+        assert token not in output
+        # The catalog authenticated with the token (the proxy refuses requests without it), yet neither it
+        # nor the storage key was ever on a command line of the run: Python's, spark-submit's, the JVM's.
+        assert any("org.apache.spark.deploy.SparkSubmit" in line for line in command_lines), command_lines
+        for secret in (token, env["IT_S3_SECRET_KEY"]):
+            leaked = [line for line in command_lines if secret in line]
+            assert not leaked, f"a secret on a command line: {leaked[0].replace(secret, '<secret>')[:3000]}"
         config = CatalogConfig.for_table(load_manifest(manifest.read_text()).spec, environ=env)
         assert_exactly_once(config, name, watermarks(kafka, topic), bad, bootstrap=kafka.bootstrap)
         assert not any(key.startswith("refused.") for key in proxy.stats), dict(proxy.stats)

@@ -27,8 +27,13 @@ Proves:
 - the operator can grant what drivers and compaction pods need: the rendered Role holds every rule of
   `driver_rules` and `compaction_rules`, statically and on the API server, which refuses a Role (or a
   RoleBinding to it) granting more than its creator holds, while the operator has no `escalate`/`bind`;
-- the operator pod satisfies the `restricted` Pod Security Standard.
-Not proved: that the operator starts (its `icefall operator` command and the image are tested elsewhere).
+- the operator pod satisfies the `restricted` Pod Security Standard;
+- `networkPolicy` gives the operator's pod a NetworkPolicy admitting only `metricsNamespace` to its metrics
+  port (none at all without metrics), reaches the operator's settings, and the per-table NetworkPolicy and
+  Spark RPC Secret the operator sends pass the server-side dry run; the operator creates Secrets but never
+  lists, watches or updates them.
+Not proved: that a network plugin enforces the NetworkPolicies (none here does); that the operator starts
+(its `icefall operator` command and the image are tested elsewhere).
 """
 
 from __future__ import annotations
@@ -44,10 +49,12 @@ import pytest
 import yaml
 
 from icefall.api import PodTemplate, PodTemplates, load_manifest
+from icefall.api.pod_policy import PodPolicy
+from icefall.controller.reconcile import Config, with_secret_value
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.children import desired_children
-from icefall.plan.names import driver_account_name
+from icefall.plan.names import driver_account_name, network_policy_name
 from icefall.plan.pods import effective
 from icefall.plan.rbac import compaction_rules, driver_rules
 from icefall.plan.settings import SETTINGS_ENV, OperatorSettings
@@ -57,6 +64,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "icefall"
 CRD_FILE = "streamingtables.icefall.dev.yaml"
+VALUES_POD_POLICY = yaml.safe_load((CHART / "values.yaml").read_text())["podPolicy"]
 RELEASE = "icefall"
 CLUSTER_WIDE = (
     "--set",
@@ -96,6 +104,8 @@ def _monitoring_crd(kind: str) -> dict[str, Any]:
 
 
 MONITORING_CRDS = [_monitoring_crd(kind) for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")]
+#: templates/admission-policies.yaml (cluster-scoped): the pod policy's and the executors'.
+ADMISSION = ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2
 
 
 def _run(
@@ -156,8 +166,21 @@ def test_helm_lint(home: Path, values: tuple[str, ...]) -> None:
 
 def test_default_render_is_namespaced(home: Path) -> None:
     docs = render(home, "icefall-system")
-    assert kinds(docs) == ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
-    assert {doc["metadata"]["namespace"] for doc in docs} == {"icefall-system"}
+    assert kinds(docs) == [
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        *ADMISSION,
+    ]
+    namespaced = [doc for doc in docs if doc["kind"] not in ADMISSION]
+    assert {doc["metadata"]["namespace"] for doc in namespaced} == {"icefall-system"}
+    for binding in (doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicyBinding"):
+        selector = binding["spec"]["matchResources"]["namespaceSelector"]
+        assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "icefall-system"}}
     container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "command" not in container, "the image's entry point (tini as PID 1) stays"
     assert container["args"][:2] == ["icefall", "operator"]
@@ -186,13 +209,17 @@ def test_cluster_wide_render(home: Path) -> None:
         "ClusterRoleBinding",
         "ConfigMap",
         "Deployment",
+        "NetworkPolicy",
         "PodMonitor",
         "PrometheusRule",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
+        *ADMISSION,
     ]
     assert "namespace" not in only(docs, "ClusterRole")["metadata"]
+    for binding in (doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicyBinding"):
+        assert "matchResources" not in binding["spec"], "every namespace the operator watches"
     binding = only(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": "ops"}]
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -217,6 +244,9 @@ def test_cluster_wide_render(home: Path) -> None:
         (("--set", "hostNetwork=yes"), "/hostNetwork"),
         (("--set-json", 'pods={"driver":{"env":[{"name":"HOME","value":"/x"}]}}'), "/pods/driver/env/0/name"),
         (("--set", "hostNetworkPorts.first=80"), "/hostNetworkPorts/first"),
+        (("--set-json", 'podPolicy.reservedEnv=["JAVA_*_OPTS"]'), "/podPolicy/reservedEnv/0"),
+        (("--set-json", 'podPolicy.mountPaths=["/mnt/../opt"]'), "/podPolicy/mountPaths/0"),
+        (("--set", "podPolicy.privileged=true"), "privileged"),
         (("--set", "health.livenessProbe.periodSeconds=0"), "/health/livenessProbe/periodSeconds"),
         (("--set", "health.readinessProbe.initialDelaySeconds=5"), "initialDelaySeconds"),
     ],
@@ -283,6 +313,40 @@ def test_spark_values_reach_the_operator_settings(home: Path) -> None:
     assert OperatorSettings.from_environ(env) == OperatorSettings(), "the chart's defaults are the operator's"
 
 
+def test_network_policies_admit_only_the_monitoring_namespace_to_metrics(home: Path) -> None:
+    """The operator's pod takes connections on its `metrics` port from `networkPolicy.metricsNamespace`
+    only; the same values reach the operator, which renders each table's NetworkPolicy from them
+    (tests/unit/test_plan_isolation.py). Enforcement needs a network plugin that implements
+    NetworkPolicies: none runs here."""
+    docs = render(home, "ops", "--set", "networkPolicy.metricsNamespace=prometheus")
+    policy = only(docs, "NetworkPolicy")
+    pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prometheus"}}}],
+            "ports": [{"protocol": "TCP", "port": "metrics"}],
+        }
+    ]
+    container = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
+    settings = OperatorSettings.from_environ(env)
+    assert (settings.network_policy, settings.metrics_namespace) == (True, "prometheus")
+    quiet = only(render(home, "ops", "--set", "metrics.enabled=false"), "NetworkPolicy")
+    assert quiet["spec"]["ingress"] == []  # nothing to scrape: no one gets in
+    off = render(home, "ops", "--set", "networkPolicy.enabled=false")
+    assert "NetworkPolicy" not in kinds(off)
+    env = {var["name"]: var["value"] for var in only(off, "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["env"] if "value" in var}  # fmt: skip
+    assert OperatorSettings.from_environ(env).network_policy is False
+    refused = helm(
+        "template", RELEASE, str(CHART), "--set", "networkPolicy.metricsNamespace=Not_One", home=home,
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "/networkPolicy/metricsNamespace" in refused.stderr, refused.stderr
+
+
 def test_pod_templates_and_host_network_reach_the_operator(home: Path) -> None:
     pods = {
         "common": {"nodeSelector": {"pool": "data"}, "imagePullSecrets": [{"name": "registry"}]},
@@ -298,6 +362,31 @@ def test_pod_templates_and_host_network_reach_the_operator(home: Path) -> None:
     assert settings.host_network_ports == (30000, 30999)
     default = only(render(home, "ops"), "Deployment")["spec"]["template"]["spec"]
     assert "hostNetwork" not in default and "dnsPolicy" not in default
+
+
+def test_pod_policy_reaches_the_operator_and_the_admission_policies(home: Path) -> None:
+    """`podPolicy` is what the operator checks (ICEFALL_POD_POLICY) and what the admission policy's CEL
+    lists say; the defaults are the operator's; `admissionPolicies.enabled=false` ships none."""
+    policy = {"hostNetwork": True, "secrets": ["shared-*"], "tolerations": ["dedicated"]}
+    docs = render(home, "ops", "--set-json", f"podPolicy={json.dumps(policy)}")
+    env = {
+        e["name"]: e.get("value")
+        for e in only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    config = Config.from_env(env)
+    assert config.pod_policy == PodPolicy.model_validate({**VALUES_POD_POLICY, **policy})
+    table_pods = next(d for d in docs if d["metadata"]["name"] == "icefall-ops-table-pods")["spec"]
+    cel = {v["name"]: v["expression"] for v in table_pods["variables"]}
+    assert (json.loads(cel["hostNetwork"]), json.loads(cel["secrets"])) == (True, ["shared-*"])
+    assert json.loads(cel["reservedEnv"]) == list(PodPolicy().reserved_env)
+    defaults = render(home, "ops")
+    env = {
+        e["name"]: e.get("value")
+        for e in only(defaults, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert Config.from_env(env).pod_policy == PodPolicy(), "the chart's defaults are the operator's"
+    off = render(home, "ops", "--set", "admissionPolicies.enabled=false")
+    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & set(kinds(off))
 
 
 ROLE_ARN = "arn:aws:iam::123456789012:role/icefall"
@@ -468,8 +557,10 @@ def test_operator_holds_every_permission_it_grants(home: Path, values: tuple[str
     for rule in rules:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
-        if "secrets" in rule["resources"]:  # a referenced Secret's labels only: no list, watch or write
-            assert (rule["resources"], rule["verbs"]) == (["secrets"], ["get"]), rule
+        # Secrets: create (each table's Spark RPC secret, icefall.plan.isolation) and get (a referenced
+        # Secret's grant label, metadata only: icefall.plan.grants); no list, watch or write.
+        if "secrets" in rule["resources"]:
+            assert (rule["resources"], sorted(rule["verbs"])) == (["secrets"], ["create", "get"]), rule
 
 
 def test_manifests_pass_server_side_dry_run_and_rbac_escalation_checks(
@@ -489,6 +580,20 @@ def test_manifests_pass_server_side_dry_run_and_rbac_escalation_checks(
         )
         for doc in docs:
             assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in applied, doc["kind"]
+
+    # The per-table children that are not pods, as the operator sends them: its NetworkPolicy (applied) and
+    # its Spark RPC Secret (created with its value).
+    children = desired_children(
+        load_manifest(ROOT / "examples" / "orders.yaml"), namespace=namespace, uid="uid-orders",
+        generation=1, image="icefall:test", operator_settings=OperatorSettings(),
+    )  # fmt: skip
+    for manifest in (children.get("NetworkPolicy", network_policy_name("orders")), *children.created):
+        sent = with_secret_value(manifest) if manifest["kind"] == "Secret" else manifest
+        applied = kubectl(
+            "apply", "--server-side", "--dry-run=server", "-f", "-",
+            kube=kube, home=home, stdin=json.dumps(sent),
+        )  # fmt: skip
+        assert "serverside-applied (server dry run)" in applied, manifest["kind"]
 
     # Install the namespaced operator's RBAC for real, then act as its ServiceAccount: the API server
     # refuses a Role granting what the creator lacks (no escalate), and a binding to it (no bind).
@@ -577,9 +682,15 @@ OPERATOR_CALLS: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch", "delete"]},
-    # A referenced Secret's labels (metadata only: icefall.plan.grants), and deletionPolicy Delete's Job.
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    # A referenced Secret's labels (metadata only: icefall.plan.grants), each table's Spark RPC secret,
+    # and deletionPolicy Delete's Job.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "list", "watch", "patch", "delete"],
+    },
 ]
 
 
@@ -588,3 +699,6 @@ def test_operator_rbac_covers_its_own_calls(home: Path, values: tuple[str, ...],
     rules = only(render(home, "icefall-system", *values), kind)["rules"]
     for wanted in OPERATOR_CALLS:
         assert _covers(rules, wanted), f"the operator's role lacks {wanted}"
+    # It creates each table's Spark RPC Secret; it never lists or watches Secrets.
+    secret_verbs = {verb for rule in rules if "secrets" in rule["resources"] for verb in rule["verbs"]}
+    assert not secret_verbs & {"list", "watch", "update", "patch"}, secret_verbs

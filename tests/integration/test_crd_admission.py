@@ -45,7 +45,11 @@ Proves:
   - an inline username → `.spec.source.security.username: expected map, got &{bob}` (server-side apply
     cannot build its typed patch; the value is not a reference)
   - consumer property bootstrap.servers → `spec.source.properties: Invalid value: bootstrap.servers is
-    set by Icefall; use the spec.source fields ...`
+    set by Icefall; use the spec.source fields ...`; config.providers → `... config.providers is not on
+    the allow-list of Kafka consumer properties a table may set ...`
+  - a catalog's py-io-impl (or io-impl in secretProperties), a table's write.location-provider.impl →
+    `spec.table.catalog.properties: Invalid value: py-io-impl: class-valued properties are refused:
+    Icefall never loads code a table names ...`
   - table property icefall.offsets → `spec.table.properties: ... properties under 'icefall.' are written
     by Icefall's commits`
   - a sql catalog without warehouse → `spec.table.catalog.warehouse: ... needs a warehouse location`
@@ -365,6 +369,33 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         "managed-consumer-property",
         lambda o: _spec(o)["source"].__setitem__("properties", {"bootstrap.servers": "other:9092"}),
         ["spec.source.properties: Invalid value: bootstrap.servers is set by Icefall"],
+    ),
+    (
+        "consumer-config-provider",
+        lambda o: _spec(o)["source"].__setitem__("properties", {"config.providers": "file"}),
+        [
+            "spec.source.properties: Invalid value: config.providers is not on the allow-list of Kafka "
+            "consumer properties a table may set"
+        ],
+    ),
+    (
+        "catalog-py-io-impl",
+        _catalog(
+            uri="sqlite:////var/lib/icefall/catalog.db",
+            warehouse="/w",
+            properties={"py-io-impl": "evil.Boom"},
+            secretProperties={"io-impl": {"env": "IO"}},
+        ),
+        [
+            "spec.table.catalog.properties: Invalid value: py-io-impl: class-valued properties are refused: "
+            "Icefall never loads code a table names",
+            "spec.table.catalog.secretProperties: Invalid value: io-impl: class-valued",
+        ],
+    ),
+    (
+        "table-location-provider",
+        lambda o: _spec(o)["table"]["properties"].__setitem__("write.location-provider.impl", "evil.Where"),
+        ["spec.table.properties: Invalid value: write.location-provider.impl: class-valued properties"],
     ),
     (
         "reserved-table-property",

@@ -10,12 +10,18 @@ exactly as retention does), Spark and the catalog, in process:
   `icefall status` prints;
 - retention that empties a partition with nothing left to read still lands in the table at once (a commit
   with no rows moves the partition to its low watermark and adds the loss);
-- records deleted after they were ingested are not a loss.
+- records deleted after they were ingested are not a loss;
+- with `spec.source.onDataLoss: Halt` nothing is skipped: the batch that would skip raises
+  DataLossHaltedError naming the partition and the lost offsets before anything is read or committed,
+  `icefall run` ends with that one line and exit code 5 (no traceback), and the table is untouched; set
+  back to Continue, the same table skips and counts them (`icefall.lost-records`), the rest exactly once.
 """
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,11 +30,13 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from icefall import cli
+from icefall.api import OnDataLoss, load_manifest
 from icefall.catalog import CatalogConfig
+from icefall.commands.run import EXIT_DATA_LOSS
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
-from icefall.ingest.engine import Ingestor
+from icefall.ingest.engine import DataLossHaltedError, Ingestor
 from icefall.runtime import metrics
 from icefall.testing.streams import (
     assert_exactly_once,
@@ -129,3 +137,66 @@ def test_records_deleted_by_retention_are_skipped_counted_and_reported(  # noqa:
     out = capsys.readouterr().out
     assert "lost to retention 25 records" in out
     assert "DATA LOSS: 25 records were deleted by Kafka retention" in out
+
+
+def test_on_data_loss_halt_stops_before_skipping_and_continue_then_skips(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    topic, name = "it-retention-halt", "retention_halt"
+    kafka.create_topic(topic, partitions=2)
+    bad = produce(kafka, topic, 0, 60, partitions=[0, 1])
+    text = manifest_text(name, topic, kafka.bootstrap, batch={"maxRecords": 40, "minIntervalSeconds": 0})
+    halting = text.replace(f"topic: {topic}}}", f"topic: {topic}, onDataLoss: Halt}}", 1)
+    st = load_manifest(halting)
+    assert st.spec.source.on_data_loss is OnDataLoss.HALT
+    catalog = catalog_config.pyiceberg()
+    ingestor = Ingestor(
+        st, catalog_config, spark, FileLease(tmp_path / "lease.json", "w", duration_seconds=30)
+    )
+    ingestor.start(lease_timeout=10)
+    try:
+        first = ingestor.run_batch()
+        assert first is not None and first.offsets == {0: 20, 1: 20}
+        delete_records(kafka, topic, {0: 25})  # 20..24 of partition 0 never read
+        with pytest.raises(DataLossHaltedError) as halted:
+            ingestor.run_batch()
+    finally:
+        ingestor.close()
+    line = str(halted.value)
+    assert "partition 0 offsets 20..24 (5 records)" in line and "partition 1" not in line
+    assert "spec.source.onDataLoss: Continue" in line and "retention" in line and "\n" not in line
+    untouched = read_committed(catalog.load_table(("it", name)))
+    assert (untouched.offsets, untouched.lost_records) == ({0: 20, 1: 20}, 0)
+
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(halting)
+    run = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest),
+         "--state-dir", str(catalog_config.database.parent),
+         "--until-caught-up", "--no-maintenance", "--master", "local[1]"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    output = run.stdout + run.stderr
+    assert run.returncode == EXIT_DATA_LOSS, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == f"icefall: {line}"
+    assert read_committed(catalog.load_table(("it", name))).offsets == {0: 20, 1: 20}
+
+    # The documented way on: Continue skips them, counted in the table; the rest lands exactly once.
+    ingestor = Ingestor(
+        load_manifest(text),
+        catalog_config,
+        spark,
+        FileLease(tmp_path / "lease.json", "w", duration_seconds=30),
+    )
+    ingestor.start(lease_timeout=10)
+    try:
+        reports = drain(ingestor)
+    finally:
+        ingestor.close()
+    assert sum(r.skipped for r in reports) == 5 and reports[-1].lost_records == 5
+    assert read_committed(catalog.load_table(("it", name))).lost_records == 5
+    lost = {(0, offset) for offset in range(20, 25)}
+    assert_exactly_once(
+        catalog_config, name, watermarks(kafka, topic), bad, lost=lost, bootstrap=kafka.bootstrap
+    )

@@ -19,7 +19,7 @@ import pytest
 
 from icefall.devstack.node import cache_dir, kill_leftover_containers
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]  # the node is one per machine
 
 PIDS = Path("/sys/fs/cgroup/pids")
 

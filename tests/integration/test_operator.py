@@ -4,7 +4,8 @@ Proves, with the operator running in a subprocess and nothing but the API server
 no kubelet, no garbage collector: pods stay Pending forever, so nothing here waits for a pod to run):
 - a StreamingTable (examples/orders.yaml with a sqlite catalog) is reconciled into its children: the
   driver and compaction ServiceAccounts, Roles and RoleBindings, the executor pod template ConfigMap, the
-  driver Pod `<name>-ingest` and the compaction Deployment with 0 replicas, each with a controller owner
+  NetworkPolicy of its pods, its Spark RPC Secret (random, immutable), the driver Pod `<name>-ingest` and
+  the compaction Deployment with 0 replicas, each with a controller owner
   reference to the StreamingTable and written by the single field manager `icefall-operator`;
 - status carries Ready/Ingesting/FreshnessMet/Degraded with `observedGeneration`; a pending driver reads
   as Ingesting=False, reason Starting; Degraded turning True (DataLoss) and clearing gives one Warning
@@ -23,6 +24,7 @@ Credentials, Secret grants and deletionPolicy Delete's purge Job: tests/integrat
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -235,8 +237,14 @@ def test_children_are_created_with_owner_references(cluster: Cluster, orders: Ob
         cluster.rbac.read_namespaced_role("icefall-orders-compact", NAMESPACE),
         cluster.rbac.read_namespaced_role_binding("icefall-orders-compact", NAMESPACE),
         cluster.core.read_namespaced_config_map("orders-ingest-executor", NAMESPACE),
+        client.NetworkingV1Api(cluster.core.api_client).read_namespaced_network_policy(
+            "icefall-orders-ingress", NAMESPACE
+        ),
+        cluster.core.read_namespaced_secret("icefall-orders-spark-auth", NAMESPACE),
         cluster.apps.read_namespaced_deployment("orders-compact", NAMESPACE),
     ]
+    secret = children[-2]  # the Spark RPC secret: created once with 32 random bytes, immutable
+    assert secret.immutable is True and len(base64.b64decode(secret.data["secret"])) == 32
     for child in children:
         (owner,) = child.metadata.owner_references
         assert (owner.kind, owner.name, owner.uid, owner.controller) == (

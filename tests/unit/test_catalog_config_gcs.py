@@ -8,8 +8,8 @@ Proves, without contacting any server:
   sides, and pyiceberg, whose pyarrow GcsFileSystem has no anonymous switch, gets a placeholder token with
   an expiry instead; Spark does not;
 - a token given by reference (`gcs.oauth2.token`) reaches both sides, replaces the placeholder, and is
-  masked in `repr`; an `io-impl` the spec sets wins;
-- pyiceberg opens GCS through `GcsFileIO` (unless `py-io-impl` is set), whose GcsFileSystem keeps
+  masked in `repr`; an `io-impl` or `py-io-impl` the spec sets is refused (Icefall's FileIO is fixed);
+- pyiceberg opens GCS through `GcsFileIO`, whose GcsFileSystem keeps
   pyiceberg's settings and retries for `RETRY_SECONDS`, not 15 minutes (this fails when pyiceberg's private
   `_initialize_gcs_fs` or pyarrow's reported options move);
 - the outage line names the emulator's endpoint as the object store's address, and pyarrow's GCS error for
@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
@@ -98,11 +99,12 @@ def test_an_emulator_without_credentials() -> None:
     assert "gcs.oauth2.token" not in options and options["io-impl"] == GCS_FILE_IO
 
 
-def test_gcs_properties_alone_mean_gcs_and_a_set_io_impl_wins() -> None:
+def test_gcs_properties_alone_mean_gcs_and_a_file_io_is_never_the_specs() -> None:
     catalog = {"name": "lake", "type": "rest", "uri": "https://catalog.example", "properties": EMULATOR}
     assert spark_options(config_for(catalog))["io-impl"] == GCS_FILE_IO
     custom = {**catalog, "properties": {**EMULATOR, "io-impl": "com.example.MyFileIO"}}
-    assert spark_options(config_for(custom))["io-impl"] == "com.example.MyFileIO"
+    with pytest.raises(ValidationError, match="io-impl: class-valued properties are refused"):
+        config_for(custom)
 
 
 def test_a_token_by_reference_reaches_both_sides_and_stays_masked() -> None:
@@ -130,8 +132,8 @@ def test_pyiceberg_opens_gcs_with_bounded_retries() -> None:
     assert options["retry_time_limit"] == timedelta(seconds=RETRY_SECONDS)
     assert (options["scheme"], options["endpoint_override"]) == ("http", "127.0.0.1:4443")
     assert options["access_token"] == GCS_NO_AUTH_TOKEN
-    custom = lake(properties={**EMULATOR, "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"})
-    assert config_for(custom).pyiceberg_properties()["py-io-impl"] == "pyiceberg.io.fsspec.FsspecFileIO"
+    with pytest.raises(ValidationError, match="py-io-impl: class-valued properties are refused"):
+        config_for(lake(properties={**EMULATOR, "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"}))
     assert "py-io-impl" not in config_for({**lake(), "warehouse": "s3://lake/w"}).pyiceberg_properties()
 
 

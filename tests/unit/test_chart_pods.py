@@ -6,7 +6,8 @@ the operator accepts and refuses, at `helm install` time, what the operator woul
 the operator sets, executor ServiceAccount annotations, unknown fields, unquoted quantities, privileged
 ports); its pod-template schema names exactly the model's fields and reserved names; the operator's
 Deployment passes every operator setting as env and runs on the host network (with ClusterFirstWithHostNet
-DNS) only when `hostNetwork` is true; the examples of docs/pod-templates.md are valid.
+DNS) only when `hostNetwork` is true; the examples of docs/pod-templates.md are valid (the table's needs
+exactly the example's podPolicy).
 
 The schema is checked with a small draft-07 validator below covering the keywords the chart uses (it
 fails on any other keyword); tests/integration/test_chart.py renders the chart with helm itself.
@@ -33,6 +34,7 @@ from icefall.api import (
     VolumeMount,
     parse_manifest,
 )
+from icefall.api.pod_policy import PodPolicy
 from icefall.api.pods import (
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
@@ -40,6 +42,7 @@ from icefall.api.pods import (
     RESERVED_VOLUME_NAMES,
     Affinity,
 )
+from icefall.plan.pod_policy import violations
 from icefall.plan.settings import SETTINGS_ENV, OperatorSettings
 
 pytestmark = pytest.mark.unit
@@ -126,6 +129,7 @@ def _keyword(key: str, want: Any, value: Any, node: dict[str, Any], path: str) -
         "maxLength": lambda: not isinstance(value, str) or len(value) <= want,
         "minProperties": lambda: not isinstance(value, dict) or len(value) >= want,
         "maxProperties": lambda: not isinstance(value, dict) or len(value) <= want,
+        "maxItems": lambda: not isinstance(value, list) or len(value) <= want,
     }
     if key not in checks:
         raise AssertionError(f"the test's validator does not know {key!r} (at {path or '/'}); teach it")
@@ -139,11 +143,14 @@ def with_values(**changes: Any) -> dict[str, Any]:
 
 
 def chart_env(values: dict[str, Any]) -> dict[str, str]:
-    """ICEFALL_POD_TEMPLATE and ICEFALL_HOST_NETWORK_PORTS as templates/deployment.yaml renders them."""
+    """ICEFALL_POD_TEMPLATE, ICEFALL_HOST_NETWORK_PORTS and the network policy settings as
+    templates/deployment.yaml renders them."""
     ports = values["hostNetworkPorts"]
     return {
         "ICEFALL_POD_TEMPLATE": json.dumps(values["pods"]),
         "ICEFALL_HOST_NETWORK_PORTS": f"{int(ports['first'])}-{int(ports['last'])}",
+        "ICEFALL_NETWORK_POLICY": str(values["networkPolicy"]["enabled"]).lower(),
+        "ICEFALL_METRICS_NAMESPACE": values["networkPolicy"]["metricsNamespace"],
     }
 
 
@@ -252,3 +259,7 @@ def test_the_docs_examples_are_valid() -> None:
     values = with_values(**yaml.safe_load(chart))
     assert errors(values, SCHEMA) == []
     assert OperatorSettings.from_environ(chart_env(values)).pod_template.driver.resources is not None
+    # The table example needs the example's podPolicy, and nothing more.
+    example = parse_manifest(table)
+    assert violations(PodPolicy.model_validate(values["podPolicy"]), example) == []
+    assert violations(PodPolicy(), example)

@@ -1,7 +1,8 @@
 """The two passes over a StreamingTable (`controller.reconcile`): `apply` acts, `observe` only writes status.
 
 Proves, against a recording stand-in for the API (no cluster): `apply` server-side applies the children
-(ServiceAccounts before the pods that use them) and creates the driver Pod once, and a second pass on the
+(ServiceAccounts before the pods that use them), creates the table's Spark RPC Secret once (32 random bytes,
+never applied over, not again on a spec change) and the driver Pod once, and a second pass on the
 same observations creates nothing and returns no Event; a resync applies only the children whose rendering
 changed or that were deleted, and all of them again after the repair interval; passes read the driver Pod
 from the watch's index when given one (no GET); `observe` plans the same way but reads and writes
@@ -12,6 +13,7 @@ from either pass.
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -96,6 +98,22 @@ def test_apply_creates_the_children_and_the_driver_once() -> None:
     second = reconcile.apply(body(), context(kube, memory, NOW + timedelta(seconds=1)))
     assert "create" not in kube.verbs() and "delete" not in kube.verbs()
     assert second.events == ()
+
+
+def test_the_spark_rpc_secret_is_created_once_with_random_bytes_and_never_applied() -> None:
+    kube, memory = RecordingKube(), StatusMemory()
+    reconcile.apply(body(), context(kube, memory))
+    assert ("create", "Secret/icefall-orders-spark-auth") in kube.calls
+    assert ("apply", "Secret/icefall-orders-spark-auth") not in kube.calls  # never sent over what exists
+    value = base64.b64decode(kube.pods["icefall-orders-spark-auth"]["data"]["secret"])
+    assert len(value) == 32
+    other = reconcile.with_secret_value({"kind": "Secret", "metadata": {"name": "x"}})
+    assert base64.b64decode(other["data"]["secret"]) != value
+    kube.calls.clear()
+    changed = body()
+    changed["spec"]["source"]["topic"] = "orders-v2"
+    reconcile.apply(changed, context(kube, memory, NOW + timedelta(seconds=30)))
+    assert not any(what.startswith("Secret/") for _, what in kube.calls), kube.calls
 
 
 def test_a_resync_applies_only_what_changed_and_everything_now_and_then() -> None:

@@ -7,8 +7,9 @@ may not read is refused, naming the missing rule); the labels are read
 by `apply` only (as metadata), `observe` reuses them; compaction is scaled from the driver's report of the
 backlog when the operator does not read the table; `deletionPolicy: Delete` creates the purge Job with the
 recorded table-uuids and ends when it completes (TableDropped), keeps the table (Warning, with what to do)
-without a recorded uuid, when another StreamingTable recorded the same uuid, when the Job fails (with the
-pod's last words) and after the deadline (the Job deleted).
+without a recorded uuid, when another StreamingTable recorded the same uuid, when its pod would break the
+pod policy (no Job), when the Job fails (with the pod's last words) and after the deadline (the Job
+deleted).
 """
 
 from __future__ import annotations
@@ -192,6 +193,15 @@ def test_delete_keeps_the_table_it_cannot_prove_is_its_own_and_says_what_to_do()
 
     refused = deleted(Api({}), recorded)
     assert "not granted" in refused.message or "does not exist" in refused.message
+
+    # The Job's pod takes spec.pods.driver: a spec.pods the pod policy refuses creates no Job either.
+    host = {"driver": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}
+    api = Api({"lake": ALLOW})
+    hostile = body(writer={"reportedAt": NOW.isoformat(), "tableUuid": "u-1"}, pods=host, **delete)
+    kept = finalize(hostile, cast(Kube, api), NOW + timedelta(seconds=1))
+    assert kept.done and not api.created, api.created
+    (event,) = kept.events
+    assert "purge Job's pod may not be created" in event.message and "hostPath" in event.message
 
     api = Api({"lake": ALLOW})
     finalize(recorded, cast(Kube, api), NOW + timedelta(seconds=1))

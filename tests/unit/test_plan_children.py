@@ -124,6 +124,7 @@ def test_rendering_is_deterministic_and_every_child_is_labelled_and_owned() -> N
         ("Role", "icefall-orders-compact"),
         ("RoleBinding", "icefall-orders-compact"),
         ("ConfigMap", "orders-ingest-executor"),
+        ("NetworkPolicy", "icefall-orders-ingress"),
         ("Deployment", "orders-compact"),
         ("Pod", "orders-ingest"),
     ]
@@ -248,7 +249,9 @@ def test_credentials_reach_pods_only_as_secret_key_refs() -> None:
             if entry["name"].startswith(("ICEFALL_KAFKA_", "ICEFALL_CATALOG_")):
                 assert "value" not in entry
                 assert set(entry["valueFrom"]) == {"secretKeyRef"}
-        assert not any("secret" in volume for volume in pod_spec.get("volumes", []))
+        # The one Secret volume: the table's own Spark RPC secret (icefall.plan.isolation).
+        secrets = [v["secret"]["secretName"] for v in pod_spec.get("volumes", []) if "secret" in v]
+        assert secrets in ([], ["icefall-orders-spark-auth"])
     assert children.problems == ()
 
 
@@ -331,7 +334,9 @@ def test_every_pod_meets_the_restricted_pod_security_standard(master: str) -> No
             volumes = {v["name"]: v for v in pod_spec["volumes"]}
             assert "emptyDir" in volumes[mounts["/tmp"]], where
         for volume in pod_spec["volumes"]:
-            assert set(volume) & {"emptyDir", "configMap"}, where  # no hostPath, no secret volumes
+            # No hostPath; the one Secret volume is the table's Spark RPC secret (icefall.plan.isolation).
+            spark_auth = volume.get("secret", {}).get("secretName") == "icefall-orders-spark-auth"
+            assert set(volume) & {"emptyDir", "configMap"} or spark_auth, where
         assert "hostNetwork" not in pod_spec and "hostPID" not in pod_spec
     for where in ("driver", "compaction"):
         paths = {m["mountPath"] for m in specs[where]["containers"][0]["volumeMounts"]}
@@ -408,6 +413,11 @@ def test_the_driver_runs_spark_on_kubernetes_with_dynamic_allocation() -> None:
     assert conf[f"spark.kubernetes.executor.label.{LABEL_SPEC_HASH}"] == children.spec_hash
     assert conf["spark.kubernetes.executor.label.icefall.dev/streamingtable"] == "orders"
     assert conf["spark.kubernetes.executor.podTemplateFile"].endswith(EXECUTOR_TEMPLATE_KEY)
+    # The driver's Role grants pods only: Spark makes no executor ConfigMap and leaves PVCs and Services.
+    assert conf["spark.kubernetes.executor.disableConfigMap"] == "true"
+    assert conf["spark.kubernetes.driver.ownPersistentVolumeClaim"] == "false"
+    assert conf["spark.kubernetes.driver.reusePersistentVolumeClaim"] == "false"
+    assert conf["spark.kubernetes.driver.service.deleteOnTermination"] == "false"
     # The kubelet expands $(VAR) only from variables defined earlier in the list.
     assert children.driver_pod is not None
     names = [e["name"] for e in env_of(children.driver_pod["spec"])]
@@ -478,9 +488,6 @@ def test_driver_rbac_is_namespaced_least_privilege_and_names_the_commit_lease() 
         "streamingtables/status",
         "leases",
         "pods",
-        "configmaps",
-        "persistentvolumeclaims",
-        "services",
     }
     rules = by_resource["leases"]
     assert {"resourceNames": [leases.commit], "verbs": ["get", "update"]}.items() <= rules[0].items()
@@ -500,7 +507,14 @@ def test_driver_rbac_is_namespaced_least_privilege_and_names_the_commit_lease() 
             "verbs": ["patch"],
         }
     ]
-    assert "watch" in by_resource["pods"][0]["verbs"]
+    # Executors: what Spark's scheduler backend calls, no patch (the chart's admission policy confines which).
+    assert by_resource["pods"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": ["create", "get", "list", "watch", "delete", "deletecollection"],
+        }
+    ]
     binding = children.get("RoleBinding", "icefall-orders-eu-driver")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",

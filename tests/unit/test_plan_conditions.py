@@ -414,3 +414,25 @@ def test_a_driver_stopped_by_refused_credentials_names_them() -> None:
     )
     refused = driver_refusal(DriverState.STARTING, kafka)
     assert refused is not None and refused.reason is R.KAFKA_CREDENTIALS_REFUSED
+
+
+HALTED_LAST_WORDS = (
+    "DataLossHalted: topic 'orders': partition 0 offsets 20..34 (15 records) were deleted by Kafka's "
+    "retention before they were ingested; ingestion halted without skipping them (...)"
+)
+
+
+@pytest.mark.parametrize("state", [DriverState.BACKING_OFF, DriverState.STARTING])
+def test_a_driver_halted_on_lost_records_says_so_in_ingesting_ready_and_degraded(state: DriverState) -> None:
+    """spec.source.onDataLoss: Halt: the driver exits with `DataLossHalted: <line>`; while the next one is
+    backed off or starting, Ingesting, Ready and Degraded name the reason and the line, not DriverFailed."""
+    history = DriverHistory(failures=1, last_message=HALTED_LAST_WORDS)
+    issue = driver_refusal(state, history)
+    assert issue is not None and issue.reason is R.DATA_LOSS_HALTED
+    assert "partition 0 offsets 20..34" in issue.message
+    observed = healthy(issues=(issue,), driver=state, driver_message="the driver failed once (exit code 5)")
+    states = by_type(derive_conditions(observed, table(), T0))
+    assert states[C.INGESTING] == (S.FALSE, R.DATA_LOSS_HALTED)
+    assert states[C.READY] == (S.FALSE, R.DATA_LOSS_HALTED)
+    assert states[C.DEGRADED] == (S.TRUE, R.DATA_LOSS_HALTED)
+    assert driver_refusal(DriverState.RUNNING, history) is None  # a driver that got past it

@@ -8,7 +8,7 @@ the rendered conf names none; the CLI's tools name their application; the conf a
 over the session's base, whose loopback binding follows the master the process asks for; shuffle partitions
 are twice the cores a job can use (local[N], local[*] on this machine's cores, executors x cores on
 Kubernetes) and a table's `spec.spark.conf` reaches both `icefall run` and the driver pod last, winning over
-them. No Spark is started.
+them; every session has `spark.sql.runSQLOnFiles=false`, which no table can set. No Spark is started.
 """
 
 from __future__ import annotations
@@ -152,3 +152,19 @@ def test_a_tables_spark_conf_reaches_icefall_run_and_the_driver_pod_last() -> No
                                                    master="local[2]"))  # fmt: skip
     assert in_driver["spark.sql.shuffle.partitions"] == "200"
     assert render_driver(st, "local[4]")["spark.sql.shuffle.partitions"] == "200"
+
+
+def test_no_session_runs_sql_on_files_and_no_table_turns_it_back_on() -> None:
+    st = orders({"spark.sql.shuffle.partitions": "8"})
+    pod = render_driver(st, KUBERNETES_MASTER)
+    sessions = {
+        "icefall run": embedded_conf(st, master="local[2]", maintain=True),
+        "driver pod": in_pod({ENV_SPARK_CONF: json.dumps(pod)}, "orders", role="ingest", master="local[2]"),
+        "compaction pod": in_pod({ENV_SPARK_CONF: json.dumps(compaction_conf())}, "orders", role="compact",
+                                 master="local[2]"),
+        "verify": tool_conf("orders", "verify"),
+    }  # fmt: skip
+    for process, extra in sessions.items():
+        assert session_conf([], extra_conf=extra)["spark.sql.runSQLOnFiles"] == "false", process
+    with pytest.raises(ValueError, match=r"spark\.sql\.runSQLOnFiles"):
+        orders({"spark.sql.runSQLOnFiles": "true"})

@@ -7,7 +7,11 @@ watermarks or commits; offsets past the
 topic's end and unacknowledged retention loss become issues; table figures (files, average size,
 compaction and expiry times) come through; an unread table reports nothing rather than a guess. A table
 the operator does not read gets all of it from its driver's recent report: lag and freshness, the table's
-figures, data loss (an issue until acknowledged), the compaction backlog, and Kafka or catalog outages.
+figures, the compaction backlog, and Kafka or catalog outages. The driver's count of records lost to
+retention (`status.writer.lostRecords`, the one data-loss field set) makes the loss known to an operator
+that cannot read the table (the count, a DataLoss issue naming the last loss until acknowledged, the
+Degraded condition), and never lowers a larger count the operator read itself; with `onDataLoss: Halt`, a
+driver that stopped on lost records makes the table not Ingesting and not Ready with reason DataLossHalted.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from icefall.plan.table_status import (
     acknowledged_loss,
     reported_backlog,
     summarize,
+    with_writer_loss,
     with_writer_report,
     writer_issues,
 )
@@ -252,15 +257,18 @@ def test_a_driver_waiting_for_the_registry_is_not_ingesting() -> None:
     )
 
 
-def test_the_drivers_report_stands_in_for_the_table_figures_data_loss_and_backlog() -> None:
+def test_the_drivers_report_stands_in_for_the_table_figures_and_backlog() -> None:
     figures = TableStatus(files=8, avg_file_size_bytes=1000, snapshots=9, records=80, compaction_backlog=3)
-    sent = report(age_seconds=5, table=figures, data_loss_records=4, table_uuid="u-1")
-    filled = with_writer_report(summarize(None, None, NOW), sent, NOW, acknowledged_loss=1)
-    assert filled is not None and filled.table == figures and filled.data_loss_records == 4
-    (loss,) = [i for i in filled.issues if i.reason is ConditionReason.DATA_LOSS]
+    sent = report(age_seconds=5, table=figures, lost_records=4, table_uuid="u-1")
+    filled = with_writer_report(summarize(None, None, NOW), sent, NOW)
+    assert filled is not None and filled.table == figures
+    # Its loss count enters only through with_writer_loss: one place, one field set.
+    assert filled.data_loss_records is None and filled.issues == ()
+    lost = with_writer_loss(filled, sent, acknowledged=1)
+    assert lost.data_loss_records == 4
+    (loss,) = [i for i in lost.issues if i.reason is ConditionReason.DATA_LOSS]
     assert "4 records" in loss.message
-    acknowledged = with_writer_report(summarize(None, None, NOW), sent, NOW, acknowledged_loss=4)
-    assert acknowledged is not None and acknowledged.issues == ()
+    assert with_writer_loss(filled, sent, acknowledged=4).issues == ()
     # The operator's own reading of the table wins; lag and freshness still come from the report.
     own = summarize(facts(), None, NOW)
     mixed = with_writer_report(own, sent, NOW)
@@ -278,3 +286,45 @@ def test_outages_the_driver_waits_out_are_issues_when_the_operator_does_not_read
     assert issue.reason is ConditionReason.CATALOG_UNAVAILABLE and "catalog" in issue.message
     (kafka,) = writer_issues(report(age_seconds=5, waiting_for="kafka"), NOW, operator_reads=False)
     assert kafka.reason is ConditionReason.KAFKA_UNAVAILABLE and "Kafka" in kafka.message
+
+
+# --- records lost to retention, as the driver reports them -------------------------------------------------
+
+
+def test_the_drivers_count_of_lost_records_needs_no_credentials_of_the_operator() -> None:
+    blind = summarize(None, None, NOW)  # the operator read neither the table nor Kafka
+    assert blind.data_loss_records is None and blind.issues == ()
+    lost = report(age_seconds=3600, lost_records=25, last_loss_time=NOW - timedelta(minutes=5))
+    known = with_writer_loss(blind, lost)
+    assert known.data_loss_records == 25
+    (issue,) = known.issues
+    assert issue.reason is ConditionReason.DATA_LOSS
+    assert "25 records" in issue.message and "2024-05-01T11:55:00+00:00" in issue.message
+    assert f"{ANNOTATION_ACKNOWLEDGED_LOSS}=25" in issue.message
+    assert with_writer_loss(blind, lost, acknowledged=25).issues == ()
+    assert with_writer_loss(blind, lost, acknowledged=25).data_loss_records == 25
+    st = streaming_table_from_object(
+        {
+            "apiVersion": "icefall.dev/v1alpha1",
+            "kind": "StreamingTable",
+            "metadata": {"name": "orders", "namespace": "shop", "generation": 1},
+            "spec": {
+                "source": {"bootstrapServers": "k:9092", "topic": "orders"},
+                "format": {"schema": [{"name": "id", "type": "long"}]},
+            },
+        }
+    )
+    observed = Observations(driver=DriverState.RUNNING, issues=known.issues)
+    degraded = {c.type: c for c in derive_conditions(observed, st, NOW)}[ConditionType.DEGRADED]
+    assert (degraded.status, degraded.reason) == (ConditionStatus.TRUE, ConditionReason.DATA_LOSS)
+
+
+def test_the_larger_count_wins_and_no_report_changes_nothing() -> None:
+    read = summarize(facts(lost_records=30), {0: (0, 100), 1: (0, 50)}, NOW)
+    assert with_writer_loss(read, report(age_seconds=1, lost_records=20)) is read
+    newer = with_writer_loss(read, report(age_seconds=1, lost_records=40))
+    assert newer.data_loss_records == 40
+    assert [i.reason for i in newer.issues] == [ConditionReason.DATA_LOSS]  # one issue, the larger count
+    assert "40 records" in newer.issues[0].message
+    assert with_writer_loss(read, report(age_seconds=1)) is read  # a driver that has not committed yet
+    assert with_writer_loss(read, None) is read

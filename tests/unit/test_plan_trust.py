@@ -2,8 +2,9 @@
 the operator reads a table itself (`plan.table_status.not_read_by_operator`), and `deletionPolicy: Delete`'s
 purge Job and steps (`plan.purge`).
 
-Proves: a Secret is usable only with the label icefall.dev/streamingtables=allow, and each refusal names
-the field, the Secret and the fix (a missing Secret too); such a table is Ingesting=False and Ready=False,
+Proves: a Secret is usable only with the label icefall.dev/streamingtables=allow, whether a credential
+reference or spec.pods names it, and each refusal names the field, the Secret and the fix (a missing
+Secret too); such a table is Ingesting=False and Ready=False,
 reason SecretNotAllowed, and a running driver is stopped with a Warning Event; any credential reference,
 `{env: NAME}` included, leaves the table to its driver, and so does a catalog or object store the
 operator would reach with its own identity (only a table that needs no credential of anyone is read by
@@ -96,6 +97,29 @@ def test_only_granted_secrets_may_be_referenced_and_each_refusal_names_field_sec
     assert "Secret 'lake' does not exist in namespace shop" in missing
     # Another value than "allow" is no grant.
     assert secret_refusals(uses, {"kafka": {SECRET_GRANT_LABEL: "yes"}, "lake": ALLOW}, "shop")
+
+
+def test_a_secret_spec_pods_names_needs_the_grant_too() -> None:
+    """The pod policy may allow a Secret in spec.pods (podPolicy.secrets, or one the spec references
+    elsewhere); the Secret's owner must still have granted it, as for a credential reference."""
+    body = SECURED.model_dump(by_alias=True, exclude_none=True)
+    body["spec"]["pods"] = {
+        "common": {"volumes": [{"name": "ca", "secret": {"secretName": "shared-ca"}}]},
+        "driver": {"env": [{"name": "TOKEN", "valueFrom": ref("shared-token", "t")}]},
+        "executor": {"volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": "kafka"}}]}}]},
+    }
+    uses = secret_uses(StreamingTable.model_validate(body).spec)
+    pods = [(u.path, u.secret, u.key) for u in uses if u.path.startswith("spec.pods.")]
+    assert pods == [
+        ("spec.pods.common.volumes[0].secret.secretName", "shared-ca", ""),
+        ("spec.pods.driver.env[0].valueFrom.secretKeyRef.name", "shared-token", "t"),
+        ("spec.pods.executor.volumes[0].projected.sources[0].secret.name", "kafka", ""),
+    ]
+    granted = {"kafka": ALLOW, "lake": ALLOW, "shared-token": ALLOW}
+    (refusal,) = secret_refusals(uses, {**granted, "shared-ca": {"team": "a"}}, "shop")
+    path = "spec.pods.common.volumes[0].secret.secretName"
+    assert refusal.startswith(f"{path}: Secret 'shared-ca' is not granted")
+    assert secret_refusals(uses, {**granted, "shared-ca": ALLOW}, "shop") == []
 
 
 def test_env_references_name_no_secret() -> None:

@@ -1,7 +1,9 @@
 """The driver reports lag and freshness into its StreamingTable's status (`icefall.ingest.writer_status`),
 at a bounded rate, and a failing API never stops ingestion; with a table meter, each report carries its
-last reading (table-uuids, figures, backlog, data loss), a new reading at once. Fake clock, recording
-API."""
+last reading (table-uuids, figures, backlog), a new reading at once. It reports the table's count of
+records lost to retention once it knows it (the larger of its last commit's and its meter's), and when one
+of its commits last skipped some, leaving both out of the patch before (so an earlier driver's report
+stands). Fake clock, recording API."""
 
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "snapshotId": 7,
         "schemaRefused": [],
         "waitingFor": None,
+        "lostRecords": 0,
     }
     assert second == {
         "reportedAt": "2026-11-26T00:00:11Z",
@@ -79,6 +82,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "snapshotId": 8,
         "schemaRefused": [],
         "waitingFor": None,
+        "lostRecords": 0,
     }
 
 
@@ -151,23 +155,68 @@ def test_each_report_carries_the_meters_last_reading_of_the_table() -> None:
     )  # fmt: skip
     report(batch(lag=1, freshness=1.0, snapshot=7))
     assert "tableUuid" not in kube.patches[-1][2]["writer"]  # nothing read yet
-    meter.latest = TableReading("u-1", "u-2", TableStatus(files=3, compaction_backlog=2), 5)
+    meter.latest = TableReading("u-1", "u-2", TableStatus(files=3, compaction_backlog=2), 0)
     clock.now = 11
     report(None)
     writer = kube.patches[-1][2]["writer"]
-    assert (writer["tableUuid"], writer["deadLetterTableUuid"], writer["dataLossRecords"]) == (
-        "u-1",
-        "u-2",
-        5,
-    )
+    assert (writer["tableUuid"], writer["deadLetterTableUuid"]) == ("u-1", "u-2")
     assert (writer["table"]["files"], writer["table"]["compactionBacklog"]) == (3, 2)
 
     # A new reading is reported at once (the meter calls back), an unchanged one waits for the interval.
     sent = len(kube.patches)
     clock.now = 12
-    meter.latest = TableReading("u-1", "u-2", TableStatus(files=1, compaction_backlog=0), 5)
+    meter.latest = TableReading("u-1", "u-2", TableStatus(files=1, compaction_backlog=0), 0)
     report.table_read()
     assert len(kube.patches) == sent + 1 and kube.patches[-1][2]["writer"]["table"]["files"] == 1
     clock.now = 13
     report.table_read()
     assert len(kube.patches) == sent + 1
+
+
+def test_records_lost_to_retention_are_reported_with_the_time_of_the_last_skip() -> None:
+    kube, clock = RecordingKube(), Clock()
+    report = reporter(kube, clock)
+    report(None)  # a new driver, nothing committed yet: an earlier report of the loss stays as it is
+    assert {"lostRecords", "lastLossTime"}.isdisjoint(kube.patches[-1][2]["writer"])
+    clock.now = 10
+    report(replace(batch(lag=0, freshness=0.0, snapshot=1), lost_records=40))  # lost before this driver
+    assert kube.patches[-1][2]["writer"]["lostRecords"] == 40
+    assert "lastLossTime" not in kube.patches[-1][2]["writer"]
+    clock.now = 20
+    report(replace(batch(lag=0, freshness=0.0, snapshot=2), skipped=15, data_loss=15, lost_records=55))
+    clock.now = 30
+    report(replace(batch(lag=0, freshness=0.0, snapshot=3), lost_records=55))
+    sent = [body["writer"] for _, _, body in kube.patches[-2:]]
+    assert [(w["lostRecords"], w["lastLossTime"]) for w in sent] == [
+        (55, "2026-11-26T00:00:20Z"),
+        (55, "2026-11-26T00:00:20Z"),
+    ]
+
+
+def test_the_meters_count_of_lost_records_feeds_lost_records_before_and_between_commits() -> None:
+    """One field set for data loss (`lostRecords`): the meter's reading of icefall.lost-records fills it
+    before this driver's first commit, and the larger of the two counts is sent; no other loss field."""
+    from icefall.api import TableStatus
+    from icefall.ingest.table_meter import TableMeter, TableReading
+
+    class Meter:
+        latest: TableReading | None = None
+
+    kube, clock, meter = RecordingKube(), Clock(), Meter()
+    report = WriterStatusReporter(
+        cast(Kube, kube), "shop", "orders", interval=10, clock=clock, wall=clock.wall,
+        meter=cast(TableMeter, meter),
+    )  # fmt: skip
+    meter.latest = TableReading("u-1", None, TableStatus(files=3), 40)
+    report.table_read()  # read before any commit of this driver
+    writer = kube.patches[-1][2]["writer"]
+    assert writer["lostRecords"] == 40 and "lastLossTime" not in writer
+    assert "dataLossRecords" not in writer
+    clock.now = 10
+    report(replace(batch(lag=0, freshness=0.0, snapshot=1), skipped=15, data_loss=15, lost_records=55))
+    writer = kube.patches[-1][2]["writer"]
+    assert (writer["lostRecords"], writer["lastLossTime"]) == (55, "2026-11-26T00:00:10Z")
+    clock.now = 20
+    meter.latest = TableReading("u-1", None, TableStatus(files=4), 55)  # the meter catches up: no change
+    report.table_read()
+    assert kube.patches[-1][2]["writer"]["lostRecords"] == 55

@@ -96,3 +96,50 @@ network not with the range the table pods' metrics ports come from (they share t
 {{- end }}
 {{- toJson $pods -}}
 {{- end -}}
+
+{{/* CEL: whether the string `value` (a CEL expression) matches one of `patterns` (a CEL list expression of
+names and `prefix*`): `include "icefall.celMatch" (list "variables.annotations" "k")`. Mirrors
+icefall.api.pod_policy.first_match. */}}
+{{- define "icefall.celMatch" -}}
+{{- $patterns := index . 0 -}}
+{{- $value := index . 1 -}}
+{{ $patterns }}.exists(a, a == {{ $value }} || (a.endsWith('*') && {{ $value }}.startsWith(a.substring(0, size(a) - 1))))
+{{- end -}}
+
+{{/* What the chart's own `pods` (common and executor parts) give executor pods, as JSON {"hostNetwork": bool,
+"volumeTypes": [...], "secrets": [...]}: the executors' admission policy allows those besides podPolicy. */}}
+{{- define "icefall.chartExecutorPods" -}}
+{{- $hostNetwork := false -}}
+{{- $types := list -}}
+{{- $secrets := list -}}
+{{- range $part := list "common" "executor" -}}
+{{- $template := get ($.Values.pods | default dict) $part | default dict -}}
+{{- if $template.hostNetwork }}{{ $hostNetwork = true }}{{ end -}}
+{{- range $volume := $template.volumes | default list -}}
+{{- range $key, $_ := $volume }}{{ if ne $key "name" }}{{ $types = append $types $key }}{{ end }}{{ end -}}
+{{- with $volume.secret }}{{ with .secretName }}{{ $secrets = append $secrets . }}{{ end }}{{ end -}}
+{{- with $volume.projected }}{{ range .sources | default list }}{{ with .secret }}{{ with .name }}{{ $secrets = append $secrets . }}{{ end }}{{ end }}{{ end }}{{ end -}}
+{{- with $volume.csi }}{{ with .nodePublishSecretRef }}{{ with .name }}{{ $secrets = append $secrets . }}{{ end }}{{ end }}{{ end -}}
+{{- end -}}
+{{- range $env := $template.env | default list -}}
+{{- with $env.valueFrom }}{{ with .secretKeyRef }}{{ $secrets = append $secrets .name }}{{ end }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (dict "hostNetwork" $hostNetwork "volumeTypes" (uniq $types) "secrets" (uniq $secrets)) -}}
+{{- end -}}
+
+{{/* CEL: the Secrets the StreamingTable `.` (a CEL expression: object, params) references outside spec.pods,
+as a list of names: spec.source.security's and spec.format.registry's secret fields and
+spec.table.catalog.secretProperties (icefall.plan.env.secret_env_vars, secretKeyRef references only). */}}
+{{- define "icefall.celReferencedSecrets" -}}
+{{- $root := . -}}
+{{- $fields := list -}}
+{{- range $field := list "username" "password" "caCert" "clientCert" "clientKey" -}}
+{{- $fields = append $fields (printf "?%s.spec.source.?security.?%s.?secretKeyRef.?name" $root $field) -}}
+{{- end -}}
+{{- range $field := list "username" "password" -}}
+{{- $fields = append $fields (printf "?%s.spec.format.?registry.?%s.?secretKeyRef.?name" $root $field) -}}
+{{- end -}}
+{{- $catalog := printf "%s.spec.table.catalog.secretProperties" $root -}}
+[{{ join ", " $fields }}] + {{ $root }}.spec.table.?catalog.?secretProperties.orValue({}).filter(k, has({{ $catalog }}[k].secretKeyRef)).map(k, {{ $catalog }}[k].secretKeyRef.name)
+{{- end -}}

@@ -12,7 +12,13 @@ from typing import Any
 from icefall import __version__
 from icefall.commands.common import catalog_for, load_table, outages_for, state_dir, unreachable_is_one_line
 from icefall.commands.read import READ_FORMATS, TABLE_ROWS, read_rows
-from icefall.commands.run import commit_lease, ingest_until_stopped, stop_on_signals, stop_spark
+from icefall.commands.run import (
+    EXIT_DATA_LOSS,
+    commit_lease,
+    ingest_until_stopped,
+    stop_on_signals,
+    stop_spark,
+)
 from icefall.commands.table import reset_offsets, show_status
 
 
@@ -451,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from icefall.catalog import CatalogCredentialsRefusedError
     from icefall.catalog.refusal import refusal
+    from icefall.ingest.planning import DataLossHaltedError
     from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError, TopicNotFoundError
     from icefall.kafka.registry import MissingRegistrySecretError, RegistryError
     from icefall.kafka.security import MissingSecretError
@@ -472,6 +479,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         catalog = isinstance(error, CatalogCredentialsRefusedError)
         _last_words(f"{'Catalog' if catalog else 'Kafka'}CredentialsRefused: {error}")
         raise SystemExit(f"icefall: {error}") from None
+    except DataLossHaltedError as error:
+        # One line naming the partitions, the lost offsets and the fix; a code of its own; in a pod, the
+        # termination message the operator turns into the reason DataLossHalted (plan.conditions).
+        _last_words(f"DataLossHalted: {error}")
+        print(f"icefall: {error}", file=sys.stderr, flush=True)
+        return EXIT_DATA_LOSS
     except one_line as error:
         raise SystemExit(f"icefall: {error}") from None
     except NoSuchTableError as error:

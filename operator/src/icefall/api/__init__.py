@@ -37,6 +37,7 @@ from icefall.api.schema import (
 from icefall.api.source import (
     KafkaSecurity,
     KafkaSource,
+    OnDataLoss,
     SaslMechanism,
     SecurityProtocol,
     StartingPosition,
@@ -117,6 +118,7 @@ __all__ = [
     "ManifestError",
     "NullOrder",
     "ObjectMeta",
+    "OnDataLoss",
     "ParsedTransform",
     "ParsedType",
     "PartitionField",

@@ -14,11 +14,13 @@ Not guaranteed: that the API server rejects everything the models reject. Left t
 operator reports them as `Ready=False` with reason `InvalidSpec`; `icefall run` refuses to start):
 checks that need the whole schema (partition and sort columns exist and fit their transform, duplicate
 column names, nesting depth), number ranges inside strings (decimal precision, bucket counts), property
-keys that look secret or carry `kafka.`/`ssl.`/`sasl.` prefixes, blank transform expressions, a dead-letter
-table equal to the table, schema parts below `TYPED_SCHEMA_DEPTH`, and the columns' part rules below level
-1 (their CEL cost would multiply by every enclosing unbounded list). In `spec.pods`: map keys (label and
-annotation keys reserved by the operator, resource names; CEL would walk each map), a mount naming a
-volume the template lacks, request above limit, duplicate names, and the source part of a volume.
+keys that look secret or carry `kafka.`/`ssl.`/`sasl.` prefixes, catalog and table property keys that
+name code by their shape (CEL looks up the best-known ones, `py-io-impl`, `io-impl`, ...; the consumer
+properties' allow-list is CEL's too), blank transform expressions and the functions they call, a
+dead-letter table equal to the table, schema parts below `TYPED_SCHEMA_DEPTH`, and the columns' part rules
+below level 1 (their CEL cost would multiply by every enclosing unbounded list). In `spec.pods`: map keys
+(label and annotation keys reserved by the operator, resource names; CEL would walk each map), a mount
+naming a volume the template lacks, request above limit, duplicate names, and the source part of a volume.
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from icefall.api.code_properties import (
+    ALLOWED_CONSUMER_PROPERTIES,
+    CODE_REASON,
+    KNOWN_CODE_KEYS,
+    SECURITY_DOC,
+)
 from icefall.api.pods import (
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
@@ -156,6 +162,19 @@ def _cel_list(items: tuple[str, ...]) -> str:
 
 
 _MANAGED_KEYS = "[" + ", ".join(f"'{key}'" for key in sorted(MANAGED_CONSUMER_PROPERTIES)) + "]"
+_ALLOWED_CONSUMER = _cel_list(tuple(sorted(ALLOWED_CONSUMER_PROPERTIES)))
+_CATALOG_CODE_KEYS = _cel_list(tuple(k for k in KNOWN_CODE_KEYS if not k.startswith("write.")))
+_TABLE_CODE_KEYS = _cel_list(tuple(k for k in KNOWN_CODE_KEYS if k.startswith("write.")))
+
+
+def _no_code_keys(keys: str, field: str) -> Rule:
+    """The best-known class-valued keys, looked up in the map `field` (cheap, unlike walking it)."""
+    return Rule(
+        f"!has(self.{field}) || !{keys}.exists(k, k in self.{field})",
+        message_expression=f"{keys}.filter(k, k in self.{field})[0] + ': {CODE_REASON}; remove it'",
+        field_path=f".{field}",
+    )
+
 
 #: Rules on model objects, by model name. `SchemaField` rules apply to top-level columns only.
 MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
@@ -269,6 +288,15 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             ),
             field_path=".properties",
         ),
+        Rule(
+            # A walk of the map, bounded by its maxProperties.
+            f"!has(self.properties) || self.properties.all(k, k in {_ALLOWED_CONSUMER})",
+            message_expression=(
+                f"self.properties.filter(k, !(k in {_ALLOWED_CONSUMER}))[0] + ' is not on the allow-list "
+                f"of Kafka consumer properties a table may set (see {SECURITY_DOC}); remove it'"
+            ),
+            field_path=".properties",
+        ),
     ),
     "StartingPosition": (
         Rule(
@@ -321,8 +349,11 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             ),
             field_path=".uri",
         ),
+        _no_code_keys(_CATALOG_CODE_KEYS, "properties"),
+        _no_code_keys(_CATALOG_CODE_KEYS, "secretProperties"),
     ),
     "TableSpec": (
+        _no_code_keys(_TABLE_CODE_KEYS, "properties"),
         _fixed_presence("catalog", "spec.table.catalog"),
         _fixed_presence("name", "spec.table.name"),
         Rule(

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from icefall.api.base import ApiModel, ProblemCollector, SecretRef
 from icefall.api.schema import SchemaField, check_fields
+from icefall.api.sql_expressions import expression_problem
 
 REGISTRY_URL_PATTERN = r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
 #: An Avro full name: dot-separated names.
@@ -181,14 +182,16 @@ class Format(ApiModel):
 
 
 class Transforms(ApiModel):
-    """Spark SQL applied to decoded records before they are written."""
+    """Spark SQL applied to decoded records before they are written: expressions over the record only,
+    with functions from an allow-list (`icefall.api.sql_expressions`)."""
 
     select: list[str] | None = Field(
         default=None,
         min_length=1,
         description=(
             "Spark SQL expressions for the output columns, e.g. ['*', 'amount * 100 AS cents']. "
-            "Default: all schema fields."
+            "Default: all schema fields. Only record-local functions are allowed (string, math, date and "
+            "time, conditional, cast, collection, hashing and JSON functions); no queries, no file reads."
         ),
     )
     filter: str | None = Field(
@@ -196,7 +199,8 @@ class Transforms(ApiModel):
         min_length=1,
         max_length=65536,
         description=(
-            "Spark SQL boolean expression; records for which it is not true are skipped (not dead-lettered)."
+            "Spark SQL boolean expression; records for which it is not true are skipped (not dead-lettered). "
+            "The same functions as select are allowed."
         ),
     )
 
@@ -206,7 +210,11 @@ class Transforms(ApiModel):
         for i, expression in enumerate(self.select or []):
             if not expression.strip():
                 problems.add(("select", i), "empty expression; remove it or write a Spark SQL expression")
+            elif (problem := expression_problem(expression)) is not None:
+                problems.add(("select", i), problem)
         if self.filter is not None and not self.filter.strip():
             problems.add(("filter",), "empty filter; remove it or write a Spark SQL boolean expression")
+        elif self.filter is not None and (problem := expression_problem(self.filter)) is not None:
+            problems.add(("filter",), problem)
         problems.raise_if_any()
         return self

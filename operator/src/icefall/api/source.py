@@ -3,8 +3,15 @@
 Guarantees:
 - Credentials (usernames, passwords, CA bundles, client keys) are only ever references (`SecretRef`);
   an inline value is rejected with a message that says how to reference it, without echoing it.
-- The free-form consumer `properties` cannot carry secrets or override what Icefall manages (bootstrap
-  servers, security, offsets, deserialisers): those keys are rejected with the spec field to use instead.
+- The free-form consumer `properties` are an allow-list of tuning settings (fetch sizes, timeouts,
+  backoffs, `client.rack`, `group.id`; `icefall.api.code_properties`): what Icefall manages (bootstrap
+  servers, security, offsets, deserialisers) is rejected with the spec field to use instead, and settings
+  that load code (`config.providers`, `*.class`, `interceptor.classes`, ...) or are simply not listed are
+  rejected with that reason.
+- `onDataLoss` says what ingestion does when Kafka's retention deleted records it had not read yet:
+  `Continue` (the default) goes on from the earliest record left and counts the skipped ones in the table
+  (`icefall.lost-records`, Degraded reason DataLoss); `Halt` skips nothing and stops ingestion (reason
+  DataLossHalted) until a person decides.
 - `startingPosition` only matters the first time a table is filled. Afterwards ingestion resumes from the
   offsets committed in the table, and partitions added to the topic later are read from their earliest
   offset (as Spark does), so no record in a new partition is skipped.
@@ -26,6 +33,7 @@ from icefall.api.base import (
     SecretRef,
     looks_secret,
 )
+from icefall.api.code_properties import kafka_property_problem
 
 #: Consumer properties Icefall sets itself, and the spec field that controls each.
 MANAGED_CONSUMER_PROPERTIES = {
@@ -40,6 +48,10 @@ MANAGED_CONSUMER_PROPERTIES = {
     "value.deserializer": "nothing: records are read as bytes and decoded by spec.format",
     "interceptor.classes": "nothing: Spark's Kafka source does not allow consumer interceptors",
 }
+
+
+#: Most consumer properties a table sets (the allow-list is shorter; a bound the CRD's CEL cost needs).
+MAX_CONSUMER_PROPERTIES = 64
 
 
 class StartingPositionType(StrEnum):
@@ -78,6 +90,13 @@ class StartingPosition(ApiModel):
             )
         problems.raise_if_any()
         return self
+
+
+class OnDataLoss(StrEnum):
+    """What ingestion does when retention deleted records it had not read yet."""
+
+    CONTINUE = "Continue"
+    HALT = "Halt"
 
 
 class SecurityProtocol(StrEnum):
@@ -186,9 +205,21 @@ class KafkaSource(ApiModel):
     )
     properties: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_CONSUMER_PROPERTIES,
         description=(
-            "Extra non-secret Kafka consumer properties (e.g. fetch.max.bytes), without Spark's 'kafka.' "
-            "prefix. Values are strings."
+            "Extra Kafka consumer properties, without Spark's 'kafka.' prefix, from an allow-list of "
+            "tuning settings: fetch sizes and waits (fetch.max.bytes, max.poll.records, ...), timeouts, "
+            "backoffs, client.rack, client.id, group.id. Values are strings."
+        ),
+    )
+
+    on_data_loss: OnDataLoss = Field(
+        default=OnDataLoss.CONTINUE,
+        description=(
+            "When Kafka's retention deleted records before they were ingested. Continue: go on from the "
+            "earliest record left; the skipped ones are counted in the table (icefall.lost-records) and "
+            "reported (Degraded, reason DataLoss). Halt: skip nothing and stop ingesting (Ready and "
+            "Ingesting False, reason DataLossHalted) until this is set to Continue for the skip to happen."
         ),
     )
 
@@ -210,5 +241,7 @@ class KafkaSource(ApiModel):
                 )
             elif re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
                 problems.add((key,), "property names use letters, digits, '.', '_' and '-'")
+            elif (problem := kafka_property_problem(bare)) is not None:
+                problems.add((key,), problem)
         problems.raise_if_any()
         return value

@@ -74,9 +74,13 @@ class ConditionReason(StrEnum):
     OFFSETS_AHEAD_OF_TOPIC = "OffsetsAheadOfTopic"
     TOPIC_RECREATED = "TopicRecreated"
     BAD_RECORD_HALTED = "BadRecordHalted"
+    # spec.source.onDataLoss: Halt, and retention deleted records before they were ingested.
+    DATA_LOSS_HALTED = "DataLossHalted"
     DEAD_LETTER_FAILED = "DeadLetterFailed"
     SCHEMA_CHANGE_REFUSED = "SchemaChangeRefused"
     REGISTRY_UNAVAILABLE = "RegistryUnavailable"
+    # spec.pods asks for what the operator's pod policy does not allow: no pod is created or changed.
+    POD_POLICY_VIOLATION = "PodPolicyViolation"
     # Compacting
     COMPACTING = "Compacting"
     NO_COMPACTION_NEEDED = "NoCompactionNeeded"
@@ -108,9 +112,11 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.OFFSETS_AHEAD_OF_TOPIC,
         _R.TOPIC_RECREATED,
         _R.BAD_RECORD_HALTED,
+        _R.DATA_LOSS_HALTED,
         _R.DEAD_LETTER_FAILED,
         _R.SCHEMA_CHANGE_REFUSED,
         _R.COMPACTION_FAILED,
+        _R.POD_POLICY_VIOLATION,
     },
     ConditionType.INGESTING: _LIFECYCLE
     | {
@@ -125,6 +131,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.KAFKA_CREDENTIALS_REFUSED,
         _R.REGISTRY_UNAVAILABLE,
         _R.BAD_RECORD_HALTED,
+        _R.DATA_LOSS_HALTED,
         _R.TABLE_CLAIMED,
         _R.SECRET_NOT_ALLOWED,
     },
@@ -142,6 +149,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.OFFSETS_AHEAD_OF_TOPIC,
         _R.TOPIC_RECREATED,
         _R.BAD_RECORD_HALTED,
+        _R.DATA_LOSS_HALTED,
         _R.DEAD_LETTER_FAILED,
         _R.SCHEMA_CHANGE_REFUSED,
         _R.CATALOG_CREDENTIALS_REFUSED,
@@ -149,6 +157,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.SECRET_NOT_ALLOWED,
         _R.DRIVER_FAILED,
         _R.COMPACTION_FAILED,
+        _R.POD_POLICY_VIOLATION,
     },
     ConditionType.COMPACTING: _LIFECYCLE | {_R.COMPACTING, _R.NO_COMPACTION_NEEDED, _R.COMPACTION_FAILED},
 }
@@ -259,6 +268,19 @@ class WriterReport(StatusModel):
             "unset when it reaches them all."
         ),
     )
+    lost_records: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Records Kafka's retention deleted before they were ingested, over the table's life (the "
+            "table's icefall.lost-records), as of the driver's last commit or its last reading of the table, "
+            "whichever says more; unset before either."
+        ),
+    )
+    last_loss_time: datetime | None = Field(
+        default=None,
+        description="When a commit of the driver last skipped records retention had deleted; unset if never.",
+    )
     schema_refused: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
         default_factory=list,
         max_length=20,
@@ -285,11 +307,6 @@ class WriterReport(StatusModel):
             "compaction backlog included): shown, and what compaction is scaled on, when the operator does "
             "not read the table itself."
         ),
-    )
-    data_loss_records: int | None = Field(
-        default=None,
-        ge=0,
-        description="Records Kafka deleted before they were ingested, as the table said then (lost-records).",
     )
 
 

@@ -6,6 +6,9 @@ Guarantees:
   calls when the table columns are known statically (no `transforms.select`).
 - Catalog credentials are references only (`secretProperties`); a password in the URI or a secret-looking
   key in the plain `properties` is rejected.
+- No catalog or table property names code to load (`py-io-impl`, `io-impl`, `*-impl`, `*.class`,
+  `client.factory`, `hadoop.*`, `write.location-provider.impl`, ...; `icefall.api.code_properties`): each
+  is rejected with the field and the reason, in `properties` and `secretProperties` alike.
 - Table properties under `icefall.` are reserved: the commit protocol stores its offsets and epoch there.
 
 Not guaranteed: that the catalog is reachable or the table absent/compatible; that is observed at run time
@@ -33,6 +36,7 @@ from icefall.api.base import (
     SecretRef,
     looks_secret,
 )
+from icefall.api.code_properties import code_property_problem
 from icefall.api.schema import SchemaField, resolve_column
 
 RESERVED_PROPERTY_PREFIX = "icefall."
@@ -250,7 +254,10 @@ class CatalogSpec(ApiModel):
     )
     properties: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra non-secret catalog properties, e.g. s3.endpoint or s3.region.",
+        description=(
+            "Extra non-secret catalog properties, e.g. s3.endpoint or s3.region. Properties that name code "
+            "to load (py-io-impl, io-impl, *-impl, *.class, client.factory, hadoop.*, ...) are refused."
+        ),
     )
     secret_properties: dict[str, SecretRef] = Field(
         default_factory=dict,
@@ -280,22 +287,35 @@ class CatalogSpec(ApiModel):
                 )
             if self.warehouse is None:
                 problems.add(("warehouse",), "a sql catalog needs a warehouse location; add warehouse")
-        for key in self.properties:
-            if looks_secret(key):
-                problems.add(
-                    ("properties", key), f"{key} looks secret; move it to secretProperties as a reference"
-                )
-            elif re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
-                problems.add(("properties", key), "property names use letters, digits, '.', '_' and '-'")
-        for key in self.secret_properties:
-            if key in self.properties:
-                problems.add(("secretProperties", key), f"{key} is also in properties; keep it in one place")
-            if re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
-                problems.add(
-                    ("secretProperties", key), "property names use letters, digits, '.', '_' and '-'"
-                )
+        problems.extend((), _catalog_property_problems(self.properties, self.secret_properties))
         problems.raise_if_any()
         return self
+
+
+def _catalog_property_problems(
+    properties: dict[str, str], secret_properties: dict[str, SecretRef]
+) -> list[tuple[Loc, str]]:
+    """Problems of the keys of a catalog's `properties` and `secretProperties` (paths relative to it)."""
+    problems: list[tuple[Loc, str]] = []
+    for key, value in properties.items():
+        if (problem := code_property_problem(key, value)) is not None:
+            problems.append((("properties", key), problem))
+        elif looks_secret(key):
+            problems.append(
+                (("properties", key), f"{key} looks secret; move it to secretProperties as a reference")
+            )
+        elif re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
+            problems.append((("properties", key), "property names use letters, digits, '.', '_' and '-'"))
+    for key in secret_properties:
+        if (problem := code_property_problem(key)) is not None:
+            problems.append((("secretProperties", key), problem))
+        if key in properties:
+            problems.append((("secretProperties", key), f"{key} is also in properties; keep it in one place"))
+        if re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
+            problems.append(
+                (("secretProperties", key), "property names use letters, digits, '.', '_' and '-'")
+            )
+    return problems
 
 
 class TableSpec(ApiModel):
@@ -341,13 +361,15 @@ class TableSpec(ApiModel):
     @classmethod
     def _unreserved(cls, value: dict[str, str]) -> dict[str, str]:
         problems = ProblemCollector()
-        for key in value:
+        for key, text in value.items():
             if key.startswith(RESERVED_PROPERTY_PREFIX):
                 problems.add(
                     (key,), "properties under 'icefall.' are written by Icefall's commits; remove it"
                 )
             elif re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
                 problems.add((key,), "property names use letters, digits, '.', '_' and '-'")
+            elif (problem := code_property_problem(key, text)) is not None:
+                problems.add((key,), problem)
         problems.raise_if_any()
         return value
 

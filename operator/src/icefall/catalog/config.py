@@ -38,6 +38,11 @@ reference reads that variable, a `secretKeyRef` reads the variable the operator 
   and writes as well; bench/results/memory.md).
 - always, Spark: `cache-enabled=false`, since pyiceberg moves refs behind Spark's back.
 
+No property names code: keys such as `py-io-impl`, `io-impl`, `*-impl`, `*.class` or `client.factory`
+(`icefall.api.code_properties`) are refused in `properties` and `secretProperties` with the field and the
+reason; the FileIOs above are Icefall's fixed choices, and the pyiceberg clients are
+`icefall.catalog.confined`'s, which drop such keys from what a REST catalog or a table's metadata says.
+
 Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
 `mask(text)` removes them from any other text (a client's exception); a missing secret raises
 `MissingCredentialError` naming the spec field and the variable; a REST catalog that refuses the
@@ -59,6 +64,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from icefall.api import CatalogType, StreamingTableSpec
+from icefall.api.code_properties import code_property_problem
 from icefall.catalog.azure import PY_AZURE_FILE_IO, is_azure_location, java_properties
 from icefall.plan.env import secret_env_vars
 
@@ -73,6 +79,9 @@ PY_GCS_FILE_IO = "icefall.catalog.gcs_io.GcsFileIO"  # pyiceberg's PyArrowFileIO
 #: pyiceberg's FileIO for a local (`file:`) warehouse: fsspec's, which reads and writes metadata without
 #: importing pyarrow's datasets, Parquet and compute (~85 MiB RSS in `icefall run`, bench/results/memory.md).
 PY_LOCAL_FILE_IO = "pyiceberg.io.fsspec.FsspecFileIO"
+PY_ARROW_FILE_IO = "pyiceberg.io.pyarrow.PyArrowFileIO"  # pyiceberg's default for other locations
+#: Every FileIO class pyiceberg may load in an Icefall process (`icefall.catalog.confined`).
+PY_FILE_IOS = (PY_LOCAL_FILE_IO, PY_ARROW_FILE_IO, PY_AZURE_FILE_IO, PY_GCS_FILE_IO)
 # pyiceberg's stand-in for `gcs.no-auth` (see the module doc): a token an emulator ignores, valid until 2100.
 GCS_NO_AUTH_TOKEN = "icefall-no-auth"
 GCS_NO_AUTH_EXPIRES_MS = "4102444800000"
@@ -187,6 +196,10 @@ class CatalogConfig:
             for kind, given in (("properties", self.properties), ("secretProperties", self.secrets)):
                 if key in given:
                     raise CatalogConfigError(f"spec.table.catalog.{kind}[{key}]: set {where} instead")
+        for kind, given in (("properties", self.properties), ("secretProperties", self.secrets)):
+            for key, value in sorted(given.items()):
+                if (problem := code_property_problem(key, value)) is not None:
+                    raise CatalogConfigError(f"spec.table.catalog.{kind}[{key}]: {problem}")
         if self.type is CatalogType.SQL:
             _Database.parse(self.uri)  # fail early, naming the field
 
@@ -241,30 +254,30 @@ class CatalogConfig:
     # -- the two clients ----------------------------------------------------------------------------------
 
     def pyiceberg(self, *, make_folders: bool = True) -> Catalog:
-        """A new pyiceberg client (`SqlCatalog` or `RestCatalog`). For SQLite, creates the database's folder
+        """A new pyiceberg client (`SqlCatalog` or `RestCatalog`, confined to Icefall's code:
+        `icefall.catalog.confined`). For SQLite, creates the database's folder
         and a local warehouse folder first, unless `make_folders` is False (the operator only observes: a
         catalog whose folder is missing is an error there, not something to create)."""
+        from icefall.catalog.confined import confine_pyiceberg, rest_catalog, sql_catalog
+
+        confine_pyiceberg(PY_FILE_IOS)
         props = self.pyiceberg_properties()
         if self.type is CatalogType.REST:
-            from pyiceberg.catalog.rest import RestCatalog
-
             from icefall.catalog.refusal import CatalogCredentialsRefusedError, refusal
 
             try:
-                return RestCatalog(self.name, **props)  # fetches a token and /v1/config: refusals show here
+                return rest_catalog(self.name, props)  # fetches a token and /v1/config: refusals show here
             except Exception as error:
                 refused = refusal(error)
                 if refused is None:
                     raise
                 raise CatalogCredentialsRefusedError.of(self, refused) from None
-        from pyiceberg.catalog.sql import SqlCatalog
-
         database = _Database.parse(self.uri)
         if make_folders and database.path is not None:
             database.path.parent.mkdir(parents=True, exist_ok=True)
         if make_folders and self.warehouse and self.warehouse.startswith("file:"):
             Path(urlsplit(self.warehouse).path).mkdir(parents=True, exist_ok=True)
-        return SqlCatalog(self.name, **props)
+        return sql_catalog(self.name, props)
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """The properties `pyiceberg()` opens the catalog with (secret values included: never log them)."""
@@ -327,8 +340,13 @@ class CatalogConfig:
             options.setdefault("io-impl", GCS_FILE_IO)
         # pyiceberg moves refs (staging branches, main) behind Spark's back: never serve cached metadata.
         options["cache-enabled"] = "false"
-        prefix = f"spark.sql.catalog.{self.name}"
+        prefix = self.spark_prefix
         return {prefix: SPARK_CATALOG, **{f"{prefix}.{key}": value for key, value in options.items()}}
+
+    @property
+    def spark_prefix(self) -> str:
+        """`spark.sql.catalog.<name>`: this catalog's key in Spark's conf (its options follow a dot)."""
+        return f"spark.sql.catalog.{self.name}"
 
     # -- facts and safety ---------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ T = TypeVar("T")
 # Exit codes of `icefall run` / `icefall ingest` a supervisor can act on (1: failure, 2: usage).
 EXIT_LEASE = 3  # another writer holds or took the table
 EXIT_SOURCE_CHANGED = 4  # the topic was recreated or truncated: `icefall reset-offsets` first
+EXIT_DATA_LOSS = 5  # retention deleted records and spec.source.onDataLoss is Halt (icefall.cli says which)
 
 
 def stop_on_signals() -> Any:

@@ -12,9 +12,9 @@ Runs from the operator's one finalizer (`icefall.dev/finalizer`), once per pass 
    it runs the purge Job (`plan.purge`: `icefall purge` with the table's own credentials, under the
    driver's ServiceAccount) and waits for it; the Job drops the table and its dead-letter table only if
    their table-uuids are the ones this StreamingTable's driver recorded (`status.writer`). Whatever
-   happens (no uuid recorded, a Secret not granted, the Job failed, `Config.purge_deadline_seconds`
-   passed) the deletion ends with an Event that says what was dropped, or why the table was kept and
-   what to do.
+   happens (no uuid recorded, a Secret not granted or a `spec.pods` the pod policy refuses, the Job
+   failed, `Config.purge_deadline_seconds` passed) the deletion ends with an Event that says what was
+   dropped, or why the table was kept and what to do.
 
 Guarantees: idempotent (every step checks before it acts; the Job has a fixed name); the table is never
 dropped while this StreamingTable's driver Pod exists, nor by the operator's own credentials (it has none).
@@ -46,6 +46,7 @@ from icefall.plan.claims import Claim, claim_from_object
 from icefall.plan.conditions import set_condition
 from icefall.plan.driver import Event, EventReason, EventType
 from icefall.plan.names import driver_pod_name, purge_job_name
+from icefall.plan.pod_policy import policy_issue, violations
 from icefall.plan.purge import JOB_NAME_LABEL, PurgeStep, job_state, last_words, purge_job, purge_step
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def _purge(
     namespace, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
     report = st.status.writer if st.status else None
     table_uuid = report.table_uuid if report is not None else None
-    refusals = secret_refusals_of(kube, st, namespace) if table_uuid and not owners else []
+    refusals = _pod_refusals(kube, st, namespace, config) if table_uuid and not owners else []
     job_name = purge_job_name(name)
     job = job_state(kube.get("Job", namespace, job_name))
     started = meta.get("deletionTimestamp")
@@ -167,6 +168,17 @@ def _purge(
     return Finalized(True, (_kept(step, kept, job_name, refusals, kube, namespace, failure),))
 
 
+def _pod_refusals(kube: Kube, st: StreamingTable, namespace: str, config: Config) -> list[str]:
+    """Why the purge Job's pod may not be created, as for any pod of the table: a referenced Secret not
+    granted (`plan.grants`), or a `spec.pods` the pod policy refuses (the pod takes spec.pods.driver and
+    common; `plan.pod_policy`: the admission policy may have come after the table)."""
+    refusals = secret_refusals_of(kube, st, namespace)
+    broken = violations(config.pod_policy, st)
+    if broken:
+        refusals.append(policy_issue(broken).message)
+    return refusals
+
+
 def _kept(  # noqa: PLR0917 (private: the why of each way to keep)
     step: PurgeStep,
     kept: str,
@@ -187,7 +199,7 @@ def _kept(  # noqa: PLR0917 (private: the why of each way to keep)
             "quota, scheduling?); it was stopped"
         )
     elif refusals:
-        why = "the purge Job would reference Secrets not granted to StreamingTables: " + "; ".join(refusals)
+        why = "the purge Job's pod may not be created: " + "; ".join(refusals)
     else:
         why = (
             "its driver never reported which table it writes (status.writer.tableUuid), so nothing proves "

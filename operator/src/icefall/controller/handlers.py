@@ -79,6 +79,7 @@ CHILD_RESOURCES = (
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     ("apps", "v1", "deployments"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
 )
 CHILD_LABELS = {LABEL_MANAGED_BY: MANAGED_BY}
 

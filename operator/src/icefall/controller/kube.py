@@ -42,7 +42,9 @@ _RESOURCES: Mapping[str, tuple[str, str]] = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Job": ("/apis/batch/v1", "jobs"),
-    "Secret": ("/api/v1", "secrets"),  # metadata only: `secret_labels`
+    # Created (the Spark RPC secret) and read as metadata only (`secret_labels`); never their data.
+    "Secret": ("/api/v1", "secrets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
 }
 #: Ask for an object's metadata only (the API server leaves out a Secret's data).
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"

@@ -50,6 +50,20 @@ TABLE_FILES = Gauge(
 TABLE_SNAPSHOTS = Gauge(
     "icefall_table_snapshots", "Snapshots retained in the table's metadata.", ["table"], registry=REGISTRY
 )
+TABLE_LOST_RECORDS = Gauge(
+    "icefall_table_lost_records",
+    "Records Kafka's retention deleted before they were ingested, over the table's life "
+    "(icefall.lost-records, read by the operator or reported by the driver).",
+    ["table"],
+    registry=REGISTRY,
+)
+TABLE_LOST_UNACKNOWLEDGED = Gauge(
+    "icefall_table_lost_records_unacknowledged",
+    "Of icefall_table_lost_records, those above the count acknowledged with the StreamingTable's "
+    "icefall.dev/acknowledged-data-loss annotation (the IcefallDataLost alert fires while it is above 0).",
+    ["table"],
+    registry=REGISTRY,
+)
 COMPACTION_REPLICAS = Gauge(
     "icefall_compaction_replicas",
     "Compaction pods the operator asks for (the Deployment's replicas).",
@@ -59,9 +73,19 @@ COMPACTION_REPLICAS = Gauge(
 
 
 def record_table(
-    namespace: str, name: str, summary: Summary, compaction_replicas: int, freshness_target_seconds: int
+    namespace: str,
+    name: str,
+    summary: Summary,
+    compaction_replicas: int,
+    freshness_target_seconds: int,
+    *,
+    acknowledged_loss: int = 0,
 ) -> None:
     table = f"{namespace}.{name}"
+    lost = summary.data_loss_records
+    if lost is not None:
+        TABLE_LOST_RECORDS.labels(table=table).set(lost)
+        TABLE_LOST_UNACKNOWLEDGED.labels(table=table).set(max(lost - acknowledged_loss, 0))
     FRESHNESS_TARGET.labels(table=table).set(freshness_target_seconds)
     if summary.freshness_seconds is not None:
         FRESHNESS.labels(table=table).set(summary.freshness_seconds)
@@ -88,6 +112,8 @@ def forget_table(namespace: str, name: str) -> None:
         MAINTENANCE_BACKLOG,
         TABLE_FILES,
         TABLE_SNAPSHOTS,
+        TABLE_LOST_RECORDS,
+        TABLE_LOST_UNACKNOWLEDGED,
         COMPACTION_REPLICAS,
     ):
         with contextlib.suppress(KeyError):  # never reported

@@ -13,13 +13,16 @@ Both passes:
 3. Observe the table and the topic (`controller.observe`, rate-limited per table; only tables that
    reference no credential) → compaction replicas from the backlog, the operator's own reading or else the
    driver's report (`plan.scaling`, scale-down damped by `SCALE_DOWN_COOLDOWN_SECONDS`) →
-   `desired_children`.
+   `desired_children`. A `spec.pods` that breaks the pod policy (`plan.pod_policy`, `Config.pod_policy`)
+   renders nothing instead (`withheld_children`): Degraded PodPolicyViolation, nothing applied, no driver
+   Pod created; a running driver keeps the spec it started with.
 4. Observe the `<st>-ingest` Pod; `plan.driver.decide` with the history kept in the
    `icefall.dev/driver-history` annotation.
 5. Derive the status (`controller.status`) and write it when `should_write_status` says so.
 
-`apply` also, between those steps: server-side applies `applied` (accounts first) and deletes `absent`
-(after 3), each child only when its rendering changed or it is due for repair (`plan.applying`); creates
+`apply` also, between those steps: server-side applies `applied` (accounts first), creates `created` with
+their secret value (random bytes made here; an existing one is left as it is) and deletes `absent` (after
+3), each child only when its rendering changed or it is due for repair (`plan.applying`); creates
 or deletes the driver Pod as decided and stores the new history (after 4); and returns the Events of
 transitions (the driver's, a new claim, Degraded set or cleared).
 
@@ -35,22 +38,25 @@ none: the driver restarts without backoff).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from icefall.api import ManifestError, StreamingTable, streaming_table_from_object
+from icefall.api.pod_policy import PodPolicy, pod_policy_from_json
 from icefall.controller import metrics, status
 from icefall.controller.kube import Kube
 from icefall.controller.observe import Observed, TableObserver
 from icefall.controller.status import Ref, StatusMemory
 from icefall.plan.applying import ABSENT, REPAIR_SECONDS, Applied, child_key, due, manifest_digest
-from icefall.plan.children import Children, desired_children
+from icefall.plan.children import Children, desired_children, withheld_children
 from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
 from icefall.plan.driver import (
     MAX_BACKOFF_SECONDS,
@@ -58,6 +64,7 @@ from icefall.plan.driver import (
     DriverDecision,
     DriverHistory,
     DriverPod,
+    DriverState,
     Event,
     EventReason,
     EventType,
@@ -65,14 +72,18 @@ from icefall.plan.driver import (
     driver_pod_from_object,
 )
 from icefall.plan.grants import secret_refusals, secret_uses
+from icefall.plan.isolation import SPARK_AUTH_BYTES, SPARK_AUTH_KEY
 from icefall.plan.names import ANNOTATION_DRIVER_HISTORY, driver_pod_name
+from icefall.plan.pod_policy import policy_issue, violations
 from icefall.plan.purge import PURGE_DEADLINE_SECONDS
 from icefall.plan.scaling import compaction_replicas, damped_replicas
 from icefall.plan.settings import OperatorSettings
-from icefall.plan.table_status import reported_backlog
+from icefall.plan.table_status import acknowledged_loss, reported_backlog
 
 DEFAULT_IMAGE = "ghcr.io/icefall/icefall:latest"
 SCALE_DOWN_COOLDOWN_SECONDS = 300.0
+#: JSON of the chart's `podPolicy` (`icefall.api.pod_policy`); unset: the default, restrictive policy.
+POD_POLICY_ENV = "ICEFALL_POD_POLICY"
 
 
 @dataclass(frozen=True)
@@ -87,20 +98,25 @@ class Config:
     repair_seconds: float = REPAIR_SECONDS
     #: How long a `deletionPolicy: Delete` deletion waits for its purge Job (`icefall.plan.purge`).
     purge_deadline_seconds: float = PURGE_DEADLINE_SECONDS
+    #: What a table's `spec.pods` may use (not part of the settings: it renders nothing, so a change of it
+    #: restarts no driver).
+    pod_policy: PodPolicy = field(default_factory=PodPolicy)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
         """`ICEFALL_IMAGE`, `ICEFALL_DRIVER_MAX_BACKOFF_SECONDS`, `ICEFALL_REPAIR_SECONDS`,
-        `ICEFALL_PURGE_DEADLINE_SECONDS` and the settings of `icefall.plan.settings.SETTINGS_ENV`; defaults
-        otherwise."""
+        `ICEFALL_PURGE_DEADLINE_SECONDS`, `ICEFALL_POD_POLICY` and the settings of
+        `icefall.plan.settings.SETTINGS_ENV`; defaults otherwise."""
         env = os.environ if env is None else env
         cap = float(env.get("ICEFALL_DRIVER_MAX_BACKOFF_SECONDS", MAX_BACKOFF_SECONDS))
+        policy = env.get(POD_POLICY_ENV)
         return cls(
             image=env.get("ICEFALL_IMAGE", DEFAULT_IMAGE),
             settings=OperatorSettings.from_environ(env),
             driver_max_backoff_seconds=cap,
             repair_seconds=float(env.get("ICEFALL_REPAIR_SECONDS", REPAIR_SECONDS)),
             purge_deadline_seconds=float(env.get("ICEFALL_PURGE_DEADLINE_SECONDS", PURGE_DEADLINE_SECONDS)),
+            pod_policy=pod_policy_from_json(policy, origin=POD_POLICY_ENV) if policy else PodPolicy(),
         )
 
 
@@ -137,6 +153,8 @@ class _Plan:
     children: Children
     problems: tuple[str, ...]
     refusals: tuple[str, ...] = ()  # referenced Secrets it may not use (`plan.grants`): no pod at all
+    #: spec.pods breaks the pod policy: nothing is applied and no driver Pod is created.
+    withheld: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,19 +218,24 @@ def _plan(
         observed = ctx.observer.observe(ref.uid, st)
     idle = owner is not None or bool(refusals)  # no pod at all
     replicas = 0 if idle else _compaction_replicas(st, ref.uid, observed, ctx)
-    children = desired_children(
-        st,
-        namespace=ref.namespace,
-        uid=ref.uid,
-        generation=st.metadata.generation or 0,
-        image=ctx.config.image,
-        operator_settings=ctx.config.settings,
-        compaction_replicas=replicas,
-    )
+    broken = violations(ctx.config.pod_policy, st)
+    if broken:  # render no pod: the driver and compaction keep the last spec the policy allowed
+        observed = replace(observed, issues=(*observed.issues, policy_issue(broken)))
+        children = withheld_children(st, image=ctx.config.image, operator_settings=ctx.config.settings)
+    else:
+        children = desired_children(
+            st,
+            namespace=ref.namespace,
+            uid=ref.uid,
+            generation=st.metadata.generation or 0,
+            image=ctx.config.image,
+            operator_settings=ctx.config.settings,
+            compaction_replicas=replicas,
+        )
     problems = [str(p) for p in children.problems]
     if st.spec.table.catalog is None:
         problems.append("spec.table.catalog: required in a cluster (the embedded catalog is pod-local)")
-    return _Plan(ref, st, owner, observed, replicas, children, tuple(problems), refusals)
+    return _Plan(ref, st, owner, observed, replicas, children, tuple(problems), refusals, bool(broken))
 
 
 def _apply_children(planned: _Plan, ctx: Context) -> None:
@@ -225,11 +248,22 @@ def _apply_children(planned: _Plan, ctx: Context) -> None:
         if due(memory.applied(ref.uid, key), wanted, ctx.now, repair):
             ctx.kube.apply(manifest)
             memory.did_apply(ref.uid, key, Applied(wanted, ctx.now))
+    for manifest in planned.children.created:
+        key, wanted = child_key(manifest), manifest_digest(manifest)
+        if due(memory.applied(ref.uid, key), wanted, ctx.now, repair):
+            ctx.kube.create(with_secret_value(manifest))  # False when it exists: never replaced
+            memory.did_apply(ref.uid, key, Applied(wanted, ctx.now))
     for absent in planned.children.absent:
         key = (absent.kind, absent.name)
         if due(memory.applied(ref.uid, key), ABSENT, ctx.now, repair):
             ctx.kube.delete(absent.kind, ref.namespace, absent.name)
             memory.did_apply(ref.uid, key, Applied(ABSENT, ctx.now))
+
+
+def with_secret_value(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A `Children.created` Secret with its value: `SPARK_AUTH_BYTES` random bytes, made here, sent once."""
+    value = base64.b64encode(secrets.token_bytes(SPARK_AUTH_BYTES)).decode()
+    return {**manifest, "data": {SPARK_AUTH_KEY: value}}
 
 
 def _driver(planned: _Plan, ctx: Context) -> _Driver:
@@ -249,11 +283,14 @@ def _driver(planned: _Plan, ctx: Context) -> _Driver:
         desired_hash=None if st.spec.suspend else children.spec_hash,
         history=history,
         now=ctx.now,
-        hold=bool(planned.problems),
+        hold=bool(planned.problems) or planned.withheld,
         claimed_by=planned.owner.ref if planned.owner is not None else None,
         refused="; ".join(planned.refusals) or None,
         max_backoff_seconds=ctx.config.driver_max_backoff_seconds,
     )
+    if planned.withheld and decision.action is Action.CREATE:
+        why = "no driver is started while spec.pods breaks the pod policy (see Degraded)"
+        decision = DriverDecision(Action.KEEP, history, DriverState.NOT_WANTED, why)
     return _Driver(name, pod, history, decision)
 
 
@@ -286,7 +323,10 @@ def _finish(planned: _Plan, derived: status.Derived, ctx: Context) -> bool:
     """Step 5: the table's metrics, and its status when due; True when status was written."""
     ref, st = planned.ref, planned.st
     target = st.spec.freshness.target_seconds
-    metrics.record_table(ref.namespace, ref.name, derived.summary, planned.replicas, target)
+    metrics.record_table(
+        ref.namespace, ref.name, derived.summary, planned.replicas, target,
+        acknowledged_loss=acknowledged_loss(st.metadata.annotations),
+    )  # fmt: skip
     return status.write(ctx.kube, ctx.memory, ref, previous=st.status, new=derived.status, now=ctx.now)
 
 

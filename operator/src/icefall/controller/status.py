@@ -50,6 +50,7 @@ from icefall.plan.table_status import (
     acknowledged_loss,
     not_read_by_operator,
     summarize,
+    with_writer_loss,
     with_writer_report,
     writer_issues,
 )
@@ -194,12 +195,14 @@ def _summary(st: StreamingTable, observed: Observed, now: datetime) -> tuple[Sum
         oldest_waiting_ms=observed.oldest_waiting_ms,
     )
     writer = st.status.writer if st.status else None
-    reported = with_writer_report(summary, writer, now, acknowledged_loss=acknowledged)
-    if reported is None:
-        return summary, observed.unmeasured
-    # The operator could not measure (all of it); the running driver did.
-    measured = reported.freshness_seconds is not None or reported.lag_records is not None
-    return reported, "" if measured else observed.unmeasured
+    unmeasured = observed.unmeasured
+    reported = with_writer_report(summary, writer, now)
+    if reported is not None:  # the operator could not measure (all of it); the running driver did
+        summary = reported
+        if reported.freshness_seconds is not None or reported.lag_records is not None:
+            unmeasured = ""
+    # The driver's count of records lost to retention, whether or not the operator read the table.
+    return with_writer_loss(summary, writer, acknowledged=acknowledged), unmeasured
 
 
 def _claimed(st: StreamingTable, owner: Claim, decision: DriverDecision) -> tuple[Issue, Event | None]:

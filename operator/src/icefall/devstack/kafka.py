@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from icefall.devstack.procs import ManagedProcess, free_port, run_checked
+from icefall.devstack.procs import ManagedProcess, free_port, java, run_checked
 from icefall.devstack.tools import tool_dir
 
 if TYPE_CHECKING:
@@ -149,10 +149,11 @@ class KafkaBroker:
 
     def _java(self, main: str, *args: str) -> list[str]:
         jars = tool_dir("ICEFALL_KAFKA_JARS")
-        java = shutil.which("java") or "java"
         return [
-            java, f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            *java(
+                f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            ),
             "-cp", f"{jars}/*", main, *args,
         ]  # fmt: skip
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -19,6 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+#: Options added to every server JVM of the stack (Kafka, the REST catalog, the schema registry): the tests
+#: set C1-only compilation (`icefall.testing.plugin`), which starts them for about half the CPU; `make demo`
+#: and the benches leave it unset, so a benchmark's broker keeps C2.
+STACK_JAVA_OPTIONS = "ICEFALL_STACK_JAVA_OPTIONS"
 
 
 class StartError(RuntimeError):
@@ -29,6 +34,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def java(*options: str) -> list[str]:
+    """`java` with `options`, then those of `STACK_JAVA_OPTIONS` (a later option wins)."""
+    return [shutil.which("java") or "java", *options, *shlex.split(os.environ.get(STACK_JAVA_OPTIONS, ""))]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

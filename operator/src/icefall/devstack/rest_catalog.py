@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from icefall.devstack.procs import ManagedProcess, free_port
+from icefall.devstack.procs import ManagedProcess, free_port, java
 from icefall.devstack.tools import tool_dir
 
 if TYPE_CHECKING:
@@ -138,10 +138,11 @@ class RESTCatalogServer:
         env.update(catalog_env({**self.properties, "catalog.name": self.catalog_name}))
         env.update(catalog_env({"rest.port": str(self.port)}))
         jars = tool_dir("ICEFALL_REST_CATALOG_JARS")
-        java = shutil.which("java") or "java"
         argv = [
-            java, f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
-            f"-Dorg.slf4j.simpleLogger.defaultLogLevel={self.log_level}",
+            *java(
+                f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                f"-Dorg.slf4j.simpleLogger.defaultLogLevel={self.log_level}",
+            ),
             "-cp", f"{jars}/*", _MAIN,
         ]  # fmt: skip
         self._proc = ManagedProcess("rest-catalog", argv, self.log_path, env=env).start()

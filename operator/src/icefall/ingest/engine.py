@@ -8,7 +8,8 @@ of it, as `plan.pipelining` decides), and `report` measures it.
 Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
 (epoch fencing; `run_batch` raises FencedError once it notices); every Kafka read is read_committed; a
 topic recreated or truncated below the committed offsets stops ingestion with SourceChangedError; records
-lost to retention are never skipped silently (`icefall.ingest.planning`). Maintenance committing between
+lost to retention are never skipped silently, and not at all with `onDataLoss: Halt` (DataLossHaltedError;
+`icefall.ingest.planning`). Maintenance committing between
 staging and commit does not cost a batch: the commit re-stages it (`icefall_ingest_commits_restaged_total`);
 when it cannot, `icefall_ingest_commits_failed_by_maintenance_total` counts it and the batch is planned
 again. A pipelined batch whose commit below was re-staged is dropped and planned again
@@ -35,7 +36,7 @@ from icefall.ingest.batches import Batches
 from icefall.ingest.commits import CommitPipeline, LeaseKeeper
 from icefall.ingest.dead_letters import DeadLetters
 from icefall.ingest.outages import Outages, service_addresses, sleep_unless
-from icefall.ingest.planning import Planner, SourceChangedError
+from icefall.ingest.planning import DataLossHaltedError, Planner, SourceChangedError
 from icefall.ingest.report import BatchReport, Reporter
 from icefall.ingest.writer import SPARK_CONSUMER_DEFAULTS, BatchWriter, read_kafka
 from icefall.kafka.admin import TopicView
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SPARK_CONSUMER_DEFAULTS",
     "BatchReport",
+    "DataLossHaltedError",
     "Ingestor",
     "LeaseKeeper",
     "SourceChangedError",
@@ -267,7 +269,7 @@ class Ingestor:
         batches = self.batches
         try:
             reports = batches.step(pipeline=True)
-        except SourceChangedError:
+        except (SourceChangedError, DataLossHaltedError):
             raise
         except (StaleHeadError, FencedError) as refused:
             batches.refused(refused)

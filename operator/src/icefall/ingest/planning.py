@@ -3,7 +3,9 @@
 Guarantees: a topic deleted and created again (another topic id) or truncated below the committed offsets
 raises SourceChangedError instead of skipping or re-reading records; records lost to topic retention are
 logged at ERROR once, counted in `icefall_data_loss_records_total`, and committed by the batch that skips
-them. A table's first batch pins where it starts. Nothing here writes: the sizes come from
+them, unless `spec.source.onDataLoss` is Halt: then DataLossHaltedError is raised before anything is read
+or committed, naming the partitions, the lost offsets and the fix. A table's first batch pins where it
+starts. Nothing here writes: the sizes come from
 `plan.batching`, the ranges from `plan.offsets`.
 """
 
@@ -14,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from icefall.api import StreamingTableSpec
+from icefall.api import OnDataLoss, StreamingTableSpec
 from icefall.commit import Batch, CommittedState
 from icefall.plan.batching import BatchLimits, choose_batch_size
 from icefall.plan.lag import total_lag
-from icefall.plan.offsets import OffsetPlan, OffsetRange, plan_offsets, source_change
+from icefall.plan.offsets import DataLoss, OffsetPlan, OffsetRange, plan_offsets, source_change
 from icefall.runtime import metrics
 
 if TYPE_CHECKING:
@@ -64,6 +66,25 @@ class SourceChangedError(RuntimeError):
     Nothing was skipped or committed. Ingestion stops until a user resets the offsets
     (`icefall reset-offsets`), which records the reset in the table.
     """
+
+
+class DataLossHaltedError(RuntimeError):
+    """Retention deleted records before they were ingested and `spec.source.onDataLoss` is Halt: nothing
+    was skipped or committed. Its message is one line: the partitions, the lost offsets, the fix."""
+
+    @classmethod
+    def of(cls, topic: str, losses: tuple[DataLoss, ...]) -> DataLossHaltedError:
+        where = ", ".join(
+            f"partition {loss.partition} offsets {loss.committed}..{loss.earliest_available - 1} "
+            f"({loss.lost} records)"
+            for loss in sorted(losses, key=lambda loss: loss.partition)
+        )
+        return cls(
+            f"topic {topic!r}: {where} were deleted by Kafka's retention before they were ingested; "
+            "ingestion halted without skipping them (spec.source.onDataLoss: Halt). Raise the topic's "
+            "retention (retention.ms, retention.bytes) so it does not happen again; to go on without these "
+            "records, set spec.source.onDataLoss: Continue (the skip is counted in icefall.lost-records)"
+        )
 
 
 @dataclass
@@ -169,6 +190,8 @@ class Planner:
         problem = source_change(self.spec.source.topic, committed.topic_id, topic_id, plan.offsets_ahead)
         if problem is not None:
             raise SourceChangedError(f"{self.label}: {problem}")
+        if plan.data_loss and self.spec.source.on_data_loss is OnDataLoss.HALT:
+            raise DataLossHaltedError.of(self.spec.source.topic, plan.data_loss)
         pin_start = not committed.offsets and bool(plan.positions.starts)
         return Proposal(committed, topic_id, watermarks, backlog, plan, pin_start)
 

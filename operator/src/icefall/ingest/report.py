@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTableSpec
+from icefall.commit.batch import retention_loss
 from icefall.plan.batching import update_throughput
 from icefall.plan.lag import freshness_seconds, partition_lag
 from icefall.runtime import metrics
@@ -40,7 +41,9 @@ class BatchReport:
     lag: int
     freshness_seconds: float = 0.0  # now - produce time of the newest committed record; 0 when caught up
     bytes_read: int = 0
-    data_loss: int = 0
+    data_loss: int = 0  # records lost to retention this batch reports first
+    skipped: int = 0  # records lost to retention this batch's commit skipped (added to icefall.lost-records)
+    lost_records: int = 0  # the table's icefall.lost-records once this batch landed
     # Seconds per phase of the batch (plan, stage, write, dead_letters, commit, report): where a batch's
     # fixed cost goes. "write" is the one Spark job that reads, decodes and writes the good rows; "stage"
     # puts the writer's staging branch at main's head (no catalog commit when the last commit left it
@@ -149,6 +152,7 @@ class Reporter:
         self.progress.backlog_after_last_batch = sum(lag.values())
         newest = _newest(committed.max_produce_time_ms, stats.max_produce_ms)
         behind = freshness_seconds(sum(lag.values()), newest, time.time())
+        skipped = retention_loss(committed.offsets, planned.batch(self.spec.source.topic, stats))
         report = BatchReport(
             records_read=stats.records,
             records_written=records_written,
@@ -161,6 +165,8 @@ class Reporter:
             freshness_seconds=behind or 0.0,
             bytes_read=stats.bytes,
             data_loss=planned.lost,
+            skipped=skipped,
+            lost_records=committed.lost_records + skipped,
             phases=clock.phases,
             dead_letter_reasons=landed.kinds,
             schema_refused=self.schema_refused(),

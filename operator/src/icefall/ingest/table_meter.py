@@ -46,7 +46,7 @@ class TableReading:
     table_uuid: str
     dead_letter_table_uuid: str | None
     table: TableStatus
-    data_loss_records: int
+    lost_records: int  # the table's icefall.lost-records (status.writer.lostRecords)
 
 
 def read_table(

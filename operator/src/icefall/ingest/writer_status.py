@@ -1,6 +1,11 @@
 """The driver's report into its own StreamingTable's status (`status.writer`): lag and freshness as
-ingestion measured them for its last batch, so a table whose driver runs is always measured, whatever the
-operator can read (it holds none of the table's credentials; `icefall.plan.table_status`).
+ingestion measured them for its last batch, and the records lost to retention (the table's count, and when
+a commit of this driver last skipped some), so a table whose driver runs is always measured and its data
+loss shown, whatever the operator can read (it holds none of the table's credentials;
+`icefall.plan.table_status`). The count is the larger of what this driver's last commit left in the table
+and its `TableMeter`'s last reading of the table (so it is known before this driver's first commit); what
+this driver has not learnt yet (the count before either, a loss time) is left out of the patch, so an
+earlier driver's report of it stays.
 
 At most one PATCH every `interval` seconds, the first at once; a failed PATCH is logged (the first one with
 its cause) and never stops ingestion. While an outage is waited out no batch lands, so `waiting(service)`
@@ -59,6 +64,8 @@ class WriterStatusReporter:
         self._snapshot_id: int | None = None
         self._schema_refused: tuple[str, ...] = ()
         self._waiting_for: str | None = None
+        self._lost_records: int | None = None
+        self._last_loss: datetime | None = None
         self._last: BatchReport | None = None
         self._failures = 0
 
@@ -67,6 +74,9 @@ class WriterStatusReporter:
         if report is not None:
             self._last_commit, self._snapshot_id = self._wall(), report.snapshot_id
             self._schema_refused = report.schema_refused
+            self._lost_records = report.lost_records
+            if report.skipped:
+                self._last_loss = self._last_commit
         self._last = report
         self._report(force=False)
 
@@ -92,7 +102,9 @@ class WriterStatusReporter:
 
     def _measured(self) -> WriterReport:
         last = self._last
-        measured = WriterReport(
+        reading = self.meter.latest if self.meter is not None else None
+        self._sent_reading = reading
+        return WriterReport(
             reported_at=self._wall(),
             freshness_seconds=max(last.freshness_seconds, 0.0) if last is not None else 0.0,
             lag_records=max(last.lag, 0) if last is not None else 0,
@@ -100,18 +112,12 @@ class WriterStatusReporter:
             snapshot_id=self._snapshot_id,
             waiting_for=self._waiting_for,
             schema_refused=[message[:1000] for message in self._schema_refused[:20]],
-        )
-        reading = self.meter.latest if self.meter is not None else None
-        self._sent_reading = reading
-        if reading is None:
-            return measured
-        return measured.model_copy(
-            update={
-                "table_uuid": reading.table_uuid,
-                "dead_letter_table_uuid": reading.dead_letter_table_uuid,
-                "table": reading.table,
-                "data_loss_records": reading.data_loss_records,
-            }
+            # One count, two sources: neither goes down, so the larger is the newer.
+            lost_records=_larger(self._lost_records, reading.lost_records if reading is not None else None),
+            last_loss_time=self._last_loss,
+            table_uuid=reading.table_uuid if reading is not None else None,
+            dead_letter_table_uuid=reading.dead_letter_table_uuid if reading is not None else None,
+            table=reading.table if reading is not None else None,
         )
 
     def _send(self, measured: WriterReport) -> None:
@@ -128,3 +134,8 @@ class WriterStatusReporter:
         if self._failures:
             log.info("reporting to %s/%s's status works again", self.namespace, self.name)
             self._failures = 0
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    """The larger of two counts, either unknown (None)."""
+    return b if a is None else a if b is None else max(a, b)

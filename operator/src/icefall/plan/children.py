@@ -10,6 +10,8 @@
 | ConfigMap | `<st>-ingest-executor` | `workloads` | Spark executors' pod template (Kubernetes master only) |
 | Pod | `<st>-ingest` | `workloads` | the PySpark driver, `icefall ingest` (absent while suspended) |
 | Deployment | `<st>-compact` | `workloads` | `icefall compact` (0 replicas while suspended) |
+| Secret | `icefall-<st>-spark-auth` | `isolation` | the Spark RPC secret (Kubernetes master) |
+| NetworkPolicy | `icefall-<st>-ingress` | `isolation` | who may reach the table's pods (operator setting) |
 
 Their Spark configuration comes from `icefall.plan.spark_conf`, their credentials from `icefall.plan.env`.
 
@@ -22,9 +24,11 @@ Guarantees:
   `spec.deletionPolicy` never change it. A spec field added later restarts the driver by default (the
   list names what does *not* restart, so forgetting it is the safe mistake); fields at their defaults are
   left out, so an operator upgrade that adds a defaulted field does not roll every driver.
-- No secret value is ever in a manifest, and no free-form spec value (consumer or catalog properties, URIs,
-  transforms) is copied into any manifest: the entry points read the StreamingTable from the API. The one
-  exception is `spec.pods` (and the operator's chart-wide `pods`), which is pod content by definition.
+- No secret value is ever in a manifest (the Spark RPC Secret is rendered without one: the act layer
+  creates it with random bytes, `Children.created`), and no free-form spec value (consumer or catalog
+  properties, URIs, transforms) is copied into any manifest: the entry points read the StreamingTable from
+  the API. The one exception is `spec.pods` (and the operator's chart-wide `pods`), which is pod content
+  by definition.
 
 Not guaranteed: that rotating a Secret's value restarts anything (set the `icefall.dev/restart` annotation
 to a new value for that). What cannot be honoured (`SecretRef.env` references, an unusable Spark master
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from icefall.api import PodTemplates, Problem, StreamingTable
-from icefall.plan import names, pods, rbac, spark_conf, workloads
+from icefall.plan import isolation, names, pods, rbac, spark_conf, workloads
 from icefall.plan.env import secret_env_vars
 from icefall.plan.metadata import ChildMeta
 from icefall.plan.settings import OperatorSettings, Resources
@@ -52,6 +56,8 @@ Manifest = dict[str, Any]
 ANNOTATION_RESTART = "icefall.dev/restart"
 #: Spec fields whose change must NOT restart the driver. Everything else does (safe by default).
 NON_RESTART_FIELDS = frozenset({"suspend", "deletion_policy"})
+#: Operator settings whose change must NOT restart the driver (they shape no pod).
+NON_RESTART_SETTINGS = frozenset({"network_policy", "metrics_namespace"})
 
 
 # --- the spec hash ----------------------------------------------------------------------------------------
@@ -75,6 +81,8 @@ def spec_hash(st: StreamingTable, *, image: str, settings: OperatorSettings, mas
 def _settings_payload(settings: OperatorSettings) -> dict[str, Any]:
     payload: dict[str, Any] = {}
     for setting in dataclasses.fields(settings):
+        if setting.name in NON_RESTART_SETTINGS:
+            continue
         value = getattr(settings, setting.name)
         if isinstance(value, PodTemplates):
             value = value.model_dump(mode="json", by_alias=True, exclude_defaults=True)
@@ -101,6 +109,8 @@ class Children:
     - `applied`: server-side apply these, in order (accounts before the pods that use them).
     - `driver_pod`: the driver Pod to create when `icefall.plan.driver.decide` says Create; never applied
       over a running pod (pods are immutable), None while suspended.
+    - `created`: create these when absent, never update them: the act layer adds their secret value
+      (`icefall.plan.isolation.spark_auth_secret`), which nothing reads back.
     - `absent`: objects that must not exist in this configuration; delete them if found.
     - `problems`: what could not be honoured (Degraded, reason InvalidSpec).
     """
@@ -111,6 +121,7 @@ class Children:
     driver_pod: Manifest | None
     absent: tuple[ObjectRef, ...] = ()
     problems: tuple[Problem, ...] = field(default=())
+    created: tuple[Manifest, ...] = ()
 
     def get(self, kind: str, name: str) -> Manifest:
         """The applied manifest of that kind and name (KeyError if none)."""
@@ -149,6 +160,11 @@ def desired_children(
     meta = ChildMeta(st.metadata.name, namespace, uid, generation, digest)
 
     applied, absent = _accounts_and_executor_template(meta, st, settings, plans, on_kubernetes=on_kubernetes)
+    if settings.network_policy:
+        applied.append(isolation.network_policy(meta, metrics_namespace=settings.metrics_namespace))
+    else:
+        policy = names.network_policy_name(meta.name)
+        absent.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", policy))
     applied.append(
         workloads.compaction_deployment(
             meta, settings, image=image, spark_conf=spark_conf.compaction_conf(),
@@ -174,7 +190,17 @@ def desired_children(
         driver_pod=driver,
         absent=tuple(absent),
         problems=tuple(problems),
+        created=(isolation.spark_auth_secret(meta),) if on_kubernetes else (),
     )
+
+
+def withheld_children(st: StreamingTable, *, image: str, operator_settings: OperatorSettings) -> Children:
+    """What a table whose `spec.pods` the pod policy refuses (`icefall.plan.pod_policy`) gets: nothing to
+    apply, no driver Pod, nothing to delete; only the spec hash its spec would have (so a driver running an
+    older spec is recognised as such, and kept)."""
+    master, _ = spark_conf.spark_master(st, operator_settings)
+    digest = spec_hash(st, image=image, settings=operator_settings, master=master)
+    return Children(spec_hash=digest, spark_master=master, applied=(), driver_pod=None)
 
 
 def _accounts_and_executor_template(

@@ -15,17 +15,18 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   purpose); else True while the driver runs — CaughtUp (within target, or nothing to
   read) or CatchingUp;
   False when it does not (Starting, DriverFailed, Suspended, Deleting) or a blocking issue stops it
-  (TableClaimedByOther, BadRecordHalted, KafkaCredentialsRefused, CatalogCredentialsRefused,
-  KafkaUnavailable, CatalogUnavailable, CommitConflict,
-  WaitingForLease); Unknown when the driver's node stopped reporting.
+  (TableClaimedByOther, BadRecordHalted, DataLossHalted, KafkaCredentialsRefused, CatalogCredentialsRefused,
+  KafkaUnavailable, CatalogUnavailable, CommitConflict, WaitingForLease), or, while the driver is backed
+  off or starting, the reason it stopped with (`DRIVER_REFUSALS`); Unknown when the driver's node stopped
+  reporting.
 - FreshnessMet: True (WithinTarget) when freshness <= spec.freshness.targetSeconds or the topic is empty;
   False when behind (BehindTarget) or records wait and nothing is committed (NoCommitsYet); Unknown before
   the first measurement (NoCommitsYet), when it cannot be measured (NotMeasured, with `unmeasured` as the
   message), while suspended and while deleting.
-- Degraded: True with the most severe of DataLoss, OffsetsAheadOfTopic, BadRecordHalted, InvalidSpec,
-  SecretNotAllowed, CatalogCredentialsRefused, KafkaCredentialsRefused (they outrank the driver failures
-  they cause), DriverFailed (backing off), DeadLetterFailed, CompactionFailed (all messages joined); else
-  False (Healthy, Deleting).
+- Degraded: True with the most severe of DataLoss, DataLossHalted, OffsetsAheadOfTopic, BadRecordHalted,
+  InvalidSpec, SecretNotAllowed, PodPolicyViolation, CatalogCredentialsRefused, KafkaCredentialsRefused
+  (they outrank the driver failures they cause), DriverFailed (backing off), DeadLetterFailed,
+  CompactionFailed (all messages joined); else False (Healthy, Deleting).
 
 A spec that cannot be honoured (`spec_problems`) makes Degraded True with reason InvalidSpec, hence Ready
 False: the driver keeps running what it started with, and the message says what to fix.
@@ -68,6 +69,7 @@ INGEST_BLOCKING: tuple[ConditionReason, ...] = (
     _R.TABLE_CLAIMED,
     _R.SECRET_NOT_ALLOWED,
     _R.BAD_RECORD_HALTED,
+    _R.DATA_LOSS_HALTED,
     _R.KAFKA_CREDENTIALS_REFUSED,
     _R.CATALOG_CREDENTIALS_REFUSED,
     _R.KAFKA_UNAVAILABLE,
@@ -81,11 +83,13 @@ NO_DRIVER_ON_PURPOSE = (_R.TABLE_CLAIMED, _R.SECRET_NOT_ALLOWED)
 #: Reasons that make the table Degraded, most severe first.
 DEGRADING: tuple[ConditionReason, ...] = (
     _R.DATA_LOSS,
+    _R.DATA_LOSS_HALTED,
     _R.TOPIC_RECREATED,
     _R.OFFSETS_AHEAD_OF_TOPIC,
     _R.BAD_RECORD_HALTED,
     _R.INVALID_SPEC,
     _R.SECRET_NOT_ALLOWED,
+    _R.POD_POLICY_VIOLATION,
     # A configuration error a person must fix; it outranks the driver failures it causes.
     _R.CATALOG_CREDENTIALS_REFUSED,
     _R.KAFKA_CREDENTIALS_REFUSED,
@@ -113,7 +117,7 @@ class Issue:
 
 
 #: Reasons a driver leaves as the first word of its termination message (icefall.cli), with a colon.
-DRIVER_REFUSALS = (_R.CATALOG_CREDENTIALS_REFUSED, _R.KAFKA_CREDENTIALS_REFUSED)
+DRIVER_REFUSALS = (_R.DATA_LOSS_HALTED, _R.CATALOG_CREDENTIALS_REFUSED, _R.KAFKA_CREDENTIALS_REFUSED)
 
 
 def driver_refusal(state: DriverState, history: DriverHistory) -> Issue | None:
@@ -226,6 +230,10 @@ def _ingesting(obs: Observations, st: StreamingTable, target: int) -> _Verdict:
             # driver on purpose: say why, not "starting".
             return _F, idle, _messages(obs.issues, idle)
     driver = obs.driver
+    stopped_by = _first(obs.issues, DRIVER_REFUSALS)
+    if driver in (DriverState.BACKING_OFF, DriverState.STARTING) and stopped_by is not None:
+        # The driver exits on these (or would): name what stops it, not that it failed.
+        return _F, stopped_by, _messages(obs.issues, stopped_by)
     if driver is DriverState.BACKING_OFF:
         return _F, _R.DRIVER_FAILED, obs.driver_message or "the driver failed"
     if driver is DriverState.UNKNOWN:

@@ -4,7 +4,11 @@ A StreamingTable's credential references (`secretKeyRef` in `spec.source.securit
 `spec.table.catalog.secretProperties`) put a Secret's value into the table's pods, which send it to the
 Kafka brokers, schema registry, catalog or OAuth server the table names. Without a rule, anyone who may
 create a StreamingTable could send any Secret of the namespace (one they cannot read themselves) to an
-endpoint of their choosing. So a Secret must be granted explicitly, by whoever may write Secrets there:
+endpoint of their choosing. The same holds for a Secret `spec.pods` mounts or sets as a variable
+(`icefall.plan.pod_policy.pod_secrets`; the chart's pod policy allows those only when the spec references
+them elsewhere or its `podPolicy.secrets` names them): the policy is the cluster admin's word on which
+names may be asked for, the label the Secret's owner's consent, and a Secret needs both. So a Secret must
+be granted explicitly, by whoever may write Secrets there:
 
     kubectl -n <namespace> label secret <name> icefall.dev/streamingtables=allow
 
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 from icefall.api import StreamingTableSpec
 from icefall.plan.env import credential_references
+from icefall.plan.pod_policy import pod_secrets
 
 #: The label (and its value) that grants a Secret to the StreamingTables of its namespace.
 SECRET_GRANT_LABEL = "icefall.dev/streamingtables"
@@ -32,7 +37,7 @@ SECRET_GRANT_VALUE = "allow"
 
 @dataclass(frozen=True)
 class SecretUse:
-    """One field of the spec that references key `key` of Secret `secret`."""
+    """One field of the spec that references key `key` of Secret `secret` ("": a volume of all its keys)."""
 
     path: str
     secret: str
@@ -40,12 +45,14 @@ class SecretUse:
 
 
 def secret_uses(spec: StreamingTableSpec) -> list[SecretUse]:
-    """The spec's `secretKeyRef` references, in spec order (`env` references name no Secret)."""
-    return [
+    """The spec's `secretKeyRef` references, in spec order (`env` references name no Secret), then the
+    Secrets `spec.pods` names (key "" for a volume: all of its keys)."""
+    uses = [
         SecretUse(path, ref.secret_key_ref.name, ref.secret_key_ref.key)
         for path, ref in credential_references(spec)
         if ref.secret_key_ref is not None
     ]
+    return uses + [SecretUse(path, secret, key) for path, secret, key in pod_secrets(spec)]
 
 
 def granted(labels: Mapping[str, str] | None) -> bool:

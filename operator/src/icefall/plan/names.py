@@ -9,6 +9,8 @@ Pure: no client, no I/O.
 | purge Job (`deletionPolicy: Delete`) | `<st>-purge` (`purge_job_name`) |
 | driver ServiceAccount, Role, RoleBinding | `icefall-<st>-driver` (`driver_account_name`) |
 | compaction ServiceAccount, Role, RoleBinding | `icefall-<st>-compact` (`compaction_account_name`) |
+| Spark RPC Secret (Kubernetes master) | `icefall-<st>-spark-auth` (`spark_auth_secret_name`) |
+| NetworkPolicy of the table's pods | `icefall-<st>-ingress` (`network_policy_name`) |
 | commit Lease | `icefall-<table>-<id>-commit` (`TableLeases.commit`) |
 | yield Lease | `icefall-<table>-<id>-yield` (`TableLeases.rewrite_yield`) |
 | work Leases | `icefall-<table>-<id>-work-<slot>`, a fixed pool (`TableLeases.work`) |
@@ -122,6 +124,16 @@ def driver_account_name(table: str) -> str:
 def compaction_account_name(table: str) -> str:
     """Name of the compaction pods' ServiceAccount, Role and RoleBinding."""
     return child_name("icefall-", table, "-compact")
+
+
+def spark_auth_secret_name(table: str) -> str:
+    """Name of the Secret the driver and executors authenticate Spark's RPC with (`plan.isolation`)."""
+    return child_name("icefall-", table, "-spark-auth")
+
+
+def network_policy_name(table: str) -> str:
+    """Name of the NetworkPolicy around the table's pods (`plan.isolation`)."""
+    return child_name("icefall-", table, "-ingress")
 
 
 def spark_app_name(table: str, role: str = COMPONENT_INGEST) -> str:

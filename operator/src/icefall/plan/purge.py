@@ -16,7 +16,7 @@ uuid another StreamingTable recorded too.
 |---|---|
 | no table-uuid recorded (the driver never reported the table it writes) | KEEP |
 | another StreamingTable recorded the same table-uuid | KEEP_FOR_OWNER |
-| a referenced Secret not granted (`icefall.plan.grants`: no pod is rendered) | KEEP |
+| a Secret not granted (`icefall.plan.grants`), a spec.pods the pod policy refuses: no pod | KEEP |
 | the Job completed | DROPPED |
 | the Job failed (the refusal is in its pod's termination message) | FAILED |
 | `deadline_seconds` passed since the deletion began | TIMED_OUT (the Job, if any, is deleted) |

@@ -23,6 +23,8 @@ Manifest = dict[str, Any]
 
 
 _LEASES = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+#: What Spark's scheduler backend does to its executor pods (`driver_rules`).
+EXECUTOR_POD_VERBS = ["create", "get", "list", "watch", "delete", "deletecollection"]
 
 
 def _lease_rules(names: list[str], verbs: list[str]) -> list[Manifest]:
@@ -53,10 +55,14 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
     - get/update its commit Lease by name, and create Leases (unrestrictable by name); during an upgrade,
       get/update/delete the commit Lease of versions before identity-keyed names (`SuccessorLease`);
     - a keyed table's driver: get the table's yield Lease by name (it waits while a rewrite holds it);
-    - with executors (Kubernetes master): what Spark's scheduler backend does to executor pods and the
-      objects it makes for them: pods (create, watch, label for decommissioning, delete one or by label),
-      configmaps (the executor config map), persistentvolumeclaims (on-demand executor volumes) and
-      services (Spark's clean-up of services labelled with its app id).
+    - with executors (Kubernetes master): what Spark 4.1's scheduler backend does to executor pods, and
+      nothing else of the namespace: get its own pod (the executors' owner), create executor pods, list
+      and watch them, delete one or by label (`deletecollection`). Not `patch`: Spark labels pods only
+      for decommissioning (`spark.kubernetes.executor.decommissionLabel`) or a non-default allocator, and
+      marks them inactive only without `deleteOnTermination`; not ConfigMaps, PVCs or Services:
+      `spark_conf.driver_conf` turns off the executor ConfigMap and Spark's PVC and Service handling.
+      RBAC cannot say *which* pods: the chart's admission policy (`<release>-executors`) confines a
+      driver's account to its own table's executors, from the allowed image, without host access.
     Nothing cluster-scoped, no Secrets (credentials arrive as env vars), no wildcards.
     """
     leases = table_leases(st)
@@ -71,15 +77,7 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
     if st.spec.key:  # a keyed table's batches wait while a rewrite holds the yield Lease (only read)
         rules.append({**_LEASES, "resourceNames": [leases.rewrite_yield], "verbs": ["get"]})
     if executors:
-        managed = ["create", "get", "list", "delete", "deletecollection"]
-        rules += [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": [*managed, "watch", "patch"]},
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps", "persistentvolumeclaims", "services"],
-                "verbs": managed,
-            },
-        ]
+        rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": EXECUTOR_POD_VERBS})
     return rules
 
 

@@ -26,6 +26,7 @@ Manifest = dict[str, Any]
 
 #: `local`, `local[N]` or `local[*]`: Spark inside the driver pod.
 LOCAL_MASTER = re.compile(r"^local(\[(\*|[1-9][0-9]{0,2})\])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 # --- operator settings ------------------------------------------------------------------------------------
@@ -81,6 +82,10 @@ class OperatorSettings:
     pod_template: PodTemplates = field(default_factory=PodTemplates)
     #: Where host-network pods' metrics ports are drawn from (inclusive; `icefall.plan.pods`).
     host_network_ports: tuple[int, int] = (20000, 29999)
+    #: Render each table's NetworkPolicy (`icefall.plan.isolation`; the chart's `networkPolicy.enabled`).
+    network_policy: bool = True
+    #: The namespace whose pods may scrape the table pods' `metrics` port ("": none may).
+    metrics_namespace: str = "monitoring"
 
     def __post_init__(self) -> None:
         if self.spark_master != "kubernetes" and not LOCAL_MASTER.match(self.spark_master):
@@ -93,6 +98,8 @@ class OperatorSettings:
             )
         if self.executor_cores < 1 or self.termination_grace_period_seconds < 0:
             raise ValueError("executor_cores must be >= 1 and termination_grace_period_seconds >= 0")
+        if self.metrics_namespace and not _NAMESPACE.match(self.metrics_namespace):
+            raise ValueError(f"metrics_namespace {self.metrics_namespace!r}: not a namespace name")
         first, last = self.host_network_ports
         if not 1024 <= first < last <= 65535:
             raise ValueError(
@@ -128,6 +135,12 @@ def _whole_number(raw: str) -> int:
         raise ValueError("expected a whole number") from None
 
 
+def _boolean(raw: str) -> bool:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    raise ValueError("expected true or false")
+
+
 def _port_range(raw: str) -> tuple[int, int]:
     first, dash, last = raw.partition("-")
     try:
@@ -151,7 +164,7 @@ def _pod_template(raw: str) -> PodTemplates:
 
 
 #: OperatorSettings field → the operator's environment variable that sets it (charts/icefall: `spark.*`,
-#: `pods`, `hostNetworkPorts`).
+#: `pods`, `hostNetworkPorts`, `networkPolicy`).
 SETTINGS_ENV = {
     "spark_master": "ICEFALL_SPARK_MASTER",
     "image_pull_policy": "ICEFALL_IMAGE_PULL_POLICY",
@@ -163,6 +176,8 @@ SETTINGS_ENV = {
     "executor_idle_timeout_seconds": "ICEFALL_EXECUTOR_IDLE_TIMEOUT_SECONDS",
     "pod_template": "ICEFALL_POD_TEMPLATE",
     "host_network_ports": "ICEFALL_HOST_NETWORK_PORTS",
+    "network_policy": "ICEFALL_NETWORK_POLICY",
+    "metrics_namespace": "ICEFALL_METRICS_NAMESPACE",
 }
 #: How a variable's text becomes the field's value (str when not listed); a ValueError says what is wrong.
 _SETTINGS_PARSERS: dict[str, Callable[[str], Any]] = {
@@ -172,4 +187,5 @@ _SETTINGS_PARSERS: dict[str, Callable[[str], Any]] = {
     "executor_idle_timeout_seconds": _whole_number,
     "pod_template": _pod_template,
     "host_network_ports": _port_range,
+    "network_policy": _boolean,
 }

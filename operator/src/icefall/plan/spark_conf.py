@@ -29,6 +29,10 @@ conf of its ingestion session, in the driver pod (`driver_conf`) and in `icefall
 they win over everything derived here. The compaction pods do not take them (they serve the table's
 maintenance only; `icefall run`'s in-process maintenance shares the ingestion session, and so does).
 
+RPC between the driver and its executors (Kubernetes master only) is authenticated and encrypted with the
+table's own secret, read from a file in both pods (`icefall.plan.isolation.spark_auth_conf`); a local master
+has no executors to talk to.
+
 Host network (see `icefall.plan.pods`): the driver fixes no port (Spark picks free ones and tells the
 executors); executors bind their block manager to a free port and never read another executor's shuffle
 files from the local disk (pods of one node share its address).
@@ -44,6 +48,7 @@ from icefall.api import PodTemplate, Problem, StreamingTable, parse_quantity
 from icefall.api.pods import MIN_EXECUTOR_MEMORY_MIB
 from icefall.plan import names
 from icefall.plan.env import ENV_POD_IP, ENV_POD_NAME, spark_conf_from
+from icefall.plan.isolation import spark_auth_conf
 from icefall.plan.settings import LOCAL_MASTER, OperatorSettings
 
 #: Per-table Spark master override: `kubernetes`, `local`, `local[N]` or `local[*]`.
@@ -166,6 +171,13 @@ def _kubernetes_conf(
         "spark.kubernetes.executor.podTemplateFile": f"{EXECUTOR_TEMPLATE_DIR}/{EXECUTOR_TEMPLATE_KEY}",
         "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
         "spark.kubernetes.executor.deleteOnTermination": "true",
+        # The driver's Role grants pods only (`icefall.plan.rbac.driver_rules`): no executor ConfigMap
+        # (executors get their conf from the driver), no PVC listing or clean-up, no Service clean-up.
+        "spark.kubernetes.executor.disableConfigMap": "true",
+        "spark.kubernetes.driver.ownPersistentVolumeClaim": "false",
+        "spark.kubernetes.driver.reusePersistentVolumeClaim": "false",
+        "spark.kubernetes.driver.service.deleteOnTermination": "false",
+        **spark_auth_conf(),
         **_dynamic_allocation(settings),
     }
     if settings.executor_request_cores:

@@ -18,6 +18,11 @@ Rules:
 - `icefall.lost-records` above the acknowledged count (annotation `icefall.dev/acknowledged-data-loss`) is a
   `DataLoss` issue: the table permanently misses those records; acknowledging the count clears it until
   more are lost.
+- The driver reports the table's count too (`status.writer.lostRecords`, `lastLossTime`: from its own
+  commits and its table meter's readings, `icefall.ingest.writer_status`): an operator that cannot read
+  the table (no credentials) takes it from there (`with_writer_loss`, the one place a reported loss enters
+  the summary), so the loss is shown and alerted on without the table's credentials; when both are known
+  the larger wins (neither count ever goes down).
 - The last ingestion commit is the newest `append` snapshot, and only once offsets were committed (the
   genesis snapshot of an empty table is not a commit of records).
 - The operator holds no table credential and lends none of its own: a table that references one, or
@@ -26,8 +31,8 @@ Rules:
   operator could measure neither lag nor freshness itself (such a table, not read yet, or unreachable
   from the operator), the driver's own report
   (`status.writer`, at most `WRITER_REPORT_MAX_AGE_SECONDS` old) stands in for them, and for the table's
-  figures, data loss and compaction backlog (`with_writer_report`, `reported_backlog`): a running driver
-  always makes the table measured.
+  figures and compaction backlog (`with_writer_report`, `reported_backlog`): a running driver always makes
+  the table measured.
 
 Not guaranteed: that the facts are current (they are as old as the read), or that freshness is exact for
 records produced with timestamps from a skewed producer clock (the produce time is the producer's or the
@@ -98,12 +103,10 @@ def with_writer_report(
     report: WriterReport | None,
     now: datetime,
     max_age: float = WRITER_REPORT_MAX_AGE_SECONDS,
-    *,
-    acknowledged_loss: int = 0,
 ) -> Summary | None:
     """`summary` with what the driver's recent `report` measured where the summary has nothing: lag and
-    freshness when it has neither, the table's figures and data-loss count (with its `DataLoss` issue) when
-    the operator did not read the table; None when the report fills in nothing."""
+    freshness when it has neither, the table's figures when the operator did not read the table; None
+    when the report fills in nothing. (Its data-loss count: `with_writer_loss`.)"""
     if report is None or abs((now - report.reported_at).total_seconds()) > max_age:
         return None
     filled = summary
@@ -122,10 +125,7 @@ def with_writer_report(
             last_commit_time=report.last_commit_time,
         )
     if summary.table is None and report.table is not None:
-        lost = report.data_loss_records
-        issues = _loss_issues(lost, acknowledged_loss) if lost is not None else []
-        issues = [*filled.issues, *issues]
-        filled = replace(filled, table=report.table, data_loss_records=lost, issues=tuple(issues))
+        filled = replace(filled, table=report.table)
     return None if filled is summary else filled
 
 
@@ -145,6 +145,17 @@ _WAITED_OUT = {
     "catalog": (ConditionReason.CATALOG_UNAVAILABLE, "the catalog"),
     "object_store": (ConditionReason.CATALOG_UNAVAILABLE, "the object store"),
 }
+
+
+def with_writer_loss(summary: Summary, report: WriterReport | None, *, acknowledged: int = 0) -> Summary:
+    """`summary` with the driver's count of records lost to retention (`report.lost_records`), and its
+    DataLoss issue, when it is more than what the operator read itself (module doc)."""
+    reported = report.lost_records if report is not None else None
+    if reported is None or reported <= (summary.data_loss_records or 0):
+        return summary
+    kept = tuple(issue for issue in summary.issues if issue.reason is not ConditionReason.DATA_LOSS)
+    when = report.last_loss_time if report is not None else None
+    return replace(summary, data_loss_records=reported, issues=kept + _loss(reported, acknowledged, when))
 
 
 def writer_issues(
@@ -256,9 +267,9 @@ def summarize(
             None,
             None,
             None,
-            tuple(issues + _loss(facts, acknowledged_loss)),
+            tuple(issues) + _loss(facts.lost_records, acknowledged_loss),
         )
-    issues += _loss(facts, acknowledged_loss)
+    issues += _loss(facts.lost_records, acknowledged_loss)
     total = sum(lag_map.values()) if lag_map is not None else None
     last_commit = _time(facts.last_commit_ms) if committed else None
     seconds: float | None = None
@@ -315,21 +326,19 @@ def _source_issues(
     ], lag_map
 
 
-def _loss(facts: TableFacts, acknowledged: int) -> list[Issue]:
-    return _loss_issues(facts.lost_records, acknowledged)
-
-
-def _loss_issues(lost: int, acknowledged: int) -> list[Issue]:
+def _loss(lost: int, acknowledged: int, last: datetime | None = None) -> tuple[Issue, ...]:
     if lost <= acknowledged:
-        return []
-    return [
+        return ()
+    when = f", the last at {last.isoformat(timespec='seconds')}" if last is not None else ""
+    return (
         Issue(
             ConditionReason.DATA_LOSS,
-            f"{lost} records were deleted by Kafka retention before they were ingested "
-            "(table property icefall.lost-records); the table does not hold them. To acknowledge, "
-            f"annotate the StreamingTable {ANNOTATION_ACKNOWLEDGED_LOSS}={lost}",
-        )
-    ]
+            f"{lost} records were deleted by Kafka retention before they were ingested (table property "
+            f"icefall.lost-records{when}); the table does not hold them. Raise the topic's retention, or "
+            f"set spec.source.onDataLoss: Halt to stop instead of skipping. To acknowledge, annotate the "
+            f"StreamingTable {ANNOTATION_ACKNOWLEDGED_LOSS}={lost}",
+        ),
+    )
 
 
 def _most_lagging(lag: Mapping[int, int]) -> dict[int, int]:

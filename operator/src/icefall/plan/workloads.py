@@ -11,6 +11,8 @@ Guarantees:
   replace): its env values, labels, annotations, volumes and scheduling go to the pods as written.
 - Credentials reach the pods only as `secretKeyRef` env vars (`icefall.plan.env`); the entry points read
   the StreamingTable from the API, so no free-form spec value is copied into a pod.
+- With executors (Kubernetes master), the driver and executor pods mount the table's Spark RPC Secret as a
+  file (`icefall.plan.isolation`): its value is in no pod spec, env var or ConfigMap.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from icefall.api import PodTemplate, ResourceRequirements, StreamingTable
 from icefall.plan import names, pods
 from icefall.plan.env import ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, SecretEnv, spark_conf_env
+from icefall.plan.isolation import spark_auth_volume
 from icefall.plan.metadata import ChildMeta
 from icefall.plan.settings import OperatorSettings
 from icefall.plan.spark_conf import (
@@ -207,6 +210,9 @@ def driver_pod(
     if executor_template is not None:
         volumes.append({"name": "executor-template", "configMap": {"name": executor_template}})
         mounts.append({"name": "executor-template", "mountPath": EXECUTOR_TEMPLATE_DIR, "readOnly": True})
+        auth_volume, auth_mount = spark_auth_volume(meta.name)
+        volumes.append(auth_volume)
+        mounts.append(auth_mount)
     args = command(INGEST_COMMAND, namespace=meta.namespace, name=meta.name, metrics_port=pod.metrics_port)
     env = _env(spark_conf, secrets)
     container = _container(settings, "ingest", image=image, args=args, env=env, mounts=mounts, pod=pod)
@@ -249,16 +255,17 @@ def purge_pod_spec(
 
 def executor_template(meta: ChildMeta, settings: OperatorSettings, pod: PodPlan) -> Manifest:
     """The ConfigMap holding Spark executors' pod template: the restricted security settings Spark cannot
-    set by conf, and the executors' pod template (cpu and memory excepted: Spark sets those from its
-    conf, `icefall.plan.spark_conf.executor_conf`)."""
+    set by conf, the table's Spark RPC Secret as a file (by name only), and the executors' pod template
+    (cpu and memory excepted: Spark sets those from its conf, `icefall.plan.spark_conf.executor_conf`)."""
     template = pod.template
+    auth_volume, auth_mount = spark_auth_volume(meta.name)
     container: Manifest = {
         "name": EXECUTOR_CONTAINER,
         "securityContext": dict(_CONTAINER_SECURITY_CONTEXT),
         # Executors fetch the driver's added files and jars into their working folder; the root is
         # read-only.
         "workingDir": TMP_DIR,
-        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}],
+        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}, auth_mount],
     }
     pods.apply_to_container(container, template, resources=False)
     other = pods.resources_manifest(template.resources or ResourceRequirements(), leave_out=("cpu", "memory"))
@@ -270,7 +277,7 @@ def executor_template(meta: ChildMeta, settings: OperatorSettings, pod: PodPlan)
         "securityContext": _pod_security_context(settings),
         "containers": [container],
         # Spark adds its own emptyDir local dirs (spark-local-dir-*) next to this one.
-        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}}],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}}, auth_volume],
     }
     pods.apply_to_pod_spec(spec, template)
     metadata = {k: v for k, v in (("labels", template.labels), ("annotations", template.annotations)) if v}

@@ -12,6 +12,13 @@ The driver JVM's native memory is kept small without costing CPU (`DRIVER_JAVA_O
 shares; what differs per process (master, application name, the driver's memory, Kubernetes, scheduling)
 comes from `icefall.plan.spark_conf` as `extra_conf`, which wins. A conf that asks for the FAIR scheduler
 gets the pools of `fairscheduler.xml`, beside this module.
+
+Guarantee: no secret value is on a command line. PySpark starts the JVM with `spark-submit --conf k=v` for
+every builder option, and any process of the pod can read a command line (`/proc/<pid>/cmdline`). So the
+catalog options that carry a secret value (`launch_and_late_conf`) are left out of the launch and set on
+the session once its JVM runs (`spark.conf.set`, over Py4J's socket): Spark's catalogs are created on
+first use from the session's conf, so they see them (tests/integration/test_catalog_auth.py proves both
+with a REST catalog that refuses a missing token).
 """
 
 from __future__ import annotations
@@ -93,9 +100,10 @@ def spark_jars(environ: Mapping[str, str] = os.environ, home: Path | None = None
 def spark_conf(
     catalogs: Iterable[CatalogConfig], *, master: str, app_name: str, driver_memory: str = "1g"
 ) -> dict[str, str]:
-    """The base of every Icefall session: jars, SQL extensions, catalogs, redaction, UTC, shuffle partitions
-    for the master (`plan.spark_conf.shuffle_partitions`, with this machine's cores for `local[*]`; a
-    cluster driver's conf names its own); a local master binds to loopback."""
+    """The base of every Icefall session: jars, SQL extensions, catalogs, redaction, UTC, no SQL on files
+    (`spark.sql.runSQLOnFiles=false`), shuffle partitions for the master (`plan.spark_conf.
+    shuffle_partitions`, with this machine's cores for `local[*]`; a cluster driver's conf names its own);
+    a local master binds to loopback."""
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
@@ -108,6 +116,8 @@ def spark_conf(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.adaptive.enabled": "true",
         "spark.redaction.regex": REDACTION_REGEX,
+        # No `SELECT ... FROM parquet.`/path``: Icefall's SQL names tables, never files (docs/security.md).
+        "spark.sql.runSQLOnFiles": "false",
     }
     jars = spark_jars()
     if jars:
@@ -139,6 +149,23 @@ def session_conf(
     return conf
 
 
+def launch_and_late_conf(
+    conf: Mapping[str, str], catalogs: Iterable[CatalogConfig]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """`conf` split in two: what spark-submit may start the JVM with, and the options of `catalogs` whose
+    value holds one of their secret values (a secret property, or an option derived from one, such as a
+    JDBC password or Azure's shared key), to set on the running session instead (module doc)."""
+    catalogs = list(catalogs)
+    secrets = {value for catalog in catalogs for value in catalog.secrets.values() if value}
+    prefixes = tuple(catalog.spark_prefix for catalog in catalogs)
+    late = {
+        key: value
+        for key, value in conf.items()
+        if key.startswith(prefixes) and any(secret in value for secret in secrets)
+    }
+    return {key: value for key, value in conf.items() if key not in late}, late
+
+
 def build_spark_session(
     catalogs: Iterable[CatalogConfig],
     *,
@@ -146,7 +173,8 @@ def build_spark_session(
     app_name: str = "icefall",
     extra_conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """The session of `session_conf`, or the one this process already has (Spark keeps one per JVM)."""
+    """The session of `session_conf`, or the one this process already has (Spark keeps one per JVM); the
+    catalogs' secret options are set once the JVM runs (module doc)."""
     from pyspark.sql import SparkSession
 
     from icefall.spark.jvm_names import remember_jvm_names
@@ -156,10 +184,15 @@ def build_spark_session(
     # The JVM PySpark starts inherits this environment (see DRIVER_MALLOC_ARENAS).
     os.environ.setdefault("MALLOC_ARENA_MAX", DRIVER_MALLOC_ARENAS)
     quiet_lost_jvm_connections()
+    catalogs = list(catalogs)
+    conf = session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf)
+    launch, late = launch_and_late_conf(conf, catalogs)
     builder = SparkSession.builder
-    for key, value in session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf).items():
+    for key, value in launch.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    for key, value in late.items():  # after the JVM started: never on its command line
+        session.conf.set(key, value)
     session.sparkContext.setLogLevel("WARN")
     remember_jvm_names(session.sparkContext._jvm)
     # Ingestion sets `kafka.group.id` on purpose (one group per writer, partitions assigned, nothing

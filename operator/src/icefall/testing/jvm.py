@@ -18,6 +18,7 @@ word (`-Xlog:cds=off`); one that cannot be made leaves the tests on the defaults
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -100,9 +101,17 @@ def fast_start(jars: Path, environ: MutableMapping[str, str] = os.environ) -> No
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "icefall"
     archive = archive_path(cache, jars)
     options = [C1_ONLY]
-    if archive.is_file() or make_archive(archive):
+    if archive.is_file() or _make_once(archive):
         options += [f"-XX:SharedArchiveFile={archive}", QUIET_CDS]
     environ[SUBMIT_OPTS] = " ".join([environ.get(SUBMIT_OPTS, ""), *options]).strip()
+
+
+def _make_once(archive: Path) -> bool:
+    """`make_archive`, once for the parallel workers of a run: the others wait for it, then use it."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with open(archive.with_name(f"{archive.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return archive.is_file() or make_archive(archive)
 
 
 @contextmanager

@@ -24,31 +24,42 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
+from icefall.devstack.procs import STACK_JAVA_OPTIONS
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.devstack.tools import tool_dir
-from icefall.testing.jvm import fast_start, long_lived
+from icefall.testing.jvm import C1_ONLY, fast_start, long_lived
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 TIERS = ("unit", "integration", "e2e")
+#: The xdist group of the tests that use the machine's one node (the e2e tier, the node's own tests).
+NODE_GROUP = "node"
 SOURCE = Path(__file__).resolve().parents[2]  # operator/src of the checkout under test
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """`python -m icefall...` processes that tests start import this checkout's code, like the tests do
-    (not whatever checkout the virtualenv's editable install points at)."""
+    (not whatever checkout the virtualenv's editable install points at); the stack's JVMs start cheaply."""
     paths = [str(SOURCE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # The stack's servers live for a run and serve small loads: C1 starts them for about half the CPU.
+    os.environ.setdefault(STACK_JAVA_OPTIONS, C1_ONLY)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test belongs to exactly one tier, so `-m unit` really selects the fast ones."""
+    """Every test belongs to exactly one tier, so `-m unit` really selects the fast ones.
+
+    Run in parallel (`-n 2 --dist loadgroup`, as `make test` does), each worker starts a stack of its own
+    (the fixtures below are per process); the e2e tier shares one thing per machine, the node (a kubelet on
+    containerd and its cgroups), so its tests run in one worker, one after another (`xdist_group`)."""
     for item in items:
         tiers = [tier for tier in TIERS if item.get_closest_marker(tier)]
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid} must be marked with exactly one of {TIERS}, has {tiers}")
+        if tiers == ["e2e"]:
+            item.add_marker(pytest.mark.xdist_group(NODE_GROUP))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

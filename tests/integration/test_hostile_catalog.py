@@ -1,0 +1,245 @@
+"""A hostile REST catalog cannot make Icefall load code: what it names is dropped before pyiceberg sees it.
+
+The catalog is a small real HTTP server on 127.0.0.1, written here. Its `/v1/config` answer sets
+`py-io-impl` (in `defaults` and `overrides`), and in one variant an `auth` block naming a custom
+AuthManager; its
+load-table answer sets `py-io-impl` in the response's `config` and in the table metadata's properties. Every
+class it names lives in a module written for the test, whose import and whose classes' construction leave
+marker files. On main the catalog client imports that module and builds its FileIO (or its AuthManager).
+
+Proves:
+- `CatalogConfig.pyiceberg()` opens the catalog and loads the table with a FileIO of Icefall's choice
+  (pyiceberg's own for the location's scheme); the module is never imported, no class of it is built; the
+  catalog's properties hold none of the dropped keys; each dropped key is logged by name, never its value;
+- the operator's `controller.observe.TableObserver` reads the table through the same catalog (the server
+  saw the load) with the same result;
+- against Iceberg's own REST server (the control) the same client drops nothing and creates, appends to
+  and reads a table;
+- pyiceberg's loaders, confined (`confine_pyiceberg`), refuse a FileIO class Icefall did not choose and a
+  table's `write.py-location-provider.impl` even when they are reached without Icefall's clients.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from icefall.api import StreamingTable
+from icefall.catalog import CatalogConfig
+from icefall.controller.observe import TableObserver
+from icefall.devstack.rest_catalog import RESTCatalogServer
+
+pytestmark = pytest.mark.integration
+
+BOOM_MODULE = """
+from pathlib import Path
+
+MARKERS = Path({markers!r})
+(MARKERS / "imported").write_text("the module was imported")
+
+
+class Boom:
+    def __init__(self, *args, **kwargs):
+        (MARKERS / "instantiated").write_text("a class was built")
+        self.properties = kwargs or (args[0] if args else {{}})
+"""
+
+
+@dataclass
+class Hostile:
+    """The hostile catalog: its address, the class path it names, and the requests it answered."""
+
+    uri: str
+    variant: str  # py-io-impl, or auth: the /v1/config overrides also name an AuthManager
+    boom: str  # "<module>.Boom"
+    markers: Path
+    seen: list[str] = field(default_factory=list)
+
+    @property
+    def marked(self) -> list[str]:
+        return sorted(p.name for p in self.markers.iterdir())
+
+
+def table_metadata(location: str, boom: str) -> dict[str, Any]:
+    """A valid, empty format-v2 table whose properties name `boom` as its FileIO."""
+    return {
+        "format-version": 2,
+        "table-uuid": str(uuid.uuid4()),
+        "location": location,
+        "last-sequence-number": 0,
+        "last-updated-ms": 1_700_000_000_000,
+        "last-column-id": 1,
+        "current-schema-id": 0,
+        "schemas": [
+            {
+                "type": "struct",
+                "schema-id": 0,
+                "fields": [{"id": 1, "name": "id", "required": False, "type": "long"}],
+            }
+        ],
+        "default-spec-id": 0,
+        "partition-specs": [{"spec-id": 0, "fields": []}],
+        "last-partition-id": 999,
+        "default-sort-order-id": 0,
+        "sort-orders": [{"order-id": 0, "fields": []}],
+        "properties": {"py-io-impl": boom},
+        "snapshots": [],
+        "snapshot-log": [],
+        "metadata-log": [],
+        "refs": {},
+    }
+
+
+@pytest.fixture(params=["py-io-impl"])
+def hostile(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Hostile]:
+    """The server; `request.param` "auth" adds a custom `auth` block to the /v1/config overrides."""
+    module = f"icefall_test_boom_{uuid.uuid4().hex[:8]}"
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (tmp_path / f"{module}.py").write_text(BOOM_MODULE.format(markers=str(markers)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    boom = f"{module}.Boom"
+    location = (tmp_path / "warehouse" / "shop" / "orders").as_uri()
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            path = self.path.split("?", 1)[0]
+            if path == "/v1/config":
+                overrides: dict[str, Any] = {"py-io-impl": boom}
+                if request.param == "auth":
+                    overrides["auth"] = {"type": "custom", "impl": boom}
+                body: dict[str, Any] = {"defaults": {"py-io-impl": boom}, "overrides": overrides}
+            elif path == "/v1/namespaces/shop/tables/orders":
+                body = {
+                    "metadata-location": f"{location}/metadata/00000-{uuid.uuid4()}.metadata.json",
+                    "metadata": table_metadata(location, boom),
+                    "config": {"py-io-impl": boom, "s3.retry-strategy-impl": boom},
+                }
+            elif path == "/v1/namespaces":
+                body = {"namespaces": [["shop"]]}
+            elif path == "/v1/namespaces/shop/tables":
+                body = {"identifiers": [{"namespace": ["shop"], "name": "orders"}]}
+            else:
+                self.send_error(404)
+                return
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield Hostile(f"http://127.0.0.1:{server.server_port}", request.param, boom, markers, seen)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+        sys.modules.pop(module, None)
+
+
+def table_on(uri: str) -> StreamingTable:
+    """A table in the hostile catalog; Kafka's credential is absent, so the observer reads only the table."""
+    return StreamingTable.model_validate(
+        {
+            "metadata": {"name": "orders"},
+            "spec": {
+                "source": {
+                    "bootstrapServers": "127.0.0.1:9",
+                    "topic": "orders",
+                    "security": {
+                        "protocol": "SASL_PLAINTEXT",
+                        "saslMechanism": "PLAIN",
+                        "username": {"env": "IT_ABSENT_USER"},
+                        "password": {"env": "IT_ABSENT_PASSWORD"},
+                    },
+                },
+                "format": {"schema": [{"name": "id", "type": "long"}]},
+                "table": {"namespace": "shop", "catalog": {"name": "lake", "type": "rest", "uri": uri}},
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize("hostile", ["py-io-impl", "auth"], indirect=True)
+def test_the_catalog_client_loads_no_class_the_endpoint_names(
+    hostile: Hostile, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = CatalogConfig.for_table(table_on(hostile.uri).spec, environ={})
+    try:
+        catalog = config.pyiceberg()
+        table = catalog.load_table(("shop", "orders"))
+    finally:
+        assert hostile.marked == [], "the endpoint's module was imported or its class built"
+
+    assert type(table.io).__module__.startswith("pyiceberg.io."), type(table.io)
+    assert [p for p in hostile.seen if p.startswith("/v1/namespaces/shop/tables/orders")], hostile.seen
+    assert "py-io-impl" not in catalog.properties and "auth" not in catalog.properties
+    assert "py-io-impl" not in table.config
+    for key in ["py-io-impl", "s3.retry-strategy-impl"] + (["auth"] if hostile.variant == "auth" else []):
+        assert f"ignored {key} from" in caplog.text
+    assert hostile.boom not in caplog.text  # the key is named, never its value
+
+
+def test_the_operators_observer_loads_no_class_the_endpoint_names(hostile: Hostile) -> None:
+    observer = TableObserver(environ={}, wait_seconds=30)
+    observed = observer.observe("uid-hostile", table_on(hostile.uri))
+
+    assert hostile.marked == [], "the endpoint's module was imported or its class built"
+    assert [p for p in hostile.seen if p.startswith("/v1/namespaces/shop/tables/orders")], hostile.seen
+    assert observed.facts is not None, observed
+
+
+def test_confined_pyiceberg_refuses_other_file_ios_and_location_providers(hostile: Hostile) -> None:
+    from pyiceberg.io import load_file_io
+    from pyiceberg.table.locations import load_location_provider
+
+    from icefall.catalog.config import PY_FILE_IOS
+    from icefall.catalog.confined import confine_pyiceberg
+
+    confine_pyiceberg(PY_FILE_IOS)
+    with pytest.raises(ValueError, match="names a FileIO class Icefall did not choose"):
+        load_file_io({"py-io-impl": hostile.boom})
+    with pytest.raises(ValueError, match=r"write\.py-location-provider\.impl names a class"):
+        load_location_provider("file:///tmp/t", {"write.py-location-provider.impl": hostile.boom})
+    assert type(load_file_io({"py-io-impl": PY_FILE_IOS[0]})).__name__ == "FsspecFileIO"
+    assert hostile.marked == []
+
+
+def test_the_confined_client_still_works_with_icebergs_own_rest_server(
+    rest_catalog: RESTCatalogServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The control: against an honest catalog nothing is dropped and a table is created, appended to (a
+    commit: pyiceberg's location provider and FileIO) and read back."""
+    import pyarrow as pa
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    catalog = CatalogConfig.for_table(table_on(rest_catalog.uri).spec, environ={}).pyiceberg()
+    catalog.create_namespace_if_not_exists("confined")
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    table = catalog.create_table("confined.events", schema=schema)
+    table.append(pa.table({"id": pa.array([1, 2, 3], pa.int64())}))
+    read = catalog.load_table("confined.events").scan().to_arrow()
+    assert sorted(read.column("id").to_pylist()) == [1, 2, 3]
+    assert "ignored" not in caplog.text
+    catalog.purge_table("confined.events")
