@@ -155,7 +155,7 @@ class BlindLease:
 
     @property
     def expires_at(self) -> float | None:
-        return time.time() + 60
+        return time.monotonic() + 60
 
     @property
     def is_held(self) -> bool:
@@ -171,6 +171,9 @@ class BlindLease:
         pass
 
     def current(self) -> LeaseRecord | None:
+        return None
+
+    def observed_holder(self) -> str | None:
         return None
 
 

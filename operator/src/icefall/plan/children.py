@@ -7,6 +7,7 @@
 |---|---|---|---|
 | ServiceAccount, Role, RoleBinding | `icefall-<st>-driver` | `rbac` | the driver and its executors |
 | ServiceAccount, Role, RoleBinding | `icefall-<st>-compact` | `rbac` | the compaction pods |
+| Lease (commit, yield, work) | `icefall-<table>-<id>-…` | `lease_objects` | the Leases the pods take |
 | ConfigMap | `<st>-ingest-executor` | `workloads` | Spark executors' pod template (Kubernetes master only) |
 | Pod | `<st>-ingest` | `workloads` | the PySpark driver, `icefall ingest` (absent while suspended) |
 | Deployment | `<st>-compact` | `workloads` | `icefall compact` (0 replicas while suspended) |
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from icefall.api import PodTemplates, Problem, StreamingTable
-from icefall.plan import names, pods, rbac, spark_conf, workloads
+from icefall.plan import lease_objects, names, pods, rbac, spark_conf, workloads
 from icefall.plan.env import secret_env_vars
 from icefall.plan.metadata import ChildMeta
 from icefall.plan.settings import OperatorSettings, Resources
@@ -129,9 +130,11 @@ def desired_children(
     image: str,
     operator_settings: OperatorSettings,
     compaction_replicas: int = 0,
+    owns_leases: bool = True,
 ) -> Children:
     """Render every child of `st` (see the module docstring). `compaction_replicas` comes from
-    `icefall.plan.scaling`; suspend overrides it with 0."""
+    `icefall.plan.scaling`; suspend overrides it with 0. `owns_leases`: False while an older StreamingTable
+    claims the same catalog table (`icefall.plan.claims`): the table's Leases are that one's children."""
     if not uid:
         raise ValueError("the StreamingTable's uid is needed for owner references")
     if compaction_replicas < 0:
@@ -149,6 +152,8 @@ def desired_children(
     meta = ChildMeta(st.metadata.name, namespace, uid, generation, digest)
 
     applied, absent = _accounts_and_executor_template(meta, st, settings, plans, on_kubernetes=on_kubernetes)
+    if owns_leases:
+        applied += lease_objects.lease_children(meta, st)
     applied.append(
         workloads.compaction_deployment(
             meta, settings, image=image, spark_conf=spark_conf.compaction_conf(),
