@@ -112,9 +112,9 @@ class Lease(Protocol):
     def release(self, *, forget: bool = False) -> None:
         """Let go, so another holder need not wait for expiry. Idempotent; a lost lease is left alone.
 
-        `forget`: then also remove the stored lease if nobody took it meanwhile, so one-off names do not
-        pile up. Only for leases whose epoch fences nothing (work Leases): the next holder of the name
-        starts again at epoch 1.
+        `forget`: then also remove the stored lease if nobody took it meanwhile, so a name nobody will use
+        again does not linger (the old name of a renamed lease, `SuccessorLease`). Never for a lease
+        someone else created for this side (a table's Leases: the operator's children).
         """
         ...
 
