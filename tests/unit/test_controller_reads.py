@@ -3,6 +3,8 @@
 Proves: a table with a read in flight never takes a second thread (a second submit returns the same
 Future); reads past `overdue_seconds` give their slot back, so with every worker stuck on a hung table a
 new table's read still runs at once; threads that come back from overdue reads end, leaving `workers`;
+a table whose read was overdue is slow: its reads queue apart and never take the last slot, so a good
+table's read starts at once beside any number of them, and a read in time makes it ordinary again;
 `max_threads` caps the threads whatever hangs; a read's error reaches its Future. The LRU keeps at most
 `max_size` entries, drops the least recently used first and hands each dropped value to `on_evict`.
 Reads block on Events (no sleeping); the overdue clock is a fake one.
@@ -69,7 +71,36 @@ def test_hung_tables_keep_one_thread_each_and_never_block_another_tables_read() 
         release.set()
         assert a.result(timeout=5) == b.result(timeout=5) == "late"
         eventually(lambda: reads.threads == 2)  # back from the hung reads: only `workers` stay
+        assert reads.is_slow("a") and not reads.is_slow("good")
         assert reads.submit("a", lambda: "new").result(timeout=5) == "new"  # a new read once done
+        assert not reads.is_slow("a")  # it came back in time
+    finally:
+        release.set()
+
+
+def test_slow_tables_queue_apart_and_never_take_the_last_slot() -> None:
+    clock, release = FakeClock(), threading.Event()
+    reads = Reads(workers=2, overdue_seconds=10, max_threads=8, clock=clock)
+    try:
+        slow = [f"slow-{n}" for n in range(4)]
+        first = [reads.submit(key, hang(release)) for key in slow[:2]]
+        eventually(lambda: all(f.running() for f in first))
+        clock.now += 10
+        later = [reads.submit(key, hang(release)) for key in slow[2:]]
+        eventually(lambda: all(f.running() for f in later))
+        clock.now += 10
+        release.set()
+        assert [f.result(timeout=5) for f in first + later] == ["late"] * 4
+        assert all(reads.is_slow(key) for key in slow)  # every one of them came back overdue
+
+        release.clear()
+        again = [reads.submit(key, hang(release)) for key in slow]
+        eventually(lambda: sum(f.running() for f in again) == 1)  # workers - 1 of them at a time
+        assert reads.submit("good", lambda: "fresh").result(timeout=5) == "fresh"  # the kept slot
+        assert sum(f.running() for f in again) == 1
+        clock.now += 10  # the one running is overdue: the next slow table's read may start
+        reads.submit("other", lambda: "fresh").result(timeout=5)
+        eventually(lambda: sum(f.running() for f in again) == 2)
     finally:
         release.set()
 

@@ -62,7 +62,7 @@ KAFKA_TIMEOUT_SECONDS = 5.0
 #: How long a catalog client waits to connect and for each answer (REST, PostgreSQL, object store).
 CATALOG_TIMEOUT_SECONDS = 10.0
 #: A read running this long no longer holds one of the pool's `READ_WORKERS` slots.
-READ_OVERDUE_SECONDS = 15.0
+READ_OVERDUE_SECONDS = 2.0
 READ_WORKERS = 4
 READ_MAX_THREADS = 64
 MAX_TABLES = 10_000
