@@ -1,7 +1,8 @@
 """One table's endpoints that never answer cannot stall the operator's observer or hold its clients for ever.
 
 A "silent" endpoint is a real TCP server on 127.0.0.1 that accepts every connection and never sends a byte
-(a hung catalog or broker). Proves, with it and the `kafka` fixture's real broker:
+(a hung catalog or broker), used as a REST catalog's URI, a PostgreSQL catalog's host and Kafka's
+bootstrap server. Proves, with it and the `kafka` fixture's real broker:
 - the operator's REST catalog client (`CatalogConfig.pyiceberg(request_timeout=...)`) gives up on a silent
   server within its bound, and so does its PostgreSQL client (libpq's connect timeout);
 - six tables whose catalog and brokers are silent, observed again and again, never take more than one
@@ -83,8 +84,13 @@ def test_the_operators_catalog_clients_give_up_on_a_silent_endpoint(silent: Sile
     assert time.monotonic() - started < 8  # libpq: at least 2 s per attempt
 
 
-def hostile_table(n: int, port: int) -> StreamingTable:
-    catalog = {"name": "hung", "type": "rest", "uri": f"http://127.0.0.1:{port}/catalog-{n}"}
+def hostile_table(n: int, port: int, warehouse: Path) -> StreamingTable:
+    """A table whose PostgreSQL catalog and Kafka brokers are the silent endpoint (no credential: a table
+    the operator reads itself)."""
+    catalog = {
+        "name": "hung", "type": "sql", "uri": f"postgresql://ice@127.0.0.1:{port}/lake{n}",
+        "warehouse": str(warehouse),
+    }  # fmt: skip
     text = manifest_text(f"hostile_{n}", "events", f"127.0.0.1:{port}", catalog=catalog)
     return load_manifest(text)
 
@@ -104,7 +110,7 @@ def test_silent_endpoints_of_six_tables_never_delay_a_good_tables_observation(
             },
         )
     )  # fmt: skip
-    hostile = {f"hostile-{n}": hostile_table(n, silent.port) for n in range(6)}
+    hostile = {f"hostile-{n}": hostile_table(n, silent.port, tmp_path / "hung") for n in range(6)}
     # The production pool; catalog calls bounded at 1 s (not 10) so that the hung reads come back soon.
     observer = TableObserver(interval=0.5, wait_seconds=0.2, catalog_timeout=1.0)
 

@@ -5,8 +5,10 @@ Future); reads past `overdue_seconds` give their slot back, so with every worker
 new table's read still runs at once; threads that come back from overdue reads end, leaving `workers`;
 a table whose read was overdue is slow: its reads queue apart and never take the last slot, so a good
 table's read starts at once beside any number of them, and a read in time makes it ordinary again;
-`max_threads` caps the threads whatever hangs; a read's error reaches its Future. The LRU keeps at most
-`max_size` entries, drops the least recently used first and hands each dropped value to `on_evict`.
+`max_threads` caps slow tables' threads and never starves the others; a read's error reaches its Future.
+The LRU keeps at most `max_size` entries, drops the least recently used first and hands each dropped value
+to `on_evict`; the operator's per-table memory (`StatusMemory`) is bounded by it and forgets a table that
+goes.
 Reads block on Events (no sleeping); the overdue clock is a fake one.
 """
 
@@ -105,21 +107,33 @@ def test_slow_tables_queue_apart_and_never_take_the_last_slot() -> None:
         release.set()
 
 
-def test_max_threads_caps_the_threads_whatever_hangs() -> None:
+def test_max_threads_caps_slow_tables_and_never_starves_the_others() -> None:
     clock, release = FakeClock(), threading.Event()
     reads = Reads(workers=1, overdue_seconds=1, max_threads=3, clock=clock)
     try:
-        futures = []
-        for n in range(6):
-            future = reads.submit(f"t{n}", hang(release))
-            futures.append(future)
-            if n < 3:
-                eventually(future.running)
-            clock.now += 2  # every running read is overdue by the next submit
-        assert reads.threads == 3
-        assert sum(f.running() for f in futures) == 3 and not any(f.done() for f in futures)
+        first = []
+        for n in range(4):  # first contact: each read hangs, is overdue by the next submit
+            future = reads.submit(f"s{n}", hang(release))
+            first.append(future)
+            eventually(future.running)
+            clock.now += 2
+        clock.now += 2
         release.set()
-        assert [f.result(timeout=5) for f in futures] == ["late"] * 6
+        assert [f.result(timeout=5) for f in first] == ["late"] * 4
+        eventually(lambda: reads.threads == 1)
+        assert all(reads.is_slow(f"s{n}") for n in range(4))
+
+        release.clear()
+        again = []
+        for n in range(4):  # the same tables, slow now: their reads hang again
+            again.append(reads.submit(f"s{n}", hang(release)))
+            if n < 3:
+                eventually(again[n].running)
+            clock.now += 2
+        assert reads.threads == 3 and sum(f.running() for f in again) == 3  # the fourth queues
+        assert reads.submit("good", lambda: "fresh").result(timeout=5) == "fresh"  # still a thread
+        release.set()
+        assert [f.result(timeout=5) for f in again] == ["late"] * 4
     finally:
         release.set()
 
@@ -157,3 +171,20 @@ def test_the_lru_keeps_the_most_recent_entries_and_hands_back_what_it_drops() ->
     assert lru.pop("a") == 10 and lru.pop("a") is None and lru.get("zz") is None
     with pytest.raises(ValueError, match="at least one"):
         LRU(0)
+
+
+def test_the_operators_table_memory_is_bounded_and_forgets_a_table_that_goes() -> None:
+    from datetime import UTC, datetime
+
+    from icefall.controller.status import StatusMemory
+    from icefall.plan.applying import Applied
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    memory = StatusMemory(max_tables=2)
+    for uid in ("a", "b", "c"):
+        memory.wrote(uid, now)
+        memory.did_apply(uid, ("Lease", "x"), Applied("d", now))
+    assert memory.last_write("a") is None and memory.applied("a", ("Lease", "x")) is None  # the oldest went
+    assert memory.last_write("c") == now and memory.applied("c", ("Lease", "x")) == Applied("d", now)
+    memory.forget("c")
+    assert memory.last_write("c") is None and memory.applied("c", ("Lease", "x")) is None

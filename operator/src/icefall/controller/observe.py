@@ -333,7 +333,7 @@ class TableObserver:
             # Errors reach the status as KafkaUnavailable; librdkafka's own log would repeat them forever.
             client = {**config, "socket.timeout.ms": 5000, "log_level": 0}
             with TopicView(source.bootstrap_servers, source.topic, client) as topic:
-                marks = topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS)
+                marks = topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS, total=KAFKA_TIMEOUT_SECONDS * 2)
                 topic_id = topic.topic_id(KAFKA_TIMEOUT_SECONDS)
                 # Before the first commit the table's freshness is unmeasured anyway.
                 oldest = (

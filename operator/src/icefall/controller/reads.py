@@ -13,9 +13,13 @@
   threads at once, so one slot always stays for the others. A read of a slow table that comes back in
   time makes it an ordinary table again. The others never queue behind a slow table, and wait at most
   `overdue_seconds` for a slot the first time a table turns out slow.
-- **Bounded.** At most `max_threads` threads in all: past that, reads queue. Client timeouts
-  (`icefall.catalog.timeouts`, the Kafka calls' own) bring every hung thread back in bounded time. The
-  memory of slow tables is an LRU of `MAX_REMEMBERED` keys.
+- **Bounded.** Slow tables' reads start only while there are fewer than `max_threads` threads; past that
+  they queue. The other tables' reads always get a thread (at most `workers` counted at once), so even
+  `max_threads` hung slow tables starve nobody; threads beyond `max_threads` are then first reads that
+  hang, one per table at most. Client timeouts (`icefall.catalog.timeouts`, the Kafka calls' own) bring
+  most hung threads back in bounded time; a server that accepts a PostgreSQL query and never answers is
+  the exception (libpq has no client-side query timeout), which is why a table holds one thread at most.
+  The memory of slow tables is an LRU of `MAX_REMEMBERED` keys.
 
 Callers wait on the Future for as long as they like (the observer: `wait_seconds`) and never for another
 table's read. Not guaranteed: fairness within a queue beyond first come, first served.
@@ -119,7 +123,9 @@ class Reads:
     def _start_threads(self) -> None:
         wanted = self._runnable() - sum(1 for busy in self._threads.values() if busy is None)
         counted = self._counted()
-        while wanted > 0 and counted < self.workers and len(self._threads) < self.max_threads:
+        while (
+            wanted > 0 and counted < self.workers and (self._queue or len(self._threads) < self.max_threads)
+        ):
             self._numbers += 1
             number = self._numbers
             self._threads[number] = None
