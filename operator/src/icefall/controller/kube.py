@@ -40,6 +40,7 @@ _RESOURCES: Mapping[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Secret": ("/api/v1", "secrets"),  # created only (the Spark RPC secret), never read
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }
 _ST = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}/{{name}}"
 

@@ -215,6 +215,7 @@ def _plan(body: Mapping[str, Any], ctx: Context, claims: Sequence[Claim]) -> _Pl
             image=ctx.config.image,
             operator_settings=ctx.config.settings,
             compaction_replicas=replicas,
+            owns_leases=owner is None,
         )
     problems = [str(p) for p in children.problems]
     if st.spec.table.catalog is None:
