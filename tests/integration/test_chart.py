@@ -680,7 +680,12 @@ OPERATOR_CALLS: list[dict[str, Any]] = [
     {"apiGroups": ["icefall.dev"], "resources": ["streamingtables/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    # The leader Lease (get, create, update) and each table's Leases (server-side apply: create, patch).
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "update", "patch"],
+    },
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch", "delete"]},
     # A referenced Secret's labels (metadata only: icefall.plan.grants), each table's Spark RPC secret,
     # and deletionPolicy Delete's Job.

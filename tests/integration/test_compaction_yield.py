@@ -28,7 +28,7 @@ from icefall.compact.runner import file_leases, runner_for
 from icefall.compact.view import read_table_view
 from icefall.compact.worker import Outcome
 from icefall.devstack.kafka import KafkaBroker
-from icefall.plan.leases import YIELD_AFTER_CONFLICTS
+from icefall.plan.leases import YIELD_AFTER_CONFLICTS, YIELD_LEASE_SECONDS
 from icefall.plan.maintenance_items import ApplyDeletes, MaintenancePolicy
 from icefall.plan.names import table_leases
 from icefall.plan.table_view import FileContent
@@ -48,7 +48,9 @@ def test_a_rewrite_that_keeps_losing_to_keyed_batches_gets_ingestion_to_wait_for
     st = keyed_table("compaction_yield", topic, kafka.bootstrap)
     label = "it.compaction_yield"
     leases = tmp_path / "leases"
-    yield_to = FileLease.in_dir(leases, table_leases(st).rewrite_yield, "ingestor")
+    yield_to = FileLease.in_dir(
+        leases, table_leases(st).rewrite_yield, "ingestor", duration_seconds=YIELD_LEASE_SECONDS
+    )
     # Only delete application is due (no small-file compaction), from 1 % of a file's rows deleted.
     policy = MaintenancePolicy(min_files_to_compact=1000, deleted_fraction_threshold=0.01)
     runner = runner_for(st, catalog_config, spark, file_leases(leases, "compactor"), policy=policy)

@@ -155,7 +155,7 @@ class BlindLease:
 
     @property
     def expires_at(self) -> float | None:
-        return time.time() + 60
+        return time.monotonic() + 60
 
     @property
     def is_held(self) -> bool:
@@ -171,6 +171,9 @@ class BlindLease:
         pass
 
     def current(self) -> LeaseRecord | None:
+        return None
+
+    def observed_holder(self) -> str | None:
         return None
 
 
@@ -219,7 +222,8 @@ def test_a_writer_paused_past_its_lease_cannot_commit_after_a_takeover(
             assert sum(table_offsets(catalog_config, name)[1].values()) == len(bad)
 
             # B waits for A's lease to run out, takes over at the next epoch, and commits everything.
-            lease_b = FileLease(lease_file, "b", duration_seconds=60, poll_seconds=0.2)
+            # One lease, one duration: B judges A's lease by its own (3 s after it last saw it change).
+            lease_b = FileLease(lease_file, "b", duration_seconds=3, poll_seconds=0.2)
             b = Ingestor(st, catalog_config, spark, lease_b, writer_id="b")
             b.start(lease_timeout=30)
             assert b.epoch == a.epoch + 1

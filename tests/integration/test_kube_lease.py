@@ -1,6 +1,7 @@
 """The Kubernetes lease backend follows the same rules as the file backend, against a real API server.
 
-Proves, with `KubernetesLease` on the `kube` fixture's kube-apiserver + etcd:
+Proves, with `KubernetesLease` on the `kube` fixture's kube-apiserver + etcd (`create_missing=True` as
+the operator's leader Lease does, unless a test says otherwise):
 - acquiring creates a labelled coordination.k8s.io/v1 Lease with epoch (leaseTransitions) 1; renewing moves
   renewTime and keeps the epoch; releasing empties holderIdentity, and another holder then acquires at once;
 - a second holder waits while the lease is held, takes it over after expiry with the next epoch, and the
@@ -9,6 +10,13 @@ Proves, with `KubernetesLease` on the `kube` fixture's kube-apiserver + etcd:
   write re-reads and waits instead of overwriting; of many concurrent contenders exactly one wins, both for
   a missing Lease (create) and for a released one (replace);
 - a Lease written by someone else keeps its labels and its transition count;
+- expiry is judged by each process's own clock: two writers whose wall clocks (the renewTime they write)
+  are 400 s apart never take a renewed Lease from each other and take a dead one one duration after its
+  last change; a Lease someone wrote with a holder, a renewTime years ahead and a huge
+  leaseDurationSeconds is taken one duration after it was first seen, and rewritten with Icefall's
+  duration;
+- without `create_missing` (every table's pod) a missing Lease is waited for, never created, with a
+  LeaseTimeoutError that says the operator creates it;
 - a user without RBAC grants gets a LeaseAPIError that names the permissions it needs.
 """
 
@@ -26,7 +34,7 @@ import pytest
 from kubernetes import client, config
 
 from icefall.commit.kube_lease import KubernetesLease, LeaseAPIError
-from icefall.commit.lease import Lease, LeaseError, LeaseLostError, LeaseTimeoutError
+from icefall.commit.lease import Lease, LeaseLostError, LeaseTimeoutError
 from icefall.devstack.kube import KubeAPIServer
 from icefall.plan.leases import LeaseRecord
 
@@ -67,9 +75,10 @@ def stored(api: client.ApiClient, name: str) -> client.V1Lease:
     return client.CoordinationV1Api(api).read_namespaced_lease(name, NAMESPACE)
 
 
-def lease(api: client.ApiClient, name: str, holder: str, clock: FakeClock) -> KubernetesLease:
+def lease(api: client.ApiClient, name: str, holder: str, clock: FakeClock, **kw: Any) -> KubernetesLease:
+    settings: dict[str, Any] = {"create_missing": True, "wall_clock": clock, **kw}
     return KubernetesLease(
-        api, NAMESPACE, name, holder, duration_seconds=DURATION, clock=clock, sleep=clock.sleep
+        api, NAMESPACE, name, holder, duration_seconds=DURATION, clock=clock, sleep=clock.sleep, **settings
     )
 
 
@@ -134,7 +143,9 @@ def test_another_holder_waits_then_takes_over_after_expiry(api: client.ApiClient
 
 
 def test_take_over_with_the_real_clock(api: client.ApiClient, name: str) -> None:
-    a = KubernetesLease(api, NAMESPACE, name, "writer-a", duration_seconds=1, poll_seconds=0.1)
+    a = KubernetesLease(
+        api, NAMESPACE, name, "writer-a", duration_seconds=1, poll_seconds=0.1, create_missing=True
+    )
     b = KubernetesLease(api, NAMESPACE, name, "writer-b", duration_seconds=1, poll_seconds=0.1)
     assert a.acquire(timeout=0) == 1
     with pytest.raises(LeaseTimeoutError):
@@ -191,8 +202,9 @@ class Interfering(KubernetesLease):
 
 def interfering(api: client.ApiClient, name: str, holder: str, clock: FakeClock) -> Interfering:
     return Interfering(
-        api, NAMESPACE, name, holder, duration_seconds=DURATION, clock=clock, sleep=clock.sleep
-    )
+        api, NAMESPACE, name, holder, duration_seconds=DURATION, clock=clock, sleep=clock.sleep,
+        wall_clock=clock, create_missing=True,
+    )  # fmt: skip
 
 
 def test_a_write_that_loses_to_another_write_reads_again_and_never_overwrites(
@@ -239,6 +251,7 @@ def test_exactly_one_of_many_concurrent_contenders_wins(kube: KubeAPIServer, nam
             name,
             f"w{i}",
             duration_seconds=60,
+            create_missing=True,
         )
         for i in range(8)
     ]
@@ -286,11 +299,80 @@ def test_a_lease_written_by_someone_else_keeps_its_labels_and_transitions(
     assert obj.metadata.labels == {"team": "data", "app.kubernetes.io/managed-by": "icefall"}
     assert obj.metadata.annotations == {"note": "kept"}
 
+    # Held, with no times or duration at all: judged like any other record, from when it was first seen.
     client.CoordinationV1Api(api).create_namespaced_lease(
         NAMESPACE, {"metadata": {"name": f"{name}-x"}, "spec": {"holderIdentity": "someone"}}
     )
-    with pytest.raises(LeaseError, match="cannot be judged expired"):
-        lease(api, f"{name}-x", "writer-a", FakeClock()).acquire(timeout=0)
+    clock = FakeClock()
+    assert lease(api, f"{name}-x", "writer-a", clock).acquire(timeout=60) == 1
+    assert clock.now == T0 + DURATION
+
+
+@pytest.mark.parametrize("skew", [400, -400])
+def test_two_writers_whose_clocks_are_400_s_apart(api: client.ApiClient, name: str, skew: int) -> None:
+    """The holder writes renewTimes `skew` s off the contender's: neither steals a renewed Lease, and a
+    dead holder's Lease is taken one duration after its last renewal (not 400 s early or late)."""
+    name = f"{name}-{'ahead' if skew > 0 else 'behind'}"
+    clock = FakeClock()
+    holder = lease(api, name, "holder", clock, wall_clock=lambda: clock.now + skew)
+    contender = lease(api, name, "contender", clock, wall_clock=lambda: clock.now - skew)
+    assert holder.acquire(timeout=0) == 1
+    for _ in range(8):  # renewed every 4 s (DURATION / 2.5) for 32 s
+        with pytest.raises(LeaseTimeoutError, match="held by 'holder'"):
+            contender.acquire(timeout=0)
+        clock.now += 4
+        holder.renew()
+    written = stored(api, name).spec.renew_time
+    assert written == datetime.fromtimestamp(clock.now + skew, UTC)  # the holder's own (skewed) clock
+    died = clock.now
+    assert contender.acquire(timeout=600) == 2
+    assert clock.now == pytest.approx(died + DURATION)
+    with pytest.raises(LeaseLostError, match="held by 'contender'"):
+        holder.renew()
+
+
+def test_a_squatted_lease_with_a_huge_duration_is_taken_after_one_duration(
+    api: client.ApiClient, name: str
+) -> None:
+    years_ahead = datetime.fromtimestamp(T0 + 10 * 365 * 86400 + 0.25, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    client.CoordinationV1Api(api).create_namespaced_lease(
+        NAMESPACE,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "holderIdentity": "squatter",
+                "leaseDurationSeconds": 2**31 - 1,
+                "renewTime": years_ahead,
+                "acquireTime": years_ahead,
+                "leaseTransitions": 3,
+            },
+        },
+    )
+    clock = FakeClock()
+    writer = lease(api, name, "writer", clock, create_missing=False)
+    with pytest.raises(LeaseTimeoutError, match="held by 'squatter'"):
+        writer.acquire(timeout=DURATION - 1)
+    assert writer.acquire(timeout=60) == 4
+    assert clock.now == pytest.approx(T0 + DURATION)
+    obj = stored(api, name)
+    assert (obj.spec.holder_identity, obj.spec.lease_duration_seconds) == ("writer", DURATION)
+
+
+def test_a_missing_lease_is_waited_for_not_created(
+    api: client.ApiClient, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    pod = lease(api, name, "pod", clock, create_missing=False)
+    with pytest.raises(LeaseTimeoutError, match=r"does not exist \(the operator creates each table's Leases"):
+        pod.acquire(timeout=3)
+    assert clock.now == pytest.approx(T0 + 3)  # polled, never created
+    assert pod.current() is None
+    assert sum("does not exist: waiting for it" in r.getMessage() for r in caplog.records) == 1
+    client.CoordinationV1Api(api).create_namespaced_lease(NAMESPACE, {"metadata": {"name": name}})
+    assert pod.acquire(timeout=0) == 1  # there now (the operator made it): taken at once, nobody held it
+    client.CoordinationV1Api(api).delete_namespaced_lease(name, NAMESPACE)
+    with pytest.raises(LeaseLostError, match="deleted"):
+        pod.renew()
 
 
 def test_a_user_without_rbac_grants_gets_a_clear_permission_error(
@@ -301,7 +383,7 @@ def test_a_user_without_rbac_grants_gets_a_clear_permission_error(
     with pytest.raises(LeaseAPIError) as denied:
         KubernetesLease(limited, NAMESPACE, name, "writer-a").acquire(timeout=0)
     assert denied.value.status == 403
-    assert "needs get/create/update on leases.coordination.k8s.io in namespace default" in str(denied.value)
+    assert "needs get/update on leases.coordination.k8s.io in namespace default" in str(denied.value)
 
 
 def test_the_duration_is_whole_seconds(api: client.ApiClient) -> None:

@@ -4,8 +4,9 @@ Proves, with the operator running in a subprocess and nothing but the API server
 no kubelet, no garbage collector: pods stay Pending forever, so nothing here waits for a pod to run):
 - a StreamingTable (examples/orders.yaml with a sqlite catalog) is reconciled into its children: the
   driver and compaction ServiceAccounts, Roles and RoleBindings, the executor pod template ConfigMap, the
-  NetworkPolicy of its pods, its Spark RPC Secret (random, immutable), the driver Pod `<name>-ingest` and
-  the compaction Deployment with 0 replicas, each with a controller owner
+  NetworkPolicy of its pods, its Spark RPC Secret (random, immutable), the driver Pod `<name>-ingest`, the
+  compaction Deployment with 0 replicas and the table's commit, yield and work Leases (free, with Icefall's
+  durations), each with a controller owner
   reference to the StreamingTable and written by the single field manager `icefall-operator`;
 - status carries Ready/Ingesting/FreshnessMet/Degraded with `observedGeneration`; a pending driver reads
   as Ingesting=False, reason Starting; Degraded turning True (DataLoss) and clearing gives one Warning
@@ -53,6 +54,7 @@ from icefall.devstack.procs import free_port
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.report import BatchReport
 from icefall.ingest.writer_status import WriterStatusReporter
+from icefall.plan.names import table_leases
 from icefall.testing.e2e import wait_for as wait_until
 
 pytestmark = pytest.mark.integration
@@ -174,6 +176,7 @@ class Cluster:
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.coordination = client.CoordinationV1Api(api)
 
     def create_st(self, obj: Obj) -> Obj:
         created: Obj = self.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, obj)
@@ -245,6 +248,9 @@ def test_children_are_created_with_owner_references(cluster: Cluster, orders: Ob
     ]
     secret = children[-2]  # the Spark RPC secret: created once with 32 random bytes, immutable
     assert secret.immutable is True and len(base64.b64decode(secret.data["secret"])) == 32
+    leases = table_leases(streaming_table_from_object(orders))
+    for name in (leases.commit, leases.rewrite_yield, *leases.work):  # the pods may not create Leases
+        children.append(cluster.coordination.read_namespaced_lease(name, NAMESPACE))
     for child in children:
         (owner,) = child.metadata.owner_references
         assert (owner.kind, owner.name, owner.uid, owner.controller) == (
@@ -256,7 +262,8 @@ def test_children_are_created_with_owner_references(cluster: Cluster, orders: Ob
         assert child.metadata.labels["icefall.dev/streamingtable"] == "orders"
         managers = {entry.manager for entry in child.metadata.managed_fields or []}
         assert "icefall-operator" in managers
-    assert children[-1].spec.replicas == 0
+    assert children[8].spec.replicas == 0
+    assert children[9].spec.lease_duration_seconds == 15 and children[9].spec.holder_identity is None
     container = pod.spec.containers[0]
     assert container.image == "icefall:test"
     assert container.command == [

@@ -6,7 +6,7 @@ field's path and the fix; `policy_from_spec` converts seconds to milliseconds an
 partition field; local paths compare equal whatever their spelling, and a Hadoop checksum sidecar follows
 its file; the runner claims the first item whose work Lease is free, releases it, and returns failures
 instead of raising; in-process maintenance waits for its interval and never runs while ingestion is
-behind; compaction pods may get/update their work Leases.
+behind; compaction pods may get/update their work Leases and create none (the operator does).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,7 +28,6 @@ from icefall.commit.lease import LeaseTimeoutError
 from icefall.compact.runner import EmbeddedMaintenance, MaintenanceRunner, StepResult
 from icefall.compact.view import ManifestCache, canonical_path, checksum_owner, to_local_path
 from icefall.compact.worker import ItemResult, Outcome
-from icefall.plan.leases import LeaseRecord, yield_pending
 from icefall.plan.maintenance import policy_from_spec, work_key
 from icefall.plan.maintenance_items import (
     DAY_MS,
@@ -243,7 +241,7 @@ def test_runner_claims_the_first_free_item_and_releases_it() -> None:
     step = runner.step()
     assert ran == [ORPHANS] and step.item == ORPHANS and step.busy == 1 and step.ran
     key = lease_of(ORPHANS)
-    assert log == [f"acquire {key}", f"release+forget {key}"]
+    assert log == [f"acquire {key}", f"release {key}"]
 
 
 def test_runner_returns_failures_and_still_releases() -> None:
@@ -255,7 +253,7 @@ def test_runner_returns_failures_and_still_releases() -> None:
     step = PlannedRunner([EXPIRY], fail, set(), log).step()
     assert step.item == EXPIRY and step.result is None
     assert step.error is not None and "validation failed" in step.error
-    assert log[-1] == f"release+forget {lease_of(EXPIRY)}"
+    assert log[-1] == f"release {lease_of(EXPIRY)}"
 
 
 def test_runner_stopped_with_sparks_jvm_says_so_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -276,7 +274,7 @@ def test_runner_stopped_with_sparks_jvm_says_so_in_one_line(caplog: pytest.LogCa
     with caplog.at_level(logging.INFO):
         step = runner.step()
     assert step.item == EXPIRY and step.error == "Spark's JVM stopped"
-    assert log[-1] == f"release+forget {lease_of(EXPIRY)}"
+    assert log[-1] == f"release {lease_of(EXPIRY)}"
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
@@ -323,8 +321,8 @@ def test_a_rewrite_that_keeps_losing_to_deletes_runs_holding_the_yield_lease() -
         f"acquire {barrier}",
         "run",
         "run",
-        f"release+forget {barrier}",
-        f"release+forget {lease}",
+        f"release {barrier}",
+        f"release {lease}",
     ]
     assert runner.conflicts == {}
     log.clear()
@@ -342,12 +340,6 @@ def test_a_yield_lease_held_by_another_rewrite_is_not_waited_for() -> None:
     )
     runner.conflicts[work_key(DELETES)] = 5
     assert runner.step().result is not None and runner.conflicts == {}
-
-
-def test_yield_names_and_pending() -> None:
-    held = LeaseRecord("compactor", 3, acquire_time=100.0, renew_time=100.0, duration_seconds=60)
-    assert yield_pending(held, 159.9) and not yield_pending(held, 160.0)
-    assert not yield_pending(None, 0) and not yield_pending(replace(held, holder=None), 120)
 
 
 class Report:
@@ -441,14 +433,9 @@ def test_compaction_pods_may_use_their_own_tables_work_and_yield_leases_only() -
     st = streaming_table_from_object(with_spec())
     leases = table_leases(st)
     rules = [r for r in compaction_rules(st) if r["resources"] == ["leases"]]
-    named, unnamed = (
-        [r for r in rules if "resourceNames" in r],
-        [r for r in rules if "resourceNames" not in r],
-    )
-    assert [r["verbs"] for r in unnamed] == [["create"]]  # RBAC cannot restrict create by name
-    (pool,) = named
+    (pool,) = rules  # every rule names its Leases: no `create`, which RBAC cannot restrict by name
     assert pool["resourceNames"] == [*leases.work, leases.rewrite_yield]
-    assert pool["verbs"] == ["get", "update", "delete"]  # delete: released work Leases are removed
+    assert pool["verbs"] == ["get", "update"]  # the operator creates them; released ones are kept
     assert leases.commit not in pool["resourceNames"]
     assert not any("list" in r["verbs"] or "watch" in r["verbs"] for r in compaction_rules(st))
 

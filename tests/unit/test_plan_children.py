@@ -1,13 +1,14 @@
 """The children a StreamingTable owns, rendered as manifests without a cluster.
 
-Proves: names, labels and owner references are deterministic and valid (<= 63 characters, hashed when
-long); no secret value ever reaches a manifest, even when one is smuggled into the spec or the process
-environment, and credentials appear only as secretKeyRef env vars; every pod (driver, compaction,
-executor template) meets the restricted Pod Security Standard with writable emptyDirs for /tmp and Spark's
-local dirs; suspend removes the driver and scales compaction to 0 but keeps the rest; the spec hash moves
-for restart-worthy changes only; RBAC is namespaced, names the commit Lease, and shrinks to the Lease alone
-with a local Spark master; the driver's Spark configuration targets Kubernetes with dynamic allocation;
-and the planning modules import no Kubernetes, kopf or Spark client.
+Proves: names, labels and owner references are deterministic and valid (<= 63 characters, hashed when long);
+no secret value ever reaches a manifest, even when one is smuggled into the spec or the process environment,
+and credentials appear only as secretKeyRef env vars; every pod (driver, compaction, executor template) meets
+the restricted Pod Security Standard with writable emptyDirs for /tmp and Spark's local dirs; suspend removes
+the driver and scales compaction to 0 but keeps the rest; the spec hash moves for restart-worthy changes only;
+RBAC is namespaced, names the commit Lease, and shrinks to the Lease alone with a local Spark master; the
+table's Leases are owned children with Icefall's durations, created by the operator, never by a pod (no Role
+grants `create` on Leases); the driver's Spark configuration targets Kubernetes with dynamic allocation; and
+the planning modules import no Kubernetes, kopf or Spark client.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def spark_conf(children: Children) -> dict[str, str]:
 def test_rendering_is_deterministic_and_every_child_is_labelled_and_owned() -> None:
     first, second = render(table()), render(table())
     assert json.dumps(manifests(first), sort_keys=True) == json.dumps(manifests(second), sort_keys=True)
-    kinds = [(m["kind"], m["metadata"]["name"]) for m in manifests(first)]
+    others = [m for m in manifests(first) if m["kind"] != "Lease"]  # Leases: their own test below
+    kinds = [(m["kind"], m["metadata"]["name"]) for m in others]
     assert kinds == [
         ("ServiceAccount", "icefall-orders-driver"),
         ("Role", "icefall-orders-driver"),
@@ -128,7 +130,7 @@ def test_rendering_is_deterministic_and_every_child_is_labelled_and_owned() -> N
         ("Deployment", "orders-compact"),
         ("Pod", "orders-ingest"),
     ]
-    for manifest in manifests(first):
+    for manifest in others:
         meta = manifest["metadata"]
         assert meta["namespace"] == "shop"
         assert meta["labels"] == {
@@ -155,6 +157,47 @@ def test_rendering_is_deterministic_and_every_child_is_labelled_and_owned() -> N
     assert first.get("Deployment", "orders-compact")["metadata"]["labels"]["app.kubernetes.io/component"] == (
         "compact"
     )
+
+
+def test_the_operator_creates_the_tables_leases_as_owned_children() -> None:
+    """Every Lease the pods take, labelled and owned like the other children, with Icefall's duration and
+    no holder fields; unchanged by a spec change; not rendered by a table whose catalog table is claimed."""
+    st = table()
+    children = render(st)
+    leases = table_leases(st)
+    found = [m for m in children.applied if m["kind"] == "Lease"]
+    assert [m["metadata"]["name"] for m in found] == [leases.commit, leases.rewrite_yield, *leases.work]
+    for manifest in found:
+        assert manifest["apiVersion"] == "coordination.k8s.io/v1"
+        commit = manifest["metadata"]["name"] == leases.commit
+        assert manifest["spec"] == {"leaseDurationSeconds": 15 if commit else 60}
+        meta = manifest["metadata"]
+        assert meta["namespace"] == "shop"
+        assert meta["labels"] == {
+            "app.kubernetes.io/name": "icefall",
+            "app.kubernetes.io/instance": "orders",
+            "app.kubernetes.io/component": "ingest" if commit else "compact",
+            "app.kubernetes.io/managed-by": "icefall-operator",
+            "icefall.dev/streamingtable": "orders",
+        }
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "icefall.dev/v1alpha1",
+                "kind": "StreamingTable",
+                "name": "orders",
+                "uid": UID,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    restarted = render(table(annotations={"icefall.dev/restart": "now"}))
+    assert restarted.spec_hash != children.spec_hash
+    assert [m for m in restarted.applied if m["kind"] == "Lease"] == found  # nothing to apply again
+    claimed = desired_children(
+        st, namespace="shop", uid=UID, generation=7, image=IMAGE, operator_settings=OperatorSettings(),
+        owns_leases=False,
+    )  # fmt: skip
+    assert not [m for m in claimed.applied if m["kind"] == "Lease"]
 
 
 def test_the_longest_allowed_name_fits_and_long_names_are_hashed_not_clipped() -> None:
@@ -491,11 +534,18 @@ def test_driver_rbac_is_namespaced_least_privilege_and_names_the_commit_lease() 
     }
     rules = by_resource["leases"]
     assert {"resourceNames": [leases.commit], "verbs": ["get", "update"]}.items() <= rules[0].items()
-    assert rules[1]["verbs"] == ["create"] and "resourceNames" not in rules[1]
     # An upgrade: the commit Lease of versions before identity-keyed names is taken, then removed.
-    assert rules[2]["resourceNames"] == [leases.legacy_commit] == ["icefall-orders-eu-v2-commit"]
-    assert rules[2]["verbs"] == ["get", "update", "delete"]
-    assert len(rules) == 3
+    assert rules[1]["resourceNames"] == [leases.legacy_commit] == ["icefall-orders-eu-v2-commit"]
+    assert rules[1]["verbs"] == ["get", "update", "delete"]
+    assert len(rules) == 2
+    # No Lease is created by a pod (RBAC cannot restrict `create` by name): the operator creates them.
+    for kind in ("driver", "compact"):
+        lease_rules = [
+            r
+            for r in children.get("Role", f"icefall-orders-eu-{kind}")["rules"]
+            if r["resources"] == ["leases"]
+        ]
+        assert lease_rules and all("resourceNames" in r and "create" not in r["verbs"] for r in lease_rules)
     assert by_resource["streamingtables"][0]["resourceNames"] == ["orders-eu"]
     assert by_resource["streamingtables"][0]["verbs"] == ["get"]
     # Its own status only, to report the lag and freshness it measured (status.writer).

@@ -7,7 +7,8 @@ table gives the documented reasons; over every combination of observations every
 for its type and Ready = Ingesting ∧ FreshnessMet ∧ ¬Degraded holds; `should_write_status` writes flips,
 reason changes and new generations at once and everything else at most every `min_interval`;
 `degraded_event` gives one Warning per Degraded episode and reason, a Normal one when it clears, and none for
-DriverFailed (the driver's own Events cover it).
+DriverFailed (the driver's own Events cover it); an endpoint's text (issues, the driver's message) reaches
+status cut to `MAX_ENDPOINT_TEXT` per piece.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from icefall.api import (
     StreamingTableStatus,
 )
 from icefall.plan.conditions import (
+    MAX_ENDPOINT_TEXT,
     Issue,
     Observations,
     degraded_event,
@@ -436,3 +438,31 @@ def test_a_driver_halted_on_lost_records_says_so_in_ingesting_ready_and_degraded
     assert states[C.READY] == (S.FALSE, R.DATA_LOSS_HALTED)
     assert states[C.DEGRADED] == (S.TRUE, R.DATA_LOSS_HALTED)
     assert driver_refusal(DriverState.RUNNING, history) is None  # a driver that got past it
+
+
+# --- endpoint text ---------------------------------------------------------------------------------------
+
+
+def test_endpoint_text_in_status_is_cut_to_a_bound_per_piece() -> None:
+    """A catalog and a broker that answer with megabytes of text: each piece reaches status cut to
+    MAX_ENDPOINT_TEXT, so both still show, and the condition stays under MAX_MESSAGE."""
+    catalog = Issue(R.CATALOG_UNAVAILABLE, "cannot read the table: " + "C" * 1_000_000)
+    broker = Issue(R.KAFKA_UNAVAILABLE, "cannot reach Kafka: " + "K" * 1_000_000)
+    assert len(catalog.message) == MAX_ENDPOINT_TEXT and catalog.message.endswith("…")
+    assert catalog.message.startswith("cannot read the table: CCC")
+    assert Issue(R.CATALOG_UNAVAILABLE, "short").message == "short"
+    conditions = {
+        c.type: c
+        for c in derive_conditions(healthy(issues=(broker, catalog), unmeasured="U" * 100_000), table(), T0)
+    }
+    ingesting = conditions[C.INGESTING]
+    assert ingesting.reason is R.KAFKA_UNAVAILABLE
+    assert (
+        "cannot reach Kafka: KKK" in ingesting.message and "cannot read the table: CCC" in ingesting.message
+    )
+    assert len(ingesting.message) <= 2 * MAX_ENDPOINT_TEXT + 2
+    failed = derive_conditions(
+        healthy(driver=DriverState.BACKING_OFF, driver_message="Error: " + "x" * 50_000), table(), T0
+    )
+    degraded = next(c for c in failed if c.type is C.DEGRADED)
+    assert degraded.reason is R.DRIVER_FAILED and len(degraded.message) == MAX_ENDPOINT_TEXT

@@ -24,6 +24,7 @@ from icefall.commands.table import reset_offsets, show_status
 
 def _run(args: argparse.Namespace) -> int:
     from icefall.commit.lease import FileLease, local_process_holder
+    from icefall.plan.leases import YIELD_LEASE_SECONDS
     from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import embedded_conf
     from icefall.runtime import metrics
@@ -45,7 +46,9 @@ def _run(args: argparse.Namespace) -> int:
     holder = local_process_holder()
     names = table_leases(st)
     lease = commit_lease(lambda name: FileLease.in_dir(state / "leases", name, holder), names)
-    yield_to = FileLease.in_dir(state / "leases", names.rewrite_yield, holder)
+    yield_to = FileLease.in_dir(
+        state / "leases", names.rewrite_yield, holder, duration_seconds=YIELD_LEASE_SECONDS
+    )
     if not maintain:
         return ingest_until_stopped(st, catalog, spark, lease, args, stop=stop, yield_to=yield_to)
     from icefall.compact.runner import embedded_maintenance
@@ -95,6 +98,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from icefall.controller.kube import Kube
     from icefall.ingest.table_meter import TableMeter
     from icefall.ingest.writer_status import WriterStatusReporter
+    from icefall.plan.leases import YIELD_LEASE_SECONDS
     from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import DEFAULT_MASTER
 
@@ -113,7 +117,9 @@ def _ingest(args: argparse.Namespace) -> int:
     holder = _pod_holder()
     names = table_leases(st)
     lease = commit_lease(lambda name: KubernetesLease(api, args.namespace, name, holder), names)
-    yield_to = KubernetesLease(api, args.namespace, names.rewrite_yield, holder)
+    yield_to = KubernetesLease(
+        api, args.namespace, names.rewrite_yield, holder, duration_seconds=YIELD_LEASE_SECONDS
+    )
     # The table's figures, backlog and uuid, read with this pod's credentials: the operator holds none.
     meter = TableMeter(st, catalog)
     report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
@@ -139,7 +145,7 @@ def _compact(args: argparse.Namespace) -> int:
         leases = file_leases(state / "leases")
     else:
         from icefall.commit.kube_lease import KubernetesLease
-        from icefall.compact.runner import WORK_LEASE_SECONDS
+        from icefall.plan.leases import WORK_LEASE_SECONDS
 
         api, st = _from_api(args.namespace, args.name)
         holder = _pod_holder()

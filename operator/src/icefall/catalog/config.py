@@ -253,20 +253,25 @@ class CatalogConfig:
 
     # -- the two clients ----------------------------------------------------------------------------------
 
-    def pyiceberg(self, *, make_folders: bool = True) -> Catalog:
+    def pyiceberg(self, *, make_folders: bool = True, request_timeout: float | None = None) -> Catalog:
         """A new pyiceberg client (`SqlCatalog` or `RestCatalog`, confined to Icefall's code:
         `icefall.catalog.confined`). For SQLite, creates the database's folder
         and a local warehouse folder first, unless `make_folders` is False (the operator only observes: a
-        catalog whose folder is missing is an error there, not something to create)."""
+        catalog whose folder is missing is an error there, not something to create). `request_timeout`:
+        bound every connection and request of the client to that many seconds (`icefall.catalog.timeouts`;
+        the operator's clients); None: pyiceberg's defaults."""
         from icefall.catalog.confined import confine_pyiceberg, rest_catalog, sql_catalog
 
         confine_pyiceberg(PY_FILE_IOS)
         props = self.pyiceberg_properties()
+        if request_timeout is not None:
+            props = _bounded(props, request_timeout)
         if self.type is CatalogType.REST:
             from icefall.catalog.refusal import CatalogCredentialsRefusedError, refusal
 
             try:
-                return rest_catalog(self.name, props)  # fetches a token and /v1/config: refusals show here
+                # fetches a token and /v1/config: refusals show here
+                return rest_catalog(self.name, props, request_timeout=request_timeout)
             except Exception as error:
                 refused = refusal(error)
                 if refused is None:
@@ -410,6 +415,15 @@ class CatalogConfig:
             f"CatalogConfig(name={self.name!r}, type={self.type.value!r}, uri={self.uri!r}, "
             f"warehouse={self.warehouse!r}, properties={dict(self.properties)!r}, secrets={secrets!r})"
         )
+
+
+def _bounded(props: dict[str, str], seconds: float) -> dict[str, str]:
+    from icefall.catalog.timeouts import bounded_postgres_url, bounded_properties
+
+    bounded = bounded_properties(props, seconds)
+    if bounded["uri"].startswith("postgresql"):
+        bounded["uri"] = bounded_postgres_url(bounded["uri"], seconds)
+    return bounded
 
 
 def _pop_first(props: dict[str, str], keys: tuple[str, ...]) -> str:

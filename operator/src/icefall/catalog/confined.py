@@ -79,10 +79,18 @@ class _Dropper:
             )
 
 
-def rest_catalog(name: str, properties: Mapping[str, str]) -> Catalog:
-    """pyiceberg's `RestCatalog`, deaf to the classes its endpoint and its tables name (module docstring).
-    It fetches a token and /v1/config at once: a refusal raises here."""
-    return _rest_class()(name, **properties)
+def rest_catalog(
+    name: str, properties: Mapping[str, str], *, request_timeout: float | None = None
+) -> Catalog:
+    """pyiceberg's `RestCatalog`, deaf to the classes its endpoint and its tables name (module docstring),
+    every request bounded to `request_timeout` seconds when given (`icefall.catalog.timeouts`). It fetches
+    a token and /v1/config at once: a refusal raises here."""
+    rest = _rest_class()
+    if request_timeout is not None:
+        from icefall.catalog.timeouts import bounded_rest_catalog
+
+        rest = bounded_rest_catalog(rest, request_timeout)
+    return rest(name, **properties)
 
 
 def sql_catalog(name: str, properties: Mapping[str, str]) -> Catalog:

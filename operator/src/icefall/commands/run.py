@@ -173,7 +173,7 @@ def run_ingestor(ingestor: Any, progress: RunProgress, args: argparse.Namespace)
         if ingestor.outages.retrying(start, progress.should_stop):
             ingestor.run(progress.should_stop, progress)
     except LeaseTimeoutError as waited:
-        print(f"[run] another writer holds this table's commit lease: {waited}", flush=True)
+        print(f"[run] could not take this table's commit lease: {waited}", flush=True)  # held, or missing
         return EXIT_LEASE
     except FencedError as fenced:
         print(f"[run] stopping: a newer writer took over this table ({fenced})", flush=True)

@@ -6,23 +6,28 @@ The record is stored in the Lease's spec, which is what `kubectl get lease` and 
 |---|---|
 | holder | `holderIdentity` ("" or absent: released, nobody holds it) |
 | epoch | `leaseTransitions` |
-| acquire_time / renew_time | `acquireTime` / `renewTime` (MicroTime) |
+| acquire_time / renew_time | `acquireTime` / `renewTime` (MicroTime, the writer's wall clock) |
 | duration_seconds | `leaseDurationSeconds` (whole seconds) |
 
 The loop and the rules are the shared ones (`StoredLease`, `icefall.plan.leases.decide`), so this backend
 behaves exactly like `FileLease`. Every write is optimistic: a replace carries the `resourceVersion` that was
-read, a missing Lease is created; a 409 Conflict (or AlreadyExists) means someone else wrote first, so the
-loop reads again and decides again. Nothing is ever written blindly; `release(forget=True)` (work
-Leases) deletes the Lease with a resourceVersion precondition, so it only removes what it released.
-Objects are labelled `icefall.plan.names.LEASE_LABELS` (`app.kubernetes.io/managed-by: icefall`); labels,
-annotations, owner references and spec fields written by others are kept.
+read; a 409 Conflict means someone else wrote first, so the loop reads again and decides again. Nothing is
+ever written blindly; `release(forget=True)` (the legacy commit Lease of an upgrade) deletes the Lease with
+a resourceVersion precondition, so it only removes what it released. Labels (`LEASE_LABELS` where a label
+is missing), annotations, owner references and spec fields written by others are kept.
+
+Who creates a Lease: the operator, for every Lease of a table, as a child of its StreamingTable
+(`icefall.plan.lease_objects`), so the pods' Roles need no `create` (which RBAC cannot restrict by name).
+A `KubernetesLease` therefore never creates its Lease unless told to (`create_missing=True`: the operator's
+own leader Lease, tests); a missing one is waited for, with one log line saying who creates it.
+
+Expiry is judged by this process's clock from when it last saw the record change (`icefall.plan.leases`):
+a holder's `renewTime` and `leaseDurationSeconds` are never trusted, so a skewed clock or a Lease written
+with a huge duration cannot keep it held. As with every lease, a paused holder can outlive its lease: the
+epoch in the table is what fences it.
 
 Any other API error is raised as `LeaseAPIError` with what to fix (403: the RBAC rule the identity lacks).
 Network errors from the client propagate unchanged.
-
-Not guaranteed: expiry is judged by the observer's clock against the stored `renewTime`, so clock skew
-between holders shortens or lengthens a lease (never beyond one duration; see `decide`). As with every
-lease, a paused holder can outlive its lease: the epoch in the table is what fences it.
 
 Requests are sent as JSON built here, not through the client's typed models: kubernetes-client 37 serialises
 a datetime with `isoformat()`, which drops the fraction at whole seconds, and the API server refuses
@@ -32,8 +37,7 @@ MicroTime without exactly six fraction digits.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,7 +45,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from icefall.commit.lease import LeaseError, StoredLease
-from icefall.plan.leases import LeaseRecord
+from icefall.plan.leases import COMMIT_LEASE_SECONDS, LeaseRecord
 from icefall.plan.names import LEASE_LABELS
 
 _API_VERSION = "coordination.k8s.io/v1"
@@ -63,37 +67,43 @@ class LeaseAPIError(LeaseError):
 class KubernetesLease(StoredLease[_Object | None]):
     """A lease kept in the Lease `namespace/name`. A record's version is the whole object it was read from."""
 
-    def __init__(  # noqa: PLR0913 (keyword-only settings)
+    def __init__(
         self,
         api: ApiClient,
         namespace: str,
         name: str,
         holder: str,
         *,
-        duration_seconds: int = 15,
-        poll_seconds: float = 1,
-        clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        duration_seconds: int = COMMIT_LEASE_SECONDS,
+        create_missing: bool = False,
         request_timeout: float = 10,
+        **settings: Any,
     ) -> None:
+        """`duration_seconds`: Icefall's duration of this Lease (`icefall.plan.leases`), used to judge it
+        whatever the stored Lease says. `settings`: those of `StoredLease` (poll_seconds, clock, wall_clock,
+        sleep)."""
         if not float(duration_seconds).is_integer() or duration_seconds < 1:
             raise ValueError(
                 f"a Kubernetes Lease lasts a whole number of seconds (>= 1), got {duration_seconds}"
             )
-        super().__init__(
-            holder,
-            duration_seconds=int(duration_seconds),
-            poll_seconds=poll_seconds,
-            clock=clock,
-            sleep=sleep,
-        )
+        super().__init__(holder, duration_seconds=int(duration_seconds), **settings)
         self._api = api
         self.namespace = namespace
         self.name = name
+        self._create_missing = create_missing
         self._request_timeout = request_timeout
 
     def _label(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def _may_create(self) -> bool:
+        return self._create_missing
+
+    def _missing(self) -> str:
+        return (
+            "the operator creates each table's Leases with the StreamingTable's other children; a pod may "
+            "not create Leases. Is the operator running, and does it watch this namespace?"
+        )
 
     def _read(self) -> tuple[LeaseRecord | None, _Object | None]:
         try:
@@ -124,7 +134,7 @@ class KubernetesLease(StoredLease[_Object | None]):
                 # The read object's metadata carries its resourceVersion: the server applies the replace
                 # only if the Lease is still that version. Server-managed bookkeeping is left out.
                 metadata = {k: v for k, v in version["metadata"].items() if k != "managedFields"}
-                metadata["labels"] = {**(metadata.get("labels") or {}), **LEASE_LABELS}
+                metadata["labels"] = {**LEASE_LABELS, **(metadata.get("labels") or {})}
                 self._call("PUT", _OBJECT, _lease(metadata, {**(version.get("spec") or {}), **spec}))
         except ApiException as e:
             # 409: changed (or created) since we read it. 404 on replace: deleted since we read it.
@@ -143,26 +153,19 @@ class KubernetesLease(StoredLease[_Object | None]):
             if e.status not in (404, 409):  # gone, or changed since we read it: someone else's now
                 raise self._error(e, "delete") from e
 
-    def _record(self, obj: Mapping[str, Any]) -> LeaseRecord | None:
+    def _record(self, obj: Mapping[str, Any]) -> LeaseRecord:
+        """The record of a Lease as stored. Times and duration are kept as written (a record that changes
+        only there still changed) but never used to judge expiry, so any value is accepted."""
         spec = obj.get("spec") or {}
-        holder = spec.get("holderIdentity") or None
         acquired = _seconds(spec.get("acquireTime"))
         renewed = _seconds(spec.get("renewTime"))
         duration = spec.get("leaseDurationSeconds")
-        if holder is not None and ((renewed is None and acquired is None) or duration is None):
-            raise LeaseError(
-                f"Lease {self._label()} is held by {holder!r} but has no renewTime or "
-                "leaseDurationSeconds, so it cannot be judged expired; it was not written by icefall "
-                "(delete it if nothing else uses it)"
-            )
-        acquired = acquired if acquired is not None else renewed
-        renewed = renewed if renewed is not None else acquired
         return LeaseRecord(
-            holder=holder,
+            holder=spec.get("holderIdentity") or None,
             epoch=int(spec.get("leaseTransitions") or 0),
             acquire_time=acquired if acquired is not None else 0.0,
             renew_time=renewed if renewed is not None else 0.0,
-            duration_seconds=float(duration if duration is not None else self._duration),
+            duration_seconds=float(duration) if isinstance(duration, int) else 0.0,
         )
 
     def _call(self, method: str, path: str, body: _Object | None = None) -> _Object:
@@ -188,9 +191,9 @@ class KubernetesLease(StoredLease[_Object | None]):
         said = _message(e)
         where = f"Lease {self._label()}"
         if e.status == 403:
+            needs = {"delete": "delete", "create": "create"}.get(verb, "get/update")
             message = (
-                f"not allowed to {verb} {where}: the service account needs "
-                f"{'delete' if verb == 'delete' else 'get/create/update'} on "
+                f"not allowed to {verb} {where}: the service account needs {needs} on "
                 f"leases.coordination.k8s.io in namespace {self.namespace} (API server: {said})"
             )
         elif e.status == 401:
@@ -210,10 +213,14 @@ def _micro_time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime(_MICRO_TIME)
 
 
-def _seconds(micro_time: str | None) -> float | None:
-    if not micro_time:
+def _seconds(micro_time: object) -> float | None:
+    """A MicroTime as seconds; None when absent or not a time (informative only: never judged by)."""
+    if not isinstance(micro_time, str) or not micro_time:
         return None
-    parsed = datetime.fromisoformat(micro_time)
+    try:
+        parsed = datetime.fromisoformat(micro_time)
+    except ValueError:
+        return None
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 

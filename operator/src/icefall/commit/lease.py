@@ -13,6 +13,11 @@ A lease gives liveness (writers take turns and do not waste work on conflicts), 
 process may wake up believing it still holds a lease that was taken over. Safety comes from the commit
 protocol, which refuses commits whose epoch is below the table's (see `icefall.commit`).
 
+Time: every judgement (is it expired, is my hold still good) is made on this process's own clock (`clock`,
+`time.monotonic` by default) from when it last saw the record change (`icefall.plan.leases.Sighting`); the
+wall clock (`wall_clock`) only stamps the times written into records. A `StoredLease` object remembers its
+sighting, so keep one object per lease name for as long as the lease is watched (`LeasePool`).
+
 A lease held by a local process that has exited is taken at once rather than waited out, when the holder
 is named by `local_process_holder()` (host, pid and the process's start time, so a reused pid is not
 mistaken for the holder): a killed `icefall run` restarts without waiting for its own old lease. The epoch
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import socket
@@ -37,7 +43,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from icefall.plan.leases import LeaseAction, LeaseDecision, LeaseRecord, decide, release
+from icefall.plan.leases import (
+    COMMIT_LEASE_SECONDS,
+    LeaseAction,
+    LeaseDecision,
+    LeaseRecord,
+    Sighting,
+    decide,
+    live_holder,
+    release,
+    sight,
+)
+
+log = logging.getLogger(__name__)
 
 
 class LeaseError(RuntimeError):
@@ -72,7 +90,8 @@ class Lease(Protocol):
 
     @property
     def expires_at(self) -> float | None:
-        """When this side's hold runs out unless renewed (seconds since the Unix epoch), or None."""
+        """When this side's hold runs out unless renewed, on this side's clock (`time.monotonic` unless a
+        test gives another), or None."""
         ...
 
     @property
@@ -93,14 +112,19 @@ class Lease(Protocol):
     def release(self, *, forget: bool = False) -> None:
         """Let go, so another holder need not wait for expiry. Idempotent; a lost lease is left alone.
 
-        `forget`: then also remove the stored lease if nobody took it meanwhile, so one-off names do not
-        pile up. Only for leases whose epoch fences nothing (work Leases): the next holder of the name
-        starts again at epoch 1.
+        `forget`: then also remove the stored lease if nobody took it meanwhile, so a name nobody will use
+        again does not linger (the old name of a renamed lease, `SuccessorLease`). Never for a lease
+        someone else created for this side (a table's Leases: the operator's children).
         """
         ...
 
     def current(self) -> LeaseRecord | None:
         """The lease as stored now, whoever holds it."""
+        ...
+
+    def observed_holder(self) -> str | None:
+        """Who holds the lease now by this side's observation (None: nobody, released, or unchanged for a
+        whole lease duration: see `icefall.plan.leases.live_holder`). Reads the stored lease."""
         ...
 
 
@@ -146,18 +170,21 @@ class StoredLease(ABC, Generic[VersionT]):
         self,
         holder: str,
         *,
-        duration_seconds: float = 15.0,
+        duration_seconds: float = COMMIT_LEASE_SECONDS,
         poll_seconds: float = 1.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._holder = holder
-        self._duration = duration_seconds
+        self._duration = float(duration_seconds)
         self._poll = poll_seconds
         self._clock = clock
+        self._wall_clock = wall_clock
         self._sleep = sleep
         self._epoch: int | None = None
         self._expires_at: float | None = None
+        self._seen: Sighting | None = None
 
     # --- what a backend supplies ---------------------------------------------------------------------
 
@@ -176,6 +203,14 @@ class StoredLease(ABC, Generic[VersionT]):
     def _holder_is_gone(self, holder: str) -> bool:
         """True if `holder` can be known never to write again; backends that cannot know say False."""
         return False
+
+    def _may_create(self) -> bool:
+        """False where a missing lease must be left to whoever creates it (`_missing` says who)."""
+        return True
+
+    def _missing(self) -> str:
+        """Why a missing lease is waited for rather than created (backends that never create it)."""
+        return "this backend does not create leases"
 
     @abstractmethod
     def _delete(self, version: VersionT) -> None:
@@ -201,15 +236,23 @@ class StoredLease(ABC, Generic[VersionT]):
 
     def acquire(self, timeout: float | None = None, *, floor: int = 0) -> int:
         deadline = None if timeout is None else self._clock() + timeout
+        said_missing = False
         while True:
-            decision, _, now = self._decide_and_write(lambda d: d.action is not LeaseAction.WAIT, floor)
-            if decision.action is not LeaseAction.WAIT:
-                self._hold(decision.record)
+            decision, _, now = self._decide_and_write(_writes, floor)
+            if decision.record is not None and decision.action in (LeaseAction.ACQUIRE, LeaseAction.RENEW):
+                self._hold(decision.record, now)
                 return decision.record.epoch
+            if decision.action is LeaseAction.ABSENT and not said_missing:
+                log.warning("lease %s does not exist: waiting for it (%s)", self._label(), self._missing())
+                said_missing = True
             if deadline is not None and now >= deadline:
+                if decision.record is None:
+                    raise LeaseTimeoutError(
+                        f"lease {self._label()} does not exist ({self._missing()}; timeout {timeout}s)"
+                    )
                 holder = decision.record.holder
                 raise LeaseTimeoutError(f"lease {self._label()} is held by {holder!r} (timeout {timeout}s)")
-            pause = min(decision.wait_seconds, self._poll)
+            pause = min(decision.wait_seconds, self._poll) if decision.record is not None else self._poll
             if deadline is not None:
                 pause = min(pause, deadline - now)
             self._sleep(max(pause, 0.0))
@@ -218,29 +261,35 @@ class StoredLease(ABC, Generic[VersionT]):
         def ours(decision: LeaseDecision) -> bool:
             return self._epoch is not None and decision.action is LeaseAction.RENEW
 
-        decision, current, _ = self._decide_and_write(ours)
-        if not ours(decision):
+        decision, current, now = self._decide_and_write(ours)
+        if not ours(decision) or decision.record is None:
             self._epoch = self._expires_at = None
-            holder = current.holder if current else None
-            raise LeaseLostError(f"lease {self._label()} is no longer ours (held by {holder!r})")
-        self._hold(decision.record)
+            if current is None:
+                raise LeaseLostError(f"lease {self._label()} is no longer ours (it was deleted)")
+            raise LeaseLostError(f"lease {self._label()} is no longer ours (held by {current.holder!r})")
+        self._hold(decision.record, now)
 
     def release(self, *, forget: bool = False) -> None:
         if self._epoch is None:
             return
         while True:
-            current, version = self._read()
+            current, version = self._look()
             released = release(current, me=self._holder, epoch=self._epoch)
             if released is None or self._write(released, version):
                 break
         self._epoch = self._expires_at = None
         if forget and released is not None:
-            current, version = self._read()
+            current, version = self._look()
             if current is not None and current.holder is None:  # nobody took it since
                 self._delete(version)
 
     def current(self) -> LeaseRecord | None:
-        return self._read()[0]
+        return self._look()[0]
+
+    def observed_holder(self) -> str | None:
+        self._look()
+        assert self._seen is not None
+        return live_holder(self._seen, self._clock(), self._duration)
 
     # --- the loop ------------------------------------------------------------------------------------
 
@@ -251,24 +300,41 @@ class StoredLease(ABC, Generic[VersionT]):
         version read. Returns the decision (written, or not wanted), the record it was made on, and the
         time it was made at. A lost write means someone else wrote in between: read and decide again."""
         while True:
-            current, version = self._read()
+            current, version = self._look()
             now = self._clock()
+            assert self._seen is not None
             gone = current is not None and current.holder is not None and self._holder_is_gone(current.holder)
             decision = decide(
-                current,
+                self._seen,
                 me=self._holder,
                 my_epoch=self._epoch,
                 now=now,
+                stamp=self._wall_clock(),
                 duration_seconds=self._duration,
                 holder_is_gone=gone,
                 floor=floor,
+                may_create=self._may_create(),
             )
-            if not write_if(decision) or self._write(decision.record, version):
+            if decision.record is None or not write_if(decision):
+                return decision, current, now
+            if self._write(decision.record, version):
+                self._seen = Sighting(decision.record, now)
                 return decision, current, now
 
-    def _hold(self, record: LeaseRecord) -> None:
+    def _look(self) -> tuple[LeaseRecord | None, VersionT]:
+        """`_read`, remembering since when the record has been seen unchanged (`plan.leases.sight`)."""
+        current, version = self._read()
+        self._seen = sight(self._seen, current, self._clock())
+        return current, version
+
+    def _hold(self, record: LeaseRecord, now: float) -> None:
+        """Ours from `now` (read before the write, so others, who see the write later, judge it later)."""
         self._epoch = record.epoch
-        self._expires_at = record.expires_at
+        self._expires_at = now + self._duration
+
+
+def _writes(decision: LeaseDecision) -> bool:
+    return decision.action in (LeaseAction.ACQUIRE, LeaseAction.RENEW)
 
 
 class FileLease(StoredLease[str | None]):
@@ -277,19 +343,9 @@ class FileLease(StoredLease[str | None]):
     The version of the record is the file's exact text (None when there is no file).
     """
 
-    def __init__(
-        self,
-        path: Path,
-        holder: str,
-        *,
-        duration_seconds: float = 15.0,
-        poll_seconds: float = 1.0,
-        clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        super().__init__(
-            holder, duration_seconds=duration_seconds, poll_seconds=poll_seconds, clock=clock, sleep=sleep
-        )
+    def __init__(self, path: Path, holder: str, **settings: Any) -> None:
+        """`settings`: those of `StoredLease` (duration_seconds, poll_seconds, clock, wall_clock, sleep)."""
+        super().__init__(holder, **settings)
         self.path = path
 
     @classmethod
@@ -420,3 +476,22 @@ class SuccessorLease:
 
     def current(self) -> LeaseRecord | None:
         return self.lease.current()
+
+    def observed_holder(self) -> str | None:
+        return self.lease.observed_holder()
+
+
+class LeasePool:
+    """One lease object per name, made by `make(name)` on first use. A lease object remembers since when it
+    has seen its record unchanged, so a name looked at again and again (a work Lease tried every round) must
+    be the same object, or a dead holder's lease would look freshly renewed at every look. A table's lease
+    names are a fixed set (`icefall.plan.names.TableLeases`), so the pool stays small."""
+
+    def __init__(self, make: Callable[[str], Lease]) -> None:
+        self._make = make
+        self._leases: dict[str, Lease] = {}
+
+    def __call__(self, name: str) -> Lease:
+        if name not in self._leases:
+            self._leases[name] = self._make(name)
+        return self._leases[name]

@@ -5,7 +5,10 @@
 forward instead of waiting out the orphan safety window), and walks the plan in order, claiming each item
 with the work Lease `TableLeases.work_for(work_key(item))` (`acquire(timeout=0)`: an item another worker
 holds is skipped, not waited for) until one is claimed; that one is run by `icefall.compact.worker.run_item`
-while a background thread renews its Lease, then the Lease is released. `run(should_stop)` repeats steps,
+while a background thread renews its Lease, then the Lease is released (and kept: the pool of work Leases
+is fixed, and in a cluster the operator creates them, `icefall.plan.lease_objects`). One lease object per
+name for the runner's life (`LeasePool`): a worker that died holding a work Lease is seen unchanged round
+after round and taken over one lease duration after its last renewal. `run(should_stop)` repeats steps,
 sleeping `idle_seconds` when there was nothing to claim, until `should_stop()` — the compaction pods' loop
 (`icefall compact`). `EmbeddedMaintenance` runs `step()` in `icefall run`, on a thread of its own beside
 the ingestion batches (their Spark jobs share the cores through Spark's FAIR scheduler), so a rewrite never
@@ -47,11 +50,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from icefall.catalog import CatalogConfig
-from icefall.commit.lease import Lease, LeaseError, LeaseTimeoutError
+from icefall.commit.lease import Lease, LeaseError, LeasePool, LeaseTimeoutError
 from icefall.compact.view import ManifestCache, read_table_view
 from icefall.compact.worker import ItemResult, is_delete_conflict, kind_of, run_item, table_label
 from icefall.ingest.outages import log_failure
-from icefall.plan.leases import YIELD_AFTER_CONFLICTS
+from icefall.plan.leases import WORK_LEASE_SECONDS, YIELD_AFTER_CONFLICTS
 from icefall.plan.maintenance import plan_maintenance, policy_from_spec, work_key
 from icefall.plan.maintenance_items import MIB, ApplyDeletes, CompactPartition, MaintenancePolicy, WorkItem
 from icefall.plan.names import TableLeases, table_leases
@@ -66,7 +69,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LeaseFactory = Callable[[str], Lease]
-WORK_LEASE_SECONDS = 60
 EMBEDDED_MAX_BYTES_PER_ITEM = 256 * MIB
 MAINTENANCE_POOL = "maintenance"  # the Spark scheduler pool of in-process maintenance
 
@@ -145,7 +147,7 @@ class MaintenanceRunner:
         self.catalog = catalog
         self.identifier = tuple(identifier)
         self.policy = policy
-        self.leases = leases
+        self.leases = LeasePool(leases)
         self.table_leases = table_leases
         self.clock_ms = clock_ms
         self.list_storage = list_storage
@@ -185,7 +187,7 @@ class MaintenanceRunner:
                 return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
             finally:
                 try:
-                    lease.release(forget=True)  # work Leases are one-offs: none are left behind
+                    lease.release()
                 except Exception:  # it runs out by itself
                     log.warning("releasing a work lease failed", exc_info=True)
             return StepResult(len(work), item, result, None, busy)
@@ -221,7 +223,7 @@ class MaintenanceRunner:
                     return self._run_counting_conflicts(item, key)
         finally:
             try:
-                barrier.release(forget=True)
+                barrier.release()
             except Exception:  # it runs out by itself
                 log.warning("releasing the yield lease failed", exc_info=True)
 

@@ -45,6 +45,7 @@ _RESOURCES: Mapping[str, tuple[str, str]] = {
     # Created (the Spark RPC secret) and read as metadata only (`secret_labels`); never their data.
     "Secret": ("/api/v1", "secrets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }
 #: Ask for an object's metadata only (the API server leaves out a Secret's data).
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"

@@ -70,9 +70,11 @@ class LeaderElection:
         duration_seconds: int = 15,
         on_lost: Callable[[str], None] = _exit_lost,
     ) -> None:
+        # The operator creates its own leader Lease (the chart grants it `create`); tables' pods never do.
         self.lease = KubernetesLease(
-            api, namespace, name, holder or identity(), duration_seconds=duration_seconds, poll_seconds=1
-        )
+            api, namespace, name, holder or identity(), duration_seconds=duration_seconds, poll_seconds=1,
+            create_missing=True,
+        )  # fmt: skip
         self._duration = duration_seconds
         self._on_lost = on_lost
         self._stop = threading.Event()
@@ -107,7 +109,7 @@ class LeaderElection:
                 return
             except Exception as error:  # a flaky API server: retry until the lease would run out
                 expires = self.lease.expires_at
-                if expires is None or time.time() >= expires:
+                if expires is None or time.monotonic() >= expires:
                     metrics.LEADER.set(0)
                     self._on_lost(f"could not renew it before it expired: {type(error).__name__}: {error}")
                     return

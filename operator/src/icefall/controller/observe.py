@@ -18,8 +18,13 @@ environment (`ICEFALL_CATALOG_*`, `ICEFALL_KAFKA_*` or any other variable set th
 Rate: one read per table per `interval` seconds (the last result is served in between), and the
 compaction backlog (which reads manifests, `icefall.compact.view.read_table_view`) at most every
 `backlog_interval` seconds. A change of the catalog or source spec reads again at once. Reads run on a
-small thread pool, one at a time per table; a reconcile waits at most `wait_seconds` for one and otherwise
-goes on with the previous result.
+small thread pool, one at a time per table, where a read that hangs gives its slot back after
+`READ_OVERDUE_SECONDS` (`controller.reads.Reads`): a few tables whose endpoints hang never delay the others'
+reads. A reconcile waits at most `wait_seconds` for its own table's read and otherwise goes on with the
+previous result; it never waits for another table's. Every client has a timeout (catalog requests and
+connections `CATALOG_TIMEOUT_SECONDS`, Kafka calls `KAFKA_TIMEOUT_SECONDS`), so a hung thread comes back.
+Memory is bounded: the last observation of at most `MAX_TABLES` tables and at most `MAX_CATALOGS` catalog
+clients are kept (least recently used go first; a deleted table's observation is forgotten at once).
 
 Guarantees: never raises for an unreachable or misconfigured catalog or broker; messages never contain a
 credential (the values the spec references are masked out of every error text). Not guaranteed: that the
@@ -32,7 +37,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -48,8 +52,10 @@ from icefall.catalog import (
 from icefall.catalog.refusal import refusal
 from icefall.commit.errors import CorruptStateError
 from icefall.compact.measure import LAST_EXPIRY_PROPERTY, compaction_backlog, table_facts
+from icefall.controller.reads import Reads
 from icefall.plan.conditions import Issue
 from icefall.plan.table_status import TableFacts, not_read_by_operator
+from icefall.runtime.bounded import LRU
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -70,6 +76,14 @@ __all__ = [
     "compaction_backlog",
     "table_facts",
 ]
+#: How long a catalog client waits to connect and for each answer (REST, PostgreSQL, object store).
+CATALOG_TIMEOUT_SECONDS = 10.0
+#: A read running this long no longer holds one of the pool's `READ_WORKERS` slots.
+READ_OVERDUE_SECONDS = 2.0
+READ_WORKERS = 4
+READ_MAX_THREADS = 64
+MAX_TABLES = 10_000
+MAX_CATALOGS = 64
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,28 @@ def _mask(text: str, secrets: list[str]) -> str:
     return text
 
 
+def _observer_reads() -> Reads:
+    return Reads(
+        workers=READ_WORKERS,
+        overdue_seconds=READ_OVERDUE_SECONDS,
+        max_threads=READ_MAX_THREADS,
+        name="icefall-observe",
+    )
+
+
+def _close_catalog(_: str, catalog: Catalog) -> None:
+    """Let go of an evicted catalog client's connections (a sql catalog's pool, a REST session)."""
+    try:
+        engine = getattr(catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
+        session = getattr(catalog, "_session", None)
+        if session is not None:
+            session.close()
+    except Exception:  # closing is best effort: the garbage collector closes the rest
+        log.debug("closing an evicted catalog client failed", exc_info=True)
+
+
 @dataclass
 class _Entry:
     key: str
@@ -109,17 +145,15 @@ class TableObserver:
     wait_seconds: float = 1.0
     environ: Mapping[str, str] = field(default_factory=lambda: NO_CREDENTIALS)  # see NO_CREDENTIALS
     clock: Callable[[], float] = time.monotonic
-    _cache: dict[str, _Entry] = field(default_factory=dict)
-    _running: dict[str, Future[Observed]] = field(default_factory=dict)
-    _catalogs: dict[str, Catalog] = field(default_factory=dict)
+    catalog_timeout: float = CATALOG_TIMEOUT_SECONDS
+    _cache: LRU[str, _Entry] = field(default_factory=lambda: LRU(MAX_TABLES))
+    _catalogs: LRU[str, Catalog] = field(default_factory=lambda: LRU(MAX_CATALOGS, _close_catalog))
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="icefall-observe")
-    )
+    _reads: Reads = field(default_factory=_observer_reads)
 
     def forget(self, uid: str) -> None:
         with self._lock:
-            self._cache.pop(uid, None)
+            self._cache.pop(uid)
 
     def observe(self, uid: str, st: StreamingTable) -> Observed:
         """The latest observation: a fresh read if one finishes within `wait_seconds`, else the last one
@@ -137,10 +171,8 @@ class TableObserver:
             current = entry if entry is not None and entry.key == key else None
             if current is not None and self.clock() - current.at < self.interval:
                 return current.observed
-            running = self._running.get(uid)
-            if running is None:
-                running = self._pool.submit(self._refresh, uid, key, st, current)
-                self._running[uid] = running
+        # The read already in flight for this table if there is one: never a second thread per table.
+        running = self._reads.submit(uid, lambda: self._refresh(uid, key, st, current))
         try:
             return running.result(timeout=self.wait_seconds)
         except FutureTimeout:
@@ -149,14 +181,10 @@ class TableObserver:
             return Observed(unmeasured="reading the table and the topic for the first time")
 
     def _refresh(self, uid: str, key: str, st: StreamingTable, previous: _Entry | None) -> Observed:
-        try:
-            observed, backlog_at, backlog = self._read(st, self.clock(), previous)
-            with self._lock:
-                self._cache[uid] = _Entry(key, self.clock(), observed, backlog_at, backlog)
-            return observed
-        finally:
-            with self._lock:
-                self._running.pop(uid, None)
+        observed, backlog_at, backlog = self._read(st, self.clock(), previous)
+        with self._lock:
+            self._cache.put(uid, _Entry(key, self.clock(), observed, backlog_at, backlog))
+        return observed
 
     def _read(
         self, st: StreamingTable, now: float, previous: _Entry | None
@@ -206,12 +234,7 @@ class TableObserver:
         try:
             config = CatalogConfig.for_table(st.spec, environ=self.environ)
             # One client per catalog configuration (a sql catalog holds a connection pool).
-            with self._lock:
-                catalog = self._catalogs.get(config.key())
-            if catalog is None:
-                catalog = config.pyiceberg(make_folders=False)
-                with self._lock:
-                    self._catalogs[config.key()] = catalog
+            catalog = self._catalog(config)
             return catalog.load_table(st.table_identifier)
         except MissingCredentialError as error:
             notes.append(f"{error}; the operator cannot measure the table")
@@ -240,6 +263,17 @@ class TableObserver:
             )
         return None
 
+    def _catalog(self, config: CatalogConfig) -> Catalog:
+        """The client of `config` (one per catalog configuration: a sql catalog holds a connection pool),
+        every call of it bounded by `catalog_timeout`."""
+        with self._lock:
+            catalog = self._catalogs.get(config.key())
+        if catalog is None:
+            catalog = config.pyiceberg(make_folders=False, request_timeout=self.catalog_timeout)
+            with self._lock:
+                self._catalogs.put(config.key(), catalog)
+        return catalog
+
     def _watermarks(
         self, st: StreamingTable, committed: Mapping[int, int] | None, issues: list[Issue], notes: list[str]
     ) -> tuple[dict[int, tuple[int, int]] | None, str | None, int | None]:
@@ -259,7 +293,7 @@ class TableObserver:
             # Errors reach the status as KafkaUnavailable; librdkafka's own log would repeat them forever.
             client = {**config, "socket.timeout.ms": 5000, "log_level": 0}
             with TopicView(source.bootstrap_servers, source.topic, client) as topic:
-                marks = topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS)
+                marks = topic.watermarks(timeout=KAFKA_TIMEOUT_SECONDS, total=KAFKA_TIMEOUT_SECONDS * 2)
                 topic_id = topic.topic_id(KAFKA_TIMEOUT_SECONDS)
                 # Before the first commit the table's freshness is unmeasured anyway.
                 oldest = (

@@ -231,6 +231,7 @@ def _plan(
             image=ctx.config.image,
             operator_settings=ctx.config.settings,
             compaction_replicas=replicas,
+            owns_leases=owner is None,
         )
     problems = [str(p) for p in children.problems]
     if st.spec.table.catalog is None:

@@ -54,8 +54,11 @@ from icefall.plan.table_status import (
     with_writer_report,
     writer_issues,
 )
+from icefall.runtime.bounded import LRU
 
 STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10"))
+#: Tables whose memory one operator process keeps (least recently used forgotten first).
+MAX_TABLES = 10_000
 
 
 class StatusMemory:
@@ -64,35 +67,42 @@ class StatusMemory:
     reason it last sent an Event for, what it applied to each child (`icefall.plan.applying`), and which
     referenced Secrets it found not granted (`icefall.plan.grants`)."""
 
-    def __init__(self) -> None:
-        self._last: dict[str, datetime] = {}
-        self._replicas: dict[str, tuple[int, datetime]] = {}
-        self._degraded: dict[str, ConditionReason | None] = {}
-        self._applied: dict[str, dict[ChildKey, Applied]] = {}
-        self._refusals: dict[str, tuple[str, ...]] = {}
+    def __init__(self, max_tables: int = MAX_TABLES) -> None:
+        # Bounded (`runtime.bounded.LRU`) as well as forgotten when a table goes: losing a live table's
+        # memory costs a status write, an Event, an apply or a read of Secret labels again, never a wrong
+        # decision.
+        self._last: LRU[str, datetime] = LRU(max_tables)
+        self._replicas: LRU[str, tuple[int, datetime]] = LRU(max_tables)
+        self._degraded: LRU[str, ConditionReason | None] = LRU(max_tables)
+        self._applied: LRU[str, dict[ChildKey, Applied]] = LRU(max_tables)
+        self._refusals: LRU[str, tuple[str, ...]] = LRU(max_tables)
 
     def applied(self, uid: str, child: ChildKey) -> Applied | None:
-        return self._applied.get(uid, {}).get(child)
+        return (self._applied.get(uid) or {}).get(child)
 
     def did_apply(self, uid: str, child: ChildKey, applied: Applied) -> None:
-        self._applied.setdefault(uid, {})[child] = applied
+        children = self._applied.get(uid)
+        if children is None:
+            children = {}
+            self._applied.put(uid, children)
+        children[child] = applied
 
     def forget_child(self, uid: str, child: ChildKey) -> None:
         """The child is gone (deleted behind the operator's back): the next pass applies it again."""
-        self._applied.get(uid, {}).pop(child, None)
+        (self._applied.get(uid) or {}).pop(child, None)
 
     def degraded(self, uid: str, default: ConditionReason | None) -> ConditionReason | None:
         """The Degraded reason last evented for `uid`; `default` (what status says) before the first."""
-        return self._degraded.get(uid, default)
+        return self._degraded.get(uid) if uid in self._degraded else default
 
     def evented_degraded(self, uid: str, reason: ConditionReason | None) -> None:
-        self._degraded[uid] = reason
+        self._degraded.put(uid, reason)
 
     def last_write(self, uid: str) -> datetime | None:
         return self._last.get(uid)
 
     def wrote(self, uid: str, when: datetime) -> None:
-        self._last[uid] = when
+        self._last.put(uid, when)
 
     def replicas(self, uid: str) -> tuple[int, datetime] | None:
         return self._replicas.get(uid)
@@ -100,21 +110,21 @@ class StatusMemory:
     def scaled(self, uid: str, replicas: int, when: datetime) -> None:
         previous = self._replicas.get(uid)
         if previous is None or previous[0] != replicas:
-            self._replicas[uid] = (replicas, when)
+            self._replicas.put(uid, (replicas, when))
 
     def refusals(self, uid: str) -> tuple[str, ...] | None:
         """The Secret refusals the last `apply` pass found (`icefall.plan.grants`); None before the first."""
         return self._refusals.get(uid)
 
     def refused(self, uid: str, refusals: tuple[str, ...]) -> None:
-        self._refusals[uid] = refusals
+        self._refusals.put(uid, refusals)
 
     def forget(self, uid: str) -> None:
-        self._refusals.pop(uid, None)
-        self._last.pop(uid, None)
-        self._replicas.pop(uid, None)
-        self._degraded.pop(uid, None)
-        self._applied.pop(uid, None)
+        self._refusals.pop(uid)
+        self._last.pop(uid)
+        self._replicas.pop(uid)
+        self._degraded.pop(uid)
+        self._applied.pop(uid)
 
 
 @dataclass(frozen=True)

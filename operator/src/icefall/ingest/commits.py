@@ -80,7 +80,7 @@ class LeaseKeeper:
 
     def _interval(self) -> float:
         expires = self.lease.expires_at
-        return 0.5 if expires is None else max((expires - time.time()) / 3, 0.5)
+        return 0.5 if expires is None else max((expires - time.monotonic()) / 3, 0.5)
 
     def renew(self) -> None:
         with self._lock:

@@ -42,7 +42,7 @@ from icefall.ingest.writer import SPARK_CONSUMER_DEFAULTS, BatchWriter, read_kaf
 from icefall.kafka.admin import TopicView
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.plan.batching import next_batch_delay
-from icefall.plan.leases import YIELD_MAX_WAIT_SECONDS, yield_pending
+from icefall.plan.leases import YIELD_MAX_WAIT_SECONDS
 from icefall.runtime import metrics
 
 if TYPE_CHECKING:
@@ -305,7 +305,7 @@ def wait_for_rewrite(yield_to: Lease, label: str, should_stop: Callable[[], bool
     started = time.monotonic()
     waited = False
     try:
-        while yield_pending(yield_to.current(), time.time()) and not should_stop():
+        while yield_to.observed_holder() is not None and not should_stop():
             waited = True
             if time.monotonic() - started >= YIELD_MAX_WAIT_SECONDS:
                 log.warning(

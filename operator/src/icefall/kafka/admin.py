@@ -179,13 +179,22 @@ class TopicView:
             raise self._unavailable(e) from None
         return str(description.topic_id)
 
-    def watermarks(self, timeout: float = 10) -> dict[int, tuple[int, int]]:
-        """(low, high) per partition: the first retained offset and the next offset to be written."""
-        marks = {}
+    def watermarks(self, timeout: float = 10, *, total: float | None = None) -> dict[int, tuple[int, int]]:
+        """(low, high) per partition: the first retained offset and the next offset to be written. Each
+        request waits at most `timeout`; with `total`, the whole call at most that (the operator's reads of
+        a tenant's brokers: a topic of many partitions on a broker that answers slowly)."""
+        deadline = None if total is None else time.monotonic() + total
+        marks: dict[int, tuple[int, int]] = {}
         for partition in self.partitions(timeout):
+            wait = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+            if wait <= 0:
+                raise KafkaUnavailableError(
+                    f"cannot read the watermarks of topic '{self.topic}' at {self.bootstrap} within "
+                    f"{total} s ({len(marks)} partitions read)"
+                )
             try:
                 low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, partition), timeout=timeout, cached=False
+                    TopicPartition(self.topic, partition), timeout=wait, cached=False
                 )
             except KafkaException as error:
                 raise self._unavailable(error) from None

@@ -42,6 +42,7 @@ from icefall.api.avro import row_schema
 from icefall.api.format import SCHEMA_TYPE_NAMES
 from icefall.api.registry_schema import fields_from_registry_schema
 from icefall.plan.env import registry_secret_env_name
+from icefall.runtime.bounded import LRU
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class MissingRegistrySecretError(RuntimeError):
 
 #: Seconds one request to the registry may take (the client retries a failed one a few times first).
 REQUEST_TIMEOUT_SECONDS = 30.0
+#: Writer schemas a driver remembers (least recently used forgotten first, asked for again if seen again).
+MAX_KNOWN_SCHEMAS = 4096
 #: HTTP statuses of a registry that is there but cannot answer now (the client retries these too).
 _UNAVAILABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -127,7 +130,9 @@ class WriterSchemas:
         self.kind = SCHEMA_TYPE_NAMES[self.schema_type]
         config = {**client_config(registry, environ), "timeout": REQUEST_TIMEOUT_SECONDS}
         self._client = SchemaRegistryClient(config)
-        self._known: dict[int, str | None] = {}  # None: the id's schema is not of `schema_type`
+        # None: the id's schema is not of `schema_type`. Bounded: a topic's records may name any number of
+        # ids; a forgotten one is asked for again.
+        self._known: LRU[int, str | None] = LRU(MAX_KNOWN_SCHEMAS)
         # Protobuf: a registry that can (Confluent's) serves the schema as a serialized descriptor.
         self._format = "serialized" if format_type is FormatType.PROTOBUF else None
 
@@ -151,19 +156,22 @@ class WriterSchemas:
 
         found: dict[int, str | None] = {}
         for schema_id in ids:
-            if schema_id not in self._known:
-                try:
-                    schema = self._client.get_schema(schema_id, fmt=self._format)
-                except SchemaRegistryError as error:
-                    if error.http_status_code == 404:
-                        found[schema_id] = None
-                        continue
-                    raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
-                except Exception as error:
-                    raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
-                ours = (schema.schema_type or "AVRO") == self.schema_type and schema.schema_str is not None
-                self._known[schema_id] = self._usable(schema_id, str(schema.schema_str)) if ours else None
-            found[schema_id] = self._known[schema_id]
+            if schema_id in self._known:
+                found[schema_id] = self._known.get(schema_id)
+                continue
+            try:
+                schema = self._client.get_schema(schema_id, fmt=self._format)
+            except SchemaRegistryError as error:
+                if error.http_status_code == 404:
+                    found[schema_id] = None
+                    continue
+                raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
+            except Exception as error:
+                raise registry_failure(self.registry, f"schema id {schema_id}", error) from error
+            ours = (schema.schema_type or "AVRO") == self.schema_type and schema.schema_str is not None
+            usable = self._usable(schema_id, str(schema.schema_str)) if ours else None
+            self._known.put(schema_id, usable)
+            found[schema_id] = usable
         return found
 
     def latest_schema(self, topic: str) -> str:

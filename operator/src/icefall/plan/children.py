@@ -7,6 +7,7 @@
 |---|---|---|---|
 | ServiceAccount, Role, RoleBinding | `icefall-<st>-driver` | `rbac` | the driver and its executors |
 | ServiceAccount, Role, RoleBinding | `icefall-<st>-compact` | `rbac` | the compaction pods |
+| Lease (commit, yield, work) | `icefall-<table>-<id>-…` | `lease_objects` | the Leases the pods take |
 | ConfigMap | `<st>-ingest-executor` | `workloads` | Spark executors' pod template (Kubernetes master only) |
 | Pod | `<st>-ingest` | `workloads` | the PySpark driver, `icefall ingest` (absent while suspended) |
 | Deployment | `<st>-compact` | `workloads` | `icefall compact` (0 replicas while suspended) |
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from icefall.api import PodTemplates, Problem, StreamingTable
-from icefall.plan import isolation, names, pods, rbac, spark_conf, workloads
+from icefall.plan import isolation, lease_objects, names, pods, rbac, spark_conf, workloads
 from icefall.plan.env import secret_env_vars
 from icefall.plan.metadata import ChildMeta
 from icefall.plan.settings import OperatorSettings, Resources
@@ -140,9 +141,11 @@ def desired_children(
     image: str,
     operator_settings: OperatorSettings,
     compaction_replicas: int = 0,
+    owns_leases: bool = True,
 ) -> Children:
     """Render every child of `st` (see the module docstring). `compaction_replicas` comes from
-    `icefall.plan.scaling`; suspend overrides it with 0."""
+    `icefall.plan.scaling`; suspend overrides it with 0. `owns_leases`: False while an older StreamingTable
+    claims the same catalog table (`icefall.plan.claims`): the table's Leases are that one's children."""
     if not uid:
         raise ValueError("the StreamingTable's uid is needed for owner references")
     if compaction_replicas < 0:
@@ -165,6 +168,8 @@ def desired_children(
     else:
         policy = names.network_policy_name(meta.name)
         absent.append(ObjectRef("networking.k8s.io/v1", "NetworkPolicy", policy))
+    if owns_leases:
+        applied += lease_objects.lease_children(meta, st)
     applied.append(
         workloads.compaction_deployment(
             meta, settings, image=image, spark_conf=spark_conf.compaction_conf(),

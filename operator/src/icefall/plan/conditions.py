@@ -41,6 +41,11 @@ Guarantees:
 - `degraded_event` gives one Warning Event per Degraded episode and reason (what a person must act on), and
   a Normal one when it clears; DriverFailed is left to the driver's own Events.
 
+- Text that comes from an endpoint a table names (a catalog's, a broker's or a registry's error, copied
+  into an `Issue`, the driver's termination message, the `unmeasured` note) is cut to `MAX_ENDPOINT_TEXT`
+  characters per piece (`endpoint_text`), so one hostile endpoint cannot fill a status or crowd out the
+  other messages of a condition; a whole message is cut to `MAX_MESSAGE`.
+
 Not guaranteed: that an issue is still current. Observations are taken as given: whoever reports an issue
 (the driver's report, a lag probe) decides when it ends.
 """
@@ -48,7 +53,7 @@ Not guaranteed: that an issue is still current. Observations are taken as given:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from icefall.api import (
@@ -101,6 +106,13 @@ DEGRADING: tuple[ConditionReason, ...] = (
 #: Reasons an `Issue` may carry (InvalidSpec and DriverFailed come from their own observations).
 ISSUE_REASONS = frozenset(INGEST_BLOCKING) | (frozenset(DEGRADING) - {_R.INVALID_SPEC, _R.DRIVER_FAILED})
 MAX_MESSAGE = 2000
+#: The most of one endpoint's text (an error a catalog or broker sent) that reaches status.
+MAX_ENDPOINT_TEXT = 512
+
+
+def endpoint_text(text: str) -> str:
+    """`text` cut to `MAX_ENDPOINT_TEXT` characters (an ellipsis says it was cut)."""
+    return text if len(text) <= MAX_ENDPOINT_TEXT else text[: MAX_ENDPOINT_TEXT - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,8 @@ class Issue:
         if self.reason not in ISSUE_REASONS:
             allowed = ", ".join(sorted(r.value for r in ISSUE_REASONS))
             raise ValueError(f"{self.reason.value} is not an issue reason; use one of {allowed}")
+        # Issues carry endpoints' error text: bounded here, wherever they were made.
+        object.__setattr__(self, "message", endpoint_text(self.message))
 
 
 #: Reasons a driver leaves as the first word of its termination message (icefall.cli), with a colon.
@@ -197,7 +211,11 @@ _Verdict = tuple[ConditionStatus, ConditionReason, str]
 
 def derive_conditions(observations: Observations, st: StreamingTable, now: datetime) -> list[Condition]:
     """The table's conditions after `observations`, merged into its current ones (see the module doc)."""
-    obs = observations
+    obs = replace(
+        observations,
+        driver_message=endpoint_text(observations.driver_message),
+        unmeasured=endpoint_text(observations.unmeasured),
+    )
     target = st.spec.freshness.target_seconds
     ingesting = _ingesting(obs, st, target)
     freshness = _freshness(obs, st, target)

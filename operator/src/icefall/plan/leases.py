@@ -1,16 +1,26 @@
 """Lease rules, as pure functions shared by every lease backend (local file, Kubernetes Lease).
 
-A lease record says who holds the lease, since when, until when, and its epoch. The epoch counts changes of
-holder (Kubernetes' `spec.leaseTransitions`): creating the lease gives epoch 1, every acquisition by a
-different holder (or after a release) adds one, renewing keeps it. The epoch goes into every commit, and the
-table refuses a commit whose epoch is below the one it already holds.
+A lease record says who holds the lease, since when, its epoch, and the times and duration its holder
+wrote. The epoch counts changes of holder (Kubernetes' `spec.leaseTransitions`): creating the lease gives
+epoch 1, every acquisition by a different holder (or after a release) adds one, renewing keeps it. The
+epoch goes into every commit, and the table refuses a commit whose epoch is below the one it already holds.
 
-Guarantees: `decide` never hands a lease that is held and unexpired to someone else, and never lowers the
-epoch. Not guaranteed: that the holder notices it lost the lease in time. A lease is judged expired by the
-observer's clock, so a paused or clock-skewed holder may still believe it holds the lease after a take-over;
-that is why the epoch, not the lease, keeps the table safe.
+**Expiry by the observer's clock**, as Kubernetes' own leader election (client-go `leaderelection`) does:
+a lease is expired once THIS process has seen its record unchanged for one lease duration, counted on this
+process's monotonic clock from the moment it first read the record as it is (`Sighting`). The holder's
+`renewTime` and `leaseDurationSeconds` are written for people and tools, never trusted: a holder whose
+clock runs hours ahead or behind, or a record written with a huge duration, expires exactly one duration
+after its last observed change. The duration is always Icefall's own for that lease (`COMMIT_LEASE_SECONDS`,
+`WORK_LEASE_SECONDS`, `lease_seconds`), whatever the record says.
 
-Times are seconds since the Unix epoch, as floats.
+Guarantees: `decide` never hands a lease that is held and was seen changing within the last duration to
+someone else, and never lowers the epoch. Not guaranteed: that the holder notices it lost the lease in time.
+A paused holder may still believe it holds the lease after a take-over; that is why the epoch, not the
+lease, keeps the table safe. A process that starts watching a lease whose holder died waits one full
+duration from its first look (the price of not trusting timestamps), unless the holder released it.
+
+`now` is the observer's monotonic clock (seconds); `stamp` is wall-clock time (seconds since the Unix
+epoch), only ever written into records.
 """
 
 from __future__ import annotations
@@ -18,55 +28,102 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from icefall.plan.names import TableLeases
+
+#: Icefall's duration of a table's commit Lease (and the default of every lease backend).
+COMMIT_LEASE_SECONDS = 15
+#: Icefall's duration of a table's work Leases and its yield Lease: held by compaction for a rewrite and
+#: renewed every third of it.
+WORK_LEASE_SECONDS = 60
+YIELD_LEASE_SECONDS = WORK_LEASE_SECONDS
+
+
+def lease_seconds(leases: TableLeases) -> dict[str, int]:
+    """Icefall's duration of each Lease of a table that the operator creates (the legacy commit Lease of an
+    upgrade is only ever taken and removed, never created)."""
+    return {
+        leases.commit: COMMIT_LEASE_SECONDS,
+        leases.rewrite_yield: YIELD_LEASE_SECONDS,
+        **dict.fromkeys(leases.work, WORK_LEASE_SECONDS),
+    }
+
 
 @dataclass(frozen=True)
 class LeaseRecord:
     holder: str | None  # None once released
     epoch: int
-    acquire_time: float
-    renew_time: float
-    duration_seconds: float
+    acquire_time: float  # wall clock of the holder: informative only
+    renew_time: float  # wall clock of the holder: informative only, never used to judge expiry
+    duration_seconds: float  # as written: informative only, the observer uses Icefall's own duration
 
-    @property
-    def expires_at(self) -> float:
-        return self.renew_time + self.duration_seconds
 
-    def expired(self, now: float) -> bool:
-        return now >= self.expires_at
+@dataclass(frozen=True)
+class Sighting:
+    """A lease record as this process last read it (None: no lease stored), and `since` when (this process's
+    monotonic clock) it has read it unchanged."""
+
+    record: LeaseRecord | None
+    since: float
+
+    def unchanged_for(self, now: float) -> float:
+        return now - self.since
+
+
+def sight(previous: Sighting | None, record: LeaseRecord | None, now: float) -> Sighting:
+    """What this process knows after reading `record` at `now`: the same sighting if the record is exactly
+    the one seen before (nobody wrote it since), else a new one starting now."""
+    if previous is not None and previous.record == record:
+        return previous
+    return Sighting(record, now)
+
+
+def live_holder(seen: Sighting, now: float, duration_seconds: float) -> str | None:
+    """Who holds the lease by this process's observation: the holder, unless the lease was released or has
+    not changed for `duration_seconds` (Icefall's duration of this lease)."""
+    record = seen.record
+    if record is None or record.holder is None or seen.unchanged_for(now) >= duration_seconds:
+        return None
+    return record.holder
 
 
 class LeaseAction(StrEnum):
     ACQUIRE = "acquire"  # write `record`: a new holder (me), a new epoch
     RENEW = "renew"  # write `record`: I hold it already, same epoch, later renew time
     WAIT = "wait"  # someone else holds it; look again in `wait_seconds`
+    ABSENT = "absent"  # no lease is stored and this side may not create one: wait for whoever creates it
 
 
 @dataclass(frozen=True)
 class LeaseDecision:
     action: LeaseAction
-    record: LeaseRecord  # the record to write, or (WAIT) the current one
+    record: LeaseRecord | None  # the record to write, or (WAIT) the current one; None only when ABSENT
     wait_seconds: float = 0.0
 
 
-def decide(
-    current: LeaseRecord | None,
+def decide(  # noqa: PLR0913 (keyword-only inputs of one pure rule)
+    seen: Sighting,
     *,
     me: str,
     my_epoch: int | None,
     now: float,
+    stamp: float,
     duration_seconds: float,
     holder_is_gone: bool = False,
     floor: int = 0,
+    may_create: bool = True,
 ) -> LeaseDecision:
-    """What `me` should do about a lease currently described by `current` (None: no lease yet).
+    """What `me` should do about the lease as it was `seen` (see the module doc for the clocks).
 
     `my_epoch` is the epoch `me` believes it holds (None when it holds nothing). The lease is ours only if
     both holder and epoch match: an earlier incarnation with the same identity (a restarted process) is
     treated like any other holder, so it is waited out and the new incarnation gets a new epoch.
+    `duration_seconds`: Icefall's duration of this lease, used to judge expiry and written on every write.
     `holder_is_gone`: the caller KNOWS the current holder can never write again (a local process that
     has exited), so its unexpired lease is taken at once instead of waited out; the epoch still grows.
     `floor`: an epoch already in use elsewhere (the table's `icefall.epoch`): a new holder's epoch is
     max(lease epoch, floor) + 1, so a deleted or reset lease never hands out an epoch the table refuses.
+    `may_create`: False where the lease must already exist (Kubernetes: the operator creates each table's
+    Leases; pods may not): no stored lease is then ABSENT, not ours to create.
     """
     if not me:
         raise ValueError("a lease holder needs a non-empty identity")
@@ -74,20 +131,20 @@ def decide(
         raise ValueError(f"lease duration must be positive, got {duration_seconds}")
     if floor < 0:
         raise ValueError(f"epoch floor must not be negative, got {floor}")
+    current = seen.record
     if current is None:
-        return LeaseDecision(LeaseAction.ACQUIRE, LeaseRecord(me, floor + 1, now, now, duration_seconds))
+        if not may_create:
+            return LeaseDecision(LeaseAction.ABSENT, None)
+        return LeaseDecision(LeaseAction.ACQUIRE, LeaseRecord(me, floor + 1, stamp, stamp, duration_seconds))
     if current.holder == me and current.epoch == my_epoch:
         # Still ours, even if it ran out: nobody took it over, so nobody holds a newer epoch.
         return LeaseDecision(
-            LeaseAction.RENEW, replace(current, renew_time=now, duration_seconds=duration_seconds)
+            LeaseAction.RENEW, replace(current, renew_time=stamp, duration_seconds=duration_seconds)
         )
-    if current.holder is None or current.expired(now) or (holder_is_gone and current.holder != me):
-        return LeaseDecision(
-            LeaseAction.ACQUIRE, LeaseRecord(me, max(current.epoch, floor) + 1, now, now, duration_seconds)
-        )
-    # A renew time ahead of our clock (skew) never makes us wait longer than one lease duration.
-    wait = min(current.expires_at - now, current.duration_seconds)
-    return LeaseDecision(LeaseAction.WAIT, current, wait_seconds=wait)
+    if live_holder(seen, now, duration_seconds) is None or (holder_is_gone and current.holder != me):
+        epoch = max(current.epoch, floor) + 1
+        return LeaseDecision(LeaseAction.ACQUIRE, LeaseRecord(me, epoch, stamp, stamp, duration_seconds))
+    return LeaseDecision(LeaseAction.WAIT, current, wait_seconds=duration_seconds - seen.unchanged_for(now))
 
 
 def release(current: LeaseRecord | None, *, me: str, epoch: int) -> LeaseRecord | None:
@@ -102,8 +159,3 @@ def release(current: LeaseRecord | None, *, me: str, epoch: int) -> LeaseRecord 
 # ingestion waits before starting a batch while that Lease is held, at most YIELD_MAX_WAIT_SECONDS a batch.
 YIELD_AFTER_CONFLICTS = 2
 YIELD_MAX_WAIT_SECONDS = 60.0
-
-
-def yield_pending(record: LeaseRecord | None, now: float) -> bool:
-    """True while somebody holds the yield Lease and it has not run out (a crashed holder's runs out)."""
-    return record is not None and record.holder is not None and not record.expired(now)

@@ -213,7 +213,7 @@ class TableLeases:
 
     @property
     def rewrite_yield(self) -> str:
-        """Held by a rewrite that ingestion lets go first (`icefall.plan.leases.yield_pending`)."""
+        """Held by a rewrite that ingestion lets go first (`icefall.ingest.engine.wait_for_rewrite`)."""
         return f"{self._stem}-yield"
 
     @property

@@ -6,8 +6,10 @@
 | `icefall-<st>-compact` | the compaction pods | `compaction_rules` |
 
 Guarantees: namespaced and minimal: nothing cluster-scoped, no Secrets (credentials arrive as env vars), no
-wildcards; Leases are named where Kubernetes allows it. A ServiceAccount never mounts its token by default:
-the pods that call the API opt in. Not guaranteed: that the cluster enforces RBAC.
+wildcards; every Lease rule names its Leases, and no pod may create a Lease (the operator creates each
+table's Leases, `icefall.plan.lease_objects`: `create` is the one verb RBAC cannot restrict by name).
+A ServiceAccount never mounts its token by default: the pods that call the API opt in. Not guaranteed:
+that the cluster enforces RBAC.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ EXECUTOR_POD_VERBS = ["create", "get", "list", "watch", "delete", "deletecollect
 
 
 def _lease_rules(names: list[str], verbs: list[str]) -> list[Manifest]:
-    # `create` is checked before the object (and so its name) exists: RBAC cannot restrict it by name.
-    return [{**_LEASES, "resourceNames": names, "verbs": verbs}, {**_LEASES, "verbs": ["create"]}]
+    # Never `create`: it is checked before the object (and so its name) exists, so RBAC cannot restrict it
+    # by name. The operator creates the Leases instead.
+    return [{**_LEASES, "resourceNames": names, "verbs": verbs}]
 
 
 def _read_self_rule(name: str) -> Manifest:
@@ -52,8 +55,8 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
 
     - read its own StreamingTable (the entry point reads the spec from the API), and patch its status
       (`status.writer`: the lag and freshness it measured, `icefall.ingest.writer_status`);
-    - get/update its commit Lease by name, and create Leases (unrestrictable by name); during an upgrade,
-      get/update/delete the commit Lease of versions before identity-keyed names (`SuccessorLease`);
+    - get/update its commit Lease by name (the operator creates it); during an upgrade, get/update/delete
+      the commit Lease of versions before identity-keyed names (`SuccessorLease`);
     - a keyed table's driver: get the table's yield Lease by name (it waits while a rewrite holds it);
     - with executors (Kubernetes master): what Spark 4.1's scheduler backend does to executor pods, and
       nothing else of the namespace: get its own pod (the executors' owner), create executor pods, list
@@ -83,13 +86,13 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
 
 def compaction_rules(st: StreamingTable) -> list[Manifest]:
     """Compaction reads its StreamingTable and claims work items with its table's Leases, by name: the
-    fixed pool of work Leases and the yield Lease (get/update, and delete: a released work Lease is
-    removed, see `Lease.release(forget=True)`), and creates Leases (unrestrictable by name). Nothing else:
-    not the commit Lease, another table's Leases or the operator's leader Lease.
+    fixed pool of work Leases and the yield Lease (get/update; the operator creates them, and a released
+    one is kept for the next item). Nothing else: not the commit Lease, another table's Leases or the
+    operator's leader Lease.
     """
     leases = table_leases(st)
     names = [*leases.work, leases.rewrite_yield]
-    return [_read_self_rule(st.metadata.name), *_lease_rules(names, ["get", "update", "delete"])]
+    return [_read_self_rule(st.metadata.name), *_lease_rules(names, ["get", "update"])]
 
 
 def account(

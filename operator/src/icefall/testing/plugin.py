@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(STACK_JAVA_OPTIONS, C1_ONLY)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test belongs to exactly one tier, so `-m unit` really selects the fast ones.
 

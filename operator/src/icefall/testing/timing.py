@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -97,12 +97,13 @@ class TimingPlugin:
         if self.current is not None and fixturedef.scope in ("session", "module"):
             self.current.components.append(fixturedef.argname)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-        outcome = yield
-        report: pytest.TestReport = outcome.get_result()
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
         if call.when != "teardown" or self.current is None:
-            return
+            return report
         running, self.current = self.current, None
         figures = {
             "wall": round(time.monotonic() - running.wall, 2),
@@ -111,6 +112,7 @@ class TimingPlugin:
             "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
         }
         report.user_properties.append((TIMING_KEY, figures))
+        return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
@@ -119,8 +121,9 @@ class TimingPlugin:
             self.outcomes[report.nodeid] = "error"
         elif report.skipped:
             self.outcomes[report.nodeid] = "skipped"
-        for key, figures in report.user_properties:
+        for key, value in report.user_properties:
             if key == TIMING_KEY:
+                figures = cast(dict[str, Any], value)
                 self.results.append(
                     Timing(
                         report.nodeid,
