@@ -246,7 +246,7 @@ def test_children_are_created_with_owner_references(cluster: Cluster, orders: Ob
         cluster.core.read_namespaced_secret("icefall-orders-spark-auth", NAMESPACE),
         cluster.apps.read_namespaced_deployment("orders-compact", NAMESPACE),
     ]
-    secret = children[-2]  # the Spark RPC secret: created once with 32 random bytes, immutable
+    secret, deployment = children[-2:]  # the Spark RPC secret: created once with 32 random bytes, immutable
     assert secret.immutable is True and len(base64.b64decode(secret.data["secret"])) == 32
     leases = table_leases(streaming_table_from_object(orders))
     for name in (leases.commit, leases.rewrite_yield, *leases.work):  # the pods may not create Leases
@@ -262,8 +262,9 @@ def test_children_are_created_with_owner_references(cluster: Cluster, orders: Ob
         assert child.metadata.labels["icefall.dev/streamingtable"] == "orders"
         managers = {entry.manager for entry in child.metadata.managed_fields or []}
         assert "icefall-operator" in managers
-    assert children[8].spec.replicas == 0
-    assert children[9].spec.lease_duration_seconds == 15 and children[9].spec.holder_identity is None
+    assert deployment.spec.replicas == 0
+    commit_lease = children[len(children) - len(leases.work) - 2]
+    assert commit_lease.spec.lease_duration_seconds == 15 and commit_lease.spec.holder_identity is None
     container = pod.spec.containers[0]
     assert container.image == "icefall:test"
     assert container.command == [
