@@ -19,7 +19,7 @@ import pytest
 
 from icefall.devstack.node import cache_dir, kill_leftover_containers
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]  # the node is one per machine
+pytestmark = pytest.mark.integration  # in the node's group of workers (icefall.testing.plugin)
 
 PIDS = Path("/sys/fs/cgroup/pids")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 TIERS = ("unit", "integration", "e2e")
-#: The xdist group of the tests that use the machine's one node (the e2e tier, the node's own tests).
+#: The tests that use the machine's one node (the e2e tier, the node's own tests): one worker runs them all.
 NODE_GROUP = "node"
+NODE_GROUP_PATHS = ("e2e/", "tests/integration/test_node_leftovers.py")
 SOURCE = Path(__file__).resolve().parents[2]  # operator/src of the checkout under test
 
 
@@ -48,19 +49,33 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(STACK_JAVA_OPTIONS, C1_ONLY)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test belongs to exactly one tier, so `-m unit` really selects the fast ones.
-
-    Run in parallel (`-n 2 --dist loadgroup`, as `make test` does), each worker starts a stack of its own
-    (the fixtures below are per process); the e2e tier shares one thing per machine, the node (a kubelet on
-    containerd and its cgroups), so its tests run in one worker, one after another (`xdist_group`)."""
+    """Every test belongs to exactly one tier, so `-m unit` really selects the fast ones; the e2e tier lives
+    in the node's group (`NODE_GROUP_PATHS`)."""
     for item in items:
         tiers = [tier for tier in TIERS if item.get_closest_marker(tier)]
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid} must be marked with exactly one of {TIERS}, has {tiers}")
-        if tiers == ["e2e"]:
-            item.add_marker(pytest.mark.xdist_group(NODE_GROUP))
+        if tiers == ["e2e"] and not item.nodeid.startswith(NODE_GROUP_PATHS):
+            raise pytest.UsageError(f"{item.nodeid}: e2e tests live under {NODE_GROUP_PATHS[0]}")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Run in parallel (`-n 2 --dist loadgroup`, as `make test` does), each worker starts a stack of its own
+    (the fixtures below are per process), and tests are handed out one at a time, except those that share
+    the machine's one node (a kubelet on containerd and its cgroups): they run in one worker, one after
+    another, and first (the largest unit of work), so the other worker never waits for them at the end.
+    (xdist's own `xdist_group` marks do not group under pytest 9.2: they rename a field pytest no longer
+    reads.)"""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NodeGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return NODE_GROUP if nodeid.startswith(NODE_GROUP_PATHS) else nodeid
+
+    return NodeGroupScheduling(config, log)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
