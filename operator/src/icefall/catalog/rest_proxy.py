@@ -207,7 +207,7 @@ class RestProxy:
     def start(self) -> RestProxy:
         self._thread = threading.Thread(
             target=self._server.serve_forever,
-            args=(0.5,),
+            args=(0.2,),  # how soon `stop` is noticed
             name=f"icefall-rest-proxy-{self.catalog}",
             daemon=True,
         )
