@@ -48,6 +48,7 @@ import select
 import socket
 import socketserver
 import ssl
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -266,6 +267,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     proxy: RestProxy
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # One line, not socketserver's traceback on stderr: mostly a client that went away mid-answer.
+        error = sys.exc_info()[1]
+        log.info("catalog %r: Icefall's catalog proxy lost a request: %r", self.proxy.catalog, error)
+
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)  # not HTTPServer's: no reverse DNS lookup of the address
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
@@ -345,6 +351,9 @@ class _Handler(BaseHTTPRequestHandler):
                     "catalog proxy follows none; set spec.table.catalog.uri to where the catalog answers",
                 )
             answer = self._read(response)
+        except _UpstreamError:
+            self._drop_upstream()  # the rest of the answer is still on the connection
+            raise
         except TimeoutError as error:
             self._drop_upstream()
             raise _UpstreamError(
@@ -454,7 +463,9 @@ class _Handler(BaseHTTPRequestHandler):
         }
         error = {"message": message, "type": types.get(status, "ServiceFailureException"), "code": status}
         data = json.dumps({"error": error}).encode()
+        self.close_connection = True  # the request's body may be unread: this connection is done
         self.send_response_only(status)
+        self.send_header("Connection", "close")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
