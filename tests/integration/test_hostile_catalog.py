@@ -16,11 +16,18 @@ Proves:
 - against Iceberg's own REST server (the control) the same client drops nothing and creates, appends to
   and reads a table;
 - pyiceberg's loaders, confined (`confine_pyiceberg`), refuse a FileIO class Icefall did not choose and a
-  table's `write.py-location-provider.impl` even when they are reached without Icefall's clients.
+  table's `write.py-location-provider.impl` even when they are reached without Icefall's clients;
+- Spark's catalog client (Iceberg Java), in a session of `build_spark_session`, loads no class a catalog
+  names either: in front of Iceberg's own REST server, a hostile catalog adds `io-impl` to its `/v1/config`
+  overrides, `metrics-reporter-impl` to its defaults, `io-impl` to every table answer's config and
+  `write.location-provider.impl` to its tables' properties, each naming a class that does not exist (without
+  `icefall.catalog.rest_proxy`, Spark fails to initialise the catalog); through the proxy Spark lists
+  namespaces, creates a table, writes and reads it, and each dropped key is logged by name only.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import threading
@@ -29,19 +36,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pytest
 
-from icefall.api import StreamingTable
+from icefall.api import CatalogType, StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.controller.observe import TableObserver
 from icefall.devstack.rest_catalog import RESTCatalogServer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.integration
 
 BOOM_MODULE = """
 from pathlib import Path
+from urllib.parse import urlsplit
 
 MARKERS = Path({markers!r})
 (MARKERS / "imported").write_text("the module was imported")
@@ -243,3 +255,108 @@ def test_the_confined_client_still_works_with_icebergs_own_rest_server(
     assert sorted(read.column("id").to_pylist()) == [1, 2, 3]
     assert "ignored" not in caplog.text
     catalog.purge_table("confined.events")
+
+
+# -- Spark (Iceberg Java) ------------------------------------------------------------------------------
+
+JAVA_BOOM = "com.example.icefall.Boom"  # on no classpath: Iceberg Java fails when it tries to load it
+
+
+@dataclass
+class HostileFront:
+    """A hostile catalog in front of Iceberg's own REST server: its address and the requests it answered."""
+
+    uri: str
+    seen: list[str] = field(default_factory=list)
+
+
+def hostile_answer(path: str, answer: Any) -> Any:
+    """What the hostile catalog adds to the real server's `answer` to the request for `path`."""
+    if path.split("?", 1)[0].endswith("/v1/config"):
+        answer.setdefault("overrides", {})["io-impl"] = JAVA_BOOM
+        answer.setdefault("defaults", {})["metrics-reporter-impl"] = JAVA_BOOM
+    elif (
+        isinstance(answer, dict)
+        and isinstance(answer.get("metadata"), dict)
+        and "metadata-location" in answer
+    ):
+        answer["config"] = {**(answer.get("config") or {}), "io-impl": JAVA_BOOM}
+        answer["metadata"].setdefault("properties", {})["write.location-provider.impl"] = JAVA_BOOM
+    return answer
+
+
+@pytest.fixture
+def hostile_front(rest_catalog: RESTCatalogServer) -> Iterator[HostileFront]:
+    real = urlsplit(rest_catalog.uri)
+    seen: list[str] = []
+
+    class Front(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def relay(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "accept-encoding")}
+            upstream = http.client.HTTPConnection(real.hostname or "", real.port, timeout=60)
+            try:
+                upstream.request(self.command, self.path, body=body or None, headers=headers)
+                response = upstream.getresponse()
+                data = response.read()
+            finally:
+                upstream.close()
+            if data and response.status < 300:
+                data = json.dumps(hostile_answer(self.path, json.loads(data))).encode()
+            self.send_response(response.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_POST = do_HEAD = do_DELETE = relay  # noqa: N815 (http.server's names)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Front)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield HostileFront(f"http://127.0.0.1:{server.server_port}", seen)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_spark_loads_no_class_the_catalog_names(
+    hostile_front: HostileFront, spark: SparkSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    from icefall.spark.session import build_spark_session
+
+    config = CatalogConfig(name="hostile_spark", type=CatalogType.REST, uri=hostile_front.uri)
+    # The tests' one session, with the hostile catalog added as the entry points add theirs.
+    session = build_spark_session([config], app_name="icefall-tests")
+    assert session.conf.get("spark.sql.catalog.hostile_spark.uri") != hostile_front.uri, "no proxy"
+
+    session.sql("CREATE NAMESPACE IF NOT EXISTS hostile_spark.confined")
+    assert ["confined"] in [list(row) for row in session.sql("SHOW NAMESPACES IN hostile_spark").collect()]
+    session.sql("DROP TABLE IF EXISTS hostile_spark.confined.events PURGE")
+    session.sql("CREATE TABLE hostile_spark.confined.events (id bigint) USING iceberg")
+    try:
+        session.sql("INSERT INTO hostile_spark.confined.events VALUES (1), (2), (3)")
+        rows = session.sql("SELECT id FROM hostile_spark.confined.events ORDER BY id").collect()
+        assert [row.id for row in rows] == [1, 2, 3]
+    finally:
+        session.sql("DROP TABLE IF EXISTS hostile_spark.confined.events PURGE")
+
+    assert any(line.startswith("GET /v1/config") for line in hostile_front.seen), hostile_front.seen
+    assert any("/tables/events" in line for line in hostile_front.seen), hostile_front.seen
+    for key, source in [
+        ("io-impl", "the /v1/config answer's overrides"),
+        ("metrics-reporter-impl", "the /v1/config answer's defaults"),
+        ("io-impl", "a table answer's config"),
+        ("write.location-provider.impl", "a table's metadata properties"),
+    ]:
+        assert f"ignored {key} from {source}" in caplog.text
+    assert JAVA_BOOM not in caplog.text  # the key is named, never its value

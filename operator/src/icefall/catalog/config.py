@@ -41,7 +41,8 @@ reference reads that variable, a `secretKeyRef` reads the variable the operator 
 No property names code: keys such as `py-io-impl`, `io-impl`, `*-impl`, `*.class` or `client.factory`
 (`icefall.api.code_properties`) are refused in `properties` and `secretProperties` with the field and the
 reason; the FileIOs above are Icefall's fixed choices, and the pyiceberg clients are
-`icefall.catalog.confined`'s, which drop such keys from what a REST catalog or a table's metadata says.
+`icefall.catalog.confined`'s, which drop such keys from what a REST catalog or a table's metadata says
+(Spark sessions reach a REST catalog through `icefall.catalog.rest_proxy`, which does the same for Spark).
 
 Guarantees: secret values never appear in `repr()` or in the messages of the errors raised here, and
 `mask(text)` removes them from any other text (a client's exception); a missing secret raises

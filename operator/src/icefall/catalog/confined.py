@@ -16,8 +16,9 @@ class loaders that table metadata reaches, process-wide: a FileIO class must be 
 table's `write.py-location-provider.impl` is refused with an error naming the property (pyiceberg would
 import it on every commit).
 
-Not guaranteed: Iceberg Java (Spark's catalog, in the driver and compaction pods) merges a REST catalog's
-`/v1/config` answer and table config into its own properties the same way; that is not filtered here.
+Iceberg Java (Spark's catalog, in the driver and compaction pods) merges a REST catalog's `/v1/config`
+answer and table config into its own properties the same way: `icefall.catalog.rest_proxy` filters those
+answers for it, with the same predicate.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ shares; what differs per process (master, application name, the driver's memory,
 comes from `icefall.plan.spark_conf` as `extra_conf`, which wins. A conf that asks for the FAIR scheduler
 gets the pools of `fairscheduler.xml`, beside this module.
 
+Spark's catalog client (Iceberg Java) reaches each REST catalog through `icefall.catalog.rest_proxy`, in
+this process: the catalog's Spark `uri` is the proxy's, which drops what the catalog's answers name to load.
+
 Guarantee: no secret value is on a command line. PySpark starts the JVM with `spark-submit --conf k=v` for
 every builder option, and any process of the pod can read a command line (`/proc/<pid>/cmdline`). So the
 catalog options that carry a secret value (`launch_and_late_conf`) are left out of the launch and set on
@@ -32,7 +35,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from icefall.api import CatalogType
 from icefall.catalog import CatalogConfig
+from icefall.catalog.rest_proxy import LOOPBACK, through_proxies
 from icefall.plan.spark_conf import DEFAULT_MASTER, shuffle_partitions
 
 if TYPE_CHECKING:
@@ -186,6 +191,11 @@ def build_spark_session(
     quiet_lost_jvm_connections()
     catalogs = list(catalogs)
     conf = session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf)
+    if any(catalog.type is CatalogType.REST for catalog in catalogs):
+        # Iceberg Java talks to each REST catalog through a proxy that drops the classes its answers name,
+        # listening where Spark's driver does, so that executors reach it too (icefall.catalog.rest_proxy).
+        catalogs = through_proxies(catalogs, conf.get("spark.driver.host") or LOOPBACK)
+        conf = session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf)
     launch, late = launch_and_late_conf(conf, catalogs)
     builder = SparkSession.builder
     for key, value in launch.items():
