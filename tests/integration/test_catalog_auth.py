@@ -7,8 +7,11 @@ Spark's Iceberg REST client and pyiceberg alike; a run longer than the tokens' l
 neither it nor the storage keys is ever on the command line of `icefall run` or of Spark's JVM (they are
 set on the running session: the catalog, created on first use, still authenticates with them); a wrong
 client secret or token ends `icefall run` with one line naming the catalog, the refusal and the fields to
-fix (no traceback, no secret, no waiting as for an outage), and the operator's observer reports it as
-CatalogCredentialsRefused, not CatalogUnavailable; with no storage keys in the spec, storage credentials
+fix (no traceback, no secret, no waiting as for an outage), and, as a driver's last words, with
+`CatalogCredentialsRefused: <that line>`, which the operator's status makes Ingesting/Ready False and
+Degraded True with that reason and the fields (not CatalogUnavailable); the operator's observer, holding no
+table credential, sends the catalog not one request for such a table and says its driver measures it;
+with no storage keys in the spec, storage credentials
 vended with each table (`X-Iceberg-Access-Delegation: vended-credentials`) are enough for Spark and
 pyiceberg. Does not prove: SigV4 signing, or vending of scoped short-lived keys by a real cloud catalog
 (the front vends the store's own keys).
@@ -26,13 +29,14 @@ from typing import Any
 
 import pytest
 
-from icefall.api import ConditionReason, load_manifest
+from icefall.api import ConditionReason, ConditionStatus, ConditionType, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.controller.observe import TableObserver
 from icefall.devstack.catalog_auth import CatalogAuthProxy
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.rest_catalog import RESTCatalogServer
+from icefall.testing.driver_exit import conditions_after_exit, run_as_driver
 from icefall.testing.plugin import REST_CLIENT_ID, REST_CLIENT_SECRET
 from icefall.testing.streams import assert_exactly_once, manifest_text, produce, shared_catalog, watermarks
 
@@ -82,10 +86,11 @@ def test_refused_credentials_end_icefall_run_with_one_line(  # noqa: PLR0917 (fi
     block, env = rest_block(request, rest_catalog_auth.uri, secret_key)
     manifest = tmp_path / "table.yaml"
     manifest.write_text(manifest_text(f"auth_refused_{secret_key}", topic, kafka.bootstrap, catalog=block))
+    termination_log = tmp_path / "termination-log"
     started = time.monotonic()
-    run = icefall(
-        "run", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--until-caught-up",
-        env={**env, "IT_REST_SECRET": value}, timeout=300,
+    run = run_as_driver(
+        ["run", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--until-caught-up"],
+        {**env, "IT_REST_SECRET": value}, termination_log, timeout=300,
     )  # fmt: skip
     elapsed = time.monotonic() - started
     output = run.stdout + run.stderr
@@ -95,17 +100,33 @@ def test_refused_credentials_end_icefall_run_with_one_line(  # noqa: PLR0917 (fi
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("icefall: catalog 'icefall' at " + rest_catalog_auth.uri), last
     assert "refused the credentials" in last, last
-    assert f"spec.table.catalog.secretProperties[{secret_key}]" in last, last
+    field = f"spec.table.catalog.secretProperties[{secret_key}]"
+    assert field in last, last
     assert elapsed < 120, f"a refusal is not an outage to wait out ({elapsed:.0f} s)"
     print(f"icefall run ended in {elapsed:.1f} s: {last}")
+    # In a pod, the same line is the container's termination message, after the reason.
+    last_words = termination_log.read_text()
+    assert last_words.strip() == "CatalogCredentialsRefused: " + last.removeprefix("icefall: "), last_words
 
-    # The operator's observer says the same as a condition reason of its own.
+    # The operator holds no table credential, even one in its environment: it sends this catalog nothing
+    # (every request with these credentials would be counted as refused) and leaves the table to its driver.
     st = load_manifest(manifest.read_text())
-    observer = TableObserver(environ={**env, "IT_REST_SECRET": value}, wait_seconds=30)
-    observed = observer.observe("uid-refused", st)
-    reasons = {issue.reason for issue in observed.issues}
-    assert reasons == {ConditionReason.CATALOG_CREDENTIALS_REFUSED}, observed.issues
-    assert value not in str(observed.issues)
+    before = dict(rest_catalog_auth.stats)
+    observed = TableObserver(environ={**env, "IT_REST_SECRET": value}, wait_seconds=30).observe("uid", st)
+    assert dict(rest_catalog_auth.stats) == before, "the operator's observer contacted the catalog"
+    assert (observed.facts, observed.watermarks, observed.issues) == (None, None, ()), observed
+    assert observed.unmeasured.startswith("measured by the table's driver only"), observed.unmeasured
+    assert field in observed.unmeasured, observed.unmeasured
+    # The driver's last words reach the table's conditions: the refusal and the field, not an outage.
+    refused = ConditionReason.CATALOG_CREDENTIALS_REFUSED
+    conditions = conditions_after_exit(st, observed, exit_code=run.returncode, last_words=last_words)
+    false, true = ConditionStatus.FALSE, ConditionStatus.TRUE
+    assert conditions[ConditionType.INGESTING][:2] == (false, refused), conditions
+    assert conditions[ConditionType.DEGRADED][:2] == (true, refused), conditions
+    assert conditions[ConditionType.READY][:2] == (false, refused), conditions
+    message = conditions[ConditionType.INGESTING][2]
+    assert "refused the credentials" in message and field in message, message
+    assert not [c for c in conditions.values() if value in c[2]]
 
 
 def test_a_run_longer_than_the_token_lifetime_keeps_committing(

@@ -11,8 +11,12 @@ Proves:
 - `CatalogConfig.pyiceberg()` opens the catalog and loads the table with a FileIO of Icefall's choice
   (pyiceberg's own for the location's scheme); the module is never imported, no class of it is built; the
   catalog's properties hold none of the dropped keys; each dropped key is logged by name, never its value;
-- the operator's `controller.observe.TableObserver` reads the table through the same catalog (the server
-  saw the load) with the same result;
+- the operator's `controller.observe.TableObserver` never opens a REST catalog a table names, even one
+  that needs no credential (its tables and files are reached with the reader's own identity): the server
+  sees not one request, nothing is imported, and the observation says the table's driver measures it;
+- a catalog the operator does read (sql, on SQLite, no credential) whose table metadata names the module's
+  class as `py-io-impl`: the observer reads the table's facts with a FileIO of Icefall's choice, imports
+  and builds nothing, and logs the dropped key by name;
 - against Iceberg's own REST server (the control) the same client drops nothing and creates, appends to
   and reads a table;
 - pyiceberg's loaders, confined (`confine_pyiceberg`), refuse a FileIO class Icefall did not choose and a
@@ -44,7 +48,9 @@ import pytest
 from icefall.api import CatalogType, StreamingTable
 from icefall.catalog import CatalogConfig
 from icefall.controller.observe import TableObserver
+from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.rest_catalog import RESTCatalogServer
+from icefall.plan.table_status import not_read_by_operator
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -111,17 +117,37 @@ def table_metadata(location: str, boom: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(params=["py-io-impl"])
-def hostile(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Hostile]:
-    """The server; `request.param` "auth" adds a custom `auth` block to the /v1/config overrides."""
+@dataclass
+class Boom:
+    """A module written for the test: `path` "<module>.Boom" names its class; `markers` shows what ran."""
+
+    path: str
+    markers: Path
+
+    @property
+    def marked(self) -> list[str]:
+        return sorted(p.name for p in self.markers.iterdir())
+
+
+@pytest.fixture
+def boom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Boom]:
+    """The module, importable (on sys.path) and not imported; forgotten afterwards."""
     module = f"icefall_test_boom_{uuid.uuid4().hex[:8]}"
     markers = tmp_path / "markers"
     markers.mkdir()
     (tmp_path / f"{module}.py").write_text(BOOM_MODULE.format(markers=str(markers)))
     monkeypatch.syspath_prepend(str(tmp_path))
-    boom = f"{module}.Boom"
+    try:
+        yield Boom(f"{module}.Boom", markers)
+    finally:
+        sys.modules.pop(module, None)
+
+
+@pytest.fixture(params=["py-io-impl"])
+def hostile(request: pytest.FixtureRequest, tmp_path: Path, boom: Boom) -> Iterator[Hostile]:
+    """The server; `request.param` "auth" adds a custom `auth` block to the /v1/config overrides."""
+    markers = boom.markers
+    boom_class = boom.path
     location = (tmp_path / "warehouse" / "shop" / "orders").as_uri()
     seen: list[str] = []
 
@@ -130,15 +156,15 @@ def hostile(
             seen.append(self.path)
             path = self.path.split("?", 1)[0]
             if path == "/v1/config":
-                overrides: dict[str, Any] = {"py-io-impl": boom}
+                overrides: dict[str, Any] = {"py-io-impl": boom_class}
                 if request.param == "auth":
-                    overrides["auth"] = {"type": "custom", "impl": boom}
-                body: dict[str, Any] = {"defaults": {"py-io-impl": boom}, "overrides": overrides}
+                    overrides["auth"] = {"type": "custom", "impl": boom_class}
+                body: dict[str, Any] = {"defaults": {"py-io-impl": boom_class}, "overrides": overrides}
             elif path == "/v1/namespaces/shop/tables/orders":
                 body = {
                     "metadata-location": f"{location}/metadata/00000-{uuid.uuid4()}.metadata.json",
-                    "metadata": table_metadata(location, boom),
-                    "config": {"py-io-impl": boom, "s3.retry-strategy-impl": boom},
+                    "metadata": table_metadata(location, boom_class),
+                    "config": {"py-io-impl": boom_class, "s3.retry-strategy-impl": boom_class},
                 }
             elif path == "/v1/namespaces":
                 body = {"namespaces": [["shop"]]}
@@ -161,32 +187,29 @@ def hostile(
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
-        yield Hostile(f"http://127.0.0.1:{server.server_port}", request.param, boom, markers, seen)
+        yield Hostile(f"http://127.0.0.1:{server.server_port}", request.param, boom_class, markers, seen)
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
-        sys.modules.pop(module, None)
 
 
-def table_on(uri: str) -> StreamingTable:
-    """A table in the hostile catalog; Kafka's credential is absent, so the observer reads only the table."""
+def rest(uri: str) -> dict[str, Any]:
+    return {"name": "lake", "type": "rest", "uri": uri}
+
+
+def table_on(
+    catalog: dict[str, Any], bootstrap: str = "127.0.0.1:9", topic: str = "orders"
+) -> StreamingTable:
+    """The table shop.orders in `catalog` (a spec.table.catalog block), with no credential anywhere: what
+    the operator leaves unread, it leaves for the catalog alone."""
     return StreamingTable.model_validate(
         {
             "metadata": {"name": "orders"},
             "spec": {
-                "source": {
-                    "bootstrapServers": "127.0.0.1:9",
-                    "topic": "orders",
-                    "security": {
-                        "protocol": "SASL_PLAINTEXT",
-                        "saslMechanism": "PLAIN",
-                        "username": {"env": "IT_ABSENT_USER"},
-                        "password": {"env": "IT_ABSENT_PASSWORD"},
-                    },
-                },
+                "source": {"bootstrapServers": bootstrap, "topic": topic},
                 "format": {"schema": [{"name": "id", "type": "long"}]},
-                "table": {"namespace": "shop", "catalog": {"name": "lake", "type": "rest", "uri": uri}},
+                "table": {"namespace": "shop", "catalog": catalog},
             },
         }
     )
@@ -196,7 +219,7 @@ def table_on(uri: str) -> StreamingTable:
 def test_the_catalog_client_loads_no_class_the_endpoint_names(
     hostile: Hostile, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = CatalogConfig.for_table(table_on(hostile.uri).spec, environ={})
+    config = CatalogConfig.for_table(table_on(rest(hostile.uri)).spec, environ={})
     try:
         catalog = config.pyiceberg()
         table = catalog.load_table(("shop", "orders"))
@@ -212,13 +235,51 @@ def test_the_catalog_client_loads_no_class_the_endpoint_names(
     assert hostile.boom not in caplog.text  # the key is named, never its value
 
 
-def test_the_operators_observer_loads_no_class_the_endpoint_names(hostile: Hostile) -> None:
-    observer = TableObserver(environ={}, wait_seconds=30)
-    observed = observer.observe("uid-hostile", table_on(hostile.uri))
+def test_the_operators_observer_never_opens_a_rest_catalog(hostile: Hostile) -> None:
+    """No credential in the table, yet the catalog's tables and files would be reached with the operator's
+    own identity: the observer leaves the table to its driver without a single request."""
+    st = table_on(rest(hostile.uri))
+    observed = TableObserver(wait_seconds=30).observe("uid-hostile", st)
 
+    assert hostile.seen == [], "the operator's observer contacted the catalog a table names"
     assert hostile.marked == [], "the endpoint's module was imported or its class built"
-    assert [p for p in hostile.seen if p.startswith("/v1/namespaces/shop/tables/orders")], hostile.seen
-    assert observed.facts is not None, observed
+    assert (observed.facts, observed.watermarks, observed.issues) == (None, None, ()), observed
+    assert observed.unmeasured == not_read_by_operator(st.spec), observed
+    assert observed.unmeasured.startswith("measured by the table's driver only"), observed.unmeasured
+    assert "a REST catalog" in observed.unmeasured, observed.unmeasured
+
+
+def test_the_operators_observer_loads_no_class_a_table_it_reads_names(
+    boom: Boom, kafka: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sql catalog on SQLite, no credential: the operator reads it. Whoever writes to the catalog sets
+    the table's properties, here `py-io-impl` naming the test's class; the observer reads the table's
+    facts with a FileIO of Icefall's choice and builds nothing."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    kafka.create_topic("it-hostile-sql", partitions=1)
+    catalog = {"name": "lake", "type": "sql", "uri": f"sqlite:///{tmp_path / 'lake.db'}"}
+    st = table_on({**catalog, "warehouse": str(tmp_path / "warehouse")}, kafka.bootstrap, "it-hostile-sql")
+    assert not_read_by_operator(st.spec) == ""
+    writer = CatalogConfig.for_table(st.spec, environ={}).pyiceberg()
+    writer.create_namespace("shop")
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    created = writer.create_table(("shop", "orders"), schema=schema)
+    # The catalog's writer (not Icefall's client) adds the property to the table's current metadata.
+    metadata = Path(urlsplit(created.metadata_location).path)
+    document = json.loads(metadata.read_text())
+    metadata.write_text(json.dumps({**document, "properties": {"py-io-impl": boom.path}}))
+    caplog.clear()
+
+    observed = TableObserver(wait_seconds=30).observe("uid-sql", st)
+
+    assert boom.marked == [], "the table's module was imported or its class built"
+    # Read and measured (the table with a FileIO of Icefall's choice, the topic), nothing to report.
+    assert observed.facts is not None and observed.watermarks == {0: (0, 0)}, observed
+    assert (observed.issues, observed.unmeasured) == ((), ""), observed
+    assert "ignored py-io-impl from a table's properties" in caplog.text
+    assert boom.path not in caplog.text  # the key is named, never its value
 
 
 def test_confined_pyiceberg_refuses_other_file_ios_and_location_providers(hostile: Hostile) -> None:
@@ -246,7 +307,7 @@ def test_the_confined_client_still_works_with_icebergs_own_rest_server(
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField
 
-    catalog = CatalogConfig.for_table(table_on(rest_catalog.uri).spec, environ={}).pyiceberg()
+    catalog = CatalogConfig.for_table(table_on(rest(rest_catalog.uri)).spec, environ={}).pyiceberg()
     catalog.create_namespace_if_not_exists("confined")
     schema = Schema(NestedField(1, "id", LongType(), required=False))
     table = catalog.create_table("confined.events", schema=schema)

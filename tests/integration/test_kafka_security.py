@@ -5,7 +5,12 @@ SCRAM-SHA-256 (SASL_PLAINTEXT). For each, a real `icefall run --until-caught-up`
 manifest fields (librdkafka and Spark's Kafka source alike). Credentials travel only as `{env: NAME}`
 references and never appear in the run's output. A client the brokers refuse (a CA that did not sign the
 broker, no client certificate on a mutual-TLS listener, a wrong SCRAM password) gets one line that names
-what to fix, never a traceback or a wait for a broker that is up. SASL/PLAIN: test_kafka_sasl.py."""
+what to fix, never a traceback or a wait for a broker that is up. The operator, holding no table
+credential, does not read such a table (its observer says the driver measures it); the driver's refusal
+reaches the table's conditions instead: its last words `KafkaCredentialsRefused: <the line>` become
+Ingesting/Ready False and Degraded True with that reason and the fields (checked with a real `icefall run`
+for an untrusted CA, and for each refusal from the error the driver's client raises).
+SASL/PLAIN: test_kafka_sasl.py."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall.api import ConditionReason, load_manifest
+from icefall.api import ConditionReason, ConditionStatus, ConditionType, StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.cli import verify_table
 from icefall.controller.observe import TableObserver
@@ -28,6 +33,7 @@ from icefall.devstack.tls import Pki
 from icefall.ingest.union_read import union_read
 from icefall.kafka.admin import KafkaCredentialsRefusedError, TopicView
 from icefall.kafka.security import librdkafka_config
+from icefall.testing.driver_exit import conditions_after_exit, run_as_driver
 from icefall.testing.plugin import SCRAM_USERS
 from icefall.testing.streams import assert_exactly_once, manifest_text, produce, watermarks
 
@@ -135,13 +141,33 @@ REFUSED = [
 ]  # fmt: skip
 
 
+def assert_refused_in_conditions(
+    st: StreamingTable, environ: Mapping[str, str], last_words: str, names: str
+) -> None:
+    """The operator does not read `st` (it references credentials), even with them in `environ`; a driver
+    that exited with `last_words` makes its conditions say KafkaCredentialsRefused and name `names`."""
+    observed = TableObserver(environ=environ, wait_seconds=30).observe("uid-refused", st)
+    assert (observed.watermarks, observed.topic_id, observed.issues) == (None, None, ()), observed
+    assert observed.unmeasured.startswith("measured by the table's driver only"), observed.unmeasured
+    assert "spec.source.security." in observed.unmeasured, observed.unmeasured
+    refused = ConditionReason.KAFKA_CREDENTIALS_REFUSED
+    conditions = conditions_after_exit(st, observed, exit_code=1, last_words=last_words)
+    false, true = ConditionStatus.FALSE, ConditionStatus.TRUE
+    assert conditions[ConditionType.INGESTING][:2] == (false, refused), conditions
+    assert conditions[ConditionType.DEGRADED][:2] == (true, refused), conditions
+    assert conditions[ConditionType.READY][:2] == (false, refused), conditions
+    message = conditions[ConditionType.INGESTING][2]
+    assert names in message and "wrong-password" not in message and "PRIVATE KEY" not in message, message
+
+
 @pytest.mark.parametrize(("listener", "security", "changes", "names"), REFUSED)
 def test_a_refused_client_is_told_what_to_fix(
     secure_kafka: KafkaBroker, listener: str, security: dict[str, Any], changes: dict[str, str], names: str
 ) -> None:
-    """What `icefall status`, `verify`, the driver and the operator's probe use (a TopicView with the
-    manifest's settings) fails at once with a `KafkaCredentialsRefusedError` naming the fields to check;
-    the operator's probe reports it as KafkaCredentialsRefused."""
+    """What `icefall status`, `verify` and the driver use (a TopicView with the manifest's settings) fails
+    with a `KafkaCredentialsRefusedError` naming the fields to check; the driver leaves it as its last words
+    (`KafkaCredentialsRefused: <error>`, icefall.cli), which the operator's status turns into the reason
+    KafkaCredentialsRefused, not KafkaUnavailable; the operator itself does not read the table."""
     topic = f"it-refused-{listener.lower()}"
     secure_kafka.create_topic(topic)
     st = load_manifest(
@@ -154,17 +180,16 @@ def test_a_refused_client_is_told_what_to_fix(
     message = str(raised.value)
     assert names in message, message
     assert "wrong-password" not in message and "PRIVATE KEY" not in message
-    # The operator's probe makes it a condition reason of its own, not KafkaUnavailable.
-    observer = TableObserver(environ=secrets(secure_kafka, **changes), wait_seconds=30)
-    issues = observer.observe("uid-refused", st).issues
-    assert [issue.reason for issue in issues] == [ConditionReason.KAFKA_CREDENTIALS_REFUSED], issues
-    assert names in issues[0].message and "wrong-password" not in issues[0].message
+    last_words = f"KafkaCredentialsRefused: {message}"  # as icefall.cli writes it (the next test runs it)
+    assert_refused_in_conditions(st, secrets(secure_kafka, **changes), last_words, names)
 
 
 def test_icefall_run_with_an_untrusted_ca_stops_with_one_line(
     secure_kafka: KafkaBroker, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
-    """Not an outage to wait out: `icefall run` exits 1 with one line naming caCert, no traceback."""
+    """Not an outage to wait out: `icefall run` exits 1 with one line naming caCert, no traceback; as a
+    driver, the same line after `KafkaCredentialsRefused: ` is its termination message, and the operator's
+    status says KafkaCredentialsRefused with it."""
     topic = "it-refused-run"
     secure_kafka.create_topic(topic)
     produce(secure_kafka, topic, 0, 5)
@@ -174,10 +199,12 @@ def test_icefall_run_with_an_untrusted_ca_stops_with_one_line(
             "refused_run", topic, secure_kafka.bootstrap_of("SSL"), security={"protocol": "SSL", **CA}
         )
     )
-    run = icefall(
-        "run", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--no-maintenance",
-        "--until-caught-up", "--max-seconds", "120", "--master", "local[1]",
-        env=secrets(secure_kafka, TEST_KAFKA_CA=Pki.other_ca()),
+    env = secrets(secure_kafka, TEST_KAFKA_CA=Pki.other_ca())
+    termination_log = tmp_path / "termination-log"
+    run = run_as_driver(
+        ["run", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--no-maintenance",
+         "--until-caught-up", "--max-seconds", "120", "--master", "local[1]"],
+        env, termination_log,
     )  # fmt: skip
     assert run.returncode == 1, (run.stdout + run.stderr)[-4000:]
     assert "Traceback" not in run.stderr, run.stderr[-4000:]
@@ -185,3 +212,7 @@ def test_icefall_run_with_an_untrusted_ca_stops_with_one_line(
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("icefall: Kafka at"), last
     assert "does not trust" in last and "spec.source.security.caCert" in last, last
+    last_words = termination_log.read_text()
+    assert last_words.strip() == "KafkaCredentialsRefused: " + last.removeprefix("icefall: "), last_words
+    st = load_manifest(manifest.read_text())
+    assert_refused_in_conditions(st, env, last_words, "spec.source.security.caCert")
