@@ -209,7 +209,7 @@ class RestProxy:
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             args=(0.2,),  # how soon `stop` is noticed
-            name=f"icefall-rest-proxy-{self.catalog}",
+            name=f"rest-proxy {self.catalog}",
             daemon=True,
         )
         self._thread.start()

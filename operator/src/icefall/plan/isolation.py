@@ -67,6 +67,8 @@ def spark_auth_conf() -> dict[str, str]:
     passes `spark.auth*` and `spark.network*` settings to executors at their start)."""
     return {
         "spark.authenticate": "true",
+        # An executor fetches the driver's conf first with a SecurityManager that reads only this key.
+        "spark.authenticate.secret.file": SPARK_AUTH_FILE,
         "spark.authenticate.secret.driver.file": SPARK_AUTH_FILE,
         "spark.authenticate.secret.executor.file": SPARK_AUTH_FILE,
         "spark.network.crypto.enabled": "true",
