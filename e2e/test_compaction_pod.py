@@ -27,6 +27,7 @@ the file counts are exact).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -71,6 +72,8 @@ DRIVER = f"{NAME}-ingest"
 DEPLOYMENT = compaction_name(NAME)
 #: The node label the compaction pods wait for (spec.pods.compaction.nodeSelector).
 HOLD_LABEL = "e2e.icefall.dev/compaction"
+#: The admin's pod policy lets tables ask for that node label (the default allows none).
+OPERATOR_ENV = {"ICEFALL_POD_POLICY": json.dumps({"nodeSelector": [HOLD_LABEL]})}
 WORK_LEASE = re.compile(rf"icefall-{TABLE.replace('_', '-')}-[0-9a-f]{{8}}-work-[0-9]{{2}}")
 RECORDS = 120
 BATCH_RECORDS = 20  # spec.batch.maxRecords: at least RECORDS / BATCH_RECORDS small commits
