@@ -11,7 +11,7 @@ TOOLS := eval "$$(hack/tool-env.sh)"
 help:
 	@echo "make demo   set everything up and run the main job on the embedded default"
 	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e; not the tests marked long)"
-	@echo "make test-all  the same with the long tests too (about 45 min more)"
+	@echo "make test-all  the same with the long tests too (about 13 min more)"
 	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
 	@echo "make image  build the image (spark_images/Dockerfile) with podman, no registry needed (hack/build-image.sh)"
