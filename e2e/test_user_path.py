@@ -412,7 +412,6 @@ def _values_file(tmp: Path, harness: Harness) -> Path:
     values["extraEnv"] = [
         *values["extraEnv"],
         {"name": "ICEFALL_RESYNC_SECONDS", "value": "2"},
-        {"name": "ICEFALL_OBSERVE_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_REFRESH_SECONDS", "value": "2"},
         *more.pop("extraEnv", []),

@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from icefall import cli
+from icefall.api import ConditionReason
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
@@ -252,8 +253,11 @@ def test_a_recreated_topic_stops_ingestion_until_the_offsets_are_reset(
         # More records than the old topic had: resuming at offset 30 would skip the first 30 silently.
         produce(kafka, topic, 100, 40, partitions=[0])
 
-        with pytest.raises(SourceChangedError, match=r"deleted and created again.*icefall reset-offsets"):
+        with pytest.raises(
+            SourceChangedError, match=r"deleted and created again.*icefall reset-offsets"
+        ) as raised:
             ingestor.run_batch()
+        assert raised.value.reason is ConditionReason.TOPIC_RECREATED  # a driver's last words name it
         assert read_committed(table).snapshot_id == before.snapshot_id, "nothing was committed"
         report = audit(catalog_config, name, kafka.bootstrap)
         assert not report.ok and report.source_changed is not None

@@ -105,7 +105,12 @@ def _ingest(args: argparse.Namespace) -> int:
     api, st = _from_api(args.namespace, args.name)
     catalog = catalog_for(st, state_dir(args, in_cluster=True))
     stop = stop_on_signals()
-    if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
+    # The table's figures, backlog and uuid, read with this pod's credentials: the operator reads no table.
+    meter = TableMeter(st, catalog)
+    report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
+    at_start = outages_for(st, catalog)
+    at_start.listener = report_to.waiting  # a catalog unreachable from the start is in status too
+    if not at_start.retrying(catalog.pyiceberg, stop.is_set):
         return 1
     print(
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
@@ -120,9 +125,6 @@ def _ingest(args: argparse.Namespace) -> int:
     yield_to = KubernetesLease(
         api, args.namespace, names.rewrite_yield, holder, duration_seconds=YIELD_LEASE_SECONDS
     )
-    # The table's figures, backlog and uuid, read with this pod's credentials: the operator holds none.
-    meter = TableMeter(st, catalog)
-    report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
     meter.start()
     try:
         return ingest_until_stopped(
@@ -510,18 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _last_words(line: str) -> None:
-    """`line` into the container's termination message, when there is one (in a pod): the Pod's status
-    then says why the container ended."""
-    from contextlib import suppress
+    """`line` into the container's termination message, when there is one (in a pod)."""
+    from icefall.runtime.failpoints import last_words
 
-    from icefall.runtime.failpoints import TERMINATION_MESSAGE_FILE
-
-    with suppress(OSError):
-        out = os.open(TERMINATION_MESSAGE_FILE, os.O_WRONLY | os.O_TRUNC)  # no O_CREAT: only if it exists
-        try:
-            os.write(out, (line[:3900] + "\n").encode())
-        finally:
-            os.close(out)
+    last_words(line)
 
 
 if __name__ == "__main__":

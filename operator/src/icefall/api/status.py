@@ -246,16 +246,36 @@ class TableStatus(StatusModel):
     )
 
 
+#: The most partitions a driver's report lists (the most lagging ones).
+REPORTED_PARTITIONS = 20
+
+
+class PartitionLag(StatusModel):
+    """One partition's lag, as the driver measured it."""
+
+    partition: int = Field(ge=0, description="The Kafka partition.")
+    records: int = Field(ge=0, description="Its records not yet in the table.")
+
+
 class WriterReport(StatusModel):
-    """What the ingestion driver measured last. It holds the table's credentials and computes lag and
-    freshness for every batch anyway; the operator shows these figures when it cannot read the table or
-    the topic itself (no credentials, or not yet)."""
+    """What the ingestion driver measured last, with the table's own credentials from its own pod. The
+    operator reads no table and no topic itself (it would lend its network position and identity to
+    whatever address a table names): these figures are what status, metrics and compaction scaling show."""
 
     reported_at: datetime = Field(description="When the driver measured these figures.")
     freshness_seconds: float = Field(
         ge=0, description="Seconds between then and the newest committed record; 0 when caught up."
     )
     lag_records: int = Field(ge=0, description="Records in Kafka not yet in the table then, all partitions.")
+    partition_lag: list[PartitionLag] = Field(
+        default_factory=list,
+        max_length=REPORTED_PARTITIONS,
+        description=(
+            f"The lag per partition then, the {REPORTED_PARTITIONS} most lagging at most (a list: each "
+            "report replaces it whole); empty when caught up or not measured."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["partition"]},
+    )
     last_commit_time: datetime | None = Field(
         default=None, description="When the driver's last commit landed; unset before its first."
     )
@@ -304,8 +324,7 @@ class WriterReport(StatusModel):
         default=None,
         description=(
             "The table's figures as the driver read them with its own credentials (at most every 30 s, the "
-            "compaction backlog included): shown, and what compaction is scaled on, when the operator does "
-            "not read the table itself."
+            "compaction backlog included): what status shows and compaction is scaled on."
         ),
     )
 

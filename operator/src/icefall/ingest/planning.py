@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from icefall.api import OnDataLoss, StreamingTableSpec
+from icefall.api import ConditionReason, OnDataLoss, StreamingTableSpec
 from icefall.commit import Batch, CommittedState
 from icefall.plan.batching import BatchLimits, choose_batch_size
 from icefall.plan.lag import total_lag
@@ -64,8 +64,19 @@ class SourceChangedError(RuntimeError):
     """The topic was recreated or its log truncated: the committed offsets no longer point into it.
 
     Nothing was skipped or committed. Ingestion stops until a user resets the offsets
-    (`icefall reset-offsets`), which records the reset in the table.
+    (`icefall reset-offsets`), which records the reset in the table. `recreated`: the topic's id changed
+    (else committed offsets are past its end); a driver's last words name it (`TopicRecreated` or
+    `OffsetsAheadOfTopic`), which the operator shows as the table's condition.
     """
+
+    def __init__(self, message: str, *, recreated: bool) -> None:
+        super().__init__(message)
+        self.recreated = recreated
+
+    @property
+    def reason(self) -> ConditionReason:
+        """The condition reason this stands for."""
+        return ConditionReason.TOPIC_RECREATED if self.recreated else ConditionReason.OFFSETS_AHEAD_OF_TOPIC
 
 
 class DataLossHaltedError(RuntimeError):
@@ -189,7 +200,8 @@ class Planner:
         )
         problem = source_change(self.spec.source.topic, committed.topic_id, topic_id, plan.offsets_ahead)
         if problem is not None:
-            raise SourceChangedError(f"{self.label}: {problem}")
+            recreated = committed.topic_id not in (None, topic_id)
+            raise SourceChangedError(f"{self.label}: {problem}", recreated=recreated)
         if plan.data_loss and self.spec.source.on_data_loss is OnDataLoss.HALT:
             raise DataLossHaltedError.of(self.spec.source.topic, plan.data_loss)
         pin_start = not committed.offsets and bool(plan.positions.starts)
@@ -227,7 +239,8 @@ class Planner:
         if self.topic.topic_id() != planned_topic_id:
             raise SourceChangedError(
                 f"{self.label}: topic {self.spec.source.topic!r} was recreated "
-                "while a batch was read; the batch is not committed"
+                "while a batch was read; the batch is not committed",
+                recreated=True,
             )
 
     def _report_data_loss(self, plan: OffsetPlan) -> int:
