@@ -1,8 +1,9 @@
 """Prometheus metrics of the operator process, in the one registry `icefall.runtime.metrics` serves.
 
 Names follow Prometheus conventions (`icefall_operator_` prefix for the operator's own work, base units,
-`_total` counters). Per-table gauges reuse the ingestion process's names (`icefall_freshness_seconds`,
-`icefall_lag_records`, `icefall_freshness_target_seconds`, `icefall_last_commit_timestamp_seconds`,
+`_total` counters). Per-table gauges (from the driver's report in `status.writer`: the operator reads no
+table) reuse the ingestion process's names (`icefall_freshness_seconds`, `icefall_lag_records`,
+`icefall_freshness_target_seconds`, `icefall_last_commit_timestamp_seconds`,
 `icefall_maintenance_backlog_items`) with the same `table` label (`namespace.name`), so one dashboard reads
 either.
 Labels are bounded: table, partition (capped by `plan.table_status.MAX_PARTITIONS`), result.
@@ -53,7 +54,7 @@ TABLE_SNAPSHOTS = Gauge(
 TABLE_LOST_RECORDS = Gauge(
     "icefall_table_lost_records",
     "Records Kafka's retention deleted before they were ingested, over the table's life "
-    "(icefall.lost-records, read by the operator or reported by the driver).",
+    "(icefall.lost-records, as the table's driver reported it).",
     ["table"],
     registry=REGISTRY,
 )
