@@ -227,7 +227,7 @@ def test_the_operator_lends_no_network_position_and_shows_what_the_driver_report
         before = passes(operator)
         for name, catalog in tables.items():
             api.call("POST", ST, streaming_table(name, catalog, bootstrap=bootstrap))
-        wait_for("30 passes", lambda: passes(operator) >= before + 30, timeout=90, details=operator.tail)
+        wait_for("20 passes", lambda: passes(operator) >= before + 20, timeout=60, details=operator.tail)
         seen = {"postgres": postgres.received, "rest": rest.received, "kafka": kafka.received}
         assert seen == {"postgres": [], "rest": [], "kafka": []}, seen
         assert list(operator_disk.iterdir()) == [], "the operator opened the SQLite path a table names"
