@@ -15,6 +15,7 @@ help:
 	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
 	@echo "make image  build the image (spark_images/Dockerfile) with podman, no registry needed (hack/build-image.sh)"
+	@echo "make docs  regenerate docs/reference/ (StreamingTable fields, the CLI, the Helm values) from the code"
 	@echo "make e2e-kind  (needs Docker) the cluster example on a kind cluster, with the image and the chart"
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
@@ -66,6 +67,13 @@ crds: venv
 .PHONY: chart-crds
 chart-crds:
 	cp crds/streamingtables.icefall.dev.yaml charts/icefall/crds/streamingtables.icefall.dev.yaml
+
+# The generated references under docs/reference/: the StreamingTable's fields (from the models' CRD schema),
+# the `icefall` CLI and its exit codes (from the argparse parser), the chart's values (from
+# charts/icefall/values.schema.json and values.yaml). tests/unit/test_reference_docs.py fails when one drifts.
+.PHONY: docs
+docs: venv
+	$(BIN)/python -m icefall.devstack.reference
 
 # The Grafana dashboard the chart ships, generated with Grafana's foundation SDK (tests/unit/test_dashboards.py
 # fails when it drifts).
