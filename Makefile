@@ -15,6 +15,7 @@ help:
 	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
 	@echo "make image  build the image (spark_images/Dockerfile) with podman, no registry needed (hack/build-image.sh)"
+	@echo "make chart  package the Helm chart, CRD inside, into dist/ (helm push it to an OCI registry)"
 	@echo "make e2e-kind  (needs Docker) the cluster example on a kind cluster, with the image and the chart"
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
@@ -66,6 +67,19 @@ crds: venv
 .PHONY: chart-crds
 chart-crds:
 	cp crds/streamingtables.icefall.dev.yaml charts/icefall/crds/streamingtables.icefall.dev.yaml
+
+# The chart as one file to install or push: `helm lint --strict`, then `helm package` into $(CHART_DIST)
+# (dist/icefall-<version>.tgz, the CRD inside under crds/). Refuses a chart whose CRD copy differs from
+# crds/ (run `make crds chart-crds`): it never changes the tree. Push it with
+# `helm push dist/icefall-<version>.tgz oci://<registry>/<path>`; tests/integration/test_chart_package.py
+# runs this target and installs from its output.
+CHART_DIST ?= dist
+.PHONY: chart
+chart:
+	@cmp -s crds/streamingtables.icefall.dev.yaml charts/icefall/crds/streamingtables.icefall.dev.yaml || \
+	  { echo "charts/icefall/crds/ differs from crds/: run make crds chart-crds" >&2; exit 1; }
+	@$(TOOLS) && helm lint --strict charts/icefall >/dev/null && \
+	  helm package charts/icefall --destination $(CHART_DIST)
 
 # The Grafana dashboard the chart ships, generated with Grafana's foundation SDK (tests/unit/test_dashboards.py
 # fails when it drifts).
