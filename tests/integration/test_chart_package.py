@@ -212,4 +212,4 @@ def test_the_package_installs_with_a_role_in_each_watched_namespace(
     assert "examples/cluster.yaml" in notes and "orders.yaml" not in notes, notes
     assert f"kubectl -n {TEAMS[0]} apply -f cluster.yaml" in notes, notes
     assert f"It watches StreamingTables in {', '.join(TEAMS)}" in notes, notes
-    assert "helm show crds" in notes and "kubectl apply --server-side" in notes, notes
+    assert "helm show crds" in notes and "kubectl apply --server-side --force-conflicts" in notes, notes
