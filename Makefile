@@ -89,10 +89,12 @@ dashboards: venv
 	mv charts/icefall/dashboards/icefall.json.tmp charts/icefall/dashboards/icefall.json
 
 # The e2e tier runs every pod as a container of the image: build it (or find it, by hash) first.
-# `make test` leaves out the tests marked `long` to stay within CI's time: four e2e modules (executors as
-# pods, compaction pods, the keyed examples, a producer's new Avro field), the longest kill chains (keyed and
-# cdc tables, the small chaos run, the shared catalogs' crash-restarts, half of the new-table and pipelined
-# points) and the broker restart; each of their pieces is also proved by a shorter test.
+# `make test` leaves out the tests marked `long` to stay within CI's time: five e2e modules (executors as
+# pods, compaction pods, the keyed examples, a producer's new Avro field, the chart's upgrade with a table
+# running), the longest kill chains (keyed and cdc tables, the small chaos run, the shared catalogs'
+# crash-restarts, half of the new-table and pipelined points) and the broker restart; each of their pieces
+# is also proved by a shorter test (the upgrade's steps: tests/integration/test_crd_upgrade.py and
+# test_chart_package.py).
 # `make test-all` runs every test, `make test-e2e` every e2e module.
 # Both run on both cores: a pytest-xdist worker per core, each with a stack of its own; the e2e tier (one
 # node per machine) runs in one worker. Each writes build/test-report.md: every test's wall and CPU time
