@@ -58,7 +58,7 @@ def pod_spec(docs: list[Obj]) -> Obj:
     return spec
 
 
-def of_kind(docs: list[Obj], kind: str) -> dict[str | None, Obj]:
+def of_kind(docs: list[Obj], kind: str) -> dict[str, Obj]:
     """The objects of `kind`, by namespace and name."""
     return {f"{d['metadata'].get('namespace')}/{d['metadata']['name']}": d for d in docs if d["kind"] == kind}
 
