@@ -3,7 +3,8 @@
 Proves:
 - `watchNamespaces: [a, b]`: the operator gets `--namespace=a --namespace=b`; a Role and RoleBinding with
   the operator's whole rule set in each of them (the same rules as the default Role), none cluster-wide;
-  the release namespace, unless listed, gets a Role for the operator's leader Lease alone; the admission
+  the release namespace, unless listed, gets a Role for the operator's leader Lease alone (none without
+  leader election); the admission
   policy bindings select exactly those namespaces and the PodMonitor scrapes them; a list together with
   `rbac.clusterWide` is refused at render time naming both, a name that is no namespace by the schema;
 - `podSecurityContext` / `containerSecurityContext`: the defaults are the restricted ones; a key replaces
@@ -98,9 +99,12 @@ def test_watch_namespaces_get_a_role_each_and_the_operator_watches_them(home: Pa
         }
     assert only(docs, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
-    # Listing the release namespace too: its Role is the full one, no separate leader Role.
+    # Listing the release namespace too: its Role is the full one, no separate leader Role; nor without
+    # leader election (no Lease at all).
     docs = render(home, "ops", "--set-json", 'watchNamespaces=["ops","team-a"]')
     assert set(of_kind(docs, "Role")) == {"ops/icefall", "team-a/icefall"}
+    alone = render(home, "ops", *WATCHED, "--set", "leaderElection.enabled=false")
+    assert set(of_kind(alone, "Role")) == {"team-a/icefall", "team-b/icefall"}
 
 
 def test_watch_namespaces_refuse_cluster_wide_and_bad_names(home: Path) -> None:
