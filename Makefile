@@ -16,6 +16,7 @@ help:
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
 	@echo "make image  build the image (spark_images/Dockerfile) with podman, no registry needed (hack/build-image.sh)"
 	@echo "make docs  regenerate docs/reference/ (StreamingTable fields, the CLI, the Helm values) from the code"
+	@echo "make chart  package the Helm chart, CRD inside, into dist/ (helm push it to an OCI registry)"
 	@echo "make e2e-kind  (needs Docker) the cluster example on a kind cluster, with the image and the chart"
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
@@ -75,6 +76,19 @@ chart-crds:
 docs: venv
 	$(BIN)/python -m icefall.devstack.reference
 
+# The chart as one file to install or push: `helm lint --strict`, then `helm package` into $(CHART_DIST)
+# (dist/icefall-<version>.tgz, the CRD inside under crds/). Refuses a chart whose CRD copy differs from
+# crds/ (run `make crds chart-crds`): it never changes the tree. Push it with
+# `helm push dist/icefall-<version>.tgz oci://<registry>/<path>`; tests/integration/test_chart_package.py
+# runs this target and installs from its output.
+CHART_DIST ?= dist
+.PHONY: chart
+chart:
+	@cmp -s crds/streamingtables.icefall.dev.yaml charts/icefall/crds/streamingtables.icefall.dev.yaml || \
+	  { echo "charts/icefall/crds/ differs from crds/: run make crds chart-crds" >&2; exit 1; }
+	@$(TOOLS) && helm lint --strict charts/icefall >/dev/null && \
+	  helm package charts/icefall --destination $(CHART_DIST)
+
 # The Grafana dashboard the chart ships, generated with Grafana's foundation SDK (tests/unit/test_dashboards.py
 # fails when it drifts).
 .PHONY: dashboards
@@ -83,10 +97,12 @@ dashboards: venv
 	mv charts/icefall/dashboards/icefall.json.tmp charts/icefall/dashboards/icefall.json
 
 # The e2e tier runs every pod as a container of the image: build it (or find it, by hash) first.
-# `make test` leaves out the tests marked `long` to stay within CI's time: four e2e modules (executors as
-# pods, compaction pods, the keyed examples, a producer's new Avro field), the longest kill chains (keyed and
-# cdc tables, the small chaos run, the shared catalogs' crash-restarts, half of the new-table and pipelined
-# points) and the broker restart; each of their pieces is also proved by a shorter test.
+# `make test` leaves out the tests marked `long` to stay within CI's time: five e2e modules (executors as
+# pods, compaction pods, the keyed examples, a producer's new Avro field, the chart's upgrade with a table
+# running), the longest kill chains (keyed and cdc tables, the small chaos run, the shared catalogs'
+# crash-restarts, half of the new-table and pipelined points) and the broker restart; each of their pieces
+# is also proved by a shorter test (the upgrade's steps: tests/integration/test_crd_upgrade.py and
+# test_chart_package.py).
 # `make test-all` runs every test, `make test-e2e` every e2e module.
 # Both run on both cores: a pytest-xdist worker per core, each with a stack of its own; the e2e tier (one
 # node per machine) runs in one worker. Each writes build/test-report.md: every test's wall and CPU time

@@ -49,6 +49,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from icefall import __version__
 from icefall.api import ManifestError, StreamingTable, streaming_table_from_object
 from icefall.api.pod_policy import PodPolicy, pod_policy_from_json
 from icefall.controller import metrics, status
@@ -80,7 +81,9 @@ from icefall.plan.scaling import compaction_replicas, damped_replicas
 from icefall.plan.settings import OperatorSettings
 from icefall.plan.table_status import acknowledged_loss, reported_backlog
 
-DEFAULT_IMAGE = "ghcr.io/icefall/icefall:latest"
+#: The image of this release, as the chart names it by default (image.repository:appVersion); the chart
+#: always sets ICEFALL_IMAGE, so this is for an operator started without it.
+DEFAULT_IMAGE = f"ghcr.io/icefall-dev/icefall:{__version__}"
 SCALE_DOWN_COOLDOWN_SECONDS = 300.0
 #: JSON of the chart's `podPolicy` (`icefall.api.pod_policy`); unset: the default, restrictive policy.
 POD_POLICY_ENV = "ICEFALL_POD_POLICY"
