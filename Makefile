@@ -6,13 +6,17 @@ SHELL := bash
 VENV := .venv
 BIN := $(VENV)/bin
 TOOLS := eval "$$(hack/tool-env.sh)"
+# `make demo` provisions only what it uses: Kafka's and Spark's jars (hack/tool-env.sh --demo).
+DEMO_TOOLS := eval "$$(hack/tool-env.sh --demo)"
 
-.PHONY: help setup venv tools demo test test-all test-report test-unit test-integration test-e2e bench-ingest chaos lint fmt clean
+.PHONY: help prereqs prereqs-demo setup venv venv-demo tools tools-demo demo test test-all test-report test-unit test-integration test-e2e bench-ingest chaos lint fmt clean
 help:
-	@echo "make demo   set everything up and run the main job on the embedded default"
+	@echo "make demo   set up only what it uses (Python packages, Kafka's and Spark's jars), then run the main job"
+	@echo "            on the embedded default; needs Python 3.11/3.12, Java 17+, Maven 3.6.3+ (hack/check-prereqs.sh)"
 	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e; not the tests marked long)"
 	@echo "make test-all  the same with the long tests too (about 13 min more)"
-	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
+	@echo "make setup  only install everything make test uses: Python packages, Go-built binaries, Maven jars, npm"
+	@echo "            tools; needs the demo's prerequisites plus Go, npm and openssl (hack/check-prereqs.sh all)"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
 	@echo "make image  build the image (spark_images/Dockerfile) with podman, no registry needed (hack/build-image.sh)"
 	@echo "make docs  regenerate docs/reference/ (StreamingTable fields, the CLI, the Helm values) from the code"
@@ -30,18 +34,36 @@ help:
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
-setup: venv tools
+# What the machine must already have, one line per missing piece (before any virtualenv exists).
+prereqs:
+	@hack/check-prereqs.sh all
+prereqs-demo:
+	@hack/check-prereqs.sh demo
 
+setup: prereqs venv tools
+
+# The development set (`.[dev]`: tests, lint) is a superset of the demo's (the package and its
+# dependencies): installing it marks both done.
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@echo "[setup] Python packages into $(VENV) (pinned by constraints.txt)"
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
 	@start=$$SECONDS; $(BIN)/pip install -q -c constraints.txt -e '.[dev]'; \
 	  echo "[setup] Python packages ready in $$((SECONDS - start))s"
+	@touch $@ $(VENV)/.demo-installed
+
+venv-demo: $(VENV)/.demo-installed
+$(VENV)/.demo-installed: pyproject.toml constraints.txt
+	@echo "[setup] Python packages into $(VENV) (pinned by constraints.txt; the demo's only)"
+	@test -x $(BIN)/python || python3 -m venv $(VENV)
+	@start=$$SECONDS; $(BIN)/pip install -q -c constraints.txt -e .; \
+	  echo "[setup] Python packages ready in $$((SECONDS - start))s"
 	@touch $@
 
 tools:
 	@$(TOOLS) >/dev/null
+tools-demo:
+	@$(DEMO_TOOLS) >/dev/null
 
 # The one image (operator, drivers, executors, compaction), tagged localhost/icefall:<hash of its inputs>.
 .PHONY: image
@@ -235,10 +257,11 @@ chaos: setup
 	$(TOOLS) && ICEFALL_CHAOS_KILLS=$(CHAOS_KILLS) ICEFALL_CHAOS_SEED=$(CHAOS_SEED) \
 	  $(BIN)/pytest e2e/chaos_run.py -s $(CHAOS_ARGS)
 
-# DEMO=examples/avro-orders.yaml: Avro through a local schema registry, with a producer that adds a field.
+# DEMO=examples/avro-orders.yaml: Avro through a local schema registry (fetched on first use), with a
+# producer that adds a field. Sets up only what the demo uses, not the test stack (`make setup`).
 DEMO ?= examples/orders.yaml
-demo: setup
-	$(TOOLS) && $(BIN)/python -m icefall.devstack.demo -f $(DEMO)
+demo: prereqs-demo venv-demo tools-demo
+	$(DEMO_TOOLS) && $(BIN)/python -m icefall.devstack.demo -f $(DEMO)
 
 clean:
 	rm -rf $(VENV) .icefall .mypy_cache .ruff_cache
