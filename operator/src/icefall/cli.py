@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from icefall import __version__
-from icefall.commands.common import catalog_for, load_table, outages_for, state_dir, unreachable_is_one_line
+from icefall.commands.common import (
+    EXIT_CODES_HELP,
+    catalog_for,
+    load_table,
+    outages_for,
+    state_dir,
+    unreachable_is_one_line,
+)
 from icefall.commands.read import READ_FORMATS, TABLE_ROWS, read_rows
 from icefall.commands.run import (
     EXIT_DATA_LOSS,
@@ -20,6 +27,7 @@ from icefall.commands.run import (
     stop_spark,
 )
 from icefall.commands.table import reset_offsets, show_status
+from icefall.commands.validate import validate as validate_manifests
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -279,7 +287,14 @@ def _verify(args: argparse.Namespace) -> int:
     config = catalog_for(st, state_dir(args))
     with unreachable_is_one_line(st, config):
         report = verify_table(st, config, ingesting=args.ingesting)
-    print(report.render())
+    if args.output == "json":
+        import json
+
+        from icefall.audit.report import report_json
+
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        print(report.render())
     return 0 if report.ok else 1
 
 
@@ -293,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="icefall",
         description="Kafka topics in, compacted Apache Iceberg tables out, exactly once.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"icefall {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -304,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_purge(commands)
     _add_table_tools(commands)
     _add_read(commands)
+    _add_validate(commands)
     return parser
 
 
@@ -420,16 +438,43 @@ def _add_table_tools(commands: Any) -> None:
     )
     reset.set_defaults(func=reset_offsets)
     status = _table_command(commands, "status", "print committed offsets, lag and freshness")
+    _output_option(status)
     status.set_defaults(func=show_status)
     verify = _table_command(
         commands, "verify", "audit the table against the topic: duplicates, gaps, dead letters"
     )
+    _output_option(verify)
     verify.add_argument(
         "--ingesting",
         action="store_true",
         help="ingestion is running: dead letters past the commit are pending",
     )
     verify.set_defaults(func=_verify)
+
+
+def _output_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="text (default) or json, for scripts"
+    )
+
+
+def _add_validate(commands: Any) -> None:
+    """`icefall validate`: offline manifest checks."""
+    validate = commands.add_parser(
+        "validate",
+        help="check StreamingTable manifests offline, as the API server's schema and CEL rules do (exit 2: "
+        "invalid)",
+    )
+    validate.add_argument(
+        "-f", "--file", action="append", required=True, help="a StreamingTable manifest (YAML; repeatable)"
+    )
+    validate.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also refuse what the operator refuses in a cluster (no spec.table.catalog, pod problems)",
+    )
+    _output_option(validate)
+    validate.set_defaults(func=validate_manifests)
 
 
 def _add_read(commands: Any) -> None:

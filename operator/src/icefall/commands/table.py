@@ -1,16 +1,34 @@
-"""`icefall status` (offsets, lag and freshness of a table against its topic) and `icefall reset-offsets`
-(the explicit, recorded action after the topic was recreated or truncated).
+"""`icefall status` (offsets, lag and freshness of a table against its topic, as text or JSON) and
+`icefall reset-offsets` (the explicit, recorded action after the topic was recreated or truncated).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from typing import Any
 
 from icefall.commands.common import catalog_for, load_table, state_dir, unreachable_is_one_line
 
 
 def show_status(args: argparse.Namespace) -> int:
+    """`icefall status`: the table's committed offsets against the topic, as text or JSON (`--output`);
+    exit code 0, or `EXIT_SOURCE_CHANGED` when the topic is not the one the offsets were committed on."""
+    from icefall.commands.run import EXIT_SOURCE_CHANGED
+
+    report = table_status(args)
+    if getattr(args, "output", "text") == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(_render_status(report))
+    return 0 if report["problem"] is None else EXIT_SOURCE_CHANGED
+
+
+def table_status(args: argparse.Namespace) -> dict[str, Any]:
+    """What `icefall status` prints, as a JSON-ready mapping (camelCase keys, as in the StreamingTable's
+    status): table, snapshotId, epoch, partitions (partition, committed, high, lag), lagRecords,
+    freshnessSeconds (null: unmeasured), lostRecords and problem (null, or why ingestion stopped)."""
     from icefall.commit import read_committed
     from icefall.kafka.admin import TopicView
     from icefall.kafka.security import librdkafka_config
@@ -27,29 +45,47 @@ def show_status(args: argparse.Namespace) -> int:
             marks = topic.watermarks()
             topic_id = topic.topic_id()
             oldest_waiting_ms = topic.oldest_waiting_ms(committed.offsets, marks)
-    print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
-    print(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
     lag = partition_lag(committed.offsets, marks)
-    for partition, (_, high) in sorted(marks.items()):
-        print(f"{partition:>9} {committed.offsets.get(partition, '-')!s:>12} {high:>12} {lag[partition]:>10}")
     total = sum(lag.values())
     behind = freshness_seconds(
         total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=oldest_waiting_ms
     )
+    ahead = resolve_positions(committed.offsets, marks, st.spec.source.starting_position.type).offsets_ahead
+    return {
+        "table": ".".join(st.table_identifier),
+        "snapshotId": committed.snapshot_id,
+        "epoch": committed.epoch,
+        "partitions": [
+            {"partition": p, "committed": committed.offsets.get(p), "high": high, "lag": lag[p]}
+            for p, (_, high) in sorted(marks.items())
+        ],
+        "lagRecords": total,
+        "freshnessSeconds": None if behind is None else round(behind, 1),
+        "lostRecords": committed.lost_records,
+        "problem": source_change(st.spec.source.topic, committed.topic_id, topic_id, ahead),
+    }
+
+
+def _render_status(report: dict[str, Any]) -> str:
+    lines = [f"table {report['table']}  snapshot {report['snapshotId']}  epoch {report['epoch']}"]
+    lines.append(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
+    for row in report["partitions"]:
+        committed = "-" if row["committed"] is None else row["committed"]
+        lines.append(f"{row['partition']:>9} {committed!s:>12} {row['high']:>12} {row['lag']:>10}")
+    behind = report["freshnessSeconds"]
     freshness = "unmeasured" if behind is None else f"{behind:.1f}s"
-    lost = committed.lost_records
-    print(f"lag {total} records, freshness {freshness}, lost to retention {lost} records")
+    lost = report["lostRecords"]
+    lines.append(
+        f"lag {report['lagRecords']} records, freshness {freshness}, lost to retention {lost} records"
+    )
     if lost:
-        print(
+        lines.append(
             f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "
             "ingested (table property icefall.lost-records)"
         )
-    ahead = resolve_positions(committed.offsets, marks, st.spec.source.starting_position.type).offsets_ahead
-    problem = source_change(st.spec.source.topic, committed.topic_id, topic_id, ahead)
-    if problem is not None:
-        print(f"INGESTION STOPPED: {problem}")
-        return 1
-    return 0
+    if report["problem"] is not None:
+        lines.append(f"INGESTION STOPPED: {report['problem']}")
+    return "\n".join(lines)
 
 
 def reset_offsets(args: argparse.Namespace) -> int:
