@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from icefall import __version__
@@ -115,6 +116,9 @@ def _ingest(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
         return 1
+    from icefall.commands.reset_request import apply_reset_request
+
+    apply_reset_request(st, catalog.pyiceberg(), Kube(api), now=datetime.now(UTC))  # before the first batch
     print(
         f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
     )
@@ -282,6 +286,15 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
     )
 
 
+def _reset_offsets(args: argparse.Namespace) -> int:
+    """-f: reset here (`commands.table`); --namespace/--name: ask the driver in the cluster."""
+    if args.namespace or args.name:
+        from icefall.commands.reset_request import request_reset
+
+        return request_reset(args)
+    return reset_offsets(args)
+
+
 def _verify(args: argparse.Namespace) -> int:
     st = load_table(args)
     config = catalog_for(st, state_dir(args))
@@ -425,18 +438,23 @@ def _add_purge(commands: Any) -> None:
 
 def _add_table_tools(commands: Any) -> None:
     """`icefall reset-offsets`, `status` and `verify`."""
-    reset = _table_command(
-        commands,
+    reset = commands.add_parser(
         "reset-offsets",
-        "after the topic was recreated or truncated: go on from its current records",
+        help="after the topic was recreated or truncated: go on from its current records (-f: here; "
+        "--namespace/--name: ask the table's driver in a cluster)",
     )
+    reset.add_argument("-f", "--file", help="the StreamingTable manifest (YAML): reset from here")
+    reset.add_argument("--namespace", help="namespace of a StreamingTable in a cluster (with --name)")
+    reset.add_argument("--name", help="name of a StreamingTable in a cluster: its driver resets, once")
+    reset.add_argument("--state-dir", help=STATE_DIR_HELP)
+    reset.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
     reset.add_argument(
         "--to",
         choices=["earliest", "latest"],
         default="earliest",
         help="earliest: every record the topic holds now (default); latest: only records written from now",
     )
-    reset.set_defaults(func=reset_offsets)
+    reset.set_defaults(func=_reset_offsets)
     status = _table_command(commands, "status", "print committed offsets, lag and freshness")
     _output_option(status)
     status.set_defaults(func=show_status)

@@ -89,14 +89,27 @@ def _render_status(report: dict[str, Any]) -> str:
 
 
 def reset_offsets(args: argparse.Namespace) -> int:
-    """The explicit user action after the topic was recreated or truncated: commit new offsets, recorded."""
+    """The explicit user action after the topic was recreated or truncated: commit new offsets, recorded.
+    (A table in a cluster: `commands.reset_request.request_reset`.)"""
+    if not args.file:
+        raise SystemExit("give -f <manifest>, or --namespace and --name of a StreamingTable in a cluster")
+    st = load_table(args)
+    catalog = catalog_for(st, state_dir(args)).pyiceberg()
+    done, message = reset_table(st, catalog, args.to)
+    print(message)
+    return 0 if done else 1
+
+
+def reset_table(st: Any, catalog: Any, to: str, *, request: str | None = None) -> tuple[bool, str]:
+    """Reset the committed offsets of `st`'s table (and first its dead-letter table) to the topic's `to`
+    (earliest | latest) offsets, if the topic was recreated or truncated below them; else nothing. Whether
+    it reset, and what to say. `request`: the cluster request's id, recorded with the reset (a request
+    recorded already is not applied again: `commit.reset_offsets`)."""
     from icefall.commit import read_committed, reset_offsets
     from icefall.kafka.admin import TopicView
     from icefall.kafka.security import librdkafka_config
     from icefall.plan.offsets import resolve_positions, source_change
 
-    st = load_table(args)
-    catalog = catalog_for(st, state_dir(args)).pyiceberg()
     table = catalog.load_table(st.table_identifier)
     committed = read_committed(table)
     source = st.spec.source
@@ -105,15 +118,15 @@ def reset_offsets(args: argparse.Namespace) -> int:
         marks = topic.watermarks()
     ahead = resolve_positions(committed.offsets, marks, source.starting_position.type).offsets_ahead
     problem = source_change(source.topic, committed.topic_id, topic_id, ahead)
+    name = ".".join(st.table_identifier)
     if problem is None:
-        print(
-            f"nothing to reset: {'.'.join(st.table_identifier)} follows topic {source.topic!r} "
-            f"(id {topic_id}) and no committed offset is past the topic's end"
+        return False, (
+            f"nothing to reset: {name} follows topic {source.topic!r} (id {topic_id}) and no committed "
+            "offset is past the topic's end"
         )
-        return 1
     reason = "topic-recreated" if committed.topic_id not in (None, topic_id) else "offsets-ahead"
-    offsets = {p: (low if args.to == "earliest" else high) for p, (low, high) in marks.items()}
-    print(f"[reset] {problem.split(';')[0]}")
+    offsets = {p: (low if to == "earliest" else high) for p, (low, high) in marks.items()}
+    now_ms = int(time.time() * 1000)
     dead_letter = st.dead_letter_identifier
     # The dead-letter table first: left ahead of the main table, its rows past the new offsets would be
     # taken for leftovers of a failed batch and deleted.
@@ -121,11 +134,11 @@ def reset_offsets(args: argparse.Namespace) -> int:
         dlq = catalog.load_table(dead_letter)
         if read_committed(dlq).offsets:
             reset_offsets(
-                dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=int(time.time() * 1000)
+                dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request
             )
-    reset_offsets(table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=int(time.time() * 1000))
-    print(
-        f"[reset] {'.'.join(st.table_identifier)} now follows topic id {topic_id} from its {args.to} offsets "
-        f"{offsets}; recorded in the table property icefall.offset-resets. Rows already in the table stay."
+    reset_offsets(table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request)
+    return True, (
+        f"[reset] {problem.split(';')[0]}\n"
+        f"[reset] {name} now follows topic id {topic_id} from its {to} offsets {offsets}; recorded in the "
+        "table property icefall.offset-resets. Rows already in the table stay."
     )
-    return 0
