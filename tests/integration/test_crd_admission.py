@@ -4,6 +4,7 @@ Proves:
 - `kubectl apply --server-side -f crds/` installs the CRD and it becomes Established: the API server takes
   the schema as structural and every CEL rule within its static cost budget.
 - `kubectl explain streamingtables.spec.source` shows the models' descriptions.
+- every example under examples/ is accepted (a server-side dry run), as `icefall validate` says;
 - examples/orders.yaml is accepted with `kubectl apply --server-side`; the API server fills in the
   defaults, and the stored object reads back through the models as the same StreamingTable that
   `load_manifest` builds from the file.
@@ -224,6 +225,20 @@ def test_example_is_accepted_and_defaults_are_filled(kubectl: Kubectl) -> None:
     assert all(column["required"] in (True, False) for column in spec["format"]["schema"])
     # ...and they mean what the models mean.
     assert streaming_table_from_object(stored).spec == load_manifest(EXAMPLE).spec
+
+
+def test_every_example_is_accepted_as_icefall_validate_says(kubectl: Kubectl) -> None:
+    """What `icefall validate` calls valid, the API server accepts: every example under examples/ (the
+    Secret beside it included), server-side, as a dry run. (The other way round, every refusal below is
+    refused by validate too: tests/unit/test_cli_validate.py.)"""
+    files = [
+        path
+        for path in sorted(REPO.joinpath("examples").glob("*.yaml"))
+        if any(d and d.get("kind") == "StreamingTable" for d in yaml.safe_load_all(path.read_text()))
+    ]
+    assert len(files) >= 16
+    for path in files:
+        kubectl.ok("apply", "--server-side", "--dry-run=server", "-n", NAMESPACE, "-f", str(path))
 
 
 # --- rejecting -------------------------------------------------------------------------------------------

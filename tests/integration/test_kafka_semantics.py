@@ -36,6 +36,7 @@ from pyspark.sql import SparkSession
 from icefall import cli
 from icefall.api import ConditionReason
 from icefall.catalog import CatalogConfig
+from icefall.commands.run import EXIT_SOURCE_CHANGED
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
 from icefall.commit.state import OFFSET_RESETS
@@ -262,8 +263,13 @@ def test_a_recreated_topic_stops_ingestion_until_the_offsets_are_reset(
         report = audit(catalog_config, name, kafka.bootstrap)
         assert not report.ok and report.source_changed is not None
         assert "deleted and created again" in report.render()
-        assert cli.main(["status", "-f", str(manifest), "--state-dir", state_dir]) == 1
+        assert cli.main(["status", "-f", str(manifest), "--state-dir", state_dir]) == EXIT_SOURCE_CHANGED
         assert "INGESTION STOPPED" in capsys.readouterr().out
+        status = ["status", "-f", str(manifest), "--state-dir", state_dir, "--output", "json"]
+        assert cli.main(status) == EXIT_SOURCE_CHANGED
+        shown = json.loads(capsys.readouterr().out)
+        assert "deleted and created again" in shown["problem"]
+        assert shown["partitions"] == [{"partition": 0, "committed": 30, "high": 40, "lag": 10}]
 
         assert cli.main(["reset-offsets", "-f", str(manifest), "--state-dir", state_dir]) == 0
         assert "now follows topic id" in capsys.readouterr().out

@@ -56,6 +56,7 @@ from icefall.commit.state import (
     SCHEMA_CHANGES,
     CommittedState,
     SchemaChange,
+    reset_recorded,
     state_of,
     with_schema_change,
 )
@@ -168,7 +169,13 @@ def _claim_once(table: Table, meta: TableMetadata, epoch: int, role: TableRole) 
 
 
 def reset_offsets(
-    table: Table, *, topic_id: str, offsets: Mapping[int, int], reason: str, now_ms: int
+    table: Table,
+    *,
+    topic_id: str,
+    offsets: Mapping[int, int],
+    reason: str,
+    now_ms: int,
+    request: str | None = None,
 ) -> CommittedState:
     """Point the committed offsets at `offsets` of the topic with id `topic_id`; return the new state.
 
@@ -179,33 +186,44 @@ def reset_offsets(
     `AssertRefSnapshotId(main, head)`. The epoch is kept: a writer's batch planned before the reset starts at
     the old offsets and is refused (OffsetGapError, TopicMismatchError); it plans again from here.
     Rows already in the table stay. A table with no committed offsets has nothing to reset (ValueError).
+    `request`: the id of a cluster's reset request (`icefall.plan.offset_reset`), recorded with the reset;
+    an attempt that finds it recorded already (another driver's commit landed first) commits nothing and
+    returns the state as it is: a request is applied once.
     """
     return _until_committed(
         table,
         lambda meta: _reset_once(
-            table, meta, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms
+            table, meta, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request
         ),
         failed=f"reset the offsets of {table_name(table)}",
     )
 
 
 def _reset_once(
-    table: Table, meta: TableMetadata, *, topic_id: str, offsets: Mapping[int, int], reason: str, now_ms: int
+    table: Table,
+    meta: TableMetadata,
+    *,
+    topic_id: str,
+    offsets: Mapping[int, int],
+    reason: str,
+    now_ms: int,
+    request: str | None,
 ) -> CommittedState | None:
     committed = state_of(meta)
     if not committed.offsets:
         raise ValueError(f"{table_name(table)} has no committed offsets: there is nothing to reset")
+    if request is not None and reset_recorded(meta.properties, request):
+        return committed
     history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
-    history.append(
-        {
-            "time_ms": now_ms,
-            "reason": reason,
-            "from_topic_id": committed.topic_id,
-            "to_topic_id": topic_id,
-            "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
-            "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
-        }
-    )
+    entry = {
+        "time_ms": now_ms,
+        "reason": reason,
+        "from_topic_id": committed.topic_id,
+        "to_topic_id": topic_id,
+        "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
+        "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
+    }
+    history.append(entry if request is None else {**entry, "request": request})
     reset = replace(committed, topic_id=topic_id, offsets=dict(offsets), start_offsets=dict(offsets))
     properties = {
         **reset.to_properties(),

@@ -18,13 +18,15 @@ Both passes:
    with.
 4. Observe the `<st>-ingest` Pod; `plan.driver.decide` with the history kept in the
    `icefall.dev/driver-history` annotation.
-5. Derive the status (`controller.status`) and write it when `should_write_status` says so.
+5. Derive the status (`controller.status`) and write it when `should_write_status` says so; export the
+   table's figures and conditions (`controller.metrics`, every pass).
 
 `apply` also, between those steps: server-side applies `applied` (accounts first), creates `created` with
 their secret value (random bytes made here; an existing one is left as it is) and deletes `absent` (after
 3), each child only when its rendering changed or it is due for repair (`plan.applying`); creates
-or deletes the driver Pod as decided and stores the new history (after 4); and returns the Events of
-transitions (the driver's, a new claim, Degraded set or cleared).
+or deletes the driver Pod as decided (a Pod created again after a failure counts in
+`icefall_driver_restarts_total`, once the create took place) and stores the new history (after 4); and
+returns the Events of transitions (the driver's, a new claim, Degraded set or cleared).
 
 Guarantees: idempotent (a second pass on the same observations changes nothing and emits no Event); the
 driver Pod has a fixed name, so at most one exists whatever runs concurrently or crashes in between;
@@ -209,7 +211,8 @@ def _plan(
     try:
         st = streaming_table_from_object(body)
     except ManifestError as error:
-        written = status.write_invalid(body, ctx.kube, str(error), ctx.now)
+        written, conditions = status.write_invalid(body, ctx.kube, str(error), ctx.now)
+        metrics.record_conditions(ref.namespace, ref.name, conditions)
         message = f"the StreamingTable cannot be read: {error}"
         return Outcome((Event(EventReason.SPEC_CHANGED, message, EventType.WARNING),), None, written)
     owner = _claimed_by(body, st, claims)
@@ -298,7 +301,9 @@ def _act_on_driver(planned: _Plan, driver: _Driver, ctx: Context) -> None:
     """Create or delete the driver Pod as decided (a delete carries the observed uid); store the history."""
     ref, decision = planned.ref, driver.decision
     if decision.action is Action.CREATE and planned.children.driver_pod is not None:
-        ctx.kube.create(planned.children.driver_pod)
+        created = ctx.kube.create(planned.children.driver_pod)
+        if created and decision.history.failures:  # a restart after a failure, not a first start
+            metrics.count_driver_restart(ref.namespace, ref.name)
     elif decision.action is Action.DELETE and driver.pod is not None:
         ctx.kube.delete("Pod", ref.namespace, driver.name, uid=driver.pod.uid)
     if decision.history != driver.history:
@@ -326,6 +331,7 @@ def _finish(planned: _Plan, derived: status.Derived, ctx: Context) -> bool:
     metrics.record_table(
         ref.namespace, ref.name, derived.summary, planned.replicas, target,
         acknowledged_loss=acknowledged_loss(st.metadata.annotations),
+        stored_loss=derived.status.data_loss_records, conditions=derived.conditions,
     )  # fmt: skip
     return status.write(ctx.kube, ctx.memory, ref, previous=st.status, new=derived.status, now=ctx.now)
 

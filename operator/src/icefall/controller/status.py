@@ -257,9 +257,11 @@ def status_patch(previous: StreamingTableStatus | None, new: StreamingTableStatu
     return patch
 
 
-def write_invalid(body: Mapping[str, Any], kube: Kube, message: str, now: datetime) -> bool:
+def write_invalid(
+    body: Mapping[str, Any], kube: Kube, message: str, now: datetime
+) -> tuple[bool, list[Condition]]:
     """Report a body the models refuse (Ready=False, Degraded=True, reason InvalidSpec); earlier conditions
-    are kept when they still parse. True when written."""
+    are kept when they still parse. Whether it was written (not when nothing changed), and the conditions."""
     meta = body.get("metadata") or {}
     try:
         current = StreamingTableStatus.model_validate(body.get("status") or {}).conditions
@@ -275,11 +277,11 @@ def write_invalid(body: Mapping[str, Any], kube: Kube, message: str, now: dateti
             conditions, kind, flag, ConditionReason.INVALID_SPEC, message, generation=generation, now=now
         )
     if conditions == current:
-        return False
+        return False, conditions
     written = StreamingTableStatus(conditions=conditions, observed_generation=generation)
     kube.patch_status(
         str(meta["namespace"]),
         str(meta["name"]),
         written.model_dump(mode="json", by_alias=True, exclude_none=True),
     )
-    return True
+    return True, conditions
