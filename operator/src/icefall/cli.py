@@ -12,7 +12,7 @@ from typing import Any
 
 from icefall import __version__
 from icefall.commands.common import (
-    EXIT_CODES_HELP,
+    HELP_EXIT_CODES,
     catalog_for,
     load_table,
     outages_for,
@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="icefall",
         description="Kafka topics in, compacted Apache Iceberg tables out, exactly once.",
-        epilog=EXIT_CODES_HELP,
+        epilog=HELP_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"icefall {__version__}")

@@ -19,7 +19,7 @@ STATE_DIR_VARIABLE = "ICEFALL_STATE_DIR"
 EXIT_INVALID = 2
 #: `icefall --help` lists them; each command's own codes are defined beside it (`commands.run`,
 #: `plan.purge`, `controller.leader`).
-EXIT_CODES_HELP = """exit codes:
+HELP_EXIT_CODES = """exit codes:
   0  done; status: the table follows its topic; verify: nothing wrong found; validate: every file valid
   1  failed: a service could not be reached or refused the credentials, the table does not exist,
      verify found a problem (duplicates, gaps, wrong rows), or an unexpected error (a traceback)

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from icefall.commands.common import EXIT_INVALID
 from icefall.commands.run import EXIT_DATA_LOSS, EXIT_LEASE, EXIT_SOURCE_CHANGED
 from icefall.controller.leader import EXIT_LEADERSHIP_LOST
 from icefall.devstack.reference.markdown import code, table, value
@@ -36,19 +37,23 @@ class ExitCode:
 EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(0, "all", "Done: `run` stopped as asked (`--until-caught-up`, `--max-seconds`, Ctrl-C), "
              "`verify` found the table exact, `status` found ingestion able to go on."),
-    ExitCode(1, "all", "Failed, with one line on stderr saying why: an invalid manifest (one line per "
-             "problem), a service unreachable (`status`, `verify`, `read`, `reset-offsets`; `run` only when "
-             "stopped while waiting one out), refused credentials, a missing table, `verify` finding a "
+    ExitCode(1, "all", "Failed, with one line on stderr saying why: a service unreachable (`status`, "
+             "`verify`, `read`, `reset-offsets`; `run` only when stopped while waiting one out), refused "
+             "credentials, a missing table, `verify` finding a "
              "difference, `status` finding ingestion stopped, `reset-offsets` with nothing to reset."),
-    ExitCode(2, "all", "Usage: an unknown command or option, or a missing argument (argparse's message)."),
+    ExitCode(EXIT_INVALID, "all", "Invalid: an unknown command or option, or a missing argument (argparse's "
+             "message); a manifest the API server or the operator would refuse (`validate`, and every "
+             "command that reads one: one line per problem, naming the field and the fix).",
+             "icefall.commands.common.EXIT_INVALID"),
     ExitCode(EXIT_LEASE, "`run`, `ingest`", "Another writer holds this table's commit lease (not released "
              "within `--lease-timeout`) or took it over: two writers never commit at once.",
              "icefall.commands.run.EXIT_LEASE"),
     ExitCode(EXIT_LEADERSHIP_LOST, "`operator`", "This replica lost the leader Lease "
              "(`icefall-operator-leader`: taken over, or not renewed in time); restarted, it waits as a "
              "follower.", "icefall.controller.leader.EXIT_LEADERSHIP_LOST"),
-    ExitCode(EXIT_SOURCE_CHANGED, "`run`, `ingest`", "The topic was deleted and created again, or truncated "
-             "below the committed offsets: nothing is skipped or read twice until `icefall reset-offsets`.",
+    ExitCode(EXIT_SOURCE_CHANGED, "`run`, `ingest`, `status`", "The topic was deleted and created again, "
+             "or truncated below the committed offsets: nothing is skipped or read twice until "
+             "`icefall reset-offsets`.",
              "icefall.commands.run.EXIT_SOURCE_CHANGED"),
     ExitCode(EXIT_DATA_LOSS, "`run`, `ingest`", "Kafka's retention deleted records before they were "
              "ingested and `spec.source.onDataLoss` is `Halt`; the line names the partitions and offsets.",
