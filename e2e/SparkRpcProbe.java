@@ -39,11 +39,13 @@ public class SparkRpcProbe {
                 env.setupEndpointRefByURI(url);
                 System.out.println(attempt + " ACCEPTED");
             } catch (Exception error) {
-                Throwable root = error;
-                while (root.getCause() != null) {
-                    root = root.getCause();
+                // Each cause's first line (a remote error's message holds the server's stack trace).
+                StringBuilder causes = new StringBuilder();
+                for (Throwable cause = error; cause != null; cause = cause.getCause()) {
+                    String line = cause.toString().split("[\n\t]")[0];
+                    causes.append(causes.length() == 0 ? "" : " <- ").append(line);
                 }
-                System.out.println(attempt + " REFUSED " + root.toString().replace('\n', ' '));
+                System.out.println(attempt + " REFUSED " + causes);
             } finally {
                 env.shutdown();
                 env.awaitTermination();
