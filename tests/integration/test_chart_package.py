@@ -36,6 +36,7 @@ from icefall.controller.reconcile import DEFAULT_IMAGE
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.tools import tool_dir
 from icefall.plan.names import LEADER_LEASE_NAME
+from icefall.testing.harness import make_chart
 
 from .test_chart import CRD_FILE, OPERATOR_CALLS, ROOT, helm, kinds, kubectl, only
 
@@ -46,15 +47,6 @@ PACKAGE = f"icefall-{CHART_YAML['version']}.tgz"
 HOME_NS, TEAMS, OTHER = "pkg-home", ("pkg-team-a", "pkg-team-b"), "pkg-other"
 DIGEST = "sha256:" + "ab" * 32
 Obj = dict[str, Any]
-
-
-def make_chart(root: Path, dist: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    """`make chart CHART_DIST=dist` in `root`, helm's own files under `home`."""
-    helm_homes = {f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
-    return subprocess.run(
-        ["make", "-s", "-C", str(root), "chart", f"CHART_DIST={dist}"],
-        env={**os.environ, **helm_homes}, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
