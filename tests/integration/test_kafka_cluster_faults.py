@@ -22,10 +22,6 @@ waits instead of losing acknowledged records); two nodes down at once (writes wi
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +32,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from icefall.catalog import CatalogConfig
-from icefall.commit import read_committed
 from icefall.devstack.kafka_cluster import KafkaCluster
+from icefall.testing.live_run import LiveRun
 from icefall.testing.streams import NAMESPACE, assert_exactly_once, audit, manifest_text, produce, watermarks
 
 if TYPE_CHECKING:
@@ -76,77 +72,20 @@ class Traffic:
         return self.produced
 
 
-class Run:
-    """One `icefall run` process on `it.<name>` (the test stack's SQLite catalog) reading `topic`."""
-
-    def __init__(self, cluster: KafkaCluster, config: CatalogConfig, tmp_path: Path, name: str, topic: str):
-        self.cluster, self.config, self.name, self.topic = cluster, config, name, topic
-        block = {"name": config.name, "type": "sql", "uri": config.uri, "warehouse": config.warehouse}
-        manifest = tmp_path / "table.yaml"
-        manifest.write_text(
-            manifest_text(
-                name,
-                topic,
-                cluster.bootstrap,
-                catalog=block,
-                batch={"maxRecords": 100, "minIntervalSeconds": 0},
-            )
-        )
-        self.log = tmp_path / "run.log"
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest),
-                 "--state-dir", str(tmp_path / "state"), "--no-maintenance", "--master", "local[1]"],
-                stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
-            )  # fmt: skip
-
-    def committed(self) -> dict[int, int]:
-        return read_committed(self.config.pyiceberg().load_table((NAMESPACE, self.name))).offsets
-
-    def wait_for(self, what: str, check: Callable[[], bool], timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"icefall run exited ({self.proc.returncode}):\n{self.tail()}"
-            try:
-                if check():
-                    return
-            except Exception:  # the table may not exist yet; a node may be down on purpose
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"not {what} after {timeout:.0f}s; log:\n{self.tail()}")
-
-    def wait_ingesting(self) -> None:
-        """Until the table holds a first commit: the fault then lands in the middle of ingestion."""
-        self.wait_for("committing", lambda: sum(self.committed().values()) > 0, 400)
-
-    def wait_caught_up(self) -> None:
-        self.wait_for("caught up", lambda: self.committed() == watermarks(self.cluster, self.topic))
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(90)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise AssertionError(f"icefall run did not stop on SIGTERM:\n{self.tail()}") from None
-
-
 @contextmanager
 def ingesting(
     cluster: KafkaCluster, config: CatalogConfig, tmp_path: Path, name: str, partitions: int = 3
-) -> Iterator[Run]:
+) -> Iterator[LiveRun]:
     """A new topic with 300 records and `icefall run` committing them; on the way out the run is stopped
     and every node of the cluster running again with the topic in sync."""
     topic = f"it-cluster-{name.replace('_', '-')}"
     cluster.create_topic(topic, partitions=partitions)
     produce(cluster, topic, 0, 300)
-    run = Run(cluster, config, tmp_path, name, topic)
+    block = {"name": config.name, "type": "sql", "uri": config.uri, "warehouse": config.warehouse}
+    batch = {"maxRecords": 100, "minIntervalSeconds": 0}
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(manifest_text(name, topic, cluster.bootstrap, catalog=block, batch=batch))
+    run = LiveRun(manifest, config=config, kafka=cluster, name=name, topic=topic, state=tmp_path / "state")
     try:
         yield run
     finally:
@@ -178,7 +117,7 @@ def fault_under_traffic(
         produce(cluster, run.topic, produced, 100)  # after the fault, with every node back
         run.wait_caught_up()
         run.stop()
-        assert "Traceback" not in run.log.read_text(), run.tail()
+        assert "Traceback" not in run.text(), run.tail()
     high = watermarks(cluster, run.topic)
     assert sum(high.values()) == produced + 100
     assert_exactly_once(config, name, high, set(), bootstrap=cluster.bootstrap, spark=spark)

@@ -19,11 +19,8 @@ failure detection is tuned for tests (a dead broker is fenced after `SESSION_TIM
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
 import shutil
-import signal
 import socket
 import time
 import uuid
@@ -141,11 +138,8 @@ class KafkaNode:
     def kill(self) -> None:
         """SIGKILL to the node's process group: no clean shutdown, its log is recovered on the next start."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.pid is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.stop()  # reaps it
+        if proc is not None:
+            proc.kill()
 
     def stop(self) -> None:
         """A clean shutdown (SIGTERM): leaderships are handed over first."""

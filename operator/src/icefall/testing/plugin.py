@@ -1,7 +1,7 @@
-"""Session-scoped pytest fixtures for the real test stack: Kafka (one broker, and a three-node cluster for
-the broker fault tests), kube-apiserver + etcd, Spark + catalog,
-PostgreSQL, the Iceberg REST catalog server, an S3 object store (MinIO), a Google Cloud Storage emulator
-(fake-gcs-server) and a schema registry (Apicurio).
+"""Session-scoped pytest fixtures for the real test stack: Kafka (one broker; a three-node cluster for the
+broker fault tests), kube-apiserver + etcd, Spark + catalog, PostgreSQL, the Iceberg REST catalog server,
+an S3 object store (MinIO), a Google Cloud Storage emulator (fake-gcs-server) and a schema registry
+(Apicurio).
 
 Each component starts once per run on free loopback ports and is stopped at the end of the run, including
 after Ctrl-C; if the run is killed outright, the parent-death signal ends the children. A component that
