@@ -13,8 +13,7 @@ Proves:
 - the REST catalog server killed after it applied a commit but before it answered (the unknown outcome): a
   front on 127.0.0.1 passes a main commit to the real server, takes its answer (the commit is in the
   catalog), kills the server and closes the writer's connection without a word; after the restart the
-  table holds that commit once, and no record twice.
-
+  table holds that commit once, and no record twice (`make test`);
 - (`long`) MinIO SIGKILLed mid-upload, multipart in flight: a TCP front passes the bytes on until a commit's
   new table metadata file is being uploaded (pyarrow uploads in parts: the upload was created, its first
   part on the wire), then kills the store; the commit fails before it swaps the table's pointer, the

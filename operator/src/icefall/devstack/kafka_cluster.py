@@ -27,7 +27,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from icefall.devstack.kafka import _LOG4J2
+from icefall.devstack.kafka import LOG4J2
 from icefall.devstack.procs import ManagedProcess, StartError, free_port, java, run_checked
 from icefall.devstack.tools import tool_dir
 
@@ -77,7 +77,7 @@ class KafkaNode:
 
     def write_config(self, voters: str, log_level: str) -> None:
         self.data_dir.mkdir(parents=True)
-        (self.workdir / "log4j2.properties").write_text(_LOG4J2.format(level=log_level))
+        (self.workdir / "log4j2.properties").write_text(LOG4J2.format(level=log_level))
         settings = {
             "process.roles": "broker,controller",
             "node.id": self.node_id,
