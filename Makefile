@@ -14,7 +14,7 @@ help:
 	@echo "make demo   set up only what it uses (Python packages, Kafka's and Spark's jars), then run the main job"
 	@echo "            on the embedded default; needs Python 3.11/3.12, Java 17+, Maven 3.6.3+ (hack/check-prereqs.sh)"
 	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e; not the tests marked long)"
-	@echo "make test-all  the same with the long tests too (about 13 min more)"
+	@echo "make test-all  the same with the long tests too (about 18 min more)"
 	@echo "make setup  only install everything make test uses: Python packages, Go-built binaries, Maven jars, npm"
 	@echo "            tools; needs the demo's prerequisites plus Go, npm and openssl (hack/check-prereqs.sh all)"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
