@@ -39,10 +39,12 @@ from pathlib import Path
 
 import yaml
 from common import (
+    CLOCK_TICKS,
     SMALL_NOTE_WORDS,
     load_average,
     machine_basics,
     machine_section,
+    proc_stat,
     stop_group,
     tree_cpu,
     write_results,
@@ -76,6 +78,7 @@ class Run:
     commits: int
     exact: bool
     load: str
+    python_cpu: float = 0.0  # CPU-s of the writer's Python process alone (the driver; not its JVM)
 
     @property
     def per_cpu(self) -> float:
@@ -100,6 +103,12 @@ def start_writer(design: str, work: Path, pin: list[str]) -> subprocess.Popen[by
     return subprocess.Popen(
         [*pin, *argv], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
+
+
+def own_cpu(pid: int) -> float:
+    """utime + stime of `pid` alone (`taskset` execs the writer, so this is its Python process)."""
+    stat = proc_stat(pid)
+    return sum(int(x) for x in stat[11:13]) / CLOCK_TICKS if stat is not None else 0.0
 
 
 def wait_total(catalog: CatalogConfig, total: int, proc: subprocess.Popen[bytes], timeout: float) -> int:
@@ -130,7 +139,7 @@ def one_run(broker: KafkaBroker, design: str, records: int, args: argparse.Names
         time.sleep(2)  # settle: the warm-up's last commit done
         load = load_average()
         commits0 = len(table_commits(catalog))
-        cpu0, t0 = tree_cpu(proc.pid), time.time()
+        cpu0, t0, py0 = tree_cpu(proc.pid), time.time(), own_cpu(proc.pid)
         if args.trickle:  # `records` at `--trickle-rate` per second, in one produce a second
             for i in range(0, records, args.trickle_rate):
                 produced = time.monotonic()
@@ -140,10 +149,19 @@ def one_run(broker: KafkaBroker, design: str, records: int, args: argparse.Names
         else:
             preload(broker.bootstrap, topic, records, SMALL_NOTE_WORDS, 1, start=args.warmup_records)
         visible_ms = wait_total(catalog, args.warmup_records + records, proc, 900)
-        cpu1 = tree_cpu(proc.pid)
+        cpu1, py1 = tree_cpu(proc.pid), own_cpu(proc.pid)
         commits = table_commits(catalog)
         exact = commits[-1].total_records == args.warmup_records + records
-        run = Run(design, records, visible_ms / 1000 - t0, cpu1 - cpu0, len(commits) - commits0, exact, load)
+        run = Run(
+            design,
+            records,
+            visible_ms / 1000 - t0,
+            cpu1 - cpu0,
+            len(commits) - commits0,
+            exact,
+            load,
+            py1 - py0,
+        )
         say(f"{design} {records:,}: drain {run.drain:.1f} s, {run.cpu:.1f} CPU-s, "
             f"{run.per_cpu:,.0f} rec/CPU-s, {run.commits} commits, "
             f"{'exact' if exact else 'NOT EXACT'}, load {load}")  # fmt: skip
@@ -199,11 +217,12 @@ def render(runs: list[Run], args: argparse.Namespace, facts: dict[str, str], sta
         *(line for n in sizes for line in table(runs, n, args.designs)),
         "## Runs (in order)",
         "",
-        "| # | design | records | drain s | CPU-s | records per CPU-s | commits | load at start (1/5/15) |",
-        "|--:|---|--:|--:|--:|--:|--:|---|",
+        "| # | design | records | drain s | CPU-s | of it the Python driver | records per CPU-s | commits "
+        "| load at start (1/5/15) |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|---|",
         *(
-            f"| {i} | {r.design} | {r.records:,} | {r.drain:.1f} | {r.cpu:.1f} | {r.per_cpu:,.0f} "
-            f"| {r.commits} | {r.load} |"
+            f"| {i} | {r.design} | {r.records:,} | {r.drain:.1f} | {r.cpu:.1f} | {r.python_cpu:.1f} "
+            f"| {r.per_cpu:,.0f} | {r.commits} | {r.load} |"
             for i, r in enumerate(runs, 1)
         ),
         "",
@@ -229,11 +248,11 @@ def main() -> int:
     args = parser.parse_args()
     args.designs = args.designs.split(",")
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    facts = machine_basics()  # before pinning: it reports the cores usable
     pin: list[str] = []
     if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
         os.sched_setaffinity(0, {0})
         pin = ["taskset", "-c", "1"]
-    facts = machine_basics()
     facts["Load average at start (1/5/15 min)"] = load_average()
     args.state = Path(tempfile.mkdtemp(prefix="icefall-prototypes-"))
     broker = KafkaBroker(args.state / "kafka", heap="1g").start()
