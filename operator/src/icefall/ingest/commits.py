@@ -38,7 +38,7 @@ from icefall.commit import (
 )
 from icefall.commit.lease import Lease, LeaseLostError
 from icefall.ingest.outages import classify
-from icefall.ingest.report import Landed
+from icefall.ingest.outcome import Landed
 from icefall.runtime import metrics
 from icefall.runtime.failpoints import failpoint
 

@@ -4,7 +4,8 @@ the batch's main commit, and dropped again if that main commit never lands.
 Guarantees: dead letters are committed with the same protocol as the table (a staging branch, a
 compare-and-swap with the writer's epoch); a batch whose second read gives another number of bad rows is
 refused (StaleHeadError, nothing committed); dead letters past the main table's offsets are removed
-(`reconcile`) before the next batch whenever a batch may have left them (`dirty`). Not guaranteed: the
+(`reconcile`) before the next batch whenever a batch may have left them (the step's
+`icefall.ingest.outcome.Cleanup` says when). Not guaranteed: the
 dead-letter table never briefly holds rows of a batch whose main commit then failed; the dead-letter topic
 is at-least-once (deduplicated downstream by `icefall.dedupe-key`).
 """
@@ -25,6 +26,7 @@ from icefall.commit import (
     rewind_dead_letters,
 )
 from icefall.ingest.commits import count_restage, dropped_unless_committed
+from icefall.ingest.outcome import DeadLettersLanded
 from icefall.ingest.writer import append
 from icefall.kafka.dead_letters import Source as DeadLetterSource
 from icefall.kafka.dead_letters import produce_dead_letters
@@ -54,17 +56,14 @@ class DeadLetters:
         self.table = table
         self.writer = writer
         self._kafka_config = kafka_config
-        # The dead-letter table may be ahead of main (a batch's dead letters committed, its main commit
-        # not known to have landed): reconcile before the next batch.
-        self.dirty = True
 
     def commit(
         self, batch: Batch, planned: PlannedBatch, expected: int, *, branch: str, epoch: int
-    ) -> tuple[int, dict[str, int]]:
+    ) -> DeadLettersLanded:
         """Read the batch's offsets again and commit its `expected` bad rows (with their error text) to the
         dead-letter table on staging branch `branch`, then produce them to the dead-letter topic (if the
-        spec names one); both before the main commit. Returns how many there were, and how many of each
-        kind of reason."""
+        spec names one); both before the main commit, which must follow: until it lands the dead-letter
+        table is ahead of the main table. Returns how many there were, and how many of each kind."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         from icefall.ingest.decode import reason_kind
@@ -87,7 +86,7 @@ class DeadLetters:
                 failpoint("dlq-topic.after-produce")
         finally:
             bad.unpersist()
-        return dead, kinds
+        return DeadLettersLanded(dead, kinds)
 
     def _write(
         self,
@@ -110,7 +109,6 @@ class DeadLetters:
         if ahead:
             # Dead letters of a batch whose main commit never landed (a writer fenced mid-batch, say):
             # writing on top would put their records in the dead-letter table twice.
-            self.dirty = True
             abandon_stage(dlq, stage.branch, role="dlq")
             raise StaleHeadError(f"the dead-letter table is ahead of the table at {ahead}; rewind it first")
         # Batches without bad records leave the dead-letter table alone, so it may start further back.
@@ -134,23 +132,24 @@ class DeadLetters:
                 raise StaleHeadError(
                     f"reading the batch again gave {written} bad records, not {expected}; planning again"
                 )
-            self.dirty = True  # ahead of main until the main commit lands
             # Dead letters come now and then: a branch left behind would pin old snapshots meanwhile.
             outcome = commit_staged_outcome(dlq, stage, dlq_batch, epoch, keep_branch=False)
         count_restage(label, outcome)
         return expected
 
-    def reconcile(self, main: Table, epoch: int) -> None:
+    def reconcile(self, main: Table, epoch: int) -> dict[int, int]:
         """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed.
 
         The delete and the offsets move in one commit of `icefall.commit` (`rewind_dead_letters`), refused
-        with FencedError if a newer writer has committed to the dead-letter table.
+        with FencedError if a newer writer has committed to the dead-letter table. Returns the offsets it
+        went back to, per partition (empty: the dead-letter table was not ahead).
         """
-        if self.table is not None:
-            committed = read_committed(main).offsets
-            ahead = read_committed(self.table).offsets
-            target = {p: committed.get(p, 0) for p, o in ahead.items() if o > committed.get(p, 0)}
-            if target:
-                log.warning("%s: dropping dead letters of uncommitted batches from %s", self.label, target)
-                rewind_dead_letters(self.table, target, epoch)
-        self.dirty = False
+        if self.table is None:
+            return {}
+        committed = read_committed(main).offsets
+        ahead = read_committed(self.table).offsets
+        target = {p: committed.get(p, 0) for p, o in ahead.items() if o > committed.get(p, 0)}
+        if target:
+            log.warning("%s: dropping dead letters of uncommitted batches from %s", self.label, target)
+            rewind_dead_letters(self.table, target, epoch)
+        return target

@@ -108,7 +108,7 @@ class Ingestor:
             schemas=registry.lookup if registry is not None else None,
         )
         self.planner = Planner(self.spec, self.label, self.topic)
-        self.reporter = Reporter(self.spec, self.label, self.topic, self.planner.progress)
+        self.reporter = Reporter(self.spec, self.label, self.topic)
         self.commits = CommitPipeline(
             lease, label=self.label, writer_id=self.writer_id, keyed=bool(st.spec.key)
         )
@@ -288,7 +288,7 @@ class Ingestor:
         return reports
 
     def _next_delay(self) -> float:
-        progress = self.planner.progress
+        progress = self.reporter.progress
         return next_batch_delay(
             now=time.monotonic(),
             last_batch_started_at=progress.last_batch_started,

@@ -87,9 +87,10 @@ class DataLossHaltedError(RuntimeError):
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Progress:
-    """The writer's pacing figures: what the last batches took, learnt after each (`ingest.report`)."""
+    """The writer's pacing figures: what the last batches took. A value: `ingest.report.Reporter` makes
+    each new one (the only writer), the planner and the loop's pacing read them."""
 
     throughput_rps: float | None = None
     last_batch_seconds: float | None = None
@@ -158,22 +159,22 @@ class Planner:
     spec: StreamingTableSpec
     label: str
     topic: TopicView
-    progress: Progress = field(default_factory=Progress)
     _losses_seen: set[tuple[int, int]] = field(default_factory=set, init=False, repr=False)
 
-    def propose(self, committed: CommittedState) -> Proposal:
-        """Read the watermarks, choose the batch size and plan the offset ranges after `committed`.
-        Raises SourceChangedError if the topic is not the one the offsets were committed on."""
+    def propose(self, committed: CommittedState, progress: Progress) -> Proposal:
+        """Read the watermarks, choose the batch size (from the pacing figures `progress`) and plan the
+        offset ranges after `committed`. Raises SourceChangedError if the topic is not the one the offsets
+        were committed on."""
         topic_id = self.topic.topic_id()
         watermarks = self.topic.watermarks()
         backlog = total_lag(committed.offsets, watermarks)
         size = choose_batch_size(
             backlog_records=backlog,
             freshness_target_seconds=self.spec.freshness.target_seconds,
-            throughput_rps=self.progress.throughput_rps,
-            last_batch_seconds=self.progress.last_batch_seconds,
+            throughput_rps=progress.throughput_rps,
+            last_batch_seconds=progress.last_batch_seconds,
             limits=BatchLimits.from_spec(self.spec.batch),
-            last_batch_records=self.progress.last_batch_records,
+            last_batch_records=progress.last_batch_records,
         )
         timestamp_offsets = None
         position = self.spec.source.starting_position

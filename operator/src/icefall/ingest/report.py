@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTableSpec
 from icefall.commit.batch import retention_loss
+from icefall.ingest.planning import Progress
 from icefall.plan.batching import update_throughput
 from icefall.plan.lag import freshness_seconds, partition_lag
 from icefall.runtime import metrics
@@ -23,7 +24,8 @@ from icefall.runtime import metrics
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-    from icefall.ingest.planning import PlannedBatch, Progress, ReadStats
+    from icefall.ingest.outcome import Landed
+    from icefall.ingest.planning import PlannedBatch, ReadStats
     from icefall.kafka.admin import TopicView
 
 log = logging.getLogger(__name__)
@@ -98,41 +100,39 @@ class WrittenBatch:
     clock: PhaseClock
 
 
-@dataclass(frozen=True)
-class Landed:
-    """How a batch's commit landed."""
-
-    snapshot_id: int
-    commit_seconds: float
-    dead: int = 0  # dead letters committed before it
-    kinds: Mapping[str, int] = field(default_factory=dict)  # those by kind of reason
-
-
 class Reporter:
-    """Reports landed batches: pacing figures into `progress`, lag and freshness, the metrics."""
+    """Reports landed batches: lag and freshness, the metrics, and the pacing figures (`progress`: this is
+    the one object that makes them)."""
 
-    def __init__(self, spec: StreamingTableSpec, label: str, topic: TopicView, progress: Progress) -> None:
+    def __init__(self, spec: StreamingTableSpec, label: str, topic: TopicView) -> None:
         self.spec = spec
         self.label = label
         self.topic = topic
-        self.progress = progress
+        self.progress = Progress()
         #: What the table cannot follow now (`icefall.ingest.schemas.SchemaFollower.refused`).
         self.schema_refused: Callable[[], tuple[str, ...]] = tuple
+
+    def step_started(self, at: float) -> None:
+        """A step (a batch, or a look that found nothing) started `at` (monotonic clock)."""
+        self.progress = replace(self.progress, last_batch_started=at)
 
     def learn_pace(self, written: WrittenBatch, seconds: float) -> None:
         """The pacing figures after a batch of `stats.records` that took `seconds`."""
         progress = self.progress
-        progress.throughput_rps = update_throughput(
-            progress.throughput_rps,
-            written.stats.records,
-            seconds,
-            whole_backlog=written.planned.whole_backlog,
-            previous_cold=progress.batches_measured == 1,
+        measured = progress.batches_measured + (1 if written.stats.records > 0 else 0)
+        self.progress = replace(
+            progress,
+            throughput_rps=update_throughput(
+                progress.throughput_rps,
+                written.stats.records,
+                seconds,
+                whole_backlog=written.planned.whole_backlog,
+                previous_cold=progress.batches_measured == 1,
+            ),
+            batches_measured=measured,
+            last_batch_seconds=seconds,
+            last_batch_records=written.stats.records,
         )
-        if written.stats.records > 0:
-            progress.batches_measured += 1
-        progress.last_batch_seconds = seconds
-        progress.last_batch_records = written.stats.records
 
     def report(self, written: WrittenBatch, landed: Landed, table: Table, *, paced: bool) -> BatchReport:
         """After the commit: update the pacing figures, measure lag and freshness, publish the metrics.
@@ -149,14 +149,14 @@ class Reporter:
         # batch runs, and a lag of 0 from the old watermarks would call a live table caught up (and let
         # in-process maintenance run) while it is seconds behind. Watermarks are one cheap broker call.
         lag = partition_lag(offsets, self._watermarks_after(planned.watermarks))
-        self.progress.backlog_after_last_batch = sum(lag.values())
+        self.progress = replace(self.progress, backlog_after_last_batch=sum(lag.values()))
         newest = _newest(committed.max_produce_time_ms, stats.max_produce_ms)
         behind = freshness_seconds(sum(lag.values()), newest, time.time())
         skipped = retention_loss(committed.offsets, planned.batch(self.spec.source.topic, stats))
         report = BatchReport(
             records_read=stats.records,
             records_written=records_written,
-            records_dead_lettered=landed.dead,
+            records_dead_lettered=landed.dead_letters.rows,
             seconds=seconds,
             commit_seconds=landed.commit_seconds,
             snapshot_id=landed.snapshot_id,
@@ -168,7 +168,7 @@ class Reporter:
             skipped=skipped,
             lost_records=committed.lost_records + skipped,
             phases=clock.phases,
-            dead_letter_reasons=landed.kinds,
+            dead_letter_reasons=landed.dead_letters.kinds,
             schema_refused=self.schema_refused(),
         )
         clock.mark("report")
@@ -181,7 +181,7 @@ class Reporter:
 
     def idle(self, lag: Mapping[int, int]) -> None:
         """Nothing to read: the backlog is gone, the lag is published."""
-        self.progress.backlog_after_last_batch = 0
+        self.progress = replace(self.progress, backlog_after_last_batch=0)
         self.publish_lag(lag)
 
     def publish_lag(self, lag: Mapping[int, int]) -> None:
