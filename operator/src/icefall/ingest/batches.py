@@ -26,7 +26,7 @@ from icefall.commit import (
     sweep_stages,
 )
 from icefall.ingest.commits import dropped_unless_committed
-from icefall.ingest.outcome import NO_DEAD_LETTERS, NOTHING_TO_CLEAN, Cleanup, Landed, StepOutcome
+from icefall.ingest.outcome import NO_DEAD_LETTERS, NOTHING_TO_CLEAN, Cleanup, Landed
 from icefall.ingest.report import PhaseClock, WrittenBatch
 from icefall.plan.pipelining import Action, Below, Pace, Written, after_write
 from icefall.runtime import metrics
@@ -45,6 +45,15 @@ if TYPE_CHECKING:
     from icefall.ingest.writer import BatchWriter
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step did: the reports of the batches that landed (oldest first: the one that was in flight
+    below, then the step's own unless its commit is now in flight) and what is left to clean."""
+
+    reports: tuple[BatchReport, ...] = ()
+    left: Cleanup = NOTHING_TO_CLEAN
 
 
 @dataclass(frozen=True)

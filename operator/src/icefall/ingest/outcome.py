@@ -1,6 +1,6 @@
 """What one step of a writer leaves behind, as values: what each destination table took (`Landed`,
-`DeadLettersLanded`), the reports of the batches that landed, and what must be cleaned before the next
-batch is planned (`Cleanup`). Each step returns them (`icefall.ingest.batches`); no flag elsewhere says it.
+`DeadLettersLanded`) and what must be cleaned before the next batch is planned (`Cleanup`). Each step
+returns them with its reports (`icefall.ingest.batches.StepOutcome`); no flag elsewhere says it.
 
 A step that raises returns nothing: the writer then assumes the worst it can have left
 (`Cleanup.after_failure`: dead letters committed ahead of a main commit that did not land; after an outage
@@ -11,10 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from icefall.ingest.report import BatchReport
 
 
 @dataclass(frozen=True)
@@ -54,12 +50,3 @@ class Landed:
     snapshot_id: int
     commit_seconds: float
     dead_letters: DeadLettersLanded = NO_DEAD_LETTERS
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one step did: the reports of the batches that landed (oldest first: the one that was in flight
-    below, then the step's own unless its commit is now in flight) and what is left to clean."""
-
-    reports: tuple[BatchReport, ...] = ()
-    left: Cleanup = NOTHING_TO_CLEAN
