@@ -18,7 +18,9 @@ from icefall.commit.batch import (
     STAGE_PREFIX,
     Batch,
     CommitOutcome,
+    SourceBatch,
     Stage,
+    TopicsBatch,
     next_stage,
     retention_loss,
     stage_branch_name,
@@ -43,7 +45,7 @@ from icefall.commit.protocol import (
     staged_on,
     sweep_stages,
 )
-from icefall.commit.state import CommittedState, read_committed, state_from_properties
+from icefall.commit.state import CommittedState, TopicState, read_committed, state_from_properties
 
 __all__ = [
     "STAGE_PREFIX",
@@ -55,10 +57,13 @@ __all__ = [
     "FencedError",
     "MaintenanceConflictError",
     "OffsetGapError",
+    "SourceBatch",
     "Stage",
     "StageError",
     "StaleHeadError",
     "TopicMismatchError",
+    "TopicState",
+    "TopicsBatch",
     "abandon_stage",
     "claim_epoch",
     "commit_staged",

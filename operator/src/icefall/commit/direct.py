@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
@@ -36,6 +36,7 @@ from pyiceberg.table.update import (
     TableRequirement,
 )
 
+from icefall.commit.batch import held_of
 from icefall.commit.errors import CommitError, FencedError
 from icefall.commit.protocol import (
     EPOCH_CLAIM_PROPERTY,
@@ -55,7 +56,8 @@ from icefall.commit.state import (
     OFFSET_RESETS,
     SCHEMA_CHANGES,
     CommittedState,
-    SchemaChange,
+    TopicState,
+    schema_change_at,
     state_of,
     with_schema_change,
 )
@@ -76,8 +78,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
+def rewind_dead_letters(
+    table: Table, to_offsets: Mapping[int, int], epoch: int, *, topic: str | None = None
+) -> dict[int, int]:
     """Take a dead-letter table back to `to_offsets` (the main table's committed offsets); return what moved.
+    `topic`: in a table of several topics (`spec.source.topics`), the topic of those offsets and rows.
 
     A batch's dead letters are committed before the batch itself; if the main commit then fails, the
     dead-letter table is ahead of the main table. For every partition whose committed offset here is
@@ -96,32 +101,43 @@ def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int)
         raise ValueError(f"epoch must not be negative, got {epoch}")
     return _until_committed(
         table,
-        lambda meta: _rewind_once(table, meta, to_offsets, epoch),
+        lambda meta: _rewind_once(table, meta, to_offsets, epoch, topic),
         failed=f"rewind {table_name(table)}",
     )
 
 
 def _rewind_once(
-    table: Table, meta: TableMetadata, to_offsets: Mapping[int, int], epoch: int
+    table: Table, meta: TableMetadata, to_offsets: Mapping[int, int], epoch: int, topic: str | None
 ) -> dict[int, int] | None:
     committed = state_of(meta)
     if epoch < committed.epoch:
         raise FencedError(
             f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
         )
+    if (topic is not None) != (committed.topics is not None) and committed.has_offsets:
+        raise ValueError(f"{table_name(table)}: rewind by topic names the topic of a table of several topics")
+    held = held_of(committed, topic or "")
     back = {
         p: offset
         for p, offset in sorted(to_offsets.items())
-        if p in committed.offsets and committed.offsets[p] > offset
+        if p in held.offsets and held.offsets[p] > offset
     }
     if not back:
         return {}
     head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
     condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in back.items())
+    if topic is not None:
+        condition = f"topic = '{topic}' AND ({condition})"  # a topic name is [a-zA-Z0-9._-] only
     # Staged, not committed; an empty append if no row matched: the property change rides on a commit that
     # moves main.
     staged = delete_updates(table, condition)
-    rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
+    if topic is None:
+        rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
+    else:
+        moved = replace(held, offsets={**held.offsets, **back})
+        rewound = replace(
+            committed.with_topics({**committed.by_topic(), topic: moved}, by_topic=True), epoch=epoch
+        )
     failpoint("dlq.before-rewind")
     updates = (*staged, SetPropertiesUpdate(updates=rewound.to_properties()))
     if not _commit_on_main(table, meta, head, updates, what=f"rewind of {table_name(table)}"):
@@ -168,7 +184,13 @@ def _claim_once(table: Table, meta: TableMetadata, epoch: int, role: TableRole) 
 
 
 def reset_offsets(
-    table: Table, *, topic_id: str, offsets: Mapping[int, int], reason: str, now_ms: int
+    table: Table,
+    *,
+    topic_id: str,
+    offsets: Mapping[int, int],
+    reason: str,
+    now_ms: int,
+    topic: str | None = None,
 ) -> CommittedState:
     """Point the committed offsets at `offsets` of the topic with id `topic_id`; return the new state.
 
@@ -179,40 +201,57 @@ def reset_offsets(
     `AssertRefSnapshotId(main, head)`. The epoch is kept: a writer's batch planned before the reset starts at
     the old offsets and is refused (OffsetGapError, TopicMismatchError); it plans again from here.
     Rows already in the table stay. A table with no committed offsets has nothing to reset (ValueError).
+    `topic`: in a table of several topics, the one topic reset (the others keep their offsets; the entry
+    in `icefall.offset-resets` names it).
     """
     return _until_committed(
         table,
-        lambda meta: _reset_once(
-            table, meta, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms
-        ),
+        lambda meta: _reset_once(table, meta, _Reset(topic_id, offsets, reason, now_ms, topic)),
         failed=f"reset the offsets of {table_name(table)}",
     )
 
 
-def _reset_once(
-    table: Table, meta: TableMetadata, *, topic_id: str, offsets: Mapping[int, int], reason: str, now_ms: int
-) -> CommittedState | None:
+@dataclass(frozen=True)
+class _Reset:
+    topic_id: str
+    offsets: Mapping[int, int]
+    reason: str
+    now_ms: int
+    topic: str | None
+
+
+def _reset_once(table: Table, meta: TableMetadata, asked: _Reset) -> CommittedState | None:
     committed = state_of(meta)
-    if not committed.offsets:
+    by_topic = committed.topics is not None
+    if by_topic != (asked.topic is not None):
+        need = "name one of its topics" if by_topic else "name no topic: it has one"
+        raise ValueError(f"{table_name(table)}: a reset of its offsets must {need}")
+    held = held_of(committed, asked.topic or "")
+    if not held.offsets:
         raise ValueError(f"{table_name(table)} has no committed offsets: there is nothing to reset")
-    history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
-    history.append(
-        {
-            "time_ms": now_ms,
-            "reason": reason,
-            "from_topic_id": committed.topic_id,
-            "to_topic_id": topic_id,
-            "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
-            "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
-        }
-    )
-    reset = replace(committed, topic_id=topic_id, offsets=dict(offsets), start_offsets=dict(offsets))
+    entry: dict[str, object] = {
+        "time_ms": asked.now_ms,
+        "reason": asked.reason,
+        "from_topic_id": held.topic_id,
+        "to_topic_id": asked.topic_id,
+        "from_offsets": {str(p): o for p, o in sorted(held.offsets.items())},
+        "to_offsets": {str(p): o for p, o in sorted(asked.offsets.items())},
+    }
+    new = TopicState(asked.topic_id, dict(asked.offsets), dict(asked.offsets))
+    if asked.topic is None:
+        reset = replace(
+            committed, topic_id=new.topic_id, offsets=new.offsets, start_offsets=new.start_offsets
+        )
+    else:
+        entry["topic"] = asked.topic
+        reset = committed.with_topics({**committed.by_topic(), asked.topic: new}, by_topic=True)
+    history = [*json.loads(meta.properties.get(OFFSET_RESETS, "[]")), entry]
     properties = {
         **reset.to_properties(),
         OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
     }
     # an empty snapshot: the properties ride on a commit that moves main
-    empty = empty_snapshot_updates(table, {RESET_PROPERTY: reason})
+    empty = empty_snapshot_updates(table, {RESET_PROPERTY: asked.reason})
     updates = (*empty, SetPropertiesUpdate(updates=properties))
     if not _commit_on_main(
         table, meta, committed.snapshot_id, updates, what=f"offset reset of {table_name(table)}"
@@ -251,7 +290,7 @@ def _evolve_once(
         return evolution
     updates, schema_id = schema_updates(table, evolution.apply)
     # Which rows were written before the change: the audit compares the new fields only after it.
-    history = with_schema_change(meta.properties, SchemaChange(schema_id, committed.offsets))
+    history = with_schema_change(meta.properties, schema_change_at(schema_id, committed))
     updates = (*updates, SetPropertiesUpdate(updates={SCHEMA_CHANGES: history}))
     current = (AssertCurrentSchemaId(current_schema_id=meta.current_schema_id),)
     what = f"schema change of {table_name(table)} ({evolution.describe()})"
