@@ -38,7 +38,11 @@ def _run(args: argparse.Namespace) -> int:
     # The catalog's tables exist before Spark's JdbcCatalog looks at them; a catalog down now is waited for.
     if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
         return 1
-    print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
+    print(
+        f"[run] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> "
+        f"{'.'.join(st.table_identifier)}",
+        flush=True,
+    )
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
     conf = embedded_conf(st, master=args.master, maintain=maintain)
@@ -108,7 +112,9 @@ def _ingest(args: argparse.Namespace) -> int:
     if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
         return 1
     print(
-        f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
+        f"[ingest] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> "
+        f"{'.'.join(st.table_identifier)}",
+        flush=True,
     )
     from icefall.runtime import metrics
 

@@ -26,7 +26,13 @@ from icefall.commit.batch import (
     stage_branch_name,
     state_after,
 )
-from icefall.commit.direct import claim_epoch, evolve_schema, reset_offsets, rewind_dead_letters
+from icefall.commit.direct import (
+    claim_epoch,
+    evolve_schema,
+    reset_offsets,
+    rewind_dead_letter_topics,
+    rewind_dead_letters,
+)
 from icefall.commit.errors import (
     CommitError,
     CorruptStateError,
@@ -74,6 +80,7 @@ __all__ = [
     "read_committed",
     "reset_offsets",
     "retention_loss",
+    "rewind_dead_letter_topics",
     "rewind_dead_letters",
     "stage_branch_name",
     "staged_on",

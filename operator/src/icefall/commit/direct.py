@@ -42,6 +42,7 @@ from icefall.commit.protocol import (
     EPOCH_CLAIM_PROPERTY,
     MAX_ATTEMPTS,
     RESET_PROPERTY,
+    RESET_TOPIC_PROPERTY,
     commit_genesis,
     table_name,
 )
@@ -78,11 +79,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def rewind_dead_letters(
-    table: Table, to_offsets: Mapping[int, int], epoch: int, *, topic: str | None = None
-) -> dict[int, int]:
+def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
     """Take a dead-letter table back to `to_offsets` (the main table's committed offsets); return what moved.
-    `topic`: in a table of several topics (`spec.source.topics`), the topic of those offsets and rows.
 
     A batch's dead letters are committed before the batch itself; if the main commit then fails, the
     dead-letter table is ahead of the main table. For every partition whose committed offset here is
@@ -97,53 +95,71 @@ def rewind_dead_letters(
     owns the table and may have committed those rows for real). The epoch check is atomic with the
     commit for the same reason as in `commit_staged`: `icefall.*` only change in commits that move `main`.
     """
+    return rewind_dead_letter_topics(table, {None: to_offsets}, epoch).get(None, {})
+
+
+def rewind_dead_letter_topics(
+    table: Table, to_offsets: Mapping[str | None, Mapping[int, int]], epoch: int
+) -> dict[str | None, dict[int, int]]:
+    """`rewind_dead_letters` of a table of several topics (`spec.source.topics`): the offsets to go back
+    to by topic, every topic in the ONE commit (a batch's dead-letter files hold rows of all its topics,
+    so they are deleted whole); the key None is the one topic of a table of one. Returns what moved, by
+    topic."""
     if epoch < 0:
         raise ValueError(f"epoch must not be negative, got {epoch}")
     return _until_committed(
         table,
-        lambda meta: _rewind_once(table, meta, to_offsets, epoch, topic),
+        lambda meta: _rewind_once(table, meta, to_offsets, epoch),
         failed=f"rewind {table_name(table)}",
     )
 
 
 def _rewind_once(
-    table: Table, meta: TableMetadata, to_offsets: Mapping[int, int], epoch: int, topic: str | None
-) -> dict[int, int] | None:
+    table: Table, meta: TableMetadata, to_offsets: Mapping[str | None, Mapping[int, int]], epoch: int
+) -> dict[str | None, dict[int, int]] | None:
     committed = state_of(meta)
     if epoch < committed.epoch:
         raise FencedError(
             f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
         )
-    if (topic is not None) != (committed.topics is not None) and committed.has_offsets:
-        raise ValueError(f"{table_name(table)}: rewind by topic names the topic of a table of several topics")
-    held = held_of(committed, topic or "")
-    back = {
-        p: offset
-        for p, offset in sorted(to_offsets.items())
-        if p in held.offsets and held.offsets[p] > offset
-    }
+    if committed.has_offsets and any((t is not None) != (committed.topics is not None) for t in to_offsets):
+        raise ValueError(f"{table_name(table)}: a rewind names the topics of a table of several, only those")
+    back: dict[str | None, dict[int, int]] = {}
+    for topic, targets in to_offsets.items():
+        held = held_of(committed, topic or "").offsets
+        moved = {p: o for p, o in sorted(targets.items()) if p in held and held[p] > o}
+        if moved:
+            back[topic] = moved
     if not back:
         return {}
     head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
-    condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in back.items())
-    if topic is not None:
-        condition = f"topic = '{topic}' AND ({condition})"  # a topic name is [a-zA-Z0-9._-] only
     # Staged, not committed; an empty append if no row matched: the property change rides on a commit that
     # moves main.
-    staged = delete_updates(table, condition)
-    if topic is None:
-        rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
+    staged = delete_updates(table, _rows_past(back))
+    if committed.topics is None:
+        rewound = replace(committed, offsets={**committed.offsets, **back.get(None, {})}, epoch=epoch)
     else:
-        moved = replace(held, offsets={**held.offsets, **back})
-        rewound = replace(
-            committed.with_topics({**committed.by_topic(), topic: moved}, by_topic=True), epoch=epoch
-        )
+        topics = {
+            t: replace(held, offsets={**held.offsets, **back.get(t, {})})
+            for t, held in committed.topics.items()
+        }
+        rewound = replace(committed.with_topics(topics, by_topic=True), epoch=epoch)
     failpoint("dlq.before-rewind")
     updates = (*staged, SetPropertiesUpdate(updates=rewound.to_properties()))
     if not _commit_on_main(table, meta, head, updates, what=f"rewind of {table_name(table)}"):
         return None
     failpoint("dlq.after-rewind")
     return back
+
+
+def _rows_past(back: Mapping[str | None, Mapping[int, int]]) -> str:
+    """The row filter of the dead letters at or past `back` (by topic; None: the table's one topic)."""
+    conditions = []
+    for topic, offsets in back.items():
+        partitions = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in offsets.items())
+        # A topic name is [a-zA-Z0-9._-] only: nothing to escape.
+        conditions.append(partitions if topic is None else f"(topic = '{topic}' AND ({partitions}))")
+    return " OR ".join(conditions)
 
 
 def claim_epoch(table: Table, epoch: int, *, role: TableRole = "main") -> None:
@@ -251,7 +267,10 @@ def _reset_once(table: Table, meta: TableMetadata, asked: _Reset) -> CommittedSt
         OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
     }
     # an empty snapshot: the properties ride on a commit that moves main
-    empty = empty_snapshot_updates(table, {RESET_PROPERTY: asked.reason})
+    summary = {RESET_PROPERTY: asked.reason}
+    if asked.topic is not None:
+        summary[RESET_TOPIC_PROPERTY] = asked.topic
+    empty = empty_snapshot_updates(table, summary)
     updates = (*empty, SetPropertiesUpdate(updates=properties))
     if not _commit_on_main(
         table, meta, committed.snapshot_id, updates, what=f"offset reset of {table_name(table)}"

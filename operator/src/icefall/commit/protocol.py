@@ -86,6 +86,8 @@ if TYPE_CHECKING:
 GENESIS_PROPERTY = "icefall.genesis"
 RESTAGED_FROM_PROPERTY = "icefall.restaged-from"  # snapshot summary of a re-staged batch: the staged id
 RESET_PROPERTY = "icefall.offset-reset"  # snapshot summary of an offset reset: its reason
+#: A table of several topics: the topic an offset reset's snapshot resets (beside `RESET_PROPERTY`).
+RESET_TOPIC_PROPERTY = "icefall.offset-reset-topic"
 EPOCH_CLAIM_PROPERTY = "icefall.epoch-claim"  # snapshot summary of a writer's epoch claim: the epoch
 # Attempts of one catalog commit while its own conditions still hold (the table changed elsewhere, e.g. a
 # property or another branch). Each attempt re-checks everything from fresh metadata: this is not a rebase.

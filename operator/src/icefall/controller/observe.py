@@ -283,6 +283,13 @@ class TableObserver:
         from icefall.kafka.security import MissingSecretError, librdkafka_config
 
         source = st.spec.source
+        if source.topic is None:
+            notes.append(
+                "the operator does not measure the lag of a table of several topics yet "
+                "(spec.source.topics); its driver publishes it (icefall_lag_records, "
+                "icefall_freshness_seconds)"
+            )
+            return None, None, None
         try:
             config = librdkafka_config(source.security, self.environ)
         except MissingSecretError as error:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from icefall.api import StreamingTableSpec
-    from icefall.commit import Batch, CommittedState, Stage
+    from icefall.commit import CommittedState, SourceBatch, Stage
     from icefall.ingest.commits import CommitPipeline, InFlight
     from icefall.ingest.dead_letters import DeadLetters
     from icefall.ingest.planning import PlannedBatch, Planner
@@ -184,7 +184,7 @@ class Batches:
             left = replace(left, stages=False)
         proposal = self.planner.propose(committed, self.reporter.progress)
         if proposal.idle:
-            self.reporter.idle(proposal.plan.positions.lag)
+            self.reporter.idle(proposal.lag)
             return None, left
         self.commits.check_lease()
         if left.dead_letters:
@@ -205,7 +205,7 @@ class Batches:
     def _commit_or_send(self, action: Action, stage: Stage, written: WrittenBatch) -> Landed | None:
         """COMMIT: its dead letters, then the batch, here (how it landed); PIPELINE: its commit sent to the
         commit thread (None: it lands in a later step)."""
-        batch = written.planned.batch(self.spec.source.topic, written.stats)
+        batch = written.planned.batch(written.stats)
         if action is Action.PIPELINE:
             self.commits.send(self.table, stage, batch, written)
             # The next batch is sized before this one's report: learn from it now.
@@ -217,14 +217,14 @@ class Batches:
 
     def _write(self, planned: PlannedBatch, stage: Stage, clock: PhaseClock) -> WrittenBatch:
         """Read, decode and write the batch to its staging branch (one Spark job)."""
-        if stage.base.offsets != planned.committed.offsets:
+        if stage.base.by_topic() != planned.committed.by_topic():
             raise StaleHeadError("the table moved between planning and staging")
         clock.mark("stage")
         stats = self.writer.write_good_rows(planned, stage.branch, self.table, self._evolve)
         if planned.ranges:  # what the table cannot follow of this batch's own writer schemas (json: the spec)
             self.schemas.plan(self.table.schema(), stats.writers)
         clock.mark("write")
-        self.planner.check_topic_unchanged(planned.topic_id)
+        self.planner.check_topics_unchanged(planned)
         return WrittenBatch(planned, stats, clock)
 
     def _rewrite(self, planned: PlannedBatch, clock: PhaseClock) -> tuple[Stage, WrittenBatch]:
@@ -274,7 +274,7 @@ class Batches:
             log.warning("%s: the last batch's commit was refused (%s)", self.label, refused)
             return None
 
-    def _commit_here(self, written: WrittenBatch, stage: Stage, batch: Batch) -> Landed:
+    def _commit_here(self, written: WrittenBatch, stage: Stage, batch: SourceBatch) -> Landed:
         """Commit the batch's dead letters (if any), then the batch, on this thread."""
         planned, bad, clock = written.planned, written.stats.bad, written.clock
         dead = NO_DEAD_LETTERS

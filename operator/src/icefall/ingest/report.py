@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTableSpec
-from icefall.commit.batch import retention_loss
+from icefall.commit.batch import batch_retention_loss, held_of
 from icefall.ingest.planning import Progress
 from icefall.plan.batching import update_throughput
 from icefall.plan.lag import freshness_seconds, partition_lag
@@ -104,10 +104,10 @@ class Reporter:
     """Reports landed batches: lag and freshness, the metrics, and the pacing figures (`progress`: this is
     the one object that makes them)."""
 
-    def __init__(self, spec: StreamingTableSpec, label: str, topic: TopicView) -> None:
+    def __init__(self, spec: StreamingTableSpec, label: str, topics: Mapping[str, TopicView]) -> None:
         self.spec = spec
         self.label = label
-        self.topic = topic
+        self.topics = topics
         self.progress = Progress()
         #: What the table cannot follow now (`icefall.ingest.schemas.SchemaFollower.refused`).
         self.schema_refused: Callable[[], tuple[str, ...]] = tuple
@@ -144,15 +144,17 @@ class Reporter:
         if not paced:
             self.learn_pace(written, seconds)
         committed = planned.committed
-        offsets = {**committed.offsets, **planned.end}
+        after = {p.topic: {**held_of(committed, p.topic).offsets, **p.end} for p in planned.parts}
         # The lag when the commit landed, not when the batch was planned: records keep arriving while a
         # batch runs, and a lag of 0 from the old watermarks would call a live table caught up (and let
         # in-process maintenance run) while it is seconds behind. Watermarks are one cheap broker call.
-        lag = partition_lag(offsets, self._watermarks_after(planned.watermarks))
-        self.progress = replace(self.progress, backlog_after_last_batch=sum(lag.values()))
+        marks = self._watermarks_after(planned)
+        lag = {topic: partition_lag(offsets, marks[topic]) for topic, offsets in after.items()}
+        waiting = sum(sum(by_partition.values()) for by_partition in lag.values())
+        self.progress = replace(self.progress, backlog_after_last_batch=waiting)
         newest = _newest(committed.max_produce_time_ms, stats.max_produce_ms)
-        behind = freshness_seconds(sum(lag.values()), newest, time.time())
-        skipped = retention_loss(committed.offsets, planned.batch(self.spec.source.topic, stats))
+        behind = freshness_seconds(waiting, newest, time.time())
+        skipped = batch_retention_loss(committed, planned.batch(stats))
         report = BatchReport(
             records_read=stats.records,
             records_written=records_written,
@@ -160,8 +162,8 @@ class Reporter:
             seconds=seconds,
             commit_seconds=landed.commit_seconds,
             snapshot_id=landed.snapshot_id,
-            offsets=offsets,
-            lag=sum(lag.values()),
+            offsets={} if planned.by_topic else next(iter(after.values())),
+            lag=waiting,
             freshness_seconds=behind or 0.0,
             bytes_read=stats.bytes,
             data_loss=planned.lost,
@@ -179,16 +181,21 @@ class Reporter:
         self._publish(report, lag)
         return report
 
-    def idle(self, lag: Mapping[int, int]) -> None:
-        """Nothing to read: the backlog is gone, the lag is published."""
+    def idle(self, lag: Mapping[str, Mapping[int, int]]) -> None:
+        """Nothing to read: the backlog is gone, the lag (per topic and partition) is published."""
         self.progress = replace(self.progress, backlog_after_last_batch=0)
         self.publish_lag(lag)
 
-    def publish_lag(self, lag: Mapping[int, int]) -> None:
-        for partition, records in lag.items():
-            metrics.LAG.labels(self.label, str(partition)).set(records)
+    def publish_lag(self, lag: Mapping[str, Mapping[int, int]]) -> None:
+        """`icefall_lag_records` per partition: labelled `<partition>`, or `<topic>/<partition>` in a
+        table of several topics."""
+        by_topic = self.spec.source.by_topic
+        for topic, partitions in lag.items():
+            for partition, records in partitions.items():
+                where = f"{topic}/{partition}" if by_topic else str(partition)
+                metrics.LAG.labels(self.label, where).set(records)
 
-    def _publish(self, report: BatchReport, lag: Mapping[int, int]) -> None:
+    def _publish(self, report: BatchReport, lag: Mapping[str, Mapping[int, int]]) -> None:
         # A keyed table writes one row per key and batch, and none for a delete: not "filtered".
         filtered = (
             0
@@ -208,13 +215,14 @@ class Reporter:
         metrics.LAST_COMMIT.labels(self.label).set(time.time())
         self.publish_lag(lag)
 
-    def _watermarks_after(self, planned: Mapping[int, tuple[int, int]]) -> Mapping[int, tuple[int, int]]:
-        """Current watermarks; the planned ones if the broker does not answer (the lag is then a floor)."""
+    def _watermarks_after(self, planned: PlannedBatch) -> dict[str, Mapping[int, tuple[int, int]]]:
+        """Current watermarks of each topic; the planned ones if the broker does not answer (the lag is then
+        a floor)."""
         try:
-            return self.topic.watermarks()
+            return {part.topic: self.topics[part.topic].watermarks() for part in planned.parts}
         except Exception:
             log.warning("%s: reading watermarks after the commit failed; lag may be low", self.label)
-            return planned
+            return {part.topic: part.watermarks for part in planned.parts}
 
 
 def _added_records(table: Table, snapshot_id: int) -> int:
