@@ -6,15 +6,21 @@ SHELL := bash
 VENV := .venv
 BIN := $(VENV)/bin
 TOOLS := eval "$$(hack/tool-env.sh)"
+# `make demo` provisions only what it uses: Kafka's and Spark's jars (hack/tool-env.sh --demo).
+DEMO_TOOLS := eval "$$(hack/tool-env.sh --demo)"
 
-.PHONY: help setup venv tools demo test test-all test-report test-unit test-integration test-e2e bench-ingest chaos lint fmt clean
+.PHONY: help prereqs prereqs-demo setup venv venv-demo tools tools-demo demo test test-all test-report test-unit test-integration test-e2e bench-ingest chaos lint fmt clean
 help:
-	@echo "make demo   set everything up and run the main job on the embedded default"
+	@echo "make demo   set up only what it uses (Python packages, Kafka's and Spark's jars), then run the main job"
+	@echo "            on the embedded default; needs Python 3.11/3.12, Java 17+, Maven 3.6.3+ (hack/check-prereqs.sh)"
 	@echo "make test   set everything up and run lint, then all test tiers (unit, integration, e2e; not the tests marked long)"
-	@echo "make test-all  the same with the long tests too (about 13 min more)"
-	@echo "make setup  only install: Python packages, Go-built binaries, Maven jars"
+	@echo "make test-all  the same with the long tests too (about 18 min more)"
+	@echo "make setup  only install everything make test uses: Python packages, Go-built binaries, Maven jars, npm"
+	@echo "            tools; needs the demo's prerequisites plus Go, npm and openssl (hack/check-prereqs.sh all)"
 	@echo "make lint   ruff + mypy;  make fmt: ruff format"
 	@echo "make image  build the image (spark_images/Dockerfile) with podman, no registry needed (hack/build-image.sh)"
+	@echo "make docs  regenerate docs/reference/ (StreamingTable fields, the CLI, the Helm values) from the code"
+	@echo "make chart  package the Helm chart, CRD inside, into dist/ (helm push it to an OCI registry)"
 	@echo "make e2e-kind  (needs Docker) the cluster example on a kind cluster, with the image and the chart"
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
@@ -28,18 +34,36 @@ help:
 	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
 	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
-setup: venv tools
+# What the machine must already have, one line per missing piece (before any virtualenv exists).
+prereqs:
+	@hack/check-prereqs.sh all
+prereqs-demo:
+	@hack/check-prereqs.sh demo
 
+setup: prereqs venv tools
+
+# The development set (`.[dev]`: tests, lint) is a superset of the demo's (the package and its
+# dependencies): installing it marks both done.
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@echo "[setup] Python packages into $(VENV) (pinned by constraints.txt)"
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
 	@start=$$SECONDS; $(BIN)/pip install -q -c constraints.txt -e '.[dev]'; \
 	  echo "[setup] Python packages ready in $$((SECONDS - start))s"
+	@touch $@ $(VENV)/.demo-installed
+
+venv-demo: $(VENV)/.demo-installed
+$(VENV)/.demo-installed: pyproject.toml constraints.txt
+	@echo "[setup] Python packages into $(VENV) (pinned by constraints.txt; the demo's only)"
+	@test -x $(BIN)/python || python3 -m venv $(VENV)
+	@start=$$SECONDS; $(BIN)/pip install -q -c constraints.txt -e .; \
+	  echo "[setup] Python packages ready in $$((SECONDS - start))s"
 	@touch $@
 
 tools:
 	@$(TOOLS) >/dev/null
+tools-demo:
+	@$(DEMO_TOOLS) >/dev/null
 
 # The one image (operator, drivers, executors, compaction), tagged localhost/icefall:<hash of its inputs>.
 .PHONY: image
@@ -67,6 +91,26 @@ crds: venv
 chart-crds:
 	cp crds/streamingtables.icefall.dev.yaml charts/icefall/crds/streamingtables.icefall.dev.yaml
 
+# The generated references under docs/reference/: the StreamingTable's fields (from the models' CRD schema),
+# the `icefall` CLI and its exit codes (from the argparse parser), the chart's values (from
+# charts/icefall/values.schema.json and values.yaml). tests/unit/test_reference_docs.py fails when one drifts.
+.PHONY: docs
+docs: venv
+	$(BIN)/python -m icefall.devstack.reference
+
+# The chart as one file to install or push: `helm lint --strict`, then `helm package` into $(CHART_DIST)
+# (dist/icefall-<version>.tgz, the CRD inside under crds/). Refuses a chart whose CRD copy differs from
+# crds/ (run `make crds chart-crds`): it never changes the tree. Push it with
+# `helm push dist/icefall-<version>.tgz oci://<registry>/<path>`; tests/integration/test_chart_package.py
+# runs this target and installs from its output.
+CHART_DIST ?= dist
+.PHONY: chart
+chart:
+	@cmp -s crds/streamingtables.icefall.dev.yaml charts/icefall/crds/streamingtables.icefall.dev.yaml || \
+	  { echo "charts/icefall/crds/ differs from crds/: run make crds chart-crds" >&2; exit 1; }
+	@$(TOOLS) && helm lint --strict charts/icefall >/dev/null && \
+	  helm package charts/icefall --destination $(CHART_DIST)
+
 # The Grafana dashboard the chart ships, generated with Grafana's foundation SDK (tests/unit/test_dashboards.py
 # fails when it drifts).
 .PHONY: dashboards
@@ -75,10 +119,12 @@ dashboards: venv
 	mv charts/icefall/dashboards/icefall.json.tmp charts/icefall/dashboards/icefall.json
 
 # The e2e tier runs every pod as a container of the image: build it (or find it, by hash) first.
-# `make test` leaves out the tests marked `long` to stay within CI's time: four e2e modules (executors as
-# pods, compaction pods, the keyed examples, a producer's new Avro field), the longest kill chains (keyed and
-# cdc tables, the small chaos run, the shared catalogs' crash-restarts, half of the new-table and pipelined
-# points) and the broker restart; each of their pieces is also proved by a shorter test.
+# `make test` leaves out the tests marked `long` to stay within CI's time: five e2e modules (executors as
+# pods, compaction pods, the keyed examples, a producer's new Avro field, the chart's upgrade with a table
+# running), the longest kill chains (keyed and cdc tables, the small chaos run, the shared catalogs'
+# crash-restarts, half of the new-table and pipelined points) and the broker restart; each of their pieces
+# is also proved by a shorter test (the upgrade's steps: tests/integration/test_crd_upgrade.py and
+# test_chart_package.py).
 # `make test-all` runs every test, `make test-e2e` every e2e module.
 # Both run on both cores: a pytest-xdist worker per core, each with a stack of its own; the e2e tier (one
 # node per machine) runs in one worker. Each writes build/test-report.md: every test's wall and CPU time
@@ -211,10 +257,11 @@ chaos: setup
 	$(TOOLS) && ICEFALL_CHAOS_KILLS=$(CHAOS_KILLS) ICEFALL_CHAOS_SEED=$(CHAOS_SEED) \
 	  $(BIN)/pytest e2e/chaos_run.py -s $(CHAOS_ARGS)
 
-# DEMO=examples/avro-orders.yaml: Avro through a local schema registry, with a producer that adds a field.
+# DEMO=examples/avro-orders.yaml: Avro through a local schema registry (fetched on first use), with a
+# producer that adds a field. Sets up only what the demo uses, not the test stack (`make setup`).
 DEMO ?= examples/orders.yaml
-demo: setup
-	$(TOOLS) && $(BIN)/python -m icefall.devstack.demo -f $(DEMO)
+demo: prereqs-demo venv-demo tools-demo
+	$(DEMO_TOOLS) && $(BIN)/python -m icefall.devstack.demo -f $(DEMO)
 
 clean:
 	rm -rf $(VENV) .icefall .mypy_cache .ruff_cache

@@ -1,10 +1,11 @@
 """The chart's probes keep a healthy operator up and restart a hung one.
 
-`helm install` of charts/icefall with its default probes, the image built here and what the e2e's cluster
-needs (`icefall.testing.harness.local_chart_values`: the host network, the API server's loopback address,
-free ports of this machine for the health and metrics endpoints); the controllers make the operator's Pod
-and the node (the real kubelet on containerd) runs it as a container; the kubelet, not the test, probes it
-and acts. Proves:
+`helm install` of the packaged chart (`make chart`, as the README installs it) with its default probes, the
+image built here and what the e2e's cluster needs (`icefall.testing.harness.local_chart_values`: the host
+network, the API server's loopback address, free ports of this machine for the health and metrics endpoints);
+the controllers make the operator's Pod and the node (the real kubelet on containerd) runs it as a container;
+the kubelet, not the test, probes it and acts.
+Proves:
 - startup and readiness: the Pod becomes Ready once the operator serves kopf's /healthz (the rollout
   completes); the three probes are on that endpoint;
 - a healthy operator stays up: over two liveness periods /healthz answers 200 on the node's port, the
@@ -42,14 +43,13 @@ import yaml
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.procs import tail
 from icefall.plan.names import LEADER_LEASE_NAME as LEASE_NAME
-from icefall.testing.harness import Helm, image_args, local_chart_values
+from icefall.testing.harness import Helm, image_args, local_chart_values, packaged_chart
 from icefall.testing.kubeapi import JsonApi
 
 from .conftest import REPO, Kubectl, NodeView, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
-CHART = REPO / "charts" / "icefall"
 RELEASE = "icefall"
 SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 Obj = dict[str, Any]
@@ -154,7 +154,8 @@ def operator_pod(  # noqa: PLR0917 (fixtures)
     (home / "values.yaml").write_text(yaml.safe_dump(values))
     helm = Helm(cluster.api.kubeconfig, home)
     started = time.monotonic()
-    helm("install", RELEASE, str(CHART), "-n", e2e_namespace, "-f", str(home / "values.yaml"),
+    package = packaged_chart(REPO, home / "dist", home)  # as the README installs it: `make chart`, the .tgz
+    helm("install", RELEASE, str(package), "-n", e2e_namespace, "-f", str(home / "values.yaml"),
          *image_args(cluster.images.icefall))  # fmt: skip
     running = OperatorPod(rest, e2e_namespace, node, values["health"]["port"])
     kubectl("-n", e2e_namespace, "rollout", "status", f"deployment/{RELEASE}", "--timeout=300s")

@@ -16,6 +16,12 @@ ports Spark picked, and reach Kafka, the PostgreSQL catalog and the object store
   entry point started the executor (its `[entrypoint] executor` line) running as uid 10001, they run the
   tasks (their logs), the table files are in the object store, and the topic's records are in the table
   exactly once;
+- Spark RPC authenticated and encrypted with the table's own secret: the executor JVM starts with
+  `spark.authenticate` and `spark.network.crypto.enabled` and the secret file's path (and a `k8s://`
+  master, without which it could not read the file), the secret (the Secret `icefall-<st>-spark-auth`) is
+  on no command line and in no environment of the driver's or the executor's processes, in no pod spec and
+  no ConfigMap; and the driver's RPC port refuses a Spark RPC client without a secret and one with another
+  secret, and accepts one with the table's (e2e/SparkRpcProbe.java, a real Spark client);
 - (b) executor loss: an executor pod deleted mid-stream is replaced by a new one, and the table still
   equals the topic exactly once;
 - (c) dynamic allocation: with no records to read, idle executors are released (Spark deletes their
@@ -28,13 +34,18 @@ executors get as `spark.kubernetes.executor.request.cores`), so the driver and a
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
@@ -42,8 +53,10 @@ from kubernetes.client.exceptions import ApiException
 from icefall.catalog import CatalogConfig
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.procs import java
 from icefall.plan.env import ENV_SPARK_CONF
-from icefall.plan.names import driver_account_name
+from icefall.plan.isolation import SPARK_AUTH_FILE, SPARK_AUTH_KEY
+from icefall.plan.names import driver_account_name, spark_auth_secret_name
 from icefall.plan.spark_conf import KUBERNETES_MASTER
 from icefall.spark.entrypoint import EXECUTOR_BACKEND
 from icefall.testing.kubeapi import JsonApi
@@ -63,6 +76,7 @@ EXECUTORS = f"icefall.dev/streamingtable={NAME},spark-role=executor"
 IDLE_SECONDS = 30
 BAD_EVERY = 30
 UID = 10001  # the image's user
+PROBE = Path(__file__).with_name("SparkRpcProbe.java")
 Obj = dict[str, Any]
 #: The operator's settings here (conftest's `operator` fixture adds them): its default Spark master,
 #: at most one executor, released soon when idle.
@@ -166,6 +180,66 @@ def _children(pid: int) -> dict[int, list[str]]:
     return found
 
 
+def _process_tree(pid: int) -> list[int]:
+    """A host process and all its descendants."""
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(current := todo.pop())
+        todo.extend(_children(current))
+    return tree
+
+
+def _proc_bytes(pid: int, name: str) -> bytes:
+    """/proc/<pid>/<name> (`cmdline`, `environ`), b'' for a process gone meanwhile."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
+def _assert_spark_rpc_authenticated(stream: Executors, executor: Obj, jvm: int, pids: list[int]) -> None:
+    """Spark RPC between the driver and `executor` (whose JVM is `jvm`) is authenticated and encrypted with
+    the table's own secret, which no process of `pids` (the driver's and the executor's) has on its command
+    line or in its environment, and no pod spec or ConfigMap holds (module doc)."""
+    options = [o for o in _proc_bytes(jvm, "cmdline").decode().split("\0") if o.startswith("-D")]
+    assert {
+        "-Dspark.authenticate=true",
+        "-Dspark.network.crypto.enabled=true",
+        "-Dspark.network.crypto.saslFallback=false",
+        f"-Dspark.authenticate.secret.file={SPARK_AUTH_FILE}",
+        f"-Dspark.authenticate.secret.executor.file={SPARK_AUTH_FILE}",
+    } <= set(options), options
+    assert any(o.startswith("-Dspark.master=k8s://") for o in options), options
+    secret = stream.rest.get(f"/api/v1/namespaces/{stream.namespace}/secrets/{spark_auth_secret_name(NAME)}")
+    assert secret is not None
+    encoded: str = secret["data"][SPARK_AUTH_KEY]  # as Spark uses it: the base64 of the file's bytes
+    values = (encoded.encode(), base64.b64decode(encoded))
+    for pid in pids:
+        for name in ("cmdline", "environ"):
+            text = _proc_bytes(pid, name)
+            assert not any(value in text for value in values), f"the secret in /proc/{pid}/{name}"
+            assert b"_SPARK_AUTH_SECRET" not in text, f"Spark's secret variable in /proc/{pid}/{name}"
+    config_maps = stream.rest.call("GET", f"/api/v1/namespaces/{stream.namespace}/configmaps")["items"]
+    rendered = json.dumps([stream.pod(DRIVER), executor, config_maps])
+    assert encoded not in rendered and "_SPARK_AUTH_SECRET" not in rendered
+    (spec,) = executor["spec"]["containers"]
+    url = next(e["value"] for e in spec["env"] if e["name"] == "SPARK_DRIVER_URL")
+    jars = Path(pyspark.__file__).parent / "jars"
+    probe = subprocess.run(
+        [*java("-Xmx256m"), "-cp", f"{jars}/*", str(PROBE), url],
+        env={**os.environ, "_SPARK_AUTH_SECRET": encoded},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    tries = dict(line.split(" ", 1) for line in probe.stdout.splitlines() if " " in line)
+    stream.note(f"Spark RPC clients at {url}: {tries}")
+    assert tries.get("none", "").startswith("REFUSED"), f"{probe.stdout}\n{probe.stderr[-3000:]}"
+    assert tries.get("wrong", "").startswith("REFUSED"), f"{probe.stdout}\n{probe.stderr[-3000:]}"
+    assert tries.get("table") == "ACCEPTED", f"{probe.stdout}\n{probe.stderr[-3000:]}"
+
+
 def _root_mount_options(pid: int) -> list[str]:
     """The mount options of a host process's root file system (its mount namespace's `/`)."""
     for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
@@ -239,6 +313,10 @@ def test_spark_creates_executor_pods_from_the_image_that_write_the_table(
         details=lambda: f"{_children(pid)}\n{stream.explain()}",
     )
     assert _process_uid(jvm) == UID
+    driver_status = (stream.pod(DRIVER) or {})["status"]["containerStatuses"][0]
+    driver_pid = stream.node.node.container_pid(driver_status["containerID"])
+    assert driver_pid is not None, f"no process for {driver_status['containerID']}"
+    _assert_spark_rpc_authenticated(stream, executor, jvm, [*_process_tree(driver_pid), *_process_tree(pid)])
     wait_for(
         "the entry point's line in the executor's log",
         lambda: "[entrypoint] executor" in stream.executor_log(executor),

@@ -1,4 +1,4 @@
-"""The user path of README "In a cluster", run as a user runs it, with the files a user has.
+"""The user path of docs/cluster.md ("In a cluster"), run as a user runs it, with the files a user has.
 
 One module for both harnesses, chosen by ICEFALL_E2E_KUBECONFIG (the `harness` fixture; everything that
 differs is in its `Harness`): unset, the e2e's one-node cluster described below; set (hack/kind/e2e-kind.sh,
@@ -115,7 +115,7 @@ EXAMPLE = REPO / "examples" / "cluster.yaml"
 VALUES = REPO / "examples" / "cluster-values.yaml"
 KIND_VALUES = REPO / "hack" / "kind" / "values.yaml"  # the image hack/kind/e2e-kind.sh loads
 CHART = REPO / "charts" / "icefall"
-RELEASE = "icefall"  # README's `helm install icefall charts/icefall`: objects named `icefall`
+RELEASE = "icefall"  # the docs' `helm install icefall charts/icefall`: objects named `icefall`
 #: The example's endpoints: cluster DNS names (and ports) of Kafka, the REST catalog and the object store.
 KAFKA, REST, S3 = "kafka-bootstrap.kafka:9092", "http://iceberg-rest.lake:8181", "http://minio.lake:9000"
 GROUP, VERSION, PLURAL = "icefall.dev", "v1alpha1", "streamingtables"
@@ -412,7 +412,6 @@ def _values_file(tmp: Path, harness: Harness) -> Path:
     values["extraEnv"] = [
         *values["extraEnv"],
         {"name": "ICEFALL_RESYNC_SECONDS", "value": "2"},
-        {"name": "ICEFALL_OBSERVE_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_SECONDS", "value": "1"},
         {"name": "ICEFALL_STATUS_REFRESH_SECONDS", "value": "2"},
         *more.pop("extraEnv", []),

@@ -88,14 +88,27 @@ EOF
   echo "$out/bin"
 }
 
+# Stamped with its client-go's Kubernetes version, as helm's own Makefile does: unstamped, `helm template`
+# and `helm lint` assume Kubernetes v1.20 and refuse charts/icefall (its kubeVersion asks for >= 1.30).
+# The folder's name says so: an unstamped build in helm-<version> is never reused.
 build_helm() {
-  local out=$cache/helm-$HELM_VERSION
+  local out=$cache/helm-$HELM_VERSION-stamped
   if [[ -x $out/bin/helm ]]; then echo "$out/bin"; return; fi
   mkdir -p "$out/bin"
-  log "helm $HELM_VERSION: building"
-  GOBIN=$out/bin go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
-    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
+  local gomod minor
+  gomod=$(cd "$out" && go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  minor=$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "$gomod")
+  [[ -n $minor ]] || { log "helm $HELM_VERSION: no k8s.io/client-go in $gomod"; exit 1; }
+  log "helm $HELM_VERSION (Kubernetes 1.$minor by default): building"
+  local ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" pkg
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+  done
+  local work
+  work=$(mktemp -d "$out/build.XXXXXX")
+  GOBIN=$work go install -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
+  mv "$work/helm" "$out/bin/helm"
+  rm -rf "$work"
   echo "$out/bin"
 }
 

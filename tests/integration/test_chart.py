@@ -237,7 +237,7 @@ def test_cluster_wide_render(home: Path) -> None:
     [
         (("--set-string", "replicas=two"), "/replicas"),
         (("--set", "image.pullPolicy=Sometimes"), "/image/pullPolicy"),
-        (("--set", "securityContext.runAsUser=0"), "/securityContext/runAsUser"),
+        (("--set", "podSecurityContext.runAsUser=0"), "/podSecurityContext/runAsUser"),
         (("--set", "rbac.clusterwide=true"), "clusterwide"),
         (("--set", "spark.master=yarn"), "/spark/master"),
         (("--set", "spark.executorMemory=2GB"), "/spark/executorMemory"),

@@ -11,12 +11,10 @@ Proves:
 - `CatalogConfig.pyiceberg()` opens the catalog and loads the table with a FileIO of Icefall's choice
   (pyiceberg's own for the location's scheme); the module is never imported, no class of it is built; the
   catalog's properties hold none of the dropped keys; each dropped key is logged by name, never its value;
-- the operator's `controller.observe.TableObserver` never opens a REST catalog a table names, even one
-  that needs no credential (its tables and files are reached with the reader's own identity): the server
-  sees not one request, nothing is imported, and the observation says the table's driver measures it;
-- a catalog the operator does read (sql, on SQLite, no credential) whose table metadata names the module's
-  class as `py-io-impl`: the observer reads the table's facts with a FileIO of Icefall's choice, imports
-  and builds nothing, and logs the dropped key by name;
+- a sql catalog (on SQLite) whose table metadata names the module's class as `py-io-impl`: the driver's
+  table meter (`icefall.ingest.table_meter`) reads the table with a FileIO of Icefall's choice, imports and
+  builds nothing, and logs the dropped key by name (the operator reads no catalog at all:
+  tests/integration/test_operator_trust.py);
 - against Iceberg's own REST server (the control) the same client drops nothing and creates, appends to
   and reads a table;
 - pyiceberg's loaders, confined (`confine_pyiceberg`), refuse a FileIO class Icefall did not choose and a
@@ -47,10 +45,7 @@ import pytest
 
 from icefall.api import CatalogType, StreamingTable
 from icefall.catalog import CatalogConfig
-from icefall.controller.observe import TableObserver
-from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.rest_catalog import RESTCatalogServer
-from icefall.plan.table_status import not_read_by_operator
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -201,8 +196,8 @@ def rest(uri: str) -> dict[str, Any]:
 def table_on(
     catalog: dict[str, Any], bootstrap: str = "127.0.0.1:9", topic: str = "orders"
 ) -> StreamingTable:
-    """The table shop.orders in `catalog` (a spec.table.catalog block), with no credential anywhere: what
-    the operator leaves unread, it leaves for the catalog alone."""
+    """The table shop.orders in `catalog` (a spec.table.catalog block), with no credential anywhere: what a
+    client gets, it gets from the catalog alone."""
     return StreamingTable.model_validate(
         {
             "metadata": {"name": "orders"},
@@ -235,34 +230,22 @@ def test_the_catalog_client_loads_no_class_the_endpoint_names(
     assert hostile.boom not in caplog.text  # the key is named, never its value
 
 
-def test_the_operators_observer_never_opens_a_rest_catalog(hostile: Hostile) -> None:
-    """No credential in the table, yet the catalog's tables and files would be reached with the operator's
-    own identity: the observer leaves the table to its driver without a single request."""
-    st = table_on(rest(hostile.uri))
-    observed = TableObserver(wait_seconds=30).observe("uid-hostile", st)
-
-    assert hostile.seen == [], "the operator's observer contacted the catalog a table names"
-    assert hostile.marked == [], "the endpoint's module was imported or its class built"
-    assert (observed.facts, observed.watermarks, observed.issues) == (None, None, ()), observed
-    assert observed.unmeasured == not_read_by_operator(st.spec), observed
-    assert observed.unmeasured.startswith("measured by the table's driver only"), observed.unmeasured
-    assert "a REST catalog" in observed.unmeasured, observed.unmeasured
-
-
-def test_the_operators_observer_loads_no_class_a_table_it_reads_names(
-    boom: Boom, kafka: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_the_drivers_table_meter_loads_no_class_a_table_names(
+    boom: Boom, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A sql catalog on SQLite, no credential: the operator reads it. Whoever writes to the catalog sets
-    the table's properties, here `py-io-impl` naming the test's class; the observer reads the table's
-    facts with a FileIO of Icefall's choice and builds nothing."""
+    """A sql catalog on SQLite: whoever writes to the catalog sets the table's properties, here
+    `py-io-impl` naming the test's class. The driver's meter (what status and compaction scaling come
+    from: the operator reads no table itself) reads the table with a FileIO of Icefall's choice and builds
+    nothing."""
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField
 
-    kafka.create_topic("it-hostile-sql", partitions=1)
+    from icefall.ingest.table_meter import TableMeter
+
     catalog = {"name": "lake", "type": "sql", "uri": f"sqlite:///{tmp_path / 'lake.db'}"}
-    st = table_on({**catalog, "warehouse": str(tmp_path / "warehouse")}, kafka.bootstrap, "it-hostile-sql")
-    assert not_read_by_operator(st.spec) == ""
-    writer = CatalogConfig.for_table(st.spec, environ={}).pyiceberg()
+    st = table_on({**catalog, "warehouse": str(tmp_path / "warehouse")})
+    config = CatalogConfig.for_table(st.spec, environ={})
+    writer = config.pyiceberg()
     writer.create_namespace("shop")
     schema = Schema(NestedField(1, "id", LongType(), required=False))
     created = writer.create_table(("shop", "orders"), schema=schema)
@@ -272,12 +255,10 @@ def test_the_operators_observer_loads_no_class_a_table_it_reads_names(
     metadata.write_text(json.dumps({**document, "properties": {"py-io-impl": boom.path}}))
     caplog.clear()
 
-    observed = TableObserver(wait_seconds=30).observe("uid-sql", st)
+    reading = TableMeter(st, config).read_once()
 
     assert boom.marked == [], "the table's module was imported or its class built"
-    # Read and measured (the table with a FileIO of Icefall's choice, the topic), nothing to report.
-    assert observed.facts is not None and observed.watermarks == {0: (0, 0)}, observed
-    assert (observed.issues, observed.unmeasured) == ((), ""), observed
+    assert reading is not None and reading.table_uuid == str(created.metadata.table_uuid), reading
     assert "ignored py-io-impl from a table's properties" in caplog.text
     assert boom.path not in caplog.text  # the key is named, never its value
 

@@ -193,4 +193,4 @@ def test_without_the_jars_run_says_how_to_provide_them(installed: Installed, tmp
     assert bare.returncode == 1
     message = bare.stderr.strip().splitlines()
     assert len(message) == 1, bare.stderr
-    assert JARS_VARIABLE in message[0] and "hack/tool-env.sh" in message[0], message
+    assert JARS_VARIABLE in message[0] and "make setup" in message[0], message

@@ -34,7 +34,9 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from icefall import cli
+from icefall.api import ConditionReason
 from icefall.catalog import CatalogConfig
+from icefall.commands.run import EXIT_SOURCE_CHANGED
 from icefall.commit import read_committed
 from icefall.commit.lease import FileLease
 from icefall.commit.state import OFFSET_RESETS
@@ -252,14 +254,22 @@ def test_a_recreated_topic_stops_ingestion_until_the_offsets_are_reset(
         # More records than the old topic had: resuming at offset 30 would skip the first 30 silently.
         produce(kafka, topic, 100, 40, partitions=[0])
 
-        with pytest.raises(SourceChangedError, match=r"deleted and created again.*icefall reset-offsets"):
+        with pytest.raises(
+            SourceChangedError, match=r"deleted and created again.*icefall reset-offsets"
+        ) as raised:
             ingestor.run_batch()
+        assert raised.value.reason is ConditionReason.TOPIC_RECREATED  # a driver's last words name it
         assert read_committed(table).snapshot_id == before.snapshot_id, "nothing was committed"
         report = audit(catalog_config, name, kafka.bootstrap)
         assert not report.ok and report.source_changed is not None
         assert "deleted and created again" in report.render()
-        assert cli.main(["status", "-f", str(manifest), "--state-dir", state_dir]) == 1
+        assert cli.main(["status", "-f", str(manifest), "--state-dir", state_dir]) == EXIT_SOURCE_CHANGED
         assert "INGESTION STOPPED" in capsys.readouterr().out
+        status = ["status", "-f", str(manifest), "--state-dir", state_dir, "--output", "json"]
+        assert cli.main(status) == EXIT_SOURCE_CHANGED
+        shown = json.loads(capsys.readouterr().out)
+        assert "deleted and created again" in shown["problem"]
+        assert shown["partitions"] == [{"partition": 0, "committed": 30, "high": 40, "lag": 10}]
 
         assert cli.main(["reset-offsets", "-f", str(manifest), "--state-dir", state_dir]) == 0
         assert "now follows topic id" in capsys.readouterr().out

@@ -9,17 +9,21 @@ no kubelet, no garbage collector: pods stay Pending forever, so nothing here wai
   durations), each with a controller owner
   reference to the StreamingTable and written by the single field manager `icefall-operator`;
 - status carries Ready/Ingesting/FreshnessMet/Degraded with `observedGeneration`; a pending driver reads
-  as Ingesting=False, reason Starting; Degraded turning True (DataLoss) and clearing gives one Warning
-  Event `Degraded` and one Normal `DegradationCleared`;
+  as Ingesting=False, reason Starting;
+- the operator reads no table and no topic: freshness, lag per partition, the table's figures, the
+  printer columns (Freshness, Lag, Files), the per-table metrics and the conditions follow what the driver
+  (its own ServiceAccount, impersonated) reports into status.writer with its table meter; the records lost
+  to retention it reports make Degraded True (DataLoss) and clearing it gives one Warning Event `Degraded`
+  and one Normal `DegradationCleared`; a service the driver waits out (the catalog, Kafka) is Ingesting
+  and Ready False with its reason;
 - a deleted driver Pod comes back (a new uid); a deleted child (a Role) comes back;
 - `spec.suspend: true` deletes the driver Pod and sets Ready=False, reason Suspended; resuming brings it back;
 - the operator killed with SIGKILL right after a new StreamingTable is created, then restarted, leaves
   exactly one driver Pod per table, and the untouched table's Pod is the same one (same uid);
-- a table that references a credential (the operator holds none: its environment has no table credential)
-  reads NotMeasured until its driver (its own ServiceAccount, impersonated) reports lag and freshness into
+- a table that references a credential reads NotMeasured until its driver reports lag and freshness into
   status.writer, then measured and fresh; the driver's Role refuses it another table's status;
-- such a table's compaction Deployment is scaled from the backlog its driver read with its own
-  credentials (`TableMeter`) and reported, and the Files column shows the driver's figures.
+- a table's compaction Deployment is scaled from the backlog its driver read with its own credentials
+  (`TableMeter`) and reported, and the Files column shows the driver's figures.
 Credentials, Secret grants and deletionPolicy Delete's purge Job: tests/integration/test_operator_trust.py.
 """
 
@@ -39,7 +43,6 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
-from confluent_kafka import Producer
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -48,13 +51,14 @@ from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import ensure_tables
 from icefall.commit.state import CommittedState
 from icefall.controller.kube import Kube
-from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer, install_crds
 from icefall.devstack.procs import free_port
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.report import BatchReport
+from icefall.ingest.table_meter import TableMeter
 from icefall.ingest.writer_status import WriterStatusReporter
 from icefall.plan.names import table_leases
+from icefall.plan.outages import Service
 from icefall.testing.e2e import wait_for as wait_until
 
 pytestmark = pytest.mark.integration
@@ -99,7 +103,6 @@ class Operator:
             **os.environ,
             "KUBECONFIG": str(self.kube.kubeconfig),
             "ICEFALL_RESYNC_SECONDS": str(self.resync_seconds),
-            "ICEFALL_OBSERVE_SECONDS": "0.5",
             "ICEFALL_STATUS_SECONDS": "1",
             "ICEFALL_IMAGE": "icefall:test",
             "PYTHONPATH": str(REPO / "operator" / "src"),
@@ -458,25 +461,31 @@ def printer_columns(kube: KubeAPIServer, name: str) -> dict[str, str]:
     return dict(zip(out[0].split(), out[1].split(), strict=True))
 
 
-def test_status_shows_freshness_lag_files_and_data_loss_from_the_table_and_kafka(
-    cluster: Cluster, operator: Operator, kube: KubeAPIServer, kafka: KafkaBroker, tmp_path: Path
+def test_status_printer_columns_and_metrics_show_what_the_driver_reports(
+    cluster: Cluster, operator: Operator, kube: KubeAPIServer, tmp_path: Path
 ) -> None:
-    kafka.create_topic("status-events", partitions=2)
-    # Offsets 0..4 in each partition, produced "a minute ago": freshness is the wait of the oldest record
-    # the table lacks (partition 0, offset 3), read from Kafka.
+    """The operator reads neither the table nor Kafka (the table's catalog is a SQLite file of the test's;
+    its brokers an address nobody listens at): the driver, with its own ServiceAccount, reports what it
+    measured and read (`WriterStatusReporter` with its `TableMeter`), and status, printer columns, conditions,
+    Events and metrics follow the report."""
     a_minute_ago = int(time.time() * 1000) - 60_000
-    producer = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(10):
-        producer.produce("status-events", value=b"{}", partition=i % 2, timestamp=a_minute_ago + i)
-    assert producer.flush(30) == 0
-    obj = small_table("status", tmp_path, topic="status-events", bootstrap=kafka.bootstrap)
-    table = ensure_tables(lake_catalog(tmp_path).pyiceberg(), streaming_table_from_object(obj)).table
+    obj = small_table("status", tmp_path, topic="status-events", bootstrap=f"127.0.0.1:{free_port()}")
+    st = streaming_table_from_object(obj)
+    table = ensure_tables(lake_catalog(tmp_path).pyiceberg(), st).table
     rows = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
     commit_like_ingestion(table, rows, offsets={0: 3, 1: 5}, produce_ms=a_minute_ago)
     snapshot = table.refresh().current_snapshot().snapshot_id
     cluster.create_st(obj)
     wait_for("the driver pod", lambda: cluster.pod("status-ingest"))
     mark_running(cluster, "status-ingest")
+    # The driver's side: its meter reads the table, its batches measure the lag (2 records wait in
+    # partition 0, the newest committed one a minute old).
+    meter = TableMeter(st, lake_catalog(tmp_path))
+    assert meter.read_once() is not None
+    report = WriterStatusReporter(
+        Kube(driver_client(kube, "status")), NAMESPACE, "status", interval=0, meter=meter
+    )
+    report(BatchReport(8, 8, 0, 1.0, 0.1, snapshot, {0: 3, 1: 5}, 2, 61.0, partition_lag={0: 2, 1: 0}))
 
     def measured() -> Obj | None:
         status = cluster.st("status").get("status") or {}
@@ -501,14 +510,20 @@ def test_status_shows_freshness_lag_files_and_data_loss_from_the_table_and_kafka
 
     # The driver commits the rest: caught up, fresh, Ready.
     commit_like_ingestion(table, [(0, 3), (0, 4)], offsets={0: 5, 1: 5}, produce_ms=int(time.time() * 1000))
+    meter.read_once()
+    landed = table.refresh().current_snapshot().snapshot_id
+    report(BatchReport(2, 2, 0, 1.0, 0.1, landed, {0: 5, 1: 5}, 0, 0.0, partition_lag={0: 0, 1: 0}))
     wait_for("Ready", lambda: conditions_of(cluster, "status").get("Ready") == ("True", "Running"), 30)
     assert conditions_of(cluster, "status")["Ingesting"] == ("True", "CaughtUp")
     status = cluster.st("status")["status"]
     assert (status["freshness"]["seconds"], status["freshness"]["lagRecords"]) == (0, 0)
+    assert status["freshness"]["snapshotId"] == landed
     assert printer_columns(kube, "status")["FRESHNESS"] == "0"
 
     # Retention deleted records before they were ingested: Degraded until acknowledged.
     commit_like_ingestion(table, [], offsets={0: 5, 1: 5}, produce_ms=int(time.time() * 1000), lost=4)
+    meter.read_once()
+    report(None)  # caught up; the meter's reading counts the lost records
     wait_for("DataLoss", lambda: conditions_of(cluster, "status").get("Degraded") == ("True", "DataLoss"), 30)
     assert cluster.st("status")["status"]["dataLossRecords"] == 4
     assert conditions_of(cluster, "status")["Ready"] == ("False", "DataLoss")
@@ -551,23 +566,29 @@ def test_status_shows_freshness_lag_files_and_data_loss_from_the_table_and_kafka
     assert "TableRetained" in reasons
 
 
-def test_unreachable_catalog_and_kafka_are_conditions_and_retain_deletes_without_them(
-    cluster: Cluster, operator: Operator
+def test_a_service_the_driver_waits_out_is_a_condition_and_retain_deletes_without_it(
+    cluster: Cluster, operator: Operator, kube: KubeAPIServer
 ) -> None:
+    """Neither the catalog (a path that does not exist) nor Kafka (nobody listens) can be reached, and the
+    operator tries neither: the driver says which one it waits out, and deleting takes neither."""
     cluster.create_st(small_table("nocatalog", None, bootstrap=f"127.0.0.1:{free_port()}"))
     wait_for("the driver pod", lambda: cluster.pod("nocatalog-ingest"))
     mark_running(cluster, "nocatalog-ingest")
+    report = WriterStatusReporter(Kube(driver_client(kube, "nocatalog")), NAMESPACE, "nocatalog", interval=0)
+    for service, reason, named in (
+        (Service.CATALOG, "CatalogUnavailable", "the catalog"),
+        (Service.KAFKA, "KafkaUnavailable", "Kafka"),
+    ):
+        report.waiting(service)
 
-    def blocked() -> Obj | None:
-        ingesting = condition(cluster.st("nocatalog"), "Ingesting")
-        return ingesting if ingesting and "cannot read the table" in ingesting["message"] else None
+        def blocked(reason: str = reason) -> Obj | None:
+            ingesting = condition(cluster.st("nocatalog"), "Ingesting")
+            return ingesting if ingesting and ingesting["reason"] == reason else None
 
-    ingesting = wait_for("Ingesting=False naming the catalog and Kafka", blocked, timeout=30)
-    # Kafka is the more decisive reason; the message names both problems, without secrets.
-    assert (ingesting["status"], ingesting["reason"]) == ("False", "KafkaUnavailable")
-    assert "cannot read the table it.nocatalog from catalog 'lake'" in ingesting["message"]
-    assert "cannot read the watermarks of topic 'events'" in ingesting["message"]
-    assert conditions_of(cluster, "nocatalog")["Ready"] == ("False", "KafkaUnavailable")
+        ingesting = wait_for(f"Ingesting=False, {reason}", blocked, timeout=30)
+        assert ingesting["status"] == "False"
+        assert f"the driver cannot reach {named} and waits for it" in ingesting["message"]
+        assert conditions_of(cluster, "nocatalog")["Ready"] == ("False", reason)
     started = time.monotonic()
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "nocatalog")
     wait_for("the StreamingTable to go", lambda: gone(cluster, "nocatalog"), 30)
@@ -691,40 +712,6 @@ def test_only_the_leader_reconciles_and_a_follower_takes_over(
             op.stop()
 
 
-def test_compaction_replicas_follow_the_measured_backlog(
-    cluster: Cluster, operator: Operator, tmp_path: Path
-) -> None:
-    from icefall.compact.view import read_table_view
-    from icefall.plan.maintenance import backlog, plan_maintenance, policy_from_spec
-    from icefall.plan.scaling import compaction_replicas
-
-    obj = small_table("tidy", tmp_path)
-    st = streaming_table_from_object(obj)
-    table = ensure_tables(lake_catalog(tmp_path).pyiceberg(), st).table
-    for offset in range(8):  # eight tiny files: what frequent small commits leave behind
-        commit_like_ingestion(
-            table, [(0, offset)], offsets={0: offset + 1}, produce_ms=int(time.time() * 1000)
-        )
-    table = table.refresh()
-    work = backlog(plan_maintenance(read_table_view(table, list_storage=False), policy_from_spec(st.spec), 0))
-    expected = compaction_replicas(work, st.spec.compaction.min_replicas, st.spec.compaction.max_replicas)
-    assert work > 0 and expected > 0
-    cluster.create_st(obj)
-
-    def scaled() -> Any:
-        found = cluster.apps.list_namespaced_deployment(
-            NAMESPACE, field_selector="metadata.name=tidy-compact"
-        )
-        return any(d.spec.replicas == expected for d in found.items)
-
-    wait_for(f"the compaction Deployment at {expected} replicas", scaled, timeout=30)
-    shape = wait_for("table status", lambda: (cluster.st("tidy").get("status") or {}).get("table"))
-    assert (shape["compactionBacklog"], shape["smallFileRatio"], shape["files"]) == (work, 1.0, 8)
-    assert "lastCompactionTime" not in shape  # nothing was rewritten yet
-    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "tidy")
-    wait_for("the StreamingTable to go", lambda: gone(cluster, "tidy"), 30)
-
-
 def test_a_leader_that_was_paused_past_its_lease_notices_it_lost_leadership(api: client.ApiClient) -> None:
     from icefall.controller.leader import LeaderElection
 
@@ -794,11 +781,10 @@ def driver_client(kube: KubeAPIServer, name: str) -> client.ApiClient:
 def test_compaction_is_scaled_from_the_drivers_report_by_an_operator_without_credentials(
     kube: KubeAPIServer, cluster: Cluster, operator: Operator, tmp_path: Path
 ) -> None:
-    """The table references a credential (its catalog's password, from a granted Secret), so the operator,
-    which holds none, never reads it. Its driver reads the table with its own credentials (`TableMeter`)
+    """The table references a credential (its catalog's password, from a granted Secret); the operator
+    holds none and reads no table anyway. Its driver reads the table with its own credentials (`TableMeter`)
     and reports the backlog into status.writer (its own ServiceAccount); the operator scales the
     compaction Deployment from that report, and shows the driver's figures (the Files column)."""
-    from icefall.ingest.table_meter import TableMeter
     from icefall.plan.scaling import compaction_replicas
 
     grant_secret(cluster, "tidy-lake", {"password": "table-password"})
@@ -840,7 +826,8 @@ def test_compaction_is_scaled_from_the_drivers_report_by_an_operator_without_cre
 
     wait_for(f"the compaction Deployment at {expected} replicas", scaled, timeout=30)
     shape = wait_for("table status", lambda: (cluster.st("tidy-reported").get("status") or {}).get("table"))
-    assert (shape["compactionBacklog"], shape["files"]) == (backlog, 8)
+    assert (shape["compactionBacklog"], shape["files"], shape["smallFileRatio"]) == (backlog, 8, 1.0)
+    assert "lastCompactionTime" not in shape  # nothing was rewritten yet
     assert printer_columns(kube, "tidy-reported")["FILES"] == "8"
     writer = cluster.st("tidy-reported")["status"]["writer"]
     assert writer["tableUuid"] == str(table.metadata.table_uuid)

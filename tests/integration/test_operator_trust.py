@@ -7,6 +7,11 @@ Proves:
   small servers on 127.0.0.1 that record every connection), whether the table references a granted Secret
   or `{env: HOME}`: after many passes they have seen not one connection, and the table says the driver
   measures it;
+- nor does it lend its network position: for tables that need no credential at all (a SQLite path on the
+  operator's own disk, a PostgreSQL catalog without a password, a REST catalog without auth, PLAINTEXT
+  Kafka: recording sockets on 127.0.0.1), after many passes no socket saw a connection and the SQLite path
+  was never opened, and status shows what the table's driver reported (freshness, lag per partition, the
+  table's figures);
 - a table referencing a Secret without the label icefall.dev/streamingtables=allow runs no pod (no driver,
   compaction at 0) and says Ready=False, reason SecretNotAllowed, with the field, the Secret and the fix;
   once an admin labels the Secret, the driver Pod comes;
@@ -38,6 +43,7 @@ from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import ensure_tables
 from icefall.controller.kube import Kube
 from icefall.devstack.kube import KubeAPIServer, install_crds
+from icefall.ingest.report import BatchReport
 from icefall.ingest.table_meter import TableMeter
 from icefall.ingest.writer_status import WriterStatusReporter
 from icefall.plan.grants import SECRET_GRANT_LABEL
@@ -190,14 +196,69 @@ def test_the_operator_sends_its_own_environment_to_no_endpoint_a_table_names(
         for name in ("lent", "homed"):
             freshness = condition(api, name, "FreshnessMet")
             assert freshness is not None and freshness["reason"] == "NotMeasured", freshness
-            assert (
-                "driver" in freshness["message"]
-                and "spec.table.catalog.secretProperties" in freshness["message"]
-            )
+            assert "driver" in freshness["message"] and "not reported yet" in freshness["message"]
         log = operator.log.read_text(errors="replace")
         assert not [value for value in LENT.values() if value in log]
     finally:
         catalog.close()
+        kafka.close()
+
+
+def test_the_operator_lends_no_network_position_and_shows_what_the_driver_reports(
+    kube: KubeAPIServer, api: JsonApi, operator: Operator, tmp_path: Path
+) -> None:
+    """Tables that need no credential at all, naming what only the operator could reach: a SQLite file on
+    the operator's own disk, a PostgreSQL catalog with no password, a REST catalog with no auth, topics on
+    PLAINTEXT Kafka (listening sockets on 127.0.0.1 that record every connection). After many passes over
+    them, no socket saw a connection and the SQLite path was never opened (it would be created); the
+    status of the SQLite table shows what its driver reported (its own pod, its own disk)."""
+    postgres, rest, kafka = Recorder(), Recorder(), Recorder()
+    operator_disk = tmp_path / "operator-disk"  # where the tenant points the operator's SQLite client
+    operator_disk.mkdir()
+    try:
+        bootstrap = f"127.0.0.1:{kafka.port}"
+        tables = {
+            "on-disk": sqlite_catalog(operator_disk),
+            "on-postgres": {"name": "lake", "type": "sql",
+                            "uri": f"postgresql+psycopg2://icefall@127.0.0.1:{postgres.port}/lake",
+                            "warehouse": f"file://{operator_disk / 'warehouse'}"},
+            "on-rest": {"name": "lake", "type": "rest", "uri": f"http://127.0.0.1:{rest.port}"},
+        }  # fmt: skip
+        before = passes(operator)
+        for name, catalog in tables.items():
+            api.call("POST", ST, streaming_table(name, catalog, bootstrap=bootstrap))
+        wait_for("20 passes", lambda: passes(operator) >= before + 20, timeout=60, details=operator.tail)
+        seen = {"postgres": postgres.received, "rest": rest.received, "kafka": kafka.received}
+        assert seen == {"postgres": [], "rest": [], "kafka": []}, seen
+        assert list(operator_disk.iterdir()) == [], "the operator opened the SQLite path a table names"
+        freshness = condition(api, "on-disk", "FreshnessMet")
+        assert freshness is not None and freshness["reason"] == "NotMeasured", freshness
+        assert "driver" in freshness["message"], freshness
+
+        # The driver, in its own pod with its own disk (here a folder of the test's), reports.
+        obj = streaming_table("on-disk", sqlite_catalog(tmp_path / "driver-disk"))
+        driver_lake = CatalogConfig.for_table(streaming_table_from_object(obj).spec)
+        ensure_tables(driver_lake.pyiceberg(), streaming_table_from_object(obj))
+        reported = report_as_the_driver(kube, obj, driver_lake, lag={0: 3, 1: 0}, freshness=1.5)
+
+        def measured() -> Obj | None:
+            status = (api.get(f"{ST}/on-disk") or {}).get("status") or {}
+            return status if (status.get("freshness") or {}).get("lagRecords") == 3 else None
+
+        status = wait_for("the driver's figures in status", measured, timeout=30, details=operator.tail)
+        assert status["freshness"]["seconds"] == 1.5
+        assert status["freshness"]["partitionLag"] == {"0": 3, "1": 0}
+        assert status["table"]["files"] == 0 and status["writer"]["tableUuid"] == reported
+        freshness = condition(api, "on-disk", "FreshnessMet")
+        assert freshness is not None and freshness["reason"] == "WithinTarget", freshness
+        later = passes(operator)
+        wait_for("10 more passes", lambda: passes(operator) >= later + 10, timeout=60, details=operator.tail)
+        seen = {"postgres": postgres.received, "rest": rest.received, "kafka": kafka.received}
+        assert seen == {"postgres": [], "rest": [], "kafka": []}, seen
+        assert list(operator_disk.iterdir()) == []
+    finally:
+        postgres.close()
+        rest.close()
         kafka.close()
 
 
@@ -232,9 +293,17 @@ def test_a_secret_without_the_grant_runs_no_pod_until_it_is_labelled(
     wait_for("the driver pod once granted", lambda: api.get(f"{pods}/refused-ingest"), timeout=30)
 
 
-def report_as_the_driver(kube: KubeAPIServer, obj: Obj, catalog: CatalogConfig) -> str:
+def report_as_the_driver(
+    kube: KubeAPIServer,
+    obj: Obj,
+    catalog: CatalogConfig,
+    *,
+    lag: dict[int, int] | None = None,
+    freshness: float = 0.0,
+) -> str:
     """What the table's driver reports (its own ServiceAccount, impersonated): the table read with its
-    catalog (`TableMeter`), the table-uuid among it. Returns that uuid."""
+    catalog (`TableMeter`), the table-uuid among it, and with `lag` (per partition) a batch that landed
+    `freshness` seconds behind. Returns the table-uuid."""
     st = streaming_table_from_object(obj)
     name = st.metadata.name
     driver = config.new_client_from_config(config_file=str(kube.kubeconfig))
@@ -242,7 +311,12 @@ def report_as_the_driver(kube: KubeAPIServer, obj: Obj, catalog: CatalogConfig) 
     meter = TableMeter(st, catalog)
     reading = meter.read_once()
     assert reading is not None
-    WriterStatusReporter(Kube(driver), NAMESPACE, name, meter=meter)(None)
+    reporter = WriterStatusReporter(Kube(driver), NAMESPACE, name, meter=meter)
+    if lag is None:
+        reporter(None)
+    else:
+        total = sum(lag.values())
+        reporter(BatchReport(1, 1, 0, 1.0, 0.1, 7, {}, total, freshness, partition_lag=lag))
     return reading.table_uuid
 
 

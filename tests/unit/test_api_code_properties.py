@@ -7,7 +7,7 @@ Proves, through the validation the operator and `icefall run` share (`streaming_
   and in `secretProperties`, each with its field and the reason; Iceberg's location-provider classes are
   refused in the table properties;
 - properties that only look alike are accepted (`rest.auth.type: oauth2`, `s3.write.storage-class`,
-  `header.*`, the README's S3 and SigV4 settings);
+  `header.*`, docs/catalogs.md's S3 and SigV4 settings);
 - `spec.source.properties` is an allow-list: tuning settings pass, settings that load code (config
   providers, `*.class`, `partition.assignment.strategy`, ...) are refused as such, anything else as not on
   the allow-list; Icefall's own and security settings keep their own messages;

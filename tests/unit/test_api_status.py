@@ -151,6 +151,7 @@ def test_spec_objects_are_closed_and_metadata_status_open() -> None:
         "FreshnessStatus",
         "TableStatus",
         "WriterReport",
+        "PartitionLag",
     }
     for name, definition in defs.items():
         if definition.get("type") != "object":

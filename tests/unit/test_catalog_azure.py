@@ -12,7 +12,7 @@ Proves:
 - an account key in plain `properties` is refused as secret-looking;
 - AzureFileIO hands pyarrow `<container>/<path>` for abfs(s)/wasb(s) locations and parses every other
   location as pyiceberg does (a pyiceberg upgrade that moves `parse_location` fails here);
-- the README's Azure example maps as it says;
+- the Azure example of docs/catalogs.md maps as it says;
 - the orphan listing's path mapping turns `abfss://c@host/p` into `c/p` and back, exactly.
 Not proved here: that the clients reach Azurite (tests/integration do, with real servers).
 """
@@ -138,9 +138,9 @@ def test_azure_file_io_paths(location: str, inner: str) -> None:
     assert prefix + listed.partition("/")[2] == location
 
 
-def test_the_readme_example_maps_as_documented() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("**sql on PostgreSQL, files in Azure storage**", 1)[1]
+def test_the_documented_example_maps_as_documented() -> None:
+    catalogs = (Path(__file__).resolve().parents[2] / "docs" / "catalogs.md").read_text()
+    section = catalogs.split("**sql on PostgreSQL, files in Azure storage**", 1)[1]
     block = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", section, re.S)[0])["catalog"]
     config = CatalogConfig.for_table(
         table_with(block).spec,

@@ -1,4 +1,5 @@
-"""The bounds the operator's catalog clients get (`icefall.catalog.timeouts`), as properties and URLs.
+"""The bounds a catalog client gets (`icefall.catalog.timeouts`; the driver's table meter's), as properties
+and URLs.
 
 Proves: a PostgreSQL URL gets libpq's connect_timeout (whole seconds, never above the bound, a smaller one
 kept), tcp_user_timeout and a statement_timeout appended to the user's own `options`; the object store's

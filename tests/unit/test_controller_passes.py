@@ -8,13 +8,16 @@ changed or that were deleted, and all of them again after the repair interval; p
 from the watch's index when given one (no GET); `observe` plans the same way but reads and writes
 status only (no child, Pod, annotation or Event), even when the driver is missing; a StreamingTable being
 deleted is left alone by both; a body the models refuse becomes an InvalidSpec status and one Warning Event
-from either pass.
+from either pass. Metrics: every pass exports the table's conditions (an invalid body's too), and a driver
+Pod created again after a failure counts one restart, a first start none, a create that found the Pod there
+none.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -26,6 +29,8 @@ from icefall.controller.kube import Kube
 from icefall.controller.reconcile import Config, Context
 from icefall.controller.status import StatusMemory
 from icefall.plan.driver import EventReason
+from icefall.plan.names import ANNOTATION_DRIVER_HISTORY
+from icefall.runtime.metrics import REGISTRY
 
 pytestmark = pytest.mark.unit
 
@@ -185,3 +190,39 @@ def test_an_unreadable_body_is_an_invalid_spec_status_and_a_warning() -> None:
         outcome = run(broken, context(kube, StatusMemory()))
         assert kube.calls == [("patch_status", "orders")]
         assert [e.reason for e in outcome.events] == [EventReason.SPEC_CHANGED]
+
+
+def condition_sample(name: str, kind: str, status: str, reason: str) -> float | None:
+    labels = {"table": f"shop.{name}", "type": kind, "status": status, "reason": reason}
+    return REGISTRY.get_sample_value("icefall_table_condition", labels)
+
+
+def test_passes_export_the_conditions_an_invalid_body_included() -> None:
+    reconcile.observe(body(name="exported"), context(RecordingKube(), StatusMemory()))
+    assert condition_sample("exported", "Degraded", "False", "Healthy") == 1
+    broken = body(name="exported")
+    broken["spec"]["source"]["topic"] = ""
+    reconcile.observe(broken, context(RecordingKube(), StatusMemory()))
+    assert condition_sample("exported", "Degraded", "True", "InvalidSpec") == 1
+    assert condition_sample("exported", "Degraded", "False", "Healthy") is None
+
+
+def restarts(name: str) -> float | None:
+    return REGISTRY.get_sample_value("icefall_driver_restarts_total", {"table": f"shop.{name}"})
+
+
+def test_a_driver_created_again_after_a_failure_counts_one_restart() -> None:
+    failed = {"failures": 2, "lastFailureTime": (NOW - timedelta(hours=1)).isoformat()}
+    history = {ANNOTATION_DRIVER_HISTORY: json.dumps(failed)}
+    kube = RecordingKube()
+    reconcile.apply(body(name="crashing", annotations=history), context(kube, StatusMemory()))
+    assert ("create", "Pod/crashing-ingest") in kube.calls
+    assert restarts("crashing") == 1
+    # The create found the Pod there already (another pass made it): not counted again.
+    raced = RecordingKube()
+    raced.create = lambda manifest: False  # type: ignore[method-assign]
+    reconcile.apply(body(name="crashing", annotations=history), context(raced, StatusMemory()))
+    assert restarts("crashing") == 1
+    # A first start is no restart.
+    reconcile.apply(body(name="fresh"), context(RecordingKube(), StatusMemory()))
+    assert restarts("fresh") == 0

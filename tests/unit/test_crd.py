@@ -7,9 +7,10 @@ a type; no `$ref`, `anyOf`/`oneOf`/`allOf`/`not`, `title`, `nullable` or `additi
 property has a description; defaults are valid for their node and mean what the models mean (a minimal
 manifest defaulted the way the API server defaults reads back as the same StreamingTable, and every
 defaulted object is the model's default); identity fields carry `self == oldSelf`; every CEL rule has a
-message; the `type` pattern agrees with the model's type parser; the recursive schema is typed to
-`TYPED_SCHEMA_DEPTH` and kept unchecked below; names, printer columns and the status subresource are the
-documented ones; unions that have no structural form are refused.
+message; the `type` pattern agrees with the model's type parser; condition reasons are a CamelCase
+pattern, not an enum (a newer operator's reasons pass an older CRD), with this release's listed; the
+recursive schema is typed to `TYPED_SCHEMA_DEPTH` and kept unchecked below; names, printer columns and
+the status subresource are the documented ones; unions that have no structural form are refused.
 
 What the API server does with the schema (admission, CEL cost, pruning) is proven in
 tests/integration/test_crd_admission.py.
@@ -42,6 +43,7 @@ from icefall.api import (
 from icefall.api.base import ApiModel
 from icefall.api.crd import CRD_PATH, HEADER, build_crd, render_crd
 from icefall.api.crd_schema import TYPE_PATTERN, TYPED_SCHEMA_DEPTH, structural_schema
+from icefall.api.status import REASON_MAX_LENGTH, REASON_PATTERN, ConditionReason
 
 pytestmark = pytest.mark.unit
 
@@ -358,3 +360,18 @@ def test_the_model_and_the_crd_agree_on_required_fields(root: Node) -> None:
     # topic or topics: exactly one, by a rule (`icefall.api.crd_rules`)
     assert set(at(root, "spec.source")["required"]) == {"bootstrapServers"}
     assert StreamingTable.model_fields["spec"].is_required()
+
+
+def test_condition_reasons_are_camel_case_words_not_an_enum(root: Node) -> None:
+    """Helm never upgrades a CRD: a reason a newer operator adds must pass an older CRD, so the CRD stores
+    any CamelCase word and lists this release's reasons in its description; the model keeps the enum."""
+    condition = root["properties"]["status"]["properties"]["conditions"]["items"]["properties"]
+    reason = condition["reason"]
+    assert "enum" not in reason and reason["pattern"] == REASON_PATTERN, reason
+    assert reason["maxLength"] == REASON_MAX_LENGTH
+    for known in ConditionReason:
+        assert re.fullmatch(REASON_PATTERN, known.value) and len(known.value) <= REASON_MAX_LENGTH
+        assert re.search(rf"\b{known.value}\b", reason["description"]), known
+    for refused in ("", "allGood", "All Good", "All_Good", "Ready!", "A" * (REASON_MAX_LENGTH + 1)):
+        assert not (re.fullmatch(REASON_PATTERN, refused) and len(refused) <= REASON_MAX_LENGTH), refused
+    assert "enum" in condition["type"], "a new condition type is an API change"

@@ -6,7 +6,11 @@ Proves: examples/cluster.yaml (a Secret and a StreamingTable in one file) loads 
 REST catalog with its files in S3 on both the pyiceberg and the Spark side; examples/cluster-values.yaml
 gives the operator no credential (it holds none) and the Secret carries the grant label StreamingTables
 need (e2e/test_user_path.py installs the chart with it); and every single-table example (json, Debezium,
-Protobuf, JSON Schema) loads.
+Protobuf, JSON Schema) loads. The examples of what users run (PostgreSQL and REST catalogs; S3, GCS and
+Azure storage; Kafka SASL over TLS; a dead-letter topic; transforms; retention; keyed Avro) exist, pass
+`icefall validate` (`--cluster` for those that name a catalog: tests/unit/test_cli_validate.py), and say
+what their comments say: each Secret reference names a key of the granted Secret in the same file, and the
+catalog maps to the file IO of its warehouse's store on the Spark side.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from icefall.api import load_manifest
+from icefall.api import StreamingTableSpec, load_manifest
 from icefall.catalog import CatalogConfig
+from icefall.catalog.azure import ADLS_FILE_IO
+from icefall.catalog.config import GCS_FILE_IO, S3_FILE_IO
 from icefall.plan.env import secret_env_vars
 from icefall.plan.grants import granted
 
@@ -63,3 +69,56 @@ def test_every_streaming_table_example_is_valid() -> None:
         assert CLUSTER.with_name(f"{name}.yaml") in tables
     for path in tables:
         load_manifest(path)  # raises, naming the field, when an example drifts from the API
+
+
+#: Example -> (the store its files are in: Spark's file IO, or None without a catalog), for what users run.
+USER_EXAMPLES = {
+    "catalog-postgres": S3_FILE_IO,
+    "catalog-rest": S3_FILE_IO,
+    "storage-gcs": GCS_FILE_IO,
+    "storage-azure": ADLS_FILE_IO,
+    "kafka-sasl-tls": S3_FILE_IO,
+    "dead-letter-topic": None,
+    "transforms": None,
+    "retention": None,
+    "keyed-avro": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(USER_EXAMPLES))
+def test_each_user_example_references_only_its_granted_secret_and_maps_its_store(name: str) -> None:
+    path = CLUSTER.with_name(f"{name}.yaml")
+    st = load_manifest(path)
+    kafka_env, catalog_env, problems = secret_env_vars(st.spec)
+    assert problems == []
+    secrets = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Secret"]
+    references = [*kafka_env, *catalog_env]
+    if references:
+        (secret,) = secrets
+        assert granted(secret["metadata"].get("labels"))
+        assert {env.secret for env in references} == {secret["metadata"]["name"]}
+        assert {env.key for env in references} <= set(secret["stringData"]), name
+    io = USER_EXAMPLES[name]
+    assert (st.spec.table.catalog is None) == (io is None)
+    if io is not None:
+        config = CatalogConfig.for_table(st.spec, environ={env.name: "x" for env in catalog_env})
+        assert config.spark_conf()["spark.sql.catalog.lake.io-impl"] == io
+
+
+def test_the_user_examples_show_what_their_names_say() -> None:
+    def spec(name: str) -> StreamingTableSpec:
+        return load_manifest(CLUSTER.with_name(f"{name}.yaml")).spec
+
+    postgres, rest = spec("catalog-postgres").table.catalog, spec("catalog-rest").table.catalog
+    assert postgres is not None and postgres.uri.startswith("postgresql://")
+    assert rest is not None and rest.type == "rest"
+    security = spec("kafka-sasl-tls").source.security
+    assert security.protocol == "SASL_SSL" and security.ca_cert is not None
+    dead_letter = spec("dead-letter-topic").dead_letter
+    assert dead_letter.topic and dead_letter.table.enabled
+    transforms = spec("transforms").transforms
+    assert transforms.select and transforms.filter
+    retention = spec("retention").retention
+    assert retention is not None and retention.max_age_seconds == 90 * 86400
+    keyed = spec("keyed-avro")
+    assert (keyed.mode, keyed.key, keyed.format.type) == ("upsert", ["id"], "avro")

@@ -11,7 +11,8 @@ Service port here; the REST server's CATALOG_* variables spell the properties ic
 gives the same server; the kind Helm values only name the image (the operator's environment is
 examples/cluster-values.yaml's, as in the local e2e); the script is valid bash and clean under shellcheck
 and runs e2e/test_user_path.py (the local harness's module) with ICEFALL_E2E_KUBECONFIG set, and hack/kind/
-has no test module of its own; `make e2e-kind` runs the script and both READMEs say what it does.
+has no test module of its own; `make e2e-kind` runs the script, and docs/cluster.md and e2e/README.md say
+what it does.
 Not proven: that the cluster comes up and the test passes there (only Docker can show that).
 """
 
@@ -213,10 +214,10 @@ def test_the_script_runs_the_local_harness_module_with_the_switch_set() -> None:
     assert not list(KIND.glob("*.py")), "hack/kind/ holds no test code of its own"
 
 
-def test_make_e2e_kind_runs_the_script_and_the_readme_says_so() -> None:
+def test_make_e2e_kind_runs_the_script_and_the_docs_say_so() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^e2e-kind: .*\n\t.*hack/kind/e2e-kind\.sh$", makefile, re.M)
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "cluster.md").read_text()
     for named in (
         "make e2e-kind",
         "hack/kind/values.yaml",

@@ -493,7 +493,9 @@ def test_a_local_master_keeps_spark_in_the_driver_pod(
     assert children.absent == (ObjectRef("v1", "ConfigMap", "orders-ingest-executor"),)
     assert all(m["kind"] != "ConfigMap" for m in children.applied)
     role = children.get("Role", "icefall-orders-driver")
-    assert {r["apiGroups"][0] for r in role["rules"]} == {"icefall.dev", "coordination.k8s.io"}
+    assert {r["apiGroups"][0] for r in role["rules"]} == {"icefall.dev", "coordination.k8s.io", ""}
+    # Of the core group, only Events (an offset reset request's outcome): no pods without executors.
+    assert [r["resources"] for r in role["rules"] if r["apiGroups"] == [""]] == [["events"]]
     assert children.driver_pod is not None
     assert children.driver_pod["spec"]["containers"][0]["ports"] == [
         {"name": "metrics", "containerPort": POD_METRICS_PORT, "protocol": "TCP"}
@@ -531,7 +533,9 @@ def test_driver_rbac_is_namespaced_least_privilege_and_names_the_commit_lease() 
         "streamingtables/status",
         "leases",
         "pods",
+        "events",
     }
+    assert by_resource["events"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     rules = by_resource["leases"]
     assert {"resourceNames": [leases.commit], "verbs": ["get", "update"]}.items() <= rules[0].items()
     # An upgrade: the commit Lease of versions before identity-keyed names is taken, then removed.

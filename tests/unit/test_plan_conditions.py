@@ -440,6 +440,26 @@ def test_a_driver_halted_on_lost_records_says_so_in_ingesting_ready_and_degraded
     assert driver_refusal(DriverState.RUNNING, history) is None  # a driver that got past it
 
 
+@pytest.mark.parametrize(
+    ("reason", "line"),
+    [
+        (R.TOPIC_RECREATED, "topic 'orders' was deleted and created again (its id was a, now b): ..."),
+        (R.OFFSETS_AHEAD_OF_TOPIC, "the table has committed offsets past the end of topic 'orders' (...)"),
+    ],
+)
+def test_a_driver_stopped_by_a_changed_topic_says_so_in_degraded_and_ready(reason: R, line: str) -> None:
+    """The operator reads no topic: a driver that found it recreated or truncated (`SourceChangedError`)
+    leaves `<reason>: <line>` as its last words: Degraded and Ready say that reason and the line."""
+    history = DriverHistory(failures=1, last_message=f"{reason.value}: orders: {line}")
+    issue = driver_refusal(DriverState.BACKING_OFF, history)
+    assert issue is not None and issue.reason is reason and line in issue.message
+    observed = healthy(issues=(issue,), driver=DriverState.BACKING_OFF, driver_message="exit code 4")
+    states = by_type(derive_conditions(observed, table(), T0))
+    assert states[C.INGESTING] == (S.FALSE, R.DRIVER_FAILED)
+    assert states[C.DEGRADED] == (S.TRUE, reason)
+    assert states[C.READY] == (S.FALSE, reason)
+
+
 # --- endpoint text ---------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ Proves, on the rendered manifests:
   mount the table's own Secret there, read-only, by name; the Secret is rendered without a value,
   immutable, for creation only (`Children.created`), with metadata that does not change with the spec;
   nothing rendered carries Spark's secret settings or variable (`spark.authenticate.secret`,
-  `SPARK_AUTHENTICATE_SECRET`); a table cannot turn any of it off (`spec.spark.conf` refuses the keys);
+  `_SPARK_AUTH_SECRET`); a table cannot turn any of it off (`spec.spark.conf` refuses the keys);
 - a local master (no executors) gets none of it;
 - the NetworkPolicy selects the table's driver, executors and compaction pods and not the chart's operator
   pod; it admits the table's driver and executors (not its compaction pods) to each other, and the
@@ -26,7 +26,7 @@ import pytest
 from icefall.api import StreamingTable
 from icefall.plan.children import Children, ObjectRef, desired_children
 from icefall.plan.env import ENV_SPARK_CONF
-from icefall.plan.isolation import SPARK_AUTH_DIR, SPARK_AUTH_FILE, spark_auth_conf
+from icefall.plan.isolation import SPARK_AUTH_DIR, SPARK_AUTH_FILE
 from icefall.plan.settings import OperatorSettings
 from icefall.plan.spark_conf import EXECUTOR_TEMPLATE_KEY
 
@@ -86,11 +86,12 @@ def auth_mounts(pod_spec: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str
     ]
 
 
-def test_spark_rpc_conf_reads_the_tables_secret_file_mounted_in_driver_and_executors() -> None:
-    """Not switched on in the driver's conf yet (`icefall.plan.spark_conf`): Spark 4.1's executors did not
-    find the secret on the e2e cluster."""
+def test_spark_rpc_is_authenticated_and_encrypted_with_the_tables_secret_file() -> None:
     children = render()
-    assert spark_auth_conf() == {
+    conf = driver_conf(children)
+    assert {
+        key: conf[key] for key in conf if key.startswith(("spark.authenticate", "spark.network.crypto"))
+    } == {
         "spark.authenticate": "true",
         "spark.authenticate.secret.file": SPARK_AUTH_FILE,
         "spark.authenticate.secret.driver.file": SPARK_AUTH_FILE,
@@ -109,7 +110,7 @@ def test_spark_rpc_conf_reads_the_tables_secret_file_mounted_in_driver_and_execu
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     # Nothing carries the value or the settings that would hold it.
     rendered = json.dumps([*children.applied, children.driver_pod, *children.created])
-    assert '"spark.authenticate.secret"' not in rendered and "SPARK_AUTHENTICATE_SECRET" not in rendered
+    assert '"spark.authenticate.secret"' not in rendered and "_SPARK_AUTH_SECRET" not in rendered
 
 
 def test_the_secret_is_created_once_whatever_the_spec_becomes() -> None:

@@ -1,18 +1,15 @@
-"""No credential lending, decided (pure): which Secrets a StreamingTable may reference (`plan.grants`), when
-the operator reads a table itself (`plan.table_status.not_read_by_operator`), and `deletionPolicy: Delete`'s
-purge Job and steps (`plan.purge`).
+"""No credential lending, decided (pure): which Secrets a StreamingTable may reference (`plan.grants`), and
+`deletionPolicy: Delete`'s purge Job and steps (`plan.purge`). (The operator reads no table at all:
+tests/integration/test_operator_trust.py.)
 
 Proves: a Secret is usable only with the label icefall.dev/streamingtables=allow, whether a credential
-reference or spec.pods names it, and each refusal names the field, the Secret and the fix (a missing
-Secret too); such a table is Ingesting=False and Ready=False,
-reason SecretNotAllowed, and a running driver is stopped with a Warning Event; any credential reference,
-`{env: NAME}` included, leaves the table to its driver, and so does a catalog or object store the
-operator would reach with its own identity (only a table that needs no credential of anyone is read by
-the operator); the purge Job runs `icefall purge` with the
-recorded table-uuids under the driver's ServiceAccount with only the catalog's secretKeyRef variables, the
-restricted security context, an owner reference, and fails at once on a refusal; `purge_step` keeps the
-table without a recorded uuid, for another StreamingTable that recorded the same uuid, with a Secret not
-granted, after a failure or the deadline, and drops it only through a completed Job.
+reference or spec.pods names it, and each refusal names the field, the Secret and the fix (a missing Secret
+too); such a table is Ingesting=False and Ready=False, reason SecretNotAllowed, and a running driver is
+stopped with a Warning Event; the purge Job runs `icefall purge` with the recorded table-uuids under the
+driver's ServiceAccount with only the catalog's secretKeyRef variables, the restricted security context, an
+owner reference, and fails at once on a refusal; `purge_step` keeps the table without a recorded uuid, for
+another StreamingTable that recorded the same uuid, with a Secret not granted, after a failure or the
+deadline, and drops it only through a completed Job.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from icefall.plan.purge import (
     purge_step,
 )
 from icefall.plan.settings import OperatorSettings
-from icefall.plan.table_status import not_read_by_operator
 
 pytestmark = pytest.mark.unit
 
@@ -152,42 +148,6 @@ def test_a_table_that_may_not_use_a_secret_runs_no_driver_and_says_why() -> None
             ConditionReason.SECRET_NOT_ALLOWED,
         )
     assert refusal in conditions[ConditionType.READY].message
-
-
-# --- who measures -------------------------------------------------------------------------------------
-
-
-def on_catalog(catalog: dict[str, Any]) -> StreamingTable:
-    obj = table().model_dump(by_alias=True, exclude_none=True)
-    obj["spec"]["table"]["catalog"] = {"name": "lake", **catalog}
-    return StreamingTable.model_validate(obj)
-
-
-def test_the_operator_reads_only_what_needs_no_credential_of_anyone() -> None:
-    local = {"type": "sql", "uri": "sqlite:////lake/catalog.db", "warehouse": "file:///lake/warehouse"}
-    assert not_read_by_operator(on_catalog(local).spec) == ""
-    # Its own identity would do: a REST catalog (its tables may live anywhere), an object store.
-    for ambient in (
-        {"type": "rest", "uri": "https://catalog:8181"},
-        {**local, "warehouse": "s3://bucket/warehouse"},
-        {**local, "properties": {"gcs.project-id": "p"}},
-    ):
-        note = not_read_by_operator(on_catalog(ambient).spec)
-        assert "driver" in note and "identity" in note, ambient
-
-
-def test_any_credential_reference_leaves_the_table_to_its_driver() -> None:
-    for st in (SECURED, table(secrets={"token": {"env": "HOME"}})):
-        note = not_read_by_operator(st.spec)
-        assert "driver" in note and "spec." in note
-    registry = table().model_dump(by_alias=True)
-    registry["spec"]["format"] = {
-        "type": "avro",
-        "registry": {"url": "http://registry:8081", "password": ref("reg", "p"), "username": ref("reg", "u")},
-    }
-    assert "spec.format.registry.password" in not_read_by_operator(
-        StreamingTable.model_validate(registry).spec
-    )
 
 
 # --- the purge Job ------------------------------------------------------------------------------------

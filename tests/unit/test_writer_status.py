@@ -1,9 +1,9 @@
-"""The driver reports lag and freshness into its StreamingTable's status (`icefall.ingest.writer_status`),
-at a bounded rate, and a failing API never stops ingestion; with a table meter, each report carries its
-last reading (table-uuids, figures, backlog), a new reading at once. It reports the table's count of
-records lost to retention once it knows it (the larger of its last commit's and its meter's), and when one
-of its commits last skipped some, leaving both out of the patch before (so an earlier driver's report
-stands). Fake clock, recording API."""
+"""The driver reports lag and freshness into its StreamingTable's status (`icefall.ingest.writer_status`), at
+a bounded rate, and a failing API never stops ingestion; each report lists the most lagging partitions (a
+list, replaced whole by each report); with a table meter, each report carries its last reading (table-uuids,
+figures, backlog), a new reading at once. It reports the table's count of records lost to retention once it
+knows it (the larger of its last commit's and its meter's), and when one of its commits last skipped some,
+leaving both out of the patch before (so an earlier driver's report stands). Fake clock, recording API."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import pytest
 
+from icefall.api.status import REPORTED_PARTITIONS
 from icefall.controller.kube import Kube
 from icefall.ingest.report import BatchReport
 from icefall.ingest.writer_status import WriterStatusReporter
@@ -47,7 +48,7 @@ class Clock:
 
 
 def batch(lag: int, freshness: float, snapshot: int) -> BatchReport:
-    return BatchReport(10, 10, 0, 1.0, 0.1, snapshot, {0: 10}, lag, freshness)
+    return BatchReport(10, 10, 0, 1.0, 0.1, snapshot, {0: 10}, lag, freshness, partition_lag={0: lag})
 
 
 def reporter(kube: RecordingKube, clock: Clock) -> WriterStatusReporter:
@@ -68,6 +69,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "reportedAt": "2026-11-26T00:00:00Z",
         "freshnessSeconds": 3.25,
         "lagRecords": 40,
+        "partitionLag": [{"partition": 0, "records": 40}],
         "lastCommitTime": "2026-11-26T00:00:00Z",
         "snapshotId": 7,
         "schemaRefused": [],
@@ -78,6 +80,7 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "reportedAt": "2026-11-26T00:00:11Z",
         "freshnessSeconds": 0.0,
         "lagRecords": 0,
+        "partitionLag": [],  # a list: replaced whole, so no partition of an earlier report stays
         "lastCommitTime": "2026-11-26T00:00:04Z",  # the batch that was not sent still counts
         "snapshotId": 8,
         "schemaRefused": [],
@@ -93,6 +96,7 @@ def test_before_any_commit_there_is_no_commit_time() -> None:
         "reportedAt": "2026-11-26T00:00:00Z",
         "freshnessSeconds": 0.0,
         "lagRecords": 0,
+        "partitionLag": [],
         "schemaRefused": [],
         "waitingFor": None,
     }
@@ -220,3 +224,12 @@ def test_the_meters_count_of_lost_records_feeds_lost_records_before_and_between_
     meter.latest = TableReading("u-1", None, TableStatus(files=4), 55)  # the meter catches up: no change
     report.table_read()
     assert kube.patches[-1][2]["writer"]["lostRecords"] == 55
+
+
+def test_the_partition_lag_lists_the_most_lagging_partitions() -> None:
+    kube, clock = RecordingKube(), Clock()
+    lag = {p: p for p in range(REPORTED_PARTITIONS + 10)}  # partition p lags p records
+    reporter(kube, clock)(replace(batch(sum(lag.values()), 1.0, 7), partition_lag=lag))
+    listed = kube.patches[0][2]["writer"]["partitionLag"]
+    assert listed == [{"partition": p, "records": p} for p in range(10, REPORTED_PARTITIONS + 10)]
+    assert kube.patches[0][2]["writer"]["lagRecords"] == sum(lag.values())

@@ -39,9 +39,51 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 {{- end }}
 
-{{/* The one image of the operator and of every pod it creates. */}}
+{{/* The one image of the operator and of every pod it creates: pinned by `image.digest` when set (it wins
+over the tag), else tagged `image.tag` or the chart's appVersion. */}}
 {{- define "icefall.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The namespaces the operator watches, as JSON: {"clusterWide": bool, "namespaces": [...]}: every one
+(rbac.clusterWide), the listed ones (watchNamespaces), or the release namespace alone. */}}
+{{- define "icefall.watched" -}}
+{{- if and .Values.rbac.clusterWide .Values.watchNamespaces }}
+{{- fail "rbac.clusterWide watches every namespace and watchNamespaces lists some: set one of them" }}
+{{- end }}
+{{- if .Values.rbac.clusterWide }}
+{{- toJson (dict "clusterWide" true "namespaces" list) }}
+{{- else }}
+{{- toJson (dict "clusterWide" false "namespaces" (.Values.watchNamespaces | default (list .Release.Namespace) | uniq)) }}
+{{- end }}
+{{- end }}
+
+{{/* matchResources of an admission policy binding: the watched namespaces (nothing: every namespace). */}}
+{{- define "icefall.watchedMatchResources" -}}
+{{- $watched := include "icefall.watched" . | fromJson }}
+{{- if not $watched.clusterWide }}
+matchResources:
+  namespaceSelector:
+    {{- if eq (len $watched.namespaces) 1 }}
+    matchLabels:
+      kubernetes.io/metadata.name: {{ first $watched.namespaces }}
+    {{- else }}
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values: {{ toJson $watched.namespaces }}
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Whether to render the PodDisruptionBudget: podDisruptionBudget.enabled true, or auto with replicas > 1. */}}
+{{- define "icefall.pdbWanted" -}}
+{{- $enabled := toString .Values.podDisruptionBudget.enabled }}
+{{- if or (eq $enabled "true") (and (eq $enabled "auto") (gt (int .Values.replicas) 1)) }}true{{ end }}
 {{- end }}
 
 {{/* The operator's ports must not collide: health vs metrics always (one container), and on the host

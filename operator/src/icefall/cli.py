@@ -7,10 +7,18 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from icefall import __version__
-from icefall.commands.common import catalog_for, load_table, outages_for, state_dir, unreachable_is_one_line
+from icefall.commands.common import (
+    HELP_EXIT_CODES,
+    catalog_for,
+    load_table,
+    outages_for,
+    state_dir,
+    unreachable_is_one_line,
+)
 from icefall.commands.read import READ_FORMATS, TABLE_ROWS, read_rows
 from icefall.commands.run import (
     EXIT_DATA_LOSS,
@@ -20,6 +28,7 @@ from icefall.commands.run import (
     stop_spark,
 )
 from icefall.commands.table import reset_offsets, show_status
+from icefall.commands.validate import validate as validate_manifests
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -109,8 +118,16 @@ def _ingest(args: argparse.Namespace) -> int:
     api, st = _from_api(args.namespace, args.name)
     catalog = catalog_for(st, state_dir(args, in_cluster=True))
     stop = stop_on_signals()
-    if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
+    # The table's figures, backlog and uuid, read with this pod's credentials: the operator reads no table.
+    meter = TableMeter(st, catalog)
+    report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
+    at_start = outages_for(st, catalog)
+    at_start.listener = report_to.waiting  # a catalog unreachable from the start is in status too
+    if not at_start.retrying(catalog.pyiceberg, stop.is_set):
         return 1
+    from icefall.commands.reset_request import apply_reset_request
+
+    apply_reset_request(st, catalog.pyiceberg(), Kube(api), now=datetime.now(UTC))  # before the first batch
     print(
         f"[ingest] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> "
         f"{'.'.join(st.table_identifier)}",
@@ -126,9 +143,6 @@ def _ingest(args: argparse.Namespace) -> int:
     yield_to = KubernetesLease(
         api, args.namespace, names.rewrite_yield, holder, duration_seconds=YIELD_LEASE_SECONDS
     )
-    # The table's figures, backlog and uuid, read with this pod's credentials: the operator holds none.
-    meter = TableMeter(st, catalog)
-    report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
     meter.start()
     try:
         return ingest_until_stopped(
@@ -280,12 +294,28 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
     )
 
 
+def _reset_offsets(args: argparse.Namespace) -> int:
+    """-f: reset here (`commands.table`); --namespace/--name: ask the driver in the cluster."""
+    if args.namespace or args.name:
+        from icefall.commands.reset_request import request_reset
+
+        return request_reset(args)
+    return reset_offsets(args)
+
+
 def _verify(args: argparse.Namespace) -> int:
     st = load_table(args)
     config = catalog_for(st, state_dir(args))
     with unreachable_is_one_line(st, config):
         report = verify_table(st, config, ingesting=args.ingesting)
-    print(report.render())
+    if args.output == "json":
+        import json
+
+        from icefall.audit.report import report_json
+
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        print(report.render())
     return 0 if report.ok else 1
 
 
@@ -299,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="icefall",
         description="Kafka topics in, compacted Apache Iceberg tables out, exactly once.",
+        epilog=HELP_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"icefall {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -310,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_purge(commands)
     _add_table_tools(commands)
     _add_read(commands)
+    _add_validate(commands)
     return parser
 
 
@@ -413,29 +446,61 @@ def _add_purge(commands: Any) -> None:
 
 def _add_table_tools(commands: Any) -> None:
     """`icefall reset-offsets`, `status` and `verify`."""
-    reset = _table_command(
-        commands,
+    reset = commands.add_parser(
         "reset-offsets",
-        "after the topic was recreated or truncated: go on from its current records",
+        help="after the topic was recreated or truncated: go on from its current records (-f: here; "
+        "--namespace/--name: ask the table's driver in a cluster)",
     )
+    reset.add_argument("-f", "--file", help="the StreamingTable manifest (YAML): reset from here")
+    reset.add_argument("--namespace", help="namespace of a StreamingTable in a cluster (with --name)")
+    reset.add_argument("--name", help="name of a StreamingTable in a cluster: its driver resets, once")
+    reset.add_argument("--state-dir", help=STATE_DIR_HELP)
+    reset.add_argument("--bootstrap-servers", help="override spec.source.bootstrapServers")
     reset.add_argument(
         "--to",
         choices=["earliest", "latest"],
         default="earliest",
         help="earliest: every record the topic holds now (default); latest: only records written from now",
     )
-    reset.set_defaults(func=reset_offsets)
+    reset.set_defaults(func=_reset_offsets)
     status = _table_command(commands, "status", "print committed offsets, lag and freshness")
+    _output_option(status)
     status.set_defaults(func=show_status)
     verify = _table_command(
         commands, "verify", "audit the table against the topic: duplicates, gaps, dead letters"
     )
+    _output_option(verify)
     verify.add_argument(
         "--ingesting",
         action="store_true",
         help="ingestion is running: dead letters past the commit are pending",
     )
     verify.set_defaults(func=_verify)
+
+
+def _output_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="text (default) or json, for scripts"
+    )
+
+
+def _add_validate(commands: Any) -> None:
+    """`icefall validate`: offline manifest checks."""
+    validate = commands.add_parser(
+        "validate",
+        help="check StreamingTable manifests offline, as the API server's schema and CEL rules do (exit 2: "
+        "invalid)",
+    )
+    validate.add_argument(
+        "-f", "--file", action="append", required=True, help="a StreamingTable manifest (YAML; repeatable)"
+    )
+    validate.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also refuse what the operator refuses in a cluster (no spec.table.catalog, pod problems)",
+    )
+    _output_option(validate)
+    validate.set_defaults(func=validate_manifests)
 
 
 def _add_read(commands: Any) -> None:
@@ -516,18 +581,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _last_words(line: str) -> None:
-    """`line` into the container's termination message, when there is one (in a pod): the Pod's status
-    then says why the container ended."""
-    from contextlib import suppress
+    """`line` into the container's termination message, when there is one (in a pod)."""
+    from icefall.runtime.failpoints import last_words
 
-    from icefall.runtime.failpoints import TERMINATION_MESSAGE_FILE
-
-    with suppress(OSError):
-        out = os.open(TERMINATION_MESSAGE_FILE, os.O_WRONLY | os.O_TRUNC)  # no O_CREAT: only if it exists
-        try:
-            os.write(out, (line[:3900] + "\n").encode())
-        finally:
-            os.close(out)
+    last_words(line)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import difflib
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -192,12 +193,12 @@ class TypeSpec(ApiModel):
         return parse_type(self.type)
 
     @model_validator(mode="after")
-    def _parts_match_type(self) -> TypeSpec:
+    def _parts_match_type(self) -> Self:
         _check_parts(self)
         return self
 
 
-class SchemaField(ApiModel):
+class SchemaField(TypeSpec):  # a TypeSpec with a name: its type's parts are TypeSpec's
     """One named field of a record or struct: a name, a type, and whether it is required."""
 
     name: str = Field(
@@ -206,7 +207,6 @@ class SchemaField(ApiModel):
         max_length=255,
         pattern=FIELD_NAME_PATTERN,
     )
-    type: str = Field(description=_TYPE_DESCRIPTION, min_length=1, max_length=64)
     required: bool = Field(
         default=False,
         description="Whether the field is always present and non-null; records without it are dead-lettered.",
@@ -214,32 +214,6 @@ class SchemaField(ApiModel):
     doc: str | None = Field(
         default=None, description="Documentation stored with the Iceberg column.", max_length=1024
     )
-    fields: list[SchemaField] | None = Field(
-        default=None, description="Fields of a struct; only for type struct.", min_length=1
-    )
-    element: TypeSpec | None = Field(default=None, description="Element type of a list; only for type list.")
-    element_required: bool = Field(
-        default=False, description="Whether list elements are never null; only for type list."
-    )
-    key: TypeSpec | None = Field(default=None, description="Key type of a map; only for type map.")
-    value: TypeSpec | None = Field(default=None, description="Value type of a map; only for type map.")
-    value_required: bool = Field(
-        default=False, description="Whether map values are never null; only for type map."
-    )
-
-    @field_validator("type")
-    @classmethod
-    def _valid_type(cls, value: str) -> str:
-        return _spec_type(value)
-
-    @property
-    def parsed(self) -> ParsedType:
-        return parse_type(self.type)
-
-    @model_validator(mode="after")
-    def _parts_match_type(self) -> SchemaField:
-        _check_parts(self)
-        return self
 
 
 TypeNode = TypeSpec | SchemaField

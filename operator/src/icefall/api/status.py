@@ -3,6 +3,9 @@
 Guarantees:
 - Condition types and reasons are closed enums; each reason is valid only for the condition types listed
   in `REASONS_BY_TYPE`, so a typo in a controller fails in tests instead of reaching users.
+- The CRD stores a reason as any CamelCase word (`REASON_PATTERN`), not as the enum, with the known reasons
+  listed in its description: Helm never upgrades a CRD, so a newer operator's new reasons must pass an
+  older CRD. Condition types stay an enum in the CRD (a new type is an API change).
 - `conditions` is a list keyed by `type` (at most one entry per type), as Kubernetes API conventions ask.
 - Status is small: scalars for freshness and table shape, plus the per-partition lag map (which a writer
   may cap to the most lagging partitions). Anything larger or faster-changing belongs in metrics.
@@ -18,7 +21,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, WithJsonSchema, model_validator
 
 from icefall.api.base import ProblemCollector, StatusModel
 
@@ -85,6 +88,17 @@ class ConditionReason(StrEnum):
     COMPACTING = "Compacting"
     NO_COMPACTION_NEEDED = "NoCompactionNeeded"
     COMPACTION_FAILED = "CompactionFailed"
+
+
+#: A reason as the CRD stores it: CamelCase, as Kubernetes conventions ask, from any release of Icefall.
+REASON_PATTERN = r"^[A-Z][A-Za-z0-9]*$"
+REASON_MAX_LENGTH = 128
+_REASON_CRD_SCHEMA = {
+    "type": "string",
+    "pattern": REASON_PATTERN,
+    "minLength": 1,
+    "maxLength": REASON_MAX_LENGTH,
+}
 
 
 _R = ConditionReason
@@ -168,7 +182,14 @@ class Condition(StatusModel):
 
     type: ConditionType = Field(description="Condition type; one entry per type.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
-    reason: ConditionReason = Field(description="Machine-readable CamelCase reason for the status.")
+    reason: Annotated[ConditionReason, WithJsonSchema(_REASON_CRD_SCHEMA)] = Field(
+        description=(
+            "Machine-readable CamelCase reason for the status. This release sets "
+            + ", ".join(r.value for r in ConditionReason)
+            + f"; a newer release may add reasons (stored: any CamelCase word of up to {REASON_MAX_LENGTH} "
+            "characters), so act on the condition's status, not only on reasons you know."
+        )
+    )
     message: str = Field(default="", description="Human-readable detail.", max_length=32768)
     last_transition_time: datetime = Field(description="When status last changed (RFC 3339).")
     observed_generation: int | None = Field(
@@ -246,16 +267,36 @@ class TableStatus(StatusModel):
     )
 
 
+#: The most partitions a driver's report lists (the most lagging ones).
+REPORTED_PARTITIONS = 20
+
+
+class PartitionLag(StatusModel):
+    """One partition's lag, as the driver measured it."""
+
+    partition: int = Field(ge=0, description="The Kafka partition.")
+    records: int = Field(ge=0, description="Its records not yet in the table.")
+
+
 class WriterReport(StatusModel):
-    """What the ingestion driver measured last. It holds the table's credentials and computes lag and
-    freshness for every batch anyway; the operator shows these figures when it cannot read the table or
-    the topic itself (no credentials, or not yet)."""
+    """What the ingestion driver measured last, with the table's own credentials from its own pod. The
+    operator reads no table and no topic itself (it would lend its network position and identity to
+    whatever address a table names): these figures are what status, metrics and compaction scaling show."""
 
     reported_at: datetime = Field(description="When the driver measured these figures.")
     freshness_seconds: float = Field(
         ge=0, description="Seconds between then and the newest committed record; 0 when caught up."
     )
     lag_records: int = Field(ge=0, description="Records in Kafka not yet in the table then, all partitions.")
+    partition_lag: list[PartitionLag] = Field(
+        default_factory=list,
+        max_length=REPORTED_PARTITIONS,
+        description=(
+            f"The lag per partition then, the {REPORTED_PARTITIONS} most lagging at most (a list: each "
+            "report replaces it whole); empty when caught up or not measured."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["partition"]},
+    )
     last_commit_time: datetime | None = Field(
         default=None, description="When the driver's last commit landed; unset before its first."
     )
@@ -304,8 +345,7 @@ class WriterReport(StatusModel):
         default=None,
         description=(
             "The table's figures as the driver read them with its own credentials (at most every 30 s, the "
-            "compaction backlog included): shown, and what compaction is scaled on, when the operator does "
-            "not read the table itself."
+            "compaction backlog included): what status shows and compaction is scaled on."
         ),
     )
 

@@ -325,7 +325,7 @@ class TableSpec(ApiModel):
         default=None,
         description=(
             "The catalog holding the table. When absent, the local runner uses its embedded SQLite catalog; "
-            "the operator uses its configured default catalog. Immutable."
+            "in a cluster it is required (the embedded catalog is pod-local). Immutable."
         ),
     )
     namespace: str = Field(

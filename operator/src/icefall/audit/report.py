@@ -1,8 +1,13 @@
-"""What an audit found: `PartitionAudit` per partition, `AuditReport` for the table (`render` prints it)."""
+"""What an audit found: `PartitionAudit` per partition, `AuditReport` for the table (`render` prints it,
+`report_json` gives it as data)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
+
+from pydantic.alias_generators import to_camel
 
 
 @dataclass(frozen=True)
@@ -186,3 +191,23 @@ class AuditReport:
         if self.source_changed:
             lines.append(self.source_changed)
         return "\n".join(lines)
+
+
+def report_json(report: Any) -> dict[str, Any]:
+    """An audit report (`AuditReport`, or `audit.keyed.KeyedAuditReport`) as JSON-ready data: its fields
+    in camelCase, each partition with its own `ok`, and `ok` on top, as `icefall verify --output json`
+    prints it."""
+    data: dict[str, Any] = {"ok": bool(report.ok), **_plain(report)}
+    for partition, audit in zip(data.get("partitions", ()), getattr(report, "partitions", ()), strict=True):
+        partition["ok"] = audit.ok
+    return data
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {to_camel(f.name): _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value

@@ -257,10 +257,10 @@ class CatalogConfig:
     def pyiceberg(self, *, make_folders: bool = True, request_timeout: float | None = None) -> Catalog:
         """A new pyiceberg client (`SqlCatalog` or `RestCatalog`, confined to Icefall's code:
         `icefall.catalog.confined`). For SQLite, creates the database's folder
-        and a local warehouse folder first, unless `make_folders` is False (the operator only observes: a
-        catalog whose folder is missing is an error there, not something to create). `request_timeout`:
-        bound every connection and request of the client to that many seconds (`icefall.catalog.timeouts`;
-        the operator's clients); None: pyiceberg's defaults."""
+        and a local warehouse folder first, unless `make_folders` is False (a reader only: a catalog whose
+        folder is missing is an error there, not something to create). `request_timeout`: bound every
+        connection and request of the client to that many seconds (`icefall.catalog.timeouts`; the driver's
+        table meter); None: pyiceberg's defaults."""
         from icefall.catalog.confined import confine_pyiceberg, rest_catalog, sql_catalog
 
         confine_pyiceberg(PY_FILE_IOS)

@@ -1,5 +1,5 @@
 """Bounds on how long a catalog client waits for an endpoint a table names (`CatalogConfig.pyiceberg(
-request_timeout=...)`, which the operator's observer uses).
+request_timeout=...)`, which the driver's table meter uses: `icefall.ingest.table_meter`).
 
 pyiceberg's clients wait for ever by default: its REST catalog's `requests` session sets no timeout, its
 SQL catalog's engine none for PostgreSQL, and its S3 FileIOs none unless `s3.*-timeout` is set. With a
@@ -13,7 +13,7 @@ bound of `seconds`:
   (`icefall.catalog.gcs_io`).
 
 Not guaranteed: a bound on a whole call. A server that answers one byte at a time resets a read timeout at
-each byte; the observer's pool (`icefall.controller.reads`) is what keeps such a table from delaying others.
+each byte.
 A REST server's `/v1/config` overrides and table `config` reach the FileIO's properties after these bounds
 are set (pyiceberg merges them), so a hostile server may lift the object-store timeouts for its own table.
 """

@@ -7,12 +7,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 STATE_DIR_VARIABLE = "ICEFALL_STATE_DIR"
+
+#: A command line or manifest that cannot be used (argparse's own usage errors exit 2 as well).
+EXIT_INVALID = 2
+#: `icefall --help` lists them; each command's own codes are defined beside it (`commands.run`,
+#: `plan.purge`, `controller.leader`).
+HELP_EXIT_CODES = """exit codes:
+  0  done; status: the table follows its topic; verify: nothing wrong found; validate: every file valid
+  1  failed: a service could not be reached or refused the credentials, the table does not exist,
+     verify found a problem (duplicates, gaps, wrong rows), or an unexpected error (a traceback)
+  2  the command line or a manifest is invalid (validate: which field and how to fix it)
+  3  run, ingest: another writer holds or took the table's commit Lease
+     operator: this replica lost its leader Lease (Kubernetes restarts it as a follower)
+  4  run, ingest, status: the topic was deleted and created again, or truncated below the committed
+     offsets: decide, then `icefall reset-offsets` (nothing is skipped or read twice meanwhile)
+  5  run, ingest: Kafka's retention deleted records before they were ingested and
+     spec.source.onDataLoss is Halt; purge: refused (the table is not the one recorded)"""
 
 
 def state_dir(args: argparse.Namespace, *, in_cluster: bool = False) -> Path:
@@ -40,7 +57,8 @@ def load_table(args: argparse.Namespace) -> Any:
     try:
         st = load_manifest(Path(args.file))
     except ManifestError as error:
-        raise SystemExit(f"{args.file} is not a valid StreamingTable:\n{error}") from None
+        print(f"{args.file} is not a valid StreamingTable:\n{error}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INVALID) from None
     if args.bootstrap_servers:
         source = st.spec.source.model_copy(update={"bootstrap_servers": args.bootstrap_servers})
         st = st.model_copy(update={"spec": st.spec.model_copy(update={"source": source})})

@@ -165,6 +165,7 @@ def run_ingestor(ingestor: Any, progress: RunProgress, args: argparse.Namespace)
     from icefall.commit import FencedError
     from icefall.commit.lease import LeaseTimeoutError
     from icefall.ingest.engine import SourceChangedError
+    from icefall.runtime.failpoints import last_words
 
     def start() -> None:
         ingestor.start(lease_timeout=args.lease_timeout)
@@ -180,6 +181,8 @@ def run_ingestor(ingestor: Any, progress: RunProgress, args: argparse.Namespace)
         return EXIT_LEASE
     except SourceChangedError as changed:
         print(f"[run] stopping: {changed}", flush=True)
+        # In a pod, the operator shows it as the table's condition (plan.conditions.driver_refusal).
+        last_words(f"{changed.reason.value}: {changed}")
         return EXIT_SOURCE_CHANGED
     if ingestor.outages.state.ongoing:
         service = ingestor.outages.state.service

@@ -1,24 +1,36 @@
-"""`icefall status` (offsets, lag and freshness of a table against its topic) and `icefall reset-offsets`
-(the explicit, recorded action after the topic was recreated or truncated). A table of several topics
-(`spec.source.topics`) is shown per topic and partition, and reset per topic: only the topics that were
-recreated or truncated are reset, each recorded on its own.
+"""`icefall status` (offsets, lag and freshness of a table against its topic, as text or JSON) and
+`icefall reset-offsets` (the explicit, recorded action after the topic was recreated or truncated).
+
+A table of several topics (`spec.source.topics`) is shown per topic and partition (each partition row
+names its topic), and reset per topic: only the topics that were recreated or truncated are reset, each
+recorded on its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from icefall.commands.common import catalog_for, load_table, state_dir, unreachable_is_one_line
 
 if TYPE_CHECKING:
-    from pyiceberg.catalog import Catalog
-    from pyiceberg.table import Table
-
     from icefall.api import StreamingTable
-    from icefall.commit import CommittedState
+
+
+def show_status(args: argparse.Namespace) -> int:
+    """`icefall status`: the table's committed offsets against the topic, as text or JSON (`--output`);
+    exit code 0, or `EXIT_SOURCE_CHANGED` when the topic is not the one the offsets were committed on."""
+    from icefall.commands.run import EXIT_SOURCE_CHANGED
+
+    report = table_status(args)
+    if getattr(args, "output", "text") == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(_render_status(report))
+    return 0 if report["problem"] is None else EXIT_SOURCE_CHANGED
 
 
 def _topics_now(st: StreamingTable) -> dict[str, tuple[str, dict[int, tuple[int, int]]]]:
@@ -35,7 +47,11 @@ def _topics_now(st: StreamingTable) -> dict[str, tuple[str, dict[int, tuple[int,
     return seen
 
 
-def show_status(args: argparse.Namespace) -> int:
+def table_status(args: argparse.Namespace) -> dict[str, Any]:
+    """What `icefall status` prints, as a JSON-ready mapping (camelCase keys, as in the StreamingTable's
+    status): table, snapshotId, epoch, partitions (partition, committed, high, lag; and topic, in a table
+    of several topics), lagRecords, freshnessSeconds (null: unmeasured), lostRecords and problem (null, or
+    why ingestion stopped)."""
     from icefall.commit import read_committed
     from icefall.commit.batch import held_of
     from icefall.kafka.admin import TopicView
@@ -46,9 +62,9 @@ def show_status(args: argparse.Namespace) -> int:
     st = load_table(args)
     source = st.spec.source
     config = catalog_for(st, state_dir(args))
-    oldest: list[int | None] = []  # per topic with records waiting: the oldest one's produce time
     marks: dict[str, Mapping[int, tuple[int, int]]] = {}
     ids: dict[str, str] = {}
+    oldest: list[int | None] = []  # per topic with records waiting: the oldest one's produce time
     with unreachable_is_one_line(st, config):
         table = config.pyiceberg().load_table(st.table_identifier)
         committed = read_committed(table)
@@ -60,98 +76,139 @@ def show_status(args: argparse.Namespace) -> int:
                 offsets = held_of(committed, name).offsets
                 if sum(partition_lag(offsets, marks[name]).values()):
                     oldest.append(topic.oldest_waiting_ms(offsets, marks[name]))
-    print(f"table {'.'.join(st.table_identifier)}  snapshot {committed.snapshot_id}  epoch {committed.epoch}")
-    by_topic = source.by_topic
-    print(("topic " if by_topic else "") + f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
-    total, problems = 0, []
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
     for name in source.topic_names:
-        offsets = held_of(committed, name).offsets
-        lag = partition_lag(offsets, marks[name])
-        for partition, (_, high) in sorted(marks[name].items()):
-            where = f"{name} " if by_topic else ""
-            print(
-                f"{where}{partition:>9} {offsets.get(partition, '-')!s:>12} {high:>12} {lag[partition]:>10}"
-            )
-        total += sum(lag.values())
-        ahead = resolve_positions(offsets, marks[name], source.starting_position.type).offsets_ahead
-        problem = source_change(name, held_of(committed, name).topic_id, ids[name], ahead)
+        held = held_of(committed, name)
+        lag = partition_lag(held.offsets, marks[name])
+        rows += [
+            {**({"topic": name} if source.by_topic else {}), "partition": p,
+             "committed": held.offsets.get(p), "high": high, "lag": lag[p]}
+            for p, (_, high) in sorted(marks[name].items())
+        ]  # fmt: skip
+        ahead = resolve_positions(held.offsets, marks[name], source.starting_position.type).offsets_ahead
+        problem = source_change(name, held.topic_id, ids[name], ahead)
         problems += [problem] if problem is not None else []
+    total = sum(row["lag"] for row in rows)
     # Freshness from the oldest waiting record of all topics; if a topic with records waiting did not
     # answer, the bound from the newest committed record instead (`plan.lag`).
-    waiting_ms = min(oldest) if oldest and None not in oldest else None  # type: ignore[type-var]
+    waiting_ms = min(o for o in oldest if o is not None) if oldest and None not in oldest else None
     behind = freshness_seconds(
         total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=waiting_ms
     )
+    return {
+        "table": ".".join(st.table_identifier),
+        "snapshotId": committed.snapshot_id,
+        "epoch": committed.epoch,
+        "partitions": rows,
+        "lagRecords": total,
+        "freshnessSeconds": None if behind is None else round(behind, 1),
+        "lostRecords": committed.lost_records,
+        "problem": "; ".join(problems) or None,
+    }
+
+
+def _render_status(report: dict[str, Any]) -> str:
+    lines = [f"table {report['table']}  snapshot {report['snapshotId']}  epoch {report['epoch']}"]
+    by_topic = any("topic" in row for row in report["partitions"])
+    lines.append(
+        ("topic " if by_topic else "") + f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}"
+    )
+    for row in report["partitions"]:
+        committed = "-" if row["committed"] is None else row["committed"]
+        where = f"{row['topic']} " if by_topic else ""
+        lines.append(f"{where}{row['partition']:>9} {committed!s:>12} {row['high']:>12} {row['lag']:>10}")
+    behind = report["freshnessSeconds"]
     freshness = "unmeasured" if behind is None else f"{behind:.1f}s"
-    lost = committed.lost_records
-    print(f"lag {total} records, freshness {freshness}, lost to retention {lost} records")
+    lost = report["lostRecords"]
+    lines.append(
+        f"lag {report['lagRecords']} records, freshness {freshness}, lost to retention {lost} records"
+    )
     if lost:
-        print(
+        lines.append(
             f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "
             "ingested (table property icefall.lost-records)"
         )
-    for problem in problems:
-        print(f"INGESTION STOPPED: {problem}")
-    return 1 if problems else 0
+    if report["problem"] is not None:
+        lines.append(f"INGESTION STOPPED: {report['problem']}")
+    return "\n".join(lines)
 
 
 def reset_offsets(args: argparse.Namespace) -> int:
-    """The explicit user action after a topic was recreated or truncated: commit new offsets, recorded."""
+    """The explicit user action after the topic was recreated or truncated: commit new offsets, recorded.
+    (A table in a cluster: `commands.reset_request.request_reset`.)"""
+    if not args.file:
+        raise SystemExit("give -f <manifest>, or --namespace and --name of a StreamingTable in a cluster")
+    st = load_table(args)
+    catalog = catalog_for(st, state_dir(args)).pyiceberg()
+    done, message = reset_table(st, catalog, args.to)
+    print(message)
+    return 0 if done else 1
+
+
+def reset_table(st: Any, catalog: Any, to: str, *, request: str | None = None) -> tuple[bool, str]:
+    """Reset the committed offsets of `st`'s table (and first its dead-letter table) to the topic's `to`
+    (earliest | latest) offsets, if the topic was recreated or truncated below them; else nothing; in a
+    table of several topics, each topic that was. Whether it reset, and what to say. `request`: the cluster
+    request's id, recorded with the reset (a request recorded already is not applied again:
+    `commit.reset_offsets`)."""
     from icefall.commit import read_committed
     from icefall.commit.batch import held_of
     from icefall.plan.offsets import resolve_positions, source_change
 
-    st = load_table(args)
-    catalog = catalog_for(st, state_dir(args)).pyiceberg()
     table = catalog.load_table(st.table_identifier)
     committed = read_committed(table)
     source = st.spec.source
-    reset = 0
-    for name, (topic_id, marks) in _topics_now(st).items():
-        held = held_of(committed, name)
+    name = ".".join(st.table_identifier)
+    said: list[str] = []
+    for topic, (topic_id, marks) in _topics_now(st).items():
+        held = held_of(committed, topic)
         ahead = resolve_positions(held.offsets, marks, source.starting_position.type).offsets_ahead
-        problem = source_change(name, held.topic_id, topic_id, ahead)
+        problem = source_change(topic, held.topic_id, topic_id, ahead)
         if problem is None:
             continue
         reason = "topic-recreated" if held.topic_id not in (None, topic_id) else "offsets-ahead"
-        offsets = {p: (low if args.to == "earliest" else high) for p, (low, high) in marks.items()}
-        print(f"[reset] {problem.split(';')[0]}")
-        _reset(st, catalog, table, committed, name, topic_id, offsets, reason)
-        print(
-            f"[reset] {'.'.join(st.table_identifier)} now follows topic id {topic_id} from its {args.to} "
-            f"offsets {offsets}; recorded in the table property icefall.offset-resets. Rows already in the "
-            "table stay."
+        offsets = {p: (low if to == "earliest" else high) for p, (low, high) in marks.items()}
+        of_topic = topic if committed.topics is not None else None
+        _reset_both(st, catalog, table, of_topic, (topic_id, offsets, reason), request)
+        said.append(
+            f"[reset] {problem.split(';')[0]}\n"
+            f"[reset] {name} now follows topic id {topic_id} from its {to} offsets {offsets}; recorded in "
+            "the table property icefall.offset-resets. Rows already in the table stay."
         )
-        reset += 1
-    if not reset:
-        print(
-            f"nothing to reset: {'.'.join(st.table_identifier)} follows topic {source.topics_text} "
-            f"and no committed offset is past the topic's end"
+    if not said:
+        ids = ", ".join(f"{t!r} (id {topic_id})" for t, (topic_id, _) in _topics_now(st).items())
+        return (
+            False,
+            f"nothing to reset: {name} follows topic {ids} and no committed offset is past the topic's end",
         )
-        return 1
-    return 0
+    return True, "\n".join(said)
 
 
-def _reset(  # noqa: PLR0917 (one topic's reset, of both tables)
-    st: StreamingTable,
-    catalog: Catalog,
-    table: Table,
-    committed: CommittedState,
-    name: str,
-    topic_id: str,
-    offsets: Mapping[int, int],
-    reason: str,
+def _reset_both(  # noqa: PLR0917 (one topic's reset, of both tables)
+    st: Any,
+    catalog: Any,
+    table: Any,
+    topic: str | None,
+    reset: tuple[str, Mapping[int, int], str],
+    request: str | None,
 ) -> None:
+    """Reset `topic` (None: the table's one topic) to `reset` (topic id, offsets, reason) in the dead-letter
+    table first (left ahead of the main table, its rows past the new offsets would be taken for leftovers
+    of a failed batch and deleted), then in the table."""
     from icefall.commit import read_committed, reset_offsets
     from icefall.commit.batch import held_of
 
-    topic = name if committed.topics is not None else None
+    topic_id, offsets, reason = reset
     now_ms = int(time.time() * 1000)
     dead_letter = st.dead_letter_identifier
-    # The dead-letter table first: left ahead of the main table, its rows past the new offsets would be
-    # taken for leftovers of a failed batch and deleted.
     if dead_letter and catalog.table_exists(dead_letter):
         dlq = catalog.load_table(dead_letter)
-        if held_of(read_committed(dlq), name).offsets:
-            reset_offsets(dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, topic=topic)
-    reset_offsets(table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, topic=topic)
+        if held_of(read_committed(dlq), topic or "").offsets:
+            reset_offsets(
+                dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request,
+                topic=topic,
+            )  # fmt: skip
+    reset_offsets(
+        table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request, topic=topic
+    )

@@ -58,6 +58,7 @@ from icefall.commit.state import (
     SCHEMA_CHANGES,
     CommittedState,
     TopicState,
+    reset_recorded,
     schema_change_at,
     state_of,
     with_schema_change,
@@ -207,6 +208,7 @@ def reset_offsets(
     reason: str,
     now_ms: int,
     topic: str | None = None,
+    request: str | None = None,
 ) -> CommittedState:
     """Point the committed offsets at `offsets` of the topic with id `topic_id`; return the new state.
 
@@ -218,11 +220,15 @@ def reset_offsets(
     the old offsets and is refused (OffsetGapError, TopicMismatchError); it plans again from here.
     Rows already in the table stay. A table with no committed offsets has nothing to reset (ValueError).
     `topic`: in a table of several topics, the one topic reset (the others keep their offsets; the entry
-    in `icefall.offset-resets` names it).
+    in `icefall.offset-resets` names it). `request`: the id of a cluster's reset request
+    (`icefall.plan.offset_reset`), recorded with the reset; an attempt that finds it recorded already
+    (another driver's commit landed first) commits nothing and returns the state as it is: a request is
+    applied once.
     """
+    asked = _Reset(topic_id, offsets, reason, now_ms, topic, request)
     return _until_committed(
         table,
-        lambda meta: _reset_once(table, meta, _Reset(topic_id, offsets, reason, now_ms, topic)),
+        lambda meta: _reset_once(table, meta, asked),
         failed=f"reset the offsets of {table_name(table)}",
     )
 
@@ -234,6 +240,7 @@ class _Reset:
     reason: str
     now_ms: int
     topic: str | None
+    request: str | None
 
 
 def _reset_once(table: Table, meta: TableMetadata, asked: _Reset) -> CommittedState | None:
@@ -245,6 +252,8 @@ def _reset_once(table: Table, meta: TableMetadata, asked: _Reset) -> CommittedSt
     held = held_of(committed, asked.topic or "")
     if not held.offsets:
         raise ValueError(f"{table_name(table)} has no committed offsets: there is nothing to reset")
+    if asked.request is not None and reset_recorded(meta.properties, asked.request, asked.topic):
+        return committed
     entry: dict[str, object] = {
         "time_ms": asked.now_ms,
         "reason": asked.reason,
@@ -253,6 +262,8 @@ def _reset_once(table: Table, meta: TableMetadata, asked: _Reset) -> CommittedSt
         "from_offsets": {str(p): o for p, o in sorted(held.offsets.items())},
         "to_offsets": {str(p): o for p, o in sorted(asked.offsets.items())},
     }
+    if asked.request is not None:
+        entry["request"] = asked.request
     new = TopicState(asked.topic_id, dict(asked.offsets), dict(asked.offsets))
     if asked.topic is None:
         reset = replace(

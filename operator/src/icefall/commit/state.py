@@ -326,6 +326,21 @@ def with_schema_change(properties: Mapping[str, str], change: SchemaChange) -> s
     return json.dumps(entries, separators=(",", ":"))
 
 
+def reset_recorded(properties: Mapping[str, str], request: str, topic: str | None = None) -> bool:
+    """Whether `OFFSET_RESETS` records a reset made for the cluster request `request`
+    (`icefall.plan.offset_reset`); with `topic` (a table of several topics), a reset of that topic."""
+    try:
+        history = json.loads(properties.get(OFFSET_RESETS, "[]"))
+    except ValueError:
+        return False
+    return isinstance(history, list) and any(
+        isinstance(entry, dict)
+        and entry.get("request") == request
+        and (topic is None or entry.get("topic") == topic)
+        for entry in history
+    )
+
+
 def state_of(metadata: TableMetadata) -> CommittedState:
     ref = metadata.refs.get(MAIN)
     return state_from_properties(metadata.properties, ref.snapshot_id if ref else None)

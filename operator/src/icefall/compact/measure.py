@@ -1,6 +1,6 @@
 """A table's figures from its metadata, and its compaction backlog: what status shows and compaction is
-scaled on. Read by whoever holds the table's credentials: the operator for a table that references none
-(`icefall.controller.observe`), else the table's own driver (`icefall.ingest.table_meter`).
+scaled on. Read by the table's own driver, with the table's credentials (`icefall.ingest.table_meter`):
+the operator reads no table itself.
 
 `table_facts` reads only the metadata the `Table` was loaded with (no manifest, no data file);
 `compaction_backlog` reads the manifests of main's head (`icefall.compact.view.read_table_view`, without

@@ -2,7 +2,7 @@
 `controller.reconcile`: `apply` or `observe` (docs/controller-flow.md).
 
 `apply` runs on create, update, resume (the operator's start) and a timer (`ICEFALL_RESYNC_SECONDS`, 30 s by
-default) that re-observes the driver Pod, the table and the topic: backoff waits end, a suspended table
+default) that re-observes the driver Pod and the driver's report: backoff waits end, a suspended table
 loses its driver; children are applied only when their rendering changed (`plan.applying`). `observe` runs
 on a lighter timer (`ICEFALL_STATUS_REFRESH_SECONDS`, 10 s) and refreshes only the status (freshness, lag,
 files, conditions) between those passes. Driver Pods (labelled `app.kubernetes.io/managed-by=
@@ -53,7 +53,6 @@ from icefall.api import GROUP, PLURAL, VERSION, ManifestError, streaming_table_f
 from icefall.controller import metrics, reconcile
 from icefall.controller.deletion import finalize
 from icefall.controller.kube import Kube
-from icefall.controller.observe import TableObserver
 from icefall.controller.reconcile import Config, Context, Outcome
 from icefall.controller.status import StatusMemory
 from icefall.plan.claims import Claim, claim_from_object, table_identity
@@ -68,7 +67,6 @@ from icefall.plan.names import (
 
 PREFIX = ANNOTATION_PREFIX
 RESYNC_SECONDS = float(os.environ.get("ICEFALL_RESYNC_SECONDS", "30"))
-OBSERVE_SECONDS = float(os.environ.get("ICEFALL_OBSERVE_SECONDS", "5"))
 STATUS_REFRESH_SECONDS = float(os.environ.get("ICEFALL_STATUS_REFRESH_SECONDS", "10"))
 RESOURCE = (GROUP, VERSION, PLURAL)
 DRIVER_LABELS = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT_INGEST}
@@ -128,7 +126,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.kube = Kube(api_client())
     memo.config = Config.from_env()
     memo.status = StatusMemory()
-    memo.observer = TableObserver(interval=OBSERVE_SECONDS)
     memo.locks = Locks()
 
 
@@ -193,7 +190,7 @@ def _run(run: Pass, body: Mapping[str, Any], memo: kopf.Memo, indexes: Mapping[s
     try:
         with memo.locks.hold(uid):
             ctx = Context(
-                memo.kube, memo.config, memo.status, datetime.now(UTC), observer=memo.observer,
+                memo.kube, memo.config, memo.status, datetime.now(UTC),
                 pods=_pod_lookup(indexes["driver_pods"]),
             )  # fmt: skip
             outcome = run(body, ctx, _claims_for(body, indexes["claims"]))
@@ -289,6 +286,5 @@ def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> No
     if not result.done:
         raise kopf.TemporaryError(result.message, delay=result.retry_seconds)
     memo.status.forget(uid)
-    memo.observer.forget(uid)
     memo.locks.forget(uid)
     metrics.forget_table(str(body.metadata.namespace), str(body.metadata.name))

@@ -7,6 +7,7 @@
   never deletes a newer pod of the same name.
 - `patch_status` / `patch_annotations`: merge patches of one StreamingTable, status through the status
   subresource.
+- `create_event`: an Event about a StreamingTable (the driver's, on an offset reset request).
 - `secret_labels`: a Secret's labels, asked for as metadata only (PartialObjectMetadata): its data never
   reaches the operator.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -46,6 +48,8 @@ _RESOURCES: Mapping[str, tuple[str, str]] = {
     "Secret": ("/api/v1", "secrets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    # Sent by the driver about its own StreamingTable (an offset reset request's outcome).
+    "Event": ("/api/v1", "events"),
 }
 #: Ask for an object's metadata only (the API server leaves out a Secret's data).
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
@@ -175,6 +179,33 @@ class Kube:
             body={"status": dict(status)},
             content_type="application/merge-patch+json",
         )
+
+    def create_event(
+        self, namespace: str, name: str, uid: str, *, reason: str, message: str, warning: bool = False
+    ) -> None:
+        """A core/v1 Event about the StreamingTable `namespace/name` (uid `uid`), as `kubectl describe`
+        shows them (source component `icefall-driver`)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "StreamingTable",
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "icefall-driver"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._call("POST", collection_path("Event", namespace), body=event)
 
     def patch_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         self._call(

@@ -2,8 +2,8 @@
 
 JSON lines carry `time` (RFC 3339, UTC), `level`, `logger`, `message`, and `exception` when there is one;
 kopf's per-object records add `namespace` and `name` (from its `k8s_ref`). No secret reaches a log line
-from here: specs hold only references to secrets, and client errors are masked where they are turned into
-messages (`controller.observe`, `controller.deletion`).
+from here: specs hold only references to secrets, the operator opens no client to a table's endpoints, and
+the errors it reports are masked where they are turned into messages (`controller.deletion`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,35 @@
 """Prometheus metrics of the operator process, in the one registry `icefall.runtime.metrics` serves.
 
 Names follow Prometheus conventions (`icefall_operator_` prefix for the operator's own work, base units,
-`_total` counters). Per-table gauges reuse the ingestion process's names (`icefall_freshness_seconds`,
-`icefall_lag_records`, `icefall_freshness_target_seconds`, `icefall_last_commit_timestamp_seconds`,
+`_total` counters). Per-table gauges (from the driver's report in `status.writer`: the operator reads no
+table) reuse the ingestion process's names (`icefall_freshness_seconds`, `icefall_lag_records`,
+`icefall_freshness_target_seconds`, `icefall_last_commit_timestamp_seconds`,
 `icefall_maintenance_backlog_items`) with the same `table` label (`namespace.name`), so one dashboard reads
 either.
-Labels are bounded: table, partition (capped by `plan.table_status.MAX_PARTITIONS`), result.
+Labels are bounded: table, partition (capped by `plan.table_status.MAX_PARTITIONS`), result, and a
+condition's type, status and reason (closed enums of `icefall.api`). The table is one label,
+`namespace.name`, never a `namespace` label: Prometheus' scrape config sets `namespace` to the operator
+pod's own, which would rename ours to `exported_namespace`.
 
-Not guaranteed: gauges of a deleted table disappear only when this process removes them (`forget_table`)
-or restarts.
+Guarantees: each pass exports what it measured and removes what it did not (`record_table`): a figure
+the pass has no value for (a table or topic that cannot be read, a driver that stopped reporting)
+disappears instead of keeping its last value, and a condition whose status or reason changed drops its
+old series, so an alert never fires on a figure that is gone. The exception is the count of records lost
+to retention, which follows `status.dataLossRecords` (kept while the table cannot be read), so the
+IcefallDataLost alert does not resolve during a catalog outage. `forget_table` removes every series of a
+deleted table. Not guaranteed: that a table deleted while no operator ran loses its series before this
+process restarts (no delete event reaches it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from icefall.api import Condition
 from icefall.plan.table_status import Summary
 from icefall.runtime.metrics import (
     FRESHNESS,
@@ -53,7 +66,7 @@ TABLE_SNAPSHOTS = Gauge(
 TABLE_LOST_RECORDS = Gauge(
     "icefall_table_lost_records",
     "Records Kafka's retention deleted before they were ingested, over the table's life "
-    "(icefall.lost-records, read by the operator or reported by the driver).",
+    "(icefall.lost-records, as the table's driver reported it).",
     ["table"],
     registry=REGISTRY,
 )
@@ -72,6 +85,83 @@ COMPACTION_REPLICAS = Gauge(
 )
 
 
+TABLE_CONDITION = Gauge(
+    "icefall_table_condition",
+    "1 for each condition of a StreamingTable as the operator derived it last (type Ready, Ingesting, "
+    "FreshnessMet, Degraded, Compacting; status True, False, Unknown; its reason). A condition whose status "
+    "or reason changes drops its old series. The IcefallTableDegraded and IcefallSchemaChangeRefused alerts "
+    "read it.",
+    ["table", "type", "status", "reason"],
+    registry=REGISTRY,
+)
+DRIVER_RESTARTS = Counter(
+    "icefall_driver_restarts_total",
+    "Ingestion driver pods the operator created again after the previous one failed or exited (the pods "
+    "use restartPolicy Never: the kubelet never restarts them, so a container restart count stays 0). A "
+    "driver stopped for a new spec, a resume or a restart annotation is not counted. The "
+    "IcefallDriverRestarting alert reads it.",
+    ["table"],
+    registry=REGISTRY,
+)
+
+#: Gauges set from one pass's figures: removed for a table when the pass has no value for them.
+_MEASURED = (FRESHNESS, LAST_COMMIT, MAINTENANCE_BACKLOG, TABLE_FILES, TABLE_SNAPSHOTS)
+#: Every per-table series with the table as its only label.
+_PER_TABLE = (
+    *_MEASURED,
+    FRESHNESS_TARGET,
+    TABLE_LOST_RECORDS,
+    TABLE_LOST_UNACKNOWLEDGED,
+    COMPACTION_REPLICAS,
+    DRIVER_RESTARTS,
+)
+
+
+class _Exported:
+    """Per table, the label values of the series with more labels than the table (lag per partition, one
+    per condition) this process exports, so that a pass can remove those it no longer reports without
+    scanning every table's series."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._series: dict[tuple[Gauge, str], set[tuple[str, ...]]] = {}
+
+    def replace(self, gauge: Gauge, table: str, now: dict[tuple[str, ...], float]) -> None:
+        """Set `gauge`'s series of `table` to `now` (label values after the table -> value); remove the
+        ones exported before and not in `now`."""
+        key = (gauge, table)
+        with self._lock:
+            before = self._series.get(key, set())
+            if now:
+                self._series[key] = set(now)
+            else:
+                self._series.pop(key, None)
+        for labels in before - set(now):
+            with contextlib.suppress(KeyError):
+                gauge.remove(table, *labels)
+        for labels, value in now.items():
+            gauge.labels(table, *labels).set(value)
+
+    def forget(self, gauge: Gauge, table: str) -> None:
+        self.replace(gauge, table, {})
+
+
+_EXPORTED = _Exported()
+
+
+def table_label(namespace: str, name: str) -> str:
+    return f"{namespace}.{name}"
+
+
+def _set(gauge: Gauge, table: str, value: float | None) -> None:
+    """`value`, or no series at all when the pass has none."""
+    if value is None:
+        with contextlib.suppress(KeyError):  # never reported
+            gauge.remove(table)
+    else:
+        gauge.labels(table=table).set(value)
+
+
 def record_table(
     namespace: str,
     name: str,
@@ -80,44 +170,47 @@ def record_table(
     freshness_target_seconds: int,
     *,
     acknowledged_loss: int = 0,
+    stored_loss: int | None = None,
+    conditions: Iterable[Condition] | None = None,
 ) -> None:
-    table = f"{namespace}.{name}"
-    lost = summary.data_loss_records
-    if lost is not None:
-        TABLE_LOST_RECORDS.labels(table=table).set(lost)
-        TABLE_LOST_UNACKNOWLEDGED.labels(table=table).set(max(lost - acknowledged_loss, 0))
+    """Export one pass's figures of a table and remove those it has none for (module docstring).
+    `stored_loss`: the lost-records count status keeps (stands in when the summary has none);
+    `conditions`: the conditions the pass derived (None: leave the condition series as they are)."""
+    table = table_label(namespace, name)
+    lost = summary.data_loss_records if summary.data_loss_records is not None else stored_loss
+    _set(TABLE_LOST_RECORDS, table, lost)
+    _set(TABLE_LOST_UNACKNOWLEDGED, table, None if lost is None else max(lost - acknowledged_loss, 0))
     FRESHNESS_TARGET.labels(table=table).set(freshness_target_seconds)
-    if summary.freshness_seconds is not None:
-        FRESHNESS.labels(table=table).set(summary.freshness_seconds)
-    if summary.last_commit_time is not None:
-        LAST_COMMIT.labels(table=table).set(summary.last_commit_time.timestamp())
-    if summary.freshness is not None:
-        for partition, lag in summary.freshness.partition_lag.items():
-            LAG.labels(table=table, partition=str(partition)).set(lag)
-    if summary.table is not None:
-        TABLE_FILES.labels(table=table).set(summary.table.files)
-        TABLE_SNAPSHOTS.labels(table=table).set(summary.table.snapshots)
-        if summary.table.compaction_backlog is not None:
-            MAINTENANCE_BACKLOG.labels(table=table).set(summary.table.compaction_backlog)
+    _set(FRESHNESS, table, summary.freshness_seconds)
+    last_commit = summary.last_commit_time
+    _set(LAST_COMMIT, table, last_commit.timestamp() if last_commit is not None else None)
+    lag = summary.freshness.partition_lag if summary.freshness is not None else {}
+    _EXPORTED.replace(LAG, table, {(str(p),): float(n) for p, n in lag.items()})
+    figures = summary.table
+    _set(TABLE_FILES, table, figures.files if figures is not None else None)
+    _set(TABLE_SNAPSHOTS, table, figures.snapshots if figures is not None else None)
+    _set(MAINTENANCE_BACKLOG, table, figures.compaction_backlog if figures is not None else None)
     COMPACTION_REPLICAS.labels(table=table).set(compaction_replicas)
+    DRIVER_RESTARTS.labels(table=table).inc(0)  # from 0, so that increase() sees the first restart
+    if conditions is not None:
+        record_conditions(namespace, name, conditions)
+
+
+def record_conditions(namespace: str, name: str, conditions: Iterable[Condition]) -> None:
+    """One series per condition, value 1; the series of conditions gone or changed are removed."""
+    now: dict[tuple[str, ...], float] = {(str(c.type), str(c.status), str(c.reason)): 1.0 for c in conditions}
+    _EXPORTED.replace(TABLE_CONDITION, table_label(namespace, name), now)
+
+
+def count_driver_restart(namespace: str, name: str) -> None:
+    DRIVER_RESTARTS.labels(table=table_label(namespace, name)).inc()
 
 
 def forget_table(namespace: str, name: str) -> None:
     """Drop the per-table series of a deleted table."""
-    table = f"{namespace}.{name}"
-    for gauge in (
-        FRESHNESS,
-        FRESHNESS_TARGET,
-        LAST_COMMIT,
-        MAINTENANCE_BACKLOG,
-        TABLE_FILES,
-        TABLE_SNAPSHOTS,
-        TABLE_LOST_RECORDS,
-        TABLE_LOST_UNACKNOWLEDGED,
-        COMPACTION_REPLICAS,
-    ):
+    table = table_label(namespace, name)
+    for metric in _PER_TABLE:
         with contextlib.suppress(KeyError):  # never reported
-            gauge.remove(table)
-    for labels in list(LAG._metrics):  # the partitions this table reported
-        if labels[0] == table:
-            LAG.remove(*labels)
+            metric.remove(table)
+    _EXPORTED.forget(LAG, table)
+    _EXPORTED.forget(TABLE_CONDITION, table)

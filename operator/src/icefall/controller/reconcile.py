@@ -10,21 +10,23 @@ Both passes:
    driver and no compaction and reports TableClaimedByOther. Grants: when it references a Secret that is
    missing or not granted to StreamingTables (`plan.grants`; the labels read by `apply`, metadata only),
    it runs no pod at all and reports SecretNotAllowed.
-3. Observe the table and the topic (`controller.observe`, rate-limited per table; only tables that
-   reference no credential) → compaction replicas from the backlog, the operator's own reading or else the
-   driver's report (`plan.scaling`, scale-down damped by `SCALE_DOWN_COOLDOWN_SECONDS`) →
-   `desired_children`. A `spec.pods` that breaks the pod policy (`plan.pod_policy`, `Config.pod_policy`)
-   renders nothing instead (`withheld_children`): Degraded PodPolicyViolation, nothing applied, no driver
-   Pod created; a running driver keeps the spec it started with.
+3. Compaction replicas from the backlog the table's driver reported (`status.writer`; the operator reads
+   no table and no topic itself: `plan.table_status`), by `plan.scaling`, scale-down damped by
+   `SCALE_DOWN_COOLDOWN_SECONDS` → `desired_children`. A `spec.pods` that breaks the pod policy
+   (`plan.pod_policy`, `Config.pod_policy`) renders nothing instead (`withheld_children`): Degraded
+   PodPolicyViolation, nothing applied, no driver Pod created; a running driver keeps the spec it started
+   with.
 4. Observe the `<st>-ingest` Pod; `plan.driver.decide` with the history kept in the
    `icefall.dev/driver-history` annotation.
-5. Derive the status (`controller.status`) and write it when `should_write_status` says so.
+5. Derive the status (`controller.status`) and write it when `should_write_status` says so; export the
+   table's figures and conditions (`controller.metrics`, every pass).
 
 `apply` also, between those steps: server-side applies `applied` (accounts first), creates `created` with
 their secret value (random bytes made here; an existing one is left as it is) and deletes `absent` (after
 3), each child only when its rendering changed or it is due for repair (`plan.applying`); creates
-or deletes the driver Pod as decided and stores the new history (after 4); and returns the Events of
-transitions (the driver's, a new claim, Degraded set or cleared).
+or deletes the driver Pod as decided (a Pod created again after a failure counts in
+`icefall_driver_restarts_total`, once the create took place) and stores the new history (after 4); and
+returns the Events of transitions (the driver's, a new claim, Degraded set or cleared).
 
 Guarantees: idempotent (a second pass on the same observations changes nothing and emits no Event); the
 driver Pod has a fixed name, so at most one exists whatever runs concurrently or crashes in between;
@@ -43,21 +45,22 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from icefall import __version__
 from icefall.api import ManifestError, StreamingTable, streaming_table_from_object
 from icefall.api.pod_policy import PodPolicy, pod_policy_from_json
 from icefall.controller import metrics, status
 from icefall.controller.kube import Kube
-from icefall.controller.observe import Observed, TableObserver
 from icefall.controller.status import Ref, StatusMemory
 from icefall.plan.applying import ABSENT, REPAIR_SECONDS, Applied, child_key, due, manifest_digest
 from icefall.plan.children import Children, desired_children, withheld_children
 from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
+from icefall.plan.conditions import Issue
 from icefall.plan.driver import (
     MAX_BACKOFF_SECONDS,
     Action,
@@ -80,7 +83,9 @@ from icefall.plan.scaling import compaction_replicas, damped_replicas
 from icefall.plan.settings import OperatorSettings
 from icefall.plan.table_status import acknowledged_loss, reported_backlog
 
-DEFAULT_IMAGE = "ghcr.io/icefall/icefall:latest"
+#: The image of this release, as the chart names it by default (image.repository:appVersion); the chart
+#: always sets ICEFALL_IMAGE, so this is for an operator started without it.
+DEFAULT_IMAGE = f"ghcr.io/icefall-dev/icefall:{__version__}"
 SCALE_DOWN_COOLDOWN_SECONDS = 300.0
 #: JSON of the chart's `podPolicy` (`icefall.api.pod_policy`); unset: the default, restrictive policy.
 POD_POLICY_ENV = "ICEFALL_POD_POLICY"
@@ -129,15 +134,13 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Context:
-    """What every pass over a table uses: the API, the process's configuration and memory, the table and
-    Kafka observer (None: not observed), the clock, and where driver Pods are read: `pods(namespace,
-    name)`, the operator's watch of them (None: a GET)."""
+    """What every pass over a table uses: the API, the process's configuration and memory, the clock, and
+    where driver Pods are read: `pods(namespace, name)`, the operator's watch of them (None: a GET)."""
 
     kube: Kube
     config: Config
     memory: StatusMemory
     now: datetime
-    observer: TableObserver | None = None
     pods: Callable[[str, str], dict[str, Any] | None] | None = None
 
 
@@ -148,7 +151,7 @@ class _Plan:
     ref: Ref
     st: StreamingTable
     owner: Claim | None  # the older StreamingTable claiming the same catalog table
-    observed: Observed
+    issues: tuple[Issue, ...]  # the pass's own (a pod policy violation)
     replicas: int
     children: Children
     problems: tuple[str, ...]
@@ -208,19 +211,18 @@ def _plan(
     try:
         st = streaming_table_from_object(body)
     except ManifestError as error:
-        written = status.write_invalid(body, ctx.kube, str(error), ctx.now)
+        written, conditions = status.write_invalid(body, ctx.kube, str(error), ctx.now)
+        metrics.record_conditions(ref.namespace, ref.name, conditions)
         message = f"the StreamingTable cannot be read: {error}"
         return Outcome((Event(EventReason.SPEC_CHANGED, message, EventType.WARNING),), None, written)
     owner = _claimed_by(body, st, claims)
     refusals = _secret_refusals(st, ref, ctx, check=check_secrets)
-    observed = Observed()
-    if ctx.observer is not None and st.spec.table.catalog is not None:
-        observed = ctx.observer.observe(ref.uid, st)
     idle = owner is not None or bool(refusals)  # no pod at all
-    replicas = 0 if idle else _compaction_replicas(st, ref.uid, observed, ctx)
+    replicas = 0 if idle else _compaction_replicas(st, ref.uid, ctx)
     broken = violations(ctx.config.pod_policy, st)
+    issues: tuple[Issue, ...] = ()
     if broken:  # render no pod: the driver and compaction keep the last spec the policy allowed
-        observed = replace(observed, issues=(*observed.issues, policy_issue(broken)))
+        issues = (policy_issue(broken),)
         children = withheld_children(st, image=ctx.config.image, operator_settings=ctx.config.settings)
     else:
         children = desired_children(
@@ -236,7 +238,7 @@ def _plan(
     problems = [str(p) for p in children.problems]
     if st.spec.table.catalog is None:
         problems.append("spec.table.catalog: required in a cluster (the embedded catalog is pod-local)")
-    return _Plan(ref, st, owner, observed, replicas, children, tuple(problems), refusals, bool(broken))
+    return _Plan(ref, st, owner, issues, replicas, children, tuple(problems), refusals, bool(broken))
 
 
 def _apply_children(planned: _Plan, ctx: Context) -> None:
@@ -299,7 +301,9 @@ def _act_on_driver(planned: _Plan, driver: _Driver, ctx: Context) -> None:
     """Create or delete the driver Pod as decided (a delete carries the observed uid); store the history."""
     ref, decision = planned.ref, driver.decision
     if decision.action is Action.CREATE and planned.children.driver_pod is not None:
-        ctx.kube.create(planned.children.driver_pod)
+        created = ctx.kube.create(planned.children.driver_pod)
+        if created and decision.history.failures:  # a restart after a failure, not a first start
+            metrics.count_driver_restart(ref.namespace, ref.name)
     elif decision.action is Action.DELETE and driver.pod is not None:
         ctx.kube.delete("Pod", ref.namespace, driver.name, uid=driver.pod.uid)
     if decision.history != driver.history:
@@ -311,12 +315,12 @@ def _derive(planned: _Plan, driver: _Driver, ctx: Context) -> status.Derived:
     """Step 5: the status this pass derives."""
     return status.derive(
         planned.st,
-        planned.observed,
         driver.decision,
         problems=planned.problems,
         owner=planned.owner,
         now=ctx.now,
         refusals=planned.refusals,
+        issues=planned.issues,
     )
 
 
@@ -327,6 +331,7 @@ def _finish(planned: _Plan, derived: status.Derived, ctx: Context) -> bool:
     metrics.record_table(
         ref.namespace, ref.name, derived.summary, planned.replicas, target,
         acknowledged_loss=acknowledged_loss(st.metadata.annotations),
+        stored_loss=derived.status.data_loss_records, conditions=derived.conditions,
     )  # fmt: skip
     return status.write(ctx.kube, ctx.memory, ref, previous=st.status, new=derived.status, now=ctx.now)
 
@@ -369,16 +374,14 @@ def secret_refusals_of(kube: Kube, st: StreamingTable, namespace: str) -> list[s
     return [*forbidden, *secret_refusals(checked, labels, namespace)]
 
 
-def _compaction_replicas(st: StreamingTable, uid: str, observed: Observed, ctx: Context) -> int:
-    """Replicas from the backlog (the operator's own reading, else the driver's report); without either,
-    the last count set (or minReplicas)."""
+def _compaction_replicas(st: StreamingTable, uid: str, ctx: Context) -> int:
+    """Replicas from the backlog the driver reported (`status.writer`); without a recent report, the last
+    count set (or minReplicas)."""
     spec = st.spec.compaction
     last = ctx.memory.replicas(uid)
     if not spec.enabled:
         return 0
-    backlog = observed.backlog
-    if backlog is None:  # a table the operator does not read: its driver measures it (status.writer)
-        backlog = reported_backlog(st.status.writer if st.status else None, ctx.now)
+    backlog = reported_backlog(st.status.writer if st.status else None, ctx.now)
     if backlog is None:
         wanted = last[0] if last is not None else spec.min_replicas
         return min(max(wanted, spec.min_replicas), spec.max_replicas)

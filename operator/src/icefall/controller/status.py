@@ -1,16 +1,17 @@
 """A StreamingTable's status: derived from one pass's observations, written at a bounded rate.
 
-`derive` turns what a pass knows (the driver decision, the table and topic observations, the spec's
+`derive` turns what a pass knows (the driver decision, the driver's report in `status.writer`, the spec's
 problems, a claim by another StreamingTable) into conditions, freshness, table figures and dataLossRecords
-(`plan.table_status.summarize` + `plan.conditions.derive_conditions`); `write` sends them through the status
+(`plan.table_status.summarize` + `plan.conditions.derive_conditions`); the operator reads no table and no
+topic itself. `write` sends them through the status
 subresource when `plan.conditions.should_write_status` says so, as a merge patch (`status_patch`).
 `write_invalid` reports a body the models refuse.
 
 Guarantees: a figure that went away is sent as null, so status never shows a figure that is gone; status is
 written at most every `STATUS_MIN_INTERVAL_SECONDS` per table unless a condition changes. Not guaranteed:
-that status figures are current to the second (they are as old as the last observation and the last
-write, both rate-limited). When the table or Kafka cannot be read, the previous freshness and table figures
-are kept and a condition says why.
+that status figures are current to the second (they are as old as the driver's last report and the last
+write, both rate-limited). Without a recent report (no driver running), the previous freshness and table
+figures are kept and FreshnessMet says why.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from icefall.api import (
     StreamingTableStatus,
 )
 from icefall.controller.kube import Kube
-from icefall.controller.observe import Observed
 from icefall.plan.applying import Applied, ChildKey
 from icefall.plan.claims import Claim
 from icefall.plan.conditions import (
@@ -45,15 +45,7 @@ from icefall.plan.conditions import (
     should_write_status,
 )
 from icefall.plan.driver import DriverDecision, Event, EventReason, EventType
-from icefall.plan.table_status import (
-    Summary,
-    acknowledged_loss,
-    not_read_by_operator,
-    summarize,
-    with_writer_loss,
-    with_writer_report,
-    writer_issues,
-)
+from icefall.plan.table_status import Summary, acknowledged_loss, summarize, writer_issues
 from icefall.runtime.bounded import LRU
 
 STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10"))
@@ -143,30 +135,30 @@ class Derived:
 
 def derive(
     st: StreamingTable,
-    observed: Observed,
     decision: DriverDecision,
     *,
     problems: Sequence[str],
     owner: Claim | None,
     now: datetime,
     refusals: Sequence[str] = (),
+    issues: Sequence[Issue] = (),
 ) -> Derived:
-    """The status of `st` from this pass's observations (see the module docstring); `owner`: the older
-    StreamingTable that claims the same catalog table, if any; `refusals`: the Secrets it may not use
-    (`icefall.plan.grants`)."""
-    summary, unmeasured = _summary(st, observed, now)
+    """The status of `st` from this pass's observations (see the module docstring): its driver's report
+    (`status.writer`), the driver decision, `owner` (the older StreamingTable that claims the same catalog
+    table, if any), `refusals` (the Secrets it may not use, `icefall.plan.grants`) and the pass's own
+    `issues` (e.g. a pod policy violation)."""
     writer = st.status.writer if st.status else None
-    operator_reads = not not_read_by_operator(st.spec)
-    issues = [*observed.issues, *summary.issues, *writer_issues(writer, now, operator_reads=operator_reads)]
+    summary = summarize(writer, now, acknowledged_loss=acknowledged_loss(st.metadata.annotations))
+    found = [*issues, *summary.issues, *writer_issues(writer, now)]
     if refusals:
-        issues.append(Issue(ConditionReason.SECRET_NOT_ALLOWED, "; ".join(refusals)[:MAX_MESSAGE]))
+        found.append(Issue(ConditionReason.SECRET_NOT_ALLOWED, "; ".join(refusals)[:MAX_MESSAGE]))
     refused = driver_refusal(decision.state, decision.history)
-    if refused is not None and refused.reason not in {issue.reason for issue in issues}:
-        issues.append(refused)  # the operator's own probe, when it has the credentials, says it already
+    if refused is not None and refused.reason not in {issue.reason for issue in found}:
+        found.append(refused)
     events: list[Event] = []
     if owner is not None:
         issue, event = _claimed(st, owner, decision)
-        issues.append(issue)
+        found.append(issue)
         events += [event] if event is not None else []
     observations = Observations(
         driver=decision.state,
@@ -175,8 +167,8 @@ def derive(
         lag_records=summary.lag_records,
         last_commit_time=summary.last_commit_time,
         spec_problems=tuple(problems),
-        issues=tuple(issues),
-        unmeasured=unmeasured,
+        issues=tuple(found),
+        unmeasured=summary.unmeasured,
     )
     update: dict[str, Any] = {
         "conditions": derive_conditions(observations, st, now),
@@ -190,29 +182,6 @@ def derive(
         update["data_loss_records"] = summary.data_loss_records
     status = (st.status or StreamingTableStatus()).model_copy(update=update)
     return Derived(status, summary, tuple(events))
-
-
-def _summary(st: StreamingTable, observed: Observed, now: datetime) -> tuple[Summary, str]:
-    """The figures of this pass (the operator's own reading, the driver's report where it has none) and
-    why freshness is not measured ("" when it is)."""
-    acknowledged = acknowledged_loss(st.metadata.annotations)
-    summary = summarize(
-        observed.facts,
-        observed.watermarks,
-        now,
-        acknowledged_loss=acknowledged,
-        topic_id=observed.topic_id,
-        oldest_waiting_ms=observed.oldest_waiting_ms,
-    )
-    writer = st.status.writer if st.status else None
-    unmeasured = observed.unmeasured
-    reported = with_writer_report(summary, writer, now)
-    if reported is not None:  # the operator could not measure (all of it); the running driver did
-        summary = reported
-        if reported.freshness_seconds is not None or reported.lag_records is not None:
-            unmeasured = ""
-    # The driver's count of records lost to retention, whether or not the operator read the table.
-    return with_writer_loss(summary, writer, acknowledged=acknowledged), unmeasured
 
 
 def _claimed(st: StreamingTable, owner: Claim, decision: DriverDecision) -> tuple[Issue, Event | None]:
@@ -288,9 +257,11 @@ def status_patch(previous: StreamingTableStatus | None, new: StreamingTableStatu
     return patch
 
 
-def write_invalid(body: Mapping[str, Any], kube: Kube, message: str, now: datetime) -> bool:
+def write_invalid(
+    body: Mapping[str, Any], kube: Kube, message: str, now: datetime
+) -> tuple[bool, list[Condition]]:
     """Report a body the models refuse (Ready=False, Degraded=True, reason InvalidSpec); earlier conditions
-    are kept when they still parse. True when written."""
+    are kept when they still parse. Whether it was written (not when nothing changed), and the conditions."""
     meta = body.get("metadata") or {}
     try:
         current = StreamingTableStatus.model_validate(body.get("status") or {}).conditions
@@ -306,11 +277,11 @@ def write_invalid(body: Mapping[str, Any], kube: Kube, message: str, now: dateti
             conditions, kind, flag, ConditionReason.INVALID_SPEC, message, generation=generation, now=now
         )
     if conditions == current:
-        return False
+        return False, conditions
     written = StreamingTableStatus(conditions=conditions, observed_generation=generation)
     kube.patch_status(
         str(meta["namespace"]),
         str(meta["name"]),
         written.model_dump(mode="json", by_alias=True, exclude_none=True),
     )
-    return True
+    return True, conditions

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 #: The SCRAM mechanisms every `scram_users` user can log in with.
 SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
-_LOG4J2 = """\
+LOG4J2 = """\
 status = warn
 appender.console.type = Console
 appender.console.name = STDOUT
@@ -176,7 +176,7 @@ class KafkaBroker:
         data.mkdir(parents=True)
         self.port, self.controller_port = free_port(), free_port()
         self.ports = {name: free_port() for name in self._listeners()}
-        (self.workdir / "log4j2.properties").write_text(_LOG4J2.format(level=self.log_level))
+        (self.workdir / "log4j2.properties").write_text(LOG4J2.format(level=self.log_level))
         config.write_text(
             "\n".join(
                 [

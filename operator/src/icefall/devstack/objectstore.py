@@ -82,6 +82,11 @@ class ObjectStore(LoopbackServer):
             self.resume()  # a frozen process would only die by SIGKILL
         super().stop()
 
+    def kill(self) -> None:
+        """SIGKILL the server (a crash, uploads in flight lost); data and port kept for `start()`."""
+        self._paused = False  # SIGKILL ends a frozen process too
+        super().kill()
+
     def pause(self, timeout: float = 5) -> None:
         """Freeze the server: connections are accepted by the kernel but never answered."""
         self._signal(signal.SIGSTOP)

@@ -194,3 +194,9 @@ class PostgresServer:
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and its backends (a crash: the next `start()` runs crash recovery)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc = None

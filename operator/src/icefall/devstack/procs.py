@@ -121,6 +121,15 @@ class ManagedProcess:
             f"last log lines ({self.log_path}):\n{tail(self.log_path)}"
         )
 
+    def kill(self) -> None:
+        """SIGKILL to the process group, then reap it: a crash, no clean shutdown (fault tests)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
     def stop(self, grace: float = 10.0) -> None:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
@@ -189,3 +198,9 @@ class LoopbackServer:
             return
         self._proc.stop()
         self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash); its port and data are kept for the next `start()`."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc = None

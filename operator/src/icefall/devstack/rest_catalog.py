@@ -157,3 +157,9 @@ class RESTCatalogServer:
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash); the next `start()` serves the same catalog on the same port."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc = None

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from icefall.api import OnDataLoss, StreamingTableSpec
+from icefall.api import ConditionReason, OnDataLoss, StreamingTableSpec
 from icefall.api.source import StartingPositionType
 from icefall.commit import Batch, CommittedState, SourceBatch, TopicsBatch
 from icefall.commit.batch import held_of
@@ -73,8 +73,19 @@ class SourceChangedError(RuntimeError):
     """The topic was recreated or its log truncated: the committed offsets no longer point into it.
 
     Nothing was skipped or committed. Ingestion stops until a user resets the offsets
-    (`icefall reset-offsets`), which records the reset in the table.
+    (`icefall reset-offsets`), which records the reset in the table. `recreated`: the topic's id changed
+    (else committed offsets are past its end); a driver's last words name it (`TopicRecreated` or
+    `OffsetsAheadOfTopic`), which the operator shows as the table's condition.
     """
+
+    def __init__(self, message: str, *, recreated: bool) -> None:
+        super().__init__(message)
+        self.recreated = recreated
+
+    @property
+    def reason(self) -> ConditionReason:
+        """The condition reason this stands for."""
+        return ConditionReason.TOPIC_RECREATED if self.recreated else ConditionReason.OFFSETS_AHEAD_OF_TOPIC
 
 
 class DataLossHaltedError(RuntimeError):
@@ -262,7 +273,8 @@ class Planner:
         )
         problem = source_change(topic, held.topic_id, topic_id, plan.offsets_ahead)
         if problem is not None:
-            raise SourceChangedError(f"{self.label}: {problem}")
+            recreated = held.topic_id not in (None, topic_id)
+            raise SourceChangedError(f"{self.label}: {problem}", recreated=recreated)
         if plan.data_loss and self.spec.source.on_data_loss is OnDataLoss.HALT:
             raise DataLossHaltedError.of(topic, plan.data_loss)
         pin_start = not held.offsets and bool(plan.positions.starts)
@@ -310,7 +322,8 @@ class Planner:
             if self.topics[part.topic].topic_id() != part.topic_id:
                 raise SourceChangedError(
                     f"{self.label}: topic {part.topic!r} was recreated "
-                    "while a batch was read; the batch is not committed"
+                    "while a batch was read; the batch is not committed",
+                    recreated=True,
                 )
 
     def _report_data_loss(self, topic: str, plan: OffsetPlan) -> int:

@@ -46,6 +46,7 @@ class BatchReport:
     data_loss: int = 0  # records lost to retention this batch reports first
     skipped: int = 0  # records lost to retention this batch's commit skipped (added to icefall.lost-records)
     lost_records: int = 0  # the table's icefall.lost-records once this batch landed
+    partition_lag: Mapping[int, int] = field(default_factory=dict)  # `lag` per partition
     # Seconds per phase of the batch (plan, stage, write, dead_letters, commit, report): where a batch's
     # fixed cost goes. "write" is the one Spark job that reads, decodes and writes the good rows; "stage"
     # puts the writer's staging branch at main's head (no catalog commit when the last commit left it
@@ -162,6 +163,7 @@ class Reporter:
             seconds=seconds,
             commit_seconds=landed.commit_seconds,
             snapshot_id=landed.snapshot_id,
+            # A table of several topics: per (topic, partition) in the metrics (`publish_lag`) only.
             offsets={} if planned.by_topic else next(iter(after.values())),
             lag=waiting,
             freshness_seconds=behind or 0.0,
@@ -169,6 +171,7 @@ class Reporter:
             data_loss=planned.lost,
             skipped=skipped,
             lost_records=committed.lost_records + skipped,
+            partition_lag={} if planned.by_topic else next(iter(lag.values())),
             phases=clock.phases,
             dead_letter_reasons=landed.dead_letters.kinds,
             schema_refused=self.schema_refused(),

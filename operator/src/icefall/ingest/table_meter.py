@@ -2,15 +2,16 @@
 (files, records, snapshots, last compaction and expiry), the compaction backlog the compaction pods are
 scaled on, the records lost to retention, and the Iceberg `table-uuid` of the table and its dead-letter
 table (the only tables `deletionPolicy: Delete` may drop, `icefall purge`). The driver reads with the
-table's own credentials; the operator, which holds none, shows these figures and scales compaction from
-them (`icefall.plan.table_status`).
+table's own credentials from its own pod; the operator, which reads no table itself, shows these figures
+and scales compaction from them (`icefall.plan.table_status`).
 
 `TableMeter` reads on a thread of its own (the backlog reads manifests: never on the batch loop), at most
 every `interval` seconds, and every `retry` seconds while the table does not exist yet (the driver creates
 it at start). `latest` is the last reading.
 
-Guarantees: a failed reading never stops ingestion; it is logged (the first of a series with its cause)
-and the previous reading stays. Not guaranteed: that the reading is current (it is up to `interval` old).
+Guarantees: a failed reading never stops ingestion; it is logged (the first of a series with its cause) and
+the previous reading stays. The client's connections and requests wait at most `REQUEST_TIMEOUT_SECONDS`
+each. Not guaranteed: that the reading is current (it is up to `interval` old).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 READ_INTERVAL_SECONDS = 30.0
 MISSING_RETRY_SECONDS = 5.0
+#: How long the meter's catalog client waits to connect and for each answer (`icefall.catalog.timeouts`).
+REQUEST_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,9 @@ class TableMeter:
     def read_once(self) -> TableReading | None:
         """One reading now (also kept as `latest` when there is one); None while the table is missing."""
         if self._client is None:
-            self._client = self.catalog_config.pyiceberg(make_folders=False)
+            self._client = self.catalog_config.pyiceberg(
+                make_folders=False, request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
         reading = read_table(self._client, self.st, int(time.time() * 1000), self._manifests)
         if reading is not None:
             with self._lock:

@@ -1,8 +1,8 @@
-"""The driver's report into its own StreamingTable's status (`status.writer`): lag and freshness as
-ingestion measured them for its last batch, and the records lost to retention (the table's count, and when
-a commit of this driver last skipped some), so a table whose driver runs is always measured and its data
-loss shown, whatever the operator can read (it holds none of the table's credentials;
-`icefall.plan.table_status`). The count is the larger of what this driver's last commit left in the table
+"""The driver's report into its own StreamingTable's status (`status.writer`): lag (in all and for the most
+lagging partitions) and freshness as ingestion measured them for its last batch, and the records lost to
+retention (the table's count, and when a commit of this driver last skipped some). The operator reads no
+table and no topic itself, so this report is where status, metrics and compaction scaling come from
+(`icefall.plan.table_status`). The count is the larger of what this driver's last commit left in the table
 and its `TableMeter`'s last reading of the table (so it is known before this driver's first commit); what
 this driver has not learnt yet (the count before either, a loss time) is left out of the patch, so an
 earlier driver's report of it stays.
@@ -11,10 +11,10 @@ At most one PATCH every `interval` seconds, the first at once; a failed PATCH is
 its cause) and never stops ingestion. While an outage is waited out no batch lands, so `waiting(service)`
 (the `Outages` listener) reports the service the driver is waiting for at once when it changes, and at the
 same pace while it lasts. With a `TableMeter`, each report also carries the meter's last reading of the
-table: its figures and compaction backlog (what the operator shows, and scales compaction on, for a table
-it does not read) and the table-uuids `deletionPolicy: Delete` is judged by; a new reading is reported at
-once, from the meter's thread (a lock keeps the two callers' reports whole). The driver's Role may patch
-only its own StreamingTable's status (`icefall.plan.rbac`).
+table: its figures and compaction backlog (what the operator shows, and scales compaction on) and the
+table-uuids `deletionPolicy: Delete` is judged by; a new reading is reported at once, from the meter's
+thread (a lock keeps the two callers' reports whole). The driver's Role may patch only its own
+StreamingTable's status (`icefall.plan.rbac`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from icefall.api import WriterReport
+from icefall.api import PartitionLag, WriterReport
+from icefall.api.status import REPORTED_PARTITIONS
 
 if TYPE_CHECKING:
     from icefall.controller.kube import Kube
@@ -108,6 +109,7 @@ class WriterStatusReporter:
             reported_at=self._wall(),
             freshness_seconds=max(last.freshness_seconds, 0.0) if last is not None else 0.0,
             lag_records=max(last.lag, 0) if last is not None else 0,
+            partition_lag=_most_lagging(last.partition_lag if last is not None else {}),
             last_commit_time=self._last_commit,
             snapshot_id=self._snapshot_id,
             waiting_for=self._waiting_for,
@@ -134,6 +136,12 @@ class WriterStatusReporter:
         if self._failures:
             log.info("reporting to %s/%s's status works again", self.namespace, self.name)
             self._failures = 0
+
+
+def _most_lagging(lag: Mapping[int, int]) -> list[PartitionLag]:
+    """The `REPORTED_PARTITIONS` most lagging partitions of `lag`, by partition."""
+    top = sorted(lag, key=lambda p: (-lag[p], p))[:REPORTED_PARTITIONS]
+    return [PartitionLag(partition=p, records=max(lag[p], 0)) for p in sorted(top)]
 
 
 def _larger(a: int | None, b: int | None) -> int | None:

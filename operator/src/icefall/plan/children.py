@@ -21,7 +21,8 @@ Guarantees:
 - Every child carries the metadata of `icefall.plan.metadata` (labels, the submission id, an owner reference).
 - `icefall.dev/spec-hash` (`spec_hash`) changes exactly when something the driver is built from changes:
   the spec minus the fields listed in `NON_RESTART_FIELDS`, the image, the operator settings, the Spark
-  master, and the `icefall.dev/restart` annotation. Status, labels, other annotations, `spec.suspend` and
+  master, and the `icefall.dev/restart` and `icefall.dev/reset-offsets` annotations (a reset request that
+  cannot be read is a problem). Status, labels, other annotations, `spec.suspend` and
   `spec.deletionPolicy` never change it. A spec field added later restarts the driver by default (the
   list names what does *not* restart, so forgetting it is the safe mistake); fields at their defaults are
   left out, so an operator upgrade that adds a defaulted field does not roll every driver.
@@ -48,6 +49,8 @@ from icefall.api import PodTemplates, Problem, StreamingTable
 from icefall.plan import isolation, lease_objects, names, pods, rbac, spark_conf, workloads
 from icefall.plan.env import secret_env_vars
 from icefall.plan.metadata import ChildMeta
+from icefall.plan.offset_reset import FIELD as RESET_FIELD
+from icefall.plan.offset_reset import reset_request_problem
 from icefall.plan.settings import OperatorSettings, Resources
 from icefall.plan.workloads import PodPlan
 
@@ -76,6 +79,9 @@ def spec_hash(st: StreamingTable, *, image: str, settings: OperatorSettings, mas
         "settings": _settings_payload(settings),
         "restart": st.metadata.annotations.get(ANNOTATION_RESTART),
     }
+    reset = st.metadata.annotations.get(names.ANNOTATION_RESET_OFFSETS)
+    if reset is not None:  # only when set: an operator upgrade must not roll every driver
+        payload["resetOffsets"] = reset
     return names.digest(json.dumps(payload, sort_keys=True, separators=(",", ":")))[:16]
 
 
@@ -156,6 +162,8 @@ def desired_children(
     digest = spec_hash(st, image=image, settings=settings, master=master)
     kafka_env, catalog_env, secret_problems = secret_env_vars(st.spec)
     problems += secret_problems
+    if (reset_problem := reset_request_problem(st.metadata.annotations)) is not None:
+        problems.append(Problem(RESET_FIELD, reset_problem))
     plans = workloads.pod_plans(st, settings, namespace=namespace)
     executor_conf, executor_problems = spark_conf.executor_conf(plans[pods.EXECUTOR].template)
     if on_kubernetes:

@@ -23,10 +23,10 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   False when behind (BehindTarget) or records wait and nothing is committed (NoCommitsYet); Unknown before
   the first measurement (NoCommitsYet), when it cannot be measured (NotMeasured, with `unmeasured` as the
   message), while suspended and while deleting.
-- Degraded: True with the most severe of DataLoss, DataLossHalted, OffsetsAheadOfTopic, BadRecordHalted,
-  InvalidSpec, SecretNotAllowed, PodPolicyViolation, CatalogCredentialsRefused, KafkaCredentialsRefused
-  (they outrank the driver failures they cause), DriverFailed (backing off), DeadLetterFailed,
-  CompactionFailed (all messages joined); else False (Healthy, Deleting).
+- Degraded: True with the most severe of DataLoss, DataLossHalted, TopicRecreated, OffsetsAheadOfTopic,
+  BadRecordHalted, InvalidSpec, SecretNotAllowed, PodPolicyViolation, CatalogCredentialsRefused,
+  KafkaCredentialsRefused (they outrank the driver failures they cause), DriverFailed (backing off),
+  DeadLetterFailed, CompactionFailed (all messages joined); else False (Healthy, Deleting).
 
 A spec that cannot be honoured (`spec_problems`) makes Degraded True with reason InvalidSpec, hence Ready
 False: the driver keeps running what it started with, and the message says what to fix.
@@ -131,7 +131,11 @@ class Issue:
 
 
 #: Reasons a driver leaves as the first word of its termination message (icefall.cli), with a colon.
+#: They stop ingestion: Ingesting False with that reason while the next driver is backed off or starting.
 DRIVER_REFUSALS = (_R.DATA_LOSS_HALTED, _R.CATALOG_CREDENTIALS_REFUSED, _R.KAFKA_CREDENTIALS_REFUSED)
+#: Every reason a driver's last words may carry: also a topic recreated or truncated (the operator reads
+#: no topic itself), which degrades the table (Ingesting says DriverFailed).
+DRIVER_LAST_WORDS = (*DRIVER_REFUSALS, _R.TOPIC_RECREATED, _R.OFFSETS_AHEAD_OF_TOPIC)
 
 
 def driver_refusal(state: DriverState, history: DriverHistory) -> Issue | None:
@@ -141,7 +145,7 @@ def driver_refusal(state: DriverState, history: DriverHistory) -> Issue | None:
     reason, _, text = message.partition(": ")
     if history.failures == 0 or state not in (DriverState.BACKING_OFF, DriverState.STARTING):
         return None
-    for refused in DRIVER_REFUSALS:
+    for refused in DRIVER_LAST_WORDS:
         if reason == refused.value and text:
             return Issue(refused, f"the driver stopped: {text}"[:MAX_MESSAGE])
     return None

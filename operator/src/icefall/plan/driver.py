@@ -179,6 +179,9 @@ class EventReason(StrEnum):
     TABLE_DROP_FAILED = "TableDropFailed"
     TABLE_KEPT_FOR_OWNER = "TableKeptForOwner"
     TABLE_PURGE_STARTED = "TablePurgeStarted"
+    # An offset reset request (`icefall.plan.offset_reset`), sent by the driver that acted on it.
+    OFFSETS_RESET = "OffsetsReset"
+    OFFSET_RESET_REFUSED = "OffsetResetRefused"
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ encrypt Spark's RPC with, and the NetworkPolicy around its pods. Pure: no client
 Spark RPC: on the Kubernetes master the driver's conf sets `spark.authenticate` and
 `spark.network.crypto.enabled` (`icefall.plan.spark_conf`), with the secret read from a file in both the
 driver and the executors (`spark.authenticate.secret.driver.file` / `.executor.file`): Spark then puts it
-in no executor pod's env (it does without the files: SPARK_AUTHENTICATE_SECRET, in the pod spec) and the
-secret is in no pod spec, ConfigMap or command line. The Secret is rendered without its value: the operator
-creates it once with random bytes (`icefall.controller.reconcile`), never reads or updates it (immutable),
-and the garbage collector removes it with its StreamingTable. Local masters run no executors and need none.
+in no executor pod's env (it does without the files: `_SPARK_AUTH_SECRET`, in the pod spec) and the
+secret is in no pod spec, ConfigMap or command line (only the file's path is). The Secret is rendered
+without its value: the operator creates it once with random bytes (`icefall.controller.reconcile`), never
+reads or updates it (immutable), and the garbage collector removes it with its StreamingTable. Local
+masters run no executors and need none.
 
 NetworkPolicy: ingress to the table's pods (driver, executors, compaction) only from the table's own
 driver and executors (Spark's RPC and block transfers between them), and to their `metrics` port from
@@ -67,7 +68,8 @@ def spark_auth_conf() -> dict[str, str]:
     passes `spark.auth*` and `spark.network*` settings to executors at their start)."""
     return {
         "spark.authenticate": "true",
-        # An executor fetches the driver's conf first with a SecurityManager that reads only this key.
+        # An executor fetches the driver's conf first with a SecurityManager that reads only this key (and
+        # only with a k8s:// master: `icefall.spark.entrypoint` gives the executor JVM one).
         "spark.authenticate.secret.file": SPARK_AUTH_FILE,
         "spark.authenticate.secret.driver.file": SPARK_AUTH_FILE,
         "spark.authenticate.secret.executor.file": SPARK_AUTH_FILE,

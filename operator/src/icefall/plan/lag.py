@@ -1,8 +1,8 @@
 """Lag and freshness: how far a table is behind its topic. Pure: the clock is an argument.
 
-The one definition of both; ingestion (batch sizing, `BatchReport`, `icefall_lag_records`), the operator's
-status and metrics (`plan.table_status`), `icefall status` and the offset planner (`plan.offsets`) all
-call these functions.
+The one definition of both; ingestion (batch sizing, `BatchReport` and so the driver's report that the
+operator's status and metrics show, `icefall_lag_records`), `icefall status` and the offset planner
+(`plan.offsets`) all call these functions.
 
 Rules:
 - Lag of a partition = records Kafka still holds that the table has not committed:
@@ -13,14 +13,14 @@ Rules:
   counted in `icefall.lost-records` by the commit that skips them).
 - Lag of the table = the sum over the partitions of the watermarks; a committed partition the watermarks
   do not list is not counted.
-- Freshness = 0 when the lag is 0 (an idle topic is not stale); otherwise how long the oldest record not
-  yet in the table has waited: the seconds between now and its produce time, at least 0 (a producer clock
-  ahead of ours). A caller that did not read that record's time passes the produce time of the newest
-  committed record instead: an upper bound, too high by however long the topic was idle before the
-  waiting records came (after a quiet minute, the first new record would read as a minute stale). The
-  operator's status and `icefall status` read the oldest waiting record (`TopicView.oldest_waiting_ms`);
-  ingestion, right after its own commit, passes the bound: there the waiting records follow the ones it
-  just committed, so the bound is close. None (unmeasured) when records wait and neither time is known.
+- Freshness = 0 when the lag is 0 (an idle topic is not stale); otherwise how long the oldest record not yet
+  in the table has waited: the seconds between now and its produce time, at least 0 (a producer clock ahead of
+  ours). A caller that did not read that record's time passes the produce time of the newest committed record
+  instead: an upper bound, too high by however long the topic was idle before the waiting records came (after
+  a quiet minute, the first new record would read as a minute stale). `icefall status` reads the oldest
+  waiting record (`TopicView.oldest_waiting_ms`); ingestion, right after its own commit, passes the bound:
+  there the waiting records follow the ones it just committed, so the bound is close. None (unmeasured) when
+  records wait and neither time is known.
 
 Not guaranteed: that the inputs are current (they are as old as the reads), or that freshness is exact
 for records produced with timestamps from a skewed producer clock.

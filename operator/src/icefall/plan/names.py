@@ -60,6 +60,8 @@ ANNOTATION_PREFIX = "icefall.dev"
 ANNOTATION_GENERATION = "icefall.dev/generation"
 #: The driver's restart history on the StreamingTable (`icefall.plan.driver.DriverHistory`).
 ANNOTATION_DRIVER_HISTORY = "icefall.dev/driver-history"
+#: A request to reset the table's offsets in a cluster (`icefall.plan.offset_reset`).
+ANNOTATION_RESET_OFFSETS = "icefall.dev/reset-offsets"
 
 
 def labels(name: str, component: str) -> dict[str, str]:

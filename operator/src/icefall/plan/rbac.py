@@ -25,6 +25,9 @@ Manifest = dict[str, Any]
 
 
 _LEASES = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+#: The driver reports the outcome of an offset reset request on its StreamingTable (`create` cannot be
+#: restricted by name; an Event carries no credential and changes nothing).
+_EVENTS = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
 #: What Spark's scheduler backend does to its executor pods (`driver_rules`).
 EXECUTOR_POD_VERBS = ["create", "get", "list", "watch", "delete", "deletecollection"]
 
@@ -55,6 +58,7 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
 
     - read its own StreamingTable (the entry point reads the spec from the API), and patch its status
       (`status.writer`: the lag and freshness it measured, `icefall.ingest.writer_status`);
+    - create Events (the outcome of an offset reset request, `icefall.plan.offset_reset`);
     - get/update its commit Lease by name (the operator creates it); during an upgrade, get/update/delete
       the commit Lease of versions before identity-keyed names (`SuccessorLease`);
     - a keyed table's driver: get the table's yield Lease by name (it waits while a rewrite holds it);
@@ -73,6 +77,7 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
         _read_self_rule(st.metadata.name),
         _report_status_rule(st.metadata.name),
         *_lease_rules([leases.commit], ["get", "update"]),
+        _EVENTS,
     ]
     if leases.legacy_commit is not None:
         legacy = [leases.legacy_commit]

@@ -29,9 +29,10 @@ conf of its ingestion session, in the driver pod (`driver_conf`) and in `icefall
 they win over everything derived here. The compaction pods do not take them (they serve the table's
 maintenance only; `icefall run`'s in-process maintenance shares the ingestion session, and so does).
 
-RPC between the driver and its executors is NOT yet authenticated: `icefall.plan.isolation.spark_auth_conf`
-(the table's own secret, read from a file mounted in both pods) is rendered and mounted but not switched on,
-because Spark 4.1's executors did not find the secret on the e2e cluster ("A secret key must be specified").
+RPC between the driver and its executors (Kubernetes master only) is authenticated and encrypted with the
+table's own secret, read from a file in both pods (`icefall.plan.isolation.spark_auth_conf`); the image's
+executor entry point gives the executor JVM the `k8s://` master Spark needs to read that file before it
+has the driver's conf (`icefall.spark.entrypoint`). A local master has no executors to talk to.
 
 Host network (see `icefall.plan.pods`): the driver fixes no port (Spark picks free ones and tells the
 executors); executors bind their block manager to a free port and never read another executor's shuffle
@@ -48,6 +49,7 @@ from icefall.api import PodTemplate, Problem, StreamingTable, parse_quantity
 from icefall.api.pods import MIN_EXECUTOR_MEMORY_MIB
 from icefall.plan import names
 from icefall.plan.env import ENV_POD_IP, ENV_POD_NAME, spark_conf_from
+from icefall.plan.isolation import spark_auth_conf
 from icefall.plan.settings import LOCAL_MASTER, OperatorSettings
 
 #: Per-table Spark master override: `kubernetes`, `local`, `local[N]` or `local[*]`.
@@ -176,7 +178,7 @@ def _kubernetes_conf(
         "spark.kubernetes.driver.ownPersistentVolumeClaim": "false",
         "spark.kubernetes.driver.reusePersistentVolumeClaim": "false",
         "spark.kubernetes.driver.service.deleteOnTermination": "false",
-        # No `isolation.spark_auth_conf()` yet: executors failed to read the secret file (module doc).
+        **spark_auth_conf(),
         **_dynamic_allocation(settings),
     }
     if settings.executor_request_cores:

@@ -1,70 +1,56 @@
-"""Freshness, lag, table figures and data-loss issues from what the table and Kafka say. Pure.
+"""Freshness, lag, table figures and data-loss issues from what the table's driver reported. Pure.
 
-Inputs are plain facts the act layer read (`TableFacts` from the table's metadata, the topic's watermarks
-from Kafka); the clock is an argument. `summarize` turns them into the status blocks (`FreshnessStatus`,
-`TableStatus`, `dataLossRecords`) and the figures and issues `plan.conditions.Observations` takes.
+The operator reads no table and no topic itself: every address a StreamingTable names (a catalog's URI, a
+SQLite path, bootstrap servers) is the tenant's choice, and the operator's own reads would lend the
+tenant its network position (its namespace's databases, its disk) and identity. The table's driver, in the
+tenant's namespace with the table's own credentials, measures instead and reports into `status.writer`
+(`icefall.ingest.writer_status`: lag and freshness after each batch, the table's figures and compaction
+backlog from its `TableMeter`, the records lost to retention). `summarize` turns that report into the
+status blocks (`FreshnessStatus`, `TableStatus`, `dataLossRecords`) and the figures and issues
+`plan.conditions.Observations` takes; `TableFacts` and `table_status` are what the driver's meter reads
+from the table's metadata.
 
 Rules:
-- Lag and freshness are `plan.lag`'s (lag per partition from the watermarks and the table's committed
-  offsets; freshness from the lag and the produce time of the oldest waiting record when the act layer
-  read it, else `icefall.max-produce-time-ms`; unmeasured while nothing was committed). The status map
-  lists the `MAX_PARTITIONS` most lagging partitions. Without the watermarks (Kafka could not be read)
-  there is no freshness block at all: "caught up" and "stalled" look the same, so the previous figures
-  stay and a condition says why.
-- A topic id other than the one the table's offsets belong to (`icefall.topic-id`: the topic was deleted
-  and created again) is a `TopicRecreated` issue; ingestion stops until `icefall reset-offsets`.
-- A committed offset above the high watermark (the topic was deleted and recreated, or truncated) is an
-  `OffsetsAheadOfTopic` issue naming the partitions; that partition counts as lag 0.
-- `icefall.lost-records` above the acknowledged count (annotation `icefall.dev/acknowledged-data-loss`) is a
-  `DataLoss` issue: the table permanently misses those records; acknowledging the count clears it until
-  more are lost.
-- The driver reports the table's count too (`status.writer.lostRecords`, `lastLossTime`: from its own
-  commits and its table meter's readings, `icefall.ingest.writer_status`): an operator that cannot read
-  the table (no credentials) takes it from there (`with_writer_loss`, the one place a reported loss enters
-  the summary), so the loss is shown and alerted on without the table's credentials; when both are known
-  the larger wins (neither count ever goes down).
-- The last ingestion commit is the newest `append` snapshot, and only once offsets were committed (the
-  genesis snapshot of an empty table is not a commit of records).
-- The operator holds no table credential and lends none of its own: a table that references one, or
-  whose catalog or files its clients would reach with the operator's own identity (a REST catalog, an
-  object store: `not_read_by_operator`), is never read by the operator, only by its own pods. When the
-  operator could measure neither lag nor freshness itself (such a table, not read yet, or unreachable
-  from the operator), the driver's own report
-  (`status.writer`, at most `WRITER_REPORT_MAX_AGE_SECONDS` old) stands in for them, and for the table's
-  figures and compaction backlog (`with_writer_report`, `reported_backlog`): a running driver always makes
-  the table measured.
+- A report at most `WRITER_REPORT_MAX_AGE_SECONDS` old (the driver reports every ~10 s while it runs) gives
+  freshness, lag (its partition map: the `MAX_PARTITIONS` most lagging), the last commit and the table's
+  figures. Without one (no driver yet, or one that stopped) there is no freshness block and no table
+  block: the previous figures stay in status and `Summary.unmeasured` says why.
+- The records lost to retention (`status.writer.lostRecords`: the table's `icefall.lost-records` as the
+  driver last saw it) count whatever the report's age: the count never goes down. Above the acknowledged
+  count (annotation `icefall.dev/acknowledged-data-loss`) it is a `DataLoss` issue.
+- The driver's own problems (`writer_issues`): a service it waits out (Kafka, the catalog, the object
+  store, the schema registry) and schema changes the table cannot follow. Why it stopped (credentials
+  refused, data loss halted, a recreated topic or offsets past its end) is its termination message
+  (`plan.conditions.driver_refusal`).
+- Compaction is scaled from the reported backlog (`reported_backlog`).
 
-Not guaranteed: that the facts are current (they are as old as the read), or that freshness is exact for
-records produced with timestamps from a skewed producer clock (the produce time is the producer's or the
-broker's, per the topic's `message.timestamp.type`).
+Not guaranteed: that the figures are current (they are as old as the report, at most
+`WRITER_REPORT_MAX_AGE_SECONDS`), or that freshness is exact (the driver measures it right after its
+commit, from the produce time of the newest committed record: `plan.lag`). The report is the tenant's own
+word about its own table (anyone who may patch the StreamingTable's status can write it): it moves only
+that table's status and its compaction replicas, within its spec's bounds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from icefall.api import (
-    CatalogType,
-    ConditionReason,
-    FreshnessStatus,
-    StreamingTableSpec,
-    TableStatus,
-    WriterReport,
-)
+from icefall.api import ConditionReason, FreshnessStatus, TableStatus, WriterReport
+from icefall.api.status import REPORTED_PARTITIONS
 from icefall.plan.conditions import MAX_MESSAGE, Issue
-from icefall.plan.env import credential_references
-from icefall.plan.lag import freshness_seconds, partition_lag, partitions_ahead
-from icefall.plan.offsets import RESET_COMMAND
 
-MAX_PARTITIONS = 20
+MAX_PARTITIONS = REPORTED_PARTITIONS
 ANNOTATION_ACKNOWLEDGED_LOSS = "icefall.dev/acknowledged-data-loss"
+#: How old the driver's report may be and still count (it reports every ~10 s while it runs; an older one
+#: belongs to a driver that stopped).
+WRITER_REPORT_MAX_AGE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
 class TableFacts:
-    """What the operator read from the table's metadata (no manifests, no data)."""
+    """What a reader of the table's metadata sees (no manifests, no data): the driver's `TableMeter`."""
 
     committed_offsets: Mapping[int, int] = field(default_factory=dict)
     topic_id: str | None = None  # icefall.topic-id: the topic the offsets belong to
@@ -86,60 +72,74 @@ class TableFacts:
 class Summary:
     freshness: FreshnessStatus | None
     table: TableStatus | None
-    data_loss_records: int | None  # None: the table could not be read
+    data_loss_records: int | None  # None: not reported
     freshness_seconds: float | None
     lag_records: int | None
     last_commit_time: datetime | None
     issues: tuple[Issue, ...] = ()
+    unmeasured: str = ""  # why there are no figures ("" when there are)
 
 
-#: How old the driver's report may be and still stand in for the operator's own reading (it reports every
-#: ~10 s while it runs; an older one belongs to a driver that stopped).
-WRITER_REPORT_MAX_AGE_SECONDS = 60.0
+def recent(
+    report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
+) -> bool:
+    """`report` is at most `max_age` seconds old (either way: a clock ahead of ours too)."""
+    return report is not None and abs((now - report.reported_at).total_seconds()) <= max_age
 
 
-def with_writer_report(
-    summary: Summary,
+def summarize(
     report: WriterReport | None,
     now: datetime,
+    *,
+    acknowledged_loss: int = 0,
     max_age: float = WRITER_REPORT_MAX_AGE_SECONDS,
-) -> Summary | None:
-    """`summary` with what the driver's recent `report` measured where the summary has nothing: lag and
-    freshness when it has neither, the table's figures when the operator did not read the table; None
-    when the report fills in nothing. (Its data-loss count: `with_writer_loss`.)"""
-    if report is None or abs((now - report.reported_at).total_seconds()) > max_age:
-        return None
-    filled = summary
-    if summary.freshness_seconds is None and summary.lag_records is None:
-        freshness = FreshnessStatus(
-            seconds=round(report.freshness_seconds, 1),
-            lag_records=report.lag_records,
-            last_commit_time=report.last_commit_time,
-            snapshot_id=report.snapshot_id,
-        )
-        filled = replace(
-            filled,
-            freshness=freshness,
-            freshness_seconds=report.freshness_seconds,
-            lag_records=report.lag_records,
-            last_commit_time=report.last_commit_time,
-        )
-    if summary.table is None and report.table is not None:
-        filled = replace(filled, table=report.table)
-    return None if filled is summary else filled
+) -> Summary:
+    """Status blocks and observations from the driver's `report` (None: none yet), as the module doc says."""
+    lost = report.lost_records if report is not None else None
+    when = report.last_loss_time if report is not None else None
+    issues = _loss(lost, acknowledged_loss, when) if lost is not None else ()
+    if report is None or not recent(report, now, max_age):
+        return Summary(None, None, lost, None, None, None, issues, _unmeasured(report, now))
+    lag = {p.partition: p.records for p in report.partition_lag}
+    freshness = FreshnessStatus(
+        seconds=round(report.freshness_seconds, 1),
+        lag_records=report.lag_records,
+        partition_lag=_most_lagging(lag),
+        last_commit_time=report.last_commit_time,
+        snapshot_id=report.snapshot_id,
+    )
+    return Summary(
+        freshness=freshness,
+        table=report.table,
+        data_loss_records=lost,
+        freshness_seconds=report.freshness_seconds,
+        lag_records=report.lag_records,
+        last_commit_time=report.last_commit_time,
+        issues=issues,
+    )
+
+
+def _unmeasured(report: WriterReport | None, now: datetime) -> str:
+    measured = "measured by the table's driver only (the operator reads no table and no topic itself)"
+    if report is None:
+        return f"{measured}: it has not reported yet (status.writer)"
+    age = abs((now - report.reported_at).total_seconds())
+    return (
+        f"{measured}: its last report is {age:.0f} s old (status.writer.reportedAt); the figures shown are "
+        "from then"
+    )
 
 
 def reported_backlog(
     report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
 ) -> int | None:
     """The compaction backlog the driver measured, from its recent `report`; None without one."""
-    if report is None or report.table is None or abs((now - report.reported_at).total_seconds()) > max_age:
+    if report is None or report.table is None or not recent(report, now, max_age):
         return None
     return report.table.compaction_backlog
 
 
-#: The services a driver waits out (`WriterReport.waiting_for`) whose outage the operator reports itself
-#: when it reads the table and the topic, and from the driver's report when it does not.
+#: The services a driver waits out (`WriterReport.waiting_for`), as the issues they are.
 _WAITED_OUT = {
     "kafka": (ConditionReason.KAFKA_UNAVAILABLE, "Kafka"),
     "catalog": (ConditionReason.CATALOG_UNAVAILABLE, "the catalog"),
@@ -147,28 +147,12 @@ _WAITED_OUT = {
 }
 
 
-def with_writer_loss(summary: Summary, report: WriterReport | None, *, acknowledged: int = 0) -> Summary:
-    """`summary` with the driver's count of records lost to retention (`report.lost_records`), and its
-    DataLoss issue, when it is more than what the operator read itself (module doc)."""
-    reported = report.lost_records if report is not None else None
-    if reported is None or reported <= (summary.data_loss_records or 0):
-        return summary
-    kept = tuple(issue for issue in summary.issues if issue.reason is not ConditionReason.DATA_LOSS)
-    when = report.last_loss_time if report is not None else None
-    return replace(summary, data_loss_records=reported, issues=kept + _loss(reported, acknowledged, when))
-
-
 def writer_issues(
-    report: WriterReport | None,
-    now: datetime,
-    max_age: float = WRITER_REPORT_MAX_AGE_SECONDS,
-    *,
-    operator_reads: bool = True,
+    report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
 ) -> list[Issue]:
-    """The problems a recent driver report names: schema changes the table cannot follow, and a schema
-    registry it cannot reach; also Kafka, the catalog or the object store when the operator does not
-    read the table itself (`operator_reads` False), else its own probes say so."""
-    if report is None or abs((now - report.reported_at).total_seconds()) > max_age:
+    """The problems a recent driver report names: a service it waits out (Kafka, the catalog, the object
+    store, the schema registry), and schema changes the table cannot follow."""
+    if report is None or not recent(report, now, max_age):
         return []
     issues = []
     if report.waiting_for == "registry":
@@ -179,7 +163,7 @@ def writer_issues(
                 "records stay in Kafka until it answers",
             )
         )
-    elif not operator_reads and report.waiting_for in _WAITED_OUT:
+    elif report.waiting_for in _WAITED_OUT:
         reason, service = _WAITED_OUT[report.waiting_for]
         text = f"the driver cannot reach {service} and waits for it; ingestion goes on when it answers"
         issues.append(Issue(reason, text))
@@ -187,41 +171,6 @@ def writer_issues(
         message = "the table cannot follow the records' schema: " + "; ".join(report.schema_refused)
         issues.append(Issue(ConditionReason.SCHEMA_CHANGE_REFUSED, message[:MAX_MESSAGE]))
     return issues
-
-
-#: Where a catalog's clients reach storage with whatever identity the reading process has (a cloud
-#: identity, an SDK's default chain): object-store locations and the properties that configure them.
-_OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs")
-_AMBIENT_PREFIXES = ("s3.", "gcs.", "adls.", "client.", "rest.", "glue.", "dynamodb.")
-
-
-def not_read_by_operator(spec: StreamingTableSpec) -> str:
-    """Why the operator does not read this table and its topic itself; empty when it does. It never uses a
-    credential for a table: not one the table references (any `secretKeyRef` or `{env: NAME}`), nor one
-    of its own the clients would pick up by default (its cloud identity, for an object store or a REST
-    catalog, whose tables may live anywhere). Such a table is measured by its own driver."""
-    paths = [path for path, _ in credential_references(spec)]
-    then = "its figures appear once the driver reports them (status.writer)"
-    if paths:
-        return (
-            f"measured by the table's driver only: the table references credentials ({', '.join(paths)}) "
-            f"and the operator holds none; {then}"
-        )
-    catalog = spec.table.catalog
-    if catalog is None:
-        return ""
-    scheme = (catalog.warehouse or "").partition("://")[0].lower()
-    ambient = (
-        catalog.type is CatalogType.REST
-        or scheme in _OBJECT_STORE_SCHEMES
-        or any(key.startswith(_AMBIENT_PREFIXES) for key in catalog.properties)
-    )
-    if not ambient:
-        return ""
-    return (
-        "measured by the table's driver only: its catalog or files are reached with the reader's own "
-        f"identity (a REST catalog, an object store), and the operator lends none of its own; {then}"
-    )
 
 
 def _time(ms: int | None) -> datetime | None:
@@ -240,90 +189,6 @@ def table_status(facts: TableFacts) -> TableStatus:
         last_compaction_time=_time(facts.last_compaction_ms),
         last_expiry_time=_time(facts.last_expiry_ms),
     )
-
-
-def summarize(
-    facts: TableFacts | None,
-    watermarks: Mapping[int, tuple[int, int]] | None,
-    now: datetime,
-    *,
-    acknowledged_loss: int = 0,
-    topic_id: str | None = None,
-    oldest_waiting_ms: int | None = None,
-) -> Summary:
-    """Status blocks and observations from `facts` (None: table not read) and `watermarks` (None: Kafka
-    not read), as the module docstring says."""
-    committed = facts.committed_offsets if facts is not None else {}
-    issues, lag_map = _source_issues(facts, watermarks, topic_id)
-    if facts is None:
-        # Without the table, lag would count everything as waiting: report nothing rather than a guess.
-        return Summary(None, None, None, None, None, None, tuple(issues))
-    if watermarks is None:
-        # Without Kafka, lag and freshness are unknown: keep the table figures, leave freshness alone.
-        return Summary(
-            None,
-            table_status(facts),
-            facts.lost_records,
-            None,
-            None,
-            None,
-            tuple(issues) + _loss(facts.lost_records, acknowledged_loss),
-        )
-    issues += _loss(facts.lost_records, acknowledged_loss)
-    total = sum(lag_map.values()) if lag_map is not None else None
-    last_commit = _time(facts.last_commit_ms) if committed else None
-    seconds: float | None = None
-    if total is not None:
-        newest = facts.max_produce_time_ms if committed else None
-        seconds = freshness_seconds(total, newest, now.timestamp(), oldest_waiting_ms=oldest_waiting_ms)
-    freshness = FreshnessStatus(
-        seconds=None if seconds is None else round(seconds, 1),
-        lag_records=total or 0,
-        partition_lag=_most_lagging(lag_map or {}),
-        last_commit_time=last_commit,
-        snapshot_id=facts.last_commit_snapshot_id if committed else None,
-    )
-    return Summary(
-        freshness=freshness,
-        table=table_status(facts),
-        data_loss_records=facts.lost_records,
-        freshness_seconds=seconds,
-        lag_records=total,
-        last_commit_time=last_commit,
-        issues=tuple(issues),
-    )
-
-
-def _source_issues(
-    facts: TableFacts | None, watermarks: Mapping[int, tuple[int, int]] | None, topic_id: str | None
-) -> tuple[list[Issue], dict[int, int] | None]:
-    """A recreated topic or offsets past the topic's end (issues), else the lag per partition (None: Kafka
-    not read, or the topic was recreated)."""
-    committed = facts.committed_offsets if facts is not None else {}
-    recreated = facts is not None and None not in (facts.topic_id, topic_id) and facts.topic_id != topic_id
-    if recreated:
-        return [
-            Issue(
-                ConditionReason.TOPIC_RECREATED,
-                f"the topic was deleted and created again (the table's offsets belong to topic id "
-                f"{facts.topic_id if facts else None}, the topic's id is now {topic_id}); ingestion stopped "
-                f"and skipped nothing. To go on with the new topic, run `{RESET_COMMAND} -f <manifest>`",
-            )
-        ], None
-    if watermarks is None:
-        return [], None
-    lag_map, ahead = partition_lag(committed, watermarks), partitions_ahead(committed, watermarks)
-    if not ahead:
-        return [], lag_map
-    detail = ", ".join(f"{p} (committed {committed[p]}, high {watermarks[p][1]})" for p in ahead)
-    return [
-        Issue(
-            ConditionReason.OFFSETS_AHEAD_OF_TOPIC,
-            f"the table's committed offsets are past the topic's end in partition(s) {detail}: "
-            "the topic was recreated or truncated; ingestion stopped and skipped nothing. To go "
-            f"on from the topic's current records, run `{RESET_COMMAND} -f <manifest>`",
-        )
-    ], lag_map
 
 
 def _loss(lost: int, acknowledged: int, last: datetime | None = None) -> tuple[Issue, ...]:

@@ -7,6 +7,13 @@ SPARK_RESOURCE_PROFILE_ID, SPARK_CONF_DIR and the JVM options SPARK_JAVA_OPT_<n>
 command line: Spark's jars are pyspark's ($SPARK_HOME/jars, where the image also puts Icefall's), plus the
 folder `ICEFALL_SPARK_JARS` names when it is set. Any other arguments run as a command, as Spark's entry
 point does. It replaces itself with the JVM (same pid), so the runtime's signals reach the executor.
+
+The JVM also gets `-Dspark.master` (the API server's in-cluster address, as the driver's): before it has
+the driver's conf, Spark's executor fetches it over RPC with a SecurityManager built from its own JVM
+options only, which reads the table's secret file (`spark.authenticate.secret.file`, see
+`icefall.plan.isolation`) only when its master is a `k8s://` one, and Spark passes executors no master.
+Without it, authenticated RPC fails at once ("A secret key must be specified via the
+spark.authenticate.secret config"). The driver's conf then replaces it.
 """
 
 from __future__ import annotations
@@ -19,10 +26,14 @@ from pathlib import Path
 
 EXECUTOR_BACKEND = "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
 _JAVA_OPT = re.compile(r"^SPARK_JAVA_OPT_(\d+)$")
+_MASTER_OPTION = "-Dspark.master="
 
 
 def executor_command(environ: Mapping[str, str], spark_jars: Path) -> list[str]:
     """The executor JVM's argv from the pod's environment (what the image's entry point runs)."""
+    # Here, not at the top: the entry point's other commands start without importing the API models.
+    from icefall.plan.spark_conf import KUBERNETES_MASTER, in_cluster_master
+
     missing = [
         name
         for name in ("SPARK_DRIVER_URL", "SPARK_EXECUTOR_ID", "SPARK_EXECUTOR_CORES", "SPARK_APPLICATION_ID")
@@ -34,6 +45,8 @@ def executor_command(environ: Mapping[str, str], spark_jars: Path) -> list[str]:
         environ[name]
         for name in sorted((n for n in environ if _JAVA_OPT.match(n)), key=lambda n: int(n.rsplit("_", 1)[1]))
     ]
+    if not any(option.startswith(_MASTER_OPTION) for option in options):  # see the module doc
+        options.append(f"{_MASTER_OPTION}{in_cluster_master(KUBERNETES_MASTER, environ)}")
     memory = environ.get("SPARK_EXECUTOR_MEMORY", "1g")
     classpath = [
         *([environ["SPARK_CONF_DIR"]] if environ.get("SPARK_CONF_DIR") else []),

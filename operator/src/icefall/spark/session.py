@@ -3,9 +3,11 @@
 Spark session start costs seconds, so callers keep it for their life (tests share one per run).
 The jars are the list in `spark_images/pom.xml` (Iceberg's Spark runtime, S3FileIO, GCSFileIO, Spark's Kafka
 source, the JDBC drivers). `spark_jars` finds them: in the folder `ICEFALL_SPARK_JARS` names when it is
-set (a checkout: `hack/tool-env.sh` exports it), else already in Spark's own jar folder
-(`$SPARK_HOME/jars`, where the image puts them, so no `spark.jars` is set); otherwise it fails with one
-line saying how to provide them.
+set, else already in Spark's own jar folder (`$SPARK_HOME/jars`, where the image puts them, so no
+`spark.jars` is set), else, run from a checkout, in the cache folder its `make setup` or `make demo` filled
+(`setup_jar_folder`: keyed by the pom's content, as `hack/fetch-jars.sh spark` keys it), so `icefall` needs
+no variable in a new shell. Otherwise it fails with one line saying what to run. It never resolves jars
+itself (Maven is a development tool; `icefall.devstack.tools` does that for the test stack).
 
 The driver JVM's native memory is kept small without costing CPU (`DRIVER_JAVA_OPTIONS`,
 `DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md). `spark_conf` is the base every session
@@ -26,6 +28,7 @@ with a REST catalog that refuses a missing token).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -83,8 +86,33 @@ def spark_home(environ: Mapping[str, str] = os.environ) -> Path | None:
     return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
-def spark_jars(environ: Mapping[str, str] = os.environ, home: Path | None = None) -> list[Path]:
-    """The jars to pass as `spark.jars`: none when Spark's jar folder already holds them (see module doc)."""
+#: The jar list, relative to a checkout (the image has no checkout: its jars are in Spark's folder).
+JAR_LIST = Path("spark_images") / "pom.xml"
+_FETCH_SCRIPT = Path("hack") / "fetch-jars.sh"
+
+
+def source_checkout(start: Path = Path(__file__)) -> Path | None:
+    """The checkout this module runs from (an editable install), if any: the folder holding both the jar
+    list and the script that resolves it."""
+    for parent in start.resolve().parents:
+        if (parent / JAR_LIST).is_file() and (parent / _FETCH_SCRIPT).is_file():
+            return parent
+    return None
+
+
+def setup_jar_folder(checkout: Path, environ: Mapping[str, str] = os.environ) -> Path:
+    """Where `hack/fetch-jars.sh spark` (run by `make setup` and `make demo`) puts the jars of `checkout`'s
+    jar list: `${XDG_CACHE_HOME:-$HOME/.cache}/icefall/jars-spark-<first 12 hex digits of its sha256>`."""
+    key = hashlib.sha256((checkout / JAR_LIST).read_bytes()).hexdigest()[:12]
+    cache = Path(environ.get("XDG_CACHE_HOME") or Path(environ.get("HOME") or Path.home()) / ".cache")
+    return cache / "icefall" / f"jars-spark-{key}"
+
+
+def spark_jars(
+    environ: Mapping[str, str] = os.environ, home: Path | None = None, checkout: Path | None = None
+) -> list[Path]:
+    """The jars to pass as `spark.jars`: none when Spark's jar folder already holds them (see module doc).
+    `checkout` defaults to `source_checkout()`."""
     folder = environ.get(JARS_VARIABLE)
     if folder:
         jars = sorted(Path(folder).glob("*.jar"))
@@ -94,12 +122,29 @@ def spark_jars(environ: Mapping[str, str] = os.environ, home: Path | None = None
     home = home or spark_home(environ)
     if home is not None and any((home / "jars").glob(RUNTIME_JAR)):
         return []
+    checkout = checkout or source_checkout()
+    if checkout is not None:
+        return _setup_jars(checkout, environ)
     where = f"{home / 'jars'}" if home is not None else "Spark's jar folder (no SPARK_HOME)"
     raise SparkJarsMissingError(
         f"Icefall's Spark jars are missing: {JARS_VARIABLE} is unset and {where} has no {RUNTIME_JAR}; "
-        f"set {JARS_VARIABLE} to a folder with the jars of spark_images/pom.xml "
-        '(in a checkout: eval "$(hack/tool-env.sh)"), or use the Icefall image'
+        f"set {JARS_VARIABLE} to a folder with the jars of spark_images/pom.xml (a checkout's `make setup` "
+        "fills one), or use the Icefall image"
     )
+
+
+def _setup_jars(checkout: Path, environ: Mapping[str, str]) -> list[Path]:
+    """The jars `make setup` resolved for `checkout`, or one line saying what to run there."""
+    folder = setup_jar_folder(checkout, environ)
+    # hack/fetch-jars.sh renames a folder into place once full and marks it `.complete`.
+    jars = sorted(folder.glob("*.jar")) if (folder / ".complete").is_file() else []
+    if not jars:
+        raise SparkJarsMissingError(
+            f"Icefall's Spark jars are not set up for this checkout ({folder} is missing): run "
+            f"`hack/fetch-jars.sh spark` in {checkout} (`make setup` and `make demo` run it), "
+            f"or set {JARS_VARIABLE}"
+        )
+    return jars
 
 
 def spark_conf(

@@ -4,9 +4,8 @@
 kubelet creates `/dev/termination-log`; here a file of the test's, empty, so the CLI writes to it as in a
 pod and never creates it itself). `conditions_after_exit` then takes what the Pod's status would say (the
 exit code and that message, `state.terminated`) through the operator's own code: `plan.driver.
-driver_pod_from_object`, `plan.driver.decide` and `controller.status.derive`, with the `Observed` the
-operator's observer returned for the table. Not covered: the kubelet copying the file into the Pod's
-status, and the API round trip (the e2e tier).
+driver_pod_from_object`, `plan.driver.decide` and `controller.status.derive`. Not covered: the kubelet
+copying the file into the Pod's status, and the API round trip (the e2e tier).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from icefall.api import ConditionReason, ConditionStatus, ConditionType, StreamingTable
-from icefall.controller.observe import Observed
 from icefall.controller.status import derive
 from icefall.plan.driver import DriverHistory, DriverState, decide, driver_pod_from_object
 from icefall.plan.names import LABEL_SPEC_HASH
@@ -50,11 +48,9 @@ def run_as_driver(
 Conditions = dict[ConditionType, tuple[ConditionStatus, ConditionReason, str]]
 
 
-def conditions_after_exit(
-    st: StreamingTable, observed: Observed, *, exit_code: int, last_words: str
-) -> Conditions:
+def conditions_after_exit(st: StreamingTable, *, exit_code: int, last_words: str) -> Conditions:
     """The conditions the operator derives for `st` once its driver Pod failed with `exit_code` and
-    `last_words` as its termination message (the next driver backed off), given `observed`."""
+    `last_words` as its termination message (the next driver backed off)."""
     now = datetime.now(UTC)
     pod = driver_pod_from_object(
         {
@@ -73,5 +69,5 @@ def conditions_after_exit(
     )
     decision = decide(pod, desired_hash=_SPEC_HASH, history=DriverHistory(), now=now)
     assert decision.state is DriverState.BACKING_OFF, decision
-    derived = derive(st, observed, decision, problems=(), owner=None, now=now)
+    derived = derive(st, decision, problems=(), owner=None, now=now)
     return {c.type: (c.status, c.reason, c.message) for c in derived.status.conditions}

@@ -98,7 +98,6 @@ class Operator:
             **os.environ,
             "KUBECONFIG": str(self.kube.kubeconfig),
             "ICEFALL_RESYNC_SECONDS": "1",
-            "ICEFALL_OBSERVE_SECONDS": "1",
             "ICEFALL_STATUS_SECONDS": "1",
             # Spark inside the driver pod, unless a module asks for executor pods.
             "ICEFALL_SPARK_MASTER": "local[1]",

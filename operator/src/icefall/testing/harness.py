@@ -135,6 +135,23 @@ class Helm:
         return done.stdout
 
 
+def make_chart(root: Path, dist: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """`make chart CHART_DIST=dist` in `root` (the README's packaging step), helm's own files under `home`."""
+    helm_homes = {f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
+    return subprocess.run(
+        ["make", "-s", "-C", str(root), "chart", f"CHART_DIST={dist}"],
+        env={**os.environ, **helm_homes}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def packaged_chart(root: Path, dist: Path, home: Path) -> Path:
+    """The chart packaged by `make chart` into `dist`: dist/icefall-<version>.tgz."""
+    made = make_chart(root, dist, home)
+    packages = sorted(dist.glob("icefall-*.tgz"))
+    assert made.returncode == 0 and len(packages) == 1, f"make chart:\n{made.stdout}\n{made.stderr}"
+    return packages[0]
+
+
 def image_args(image: str) -> list[str]:
     """`--set image.repository=... --set image.tag=...` for an image reference `repository:tag`."""
     repository, _, tag = image.rpartition(":")

@@ -1,6 +1,7 @@
-"""Session-scoped pytest fixtures for the real test stack: Kafka, kube-apiserver + etcd, Spark + catalog,
-PostgreSQL, the Iceberg REST catalog server, an S3 object store (MinIO), a Google Cloud Storage emulator
-(fake-gcs-server) and a schema registry (Apicurio).
+"""Session-scoped pytest fixtures for the real test stack: Kafka (one broker; a three-node cluster for the
+broker fault tests), kube-apiserver + etcd, Spark + catalog, PostgreSQL, the Iceberg REST catalog server,
+an S3 object store (MinIO), a Google Cloud Storage emulator (fake-gcs-server) and a schema registry
+(Apicurio).
 
 Each component starts once per run on free loopback ports and is stopped at the end of the run, including
 after Ctrl-C; if the run is killed outright, the parent-death signal ends the children. A component that
@@ -21,6 +22,7 @@ from icefall.devstack.azurite import Azurite
 from icefall.devstack.catalog_auth import CatalogAuthProxy
 from icefall.devstack.gcs import GcsEmulator
 from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.kafka_cluster import KafkaCluster
 from icefall.devstack.kube import KubeAPIServer
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
@@ -97,6 +99,15 @@ def kafka(stack_dir: Path) -> Iterator[KafkaBroker]:
     broker = KafkaBroker(stack_dir / "kafka").start()
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(stack_dir: Path) -> Iterator[KafkaCluster]:
+    """Three combined broker + controller nodes (replication factor 3, `min.insync.replicas` 2), started only
+    for the broker fault tests that ask for it. A test that kills or stops a node brings it back (`heal`)."""
+    cluster = KafkaCluster(stack_dir / "kafka-cluster").start()
+    yield cluster
+    cluster.stop()
 
 
 #: The users of `secure_kafka`'s SASL listeners: PLAIN ones, and SCRAM ones (SCRAM-SHA-256 and -512).
