@@ -64,22 +64,27 @@ Proves:
     minReplicas is more than maxReplicas; ...`
   - retention on column id (not time-partitioned) → `spec.retention.field: Invalid value: retention.field
     must be partitioned by hour, day, month or year: ...`
-  - an unknown field spec.source.topics → `.spec.source.topics: field not declared in schema`
+  - an unknown field spec.source.partitions → `.spec.source.partitions: field not declared in schema`
+  - both spec.source.topic and topics → `spec.source.topics: Invalid value: ... name the topic to read
+    (topic: <name>) or the topics (topics: [...]), not both`; neither → `spec.source.topic: ... topic is
+    required`; a key with topics → `spec.key: ... a keyed table (mode upsert or cdc) reads one topic`; the
+    dead-letter topic among the topics → `spec.deadLetter.topic: ... must differ from the source topic`
   - spec.table.name: null → `spec.table.name: Invalid value: "null": ... must be of type string`
   - mode upsert without a key, or a key with mode append → `spec.key: Invalid value: mode upsert and cdc
     need a key (the columns that identify a row), mode append has none`; mode merge → `spec.mode:
     Unsupported value: "merge": supported values: "append", "upsert", "cdc"`
 - Unknown fields and nulls depend on the client. Server-side apply rejects both (above), whatever
   `--validate` says. Client-side `kubectl create`/`apply` rejects unknown fields by default
-  (`--validate=strict`: `strict decoding error: unknown field "spec.source.topics"`). A client that does
+  (`--validate=strict`: `strict decoding error: unknown field "spec.source.partitions"`). A client that does
   not ask for strict field validation (`kubectl --validate=warn`, the Python client's default) gets the
   object created with the unknown field pruned (and a warning), and an explicit null pruned, so the
   models see the default.
 - Updates: changing spec.source.topic, spec.table.namespace, spec.table.name, spec.table.catalog or
-  spec.mode (and with it spec.key), or
-  adding/removing the catalog or the table name, is REJECTED by CEL, e.g. `spec.source.topic: Invalid
+  spec.mode (and with it spec.key), or adding/removing the catalog or the table name, or going from
+  spec.source.topic to topics, is REJECTED by CEL, e.g. `spec.source.topic: Invalid
   value: "orders-v2": spec.source.topic is immutable (a table follows one topic for its whole life); to
-  change it, create a new StreamingTable`; changing freshness.targetSeconds is accepted.
+  change it, create a new StreamingTable`; changing freshness.targetSeconds, or the list spec.source.topics,
+  is accepted.
 - The status subresource takes a status built with the status models, and a reason this release does
   not know (a newer operator's: the CRD stores any CamelCase word), but rejects one that is not
   CamelCase; `kubectl get st` shows Ready, Freshness, the spec's Target, Lag and Files from it, `-o wide`
@@ -251,12 +256,34 @@ def _spec(obj: Obj) -> Obj:
     return spec
 
 
+def _topics(obj: Obj, topics: list[str]) -> Obj:
+    """`obj`'s spec reading `topics` instead of its topic."""
+    _spec(obj)["source"].pop("topic", None)
+    _spec(obj)["source"]["topics"] = topics
+    return _spec(obj)
+
+
 def _catalog(**extra: Any) -> Mutation:
     return lambda o: _spec(o)["table"].__setitem__("catalog", {"name": "lake", **extra})
 
 
 REJECTED: list[tuple[str, Mutation, list[str]]] = [
-    ("missing-topic", lambda o: _spec(o)["source"].pop("topic"), ["spec.source.topic: Required value"]),
+    ("missing-topic", lambda o: _spec(o)["source"].pop("topic"), ["spec.source.topic", "topic is required"]),
+    (
+        "topic-and-topics",
+        lambda o: _spec(o)["source"].__setitem__("topics", ["orders-eu", "orders-us"]),
+        ["spec.source.topics: Invalid value", "or the topics (topics: [...]), not both"],
+    ),
+    (
+        "keyed-topics",
+        lambda o: _topics(o, ["a", "b"]).update(mode="upsert", key=["id"]),
+        ["spec.key: Invalid value", "a keyed table (mode upsert or cdc) reads one topic"],
+    ),
+    (
+        "dead-letter-among-topics",
+        lambda o: _topics(o, ["a", "b"]).update(deadLetter={"topic": "b"}),
+        ["spec.deadLetter.topic: Invalid value", "the dead-letter topic must differ from the source topic"],
+    ),
     (
         "freshness-zero",
         lambda o: _spec(o).__setitem__("freshness", {"targetSeconds": 0}),
@@ -435,8 +462,8 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
     ),
     (
         "unknown-field",
-        lambda o: _spec(o)["source"].__setitem__("topics", ["orders"]),
-        [".spec.source.topics: field not declared in schema"],
+        lambda o: _spec(o)["source"].__setitem__("partitions", [0]),
+        [".spec.source.partitions: field not declared in schema"],
     ),
     (
         "orphan-window-too-short",
@@ -521,14 +548,14 @@ def test_unknown_fields_and_nulls_are_pruned_for_lenient_clients(
     kubectl: Kubectl, kube: KubeAPIServer
 ) -> None:
     obj = example("lenient")
-    _spec(obj)["source"]["topics"] = ["orders"]
+    _spec(obj)["source"]["partitions"] = [0]
     strict = kubectl.run("create", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(obj))
-    assert strict.returncode != 0 and 'strict decoding error: unknown field "spec.source.topics"' in (
+    assert strict.returncode != 0 and 'strict decoding error: unknown field "spec.source.partitions"' in (
         strict.stderr
     )
     warned = kubectl.run("create", "--validate=warn", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(obj))
-    assert warned.returncode == 0 and 'unknown field "spec.source.topics"' in warned.stderr
-    assert "topics" not in kubectl.get("lenient")["spec"]["source"]
+    assert warned.returncode == 0 and 'unknown field "spec.source.partitions"' in warned.stderr
+    assert "partitions" not in kubectl.get("lenient")["spec"]["source"]
 
     api = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kube.kubeconfig)))
     nulls = example("nulls")
@@ -578,6 +605,11 @@ IMMUTABLE: list[tuple[str, Mutation, str]] = [
         "mode",
         lambda o: _spec(o).update(mode="upsert", key=["id"]),
         'spec.mode: Invalid value: "upsert": spec.mode is immutable',
+    ),
+    (
+        "topic-to-topics",
+        lambda o: _topics(o, ["orders"]),
+        "spec.source.topic: Invalid value: spec.source.topic cannot be added or removed after creation",
     ),
 ]
 
@@ -635,6 +667,16 @@ def test_mutable_fields_can_change(kubectl: Kubectl, existing: Obj) -> None:
     stored = kubectl.get("identity")
     assert stored["spec"]["freshness"] == {"targetSeconds": 30} and stored["spec"]["suspend"] is True
     assert stored["metadata"]["generation"] == 2
+
+
+def test_the_list_of_topics_can_change(kubectl: Kubectl) -> None:
+    obj = example("listed")
+    _topics(obj, ["orders-eu"])
+    assert kubectl.apply(obj).returncode == 0
+    _spec(obj)["source"]["topics"] = ["orders-eu", "orders-us"]
+    result = kubectl.apply(obj)
+    assert result.returncode == 0, result.stderr
+    assert kubectl.get("listed")["spec"]["source"]["topics"] == ["orders-eu", "orders-us"]
 
 
 # --- status ----------------------------------------------------------------------------------------------

@@ -47,7 +47,11 @@ def _run(args: argparse.Namespace) -> int:
     # The catalog's tables exist before Spark's JdbcCatalog looks at them; a catalog down now is waited for.
     if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
         return 1
-    print(f"[run] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True)
+    print(
+        f"[run] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> "
+        f"{'.'.join(st.table_identifier)}",
+        flush=True,
+    )
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
     conf = embedded_conf(st, master=args.master, maintain=maintain)
@@ -125,7 +129,9 @@ def _ingest(args: argparse.Namespace) -> int:
 
     apply_reset_request(st, catalog.pyiceberg(), Kube(api), now=datetime.now(UTC))  # before the first batch
     print(
-        f"[ingest] {st.metadata.name}: {st.spec.source.topic} -> {'.'.join(st.table_identifier)}", flush=True
+        f"[ingest] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> "
+        f"{'.'.join(st.table_identifier)}",
+        flush=True,
     )
     from icefall.runtime import metrics
 

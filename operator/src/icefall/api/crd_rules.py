@@ -219,8 +219,8 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
     ),
     "StreamingTableSpec": (
         Rule(
-            "!has(self.deadLetter) || !has(self.deadLetter.topic) || "
-            "self.deadLetter.topic != self.source.topic",
+            "!has(self.deadLetter) || !has(self.deadLetter.topic) || (has(self.source.topic) ? "
+            "self.deadLetter.topic != self.source.topic : !(self.deadLetter.topic in self.source.topics))",
             message="the dead-letter topic must differ from the source topic",
             field_path=".deadLetter.topic",
         ),
@@ -251,6 +251,14 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".key",
         ),
         _fixed_presence("key", "spec.key"),
+        Rule(
+            "!has(self.source.topics) || !has(self.key)",
+            message=(
+                "a keyed table (mode upsert or cdc) reads one topic: Kafka orders the changes of a key "
+                "within a partition of one topic only; use source.topic, or mode append"
+            ),
+            field_path=".key",
+        ),
         Rule(
             "!has(self.sequenceBy) || (has(self.mode) && self.mode == 'cdc')",
             message="sequenceBy orders Debezium change events; it applies to mode cdc",
@@ -297,6 +305,18 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             ),
             field_path=".properties",
         ),
+        Rule(
+            "has(self.topic) || has(self.topics)",
+            message="topic is required: the Kafka topic to read (or topics: [...] to read several)",
+            field_path=".topic",
+        ),
+        Rule(
+            "!has(self.topic) || !has(self.topics)",
+            message="name the topic to read (topic: <name>) or the topics (topics: [...]), not both",
+            field_path=".topics",
+        ),
+        _fixed_presence("topic", "spec.source.topic"),
+        _fixed_presence("topics", "spec.source.topics"),
     ),
     "StartingPosition": (
         Rule(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
@@ -49,6 +50,12 @@ MANAGED_CONSUMER_PROPERTIES = {
     "interceptor.classes": "nothing: Spark's Kafka source does not allow consumer interceptors",
 }
 
+
+#: Most topics one table reads (`topics`): a bound for the CRD's CEL cost and for one Spark read's options.
+MAX_TOPICS = 64
+
+#: One Kafka topic name.
+TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=TOPIC_PATTERN)]
 
 #: Most consumer properties a table sets (the allow-list is shorter; a bound the CRD's CEL cost needs).
 MAX_CONSUMER_PROPERTIES = 64
@@ -190,11 +197,29 @@ class KafkaSource(ApiModel):
         max_length=4096,
         pattern=BOOTSTRAP_PATTERN,
     )
-    topic: str = Field(
-        description="Kafka topic to read. Immutable: a table follows one topic for its whole life.",
+    topic: str | None = Field(
+        default=None,
+        description=(
+            "Kafka topic to read. Immutable: a table follows one topic for its whole life. Exactly one of "
+            "topic and topics."
+        ),
         min_length=1,
         max_length=249,
         pattern=TOPIC_PATTERN,
+    )
+    topics: list[TopicName] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TOPICS,
+        description=(
+            "Kafka topics to read into the one table, instead of topic (exactly one of the two; a table "
+            "keeps the form it was created with). Offsets, topic ids and lag are kept per topic and "
+            "partition, and each row names its topic (_kafka.topic). Topics may be added while the table "
+            "runs: a topic new to a table that already holds offsets is read from its earliest record, "
+            "whatever startingPosition says; a topic removed keeps its committed offsets and is read again "
+            "from them if it comes back."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     starting_position: StartingPosition = Field(
         default_factory=StartingPosition,
@@ -222,6 +247,45 @@ class KafkaSource(ApiModel):
             "Ingesting False, reason DataLossHalted) until this is set to Continue for the skip to happen."
         ),
     )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> KafkaSource:
+        problems = ProblemCollector()
+        if self.topic is None and self.topics is None:
+            problems.add(
+                ("topic",),
+                "is required; add it: the Kafka topic to read (or topics: [...] to read several)",
+            )
+        if self.topic is not None and self.topics is not None:
+            problems.add(
+                ("topics",), "name the topic to read (topic: <name>) or the topics (topics: [...]), not both"
+            )
+        if self.topics is not None:
+            for i, name in enumerate(self.topics):
+                if name in self.topics[:i]:
+                    problems.add(("topics", i), f"{name!r} is listed twice; remove one")
+        problems.raise_if_any()
+        return self
+
+    @property
+    def by_topic(self) -> bool:
+        """The topics form (`topics`): offsets, rows and dead letters are kept by topic."""
+        return self.topics is not None
+
+    @property
+    def topic_names(self) -> tuple[str, ...]:
+        """The topics read, in the order given (one, in the one-topic form)."""
+        return tuple(self.topics) if self.topics is not None else (self.topic or "",)
+
+    @property
+    def first_topic(self) -> str:
+        """The one topic, or the first of `topics` (a registry format's subject, log lines)."""
+        return self.topic_names[0]
+
+    @property
+    def topics_text(self) -> str:
+        """The topics, for messages: `'orders'`, or `'orders-eu', 'orders-us'`."""
+        return ", ".join(repr(t) for t in self.topic_names)
 
     @field_validator("properties")
     @classmethod

@@ -263,8 +263,14 @@ class StreamingTableSpec(ApiModel):
                 ("table",),
                 layout_problems(self.format.schema_fields, self.table.partitioning, self.table.sort_order),
             )
-        if self.dead_letter.topic is not None and self.dead_letter.topic == self.source.topic:
+        if self.dead_letter.topic is not None and self.dead_letter.topic in self.source.topic_names:
             problems.add(("deadLetter", "topic"), "the dead-letter topic must differ from the source topic")
+        if self.source.by_topic and self.key is not None:
+            problems.add(
+                ("key",),
+                "a keyed table (mode upsert or cdc) reads one topic: Kafka orders the changes of a key "
+                "within a partition of one topic only; use source.topic, or mode append",
+            )
         if self.batch.min_interval_seconds > self.freshness.target_seconds:
             problems.add(
                 ("batch", "minIntervalSeconds"),

@@ -87,12 +87,14 @@ class SparkContent:
             self._decoding = spec_with_registry_schema(self.spec)
         return self._decoding
 
-    def main_rows(self, table: Table, snapshot_id: int) -> pa.Table:
+    def main_rows(self, table: Table, snapshot_id: int, *, topic: str | None = None) -> pa.Table:
         """(Also remembers the table's columns and schema changes at `snapshot_id`, for `expected`.)"""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-        self._written = _Written.of(table, snapshot_id)
+        self._written = _Written.of(table, snapshot_id, topic)
         rows = self._read(table, snapshot_id)
+        if topic is not None:
+            rows = rows.where(F.col(f"{KAFKA_COLUMN}.topic") == F.lit(topic))
         return _arrow(
             rows.select(
                 F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
@@ -102,10 +104,12 @@ class SparkContent:
             ROW_SCHEMA,
         )
 
-    def dead_letter_rows(self, table: Table, snapshot_id: int) -> pa.Table:
+    def dead_letter_rows(self, table: Table, snapshot_id: int, *, topic: str | None = None) -> pa.Table:
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
         rows = self._read(table, snapshot_id)
+        if topic is not None:
+            rows = rows.where(F.col("topic") == F.lit(topic))
         return _arrow(
             rows.select(
                 F.col("partition").cast("long").alias("partition"),
@@ -122,9 +126,9 @@ class SparkContent:
         from icefall.ingest.engine import read_kafka
         from icefall.plan.offsets import OffsetRange
 
-        if topic != self.spec.source.topic:
-            raise ValueError(f"the spec reads topic {self.spec.source.topic!r}, not {topic!r}")
-        offset_ranges = tuple(OffsetRange(p, start, end) for p, (start, end) in sorted(ranges.items()))
+        if topic not in self.spec.source.topic_names:
+            raise ValueError(f"the spec reads topic {self.spec.source.topics_text}, not {topic!r}")
+        offset_ranges = tuple(OffsetRange(p, start, end, topic) for p, (start, end) in sorted(ranges.items()))
         kafka = read_kafka(
             self.spark, self.spec, offset_ranges, self.security_options, records_per_task=RECORDS_PER_TASK
         )
@@ -178,7 +182,7 @@ class _Written:
         self.added = added  # (path of an added field in `schema`, the offsets committed before it)
 
     @classmethod
-    def of(cls, table: Table, snapshot_id: int) -> _Written:
+    def of(cls, table: Table, snapshot_id: int, topic: str | None = None) -> _Written:
         from icefall.commit.state import schema_changes
         from icefall.ingest.schemas import schema_at
 
@@ -194,7 +198,8 @@ class _Written:
                 continue
             older = set(_struct_paths(max(before, key=lambda s: s.schema_id).as_struct(), ()).values())
             new_ids = set(_struct_paths(after.as_struct(), ()).values()) - older
-            added += [(path, change.offsets) for path, field_id in paths.items() if field_id in new_ids]
+            offsets = change.offsets_of(topic)
+            added += [(path, offsets) for path, field_id in paths.items() if field_id in new_ids]
         return cls(schema, added)
 
     def decoding(self, spec: StreamingTableSpec) -> StreamingTableSpec:

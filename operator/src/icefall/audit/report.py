@@ -42,6 +42,12 @@ class PartitionAudit:
     dead_letters_elsewhere: int = 0  # dead letters with no dead-letter table (sent to the topic, or none)
     before_reset: int = 0  # rows committed before the last offset reset: of the old topic, not audited
     absent_below_low: int = 0  # offsets in [start, low) in neither table (lost-records cross-check)
+    topic: str | None = None  # a table of several topics: the partition's topic
+
+    @property
+    def name(self) -> str:
+        """`<partition>`, or `<topic>/<partition>` in a table of several topics."""
+        return str(self.partition) if self.topic is None else f"{self.topic}/{self.partition}"
 
     @property
     def ok(self) -> bool:
@@ -79,7 +85,7 @@ class PartitionAudit:
 class AuditReport:
     table: str
     dlq_table: str | None
-    topic: str | None  # the table's icefall.topic
+    topic: str | None  # the table's icefall.topic (several topics: their names, comma-separated)
     snapshot_id: int | None  # main's head the audit read
     filter_configured: bool
     ingesting: bool
@@ -121,9 +127,9 @@ class AuditReport:
     def unexpected(self) -> int:
         return sum(p.unexpected for p in self.partitions)
 
-    def partition(self, partition: int) -> PartitionAudit:
+    def partition(self, partition: int, topic: str | None = None) -> PartitionAudit:
         for audit in self.partitions:
-            if audit.partition == partition:
+            if audit.partition == partition and audit.topic == topic:
                 return audit
         raise KeyError(partition)
 
@@ -138,7 +144,7 @@ class AuditReport:
         header = ("partition", "committed", "kafka", "table", "dlq", "dup", "missing", "result")
         rows = [
             (
-                str(p.partition),
+                p.name,
                 str(p.committed),
                 str(p.expected),
                 str(p.in_table),
@@ -166,10 +172,10 @@ class AuditReport:
                 ("wrong rows (content differs from the Kafka record) at offsets", p.wrong_examples),
             ):
                 if examples:
-                    lines.append(f"partition {p.partition}: {what} {', '.join(map(str, examples))}")
+                    lines.append(f"partition {p.name}: {what} {', '.join(map(str, examples))}")
             if self.ingesting and p.dlq_ahead:
                 lines.append(
-                    f"partition {p.partition}: {p.dlq_ahead} dead-letter rows past the committed end "
+                    f"partition {p.name}: {p.dlq_ahead} dead-letter rows past the committed end "
                     "(a batch whose main commit has not landed)"
                 )
         if self.rows_without_offset:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.table.snapshots import ancestors_of
 
-from icefall.commit.protocol import RESET_PROPERTY, table_name
+from icefall.commit.protocol import RESET_PROPERTY, RESET_TOPIC_PROPERTY, table_name
 from icefall.commit.state import MAIN, OFFSET_RESETS
 
 if TYPE_CHECKING:
@@ -74,12 +74,14 @@ class ContentSource(Protocol):
     `spec.transforms.filter`; digest null).
     """
 
-    def main_rows(self, table: Table, snapshot_id: int) -> pa.Table:
-        """`ROW_SCHEMA` for every row of the main table at `snapshot_id`."""
+    def main_rows(self, table: Table, snapshot_id: int, *, topic: str | None = None) -> pa.Table:
+        """`ROW_SCHEMA` for every row of the main table at `snapshot_id` (of `topic` only, if given: a
+        table of several topics)."""
         ...
 
-    def dead_letter_rows(self, table: Table, snapshot_id: int) -> pa.Table:
-        """`ROW_SCHEMA` for every row of the dead-letter table at `snapshot_id`."""
+    def dead_letter_rows(self, table: Table, snapshot_id: int, *, topic: str | None = None) -> pa.Table:
+        """`ROW_SCHEMA` for every row of the dead-letter table at `snapshot_id` (of `topic` only, if
+        given)."""
         ...
 
     def expected(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
@@ -131,29 +133,30 @@ def empty_rows() -> pa.Table:
 
 
 def read_rows(
-    table: Table, snapshot_id: int | None, content: ContentSource | None, *, dead_letters: bool
+    table: Table,
+    snapshot_id: int | None,
+    content: ContentSource | None,
+    *,
+    dead_letters: bool,
+    topic: str | None = None,
 ) -> tuple[pa.Table, int]:
-    """`ROW_SCHEMA` rows of `table` at `snapshot_id` (digests null without `content`), and the count of
-    rows lacking a partition or offset."""
+    """`ROW_SCHEMA` rows of `table` at `snapshot_id` (digests null without `content`; of `topic` only, if
+    given: a table of several topics), and the count of rows lacking a partition or offset."""
     if snapshot_id is None:
         return empty_rows(), 0
     if content is not None:
         read = content.dead_letter_rows if dead_letters else content.main_rows
-        rows = read(table, snapshot_id).cast(ROW_SCHEMA)
+        rows = read(table, snapshot_id, topic=topic).cast(ROW_SCHEMA)
     else:
-        partition_field, offset_field = (
-            ("partition", "offset")
-            if dead_letters
-            else (f"{KAFKA_COLUMN}.partition", f"{KAFKA_COLUMN}.offset")
-        )
-        for name in (partition_field, offset_field):
+        prefix = "" if dead_letters else f"{KAFKA_COLUMN}."
+        partition_field, offset_field = f"{prefix}partition", f"{prefix}offset"
+        fields = (partition_field, offset_field, *((f"{prefix}topic",) if topic is not None else ()))
+        for name in fields:
             if table.schema().find_field(name, case_sensitive=True) is None:
                 raise AuditError(f"{table_name(table)} has no column {name}: not a table written by icefall")
-        columns = (
-            table.scan(selected_fields=(partition_field, offset_field), snapshot_id=snapshot_id)
-            .to_arrow()
-            .flatten()
-        )
+        columns = table.scan(selected_fields=fields, snapshot_id=snapshot_id).to_arrow().flatten()
+        if topic is not None:
+            columns = columns.filter(pc.equal(columns.column(f"{prefix}topic"), topic))
         rows = pa.table(
             {
                 "partition": columns.column(partition_field).cast(pa.int64()),
@@ -166,24 +169,37 @@ def read_rows(
 
 
 def after_last_reset(
-    table: Table, meta: TableMetadata, rows: pa.Table, content: ContentSource | None, *, dead_letters: bool
+    table: Table,
+    meta: TableMetadata,
+    rows: pa.Table,
+    content: ContentSource | None,
+    *,
+    dead_letters: bool,
+    topic: str | None = None,
 ) -> tuple[pa.Table, Reset]:
     """`rows` without those committed before the table's last offset reset, and how they were set aside.
 
     The reset's snapshot (an empty append, summary `icefall.offset-reset`) holds exactly the rows of the old
     topic(s): they are taken away as a multiset of (partition, offset, digest), so compaction since the
     reset changes nothing. If that snapshot was expired, rows below the highest old committed offset
-    cannot be told from the new topic's and are set aside unaudited (`audit_from`).
+    cannot be told from the new topic's and are set aside unaudited (`audit_from`). With `topic` (a table of
+    several topics): the resets of that topic only, each a snapshot of its own.
     """
-    history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
+    history = [
+        entry
+        for entry in json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
+        if topic is None or entry.get("topic") == topic
+    ]
     if not history:
         return rows, Reset()
     last = history[-1]
     head = meta.refs.get(MAIN)
     found = None
     if head is not None:
+        # The reset's own snapshot: in a table of several topics, the last one that names the topic.
         for snapshot in ancestors_of(meta.snapshot_by_id(head.snapshot_id), meta):
-            if snapshot.summary is not None and RESET_PROPERTY in snapshot.summary.additional_properties:
+            summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+            if RESET_PROPERTY in summary and (topic is None or summary.get(RESET_TOPIC_PROPERTY) == topic):
                 found = snapshot.snapshot_id
                 break
     which = (
@@ -191,7 +207,7 @@ def after_last_reset(
         f"{last.get('from_topic_id')} -> {last.get('to_topic_id')})"
     )
     if found is not None:
-        old, _ = read_rows(table, found, content, dead_letters=dead_letters)
+        old, _ = read_rows(table, found, content, dead_letters=dead_letters, topic=topic)
         kept, removed = subtract(rows, old)
         before = {
             int(p): len(removed.filter(pc.equal(removed.column("partition"), p)))

@@ -46,6 +46,11 @@ the main table's batches is there, and DLQ rows at or past the committed end (`d
 batch not committed yet: unexpected in a stopped table, reported without failing with `ingesting=True`.
 Offset comparisons are vectorised pyarrow kernels; digests are computed by Spark.
 
+A table of several topics (`spec.source.topics`): each topic is audited as a table of its own, on the rows
+that name it (`_kafka.topic`, the dead-letter table's `topic`) and the offsets the table holds of it; the
+report lists every partition with its topic. `icefall.lost-records` counts the whole table and is checked
+against all the topics together.
+
 Not guaranteed:
 - on compacted topics, records Kafka no longer shows (compacted away after ingestion) count as unexpected
   when the table holds them;
@@ -146,8 +151,10 @@ def audit_table(
     filter_configured: bool = False,
     ingesting: bool = False,
     max_examples: int = MAX_EXAMPLES,
+    of_topic: str | None = None,
 ) -> AuditReport:
-    """Audit `main_table` (and its dead-letter table) against the records `topic` holds.
+    """Audit `main_table` (and its dead-letter table) against the records `topic` holds (in a table of
+    several topics, `of_topic` names it: the rows and offsets of that topic only).
 
     `topic` is a `TopicOffsets` (`KafkaTopic` for a live topic), or a mapping of partition to the offsets
     Kafka holds (low watermarks 0). `content` compares every row with its record (`SparkContent`); without
@@ -157,6 +164,8 @@ def audit_table(
     """
     source: TopicOffsets = RecordedTopic(topic) if isinstance(topic, Mapping) else topic
     state = read_committed(main_table)  # refreshes: properties and head come from one metadata version
+    if of_topic is not None:
+        state = topic_slice(state, of_topic)
     if source.topic is not None and state.topic is not None and source.topic != state.topic:
         raise AuditError(
             f"table {table_name(main_table)} is filled from topic {state.topic!r}, not {source.topic!r}"
@@ -174,12 +183,13 @@ def audit_table(
     )
     if None not in (state.topic_id, source.topic_id) and state.topic_id != source.topic_id:
         return replace(report, source_changed=_recreated(state, source))
-    main = _read_side(main_table, state.snapshot_id, content, dead_letters=False)
+    main = _read_side(main_table, state.snapshot_id, content, dead_letters=False, topic=of_topic)
     dlq = _Side(empty_rows())
     if dlq_table is not None:
         # Read after the main table: the dead letters of every batch main holds are committed by then
         # (they land first). Rows past main's committed offsets are cut off below (`dlq_ahead`).
-        dlq = _read_side(dlq_table, read_committed(dlq_table).snapshot_id, content, dead_letters=True)
+        dead = read_committed(dlq_table).snapshot_id
+        dlq = _read_side(dlq_table, dead, content, dead_letters=True, topic=of_topic)
     ranges = _ranges(state, main, dlq, source)
     held = {r.partition: r.held for r in ranges if r.held is not None}
     expected = content.expected(state.topic, held) if content is not None and state.topic and held else None
@@ -221,8 +231,9 @@ def audit_from_catalog(
     audited if it exists.
     """
     table = catalog.load_table(identifier)
-    topic = read_committed(table).topic
-    if topic is None:
+    state = read_committed(table)
+    topic = state.topic
+    if topic is None and state.topics is None:
         raise AuditError(f"table {identifier} has no icefall.topic: nothing was ever ingested into it")
     dlq: Table | None
     if dead_letter is not None:
@@ -230,10 +241,60 @@ def audit_from_catalog(
     else:
         default = dlq_identifier(identifier)
         dlq = catalog.load_table(default) if catalog.table_exists(default) else None
+    if state.topics is not None:
+        reports = {}
+        for name in state.topics:
+            with KafkaTopic(bootstrap, name, config=kafka_config) as source:
+                reports[name] = audit_table(
+                    table, dlq, source, content=content, filter_configured=filter_configured,
+                    ingesting=ingesting, of_topic=name,
+                )  # fmt: skip
+        return _of_topics(reports, read_committed(table).lost_records)
+    assert topic is not None
     with KafkaTopic(bootstrap, topic, config=kafka_config) as source:
         return audit_table(
             table, dlq, source, content=content, filter_configured=filter_configured, ingesting=ingesting
         )
+
+
+def topic_slice(state: CommittedState, topic: str) -> CommittedState:
+    """What a table of several topics holds of `topic`, as the state of a table of that topic alone (its
+    lost records are the whole table's: checked over all the topics, `_of_topics`)."""
+    held = state.of_topic(topic)
+    return CommittedState(
+        snapshot_id=state.snapshot_id,
+        topic=topic,
+        topic_id=held.topic_id,
+        offsets=held.offsets,
+        start_offsets=held.start_offsets,
+        epoch=state.epoch,
+        max_produce_time_ms=state.max_produce_time_ms,
+    )
+
+
+def _of_topics(reports: Mapping[str, AuditReport], lost_records: int) -> AuditReport:
+    """The report of a table of several topics: each topic's partitions, named by topic."""
+    first = next(iter(reports.values()))
+    audits = [replace(p, topic=name) for name, report in reports.items() for p in report.partitions]
+    absent = sum(a.absent_below_low for a in audits)
+    reset = any(r.reset_note for r in reports.values())
+    problem = None
+    if lost_records > absent and not reset:
+        problem = (
+            f"icefall.lost-records says {lost_records} records were lost to retention, but only {absent} "
+            "offsets below Kafka's low watermarks are in neither table: rows exist for records the table "
+            "counts as lost"
+        )
+    return replace(
+        first,
+        topic=", ".join(reports),
+        partitions=tuple(audits),
+        rows_without_offset=sum(r.rows_without_offset for r in reports.values()),
+        source_changed="; ".join(r.source_changed for r in reports.values() if r.source_changed) or None,
+        lost_records=lost_records,
+        lost_records_problem=problem,
+        reset_note="; ".join(r.reset_note for r in reports.values() if r.reset_note) or None,
+    )
 
 
 # --- the comparison ----------------------------------------------------------------------------------------
@@ -248,10 +309,17 @@ def _recreated(state: CommittedState, source: TopicOffsets) -> str:
 
 
 def _read_side(
-    table: Table, snapshot_id: int | None, content: ContentSource | None, *, dead_letters: bool
+    table: Table,
+    snapshot_id: int | None,
+    content: ContentSource | None,
+    *,
+    dead_letters: bool,
+    topic: str | None = None,
 ) -> _Side:
-    rows, nulls = read_rows(table, snapshot_id, content, dead_letters=dead_letters)
-    rows, reset = after_last_reset(table, table.metadata, rows, content, dead_letters=dead_letters)
+    rows, nulls = read_rows(table, snapshot_id, content, dead_letters=dead_letters, topic=topic)
+    rows, reset = after_last_reset(
+        table, table.metadata, rows, content, dead_letters=dead_letters, topic=topic
+    )
     return _Side(rows, nulls, reset)
 
 

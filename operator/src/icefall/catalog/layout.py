@@ -64,13 +64,17 @@ class TableLayoutError(ValueError):
     """Partitioning or sort order that cannot be built on the table's columns (known only at run time)."""
 
 
-def kafka_struct() -> StructType:
-    """`_kafka`: where the record came from (ids are placeholders; tables get fresh ones)."""
-    return StructType(
+def kafka_struct(*, by_topic: bool = False) -> StructType:
+    """`_kafka`: where the record came from (ids are placeholders; tables get fresh ones); `topic` too in
+    a table of several topics (`spec.source.topics`)."""
+    fields = [
         NestedField(1, "partition", IntegerType(), required=True),
         NestedField(2, "offset", LongType(), required=True),
         NestedField(3, "timestamp", TimestamptzType(), required=False),
-    )
+    ]
+    if by_topic:
+        fields.append(NestedField(4, "topic", StringType(), required=True))
+    return StructType(*fields)
 
 
 DEAD_LETTER_SCHEMA = Schema(
@@ -97,6 +101,17 @@ DEAD_LETTER_SCHEMA = Schema(
 )
 
 
+#: The dead-letter table of a table of several topics: the record's topic too.
+TOPIC_FIELD = NestedField(12, "topic", StringType(), required=True)
+
+
+def dead_letter_schema(*, by_topic: bool = False) -> Schema:
+    """`DEAD_LETTER_SCHEMA`, and its `topic` column in a table of several topics (`spec.source.topics`)."""
+    if not by_topic:
+        return DEAD_LETTER_SCHEMA
+    return Schema(*DEAD_LETTER_SCHEMA.fields, TOPIC_FIELD)
+
+
 def expected_schema(st: StreamingTable, schema_override: Schema | None = None) -> Schema:
     """The table's schema: the spec's (or `schema_override`'s) columns, then `_kafka` (and `_sequence` for
     cdc with `spec.sequenceBy`), with fresh ids.
@@ -112,7 +127,7 @@ def expected_schema(st: StreamingTable, schema_override: Schema | None = None) -
     kafka = StructType(
         *(
             NestedField(top + 2 + i, f.name, f.field_type, required=f.required, doc=f.doc)
-            for i, f in enumerate(kafka_struct().fields)
+            for i, f in enumerate(kafka_struct(by_topic=st.spec.source.by_topic).fields)
         )
     )
     system_fields = [NestedField(top + 1, KAFKA_COLUMN, kafka, required=True)]

@@ -47,8 +47,8 @@ from icefall.api import StreamingTable
 from icefall.catalog.compare import ExpectedAt, layout_warnings, schema_differences
 from icefall.catalog.evolution import plan_evolution
 from icefall.catalog.layout import (
-    DEAD_LETTER_SCHEMA,
     dead_letter_partition_spec,
+    dead_letter_schema,
     expected_schema,
     partition_spec,
     sort_order,
@@ -159,7 +159,9 @@ def ensure_tables(
     table, warnings = _ensure_main_table(catalog, st, schema_override)
     dead_letter: Table | None = None
     if st.dead_letter_identifier is not None:
-        dead_letter, dlq_warnings = _ensure_dead_letter_table(catalog, st.dead_letter_identifier)
+        dead_letter, dlq_warnings = _ensure_dead_letter_table(
+            catalog, st.dead_letter_identifier, by_topic=st.spec.source.by_topic
+        )
         warnings += dlq_warnings
     for warning in warnings:
         log.warning("%s", warning)
@@ -198,10 +200,12 @@ def _ensure_main_table(
     )
 
 
-def _ensure_dead_letter_table(catalog: Catalog, identifier: tuple[str, ...]) -> tuple[Table, list[str]]:
+def _ensure_dead_letter_table(
+    catalog: Catalog, identifier: tuple[str, ...], *, by_topic: bool
+) -> tuple[Table, list[str]]:
     """The dead-letter table, created with Icefall's layout, or checked against it; the layout warnings."""
     name = ".".join(identifier)
-    schema = assign_fresh_schema_ids(DEAD_LETTER_SCHEMA)
+    schema = assign_fresh_schema_ids(dead_letter_schema(by_topic=by_topic))
     spec = dead_letter_partition_spec(schema)
     table, created = _load_or_create(
         catalog,

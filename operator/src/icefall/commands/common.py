@@ -72,7 +72,10 @@ def outages_for(st: Any, catalog: Any) -> Any:
     registry = st.spec.format.registry.url if st.spec.format.registry else None
     source = st.spec.source
     return Outages(
-        label, service_addresses(source.bootstrap_servers, source.topic, catalog, registry=registry)
+        label,
+        service_addresses(
+            source.bootstrap_servers, ", ".join(source.topic_names), catalog, registry=registry
+        ),
     )
 
 

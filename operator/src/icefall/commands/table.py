@@ -1,5 +1,9 @@
 """`icefall status` (offsets, lag and freshness of a table against its topic, as text or JSON) and
 `icefall reset-offsets` (the explicit, recorded action after the topic was recreated or truncated).
+
+A table of several topics (`spec.source.topics`) is shown per topic and partition (each partition row
+names its topic), and reset per topic: only the topics that were recreated or truncated are reset, each
+recorded on its own.
 """
 
 from __future__ import annotations
@@ -7,9 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from icefall.commands.common import catalog_for, load_table, state_dir, unreachable_is_one_line
+
+if TYPE_CHECKING:
+    from icefall.api import StreamingTable
 
 
 def show_status(args: argparse.Namespace) -> int:
@@ -25,53 +33,91 @@ def show_status(args: argparse.Namespace) -> int:
     return 0 if report["problem"] is None else EXIT_SOURCE_CHANGED
 
 
+def _topics_now(st: StreamingTable) -> dict[str, tuple[str, dict[int, tuple[int, int]]]]:
+    """Each topic's id and watermarks."""
+    from icefall.kafka.admin import TopicView
+    from icefall.kafka.security import librdkafka_config
+
+    source = st.spec.source
+    seen: dict[str, tuple[str, dict[int, tuple[int, int]]]] = {}
+    with TopicView(source.bootstrap_servers, source.first_topic, librdkafka_config(source.security)) as first:
+        for name in source.topic_names:
+            view = first if name == source.first_topic else first.sibling(name)
+            seen[name] = (view.topic_id(), view.watermarks())
+    return seen
+
+
 def table_status(args: argparse.Namespace) -> dict[str, Any]:
     """What `icefall status` prints, as a JSON-ready mapping (camelCase keys, as in the StreamingTable's
-    status): table, snapshotId, epoch, partitions (partition, committed, high, lag), lagRecords,
-    freshnessSeconds (null: unmeasured), lostRecords and problem (null, or why ingestion stopped)."""
+    status): table, snapshotId, epoch, partitions (partition, committed, high, lag; and topic, in a table
+    of several topics), lagRecords, freshnessSeconds (null: unmeasured), lostRecords and problem (null, or
+    why ingestion stopped)."""
     from icefall.commit import read_committed
+    from icefall.commit.batch import held_of
     from icefall.kafka.admin import TopicView
     from icefall.kafka.security import librdkafka_config
     from icefall.plan.lag import freshness_seconds, partition_lag
     from icefall.plan.offsets import resolve_positions, source_change
 
     st = load_table(args)
+    source = st.spec.source
     config = catalog_for(st, state_dir(args))
+    marks: dict[str, Mapping[int, tuple[int, int]]] = {}
+    ids: dict[str, str] = {}
+    oldest: list[int | None] = []  # per topic with records waiting: the oldest one's produce time
     with unreachable_is_one_line(st, config):
         table = config.pyiceberg().load_table(st.table_identifier)
         committed = read_committed(table)
-        kafka_config = librdkafka_config(st.spec.source.security)
-        with TopicView(st.spec.source.bootstrap_servers, st.spec.source.topic, kafka_config) as topic:
-            marks = topic.watermarks()
-            topic_id = topic.topic_id()
-            oldest_waiting_ms = topic.oldest_waiting_ms(committed.offsets, marks)
-    lag = partition_lag(committed.offsets, marks)
-    total = sum(lag.values())
+        kafka_config = librdkafka_config(source.security)
+        with TopicView(source.bootstrap_servers, source.first_topic, kafka_config) as first:
+            for name in source.topic_names:
+                topic = first if name == source.first_topic else first.sibling(name)
+                marks[name], ids[name] = topic.watermarks(), topic.topic_id()
+                offsets = held_of(committed, name).offsets
+                if sum(partition_lag(offsets, marks[name]).values()):
+                    oldest.append(topic.oldest_waiting_ms(offsets, marks[name]))
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for name in source.topic_names:
+        held = held_of(committed, name)
+        lag = partition_lag(held.offsets, marks[name])
+        rows += [
+            {**({"topic": name} if source.by_topic else {}), "partition": p,
+             "committed": held.offsets.get(p), "high": high, "lag": lag[p]}
+            for p, (_, high) in sorted(marks[name].items())
+        ]  # fmt: skip
+        ahead = resolve_positions(held.offsets, marks[name], source.starting_position.type).offsets_ahead
+        problem = source_change(name, held.topic_id, ids[name], ahead)
+        problems += [problem] if problem is not None else []
+    total = sum(row["lag"] for row in rows)
+    # Freshness from the oldest waiting record of all topics; if a topic with records waiting did not
+    # answer, the bound from the newest committed record instead (`plan.lag`).
+    waiting_ms = min(o for o in oldest if o is not None) if oldest and None not in oldest else None
     behind = freshness_seconds(
-        total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=oldest_waiting_ms
+        total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=waiting_ms
     )
-    ahead = resolve_positions(committed.offsets, marks, st.spec.source.starting_position.type).offsets_ahead
     return {
         "table": ".".join(st.table_identifier),
         "snapshotId": committed.snapshot_id,
         "epoch": committed.epoch,
-        "partitions": [
-            {"partition": p, "committed": committed.offsets.get(p), "high": high, "lag": lag[p]}
-            for p, (_, high) in sorted(marks.items())
-        ],
+        "partitions": rows,
         "lagRecords": total,
         "freshnessSeconds": None if behind is None else round(behind, 1),
         "lostRecords": committed.lost_records,
-        "problem": source_change(st.spec.source.topic, committed.topic_id, topic_id, ahead),
+        "problem": "; ".join(problems) or None,
     }
 
 
 def _render_status(report: dict[str, Any]) -> str:
     lines = [f"table {report['table']}  snapshot {report['snapshotId']}  epoch {report['epoch']}"]
-    lines.append(f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}")
+    by_topic = any("topic" in row for row in report["partitions"])
+    lines.append(
+        ("topic " if by_topic else "") + f"{'partition':>9} {'committed':>12} {'high':>12} {'lag':>10}"
+    )
     for row in report["partitions"]:
         committed = "-" if row["committed"] is None else row["committed"]
-        lines.append(f"{row['partition']:>9} {committed!s:>12} {row['high']:>12} {row['lag']:>10}")
+        where = f"{row['topic']} " if by_topic else ""
+        lines.append(f"{where}{row['partition']:>9} {committed!s:>12} {row['high']:>12} {row['lag']:>10}")
     behind = report["freshnessSeconds"]
     freshness = "unmeasured" if behind is None else f"{behind:.1f}s"
     lost = report["lostRecords"]
@@ -102,43 +148,67 @@ def reset_offsets(args: argparse.Namespace) -> int:
 
 def reset_table(st: Any, catalog: Any, to: str, *, request: str | None = None) -> tuple[bool, str]:
     """Reset the committed offsets of `st`'s table (and first its dead-letter table) to the topic's `to`
-    (earliest | latest) offsets, if the topic was recreated or truncated below them; else nothing. Whether
-    it reset, and what to say. `request`: the cluster request's id, recorded with the reset (a request
-    recorded already is not applied again: `commit.reset_offsets`)."""
-    from icefall.commit import read_committed, reset_offsets
-    from icefall.kafka.admin import TopicView
-    from icefall.kafka.security import librdkafka_config
+    (earliest | latest) offsets, if the topic was recreated or truncated below them; else nothing; in a
+    table of several topics, each topic that was. Whether it reset, and what to say. `request`: the cluster
+    request's id, recorded with the reset (a request recorded already is not applied again:
+    `commit.reset_offsets`)."""
+    from icefall.commit import read_committed
+    from icefall.commit.batch import held_of
     from icefall.plan.offsets import resolve_positions, source_change
 
     table = catalog.load_table(st.table_identifier)
     committed = read_committed(table)
     source = st.spec.source
-    with TopicView(source.bootstrap_servers, source.topic, librdkafka_config(source.security)) as topic:
-        topic_id = topic.topic_id()
-        marks = topic.watermarks()
-    ahead = resolve_positions(committed.offsets, marks, source.starting_position.type).offsets_ahead
-    problem = source_change(source.topic, committed.topic_id, topic_id, ahead)
     name = ".".join(st.table_identifier)
-    if problem is None:
-        return False, (
-            f"nothing to reset: {name} follows topic {source.topic!r} (id {topic_id}) and no committed "
-            "offset is past the topic's end"
+    said: list[str] = []
+    for topic, (topic_id, marks) in _topics_now(st).items():
+        held = held_of(committed, topic)
+        ahead = resolve_positions(held.offsets, marks, source.starting_position.type).offsets_ahead
+        problem = source_change(topic, held.topic_id, topic_id, ahead)
+        if problem is None:
+            continue
+        reason = "topic-recreated" if held.topic_id not in (None, topic_id) else "offsets-ahead"
+        offsets = {p: (low if to == "earliest" else high) for p, (low, high) in marks.items()}
+        of_topic = topic if committed.topics is not None else None
+        _reset_both(st, catalog, table, of_topic, (topic_id, offsets, reason), request)
+        said.append(
+            f"[reset] {problem.split(';')[0]}\n"
+            f"[reset] {name} now follows topic id {topic_id} from its {to} offsets {offsets}; recorded in "
+            "the table property icefall.offset-resets. Rows already in the table stay."
         )
-    reason = "topic-recreated" if committed.topic_id not in (None, topic_id) else "offsets-ahead"
-    offsets = {p: (low if to == "earliest" else high) for p, (low, high) in marks.items()}
+    if not said:
+        ids = ", ".join(f"{t!r} (id {topic_id})" for t, (topic_id, _) in _topics_now(st).items())
+        return (
+            False,
+            f"nothing to reset: {name} follows topic {ids} and no committed offset is past the topic's end",
+        )
+    return True, "\n".join(said)
+
+
+def _reset_both(  # noqa: PLR0917 (one topic's reset, of both tables)
+    st: Any,
+    catalog: Any,
+    table: Any,
+    topic: str | None,
+    reset: tuple[str, Mapping[int, int], str],
+    request: str | None,
+) -> None:
+    """Reset `topic` (None: the table's one topic) to `reset` (topic id, offsets, reason) in the dead-letter
+    table first (left ahead of the main table, its rows past the new offsets would be taken for leftovers
+    of a failed batch and deleted), then in the table."""
+    from icefall.commit import read_committed, reset_offsets
+    from icefall.commit.batch import held_of
+
+    topic_id, offsets, reason = reset
     now_ms = int(time.time() * 1000)
     dead_letter = st.dead_letter_identifier
-    # The dead-letter table first: left ahead of the main table, its rows past the new offsets would be
-    # taken for leftovers of a failed batch and deleted.
     if dead_letter and catalog.table_exists(dead_letter):
         dlq = catalog.load_table(dead_letter)
-        if read_committed(dlq).offsets:
+        if held_of(read_committed(dlq), topic or "").offsets:
             reset_offsets(
-                dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request
-            )
-    reset_offsets(table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request)
-    return True, (
-        f"[reset] {problem.split(';')[0]}\n"
-        f"[reset] {name} now follows topic id {topic_id} from its {to} offsets {offsets}; recorded in the "
-        "table property icefall.offset-resets. Rows already in the table stay."
+                dlq, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request,
+                topic=topic,
+            )  # fmt: skip
+    reset_offsets(
+        table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request, topic=topic
     )

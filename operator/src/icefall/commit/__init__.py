@@ -18,13 +18,21 @@ from icefall.commit.batch import (
     STAGE_PREFIX,
     Batch,
     CommitOutcome,
+    SourceBatch,
     Stage,
+    TopicsBatch,
     next_stage,
     retention_loss,
     stage_branch_name,
     state_after,
 )
-from icefall.commit.direct import claim_epoch, evolve_schema, reset_offsets, rewind_dead_letters
+from icefall.commit.direct import (
+    claim_epoch,
+    evolve_schema,
+    reset_offsets,
+    rewind_dead_letter_topics,
+    rewind_dead_letters,
+)
 from icefall.commit.errors import (
     CommitError,
     CorruptStateError,
@@ -43,7 +51,7 @@ from icefall.commit.protocol import (
     staged_on,
     sweep_stages,
 )
-from icefall.commit.state import CommittedState, read_committed, state_from_properties
+from icefall.commit.state import CommittedState, TopicState, read_committed, state_from_properties
 
 __all__ = [
     "STAGE_PREFIX",
@@ -55,10 +63,13 @@ __all__ = [
     "FencedError",
     "MaintenanceConflictError",
     "OffsetGapError",
+    "SourceBatch",
     "Stage",
     "StageError",
     "StaleHeadError",
     "TopicMismatchError",
+    "TopicState",
+    "TopicsBatch",
     "abandon_stage",
     "claim_epoch",
     "commit_staged",
@@ -69,6 +80,7 @@ __all__ = [
     "read_committed",
     "reset_offsets",
     "retention_loss",
+    "rewind_dead_letter_topics",
     "rewind_dead_letters",
     "stage_branch_name",
     "staged_on",

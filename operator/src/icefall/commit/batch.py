@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from icefall.commit.state import CommittedState
+from icefall.commit.state import CommittedState, TopicState
 from icefall.runtime.failpoints import TableRole
 
 STAGE_PREFIX = "icefall_stage_"
@@ -54,6 +54,49 @@ class Batch:
         for p, lost_from in self.retention_gaps.items():
             if p not in self.start or not 0 <= lost_from <= self.start[p]:
                 raise ValueError(f"partition {p}: retention gap from {lost_from} does not end at the start")
+
+    @property
+    def parts(self) -> tuple[Batch, ...]:
+        """The batch of each topic: this one (`TopicsBatch` has several)."""
+        return (self,)
+
+    @property
+    def by_topic(self) -> bool:
+        """Whether its commit keeps the offsets by topic (the topics form): no, the one-topic form."""
+        return False
+
+
+@dataclass(frozen=True)
+class TopicsBatch:
+    """One batch of several topics (the topics form, `spec.source.topics`): a `Batch` per topic it reads,
+    pins or skips a retention gap of, committed together in one commit. The commit keeps the offsets by
+    topic (`CommittedState.topics`), and checks each part against what the table holds of its topic."""
+
+    parts: tuple[Batch, ...]
+    deleted_keys: str | None = None  # keyed tables of several topics are not supported: always None
+
+    def __post_init__(self) -> None:
+        topics = [part.topic for part in self.parts]
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"a batch holds each topic once: {sorted(topics)}")
+        if any(part.deleted_keys is not None for part in self.parts):
+            raise ValueError("the deleted keys file is the batch's, not a topic's")
+
+    @property
+    def by_topic(self) -> bool:
+        return True
+
+    @property
+    def max_event_time_ms(self) -> int | None:
+        return _newest_of(part.max_event_time_ms for part in self.parts)
+
+    @property
+    def max_produce_time_ms(self) -> int | None:
+        return _newest_of(part.max_produce_time_ms for part in self.parts)
+
+
+#: What one commit lands: a batch of one topic, or of several.
+SourceBatch = Batch | TopicsBatch
 
 
 @dataclass(frozen=True)
@@ -97,20 +140,26 @@ def stage_branch_name(writer_id: str, attempt: int | str) -> str:
     return STAGE_PREFIX + slug
 
 
-def state_after(committed: CommittedState, batch: Batch, epoch: int, *, snapshot_id: int) -> CommittedState:
+def state_after(
+    committed: CommittedState, batch: SourceBatch, epoch: int, *, snapshot_id: int
+) -> CommittedState:
     """The committed state once `batch` lands on top of `committed` as `snapshot_id`."""
+    topics = dict(committed.by_topic()) if committed.topics is not None else {}
+    for part in batch.parts:
+        held = held_of(committed, part.topic)
+        topics[part.topic] = TopicState(
+            topic_id=part.topic_id or held.topic_id,
+            offsets={**held.offsets, **part.end},
+            # The first offset read of each partition new to the table: where the audit starts counting.
+            start_offsets={
+                **{p: start for p, start in part.start.items() if p not in held.offsets},
+                **held.start_offsets,
+            },
+        )
     return replace(
-        committed,
+        committed.with_topics(topics, by_topic=batch.by_topic),
         snapshot_id=snapshot_id,
-        lost_records=committed.lost_records + retention_loss(committed.offsets, batch),
-        topic=batch.topic,
-        topic_id=batch.topic_id or committed.topic_id,
-        offsets={**committed.offsets, **batch.end},
-        # The first offset read of each partition new to the table: where the audit starts counting.
-        start_offsets={
-            **{p: start for p, start in batch.start.items() if p not in committed.offsets},
-            **committed.start_offsets,
-        },
+        lost_records=committed.lost_records + batch_retention_loss(committed, batch),
         epoch=epoch,
         max_event_time_ms=_newest(committed.max_event_time_ms, batch.max_event_time_ms),
         max_produce_time_ms=_newest(committed.max_produce_time_ms, batch.max_produce_time_ms),
@@ -118,7 +167,15 @@ def state_after(committed: CommittedState, batch: Batch, epoch: int, *, snapshot
     )
 
 
-def next_stage(stage: Stage, batch: Batch, epoch: int) -> Stage:
+def held_of(committed: CommittedState, topic: str) -> TopicState:
+    """What the table holds of `topic`. In the one-topic form: of its one topic, whatever its name (the
+    commit refuses a batch of another topic before it gets here)."""
+    if committed.topics is None:
+        return TopicState(committed.topic_id, committed.offsets, committed.start_offsets)
+    return committed.of_topic(topic)
+
+
+def next_stage(stage: Stage, batch: SourceBatch, epoch: int) -> Stage:
     """The stage for the batch after `batch`, on top of `stage.staged`, before `batch` has landed.
 
     Its base is the state `commit_staged` gives the table by fast-forwarding to the staged snapshot, so
@@ -148,5 +205,17 @@ def retention_loss(committed: Mapping[int, int], batch: Batch) -> int:
     return sum(batch.start[p] - lost_from for p, lost_from in batch.retention_gaps.items())
 
 
+def batch_retention_loss(committed: CommittedState, batch: SourceBatch) -> int:
+    """`retention_loss` of each topic of `batch`, summed: a topic's first commit loses nothing."""
+    return sum(retention_loss(held_of(committed, part.topic).offsets, part) for part in batch.parts)
+
+
 def _newest(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
+
+
+def _newest_of(times: Iterable[int | None]) -> int | None:
+    newest: int | None = None
+    for time in times:
+        newest = _newest(newest, time)
+    return newest

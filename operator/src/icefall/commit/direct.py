@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
@@ -36,11 +36,13 @@ from pyiceberg.table.update import (
     TableRequirement,
 )
 
+from icefall.commit.batch import held_of
 from icefall.commit.errors import CommitError, FencedError
 from icefall.commit.protocol import (
     EPOCH_CLAIM_PROPERTY,
     MAX_ATTEMPTS,
     RESET_PROPERTY,
+    RESET_TOPIC_PROPERTY,
     commit_genesis,
     table_name,
 )
@@ -55,8 +57,9 @@ from icefall.commit.state import (
     OFFSET_RESETS,
     SCHEMA_CHANGES,
     CommittedState,
-    SchemaChange,
+    TopicState,
     reset_recorded,
+    schema_change_at,
     state_of,
     with_schema_change,
 )
@@ -93,6 +96,16 @@ def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int)
     owns the table and may have committed those rows for real). The epoch check is atomic with the
     commit for the same reason as in `commit_staged`: `icefall.*` only change in commits that move `main`.
     """
+    return rewind_dead_letter_topics(table, {None: to_offsets}, epoch).get(None, {})
+
+
+def rewind_dead_letter_topics(
+    table: Table, to_offsets: Mapping[str | None, Mapping[int, int]], epoch: int
+) -> dict[str | None, dict[int, int]]:
+    """`rewind_dead_letters` of a table of several topics (`spec.source.topics`): the offsets to go back
+    to by topic, every topic in the ONE commit (a batch's dead-letter files hold rows of all its topics,
+    so they are deleted whole); the key None is the one topic of a table of one. Returns what moved, by
+    topic."""
     if epoch < 0:
         raise ValueError(f"epoch must not be negative, got {epoch}")
     return _until_committed(
@@ -103,32 +116,51 @@ def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int)
 
 
 def _rewind_once(
-    table: Table, meta: TableMetadata, to_offsets: Mapping[int, int], epoch: int
-) -> dict[int, int] | None:
+    table: Table, meta: TableMetadata, to_offsets: Mapping[str | None, Mapping[int, int]], epoch: int
+) -> dict[str | None, dict[int, int]] | None:
     committed = state_of(meta)
     if epoch < committed.epoch:
         raise FencedError(
             f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
         )
-    back = {
-        p: offset
-        for p, offset in sorted(to_offsets.items())
-        if p in committed.offsets and committed.offsets[p] > offset
-    }
+    if committed.has_offsets and any((t is not None) != (committed.topics is not None) for t in to_offsets):
+        raise ValueError(f"{table_name(table)}: a rewind names the topics of a table of several, only those")
+    back: dict[str | None, dict[int, int]] = {}
+    for topic, targets in to_offsets.items():
+        held = held_of(committed, topic or "").offsets
+        moved = {p: o for p, o in sorted(targets.items()) if p in held and held[p] > o}
+        if moved:
+            back[topic] = moved
     if not back:
         return {}
     head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
-    condition = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in back.items())
     # Staged, not committed; an empty append if no row matched: the property change rides on a commit that
     # moves main.
-    staged = delete_updates(table, condition)
-    rewound = replace(committed, offsets={**committed.offsets, **back}, epoch=epoch)
+    staged = delete_updates(table, _rows_past(back))
+    if committed.topics is None:
+        rewound = replace(committed, offsets={**committed.offsets, **back.get(None, {})}, epoch=epoch)
+    else:
+        topics = {
+            t: replace(held, offsets={**held.offsets, **back.get(t, {})})
+            for t, held in committed.topics.items()
+        }
+        rewound = replace(committed.with_topics(topics, by_topic=True), epoch=epoch)
     failpoint("dlq.before-rewind")
     updates = (*staged, SetPropertiesUpdate(updates=rewound.to_properties()))
     if not _commit_on_main(table, meta, head, updates, what=f"rewind of {table_name(table)}"):
         return None
     failpoint("dlq.after-rewind")
     return back
+
+
+def _rows_past(back: Mapping[str | None, Mapping[int, int]]) -> str:
+    """The row filter of the dead letters at or past `back` (by topic; None: the table's one topic)."""
+    conditions = []
+    for topic, offsets in back.items():
+        partitions = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in offsets.items())
+        # A topic name is [a-zA-Z0-9._-] only: nothing to escape.
+        conditions.append(partitions if topic is None else f"(topic = '{topic}' AND ({partitions}))")
+    return " OR ".join(conditions)
 
 
 def claim_epoch(table: Table, epoch: int, *, role: TableRole = "main") -> None:
@@ -175,6 +207,7 @@ def reset_offsets(
     offsets: Mapping[int, int],
     reason: str,
     now_ms: int,
+    topic: str | None = None,
     request: str | None = None,
 ) -> CommittedState:
     """Point the committed offsets at `offsets` of the topic with id `topic_id`; return the new state.
@@ -186,51 +219,69 @@ def reset_offsets(
     `AssertRefSnapshotId(main, head)`. The epoch is kept: a writer's batch planned before the reset starts at
     the old offsets and is refused (OffsetGapError, TopicMismatchError); it plans again from here.
     Rows already in the table stay. A table with no committed offsets has nothing to reset (ValueError).
-    `request`: the id of a cluster's reset request (`icefall.plan.offset_reset`), recorded with the reset;
-    an attempt that finds it recorded already (another driver's commit landed first) commits nothing and
-    returns the state as it is: a request is applied once.
+    `topic`: in a table of several topics, the one topic reset (the others keep their offsets; the entry
+    in `icefall.offset-resets` names it). `request`: the id of a cluster's reset request
+    (`icefall.plan.offset_reset`), recorded with the reset; an attempt that finds it recorded already
+    (another driver's commit landed first) commits nothing and returns the state as it is: a request is
+    applied once.
     """
+    asked = _Reset(topic_id, offsets, reason, now_ms, topic, request)
     return _until_committed(
         table,
-        lambda meta: _reset_once(
-            table, meta, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request
-        ),
+        lambda meta: _reset_once(table, meta, asked),
         failed=f"reset the offsets of {table_name(table)}",
     )
 
 
-def _reset_once(
-    table: Table,
-    meta: TableMetadata,
-    *,
-    topic_id: str,
-    offsets: Mapping[int, int],
-    reason: str,
-    now_ms: int,
-    request: str | None,
-) -> CommittedState | None:
+@dataclass(frozen=True)
+class _Reset:
+    topic_id: str
+    offsets: Mapping[int, int]
+    reason: str
+    now_ms: int
+    topic: str | None
+    request: str | None
+
+
+def _reset_once(table: Table, meta: TableMetadata, asked: _Reset) -> CommittedState | None:
     committed = state_of(meta)
-    if not committed.offsets:
+    by_topic = committed.topics is not None
+    if by_topic != (asked.topic is not None):
+        need = "name one of its topics" if by_topic else "name no topic: it has one"
+        raise ValueError(f"{table_name(table)}: a reset of its offsets must {need}")
+    held = held_of(committed, asked.topic or "")
+    if not held.offsets:
         raise ValueError(f"{table_name(table)} has no committed offsets: there is nothing to reset")
-    if request is not None and reset_recorded(meta.properties, request):
+    if asked.request is not None and reset_recorded(meta.properties, asked.request, asked.topic):
         return committed
-    history = json.loads(meta.properties.get(OFFSET_RESETS, "[]"))
-    entry = {
-        "time_ms": now_ms,
-        "reason": reason,
-        "from_topic_id": committed.topic_id,
-        "to_topic_id": topic_id,
-        "from_offsets": {str(p): o for p, o in sorted(committed.offsets.items())},
-        "to_offsets": {str(p): o for p, o in sorted(offsets.items())},
+    entry: dict[str, object] = {
+        "time_ms": asked.now_ms,
+        "reason": asked.reason,
+        "from_topic_id": held.topic_id,
+        "to_topic_id": asked.topic_id,
+        "from_offsets": {str(p): o for p, o in sorted(held.offsets.items())},
+        "to_offsets": {str(p): o for p, o in sorted(asked.offsets.items())},
     }
-    history.append(entry if request is None else {**entry, "request": request})
-    reset = replace(committed, topic_id=topic_id, offsets=dict(offsets), start_offsets=dict(offsets))
+    if asked.request is not None:
+        entry["request"] = asked.request
+    new = TopicState(asked.topic_id, dict(asked.offsets), dict(asked.offsets))
+    if asked.topic is None:
+        reset = replace(
+            committed, topic_id=new.topic_id, offsets=new.offsets, start_offsets=new.start_offsets
+        )
+    else:
+        entry["topic"] = asked.topic
+        reset = committed.with_topics({**committed.by_topic(), asked.topic: new}, by_topic=True)
+    history = [*json.loads(meta.properties.get(OFFSET_RESETS, "[]")), entry]
     properties = {
         **reset.to_properties(),
         OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
     }
     # an empty snapshot: the properties ride on a commit that moves main
-    empty = empty_snapshot_updates(table, {RESET_PROPERTY: reason})
+    summary = {RESET_PROPERTY: asked.reason}
+    if asked.topic is not None:
+        summary[RESET_TOPIC_PROPERTY] = asked.topic
+    empty = empty_snapshot_updates(table, summary)
     updates = (*empty, SetPropertiesUpdate(updates=properties))
     if not _commit_on_main(
         table, meta, committed.snapshot_id, updates, what=f"offset reset of {table_name(table)}"
@@ -269,7 +320,7 @@ def _evolve_once(
         return evolution
     updates, schema_id = schema_updates(table, evolution.apply)
     # Which rows were written before the change: the audit compares the new fields only after it.
-    history = with_schema_change(meta.properties, SchemaChange(schema_id, committed.offsets))
+    history = with_schema_change(meta.properties, schema_change_at(schema_id, committed))
     updates = (*updates, SetPropertiesUpdate(updates={SCHEMA_CHANGES: history}))
     current = (AssertCurrentSchemaId(current_schema_id=meta.current_schema_id),)
     what = f"schema change of {table_name(table)} ({evolution.describe()})"

@@ -62,7 +62,7 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 
-from icefall.commit.batch import STAGE_PREFIX, Batch, CommitOutcome, Stage, state_after
+from icefall.commit.batch import STAGE_PREFIX, Batch, CommitOutcome, SourceBatch, Stage, held_of, state_after
 from icefall.commit.errors import (
     CommitError,
     FencedError,
@@ -86,6 +86,8 @@ if TYPE_CHECKING:
 GENESIS_PROPERTY = "icefall.genesis"
 RESTAGED_FROM_PROPERTY = "icefall.restaged-from"  # snapshot summary of a re-staged batch: the staged id
 RESET_PROPERTY = "icefall.offset-reset"  # snapshot summary of an offset reset: its reason
+#: A table of several topics: the topic an offset reset's snapshot resets (beside `RESET_PROPERTY`).
+RESET_TOPIC_PROPERTY = "icefall.offset-reset-topic"
 EPOCH_CLAIM_PROPERTY = "icefall.epoch-claim"  # snapshot summary of a writer's epoch claim: the epoch
 # Attempts of one catalog commit while its own conditions still hold (the table changed elsewhere, e.g. a
 # property or another branch). Each attempt re-checks everything from fresh metadata: this is not a rebase.
@@ -155,7 +157,9 @@ def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refres
     raise CommitError(f"could not prepare staging branch {branch}: the table kept changing")
 
 
-def commit_staged(table: Table, stage: Stage, batch: Batch, epoch: int, *, keep_branch: bool = True) -> int:
+def commit_staged(
+    table: Table, stage: Stage, batch: SourceBatch, epoch: int, *, keep_branch: bool = True
+) -> int:
     """Land the batch staged on `stage.branch` on `main`; return the new head's snapshot id.
 
     The branch is left at `main`'s new head for the writer's next batch, or dropped in the same commit
@@ -171,7 +175,7 @@ def commit_staged(table: Table, stage: Stage, batch: Batch, epoch: int, *, keep_
 
 
 def commit_staged_outcome(
-    table: Table, stage: Stage, batch: Batch, epoch: int, *, keep_branch: bool = True
+    table: Table, stage: Stage, batch: SourceBatch, epoch: int, *, keep_branch: bool = True
 ) -> CommitOutcome:
     """`commit_staged`, telling whether `main` was fast-forwarded or the batch re-staged over maintenance.
 
@@ -289,7 +293,7 @@ def sweep_stages(table: Table, keep: Collection[str] = (), *, role: TableRole = 
     )
 
 
-def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan:
+def _check(meta: TableMetadata, stage: Stage, batch: SourceBatch, epoch: int) -> _Plan:
     """The commit to make (fast-forward or re-stage, and the properties to set), or the reason to refuse."""
     main = meta.refs.get(MAIN)
     head = main.snapshot_id if main else None
@@ -320,21 +324,34 @@ def _check(meta: TableMetadata, stage: Stage, batch: Batch, epoch: int) -> _Plan
     )
 
 
-def _check_source(committed: CommittedState, batch: Batch) -> None:
-    """Refuse a batch of another topic, or one that does not start at the committed offsets."""
-    if committed.topic is not None and committed.topic != batch.topic:
+def _check_source(committed: CommittedState, batch: SourceBatch) -> None:
+    """Refuse a batch of another topic or form, or one that does not start at the committed offsets."""
+    if committed.has_offsets and batch.by_topic != (committed.topics is not None):
+        held, read = ("one topic", "several topics") if batch.by_topic else ("several topics", "one topic")
+        raise TopicMismatchError(
+            f"the table holds the offsets of {held}, the batch is of {read} (spec.source.topic and "
+            "spec.source.topics do not fill the same table)"
+        )
+    for part in batch.parts:
+        _check_topic(committed, part)
+
+
+def _check_topic(committed: CommittedState, batch: Batch) -> None:
+    """Refuse a batch of one topic that is not the table's, or does not start at its committed offsets."""
+    if committed.topics is None and committed.topic is not None and committed.topic != batch.topic:
         raise TopicMismatchError(
             f"the table holds topic {committed.topic!r}, the batch is from {batch.topic!r}"
         )
-    if None not in (committed.topic_id, batch.topic_id) and committed.topic_id != batch.topic_id:
+    held = held_of(committed, batch.topic)
+    if None not in (held.topic_id, batch.topic_id) and held.topic_id != batch.topic_id:
         raise TopicMismatchError(
-            f"the table holds offsets of topic id {committed.topic_id}, the batch is from topic id "
-            f"{batch.topic_id}: the topic was recreated"
+            f"the table holds offsets of topic {batch.topic!r} with id {held.topic_id}, the batch is from "
+            f"topic id {batch.topic_id}: the topic was recreated"
         )
     for partition, start in sorted(batch.start.items()):
-        done = committed.offsets.get(partition)
+        done = held.offsets.get(partition)
         expected = batch.retention_gaps.get(partition, start)
-        if done is None and committed.offsets and expected not in (0, start):
+        if done is None and held.offsets and expected not in (0, start):
             raise OffsetGapError(
                 f"partition {partition} is new to the table: a retention gap before {start} starts at 0, "
                 f"not {expected}"

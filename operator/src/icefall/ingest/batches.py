@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from icefall.commit import (
@@ -25,7 +26,8 @@ from icefall.commit import (
     sweep_stages,
 )
 from icefall.ingest.commits import dropped_unless_committed
-from icefall.ingest.report import Landed, PhaseClock, WrittenBatch
+from icefall.ingest.outcome import NO_DEAD_LETTERS, NOTHING_TO_CLEAN, Cleanup, Landed
+from icefall.ingest.report import PhaseClock, WrittenBatch
 from icefall.plan.pipelining import Action, Below, Pace, Written, after_write
 from icefall.runtime import metrics
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from icefall.api import StreamingTableSpec
-    from icefall.commit import Batch, Stage
+    from icefall.commit import CommittedState, SourceBatch, Stage
     from icefall.ingest.commits import CommitPipeline, InFlight
     from icefall.ingest.dead_letters import DeadLetters
     from icefall.ingest.planning import PlannedBatch, Planner
@@ -43,6 +45,24 @@ if TYPE_CHECKING:
     from icefall.ingest.writer import BatchWriter
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step did: the reports of the batches that landed (oldest first: the one that was in flight
+    below, then the step's own unless its commit is now in flight) and what is left to clean."""
+
+    reports: tuple[BatchReport, ...] = ()
+    left: Cleanup = NOTHING_TO_CLEAN
+
+
+@dataclass(frozen=True)
+class LandedBelow:
+    """How the commit in flight below a written batch ended: its report if it landed, its error if not."""
+
+    ended: Below
+    reports: tuple[BatchReport, ...]
+    refused: Exception | None = None
 
 
 class Batches:
@@ -69,89 +89,142 @@ class Batches:
         self.reporter = reporter
         self.commits = commits
         self.dead_letters = dead_letters
-        self._sweep_pending = False  # an outage may have left staging branches: drop them first
+        # What the last step left to clean (`icefall.ingest.outcome`): nothing, once `Ingestor.start` has
+        # swept the staging branches and rewound the dead letters.
+        self._left = NOTHING_TO_CLEAN
 
     def step(self, *, pipeline: bool) -> list[BatchReport]:
         """Plan, read, write and commit one batch; the reports of the batches that landed, oldest first
         (the one in flight below it, then this one unless its commit is now in flight).
 
-        The steps, in order: `_plan` (committed state, watermarks, offset ranges), a staging branch of
-        `main` (or the stage on top of the commit in flight), `_write` (ONE Spark job: read, decode, write the
-        good rows to the branch, and count records, bytes, newest produce time and bad rows on the way), the
-        commit in flight waited for, then by `plan.pipelining.after_write`: the dead letters and the
-        compare-and-swap of `main` here, or the commit sent to the commit thread (`pipeline` and
-        `spec.batch.pipelined`), or the batch dropped. Raises FencedError when this writer lost its lease or
-        a newer writer committed (stop writing), StaleHeadError when the table moved under the batch.
+        The steps, in order: `_plan` (committed state, watermarks, offset ranges; first what the step
+        before left to clean), a staging branch of `main` (or the stage on top of the commit in flight),
+        `_write` (ONE Spark job: read, decode, write the good rows to the branch, and count records, bytes,
+        newest produce time and bad rows on the way), the commit in flight waited for, then by
+        `plan.pipelining.after_write`: the dead letters and the compare-and-swap of `main` here, or the
+        commit sent to the commit thread (`pipeline` and `spec.batch.pipelined`), or the batch dropped.
+        Raises FencedError when this writer lost its lease or a newer writer committed (stop writing),
+        StaleHeadError when the table moved under the batch.
         """
+        left = self._left
+        # Until the step returns, the worst it may leave: dead letters ahead of a main commit that failed.
+        self._left = left.after_failure()
         flight = self.commits.take_in_flight()
+        if flight is None:
+            outcome = self._step(left, pipeline=pipeline)
+        else:
+            outcome = self._step_on(flight, left, pipeline=pipeline)
+        self._left = outcome.left
+        return list(outcome.reports)
+
+    def _step(self, left: Cleanup, *, pipeline: bool) -> StepOutcome:
+        """A step with no commit in flight: planned from the table, committed here or sent (PIPELINE)."""
+        clock = self._clock()
+        committed = read_committed(self.table)  # refreshes the table
+        planned, left = self._plan(committed, left)
+        if planned is None:
+            self.commits.drop_stage_if_behind(self.table, committed.snapshot_id)
+            return StepOutcome((), left)
+        clock.mark("plan")
+        stage = self.commits.stage(self.table, None)
+        with dropped_unless_committed(self.table, stage.branch, self.label, "main"):
+            written = self._write(planned, stage, clock)
+            action, stage, written = self._decide(Below.NONE, stage, written, pipeline)
+            landed = self._commit_or_send(action, stage, written)
+        if landed is None:
+            return StepOutcome((), left)
+        return StepOutcome((self.reporter.report(written, landed, self.table, paced=False),), left)
+
+    def _step_on(self, flight: InFlight, left: Cleanup, *, pipeline: bool) -> StepOutcome:
+        """A step on top of the batch in flight: planned from the state its commit gives the table, written
+        on its staged snapshot, then decided once that commit ended. A step that fails before waiting for
+        it still waits for it (it may land)."""
         try:
-            return self._step_on(flight, pipeline=pipeline)
+            return self._step_on_flight(flight, left, pipeline=pipeline)
         except BaseException:
-            if flight is not None and not flight.settled:
+            if not flight.settled:
                 self.commits.settle(flight)
             raise
 
-    def _step_on(self, flight: InFlight | None, *, pipeline: bool) -> list[BatchReport]:
-        clock = PhaseClock()
-        self.planner.progress.last_batch_started = clock.started
-        planned = self._plan(flight)
+    def _step_on_flight(self, flight: InFlight, left: Cleanup, *, pipeline: bool) -> StepOutcome:
+        clock = self._clock()
+        planned, left = self._plan(flight.after.base, left)
         if planned is None:
-            return [self.land(flight)] if flight is not None else []
+            return StepOutcome((self.land(flight),), left)
         clock.mark("plan")
-        stage = self.commits.stage(self.table, flight)
+        stage = flight.after
         with dropped_unless_committed(self.table, stage.branch, self.label, "main"):
             written = self._write(planned, stage, clock)
-            below, reports, refused = self._land_below(flight)
-            action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
-            while action is Action.REWRITE:  # once: every id the batch holds is met by then
-                stage, written = self._rewrite(planned, clock)
-                action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
-            if action is Action.DROP and refused is not None:
-                raise refused
+            below = self._land_below(flight)
+            action, stage, written = self._decide(below.ended, stage, written, pipeline)
+            if action is Action.DROP and below.refused is not None:
+                raise below.refused  # this batch sits on a commit that did not land: it goes with its branch
             if action is Action.DISCARD:
                 log.info("%s: the batch before was re-staged; this one is planned again", self.label)
                 metrics.INGEST_BATCHES_DISCARDED.labels(self.label).inc()
                 abandon_stage(self.table, stage.branch, role="main")
-                return reports
-            batch = planned.batch(self.spec.source.topic, written.stats)
-            if action is Action.PIPELINE:
-                self.commits.send(self.table, stage, batch, written)
-                # The next batch is sized before this one's report: learn from it now.
-                self.reporter.learn_pace(written, clock.elapsed())
-                return reports
-            landed = self._commit_here(written, stage, batch)
-        self.dead_letters.dirty = False  # main caught up with the dead letters just committed
-        return [*reports, self.reporter.report(written, landed, self.table, paced=False)]
+                return StepOutcome(below.reports, left)
+            landed = self._commit_or_send(action, stage, written)
+        if landed is None:
+            return StepOutcome(below.reports, left)
+        report = self.reporter.report(written, landed, self.table, paced=False)
+        return StepOutcome((*below.reports, report), left)
 
-    def _plan(self, flight: InFlight | None) -> PlannedBatch | None:
-        """The next batch, planned from the state the batch in flight gives the table, or from the table;
-        None (lag published) when there is nothing to commit. Reconciles the dead-letter table first when
-        a batch may have left it ahead."""
-        after = flight.after.base if flight is not None else None
-        committed = after if after is not None else read_committed(self.table)  # refreshes the table
-        if self._sweep_pending:
+    def _clock(self) -> PhaseClock:
+        clock = PhaseClock()
+        self.reporter.step_started(clock.started)
+        return clock
+
+    def _plan(self, committed: CommittedState, left: Cleanup) -> tuple[PlannedBatch | None, Cleanup]:
+        """The next batch after `committed` (the table's, or the state the batch in flight gives it), and
+        what is still left to clean; None (lag published) when there is nothing to commit. Cleans first
+        what `left` names: staging branches an outage left, then (a batch is due) the dead letters."""
+        if left.stages:
             self._sweep_after_outage()
-        proposal = self.planner.propose(committed)
+            left = replace(left, stages=False)
+        proposal = self.planner.propose(committed, self.reporter.progress)
         if proposal.idle:
-            self.reporter.idle(proposal.plan.positions.lag)
-            if after is None:
-                self.commits.drop_stage_if_behind(self.table, committed.snapshot_id)
-            return None
+            self.reporter.idle(proposal.lag)
+            return None, left
         self.commits.check_lease()
-        if self.dead_letters.dirty:
+        if left.dead_letters:
             self.dead_letters.reconcile(self.table, self.commits.epoch)
-        return self.planner.batch(proposal)
+        return self.planner.batch(proposal), NOTHING_TO_CLEAN
+
+    def _decide(
+        self, below: Below, stage: Stage, written: WrittenBatch, pipeline: bool
+    ) -> tuple[Action, Stage, WrittenBatch]:
+        """`plan.pipelining.after_write` on the written batch; a REWRITE is done here (the commit below, if
+        any, has landed), and decided again. Returns the action with the batch's stage and write."""
+        action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
+        while action is Action.REWRITE:  # once: every id the batch holds is met by then
+            stage, written = self._rewrite(written.planned, written.clock)
+            action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
+        return action, stage, written
+
+    def _commit_or_send(self, action: Action, stage: Stage, written: WrittenBatch) -> Landed | None:
+        """COMMIT: its dead letters, then the batch, here (how it landed); PIPELINE: its commit sent to the
+        commit thread (None: it lands in a later step)."""
+        batch = written.planned.batch(written.stats)
+        if action is Action.PIPELINE:
+            self.commits.send(self.table, stage, batch, written)
+            # The next batch is sized before this one's report: learn from it now.
+            self.reporter.learn_pace(written, written.clock.elapsed())
+            return None
+        if action is not Action.COMMIT:
+            raise AssertionError(f"{self.label}: {action} is not decided here")
+        return self._commit_here(written, stage, batch)
 
     def _write(self, planned: PlannedBatch, stage: Stage, clock: PhaseClock) -> WrittenBatch:
         """Read, decode and write the batch to its staging branch (one Spark job)."""
-        if stage.base.offsets != planned.committed.offsets:
+        if stage.base.by_topic() != planned.committed.by_topic():
             raise StaleHeadError("the table moved between planning and staging")
         clock.mark("stage")
         stats = self.writer.write_good_rows(planned, stage.branch, self.table, self._evolve)
         if planned.ranges:  # what the table cannot follow of this batch's own writer schemas (json: the spec)
             self.schemas.plan(self.table.schema(), stats.writers)
         clock.mark("write")
-        self.planner.check_topic_unchanged(planned.topic_id)
+        self.planner.check_topics_unchanged(planned)
         return WrittenBatch(planned, stats, clock)
 
     def _rewrite(self, planned: PlannedBatch, clock: PhaseClock) -> tuple[Stage, WrittenBatch]:
@@ -175,15 +248,13 @@ class Batches:
                 self.schemas.committed(evolution)
         return self.table.schema()
 
-    def _land_below(self, flight: InFlight | None) -> tuple[Below, list[BatchReport], Exception | None]:
-        """Wait for the commit in flight below this batch, if any: how it ended, its report, its error."""
-        if flight is None:
-            return Below.NONE, [], None
+    def _land_below(self, flight: InFlight) -> LandedBelow:
+        """Wait for the commit in flight below this batch: how it ended, its report, its error."""
         try:
             report = self.land(flight)
         except Exception as refused:
-            return Below.REFUSED, [], refused
-        return (Below.RESTAGED if flight.restaged else Below.LANDED), [report], None
+            return LandedBelow(Below.REFUSED, (), refused)
+        return LandedBelow(Below.RESTAGED if flight.restaged else Below.LANDED, (report,))
 
     def land(self, flight: InFlight) -> BatchReport:
         """Wait for the in-flight batch's commit and report it; its error, if it failed, is raised here."""
@@ -203,41 +274,40 @@ class Batches:
             log.warning("%s: the last batch's commit was refused (%s)", self.label, refused)
             return None
 
-    def _commit_here(self, written: WrittenBatch, stage: Stage, batch: Batch) -> Landed:
+    def _commit_here(self, written: WrittenBatch, stage: Stage, batch: SourceBatch) -> Landed:
         """Commit the batch's dead letters (if any), then the batch, on this thread."""
         planned, bad, clock = written.planned, written.stats.bad, written.clock
-        dead, kinds = 0, dict[str, int]()
+        dead = NO_DEAD_LETTERS
         if bad:
             branch, epoch = self.commits.stage_branch, self.commits.epoch
-            dead, kinds = self.dead_letters.commit(batch, planned, bad, branch=branch, epoch=epoch)
+            dead = self.dead_letters.commit(batch, planned, bad, branch=branch, epoch=epoch)
         clock.mark("dead_letters")
         snapshot_id, commit_seconds = self.commits.commit(self.table, stage, batch, written)
         clock.mark_stage_and_commit(commit_seconds)
-        return Landed(snapshot_id, commit_seconds, dead, kinds)
+        return Landed(snapshot_id, commit_seconds, dead)
 
     def _pace(self, pipeline: bool) -> Pace:
         return Pace(
             pipelined=pipeline and self.spec.batch.pipelined,
             freshness_target_seconds=self.spec.freshness.target_seconds,
             min_interval_seconds=float(self.spec.batch.min_interval_seconds),
-            throughput_rps=self.planner.progress.throughput_rps,
+            throughput_rps=self.reporter.progress.throughput_rps,
         )
 
     # -- after a failed step --------------------------------------------------------------------------
 
     def refused(self, refused: StaleHeadError | FencedError) -> None:
-        """A commit was refused: count it; the dead-letter table may be ahead of main."""
+        """A commit was refused: count it (the dead letters it may have left are cleaned by the next step,
+        as after any failed step)."""
         reason = "fenced" if isinstance(refused, FencedError) else "stale_head"
         metrics.COMMITS_REFUSED.labels(self.label, reason).inc()
         if isinstance(refused, MaintenanceConflictError):
             metrics.INGEST_COMMITS_FAILED_BY_MAINTENANCE.labels(self.label).inc()
-        self.dead_letters.dirty = True
 
     def outage(self) -> None:
-        """A step stopped anywhere in an outage: a staging branch or dead letters of an uncommitted batch
-        may be left, and are cleaned before the next batch is planned."""
-        self.dead_letters.dirty = True
-        self._sweep_pending = True
+        """A step stopped anywhere in an outage: staging branches may be left too, and are swept before the
+        next batch is planned."""
+        self._left = self._left.after_failure(outage=True)
 
     def _sweep_after_outage(self) -> None:
         """Drop the staging branches an outage left (this writer holds the lease: no batch of another writer
@@ -248,7 +318,6 @@ class Batches:
                 if dropped:
                     metrics.STAGES_DROPPED.labels(".".join(table.name())).inc(len(dropped))
                     log.info("%s: dropped staging branches left by the outage: %s", self.label, dropped)
-        self._sweep_pending = False
 
 
 def _facts(written: WrittenBatch) -> Written:

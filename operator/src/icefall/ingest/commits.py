@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from icefall.commit import (
-    Batch,
     CommitOutcome,
     FencedError,
+    SourceBatch,
     Stage,
     StaleHeadError,
     abandon_stage,
@@ -38,7 +38,7 @@ from icefall.commit import (
 )
 from icefall.commit.lease import Lease, LeaseLostError
 from icefall.ingest.outages import classify
-from icefall.ingest.report import Landed
+from icefall.ingest.outcome import Landed
 from icefall.runtime import metrics
 from icefall.runtime.failpoints import failpoint
 
@@ -218,7 +218,9 @@ class CommitPipeline:
         if ref is not None and ref.snapshot_id != head:
             abandon_stage(table, self.stage_branch, role="main")
 
-    def commit(self, table: Table, stage: Stage, batch: Batch, written: WrittenBatch) -> tuple[int, float]:
+    def commit(
+        self, table: Table, stage: Stage, batch: SourceBatch, written: WrittenBatch
+    ) -> tuple[int, float]:
         """Commit what is staged on `stage` (an empty snapshot if the batch had nothing to write); returns
         the snapshot id and the seconds of the commit itself."""
         self._stage_if_nothing_written(table, stage, written)
@@ -228,7 +230,7 @@ class CommitPipeline:
         count_restage(self.label, outcome)
         return outcome.snapshot_id, time.monotonic() - commit_started
 
-    def send(self, table: Table, stage: Stage, batch: Batch, written: WrittenBatch) -> None:
+    def send(self, table: Table, stage: Stage, batch: SourceBatch, written: WrittenBatch) -> None:
         """Start the commit of a written batch on the commit thread (`in_flight`); the next batch goes on
         top of it."""
         self._stage_if_nothing_written(table, stage, written)
@@ -242,7 +244,7 @@ class CommitPipeline:
         self.in_flight = InFlight(written, mine, commit, after=next_stage(stage, batch, self.epoch))
 
     def _commit_in_background(
-        self, table: Table, stage: Stage, batch: Batch
+        self, table: Table, stage: Stage, batch: SourceBatch
     ) -> tuple[CommitOutcome, float, float]:
         started = time.monotonic()
         outcome = commit_staged_outcome(table, stage, batch, self.epoch)

@@ -4,7 +4,8 @@ the batch's main commit, and dropped again if that main commit never lands.
 Guarantees: dead letters are committed with the same protocol as the table (a staging branch, a
 compare-and-swap with the writer's epoch); a batch whose second read gives another number of bad rows is
 refused (StaleHeadError, nothing committed); dead letters past the main table's offsets are removed
-(`reconcile`) before the next batch whenever a batch may have left them (`dirty`). Not guaranteed: the
+(`reconcile`) before the next batch whenever a batch may have left them (the step's
+`icefall.ingest.outcome.Cleanup` says when). Not guaranteed: the
 dead-letter table never briefly holds rows of a batch whose main commit then failed; the dead-letter topic
 is at-least-once (deduplicated downstream by `icefall.dedupe-key`).
 """
@@ -17,14 +18,19 @@ from typing import TYPE_CHECKING
 
 from icefall.commit import (
     Batch,
+    CommittedState,
+    SourceBatch,
     StaleHeadError,
+    TopicsBatch,
     abandon_stage,
     commit_staged_outcome,
     prepare_stage,
     read_committed,
-    rewind_dead_letters,
+    rewind_dead_letter_topics,
 )
+from icefall.commit.batch import held_of
 from icefall.ingest.commits import count_restage, dropped_unless_committed
+from icefall.ingest.outcome import DeadLettersLanded
 from icefall.ingest.writer import append
 from icefall.kafka.dead_letters import Source as DeadLetterSource
 from icefall.kafka.dead_letters import produce_dead_letters
@@ -54,46 +60,50 @@ class DeadLetters:
         self.table = table
         self.writer = writer
         self._kafka_config = kafka_config
-        # The dead-letter table may be ahead of main (a batch's dead letters committed, its main commit
-        # not known to have landed): reconcile before the next batch.
-        self.dirty = True
 
     def commit(
-        self, batch: Batch, planned: PlannedBatch, expected: int, *, branch: str, epoch: int
-    ) -> tuple[int, dict[str, int]]:
+        self, batch: SourceBatch, planned: PlannedBatch, expected: int, *, branch: str, epoch: int
+    ) -> DeadLettersLanded:
         """Read the batch's offsets again and commit its `expected` bad rows (with their error text) to the
         dead-letter table on staging branch `branch`, then produce them to the dead-letter topic (if the
-        spec names one); both before the main commit. Returns how many there were, and how many of each
-        kind of reason."""
+        spec names one); both before the main commit, which must follow: until it lands the dead-letter
+        table is ahead of the main table. Returns how many there were, and how many of each kind."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         from icefall.ingest.decode import reason_kind
 
         bad = self.writer.bad_rows(planned.ranges).persist()
         try:
-            dead = self._write(bad, batch, planned.committed.offsets, expected, branch=branch, epoch=epoch)
+            dead = self._write(bad, batch, planned.committed, expected, branch=branch, epoch=epoch)
             # For the metrics by kind of reason (`Reporter`): one small job on the cached rows.
             counted = bad.groupBy(reason_kind(F.col("error")).alias("kind")).count().collect()
             kinds = {row["kind"]: int(row["count"]) for row in counted}
             if dead and self.spec.dead_letter.topic is not None:
-                # Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`.
-                produce_dead_letters(
-                    bad,
-                    bootstrap=self.spec.source.bootstrap_servers,
-                    topic=self.spec.dead_letter.topic,
-                    source=DeadLetterSource(self.spec.source.topic, planned.topic_id, epoch),
-                    kafka_config=self._kafka_config,
-                )
+                self._produce(bad, planned, self.spec.dead_letter.topic, epoch)
                 failpoint("dlq-topic.after-produce")
         finally:
             bad.unpersist()
-        return dead, kinds
+        return DeadLettersLanded(dead, kinds)
+
+    def _produce(self, bad: DataFrame, planned: PlannedBatch, topic: str, epoch: int) -> None:
+        """Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`. Each
+        record's headers name its own topic (a table of several topics: one send per topic)."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        for part in planned.parts:
+            produce_dead_letters(
+                bad.where(F.col("topic") == part.topic) if planned.by_topic else bad,
+                bootstrap=self.spec.source.bootstrap_servers,
+                topic=topic,
+                source=DeadLetterSource(part.topic, part.topic_id, epoch),
+                kafka_config=self._kafka_config,
+            )
 
     def _write(
         self,
         bad: DataFrame,
-        batch: Batch,
-        committed: Mapping[int, int],
+        batch: SourceBatch,
+        committed: CommittedState,
         expected: int,
         *,
         branch: str,
@@ -105,22 +115,13 @@ class DeadLetters:
             return expected
         dlq = self.table
         stage = prepare_stage(dlq, branch, role="dlq")
-        known = stage.base.offsets
-        ahead = {p: o for p, o in known.items() if o > committed.get(p, 0)}
+        ahead = ahead_of(stage.base, committed)
         if ahead:
             # Dead letters of a batch whose main commit never landed (a writer fenced mid-batch, say):
             # writing on top would put their records in the dead-letter table twice.
-            self.dirty = True
             abandon_stage(dlq, stage.branch, role="dlq")
             raise StaleHeadError(f"the dead-letter table is ahead of the table at {ahead}; rewind it first")
-        # Batches without bad records leave the dead-letter table alone, so it may start further back.
-        dlq_batch = Batch(
-            topic=batch.topic,
-            start={p: known.get(p, s) for p, s in batch.start.items()},
-            end=dict(batch.end),
-            max_produce_time_ms=batch.max_produce_time_ms,
-            topic_id=batch.topic_id,
-        )
+        dlq_batch = dead_letter_batch(batch, stage.base)
         label = ".".join(self.identifier)
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
@@ -134,23 +135,60 @@ class DeadLetters:
                 raise StaleHeadError(
                     f"reading the batch again gave {written} bad records, not {expected}; planning again"
                 )
-            self.dirty = True  # ahead of main until the main commit lands
             # Dead letters come now and then: a branch left behind would pin old snapshots meanwhile.
             outcome = commit_staged_outcome(dlq, stage, dlq_batch, epoch, keep_branch=False)
         count_restage(label, outcome)
         return expected
 
-    def reconcile(self, main: Table, epoch: int) -> None:
+    def reconcile(self, main: Table, epoch: int) -> bool:
         """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed.
 
-        The delete and the offsets move in one commit of `icefall.commit` (`rewind_dead_letters`), refused
-        with FencedError if a newer writer has committed to the dead-letter table.
+        The delete and the offsets (of every topic) move in one commit of `icefall.commit`
+        (`rewind_dead_letter_topics`), refused with FencedError if a newer writer has committed to the
+        dead-letter table. Returns whether the dead-letter table was ahead.
         """
-        if self.table is not None:
-            committed = read_committed(main).offsets
-            ahead = read_committed(self.table).offsets
-            target = {p: committed.get(p, 0) for p, o in ahead.items() if o > committed.get(p, 0)}
-            if target:
-                log.warning("%s: dropping dead letters of uncommitted batches from %s", self.label, target)
-                rewind_dead_letters(self.table, target, epoch)
-        self.dirty = False
+        if self.table is None:
+            return False
+        committed = read_committed(main)
+        dead = read_committed(self.table)
+        ahead = ahead_of(dead, committed)
+        if not ahead:
+            return False
+        targets = {
+            (topic if dead.topics is not None else None): {
+                p: held_of(committed, topic).offsets.get(p, 0) for p in partitions
+            }
+            for topic, partitions in ahead.items()
+        }
+        log.warning(
+            "%s: dropping dead letters of uncommitted batches from %s", self.label, targets.get(None, targets)
+        )
+        rewind_dead_letter_topics(self.table, targets, epoch)
+        return True
+
+
+def ahead_of(dead: CommittedState, main: CommittedState) -> dict[str, dict[int, int]]:
+    """Per topic, the partitions whose dead-letter offset `dead` is past the main table's `main`."""
+    ahead: dict[str, dict[int, int]] = {}
+    for topic, held in dead.by_topic().items():
+        done = held_of(main, topic).offsets
+        past = {p: o for p, o in held.offsets.items() if o > done.get(p, 0)}
+        if past:
+            ahead[topic] = past
+    return ahead
+
+
+def dead_letter_batch(batch: SourceBatch, dead: CommittedState) -> SourceBatch:
+    """The dead-letter table's commit of `batch`: the same ends, each partition from the dead-letter table's
+    own offset (batches without bad records leave it alone, so it may start further back)."""
+    parts = tuple(
+        Batch(
+            topic=part.topic,
+            start={p: held_of(dead, part.topic).offsets.get(p, s) for p, s in part.start.items()},
+            end=dict(part.end),
+            max_produce_time_ms=part.max_produce_time_ms,
+            topic_id=part.topic_id,
+        )
+        for part in batch.parts
+    )
+    return TopicsBatch(parts) if batch.by_topic else parts[0]

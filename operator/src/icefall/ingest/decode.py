@@ -136,13 +136,7 @@ class Decoder:
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
         value = F.col("value")
         self.spec = spec
-        self._base = [
-            F.col("partition").cast("int").alias("partition"),
-            F.col("offset").cast("bigint").alias("offset"),
-            F.col("timestamp").cast("timestamp").alias("timestamp"),
-            F.col("key").cast("binary").alias("key"),
-            value.cast("binary").alias("value"),
-        ]
+        self._base = _kafka_columns(spec)
         self._headers = F.col("headers").alias("headers")
         self._no_headers = F.lit(None).cast(HEADERS_TYPE).alias("headers")
         self._text = F.when(
@@ -211,15 +205,7 @@ class Decoder:
         self.spec = spec
         self._headers = F.col("headers").alias("headers")
         self._no_headers = F.lit(None).cast(HEADERS_TYPE).alias("headers")
-        value = F.col("value")
-        base = [
-            F.col("partition").cast("int").alias("partition"),
-            F.col("offset").cast("bigint").alias("offset"),
-            F.col("timestamp").cast("timestamp").alias("timestamp"),
-            F.col("key").cast("binary").alias("key"),
-            value.cast("binary").alias("value"),
-        ]
-        self._avro = AvroDecoding(spec, schemas, base=base, errors=errors)
+        self._avro = AvroDecoding(spec, schemas, base=_kafka_columns(spec), errors=errors)
         self._good_filter = ~F.col(BAD_COLUMN)
         self._good = _good_columns(spec, self._avro.keyed)
 
@@ -274,9 +260,26 @@ class Decoder:
         return typed.select("*", self._raw).select("*", self._bad, self._error).drop(*internal, RAW_COLUMN)
 
 
+def _kafka_columns(spec: StreamingTableSpec) -> list[Column]:
+    """The Kafka source's columns a decoded row keeps (`topic` too in a table of several topics)."""
+    columns = [
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset").cast("bigint").alias("offset"),
+        F.col("timestamp").cast("timestamp").alias("timestamp"),
+        F.col("key").cast("binary").alias("key"),
+        F.col("value").cast("binary").alias("value"),
+    ]
+    if spec.source.by_topic:
+        columns.append(F.col("topic").cast("string").alias("topic"))
+    return columns
+
+
 def split(decoded: DataFrame, spec: StreamingTableSpec, *, now_expr: Column | None = None) -> Prepared:
     """Good rows (transforms applied) and bad rows of a `decode` result."""
-    return Prepared(good=good_rows(decoded, spec), bad=bad_rows(decoded, now_expr=now_expr))
+    return Prepared(
+        good=good_rows(decoded, spec),
+        bad=bad_rows(decoded, now_expr=now_expr, by_topic=spec.source.by_topic),
+    )
 
 
 def good_rows(decoded: DataFrame, spec: StreamingTableSpec) -> DataFrame:
@@ -292,7 +295,12 @@ def _good_columns(spec: StreamingTableSpec, keyed: Keyed | None) -> list[Column]
             (keyed.column(f.name) if keyed is not None else typed[f.name]).alias(f.name)
             for f in spec.format.schema_fields
         ],
-        F.struct(F.col("partition"), F.col("offset"), F.col("timestamp")).alias(KAFKA_COLUMN),
+        F.struct(
+            F.col("partition"),
+            F.col("offset"),
+            F.col("timestamp"),
+            *([F.col("topic")] if spec.source.by_topic else []),
+        ).alias(KAFKA_COLUMN),
     ]
     if keyed is not None and keyed.sequence_by:
         columns.append(F.col(POSITION_COLUMN).alias(SEQUENCE_COLUMN))
@@ -370,12 +378,14 @@ def reason_kind(error: Column) -> Column:
     return kind.otherwise(F.lit(OTHER_REASON))
 
 
-def bad_rows(decoded: DataFrame, *, now_expr: Column | None = None) -> DataFrame:
-    """The dead-letter rows (`DEAD_LETTER_COLUMNS`) of a `decode` result made with `errors`."""
+def bad_rows(decoded: DataFrame, *, now_expr: Column | None = None, by_topic: bool = False) -> DataFrame:
+    """The dead-letter rows (`DEAD_LETTER_COLUMNS`, then `topic` with `by_topic`: a table of several
+    topics) of a `decode` result made with `errors`."""
     return decoded.where(F.col(BAD_COLUMN)).select(
         *DEAD_LETTER_COLUMNS[:6],
         F.col(ERROR_COLUMN).alias("error"),
         (now_expr if now_expr is not None else F.current_timestamp()).cast("timestamp").alias("ingested_at"),
+        *(["topic"] if by_topic else []),
     )
 
 

@@ -98,7 +98,12 @@ class Ingestor:
         self.label = ".".join(st.table_identifier)
         # Secret values: handed to the clients only, never logged.
         self._kafka_config = librdkafka_config(self.spec.source.security)
-        self.topic = TopicView(self.spec.source.bootstrap_servers, self.spec.source.topic, self._kafka_config)
+        source = self.spec.source
+        # One view per topic, all through the first one's clients (`TopicView.sibling`).
+        self.topic = TopicView(source.bootstrap_servers, source.first_topic, self._kafka_config)
+        self.topics = {
+            t: self.topic if t == source.first_topic else self.topic.sibling(t) for t in source.topic_names
+        }
         self.writer = BatchWriter(
             st,
             spark,
@@ -107,8 +112,8 @@ class Ingestor:
             writer_id=self.writer_id,
             schemas=registry.lookup if registry is not None else None,
         )
-        self.planner = Planner(self.spec, self.label, self.topic)
-        self.reporter = Reporter(self.spec, self.label, self.topic, self.planner.progress)
+        self.planner = Planner(self.spec, self.label, self.topics)
+        self.reporter = Reporter(self.spec, self.label, self.topics)
         self.commits = CommitPipeline(
             lease, label=self.label, writer_id=self.writer_id, keyed=bool(st.spec.key)
         )
@@ -118,8 +123,8 @@ class Ingestor:
         self.outages = Outages(
             self.label,
             service_addresses(
-                self.spec.source.bootstrap_servers,
-                self.spec.source.topic,
+                source.bootstrap_servers,
+                ", ".join(source.topic_names),
                 catalog,
                 registry=self.spec.format.registry.url if self.spec.format.registry else None,
             ),
@@ -288,7 +293,7 @@ class Ingestor:
         return reports
 
     def _next_delay(self) -> float:
-        progress = self.planner.progress
+        progress = self.reporter.progress
         return next_batch_delay(
             now=time.monotonic(),
             last_batch_started_at=progress.last_batch_started,

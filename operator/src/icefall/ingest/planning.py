@@ -13,14 +13,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from icefall.api import ConditionReason, OnDataLoss, StreamingTableSpec
-from icefall.commit import Batch, CommittedState
+from icefall.api.source import StartingPositionType
+from icefall.commit import Batch, CommittedState, SourceBatch, TopicsBatch
+from icefall.commit.batch import held_of
 from icefall.plan.batching import BatchLimits, choose_batch_size
 from icefall.plan.lag import total_lag
-from icefall.plan.offsets import DataLoss, OffsetPlan, OffsetRange, plan_offsets, source_change
+from icefall.plan.offsets import (
+    DataLoss,
+    OffsetPlan,
+    OffsetRange,
+    plan_offsets,
+    source_change,
+    split_budget,
+)
 from icefall.runtime import metrics
 
 if TYPE_CHECKING:
@@ -98,9 +107,10 @@ class DataLossHaltedError(RuntimeError):
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Progress:
-    """The writer's pacing figures: what the last batches took, learnt after each (`ingest.report`)."""
+    """The writer's pacing figures: what the last batches took. A value: `ingest.report.Reporter` makes
+    each new one (the only writer), the planner and the loop's pacing read them."""
 
     throughput_rps: float | None = None
     last_batch_seconds: float | None = None
@@ -111,18 +121,43 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class PlannedBatch:
-    """A batch planned from the table's committed state and the watermarks, before anything is read."""
+class PlannedTopic:
+    """What a planned batch does with one topic: what to read of it and the offset range to commit."""
 
-    committed: CommittedState
+    topic: str
     topic_id: str | None
     watermarks: Mapping[int, tuple[int, int]]
-    ranges: tuple[OffsetRange, ...]  # what to read (may be empty: a batch that only pins or skips)
+    ranges: tuple[OffsetRange, ...]  # what to read (may be empty: the topic only pins or skips)
     start: dict[int, int]  # the commit's offset range per partition (ranges, plus pinned and skipped ones)
     end: dict[int, int]
     gaps: dict[int, int]  # retention gaps the commit acknowledges
+
+    def batch(self, stats: ReadStats) -> Batch:
+        return Batch(
+            topic=self.topic,
+            start=self.start,
+            end=self.end,
+            max_produce_time_ms=stats.max_produce_ms,
+            retention_gaps=self.gaps,
+            topic_id=self.topic_id,
+        )
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """A batch planned from the table's committed state and the watermarks, before anything is read: a
+    part per topic (one in the one-topic form)."""
+
+    committed: CommittedState
+    parts: tuple[PlannedTopic, ...]
+    by_topic: bool  # the topics form (`spec.source.topics`): its commit keeps offsets by topic
     lost: int  # records lost to retention first reported by this batch
     backlog: int  # records waiting in Kafka when it was planned (this batch's among them)
+
+    @property
+    def ranges(self) -> tuple[OffsetRange, ...]:
+        """What to read, of every topic (each range names its topic)."""
+        return tuple(r for part in self.parts for r in part.ranges)
 
     @property
     def records(self) -> int:
@@ -133,16 +168,28 @@ class PlannedBatch:
         """The batch takes everything Kafka held when it was planned."""
         return self.records >= self.backlog
 
-    def batch(self, topic: str, stats: ReadStats) -> Batch:
-        return Batch(
-            topic=topic,
-            start=self.start,
-            end=self.end,
-            max_produce_time_ms=stats.max_produce_ms,
-            retention_gaps=self.gaps,
-            topic_id=self.topic_id,
-            deleted_keys=stats.deleted_keys,
-        )
+    def batch(self, stats: ReadStats) -> SourceBatch:
+        """The batch to commit: the one topic's, or a `TopicsBatch` of every topic it reads, pins or skips."""
+        if not self.by_topic:
+            (part,) = self.parts
+            return replace(part.batch(stats), deleted_keys=stats.deleted_keys)
+        return TopicsBatch(tuple(part.batch(stats) for part in self.parts if part.start))
+
+
+@dataclass(frozen=True)
+class TopicProposal:
+    """The offsets plan of one topic for a next batch."""
+
+    topic: str
+    topic_id: str
+    watermarks: Mapping[int, tuple[int, int]]
+    plan: OffsetPlan
+    pin_start: bool  # the topic's first commit pins where it starts (`latest` would otherwise drift)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to read, no retention gap to commit, no start to pin."""
+        return self.plan.is_empty and not self.plan.data_loss and not self.pin_start
 
 
 @dataclass(frozen=True)
@@ -150,67 +197,104 @@ class Proposal:
     """The offsets plan of a next batch, before it is known to be worth a commit (`idle`)."""
 
     committed: CommittedState
-    topic_id: str | None
-    watermarks: Mapping[int, tuple[int, int]]
     backlog: int
-    plan: OffsetPlan
-    pin_start: bool  # a table's first commit pins where it starts (`latest` would otherwise drift)
+    parts: tuple[TopicProposal, ...]
 
     @property
     def idle(self) -> bool:
-        """Nothing to read, no retention gap to commit, no start to pin: no batch."""
-        return self.plan.is_empty and not self.plan.data_loss and not self.pin_start
+        """Nothing to read, no retention gap to commit, no start to pin, in any topic: no batch."""
+        return all(part.idle for part in self.parts)
+
+    @property
+    def lag(self) -> dict[str, Mapping[int, int]]:
+        """The lag per topic and partition before the batch."""
+        return {part.topic: part.plan.positions.lag for part in self.parts}
 
 
 @dataclass
 class Planner:
-    """Plans one writer's batches from the table's committed state, Kafka's watermarks and the pacing."""
+    """Plans one writer's batches from the table's committed state, Kafka's watermarks and the pacing.
+
+    `topics`: a view of each topic read (`spec.source.topic_names`). A topic new to a table that already
+    holds offsets of another starts at its earliest record, like a partition added later (nothing skipped);
+    a table's first batch starts every topic at `spec.source.startingPosition`. The batch's size is shared
+    among the topics by their backlogs (max-min fairness, `plan.offsets.split_budget`).
+    """
 
     spec: StreamingTableSpec
     label: str
-    topic: TopicView
-    progress: Progress = field(default_factory=Progress)
-    _losses_seen: set[tuple[int, int]] = field(default_factory=set, init=False, repr=False)
+    topics: Mapping[str, TopicView]
+    _losses_seen: set[tuple[str, int, int]] = field(default_factory=set, init=False, repr=False)
 
-    def propose(self, committed: CommittedState) -> Proposal:
-        """Read the watermarks, choose the batch size and plan the offset ranges after `committed`.
-        Raises SourceChangedError if the topic is not the one the offsets were committed on."""
-        topic_id = self.topic.topic_id()
-        watermarks = self.topic.watermarks()
-        backlog = total_lag(committed.offsets, watermarks)
+    def propose(self, committed: CommittedState, progress: Progress) -> Proposal:
+        """Read the watermarks, choose the batch size (from the pacing figures `progress`) and plan the
+        offset ranges after `committed`. Raises SourceChangedError if a topic is not the one the offsets
+        were committed on, DataLossHaltedError for a loss with `onDataLoss: Halt`."""
+        ids = {topic: view.topic_id() for topic, view in self.topics.items()}
+        marks = {topic: view.watermarks() for topic, view in self.topics.items()}
+        lags = {t: total_lag(held_of(committed, t).offsets, marks[t]) for t in self.topics}
+        backlog = sum(lags.values())
         size = choose_batch_size(
             backlog_records=backlog,
             freshness_target_seconds=self.spec.freshness.target_seconds,
-            throughput_rps=self.progress.throughput_rps,
-            last_batch_seconds=self.progress.last_batch_seconds,
+            throughput_rps=progress.throughput_rps,
+            last_batch_seconds=progress.last_batch_seconds,
             limits=BatchLimits.from_spec(self.spec.batch),
-            last_batch_records=self.progress.last_batch_records,
+            last_batch_records=progress.last_batch_records,
         )
-        timestamp_offsets = None
+        shares = split_budget(lags, size.records) if len(self.topics) > 1 else {t: size.records for t in lags}
+        parts = tuple(
+            self._propose_topic(committed, topic, ids[topic], marks[topic], shares[topic])
+            for topic in self.topics
+        )
+        return Proposal(committed, backlog, parts)
+
+    def _propose_topic(
+        self,
+        committed: CommittedState,
+        topic: str,
+        topic_id: str,
+        watermarks: Mapping[int, tuple[int, int]],
+        max_records: int,
+    ) -> TopicProposal:
+        held = held_of(committed, topic)
         position = self.spec.source.starting_position
-        if position.timestamp_ms is not None and not committed.offsets:
-            timestamp_offsets = dict(self.topic.offsets_for_time(position.timestamp_ms))
+        starting = position.type if not committed.has_offsets else StartingPositionType.EARLIEST
+        timestamp_offsets = None
+        if position.timestamp_ms is not None and not committed.has_offsets:
+            timestamp_offsets = dict(self.topics[topic].offsets_for_time(position.timestamp_ms))
         plan = plan_offsets(
-            committed.offsets,
+            held.offsets,
             watermarks,
-            position.type,
+            starting,
             timestamp_offsets=timestamp_offsets,
-            max_records=size.records,
+            max_records=max_records,
             max_records_per_partition=self.spec.batch.max_records_per_partition,
         )
-        problem = source_change(self.spec.source.topic, committed.topic_id, topic_id, plan.offsets_ahead)
+        problem = source_change(topic, held.topic_id, topic_id, plan.offsets_ahead)
         if problem is not None:
-            recreated = committed.topic_id not in (None, topic_id)
+            recreated = held.topic_id not in (None, topic_id)
             raise SourceChangedError(f"{self.label}: {problem}", recreated=recreated)
         if plan.data_loss and self.spec.source.on_data_loss is OnDataLoss.HALT:
-            raise DataLossHaltedError.of(self.spec.source.topic, plan.data_loss)
-        pin_start = not committed.offsets and bool(plan.positions.starts)
-        return Proposal(committed, topic_id, watermarks, backlog, plan, pin_start)
+            raise DataLossHaltedError.of(topic, plan.data_loss)
+        pin_start = not held.offsets and bool(plan.positions.starts)
+        return TopicProposal(topic, topic_id, watermarks, plan, pin_start)
 
     def batch(self, proposal: Proposal) -> PlannedBatch:
         """The batch of a proposal that is not idle; reports the retention losses it is first to see."""
+        parts = tuple(self._planned_topic(part) for part in proposal.parts)
+        lost = sum(self._report_data_loss(part.topic, part.plan) for part in proposal.parts)
+        return PlannedBatch(
+            committed=proposal.committed,
+            parts=parts,
+            by_topic=self.spec.source.by_topic,
+            lost=lost,
+            backlog=proposal.backlog,
+        )
+
+    @staticmethod
+    def _planned_topic(proposal: TopicProposal) -> PlannedTopic:
         plan = proposal.plan
-        lost = self._report_data_loss(plan)
         start = {r.partition: r.start for r in plan.ranges}
         end = {r.partition: r.end for r in plan.ranges}
         # A partition retention emptied past its committed offset is committed at its low watermark even
@@ -222,40 +306,40 @@ class Planner:
             for partition, offset in plan.positions.starts.items():
                 start.setdefault(partition, offset)
                 end.setdefault(partition, offset)
-        return PlannedBatch(
-            committed=proposal.committed,
+        return PlannedTopic(
+            topic=proposal.topic,
             topic_id=proposal.topic_id,
             watermarks=proposal.watermarks,
-            ranges=plan.ranges,
+            ranges=tuple(replace(r, topic=proposal.topic) for r in plan.ranges),
             start=start,
             end=end,
             gaps={d.partition: d.committed for d in plan.data_loss},
-            lost=lost,
-            backlog=proposal.backlog,
         )
 
-    def check_topic_unchanged(self, planned_topic_id: str | None) -> None:
-        """The records are read: were they read from the topic the offsets were planned on?"""
-        if self.topic.topic_id() != planned_topic_id:
-            raise SourceChangedError(
-                f"{self.label}: topic {self.spec.source.topic!r} was recreated "
-                "while a batch was read; the batch is not committed",
-                recreated=True,
-            )
+    def check_topics_unchanged(self, planned: PlannedBatch) -> None:
+        """The records are read: were they read from the topics the offsets were planned on?"""
+        for part in planned.parts:
+            if self.topics[part.topic].topic_id() != part.topic_id:
+                raise SourceChangedError(
+                    f"{self.label}: topic {part.topic!r} was recreated "
+                    "while a batch was read; the batch is not committed",
+                    recreated=True,
+                )
 
-    def _report_data_loss(self, plan: OffsetPlan) -> int:
+    def _report_data_loss(self, topic: str, plan: OffsetPlan) -> int:
         lost = 0
+        where = f"topic {topic} " if self.spec.source.by_topic else ""
         for loss in plan.data_loss:
-            key = (loss.partition, loss.committed)
+            key = (topic, loss.partition, loss.committed)
             if key in self._losses_seen:
                 continue
             self._losses_seen.add(key)
             lost += loss.lost
             metrics.DATA_LOSS.labels(self.label).inc(loss.lost)
             log.error(
-                "%s: DATA LOSS: partition %d: records %d..%d were deleted by topic retention before they "
+                "%s: DATA LOSS: %spartition %d: records %d..%d were deleted by topic retention before they "
                 "were ingested; continuing from %d",
-                self.label, loss.partition, loss.committed, loss.earliest_available - 1,
+                self.label, where, loss.partition, loss.committed, loss.earliest_available - 1,
                 loss.earliest_available,
             )  # fmt: skip
         return lost

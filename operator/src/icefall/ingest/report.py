@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTableSpec
-from icefall.commit.batch import retention_loss
+from icefall.commit.batch import batch_retention_loss, held_of
+from icefall.ingest.planning import Progress
 from icefall.plan.batching import update_throughput
 from icefall.plan.lag import freshness_seconds, partition_lag
 from icefall.runtime import metrics
@@ -23,7 +24,8 @@ from icefall.runtime import metrics
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-    from icefall.ingest.planning import PlannedBatch, Progress, ReadStats
+    from icefall.ingest.outcome import Landed
+    from icefall.ingest.planning import PlannedBatch, ReadStats
     from icefall.kafka.admin import TopicView
 
 log = logging.getLogger(__name__)
@@ -99,41 +101,39 @@ class WrittenBatch:
     clock: PhaseClock
 
 
-@dataclass(frozen=True)
-class Landed:
-    """How a batch's commit landed."""
-
-    snapshot_id: int
-    commit_seconds: float
-    dead: int = 0  # dead letters committed before it
-    kinds: Mapping[str, int] = field(default_factory=dict)  # those by kind of reason
-
-
 class Reporter:
-    """Reports landed batches: pacing figures into `progress`, lag and freshness, the metrics."""
+    """Reports landed batches: lag and freshness, the metrics, and the pacing figures (`progress`: this is
+    the one object that makes them)."""
 
-    def __init__(self, spec: StreamingTableSpec, label: str, topic: TopicView, progress: Progress) -> None:
+    def __init__(self, spec: StreamingTableSpec, label: str, topics: Mapping[str, TopicView]) -> None:
         self.spec = spec
         self.label = label
-        self.topic = topic
-        self.progress = progress
+        self.topics = topics
+        self.progress = Progress()
         #: What the table cannot follow now (`icefall.ingest.schemas.SchemaFollower.refused`).
         self.schema_refused: Callable[[], tuple[str, ...]] = tuple
+
+    def step_started(self, at: float) -> None:
+        """A step (a batch, or a look that found nothing) started `at` (monotonic clock)."""
+        self.progress = replace(self.progress, last_batch_started=at)
 
     def learn_pace(self, written: WrittenBatch, seconds: float) -> None:
         """The pacing figures after a batch of `stats.records` that took `seconds`."""
         progress = self.progress
-        progress.throughput_rps = update_throughput(
-            progress.throughput_rps,
-            written.stats.records,
-            seconds,
-            whole_backlog=written.planned.whole_backlog,
-            previous_cold=progress.batches_measured == 1,
+        measured = progress.batches_measured + (1 if written.stats.records > 0 else 0)
+        self.progress = replace(
+            progress,
+            throughput_rps=update_throughput(
+                progress.throughput_rps,
+                written.stats.records,
+                seconds,
+                whole_backlog=written.planned.whole_backlog,
+                previous_cold=progress.batches_measured == 1,
+            ),
+            batches_measured=measured,
+            last_batch_seconds=seconds,
+            last_batch_records=written.stats.records,
         )
-        if written.stats.records > 0:
-            progress.batches_measured += 1
-        progress.last_batch_seconds = seconds
-        progress.last_batch_records = written.stats.records
 
     def report(self, written: WrittenBatch, landed: Landed, table: Table, *, paced: bool) -> BatchReport:
         """After the commit: update the pacing figures, measure lag and freshness, publish the metrics.
@@ -145,32 +145,35 @@ class Reporter:
         if not paced:
             self.learn_pace(written, seconds)
         committed = planned.committed
-        offsets = {**committed.offsets, **planned.end}
+        after = {p.topic: {**held_of(committed, p.topic).offsets, **p.end} for p in planned.parts}
         # The lag when the commit landed, not when the batch was planned: records keep arriving while a
         # batch runs, and a lag of 0 from the old watermarks would call a live table caught up (and let
         # in-process maintenance run) while it is seconds behind. Watermarks are one cheap broker call.
-        lag = partition_lag(offsets, self._watermarks_after(planned.watermarks))
-        self.progress.backlog_after_last_batch = sum(lag.values())
+        marks = self._watermarks_after(planned)
+        lag = {topic: partition_lag(offsets, marks[topic]) for topic, offsets in after.items()}
+        waiting = sum(sum(by_partition.values()) for by_partition in lag.values())
+        self.progress = replace(self.progress, backlog_after_last_batch=waiting)
         newest = _newest(committed.max_produce_time_ms, stats.max_produce_ms)
-        behind = freshness_seconds(sum(lag.values()), newest, time.time())
-        skipped = retention_loss(committed.offsets, planned.batch(self.spec.source.topic, stats))
+        behind = freshness_seconds(waiting, newest, time.time())
+        skipped = batch_retention_loss(committed, planned.batch(stats))
         report = BatchReport(
             records_read=stats.records,
             records_written=records_written,
-            records_dead_lettered=landed.dead,
+            records_dead_lettered=landed.dead_letters.rows,
             seconds=seconds,
             commit_seconds=landed.commit_seconds,
             snapshot_id=landed.snapshot_id,
-            offsets=offsets,
-            lag=sum(lag.values()),
+            # A table of several topics: per (topic, partition) in the metrics (`publish_lag`) only.
+            offsets={} if planned.by_topic else next(iter(after.values())),
+            lag=waiting,
             freshness_seconds=behind or 0.0,
             bytes_read=stats.bytes,
             data_loss=planned.lost,
             skipped=skipped,
             lost_records=committed.lost_records + skipped,
-            partition_lag=lag,
+            partition_lag={} if planned.by_topic else next(iter(lag.values())),
             phases=clock.phases,
-            dead_letter_reasons=landed.kinds,
+            dead_letter_reasons=landed.dead_letters.kinds,
             schema_refused=self.schema_refused(),
         )
         clock.mark("report")
@@ -181,16 +184,21 @@ class Reporter:
         self._publish(report, lag)
         return report
 
-    def idle(self, lag: Mapping[int, int]) -> None:
-        """Nothing to read: the backlog is gone, the lag is published."""
-        self.progress.backlog_after_last_batch = 0
+    def idle(self, lag: Mapping[str, Mapping[int, int]]) -> None:
+        """Nothing to read: the backlog is gone, the lag (per topic and partition) is published."""
+        self.progress = replace(self.progress, backlog_after_last_batch=0)
         self.publish_lag(lag)
 
-    def publish_lag(self, lag: Mapping[int, int]) -> None:
-        for partition, records in lag.items():
-            metrics.LAG.labels(self.label, str(partition)).set(records)
+    def publish_lag(self, lag: Mapping[str, Mapping[int, int]]) -> None:
+        """`icefall_lag_records` per partition: labelled `<partition>`, or `<topic>/<partition>` in a
+        table of several topics."""
+        by_topic = self.spec.source.by_topic
+        for topic, partitions in lag.items():
+            for partition, records in partitions.items():
+                where = f"{topic}/{partition}" if by_topic else str(partition)
+                metrics.LAG.labels(self.label, where).set(records)
 
-    def _publish(self, report: BatchReport, lag: Mapping[int, int]) -> None:
+    def _publish(self, report: BatchReport, lag: Mapping[str, Mapping[int, int]]) -> None:
         # A keyed table writes one row per key and batch, and none for a delete: not "filtered".
         filtered = (
             0
@@ -210,13 +218,14 @@ class Reporter:
         metrics.LAST_COMMIT.labels(self.label).set(time.time())
         self.publish_lag(lag)
 
-    def _watermarks_after(self, planned: Mapping[int, tuple[int, int]]) -> Mapping[int, tuple[int, int]]:
-        """Current watermarks; the planned ones if the broker does not answer (the lag is then a floor)."""
+    def _watermarks_after(self, planned: PlannedBatch) -> dict[str, Mapping[int, tuple[int, int]]]:
+        """Current watermarks of each topic; the planned ones if the broker does not answer (the lag is then
+        a floor)."""
         try:
-            return self.topic.watermarks()
+            return {part.topic: self.topics[part.topic].watermarks() for part in planned.parts}
         except Exception:
             log.warning("%s: reading watermarks after the commit failed; lag may be low", self.label)
-            return planned
+            return {part.topic: part.watermarks for part in planned.parts}
 
 
 def _added_records(table: Table, snapshot_id: int) -> int:

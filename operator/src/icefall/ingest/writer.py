@@ -58,9 +58,10 @@ def read_kafka(
     headers: bool = True,
     records_per_task: int | None = None,
 ) -> DataFrame:
-    """Spark's Kafka batch source over `ranges` (`OffsetRange`s of `spec.source.topic`), as ingestion reads
-    it: assigned partitions, explicit offsets, headers, read_committed whatever `spec.source.properties`
-    say; `security_options` from `spark_kafka_options` (secrets: never logged).
+    """Spark's Kafka batch source over `ranges` (`OffsetRange`s of the topic each names, else of the spec's
+    first topic), as ingestion reads it: assigned partitions, explicit offsets, headers, read_committed
+    whatever `spec.source.properties` say; `security_options` from `spark_kafka_options` (secrets: never
+    logged).
 
     `group_id`: the consumers' group id, unless `spec.source.properties` sets `group.id` (Kafka ACLs may
     require a given one). Spark pools its consumers per group id and partition, so a fixed id lets every
@@ -72,11 +73,14 @@ def read_kafka(
     default: one task per partition), so a read of a whole topic that is cached does not hold a partition's
     records in one block.
     """
-    topic = spec.source.topic
+    topic = spec.source.first_topic  # of the ranges that name none
+    assigned: dict[str, list[int]] = {}
+    for r in ranges:
+        assigned.setdefault(r.topic or topic, []).append(r.partition)
     reader = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", spec.source.bootstrap_servers)
-        .option("assign", json.dumps({topic: sorted(r.partition for r in ranges)}))
+        .option("assign", json.dumps({t: sorted(partitions) for t, partitions in assigned.items()}))
         .option("includeHeaders", str(headers).lower())
     )
     group = {"group.id": group_id} if group_id is not None else {}
@@ -312,7 +316,7 @@ class BatchWriter:
 
             # As the good rows were decoded: every id of the batch is met by now, each keeps its answer.
             writers = BatchWriters(self.known.values, self.known.keys)
-        return bad_rows(with_errors.decode(self.read(ranges), writers))
+        return bad_rows(with_errors.decode(self.read(ranges), writers), by_topic=self.spec.source.by_topic)
 
 
 def with_every_column(rows: DataFrame, schema: Schema | None) -> DataFrame:

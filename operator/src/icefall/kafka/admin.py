@@ -9,6 +9,7 @@ the same name, whose offsets start over.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -107,7 +108,8 @@ class TopicView:
         self.bootstrap = bootstrap
         # librdkafka reports refused credentials and TLS failures only to error_cb (calls just time out):
         # kept, with what to fix, to name them
-        self._refused: tuple[KafkaError, Refusal] | None = None
+        # (a list: shared with the views `sibling` makes, whose clients are this view's)
+        self._refused: list[tuple[KafkaError, Refusal]] = []
         # librdkafka's own log would repeat "connection refused" every backoff while a broker is down; every
         # failure reaches the caller as an exception instead (refused credentials through error_cb).
         self._client_config = {
@@ -118,6 +120,17 @@ class TopicView:
         }
         self._consumer = self._reader()
         self._admin: AdminClient | None = None
+        self._owner = True  # closes the clients (a `sibling` does not)
+
+    def sibling(self, topic: str) -> TopicView:
+        """A view of `topic` on the same brokers through this view's clients (no new connection); closing
+        this view closes them, closing the sibling does nothing."""
+        if self._admin is None:
+            self._admin = AdminClient(self._client_config)
+        view = copy.copy(self)
+        view.topic = topic
+        view._owner = False
+        return view
 
     def _reader(self, **settings: Any) -> Consumer:
         """A consumer of this view's client settings that reads read_committed and never joins a group."""
@@ -134,7 +147,7 @@ class TopicView:
     def _on_error(self, error: KafkaError) -> None:
         refused = refusal(error)
         if refused is not None:
-            self._refused = (error, refused)
+            self._refused[:] = [(error, refused)]
 
     def _unavailable(self, error: KafkaException) -> KafkaUnavailableError:
         self._consumer.poll(0)  # serves the error callbacks queued during the failed call
@@ -142,8 +155,8 @@ class TopicView:
             self._admin.poll(0)
         reason = error.args[0] if error.args else error
         refused = refusal(reason) if isinstance(reason, KafkaError) else None
-        if refused is None and self._refused is not None:
-            reason, refused = self._refused
+        if refused is None and self._refused:
+            reason, refused = self._refused[0]
         if refused is not None:
             return KafkaCredentialsRefusedError(refused.message(self.bootstrap, self.topic, reason))
         return KafkaUnavailableError(
@@ -158,7 +171,7 @@ class TopicView:
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None:
             raise TopicNotFoundError(
-                f"topic '{self.topic}' does not exist on the cluster (spec.source.topic); create it first"
+                f"topic '{self.topic}' does not exist on the cluster (spec.source); create it first"
             )
         return sorted(topic.partitions)
 
@@ -174,7 +187,7 @@ class TopicView:
         except KafkaException as e:
             if e.args and getattr(e.args[0], "code", lambda: None)() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise TopicNotFoundError(
-                    f"topic '{self.topic}' does not exist on the cluster (spec.source.topic); create it first"
+                    f"topic '{self.topic}' does not exist on the cluster (spec.source); create it first"
                 ) from None
             raise self._unavailable(e) from None
         return str(description.topic_id)
@@ -253,7 +266,8 @@ class TopicView:
         return result
 
     def close(self) -> None:
-        self._consumer.close()
+        if self._owner:
+            self._consumer.close()
 
     def __enter__(self) -> TopicView:
         return self

@@ -242,7 +242,7 @@ def _registry_fields(
     assert fmt.registry is not None  # the spec requires it for registry formats
     if latest_schema is None:
         latest_schema = WriterSchemas(fmt.registry, format_type=fmt.type).latest_schema
-    text = latest_schema(spec.source.topic)
+    text = latest_schema(spec.source.first_topic)  # of several topics: the first one's subject
     # cdc: the table's columns are the row record of Debezium's (Avro) envelope, not the envelope.
     fields = fields_from_registry_schema(fmt, row_schema(text) if spec.mode is TableMode.CDC else text)
     return [f.model_dump(by_alias=True, exclude_none=True, mode="json") for f in fields]

@@ -43,10 +43,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from icefall.api.source import StartingPositionType
 from icefall.plan.lag import records_behind
+
+#: What a budget is shared among: partitions, or topics.
+K = TypeVar("K", int, str)
 
 
 class Watermarks(NamedTuple):
@@ -58,11 +61,13 @@ class Watermarks(NamedTuple):
 
 @dataclass(frozen=True)
 class OffsetRange:
-    """Offsets `[start, end)` of one partition to read in this batch."""
+    """Offsets `[start, end)` of one partition to read in this batch (of `topic`; None: the one the caller
+    reads)."""
 
     partition: int
     start: int
     end: int
+    topic: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.start <= self.end:
@@ -214,7 +219,7 @@ def plan_offsets(
     return OffsetPlan(ranges=ranges, positions=positions, next_offsets=next_offsets)
 
 
-def split_budget(available: Mapping[int, int], budget: int) -> dict[int, int]:
+def split_budget(available: Mapping[K, int], budget: int) -> dict[K, int]:
     """Share `budget` among partitions by max-min fairness, never giving one more than it has available.
 
     Partitions are served from the smallest availability up (ties by partition id); each gets the smaller
@@ -224,7 +229,7 @@ def split_budget(available: Mapping[int, int], budget: int) -> dict[int, int]:
     if budget < 0:
         raise ValueError(f"budget must not be negative, got {budget}")
     remaining = budget
-    share: dict[int, int] = {}
+    share: dict[K, int] = {}
     order = sorted(available, key=lambda p: (available[p], p))
     for index, partition in enumerate(order):
         left = len(order) - index
@@ -236,9 +241,13 @@ def split_budget(available: Mapping[int, int], budget: int) -> dict[int, int]:
 
 
 def spark_offset_options(topic: str, ranges: tuple[OffsetRange, ...]) -> dict[str, str]:
-    """`startingOffsets` / `endingOffsets` options for Spark's Kafka batch source, as JSON strings."""
-    starting = {topic: {str(r.partition): r.start for r in ranges}}
-    ending = {topic: {str(r.partition): r.end for r in ranges}}
+    """`startingOffsets` / `endingOffsets` options for Spark's Kafka batch source, as JSON strings (a range
+    without its own topic is of `topic`)."""
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for r in ranges:
+        starting.setdefault(r.topic or topic, {})[str(r.partition)] = r.start
+        ending.setdefault(r.topic or topic, {})[str(r.partition)] = r.end
     return {
         "startingOffsets": json.dumps(starting, separators=(",", ":")),
         "endingOffsets": json.dumps(ending, separators=(",", ":")),

@@ -61,19 +61,24 @@ spec:
 
 def manifest_text(
     name: str,
-    topic: str,
+    topic: str | Sequence[str],
     bootstrap: str,
     *,
     batch: Mapping[str, int | bool] | None = None,
     catalog: Mapping[str, Any] | None = None,
     security: Mapping[str, Any] | None = None,
 ) -> str:
-    """The test manifest for table `it.<name>` (dead letters in `it.<name>_dlq`) filled from `topic`.
+    """The test manifest for table `it.<name>` (dead letters in `it.<name>_dlq`) filled from `topic` (a
+    list: `spec.source.topics`).
 
     `batch` sets `spec.batch` (camelCase keys: `maxRecords`, `maxRecordsPerPartition`, ...); `catalog` sets
     `spec.table.catalog` (`SharedCatalog.block`; default: the embedded catalog); `security` sets
     `spec.source.security` (camelCase keys, credentials as `{env: NAME}` references).
     """
+    if not isinstance(topic, str):
+        listed = json.dumps(list(topic))
+        text = manifest_text(name, "TOPICS", bootstrap, batch=batch, catalog=catalog, security=security)
+        return text.replace("topic: TOPICS", f"topics: {listed}", 1)
     text = MANIFEST.format(name=name, k8s_name=name.replace("_", "-"), bootstrap=bootstrap, topic=topic)
     if security is not None:
         text = text.replace(
@@ -235,7 +240,7 @@ def registry_table(
 
 
 def streaming_table(
-    name: str, topic: str, bootstrap: str, *, batch: Mapping[str, int | bool] | None = None
+    name: str, topic: str | Sequence[str], bootstrap: str, *, batch: Mapping[str, int | bool] | None = None
 ) -> StreamingTable:
     return load_manifest(manifest_text(name, topic, bootstrap, batch=batch))
 
@@ -487,6 +492,54 @@ def assert_exactly_once(  # noqa: PLR0913 (keyword-only test settings)
     if bootstrap is None:
         return None
     report = audit(config, name, bootstrap, namespace, spark=spark, st=st)
+    assert report.ok, report.render()
+    assert report.duplicates == report.missing == report.unexpected == report.wrong == 0, report.render()
+    return report
+
+
+def assert_exactly_once_by_topic(
+    config: CatalogConfig,
+    name: str,
+    high: Mapping[str, Mapping[int, int]],
+    bad: Set[tuple[str, int, int]],
+    *,
+    bootstrap: str | None = None,
+    spark: SparkSession | None = None,
+    st: StreamingTable | None = None,
+) -> AuditReport | None:
+    """`assert_exactly_once` for a table of several topics: every (topic, partition, offset) below `high`
+    is in the table, or in the DLQ if it is in `bad`, exactly once; the committed offsets of each topic are
+    its `high`; with `bootstrap`, the auditor agrees (by content with `spark` and `st`)."""
+    import pyarrow.compute as pc
+
+    catalog = config.pyiceberg()
+    kafka = catalog.load_table((NAMESPACE, name)).scan(selected_fields=("_kafka",)).to_arrow()
+    column = kafka.column("_kafka").combine_chunks()
+    main = Counter(
+        zip(*(pc.struct_field(column, f).to_pylist() for f in ("topic", "partition", "offset")), strict=True)
+    )
+    dead = catalog.load_table((NAMESPACE, f"{name}_dlq")).scan(
+        selected_fields=("topic", "partition", "offset")
+    )
+    rows = dead.to_arrow()
+    dlq = Counter(zip(*(rows.column(f).to_pylist() for f in ("topic", "partition", "offset")), strict=True))
+    expected = {(t, p, o) for t, ends in high.items() for p, end in ends.items() for o in range(end)}
+    assert max(main.values(), default=1) == 1, f"duplicates: {[k for k, n in main.items() if n > 1][:10]}"
+    assert max(dlq.values(), default=1) == 1, f"DLQ duplicates: {[k for k, n in dlq.items() if n > 1][:10]}"
+    assert set(dlq) == set(bad), (
+        f"DLQ: extra {sorted(set(dlq) - bad)[:5]}, missing {sorted(bad - set(dlq))[:5]}"
+    )
+    missing = expected - set(bad) - set(main)
+    assert set(main) == expected - set(bad), (
+        f"table: extra {sorted(set(main) - expected)[:5]}, missing {sorted(missing)[:5]}"
+    )
+    committed = read_committed(catalog.load_table((NAMESPACE, name)))
+    assert {t: dict(held.offsets) for t, held in committed.by_topic().items()} == {
+        t: dict(ends) for t, ends in high.items()
+    }
+    if bootstrap is None:
+        return None
+    report = audit(config, name, bootstrap, spark=spark, st=st)
     assert report.ok, report.render()
     assert report.duplicates == report.missing == report.unexpected == report.wrong == 0, report.render()
     return report
