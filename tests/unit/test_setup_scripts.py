@@ -13,6 +13,7 @@ Not proved here: the timing of a cold `make demo` (measured by hand, in the READ
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -71,9 +72,12 @@ def test_every_tool_by_default_and_the_demos_two_with_demo(tmp_path: Path) -> No
 
 
 def dry_run(target: str) -> str:
+    # Under `make test` the outer make's MAKEFLAGS/MAKELEVEL would add "Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     done = subprocess.run(
-        ["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, check=False, timeout=30
-    )
+        ["make", "-n", "-B", "--no-print-directory", target],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -80,7 +80,8 @@ def test_reports_at_once_then_at_most_every_interval() -> None:
         "reportedAt": "2026-11-26T00:00:11Z",
         "freshnessSeconds": 0.0,
         "lagRecords": 0,
-        "partitionLag": [],  # a list: replaced whole, so no partition of an earlier report stays
+        # Caught up: each partition of the last batch lags 0 (a list: replaced whole every report).
+        "partitionLag": [{"partition": 0, "records": 0}],
         "lastCommitTime": "2026-11-26T00:00:04Z",  # the batch that was not sent still counts
         "snapshotId": 8,
         "schemaRefused": [],

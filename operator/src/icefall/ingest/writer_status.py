@@ -68,6 +68,7 @@ class WriterStatusReporter:
         self._lost_records: int | None = None
         self._last_loss: datetime | None = None
         self._last: BatchReport | None = None
+        self._partitions: tuple[int, ...] = ()  # of the last batch: caught up, each of them lags 0
         self._failures = 0
 
     def __call__(self, report: BatchReport | None) -> None:
@@ -78,6 +79,7 @@ class WriterStatusReporter:
             self._lost_records = report.lost_records
             if report.skipped:
                 self._last_loss = self._last_commit
+            self._partitions = tuple(report.partition_lag)
         self._last = report
         self._report(force=False)
 
@@ -109,7 +111,9 @@ class WriterStatusReporter:
             reported_at=self._wall(),
             freshness_seconds=max(last.freshness_seconds, 0.0) if last is not None else 0.0,
             lag_records=max(last.lag, 0) if last is not None else 0,
-            partition_lag=_most_lagging(last.partition_lag if last is not None else {}),
+            partition_lag=_most_lagging(
+                last.partition_lag if last is not None else dict.fromkeys(self._partitions, 0)
+            ),
             last_commit_time=self._last_commit,
             snapshot_id=self._snapshot_id,
             waiting_for=self._waiting_for,
