@@ -228,21 +228,31 @@ def test_events_become_rows_and_kubectl_shows_ready_and_fresh(
 
 
 def _freshness_while_producing(pipeline: Pipeline, *, readings: int, timeout: float) -> list[tuple[int, Any]]:
-    """Distinct (lagRecords, seconds) of `status.freshness`, read every 2 s while 20 records are produced
-    every second, until `readings` of them show records waiting (lag > 0)."""
+    """Distinct (lagRecords, seconds) of `status.freshness`, read every 2 s while 20 records a second are
+    produced without pause (so the driver is seldom caught up when it reports), until `readings` of them
+    show records waiting (lag > 0)."""
     waiting: list[tuple[int, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(waiting) < readings:
-        assert time.monotonic() < deadline, f"status showed records waiting only {len(waiting)} times"
-        for _ in range(2):
-            pipeline.produce(20)
-            time.sleep(1)
-        fresh = (pipeline.st().get("status") or {}).get("freshness") or {}
-        reading = (fresh.get("lagRecords", 0), fresh.get("seconds"))
-        if (
-            reading[0] > 0 and reading not in waiting
-        ):  # a new status refresh (every 10 s) with records waiting
-            waiting.append(reading)
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        while not stop.is_set():
+            pipeline.produce(5)
+            time.sleep(0.25)
+
+    producer = threading.Thread(target=keep_producing, name="producer")
+    producer.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while len(waiting) < readings:
+            assert time.monotonic() < deadline, f"status showed records waiting only {len(waiting)} times"
+            time.sleep(2)
+            fresh = (pipeline.st().get("status") or {}).get("freshness") or {}
+            reading = (fresh.get("lagRecords", 0), fresh.get("seconds"))
+            if reading[0] > 0 and reading not in waiting:  # a new refresh (every 10 s), records waiting
+                waiting.append(reading)
+    finally:
+        stop.set()
+        producer.join()
     pipeline.note(f"status.freshness while records arrive (lagRecords, seconds): {waiting}")
     return waiting
 
