@@ -195,9 +195,8 @@ class KubernetesLease(StoredLease[_Object | None]):
             response.read()  # type: ignore[no-untyped-call]
         except TransportError as e:
             raise self._unavailable(_reason(e), None) from e
-        except (
-            ApiException
-        ) as e:  # the client's own: status 0 for TLS cut off, or a Retry-After it gave up on
+        except ApiException as e:
+            # The client's own: status 0 for a TLS handshake cut off, or a Retry-After answer it gave up on.
             if e.status in (0, *_UNAVAILABLE_STATUSES):
                 raise self._unavailable(f"{e.status} {e.reason}", e.status or None) from e
             raise

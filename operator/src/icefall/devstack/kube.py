@@ -5,7 +5,9 @@ real, but Pods never start. `KubeControllerManager` adds the real kube-controlle
 same Kubernetes version) with a chosen set of controllers, for tests where Deployments must become Pods.
 Authentication is a static token file; `admin_token` is in `system:masters`, and extra users can be given
 for least-privilege tests. The serving certificate is self-signed by the API server into `certs/`, and the
-kubeconfig trusts exactly that certificate.
+kubeconfig trusts exactly that certificate. For fault tests, `kill_apiserver` / `kill_etcd` SIGKILL one of the
+two and `restart_apiserver` / `restart_etcd` start it again on the same ports, certificate, tokens and data,
+so clients holding the kubeconfig carry on.
 """
 
 from __future__ import annotations
