@@ -31,8 +31,8 @@ help:
 	@echo "make bench-operator  the operator at 10/100/300 StreamingTables: API requests, CPU, RSS, reaction (bench/results/operator.md)"
 	@echo "make bench-executors  one backlog drained with 1 then 2 Spark executor pods (bench/results/executors.md)"
 	@echo "make bench-scale  per-core drain, 3/48/192 partitions, one driver's commits/s, CAS, Kafka fetch (bench/results/scale.md)"
-	@echo "make chaos  200 random kills and 4 outages on the whole system, audited (bench/results/chaos.md);"
-	@echo "            shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
+	@echo "make chaos  200 random kills, 100 infrastructure kills and 4 outages on the whole system, audited"
+	@echo "            (bench/results/chaos.md); shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
 
 # What the machine must already have, one line per missing piece (before any virtualenv exists).
 prereqs:
@@ -247,14 +247,18 @@ bench-compaction: setup
 	$(TOOLS) && $(BIN)/python bench/compaction.py $(BENCH_ARGS)
 
 # The chaos run (e2e/chaos_run.py; not a test: `make test` never collects it): CHAOS_KILLS observed kills of
-# the driver, compaction pods and operator plus a broker restart, catalog and object-store outages and a
-# paused writer, then an audit by content. CHAOS_KILLS=20 took 39 min on a 2-core machine at a load average
+# the driver, compaction pods and operator, CHAOS_INFRA_FAULTS SIGKILLs of the services (a broker of the
+# three-node Kafka cluster, PostgreSQL, MinIO, the REST catalog, kube-apiserver, etcd; default: half the
+# kills, a third of all faults), plus a broker restart, catalog and object-store outages and a paused
+# writer, then an audit by content. CHAOS_KILLS=20 took 39 min on a 2-core machine at a load average
 # of 12 to 19 (setup and the four outages are ~20 min of it; a driver kill costs a Spark start). Results in
 # bench/results/chaos.md. Extra pytest options: CHAOS_ARGS.
 CHAOS_KILLS ?= 200
+CHAOS_INFRA_FAULTS ?= $(shell echo $$(( ($(CHAOS_KILLS) + 1) / 2 )))
 CHAOS_SEED ?= 1
 chaos: setup
 	$(TOOLS) && ICEFALL_CHAOS_KILLS=$(CHAOS_KILLS) ICEFALL_CHAOS_SEED=$(CHAOS_SEED) \
+	  ICEFALL_CHAOS_INFRA_FAULTS=$(CHAOS_INFRA_FAULTS) \
 	  $(BIN)/pytest e2e/chaos_run.py -s $(CHAOS_ARGS)
 
 # DEMO=examples/avro-orders.yaml: Avro through a local schema registry (fetched on first use), with a

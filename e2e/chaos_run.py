@@ -1,4 +1,4 @@
-"""`make chaos`: hundreds of random kills and four outages on the whole system, then an audit by content.
+"""`make chaos`: hundreds of random kills of Icefall's processes and of the services around it, then an audit.
 
 A benchmark-style run, not a test of the suite: the file name does not match `test_*.py`, so `make test`
 never collects it; `make chaos` passes it to pytest explicitly (it then gets the e2e fixtures). Knobs, from
@@ -51,11 +51,17 @@ kubelet restarts a killed compaction container in place under its CrashLoopBackO
 the driver as a new Pod, with its own short backoff); kills are read from Pod statuses, not from the
 kubelet's records; the second writer is a Pod, not a host process.
 
-Not covered: kills of Kafka, the API server, the kubelet, containerd, PostgreSQL or MinIO themselves (only
-the outages above); the operator has no failpoints (its kills are all at random moments); orphan-file
-deletion (its safety window is at least an hour) and so `main.before-orphan-delete`; the dead-letter
-topic is checked by nobody here (it is at-least-once by design). A container whose whole life fell in a
-gap of the Pod watch (the API server expired it: "watch gaps" in the report) is not seen.
+Infrastructure faults (e2e/chaos_infra.py), at least a third of all faults (`ICEFALL_CHAOS_INFRA_FAULTS`,
+default half the kills): a broker of the three-node Kafka cluster (`kafka_cluster`), PostgreSQL, the
+object store, the REST catalog server, and the cluster's kube-apiserver or etcd SIGKILLed at random moments
+and started again, one at a time, while the kills go on; the report lists every fault by kind with its time
+to recover (p50/p99).
+
+Not covered: kills of the kubelet and containerd; the operator has no failpoints (its kills are all at
+random moments); orphan-file deletion (its safety window is at least an hour) and so
+`main.before-orphan-delete`; the dead-letter topic is checked by nobody here (it is at-least-once by
+design). A container whose whole life fell in a gap of the Pod watch (the API server expired it: "watch
+gaps" in the report) is not seen.
 """
 
 from __future__ import annotations
@@ -88,8 +94,9 @@ from icefall.api import load_manifest
 from icefall.api.pod_policy import DEFAULT_RESERVED_ENV
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.controller.leader import EXIT_LEADERSHIP_LOST
 from icefall.devstack.cluster import LocalCluster
-from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.kafka_cluster import KafkaCluster
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.procs import free_port
@@ -101,11 +108,14 @@ from icefall.runtime.failpoints import CHAOS_ENV_VAR
 from icefall.testing.kubeapi import JsonApi
 
 from . import chaos_data as data
+from .chaos_infra import InfraFaults, Services, infra_count
 from .conftest import REPO, Kubectl, NodeView, Operator, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
 KILLS = int(os.environ.get("ICEFALL_CHAOS_KILLS", "200"))
+#: Infrastructure faults (e2e/chaos_infra.py): by default enough for a third of all faults.
+INFRA_FAULTS = int(os.environ.get("ICEFALL_CHAOS_INFRA_FAULTS", str(infra_count(KILLS))))
 ICEFALL = "ICEFALL_*"  # reserved for spec.pods by default; the run's failpoint variable is one
 SEED = int(os.environ.get("ICEFALL_CHAOS_SEED", "1"))
 REPORT = Path(os.environ.get("ICEFALL_CHAOS_REPORT", str(REPO / "bench" / "results" / "chaos.md")))
@@ -182,7 +192,7 @@ def rest_catalog(
     server.stop()
 
 
-def streaming_table(kafka: KafkaBroker, catalog: RESTCatalogServer, store: ObjectStore) -> Obj:
+def streaming_table(kafka: KafkaCluster, catalog: RESTCatalogServer, store: ObjectStore) -> Obj:
     s3 = store.properties()
     return {
         "apiVersion": "icefall.dev/v1alpha1",
@@ -470,7 +480,7 @@ class Chaos:
     def __init__(
         self,
         *,
-        kafka: KafkaBroker,
+        kafka: KafkaCluster,
         store: ObjectStore,
         catalog_server: RESTCatalogServer,
         catalog: CatalogConfig,
@@ -491,6 +501,10 @@ class Chaos:
         self.quota["operator"] = max(1, KILLS - self.quota["driver"] - self.quota["compaction"])
         self.tally = Tally()
         self.faults: list[Fault] = []
+        self.fault_lock = threading.Lock()  # a measured fault and an infrastructure fault never overlap
+        self.operator_lock = threading.Lock()  # its killer and its reviver
+        self.operator_exits = 0  # exits on its own: leadership lost in an API server outage (restarted)
+        self.infra: InfraFaults | None = None
         self.calm = threading.Event()  # set: no SIGKILL (a fault is being measured)
         self.done = threading.Event()
         self.errors: list[str] = []
@@ -676,30 +690,53 @@ class Chaos:
         while not self.done.is_set() and self.tally.of("operator") < self.quota["operator"]:
             if self.done.wait(rng.uniform(*RANDOM_KILL_AFTER) / 3) or self.calm.is_set():
                 continue
+            with self.operator_lock:
+                process = self.operator.process
+                assert process is not None
+                if process.poll() is not None:
+                    self._revived(process.returncode)
+                    continue
+                process.send_signal(signal.SIGKILL)
+                code = process.wait(30)
+                if code == -signal.SIGKILL:
+                    self.tally.kill("operator", RANDOM)
+                else:
+                    self.errors.append(f"the operator exited {code} before its SIGKILL")
+                self.operator.start()
+
+    def revive_operator(self) -> None:
+        """Start the operator again if it exited on its own (what its Deployment does)."""
+        with self.operator_lock:
             process = self.operator.process
-            assert process is not None
-            process.send_signal(signal.SIGKILL)
-            code = process.wait(30)
-            if code == -signal.SIGKILL:
-                self.tally.kill("operator", RANDOM)
-            else:
-                self.errors.append(f"the operator exited {code} before its SIGKILL")
-            self.operator.start()
+            if process is not None and process.poll() is not None:
+                self._revived(process.returncode)
+
+    def _revived(self, code: int) -> None:
+        if code == EXIT_LEADERSHIP_LOST:  # by design after an API server outage longer than its Lease
+            self.operator_exits += 1
+            self.note("the operator lost its leader Lease in an outage and exited; starting it again")
+        else:
+            self.errors.append(f"the operator exited {code} on its own")
+        self.operator.start()
 
     # --- faults ---
 
     def fault(self, name: str, act: Callable[[Fault], None]) -> None:
         self.calm.set()
         try:
-            self.note(f"fault {name}: waiting for a running driver")
-            self.wait_driver_committing()
-            fault = Fault(name, time.monotonic())
-            self.faults.append(fault)
-            act(fault)
-            fault.ended = fault.ended or time.monotonic()
-            self.converge(fault)
+            with self.fault_lock:
+                self._fault(name, act)
         finally:
             self.calm.clear()
+
+    def _fault(self, name: str, act: Callable[[Fault], None]) -> None:
+        self.note(f"fault {name}: waiting for a running driver")
+        self.wait_driver_committing()
+        fault = Fault(name, time.monotonic())
+        self.faults.append(fault)
+        act(fault)
+        fault.ended = fault.ended or time.monotonic()
+        self.converge(fault)
 
     def is_running(self, container: Container) -> bool:
         return any(c.cid == container.cid for c in self.pods.running())
@@ -716,10 +753,13 @@ class Chaos:
         return driver
 
     def broker_restart(self, fault: Fault) -> None:
-        self.kafka.stop()
+        node = self.kafka.leader_of(TOPIC, 0)
+        self.kafka.node(node).stop()
         time.sleep(5)
-        self.kafka.start()
-        fault.note = "stopped and started on the same ports and data, 5 s down"
+        self.kafka.heal((TOPIC, DLQ_TOPIC))
+        fault.note = (
+            f"node {node} (leader of partition 0) stopped cleanly, 5 s down, restarted, in sync again"
+        )
 
     def catalog_outage(self, fault: Fault) -> None:
         self.catalog_server.stop()
@@ -866,7 +906,7 @@ class Audit:
         return True
 
 
-def topic_records(kafka: KafkaBroker, high: dict[int, int]) -> dict[tuple[int, int], bytes | None]:
+def topic_records(kafka: KafkaCluster, high: dict[int, int]) -> dict[tuple[int, int], bytes | None]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "chaos-audit",
@@ -895,7 +935,7 @@ def _same(column: str, got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
-def audit(kafka: KafkaBroker, catalog: CatalogConfig) -> Audit:
+def audit(kafka: KafkaCluster, catalog: CatalogConfig) -> Audit:
     high = {p: o for p, o in _watermarks(kafka).items()}
     records = topic_records(kafka, high)
     iceberg = catalog.pyiceberg()
@@ -936,7 +976,7 @@ def audit(kafka: KafkaBroker, catalog: CatalogConfig) -> Audit:
     return result
 
 
-def _watermarks(kafka: KafkaBroker) -> dict[int, int]:
+def _watermarks(kafka: KafkaCluster) -> dict[int, int]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "chaos-audit-high",
@@ -953,9 +993,10 @@ def _watermarks(kafka: KafkaBroker) -> dict[int, int]:
 # --- the run --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(3600 + KILLS * 150)
+@pytest.mark.timeout(3600 + KILLS * 150 + INFRA_FAULTS * 120)
 def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
-    kafka: KafkaBroker,
+    kafka_cluster: KafkaCluster,
+    postgres: PostgresServer,
     cluster: LocalCluster,
     node: NodeView,
     store: ObjectStore,
@@ -967,6 +1008,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     workdir = tmp_path_factory.mktemp("chaos")
+    kafka = kafka_cluster  # three nodes: a broker's SIGKILL is a fault the cluster survives
     kafka.create_topic(TOPIC, partitions=PARTITIONS)
     kafka.create_topic(DLQ_TOPIC, partitions=1)
     s3 = store.properties()
@@ -999,6 +1041,12 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         kafka=kafka, store=store, catalog_server=rest_catalog, catalog=catalog, cluster=cluster, pods=pods,
         kubectl=kubectl, operator=operator, rest=rest, namespace=e2e_namespace, workdir=workdir,
     )  # fmt: skip
+    chaos.infra = infra = InfraFaults(
+        Services(kafka=kafka, postgres=postgres, store=store, catalog=rest_catalog, kube=cluster.api),
+        count=INFRA_FAULTS, seed=SEED, topics=(TOPIC, DLQ_TOPIC), partitions=PARTITIONS, high=chaos.high,
+        caught_up_with=chaos.caught_up_with, revive_operator=chaos.revive_operator, lock=chaos.fault_lock,
+        calm=chaos.calm, done=chaos.done, note=chaos.note,
+    )  # fmt: skip
     outcome: Audit | None = None
     verify = "not run"
     failure: BaseException | None = None
@@ -1023,6 +1071,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
             threading.Thread(target=chaos.pod_killer, args=("driver",), name="kill-driver", daemon=True),
             threading.Thread(target=chaos.pod_killer, args=("compaction",), name="kill-compact", daemon=True),
             threading.Thread(target=chaos.operator_killer, name="kill-operator", daemon=True),
+            threading.Thread(target=infra.loop, name="infra-faults", daemon=True),
         ]
         for thread in killers:
             thread.start()
@@ -1039,7 +1088,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         while any(t.is_alive() for t in killers) or faults:
             time.sleep(1)
             chaos.count_exits()
-            assert not chaos.errors, chaos.errors
+            assert not chaos.errors and not infra.errors, chaos.errors + infra.errors
             if faults and (chaos.tally.total() >= due[0] or not any(t.is_alive() for t in killers)):
                 name, act = faults.pop(0)
                 due.pop(0)
@@ -1072,6 +1121,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
                 write_report(chaos, outcome, verify, failure)
     assert outcome.duplicates == outcome.missing == outcome.wrong == 0, outcome.examples
     assert chaos.tally.total() >= KILLS
+    assert len(infra.faults) >= INFRA_FAULTS
 
 
 def run_verify(manifest: Path, variables: dict[str, str], workdir: Path) -> str:
@@ -1149,14 +1199,22 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
         "",
         "Converged: the table committed every record that was in the topic when the fault ended.",
         "",
+    ]
+    if chaos.infra is not None:
+        lines += chaos.infra.report({c: tally.by_component[c] for c in SHARES})
+        exits = chaos.operator_exits
+        lines.append(f"The operator exited on its own {exits} times (its leader Lease ran out in an API "
+                     "server outage) and was started again, as its Deployment would.")  # fmt: skip
+        lines.append("")
+    lines += [
         "## Records produced, by kind",
         "",
         ", ".join(f"{kind} {n}" for kind, n in sorted(chaos.kinds.items())),
         "",
         "## Not covered",
         "",
-        "Kills of Kafka, the API server, the kubelet, containerd, PostgreSQL or MinIO themselves (only the "
-        "outages above); the operator has no failpoints, so its kills are all at random moments; "
+        "Kills of the kubelet and containerd; disk, memory, network and clock faults; "
+        "the operator has no failpoints, so its kills are all at random moments; "
         "orphan-file deletion (its safety window is at least an hour), so `main.before-orphan-delete` is "
         "never reached; the dead-letter topic is not audited (at-least-once by design); NaN/Infinity, lone "
         "surrogates, nested structs and maps, and decimal rounding are not in the data (see "

@@ -26,6 +26,7 @@ import sqlalchemy.exc
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from icefall.api import SchemaRegistry
+from icefall.commit.kube_lease import KubeAPIUnavailableError, LeaseAPIError
 from icefall.ingest.outages import Outages, classify, log_failure, service_addresses
 from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError
 from icefall.kafka.registry import RegistryError, RegistryUnavailableError, registry_failure
@@ -117,6 +118,21 @@ PG_REFUSED = (
             "catalog",
         ),
         (_raised_from(ValueError("wrapped"), KafkaUnavailableError("cannot reach Kafka at x")), "kafka"),
+        (
+            KubeAPIUnavailableError(
+                "https://127.0.0.1:6443 (Lease ns/icefall-x-commit): HTTPSConnection(host='127.0.0.1', "
+                "port=6443): Failed to establish a new connection: [Errno 111] Connection refused",
+                None,
+            ),
+            "kube_apiserver",
+        ),
+        (
+            _raised_from(
+                ValueError("renewing"),
+                KubeAPIUnavailableError("https://x (Lease ns/l): 504 Gateway Timeout: etcd timed out", 504),
+            ),
+            "kube_apiserver",
+        ),
     ],
 )
 def test_what_stopped_servers_raise_is_an_outage_of_that_service(error: BaseException, service: str) -> None:
@@ -133,6 +149,7 @@ def test_what_stopped_servers_raise_is_an_outage_of_that_service(error: BaseExce
         sqlalchemy.exc.OperationalError("SELECT 1", {}, sqlite3.OperationalError("no such table: iceberg")),
         ValueError("a bug"),
         OSError("No such file or directory: '/nope'"),
+        LeaseAPIError("not allowed to update Lease ns/l: the service account needs get/update", 403),
     ],
 )
 def test_real_failures_are_not_outages(error: BaseException) -> None:

@@ -305,7 +305,8 @@ class WriterReport(StatusModel):
         default=None,
         max_length=32,
         description=(
-            "A service the driver cannot reach and is waiting out (kafka, catalog, object_store, registry); "
+            "A service the driver cannot reach and is waiting out (kafka, catalog, object_store, registry, "
+            "kube_apiserver); "
             "unset when it reaches them all."
         ),
     )

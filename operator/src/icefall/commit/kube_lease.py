@@ -27,7 +27,10 @@ with a huge duration cannot keep it held. As with every lease, a paused holder c
 epoch in the table is what fences it.
 
 Any other API error is raised as `LeaseAPIError` with what to fix (403: the RBAC rule the identity lacks).
-Network errors from the client propagate unchanged.
+The API server out of reach (no connection, a request timed out, or 429/500/502/503/504: etcd down behind
+it) is `KubeAPIUnavailableError`, which names the server: an outage to wait out
+(`icefall.ingest.outages.classify`), never a verdict on who holds the lease; the hold is judged again from
+the next record read, so nothing is assumed about a write whose answer was lost.
 
 Requests are sent as JSON built here, not through the client's typed models: kubernetes-client 37 serialises
 a datetime with `isoformat()`, which drops the fraction at whole seconds, and the API server refuses
@@ -43,6 +46,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from icefall.commit.lease import LeaseError, StoredLease
 from icefall.plan.leases import COMMIT_LEASE_SECONDS, LeaseRecord
@@ -54,6 +58,8 @@ _OBJECT = _COLLECTION + "/{name}"
 _MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # RFC3339 with exactly six fraction digits, as MicroTime requires
 
 _Object = dict[str, Any]
+#: Answers that mean "the API server (or the etcd behind it) cannot serve now", not "no".
+_UNAVAILABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 class LeaseAPIError(LeaseError):
@@ -62,6 +68,10 @@ class LeaseAPIError(LeaseError):
     def __init__(self, message: str, status: int | None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class KubeAPIUnavailableError(LeaseAPIError):
+    """The API server did not answer, or answered that it cannot serve now (etcd unreachable behind it)."""
 
 
 class KubernetesLease(StoredLease[_Object | None]):
@@ -180,12 +190,27 @@ class KubernetesLease(StoredLease[_Object | None]):
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self._api.call_api(*request, _request_timeout=self._request_timeout)
-        response.read()  # type: ignore[no-untyped-call]
+        try:
+            response = self._api.call_api(*request, _request_timeout=self._request_timeout)
+            response.read()  # type: ignore[no-untyped-call]
+        except TransportError as e:
+            raise self._unavailable(_reason(e), None) from e
+        except ApiException as e:
+            # The client's own: status 0 for a TLS handshake cut off, or a Retry-After answer it gave up on.
+            if e.status in (0, *_UNAVAILABLE_STATUSES):
+                raise self._unavailable(f"{e.status} {e.reason}", e.status or None) from e
+            raise
+        if response.status in _UNAVAILABLE_STATUSES:
+            error = ApiException(http_resp=response)
+            raise self._unavailable(f"{error.status} {error.reason}: {_message(error)}", error.status)
         if not 200 <= response.status <= 299:
             raise ApiException(http_resp=response)
         result: _Object = json.loads(response.data or b"{}")
         return result
+
+    def _unavailable(self, said: str, status: int | None) -> KubeAPIUnavailableError:
+        where = self._api.configuration.host
+        return KubeAPIUnavailableError(f"{where} (Lease {self._label()}): {said}", status)
 
     def _error(self, e: ApiException, verb: str) -> LeaseAPIError:
         said = _message(e)
@@ -222,6 +247,11 @@ def _seconds(micro_time: object) -> float | None:
     except ValueError:
         return None
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+def _reason(e: TransportError) -> str:
+    """urllib3's words without its retry wrapper: the underlying cause of a MaxRetryError."""
+    return str(getattr(e, "reason", None) or e)
 
 
 def _message(e: ApiException) -> str:

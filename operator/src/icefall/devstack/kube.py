@@ -5,7 +5,9 @@ real, but Pods never start. `KubeControllerManager` adds the real kube-controlle
 same Kubernetes version) with a chosen set of controllers, for tests where Deployments must become Pods.
 Authentication is a static token file; `admin_token` is in `system:masters`, and extra users can be given
 for least-privilege tests. The serving certificate is self-signed by the API server into `certs/`, and the
-kubeconfig trusts exactly that certificate.
+kubeconfig trusts exactly that certificate. For fault tests, `kill_apiserver` / `kill_etcd` SIGKILL one of the
+two and `restart_apiserver` / `restart_etcd` start it again on the same ports, certificate, tokens and data,
+so clients holding the kubeconfig carry on.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class KubeAPIServer:
         self.user_tokens = {name: secrets.token_hex(16) for name in users or {}}
         self._user_groups = dict(users or {})
         self.port = 0
+        self._etcd_ports: tuple[int, int] | None = None  # client, peer: kept for a restart
         self._etcd: ManagedProcess | None = None
         self._apiserver: ManagedProcess | None = None
 
@@ -57,13 +60,16 @@ class KubeAPIServer:
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         (self.workdir / "certs").mkdir(parents=True)
+        self.port, self._etcd_ports = 0, None  # a fresh folder: fresh keys and ports
         self._start_etcd(timeout)
         self._start_apiserver(timeout)
         self.write_kubeconfig(self.kubeconfig, self.admin_token, "admin")
         return self
 
     def _start_etcd(self, timeout: float) -> None:
-        client, peer = free_port(), free_port()
+        if self._etcd_ports is None:
+            self._etcd_ports = free_port(), free_port()
+        client, peer = self._etcd_ports
         etcd = str(tool_dir("ICEFALL_ETCD_BIN") / "etcd")
         self.etcd_url = f"http://127.0.0.1:{client}"
         self._etcd = ManagedProcess(
@@ -83,19 +89,8 @@ class KubeAPIServer:
     def _start_apiserver(self, timeout: float) -> None:
         certs = self.workdir / "certs"
         sa_key = certs / "sa.key"
-        run_checked(
-            ["openssl", "genrsa", "-out", str(sa_key), "2048"], self.workdir / "openssl.log", "openssl genrsa"
-        )
-        run_checked(
-            ["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(certs / "sa.pub")],
-            self.workdir / "openssl.log",
-            "openssl rsa -pubout",
-        )
-        tokens = [f'{self.admin_token},admin,admin,"system:masters"']
-        for name, token in self.user_tokens.items():
-            tokens.append(f'{token},{name},{name},"{self._user_groups[name]}"')
-        (self.workdir / "tokens.csv").write_text("\n".join(tokens) + "\n")
-        self.port = free_port()
+        if self.port == 0:
+            self._prepare_apiserver(certs, sa_key)
         apiserver = str(tool_dir("ICEFALL_KUBE_BIN") / "kube-apiserver")
         self._apiserver = ManagedProcess(
             "kube-apiserver",
@@ -115,6 +110,22 @@ class KubeAPIServer:
             self.workdir / "kube-apiserver.log",
         ).start()  # fmt: skip
         self._apiserver.wait_ready(self._ready, timeout, "ready (/readyz)")
+
+    def _prepare_apiserver(self, certs: Path, sa_key: Path) -> None:
+        """The first start's keys, token file and port (a restart keeps them, and its serving certificate)."""
+        run_checked(
+            ["openssl", "genrsa", "-out", str(sa_key), "2048"], self.workdir / "openssl.log", "openssl genrsa"
+        )
+        run_checked(
+            ["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(certs / "sa.pub")],
+            self.workdir / "openssl.log",
+            "openssl rsa -pubout",
+        )
+        tokens = [f'{self.admin_token},admin,admin,"system:masters"']
+        for name, token in self.user_tokens.items():
+            tokens.append(f'{token},{name},{name},"{self._user_groups[name]}"')
+        (self.workdir / "tokens.csv").write_text("\n".join(tokens) + "\n")
+        self.port = free_port()
 
     def _ready(self) -> bool:
         if not self.ca_file.exists():
@@ -147,6 +158,39 @@ current-context: {user}@icefall-test
             if proc is not None:
                 proc.stop()
         self._apiserver = self._etcd = None
+
+    # -- faults: each process SIGKILLed and started again on its port, with its data (fault tests) ---------
+
+    def kill_apiserver(self) -> None:
+        """SIGKILL kube-apiserver (a crash: no graceful shutdown); etcd and its data stay."""
+        if self._apiserver is not None:
+            self._apiserver.kill()
+            self._apiserver = None
+
+    def restart_apiserver(self, timeout: float = 120) -> None:
+        """Start kube-apiserver again on the same port, certificate and tokens (clients keep working)."""
+        if self._apiserver is not None:
+            raise RuntimeError("kube-apiserver is already running")
+        self._start_apiserver(timeout)
+
+    def kill_etcd(self) -> None:
+        """SIGKILL etcd (a crash); its data folder stays, kube-apiserver keeps running without it."""
+        if self._etcd is not None:
+            self._etcd.kill()
+            self._etcd = None
+
+    def restart_etcd(self, timeout: float = 60) -> None:
+        """Start etcd again on the same ports with its data; kube-apiserver reconnects by itself."""
+        if self._etcd is not None:
+            raise RuntimeError("etcd is already running")
+        self._start_etcd(timeout)
+
+    def ready(self) -> bool:
+        """kube-apiserver answers /readyz (which needs etcd)."""
+        try:
+            return self._apiserver is not None and self._ready()
+        except OSError:
+            return False
 
 
 #: Deployments become ReplicaSets and Pods, owner references are honoured, namespaces get their "default"

@@ -1,10 +1,12 @@
 """The commit side of a writer: the commit lease and its keeper thread, the epoch, the staging branch, and
 the commit of a written batch, here or on the commit thread while the next batch is written on top of it.
 
-Guarantees: nothing is committed without first checking, at that moment, that this writer still holds its
-lease (FencedError otherwise); every commit is `icefall.commit`'s compare-and-swap with the epoch this
-writer claimed in the tables, so a stale writer is refused even when its lease backend failed to notice;
-a staging branch whose batch did not land is dropped (or swept later). At most one commit is in flight.
+Guarantees: nothing is committed without first renewing the lease, at that moment (FencedError when it
+was lost; the API server's outage when the lease store cannot be reached, waited out like any other), so
+a writer cut off from its lease store stops committing while the lease it last renewed still runs; every
+commit is `icefall.commit`'s compare-and-swap with the epoch this writer claimed in the tables, so a stale
+writer is refused even when its lease backend failed to notice; a staging branch whose batch did not land
+is dropped (or swept later). At most one commit is in flight.
 Not decided here: whether a batch is pipelined, and what becomes of the batch on top of a commit that was
 re-staged or refused (`icefall.plan.pipelining`).
 """
@@ -37,7 +39,7 @@ from icefall.commit import (
     staged_on,
 )
 from icefall.commit.lease import Lease, LeaseLostError
-from icefall.ingest.outages import classify
+from icefall.ingest.outages import classify, log_failure
 from icefall.ingest.outcome import Landed
 from icefall.runtime import metrics
 from icefall.runtime.failpoints import failpoint
@@ -70,13 +72,20 @@ class LeaseKeeper:
         self._thread.start()
 
     def _loop(self) -> None:
+        failing = 0
         while not self._stop.wait(self._interval()):
             try:
                 self.renew()
             except LeaseLostError:
                 return
-            except Exception:  # a flaky API server: try again at the next tick, the lease has slack
-                log.warning("renewing the commit lease failed; retrying", exc_info=True)
+            except Exception as error:  # a flaky API server: try again at the next tick, the lease has slack
+                failing += 1
+                if failing == 1:  # once per outage: the batch loop logs each of its own attempts
+                    log_failure(log, error, "renewing the commit lease failed; retrying")
+                continue
+            if failing:
+                log.info("renewed the commit lease again after %d failed attempts", failing)
+                failing = 0
 
     def _interval(self) -> float:
         expires = self.lease.expires_at

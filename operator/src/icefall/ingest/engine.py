@@ -35,7 +35,7 @@ from icefall.commit.lease import Lease
 from icefall.ingest.batches import Batches
 from icefall.ingest.commits import CommitPipeline, LeaseKeeper
 from icefall.ingest.dead_letters import DeadLetters
-from icefall.ingest.outages import Outages, service_addresses, sleep_unless
+from icefall.ingest.outages import Outages, log_failure, service_addresses, sleep_unless
 from icefall.ingest.planning import DataLossHaltedError, Planner, SourceChangedError
 from icefall.ingest.report import BatchReport, Reporter
 from icefall.ingest.writer import SPARK_CONSUMER_DEFAULTS, BatchWriter, read_kafka
@@ -318,8 +318,8 @@ def wait_for_rewrite(yield_to: Lease, label: str, should_stop: Callable[[], bool
                 )
                 break
             time.sleep(0.25)
-    except Exception:  # the lease store did not answer: ingestion does not depend on it
-        log.warning("%s: reading the yield lease failed; going on", label, exc_info=True)
+    except Exception as error:  # the lease store did not answer: the commit's own lease check decides
+        log_failure(log, error, "%s: reading the yield lease failed; going on", label)
     if waited:
         seconds = time.monotonic() - started
         metrics.INGEST_YIELD_SECONDS.labels(label).inc(seconds)

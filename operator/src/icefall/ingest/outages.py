@@ -22,6 +22,9 @@ those clients' exception names and were not seen yet: the Python clients meet an
   "Azure Error: [] Fail to get a new connection" (seen with Azurite stopped) and from Spark the AWS SDK's
   `SdkClientException` ("Unable to execute HTTP request"); Iceberg Java's GCSFileIO and ADLSFileIO errors
   are not classified yet (a GCS or Azure outage seen first by Spark is raised);
+- the Kubernetes API server (a driver's commit Lease): `KubeAPIUnavailableError` from
+  `icefall.commit.kube_lease` (no connection, a timeout, 429/5xx: etcd down behind it), seen with the real
+  kube-apiserver and etcd SIGKILLed (tests/integration/test_kube_apiserver_kills.py);
 - the schema registry: `RegistryUnavailableError` from `icefall.kafka.registry` (not reached, timed out,
   408/429/5xx), seen with the real registry stopped (tests/integration/test_registry.py); a registry
   that refuses the credentials or lacks the subject (`RegistryError`) is a configuration error, raised.
@@ -187,6 +190,7 @@ def _configuration_error(link: BaseException) -> bool:
 
 def _client_outage(link: BaseException) -> Unavailable | None:
     """The outage a Python client's exception `link` says (its type and text), if any."""
+    from icefall.commit.kube_lease import KubeAPIUnavailableError
     from icefall.kafka.admin import KafkaUnavailableError
     from icefall.kafka.registry import RegistryUnavailableError
 
@@ -197,6 +201,8 @@ def _client_outage(link: BaseException) -> Unavailable | None:
         if text.startswith("cannot reach Kafka") and ": " in text:
             text = text.split(": ", 1)[1]
         return Unavailable(Service.KAFKA, _one_line(text))
+    if isinstance(link, KubeAPIUnavailableError):
+        return Unavailable(Service.KUBE_APISERVER, _one_line(str(link)))
     if isinstance(link, RegistryUnavailableError):
         # Its text starts with "schema registry <url>: ", as the outage line does: keep the rest.
         return Unavailable(Service.REGISTRY, _one_line(str(link).split(": ", 1)[-1]))

@@ -26,6 +26,9 @@ class Service(StrEnum):
     CATALOG = "catalog"
     OBJECT_STORE = "object_store"
     REGISTRY = "registry"  # the schema registry of spec.format.registry
+    # The Kubernetes API server a driver keeps its commit Lease in (and etcd behind it): no commit without
+    # renewing the Lease, so its outage pauses ingestion like the others.
+    KUBE_APISERVER = "kube_apiserver"
 
     @property
     def display_name(self) -> str:
@@ -34,6 +37,7 @@ class Service(StrEnum):
             "catalog": "the catalog",
             "object_store": "the object store",
             "registry": "the schema registry",
+            "kube_apiserver": "the Kubernetes API server",
         }[self.value]
 
 

@@ -144,6 +144,9 @@ _WAITED_OUT = {
     "kafka": (ConditionReason.KAFKA_UNAVAILABLE, "Kafka"),
     "catalog": (ConditionReason.CATALOG_UNAVAILABLE, "the catalog"),
     "object_store": (ConditionReason.CATALOG_UNAVAILABLE, "the object store"),
+    # The commit Lease cannot be renewed: no commit until it can. Seen once the server answers again and
+    # the driver is still in its backoff (while it is down, no report gets through).
+    "kube_apiserver": (ConditionReason.WAITING_FOR_LEASE, "the Kubernetes API server (its commit Lease)"),
 }
 
 

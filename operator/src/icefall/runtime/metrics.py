@@ -150,15 +150,16 @@ DATA_LOSS = Counter(
 )
 OUTAGES = Counter(
     "icefall_ingest_outages_total",
-    "Outages of a service ingestion needs (service: kafka, catalog, object_store, registry), counted when "
-    "the first attempt fails; ingestion waits them out with capped exponential backoff and resumes by "
-    "itself.",
+    "Outages of a service ingestion needs (service: kafka, catalog, object_store, registry, "
+    "kube_apiserver), counted when the first attempt fails; ingestion waits them out with capped "
+    "exponential backoff and resumes by itself.",
     ["table", "service"],
     registry=REGISTRY,
 )
 UNAVAILABLE = Gauge(
     "icefall_ingest_unavailable",
-    "1 while ingestion cannot reach the service (kafka, catalog, object_store, registry), else 0.",
+    "1 while ingestion cannot reach the service (kafka, catalog, object_store, registry, kube_apiserver), "
+    "else 0.",
     ["table", "service"],
     registry=REGISTRY,
 )

@@ -1,0 +1,180 @@
+"""`make chaos`'s infrastructure faults: the services around Icefall SIGKILLed at random moments, restarted.
+
+`InfraFaults.loop` (a thread of the run) makes `count` of them, one at a time, at random moments
+(`EVERY` apart) while the kills of Icefall's own processes go on; each draws a kind (`KINDS`): a Kafka
+broker (the leader of a random partition of the three-node cluster), PostgreSQL (the REST catalog's
+database), the object store (MinIO), the REST catalog server, and kube-apiserver or etcd of the e2e
+cluster. The service gets SIGKILL (no clean shutdown), stays down `DOWN` seconds, and is started again on
+its ports with its data. Its recovery: from that restart until the table has committed every record that
+was in the topic then. `infra_count(kills)` faults make at least a third of all faults (kills + these).
+
+The operator exits by design when it could not renew its leader Lease before it ran out (an API server or
+etcd down longer than the Lease, `controller.leader`); `revive_operator` (the run's) starts it again, as its
+Deployment would, and the run counts it. A measured fault of the run (`Chaos.fault`) and an infrastructure
+fault never overlap (`lock`); none is made while the run is calm for one.
+
+Not guaranteed: a service that does not come back (its restart fails) ends the run's loop with an error;
+the recovery includes whatever kill of Icefall's own processes happened meanwhile (they go on).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from icefall.devstack.kafka_cluster import KafkaCluster
+from icefall.devstack.kube import KubeAPIServer
+from icefall.devstack.objectstore import ObjectStore
+from icefall.devstack.postgres import PostgresServer
+from icefall.devstack.rest_catalog import RESTCatalogServer
+
+KINDS = ("Kafka broker", "PostgreSQL", "object store", "REST catalog", "kube-apiserver", "etcd")
+#: Seconds between the end of one infrastructure fault's recovery and the next fault.
+EVERY = (5.0, 40.0)
+#: Seconds a killed service stays down before its restart (the restart itself takes more).
+DOWN = (1.0, 10.0)
+RECOVER_TIMEOUT = 900.0
+INFRA_SHARE = 1 / 3
+
+
+def infra_count(kills: int) -> int:
+    """How many infrastructure faults make at least `INFRA_SHARE` of `kills` + them."""
+    return math.ceil(kills * INFRA_SHARE / (1 - INFRA_SHARE))
+
+
+@dataclass
+class InfraFault:
+    kind: str
+    down_seconds: float  # from the SIGKILL until the service answered again
+    recovered_after: float | None = None  # from its restart until the table caught up
+    note: str = ""
+
+
+@dataclass
+class Services:
+    """The services the faults kill: this run's own, or the e2e cluster's (kube-apiserver, etcd)."""
+
+    kafka: KafkaCluster
+    postgres: PostgresServer
+    store: ObjectStore
+    catalog: RESTCatalogServer
+    kube: KubeAPIServer
+
+
+class InfraFaults:
+    """The run's infrastructure faults (module doc); `faults` as they were made, `errors` what went wrong."""
+
+    def __init__(
+        self,
+        services: Services,
+        *,
+        count: int,
+        seed: int,
+        topics: tuple[str, ...],
+        partitions: int,
+        high: Callable[[], dict[int, int]],
+        caught_up_with: Callable[[dict[int, int]], bool],
+        revive_operator: Callable[[], None],
+        lock: threading.Lock,
+        calm: threading.Event,
+        done: threading.Event,
+        note: Callable[[str], None],
+    ) -> None:
+        self.services, self.count, self.topics, self.partitions = services, count, topics, partitions
+        self.rng = random.Random(f"{seed}-infra")
+        self.high, self.caught_up_with, self.revive_operator = high, caught_up_with, revive_operator
+        self.lock, self.calm, self.done, self.note = lock, calm, done, note
+        self.faults: list[InfraFault] = []
+        self.errors: list[str] = []
+
+    def loop(self) -> None:
+        while not self.done.is_set() and len(self.faults) < self.count and not self.errors:
+            if self.done.wait(self.rng.uniform(*EVERY)) or self.calm.is_set():
+                continue
+            with self.lock:
+                try:
+                    self.one(self.rng.choice(KINDS))
+                except Exception as error:  # a service that did not come back: the run fails, says why
+                    self.errors.append(f"infrastructure fault: {type(error).__name__}: {error}"[:2000])
+
+    def one(self, kind: str) -> None:
+        started = time.monotonic()
+        note = self._kill_and_restart(kind, self.rng.uniform(*DOWN))
+        back = time.monotonic()
+        fault = InfraFault(kind, back - started, note=note)
+        self.faults.append(fault)
+        self.revive_operator()
+        high = self.high()
+        deadline = back + RECOVER_TIMEOUT
+        while not self.caught_up_with(high):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{kind}: not recovered {RECOVER_TIMEOUT:.0f} s after its restart")
+            time.sleep(1)
+            self.revive_operator()
+        fault.recovered_after = time.monotonic() - back
+        self.note(f"infrastructure fault {len(self.faults)}/{self.count}: {kind} ({note}); "
+                  f"recovered {fault.recovered_after:.0f} s after its restart")  # fmt: skip
+
+    def _kill_and_restart(self, kind: str, down: float) -> str:
+        """SIGKILL the service of `kind`, wait `down` s, start it again; what happened, in a few words."""
+        s = self.services
+        if kind == "Kafka broker":
+            node = s.kafka.leader_of(self.topics[0], self.rng.randrange(self.partitions))
+            s.kafka.kill(node)
+            time.sleep(down)
+            s.kafka.heal(self.topics)
+            return f"node {node}, a partition leader; replicas in sync again"
+        kill, start = {
+            "PostgreSQL": (s.postgres.kill, s.postgres.start),
+            "object store": (s.store.kill, s.store.start),
+            "REST catalog": (s.catalog.kill, s.catalog.start),
+            "kube-apiserver": (s.kube.kill_apiserver, s.kube.restart_apiserver),
+            "etcd": (s.kube.kill_etcd, s.kube.restart_etcd),
+        }[kind]
+        kill()
+        time.sleep(down)
+        start()
+        return f"down {down:.0f} s before its restart"
+
+    def report(self, kills: Mapping[str, int]) -> list[str]:
+        """The report's "Faults by kind" section: Icefall's own kills (`kills` per component) and these."""
+        infra = len(self.faults)
+        total = sum(kills.values()) + infra
+        lines = [
+            "## Faults by kind",
+            "",
+            f"{total} faults: {sum(kills.values())} kills of Icefall's own processes, {infra} of the "
+            f"infrastructure ({infra / max(total, 1):.0%}; asked: {self.count}, at least a third).",
+            "Recovery of an infrastructure fault: from the service's restart until the table committed "
+            "every record that was in the topic then.",
+            "",
+            "| kind | faults | recovery p50 | recovery p99 | max |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        lines += [f"| kill: {component} | {n} | | | |" for component, n in kills.items()]
+        for kind in KINDS:
+            made = [f for f in self.faults if f.kind == kind]
+            times = sorted(f.recovered_after for f in made if f.recovered_after is not None)
+            if made:
+                p50, p99, most = (
+                    percentile(times, 50),
+                    percentile(times, 99),
+                    seconds(max(times, default=None)),
+                )
+                lines.append(f"| SIGKILL: {kind} | {len(made)} | {p50} | {p99} | {most} |")
+        return [*lines, ""]
+
+
+def percentile(ordered: list[float], p: float) -> str:
+    """The nearest-rank percentile `p` of `ordered`, in seconds ("-" when empty)."""
+    if not ordered:
+        return "-"
+    return seconds(ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)])
+
+
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} s"
