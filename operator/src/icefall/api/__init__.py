@@ -43,6 +43,7 @@ from icefall.api.source import (
     StartingPosition,
     StartingPositionType,
 )
+from icefall.api.routes import UNROUTED_REASON, Route, RouteTable, Unrouted
 from icefall.api.spark import SparkSpec
 from icefall.api.spark_schema import to_spark_ddl, to_spark_schema_json, to_spark_schema_string
 from icefall.api.spec import (
@@ -90,6 +91,10 @@ from icefall.api.table import (
 )
 
 __all__ = [
+    "UNROUTED_REASON",
+    "Route",
+    "RouteTable",
+    "Unrouted",
     "API_VERSION",
     "GROUP",
     "KIND",
