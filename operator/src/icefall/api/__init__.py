@@ -26,6 +26,7 @@ from icefall.api.pods import (
     VolumeMount,
     parse_quantity,
 )
+from icefall.api.routes import UNROUTED_REASON, Route, RouteTable, Unrouted
 from icefall.api.schema import (
     MAX_NESTING_DEPTH,
     ParsedType,
@@ -43,7 +44,6 @@ from icefall.api.source import (
     StartingPosition,
     StartingPositionType,
 )
-from icefall.api.routes import UNROUTED_REASON, Route, RouteTable, Unrouted
 from icefall.api.spark import SparkSpec
 from icefall.api.spark_schema import to_spark_ddl, to_spark_schema_json, to_spark_schema_string
 from icefall.api.spec import (
@@ -91,10 +91,6 @@ from icefall.api.table import (
 )
 
 __all__ = [
-    "UNROUTED_REASON",
-    "Route",
-    "RouteTable",
-    "Unrouted",
     "API_VERSION",
     "GROUP",
     "KIND",
@@ -103,6 +99,7 @@ __all__ = [
     "REASONS_BY_TYPE",
     "SHORT_NAMES",
     "SINGULAR",
+    "UNROUTED_REASON",
     "VERSION",
     "BatchSpec",
     "CatalogSpec",
@@ -133,6 +130,8 @@ __all__ = [
     "PodTemplates",
     "Problem",
     "ResourceRequirements",
+    "Route",
+    "RouteTable",
     "SaslMechanism",
     "SchemaField",
     "SchemaRegistry",
@@ -155,6 +154,7 @@ __all__ = [
     "TransformName",
     "Transforms",
     "TypeSpec",
+    "Unrouted",
     "Volume",
     "VolumeMount",
     "WriterReport",

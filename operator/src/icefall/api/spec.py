@@ -340,7 +340,9 @@ def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         return []
     problems: list[tuple[Loc, str]] = []
     if spec.mode is not TableMode.APPEND:
-        problems.append((("routes",), f"routes need mode append (not {spec.mode.value}) for now; remove them"))
+        problems.append(
+            (("routes",), f"routes need mode append (not {spec.mode.value}) for now; remove them")
+        )
     if spec.source.by_topic:
         problems.append((("routes",), "routes read one topic for now: use source.topic, or remove routes"))
     if spec.format.type is not FormatType.JSON:
@@ -356,7 +358,9 @@ def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
             table = route.table
             problems.extend(
                 (("routes", i, "table", *loc), message)
-                for loc, message in layout_problems(spec.format.schema_fields, table.partitioning, table.sort_order)
+                for loc, message in layout_problems(
+                    spec.format.schema_fields, table.partitioning, table.sort_order
+                )
             )
     return problems
 
