@@ -187,10 +187,16 @@ class Routing:
             held = held_of(stage.base, part.topic).offsets
             take = destination_take(part.start, part.end, part.gaps, held, name=self.labels[i])
             if take is None:
-                log.info(
-                    "%s: holds the whole batch already (committed before a crash); skipped", self.labels[i]
+                log.warning(
+                    "%s: holds the whole batch already (a crash between commits); skipped", self.labels[i]
                 )
                 continue
+            if take.skip_below:
+                log.warning(
+                    "%s: ahead of the table (a crash between commits); takes from %s",
+                    self.labels[i],
+                    take.start,
+                )
             target = self._spark_name(self.identifiers[i], branch)
             sorted_table = bool(self.spec.routes[i].table.sort_order)
             stages.append(RouteStage(i, self.labels[i], table, stage, take, target, sorted_table))
