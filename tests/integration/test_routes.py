@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,15 @@ from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.runtime import failpoints
-from icefall.testing.streams import NAMESPACE, drain, manifest_text, produce, started_ingestor, watermarks
+from icefall.testing.streams import (
+    NAMESPACE,
+    drain,
+    kafka_source_frame,
+    manifest_text,
+    produce,
+    started_ingestor,
+    watermarks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -128,7 +137,7 @@ def test_records_split_by_content_into_their_tables_exactly_once(
         drain(ingestor)
         started = ("route.after-create", "route.after-genesis", "route.after-claim", "route.after-prepare")
         assert all(failpoints.hits(point) == 2 for point in started[:3]), failpoints.hit_counts()
-        assert failpoints.hits("route.after-commit") >= 6  # two route tables, three batches at least
+        assert failpoints.hits("route.before-commit") == failpoints.hits("route.after-commit") >= 6
         assert_routed(catalog_config, name, kafka, topic, "Table")
         vip = catalog_config.pyiceberg().load_table((NAMESPACE, f"{name}_vip"))
         assert [f.name for f in vip.spec().fields] == ["id_bucket"]
@@ -148,6 +157,28 @@ def test_records_split_by_content_into_their_tables_exactly_once(
         assert failpoints.hits("route.before-sweep") >= 1  # the branches the last writer left
         drain(ingestor)
     assert_routed(catalog_config, name, kafka, topic, "Table")
+
+
+def test_conditions_see_the_key_the_headers_and_the_topic(spark: SparkSession) -> None:
+    from icefall.ingest.decode import decode
+    from icefall.ingest.routes import ROUTE_COLUMN, Routing
+
+    text = manifest_text("routes_context", "orders", "k:9092")
+    routes = """  routes:
+    - {table: {name: a}, when: "_kafka.headers['trace'] = 't-1'"}
+    - {table: {name: b}, when: "_kafka.key = 'k2' AND _kafka.topic = 'orders' AND _kafka.offset = 2"}
+    - {table: {name: c}, when: "id > 3"}
+"""
+    st = load_manifest(text + routes)
+    value = {"customer": "c", "amount": 1, "ts": "2026-11-22T10:00:00Z"}
+    values = [{"id": i, **value} for i in range(6)]
+    frame = kafka_source_frame(spark, values, produced=datetime.now(UTC))
+    routing = Routing(st, lambda identifier, branch: ".".join((*identifier, branch)))
+    rows = routing.routed(decode(frame, st.spec)).select("offset", ROUTE_COLUMN).collect()
+    assert {r["offset"]: r[ROUTE_COLUMN] for r in rows} == {0: None, 1: 0, 2: 1, 3: None, 4: 2, 5: 2}
+    wrong = load_manifest(text + routes.replace("id > 3", "nope > 3"))
+    with pytest.raises(ValueError, match=r"spec.routes\[2\].when: Spark cannot evaluate 'nope > 3'"):
+        Routing(wrong, routing.spark_name).check(decode(frame.limit(0), st.spec))
 
 
 def test_unrouted_records_are_dead_letters_with_the_reason(

@@ -76,7 +76,7 @@ class Routing:
         self.conditions = [route.when for route in st.spec.routes]
         self.headers = reads_headers(self.conditions)
         self.unrouted = st.spec.unrouted_to
-        self._spark_name = spark_name
+        self.spark_name = spark_name
 
     # -- Spark -----------------------------------------------------------------------------------------
 
@@ -197,7 +197,7 @@ class Routing:
                     self.labels[i],
                     take.start,
                 )
-            target = self._spark_name(self.identifiers[i], branch)
+            target = self.spark_name(self.identifiers[i], branch)
             sorted_table = bool(self.spec.routes[i].table.sort_order)
             stages.append(RouteStage(i, self.labels[i], table, stage, take, target, sorted_table))
         return stages
