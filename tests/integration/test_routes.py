@@ -134,7 +134,8 @@ def test_records_split_by_content_into_their_tables_exactly_once(
     st = load_manifest(routed_manifest(name, topic, kafka))
     failpoints.reset_hits()
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
-        drain(ingestor)
+        reports = drain(ingestor)
+        assert sum(r.records_written for r in reports) == 135  # every table's rows: 150 less 15 malformed
         started = ("route.after-create", "route.after-genesis", "route.after-claim", "route.after-prepare")
         assert all(failpoints.hits(point) == 2 for point in started[:3]), failpoints.hit_counts()
         assert failpoints.hits("route.before-commit") == failpoints.hits("route.after-commit") >= 6

@@ -306,10 +306,10 @@ class Batches:
         """Commit the route tables' parts (if any), the batch's dead letters (if any), then the batch, on
         this thread: the table last, so that every other destination stands at or past its offsets."""
         planned, bad, clock = written.planned, written.stats.dead, written.clock
-        routing = self.writer.routing
+        routing, routed = self.writer.routing, 0
         if routing is not None:
             assert isinstance(batch, Batch)  # routes read one topic
-            routing.commit(list(routes), batch, self.commits.epoch, self.commits.check_lease)
+            routed = routing.commit(list(routes), batch, self.commits.epoch, self.commits.check_lease)
             if routing.unrouted is Unrouted.DEAD_LETTER:  # nothing was written to the table
                 stage_empty(self.table, stage.branch, stage.base.snapshot_id)
             clock.mark("routes")
@@ -320,7 +320,7 @@ class Batches:
         clock.mark("dead_letters")
         snapshot_id, commit_seconds = self.commits.commit(self.table, stage, batch, written)
         clock.mark_stage_and_commit(commit_seconds)
-        return Landed(snapshot_id, commit_seconds, dead)
+        return Landed(snapshot_id, commit_seconds, dead, routed)
 
     def _pace(self, pipeline: bool) -> Pace:
         return Pace(

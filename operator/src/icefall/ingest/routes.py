@@ -30,6 +30,7 @@ from icefall.commit import Batch, Stage, commit_staged_outcome, prepare_stage, s
 from icefall.commit.batch import held_of
 from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, TYPED_COLUMN
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
+from icefall.ingest.report import added_records
 from icefall.plan.routing import Take, destination_take, reads_headers
 
 if TYPE_CHECKING:
@@ -213,8 +214,10 @@ class Routing:
 
     def commit(
         self, stages: list[RouteStage], batch: Batch, epoch: int, check_lease: Callable[[], None]
-    ) -> None:
-        """Commit each route table's part of `batch`, in order, before the dead letters and the table."""
+    ) -> int:
+        """Commit each route table's part of `batch`, in order, before the dead letters and the table; the
+        rows they added."""
+        added = 0
         for rs in stages:
             take = rs.take
             part = Batch(
@@ -227,7 +230,10 @@ class Routing:
             )
             stage_empty(rs.table, rs.stage.branch, rs.stage.base.snapshot_id)  # a batch that read nothing
             check_lease()
-            count_restage(rs.label, commit_staged_outcome(rs.table, rs.stage, part, epoch))
+            outcome = commit_staged_outcome(rs.table, rs.stage, part, epoch)
+            count_restage(rs.label, outcome)
+            added += added_records(rs.table, outcome.snapshot_id)
+        return added
 
     def sweep(self) -> None:
         """Drop the staging branches crashed writers (or an outage) left in the route tables."""
