@@ -7,7 +7,8 @@ offsets at the topic's end (a route whose condition kept nothing of a batch comm
 route table keeps its own partitioning; a batch that fails after the routes' rows were staged drops their
 branches (a branch left by a failed drop is swept at the next start) and the batch is written again once;
 with `unrouted: DeadLetter` the records no route takes are dead letters with the reason and the table
-gets no rows; `icefall run` killed between the destinations' commits (after the first route, after both,
+gets no rows; a topic deleted and created again stops the writer, and `icefall reset-offsets` resets every
+route table with the table, each then taking the new topic's records; `icefall run` killed between the destinations' commits (after the first route, after both,
 after the dead letters) then run to the end leaves each table exactly its records, the tables ahead
 skipping what they hold.
 """
@@ -18,18 +19,22 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
+from icefall import cli
 from icefall.api import UNROUTED_REASON, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
+from icefall.ingest.engine import SourceChangedError
 from icefall.runtime import failpoints
 from icefall.testing.streams import (
     NAMESPACE,
@@ -196,6 +201,48 @@ def test_unrouted_records_are_dead_letters_with_the_reason(
     )
     assert not rows_of(catalog_config, name), "the table gets no rows"
     assert_routed(catalog_config, name, kafka, topic, "DeadLetter")
+
+
+def test_a_recreated_topic_is_reset_in_every_route_table(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    name, topic = "routes_reset", "it-routes-reset"
+    kafka.create_topic(topic, partitions=1)
+    produce(kafka, topic, 0, 30)
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(routed_manifest(name, topic, kafka))
+    st = load_manifest(manifest.read_text())
+    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+        drain(ingestor)
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        admin.delete_topics([topic])[topic].result(30)
+        deadline = time.monotonic() + 60
+        while True:  # created again once Kafka has finished deleting it
+            try:
+                kafka.create_topic(topic, partitions=1)
+                break
+            except Exception:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        produce(kafka, topic, 100, 20)
+        with pytest.raises(SourceChangedError):
+            ingestor.run_batch()
+        state_dir = str(catalog_config.database.parent)
+        assert cli.main(["reset-offsets", "-f", str(manifest), "--state-dir", state_dir]) == 0
+        drain(ingestor)
+    catalog = catalog_config.pyiceberg()
+    for table in (f"{name}_vip", f"{name}_even", name):
+        loaded = catalog.load_table((NAMESPACE, table))
+        assert read_committed(loaded).offsets == {0: 20}, table
+        assert len(json.loads(loaded.properties["icefall.offset-resets"])) == 1, table
+    records = {o: json.loads(v or b"")["id"] for (_, o), v in source_records(kafka, topic).items()}
+    after = {
+        row[1]: row[2]
+        for table in (f"{name}_vip", f"{name}_even", name)
+        for row in rows_of(catalog_config, table)
+        if row[2] >= 100
+    }
+    assert after == records, "the new topic's records, each once, in the tables their content names"
 
 
 def test_kills_between_the_destinations_commits_leave_each_table_exactly_its_records(
