@@ -245,6 +245,7 @@ def test_a_recreated_topic_is_reset_in_every_route_table(
     assert after == records, "the new topic's records, each once, in the tables their content names"
 
 
+@pytest.mark.timeout(3600)  # four `icefall run` processes, each starting Spark: minutes on a loaded machine
 def test_kills_between_the_destinations_commits_leave_each_table_exactly_its_records(
     kafka: KafkaBroker, tmp_path: Path
 ) -> None:
