@@ -6,11 +6,12 @@ the table, malformed ones into the dead-letter table, each exactly once, and eve
 offsets at the topic's end (a route whose condition kept nothing of a batch commits its range too); a
 route table keeps its own partitioning; a batch that fails after the routes' rows were staged drops their
 branches (a branch left by a failed drop is swept at the next start) and the batch is written again once;
-with `unrouted: DeadLetter` the records no route takes are dead letters with the reason and the table
-gets no rows; a topic deleted and created again stops the writer, and `icefall reset-offsets` resets every
-route table with the table, each then taking the new topic's records; `icefall run` killed between the destinations' commits (after the first route, after both,
-after the dead letters) then run to the end leaves each table exactly its records, the tables ahead
-skipping what they hold.
+conditions see the key, the headers and the topic, and a wrong one fails naming its route; with
+`unrouted: DeadLetter` the records no route takes are dead letters with the reason and the table gets no
+rows; a topic deleted and created again stops the writer, and `icefall reset-offsets` resets every route
+table with the table, each then taking the new topic's records; `icefall run` killed between the
+destinations' commits (after the first route, after both, after the dead letters) then run to the end
+leaves each table exactly its records, the tables ahead skipping what they hold.
 """
 
 from __future__ import annotations
