@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from icefall.ingest.routes import RouteStage
     from icefall.ingest.schemas import SchemaFollower, Writers
     from icefall.ingest.writer import BatchWriter
+    from icefall.runtime.failpoints import TableRole
 
 log = logging.getLogger(__name__)
 
@@ -350,9 +351,13 @@ class Batches:
         """Drop the staging branches an outage left (this writer holds the lease: no batch of another writer
         is in flight), so they do not pin files until the next start."""
         routed = self.writer.routing.tables if self.writer.routing is not None else []
-        for table in (self.table, self.dead_letters.table, *routed):
+        tables: list[tuple[Table | None, TableRole]] = [
+            (self.table, "main"),
+            (self.dead_letters.table, "dlq"),
+        ]
+        for table, role in [*tables, *((t, "route") for t in routed)]:
             if table is not None:
-                dropped = sweep_stages(table)
+                dropped = sweep_stages(table, role=role)
                 if dropped:
                     metrics.STAGES_DROPPED.labels(".".join(table.name())).inc(len(dropped))
                     log.info("%s: dropped staging branches left by the outage: %s", self.label, dropped)
