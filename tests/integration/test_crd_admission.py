@@ -69,6 +69,9 @@ Proves:
     (topic: <name>) or the topics (topics: [...]), not both`; neither → `spec.source.topic: ... topic is
     required`; a key with topics → `spec.key: ... a keyed table (mode upsert or cdc) reads one topic`; the
     dead-letter topic among the topics → `spec.deadLetter.topic: ... must differ from the source topic`
+  - spec.unrouted without routes → `spec.unrouted: ... unrouted applies with routes`; routes with topics →
+    `spec.routes: ... routes need mode append and one topic`; a route table's class-valued property →
+    `spec.routes[0].table.properties...`
   - spec.table.name: null → `spec.table.name: Invalid value: "null": ... must be of type string`
   - mode upsert without a key, or a key with mode append → `spec.key: Invalid value: mode upsert and cdc
     need a key (the columns that identify a row), mode append has none`; mode merge → `spec.mode:
@@ -286,6 +289,29 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         "dead-letter-among-topics",
         lambda o: _topics(o, ["a", "b"]).update(deadLetter={"topic": "b"}),
         ["spec.deadLetter.topic: Invalid value", "the dead-letter topic must differ from the source topic"],
+    ),
+    (
+        "unrouted-without-routes",
+        lambda o: _spec(o).__setitem__("unrouted", "DeadLetter"),
+        ["spec.unrouted: Invalid value", "unrouted applies with routes"],
+    ),
+    (
+        "routes-of-topics",
+        lambda o: _topics(o, ["a", "b"]).update(routes=[{"table": {"name": "x"}, "when": "true"}]),
+        ["spec.routes: Invalid value", "routes need mode append and one topic"],
+    ),
+    (
+        "route-code-property",
+        lambda o: _spec(o).__setitem__(
+            "routes",
+            [
+                {
+                    "table": {"name": "x", "properties": {"write.py-location-provider.impl": "e.L"}},
+                    "when": "true",
+                }
+            ],
+        ),
+        ["spec.routes[0].table.properties"],
     ),
     (
         "freshness-zero",

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "operator" / "src" / "icefall"
-SCOPES = "main|dlq|dlq-topic|lease"
+SCOPES = "main|dlq|dlq-topic|lease|route"
 # In the package: a string literal that is a whole name. In tests: a name anywhere (in specs too).
 # A per-table point is `f"{role}.<point>"`; every point's name has a hyphen (`{path}.lock` is no point).
 IN_CODE = re.compile(rf'"((?:{SCOPES})\.[a-z][a-z-]*|\{{[\w.]+\}}\.[a-z]+-[a-z-]+)"')

@@ -62,7 +62,7 @@ def test_an_unknown_name_fails_at_the_call_site_too() -> None:
 def test_the_registry_names_scope_dot_point() -> None:
     assert len(set(failpoints.POINTS)) == len(failpoints.POINTS)
     scopes = {name.partition(".")[0] for name in failpoints.POINTS}
-    assert scopes == {"main", "dlq", "dlq-topic", "lease"}
+    assert scopes == {"main", "dlq", "dlq-topic", "lease", "route"}
     # Both tables go through the commit protocol: each of its points exists once per table.
     for point in ("after-prepare", "after-stage", "before-commit", "after-commit", "before-abandon"):
         assert {f"main.{point}", f"dlq.{point}"} <= set(failpoints.POINTS)

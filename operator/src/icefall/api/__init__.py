@@ -26,6 +26,7 @@ from icefall.api.pods import (
     VolumeMount,
     parse_quantity,
 )
+from icefall.api.routes import UNROUTED_REASON, Route, RouteTable, Unrouted
 from icefall.api.schema import (
     MAX_NESTING_DEPTH,
     ParsedType,
@@ -98,6 +99,7 @@ __all__ = [
     "REASONS_BY_TYPE",
     "SHORT_NAMES",
     "SINGULAR",
+    "UNROUTED_REASON",
     "VERSION",
     "BatchSpec",
     "CatalogSpec",
@@ -128,6 +130,8 @@ __all__ = [
     "PodTemplates",
     "Problem",
     "ResourceRequirements",
+    "Route",
+    "RouteTable",
     "SaslMechanism",
     "SchemaField",
     "SchemaRegistry",
@@ -150,6 +154,7 @@ __all__ = [
     "TransformName",
     "Transforms",
     "TypeSpec",
+    "Unrouted",
     "Volume",
     "VolumeMount",
     "WriterReport",

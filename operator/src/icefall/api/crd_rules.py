@@ -252,6 +252,17 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
         ),
         _fixed_presence("key", "spec.key"),
         Rule(
+            "!has(self.unrouted) || (has(self.routes) && size(self.routes) > 0)",
+            message="unrouted applies with routes; remove it, or add routes",
+            field_path=".unrouted",
+        ),
+        Rule(
+            "!has(self.routes) || size(self.routes) == 0 || "
+            "((!has(self.mode) || self.mode == 'append') && has(self.source.topic))",
+            message="routes need mode append and one topic (source.topic) for now; remove them",
+            field_path=".routes",
+        ),
+        Rule(
             "!has(self.source.topics) || !has(self.key)",
             message=(
                 "a keyed table (mode upsert or cdc) reads one topic: Kafka orders the changes of a key "
@@ -372,6 +383,7 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
         _no_code_keys(_CATALOG_CODE_KEYS, "properties"),
         _no_code_keys(_CATALOG_CODE_KEYS, "secretProperties"),
     ),
+    "RouteTable": (_no_code_keys(_TABLE_CODE_KEYS, "properties"),),
     "TableSpec": (
         _no_code_keys(_TABLE_CODE_KEYS, "properties"),
         _fixed_presence("catalog", "spec.table.catalog"),

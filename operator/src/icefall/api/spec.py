@@ -39,6 +39,7 @@ from icefall.api.base import (
 from icefall.api.format import Format, FormatType, Transforms
 from icefall.api.maintenance import CompactionSpec, RetentionSpec, retention_problems
 from icefall.api.pods import PodTemplates
+from icefall.api.routes import MAX_ROUTES, Route, Unrouted
 from icefall.api.source import KafkaSource
 from icefall.api.spark import SparkSpec
 from icefall.api.status import StreamingTableStatus
@@ -177,6 +178,22 @@ class StreamingTableSpec(ApiModel):
     transforms: Transforms = Field(
         default_factory=Transforms, description="Optional Spark SQL projection and filter."
     )
+    routes: list[Route] = Field(
+        default_factory=list,
+        max_length=MAX_ROUTES,
+        description=(
+            "Static routes: one topic into several tables, read once per batch. Each record goes to the "
+            "first route whose condition holds; records no route takes go where unrouted says. Each table "
+            "commits the offsets it has taken, exactly once. mode append, one topic, format json."
+        ),
+    )
+    unrouted: Unrouted | None = Field(
+        default=None,
+        description=(
+            "With routes: where records no route takes go. Table (default): spec.table. DeadLetter: the "
+            "dead-letter table and topic, with the reason 'unrouted: ...'; spec.table then gets no rows."
+        ),
+    )
     dead_letter: DeadLetter = Field(default_factory=DeadLetter, description="Where bad records go.")
     freshness: Freshness = Field(default_factory=Freshness, description="Freshness target.")
     batch: BatchSpec = Field(default_factory=BatchSpec, description="Batch size limits.")
@@ -296,8 +313,14 @@ class StreamingTableSpec(ApiModel):
             )
         problems.extend((), key_problems(self))
         problems.extend((), sequence_problems(self))
+        problems.extend((), route_problems(self))
         problems.raise_if_any()
         return self
+
+    @property
+    def unrouted_to(self) -> Unrouted:
+        """`unrouted`, or its default."""
+        return self.unrouted or Unrouted.TABLE
 
     @property
     def deletes_remembered_seconds(self) -> int:
@@ -307,6 +330,39 @@ class StreamingTableSpec(ApiModel):
 
 
 TIME_TRANSFORM_NAMES = ("hour", "day", "month", "year")
+
+
+def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
+    """`routes` and `unrouted` against the rest of the spec; paths relative to `spec`."""
+    if not spec.routes:
+        if spec.unrouted is not None:
+            return [(("unrouted",), "applies with routes; remove it, or add routes")]
+        return []
+    problems: list[tuple[Loc, str]] = []
+    if spec.mode is not TableMode.APPEND:
+        problems.append(
+            (("routes",), f"routes need mode append (not {spec.mode.value}) for now; remove them")
+        )
+    if spec.source.by_topic:
+        problems.append((("routes",), "routes read one topic for now: use source.topic, or remove routes"))
+    if spec.format.type is not FormatType.JSON:
+        problems.append(
+            (("routes",), f"routes need format json for now (not {spec.format.type.value}); remove them")
+        )
+    if spec.unrouted is Unrouted.DEAD_LETTER and not spec.dead_letter.enabled:
+        problems.append(
+            (("unrouted",), "DeadLetter needs a dead-letter table or topic (spec.deadLetter); use Table")
+        )
+    if spec.transforms.select is None and spec.format.schema_known:
+        for i, route in enumerate(spec.routes):
+            table = route.table
+            problems.extend(
+                (("routes", i, "table", *loc), message)
+                for loc, message in layout_problems(
+                    spec.format.schema_fields, table.partitioning, table.sort_order
+                )
+            )
+    return problems
 
 
 def key_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
@@ -440,6 +496,15 @@ class StreamingTable(ApiModel):
                 ("spec", "deadLetter", "table", "name"),
                 "the dead-letter table must differ from the table; pick another name",
             )
+        taken = {self.table_identifier: "spec.table", **({dlq: "the dead-letter table"} if dlq else {})}
+        for i, identifier in enumerate(self.route_identifiers):
+            if identifier in taken:
+                problems.add(
+                    ("spec", "routes", i, "table", "name"),
+                    f"{'.'.join(identifier)} is already {taken[identifier]}; each route writes a table of "
+                    "its own: pick another name",
+                )
+            taken.setdefault(identifier, f"routes[{i}].table")
         problems.raise_if_any()
         return self
 
@@ -452,6 +517,14 @@ class StreamingTable(ApiModel):
     def table_identifier(self) -> tuple[str, ...]:
         """Namespace levels then table name, as pyiceberg takes them."""
         return (*self.spec.table.namespace.split("."), self.table_name)
+
+    @property
+    def route_identifiers(self) -> tuple[tuple[str, ...], ...]:
+        """The identifier of each route's table, in the order of `spec.routes`."""
+        return tuple(
+            (*(route.table.namespace or self.spec.table.namespace).split("."), route.table.name)
+            for route in self.spec.routes
+        )
 
     @property
     def dead_letter_identifier(self) -> tuple[str, ...] | None:

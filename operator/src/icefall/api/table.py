@@ -360,54 +360,64 @@ class TableSpec(ApiModel):
     @field_validator("properties")
     @classmethod
     def _unreserved(cls, value: dict[str, str]) -> dict[str, str]:
-        problems = ProblemCollector()
-        for key, text in value.items():
-            if key.startswith(RESERVED_PROPERTY_PREFIX):
-                problems.add(
-                    (key,), "properties under 'icefall.' are written by Icefall's commits; remove it"
-                )
-            elif re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
-                problems.add((key,), "property names use letters, digits, '.', '_' and '-'")
-            elif (problem := code_property_problem(key, text)) is not None:
-                problems.add((key,), problem)
-        problems.raise_if_any()
-        return value
+        return unreserved_properties(value)
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> TableSpec:
-        problems = ProblemCollector()
-        time_fields: dict[str, int] = {}
-        seen: dict[tuple[str, str], int] = {}
-        for i, part in enumerate(self.partitioning):
-            transform = part.parsed_transform
-            key = (part.field, transform.name.value)
-            if key in seen:
+        layout_duplicates(self.partitioning, self.sort_order)
+        return self
+
+
+def unreserved_properties(value: dict[str, str]) -> dict[str, str]:
+    """`value` (a table's `properties`), or the problems of its keys raised: reserved, malformed, or naming
+    code to load."""
+    problems = ProblemCollector()
+    for key, text in value.items():
+        if key.startswith(RESERVED_PROPERTY_PREFIX):
+            problems.add((key,), "properties under 'icefall.' are written by Icefall's commits; remove it")
+        elif re.fullmatch(PROPERTY_KEY_PATTERN, key) is None:
+            problems.add((key,), "property names use letters, digits, '.', '_' and '-'")
+        elif (problem := code_property_problem(key, text)) is not None:
+            problems.add((key,), problem)
+    problems.raise_if_any()
+    return value
+
+
+def layout_duplicates(partitioning: Sequence[PartitionField], sort_order: Sequence[SortField]) -> None:
+    """Raise the problems of a table's layout that need no schema: a partition or sort field twice, two
+    time transforms of one column."""
+    problems = ProblemCollector()
+    time_fields: dict[str, int] = {}
+    seen: dict[tuple[str, str], int] = {}
+    for i, part in enumerate(partitioning):
+        transform = part.parsed_transform
+        key = (part.field, transform.name.value)
+        if key in seen:
+            problems.add(
+                ("partitioning", i),
+                f"{transform.name.value}({part.field}) is already partitioning[{seen[key]}]; remove one",
+            )
+            continue
+        seen[key] = i
+        if transform.name.is_time:
+            if part.field in time_fields:
                 problems.add(
-                    ("partitioning", i),
-                    f"{transform.name.value}({part.field}) is already partitioning[{seen[key]}]; remove one",
-                )
-                continue
-            seen[key] = i
-            if transform.name.is_time:
-                if part.field in time_fields:
-                    problems.add(
-                        ("partitioning", i, "transform"),
-                        f"{part.field} already has a time transform at [{time_fields[part.field]}]; "
-                        "use one of hour, day, month or year per column",
-                    )
-                else:
-                    time_fields[part.field] = i
-        sorted_fields: dict[str, int] = {}
-        for i, key_field in enumerate(self.sort_order):
-            if key_field.field in sorted_fields:
-                problems.add(
-                    ("sortOrder", i, "field"),
-                    f"{key_field.field} is already sortOrder[{sorted_fields[key_field.field]}]; remove one",
+                    ("partitioning", i, "transform"),
+                    f"{part.field} already has a time transform at [{time_fields[part.field]}]; "
+                    "use one of hour, day, month or year per column",
                 )
             else:
-                sorted_fields[key_field.field] = i
-        problems.raise_if_any()
-        return self
+                time_fields[part.field] = i
+    sorted_fields: dict[str, int] = {}
+    for i, key_field in enumerate(sort_order):
+        if key_field.field in sorted_fields:
+            problems.add(
+                ("sortOrder", i, "field"),
+                f"{key_field.field} is already sortOrder[{sorted_fields[key_field.field]}]; remove one",
+            )
+        else:
+            sorted_fields[key_field.field] = i
+    problems.raise_if_any()
 
 
 def layout_problems(

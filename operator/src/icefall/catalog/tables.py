@@ -53,7 +53,7 @@ from icefall.catalog.layout import (
     partition_spec,
     sort_order,
 )
-from icefall.runtime.failpoints import failpoint
+from icefall.runtime.failpoints import TableRole, failpoint
 
 #: Table properties Icefall sets at creation unless `spec.table.properties` says otherwise (module doc).
 TABLE_DEFAULTS: dict[str, str] = {
@@ -168,8 +168,33 @@ def ensure_tables(
     return EnsuredTables(table, dead_letter, warnings)
 
 
+def ensure_route_tables(
+    catalog: Catalog, st: StreamingTable, *, schema_override: Schema | None = None
+) -> list[Table]:
+    """Each route's table (`spec.routes`, in order), created with the table's columns and the route's own
+    layout and properties, or checked like the table (`TableMismatchError`, layout warnings logged)."""
+    tables = []
+    for route, identifier in zip(st.spec.routes, st.route_identifiers, strict=True):
+        layout = route.table
+        table_spec = st.spec.table.model_copy(
+            update={
+                "namespace": ".".join(identifier[:-1]),
+                "name": identifier[-1],
+                "partitioning": layout.partitioning,
+                "sort_order": layout.sort_order,
+                "properties": layout.properties,
+            }
+        )
+        as_table = st.model_copy(update={"spec": st.spec.model_copy(update={"table": table_spec})})
+        table, warnings = _ensure_main_table(catalog, as_table, schema_override, role="route")
+        for warning in warnings:
+            log.warning("%s", warning)
+        tables.append(table)
+    return tables
+
+
 def _ensure_main_table(
-    catalog: Catalog, st: StreamingTable, schema_override: Schema | None
+    catalog: Catalog, st: StreamingTable, schema_override: Schema | None, role: TableRole = "main"
 ) -> tuple[Table, list[str]]:
     """The table, created with the spec's layout, or checked against it; the layout warnings."""
     identifier = st.table_identifier
@@ -183,7 +208,7 @@ def _ensure_main_table(
         catalog, identifier, schema=schema, spec=spec, order=order, properties=properties
     )
     if created:
-        failpoint("main.after-create")
+        failpoint(f"{role}.after-create")
         return table, []
     source = "spec.format.schema" if schema_override is None else "spec.transforms.select"
     evolution = plan_evolution(

@@ -47,10 +47,12 @@ from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyspark.sql import SparkSession
 
     from icefall.kafka.registry import Registry
+    from icefall.runtime.failpoints import TableRole
 
 __all__ = [
     "SPARK_CONSUMER_DEFAULTS",
@@ -198,13 +200,14 @@ class Ingestor:
             good = prepare(self.writer.empty_source(), self.spec).good
             override = spark_struct_to_iceberg(good.schema.json())
         self.table, dlq = ensure_tables(self.catalog, self.st, schema_override=override)
+        routes = self._ensure_routes(override)
         follower = SchemaFollower(self.spec, expected_schema(self.st, override), self.label)
         self.reporter.schema_refused = lambda: follower.refused
         self.dead_letters.table = dlq
-        # The dead-letter table's epoch first: an older writer's late dead-letter commit is fenced too.
-        self.commits.start(
-            [(dlq, "dlq"), (self.table, "main")] if dlq else [(self.table, "main")], lease_timeout
-        )
+        # The other tables' epochs first: an older writer's late commit to any of them is fenced too.
+        others: list[tuple[Table, TableRole]] = [(t, "route") for t in routes]
+        others += [(dlq, "dlq")] if dlq else []
+        self.commits.start([*others, (self.table, "main")], lease_timeout)
         self._batches = Batches(
             self.spec,
             self.table,
@@ -219,7 +222,21 @@ class Ingestor:
         sweep_stages(self.table, role="main")
         if dlq is not None:
             sweep_stages(dlq, role="dlq")
+        if self.writer.routing is not None:
+            self.writer.routing.sweep()
         self.reconcile_dead_letters()
+
+    def _ensure_routes(self, override: Schema | None) -> list[Table]:
+        """The route tables (`spec.routes`), made ready like the table; their conditions analysed by Spark
+        first, so that a wrong one fails the start naming its route."""
+        routing = self.writer.routing
+        if routing is None:
+            return []
+        from icefall.catalog.tables import ensure_route_tables
+
+        routing.check(self.writer.decoders.good.decode(self.writer.empty_source()))
+        routing.tables = ensure_route_tables(self.catalog, self.st, schema_override=override)
+        return routing.tables
 
     def close(self) -> None:
         self.commits.stop()

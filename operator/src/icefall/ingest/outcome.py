@@ -45,8 +45,9 @@ NO_DEAD_LETTERS = DeadLettersLanded()
 
 @dataclass(frozen=True)
 class Landed:
-    """The main destination of one batch: how its commit landed, and its dead letters."""
+    """The main destination of one batch: how its commit landed, its dead letters and its routes' rows."""
 
     snapshot_id: int
     commit_seconds: float
     dead_letters: DeadLettersLanded = NO_DEAD_LETTERS
+    routed: int = 0  # rows the route tables' commits added (`spec.routes`), before the main one

@@ -51,6 +51,13 @@ class ReadStats:
     writers: Mapping[int, str | None] | None = None
     #: It holds records of a writer schema it was not decoded with: to be written again (REWRITE).
     unseen_writers: bool = False
+    #: Good records no route takes, dead letters with `spec.unrouted: DeadLetter` (`icefall.ingest.routes`).
+    unrouted: int = 0
+
+    @property
+    def dead(self) -> int:
+        """The batch's dead letters: bad records, and unrouted ones sent there."""
+        return self.bad + self.unrouted
 
     @classmethod
     def of(

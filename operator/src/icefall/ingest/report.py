@@ -140,7 +140,7 @@ class Reporter:
         `table`: one whose metadata holds the new snapshot; `paced`: the pacing figures were updated when
         the batch was written (a pipelined batch)."""
         planned, stats, clock = written.planned, written.stats, written.clock
-        records_written = _added_records(table, landed.snapshot_id)
+        records_written = added_records(table, landed.snapshot_id) + landed.routed
         seconds = clock.elapsed()
         if not paced:
             self.learn_pace(written, seconds)
@@ -228,7 +228,7 @@ class Reporter:
             return {part.topic: part.watermarks for part in planned.parts}
 
 
-def _added_records(table: Table, snapshot_id: int) -> int:
+def added_records(table: Table, snapshot_id: int) -> int:
     snapshot = table.snapshot_by_id(snapshot_id)
     if snapshot is None or snapshot.summary is None:
         return 0

@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from icefall.api import StreamingTable, StreamingTableSpec
+from icefall.api import StreamingTable, StreamingTableSpec, Unrouted
 from icefall.ingest.known_writers import KnownWriters
 from icefall.ingest.planning import NOTHING_READ, PlannedBatch, ReadStats
+from icefall.ingest.routes import Routing
 from icefall.kafka.admin import ISOLATION
 from icefall.plan.offsets import OffsetRange, spark_offset_options
 from icefall.runtime import metrics
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
     from icefall.ingest.avro import BatchWriters, SchemaLookup
     from icefall.ingest.decode import Decoder
+    from icefall.ingest.routes import RouteStage
     from icefall.ingest.schemas import Writers
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,8 @@ class BatchWriter:
         self._deleted_keys: tuple[str, pa.Table] | None = None
         # A registry format: every writer schema this writer has met; each batch decodes with them.
         self.known = KnownWriters()
+        # spec.routes: the route conditions and their Spark side (`icefall.ingest.routes`).
+        self.routing = Routing(st, self.spark_name) if st.spec.routes else None
 
     @functools.cached_property
     def decoders(self) -> Decoders:
@@ -197,7 +201,12 @@ class BatchWriter:
         return ".".join([self.catalog_name, *identifier, f"branch_{branch}"])
 
     def write_good_rows(
-        self, planned: PlannedBatch, branch: str, table: Table, evolve: Evolve | None = None
+        self,
+        planned: PlannedBatch,
+        branch: str,
+        table: Table,
+        evolve: Evolve | None = None,
+        routes: Sequence[RouteStage] = (),
     ) -> ReadStats:
         """Read the planned offsets, decode them (no error text) and append the good rows to `branch` of
         `table`, in one Spark job that also counts, through an observation, every record read, their value
@@ -207,28 +216,47 @@ class BatchWriter:
         A registry format decodes with the writer schemas this writer has met (`known`; its first batch
         learns its ids first, in one more Spark job over the records' headers). The observation also names
         the batch's schema ids: ids not met before are looked up, and when one has a writer schema the
-        stats say `unseen_writers` (the batch must be written again, `plan.pipelining` REWRITE)."""
+        stats say `unseen_writers` (the batch must be written again, `plan.pipelining` REWRITE).
+
+        With `routing` (`spec.routes`), the same one read and decode is cached and written to `table`'s
+        branch (the unrouted records) and to each route's (`routes`: those that take part of the batch)."""
         if not planned.ranges:
             return NOTHING_READ
         from pyspark.sql import Observation
 
         # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
-        source = self.read(planned.ranges, headers=False)
+        routing = self.routing
+        source = self.read(planned.ranges, headers=routing is not None and routing.headers)
         writers = self._writers(source)
         self.use_table_schema(evolve(writers) if evolve is not None else table.schema())
         decoders = self.decoders
         observation = Observation()
         decoded = decoders.good.decode(source, writers)
-        observed = decoded.observe(observation, *decoders.observed)
-        rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
+        if routing is not None:
+            decoded = routing.routed(decoded)
+        observed = decoded.observe(observation, *decoders.observed, *(routing.observed() if routing else ()))
         target = self.spark_name(self.st.table_identifier, branch)
+        sorted_table = bool(self.spec.table.sort_order)
         deleted_keys = None
-        if self.spec.key:
+        if routing is not None:
+
+            def rows_of(frame: DataFrame) -> DataFrame:
+                return with_every_column(decoders.good.good_rows(frame), self._table_schema)
+
+            def append_to(rows: DataFrame, name: str, sort: bool) -> None:
+                append(rows, name, sorted_table=sort)
+
+            routing.write(observed, list(routes), rows_of, append_to, (target, sorted_table))
+        elif self.spec.key:
+            rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
             deleted_keys = self._merge_changes(rows, planned, target, table)
         else:
-            append(rows, target, sorted_table=bool(self.spec.table.sort_order))
+            rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
+            append(rows, target, sorted_table=sorted_table)
         seen = observation.get
         stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], deleted_keys)
+        if routing is not None and routing.unrouted is Unrouted.DEAD_LETTER:
+            stats = dataclasses.replace(stats, unrouted=int(seen["unrouted"] or 0))
         planned_offsets = sum(r.records for r in planned.ranges)
         if stats.records > planned_offsets:
             # Each offset holds at most one record: the write ran its input twice, and every count is off.
@@ -316,7 +344,10 @@ class BatchWriter:
 
             # As the good rows were decoded: every id of the batch is met by now, each keeps its answer.
             writers = BatchWriters(self.known.values, self.known.keys)
-        return bad_rows(with_errors.decode(self.read(ranges), writers), by_topic=self.spec.source.by_topic)
+        decoded = with_errors.decode(self.read(ranges), writers)
+        if self.routing is not None:
+            decoded = self.routing.dead_letters(decoded)
+        return bad_rows(decoded, by_topic=self.spec.source.by_topic)
 
 
 def with_every_column(rows: DataFrame, schema: Schema | None) -> DataFrame:

@@ -97,13 +97,24 @@ DESCRIPTIONS: Mapping[str, str] = {
     "main.mid-rewrite": "compaction: rewritten files are written but not committed",
     "main.before-expire": "expiry: the planned snapshots still exist; the expire_snapshots call is next",
     "main.before-orphan-delete": "orphans: a file is referenced by nothing (re-checked); its delete is next",
+    # A route's table (`spec.routes`; ingest/routes.py): the commit protocol once per route table, each
+    # route committed before the dead letters and the table (hit n: the n-th route commit since start).
+    "route.after-create": "ensure_tables: a route's table was created, nothing committed to it",
+    "route.after-genesis": "the empty first snapshot of a new route table is on main",
+    "route.after-claim": "start: the writer's epoch is claimed in a route table, not in the table yet",
+    "route.before-sweep": "start: leftover staging branches of a route table found; their drop is next",
+    "route.after-prepare": "a route table's staging branch exists at its head; no row written yet",
+    "route.after-stage": "a route's rows are on its staging branch; its main untouched",
+    "route.before-commit": "a route table's checks passed; its compare-and-swap is next",
+    "route.after-commit": "a route table committed; the next route, the dead letters and the table are next",
+    "route.before-abandon": "a failed attempt: the commit dropping a route table's staging branch is next",
 }
 POINTS: tuple[str, ...] = tuple(DESCRIPTIONS)
 
 Action = Callable[[str], None]
 # The scope of a per-table point: the table a StreamingTable fills, or its dead-letter table. Code that runs
 # for either (the commit protocol) takes one and calls `failpoint(f"{table}.<point>")`.
-TableRole = Literal["main", "dlq"]
+TableRole = Literal["main", "dlq", "route"]
 
 log = logging.getLogger(__name__)
 

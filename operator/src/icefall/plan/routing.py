@@ -1,0 +1,91 @@
+"""What each destination of a routed batch takes (`spec.routes`): pure, no I/O.
+
+A routed StreamingTable writes several tables from one read of Kafka. Each table's commit records the
+offsets it has taken, so the tables may stand at different offsets after a crash between their commits.
+The batch is planned from `spec.table`'s offsets (the table committed LAST: every other destination stands
+at or past it), and read once; `destination_take` says which part of it one destination takes: from its own
+committed offset on, so a table that is ahead skips the records it already holds and never gets one twice.
+
+Guarantees: a take starts each partition exactly at the destination's committed offset (or, for a
+partition it has never committed, where the batch starts, with the batch's retention gap), so the commit
+protocol's offset check holds; a destination that holds everything the batch reads takes nothing (None)
+and is not committed. A destination behind the batch's start (it would lose records) raises
+`DestinationBehindError` instead of skipping them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class DestinationBehindError(RuntimeError):
+    """A destination's committed offsets are below the batch's start: the batch would skip records of it."""
+
+
+@dataclass(frozen=True)
+class Take:
+    """One destination's part of a batch: its commit's range per partition, and where its rows start.
+
+    `start`/`end`/`gaps` are what its commit records (`icefall.commit.Batch`); `skip_below[p]` is set where
+    the destination is ahead of the batch's start: the rows of partition p below that offset are already in
+    its table, and are not written again.
+    """
+
+    start: Mapping[int, int]
+    end: Mapping[int, int]
+    gaps: Mapping[int, int] = field(default_factory=dict)
+    skip_below: Mapping[int, int] = field(default_factory=dict)
+
+
+def destination_take(
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+    gaps: Mapping[int, int],
+    held: Mapping[int, int],
+    *,
+    name: str,
+) -> Take | None:
+    """The part of a batch (`start`, `end`, `gaps`: the commit range of the table planned from) that a
+    destination holding offsets `held` takes; None when it already holds all of it.
+
+    Per partition, with `from_` the offset the batch was planned from (its retention gap, else its start):
+    a partition the destination never committed, or committed up to `from_`, takes the batch's range as it
+    is; one committed past the end takes nothing; one committed inside the range takes the rest of it (from
+    its own offset: inside a retention gap, from the batch's start with the gap from its own offset).
+    """
+    take_start: dict[int, int] = {}
+    take_end: dict[int, int] = {}
+    take_gaps: dict[int, int] = {}
+    skip: dict[int, int] = {}
+    for p in sorted(start):
+        s, e = start[p], end[p]
+        from_ = gaps.get(p, s)
+        own = held.get(p)
+        if own is not None and own < from_:
+            raise DestinationBehindError(
+                f"{name}: partition {p} is committed up to {own}, behind the batch's start {from_}: its "
+                "records in between would be lost; reset its offsets with the table's (icefall reset-offsets)"
+            )
+        if own is None or own == from_:
+            take_start[p], take_end[p] = s, e
+            if p in gaps:
+                take_gaps[p] = gaps[p]
+            continue
+        if own >= e:
+            continue  # it holds the whole range of this partition
+        take_end[p] = e
+        if own >= s:
+            take_start[p] = own
+            skip[p] = own
+        else:  # inside a retention gap: the records from `own` to `s` are gone for it too
+            take_start[p] = s
+            take_gaps[p] = own
+    if not take_start:
+        return None
+    return Take(take_start, take_end, take_gaps, skip)
+
+
+def reads_headers(conditions: list[str]) -> bool:
+    """Whether a batch must read the records' headers for these route conditions (they name `headers`)."""
+    return any("headers" in condition.lower() for condition in conditions)

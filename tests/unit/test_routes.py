@@ -1,0 +1,114 @@
+"""Static routes: the spec (`spec.routes`, `spec.unrouted`) and the pure planning of what each destination
+takes of a batch (`icefall.plan.routing`).
+
+Proves: routes are accepted with their tables' identifiers in order; a condition that is not record-local,
+a table that clashes, a layout on a missing column, unrouted without routes, DeadLetter without a
+dead-letter destination, and the forms routes do not support yet are refused naming the field and the fix.
+A destination at the batch's start takes the whole batch; one ahead takes the rest of each partition and
+skips the rows it holds; one that holds everything takes nothing; one behind raises instead of losing
+records; retention gaps carry over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from icefall.api import StreamingTable, Unrouted
+from icefall.plan.routing import DestinationBehindError, Take, destination_take, reads_headers
+
+pytestmark = pytest.mark.unit
+
+BUCKETED = [{"field": "n", "transform": "bucket[4]"}]
+ROUTES = [
+    {"table": {"name": "clicks", "partitioning": BUCKETED}, "when": "kind = 'click'"},
+    {"table": {"name": "views", "namespace": "web"}, "when": "_kafka.headers['kind'] = 'view'"},
+]
+
+
+def st(**spec: Any) -> StreamingTable:
+    base: dict[str, Any] = {
+        "source": {"topic": "events", "bootstrapServers": "k:9092"},
+        "format": {"schema": [{"name": "kind", "type": "string"}, {"name": "n", "type": "long"}]},
+        "table": {"namespace": "shop", "name": "events"},
+        "routes": ROUTES,
+    }
+    return StreamingTable.model_validate({"metadata": {"name": "events"}, "spec": {**base, **spec}})
+
+
+def refused(**spec: Any) -> str:
+    with pytest.raises(ValidationError) as error:
+        st(**spec)
+    return str(error.value)
+
+
+def test_routes_name_their_tables_in_order_and_default_to_the_table() -> None:
+    table = st()
+    assert table.route_identifiers == (("shop", "clicks"), ("web", "views"))
+    assert table.spec.unrouted_to is Unrouted.TABLE
+    assert st(unrouted="DeadLetter").spec.unrouted_to is Unrouted.DEAD_LETTER
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"routes": [{"table": {"name": "x"}, "when": "reflect('java.lang.Runtime', 'exit', 1)"}]},
+         ["routes.0.when", "reflect"]),
+        ({"routes": [{"table": {"name": "x"}, "when": "kind IN (SELECT kind FROM other)"}]},
+         ["routes.0.when", "SELECT"]),
+        ({"routes": [{"table": {"name": "x", "sortOrder": [{"field": "nope"}]}, "when": "true"}]},
+         ["routes[0].table.sortOrder[0].field", "nope"]),
+        ({"routes": [{"table": {"name": "x", "properties": {"icefall.offsets": "{}"}}, "when": "true"}]},
+         ["icefall.offsets", "remove it"]),
+        ({"routes": [], "unrouted": "DeadLetter"}, ["unrouted", "add routes"]),
+        ({"unrouted": "DeadLetter", "deadLetter": {"table": {"enabled": False}}}, ["unrouted", "use Table"]),
+        ({"source": {"topics": ["a", "b"], "bootstrapServers": "k:9092"}}, ["routes", "source.topic"]),
+        ({"mode": "upsert", "key": ["n"]}, ["routes", "mode append"]),
+    ],
+)  # fmt: skip
+def test_what_routes_refuse_names_the_field_and_the_fix(spec: dict[str, Any], words: list[str]) -> None:
+    message = refused(**spec)
+    for word in words:
+        assert word in message
+
+
+def test_a_route_table_must_be_a_table_of_its_own() -> None:
+    message = refused(routes=[{"table": {"name": "events"}, "when": "true"}])
+    assert "spec.routes[0].table.name" in message and "already spec.table" in message
+    message = refused(routes=[{"table": {"name": "events_dlq"}, "when": "true"}])
+    assert "already the dead-letter table" in message
+    twice = [{"table": {"name": "x"}, "when": "true"}, {"table": {"name": "x"}, "when": "false"}]
+    assert "already routes[0].table" in refused(routes=twice)
+
+
+def test_a_destination_at_the_start_takes_the_whole_batch() -> None:
+    take = destination_take({0: 10, 1: 5}, {0: 20, 1: 5}, {}, {0: 10, 1: 5}, name="t")
+    assert take == Take({0: 10, 1: 5}, {0: 20, 1: 5})
+    assert destination_take({0: 10}, {0: 20}, {}, {}, name="new") == Take({0: 10}, {0: 20})
+
+
+def test_a_destination_ahead_takes_the_rest_and_skips_what_it_holds() -> None:
+    # Partition 0: 15 of [10, 20) is held; partition 1: all of [5, 9) is held.
+    take = destination_take({0: 10, 1: 5}, {0: 20, 1: 9}, {}, {0: 15, 1: 9}, name="t")
+    assert take == Take({0: 15}, {0: 20}, skip_below={0: 15})
+    assert destination_take({0: 10}, {0: 20}, {}, {0: 20}, name="t") is None
+    assert destination_take({0: 10}, {0: 20}, {}, {0: 25}, name="t") is None
+
+
+def test_a_destination_behind_the_batch_raises_instead_of_losing_records() -> None:
+    with pytest.raises(DestinationBehindError, match="partition 0 is committed up to 3, behind"):
+        destination_take({0: 10}, {0: 20}, {}, {0: 3}, name="t")
+
+
+def test_retention_gaps_carry_over_to_each_destination() -> None:
+    # The batch was planned from 4; Kafka holds records from 10 on.
+    assert destination_take({0: 10}, {0: 20}, {0: 4}, {0: 4}, name="t") == Take({0: 10}, {0: 20}, {0: 4})
+    # A destination at 7 (inside the gap) loses [7, 10) too, and says so.
+    assert destination_take({0: 10}, {0: 20}, {0: 4}, {0: 7}, name="t") == Take({0: 10}, {0: 20}, {0: 7})
+
+
+def test_headers_are_read_only_when_a_condition_names_them() -> None:
+    assert reads_headers(["kind = 'a'", "_kafka.headers['k'] = 'v'"])
+    assert not reads_headers(["kind = 'a'"])
