@@ -40,6 +40,7 @@ from icefall.commit.errors import (
     MaintenanceConflictError,
     OffsetGapError,
     StageError,
+    StageExpiredError,
     StaleHeadError,
     TopicMismatchError,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "SourceBatch",
     "Stage",
     "StageError",
+    "StageExpiredError",
     "StaleHeadError",
     "TopicMismatchError",
     "TopicState",

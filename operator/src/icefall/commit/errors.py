@@ -23,6 +23,14 @@ class MaintenanceConflictError(StaleHeadError):
     """
 
 
+class StageExpiredError(StaleHeadError):
+    """The batch is too old to commit safely, or a file it names was removed before its commit: orphan
+    removal takes files no metadata references once they are older than its window, and a batch's files
+    are referenced by nothing until it lands (a writer held past the window, or clocks apart). Plan and
+    write the batch again, as for any StaleHeadError; the table never names a file that is gone.
+    """
+
+
 class FencedError(CommitError):
     """The writer's lease epoch is below the table's: a newer writer has taken over. Stop writing."""
 

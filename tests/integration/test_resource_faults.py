@@ -1,0 +1,208 @@
+"""Resource faults under a running `icefall run`: a paused writer racing orphan removal, its spill disk full,
+its clock skewed. Exactly once by content after each, with no person in the loop.
+
+Each test starts one `icefall run` process (local Spark, as a user starts it) on a table fed by the `kafka`
+fixture, makes the fault happen at a moment it makes sure of (a failpoint, a log line), ends the fault,
+and then the table must hold every record exactly once: by offset and by `icefall verify` (the auditor,
+by content). Each test prints the time the run took to recover after the fault ended.
+
+Proves:
+- a writer held (failpoint `main.before-commit=sleep`) after its cdc batch is staged and its deleted keys
+  file written, while orphan removal runs with its clock past the safety window (as if the writer had
+  been paused longer than the window, or the maintenance clock ran ahead): the staged data files survive
+  (the staging branch references them); the deleted keys file, referenced by nothing until the commit,
+  is removed, and the commit is refused for it ("were removed before it committed") and the batch
+  written again, never a committed state naming a deleted file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from icefall.api import load_manifest
+from icefall.catalog import CatalogConfig
+from icefall.commit import read_committed
+from icefall.commit.state import DELETED_KEYS
+from icefall.compact.view import canonical_path, read_table_view, to_local_path
+from icefall.compact.worker import run_item
+from icefall.devstack.kafka import KafkaBroker
+from icefall.plan.maintenance import plan_orphans
+from icefall.plan.maintenance_items import HOUR_MS, MaintenancePolicy
+from icefall.testing.live_run import LiveRun
+from icefall.testing.streams import NAMESPACE, manifest_text, produce, watermarks
+
+pytestmark = pytest.mark.integration
+
+BATCH = {"maxRecords": 40, "minIntervalSeconds": 0}
+CDC = "  mode: cdc\n  key: [id]\n  sequenceBy: [source.lsn]\n"
+
+
+@contextmanager
+def live_run(
+    kafka: KafkaBroker,
+    tmp_path: Path,
+    name: str,
+    env: dict[str, str],
+    *,
+    extra: str = "",
+    records: int = 0,
+) -> Iterator[LiveRun]:
+    """`icefall run` on a new topic into `it.<name>` of the embedded catalog (`extra` appended to the
+    manifest's spec), `records` clean records produced first; stopped on the way out."""
+    topic = f"it-res-{name.replace('_', '-')}"
+    kafka.create_topic(topic, partitions=2)
+    if records:
+        produce(kafka, topic, 0, records)
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(manifest_text(name, topic, kafka.bootstrap, batch=BATCH) + extra)
+    state = tmp_path / "state"
+    config = CatalogConfig.embedded(state)
+    assert load_manifest(manifest).spec  # the manifest is valid before a process is started on it
+    run = LiveRun(manifest, config=config, kafka=kafka, name=name, topic=topic, state=state, env=env)
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+def verify(run: LiveRun, env: dict[str, str] | None = None) -> None:
+    """`icefall verify` (the auditor, by content) passes on the run's table."""
+    done = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "verify", "-f", str(run.manifest),
+         "--state-dir", str(run.state)],
+        capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "by content: OK" in done.stdout or done.stdout.rstrip().endswith("OK"), done.stdout
+
+
+def send_cdc(kafka: KafkaBroker, topic: str, start: int, count: int) -> None:
+    """`count` Debezium events of 15 keys on both partitions, positioned by `source.lsn`; every 4th a delete
+    (so each batch of the table remembers deleted keys in a file of its own)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for i in range(start, start + count):
+        key = i % 15
+        image = {"id": key, "customer": f"c{i}", "amount": round(i * 1.25, 2), "ts": "2026-11-22T10:00:00Z"}
+        op, before, after = ("d", image, None) if i % 4 == 0 else ("u", None, image)
+        event = {"op": op, "before": before, "after": after, "source": {"lsn": 1000 + i}}
+        producer.produce(topic, key=json.dumps({"id": key}), value=json.dumps(event), partition=i % 2)
+    assert producer.flush(30) == 0
+
+
+def staged_data_files(run: LiveRun) -> set[str]:
+    """The data files the table's staging branches reference beyond `main` (batches not yet committed)."""
+    table = run.config.pyiceberg().load_table((NAMESPACE, run.name))
+    view = read_table_view(table, list_storage=False)
+    on_main = {f.path for f in view.files}
+    staged: set[str] = set()
+    for name, ref in table.metadata.refs.items():
+        if name.startswith("icefall_stage_"):
+            for task in table.scan(snapshot_id=ref.snapshot_id).plan_files():
+                staged.add(task.file.file_path)
+    return {canonical_path(p) for p in staged} - on_main
+
+
+def named_deleted_keys(table: Any) -> set[str]:
+    """Every deleted keys file a metadata file of the table's history names (each a committed state)."""
+    files = [table.metadata_location, *(entry.metadata_file for entry in table.metadata.metadata_log)]
+    named = set()
+    for file in files:
+        properties = json.loads(Path(to_local_path(canonical_path(file)) or "").read_text())["properties"]
+        if DELETED_KEYS in properties:
+            named.add(canonical_path(properties[DELETED_KEYS]))
+    assert named, "no committed state named a deleted keys file"
+    return named
+
+
+def test_orphan_removal_while_a_writer_is_paused_before_its_commit(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    name = "res_orphans"
+    # Held 30 s before its 2nd main commit: the batch is on its staging branch, its deleted keys written.
+    env = {"ICEFALL_FAILPOINTS": "main.before-commit=sleep:30@2"}
+    with live_run(kafka, tmp_path, name, env, extra=CDC) as run:
+        send_cdc(kafka, run.topic, 0, 160)
+        run.wait_for(
+            "held before its 2nd commit", lambda: "main.before-commit triggered (hit 2)" in run.text()
+        )
+        table = run.config.pyiceberg().load_table((NAMESPACE, name))
+        staged = staged_data_files(run)
+        assert staged, "nothing staged at the held commit"
+        # Orphan removal with its clock 2 h ahead: past the 1 h window for every file of the held batch.
+        later = int(time.time() * 1000) + 2 * HOUR_MS
+        item = plan_orphans(read_table_view(table), MaintenancePolicy(orphan_min_age_ms=HOUR_MS), later)
+        assert item is not None, "no orphan planned: the held batch's deleted keys file should look like one"
+        result = run_item(cast(Any, None), run.config, (NAMESPACE, name), item)  # orphans need no Spark
+        removed = set(result.deleted_paths)
+        assert not removed & staged, f"staged data files removed: {sorted(removed & staged)}"
+        assert all(Path(to_local_path(p) or "").exists() for p in staged)
+        assert any("icefall-deleted-keys-" in p for p in removed), sorted(removed)
+        fault_over = time.monotonic()
+        run.wait_for("the held commit refused", lambda: "removed before it committed" in run.text(), 120)
+        send_cdc(kafka, run.topic, 160, 40)
+        run.wait_caught_up()
+        recovered = time.monotonic() - fault_over
+        run.stop()
+        assert "Traceback" not in run.text(), run.tail()
+    final = run.config.pyiceberg().load_table((NAMESPACE, name))
+    named = named_deleted_keys(final)
+    assert not named & removed, f"a committed state named a removed file: {sorted(named & removed)}"
+    committed = read_committed(final)
+    assert committed.deleted_keys and Path(to_local_path(committed.deleted_keys) or "").exists()
+    assert dict(committed.offsets) == watermarks(kafka, run.topic)
+    verify(run)
+    print(f"\n[orphans] recovered {recovered:.1f}s after the orphan removal ended")
+
+
+def test_a_batch_staged_longer_ago_than_half_the_orphan_window_is_written_again(tmp_path: Path) -> None:
+    """The age floor: a writer held (GC pause, stopped node) longer than MAX_STAGE_SECONDS since its stage
+    was made may have had files taken by orphan removal (inside Spark's write they are referenced by
+    nothing): its commit is refused, `main` unchanged, and the batch written again lands once."""
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+
+    from icefall.commit import Batch, StageExpiredError, commit_staged, prepare_stage, stage_branch_name
+    from icefall.commit.protocol import MAX_STAGE_SECONDS
+
+    assert MAX_STAGE_SECONDS * 1000 * 2 <= HOUR_MS  # half the orphan window's floor, at most
+    (tmp_path / "warehouse").mkdir()
+    catalog = load_catalog(
+        "icefall",
+        type="sql",
+        uri=f"sqlite:///{tmp_path / 'c.db'}",
+        warehouse=(tmp_path / "warehouse").as_uri(),
+    )
+    catalog.create_namespace("lake")
+    schema = pa.schema([pa.field("partition", pa.int32(), False), pa.field("offset", pa.int64(), False)])
+    table = catalog.create_table(("lake", "aged"), schema)
+
+    def staged(attempt: int, *, held: float) -> tuple[Any, Batch]:
+        stage = prepare_stage(table, stage_branch_name("w", attempt))
+        stage = replace(stage, prepared_at=stage.prepared_at - held)
+        batch = Batch("t", start={0: 0}, end={0: 3})
+        rows = pa.Table.from_pylist([{"partition": 0, "offset": o} for o in range(3)], schema=schema)
+        table.append(rows, branch=stage.branch)
+        return stage, batch
+
+    stage, batch = staged(1, held=MAX_STAGE_SECONDS + 1)
+    head = table.refresh().metadata.current_snapshot_id
+    with pytest.raises(StageExpiredError, match="removed before it committed"):
+        commit_staged(table, stage, batch, 1)
+    assert table.refresh().metadata.current_snapshot_id == head
+    stage, batch = staged(2, held=MAX_STAGE_SECONDS - 60)
+    commit_staged(table, stage, batch, 1)
+    assert sorted(table.refresh().scan().to_arrow().column("offset").to_pylist()) == [0, 1, 2]
+    assert read_committed(table).offsets == {0: 3}
