@@ -12,7 +12,12 @@ Proves:
   been paused longer than the window, or the maintenance clock ran ahead): the staged data files survive
   (the staging branch references them); the deleted keys file, referenced by nothing until the commit,
   is removed, and the commit is refused for it ("were removed before it committed") and the batch
-  written again, never a committed state naming a deleted file.
+  written again, never a committed state naming a deleted file;
+- Spark's local dirs (`SPARK_LOCAL_DIRS`) on a small tmpfs filled while a cdc table ingests: the MERGE's
+  shuffle fails with "No space left on device", the run logs "local disk <dir> is full" once per attempt
+  (the driver's status says `local_disk`: condition reason LocalDiskFull), commits nothing, and goes on
+  by itself once the filler is deleted. An append batch writes nothing there (no shuffle); in local mode
+  Spark copies its jars there at start (about 210 MB), so the disk is sized for them.
 """
 
 from __future__ import annotations
@@ -206,3 +211,56 @@ def test_a_batch_staged_longer_ago_than_half_the_orphan_window_is_written_again(
     commit_staged(table, stage, batch, 1)
     assert sorted(table.refresh().scan().to_arrow().column("offset").to_pylist()) == [0, 1, 2]
     assert read_committed(table).offsets == {0: 3}
+
+
+@contextmanager
+def small_disk(path: Path, size: str = "300m") -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` (root only), unmounted on the way out."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file on `disk` until it is full (to the last byte); the file."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_the_drivers_spill_disk_full(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """Spark's local dirs on a small tmpfs, filled while a cdc table (each batch a MERGE, whose shuffle
+    Spark writes there; an append batch writes nothing there) ingests: the run waits with one line naming
+    the disk, commits nothing meanwhile, and goes on by itself once space is freed; exactly once."""
+    with small_disk(tmp_path / "spill") as disk:  # room for Spark's copy of the jars (local mode), no more
+        env = {"SPARK_LOCAL_DIRS": str(disk)}
+        with live_run(kafka, tmp_path, "res_disk", env, extra=CDC) as run:
+            send_cdc(kafka, run.topic, 0, 80)
+            run.wait_caught_up()
+            filler = fill(disk)
+            send_cdc(kafka, run.topic, 80, 80)
+            run.wait_for("the full disk named", lambda: f"local disk {disk} is full" in run.text(), 180)
+            assert dict(run.committed()) != watermarks(kafka, run.topic)
+            filler.unlink()
+            freed = time.monotonic()
+            run.wait_caught_up()
+            recovered = time.monotonic() - freed
+            run.stop()
+            assert "Traceback" not in run.text(), run.tail()
+        assert sum(watermarks(kafka, run.topic).values()) == 160
+        verify(run)
+    print(f"\n[spill disk] recovered {recovered:.1f}s after space was freed")

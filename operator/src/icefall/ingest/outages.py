@@ -22,6 +22,10 @@ those clients' exception names and were not seen yet: the Python clients meet an
   "Azure Error: [] Fail to get a new connection" (seen with Azurite stopped) and from Spark the AWS SDK's
   `SdkClientException` ("Unable to execute HTTP request"); Iceberg Java's GCSFileIO and ADLSFileIO errors
   are not classified yet (a GCS or Azure outage seen first by Spark is raised);
+- the driver's local disk (`Service.LOCAL_DISK`): "No space left on device" (ENOSPC) from Spark (its shuffle
+  and spill files in its local dirs, `spark.local.dir` / `SPARK_LOCAL_DIRS`) or a Python `OSError` with
+  errno ENOSPC, seen with those dirs on a full tmpfs (tests/integration/test_resource_faults.py); waited
+  out like an outage: nothing was committed, and the batch is read again once space is freed;
 - the schema registry: `RegistryUnavailableError` from `icefall.kafka.registry` (not reached, timed out,
   408/429/5xx), seen with the real registry stopped (tests/integration/test_registry.py); a registry
   that refuses the credentials or lacks the subject (`RegistryError`) is a configuration error, raised.
@@ -40,6 +44,7 @@ an unknown error is raised (loud), never retried forever in silence.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import time
@@ -73,6 +78,7 @@ _BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
 # Lines of an error's text (Java exception chains included) that name an unreachable service. First match
 # wins, so the specific markers (the client that failed) come before the generic ones.
 _MARKERS: tuple[tuple[Service, re.Pattern[str]], ...] = (
+    (Service.LOCAL_DISK, re.compile(r"No space left on device")),
     (
         Service.OBJECT_STORE,
         re.compile(
@@ -191,6 +197,8 @@ def _client_outage(link: BaseException) -> Unavailable | None:
     from icefall.kafka.registry import RegistryUnavailableError
 
     kind = f"{type(link).__module__}.{type(link).__qualname__}"
+    if isinstance(link, OSError) and link.errno == errno.ENOSPC:
+        return Unavailable(Service.LOCAL_DISK, _one_line(str(link)))
     if isinstance(link, KafkaUnavailableError):
         # Its text names the brokers and topic, as the outage line does: keep the client's reason only.
         text = str(link)
@@ -227,11 +235,16 @@ def log_failure(logger: logging.Logger, error: BaseException, message: str, *arg
 
 
 def service_addresses(
-    bootstrap: str, topic: str, catalog: CatalogConfig, *, registry: str | None = None
+    bootstrap: str,
+    topic: str,
+    catalog: CatalogConfig,
+    *,
+    registry: str | None = None,
+    local_dirs: str | None = None,
 ) -> dict[Service, str]:
     """Where each service is, as the outage lines name it: the bootstrap servers (and topic), the catalog's
-    URI (secrets masked), the object store's endpoint (or the warehouse) and the schema registry's URL
-    (`registry`, when the format has one; any user:password@ in it left out)."""
+    URI (secrets masked), the object store's endpoint (or the warehouse), the schema registry's URL
+    (`registry`, when the format has one; any user:password@ in it left out) and Spark's local dirs."""
     properties = catalog.properties
     store = (
         properties.get("s3.endpoint")
@@ -247,6 +260,8 @@ def service_addresses(
     }
     if registry:
         where[Service.REGISTRY] = _USERINFO.sub(r"\1", registry)
+    if local_dirs:
+        where[Service.LOCAL_DISK] = local_dirs
     return where
 
 
@@ -275,6 +290,8 @@ class Outages:
 
     def describe(self, found: Unavailable) -> str:
         where = self.where.get(found.service)
+        if found.service is Service.LOCAL_DISK:
+            return f"local disk {where} is full" if where else "a local disk is full"
         return f"cannot reach {found.service.display_name}" + (f" at {where}" if where else "")
 
     def failed(self, error: BaseException) -> float | None:
@@ -308,9 +325,10 @@ class Outages:
         if service is not None:
             metrics.UNAVAILABLE.labels(self.label, service.value).set(0)
             where = f" at {self.where[service]}" if self.where.get(service) else ""
+            again = "has space again" if service is Service.LOCAL_DISK else "answers again"
             log.warning(
-                "%s: %s%s answers again after %.0fs (%d failed attempts); resuming",
-                self.label, service.display_name, where, lasted, self.state.failures,
+                "%s: %s%s %s after %.0fs (%d failed attempts); resuming",
+                self.label, service.display_name, where, again, lasted, self.state.failures,
             )  # fmt: skip
         self.state = OutageClock()
         if self.listener is not None:

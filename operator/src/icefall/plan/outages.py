@@ -26,6 +26,7 @@ class Service(StrEnum):
     CATALOG = "catalog"
     OBJECT_STORE = "object_store"
     REGISTRY = "registry"  # the schema registry of spec.format.registry
+    LOCAL_DISK = "local_disk"  # the driver's local disk (Spark's local dirs) is full: it waits for space
 
     @property
     def display_name(self) -> str:
@@ -34,6 +35,7 @@ class Service(StrEnum):
             "catalog": "the catalog",
             "object_store": "the object store",
             "registry": "the schema registry",
+            "local_disk": "the local disk",
         }[self.value]
 
 
