@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -45,7 +46,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.maintenance import plan_orphans
 from icefall.plan.maintenance_items import HOUR_MS, MaintenancePolicy
 from icefall.testing.live_run import LiveRun
-from icefall.testing.streams import NAMESPACE, manifest_text, produce, watermarks
+from icefall.testing.streams import NAMESPACE, assert_exactly_once, manifest_text, produce, watermarks
 
 pytestmark = pytest.mark.integration
 
@@ -264,3 +265,115 @@ def test_the_drivers_spill_disk_full(kafka: KafkaBroker, tmp_path: Path) -> None
         assert sum(watermarks(kafka, run.topic).values()) == 160
         verify(run)
     print(f"\n[spill disk] recovered {recovered:.1f}s after space was freed")
+
+
+SITECUSTOMIZE = """
+import datetime as _dt
+import time
+
+_SKEW = {seconds}
+_time, _time_ns = time.time, time.time_ns
+time.time = lambda: _time() + _SKEW
+time.time_ns = lambda: _time_ns() + _SKEW * 1_000_000_000
+
+
+class _Skewed(_dt.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return super().now(tz) + _dt.timedelta(seconds=_SKEW)
+
+    @classmethod
+    def utcnow(cls):
+        return super().utcnow() + _dt.timedelta(seconds=_SKEW)
+
+
+_dt.datetime = _Skewed
+"""
+
+
+def skewed(seconds: int, where: Path) -> dict[str, str]:
+    """The environment that runs `icefall run`'s Python side `seconds` off the real clock: a
+    `sitecustomize` shifts `time.time`, `time.time_ns` and `datetime.now` (pyiceberg's commits and their
+    metadata timestamps, freshness, the leases' renew times, the deleted keys' window). Not libfaketime:
+    under it CPython 3.11's `time.sleep` fails with EINVAL (clock_nanosleep, TIMER_ABSTIME; libfaketime
+    0.9.10) and a local Spark JVM never registers its block manager, so the JVM keeps the real clock."""
+    site = where / "site"
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.replace("{seconds}", str(seconds)))
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path}
+
+
+FRESHNESS = re.compile(r"\| freshness ([0-9.e+-]+)s \|")
+
+
+AHEAD = 90  # seconds: 30 s past Iceberg Java's one minute tolerance, so the wait stays short
+
+
+def commit_from_a_clock_ahead(config: CatalogConfig, name: str, seconds: int) -> int:
+    """A commit by a host whose clock is `seconds` ahead (a writer or maintenance pod elsewhere): a table
+    property set through pyiceberg with its clock shifted; the table's new `last-updated-ms`."""
+    import datetime as dt
+
+    import pyiceberg.table.update as updates
+
+    class Ahead(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Ahead:
+            return super().now(tz) + dt.timedelta(seconds=seconds)
+
+    real = updates.datetime
+    updates.datetime = Ahead  # type: ignore[misc]
+    try:
+        table = config.pyiceberg().load_table((NAMESPACE, name))
+        with table.transaction() as tx:
+            tx.set_properties({"it.clock-ahead": str(seconds)})
+    finally:
+        updates.datetime = real  # type: ignore[misc]
+    return int(table.refresh().metadata.last_updated_ms)
+
+
+def test_a_writer_whose_clock_is_behind_the_last_commit(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """The table's last commit came from a host 90 s ahead; the writer's host is right (so, 90 s behind
+    that commit). Committing at once would stamp metadata 90 s before its log's last entry, which Iceberg
+    Java (Spark itself) refuses to read: without the check, the next Spark append did not find its staging
+    branch (`TABLE_OR_VIEW_NOT_FOUND`) and the run died. Now it waits with one line until its clock passes
+    that commit, then ingests; meanwhile a process whose clock is 90 s ahead cannot take the lease it
+    holds; freshness is never negative; exactly once."""
+    name = "res_skew"
+    with live_run(kafka, tmp_path, name, {}, records=120) as run:
+        run.wait_caught_up()
+    ahead_ms = commit_from_a_clock_ahead(run.config, name, AHEAD)
+    assert ahead_ms > time.time() * 1000 + (AHEAD - 10) * 1000
+    late = LiveRun(run.manifest, config=run.config, kafka=kafka, name=name, topic=run.topic, state=run.state)
+    try:
+        produce(kafka, run.topic, 120, 40)
+        late.wait_for("waiting for its clock", lambda: "this host's clock is behind the table" in late.text())
+        waiting = time.monotonic()
+        assert_lease_kept(run, late, skewed(AHEAD, tmp_path / "ahead"))
+        late.wait_caught_up()
+        print(f"\n[clock {AHEAD}s behind] caught up {time.monotonic() - waiting:.1f}s after it began to wait")
+        late.stop()
+        assert "Traceback" not in late.text(), late.tail()
+        freshness = [float(f) for f in FRESHNESS.findall(late.text())]
+        assert freshness and all(f >= 0 for f in freshness), freshness
+    finally:
+        late.stop()
+    high = watermarks(kafka, run.topic)
+    assert sum(high.values()) == 160
+    assert_exactly_once(run.config, name, high, set())
+    verify(run)
+
+
+def assert_lease_kept(first: LiveRun, holder: LiveRun, env: dict[str, str]) -> None:
+    """A process on another clock (`env`), started while `holder` runs, cannot take its lease."""
+    epoch = read_committed(holder.config.pyiceberg().load_table((NAMESPACE, holder.name))).epoch
+    done = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "run", "-f", str(first.manifest),
+         "--state-dir", str(first.state), "--until-caught-up", "--lease-timeout", "20",
+         "--no-maintenance", "--master", "local[1]"],
+        capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **env},
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "could not take this table's commit lease" in output, output[-3000:]
+    assert read_committed(holder.config.pyiceberg().load_table((NAMESPACE, holder.name))).epoch == epoch

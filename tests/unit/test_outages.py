@@ -292,3 +292,18 @@ def test_a_full_local_disk_is_named_by_its_dirs(caplog: pytest.LogCaptureFixture
         assert outages.failed(OSError(28, "No space left on device")) is not None
     (line,) = [r.getMessage() for r in caplog.records]
     assert "local disk /var/data/spark-local is full" in line and "\n" not in line
+
+
+def test_a_clock_behind_the_table_is_waited_out_never_committed_through() -> None:
+    from types import SimpleNamespace
+
+    from icefall.commit import ClockBehindError
+    from icefall.commit.pyiceberg_internals import CLOCK_TOLERANCE_MS, check_clock
+
+    table = SimpleNamespace(metadata=SimpleNamespace(last_updated_ms=1_000_000))
+    check_clock(table, now_ms=1_000_000 - CLOCK_TOLERANCE_MS)  # type: ignore[arg-type]  # within Iceberg's minute
+    with pytest.raises(ClockBehindError, match="90s behind") as behind:
+        check_clock(table, now_ms=1_000_000 - 90_000)  # type: ignore[arg-type]
+    found = classify(behind.value)
+    assert found is not None and found.service is Service.CLOCK
+    assert Outages("it.t", {}).describe(found) == "this host's clock is behind the table"

@@ -34,6 +34,7 @@ from icefall.commit.direct import (
     rewind_dead_letters,
 )
 from icefall.commit.errors import (
+    ClockBehindError,
     CommitError,
     CorruptStateError,
     FencedError,
@@ -57,6 +58,7 @@ from icefall.commit.state import CommittedState, TopicState, read_committed, sta
 __all__ = [
     "STAGE_PREFIX",
     "Batch",
+    "ClockBehindError",
     "CommitError",
     "CommitOutcome",
     "CommittedState",

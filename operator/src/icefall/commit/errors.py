@@ -31,6 +31,13 @@ class StageExpiredError(StaleHeadError):
     """
 
 
+class ClockBehindError(CommitError):
+    """This host's clock is behind the table's last update by more than Iceberg tolerates: metadata written
+    now would carry a `last-updated-ms` over a minute before its metadata log's last entry, and Iceberg
+    Java (Spark, Trino, Flink) refuses to read such a table ("Invalid update timestamp"). Nothing was
+    written; wait for the clock to pass the table's last update (it does by itself) and fix the clock."""
+
+
 class FencedError(CommitError):
     """The writer's lease epoch is below the table's: a newer writer has taken over. Stop writing."""
 

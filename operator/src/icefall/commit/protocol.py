@@ -75,6 +75,7 @@ from icefall.commit.errors import (
     TopicMismatchError,
 )
 from icefall.commit.pyiceberg_internals import (
+    check_clock,
     commit_table,
     new_snapshot,
 )
@@ -139,6 +140,7 @@ def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refres
         if MAIN not in table.metadata.refs:
             commit_genesis(table, role)
             continue
+        check_clock(table)  # before the writer appends: its metadata would carry the same clock
         meta = table.metadata
         head = meta.refs[MAIN].snapshot_id
         ref = meta.refs.get(branch)

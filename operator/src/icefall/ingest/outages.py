@@ -26,6 +26,8 @@ those clients' exception names and were not seen yet: the Python clients meet an
   and spill files in its local dirs, `spark.local.dir` / `SPARK_LOCAL_DIRS`) or a Python `OSError` with
   errno ENOSPC, seen with those dirs on a full tmpfs (tests/integration/test_resource_faults.py); waited
   out like an outage: nothing was committed, and the batch is read again once space is freed;
+- this host's clock (`Service.CLOCK`): `ClockBehindError` from `icefall.commit`, a clock more than a minute
+  behind the table's last update (tests/integration/test_resource_faults.py); waited out until it passes;
 - the schema registry: `RegistryUnavailableError` from `icefall.kafka.registry` (not reached, timed out,
   408/429/5xx), seen with the real registry stopped (tests/integration/test_registry.py); a registry
   that refuses the credentials or lacks the subject (`RegistryError`) is a configuration error, raised.
@@ -108,6 +110,10 @@ _MARKERS: tuple[tuple[Service, re.Pattern[str]], ...] = (
         ),
     ),
 )
+
+
+# How the line at the end of an outage says it ended, when not "answers again".
+_AGAIN = {Service.LOCAL_DISK: "has space again", Service.CLOCK: "has passed the table's last update"}
 
 
 @dataclass(frozen=True)
@@ -193,10 +199,13 @@ def _configuration_error(link: BaseException) -> bool:
 
 def _client_outage(link: BaseException) -> Unavailable | None:
     """The outage a Python client's exception `link` says (its type and text), if any."""
+    from icefall.commit.errors import ClockBehindError
     from icefall.kafka.admin import KafkaUnavailableError
     from icefall.kafka.registry import RegistryUnavailableError
 
     kind = f"{type(link).__module__}.{type(link).__qualname__}"
+    if isinstance(link, ClockBehindError):
+        return Unavailable(Service.CLOCK, _one_line(str(link)))
     if isinstance(link, OSError) and link.errno == errno.ENOSPC:
         return Unavailable(Service.LOCAL_DISK, _one_line(str(link)))
     if isinstance(link, KafkaUnavailableError):
@@ -292,6 +301,8 @@ class Outages:
         where = self.where.get(found.service)
         if found.service is Service.LOCAL_DISK:
             return f"local disk {where} is full" if where else "a local disk is full"
+        if found.service is Service.CLOCK:
+            return "this host's clock is behind the table"
         return f"cannot reach {found.service.display_name}" + (f" at {where}" if where else "")
 
     def failed(self, error: BaseException) -> float | None:
@@ -325,10 +336,10 @@ class Outages:
         if service is not None:
             metrics.UNAVAILABLE.labels(self.label, service.value).set(0)
             where = f" at {self.where[service]}" if self.where.get(service) else ""
-            again = "has space again" if service is Service.LOCAL_DISK else "answers again"
+            again_text = _AGAIN.get(service, "answers again")
             log.warning(
                 "%s: %s%s %s after %.0fs (%d failed attempts); resuming",
-                self.label, service.display_name, where, again, lasted, self.state.failures,
+                self.label, service.display_name, where, again_text, lasted, self.state.failures,
             )  # fmt: skip
         self.state = OutageClock()
         if self.listener is not None:

@@ -26,6 +26,7 @@ class Service(StrEnum):
     CATALOG = "catalog"
     OBJECT_STORE = "object_store"
     REGISTRY = "registry"  # the schema registry of spec.format.registry
+    CLOCK = "clock"  # this host's clock is behind the table's last update: it waits until it passes
     LOCAL_DISK = "local_disk"  # the driver's local disk (Spark's local dirs) is full: it waits for space
 
     @property
@@ -36,6 +37,7 @@ class Service(StrEnum):
             "object_store": "the object store",
             "registry": "the schema registry",
             "local_disk": "the local disk",
+            "clock": "this host's clock",
         }[self.value]
 
 
