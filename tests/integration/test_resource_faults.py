@@ -17,7 +17,13 @@ Proves:
   shuffle fails with "No space left on device", the run logs "local disk <dir> is full" once per attempt
   (the driver's status says `local_disk`: condition reason LocalDiskFull), commits nothing, and goes on
   by itself once the filler is deleted. An append batch writes nothing there (no shuffle); in local mode
-  Spark copies its jars there at start (about 210 MB), so the disk is sized for them.
+  Spark copies its jars there at start (about 210 MB), so the disk is sized for them;
+- the table's last commit from a host 90 s ahead (a pyiceberg commit with its clock shifted), then the
+  writer on the right clock, 90 s behind it: it logs "this host's clock is behind the table" and waits
+  until its clock passes that commit (about 30 s), never writing metadata Iceberg Java refuses; a process
+  whose clock is 90 s ahead (a `sitecustomize` shifting `time` and `datetime.now`) cannot take the
+  lease it holds; freshness is never negative. Not libfaketime: under it CPython 3.11's `time.sleep`
+  fails (EINVAL) and a local Spark JVM never registers its block manager.
 """
 
 from __future__ import annotations
