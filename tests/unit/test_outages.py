@@ -133,6 +133,14 @@ PG_REFUSED = (
             ),
             "kube_apiserver",
         ),
+        (
+            RuntimeError(
+                "An error occurred while calling o123.append.\n: org.apache.spark.SparkException: Job aborted"
+                "\nCaused by: java.io.IOException: No space left on device"
+            ),
+            "local_disk",
+        ),
+        (OSError(28, "No space left on device", "/spill/x"), "local_disk"),
     ],
 )
 def test_what_stopped_servers_raise_is_an_outage_of_that_service(error: BaseException, service: str) -> None:
@@ -292,3 +300,27 @@ def test_the_listener_hears_which_service_is_waited_out_and_when_it_answers() ->
     outages.failed(RuntimeError("a bug, not an outage"))  # raised by the caller, not heard
     outages.succeeded()
     assert heard == [Service.REGISTRY, None]
+
+
+def test_a_full_local_disk_is_named_by_its_dirs(caplog: pytest.LogCaptureFixture) -> None:
+    where = {Service.LOCAL_DISK: "/var/data/spark-local"}
+    outages = Outages("it.t", where, clock=lambda: 0.0)
+    with caplog.at_level(logging.WARNING):
+        assert outages.failed(OSError(28, "No space left on device")) is not None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "local disk /var/data/spark-local is full" in line and "\n" not in line
+
+
+def test_a_clock_behind_the_table_is_waited_out_never_committed_through() -> None:
+    from types import SimpleNamespace
+
+    from icefall.commit import ClockBehindError
+    from icefall.commit.pyiceberg_internals import CLOCK_TOLERANCE_MS, check_clock
+
+    table = SimpleNamespace(metadata=SimpleNamespace(last_updated_ms=1_000_000))
+    check_clock(table, now_ms=1_000_000 - CLOCK_TOLERANCE_MS)  # type: ignore[arg-type]  # within Iceberg's minute
+    with pytest.raises(ClockBehindError, match="90s behind") as behind:
+        check_clock(table, now_ms=1_000_000 - 90_000)  # type: ignore[arg-type]
+    found = classify(behind.value)
+    assert found is not None and found.service is Service.CLOCK
+    assert Outages("it.t", {}).describe(found) == "this host's clock is behind the table"

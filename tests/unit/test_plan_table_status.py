@@ -143,6 +143,8 @@ def test_a_schema_change_the_table_cannot_follow_degrades_it_with_one_warning_ev
         ("catalog", ConditionReason.CATALOG_UNAVAILABLE, "the catalog"),
         ("object_store", ConditionReason.CATALOG_UNAVAILABLE, "the object store"),
         ("kube_apiserver", ConditionReason.WAITING_FOR_LEASE, "the Kubernetes API server"),
+        ("local_disk", ConditionReason.LOCAL_DISK_FULL, "local disk"),
+        ("clock", ConditionReason.CLOCK_BEHIND, "clock"),
     ],
 )
 def test_a_service_the_driver_waits_out_stops_ingesting(

@@ -57,6 +57,10 @@ class ConditionReason(StrEnum):
     SECRET_NOT_ALLOWED = "SecretNotAllowed"
     CATALOG_UNAVAILABLE = "CatalogUnavailable"
     KAFKA_UNAVAILABLE = "KafkaUnavailable"
+    # The driver's local disk (Spark's local dirs) is full; it waits for space, nothing is committed.
+    LOCAL_DISK_FULL = "LocalDiskFull"
+    # The driver's host clock is over a minute behind the table's last update; it waits until it passes.
+    CLOCK_BEHIND = "ClockBehind"
     # The service answered and refused the credentials (or TLS settings): a configuration error.
     CATALOG_CREDENTIALS_REFUSED = "CatalogCredentialsRefused"
     KAFKA_CREDENTIALS_REFUSED = "KafkaCredentialsRefused"
@@ -116,6 +120,8 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.CATALOG_CREDENTIALS_REFUSED,
         _R.KAFKA_CREDENTIALS_REFUSED,
         _R.REGISTRY_UNAVAILABLE,
+        _R.LOCAL_DISK_FULL,
+        _R.CLOCK_BEHIND,
         _R.DRIVER_FAILED,
         _R.WAITING_FOR_LEASE,
         _R.COMMIT_CONFLICT,
@@ -144,6 +150,8 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.CATALOG_CREDENTIALS_REFUSED,
         _R.KAFKA_CREDENTIALS_REFUSED,
         _R.REGISTRY_UNAVAILABLE,
+        _R.LOCAL_DISK_FULL,
+        _R.CLOCK_BEHIND,
         _R.BAD_RECORD_HALTED,
         _R.DATA_LOSS_HALTED,
         _R.TABLE_CLAIMED,
@@ -306,7 +314,7 @@ class WriterReport(StatusModel):
         max_length=32,
         description=(
             "A service the driver cannot reach and is waiting out (kafka, catalog, object_store, registry, "
-            "kube_apiserver); "
+            "kube_apiserver; local_disk: its local disk is full; clock: its clock is behind the table); "
             "unset when it reaches them all."
         ),
     )

@@ -34,12 +34,14 @@ from icefall.commit.direct import (
     rewind_dead_letters,
 )
 from icefall.commit.errors import (
+    ClockBehindError,
     CommitError,
     CorruptStateError,
     FencedError,
     MaintenanceConflictError,
     OffsetGapError,
     StageError,
+    StageExpiredError,
     StaleHeadError,
     TopicMismatchError,
 )
@@ -56,6 +58,7 @@ from icefall.commit.state import CommittedState, TopicState, read_committed, sta
 __all__ = [
     "STAGE_PREFIX",
     "Batch",
+    "ClockBehindError",
     "CommitError",
     "CommitOutcome",
     "CommittedState",
@@ -66,6 +69,7 @@ __all__ = [
     "SourceBatch",
     "Stage",
     "StageError",
+    "StageExpiredError",
     "StaleHeadError",
     "TopicMismatchError",
     "TopicState",

@@ -14,6 +14,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from time import monotonic
 
 from icefall.commit.state import CommittedState, TopicState
 from icefall.runtime.failpoints import TableRole
@@ -105,7 +106,9 @@ class Stage:
 
     `staged` is the snapshot the writer appended, once `staged_on` has recorded it: the commit then lands
     that snapshot even if the writer has stacked its next batch on the branch meanwhile (`next_stage`).
-    None: the branch's head is the batch.
+    None: the branch's head is the batch. `prepared_at` (this process's monotonic clock) is when the
+    stage was made, before any file of the batch was written: `commit_staged` refuses a batch older than
+    `protocol.MAX_STAGE_SECONDS`, whose files orphan removal may have taken.
     """
 
     branch: str
@@ -113,6 +116,7 @@ class Stage:
     table_uuid: uuid.UUID = field(repr=False)
     role: TableRole = "main"  # which table it is, for the failpoints `<role>.after-stage` and on
     staged: int | None = None
+    prepared_at: float = field(default_factory=monotonic, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

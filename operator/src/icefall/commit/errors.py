@@ -23,6 +23,21 @@ class MaintenanceConflictError(StaleHeadError):
     """
 
 
+class StageExpiredError(StaleHeadError):
+    """The batch is too old to commit safely, or a file it names was removed before its commit: orphan
+    removal takes files no metadata references once they are older than its window, and a batch's files
+    are referenced by nothing until it lands (a writer held past the window, or clocks apart). Plan and
+    write the batch again, as for any StaleHeadError; the table never names a file that is gone.
+    """
+
+
+class ClockBehindError(CommitError):
+    """This host's clock is behind the table's last update by more than Iceberg tolerates: metadata written
+    now would carry a `last-updated-ms` over a minute before its metadata log's last entry, and Iceberg
+    Java (Spark, Trino, Flink) refuses to read such a table ("Invalid update timestamp"). Nothing was
+    written; wait for the clock to pass the table's last update (it does by itself) and fix the clock."""
+
+
 class FencedError(CommitError):
     """The writer's lease epoch is below the table's: a newer writer has taken over. Stop writing."""
 

@@ -42,6 +42,7 @@ rare), and any cleanup of files written for refused batches (orphan-file removal
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -69,14 +70,17 @@ from icefall.commit.errors import (
     MaintenanceConflictError,
     OffsetGapError,
     StageError,
+    StageExpiredError,
     StaleHeadError,
     TopicMismatchError,
 )
 from icefall.commit.pyiceberg_internals import (
+    check_clock,
     commit_table,
     new_snapshot,
 )
-from icefall.commit.state import MAIN, CommittedState, state_of
+from icefall.commit.state import DELETED_KEYS, MAIN, CommittedState, state_of
+from icefall.plan.maintenance_items import MIN_ORPHAN_AGE_MS
 from icefall.runtime.failpoints import TableRole, failpoint
 
 if TYPE_CHECKING:
@@ -92,6 +96,11 @@ EPOCH_CLAIM_PROPERTY = "icefall.epoch-claim"  # snapshot summary of a writer's e
 # Attempts of one catalog commit while its own conditions still hold (the table changed elsewhere, e.g. a
 # property or another branch). Each attempt re-checks everything from fresh metadata: this is not a rebase.
 MAX_ATTEMPTS = 5
+# A batch staged longer ago than this is refused and written again: its files are referenced by nothing
+# until it lands (inside Spark's write, or the deleted keys file until the swap), and orphan removal takes
+# unreferenced files older than its window, never below MIN_ORPHAN_AGE_MS. Half of that leaves the other
+# half for the clocks of the store and of the maintenance pod to differ (commit/DESIGN.md, "Orphan removal").
+MAX_STAGE_SECONDS = MIN_ORPHAN_AGE_MS / 1000 / 2
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +140,7 @@ def prepare_stage(table: Table, branch: str, *, role: TableRole = "main", refres
         if MAIN not in table.metadata.refs:
             commit_genesis(table, role)
             continue
+        check_clock(table)  # before the writer appends: its metadata would carry the same clock
         meta = table.metadata
         head = meta.refs[MAIN].snapshot_id
         ref = meta.refs.get(branch)
@@ -242,6 +252,7 @@ def _swap(table: Table, stage: Stage, plan: _Plan, new_head: int, updates: tuple
         AssertRefSnapshotId(ref=stage.branch, snapshot_id=plan.branch_head),
     )
     failpoint(f"{stage.role}.before-commit")
+    _check_alive(table, stage, plan)
     try:
         commit_table(table, updates, requirements)
     except CommitFailedException as e:
@@ -259,6 +270,33 @@ def _swap(table: Table, stage: Stage, plan: _Plan, new_head: int, updates: tuple
             return False
         raise
     return True
+
+
+def _check_alive(table: Table, stage: Stage, plan: _Plan) -> None:
+    """Refuse a batch whose files orphan removal may have taken: staged too long ago, or its deleted keys
+    file (the one file the swap itself makes referenced) gone. Checked after the last pause point."""
+    age = time.monotonic() - stage.prepared_at
+    if age > MAX_STAGE_SECONDS:
+        raise StageExpiredError(
+            f"{stage.branch} was staged {age:.0f}s ago, over {MAX_STAGE_SECONDS:.0f}s (half the orphan "
+            "window): its files may have been removed before it committed; writing the batch again"
+        )
+    named = plan.properties.get(DELETED_KEYS)
+    if named and named != stage.base.deleted_keys and not _readable(table, named):
+        raise StageExpiredError(
+            f"{stage.branch}: its deleted keys file {named} was removed before it committed (orphan removal: "
+            "a writer held past the orphan window, or clocks apart); writing the batch again"
+        )
+
+
+def _readable(table: Table, path: str) -> bool:
+    """False if `path` is gone. Opened, not `InputFile.exists()`: pyiceberg 0.12's fsspec FileIO says a
+    `file:///` path that is there does not exist. Other errors (an outage) are raised."""
+    try:
+        with table.io.new_input(path).open():
+            return True
+    except FileNotFoundError:
+        return False
 
 
 def staged_on(table: Table, stage: Stage) -> Stage:

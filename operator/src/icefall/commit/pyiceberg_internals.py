@@ -20,13 +20,14 @@ re-run tests/integration/test_commit_protocol.py on any upgrade.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from pyiceberg.table.update import AddSnapshotUpdate
 
-from icefall.commit.errors import CommitError
+from icefall.commit.errors import ClockBehindError, CommitError
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -44,11 +45,33 @@ def commit_table(
 ) -> None:
     """One catalog commit, no retries: the catalog checks `requirements` and swaps the metadata atomically.
 
-    `table` then holds the committed metadata, as after pyiceberg's own commit.
+    `table` then holds the committed metadata, as after pyiceberg's own commit. Refused before anything is
+    written when this host's clock is behind the table's last update (`check_clock`).
     """
+    check_clock(table)
     response = table.catalog.commit_table(table, requirements, updates)
     table.metadata = response.metadata
     table.metadata_location = response.metadata_location
+
+
+#: Iceberg Java refuses metadata whose `last-updated-ms` is more than a minute before the last entry of its
+#: metadata log (`TableMetadata`: "Invalid update timestamp"); pyiceberg stamps a commit with this host's
+#: clock and checks nothing. Refuse 5 s short of that minute: the catalog's own write comes a moment later.
+CLOCK_TOLERANCE_MS = 55_000
+
+
+def check_clock(table: Table, now_ms: int | None = None) -> None:
+    """Raise ClockBehindError if this host's clock (`now_ms`) is behind the last update of `table`'s
+    metadata (as loaded) by more than CLOCK_TOLERANCE_MS: a commit now would make the table unreadable for
+    Iceberg Java. The writer waits (an outage, `icefall.ingest.outages`) until its clock passes it."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    behind = table.metadata.last_updated_ms - now
+    if behind > CLOCK_TOLERANCE_MS:
+        raise ClockBehindError(
+            f"this host's clock is {behind / 1000:.0f}s behind the last update of the table "
+            f"({table.metadata.last_updated_ms} ms): Iceberg Java refuses metadata written over a minute "
+            "before its log's last entry; nothing written, waiting for the clock to pass it (check NTP)"
+        )
 
 
 def staged_updates(tx: Transaction) -> tuple[TableUpdate, ...]:

@@ -44,6 +44,7 @@ from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.plan.batching import next_batch_delay
 from icefall.plan.leases import YIELD_MAX_WAIT_SECONDS
 from icefall.runtime import metrics
+from icefall.spark.session import local_dirs
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -129,6 +130,7 @@ class Ingestor:
                 ", ".join(source.topic_names),
                 catalog,
                 registry=self.spec.format.registry.url if self.spec.format.registry else None,
+                local_dirs=local_dirs(spark),
             ),
         )
 

@@ -25,6 +25,12 @@ those clients' exception names and were not seen yet: the Python clients meet an
 - the Kubernetes API server (a driver's commit Lease): `KubeAPIUnavailableError` from
   `icefall.commit.kube_lease` (no connection, a timeout, 429/5xx: etcd down behind it), seen with the real
   kube-apiserver and etcd SIGKILLed (tests/integration/test_kube_apiserver_kills.py);
+- the driver's local disk (`Service.LOCAL_DISK`): "No space left on device" (ENOSPC) from Spark (its shuffle
+  and spill files in its local dirs, `spark.local.dir` / `SPARK_LOCAL_DIRS`) or a Python `OSError` with
+  errno ENOSPC, seen with those dirs on a full tmpfs (tests/integration/test_resource_faults.py); waited
+  out like an outage: nothing was committed, and the batch is read again once space is freed;
+- this host's clock (`Service.CLOCK`): `ClockBehindError` from `icefall.commit`, a clock more than a minute
+  behind the table's last update (tests/integration/test_resource_faults.py); waited out until it passes;
 - the schema registry: `RegistryUnavailableError` from `icefall.kafka.registry` (not reached, timed out,
   408/429/5xx), seen with the real registry stopped (tests/integration/test_registry.py); a registry
   that refuses the credentials or lacks the subject (`RegistryError`) is a configuration error, raised.
@@ -43,6 +49,7 @@ an unknown error is raised (loud), never retried forever in silence.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import time
@@ -76,6 +83,7 @@ _BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
 # Lines of an error's text (Java exception chains included) that name an unreachable service. First match
 # wins, so the specific markers (the client that failed) come before the generic ones.
 _MARKERS: tuple[tuple[Service, re.Pattern[str]], ...] = (
+    (Service.LOCAL_DISK, re.compile(r"No space left on device")),
     (
         Service.OBJECT_STORE,
         re.compile(
@@ -105,6 +113,10 @@ _MARKERS: tuple[tuple[Service, re.Pattern[str]], ...] = (
         ),
     ),
 )
+
+
+# How the line at the end of an outage says it ended, when not "answers again".
+_AGAIN = {Service.LOCAL_DISK: "has space again", Service.CLOCK: "has passed the table's last update"}
 
 
 @dataclass(frozen=True)
@@ -190,11 +202,16 @@ def _configuration_error(link: BaseException) -> bool:
 
 def _client_outage(link: BaseException) -> Unavailable | None:
     """The outage a Python client's exception `link` says (its type and text), if any."""
+    from icefall.commit.errors import ClockBehindError
     from icefall.commit.kube_lease import KubeAPIUnavailableError
     from icefall.kafka.admin import KafkaUnavailableError
     from icefall.kafka.registry import RegistryUnavailableError
 
     kind = f"{type(link).__module__}.{type(link).__qualname__}"
+    if isinstance(link, ClockBehindError):
+        return Unavailable(Service.CLOCK, _one_line(str(link)))
+    if isinstance(link, OSError) and link.errno == errno.ENOSPC:
+        return Unavailable(Service.LOCAL_DISK, _one_line(str(link)))
     if isinstance(link, KafkaUnavailableError):
         # Its text names the brokers and topic, as the outage line does: keep the client's reason only.
         text = str(link)
@@ -233,11 +250,16 @@ def log_failure(logger: logging.Logger, error: BaseException, message: str, *arg
 
 
 def service_addresses(
-    bootstrap: str, topic: str, catalog: CatalogConfig, *, registry: str | None = None
+    bootstrap: str,
+    topic: str,
+    catalog: CatalogConfig,
+    *,
+    registry: str | None = None,
+    local_dirs: str | None = None,
 ) -> dict[Service, str]:
     """Where each service is, as the outage lines name it: the bootstrap servers (and topic), the catalog's
-    URI (secrets masked), the object store's endpoint (or the warehouse) and the schema registry's URL
-    (`registry`, when the format has one; any user:password@ in it left out)."""
+    URI (secrets masked), the object store's endpoint (or the warehouse), the schema registry's URL
+    (`registry`, when the format has one; any user:password@ in it left out) and Spark's local dirs."""
     properties = catalog.properties
     store = (
         properties.get("s3.endpoint")
@@ -253,6 +275,8 @@ def service_addresses(
     }
     if registry:
         where[Service.REGISTRY] = _USERINFO.sub(r"\1", registry)
+    if local_dirs:
+        where[Service.LOCAL_DISK] = local_dirs
     return where
 
 
@@ -281,6 +305,10 @@ class Outages:
 
     def describe(self, found: Unavailable) -> str:
         where = self.where.get(found.service)
+        if found.service is Service.LOCAL_DISK:
+            return f"local disk {where} is full" if where else "a local disk is full"
+        if found.service is Service.CLOCK:
+            return "this host's clock is behind the table"
         return f"cannot reach {found.service.display_name}" + (f" at {where}" if where else "")
 
     def failed(self, error: BaseException) -> float | None:
@@ -314,9 +342,10 @@ class Outages:
         if service is not None:
             metrics.UNAVAILABLE.labels(self.label, service.value).set(0)
             where = f" at {self.where[service]}" if self.where.get(service) else ""
+            again_text = _AGAIN.get(service, "answers again")
             log.warning(
-                "%s: %s%s answers again after %.0fs (%d failed attempts); resuming",
-                self.label, service.display_name, where, lasted, self.state.failures,
+                "%s: %s%s %s after %.0fs (%d failed attempts); resuming",
+                self.label, service.display_name, where, again_text, lasted, self.state.failures,
             )  # fmt: skip
         self.state = OutageClock()
         if self.listener is not None:

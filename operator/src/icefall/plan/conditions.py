@@ -16,9 +16,10 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   read) or CatchingUp;
   False when it does not (Starting, DriverFailed, Suspended, Deleting) or a blocking issue stops it
   (TableClaimedByOther, BadRecordHalted, DataLossHalted, KafkaCredentialsRefused, CatalogCredentialsRefused,
-  KafkaUnavailable, CatalogUnavailable, CommitConflict, WaitingForLease), or, while the driver is backed
-  off or starting, the reason it stopped with (`DRIVER_REFUSALS`); Unknown when the driver's node stopped
-  reporting.
+  KafkaUnavailable, CatalogUnavailable, LocalDiskFull, ClockBehind,
+  CommitConflict, WaitingForLease), or, while the
+  driver is backed off or starting, the reason it stopped with (`DRIVER_REFUSALS`); Unknown when the
+  driver's node stopped reporting.
 - FreshnessMet: True (WithinTarget) when freshness <= spec.freshness.targetSeconds or the topic is empty;
   False when behind (BehindTarget) or records wait and nothing is committed (NoCommitsYet); Unknown before
   the first measurement (NoCommitsYet), when it cannot be measured (NotMeasured, with `unmeasured` as the
@@ -80,6 +81,8 @@ INGEST_BLOCKING: tuple[ConditionReason, ...] = (
     _R.KAFKA_UNAVAILABLE,
     _R.REGISTRY_UNAVAILABLE,
     _R.CATALOG_UNAVAILABLE,
+    _R.LOCAL_DISK_FULL,
+    _R.CLOCK_BEHIND,
     _R.COMMIT_CONFLICT,
     _R.WAITING_FOR_LEASE,
 )

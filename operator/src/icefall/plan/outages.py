@@ -29,6 +29,8 @@ class Service(StrEnum):
     # The Kubernetes API server a driver keeps its commit Lease in (and etcd behind it): no commit without
     # renewing the Lease, so its outage pauses ingestion like the others.
     KUBE_APISERVER = "kube_apiserver"
+    CLOCK = "clock"  # this host's clock is behind the table's last update: it waits until it passes
+    LOCAL_DISK = "local_disk"  # the driver's local disk (Spark's local dirs) is full: it waits for space
 
     @property
     def display_name(self) -> str:
@@ -38,6 +40,8 @@ class Service(StrEnum):
             "object_store": "the object store",
             "registry": "the schema registry",
             "kube_apiserver": "the Kubernetes API server",
+            "local_disk": "the local disk",
+            "clock": "this host's clock",
         }[self.value]
 
 

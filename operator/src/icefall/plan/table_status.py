@@ -166,6 +166,22 @@ def writer_issues(
                 "records stay in Kafka until it answers",
             )
         )
+    elif report.waiting_for == "local_disk":
+        issues.append(
+            Issue(
+                ConditionReason.LOCAL_DISK_FULL,
+                "the driver's local disk (Spark's local dirs: shuffle and spill files) is full and it waits "
+                "for space; nothing is lost, ingestion goes on when space is freed (its log names the dir)",
+            )
+        )
+    elif report.waiting_for == "clock":
+        issues.append(
+            Issue(
+                ConditionReason.CLOCK_BEHIND,
+                "the driver's clock is over a minute behind the table's last update (Iceberg Java refuses "
+                "metadata stamped earlier); it waits until its clock passes it; fix the node's clock (NTP)",
+            )
+        )
     elif report.waiting_for in _WAITED_OUT:
         reason, service = _WAITED_OUT[report.waiting_for]
         text = f"the driver cannot reach {service} and waits for it; ingestion goes on when it answers"

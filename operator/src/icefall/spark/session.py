@@ -345,3 +345,15 @@ def _shut_down_inside(error: BaseException | None) -> bool:
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
+
+
+def local_dirs(spark: SparkSession | None) -> str | None:
+    """Where `spark` writes its shuffle and spill files (and, in local mode, its copy of the jars): its
+    local dirs as Spark resolves them (`SPARK_LOCAL_DIRS`, else `spark.local.dir`, else the JVM's temp
+    dir), comma-separated; None when the JVM cannot say."""
+    try:
+        conf = spark.sparkContext._jsc.sc().conf()  # type: ignore[union-attr]
+        dirs = spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(conf)  # type: ignore[union-attr]
+        return ",".join(str(d) for d in dirs) or None
+    except Exception:  # no session (tests), or the JVM is gone: the outage line names no dir
+        return None

@@ -1,9 +1,9 @@
 """A running `icefall run` process, as a user starts it, for tests that break the world around it.
 
-`LiveRun` starts `icefall run -f <manifest>` (local Spark, no maintenance) with its output in a log file,
-waits on conditions while checking that the process stays up (a fault must never end it), and stops it
-with SIGTERM as a user would. Guarantees: `stop()` ends the process (SIGKILL after 90 s, then fails the
-test); call it in a `finally`.
+`LiveRun` starts `icefall run -f <manifest>` (local Spark unless `master` says otherwise, no maintenance)
+with its output in a log file, waits on conditions while checking that the process stays up (a fault must
+never end it), and stops it with SIGTERM as a user would. Guarantees: `stop()` ends the process (SIGKILL
+after 90 s, then fails the test); call it in a `finally`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class LiveRun:
         topic: str,
         state: Path,
         env: Mapping[str, str] | None = None,
+        master: str = "local[1]",
     ) -> None:
         self.config, self.kafka, self.name, self.topic = config, kafka, name, topic
         self.manifest, self.state = manifest, state
@@ -41,7 +42,7 @@ class LiveRun:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(state),
-                 "--no-maintenance", "--master", "local[1]"],
+                 "--no-maintenance", "--master", master],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
             )  # fmt: skip
 
