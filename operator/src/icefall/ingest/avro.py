@@ -120,6 +120,7 @@ class _Decoded:
 class _Plan:
     """The columns that decode a batch with one set of writer schemas, added in this order."""
 
+    schema_id: Column  # `SCHEMA_ID_COLUMN`, a known id's header matched as bytes
     parsed: list[Column]  # each in a projection of its own: one `from_avro` per writer schema
     failed: list[Column]
     by_id: list[Column]
@@ -160,6 +161,7 @@ class AvroDecoding:
         framing = Framing(max_bytes, "Avro schema")
         self._size_ok = framing.size_ok
         self._schema_id = framing.schema_id
+        self._unaliased_schema_id = framing.schema_id_value
         self._frame_reasons = framing.frame_reasons
         key = F.col("key")
         self._plans: dict[tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]], _Plan] = {}
@@ -199,21 +201,21 @@ class AvroDecoding:
         """Decode with `writers` (value writer schemas by id; a `BatchWriters` carries the keys' too; an id
         it lacks is unknown). Default: `writer_schemas` of this input, looked up now."""
         key_id = [self._key_schema_id] if self.keyed is not None else []
-        framed = kafka_df.select(*self._base, headers, self._schema_id, *key_id)
-        if writers is None:
-            writers = self._writers(framed)
+        if writers is None or (self.keyed is not None and not isinstance(writers, BatchWriters)):
+            looked_up = self._writers(kafka_df.select(*self._base, self._schema_id, *key_id))
+            writers = looked_up if writers is None else BatchWriters(writers, looked_up.key_schemas)
         key_writers: Mapping[int, str | None] = getattr(writers, "key_schemas", None) or {}
-        if self.keyed is not None and not isinstance(writers, BatchWriters):
-            key_writers = self._writers(framed).key_schemas
         plan = self._plan(writers, key_writers)
-        parsed = framed
+        parsed = kafka_df.select(*self._base, headers, plan.schema_id, *key_id)
         for column in plan.parsed:
             parsed = parsed.select("*", column)
         rows = parsed.select("*", *plan.failed).select("*", *plan.by_id)
         if plan.kafka_key is not None:
             rows = rows.select("*", plan.kafka_key)
         checked = rows.select("*", plan.problem)
-        return checked.select("*", *plan.verdict).drop(*plan.internal)
+        # The verdict and the internal columns' drop in one projection (each select is analysed anew).
+        kept = [F.col(c) for c in checked.columns if c not in plan.internal]
+        return checked.select(*kept, *plan.verdict)
 
     def _plan(self, writers: Mapping[int, str | None], key_writers: Mapping[int, str | None]) -> _Plan:
         """The decode columns for these writer schemas, built on first use."""
@@ -269,6 +271,7 @@ class AvroDecoding:
             problems = F.lit(None).cast("string" if self.errors else "boolean")
         unknown = schema_id.isNotNull() & ~schema_id.isin(*known) if known else schema_id.isNotNull()
         return _Plan(
+            schema_id=self._known_schema_id(known),
             parsed=parsed_columns,
             failed=failed_columns,
             by_id=self._by_id(decoded, schema_id),
@@ -277,6 +280,23 @@ class AvroDecoding:
             verdict=[F.col(_ROW).alias(TYPED_COLUMN), *self._verdict(unknown, schema_id)],
             internal=internal,
         )
+
+    def _known_schema_id(self, known: Sequence[int]) -> Column:
+        """`SCHEMA_ID_COLUMN` as `Framing.schema_id` has it, the header of a `known` id matched as its 5
+        bytes (a literal id): the hex text and base conversion only for the other records."""
+        if not known:
+            return self._schema_id
+        header = F.substring(F.col("value"), 1, HEADER_BYTES)
+        column = None
+        for i in known:
+            matched = self._size_ok & (header == F.lit(bytearray(b"\x00" + i.to_bytes(4, "big"))))
+            column = (
+                F.when(matched, F.lit(i).cast("bigint"))
+                if column is None
+                else column.when(matched, F.lit(i).cast("bigint"))
+            )
+        assert column is not None
+        return column.otherwise(self._unaliased_schema_id).alias(_SCHEMA_ID)
 
     def _by_id(self, decoded: Sequence[tuple[int, _Decoded]], schema_id: Column) -> list[Column]:
         """The row of each record (by its schema id), and in keyed modes whether it deletes its key, in cdc
