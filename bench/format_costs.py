@@ -304,7 +304,7 @@ def measure(
                 f"[bench] round {round_} {variant}: {used:.2f} CPU-s, {time.monotonic() - t0:.2f} s",
                 flush=True,
             )
-            if round_:
+            if round_ and used > 0:  # a process of the tree that ends takes its CPU with it: not a figure
                 cpu[variant].append(used)
         order = order[1:] + order[:1]
     return cpu

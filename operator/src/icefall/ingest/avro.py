@@ -12,9 +12,10 @@ small Spark job over the first five bytes of each value) and looked up (`SchemaL
 PERMISSIVE) with the writer schema of its own id — one `from_avro` per id, chosen per record by a CASE on
 the id, so each record is parsed once; an id without a writer schema is an unknown id. The writer's record
 is then projected onto the table's fields by name (`try_cast` to the table's type; a field the writer does
-not have is null). The decoded frame keeps the value's (and key's) schema id (`icefall.ingest.framing`:
-`SCHEMA_ID_COLUMN`, `KEY_SCHEMA_ID_COLUMN`), for the write's observation. The columns for one set of
-writer schemas are built once and kept (`MAX_PLANS_KEPT`): building them costs more than a small batch.
+not have is null; a writer whose record is the table's row as it is, is the row). The decoded frame keeps
+the value's (and key's) schema id (`icefall.ingest.framing`: `SCHEMA_ID_COLUMN`, `KEY_SCHEMA_ID_COLUMN`),
+for the write's observation. The columns for one set of writer schemas are built once and kept
+(`MAX_PLANS_KEPT`): building them costs more than a small batch.
 
 Reasons a record goes to the dead-letter table (`error`, joined by "; " like the JSON path's):
 `tombstone: the record's value is null`; `record is N bytes, over the limit of M (...)`;

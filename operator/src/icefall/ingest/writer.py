@@ -208,9 +208,10 @@ class BatchWriter:
         (its commit stages its empty snapshot). `evolve` first makes the table hold the writer schemas.
 
         A registry format decodes with the writer schemas this writer has met (`known`; its first batch
-        learns its ids first, in one more Spark job over the records' headers). The observation also names
-        the batch's schema ids: ids not met before are looked up, and when one has a writer schema the
-        stats say `unseen_writers` (the batch must be written again, `plan.pipelining` REWRITE)."""
+        learns the ids of a sample of its records first, in one more small Spark job). The observation
+        also names the batch's schema ids: ids not met before are looked up, and when one has a writer
+        schema the stats say `unseen_writers` (the batch must be written again, `plan.pipelining`
+        REWRITE)."""
         if not planned.ranges:
             return NOTHING_READ
         from pyspark.sql import Observation
