@@ -49,6 +49,7 @@ from icefall.compact.worker import Outcome
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.ingest.union_read import union_read
+from icefall.ingest.writer import SCHEMA_ID_SAMPLE
 from icefall.plan.maintenance_items import CompactPartition, MaintenancePolicy
 from icefall.plan.names import table_leases
 from icefall.runtime import failpoints, metrics
@@ -277,6 +278,51 @@ spec:
     assert changes == 1
     report = verify_table(st, catalog_config, spark=spark)
     assert report.ok and report.content_checked, report.render()
+
+
+def test_a_first_batch_reads_the_ids_of_a_sample_and_meets_the_others_as_it_is_written(
+    kafka: KafkaBroker,
+    schema_registry: SchemaRegistryServer,
+    spark: SparkSession,
+    catalog_config: CatalogConfig,
+    tmp_path: Path,
+) -> None:
+    topic, name = "it-evolve-sample", "evolve_sample"
+    kafka.create_topic(topic, partitions=1)
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    context = SerializationContext(topic, MessageField.VALUE)
+    v1 = AvroSerializer(client, json.dumps(ORDER_V1))
+    v2 = AvroSerializer(client, json.dumps(ORDER_V2))
+    sample = SCHEMA_ID_SAMPLE
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(sample):  # the sample: v1 only
+        producer.produce(topic, value=v1({"id": i, "qty": i, "tags": []}, context))
+    for i in range(sample, sample + 3):  # past it: v2, with a field v1 lacks
+        producer.produce(topic, value=v2({"id": i, "qty": i, "note": f"n{i}"}, context))
+    assert producer.flush(30) == 0
+    st = load_manifest(
+        f"""
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: evolve-sample}}
+spec:
+  source: {{bootstrapServers: "{kafka.bootstrap}", topic: {topic}}}
+  format: {{type: avro, registry: {{url: "{schema_registry.url}"}}}}
+  table: {{namespace: it, name: {name}}}
+"""
+    )
+    table_name = f"it.{name}"
+    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+        reports = drain(ingestor)
+    # One batch; its schema ids read from a sample that held v1 only, v2 met as it was written: written
+    # again with v2 (before, the whole batch was read for its ids first and written once).
+    assert [(r.records_written, r.records_dead_lettered) for r in reports] == [(sample + 3, 0)]
+    assert (id_reads(table_name), rewritten(table_name)) == (1, 1)
+    rows = catalog_config.pyiceberg().load_table(table_name).scan().to_arrow().to_pylist()
+    assert sorted((r["id"], r["note"]) for r in rows)[-4:] == [
+        (sample - 1, None),
+        *((i, f"n{i}") for i in range(sample, sample + 3)),
+    ]
 
 
 def id_reads(table_name: str) -> float:

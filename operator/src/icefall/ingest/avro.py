@@ -12,9 +12,10 @@ small Spark job over the first five bytes of each value) and looked up (`SchemaL
 PERMISSIVE) with the writer schema of its own id — one `from_avro` per id, chosen per record by a CASE on
 the id, so each record is parsed once; an id without a writer schema is an unknown id. The writer's record
 is then projected onto the table's fields by name (`try_cast` to the table's type; a field the writer does
-not have is null). The decoded frame keeps the value's (and key's) schema id (`icefall.ingest.framing`:
-`SCHEMA_ID_COLUMN`, `KEY_SCHEMA_ID_COLUMN`), for the write's observation. The columns for one set of
-writer schemas are built once and kept (`MAX_PLANS_KEPT`): building them costs more than a small batch.
+not have is null; a writer whose record is the table's row as it is, is the row). The decoded frame keeps
+the value's (and key's) schema id (`icefall.ingest.framing`: `SCHEMA_ID_COLUMN`, `KEY_SCHEMA_ID_COLUMN`),
+for the write's observation. The columns for one set of writer schemas are built once and kept
+(`MAX_PLANS_KEPT`): building them costs more than a small batch.
 
 Reasons a record goes to the dead-letter table (`error`, joined by "; " like the JSON path's):
 `tombstone: the record's value is null`; `record is N bytes, over the limit of M (...)`;
@@ -53,7 +54,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
@@ -120,6 +121,7 @@ class _Decoded:
 class _Plan:
     """The columns that decode a batch with one set of writer schemas, added in this order."""
 
+    schema_id: Column  # `SCHEMA_ID_COLUMN`, a known id's header matched as bytes
     parsed: list[Column]  # each in a projection of its own: one `from_avro` per writer schema
     failed: list[Column]
     by_id: list[Column]
@@ -160,6 +162,7 @@ class AvroDecoding:
         framing = Framing(max_bytes, "Avro schema")
         self._size_ok = framing.size_ok
         self._schema_id = framing.schema_id
+        self._unaliased_schema_id = framing.schema_id_value
         self._frame_reasons = framing.frame_reasons
         key = F.col("key")
         self._plans: dict[tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]], _Plan] = {}
@@ -199,23 +202,25 @@ class AvroDecoding:
         """Decode with `writers` (value writer schemas by id; a `BatchWriters` carries the keys' too; an id
         it lacks is unknown). Default: `writer_schemas` of this input, looked up now."""
         key_id = [self._key_schema_id] if self.keyed is not None else []
-        framed = kafka_df.select(*self._base, headers, self._schema_id, *key_id)
-        if writers is None:
-            writers = self._writers(framed)
+        if writers is None or (self.keyed is not None and not isinstance(writers, BatchWriters)):
+            looked_up = self._writers(kafka_df.select(*self._base, self._schema_id, *key_id))
+            writers = looked_up if writers is None else BatchWriters(writers, looked_up.key_schemas)
         key_writers: Mapping[int, str | None] = getattr(writers, "key_schemas", None) or {}
-        if self.keyed is not None and not isinstance(writers, BatchWriters):
-            key_writers = self._writers(framed).key_schemas
-        plan = self._plan(writers, key_writers)
-        parsed = framed
+        plan = self._plan(writers, key_writers, kafka_df.sparkSession)
+        parsed = kafka_df.select(*self._base, headers, plan.schema_id, *key_id)
         for column in plan.parsed:
             parsed = parsed.select("*", column)
         rows = parsed.select("*", *plan.failed).select("*", *plan.by_id)
         if plan.kafka_key is not None:
             rows = rows.select("*", plan.kafka_key)
         checked = rows.select("*", plan.problem)
-        return checked.select("*", *plan.verdict).drop(*plan.internal)
+        # The verdict and the internal columns' drop in one projection (each select is analysed anew).
+        kept = [F.col(c) for c in checked.columns if c not in plan.internal]
+        return checked.select(*kept, *plan.verdict)
 
-    def _plan(self, writers: Mapping[int, str | None], key_writers: Mapping[int, str | None]) -> _Plan:
+    def _plan(
+        self, writers: Mapping[int, str | None], key_writers: Mapping[int, str | None], spark: SparkSession
+    ) -> _Plan:
         """The decode columns for these writer schemas, built on first use."""
         values = tuple((i, w) for i, w in sorted(writers.items()) if w is not None)
         keys = tuple((i, w) for i, w in sorted(key_writers.items()) if w is not None)
@@ -223,12 +228,16 @@ class AvroDecoding:
         if plan is None:
             if len(self._plans) >= MAX_PLANS_KEPT:
                 self._plans.clear()
-            plan = self._plans[values, keys] = self._build(dict(values), dict(keys))
+            plan = self._plans[values, keys] = self._build(dict(values), dict(keys), spark)
         return plan
 
-    def _build(self, writers: Mapping[int, str], key_writers: Mapping[int, str]) -> _Plan:
+    def _build(
+        self, writers: Mapping[int, str], key_writers: Mapping[int, str], spark: SparkSession
+    ) -> _Plan:
         """`_plan`'s columns, built."""
         from pyspark.sql.avro.functions import from_avro
+
+        row_type = StructType([StructField(name, dtype, True) for name, dtype in self.targets.items()])
 
         schema_id = F.col(_SCHEMA_ID)
         payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
@@ -251,7 +260,10 @@ class AvroDecoding:
             # without it, every field access would parse the record again.
             parsed_columns.append(F.explode(F.array(F.when(schema_id == F.lit(i), record))).alias(name))
             failed_columns.append(_failed(F.col(name), top_fields).alias(f"{_FAILED}{i}"))
-            decoded.append((i, self._decoded(i, writer, F.col(name), F.col(f"{_FAILED}{i}"), top_fields)))
+            # A writer whose record is the table's row as it is (names, order, types): no projection.
+            exact = not self.cdc and _parsed_type(spark, record) == row_type
+            failed = F.col(f"{_FAILED}{i}")
+            decoded.append((i, self._decoded(i, writer, F.col(name), failed, top_fields, exact=exact)))
         key_known = sorted(key_writers)
         for i in key_known:
             key_payload = F.expr(f"substring(key, {HEADER_BYTES + 1})")
@@ -269,6 +281,7 @@ class AvroDecoding:
             problems = F.lit(None).cast("string" if self.errors else "boolean")
         unknown = schema_id.isNotNull() & ~schema_id.isin(*known) if known else schema_id.isNotNull()
         return _Plan(
+            schema_id=self._known_schema_id(known),
             parsed=parsed_columns,
             failed=failed_columns,
             by_id=self._by_id(decoded, schema_id),
@@ -277,6 +290,16 @@ class AvroDecoding:
             verdict=[F.col(_ROW).alias(TYPED_COLUMN), *self._verdict(unknown, schema_id)],
             internal=internal,
         )
+
+    def _known_schema_id(self, known: Sequence[int]) -> Column:
+        """`SCHEMA_ID_COLUMN` as `Framing.schema_id` has it, the header of a `known` id matched as its 5
+        bytes (a literal id): the hex text and base conversion only for the other records."""
+        header = F.substring(F.col("value"), 1, HEADER_BYTES)
+        by_header = [(i, header == F.lit(bytearray(b"\x00" + i.to_bytes(4, "big")))) for i in known]
+        column = self._unaliased_schema_id
+        for i, matched in reversed(by_header):
+            column = F.when(self._size_ok & matched, F.lit(i).cast("bigint")).otherwise(column)
+        return column.alias(_SCHEMA_ID)
 
     def _by_id(self, decoded: Sequence[tuple[int, _Decoded]], schema_id: Column) -> list[Column]:
         """The row of each record (by its schema id), and in keyed modes whether it deletes its key, in cdc
@@ -315,12 +338,19 @@ class AvroDecoding:
         return None
 
     def _decoded(
-        self, schema_id: int, writer: str, record: Column, failed: Column, top_fields: Mapping[str, bool]
+        self,
+        schema_id: int,
+        writer: str,
+        record: Column,
+        failed: Column,
+        top_fields: Mapping[str, bool],
+        *,
+        exact: bool = False,
     ) -> _Decoded:
         """The records of writer schema `schema_id`, parsed into `record`: their row and its checks; in cdc
         the envelope's row image (after, or before for op d), op and position."""
         if not self.cdc:
-            projected, checks = self._projected(schema_id, record, failed, top_fields)
+            projected, checks = self._projected(schema_id, record, failed, top_fields, exact=exact)
             return _Decoded(projected, checks)
         parsed = json.loads(writer)
         row = envelope_row(parsed)
@@ -439,11 +469,18 @@ class AvroDecoding:
         return flag
 
     def _projected(
-        self, schema_id: int, record: Column, failed: Column, writer_fields: Mapping[str, bool]
+        self,
+        schema_id: int,
+        record: Column,
+        failed: Column,
+        writer_fields: Mapping[str, bool],
+        *,
+        exact: bool = False,
     ) -> tuple[Column, list[tuple[Column, Column]]]:
         """The table's row of a record parsed with writer schema `schema_id` (`record`: its row record,
         null when it has none), and the checks on it (`failed`: the bytes did not decode, `_failed`). In
-        keyed modes a key field the record lacks may come from the Kafka key."""
+        keyed modes a key field the record lacks may come from the Kafka key. `exact`: the record's type
+        is the table's row type, so the record is the row (no field is cast, none can mismatch)."""
         decoded = ~failed & record.isNotNull()
         values: list[Column] = []
         checks: list[tuple[Column, Column]] = [
@@ -452,7 +489,9 @@ class AvroDecoding:
         key = self.keyed.key if self.keyed is not None else []
         for field in self.fields:
             target = self.targets[field.name]
-            if field.name in writer_fields:
+            if exact:
+                value, mismatch, absent = record[field.name], F.lit(False), ""
+            elif field.name in writer_fields:
                 raw = record[field.name]
                 value = raw.try_cast(target)
                 mismatch = decoded & raw.isNotNull() & value.isNull()
@@ -478,7 +517,12 @@ class AvroDecoding:
                     )
                 )
             values.append(value.alias(field.name))
-        return F.struct(*values), checks
+        return (record if exact else F.struct(*values)), checks
+
+
+def _parsed_type(spark: SparkSession, record: Column) -> DataType:
+    """The Spark type `record` (a `from_avro` of the value) parses into: analysed once per plan."""
+    return spark.range(0).select(F.lit(None).cast("binary").alias("value")).select(record).schema[0].dataType
 
 
 def _nullable(dtype: DataType) -> DataType:

@@ -82,6 +82,7 @@ HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructFie
 #: The columns of a decode result, named by `icefall.ingest.columns` (the Avro decoder shares them).
 KAFKA_COLUMN = columns.KAFKA_COLUMN
 SEQUENCE_COLUMN = columns.SEQUENCE_COLUMN
+_RANK = "__icefall_rank"  # `last_changes`: a change's rank among its key's, latest first
 DEAD_LETTER_COLUMNS = columns.DEAD_LETTER_COLUMNS
 TYPED_COLUMN = columns.TYPED_COLUMN
 ERROR_COLUMN = columns.ERROR_COLUMN
@@ -319,10 +320,16 @@ def last_changes(changes: DataFrame, key: Sequence[str]) -> DataFrame:
     are not, and does not judge them), unless the source's position orders them (`spec.sequenceBy`; a
     tombstone has none and loses to every change event).
     """
-    sequence = [F.col(SEQUENCE_COLUMN)] if SEQUENCE_COLUMN in changes.columns else []
-    order = F.struct(*sequence, F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset"))
-    last = changes.groupBy(*key).agg(F.max_by(F.struct(*changes.columns), order).alias("last"))
-    return last.select("last.*")
+    from pyspark.sql import Window
+
+    # Descending with nulls last: a change without a sequence (a tombstone) ranks below every one with.
+    sequence = [F.col(SEQUENCE_COLUMN).desc()] if SEQUENCE_COLUMN in changes.columns else []
+    order = [*sequence, F.col(f"{KAFKA_COLUMN}.partition").desc(), F.col(f"{KAFKA_COLUMN}.offset").desc()]
+    # `row_number() = 1`, not `max_by(struct(every column), ...)`: an aggregation buffer holding strings
+    # cannot be hashed, so that sorted the whole batch; a rank limit cuts each task's rows to one per key
+    # before the shuffle (Spark's window group limit). bench/results/format_costs.md.
+    rank = F.row_number().over(Window.partitionBy(*key).orderBy(*order))
+    return changes.select("*", rank.alias(_RANK)).where(F.col(_RANK) == 1).drop(_RANK)
 
 
 def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:

@@ -44,10 +44,12 @@ class Framing:
         size = F.length(value)
         #: The value is long enough for the header and within the size limit.
         self.size_ok = size_ok = value.isNotNull() & (size >= HEADER_BYTES) & (size <= max_bytes)
-        magic_ok = F.hex(F.substring(value, 1, 1)) == F.lit("00")
-        self.schema_id = F.when(
+        magic_ok = F.substring(value, 1, 1) == F.lit(bytearray(b"\x00"))  # bytes: no hex text per record
+        #: The id alone, unnamed (`schema_id` is it as `SCHEMA_ID_COLUMN`).
+        self.schema_id_value = F.when(
             size_ok & magic_ok, F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("bigint")
-        ).alias(SCHEMA_ID_COLUMN)
+        )
+        self.schema_id = self.schema_id_value.alias(SCHEMA_ID_COLUMN)
         schema_id = F.col(SCHEMA_ID_COLUMN)
         #: The frame is right and the registry has the id's schema (of this format).
         self.ok = F.col(KNOWN_COLUMN)

@@ -48,6 +48,9 @@ Evolve = Callable[["Writers | None"], "Schema"]
 #: default), and a broker answers one request per connection at a time, so every task of a caught-up batch
 #: waited half a second. Larger polls mean fewer round trips per batch.
 SPARK_CONSUMER_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "5000"}
+#: A writer's first batch reads the schema ids of this many records of each partition before it is decoded
+#: (`BatchWriter._writers`): a topic's records rarely change writer schema within a batch.
+SCHEMA_ID_SAMPLE = 100
 
 
 def read_kafka(
@@ -214,9 +217,10 @@ class BatchWriter:
         (its commit stages its empty snapshot). `evolve` first makes the table hold the writer schemas.
 
         A registry format decodes with the writer schemas this writer has met (`known`; its first batch
-        learns its ids first, in one more Spark job over the records' headers). The observation also names
-        the batch's schema ids: ids not met before are looked up, and when one has a writer schema the
-        stats say `unseen_writers` (the batch must be written again, `plan.pipelining` REWRITE).
+        learns the ids of a sample of its records first, in one more small Spark job). The observation
+        also names the batch's schema ids: ids not met before are looked up, and when one has a writer
+        schema the stats say `unseen_writers` (the batch must be written again, `plan.pipelining`
+        REWRITE).
 
         With `routing` (`spec.routes`), the same one read and decode is cached and written to `table`'s
         branch (the unrouted records) and to each route's (`routes`: those that take part of the batch)."""
@@ -227,7 +231,7 @@ class BatchWriter:
         # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
         routing = self.routing
         source = self.read(planned.ranges, headers=routing is not None and routing.headers)
-        writers = self._writers(source)
+        writers = self._writers(planned.ranges)
         self.use_table_schema(evolve(writers) if evolve is not None else table.schema())
         decoders = self.decoders
         observation = Observation()
@@ -270,15 +274,18 @@ class BatchWriter:
 
         return self._learn(stats, seen.get(SCHEMA_IDS) or [], seen.get(KEY_SCHEMA_IDS) or [])
 
-    def _writers(self, source: DataFrame) -> BatchWriters | None:
+    def _writers(self, ranges: tuple[OffsetRange, ...]) -> BatchWriters | None:
         """The writer schemas a batch decodes with: those met so far (None: not a registry format). The
-        first batch learns its own first (`icefall_schema_id_reads_total`)."""
+        first batch learns the ids of a sample of its records first (`icefall_schema_id_reads_total`: the
+        first `SCHEMA_ID_SAMPLE` of each partition, not the whole batch); an id the sample missed is met
+        by the write's observation like any new one (the batch is written again with it)."""
         good = self.decoders.good
         if not good.uses_registry:
             return None
         if self.known.empty:
             metrics.SCHEMA_ID_READS.labels(self.label).inc()
-            found = good.writer_schemas(source) or {}
+            sample = tuple(dataclasses.replace(r, end=min(r.end, r.start + SCHEMA_ID_SAMPLE)) for r in ranges)
+            found = good.writer_schemas(self.read(sample, headers=False)) or {}
             self.known.learn(found, getattr(found, "key_schemas", None))
         from icefall.ingest.avro import BatchWriters
 
