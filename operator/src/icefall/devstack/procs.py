@@ -7,14 +7,17 @@ ports are picked free just before use, so another program could take one in betw
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import os
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,6 +48,12 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
     # SIGKILL, not SIGTERM: an orphaned kube-apiserver whose etcd is gone takes a minute to shut down.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@functools.cache
+def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+    """One thread, kept until the process exits, that forks the servers other threads start."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="devstack-spawner")
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -80,15 +89,23 @@ class ManagedProcess:
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
+            popen = functools.partial(
+                subprocess.Popen,
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl runs before exec)
+                preexec_fn=_die_with_parent,  # only prctl runs before exec
             )
+            # The death signal follows the THREAD that forked the child: a server (re)started from a
+            # short-lived thread (a chaos run's fault loop) would be SIGKILLed when that thread ends. Such
+            # starts are forked from one thread that lives as long as the process.
+            if threading.current_thread() is threading.main_thread():
+                self._proc = popen()
+            else:
+                self._proc = _spawner().submit(popen).result()
         return self
 
     @property
