@@ -89,16 +89,18 @@ class ManagedProcess:
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            popen = functools.partial(
-                subprocess.Popen,
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # only prctl runs before exec
-            )
+
+            def popen() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl runs before exec)
+                )
+
             # The death signal follows the THREAD that forked the child: a server (re)started from a
             # short-lived thread (a chaos run's fault loop) would be SIGKILLed when that thread ends. Such
             # starts are forked from one thread that lives as long as the process.
