@@ -126,7 +126,7 @@ class Ingestor:
             self.label,
             service_addresses(
                 source.bootstrap_servers,
-                source.topics_text,
+                ", ".join(source.topic_names) or source.first_topic,
                 catalog,
                 registry=self.spec.format.registry.url if self.spec.format.registry else None,
                 local_dirs=local_dirs(spark),
