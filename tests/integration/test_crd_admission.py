@@ -66,9 +66,12 @@ Proves:
     must be partitioned by hour, day, month or year: ...`
   - an unknown field spec.source.partitions → `.spec.source.partitions: field not declared in schema`
   - both spec.source.topic and topics → `spec.source.topics: Invalid value: ... name the topic to read
-    (topic: <name>) or the topics (topics: [...]), not both`; neither → `spec.source.topic: ... topic is
-    required`; a key with topics → `spec.key: ... a keyed table (mode upsert or cdc) reads one topic`; the
-    dead-letter topic among the topics → `spec.deadLetter.topic: ... must differ from the source topic`
+    (topic: <name>), the topics (topics: [...]) or a pattern (topicPattern: <regex>), one of them only`; a
+    topicPattern beside topic → the same on `spec.source.topicPattern`; neither → `spec.source.topic: ...
+    topic is required`; a key with topics or a topicPattern → `spec.key: ... a keyed table (mode upsert or
+    cdc) reads one topic`; the dead-letter topic among the topics → `spec.deadLetter.topic: ... must differ
+    from the source topic` (whether a topicPattern matches it is the operator's and `icefall validate`'s
+    check: CEL's regular expressions are RE2's, not Java's or Python's)
   - spec.unrouted without routes → `spec.unrouted: ... unrouted applies with routes`; routes with topics →
     `spec.routes: ... routes need mode append and one topic`; a route table's class-valued property →
     `spec.routes[0].table.properties...`
@@ -84,10 +87,10 @@ Proves:
   models see the default.
 - Updates: changing spec.source.topic, spec.table.namespace, spec.table.name, spec.table.catalog or
   spec.mode (and with it spec.key), or adding/removing the catalog or the table name, or going from
-  spec.source.topic to topics, is REJECTED by CEL, e.g. `spec.source.topic: Invalid
+  spec.source.topic to topics or topicPattern, is REJECTED by CEL, e.g. `spec.source.topic: Invalid
   value: "orders-v2": spec.source.topic is immutable (a table follows one topic for its whole life); to
-  change it, create a new StreamingTable`; changing freshness.targetSeconds, or the list spec.source.topics,
-  is accepted.
+  change it, create a new StreamingTable`; changing freshness.targetSeconds, the list spec.source.topics or
+  spec.source.topicPattern, is accepted.
 - The status subresource takes a status built with the status models, and a reason this release does
   not know (a newer operator's: the CRD stores any CamelCase word), but rejects one that is not
   CamelCase; `kubectl get st` shows Ready, Freshness, the spec's Target, Lag and Files from it, `-o wide`
@@ -269,6 +272,13 @@ def _topics(obj: Obj, topics: list[str]) -> Obj:
     return _spec(obj)
 
 
+def _pattern(obj: Obj, pattern: str) -> Obj:
+    """`obj`'s spec reading the topics `pattern` selects instead of its topic."""
+    _spec(obj)["source"].pop("topic", None)
+    _spec(obj)["source"]["topicPattern"] = pattern
+    return _spec(obj)
+
+
 def _catalog(**extra: Any) -> Mutation:
     return lambda o: _spec(o)["table"].__setitem__("catalog", {"name": "lake", **extra})
 
@@ -278,11 +288,21 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
     (
         "topic-and-topics",
         lambda o: _spec(o)["source"].__setitem__("topics", ["orders-eu", "orders-us"]),
-        ["spec.source.topics: Invalid value", "or the topics (topics: [...]), not both"],
+        ["spec.source.topics: Invalid value", "or a pattern (topicPattern: <regex>), one of them only"],
     ),
     (
         "keyed-topics",
         lambda o: _topics(o, ["a", "b"]).update(mode="upsert", key=["id"]),
+        ["spec.key: Invalid value", "a keyed table (mode upsert or cdc) reads one topic"],
+    ),
+    (
+        "topic-and-pattern",
+        lambda o: _spec(o)["source"].__setitem__("topicPattern", "orders-.*"),
+        ["spec.source.topicPattern: Invalid value", "or a pattern (topicPattern: <regex>), one of them only"],
+    ),
+    (
+        "keyed-pattern",
+        lambda o: _pattern(o, "orders-.*").update(mode="upsert", key=["id"]),
         ["spec.key: Invalid value", "a keyed table (mode upsert or cdc) reads one topic"],
     ),
     (
@@ -640,6 +660,12 @@ IMMUTABLE: list[tuple[str, Mutation, str]] = [
         lambda o: _topics(o, ["orders"]),
         "spec.source.topic: Invalid value: spec.source.topic cannot be added or removed after creation",
     ),
+    (
+        "topic-to-pattern",
+        lambda o: _pattern(o, "orders.*"),
+        "spec.source.topicPattern: Invalid value: spec.source.topicPattern cannot be added or removed after "
+        "creation",
+    ),
 ]
 
 
@@ -706,6 +732,16 @@ def test_the_list_of_topics_can_change(kubectl: Kubectl) -> None:
     result = kubectl.apply(obj)
     assert result.returncode == 0, result.stderr
     assert kubectl.get("listed")["spec"]["source"]["topics"] == ["orders-eu", "orders-us"]
+
+
+def test_the_topic_pattern_can_change(kubectl: Kubectl) -> None:
+    obj = example("patterned")
+    _pattern(obj, "orders-eu")
+    assert kubectl.apply(obj).returncode == 0
+    _spec(obj)["source"]["topicPattern"] = "orders-(eu|us)"
+    result = kubectl.apply(obj)
+    assert result.returncode == 0, result.stderr
+    assert kubectl.get("patterned")["spec"]["source"]["topicPattern"] == "orders-(eu|us)"
 
 
 # --- status ----------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_a_list_of_topics_is_the_topics_form() -> None:
     ("source", "field", "words"),
     [
         ({}, "topic", "is required"),
-        ({"topic": "a", "topics": ["b"]}, "topics", "not both"),
+        ({"topic": "a", "topics": ["b"]}, "topics", "one of them only"),
         ({"topics": ["a", "a"]}, "topics[1]", "listed twice"),
         ({"topics": []}, "topics", "at least 1"),
         ({"topics": ["bad name"]}, "topics", "pattern"),

@@ -48,7 +48,7 @@ def _run(args: argparse.Namespace) -> int:
     if not outages_for(st, catalog).retrying(catalog.pyiceberg, stop.is_set):
         return 1
     print(
-        f"[run] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> "
+        f"[run] {st.metadata.name}: {', '.join(st.spec.source.topic_names) or st.spec.source.topics_text} -> "
         f"{'.'.join(st.table_identifier)}",
         flush=True,
     )
@@ -129,7 +129,8 @@ def _ingest(args: argparse.Namespace) -> int:
 
     apply_reset_request(st, catalog.pyiceberg(), Kube(api), now=datetime.now(UTC))  # before the first batch
     print(
-        f"[ingest] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> "
+        f"[ingest] {st.metadata.name}: "
+        f"{', '.join(st.spec.source.topic_names) or st.spec.source.topics_text} -> "
         f"{'.'.join(st.table_identifier)}",
         flush=True,
     )

@@ -82,6 +82,10 @@ def _fixed_presence(field: str, path: str) -> Rule:
     )
 
 
+_ONE_FORM = (
+    "name the topic to read (topic: <name>), the topics (topics: [...]) or a pattern (topicPattern: "
+    "<regex>), one of them only"
+)
 _SASL = "['SASL_PLAINTEXT', 'SASL_SSL']"
 _SASL_ON = f"(has(self.protocol) && self.protocol in {_SASL})"
 _TLS = "['SSL', 'SASL_SSL']"
@@ -219,8 +223,10 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
     ),
     "StreamingTableSpec": (
         Rule(
+            # A pattern's match is the operator's check (`KafkaSource.reads`): CEL's matches() is RE2.
             "!has(self.deadLetter) || !has(self.deadLetter.topic) || (has(self.source.topic) ? "
-            "self.deadLetter.topic != self.source.topic : !(self.deadLetter.topic in self.source.topics))",
+            "self.deadLetter.topic != self.source.topic : "
+            "!has(self.source.topics) || !(self.deadLetter.topic in self.source.topics))",
             message="the dead-letter topic must differ from the source topic",
             field_path=".deadLetter.topic",
         ),
@@ -263,7 +269,7 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".routes",
         ),
         Rule(
-            "!has(self.source.topics) || !has(self.key)",
+            "(!has(self.source.topics) && !has(self.source.topicPattern)) || !has(self.key)",
             message=(
                 "a keyed table (mode upsert or cdc) reads one topic: Kafka orders the changes of a key "
                 "within a partition of one topic only; use source.topic, or mode append"
@@ -317,17 +323,26 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".properties",
         ),
         Rule(
-            "has(self.topic) || has(self.topics)",
-            message="topic is required: the Kafka topic to read (or topics: [...] to read several)",
+            "has(self.topic) || has(self.topics) || has(self.topicPattern)",
+            message=(
+                "topic is required: the Kafka topic to read (or topics: [...] or topicPattern: <regex> to "
+                "read several)"
+            ),
             field_path=".topic",
         ),
         Rule(
             "!has(self.topic) || !has(self.topics)",
-            message="name the topic to read (topic: <name>) or the topics (topics: [...]), not both",
+            message=_ONE_FORM,
             field_path=".topics",
+        ),
+        Rule(
+            "!has(self.topicPattern) || (!has(self.topic) && !has(self.topics))",
+            message=_ONE_FORM,
+            field_path=".topicPattern",
         ),
         _fixed_presence("topic", "spec.source.topic"),
         _fixed_presence("topics", "spec.source.topics"),
+        _fixed_presence("topicPattern", "spec.source.topicPattern"),
     ),
     "StartingPosition": (
         Rule(

@@ -12,6 +12,10 @@ Guarantees:
   `Continue` (the default) goes on from the earliest record left and counts the skipped ones in the table
   (`icefall.lost-records`, Degraded reason DataLoss); `Halt` skips nothing and stops ingestion (reason
   DataLossHalted) until a person decides.
+- Exactly one of `topic`, `topics` and `topicPattern` (`icefall.api.topic_pattern`: whole-name match,
+  internal topics left out, costly patterns refused). `topics` and `topicPattern` are the topics form:
+  offsets and topic ids by topic; a pattern's topics are found while the table runs
+  (`icefall.kafka.topic_set`).
 - `startingPosition` only matters the first time a table is filled. Afterwards ingestion resumes from the
   offsets committed in the table, and partitions added to the topic later are read from their earliest
   offset (as Spark does), so no record in a new partition is skipped.
@@ -20,6 +24,7 @@ Guarantees:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated
 
@@ -35,6 +40,7 @@ from icefall.api.base import (
     looks_secret,
 )
 from icefall.api.code_properties import kafka_property_problem
+from icefall.api.topic_pattern import MAX_PATTERN_LENGTH, compiled, pattern_problem, selects
 
 #: Consumer properties Icefall sets itself, and the spec field that controls each.
 MANAGED_CONSUMER_PROPERTIES = {
@@ -56,6 +62,10 @@ MAX_TOPICS = 64
 
 #: One Kafka topic name.
 TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=TOPIC_PATTERN)]
+
+#: How often a pattern's topics are listed again, unless `properties` sets metadata.max.age.ms (Kafka's own
+#: knob for it; its default, 5 minutes, is long for a table that is seconds behind its topics).
+DEFAULT_TOPIC_REFRESH_SECONDS = 30.0
 
 #: Most consumer properties a table sets (the allow-list is shorter; a bound the CRD's CEL cost needs).
 MAX_CONSUMER_PROPERTIES = 64
@@ -201,7 +211,7 @@ class KafkaSource(ApiModel):
         default=None,
         description=(
             "Kafka topic to read. Immutable: a table follows one topic for its whole life. Exactly one of "
-            "topic and topics."
+            "topic, topics and topicPattern."
         ),
         min_length=1,
         max_length=249,
@@ -212,7 +222,7 @@ class KafkaSource(ApiModel):
         min_length=1,
         max_length=MAX_TOPICS,
         description=(
-            "Kafka topics to read into the one table, instead of topic (exactly one of the two; a table "
+            "Kafka topics to read into the one table, instead of topic (exactly one of the three; a table "
             "keeps the form it was created with). Offsets, topic ids and lag are kept per topic and "
             "partition, and each row names its topic (_kafka.topic). Topics may be added while the table "
             "runs: a topic new to a table that already holds offsets is read from its earliest record, "
@@ -220,6 +230,25 @@ class KafkaSource(ApiModel):
             "from them if it comes back."
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    topic_pattern: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PATTERN_LENGTH,
+        description=(
+            "A regular expression selecting the topics to read into the one table, instead of topic or "
+            "topics (exactly one of the three; a table keeps the form it was created with). The whole name "
+            "must match, as in Kafka's pattern subscription (Java's Pattern.matches); it is matched with "
+            "Python's re.fullmatch, so use the syntax the two share. Kafka's internal topics "
+            "(__consumer_offsets, __transaction_state) never match; other names starting with '_' (such "
+            "as _schemas) only match a pattern that starts with '_'. Backreferences and a group repeated "
+            "without bound that repeats inside, such as (a+)+, are refused. The topic list is read again "
+            "at most every metadata.max.age.ms (properties; default 30000): a topic that starts matching "
+            "is read from its earliest record once the table holds offsets; one that stops matching or "
+            "is deleted is no longer read (a log line says so), keeps its committed offsets in the "
+            "table, and is read again from them if it matches again. Offsets, topic ids and lag are kept "
+            "per topic and partition, as with topics."
+        ),
     )
     starting_position: StartingPosition = Field(
         default_factory=StartingPosition,
@@ -251,15 +280,25 @@ class KafkaSource(ApiModel):
     @model_validator(mode="after")
     def _one_form(self) -> KafkaSource:
         problems = ProblemCollector()
-        if self.topic is None and self.topics is None:
+        given = [
+            f
+            for f, v in (("topic", self.topic), ("topics", self.topics), ("topicPattern", self.topic_pattern))
+            if v is not None
+        ]
+        if not given:
             problems.add(
                 ("topic",),
-                "is required; add it: the Kafka topic to read (or topics: [...] to read several)",
+                "is required; add it: the Kafka topic to read (or topics: [...] or topicPattern: <regex> "
+                "to read several)",
             )
-        if self.topic is not None and self.topics is not None:
+        if len(given) > 1:
             problems.add(
-                ("topics",), "name the topic to read (topic: <name>) or the topics (topics: [...]), not both"
+                (given[-1],),
+                "name the topic to read (topic: <name>), the topics (topics: [...]) or a pattern "
+                f"(topicPattern: <regex>), one of them only (not {' and '.join(given)})",
             )
+        if self.topic_pattern is not None and (problem := pattern_problem(self.topic_pattern)) is not None:
+            problems.add(("topicPattern",), problem)
         if self.topics is not None:
             for i, name in enumerate(self.topics):
                 if name in self.topics[:i]:
@@ -269,23 +308,52 @@ class KafkaSource(ApiModel):
 
     @property
     def by_topic(self) -> bool:
-        """The topics form (`topics`): offsets, rows and dead letters are kept by topic."""
-        return self.topics is not None
+        """The topics form (`topics` or `topicPattern`): offsets, rows and dead letters are kept by topic."""
+        return self.topics is not None or self.topic_pattern is not None
 
     @property
     def topic_names(self) -> tuple[str, ...]:
-        """The topics read, in the order given (one, in the one-topic form)."""
+        """The topics named, in the order given (one, in the one-topic form; none with `topicPattern`: its
+        topics are what Kafka lists, `select_topics`)."""
+        if self.topic_pattern is not None:
+            return ()
         return tuple(self.topics) if self.topics is not None else (self.topic or "",)
 
     @property
     def first_topic(self) -> str:
-        """The one topic, or the first of `topics` (a registry format's subject, log lines)."""
-        return self.topic_names[0]
+        """The one topic, or the first of `topics` (a registry format's subject, log lines); with
+        `topicPattern`, the pattern (what Kafka clients name in their messages)."""
+        return self.topic_pattern if self.topic_pattern is not None else self.topic_names[0]
 
     @property
     def topics_text(self) -> str:
-        """The topics, for messages: `'orders'`, or `'orders-eu', 'orders-us'`."""
+        """The topics, for messages: `'orders'`, `'orders-eu', 'orders-us'`, or `pattern 'orders-.*'`."""
+        if self.topic_pattern is not None:
+            return f"pattern {self.topic_pattern!r}"
         return ", ".join(repr(t) for t in self.topic_names)
+
+    def reads(self, topic: str) -> bool:
+        """Whether this source reads `topic`: one it names, or one its pattern selects."""
+        if self.topic_pattern is not None:
+            return selects(compiled(self.topic_pattern), topic)
+        return topic in self.topic_names
+
+    def select_topics(self, listed: Iterable[str]) -> tuple[str, ...]:
+        """The topics this source reads of those a cluster lists: the named ones (listed or not: a missing
+        one is an error where it is read), or those the pattern selects, sorted."""
+        if self.topic_pattern is None:
+            return self.topic_names
+        pattern = compiled(self.topic_pattern)
+        return tuple(sorted(t for t in set(listed) if selects(pattern, t)))
+
+    @property
+    def topic_refresh_seconds(self) -> float:
+        """How often a pattern's topics are listed again: `metadata.max.age.ms` of `properties` (at least
+        1 s), else `DEFAULT_TOPIC_REFRESH_SECONDS`."""
+        try:
+            return max(1.0, int(self.properties["metadata.max.age.ms"]) / 1000)
+        except (KeyError, ValueError):
+            return DEFAULT_TOPIC_REFRESH_SECONDS
 
     @field_validator("properties")
     @classmethod

@@ -36,7 +36,7 @@ from icefall.api.base import (
     Loc,
     ProblemCollector,
 )
-from icefall.api.format import Format, FormatType, Transforms
+from icefall.api.format import Format, FormatType, SubjectNameStrategy, Transforms
 from icefall.api.maintenance import CompactionSpec, RetentionSpec, retention_problems
 from icefall.api.pods import PodTemplates
 from icefall.api.routes import MAX_ROUTES, Route, Unrouted
@@ -280,8 +280,9 @@ class StreamingTableSpec(ApiModel):
                 ("table",),
                 layout_problems(self.format.schema_fields, self.table.partitioning, self.table.sort_order),
             )
-        if self.dead_letter.topic is not None and self.dead_letter.topic in self.source.topic_names:
+        if self.dead_letter.topic is not None and self.source.reads(self.dead_letter.topic):
             problems.add(("deadLetter", "topic"), "the dead-letter topic must differ from the source topic")
+        problems.extend((), pattern_subject_problems(self))
         if self.source.by_topic and self.key is not None:
             problems.add(
                 ("key",),
@@ -330,6 +331,24 @@ class StreamingTableSpec(ApiModel):
 
 
 TIME_TRANSFORM_NAMES = ("hour", "day", "month", "year")
+
+
+def pattern_subject_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
+    """A table of `source.topicPattern` whose columns would come from a registry subject named after a
+    topic: no topic is known when the table is made."""
+    fmt = spec.format
+    if spec.source.topic_pattern is None or fmt.registry is None or fmt.schema_known:
+        return []
+    if fmt.registry.subject_name_strategy is SubjectNameStrategy.RECORD:
+        return []
+    return [
+        (
+            ("format", "schema"),
+            "with source.topicPattern the table's columns cannot come from a subject named after a topic "
+            "(no topic is known when the table is made): give the fields here, or set "
+            "registry.subjectNameStrategy: record",
+        )
+    ]
 
 
 def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:

@@ -126,7 +126,7 @@ class SparkContent:
         from icefall.ingest.engine import read_kafka
         from icefall.plan.offsets import OffsetRange
 
-        if topic not in self.spec.source.topic_names:
+        if not self.spec.source.reads(topic):
             raise ValueError(f"the spec reads topic {self.spec.source.topics_text}, not {topic!r}")
         offset_ranges = tuple(OffsetRange(p, start, end, topic) for p, (start, end) in sorted(ranges.items()))
         kafka = read_kafka(

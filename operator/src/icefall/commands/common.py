@@ -74,7 +74,10 @@ def outages_for(st: Any, catalog: Any) -> Any:
     return Outages(
         label,
         service_addresses(
-            source.bootstrap_servers, ", ".join(source.topic_names), catalog, registry=registry
+            source.bootstrap_servers,
+            ", ".join(source.topic_names) or source.first_topic,
+            catalog,
+            registry=registry,
         ),
     )
 

@@ -1,9 +1,9 @@
 """`icefall status` (offsets, lag and freshness of a table against its topic, as text or JSON) and
 `icefall reset-offsets` (the explicit, recorded action after the topic was recreated or truncated).
 
-A table of several topics (`spec.source.topics`) is shown per topic and partition (each partition row
-names its topic), and reset per topic: only the topics that were recreated or truncated are reset, each
-recorded on its own.
+A table of several topics (`spec.source.topics`, or those `topicPattern` matches now) is shown per topic and
+partition (each partition row names its topic), and reset per topic: only the topics that were recreated or
+truncated are reset, each recorded on its own.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from icefall.commands.common import catalog_for, load_table, state_dir, unreacha
 
 if TYPE_CHECKING:
     from icefall.api import StreamingTable
+    from icefall.api.source import KafkaSource
+    from icefall.kafka.admin import TopicView
 
 
 def show_status(args: argparse.Namespace) -> int:
@@ -41,10 +43,19 @@ def _topics_now(st: StreamingTable) -> dict[str, tuple[str, dict[int, tuple[int,
     source = st.spec.source
     seen: dict[str, tuple[str, dict[int, tuple[int, int]]]] = {}
     with TopicView(source.bootstrap_servers, source.first_topic, librdkafka_config(source.security)) as first:
-        for name in source.topic_names:
+        for name in _names(source, first):
             view = first if name == source.first_topic else first.sibling(name)
             seen[name] = (view.topic_id(), view.watermarks())
     return seen
+
+
+def _names(source: KafkaSource, first: TopicView) -> tuple[str, ...]:
+    """The topics `source` reads now: those named, or those its pattern selects of Kafka's list."""
+    return (
+        source.select_topics(first.listed_topics())
+        if source.topic_pattern is not None
+        else source.topic_names
+    )
 
 
 def table_status(args: argparse.Namespace) -> dict[str, Any]:
@@ -70,7 +81,8 @@ def table_status(args: argparse.Namespace) -> dict[str, Any]:
         committed = read_committed(table)
         kafka_config = librdkafka_config(source.security)
         with TopicView(source.bootstrap_servers, source.first_topic, kafka_config) as first:
-            for name in source.topic_names:
+            names = _names(source, first)
+            for name in names:
                 topic = first if name == source.first_topic else first.sibling(name)
                 marks[name], ids[name] = topic.watermarks(), topic.topic_id()
                 offsets = held_of(committed, name).offsets
@@ -78,7 +90,7 @@ def table_status(args: argparse.Namespace) -> dict[str, Any]:
                     oldest.append(topic.oldest_waiting_ms(offsets, marks[name]))
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
-    for name in source.topic_names:
+    for name in names:
         held = held_of(committed, name)
         lag = partition_lag(held.offsets, marks[name])
         rows += [

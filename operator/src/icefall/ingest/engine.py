@@ -41,6 +41,7 @@ from icefall.ingest.report import BatchReport, Reporter
 from icefall.ingest.writer import SPARK_CONSUMER_DEFAULTS, BatchWriter, read_kafka
 from icefall.kafka.admin import TopicView
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
+from icefall.kafka.topic_set import TopicSet
 from icefall.plan.batching import next_batch_delay
 from icefall.plan.leases import YIELD_MAX_WAIT_SECONDS
 from icefall.runtime import metrics
@@ -104,9 +105,7 @@ class Ingestor:
         source = self.spec.source
         # One view per topic, all through the first one's clients (`TopicView.sibling`).
         self.topic = TopicView(source.bootstrap_servers, source.first_topic, self._kafka_config)
-        self.topics = {
-            t: self.topic if t == source.first_topic else self.topic.sibling(t) for t in source.topic_names
-        }
+        self.topics = TopicSet(source, self.topic, self.label)  # `topicPattern`: found in Kafka's list
         self.writer = BatchWriter(
             st,
             spark,
@@ -127,7 +126,7 @@ class Ingestor:
             self.label,
             service_addresses(
                 source.bootstrap_servers,
-                ", ".join(source.topic_names),
+                ", ".join(source.topic_names) or source.first_topic,
                 catalog,
                 registry=self.spec.format.registry.url if self.spec.format.registry else None,
                 local_dirs=local_dirs(spark),

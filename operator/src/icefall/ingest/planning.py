@@ -237,9 +237,8 @@ class Planner:
         """Read the watermarks, choose the batch size (from the pacing figures `progress`) and plan the
         offset ranges after `committed`. Raises SourceChangedError if a topic is not the one the offsets
         were committed on, DataLossHaltedError for a loss with `onDataLoss: Halt`."""
-        ids = {topic: view.topic_id() for topic, view in self.topics.items()}
-        marks = {topic: view.watermarks() for topic, view in self.topics.items()}
-        lags = {t: total_lag(held_of(committed, t).offsets, marks[t]) for t in self.topics}
+        ids, marks = self._observe()
+        lags = {t: total_lag(held_of(committed, t).offsets, marks[t]) for t in ids}
         backlog = sum(lags.values())
         size = choose_batch_size(
             backlog_records=backlog,
@@ -249,12 +248,32 @@ class Planner:
             limits=BatchLimits.from_spec(self.spec.batch),
             last_batch_records=progress.last_batch_records,
         )
-        shares = split_budget(lags, size.records) if len(self.topics) > 1 else {t: size.records for t in lags}
+        shares = split_budget(lags, size.records) if len(ids) > 1 else {t: size.records for t in lags}
         parts = tuple(
-            self._propose_topic(committed, topic, ids[topic], marks[topic], shares[topic])
-            for topic in self.topics
+            self._propose_topic(committed, topic, ids[topic], marks[topic], shares[topic]) for topic in ids
         )
         return Proposal(committed, backlog, parts)
+
+    def _observe(self) -> tuple[dict[str, str], dict[str, Mapping[int, tuple[int, int]]]]:
+        """Each topic's id and watermarks; a pattern's topics listed again first when due (`TopicSet`), and
+        one deleted since left out (not an error: it no longer matches)."""
+        from icefall.kafka.admin import TopicNotFoundError
+        from icefall.kafka.topic_set import TopicSet
+
+        found = self.topics if isinstance(self.topics, TopicSet) and self.topics.pattern else None
+        if found is not None:
+            found.refresh()
+        ids: dict[str, str] = {}
+        marks: dict[str, Mapping[int, tuple[int, int]]] = {}
+        for topic, view in list(self.topics.items()):
+            try:
+                ids[topic], marks[topic] = view.topic_id(), view.watermarks()
+            except TopicNotFoundError:
+                if found is None:
+                    raise
+                found.gone(topic)
+                ids.pop(topic, None)
+        return ids, marks
 
     def _propose_topic(
         self,

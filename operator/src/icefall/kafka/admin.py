@@ -175,6 +175,14 @@ class TopicView:
             )
         return sorted(topic.partitions)
 
+    def listed_topics(self, timeout: float = 10) -> set[str]:
+        """The names of the topics the cluster lists now (one metadata request of this view's consumer)."""
+        try:
+            metadata = self._consumer.list_topics(timeout=timeout)
+        except KafkaException as error:
+            raise self._unavailable(error) from None
+        return {name for name, topic in metadata.topics.items() if topic.error is None}
+
     def topic_id(self, timeout: float = 10) -> str:
         """The topic's id (a UUID in Kafka's base64 form): it changes when the topic is deleted and created
         again under the same name."""
