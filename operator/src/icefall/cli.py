@@ -306,6 +306,10 @@ def _reset_offsets(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     st = load_table(args)
+    if st.spec.routes:  # the audit reads spec.table only: routed records would be reported missing
+        print("icefall verify: spec.routes: a routed table is not audited yet (its routed records would "
+              "show as missing); check each table's rows with Spark", file=sys.stderr)  # fmt: skip
+        return 1
     config = catalog_for(st, state_dir(args))
     with unreachable_is_one_line(st, config):
         report = verify_table(st, config, ingesting=args.ingesting)
