@@ -159,7 +159,11 @@ def test_a_lease_held_across_a_restart_is_never_held_twice(
     print(
         f"{which} down: {unavailable[0]}; A renewed {len(a_expires)} times after the restart, lost: {a_lost}"
     )
-    assert a_lost is not holder_first and bool(a_expires) is holder_first
+    if not holder_first:  # paused through B's takeover: A's first renewal is refused
+        assert a_lost and not a_expires
+    # Holder first: whoever writes first after the restart wins (A's hold ran out while the server was
+    # down, so B may; on a loaded machine it did). Either way never both: B only after A's last hold.
+    assert a_lost or a_expires
     assert b_epoch == epoch + 1
     assert all(b_at >= expiry for expiry in a_expires), "B held the lease while A's renewed hold still ran"
     with pytest.raises(LeaseLostError):
