@@ -96,8 +96,8 @@ def kill(kube: KubeAPIServer, which: str) -> Callable[[], None]:
 def test_a_lease_held_across_a_restart_is_never_held_twice(
     private_kube: KubeAPIServer, which: str, holder_first: bool
 ) -> None:
-    """`holder_first`: the holder tries to renew as soon as the server is back (it keeps the lease until it
-    stops renewing); else it is paused until the contender took the lease over (then it is fenced)."""
+    """`holder_first`: the holder tries to renew as soon as the server is back (it races the contender: either
+    may win, never both); else it is paused until the contender took the lease over (then it is fenced)."""
     api = config.new_client_from_config(config_file=str(private_kube.kubeconfig))
     settings: dict[str, Any] = {"duration_seconds": 2, "poll_seconds": 0.1, "request_timeout": 2}
     a = KubernetesLease(api, "default", "commit", "writer-a", create_missing=True, **settings)
