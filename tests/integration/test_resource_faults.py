@@ -231,7 +231,7 @@ def test_a_batch_staged_longer_ago_than_half_the_orphan_window_is_written_again(
 def small_disk(path: Path, size: str = "300m") -> Iterator[Path]:
     """A tmpfs of `size` mounted at `path` (root only), unmounted on the way out."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
+        pytest.fail("mounting a small filesystem needs root: run the tests as root, as CI does")
     path.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
     try:
