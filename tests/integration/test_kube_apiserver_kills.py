@@ -20,6 +20,10 @@ Proves:
   record and by `icefall verify` (the auditor, by content). The time from the restart to caught up is
   printed (`-s`).
 
+- an operator replica waiting as a follower for the leader Lease while kube-apiserver is killed logs the
+  outage and keeps waiting (it used to exit 1, seen in `make chaos`), and becomes the leader once the
+  server is back and the leader's Lease has run out.
+
 Not proven here: an outage of the operator's leader Lease (`controller.leader` exits and restarts as a
 follower after its lease runs out: tests/integration/test_operator.py's leader tests); a partition where
 the API server is up but unreachable from one process only.
@@ -46,7 +50,7 @@ from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.commit.kube_lease import KubeAPIUnavailableError, KubernetesLease
 from icefall.commit.lease import LeaseLostError
-from icefall.controller.leader import EXIT_LEADERSHIP_LOST
+from icefall.controller.leader import EXIT_LEADERSHIP_LOST, LeaderElection
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer, install_crds
 from icefall.devstack.procs import free_port
@@ -170,6 +174,35 @@ def test_a_lease_held_across_a_restart_is_never_held_twice(
         a.renew()  # fenced: the old holder learns it at its next renewal
     current = a.current()
     assert current is not None and (current.holder, current.epoch) == ("writer-b", epoch + 1)
+
+
+def test_a_follower_waits_out_an_apiserver_kill(private_kube: KubeAPIServer) -> None:
+    api = config.new_client_from_config(config_file=str(private_kube.kubeconfig))
+    first = LeaderElection(api, "default", name="leader", holder="first", duration_seconds=2)
+    assert first.acquire() == 1  # never renewed: it runs out while the server is down
+    follower = LeaderElection(api, "default", name="leader", holder="second", duration_seconds=2)
+    got: list[int] = []
+    failed: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            got.append(follower.acquire())
+        except BaseException as error:  # the assertion below names it
+            failed.append(error)
+
+    waiting = threading.Thread(target=wait, name="follower", daemon=True)
+    waiting.start()
+    try:
+        time.sleep(0.5)
+        private_kube.kill_apiserver()
+        time.sleep(5)  # more than two tries against a dead server
+        assert not failed, failed
+        assert not got
+    finally:
+        private_kube.restart_apiserver()
+    waiting.join(60)
+    assert not failed, failed
+    assert got == [2]
 
 
 # --- the driver and the operator ----------------------------------------------------------------------

@@ -9,7 +9,9 @@ was paused or cut off) or cannot be renewed before it runs out, the process logs
 released, so a follower takes over at once instead of after the lease duration.
 
 While waiting, a follower answers its liveness endpoint itself (`StandbyHealth`), so Kubernetes does not
-kill it for being a follower; kopf takes the port over once leadership is acquired.
+kill it for being a follower; kopf takes the port over once leadership is acquired. A replica that cannot
+reach the API server (`KubeAPIUnavailableError`: down, restarting, 429/5xx) while it waits for the Lease
+waits that out too, with one log line per attempt, instead of exiting 1 (a restart would find it down).
 
 The rules and the acquire/renew loop are `commit.kube_lease.KubernetesLease` (with `plan.leases.decide`),
 the same as the tables' commit Leases. Guarantees: two processes never both pass `acquire` for an
@@ -33,7 +35,7 @@ from urllib.parse import urlparse
 
 from kubernetes.client import ApiClient
 
-from icefall.commit.kube_lease import KubernetesLease
+from icefall.commit.kube_lease import KubeAPIUnavailableError, KubernetesLease
 from icefall.commit.lease import LeaseLostError, LeaseTimeoutError
 from icefall.controller import metrics
 from icefall.plan.env import ENV_POD_NAME
@@ -42,6 +44,8 @@ from icefall.plan.names import LEADER_LEASE_NAME
 log = logging.getLogger(__name__)
 
 EXIT_LEADERSHIP_LOST = 3
+#: Seconds between two tries of a replica that cannot reach the API server while it waits for the Lease.
+UNAVAILABLE_RETRY_SECONDS = 2.0
 
 
 def identity() -> str:
@@ -80,20 +84,30 @@ class LeaderElection:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def acquire(self) -> int:
+    def acquire(self, *, sleep: Callable[[float], None] = time.sleep) -> int:
+        """Wait until this replica holds the Lease (its epoch), through API server outages."""
+        while True:
+            try:
+                epoch = self._acquire()
+            except KubeAPIUnavailableError as error:
+                log.warning("leader election: %s; trying again in %.0f s", error, UNAVAILABLE_RETRY_SECONDS)
+                sleep(UNAVAILABLE_RETRY_SECONDS)
+                continue
+            log.info("leader election: %s is the leader (Lease %s/%s, epoch %d)",
+                     self.lease.holder, self.lease.namespace, self.lease.name, epoch)  # fmt: skip
+            metrics.LEADER.set(1)
+            return epoch
+
+    def _acquire(self) -> int:
         # One try first, so that a replica that lost the race says it waits (a read before the try would
         # miss a Lease another replica creates a moment later, and the follower would wait silently).
         try:
-            epoch = self.lease.acquire(timeout=0)
+            return self.lease.acquire(timeout=0)
         except LeaseTimeoutError:
             current = self.lease.current()
             log.info("leader election: %s/%s is held by %s; waiting as a follower",
                      self.lease.namespace, self.lease.name, current.holder if current else None)  # fmt: skip
-            epoch = self.lease.acquire(timeout=None)
-        log.info("leader election: %s is the leader (Lease %s/%s, epoch %d)",
-                 self.lease.holder, self.lease.namespace, self.lease.name, epoch)  # fmt: skip
-        metrics.LEADER.set(1)
-        return epoch
+            return self.lease.acquire(timeout=None)
 
     def start_renewing(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="icefall-leader", daemon=True)
