@@ -156,7 +156,7 @@ def _ingest(args: argparse.Namespace) -> int:
 def _compact(args: argparse.Namespace) -> int:
     """The compaction pods' entry point (`--namespace/--name`: the StreamingTable from the API, work Leases
     in Kubernetes) and its local twin (`-f`: a manifest, work Leases as files in `--state-dir`)."""
-    from icefall.compact.runner import file_leases, runner_for, serve
+    from icefall.compact.runner import file_leases, serve, tables_runner
 
     if bool(args.file) == bool(args.namespace and args.name):
         raise SystemExit("give either -f <manifest> or --namespace and --name")
@@ -184,7 +184,8 @@ def _compact(args: argparse.Namespace) -> int:
     catalog.pyiceberg()
     spark = _pod_spark(catalog, st.metadata.name, "compact", args.master)
     try:
-        return serve(runner_for(st, catalog, spark, leases), once=args.once, idle_seconds=args.idle_seconds)
+        runner = tables_runner(st, catalog, spark, leases)  # every table it writes, taking turns
+        return serve(runner, once=args.once, idle_seconds=args.idle_seconds)
     finally:
         stop_spark(spark)
 
