@@ -9,7 +9,8 @@ Proves, with the operator in a subprocess against a real kube-apiserver + etcd a
   (named from that table's identity) and the compaction Role names them;
 - `deletionPolicy: Delete`: the purge Job names each route table's recorded uuid, and drops them all.
 Without a cluster: `icefall purge -f` drops a route table only with its recorded uuid, keeps one without
-(said), and a wrong uuid drops nothing.
+(said), and a wrong uuid drops nothing; `icefall status` (a real Kafka) shows each destination's lag from its
+own committed offsets.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import ensure_route_tables, ensure_tables
 from icefall.commit.state import CommittedState
 from icefall.controller.kube import Kube
+from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer, install_crds
 from icefall.devstack.tools import tool_dir
 from icefall.ingest.report import BatchReport
@@ -207,3 +209,40 @@ def test_purge_drops_a_route_table_only_with_its_recorded_uuid(tmp_path: Path) -
     assert main([*base, "--route-table-uuid", f"it.clicks={clicks_uuid}"]) == 0
     assert not catalog.table_exists(("it", "local")) and not catalog.table_exists(("it", "clicks"))
     assert catalog.table_exists(("it", "views"))  # no uuid recorded for it: kept
+
+
+def test_icefall_status_shows_each_destination_from_its_own_offsets(
+    kafka: KafkaBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`icefall status` of a routed table lists every table it writes, each one's lag from its own
+    committed offsets against the topic's end (a route table left behind by a crash shows more)."""
+    import json
+
+    from confluent_kafka import Producer
+
+    from icefall import cli
+
+    topic = "it-routes-status"
+    kafka.create_topic(topic, partitions=1)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(7):
+        producer.produce(topic, json.dumps({"id": i}).encode(), partition=0)
+    assert producer.flush(30) == 0
+    obj = routed("shown", tmp_path)
+    obj["spec"]["source"] = {"bootstrapServers": kafka.bootstrap, "topic": topic}
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(yaml.safe_dump(obj))
+    st = load_manifest(manifest)
+    catalog = CatalogConfig.for_table(st.spec).pyiceberg()
+    table = ensure_tables(catalog, st).table
+    clicks, _ = ensure_route_tables(catalog, st)  # views: never committed
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    commit_like_ingestion(table, {0: 5}, now_ms)
+    commit_like_ingestion(clicks, {0: 6}, now_ms)
+    capsys.readouterr()
+    assert cli.main(["status", "-f", str(manifest), "-o", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    lags = {row["table"]: row["lagRecords"] for row in report["tables"]}
+    assert lags == {"it.shown": 2, "it.clicks": 1, "it.views": 7}, report["tables"]
+    assert cli.main(["status", "-f", str(manifest)]) == 0
+    assert "it.clicks" in capsys.readouterr().out
