@@ -175,7 +175,7 @@ def _render_status(report: dict[str, Any]) -> str:
             f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "
             "ingested (table property icefall.lost-records)"
         )
-    if len(report["tables"]) > 1:  # a routed table: each destination from its own offsets
+    if len(report.get("tables", ())) > 1:  # a routed table: each destination from its own offsets
         lines.append(f"{'table':<40} {'snapshot':>20} {'lag':>10} {'freshness':>10}")
         for row in report["tables"]:
             fresh = "-" if row["freshnessSeconds"] is None else f"{row['freshnessSeconds']:.1f}s"
