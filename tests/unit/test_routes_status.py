@@ -177,3 +177,42 @@ def test_the_compaction_pods_take_the_tables_in_turn_past_a_failing_one() -> Non
     assert not idle.ran and idle.error is None
     down = TablesRunner(cast(list[MaintenanceRunner], [Table("x", 1, fails=True)]))
     assert down.step(NOW_MS).error == "planning failed"  # every table failed: the loop backs off
+
+
+class Patches:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.sent.append(status)
+
+
+def test_the_driver_reports_each_table_against_the_topics_end_at_its_last_batch() -> None:
+    """The report's `tables`: spec.table's from the batch, each route's from its own offsets against the
+    batch's end (offsets + lag); caught up (no batch due), spec.table's offsets are the end."""
+    from icefall.api import TableStatus
+    from icefall.controller.kube import Kube
+    from icefall.ingest.report import BatchReport
+    from icefall.ingest.table_meter import RouteReading, TableMeter, TableReading
+    from icefall.ingest.writer_status import WriterStatusReporter
+
+    class Meter:
+        on_reading = None
+        latest = TableReading(
+            "u", None, TableStatus(compaction_backlog=1), 0,
+            TableFacts(committed_offsets={0: 8}), "shop.events",
+            (RouteReading("shop.clicks", "c", TableFacts(committed_offsets={0: 6}, compaction_backlog=4)),),
+        )  # fmt: skip
+
+    kube = Patches()
+    reporter = WriterStatusReporter(
+        cast(Kube, kube), "ns", "events", interval=0, wall=lambda: NOW, meter=cast(TableMeter, Meter())
+    )
+    reporter(BatchReport(2, 2, 0, 1.0, 0.1, 9, {0: 8}, 3, 1.5, partition_lag={0: 3}))
+    tables = {t["table"]: t for t in kube.sent[-1]["writer"]["tables"]}
+    assert (tables["shop.events"]["lagRecords"], tables["shop.events"]["snapshotId"]) == (3, 9)
+    assert (tables["shop.clicks"]["lagRecords"], tables["shop.clicks"]["tableUuid"]) == (5, "c")
+    assert reported_backlog(WriterReport.model_validate(kube.sent[-1]["writer"]), NOW) == 5
+    reporter(None)  # caught up: spec.table's offsets are the topic's end
+    tables = {t["table"]: t for t in kube.sent[-1]["writer"]["tables"]}
+    assert (tables["shop.events"]["lagRecords"], tables["shop.clicks"]["lagRecords"]) == (0, 2)
