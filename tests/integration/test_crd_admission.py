@@ -774,6 +774,7 @@ def test_status_subresource_and_printer_columns(kubectl: Kubectl) -> None:
             last_commit_time=datetime(2024, 5, 1, 12, 0, tzinfo=UTC),
         ),
         table=TableStatus(files=7, avg_file_size_bytes=1024, snapshots=3, compaction_backlog=4),
+        table_count=3,
     )
     patch = {"status": status.model_dump(mode="json", by_alias=True, exclude_none=True)}
     kubectl.ok(
@@ -784,11 +785,11 @@ def test_status_subresource_and_printer_columns(kubectl: Kubectl) -> None:
     assert StreamingTableStatus.model_validate(stored["status"]) == status
 
     row = kubectl.ok("get", "st", "with-status", "-n", NAMESPACE).splitlines()
-    assert row[0].split() == ["NAME", "READY", "FRESHNESS", "TARGET", "LAG", "FILES", "AGE"]
-    assert row[1].split()[:6] == ["with-status", "True", "2.5", "10", "42", "7"]
+    assert row[0].split() == ["NAME", "READY", "FRESHNESS", "TARGET", "LAG", "FILES", "TABLES", "AGE"]
+    assert row[1].split()[:7] == ["with-status", "True", "2.5", "10", "42", "7", "3"]
     wide = _table(kubectl.ok("get", "st", "with-status", "-n", NAMESPACE, "-o", "wide"))
     assert list(wide) == [
-        "NAME", "READY", "REASON", "FRESHNESS", "TARGET", "LAG", "FILES", "AGE",
+        "NAME", "READY", "REASON", "FRESHNESS", "TARGET", "LAG", "FILES", "TABLES", "AGE",
         "INGESTING", "DEGRADED", "LAST-COMMIT", "BACKLOG", "SNAPSHOTS", "MESSAGE",
     ]  # fmt: skip
     assert (wide["REASON"], wide["DEGRADED"], wide["BACKLOG"], wide["SNAPSHOTS"]) == (

@@ -152,6 +152,7 @@ def test_spec_objects_are_closed_and_metadata_status_open() -> None:
         "TableStatus",
         "WriterReport",
         "PartitionLag",
+        "DestinationStatus",
     }
     for name, definition in defs.items():
         if definition.get("type") != "object":

@@ -332,7 +332,7 @@ def test_names_columns_and_subresources(crd: Node, root: Node) -> None:
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 0] == [
-        "Ready", "Freshness", "Target", "Lag", "Files", "Age",
+        "Ready", "Freshness", "Target", "Lag", "Files", "Tables", "Age",
     ]  # fmt: skip
     assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 1] == [
         "Reason", "Ingesting", "Degraded", "Last-Commit", "Backlog", "Snapshots", "Message",
@@ -343,6 +343,7 @@ def test_names_columns_and_subresources(crd: Node, root: Node) -> None:
     assert columns["Freshness"]["jsonPath"] == ".status.freshness.seconds"
     assert columns["Lag"]["jsonPath"] == ".status.freshness.lagRecords"
     assert columns["Files"]["jsonPath"] == ".status.table.files"
+    assert columns["Tables"]["jsonPath"] == ".status.tableCount"  # how many tables it writes
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     for column in version["additionalPrinterColumns"]:
         path = column["jsonPath"].split("[")[0].removeprefix(".")

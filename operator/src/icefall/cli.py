@@ -156,7 +156,7 @@ def _ingest(args: argparse.Namespace) -> int:
 def _compact(args: argparse.Namespace) -> int:
     """The compaction pods' entry point (`--namespace/--name`: the StreamingTable from the API, work Leases
     in Kubernetes) and its local twin (`-f`: a manifest, work Leases as files in `--state-dir`)."""
-    from icefall.compact.runner import file_leases, runner_for, serve
+    from icefall.compact.runner import file_leases, serve, tables_runner
 
     if bool(args.file) == bool(args.namespace and args.name):
         raise SystemExit("give either -f <manifest> or --namespace and --name")
@@ -184,7 +184,8 @@ def _compact(args: argparse.Namespace) -> int:
     catalog.pyiceberg()
     spark = _pod_spark(catalog, st.metadata.name, "compact", args.master)
     try:
-        return serve(runner_for(st, catalog, spark, leases), once=args.once, idle_seconds=args.idle_seconds)
+        runner = tables_runner(st, catalog, spark, leases)  # every table it writes, taking turns
+        return serve(runner, once=args.once, idle_seconds=args.idle_seconds)
     finally:
         stop_spark(spark)
 
@@ -436,13 +437,19 @@ def _add_operator(commands: Any) -> None:
 def _add_purge(commands: Any) -> None:
     """`icefall purge`: deletionPolicy Delete's Job."""
     purge = commands.add_parser(
-        "purge", help="drop the table and its dead-letter table, if they are the ones recorded (by uuid)"
+        "purge", help="drop the table, its dead-letter and route tables if each is the recorded one (uuid)"
     )
     purge.add_argument("-f", "--file", help="a StreamingTable manifest (local mode)")
     purge.add_argument("--namespace", help="namespace of the StreamingTable (in a cluster)")
     purge.add_argument("--name", help="name of the StreamingTable (in a cluster)")
     purge.add_argument("--state-dir", help=STATE_DIR_HELP)
     purge.add_argument("--table-uuid", required=True, help="drop the table only if its table-uuid is this")
+    purge.add_argument(
+        "--route-table-uuid",
+        action="append",
+        metavar="TABLE=UUID",
+        help="drop this route table (namespace.name) only if its table-uuid is UUID; repeat per route",
+    )
     purge.add_argument(
         "--dead-letter-table-uuid", help="drop the dead-letter table only if its table-uuid is this"
     )

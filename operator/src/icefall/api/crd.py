@@ -80,6 +80,12 @@ PRINTER_COLUMNS: tuple[Mapping[str, Any], ...] = (
         "jsonPath": ".status.table.files",
         "description": "Data files in the table's current snapshot.",
     },
+    {
+        "name": "Tables",
+        "type": "integer",
+        "jsonPath": ".status.tableCount",
+        "description": "How many tables the StreamingTable writes (spec.table and its routes' tables).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     # -o wide: what an on-call engineer reads next.
     {

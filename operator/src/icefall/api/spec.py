@@ -546,6 +546,13 @@ class StreamingTable(ApiModel):
         )
 
     @property
+    def destination_identifiers(self) -> tuple[tuple[str, ...], ...]:
+        """Every table the StreamingTable writes records to: `spec.table` first, then each route's table (the
+        dead-letter table aside: it holds the records none of them takes). What `status.tables` lists, the
+        compaction pods tidy and `deletionPolicy: Delete` drops."""
+        return (self.table_identifier, *self.route_identifiers)
+
+    @property
     def dead_letter_identifier(self) -> tuple[str, ...] | None:
         """Identifier of the dead-letter table, or None when it is disabled."""
         dlq = self.spec.dead_letter.table

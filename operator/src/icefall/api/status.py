@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints, WithJsonSchema, model_validator
 
@@ -277,6 +277,55 @@ class TableStatus(StatusModel):
 
 #: The most partitions a driver's report lists (the most lagging ones).
 REPORTED_PARTITIONS = 20
+#: The most destination tables `status.tables` lists: every static destination (spec.table and up to 64
+#: routes); past it (dynamic routes), spec.table and the most lagging ones. `status.tableCount` counts all.
+MAX_STATUS_TABLES = 100
+
+
+class DestinationStatus(StatusModel):
+    """One table the StreamingTable writes (spec.table or a route's table), as its driver measured it from
+    the table's own committed offsets and snapshots."""
+
+    table: str = Field(
+        min_length=1, max_length=1024, description="The table's identifier: namespace levels, then its name."
+    )
+    lag_records: int | None = Field(
+        default=None,
+        ge=0,
+        description="Records in Kafka past this table's own committed offsets; unset when not measured.",
+    )
+    freshness_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Seconds between now and the newest record this table holds; 0 when it holds all the topic had "
+            "at the last batch; unset when not measured."
+        ),
+    )
+    last_commit_time: datetime | None = Field(
+        default=None, description="When the last ingestion commit of this table landed."
+    )
+    snapshot_id: int | None = Field(default=None, description="Iceberg snapshot id of that commit.")
+    compaction_backlog: int | None = Field(
+        default=None, ge=0, description="Compaction and maintenance work items waiting in this table."
+    )
+    table_uuid: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Iceberg's table-uuid of the table (deletionPolicy Delete drops only this one).",
+    )
+
+
+def _tables_field(what: str) -> Any:
+    return Field(
+        default_factory=list,
+        max_length=MAX_STATUS_TABLES,
+        description=(
+            f"{what}: one entry per destination table, spec.table first (at most {MAX_STATUS_TABLES}: "
+            "spec.table and the most lagging ones)."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["table"]},
+    )
 
 
 class PartitionLag(StatusModel):
@@ -350,6 +399,9 @@ class WriterReport(StatusModel):
     dead_letter_table_uuid: str | None = Field(
         default=None, max_length=64, description="The same for the dead-letter table."
     )
+    tables: list[DestinationStatus] = _tables_field(
+        "Lag, freshness and last commit of each table the driver writes, as it measured them"
+    )
     table: TableStatus | None = Field(
         default=None,
         description=(
@@ -379,6 +431,14 @@ class StreamingTableStatus(StatusModel):
     )
     writer: WriterReport | None = Field(
         default=None, description="What the ingestion driver measured last (it reports every ~10 s)."
+    )
+    tables: list[DestinationStatus] = _tables_field(
+        "Lag, freshness and last commit of each table the StreamingTable writes (spec.table, spec.routes)"
+    )
+    table_count: int | None = Field(
+        default=None,
+        ge=0,
+        description="How many tables the StreamingTable writes (spec.table and its routes' tables).",
     )
 
     @model_validator(mode="after")

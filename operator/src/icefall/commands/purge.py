@@ -1,12 +1,14 @@
-"""`icefall purge`: drop a StreamingTable's Iceberg table and its dead-letter table, metadata and files,
-only when each is the very table recorded for it. The command of the purge Job (`deletionPolicy: Delete`,
-`icefall.plan.purge`), run with the table's own credentials in its namespace; `-f` runs it here.
+"""`icefall purge`: drop a StreamingTable's Iceberg table, its dead-letter table and its route tables
+(`spec.routes`), metadata and files, only when each is the very table recorded for it. The command of the
+purge Job (`deletionPolicy: Delete`, `icefall.plan.purge`), run with the table's own credentials in its
+namespace; `-f` runs it here.
 
 Each table is identified by the catalog's own identity, its Iceberg `table-uuid`: `--table-uuid` (and
-`--dead-letter-table-uuid`) name the tables this StreamingTable's driver wrote. A table found under the name
+`--dead-letter-table-uuid`, and `--route-table-uuid <table>=<uuid>` per route table) name the tables this
+StreamingTable's driver wrote. A table found under the name
 with another uuid (one created again, or another StreamingTable's table reached through another name of
 the catalog) is refused: nothing at all is dropped, the command says why and exits `EXIT_REFUSED`. A
-dead-letter table without a recorded uuid is kept (said, not refused). A table already gone counts as
+dead-letter or route table without a recorded uuid is kept (said, not refused). A table already gone counts as
 dropped.
 
 Not guaranteed: that the catalog does not swap the table between the check and the drop (pyiceberg drops
@@ -73,6 +75,17 @@ def purge_tables(catalog: Catalog, targets: list[Target]) -> tuple[list[str], li
     return dropped, kept
 
 
+def route_uuids(pairs: list[str]) -> dict[str, str]:
+    """`--route-table-uuid` values (`<table>=<uuid>`, the table dotted) by table."""
+    found: dict[str, str] = {}
+    for pair in pairs:
+        table, sep, uuid = pair.rpartition("=")
+        if not sep or not table or not uuid:
+            raise SystemExit(f"--route-table-uuid {pair!r}: give <namespace>.<table>=<table-uuid>")
+        found[table] = uuid
+    return found
+
+
 def purge(args: argparse.Namespace, st: Any, catalog: Catalog, say: Callable[[str], None]) -> int:
     """Run `icefall purge` for `st` on `catalog`; the exit code (`EXIT_REFUSED`: refused, and `say` gets
     why: the container's termination message, read by the operator)."""
@@ -83,6 +96,9 @@ def purge(args: argparse.Namespace, st: Any, catalog: Catalog, say: Callable[[st
         targets.append(
             Target(tuple(st.dead_letter_identifier), args.dead_letter_table_uuid, "dead-letter table")
         )
+    routes = route_uuids(getattr(args, "route_table_uuid", None) or [])
+    for identifier in st.route_identifiers:
+        targets.append(Target(tuple(identifier), routes.get(".".join(identifier)), "route table"))
     try:
         dropped, kept = purge_tables(catalog, targets)
     except PurgeRefusedError as refused:

@@ -60,9 +60,11 @@ def _names(source: KafkaSource, first: TopicView) -> tuple[str, ...]:
 
 def table_status(args: argparse.Namespace) -> dict[str, Any]:
     """What `icefall status` prints, as a JSON-ready mapping (camelCase keys, as in the StreamingTable's
-    status): table, snapshotId, epoch, partitions (partition, committed, high, lag; and topic, in a table
-    of several topics), lagRecords, freshnessSeconds (null: unmeasured), lostRecords and problem (null, or
-    why ingestion stopped)."""
+    status): table, tables (each table it writes, spec.table first then each route's: table,
+    snapshotId, lagRecords from its own committed offsets, freshnessSeconds; `missing` for one not created
+    yet), snapshotId, epoch, partitions (partition, committed, high, lag; and topic, in a table of several
+    topics), lagRecords, freshnessSeconds (null: unmeasured), lostRecords and problem (null, or why
+    ingestion stopped)."""
     from icefall.commit import read_committed
     from icefall.commit.batch import held_of
     from icefall.kafka.admin import TopicView
@@ -77,7 +79,8 @@ def table_status(args: argparse.Namespace) -> dict[str, Any]:
     ids: dict[str, str] = {}
     oldest: list[int | None] = []  # per topic with records waiting: the oldest one's produce time
     with unreachable_is_one_line(st, config):
-        table = config.pyiceberg().load_table(st.table_identifier)
+        catalog = config.pyiceberg()
+        table = catalog.load_table(st.table_identifier)
         committed = read_committed(table)
         kafka_config = librdkafka_config(source.security)
         with TopicView(source.bootstrap_servers, source.first_topic, kafka_config) as first:
@@ -108,8 +111,13 @@ def table_status(args: argparse.Namespace) -> dict[str, Any]:
     behind = freshness_seconds(
         total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=waiting_ms
     )
+    with unreachable_is_one_line(st, config):
+        routes = [_destination(catalog, i, names, marks) for i in st.route_identifiers]
+    main = {"table": ".".join(st.table_identifier), "snapshotId": committed.snapshot_id, "lagRecords": total,
+            "freshnessSeconds": None if behind is None else round(behind, 1)}  # fmt: skip
     return {
         "table": ".".join(st.table_identifier),
+        "tables": [main, *routes],
         "snapshotId": committed.snapshot_id,
         "epoch": committed.epoch,
         "partitions": rows,
@@ -118,6 +126,32 @@ def table_status(args: argparse.Namespace) -> dict[str, Any]:
         "lostRecords": committed.lost_records,
         "problem": "; ".join(problems) or None,
     }
+
+
+def _destination(
+    catalog: Any, identifier: tuple[str, ...], topics: tuple[str, ...], marks: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A route table's line of `icefall status`: its snapshot, its lag from its own committed offsets
+    against the topics' ends, and its freshness bound from its newest record (`plan.lag`); a table not
+    created yet says so (`missing`)."""
+    from icefall.commit import read_committed
+    from icefall.commit.batch import held_of
+    from icefall.plan.lag import freshness_seconds, partition_lag
+
+    name = ".".join(identifier)
+    if not catalog.table_exists(identifier):
+        return {
+            "table": name,
+            "missing": True,
+            "snapshotId": None,
+            "lagRecords": None,
+            "freshnessSeconds": None,
+        }
+    committed = read_committed(catalog.load_table(identifier))
+    lag = sum(sum(partition_lag(held_of(committed, t).offsets, marks[t]).values()) for t in topics)
+    behind = freshness_seconds(lag, committed.max_produce_time_ms, time.time())
+    return {"table": name, "snapshotId": committed.snapshot_id, "lagRecords": lag,
+            "freshnessSeconds": None if behind is None else round(behind, 1)}  # fmt: skip
 
 
 def _render_status(report: dict[str, Any]) -> str:
@@ -141,6 +175,12 @@ def _render_status(report: dict[str, Any]) -> str:
             f"DATA LOSS: {lost} records were deleted by Kafka retention before they were "
             "ingested (table property icefall.lost-records)"
         )
+    if len(report.get("tables", ())) > 1:  # a routed table: each destination from its own offsets
+        lines.append(f"{'table':<40} {'snapshot':>20} {'lag':>10} {'freshness':>10}")
+        for row in report["tables"]:
+            fresh = "-" if row["freshnessSeconds"] is None else f"{row['freshnessSeconds']:.1f}s"
+            lag = "missing" if row.get("missing") else row["lagRecords"]
+            lines.append(f"{row['table']:<40} {row['snapshotId']!s:>20} {lag!s:>10} {fresh:>10}")
     if report["problem"] is not None:
         lines.append(f"INGESTION STOPPED: {report['problem']}")
     return "\n".join(lines)

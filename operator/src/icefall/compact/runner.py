@@ -35,6 +35,18 @@ is not behind (the last batch left no lag, or its freshness is within half the t
 never starves the freshness target; each step runs at most one item, bounded by the policy's
 `max_bytes_per_task`. A runner reads only the manifests written since its last round (`ManifestCache`).
 
+A routed StreamingTable writes several tables (`StreamingTable.destination_identifiers`); `TablesRunner`
+tidies them all from the same process: one `MaintenanceRunner` per table (each with its own work and yield
+Leases, `icefall.plan.names.destination_leases`), and each round runs at most one item of one table, the
+tables taking turns (a round starts at the table after the one that ran last), so a busy table cannot
+starve the others. Why one set of pods for all the tables, not a Deployment per table: what compaction
+costs is the work (the backlog), not the number of tables, and most tables of a routed topic are tidy at
+any time. The pods scale on the summed backlog of every table (`plan.table_status.reported_backlog`, at
+most `spec.compaction.maxReplicas`); N pods share the tables' items through the work Leases, and a
+StreamingTable of 65 tables costs no pod while they are all tidy. The price: one Spark session holds the
+catalog clients of every table, and each round plans each table until one has work (a catalog read per
+table; `ManifestCache` keeps manifests read once).
+
 Not guaranteed: fairness between items of one table (the plan's order decides: retention, the hottest
 partitions, manifests, expiry, orphans), or that a step's plan is current when its item runs.
 """
@@ -57,7 +69,7 @@ from icefall.ingest.outages import log_failure
 from icefall.plan.leases import WORK_LEASE_SECONDS, YIELD_AFTER_CONFLICTS
 from icefall.plan.maintenance import plan_maintenance, policy_from_spec, work_key
 from icefall.plan.maintenance_items import MIB, ApplyDeletes, CompactPartition, MaintenancePolicy, WorkItem
-from icefall.plan.names import TableLeases, table_leases
+from icefall.plan.names import TableLeases, destination_leases, table_leases
 from icefall.runtime import metrics
 from icefall.spark.session import jvm_stopped
 
@@ -86,6 +98,7 @@ class StepResult:
     result: ItemResult | None = None
     error: str | None = None
     busy: int = 0  # items skipped because another worker holds their Lease
+    table: str = ""  # the table the item is of (`table_label`)
 
     @property
     def ran(self) -> bool:
@@ -126,7 +139,47 @@ class _Renewer:
                 log.warning("renewing a work lease failed; retrying", exc_info=True)
 
 
-class MaintenanceRunner:
+class Rounds:
+    """What repeats `step()`: one table's runner, or every table's (`TablesRunner`)."""
+
+    label: str
+    spark: SparkSession
+
+    def step(self, now_ms: int | None = None) -> StepResult:
+        raise NotImplementedError
+
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        *,
+        idle_seconds: float = 30.0,
+        wait: Callable[[float], object] | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+    ) -> None:
+        """Repeat `step()` until `should_stop()`; sleep `idle_seconds` after a round with nothing run, and
+        back off (up to `idle_seconds`) after failures. `wait(seconds)` sleeps and may return early."""
+        pause = wait or time.sleep
+        failures = 0
+        while not should_stop():
+            try:
+                outcome = self.step()
+            except Exception as error:  # the catalog or storage did not answer: try again later
+                log_failure(log, error, "%s: planning maintenance failed", self.label)
+                outcome = StepResult(0, error="planning failed")
+            if on_step is not None:
+                on_step(outcome)
+            if should_stop():
+                break
+            if outcome.error is not None:
+                failures += 1
+                pause(min(idle_seconds, 2.0 * failures))
+            else:
+                failures = 0
+                if not outcome.ran:
+                    pause(idle_seconds)
+
+
+class MaintenanceRunner(Rounds):
     """Plan and run maintenance for one table (module doc)."""
 
     def __init__(  # noqa: PLR0913 (keyword-only settings)
@@ -237,35 +290,37 @@ class MaintenanceRunner:
         self.conflicts.pop(key, None)
         return result
 
-    def run(
-        self,
-        should_stop: Callable[[], bool],
-        *,
-        idle_seconds: float = 30.0,
-        wait: Callable[[float], object] | None = None,
-        on_step: Callable[[StepResult], None] | None = None,
-    ) -> None:
-        """Repeat `step()` until `should_stop()`; sleep `idle_seconds` after a round with nothing run, and
-        back off (up to `idle_seconds`) after failures. `wait(seconds)` sleeps and may return early."""
-        pause = wait or time.sleep
-        failures = 0
-        while not should_stop():
+
+class TablesRunner(Rounds):
+    """Maintenance of every table a StreamingTable writes, in one process, the tables taking turns (module
+    doc). Each round plans the tables from the one after the last that ran an item, and runs the first
+    item it can claim; a table whose planning fails is logged and passed over."""
+
+    def __init__(self, runners: Sequence[MaintenanceRunner]) -> None:
+        if not runners:
+            raise ValueError("no table to maintain")
+        self.runners = list(runners)
+        self.spark = self.runners[0].spark
+        self.label = f"{self.runners[0].label} and {len(self.runners) - 1} route tables"
+        self._next = 0
+
+    def step(self, now_ms: int | None = None) -> StepResult:
+        planned = busy = failed = 0
+        count = len(self.runners)
+        for offset in range(count):
+            index = (self._next + offset) % count
+            runner = self.runners[index]
             try:
-                outcome = self.step()
-            except Exception as error:  # the catalog or storage did not answer: try again later
-                log_failure(log, error, "%s: planning maintenance failed", self.label)
-                outcome = StepResult(0, error="planning failed")
-            if on_step is not None:
-                on_step(outcome)
-            if should_stop():
-                break
-            if outcome.error is not None:
-                failures += 1
-                pause(min(idle_seconds, 2.0 * failures))
-            else:
-                failures = 0
-                if not outcome.ran:
-                    pause(idle_seconds)
+                outcome = runner.step(now_ms)
+            except Exception as error:  # one table's catalog or storage trouble: the others go on
+                log_failure(log, error, "%s: planning maintenance failed", runner.label)
+                failed += 1
+                continue
+            planned, busy = planned + outcome.planned, busy + outcome.busy
+            if outcome.ran:
+                self._next = (index + 1) % count
+                return replace(outcome, planned=planned, busy=busy, table=runner.label)
+        return StepResult(planned, busy=busy, error="planning failed" if failed == count else None)
 
 
 class BatchLike(Protocol):
@@ -284,7 +339,7 @@ class EmbeddedMaintenance:
 
     def __init__(
         self,
-        runner: MaintenanceRunner,
+        runner: Rounds,
         *,
         interval_seconds: float,
         freshness_target_seconds: float,
@@ -384,6 +439,27 @@ def runner_for(
     )
 
 
+def tables_runner(
+    st: StreamingTable,
+    catalog: CatalogConfig,
+    spark: SparkSession,
+    leases: LeaseFactory,
+    *,
+    policy: MaintenancePolicy | None = None,
+) -> Rounds:
+    """The runner of every table `st` writes (module doc): `runner_for` its table when it has no routes,
+    else a `TablesRunner` of one runner per table, each with that table's own Leases."""
+    if not st.spec.routes:
+        return runner_for(st, catalog, spark, leases, policy=policy)
+    chosen = policy or policy_from_spec(st.spec)
+    return TablesRunner(
+        [
+            MaintenanceRunner(spark, catalog, identifier, chosen, leases, table_leases=names)
+            for identifier, names in zip(st.destination_identifiers, destination_leases(st), strict=True)
+        ]
+    )
+
+
 def embedded_maintenance(
     st: StreamingTable, catalog: CatalogConfig, spark: SparkSession, lease_dir: Path
 ) -> EmbeddedMaintenance:
@@ -392,13 +468,13 @@ def embedded_maintenance(
     policy = policy_from_spec(st.spec)
     policy = replace(policy, max_bytes_per_task=min(policy.max_bytes_per_task, EMBEDDED_MAX_BYTES_PER_ITEM))
     return EmbeddedMaintenance(
-        runner_for(st, catalog, spark, file_leases(lease_dir), policy=policy),
+        tables_runner(st, catalog, spark, file_leases(lease_dir), policy=policy),
         interval_seconds=st.spec.compaction.embedded_interval_seconds,
         freshness_target_seconds=st.spec.freshness.target_seconds,
     )
 
 
-def serve(runner: MaintenanceRunner, *, once: bool = False, idle_seconds: float = 30.0) -> int:
+def serve(runner: Rounds, *, once: bool = False, idle_seconds: float = 30.0) -> int:
     """The compaction pods' loop until SIGTERM/SIGINT (the item in flight finishes first): 0 on a clean
     stop. With `once`, one round: 0 if it ran an item or had nothing to do, 1 if the item failed."""
     import signal
@@ -408,17 +484,18 @@ def serve(runner: MaintenanceRunner, *, once: bool = False, idle_seconds: float 
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     def report(outcome: StepResult) -> None:
+        label = outcome.table or runner.label
         if outcome.item is None:
             print(f"[compact] {runner.label}: {outcome.planned} items planned, none to claim", flush=True)
         elif outcome.result is not None:
             result = outcome.result
             print(
-                f"[compact] {runner.label}: {result.kind} {result.outcome.value}: {result.detail} "
+                f"[compact] {label}: {result.kind} {result.outcome.value}: {result.detail} "
                 f"({result.seconds:.1f}s)",
                 flush=True,
             )
         else:
-            print(f"[compact] {runner.label}: {kind_of(outcome.item)} failed: {outcome.error}", flush=True)
+            print(f"[compact] {label}: {kind_of(outcome.item)} failed: {outcome.error}", flush=True)
 
     if once:
         outcome = runner.step()

@@ -47,7 +47,15 @@ from icefall.plan.conditions import set_condition
 from icefall.plan.driver import Event, EventReason, EventType
 from icefall.plan.names import driver_pod_name, purge_job_name
 from icefall.plan.pod_policy import policy_issue, violations
-from icefall.plan.purge import JOB_NAME_LABEL, PurgeStep, job_state, last_words, purge_job, purge_step
+from icefall.plan.purge import (
+    JOB_NAME_LABEL,
+    PurgeStep,
+    job_state,
+    last_words,
+    purge_job,
+    purge_step,
+    route_table_uuids,
+)
 
 log = logging.getLogger(__name__)
 RETRY_SECONDS = 2.0
@@ -96,6 +104,7 @@ def finalize(
         kept = f"deletionPolicy {st.spec.deletion_policy.value}: kept the Iceberg table {identifier}"
         if st.dead_letter_identifier is not None:
             kept += f" and its dead-letter table {'.'.join(st.dead_letter_identifier)}"
+        kept += _routes_text(st)
         return Finalized(True, (Event(EventReason.TABLE_RETAINED, kept),))
 
     me = claim_from_object(body)
@@ -108,6 +117,12 @@ def finalize(
         return Finalized(True, (Event(EventReason.TABLE_KEPT_FOR_OWNER, text, EventType.WARNING),))
     owners = [c for c in uuid_claims if me is None or c.uid != me.uid]
     return _purge(body, st, kube, now, owners=owners, config=config)
+
+
+def _routes_text(st: StreamingTable, names: Sequence[str] | None = None) -> str:
+    """ " and its route tables a, b" of `names` (default: every route table of `st`), or ""."""
+    found = [".".join(i) for i in st.route_identifiers] if names is None else list(names)
+    return f" and its route tables {', '.join(found)}" if found else ""
 
 
 def _purge(
@@ -160,6 +175,11 @@ def _purge(
         text += f" (table-uuid {table_uuid})"
         if st.dead_letter_identifier is not None:
             text += f" and its dead-letter table {'.'.join(st.dead_letter_identifier)}"
+        dropped, routes = route_table_uuids(st), [".".join(i) for i in st.route_identifiers]
+        text += _routes_text(st, [r for r in routes if r in dropped])
+        if len(dropped) < len(routes):
+            kept_routes = ", ".join(r for r in routes if r not in dropped)
+            text += f"; kept the route tables {kept_routes} (their driver never reported their table-uuid)"
         return Finalized(True, (Event(EventReason.TABLE_DROPPED, text),))
     if step is PurgeStep.KEEP_FOR_OWNER:
         text = f"{kept} (table-uuid {table_uuid}): StreamingTable {owners[0].ref} writes it too"

@@ -1,10 +1,11 @@
 """A StreamingTable's status: derived from one pass's observations, written at a bounded rate.
 
 `derive` turns what a pass knows (the driver decision, the driver's report in `status.writer`, the spec's
-problems, a claim by another StreamingTable) into conditions, freshness, table figures and dataLossRecords
-(`plan.table_status.summarize` + `plan.conditions.derive_conditions`); the operator reads no table and no
-topic itself. `write` sends them through the status
-subresource when `plan.conditions.should_write_status` says so, as a merge patch (`status_patch`).
+problems, a claim by another StreamingTable) into conditions, freshness, table figures, dataLossRecords and
+the per-destination list with its count (`tables`, `tableCount`: `plan.table_status.summarize`,
+`status_tables` + `plan.conditions.derive_conditions`); the operator reads no table and no topic itself.
+`write` sends them through the status subresource when `plan.conditions.should_write_status` says so, as
+a merge patch (`status_patch`).
 `write_invalid` reports a body the models refuse.
 
 Guarantees: a figure that went away is sent as null, so status never shows a figure that is gone; status is
@@ -45,7 +46,7 @@ from icefall.plan.conditions import (
     should_write_status,
 )
 from icefall.plan.driver import DriverDecision, Event, EventReason, EventType
-from icefall.plan.table_status import Summary, acknowledged_loss, summarize, writer_issues
+from icefall.plan.table_status import Summary, acknowledged_loss, status_tables, summarize, writer_issues
 from icefall.runtime.bounded import LRU
 
 STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10"))
@@ -170,9 +171,12 @@ def derive(
         issues=tuple(found),
         unmeasured=summary.unmeasured,
     )
+    previous = st.status.tables if st.status else []
     update: dict[str, Any] = {
         "conditions": derive_conditions(observations, st, now),
         "observed_generation": st.metadata.generation or 0,
+        "tables": status_tables(st, writer, previous, now),
+        "table_count": len(st.destination_identifiers),
     }
     if summary.freshness is not None:
         update["freshness"] = summary.freshness

@@ -5,6 +5,11 @@ table (the only tables `deletionPolicy: Delete` may drop, `icefall purge`). The 
 table's own credentials from its own pod; the operator, which reads no table itself, shows these figures
 and scales compaction from them (`icefall.plan.table_status`).
 
+A routed StreamingTable's meter reads each route's table too (`RouteReading`: its committed offsets, last
+commit, newest record, backlog and uuid), from which the report gives each destination's lag and
+freshness (`status.writer.tables`, `icefall.plan.table_status.destination_status`); a route table not
+created yet is left out.
+
 `TableMeter` reads on a thread of its own (the backlog reads manifests: never on the batch loop), at most
 every `interval` seconds, and every `retry` seconds while the table does not exist yet (the driver creates
 it at start). `latest` is the last reading.
@@ -20,17 +25,18 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable, TableStatus
 from icefall.compact.measure import compaction_backlog, table_facts
 from icefall.compact.view import ManifestCache
-from icefall.plan.table_status import table_status
+from icefall.plan.table_status import TableFacts, table_status
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
     from icefall.catalog import CatalogConfig
 
@@ -43,6 +49,15 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
+class RouteReading:
+    """One reading of a route's table (`spec.routes`)."""
+
+    table: str  # its identifier, dotted
+    table_uuid: str
+    facts: TableFacts
+
+
+@dataclass(frozen=True)
 class TableReading:
     """One reading of the driver's table (see the module doc)."""
 
@@ -50,29 +65,56 @@ class TableReading:
     dead_letter_table_uuid: str | None
     table: TableStatus
     lost_records: int  # the table's icefall.lost-records (status.writer.lostRecords)
+    facts: TableFacts = field(default_factory=TableFacts)  # what the figures above came from
+    identifier: str = ""  # the table's, dotted ("": not said; then no per-table report)
+    routes: tuple[RouteReading, ...] = ()
+
+
+def _facts(table: Table, st: StreamingTable, now_ms: int, cache: ManifestCache | None) -> TableFacts:
+    facts = table_facts(table)
+    if st.spec.compaction.enabled:
+        backlog, ratio = compaction_backlog(table, st, now_ms, cache)
+        facts = replace(facts, compaction_backlog=backlog, small_file_ratio=ratio)
+    return facts
 
 
 def read_table(
-    catalog: Catalog, st: StreamingTable, now_ms: int, cache: ManifestCache | None = None
+    catalog: Catalog,
+    st: StreamingTable,
+    now_ms: int,
+    cache: ManifestCache | None = None,
+    route_caches: Mapping[str, ManifestCache] | None = None,
 ) -> TableReading | None:
-    """The table of `st` read from `catalog` now (`cache`: manifests read before); None while it does not
-    exist."""
+    """The table of `st` and its route tables read from `catalog` now (`cache`, `route_caches` by dotted
+    identifier: manifests read before); None while the table does not exist."""
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
         table = catalog.load_table(st.table_identifier)
     except NoSuchTableError:
         return None
-    facts = table_facts(table)
-    if st.spec.compaction.enabled:
-        backlog, ratio = compaction_backlog(table, st, now_ms, cache)
-        facts = replace(facts, compaction_backlog=backlog, small_file_ratio=ratio)
+    facts = _facts(table, st, now_ms, cache)
     dead_letter_uuid = None
     if st.dead_letter_identifier is not None:
         with contextlib.suppress(NoSuchTableError):
             dead_letter_uuid = str(catalog.load_table(st.dead_letter_identifier).metadata.table_uuid)
+    routes = []
+    for identifier in st.route_identifiers:
+        name = ".".join(identifier)
+        with contextlib.suppress(NoSuchTableError):
+            route = catalog.load_table(identifier)
+            found = _facts(route, st, now_ms, (route_caches or {}).get(name))
+            routes.append(RouteReading(name, str(route.metadata.table_uuid), found))
     uuid = str(table.metadata.table_uuid)
-    return TableReading(uuid, dead_letter_uuid, table_status(facts), facts.lost_records)
+    return TableReading(
+        uuid,
+        dead_letter_uuid,
+        table_status(facts),
+        facts.lost_records,
+        facts,
+        ".".join(st.table_identifier),
+        tuple(routes),
+    )
 
 
 class TableMeter:
@@ -97,6 +139,7 @@ class TableMeter:
         #: Called (on the meter's thread) after each reading that differs from the one before.
         self.on_reading: Callable[[], None] | None = None
         self._manifests = ManifestCache()  # manifests never change: each reading reads only new ones
+        self._route_manifests = {".".join(i): ManifestCache() for i in st.route_identifiers}
         self._failures = 0
 
     @property
@@ -118,7 +161,8 @@ class TableMeter:
             self._client = self.catalog_config.pyiceberg(
                 make_folders=False, request_timeout=REQUEST_TIMEOUT_SECONDS
             )
-        reading = read_table(self._client, self.st, int(time.time() * 1000), self._manifests)
+        now_ms = int(time.time() * 1000)
+        reading = read_table(self._client, self.st, now_ms, self._manifests, self._route_manifests)
         if reading is not None:
             with self._lock:
                 self._latest = reading

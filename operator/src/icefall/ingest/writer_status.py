@@ -13,7 +13,10 @@ its cause) and never stops ingestion. While an outage is waited out no batch lan
 same pace while it lasts. With a `TableMeter`, each report also carries the meter's last reading of the
 table: its figures and compaction backlog (what the operator shows, and scales compaction on) and the
 table-uuids `deletionPolicy: Delete` is judged by; a new reading is reported at once, from the meter's
-thread (a lock keeps the two callers' reports whole). The driver's Role may patch only its own
+thread (a lock keeps the two callers' reports whole). With the meter's reading, `tables` lists each table
+the driver writes (spec.table, then each route's), its lag from its own committed offsets against the
+topic's end at the last batch (caught up: spec.table's offsets are the end), its freshness, last commit
+and uuid (`icefall.plan.table_status.destination_status`). The driver's Role may patch only its own
 StreamingTable's status (`icefall.plan.rbac`).
 """
 
@@ -26,8 +29,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from icefall.api import PartitionLag, WriterReport
+from icefall.api import DestinationStatus, PartitionLag, WriterReport
 from icefall.api.status import REPORTED_PARTITIONS
+from icefall.plan.table_status import bounded_tables, destination_status
 
 if TYPE_CHECKING:
     from icefall.controller.kube import Kube
@@ -69,6 +73,7 @@ class WriterStatusReporter:
         self._last_loss: datetime | None = None
         self._last: BatchReport | None = None
         self._partitions: tuple[int, ...] = ()  # of the last batch: caught up, each of them lags 0
+        self._end: dict[int, int] | None = None  # the topic's end at the last batch (None: caught up)
         self._failures = 0
 
     def __call__(self, report: BatchReport | None) -> None:
@@ -80,6 +85,11 @@ class WriterStatusReporter:
             if report.skipped:
                 self._last_loss = self._last_commit
             self._partitions = tuple(report.partition_lag)
+        self._end = (
+            {p: o + max(report.partition_lag.get(p, 0), 0) for p, o in report.offsets.items()}
+            if report is not None
+            else None
+        )
         self._last = report
         self._report(force=False)
 
@@ -124,12 +134,41 @@ class WriterStatusReporter:
             table_uuid=reading.table_uuid if reading is not None else None,
             dead_letter_table_uuid=reading.dead_letter_table_uuid if reading is not None else None,
             table=reading.table if reading is not None else None,
+            tables=self._tables(reading),
         )
+
+    def _tables(self, reading: TableReading | None) -> list[DestinationStatus]:
+        """Each table the driver writes (module doc); none before the meter's first reading."""
+        if reading is None or not reading.identifier:
+            return []
+        last = self._last
+        freshness = round(max(last.freshness_seconds, 0.0), 1) if last is not None else 0.0
+        main = DestinationStatus(
+            table=reading.identifier,
+            lag_records=max(last.lag, 0) if last is not None else 0,
+            freshness_seconds=freshness,
+            last_commit_time=self._last_commit or _time(reading.facts.last_commit_ms),
+            snapshot_id=self._snapshot_id or reading.facts.last_commit_snapshot_id,
+            compaction_backlog=reading.table.compaction_backlog,
+            table_uuid=reading.table_uuid,
+        )
+        end = self._end if self._end is not None else dict(reading.facts.committed_offsets)
+        now_ms = int(self._wall().timestamp() * 1000)
+        routes = [
+            destination_status(
+                route.table, route.facts, table_uuid=route.table_uuid, end=end,
+                table_offsets=reading.facts.committed_offsets, table_freshness=freshness, now_ms=now_ms,
+            )
+            for route in reading.routes
+        ]  # fmt: skip
+        return bounded_tables([main, *routes])
 
     def _send(self, measured: WriterReport) -> None:
         # A merge patch: a list is replaced whole, so an empty one clears what an earlier report said.
         body = {"writer": measured.model_dump(mode="json", by_alias=True, exclude_none=True)}
         body["writer"].setdefault("waitingFor", None)  # a merge patch: null removes the field
+        if not body["writer"].get("tables"):
+            body["writer"].pop("tables", None)  # no meter reading yet: nothing to say (or clear)
         try:
             self.kube.patch_status(self.namespace, self.name, body)
         except Exception as error:  # the status is a courtesy: ingestion goes on
@@ -151,3 +190,7 @@ def _most_lagging(lag: Mapping[int, int]) -> list[PartitionLag]:
 def _larger(a: int | None, b: int | None) -> int | None:
     """The larger of two counts, either unknown (None)."""
     return b if a is None else a if b is None else max(a, b)
+
+
+def _time(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)

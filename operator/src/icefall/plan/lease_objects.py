@@ -27,7 +27,13 @@ from typing import Any
 from icefall.api import StreamingTable
 from icefall.plan.leases import lease_seconds
 from icefall.plan.metadata import ChildMeta
-from icefall.plan.names import COMPONENT_COMPACT, COMPONENT_INGEST, labels, table_leases
+from icefall.plan.names import (
+    COMPONENT_COMPACT,
+    COMPONENT_INGEST,
+    destination_leases,
+    labels,
+    table_leases,
+)
 
 Manifest = dict[str, Any]
 
@@ -35,8 +41,13 @@ API_VERSION = "coordination.k8s.io/v1"
 
 
 def lease_children(meta: ChildMeta, st: StreamingTable) -> list[Manifest]:
-    """The Leases of `st`'s table, to apply (commit Lease first, then the yield and work Leases)."""
+    """The Leases of `st`'s table, to apply (commit Lease first, then the yield and work Leases), then the
+    yield and work Leases of each route's table (`destination_leases`: compaction tidies them all; the
+    driver commits them under the table's commit Lease, so they have none)."""
     leases = table_leases(st)
+    seconds = lease_seconds(leases)
+    for route in destination_leases(st)[1:]:
+        seconds |= {name: s for name, s in lease_seconds(route).items() if name != route.commit}
 
     def metadata(name: str) -> Manifest:
         component = COMPONENT_INGEST if name == leases.commit else COMPONENT_COMPACT
@@ -54,5 +65,5 @@ def lease_children(meta: ChildMeta, st: StreamingTable) -> list[Manifest]:
             "metadata": metadata(name),
             "spec": {"leaseDurationSeconds": seconds},
         }
-        for name, seconds in lease_seconds(leases).items()
+        for name, seconds in seconds.items()
     ]

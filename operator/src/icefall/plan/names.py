@@ -14,6 +14,7 @@ Pure: no client, no I/O.
 | commit Lease | `icefall-<table>-<id>-commit` (`TableLeases.commit`) |
 | yield Lease | `icefall-<table>-<id>-yield` (`TableLeases.rewrite_yield`) |
 | work Leases | `icefall-<table>-<id>-work-<slot>`, a fixed pool (`TableLeases.work`) |
+| a route table's yield and work Leases | the same, of its own identity (`destination_leases`) |
 | the operator's leader Lease | `icefall-operator-leader` (`LEADER_LEASE_NAME`) |
 
 `<st>` is the StreamingTable's name (unique in its namespace), `<table>` the catalog table's name and
@@ -172,13 +173,16 @@ class TableIdentity:
     table: str
 
     @classmethod
-    def of(cls, st: StreamingTable) -> TableIdentity:
+    def of(cls, st: StreamingTable, identifier: tuple[str, ...] | None = None) -> TableIdentity:
+        """The identity of `st`'s table, or of another table it writes in its catalog (`identifier`: a
+        route's table, `StreamingTable.destination_identifiers`)."""
         catalog = st.spec.table.catalog
+        *namespace, table = identifier or st.table_identifier
         return cls(
             catalog=catalog.name.lower() if catalog else "",
             catalog_uri=catalog.uri if catalog else "",
-            namespace=st.spec.table.namespace.lower(),
-            table=st.table_name.lower(),
+            namespace=".".join(namespace).lower(),
+            table=table.lower(),
         )
 
     @property
@@ -240,3 +244,10 @@ class TableLeases:
 
 def table_leases(st: StreamingTable) -> TableLeases:
     return TableLeases(TableIdentity.of(st))
+
+
+def destination_leases(st: StreamingTable) -> tuple[TableLeases, ...]:
+    """The Leases of each table `st` writes (`StreamingTable.destination_identifiers`: spec.table's
+    first): compaction claims each table's work with that table's own work and yield Leases. Only
+    spec.table's commit Lease is taken: its driver commits every destination while it holds it."""
+    return tuple(TableLeases(TableIdentity.of(st, i)) for i in st.destination_identifiers)

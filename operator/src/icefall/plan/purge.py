@@ -5,8 +5,10 @@ The operator never drops a table itself: it holds no table credential. It runs `
 of the table's namespace, as the table's own pods run: the driver's ServiceAccount, the catalog's
 `secretKeyRef` variables (the purge talks to the catalog and its storage only, not to Kafka or the schema
 registry), the driver's pod template, the restricted security context and the operator's image. The
-command drops the table and its dead-letter table only when each one's Iceberg `table-uuid` is the one the
-driver recorded for this StreamingTable (`status.writer.tableUuid`): another table reached by the same
+command drops the table, its dead-letter table and each route's table (`spec.routes`) only when each
+one's Iceberg `table-uuid` is the one the driver recorded for this StreamingTable (`status.writer.tableUuid`,
+`deadLetterTableUuid`, and each route table's in `status.writer.tables`, `route_table_uuids`; a route table
+without one is kept): another table reached by the same
 name (one created again, or the same catalog under another name or URI) is kept, and so is a table whose
 uuid another StreamingTable recorded too.
 
@@ -127,14 +129,30 @@ def purge_step(
     return PurgeStep.CREATE if job is None else PurgeStep.WAIT
 
 
+def route_table_uuids(st: StreamingTable) -> dict[str, str]:
+    """The table-uuid the driver recorded for each route table of `st` (`status.writer.tables`), by its
+    dotted identifier; a route table it has not reported is left out (and kept)."""
+    report = st.status.writer if st.status else None
+    routes = {".".join(identifier) for identifier in st.route_identifiers}
+    found = report.tables if report is not None else []
+    return {t.table: t.table_uuid for t in found if t.table in routes and t.table_uuid}
+
+
 def purge_command(
-    namespace: str, name: str, table_uuid: str, dead_letter_table_uuid: str | None
+    namespace: str,
+    name: str,
+    table_uuid: str,
+    dead_letter_table_uuid: str | None,
+    routes: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """`icefall purge` for the StreamingTable `namespace/name` and the table-uuids recorded for it."""
+    """`icefall purge` for the StreamingTable `namespace/name` and the table-uuids recorded for it (`routes`:
+    each route table's, by its dotted identifier)."""
     args = [part.format(namespace=namespace, name=name) for part in PURGE_COMMAND]
     args += ["--table-uuid", table_uuid]
     if dead_letter_table_uuid:
         args += ["--dead-letter-table-uuid", dead_letter_table_uuid]
+    for table, uuid in sorted((routes or {}).items()):
+        args += ["--route-table-uuid", f"{table}={uuid}"]
     return args
 
 
@@ -154,7 +172,9 @@ def purge_job(
     digest = spec_hash(st, image=image, settings=settings, master=master)
     meta = ChildMeta(st.metadata.name, namespace, uid, st.metadata.generation or 0, digest)
     plan = workloads.pod_plans(st, settings, namespace=namespace)[pods.DRIVER]
-    args = purge_command(namespace, st.metadata.name, table_uuid, dead_letter_table_uuid)
+    args = purge_command(
+        namespace, st.metadata.name, table_uuid, dead_letter_table_uuid, route_table_uuids(st)
+    )
     catalog_secrets = secret_env_vars(st.spec)[1]
     spec = workloads.purge_pod_spec(meta, settings, image=image, args=args, secrets=catalog_secrets, pod=plan)
     template: Manifest = {"labels": pods.pod_labels(plan.template, meta.labels(names.COMPONENT_PURGE))}

@@ -22,7 +22,13 @@ Rules:
   store, the schema registry) and schema changes the table cannot follow. Why it stopped (credentials
   refused, data loss halted, a recreated topic or offsets past its end) is its termination message
   (`plan.conditions.driver_refusal`).
-- Compaction is scaled from the reported backlog (`reported_backlog`).
+- Compaction is scaled from the reported backlog (`reported_backlog`): of every table the StreamingTable
+  writes (`status.writer.tables`), since one set of compaction pods tidies them all.
+- Per destination (`status.tables`, spec.table first, then each route's table): the driver measures each
+  table's lag from its own committed offsets against the topic's end at its last batch, and its freshness
+  (`destination_status`); at most `MAX_STATUS_TABLES` (`bounded_tables`). Without a recent report the
+  previous list stays; before any, the destinations are listed without figures (`status_tables`).
+  `status.tableCount` is how many tables the spec writes, whatever the report.
 
 Not guaranteed: that the figures are current (they are as old as the report, at most
 `WRITER_REPORT_MAX_AGE_SECONDS`), or that freshness is exact (the driver measures it right after its
@@ -33,13 +39,21 @@ that table's status and its compaction replicas, within its spec's bounds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from icefall.api import ConditionReason, FreshnessStatus, TableStatus, WriterReport
-from icefall.api.status import REPORTED_PARTITIONS
+from icefall.api import (
+    ConditionReason,
+    DestinationStatus,
+    FreshnessStatus,
+    StreamingTable,
+    TableStatus,
+    WriterReport,
+)
+from icefall.api.status import MAX_STATUS_TABLES, REPORTED_PARTITIONS
 from icefall.plan.conditions import MAX_MESSAGE, Issue
+from icefall.plan.lag import freshness_seconds
 
 MAX_PARTITIONS = REPORTED_PARTITIONS
 ANNOTATION_ACKNOWLEDGED_LOSS = "icefall.dev/acknowledged-data-loss"
@@ -133,10 +147,77 @@ def _unmeasured(report: WriterReport | None, now: datetime) -> str:
 def reported_backlog(
     report: WriterReport | None, now: datetime, max_age: float = WRITER_REPORT_MAX_AGE_SECONDS
 ) -> int | None:
-    """The compaction backlog the driver measured, from its recent `report`; None without one."""
-    if report is None or report.table is None or not recent(report, now, max_age):
+    """The compaction backlog the driver measured, of every table it writes, from its recent `report`;
+    None without one."""
+    if report is None or not recent(report, now, max_age):
         return None
-    return report.table.compaction_backlog
+    measured = [t.compaction_backlog for t in report.tables if t.compaction_backlog is not None]
+    if measured:  # spec.table's entry included
+        return sum(measured)
+    return report.table.compaction_backlog if report.table is not None else None
+
+
+# --- per destination (status.tables) -----------------------------------------------------------------------
+
+
+def destination_status(
+    table: str,
+    facts: TableFacts,
+    *,
+    table_uuid: str | None,
+    end: Mapping[int, int],
+    table_offsets: Mapping[int, int],
+    table_freshness: float | None,
+    now_ms: int,
+) -> DestinationStatus:
+    """A route table's entry, from its `facts` (as the driver's meter read them). `end`: the topic's end
+    offsets at the driver's last batch; `table_offsets`/`table_freshness`: spec.table's committed offsets
+    and freshness then. Lag: the records past its own offsets (a partition it never committed counts from
+    spec.table's, where its next batch starts it: `plan.routing.destination_take`). Freshness: spec.table's
+    when it holds at least what spec.table holds (both took the same batches), else from the newest record
+    it holds (`plan.lag`)."""
+    held = facts.committed_offsets
+    position = {p: held.get(p, table_offsets.get(p, 0)) for p in {*end, *table_offsets}}
+    lag = sum(max(end.get(p, 0) - position[p], 0) for p in position)
+    level = all(position[p] >= offset for p, offset in table_offsets.items())
+    fresh = table_freshness if level else freshness_seconds(lag, facts.max_produce_time_ms, now_ms / 1000)
+    return DestinationStatus(
+        table=table,
+        lag_records=lag,
+        freshness_seconds=None if fresh is None else round(fresh, 1),
+        last_commit_time=_time(facts.last_commit_ms),
+        snapshot_id=facts.last_commit_snapshot_id,
+        compaction_backlog=facts.compaction_backlog,
+        table_uuid=table_uuid,
+    )
+
+
+def bounded_tables(
+    entries: Sequence[DestinationStatus], limit: int = MAX_STATUS_TABLES
+) -> list[DestinationStatus]:
+    """At most `limit` of `entries` (spec.table's first): the first, then the most lagging (an unmeasured
+    lag counts as none), in their given order."""
+    if len(entries) <= limit:
+        return list(entries)
+    rest = sorted(range(1, len(entries)), key=lambda i: (-(entries[i].lag_records or 0), i))
+    keep = {0, *rest[: limit - 1]}
+    return [entry for i, entry in enumerate(entries) if i in keep]
+
+
+def status_tables(
+    st: StreamingTable,
+    report: WriterReport | None,
+    previous: Sequence[DestinationStatus],
+    now: datetime,
+    max_age: float = WRITER_REPORT_MAX_AGE_SECONDS,
+) -> list[DestinationStatus]:
+    """`status.tables` (module doc): the recent report's, else the `previous` list, else the spec's
+    destinations without figures."""
+    if report is not None and report.tables and recent(report, now, max_age):
+        return list(report.tables)
+    if previous:
+        return list(previous)
+    return bounded_tables([DestinationStatus(table=".".join(i)) for i in st.destination_identifiers])
 
 
 #: The services a driver waits out (`WriterReport.waiting_for`), as the issues they are.
