@@ -26,7 +26,7 @@ from icefall.api.pods import (
     VolumeMount,
     parse_quantity,
 )
-from icefall.api.routes import UNROUTED_REASON, Route, RouteTable, Unrouted
+from icefall.api.routes import UNROUTED_REASON, DynamicRoute, NameFrom, Route, RouteTable, Unrouted
 from icefall.api.schema import (
     MAX_NESTING_DEPTH,
     ParsedType,
@@ -111,6 +111,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterTable",
     "DeletionPolicy",
+    "DynamicRoute",
     "EnvVar",
     "Format",
     "FormatType",
@@ -119,6 +120,7 @@ __all__ = [
     "KafkaSecurity",
     "KafkaSource",
     "ManifestError",
+    "NameFrom",
     "NullOrder",
     "ObjectMeta",
     "OnDataLoss",
