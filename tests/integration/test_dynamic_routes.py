@@ -9,7 +9,8 @@ identifier and one more type past `maxTables` are dead letters with reasons quot
 with no name go to spec.table, malformed ones to the dead letters, each record exactly once, every table
 committed to the topic's end; a restarted writer finds its four tables in the catalog before any batch
 and keeps filling them; `icefall run` killed after creating tables (before any commit) and between two
-dynamic tables' commits, then run to the end, leaves each table exactly its records.
+dynamic tables' commits, then run to the end, leaves each table exactly its records; a recreated topic
+is reset by `icefall reset-offsets` in every dynamic table too, each then taking the new topic's records.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -212,3 +214,47 @@ def test_kills_after_creating_and_between_dynamic_tables_commits_leave_each_tabl
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "holds the whole batch already" in finished.stderr, "the tables ahead skipped the batch they held"
     assert_routed(CatalogConfig.embedded(state), name, kafka, topic)
+
+
+def test_a_recreated_topic_is_reset_in_every_dynamic_table(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    from icefall import cli
+    from icefall.ingest.engine import SourceChangedError
+
+    name, topic = "dyn_reset", "it-dyn-reset"
+    kafka.create_topic(topic, partitions=1)
+    produce_events(kafka, topic, 1, 20)
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(dynamic_manifest(name, topic, kafka))
+    st = load_manifest(manifest.read_text())
+    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+        drain(ingestor)
+        AdminClient({"bootstrap.servers": kafka.bootstrap}).delete_topics([topic])[topic].result(30)
+        deadline = time.monotonic() + 60
+        while True:  # created again once Kafka has finished deleting it
+            try:
+                kafka.create_topic(topic, partitions=1)
+                break
+            except Exception:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        produce_events(kafka, topic, 101, 7)  # one record of each type
+        with pytest.raises(SourceChangedError):
+            ingestor.run_batch()
+        state_dir = str(catalog_config.database.parent)
+        assert cli.main(["reset-offsets", "-f", str(manifest), "--state-dir", state_dir]) == 0
+        drain(ingestor)
+    catalog = catalog_config.pyiceberg()
+    for kind in TABLES:
+        loaded = catalog.load_table((NAMESPACE, f"{name}_{kind}"))
+        assert read_committed(loaded).offsets == {0: 7}, kind
+        assert len(json.loads(loaded.properties["icefall.offset-resets"])) == 1, kind
+    after = {}
+    for kind in TABLES:
+        rows = catalog.load_table((NAMESPACE, f"{name}_{kind}")).scan(selected_fields=("id",)).to_arrow()
+        after[kind] = sorted(i for i in rows.column("id").to_pylist() if i > 100)
+    expected = {kind: [i for i in range(101, 108) if TYPES[i % 7] == kind] for kind in TABLES}
+    assert after == expected, "the new topic's records, each once, in the tables their type names"

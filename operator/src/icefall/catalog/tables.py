@@ -236,9 +236,21 @@ def ensure_dynamic_table(
 def dynamic_route_tables(
     catalog: Catalog, st: StreamingTable, *, schema_override: Schema | None = None
 ) -> list[tuple[str, Table]]:
-    """The dynamic route's tables that exist (`spec.dynamicRoute`), by name: the tables of its namespace
-    whose name fits its template and whose `DYNAMIC_OWNER_PROPERTY` names this StreamingTable's table; each
-    checked like a route table. One list of the namespace and one load per candidate, at start only."""
+    """The dynamic route's tables that exist (`spec.dynamicRoute`), by name (`dynamic_route_identifiers`),
+    each checked like a route table."""
+    route = st.spec.dynamic_route
+    if route is None:
+        return []
+    return [
+        (identifier[-1], _ensure_route_table(catalog, st, identifier, route.table, schema_override))
+        for identifier in dynamic_route_identifiers(catalog, st)
+    ]
+
+
+def dynamic_route_identifiers(catalog: Catalog, st: StreamingTable) -> list[tuple[str, ...]]:
+    """The identifiers of the dynamic route's tables that exist, sorted: the tables of its namespace whose
+    name fits its template and whose `DYNAMIC_OWNER_PROPERTY` names this StreamingTable's table. One list
+    of the namespace and one load per candidate."""
     route = st.spec.dynamic_route
     if route is None:
         return []
@@ -255,13 +267,12 @@ def dynamic_route_tables(
         and ident[-1].endswith(route.suffix)
         and ident[-1] not in st.dynamic_reserved
     )
-    found = []
-    for name in names:
-        table = catalog.load_table((*namespace, name))
-        if table.properties.get(DYNAMIC_OWNER_PROPERTY) == dynamic_owner(st):
-            checked = _ensure_route_table(catalog, st, (*namespace, name), route.table, schema_override)
-            found.append((name, checked))
-    return found
+    owner = dynamic_owner(st)
+    return [
+        (*namespace, name)
+        for name in names
+        if catalog.load_table((*namespace, name)).properties.get(DYNAMIC_OWNER_PROPERTY) == owner
+    ]
 
 
 def _ensure_main_table(
