@@ -232,7 +232,8 @@ def test_a_recreated_topic_is_reset_in_every_dynamic_table(
     st = load_manifest(manifest.read_text())
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
         drain(ingestor)
-        AdminClient({"bootstrap.servers": kafka.bootstrap}).delete_topics([topic])[topic].result(30)
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept: its futures die with it
+        admin.delete_topics([topic])[topic].result(30)
         deadline = time.monotonic() + 60
         while True:  # created again once Kafka has finished deleting it
             try:
