@@ -26,7 +26,7 @@ from icefall.api.pods import (
     VolumeMount,
     parse_quantity,
 )
-from icefall.api.routes import UNROUTED_REASON, Route, RouteTable, Unrouted
+from icefall.api.routes import UNROUTED_REASON, DynamicRoute, NameFrom, Route, RouteTable, Unrouted
 from icefall.api.schema import (
     MAX_NESTING_DEPTH,
     ParsedType,
@@ -113,6 +113,7 @@ __all__ = [
     "DeadLetterTable",
     "DeletionPolicy",
     "DestinationStatus",
+    "DynamicRoute",
     "EnvVar",
     "Format",
     "FormatType",
@@ -121,6 +122,7 @@ __all__ = [
     "KafkaSecurity",
     "KafkaSource",
     "ManifestError",
+    "NameFrom",
     "NullOrder",
     "ObjectMeta",
     "OnDataLoss",

@@ -258,8 +258,8 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
         ),
         _fixed_presence("key", "spec.key"),
         Rule(
-            "!has(self.unrouted) || (has(self.routes) && size(self.routes) > 0)",
-            message="unrouted applies with routes; remove it, or add routes",
+            "!has(self.unrouted) || (has(self.routes) && size(self.routes) > 0) || has(self.dynamicRoute)",
+            message="unrouted applies with routes or dynamicRoute; remove it, or add routes",
             field_path=".unrouted",
         ),
         Rule(
@@ -267,6 +267,12 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             "((!has(self.mode) || self.mode == 'append') && has(self.source.topic))",
             message="routes need mode append and one topic (source.topic) for now; remove them",
             field_path=".routes",
+        ),
+        Rule(
+            "!has(self.dynamicRoute) || "
+            "((!has(self.mode) || self.mode == 'append') && has(self.source.topic))",
+            message="dynamicRoute needs mode append and one topic (source.topic) for now; remove it",
+            field_path=".dynamicRoute",
         ),
         Rule(
             "(!has(self.source.topics) && !has(self.source.topicPattern)) || !has(self.key)",

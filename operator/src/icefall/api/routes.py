@@ -1,5 +1,6 @@
-"""Static routes (`spec.routes`): one topic into several tables, each record to the first route whose
-condition holds; `spec.unrouted` says where the records no route takes go.
+"""Routes: one topic into several tables. Static routes (`spec.routes`) send each record to the first route
+whose condition holds; a dynamic route (`spec.dynamicRoute`) computes a table name from each record the
+static routes leave; `spec.unrouted` says where the records no route takes go.
 
 A route's condition (`when`) is a Spark SQL boolean expression over the record as decoded, before
 `spec.transforms`: the fields of `spec.format.schema` by name, and `_kafka`, a struct of `topic`,
@@ -9,12 +10,24 @@ header's name to its value as UTF-8 text; the first of a repeated name). It is c
 null counts as false. A route's table lives in `spec.table`'s catalog, by default in its namespace, with its
 own partitioning, sort order and properties, and the columns of `spec.table`.
 
-Not guaranteed here: that Spark accepts the condition (its columns and types are checked when the pipeline
-starts, and a failure names the route).
+A dynamic route (kept small on purpose): `from` names the value (a top-level `Field`, a `Header`, the
+`Key` or the `Topic`, as text); `pattern` optionally extracts part of it (a regex: its one group, or the
+whole match; e.g. a Debezium topic `dbserver1.inventory.customers` to `customers`); `nameTemplate` puts it
+in a name (`events_{value}`). A record whose value is null, whose pattern does not match, or whose `when`
+is not true has no name and goes where `spec.unrouted` says. The name must be an identifier
+(`IDENTIFIER_PATTERN`), checked per batch on the names found (`icefall.plan.routing.dynamic_names`); the
+table is created on first use in `namespace` (default spec.table's) with spec.table's columns and the
+`table` template's layout, at most `maxTables` of them (at most `MAX_DYNAMIC_TABLES`). A name that is not an
+identifier, or one more table past the cap, makes the record a dead letter whose reason quotes the name.
+
+Not guaranteed here: that Spark accepts the conditions (their columns and types are checked when the
+pipeline starts, and a failure names the route); that a computed name is a valid identifier (it depends on
+the records).
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
@@ -96,3 +109,166 @@ class Route(ApiModel):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+
+#: Most tables one dynamic route may create (`maxTables` is at most this): every one of them is committed
+#: every batch (its offsets move with the batch's range), so each costs a catalog commit per batch.
+MAX_DYNAMIC_TABLES = 100
+#: `maxTables` when not given.
+DEFAULT_MAX_TABLES = 20
+#: The placeholder of `nameTemplate`: the value the name is computed from.
+PLACEHOLDER = "{value}"
+#: Longest computed value quoted in a dead letter's reason.
+QUOTED_CHARS = 64
+#: The table property a created table carries: the table (`spec.table`) whose dynamic route made it. A
+#: restart finds its dynamic tables by it (`icefall.catalog.tables.dynamic_route_tables`).
+DYNAMIC_OWNER_PROPERTY = "icefall.dynamic-route-of"
+#: How a dynamic route's dead-letter reasons start (`icefall.ingest.routes`).
+DYNAMIC_REASON_PREFIX = "dynamic route: "
+
+
+class TableTemplate(ApiModel):
+    """The layout of every table a dynamic route creates (its columns: spec.table's)."""
+
+    partitioning: list[PartitionField] = Field(
+        default_factory=list, description="Partition spec, in order. Empty: unpartitioned.", max_length=16
+    )
+    sort_order: list[SortField] = Field(
+        default_factory=list, description="Sort order of data files. Empty: unsorted.", max_length=16
+    )
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="Iceberg table properties, as spec.table.properties (not inherited from it).",
+    )
+
+    @field_validator("properties")
+    @classmethod
+    def _unreserved(cls, value: dict[str, str]) -> dict[str, str]:
+        return unreserved_properties(value)
+
+    @model_validator(mode="after")
+    def _no_duplicates(self) -> TableTemplate:
+        layout_duplicates(self.partitioning, self.sort_order)
+        return self
+
+
+class NameFrom(StrEnum):
+    """What a dynamic route computes its table name from."""
+
+    FIELD = "Field"  # a top-level field of the decoded value (spec.format.schema), as text
+    HEADER = "Header"  # a Kafka header's value as UTF-8 text (the first of a repeated name)
+    KEY = "Key"  # the Kafka key as UTF-8 text
+    TOPIC = "Topic"  # the record's topic (_kafka.topic)
+
+
+class DynamicRoute(ApiModel):
+    """A table per value: the table name computed from each record, the table created on first use."""
+
+    from_: NameFrom = Field(
+        alias="from", description="What the name is computed from: Field, Header, Key or Topic."
+    )
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="With from Field: the field's name (a top-level field of spec.format.schema); with from "
+        "Header: the header's name. Not set otherwise.",
+    )
+    pattern: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description=(
+            "Optional regex searched in the value; its first group (or the whole match when it has no group) "
+            "becomes the value, e.g. '^dbserver1\\.inventory\\.(.+)$' for a Debezium topic. No match: the "
+            "record has no name and goes where spec.unrouted says."
+        ),
+    )
+    name_template: str = Field(
+        default=PLACEHOLDER,
+        min_length=1,
+        max_length=255,
+        description="The table name, with {value} standing for the value, e.g. 'events_{value}'.",
+    )
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        pattern=NAMESPACE_PATTERN,
+        description="Iceberg namespace of the created tables; default: spec.table.namespace.",
+    )
+    when: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="Optional Spark SQL condition, as a static route's: records it is not true for have no "
+        "name and go where spec.unrouted says.",
+    )
+    max_tables: int = Field(
+        default=DEFAULT_MAX_TABLES,
+        ge=1,
+        le=MAX_DYNAMIC_TABLES,
+        description=(
+            "Most tables this route creates. A record whose name would make one more is a dead letter "
+            "(reason 'dynamic route: ... past maxTables'). Each table commits every batch."
+        ),
+    )
+    table: TableTemplate = Field(
+        default_factory=TableTemplate,
+        description="Partitioning, sort order and properties of every table it creates.",
+    )
+
+    @field_validator("when")
+    @classmethod
+    def _record_local(cls, value: str | None) -> str | None:
+        problem = None if value is None else expression_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DynamicRoute:
+        problems = dynamic_route_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def prefix(self) -> str:
+        """The template's text before `{value}`."""
+        return self.name_template.partition(PLACEHOLDER)[0]
+
+    @property
+    def suffix(self) -> str:
+        """The template's text after `{value}`."""
+        return self.name_template.partition(PLACEHOLDER)[2]
+
+
+def dynamic_route_problems(route: DynamicRoute) -> list[str]:
+    """What is wrong in a dynamic route on its own (each names the field and the fix)."""
+    problems = []
+    needs_name = route.from_ in (NameFrom.FIELD, NameFrom.HEADER)
+    if needs_name and route.name is None:
+        problems.append(f"name: from {route.from_.value} needs the field's or header's name; set name")
+    if not needs_name and route.name is not None:
+        problems.append(f"name: from {route.from_.value} takes no name; remove it")
+    if route.name_template.count(PLACEHOLDER) != 1:
+        problems.append("nameTemplate: use {value} exactly once, e.g. 'events_{value}'")
+    else:
+        fixed = route.prefix + route.suffix
+        if re.fullmatch(r"[A-Za-z0-9_]*", fixed) is None or (route.prefix[:1].isdigit()):
+            problems.append(
+                f"nameTemplate: {route.name_template!r}: the text around {{value}} must be letters, digits "
+                "and '_', not starting with a digit"
+            )
+    if route.pattern is not None:
+        try:
+            compiled = re.compile(route.pattern)
+        except re.error as error:
+            problems.append(f"pattern: {route.pattern!r} is not a regex ({error}); fix it")
+        else:
+            if compiled.groups > 1:
+                problems.append(
+                    f"pattern: {route.pattern!r} has {compiled.groups} groups; use one (the value)"
+                )
+    return problems

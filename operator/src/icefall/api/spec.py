@@ -39,7 +39,7 @@ from icefall.api.base import (
 from icefall.api.format import Format, FormatType, SubjectNameStrategy, Transforms
 from icefall.api.maintenance import CompactionSpec, RetentionSpec, retention_problems
 from icefall.api.pods import PodTemplates
-from icefall.api.routes import MAX_ROUTES, Route, Unrouted
+from icefall.api.routes import MAX_ROUTES, DynamicRoute, NameFrom, Route, Unrouted
 from icefall.api.source import KafkaSource
 from icefall.api.spark import SparkSpec
 from icefall.api.status import StreamingTableStatus
@@ -187,11 +187,20 @@ class StreamingTableSpec(ApiModel):
             "commits the offsets it has taken, exactly once. mode append, one topic, format json."
         ),
     )
+    dynamic_route: DynamicRoute | None = Field(
+        default=None,
+        description=(
+            "Dynamic route: a table per value computed from each record no static route takes (a field, a "
+            "header, the key or the topic, through nameTemplate), created on first use, at most maxTables. "
+            "Exactly once per table, as routes. mode append, one topic, format json."
+        ),
+    )
     unrouted: Unrouted | None = Field(
         default=None,
         description=(
-            "With routes: where records no route takes go. Table (default): spec.table. DeadLetter: the "
-            "dead-letter table and topic, with the reason 'unrouted: ...'; spec.table then gets no rows."
+            "With routes or dynamicRoute: where records no route takes go. Table (default): spec.table. "
+            "DeadLetter: the dead-letter table and topic, with the reason 'unrouted: ...'; spec.table then "
+            "gets no rows."
         ),
     )
     dead_letter: DeadLetter = Field(default_factory=DeadLetter, description="Where bad records go.")
@@ -319,6 +328,11 @@ class StreamingTableSpec(ApiModel):
         return self
 
     @property
+    def routed(self) -> bool:
+        """Whether records are routed to other tables than `table` (`routes` or `dynamicRoute`)."""
+        return bool(self.routes) or self.dynamic_route is not None
+
+    @property
     def unrouted_to(self) -> Unrouted:
         """`unrouted`, or its default."""
         return self.unrouted or Unrouted.TABLE
@@ -352,22 +366,22 @@ def pattern_subject_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
 
 
 def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
-    """`routes` and `unrouted` against the rest of the spec; paths relative to `spec`."""
-    if not spec.routes:
+    """`routes`, `dynamicRoute` and `unrouted` against the rest of the spec; paths relative to `spec`."""
+    if not spec.routed:
         if spec.unrouted is not None:
-            return [(("unrouted",), "applies with routes; remove it, or add routes")]
+            return [(("unrouted",), "applies with routes or dynamicRoute; remove it, or add routes")]
         return []
     problems: list[tuple[Loc, str]] = []
+    field = "routes" if spec.routes else "dynamicRoute"
     if spec.mode is not TableMode.APPEND:
-        problems.append(
-            (("routes",), f"routes need mode append (not {spec.mode.value}) for now; remove them")
-        )
+        problems.append(((field,), f"{field} needs mode append (not {spec.mode.value}) for now; remove it"))
     if spec.source.by_topic:
-        problems.append((("routes",), "routes read one topic for now: use source.topic, or remove routes"))
+        problems.append(((field,), f"{field} reads one topic for now: use source.topic, or remove it"))
     if spec.format.type is not FormatType.JSON:
         problems.append(
-            (("routes",), f"routes need format json for now (not {spec.format.type.value}); remove them")
+            ((field,), f"{field} needs format json for now (not {spec.format.type.value}); remove it")
         )
+    problems += dynamic_spec_problems(spec)
     if spec.unrouted is Unrouted.DEAD_LETTER and not spec.dead_letter.enabled:
         problems.append(
             (("unrouted",), "DeadLetter needs a dead-letter table or topic (spec.deadLetter); use Table")
@@ -381,6 +395,28 @@ def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
                     spec.format.schema_fields, table.partitioning, table.sort_order
                 )
             )
+    return problems
+
+
+def dynamic_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
+    """`dynamicRoute` against the schema; paths relative to `spec`."""
+    route = spec.dynamic_route
+    if route is None:
+        return []
+    problems: list[tuple[Loc, str]] = []
+    names = [f.name for f in spec.format.schema_fields]
+    if route.from_ is NameFrom.FIELD and spec.format.schema_known and route.name not in names:
+        problems.append(
+            (("dynamicRoute", "name"), f"{route.name!r} is not a field of format.schema; name one of {names}")
+        )
+    if spec.transforms.select is None and spec.format.schema_known:
+        template = route.table
+        problems += [
+            (("dynamicRoute", "table", *loc), message)
+            for loc, message in layout_problems(
+                spec.format.schema_fields, template.partitioning, template.sort_order
+            )
+        ]
     return problems
 
 
@@ -551,6 +587,21 @@ class StreamingTable(ApiModel):
         dead-letter table aside: it holds the records none of them takes). What `status.tables` lists, the
         compaction pods tidy and `deletionPolicy: Delete` drops."""
         return (self.table_identifier, *self.route_identifiers)
+
+    @property
+    def dynamic_namespace(self) -> tuple[str, ...]:
+        """The namespace levels of the tables `spec.dynamicRoute` creates."""
+        route = self.spec.dynamic_route
+        return tuple(((route.namespace if route else None) or self.spec.table.namespace).split("."))
+
+    @property
+    def dynamic_reserved(self) -> dict[str, str]:
+        """Names in `dynamic_namespace` of the tables this StreamingTable writes otherwise, to what they
+        are: a dynamic route never writes them."""
+        dlq = self.dead_letter_identifier
+        taken = {self.table_identifier: "spec.table", **({dlq: "the dead-letter table"} if dlq else {})}
+        taken |= {ident: f"spec.routes[{i}]'s table" for i, ident in enumerate(self.route_identifiers)}
+        return {ident[-1]: what for ident, what in taken.items() if ident[:-1] == self.dynamic_namespace}
 
     @property
     def dead_letter_identifier(self) -> tuple[str, ...] | None:

@@ -37,13 +37,14 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from icefall.api import StreamingTable
+from icefall.api.routes import DYNAMIC_OWNER_PROPERTY, RouteTable, TableTemplate
 from icefall.catalog.compare import ExpectedAt, layout_warnings, schema_differences
 from icefall.catalog.evolution import plan_evolution
 from icefall.catalog.layout import (
@@ -173,24 +174,105 @@ def ensure_route_tables(
 ) -> list[Table]:
     """Each route's table (`spec.routes`, in order), created with the table's columns and the route's own
     layout and properties, or checked like the table (`TableMismatchError`, layout warnings logged)."""
-    tables = []
-    for route, identifier in zip(st.spec.routes, st.route_identifiers, strict=True):
-        layout = route.table
-        table_spec = st.spec.table.model_copy(
-            update={
-                "namespace": ".".join(identifier[:-1]),
-                "name": identifier[-1],
-                "partitioning": layout.partitioning,
-                "sort_order": layout.sort_order,
-                "properties": layout.properties,
-            }
-        )
-        as_table = st.model_copy(update={"spec": st.spec.model_copy(update={"table": table_spec})})
-        table, warnings = _ensure_main_table(catalog, as_table, schema_override, role="route")
-        for warning in warnings:
-            log.warning("%s", warning)
-        tables.append(table)
-    return tables
+    return [
+        _ensure_route_table(catalog, st, identifier, route.table, schema_override)
+        for route, identifier in zip(st.spec.routes, st.route_identifiers, strict=True)
+    ]
+
+
+def _ensure_route_table(
+    catalog: Catalog,
+    st: StreamingTable,
+    identifier: tuple[str, ...],
+    layout: RouteTable | TableTemplate,
+    schema_override: Schema | None,
+    *,
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    table_spec = st.spec.table.model_copy(
+        update={
+            "namespace": ".".join(identifier[:-1]),
+            "name": identifier[-1],
+            "partitioning": layout.partitioning,
+            "sort_order": layout.sort_order,
+            "properties": {**layout.properties, **(properties or {})},
+        }
+    )
+    as_table = st.model_copy(update={"spec": st.spec.model_copy(update={"table": table_spec})})
+    table, warnings = _ensure_main_table(catalog, as_table, schema_override, role="route")
+    for warning in warnings:
+        log.warning("%s", warning)
+    return table
+
+
+def dynamic_owner(st: StreamingTable) -> str:
+    """The `DYNAMIC_OWNER_PROPERTY` value of the tables `st`'s dynamic route creates: its table's name."""
+    return ".".join(st.table_identifier)
+
+
+def ensure_dynamic_table(
+    catalog: Catalog, st: StreamingTable, name: str, *, schema_override: Schema | None = None
+) -> Table | None:
+    """Dynamic route table `name` (`spec.dynamicRoute`): created with spec.table's columns, the route's
+    template layout and `DYNAMIC_OWNER_PROPERTY`, or loaded and checked like a route table; None when it
+    exists without that property naming this StreamingTable's table (a table the route did not create: it
+    is never written)."""
+    route = st.spec.dynamic_route
+    assert route is not None
+    identifier = (*st.dynamic_namespace, name)
+    owner = {DYNAMIC_OWNER_PROPERTY: dynamic_owner(st)}
+    try:
+        existing = catalog.load_table(identifier)
+    except NoSuchTableError:
+        existing = None
+    if (
+        existing is not None
+        and existing.properties.get(DYNAMIC_OWNER_PROPERTY) != owner[DYNAMIC_OWNER_PROPERTY]
+    ):
+        return None
+    return _ensure_route_table(catalog, st, identifier, route.table, schema_override, properties=owner)
+
+
+def dynamic_route_tables(
+    catalog: Catalog, st: StreamingTable, *, schema_override: Schema | None = None
+) -> list[tuple[str, Table]]:
+    """The dynamic route's tables that exist (`spec.dynamicRoute`), by name (`dynamic_route_identifiers`),
+    each checked like a route table."""
+    route = st.spec.dynamic_route
+    if route is None:
+        return []
+    return [
+        (identifier[-1], _ensure_route_table(catalog, st, identifier, route.table, schema_override))
+        for identifier in dynamic_route_identifiers(catalog, st)
+    ]
+
+
+def dynamic_route_identifiers(catalog: Catalog, st: StreamingTable) -> list[tuple[str, ...]]:
+    """The identifiers of the dynamic route's tables that exist, sorted: the tables of its namespace whose
+    name fits its template and whose `DYNAMIC_OWNER_PROPERTY` names this StreamingTable's table. One list
+    of the namespace and one load per candidate."""
+    route = st.spec.dynamic_route
+    if route is None:
+        return []
+    namespace = st.dynamic_namespace
+    try:
+        listed = catalog.list_tables(namespace)
+    except NoSuchNamespaceError:
+        return []
+    names = sorted(
+        ident[-1]
+        for ident in listed
+        if len(ident[-1]) > len(route.prefix) + len(route.suffix)
+        and ident[-1].startswith(route.prefix)
+        and ident[-1].endswith(route.suffix)
+        and ident[-1] not in st.dynamic_reserved
+    )
+    owner = dynamic_owner(st)
+    return [
+        (*namespace, name)
+        for name in names
+        if catalog.load_table((*namespace, name)).properties.get(DYNAMIC_OWNER_PROPERTY) == owner
+    ]
 
 
 def _ensure_main_table(

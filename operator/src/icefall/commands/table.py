@@ -246,17 +246,20 @@ def _reset_both(  # noqa: PLR0917 (one topic's reset, of both tables)
     request: str | None,
 ) -> None:
     """Reset `topic` (None: the table's one topic) to `reset` (topic id, offsets, reason) in the route tables
-    (`spec.routes`) and the dead-letter table first, then in the table: the others are never left behind
-    the table (a route table behind it stops the writer; the dead-letter table's rows past the new offsets
-    would be taken for leftovers of a failed batch and deleted). A request already recorded in a table is
-    not applied to it again, so a reset stopped half-way is finished by running it again."""
+    (`spec.routes`, and the tables `spec.dynamicRoute` made) and the dead-letter table first, then in the
+    table: the others are never left behind the table (a route table behind it stops the writer; the
+    dead-letter table's rows past the new offsets would be taken for leftovers of a failed batch and
+    deleted). A request already recorded in a table is not applied to it again, so a reset stopped half-way
+    is finished by running it again."""
+    from icefall.catalog.tables import dynamic_route_identifiers
     from icefall.commit import read_committed, reset_offsets
     from icefall.commit.batch import held_of
 
     topic_id, offsets, reason = reset
     now_ms = int(time.time() * 1000)
     dead_letter = st.dead_letter_identifier
-    for other in [*st.route_identifiers, *([dead_letter] if dead_letter else [])]:
+    dynamic = dynamic_route_identifiers(catalog, st)
+    for other in [*st.route_identifiers, *dynamic, *([dead_letter] if dead_letter else [])]:
         if catalog.table_exists(other):
             loaded = catalog.load_table(other)
             if not held_of(read_committed(loaded), topic or "").offsets:

@@ -326,7 +326,7 @@ class Batches:
     def _pace(self, pipeline: bool) -> Pace:
         return Pace(
             # A routed table commits every destination before it reads the next batch.
-            pipelined=pipeline and self.spec.batch.pipelined and not self.spec.routes,
+            pipelined=pipeline and self.spec.batch.pipelined and not self.spec.routed,
             freshness_target_seconds=self.spec.freshness.target_seconds,
             min_interval_seconds=float(self.spec.batch.min_interval_seconds),
             throughput_rps=self.reporter.progress.throughput_rps,

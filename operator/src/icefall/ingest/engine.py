@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
-from icefall.commit import FencedError, StaleHeadError, sweep_stages
+from icefall.commit import FencedError, StaleHeadError, claim_epoch, sweep_stages
 from icefall.commit.lease import Lease
 from icefall.ingest.batches import Batches
 from icefall.ingest.commits import CommitPipeline, LeaseKeeper
@@ -237,7 +237,23 @@ class Ingestor:
 
         routing.check(self.writer.decoders.good.decode(self.writer.empty_source()))
         routing.tables = ensure_route_tables(self.catalog, self.st, schema_override=override)
-        return routing.tables
+        if routing.dynamic is not None:
+            from icefall.catalog.tables import dynamic_route_tables
+
+            routing.found(dynamic_route_tables(self.catalog, self.st, schema_override=override))
+            routing.create = lambda name: self._create_dynamic(name, override)
+        return list(routing.tables)
+
+    def _create_dynamic(self, name: str, override: Schema | None) -> Table | None:
+        """Dynamic route table `name`, created on first use, with this writer's epoch claimed in it (a
+        late commit of an older writer to it is fenced like one to any other table)."""
+        from icefall.catalog.tables import ensure_dynamic_table
+
+        table = ensure_dynamic_table(self.catalog, self.st, name, schema_override=override)
+        if table is not None:
+            self.commits.check_lease()
+            claim_epoch(table, self.commits.epoch, role="route")
+        return table
 
     def close(self) -> None:
         self.commits.stop()

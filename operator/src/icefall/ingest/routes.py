@@ -15,23 +15,34 @@ dropped unless the commit landed; a route table behind `spec.table` stops the wr
 (`DestinationBehindError`) rather than losing records. Not guaranteed: that the tables land together (a
 reader may see a route table ahead of another for the time between their commits); pipelining (a routed
 table commits each batch before the next is read).
+
+Dynamic routes (`spec.dynamicRoute`): `routed` also adds the name each good record no static route takes
+computes (`NAME_COLUMN`). `write` counts the batch's names first (one job over the cached batch, its
+observation with it), sorts them (`icefall.plan.routing.dynamic_names`), creates the new tables (`create`:
+spec.table's columns, the template's layout, the owner property; this writer's epoch claimed in each)
+and stages them like the others: a table created by a batch takes that batch's whole range (it has no
+offsets), so it never gets a record older than its creation (those had no table then: they went to the
+dead letters past the cap, or there were none). Every dynamic table that exists is a destination of every
+batch from then on, found again at start from the catalog (`dynamic_route_tables`). A refused name's
+records are dead letters (`dead_letters`) with the reason naming the name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from icefall.api import UNROUTED_REASON, StreamingTable, Unrouted
+from icefall.api import UNROUTED_REASON, NameFrom, StreamingTable, Unrouted
 from icefall.commit import Batch, Stage, commit_staged_outcome, prepare_stage, sweep_stages
 from icefall.commit.batch import held_of
 from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, TYPED_COLUMN
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
 from icefall.ingest.report import added_records
-from icefall.plan.routing import Take, destination_take, reads_headers
+from icefall.plan.routing import Take, destination_take, dynamic_names, reads_headers
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -43,6 +54,9 @@ log = logging.getLogger(__name__)
 
 #: The decoded batch's column naming the route that takes each good record (null: none).
 ROUTE_COLUMN = f"{INTERNAL_PREFIX}route"
+#: The decoded batch's column with the table name a good record no static route takes computes
+#: (`spec.dynamicRoute`; null: none).
+NAME_COLUMN = f"{INTERNAL_PREFIX}table_name"
 _RECORD = f"{INTERNAL_PREFIX}record"
 #: `_kafka.headers` of a condition: each header's name to its value as text, the first of a repeated name
 #: (a map with a repeated key would fail the batch).
@@ -73,11 +87,43 @@ class Routing:
         self.spec = st.spec
         self.tables: list[Table] = []  # in the order of spec.routes, set by `Ingestor.start`
         self.labels = [".".join(identifier) for identifier in st.route_identifiers]
-        self.identifiers = st.route_identifiers
+        self.identifiers = list(st.route_identifiers)
+        self.sorted = [bool(route.table.sort_order) for route in st.spec.routes]
         self.conditions = [route.when for route in st.spec.routes]
-        self.headers = reads_headers(self.conditions)
+        self.dynamic = st.spec.dynamic_route
+        from_header = self.dynamic is not None and self.dynamic.from_ is NameFrom.HEADER
+        dynamic_when = [self.dynamic.when] if self.dynamic is not None and self.dynamic.when else []
+        self.headers = reads_headers([*self.conditions, *dynamic_when], dynamic_from_header=from_header)
         self.unrouted = st.spec.unrouted_to
         self.spark_name = spark_name
+        self.dynamic_namespace = st.dynamic_namespace
+        self.reserved = st.dynamic_reserved
+        # name -> index in `tables` of each dynamic table (`found`, `_create_new`).
+        self.dynamic_index: dict[str, int] = {}
+        # Makes a dynamic table ready (created or loaded, this writer's epoch claimed); None: the name is a
+        # table the route did not create. Set by `Ingestor.start`.
+        self.create: Callable[[str], Table | None] | None = None
+        # The batch being written (`stage`): its branch and planned part, the stages of the tables its
+        # write created, its refused names with their reasons and how many records they hold.
+        self._batch: tuple[str, PlannedBatch] | None = None
+        self.created: list[RouteStage] = []
+        self.refused: dict[str, str] = {}
+        self.refused_records = 0
+
+    def found(self, tables: list[tuple[str, Table]]) -> None:
+        """Add the dynamic tables that exist (`icefall.catalog.tables.dynamic_route_tables`)."""
+        for name, table in tables:
+            self._add(name, table)
+
+    def _add(self, name: str, table: Table) -> int:
+        assert self.dynamic is not None
+        identifier = (*self.dynamic_namespace, name)
+        self.dynamic_index[name] = len(self.tables)
+        self.tables.append(table)
+        self.identifiers.append(identifier)
+        self.labels.append(".".join(identifier))
+        self.sorted.append(bool(self.dynamic.table.sort_order))
+        return self.dynamic_index[name]
 
     # -- Spark -----------------------------------------------------------------------------------------
 
@@ -92,12 +138,38 @@ class Routing:
             *(F.col(TYPED_COLUMN)[f.name].alias(f.name) for f in self.spec.format.schema_fields),
             self._kafka(decoded).alias("_kafka"),
         )
-        first, *rest = self.conditions if conditions is None else conditions
-        route = F.when(F.expr(first), F.lit(0))
-        for i, condition in enumerate(rest, start=1):
-            route = route.when(F.expr(condition), F.lit(i))
+        conditions = self.conditions if conditions is None else conditions
+        route = F.lit(None).cast("int")
+        if conditions:
+            first, *rest = conditions
+            route = F.when(F.expr(first), F.lit(0))
+            for i, condition in enumerate(rest, start=1):
+                route = route.when(F.expr(condition), F.lit(i))
         good = ~F.col(_RECORD)[BAD_COLUMN]
-        return context.select(f"{_RECORD}.*", F.when(good, route).alias(ROUTE_COLUMN))
+        columns: list[Column | str] = [f"{_RECORD}.*", F.when(good, route).alias(ROUTE_COLUMN)]
+        if self.dynamic is not None:
+            name = F.when(good & route.isNull(), self._name())
+            columns.append(name.alias(NAME_COLUMN))
+        return context.select(*columns)
+
+    def _name(self) -> Column:
+        """The table name a record computes (`spec.dynamicRoute`), over the context of `routed`; null when
+        its value is null, its pattern does not match or its condition is not true."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        route = self.dynamic
+        assert route is not None
+        value = {
+            NameFrom.FIELD: lambda: F.col(f"`{route.name}`").cast("string"),
+            NameFrom.HEADER: lambda: F.col("_kafka.headers")[route.name],
+            NameFrom.KEY: lambda: F.col("_kafka.key"),
+            NameFrom.TOPIC: lambda: F.col("_kafka.topic"),
+        }[route.from_]()
+        if route.pattern is not None:
+            group = 1 if re.compile(route.pattern).groups else 0
+            value = F.when(value.rlike(route.pattern), F.regexp_extract(value, route.pattern, group))
+        name = F.concat(F.lit(route.prefix), value, F.lit(route.suffix))
+        return name if route.when is None else F.when(F.expr(route.when), name)
 
     def _kafka(self, decoded: DataFrame) -> Column:
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
@@ -123,12 +195,30 @@ class Routing:
                 raise ValueError(
                     f"spec.routes[{i}].when: Spark cannot evaluate {condition!r}: {first}"
                 ) from None
+        if self.dynamic is not None:
+            try:
+                _ = self.routed(decoded, []).schema
+            except Exception as error:
+                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise ValueError(f"spec.dynamicRoute: Spark cannot compute the table name: {first}") from None
 
     def observed(self) -> list[Column]:
         """The observed aggregate of the records no route takes (good records only)."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        return [F.count_if(~F.col(BAD_COLUMN) & F.col(ROUTE_COLUMN).isNull()).alias("unrouted")]
+        return [F.count_if(~F.col(BAD_COLUMN) & self._unrouted(F.col(ROUTE_COLUMN))).alias("unrouted")]
+
+    def _unrouted(self, route: Column) -> Column:
+        """Whether a good record with route index `route` goes where spec.unrouted says: no static route and
+        no computed name."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        return route.isNull() & (F.col(NAME_COLUMN).isNull() if self.dynamic is not None else F.lit(True))
+
+    def letters(self, unrouted: int) -> int:
+        """The batch's good records that are dead letters: the unrouted ones (`unrouted: DeadLetter`; their
+        observed count) and those of refused dynamic names."""
+        return (unrouted if self.unrouted is Unrouted.DEAD_LETTER else 0) + self.refused_records
 
     def write(
         self,
@@ -145,12 +235,15 @@ class Routing:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        route = F.col(ROUTE_COLUMN)
         cached = routed.persist(StorageLevel.MEMORY_AND_DISK)
+        route = F.col(ROUTE_COLUMN)
         try:
+            if self.dynamic is not None:
+                route = self._resolve(cached)  # its first job: the batch and its observation computed once
+                stages = [*stages, *self.created]
             if self.unrouted is Unrouted.TABLE:
-                append_to(rows_of(cached.where(route.isNull())), *main)
-            else:
+                append_to(rows_of(cached.where(self._unrouted(route))), *main)
+            elif self.dynamic is None:
                 # No rows for the table: its commit stages an empty snapshot (`Batches._commit_here`). Not an
                 # append of `where(false)`: Spark prunes that query, and the batch's observation breaks.
                 cached.count()  # computes the batch once, its observation with it, for the routes to share
@@ -162,18 +255,67 @@ class Routing:
         finally:
             cached.unpersist()
 
+    def _resolve(self, cached: DataFrame) -> Column:
+        """Count the batch's computed names, create and stage the new tables, remember the refused names;
+        the route index of each record with the dynamic tables' indexes filled in."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        assert self.dynamic is not None
+        name = F.col(NAME_COLUMN)
+        counts = {
+            row[0]: int(row[1]) for row in cached.where(name.isNotNull()).groupBy(name).count().collect()
+        }
+        names = dynamic_names(counts, self.dynamic_index, self.reserved, max_tables=self.dynamic.max_tables)
+        refused = dict(names.refused)
+        for new in names.new:
+            if not self._create_new(new):
+                refused[new] = (
+                    f"dynamic route: the computed table name {new!r} is a table the route did not create "
+                    "(no icefall.dynamic-route-of property); rename it or change nameTemplate"
+                )
+        self.refused = refused
+        self.refused_records = sum(counts[n] for n in refused)
+        for n, why in refused.items():
+            log.warning("%d records are dead letters: %s", counts[n], why)
+        route = F.col(ROUTE_COLUMN)
+        index = F.lit(None).cast("int")
+        for n, i in self.dynamic_index.items():
+            index = F.when(name == F.lit(n), F.lit(i)).otherwise(index)
+        return F.coalesce(route, index)
+
+    def _create_new(self, name: str) -> bool:
+        """Create (or load) dynamic table `name` and stage it for the batch being written; False when it is
+        a table the route did not create."""
+        assert self.create is not None and self._batch is not None, "Ingestor.start sets create; stage"
+        table = self.create(name)
+        if table is None:
+            return False
+        index = self._add(name, table)
+        branch, planned = self._batch
+        staged = self._stage_one(index, branch, planned)
+        if staged is not None:
+            self.created.append(staged)
+        return True
+
     def dead_letters(self, decoded: DataFrame) -> DataFrame:
         """`decoded` (with error text) with the records no route takes marked bad, for `unrouted:
         DeadLetter`: their reason is `UNROUTED_REASON`."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        if self.unrouted is not Unrouted.DEAD_LETTER:
+        if self.unrouted is not Unrouted.DEAD_LETTER and not self.refused:
             return decoded
-        unrouted = F.col(ROUTE_COLUMN).isNull()
+        unrouted = self._unrouted(F.col(ROUTE_COLUMN))
+        if self.unrouted is not Unrouted.DEAD_LETTER:
+            unrouted = F.lit(False)
+        reason = F.when(unrouted, F.lit(UNROUTED_REASON))
+        if self.refused:
+            pairs = [F.lit(x) for name, why in sorted(self.refused.items()) for x in (name, why)]
+            refused = F.element_at(F.create_map(*pairs), F.col(NAME_COLUMN))
+            reason = F.coalesce(reason, F.when(F.col(ROUTE_COLUMN).isNull(), refused))
         return self.routed(decoded).select(
             *(c for c in decoded.columns if c not in (BAD_COLUMN, ERROR_COLUMN)),
-            (F.col(BAD_COLUMN) | unrouted).alias(BAD_COLUMN),
-            F.coalesce(F.col(ERROR_COLUMN), F.when(unrouted, F.lit(UNROUTED_REASON))).alias(ERROR_COLUMN),
+            (F.col(BAD_COLUMN) | reason.isNotNull()).alias(BAD_COLUMN),
+            F.coalesce(F.col(ERROR_COLUMN), reason).alias(ERROR_COLUMN),
         )
 
     # -- commits ---------------------------------------------------------------------------------------
@@ -181,27 +323,31 @@ class Routing:
     def stage(self, branch: str, planned: PlannedBatch) -> list[RouteStage]:
         """Each route table's stage of `planned` (planned from `spec.table`): its branch at its head and
         what it takes; route tables that hold the whole batch already are left out."""
-        (part,) = planned.parts  # routes read one topic
+        self._batch, self.created, self.refused, self.refused_records = (branch, planned), [], {}, 0
         stages = []
-        for i, table in enumerate(self.tables):
-            stage = prepare_stage(table, branch, role="route")
-            held = held_of(stage.base, part.topic).offsets
-            take = destination_take(part.start, part.end, part.gaps, held, name=self.labels[i])
-            if take is None:
-                log.warning(
-                    "%s: holds the whole batch already (a crash between commits); skipped", self.labels[i]
-                )
-                continue
-            if take.skip_below:
-                log.warning(
-                    "%s: ahead of the table (a crash between commits); takes from %s",
-                    self.labels[i],
-                    take.start,
-                )
-            target = self.spark_name(self.identifiers[i], branch)
-            sorted_table = bool(self.spec.routes[i].table.sort_order)
-            stages.append(RouteStage(i, self.labels[i], table, stage, take, target, sorted_table))
+        for i in range(len(self.tables)):
+            staged = self._stage_one(i, branch, planned)
+            if staged is not None:
+                stages.append(staged)
         return stages
+
+    def _stage_one(self, i: int, branch: str, planned: PlannedBatch) -> RouteStage | None:
+        (part,) = planned.parts  # routes read one topic
+        table = self.tables[i]
+        stage = prepare_stage(table, branch, role="route")
+        held = held_of(stage.base, part.topic).offsets
+        take = destination_take(part.start, part.end, part.gaps, held, name=self.labels[i])
+        if take is None:
+            log.warning(
+                "%s: holds the whole batch already (a crash between commits); skipped", self.labels[i]
+            )
+            return None
+        if take.skip_below:
+            log.warning(
+                "%s: ahead of the table (a crash between commits); takes from %s", self.labels[i], take.start
+            )
+        target = self.spark_name(self.identifiers[i], branch)
+        return RouteStage(i, self.labels[i], table, stage, take, target, self.sorted[i])
 
     @contextlib.contextmanager
     def dropped_unless_committed(self, stages: list[RouteStage]) -> Iterator[None]:
@@ -210,7 +356,17 @@ class Routing:
         with contextlib.ExitStack() as stack:
             for rs in stages:
                 stack.enter_context(dropped_unless_committed(rs.table, rs.stage.branch, rs.label, "route"))
-            yield
+            try:
+                yield
+            except BaseException as error:
+                for rs in self.created:  # staged by this batch's write: dropped the same way
+                    try:
+                        with dropped_unless_committed(rs.table, rs.stage.branch, rs.label, "route"):
+                            raise error
+                    except BaseException as again:
+                        if again is not error:
+                            raise
+                raise
 
     def commit(
         self, stages: list[RouteStage], batch: Batch, epoch: int, check_lease: Callable[[], None]
@@ -218,7 +374,7 @@ class Routing:
         """Commit each route table's part of `batch`, in order, before the dead letters and the table; the
         rows they added."""
         added = 0
-        for rs in stages:
+        for rs in [*stages, *self.created]:
             take = rs.take
             part = Batch(
                 topic=batch.topic,

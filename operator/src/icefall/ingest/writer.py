@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from icefall.api import StreamingTable, StreamingTableSpec, Unrouted
+from icefall.api import StreamingTable, StreamingTableSpec
 from icefall.ingest.known_writers import KnownWriters
 from icefall.ingest.planning import NOTHING_READ, PlannedBatch, ReadStats
 from icefall.ingest.routes import Routing
@@ -157,8 +157,8 @@ class BatchWriter:
         self._deleted_keys: tuple[str, pa.Table] | None = None
         # A registry format: every writer schema this writer has met; each batch decodes with them.
         self.known = KnownWriters()
-        # spec.routes: the route conditions and their Spark side (`icefall.ingest.routes`).
-        self.routing = Routing(st, self.spark_name) if st.spec.routes else None
+        # spec.routes, spec.dynamicRoute: the routes and their Spark side (`icefall.ingest.routes`).
+        self.routing = Routing(st, self.spark_name) if st.spec.routed else None
 
     @functools.cached_property
     def decoders(self) -> Decoders:
@@ -259,8 +259,8 @@ class BatchWriter:
             append(rows, target, sorted_table=sorted_table)
         seen = observation.get
         stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], deleted_keys)
-        if routing is not None and routing.unrouted is Unrouted.DEAD_LETTER:
-            stats = dataclasses.replace(stats, unrouted=int(seen["unrouted"] or 0))
+        if routing is not None:  # unrouted and refused dynamic names: dead letters too
+            stats = dataclasses.replace(stats, unrouted=routing.letters(int(seen["unrouted"] or 0)))
         planned_offsets = sum(r.records for r in planned.ranges)
         if stats.records > planned_offsets:
             # Each offset holds at most one record: the write ran its input twice, and every count is off.

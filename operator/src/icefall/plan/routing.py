@@ -11,12 +11,24 @@ partition it has never committed, where the batch starts, with the batch's reten
 protocol's offset check holds; a destination that holds everything the batch reads takes nothing (None)
 and is not committed. A destination behind the batch's start (it would lose records) raises
 `DestinationBehindError` instead of skipping them.
+
+Dynamic routes (`spec.dynamicRoute`): `dynamic_names` sorts the names a batch computed into the tables to
+create (sorted, up to `maxTables`) and those refused with their dead letters' reason (not an identifier, a
+table written otherwise, past the cap). A created table is one more destination with no offsets: it takes
+the range of the batch that created it, like any destination that never committed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from icefall.api.base import IDENTIFIER_PATTERN
+from icefall.api.routes import DYNAMIC_REASON_PREFIX, QUOTED_CHARS
+
+#: Longest table name a dynamic route creates (as a route table's `name`).
+MAX_NAME_CHARS = 255
 
 
 class DestinationBehindError(RuntimeError):
@@ -86,6 +98,53 @@ def destination_take(
     return Take(take_start, take_end, take_gaps, skip)
 
 
-def reads_headers(conditions: list[str]) -> bool:
-    """Whether a batch must read the records' headers for these route conditions (they name `headers`)."""
-    return any("headers" in condition.lower() for condition in conditions)
+def reads_headers(conditions: list[str], *, dynamic_from_header: bool = False) -> bool:
+    """Whether a batch must read the records' headers for these route conditions (they name `headers`), or
+    for a dynamic route's name (`from: Header`)."""
+    return dynamic_from_header or any("headers" in condition.lower() for condition in conditions)
+
+
+@dataclass(frozen=True)
+class DynamicNames:
+    """The names a batch's records computed (`spec.dynamicRoute`), sorted out: the tables to create now, in
+    order, and the names refused with the reason their records' dead letters give."""
+
+    new: tuple[str, ...] = ()
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
+def quoted(name: str) -> str:
+    """A computed name as a reason quotes it: at most `QUOTED_CHARS` characters."""
+    return repr(name if len(name) <= QUOTED_CHARS else f"{name[:QUOTED_CHARS]}...")
+
+
+def dynamic_names(
+    found: Iterable[str], known: Collection[str], reserved: Mapping[str, str], *, max_tables: int
+) -> DynamicNames:
+    """Sort the distinct names a batch computed (`found`) against the dynamic tables there are (`known`):
+    a known one is written to; one that is not an identifier, or names a table the StreamingTable writes
+    otherwise (`reserved`: name to what it is), is refused; the others are created in sorted order (the
+    same order on every writer) while fewer than `max_tables` exist, and refused past the cap."""
+    new: list[str] = []
+    refused: dict[str, str] = {}
+    count = len(known)
+    for name in sorted(set(found) - set(known)):
+        if re.fullmatch(IDENTIFIER_PATTERN, name) is None or len(name) > MAX_NAME_CHARS:
+            refused[name] = (
+                f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} is not a valid identifier "
+                f"(letters, digits and '_', not starting with a digit, at most {MAX_NAME_CHARS} characters)"
+            )
+        elif name in reserved:
+            refused[name] = (
+                f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} is {reserved[name]}, which "
+                "the route does not write"
+            )
+        elif count >= max_tables:
+            refused[name] = (
+                f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} would be table "
+                f"{count + 1}, past maxTables {max_tables}"
+            )
+        else:
+            new.append(name)
+            count += 1
+    return DynamicNames(tuple(new), refused)
