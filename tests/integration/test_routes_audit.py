@@ -121,7 +121,6 @@ def test_verify_and_read_each_destination_up_to_its_own_offsets(
         with union_read(st, catalog_config, spark=spark, table_name=f"{NAMESPACE}.{table}") as result:
             ids = [row["id"] for row in result.frame.select("id").collect()]
             assert sorted(ids) == sorted(want[table]), table
-            assert result.cut.partitions == {p: (o, o2) for p, (o, o2) in result.cut.partitions.items()}
             assert {p: start for p, (start, _) in result.cut.partitions.items()} == offsets[table], table
             assert result.cut.routed_elsewhere > 0 or table == f"{name}_vip", table
     with pytest.raises(ReadError, match=rf"choose one of {NAMESPACE}.{name}, {NAMESPACE}.{name}_vip, "):

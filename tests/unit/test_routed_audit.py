@@ -19,6 +19,7 @@ import pytest
 
 from icefall.api import load_manifest
 from icefall.audit import AuditReport, PartitionAudit
+from icefall.audit.report import report_json
 from icefall.audit.routed import (
     DEAD,
     DEFAULT,
@@ -27,7 +28,6 @@ from icefall.audit.routed import (
     RoutedAuditReport,
     covering,
     destination_view,
-    routed_json,
     within,
 )
 from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD, OFFSETS
@@ -137,7 +137,7 @@ def test_the_report_is_one_table_per_destination_and_fails_naming_it() -> None:
     assert "[routes[0]] web.clicks (no DLQ table) vs topic events at snapshot 7, by content: FAILED" in text
     assert "partition 0: rows of records another destination takes, at offsets 3" in text
     assert text.endswith("routed table, 2 destinations: FAILED: routes[0]")
-    data = routed_json(routed)
+    data = report_json(routed)
     assert data["ok"] is False
     assert [(d["destination"], d["table"], d["ok"]) for d in data["destinations"]] == [
         ("spec.table", "web.events_other", True),

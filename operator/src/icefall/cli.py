@@ -252,8 +252,7 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark: Any = None) -> Any:
-    """Audit the table (and its dead-letter table) against the topic, row by row and by content; a routed
-    table (`spec.routes`): every destination (`icefall.audit.routed`).
+    """Audit the table (and its dead-letter table; routed: every destination) against the topic, by content.
 
     `spark`: a session with the table's catalog configured; by default a local one is started (after the
     table is found, so a missing table is said without waiting for Spark).
@@ -280,16 +279,10 @@ def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark
             catalog_config.name,
             security_options=spark_kafka_options(st.spec.source.security),
         )
-    if st.spec.routes:  # each destination up to its own committed offsets
-        from icefall.api import UNROUTED_REASON
-        from icefall.audit.routed import audit_routed
+    if st.spec.routes:  # every destination, each up to its own committed offsets
+        from icefall.audit.routed import verify_routed
 
-        security = spark_kafka_options(st.spec.source.security)
-        routed = SparkContent(
-            spark, st.spec, catalog_config.name, security_options=security, reason=UNROUTED_REASON
-        )
-        kafka_config = librdkafka_config(st.spec.source.security)
-        return audit_routed(catalog, st, routed, kafka_config=kafka_config, ingesting=ingesting)
+        return verify_routed(spark, st, catalog, catalog_config.name, ingesting=ingesting)
     content = SparkContent(
         spark, st.spec, catalog_config.name, security_options=spark_kafka_options(st.spec.source.security)
     )
@@ -324,10 +317,8 @@ def _verify(args: argparse.Namespace) -> int:
         import json
 
         from icefall.audit.report import report_json
-        from icefall.audit.routed import RoutedAuditReport, routed_json
 
-        data = routed_json(report) if isinstance(report, RoutedAuditReport) else report_json(report)
-        print(json.dumps(data, indent=2))
+        print(json.dumps(report_json(report), indent=2))
     else:
         print(report.render())
     return 0 if report.ok else 1
@@ -526,10 +517,7 @@ def _add_read(commands: Any) -> None:
     )
     read.add_argument("--sql", help='Spark SQL over the result, exposed as view t ("SELECT ... FROM t")')
     read.add_argument(
-        "--table",
-        metavar="NAMESPACE.NAME",
-        help="a routed table (spec.routes): the destination to read, spec.table's or a route's (default: "
-        "spec.table); the topic's tail is the records routed to it",
+        "--table", metavar="NAMESPACE.NAME", help="spec.routes: spec.table (default) or a route's table"
     )
     when = read.add_mutually_exclusive_group()
     when.add_argument("--snapshot", type=int, help="start from this snapshot of main (default: its head)")

@@ -207,9 +207,14 @@ class AuditReport:
 
 
 def report_json(report: Any) -> dict[str, Any]:
-    """An audit report (`AuditReport`, or `audit.keyed.KeyedAuditReport`) as JSON-ready data: its fields
+    """An audit report (`AuditReport`, `audit.keyed.KeyedAuditReport`, `audit.routed.RoutedAuditReport`: a
+    list of `destinations`, each with its report) as JSON-ready data: its fields
     in camelCase, each partition with its own `ok`, and `ok` on top, as `icefall verify --output json`
     prints it."""
+    destinations = getattr(report, "destinations", None)
+    if destinations is not None:  # a routed table (`icefall.audit.routed`): each destination's report
+        each = [{"destination": d.destination, **report_json(d.report)} for d in destinations]
+        return {"ok": bool(report.ok), "destinations": each}
     data: dict[str, Any] = {"ok": bool(report.ok), **_plain(report)}
     for partition, audit in zip(data.get("partitions", ()), getattr(report, "partitions", ()), strict=True):
         partition["ok"] = audit.ok

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from icefall.audit.kafka import KafkaTopic
-from icefall.audit.report import AuditReport, report_json
+from icefall.audit.report import AuditReport
 from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD
 from icefall.audit.table import audit_table, dlq_identifier
 from icefall.commit import read_committed
@@ -38,6 +38,7 @@ from icefall.commit import read_committed
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
 
     from icefall.api import StreamingTable
     from icefall.audit.content import SparkContent
@@ -88,16 +89,6 @@ class RoutedAuditReport:
         verdict = "FAILED: " + ", ".join(failed) if failed else "OK"
         parts.append(f"routed table, {len(self.destinations)} destinations: {verdict}")
         return "\n\n".join(parts)
-
-
-def routed_json(report: RoutedAuditReport) -> dict[str, Any]:
-    """`report` as `icefall verify --output json` prints it: `ok`, and each destination's report."""
-    return {
-        "ok": report.ok,
-        "destinations": [
-            {"destination": d.destination, **report_json(d.report)} for d in report.destinations
-        ],
-    }
 
 
 def destination_view(records: pa.Table, destination: int) -> pa.Table:
@@ -242,6 +233,22 @@ def audit_routed(
             report = audit_table(table, None, source, content=routed.view(i), **options)
             audits.append(DestinationAudit(f"routes[{i}]", report))
     return RoutedAuditReport(tuple(audits))
+
+
+def verify_routed(
+    spark: SparkSession, st: StreamingTable, catalog: Catalog, catalog_name: str, *, ingesting: bool = False
+) -> RoutedAuditReport:
+    """`audit_routed` as `icefall verify` runs it: by content on `spark` (`catalog_name`: the table's
+    catalog there), with the source's security settings."""
+    from icefall.api import UNROUTED_REASON
+    from icefall.audit.content import SparkContent
+    from icefall.kafka.security import librdkafka_config, spark_kafka_options
+
+    security = st.spec.source.security
+    content = SparkContent(
+        spark, st.spec, catalog_name, security_options=spark_kafka_options(security), reason=UNROUTED_REASON
+    )
+    return audit_routed(catalog, st, content, kafka_config=librdkafka_config(security), ingesting=ingesting)
 
 
 def _dead_letter_table(catalog: Catalog, st: StreamingTable) -> Table | None:
