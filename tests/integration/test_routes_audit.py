@@ -138,10 +138,8 @@ def test_verify_and_read_each_destination_up_to_its_own_offsets(
     assert (vip.missing, vip.wrong_table, vip.wrong) == (1, 0, 0), broken.render()
     assert (even.missing, even.wrong_table, even.wrong) == (0, 1, 0), broken.render()
     assert broken.destination("spec.table").ok, broken.render()
-    partition, offset = (
-        copied.column("_kafka").to_pylist()[0]["partition"],
-        copied.column("_kafka")[0]["offset"],
-    )
+    at = copied.column("_kafka").to_pylist()[0]
+    partition, offset = at["partition"], at["offset"]
     text = broken.render()
     assert f"[routes[1]] {NAMESPACE}.{name}_even" in text
     assert f"partition {partition}: rows of records another destination takes, at offsets {offset}" in text
