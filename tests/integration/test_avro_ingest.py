@@ -36,7 +36,7 @@ from pyspark.sql import SparkSession
 
 from icefall.api import StreamingTable
 from icefall.catalog import CatalogConfig
-from icefall.cli import verify_table
+from icefall.commands.verify import verify_table
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.ingest.engine import BatchReport

@@ -33,7 +33,7 @@ from pyspark.sql import SparkSession
 
 from icefall.api import StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
-from icefall.cli import verify_table
+from icefall.commands.verify import verify_table
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.testing.streams import drain, started_ingestor

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 
 from icefall.api import StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
-from icefall.cli import verify_table
+from icefall.commands.verify import verify_table
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor

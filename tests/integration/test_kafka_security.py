@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from icefall.api import ConditionReason, ConditionStatus, ConditionType, StreamingTable, load_manifest
 from icefall.catalog import CatalogConfig
-from icefall.cli import verify_table
+from icefall.commands.verify import verify_table
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tls import Pki
 from icefall.ingest.union_read import union_read

@@ -42,7 +42,7 @@ from pyspark.sql import SparkSession
 from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import TableMismatchError, ensure_tables
-from icefall.cli import verify_table
+from icefall.commands.verify import verify_table
 from icefall.commit.state import SchemaChange, schema_changes
 from icefall.compact.runner import MaintenanceRunner, file_leases
 from icefall.compact.worker import Outcome

@@ -11,7 +11,6 @@ records; retention gaps carry over.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,13 +112,3 @@ def test_retention_gaps_carry_over_to_each_destination() -> None:
 def test_headers_are_read_only_when_a_condition_names_them() -> None:
     assert reads_headers(["kind = 'a'", "_kafka.headers['k'] = 'v'"])
     assert not reads_headers(["kind = 'a'"])
-
-
-def test_verify_refuses_a_routed_table_rather_than_report_its_routed_records_missing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from icefall import cli
-
-    manifest = Path(__file__).parents[2] / "examples" / "routed-events.yaml"
-    assert cli.main(["verify", "-f", str(manifest), "--state-dir", str(tmp_path)]) == 1
-    assert "spec.routes: a routed table is not audited yet" in capsys.readouterr().err

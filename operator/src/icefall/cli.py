@@ -17,7 +17,6 @@ from icefall.commands.common import (
     load_table,
     outages_for,
     state_dir,
-    unreachable_is_one_line,
 )
 from icefall.commands.read import READ_FORMATS, TABLE_ROWS, read_rows
 from icefall.commands.run import (
@@ -29,6 +28,7 @@ from icefall.commands.run import (
 )
 from icefall.commands.table import reset_offsets, show_status
 from icefall.commands.validate import validate as validate_manifests
+from icefall.commands.verify import verify as verify_command
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -252,50 +252,6 @@ def _operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def verify_table(st: Any, catalog_config: Any, *, ingesting: bool = False, spark: Any = None) -> Any:
-    """Audit the table (and its dead-letter table) against the topic, row by row and by content.
-
-    `spark`: a session with the table's catalog configured; by default a local one is started (after the
-    table is found, so a missing table is said without waiting for Spark).
-    """
-    from icefall.audit import SparkContent, audit_from_catalog
-    from icefall.kafka.security import librdkafka_config, spark_kafka_options
-
-    catalog = catalog_config.pyiceberg()
-    identifier = ".".join(st.table_identifier)
-    catalog.load_table(identifier)  # NoSuchTableError before Spark starts
-    if spark is None:
-        from icefall.plan.spark_conf import tool_conf
-        from icefall.spark.session import build_spark_session
-
-        print("[verify] starting local Spark to decode the topic's records ...", flush=True)
-        spark = build_spark_session([catalog_config], extra_conf=tool_conf(st.metadata.name, "verify"))
-    if st.spec.key:
-        from icefall.audit import audit_keyed
-
-        return audit_keyed(
-            spark,
-            st,
-            catalog,
-            catalog_config.name,
-            security_options=spark_kafka_options(st.spec.source.security),
-        )
-    content = SparkContent(
-        spark, st.spec, catalog_config.name, security_options=spark_kafka_options(st.spec.source.security)
-    )
-    dead_letter = st.dead_letter_identifier
-    return audit_from_catalog(
-        catalog,
-        identifier,
-        st.spec.source.bootstrap_servers,
-        dead_letter=".".join(dead_letter) if dead_letter else None,
-        kafka_config=librdkafka_config(st.spec.source.security),
-        content=content,
-        filter_configured=bool(st.spec.transforms.filter),
-        ingesting=ingesting,
-    )
-
-
 def _reset_offsets(args: argparse.Namespace) -> int:
     """-f: reset here (`commands.table`); --namespace/--name: ask the driver in the cluster."""
     if args.namespace or args.name:
@@ -303,26 +259,6 @@ def _reset_offsets(args: argparse.Namespace) -> int:
 
         return request_reset(args)
     return reset_offsets(args)
-
-
-def _verify(args: argparse.Namespace) -> int:
-    st = load_table(args)
-    if st.spec.routes:  # the audit reads spec.table only: routed records would be reported missing
-        print("icefall verify: spec.routes: a routed table is not audited yet (its routed records would "
-              "show as missing); check each table's rows with Spark", file=sys.stderr)  # fmt: skip
-        return 1
-    config = catalog_for(st, state_dir(args))
-    with unreachable_is_one_line(st, config):
-        report = verify_table(st, config, ingesting=args.ingesting)
-    if args.output == "json":
-        import json
-
-        from icefall.audit.report import report_json
-
-        print(json.dumps(report_json(report), indent=2))
-    else:
-        print(report.render())
-    return 0 if report.ok else 1
 
 
 STATE_DIR_HELP = (
@@ -487,7 +423,7 @@ def _add_table_tools(commands: Any) -> None:
         action="store_true",
         help="ingestion is running: dead letters past the commit are pending",
     )
-    verify.set_defaults(func=_verify)
+    verify.set_defaults(func=verify_command)
 
 
 def _output_option(command: argparse.ArgumentParser) -> None:
@@ -523,6 +459,9 @@ def _add_read(commands: Any) -> None:
         "read the table plus the topic's records after its last commit, up to now (a fresh read)",
     )
     read.add_argument("--sql", help='Spark SQL over the result, exposed as view t ("SELECT ... FROM t")')
+    read.add_argument(
+        "--table", metavar="NAMESPACE.NAME", help="spec.routes: spec.table (default) or a route's table"
+    )
     when = read.add_mutually_exclusive_group()
     when.add_argument("--snapshot", type=int, help="start from this snapshot of main (default: its head)")
     when.add_argument("--as-of", help="start from the snapshot main was at then (ISO 8601; no zone: UTC)")

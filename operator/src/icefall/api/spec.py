@@ -581,6 +581,18 @@ class StreamingTable(ApiModel):
             for route in self.spec.routes
         )
 
+    def route_of(self, identifier: str) -> int | None:
+        """Which destination `identifier` (`namespace.name`) is: None for spec.table, else the index of its
+        route in `spec.routes`. ValueError naming the valid choices for a table this one does not write."""
+        destinations = (self.table_identifier, *self.route_identifiers)
+        names = [".".join(d) for d in destinations]
+        if identifier not in names:
+            raise ValueError(
+                f"{identifier!r} is not a table {self.metadata.name} writes; choose one of {', '.join(names)}"
+            )
+        index = names.index(identifier)
+        return None if index == 0 else index - 1
+
     @property
     def destination_identifiers(self) -> tuple[tuple[str, ...], ...]:
         """Every table the StreamingTable writes records to: `spec.table` first, then each route's table (the

@@ -6,6 +6,8 @@
   it found.
 - `content`: `SparkContent`, the content side on Spark (rows and records as digests).
 - `keyed`: the audit of a keyed table (`spec.mode` upsert, cdc) against a model of the topic (`audit_keyed`).
+- `routed`: the audit of a routed table (`spec.routes`), each destination up to its own offsets
+  (`audit_routed`).
 """
 
 from icefall.audit.content import SparkContent, main_digest

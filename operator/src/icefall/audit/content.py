@@ -69,8 +69,12 @@ class SparkContent:
         catalog_name: str,
         *,
         security_options: Mapping[str, str] | None = None,
+        reason: str | None = None,
     ) -> None:
+        """`reason`: a dead letter's digest also covers whether its error is exactly this text (a routed
+        table's `UNROUTED_REASON`: an unrouted record must say so, a malformed one must not)."""
         self.spark = spark
+        self.reason = reason
         self.spec = spec
         self.catalog_name = catalog_name
         self.security_options = dict(security_options or {})
@@ -114,7 +118,7 @@ class SparkContent:
             rows.select(
                 F.col("partition").cast("long").alias("partition"),
                 F.col("offset").cast("long").alias("offset"),
-                dead_letter_digest(rows).alias("digest"),
+                self.dead_letter_digest(rows).alias("digest"),
             ),
             ROW_SCHEMA,
         )
@@ -122,34 +126,19 @@ class SparkContent:
     def expected(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-        from icefall.ingest.decode import decode, split
-        from icefall.ingest.engine import read_kafka
-        from icefall.plan.offsets import OffsetRange
+        from icefall.ingest.decode import split
 
-        if not self.spec.source.reads(topic):
-            raise ValueError(f"the spec reads topic {self.spec.source.topics_text}, not {topic!r}")
-        offset_ranges = tuple(OffsetRange(p, start, end, topic) for p, (start, end) in sorted(ranges.items()))
-        kafka = read_kafka(
-            self.spark, self.spec, offset_ranges, self.security_options, records_per_task=RECORDS_PER_TASK
-        )
-        spec = self.decoding_spec
-        if self._written is not None:
-            spec = self._written.decoding(spec)
-        decoded = decode(kafka, spec).persist()
+        decoded, spec = self.decoded(topic, ranges)
         try:
             prepared = split(decoded, spec)
-            rows = self._written.as_written(prepared.good) if self._written is not None else prepared.good
-            good = rows.select(
-                F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
-                F.col(f"{KAFKA_COLUMN}.offset").cast("long").alias("offset"),
-                F.lit(GOOD).cast("byte").alias("kind"),
-                main_digest(rows).alias("digest"),
+            good = self.good_digests(prepared.good).select(
+                "partition", "offset", F.lit(GOOD).cast("byte").alias("kind"), "digest"
             )
             bad = prepared.bad.select(
                 F.col("partition").cast("long").alias("partition"),
                 F.col("offset").cast("long").alias("offset"),
                 F.lit(DEAD_LETTER).cast("byte").alias("kind"),
-                dead_letter_digest(prepared.bad).alias("digest"),
+                self.dead_letter_digest(prepared.bad).alias("digest"),
             )
             kept = good.unionByName(bad)
             filtered = (
@@ -168,6 +157,41 @@ class SparkContent:
             return _arrow(kept.unionByName(filtered), EXPECTED_SCHEMA)
         finally:
             decoded.unpersist()
+
+    def decoded(
+        self, topic: str, ranges: Mapping[int, tuple[int, int]]
+    ) -> tuple[DataFrame, StreamingTableSpec]:
+        """The records of `topic` in `ranges` decoded as ingestion decodes them (persisted: the caller
+        unpersists), and the spec they decoded with."""
+        from icefall.ingest.decode import decode
+        from icefall.ingest.engine import read_kafka
+        from icefall.plan.offsets import OffsetRange
+
+        if not self.spec.source.reads(topic):
+            raise ValueError(f"the spec reads topic {self.spec.source.topics_text}, not {topic!r}")
+        offset_ranges = tuple(OffsetRange(p, start, end, topic) for p, (start, end) in sorted(ranges.items()))
+        kafka = read_kafka(
+            self.spark, self.spec, offset_ranges, self.security_options, records_per_task=RECORDS_PER_TASK
+        )
+        spec = self.decoding_spec
+        if self._written is not None:
+            spec = self._written.decoding(spec)
+        return decode(kafka, spec).persist(), spec
+
+    def good_digests(self, good: DataFrame) -> DataFrame:
+        """(`partition`, `offset`, `digest`) of decoded good rows, as the table holds them."""
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        rows = self._written.as_written(good) if self._written is not None else good
+        return rows.select(
+            F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
+            F.col(f"{KAFKA_COLUMN}.offset").cast("long").alias("offset"),
+            main_digest(rows).alias("digest"),
+        )
+
+    def dead_letter_digest(self, rows: DataFrame) -> Column:
+        """`dead_letter_digest` of dead-letter rows (with `error`), and with `reason` whether it is theirs."""
+        return dead_letter_digest(rows, self.reason)
 
     def _read(self, table: Table, snapshot_id: int) -> DataFrame:
         name = ".".join(f"`{part}`" for part in (self.catalog_name, *table.name()))
@@ -253,11 +277,15 @@ def main_digest(rows: DataFrame) -> Column:
     return F.xxhash64(F.to_json(content, JSON_OPTIONS))
 
 
-def dead_letter_digest(rows: DataFrame) -> Column:
-    """The digest of a dead-letter row (or of a bad record): its key, value, timestamp and headers."""
+def dead_letter_digest(rows: DataFrame, reason: str | None = None) -> Column:
+    """The digest of a dead-letter row (or of a bad record): its key, value, timestamp and headers (with
+    `reason`, and whether its `error` is that text)."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-    return F.xxhash64(F.to_json(F.struct(*[F.col(c) for c in DEAD_LETTER_CONTENT]), JSON_OPTIONS))
+    content = [F.col(c) for c in DEAD_LETTER_CONTENT]
+    if reason is not None:
+        content.append(F.coalesce(F.col("error") == F.lit(reason), F.lit(False)).alias("__icefall_reason"))
+    return F.xxhash64(F.to_json(F.struct(*content), JSON_OPTIONS))
 
 
 def _arrow(frame: DataFrame, schema: pa.Schema) -> pa.Table:

@@ -42,6 +42,11 @@ class PartitionAudit:
     dead_letters_elsewhere: int = 0  # dead letters with no dead-letter table (sent to the topic, or none)
     before_reset: int = 0  # rows committed before the last offset reset: of the old topic, not audited
     absent_below_low: int = 0  # offsets in [start, low) in neither table (lost-records cross-check)
+    # A routed table (`icefall.audit.routed`): rows of records another destination takes, and how many
+    # records of the range another destination takes.
+    wrong_table: int = 0
+    wrong_table_examples: tuple[int, ...] = ()
+    routed_elsewhere: int = 0
     topic: str | None = None  # a table of several topics: the partition's topic
 
     @property
@@ -51,7 +56,8 @@ class PartitionAudit:
 
     @property
     def ok(self) -> bool:
-        return self.duplicates == 0 and self.unexpected == 0 and self.missing == 0 and self.wrong == 0
+        problems = (self.duplicates, self.unexpected, self.missing, self.wrong, self.wrong_table)
+        return not any(problems)
 
     @property
     def result(self) -> str:
@@ -63,6 +69,7 @@ class PartitionAudit:
                 (self.missing, "missing"),
                 (self.unexpected, "unexpected"),
                 (self.wrong, "wrong"),
+                (self.wrong_table, "in the wrong table"),
             )
             if n
         ]
@@ -73,6 +80,7 @@ class PartitionAudit:
                 (self.lost_to_retention, "lost to retention"),
                 (self.before_reset, "rows before the offset reset"),
                 (self.dead_letters_elsewhere, "dead letters not in a table"),
+                (self.routed_elsewhere, "routed elsewhere"),
             )
             if n
         ]
@@ -110,6 +118,10 @@ class AuditReport:
     @property
     def wrong(self) -> int:
         return sum(p.wrong for p in self.partitions)
+
+    @property
+    def wrong_table(self) -> int:
+        return sum(p.wrong_table for p in self.partitions)
 
     @property
     def duplicates(self) -> int:
@@ -170,6 +182,7 @@ class AuditReport:
                 ),
                 ("unexpected offsets", p.unexpected_examples),
                 ("wrong rows (content differs from the Kafka record) at offsets", p.wrong_examples),
+                ("rows of records another destination takes, at offsets", p.wrong_table_examples),
             ):
                 if examples:
                     lines.append(f"partition {p.name}: {what} {', '.join(map(str, examples))}")
@@ -194,9 +207,14 @@ class AuditReport:
 
 
 def report_json(report: Any) -> dict[str, Any]:
-    """An audit report (`AuditReport`, or `audit.keyed.KeyedAuditReport`) as JSON-ready data: its fields
+    """An audit report (`AuditReport`, `audit.keyed.KeyedAuditReport`, `audit.routed.RoutedAuditReport`: a
+    list of `destinations`, each with its report) as JSON-ready data: its fields
     in camelCase, each partition with its own `ok`, and `ok` on top, as `icefall verify --output json`
     prints it."""
+    destinations = getattr(report, "destinations", None)
+    if destinations is not None:  # a routed table (`icefall.audit.routed`): each destination's report
+        each = [{"destination": d.destination, **report_json(d.report)} for d in destinations]
+        return {"ok": bool(report.ok), "destinations": each}
     data: dict[str, Any] = {"ok": bool(report.ok), **_plain(report)}
     for partition, audit in zip(data.get("partitions", ()), getattr(report, "partitions", ()), strict=True):
         partition["ok"] = audit.ok

@@ -31,6 +31,8 @@ OFFSETS = pa.int64()
 #: What re-decoding says a record should have become (`ContentSource.expected`'s `kind` column); a record
 #: in the range but absent from `expected` was dropped by `spec.transforms.filter`.
 FILTERED, GOOD, DEAD_LETTER = 0, 1, 2
+#: A routed table's record that another destination takes (`icefall.audit.routed`): in no row of this one.
+ELSEWHERE = 3
 #: The columns `ContentSource` returns: rows of a table, and the records of the topic re-decoded.
 ROW_SCHEMA = pa.schema([("partition", pa.int64()), ("offset", pa.int64()), ("digest", pa.int64())])
 EXPECTED_SCHEMA = pa.schema(

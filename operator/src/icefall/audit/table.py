@@ -73,6 +73,7 @@ from icefall.audit.kafka import KafkaTopic
 from icefall.audit.report import AuditReport, PartitionAudit
 from icefall.audit.rows import (
     DEAD_LETTER,
+    ELSEWHERE,
     FILTERED,
     GOOD,
     OFFSETS,
@@ -400,6 +401,7 @@ def _audit_partition(r: _Range, found: _Found, options: _Options) -> PartitionAu
     unexpected = present.filter(pc.or_(outside, not_in_kafka))
     unverified = count_true(pc.and_(pc.greater_equal(present, start), pc.less(present, verify_from)))
     missing, filtered, examples, elsewhere = _absent(absent, found.expected, options)
+    wrong, wrong_table = _wrong_table(found.wrong, found.expected)
     below_low = max(0, min(verify_from, committed) - start)
     limit = options.max_examples
     return PartitionAudit(
@@ -423,8 +425,11 @@ def _audit_partition(r: _Range, found: _Found, options: _Options) -> PartitionAu
         duplicate_examples=first_offsets(duplicated, limit),
         missing_examples=first_offsets(examples, limit),
         unexpected_examples=first_offsets(unexpected, limit),
-        wrong=len(found.wrong),
-        wrong_examples=first_offsets(found.wrong, limit),
+        wrong=len(wrong),
+        wrong_examples=first_offsets(wrong, limit),
+        wrong_table=len(wrong_table),
+        wrong_table_examples=first_offsets(wrong_table, limit),
+        routed_elsewhere=_of_kind(kafka, found.expected, ELSEWHERE),
         dead_letters_elsewhere=elsewhere,
         before_reset=found.before_reset,
         absent_below_low=max(0, below_low - unverified),
@@ -452,13 +457,33 @@ def _absent(absent: Any, expected: pa.Table | None, options: _Options) -> tuple[
         return absent.filter(pc.is_in(absent, value_set=offsets.combine_chunks()))
 
     filtered = of_kind(FILTERED)
-    dropped, elsewhere = filtered, 0
+    dropped, elsewhere = pa.concat_arrays([filtered, of_kind(ELSEWHERE)]), 0
     if not options.has_dlq_table:  # dead letters went to the topic (or nowhere): not in a table to compare
         sent = of_kind(DEAD_LETTER)
         elsewhere = len(sent)
-        dropped = pa.concat_arrays([filtered, sent])
+        dropped = pa.concat_arrays([dropped, sent])
     missing = absent.filter(pc.invert(pc.is_in(absent, value_set=dropped)))
     return len(missing), len(filtered), missing if len(missing) else filtered, elsewhere
+
+
+def _offsets_of_kind(expected: pa.Table, kind: int) -> Any:
+    return expected.filter(pc.equal(expected.column("kind"), kind)).column("offset").combine_chunks()
+
+
+def _wrong_table(wrong: Any, expected: pa.Table | None) -> tuple[Any, Any]:
+    """`wrong` offsets split: (rows not what their record decodes to, rows of a record another destination
+    of a routed table takes)."""
+    if expected is None or not len(wrong):
+        return wrong, wrong[:0]
+    elsewhere = pc.is_in(wrong, value_set=_offsets_of_kind(expected, ELSEWHERE))
+    return wrong.filter(pc.invert(elsewhere)), wrong.filter(elsewhere)
+
+
+def _of_kind(kafka: Any, expected: pa.Table | None, kind: int) -> int:
+    """How many of the range's records (`kafka`) re-decoding says are of `kind`."""
+    if expected is None:
+        return 0
+    return count_true(pc.is_in(kafka, value_set=_offsets_of_kind(expected, kind)))
 
 
 def _check_lost_records(

@@ -18,7 +18,7 @@ READ_FORMATS = ("table", "csv", "jsonl", "parquet")
 def read_rows(args: argparse.Namespace) -> int:
     """The table plus the topic after its snapshot up to a cut taken now (`icefall.ingest.union_read`):
     the cut to stderr, the rows to stdout or --output."""
-    from icefall.ingest.union_read import ReadError, union_read
+    from icefall.ingest.union_read import ReadError, read_identifier, union_read
 
     if args.format == "parquet" and not args.output:
         raise SystemExit("--format parquet needs --output PATH")
@@ -31,16 +31,22 @@ def read_rows(args: argparse.Namespace) -> int:
         except ValueError:
             raise SystemExit(f"--as-of {args.as_of!r} is not an ISO 8601 time") from None
     st = load_table(args)
+    try:
+        identifier = read_identifier(st, args.table)
+    except ReadError as error:
+        raise SystemExit(f"icefall: {error}") from None
     config = catalog_for(st, state_dir(args))
     with unreachable_is_one_line(st, config):
-        config.pyiceberg().load_table(st.table_identifier)  # NoSuchTableError before Spark starts
+        config.pyiceberg().load_table(identifier)  # NoSuchTableError before Spark starts
         from icefall.plan.spark_conf import tool_conf
         from icefall.spark.session import build_spark_session
 
         print("[read] starting local Spark ...", file=sys.stderr, flush=True)
         spark = build_spark_session([config], extra_conf=tool_conf(st.metadata.name, "read"))
         try:
-            result = union_read(st, config, snapshot_id=args.snapshot, as_of=as_of, spark=spark)
+            result = union_read(
+                st, config, snapshot_id=args.snapshot, as_of=as_of, spark=spark, table_name=args.table
+            )
         except ReadError as error:
             raise SystemExit(f"icefall: {error}") from None
         with result:

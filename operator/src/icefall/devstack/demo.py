@@ -83,7 +83,7 @@ def run_demo(manifest: Path, state: Path, *, seconds: float, rate: float) -> int
         ingestor.close()
         _show(catalog, st)
 
-        from icefall.cli import verify_table
+        from icefall.commands.verify import verify_table
 
         report = verify_table(st, catalog, spark=spark)
         spark.stop()

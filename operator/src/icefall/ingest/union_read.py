@@ -22,6 +22,10 @@ is every record of the topic up to the cut exactly once, fresh to the moment the
   position before the first commit), decoded with the spec's format, schema and transforms
   (`icefall.ingest.decode`). Bad records are left out and counted, as ingestion sends them to the
   dead-letter path; records the filter drops are left out.
+- **Routed tables** (`spec.routes`): `table` chooses a destination (`spec.table` by default), read from its
+  own committed offsets; the tail keeps the records the writer routes there (`icefall.ingest.routes.
+  Routing.routed`, the writer's own code): a route's, or for `spec.table` those no route takes (none with
+  `unrouted: DeadLetter`). The others are counted (`Cut.routed_elsewhere`).
 - **Keyed tables** (`spec.mode` upsert, cdc): the tail's last change per key (`last_changes`, the rule
   ingestion's MERGE applies) replaces the table's row for that key, or deletes it.
 
@@ -50,10 +54,11 @@ if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection, DuckDBPyRelation
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from icefall.api import KafkaSource, StreamingTable
     from icefall.catalog import CatalogConfig
+    from icefall.ingest.routes import Routing
     from icefall.plan.offsets import OffsetRange
 
 
@@ -77,6 +82,7 @@ class Cut:
         0  # good rows they decode to (a keyed table's changes, deletes too, before the last per key)
     )
     bad_records: int = 0  # records left out as dead letters
+    routed_elsewhere: int = 0  # a routed table: good records another destination takes, left out
     lost_records: int = 0  # offsets past the snapshot's that retention deleted before this read
 
     @property
@@ -87,7 +93,7 @@ class Cut:
     @property
     def filtered_records(self) -> int:
         """Tail records the spec's filter dropped."""
-        return self.tail_records - self.tail_rows - self.bad_records
+        return self.tail_records - self.tail_rows - self.bad_records - self.routed_elsewhere
 
     def render(self) -> list[str]:
         """A few lines for people (what `icefall read` prints to stderr)."""
@@ -99,7 +105,8 @@ class Cut:
             f"[read] {self.table} at {at} + topic {self.topic} up to the cut taken {_iso(self.taken_at_ms)}",
             f"[read] cut, per partition tail from..to: {ranges or 'no partitions'}",
             f"[read] tail: {self.tail_records} records, {self.tail_rows} rows, {self.bad_records} bad "
-            f"records left out, {self.filtered_records} filtered out",
+            f"records left out, {self.filtered_records} filtered out"
+            + (f", {self.routed_elsewhere} routed to other destinations" if self.routed_elsewhere else ""),
         ]
         if self.lost_records:
             lines.append(
@@ -119,6 +126,7 @@ class Cut:
             "tail_records": self.tail_records,
             "tail_rows": self.tail_rows,
             "bad_records": self.bad_records,
+            "routed_elsewhere": self.routed_elsewhere,
             "lost_records": self.lost_records,
         }
 
@@ -168,21 +176,24 @@ def union_read(
     as_of: datetime | None = None,
     spark: SparkSession | None = None,
     timeout: float = 30,
+    table_name: str | None = None,
 ) -> UnionRead:
     """The table of `st` at a snapshot plus its topic up to a cut taken now (module docstring).
 
     `snapshot_id` or `as_of` (a time; naive means UTC) choose an older snapshot than `main`'s head.
-    `spark`: a session with `catalog_config`'s catalog; by default a local one is started.
+    `spark`: a session with `catalog_config`'s catalog; by default a local one is started. `table_name`
+    (`namespace.name`): a routed table's destination to read (`read_identifier`); default `spec.table`.
     """
     if snapshot_id is not None and as_of is not None:
         raise ValueError("give snapshot_id or as_of, not both")
-    label = ".".join(st.table_identifier)
+    identifier = read_identifier(st, table_name)
+    label = ".".join(identifier)
     if st.spec.source.by_topic:
         raise ReadError(
             f"{label} reads several topics (spec.source.topics): a fresh read of such a table is not "
             "supported yet; read the table itself (e.g. with Spark or pyiceberg)"
         )
-    table = catalog_config.pyiceberg().load_table(st.table_identifier)
+    table = catalog_config.pyiceberg().load_table(identifier)
     if spark is None:  # before the snapshot and the cut are taken: a Spark start takes seconds
         spark = _local_spark(st, catalog_config)
     state = _state(table, label, snapshot_id, as_of)
@@ -207,8 +218,21 @@ def union_read(
         partitions={r.partition: (r.start, r.end) for r in ranges},
         lost_records=lost,
     )
-    rows = _table_rows(spark, st, catalog_config.name, state.snapshot_id)
-    return _with_tail(spark, st, rows, ranges, cut, schema_at(table, state.snapshot_id))
+    rows = _table_rows(spark, identifier, catalog_config.name, state.snapshot_id)
+    route = st.route_of(label) if st.spec.routes else None
+    return _with_tail(spark, st, rows, ranges, cut, schema_at(table, state.snapshot_id), route=route)
+
+
+def read_identifier(st: StreamingTable, table_name: str | None) -> tuple[str, ...]:
+    """The identifier of the table `table_name` names (`namespace.name`: `spec.table` or a route's),
+    `spec.table`'s by default; ReadError naming the choices for any other."""
+    if table_name is None:
+        return st.table_identifier
+    try:
+        route = st.route_of(table_name)
+    except ValueError as error:
+        raise ReadError(f"--table {error}") from None
+    return st.table_identifier if route is None else st.route_identifiers[route]
 
 
 def _local_spark(st: StreamingTable, catalog_config: CatalogConfig) -> SparkSession:
@@ -316,9 +340,9 @@ def _tail_ranges(
 
 
 def _table_rows(
-    spark: SparkSession, st: StreamingTable, catalog_name: str, snapshot_id: int | None
+    spark: SparkSession, identifier: tuple[str, ...], catalog_name: str, snapshot_id: int | None
 ) -> DataFrame:
-    name = ".".join(f"`{part}`" for part in (catalog_name, *st.table_identifier))
+    name = ".".join(f"`{part}`" for part in (catalog_name, *identifier))
     if snapshot_id is None:
         return spark.table(name)  # no snapshot: no rows, the table's columns
     return spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(snapshot_id)}")
@@ -331,10 +355,13 @@ def _with_tail(  # noqa: PLR0917 (the parts of one read)
     ranges: tuple[OffsetRange, ...],
     cut: Cut,
     schema: Schema,
+    *,
+    route: int | None = None,
 ) -> UnionRead:
     """`rows` (the table at the snapshot, whose schema is `schema`) with the decoded tail applied, and the
     cut with its counts. The tail decodes as ingestion would write it now: into the table's columns (a
-    column the spec no longer has is null)."""
+    column the spec no longer has is null); a routed table's, only the records its destination (`route`:
+    an index of `spec.routes`, None for `spec.table`) takes."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
     from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, Decoder, last_changes
@@ -346,13 +373,22 @@ def _with_tail(  # noqa: PLR0917 (the parts of one read)
     if not reading:
         return UnionRead(frame=rows, cut=cut)
     decoder = Decoder(decoding_spec(st.spec, schema), errors=False)
-    kafka = read_kafka(spark, st.spec, reading, spark_kafka_options(st.spec.source.security), headers=False)
-    decoded = decoder.decode(kafka).persist()
+    routing = _routing(st)
+    headers = routing is not None and routing.headers
+    kafka = read_kafka(spark, st.spec, reading, spark_kafka_options(st.spec.source.security), headers=headers)
+    decoded = decoder.decode(kafka)
+    mine = F.lit(True)
+    if routing is not None:
+        decoded, mine = routing.routed(decoded), _taken_by(st, route)
+    decoded = decoded.persist()
+    elsewhere = F.sum((~F.col(BAD_COLUMN) & ~mine).cast("long"))
     counts = decoded.agg(
-        F.count(F.lit(1)).alias("records"), F.sum(F.col(BAD_COLUMN).cast("long")).alias("bad")
+        F.count(F.lit(1)).alias("records"),
+        F.sum(F.col(BAD_COLUMN).cast("long")).alias("bad"),
+        elsewhere.alias("elsewhere"),
     ).first()
     assert counts is not None
-    good = with_every_column(decoder.good_rows(decoded), schema)
+    good = with_every_column(decoder.good_rows(decoded.where(mine)), schema)
     missing = [c for c in rows.columns if c not in good.columns]
     if missing:
         raise ReadError(
@@ -371,11 +407,41 @@ def _with_tail(  # noqa: PLR0917 (the parts of one read)
         frame = rows.unionByName(tail)
     tail_rows = tail.count()
     counted = replace(
-        cut, tail_records=int(counts["records"]), tail_rows=tail_rows, bad_records=int(counts["bad"] or 0)
+        cut,
+        tail_records=int(counts["records"]),
+        tail_rows=tail_rows,
+        bad_records=int(counts["bad"] or 0),
+        routed_elsewhere=int(counts["elsewhere"] or 0),
     )
     return UnionRead(
         frame=frame.select(*[F.col(f"`{c}`") for c in rows.columns]), cut=counted, _cached=[decoded]
     )
+
+
+def _routing(st: StreamingTable) -> Routing | None:
+    """The writer's routing of a routed table (`spec.routes`), else None."""
+    if not st.spec.routes:
+        return None
+    from icefall.ingest.routes import Routing
+
+    def no_branch(identifier: tuple[str, ...], branch: str) -> str:
+        raise AssertionError(f"a read stages nothing ({'.'.join(identifier)} branch {branch})")
+
+    return Routing(st, no_branch)
+
+
+def _taken_by(st: StreamingTable, route: int | None) -> Column:
+    """Whether a routed record (`Routing.routed`) goes to `route` (None: spec.table) as a good row."""
+    from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+    from icefall.api import Unrouted
+    from icefall.ingest.routes import ROUTE_COLUMN
+
+    if route is not None:
+        return F.coalesce(F.col(ROUTE_COLUMN) == F.lit(route), F.lit(False))
+    if st.spec.unrouted_to is Unrouted.DEAD_LETTER:
+        return F.lit(False)  # spec.table gets no rows: the records no route takes are dead letters
+    return F.col(ROUTE_COLUMN).isNull()
 
 
 def _iso(ms: int) -> str:

@@ -1,0 +1,264 @@
+"""The audit of a routed table (`spec.routes`): every committed record in exactly one destination.
+
+A routed StreamingTable writes one topic into several tables: each record goes to the first route whose
+condition holds, else to `spec.table` (`unrouted: Table`) or to the dead-letter table with
+`UNROUTED_REASON` (`unrouted: DeadLetter`); malformed records go to the dead-letter table. Each destination
+commits the offsets of the range it took, so after a crash between their commits they stand at different
+offsets: each is audited up to its own committed offsets (`icefall.audit.table.audit_table`), `spec.table`
+together with the dead-letter table (cut at `spec.table`'s offsets, as for any table).
+
+By content: the records are decoded once for all destinations (`SparkContent.decoded`) and routed by the
+writer's own code (`icefall.ingest.routes.Routing`: `dead_letters`, then `routed`), so a condition is
+evaluated exactly as ingestion evaluates it. Each destination then sees its own records as they should
+be (GOOD, FILTERED by `spec.transforms.filter`, DEAD_LETTER for `spec.table`'s dead-letter table) and every
+other record as ELSEWHERE: a row of such a record is reported as in the wrong table (`wrong_table`), and its
+absence is not missing. A dead letter's digest also covers whether its error is `UNROUTED_REASON`, so an
+unrouted record must be a dead letter with that reason, and a malformed one without it.
+
+Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
+schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
+missing: audit with the spec the tables were filled with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from icefall.audit.kafka import KafkaTopic
+from icefall.audit.report import AuditReport
+from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD
+from icefall.audit.table import audit_table, dlq_identifier
+from icefall.commit import read_committed
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
+
+    from icefall.api import StreamingTable
+    from icefall.audit.content import SparkContent
+
+#: Where re-decoding sends a record (`RoutedContent.records`' `dest`): a route's index, or one of these.
+DEFAULT, DEAD = -1, -2
+#: `RoutedContent.records`: each record's destination, kind and digest (null unless GOOD or DEAD_LETTER).
+RECORDS_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int64()),
+        ("offset", pa.int64()),
+        ("dest", pa.int32()),
+        ("kind", pa.int8()),
+        ("digest", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class DestinationAudit:
+    """One destination's audit: `spec.table` (with the dead-letter table) or `routes[i]`."""
+
+    destination: str
+    report: AuditReport
+
+
+@dataclass(frozen=True)
+class RoutedAuditReport:
+    """The audits of every destination of a routed table, `spec.table` first."""
+
+    destinations: tuple[DestinationAudit, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(d.report.ok for d in self.destinations)
+
+    def destination(self, name: str) -> AuditReport:
+        """The report of `spec.table`, `routes[i]` or a table's name (`namespace.name`)."""
+        for d in self.destinations:
+            if name in (d.destination, d.report.table):
+                return d.report
+        raise KeyError(name)
+
+    def render(self) -> str:
+        """One report per destination, then one line for them all."""
+        parts = [f"[{d.destination}] {d.report.render()}" for d in self.destinations]
+        failed = [d.destination for d in self.destinations if not d.report.ok]
+        verdict = "FAILED: " + ", ".join(failed) if failed else "OK"
+        parts.append(f"routed table, {len(self.destinations)} destinations: {verdict}")
+        return "\n\n".join(parts)
+
+
+def destination_view(records: pa.Table, destination: int) -> pa.Table:
+    """`EXPECTED_SCHEMA` of `records` (`RECORDS_SCHEMA`) as `destination` (a route's index, or DEFAULT:
+    `spec.table` with the dead-letter table) must hold them: the records of other destinations ELSEWHERE."""
+    dest = records.column("dest")
+    own = pc.equal(dest, destination)
+    if destination == DEFAULT:
+        own = pc.or_(own, pc.equal(dest, DEAD))
+    kind = pc.if_else(own, records.column("kind"), pa.scalar(ELSEWHERE, pa.int8()))
+    digest = pc.if_else(own, records.column("digest"), pa.scalar(None, pa.int64()))
+    columns = [records.column("partition"), records.column("offset"), kind, digest]
+    return pa.Table.from_arrays(columns, schema=EXPECTED_SCHEMA)
+
+
+def within(records: pa.Table, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
+    """The records of `ranges` (`[start, end)` per partition)."""
+    keep = pa.array([False] * records.num_rows, pa.bool_())
+    partition, offset = records.column("partition"), records.column("offset")
+    for p, (start, end) in ranges.items():
+        inside = pc.and_(pc.greater_equal(offset, start), pc.less(offset, end))
+        keep = pc.or_(keep, pc.and_(pc.equal(partition, p), inside))
+    return records.filter(keep)
+
+
+def covering(
+    held: Mapping[int, tuple[int, int]] | None, wanted: Mapping[int, tuple[int, int]]
+) -> dict[int, tuple[int, int]] | None:
+    """The ranges to decode for `wanted` when `held` are decoded: None if `held` covers them, else the
+    smallest ranges covering both."""
+    held = held or {}
+    if all(p in held and held[p][0] <= s and e <= held[p][1] for p, (s, e) in wanted.items()):
+        return None
+    union = dict(held)
+    for p, (s, e) in wanted.items():
+        union[p] = (min(s, union[p][0]), max(e, union[p][1])) if p in union else (s, e)
+    return union
+
+
+class RoutedContent:
+    """The records of a routed table's topic, decoded and routed once for every destination (`view`)."""
+
+    def __init__(self, content: SparkContent, st: StreamingTable) -> None:
+        from icefall.ingest.routes import Routing
+
+        self.content = content
+        # The writer's routing; it stages nothing here, so no staging branch is ever named.
+        self.routing = Routing(st, _no_branch)
+        self._ranges: dict[int, tuple[int, int]] | None = None
+        self._records: pa.Table | None = None
+
+    def view(self, destination: int) -> _View:
+        """The `ContentSource` of one destination (a route's index, or DEFAULT)."""
+        return _View(self, destination)
+
+    def records(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
+        """`RECORDS_SCHEMA` of the records of `ranges`, decoded again only when they are not yet."""
+        union = covering(self._ranges, ranges)
+        if union is not None or self._records is None:
+            self._ranges = union if union is not None else dict(ranges)
+            self._records = self._decode(topic, self._ranges)
+        return within(self._records, ranges)
+
+    def _decode(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        from icefall.ingest.columns import BAD_COLUMN
+        from icefall.ingest.decode import bad_rows, good_rows
+        from icefall.ingest.routes import ROUTE_COLUMN
+
+        decoded, spec = self.content.decoded(topic, ranges)
+        try:
+            # As the writer: unrouted records marked dead letters first (`unrouted: DeadLetter`), then routed.
+            routed = self.routing.routed(self.routing.dead_letters(decoded))
+            dest = F.when(F.col(BAD_COLUMN), F.lit(DEAD)).otherwise(
+                F.coalesce(F.col(ROUTE_COLUMN), F.lit(DEFAULT))
+            )
+            where = routed.select(
+                F.col("partition").cast("long").alias("partition"),
+                F.col("offset").cast("long").alias("offset"),
+                dest.cast("int").alias("dest"),
+            )
+            bad = bad_rows(routed)
+            digests = self.content.good_digests(good_rows(routed, spec)).unionByName(
+                bad.select(
+                    F.col("partition").cast("long").alias("partition"),
+                    F.col("offset").cast("long").alias("offset"),
+                    self.content.dead_letter_digest(bad).alias("digest"),
+                )
+            )
+            joined = where.join(digests, ["partition", "offset"], "left")
+            kind = (
+                F.when(F.col("dest") == F.lit(DEAD), F.lit(DEAD_LETTER))
+                .when(F.col("digest").isNull(), F.lit(FILTERED))
+                .otherwise(F.lit(GOOD))
+            )
+            frame = joined.select("partition", "offset", "dest", kind.cast("byte").alias("kind"), "digest")
+            return frame.toArrow().cast(RECORDS_SCHEMA)
+        finally:
+            decoded.unpersist()
+
+
+class _View:
+    """`ContentSource` of one destination of a routed table."""
+
+    def __init__(self, routed: RoutedContent, destination: int) -> None:
+        self.routed = routed
+        self.destination = destination
+
+    def main_rows(self, table: Table, snapshot_id: int, *, topic: str | None = None) -> pa.Table:
+        return self.routed.content.main_rows(table, snapshot_id, topic=topic)
+
+    def dead_letter_rows(self, table: Table, snapshot_id: int, *, topic: str | None = None) -> pa.Table:
+        return self.routed.content.dead_letter_rows(table, snapshot_id, topic=topic)
+
+    def expected(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
+        return destination_view(self.routed.records(topic, ranges), self.destination)
+
+
+def audit_routed(
+    catalog: Catalog,
+    st: StreamingTable,
+    content: SparkContent,
+    *,
+    kafka_config: Mapping[str, Any] | None = None,
+    ingesting: bool = False,
+) -> RoutedAuditReport:
+    """Audit every destination of the routed `st` by content (`content`: a `SparkContent` of its spec made
+    with `reason=UNROUTED_REASON`), each against the topic up to its own committed offsets."""
+    main = catalog.load_table(st.table_identifier)
+    topic = read_committed(main).topic or st.spec.source.first_topic
+    dlq = _dead_letter_table(catalog, st)
+    routed = RoutedContent(content, st)
+    options: dict[str, Any] = {"filter_configured": bool(st.spec.transforms.filter), "ingesting": ingesting}
+    audits = []
+    with KafkaTopic(st.spec.source.bootstrap_servers, topic, config=kafka_config) as source:
+        # spec.table first: its columns are those the records decode into (`SparkContent.main_rows`).
+        report = audit_table(main, dlq, source, content=routed.view(DEFAULT), **options)
+        audits.append(DestinationAudit("spec.table", report))
+        for i, identifier in enumerate(st.route_identifiers):
+            table = catalog.load_table(identifier)  # never committed: no range, any row unexpected
+            report = audit_table(table, None, source, content=routed.view(i), **options)
+            audits.append(DestinationAudit(f"routes[{i}]", report))
+    return RoutedAuditReport(tuple(audits))
+
+
+def verify_routed(
+    spark: SparkSession, st: StreamingTable, catalog: Catalog, catalog_name: str, *, ingesting: bool = False
+) -> RoutedAuditReport:
+    """`audit_routed` as `icefall verify` runs it: by content on `spark` (`catalog_name`: the table's
+    catalog there), with the source's security settings."""
+    from icefall.api import UNROUTED_REASON
+    from icefall.audit.content import SparkContent
+    from icefall.kafka.security import librdkafka_config, spark_kafka_options
+
+    security = st.spec.source.security
+    content = SparkContent(
+        spark, st.spec, catalog_name, security_options=spark_kafka_options(security), reason=UNROUTED_REASON
+    )
+    return audit_routed(catalog, st, content, kafka_config=librdkafka_config(security), ingesting=ingesting)
+
+
+def _dead_letter_table(catalog: Catalog, st: StreamingTable) -> Table | None:
+    """`spec.deadLetter.table`, else `<table>_dlq` if it exists."""
+    named = st.dead_letter_identifier
+    if named is not None:
+        return catalog.load_table(named)
+    default = dlq_identifier(".".join(st.table_identifier))
+    return catalog.load_table(default) if catalog.table_exists(default) else None
+
+
+def _no_branch(identifier: tuple[str, ...], branch: str) -> str:
+    raise AssertionError(f"the audit stages nothing ({'.'.join(identifier)} branch {branch})")
