@@ -442,3 +442,86 @@ def test_an_executor_killed_mid_batch(kafka: KafkaBroker, tmp_path: Path) -> Non
     assert_exactly_once(config, name, high, set())
     verify(run)
     print(f"\n[executor killed] caught up {recovered:.1f}s after the kill")
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` TCP ports free on loopback now (bound together, so distinct)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@contextmanager
+def dropped(ports: str) -> Iterator[None]:
+    """Every TCP packet arriving on loopback to or from `ports` (iptables multiport syntax) dropped while
+    the block runs: connections stay open and new ones time out, as behind a partitioned network (DROP on
+    INPUT: a DROP on OUTPUT would fail the sender's connect at once, EPERM, which is a refusal)."""
+    if os.geteuid() != 0:
+        pytest.fail("dropping packets needs root (iptables): run the tests as root, as CI does")
+    rule = ["INPUT", "-i", "lo", "-p", "tcp", "-m", "multiport", "--ports", ports,
+            "-m", "comment", "--comment", f"icefall-test-partition-{os.getpid()}", "-j", "DROP"]  # fmt: skip
+    subprocess.run(["iptables", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-D", *rule], check=True)
+
+
+@pytest.mark.long  # `make test-all`: a local cluster's executor JVM, and a partition longer than its timeout
+def test_a_partition_between_the_driver_and_its_executor(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """Spark in local-cluster mode with the driver's RPC and block manager ports and the executor's block
+    manager ports pinned; every packet between them dropped for longer than `spark.network.timeout` while
+    batches run, then let through again: nothing commits meanwhile, and once healed the run catches up by
+    itself; exactly once."""
+    name = "res_partition"
+    timeout = int(os.environ.get("IT_NET_TIMEOUT", "30"))
+    hold = float(os.environ.get("IT_PARTITION", "45"))
+    topic = f"it-res-{name.replace('_', '-')}"
+    kafka.create_topic(topic, partitions=2)
+    produce(kafka, topic, 0, 200)
+    manifest = tmp_path / "table.yaml"
+    spark = "  spark: {conf: {spark.task.maxFailures: '1'}}\n" if os.environ.get("IT_ONE_FAILURE") else ""
+    manifest.write_text(manifest_text(name, topic, kafka.bootstrap, batch=BATCH) + spark)
+    state = tmp_path / "state"
+    config = CatalogConfig.embedded(state)
+    assert load_manifest(manifest).spec
+    driver, block, executor = free_ports(3)
+    pinned = {"spark.driver.port": driver, "spark.driver.blockManager.port": block,
+              "spark.blockManager.port": executor, "spark.port.maxRetries": 8,
+              "spark.network.timeout": f"{timeout}s", "spark.network.timeoutInterval": "5s"}  # fmt: skip
+    submit = " ".join(f"--conf {key}={value}" for key, value in pinned.items())
+    run = LiveRun(
+        manifest, config=config, kafka=kafka, name=name, topic=topic, state=state,
+        master="local-cluster[1,1,1024]", env={"PYSPARK_SUBMIT_ARGS": f"{submit} pyspark-shell"},
+    )  # fmt: skip
+    try:
+        run.wait_ingesting()
+        produce(kafka, topic, 200, 400)
+        run.wait_for("a batch running", lambda: sum(run.committed().values()) > 200, 120)
+        with dropped(f"{driver},{block},{executor}:{executor + 8}"):
+            started = time.monotonic()
+            time.sleep(hold / 2)
+            before = dict(run.committed())
+            time.sleep(hold / 2)
+            assert dict(run.committed()) == before, "a batch committed through the partition"
+            print(f"\n[partition] {before} held {time.monotonic() - started:.1f}s")
+        healed = time.monotonic()
+        run.wait_caught_up()
+        recovered = time.monotonic() - healed
+        run.stop()
+        assert "Traceback" not in run.text(), run.tail()
+    finally:
+        run.stop()
+    high = watermarks(kafka, topic)
+    assert sum(high.values()) == 600
+    assert_exactly_once(config, name, high, set())
+    verify(run)
+    print(f"\n[partition] caught up {recovered:.1f}s after it healed")
+    print(run.text()[-6000:])
