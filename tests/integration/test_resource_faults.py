@@ -26,10 +26,16 @@ Proves:
   fails (EINVAL) and a local Spark JVM never registers its block manager;
 - (`long`) Spark in local-cluster mode, its executor JVM SIGKILLed (status 137, as the OOM killer ends it)
   while batches run: Spark logs "Lost executor 0 ... exited with code 137", launches another, the batch's
-  tasks run again (13 s for that batch), and the table is exactly once: no Icefall change was needed.
-
-Not here: a network partition between driver and executors (a TCP proxy would need Spark's block manager
-and RPC ports pinned and proxied; not done).
+  tasks run again (13 s for that batch), and the table is exactly once: no Icefall change was needed;
+- (`long`) a network partition between the driver and its executor (local-cluster mode, Spark's driver RPC
+  and block manager ports and the executor's pinned, every packet to or from them dropped on loopback
+  with iptables, so connections hang as on a dropped network, never refused) from the moment a batch's
+  task runs until past `spark.network.timeout`: Spark logs "Lost executor 0 ...: Executor heartbeat timed
+  out"; a task that was running counts as failed (one still launching does not, so a partition that
+  starts between batches costs Spark a new executor and nothing more). With `spark.task.maxFailures` 1
+  (as a network flapping 4 times within a batch) the job aborts: the run logs "lost its Spark executors"
+  once per attempt (status `executors`: condition reason ExecutorsLost), commits nothing, and catches up
+  by itself once the partition heals; exactly once. Before, that abort ended `icefall run`.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -442,3 +449,97 @@ def test_an_executor_killed_mid_batch(kafka: KafkaBroker, tmp_path: Path) -> Non
     assert_exactly_once(config, name, high, set())
     verify(run)
     print(f"\n[executor killed] caught up {recovered:.1f}s after the kill")
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` TCP ports free on loopback now (bound together, so distinct)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@contextmanager
+def dropped(ports: str) -> Iterator[None]:
+    """Every TCP packet arriving on loopback to or from `ports` (iptables multiport syntax) dropped while
+    the block runs: connections stay open and new ones time out, as behind a partitioned network (DROP on
+    INPUT: a DROP on OUTPUT would fail the sender's connect at once, EPERM, which is a refusal)."""
+    if os.geteuid() != 0:
+        pytest.fail("dropping packets needs root (iptables): run the tests as root, as CI does")
+    rule = ["INPUT", "-i", "lo", "-p", "tcp", "-m", "multiport", "--ports", ports,
+            "-m", "comment", "--comment", f"icefall-test-partition-{os.getpid()}", "-j", "DROP"]  # fmt: skip
+    subprocess.run(["iptables", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-D", *rule], check=True)
+
+
+def tasks_started(app: Path) -> int:
+    """Tasks the executors of a local cluster's application (its folder in the worker's dir) logged as
+    running."""
+    return sum(log.read_text(errors="replace").count("Running task") for log in app.glob("*/stderr"))
+
+
+@pytest.mark.long  # `make test-all`: a local cluster's executor JVM, and a partition longer than its timeout
+def test_a_partition_between_the_driver_and_its_executor(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """Spark in local-cluster mode, the driver's RPC and block manager ports and the executor's block manager
+    ports pinned; every packet between them dropped (iptables, loopback only) from the moment a batch's
+    task runs until after `spark.network.timeout` (30 s here): the driver declares the executor lost, the
+    running task failed, and with `spark.task.maxFailures` 1 (standing in for a network that flaps as often
+    as Spark's default of 4 within one batch) the job aborts; nothing commits meanwhile. Once healed the run
+    catches up by itself, having said so in one line; exactly once."""
+    name = "res_partition"
+    topic = f"it-res-{name.replace('_', '-')}"
+    kafka.create_topic(topic, partitions=2)
+    produce(kafka, topic, 0, 200)
+    manifest = tmp_path / "table.yaml"
+    spark = "  spark: {conf: {spark.task.maxFailures: '1'}}\n"
+    manifest.write_text(manifest_text(name, topic, kafka.bootstrap, batch={"maxRecords": 4000}) + spark)
+    state = tmp_path / "state"
+    config = CatalogConfig.embedded(state)
+    assert load_manifest(manifest).spec
+    driver, block, executor = free_ports(3)
+    # Pinned so the rule can name them; a network timeout under the 60 s a table may set (Spark's check
+    # interval shortened with it) keeps the test short.
+    pinned = {"spark.driver.port": driver, "spark.driver.blockManager.port": block,
+              "spark.blockManager.port": executor, "spark.port.maxRetries": 8,
+              "spark.network.timeout": "30s", "spark.network.timeoutInterval": "5s"}  # fmt: skip
+    submit = " ".join(f"--conf {key}={value}" for key, value in pinned.items())
+    run = LiveRun(
+        manifest, config=config, kafka=kafka, name=name, topic=topic, state=state,
+        master="local-cluster[1,1,1024]", env={"PYSPARK_SUBMIT_ARGS": f"{submit} pyspark-shell"},
+    )  # fmt: skip
+    app = None
+    try:
+        run.wait_caught_up(600)  # a local cluster's first batch took 240 s at load 39
+        (victim,) = executors(run.proc.pid)
+        app = Path(os.readlink(f"/proc/{victim}/cwd")).parent  # <worker dir>/<app id>/<executor id>
+        started = tasks_started(app)
+        produce(kafka, topic, 200, 3000)  # one batch, its tasks a few seconds long
+        run.wait_for("a task running", lambda: tasks_started(app) > started, 120)
+        with dropped(f"{driver},{block},{executor}:{executor + 8}"):
+            run.wait_for("the executor lost", lambda: "Lost executor 0" in run.text(), 120)
+            run.wait_for("the outage said", lambda: "lost its Spark executors" in run.text(), 60)
+            assert sum(run.committed().values()) == 200, "a batch committed through the partition"
+        healed = time.monotonic()
+        run.wait_caught_up(600)
+        recovered = time.monotonic() - healed
+        run.stop()
+        assert "Traceback" not in run.text(), run.tail()
+        assert "it.res_partition: Spark's executors answer again after" in run.text(), run.tail()
+    finally:
+        run.stop()
+        if app is not None:  # the executors' copies of the jars, under Spark's own folder
+            shutil.rmtree(app, ignore_errors=True)
+    high = watermarks(kafka, topic)
+    assert sum(high.values()) == 3200
+    assert_exactly_once(config, name, high, set())
+    verify(run)
+    print(f"\n[partition] caught up {recovered:.1f}s after it healed")

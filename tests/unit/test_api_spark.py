@@ -4,7 +4,8 @@ Proves: settings that tune speed and memory are accepted as written; Icefall's w
 extensions, catalogs, time zone, Kubernetes, executors, Kafka), what would skip data (ignoreCorruptFiles,
 speculation) and anything that looks like a credential are refused, each with an error naming the field
 (`spec.spark.conf[<key>]`) and the fix, and without repeating a secret value; unknown keys are refused
-too (an allow-list), with what is allowed; the default leaves the spec as it was.
+too (an allow-list), with what is allowed; a `spark.network.timeout` under a minute (which stops Spark's
+driver at start) is refused; the default leaves the spec as it was.
 """
 
 from __future__ import annotations
@@ -43,7 +44,25 @@ def test_speed_and_memory_settings_are_accepted() -> None:
     }
     st = parse_manifest(MANIFEST.format(conf=conf))
     assert st.spec.spark.conf == conf
-    assert spark_conf_problems(dict.fromkeys(ALLOWED_KEYS, "1")) == []
+    assert spark_conf_problems({**dict.fromkeys(ALLOWED_KEYS, "1"), "spark.network.timeout": "60"}) == []
+
+
+@pytest.mark.parametrize("value", ["30s", "59", "5000ms", "0"])
+def test_a_network_timeout_shorter_than_sparks_heartbeat_check_is_refused(value: str) -> None:
+    """Below `spark.network.timeoutInterval` (60 s) the driver failed at start (seen in
+    tests/integration/test_resource_faults.py); between 60 s and the default 120 s, executors cut off
+    from the driver are found sooner."""
+    refused = errors(f"{{spark.network.timeout: '{value}'}}")
+    assert "spec.spark.conf['spark.network.timeout']: at least 60s" in refused
+
+
+@pytest.mark.parametrize("value", ["60s", "2min", "120", "1h"])
+def test_a_network_timeout_of_a_minute_or_more_is_accepted(value: str) -> None:
+    assert spark_conf_problems({"spark.network.timeout": value}) == []
+
+
+def test_a_network_timeout_spark_cannot_read_is_refused() -> None:
+    assert "not a duration Spark reads" in errors("{spark.network.timeout: soon}")
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,16 @@ PG_REFUSED = (
 )
 
 
+# What Spark 4.1 raised (abridged) when every packet between the driver and its executor was dropped for
+# longer than spark.network.timeout (tests/integration/test_resource_faults.py, spark.task.maxFailures=1).
+EXECUTOR_LOST = (
+    "org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 12.0 failed 1 times, "
+    "most recent failure: Lost task 0.0 in stage 12.0 (TID 20) (192.0.2.2 executor 0): ExecutorLostFailure "
+    "(executor 0 exited caused by one of the running tasks) "
+    "Reason: Executor heartbeat timed out after 31170 ms"
+)
+
+
 @pytest.mark.parametrize(
     ("error", "service"),
     [
@@ -141,6 +151,7 @@ PG_REFUSED = (
             "local_disk",
         ),
         (OSError(28, "No space left on device", "/spill/x"), "local_disk"),
+        (RuntimeError(f"An error occurred while calling o412.append.\n: {EXECUTOR_LOST}"), "executors"),
     ],
 )
 def test_what_stopped_servers_raise_is_an_outage_of_that_service(error: BaseException, service: str) -> None:
@@ -309,6 +320,26 @@ def test_a_full_local_disk_is_named_by_its_dirs(caplog: pytest.LogCaptureFixture
         assert outages.failed(OSError(28, "No space left on device")) is not None
     (line,) = [r.getMessage() for r in caplog.records]
     assert "local disk /var/data/spark-local is full" in line and "\n" not in line
+
+
+def test_executors_lost_to_a_partition_are_waited_out_and_said_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    outages = Outages("it.t", {}, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING):
+        assert outages.failed(RuntimeError(EXECUTOR_LOST)) == 1.0
+        now[0] = 42.0
+        outages.succeeded()
+    lost, back = [r.getMessage() for r in caplog.records]
+    assert "lost its Spark executors" in lost and "heartbeat timed out after 31170 ms" in lost
+    assert "\n" not in lost and back.startswith("it.t: Spark's executors answer again after 42s")
+
+
+def test_an_executor_that_died_of_its_own_is_not_an_outage() -> None:
+    """Killed by the OOM killer four times in a row: the job's failure is raised, never waited out."""
+    died = EXECUTOR_LOST.replace("Executor heartbeat timed out after 31170 ms", "exited with code 137")
+    assert classify(RuntimeError(died)) is None
 
 
 def test_a_clock_behind_the_table_is_waited_out_never_committed_through() -> None:

@@ -145,6 +145,7 @@ def test_a_schema_change_the_table_cannot_follow_degrades_it_with_one_warning_ev
         ("kube_apiserver", ConditionReason.WAITING_FOR_LEASE, "the Kubernetes API server"),
         ("local_disk", ConditionReason.LOCAL_DISK_FULL, "local disk"),
         ("clock", ConditionReason.CLOCK_BEHIND, "clock"),
+        ("executors", ConditionReason.EXECUTORS_LOST, "Spark executors"),
     ],
 )
 def test_a_service_the_driver_waits_out_stops_ingesting(

@@ -15,10 +15,13 @@ Refused on purpose, among others:
   inline.
 
 Guaranteed: what this model accepts reaches the table's session last (it wins over Icefall's derived
-values, such as `spark.sql.shuffle.partitions`). Not guaranteed: that an accepted value is a good one.
+values, such as `spark.sql.shuffle.partitions`). Not guaranteed: that an accepted value is a good one,
+except `spark.network.timeout`, refused under 60 s (a shorter one stops the driver at start).
 """
 
 from __future__ import annotations
+
+import re
 
 from pydantic import Field, model_validator
 
@@ -68,6 +71,28 @@ def is_allowed(key: str) -> bool:
     return key in ALLOWED_KEYS or key.startswith(ALLOWED_PREFIXES)
 
 
+#: Spark's `spark.network.timeoutInterval` (60 s, not a table's to change): a driver whose
+#: `spark.network.timeout` is shorter fails at start ("timeoutInterval should be less than or equal to").
+MIN_NETWORK_TIMEOUT_SECONDS = 60
+_DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_SECONDS_PER = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def _network_timeout_problem(value: str) -> str | None:
+    """Why `spark.network.timeout` = `value` would stop the driver, if it would (Spark's time string:
+    a number, seconds unless a unit follows)."""
+    match = _DURATION.match(value)
+    if match is None:
+        return f"not a duration Spark reads (e.g. 120s, 5min); {value!r}"
+    seconds = int(match.group(1)) * _SECONDS_PER[(match.group(2) or "s").lower()]
+    if seconds < MIN_NETWORK_TIMEOUT_SECONDS:
+        return (
+            f"at least {MIN_NETWORK_TIMEOUT_SECONDS}s (Spark's heartbeat check interval; a shorter timeout "
+            f"stops the driver at start); set {MIN_NETWORK_TIMEOUT_SECONDS}s or more"
+        )
+    return None
+
+
 def spark_conf_problems(conf: dict[str, str]) -> list[tuple[Loc, str]]:
     """One problem per key of `conf` that `spec.spark.conf` may not set (module docstring)."""
     problems: list[tuple[Loc, str]] = []
@@ -84,6 +109,8 @@ def spark_conf_problems(conf: dict[str, str]) -> list[tuple[Loc, str]]:
                 problems.append((loc, f"not a setting a table may change: {reason}; remove it"))
             else:
                 problems.append((loc, f"not a setting a table may change; remove it (allowed: {ALLOWED})"))
+        elif key == "spark.network.timeout" and (why := _network_timeout_problem(conf[key])) is not None:
+            problems.append((loc, why))
     return problems
 
 

@@ -61,6 +61,8 @@ class ConditionReason(StrEnum):
     LOCAL_DISK_FULL = "LocalDiskFull"
     # The driver's host clock is over a minute behind the table's last update; it waits until it passes.
     CLOCK_BEHIND = "ClockBehind"
+    # The driver lost its Spark executors (no heartbeat: a network partition); it reads the batch again.
+    EXECUTORS_LOST = "ExecutorsLost"
     # The service answered and refused the credentials (or TLS settings): a configuration error.
     CATALOG_CREDENTIALS_REFUSED = "CatalogCredentialsRefused"
     KAFKA_CREDENTIALS_REFUSED = "KafkaCredentialsRefused"
@@ -122,6 +124,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.REGISTRY_UNAVAILABLE,
         _R.LOCAL_DISK_FULL,
         _R.CLOCK_BEHIND,
+        _R.EXECUTORS_LOST,
         _R.DRIVER_FAILED,
         _R.WAITING_FOR_LEASE,
         _R.COMMIT_CONFLICT,
@@ -152,6 +155,7 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.REGISTRY_UNAVAILABLE,
         _R.LOCAL_DISK_FULL,
         _R.CLOCK_BEHIND,
+        _R.EXECUTORS_LOST,
         _R.BAD_RECORD_HALTED,
         _R.DATA_LOSS_HALTED,
         _R.TABLE_CLAIMED,
@@ -363,7 +367,8 @@ class WriterReport(StatusModel):
         max_length=32,
         description=(
             "A service the driver cannot reach and is waiting out (kafka, catalog, object_store, registry, "
-            "kube_apiserver; local_disk: its local disk is full; clock: its clock is behind the table); "
+            "kube_apiserver; local_disk: its local disk is full; clock: its clock is behind the table; "
+            "executors: its Spark executors stopped answering); "
             "unset when it reaches them all."
         ),
     )

@@ -29,6 +29,12 @@ those clients' exception names and were not seen yet: the Python clients meet an
   and spill files in its local dirs, `spark.local.dir` / `SPARK_LOCAL_DIRS`) or a Python `OSError` with
   errno ENOSPC, seen with those dirs on a full tmpfs (tests/integration/test_resource_faults.py); waited
   out like an outage: nothing was committed, and the batch is read again once space is freed;
+- Spark's executors (`Service.EXECUTORS`): a job aborted because an executor sent no heartbeat within
+  `spark.network.timeout` ("ExecutorLostFailure ... Reason: Executor heartbeat timed out"), seen with every
+  packet between the driver and its executor dropped (tests/integration/test_resource_faults.py); Spark
+  retries such a task `spark.task.maxFailures` times by itself, so the job fails only when the network
+  flaps that often within one batch; waited out like an outage: nothing was committed, the batch is read
+  again once executors register; an executor that dies of its own (OOM, exit 137) is not this;
 - this host's clock (`Service.CLOCK`): `ClockBehindError` from `icefall.commit`, a clock more than a minute
   behind the table's last update (tests/integration/test_resource_faults.py); waited out until it passes;
 - the schema registry: `RegistryUnavailableError` from `icefall.kafka.registry` (not reached, timed out,
@@ -85,6 +91,10 @@ _BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
 _MARKERS: tuple[tuple[Service, re.Pattern[str]], ...] = (
     (Service.LOCAL_DISK, re.compile(r"No space left on device")),
     (
+        Service.EXECUTORS,
+        re.compile(r"(ExecutorLostFailure \([^)]*\) Reason: )?Executor heartbeat timed out after \d+ ms"),
+    ),
+    (
         Service.OBJECT_STORE,
         re.compile(
             r"AWS Error (NETWORK_CONNECTION|SERVICE_UNAVAILABLE)|curlCode: (7|28)\b"
@@ -116,7 +126,11 @@ _MARKERS: tuple[tuple[Service, re.Pattern[str]], ...] = (
 
 
 # How the line at the end of an outage says it ended, when not "answers again".
-_AGAIN = {Service.LOCAL_DISK: "has space again", Service.CLOCK: "has passed the table's last update"}
+_AGAIN = {
+    Service.LOCAL_DISK: "has space again",
+    Service.CLOCK: "has passed the table's last update",
+    Service.EXECUTORS: "answer again",
+}
 
 
 @dataclass(frozen=True)
@@ -167,7 +181,10 @@ def _java_text(error: BaseException) -> str:
     return "\n".join(parts)
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+_LIMIT = 300  # characters of a client's words in one log line
+
+
+def _one_line(text: str, limit: int = _LIMIT) -> str:
     text = _BACKGROUND.sub("", text)
     line = " ".join(text.split()).removeprefix(": ")  # Py4J puts the Java error on a line of its own
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -186,8 +203,11 @@ def classify(error: BaseException) -> Unavailable | None:
     text = "\n".join(texts)
     for service, pattern in _MARKERS:
         for line in text.splitlines():
-            if pattern.search(line):
-                return Unavailable(service, _one_line(line))
+            match = pattern.search(line)
+            if match:
+                # A long line (Spark's "Job aborted ...") is cut to its end from the words that matched.
+                start = match.start() if match.end() > _LIMIT else 0
+                return Unavailable(service, _one_line(line[start:]))
     return None
 
 
@@ -309,6 +329,8 @@ class Outages:
             return f"local disk {where} is full" if where else "a local disk is full"
         if found.service is Service.CLOCK:
             return "this host's clock is behind the table"
+        if found.service is Service.EXECUTORS:
+            return "lost its Spark executors (no heartbeat within spark.network.timeout: network partition?)"
         return f"cannot reach {found.service.display_name}" + (f" at {where}" if where else "")
 
     def failed(self, error: BaseException) -> float | None:

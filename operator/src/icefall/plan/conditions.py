@@ -16,7 +16,7 @@ FreshnessMet. So `kubectl get st` shows why a table is not ready in one word.
   read) or CatchingUp;
   False when it does not (Starting, DriverFailed, Suspended, Deleting) or a blocking issue stops it
   (TableClaimedByOther, BadRecordHalted, DataLossHalted, KafkaCredentialsRefused, CatalogCredentialsRefused,
-  KafkaUnavailable, CatalogUnavailable, LocalDiskFull, ClockBehind,
+  KafkaUnavailable, CatalogUnavailable, LocalDiskFull, ClockBehind, ExecutorsLost,
   CommitConflict, WaitingForLease), or, while the
   driver is backed off or starting, the reason it stopped with (`DRIVER_REFUSALS`); Unknown when the
   driver's node stopped reporting.
@@ -83,6 +83,7 @@ INGEST_BLOCKING: tuple[ConditionReason, ...] = (
     _R.CATALOG_UNAVAILABLE,
     _R.LOCAL_DISK_FULL,
     _R.CLOCK_BEHIND,
+    _R.EXECUTORS_LOST,
     _R.COMMIT_CONFLICT,
     _R.WAITING_FOR_LEASE,
 )

@@ -31,6 +31,9 @@ class Service(StrEnum):
     KUBE_APISERVER = "kube_apiserver"
     CLOCK = "clock"  # this host's clock is behind the table's last update: it waits until it passes
     LOCAL_DISK = "local_disk"  # the driver's local disk (Spark's local dirs) is full: it waits for space
+    # Spark's executors stopped answering the driver (no heartbeat within spark.network.timeout: a network
+    # partition between them, or a stalled executor host): a job that lost them is read again.
+    EXECUTORS = "executors"
 
     @property
     def display_name(self) -> str:
@@ -41,6 +44,7 @@ class Service(StrEnum):
             "registry": "the schema registry",
             "kube_apiserver": "the Kubernetes API server",
             "local_disk": "the local disk",
+            "executors": "Spark's executors",
             "clock": "this host's clock",
         }[self.value]
 

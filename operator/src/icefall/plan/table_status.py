@@ -263,6 +263,15 @@ def writer_issues(
                 "metadata stamped earlier); it waits until its clock passes it; fix the node's clock (NTP)",
             )
         )
+    elif report.waiting_for == "executors":
+        issues.append(
+            Issue(
+                ConditionReason.EXECUTORS_LOST,
+                "the driver lost its Spark executors (no heartbeat within spark.network.timeout: a network "
+                "partition between them, or their nodes stalled) and reads the batch again once executors "
+                "answer; nothing is lost; check the network between the driver and executor pods",
+            )
+        )
     elif report.waiting_for in _WAITED_OUT:
         reason, service = _WAITED_OUT[report.waiting_for]
         text = f"the driver cannot reach {service} and waits for it; ingestion goes on when it answers"
