@@ -1,13 +1,14 @@
 """Build the one long-lived SparkSession a process uses, with Icefall's jars and catalogs.
 
 Spark session start costs seconds, so callers keep it for their life (tests share one per run).
-The jars are the list in `spark_images/pom.xml` (Iceberg's Spark runtime, S3FileIO, GCSFileIO, Spark's Kafka
-source, the JDBC drivers). `spark_jars` finds them: in the folder `ICEFALL_SPARK_JARS` names when it is
-set, else already in Spark's own jar folder (`$SPARK_HOME/jars`, where the image puts them, so no
-`spark.jars` is set), else, run from a checkout, in the cache folder its `make setup` or `make demo` filled
-(`setup_jar_folder`: keyed by the pom's content, as `hack/fetch-jars.sh spark` keys it), so `icefall` needs
-no variable in a new shell. Otherwise it fails with one line saying what to run. It never resolves jars
-itself (Maven is a development tool; `icefall.devstack.tools` does that for the test stack).
+The jars are the list in `spark_images/pom.xml` (Iceberg's Spark runtime, S3FileIO, GCSFileIO, Delta
+Lake, Spark's Kafka source, the JDBC drivers). `spark_jars` finds them: in the folder `ICEFALL_SPARK_JARS`
+names when it is set, else already in Spark's own jar folder (`$SPARK_HOME/jars`, where the image puts
+them, so no `spark.jars` is set), else, run from a checkout, in the cache folder its `make setup` or
+`make demo` filled (`setup_jar_folder`: keyed by the pom's content, as `hack/fetch-jars.sh spark` keys it),
+so `icefall` needs no variable in a new shell. Otherwise it fails with one line saying what to run. It
+never resolves jars itself (Maven is a development tool; `icefall.devstack.tools` does that for the test
+stack).
 
 The driver JVM's native memory is kept small without costing CPU (`DRIVER_JAVA_OPTIONS`,
 `DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md). `spark_conf` is the base every session
@@ -55,6 +56,11 @@ RUNTIME_JAR = "iceberg-spark-runtime-*.jar"  # present in a jar folder that hold
 REDACTION_REGEX = (
     "(?i)secret|password|token|access[.-]key|account[.-]key|credential|authorization|keystore[.]key"
     "|private key"
+)
+#: Iceberg's SQL extensions (procedures, branches) and Delta Lake's (its reads, writes and commands).
+SQL_EXTENSIONS = (
+    "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions,"
+    "io.delta.sql.DeltaSparkSessionExtension"
 )
 #: `extra_conf` of a session whose jobs come from two threads (`icefall run`: batches and in-process
 #: maintenance): Spark's FAIR scheduler with the pools of fairscheduler.xml, beside this module.
@@ -157,7 +163,10 @@ def spark_conf(
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.extensions": SQL_EXTENSIONS,
+        # Delta Lake tables (spec.table.format: delta) are read and maintained through Spark's session
+        # catalog, which Delta's catalog wraps (other tables pass through it); Iceberg's are named catalogs.
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.driver.memory": driver_memory,
         "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
         "spark.sql.session.timeZone": "UTC",
