@@ -1,0 +1,205 @@
+"""Delta Lake tables (`spec.table.format: delta`) filled from a real Kafka topic by real Spark, exactly once.
+
+Proves: the table holds each produced record once, by content, read by Spark's Delta reader and by delta-rs
+alike; a new writer resumes from the offsets in the table (no duplicates, nothing lost); a writer that
+fails at each commit point (after writing its files, just before, and just after its log entry) leaves a
+table the next writer completes exactly once; a writer whose epoch a newer one claimed cannot commit; a bad
+record stops the batch uncommitted. `icefall run` killed (status 137) right after a commit, then run again,
+fills the table exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from icefall.api.manifest import parse_manifest
+from icefall.commit import FencedError
+from icefall.commit.delta import DeltaLog
+from icefall.commit.lease import FileLease
+from icefall.devstack.kafka import KafkaBroker
+from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
+from icefall.runtime import failpoints
+from icefall.testing.streams import produce, watermarks
+
+pytestmark = pytest.mark.integration
+
+MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {name}}}
+spec:
+  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
+  format:
+    type: json
+    schema:
+      - {{name: id, type: long, required: true}}
+      - {{name: customer, type: string}}
+      - {{name: amount, type: "decimal(10,2)"}}
+      - {{name: ts, type: timestamptz, required: true}}
+  table: {{format: delta, location: "{location}"}}
+  freshness: {{targetSeconds: 2}}
+  batch: {{maxRecords: 40, minIntervalSeconds: 0}}
+"""
+
+
+def plain(value: Any) -> Any:
+    """`value` with every timestamp as a naive UTC datetime (delta-rs gives aware ones, Spark naive ones in
+    the session's time zone, UTC) and nested rows as dicts."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+class Table:
+    """One Delta table on a new topic, and its writers (each with the same commit lease file)."""
+
+    def __init__(self, kafka: KafkaBroker, tmp_path: Path, name: str) -> None:
+        self.kafka, self.topic = kafka, f"it-delta-{name}"
+        kafka.create_topic(self.topic, partitions=2)
+        self.location = str(tmp_path / "table")
+        self.manifest = tmp_path / "table.yaml"
+        self.manifest.write_text(
+            MANIFEST.format(name=name, bootstrap=kafka.bootstrap, topic=self.topic, location=self.location)
+        )
+        self.st = parse_manifest(self.manifest.read_text())
+        self.leases = tmp_path / "leases"
+        self.writers = 0
+
+    def writer(self, spark: Any) -> DeltaIngestor:
+        self.writers += 1
+        lease = FileLease.in_dir(self.leases, "commit", f"writer-{self.writers}", duration_seconds=30)
+        ingestor = DeltaIngestor(self.st, spark, lease, location=self.location)
+        ingestor.start(lease_timeout=5)
+        return ingestor
+
+    def drain(self, ingestor: DeltaIngestor) -> int:
+        """Batches until caught up; how many landed."""
+        landed = 0
+        while ingestor.run_batch() is not None:
+            landed += 1
+        return landed
+
+    def ids(self) -> Counter[int]:
+        from deltalake import DeltaTable
+
+        return Counter(DeltaTable(self.location).to_pyarrow_table().column("id").to_pylist())
+
+    def assert_exactly_once(self, count: int) -> None:
+        assert self.ids() == Counter(range(count))
+        assert DeltaLog(self.location).snapshot().committed.offsets == watermarks(self.kafka, self.topic)
+
+
+def test_rows_equal_the_topic_read_by_spark_and_delta_rs_and_a_new_writer_resumes(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    table = Table(kafka, tmp_path, "resume")
+    produce(kafka, table.topic, 0, 100)
+    first = table.writer(spark)
+    try:
+        assert table.drain(first) >= 3  # batches of at most 40
+    finally:
+        first.close()
+    produce(kafka, table.topic, 100, 30)
+    second = table.writer(spark)
+    try:
+        table.drain(second)
+    finally:
+        second.close()
+    table.assert_exactly_once(130)
+    from deltalake import DeltaTable
+
+    by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
+    collected = spark.read.format("delta").load(table.location).collect()
+    by_spark = [plain(row.asDict(recursive=True)) for row in collected]
+    key = lambda row: row["id"]  # noqa: E731
+    assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
+    assert {r["customer"] for r in by_rs} == {f"c{i % 7}" for i in range(7)}
+    # The offsets are table properties other readers see too (they survive checkpoints as the Metadata action).
+    properties = DeltaTable(table.location).metadata().configuration
+    assert properties["icefall.epoch"] == str(second.epoch)
+
+
+@pytest.mark.parametrize("point", ["main.after-stage", "main.before-commit", "main.after-commit"])
+def test_a_writer_failing_at_a_commit_point_leaves_exactly_once(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path, point: str
+) -> None:
+    table = Table(kafka, tmp_path, point.replace(".", "-"))
+    produce(kafka, table.topic, 0, 60)
+    failing = table.writer(spark)
+    try:
+        with failpoints.armed(point, "raise", hit=2), pytest.raises(failpoints.FailpointError):
+            table.drain(failing)
+    finally:
+        failing.close()
+    after = table.writer(spark)
+    try:
+        table.drain(after)
+    finally:
+        after.close()
+    table.assert_exactly_once(60)
+
+
+def test_a_fenced_writer_cannot_commit(kafka: KafkaBroker, spark: Any, tmp_path: Path) -> None:
+    table = Table(kafka, tmp_path, "fenced")
+    produce(kafka, table.topic, 0, 20)
+    old = table.writer(spark)
+    old.keeper.stop()  # type: ignore[union-attr]  # a paused writer: only the table's epoch stops it
+    old.keeper = None
+    old.lease.release()
+    new = table.writer(spark)  # takes the lease over and claims a higher epoch in the table
+    try:
+        assert new.epoch > old.epoch
+        with pytest.raises(FencedError):
+            old.run_batch()
+        table.drain(new)
+    finally:
+        new.close()
+        old.topic.close()
+    table.assert_exactly_once(20)
+
+
+def test_a_bad_record_stops_the_batch_uncommitted(kafka: KafkaBroker, spark: Any, tmp_path: Path) -> None:
+    table = Table(kafka, tmp_path, "bad")
+    produce(kafka, table.topic, 0, 10, bad_every=7)
+    writer = table.writer(spark)
+    try:
+        with pytest.raises(BadRecordsHaltedError, match="no dead-letter table"):
+            writer.run_batch()
+    finally:
+        writer.close()
+    assert DeltaLog(table.location).snapshot().committed.offsets == {}
+    assert table.ids() == Counter()
+
+
+def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tmp_path: Path) -> None:
+    table = Table(kafka, tmp_path, "cli")
+    produce(kafka, table.topic, 0, 90)
+
+    def run(armed: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        if armed:
+            env[failpoints.ENV_VAR] = armed
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "run", "-f", str(table.manifest),
+             "--state-dir", str(tmp_path / "state"), "--until-caught-up", "--lease-timeout", "5",
+             "--master", "local[1]"],
+            env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+
+    killed = run("main.after-commit=exit@2")
+    assert killed.returncode == failpoints.EXIT_STATUS, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert "failpoint main.after-commit triggered" in killed.stderr
+    assert DeltaLog(table.location).snapshot().committed.offsets  # the batches before the kill landed
+    done = run(None)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table.assert_exactly_once(90)
