@@ -124,7 +124,7 @@ def test_rows_equal_the_topic_read_by_spark_and_delta_rs_and_a_new_writer_resume
     key = lambda row: row["id"]  # noqa: E731
     assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
     assert {r["customer"] for r in by_rs} == {f"c{i % 7}" for i in range(7)}
-    # The offsets are table properties other readers see too (they survive checkpoints as the Metadata action).
+    # The offsets are table properties other readers see too (kept by checkpoints: the Metadata action).
     properties = DeltaTable(table.location).metadata().configuration
     assert properties["icefall.epoch"] == str(second.epoch)
 
