@@ -93,7 +93,11 @@ def _run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
         flush=True,
     )
     print("[run] starting local Spark ...", flush=True)
-    spark = build_spark_session([], extra_conf=embedded_conf(st, master=args.master, maintain=False))
+    spark = build_spark_session(
+        [],
+        extra_conf=embedded_conf(st, master=args.master, maintain=False),
+        table_format=st.spec.table.format,
+    )
     names = table_leases(st)
     lease = commit_lease(lambda name: FileLease.in_dir(state / "leases", name, local_process_holder()), names)
     return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop)
