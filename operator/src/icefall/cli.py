@@ -19,6 +19,7 @@ from icefall.commands.common import (
     state_dir,
     unreachable_is_one_line,
 )
+from icefall.commands.delta import run_delta, verify_delta_table
 from icefall.commands.read import READ_FORMATS, TABLE_ROWS, read_rows
 from icefall.commands.run import (
     EXIT_DATA_LOSS,
@@ -42,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
     st = load_table(args)
     state = state_dir(args)
     if st.spec.table.format.value == "delta":
-        return _run_delta(args, st, state)
+        return run_delta(args, st, state)
     catalog = catalog_for(st, state)
     metrics.serve(args.metrics_port)
     stop = stop_on_signals()
@@ -73,44 +74,6 @@ def _run(args: argparse.Namespace) -> int:
     return ingest_until_stopped(
         st, catalog, spark, lease, args, maintenance=maintenance, stop=stop, yield_to=yield_to
     )
-
-
-def _run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
-    """`icefall run` of a Delta table (`spec.table.format: delta`): its own writer, no catalog, no
-    maintenance yet (`icefall.ingest.delta_sink`)."""
-    from icefall.commands.run import ingest_delta_until_stopped
-    from icefall.commit.lease import FileLease, local_process_holder
-    from icefall.plan.names import table_leases
-    from icefall.plan.spark_conf import embedded_conf
-    from icefall.runtime import metrics
-    from icefall.spark.session import build_spark_session
-
-    location = delta_location(st, state)
-    metrics.serve(args.metrics_port)
-    stop = stop_on_signals()
-    print(
-        f"[run] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> delta table {location}",
-        flush=True,
-    )
-    print("[run] starting local Spark ...", flush=True)
-    spark = build_spark_session(
-        [],
-        extra_conf=embedded_conf(st, master=args.master, maintain=False),
-        table_format=st.spec.table.format,
-    )
-    names = table_leases(st)
-    lease = commit_lease(lambda name: FileLease.in_dir(state / "leases", name, local_process_holder()), names)
-    return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop)
-
-
-def delta_location(st: Any, state: Any) -> str:
-    """`spec.table.location`, else the embedded warehouse in `state` plus namespace/table."""
-    from icefall.ingest.delta_sink import default_location
-
-    table = st.spec.table
-    if table.location is not None:
-        return str(table.location)
-    return default_location(state / "warehouse", table.namespace, st.table_identifier[-1])
 
 
 def _from_api(namespace: str, name: str) -> tuple[Any, Any]:
@@ -350,9 +313,12 @@ def _verify(args: argparse.Namespace) -> int:
         print("icefall verify: spec.routes: a routed table is not audited yet (its routed records would "
               "show as missing); check each table's rows with Spark", file=sys.stderr)  # fmt: skip
         return 1
-    config = catalog_for(st, state_dir(args))
-    with unreachable_is_one_line(st, config):
-        report = verify_table(st, config, ingesting=args.ingesting)
+    if st.spec.table.format.value == "delta":  # at its location, without a catalog
+        report = verify_delta_table(st, state_dir(args), ingesting=args.ingesting)
+    else:
+        config = catalog_for(st, state_dir(args))
+        with unreachable_is_one_line(st, config):
+            report = verify_table(st, config, ingesting=args.ingesting)
     if args.output == "json":
         import json
 

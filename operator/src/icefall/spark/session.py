@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from icefall.api import CatalogType, TableFormat
 from icefall.catalog import CatalogConfig
+from icefall.catalog.config import DELTA_SESSION_CATALOG
 from icefall.catalog.rest_proxy import LOOPBACK, through_proxies
 from icefall.plan.spark_conf import DEFAULT_MASTER, shuffle_partitions
 
@@ -63,9 +64,8 @@ REDACTION_REGEX = (
 )
 #: Iceberg's SQL extensions (procedures, branches): every session.
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
-#: Delta Lake's SQL extension (reads, writes, commands) and session catalog: Delta tables' sessions only.
+#: Delta Lake's SQL extension (reads, writes, commands): Delta tables' sessions only.
 DELTA_EXTENSIONS = "io.delta.sql.DeltaSparkSessionExtension"
-DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 DELTA_JARS_VARIABLE = "ICEFALL_DELTA_JARS"
 #: `extra_conf` of a session whose jobs come from two threads (`icefall run`: batches and in-process
 #: maintenance): Spark's FAIR scheduler with the pools of fairscheduler.xml, beside this module.
@@ -194,7 +194,7 @@ def delta_conf(conf: Mapping[str, str], jars: Iterable[Path]) -> dict[str, str]:
     catalogs), and `jars` after the session's own."""
     delta = dict(conf)
     delta["spark.sql.extensions"] = f"{conf['spark.sql.extensions']},{DELTA_EXTENSIONS}"
-    delta["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
+    delta.update(DELTA_SESSION_CATALOG)
     delta["spark.jars"] = ",".join([*filter(None, [conf.get("spark.jars")]), *(str(jar) for jar in jars)])
     return delta
 
