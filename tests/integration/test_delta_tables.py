@@ -5,8 +5,9 @@ table's own session: this process's is an Iceberg table's, without Delta) and by
 writer resumes from the offsets in the table (no duplicates, nothing lost); a writer that fails at each
 commit point (after writing its files, just before, and just after its log entry) leaves a table the next
 writer completes exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops
-the batch uncommitted. `icefall run` killed (status 137) right after a commit, then run again, fills the
-table exactly once.
+the batch uncommitted. `icefall verify` audits a Delta table by content, read with delta-rs: clean after
+ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
+`icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from icefall.api.manifest import parse_manifest
+from icefall.commands.delta import verify_delta_table
 from icefall.commit import FencedError
 from icefall.commit.delta import DeltaLog
 from icefall.commit.lease import FileLease
@@ -213,6 +216,39 @@ def test_a_bad_record_stops_the_batch_uncommitted(kafka: KafkaBroker, spark: Any
         writer.close()
     assert DeltaLog(table.location).snapshot().committed.offsets == {}
     assert table.ids() == Counter()
+
+
+def test_verify_audits_a_delta_table_by_content_read_with_delta_rs(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    table = Table(kafka, tmp_path, "verify")
+    produce(kafka, table.topic, 0, 60)
+    writer = table.writer(spark)
+    try:
+        table.drain(writer)
+    finally:
+        writer.close()
+    clean = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert clean.ok, clean.render()
+    assert clean.content_checked and sum(p.expected for p in clean.partitions) == 60
+    assert sum(p.in_table for p in clean.partitions) == 60
+
+    # Another writer (delta-rs) appends a changed copy of one row: its offset is held twice, once wrongly.
+    rows = DeltaTable(table.location).to_pyarrow_table()
+    one = rows.slice(0, 1)
+    changed = one.set_column(one.schema.get_field_index("customer"), "customer", pa.array(["tampered"]))
+    write_deltalake(table.location, changed, mode="append")
+    kafka_of = one.column("_kafka")[0].as_py()
+    tampered = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert not tampered.ok
+    [audit] = [p for p in tampered.partitions if p.partition == kafka_of["partition"]]
+    assert (audit.duplicates, audit.wrong) == (1, 1)
+    assert audit.duplicate_examples == audit.wrong_examples == (kafka_of["offset"],)
+    assert [p for p in tampered.partitions if p is not audit] == [
+        p for p in clean.partitions if p.partition != audit.partition
+    ]
 
 
 def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tmp_path: Path) -> None:
