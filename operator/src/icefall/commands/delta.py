@@ -60,6 +60,11 @@ def verify_delta_table(st: Any, state: Any, *, ingesting: bool = False, spark: A
     from icefall.kafka.security import librdkafka_config, spark_kafka_options
 
     location = delta_location(st, state)
+    try:
+        import deltalake  # noqa: F401 - the independent reader (a development dependency so far)
+    except ImportError:
+        needs = "icefall verify of a Delta table reads it with delta-rs: pip install deltalake"
+        raise SystemExit(needs) from None
     if not DeltaLog(location).snapshot().exists:  # said before Spark starts
         raise AuditError(f"no Delta table at {location} (no _delta_log)")
     if spark is None:
