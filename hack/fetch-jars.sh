@@ -3,7 +3,8 @@
 # (so a version bump gets a fresh folder) and prints that folder.
 # `registry` unpacks a distribution instead (hack/registry/pom.xml: Apicurio Registry's tar.gz).
 #
-# Usage: hack/fetch-jars.sh spark|kafka|rest-catalog|registry|kafka-connect   (kafka-connect: only `make bench`)
+# Usage: hack/fetch-jars.sh spark|delta|kafka|rest-catalog|registry|kafka-connect
+#   (delta: only Delta Lake tables' sessions and their tests; kafka-connect: only `make bench`)
 #
 # A folder is filled in a private work folder and renamed into place once complete, under a lock per
 # component: a second setup running at the same time waits, and never empties a folder a test stack uses.
@@ -12,11 +13,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 goal=copy-dependencies
 case ${1:-} in
   spark) pom=$here/../spark_images/pom.xml ;;
+  delta) pom=$here/../spark_images/delta/pom.xml ;;
   kafka) pom=$here/kafka/pom.xml ;;
   rest-catalog) pom=$here/rest-catalog/pom.xml ;;
   registry) pom=$here/registry/pom.xml goal=unpack ;;
   kafka-connect) pom=$here/kafka-connect/pom.xml ;;
-  *) echo "usage: $0 spark|kafka|rest-catalog|registry|kafka-connect" >&2; exit 2 ;;
+  *) echo "usage: $0 spark|delta|kafka|rest-catalog|registry|kafka-connect" >&2; exit 2 ;;
 esac
 key=$(sha256sum "$pom" | cut -c1-12)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/icefall

@@ -19,11 +19,12 @@ declare -A TOOLS=(
   [promtool]="build-go-tools.sh promtool ICEFALL_PROMTOOL_BIN path"
   [kafka]="fetch-jars.sh kafka ICEFALL_KAFKA_JARS -"
   [spark]="fetch-jars.sh spark ICEFALL_SPARK_JARS -"
+  [delta]="fetch-jars.sh delta ICEFALL_DELTA_JARS -"
   [rest-catalog]="fetch-jars.sh rest-catalog ICEFALL_REST_CATALOG_JARS -"
   [registry]="fetch-jars.sh registry ICEFALL_REGISTRY_HOME -"
   [azurite]="fetch-npm-tools.sh azurite ICEFALL_AZURITE_BIN -"
 )
-ALL=(kube etcd helm minio fake-gcs-server promtool kafka spark rest-catalog registry azurite)
+ALL=(kube etcd helm minio fake-gcs-server promtool kafka spark delta rest-catalog registry azurite)
 DEMO=(kafka spark)
 case ${1:-} in
   "") wanted=("${ALL[@]}") ;;

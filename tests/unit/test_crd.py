@@ -205,7 +205,7 @@ def test_server_defaults_mean_the_model_defaults(root: Node) -> None:
     assert spec["source"]["startingPosition"] == {"type": "earliest"}
     assert spec["source"]["security"] == {"protocol": "PLAINTEXT"}
     assert spec["deadLetter"] == {"table": {"enabled": True}, "maxRecordBytes": 1024 * 1024}
-    assert spec["table"] == {"namespace": "default"}
+    assert spec["table"] == {"format": "iceberg", "namespace": "default"}
     assert (spec["suspend"], spec["deletionPolicy"], spec["format"]["type"]) == (False, "Retain", "json")
     # Only what applies to every column is stored on every column.
     assert spec["format"]["schema"][0] == {"name": "id", "type": "long", "required": False}

@@ -18,6 +18,7 @@ from icefall.commands.common import (
     outages_for,
     state_dir,
 )
+from icefall.commands.delta import run_delta
 from icefall.commands.read import READ_FORMATS, TABLE_ROWS, read_rows
 from icefall.commands.run import (
     EXIT_DATA_LOSS,
@@ -41,6 +42,8 @@ def _run(args: argparse.Namespace) -> int:
 
     st = load_table(args)
     state = state_dir(args)
+    if st.spec.table.format.value == "delta":
+        return run_delta(args, st, state)
     catalog = catalog_for(st, state)
     metrics.serve(args.metrics_port)
     stop = stop_on_signals()

@@ -90,6 +90,7 @@ _SASL = "['SASL_PLAINTEXT', 'SASL_SSL']"
 _SASL_ON = f"(has(self.protocol) && self.protocol in {_SASL})"
 _TLS = "['SSL', 'SASL_SSL']"
 _TIME_TRANSFORMS = "['year', 'month', 'day', 'hour']"
+_TABLE_FORMAT = "(has(self.format) ? self.format : 'iceberg')"
 
 
 def _sasl_part(name: str) -> Rule:
@@ -409,6 +410,28 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
         _no_code_keys(_TABLE_CODE_KEYS, "properties"),
         _fixed_presence("catalog", "spec.table.catalog"),
         _fixed_presence("name", "spec.table.name"),
+        _fixed_presence("location", "spec.table.location"),
+        Rule(
+            f"{_TABLE_FORMAT} == {_TABLE_FORMAT.replace('self', 'oldSelf')}",
+            message=(
+                "spec.table.format is immutable (the table's files are written in it); to change it, create "
+                "a new StreamingTable"
+            ),
+            field_path=".format",
+        ),
+        Rule(
+            f"!has(self.location) || {_TABLE_FORMAT} == 'delta'",
+            message="location applies to format delta; an Iceberg table lives where its catalog puts it",
+            field_path=".location",
+        ),
+        Rule(
+            f"!has(self.catalog) || {_TABLE_FORMAT} != 'delta'",
+            message=(
+                "a catalog is not supported with format delta yet: a Delta table is named by its location; "
+                "remove spec.table.catalog"
+            ),
+            field_path=".catalog",
+        ),
         Rule(
             f"!has(self.properties) || self.properties.all(k, !k.startsWith('{RESERVED_PROPERTY_PREFIX}'))",
             message=(
@@ -502,4 +525,5 @@ PROPERTY_RULES: Mapping[tuple[str, str], tuple[Rule, ...]] = {
     ("TableSpec", "catalog"): (_immutable("spec.table.catalog", "it holds the table"),),
     ("TableSpec", "namespace"): (_immutable("spec.table.namespace", "it identifies the table"),),
     ("TableSpec", "name"): (_immutable("spec.table.name", "it identifies the table"),),
+    ("TableSpec", "location"): (_immutable("spec.table.location", "it holds the table"),),
 }

@@ -43,7 +43,7 @@ from icefall.api.routes import MAX_ROUTES, DynamicRoute, NameFrom, Route, Unrout
 from icefall.api.source import KafkaSource
 from icefall.api.spark import SparkSpec
 from icefall.api.status import StreamingTableStatus
-from icefall.api.table import TableSpec, layout_problems
+from icefall.api.table import TableFormat, TableSpec, layout_problems
 
 GROUP = "icefall.dev"
 VERSION = "v1alpha1"
@@ -324,6 +324,7 @@ class StreamingTableSpec(ApiModel):
         problems.extend((), key_problems(self))
         problems.extend((), sequence_problems(self))
         problems.extend((), route_problems(self))
+        problems.extend((), delta_spec_problems(self))
         problems.raise_if_any()
         return self
 
@@ -417,6 +418,32 @@ def dynamic_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
                 spec.format.schema_fields, template.partitioning, template.sort_order
             )
         ]
+    return problems
+
+
+def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
+    """What a Delta table (`spec.table.format: delta`) does not support yet, beyond `spec.table`'s own
+    (`delta_table_problems`); paths relative to `spec`."""
+    if spec.table.format is not TableFormat.DELTA:
+        return []
+    unsupported = "is not supported with table format delta yet"
+    problems: list[tuple[Loc, str]] = []
+    if spec.mode is not TableMode.APPEND:
+        problems.append((("mode",), f"mode {spec.mode.value} {unsupported}; use mode: append"))
+    if spec.dead_letter.topic is not None:
+        problems.append(
+            (
+                ("deadLetter", "topic"),
+                f"a dead-letter topic {unsupported} (a bad record stops a Delta table's ingestion); "
+                "remove it",
+            )
+        )
+    if spec.retention is not None:
+        problems.append((("retention",), f"retention {unsupported}; remove it"))
+    if spec.routes:
+        problems.append((("routes",), f"routes are {unsupported[3:]}; remove them"))
+    if spec.dynamic_route is not None:
+        problems.append((("dynamicRoute",), f"a dynamic route {unsupported}; remove it"))
     return problems
 
 

@@ -318,9 +318,34 @@ def _catalog_property_problems(
     return problems
 
 
-class TableSpec(ApiModel):
-    """The Iceberg table the topic is written to."""
+class TableFormat(StrEnum):
+    ICEBERG = "iceberg"
+    DELTA = "delta"
 
+
+#: Location schemes a Delta table may use so far: the local file system (the embedded default).
+DELTA_LOCATION_RE = re.compile(r"^(/|file:/)")
+
+
+class TableSpec(ApiModel):
+    """The Iceberg (or Delta Lake) table the topic is written to."""
+
+    format: TableFormat = Field(
+        default=TableFormat.ICEBERG,
+        description=(
+            "Table format: iceberg (a table in spec.table.catalog) or delta (a Delta Lake table at "
+            "spec.table.location). Immutable."
+        ),
+    )
+    location: str | None = Field(
+        default=None,
+        description=(
+            "format delta: where the table lives, an absolute path or file:/ URI. Default: the local "
+            "runner's warehouse folder plus <namespace>/<name>. Immutable."
+        ),
+        min_length=1,
+        max_length=1024,
+    )
     catalog: CatalogSpec | None = Field(
         default=None,
         description=(
@@ -361,6 +386,13 @@ class TableSpec(ApiModel):
     @classmethod
     def _unreserved(cls, value: dict[str, str]) -> dict[str, str]:
         return unreserved_properties(value)
+
+    @model_validator(mode="after")
+    def _format_supports(self) -> TableSpec:
+        problems = ProblemCollector()
+        problems.extend((), delta_table_problems(self))
+        problems.raise_if_any()
+        return self
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> TableSpec:
@@ -458,4 +490,44 @@ def layout_problems(
                     f"{key.field!r} is a {resolved.field.parsed.name}; sort by a primitive column",
                 )
             )
+    return problems
+
+
+def delta_table_problems(table: TableSpec) -> list[tuple[Loc, str]]:
+    """What `spec.table` asks that a Delta table does not support yet (paths relative to `spec.table`);
+    refused rather than ignored, so no setting silently does nothing."""
+    if table.format is not TableFormat.DELTA:
+        if table.location is not None:
+            return [
+                (
+                    ("location",),
+                    "location applies to format delta; an Iceberg table lives where its catalog puts it: "
+                    "remove it, or set format: delta",
+                )
+            ]
+        return []
+    problems: list[tuple[Loc, str]] = []
+    unsupported = "is not supported with format delta yet"
+    if table.location is not None and DELTA_LOCATION_RE.match(table.location) is None:
+        problems.append(
+            (
+                ("location",),
+                "a Delta table's location is an absolute local path or a file:/ URI so far (object stores "
+                f"{unsupported}): e.g. /data/tables/orders",
+            )
+        )
+    if table.catalog is not None:
+        problems.append(
+            (
+                ("catalog",),
+                f"a catalog {unsupported}: a Delta table is named by its location; remove spec.table.catalog "
+                "and set spec.table.location",
+            )
+        )
+    if table.partitioning:
+        problems.append((("partitioning",), f"partitioning {unsupported}; remove it"))
+    if table.sort_order:
+        problems.append((("sortOrder",), f"a sort order {unsupported}; remove it"))
+    if table.properties:
+        problems.append((("properties",), f"table properties {unsupported}; remove them"))
     return problems

@@ -73,6 +73,9 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
 SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
+#: A Delta table's session only (`icefall.spark.session.delta_conf`): Spark's session catalog wrapped by
+#: Delta's, through which Delta tables are read and maintained (Iceberg's are named catalogs).
+DELTA_SESSION_CATALOG = {"spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
 JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 GCS_FILE_IO = "org.apache.iceberg.gcp.gcs.GCSFileIO"

@@ -151,6 +151,28 @@ def ingest_until_stopped(  # noqa: PLR0913 (the pieces of one run)
     return code
 
 
+def ingest_delta_until_stopped(
+    st: Any, location: str, spark: Any, lease: Any, args: argparse.Namespace, *, stop: Any = None
+) -> int:
+    """`ingest_until_stopped` for a Delta table (`icefall.ingest.delta_sink.DeltaIngestor`)."""
+    from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
+
+    progress = RunProgress(args, stop if stop is not None else stop_on_signals())
+    ingestor = None
+    try:
+        ingestor = DeltaIngestor(st, spark, lease, location=location)
+        code = run_ingestor(ingestor, progress, args)
+    except BadRecordsHaltedError as halted:
+        print(f"[run] stopping: {halted}", flush=True)
+        code = 1
+    finally:
+        if ingestor is not None:
+            ingestor.close()
+        stop_spark(spark)
+    print(progress.summary(), flush=True)
+    return code
+
+
 def made_when_reachable(make: Callable[[], T], outages: Any, should_stop: Callable[[], bool]) -> T | None:
     """`make()`, called again after each outage (`outages`: an `icefall.ingest.outages.Outages`) until it
     gets through; None when `should_stop()` first. Any other error is raised."""

@@ -64,9 +64,14 @@ def verify(args: argparse.Namespace) -> int:
     if st.spec.dynamic_route:  # the audit knows the static destinations only: the rest would show missing
         print("icefall verify: spec.dynamicRoute: the tables it creates are not audited yet", file=sys.stderr)
         return 1
-    config = catalog_for(st, state_dir(args))
-    with unreachable_is_one_line(st, config):
-        report = verify_table(st, config, ingesting=args.ingesting)
+    if st.spec.table.format.value == "delta":  # at its location, without a catalog
+        from icefall.commands.delta import verify_delta_table
+
+        report = verify_delta_table(st, state_dir(args), ingesting=args.ingesting)
+    else:
+        config = catalog_for(st, state_dir(args))
+        with unreachable_is_one_line(st, config):
+            report = verify_table(st, config, ingesting=args.ingesting)
     if args.output == "json":
         import json
 

@@ -1,9 +1,10 @@
 """Where the provisioned binaries and jars are.
 
 `make` exports their folders as environment variables (ICEFALL_KUBE_BIN, ICEFALL_ETCD_BIN, ICEFALL_HELM_BIN,
-ICEFALL_MINIO_BIN, ICEFALL_PROMTOOL_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_REST_CATALOG_JARS,
-ICEFALL_REGISTRY_HOME: the unpacked schema registry distribution, ICEFALL_AZURITE_BIN: the Azure Storage
-emulator's executables, ICEFALL_FAKE_GCS_BIN: the GCS emulator).
+ICEFALL_MINIO_BIN, ICEFALL_PROMTOOL_BIN, ICEFALL_KAFKA_JARS, ICEFALL_SPARK_JARS, ICEFALL_DELTA_JARS: the jars
+only Delta tables' sessions add, ICEFALL_REST_CATALOG_JARS, ICEFALL_REGISTRY_HOME: the unpacked schema
+registry distribution, ICEFALL_AZURITE_BIN: the Azure Storage emulator's executables, ICEFALL_FAKE_GCS_BIN:
+the GCS emulator).
 When one is unset and this runs from a checkout, the matching `hack/` script is called: it builds or resolves
 into the version-keyed cache and prints the folder.
 """
@@ -23,6 +24,7 @@ _SCRIPTS = {
     "ICEFALL_PROMTOOL_BIN": ("build-go-tools.sh", "promtool"),
     "ICEFALL_KAFKA_JARS": ("fetch-jars.sh", "kafka"),
     "ICEFALL_SPARK_JARS": ("fetch-jars.sh", "spark"),
+    "ICEFALL_DELTA_JARS": ("fetch-jars.sh", "delta"),
     "ICEFALL_REST_CATALOG_JARS": ("fetch-jars.sh", "rest-catalog"),
     "ICEFALL_REGISTRY_HOME": ("fetch-jars.sh", "registry"),
     "ICEFALL_AZURITE_BIN": ("fetch-npm-tools.sh", "azurite"),

@@ -9,6 +9,11 @@ set, else already in Spark's own jar folder (`$SPARK_HOME/jars`, where the image
 no variable in a new shell. Otherwise it fails with one line saying what to run. It never resolves jars
 itself (Maven is a development tool; `icefall.devstack.tools` does that for the test stack).
 
+Delta Lake is scoped to the sessions of Delta tables (`table_format=TableFormat.DELTA`, `delta_conf`): only
+they add the jars of `spark_images/delta/pom.xml` (`delta_jars`: `ICEFALL_DELTA_JARS`, else the checkout's
+`hack/fetch-jars.sh delta` folder), Delta's SQL extension and its session catalog. An Iceberg table's
+session conf is exactly what it was before Delta (tests/unit/test_delta_session.py).
+
 The driver JVM's native memory is kept small without costing CPU (`DRIVER_JAVA_OPTIONS`,
 `DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md). `spark_conf` is the base every session
 shares; what differs per process (master, application name, the driver's memory, Kubernetes, scheduling)
@@ -38,8 +43,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icefall.api import CatalogType
+from icefall.api import CatalogType, TableFormat
 from icefall.catalog import CatalogConfig
+from icefall.catalog.config import DELTA_SESSION_CATALOG
 from icefall.catalog.rest_proxy import LOOPBACK, through_proxies
 from icefall.plan.spark_conf import DEFAULT_MASTER, shuffle_partitions
 
@@ -56,6 +62,11 @@ REDACTION_REGEX = (
     "(?i)secret|password|token|access[.-]key|account[.-]key|credential|authorization|keystore[.]key"
     "|private key"
 )
+#: Iceberg's SQL extensions (procedures, branches): every session.
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+#: Delta Lake's SQL extension (reads, writes, commands): Delta tables' sessions only.
+DELTA_EXTENSIONS = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_JARS_VARIABLE = "ICEFALL_DELTA_JARS"
 #: `extra_conf` of a session whose jobs come from two threads (`icefall run`: batches and in-process
 #: maintenance): Spark's FAIR scheduler with the pools of fairscheduler.xml, beside this module.
 FAIR_SCHEDULING = {
@@ -88,6 +99,8 @@ def spark_home(environ: Mapping[str, str] = os.environ) -> Path | None:
 
 #: The jar list, relative to a checkout (the image has no checkout: its jars are in Spark's folder).
 JAR_LIST = Path("spark_images") / "pom.xml"
+#: The jars only Delta tables' sessions add (`delta_conf`), relative to a checkout.
+DELTA_JAR_LIST = Path("spark_images") / "delta" / "pom.xml"
 _FETCH_SCRIPT = Path("hack") / "fetch-jars.sh"
 
 
@@ -100,12 +113,16 @@ def source_checkout(start: Path = Path(__file__)) -> Path | None:
     return None
 
 
-def setup_jar_folder(checkout: Path, environ: Mapping[str, str] = os.environ) -> Path:
+def setup_jar_folder(
+    checkout: Path, environ: Mapping[str, str] = os.environ, component: str = "spark"
+) -> Path:
     """Where `hack/fetch-jars.sh spark` (run by `make setup` and `make demo`) puts the jars of `checkout`'s
-    jar list: `${XDG_CACHE_HOME:-$HOME/.cache}/icefall/jars-spark-<first 12 hex digits of its sha256>`."""
-    key = hashlib.sha256((checkout / JAR_LIST).read_bytes()).hexdigest()[:12]
+    jar list: `${XDG_CACHE_HOME:-$HOME/.cache}/icefall/jars-spark-<first 12 hex digits of its sha256>`
+    (`component` delta: `hack/fetch-jars.sh delta`, of `DELTA_JAR_LIST`)."""
+    jar_list = DELTA_JAR_LIST if component == "delta" else JAR_LIST
+    key = hashlib.sha256((checkout / jar_list).read_bytes()).hexdigest()[:12]
     cache = Path(environ.get("XDG_CACHE_HOME") or Path(environ.get("HOME") or Path.home()) / ".cache")
-    return cache / "icefall" / f"jars-spark-{key}"
+    return cache / "icefall" / f"jars-{component}-{key}"
 
 
 def spark_jars(
@@ -133,12 +150,17 @@ def spark_jars(
     )
 
 
-def _setup_jars(checkout: Path, environ: Mapping[str, str]) -> list[Path]:
+def _setup_jars(checkout: Path, environ: Mapping[str, str], component: str = "spark") -> list[Path]:
     """The jars `make setup` resolved for `checkout`, or one line saying what to run there."""
-    folder = setup_jar_folder(checkout, environ)
+    folder = setup_jar_folder(checkout, environ, component)
     # hack/fetch-jars.sh renames a folder into place once full and marks it `.complete`.
     jars = sorted(folder.glob("*.jar")) if (folder / ".complete").is_file() else []
     if not jars:
+        if component == "delta":
+            raise SparkJarsMissingError(
+                f"Delta Lake's jars are not set up for this checkout ({folder} is missing): run "
+                f"`hack/fetch-jars.sh delta` in {checkout}, or set {DELTA_JARS_VARIABLE}"
+            )
         raise SparkJarsMissingError(
             f"Icefall's Spark jars are not set up for this checkout ({folder} is missing): run "
             f"`hack/fetch-jars.sh spark` in {checkout} (`make setup` and `make demo` run it), "
@@ -147,17 +169,52 @@ def _setup_jars(checkout: Path, environ: Mapping[str, str]) -> list[Path]:
     return jars
 
 
+def delta_jars(environ: Mapping[str, str] = os.environ, checkout: Path | None = None) -> list[Path]:
+    """The jars a Delta table's session adds (`spark_images/delta/pom.xml`): in the folder
+    `ICEFALL_DELTA_JARS` names, else in the checkout's `hack/fetch-jars.sh delta` folder. The image holds
+    none yet (the operator runs no Delta table): elsewhere this fails with one line saying what to set."""
+    folder = environ.get(DELTA_JARS_VARIABLE)
+    if folder:
+        jars = sorted(Path(folder).glob("*.jar"))
+        if not jars:
+            raise SparkJarsMissingError(f"{DELTA_JARS_VARIABLE}={folder} holds no jars")
+        return jars
+    checkout = checkout or source_checkout()
+    if checkout is not None and (checkout / DELTA_JAR_LIST).is_file():
+        return _setup_jars(checkout, environ, "delta")
+    raise SparkJarsMissingError(
+        f"Delta Lake's jars are missing: set {DELTA_JARS_VARIABLE} to a folder with the jars of "
+        "spark_images/delta/pom.xml (a checkout's `hack/fetch-jars.sh delta` fills one)"
+    )
+
+
+def delta_conf(conf: Mapping[str, str], jars: Iterable[Path]) -> dict[str, str]:
+    """`conf` (an Iceberg session's) made a Delta table's: Delta's SQL extension after Iceberg's, Spark's
+    session catalog wrapped by Delta's (Delta tables are read and maintained through it; Iceberg's are named
+    catalogs), and `jars` after the session's own."""
+    delta = dict(conf)
+    delta["spark.sql.extensions"] = f"{conf['spark.sql.extensions']},{DELTA_EXTENSIONS}"
+    delta.update(DELTA_SESSION_CATALOG)
+    delta["spark.jars"] = ",".join([*filter(None, [conf.get("spark.jars")]), *(str(jar) for jar in jars)])
+    return delta
+
+
 def spark_conf(
-    catalogs: Iterable[CatalogConfig], *, master: str, app_name: str, driver_memory: str = "1g"
+    catalogs: Iterable[CatalogConfig],
+    *,
+    master: str,
+    app_name: str,
+    driver_memory: str = "1g",
+    table_format: TableFormat = TableFormat.ICEBERG,
 ) -> dict[str, str]:
     """The base of every Icefall session: jars, SQL extensions, catalogs, redaction, UTC, no SQL on files
     (`spark.sql.runSQLOnFiles=false`), shuffle partitions for the master (`plan.spark_conf.
     shuffle_partitions`, with this machine's cores for `local[*]`; a cluster driver's conf names its own);
-    a local master binds to loopback."""
+    a local master binds to loopback. A Delta table's session adds Delta Lake (`delta_conf`)."""
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.extensions": ICEBERG_EXTENSIONS,
         "spark.driver.memory": driver_memory,
         "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
         "spark.sql.session.timeZone": "UTC",
@@ -178,6 +235,8 @@ def spark_conf(
         conf["spark.driver.host"] = "127.0.0.1"
     for catalog in catalogs:
         conf.update(catalog.spark_conf())
+    if table_format is TableFormat.DELTA:
+        return delta_conf(conf, delta_jars())
     return conf
 
 
@@ -187,13 +246,15 @@ def session_conf(
     master: str = DEFAULT_MASTER,
     app_name: str = "icefall",
     extra_conf: Mapping[str, str] | None = None,
+    table_format: TableFormat = TableFormat.ICEBERG,
 ) -> dict[str, str]:
     """The whole conf of a session: the base (`spark_conf`) for the master and application name that
     `extra_conf` names (else `master`, `app_name`), then `extra_conf`; FAIR scheduling with its pools."""
     extra = dict(extra_conf or {})
     master = extra.get("spark.master", master)
     app_name = extra.get("spark.app.name", app_name)
-    conf = {**spark_conf(catalogs, master=master, app_name=app_name), **extra}
+    base = spark_conf(catalogs, master=master, app_name=app_name, table_format=table_format)
+    conf = {**base, **extra}
     if conf.get("spark.scheduler.mode") == "FAIR":
         conf.setdefault("spark.scheduler.allocation.file", FAIR_SCHEDULING["spark.scheduler.allocation.file"])
     return conf
@@ -222,9 +283,11 @@ def build_spark_session(
     master: str = DEFAULT_MASTER,
     app_name: str = "icefall",
     extra_conf: Mapping[str, str] | None = None,
+    table_format: TableFormat = TableFormat.ICEBERG,
 ) -> SparkSession:
     """The session of `session_conf`, or the one this process already has (Spark keeps one per JVM); the
-    catalogs' secret options are set once the JVM runs (module doc)."""
+    catalogs' secret options are set once the JVM runs (module doc). `table_format` delta: a Delta table's
+    session (Delta Lake's jars, extension and catalog; the process's first session decides)."""
     from pyspark.sql import SparkSession
 
     from icefall.spark.jvm_names import remember_jvm_names
@@ -235,12 +298,16 @@ def build_spark_session(
     os.environ.setdefault("MALLOC_ARENA_MAX", DRIVER_MALLOC_ARENAS)
     quiet_lost_jvm_connections()
     catalogs = list(catalogs)
-    conf = session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf)
+    conf = session_conf(
+        catalogs, master=master, app_name=app_name, extra_conf=extra_conf, table_format=table_format
+    )
     if any(catalog.type is CatalogType.REST for catalog in catalogs):
         # Iceberg Java talks to each REST catalog through a proxy that drops the classes its answers name,
         # listening where Spark's driver does, so that executors reach it too (icefall.catalog.rest_proxy).
         catalogs = through_proxies(catalogs, conf.get("spark.driver.host") or LOOPBACK)
-        conf = session_conf(catalogs, master=master, app_name=app_name, extra_conf=extra_conf)
+        conf = session_conf(
+            catalogs, master=master, app_name=app_name, extra_conf=extra_conf, table_format=table_format
+        )
     launch, late = launch_and_late_conf(conf, catalogs)
     builder = SparkSession.builder
     for key, value in launch.items():

@@ -1,0 +1,86 @@
+"""`icefall run` and `icefall verify` of a Delta Lake table (`spec.table.format: delta`): no catalog, the
+table at its location (`delta_location`), its Spark session a Delta table's (`icefall.spark.session.
+delta_conf`), no maintenance yet; the writer is `icefall.ingest.delta_sink`, the audit `icefall.audit.delta`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from icefall.api import TableFormat
+from icefall.commands.run import commit_lease, stop_on_signals
+
+
+def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
+    """`icefall run` of a Delta table (`spec.table.format: delta`): its own writer, no catalog, no
+    maintenance yet (`icefall.ingest.delta_sink`)."""
+    from icefall.commands.run import ingest_delta_until_stopped
+    from icefall.commit.lease import FileLease, local_process_holder
+    from icefall.plan.names import table_leases
+    from icefall.plan.spark_conf import embedded_conf
+    from icefall.runtime import metrics
+    from icefall.spark.session import build_spark_session
+
+    location = delta_location(st, state)
+    metrics.serve(args.metrics_port)
+    stop = stop_on_signals()
+    print(
+        f"[run] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> delta table {location}",
+        flush=True,
+    )
+    print("[run] starting local Spark ...", flush=True)
+    spark = build_spark_session(
+        [],
+        extra_conf=embedded_conf(st, master=args.master, maintain=False),
+        table_format=st.spec.table.format,
+    )
+    names = table_leases(st)
+    lease = commit_lease(lambda name: FileLease.in_dir(state / "leases", name, local_process_holder()), names)
+    return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop)
+
+
+def delta_location(st: Any, state: Any) -> str:
+    """`spec.table.location`, else the embedded warehouse in `state` plus namespace/table."""
+    from icefall.ingest.delta_sink import default_location
+
+    table = st.spec.table
+    if table.location is not None:
+        return str(table.location)
+    return default_location(state / "warehouse", table.namespace, st.table_identifier[-1])
+
+
+def verify_delta_table(st: Any, state: Any, *, ingesting: bool = False, spark: Any = None) -> Any:
+    """`icefall verify` of a Delta table (at `delta_location`): read with delta-rs, by content
+    (`icefall.audit.delta`). `spark`: by default a local Delta table's session, started after the table is
+    found."""
+    from icefall.audit import AuditError
+    from icefall.audit.delta import DeltaContent, audit_delta_table
+    from icefall.commit.delta import DeltaLog
+    from icefall.kafka.security import librdkafka_config, spark_kafka_options
+
+    location = delta_location(st, state)
+    try:
+        import deltalake  # noqa: F401 - the independent reader (a development dependency so far)
+    except ImportError:
+        needs = "icefall verify of a Delta table reads it with delta-rs: pip install deltalake"
+        raise SystemExit(needs) from None
+    if not DeltaLog(location).snapshot().exists:  # said before Spark starts
+        raise AuditError(f"no Delta table at {location} (no _delta_log)")
+    if spark is None:
+        from icefall.plan.spark_conf import tool_conf
+        from icefall.spark.session import build_spark_session
+
+        print("[verify] starting local Spark to decode the topic's records ...", flush=True)
+        spark = build_spark_session(
+            [], extra_conf=tool_conf(st.metadata.name, "verify"), table_format=TableFormat.DELTA
+        )
+    security = st.spec.source.security
+    return audit_delta_table(
+        location,
+        st.spec.source.bootstrap_servers,
+        kafka_config=librdkafka_config(security),
+        content=DeltaContent(spark, st.spec, security_options=spark_kafka_options(security)),
+        filter_configured=bool(st.spec.transforms.filter),
+        ingesting=ingesting,
+    )

@@ -1,0 +1,321 @@
+"""The commit protocol for Delta Lake tables (`spec.table.format: delta`; commit/DESIGN.md, "Delta Lake").
+
+A Delta table is a folder: Parquet data files plus `_delta_log/<version>.json`, one file of actions per
+commit. Version N exists once: whoever creates `N.json` first made commit N (Delta's mutual exclusion),
+so a commit planned on version V is a compare-and-swap: it creates `V+1.json`, or learns someone else did.
+
+Each ingestion commit holds, in ONE log file: the batch's `add` actions (files Spark wrote, invisible to
+readers until then), a `metaData` action whose `configuration` carries the `icefall.*` properties (the
+Kafka offsets and topic id per partition, the epoch, the newest times; the same encoding as an Iceberg
+table's properties, `CommittedState.to_properties`), and a `commitInfo` for people. The Metadata action is
+part of the table's state: every checkpoint keeps it and every later commit carries it forward, so log
+cleanup and VACUUM cannot remove what resume needs (a `commitInfo` would be gone with its log file).
+
+Guarantees: a commit lands only if the table's epoch is not above the writer's (FencedError), the table's
+`icefall.*` state is still the one the batch was planned from (StaleHeadError otherwise: another ingestion
+commit landed), and the batch starts at the committed offsets of the same topic id (`_check_source`, as
+for Iceberg). Commits by others that leave `icefall.*` alone (OPTIMIZE, a user's DELETE) do not cost the
+batch: it is committed on top of them, as its files are its own and its offsets still come next.
+Not guaranteed / not done yet: object stores (the put-if-absent here is the local file system's `link`),
+log checkpoints (Spark's Delta writer makes them; ours does not yet), schema evolution, partitioning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlparse
+
+from icefall.commit.batch import SourceBatch, state_after
+from icefall.commit.errors import CorruptStateError, FencedError, MaintenanceConflictError, StaleHeadError
+from icefall.commit.protocol import _check_source
+from icefall.commit.state import CommittedState, state_from_properties
+from icefall.runtime.failpoints import failpoint
+
+LOG_DIR = "_delta_log"
+PREFIX = "icefall."
+ENGINE_INFO = "icefall"
+MAX_ATTEMPTS = 20
+_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
+
+
+def local_path(location: str) -> Path:
+    """The folder of a table at `location` (an absolute path or a file:/ URI)."""
+    if location.startswith("file:"):
+        return Path(unquote(urlparse(location).path))
+    return Path(location)
+
+
+@dataclass(frozen=True)
+class DeltaSnapshot:
+    """A version of the table: its number (-1: no table yet) and the Metadata and Protocol in force."""
+
+    version: int
+    metadata: Mapping[str, Any] | None = None
+    protocol: Mapping[str, Any] | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.version >= 0
+
+    @property
+    def configuration(self) -> Mapping[str, str]:
+        return (self.metadata or {}).get("configuration") or {}
+
+    @property
+    def schema_string(self) -> str | None:
+        return (self.metadata or {}).get("schemaString")
+
+    @property
+    def committed(self) -> CommittedState:
+        """The `icefall.*` state of this version; `snapshot_id` is the version (None: no table yet)."""
+        ours = {k: v for k, v in self.configuration.items() if k.startswith(PREFIX)}
+        return state_from_properties(ours, self.version if self.exists else None)
+
+
+@dataclass(frozen=True)
+class AddFile:
+    """A data file a batch adds, relative to the table's folder."""
+
+    path: str
+    size: int
+    records: int
+    modification_time_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    def action(self) -> dict[str, Any]:
+        return {
+            "add": {
+                "path": quote(self.path),
+                "partitionValues": {},
+                "size": self.size,
+                "modificationTime": self.modification_time_ms,
+                "dataChange": True,
+                "stats": json.dumps({"numRecords": self.records}),
+            }
+        }
+
+
+class DeltaLog:
+    """The `_delta_log` of one table on the local file system: read versions, create the next one."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.root = local_path(location)
+        self.log_dir = self.root / LOG_DIR
+
+    def latest_version(self) -> int:
+        """The newest version in the log (-1: none)."""
+        if not self.log_dir.is_dir():
+            return -1
+        versions = [int(m.group(1)) for n in os.listdir(self.log_dir) if (m := _COMMIT_FILE.match(n))]
+        return max(versions, default=-1)
+
+    def actions(self, version: int) -> list[dict[str, Any]]:
+        with open(self.log_dir / f"{version:020d}.json", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def snapshot(self) -> DeltaSnapshot:
+        """The latest version with the newest Metadata and Protocol, from the commits after the newest
+        checkpoint, else from that checkpoint (log cleanup may have removed older commits)."""
+        latest = self.latest_version()
+        if latest < 0:
+            return DeltaSnapshot(-1)
+        checkpoint = self._latest_checkpoint(latest)
+        metadata = protocol = None
+        for version in range(latest, (checkpoint if checkpoint is not None else -1), -1):
+            for action in self.actions(version):
+                metadata = metadata or action.get("metaData")
+                protocol = protocol or action.get("protocol")
+            if metadata is not None and protocol is not None:
+                return DeltaSnapshot(latest, metadata, protocol)
+        if checkpoint is not None:
+            found = self._from_checkpoint(checkpoint)
+            metadata, protocol = metadata or found[0], protocol or found[1]
+        if metadata is None or protocol is None:
+            raise CorruptStateError(
+                f"{self.location}: version {latest} has no metaData or protocol in its log"
+            )
+        return DeltaSnapshot(latest, metadata, protocol)
+
+    def _latest_checkpoint(self, latest: int) -> int | None:
+        found = [int(m.group(1)) for n in os.listdir(self.log_dir) if (m := _CHECKPOINT_FILE.match(n))]
+        found = [v for v in found if v <= latest]
+        return max(found, default=None)
+
+    def _from_checkpoint(self, version: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        import pyarrow.parquet as pq
+
+        metadata = protocol = None
+        for name in sorted(os.listdir(self.log_dir)):
+            match = _CHECKPOINT_FILE.match(name)
+            if match is None or int(match.group(1)) != version:
+                continue
+            rows = pq.read_table(self.log_dir / name, columns=["metaData", "protocol"]).to_pylist()
+            for row in rows:
+                metadata = metadata or row.get("metaData")
+                protocol = protocol or row.get("protocol")
+        if metadata is not None and isinstance(metadata.get("configuration"), list):
+            metadata = {**metadata, "configuration": dict(metadata["configuration"])}  # a map, read as pairs
+        return metadata, protocol
+
+    def try_commit(self, version: int, actions: Iterable[Mapping[str, Any]]) -> bool:
+        """Create `version` with `actions`; False if it exists (someone else committed it). The file is
+        complete and synced before it appears under its name (link, which never replaces a file)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        temporary = self.log_dir / f".{version:020d}.json.{uuid.uuid4().hex}.tmp"
+        text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(temporary, self.log_dir / f"{version:020d}.json")
+        except FileExistsError:
+            return False
+        finally:
+            temporary.unlink()
+        return True
+
+
+def protocol_for(schema_string: str) -> dict[str, Any]:
+    """The oldest Delta protocol that can hold `schema_string`: timestamps without a time zone need the
+    `timestampNtz` table feature (reader 3, writer 7)."""
+    if '"timestamp_ntz"' in schema_string:
+        return {
+            "minReaderVersion": 3,
+            "minWriterVersion": 7,
+            "readerFeatures": ["timestampNtz"],
+            "writerFeatures": ["timestampNtz"],
+        }
+    return {"minReaderVersion": 1, "minWriterVersion": 2}
+
+
+def _commit_info(operation: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "commitInfo": {
+            "timestamp": int(time.time() * 1000),
+            "operation": operation,
+            "engineInfo": ENGINE_INFO,
+            "txnId": str(uuid.uuid4()),
+            **extra,
+        }
+    }
+
+
+def _with_state(metadata: Mapping[str, Any], state: CommittedState) -> dict[str, Any]:
+    """`metadata` with its `icefall.*` configuration replaced by `state`'s; other keys are kept."""
+    kept = {k: v for k, v in (metadata.get("configuration") or {}).items() if not k.startswith(PREFIX)}
+    return {"metaData": {**metadata, "configuration": {**kept, **state.to_properties()}}}
+
+
+def create_table(log: DeltaLog, schema_string: str, epoch: int) -> DeltaSnapshot:
+    """Version 0 of a new table (no rows; the epoch claimed), unless the table exists: then its snapshot.
+    Two writers creating it at once: one creates version 0, the other reads it."""
+    existing = log.snapshot()
+    if existing.exists:
+        return existing
+    metadata = {
+        "id": str(uuid.uuid4()),
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": schema_string,
+        "partitionColumns": [],
+        "configuration": {},
+        "createdTime": int(time.time() * 1000),
+    }
+    actions = [
+        _commit_info("CREATE TABLE", operationParameters={"partitionBy": "[]"}, isBlindAppend=True),
+        {"protocol": protocol_for(schema_string)},
+        _with_state(metadata, CommittedState(snapshot_id=None, epoch=epoch)),
+    ]
+    log.try_commit(0, actions)
+    failpoint("main.after-create")
+    return log.snapshot()
+
+
+def claim_epoch(log: DeltaLog, epoch: int) -> DeltaSnapshot:
+    """Raise the table's `icefall.epoch` to `epoch` (a commit with no rows), so an older writer cannot
+    commit from now on; FencedError if the table's epoch is above it already."""
+    for _ in range(MAX_ATTEMPTS):
+        current = log.snapshot()
+        committed = current.committed
+        if epoch < committed.epoch:
+            raise FencedError(
+                f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
+            )
+        if epoch == committed.epoch:
+            return current
+        from dataclasses import replace
+
+        assert current.metadata is not None
+        actions = [
+            _commit_info(
+                "SET TBLPROPERTIES", operationParameters={"properties": f'{{"icefall.epoch":"{epoch}"}}'}
+            ),
+            _with_state(current.metadata, replace(committed, epoch=epoch)),
+        ]
+        if log.try_commit(current.version + 1, actions):
+            failpoint("main.after-claim")
+            return log.snapshot()
+    raise MaintenanceConflictError(f"{log.location}: the epoch claim lost {MAX_ATTEMPTS} races in a row")
+
+
+def commit_batch(
+    log: DeltaLog,
+    planned: DeltaSnapshot,
+    batch: SourceBatch,
+    epoch: int,
+    files: Iterable[AddFile],
+    *,
+    schema_string: str | None = None,
+) -> int:
+    """Commit `files` (already in the table's folder) with `batch`'s offsets, planned on `planned`; the
+    version made. Refuses, in this order: FencedError (the table's epoch is above `epoch`), StaleHeadError
+    (an ingestion commit, reset or epoch claim landed since `planned`, or the schema changed),
+    TopicMismatchError / OffsetGapError (`_check_source`). A commit by someone else that leaves `icefall.*`
+    alone is committed over, as often as MAX_ATTEMPTS."""
+    adds = [f.action() for f in files]
+    for _ in range(MAX_ATTEMPTS):
+        current = log.snapshot()
+        committed = current.committed
+        if epoch < committed.epoch:
+            raise FencedError(
+                f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
+            )
+        if current.version != planned.version:
+            if committed.to_properties() != planned.committed.to_properties():
+                raise StaleHeadError(
+                    f"version {current.version} holds other offsets than version {planned.version} the batch "
+                    "was planned on: another commit of Icefall landed since"
+                )
+            if current.schema_string != planned.schema_string:
+                raise StaleHeadError(f"the table's schema changed since version {planned.version}")
+        if schema_string is not None and current.schema_string != schema_string:
+            raise StaleHeadError(
+                "the batch's columns are not the table's: schema evolution is not supported with format "
+                "delta yet; create a new table (a new spec.table.location) for the new columns"
+            )
+        _check_source(committed, batch)
+        new = state_after(committed, batch, epoch, snapshot_id=current.version + 1)
+        assert current.metadata is not None
+        actions = [
+            _commit_info(
+                "STREAMING UPDATE",
+                operationParameters={"outputMode": "Append", "epochId": str(epoch)},
+                isBlindAppend=False,
+                userMetadata=json.dumps(new.to_properties(), sort_keys=True),
+            ),
+            _with_state(current.metadata, new),
+            *adds,
+        ]
+        failpoint("main.before-commit")
+        if log.try_commit(current.version + 1, actions):
+            return current.version + 1
+    raise MaintenanceConflictError(f"{log.location}: the commit lost {MAX_ATTEMPTS} races in a row")

@@ -1,0 +1,275 @@
+"""Delta Lake tables (`spec.table.format: delta`) filled from a real Kafka topic by real Spark, exactly once.
+
+Proves: the table holds each produced record once, by content, read by Spark's Delta reader (in a Delta
+table's own session: this process's is an Iceberg table's, without Delta) and by delta-rs alike; a new
+writer resumes from the offsets in the table (no duplicates, nothing lost); a writer that fails at each
+commit point (after writing its files, just before, and just after its log entry) leaves a table the next
+writer completes exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops
+the batch uncommitted. `icefall verify` audits a Delta table by content, read with delta-rs: clean after
+ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
+`icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from icefall.api.manifest import parse_manifest
+from icefall.commands.delta import verify_delta_table
+from icefall.commit import FencedError
+from icefall.commit.delta import DeltaLog
+from icefall.commit.lease import FileLease
+from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.tools import tool_dir
+from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
+from icefall.runtime import failpoints
+from icefall.spark.session import DELTA_JARS_VARIABLE
+from icefall.testing.streams import produce, watermarks
+
+pytestmark = pytest.mark.integration
+
+MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {name}}}
+spec:
+  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
+  format:
+    type: json
+    schema:
+      - {{name: id, type: long, required: true}}
+      - {{name: customer, type: string}}
+      - {{name: amount, type: "decimal(10,2)"}}
+      - {{name: ts, type: timestamptz, required: true}}
+  table: {{format: delta, location: "{location}"}}
+  freshness: {{targetSeconds: 2}}
+  batch: {{maxRecords: 40, minIntervalSeconds: 0}}
+"""
+
+
+def plain(value: Any) -> Any:
+    """`value` with every timestamp as a naive UTC datetime (delta-rs gives aware ones, Spark naive ones in
+    the session's time zone, UTC) and nested rows as dicts."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+#: A Delta table's own Spark session (Delta's jars, extension and catalog: `table_format` delta) in a
+#: process of its own, since this process's session is an Iceberg table's: it copies the table's rows with
+#: Spark's Delta reader into Parquet files, which pyarrow reads back.
+SPARK_DELTA_READER = """
+import sys
+from icefall.api import TableFormat
+from icefall.spark.session import build_spark_session
+
+spark = build_spark_session(
+    [], master="local[1]", app_name="delta-read", table_format=TableFormat.DELTA,
+    extra_conf={"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
+)
+assert "DeltaCatalog" in spark.conf.get("spark.sql.catalog.spark_catalog")
+spark.read.format("delta").load(sys.argv[1]).write.parquet(sys.argv[2])
+spark.stop()
+"""
+
+
+def read_with_sparks_delta_reader(location: str, out: Path) -> list[dict[str, Any]]:
+    """The rows of the Delta table at `location`, read by Spark's Delta reader (`SPARK_DELTA_READER`)."""
+    import pyarrow.parquet as pq
+
+    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
+    done = subprocess.run(
+        [sys.executable, "-c", SPARK_DELTA_READER, location, str(out)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows: list[dict[str, Any]] = pq.read_table(out).to_pylist()
+    return rows
+
+
+class Table:
+    """One Delta table on a new topic, and its writers (each with the same commit lease file)."""
+
+    def __init__(self, kafka: KafkaBroker, tmp_path: Path, name: str) -> None:
+        self.kafka, self.topic = kafka, f"it-delta-{name}"
+        kafka.create_topic(self.topic, partitions=2)
+        self.location = str(tmp_path / "table")
+        self.manifest = tmp_path / "table.yaml"
+        self.manifest.write_text(
+            MANIFEST.format(name=name, bootstrap=kafka.bootstrap, topic=self.topic, location=self.location)
+        )
+        self.st = parse_manifest(self.manifest.read_text())
+        self.leases = tmp_path / "leases"
+        self.writers = 0
+
+    def writer(self, spark: Any) -> DeltaIngestor:
+        self.writers += 1
+        lease = FileLease.in_dir(self.leases, "commit", f"writer-{self.writers}", duration_seconds=30)
+        ingestor = DeltaIngestor(self.st, spark, lease, location=self.location)
+        ingestor.start(lease_timeout=5)
+        return ingestor
+
+    def drain(self, ingestor: DeltaIngestor) -> int:
+        """Batches until caught up; how many landed."""
+        landed = 0
+        while ingestor.run_batch() is not None:
+            landed += 1
+        return landed
+
+    def ids(self) -> Counter[int]:
+        from deltalake import DeltaTable
+
+        return Counter(DeltaTable(self.location).to_pyarrow_table().column("id").to_pylist())
+
+    def assert_exactly_once(self, count: int) -> None:
+        assert self.ids() == Counter(range(count))
+        assert DeltaLog(self.location).snapshot().committed.offsets == watermarks(self.kafka, self.topic)
+
+
+def test_rows_equal_the_topic_read_by_spark_and_delta_rs_and_a_new_writer_resumes(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    table = Table(kafka, tmp_path, "resume")
+    produce(kafka, table.topic, 0, 100)
+    first = table.writer(spark)
+    try:
+        assert table.drain(first) >= 3  # batches of at most 40
+    finally:
+        first.close()
+    produce(kafka, table.topic, 100, 30)
+    second = table.writer(spark)
+    try:
+        table.drain(second)
+    finally:
+        second.close()
+    table.assert_exactly_once(130)
+    from deltalake import DeltaTable
+
+    by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
+    by_spark = [plain(row) for row in read_with_sparks_delta_reader(table.location, tmp_path / "by-spark")]
+    key = lambda row: row["id"]  # noqa: E731
+    assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
+    assert {r["customer"] for r in by_rs} == {f"c{i % 7}" for i in range(7)}
+    # The offsets are table properties other readers see too (kept by checkpoints: the Metadata action).
+    properties = DeltaTable(table.location).metadata().configuration
+    assert properties["icefall.epoch"] == str(second.epoch)
+
+
+@pytest.mark.parametrize("point", ["main.after-stage", "main.before-commit", "main.after-commit"])
+def test_a_writer_failing_at_a_commit_point_leaves_exactly_once(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path, point: str
+) -> None:
+    table = Table(kafka, tmp_path, point.replace(".", "-"))
+    produce(kafka, table.topic, 0, 60)
+    failing = table.writer(spark)
+    try:
+        with failpoints.armed(point, "raise", hit=2), pytest.raises(failpoints.FailpointError):
+            table.drain(failing)
+    finally:
+        failing.close()
+    after = table.writer(spark)
+    try:
+        table.drain(after)
+    finally:
+        after.close()
+    table.assert_exactly_once(60)
+
+
+def test_a_fenced_writer_cannot_commit(kafka: KafkaBroker, spark: Any, tmp_path: Path) -> None:
+    table = Table(kafka, tmp_path, "fenced")
+    produce(kafka, table.topic, 0, 20)
+    old = table.writer(spark)
+    old.keeper.stop()  # type: ignore[union-attr]  # a paused writer: only the table's epoch stops it
+    old.keeper = None
+    old.lease.release()
+    new = table.writer(spark)  # takes the lease over and claims a higher epoch in the table
+    try:
+        assert new.epoch > old.epoch
+        with pytest.raises(FencedError):
+            old.run_batch()
+        table.drain(new)
+    finally:
+        new.close()
+        old.topic.close()
+    table.assert_exactly_once(20)
+
+
+def test_a_bad_record_stops_the_batch_uncommitted(kafka: KafkaBroker, spark: Any, tmp_path: Path) -> None:
+    table = Table(kafka, tmp_path, "bad")
+    produce(kafka, table.topic, 0, 10, bad_every=7)
+    writer = table.writer(spark)
+    try:
+        with pytest.raises(BadRecordsHaltedError, match="no dead-letter table"):
+            writer.run_batch()
+    finally:
+        writer.close()
+    assert DeltaLog(table.location).snapshot().committed.offsets == {}
+    assert table.ids() == Counter()
+
+
+def test_verify_audits_a_delta_table_by_content_read_with_delta_rs(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    table = Table(kafka, tmp_path, "verify")
+    produce(kafka, table.topic, 0, 60)
+    writer = table.writer(spark)
+    try:
+        table.drain(writer)
+    finally:
+        writer.close()
+    clean = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert clean.ok, clean.render()
+    assert clean.content_checked and sum(p.expected for p in clean.partitions) == 60
+    assert sum(p.in_table for p in clean.partitions) == 60
+
+    # Another writer (delta-rs) appends a changed copy of one row: its offset is held twice, once wrongly.
+    rows = DeltaTable(table.location).to_pyarrow_table()
+    one = rows.slice(0, 1)
+    changed = one.set_column(one.schema.get_field_index("customer"), "customer", pa.array(["tampered"]))
+    write_deltalake(table.location, changed, mode="append")
+    kafka_of = one.column("_kafka")[0].as_py()
+    tampered = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert not tampered.ok
+    [audit] = [p for p in tampered.partitions if p.partition == kafka_of["partition"]]
+    assert (audit.duplicates, audit.wrong) == (1, 1)
+    assert audit.duplicate_examples == audit.wrong_examples == (kafka_of["offset"],)
+    assert [p for p in tampered.partitions if p is not audit] == [
+        p for p in clean.partitions if p.partition != audit.partition
+    ]
+
+
+def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tmp_path: Path) -> None:
+    table = Table(kafka, tmp_path, "cli")
+    produce(kafka, table.topic, 0, 90)
+
+    def run(armed: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        if armed:
+            env[failpoints.ENV_VAR] = armed
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "run", "-f", str(table.manifest),
+             "--state-dir", str(tmp_path / "state"), "--until-caught-up", "--lease-timeout", "5",
+             "--master", "local[1]"],
+            env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+
+    killed = run("main.after-commit=exit@2")
+    assert killed.returncode == failpoints.EXIT_STATUS, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert "failpoint main.after-commit triggered" in killed.stderr
+    assert DeltaLog(table.location).snapshot().committed.offsets  # the batches before the kill landed
+    done = run(None)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table.assert_exactly_once(90)

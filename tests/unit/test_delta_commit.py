@@ -1,0 +1,150 @@
+"""The Delta commit protocol (`icefall.commit.delta`) on a table folder, without Spark: the offsets and the
+epoch travel in the Metadata action of the commit that adds the rows; a commit planned on a version that
+another ingestion commit followed is refused, one after a commit that leaves `icefall.*` alone lands on top
+of it; an older epoch is fenced; the state survives a checkpoint whose older commits are cleaned up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from icefall.api.manifest import parse_manifest
+from icefall.commit import FencedError, OffsetGapError, StaleHeadError
+from icefall.commit.batch import Batch
+from icefall.commit.delta import AddFile, DeltaLog, claim_epoch, commit_batch, create_table, protocol_for
+
+pytestmark = pytest.mark.unit
+
+SCHEMA = json.dumps(
+    {"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]}
+)
+
+
+def batch(start: int, end: int, topic_id: str = "tid") -> Batch:
+    return Batch(topic="t", start={0: start}, end={0: end}, topic_id=topic_id, max_produce_time_ms=end)
+
+
+def test_a_commit_holds_rows_offsets_and_epoch_in_one_log_entry(tmp_path: Path) -> None:
+    log = DeltaLog(str(tmp_path))
+    planned = create_table(log, SCHEMA, epoch=3)
+    assert planned.version == 0 and planned.committed.epoch == 3
+    version = commit_batch(log, planned, batch(0, 10), 3, [AddFile("part-1.parquet", 100, 10)])
+    assert version == 1
+    actions = log.actions(1)
+    kinds = [next(iter(a)) for a in actions]
+    assert kinds == ["commitInfo", "metaData", "add"]
+    config = actions[1]["metaData"]["configuration"]
+    assert json.loads(config["icefall.offsets"]) == {"0": 10}
+    assert config["icefall.topic-id"] == "tid" and config["icefall.epoch"] == "3"
+    assert json.loads(actions[2]["add"]["stats"]) == {"numRecords": 10}
+    resumed = log.snapshot().committed
+    assert resumed.offsets == {0: 10} and resumed.snapshot_id == 1
+
+
+def test_a_batch_planned_before_another_ingestion_commit_is_refused(tmp_path: Path) -> None:
+    log = DeltaLog(str(tmp_path))
+    planned = create_table(log, SCHEMA, epoch=1)
+    commit_batch(log, planned, batch(0, 10), 1, [])
+    with pytest.raises(StaleHeadError):
+        commit_batch(log, planned, batch(0, 10), 1, [AddFile("part-2.parquet", 1, 1)])
+    with pytest.raises(OffsetGapError):
+        commit_batch(log, log.snapshot(), batch(5, 12), 1, [])
+    assert log.latest_version() == 1
+
+
+def test_a_commit_that_leaves_icefall_state_alone_is_committed_over(tmp_path: Path) -> None:
+    log = DeltaLog(str(tmp_path))
+    planned = create_table(log, SCHEMA, epoch=1)
+    # Someone else (OPTIMIZE, say) commits version 1 between planning and committing.
+    assert log.try_commit(1, [{"commitInfo": {"operation": "OPTIMIZE"}}])
+    assert commit_batch(log, planned, batch(0, 4), 1, [AddFile("p.parquet", 1, 4)]) == 2
+    assert log.snapshot().committed.offsets == {0: 4}
+
+
+def test_an_older_epoch_is_fenced(tmp_path: Path) -> None:
+    log = DeltaLog(str(tmp_path))
+    planned = create_table(log, SCHEMA, epoch=1)
+    claim_epoch(log, 2)  # a newer writer took over
+    with pytest.raises(FencedError):
+        commit_batch(log, planned, batch(0, 4), 1, [])
+    with pytest.raises(FencedError):
+        claim_epoch(log, 1)
+    assert log.snapshot().committed.epoch == 2
+
+
+def test_the_state_survives_a_checkpoint_and_log_cleanup(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    log = DeltaLog(str(tmp_path))
+    commit_batch(log, create_table(log, SCHEMA, epoch=1), batch(0, 7), 1, [])
+    metadata = log.actions(1)[1]["metaData"]
+    protocol = log.actions(0)[1]["protocol"]
+    # A checkpoint at version 2 (as Spark writes one), then the JSON commits up to it cleaned up.
+    log.try_commit(2, [{"commitInfo": {"operation": "OPTIMIZE"}}])
+    rows = [
+        {  # pyarrow writes the map as key-value pairs, as it reads Spark's; no empty `format.options`
+            "metaData": {
+                **metadata,
+                "format": {"provider": "parquet"},
+                "configuration": list(metadata["configuration"].items()),
+            },
+            "protocol": None,
+        },
+        {"metaData": None, "protocol": protocol},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), log.log_dir / f"{2:020d}.checkpoint.parquet")
+    for version in (0, 1):
+        (log.log_dir / f"{version:020d}.json").unlink()
+    (log.log_dir / f"{2:020d}.json").unlink()
+    log.try_commit(3, [{"commitInfo": {"operation": "OPTIMIZE"}}])
+    snapshot = log.snapshot()
+    assert snapshot.version == 3 and snapshot.committed.offsets == {0: 7}
+
+
+def test_protocol_needs_timestamp_ntz_feature_only_for_such_columns() -> None:
+    assert protocol_for(SCHEMA) == {"minReaderVersion": 1, "minWriterVersion": 2}
+    assert protocol_for('{"type":"timestamp_ntz"}')["readerFeatures"] == ["timestampNtz"]
+
+
+DELTA = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {name: orders}
+spec:
+  source: {bootstrapServers: "127.0.0.1:9092", topic: orders}
+  format: {type: json, schema: [{name: id, type: long}]}
+  table: {format: delta%s}
+%s
+"""
+
+
+def problems_of(table_extra: str = "", spec_extra: str = "") -> str:
+    from icefall.api import ManifestError
+
+    try:
+        parse_manifest(DELTA % (table_extra, spec_extra))
+    except ManifestError as error:
+        return str(error)
+    return ""
+
+
+def test_delta_spec_refuses_what_is_not_supported_yet() -> None:
+    assert problems_of() == ""
+    assert "spec.table.catalog" in problems_of(", catalog: {name: c, uri: 'sqlite:////tmp/c.db'}")
+    assert "spec.table.partitioning" in problems_of(", partitioning: [{field: id, transform: identity}]")
+    assert "spec.mode" in problems_of(spec_extra="  mode: upsert\n  key: [id]")
+    assert "spec.deadLetter.topic" in problems_of(spec_extra="  deadLetter: {topic: bad}")
+    assert "spec.table.location" in problems_of(", location: s3://bucket/orders")
+    assert problems_of(", location: /data/orders") == ""
+
+
+def test_location_is_for_delta_only() -> None:
+    from icefall.api import ManifestError
+
+    text = DELTA.replace("format: delta", "name: orders") % (", location: /data/orders", "")
+    with pytest.raises(ManifestError, match=r"spec\.table\.location.*format delta"):
+        parse_manifest(text)
