@@ -67,6 +67,7 @@ PARTITIONS = 3
 NAMESPACE = "bench"
 SCHEMA = [*EVENT_SCHEMA, {"name": "type", "type": "string"}]
 BATCH_LINE = re.compile(r"\[run\] batch \d+: (\d+) read.* in ([0-9.]+)s ")
+PHASE = re.compile(r" \| ([a-z_]+) ([0-9.]+)s")
 FORMS = ("routed", "filtered", "one table")
 
 
@@ -221,6 +222,7 @@ class Driver:
     monitor: TreeMonitor
     started: float
     batches: list[tuple[float, int, float]] = field(default_factory=list)  # (line time, records, seconds)
+    phases: Counter[str] = field(default_factory=Counter)  # wall seconds per batch phase, summed
     ended: float = 0.0
 
     @classmethod
@@ -239,9 +241,12 @@ class Driver:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if match := BATCH_LINE.search(line):
-                self.batches.append((time.time(), int(match[1]), float(match[2])))
+        with open(self.destination.work / "stdout.log", "w") as log:
+            for line in self.proc.stdout:
+                log.write(line)
+                if match := BATCH_LINE.search(line):
+                    self.batches.append((time.time(), int(match[1]), float(match[2])))
+                    self.phases.update({k: float(v) for k, v in PHASE.findall(line.split("| snapshot")[-1])})
 
     def wait(self, timeout: float) -> None:
         code = self.proc.wait(timeout=timeout)
@@ -316,6 +321,7 @@ class Drain:
     drain_cpu: float  # summed over the processes' drains
     life_cpu: float  # summed over the processes' whole lives
     steady_cpu: float | None  # summed: each process's CPU per record after its first batch x the records
+    phases: Counter[str]  # wall seconds per batch phase, summed over batches and processes
     audited: int
 
 
@@ -354,6 +360,7 @@ def drain(
         wall=max(d.ended for d in done) - started,
         drain_cpu=sum(d.drain_cpu()[0] for d in done),
         life_cpu=sum(d.monitor.total_cpu for d in done),
+        phases=sum((d.phases for d in done), Counter()),
         steady_cpu=None if None in steady else sum(x * len(content) for x in steady if x is not None),
         audited=audited,
     )
@@ -521,6 +528,14 @@ def report(args: argparse.Namespace, started: str, uptimes: list[str],
             "records per CPU-s | x one table | rows audited |",
             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
             *drain_rows(drains),
+            "",
+            "Where the batches' wall time went (the `[run] batch` lines' phases, seconds summed over "
+            "batches and processes):",
+            "",
+            *(
+                f"- {d.form}: " + ", ".join(f"{k} {v:.1f}" for k, v in d.phases.most_common())
+                for d in drains.values()
+            ),
             "",
             f"## Live: {args.rate:,.0f} records/s, each form in turn",
             "",
