@@ -218,7 +218,8 @@ bench-fresh: setup
 
 # Routing (#43): one topic of 20 event types into 20 tables by one StreamingTable with routes, beside 20
 # filtered StreamingTables and one plain table of the topic: records per CPU-second and freshness p99,
-# audited by content (bench/routing.py; results in bench/results/routing.md). About 10 minutes on 2 cores.
+# audited by content (bench/routing.py; results in bench/results/routing.md). 44 minutes at load 20-43 on 2
+# cores; shorter: BENCH_ARGS="--types 5 --records 10000".
 .PHONY: bench-routing
 bench-routing: setup
 	$(TOOLS) && $(BIN)/python bench/routing.py $(BENCH_ARGS)
