@@ -263,8 +263,9 @@ class Driver:
         self.monitor.stop()
 
     def steady_cpu_per_record(self) -> float | None:
-        """CPU-s per record read after the first batch (whose JIT and first-write costs it leaves out)."""
-        if len(self.batches) < 2:
+        """CPU-s per record read after the first batch (whose JIT and first-write costs it leaves out), from
+        the batch lines' arrival times; None under 3 batches (two lines may arrive together)."""
+        if len(self.batches) < 3:
             return None
         cpu = self.monitor.cpu_at(self.batches[-1][0]) - self.monitor.cpu_at(self.batches[0][0])
         return cpu / sum(n for _, n, _ in self.batches[1:])
