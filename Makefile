@@ -30,6 +30,7 @@ help:
 	@echo "make bench-pipelining  a backlog drained with spec.batch.pipelined on and off (bench/results/pipelining.md)"
 	@echo "make bench-operator  the operator at 10/100/300 StreamingTables: API requests, CPU, RSS, reaction (bench/results/operator.md)"
 	@echo "make bench-executors  one backlog drained with 1 then 2 Spark executor pods (bench/results/executors.md)"
+	@echo "make bench-routing  one topic into 20 tables: routes vs 20 filtered StreamingTables vs one table (bench/results/routing.md)"
 	@echo "make bench-scale  per-core drain, 3/48/192 partitions, one driver's commits/s, CAS, Kafka fetch (bench/results/scale.md)"
 	@echo "make chaos  200 random kills, 100 infrastructure kills and 4 outages on the whole system, audited"
 	@echo "            (bench/results/chaos.md); shorter: make chaos CHAOS_KILLS=20; other seed: CHAOS_SEED=7"
@@ -214,6 +215,14 @@ bench-decode: setup
 .PHONY: bench-fresh
 bench-fresh: setup
 	$(TOOLS) && $(BIN)/python bench/union_read.py $(BENCH_ARGS)
+
+# Routing (#43): one topic of 20 event types into 20 tables by one StreamingTable with routes, beside 20
+# filtered StreamingTables and one plain table of the topic: records per CPU-second and freshness p99,
+# audited by content (bench/routing.py; results in bench/results/routing.md). 44 minutes at load 20-43 on 2
+# cores; shorter: BENCH_ARGS="--types 5 --records 10000".
+.PHONY: bench-routing
+bench-routing: setup
+	$(TOOLS) && $(BIN)/python bench/routing.py $(BENCH_ARGS)
 
 # The operator (`icefall operator`, a real kopf process) with 10, 100 and 300 StreamingTables on a real
 # kube-apiserver + etcd (no kubelet: driver Pods stay Pending): API requests per table per minute from the API

@@ -7,10 +7,11 @@ REST catalog with its files in S3 on both the pyiceberg and the Spark side; exam
 gives the operator no credential (it holds none) and the Secret carries the grant label StreamingTables
 need (e2e/test_user_path.py installs the chart with it); and every single-table example (json, Debezium,
 Protobuf, JSON Schema) loads. The examples of what users run (PostgreSQL and REST catalogs; S3, GCS and
-Azure storage; Kafka SASL over TLS; a dead-letter topic; transforms; retention; keyed Avro) exist, pass
-`icefall validate` (`--cluster` for those that name a catalog: tests/unit/test_cli_validate.py), and say
-what their comments say: each Secret reference names a key of the granted Secret in the same file, and the
-catalog maps to the file IO of its warehouse's store on the Spark side.
+Azure storage; Kafka SASL over TLS; a dead-letter topic; transforms; retention; keyed Avro; routes with
+unrouted records as dead letters) exist, pass `icefall validate` (`--cluster` for those that name a
+catalog: tests/unit/test_cli_validate.py), and say what their comments say: each Secret reference names a
+key of the granted Secret in the same file, and the catalog maps to the file IO of its warehouse's store on
+the Spark side.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from icefall.api import StreamingTableSpec, load_manifest
+from icefall.api import StreamingTableSpec, Unrouted, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.catalog.azure import ADLS_FILE_IO
 from icefall.catalog.config import GCS_FILE_IO, S3_FILE_IO
@@ -122,3 +123,6 @@ def test_the_user_examples_show_what_their_names_say() -> None:
     assert retention is not None and retention.max_age_seconds == 90 * 86400
     keyed = spec("keyed-avro")
     assert (keyed.mode, keyed.key, keyed.format.type) == ("upsert", ["id"], "avro")
+    routed = spec("routed-events")
+    assert [r.table.name for r in routed.routes] == ["orders", "payments", "shipments", "audit"]
+    assert routed.unrouted is Unrouted.DEAD_LETTER and routed.dead_letter.enabled
