@@ -148,13 +148,13 @@ def test_the_report_is_one_table_per_destination_and_fails_naming_it() -> None:
 
 def test_read_table_is_one_of_the_tables_the_streamingtable_writes() -> None:
     st = load_manifest(EXAMPLE.read_text())
-    assert read_identifier(st, None) == ("web", "events_other")
-    assert read_identifier(st, "web.events_other") == ("web", "events_other")
-    assert read_identifier(st, "web.clicks") == ("web", "clicks")
-    assert st.route_of("web.clicks") == 0 and st.route_of("web.events_other") is None
-    with pytest.raises(ReadError, match=r"--table 'web.nope' is not a table events writes; choose one of "
-                       r"web.events_other, web.clicks, "):  # fmt: skip
-        read_identifier(st, "web.nope")
+    assert read_identifier(st, None) == ("shop", "events")
+    assert read_identifier(st, "shop.events") == ("shop", "events")
+    assert read_identifier(st, "shop.orders") == ("shop", "orders")
+    assert st.route_of("shop.payments") == 1 and st.route_of("shop.events") is None
+    with pytest.raises(ReadError, match=r"--table 'shop.nope' is not a table events writes; choose one of "
+                       r"shop.events, shop.orders, "):  # fmt: skip
+        read_identifier(st, "shop.nope")
 
 
 def test_the_cut_counts_records_routed_elsewhere_apart_from_filtered_ones() -> None:
