@@ -49,22 +49,9 @@ class Unrouted(StrEnum):
     DEAD_LETTER = "DeadLetter"  # the dead-letter table (and topic), with UNROUTED_REASON
 
 
-class RouteTable(ApiModel):
-    """A route's Iceberg table: in spec.table's catalog, with spec.table's columns."""
+class TableTemplate(ApiModel):
+    """A routed table's layout: a route's table, or each table a dynamic route creates."""
 
-    name: str = Field(
-        description="Table name. Immutable in effect: a new name is a new table, filled from then on.",
-        min_length=1,
-        max_length=255,
-        pattern=IDENTIFIER_PATTERN,
-    )
-    namespace: str | None = Field(
-        default=None,
-        description="Iceberg namespace; default: spec.table.namespace.",
-        min_length=1,
-        max_length=255,
-        pattern=NAMESPACE_PATTERN,
-    )
     partitioning: list[PartitionField] = Field(
         default_factory=list, description="Partition spec, in order. Empty: unpartitioned.", max_length=16
     )
@@ -82,9 +69,27 @@ class RouteTable(ApiModel):
         return unreserved_properties(value)
 
     @model_validator(mode="after")
-    def _no_duplicates(self) -> RouteTable:
+    def _no_duplicates(self) -> TableTemplate:
         layout_duplicates(self.partitioning, self.sort_order)
         return self
+
+
+class RouteTable(TableTemplate):
+    """A route's Iceberg table: in spec.table's catalog, with spec.table's columns."""
+
+    name: str = Field(
+        description="Table name. Immutable in effect: a new name is a new table, filled from then on.",
+        min_length=1,
+        max_length=255,
+        pattern=IDENTIFIER_PATTERN,
+    )
+    namespace: str | None = Field(
+        default=None,
+        description="Iceberg namespace; default: spec.table.namespace.",
+        min_length=1,
+        max_length=255,
+        pattern=NAMESPACE_PATTERN,
+    )
 
 
 class Route(ApiModel):
@@ -125,31 +130,6 @@ QUOTED_CHARS = 64
 DYNAMIC_OWNER_PROPERTY = "icefall.dynamic-route-of"
 #: How a dynamic route's dead-letter reasons start (`icefall.ingest.routes`).
 DYNAMIC_REASON_PREFIX = "dynamic route: "
-
-
-class TableTemplate(ApiModel):
-    """The layout of every table a dynamic route creates (its columns: spec.table's)."""
-
-    partitioning: list[PartitionField] = Field(
-        default_factory=list, description="Partition spec, in order. Empty: unpartitioned.", max_length=16
-    )
-    sort_order: list[SortField] = Field(
-        default_factory=list, description="Sort order of data files. Empty: unsorted.", max_length=16
-    )
-    properties: dict[str, str] = Field(
-        default_factory=dict,
-        description="Iceberg table properties, as spec.table.properties (not inherited from it).",
-    )
-
-    @field_validator("properties")
-    @classmethod
-    def _unreserved(cls, value: dict[str, str]) -> dict[str, str]:
-        return unreserved_properties(value)
-
-    @model_validator(mode="after")
-    def _no_duplicates(self) -> TableTemplate:
-        layout_duplicates(self.partitioning, self.sort_order)
-        return self
 
 
 class NameFrom(StrEnum):
