@@ -35,6 +35,7 @@ from pydantic import Field, field_validator, model_validator
 from icefall.api.base import IDENTIFIER_PATTERN, NAMESPACE_PATTERN, ApiModel
 from icefall.api.sql_expressions import expression_problem
 from icefall.api.table import PartitionField, SortField, layout_duplicates, unreserved_properties
+from icefall.api.topic_pattern import costly_problem
 
 #: Most routes one StreamingTable may have: each is a table committed every batch.
 MAX_ROUTES = 64
@@ -247,6 +248,8 @@ def dynamic_route_problems(route: DynamicRoute) -> list[str]:
         except re.error as error:
             problems.append(f"pattern: {route.pattern!r} is not a regex ({error}); fix it")
         else:
+            if (costly := costly_problem(route.pattern)) is not None:
+                problems.append(f"pattern: {costly}")
             if compiled.groups > 1:
                 problems.append(
                     f"pattern: {route.pattern!r} has {compiled.groups} groups; use one (the value)"

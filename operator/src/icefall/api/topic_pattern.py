@@ -31,7 +31,7 @@ KAFKA_INTERNAL_TOPICS = frozenset({
     "__remote_log_metadata",
 })  # fmt: skip
 
-_BACKREFERENCE = "backreferences are not allowed in a topic pattern; remove them"
+_BACKREFERENCE = "backreferences are not allowed in a pattern; remove them"
 _NESTED = (
     "nested quantifiers ({where!r}: a group repeated without bound that repeats inside) can take "
     "exponential time; write the group without the inner quantifier or without the outer one"
@@ -62,7 +62,7 @@ def pattern_problem(pattern: str) -> str | None:
         re.compile(pattern)
     except (re.error, OverflowError, RecursionError) as error:
         return f"not a valid regular expression ({error}); fix it (the whole topic name must match)"
-    return _costly(pattern)
+    return costly_problem(pattern)
 
 
 @dataclass
@@ -70,8 +70,9 @@ class _Group:
     repeats: bool = False  # a quantifier that repeats (*, +, {n,} or {n,m} with m > 1) applies inside
 
 
-def _costly(pattern: str) -> str | None:
-    """Backreferences and nested quantifiers (module doc), found by one scan of a pattern that compiles."""
+def costly_problem(pattern: str) -> str | None:
+    """Backreferences and nested quantifiers (module doc), found by one scan of a pattern that compiles:
+    what makes a regex from a spec take exponential time, wherever it runs (also `dynamicRoute.pattern`)."""
     groups = [_Group()]
     closed: _Group | None = None  # the group that ended just before this position, if any
     i = 0
