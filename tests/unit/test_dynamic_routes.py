@@ -76,6 +76,8 @@ def test_a_dynamic_route_is_accepted_with_its_defaults() -> None:
         ({"from": "Topic", "pattern": "(a)(b)"}, ["pattern", "2 groups; use one"]),
         ({"from": "Topic", "pattern": "^(a+)+$"}, ["pattern", "nested quantifiers"]),
         ({"from": "Topic", "pattern": r"^(x)-\1$"}, ["pattern", "backreferences"]),
+        ({"from": "Topic", "pattern": r"^(?P<t>\w+)$"}, ["pattern", "'(?P' is Python's syntax"]),
+        ({"from": "Topic", "pattern": r"(?a)^(\w+)$"}, ["pattern", "'(?a' is Python's syntax"]),
         ({"from": "Topic", "maxTables": MAX_DYNAMIC_TABLES + 1}, ["maxTables", str(MAX_DYNAMIC_TABLES)]),
         ({"from": "Topic", "maxTables": 0}, ["maxTables"]),
         ({"from": "Field", "name": "nope"}, ["dynamicRoute.name", "'nope' is not a field", "kind"]),

@@ -129,6 +129,11 @@ QUOTED_CHARS = 64
 #: The table property a created table carries: the table (`spec.table`) whose dynamic route made it. A
 #: restart finds its dynamic tables by it (`icefall.catalog.tables.dynamic_route_tables`).
 DYNAMIC_OWNER_PROPERTY = "icefall.dynamic-route-of"
+
+#: Constructs Python's `re` accepts but Java's `Pattern` (what Spark's `regexp_extract` runs) does not, or
+#: reads otherwise: named groups and backreferences `(?P...)`, conditionals, comments, the flags a, L and u.
+_PYTHON_ONLY = re.compile(r"(?<!\\)\(\?(?:P|\(|#|[imsx-]*[aLu])")
+
 #: How a dynamic route's dead-letter reasons start (`icefall.ingest.routes`).
 DYNAMIC_REASON_PREFIX = "dynamic route: "
 
@@ -160,7 +165,8 @@ class DynamicRoute(ApiModel):
         min_length=1,
         max_length=512,
         description=(
-            "Optional regex searched in the value; its first group (or the whole match when it has no group) "
+            "Optional regex (the syntax Java and Python share: Spark runs it) searched in the value; its "
+            "first group (or the whole match when it has no group) "
             "becomes the value, e.g. '^dbserver1\\.inventory\\.(.+)$' for a Debezium topic. No match: the "
             "record has no name and goes where spec.unrouted says."
         ),
@@ -250,6 +256,11 @@ def dynamic_route_problems(route: DynamicRoute) -> list[str]:
         else:
             if (costly := costly_problem(route.pattern)) is not None:
                 problems.append(f"pattern: {costly}")
+            if (python_only := _PYTHON_ONLY.search(route.pattern)) is not None:
+                problems.append(
+                    f"pattern: {python_only.group(0)!r} is Python's syntax, not Java's (Spark runs the "
+                    "pattern): use a plain group, '(?:...)' or the inline flags i, m, s, x"
+                )
             if compiled.groups > 1:
                 problems.append(
                     f"pattern: {route.pattern!r} has {compiled.groups} groups; use one (the value)"
