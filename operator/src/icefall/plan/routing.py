@@ -21,11 +21,15 @@ the range of the batch that created it, like any destination that never committe
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from icefall.api.base import IDENTIFIER_PATTERN
 from icefall.api.routes import DYNAMIC_REASON_PREFIX, QUOTED_CHARS
+
+if TYPE_CHECKING:
+    from icefall.api import StreamingTable
 
 #: Longest table name a dynamic route creates (as a route table's `name`).
 MAX_NAME_CHARS = 255
@@ -148,3 +152,19 @@ def dynamic_names(
             new.append(name)
             count += 1
     return DynamicNames(tuple(new), refused)
+
+
+def dynamic_candidate(st: StreamingTable, identifier: Sequence[str]) -> bool:
+    """Whether `identifier` may be a table `st`'s dynamic route made: in its namespace, named by its
+    template around a value, and no table `st` writes otherwise. Whether it is one is its owner property's
+    to say (`icefall.catalog.tables.owned_dynamic_tables`)."""
+    route = st.spec.dynamic_route
+    if route is None or tuple(identifier[:-1]) != st.dynamic_namespace:
+        return False
+    name = identifier[-1]
+    return (
+        len(name) > len(route.prefix) + len(route.suffix)
+        and name.startswith(route.prefix)
+        and name.endswith(route.suffix)
+        and name not in st.dynamic_reserved
+    )
