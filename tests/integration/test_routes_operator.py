@@ -233,8 +233,9 @@ def test_purge_drops_a_route_table_only_with_its_recorded_uuid(tmp_path: Path) -
 def test_icefall_status_shows_each_destination_from_its_own_offsets(
     kafka: KafkaBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`icefall status` of a routed table lists every table it writes, each one's lag from its own
-    committed offsets against the topic's end (a route table left behind by a crash shows more)."""
+    """`icefall status` of a routed table lists every table it writes (a table its dynamic route made
+    too), each one's lag from its own committed offsets against the topic's end (a route table left
+    behind by a crash shows more)."""
     import json
 
     from confluent_kafka import Producer
@@ -255,13 +256,16 @@ def test_icefall_status_shows_each_destination_from_its_own_offsets(
     catalog = CatalogConfig.for_table(st.spec).pyiceberg()
     table = ensure_tables(catalog, st).table
     clicks, _ = ensure_route_tables(catalog, st)  # views: never committed
+    made = ensure_dynamic_table(catalog, st, "dyn_a")
+    assert made is not None
     now_ms = int(datetime.now(UTC).timestamp() * 1000)
     commit_like_ingestion(table, {0: 5}, now_ms)
     commit_like_ingestion(clicks, {0: 6}, now_ms)
+    commit_like_ingestion(made, {0: 4}, now_ms)
     capsys.readouterr()
     assert cli.main(["status", "-f", str(manifest), "-o", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     lags = {row["table"]: row["lagRecords"] for row in report["tables"]}
-    assert lags == {"it.shown": 2, "it.clicks": 1, "it.views": 7}, report["tables"]
+    assert lags == {"it.shown": 2, "it.clicks": 1, "it.views": 7, "it.dyn_a": 3}, report["tables"]
     assert cli.main(["status", "-f", str(manifest)]) == 0
     assert "it.clicks" in capsys.readouterr().out
