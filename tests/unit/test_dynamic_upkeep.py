@@ -8,7 +8,8 @@ without a dynamic route has none; `status.tableCount` counts the tables the driv
 made, whatever the report's age; the driver's report lists each dynamic table with the others and counts
 them; the purge Job names the recorded uuid of each reported dynamic table but never one of a table the
 route cannot have made; compaction finds the dynamic tables again at its interval, keeps the last list when
-the catalog does not answer, and lets them take their turns after the static tables.
+the catalog does not answer, and lets them take their turns after the static tables; a dynamic table's
+item takes the shared work Lease its table and key hash to (the tables spread over the pool).
 """
 
 from __future__ import annotations
@@ -224,3 +225,47 @@ def test_compaction_finds_the_dynamic_tables_again_and_they_take_their_turns() -
     down, now[0] = False, 200.0
     catalog.remove(("shop", "ev_view"))
     assert not runner.step().ran and dynamic.current() == [made[("shop", "ev_buy")]]  # dropped: no runner
+
+
+def test_a_dynamic_tables_item_takes_the_shared_work_lease_of_its_table_and_key() -> None:
+    from pathlib import Path
+
+    from icefall.catalog import CatalogConfig
+    from icefall.compact.worker import ItemResult, Outcome
+    from icefall.plan.maintenance import work_key
+    from icefall.plan.maintenance_items import ExpireSnapshots, MaintenancePolicy, WorkItem
+
+    shared = dynamic_route_leases(st())
+    assert shared is not None
+    item = ExpireSnapshots(older_than_ms=0, retain_last=1, keep_ids=(2,), expire_ids=(1,))
+    claimed: list[str] = []
+
+    class Lease:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def acquire(self, timeout: float | None = None) -> int:
+            claimed.append(self.name)
+            return 1
+
+        def renew(self) -> None:
+            pass
+
+        def release(self, *, forget: bool = False) -> None:
+            pass
+
+    class Planned(MaintenanceRunner):
+        def plan(self, now_ms: int | None = None) -> tuple[WorkItem, ...]:
+            return (item,)
+
+    def done(spark: Any, catalog: Any, identifier: Any, item: WorkItem) -> ItemResult:
+        return ItemResult("ExpireSnapshots", Outcome.DONE, "ok", 0.1)
+
+    tables, catalog = [f"ev_{i}" for i in range(8)], CatalogConfig.embedded(Path("/nonexistent"))
+    for name in tables:
+        Planned(
+            cast(Any, None), catalog, ("shop", name), MaintenancePolicy(), cast(Any, Lease),
+            table_leases=shared, runner=done, work_scope=f"shop.{name}/",
+        ).step()  # fmt: skip
+    assert claimed == [shared.work_for(f"shop.{name}/{work_key(item)}") for name in tables]
+    assert set(claimed) <= set(shared.work) and len(set(claimed)) > 1  # the tables spread over the pool
