@@ -104,13 +104,16 @@ def cap_full_from(tables: Sequence[DynamicTable], max_tables: int) -> dict[int, 
 
 
 def found_tables(catalog: Catalog, st: StreamingTable) -> tuple[list[tuple[str, Table]], set[str]]:
-    """The tables of the route's namespace whose owner property names spec.table (sorted by name), and the
-    names of the others: one list of the namespace and one load per table."""
+    """The tables of the route's namespace whose name fits `nameTemplate` (a computed name always does)
+    and whose owner property names spec.table (sorted by name), and the names of the others that fit it:
+    one list of the namespace and one load per table that fits."""
     from pyiceberg.exceptions import NoSuchNamespaceError
 
     from icefall.api.routes import DYNAMIC_OWNER_PROPERTY
     from icefall.catalog.tables import dynamic_owner
 
+    route = st.spec.dynamic_route
+    assert route is not None
     namespace = st.dynamic_namespace
     try:
         listed = catalog.list_tables(namespace)
@@ -118,12 +121,16 @@ def found_tables(catalog: Catalog, st: StreamingTable) -> tuple[list[tuple[str, 
         return [], set()
     owner = dynamic_owner(st)
     owned, others = [], set()
+    fixed = len(route.prefix) + len(route.suffix)
     for identifier in sorted(listed):
+        name = identifier[-1]
+        if len(name) < fixed or not (name.startswith(route.prefix) and name.endswith(route.suffix)):
+            continue
         table = catalog.load_table(identifier)
         if table.properties.get(DYNAMIC_OWNER_PROPERTY) == owner:
-            owned.append((identifier[-1], table))
+            owned.append((name, table))
         else:
-            others.add(identifier[-1])
+            others.add(name)
     return owned, others
 
 
