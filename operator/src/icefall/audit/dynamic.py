@@ -73,14 +73,14 @@ def name_fates(
 ) -> list[NameFate]:
     """The fate of each distinct computed name (module docstring), sorted by name."""
     by_name = {t.name: t for t in tables}
-    count = max(max_tables, len(tables))  # the cap is full whenever a name is refused past it
     fates = []
     for name in sorted(set(names)):
         always = name_refusal(name, reserved)
         if always is not None:
             fates.append(NameFate(name, always))
             continue
-        past_cap = past_cap_reason(name, count, max_tables)
+        # Refused past the cap: exactly `max_tables` existed then (the writer creates up to the cap).
+        past_cap = past_cap_reason(name, max_tables, max_tables)
         table = by_name.get(name)
         if table is not None:
             fates.append(NameFate(name, past_cap, table=table.index, since=dict(table.since)))
