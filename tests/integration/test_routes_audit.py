@@ -8,7 +8,14 @@ route's commit): the audit by content finds every destination right, each up to 
 while the others stay OK; `read --table` reads each destination plus the records past its own offsets routed
 to it — exactly the records whose content names that table — and refuses a table it does not write, naming
 the choices. With `unrouted: DeadLetter`, an unrouted record must be a dead letter with the unrouted reason:
-a malformed record's dead letter given that reason is wrong.
+a malformed record's dead letter given that reason is wrong. A dynamic route (`spec.dynamicRoute`): each
+table it created is audited from the batch that created it, a clean run verifies with nothing duplicated,
+missing or wrong, each refused name's records are dead letters with the writer's reason (not an identifier,
+the dead-letter table's name, a table the route did not create until the cap was full, past the cap after);
+`read --table` reads a created table and spec.table each with the tail the writer routes there; a row
+deleted from a created table is missing there, a row copied into another in the wrong table there, a dead
+letter given another refusal's reason wrong under spec.table, and a table made by hand with the owner
+property but never committed is noted.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The audit of a routed table (`spec.routes`): every committed record in exactly one destination.
+"""The audit of a routed table (`spec.routes`, `spec.dynamicRoute`): every committed record in exactly one
+destination.
 
 A routed StreamingTable writes one topic into several tables: each record goes to the first route whose
 condition holds, else to `spec.table` (`unrouted: Table`) or to the dead-letter table with
@@ -14,6 +15,13 @@ be (GOOD, FILTERED by `spec.transforms.filter`, DEAD_LETTER for `spec.table`'s d
 other record as ELSEWHERE: a row of such a record is reported as in the wrong table (`wrong_table`), and its
 absence is not missing. A dead letter's digest also covers whether its error is `UNROUTED_REASON`, so an
 unrouted record must be a dead letter with that reason, and a malformed one without it.
+
+A dynamic route (`spec.dynamicRoute`): its tables are found in the catalog by their owner property, each a
+destination after the routes', audited from the offsets it starts at (the batch that created it) up to its
+own committed ones. `Routing.routed` computes each record's name, and `icefall.audit.dynamic` gives each
+name its fate: a created table from its start offsets on, else a dead letter whose digest covers the
+writer's exact reason (`reason_prefix`). A created table none of whose audited records goes to it is
+reported (`RoutedAuditReport.problems`); one never committed is noted.
 
 Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
 schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
