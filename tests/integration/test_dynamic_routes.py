@@ -10,8 +10,8 @@ with no name go to spec.table, malformed ones to the dead letters, each record e
 committed to the topic's end and read by the driver's meter for its status report; a restarted writer
 finds its four tables in the catalog before any batch and keeps filling them; `icefall run` killed after
 creating tables (before any commit) and between two dynamic tables' commits, then run to the end, leaves
-each table exactly its records; a recreated topic is reset by `icefall reset-offsets` in every dynamic
-table too, each then taking the new topic's records.
+each table exactly its records (and `icefall verify` says so, table by table); a recreated topic is reset
+by `icefall reset-offsets` in every dynamic table too, each then taking the new topic's records.
 """
 
 from __future__ import annotations
@@ -224,6 +224,16 @@ def test_kills_after_creating_and_between_dynamic_tables_commits_leave_each_tabl
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "holds the whole batch already" in finished.stderr, "the tables ahead skipped the batch they held"
     assert_routed(CatalogConfig.embedded(state), name, kafka, topic)
+    # `icefall verify` audits each created table by content, each up to its own offsets, against the writer's
+    # own routing: the same verdict as the content check above.
+    verified = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "verify", "-f", str(manifest), "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    for table in TABLES:
+        assert f"[dynamicRoute:{name}_{table}] {NAMESPACE}.{name}_{table} " in verified.stdout, table
+    assert verified.stdout.rstrip().endswith("routed table, 5 destinations: OK"), verified.stdout[-2000:]
 
 
 def test_a_recreated_topic_is_reset_in_every_dynamic_table(
