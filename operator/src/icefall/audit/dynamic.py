@@ -104,16 +104,15 @@ def cap_full_from(tables: Sequence[DynamicTable], max_tables: int) -> dict[int, 
 
 
 def found_tables(catalog: Catalog, st: StreamingTable) -> tuple[list[tuple[str, Table]], set[str]]:
-    """The tables of the route's namespace whose name fits `nameTemplate` (a computed name always does)
-    and whose owner property names spec.table (sorted by name), and the names of the others that fit it:
-    one list of the namespace and one load per table that fits."""
-    from pyiceberg.exceptions import NoSuchNamespaceError
+    """The tables that may be the route's (`icefall.plan.routing.dynamic_candidate`: a computed name always
+    fits its template) whose owner property names spec.table, sorted by name, and the names of the other
+    candidates: one list of the namespace and one load per candidate."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
     from icefall.api.routes import DYNAMIC_OWNER_PROPERTY
     from icefall.catalog.tables import dynamic_owner
+    from icefall.plan.routing import dynamic_candidate
 
-    route = st.spec.dynamic_route
-    assert route is not None
     namespace = st.dynamic_namespace
     try:
         listed = catalog.list_tables(namespace)
@@ -121,12 +120,14 @@ def found_tables(catalog: Catalog, st: StreamingTable) -> tuple[list[tuple[str, 
         return [], set()
     owner = dynamic_owner(st)
     owned, others = [], set()
-    fixed = len(route.prefix) + len(route.suffix)
     for identifier in sorted(listed):
         name = identifier[-1]
-        if len(name) < fixed or not (name.startswith(route.prefix) and name.endswith(route.suffix)):
+        if not dynamic_candidate(st, (*namespace, name)):
             continue
-        table = catalog.load_table(identifier)
+        try:
+            table = catalog.load_table((*namespace, name))
+        except NoSuchTableError:  # dropped meanwhile
+            continue
         if table.properties.get(DYNAMIC_OWNER_PROPERTY) == owner:
             owned.append((name, table))
         else:
