@@ -47,8 +47,9 @@ the containers' own draw from the pod template, not a kubelet hook at each start
 once the pipeline is up and off once the kills are done (a spec roll each: setup and the final audit run
 unarmed), and a container that starts during a fault may be armed too (the hook never armed those); the
 kubelet restarts a killed compaction container in place under its CrashLoopBackOff (10 s, doubling to
-5 min, reset after 10 min of running), so repeated compaction kills wait that long (the operator restarts
-the driver as a new Pod, with its own short backoff); kills are read from Pod statuses, not from the
+5 min, reset after 10 min of running), so a compaction Pod that waits in it is deleted and its Deployment
+replaces it at once (repeated kills in place would wait 5 min each; the operator restarts the driver as
+a new Pod, with its own short backoff); kills are read from Pod statuses, not from the
 kubelet's records; the second writer is a Pod, not a host process.
 
 Infrastructure faults (e2e/chaos_infra.py), at least a third of all faults (`ICEFALL_CHAOS_INFRA_FAULTS`,
@@ -319,6 +320,20 @@ class PodWatch:
     def pod(self, name: str) -> Obj | None:
         with self.lock:
             return self.pods.get(name)
+
+    def backing_off(self, component: str) -> list[str]:
+        """The component's Pods whose container waits out the kubelet's CrashLoopBackOff."""
+        with self.lock:
+            pods = list(self.pods.values())
+        return [
+            pod["metadata"]["name"]
+            for pod in pods
+            if component_of(pod["metadata"]["name"]) == component
+            and any(
+                (status.get("state") or {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
+                for status in (pod.get("status") or {}).get("containerStatuses") or []
+            )
+        ]
 
     def _watch(self) -> None:
         version: str | None = None
@@ -684,6 +699,17 @@ class Chaos:
                     deadline[container.cid] = max(container.seen + after, time.monotonic())
                 if time.monotonic() >= deadline[container.cid]:
                     self.sigkill(container)
+            if component == "compaction":
+                self.replace_backing_off(component)
+
+    def replace_backing_off(self, component: str) -> None:
+        """Delete a Pod that waits out CrashLoopBackOff: its Deployment replaces it at once. After a few
+        kills in place the kubelet waits 5 min before each restart, which would stretch the run by hours
+        and test the kubelet, not Icefall (its exit was already seen in the Pod's status)."""
+        for name in self.pods.backing_off(component):
+            with contextlib.suppress(ApiException):
+                self.pods.core.delete_namespaced_pod(name, self.namespace)
+                self.note(f"{name}: in CrashLoopBackOff; deleted, its Deployment replaces it")
 
     def operator_killer(self) -> None:
         rng = random.Random(f"{SEED}-operator")
