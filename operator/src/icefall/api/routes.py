@@ -1,4 +1,4 @@
-"""Routes: one topic into several tables. Static routes (`spec.routes`) send each record to the first route
+"""Routes: a source's records (one topic, `topics` or `topicPattern`; any format) into several tables. Static routes (`spec.routes`) send each record to the first route
 whose condition holds; a dynamic route (`spec.dynamicRoute`) computes a table name from each record the
 static routes leave; `spec.unrouted` says where the records no route takes go.
 

@@ -16,6 +16,10 @@ dropped unless the commit landed; a route table behind `spec.table` stops the wr
 reader may see a route table ahead of another for the time between their commits); pipelining (a routed
 table commits each batch before the next is read).
 
+Several topics (`spec.source.topics`, `topicPattern`): each destination takes its part per topic
+(`icefall.plan.routing.destination_takes`) and commits it as a `TopicsBatch`. Conditions see the decoded
+value's fields as the batch decodes them (a registry format's: the table's columns now).
+
 Dynamic routes (`spec.dynamicRoute`): `routed` also adds the name each good record no static route takes
 computes (`NAME_COLUMN`). `write` counts the batch's names first (one job over the cached batch, its
 observation with it), sorts them (`icefall.plan.routing.dynamic_names`), creates the new tables (`create`:
