@@ -4,7 +4,8 @@ test stack's schema registry, audited by content (each record's topic and value 
 Proves: two topics (`source.topics`) routed to two static tables (one by a value field, one by the topic)
 plus the unrouted default, each record exactly once in its table across a crash between two destinations'
 commits and a restart, every destination committed per topic to each topic's end, `icefall verify`
-agreeing per destination and topic, and a recreated topic reset by `icefall reset-offsets` in every
+agreeing per destination and topic, `icefall read --table` giving a route table plus the tail its
+records would come from (cut per topic), and a recreated topic reset by `icefall reset-offsets` in every
 destination for that topic alone; a `topicPattern` with `dynamicRoute from: Topic` gives a table per topic,
 a topic created while the writer runs getting its own table from its first record; Avro records through
 the registry routed by a decoded value field, the batch that meets a new writer schema written again into
@@ -33,6 +34,7 @@ from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.ingest.engine import BatchReport, SourceChangedError
+from icefall.ingest.union_read import union_read
 from icefall.runtime import failpoints, metrics
 from icefall.testing.streams import (
     NAMESPACE,
@@ -142,6 +144,16 @@ def test_two_topics_into_two_routes_and_the_default_exactly_once_across_a_crash(
     report = verify_table(st, catalog_config, spark=spark)
     assert report.ok, report.render()
     assert all(set(d.report.topic.split(", ")) == {a, b} for d in report.destinations), report.render()
+
+    # `icefall read --table`: a route table plus the tail of each topic its records would come from.
+    held_b = ids_of(catalog_config, f"{name}_b")
+    produce(kafka, b, 200, 7)
+    with union_read(st, catalog_config, spark=spark, table_name=f"{NAMESPACE}.{name}_b") as fresh:
+        ids = [r["id"] for r in fresh.frame.select("id").collect()]
+    assert sorted(ids) == sorted(held_b | {i for i in range(200, 207) if i % 7 not in (0, 1)})
+    assert fresh.cut.topics[b] == {0: (40, 47)} and fresh.cut.topics[a] == {
+        p: (e, e) for p, e in watermarks(kafka, a).items()
+    }
 
     # Topic b deleted and created again: reset in every destination for b alone, then each takes its records.
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
