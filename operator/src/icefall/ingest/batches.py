@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from icefall.api import StreamingTableSpec
+    from icefall.catalog.evolution import Evolution
     from icefall.commit import CommittedState, SourceBatch, Stage
     from icefall.ingest.commits import CommitPipeline, InFlight
     from icefall.ingest.dead_letters import DeadLetters
@@ -277,13 +278,13 @@ class Batches:
             )
             if evolution.changes:
                 self.schemas.committed(evolution)
+        columns = self.table.schema()
         for route_table in self.writer.routing.tables if self.writer.routing is not None else []:
-            # The route tables hold the table's columns: the same fields added.
-            if self.schemas.evolution(route_table.schema(), writers).changes:
-                evolve_schema(
-                    route_table, lambda schema: self.schemas.evolution(schema, writers), self.commits.epoch
-                )
-        return self.table.schema()
+            # The route tables hold the table's columns (every field it has, whichever writer schema or
+            # spec added it, also one a table created or added later never met): the same fields added.
+            if _following(route_table.schema(), columns).changes:
+                evolve_schema(route_table, lambda schema: _following(schema, columns), self.commits.epoch)
+        return columns
 
     def _land_below(self, flight: InFlight) -> LandedBelow:
         """Wait for the commit in flight below this batch: how it ended, its report, its error."""
@@ -371,6 +372,16 @@ class Batches:
                 if dropped:
                     metrics.STAGES_DROPPED.labels(".".join(table.name())).inc(len(dropped))
                     log.info("%s: dropped staging branches left by the outage: %s", self.label, dropped)
+
+
+def _following(schema: Schema, columns: Schema) -> Evolution:
+    """What a route table (`schema`) must change to hold the table's `columns`."""
+    from icefall.catalog.evolution import plan_evolution
+    from icefall.ingest.schemas import OWN_COLUMNS
+
+    return plan_evolution(
+        schema, columns, source="the table's columns", relax_required=True, last=OWN_COLUMNS
+    )
 
 
 def _facts(written: WrittenBatch) -> Written:
