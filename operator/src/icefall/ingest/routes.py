@@ -252,7 +252,10 @@ class Routing:
         route = F.col(ROUTE_COLUMN)
         try:
             if self.dynamic is not None:
-                route = self._resolve(cached)  # its first job: the batch and its observation computed once
+                # The batch and its observation computed once, by a count: the names' groupBy as the first
+                # job loses an observation that holds arrays (a registry format's schema ids).
+                cached.count()
+                route = self._resolve(cached)
                 stages = [*stages, *self.created]
             if self.unrouted is Unrouted.TABLE:
                 append_to(rows_of(cached.where(self._unrouted(route))), *main)
