@@ -7,10 +7,11 @@ around it; null when the pattern does not match or the condition is false); one 
 types fills four tables created on first use (the owner property set), a type whose name is not an
 identifier and one more type past `maxTables` are dead letters with reasons quoting the name, records
 with no name go to spec.table, malformed ones to the dead letters, each record exactly once, every table
-committed to the topic's end; a restarted writer finds its four tables in the catalog before any batch
-and keeps filling them; `icefall run` killed after creating tables (before any commit) and between two
-dynamic tables' commits, then run to the end, leaves each table exactly its records; a recreated topic
-is reset by `icefall reset-offsets` in every dynamic table too, each then taking the new topic's records.
+committed to the topic's end and read by the driver's meter for its status report; a restarted writer
+finds its four tables in the catalog before any batch and keeps filling them; `icefall run` killed after
+creating tables (before any commit) and between two dynamic tables' commits, then run to the end, leaves
+each table exactly its records (and `icefall verify` says so, table by table); a recreated topic is reset
+by `icefall reset-offsets` in every dynamic table too, each then taking the new topic's records.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from icefall.api.routes import DYNAMIC_OWNER_PROPERTY
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
+from icefall.ingest.table_meter import TableMeter
 from icefall.runtime import failpoints
 from icefall.testing.streams import (
     NAMESPACE,
@@ -172,6 +174,14 @@ def test_one_topic_into_a_table_per_type_created_on_first_use_exactly_once(
     catalog = catalog_config.pyiceberg()
     click = catalog.load_table((NAMESPACE, f"{name}_click"))
     assert click.properties[DYNAMIC_OWNER_PROPERTY] == f"{NAMESPACE}.{name}"
+    # The driver's meter reads each of them for its status report (`status.tables`, `dynamicTables`).
+    reading = TableMeter(st, catalog_config).read_once()
+    assert reading is not None and reading.dynamic_route
+    dynamic = {r.table: r for r in reading.routes if r.dynamic}
+    assert sorted(dynamic) == [f"{NAMESPACE}.{name}_{t}" for t in TABLES]
+    assert dynamic[f"{NAMESPACE}.{name}_click"].table_uuid == str(click.metadata.table_uuid)
+    high = watermarks(kafka, topic)
+    assert all(r.facts.committed_offsets == high for r in dynamic.values())
 
     produce_events(kafka, topic, 140, 40)
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
@@ -214,6 +224,16 @@ def test_kills_after_creating_and_between_dynamic_tables_commits_leave_each_tabl
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "holds the whole batch already" in finished.stderr, "the tables ahead skipped the batch they held"
     assert_routed(CatalogConfig.embedded(state), name, kafka, topic)
+    # `icefall verify` audits each created table by content, each up to its own offsets, against the writer's
+    # own routing: the same verdict as the content check above.
+    verified = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "verify", "-f", str(manifest), "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    for table in TABLES:
+        assert f"[dynamicRoute:{name}_{table}] {NAMESPACE}.{name}_{table} " in verified.stdout, table
+    assert verified.stdout.rstrip().endswith("routed table, 5 destinations: OK"), verified.stdout[-2000:]
 
 
 def test_a_recreated_topic_is_reset_in_every_dynamic_table(

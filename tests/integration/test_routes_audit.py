@@ -8,7 +8,14 @@ route's commit): the audit by content finds every destination right, each up to 
 while the others stay OK; `read --table` reads each destination plus the records past its own offsets routed
 to it — exactly the records whose content names that table — and refuses a table it does not write, naming
 the choices. With `unrouted: DeadLetter`, an unrouted record must be a dead letter with the unrouted reason:
-a malformed record's dead letter given that reason is wrong.
+a malformed record's dead letter given that reason is wrong. A dynamic route (`spec.dynamicRoute`): each
+table it created is audited from the batch that created it, a clean run verifies with nothing duplicated,
+missing or wrong, each refused name's records are dead letters with the writer's reason (not an identifier,
+the dead-letter table's name, a table the route did not create until the cap was full, past the cap after);
+`read --table` reads a created table and spec.table each with the tail the writer routes there; a row
+deleted from a created table is missing there, a row copied into another in the wrong table there, a dead
+letter given another refusal's reason wrong under spec.table, and a table made by hand with the owner
+property but never committed is noted.
 """
 
 from __future__ import annotations
@@ -171,3 +178,100 @@ def test_an_unrouted_record_is_a_dead_letter_with_the_unrouted_reason(
     broken = verified(st, catalog_config, spark).destination("spec.table")
     assert not broken.ok and broken.wrong == 1
     assert broken.partition(0).wrong_examples == (offset,)
+
+
+#: Record i's `customer` (the dynamic route's field): two tables from the start, a name that is not an
+#: identifier, the dead-letter table's name, a table the route did not create, one past `maxTables` 3, no
+#: name; from offset 21 on a new table too, sorted before the one the route did not create (which then
+#: is past the cap: the writer counts the refused creation in its batch).
+EARLY = ("a", "b", "bad-x", "dlq", "hand", "zz", None)
+LATE = ("a", "b", "bad-x", "dlq", "hand", "zz", None, "c")
+
+
+def customer(i: int) -> str | None:
+    kinds = EARLY if i < 21 else LATE
+    return kinds[i % len(kinds)]
+
+
+def produce_named(kafka: KafkaBroker, topic: str, start: int, count: int) -> None:
+    """Records `start..start+count-1` of `customer(i)`, keyed by id; every 10th (from 9) malformed."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for i in range(start, start + count):
+        value = {"id": i, "customer": customer(i), "amount": 1.5, "ts": "2026-11-22T10:00:00Z"}
+        producer.produce(topic, key=str(i), value="{not json" if i % 10 == 9 else json.dumps(value))
+    assert producer.flush(60) == 0
+
+
+def test_verify_and_read_the_tables_a_dynamic_route_created(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+
+    from icefall.api.routes import DYNAMIC_OWNER_PROPERTY
+    from icefall.plan.routing import not_created_reason
+
+    name, topic = "routes_audit_dyn", "it-routes-audit-dyn"
+    kafka.create_topic(topic, partitions=1)
+    text = manifest_text(name, topic, kafka.bootstrap, batch={"maxRecords": 100, "minIntervalSeconds": 0})
+    route = f'{{from: Field, name: customer, nameTemplate: "{name}_{{value}}", maxTables: 3}}'
+    st = load_manifest(f"{text}  dynamicRoute: {route}\n")
+    catalog = catalog_config.pyiceberg()
+    catalog.create_namespace_if_not_exists(NAMESPACE)
+    blank = pa.schema([pa.field("x", pa.int64())])
+    catalog.create_table((NAMESPACE, f"{name}_hand"), schema=blank)  # no owner property: never written
+    produce_named(kafka, topic, 0, 21)
+    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+        drain(ingestor)  # one batch: a and b created, hand refused (not created), zz past the cap
+        produce_named(kafka, topic, 21, 32)
+        drain(ingestor)  # one batch: c created, hand and zz past the cap
+    produce_named(kafka, topic, 53, 16)  # past every table's offsets: the tail of a read
+    tables = {k: catalog.load_table((NAMESPACE, f"{name}_{k}")) for k in ("a", "b", "c")}
+    assert read_committed(tables["c"]).start_offsets == {0: 21}, "created by the second batch"
+
+    report = verified(st, catalog_config, spark)
+    assert report.ok, report.render()
+    labels = [d.destination for d in report.destinations]
+    assert labels == ["spec.table", *(f"dynamicRoute:{name}_{k}" for k in ("a", "b", "c"))]
+    for d in report.destinations:
+        counts = [(p.duplicates, p.missing, p.wrong, p.wrong_table) for p in d.report.partitions]
+        assert counts == [(0, 0, 0, 0)] and d.report.content_checked, d.destination
+    main = report.destination("spec.table").partition(0)
+    refused = ("bad-x", "dlq", "hand", "zz")
+    assert main.in_dlq == sum(1 for i in range(53) if i % 10 == 9 or customer(i) in refused)
+    assert main.in_table == sum(1 for i in range(53) if i % 10 != 9 and customer(i) is None)
+    assert report.destination(f"dynamicRoute:{name}_c").partition(0).start == 21
+    dlq = catalog.load_table((NAMESPACE, f"{name}_dlq")).scan().to_arrow()
+    reasons = {r["offset"]: r["error"] for r in dlq.select(["offset", "error"]).to_pylist()}
+    assert reasons[4] == not_created_reason(f"{name}_hand") and "past maxTables 3" in reasons[28]
+
+    # read: a created table, and spec.table (no record that computes a name), each with its tail.
+    for kind in ("c", None):
+        table_name = f"{NAMESPACE}.{name}" + (f"_{kind}" if kind else "")
+        want = [i for i in range(69) if i % 10 != 9 and customer(i) == kind]
+        with union_read(st, catalog_config, spark=spark, table_name=table_name) as result:
+            assert sorted(r["id"] for r in result.frame.select("id").collect()) == want, table_name
+    with pytest.raises(ReadError, match=rf"{NAMESPACE}.{name}_b, {NAMESPACE}.{name}_c$"):
+        union_read(st, catalog_config, spark=spark, table_name=f"{NAMESPACE}.{name}_hand")
+
+    # A row deleted from one created table, a row of another copied into it, a dead letter's reason
+    # changed, a table made by hand with the owner property: each reported where it is.
+    a_id = tables["a"].scan().to_arrow().column("id")[0].as_py()
+    tables["a"].delete(EqualTo("id", a_id))
+    copied = tables["b"].scan(row_filter=EqualTo("id", 33)).to_arrow()  # offset 33: past c's start
+    assert copied.num_rows == 1
+    tables["c"].append(copied)
+    wrong_reason = not_created_reason(f"{name}_zz")
+    spark.sql(
+        f'UPDATE {catalog_config.name}.{NAMESPACE}.{name}_dlq SET error = "{wrong_reason}" WHERE offset = 28'
+    )
+    owner = {DYNAMIC_OWNER_PROPERTY: f"{NAMESPACE}.{name}"}
+    catalog.create_table((NAMESPACE, f"{name}_ghost"), schema=blank, properties=owner)
+    broken = verified(st, catalog_config, spark)
+    assert not broken.ok
+    a, b, c = (broken.destination(f"dynamicRoute:{name}_{k}") for k in ("a", "b", "c"))
+    assert (a.missing, a.wrong, a.wrong_table) == (1, 0, 0), broken.render()
+    assert b.ok and (c.wrong_table, c.partition(0).wrong_table_examples) == (1, (33,)), broken.render()
+    assert broken.destination("spec.table").partition(0).wrong_examples == (28,), broken.render()
+    assert any(f"{NAMESPACE}.{name}_ghost" in note for note in broken.notes), broken.render()

@@ -2,15 +2,19 @@
 
 Proves, with the operator in a subprocess against a real kube-apiserver + etcd and a real SQLite catalog
 (the driver's side played by its meter and reporter, under its own ServiceAccount):
-- `status.tables` lists spec.table and each route's table, each with the lag from its own committed
-  offsets (a route table left behind by a crash shows its own, larger lag and its own freshness), its last
-  commit and snapshot; `status.tableCount` and the `Tables` printer column say how many tables it writes;
+- `status.tables` lists spec.table, each route's table and the table the dynamic route made, each with the
+  lag from its own committed offsets (a route table left behind by a crash shows its own, larger lag and
+  its own freshness), its last commit and snapshot; `status.tableCount` and the `Tables` printer column
+  say how many tables it writes (the dynamic route's as the driver reported them);
 - compaction covers every destination: the operator creates each route table's work and yield Leases
-  (named from that table's identity) and the compaction Role names them;
-- `deletionPolicy: Delete`: the purge Job names each route table's recorded uuid, and drops them all.
+  (named from that table's identity), and the set the dynamic route's tables share, and the compaction
+  Role names them;
+- `deletionPolicy: Delete`: the purge Job names each route table's recorded uuid, and the dynamic
+  table's, and drops them all.
 Without a cluster: `icefall purge -f` drops a route table only with its recorded uuid, keeps one without
-(said), and a wrong uuid drops nothing; `icefall status` (a real Kafka) shows each destination's lag from its
-own committed offsets.
+(said), and a wrong uuid drops nothing; a table the dynamic route made is dropped by its owner property
+(no uuid recorded), one of its template without the property is kept; `icefall status` (a real Kafka)
+shows each destination's lag from its own committed offsets.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from kubernetes import config
 
 from icefall.api import load_manifest, streaming_table_from_object
 from icefall.catalog import CatalogConfig
-from icefall.catalog.tables import ensure_route_tables, ensure_tables
+from icefall.catalog.tables import ensure_dynamic_table, ensure_route_tables, ensure_tables
 from icefall.commit.state import CommittedState
 from icefall.controller.kube import Kube
 from icefall.devstack.kafka import KafkaBroker
@@ -38,7 +42,7 @@ from icefall.devstack.tools import tool_dir
 from icefall.ingest.report import BatchReport
 from icefall.ingest.table_meter import TableMeter
 from icefall.ingest.writer_status import WriterStatusReporter
-from icefall.plan.names import destination_leases
+from icefall.plan.names import destination_leases, dynamic_route_leases
 from icefall.testing.e2e import Operator, wait_for
 from icefall.testing.kubeapi import JsonApi
 
@@ -70,7 +74,7 @@ def operator(
 
 
 def routed(name: str, lake: Path, **spec: Any) -> Obj:
-    """spec.table `it.<name>` and two routes, `it.clicks` and `it.views`."""
+    """spec.table `it.<name>`, two routes, `it.clicks` and `it.views`, and tables `it.dyn_<key>`."""
     catalog = {"name": "lake", "type": "sql", "uri": f"sqlite:///{lake / 'catalog.db'}",
                "warehouse": f"file://{lake / 'warehouse'}"}  # fmt: skip
     return {
@@ -85,6 +89,7 @@ def routed(name: str, lake: Path, **spec: Any) -> Obj:
                 {"table": {"name": "clicks"}, "when": "id > 100"},
                 {"table": {"name": "views"}, "when": "id < 0"},
             ],
+            "dynamicRoute": {"from": "Key", "nameTemplate": "dyn_{value}"},
             **spec,
         },
     }
@@ -126,10 +131,13 @@ def test_status_compaction_and_purge_cover_every_destination(
     catalog = lake.pyiceberg()
     table = ensure_tables(catalog, st).table
     clicks, views = ensure_route_tables(catalog, st)
+    made = ensure_dynamic_table(catalog, st, "dyn_a")
+    assert made is not None
     now_ms = int(datetime.now(UTC).timestamp() * 1000)
-    # A crash between commits: spec.table and clicks hold offset 5, views only 3 (an hour old).
+    # A crash between commits: spec.table, clicks and dyn_a hold offset 5, views only 3 (an hour old).
     landed = commit_like_ingestion(table, {0: 5}, now_ms - 30_000)
     commit_like_ingestion(clicks, {0: 5}, now_ms - 30_000)
+    commit_like_ingestion(made, {0: 5}, now_ms - 30_000)
     behind = commit_like_ingestion(views, {0: 3}, now_ms - 3_600_000)
     api.call("POST", ST, obj)
     wait_for("the driver pod", lambda: api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/events-ingest"))
@@ -147,6 +155,10 @@ def test_status_compaction_and_purge_cover_every_destination(
         path = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{leases.work[0]}"
         wait_for(f"the Lease {leases.work[0]}", lambda p=path: api.get(p))
     assert len({leases.rewrite_yield for leases in destination_leases(st)}) == 3  # one per table identity
+    shared = dynamic_route_leases(st)  # the dynamic route's tables share one set
+    assert shared is not None and {*shared.work, shared.rewrite_yield} <= named
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{shared.work[0]}"
+    wait_for(f"the Lease {shared.work[0]}", lambda: api.get(path))
 
     # The driver's side: its meter reads the three tables, its last batch left 2 records of the topic.
     driver = config.new_client_from_config(config_file=str(kube.kubeconfig))
@@ -162,12 +174,14 @@ def test_status_compaction_and_purge_cover_every_destination(
         return tables if any("lagRecords" in t for t in tables) else None
 
     tables = {t["table"]: t for t in wait_for("status.tables with figures", listed, timeout=30)}
-    assert list(tables) == ["it.events", "it.clicks", "it.views"]
-    assert [tables[t]["lagRecords"] for t in tables] == [2, 2, 4]  # each from its own offsets
+    assert list(tables) == ["it.events", "it.clicks", "it.views", "it.dyn_a"]
+    assert [tables[t]["lagRecords"] for t in tables] == [2, 2, 4, 2]  # each from its own offsets
     assert tables["it.clicks"]["freshnessSeconds"] == 30.0  # holds what spec.table holds
     assert tables["it.views"]["freshnessSeconds"] >= 3600  # behind: from its own newest record
     assert tables["it.views"]["snapshotId"] == behind and tables["it.views"]["lastCommitTime"]
     assert tables["it.events"]["snapshotId"] == landed
+    count = wait_for("tableCount", lambda: (api.get(f"{ST}/events") or {})["status"].get("tableCount") == 4)
+    assert count and printer_columns(kube, "events")["TABLES"] == "4"
 
     # deletionPolicy Delete: the purge Job names every route table's uuid, and drops them all.
     api.call("DELETE", f"{ST}/events")
@@ -175,13 +189,14 @@ def test_status_compaction_and_purge_cover_every_destination(
     job = wait_for("the purge Job", lambda: api.get(f"{jobs}/events-purge"), 30, details=operator.tail)
     (container,) = job["spec"]["template"]["spec"]["containers"]
     command = container["command"]
+    assert [r.table for r in reading.routes] == ["it.clicks", "it.views", "it.dyn_a"]
     for route in reading.routes:
         assert f"{route.table}={route.table_uuid}" in command
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "PYTHONPATH": str(REPO / "operator" / "src")}
     done = subprocess.run([sys.executable, "-m", "icefall.cli", *command[1:]], env=env,
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert not any(catalog.table_exists(("it", name)) for name in ("events", "clicks", "views"))
+    assert not any(catalog.table_exists(("it", name)) for name in ("events", "clicks", "views", "dyn_a"))
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     complete = {"type": "Complete", "status": "True", "lastTransitionTime": now}
     met = {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now}
@@ -201,21 +216,26 @@ def test_purge_drops_a_route_table_only_with_its_recorded_uuid(tmp_path: Path) -
     catalog = CatalogConfig.for_table(st.spec).pyiceberg()
     table = ensure_tables(catalog, st).table
     clicks, _ = ensure_route_tables(catalog, st)
+    assert ensure_dynamic_table(catalog, st, "dyn_a") is not None
+    catalog.create_table(("it", "dyn_b"), table.schema())  # the template's name, no owner property
     uuid, clicks_uuid = str(table.metadata.table_uuid), str(clicks.metadata.table_uuid)
     wrong = "00000000-0000-0000-0000-000000000000"
     base = ["purge", "-f", str(manifest), "--table-uuid", uuid]
     assert main([*base, "--route-table-uuid", f"it.clicks={wrong}"]) == EXIT_REFUSED
-    assert all(catalog.table_exists(("it", name)) for name in ("local", "clicks", "views"))  # none dropped
+    assert all(catalog.table_exists(("it", name)) for name in ("local", "clicks", "views", "dyn_a"))  # none
     assert main([*base, "--route-table-uuid", f"it.clicks={clicks_uuid}"]) == 0
     assert not catalog.table_exists(("it", "local")) and not catalog.table_exists(("it", "clicks"))
     assert catalog.table_exists(("it", "views"))  # no uuid recorded for it: kept
+    assert not catalog.table_exists(("it", "dyn_a"))  # its owner property names this table: dropped
+    assert catalog.table_exists(("it", "dyn_b"))  # not made by the route: never dropped
 
 
 def test_icefall_status_shows_each_destination_from_its_own_offsets(
     kafka: KafkaBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`icefall status` of a routed table lists every table it writes, each one's lag from its own
-    committed offsets against the topic's end (a route table left behind by a crash shows more)."""
+    """`icefall status` of a routed table lists every table it writes (a table its dynamic route made
+    too), each one's lag from its own committed offsets against the topic's end (a route table left
+    behind by a crash shows more)."""
     import json
 
     from confluent_kafka import Producer
@@ -236,13 +256,16 @@ def test_icefall_status_shows_each_destination_from_its_own_offsets(
     catalog = CatalogConfig.for_table(st.spec).pyiceberg()
     table = ensure_tables(catalog, st).table
     clicks, _ = ensure_route_tables(catalog, st)  # views: never committed
+    made = ensure_dynamic_table(catalog, st, "dyn_a")
+    assert made is not None
     now_ms = int(datetime.now(UTC).timestamp() * 1000)
     commit_like_ingestion(table, {0: 5}, now_ms)
     commit_like_ingestion(clicks, {0: 6}, now_ms)
+    commit_like_ingestion(made, {0: 4}, now_ms)
     capsys.readouterr()
     assert cli.main(["status", "-f", str(manifest), "-o", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     lags = {row["table"]: row["lagRecords"] for row in report["tables"]}
-    assert lags == {"it.shown": 2, "it.clicks": 1, "it.views": 7}, report["tables"]
+    assert lags == {"it.shown": 2, "it.clicks": 1, "it.views": 7, "it.dyn_a": 3}, report["tables"]
     assert cli.main(["status", "-f", str(manifest)]) == 0
     assert "it.clicks" in capsys.readouterr().out

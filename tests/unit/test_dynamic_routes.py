@@ -14,7 +14,6 @@ that is not an identifier, names another table or is past the cap is refused wit
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,13 +148,3 @@ def test_a_name_of_another_table_of_the_streaming_table_is_refused() -> None:
 def test_headers_are_read_for_a_name_from_a_header() -> None:
     assert reads_headers([], dynamic_from_header=True)
     assert not reads_headers([])
-
-
-def test_verify_refuses_a_dynamic_route_rather_than_report_its_tables_records_missing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from icefall import cli
-
-    manifest = Path(__file__).parents[2] / "examples" / "routed-events.yaml"
-    assert cli.main(["verify", "-f", str(manifest), "--state-dir", str(tmp_path)]) == 1
-    assert "spec.dynamicRoute: the tables it creates are not audited yet" in capsys.readouterr().err

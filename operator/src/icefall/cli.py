@@ -463,7 +463,9 @@ def _add_read(commands: Any) -> None:
     )
     read.add_argument("--sql", help='Spark SQL over the result, exposed as view t ("SELECT ... FROM t")')
     read.add_argument(
-        "--table", metavar="NAMESPACE.NAME", help="spec.routes: spec.table (default) or a route's table"
+        "--table",
+        metavar="NAMESPACE.NAME",
+        help="routed: spec.table (default), a route's table or a table spec.dynamicRoute created",
     )
     when = read.add_mutually_exclusive_group()
     when.add_argument("--snapshot", type=int, help="start from this snapshot of main (default: its head)")

@@ -287,8 +287,8 @@ MAX_STATUS_TABLES = 100
 
 
 class DestinationStatus(StatusModel):
-    """One table the StreamingTable writes (spec.table or a route's table), as its driver measured it from
-    the table's own committed offsets and snapshots."""
+    """One table the StreamingTable writes (spec.table, a route's table or one its dynamic route made), as
+    its driver measured it from the table's own committed offsets and snapshots."""
 
     table: str = Field(
         min_length=1, max_length=1024, description="The table's identifier: namespace levels, then its name."
@@ -407,6 +407,14 @@ class WriterReport(StatusModel):
     tables: list[DestinationStatus] = _tables_field(
         "Lag, freshness and last commit of each table the driver writes, as it measured them"
     )
+    dynamic_tables: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "How many tables the dynamic route (spec.dynamicRoute) has made, as the driver last read the "
+            "catalog; unset without a dynamic route or before its first reading."
+        ),
+    )
     table: TableStatus | None = Field(
         default=None,
         description=(
@@ -438,12 +446,16 @@ class StreamingTableStatus(StatusModel):
         default=None, description="What the ingestion driver measured last (it reports every ~10 s)."
     )
     tables: list[DestinationStatus] = _tables_field(
-        "Lag, freshness and last commit of each table the StreamingTable writes (spec.table, spec.routes)"
+        "Lag, freshness and last commit of each table the StreamingTable writes (spec.table, spec.routes, "
+        "spec.dynamicRoute)"
     )
     table_count: int | None = Field(
         default=None,
         ge=0,
-        description="How many tables the StreamingTable writes (spec.table and its routes' tables).",
+        description=(
+            "How many tables the StreamingTable writes (spec.table, its routes' tables and the tables its "
+            "dynamic route made, as the driver last reported them)."
+        ),
     )
 
     @model_validator(mode="after")

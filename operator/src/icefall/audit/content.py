@@ -70,11 +70,14 @@ class SparkContent:
         *,
         security_options: Mapping[str, str] | None = None,
         reason: str | None = None,
+        reason_prefix: str | None = None,
     ) -> None:
         """`reason`: a dead letter's digest also covers whether its error is exactly this text (a routed
-        table's `UNROUTED_REASON`: an unrouted record must say so, a malformed one must not)."""
+        table's `UNROUTED_REASON`: an unrouted record must say so, a malformed one must not);
+        `reason_prefix`: and its error's whole text when it starts so (a dynamic route's refusals)."""
         self.spark = spark
         self.reason = reason
+        self.reason_prefix = reason_prefix
         self.spec = spec
         self.catalog_name = catalog_name
         self.security_options = dict(security_options or {})
@@ -190,8 +193,8 @@ class SparkContent:
         )
 
     def dead_letter_digest(self, rows: DataFrame) -> Column:
-        """`dead_letter_digest` of dead-letter rows (with `error`), and with `reason` whether it is theirs."""
-        return dead_letter_digest(rows, self.reason)
+        """`dead_letter_digest` of dead-letter rows (with `error`), with `reason` and `reason_prefix`."""
+        return dead_letter_digest(rows, self.reason, self.reason_prefix)
 
     def _read(self, table: Table, snapshot_id: int) -> DataFrame:
         name = ".".join(f"`{part}`" for part in (self.catalog_name, *table.name()))
@@ -277,14 +280,19 @@ def main_digest(rows: DataFrame) -> Column:
     return F.xxhash64(F.to_json(content, JSON_OPTIONS))
 
 
-def dead_letter_digest(rows: DataFrame, reason: str | None = None) -> Column:
+def dead_letter_digest(
+    rows: DataFrame, reason: str | None = None, reason_prefix: str | None = None
+) -> Column:
     """The digest of a dead-letter row (or of a bad record): its key, value, timestamp and headers (with
-    `reason`, and whether its `error` is that text)."""
+    `reason`, and whether its `error` is that text; with `reason_prefix`, its `error` if it starts so)."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
     content = [F.col(c) for c in DEAD_LETTER_CONTENT]
     if reason is not None:
         content.append(F.coalesce(F.col("error") == F.lit(reason), F.lit(False)).alias("__icefall_reason"))
+    if reason_prefix is not None:
+        routing = F.when(F.col("error").startswith(reason_prefix), F.col("error"))
+        content.append(routing.alias("__icefall_routing_reason"))
     return F.xxhash64(F.to_json(F.struct(*content), JSON_OPTIONS))
 
 

@@ -214,7 +214,8 @@ def report_json(report: Any) -> dict[str, Any]:
     destinations = getattr(report, "destinations", None)
     if destinations is not None:  # a routed table (`icefall.audit.routed`): each destination's report
         each = [{"destination": d.destination, **report_json(d.report)} for d in destinations]
-        return {"ok": bool(report.ok), "destinations": each}
+        notes = {"problems": list(report.problems), "notes": list(report.notes)}
+        return {"ok": bool(report.ok), "destinations": each, **notes}
     data: dict[str, Any] = {"ok": bool(report.ok), **_plain(report)}
     for partition, audit in zip(data.get("partitions", ()), getattr(report, "partitions", ()), strict=True):
         partition["ok"] = audit.ok

@@ -1,4 +1,5 @@
-"""The audit of a routed table (`spec.routes`): every committed record in exactly one destination.
+"""The audit of a routed table (`spec.routes`, `spec.dynamicRoute`): every committed record in exactly one
+destination.
 
 A routed StreamingTable writes one topic into several tables: each record goes to the first route whose
 condition holds, else to `spec.table` (`unrouted: Table`) or to the dead-letter table with
@@ -15,8 +16,17 @@ other record as ELSEWHERE: a row of such a record is reported as in the wrong ta
 absence is not missing. A dead letter's digest also covers whether its error is `UNROUTED_REASON`, so an
 unrouted record must be a dead letter with that reason, and a malformed one without it.
 
+A dynamic route (`spec.dynamicRoute`): its tables are found in the catalog by their owner property, each a
+destination after the routes', audited from the offsets it starts at (the batch that created it) up to its
+own committed ones. `Routing.routed` computes each record's name, and `icefall.audit.dynamic` gives each
+name its fate: a created table from its start offsets on, else a dead letter whose digest covers the
+writer's exact reason (`reason_prefix`). A created table none of whose audited records goes to it is
+reported (`RoutedAuditReport.problems`); one never committed is noted.
+
 Several topics (`spec.source.topics`, `topicPattern`): each destination is audited per topic, up to its
-own offsets of that topic, over the topics `spec.table` or it holds (`icefall.audit.table.of_topics`).
+own offsets of that topic, over the topics `spec.table` or it holds (`icefall.audit.table.of_topics`). A
+dynamic route over several topics is refused (`AuditError`): the fates of its names are per partition of
+one topic (`icefall.audit.dynamic`).
 
 Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
 schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
@@ -26,23 +36,31 @@ missing: audit with the spec the tables were filled with.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from icefall.audit.dynamic import (
+    DYNAMIC_DEST_COLUMN,
+    DynamicTable,
+    cap_full_from,
+    found_tables,
+    name_fates,
+    resolve,
+)
 from icefall.audit.kafka import KafkaTopic
 from icefall.audit.report import AuditReport
-from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD
+from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD, AuditError
 from icefall.audit.table import audit_table, dlq_identifier, of_topics
 from icefall.commit import read_committed
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from icefall.api import StreamingTable
     from icefall.audit.content import SparkContent
@@ -71,13 +89,16 @@ class DestinationAudit:
 
 @dataclass(frozen=True)
 class RoutedAuditReport:
-    """The audits of every destination of a routed table, `spec.table` first."""
+    """The audits of every destination of a routed table, `spec.table` first; `problems`: tables of the
+    dynamic route its records do not explain; `notes`: those that could not be told."""
 
     destinations: tuple[DestinationAudit, ...]
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return all(d.report.ok for d in self.destinations)
+        return all(d.report.ok for d in self.destinations) and not self.problems
 
     def destination(self, name: str) -> AuditReport:
         """The report of `spec.table`, `routes[i]` or a table's name (`namespace.name`)."""
@@ -89,7 +110,9 @@ class RoutedAuditReport:
     def render(self) -> str:
         """One report per destination, then one line for them all."""
         parts = [f"[{d.destination}] {d.report.render()}" for d in self.destinations]
+        parts += [f"[dynamicRoute] {line}" for line in (*self.problems, *self.notes)]
         failed = [d.destination for d in self.destinations if not d.report.ok]
+        failed += ["dynamicRoute"] if self.problems else []
         verdict = "FAILED: " + ", ".join(failed) if failed else "OK"
         parts.append(f"routed table, {len(self.destinations)} destinations: {verdict}")
         return "\n\n".join(parts)
@@ -135,12 +158,23 @@ def covering(
 class RoutedContent:
     """The records of a routed table's topic, decoded and routed once for every destination (`view`)."""
 
-    def __init__(self, content: SparkContent, st: StreamingTable) -> None:
+    def __init__(
+        self,
+        content: SparkContent,
+        st: StreamingTable,
+        dynamic: Sequence[DynamicTable] = (),
+        unowned: Collection[str] = (),
+    ) -> None:
+        """`dynamic`: the tables the dynamic route created (destinations after the routes'); `unowned`: the
+        names of the other tables of its namespace (`icefall.audit.dynamic.found_tables`)."""
         from icefall.ingest.routes import Routing
 
         self.content = content
         # The writer's routing; it stages nothing here, so no staging branch is ever named.
         self.routing = Routing(st, _no_branch)
+        self.st = st
+        self.dynamic = tuple(dynamic)
+        self.unowned = frozenset(unowned)
         # By topic: the ranges decoded and their records (a table of several topics decodes each apart).
         self._decoded: dict[str, tuple[dict[int, tuple[int, int]], pa.Table]] = {}
 
@@ -157,6 +191,14 @@ class RoutedContent:
             held = self._decoded[topic] = (union, self._decode(topic, union))
         return within(held[1], ranges)
 
+    def taken(self, destination: int, ranges: Mapping[int, tuple[int, int]]) -> int:
+        """How many records of `ranges` (decoded already; of the one topic) go to `destination`."""
+        if len(self._decoded) != 1 or not ranges:
+            return 0
+        ((_, records),) = self._decoded.values()
+        dest = within(records, ranges).column("dest")
+        return int(pc.sum(pc.equal(dest, destination)).as_py() or 0)
+
     def _decode(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
@@ -168,9 +210,11 @@ class RoutedContent:
         try:
             # As the writer: unrouted records marked dead letters first (`unrouted: DeadLetter`), then routed.
             routed = self.routing.routed(self.routing.dead_letters(decoded))
-            dest = F.when(F.col(BAD_COLUMN), F.lit(DEAD)).otherwise(
-                F.coalesce(F.col(ROUTE_COLUMN), F.lit(DEFAULT))
-            )
+            chosen = [F.col(ROUTE_COLUMN)]
+            if self.routing.dynamic is not None:  # each computed name's fate: a created table, or refused
+                routed = self._dynamic(routed)
+                chosen.append(F.col(DYNAMIC_DEST_COLUMN))
+            dest = F.when(F.col(BAD_COLUMN), F.lit(DEAD)).otherwise(F.coalesce(*chosen, F.lit(DEFAULT)))
             where = routed.select(
                 F.col("partition").cast("long").alias("partition"),
                 F.col("offset").cast("long").alias("offset"),
@@ -194,6 +238,25 @@ class RoutedContent:
             return frame.toArrow().cast(RECORDS_SCHEMA)
         finally:
             decoded.unpersist()
+
+    def _dynamic(self, routed: DataFrame) -> DataFrame:
+        """`routed` with the fate of each name its records compute (`icefall.audit.dynamic.resolve`)."""
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        from icefall.ingest.routes import NAME_COLUMN
+
+        route = self.routing.dynamic
+        assert route is not None
+        computed = routed.where(F.col(NAME_COLUMN).isNotNull()).select(NAME_COLUMN).distinct().collect()
+        fates = name_fates(
+            (row[0] for row in computed),
+            self.dynamic,
+            self.unowned,
+            self.st.dynamic_reserved,
+            max_tables=route.max_tables,
+        )
+        spark = self.content.spark
+        return resolve(spark, routed, fates, cap_full_from(self.dynamic, route.max_tables))
 
 
 class _View:
@@ -222,14 +285,27 @@ def audit_routed(
     ingesting: bool = False,
 ) -> RoutedAuditReport:
     """Audit every destination of the routed `st` by content (`content`: a `SparkContent` of its spec made
-    with `reason=UNROUTED_REASON`), each against the topic up to its own committed offsets."""
+    with `reason=UNROUTED_REASON`, and `reason_prefix=DYNAMIC_REASON_PREFIX` for a dynamic route), each
+    against the topic up to its own committed offsets: `spec.table`, each route's table, each table the
+    dynamic route created (`icefall.audit.dynamic`)."""
     main = catalog.load_table(st.table_identifier)
     committed = read_committed(main)
     # The topics form: each destination audited per topic, over the topics the table or it holds.
     topics = list(committed.topics or ()) if st.spec.source.by_topic else None
+    if topics is not None and st.spec.dynamic_route is not None:
+        raise AuditError(
+            "spec.dynamicRoute over several topics (source.topics, topicPattern) is not audited yet: the "
+            "fate of each computed name is worked out per partition of one topic; audit its tables by hand"
+        )
     topic = committed.topic or st.spec.source.first_topic
     dlq = _dead_letter_table(catalog, st)
-    routed = RoutedContent(content, st)
+    owned, unowned = found_tables(catalog, st) if st.spec.dynamic_route is not None else ([], set())
+    first = len(st.route_identifiers)
+    dynamic = [
+        DynamicTable(name, first + k, read_committed(table).start_offsets)
+        for k, (name, table) in enumerate(owned)
+    ]
+    routed = RoutedContent(content, st, dynamic, unowned)
     options: dict[str, Any] = {"filter_configured": bool(st.spec.transforms.filter), "ingesting": ingesting}
     audits = []
     with contextlib.ExitStack() as stack:
@@ -253,7 +329,10 @@ def audit_routed(
         for i, identifier in enumerate(st.route_identifiers):
             table = catalog.load_table(identifier)  # never committed: no range, any row unexpected
             audits.append(DestinationAudit(f"routes[{i}]", audit_one(table, None, i)))
-    return RoutedAuditReport(tuple(audits))
+        for made, (name, table) in zip(dynamic, owned, strict=True):
+            audits.append(DestinationAudit(f"dynamicRoute:{name}", audit_one(table, None, made.index)))
+    problems, notes = unexplained(routed.taken, audits[first + 1 :], dynamic)
+    return RoutedAuditReport(tuple(audits), problems, notes)
 
 
 def _audit_topics(
@@ -278,18 +357,56 @@ def _audit_topics(
     return of_topics(reports, state.lost_records)
 
 
+def unexplained(
+    taken: Callable[[int, Mapping[int, tuple[int, int]]], int],
+    audits: Sequence[DestinationAudit],
+    dynamic: Sequence[DynamicTable],
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(problems, notes) of the created tables (`dynamic`, audited as `audits`): one none of whose audited
+    records goes to it (`taken`: how many records of some ranges go to a destination, `RoutedContent.
+    taken`) is not explained by the records; one whose records Kafka no longer holds, or that never
+    committed, cannot be told."""
+    problems, notes = [], []
+    for made, audit in zip(dynamic, audits, strict=True):
+        ranges = {
+            p.partition: (max(p.start, p.low_watermark or 0), p.committed)
+            for p in audit.report.partitions
+            if p.low_watermark is not None and max(p.start, p.low_watermark) < p.committed
+        }
+        table = audit.report.table
+        if not ranges:
+            notes.append(
+                f"{table} (icefall.dynamic-route-of this table): no committed records Kafka still holds, so "
+                "nothing says whether the records explain it (a writer stopped between its creation and "
+                "its first commit, or retention)"
+            )
+        elif taken(made.index, ranges) == 0:
+            problems.append(
+                f"{table} has icefall.dynamic-route-of this table, but none of the records of its "
+                f"committed offsets {dict(sorted(ranges.items()))} computes the name {made.name!r}: the "
+                "records do not explain it (made by another spec, or by hand)"
+            )
+    return tuple(problems), tuple(notes)
+
+
 def verify_routed(
     spark: SparkSession, st: StreamingTable, catalog: Catalog, catalog_name: str, *, ingesting: bool = False
 ) -> RoutedAuditReport:
     """`audit_routed` as `icefall verify` runs it: by content on `spark` (`catalog_name`: the table's
     catalog there), with the source's security settings."""
     from icefall.api import UNROUTED_REASON
+    from icefall.api.routes import DYNAMIC_REASON_PREFIX
     from icefall.audit.content import SparkContent
     from icefall.kafka.security import librdkafka_config, spark_kafka_options
 
     security = st.spec.source.security
     content = SparkContent(
-        spark, st.spec, catalog_name, security_options=spark_kafka_options(security), reason=UNROUTED_REASON
+        spark,
+        st.spec,
+        catalog_name,
+        security_options=spark_kafka_options(security),
+        reason=UNROUTED_REASON,
+        reason_prefix=DYNAMIC_REASON_PREFIX if st.spec.dynamic_route is not None else None,
     )
     return audit_routed(catalog, st, content, kafka_config=librdkafka_config(security), ingesting=ingesting)
 

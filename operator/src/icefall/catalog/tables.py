@@ -54,6 +54,7 @@ from icefall.catalog.layout import (
     partition_spec,
     sort_order,
 )
+from icefall.plan.routing import dynamic_candidate
 from icefall.runtime.failpoints import TableRole, failpoint
 
 #: Table properties Icefall sets at creation unless `spec.table.properties` says otherwise (module doc).
@@ -248,31 +249,32 @@ def dynamic_route_tables(
 
 
 def dynamic_route_identifiers(catalog: Catalog, st: StreamingTable) -> list[tuple[str, ...]]:
-    """The identifiers of the dynamic route's tables that exist, sorted: the tables of its namespace whose
-    name fits its template and whose `DYNAMIC_OWNER_PROPERTY` names this StreamingTable's table. One list
-    of the namespace and one load per candidate."""
-    route = st.spec.dynamic_route
-    if route is None:
+    """The identifiers of the dynamic route's tables that exist, sorted (`owned_dynamic_tables`)."""
+    return [identifier for identifier, _ in owned_dynamic_tables(catalog, st)]
+
+
+def owned_dynamic_tables(catalog: Catalog, st: StreamingTable) -> list[tuple[tuple[str, ...], Table]]:
+    """The dynamic route's tables that exist, sorted by identifier, as loaded: the tables of its namespace
+    whose name fits its template and whose `DYNAMIC_OWNER_PROPERTY` names this StreamingTable's table. One
+    list of the namespace and one load per candidate; a candidate dropped meanwhile is left out."""
+    if st.spec.dynamic_route is None:
         return []
     namespace = st.dynamic_namespace
     try:
         listed = catalog.list_tables(namespace)
     except NoSuchNamespaceError:
         return []
-    names = sorted(
-        ident[-1]
-        for ident in listed
-        if len(ident[-1]) > len(route.prefix) + len(route.suffix)
-        and ident[-1].startswith(route.prefix)
-        and ident[-1].endswith(route.suffix)
-        and ident[-1] not in st.dynamic_reserved
-    )
+    names = sorted(ident[-1] for ident in listed if dynamic_candidate(st, (*namespace, ident[-1])))
     owner = dynamic_owner(st)
-    return [
-        (*namespace, name)
-        for name in names
-        if catalog.load_table((*namespace, name)).properties.get(DYNAMIC_OWNER_PROPERTY) == owner
-    ]
+    found = []
+    for name in names:
+        try:
+            table = catalog.load_table((*namespace, name))
+        except NoSuchTableError:
+            continue
+        if table.properties.get(DYNAMIC_OWNER_PROPERTY) == owner:
+            found.append(((*namespace, name), table))
+    return found
 
 
 def _ensure_main_table(

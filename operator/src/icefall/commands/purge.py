@@ -11,6 +11,12 @@ the catalog) is refused: nothing at all is dropped, the command says why and exi
 dead-letter or route table without a recorded uuid is kept (said, not refused). A table already gone counts as
 dropped.
 
+The tables the dynamic route made (`spec.dynamicRoute`) are found in the catalog: only those whose
+`icefall.dynamic-route-of` names this StreamingTable's table (`owned_dynamic_tables`; a table without it
+is never dropped). Each is dropped when its uuid is the one `--route-table-uuid` names, or none is named
+(the owner property says whose it is; the driver's status list is bounded), and refused like any table
+when another uuid is named.
+
 Not guaranteed: that the catalog does not swap the table between the check and the drop (pyiceberg drops
 by name).
 """
@@ -39,6 +45,7 @@ class Target:
     identifier: Identifier
     table_uuid: str | None
     what: str = "table"
+    owned: bool = False  # its owner property names this StreamingTable's table: dropped without a uuid
 
 
 def purge_tables(catalog: Catalog, targets: list[Target]) -> tuple[list[str], list[str]]:
@@ -54,10 +61,10 @@ def purge_tables(catalog: Catalog, targets: list[Target]) -> tuple[list[str], li
             found = str(catalog.load_table(target.identifier).metadata.table_uuid)
         except NoSuchTableError:
             continue
-        if target.table_uuid is None:
+        if target.table_uuid is None and not target.owned:
             kept.append(f"the {target.what} {name}: no table-uuid was recorded for it; kept")
             continue
-        if found != target.table_uuid:
+        if target.table_uuid is not None and found != target.table_uuid:
             raise PurgeRefusedError(
                 f"refusing to drop the {target.what} {name}: its table-uuid is {found}, but this "
                 f"StreamingTable's driver wrote the table {target.table_uuid}. It is another table (created "
@@ -89,6 +96,7 @@ def route_uuids(pairs: list[str]) -> dict[str, str]:
 def purge(args: argparse.Namespace, st: Any, catalog: Catalog, say: Callable[[str], None]) -> int:
     """Run `icefall purge` for `st` on `catalog`; the exit code (`EXIT_REFUSED`: refused, and `say` gets
     why: the container's termination message, read by the operator)."""
+    from icefall.catalog.tables import owned_dynamic_tables
     from icefall.plan.purge import EXIT_REFUSED
 
     targets = [Target(tuple(st.table_identifier), args.table_uuid)]
@@ -99,6 +107,9 @@ def purge(args: argparse.Namespace, st: Any, catalog: Catalog, say: Callable[[st
     routes = route_uuids(getattr(args, "route_table_uuid", None) or [])
     for identifier in st.route_identifiers:
         targets.append(Target(tuple(identifier), routes.get(".".join(identifier)), "route table"))
+    for identifier, _ in owned_dynamic_tables(catalog, st):
+        name = ".".join(identifier)
+        targets.append(Target(identifier, routes.get(name), "dynamic route's table", owned=True))
     try:
         dropped, kept = purge_tables(catalog, targets)
     except PurgeRefusedError as refused:

@@ -60,11 +60,13 @@ def _names(source: KafkaSource, first: TopicView) -> tuple[str, ...]:
 
 def table_status(args: argparse.Namespace) -> dict[str, Any]:
     """What `icefall status` prints, as a JSON-ready mapping (camelCase keys, as in the StreamingTable's
-    status): table, tables (each table it writes, spec.table first then each route's: table,
+    status): table, tables (each table it writes, spec.table first then each route's, then each one its
+    dynamic route made: table,
     snapshotId, lagRecords from its own committed offsets, freshnessSeconds; `missing` for one not created
     yet), snapshotId, epoch, partitions (partition, committed, high, lag; and topic, in a table of several
     topics), lagRecords, freshnessSeconds (null: unmeasured), lostRecords and problem (null, or why
     ingestion stopped)."""
+    from icefall.catalog.tables import dynamic_route_identifiers
     from icefall.commit import read_committed
     from icefall.commit.batch import held_of
     from icefall.kafka.admin import TopicView
@@ -112,7 +114,8 @@ def table_status(args: argparse.Namespace) -> dict[str, Any]:
         total, committed.max_produce_time_ms, time.time(), oldest_waiting_ms=waiting_ms
     )
     with unreachable_is_one_line(st, config):
-        routes = [_destination(catalog, i, names, marks) for i in st.route_identifiers]
+        made = dynamic_route_identifiers(catalog, st)  # the tables spec.dynamicRoute made (owner property)
+        routes = [_destination(catalog, i, names, marks) for i in (*st.route_identifiers, *made)]
     main = {"table": ".".join(st.table_identifier), "snapshotId": committed.snapshot_id, "lagRecords": total,
             "freshnessSeconds": None if behind is None else round(behind, 1)}  # fmt: skip
     return {

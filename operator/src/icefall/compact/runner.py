@@ -47,6 +47,13 @@ StreamingTable of 65 tables costs no pod while they are all tidy. The price: one
 catalog clients of every table, and each round plans each table until one has work (a catalog read per
 table; `ManifestCache` keeps manifests read once).
 
+The tables a dynamic route creates (`spec.dynamicRoute`) take their turns after the static ones
+(`DynamicRunners`): found in the catalog by their owner property (`dynamic_route_identifiers`) at start
+and again every `DYNAMIC_REFRESH_SECONDS`, since the driver creates them while compaction runs. Their
+names are not known in advance, so they share one set of Leases, the dynamic route's own identity
+(`icefall.plan.names.dynamic_route_leases`, which the Role names); an item takes the work Lease of its
+table and key (compact/DESIGN.md).
+
 Not guaranteed: fairness between items of one table (the plan's order decides: retention, the hottest
 partitions, manifests, expiry, orphans), or that a step's plan is current when its item runs.
 """
@@ -69,7 +76,7 @@ from icefall.ingest.outages import log_failure
 from icefall.plan.leases import WORK_LEASE_SECONDS, YIELD_AFTER_CONFLICTS
 from icefall.plan.maintenance import plan_maintenance, policy_from_spec, work_key
 from icefall.plan.maintenance_items import MIB, ApplyDeletes, CompactPartition, MaintenancePolicy, WorkItem
-from icefall.plan.names import TableLeases, destination_leases, table_leases
+from icefall.plan.names import TableLeases, destination_leases, dynamic_route_leases, table_leases
 from icefall.runtime import metrics
 from icefall.spark.session import jvm_stopped
 
@@ -83,6 +90,8 @@ log = logging.getLogger(__name__)
 LeaseFactory = Callable[[str], Lease]
 EMBEDDED_MAX_BYTES_PER_ITEM = 256 * MIB
 MAINTENANCE_POOL = "maintenance"  # the Spark scheduler pool of in-process maintenance
+#: How often compaction looks for the tables a dynamic route created since (`DynamicRunners`).
+DYNAMIC_REFRESH_SECONDS = 60.0
 
 
 def wall_clock_ms() -> int:
@@ -195,8 +204,12 @@ class MaintenanceRunner(Rounds):
         list_storage: bool = True,
         lease_seconds: float = WORK_LEASE_SECONDS,
         runner: ItemRunner = run_item,
+        work_scope: str = "",
     ) -> None:
+        """`work_scope`: put before each item's key when choosing its work Lease (a dynamic route's tables
+        share one pool: their items' Leases are chosen by table and key)."""
         self.spark = spark
+        self.work_scope = work_scope
         self.catalog = catalog
         self.identifier = tuple(identifier)
         self.policy = policy
@@ -223,7 +236,7 @@ class MaintenanceRunner(Rounds):
         busy = 0
         for item in work:
             key = work_key(item)
-            lease = self.leases(self.table_leases.work_for(key))
+            lease = self.leases(self.table_leases.work_for(self.work_scope + key))
             try:
                 lease.acquire(timeout=0)
             except LeaseTimeoutError:
@@ -291,25 +304,64 @@ class MaintenanceRunner(Rounds):
         return result
 
 
+class DynamicRunners:
+    """A runner per table a dynamic route made (`find`: their identifiers, from the catalog by their owner
+    property; `make`: a table's runner), found again at most every `refresh_seconds`: the driver creates
+    tables while compaction runs. A table no longer found loses its runner; a failed search keeps the
+    last list (logged)."""
+
+    def __init__(
+        self,
+        find: Callable[[], Sequence[tuple[str, ...]]],
+        make: Callable[[tuple[str, ...]], MaintenanceRunner],
+        *,
+        refresh_seconds: float = DYNAMIC_REFRESH_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._find, self._make = find, make
+        self.refresh_seconds, self._clock = refresh_seconds, clock
+        self._runners: dict[tuple[str, ...], MaintenanceRunner] = {}
+        self._found_at: float | None = None
+
+    def current(self) -> list[MaintenanceRunner]:
+        now = self._clock()
+        if self._found_at is None or now - self._found_at >= self.refresh_seconds:
+            self._found_at = now
+            try:
+                found = [tuple(i) for i in self._find()]
+            except Exception as error:  # the catalog did not answer: the tables known stay
+                log_failure(log, error, "finding the dynamic route's tables failed")
+            else:
+                self._runners = {i: self._runners.get(i) or self._make(i) for i in found}
+        return list(self._runners.values())
+
+
 class TablesRunner(Rounds):
     """Maintenance of every table a StreamingTable writes, in one process, the tables taking turns (module
     doc). Each round plans the tables from the one after the last that ran an item, and runs the first
-    item it can claim; a table whose planning fails is logged and passed over."""
+    item it can claim; a table whose planning fails is logged and passed over. `dynamic`: the tables a
+    dynamic route made, after the static ones."""
 
-    def __init__(self, runners: Sequence[MaintenanceRunner]) -> None:
+    def __init__(self, runners: Sequence[MaintenanceRunner], dynamic: DynamicRunners | None = None) -> None:
         if not runners:
             raise ValueError("no table to maintain")
         self.runners = list(runners)
+        self.dynamic = dynamic
         self.spark = self.runners[0].spark
         self.label = f"{self.runners[0].label} and {len(self.runners) - 1} route tables"
+        if dynamic is not None:
+            self.label += " and its dynamic route's tables"
         self._next = 0
 
     def step(self, now_ms: int | None = None) -> StepResult:
         planned = busy = failed = 0
-        count = len(self.runners)
+        runners = list(self.runners)
+        if self.dynamic is not None:
+            runners += self.dynamic.current()
+        count = len(runners)
         for offset in range(count):
             index = (self._next + offset) % count
-            runner = self.runners[index]
+            runner = runners[index]
             try:
                 outcome = runner.step(now_ms)
             except Exception as error:  # one table's catalog or storage trouble: the others go on
@@ -448,16 +500,31 @@ def tables_runner(
     policy: MaintenancePolicy | None = None,
 ) -> Rounds:
     """The runner of every table `st` writes (module doc): `runner_for` its table when it has no routes,
-    else a `TablesRunner` of one runner per table, each with that table's own Leases."""
-    if not st.spec.routes:
+    else a `TablesRunner` of one runner per table, each with that table's own Leases, and of the tables
+    its dynamic route made, under the Leases they share (`dynamic_route_leases`)."""
+    if not st.spec.routed:
         return runner_for(st, catalog, spark, leases, policy=policy)
     chosen = policy or policy_from_spec(st.spec)
-    return TablesRunner(
-        [
-            MaintenanceRunner(spark, catalog, identifier, chosen, leases, table_leases=names)
-            for identifier, names in zip(st.destination_identifiers, destination_leases(st), strict=True)
-        ]
-    )
+    runners = [
+        MaintenanceRunner(spark, catalog, identifier, chosen, leases, table_leases=names)
+        for identifier, names in zip(st.destination_identifiers, destination_leases(st), strict=True)
+    ]
+    shared = dynamic_route_leases(st)
+    if shared is None:
+        return TablesRunner(runners)
+
+    def find() -> list[tuple[str, ...]]:
+        from icefall.catalog.tables import dynamic_route_identifiers
+
+        return dynamic_route_identifiers(catalog.pyiceberg(), st)
+
+    def make(identifier: tuple[str, ...]) -> MaintenanceRunner:
+        scope = ".".join(identifier) + "/"  # one pool for all: an item's Lease by its table and key
+        return MaintenanceRunner(
+            spark, catalog, identifier, chosen, leases, table_leases=shared, work_scope=scope
+        )
+
+    return TablesRunner(runners, DynamicRunners(find, make))
 
 
 def embedded_maintenance(

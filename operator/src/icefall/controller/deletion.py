@@ -104,7 +104,7 @@ def finalize(
         kept = f"deletionPolicy {st.spec.deletion_policy.value}: kept the Iceberg table {identifier}"
         if st.dead_letter_identifier is not None:
             kept += f" and its dead-letter table {'.'.join(st.dead_letter_identifier)}"
-        kept += _routes_text(st)
+        kept += _routes_text(st) + _dynamic_text(st)
         return Finalized(True, (Event(EventReason.TABLE_RETAINED, kept),))
 
     me = claim_from_object(body)
@@ -123,6 +123,13 @@ def _routes_text(st: StreamingTable, names: Sequence[str] | None = None) -> str:
     """ " and its route tables a, b" of `names` (default: every route table of `st`), or ""."""
     found = [".".join(i) for i in st.route_identifiers] if names is None else list(names)
     return f" and its route tables {', '.join(found)}" if found else ""
+
+
+def _dynamic_text(st: StreamingTable) -> str:
+    """ " and the tables its dynamic route made (...)" when `st` has one, or ""."""
+    if st.spec.dynamic_route is None:
+        return ""
+    return " and the tables its dynamic route made (those with its owner property icefall.dynamic-route-of)"
 
 
 def _purge(
@@ -176,7 +183,7 @@ def _purge(
         if st.dead_letter_identifier is not None:
             text += f" and its dead-letter table {'.'.join(st.dead_letter_identifier)}"
         dropped, routes = route_table_uuids(st), [".".join(i) for i in st.route_identifiers]
-        text += _routes_text(st, [r for r in routes if r in dropped])
+        text += _routes_text(st, [r for r in routes if r in dropped]) + _dynamic_text(st)
         if len(dropped) < len(routes):
             kept_routes = ", ".join(r for r in routes if r not in dropped)
             text += f"; kept the route tables {kept_routes} (their driver never reported their table-uuid)"

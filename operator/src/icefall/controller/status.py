@@ -46,7 +46,14 @@ from icefall.plan.conditions import (
     should_write_status,
 )
 from icefall.plan.driver import DriverDecision, Event, EventReason, EventType
-from icefall.plan.table_status import Summary, acknowledged_loss, status_tables, summarize, writer_issues
+from icefall.plan.table_status import (
+    Summary,
+    acknowledged_loss,
+    status_tables,
+    summarize,
+    table_count,
+    writer_issues,
+)
 from icefall.runtime.bounded import LRU
 
 STATUS_MIN_INTERVAL_SECONDS = float(os.environ.get("ICEFALL_STATUS_SECONDS", "10"))
@@ -176,7 +183,7 @@ def derive(
         "conditions": derive_conditions(observations, st, now),
         "observed_generation": st.metadata.generation or 0,
         "tables": status_tables(st, writer, previous, now),
-        "table_count": len(st.destination_identifiers),
+        "table_count": table_count(st, writer),
     }
     if summary.freshness is not None:
         update["freshness"] = summary.freshness

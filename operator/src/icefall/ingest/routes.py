@@ -54,7 +54,14 @@ from icefall.commit.batch import held_of
 from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, TYPED_COLUMN
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
 from icefall.ingest.report import added_records
-from icefall.plan.routing import Take, TopicRange, destination_takes, dynamic_names, reads_headers
+from icefall.plan.routing import (
+    Take,
+    TopicRange,
+    destination_takes,
+    dynamic_names,
+    not_created_reason,
+    reads_headers,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -297,10 +304,7 @@ class Routing:
         refused = dict(names.refused)
         for new in names.new:
             if not self._create_new(new):
-                refused[new] = (
-                    f"dynamic route: the computed table name {new!r} is a table the route did not create "
-                    "(no icefall.dynamic-route-of property); rename it or change nameTemplate"
-                )
+                refused[new] = not_created_reason(new)
         self.refused = refused
         self.refused_records = sum(counts[n] for n in refused)
         for n, why in refused.items():

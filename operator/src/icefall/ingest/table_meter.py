@@ -8,7 +8,8 @@ and scales compaction from them (`icefall.plan.table_status`).
 A routed StreamingTable's meter reads each route's table too (`RouteReading`: its committed offsets, last
 commit, newest record, backlog and uuid), from which the report gives each destination's lag and
 freshness (`status.writer.tables`, `icefall.plan.table_status.destination_status`); a route table not
-created yet is left out.
+created yet is left out. So is each table its dynamic route made (`spec.dynamicRoute`), found in the
+catalog by its owner property at each reading (`owned_dynamic_tables`: at most `maxTables`, 100).
 
 `TableMeter` reads on a thread of its own (the backlog reads manifests: never on the batch loop), at most
 every `interval` seconds, and every `retry` seconds while the table does not exist yet (the driver creates
@@ -25,7 +26,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -50,11 +51,12 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 
 @dataclass(frozen=True)
 class RouteReading:
-    """One reading of a route's table (`spec.routes`)."""
+    """One reading of a route's table (`spec.routes`), or of a table the dynamic route made."""
 
     table: str  # its identifier, dotted
     table_uuid: str
     facts: TableFacts
+    dynamic: bool = False  # made by `spec.dynamicRoute`
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class TableReading:
     facts: TableFacts = field(default_factory=TableFacts)  # what the figures above came from
     identifier: str = ""  # the table's, dotted ("": not said; then no per-table report)
     routes: tuple[RouteReading, ...] = ()
+    dynamic_route: bool = False  # the StreamingTable has one: its tables are the routes marked dynamic
 
 
 def _facts(table: Table, st: StreamingTable, now_ms: int, cache: ManifestCache | None) -> TableFacts:
@@ -83,11 +86,14 @@ def read_table(
     st: StreamingTable,
     now_ms: int,
     cache: ManifestCache | None = None,
-    route_caches: Mapping[str, ManifestCache] | None = None,
+    route_caches: MutableMapping[str, ManifestCache] | None = None,
 ) -> TableReading | None:
-    """The table of `st` and its route tables read from `catalog` now (`cache`, `route_caches` by dotted
-    identifier: manifests read before); None while the table does not exist."""
+    """The table of `st` and its route tables, static and dynamic, read from `catalog` now (`cache`,
+    `route_caches` by dotted identifier: manifests read before, a new table's added); None while the table
+    does not exist."""
     from pyiceberg.exceptions import NoSuchTableError
+
+    from icefall.catalog.tables import owned_dynamic_tables
 
     try:
         table = catalog.load_table(st.table_identifier)
@@ -105,6 +111,11 @@ def read_table(
             route = catalog.load_table(identifier)
             found = _facts(route, st, now_ms, (route_caches or {}).get(name))
             routes.append(RouteReading(name, str(route.metadata.table_uuid), found))
+    for identifier, dynamic in owned_dynamic_tables(catalog, st):
+        name = ".".join(identifier)
+        cached = route_caches.setdefault(name, ManifestCache()) if route_caches is not None else None
+        found = _facts(dynamic, st, now_ms, cached)
+        routes.append(RouteReading(name, str(dynamic.metadata.table_uuid), found, dynamic=True))
     uuid = str(table.metadata.table_uuid)
     return TableReading(
         uuid,
@@ -114,6 +125,7 @@ def read_table(
         facts,
         ".".join(st.table_identifier),
         tuple(routes),
+        st.spec.dynamic_route is not None,
     )
 
 
@@ -139,6 +151,7 @@ class TableMeter:
         #: Called (on the meter's thread) after each reading that differs from the one before.
         self.on_reading: Callable[[], None] | None = None
         self._manifests = ManifestCache()  # manifests never change: each reading reads only new ones
+        # A route table's manifests by its dotted name; a dynamic table's added when first read.
         self._route_manifests = {".".join(i): ManifestCache() for i in st.route_identifiers}
         self._failures = 0
 

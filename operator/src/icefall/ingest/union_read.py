@@ -22,10 +22,13 @@ is every record of the topic up to the cut exactly once, fresh to the moment the
   position before the first commit), decoded with the spec's format, schema and transforms
   (`icefall.ingest.decode`). Bad records are left out and counted, as ingestion sends them to the
   dead-letter path; records the filter drops are left out.
-- **Routed tables** (`spec.routes`): `table` chooses a destination (`spec.table` by default), read from its
-  own committed offsets; the tail keeps the records the writer routes there (`icefall.ingest.routes.
-  Routing.routed`, the writer's own code): a route's, or for `spec.table` those no route takes (none with
-  `unrouted: DeadLetter`). The others are counted (`Cut.routed_elsewhere`).
+- **Routed tables** (`spec.routes`, `spec.dynamicRoute`): `table` chooses a destination (`spec.table` by
+  default; a dynamic route's table is one the catalog holds with its owner property), read from its own
+  committed offsets; the tail keeps the records the writer routes there (`icefall.ingest.routes.
+  Routing.routed`, the writer's own code): a route's, a dynamic table's (the records computing its name),
+  or for `spec.table` those no route takes and that compute no name (none with `unrouted: DeadLetter`).
+  The others are counted (`Cut.routed_elsewhere`). A dynamic table created but never committed is read
+  from `spec.table`'s offsets, where its first batch starts.
 - **Keyed tables** (`spec.mode` upsert, cdc): the tail's last change per key (`last_changes`, the rule
   ingestion's MERGE applies) replaces the table's row for that key, or deletes it.
 
@@ -45,7 +48,7 @@ from the rows; keys changed in several partitions have no order between partitio
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -56,6 +59,7 @@ from icefall.ingest.schemas import decoding_spec, schema_at
 if TYPE_CHECKING:
     import pyarrow as pa
     from duckdb import DuckDBPyConnection, DuckDBPyRelation
+    from pyiceberg.catalog import Catalog
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -210,13 +214,19 @@ def union_read(
     """
     if snapshot_id is not None and as_of is not None:
         raise ValueError("give snapshot_id or as_of, not both")
-    identifier = read_identifier(st, table_name)
+    catalog = catalog_config.pyiceberg()
+    dynamic = _dynamic_tables(st, catalog, table_name)
+    identifier = read_identifier(st, table_name, dynamic)
     label = ".".join(identifier)
-    table = catalog_config.pyiceberg().load_table(identifier)
+    table = catalog.load_table(identifier)
     if spark is None:  # before the snapshot and the cut are taken: a Spark start takes seconds
         spark = _local_spark(st, catalog_config)
     state = _state(table, label, snapshot_id, as_of)
     older = snapshot_id is not None or as_of is not None
+    route: int | str | None = identifier[-1] if identifier in dynamic else None
+    if route is not None and not older and not state.by_topic():
+        # Created, never committed: its first batch is planned from spec.table's offsets.
+        state = replace(read_committed(catalog.load_table(st.table_identifier)), snapshot_id=None)
     snapshot = table.metadata.snapshot_by_id(state.snapshot_id) if state.snapshot_id is not None else None
     cut = Cut(
         table=label,
@@ -234,20 +244,39 @@ def union_read(
         partitions = {r.partition: (r.start, r.end) for r in ranges}
         cut = replace(cut, taken_at_ms=topic.taken_at_ms, partitions=partitions, lost_records=lost)
     rows = _table_rows(spark, identifier, catalog_config.name, state.snapshot_id)
-    route = st.route_of(label) if st.spec.routes else None
+    if st.spec.routes and route is None:
+        route = st.route_of(label)
     return _with_tail(spark, st, rows, ranges, cut, schema_at(table, state.snapshot_id), route=route)
 
 
-def read_identifier(st: StreamingTable, table_name: str | None) -> tuple[str, ...]:
-    """The identifier of the table `table_name` names (`namespace.name`: `spec.table` or a route's),
-    `spec.table`'s by default; ReadError naming the choices for any other."""
+def read_identifier(
+    st: StreamingTable, table_name: str | None, dynamic: Sequence[tuple[str, ...]] = ()
+) -> tuple[str, ...]:
+    """The identifier of the table `table_name` names (`namespace.name`: `spec.table`, a route's, or one
+    of `dynamic`: the tables the dynamic route created), `spec.table`'s by default; ReadError naming the
+    choices for any other."""
     if table_name is None:
         return st.table_identifier
+    for identifier in dynamic:
+        if ".".join(identifier) == table_name:
+            return identifier
     try:
         route = st.route_of(table_name)
     except ValueError as error:
-        raise ReadError(f"--table {error}") from None
+        more = "".join(f", {'.'.join(identifier)}" for identifier in dynamic)
+        raise ReadError(f"--table {error}{more}") from None
     return st.table_identifier if route is None else st.route_identifiers[route]
+
+
+def _dynamic_tables(st: StreamingTable, catalog: Catalog, table_name: str | None) -> list[tuple[str, ...]]:
+    """The tables the dynamic route created (`icefall.catalog.tables.dynamic_route_identifiers`, as the
+    writer finds them), when `table_name` names none of the spec's own tables."""
+    static = {".".join(identifier) for identifier in st.destination_identifiers}
+    if st.spec.dynamic_route is None or table_name is None or table_name in static:
+        return []
+    from icefall.catalog.tables import dynamic_route_identifiers
+
+    return dynamic_route_identifiers(catalog, st)
 
 
 def _local_spark(st: StreamingTable, catalog_config: CatalogConfig) -> SparkSession:
@@ -420,12 +449,12 @@ def _with_tail(  # noqa: PLR0917 (the parts of one read)
     cut: Cut,
     schema: Schema,
     *,
-    route: int | None = None,
+    route: int | str | None = None,
 ) -> UnionRead:
     """`rows` (the table at the snapshot, whose schema is `schema`) with the decoded tail applied, and the
     cut with its counts. The tail decodes as ingestion would write it now: into the table's columns (a
     column the spec no longer has is null); a routed table's, only the records its destination (`route`:
-    an index of `spec.routes`, None for `spec.table`) takes."""
+    an index of `spec.routes`, a dynamic table's name, None for `spec.table`) takes."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
     from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, Decoder, last_changes
@@ -483,8 +512,8 @@ def _with_tail(  # noqa: PLR0917 (the parts of one read)
 
 
 def _routing(st: StreamingTable) -> Routing | None:
-    """The writer's routing of a routed table (`spec.routes`), else None."""
-    if not st.spec.routes:
+    """The writer's routing of a routed table (`spec.routes`, `spec.dynamicRoute`), else None."""
+    if not st.spec.routed:
         return None
     from icefall.ingest.routes import Routing
 
@@ -494,18 +523,23 @@ def _routing(st: StreamingTable) -> Routing | None:
     return Routing(st, no_branch)
 
 
-def _taken_by(st: StreamingTable, route: int | None) -> Column:
-    """Whether a routed record (`Routing.routed`) goes to `route` (None: spec.table) as a good row."""
+def _taken_by(st: StreamingTable, route: int | str | None) -> Column:
+    """Whether a routed record (`Routing.routed`) goes to `route` (a route's index, a dynamic table's name;
+    None: spec.table) as a good row."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
     from icefall.api import Unrouted
-    from icefall.ingest.routes import ROUTE_COLUMN
+    from icefall.ingest.routes import NAME_COLUMN, ROUTE_COLUMN
 
+    if isinstance(route, str):  # the table exists with the owner property: the writer takes its name there
+        return F.col(ROUTE_COLUMN).isNull() & F.coalesce(F.col(NAME_COLUMN) == F.lit(route), F.lit(False))
     if route is not None:
         return F.coalesce(F.col(ROUTE_COLUMN) == F.lit(route), F.lit(False))
     if st.spec.unrouted_to is Unrouted.DEAD_LETTER:
         return F.lit(False)  # spec.table gets no rows: the records no route takes are dead letters
-    return F.col(ROUTE_COLUMN).isNull()
+    unrouted = F.col(ROUTE_COLUMN).isNull()
+    # A record that computes a name goes to that dynamic table, or is a dead letter: never spec.table.
+    return unrouted & F.col(NAME_COLUMN).isNull() if st.spec.dynamic_route is not None else unrouted
 
 
 def _iso(ms: int) -> str:

@@ -16,7 +16,9 @@ table-uuids `deletionPolicy: Delete` is judged by; a new reading is reported at 
 thread (a lock keeps the two callers' reports whole). With the meter's reading, `tables` lists each table
 the driver writes (spec.table, then each route's), its lag from its own committed offsets against the
 topic's end at the last batch (caught up: spec.table's offsets are the end), its freshness, last commit
-and uuid (`icefall.plan.table_status.destination_status`). The driver's Role may patch only its own
+and uuid (`icefall.plan.table_status.destination_status`), the tables its dynamic route made included
+(at most `MAX_STATUS_TABLES` in all: spec.table and the most lagging), and `dynamicTables` counts those.
+The driver's Role may patch only its own
 StreamingTable's status (`icefall.plan.rbac`).
 """
 
@@ -135,6 +137,7 @@ class WriterStatusReporter:
             dead_letter_table_uuid=reading.dead_letter_table_uuid if reading is not None else None,
             table=reading.table if reading is not None else None,
             tables=self._tables(reading),
+            dynamic_tables=_dynamic_count(reading),
         )
 
     def _tables(self, reading: TableReading | None) -> list[DestinationStatus]:
@@ -179,6 +182,13 @@ class WriterStatusReporter:
         if self._failures:
             log.info("reporting to %s/%s's status works again", self.namespace, self.name)
             self._failures = 0
+
+
+def _dynamic_count(reading: TableReading | None) -> int | None:
+    """How many tables the dynamic route made, in `reading` (None: no reading yet, or no dynamic route)."""
+    if reading is None or not reading.dynamic_route:
+        return None
+    return sum(route.dynamic for route in reading.routes)
 
 
 def _most_lagging(lag: Mapping[int, int]) -> list[PartitionLag]:

@@ -30,8 +30,8 @@ from icefall.plan.metadata import ChildMeta
 from icefall.plan.names import (
     COMPONENT_COMPACT,
     COMPONENT_INGEST,
-    destination_leases,
     labels,
+    maintained_leases,
     table_leases,
 )
 
@@ -42,11 +42,12 @@ API_VERSION = "coordination.k8s.io/v1"
 
 def lease_children(meta: ChildMeta, st: StreamingTable) -> list[Manifest]:
     """The Leases of `st`'s table, to apply (commit Lease first, then the yield and work Leases), then the
-    yield and work Leases of each route's table (`destination_leases`: compaction tidies them all; the
-    driver commits them under the table's commit Lease, so they have none)."""
+    yield and work Leases of each route's table and those the dynamic route's tables share
+    (`maintained_leases`: compaction tidies them all; the driver commits them under the table's commit
+    Lease, so they have none)."""
     leases = table_leases(st)
     seconds = lease_seconds(leases)
-    for route in destination_leases(st)[1:]:
+    for route in maintained_leases(st)[1:]:
         seconds |= {name: s for name, s in lease_seconds(route).items() if name != route.commit}
 
     def metadata(name: str) -> Manifest:

@@ -15,6 +15,7 @@ Pure: no client, no I/O.
 | yield Lease | `icefall-<table>-<id>-yield` (`TableLeases.rewrite_yield`) |
 | work Leases | `icefall-<table>-<id>-work-<slot>`, a fixed pool (`TableLeases.work`) |
 | a route table's yield and work Leases | the same, of its own identity (`destination_leases`) |
+| a dynamic route's tables' yield and work Leases | one set, the route's identity (`dynamic_route_leases`) |
 | the operator's leader Lease | `icefall-operator-leader` (`LEADER_LEASE_NAME`) |
 
 `<st>` is the StreamingTable's name (unique in its namespace), `<table>` the catalog table's name and
@@ -31,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -251,3 +252,28 @@ def destination_leases(st: StreamingTable) -> tuple[TableLeases, ...]:
     first): compaction claims each table's work with that table's own work and yield Leases. Only
     spec.table's commit Lease is taken: its driver commits every destination while it holds it."""
     return tuple(TableLeases(TableIdentity.of(st, i)) for i in st.destination_identifiers)
+
+
+#: The suffix of a dynamic route's identity (`dynamic_route_leases`): '-' is never in a table's name
+#: (`IDENTIFIER_PATTERN`), so no table's identity is a dynamic route's.
+DYNAMIC_ROUTE_SUFFIX = "-dynamic"
+
+
+def dynamic_route_leases(st: StreamingTable) -> TableLeases | None:
+    """The yield and work Leases every table `st`'s dynamic route creates shares (None without
+    `spec.dynamicRoute`): their names are not known in advance, so the Role cannot name a set per table,
+    and a Role that may touch every Lease of the namespace would not be least privilege. One more identity
+    instead: spec.table's with `DYNAMIC_ROUTE_SUFFIX` (the owner of the tables, `DYNAMIC_OWNER_PROPERTY`);
+    a work item of a dynamic table takes the work Lease of its table and key (`TableLeases.work_for`).
+    Like a route table's, no commit Lease: the driver commits them under spec.table's."""
+    if st.spec.dynamic_route is None:
+        return None
+    owner = TableIdentity.of(st)
+    return TableLeases(replace(owner, table=owner.table + DYNAMIC_ROUTE_SUFFIX))
+
+
+def maintained_leases(st: StreamingTable) -> tuple[TableLeases, ...]:
+    """The Leases compaction of `st` claims work with: each destination's (`destination_leases`), then the
+    dynamic route's (`dynamic_route_leases`) when it has one."""
+    dynamic = dynamic_route_leases(st)
+    return (*destination_leases(st), *((dynamic,) if dynamic is not None else ()))

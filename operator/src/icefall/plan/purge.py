@@ -8,7 +8,10 @@ registry), the driver's pod template, the restricted security context and the op
 command drops the table, its dead-letter table and each route's table (`spec.routes`) only when each
 one's Iceberg `table-uuid` is the one the driver recorded for this StreamingTable (`status.writer.tableUuid`,
 `deadLetterTableUuid`, and each route table's in `status.writer.tables`, `route_table_uuids`; a route table
-without one is kept): another table reached by the same
+without one is kept). The tables the dynamic route made (`spec.dynamicRoute`) are found by the purge in the
+catalog by their owner property (`icefall.dynamic-route-of`: a table without it is never dropped) and
+dropped when their uuid is the one recorded, or none is (the status list is bounded: up to 100 tables);
+another table reached by the same
 name (one created again, or the same catalog under another name or URI) is kept, and so is a table whose
 uuid another StreamingTable recorded too.
 
@@ -45,6 +48,7 @@ from icefall.plan import names, pods, spark_conf, workloads
 from icefall.plan.children import spec_hash
 from icefall.plan.env import secret_env_vars
 from icefall.plan.metadata import ChildMeta
+from icefall.plan.routing import dynamic_candidate
 from icefall.plan.settings import OperatorSettings
 
 Manifest = dict[str, Any]
@@ -131,11 +135,16 @@ def purge_step(
 
 def route_table_uuids(st: StreamingTable) -> dict[str, str]:
     """The table-uuid the driver recorded for each route table of `st` (`status.writer.tables`), by its
-    dotted identifier; a route table it has not reported is left out (and kept)."""
+    dotted identifier, and for each table its dynamic route made that the report lists; a route table it
+    has not reported is left out (and kept)."""
     report = st.status.writer if st.status else None
     routes = {".".join(identifier) for identifier in st.route_identifiers}
     found = report.tables if report is not None else []
-    return {t.table: t.table_uuid for t in found if t.table in routes and t.table_uuid}
+    return {
+        t.table: t.table_uuid
+        for t in found
+        if t.table_uuid and (t.table in routes or dynamic_candidate(st, t.table.split(".")))
+    }
 
 
 def purge_command(

@@ -19,7 +19,7 @@ from typing import Any
 
 from icefall.api import API_VERSION, StreamingTable
 from icefall.plan.metadata import ChildMeta
-from icefall.plan.names import destination_leases, table_leases
+from icefall.plan.names import maintained_leases, table_leases
 
 Manifest = dict[str, Any]
 
@@ -91,12 +91,13 @@ def driver_rules(st: StreamingTable, *, executors: bool) -> list[Manifest]:
 
 def compaction_rules(st: StreamingTable) -> list[Manifest]:
     """Compaction reads its StreamingTable and claims work items with the Leases of each table it writes
-    (spec.table and its routes' tables, `destination_leases`), by name: the
+    (spec.table and its routes' tables, and the one set all its dynamic route's tables share:
+    `maintained_leases`), by name: the
     fixed pool of work Leases and the yield Lease (get/update; the operator creates them, and a released
     one is kept for the next item). Nothing else: not the commit Lease, another table's Leases or the
     operator's leader Lease.
     """
-    names = [name for leases in destination_leases(st) for name in (*leases.work, leases.rewrite_yield)]
+    names = [name for leases in maintained_leases(st) for name in (*leases.work, leases.rewrite_yield)]
     return [_read_self_rule(st.metadata.name), *_lease_rules(names, ["get", "update"])]
 
 

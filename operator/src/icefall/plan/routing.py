@@ -25,11 +25,15 @@ the range of the batch that created it, like any destination that never committe
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from icefall.api.base import IDENTIFIER_PATTERN
 from icefall.api.routes import DYNAMIC_REASON_PREFIX, QUOTED_CHARS
+
+if TYPE_CHECKING:
+    from icefall.api import StreamingTable
 
 #: Longest table name a dynamic route creates (as a route table's `name`).
 MAX_NAME_CHARS = 255
@@ -158,22 +162,59 @@ def dynamic_names(
     refused: dict[str, str] = {}
     count = len(known)
     for name in sorted(set(found) - set(known)):
-        if re.fullmatch(IDENTIFIER_PATTERN, name) is None or len(name) > MAX_NAME_CHARS:
-            refused[name] = (
-                f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} is not a valid identifier "
-                f"(letters, digits and '_', not starting with a digit, at most {MAX_NAME_CHARS} characters)"
-            )
-        elif name in reserved:
-            refused[name] = (
-                f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} is {reserved[name]}, which "
-                "the route does not write"
-            )
+        if (why := name_refusal(name, reserved)) is not None:
+            refused[name] = why
         elif count >= max_tables:
-            refused[name] = (
-                f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} would be table "
-                f"{count + 1}, past maxTables {max_tables}"
-            )
+            refused[name] = past_cap_reason(name, count, max_tables)
         else:
             new.append(name)
             count += 1
     return DynamicNames(tuple(new), refused)
+
+
+def name_refusal(name: str, reserved: Mapping[str, str]) -> str | None:
+    """The reason a computed name is refused whatever tables exist (not an identifier, or a table the
+    StreamingTable writes otherwise: `reserved`), or None."""
+    if re.fullmatch(IDENTIFIER_PATTERN, name) is None or len(name) > MAX_NAME_CHARS:
+        return (
+            f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} is not a valid identifier "
+            f"(letters, digits and '_', not starting with a digit, at most {MAX_NAME_CHARS} characters)"
+        )
+    if name in reserved:
+        return (
+            f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} is {reserved[name]}, which the "
+            "route does not write"
+        )
+    return None
+
+
+def past_cap_reason(name: str, count: int, max_tables: int) -> str:
+    """The reason of a name refused because `count` dynamic tables exist already (at least `max_tables`)."""
+    return (
+        f"{DYNAMIC_REASON_PREFIX}the computed table name {quoted(name)} would be table {count + 1}, past "
+        f"maxTables {max_tables}"
+    )
+
+
+def not_created_reason(name: str) -> str:
+    """The reason of a name that is a table the route did not create (no owner property naming it)."""
+    return (
+        f"{DYNAMIC_REASON_PREFIX}the computed table name {name!r} is a table the route did not create (no "
+        "icefall.dynamic-route-of property); rename it or change nameTemplate"
+    )
+
+
+def dynamic_candidate(st: StreamingTable, identifier: Sequence[str]) -> bool:
+    """Whether `identifier` may be a table `st`'s dynamic route made: in its namespace, named by its
+    template around a value, and no table `st` writes otherwise. Whether it is one is its owner property's
+    to say (`icefall.catalog.tables.owned_dynamic_tables`)."""
+    route = st.spec.dynamic_route
+    if route is None or tuple(identifier[:-1]) != st.dynamic_namespace:
+        return False
+    name = identifier[-1]
+    return (
+        len(name) > len(route.prefix) + len(route.suffix)
+        and name.startswith(route.prefix)
+        and name.endswith(route.suffix)
+        and name not in st.dynamic_reserved
+    )

@@ -28,7 +28,10 @@ Rules:
   table's lag from its own committed offsets against the topic's end at its last batch, and its freshness
   (`destination_status`); at most `MAX_STATUS_TABLES` (`bounded_tables`). Without a recent report the
   previous list stays; before any, the destinations are listed without figures (`status_tables`).
-  `status.tableCount` is how many tables the spec writes, whatever the report.
+  The tables a dynamic route made are destinations too: the driver finds them in the catalog (by their
+  owner property) and lists them with the others, within the bound. `status.tableCount` is how many
+  tables the spec names plus how many the dynamic route made as the last report says, whatever its age
+  (`table_count`: a table once made stays).
 
 Not guaranteed: that the figures are current (they are as old as the report, at most
 `WRITER_REPORT_MAX_AGE_SECONDS`), or that freshness is exact (the driver measures it right after its
@@ -218,6 +221,13 @@ def status_tables(
     if previous:
         return list(previous)
     return bounded_tables([DestinationStatus(table=".".join(i)) for i in st.destination_identifiers])
+
+
+def table_count(st: StreamingTable, report: WriterReport | None) -> int:
+    """`status.tableCount`: the tables the spec names (spec.table, each route's) and the tables its dynamic
+    route made, as the last `report` counted them (none before one)."""
+    made = report.dynamic_tables if report is not None and st.spec.dynamic_route is not None else None
+    return len(st.destination_identifiers) + (made or 0)
 
 
 #: The services a driver waits out (`WriterReport.waiting_for`), as the issues they are.
