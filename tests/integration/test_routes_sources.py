@@ -319,6 +319,6 @@ def test_avro_records_routed_by_a_decoded_field_and_a_new_writer_schema_in_every
         assert [(r["id"], r["note"]) for r in created] == [(i, f"n{i}")]
     dead = catalog.load_table((NAMESPACE, f"{name}_dlq")).scan().to_arrow().to_pylist()
     assert [(r["offset"], r["error"][:16]) for r in dead] == [(6, "wrong magic byte")]
-    report = verify_table(st, catalog_config, spark=spark)  # the static route's table (dynamic ones: not yet)
-    even_report = report.destination("routes[0]")
-    assert even_report.ok and even_report.content_checked, report.render()
+    report = verify_table(st, catalog_config, spark=spark)
+    assert report.ok and all(d.report.content_checked for d in report.destinations), report.render()
+    assert {d.destination for d in report.destinations} >= {"routes[0]", f"dynamicRoute:{name}_7"}
