@@ -72,8 +72,8 @@ Proves:
     cdc) reads one topic`; the dead-letter topic among the topics → `spec.deadLetter.topic: ... must differ
     from the source topic` (whether a topicPattern matches it is the operator's and `icefall validate`'s
     check: CEL's regular expressions are RE2's, not Java's or Python's)
-  - spec.unrouted without routes → `spec.unrouted: ... unrouted applies with routes`; routes with topics →
-    `spec.routes: ... routes need mode append and one topic`; a route table's class-valued property →
+  - spec.unrouted without routes → `spec.unrouted: ... unrouted applies with routes`; keyed routes →
+    `spec.routes: ... routes need mode append`; a route table's class-valued property →
     `spec.routes[0].table.properties...`
   - spec.table.name: null → `spec.table.name: Invalid value: "null": ... must be of type string`
   - mode upsert without a key, or a key with mode append → `spec.key: Invalid value: mode upsert and cdc
@@ -316,9 +316,11 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         ["spec.unrouted: Invalid value", "unrouted applies with routes"],
     ),
     (
-        "routes-of-topics",
-        lambda o: _topics(o, ["a", "b"]).update(routes=[{"table": {"name": "x"}, "when": "true"}]),
-        ["spec.routes: Invalid value", "routes need mode append and one topic"],
+        "keyed-routes",
+        lambda o: _spec(o).update(
+            mode="upsert", key=["id"], routes=[{"table": {"name": "x"}, "when": "true"}]
+        ),
+        ["spec.routes: Invalid value", "routes need mode append"],
     ),
     (
         "route-code-property",
@@ -736,7 +738,7 @@ def test_the_list_of_topics_can_change(kubectl: Kubectl) -> None:
 
 def test_the_topic_pattern_can_change(kubectl: Kubectl) -> None:
     obj = example("patterned")
-    _pattern(obj, "orders-eu")
+    _pattern(obj, "orders-eu")["dynamicRoute"] = {"from": "Topic"}  # a table per topic: routes read patterns
     assert kubectl.apply(obj).returncode == 0
     _spec(obj)["source"]["topicPattern"] = "orders-(eu|us)"
     result = kubectl.apply(obj)

@@ -98,7 +98,6 @@ def test_what_a_dynamic_route_refuses_names_the_field_and_the_fix(
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
-        ({"source": {"topics": ["a", "b"], "bootstrapServers": "k:9092"}}, ["dynamicRoute", "source.topic"]),
         ({"mode": "upsert", "key": ["n"]}, ["dynamicRoute", "mode append"]),
         ({"unrouted": "DeadLetter", "deadLetter": {"table": {"enabled": False}}}, ["unrouted", "use Table"]),
     ],

@@ -2,7 +2,8 @@
 
 Proves: the cut names the table, the snapshot, every partition's tail range and the counts (bad records
 left out, records the filter dropped, data loss only when there is some); `Cut.offsets` is the end of each
-range; `--format table` prints a header, a rule, one line per row (nested values as JSON) and the count.
+range; a table of several topics gives its cut per topic and partition; `--format table` prints a header,
+a rule, one line per row (nested values as JSON) and the count.
 Not proved here: that the reads are right (tests/integration/test_union_read.py, against real Kafka).
 """
 
@@ -43,6 +44,18 @@ def test_the_cut_names_the_snapshot_the_ranges_and_the_counts() -> None:
     assert "no snapshot yet" in lossy.render()[0]
     assert lossy.render()[-1].startswith("[read] DATA LOSS: 7 records")
     assert cut.to_dict()["partitions"] == {"0": [100, 130], "1": [90, 95]}
+
+
+def test_the_cut_of_several_topics_is_per_topic_and_partition() -> None:
+    topics = {"orders-us": {0: (5, 9)}, "orders-eu": {1: (0, 2), 0: (7, 7)}}
+    cut = Cut(
+        table="t", topic="orders-eu, orders-us", snapshot_id=1, snapshot_ms=None, taken_at_ms=0, topics=topics
+    )
+    assert (
+        cut.render()[1] == "[read] cut, per topic/partition tail from..to: "
+        "orders-eu/0: 7..7, orders-eu/1: 0..2, orders-us/0: 5..9"
+    )
+    assert cut.to_dict()["topics"] == {"orders-eu": {"0": [7, 7], "1": [0, 2]}, "orders-us": {"0": [5, 9]}}
 
 
 def test_rows_as_aligned_text() -> None:

@@ -3,7 +3,7 @@ takes of a batch (`icefall.plan.routing`).
 
 Proves: routes are accepted with their tables' identifiers in order; a condition that is not record-local,
 a table that clashes, a layout on a missing column, unrouted without routes, DeadLetter without a
-dead-letter destination, and the forms routes do not support yet are refused naming the field and the fix.
+dead-letter destination, and keyed modes (not supported yet) are refused naming the field and the fix.
 A destination at the batch's start takes the whole batch; one ahead takes the rest of each partition and
 skips the rows it holds; one that holds everything takes nothing; one behind raises instead of losing
 records; retention gaps carry over.
@@ -64,7 +64,6 @@ def test_routes_name_their_tables_in_order_and_default_to_the_table() -> None:
          ["icefall.offsets", "remove it"]),
         ({"routes": [], "unrouted": "DeadLetter"}, ["unrouted", "add routes"]),
         ({"unrouted": "DeadLetter", "deadLetter": {"table": {"enabled": False}}}, ["unrouted", "use Table"]),
-        ({"source": {"topics": ["a", "b"], "bootstrapServers": "k:9092"}}, ["routes", "source.topic"]),
         ({"mode": "upsert", "key": ["n"]}, ["routes", "mode append"]),
     ],
 )  # fmt: skip

@@ -264,15 +264,13 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".unrouted",
         ),
         Rule(
-            "!has(self.routes) || size(self.routes) == 0 || "
-            "((!has(self.mode) || self.mode == 'append') && has(self.source.topic))",
-            message="routes need mode append and one topic (source.topic) for now; remove them",
+            "!has(self.routes) || size(self.routes) == 0 || !has(self.mode) || self.mode == 'append'",
+            message="routes need mode append for now; remove them",
             field_path=".routes",
         ),
         Rule(
-            "!has(self.dynamicRoute) || "
-            "((!has(self.mode) || self.mode == 'append') && has(self.source.topic))",
-            message="dynamicRoute needs mode append and one topic (source.topic) for now; remove it",
+            "!has(self.dynamicRoute) || !has(self.mode) || self.mode == 'append'",
+            message="dynamicRoute needs mode append for now; remove it",
             field_path=".dynamicRoute",
         ),
         Rule(

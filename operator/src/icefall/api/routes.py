@@ -1,6 +1,7 @@
-"""Routes: one topic into several tables. Static routes (`spec.routes`) send each record to the first route
-whose condition holds; a dynamic route (`spec.dynamicRoute`) computes a table name from each record the
-static routes leave; `spec.unrouted` says where the records no route takes go.
+"""Routes: a source's records (one topic, `topics` or `topicPattern`; any format) into several tables.
+Static routes (`spec.routes`) send each record to the first route whose condition holds; a dynamic route
+(`spec.dynamicRoute`) computes a table name from each record the static routes leave; `spec.unrouted`
+says where the records no route takes go.
 
 A route's condition (`when`) is a Spark SQL boolean expression over the record as decoded, before
 `spec.transforms`: the fields of `spec.format.schema` by name, and `_kafka`, a struct of `topic`,

@@ -182,9 +182,9 @@ class StreamingTableSpec(ApiModel):
         default_factory=list,
         max_length=MAX_ROUTES,
         description=(
-            "Static routes: one topic into several tables, read once per batch. Each record goes to the "
-            "first route whose condition holds; records no route takes go where unrouted says. Each table "
-            "commits the offsets it has taken, exactly once. mode append, one topic, format json."
+            "Static routes: the source's records into several tables, read once per batch. Each record goes "
+            "to the first route whose condition holds; records no route takes go where unrouted says. Each "
+            "table commits the offsets it has taken (per topic and partition), exactly once. mode append."
         ),
     )
     dynamic_route: DynamicRoute | None = Field(
@@ -192,7 +192,8 @@ class StreamingTableSpec(ApiModel):
         description=(
             "Dynamic route: a table per value computed from each record no static route takes (a field, a "
             "header, the key or the topic, through nameTemplate), created on first use, at most maxTables. "
-            "Exactly once per table, as routes. mode append, one topic, format json."
+            "Exactly once per table, as routes. mode append. With from: Topic and source.topics or "
+            "topicPattern: a table per topic."
         ),
     )
     unrouted: Unrouted | None = Field(
@@ -376,12 +377,6 @@ def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
     field = "routes" if spec.routes else "dynamicRoute"
     if spec.mode is not TableMode.APPEND:
         problems.append(((field,), f"{field} needs mode append (not {spec.mode.value}) for now; remove it"))
-    if spec.source.by_topic:
-        problems.append(((field,), f"{field} reads one topic for now: use source.topic, or remove it"))
-    if spec.format.type is not FormatType.JSON:
-        problems.append(
-            ((field,), f"{field} needs format json for now (not {spec.format.type.value}); remove it")
-        )
     problems += dynamic_spec_problems(spec)
     if spec.unrouted is Unrouted.DEAD_LETTER and not spec.dead_letter.enabled:
         problems.append(

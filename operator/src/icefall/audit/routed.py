@@ -23,6 +23,11 @@ name its fate: a created table from its start offsets on, else a dead letter who
 writer's exact reason (`reason_prefix`). A created table none of whose audited records goes to it is
 reported (`RoutedAuditReport.problems`); one never committed is noted.
 
+Several topics (`spec.source.topics`, `topicPattern`): each destination is audited per topic, up to its
+own offsets of that topic, over the topics `spec.table` or it holds (`icefall.audit.table.of_topics`). A
+dynamic route over several topics is refused (`AuditError`): the fates of its names are per partition of
+one topic (`icefall.audit.dynamic`).
+
 Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
 schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
 missing: audit with the spec the tables were filled with.
@@ -30,6 +35,7 @@ missing: audit with the spec the tables were filled with.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,8 +53,8 @@ from icefall.audit.dynamic import (
 )
 from icefall.audit.kafka import KafkaTopic
 from icefall.audit.report import AuditReport
-from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD
-from icefall.audit.table import audit_table, dlq_identifier
+from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD, AuditError
+from icefall.audit.table import audit_table, dlq_identifier, of_topics
 from icefall.commit import read_committed
 
 if TYPE_CHECKING:
@@ -169,8 +175,8 @@ class RoutedContent:
         self.st = st
         self.dynamic = tuple(dynamic)
         self.unowned = frozenset(unowned)
-        self._ranges: dict[int, tuple[int, int]] | None = None
-        self._records: pa.Table | None = None
+        # By topic: the ranges decoded and their records (a table of several topics decodes each apart).
+        self._decoded: dict[str, tuple[dict[int, tuple[int, int]], pa.Table]] = {}
 
     def view(self, destination: int) -> _View:
         """The `ContentSource` of one destination (a route's index, or DEFAULT)."""
@@ -178,17 +184,19 @@ class RoutedContent:
 
     def records(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
         """`RECORDS_SCHEMA` of the records of `ranges`, decoded again only when they are not yet."""
-        union = covering(self._ranges, ranges)
-        if union is not None or self._records is None:
-            self._ranges = union if union is not None else dict(ranges)
-            self._records = self._decode(topic, self._ranges)
-        return within(self._records, ranges)
+        held = self._decoded.get(topic)
+        union = covering(held[0] if held else None, ranges)
+        if union is not None or held is None:
+            union = union if union is not None else dict(ranges)
+            held = self._decoded[topic] = (union, self._decode(topic, union))
+        return within(held[1], ranges)
 
     def taken(self, destination: int, ranges: Mapping[int, tuple[int, int]]) -> int:
-        """How many records of `ranges` (decoded already) go to `destination`."""
-        if self._records is None or not ranges:
+        """How many records of `ranges` (decoded already; of the one topic) go to `destination`."""
+        if len(self._decoded) != 1 or not ranges:
             return 0
-        dest = within(self._records, ranges).column("dest")
+        ((_, records),) = self._decoded.values()
+        dest = within(records, ranges).column("dest")
         return int(pc.sum(pc.equal(dest, destination)).as_py() or 0)
 
     def _decode(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
@@ -281,7 +289,15 @@ def audit_routed(
     against the topic up to its own committed offsets: `spec.table`, each route's table, each table the
     dynamic route created (`icefall.audit.dynamic`)."""
     main = catalog.load_table(st.table_identifier)
-    topic = read_committed(main).topic or st.spec.source.first_topic
+    committed = read_committed(main)
+    # The topics form: each destination audited per topic, over the topics the table or it holds.
+    topics = list(committed.topics or ()) if st.spec.source.by_topic else None
+    if topics is not None and st.spec.dynamic_route is not None:
+        raise AuditError(
+            "spec.dynamicRoute over several topics (source.topics, topicPattern) is not audited yet: the "
+            "fate of each computed name is worked out per partition of one topic; audit its tables by hand"
+        )
+    topic = committed.topic or st.spec.source.first_topic
     dlq = _dead_letter_table(catalog, st)
     owned, unowned = found_tables(catalog, st) if st.spec.dynamic_route is not None else ([], set())
     first = len(st.route_identifiers)
@@ -292,19 +308,53 @@ def audit_routed(
     routed = RoutedContent(content, st, dynamic, unowned)
     options: dict[str, Any] = {"filter_configured": bool(st.spec.transforms.filter), "ingesting": ingesting}
     audits = []
-    with KafkaTopic(st.spec.source.bootstrap_servers, topic, config=kafka_config) as source:
+    with contextlib.ExitStack() as stack:
+        one = None
+        if topics is None:  # the one topic, for every destination
+            one = stack.enter_context(
+                KafkaTopic(st.spec.source.bootstrap_servers, topic, config=kafka_config)
+            )
+
+        def audit_one(table: Table, dlq: Table | None, destination: int) -> AuditReport:
+            view = routed.view(destination)
+            if one is not None:
+                return audit_table(table, dlq, one, content=view, **options)
+            assert topics is not None
+            return _audit_topics(
+                table, dlq, view, topics=topics, st=st, kafka_config=kafka_config, options=options
+            )
+
         # spec.table first: its columns are those the records decode into (`SparkContent.main_rows`).
-        report = audit_table(main, dlq, source, content=routed.view(DEFAULT), **options)
-        audits.append(DestinationAudit("spec.table", report))
+        audits.append(DestinationAudit("spec.table", audit_one(main, dlq, DEFAULT)))
         for i, identifier in enumerate(st.route_identifiers):
             table = catalog.load_table(identifier)  # never committed: no range, any row unexpected
-            report = audit_table(table, None, source, content=routed.view(i), **options)
-            audits.append(DestinationAudit(f"routes[{i}]", report))
+            audits.append(DestinationAudit(f"routes[{i}]", audit_one(table, None, i)))
         for made, (name, table) in zip(dynamic, owned, strict=True):
-            report = audit_table(table, None, source, content=routed.view(made.index), **options)
-            audits.append(DestinationAudit(f"dynamicRoute:{name}", report))
+            audits.append(DestinationAudit(f"dynamicRoute:{name}", audit_one(table, None, made.index)))
     problems, notes = unexplained(routed.taken, audits[first + 1 :], dynamic)
     return RoutedAuditReport(tuple(audits), problems, notes)
+
+
+def _audit_topics(
+    table: Table,
+    dlq: Table | None,
+    view: _View,
+    *,
+    topics: list[str],
+    st: StreamingTable,
+    kafka_config: Mapping[str, Any] | None,
+    options: Mapping[str, Any],
+) -> AuditReport:
+    """One destination of a table of several topics: each topic it or the table holds, audited up to its
+    own offsets of that topic (one it never committed: any row of it unexpected)."""
+    state = read_committed(table)
+    reports = {}
+    for name in dict.fromkeys([*topics, *(state.topics or ())]):
+        with KafkaTopic(st.spec.source.bootstrap_servers, name, config=kafka_config) as source:
+            reports[name] = audit_table(table, dlq, source, content=view, of_topic=name, **options)
+    if not reports:  # nothing committed anywhere yet: no range, any row unexpected
+        return audit_table(table, dlq, {}, content=view, **options)
+    return of_topics(reports, state.lost_records)
 
 
 def unexplained(

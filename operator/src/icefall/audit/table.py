@@ -250,7 +250,7 @@ def audit_from_catalog(
                     table, dlq, source, content=content, filter_configured=filter_configured,
                     ingesting=ingesting, of_topic=name,
                 )  # fmt: skip
-        return _of_topics(reports, read_committed(table).lost_records)
+        return of_topics(reports, read_committed(table).lost_records)
     assert topic is not None
     with KafkaTopic(bootstrap, topic, config=kafka_config) as source:
         return audit_table(
@@ -273,7 +273,7 @@ def topic_slice(state: CommittedState, topic: str) -> CommittedState:
     )
 
 
-def _of_topics(reports: Mapping[str, AuditReport], lost_records: int) -> AuditReport:
+def of_topics(reports: Mapping[str, AuditReport], lost_records: int) -> AuditReport:
     """The report of a table of several topics: each topic's partitions, named by topic."""
     first = next(iter(reports.values()))
     audits = [replace(p, topic=name) for name, report in reports.items() for p in report.partitions]

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 from icefall.api import Unrouted
 from icefall.commit import (
-    Batch,
     FencedError,
     MaintenanceConflictError,
     StaleHeadError,
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from icefall.api import StreamingTableSpec
+    from icefall.catalog.evolution import Evolution
     from icefall.commit import CommittedState, SourceBatch, Stage
     from icefall.ingest.commits import CommitPipeline, InFlight
     from icefall.ingest.dead_letters import DeadLetters
@@ -141,8 +141,8 @@ class Batches:
             self._routes_dropped(routes),
         ):
             written = self._write(planned, stage, clock, routes)
-            action, stage, written = self._decide(Below.NONE, stage, written, pipeline)
-            landed = self._commit_or_send(action, stage, written, routes)
+            action, stage, written, staged = self._decide(Below.NONE, stage, written, pipeline, routes)
+            landed = self._commit_or_send(action, stage, written, staged)
         if landed is None:
             return StepOutcome((), left)
         return StepOutcome((self.reporter.report(written, landed, self.table, paced=False),), left)
@@ -168,7 +168,7 @@ class Batches:
         with dropped_unless_committed(self.table, stage.branch, self.label, "main"):
             written = self._write(planned, stage, clock)
             below = self._land_below(flight)
-            action, stage, written = self._decide(below.ended, stage, written, pipeline)
+            action, stage, written, _ = self._decide(below.ended, stage, written, pipeline)
             if action is Action.DROP and below.refused is not None:
                 raise below.refused  # this batch sits on a commit that did not land: it goes with its branch
             if action is Action.DISCARD:
@@ -204,15 +204,21 @@ class Batches:
         return self.planner.batch(proposal), NOTHING_TO_CLEAN
 
     def _decide(
-        self, below: Below, stage: Stage, written: WrittenBatch, pipeline: bool
-    ) -> tuple[Action, Stage, WrittenBatch]:
+        self,
+        below: Below,
+        stage: Stage,
+        written: WrittenBatch,
+        pipeline: bool,
+        routes: Sequence[RouteStage] = (),
+    ) -> tuple[Action, Stage, WrittenBatch, Sequence[RouteStage]]:
         """`plan.pipelining.after_write` on the written batch; a REWRITE is done here (the commit below, if
-        any, has landed), and decided again. Returns the action with the batch's stage and write."""
+        any, has landed), and decided again. Returns the action with the batch's stage, write and route
+        stages (a routed batch written again is staged again in every route table too)."""
         action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
         while action is Action.REWRITE:  # once: every id the batch holds is met by then
-            stage, written = self._rewrite(written.planned, written.clock)
+            stage, written, routes = self._rewrite(written.planned, written.clock)
             action = after_write(below, _facts(written), self._pace(pipeline), now=time.monotonic())
-        return action, stage, written
+        return action, stage, written, routes
 
     def _routes_dropped(self, routes: list[RouteStage]) -> AbstractContextManager[None]:
         routing = self.writer.routing
@@ -248,14 +254,19 @@ class Batches:
         self.planner.check_topics_unchanged(planned)
         return WrittenBatch(planned, stats, clock)
 
-    def _rewrite(self, planned: PlannedBatch, clock: PhaseClock) -> tuple[Stage, WrittenBatch]:
+    def _rewrite(
+        self, planned: PlannedBatch, clock: PhaseClock
+    ) -> tuple[Stage, WrittenBatch, Sequence[RouteStage]]:
         """Write the batch again on a fresh stage (the commit below, if any, has landed): its first write
         met writer schemas it was not decoded with (`icefall.ingest.known_writers`); that write is dropped
-        with the snapshot it staged, and is never committed."""
+        with the snapshot it staged, and is never committed. Routed: every route table's branch is pointed
+        back at its head the same way (`Routing.stage`), and written again."""
         log.info("%s: the batch met new writer schemas; it is written again with them", self.label)
         metrics.INGEST_BATCHES_REWRITTEN.labels(self.label).inc()
         stage = self.commits.restage(self.table)
-        return stage, self._write(planned, stage, clock)
+        routing = self.writer.routing
+        routes = routing.stage(stage.branch, planned) if routing is not None else []
+        return stage, self._write(planned, stage, clock, routes), routes
 
     def _evolve(self, writers: Writers | None) -> Schema:
         """Make the table hold the spec's fields and the writer schemas the batch is decoded with
@@ -267,13 +278,13 @@ class Batches:
             )
             if evolution.changes:
                 self.schemas.committed(evolution)
+        columns = self.table.schema()
         for route_table in self.writer.routing.tables if self.writer.routing is not None else []:
-            # The route tables hold the table's columns: the same fields added.
-            if self.schemas.evolution(route_table.schema(), writers).changes:
-                evolve_schema(
-                    route_table, lambda schema: self.schemas.evolution(schema, writers), self.commits.epoch
-                )
-        return self.table.schema()
+            # The route tables hold the table's columns (every field it has, whichever writer schema or
+            # spec added it, also one a table created or added later never met): the same fields added.
+            if _following(route_table.schema(), columns).changes:
+                evolve_schema(route_table, lambda schema: _following(schema, columns), self.commits.epoch)
+        return columns
 
     def _land_below(self, flight: InFlight) -> LandedBelow:
         """Wait for the commit in flight below this batch: how it ended, its report, its error."""
@@ -309,7 +320,6 @@ class Batches:
         planned, bad, clock = written.planned, written.stats.dead, written.clock
         routing, routed = self.writer.routing, 0
         if routing is not None:
-            assert isinstance(batch, Batch)  # routes read one topic
             routed = routing.commit(list(routes), batch, self.commits.epoch, self.commits.check_lease)
             if routing.unrouted is Unrouted.DEAD_LETTER:  # nothing was written to the table
                 stage_empty(self.table, stage.branch, stage.base.snapshot_id)
@@ -362,6 +372,16 @@ class Batches:
                 if dropped:
                     metrics.STAGES_DROPPED.labels(".".join(table.name())).inc(len(dropped))
                     log.info("%s: dropped staging branches left by the outage: %s", self.label, dropped)
+
+
+def _following(schema: Schema, columns: Schema) -> Evolution:
+    """What a route table (`schema`) must change to hold the table's `columns`."""
+    from icefall.catalog.evolution import plan_evolution
+    from icefall.ingest.schemas import OWN_COLUMNS
+
+    return plan_evolution(
+        schema, columns, source="the table's columns", relax_required=True, last=OWN_COLUMNS
+    )
 
 
 def _facts(written: WrittenBatch) -> Written:

@@ -248,7 +248,12 @@ class Ingestor:
         """Dynamic route table `name`, created on first use, with this writer's epoch claimed in it (a
         late commit of an older writer to it is fenced like one to any other table)."""
         from icefall.catalog.tables import ensure_dynamic_table
+        from icefall.ingest.schemas import follows_table
 
+        if follows_table(self.spec):
+            # A registry format: the table's columns now (every writer schema met), not the latest schema
+            # the spec was filled with at start; the batch's rows are written in these columns.
+            override = self.table.schema()
         table = ensure_dynamic_table(self.catalog, self.st, name, schema_override=override)
         if table is not None:
             self.commits.check_lease()

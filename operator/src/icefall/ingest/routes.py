@@ -16,6 +16,10 @@ dropped unless the commit landed; a route table behind `spec.table` stops the wr
 reader may see a route table ahead of another for the time between their commits); pipelining (a routed
 table commits each batch before the next is read).
 
+Several topics (`spec.source.topics`, `topicPattern`): each destination takes its part per topic
+(`icefall.plan.routing.destination_takes`) and commits it as a `TopicsBatch`. Conditions see the decoded
+value's fields as the batch decodes them (a registry format's: the table's columns now).
+
 Dynamic routes (`spec.dynamicRoute`): `routed` also adds the name each good record no static route takes
 computes (`NAME_COLUMN`). `write` counts the batch's names first (one job over the cached batch, its
 observation with it), sorts them (`icefall.plan.routing.dynamic_names`), creates the new tables (`create`:
@@ -32,17 +36,32 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from icefall.api import UNROUTED_REASON, NameFrom, StreamingTable, Unrouted
-from icefall.commit import Batch, Stage, commit_staged_outcome, prepare_stage, sweep_stages
+from icefall.commit import (
+    Batch,
+    SourceBatch,
+    Stage,
+    TopicsBatch,
+    commit_staged_outcome,
+    prepare_stage,
+    sweep_stages,
+)
 from icefall.commit.batch import held_of
 from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, TYPED_COLUMN
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
 from icefall.ingest.report import added_records
-from icefall.plan.routing import Take, destination_take, dynamic_names, not_created_reason, reads_headers
+from icefall.plan.routing import (
+    Take,
+    TopicRange,
+    destination_takes,
+    dynamic_names,
+    not_created_reason,
+    reads_headers,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -74,7 +93,7 @@ class RouteStage:
     label: str
     table: Table
     stage: Stage
-    take: Take
+    takes: Mapping[str, Take]  # by topic: the topics it takes part of (one in the one-topic form)
     target: str  # the Spark name of its staging branch
     sorted_table: bool
 
@@ -107,6 +126,7 @@ class Routing:
         # write created, its refused names with their reasons and how many records they hold.
         self._batch: tuple[str, PlannedBatch] | None = None
         self.created: list[RouteStage] = []
+        self.staged: list[RouteStage] = []  # the route tables `stage` staged for the batch being written
         self.refused: dict[str, str] = {}
         self.refused_records = 0
 
@@ -135,7 +155,7 @@ class Routing:
 
         context = decoded.select(
             F.struct(*(F.col(c) for c in decoded.columns)).alias(_RECORD),
-            *(F.col(TYPED_COLUMN)[f.name].alias(f.name) for f in self.spec.format.schema_fields),
+            *(F.col(TYPED_COLUMN)[name].alias(name) for name in _value_fields(decoded)),
             self._kafka(decoded).alias("_kafka"),
         )
         conditions = self.conditions if conditions is None else conditions
@@ -239,7 +259,10 @@ class Routing:
         route = F.col(ROUTE_COLUMN)
         try:
             if self.dynamic is not None:
-                route = self._resolve(cached)  # its first job: the batch and its observation computed once
+                # The batch and its observation computed once, by a count: the names' groupBy as the first
+                # job loses an observation that holds arrays (a registry format's schema ids).
+                cached.count()
+                route = self._resolve(cached)
                 stages = [*stages, *self.created]
             if self.unrouted is Unrouted.TABLE:
                 append_to(rows_of(cached.where(self._unrouted(route))), *main)
@@ -248,12 +271,24 @@ class Routing:
                 # append of `where(false)`: Spark prunes that query, and the batch's observation breaks.
                 cached.count()  # computes the batch once, its observation with it, for the routes to share
             for rs in stages:
-                keep = (route == rs.index) & F.col("partition").isin(list(rs.take.start))
-                for p, below in rs.take.skip_below.items():
-                    keep = keep & ((F.col("partition") != p) | (F.col("offset") >= below))
+                keep = (route == rs.index) & self._taken(rs.takes, by_topic="topic" in cached.columns)
                 append_to(rows_of(cached.where(keep)), rs.target, rs.sorted_table)
         finally:
             cached.unpersist()
+
+    @staticmethod
+    def _taken(takes: Mapping[str, Take], *, by_topic: bool) -> Column:
+        """Whether a record is in the part of the batch a destination takes (`takes`, by topic): its topic
+        and partition taken, its offset past what the destination holds."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        taken = F.lit(False)
+        for topic, take in takes.items():
+            keep = F.col("partition").isin(list(take.start))
+            for p, below in take.skip_below.items():
+                keep = keep & ((F.col("partition") != p) | (F.col("offset") >= below))
+            taken = taken | ((F.col("topic") == F.lit(topic)) & keep if by_topic else keep)
+        return taken
 
     def _resolve(self, cached: DataFrame) -> Column:
         """Count the batch's computed names, create and stage the new tables, remember the refused names;
@@ -326,25 +361,27 @@ class Routing:
             staged = self._stage_one(i, branch, planned)
             if staged is not None:
                 stages.append(staged)
+        self.staged = stages
         return stages
 
     def _stage_one(self, i: int, branch: str, planned: PlannedBatch) -> RouteStage | None:
-        (part,) = planned.parts  # routes read one topic
         table = self.tables[i]
         stage = prepare_stage(table, branch, role="route")
-        held = held_of(stage.base, part.topic).offsets
-        take = destination_take(part.start, part.end, part.gaps, held, name=self.labels[i])
-        if take is None:
+        held = {part.topic: held_of(stage.base, part.topic).offsets for part in planned.parts}
+        ranges = [TopicRange(part.topic, part.start, part.end, part.gaps) for part in planned.parts]
+        takes = destination_takes(ranges, held, name=self.labels[i], by_topic=planned.by_topic)
+        if not takes:
             log.warning(
                 "%s: holds the whole batch already (a crash between commits); skipped", self.labels[i]
             )
             return None
-        if take.skip_below:
+        ahead = {topic: take.start for topic, take in takes.items() if take.skip_below}
+        if ahead:
             log.warning(
-                "%s: ahead of the table (a crash between commits); takes from %s", self.labels[i], take.start
+                "%s: ahead of the table (a crash between commits); takes from %s", self.labels[i], ahead
             )
         target = self.spark_name(self.identifiers[i], branch)
-        return RouteStage(i, self.labels[i], table, stage, take, target, self.sorted[i])
+        return RouteStage(i, self.labels[i], table, stage, takes, target, self.sorted[i])
 
     @contextlib.contextmanager
     def dropped_unless_committed(self, stages: list[RouteStage]) -> Iterator[None]:
@@ -356,7 +393,11 @@ class Routing:
             try:
                 yield
             except BaseException as error:
-                for rs in self.created:  # staged by this batch's write: dropped the same way
+                entered = {rs.label for rs in stages}
+                # Staged by this batch's write (created), or by its write again (a REWRITE stages every
+                # route table again): dropped the same way.
+                later = [rs for rs in [*self.staged, *self.created] if rs.label not in entered]
+                for rs in later:
                     try:
                         with dropped_unless_committed(rs.table, rs.stage.branch, rs.label, "route"):
                             raise error
@@ -366,21 +407,13 @@ class Routing:
                 raise
 
     def commit(
-        self, stages: list[RouteStage], batch: Batch, epoch: int, check_lease: Callable[[], None]
+        self, stages: list[RouteStage], batch: SourceBatch, epoch: int, check_lease: Callable[[], None]
     ) -> int:
         """Commit each route table's part of `batch`, in order, before the dead letters and the table; the
         rows they added."""
         added = 0
         for rs in [*stages, *self.created]:
-            take = rs.take
-            part = Batch(
-                topic=batch.topic,
-                start=take.start,
-                end=take.end,
-                max_produce_time_ms=batch.max_produce_time_ms,
-                retention_gaps=take.gaps,
-                topic_id=batch.topic_id,
-            )
+            part = destination_batch(batch, rs.takes)
             stage_empty(rs.table, rs.stage.branch, rs.stage.base.snapshot_id)  # a batch that read nothing
             check_lease()
             outcome = commit_staged_outcome(rs.table, rs.stage, part, epoch)
@@ -392,3 +425,34 @@ class Routing:
         """Drop the staging branches crashed writers (or an outage) left in the route tables."""
         for table in self.tables:
             sweep_stages(table, role="route")
+
+
+def _value_fields(decoded: DataFrame) -> list[str]:
+    """The decoded value's fields a condition names: those of the record as decoded (`TYPED_COLUMN`), so a
+    registry format's are the table's columns as they are now (a writer schema's new field included)."""
+    from pyspark.sql.types import StructType
+
+    typed = decoded.schema[TYPED_COLUMN].dataType
+    assert isinstance(typed, StructType)
+    return [name for name in typed.fieldNames() if not name.startswith(INTERNAL_PREFIX)]
+
+
+def destination_batch(batch: SourceBatch, takes: Mapping[str, Take]) -> SourceBatch:
+    """What one destination commits of `batch` (the table's): the part of each topic it takes (`takes`),
+    in the batch's form (a `TopicsBatch` in the topics form, whatever the number of topics it takes)."""
+    parts = tuple(
+        Batch(
+            topic=part.topic,
+            start=take.start,
+            end=take.end,
+            max_produce_time_ms=part.max_produce_time_ms,
+            retention_gaps=take.gaps,
+            topic_id=part.topic_id,
+        )
+        for part in batch.parts
+        if (take := takes.get(part.topic)) is not None
+    )
+    if isinstance(batch, TopicsBatch):
+        return TopicsBatch(parts)
+    (one,) = parts
+    return one

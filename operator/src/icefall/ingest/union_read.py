@@ -32,6 +32,10 @@ is every record of the topic up to the cut exactly once, fresh to the moment the
 - **Keyed tables** (`spec.mode` upsert, cdc): the tail's last change per key (`last_changes`, the rule
   ingestion's MERGE applies) replaces the table's row for that key, or deletes it.
 
+- **Several topics** (`spec.source.topics`, `topicPattern`): each topic the source reads now (a pattern's
+  from Kafka's list) has its tail from what the table holds of it (a topic it never read: from its first
+  record once the table holds offsets, as ingestion); the cut is per topic and partition (`Cut.topics`).
+
 Refused (`ReadError`): a topic other than the one the table was filled from, a topic deleted and created
 again or truncated below the committed offsets (`source_change`: the offsets no longer point into it), an
 unknown snapshot, or one whose offsets the table no longer keeps.
@@ -61,8 +65,10 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from icefall.api import KafkaSource, StreamingTable
+    from icefall.api.source import StartingPositionType
     from icefall.catalog import CatalogConfig
     from icefall.ingest.routes import Routing
+    from icefall.kafka.admin import TopicView
     from icefall.plan.offsets import OffsetRange
 
 
@@ -81,6 +87,8 @@ class Cut:
     taken_at_ms: int  # when the end offsets were taken
     # partition -> (first offset of the tail, the cut: next offset not read); every partition of the topic
     partitions: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    # A table of several topics: `partitions` of each topic it reads (`partitions` is then empty)
+    topics: Mapping[str, Mapping[int, tuple[int, int]]] = field(default_factory=dict)
     tail_records: int = 0  # records read from the tail
     tail_rows: int = (
         0  # good rows they decode to (a keyed table's changes, deletes too, before the last per key)
@@ -105,9 +113,15 @@ class Cut:
         if self.snapshot_ms is not None:
             at += f" (committed {_iso(self.snapshot_ms)})"
         ranges = ", ".join(f"{p}: {start}..{end}" for p, (start, end) in sorted(self.partitions.items()))
+        ranges += ", ".join(
+            f"{t}/{p}: {start}..{end}"
+            for t, parts in sorted(self.topics.items())
+            for p, (start, end) in sorted(parts.items())
+        )
+        where = "partition" if not self.topics else "topic/partition"
         lines = [
             f"[read] {self.table} at {at} + topic {self.topic} up to the cut taken {_iso(self.taken_at_ms)}",
-            f"[read] cut, per partition tail from..to: {ranges or 'no partitions'}",
+            f"[read] cut, per {where} tail from..to: {ranges or 'no partitions'}",
             f"[read] tail: {self.tail_records} records, {self.tail_rows} rows, {self.bad_records} bad "
             f"records left out, {self.filtered_records} filtered out"
             + (f", {self.routed_elsewhere} routed to other destinations" if self.routed_elsewhere else ""),
@@ -127,6 +141,16 @@ class Cut:
             "snapshot_ms": self.snapshot_ms,
             "taken_at_ms": self.taken_at_ms,
             "partitions": {str(p): [s, e] for p, (s, e) in sorted(self.partitions.items())},
+            **(
+                {
+                    "topics": {
+                        t: {str(p): [s, e] for p, (s, e) in sorted(parts.items())}
+                        for t, parts in sorted(self.topics.items())
+                    }
+                }
+                if self.topics
+                else {}
+            ),
             "tail_records": self.tail_records,
             "tail_rows": self.tail_rows,
             "bad_records": self.bad_records,
@@ -194,40 +218,31 @@ def union_read(
     dynamic = _dynamic_tables(st, catalog, table_name)
     identifier = read_identifier(st, table_name, dynamic)
     label = ".".join(identifier)
-    if st.spec.source.by_topic:
-        raise ReadError(
-            f"{label} reads several topics (spec.source.topics): a fresh read of such a table is not "
-            "supported yet; read the table itself (e.g. with Spark or pyiceberg)"
-        )
     table = catalog.load_table(identifier)
     if spark is None:  # before the snapshot and the cut are taken: a Spark start takes seconds
         spark = _local_spark(st, catalog_config)
     state = _state(table, label, snapshot_id, as_of)
+    older = snapshot_id is not None or as_of is not None
     route: int | str | None = identifier[-1] if identifier in dynamic else None
-    if route is not None and snapshot_id is None and as_of is None and not state.offsets:
+    if route is not None and not older and not state.by_topic():
         # Created, never committed: its first batch is planned from spec.table's offsets.
         state = replace(read_committed(catalog.load_table(st.table_identifier)), snapshot_id=None)
-    _check_topic(state, st.spec.source, label)
-    topic = _TopicNow.read(st.spec.source, state, timeout)  # the cut: taken once, after the snapshot
-    ranges, lost = _tail_ranges(
-        st,
-        state,
-        topic.topic_id,
-        topic.marks,
-        starts_at=topic.starts_at,
-        label=label,
-        older=snapshot_id is not None or as_of is not None,
-    )
     snapshot = table.metadata.snapshot_by_id(state.snapshot_id) if state.snapshot_id is not None else None
     cut = Cut(
         table=label,
         topic=st.spec.source.first_topic,
         snapshot_id=state.snapshot_id,
         snapshot_ms=snapshot.timestamp_ms if snapshot is not None else None,
-        taken_at_ms=topic.taken_at_ms,
-        partitions={r.partition: (r.start, r.end) for r in ranges},
-        lost_records=lost,
+        taken_at_ms=0,
     )
+    if st.spec.source.by_topic:
+        ranges, cut = _topics_tail(st, state, cut, older=older, timeout=timeout)
+    else:
+        _check_topic(state, st.spec.source, label)
+        topic = _TopicNow.read(st.spec.source, state, timeout)  # the cut: taken once, after the snapshot
+        ranges, lost = _tail_ranges(st, state, topic, label=label, older=older)
+        partitions = {r.partition: (r.start, r.end) for r in ranges}
+        cut = replace(cut, taken_at_ms=topic.taken_at_ms, partitions=partitions, lost_records=lost)
     rows = _table_rows(spark, identifier, catalog_config.name, state.snapshot_id)
     if st.spec.routes and route is None:
         route = st.route_of(label)
@@ -298,16 +313,62 @@ class _TopicNow:
         with TopicView(
             source.bootstrap_servers, source.first_topic, librdkafka_config(source.security)
         ) as view:
-            topic_id = view.topic_id(timeout=timeout)
-            marks = view.watermarks(timeout=timeout)
-            taken_at_ms = int(time.time() * 1000)
-            timestamp = source.starting_position.timestamp_ms
-            starts_at = (
-                view.offsets_for_time(timestamp, timeout)
-                if timestamp is not None and not state.offsets
-                else None
-            )
+            return cls.of(view, source, fresh=not state.offsets, timeout=timeout)
+
+    @classmethod
+    def of(cls, view: TopicView, source: KafkaSource, *, fresh: bool, timeout: float) -> _TopicNow:
+        """`view`'s topic now; `fresh`: the table has no offsets yet (a starting time is looked up)."""
+        topic_id = view.topic_id(timeout=timeout)
+        marks = view.watermarks(timeout=timeout)
+        taken_at_ms = int(time.time() * 1000)
+        timestamp = source.starting_position.timestamp_ms
+        starts_at = view.offsets_for_time(timestamp, timeout) if timestamp is not None and fresh else None
         return cls(topic_id, marks, taken_at_ms, starts_at)
+
+
+def _topics_tail(
+    st: StreamingTable, state: CommittedState, cut: Cut, *, older: bool, timeout: float
+) -> tuple[tuple[OffsetRange, ...], Cut]:
+    """A table of several topics: the tail of each topic the source reads now (a pattern's: Kafka's list),
+    from what the table holds of it, as ingestion goes on (a topic new to a table that holds offsets: from
+    its first record); the ranges (each naming its topic) and the cut. ReadError: a topic the table holds
+    that the source does not read."""
+    from icefall.api.source import StartingPositionType
+    from icefall.commit.batch import held_of
+    from icefall.kafka.admin import TopicView
+    from icefall.kafka.security import librdkafka_config
+
+    source = st.spec.source
+    held = state.by_topic()
+    strays = [t for t in held if not source.reads(t)]
+    if strays:
+        raise ReadError(
+            f"{cut.table} holds topics {strays} the manifest does not read ({source.topics_text}): its "
+            "offsets say nothing about them; read with the spec the table is filled with"
+        )
+    fresh = not held
+    starting = source.starting_position.type if fresh else StartingPositionType.EARLIEST
+    ranges: list[OffsetRange] = []
+    topics: dict[str, dict[int, tuple[int, int]]] = {}
+    lost, taken_at_ms = 0, 0
+    with TopicView(source.bootstrap_servers, source.first_topic, librdkafka_config(source.security)) as first:
+        names = (
+            source.select_topics(first.listed_topics(timeout)) if source.topic_pattern else source.topic_names
+        )
+        for name in names:
+            now = _TopicNow.of(first.sibling(name), source, fresh=fresh, timeout=timeout)
+            of = held_of(state, name)
+            one = CommittedState(
+                state.snapshot_id, name, of.topic_id, of.offsets, start_offsets=of.start_offsets
+            )
+            found, gone = _tail_ranges(
+                st, one, now, label=cut.table, older=older, topic=name, starting=starting
+            )
+            ranges += [replace(r, topic=name) for r in found]
+            topics[name] = {r.partition: (r.start, r.end) for r in found}
+            lost, taken_at_ms = lost + gone, max(taken_at_ms, now.taken_at_ms)
+    text = ", ".join(names) if names else source.topics_text
+    return tuple(ranges), replace(cut, topic=text, topics=topics, taken_at_ms=taken_at_ms, lost_records=lost)
 
 
 def _state(table: Table, label: str, snapshot_id: int | None, as_of: datetime | None) -> CommittedState:
@@ -337,25 +398,28 @@ def _state(table: Table, label: str, snapshot_id: int | None, as_of: datetime | 
 def _tail_ranges(
     st: StreamingTable,
     state: CommittedState,
-    topic_id: str,
-    marks: Mapping[int, tuple[int, int]],
+    now: _TopicNow,
     *,
-    starts_at: Mapping[int, int] | None,
     label: str,
     older: bool,
+    topic: str | None = None,
+    starting: StartingPositionType | None = None,
 ) -> tuple[tuple[OffsetRange, ...], int]:
-    """Per partition of the topic, the tail `[where ingestion goes on, the cut)`, and the records lost to
-    retention in between."""
+    """Per partition of the topic (`topic`, default the source's one) as it is `now`, the tail `[where
+    ingestion goes on, the cut)` (`starting`: where a partition the table never read starts; default the
+    spec's), and the records lost to retention in between."""
     from icefall.plan.offsets import OffsetRange, resolve_positions, source_change
 
+    topic_id, marks, starts_at = now.topic_id, now.marks, now.starts_at
+
     source = st.spec.source
-    positions = resolve_positions(
-        state.offsets, marks, source.starting_position.type, timestamp_offsets=starts_at
-    )
-    problem = source_change(source.first_topic, state.topic_id, topic_id, positions.offsets_ahead)
+    topic = topic or source.first_topic
+    starting = starting or source.starting_position.type
+    positions = resolve_positions(state.offsets, marks, starting, timestamp_offsets=starts_at)
+    problem = source_change(topic, state.topic_id, topic_id, positions.offsets_ahead)
     if problem is not None and older and state.topic_id not in (None, topic_id):
         raise ReadError(
-            f"{label}: snapshot {state.snapshot_id} holds records of topic {source.topic!r} before it was "
+            f"{label}: snapshot {state.snapshot_id} holds records of topic {topic!r} before it was "
             f"deleted and created again (topic id {state.topic_id}, now {topic_id}): its offsets do not "
             "point into the topic there is now; read a snapshot committed after the offset reset"
         )

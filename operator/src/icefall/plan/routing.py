@@ -12,6 +12,10 @@ protocol's offset check holds; a destination that holds everything the batch rea
 and is not committed. A destination behind the batch's start (it would lose records) raises
 `DestinationBehindError` instead of skipping them.
 
+Several topics (`spec.source.topics`, `topicPattern`): `destination_takes` does the same per topic, against
+what the destination holds of each; a topic it has never committed (a topic new to the pattern, a table
+created later) takes the batch's range of it.
+
 Dynamic routes (`spec.dynamicRoute`): `dynamic_names` sorts the names a batch computed into the tables to
 create (sorted, up to `maxTables`) and those refused with their dead letters' reason (not an identifier, a
 table written otherwise, past the cap). A created table is one more destination with no offsets: it takes
@@ -100,6 +104,31 @@ def destination_take(
     if not take_start:
         return None
     return Take(take_start, take_end, take_gaps, skip)
+
+
+@dataclass(frozen=True)
+class TopicRange:
+    """One topic's part of a batch, as the table planned it: its commit range and retention gaps."""
+
+    topic: str
+    start: Mapping[int, int]
+    end: Mapping[int, int]
+    gaps: Mapping[int, int] = field(default_factory=dict)
+
+
+def destination_takes(
+    ranges: Iterable[TopicRange], held: Mapping[str, Mapping[int, int]], *, name: str, by_topic: bool
+) -> dict[str, Take]:
+    """`destination_take` of each topic of a batch against what the destination holds of that topic
+    (`held`, by topic; a topic it never committed is missing), by topic; the topics it holds all of are
+    left out (empty: it takes nothing). `by_topic`: the topics form, whose errors name the topic."""
+    takes: dict[str, Take] = {}
+    for r in ranges:
+        label = f"{name} (topic {r.topic})" if by_topic else name
+        take = destination_take(r.start, r.end, r.gaps, held.get(r.topic, {}), name=label)
+        if take is not None:
+            takes[r.topic] = take
+    return takes
 
 
 def reads_headers(conditions: list[str], *, dynamic_from_header: bool = False) -> bool:
