@@ -16,8 +16,11 @@ Guarantees: a commit lands only if the table's epoch is not above the writer's (
 commit landed), and the batch starts at the committed offsets of the same topic id (`_check_source`, as
 for Iceberg). Commits by others that leave `icefall.*` alone (OPTIMIZE, a user's DELETE) do not cost the
 batch: it is committed on top of them, as its files are its own and its offsets still come next.
+Checkpoints and log cleanup are Delta's own (the upkeep, `icefall.compact.delta`, has Spark's Delta write
+them); the snapshot is read from the newest checkpoint and the commits after it. Table properties outside
+`icefall.*` (the retention the spec sets) change in a metadata-only commit, `set_properties`.
 Not guaranteed / not done yet: object stores (the put-if-absent here is the local file system's `link`),
-log checkpoints (Spark's Delta writer makes them; ours does not yet), schema evolution, partitioning.
+schema evolution, partitioning.
 """
 
 from __future__ import annotations
@@ -112,10 +115,14 @@ class DeltaLog:
         self.log_dir = self.root / LOG_DIR
 
     def latest_version(self) -> int:
-        """The newest version in the log (-1: none)."""
+        """The newest version in the log, a commit's or a checkpoint's (Delta's log cleanup may have
+        removed the commit of a checkpointed version); -1: none."""
         if not self.log_dir.is_dir():
             return -1
-        versions = [int(m.group(1)) for n in os.listdir(self.log_dir) if (m := _COMMIT_FILE.match(n))]
+        names = os.listdir(self.log_dir)
+        versions = [
+            int(m.group(1)) for n in names if (m := _COMMIT_FILE.match(n) or _CHECKPOINT_FILE.match(n))
+        ]
         return max(versions, default=-1)
 
     def actions(self, version: int) -> list[dict[str, Any]]:
@@ -144,6 +151,10 @@ class DeltaLog:
                 f"{self.location}: version {latest} has no metaData or protocol in its log"
             )
         return DeltaSnapshot(latest, metadata, protocol)
+
+    def latest_checkpoint(self) -> int | None:
+        """The version of the newest checkpoint (None: none)."""
+        return self._latest_checkpoint(self.latest_version()) if self.log_dir.is_dir() else None
 
     def _latest_checkpoint(self, latest: int) -> int | None:
         found = [int(m.group(1)) for n in os.listdir(self.log_dir) if (m := _CHECKPOINT_FILE.match(n))]
@@ -265,6 +276,31 @@ def claim_epoch(log: DeltaLog, epoch: int) -> DeltaSnapshot:
             failpoint("main.after-claim")
             return log.snapshot()
     raise MaintenanceConflictError(f"{log.location}: the epoch claim lost {MAX_ATTEMPTS} races in a row")
+
+
+def set_properties(log: DeltaLog, properties: Mapping[str, str]) -> int | None:
+    """Set Delta table properties (not `icefall.*`) in a metadata-only commit; the version made, None if
+    the table has them already. A concurrent ingestion commit is not lost: the commit is planned again on
+    it (its Metadata carries the new offsets), and an ingestion commit planned before this one is committed
+    over it (`commit_batch`: the `icefall.*` state is unchanged)."""
+    if any(k.startswith(PREFIX) for k in properties):
+        raise ValueError("icefall.* properties are written by ingestion commits only")
+    for _ in range(MAX_ATTEMPTS):
+        current = log.snapshot()
+        if current.metadata is None:
+            raise CorruptStateError(f"{log.location}: no Delta table to set properties on")
+        configuration = {**current.configuration, **properties}
+        if configuration == dict(current.configuration):
+            return None
+        actions = [
+            _commit_info(
+                "SET TBLPROPERTIES", operationParameters={"properties": json.dumps(dict(properties))}
+            ),
+            {"metaData": {**current.metadata, "configuration": configuration}},
+        ]
+        if log.try_commit(current.version + 1, actions):
+            return current.version + 1
+    raise MaintenanceConflictError(f"{log.location}: setting properties lost {MAX_ATTEMPTS} races in a row")
 
 
 def commit_batch(

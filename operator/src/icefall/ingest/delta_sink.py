@@ -12,7 +12,8 @@ Guarantees: a batch is in the table once or not at all; a writer whose lease was
 (epoch in the table); every Kafka read is read_committed; a recreated topic stops ingestion
 (SourceChangedError). Not done yet for Delta (refused by the spec's validation where it is a setting):
 dead letters — a bad record stops ingestion with BadRecordsHaltedError, nothing of its batch committed;
-keyed tables, registry formats, schema evolution, partitioning, maintenance, pipelining, object stores.
+keyed tables, registry formats, schema evolution, partitioning, pipelining, object stores. The upkeep
+(OPTIMIZE, checkpoints, VACUUM) is `icefall.compact.delta`'s.
 """
 
 from __future__ import annotations
@@ -270,6 +271,7 @@ def _moved_into(staging: Path, root: Path) -> list[AddFile]:
             continue
         target = root / written.name
         os.rename(written, target)
+        os.utime(target)  # VACUUM spares unreferenced files younger than its retention (>= 1 h): from now
         files.append(AddFile(path=written.name, size=target.stat().st_size, records=records))
     return files
 
