@@ -173,8 +173,12 @@ class DeltaLog:
             for row in rows:
                 metadata = metadata or row.get("metaData")
                 protocol = protocol or row.get("protocol")
-        if metadata is not None and isinstance(metadata.get("configuration"), list):
-            metadata = {**metadata, "configuration": dict(metadata["configuration"])}  # a map, read as pairs
+        if metadata is not None:  # maps are read as lists of pairs: as maps they go back into the log
+            if isinstance(metadata.get("configuration"), list):
+                metadata = {**metadata, "configuration": dict(metadata["configuration"])}
+            found_format = metadata.get("format") or {}
+            if isinstance(found_format.get("options"), list):
+                metadata = {**metadata, "format": {**found_format, "options": dict(found_format["options"])}}
         return metadata, protocol
 
     def try_commit(self, version: int, actions: Iterable[Mapping[str, Any]]) -> bool:
@@ -227,7 +231,7 @@ def _with_state(metadata: Mapping[str, Any], state: CommittedState) -> dict[str,
     return {"metaData": {**metadata, "configuration": {**kept, **state.to_properties()}}}
 
 
-def create_table(log: DeltaLog, schema_string: str, epoch: int) -> DeltaSnapshot:
+def create_table(log: DeltaLog, schema_string: str, epoch: int, *, role: str = "main") -> DeltaSnapshot:
     """Version 0 of a new table (no rows; the epoch claimed), unless the table exists: then its snapshot.
     Two writers creating it at once: one creates version 0, the other reads it."""
     existing = log.snapshot()
@@ -247,11 +251,11 @@ def create_table(log: DeltaLog, schema_string: str, epoch: int) -> DeltaSnapshot
         _with_state(metadata, CommittedState(snapshot_id=None, epoch=epoch)),
     ]
     log.try_commit(0, actions)
-    failpoint("main.after-create")
+    failpoint(f"{role}.after-create")
     return log.snapshot()
 
 
-def claim_epoch(log: DeltaLog, epoch: int) -> DeltaSnapshot:
+def claim_epoch(log: DeltaLog, epoch: int, *, role: str = "main") -> DeltaSnapshot:
     """Raise the table's `icefall.epoch` to `epoch` (a commit with no rows), so an older writer cannot
     commit from now on; FencedError if the table's epoch is above it already."""
     for _ in range(MAX_ATTEMPTS):
@@ -273,7 +277,7 @@ def claim_epoch(log: DeltaLog, epoch: int) -> DeltaSnapshot:
             _with_state(current.metadata, replace(committed, epoch=epoch)),
         ]
         if log.try_commit(current.version + 1, actions):
-            failpoint("main.after-claim")
+            failpoint(f"{role}.after-claim")
             return log.snapshot()
     raise MaintenanceConflictError(f"{log.location}: the epoch claim lost {MAX_ATTEMPTS} races in a row")
 
@@ -311,6 +315,7 @@ def commit_batch(
     files: Iterable[AddFile],
     *,
     schema_string: str | None = None,
+    role: str = "main",
 ) -> int:
     """Commit `files` (already in the table's folder) with `batch`'s offsets, planned on `planned`; the
     version made. Refuses, in this order: FencedError (the table's epoch is above `epoch`), StaleHeadError
@@ -351,7 +356,7 @@ def commit_batch(
             _with_state(current.metadata, new),
             *adds,
         ]
-        failpoint("main.before-commit")
+        failpoint(f"{role}.before-commit")
         if log.try_commit(current.version + 1, actions):
             return current.version + 1
     raise MaintenanceConflictError(f"{log.location}: the commit lost {MAX_ATTEMPTS} races in a row")
