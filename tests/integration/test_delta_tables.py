@@ -30,7 +30,7 @@ import pytest
 from icefall.api.manifest import parse_manifest
 from icefall.commands.delta import verify_delta_table
 from icefall.commit import FencedError
-from icefall.commit.delta import DeltaLog
+from icefall.commit.delta import DeltaLog, set_properties
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tools import tool_dir
@@ -56,7 +56,7 @@ spec:
       - {{name: ts, type: timestamptz, required: true}}
   table: {{format: delta, location: "{location}"{sort}}}
   compaction: {{embeddedIntervalSeconds: 0}}
-  freshness: {{targetSeconds: 2}}
+{extra}  freshness: {{targetSeconds: 2}}
   batch: {{maxRecords: 40, minIntervalSeconds: 0}}
 """
 
@@ -106,14 +106,21 @@ def read_with_sparks_delta_reader(location: str, out: Path) -> list[dict[str, An
 class Table:
     """One Delta table on a new topic, and its writers (each with the same commit lease file)."""
 
-    def __init__(self, kafka: KafkaBroker, tmp_path: Path, name: str, *, sort: str = "") -> None:
+    def __init__(
+        self, kafka: KafkaBroker, tmp_path: Path, name: str, *, sort: str = "", extra: str = ""
+    ) -> None:
         self.kafka, self.topic = kafka, f"it-delta-{name}"
         kafka.create_topic(self.topic, partitions=2)
         self.location = str(tmp_path / "table")
         self.manifest = tmp_path / "table.yaml"
         self.manifest.write_text(
             MANIFEST.format(
-                name=name, bootstrap=kafka.bootstrap, topic=self.topic, location=self.location, sort=sort
+                name=name,
+                bootstrap=kafka.bootstrap,
+                topic=self.topic,
+                location=self.location,
+                sort=sort,
+                extra=f"{extra}\n" if extra else "",
             )
         )
         self.st = parse_manifest(self.manifest.read_text())
@@ -212,17 +219,50 @@ def test_a_fenced_writer_cannot_commit(kafka: KafkaBroker, spark: Any, tmp_path:
     table.assert_exactly_once(20)
 
 
-def test_a_bad_record_stops_the_batch_uncommitted(kafka: KafkaBroker, spark: Any, tmp_path: Path) -> None:
-    table = Table(kafka, tmp_path, "bad")
+def test_without_a_dead_letter_table_a_bad_record_stops_the_batch_uncommitted(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    table = Table(kafka, tmp_path, "bad", extra="  deadLetter: {table: {enabled: false}}")
     produce(kafka, table.topic, 0, 10, bad_every=7)
     writer = table.writer(spark)
     try:
-        with pytest.raises(BadRecordsHaltedError, match="no dead-letter table"):
+        with pytest.raises(BadRecordsHaltedError, match=r"spec\.deadLetter\.table is disabled"):
             writer.run_batch()
     finally:
         writer.close()
     assert DeltaLog(table.location).snapshot().committed.offsets == {}
     assert table.ids() == Counter()
+    assert not (tmp_path / "bad_dlq").exists()
+
+
+def test_bad_records_go_to_the_delta_dead_letter_table_once_through_a_failure_between_its_commits(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    from deltalake import DeltaTable
+
+    table = Table(kafka, tmp_path, "dlq")
+    bad = produce(kafka, table.topic, 0, 60, bad_every=7)
+    failing = table.writer(spark)
+    try:  # the dead letters of the second batch land, its table commit does not
+        with failpoints.armed("main.before-commit", "raise", hit=2), pytest.raises(failpoints.FailpointError):
+            table.drain(failing)
+    finally:
+        failing.close()
+    dlq = str(tmp_path / "dlq_dlq")  # beside the table, named as the dead-letter table (<table>_dlq)
+    ahead = DeltaLog(dlq).snapshot().committed.offsets
+    assert ahead != DeltaLog(table.location).snapshot().committed.offsets
+    after = table.writer(spark)
+    try:
+        table.drain(after)
+    finally:
+        after.close()
+    good = [i for i in range(60) if i % 7]
+    assert table.ids() == Counter(good)
+    assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+    rows = DeltaTable(dlq).to_pyarrow_table()
+    held = Counter(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
+    assert held == Counter(bad)  # each bad record once, with its error text
+    assert all(rows.column("error").to_pylist())
 
 
 def test_verify_audits_a_delta_table_by_content_read_with_delta_rs(
@@ -325,13 +365,14 @@ def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_o
     from deltalake import DeltaTable
 
     table = Table(kafka, tmp_path, "upkeep", sort=", sortOrder: [{field: customer}]")
-    produce(kafka, table.topic, 0, 360)
+    produce(kafka, table.topic, 0, 120)
     first = table.writer(spark)
     try:
-        # Versions 1 to 9; with the retention's (10) and OPTIMIZE's (11), a checkpoint is due (every 10).
-        assert table.drain(first) == 9
+        assert table.drain(first) == 3  # 2 files each: 6 small files
     finally:
         first.close()
+    # A checkpoint every 4 versions (a Delta property any Delta tool may set): due after OPTIMIZE (6).
+    set_properties(DeltaLog(table.location), {"delta.checkpointInterval": "4"})
     written = {p.name for p in Path(table.location).glob("*.parquet")}
     env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
     done = subprocess.run(
@@ -355,12 +396,12 @@ def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_o
     by_spark = [plain(row) for row in pq.read_table(tmp_path / "by-spark").to_pylist()]
     key = lambda row: row["id"]  # noqa: E731
     assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
-    table.assert_exactly_once(360)  # the offsets survived OPTIMIZE and the checkpoint
+    table.assert_exactly_once(120)  # the offsets survived OPTIMIZE and the checkpoint
 
-    produce(kafka, table.topic, 360, 30)
+    produce(kafka, table.topic, 120, 30)
     after = table.writer(spark)
     try:
         assert table.drain(after) == 1
     finally:
         after.close()
-    table.assert_exactly_once(390)
+    table.assert_exactly_once(150)

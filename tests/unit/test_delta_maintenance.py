@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from icefall.api import StreamingTable
 from icefall.api.manifest import parse_manifest
 from icefall.commit.batch import Batch
 from icefall.commit.delta import AddFile, DeltaLog, commit_batch, create_table, set_properties
@@ -77,7 +78,7 @@ spec:
 """
 
 
-def parsed(table_extra: str = "", spec_extra: str = "") -> object:
+def parsed(table_extra: str = "", spec_extra: str = "") -> StreamingTable:
     return parse_manifest(MANIFEST % (table_extra, spec_extra))
 
 
@@ -148,3 +149,26 @@ def test_the_latest_version_may_be_a_checkpoint_whose_commit_was_cleaned_up(tmp_
     create_table(log, SCHEMA, epoch=1)
     (log.log_dir / f"{4:020d}.checkpoint.parquet").write_bytes(b"")
     assert log.latest_version() == 4 and log.latest_checkpoint() == 4
+
+
+def test_the_dead_letter_table_takes_only_what_it_does_not_hold() -> None:
+    from icefall.commit.state import CommittedState
+    from icefall.ingest.delta_dead_letters import dead_letter_take
+
+    batch = Batch(topic="t", start={0: 10, 1: 10, 2: 10}, end={0: 20, 1: 20, 2: 20}, topic_id="tid")
+    # Behind on 0 (batches without bad records), ahead on 1 (a crash after its commit), past the end on 2.
+    dead = CommittedState(snapshot_id=3, topic="t", topic_id="tid", offsets={0: 4, 1: 15, 2: 25})
+    take = dead_letter_take(batch, dead)
+    assert (dict(take.start), dict(take.end)) == ({0: 4, 1: 15, 2: 25}, {0: 20, 1: 20, 2: 25})
+    fresh = dead_letter_take(batch, CommittedState(snapshot_id=0))  # a new dead-letter table
+    assert (dict(fresh.start), dict(fresh.end)) == (dict(batch.start), dict(batch.end))
+
+
+def test_the_dead_letter_table_lives_beside_the_table() -> None:
+    from icefall.ingest.delta_dead_letters import dead_letter_location
+
+    assert dead_letter_location(parsed(", location: /data/orders"), "/data/orders") == "/data/orders_dlq"
+    named = parsed(", location: /data/orders", "  deadLetter: {table: {name: bad_orders}}")
+    assert dead_letter_location(named, "file:///data/orders") == "/data/bad_orders"
+    off = parsed(", location: /data/orders", "  deadLetter: {table: {enabled: false}}")
+    assert dead_letter_location(off, "/data/orders") is None

@@ -103,7 +103,8 @@ class DeadLetter(ApiModel):
     """
 
     table: DeadLetterTable = Field(
-        default_factory=DeadLetterTable, description="Dead-letter Iceberg table; on by default."
+        default_factory=DeadLetterTable,
+        description="Dead-letter table; on by default. Format delta: a Delta table beside the table.",
     )
     topic: str | None = Field(
         default=None,

@@ -360,3 +360,19 @@ def commit_batch(
         if log.try_commit(current.version + 1, actions):
             return current.version + 1
     raise MaintenanceConflictError(f"{log.location}: the commit lost {MAX_ATTEMPTS} races in a row")
+
+
+def moved_into(staging: Path, root: Path) -> list[AddFile]:
+    """The Parquet files Spark wrote in `staging`, moved into `root` (files without rows are dropped)."""
+    import pyarrow.parquet as pq
+
+    files = []
+    for written in sorted(staging.glob("part-*.parquet")):
+        records = pq.read_metadata(written).num_rows
+        if records == 0:
+            continue
+        target = root / written.name
+        os.rename(written, target)
+        os.utime(target)  # VACUUM spares unreferenced files younger than its retention (>= 1 h): from now
+        files.append(AddFile(path=written.name, size=target.stat().st_size, records=records))
+    return files
