@@ -7,11 +7,15 @@ commit point (after writing its files, just before, and just after its log entry
 writer completes exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops
 the batch uncommitted. `icefall verify` audits a Delta table by content, read with delta-rs: clean after
 ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
-`icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once.
+`icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and
+its in-process upkeep writes the spec's retention into the table. The upkeep (OPTIMIZE Z-ordered by the
+spec's sort column, a checkpoint, VACUUM past the retention) leaves a table Spark and delta-rs read equal, one
+data file on disk, the offsets in the checkpoint, and a new writer resuming exactly once.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +30,7 @@ import pytest
 from icefall.api.manifest import parse_manifest
 from icefall.commands.delta import verify_delta_table
 from icefall.commit import FencedError
-from icefall.commit.delta import DeltaLog
+from icefall.commit.delta import DeltaLog, set_properties
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.tools import tool_dir
@@ -50,8 +54,9 @@ spec:
       - {{name: customer, type: string}}
       - {{name: amount, type: "decimal(10,2)"}}
       - {{name: ts, type: timestamptz, required: true}}
-  table: {{format: delta, location: "{location}"}}
-  freshness: {{targetSeconds: 2}}
+  table: {{format: delta, location: "{location}"{sort}}}
+  compaction: {{embeddedIntervalSeconds: 0}}
+{extra}  freshness: {{targetSeconds: 2}}
   batch: {{maxRecords: 40, minIntervalSeconds: 0}}
 """
 
@@ -101,13 +106,22 @@ def read_with_sparks_delta_reader(location: str, out: Path) -> list[dict[str, An
 class Table:
     """One Delta table on a new topic, and its writers (each with the same commit lease file)."""
 
-    def __init__(self, kafka: KafkaBroker, tmp_path: Path, name: str) -> None:
+    def __init__(
+        self, kafka: KafkaBroker, tmp_path: Path, name: str, *, sort: str = "", extra: str = ""
+    ) -> None:
         self.kafka, self.topic = kafka, f"it-delta-{name}"
         kafka.create_topic(self.topic, partitions=2)
         self.location = str(tmp_path / "table")
         self.manifest = tmp_path / "table.yaml"
         self.manifest.write_text(
-            MANIFEST.format(name=name, bootstrap=kafka.bootstrap, topic=self.topic, location=self.location)
+            MANIFEST.format(
+                name=name,
+                bootstrap=kafka.bootstrap,
+                topic=self.topic,
+                location=self.location,
+                sort=sort,
+                extra=f"{extra}\n" if extra else "",
+            )
         )
         self.st = parse_manifest(self.manifest.read_text())
         self.leases = tmp_path / "leases"
@@ -205,17 +219,50 @@ def test_a_fenced_writer_cannot_commit(kafka: KafkaBroker, spark: Any, tmp_path:
     table.assert_exactly_once(20)
 
 
-def test_a_bad_record_stops_the_batch_uncommitted(kafka: KafkaBroker, spark: Any, tmp_path: Path) -> None:
-    table = Table(kafka, tmp_path, "bad")
+def test_without_a_dead_letter_table_a_bad_record_stops_the_batch_uncommitted(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    table = Table(kafka, tmp_path, "bad", extra="  deadLetter: {table: {enabled: false}}")
     produce(kafka, table.topic, 0, 10, bad_every=7)
     writer = table.writer(spark)
     try:
-        with pytest.raises(BadRecordsHaltedError, match="no dead-letter table"):
+        with pytest.raises(BadRecordsHaltedError, match=r"spec\.deadLetter\.table is disabled"):
             writer.run_batch()
     finally:
         writer.close()
     assert DeltaLog(table.location).snapshot().committed.offsets == {}
     assert table.ids() == Counter()
+    assert not (tmp_path / "bad_dlq").exists()
+
+
+def test_bad_records_go_to_the_delta_dead_letter_table_once_through_a_failure_between_its_commits(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    from deltalake import DeltaTable
+
+    table = Table(kafka, tmp_path, "dlq")
+    bad = produce(kafka, table.topic, 0, 60, bad_every=7)
+    failing = table.writer(spark)
+    try:  # the dead letters of the second batch land, its table commit does not
+        with failpoints.armed("main.before-commit", "raise", hit=2), pytest.raises(failpoints.FailpointError):
+            table.drain(failing)
+    finally:
+        failing.close()
+    dlq = str(tmp_path / "dlq_dlq")  # beside the table, named as the dead-letter table (<table>_dlq)
+    ahead = DeltaLog(dlq).snapshot().committed.offsets
+    assert ahead != DeltaLog(table.location).snapshot().committed.offsets
+    after = table.writer(spark)
+    try:
+        table.drain(after)
+    finally:
+        after.close()
+    good = [i for i in range(60) if i % 7]
+    assert table.ids() == Counter(good)
+    assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+    rows = DeltaTable(dlq).to_pyarrow_table()
+    held = Counter(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
+    assert held == Counter(bad)  # each bad record once, with its error text
+    assert all(rows.column("error").to_pylist())
 
 
 def test_verify_audits_a_delta_table_by_content_read_with_delta_rs(
@@ -273,3 +320,88 @@ def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tm
     done = run(None)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table.assert_exactly_once(90)
+    # Its upkeep beside the batches wrote the spec's retention (maxSnapshotAgeSeconds: 5 days) into the table.
+    retention = {
+        k: v for k, v in DeltaLog(table.location).snapshot().configuration.items() if "Retention" in k
+    }
+    assert retention == dict.fromkeys(
+        ["delta.deletedFileRetentionDuration", "delta.logRetentionDuration"], "interval 432000 seconds"
+    )
+
+
+#: The upkeep of `icefall run` (`DeltaMaintenance`, the spec's policy) in a Delta table's own Spark session,
+#: its clock past the retention (VACUUM then deletes what OPTIMIZE replaced), step after step until nothing
+#: is due; then the table as Spark's Delta reader reads it, copied into Parquet files. Prints the steps.
+UPKEEP = """
+import dataclasses, json, sys, time
+from icefall.api import TableFormat
+from icefall.api.manifest import parse_manifest
+from icefall.compact.delta import DeltaMaintenance
+from icefall.plan.delta_maintenance import delta_policy_from_spec
+from icefall.spark.session import build_spark_session
+
+st = parse_manifest(open(sys.argv[1]).read())
+spark = build_spark_session(
+    [], master="local[1]", app_name="delta-upkeep", table_format=TableFormat.DELTA,
+    extra_conf={"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
+)
+policy = delta_policy_from_spec(st.spec)
+upkeep = DeltaMaintenance(spark, sys.argv[2], policy, label="t")
+later = int(time.time() * 1000) + policy.retention_ms + 60_000
+steps = []
+while (outcome := upkeep.step(now_ms=later)).planned and len(steps) < 8:
+    assert outcome.result is not None, outcome.error
+    steps.append([outcome.result.kind, outcome.result.outcome.value, len(outcome.result.deleted_paths)])
+spark.read.format("delta").load(sys.argv[2]).write.parquet(sys.argv[3])
+spark.stop()
+print(json.dumps(steps))
+"""
+
+
+def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_once(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    table = Table(kafka, tmp_path, "upkeep", sort=", sortOrder: [{field: customer}]")
+    produce(kafka, table.topic, 0, 120)
+    first = table.writer(spark)
+    try:
+        assert table.drain(first) == 3  # 2 files each: 6 small files
+    finally:
+        first.close()
+    # A checkpoint every 4 versions (a Delta property any Delta tool may set): due after OPTIMIZE (6).
+    set_properties(DeltaLog(table.location), {"delta.checkpointInterval": "4"})
+    written = {p.name for p in Path(table.location).glob("*.parquet")}
+    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
+    done = subprocess.run(
+        [sys.executable, "-c", UPKEEP, str(table.manifest), table.location, str(tmp_path / "by-spark")],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads(done.stdout.strip().splitlines()[-1])
+    assert steps == [
+        ["SetRetention", "done", 0],
+        ["Optimize", "done", 0],
+        ["Checkpoint", "done", 0],
+        ["Vacuum", "done", len(written)],
+    ]
+    log = DeltaLog(table.location)
+    assert log.latest_checkpoint() is not None
+    on_disk = {p.name for p in Path(table.location).glob("*.parquet")}
+    assert on_disk == {Path(uri).name for uri in DeltaTable(table.location).file_uris()} and len(on_disk) == 1
+    assert not on_disk & written
+    by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
+    by_spark = [plain(row) for row in pq.read_table(tmp_path / "by-spark").to_pylist()]
+    key = lambda row: row["id"]  # noqa: E731
+    assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
+    table.assert_exactly_once(120)  # the offsets survived OPTIMIZE and the checkpoint
+
+    produce(kafka, table.topic, 120, 30)
+    after = table.writer(spark)
+    try:
+        assert table.drain(after) == 1
+    finally:
+        after.close()
+    table.assert_exactly_once(150)

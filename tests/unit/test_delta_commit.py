@@ -86,10 +86,10 @@ def test_the_state_survives_a_checkpoint_and_log_cleanup(tmp_path: Path) -> None
     # A checkpoint at version 2 (as Spark writes one), then the JSON commits up to it cleaned up.
     log.try_commit(2, [{"commitInfo": {"operation": "OPTIMIZE"}}])
     rows = [
-        {  # pyarrow writes the map as key-value pairs, as it reads Spark's; no empty `format.options`
+        {  # pyarrow writes the maps as key-value pairs, as it reads Spark's
             "metaData": {
                 **metadata,
-                "format": {"provider": "parquet"},
+                "format": {"provider": "parquet", "options": [("k", "v")]},
                 "configuration": list(metadata["configuration"].items()),
             },
             "protocol": None,
@@ -103,6 +103,8 @@ def test_the_state_survives_a_checkpoint_and_log_cleanup(tmp_path: Path) -> None
     log.try_commit(3, [{"commitInfo": {"operation": "OPTIMIZE"}}])
     snapshot = log.snapshot()
     assert snapshot.version == 3 and snapshot.committed.offsets == {0: 7}
+    # A commit carries the Metadata on as Delta's JSON has it: maps as objects (delta-rs refuses lists).
+    assert snapshot.metadata is not None and snapshot.metadata["format"]["options"] == {"k": "v"}
 
 
 def test_protocol_needs_timestamp_ntz_feature_only_for_such_columns() -> None:

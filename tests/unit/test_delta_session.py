@@ -96,7 +96,12 @@ def test_a_delta_tables_session_adds_only_delta(jars: tuple[Path, Path], tmp_pat
     catalog = CatalogConfig.embedded(tmp_path / "state")
     iceberg, delta = conf(catalog), conf(catalog, table_format=TableFormat.DELTA)
     changed = {key for key in delta if delta[key] != iceberg.get(key)}
-    assert changed == {"spark.sql.extensions", "spark.sql.catalog.spark_catalog", "spark.jars"}
+    assert changed == {
+        "spark.sql.extensions",
+        "spark.sql.catalog.spark_catalog",
+        "spark.jars",
+        "spark.databricks.delta.checkpointSchema.useFromCheckpointMetadata",  # DELTA_CHECKPOINT_SCHEMA
+    }
     assert delta["spark.sql.extensions"] == f"{ICEBERG},{DELTA}"
     assert delta["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
     assert delta["spark.jars"].split(",") == [

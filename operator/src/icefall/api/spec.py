@@ -103,7 +103,8 @@ class DeadLetter(ApiModel):
     """
 
     table: DeadLetterTable = Field(
-        default_factory=DeadLetterTable, description="Dead-letter Iceberg table; on by default."
+        default_factory=DeadLetterTable,
+        description="Dead-letter table; on by default. Format delta: a Delta table beside the table.",
     )
     topic: str | None = Field(
         default=None,
@@ -434,7 +435,23 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
             )
         )
     if spec.retention is not None:
-        problems.append((("retention",), f"retention {unsupported}; remove it"))
+        problems.append(
+            (
+                ("retention",),
+                f"retention (rows dropped by whole time partitions) {unsupported}: a Delta table is not "
+                "partitioned yet; remove it. How long old versions and their files are kept is "
+                "compaction.maxSnapshotAgeSeconds (the table's delta.deletedFileRetentionDuration and "
+                "delta.logRetentionDuration)",
+            )
+        )
+    if spec.compaction.min_snapshots_to_keep != 1:
+        problems.append(
+            (
+                ("compaction", "minSnapshotsToKeep"),
+                "a Delta table keeps versions by age only (compaction.maxSnapshotAgeSeconds), not by count; "
+                "remove minSnapshotsToKeep",
+            )
+        )
     if spec.routes:
         problems.append((("routes",), f"routes are {unsupported[3:]}; remove them"))
     if spec.dynamic_route is not None:

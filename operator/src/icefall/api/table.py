@@ -373,7 +373,12 @@ class TableSpec(ApiModel):
         max_length=16,
     )
     sort_order: list[SortField] = Field(
-        default_factory=list, description="Sort order of data files. Empty: unsorted.", max_length=16
+        default_factory=list,
+        description=(
+            "Sort order of data files. Empty: unsorted. Format delta: the columns compaction Z-orders the "
+            "table by (top-level columns, ascending; batches are written unsorted)."
+        ),
+        max_length=16,
     )
     properties: dict[str, str] = Field(
         default_factory=dict,
@@ -526,8 +531,19 @@ def delta_table_problems(table: TableSpec) -> list[tuple[Loc, str]]:
         )
     if table.partitioning:
         problems.append((("partitioning",), f"partitioning {unsupported}; remove it"))
-    if table.sort_order:
-        problems.append((("sortOrder",), f"a sort order {unsupported}; remove it"))
+    for i, key in enumerate(table.sort_order):
+        if "." in key.field:
+            problems.append(
+                (("sortOrder", i), f"Z-order by a struct member {unsupported}; name a top-level column")
+            )
+        if key.direction is not SortDirection.ASC or key.nulls is not None:
+            problems.append(
+                (
+                    ("sortOrder", i),
+                    "a Delta table's sort order is the Z-order of compaction, which has no direction or "
+                    "null order: remove direction and nulls",
+                )
+            )
     if table.properties:
         problems.append((("properties",), f"table properties {unsupported}; remove them"))
     return problems

@@ -1,6 +1,7 @@
 """`icefall run` and `icefall verify` of a Delta Lake table (`spec.table.format: delta`): no catalog, the
 table at its location (`delta_location`), its Spark session a Delta table's (`icefall.spark.session.
-delta_conf`), no maintenance yet; the writer is `icefall.ingest.delta_sink`, the audit `icefall.audit.delta`.
+delta_conf`), its upkeep in-process beside the batches (`icefall.compact.delta`); the writer is
+`icefall.ingest.delta_sink`, the audit `icefall.audit.delta`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from icefall.commands.run import commit_lease, stop_on_signals
 
 
 def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
-    """`icefall run` of a Delta table (`spec.table.format: delta`): its own writer, no catalog, no
-    maintenance yet (`icefall.ingest.delta_sink`)."""
+    """`icefall run` of a Delta table (`spec.table.format: delta`): its own writer, no catalog
+    (`icefall.ingest.delta_sink`); OPTIMIZE, checkpoints and VACUUM on a thread beside the batches unless
+    `spec.compaction.enabled` is false, the table suspended or `--no-maintenance` given."""
     from icefall.commands.run import ingest_delta_until_stopped
     from icefall.commit.lease import FileLease, local_process_holder
     from icefall.plan.names import table_leases
@@ -30,14 +32,33 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
         flush=True,
     )
     print("[run] starting local Spark ...", flush=True)
+    maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
     spark = build_spark_session(
         [],
-        extra_conf=embedded_conf(st, master=args.master, maintain=False),
+        extra_conf=embedded_conf(st, master=args.master, maintain=maintain),
         table_format=st.spec.table.format,
     )
     names = table_leases(st)
     lease = commit_lease(lambda name: FileLease.in_dir(state / "leases", name, local_process_holder()), names)
-    return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop)
+    maintenance = delta_maintenance(st, location, spark) if maintain else None
+    if maintenance is not None:
+        maintenance.start()
+    return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop, maintenance=maintenance)
+
+
+def delta_maintenance(st: Any, location: str, spark: Any) -> Any:
+    """`icefall run`'s upkeep of a Delta table: one item per pause, `spec.compaction.embeddedIntervalSeconds`
+    apart, on a thread of its own (`icefall.compact.runner.EmbeddedMaintenance`)."""
+    from icefall.compact.delta import DeltaMaintenance
+    from icefall.compact.runner import EmbeddedMaintenance
+    from icefall.plan.delta_maintenance import delta_policy_from_spec
+
+    runner = DeltaMaintenance(spark, location, delta_policy_from_spec(st.spec), label=location)
+    return EmbeddedMaintenance(
+        runner,
+        interval_seconds=st.spec.compaction.embedded_interval_seconds,
+        freshness_target_seconds=st.spec.freshness.target_seconds,
+    )
 
 
 def delta_location(st: Any, state: Any) -> str:

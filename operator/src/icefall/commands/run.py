@@ -152,12 +152,20 @@ def ingest_until_stopped(  # noqa: PLR0913 (the pieces of one run)
 
 
 def ingest_delta_until_stopped(
-    st: Any, location: str, spark: Any, lease: Any, args: argparse.Namespace, *, stop: Any = None
+    st: Any,
+    location: str,
+    spark: Any,
+    lease: Any,
+    args: argparse.Namespace,
+    *,
+    stop: Any = None,
+    maintenance: Any = None,
 ) -> int:
-    """`ingest_until_stopped` for a Delta table (`icefall.ingest.delta_sink.DeltaIngestor`)."""
+    """`ingest_until_stopped` for a Delta table (`icefall.ingest.delta_sink.DeltaIngestor`); `maintenance`
+    as there (`icefall.compact.delta`)."""
     from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
 
-    progress = RunProgress(args, stop if stop is not None else stop_on_signals())
+    progress = RunProgress(args, stop if stop is not None else stop_on_signals(), maintenance=maintenance)
     ingestor = None
     try:
         ingestor = DeltaIngestor(st, spark, lease, location=location)
@@ -168,6 +176,9 @@ def ingest_delta_until_stopped(
     finally:
         if ingestor is not None:
             ingestor.close()
+        if maintenance is not None and not maintenance.stop(timeout=1):
+            print("[run] waiting for the maintenance item in flight to finish ...", flush=True)
+            maintenance.stop()
         stop_spark(spark)
     print(progress.summary(), flush=True)
     return code

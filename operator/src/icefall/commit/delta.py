@@ -16,8 +16,11 @@ Guarantees: a commit lands only if the table's epoch is not above the writer's (
 commit landed), and the batch starts at the committed offsets of the same topic id (`_check_source`, as
 for Iceberg). Commits by others that leave `icefall.*` alone (OPTIMIZE, a user's DELETE) do not cost the
 batch: it is committed on top of them, as its files are its own and its offsets still come next.
+Checkpoints and log cleanup are Delta's own (the upkeep, `icefall.compact.delta`, has Spark's Delta write
+them); the snapshot is read from the newest checkpoint and the commits after it. Table properties outside
+`icefall.*` (the retention the spec sets) change in a metadata-only commit, `set_properties`.
 Not guaranteed / not done yet: object stores (the put-if-absent here is the local file system's `link`),
-log checkpoints (Spark's Delta writer makes them; ours does not yet), schema evolution, partitioning.
+schema evolution, partitioning.
 """
 
 from __future__ import annotations
@@ -112,10 +115,14 @@ class DeltaLog:
         self.log_dir = self.root / LOG_DIR
 
     def latest_version(self) -> int:
-        """The newest version in the log (-1: none)."""
+        """The newest version in the log, a commit's or a checkpoint's (Delta's log cleanup may have
+        removed the commit of a checkpointed version); -1: none."""
         if not self.log_dir.is_dir():
             return -1
-        versions = [int(m.group(1)) for n in os.listdir(self.log_dir) if (m := _COMMIT_FILE.match(n))]
+        names = os.listdir(self.log_dir)
+        versions = [
+            int(m.group(1)) for n in names if (m := _COMMIT_FILE.match(n) or _CHECKPOINT_FILE.match(n))
+        ]
         return max(versions, default=-1)
 
     def actions(self, version: int) -> list[dict[str, Any]]:
@@ -145,6 +152,10 @@ class DeltaLog:
             )
         return DeltaSnapshot(latest, metadata, protocol)
 
+    def latest_checkpoint(self) -> int | None:
+        """The version of the newest checkpoint (None: none)."""
+        return self._latest_checkpoint(self.latest_version()) if self.log_dir.is_dir() else None
+
     def _latest_checkpoint(self, latest: int) -> int | None:
         found = [int(m.group(1)) for n in os.listdir(self.log_dir) if (m := _CHECKPOINT_FILE.match(n))]
         found = [v for v in found if v <= latest]
@@ -162,8 +173,12 @@ class DeltaLog:
             for row in rows:
                 metadata = metadata or row.get("metaData")
                 protocol = protocol or row.get("protocol")
-        if metadata is not None and isinstance(metadata.get("configuration"), list):
-            metadata = {**metadata, "configuration": dict(metadata["configuration"])}  # a map, read as pairs
+        if metadata is not None:  # maps are read as lists of pairs: as maps they go back into the log
+            if isinstance(metadata.get("configuration"), list):
+                metadata = {**metadata, "configuration": dict(metadata["configuration"])}
+            found_format = metadata.get("format") or {}
+            if isinstance(found_format.get("options"), list):
+                metadata = {**metadata, "format": {**found_format, "options": dict(found_format["options"])}}
         return metadata, protocol
 
     def try_commit(self, version: int, actions: Iterable[Mapping[str, Any]]) -> bool:
@@ -216,7 +231,7 @@ def _with_state(metadata: Mapping[str, Any], state: CommittedState) -> dict[str,
     return {"metaData": {**metadata, "configuration": {**kept, **state.to_properties()}}}
 
 
-def create_table(log: DeltaLog, schema_string: str, epoch: int) -> DeltaSnapshot:
+def create_table(log: DeltaLog, schema_string: str, epoch: int, *, role: str = "main") -> DeltaSnapshot:
     """Version 0 of a new table (no rows; the epoch claimed), unless the table exists: then its snapshot.
     Two writers creating it at once: one creates version 0, the other reads it."""
     existing = log.snapshot()
@@ -236,11 +251,11 @@ def create_table(log: DeltaLog, schema_string: str, epoch: int) -> DeltaSnapshot
         _with_state(metadata, CommittedState(snapshot_id=None, epoch=epoch)),
     ]
     log.try_commit(0, actions)
-    failpoint("main.after-create")
+    failpoint(f"{role}.after-create")
     return log.snapshot()
 
 
-def claim_epoch(log: DeltaLog, epoch: int) -> DeltaSnapshot:
+def claim_epoch(log: DeltaLog, epoch: int, *, role: str = "main") -> DeltaSnapshot:
     """Raise the table's `icefall.epoch` to `epoch` (a commit with no rows), so an older writer cannot
     commit from now on; FencedError if the table's epoch is above it already."""
     for _ in range(MAX_ATTEMPTS):
@@ -262,9 +277,34 @@ def claim_epoch(log: DeltaLog, epoch: int) -> DeltaSnapshot:
             _with_state(current.metadata, replace(committed, epoch=epoch)),
         ]
         if log.try_commit(current.version + 1, actions):
-            failpoint("main.after-claim")
+            failpoint(f"{role}.after-claim")
             return log.snapshot()
     raise MaintenanceConflictError(f"{log.location}: the epoch claim lost {MAX_ATTEMPTS} races in a row")
+
+
+def set_properties(log: DeltaLog, properties: Mapping[str, str]) -> int | None:
+    """Set Delta table properties (not `icefall.*`) in a metadata-only commit; the version made, None if
+    the table has them already. A concurrent ingestion commit is not lost: the commit is planned again on
+    it (its Metadata carries the new offsets), and an ingestion commit planned before this one is committed
+    over it (`commit_batch`: the `icefall.*` state is unchanged)."""
+    if any(k.startswith(PREFIX) for k in properties):
+        raise ValueError("icefall.* properties are written by ingestion commits only")
+    for _ in range(MAX_ATTEMPTS):
+        current = log.snapshot()
+        if current.metadata is None:
+            raise CorruptStateError(f"{log.location}: no Delta table to set properties on")
+        configuration = {**current.configuration, **properties}
+        if configuration == dict(current.configuration):
+            return None
+        actions = [
+            _commit_info(
+                "SET TBLPROPERTIES", operationParameters={"properties": json.dumps(dict(properties))}
+            ),
+            {"metaData": {**current.metadata, "configuration": configuration}},
+        ]
+        if log.try_commit(current.version + 1, actions):
+            return current.version + 1
+    raise MaintenanceConflictError(f"{log.location}: setting properties lost {MAX_ATTEMPTS} races in a row")
 
 
 def commit_batch(
@@ -275,6 +315,7 @@ def commit_batch(
     files: Iterable[AddFile],
     *,
     schema_string: str | None = None,
+    role: str = "main",
 ) -> int:
     """Commit `files` (already in the table's folder) with `batch`'s offsets, planned on `planned`; the
     version made. Refuses, in this order: FencedError (the table's epoch is above `epoch`), StaleHeadError
@@ -315,7 +356,23 @@ def commit_batch(
             _with_state(current.metadata, new),
             *adds,
         ]
-        failpoint("main.before-commit")
+        failpoint(f"{role}.before-commit")
         if log.try_commit(current.version + 1, actions):
             return current.version + 1
     raise MaintenanceConflictError(f"{log.location}: the commit lost {MAX_ATTEMPTS} races in a row")
+
+
+def moved_into(staging: Path, root: Path) -> list[AddFile]:
+    """The Parquet files Spark wrote in `staging`, moved into `root` (files without rows are dropped)."""
+    import pyarrow.parquet as pq
+
+    files = []
+    for written in sorted(staging.glob("part-*.parquet")):
+        records = pq.read_metadata(written).num_rows
+        if records == 0:
+            continue
+        target = root / written.name
+        os.rename(written, target)
+        os.utime(target)  # VACUUM spares unreferenced files younger than its retention (>= 1 h): from now
+        files.append(AddFile(path=written.name, size=target.stat().st_size, records=records))
+    return files

@@ -10,15 +10,17 @@ good rows as Parquet into a staging folder under the table, the files move into 
 
 Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
 (epoch in the table); every Kafka read is read_committed; a recreated topic stops ingestion
-(SourceChangedError). Not done yet for Delta (refused by the spec's validation where it is a setting):
-dead letters — a bad record stops ingestion with BadRecordsHaltedError, nothing of its batch committed;
-keyed tables, registry formats, schema evolution, partitioning, maintenance, pipelining, object stores.
+(SourceChangedError). Bad records go to the dead-letter table beside it, committed before the table's
+commit (`icefall.ingest.delta_dead_letters`); with `spec.deadLetter.table.enabled: false` a bad record
+stops ingestion with BadRecordsHaltedError, nothing of its batch committed. Not done yet for Delta (refused
+by the spec's validation where it is a setting): a dead-letter topic, keyed tables, registry formats,
+schema evolution, partitioning, pipelining, object stores. The upkeep (OPTIMIZE, checkpoints, VACUUM) is
+`icefall.compact.delta`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 import uuid
@@ -28,8 +30,17 @@ from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable
 from icefall.commit import FencedError, StaleHeadError
-from icefall.commit.delta import AddFile, DeltaLog, DeltaSnapshot, claim_epoch, commit_batch, create_table
+from icefall.commit.delta import (
+    AddFile,
+    DeltaLog,
+    DeltaSnapshot,
+    claim_epoch,
+    commit_batch,
+    create_table,
+    moved_into,
+)
 from icefall.ingest.commits import LeaseKeeper
+from icefall.ingest.delta_dead_letters import DeltaDeadLetters, dead_letter_location
 from icefall.ingest.outages import Outages, sleep_unless
 from icefall.ingest.planning import PlannedBatch, Planner, Progress, ReadStats
 from icefall.ingest.report import BatchReport
@@ -51,7 +62,7 @@ STAGING_DIR = "_icefall_staging"  # under the table's folder; names starting wit
 
 
 class BadRecordsHaltedError(RuntimeError):
-    """A batch of a Delta table held records that do not decode: Delta has no dead-letter table yet."""
+    """A batch of a Delta table held records that do not decode, and the spec has no dead-letter table."""
 
 
 def default_location(warehouse: Path, namespace: str, name: str) -> str:
@@ -90,6 +101,8 @@ class DeltaIngestor:
             writer_id=self.writer_id,
         )
         self.planner = Planner(self.spec, self.label, self.topics)
+        dlq_location = dead_letter_location(st, location)
+        self.dead_letters = DeltaDeadLetters(self.writer, dlq_location) if dlq_location else None
         self.progress = Progress()
         self.epoch = 0
         self.keeper: LeaseKeeper | None = None
@@ -117,6 +130,8 @@ class DeltaIngestor:
             create_table(self.log, schema, self.epoch)
             claim_epoch(self.log, self.epoch)
             shutil.rmtree(self.log.root / STAGING_DIR, ignore_errors=True)
+            if self.dead_letters is not None:
+                self.dead_letters.start(self.epoch)
         except BaseException:
             self.close()
             raise
@@ -145,8 +160,11 @@ class DeltaIngestor:
         self.planner.check_topics_unchanged(planned)
         if self.keeper is not None:
             self.keeper.check(self.label)
+        batch = planned.batch(stats)
+        if stats.bad and self.dead_letters is not None:  # before the table's commit (delta_dead_letters)
+            self.dead_letters.commit(batch, planned, stats.bad, self.epoch)
         committing = time.monotonic()
-        version = commit_batch(self.log, planned_on, planned.batch(stats), self.epoch, files)
+        version = commit_batch(self.log, planned_on, batch, self.epoch, files)
         failpoint("main.after-commit")
         done = time.monotonic()
         return self._report(planned, stats, files, version, started, phases=(wrote, committing, done))
@@ -172,13 +190,13 @@ class DeltaIngestor:
         seen = observation.get
         stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], None)
         try:
-            if stats.bad:
+            if stats.bad and self.dead_letters is None:
                 raise BadRecordsHaltedError(
-                    f"{self.label}: {stats.bad} records of offsets {planned.ranges} do not decode; a Delta "
-                    "table has no dead-letter table yet, so ingestion stops before committing them. Fix or "
-                    "skip them (`icefall reset-offsets`), or write the topic to an Iceberg table"
+                    f"{self.label}: {stats.bad} records of offsets {planned.ranges} do not decode and "
+                    "spec.deadLetter.table is disabled, so ingestion stops before committing them. Fix or "
+                    "skip them (`icefall reset-offsets`), or enable the dead-letter table"
                 )
-            return stats, _moved_into(staging, self.log.root)
+            return stats, moved_into(staging, self.log.root)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -208,7 +226,7 @@ class DeltaIngestor:
         return BatchReport(
             records_read=stats.records,
             records_written=records,
-            records_dead_lettered=0,
+            records_dead_lettered=stats.bad,
             seconds=seconds,
             commit_seconds=done - committing,
             snapshot_id=version,
@@ -257,21 +275,6 @@ class DeltaIngestor:
             min_interval_seconds=float(self.spec.batch.min_interval_seconds),
             last_batch_seconds=progress.last_batch_seconds,
         )
-
-
-def _moved_into(staging: Path, root: Path) -> list[AddFile]:
-    """The Parquet files Spark wrote in `staging`, moved into `root` (files without rows are dropped)."""
-    import pyarrow.parquet as pq
-
-    files = []
-    for written in sorted(staging.glob("part-*.parquet")):
-        records = pq.read_metadata(written).num_rows
-        if records == 0:
-            continue
-        target = root / written.name
-        os.rename(written, target)
-        files.append(AddFile(path=written.name, size=target.stat().st_size, records=records))
-    return files
 
 
 def _sleep(seconds: float, should_stop: Callable[[], bool]) -> None:

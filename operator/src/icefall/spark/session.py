@@ -67,6 +67,10 @@ ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExt
 #: Delta Lake's SQL extension (reads, writes, commands): Delta tables' sessions only.
 DELTA_EXTENSIONS = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_JARS_VARIABLE = "ICEFALL_DELTA_JARS"
+#: Delta 4.1.0 reads a checkpoint's schema from the Parquet footer with a Spark constructor Spark 4.1.3 no
+#: longer has (NoSuchMethodError: a table with a checkpoint could not be read); `_last_checkpoint` holds
+#: the schema too, and this has Delta take it from there.
+DELTA_CHECKPOINT_SCHEMA = {"spark.databricks.delta.checkpointSchema.useFromCheckpointMetadata": "true"}
 #: `extra_conf` of a session whose jobs come from two threads (`icefall run`: batches and in-process
 #: maintenance): Spark's FAIR scheduler with the pools of fairscheduler.xml, beside this module.
 FAIR_SCHEDULING = {
@@ -195,6 +199,7 @@ def delta_conf(conf: Mapping[str, str], jars: Iterable[Path]) -> dict[str, str]:
     delta = dict(conf)
     delta["spark.sql.extensions"] = f"{conf['spark.sql.extensions']},{DELTA_EXTENSIONS}"
     delta.update(DELTA_SESSION_CATALOG)
+    delta.update(DELTA_CHECKPOINT_SCHEMA)
     delta["spark.jars"] = ",".join([*filter(None, [conf.get("spark.jars")]), *(str(jar) for jar in jars)])
     return delta
 

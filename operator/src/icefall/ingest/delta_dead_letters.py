@@ -1,0 +1,115 @@
+"""The dead-letter table of a Delta table (`spec.table.format: delta`): a second Delta table beside it
+(`dead_letter_location`: the table's folder's sibling named as `spec.deadLetter.table.name`, default
+`<table>_dlq`), filled exactly once by the same commit protocol (`icefall.commit.delta`).
+
+A batch with bad records reads its offsets again (`BatchWriter.bad_rows`: the records that do not decode,
+with their error text) and commits them to the dead-letter table, with the batch's offsets in its own
+`icefall.*` state, BEFORE the table's commit. A crash between the two leaves the dead-letter table ahead
+of the table; the batch is then read again from the table's offsets, and the dead-letter table takes only
+what it does not hold (`dead_letter_take`: each partition from its own offset, never below) — the rule of
+route tables (commit/DESIGN.md, "Several destinations of one batch"), so no rewind is needed.
+
+Guarantees: each bad record is in the dead-letter table once (its rows and offsets move in one Delta
+commit, planned from the offsets it holds); a writer whose epoch a newer one claimed cannot commit to it
+(the epoch is claimed in it at start); a second read giving another number of bad records than the first
+commits nothing (StaleHeadError: the batch is planned again). Not guaranteed: the dead-letter table never
+briefly holds the records of a batch whose table commit then failed (it holds them; the table gets them
+again with the next batch, without its bad ones twice); a dead-letter topic (refused for Delta).
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from icefall.commit import StaleHeadError
+from icefall.commit.batch import SourceBatch, TopicsBatch, held_of
+from icefall.commit.delta import DeltaLog, claim_epoch, commit_batch, create_table, local_path, moved_into
+from icefall.commit.state import CommittedState
+from icefall.runtime.failpoints import failpoint
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from icefall.api import StreamingTable
+    from icefall.ingest.planning import PlannedBatch
+    from icefall.ingest.writer import BatchWriter
+
+STAGING_DIR = "_icefall_staging"
+
+
+def dead_letter_location(st: StreamingTable, location: str) -> str | None:
+    """Where the dead-letter table of the Delta table at `location` lives (None: the spec has none)."""
+    identifier = st.dead_letter_identifier
+    if identifier is None:
+        return None
+    return str(local_path(location).parent / identifier[-1])
+
+
+def dead_letter_take(batch: SourceBatch, dead: CommittedState) -> SourceBatch:
+    """The dead-letter table's commit of `batch`: each partition from the dead-letter table's own offset
+    (behind the batch: batches without bad records leave it there; ahead: a crash after its commit and
+    before the table's), to the batch's end, or no further than its own offset (nothing to take)."""
+    parts = []
+    for part in batch.parts:
+        held = held_of(dead, part.topic).offsets
+        start = {p: held.get(p, s) for p, s in part.start.items()}
+        end = {p: max(e, start[p]) for p, e in part.end.items()}
+        parts.append(replace(part, start=start, end=end, retention_gaps={}))
+    return TopicsBatch(tuple(parts)) if batch.by_topic else parts[0]
+
+
+class DeltaDeadLetters:
+    """One writer's dead-letter table (module doc). `start(epoch)` once, then `commit` per batch."""
+
+    def __init__(self, writer: BatchWriter, location: str) -> None:
+        self.writer = writer
+        self.log = DeltaLog(location)
+
+    def start(self, epoch: int) -> None:
+        """Create the dead-letter table (the columns of bad rows) if needed, claim `epoch` in it, drop the
+        staging folders a crashed writer left."""
+        from icefall.ingest.decode import bad_rows
+
+        decoded = self.writer.decoders.with_errors.decode(self.writer.empty_source(), None)
+        schema = bad_rows(decoded, by_topic=self.writer.spec.source.by_topic).schema.json()
+        create_table(self.log, schema, epoch, role="dlq")
+        claim_epoch(self.log, epoch, role="dlq")
+        shutil.rmtree(self.log.root / STAGING_DIR, ignore_errors=True)
+
+    def commit(self, batch: SourceBatch, planned: PlannedBatch, expected: int, epoch: int) -> int:
+        """Commit the batch's `expected` bad records that the dead-letter table does not hold yet; how many
+        it took. StaleHeadError (nothing committed) if the second read found another number."""
+        planned_on = self.log.snapshot()
+        take = dead_letter_take(batch, planned_on.committed)
+        staging = self.log.root / STAGING_DIR / uuid.uuid4().hex
+        try:
+            found = self._write(self.writer.bad_rows(planned.ranges), take, staging)
+            if found != expected:
+                raise StaleHeadError(
+                    f"reading the batch again gave {found} bad records, not {expected}; planning again"
+                )
+            files = moved_into(staging, self.log.root)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        commit_batch(self.log, planned_on, take, epoch, files, role="dlq")
+        failpoint("dlq.after-commit")
+        return sum(f.records for f in files)
+
+    def _write(self, bad: DataFrame, take: SourceBatch, staging: Path) -> int:
+        """Write the rows of `bad` that `take` covers into `staging`; how many bad rows `bad` held."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        observation = Observation()
+        observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
+        kept = F.lit(False)
+        for part in take.parts:
+            of_topic = F.col("topic") == part.topic if take.by_topic else F.lit(True)
+            for p, start in part.start.items():
+                kept = kept | (of_topic & (F.col("partition") == p) & (F.col("offset") >= start))
+        observed.where(kept).write.parquet(str(staging))
+        return int(observation.get["rows"])
