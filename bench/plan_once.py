@@ -18,6 +18,8 @@ leaves out):
   compare-and-swap), to split the protocol's cost from the rest.
 - **icefall-serialgc**, **icefall-c1** (c): (0) with one JVM flag each (`JVM_FLAGS`), what the profiles
   suggest (bench/results/profile.md: the JIT's threads 25-27 % of the JVM's CPU after warm-up).
+- **icefall-serial** (c): (0) with `spec.batch.pipelined: false` (fewer, larger batches on a backlog that
+  grows while it drains?). Not in the default `--designs`.
 
 All in Icefall's own Spark session and tables. Nothing asserts on time.
 """
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 
 import prototypes
+import yaml
 from common import load_average, machine_basics, machine_section, write_results
 from prototypes import Run, one_run, spread
 
@@ -49,6 +52,7 @@ prototypes.LABELS.update(
         "rebind-bare": "(b) without the protocol (append to main)",
         "icefall-serialgc": "(c) (0) with the driver JVM on `-XX:+UseSerialGC`",
         "icefall-c1": "(c) (0) with the driver JVM on `-XX:TieredStopAtLevel=1` (C1 only)",
+        "icefall-serial": "(c) (0) with `spec.batch.pipelined: false`",
     }
 )
 
@@ -65,6 +69,11 @@ JVM_FLAGS = {"icefall-serialgc": "-XX:+UseSerialGC", "icefall-c1": "-XX:TieredSt
 def start_writer(design: str, work: Path, pin: list[str]) -> subprocess.Popen[bytes]:
     if design == "icefall":
         return prototypes.start_writer(design, work, pin)
+    if design == "icefall-serial":  # (c): not pipelined, so a growing backlog is not cut at each commit
+        manifest = yaml.safe_load((work / "events.yaml").read_text())
+        manifest["spec"]["batch"] = {"pipelined": False}
+        (work / "events.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+        return prototypes.start_writer("icefall", work, pin)
     if design in JVM_FLAGS:
         os.environ["JAVA_TOOL_OPTIONS"] = JVM_FLAGS[design]
         try:
@@ -89,7 +98,12 @@ def render(runs: list[Run], args: argparse.Namespace, facts: dict[str, str], sta
             "# Plan once: today's batch against (a), (b) and (c), runs (issue #45, item 1)",
             "",
             f"`bench/plan_once.py` started {started} UTC, niced (`nice -n 19`) beside other work. How each "
-            "figure is measured: its docstring. Raw runs at the end.",
+            "figure is measured: its docstring. Raw runs at the end."
+            + (
+                f" **Trickle**: each backlog produced at {args.trickle_rate:,} records/s."
+                if args.trickle
+                else ""
+            ),
             "",
             *(line for n in sizes for line in prototypes.table(runs, n, args.designs)),
             "## Runs (in order)",
@@ -116,9 +130,14 @@ def main() -> int:
     parser.add_argument("--designs", default=",".join(DESIGNS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan-once-runs.md")
     parser.add_argument("--keep", action="store_true", help="keep each run's folder")
+    parser.add_argument(
+        "--trickle",
+        action="store_true",
+        help="produce each backlog at --trickle-rate records/s (many small batches: fixed costs)",
+    )
+    parser.add_argument("--trickle-rate", type=int, default=1000)
     args = parser.parse_args()
     args.designs = args.designs.split(",")
-    args.trickle = False
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     facts = machine_basics()  # before pinning: it reports the cores usable
     pin: list[str] = []
