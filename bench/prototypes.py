@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def wait_total(catalog: CatalogConfig, total: int, proc: subprocess.Popen[bytes]
 
 
 def one_run(broker: KafkaBroker, design: str, records: int, args: argparse.Namespace, *, pin: list[str],
-            tag: str) -> Run:  # fmt: skip
+            tag: str, start: Callable[..., subprocess.Popen[bytes]] | None = None) -> Run:  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix=f"proto-{design}-", dir=args.state))
     topic = f"{tag}-{design}"
     broker.create_topic(topic, partitions=3)
@@ -133,7 +134,7 @@ def one_run(broker: KafkaBroker, design: str, records: int, args: argparse.Names
     (work / "events.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     preload(broker.bootstrap, topic, args.warmup_records, SMALL_NOTE_WORDS, 1)
     catalog = CatalogConfig.embedded(work)
-    proc = start_writer(design, work, pin)
+    proc = (start or start_writer)(design, work, pin)  # bench/plan_once.py starts its own writers
     try:
         wait_total(catalog, args.warmup_records, proc, 300)
         time.sleep(2)  # settle: the warm-up's last commit done
