@@ -10,7 +10,7 @@ test_kafka_cluster_faults.py makes them): the KRaft quorum's active controller S
 another node is elected, then `DOWN`), an unclean restart of one random broker (SIGKILL and started again
 at once: its log is recovered), and a rolling restart (each node stopped cleanly and started again, the
 next one only once every replica is back in sync). Its recovery: from that restart (the last node's, for a
-rolling restart) until the table has committed every record that was in the topic then.
+rolling restart) until the tables have committed every record that was in their topics then.
 `infra_count(kills)` faults make at least a third of all faults (kills + these).
 `ICEFALL_CHAOS_INFRA_KINDS` (comma-separated names of `KINDS`) restricts the draw, for a short run that
 must hit given kinds.
@@ -63,7 +63,7 @@ def infra_count(kills: int) -> int:
 class InfraFault:
     kind: str
     down_seconds: float  # from the SIGKILL until the service answered again
-    recovered_after: float | None = None  # from its restart until the table caught up
+    recovered_after: float | None = None  # from its restart until the tables caught up
     note: str = ""
 
 
@@ -188,8 +188,8 @@ class InfraFaults:
             "",
             f"{total} faults: {sum(kills.values())} kills of Icefall's own processes, {infra} of the "
             f"infrastructure ({infra / max(total, 1):.0%}; asked: {self.count}, at least a third).",
-            "Recovery of an infrastructure fault: from the service's restart until the table committed "
-            "every record that was in the topic then.",
+            "Recovery of an infrastructure fault: from the service's restart until the tables "
+            "committed every record that was in their topics then.",
             "",
             "| kind | faults | recovery p50 | recovery p99 | max |",
             "|---|---:|---:|---:|---:|",

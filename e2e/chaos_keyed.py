@@ -16,9 +16,10 @@ column by column, and no row for a key whose last change is a tombstone (or that
 duplicates, 0 missing, 0 extra, 0 wrong; its dead-letter table (the default one) holds no row (every
 change is well-formed: a row there is counted wrong). `icefall verify` runs on it as well.
 
-Not covered: per-fault recovery times are measured on the append table only (the keyed table must catch
-up at the end of the run, within the same timeout); the keyed table has no dead-letter topic and gets no
-malformed records; cdc mode (Debezium envelopes) is not in the run.
+The run's faults converge (and infrastructure faults recover) once both tables caught up.
+
+Not covered: the keyed table has no dead-letter topic and gets no malformed records; cdc mode (Debezium
+envelopes) is not in the run.
 """
 
 from __future__ import annotations

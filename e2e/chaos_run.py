@@ -15,8 +15,9 @@ always running (`minReplicas: 1`) and snapshot expiry after a minute, so compact
 meanwhile; and a keyed one (e2e/chaos_keyed.py: `mode: upsert` by `id`, its own topic and producer of
 updates and tombstones to a bounded set of keys, the same batches and compaction), whose driver and
 compaction pods are killed from the same loops and count against the same quotas; its audit: exactly the
-last change per key of its topic (read_committed) as rows, by content. The faults below are measured on
-the append table; the keyed table must catch up at the end.
+last change per key of its topic (read_committed) as rows, by content. A fault converges, below, once
+both tables committed every record of their topics (`high`: the keyed topic's partition p as
+`KEYED_PARTITIONS_FROM + p`); the faults that need a running driver wait for the append table's.
 
 Chaos, while a producer keeps writing edge-case records (`chaos_data`: unicode, extreme numbers and
 timestamps, large values, every malformed kind):
@@ -37,7 +38,7 @@ timestamps, large values, every malformed kind):
   Lease and commits, then resumed (SIGCONT): it must be fenced (its log says so). The paused driver is
   one that drew no failpoint (an armed one could exit at its point before its commit is refused): an
   armed driver is SIGKILLed first, a kill like any other. Each fault's time to converge: from its end
-  until the table committed every record that was in the topic at that moment.
+  until both tables committed every record that was in their topics at that moment.
 
 Then, with the producer stopped, the arming removed and the table caught up, the audit, which uses none
 of the ingestion code: every record of the topic read with confluent-kafka (read_committed), decoded by
@@ -157,6 +158,7 @@ KEYED_ARMING = {
     + ",".join(p if p in AT_START else f"{p}@3" for p in keyed.KEYED_DRIVER_POINTS),
 }
 TABLES = ("append", "keyed")
+KEYED_PARTITIONS_FROM = 1000  # the keyed topic's partitions in `Chaos.high` and `caught_up_with`
 #: What a container start drew (icefall.runtime.failpoints logs it at import): `nothing` or
 #: `<point>=exit@<hit>`.
 DRAW_LINE = re.compile(rf"{CHAOS_ENV_VAR} drew (\S+)")
@@ -566,7 +568,8 @@ class Chaos:
         converged = sum(f.converged_after is not None for f in self.faults)
         return (
             f"kills {sum(kills.values())}/{KILLS} {kills}, produced {self.produced}, "
-            f"committed {sum(self.committed().values())}, faults converged {converged}"
+            f"committed {sum(self.committed().values())}, faults converged {converged}; keyed: produced "
+            f"{self.keyed.produced}, committed {sum(self.keyed_committed().values())}"
         )
 
     def progress_loop(self) -> None:
@@ -621,7 +624,9 @@ class Chaos:
             return {}
 
     def high(self) -> dict[int, int]:
-        return _watermarks(self.kafka)
+        """Both topics' high watermarks: the keyed topic's partition p as `KEYED_PARTITIONS_FROM + p`."""
+        keyed_high = keyed.watermarks(self.kafka.bootstrap, PARTITIONS)
+        return _watermarks(self.kafka) | {KEYED_PARTITIONS_FROM + p: o for p, o in keyed_high.items()}
 
     def keyed_committed(self) -> dict[int, int]:
         """The keyed table's committed offsets; {} while the catalog or store cannot be read."""
@@ -634,26 +639,18 @@ class Chaos:
         except Exception:  # an outage of the catalog or the store: not known now
             return {}
 
-    def keyed_converge(self) -> None:
-        """Wait until the keyed table has every change of its topic (the producers stopped)."""
-        high = keyed.watermarks(self.kafka.bootstrap, PARTITIONS)
-
-        def caught_up() -> bool:
-            committed = self.keyed_committed()
-            return bool(committed) and all(committed.get(p, 0) >= o for p, o in high.items())
-
-        wait_for(f"the keyed table to converge (offsets {high})", caught_up, timeout=CONVERGE_TIMEOUT,
-                 every=2, details=self.explain)  # fmt: skip
-
     def caught_up_with(self, high: dict[int, int]) -> bool:
-        committed = self.committed()
-        return bool(committed) and all(committed.get(p, 0) >= o for p, o in high.items())
+        """Both tables committed the offsets `high` (as `high()` gives them)."""
+        committed, keyed_committed = self.committed(), self.keyed_committed()
+        both = committed | {KEYED_PARTITIONS_FROM + p: o for p, o in keyed_committed.items()}
+        return bool(committed) and bool(keyed_committed) and all(both.get(p, 0) >= o for p, o in high.items())
 
     def converge(self, fault: Fault) -> None:
-        """Wait until the table has every record that was in the topic when `fault` ended; record how long."""
+        """Wait until both tables have every record that was in their topics when `fault` ended; record how
+        long."""
         high = self.high()
         wait_for(
-            f"the table to converge after {fault.name} (offsets {high})",
+            f"the tables to converge after {fault.name} (offsets {high})",
             lambda: self.caught_up_with(high),
             timeout=CONVERGE_TIMEOUT,
             every=2,
@@ -1193,7 +1190,6 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         final = Fault("the end of the run (producer stopped)", time.monotonic(), time.monotonic())
         chaos.converge(final)
         chaos.faults.append(final)
-        chaos.keyed_converge()
         chaos.count_exits()
         outcome = audit(kafka, catalog)
         chaos.note(f"audit: {outcome}")
@@ -1295,7 +1291,7 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
         lines.append(f"| {fault.name} | {after} | {fault.note} |")
     lines += [
         "",
-        "Converged: the table committed every record that was in the topic when the fault ended.",
+        "Converged: both tables committed every record that was in their topics when the fault ended.",
         "",
     ]
     if chaos.infra is not None:
