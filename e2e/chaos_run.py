@@ -151,7 +151,7 @@ ARMING = {
     "driver": f"{SEED}:{ARM_CHANCE}:" + ",".join(p if p in AT_START else f"{p}@3" for p in DRIVER_POINTS),
     "compaction": f"{SEED}:{ARM_CHANCE}:" + ",".join(COMPACTION_POINTS),
 }
-#: The keyed table's (e2e/chaos_keyed.py): no dead-letter table, so no `dlq.*` point.
+#: The keyed table's (e2e/chaos_keyed.py): it gets no malformed record, so no `dlq.*` point.
 KEYED_ARMING = {
     **ARMING,
     "driver": f"{SEED}:{ARM_CHANCE}:"
@@ -258,7 +258,7 @@ def arming_patch(on: bool, arming: dict[str, str] = ARMING) -> Obj:
 
 
 def component_of(pod: str) -> str | None:
-    """ "driver" or "compaction" for either table's pods (they share the kill quotas), else None."""
+    """The component of either table's driver or compaction pod (they share the kill quotas), else None."""
     if pod in (DRIVER, keyed.KEYED_DRIVER):
         return "driver"
     if pod.startswith((COMPACT_PREFIX, keyed.KEYED_COMPACT_PREFIX)):
