@@ -289,14 +289,14 @@ class KeyedProducer:
 
 
 def report(
-    result: KeyedAudit | None, verify: str, produced: int, kills: Counter[tuple[str, str]]
+    result: KeyedAudit | None, verify: str, producer: KeyedProducer, kills: Counter[tuple[str, str]]
 ) -> list[str]:
     """The report's section on the keyed table (`kills`: (table, component) → kills observed)."""
     lines = [
         "## Keyed table (mode upsert)",
         "",
-        f"`{KEYED_NAME}`: key `id`, {KEYS} keys, ~{TOMBSTONE_SHARE:.0%} tombstones; {produced} changes "
-        "produced. Its pods share the driver and compaction kill quotas with the append table's; kills "
+        f"`{KEYED_NAME}`: key `id`, {KEYS} keys, ~{TOMBSTONE_SHARE:.0%} tombstones; {producer.produced} changes "
+        f"produced ({producer.tombstones} tombstones). Its pods share the driver and compaction kill quotas with the append table's; kills "
         "observed: "
         + (", ".join(f"{c} {n}" for (t, c), n in sorted(kills.items()) if t == "keyed") or "none")
         + ". Audit: the topic (read_committed), last change per key, against the table's rows (pyiceberg).",

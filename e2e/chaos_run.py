@@ -1300,7 +1300,7 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
         lines.append(f"The operator exited on its own {exits} times (its leader Lease ran out in an API "
                      "server outage) and was started again, as its Deployment would.")  # fmt: skip
         lines.append("")
-    lines += keyed.report(chaos.keyed_audit, chaos.keyed_verify, chaos.keyed.produced, tally.by_table)
+    lines += keyed.report(chaos.keyed_audit, chaos.keyed_verify, chaos.keyed, tally.by_table)
     lines += [
         "## Records produced, by kind",
         "",
