@@ -295,9 +295,9 @@ def report(
     lines = [
         "## Keyed table (mode upsert)",
         "",
-        f"`{KEYED_NAME}`: key `id`, {KEYS} keys, ~{TOMBSTONE_SHARE:.0%} tombstones; {producer.produced} changes "
-        f"produced ({producer.tombstones} tombstones). Its pods share the driver and compaction kill quotas with the append table's; kills "
-        "observed: "
+        f"`{KEYED_NAME}`: key `id`, {KEYS} keys; {producer.produced} changes produced, "
+        f"{producer.tombstones} of them tombstones. Its pods share the driver and compaction kill quotas "
+        "with the append table's; kills observed: "
         + (", ".join(f"{c} {n}" for (t, c), n in sorted(kills.items()) if t == "keyed") or "none")
         + ". Audit: the topic (read_committed), last change per key, against the table's rows (pyiceberg).",
         "",
