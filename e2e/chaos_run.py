@@ -1070,7 +1070,9 @@ def _watermarks(kafka: KafkaCluster) -> dict[int, int]:
 # --- the run --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(3600 + KILLS * 150 + INFRA_FAULTS * 120)
+@pytest.mark.timeout(
+    3600 + 1800 + KILLS * 150 + INFRA_FAULTS * 120
+)  # 1800: the keyed table's start and verify
 def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     kafka_cluster: KafkaCluster,
     postgres: PostgresServer,
