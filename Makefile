@@ -256,10 +256,11 @@ bench-compaction: setup
 	$(TOOLS) && $(BIN)/python bench/compaction.py $(BENCH_ARGS)
 
 # The chaos run (e2e/chaos_run.py; not a test: `make test` never collects it): CHAOS_KILLS observed kills of
-# the driver, compaction pods and operator, CHAOS_INFRA_FAULTS SIGKILLs of the services (a broker of the
-# three-node Kafka cluster, PostgreSQL, MinIO, the REST catalog, kube-apiserver, etcd; default: half the
-# kills, a third of all faults), plus a broker restart, catalog and object-store outages and a paused
-# writer, then an audit by content. CHAOS_KILLS=20 took 39 min on a 2-core machine at a load average
+# the driver, compaction pods and operator of an append and a keyed (upsert) table, CHAOS_INFRA_FAULTS
+# faults of the services (the three-node Kafka cluster: a partition leader's or the controller's SIGKILL,
+# an unclean or a rolling restart; PostgreSQL, MinIO, the REST catalog, kube-apiserver, etcd; default: half
+# the kills, a third of all faults), plus a broker restart, catalog and object-store outages and a paused
+# writer, then an audit of both tables by content. CHAOS_KILLS=20 took 39 min on a 2-core machine at a load average
 # of 12 to 19 (setup and the four outages are ~20 min of it; a driver kill costs a Spark start). Results in
 # bench/results/chaos.md. Extra pytest options: CHAOS_ARGS.
 CHAOS_KILLS ?= 200

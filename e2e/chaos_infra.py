@@ -5,8 +5,15 @@
 broker (the leader of a random partition of the three-node cluster), PostgreSQL (the REST catalog's
 database), the object store (MinIO), the REST catalog server, and kube-apiserver or etcd of the e2e
 cluster. The service gets SIGKILL (no clean shutdown), stays down `DOWN` seconds, and is started again on
-its ports with its data. Its recovery: from that restart until the table has committed every record that
-was in the topic then. `infra_count(kills)` faults make at least a third of all faults (kills + these).
+its ports with its data. Three more Kafka kinds (issue 46 item 1, as tests/integration/
+test_kafka_cluster_faults.py makes them): the KRaft quorum's active controller SIGKILLed (down until
+another node is elected, then `DOWN`), an unclean restart of one random broker (SIGKILL and started again
+at once: its log is recovered), and a rolling restart (each node stopped cleanly and started again, the
+next one only once every replica is back in sync). Its recovery: from that restart (the last node's, for a
+rolling restart) until the tables have committed every record that was in their topics then.
+`infra_count(kills)` faults make at least a third of all faults (kills + these).
+`ICEFALL_CHAOS_INFRA_KINDS` (comma-separated names of `KINDS`) restricts the draw, for a short run that
+must hit given kinds.
 
 The operator exits by design when it could not renew its leader Lease before it ran out (an API server or
 etcd down longer than the Lease, `controller.leader`); `revive_operator` (the run's) starts it again, as its
@@ -20,6 +27,7 @@ the recovery includes whatever kill of Icefall's own processes happened meanwhil
 from __future__ import annotations
 
 import math
+import os
 import random
 import threading
 import time
@@ -32,7 +40,12 @@ from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
 
-KINDS = ("Kafka broker", "PostgreSQL", "object store", "REST catalog", "kube-apiserver", "etcd")
+KINDS = (
+    "Kafka broker", "Kafka controller", "Kafka unclean restart", "Kafka rolling restart",
+    "PostgreSQL", "object store", "REST catalog", "kube-apiserver", "etcd",
+)  # fmt: skip
+#: Seconds a new KRaft controller may take to be elected after the active one was killed.
+ELECTION_TIMEOUT = 60.0
 #: Seconds between the end of one infrastructure fault's recovery and the next fault.
 EVERY = (5.0, 40.0)
 #: Seconds a killed service stays down before its restart (the restart itself takes more).
@@ -50,7 +63,7 @@ def infra_count(kills: int) -> int:
 class InfraFault:
     kind: str
     down_seconds: float  # from the SIGKILL until the service answered again
-    recovered_after: float | None = None  # from its restart until the table caught up
+    recovered_after: float | None = None  # from its restart until the tables caught up
     note: str = ""
 
 
@@ -90,6 +103,7 @@ class InfraFaults:
         self.lock, self.calm, self.done, self.note = lock, calm, done, note
         self.faults: list[InfraFault] = []
         self.errors: list[str] = []
+        self.kinds = drawn_kinds(os.environ.get("ICEFALL_CHAOS_INFRA_KINDS", ""))
 
     def loop(self) -> None:
         while not self.done.is_set() and len(self.faults) < self.count and not self.errors:
@@ -97,7 +111,7 @@ class InfraFaults:
                 continue
             with self.lock:
                 try:
-                    self.one(self.rng.choice(KINDS))
+                    self.one(self.rng.choice(self.kinds))
                 except Exception as error:  # a service that did not come back: the run fails, says why
                     self.errors.append(f"infrastructure fault: {type(error).__name__}: {error}"[:2000])
 
@@ -128,6 +142,8 @@ class InfraFaults:
             time.sleep(down)
             s.kafka.heal(self.topics)
             return f"node {node}, a partition leader; replicas in sync again"
+        if kind.startswith("Kafka "):
+            return self._kafka_fault(kind, down)
         kill, start = {
             "PostgreSQL": (s.postgres.kill, s.postgres.start),
             "object store": (s.store.kill, s.store.start),
@@ -140,6 +156,29 @@ class InfraFaults:
         start()
         return f"down {down:.0f} s before its restart"
 
+    def _kafka_fault(self, kind: str, down: float) -> str:
+        """The KRaft controller's SIGKILL, an unclean restart of one broker, or a rolling restart."""
+        kafka = self.services.kafka
+        if kind == "Kafka controller":
+            controller = kafka.active_controller()
+            kafka.kill(controller)
+            elected = _wait_elected(kafka, controller)
+            time.sleep(down)
+            kafka.heal(self.topics)
+            return f"node {controller}, the active controller; node {elected} elected; in sync again"
+        if kind == "Kafka unclean restart":
+            node = self.rng.choice(sorted(kafka.nodes))
+            kafka.kill(node)
+            kafka.heal(self.topics)  # started again at once: its log recovered, then caught up
+            return f"node {node} SIGKILLed and started again at once; replicas in sync again"
+        assert kind == "Kafka rolling restart", kind
+        for node in kafka.nodes.values():
+            node.stop()  # clean: its leaderships handed over first
+            time.sleep(2)
+            kafka.restart(node.node_id)
+            kafka.wait_in_sync(self.topics)
+        return f"nodes {', '.join(map(str, kafka.nodes))} stopped cleanly and started again, one by one"
+
     def report(self, kills: Mapping[str, int]) -> list[str]:
         """The report's "Faults by kind" section: Icefall's own kills (`kills` per component) and these."""
         infra = len(self.faults)
@@ -149,14 +188,15 @@ class InfraFaults:
             "",
             f"{total} faults: {sum(kills.values())} kills of Icefall's own processes, {infra} of the "
             f"infrastructure ({infra / max(total, 1):.0%}; asked: {self.count}, at least a third).",
-            "Recovery of an infrastructure fault: from the service's restart until the table committed "
-            "every record that was in the topic then.",
+            "Recovery of an infrastructure fault: from the service's restart until the tables "
+            "committed every record that was in their topics then.",
             "",
             "| kind | faults | recovery p50 | recovery p99 | max |",
             "|---|---:|---:|---:|---:|",
         ]
         lines += [f"| kill: {component} | {n} | | | |" for component, n in kills.items()]
         for kind in KINDS:
+            how = "" if kind == "Kafka rolling restart" else "SIGKILL: "
             made = [f for f in self.faults if f.kind == kind]
             times = sorted(f.recovered_after for f in made if f.recovered_after is not None)
             if made:
@@ -165,8 +205,32 @@ class InfraFaults:
                     percentile(times, 99),
                     seconds(max(times, default=None)),
                 )
-                lines.append(f"| SIGKILL: {kind} | {len(made)} | {p50} | {p99} | {most} |")
+                lines.append(f"| {how}{kind} | {len(made)} | {p50} | {p99} | {most} |")
         return [*lines, ""]
+
+
+def drawn_kinds(names: str) -> tuple[str, ...]:
+    """The kinds to draw from: `KINDS`, or the comma-separated `names` of some of them."""
+    chosen = tuple(name.strip() for name in names.split(",") if name.strip())
+    unknown = [name for name in chosen if name not in KINDS]
+    if unknown:
+        raise ValueError(f"ICEFALL_CHAOS_INFRA_KINDS: unknown kinds {unknown}; known: {', '.join(KINDS)}")
+    return chosen or KINDS
+
+
+def _wait_elected(kafka: KafkaCluster, killed: int) -> int:
+    """The node the KRaft quorum elected after `killed`, once one was."""
+    deadline = time.monotonic() + ELECTION_TIMEOUT
+    while True:
+        time.sleep(0.5)
+        try:
+            controller = kafka.active_controller()
+        except (OSError, ValueError, KeyError, RuntimeError):  # a file being rewritten, no leader yet
+            controller = killed
+        if controller != killed:
+            return controller
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no KRaft controller elected {ELECTION_TIMEOUT:.0f} s after node {killed}")
 
 
 def percentile(ordered: list[float], p: float) -> str:

@@ -12,7 +12,12 @@ and `local[*]`); the operator runs as a process; Kafka; Iceberg's REST catalog s
 the table files in an object store (MinIO), both of this run's own so they can be stopped and started on
 the same port. One StreamingTable with a dead-letter table and topic, small batches, a compaction pod
 always running (`minReplicas: 1`) and snapshot expiry after a minute, so compaction and expiry really run
-meanwhile.
+meanwhile; and a keyed one (e2e/chaos_keyed.py: `mode: upsert` by `id`, its own topic and producer of
+updates and tombstones to a bounded set of keys, the same batches and compaction), whose driver and
+compaction pods are killed from the same loops and count against the same quotas; its audit: exactly the
+last change per key of its topic (read_committed) as rows, by content. A fault converges, below, once
+both tables committed every record of their topics (`high`: the keyed topic's partition p as
+`KEYED_PARTITIONS_FROM + p`); the faults that need a running driver wait for the append table's.
 
 Chaos, while a producer keeps writing edge-case records (`chaos_data`: unicode, extreme numbers and
 timestamps, large values, every malformed kind):
@@ -33,7 +38,7 @@ timestamps, large values, every malformed kind):
   Lease and commits, then resumed (SIGCONT): it must be fenced (its log says so). The paused driver is
   one that drew no failpoint (an armed one could exit at its point before its commit is refused): an
   armed driver is SIGKILLed first, a kill like any other. Each fault's time to converge: from its end
-  until the table committed every record that was in the topic at that moment.
+  until both tables committed every record that was in their topics at that moment.
 
 Then, with the producer stopped, the arming removed and the table caught up, the audit, which uses none
 of the ingestion code: every record of the topic read with confluent-kafka (read_committed), decoded by
@@ -53,7 +58,8 @@ a new Pod, with its own short backoff); kills are read from Pod statuses, not fr
 kubelet's records; the second writer is a Pod, not a host process.
 
 Infrastructure faults (e2e/chaos_infra.py), at least a third of all faults (`ICEFALL_CHAOS_INFRA_FAULTS`,
-default half the kills): a broker of the three-node Kafka cluster (`kafka_cluster`), PostgreSQL, the
+default half the kills): a broker of the three-node Kafka cluster (`kafka_cluster`: a partition leader's
+or the KRaft controller's SIGKILL, an unclean restart, a rolling restart), PostgreSQL, the
 object store, the REST catalog server, and the cluster's kube-apiserver or etcd SIGKILLed at random moments
 and started again, one at a time, while the kills go on; the report lists every fault by kind with its time
 to recover (p50/p99).
@@ -109,6 +115,7 @@ from icefall.runtime.failpoints import CHAOS_ENV_VAR
 from icefall.testing.kubeapi import JsonApi
 
 from . import chaos_data as data
+from . import chaos_keyed as keyed
 from .chaos_infra import InfraFaults, Services, infra_count
 from .conftest import REPO, Kubectl, NodeView, Operator, pod_logs, wait_for
 
@@ -144,6 +151,14 @@ ARMING = {
     "driver": f"{SEED}:{ARM_CHANCE}:" + ",".join(p if p in AT_START else f"{p}@3" for p in DRIVER_POINTS),
     "compaction": f"{SEED}:{ARM_CHANCE}:" + ",".join(COMPACTION_POINTS),
 }
+#: The keyed table's (e2e/chaos_keyed.py): it gets no malformed record, so no `dlq.*` point.
+KEYED_ARMING = {
+    **ARMING,
+    "driver": f"{SEED}:{ARM_CHANCE}:"
+    + ",".join(p if p in AT_START else f"{p}@3" for p in keyed.KEYED_DRIVER_POINTS),
+}
+TABLES = ("append", "keyed")
+KEYED_PARTITIONS_FROM = 1000  # the keyed topic's partitions in `Chaos.high` and `caught_up_with`
 #: What a container start drew (icefall.runtime.failpoints logs it at import): `nothing` or
 #: `<point>=exit@<hit>`.
 DRAW_LINE = re.compile(rf"{CHAOS_ENV_VAR} drew (\S+)")
@@ -232,10 +247,10 @@ def streaming_table(kafka: KafkaCluster, catalog: RESTCatalogServer, store: Obje
     }
 
 
-def arming_patch(on: bool) -> Obj:
-    """A merge patch of the StreamingTable that arms (or disarms) every new driver and compaction container.
+def arming_patch(on: bool, arming: dict[str, str] = ARMING) -> Obj:
+    """A merge patch of a StreamingTable that arms (or disarms) every new driver and compaction container.
     Each is a spec change: the operator rolls the driver and the compaction pods."""
-    env = {role: [{"name": CHAOS_ENV_VAR, "value": spec}] if on else None for role, spec in ARMING.items()}
+    env = {role: [{"name": CHAOS_ENV_VAR, "value": spec}] if on else None for role, spec in arming.items()}
     return {"spec": {"pods": {role: {"env": value} for role, value in env.items()}}}
 
 
@@ -243,11 +258,16 @@ def arming_patch(on: bool) -> Obj:
 
 
 def component_of(pod: str) -> str | None:
-    if pod == DRIVER:
+    """The component of either table's driver or compaction pod (they share the kill quotas), else None."""
+    if pod in (DRIVER, keyed.KEYED_DRIVER):
         return "driver"
-    if pod.startswith(COMPACT_PREFIX):
+    if pod.startswith((COMPACT_PREFIX, keyed.KEYED_COMPACT_PREFIX)):
         return "compaction"
     return None
+
+
+def table_of(pod: str) -> str | None:
+    return keyed.table_of(pod, DRIVER, COMPACT_PREFIX)
 
 
 @dataclass
@@ -470,15 +490,18 @@ class Tally:
     killed: set[str] = field(default_factory=set)  # container ids this run SIGKILLed
     by_component: Counter[str] = field(default_factory=Counter)
     by_point: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, point)
+    by_table: Counter[tuple[str, str]] = field(default_factory=Counter)  # (table, component)
     #: Exits that were no kill of ours: (component, exit code, reason).
     other_exits: Counter[tuple[str, int, str]] = field(default_factory=Counter)
     draws: Counter[str] = field(default_factory=Counter)  # point (or NOTHING, or "unknown") → starts
     seen_exits: int = 0
 
-    def kill(self, component: str, point: str) -> None:
+    def kill(self, component: str, point: str, table: str | None = None) -> None:
         with self.lock:
             self.by_component[component] += 1
             self.by_point[component, point] += 1
+            if table is not None:
+                self.by_table[table, component] += 1
 
     def total(self) -> int:
         with self.lock:
@@ -527,6 +550,12 @@ class Chaos:
         self.produced = 0
         self.started = time.monotonic()
         self._producing = threading.Event()
+        self.keyed = keyed.KeyedProducer(
+            kafka.bootstrap, SEED, self._producing, self.keyed_committed, self.errors,
+            count=PRODUCE_RECORDS, every=PRODUCE_EVERY_SECONDS, max_backlog=MAX_BACKLOG,
+        )  # fmt: skip
+        self.keyed_audit: keyed.KeyedAudit | None = None
+        self.keyed_verify = "not run"
 
     # --- progress and failure details ---
 
@@ -539,7 +568,8 @@ class Chaos:
         converged = sum(f.converged_after is not None for f in self.faults)
         return (
             f"kills {sum(kills.values())}/{KILLS} {kills}, produced {self.produced}, "
-            f"committed {sum(self.committed().values())}, faults converged {converged}"
+            f"committed {sum(self.committed().values())}, faults converged {converged}; keyed: produced "
+            f"{self.keyed.produced}, committed {sum(self.keyed_committed().values())}"
         )
 
     def progress_loop(self) -> None:
@@ -555,24 +585,27 @@ class Chaos:
         driver = pod_logs(self.node, DRIVER)
         return f"--- status\n{status}{driver}\n{more}\n--- operator\n{self.operator.tail()}"
 
-    def st_path(self) -> str:
-        return f"/apis/icefall.dev/v1alpha1/namespaces/{self.namespace}/streamingtables/{NAME}"
+    def st_path(self, name: str = NAME) -> str:
+        return f"/apis/icefall.dev/v1alpha1/namespaces/{self.namespace}/streamingtables/{name}"
 
     def st(self) -> Obj | None:
         return self.rest.get(self.st_path())
 
     def arm(self, on: bool) -> None:
         """Arm (or disarm) every driver and compaction container started from now on; wait for the roll."""
-        self.rest.call("PATCH", self.st_path(), arming_patch(on), content_type="application/merge-patch+json")
-        self.note(f"failpoint arming {'on' if on else 'off'}: the driver and compaction pods roll")
+        for name, arming in ((NAME, ARMING), (keyed.KEYED_NAME, KEYED_ARMING)):
+            self.rest.call("PATCH", self.st_path(name), arming_patch(on, arming),
+                           content_type="application/merge-patch+json")  # fmt: skip
+        self.note(f"failpoint arming {'on' if on else 'off'}: both tables' driver and compaction pods roll")
 
         def rolled() -> bool:
-            """Each component runs, and only from Pods whose spec says what was asked."""
+            """Each component of each table runs, and only from Pods whose spec says what was asked."""
             now = self.pods.running()
             return all(
-                any(c.component == k for c in now)
+                any(c.component == k and table_of(c.pod) == t for c in now)
                 and all(c.spec_armed == on for c in now if c.component == k)
                 for k in ARMING
+                for t in TABLES
             )
 
         wait_for(f"the pods to roll with arming {'on' if on else 'off'}", rolled, timeout=600, every=1,
@@ -591,17 +624,33 @@ class Chaos:
             return {}
 
     def high(self) -> dict[int, int]:
-        return _watermarks(self.kafka)
+        """Both topics' high watermarks: the keyed topic's partition p as `KEYED_PARTITIONS_FROM + p`."""
+        keyed_high = keyed.watermarks(self.kafka.bootstrap, PARTITIONS)
+        return _watermarks(self.kafka) | {KEYED_PARTITIONS_FROM + p: o for p, o in keyed_high.items()}
+
+    def keyed_committed(self) -> dict[int, int]:
+        """The keyed table's committed offsets; {} while the catalog or store cannot be read."""
+        try:
+            catalog = self.catalog.pyiceberg()
+            identifier = (TABLE_NAMESPACE, keyed.KEYED_TABLE)
+            if not catalog.table_exists(identifier):
+                return {}
+            return dict(read_committed(catalog.load_table(identifier)).offsets)
+        except Exception:  # an outage of the catalog or the store: not known now
+            return {}
 
     def caught_up_with(self, high: dict[int, int]) -> bool:
-        committed = self.committed()
-        return bool(committed) and all(committed.get(p, 0) >= o for p, o in high.items())
+        """Both tables committed the offsets `high` (as `high()` gives them)."""
+        committed, keyed_committed = self.committed(), self.keyed_committed()
+        both = committed | {KEYED_PARTITIONS_FROM + p: o for p, o in keyed_committed.items()}
+        return bool(committed) and bool(keyed_committed) and all(both.get(p, 0) >= o for p, o in high.items())
 
     def converge(self, fault: Fault) -> None:
-        """Wait until the table has every record that was in the topic when `fault` ended; record how long."""
+        """Wait until both tables have every record that was in their topics when `fault` ended; record how
+        long."""
         high = self.high()
         wait_for(
-            f"the table to converge after {fault.name} (offsets {high})",
+            f"the tables to converge after {fault.name} (offsets {high})",
             lambda: self.caught_up_with(high),
             timeout=CONVERGE_TIMEOUT,
             every=2,
@@ -660,10 +709,11 @@ class Chaos:
             )
             with self.tally.lock:
                 self.tally.draws[(drew or "unknown").partition("=")[0]] += 1
+            table = table_of(container.pod)
             if point is not None:
-                self.tally.kill(component, point.group(1))
+                self.tally.kill(component, point.group(1), table)
             elif container.exit_code == SIGKILL_STATUS and container.cid in self.tally.killed:
-                self.tally.kill(component, RANDOM)
+                self.tally.kill(component, RANDOM, table)
             else:
                 with self.tally.lock:
                     self.tally.other_exits[component, container.exit_code or 0, container.reason] += 1
@@ -768,7 +818,8 @@ class Chaos:
         return any(c.cid == container.cid for c in self.pods.running())
 
     def running_driver(self) -> Container | None:
-        return next(iter(self.pods.running("driver")), None)
+        """The append table's driver (the faults are measured on it)."""
+        return next((c for c in self.pods.running("driver") if c.pod == DRIVER), None)
 
     def wait_driver_committing(self) -> Container:
         """A driver runs and commits (after any kill in flight): the fault then hits a working pipeline."""
@@ -782,7 +833,7 @@ class Chaos:
         node = self.kafka.leader_of(TOPIC, 0)
         self.kafka.node(node).stop()
         time.sleep(5)
-        self.kafka.heal((TOPIC, DLQ_TOPIC))
+        self.kafka.heal((TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC))
         fault.note = (
             f"node {node} (leader of partition 0) stopped cleanly, 5 s down, restarted, in sync again"
         )
@@ -1019,7 +1070,10 @@ def _watermarks(kafka: KafkaCluster) -> dict[int, int]:
 # --- the run --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(3600 + KILLS * 150 + INFRA_FAULTS * 120)
+KEYED_EXTRA_SECONDS = 1800  # the keyed table's first commit and its `icefall verify`
+
+
+@pytest.mark.timeout(3600 + KEYED_EXTRA_SECONDS + KILLS * 150 + INFRA_FAULTS * 120)
 def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     kafka_cluster: KafkaCluster,
     postgres: PostgresServer,
@@ -1037,6 +1091,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     kafka = kafka_cluster  # three nodes: a broker's SIGKILL is a fault the cluster survives
     kafka.create_topic(TOPIC, partitions=PARTITIONS)
     kafka.create_topic(DLQ_TOPIC, partitions=1)
+    kafka.create_topic(keyed.KEYED_TOPIC, partitions=PARTITIONS)
     s3 = store.properties()
     secret = {"access-key-id": s3["s3.access-key-id"], "secret-access-key": s3["s3.secret-access-key"]}
     rest.call("POST", f"/api/v1/namespaces/{e2e_namespace}/secrets", {
@@ -1049,6 +1104,9 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     manifest = workdir / "chaos.yaml"
     manifest.write_text(yaml.safe_dump(st_object, allow_unicode=True))
     st = load_manifest(manifest)
+    keyed_object = keyed.keyed_streaming_table(st_object)
+    keyed_manifest = workdir / "chaos-keyed.yaml"
+    keyed_manifest.write_text(yaml.safe_dump(keyed_object, allow_unicode=True))
     _, catalog_env, problems = secret_env_vars(st.spec)
     assert problems == []
     variables = {ref.name: secret[ref.key] for ref in catalog_env}
@@ -1069,7 +1127,8 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     )  # fmt: skip
     chaos.infra = infra = InfraFaults(
         Services(kafka=kafka, postgres=postgres, store=store, catalog=rest_catalog, kube=cluster.api),
-        count=INFRA_FAULTS, seed=SEED, topics=(TOPIC, DLQ_TOPIC), partitions=PARTITIONS, high=chaos.high,
+        count=INFRA_FAULTS, seed=SEED, topics=(TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC), partitions=PARTITIONS,
+        high=chaos.high,
         caught_up_with=chaos.caught_up_with, revive_operator=chaos.revive_operator, lock=chaos.fault_lock,
         calm=chaos.calm, done=chaos.done, note=chaos.note,
     )  # fmt: skip
@@ -1081,14 +1140,19 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         operator.start()
         chaos._producing.set()
         threads.append(threading.Thread(target=chaos.produce_loop, name="chaos-producer", daemon=True))
-        threads[-1].start()
+        threads.append(threading.Thread(target=chaos.keyed.loop, name="chaos-keyed-producer", daemon=True))
+        for thread in threads:
+            thread.start()
         st_path = f"/apis/icefall.dev/v1alpha1/namespaces/{e2e_namespace}/streamingtables"
-        rest.call("POST", st_path, {**st_object, "metadata": {"name": NAME, "namespace": e2e_namespace}})
+        for obj in (st_object, keyed_object):
+            rest.call("POST", st_path, {**obj, "metadata": {**obj["metadata"], "namespace": e2e_namespace}})
         # The first driver and compaction pod start unarmed: a broken setup fails here, not in the chaos.
         wait_for("the first driver pod running", chaos.running_driver, timeout=600, every=1,
                  details=chaos.explain)  # fmt: skip
         wait_for("the first commit", chaos.committed, timeout=900, every=2, details=chaos.explain)
         wait_for("the compaction pod running", lambda: pods.running("compaction"), timeout=600, every=1,
+                 details=chaos.explain)  # fmt: skip
+        wait_for("the keyed table's first commit", chaos.keyed_committed, timeout=900, every=2,
                  details=chaos.explain)  # fmt: skip
         chaos.note(f"pipeline up: {chaos.progress()}")
         chaos.arm(True)
@@ -1123,6 +1187,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         chaos.arm(False)
         chaos._producing.clear()
         threads[0].join(900)
+        threads[1].join(900)
         assert not chaos.errors, chaos.errors
         chaos.note(f"kills done, arming off, producer stopped: {chaos.progress()}")
         final = Fault("the end of the run (producer stopped)", time.monotonic(), time.monotonic())
@@ -1131,7 +1196,10 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         chaos.count_exits()
         outcome = audit(kafka, catalog)
         chaos.note(f"audit: {outcome}")
+        chaos.keyed_audit = keyed.audit(kafka.bootstrap, PARTITIONS, catalog.pyiceberg(), TABLE_NAMESPACE)
+        chaos.note(f"keyed audit: {chaos.keyed_audit}")
         verify = run_verify(manifest, variables, workdir)
+        chaos.keyed_verify = run_verify(keyed_manifest, variables, workdir)
     except BaseException as error:
         failure = error
         raise
@@ -1146,6 +1214,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
             finally:
                 write_report(chaos, outcome, verify, failure)
     assert outcome.duplicates == outcome.missing == outcome.wrong == 0, outcome.examples
+    assert chaos.keyed_audit is not None and chaos.keyed_audit.clean, chaos.keyed_audit
     assert chaos.tally.total() >= KILLS
     assert len(infra.faults) >= INFRA_FAULTS
 
@@ -1199,6 +1268,8 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
     lines += ["", f"`icefall verify`: {verify}", "", "## Kills per component", "",
               "| component | kills | asked |", "|---|---:|---:|"]  # fmt: skip
     lines += [f"| {c} | {tally.by_component[c]} | {chaos.quota[c]} |" for c in SHARES]
+    split = ", ".join(f"{t} {c} {n}" for (t, c), n in sorted(tally.by_table.items()))
+    lines += ["", f"Driver and compaction kills per table (they share the quotas): {split or 'none'}."]
     lines += ["", "## Kills per crash point", "", "| component | crash point | kills |", "|---|---|---:|"]
     lines += [f"| {c} | {p} | {n} |" for (c, p), n in sorted(tally.by_point.items())]
     drawn = ", ".join(f"{p} {n}" for p, n in sorted(tally.draws.items()))
@@ -1223,7 +1294,7 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
         lines.append(f"| {fault.name} | {after} | {fault.note} |")
     lines += [
         "",
-        "Converged: the table committed every record that was in the topic when the fault ended.",
+        "Converged: both tables committed every record that was in their topics when the fault ended.",
         "",
     ]
     if chaos.infra is not None:
@@ -1232,6 +1303,7 @@ def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: Base
         lines.append(f"The operator exited on its own {exits} times (its leader Lease ran out in an API "
                      "server outage) and was started again, as its Deployment would.")  # fmt: skip
         lines.append("")
+    lines += keyed.report(chaos.keyed_audit, chaos.keyed_verify, chaos.keyed, tally.by_table)
     lines += [
         "## Records produced, by kind",
         "",
