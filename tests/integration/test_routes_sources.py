@@ -268,6 +268,9 @@ def test_a_pattern_with_a_table_per_topic_gives_a_topic_created_while_running_it
     assert_tables(catalog_config, expected, kafka, topics)
     payments = read_committed(catalog_config.pyiceberg().load_table((NAMESPACE, f"{name}_payments")))
     assert dict(payments.of_topic(f"{prefix}payments").start_offsets) == {0: 0}
+    # `icefall verify`: each table the route made, per topic from where it started each.
+    report = verify_table(st, catalog_config, spark=spark)
+    assert report.ok and len(report.destinations) == 4, report.render()
 
 
 AVRO_V1: dict[str, Any] = {

@@ -92,14 +92,14 @@ def test_a_created_table_no_record_goes_to_fails_the_report_and_one_never_commit
         destination("e_b", partition(10, 20)),
         destination("e_c"),
     ]
-    asked: list[tuple[int, Mapping[int, tuple[int, int]]]] = []
+    asked: list[tuple[int, Mapping[int, tuple[int, int]], str | None]] = []
 
-    def taken(index: int, ranges: Mapping[int, tuple[int, int]]) -> int:
-        asked.append((index, ranges))
+    def taken(index: int, ranges: Mapping[int, tuple[int, int]], topic: str | None) -> int:
+        asked.append((index, ranges, topic))
         return 5 if index == 1 else 0
 
     problems, notes = unexplained(taken, audits, made)
-    assert asked == [(1, {0: (10, 20)}), (2, {0: (10, 20)})]
+    assert asked == [(1, {0: (10, 20)}, None), (2, {0: (10, 20)}, None)]
     assert len(problems) == 1 and problems[0].startswith("shop.e_b has icefall.dynamic-route-of")
     assert "computes the name 'e_b'" in problems[0]
     assert len(notes) == 1 and notes[0].startswith("shop.e_c ")
@@ -113,6 +113,24 @@ def test_a_created_table_no_record_goes_to_fails_the_report_and_one_never_commit
     assert RoutedAuditReport(tuple(audits), (), notes).ok  # a note alone does not fail
     # Records Kafka no longer holds (below its low watermark) cannot explain a table either way.
     assert unexplained(taken, [destination("e_b", partition(10, 20, low=25))], made[1:2])[0] == ()
+
+
+def test_a_created_table_of_several_topics_is_explained_by_the_records_of_any_topic() -> None:
+    from dataclasses import replace
+
+    made = [DynamicTable("e_a", 1, {}, {"eu": {0: 10}, "us": {0: 3, 1: 0}})]
+    assert made[0].of_topic("us").since == {0: 3, 1: 0} and made[0].of_topic("asia").since == {}
+    ranges = (replace(partition(10, 20), topic="eu"), replace(partition(3, 9), topic="us"))
+    asked: list[tuple[Mapping[int, tuple[int, int]], str | None]] = []
+
+    def taken(index: int, ranges: Mapping[int, tuple[int, int]], topic: str | None) -> int:
+        asked.append((ranges, topic))
+        return 2 if topic == "us" else 0
+
+    assert unexplained(taken, [destination("e_a", *ranges)], made) == ((), ())
+    assert asked == [({0: (10, 20)}, "eu"), ({0: (3, 9)}, "us")]
+    problems, _ = unexplained(lambda *_: 0, [destination("e_a", *ranges)], made)
+    assert "{'eu/0': (10, 20), 'us/0': (3, 9)}" in problems[0]
 
 
 def test_read_table_is_also_a_table_the_dynamic_route_created() -> None:

@@ -24,7 +24,7 @@ refused creation against the cap of that batch).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from icefall.plan.routing import name_refusal, not_created_reason, past_cap_reason
@@ -43,11 +43,17 @@ DYNAMIC_DEST_COLUMN = "__icefall_dynamic_dest"
 @dataclass(frozen=True)
 class DynamicTable:
     """A table the route created: its name, its destination index in the audit, and the offset per
-    partition its commits start at (`icefall.start-offsets`)."""
+    partition its commits start at (`icefall.start-offsets`; the topics form: per topic)."""
 
     name: str
     index: int
     since: Mapping[int, int]
+    #: The topics form: the offsets per partition its commits start at, by topic (`since` is then one's).
+    since_by_topic: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+
+    def of_topic(self, topic: str) -> DynamicTable:
+        """This table as the audit of one topic of the topics form sees it: `since` of that topic."""
+        return replace(self, since=self.since_by_topic.get(topic, {}))
 
 
 @dataclass(frozen=True)

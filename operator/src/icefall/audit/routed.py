@@ -25,8 +25,8 @@ reported (`RoutedAuditReport.problems`); one never committed is noted.
 
 Several topics (`spec.source.topics`, `topicPattern`): each destination is audited per topic, up to its
 own offsets of that topic, over the topics `spec.table` or it holds (`icefall.audit.table.of_topics`). A
-dynamic route over several topics is refused (`AuditError`): the fates of its names are per partition of
-one topic (`icefall.audit.dynamic`).
+dynamic route's names get their fates per topic, from each created table's start offsets of that topic
+(a table starts each topic at the first batch of it that it took).
 
 Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
 schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
@@ -53,7 +53,7 @@ from icefall.audit.dynamic import (
 )
 from icefall.audit.kafka import KafkaTopic
 from icefall.audit.report import AuditReport
-from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD, AuditError
+from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD
 from icefall.audit.table import audit_table, dlq_identifier, of_topics
 from icefall.commit import read_committed
 
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
     from icefall.api import StreamingTable
     from icefall.audit.content import SparkContent
+    from icefall.commit.state import CommittedState
 
 #: Where re-decoding sends a record (`RoutedContent.records`' `dest`): a route's index, or one of these.
 DEFAULT, DEAD = -1, -2
@@ -191,12 +192,15 @@ class RoutedContent:
             held = self._decoded[topic] = (union, self._decode(topic, union))
         return within(held[1], ranges)
 
-    def taken(self, destination: int, ranges: Mapping[int, tuple[int, int]]) -> int:
-        """How many records of `ranges` (decoded already; of the one topic) go to `destination`."""
-        if len(self._decoded) != 1 or not ranges:
+    def taken(self, destination: int, ranges: Mapping[int, tuple[int, int]], topic: str | None = None) -> int:
+        """How many records of `ranges` (decoded already; of `topic`, or of the one topic) go to
+        `destination`."""
+        held = self._decoded.get(topic) if topic is not None else None
+        if held is None and len(self._decoded) == 1 and topic is None:
+            (held,) = self._decoded.values()
+        if held is None or not ranges:
             return 0
-        ((_, records),) = self._decoded.values()
-        dest = within(records, ranges).column("dest")
+        dest = within(held[1], ranges).column("dest")
         return int(pc.sum(pc.equal(dest, destination)).as_py() or 0)
 
     def _decode(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
@@ -212,7 +216,7 @@ class RoutedContent:
             routed = self.routing.routed(self.routing.dead_letters(decoded))
             chosen = [F.col(ROUTE_COLUMN)]
             if self.routing.dynamic is not None:  # each computed name's fate: a created table, or refused
-                routed = self._dynamic(routed)
+                routed = self._dynamic(routed, topic)
                 chosen.append(F.col(DYNAMIC_DEST_COLUMN))
             dest = F.when(F.col(BAD_COLUMN), F.lit(DEAD)).otherwise(F.coalesce(*chosen, F.lit(DEFAULT)))
             where = routed.select(
@@ -239,8 +243,9 @@ class RoutedContent:
         finally:
             decoded.unpersist()
 
-    def _dynamic(self, routed: DataFrame) -> DataFrame:
-        """`routed` with the fate of each name its records compute (`icefall.audit.dynamic.resolve`)."""
+    def _dynamic(self, routed: DataFrame, topic: str) -> DataFrame:
+        """`routed` (records of `topic`) with the fate of each name its records compute
+        (`icefall.audit.dynamic.resolve`)."""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
         from icefall.ingest.routes import NAME_COLUMN
@@ -248,15 +253,16 @@ class RoutedContent:
         route = self.routing.dynamic
         assert route is not None
         computed = routed.where(F.col(NAME_COLUMN).isNotNull()).select(NAME_COLUMN).distinct().collect()
+        tables = [t.of_topic(topic) for t in self.dynamic] if self.st.spec.source.by_topic else self.dynamic
         fates = name_fates(
             (row[0] for row in computed),
-            self.dynamic,
+            tables,
             self.unowned,
             self.st.dynamic_reserved,
             max_tables=route.max_tables,
         )
         spark = self.content.spark
-        return resolve(spark, routed, fates, cap_full_from(self.dynamic, route.max_tables))
+        return resolve(spark, routed, fates, cap_full_from(tables, route.max_tables))
 
 
 class _View:
@@ -292,18 +298,12 @@ def audit_routed(
     committed = read_committed(main)
     # The topics form: each destination audited per topic, over the topics the table or it holds.
     topics = list(committed.topics or ()) if st.spec.source.by_topic else None
-    if topics is not None and st.spec.dynamic_route is not None:
-        raise AuditError(
-            "spec.dynamicRoute over several topics (source.topics, topicPattern) is not audited yet: the "
-            "fate of each computed name is worked out per partition of one topic; audit its tables by hand"
-        )
     topic = committed.topic or st.spec.source.first_topic
     dlq = _dead_letter_table(catalog, st)
     owned, unowned = found_tables(catalog, st) if st.spec.dynamic_route is not None else ([], set())
     first = len(st.route_identifiers)
     dynamic = [
-        DynamicTable(name, first + k, read_committed(table).start_offsets)
-        for k, (name, table) in enumerate(owned)
+        _dynamic_table(name, first + k, read_committed(table)) for k, (name, table) in enumerate(owned)
     ]
     routed = RoutedContent(content, st, dynamic, unowned)
     options: dict[str, Any] = {"filter_configured": bool(st.spec.transforms.filter), "ingesting": ingesting}
@@ -357,8 +357,13 @@ def _audit_topics(
     return of_topics(reports, state.lost_records)
 
 
+def _dynamic_table(name: str, index: int, state: CommittedState) -> DynamicTable:
+    by_topic = {t: dict(held.start_offsets) for t, held in (state.topics or {}).items()}
+    return DynamicTable(name, index, state.start_offsets, by_topic)
+
+
 def unexplained(
-    taken: Callable[[int, Mapping[int, tuple[int, int]]], int],
+    taken: Callable[[int, Mapping[int, tuple[int, int]], str | None], int],
     audits: Sequence[DestinationAudit],
     dynamic: Sequence[DynamicTable],
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -368,11 +373,11 @@ def unexplained(
     committed, cannot be told."""
     problems, notes = [], []
     for made, audit in zip(dynamic, audits, strict=True):
-        ranges = {
-            p.partition: (max(p.start, p.low_watermark or 0), p.committed)
-            for p in audit.report.partitions
-            if p.low_watermark is not None and max(p.start, p.low_watermark) < p.committed
-        }
+        by_topic: dict[str | None, dict[int, tuple[int, int]]] = {}
+        for p in audit.report.partitions:
+            if p.low_watermark is not None and max(p.start, p.low_watermark) < p.committed:
+                by_topic.setdefault(p.topic, {})[p.partition] = (max(p.start, p.low_watermark), p.committed)
+        ranges = {f"{t}/{p}" if t else str(p): r for t, held in by_topic.items() for p, r in held.items()}
         table = audit.report.table
         if not ranges:
             notes.append(
@@ -380,7 +385,7 @@ def unexplained(
                 "nothing says whether the records explain it (a writer stopped between its creation and "
                 "its first commit, or retention)"
             )
-        elif taken(made.index, ranges) == 0:
+        elif sum(taken(made.index, held, topic) for topic, held in by_topic.items()) == 0:
             problems.append(
                 f"{table} has icefall.dynamic-route-of this table, but none of the records of its "
                 f"committed offsets {dict(sorted(ranges.items()))} computes the name {made.name!r}: the "
