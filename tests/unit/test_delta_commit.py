@@ -128,7 +128,8 @@ def test_protocol_needs_timestamp_ntz_feature_only_for_such_columns() -> None:
     assert protocol_for(SCHEMA) == {"minReaderVersion": 1, "minWriterVersion": 2}
     assert protocol_for('{"type":"timestamp_ntz"}')["readerFeatures"] == ["timestampNtz"]
     keyed = protocol_for(SCHEMA, deletion_vectors=True)
-    assert keyed["readerFeatures"] == keyed["writerFeatures"] == ["deletionVectors"]
+    assert keyed["readerFeatures"] == ["deletionVectors"]
+    assert keyed["writerFeatures"] == ["appendOnly", "invariants", "deletionVectors"]
 
 
 DELTA = """

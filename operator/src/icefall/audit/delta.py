@@ -181,8 +181,6 @@ def audit_delta_keyed(
     offset ranges decoded and collapsed to the last change per key, against the rows delta-rs reads at
     the committed version (handed to Spark for the same digests), and the bad records against the Delta
     dead-letter table."""
-    from deltalake import DeltaTable
-
     from icefall.audit.content import RECORDS_PER_TASK
     from icefall.audit.keyed import KeyedAuditError, _compare, _Comparison, _report
     from icefall.commit.state import OFFSET_RESETS
@@ -203,7 +201,7 @@ def audit_delta_keyed(
         for p, end in sorted(committed.offsets.items())
         if end > committed.start_offsets.get(p, 0)
     )
-    rows = spark.createDataFrame(DeltaTable(location, version=snapshot.version).to_pyarrow_table())
+    rows = spark.createDataFrame(delta_rows(location, snapshot.version))
     kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
     decoded = decode(kafka, st.spec).persist()
     comparison: _Comparison | None = None
@@ -218,6 +216,32 @@ def audit_delta_keyed(
         decoded.unpersist()
         if comparison is not None:
             comparison.compared.unpersist()
+
+
+def delta_rows(location: str, version: int | None = None) -> pa.Table:
+    """The rows of the Delta table at `location` (at `version`, else the latest), read by delta-rs through
+    its DataFusion scan, which applies deletion vectors (a keyed table's MERGE writes them; delta-rs 1.6's
+    `to_pyarrow_table` refuses such tables)."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    table = DeltaTable(location) if version is None else DeltaTable(location, version=version)
+    read = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all())
+    return read.cast(pa.schema([f.with_type(_without_views(f.type)) for f in read.schema]))
+
+
+def _without_views(kind: pa.DataType) -> pa.DataType:
+    """`kind` with DataFusion's view types (string_view, binary_view) as the plain ones Spark reads."""
+    if pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_without_views(f.type)) for f in kind])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(kind.value_field.with_type(_without_views(kind.value_type)))
+    if pa.types.is_map(kind):
+        return pa.map_(_without_views(kind.key_type), _without_views(kind.item_type))
+    return kind
 
 
 def _dead_letter_rows(spark: SparkSession, location: str | None, ranges: tuple[Any, ...]) -> DataFrame | None:

@@ -210,7 +210,9 @@ def protocol_for(schema_string: str, *, deletion_vectors: bool = False) -> dict[
             "minReaderVersion": 3,
             "minWriterVersion": 7,
             "readerFeatures": features,
-            "writerFeatures": features,
+            # Writer version 7 names every feature: those of writer version 2 too (NOT NULL columns need
+            # `invariants`; Delta refuses a table whose metadata uses a feature its protocol lacks).
+            "writerFeatures": ["appendOnly", "invariants", *features],
         }
     return {"minReaderVersion": 1, "minWriterVersion": 2}
 
