@@ -489,7 +489,6 @@ def test_keyed_delta_tables_hold_the_latest_row_per_key_through_failing_commits(
     """Upserts and tombstones over 2 partitions (keys partition-stable), three writers failing in turn at
     each commit point: the table holds the latest row per key, in Spark, delta-rs and `icefall verify`."""
     import pyarrow.parquet as pq
-    from deltalake import DeltaTable
 
     from icefall.testing.streams import send_changes
 
