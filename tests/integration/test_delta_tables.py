@@ -28,6 +28,7 @@ import pyarrow as pa
 import pytest
 
 from icefall.api.manifest import parse_manifest
+from icefall.audit.delta import delta_rows
 from icefall.commands.delta import verify_delta_table
 from icefall.commit import FencedError
 from icefall.commit.delta import DeltaLog, set_properties
@@ -110,6 +111,7 @@ class Table:
         self, kafka: KafkaBroker, tmp_path: Path, name: str, *, sort: str = "", extra: str = ""
     ) -> None:
         self.kafka, self.topic = kafka, f"it-delta-{name}"
+        tmp_path.mkdir(parents=True, exist_ok=True)
         kafka.create_topic(self.topic, partitions=2)
         self.location = str(tmp_path / "table")
         self.manifest = tmp_path / "table.yaml"
@@ -405,3 +407,148 @@ def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_o
     finally:
         after.close()
     table.assert_exactly_once(150)
+
+
+#: Keyed Delta tables in a Delta table's own Spark session (the MERGE needs Delta's extension): an upsert
+#: table's writers failing in turn at each commit point, then one draining it; a cdc table with sequenceBy
+#: fed in two batches, the second's changes out of order. Then both as Spark's Delta reader reads them.
+KEYED = """
+import json, pathlib, sys, time, types
+from icefall.api import TableFormat
+from icefall.api.manifest import parse_manifest
+from icefall.commit.lease import FileLease
+from icefall.ingest.delta_sink import DeltaIngestor
+from icefall.runtime import failpoints
+from icefall.spark.session import build_spark_session
+from icefall.testing.streams import send_changes
+
+job = json.loads(sys.argv[1])
+spark = build_spark_session(
+    [], master="local[1]", app_name="delta-keyed", table_format=TableFormat.DELTA,
+    extra_conf={"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
+)
+writers = 0
+
+def drain(table, point=None):
+    global writers
+    writers += 1
+    st = parse_manifest(open(table["manifest"]).read())
+    leases = pathlib.Path(table["leases"])
+    lease = FileLease.in_dir(leases, "commit", f"writer-{writers}", duration_seconds=30)
+    ingestor = DeltaIngestor(st, spark, lease, location=table["location"])
+    ingestor.start(lease_timeout=5)
+    try:
+        if point is None:
+            while ingestor.run_batch() is not None:
+                pass
+        else:
+            with failpoints.armed(point, "raise", hit=1):
+                try:
+                    ingestor.run_batch()
+                except failpoints.FailpointError:
+                    return
+            raise AssertionError(f"{point} did not fire")
+    finally:
+        ingestor.close()
+        print(f"{point or 'drain'}: {time.monotonic() - started:.1f} s", file=sys.stderr)
+
+upsert, cdc = job["upsert"], job["cdc"]
+started = time.monotonic()
+for point in ("main.after-stage", "main.before-commit", "main.after-commit"):
+    drain(upsert, point)
+drain(upsert)
+drain(cdc)
+send_changes(types.SimpleNamespace(bootstrap=job["bootstrap"]), cdc["topic"], job["later"])
+drain(cdc)
+for table in (upsert, cdc):
+    spark.read.format("delta").load(table["location"]).write.parquet(table["by_spark"])
+spark.stop()
+"""
+
+
+def order(i: int, customer: str) -> dict[str, Any]:
+    return {"id": i, "customer": customer, "amount": 1.5, "ts": "2026-11-22T10:00:00Z"}
+
+
+def cdc_event(op: str, i: int, customer: str, pos: int | None) -> dict[str, Any]:
+    image = order(i, customer)
+    before, after = (image, None) if op == "d" else (None, image)
+    return {"op": op, "before": before, "after": after, "source": {"pos": pos} if pos else {}}
+
+
+def latest_rows(location: str) -> dict[int, str]:
+    """id -> customer of the Delta table's rows, read by delta-rs; each id once."""
+    rows = delta_rows(location).select(["id", "customer"]).to_pylist()
+    assert len({r["id"] for r in rows}) == len(rows), "a key held twice"
+    return {r["id"]: r["customer"] for r in rows}
+
+
+def test_keyed_delta_tables_hold_the_latest_row_per_key_through_failing_commits(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """Upserts and tombstones over 2 partitions (keys partition-stable), three writers failing in turn at
+    each commit point: the table holds the latest row per key, in Spark, delta-rs and `icefall verify`."""
+    import pyarrow.parquet as pq
+
+    from icefall.testing.streams import send_changes
+
+    upsert = Table(kafka, tmp_path / "upsert", "keyed-upsert", extra="  mode: upsert\n  key: [id]")
+    changes: list[Any] = [(None, {"id": i}, order(i, "v1")) for i in range(60)]
+    changes += [(None, {"id": i}, order(i, "v2")) for i in range(0, 60, 3)]
+    changes += [(None, {"id": i}, None) for i in range(40, 50)] + [(None, {"id": 45}, order(45, "back"))]
+    send_changes(kafka, upsert.topic, changes)
+    expected = {i: "v2" if i % 3 == 0 else "v1" for i in range(60) if not 40 <= i < 50} | {45: "back"}
+
+    cdc = Table(
+        kafka, tmp_path / "cdc", "keyed-cdc", extra='  mode: cdc\n  key: [id]\n  sequenceBy: ["source.pos"]'
+    )
+    send_changes(
+        kafka,
+        cdc.topic,
+        [
+            (0, {"id": 1}, cdc_event("c", 1, "created", 10)),
+            (1, {"id": 1}, cdc_event("u", 1, "older, another partition", 9)),
+            (1, {"id": 2}, cdc_event("c", 2, "two", 20)),
+            (0, {"id": 3}, cdc_event("c", 3, "three", 30)),
+            (0, {"id": 4}, cdc_event("c", 4, "four", 40)),
+            (1, {"id": 4}, cdc_event("d", 4, "four", 41)),
+        ],
+    )
+    later = [
+        (1, {"id": 1}, cdc_event("u", 1, "stale", 8)),  # older than the row: skipped
+        (0, {"id": 2}, cdc_event("d", 2, "two", 15)),  # an older delete: the row stays
+        (1, {"id": 3}, cdc_event("u", 3, "newer", 31)),
+        (0, {"id": 4}, cdc_event("c", 4, "before its delete", 39)),  # the remembered delete wins
+    ]
+    tables = {}
+    for name, table in (("upsert", upsert), ("cdc", cdc)):
+        tables[name] = {
+            "manifest": str(table.manifest),
+            "location": table.location,
+            "leases": str(table.leases),
+            "topic": table.topic,
+            "by_spark": str(tmp_path / f"{name}-by-spark"),
+        }
+    job = json.dumps({**tables, "bootstrap": kafka.bootstrap, "later": later})
+    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
+    done = subprocess.run(
+        [sys.executable, "-c", KEYED, job], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, "\n".join(
+        line for line in done.stderr.splitlines() if not line.startswith(("\t", " "))
+    )[-3000:]
+
+    assert latest_rows(upsert.location) == expected
+    assert latest_rows(cdc.location) == {1: "created", 2: "two", 3: "newer"}
+    for name, table in (("upsert", upsert), ("cdc", cdc)):
+        by_rs = [plain(row) for row in delta_rows(table.location).to_pylist()]
+        by_spark = [plain(row) for row in pq.read_table(tables[name]["by_spark"]).to_pylist()]
+        key = lambda row: row["id"]  # noqa: E731
+        assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
+        assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+        report = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+        assert report.ok, report.render()
+    # Replaced rows are marked in deletion vectors, not rewritten.
+    log = DeltaLog(upsert.location)
+    adds = [a["add"] for v in range(log.latest_version() + 1) for a in log.actions(v) if "add" in a]
+    assert any(a.get("deletionVector") for a in adds)

@@ -8,6 +8,9 @@ commit racing the audit cannot show up as unexpected rows. By content (`DeltaCon
 decoded again with the spec, as ingestion decodes them (`SparkContent.expected`), and each row read by
 delta-rs is handed to Spark only to take the same digest (`main_digest`).
 
+A keyed table (`spec.mode` upsert or cdc): `audit_delta_keyed`, the model of `icefall.audit.keyed` (the
+last change per key, deletes removed) against the rows delta-rs reads at the committed version.
+
 Not guaranteed (not there yet for Delta, refused by the spec where it is a setting): a dead-letter table (a
 bad record halts a Delta table's ingestion, so none is compared), offset resets, tables of several topics;
 the rest as `icefall.audit.table` says (compacted topics, retention, a changed spec, digest collisions).
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,9 +42,10 @@ from icefall.audit.table import (
 from icefall.commit.delta import DeltaLog
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
-    from icefall.api import StreamingTableSpec
+    from icefall.api import StreamingTable, StreamingTableSpec
+    from icefall.audit.keyed import KeyedAuditReport
 
 
 class DeltaContent:
@@ -164,3 +168,96 @@ def audit_delta_table(
         return audit_delta(
             location, source, content=content, filter_configured=filter_configured, ingesting=ingesting
         )
+
+
+def audit_delta_keyed(
+    spark: SparkSession,
+    st: StreamingTable,
+    location: str,
+    *,
+    security_options: Mapping[str, str] | None = None,
+) -> KeyedAuditReport:
+    """`icefall.audit.keyed.audit_keyed` of the keyed Delta table at `location`: the topic's committed
+    offset ranges decoded and collapsed to the last change per key, against the rows delta-rs reads at
+    the committed version (handed to Spark for the same digests), and the bad records against the Delta
+    dead-letter table."""
+    from icefall.audit.content import RECORDS_PER_TASK
+    from icefall.audit.keyed import KeyedAuditError, _compare, _Comparison, _report
+    from icefall.commit.state import OFFSET_RESETS
+    from icefall.ingest.decode import decode
+    from icefall.ingest.delta_dead_letters import dead_letter_location
+    from icefall.ingest.engine import read_kafka
+    from icefall.plan.offsets import OffsetRange
+
+    key = list(st.spec.key or [])
+    snapshot = DeltaLog(location).snapshot()
+    if not snapshot.exists:
+        raise AuditError(f"no Delta table at {location} (no _delta_log)")
+    if snapshot.configuration.get(OFFSET_RESETS):
+        raise KeyedAuditError(f"{location}: its offsets were reset; a keyed audit cannot model that yet")
+    committed = snapshot.committed
+    ranges = tuple(
+        OffsetRange(p, committed.start_offsets.get(p, 0), end)
+        for p, end in sorted(committed.offsets.items())
+        if end > committed.start_offsets.get(p, 0)
+    )
+    rows = spark.createDataFrame(delta_rows(location, snapshot.version))
+    kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
+    decoded = decode(kafka, st.spec).persist()
+    comparison: _Comparison | None = None
+    try:
+        records = decoded.count() if ranges else 0
+        comparison = _compare(decoded, rows, st.spec, key)
+        dead = _dead_letter_rows(spark, dead_letter_location(st, location), ranges)
+        return _report(
+            st, committed, records=records, rows=rows, comparison=comparison, dead=dead, decoded=decoded
+        )
+    finally:
+        decoded.unpersist()
+        if comparison is not None:
+            comparison.compared.unpersist()
+
+
+def delta_rows(location: str, version: int | None = None) -> pa.Table:
+    """The rows of the Delta table at `location` (at `version`, else the latest), read by delta-rs through
+    its DataFusion scan, which applies deletion vectors (a keyed table's MERGE writes them; delta-rs 1.6's
+    `to_pyarrow_table` refuses such tables)."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    table = DeltaTable(location) if version is None else DeltaTable(location, version=version)
+    read = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all())
+    return read.cast(pa.schema([f.with_type(_without_views(f.type)) for f in read.schema]))
+
+
+def _without_views(kind: pa.DataType) -> pa.DataType:
+    """`kind` with DataFusion's view types (string_view, binary_view) as the plain ones Spark reads."""
+    if pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_without_views(f.type)) for f in kind])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(kind.value_field.with_type(_without_views(kind.value_type)))
+    if pa.types.is_map(kind):
+        return pa.map_(_without_views(kind.key_type), _without_views(kind.item_type))
+    return kind
+
+
+def _dead_letter_rows(spark: SparkSession, location: str | None, ranges: tuple[Any, ...]) -> DataFrame | None:
+    """(partition, offset) of the Delta dead-letter table's rows inside `ranges`; None without one."""
+    from deltalake import DeltaTable
+
+    if location is None:
+        return None
+    columns = ["partition", "offset"]
+    if DeltaLog(location).snapshot().exists:
+        read = DeltaTable(location).to_pyarrow_table(columns=columns)
+    else:
+        read = pa.table({"partition": pa.array([], pa.int32()), "offset": pa.array([], pa.int64())})
+    found = [
+        (p, o)
+        for p, o in zip(read.column("partition").to_pylist(), read.column("offset").to_pylist(), strict=True)
+        if any(r.partition == p and r.start <= o < r.end for r in ranges)
+    ]
+    return spark.createDataFrame(found, "partition int, offset long")
