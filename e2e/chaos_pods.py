@@ -46,6 +46,7 @@ NOTHING = "nothing"
 RANDOM = "random moment"
 FAILPOINT_LINE = re.compile(r"failpoint (\S+) triggered")
 SIGKILL_STATUS = 137
+OOM_KILLED = "OOMKilled (cgroup limit lowered)"
 Obj = dict[str, Any]
 
 
@@ -271,6 +272,7 @@ class Tally:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     killed: set[str] = field(default_factory=set)  # container ids this run SIGKILLed
+    oom: set[str] = field(default_factory=set)  # container ids whose memory this run squeezed (OOM kill)
     by_component: Counter[str] = field(default_factory=Counter)
     by_point: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, point)
     by_table: Counter[tuple[str, str]] = field(default_factory=Counter)  # (table, component)
@@ -296,7 +298,8 @@ class Tally:
 
 
 def count_exits(pods: PodWatch, tally: Tally) -> None:
-    """Turn the new container exits of the Pod watch into kills (status 137 that this run caused)."""
+    """Turn the new container exits of the Pod watch into kills (status 137 that this run caused, or an OOM
+    kill of a container whose memory it squeezed)."""
     ended = pods.ended[tally.seen_exits :]
     tally.seen_exits += len(ended)
     for container in ended:
@@ -308,7 +311,9 @@ def count_exits(pods: PodWatch, tally: Tally) -> None:
         with tally.lock:
             tally.draws[(drew or "unknown").partition("=")[0]] += 1
         table = table_of(container.pod)
-        if point is not None:
+        if container.reason == "OOMKilled" and container.cid in tally.oom:
+            tally.kill(component, OOM_KILLED, table)
+        elif point is not None:
             tally.kill(component, point.group(1), table)
         elif container.exit_code == SIGKILL_STATUS and container.cid in tally.killed:
             tally.kill(component, RANDOM, table)

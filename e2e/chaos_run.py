@@ -61,14 +61,22 @@ Infrastructure faults (e2e/chaos_infra.py), at least a third of all faults (`ICE
 default half the kills): a broker of the three-node Kafka cluster (`kafka_cluster`: a partition leader's
 or the KRaft controller's SIGKILL, an unclean restart, a rolling restart), PostgreSQL, the
 object store, the REST catalog server, and the cluster's kube-apiserver or etcd SIGKILLed at random moments
-and started again, one at a time, while the kills go on; the report lists every fault by kind with its time
-to recover (p50/p99).
+and started again, one at a time, while the kills go on; drawn with them, resource faults
+(e2e/chaos_resources.py): a service's port partitioned (packets dropped), a driver or compaction container
+OOM-killed by the kernel (counted as a kill of its component), a commit from a clock minutes ahead, and the
+driver paused with a staged batch while orphan removal runs past its safety window. The report lists every
+fault by kind with its time to recover (p50/p99).
 
-Not covered: kills of the kubelet and containerd; the operator has no failpoints (its kills are all at
-random moments); orphan-file deletion (its safety window is at least an hour) and so
-`main.before-orphan-delete`; the dead-letter topic is checked by nobody here (it is at-least-once by
-design). A container whose whole life fell in a gap of the Pod watch (the API server expired it: "watch
-gaps" in the report) is not seen.
+Where things are: e2e/chaos_pods.py (the Pod watch, the kill tally, signals to containers),
+e2e/chaos_audit.py (the append table's audit), e2e/chaos_keyed.py (the keyed table), e2e/chaos_infra.py and
+e2e/chaos_resources.py (the infrastructure and resource faults), e2e/chaos_report.py (the report).
+
+Not covered: kills of the kubelet and containerd; a full spill disk (a kubelet eviction on Kubernetes:
+tests/integration/test_resource_faults.py covers ENOSPC); the operator has no failpoints (its kills are all
+at random moments); orphan removal by the compaction pods (its safety window is at least an hour: the
+orphan race runs it from the run, clock ahead) and so `main.before-orphan-delete`; the dead-letter topic
+is checked by nobody here (it is at-least-once by design). A container whose whole life fell in a gap of
+the Pod watch (the API server expired it: "watch gaps" in the report) is not seen.
 """
 
 from __future__ import annotations
@@ -112,6 +120,7 @@ from . import chaos_keyed as keyed
 from .chaos_audit import Audit, audit, watermarks
 from .chaos_infra import InfraFaults, Services, infra_count
 from .chaos_pods import (
+    COMPACT_PREFIX,
     DRIVER,
     NAME,
     NOTHING,
@@ -129,6 +138,7 @@ from .chaos_pods import (
     table_of,
 )
 from .chaos_report import run_verify, write_report
+from .chaos_resources import Cluster, ResourceFaults
 from .conftest import REPO, Kubectl, NodeView, Operator, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -706,7 +716,12 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         count=INFRA_FAULTS, seed=SEED, topics=(TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC), partitions=PARTITIONS,
         high=chaos.high,
         caught_up_with=chaos.caught_up_with, revive_operator=chaos.revive_operator, lock=chaos.fault_lock,
-        calm=chaos.calm, done=chaos.done, note=chaos.note,
+        calm=chaos.calm, done=chaos.done, note=chaos.note, resources=ResourceFaults(Cluster(
+            kafka=kafka, store=store, catalog_server=rest_catalog, cluster=cluster, pods=pods,
+            tally=chaos.tally,
+            catalog=catalog, tables=((TABLE_NAMESPACE, TABLE), (TABLE_NAMESPACE, keyed.KEYED_TABLE)),
+            driver=DRIVER, compact_prefix=COMPACT_PREFIX, topics=(TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC),
+        ), chaos.note).make,
     )  # fmt: skip
     outcome: Audit | None = None
     verify = "not run"
