@@ -43,6 +43,8 @@ SECOND_WRITER = f"{NAME}-second-writer"
 #: `<point>=exit@<hit>`.
 DRAW_LINE = re.compile(rf"{CHAOS_ENV_VAR} drew (\S+)")
 NOTHING = "nothing"
+#: A container whose log has not said what it drew after this long is treated as unarmed.
+DRAW_UNKNOWN_AFTER = 90.0
 RANDOM = "random moment"
 FAILPOINT_LINE = re.compile(r"failpoint (\S+) triggered")
 SIGKILL_STATUS = 137

@@ -68,8 +68,9 @@ driver paused with a staged batch while orphan removal runs past its safety wind
 fault by kind with its time to recover (p50/p99).
 
 Where things are: e2e/chaos_pods.py (the Pod watch, the kill tally, signals to containers),
-e2e/chaos_audit.py (the append table's audit), e2e/chaos_keyed.py (the keyed table), e2e/chaos_infra.py and
-e2e/chaos_resources.py (the infrastructure and resource faults), e2e/chaos_report.py (the report).
+e2e/chaos_faults.py (the measured faults), e2e/chaos_audit.py (the append table's audit), e2e/chaos_keyed.py
+(the keyed table), e2e/chaos_infra.py and e2e/chaos_resources.py (the infrastructure and resource faults),
+e2e/chaos_report.py (the report).
 
 Not covered: kills of the kubelet and containerd; a full spill disk (a kubelet eviction on Kubernetes:
 tests/integration/test_resource_faults.py covers ENOSPC); the operator has no failpoints (its kills are all
@@ -82,16 +83,15 @@ the Pod watch (the API server expired it: "watch gaps" in the report) is not see
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,25 +116,22 @@ from icefall.runtime.failpoints import CHAOS_ENV_VAR
 from icefall.testing.kubeapi import JsonApi
 
 from . import chaos_data as data
+from . import chaos_faults as measured
 from . import chaos_keyed as keyed
 from .chaos_audit import Audit, audit, watermarks
+from .chaos_faults import Fault
 from .chaos_infra import InfraFaults, Services, infra_count
 from .chaos_pods import (
     COMPACT_PREFIX,
+    DRAW_UNKNOWN_AFTER,
     DRIVER,
     NAME,
-    NOTHING,
     RANDOM,
-    SECOND_WRITER,
     Container,
     PodWatch,
     Tally,
-    container_processes,
     count_exits,
-    second_writer_pod,
     sigkill,
-    signal_all,
-    stop_all,
     table_of,
 )
 from .chaos_report import run_verify, write_report
@@ -182,9 +179,6 @@ KEYED_PARTITIONS_FROM = 1000  # the keyed topic's partitions in `Chaos.high` and
 #: in an hour on 2 cores (a Spark start is most of a cycle), long enough to land mid-batch as well.
 RANDOM_KILL_AFTER = (2.0, 45.0)
 ARMED_GRACE = 150.0  # an armed container gets this long to reach its failpoint before a SIGKILL
-#: A container whose log has not said what it drew after this long is treated as unarmed.
-DRAW_UNKNOWN_AFTER = 90.0
-OUTAGE_SECONDS = 30.0
 #: The producer's pace: ~3 records/s, well under what a driver ingests between kills on a loaded 2-core
 #: machine (~10/s), so each fault's convergence measures recovery rather than a growing backlog.
 PRODUCE_RECORDS, PRODUCE_EVERY_SECONDS = 10, 3.0
@@ -266,15 +260,6 @@ def arming_patch(on: bool, arming: dict[str, str] = ARMING) -> Obj:
     return {"spec": {"pods": {role: {"env": value} for role, value in env.items()}}}
 
 
-@dataclass
-class Fault:
-    name: str
-    started: float
-    ended: float = 0.0
-    converged_after: float | None = None
-    note: str = ""
-
-
 class Chaos:
     """The run: the system's handles, the producer, the kill loops, the faults, progress and the tally."""
 
@@ -297,6 +282,7 @@ class Chaos:
         self.cluster, self.pods, self.kubectl = cluster, pods, kubectl
         self.operator, self.rest, self.namespace, self.workdir = operator, rest, namespace, workdir
         self.node = pods.node
+        self.topics = (TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC)
         self.rng = random.Random(SEED)
         self.quota = {name: max(1, round(KILLS * share)) for name, share in SHARES.items()}
         self.quota["operator"] = max(1, KILLS - self.quota["driver"] - self.quota["compaction"])
@@ -566,92 +552,6 @@ class Chaos:
                  timeout=600, every=1, details=self.explain)  # fmt: skip
         return driver
 
-    def broker_restart(self, fault: Fault) -> None:
-        node = self.kafka.leader_of(TOPIC, 0)
-        self.kafka.node(node).stop()
-        time.sleep(5)
-        self.kafka.heal((TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC))
-        fault.note = (
-            f"node {node} (leader of partition 0) stopped cleanly, 5 s down, restarted, in sync again"
-        )
-
-    def catalog_outage(self, fault: Fault) -> None:
-        self.catalog_server.stop()
-        time.sleep(OUTAGE_SECONDS)
-        self.catalog_server.start()
-        fault.note = f"REST catalog server down {OUTAGE_SECONDS:.0f} s (plus its restart)"
-
-    def store_outage(self, fault: Fault) -> None:
-        self.store.stop()
-        time.sleep(OUTAGE_SECONDS)
-        self.store.start()
-        fault.note = f"object store down {OUTAGE_SECONDS:.0f} s (plus its restart)"
-
-    def unarmed_driver(self) -> Container:
-        """A committing driver that drew no failpoint (an armed one could exit at its point once resumed,
-        before its commit is refused): an armed one is SIGKILLed (a kill like any other) until one is."""
-        for _ in range(20):
-            driver = self.wait_driver_committing()
-            drew = wait_for("the driver's draw in its log", lambda d=driver: self.pods.read_draw(d),
-                            timeout=DRAW_UNKNOWN_AFTER, every=1, details=self.explain)  # fmt: skip
-            running = self.is_running(driver)
-            if drew == NOTHING and running:
-                return driver
-            if running:
-                self.note(f"paused writer: the driver drew {drew}; SIGKILL, for a fresh draw")
-                self.sigkill(driver)
-            wait_for("the driver to end", lambda d=driver: not self.is_running(d),
-                     timeout=120, every=1)  # fmt: skip
-        raise AssertionError("20 driver starts in a row were armed")
-
-    def paused_writer(self, fault: Fault) -> None:
-        """SIGSTOP the driver's container past its Lease; a second writer Pod takes over, commits; SIGCONT."""
-        driver = self.unarmed_driver()
-        fault.started = time.monotonic()
-        pod = self.pods.pod(driver.pod)
-        init = self.cluster.node.container_pid(driver.cid)
-        assert pod is not None and init is not None, f"the driver {driver.cid} is gone"
-        log = self.workdir / f"paused-driver-{driver.cid[:12]}.log"
-        following = self.kubectl.following_logs(self.namespace, DRIVER, log)
-        stopped: list[int] = []
-        second = f"/api/v1/namespaces/{self.namespace}/pods/{SECOND_WRITER}"
-        try:
-            time.sleep(2)  # `kubectl logs -f` attached to this container
-            stopped = stop_all(init)
-            paused = time.monotonic()
-            before = sum(self.committed().values())
-            self.rest.call("POST", f"/api/v1/namespaces/{self.namespace}/pods", second_writer_pod(pod))
-            wait_for(
-                "the second writer to commit",
-                lambda: sum(self.committed().values()) > before,
-                timeout=600, every=1, details=lambda: pod_logs(self.node, SECOND_WRITER),
-            )  # fmt: skip
-            time.sleep(max(0.0, 20 - (time.monotonic() - paused)))  # well past the 15 s Lease either way
-            signal_all(stopped + container_processes(init), signal.SIGCONT)
-            stopped = []
-            resumed = time.monotonic()
-            fenced = wait_for(
-                "the paused writer to stop once resumed",
-                lambda: next((c for c in self.pods.ended if c.cid == driver.cid), None),
-                timeout=300, every=1, details=self.explain,
-            )  # fmt: skip
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                following.wait(60)  # it ends with the container
-        finally:
-            signal_all(stopped, signal.SIGCONT)
-            following.kill()
-            with contextlib.suppress(ApiException):
-                self.rest.call("DELETE", second)
-        wait_for("the second writer pod gone", lambda: self.rest.get(second) is None, timeout=180, every=1)
-        output = log.read_text(errors="replace")
-        said = "newer writer took over" in output or "lost the commit lease" in output
-        fault.note = (
-            f"paused {resumed - paused:.0f} s; second writer (a Pod) committed; the resumed writer exited "
-            f"{fenced.exit_code} {'fenced (its log says so)' if said else 'WITHOUT saying it was fenced'}"
-        )
-        if not said:
-            self.errors.append(f"paused writer not fenced: exit {fenced.exit_code}\n{output[-3000:]}")
-
 
 # --- the run --------------------------------------------------------------------------------------------
 
@@ -757,10 +657,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         for thread in killers:
             thread.start()
         faults: list[tuple[str, Callable[[Fault], None]]] = [
-            ("Kafka broker restart mid-batch", chaos.broker_restart),
-            ("catalog outage (30 s)", chaos.catalog_outage),
-            ("object-store outage (30 s)", chaos.store_outage),
-            ("writer paused past its lease", chaos.paused_writer),
+            (name, functools.partial(act, chaos)) for name, act in measured.FAULTS
         ]
         chaos.rng.shuffle(faults)
         due = [round(KILLS * (i + 1) / (len(faults) + 1)) for i in range(len(faults))]
