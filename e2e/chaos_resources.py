@@ -28,9 +28,10 @@ topics when the fault ended (its time to recover).
   ahead (past its one-hour safety window, as a paused writer or a clock ahead would make it), then the
   driver resumed (SIGCONT). None of its staged data files may be removed, and no snapshot of `main` may
   name a removed file afterwards (its commit lands with its files, or is refused); the run's final audit
-  and `icefall verify` must pass. The table's compaction containers are paused too meanwhile: one
-  maintenance pod per table runs its rewrites and orphan removal one at a time, so a rewrite in flight
-  during orphan removal is not a case of this fault.
+  and `icefall verify` must pass. The table's compaction containers are SIGKILLed first (kills the run
+  counts): the clock ahead makes every unreferenced file look old, so a rewrite in flight would lose its
+  new files, which in production are minutes old, far inside the window; a killed rewrite never commits.
+  Does not prove: orphan removal racing a compaction rewrite.
 
 Not built: "spill disk full" (the keyed driver's spark-local emptyDir filled past its `sizeLimit`): on
 Kubernetes that is a kubelet eviction, not ENOSPC, and tests/integration/test_resource_faults.py covers the
@@ -40,7 +41,6 @@ ENOSPC case of a small filesystem.
 from __future__ import annotations
 
 import contextlib
-import errno
 import random
 import signal
 import time
@@ -60,7 +60,7 @@ from icefall.plan.maintenance import plan_orphans
 from icefall.plan.maintenance_items import HOUR_MS, MaintenancePolicy
 from icefall.testing.resource_faults import commit_from_a_clock_ahead, dropped
 
-from .chaos_pods import Container, PodWatch, Tally, container_processes, signal_all, stop_all
+from .chaos_pods import Container, PodWatch, Tally, container_processes, sigkill, signal_all, stop_all
 
 #: Seconds a network partition lasts.
 PARTITION_SECONDS = (20.0, 90.0)
@@ -180,12 +180,8 @@ class ResourceFaults:
             ended = next((x for x in self.c.pods.ended if x.cid == container.cid), None)
             if ended is not None:
                 return ended
-            with contextlib.suppress(OSError):  # gone, or EBUSY: nothing left to reclaim
-                try:
-                    limit_file.write_text(str(squeezed(int(usage_file.read_text()))))
-                except OSError as error:
-                    if error.errno != errno.EBUSY:
-                        raise
+            with contextlib.suppress(OSError):  # EBUSY: nothing left to reclaim; or the cgroup is gone
+                limit_file.write_text(str(squeezed(int(usage_file.read_text()))))
             time.sleep(1)
         raise AssertionError(
             f"OOM kill: {container.pod} not OOM-killed {OOM_TIMEOUT:.0f} s after its squeeze"
@@ -205,6 +201,7 @@ class ResourceFaults:
         """The append table's driver paused with a staged batch while orphan removal runs (module doc)."""
         table_id = self.c.tables[0]
         for _ in range(5):
+            killed = self._kill_compaction()
             driver = next((x for x in self.c.pods.running("driver") if x.pod == self.c.driver), None)
             init = self.c.cluster.node.container_pid(driver.cid) if driver else None
             if driver is None or init is None:
@@ -216,17 +213,14 @@ class ResourceFaults:
             if not stopped:
                 continue
             try:
-                compaction = self._stop_compaction()
-                try:
-                    staged, removed = self._remove_orphans(table_id)
-                finally:
-                    signal_all(compaction, signal.SIGCONT)
+                staged, removed = self._remove_orphans(table_id)
             finally:
                 signal_all(stopped + container_processes(init), signal.SIGCONT)
             self._check_main(table_id, removed, staged)
             return (
-                f"driver paused with {len(staged)} staged data files while orphan removal (clock +2 h) "
-                f"removed {len(removed)} files, none of them staged; no snapshot of main names a removed file"
+                f"{killed} compaction containers SIGKILLed; the driver paused with {len(staged)} staged "
+                f"data files while orphan removal (clock +2 h) removed {len(removed)} files (none staged); "
+                "resumed; no snapshot of main names a removed file"
             )
         raise AssertionError("orphan race: the driver was never caught with a staged batch")
 
@@ -243,13 +237,19 @@ class ResourceFaults:
             time.sleep(0.2)
         return []
 
-    def _stop_compaction(self) -> list[int]:
-        stopped: list[int] = []
-        for container in self.c.pods.running("compaction"):
-            pid = self.c.cluster.node.container_pid(container.cid)
-            if container.pod.startswith(self.c.compact_prefix) and pid is not None:
-                stopped += stop_all(pid)
-        return stopped
+    def _kill_compaction(self) -> int:
+        """SIGKILL the append table's compaction containers (kills the run counts) and wait until they ended:
+        a rewrite in flight never commits, so its files are true orphans."""
+        mine = [x for x in self.c.pods.running("compaction") if x.pod.startswith(self.c.compact_prefix)]
+        for container in mine:
+            sigkill(self.c.cluster, self.c.tally, container)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ended = {x.cid for x in self.c.pods.ended}
+            if all(x.cid in ended for x in mine):
+                break
+            time.sleep(0.5)
+        return len(mine)
 
     def _table(self, identifier: tuple[str, str]) -> Any:
         return self.c.catalog.pyiceberg().load_table(identifier)
