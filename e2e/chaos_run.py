@@ -3,7 +3,8 @@
 A benchmark-style run, not a test of the suite: the file name does not match `test_*.py`, so `make test`
 never collects it; `make chaos` passes it to pytest explicitly (it then gets the e2e fixtures). Knobs, from
 the environment: `ICEFALL_CHAOS_KILLS` (default 200), `ICEFALL_CHAOS_SEED` (default 1),
-`ICEFALL_CHAOS_REPORT` (default bench/results/chaos.md).
+`ICEFALL_CHAOS_REPORT` (default bench/results/chaos.md), `ICEFALL_CHAOS_MEASURED_FAULTS` (how many of the four
+measured faults below, default all: a short run of given infrastructure kinds may ask for none).
 
 The system, as in a cluster: the e2e's one-node cluster (`cluster`: API server, controller-manager,
 scheduler, and a node of containerd + runc + the real kubelet) runs the driver Pod and the compaction
@@ -143,6 +144,7 @@ pytestmark = pytest.mark.e2e
 KILLS = int(os.environ.get("ICEFALL_CHAOS_KILLS", "200"))
 #: Infrastructure faults (e2e/chaos_infra.py): by default enough for a third of all faults.
 INFRA_FAULTS = int(os.environ.get("ICEFALL_CHAOS_INFRA_FAULTS", str(infra_count(KILLS))))
+MEASURED_FAULTS = int(os.environ.get("ICEFALL_CHAOS_MEASURED_FAULTS", str(len(measured.FAULTS))))
 ICEFALL = "ICEFALL_*"  # reserved for spec.pods by default; the run's failpoint variable is one
 SEED = int(os.environ.get("ICEFALL_CHAOS_SEED", "1"))
 REPORT = Path(os.environ.get("ICEFALL_CHAOS_REPORT", str(REPO / "bench" / "results" / "chaos.md")))
@@ -660,6 +662,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
             (name, functools.partial(act, chaos)) for name, act in measured.FAULTS
         ]
         chaos.rng.shuffle(faults)
+        del faults[MEASURED_FAULTS:]
         due = [round(KILLS * (i + 1) / (len(faults) + 1)) for i in range(len(faults))]
         threads.append(threading.Thread(target=chaos.progress_loop, name="chaos-progress", daemon=True))
         threads[-1].start()
