@@ -12,8 +12,10 @@ topics when the fault ended (its time to recover).
   Spark executors (local mode has none here; tests/integration/test_resource_faults.py covers it), nor a
   partition of the API server.
 - "OOM kill": a real kernel OOM kill of a running driver or compaction container (either table): its memory
-  cgroup's limit (cgroup v1 here: `memory.limit_in_bytes`; v2: `memory.max`) lowered to its usage, again
-  every second, until the kernel kills a process of it; the Pod's status must say `OOMKilled`, and the run
+  cgroup's limit (cgroup v1 here: `memory.limit_in_bytes`; v2: `memory.max`) set just over its usage and a
+  process the OOM killer never picks moved into that cgroup to allocate (`oom_kill_in`: a limit under what
+  the kernel cannot reclaim is refused, and an idle container never grows), so the kernel kills the
+  container's own largest process; the Pod's status must say `OOMKilled`, and the run
   counts it as a kill of its component at the point `OOM_KILLED`. Proves a container killed by the kernel
   for memory mid-batch recovers with no person (the operator restarts a driver, the kubelet a compaction
   container). Does not prove: a limit too small for the work (e2e/test_driver_memory.py), nor an executor's
@@ -43,6 +45,8 @@ from __future__ import annotations
 import contextlib
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,9 +112,78 @@ def memory_cgroup(proc_cgroup: str) -> tuple[str, bool]:
 
 
 def squeezed(usage: int) -> int:
-    """The limit that leaves a container no room: 4 MiB under its usage (the kernel reclaims its page cache
-    first), never under 16 MiB."""
-    return max(usage - 4 * MIB, 16 * MIB)
+    """The limit that leaves a cgroup little room: 8 MiB over its usage (a limit under what the kernel cannot
+    reclaim is refused, EBUSY, and changes nothing)."""
+    return usage + 8 * MIB
+
+
+def cgroup_folder(pid: int) -> Path:
+    """The memory cgroup folder of process `pid` (cgroup v1's `memory` hierarchy, or v2's)."""
+    path, v1 = memory_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+    return (CGROUP_V1_MEMORY if v1 else CGROUP_V2) / path.lstrip("/")
+
+
+#: A process that allocates (and touches) 8 MiB every 20 ms once told to, and that the OOM killer never
+#: picks (oom_score_adj -1000): moved into a container's cgroup, it makes the kernel kill the container's
+#: own processes, as their own growth would.
+ALLOCATOR = """
+import sys, time
+open("/proc/self/oom_score_adj", "w").write("-1000")
+print("ready", flush=True)
+sys.stdin.readline()
+held = []
+while True:
+    held.append(bytearray(b"x") * (8 << 20))
+    time.sleep(0.02)
+"""
+
+
+def oom_kill_in(folder: Path, done: Callable[[], bool], timeout: float) -> int:
+    """A kernel OOM kill in the memory cgroup `folder`: its limit set just over its usage and an allocator
+    (`ALLOCATOR`) moved into it, until the cgroup's OOM kill count grows or `done()`; the allocator always
+    killed on the way out. The OOM kills counted (0 if none in `timeout` seconds)."""
+    v1 = folder.is_relative_to(CGROUP_V1_MEMORY)
+    usage = folder / ("memory.usage_in_bytes" if v1 else "memory.current")
+    limit = folder / ("memory.limit_in_bytes" if v1 else "memory.max")
+    before = oom_kills(folder, v1)
+    allocator = subprocess.Popen(
+        [sys.executable, "-c", ALLOCATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert allocator.stdout is not None and allocator.stdin is not None
+        allocator.stdout.readline()
+        (folder / "cgroup.procs").write_text(str(allocator.pid))
+        limit.write_text(str(squeezed(int(usage.read_text()))))
+        allocator.stdin.write("go\n")
+        allocator.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not done():
+            killed = oom_kills(folder, v1) - before
+            if killed > 0:
+                return killed
+            time.sleep(0.2)
+        return 0
+    finally:
+        allocator.kill()
+        allocator.wait(30)
+
+
+def oom_kills(folder: Path, v1: bool) -> int:
+    """The OOM kills the kernel made in the memory cgroup `folder` so far (0 once it is gone)."""
+    name = "memory.oom_control" if v1 else "memory.events"
+    with contextlib.suppress(OSError):
+        for line in (folder / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    return 0
+
+
+def wait_until(found: Callable[[], Container | None], timeout: float) -> Container | None:
+    deadline = time.monotonic() + timeout
+    while (result := found()) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return result
 
 
 class ResourceFaults:
@@ -168,24 +241,20 @@ class ResourceFaults:
         pid = self.c.cluster.node.container_pid(container.cid)
         if pid is None:
             return container  # ended meanwhile
-        path, v1 = memory_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
-        folder = (CGROUP_V1_MEMORY if v1 else CGROUP_V2) / path.lstrip("/")
-        usage_file = folder / ("memory.usage_in_bytes" if v1 else "memory.current")
-        limit_file = folder / ("memory.limit_in_bytes" if v1 else "memory.max")
         with self.c.tally.lock:
             self.c.tally.killed.add(container.cid)  # the random kills leave it alone
             self.c.tally.oom.add(container.cid)
-        deadline = time.monotonic() + OOM_TIMEOUT
-        while time.monotonic() < deadline:
-            ended = next((x for x in self.c.pods.ended if x.cid == container.cid), None)
-            if ended is not None:
-                return ended
-            with contextlib.suppress(OSError):  # EBUSY: nothing left to reclaim; or the cgroup is gone
-                limit_file.write_text(str(squeezed(int(usage_file.read_text()))))
-            time.sleep(1)
-        raise AssertionError(
-            f"OOM kill: {container.pod} not OOM-killed {OOM_TIMEOUT:.0f} s after its squeeze"
-        )
+
+        def ended() -> Container | None:
+            return next((x for x in self.c.pods.ended if x.cid == container.cid), None)
+
+        oom_kill_in(cgroup_folder(pid), lambda: ended() is not None, OOM_TIMEOUT)
+        found = wait_until(ended, 120)
+        if found is None:
+            raise AssertionError(
+                f"OOM kill: {container.pod} did not end {OOM_TIMEOUT:.0f} s into its squeeze"
+            )
+        return found
 
     # --- clock skew ---
 

@@ -3,8 +3,8 @@
 Proves: the resource kinds are drawn by default with the infrastructure kinds and can be asked for alone
 (`ICEFALL_CHAOS_INFRA_KINDS`); the memory cgroup of a container is found in `/proc/<pid>/cgroup` on cgroup v1
 (the `memory` hierarchy, also when it shares a line with other controllers) and on v2 (the unified line),
-and a process with neither is refused; the squeezed limit leaves no room under the usage and never goes
-below 16 MiB; an OOM kill of a squeezed container counts as a kill of its component at its own point, an
+and a process with neither is refused; the squeezed limit is just over the usage (a limit
+under it is refused); the OOM kill count is read on v1 and v2 (0 once the cgroup is gone); an OOM kill of a squeezed container counts as a kill of its component at its own point, an
 exit of a container never squeezed does not; the iptables rule drops (never rejects) loopback TCP both ways.
 """
 
@@ -47,9 +47,16 @@ def test_the_memory_cgroup_of_a_container_on_v1_and_v2() -> None:
         resources.memory_cgroup("2:cpu:/x\n")
 
 
-def test_the_squeezed_limit_leaves_no_room() -> None:
-    assert resources.squeezed(500 * MIB) == 496 * MIB
-    assert resources.squeezed(10 * MIB) == 16 * MIB
+def test_the_squeezed_limit_leaves_little_room() -> None:
+    assert resources.squeezed(500 * MIB) == 508 * MIB
+
+
+def test_oom_kills_are_read_from_the_cgroup(tmp_path: Path) -> None:
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    assert resources.oom_kills(tmp_path, True) == 3
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 1\n")
+    assert resources.oom_kills(tmp_path, False) == 1
+    assert resources.oom_kills(tmp_path / "gone", True) == 0
 
 
 def ended(cid: str, code: int, reason: str) -> object:
