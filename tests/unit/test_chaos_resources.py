@@ -3,9 +3,10 @@
 Proves: the resource kinds are drawn by default with the infrastructure kinds and can be asked for alone
 (`ICEFALL_CHAOS_INFRA_KINDS`); the memory cgroup of a container is found in `/proc/<pid>/cgroup` on cgroup v1
 (the `memory` hierarchy, also when it shares a line with other controllers) and on v2 (the unified line),
-and a process with neither is refused; the squeezed limit is just over the usage (a limit
-under it is refused); the OOM kill count is read on v1 and v2 (0 once the cgroup is gone); an OOM kill of a squeezed container counts as a kill of its component at its own point, an
-exit of a container never squeezed does not; the iptables rule drops (never rejects) loopback TCP both ways.
+and a process with neither is refused; the squeezed limit is just over the usage (a limit under it is
+refused); the OOM kill count is read on v1 and v2 (0 once the cgroup is gone); an OOM kill of a squeezed
+container counts as a kill of its component at its own point, an exit of a container never squeezed does
+not; the iptables rule drops (never rejects) loopback TCP both ways.
 """
 
 from __future__ import annotations
