@@ -21,8 +21,19 @@ from icefall.devstack.kafka_cluster import KafkaCluster
 from . import chaos_data as data
 
 
+class Problems:
+    """A tally of problems by kind (a counter field each), with the first 20 as examples."""
+
+    examples: list[str]
+
+    def problem(self, kind: str, text: str) -> None:
+        setattr(self, kind, getattr(self, kind) + 1)
+        if len(self.examples) < 20:
+            self.examples.append(f"{kind}: {text}")
+
+
 @dataclass
-class Audit:
+class Audit(Problems):
     records: int = 0
     good: int = 0
     bad: int = 0
@@ -32,11 +43,6 @@ class Audit:
     missing: int = 0
     wrong: int = 0
     examples: list[str] = field(default_factory=list)
-
-    def problem(self, kind: str, text: str) -> None:
-        setattr(self, kind, getattr(self, kind) + 1)
-        if len(self.examples) < 20:
-            self.examples.append(f"{kind}: {text}")
 
     def place(self, seen: Counter[tuple[int, int]], where: tuple[int, int], records: Any, what: str) -> bool:
         """Count a row at `where`: seen twice is a duplicate; False when the topic has no such record."""

@@ -181,41 +181,23 @@ def audit_delta_keyed(
     offset ranges decoded and collapsed to the last change per key, against the rows delta-rs reads at
     the committed version (handed to Spark for the same digests), and the bad records against the Delta
     dead-letter table."""
-    from icefall.audit.content import RECORDS_PER_TASK
-    from icefall.audit.keyed import KeyedAuditError, _compare, _Comparison, _report
+    from icefall.audit.keyed import KeyedAuditError, compare_with_topic
     from icefall.commit.state import OFFSET_RESETS
-    from icefall.ingest.decode import decode
     from icefall.ingest.delta_dead_letters import dead_letter_location
-    from icefall.ingest.engine import read_kafka
-    from icefall.plan.offsets import OffsetRange
 
-    key = list(st.spec.key or [])
     snapshot = DeltaLog(location).snapshot()
     if not snapshot.exists:
         raise AuditError(f"no Delta table at {location} (no _delta_log)")
     if snapshot.configuration.get(OFFSET_RESETS):
         raise KeyedAuditError(f"{location}: its offsets were reset; a keyed audit cannot model that yet")
     committed = snapshot.committed
-    ranges = tuple(
-        OffsetRange(p, committed.start_offsets.get(p, 0), end)
-        for p, end in sorted(committed.offsets.items())
-        if end > committed.start_offsets.get(p, 0)
-    )
     rows = spark.createDataFrame(delta_rows(location, snapshot.version))
-    kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
-    decoded = decode(kafka, st.spec).persist()
-    comparison: _Comparison | None = None
-    try:
-        records = decoded.count() if ranges else 0
-        comparison = _compare(decoded, rows, st.spec, key)
-        dead = _dead_letter_rows(spark, dead_letter_location(st, location), ranges)
-        return _report(
-            st, committed, records=records, rows=rows, comparison=comparison, dead=dead, decoded=decoded
-        )
-    finally:
-        decoded.unpersist()
-        if comparison is not None:
-            comparison.compared.unpersist()
+    dlq = dead_letter_location(st, location)
+    return compare_with_topic(
+        spark, st, st.spec, committed, rows,
+        dead_letters=lambda ranges: _dead_letter_rows(spark, dlq, ranges),
+        security_options=security_options,
+    )  # fmt: skip
 
 
 def delta_rows(location: str, version: int | None = None) -> pa.Table:

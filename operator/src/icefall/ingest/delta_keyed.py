@@ -29,6 +29,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,14 @@ def store_deleted_keys(root: Path, keys: pa.Table) -> str:
     return str(path)
 
 
+@dataclass(frozen=True)
+class Merged:
+    """A MERGE's outcome: the `add` and `remove` actions its commit carries, and the rows it wrote."""
+
+    actions: list[dict[str, Any]]
+    written: int
+
+
 class ShadowMerge:
     """One keyed batch's MERGE on a shadow of version `planned.version` of the table (module doc)."""
 
@@ -95,9 +104,7 @@ class ShadowMerge:
                 continue
             os.symlink(entry.path, self.shadow / LOG_DIR / entry.name)
 
-    def apply(
-        self, spark: SparkSession, changes: DataFrame, key: Sequence[str], *, view: str
-    ) -> tuple[list[dict[str, Any]], int]:
+    def apply(self, spark: SparkSession, changes: DataFrame, key: Sequence[str], *, view: str) -> Merged:
         """MERGE `changes` (the batch's last change per key) into the shadow; its files moved into the
         table's folder; the `add` and `remove` actions to commit and the rows the MERGE wrote."""
         from icefall.ingest.writer import merge
@@ -120,7 +127,7 @@ class ShadowMerge:
         kept = [a for a in actions if "add" in a or "remove" in a]
         info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
         metrics = info.get("operationMetrics") or {}
-        return kept, _written(metrics)
+        return Merged(kept, _written(metrics))
 
     def _move_new_files(self) -> None:
         """The MERGE's new data and deletion-vector files into the table's folder (not yet named by its
@@ -145,9 +152,9 @@ def merge_batch(
     *,
     deleted_keys: str | None,
     view: str,
-) -> tuple[list[dict[str, Any]], int, str | None]:
-    """MERGE the last change per key of a keyed batch's good `rows` on `shadow`: its actions, the rows
-    written, and the deleted keys file the commit names (None: the committed one stays)."""
+) -> tuple[Merged, str | None]:
+    """MERGE the last change per key of a keyed batch's good `rows` on `shadow`: its outcome, and the
+    deleted keys file the commit names (None: the committed one stays)."""
     import time
 
     from icefall.ingest.decode import last_changes
@@ -155,14 +162,13 @@ def merge_batch(
 
     key = list(spec.key or [])
     if not spec.sequence_by:
-        actions, written = shadow.apply(spark, last_changes(rows, key), key, view=view)
-        return actions, written, None
+        return shadow.apply(spark, last_changes(rows, key), key, view=view), None
     remembering = Remembering(
         load_deleted_keys(deleted_keys),
         now_ms=int(time.time() * 1000),
         keep_ms=1000 * spec.deletes_remembered_seconds,
     )
     changes = remembering.filter(spark, last_changes(rows, key), key)
-    actions, written = shadow.apply(spark, changes, key, view=view)
+    merged = shadow.apply(spark, changes, key, view=view)
     kept = remembering.kept()
-    return actions, written, None if kept is None else store_deleted_keys(shadow.log.root, kept)
+    return merged, None if kept is None else store_deleted_keys(shadow.log.root, kept)

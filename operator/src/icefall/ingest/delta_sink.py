@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable
 from icefall.commit import FencedError, StaleHeadError
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
 
     from icefall.commit.lease import Lease
+    from icefall.ingest.delta_keyed import Merged
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,6 @@ class DeltaIngestor:
         dlq_location = dead_letter_location(st, location)
         self.dead_letters = DeltaDeadLetters(self.writer, dlq_location) if dlq_location else None
         self.progress = Progress()
-        self._written = 0  # a keyed batch's rows written by its MERGE (the report's)
         self.epoch = 0
         self.keeper: LeaseKeeper | None = None
         self.outages = Outages(
@@ -171,17 +171,19 @@ class DeltaIngestor:
         if stats.bad and self.dead_letters is not None:  # before the table's commit (delta_dead_letters)
             self.dead_letters.commit(batch, planned, stats.bad, self.epoch)
         committing = time.monotonic()
-        version = commit_batch(self.log, planned_on, batch, self.epoch, files, merged=merged)
+        actions = merged.actions if merged is not None else None
+        version = commit_batch(self.log, planned_on, batch, self.epoch, files, merged=actions)
         failpoint("main.after-commit")
         done = time.monotonic()
-        return self._report(planned, stats, files, version, started, phases=(wrote, committing, done))
+        written = merged.written if merged is not None else sum(f.records for f in files)
+        return self._report(planned, stats, written, version, started, phases=(wrote, committing, done))
 
     def _good_rows(self, source: DataFrame) -> DataFrame:
         return self.writer.decoders.good.good_rows(self.writer.decoders.good.decode(source, None))
 
     def _write(
         self, planned: PlannedBatch, planned_on: DeltaSnapshot
-    ) -> tuple[ReadStats, list[AddFile], list[dict[str, Any]] | None]:
+    ) -> tuple[ReadStats, list[AddFile], Merged | None]:
         """Read and decode the batch and write its good rows as Parquet files in the table's folder (no log
         entry names them yet): appended, or for a keyed table MERGEd on `planned_on`
         (`icefall.ingest.delta_keyed`); the read's counts, the appended files, the MERGE's actions."""
@@ -207,13 +209,13 @@ class DeltaIngestor:
 
     def _merge(
         self, planned: PlannedBatch, planned_on: DeltaSnapshot, rows: DataFrame, observation: Observation
-    ) -> tuple[ReadStats, list[AddFile], list[dict[str, Any]] | None]:
+    ) -> tuple[ReadStats, list[AddFile], Merged | None]:
         """A keyed batch: its last change per key MERGEd on a shadow of `planned_on` (module
         `icefall.ingest.delta_keyed`); the MERGE's actions for the commit."""
         from icefall.ingest.delta_keyed import ShadowMerge, merge_batch
 
         with ShadowMerge(self.log, self.log.root / STAGING_DIR, planned_on) as shadow:
-            merged, written, deleted_keys = merge_batch(
+            merged, deleted_keys = merge_batch(
                 self.spark,
                 self.spec,
                 shadow,
@@ -222,7 +224,6 @@ class DeltaIngestor:
                 view=f"icefall_changes_{self.writer_id}",
             )
         stats = replace(self._read_stats(planned, observation), deleted_keys=deleted_keys)
-        self._written = written
         return stats, [], merged
 
     def _read_stats(self, planned: PlannedBatch, observation: Observation) -> ReadStats:
@@ -241,7 +242,7 @@ class DeltaIngestor:
         self,
         planned: PlannedBatch,
         stats: ReadStats,
-        files: list[AddFile],
+        written: int,
         version: int,
         started: float,
         *,
@@ -249,7 +250,6 @@ class DeltaIngestor:
     ) -> BatchReport:
         wrote, committing, done = phases
         seconds = done - started
-        records = sum(f.records for f in files) if not self.spec.key else self._written
         newest = stats.max_produce_ms
         lag = max(planned.backlog - planned.records, 0)
         self.progress = Progress(
@@ -262,7 +262,7 @@ class DeltaIngestor:
         )
         return BatchReport(
             records_read=stats.records,
-            records_written=records,
+            records_written=written,
             records_dead_lettered=stats.bad,
             seconds=seconds,
             commit_seconds=done - committing,
