@@ -170,3 +170,18 @@ def test_location_is_for_delta_only() -> None:
     text = DELTA.replace("format: delta", "name: orders") % (", location: /data/orders", "")
     with pytest.raises(ManifestError, match=r"spec\.table\.location.*format delta"):
         parse_manifest(text)
+
+
+def test_a_deleted_keys_file_outside_the_tables_folder_is_not_read(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from icefall.ingest.delta_keyed import load_deleted_keys, store_deleted_keys
+
+    stored = store_deleted_keys(tmp_path, pa.table({"id": [1, 2]}))
+    assert load_deleted_keys(tmp_path, stored).num_rows == 2  # type: ignore[union-attr]
+    assert load_deleted_keys(tmp_path, None) is None
+    elsewhere = store_deleted_keys(tmp_path / "other", pa.table({"id": [3]}))
+    with pytest.raises(ValueError, match="outside"):
+        load_deleted_keys(tmp_path, elsewhere)
+    with pytest.raises(ValueError, match="outside"):
+        load_deleted_keys(tmp_path, str(tmp_path / "_icefall_deleted_keys" / ".." / "x.parquet"))

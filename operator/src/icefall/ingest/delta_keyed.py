@@ -46,12 +46,20 @@ DELETED_KEYS_DIR = "_icefall_deleted_keys"  # under the table's folder; `_` name
 _LAST_CHECKPOINT = "_last_checkpoint"
 
 
-def load_deleted_keys(path: str | None) -> pa.Table | None:
-    """The deleted keys file the committed state names (None: none)."""
+def load_deleted_keys(root: Path, path: str | None) -> pa.Table | None:
+    """The deleted keys file the committed state names (None: none). Only a file this writer stores
+    (`store_deleted_keys`) is read: the path comes from the table's log, which is not trusted to name
+    another file of the host."""
     if not path:
         return None
     import pyarrow.parquet as pq
 
+    folder = (root / DELETED_KEYS_DIR).resolve()
+    if Path(path).resolve().parent != folder:
+        raise ValueError(
+            f"the table's icefall.deleted-keys names {path}, outside {folder}: not read. Written by hand? "
+            "Restore the value the last Icefall commit wrote"
+        )
     return pq.read_table(path)
 
 
@@ -164,7 +172,7 @@ def merge_batch(
     if not spec.sequence_by:
         return shadow.apply(spark, last_changes(rows, key), key, view=view), None
     remembering = Remembering(
-        load_deleted_keys(deleted_keys),
+        load_deleted_keys(shadow.log.root, deleted_keys),
         now_ms=int(time.time() * 1000),
         keep_ms=1000 * spec.deletes_remembered_seconds,
     )
