@@ -8,7 +8,8 @@ writer completes exactly once; a writer whose epoch a newer one claimed cannot c
 the batch uncommitted. `icefall verify` audits a Delta table by content, read with delta-rs: clean after
 ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
 `icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and
-its in-process upkeep writes the spec's retention into the table. The upkeep (OPTIMIZE Z-ordered by the
+its in-process upkeep writes the spec's retention into the table, and `icefall read` gives its newest
+version plus the records produced after it, each once. The upkeep (OPTIMIZE Z-ordered by the
 spec's sort column, a checkpoint, VACUUM past the retention) leaves a table Spark and delta-rs read equal, one
 data file on disk, the offsets in the checkpoint, and a new writer resuming exactly once.
 """
@@ -329,6 +330,20 @@ def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tm
     assert retention == dict.fromkeys(
         ["delta.deletedFileRetentionDuration", "delta.logRetentionDuration"], "interval 432000 seconds"
     )
+
+    # `icefall read`: the table's newest version plus the 30 records produced after its last commit.
+    produce(kafka, table.topic, 90, 30)
+    read = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "read", "-f", str(table.manifest),
+         "--state-dir", str(tmp_path / "state"), "--format", "jsonl"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert read.returncode == 0, read.stderr[-3000:]
+    rows = [json.loads(line) for line in read.stdout.splitlines()]
+    assert Counter(r["id"] for r in rows) == Counter(range(120))
+    assert all(r["customer"] == f"c{r['id'] % 7}" for r in rows), rows[:3]
+    version = DeltaLog(table.location).snapshot().version
+    assert f"at version {version}" in read.stderr and "tail: 30 records, 30 rows" in read.stderr, read.stderr
 
 
 #: The upkeep of `icefall run` (`DeltaMaintenance`, the spec's policy) in a Delta table's own Spark session,
