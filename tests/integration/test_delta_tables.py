@@ -1,17 +1,19 @@
 """Delta Lake tables (`spec.table.format: delta`) filled from a real Kafka topic by real Spark, exactly once.
 
 Proves: the table holds each produced record once, by content, read by Spark's Delta reader (in a Delta
-table's own session: this process's is an Iceberg table's, without Delta) and by delta-rs alike; a new
-writer resumes from the offsets in the table (no duplicates, nothing lost); a writer that fails at each
-commit point (after writing its files, just before, and just after its log entry) leaves a table the next
-writer completes exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops
-the batch uncommitted. `icefall verify` audits a Delta table by content, read with delta-rs: clean after
-ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
-`icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and
-its in-process upkeep writes the spec's retention into the table, and `icefall read` gives its newest
-version plus the records produced after it, each once. The upkeep (OPTIMIZE Z-ordered by the
-spec's sort column, a checkpoint, VACUUM past the retention) leaves a table Spark and delta-rs read equal, one
-data file on disk, the offsets in the checkpoint, and a new writer resuming exactly once.
+table's own session: this process's is an Iceberg table's, without Delta) and by delta-rs alike; a new writer
+resumes from the offsets in the table (no duplicates, nothing lost); a writer that fails at each commit point
+(after writing its files, just before, and just after its log entry) leaves a table the next writer completes
+exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops the batch
+uncommitted. `icefall verify` audits a Delta table by content, read with delta-rs: clean after ingestion, and
+a changed copy of a row appended by another writer is a duplicate and a wrong row. `icefall run` killed
+(status 137) right after a commit, then run again, fills the table exactly once, and its in-process upkeep
+writes the spec's retention into the table, and `icefall read` gives its newest version plus the records
+produced after it, each once. A keyed (upsert) table's `icefall run` killed after staging its MERGE and after
+its commit, then run again, holds the latest row per key, and its `icefall read` applies the later changes.
+The upkeep (OPTIMIZE Z-ordered by the spec's sort column, a checkpoint, VACUUM past the retention) leaves a
+table Spark and delta-rs read equal, one data file on disk, the offsets in the checkpoint, and a new writer
+resuming exactly once.
 """
 
 from __future__ import annotations
@@ -567,3 +569,50 @@ def test_keyed_delta_tables_hold_the_latest_row_per_key_through_failing_commits(
     log = DeltaLog(upsert.location)
     adds = [a["add"] for v in range(log.latest_version() + 1) for a in log.actions(v) if "add" in a]
     assert any(a.get("deletionVector") for a in adds)
+
+
+def test_icefall_run_of_a_keyed_delta_table_killed_at_each_commit_point_then_read_fresh(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """`icefall run` of an upsert Delta table killed (status 137) after staging its MERGE and after its
+    commit, then run again: the latest row per key, by `icefall verify`; then `icefall read` applies the
+    changes produced after the last commit (an update, a tombstone, a new key) to the table's rows."""
+    from icefall.testing.streams import send_changes
+
+    table = Table(kafka, tmp_path, "keyed-cli", extra="  mode: upsert\n  key: [id]")
+    changes: list[Any] = [(None, {"id": i}, order(i, "v1")) for i in range(60)]
+    changes += [(None, {"id": i}, order(i, "v2")) for i in range(0, 60, 4)]
+    changes += [(None, {"id": i}, None) for i in range(50, 55)]
+    send_changes(kafka, table.topic, changes)
+    expected = {i: "v2" if i % 4 == 0 else "v1" for i in range(60) if not 50 <= i < 55}
+
+    def icefall(command: str, *flags: str, armed: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        if armed:
+            env[failpoints.ENV_VAR] = armed
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", command, "-f", str(table.manifest),
+             "--state-dir", str(tmp_path / "state"), *flags],
+            env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+
+    running = ("--until-caught-up", "--lease-timeout", "5", "--master", "local[1]")
+    for point in ("main.after-stage=exit@2", "main.after-commit=exit@1"):
+        killed = icefall("run", *running, armed=point)
+        assert killed.returncode == failpoints.EXIT_STATUS, killed.stdout[-3000:] + killed.stderr[-3000:]
+    done = icefall("run", *running)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert latest_rows(table.location) == expected
+    assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+    report = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert report.ok, report.render()
+
+    send_changes(kafka, table.topic, [(None, {"id": 1}, order(1, "fresh")), (None, {"id": 2}, None)])
+    send_changes(kafka, table.topic, [(None, {"id": 70}, order(70, "new"))])
+    read = icefall("read", "--format", "jsonl")
+    assert read.returncode == 0, read.stderr[-3000:]
+    rows = [json.loads(line) for line in read.stdout.splitlines()]
+    assert len({r["id"] for r in rows}) == len(rows), "a key read twice"
+    del expected[2]
+    assert {r["id"]: r["customer"] for r in rows} == expected | {1: "fresh", 70: "new"}
+    assert "tail: 3 records, 3 rows" in read.stderr, read.stderr
