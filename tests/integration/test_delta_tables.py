@@ -5,15 +5,15 @@ table's own session: this process's is an Iceberg table's, without Delta) and by
 resumes from the offsets in the table (no duplicates, nothing lost); a writer that fails at each commit point
 (after writing its files, just before, and just after its log entry) leaves a table the next writer completes
 exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops the batch
-uncommitted. `icefall verify` audits a Delta table by content, read with delta-rs: clean after ingestion, and
-a changed copy of a row appended by another writer is a duplicate and a wrong row. `icefall run` killed
-(status 137) right after a commit, then run again, fills the table exactly once, and its in-process upkeep
-writes the spec's retention into the table, and `icefall read` gives its newest version plus the records
-produced after it, each once. A keyed (upsert) table's `icefall run` killed after staging its MERGE and after
-its commit, then run again, holds the latest row per key, and its `icefall read` applies the later changes.
-The upkeep (OPTIMIZE Z-ordered by the spec's sort column, a checkpoint, VACUUM past the retention) leaves a
-table Spark and delta-rs read equal, one data file on disk, the offsets in the checkpoint, and a new writer
-resuming exactly once.
+uncommitted. `icefall verify` audits a Delta table (and its dead-letter table) by content, read with delta-rs:
+clean after ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
+`icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and its
+in-process upkeep writes the spec's retention into the table, and `icefall read` gives its newest version plus
+the records produced after it, each once. A keyed (upsert) table's `icefall run` killed after staging its
+MERGE and after its commit, then run again, holds the latest row per key, and its `icefall read` applies the
+later changes. The upkeep (OPTIMIZE Z-ordered by the spec's sort column, a checkpoint, VACUUM past the
+retention) leaves a table Spark and delta-rs read equal, one data file on disk, the offsets in the checkpoint,
+and a new writer resuming exactly once.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def test_without_a_dead_letter_table_a_bad_record_stops_the_batch_uncommitted(
 def test_bad_records_go_to_the_delta_dead_letter_table_once_through_a_failure_between_its_commits(
     kafka: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
-    from deltalake import DeltaTable
+    from deltalake import DeltaTable, write_deltalake
 
     table = Table(kafka, tmp_path, "dlq")
     bad = produce(kafka, table.topic, 0, 60, bad_every=7)
@@ -268,6 +268,17 @@ def test_bad_records_go_to_the_delta_dead_letter_table_once_through_a_failure_be
     held = Counter(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
     assert held == Counter(bad)  # each bad record once, with its error text
     assert all(rows.column("error").to_pylist())
+
+    # `icefall verify` audits the dead-letter table too, by content: clean, then a bad record held twice.
+    clean = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert clean.ok, clean.render()
+    assert sum(p.in_dlq for p in clean.partitions) == len(bad) and clean.dlq_table == dlq
+    write_deltalake(dlq, rows.slice(0, 1), mode="append")
+    twice = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert not twice.ok
+    partition, offset = rows.column("partition")[0].as_py(), rows.column("offset")[0].as_py()
+    [audit] = [p for p in twice.partitions if p.partition == partition]
+    assert audit.duplicates == 1 and audit.duplicate_examples == (offset,), twice.render()
 
 
 def test_verify_audits_a_delta_table_by_content_read_with_delta_rs(

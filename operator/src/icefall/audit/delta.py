@@ -11,9 +11,14 @@ delta-rs is handed to Spark only to take the same digest (`main_digest`).
 A keyed table (`spec.mode` upsert or cdc): `audit_delta_keyed`, the model of `icefall.audit.keyed` (the
 last change per key, deletes removed) against the rows delta-rs reads at the committed version.
 
-Not guaranteed (not there yet for Delta, refused by the spec where it is a setting): a dead-letter table (a
-bad record halts a Delta table's ingestion, so none is compared), offset resets, tables of several topics;
-the rest as `icefall.audit.table` says (compacted topics, retention, a changed spec, digest collisions).
+The dead-letter table (a Delta table beside it, `icefall.ingest.delta_dead_letters`) is read at its newest
+version after the table's (its rows land first): each bad record must be there once, by content too
+(`DeltaContent.dead_letter_rows`); rows past the table's committed offsets belong to a batch not committed
+yet (`dlq_ahead`), as for Iceberg.
+
+Not guaranteed (not there yet for Delta, refused by the spec where it is a setting): offset resets, tables
+of several topics; the rest as `icefall.audit.table` says (compacted topics, retention, a changed spec,
+digest collisions).
 """
 
 from __future__ import annotations
@@ -77,6 +82,21 @@ class DeltaContent:
             .cast(ROW_SCHEMA)
         )
 
+    def dead_letter_rows(self, rows: pa.Table) -> pa.Table:
+        """`rows` (a Delta dead-letter table's) as partition, offset and digest (`dead_letter_digest`)."""
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        frame = self.spark.createDataFrame(rows)
+        return (
+            frame.select(
+                F.col("partition").cast("long").alias("partition"),
+                F.col("offset").cast("long").alias("offset"),
+                self.decoded.dead_letter_digest(frame).alias("digest"),
+            )
+            .toArrow()
+            .cast(ROW_SCHEMA)
+        )
+
     def expected(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
         return self.decoded.expected(topic, ranges)
 
@@ -85,14 +105,15 @@ def audit_delta(
     location: str,
     topic: TopicOffsets,
     *,
+    dead_letter: str | None = None,
     content: DeltaContent | None = None,
     filter_configured: bool = False,
     ingesting: bool = False,
     max_examples: int = MAX_EXAMPLES,
 ) -> AuditReport:
     """Audit the Delta table at `location` against the records `topic` holds (see the module docstring;
-    the arguments as `icefall.audit.table.audit_table`'s). AuditError: no such table, or one filled from
-    another topic."""
+    `dead_letter`: its dead-letter table's location, None when the spec has none; the others as
+    `icefall.audit.table.audit_table`'s). AuditError: no such table, or one filled from another topic."""
     from deltalake import DeltaTable
 
     snapshot = DeltaLog(location).snapshot()
@@ -103,7 +124,7 @@ def audit_delta(
         raise AuditError(f"Delta table {location} is filled from topic {state.topic!r}, not {topic.topic!r}")
     report = AuditReport(
         table=location,
-        dlq_table=None,
+        dlq_table=dead_letter,
         topic=state.topic,
         snapshot_id=snapshot.version,
         filter_configured=filter_configured,
@@ -116,12 +137,12 @@ def audit_delta(
         return replace(report, source_changed=_recreated(state, topic))
     read = DeltaTable(location, version=snapshot.version).to_pyarrow_table()
     main = _side(read, content)
-    dlq = _Side(empty_rows())
+    dlq = _dead_letter_side(dead_letter, content)
     ranges = _ranges(state, main, dlq, topic)
     held = {r.partition: r.held for r in ranges if r.held is not None}
     expected = content.expected(state.topic, held) if content is not None and state.topic and held else None
     wrong = _wrong_rows(main.rows, dlq.rows, expected) if expected is not None else {}
-    options = _Options(False, filter_configured, ingesting, max_examples)
+    options = _Options(dead_letter is not None, filter_configured, ingesting, max_examples)
     audits = [
         _audit_range(r, topic, main=main, dlq=dlq, expected=expected, wrong=wrong, options=options)
         for r in ranges
@@ -151,10 +172,27 @@ def _side(read: pa.Table, content: DeltaContent | None) -> _Side:
     return _Side(rows.filter(known), nulls=rows.num_rows - count_true(known))
 
 
+def _dead_letter_side(location: str | None, content: DeltaContent | None) -> _Side:
+    """The dead-letter table's rows at its newest version (none before its first commit, or without one)."""
+    if location is None or not DeltaLog(location).snapshot().exists:
+        return _Side(empty_rows())
+    read = delta_rows(location)
+    if content is not None:
+        rows = content.dead_letter_rows(read)
+    else:
+        rows = pa.table(
+            {"partition": read.column("partition").cast(pa.int64()), "offset": read.column("offset")}
+            | {"digest": pa.nulls(read.num_rows, pa.int64())}
+        ).cast(ROW_SCHEMA)
+    known = pc.and_(pc.is_valid(rows.column("partition")), pc.is_valid(rows.column("offset")))
+    return _Side(rows.filter(known), nulls=rows.num_rows - count_true(known))
+
+
 def audit_delta_table(
     location: str,
     bootstrap: str,
     *,
+    dead_letter: str | None = None,
     kafka_config: Mapping[str, object] | None = None,
     content: DeltaContent | None = None,
     filter_configured: bool = False,
@@ -166,7 +204,12 @@ def audit_delta_table(
         raise AuditError(f"Delta table {location} has no icefall.topic: nothing was ever ingested into it")
     with KafkaTopic(bootstrap, topic, config=kafka_config) as source:
         return audit_delta(
-            location, source, content=content, filter_configured=filter_configured, ingesting=ingesting
+            location,
+            source,
+            dead_letter=dead_letter,
+            content=content,
+            filter_configured=filter_configured,
+            ingesting=ingesting,
         )
 
 

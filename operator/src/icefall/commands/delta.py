@@ -101,9 +101,12 @@ def verify_delta_table(st: Any, state: Any, *, ingesting: bool = False, spark: A
         from icefall.audit.delta import audit_delta_keyed
 
         return audit_delta_keyed(spark, st, location, security_options=spark_kafka_options(security))
+    from icefall.ingest.delta_dead_letters import dead_letter_location
+
     return audit_delta_table(
         location,
         st.spec.source.bootstrap_servers,
+        dead_letter=dead_letter_location(st, location),
         kafka_config=librdkafka_config(security),
         content=DeltaContent(spark, st.spec, security_options=spark_kafka_options(security)),
         filter_configured=bool(st.spec.transforms.filter),
