@@ -150,14 +150,14 @@ def audit_delta(
     return replace(
         report,
         partitions=tuple(audits),
-        rows_without_offset=main.nulls,
+        rows_without_offset=main.nulls + dlq.nulls,
         lost_records_problem=_check_lost_records(state, audits, reset=False),
     )
 
 
 def _side(read: pa.Table, content: DeltaContent | None) -> _Side:
     """The rows with a partition and an offset (digests by content), and how many lacked one."""
-    if content is not None:
+    if content is not None and read.num_rows:  # Spark makes no frame of an empty Arrow table
         rows = content.main_rows(read)
     else:
         kafka = read.column(KAFKA_COLUMN).combine_chunks()
@@ -177,6 +177,8 @@ def _dead_letter_side(location: str | None, content: DeltaContent | None) -> _Si
     if location is None or not DeltaLog(location).snapshot().exists:
         return _Side(empty_rows())
     read = delta_rows(location)
+    if read.num_rows == 0:  # Spark makes no frame of an empty Arrow table with timestamps
+        return _Side(empty_rows())
     if content is not None:
         rows = content.dead_letter_rows(read)
     else:
