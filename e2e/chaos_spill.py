@@ -1,0 +1,262 @@
+"""`make chaos`'s "spill disk full" resource fault (issue 46 item 3): the keyed driver's Spark local dir full.
+
+The keyed table's running driver container (each upsert batch is a MERGE whose shuffle Spark writes in its
+block manager's dirs, `blockmgr-*` under `spark.local.dir`; the append table writes nothing there) gets, in
+its own mount namespace (`MOUNTER`, run from the host: setns, then mount), a small tmpfs over each of those
+dirs with their contents copied in (Spark caches its subdirectories, so they must still exist), made while
+every process of the container is stopped (SIGSTOP, well under a second). The tmpfs holds what was there
+plus `HEADROOM`; a filler file (written from the host through `/proc/<pid>/root`) then takes its last
+byte. The fault lasts `SPILL_SECONDS`, and longer until the driver's log names the full disk ("local disk
+<dir> is full": a shuffle write failed with ENOSPC, icefall.ingest.outages); then the filler is deleted
+and the tmpfs grown to `GROWN` (tmpfs holds only what is written), and the run measures the recovery from
+there. The tmpfs stays mounted until the container ends: unmounting it under a running Spark would hide
+the shuffle files and subdirectories Spark made on it meanwhile, a failure of the fault's own making.
+The container is left alone by the random kills while the disk is full (a failpoint may still end it:
+the fault then just ends); whether the StreamingTable's status showed `LocalDiskFull` meanwhile is noted.
+
+Proves: a full spill disk under a running driver on the cluster is waited out with one line per attempt,
+commits nothing it should not, and recovers by itself once space is freed; exactly once (the run's audit).
+Does not prove: a kubelet eviction of a Pod whose emptyDir exceeds its `sizeLimit` (what Kubernetes does
+when a disk-backed emptyDir grows too big; the driver is then restarted like after any kill); a write
+to the disk that is in flight (a file opened before the tmpfs covered its dir) lands on the disk below,
+and a rename of such a file then fails (a driver failure, counted among the other exits), a race of
+microseconds against a stop of the whole container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kubernetes import client
+
+from icefall.plan.spark_conf import SPARK_LOCAL_DIR
+
+from . import chaos_keyed as keyed
+from .chaos_pods import Container, signal_all, stop_all
+
+if TYPE_CHECKING:
+    from .chaos_resources import Cluster
+
+#: Seconds the disk stays full at least (longer until the driver's log named it, up to `FULL_TIMEOUT`).
+SPILL_SECONDS = (20.0, 90.0)
+FULL_TIMEOUT = 300.0
+MIB = 1 << 20
+HEADROOM = 8 * MIB  # room left on the tmpfs over what Spark had written, for the filler to take
+GROWN = "16g"  # the tmpfs's size once the fault ends: the emptyDir's default sizeLimit
+FILLER = "icefall-chaos-filler"
+FULL_LINE = re.compile(r"local disk \S+ is full[^\n]*")
+BLOCK_MANAGER = re.compile(r"blockmgr-[0-9a-f-]+")
+
+#: Run as root on the host: `MOUNTER <pid> cover <dir> <size>` mounts a tmpfs of `size` bytes over `dir`
+#: (a path in the mount namespace of process `pid`) holding a copy of what `dir` holds (owners and modes
+#: kept); `MOUNTER <pid> grow <dir> <size>` remounts that tmpfs with a new size. Everything it needs is
+#: loaded before it enters the namespace (paths then resolve in the container's filesystem).
+MOUNTER = """
+import ctypes, os, shutil, sys
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+MS_REMOUNT, MS_BIND, MNT_DETACH, CLONE_NEWNS = 32, 4096, 2, 0x00020000
+
+def check(result, what):
+    if result != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"{what}: {os.strerror(number)}")
+
+def mount(source, target, kind, flags, options):
+    encode = lambda s: None if s is None else s.encode()
+    check(libc.mount(encode(source), encode(target), encode(kind), flags, encode(options)), f"mount {target}")
+
+def copy(source, target):
+    for entry in os.scandir(source):
+        to = os.path.join(target, entry.name)
+        status = entry.stat(follow_symlinks=False)
+        if entry.is_dir(follow_symlinks=False):
+            os.mkdir(to)
+            copy(entry.path, to)
+        elif entry.is_file(follow_symlinks=False):
+            shutil.copyfile(entry.path, to)
+        else:
+            continue
+        os.chown(to, status.st_uid, status.st_gid)
+        os.chmod(to, status.st_mode & 0o7777)
+
+pid, action, folder, size = sys.argv[1:5]
+check(libc.setns(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY), CLONE_NEWNS), "setns")
+if action == "grow":
+    mount("tmpfs", folder, "tmpfs", MS_REMOUNT, f"size={size}")
+    sys.exit(0)
+status = os.stat(folder)
+staging = os.path.join(os.path.dirname(folder), ".icefall-chaos-spill")
+os.mkdir(staging, 0o700)
+try:
+    options = f"size={size},mode={status.st_mode & 0o7777:o},uid={status.st_uid},gid={status.st_gid}"
+    mount("tmpfs", staging, "tmpfs", 0, options)
+    try:
+        copy(folder, staging)
+        mount(staging, folder, None, MS_BIND, None)
+    finally:
+        libc.umount2(staging.encode(), MNT_DETACH)
+finally:
+    os.rmdir(staging)
+"""
+
+
+def tmpfs_size(used: int) -> int:
+    """The size of the tmpfs over a dir whose files take `used` bytes: that in whole MiB, plus `HEADROOM`."""
+    return -(-used // MIB) * MIB + HEADROOM
+
+
+def block_manager_dirs(names: list[str]) -> list[str]:
+    """The names of Spark's block manager dirs (`blockmgr-<uuid>`) among a local dir's entries, sorted."""
+    return sorted(name for name in names if BLOCK_MANAGER.fullmatch(name))
+
+
+def disk_usage(folder: Path) -> int:
+    """Bytes the files under `folder` take (allocated blocks)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def mounter(pid: int, action: str, folder: str, size: int | str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", MOUNTER, str(pid), action, folder, str(size)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"spill disk full: {action} {folder}: {done.stderr.strip()[-1500:]}")
+
+
+def fill(folder: Path) -> int:
+    """Write a filler file in `folder` until its filesystem is full (to the last byte); the bytes written."""
+    written = 0
+    fd = os.open(folder / FILLER, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (MIB, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    written += os.write(fd, b"\0" * chunk)
+    finally:
+        os.close(fd)
+    return written
+
+
+class SpillDiskFull:
+    """One "spill disk full" fault on the keyed table's running driver (module doc)."""
+
+    def __init__(self, cluster: Cluster, note: Callable[[str], None]) -> None:
+        self.c, self.note = cluster, note
+
+    def make(self, rng: random.Random) -> str:
+        container, init = self._keyed_driver()
+        seconds = rng.uniform(*SPILL_SECONDS)
+        root = Path(f"/proc/{init}/root")
+        with self.c.tally.lock:
+            spared = container.cid not in self.c.tally.killed
+            self.c.tally.killed.add(container.cid)  # the random kills leave it alone while its disk is full
+        covered: list[str] = []
+        try:
+            try:
+                self._cover(init, root, covered)
+                filled = sum(fill(root / folder.lstrip("/")) for folder in covered)
+            except (OSError, RuntimeError):
+                if self._running(container):
+                    raise
+                return (
+                    f"{container.pod} ended while its spill disk was being covered (the fault ended with it)"
+                )
+            logged, condition = self._hold(container, seconds)
+        finally:
+            self._free(init, root, covered)
+            if spared:
+                with self.c.tally.lock:
+                    self.c.tally.killed.discard(container.cid)
+        what = f"{container.pod}: {len(covered)} Spark block manager dir(s) on a tmpfs filled ({filled} B)"
+        if logged is None:
+            return f"{what}; the driver ended before it logged the full disk (the fault ended with it)"
+        shown = "status showed LocalDiskFull" if condition else "LocalDiskFull not seen in status"
+        return f"{what}, full {seconds:.0f} s+; its log: {logged!r}; {shown}; filler deleted"
+
+    def _running(self, container: Container) -> bool:
+        return any(x.cid == container.cid for x in self.c.pods.running())
+
+    def _keyed_driver(self) -> tuple[Container, int]:
+        """The keyed table's running driver with a block manager dir (Spark started), and its PID 1."""
+        deadline = time.monotonic() + FULL_TIMEOUT
+        while time.monotonic() < deadline:
+            for container in self.c.pods.running("driver"):
+                init = self.c.cluster.node.container_pid(container.cid)
+                if container.pod != keyed.KEYED_DRIVER or init is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    local = Path(f"/proc/{init}/root{SPARK_LOCAL_DIR}")
+                    if block_manager_dirs(os.listdir(local)):
+                        return container, init
+            time.sleep(1)
+        raise AssertionError(
+            f"spill disk full: no running keyed driver with Spark started in {FULL_TIMEOUT:.0f} s"
+        )
+
+    def _cover(self, init: int, root: Path, covered: list[str]) -> None:
+        """Each block manager dir covered with a small tmpfs holding its copy (added to `covered`), every
+        process of the container stopped meanwhile."""
+        stopped = stop_all(init)
+        try:
+            for name in block_manager_dirs(os.listdir(root / SPARK_LOCAL_DIR.lstrip("/"))):
+                folder = f"{SPARK_LOCAL_DIR}/{name}"
+                mounter(init, "cover", folder, tmpfs_size(disk_usage(root / folder.lstrip("/"))))
+                covered.append(folder)
+        finally:
+            signal_all(stopped, signal.SIGCONT)
+
+    def _hold(self, container: Container, seconds: float) -> tuple[str | None, bool]:
+        """Wait `seconds`, and on until the driver's log names the full disk: the line (None if the
+        container ended first) and whether the StreamingTable's status said `LocalDiskFull` meanwhile."""
+        started = time.monotonic()
+        before = len(FULL_LINE.findall(self.c.pods.node.log(container.pod, container.uid)))
+        condition = False
+        while time.monotonic() < started + FULL_TIMEOUT:
+            if not self._running(container):
+                return None, condition
+            condition = condition or self._local_disk_full()
+            lines = FULL_LINE.findall(self.c.pods.node.log(container.pod, container.uid))[before:]
+            if lines and time.monotonic() >= started + seconds:
+                return lines[0], condition
+            time.sleep(1)
+        raise AssertionError(
+            f"spill disk full: {container.pod} never logged a full local disk in {FULL_TIMEOUT:.0f} s"
+        )
+
+    def _local_disk_full(self) -> bool:
+        with contextlib.suppress(Exception):  # status is a note here, never the fault's outcome
+            st: dict[str, Any] = client.CustomObjectsApi(
+                self.c.pods.core.api_client
+            ).get_namespaced_custom_object(
+                "icefall.dev", "v1alpha1", self.c.pods.node.namespace, "streamingtables", keyed.KEYED_NAME
+            )
+            conditions = (st.get("status") or {}).get("conditions") or []
+            return any(c.get("reason") == "LocalDiskFull" for c in conditions)
+        return False
+
+    def _free(self, init: int, root: Path, covered: list[str]) -> None:
+        """The filler deleted and each tmpfs grown to `GROWN` (nothing to do once the container is gone)."""
+        for folder in covered:
+            with contextlib.suppress(OSError):
+                (root / folder.lstrip("/") / FILLER).unlink()
+            try:
+                mounter(init, "grow", folder, GROWN)
+            except RuntimeError as error:
+                if Path(f"/proc/{init}").exists():
+                    self.note(f"spill disk full: {error}")
