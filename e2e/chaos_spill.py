@@ -4,23 +4,25 @@ The keyed table's running driver container (each upsert batch is a MERGE whose s
 block manager's dirs, `blockmgr-*` under `spark.local.dir`; the append table writes nothing there) gets, in
 its own mount namespace (`MOUNTER`, run from the host: setns, then mount), a small tmpfs over each of those
 dirs with their contents copied in (Spark caches its subdirectories, so they must still exist), made while
-every process of the container is stopped (SIGSTOP, well under a second). The tmpfs holds what was there
-plus `HEADROOM`; a filler file (written from the host through `/proc/<pid>/root`) then takes its last
-byte. The fault lasts `SPILL_SECONDS`, and longer until the driver's log names the full disk ("local disk
-<dir> is full": a shuffle write failed with ENOSPC, icefall.ingest.outages); then the filler is deleted
-and the tmpfs grown to `GROWN` (tmpfs holds only what is written), and the run measures the recovery from
-there. The tmpfs stays mounted until the container ends: unmounting it under a running Spark would hide
-the shuffle files and subdirectories Spark made on it meanwhile, a failure of the fault's own making.
-The container is left alone by the random kills while the disk is full (a failpoint may still end it:
-the fault then just ends); whether the StreamingTable's status showed `LocalDiskFull` meanwhile is noted.
+every process of the container is stopped (SIGSTOP, well under a second). The tmpfs holds what was there plus
+`HEADROOM`; a filler file (written from the host through `/proc/<pid>/root`) then takes its last byte, and
+again, 4 times a second, whatever Spark frees (its cleaner deletes the old shuffle files copied in: without
+that, a batch found room 16 s into the fault). The fault lasts `SPILL_SECONDS`, and longer until the driver's
+log names the full disk ("local disk <dir> is full": a shuffle write failed with ENOSPC,
+icefall.ingest.outages); then the filler is deleted and the tmpfs grown to `GROWN` (tmpfs holds only what is
+written), and the run measures the recovery from there. The tmpfs stays mounted until the container ends:
+unmounting it under a running Spark would hide the shuffle files and subdirectories Spark made on it
+meanwhile, a failure of the fault's own making. The container is left alone by the random kills while the disk
+is full (a failpoint may still end it: the fault then just ends); whether the StreamingTable's status showed
+`LocalDiskFull` meanwhile is noted.
 
 Proves: a full spill disk under a running driver on the cluster is waited out with one line per attempt,
 commits nothing it should not, and recovers by itself once space is freed; exactly once (the run's audit).
 Does not prove: a kubelet eviction of a Pod whose emptyDir exceeds its `sizeLimit` (what Kubernetes does
 when a disk-backed emptyDir grows too big; the driver is then restarted like after any kill); a write
-to the disk that is in flight (a file opened before the tmpfs covered its dir) lands on the disk below,
-and a rename of such a file then fails (a driver failure, counted among the other exits), a race of
-microseconds against a stop of the whole container.
+to the disk in flight when the tmpfs covers its dir (a file opened before) lands on the disk below, and
+a rename of such a file then fails (a driver failure, counted among the other exits): a race of the
+moment of the container's stop.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +58,7 @@ HEADROOM = 8 * MIB  # room left on the tmpfs over what Spark had written, for th
 GROWN = "16g"  # the tmpfs's size once the fault ends: the emptyDir's default sizeLimit
 FILLER = "icefall-chaos-filler"
 FULL_LINE = re.compile(r"local disk \S+ is full[^\n]*")
+SPACE_AGAIN = re.compile(r"local disk at \S+ has space again")
 BLOCK_MANAGER = re.compile(r"blockmgr-[0-9a-f-]+")
 
 #: Run as root on the host: `MOUNTER <pid> cover <dir> <size>` mounts a tmpfs of `size` bytes over `dir`
@@ -140,9 +144,10 @@ def mounter(pid: int, action: str, folder: str, size: int | str) -> None:
 
 
 def fill(folder: Path) -> int:
-    """Write a filler file in `folder` until its filesystem is full (to the last byte); the bytes written."""
+    """Append to a filler file in `folder` until its filesystem is full (to the last byte); the bytes
+    written (again: what was freed meanwhile)."""
     written = 0
-    fd = os.open(folder / FILLER, os.O_WRONLY | os.O_CREAT, 0o600)
+    fd = os.open(folder / FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         for chunk in (MIB, 4096, 1):
             with contextlib.suppress(OSError):
@@ -151,6 +156,18 @@ def fill(folder: Path) -> int:
     finally:
         os.close(fd)
     return written
+
+
+@dataclass
+class Held:
+    """What the driver did while its disk was full (`SpillDiskFull._hold`)."""
+
+    line: str | None = None  # its first "local disk ... is full" line; None: the container ended first
+    attempts: int = 0  # its failed attempts (one line each)
+    got_through: bool = False  # it logged "has space again" (Spark freed some and won a race for it)
+    condition: bool = False  # the StreamingTable's status said `LocalDiskFull`
+    topped: int = 0  # bytes the filler took again as Spark freed some
+    seconds: float = 0.0
 
 
 class SpillDiskFull:
@@ -170,24 +187,31 @@ class SpillDiskFull:
         try:
             try:
                 self._cover(init, root, covered)
-                filled = sum(fill(root / folder.lstrip("/")) for folder in covered)
+                filled = self._fill(root, covered)
             except (OSError, RuntimeError):
                 if self._running(container):
                     raise
                 return (
                     f"{container.pod} ended while its spill disk was being covered (the fault ended with it)"
                 )
-            logged, condition = self._hold(container, seconds)
+            held = self._hold(container, seconds, lambda: self._fill(root, covered))
         finally:
             self._free(init, root, covered)
             if spared:
                 with self.c.tally.lock:
                     self.c.tally.killed.discard(container.cid)
-        what = f"{container.pod}: {len(covered)} Spark block manager dir(s) on a tmpfs filled ({filled} B)"
-        if logged is None:
+        what = (
+            f"{container.pod}: {len(covered)} Spark block manager dir(s) on a tmpfs filled ({filled} B, "
+            f"{held.topped} B more as Spark freed some)"
+        )
+        if held.line is None:
             return f"{what}; the driver ended before it logged the full disk (the fault ended with it)"
-        shown = "status showed LocalDiskFull" if condition else "LocalDiskFull not seen in status"
-        return f"{what}, full {seconds:.0f} s+; its log: {logged!r}; {shown}; filler deleted"
+        shown = "status showed LocalDiskFull" if held.condition else "LocalDiskFull not seen in status"
+        through = "an attempt got through while full" if held.got_through else "no attempt got through"
+        return (
+            f"{what}, full {held.seconds:.0f} s: {held.attempts} failed attempts, {through}; its log: "
+            f"{held.line!r}; {shown}; filler deleted"
+        )
 
     def _running(self, container: Container) -> bool:
         return any(x.cid == container.cid for x in self.c.pods.running())
@@ -221,20 +245,31 @@ class SpillDiskFull:
         finally:
             signal_all(stopped, signal.SIGCONT)
 
-    def _hold(self, container: Container, seconds: float) -> tuple[str | None, bool]:
-        """Wait `seconds`, and on until the driver's log names the full disk: the line (None if the
-        container ended first) and whether the StreamingTable's status said `LocalDiskFull` meanwhile."""
+    @staticmethod
+    def _fill(root: Path, covered: list[str]) -> int:
+        return sum(fill(root / folder.lstrip("/")) for folder in covered)
+
+    def _hold(self, container: Container, seconds: float, top_up: Callable[[], int]) -> Held:
+        """Wait `seconds`, and on until the driver's log names the full disk, filling again (4 times a
+        second) what Spark freed (its cleaner deletes old shuffle files)."""
         started = time.monotonic()
-        before = len(FULL_LINE.findall(self.c.pods.node.log(container.pod, container.uid)))
-        condition = False
-        while time.monotonic() < started + FULL_TIMEOUT:
+        text = self.c.pods.node.log(container.pod, container.uid)
+        before, again = len(FULL_LINE.findall(text)), len(SPACE_AGAIN.findall(text))
+        held = Held()
+        while held.seconds < FULL_TIMEOUT:
+            held.seconds = time.monotonic() - started
             if not self._running(container):
-                return None, condition
-            condition = condition or self._local_disk_full()
-            lines = FULL_LINE.findall(self.c.pods.node.log(container.pod, container.uid))[before:]
-            if lines and time.monotonic() >= started + seconds:
-                return lines[0], condition
-            time.sleep(1)
+                return held
+            held.condition = held.condition or self._local_disk_full()
+            text = self.c.pods.node.log(container.pod, container.uid)
+            lines = FULL_LINE.findall(text)[before:]
+            held.attempts, held.got_through = len(lines), len(SPACE_AGAIN.findall(text)) > again
+            if lines and held.seconds >= seconds:
+                held.line = lines[0]
+                return held
+            for _ in range(4):
+                time.sleep(0.25)
+                held.topped += top_up()
         raise AssertionError(
             f"spill disk full: {container.pod} never logged a full local disk in {FULL_TIMEOUT:.0f} s"
         )
