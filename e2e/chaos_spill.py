@@ -12,9 +12,9 @@ log names the full disk ("local disk <dir> is full": a shuffle write failed with
 icefall.ingest.outages); then the filler is deleted and the tmpfs grown to `GROWN` (tmpfs holds only what is
 written), and the run measures the recovery from there. The tmpfs stays mounted until the container ends:
 unmounting it under a running Spark would hide the shuffle files and subdirectories Spark made on it
-meanwhile, a failure of the fault's own making. The container is left alone by the random kills while the disk
-is full (a failpoint may still end it: the fault then just ends); whether the StreamingTable's status showed
-`LocalDiskFull` meanwhile is noted.
+meanwhile, a failure of the fault's own making. The container (one that drew no failpoint, if one comes soon)
+is left alone by the random kills while the disk is full (a failpoint may still end it: the fault then just
+ends); whether the StreamingTable's status showed `LocalDiskFull` meanwhile is noted.
 
 Proves: a full spill disk under a running driver on the cluster is waited out with one line per attempt,
 commits nothing it should not, and recovers by itself once space is freed; exactly once (the run's audit).
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 #: Seconds the disk stays full at least (longer until the driver's log named it, up to `FULL_TIMEOUT`).
 SPILL_SECONDS = (20.0, 90.0)
 FULL_TIMEOUT = 300.0
+PREFER_UNARMED = 120.0  # seconds to wait for a keyed driver that drew no failpoint
 MIB = 1 << 20
 HEADROOM = 8 * MIB  # room left on the tmpfs over what Spark had written, for the filler to take
 GROWN = "16g"  # the tmpfs's size once the fault ends: the emptyDir's default sizeLimit
@@ -205,7 +206,10 @@ class SpillDiskFull:
             f"{held.topped} B more as Spark freed some)"
         )
         if held.line is None:
-            return f"{what}; the driver ended before it logged the full disk (the fault ended with it)"
+            return (
+                f"{what}; the driver ended {held.seconds:.0f} s into the fault, after {held.attempts} failed "
+                "attempts (the fault ended with it)"
+            )
         shown = "status showed LocalDiskFull" if held.condition else "LocalDiskFull not seen in status"
         through = "an attempt got through while full" if held.got_through else "no attempt got through"
         return (
@@ -217,12 +221,17 @@ class SpillDiskFull:
         return any(x.cid == container.cid for x in self.c.pods.running())
 
     def _keyed_driver(self) -> tuple[Container, int]:
-        """The keyed table's running driver with a block manager dir (Spark started), and its PID 1."""
-        deadline = time.monotonic() + FULL_TIMEOUT
-        while time.monotonic() < deadline:
+        """The keyed table's running driver with a block manager dir (Spark started), and its PID 1; one that
+        drew no failpoint if one comes within `PREFER_UNARMED` s (an armed one may exit at its point while
+        its disk is full: `lease.renew` and `main.after-prepare` are passed while it waits)."""
+        started = time.monotonic()
+        while time.monotonic() < started + FULL_TIMEOUT:
             for container in self.c.pods.running("driver"):
+                if container.pod != keyed.KEYED_DRIVER:
+                    continue
+                self.c.pods.read_draw(container)
                 init = self.c.cluster.node.container_pid(container.cid)
-                if container.pod != keyed.KEYED_DRIVER or init is None:
+                if init is None or (container.armed and time.monotonic() < started + PREFER_UNARMED):
                     continue
                 with contextlib.suppress(OSError):
                     local = Path(f"/proc/{init}/root{SPARK_LOCAL_DIR}")
