@@ -190,12 +190,12 @@ class SpillDiskFull:
                 self._cover(init, root, covered)
                 filled = self._fill(root, covered)
             except (OSError, RuntimeError):
-                if self._running(container):
+                if self._alive(container, init):
                     raise
                 return (
                     f"{container.pod} ended while its spill disk was being covered (the fault ended with it)"
                 )
-            held = self._hold(container, seconds, lambda: self._fill(root, covered))
+            held = self._hold(container, init, seconds, lambda: self._top_up(root, covered))
         finally:
             self._free(init, root, covered)
             if spared:
@@ -217,8 +217,11 @@ class SpillDiskFull:
             f"{held.line!r}; {shown}; filler deleted"
         )
 
-    def _running(self, container: Container) -> bool:
-        return any(x.cid == container.cid for x in self.c.pods.running())
+    def _alive(self, container: Container, init: int) -> bool:
+        """Whether the container still runs (its PID 1 too: the Pod watch may not have seen its end yet)."""
+        return Path(f"/proc/{init}/root").exists() and any(
+            x.cid == container.cid for x in self.c.pods.running()
+        )
 
     def _keyed_driver(self) -> tuple[Container, int]:
         """The keyed table's running driver with a block manager dir (Spark started), and its PID 1; one that
@@ -258,7 +261,15 @@ class SpillDiskFull:
     def _fill(root: Path, covered: list[str]) -> int:
         return sum(fill(root / folder.lstrip("/")) for folder in covered)
 
-    def _hold(self, container: Container, seconds: float, top_up: Callable[[], int]) -> Held:
+    @classmethod
+    def _top_up(cls, root: Path, covered: list[str]) -> int:
+        """`_fill` again; 0 once the container is gone (its end is the fault's: `_hold` sees it next)."""
+        try:
+            return cls._fill(root, covered)
+        except OSError:
+            return 0
+
+    def _hold(self, container: Container, init: int, seconds: float, top_up: Callable[[], int]) -> Held:
         """Wait `seconds`, and on until the driver's log names the full disk, filling again (4 times a
         second) what Spark freed (its cleaner deletes old shuffle files)."""
         started = time.monotonic()
@@ -267,7 +278,7 @@ class SpillDiskFull:
         held = Held()
         while held.seconds < FULL_TIMEOUT:
             held.seconds = time.monotonic() - started
-            if not self._running(container):
+            if not self._alive(container, init):
                 return held
             held.condition = held.condition or self._local_disk_full()
             text = self.c.pods.node.log(container.pod, container.uid)
