@@ -66,8 +66,7 @@ and started again, one at a time, while the kills go on; drawn with them, resour
 (e2e/chaos_resources.py): a service's port partitioned (packets dropped), a driver or compaction container
 OOM-killed by the kernel (counted as a kill of its component), a commit from a clock minutes ahead, the
 driver paused with a staged batch while orphan removal runs past its safety window, and the keyed driver's
-spill disk full (its Spark block manager dirs on a small tmpfs filled to ENOSPC: e2e/chaos_spill.py). The
-report lists every fault by kind with its time to recover (p50/p99).
+spill disk full (a small tmpfs filled to ENOSPC). The report lists every fault by kind with its recovery.
 
 Where things are: e2e/chaos_pods.py (the Pod watch, the kill tally, signals to containers),
 e2e/chaos_faults.py (the measured faults), e2e/chaos_audit.py (the append table's audit), e2e/chaos_keyed.py
