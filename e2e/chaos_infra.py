@@ -11,9 +11,9 @@ another node is elected, then `DOWN`), an unclean restart of one random broker (
 at once: its log is recovered), and a rolling restart (each node stopped cleanly and started again, the
 next one only once every replica is back in sync). Its recovery: from that restart (the last node's, for a
 rolling restart) until the tables have committed every record that was in their topics then.
-Four resource kinds (`RESOURCE_KINDS`, issue 46 item 3: a network partition, an OOM kill, clock skew, an
-orphan race; e2e/chaos_resources.py says what each proves) are drawn with them, made by the run's
-`resources`; their recovery counts from the fault's end.
+Five resource kinds (`RESOURCE_KINDS`, issue 46 item 3: a network partition, an OOM kill, clock skew, an
+orphan race, a full spill disk; e2e/chaos_resources.py says what each proves) are drawn with them, made by
+the run's `resources`; their recovery counts from the fault's end.
 `infra_count(kills)` faults make at least a third of all faults (kills + these).
 `ICEFALL_CHAOS_INFRA_KINDS` (comma-separated names of `KINDS`) restricts the draw, for a short run that
 must hit given kinds.
@@ -48,7 +48,7 @@ KINDS = (
     "PostgreSQL", "object store", "REST catalog", "kube-apiserver", "etcd",
 )  # fmt: skip
 #: Resource faults (e2e/chaos_resources.py: issue 46 item 3), drawn with `KINDS`.
-RESOURCE_KINDS = ("network partition", "OOM kill", "clock skew", "orphan race")
+RESOURCE_KINDS = ("network partition", "OOM kill", "clock skew", "orphan race", "spill disk full")
 ALL_KINDS = KINDS + RESOURCE_KINDS
 #: Seconds a new KRaft controller may take to be elected after the active one was killed.
 ELECTION_TIMEOUT = 60.0

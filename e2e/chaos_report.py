@@ -123,9 +123,9 @@ def write_report(
         "",
         "## Not covered",
         "",
-        "Kills of the kubelet and containerd; a full spill disk (on Kubernetes a kubelet eviction; "
-        "tests/integration/test_resource_faults.py covers ENOSPC); the operator has no failpoints, so its "
-        "kills are all at random moments; orphan removal by the compaction pods (its safety window is at "
+        "Kills of the kubelet and containerd; a disk-backed emptyDir past its `sizeLimit` (a kubelet "
+        "eviction, not ENOSPC: the spill disk fault is a small tmpfs); the operator has no failpoints, so "
+        "its kills are all at random moments; orphan removal by the compaction pods (its safety window is at "
         "least an hour; the orphan race runs it from the run), so `main.before-orphan-delete` is never "
         "reached; the dead-letter topic is not audited (at-least-once by design); NaN/Infinity, lone "
         "surrogates, nested structs and maps, and decimal rounding are not in the data (see "

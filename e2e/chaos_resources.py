@@ -34,10 +34,9 @@ topics when the fault ended (its time to recover).
   counts): the clock ahead makes every unreferenced file look old, so a rewrite in flight would lose its
   new files, which in production are minutes old, far inside the window; a killed rewrite never commits.
   Does not prove: orphan removal racing a compaction rewrite.
-
-Not built: "spill disk full" (the keyed driver's spark-local emptyDir filled past its `sizeLimit`): on
-Kubernetes that is a kubelet eviction, not ENOSPC, and tests/integration/test_resource_faults.py covers the
-ENOSPC case of a small filesystem.
+- "spill disk full": the keyed table's driver's Spark block manager dirs put on a small tmpfs (in the
+  container's mount namespace) and filled to ENOSPC, until its log names the full disk; then space freed
+  (e2e/chaos_spill.py says how, and what it proves).
 """
 
 from __future__ import annotations
@@ -65,6 +64,7 @@ from icefall.plan.maintenance_items import HOUR_MS, MaintenancePolicy
 from icefall.testing.resource_faults import commit_from_a_clock_ahead, dropped
 
 from .chaos_pods import Container, PodWatch, Tally, container_processes, sigkill, signal_all, stop_all
+from .chaos_spill import SpillDiskFull
 
 #: Seconds a network partition lasts.
 PARTITION_SECONDS = (20.0, 90.0)
@@ -198,6 +198,7 @@ class ResourceFaults:
             "OOM kill": self.oom_kill,
             "clock skew": self.clock_skew,
             "orphan race": self.orphan_race,
+            "spill disk full": SpillDiskFull(self.c, self.note).make,
         }
         return made[kind](rng)
 

@@ -64,19 +64,19 @@ or the KRaft controller's SIGKILL, an unclean restart, a rolling restart), Postg
 object store, the REST catalog server, and the cluster's kube-apiserver or etcd SIGKILLed at random moments
 and started again, one at a time, while the kills go on; drawn with them, resource faults
 (e2e/chaos_resources.py): a service's port partitioned (packets dropped), a driver or compaction container
-OOM-killed by the kernel (counted as a kill of its component), a commit from a clock minutes ahead, and the
-driver paused with a staged batch while orphan removal runs past its safety window. The report lists every
-fault by kind with its time to recover (p50/p99).
+OOM-killed by the kernel (counted as a kill of its component), a commit from a clock minutes ahead, the
+driver paused with a staged batch while orphan removal runs past its safety window, and the keyed driver's
+spill disk full (a small tmpfs filled to ENOSPC). The report lists every fault by kind with its recovery.
 
 Where things are: e2e/chaos_pods.py (the Pod watch, the kill tally, signals to containers),
 e2e/chaos_faults.py (the measured faults), e2e/chaos_audit.py (the append table's audit), e2e/chaos_keyed.py
-(the keyed table), e2e/chaos_infra.py and e2e/chaos_resources.py (the infrastructure and resource faults),
-e2e/chaos_report.py (the report).
+(the keyed table), e2e/chaos_infra.py, e2e/chaos_resources.py and e2e/chaos_spill.py (the infrastructure
+and resource faults), e2e/chaos_report.py (the report).
 
-Not covered: kills of the kubelet and containerd; a full spill disk (a kubelet eviction on Kubernetes:
-tests/integration/test_resource_faults.py covers ENOSPC); the operator has no failpoints (its kills are all
-at random moments); orphan removal by the compaction pods (its safety window is at least an hour: the
-orphan race runs it from the run, clock ahead) and so `main.before-orphan-delete`; the dead-letter topic
+Not covered: kills of the kubelet and containerd; a disk-backed emptyDir past its `sizeLimit` (a kubelet
+eviction, not ENOSPC; the spill disk fault is a small tmpfs); the operator has no failpoints (its kills
+are all at random moments); orphan removal by the compaction pods (its safety window is at least an hour:
+the orphan race runs it from the run, clock ahead) and so `main.before-orphan-delete`; the dead-letter topic
 is checked by nobody here (it is at-least-once by design). A container whose whole life fell in a gap of
 the Pod watch (the API server expired it: "watch gaps" in the report) is not seen.
 """

@@ -6,7 +6,8 @@ Proves: the resource kinds are drawn by default with the infrastructure kinds an
 and a process with neither is refused; the squeezed limit is just over the usage (a limit under it is
 refused); the OOM kill count is read on v1 and v2 (0 once the cgroup is gone); an OOM kill of a squeezed
 container counts as a kill of its component at its own point, an exit of a container never squeezed does
-not; the iptables rule drops (never rejects) loopback TCP both ways.
+not; the iptables rule drops (never rejects) loopback TCP both ways; the spill disk's tmpfs holds what Spark
+wrote plus a little room, over Spark's block manager dirs only, and the driver's full-disk line is found.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from icefall.ingest.outages import Outages, Unavailable
+from icefall.plan.outages import Service
 from icefall.testing.resource_faults import partition_rule
 
 pytestmark = pytest.mark.unit
@@ -29,14 +32,18 @@ sys.modules.setdefault("chaos_e2e", _package)
 infra = importlib.import_module("chaos_e2e.chaos_infra")
 resources = importlib.import_module("chaos_e2e.chaos_resources")
 pods = importlib.import_module("chaos_e2e.chaos_pods")
+spill = importlib.import_module("chaos_e2e.chaos_spill")
 
 MIB = 1 << 20
 
 
 def test_resource_kinds_are_drawn_by_default_and_alone() -> None:
-    assert set(infra.RESOURCE_KINDS) == {"network partition", "OOM kill", "clock skew", "orphan race"}
+    assert set(infra.RESOURCE_KINDS) == {
+        "network partition", "OOM kill", "clock skew", "orphan race", "spill disk full",
+    }  # fmt: skip
     assert set(infra.RESOURCE_KINDS) <= set(infra.drawn_kinds(""))
     assert infra.drawn_kinds("OOM kill,orphan race") == ("OOM kill", "orphan race")
+    assert infra.drawn_kinds("spill disk full") == ("spill disk full",)
 
 
 def test_the_memory_cgroup_of_a_container_on_v1_and_v2() -> None:
@@ -82,3 +89,29 @@ def test_a_partition_drops_loopback_tcp_both_ways() -> None:
     rule = partition_rule("9000", "tag")
     assert rule[:3] == ["INPUT", "-i", "lo"] and rule[-2:] == ["-j", "DROP"]
     assert rule[rule.index("--ports") + 1] == "9000" and "tag" in rule
+
+
+def test_the_spill_disk_holds_what_spark_wrote_and_a_little_room() -> None:
+    assert spill.tmpfs_size(0) == spill.HEADROOM
+    assert spill.tmpfs_size(1) == MIB + spill.HEADROOM
+    assert spill.tmpfs_size(3 * MIB) == 3 * MIB + spill.HEADROOM
+    assert spill.HEADROOM <= 16 * MIB  # the filler takes it all: host memory while the fault lasts
+
+
+def test_only_sparks_block_manager_dirs_are_covered() -> None:
+    names = [
+        "spark-6f1c",
+        "blockmgr-9e2d4c1a-0b7f-4a8e-9c3d-5f6a7b8c9d0e",
+        ".icefall-chaos-spill",
+        "blockmgr-x",
+    ]
+    assert spill.block_manager_dirs(names) == ["blockmgr-9e2d4c1a-0b7f-4a8e-9c3d-5f6a7b8c9d0e"]
+    assert spill.block_manager_dirs(["spark-6f1c"]) == []
+
+
+def test_the_drivers_full_disk_line_is_found() -> None:
+    outages = Outages("chaos-keyed", {Service.LOCAL_DISK: spill.SPARK_LOCAL_DIR})
+    line = outages.describe(Unavailable(Service.LOCAL_DISK, "java.io.IOException: No space left on device"))
+    log = f"INFO a batch\nWARNING chaos-keyed: {line} (No space left on device); attempt 1 failed\n"
+    assert spill.FULL_LINE.findall(log) == [f"{line} (No space left on device); attempt 1 failed"]
+    assert spill.FULL_LINE.findall("cannot reach the object store at http://127.0.0.1:9000") == []
