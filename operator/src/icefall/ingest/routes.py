@@ -34,6 +34,7 @@ records are dead letters (`dead_letters`) with the reason naming the name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -51,6 +52,7 @@ from icefall.commit import (
     sweep_stages,
 )
 from icefall.commit.batch import held_of
+from icefall.ingest.arrow_append import append_rows, arrow_writable
 from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, TYPED_COLUMN
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
 from icefall.ingest.report import added_records
@@ -77,6 +79,8 @@ ROUTE_COLUMN = f"{INTERNAL_PREFIX}route"
 #: (`spec.dynamicRoute`; null: none).
 NAME_COLUMN = f"{INTERNAL_PREFIX}table_name"
 _RECORD = f"{INTERNAL_PREFIX}record"
+#: The collected rows' column naming the route table each row goes to (`_append_collected`).
+_DESTINATION = f"{INTERNAL_PREFIX}destination"
 #: `_kafka.headers` of a condition: each header's name to its value as text, the first of a repeated name
 #: (a map with a repeated key would fail the batch).
 _HEADERS_MAP = (
@@ -270,11 +274,44 @@ class Routing:
                 # No rows for the table: its commit stages an empty snapshot (`Batches._commit_here`). Not an
                 # append of `where(false)`: Spark prunes that query, and the batch's observation breaks.
                 cached.count()  # computes the batch once, its observation with it, for the routes to share
+            by_topic = "topic" in cached.columns
+            driver = [rs for rs in stages if arrow_writable(rs.table)]
             for rs in stages:
-                keep = (route == rs.index) & self._taken(rs.takes, by_topic="topic" in cached.columns)
-                append_to(rows_of(cached.where(keep)), rs.target, rs.sorted_table)
+                if rs not in driver:
+                    keep = (route == rs.index) & self._taken(rs.takes, by_topic=by_topic)
+                    append_to(rows_of(cached.where(keep)), rs.target, rs.sorted_table)
+            if driver:
+                self._append_collected(cached, route, driver, rows_of)
         finally:
             cached.unpersist()
+
+    def _append_collected(
+        self,
+        cached: DataFrame,
+        route: Column,
+        stages: list[RouteStage],
+        rows_of: Callable[[DataFrame], DataFrame],
+    ) -> None:
+        """Collect the rows of every stage of `stages` in ONE Spark job (a union of each one's rows, tagged
+        with its index) and append each table's to its staging branch from the driver (`arrow_append`):
+        no Spark job per route table. A table with no rows gets nothing here (its commit stages an empty
+        snapshot)."""
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        by_topic = "topic" in cached.columns
+        tagged = [
+            rows_of(cached.where((route == rs.index) & self._taken(rs.takes, by_topic=by_topic))).withColumn(
+                _DESTINATION, F.lit(rs.index)
+            )
+            for rs in stages
+        ]
+        union = functools.reduce(lambda a, b: a.unionByName(b), tagged)
+        collected = union.toArrow()
+        for rs in stages:
+            rows = collected.filter(pc.equal(collected[_DESTINATION], rs.index)).drop_columns([_DESTINATION])
+            if rows.num_rows:
+                append_rows(rs.table, rs.stage.branch, rs.stage.base.snapshot_id, rows)
 
     @staticmethod
     def _taken(takes: Mapping[str, Take], *, by_topic: bool) -> Column:
