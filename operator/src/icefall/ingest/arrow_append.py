@@ -13,6 +13,13 @@ transform one pyiceberg applies) are written here; the others keep the Spark app
 (maintenance committed meanwhile) is tried again from fresh metadata; the branch must still be at the
 stage's base, else `StaleHeadError` (the batch is planned again). Not guaranteed: file sizes as Spark's
 (one file per partition value per batch; compaction merges them).
+
+Exactly once: this module writes the staging branch only, as Spark's append would (the writer's step of
+`icefall.commit`); it never moves `main` nor sets `icefall.*`. The destination's offsets travel with its rows
+in `Routing.commit`'s `commit_staged_outcome`, the one metadata commit that moves `main` to the staged
+snapshot and sets the offsets; it refuses a branch holding more than one snapshot past the base.
+Driver memory: `Routing` collects only batches `icefall.plan.routing.driver_collects` allows
+(`spec.batch.maxCollectBytes`); larger ones keep the Spark append.
 """
 
 from __future__ import annotations

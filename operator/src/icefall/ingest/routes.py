@@ -60,6 +60,7 @@ from icefall.plan.routing import (
     Take,
     TopicRange,
     destination_takes,
+    driver_collects,
     dynamic_names,
     not_created_reason,
     reads_headers,
@@ -118,6 +119,7 @@ class Routing:
         dynamic_when = [self.dynamic.when] if self.dynamic is not None and self.dynamic.when else []
         self.headers = reads_headers([*self.conditions, *dynamic_when], dynamic_from_header=from_header)
         self.unrouted = st.spec.unrouted_to
+        self.max_collect_bytes = st.spec.batch.max_collect_bytes
         self.spark_name = spark_name
         self.dynamic_namespace = st.dynamic_namespace
         self.reserved = st.dynamic_reserved
@@ -251,11 +253,14 @@ class Routing:
         rows_of: Callable[[DataFrame], DataFrame],
         append_to: Callable[[DataFrame, str, bool], None],
         main: tuple[str, bool],
+        *,
+        read: Callable[[], tuple[int, int]],
     ) -> None:
         """Append each destination's rows of the batch (`routed`, computed once and cached) to its staging
         branch: `spec.table`'s (`main`: its target and whether it is sorted) gets the unrouted records
         (with `unrouted: DeadLetter` nothing is written to it), each route the records it takes past its
-        own offsets."""
+        own offsets. `read`: the batch's records and value bytes (its observation, known once a job over
+        `routed` ran), which decide whether the driver collects the route rows (`driver_collects`)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
@@ -275,7 +280,7 @@ class Routing:
                 # append of `where(false)`: Spark prunes that query, and the batch's observation breaks.
                 cached.count()  # computes the batch once, its observation with it, for the routes to share
             by_topic = "topic" in cached.columns
-            driver = [rs for rs in stages if arrow_writable(rs.table)]
+            driver = self._collected(stages, read)
             for rs in stages:
                 if rs not in driver:
                     keep = (route == rs.index) & self._taken(rs.takes, by_topic=by_topic)
@@ -284,6 +289,26 @@ class Routing:
                 self._append_collected(cached, route, driver, rows_of)
         finally:
             cached.unpersist()
+
+    def _collected(self, stages: list[RouteStage], read: Callable[[], tuple[int, int]]) -> list[RouteStage]:
+        """The stages whose rows the driver collects and writes (`_append_collected`): those pyiceberg
+        writes as Spark would, when the batch is small enough to hold in the driver (`driver_collects`);
+        none otherwise (each is then appended by Spark)."""
+        driver = [rs for rs in stages if arrow_writable(rs.table)]
+        if not driver:
+            return []
+        records, value_bytes = read()
+        if driver_collects(records, value_bytes, self.max_collect_bytes):
+            return driver
+        log.info(
+            "batch of %d records (%d value bytes) past spec.batch.maxCollectBytes (%d): %d route tables "
+            "appended by Spark",
+            records,
+            value_bytes,
+            self.max_collect_bytes,
+            len(driver),
+        )
+        return []
 
     def _append_collected(
         self,
