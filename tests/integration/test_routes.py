@@ -1,17 +1,18 @@
 """Static routes (`spec.routes`): one topic into several tables, against real Kafka, Spark and the embedded
 catalog, audited by content (each record's value, read back from Kafka, says which table it belongs in).
 
-Proves: records split by their value (`customer`) and their Kafka key into two route tables, the rest into
-the table, malformed ones into the dead-letter table, each exactly once, and every table's committed
-offsets at the topic's end (a route whose condition kept nothing of a batch commits its range too); a
-route table keeps its own partitioning; a batch that fails after the routes' rows were staged drops their
-branches (a branch left by a failed drop is swept at the next start) and the batch is written again once;
-conditions see the key, the headers and the topic, and a wrong one fails naming its route; with
-`unrouted: DeadLetter` the records no route takes are dead letters with the reason and the table gets no
-rows; a topic deleted and created again stops the writer, and `icefall reset-offsets` resets every route
-table with the table, each then taking the new topic's records; `icefall run` killed between the
-destinations' commits (after the first route, after both, after the dead letters) then run to the end
-leaves each table exactly its records, the tables ahead skipping what they hold.
+Proves: records split by their value (`customer`) and their Kafka key into two route tables, the rest into the
+table, malformed ones into the dead-letter table, each exactly once, and every table's committed offsets at
+the topic's end (a route whose condition kept nothing of a batch commits its range too); a route table keeps
+its own partitioning; an unsorted route table's rows are written from the driver, a bucketed one's by Spark,
+and every one's by Spark with `spec.batch.maxCollectBytes: 0`; a batch that fails after the routes' rows were
+staged drops their branches (a branch left by a failed drop is swept at the next start) and the batch is
+written again once; conditions see the key, the headers and the topic, and a wrong one fails naming its route;
+with `unrouted: DeadLetter` the records no route takes are dead letters with the reason and the table gets no
+rows; a topic deleted and created again stops the writer, and `icefall reset-offsets` resets every route table
+with the table, each then taking the new topic's records; `icefall run` killed between the destinations'
+commits (after the first route, after both, after the dead letters) then run to the end leaves each table
+exactly its records, the tables ahead skipping what they hold.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from pyiceberg.table.snapshots import ancestors_of
 from pyspark.sql import SparkSession
 
 from icefall import cli
@@ -57,8 +59,13 @@ ROUTES = """  routes:
 """
 
 
-def routed_manifest(name: str, topic: str, kafka: KafkaBroker, *, unrouted: str = "Table") -> str:
-    text = manifest_text(name, topic, kafka.bootstrap, batch={"maxRecords": 60, "minIntervalSeconds": 0})
+def routed_manifest(
+    name: str, topic: str, kafka: KafkaBroker, *, unrouted: str = "Table", collect: int | None = None
+) -> str:
+    batch = {"maxRecords": 60, "minIntervalSeconds": 0}
+    if collect is not None:
+        batch["maxCollectBytes"] = collect
+    text = manifest_text(name, topic, kafka.bootstrap, batch=batch)
     return text + ROUTES.format(name=name) + f"  unrouted: {unrouted}\n"
 
 
@@ -105,6 +112,19 @@ def rows_of(config: CatalogConfig, table: str) -> Counter[tuple[int, int, Any]]:
     return Counter((r["_kafka"]["partition"], r["_kafka"]["offset"], r["id"]) for r in rows)
 
 
+def writers(config: CatalogConfig, table: str) -> list[str]:
+    """Who wrote each snapshot with rows on `main` of `it.<table>`, oldest first: Spark (its summary names
+    its application) or the driver (`arrow_append`, pyiceberg)."""
+    loaded = config.pyiceberg().load_table((NAMESPACE, table))
+    # A pyiceberg Summary answers `in` for any key: look at its properties as a dict.
+    found = [
+        s.summary.additional_properties if s.summary else {}
+        for s in ancestors_of(loaded.current_snapshot(), loaded.metadata)
+    ]
+    written = [summary for summary in reversed(found) if summary.get("added-records", "0") != "0"]
+    return ["spark" if "spark.app.id" in summary else "driver" for summary in written]
+
+
 def assert_routed(config: CatalogConfig, name: str, kafka: KafkaBroker, topic: str, unrouted: str) -> None:
     """Every record of `topic` in exactly the table its content names, once, with its own id (dead letters:
     the unrouted ones with `UNROUTED_REASON`); every table committed up to the topic's end."""
@@ -148,6 +168,11 @@ def test_records_split_by_content_into_their_tables_exactly_once(
         assert_routed(catalog_config, name, kafka, topic, "Table")
         vip = catalog_config.pyiceberg().load_table((NAMESPACE, f"{name}_vip"))
         assert [f.name for f in vip.spec().fields] == ["id_bucket"]
+        # Small batches: the unsorted, identity-partitioned route's rows are written from the driver; the
+        # bucketed one's by Spark (pyiceberg's bucket is not written as Spark's).
+        assert set(writers(catalog_config, f"{name}_vip")) == {"spark"}
+        even = writers(catalog_config, f"{name}_even")
+        assert set(even) == {"driver"}
 
         # A batch failing once its routes' rows are staged: their branches go, it is written again.
         high = watermarks(kafka, topic)
@@ -160,10 +185,14 @@ def test_records_split_by_content_into_their_tables_exactly_once(
             ingestor.run_batch()
         assert failpoints.hits("route.before-abandon") >= 1
         assert read_committed(vip.refresh()).offsets == high, "nothing of the failed batch landed"
-    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+    # Written again with maxCollectBytes 0: the batch is never collected to the driver, Spark appends.
+    again = load_manifest(routed_manifest(name, topic, kafka, collect=0))
+    with started_ingestor(again, catalog_config, spark, tmp_path / "lease.json") as ingestor:
         assert failpoints.hits("route.before-sweep") >= 1  # the branches the last writer left
         drain(ingestor)
     assert_routed(catalog_config, name, kafka, topic, "Table")
+    later = writers(catalog_config, f"{name}_even")[len(even) :]
+    assert later and set(later) == {"spark"}, later
 
 
 def test_conditions_see_the_key_the_headers_and_the_topic(spark: SparkSession) -> None:

@@ -201,7 +201,12 @@ def test_server_defaults_mean_the_model_defaults(root: Node) -> None:
     assert streaming_table_from_object(defaulted) == parse_manifest(MINIMAL)
     spec = defaulted["spec"]
     assert spec["freshness"] == {"targetSeconds": 10}
-    assert spec["batch"] == {"maxRecords": 1_000_000, "minIntervalSeconds": 1, "pipelined": True}
+    assert spec["batch"] == {
+        "maxRecords": 1_000_000,
+        "minIntervalSeconds": 1,
+        "maxCollectBytes": 64 * 1024 * 1024,
+        "pipelined": True,
+    }
     assert spec["source"]["startingPosition"] == {"type": "earliest"}
     assert spec["source"]["security"] == {"protocol": "PLAINTEXT"}
     assert spec["deadLetter"] == {"table": {"enabled": True}, "maxRecordBytes": 1024 * 1024}

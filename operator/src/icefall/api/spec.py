@@ -154,6 +154,17 @@ class BatchSpec(ApiModel):
         le=3600,
         description="Least seconds between the starts of two batches; bounds the commit rate.",
     )
+    max_collect_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=0,
+        le=2**40,
+        description=(
+            "Routed tables (spec.routes, spec.dynamicRoute): the largest batch, in estimated bytes (twice "
+            "its Kafka value bytes plus 64 per record), whose route tables' rows the driver collects in one "
+            "Spark job and writes itself; a larger batch is appended by Spark one route table at a time "
+            "(slower; driver memory stays bounded). 0: always by Spark. Raise it with the driver's memory."
+        ),
+    )
     pipelined: bool = Field(
         default=True,
         description=(

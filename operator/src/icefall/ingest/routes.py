@@ -34,6 +34,7 @@ records are dead letters (`dead_letters`) with the reason naming the name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -51,6 +52,7 @@ from icefall.commit import (
     sweep_stages,
 )
 from icefall.commit.batch import held_of
+from icefall.ingest.arrow_append import append_rows, arrow_writable
 from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, TYPED_COLUMN
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
 from icefall.ingest.report import added_records
@@ -58,6 +60,7 @@ from icefall.plan.routing import (
     Take,
     TopicRange,
     destination_takes,
+    driver_collects,
     dynamic_names,
     not_created_reason,
     reads_headers,
@@ -77,6 +80,8 @@ ROUTE_COLUMN = f"{INTERNAL_PREFIX}route"
 #: (`spec.dynamicRoute`; null: none).
 NAME_COLUMN = f"{INTERNAL_PREFIX}table_name"
 _RECORD = f"{INTERNAL_PREFIX}record"
+#: The collected rows' column naming the route table each row goes to (`_append_collected`).
+_DESTINATION = f"{INTERNAL_PREFIX}destination"
 #: `_kafka.headers` of a condition: each header's name to its value as text, the first of a repeated name
 #: (a map with a repeated key would fail the batch).
 _HEADERS_MAP = (
@@ -114,6 +119,7 @@ class Routing:
         dynamic_when = [self.dynamic.when] if self.dynamic is not None and self.dynamic.when else []
         self.headers = reads_headers([*self.conditions, *dynamic_when], dynamic_from_header=from_header)
         self.unrouted = st.spec.unrouted_to
+        self.max_collect_bytes = st.spec.batch.max_collect_bytes
         self.spark_name = spark_name
         self.dynamic_namespace = st.dynamic_namespace
         self.reserved = st.dynamic_reserved
@@ -247,11 +253,14 @@ class Routing:
         rows_of: Callable[[DataFrame], DataFrame],
         append_to: Callable[[DataFrame, str, bool], None],
         main: tuple[str, bool],
+        *,
+        read: Callable[[], tuple[int, int]],
     ) -> None:
         """Append each destination's rows of the batch (`routed`, computed once and cached) to its staging
         branch: `spec.table`'s (`main`: its target and whether it is sorted) gets the unrouted records
         (with `unrouted: DeadLetter` nothing is written to it), each route the records it takes past its
-        own offsets."""
+        own offsets. `read`: the batch's records and value bytes (its observation, known once a job over
+        `routed` ran), which decide whether the driver collects the route rows (`driver_collects`)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
@@ -270,11 +279,64 @@ class Routing:
                 # No rows for the table: its commit stages an empty snapshot (`Batches._commit_here`). Not an
                 # append of `where(false)`: Spark prunes that query, and the batch's observation breaks.
                 cached.count()  # computes the batch once, its observation with it, for the routes to share
+            by_topic = "topic" in cached.columns
+            driver = self._collected(stages, read)
             for rs in stages:
-                keep = (route == rs.index) & self._taken(rs.takes, by_topic="topic" in cached.columns)
-                append_to(rows_of(cached.where(keep)), rs.target, rs.sorted_table)
+                if rs not in driver:
+                    keep = (route == rs.index) & self._taken(rs.takes, by_topic=by_topic)
+                    append_to(rows_of(cached.where(keep)), rs.target, rs.sorted_table)
+            if driver:
+                self._append_collected(cached, route, driver, rows_of)
         finally:
             cached.unpersist()
+
+    def _collected(self, stages: list[RouteStage], read: Callable[[], tuple[int, int]]) -> list[RouteStage]:
+        """The stages whose rows the driver collects and writes (`_append_collected`): those pyiceberg
+        writes as Spark would, when the batch is small enough to hold in the driver (`driver_collects`);
+        none otherwise (each is then appended by Spark)."""
+        driver = [rs for rs in stages if arrow_writable(rs.table)]
+        if not driver:
+            return []
+        records, value_bytes = read()
+        if driver_collects(records, value_bytes, self.max_collect_bytes):
+            return driver
+        log.info(
+            "batch of %d records (%d value bytes) past spec.batch.maxCollectBytes (%d): %d route tables "
+            "appended by Spark",
+            records,
+            value_bytes,
+            self.max_collect_bytes,
+            len(driver),
+        )
+        return []
+
+    def _append_collected(
+        self,
+        cached: DataFrame,
+        route: Column,
+        stages: list[RouteStage],
+        rows_of: Callable[[DataFrame], DataFrame],
+    ) -> None:
+        """Collect the rows of every stage of `stages` in ONE Spark job (a union of each one's rows, tagged
+        with its index) and append each table's to its staging branch from the driver (`arrow_append`):
+        no Spark job per route table. A table with no rows gets nothing here (its commit stages an empty
+        snapshot)."""
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        by_topic = "topic" in cached.columns
+        tagged = [
+            rows_of(cached.where((route == rs.index) & self._taken(rs.takes, by_topic=by_topic))).withColumn(
+                _DESTINATION, F.lit(rs.index)
+            )
+            for rs in stages
+        ]
+        union = functools.reduce(lambda a, b: a.unionByName(b), tagged)
+        collected = union.toArrow()
+        for rs in stages:
+            rows = collected.filter(pc.equal(collected[_DESTINATION], rs.index)).drop_columns([_DESTINATION])
+            if rows.num_rows:
+                append_rows(rs.table, rs.stage.branch, rs.stage.base.snapshot_id, rows)
 
     @staticmethod
     def _taken(takes: Mapping[str, Take], *, by_topic: bool) -> Column:

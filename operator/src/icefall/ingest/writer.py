@@ -250,7 +250,11 @@ class BatchWriter:
             def append_to(rows: DataFrame, name: str, sort: bool) -> None:
                 append(rows, name, sorted_table=sort)
 
-            routing.write(observed, list(routes), rows_of, append_to, (target, sorted_table))
+            def read() -> tuple[int, int]:
+                seen = observation.get
+                return int(seen["records"] or 0), int(seen["bytes"] or 0)
+
+            routing.write(observed, list(routes), rows_of, append_to, (target, sorted_table), read=read)
         elif self.spec.key:
             rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
             deleted_keys = self._merge_changes(rows, planned, target, table)

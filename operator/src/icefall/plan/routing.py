@@ -20,6 +20,10 @@ Dynamic routes (`spec.dynamicRoute`): `dynamic_names` sorts the names a batch co
 create (sorted, up to `maxTables`) and those refused with their dead letters' reason (not an identifier, a
 table written otherwise, past the cap). A created table is one more destination with no offsets: it takes
 the range of the batch that created it, like any destination that never committed.
+
+Driver memory (`driver_collects`): the route tables' rows of a batch are collected to the driver (one Spark
+job, `icefall.ingest.arrow_append`) only when the batch's estimated size is at most
+`spec.batch.maxCollectBytes`; a larger batch is appended by Spark route table by route table.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ if TYPE_CHECKING:
 
 #: Longest table name a dynamic route creates (as a route table's `name`).
 MAX_NAME_CHARS = 255
+
+#: What `collected_bytes` counts per record besides its Kafka value: its Kafka columns (partition, offset,
+#: timestamp, key) and Arrow's offsets and validity bits.
+ROW_OVERHEAD_BYTES = 64
+#: A decoded value may take more room than its bytes in Kafka (a binary format's integers widen to 8 bytes;
+#: a JSON value shrinks), so its bytes count this many times.
+VALUE_EXPANSION = 2
 
 
 class DestinationBehindError(RuntimeError):
@@ -129,6 +140,22 @@ def destination_takes(
         if take is not None:
             takes[r.topic] = take
     return takes
+
+
+def collected_bytes(records: int, value_bytes: int) -> int:
+    """Estimated bytes, in the driver, of a batch's rows collected to Arrow: `records` records holding
+    `value_bytes` bytes of Kafka values (the read's observation). Every record counts, whichever table it
+    goes to: an upper bound of what the route tables take."""
+    return value_bytes * VALUE_EXPANSION + records * ROW_OVERHEAD_BYTES
+
+
+def driver_collects(records: int, value_bytes: int, max_bytes: int) -> bool:
+    """Whether the route tables' rows of a batch are collected to the driver in one Spark job and written
+    from there (cheap per table), rather than appended by Spark one route table at a time (memory bounded
+    by Spark, a job per table): when `collected_bytes` is at most `max_bytes` (`spec.batch.maxCollectBytes`;
+    0: never). So the driver holds at most about `max_bytes` of rows (and its JVM as much again while
+    handing them over), however large the backlog makes a batch."""
+    return max_bytes > 0 and collected_bytes(records, value_bytes) <= max_bytes
 
 
 def reads_headers(conditions: list[str], *, dynamic_from_header: bool = False) -> bool:
