@@ -129,7 +129,7 @@ class DeltaIngestor:
             schema = self._good_rows(self.writer.empty_source()).schema.json()
             create_table(self.log, schema, self.epoch)
             claim_epoch(self.log, self.epoch)
-            shutil.rmtree(self.log.root / STAGING_DIR, ignore_errors=True)
+            shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
             if self.dead_letters is not None:
                 self.dead_letters.start(self.epoch)
         except BaseException:
@@ -185,7 +185,7 @@ class DeltaIngestor:
         observation = Observation()
         source = self.writer.read(planned.ranges, headers=False)
         observed = decoders.good.decode(source, None).observe(observation, *decoders.observed)
-        staging = self.log.root / STAGING_DIR / uuid.uuid4().hex
+        staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
         decoders.good.good_rows(observed).write.parquet(str(staging))
         seen = observation.get
         stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], None)
@@ -196,7 +196,7 @@ class DeltaIngestor:
                     "spec.deadLetter.table is disabled, so ingestion stops before committing them. Fix or "
                     "skip them (`icefall reset-offsets`), or enable the dead-letter table"
                 )
-            return stats, moved_into(staging, self.log.root)
+            return stats, moved_into(staging, self.log)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
