@@ -91,6 +91,8 @@ def audit_delta(
     another topic."""
     from deltalake import DeltaTable
 
+    from icefall.commit.delta_storage import delta_rs_options
+
     snapshot = DeltaLog(location).snapshot()
     if not snapshot.exists:
         raise AuditError(f"no Delta table at {location} (no _delta_log)")
@@ -110,7 +112,8 @@ def audit_delta(
     )
     if None not in (state.topic_id, topic.topic_id) and state.topic_id != topic.topic_id:
         return replace(report, source_changed=_recreated(state, topic))
-    read = DeltaTable(location, version=snapshot.version).to_pyarrow_table()
+    storage = delta_rs_options(location)
+    read = DeltaTable(location, version=snapshot.version, storage_options=storage).to_pyarrow_table()
     main = _side(read, content)
     dlq = _Side(empty_rows())
     ranges = _ranges(state, main, dlq, topic)

@@ -248,5 +248,10 @@ def signed_headers(method: str, host: str, path: str, body: bytes, s: S3Settings
     return result
 
 
+def delta_rs_options(location: str) -> dict[str, str] | None:
+    """delta-rs's storage options for the table at `location` (None: local, none needed)."""
+    return S3Settings.from_env().delta_rs_options() if is_s3(location) else None
+
+
 def storage_for(location: str) -> DeltaStorage:
     return S3Storage(location) if is_s3(location) else LocalStorage(location)
