@@ -171,6 +171,11 @@ bench-ingest: venv
 .PHONY: bench
 bench: setup $(VENV)/.bench-installed
 	$(TOOLS) && $(BIN)/python bench/compare.py $(BENCH_ARGS)
+# Delta Lake (#42): Icefall -> Delta beside Spark Structured Streaming -> Delta, the same backlog in one run,
+# each table audited by content (bench/delta.py; results in bench/results/delta.md).
+.PHONY: bench-delta
+bench-delta: setup $(VENV)/.bench-installed
+	$(TOOLS) && $(BIN)/python bench/delta.py $(BENCH_ARGS)
 # Pipelining on and off, a preloaded backlog drained by `icefall run` (bench/results/pipelining.md).
 .PHONY: bench-pipelining
 bench-pipelining: setup $(VENV)/.bench-installed

@@ -11,6 +11,9 @@ another node is elected, then `DOWN`), an unclean restart of one random broker (
 at once: its log is recovered), and a rolling restart (each node stopped cleanly and started again, the
 next one only once every replica is back in sync). Its recovery: from that restart (the last node's, for a
 rolling restart) until the tables have committed every record that was in their topics then.
+Five resource kinds (`RESOURCE_KINDS`, issue 46 item 3: a network partition, an OOM kill, clock skew, an
+orphan race, a full spill disk; e2e/chaos_resources.py says what each proves) are drawn with them, made by
+the run's `resources`; their recovery counts from the fault's end.
 `infra_count(kills)` faults make at least a third of all faults (kills + these).
 `ICEFALL_CHAOS_INFRA_KINDS` (comma-separated names of `KINDS`) restricts the draw, for a short run that
 must hit given kinds.
@@ -44,6 +47,9 @@ KINDS = (
     "Kafka broker", "Kafka controller", "Kafka unclean restart", "Kafka rolling restart",
     "PostgreSQL", "object store", "REST catalog", "kube-apiserver", "etcd",
 )  # fmt: skip
+#: Resource faults (e2e/chaos_resources.py: issue 46 item 3), drawn with `KINDS`.
+RESOURCE_KINDS = ("network partition", "OOM kill", "clock skew", "orphan race", "spill disk full")
+ALL_KINDS = KINDS + RESOURCE_KINDS
 #: Seconds a new KRaft controller may take to be elected after the active one was killed.
 ELECTION_TIMEOUT = 60.0
 #: Seconds between the end of one infrastructure fault's recovery and the next fault.
@@ -96,6 +102,7 @@ class InfraFaults:
         calm: threading.Event,
         done: threading.Event,
         note: Callable[[str], None],
+        resources: Callable[[str, random.Random], str] | None = None,
     ) -> None:
         self.services, self.count, self.topics, self.partitions = services, count, topics, partitions
         self.rng = random.Random(f"{seed}-infra")
@@ -103,6 +110,7 @@ class InfraFaults:
         self.lock, self.calm, self.done, self.note = lock, calm, done, note
         self.faults: list[InfraFault] = []
         self.errors: list[str] = []
+        self.resources = resources  # makes a resource fault of a kind; what happened, in a few words
         self.kinds = drawn_kinds(os.environ.get("ICEFALL_CHAOS_INFRA_KINDS", ""))
 
     def loop(self) -> None:
@@ -136,6 +144,9 @@ class InfraFaults:
     def _kill_and_restart(self, kind: str, down: float) -> str:
         """SIGKILL the service of `kind`, wait `down` s, start it again; what happened, in a few words."""
         s = self.services
+        if kind in RESOURCE_KINDS:
+            assert self.resources is not None, f"{kind}: the run made no resource faults"
+            return self.resources(kind, self.rng)
         if kind == "Kafka broker":
             node = s.kafka.leader_of(self.topics[0], self.rng.randrange(self.partitions))
             s.kafka.kill(node)
@@ -189,14 +200,15 @@ class InfraFaults:
             f"{total} faults: {sum(kills.values())} kills of Icefall's own processes, {infra} of the "
             f"infrastructure ({infra / max(total, 1):.0%}; asked: {self.count}, at least a third).",
             "Recovery of an infrastructure fault: from the service's restart until the tables "
-            "committed every record that was in their topics then.",
+            "committed every record that was in their topics then; of a resource fault "
+            "(e2e/chaos_resources.py), from its end.",
             "",
             "| kind | faults | recovery p50 | recovery p99 | max |",
             "|---|---:|---:|---:|---:|",
         ]
         lines += [f"| kill: {component} | {n} | | | |" for component, n in kills.items()]
-        for kind in KINDS:
-            how = "" if kind == "Kafka rolling restart" else "SIGKILL: "
+        for kind in ALL_KINDS:
+            how = "" if kind == "Kafka rolling restart" or kind in RESOURCE_KINDS else "SIGKILL: "
             made = [f for f in self.faults if f.kind == kind]
             times = sorted(f.recovered_after for f in made if f.recovered_after is not None)
             if made:
@@ -210,12 +222,13 @@ class InfraFaults:
 
 
 def drawn_kinds(names: str) -> tuple[str, ...]:
-    """The kinds to draw from: `KINDS`, or the comma-separated `names` of some of them."""
+    """The kinds to draw from: `ALL_KINDS`, or the comma-separated `names` of some of them."""
     chosen = tuple(name.strip() for name in names.split(",") if name.strip())
-    unknown = [name for name in chosen if name not in KINDS]
+    unknown = [name for name in chosen if name not in ALL_KINDS]
     if unknown:
-        raise ValueError(f"ICEFALL_CHAOS_INFRA_KINDS: unknown kinds {unknown}; known: {', '.join(KINDS)}")
-    return chosen or KINDS
+        known = ", ".join(ALL_KINDS)
+        raise ValueError(f"ICEFALL_CHAOS_INFRA_KINDS: unknown kinds {unknown}; known: {known}")
+    return chosen or ALL_KINDS
 
 
 def _wait_elected(kafka: KafkaCluster, killed: int) -> int:

@@ -39,6 +39,7 @@ from typing import Any
 from icefall.plan.names import compaction_name, driver_pod_name
 
 from . import chaos_data as data
+from .chaos_audit import Problems
 
 Obj = dict[str, Any]
 
@@ -138,7 +139,7 @@ def latest(records: Iterable[tuple[int, int, bytes | None, bytes | None]]) -> di
 
 
 @dataclass
-class KeyedAudit:
+class KeyedAudit(Problems):
     records: int = 0
     tombstones: int = 0
     keys: int = 0  # keys whose last change is a value: the rows the table must hold
@@ -148,11 +149,6 @@ class KeyedAudit:
     extra: int = 0
     wrong: int = 0
     examples: list[str] = field(default_factory=list)
-
-    def problem(self, kind: str, text: str) -> None:
-        setattr(self, kind, getattr(self, kind) + 1)
-        if len(self.examples) < 20:
-            self.examples.append(f"{kind}: {text}")
 
     @property
     def clean(self) -> bool:

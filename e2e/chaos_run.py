@@ -3,7 +3,8 @@
 A benchmark-style run, not a test of the suite: the file name does not match `test_*.py`, so `make test`
 never collects it; `make chaos` passes it to pytest explicitly (it then gets the e2e fixtures). Knobs, from
 the environment: `ICEFALL_CHAOS_KILLS` (default 200), `ICEFALL_CHAOS_SEED` (default 1),
-`ICEFALL_CHAOS_REPORT` (default bench/results/chaos.md).
+`ICEFALL_CHAOS_REPORT` (default bench/results/chaos.md), `ICEFALL_CHAOS_MEASURED_FAULTS` (how many of the four
+measured faults below, default all: a short run of given infrastructure kinds may ask for none).
 
 The system, as in a cluster: the e2e's one-node cluster (`cluster`: API server, controller-manager,
 scheduler, and a node of containerd + runc + the real kubelet) runs the driver Pod and the compaction
@@ -61,40 +62,43 @@ Infrastructure faults (e2e/chaos_infra.py), at least a third of all faults (`ICE
 default half the kills): a broker of the three-node Kafka cluster (`kafka_cluster`: a partition leader's
 or the KRaft controller's SIGKILL, an unclean restart, a rolling restart), PostgreSQL, the
 object store, the REST catalog server, and the cluster's kube-apiserver or etcd SIGKILLed at random moments
-and started again, one at a time, while the kills go on; the report lists every fault by kind with its time
-to recover (p50/p99).
+and started again, one at a time, while the kills go on; drawn with them, resource faults
+(e2e/chaos_resources.py): a service's port partitioned (packets dropped), a driver or compaction container
+OOM-killed by the kernel (counted as a kill of its component), a commit from a clock minutes ahead, the
+driver paused with a staged batch while orphan removal runs past its safety window, and the keyed driver's
+spill disk full (a small tmpfs filled to ENOSPC). The report lists every fault by kind with its recovery.
 
-Not covered: kills of the kubelet and containerd; the operator has no failpoints (its kills are all at
-random moments); orphan-file deletion (its safety window is at least an hour) and so
-`main.before-orphan-delete`; the dead-letter topic is checked by nobody here (it is at-least-once by
-design). A container whose whole life fell in a gap of the Pod watch (the API server expired it: "watch
-gaps" in the report) is not seen.
+Where things are: e2e/chaos_pods.py (the Pod watch, the kill tally, signals to containers),
+e2e/chaos_faults.py (the measured faults), e2e/chaos_audit.py (the append table's audit), e2e/chaos_keyed.py
+(the keyed table), e2e/chaos_infra.py, e2e/chaos_resources.py and e2e/chaos_spill.py (the infrastructure
+and resource faults), e2e/chaos_report.py (the report).
+
+Not covered: kills of the kubelet and containerd; a disk-backed emptyDir past its `sizeLimit` (a kubelet
+eviction, not ENOSPC; the spill disk fault is a small tmpfs); the operator has no failpoints (its kills
+are all at random moments); orphan removal by the compaction pods (its safety window is at least an hour:
+the orphan race runs it from the run, clock ahead) and so `main.before-orphan-delete`; the dead-letter topic
+is checked by nobody here (it is at-least-once by design). A container whose whole life fell in a gap of
+the Pod watch (the API server expired it: "watch gaps" in the report) is not seen.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 import json
 import os
 import random
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from icefall.api import load_manifest
@@ -106,17 +110,33 @@ from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka_cluster import KafkaCluster
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
-from icefall.devstack.procs import free_port
 from icefall.devstack.rest_catalog import RESTCatalogServer
 from icefall.plan.env import secret_env_vars
 from icefall.plan.grants import SECRET_GRANT_LABEL, SECRET_GRANT_VALUE
-from icefall.plan.names import compaction_name, driver_pod_name
 from icefall.runtime.failpoints import CHAOS_ENV_VAR
 from icefall.testing.kubeapi import JsonApi
 
 from . import chaos_data as data
+from . import chaos_faults as measured
 from . import chaos_keyed as keyed
+from .chaos_audit import Audit, audit, watermarks
+from .chaos_faults import Fault
 from .chaos_infra import InfraFaults, Services, infra_count
+from .chaos_pods import (
+    COMPACT_PREFIX,
+    DRAW_UNKNOWN_AFTER,
+    DRIVER,
+    NAME,
+    RANDOM,
+    Container,
+    PodWatch,
+    Tally,
+    count_exits,
+    sigkill,
+    table_of,
+)
+from .chaos_report import run_verify, write_report
+from .chaos_resources import Cluster, ResourceFaults
 from .conftest import REPO, Kubectl, NodeView, Operator, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -124,14 +144,12 @@ pytestmark = pytest.mark.e2e
 KILLS = int(os.environ.get("ICEFALL_CHAOS_KILLS", "200"))
 #: Infrastructure faults (e2e/chaos_infra.py): by default enough for a third of all faults.
 INFRA_FAULTS = int(os.environ.get("ICEFALL_CHAOS_INFRA_FAULTS", str(infra_count(KILLS))))
+MEASURED_FAULTS = int(os.environ.get("ICEFALL_CHAOS_MEASURED_FAULTS", str(len(measured.FAULTS))))
 ICEFALL = "ICEFALL_*"  # reserved for spec.pods by default; the run's failpoint variable is one
 SEED = int(os.environ.get("ICEFALL_CHAOS_SEED", "1"))
 REPORT = Path(os.environ.get("ICEFALL_CHAOS_REPORT", str(REPO / "bench" / "results" / "chaos.md")))
-NAME, TOPIC, DLQ_TOPIC = "chaos", "chaos", "chaos-dlq"
+TOPIC, DLQ_TOPIC = "chaos", "chaos-dlq"
 TABLE_NAMESPACE, TABLE = "chaos", "events"
-DRIVER = driver_pod_name(NAME)
-COMPACT_PREFIX = f"{compaction_name(NAME)}-"
-SECOND_WRITER = f"{NAME}-second-writer"
 PARTITIONS = 3
 SHARES = {"driver": 0.40, "compaction": 0.35, "operator": 0.25}
 #: Failpoints a driver passes on a table with traffic and malformed records (see
@@ -159,26 +177,16 @@ KEYED_ARMING = {
 }
 TABLES = ("append", "keyed")
 KEYED_PARTITIONS_FROM = 1000  # the keyed topic's partitions in `Chaos.high` and `caught_up_with`
-#: What a container start drew (icefall.runtime.failpoints logs it at import): `nothing` or
-#: `<point>=exit@<hit>`.
-DRAW_LINE = re.compile(rf"{CHAOS_ENV_VAR} drew (\S+)")
-NOTHING = "nothing"
 #: Seconds after a container (or the operator) started before its SIGKILL: short enough that many kills fit
 #: in an hour on 2 cores (a Spark start is most of a cycle), long enough to land mid-batch as well.
 RANDOM_KILL_AFTER = (2.0, 45.0)
 ARMED_GRACE = 150.0  # an armed container gets this long to reach its failpoint before a SIGKILL
-#: A container whose log has not said what it drew after this long is treated as unarmed.
-DRAW_UNKNOWN_AFTER = 90.0
-OUTAGE_SECONDS = 30.0
 #: The producer's pace: ~3 records/s, well under what a driver ingests between kills on a loaded 2-core
 #: machine (~10/s), so each fault's convergence measures recovery rather than a growing backlog.
 PRODUCE_RECORDS, PRODUCE_EVERY_SECONDS = 10, 3.0
 #: ... and it waits while the table is this many records behind (a loaded machine ingests slower).
 MAX_BACKLOG = 1000
 CONVERGE_TIMEOUT = 900.0
-RANDOM = "random moment"
-FAILPOINT_LINE = re.compile(r"failpoint (\S+) triggered")
-SIGKILL_STATUS = 137
 Obj = dict[str, Any]
 
 
@@ -254,264 +262,6 @@ def arming_patch(on: bool, arming: dict[str, str] = ARMING) -> Obj:
     return {"spec": {"pods": {role: {"env": value} for role, value in env.items()}}}
 
 
-# --- what the run observes -----------------------------------------------------------------------------
-
-
-def component_of(pod: str) -> str | None:
-    """The component of either table's driver or compaction pod (they share the kill quotas), else None."""
-    if pod in (DRIVER, keyed.KEYED_DRIVER):
-        return "driver"
-    if pod.startswith((COMPACT_PREFIX, keyed.KEYED_COMPACT_PREFIX)):
-        return "compaction"
-    return None
-
-
-def table_of(pod: str) -> str | None:
-    return keyed.table_of(pod, DRIVER, COMPACT_PREFIX)
-
-
-@dataclass
-class Container:
-    """One container the node ran (one start: a container id), as the Pod status showed it."""
-
-    pod: str
-    uid: str
-    name: str
-    restart: int
-    cid: str  # containerd's id, without the `containerd://` prefix
-    seen: float  # monotonic, when the run first saw it
-    spec_armed: bool  # its Pod's spec has ICEFALL_FAILPOINTS_CHAOS
-    draw: str | None = None  # what its failpoints drew (NOTHING or `<point>=exit@<hit>`), once its log said
-    exit_code: int | None = None
-    reason: str = ""
-    message: str = ""
-
-    @property
-    def component(self) -> str | None:
-        return component_of(self.pod)
-
-    @property
-    def armed(self) -> bool:
-        return self.draw not in (None, NOTHING)
-
-
-class PodWatch:
-    """Every container start and exit of the namespace's Pods, from a watch (what the kubelet reported to
-    the API server): `running()` now, `ended` in the order seen. An expired watch (410) is listed again and
-    counted in `gaps`: what ended during a gap and whose Pod is gone was not seen."""
-
-    def __init__(self, api: client.ApiClient, node: NodeView) -> None:
-        self.core = client.CoreV1Api(api)
-        self.node = node
-        self.lock = threading.Lock()
-        self.pods: dict[str, Obj] = {}  # name → the Pod as last seen
-        self._running: dict[str, Container] = {}  # container id → container
-        self.ended: list[Container] = []
-        self._ended_ids: set[str] = set()
-        self.gaps = 0
-        self.listed = False
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="chaos-pod-watch", daemon=True)
-        self.reader = threading.Thread(target=self._read_draws, name="chaos-draws", daemon=True)
-
-    def start(self) -> PodWatch:
-        self.thread.start()
-        wait_for("the Pod watch to list", lambda: self.listed, timeout=60)
-        self.reader.start()
-        return self
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(60)
-        self.reader.join(60)
-
-    def _read_draws(self) -> None:
-        """What each running container drew, read from its log as soon as it says (a driver's log goes
-        with its Pod, which the operator deletes right after the container ended)."""
-        while not self.stopped.wait(1):
-            for container in self.running():
-                self.read_draw(container)
-
-    def running(self, component: str | None = None) -> list[Container]:
-        with self.lock:
-            found = list(self._running.values())
-        return [c for c in found if component is None or c.component == component]
-
-    def pod(self, name: str) -> Obj | None:
-        with self.lock:
-            return self.pods.get(name)
-
-    def backing_off(self, component: str) -> list[str]:
-        """The component's Pods whose container waits out the kubelet's CrashLoopBackOff."""
-        with self.lock:
-            pods = list(self.pods.values())
-        return [
-            pod["metadata"]["name"]
-            for pod in pods
-            if component_of(pod["metadata"]["name"]) == component
-            and any(
-                (status.get("state") or {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
-                for status in (pod.get("status") or {}).get("containerStatuses") or []
-            )
-        ]
-
-    def _watch(self) -> None:
-        version: str | None = None
-        while not self.stopped.is_set():
-            try:
-                if version is None:
-                    version = self._relist()
-                stream = watch.Watch().stream(
-                    self.core.list_namespaced_pod, self.node.namespace, resource_version=version,
-                    timeout_seconds=30, allow_watch_bookmarks=True,
-                )  # fmt: skip
-                for event in stream:
-                    obj: Obj = event["raw_object"]
-                    version = obj["metadata"]["resourceVersion"]
-                    if event["type"] != "BOOKMARK":
-                        self._see(obj, deleted=event["type"] == "DELETED")
-                    if self.stopped.is_set():
-                        break
-            except ApiException as error:
-                if error.status == 410:
-                    version = None
-                    self.gaps += 1
-                else:
-                    time.sleep(1)
-            except Exception as error:  # the API server restarting, a dropped connection: watch again
-                print(f"[chaos] pod watch: {type(error).__name__}: {error}"[:300], flush=True)
-                time.sleep(1)
-
-    def _relist(self) -> str:
-        response = self.core.list_namespaced_pod(self.node.namespace, _preload_content=False)
-        listed: Obj = json.loads(response.data)
-        names = {pod["metadata"]["name"] for pod in listed["items"]}
-        with self.lock:
-            for name in set(self.pods) - names:
-                self._forget(self.pods.pop(name))
-        for pod in listed["items"]:
-            self._see(pod, deleted=False)
-        self.listed = True
-        version: str = listed["metadata"]["resourceVersion"]
-        return version
-
-    def _see(self, pod: Obj, *, deleted: bool) -> None:
-        meta, status = pod["metadata"], pod.get("status") or {}
-        with self.lock:
-            for container in status.get("containerStatuses") or []:
-                restarts = container.get("restartCount", 0)
-                last, now = container.get("lastState") or {}, container.get("state") or {}
-                if "terminated" in last:
-                    self._ended(pod, container, last["terminated"], restarts - 1)
-                if "terminated" in now:
-                    self._ended(pod, container, now["terminated"], restarts)
-                running_id = _cid(container.get("containerID"))
-                if "running" in now and running_id and running_id not in self._ended_ids:
-                    self._running.setdefault(
-                        running_id, self._container(pod, container, running_id, restarts)
-                    )
-            if deleted:
-                self._forget(pod)
-                self.pods.pop(meta["name"], None)
-            else:
-                self.pods[meta["name"]] = pod
-
-    def _container(self, pod: Obj, status: Obj, cid: str, restart: int) -> Container:
-        meta = pod["metadata"]
-        return Container(
-            meta["name"], meta["uid"], status["name"], restart, cid, time.monotonic(), pod_armed(pod)
-        )
-
-    def _ended(self, pod: Obj, status: Obj, terminated: Obj, restart: int) -> None:
-        cid = _cid(terminated.get("containerID"))
-        if not cid or cid in self._ended_ids:
-            return
-        self._ended_ids.add(cid)
-        ended = self._running.pop(cid, None) or self._container(pod, status, cid, max(restart, 0))
-        ended.exit_code = terminated.get("exitCode")
-        ended.reason = terminated.get("reason") or ""
-        ended.message = terminated.get("message") or ""
-        self.read_draw(ended)  # its log is still on the node now; once its Pod is gone, it is not
-        self.ended.append(ended)
-
-    def _forget(self, pod: Obj) -> None:
-        """A Pod gone: its containers run no more (any exit was recorded from its statuses)."""
-        for cid in [c for c, run in self._running.items() if run.uid == pod["metadata"]["uid"]]:
-            self._running.pop(cid)
-
-    def read_draw(self, container: Container) -> str | None:
-        """What `container` drew, from its own log file on the node (None until it said)."""
-        if container.draw is None:
-            folder = f"{self.node.namespace}_{container.pod}_{container.uid}"
-            path = self.node.node.kubelet.pod_logs_dir / folder / container.name / f"{container.restart}.log"
-            with contextlib.suppress(OSError):
-                found = DRAW_LINE.search(path.read_text(errors="replace"))
-                if found:
-                    container.draw = found.group(1)
-        return container.draw
-
-
-def pod_armed(pod: Obj) -> bool:
-    """Whether this Pod's container gets `ICEFALL_FAILPOINTS_CHAOS`."""
-    containers = (pod.get("spec") or {}).get("containers") or []
-    return any(e["name"] == CHAOS_ENV_VAR for c in containers for e in c.get("env") or [])
-
-
-def _cid(container_id: str | None) -> str:
-    return (container_id or "").removeprefix("containerd://")
-
-
-def container_processes(init_pid: int) -> list[int]:
-    """Host pids of every process in the PID namespace of `init_pid` (a container's processes)."""
-    namespace = os.readlink(f"/proc/{init_pid}/ns/pid")
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.readlink(entry / "ns" / "pid") == namespace:
-                    found.append(int(entry.name))
-    return found
-
-
-@dataclass
-class Fault:
-    name: str
-    started: float
-    ended: float = 0.0
-    converged_after: float | None = None
-    note: str = ""
-
-
-@dataclass
-class Tally:
-    """Kills observed, per component and per crash point; what the containers drew; what the run SIGKILLed."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    killed: set[str] = field(default_factory=set)  # container ids this run SIGKILLed
-    by_component: Counter[str] = field(default_factory=Counter)
-    by_point: Counter[tuple[str, str]] = field(default_factory=Counter)  # (component, point)
-    by_table: Counter[tuple[str, str]] = field(default_factory=Counter)  # (table, component)
-    #: Exits that were no kill of ours: (component, exit code, reason).
-    other_exits: Counter[tuple[str, int, str]] = field(default_factory=Counter)
-    draws: Counter[str] = field(default_factory=Counter)  # point (or NOTHING, or "unknown") → starts
-    seen_exits: int = 0
-
-    def kill(self, component: str, point: str, table: str | None = None) -> None:
-        with self.lock:
-            self.by_component[component] += 1
-            self.by_point[component, point] += 1
-            if table is not None:
-                self.by_table[table, component] += 1
-
-    def total(self) -> int:
-        with self.lock:
-            return sum(self.by_component.values())
-
-    def of(self, component: str) -> int:
-        with self.lock:
-            return self.by_component[component]
-
-
 class Chaos:
     """The run: the system's handles, the producer, the kill loops, the faults, progress and the tally."""
 
@@ -534,6 +284,7 @@ class Chaos:
         self.cluster, self.pods, self.kubectl = cluster, pods, kubectl
         self.operator, self.rest, self.namespace, self.workdir = operator, rest, namespace, workdir
         self.node = pods.node
+        self.topics = (TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC)
         self.rng = random.Random(SEED)
         self.quota = {name: max(1, round(KILLS * share)) for name, share in SHARES.items()}
         self.quota["operator"] = max(1, KILLS - self.quota["driver"] - self.quota["compaction"])
@@ -626,7 +377,8 @@ class Chaos:
     def high(self) -> dict[int, int]:
         """Both topics' high watermarks: the keyed topic's partition p as `KEYED_PARTITIONS_FROM + p`."""
         keyed_high = keyed.watermarks(self.kafka.bootstrap, PARTITIONS)
-        return _watermarks(self.kafka) | {KEYED_PARTITIONS_FROM + p: o for p, o in keyed_high.items()}
+        appended = watermarks(self.kafka, TOPIC, PARTITIONS)
+        return appended | {KEYED_PARTITIONS_FROM + p: o for p, o in keyed_high.items()}
 
     def keyed_committed(self) -> dict[int, int]:
         """The keyed table's committed offsets; {} while the catalog or store cannot be read."""
@@ -696,37 +448,10 @@ class Chaos:
     # --- kills ---
 
     def count_exits(self) -> None:
-        """Turn the new container exits of the Pod watch into kills (status 137 that this run caused)."""
-        ended = self.pods.ended[self.tally.seen_exits :]
-        self.tally.seen_exits += len(ended)
-        for container in ended:
-            component = container.component
-            if component is None:
-                continue
-            drew = self.pods.read_draw(container)  # its log may be gone with its Pod: then "unknown"
-            point = (
-                FAILPOINT_LINE.search(container.message) if container.exit_code == SIGKILL_STATUS else None
-            )
-            with self.tally.lock:
-                self.tally.draws[(drew or "unknown").partition("=")[0]] += 1
-            table = table_of(container.pod)
-            if point is not None:
-                self.tally.kill(component, point.group(1), table)
-            elif container.exit_code == SIGKILL_STATUS and container.cid in self.tally.killed:
-                self.tally.kill(component, RANDOM, table)
-            else:
-                with self.tally.lock:
-                    self.tally.other_exits[component, container.exit_code or 0, container.reason] += 1
+        count_exits(self.pods, self.tally)
 
     def sigkill(self, container: Container) -> None:
-        """SIGKILL the container's PID 1 (tini): the kernel then kills all its processes; status 137."""
-        pid = self.cluster.node.container_pid(container.cid)
-        if pid is None:
-            return  # it ended meanwhile
-        with self.tally.lock:
-            self.tally.killed.add(container.cid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        sigkill(self.cluster, self.tally, container)
 
     def pod_killer(self, component: str) -> None:
         """SIGKILL the component's running container at a random moment, until its quota was observed."""
@@ -829,243 +554,6 @@ class Chaos:
                  timeout=600, every=1, details=self.explain)  # fmt: skip
         return driver
 
-    def broker_restart(self, fault: Fault) -> None:
-        node = self.kafka.leader_of(TOPIC, 0)
-        self.kafka.node(node).stop()
-        time.sleep(5)
-        self.kafka.heal((TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC))
-        fault.note = (
-            f"node {node} (leader of partition 0) stopped cleanly, 5 s down, restarted, in sync again"
-        )
-
-    def catalog_outage(self, fault: Fault) -> None:
-        self.catalog_server.stop()
-        time.sleep(OUTAGE_SECONDS)
-        self.catalog_server.start()
-        fault.note = f"REST catalog server down {OUTAGE_SECONDS:.0f} s (plus its restart)"
-
-    def store_outage(self, fault: Fault) -> None:
-        self.store.stop()
-        time.sleep(OUTAGE_SECONDS)
-        self.store.start()
-        fault.note = f"object store down {OUTAGE_SECONDS:.0f} s (plus its restart)"
-
-    def unarmed_driver(self) -> Container:
-        """A committing driver that drew no failpoint (an armed one could exit at its point once resumed,
-        before its commit is refused): an armed one is SIGKILLed (a kill like any other) until one is."""
-        for _ in range(20):
-            driver = self.wait_driver_committing()
-            drew = wait_for("the driver's draw in its log", lambda d=driver: self.pods.read_draw(d),
-                            timeout=DRAW_UNKNOWN_AFTER, every=1, details=self.explain)  # fmt: skip
-            running = self.is_running(driver)
-            if drew == NOTHING and running:
-                return driver
-            if running:
-                self.note(f"paused writer: the driver drew {drew}; SIGKILL, for a fresh draw")
-                self.sigkill(driver)
-            wait_for("the driver to end", lambda d=driver: not self.is_running(d),
-                     timeout=120, every=1)  # fmt: skip
-        raise AssertionError("20 driver starts in a row were armed")
-
-    def paused_writer(self, fault: Fault) -> None:
-        """SIGSTOP the driver's container past its Lease; a second writer Pod takes over, commits; SIGCONT."""
-        driver = self.unarmed_driver()
-        fault.started = time.monotonic()
-        pod = self.pods.pod(driver.pod)
-        init = self.cluster.node.container_pid(driver.cid)
-        assert pod is not None and init is not None, f"the driver {driver.cid} is gone"
-        log = self.workdir / f"paused-driver-{driver.cid[:12]}.log"
-        following = self.kubectl.following_logs(self.namespace, DRIVER, log)
-        stopped: list[int] = []
-        second = f"/api/v1/namespaces/{self.namespace}/pods/{SECOND_WRITER}"
-        try:
-            time.sleep(2)  # `kubectl logs -f` attached to this container
-            stopped = _stop_all(init)
-            paused = time.monotonic()
-            before = sum(self.committed().values())
-            self.rest.call("POST", f"/api/v1/namespaces/{self.namespace}/pods", second_writer_pod(pod))
-            wait_for(
-                "the second writer to commit",
-                lambda: sum(self.committed().values()) > before,
-                timeout=600, every=1, details=lambda: pod_logs(self.node, SECOND_WRITER),
-            )  # fmt: skip
-            time.sleep(max(0.0, 20 - (time.monotonic() - paused)))  # well past the 15 s Lease either way
-            _signal_all(stopped + container_processes(init), signal.SIGCONT)
-            stopped = []
-            resumed = time.monotonic()
-            fenced = wait_for(
-                "the paused writer to stop once resumed",
-                lambda: next((c for c in self.pods.ended if c.cid == driver.cid), None),
-                timeout=300, every=1, details=self.explain,
-            )  # fmt: skip
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                following.wait(60)  # it ends with the container
-        finally:
-            _signal_all(stopped, signal.SIGCONT)
-            following.kill()
-            with contextlib.suppress(ApiException):
-                self.rest.call("DELETE", second)
-        wait_for("the second writer pod gone", lambda: self.rest.get(second) is None, timeout=180, every=1)
-        output = log.read_text(errors="replace")
-        said = "newer writer took over" in output or "lost the commit lease" in output
-        fault.note = (
-            f"paused {resumed - paused:.0f} s; second writer (a Pod) committed; the resumed writer exited "
-            f"{fenced.exit_code} {'fenced (its log says so)' if said else 'WITHOUT saying it was fenced'}"
-        )
-        if not said:
-            self.errors.append(f"paused writer not fenced: exit {fenced.exit_code}\n{output[-3000:]}")
-
-
-def _stop_all(init: int) -> list[int]:
-    """SIGSTOP every process of the container whose PID 1 is `init`, again until no new one appears."""
-    stopped: list[int] = []
-    while new := [pid for pid in container_processes(init) if pid not in stopped]:
-        _signal_all(new, signal.SIGSTOP)
-        stopped += new
-    return stopped
-
-
-def _signal_all(pids: list[int], sig: signal.Signals) -> None:
-    for pid in dict.fromkeys(pids):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def second_writer_pod(driver: Obj) -> Obj:
-    """The driver Pod's spec under another name, as a driver rescheduled during a partition would run: its own
-    ServiceAccount token volume (admission adds it), another metrics port on the host network, no arming,
-    none of the operator's labels (the operator must not take it for its driver)."""
-    spec = copy.deepcopy(driver["spec"])
-    for key in ("nodeName", "priority"):
-        spec.pop(key, None)
-    token = {v["name"] for v in spec.get("volumes", []) if v["name"].startswith("kube-api-access-")}
-    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in token]
-    (container,) = spec["containers"]
-    container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] not in token]
-    container["env"] = [e for e in container.get("env", []) if e["name"] != CHAOS_ENV_VAR]
-    port = free_port()
-    container["command"] = [
-        f"--metrics-port={port}" if arg.startswith("--metrics-port=") else arg for arg in container["command"]
-    ]
-    container.pop("ports", None)  # the driver's metrics port is a host port the paused driver still holds
-    metadata = {"name": SECOND_WRITER, "labels": {"app.kubernetes.io/name": SECOND_WRITER}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-
-
-# --- the audit: the topic against both tables, by content, with none of the ingestion code ------------------
-
-
-@dataclass
-class Audit:
-    records: int = 0
-    good: int = 0
-    bad: int = 0
-    rows: int = 0
-    dead_rows: int = 0
-    duplicates: int = 0
-    missing: int = 0
-    wrong: int = 0
-    examples: list[str] = field(default_factory=list)
-
-    def problem(self, kind: str, text: str) -> None:
-        setattr(self, kind, getattr(self, kind) + 1)
-        if len(self.examples) < 20:
-            self.examples.append(f"{kind}: {text}")
-
-    def place(self, seen: Counter[tuple[int, int]], where: tuple[int, int], records: Any, what: str) -> bool:
-        """Count a row at `where`: seen twice is a duplicate; False when the topic has no such record."""
-        seen[where] += 1
-        if seen[where] == 2:
-            self.problem("duplicates", f"{what} {where} twice")
-        if where not in records:
-            self.problem("wrong", f"{what} {where} has no record in the topic")
-            return False
-        return True
-
-
-def topic_records(kafka: KafkaCluster, high: dict[int, int]) -> dict[tuple[int, int], bytes | None]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "chaos-audit",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
-    consumer.assign([TopicPartition(TOPIC, p, 0) for p in high])
-    records: dict[tuple[int, int], bytes | None] = {}
-    ends = {p: o for p, o in high.items() if o > 0}
-    try:
-        while ends:
-            message = consumer.poll(30)
-            assert message is not None, f"the audit read {len(records)} records, then nothing"
-            assert message.error() is None, message.error()
-            records[message.partition(), message.offset()] = message.value()
-            if message.offset() + 1 >= ends.get(message.partition(), 0):
-                ends.pop(message.partition(), None)
-    finally:
-        consumer.close()
-    return records
-
-
-def _same(column: str, got: Any, want: Any) -> bool:
-    if column == "ts":
-        return isinstance(got, datetime) and got.astimezone(UTC) == want
-    if column == "amount" and want is not None:
-        return got is not None and Decimal(got) == want
-    return bool(got == want)
-
-
-def audit(kafka: KafkaCluster, catalog: CatalogConfig) -> Audit:
-    high = {p: o for p, o in _watermarks(kafka).items()}
-    records = topic_records(kafka, high)
-    iceberg = catalog.pyiceberg()
-    rows = iceberg.load_table((TABLE_NAMESPACE, TABLE)).scan().to_arrow().to_pylist()
-    dead = iceberg.load_table((TABLE_NAMESPACE, f"{TABLE}_dlq")).scan().to_arrow().to_pylist()
-    result = Audit(records=len(records), rows=len(rows), dead_rows=len(dead))
-    in_table: Counter[tuple[int, int]] = Counter()
-    for row in rows:
-        where = (row["_kafka"]["partition"], row["_kafka"]["offset"])
-        if not result.place(in_table, where, records, "table row"):
-            continue
-        want = data.expected(records[where])
-        if want is data.BAD:
-            result.problem("wrong", f"bad record {where} is a table row")
-            continue
-        assert isinstance(want, dict)
-        differs = [c for c in data.COLUMNS if not _same(c, row[c], want[c])]
-        if differs:
-            shown = {c: (str(row[c])[:60], str(want[c])[:60]) for c in differs}
-            result.problem("wrong", f"row {where} differs from its record: {shown}")
-    in_dead: Counter[tuple[int, int]] = Counter()
-    for row in dead:
-        where = (row["partition"], row["offset"])
-        if not result.place(in_dead, where, records, "dead letter"):
-            continue
-        if data.expected(records[where]) is not data.BAD:
-            result.problem("wrong", f"good record {where} is a dead letter")
-        elif row["value"] != records[where]:
-            result.problem("wrong", f"dead letter {where}: its value is not the record's")
-    for where, value in records.items():
-        is_bad = data.expected(value) is data.BAD
-        result.bad += is_bad
-        result.good += not is_bad
-        if where in in_table and where in in_dead:
-            result.problem("duplicates", f"record {where} is a row and a dead letter")
-        elif where not in in_table and where not in in_dead:
-            result.problem("missing", f"record {where} ({'bad' if is_bad else 'good'}) is in neither table")
-    return result
-
-
-def _watermarks(kafka: KafkaCluster) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "chaos-audit-high",
-                         "isolation.level": "read_committed"})  # fmt: skip
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=30)[1]
-            for p in range(PARTITIONS)
-        }
-    finally:
-        consumer.close()
-
 
 # --- the run --------------------------------------------------------------------------------------------
 
@@ -1130,7 +618,12 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         count=INFRA_FAULTS, seed=SEED, topics=(TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC), partitions=PARTITIONS,
         high=chaos.high,
         caught_up_with=chaos.caught_up_with, revive_operator=chaos.revive_operator, lock=chaos.fault_lock,
-        calm=chaos.calm, done=chaos.done, note=chaos.note,
+        calm=chaos.calm, done=chaos.done, note=chaos.note, resources=ResourceFaults(Cluster(
+            kafka=kafka, store=store, catalog_server=rest_catalog, cluster=cluster, pods=pods,
+            tally=chaos.tally,
+            catalog=catalog, tables=((TABLE_NAMESPACE, TABLE), (TABLE_NAMESPACE, keyed.KEYED_TABLE)),
+            driver=DRIVER, compact_prefix=COMPACT_PREFIX, topics=(TOPIC, DLQ_TOPIC, keyed.KEYED_TOPIC),
+        ), chaos.note).make,
     )  # fmt: skip
     outcome: Audit | None = None
     verify = "not run"
@@ -1166,12 +659,10 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         for thread in killers:
             thread.start()
         faults: list[tuple[str, Callable[[Fault], None]]] = [
-            ("Kafka broker restart mid-batch", chaos.broker_restart),
-            ("catalog outage (30 s)", chaos.catalog_outage),
-            ("object-store outage (30 s)", chaos.store_outage),
-            ("writer paused past its lease", chaos.paused_writer),
+            (name, functools.partial(act, chaos)) for name, act in measured.FAULTS
         ]
         chaos.rng.shuffle(faults)
+        del faults[MEASURED_FAULTS:]
         due = [round(KILLS * (i + 1) / (len(faults) + 1)) for i in range(len(faults))]
         threads.append(threading.Thread(target=chaos.progress_loop, name="chaos-progress", daemon=True))
         threads[-1].start()
@@ -1194,7 +685,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         chaos.converge(final)
         chaos.faults.append(final)
         chaos.count_exits()
-        outcome = audit(kafka, catalog)
+        outcome = audit(kafka, catalog, TOPIC, PARTITIONS, (TABLE_NAMESPACE, TABLE))
         chaos.note(f"audit: {outcome}")
         chaos.keyed_audit = keyed.audit(kafka.bootstrap, PARTITIONS, catalog.pyiceberg(), TABLE_NAMESPACE)
         chaos.note(f"keyed audit: {chaos.keyed_audit}")
@@ -1212,113 +703,8 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
             try:
                 pods.stop()
             finally:
-                write_report(chaos, outcome, verify, failure)
+                write_report(chaos, outcome, verify, failure, path=REPORT, seed=SEED, kills=KILLS)
     assert outcome.duplicates == outcome.missing == outcome.wrong == 0, outcome.examples
     assert chaos.keyed_audit is not None and chaos.keyed_audit.clean, chaos.keyed_audit
     assert chaos.tally.total() >= KILLS
     assert len(infra.faults) >= INFRA_FAULTS
-
-
-def run_verify(manifest: Path, variables: dict[str, str], workdir: Path) -> str:
-    """`icefall verify -f` on the table (its own audit, with Spark): its last lines and exit status."""
-    done = subprocess.run(
-        [sys.executable, "-m", "icefall.cli", "verify", "-f", str(manifest)],
-        env={**os.environ, **variables, "SPARK_LOCAL_IP": "127.0.0.1"}, cwd=workdir,
-        capture_output=True, text=True, timeout=1200, check=False,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.strip()][-6:]
-    return f"exit {done.returncode}: " + " / ".join(lines)
-
-
-def _result(failure: BaseException | None) -> str:
-    if failure is None:
-        return "passed"
-    first = (str(failure).splitlines() or [""])[0][:300]
-    return f"FAILED: {type(failure).__name__}: {first}"
-
-
-def write_report(chaos: Chaos, outcome: Audit | None, verify: str, failure: BaseException | None) -> None:
-    elapsed = time.monotonic() - chaos.started
-    tally = chaos.tally
-    total = tally.total()
-    lines = [
-        "# Chaos run",
-        "",
-        "`make chaos` (e2e/chaos_run.py): random kills and outages on the whole system while edge-case "
-        "records arrive, then an audit by content that uses none of the ingestion code (the topic, "
-        "read_committed, decoded by a reference decoder, against both tables read by pyiceberg). The "
-        "driver and compaction pods are containers of the image on the e2e's one-node cluster (the real "
-        "kubelet on containerd); the operator is a process.",
-        "",
-        f"- seed {SEED}, kills asked {KILLS}, kills observed {total}; duration {elapsed / 60:.1f} min "
-        f"({elapsed / max(total, 1):.0f} s per kill)",
-        f"- result: {_result(failure)}",
-    ]
-    if outcome is not None:
-        lines += [
-            f"- records: {outcome.records} ({outcome.good} good, {outcome.bad} malformed); table rows "
-            f"{outcome.rows}, dead-letter rows {outcome.dead_rows}",
-            "",
-            "| duplicates | missing | wrong values |",
-            "|---:|---:|---:|",
-            f"| {outcome.duplicates} | {outcome.missing} | {outcome.wrong} |",
-        ]
-        if outcome.examples:
-            lines += ["", "First problems:", "", *[f"- {e}" for e in outcome.examples]]
-    lines += ["", f"`icefall verify`: {verify}", "", "## Kills per component", "",
-              "| component | kills | asked |", "|---|---:|---:|"]  # fmt: skip
-    lines += [f"| {c} | {tally.by_component[c]} | {chaos.quota[c]} |" for c in SHARES]
-    split = ", ".join(f"{t} {c} {n}" for (t, c), n in sorted(tally.by_table.items()))
-    lines += ["", f"Driver and compaction kills per table (they share the quotas): {split or 'none'}."]
-    lines += ["", "## Kills per crash point", "", "| component | crash point | kills |", "|---|---|---:|"]
-    lines += [f"| {c} | {p} | {n} |" for (c, p), n in sorted(tally.by_point.items())]
-    drawn = ", ".join(f"{p} {n}" for p, n in sorted(tally.draws.items()))
-    other = ", ".join(
-        f"{c} exit {code}{f' ({reason})' if reason else ''}: {n}"
-        for (c, code, reason), n in sorted(tally.other_exits.items())
-    )
-    lines += [
-        "",
-        "What the ended driver and compaction containers had drawn (`ICEFALL_FAILPOINTS_CHAOS`; a point "
-        f"a process never reached is not a kill; unknown: its log was gone): {drawn or 'none'}.",
-        f"Container exits that were not kills of this run (spec rolls, fenced writers): {other or 'none'}.",
-        f"Pod watch gaps (expired and listed again): {chaos.pods.gaps}.",
-        "",
-        "## Faults",
-        "",
-        "| fault | converged after | what happened |",
-        "|---|---:|---|",
-    ]
-    for fault in chaos.faults:
-        after = f"{fault.converged_after:.0f} s" if fault.converged_after is not None else "did not"
-        lines.append(f"| {fault.name} | {after} | {fault.note} |")
-    lines += [
-        "",
-        "Converged: both tables committed every record that was in their topics when the fault ended.",
-        "",
-    ]
-    if chaos.infra is not None:
-        lines += chaos.infra.report({c: tally.by_component[c] for c in SHARES})
-        exits = chaos.operator_exits
-        lines.append(f"The operator exited on its own {exits} times (its leader Lease ran out in an API "
-                     "server outage) and was started again, as its Deployment would.")  # fmt: skip
-        lines.append("")
-    lines += keyed.report(chaos.keyed_audit, chaos.keyed_verify, chaos.keyed, tally.by_table)
-    lines += [
-        "## Records produced, by kind",
-        "",
-        ", ".join(f"{kind} {n}" for kind, n in sorted(chaos.kinds.items())),
-        "",
-        "## Not covered",
-        "",
-        "Kills of the kubelet and containerd; disk, memory, network and clock faults; "
-        "the operator has no failpoints, so its kills are all at random moments; "
-        "orphan-file deletion (its safety window is at least an hour), so `main.before-orphan-delete` is "
-        "never reached; the dead-letter topic is not audited (at-least-once by design); NaN/Infinity, lone "
-        "surrogates, nested structs and maps, and decimal rounding are not in the data (see "
-        "e2e/chaos_data.py).",
-        "",
-    ]
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text("\n".join(lines))
-    print(f"[chaos] report written to {REPORT}", flush=True)

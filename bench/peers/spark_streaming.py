@@ -21,6 +21,11 @@ reader defaults: with the client's own `fetch.max.wait.ms`, 500 ms, a partition 
 Kafka read wait that long).
 Same jars as Icefall (spark_images/pom.xml). Exactly-once comes from Spark's checkpoint (offsets and
 commit log), not from the table. Runs until SIGTERM.
+With `--table-format delta --location DIR` (bench/delta.py) the job writes a Delta table at DIR instead
+(`writeStream.format("delta")`, Delta's jars from `--delta-jars`, no catalog), each row with a `_kafka`
+struct (partition, offset, timestamp) as Icefall's rows have, so both are audited the same way; with
+`--available-now` it drains what the topic holds and stops, printing one `[peer] progress` JSON line per
+micro-batch (its start and duration) for the bench to time the drain.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
-from pyspark.sql.functions import coalesce, col, expr, from_json, row_number
+from pyspark.sql.functions import coalesce, col, expr, from_json, row_number, struct
 
 EVENT_DDL = (
     "id BIGINT, key STRING, ts TIMESTAMP, customer STRING, amount DOUBLE, items INT, "
@@ -79,9 +84,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
-    parser.add_argument("--table", required=True, help="namespace.name in the catalog `icefall`")
-    parser.add_argument("--catalog-db", type=Path, required=True)
-    parser.add_argument("--warehouse", type=Path, required=True)
+    parser.add_argument("--table", help="namespace.name in the catalog `icefall` (format iceberg)")
+    parser.add_argument("--catalog-db", type=Path)
+    parser.add_argument("--warehouse", type=Path)
+    parser.add_argument("--table-format", choices=("iceberg", "delta"), default="iceberg")
+    parser.add_argument("--location", type=Path, help="format delta: the table's folder")
+    parser.add_argument("--delta-jars", default="", help="format delta: comma-separated jar paths")
+    parser.add_argument("--available-now", action="store_true", help="drain the topic, then stop")
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--jars", required=True, help="comma-separated jar paths")
     parser.add_argument("--master", default="local[2]")
@@ -96,24 +105,43 @@ def main() -> int:
     args = parser.parse_args()
     if args.format == "avro" and (args.avro_schema is None or args.upsert_key):
         parser.error("--format avro needs --avro-schema and does not go with --upsert-key")
+    delta = args.table_format == "delta"
+    if delta and (args.location is None or args.upsert_key):
+        parser.error("--table-format delta needs --location and does not go with --upsert-key")
+    if not delta and None in (args.table, args.catalog_db, args.warehouse):
+        parser.error("--table-format iceberg needs --table, --catalog-db and --warehouse")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
+    builder = (
         SparkSession.builder.master(args.master)
-        .appName("spark-structured-streaming-iceberg")
-        .config("spark.jars", args.jars)
+        .appName(f"spark-structured-streaming-{args.table_format}")
         .config("spark.driver.memory", "1g")
-        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-        .config("spark.sql.catalog.icefall", "org.apache.iceberg.spark.SparkCatalog")
-        .config("spark.sql.catalog.icefall.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
-        .config("spark.sql.catalog.icefall.uri", f"jdbc:sqlite:{args.catalog_db.resolve()}")
-        .config("spark.sql.catalog.icefall.warehouse", args.warehouse.resolve().as_uri())
-        .config("spark.sql.catalog.icefall.jdbc.busy_timeout", "30000")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
-        .getOrCreate()
     )
+    if delta:
+        builder = (
+            builder.config("spark.jars", ",".join(filter(None, [args.jars, args.delta_jars])))
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+            # Delta 4.1.0 on Spark 4.1: read a checkpoint's schema from `_last_checkpoint` (a removed
+            # Spark constructor otherwise fails the read of a table with a checkpoint).
+            .config("spark.databricks.delta.checkpointSchema.useFromCheckpointMetadata", "true")
+        )
+    else:
+        builder = (
+            builder.config("spark.jars", args.jars)
+            .config(
+                "spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+            )
+            .config("spark.sql.catalog.icefall", "org.apache.iceberg.spark.SparkCatalog")
+            .config("spark.sql.catalog.icefall.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
+            .config("spark.sql.catalog.icefall.uri", f"jdbc:sqlite:{args.catalog_db.resolve()}")
+            .config("spark.sql.catalog.icefall.warehouse", args.warehouse.resolve().as_uri())
+            .config("spark.sql.catalog.icefall.jdbc.busy_timeout", "30000")
+        )
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
 
     reader = (
@@ -140,6 +168,8 @@ def main() -> int:
         )
         query.awaitTermination()
         return 0
+    if delta:
+        return write_delta(args, records, trigger)
     events = records.select(decoded(args).alias("e")).select("e.*")
     query = (
         events.writeStream.format("iceberg")
@@ -150,6 +180,27 @@ def main() -> int:
         .toTable(f"icefall.{args.table}")
     )
     query.awaitTermination()
+    return 0
+
+
+def write_delta(args: argparse.Namespace, records: DataFrame, trigger: str) -> int:
+    """The events with their `_kafka` struct into the Delta table at `--location`; with `--available-now`,
+    one `[peer] progress` line per micro-batch once the topic is drained."""
+    import json
+
+    kafka = struct(col("partition"), col("offset"), col("timestamp")).alias("_kafka")
+    events = records.select(decoded(args).alias("e"), kafka).select("e.*", "_kafka")
+    writer = events.writeStream.format("delta").outputMode("append")
+    writer = (
+        writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime=trigger)
+    )
+    query = writer.option("checkpointLocation", str(args.checkpoint)).start(str(args.location))
+    query.awaitTermination()
+    for found in query.recentProgress:
+        progress = found if isinstance(found, dict) else json.loads(found.json)  # pyspark 4: an object
+        took = progress["durationMs"].get("triggerExecution", 0)
+        line = {"start": progress["timestamp"], "ms": took, "rows": progress["numInputRows"]}
+        print(f"[peer] progress {json.dumps(line)}", flush=True)
     return 0
 
 

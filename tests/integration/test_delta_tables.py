@@ -1,16 +1,19 @@
 """Delta Lake tables (`spec.table.format: delta`) filled from a real Kafka topic by real Spark, exactly once.
 
 Proves: the table holds each produced record once, by content, read by Spark's Delta reader (in a Delta
-table's own session: this process's is an Iceberg table's, without Delta) and by delta-rs alike; a new
-writer resumes from the offsets in the table (no duplicates, nothing lost); a writer that fails at each
-commit point (after writing its files, just before, and just after its log entry) leaves a table the next
-writer completes exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops
-the batch uncommitted. `icefall verify` audits a Delta table by content, read with delta-rs: clean after
-ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
-`icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and
-its in-process upkeep writes the spec's retention into the table. The upkeep (OPTIMIZE Z-ordered by the
-spec's sort column, a checkpoint, VACUUM past the retention) leaves a table Spark and delta-rs read equal, one
-data file on disk, the offsets in the checkpoint, and a new writer resuming exactly once.
+table's own session: this process's is an Iceberg table's, without Delta) and by delta-rs alike; a new writer
+resumes from the offsets in the table (no duplicates, nothing lost); a writer that fails at each commit point
+(after writing its files, just before, and just after its log entry) leaves a table the next writer completes
+exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops the batch
+uncommitted. `icefall verify` audits a Delta table (and its dead-letter table) by content, read with delta-rs:
+clean after ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
+`icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and its
+in-process upkeep writes the spec's retention into the table, and `icefall read` gives its newest version plus
+the records produced after it, each once. A keyed (upsert) table's `icefall run` killed after staging its
+MERGE and after its commit, then run again, holds the latest row per key, and its `icefall read` applies the
+later changes. The upkeep (OPTIMIZE Z-ordered by the spec's sort column, a checkpoint, VACUUM past the
+retention) leaves a table Spark and delta-rs read equal, one data file on disk, the offsets in the checkpoint,
+and a new writer resuming exactly once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pyarrow as pa
 import pytest
 
 from icefall.api.manifest import parse_manifest
+from icefall.audit.delta import delta_rows
 from icefall.commands.delta import verify_delta_table
 from icefall.commit import FencedError
 from icefall.commit.delta import DeltaLog, set_properties
@@ -110,6 +114,7 @@ class Table:
         self, kafka: KafkaBroker, tmp_path: Path, name: str, *, sort: str = "", extra: str = ""
     ) -> None:
         self.kafka, self.topic = kafka, f"it-delta-{name}"
+        tmp_path.mkdir(parents=True, exist_ok=True)
         kafka.create_topic(self.topic, partitions=2)
         self.location = str(tmp_path / "table")
         self.manifest = tmp_path / "table.yaml"
@@ -238,7 +243,7 @@ def test_without_a_dead_letter_table_a_bad_record_stops_the_batch_uncommitted(
 def test_bad_records_go_to_the_delta_dead_letter_table_once_through_a_failure_between_its_commits(
     kafka: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
-    from deltalake import DeltaTable
+    from deltalake import DeltaTable, write_deltalake
 
     table = Table(kafka, tmp_path, "dlq")
     bad = produce(kafka, table.topic, 0, 60, bad_every=7)
@@ -263,6 +268,17 @@ def test_bad_records_go_to_the_delta_dead_letter_table_once_through_a_failure_be
     held = Counter(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
     assert held == Counter(bad)  # each bad record once, with its error text
     assert all(rows.column("error").to_pylist())
+
+    # `icefall verify` audits the dead-letter table too, by content: clean, then a bad record held twice.
+    clean = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert clean.ok, clean.render()
+    assert sum(p.in_dlq for p in clean.partitions) == len(bad) and clean.dlq_table == dlq
+    write_deltalake(dlq, rows.slice(0, 1), mode="append")
+    twice = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert not twice.ok
+    partition, offset = rows.column("partition")[0].as_py(), rows.column("offset")[0].as_py()
+    [audit] = [p for p in twice.partitions if p.partition == partition]
+    assert audit.duplicates == 1 and audit.duplicate_examples == (offset,), twice.render()
 
 
 def test_verify_audits_a_delta_table_by_content_read_with_delta_rs(
@@ -327,6 +343,20 @@ def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tm
     assert retention == dict.fromkeys(
         ["delta.deletedFileRetentionDuration", "delta.logRetentionDuration"], "interval 432000 seconds"
     )
+
+    # `icefall read`: the table's newest version plus the 30 records produced after its last commit.
+    produce(kafka, table.topic, 90, 30)
+    read = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "read", "-f", str(table.manifest),
+         "--state-dir", str(tmp_path / "state"), "--format", "jsonl"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert read.returncode == 0, read.stderr[-3000:]
+    rows = [json.loads(line) for line in read.stdout.splitlines()]
+    assert Counter(r["id"] for r in rows) == Counter(range(120))
+    assert all(r["customer"] == f"c{r['id'] % 7}" for r in rows), rows[:3]
+    version = DeltaLog(table.location).snapshot().version
+    assert f"at version {version}" in read.stderr and "tail: 30 records, 30 rows" in read.stderr, read.stderr
 
 
 #: The upkeep of `icefall run` (`DeltaMaintenance`, the spec's policy) in a Delta table's own Spark session,
@@ -405,3 +435,195 @@ def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_o
     finally:
         after.close()
     table.assert_exactly_once(150)
+
+
+#: Keyed Delta tables in a Delta table's own Spark session (the MERGE needs Delta's extension): an upsert
+#: table's writers failing in turn at each commit point, then one draining it; a cdc table with sequenceBy
+#: fed in two batches, the second's changes out of order. Then both as Spark's Delta reader reads them.
+KEYED = """
+import json, pathlib, sys, time, types
+from icefall.api import TableFormat
+from icefall.api.manifest import parse_manifest
+from icefall.commit.lease import FileLease
+from icefall.ingest.delta_sink import DeltaIngestor
+from icefall.runtime import failpoints
+from icefall.spark.session import build_spark_session
+from icefall.testing.streams import send_changes
+
+job = json.loads(sys.argv[1])
+spark = build_spark_session(
+    [], master="local[1]", app_name="delta-keyed", table_format=TableFormat.DELTA,
+    extra_conf={"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
+)
+writers = 0
+
+def drain(table, point=None):
+    global writers
+    writers += 1
+    st = parse_manifest(open(table["manifest"]).read())
+    leases = pathlib.Path(table["leases"])
+    lease = FileLease.in_dir(leases, "commit", f"writer-{writers}", duration_seconds=30)
+    ingestor = DeltaIngestor(st, spark, lease, location=table["location"])
+    ingestor.start(lease_timeout=5)
+    try:
+        if point is None:
+            while ingestor.run_batch() is not None:
+                pass
+        else:
+            with failpoints.armed(point, "raise", hit=1):
+                try:
+                    ingestor.run_batch()
+                except failpoints.FailpointError:
+                    return
+            raise AssertionError(f"{point} did not fire")
+    finally:
+        ingestor.close()
+        print(f"{point or 'drain'}: {time.monotonic() - started:.1f} s", file=sys.stderr)
+
+upsert, cdc = job["upsert"], job["cdc"]
+started = time.monotonic()
+for point in ("main.after-stage", "main.before-commit", "main.after-commit"):
+    drain(upsert, point)
+drain(upsert)
+drain(cdc)
+send_changes(types.SimpleNamespace(bootstrap=job["bootstrap"]), cdc["topic"], job["later"])
+drain(cdc)
+for table in (upsert, cdc):
+    spark.read.format("delta").load(table["location"]).write.parquet(table["by_spark"])
+spark.stop()
+"""
+
+
+def order(i: int, customer: str) -> dict[str, Any]:
+    return {"id": i, "customer": customer, "amount": 1.5, "ts": "2026-11-22T10:00:00Z"}
+
+
+def cdc_event(op: str, i: int, customer: str, pos: int | None) -> dict[str, Any]:
+    image = order(i, customer)
+    before, after = (image, None) if op == "d" else (None, image)
+    return {"op": op, "before": before, "after": after, "source": {"pos": pos} if pos else {}}
+
+
+def latest_rows(location: str) -> dict[int, str]:
+    """id -> customer of the Delta table's rows, read by delta-rs; each id once."""
+    rows = delta_rows(location).select(["id", "customer"]).to_pylist()
+    assert len({r["id"] for r in rows}) == len(rows), "a key held twice"
+    return {r["id"]: r["customer"] for r in rows}
+
+
+def test_keyed_delta_tables_hold_the_latest_row_per_key_through_failing_commits(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """Upserts and tombstones over 2 partitions (keys partition-stable), three writers failing in turn at
+    each commit point: the table holds the latest row per key, in Spark, delta-rs and `icefall verify`."""
+    import pyarrow.parquet as pq
+
+    from icefall.testing.streams import send_changes
+
+    upsert = Table(kafka, tmp_path / "upsert", "keyed-upsert", extra="  mode: upsert\n  key: [id]")
+    changes: list[Any] = [(None, {"id": i}, order(i, "v1")) for i in range(60)]
+    changes += [(None, {"id": i}, order(i, "v2")) for i in range(0, 60, 3)]
+    changes += [(None, {"id": i}, None) for i in range(40, 50)] + [(None, {"id": 45}, order(45, "back"))]
+    send_changes(kafka, upsert.topic, changes)
+    expected = {i: "v2" if i % 3 == 0 else "v1" for i in range(60) if not 40 <= i < 50} | {45: "back"}
+
+    cdc = Table(
+        kafka, tmp_path / "cdc", "keyed-cdc", extra='  mode: cdc\n  key: [id]\n  sequenceBy: ["source.pos"]'
+    )
+    send_changes(
+        kafka,
+        cdc.topic,
+        [
+            (0, {"id": 1}, cdc_event("c", 1, "created", 10)),
+            (1, {"id": 1}, cdc_event("u", 1, "older, another partition", 9)),
+            (1, {"id": 2}, cdc_event("c", 2, "two", 20)),
+            (0, {"id": 3}, cdc_event("c", 3, "three", 30)),
+            (0, {"id": 4}, cdc_event("c", 4, "four", 40)),
+            (1, {"id": 4}, cdc_event("d", 4, "four", 41)),
+        ],
+    )
+    later = [
+        (1, {"id": 1}, cdc_event("u", 1, "stale", 8)),  # older than the row: skipped
+        (0, {"id": 2}, cdc_event("d", 2, "two", 15)),  # an older delete: the row stays
+        (1, {"id": 3}, cdc_event("u", 3, "newer", 31)),
+        (0, {"id": 4}, cdc_event("c", 4, "before its delete", 39)),  # the remembered delete wins
+    ]
+    tables = {}
+    for name, table in (("upsert", upsert), ("cdc", cdc)):
+        tables[name] = {
+            "manifest": str(table.manifest),
+            "location": table.location,
+            "leases": str(table.leases),
+            "topic": table.topic,
+            "by_spark": str(tmp_path / f"{name}-by-spark"),
+        }
+    job = json.dumps({**tables, "bootstrap": kafka.bootstrap, "later": later})
+    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
+    done = subprocess.run(
+        [sys.executable, "-c", KEYED, job], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, "\n".join(
+        line for line in done.stderr.splitlines() if not line.startswith(("\t", " "))
+    )[-3000:]
+
+    assert latest_rows(upsert.location) == expected
+    assert latest_rows(cdc.location) == {1: "created", 2: "two", 3: "newer"}
+    for name, table in (("upsert", upsert), ("cdc", cdc)):
+        by_rs = [plain(row) for row in delta_rows(table.location).to_pylist()]
+        by_spark = [plain(row) for row in pq.read_table(tables[name]["by_spark"]).to_pylist()]
+        key = lambda row: row["id"]  # noqa: E731
+        assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
+        assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+        report = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+        assert report.ok, report.render()
+    # Replaced rows are marked in deletion vectors, not rewritten.
+    log = DeltaLog(upsert.location)
+    adds = [a["add"] for v in range(log.latest_version() + 1) for a in log.actions(v) if "add" in a]
+    assert any(a.get("deletionVector") for a in adds)
+
+
+def test_icefall_run_of_a_keyed_delta_table_killed_at_each_commit_point_then_read_fresh(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """`icefall run` of an upsert Delta table killed (status 137) after staging its MERGE and after its
+    commit, then run again: the latest row per key, by `icefall verify`; then `icefall read` applies the
+    changes produced after the last commit (an update, a tombstone, a new key) to the table's rows."""
+    from icefall.testing.streams import send_changes
+
+    table = Table(kafka, tmp_path, "keyed-cli", extra="  mode: upsert\n  key: [id]")
+    changes: list[Any] = [(None, {"id": i}, order(i, "v1")) for i in range(60)]
+    changes += [(None, {"id": i}, order(i, "v2")) for i in range(0, 60, 4)]
+    changes += [(None, {"id": i}, None) for i in range(50, 55)]
+    send_changes(kafka, table.topic, changes)
+    expected = {i: "v2" if i % 4 == 0 else "v1" for i in range(60) if not 50 <= i < 55}
+
+    def icefall(command: str, *flags: str, armed: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        if armed:
+            env[failpoints.ENV_VAR] = armed
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", command, "-f", str(table.manifest),
+             "--state-dir", str(tmp_path / "state"), *flags],
+            env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+
+    running = ("--until-caught-up", "--lease-timeout", "5", "--master", "local[1]")
+    for point in ("main.after-stage=exit@2", "main.after-commit=exit@1"):
+        killed = icefall("run", *running, armed=point)
+        assert killed.returncode == failpoints.EXIT_STATUS, killed.stdout[-3000:] + killed.stderr[-3000:]
+    done = icefall("run", *running)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert latest_rows(table.location) == expected
+    assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+    report = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert report.ok, report.render()
+
+    send_changes(kafka, table.topic, [(None, {"id": 1}, order(1, "fresh")), (None, {"id": 2}, None)])
+    send_changes(kafka, table.topic, [(None, {"id": 70}, order(70, "new"))])
+    read = icefall("read", "--format", "jsonl")
+    assert read.returncode == 0, read.stderr[-3000:]
+    rows = [json.loads(line) for line in read.stdout.splitlines()]
+    assert len({r["id"] for r in rows}) == len(rows), "a key read twice"
+    del expected[2]
+    assert {r["id"]: r["customer"] for r in rows} == expected | {1: "fresh", 70: "new"}
+    assert "tail: 3 records, 3 rows" in read.stderr, read.stderr

@@ -66,6 +66,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.plan.maintenance import plan_orphans
 from icefall.plan.maintenance_items import HOUR_MS, MaintenancePolicy
 from icefall.testing.live_run import LiveRun
+from icefall.testing.resource_faults import commit_from_a_clock_ahead, dropped
 from icefall.testing.streams import NAMESPACE, assert_exactly_once, manifest_text, produce, watermarks
 
 pytestmark = pytest.mark.integration
@@ -330,29 +331,6 @@ FRESHNESS = re.compile(r"\| freshness ([0-9.e+-]+)s \|")
 AHEAD = 90  # seconds: 30 s past Iceberg Java's one minute tolerance, so the wait stays short
 
 
-def commit_from_a_clock_ahead(config: CatalogConfig, name: str, seconds: int) -> int:
-    """A commit by a host whose clock is `seconds` ahead (a writer or maintenance pod elsewhere): a table
-    property set through pyiceberg with its clock shifted; the table's new `last-updated-ms`."""
-    import datetime as dt
-
-    import pyiceberg.table.update as updates
-
-    class Ahead(dt.datetime):
-        @classmethod
-        def now(cls, tz: dt.tzinfo | None = None) -> Ahead:
-            return super().now(tz) + dt.timedelta(seconds=seconds)
-
-    real = updates.datetime
-    updates.datetime = Ahead  # type: ignore[misc]
-    try:
-        table = config.pyiceberg().load_table((NAMESPACE, name))
-        with table.transaction() as tx:
-            tx.set_properties({"it.clock-ahead": str(seconds)})
-    finally:
-        updates.datetime = real  # type: ignore[misc]
-    return int(table.refresh().metadata.last_updated_ms)
-
-
 def test_a_writer_whose_clock_is_behind_the_last_commit(kafka: KafkaBroker, tmp_path: Path) -> None:
     """The table's last commit came from a host 90 s ahead; the writer's host is right (so, 90 s behind
     that commit). Committing at once would stamp metadata 90 s before its log's last entry, which Iceberg
@@ -363,7 +341,7 @@ def test_a_writer_whose_clock_is_behind_the_last_commit(kafka: KafkaBroker, tmp_
     name = "res_skew"
     with live_run(kafka, tmp_path, name, {}, records=120) as run:
         run.wait_caught_up()
-    ahead_ms = commit_from_a_clock_ahead(run.config, name, AHEAD)
+    ahead_ms = commit_from_a_clock_ahead(run.config, (NAMESPACE, name), AHEAD)
     assert ahead_ms > time.time() * 1000 + (AHEAD - 10) * 1000
     late = LiveRun(run.manifest, config=run.config, kafka=kafka, name=name, topic=run.topic, state=run.state)
     try:
@@ -464,22 +442,6 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-@contextmanager
-def dropped(ports: str) -> Iterator[None]:
-    """Every TCP packet arriving on loopback to or from `ports` (iptables multiport syntax) dropped while
-    the block runs: connections stay open and new ones time out, as behind a partitioned network (DROP on
-    INPUT: a DROP on OUTPUT would fail the sender's connect at once, EPERM, which is a refusal)."""
-    if os.geteuid() != 0:
-        pytest.fail("dropping packets needs root (iptables): run the tests as root, as CI does")
-    rule = ["INPUT", "-i", "lo", "-p", "tcp", "-m", "multiport", "--ports", ports,
-            "-m", "comment", "--comment", f"icefall-test-partition-{os.getpid()}", "-j", "DROP"]  # fmt: skip
-    subprocess.run(["iptables", "-I", *rule], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["iptables", "-D", *rule], check=True)
 
 
 def tasks_started(app: Path) -> int:

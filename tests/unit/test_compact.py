@@ -5,7 +5,8 @@ below one hour, minReplicas above maxReplicas, retention on a column that is not
 field's path and the fix; `policy_from_spec` converts seconds to milliseconds and finds the retention
 partition field; local paths compare equal whatever their spelling, and a Hadoop checksum sidecar follows
 its file; the runner claims the first item whose work Lease is free, releases it, and returns failures
-instead of raising; in-process maintenance waits for its interval and never runs while ingestion is
+instead of raising; a compaction pod whose Spark JVM exited by itself (OOM-killed) ends with exit 1;
+in-process maintenance waits for its interval and never runs while ingestion is
 behind; compaction pods may get/update their work Leases and create none (the operator does).
 """
 
@@ -448,3 +449,35 @@ def test_the_compaction_deployment_command_parses() -> None:
     args = build_parser().parse_args(argv)
     assert args.func is _compact
     assert (args.namespace, args.name, args.file, args.once) == ("data", "orders", None, False)
+
+
+def test_a_compaction_pod_whose_spark_jvm_exits_by_itself_ends_non_zero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The kernel OOM-killed the pod's JVM: the loop ends (exit 1, one line) so its container restarts,
+    instead of planning forever with no Spark to run an item."""
+    from icefall.compact.runner import Rounds, serve
+
+    class JVM:
+        exit_code: int | None = None
+
+        def poll(self) -> int | None:
+            return self.exit_code
+
+    jvm = JVM()
+    spark: Any = SimpleNamespace(sparkContext=SimpleNamespace(_gateway=SimpleNamespace(proc=jvm)))
+
+    class Idle(Rounds):
+        label = "shop.orders"
+        rounds = 0
+
+        def step(self, now_ms: int | None = None) -> StepResult:
+            self.rounds += 1
+            if self.rounds == 3:
+                jvm.exit_code = 137
+            return StepResult(0)
+
+    runner = Idle()
+    assert serve(runner, idle_seconds=0.01, spark=spark) == 1
+    assert runner.rounds == 3
+    assert "Spark's JVM exited by itself" in capsys.readouterr().out

@@ -64,6 +64,23 @@ def test_a_commit_that_leaves_icefall_state_alone_is_committed_over(tmp_path: Pa
     assert log.snapshot().committed.offsets == {0: 4}
 
 
+def test_a_merge_commits_with_its_offsets_only_on_the_version_it_was_computed_on(tmp_path: Path) -> None:
+    log = DeltaLog(str(tmp_path))
+    planned = create_table(log, SCHEMA, epoch=1, deletion_vectors=True)
+    assert planned.configuration["delta.enableDeletionVectors"] == "true"
+    assert planned.protocol is not None and "deletionVectors" in planned.protocol["writerFeatures"]
+    merged = [{"remove": {"path": "a.parquet"}}, {"add": {"path": "a.parquet", "deletionVector": {}}}]
+    # An OPTIMIZE landed since: the MERGE's deletion vectors may name files it replaced.
+    assert log.try_commit(1, [{"commitInfo": {"operation": "OPTIMIZE"}}])
+    with pytest.raises(StaleHeadError, match="MERGE"):
+        commit_batch(log, planned, batch(0, 4), 1, [], merged=merged)
+    version = commit_batch(log, log.snapshot(), batch(0, 4), 1, [], merged=merged)
+    actions = log.actions(version)
+    assert [next(iter(a)) for a in actions] == ["commitInfo", "metaData", "remove", "add"]
+    assert actions[0]["commitInfo"]["operation"] == "MERGE"
+    assert log.snapshot().committed.offsets == {0: 4}
+
+
 def test_an_older_epoch_is_fenced(tmp_path: Path) -> None:
     log = DeltaLog(str(tmp_path))
     planned = create_table(log, SCHEMA, epoch=1)
@@ -110,6 +127,9 @@ def test_the_state_survives_a_checkpoint_and_log_cleanup(tmp_path: Path) -> None
 def test_protocol_needs_timestamp_ntz_feature_only_for_such_columns() -> None:
     assert protocol_for(SCHEMA) == {"minReaderVersion": 1, "minWriterVersion": 2}
     assert protocol_for('{"type":"timestamp_ntz"}')["readerFeatures"] == ["timestampNtz"]
+    keyed = protocol_for(SCHEMA, deletion_vectors=True)
+    assert keyed["readerFeatures"] == ["deletionVectors"]
+    assert keyed["writerFeatures"] == ["appendOnly", "invariants", "deletionVectors"]
 
 
 DELTA = """
@@ -138,7 +158,7 @@ def test_delta_spec_refuses_what_is_not_supported_yet() -> None:
     assert problems_of() == ""
     assert "spec.table.catalog" in problems_of(", catalog: {name: c, uri: 'sqlite:////tmp/c.db'}")
     assert "spec.table.partitioning" in problems_of(", partitioning: [{field: id, transform: identity}]")
-    assert "spec.mode" in problems_of(spec_extra="  mode: upsert\n  key: [id]")
+    assert "spec.mode" not in problems_of(spec_extra="  mode: upsert\n  key: [id]")  # MERGE: delta_keyed
     assert "spec.deadLetter.topic" in problems_of(spec_extra="  deadLetter: {topic: bad}")
     assert "GCS and Azure" in problems_of(", location: gs://bucket/orders")
     assert "spec.table.location" in problems_of(", location: s3://bucket")  # a folder in the bucket
@@ -170,3 +190,18 @@ def test_location_is_for_delta_only() -> None:
     text = DELTA.replace("format: delta", "name: orders") % (", location: /data/orders", "")
     with pytest.raises(ManifestError, match=r"spec\.table\.location.*format delta"):
         parse_manifest(text)
+
+
+def test_a_deleted_keys_file_outside_the_tables_folder_is_not_read(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from icefall.ingest.delta_keyed import load_deleted_keys, store_deleted_keys
+
+    stored = store_deleted_keys(tmp_path, pa.table({"id": [1, 2]}))
+    assert load_deleted_keys(tmp_path, stored).num_rows == 2  # type: ignore[union-attr]
+    assert load_deleted_keys(tmp_path, None) is None
+    elsewhere = store_deleted_keys(tmp_path / "other", pa.table({"id": [3]}))
+    with pytest.raises(ValueError, match="outside"):
+        load_deleted_keys(tmp_path, elsewhere)
+    with pytest.raises(ValueError, match="outside"):
+        load_deleted_keys(tmp_path, str(tmp_path / "_icefall_deleted_keys" / ".." / "x.parquet"))

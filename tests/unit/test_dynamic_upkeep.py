@@ -41,9 +41,6 @@ NOW = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
 DYNAMIC = {"from": "Field", "name": "kind", "nameTemplate": "ev_{value}"}
 
 
-END = {"events": {0: 11}}  # the topic's end when the batch landed
-
-
 def st(
     status: dict[str, Any] | None = None, *, dynamic: bool = True, table: str = "events"
 ) -> StreamingTable:
@@ -154,10 +151,10 @@ def test_the_drivers_report_lists_and_counts_the_dynamic_tables() -> None:
     from icefall.ingest.table_meter import RouteReading, TableMeter, TableReading
     from icefall.ingest.writer_status import WriterStatusReporter
 
-    held = TableFacts(offsets_by_topic={"events": {0: 8}})
+    held = TableFacts(committed_offsets={0: 8})
     routes = (
         RouteReading("shop.ev_clicks", "c", held),
-        RouteReading("shop.ev_buy", "b", TableFacts(offsets_by_topic={"events": {0: 6}}), dynamic=True),
+        RouteReading("shop.ev_buy", "b", TableFacts(committed_offsets={0: 6}), dynamic=True),
         RouteReading("shop.ev_view", "v", held, dynamic=True),
     )
 
@@ -174,7 +171,7 @@ def test_the_drivers_report_lists_and_counts_the_dynamic_tables() -> None:
     reporter = WriterStatusReporter(
         cast(Kube, Patches()), "ns", "events", interval=0, wall=lambda: NOW, meter=cast(TableMeter, Meter())
     )
-    reporter(BatchReport(2, 2, 0, 1.0, 0.1, 9, {0: 8}, 3, 1.5, partition_lag={0: 3}, topic_ends=END))
+    reporter(BatchReport(2, 2, 0, 1.0, 0.1, 9, {0: 8}, 3, 1.5, partition_lag={0: 3}))
     writer = WriterReport.model_validate(sent[-1]["writer"])
     assert writer.dynamic_tables == 2
     lags = {t.table: (t.lag_records, t.table_uuid) for t in writer.tables}

@@ -1,9 +1,9 @@
 """What `icefall read` reports: the cut's lines and counts, and the rows as aligned text.
 
-Proves: the cut names the table, the snapshot, every partition's tail range and the counts (bad records
-left out, records the filter dropped, data loss only when there is some); `Cut.offsets` is the end of each
-range; a table of several topics gives its cut per topic and partition; `--format table` prints a header,
-a rule, one line per row (nested values as JSON) and the count.
+Proves: the cut names the table, the snapshot (a Delta table's version), every partition's tail range and
+the counts (bad records left out, records the filter dropped, data loss only when there is some);
+`Cut.offsets` is the end of each range; a table of several topics gives its cut per topic and partition;
+`--format table` prints a header, a rule, one line per row (nested values as JSON) and the count.
 Not proved here: that the reads are right (tests/integration/test_union_read.py, against real Kafka).
 """
 
@@ -44,6 +44,10 @@ def test_the_cut_names_the_snapshot_the_ranges_and_the_counts() -> None:
     assert "no snapshot yet" in lossy.render()[0]
     assert lossy.render()[-1].startswith("[read] DATA LOSS: 7 records")
     assert cut.to_dict()["partitions"] == {"0": [100, 130], "1": [90, 95]}
+    delta = Cut(
+        table="/data/orders", topic="orders", snapshot_id=7, snapshot_ms=None, taken_at_ms=0, unit="version"
+    )
+    assert delta.render()[0].startswith("[read] /data/orders at version 7 + topic orders")
 
 
 def test_the_cut_of_several_topics_is_per_topic_and_partition() -> None:

@@ -40,9 +40,6 @@ NOW = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
 NOW_MS = int(NOW.timestamp() * 1000)
 
 
-END = {"events": {0: 11}}  # the topic's end when the batch landed
-
-
 def st(status: dict[str, Any] | None = None) -> StreamingTable:
     return StreamingTable.model_validate(
         {
@@ -62,37 +59,20 @@ def st(status: dict[str, Any] | None = None) -> StreamingTable:
 
 
 def test_a_destination_lags_from_its_own_offsets_and_is_as_fresh_as_the_table_when_level() -> None:
-    end, table = {"events": {0: 10, 1: 4}}, {"events": {0: 8, 1: 4}}
+    end, table = {0: 10, 1: 4}, {0: 8, 1: 4}
     level = destination_status(
-        "shop.clicks",
-        TableFacts(offsets_by_topic={"events": {0: 8, 1: 4}}, max_produce_time_ms=NOW_MS - 999_000),
+        "shop.clicks", TableFacts(committed_offsets={0: 8, 1: 4}, max_produce_time_ms=NOW_MS - 999_000),
         table_uuid="u", end=end, table_offsets=table, table_freshness=3.0, now_ms=NOW_MS,
     )  # fmt: skip
     assert (level.lag_records, level.freshness_seconds, level.table_uuid) == (2, 3.0, "u")
     behind = destination_status(
-        "web.views", TableFacts(offsets_by_topic={"events": {0: 5}}, max_produce_time_ms=NOW_MS - 60_000,
+        "web.views", TableFacts(committed_offsets={0: 5}, max_produce_time_ms=NOW_MS - 60_000,
                                 last_commit_ms=NOW_MS - 50_000, last_commit_snapshot_id=7),
         table_uuid=None, end=end, table_offsets=table, table_freshness=3.0, now_ms=NOW_MS,
     )  # fmt: skip
     # Partition 1 never committed by it: it starts where spec.table stands (nothing waits there).
     assert (behind.lag_records, behind.freshness_seconds, behind.snapshot_id) == (5, 60.0, 7)
     assert behind.last_commit_time == NOW - timedelta(seconds=50)
-
-
-def test_a_destination_of_several_topics_lags_per_topic_and_partition() -> None:
-    end = {"orders-eu": {0: 10, 1: 7}, "orders-us": {0: 30}}
-    table = {"orders-eu": {0: 10, 1: 7}, "orders-us": {0: 25}}
-    route = TableFacts(offsets_by_topic={"orders-eu": {0: 4, 1: 7}}, max_produce_time_ms=NOW_MS - 20_000)
-    entry = destination_status(
-        "shop.big", route, table_uuid=None, end=end, table_offsets=table, table_freshness=1.0, now_ms=NOW_MS
-    )
-    # orders-eu 0 is 6 behind; orders-us it never committed, so it starts at spec.table's 25: 5 behind.
-    assert (entry.lag_records, entry.freshness_seconds) == (11, 20.0)
-    level = TableFacts(offsets_by_topic=table)
-    same = destination_status(
-        "shop.big", level, table_uuid=None, end=end, table_offsets=table, table_freshness=1.0, now_ms=NOW_MS
-    )
-    assert (same.lag_records, same.freshness_seconds) == (5, 1.0)
 
 
 def test_status_lists_at_most_the_cap_keeping_the_table_and_the_most_lagging() -> None:
@@ -220,16 +200,15 @@ def test_the_driver_reports_each_table_against_the_topics_end_at_its_last_batch(
         on_reading = None
         latest = TableReading(
             "u", None, TableStatus(compaction_backlog=1), 0,
-            TableFacts(offsets_by_topic={"events": {0: 8}}), "shop.events",
-            (RouteReading("shop.clicks", "c", TableFacts(offsets_by_topic={"events": {0: 6}},
-                                                         compaction_backlog=4)),),
+            TableFacts(committed_offsets={0: 8}), "shop.events",
+            (RouteReading("shop.clicks", "c", TableFacts(committed_offsets={0: 6}, compaction_backlog=4)),),
         )  # fmt: skip
 
     kube = Patches()
     reporter = WriterStatusReporter(
         cast(Kube, kube), "ns", "events", interval=0, wall=lambda: NOW, meter=cast(TableMeter, Meter())
     )
-    reporter(BatchReport(2, 2, 0, 1.0, 0.1, 9, {0: 8}, 3, 1.5, partition_lag={0: 3}, topic_ends=END))
+    reporter(BatchReport(2, 2, 0, 1.0, 0.1, 9, {0: 8}, 3, 1.5, partition_lag={0: 3}))
     tables = {t["table"]: t for t in kube.sent[-1]["writer"]["tables"]}
     assert (tables["shop.events"]["lagRecords"], tables["shop.events"]["snapshotId"]) == (3, 9)
     assert (tables["shop.clicks"]["lagRecords"], tables["shop.clicks"]["tableUuid"]) == (5, "c")

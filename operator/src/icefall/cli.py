@@ -188,7 +188,7 @@ def _compact(args: argparse.Namespace) -> int:
     spark = _pod_spark(catalog, st.metadata.name, "compact", args.master)
     try:
         runner = tables_runner(st, catalog, spark, leases)  # every table it writes, taking turns
-        return serve(runner, once=args.once, idle_seconds=args.idle_seconds)
+        return serve(runner, once=args.once, idle_seconds=args.idle_seconds, spark=spark)
     finally:
         stop_spark(spark)
 

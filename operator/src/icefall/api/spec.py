@@ -424,8 +424,6 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         return []
     unsupported = "is not supported with table format delta yet"
     problems: list[tuple[Loc, str]] = []
-    if spec.mode is not TableMode.APPEND:
-        problems.append((("mode",), f"mode {spec.mode.value} {unsupported}; use mode: append"))
     if spec.dead_letter.topic is not None:
         problems.append(
             (

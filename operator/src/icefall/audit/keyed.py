@@ -21,7 +21,7 @@ ingestion (the model lacks them; counted in the report, which then cannot be OK 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -109,43 +109,69 @@ def audit_keyed(
     security_options: Mapping[str, str] | None = None,
 ) -> KeyedAuditReport:
     """Audit the keyed table of `st` (module doc). `spark` has `catalog_name` configured."""
-    from icefall.audit.content import RECORDS_PER_TASK
-    from icefall.ingest.decode import decode
-    from icefall.ingest.engine import read_kafka
     from icefall.ingest.schemas import decoding_spec, schema_at
     from icefall.kafka.registry import spec_with_registry_schema
-    from icefall.plan.offsets import OffsetRange
 
-    key = list(st.spec.key or [])
-    if not key:
+    if not st.spec.key:
         raise KeyedAuditError(f"{st.metadata.name}: mode {st.spec.mode.value} has no key to audit by")
     label = ".".join(st.table_identifier)
     table = catalog.load_table(st.table_identifier)
     if table.properties.get(OFFSET_RESETS):
         raise KeyedAuditError(f"{label}: its offsets were reset; a keyed audit cannot model that yet")
     committed = read_committed(table)
-    ranges = tuple(
-        OffsetRange(p, committed.start_offsets.get(p, 0), end)
-        for p, end in sorted(committed.offsets.items())
-        if end > committed.start_offsets.get(p, 0)
-    )
     name = ".".join(f"`{part}`" for part in (catalog_name, *st.table_identifier))
     if committed.snapshot_id is None:
         raise KeyedAuditError(f"{label}: the table has no snapshot yet; nothing to audit")
     rows = spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(committed.snapshot_id)}")
-    kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
     # Decoded as ingestion decodes into this table: its columns at the snapshot (a registry format's grow
     # with its writer schemas), the registry's latest schema standing in for an inline one.
     spec = decoding_spec(spec_with_registry_schema(st.spec), schema_at(table, committed.snapshot_id))
+    return compare_with_topic(
+        spark, st, spec, committed, rows,
+        dead_letters=lambda ranges: _dead_letters(spark, st, catalog_name, ranges),
+        security_options=security_options,
+    )  # fmt: skip
+
+
+def committed_ranges(committed: CommittedState) -> tuple[OffsetRange, ...]:
+    """The offset ranges the table holds of its topic: from where each partition was first read."""
+    from icefall.plan.offsets import OffsetRange
+
+    return tuple(
+        OffsetRange(p, committed.start_offsets.get(p, 0), end)
+        for p, end in sorted(committed.offsets.items())
+        if end > committed.start_offsets.get(p, 0)
+    )
+
+
+def compare_with_topic(
+    spark: SparkSession,
+    st: StreamingTable,
+    spec: StreamingTableSpec,
+    committed: CommittedState,
+    rows: DataFrame,
+    *,
+    dead_letters: Callable[[tuple[OffsetRange, ...]], DataFrame | None],
+    security_options: Mapping[str, str] | None,
+) -> KeyedAuditReport:
+    """The keyed audit of a table's `rows` (any format) holding `committed`: the topic's committed ranges
+    decoded with `spec`, collapsed to the last change per key and compared by key; `dead_letters(ranges)`:
+    the dead-letter table's (partition, offset) rows inside those ranges (None without one)."""
+    from icefall.audit.content import RECORDS_PER_TASK
+    from icefall.ingest.decode import decode
+    from icefall.ingest.engine import read_kafka
+
+    ranges = committed_ranges(committed)
+    kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
     decoded = decode(kafka, spec).persist()
     comparison: _Comparison | None = None
     try:
         records = decoded.count() if ranges else 0
-        comparison = _compare(decoded, rows, spec, key)
-        dead = _dead_letters(spark, st, catalog_name, ranges)
+        comparison = _compare(decoded, rows, spec, list(st.spec.key or []))
         return _report(
-            st, committed, records=records, rows=rows, comparison=comparison, dead=dead, decoded=decoded
-        )
+            st, committed, records=records, rows=rows, comparison=comparison, dead=dead_letters(ranges),
+            decoded=decoded,
+        )  # fmt: skip
     finally:
         decoded.unpersist()
         if comparison is not None:

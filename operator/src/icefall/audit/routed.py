@@ -195,9 +195,10 @@ class RoutedContent:
     def taken(self, destination: int, ranges: Mapping[int, tuple[int, int]], topic: str | None = None) -> int:
         """How many records of `ranges` (decoded already; of `topic`, or of the one topic) go to
         `destination`."""
-        held = self._decoded.get(topic) if topic is not None else None
-        if held is None and len(self._decoded) == 1 and topic is None:
-            (held,) = self._decoded.values()
+        if topic is not None:
+            held = self._decoded.get(topic)
+        else:
+            held = next(iter(self._decoded.values())) if len(self._decoded) == 1 else None
         if held is None or not ranges:
             return 0
         dest = within(held[1], ranges).column("dest")

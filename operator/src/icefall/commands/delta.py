@@ -77,8 +77,8 @@ def delta_location(st: Any, state: Any) -> str:
 
 def verify_delta_table(st: Any, state: Any, *, ingesting: bool = False, spark: Any = None) -> Any:
     """`icefall verify` of a Delta table (at `delta_location`): read with delta-rs, by content
-    (`icefall.audit.delta`). `spark`: by default a local Delta table's session, started after the table is
-    found."""
+    (`icefall.audit.delta`; a keyed table by key, `audit_delta_keyed`). `spark`: by default a local Delta
+    table's session, started after the table is found."""
     from icefall.audit import AuditError
     from icefall.audit.delta import DeltaContent, audit_delta_table
     from icefall.commit.delta import DeltaLog
@@ -101,9 +101,16 @@ def verify_delta_table(st: Any, state: Any, *, ingesting: bool = False, spark: A
             [], extra_conf=tool_conf(st.metadata.name, "verify"), table_format=TableFormat.DELTA
         )
     security = st.spec.source.security
+    if st.spec.key:  # the latest row per key against the topic's last change per key
+        from icefall.audit.delta import audit_delta_keyed
+
+        return audit_delta_keyed(spark, st, location, security_options=spark_kafka_options(security))
+    from icefall.ingest.delta_dead_letters import dead_letter_location
+
     return audit_delta_table(
         location,
         st.spec.source.bootstrap_servers,
+        dead_letter=dead_letter_location(st, location),
         kafka_config=librdkafka_config(security),
         content=DeltaContent(spark, st.spec, security_options=spark_kafka_options(security)),
         filter_configured=bool(st.spec.transforms.filter),

@@ -31,6 +31,8 @@ def read_rows(args: argparse.Namespace) -> int:
         except ValueError:
             raise SystemExit(f"--as-of {args.as_of!r} is not an ISO 8601 time") from None
     st = load_table(args)
+    if st.spec.table.format.value == "delta":  # at its location, without a catalog
+        return _read_delta(args, st)
     try:
         identifier = read_identifier(st, args.table)
     except ReadError as error:
@@ -50,17 +52,54 @@ def read_rows(args: argparse.Namespace) -> int:
         except ReadError as error:
             raise SystemExit(f"icefall: {error}") from None
         with result:
-            for line in result.cut.render():
-                print(line, file=sys.stderr, flush=True)
-            frame = result.frame
-            if args.sql:
-                frame.createOrReplaceTempView("t")
-                frame = spark.sql(args.sql)
-            limit = args.limit if args.limit is not None else (TABLE_ROWS if args.format == "table" else None)
-            if limit is not None:
-                frame = frame.limit(limit)
-            write_rows(frame, args.format, args.output)
+            _write_result(args, spark, result)
     return 0
+
+
+def _read_delta(args: argparse.Namespace, st: Any) -> int:
+    """`read_rows` of a Delta table (`icefall.ingest.delta_read`): its newest version plus the topic."""
+    from icefall.api import TableFormat
+    from icefall.commands.delta import delta_location
+    from icefall.commit.delta import DeltaLog
+    from icefall.ingest.delta_read import delta_union_read
+    from icefall.ingest.union_read import ReadError
+    from icefall.plan.spark_conf import tool_conf
+    from icefall.spark.session import build_spark_session
+
+    for given, flag in ((args.snapshot, "--snapshot"), (args.as_of, "--as-of"), (args.table, "--table")):
+        if given is not None:
+            raise SystemExit(
+                f"icefall: {flag} is not supported for a Delta table yet: read its newest version"
+            )
+    location = delta_location(st, state_dir(args))
+    if not DeltaLog(location).snapshot().exists:  # said before Spark starts
+        raise SystemExit(
+            f"icefall: no Delta table at {location} (no _delta_log): run the table's ingestion first"
+        )
+    print("[read] starting local Spark ...", file=sys.stderr, flush=True)
+    conf = tool_conf(st.metadata.name, "read")
+    spark = build_spark_session([], extra_conf=conf, table_format=TableFormat.DELTA)
+    try:
+        result = delta_union_read(st, location, spark=spark)
+    except ReadError as error:
+        raise SystemExit(f"icefall: {error}") from None
+    with result:
+        _write_result(args, spark, result)
+    return 0
+
+
+def _write_result(args: argparse.Namespace, spark: Any, result: Any) -> None:
+    """The cut to stderr; the rows (through --sql, cut to --limit) as --format to stdout or --output."""
+    for line in result.cut.render():
+        print(line, file=sys.stderr, flush=True)
+    frame = result.frame
+    if args.sql:
+        frame.createOrReplaceTempView("t")
+        frame = spark.sql(args.sql)
+    limit = args.limit if args.limit is not None else (TABLE_ROWS if args.format == "table" else None)
+    if limit is not None:
+        frame = frame.limit(limit)
+    write_rows(frame, args.format, args.output)
 
 
 TABLE_ROWS = 20  # rows `--format table` shows without --limit

@@ -86,7 +86,7 @@ def check_file(path: Path, *, cluster: bool = False) -> Checked:
     name = st.metadata.name
     problems = [*nulls, *(_cluster_problems(st) if cluster else [])]
     notes = []
-    if not cluster and st.spec.table.catalog is None:
+    if not cluster and st.spec.table.catalog is None and st.spec.table.format.value != "delta":  # by location
         notes.append(
             "spec.table.catalog is not set: fine for `icefall run` (the embedded catalog), refused by the "
             "operator in a cluster (check with --cluster)"

@@ -193,17 +193,25 @@ class DeltaLog:
         return self.storage.put_if_absent(f"{LOG_DIR}/{version:020d}.json", text.encode("utf-8"))
 
 
-def protocol_for(schema_string: str) -> dict[str, Any]:
+def protocol_for(schema_string: str, *, deletion_vectors: bool = False) -> dict[str, Any]:
     """The oldest Delta protocol that can hold `schema_string`: timestamps without a time zone need the
-    `timestampNtz` table feature (reader 3, writer 7)."""
-    if '"timestamp_ntz"' in schema_string:
+    `timestampNtz` table feature (reader 3, writer 7), a keyed table's MERGE `deletionVectors`."""
+    features = ["timestampNtz"] if '"timestamp_ntz"' in schema_string else []
+    features += ["deletionVectors"] if deletion_vectors else []
+    if features:
         return {
             "minReaderVersion": 3,
             "minWriterVersion": 7,
-            "readerFeatures": ["timestampNtz"],
-            "writerFeatures": ["timestampNtz"],
+            "readerFeatures": features,
+            # Writer version 7 names every feature: those of writer version 2 too (NOT NULL columns need
+            # `invariants`; Delta refuses a table whose metadata uses a feature its protocol lacks).
+            "writerFeatures": ["appendOnly", "invariants", *features],
         }
     return {"minReaderVersion": 1, "minWriterVersion": 2}
+
+
+#: A keyed table's configuration: Delta's MERGE marks replaced rows in deletion vectors, no file rewrites.
+DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 
 
 def _commit_info(operation: str, **extra: Any) -> dict[str, Any]:
@@ -224,9 +232,12 @@ def _with_state(metadata: Mapping[str, Any], state: CommittedState) -> dict[str,
     return {"metaData": {**metadata, "configuration": {**kept, **state.to_properties()}}}
 
 
-def create_table(log: DeltaLog, schema_string: str, epoch: int, *, role: str = "main") -> DeltaSnapshot:
+def create_table(
+    log: DeltaLog, schema_string: str, epoch: int, *, role: str = "main", deletion_vectors: bool = False
+) -> DeltaSnapshot:
     """Version 0 of a new table (no rows; the epoch claimed), unless the table exists: then its snapshot.
-    Two writers creating it at once: one creates version 0, the other reads it."""
+    Two writers creating it at once: one creates version 0, the other reads it. `deletion_vectors`: a
+    keyed table's (`DELETION_VECTORS`)."""
     existing = log.snapshot()
     if existing.exists:
         return existing
@@ -235,12 +246,12 @@ def create_table(log: DeltaLog, schema_string: str, epoch: int, *, role: str = "
         "format": {"provider": "parquet", "options": {}},
         "schemaString": schema_string,
         "partitionColumns": [],
-        "configuration": {},
+        "configuration": dict(DELETION_VECTORS) if deletion_vectors else {},
         "createdTime": int(time.time() * 1000),
     }
     actions = [
         _commit_info("CREATE TABLE", operationParameters={"partitionBy": "[]"}, isBlindAppend=True),
-        {"protocol": protocol_for(schema_string)},
+        {"protocol": protocol_for(schema_string, deletion_vectors=deletion_vectors)},
         _with_state(metadata, CommittedState(snapshot_id=None, epoch=epoch)),
     ]
     log.try_commit(0, actions)
@@ -309,19 +320,30 @@ def commit_batch(
     *,
     schema_string: str | None = None,
     role: str = "main",
+    merged: Iterable[Mapping[str, Any]] | None = None,
 ) -> int:
     """Commit `files` (already in the table's folder) with `batch`'s offsets, planned on `planned`; the
     version made. Refuses, in this order: FencedError (the table's epoch is above `epoch`), StaleHeadError
     (an ingestion commit, reset or epoch claim landed since `planned`, or the schema changed),
     TopicMismatchError / OffsetGapError (`_check_source`). A commit by someone else that leaves `icefall.*`
-    alone is committed over, as often as MAX_ATTEMPTS."""
+    alone is committed over, as often as MAX_ATTEMPTS.
+
+    `merged`: a keyed batch's MERGE (`icefall.ingest.delta_keyed`), its `add` and `remove` actions (rows
+    marked deleted in deletion vectors, new files) computed on `planned` exactly: committed on `planned`
+    only, any other commit since is a StaleHeadError (an OPTIMIZE may have replaced the files it marks)."""
     adds = [f.action() for f in files]
+    extra = list(merged) if merged is not None else []
     for _ in range(MAX_ATTEMPTS):
         current = log.snapshot()
         committed = current.committed
         if epoch < committed.epoch:
             raise FencedError(
                 f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
+            )
+        if merged is not None and current.version != planned.version:
+            raise StaleHeadError(
+                f"version {current.version} landed since version {planned.version} the batch's MERGE was "
+                "computed on"
             )
         if current.version != planned.version:
             if committed.to_properties() != planned.committed.to_properties():
@@ -341,13 +363,17 @@ def commit_batch(
         assert current.metadata is not None
         actions = [
             _commit_info(
-                "STREAMING UPDATE",
-                operationParameters={"outputMode": "Append", "epochId": str(epoch)},
+                "STREAMING UPDATE" if merged is None else "MERGE",
+                operationParameters={
+                    "outputMode": "Append" if merged is None else "Update",
+                    "epochId": str(epoch),
+                },
                 isBlindAppend=False,
                 userMetadata=json.dumps(new.to_properties(), sort_keys=True),
             ),
             _with_state(current.metadata, new),
             *adds,
+            *extra,
         ]
         failpoint(f"{role}.before-commit")
         if log.try_commit(current.version + 1, actions):

@@ -59,7 +59,6 @@ def table_facts(table: Table) -> TableFacts:
     return TableFacts(
         committed_offsets=dict(state.offsets),
         topic_id=state.topic_id,
-        offsets_by_topic={topic: dict(held.offsets) for topic, held in state.by_topic().items()},
         max_produce_time_ms=state.max_produce_time_ms,
         lost_records=state.lost_records,
         last_commit_ms=last_append.timestamp_ms if last_append is not None else None,

@@ -541,9 +541,13 @@ def embedded_maintenance(
     )
 
 
-def serve(runner: Rounds, *, once: bool = False, idle_seconds: float = 30.0) -> int:
+def serve(
+    runner: Rounds, *, once: bool = False, idle_seconds: float = 30.0, spark: SparkSession | None = None
+) -> int:
     """The compaction pods' loop until SIGTERM/SIGINT (the item in flight finishes first): 0 on a clean
-    stop. With `once`, one round: 0 if it ran an item or had nothing to do, 1 if the item failed."""
+    stop. With `once`, one round: 0 if it ran an item or had nothing to do, 1 if the item failed. 1 also
+    when `spark`'s JVM exits on its own (the kernel's OOM killer, a crash): no item could run again in this
+    process, so it ends and its container is restarted (a pod's status then says why, e.g. OOMKilled)."""
     import signal
 
     stop = threading.Event()
@@ -568,6 +572,18 @@ def serve(runner: Rounds, *, once: bool = False, idle_seconds: float = 30.0) -> 
         outcome = runner.step()
         report(outcome)
         return 1 if outcome.error else 0
-    runner.run(stop.is_set, idle_seconds=idle_seconds, wait=stop.wait, on_step=report)
+
+    def jvm_exited() -> bool:
+        return spark is not None and not stop.is_set() and jvm_stopped(spark)
+
+    runner.run(
+        lambda: stop.is_set() or jvm_exited(), idle_seconds=idle_seconds, wait=stop.wait, on_step=report
+    )
+    if jvm_exited():
+        print(
+            f"[compact] {runner.label}: Spark's JVM exited by itself; exiting so this container restarts",
+            flush=True,
+        )
+        return 1
     print(f"[compact] {runner.label}: stopped", flush=True)
     return 0

@@ -12,8 +12,10 @@ Guarantees: a batch is in the table once or not at all; a writer whose lease was
 (epoch in the table); every Kafka read is read_committed; a recreated topic stops ingestion
 (SourceChangedError). Bad records go to the dead-letter table beside it, committed before the table's
 commit (`icefall.ingest.delta_dead_letters`); with `spec.deadLetter.table.enabled: false` a bad record
-stops ingestion with BadRecordsHaltedError, nothing of its batch committed. Not done yet for Delta (refused
-by the spec's validation where it is a setting): a dead-letter topic, keyed tables, registry formats,
+stops ingestion with BadRecordsHaltedError, nothing of its batch committed. A keyed table (`spec.mode`
+upsert or cdc) MERGEs each batch's last change per key with deletion vectors, in the same commit as its
+offsets (`icefall.ingest.delta_keyed`). Not done yet for Delta (refused
+by the spec's validation where it is a setting): a dead-letter topic, registry formats,
 schema evolution, partitioning, pipelining, object stores. The upkeep (OPTIMIZE, checkpoints, VACUUM) is
 `icefall.compact.delta`'s.
 """
@@ -25,6 +27,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,7 @@ from icefall.commit.delta import (
     create_table,
     moved_into,
 )
+from icefall.ingest.columns import DELETE_COLUMN
 from icefall.ingest.commits import LeaseKeeper
 from icefall.ingest.delta_dead_letters import DeltaDeadLetters, dead_letter_location
 from icefall.ingest.outages import Outages, sleep_unless
@@ -52,9 +56,10 @@ from icefall.plan.outages import Service
 from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
     from icefall.commit.lease import Lease
+    from icefall.ingest.delta_keyed import Merged
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +131,10 @@ class DeltaIngestor:
             self.epoch = self.lease.acquire(lease_timeout, floor=floor)
             self.keeper = LeaseKeeper(self.lease)
             self.keeper.start()
-            schema = self._good_rows(self.writer.empty_source()).schema.json()
-            create_table(self.log, schema, self.epoch)
+            rows = self._good_rows(self.writer.empty_source())
+            keyed = bool(self.spec.key)
+            schema = (rows.drop(DELETE_COLUMN) if keyed else rows).schema.json()
+            create_table(self.log, schema, self.epoch, deletion_vectors=keyed)
             claim_epoch(self.log, self.epoch)
             shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
             if self.dead_letters is not None:
@@ -155,7 +162,7 @@ class DeltaIngestor:
             return None
         planned = self.planner.batch(proposal)
         wrote = time.monotonic()
-        stats, files = self._write(planned)
+        stats, files, merged = self._write(planned, planned_on)
         failpoint("main.after-stage")
         self.planner.check_topics_unchanged(planned)
         if self.keeper is not None:
@@ -164,47 +171,78 @@ class DeltaIngestor:
         if stats.bad and self.dead_letters is not None:  # before the table's commit (delta_dead_letters)
             self.dead_letters.commit(batch, planned, stats.bad, self.epoch)
         committing = time.monotonic()
-        version = commit_batch(self.log, planned_on, batch, self.epoch, files)
+        actions = merged.actions if merged is not None else None
+        version = commit_batch(self.log, planned_on, batch, self.epoch, files, merged=actions)
         failpoint("main.after-commit")
         done = time.monotonic()
-        return self._report(planned, stats, files, version, started, phases=(wrote, committing, done))
+        written = merged.written if merged is not None else sum(f.records for f in files)
+        return self._report(planned, stats, written, version, started, phases=(wrote, committing, done))
 
     def _good_rows(self, source: DataFrame) -> DataFrame:
         return self.writer.decoders.good.good_rows(self.writer.decoders.good.decode(source, None))
 
-    def _write(self, planned: PlannedBatch) -> tuple[ReadStats, list[AddFile]]:
+    def _write(
+        self, planned: PlannedBatch, planned_on: DeltaSnapshot
+    ) -> tuple[ReadStats, list[AddFile], Merged | None]:
         """Read and decode the batch and write its good rows as Parquet files in the table's folder (no log
-        entry names them yet); the read's counts and the files."""
+        entry names them yet): appended, or for a keyed table MERGEd on `planned_on`
+        (`icefall.ingest.delta_keyed`); the read's counts, the appended files, the MERGE's actions."""
         from icefall.ingest.planning import NOTHING_READ
 
         if not planned.ranges:
-            return NOTHING_READ, []
+            return NOTHING_READ, [], None
         from pyspark.sql import Observation
 
         decoders = self.writer.decoders
         observation = Observation()
         source = self.writer.read(planned.ranges, headers=False)
         observed = decoders.good.decode(source, None).observe(observation, *decoders.observed)
+        if self.spec.key:
+            return self._merge(planned, planned_on, decoders.good.good_rows(observed), observation)
         staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
         decoders.good.good_rows(observed).write.parquet(str(staging))
-        seen = observation.get
-        stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], None)
         try:
-            if stats.bad and self.dead_letters is None:
-                raise BadRecordsHaltedError(
-                    f"{self.label}: {stats.bad} records of offsets {planned.ranges} do not decode and "
-                    "spec.deadLetter.table is disabled, so ingestion stops before committing them. Fix or "
-                    "skip them (`icefall reset-offsets`), or enable the dead-letter table"
-                )
-            return stats, moved_into(staging, self.log)
+            stats = self._read_stats(planned, observation)
+            return stats, moved_into(staging, self.log), None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _merge(
+        self, planned: PlannedBatch, planned_on: DeltaSnapshot, rows: DataFrame, observation: Observation
+    ) -> tuple[ReadStats, list[AddFile], Merged | None]:
+        """A keyed batch: its last change per key MERGEd on a shadow of `planned_on` (module
+        `icefall.ingest.delta_keyed`); the MERGE's actions for the commit."""
+        from icefall.ingest.delta_keyed import ShadowMerge, merge_batch
+
+        with ShadowMerge(self.log, self.log.root / STAGING_DIR, planned_on) as shadow:
+            merged, deleted_keys = merge_batch(
+                self.spark,
+                self.spec,
+                shadow,
+                rows,
+                deleted_keys=planned_on.committed.deleted_keys,
+                view=f"icefall_changes_{self.writer_id}",
+            )
+        stats = replace(self._read_stats(planned, observation), deleted_keys=deleted_keys)
+        return stats, [], merged
+
+    def _read_stats(self, planned: PlannedBatch, observation: Observation) -> ReadStats:
+        """The read's counts, once its write ran; BadRecordsHaltedError if bad records have nowhere to go."""
+        seen = observation.get
+        stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], None)
+        if stats.bad and self.dead_letters is None:
+            raise BadRecordsHaltedError(
+                f"{self.label}: {stats.bad} records of offsets {planned.ranges} do not decode and "
+                "spec.deadLetter.table is disabled, so ingestion stops before committing them. Fix or "
+                "skip them (`icefall reset-offsets`), or enable the dead-letter table"
+            )
+        return stats
 
     def _report(
         self,
         planned: PlannedBatch,
         stats: ReadStats,
-        files: list[AddFile],
+        written: int,
         version: int,
         started: float,
         *,
@@ -212,7 +250,6 @@ class DeltaIngestor:
     ) -> BatchReport:
         wrote, committing, done = phases
         seconds = done - started
-        records = sum(f.records for f in files)
         newest = stats.max_produce_ms
         lag = max(planned.backlog - planned.records, 0)
         self.progress = Progress(
@@ -225,7 +262,7 @@ class DeltaIngestor:
         )
         return BatchReport(
             records_read=stats.records,
-            records_written=records,
+            records_written=written,
             records_dead_lettered=stats.bad,
             seconds=seconds,
             commit_seconds=done - committing,

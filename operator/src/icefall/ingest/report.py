@@ -47,9 +47,6 @@ class BatchReport:
     skipped: int = 0  # records lost to retention this batch's commit skipped (added to icefall.lost-records)
     lost_records: int = 0  # the table's icefall.lost-records once this batch landed
     partition_lag: Mapping[int, int] = field(default_factory=dict)  # `lag` per partition
-    # Each topic's end offsets when the batch landed, by partition (the route tables' lag is measured
-    # against them: `icefall.plan.table_status.destination_status`).
-    topic_ends: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     # Seconds per phase of the batch (plan, stage, write, dead_letters, commit, report): where a batch's
     # fixed cost goes. "write" is the one Spark job that reads, decodes and writes the good rows; "stage"
     # puts the writer's staging branch at main's head (no catalog commit when the last commit left it
@@ -175,10 +172,6 @@ class Reporter:
             skipped=skipped,
             lost_records=committed.lost_records + skipped,
             partition_lag={} if planned.by_topic else next(iter(lag.values())),
-            topic_ends={
-                topic: {p: o + max(lag[topic].get(p, 0), 0) for p, o in offsets.items()}
-                for topic, offsets in after.items()
-            },
             phases=clock.phases,
             dead_letter_reasons=landed.dead_letters.kinds,
             schema_refused=self.schema_refused(),

@@ -85,6 +85,7 @@ class Cut:
     snapshot_id: int | None  # the table's part: its rows at this snapshot (None: no snapshot yet)
     snapshot_ms: int | None  # when that snapshot was committed
     taken_at_ms: int  # when the end offsets were taken
+    unit: str = "snapshot"  # what `snapshot_id` numbers: an Iceberg snapshot, a Delta table's "version"
     # partition -> (first offset of the tail, the cut: next offset not read); every partition of the topic
     partitions: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     # A table of several topics: `partitions` of each topic it reads (`partitions` is then empty)
@@ -109,7 +110,7 @@ class Cut:
 
     def render(self) -> list[str]:
         """A few lines for people (what `icefall read` prints to stderr)."""
-        at = f"snapshot {self.snapshot_id}" if self.snapshot_id is not None else "no snapshot yet"
+        at = f"{self.unit} {self.snapshot_id}" if self.snapshot_id is not None else f"no {self.unit} yet"
         if self.snapshot_ms is not None:
             at += f" (committed {_iso(self.snapshot_ms)})"
         ranges = ", ".join(f"{p}: {start}..{end}" for p, (start, end) in sorted(self.partitions.items()))
@@ -235,18 +236,25 @@ def union_read(
         snapshot_ms=snapshot.timestamp_ms if snapshot is not None else None,
         taken_at_ms=0,
     )
-    if st.spec.source.by_topic:
-        ranges, cut = _topics_tail(st, state, cut, older=older, timeout=timeout)
-    else:
-        _check_topic(state, st.spec.source, label)
-        topic = _TopicNow.read(st.spec.source, state, timeout)  # the cut: taken once, after the snapshot
-        ranges, lost = _tail_ranges(st, state, topic, label=label, older=older)
-        partitions = {r.partition: (r.start, r.end) for r in ranges}
-        cut = replace(cut, taken_at_ms=topic.taken_at_ms, partitions=partitions, lost_records=lost)
+    ranges, cut = tail_of(st, state, cut, older=older, timeout=timeout)
     rows = _table_rows(spark, identifier, catalog_config.name, state.snapshot_id)
     if st.spec.routes and route is None:
         route = st.route_of(label)
-    return _with_tail(spark, st, rows, ranges, cut, schema_at(table, state.snapshot_id), route=route)
+    return with_tail(spark, st, rows, ranges, cut, schema_at(table, state.snapshot_id), route=route)
+
+
+def tail_of(
+    st: StreamingTable, state: CommittedState, cut: Cut, *, older: bool, timeout: float
+) -> tuple[tuple[OffsetRange, ...], Cut]:
+    """The tail after `state` (the table's committed offsets) up to a cut taken now, once: its ranges and
+    `cut` with the offsets it was read up to."""
+    if st.spec.source.by_topic:
+        return _topics_tail(st, state, cut, older=older, timeout=timeout)
+    _check_topic(state, st.spec.source, cut.table)
+    topic = _TopicNow.read(st.spec.source, state, timeout)
+    ranges, lost = _tail_ranges(st, state, topic, label=cut.table, older=older)
+    partitions = {r.partition: (r.start, r.end) for r in ranges}
+    return ranges, replace(cut, taken_at_ms=topic.taken_at_ms, partitions=partitions, lost_records=lost)
 
 
 def read_identifier(
@@ -441,17 +449,18 @@ def _table_rows(
     return spark.sql(f"SELECT * FROM {name} VERSION AS OF {int(snapshot_id)}")
 
 
-def _with_tail(  # noqa: PLR0917 (the parts of one read)
+def with_tail(  # noqa: PLR0917 (the parts of one read)
     spark: SparkSession,
     st: StreamingTable,
     rows: DataFrame,
     ranges: tuple[OffsetRange, ...],
     cut: Cut,
-    schema: Schema,
+    schema: Schema | None,
     *,
     route: int | str | None = None,
 ) -> UnionRead:
-    """`rows` (the table at the snapshot, whose schema is `schema`) with the decoded tail applied, and the
+    """`rows` (the table at the snapshot, whose Iceberg schema is `schema`; None: a Delta table's, decoded
+    with the spec as its writer does) with the decoded tail applied, and the
     cut with its counts. The tail decodes as ingestion would write it now: into the table's columns (a
     column the spec no longer has is null); a routed table's, only the records its destination (`route`:
     an index of `spec.routes`, a dynamic table's name, None for `spec.table`) takes."""
@@ -465,7 +474,7 @@ def _with_tail(  # noqa: PLR0917 (the parts of one read)
     reading = tuple(r for r in ranges if r.records)
     if not reading:
         return UnionRead(frame=rows, cut=cut)
-    decoder = Decoder(decoding_spec(st.spec, schema), errors=False)
+    decoder = Decoder(decoding_spec(st.spec, schema) if schema is not None else st.spec, errors=False)
     routing = _routing(st)
     headers = routing is not None and routing.headers
     kafka = read_kafka(spark, st.spec, reading, spark_kafka_options(st.spec.source.security), headers=headers)

@@ -75,8 +75,7 @@ class WriterStatusReporter:
         self._last_loss: datetime | None = None
         self._last: BatchReport | None = None
         self._partitions: tuple[int, ...] = ()  # of the last batch: caught up, each of them lags 0
-        # Each topic's end at the last batch, by partition (None: caught up).
-        self._end: Mapping[str, Mapping[int, int]] | None = None
+        self._end: dict[int, int] | None = None  # the topic's end at the last batch (None: caught up)
         self._failures = 0
 
     def __call__(self, report: BatchReport | None) -> None:
@@ -88,7 +87,11 @@ class WriterStatusReporter:
             if report.skipped:
                 self._last_loss = self._last_commit
             self._partitions = tuple(report.partition_lag)
-        self._end = report.topic_ends if report is not None else None
+        self._end = (
+            {p: o + max(report.partition_lag.get(p, 0), 0) for p, o in report.offsets.items()}
+            if report is not None
+            else None
+        )
         self._last = report
         self._report(force=False)
 
@@ -152,13 +155,12 @@ class WriterStatusReporter:
             compaction_backlog=reading.table.compaction_backlog,
             table_uuid=reading.table_uuid,
         )
-        held = reading.facts.offsets_by_topic
-        end = self._end if self._end is not None else held
+        end = self._end if self._end is not None else dict(reading.facts.committed_offsets)
         now_ms = int(self._wall().timestamp() * 1000)
         routes = [
             destination_status(
                 route.table, route.facts, table_uuid=route.table_uuid, end=end,
-                table_offsets=held, table_freshness=freshness, now_ms=now_ms,
+                table_offsets=reading.facts.committed_offsets, table_freshness=freshness, now_ms=now_ms,
             )
             for route in reading.routes
         ]  # fmt: skip

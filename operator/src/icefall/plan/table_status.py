@@ -69,10 +69,8 @@ WRITER_REPORT_MAX_AGE_SECONDS = 60.0
 class TableFacts:
     """What a reader of the table's metadata sees (no manifests, no data): the driver's `TableMeter`."""
 
-    committed_offsets: Mapping[int, int] = field(default_factory=dict)  # the one-topic form's
+    committed_offsets: Mapping[int, int] = field(default_factory=dict)
     topic_id: str | None = None  # icefall.topic-id: the topic the offsets belong to
-    #: Next offset to read per topic and partition, in either form (the one-topic form: its one topic).
-    offsets_by_topic: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     max_produce_time_ms: int | None = None
     lost_records: int = 0
     last_commit_ms: int | None = None  # newest append snapshot
@@ -170,24 +168,21 @@ def destination_status(
     facts: TableFacts,
     *,
     table_uuid: str | None,
-    end: Mapping[str, Mapping[int, int]],
-    table_offsets: Mapping[str, Mapping[int, int]],
+    end: Mapping[int, int],
+    table_offsets: Mapping[int, int],
     table_freshness: float | None,
     now_ms: int,
 ) -> DestinationStatus:
-    """A route table's entry, from its `facts` (as the driver's meter read them). `end`: each topic's end
-    offsets at the driver's last batch, by partition; `table_offsets`/`table_freshness`: spec.table's
-    committed offsets (by topic and partition) and freshness then. Lag: the records past its own offsets,
-    summed over every (topic, partition) (one it never committed counts from spec.table's, where its next
-    batch starts it: `plan.routing.destination_take`). Freshness: spec.table's when it holds at least what
-    spec.table holds (both took the same batches), else from the newest record it holds (`plan.lag`)."""
-    lag, level = 0, True
-    for topic in {*end, *table_offsets}:
-        ends, ours = end.get(topic, {}), table_offsets.get(topic, {})
-        held = facts.offsets_by_topic.get(topic, {})
-        position = {p: held.get(p, ours.get(p, 0)) for p in {*ends, *ours}}
-        lag += sum(max(ends.get(p, 0) - position[p], 0) for p in position)
-        level = level and all(position[p] >= offset for p, offset in ours.items())
+    """A route table's entry, from its `facts` (as the driver's meter read them). `end`: the topic's end
+    offsets at the driver's last batch; `table_offsets`/`table_freshness`: spec.table's committed offsets
+    and freshness then. Lag: the records past its own offsets (a partition it never committed counts from
+    spec.table's, where its next batch starts it: `plan.routing.destination_take`). Freshness: spec.table's
+    when it holds at least what spec.table holds (both took the same batches), else from the newest record
+    it holds (`plan.lag`)."""
+    held = facts.committed_offsets
+    position = {p: held.get(p, table_offsets.get(p, 0)) for p in {*end, *table_offsets}}
+    lag = sum(max(end.get(p, 0) - position[p], 0) for p in position)
+    level = all(position[p] >= offset for p, offset in table_offsets.items())
     fresh = table_freshness if level else freshness_seconds(lag, facts.max_produce_time_ms, now_ms / 1000)
     return DestinationStatus(
         table=table,
