@@ -167,6 +167,13 @@ def test_delta_spec_refuses_what_is_not_supported_yet() -> None:
     assert problems_of(", location: s3://lake/tables/orders") == ""
 
 
+def test_keyed_delta_on_s3_is_refused_at_validation() -> None:
+    keyed = "  mode: upsert\n  key: [id]"
+    refused = problems_of(", location: s3://lake/tables/orders", keyed)
+    assert "spec.table.location: keyed (upsert/cdc) Delta tables on s3:// are not supported yet" in refused
+    assert "Delta tables on s3://" not in problems_of(", location: /data/orders", keyed)
+
+
 def test_s3_settings_come_from_the_aws_environment_and_reach_delta_rs() -> None:
     from icefall.commit.delta_storage import S3Settings
 
