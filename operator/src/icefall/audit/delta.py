@@ -254,7 +254,9 @@ def delta_rows(location: str, version: int | None = None) -> pa.Table:
     `to_pyarrow_table` refuses such tables)."""
     from deltalake import DeltaTable, QueryBuilder
 
-    table = DeltaTable(location) if version is None else DeltaTable(location, version=version)
+    from icefall.commit.delta_storage import delta_rs_options
+
+    table = DeltaTable(location, version=version, storage_options=delta_rs_options(location))
     read = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all())
     return read.cast(pa.schema([f.with_type(_without_views(f.type)) for f in read.schema]))
 
@@ -278,11 +280,15 @@ def _dead_letter_rows(spark: SparkSession, location: str | None, ranges: tuple[A
     """(partition, offset) of the Delta dead-letter table's rows inside `ranges`; None without one."""
     from deltalake import DeltaTable
 
+    from icefall.commit.delta_storage import delta_rs_options
+
     if location is None:
         return None
     columns = ["partition", "offset"]
     if DeltaLog(location).snapshot().exists:
-        read = DeltaTable(location).to_pyarrow_table(columns=columns)
+        read = DeltaTable(location, storage_options=delta_rs_options(location)).to_pyarrow_table(
+            columns=columns
+        )
     else:
         read = pa.table({"partition": pa.array([], pa.int32()), "offset": pa.array([], pa.int64())})
     found = [
