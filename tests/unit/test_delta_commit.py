@@ -160,8 +160,35 @@ def test_delta_spec_refuses_what_is_not_supported_yet() -> None:
     assert "spec.table.partitioning" in problems_of(", partitioning: [{field: id, transform: identity}]")
     assert "spec.mode" not in problems_of(spec_extra="  mode: upsert\n  key: [id]")  # MERGE: delta_keyed
     assert "spec.deadLetter.topic" in problems_of(spec_extra="  deadLetter: {topic: bad}")
-    assert "spec.table.location" in problems_of(", location: s3://bucket/orders")
+    assert "GCS and Azure" in problems_of(", location: gs://bucket/orders")
+    assert "spec.table.location" in problems_of(", location: s3://bucket")  # a folder in the bucket
+    assert "spec.table.location" in problems_of(", location: https://bucket/orders")
     assert problems_of(", location: /data/orders") == ""
+    assert problems_of(", location: s3://lake/tables/orders") == ""
+
+
+def test_keyed_delta_on_s3_is_refused_at_validation() -> None:
+    keyed = "  mode: upsert\n  key: [id]"
+    refused = problems_of(", location: s3://lake/tables/orders", keyed)
+    assert "spec.table.location: keyed (upsert/cdc) Delta tables on s3:// are not supported yet" in refused
+    assert "Delta tables on s3://" not in problems_of(", location: /data/orders", keyed)
+
+
+def test_s3_settings_come_from_the_aws_environment_and_reach_delta_rs() -> None:
+    from icefall.commit.delta_storage import S3Settings
+
+    minio = S3Settings.from_env(
+        {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
+    )
+    assert minio.delta_rs_options() == {
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    assert S3Settings.from_env({"AWS_REGION": "eu-west-1"}).delta_rs_options() == {"AWS_REGION": "eu-west-1"}
 
 
 def test_location_is_for_delta_only() -> None:

@@ -172,3 +172,4 @@ def test_the_dead_letter_table_lives_beside_the_table() -> None:
     assert dead_letter_location(named, "file:///data/orders") == "/data/bad_orders"
     off = parsed(", location: /data/orders", "  deadLetter: {table: {enabled: false}}")
     assert dead_letter_location(off, "/data/orders") is None
+    assert dead_letter_location(named, "s3://lake/data/orders") == "s3://lake/data/bad_orders"

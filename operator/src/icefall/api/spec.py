@@ -465,6 +465,15 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         problems.append((("routes",), f"routes are {unsupported[3:]}; remove them"))
     if spec.dynamic_route is not None:
         problems.append((("dynamicRoute",), f"a dynamic route {unsupported}; remove it"))
+    if spec.key and (spec.table.location or "").startswith("s3://"):
+        # The keyed path's shadow folder links the table's files: it needs a local table.
+        problems.append(
+            (
+                ("table", "location"),
+                "keyed (upsert/cdc) Delta tables on s3:// are not supported yet; use a local path or "
+                "format iceberg",
+            )
+        )
     return problems
 
 

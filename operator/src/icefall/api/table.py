@@ -324,7 +324,7 @@ class TableFormat(StrEnum):
 
 
 #: Location schemes a Delta table may use so far: the local file system (the embedded default).
-DELTA_LOCATION_RE = re.compile(r"^(/|file:/)")
+DELTA_LOCATION_RE = re.compile(r"^(/|file:/|s3a?://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^/])")
 
 
 class TableSpec(ApiModel):
@@ -340,8 +340,9 @@ class TableSpec(ApiModel):
     location: str | None = Field(
         default=None,
         description=(
-            "format delta: where the table lives, an absolute path or file:/ URI. Default: the local "
-            "runner's warehouse folder plus <namespace>/<name>. Immutable."
+            "format delta: where the table lives, an absolute path, a file:/ URI or s3://bucket/path "
+            "(S3 or an S3 server with conditional writes; credentials from the AWS_* environment, e.g. "
+            "a Secret's). Default: the local runner's warehouse folder plus <namespace>/<name>. Immutable."
         ),
         min_length=1,
         max_length=1024,
@@ -517,8 +518,8 @@ def delta_table_problems(table: TableSpec) -> list[tuple[Loc, str]]:
         problems.append(
             (
                 ("location",),
-                "a Delta table's location is an absolute local path or a file:/ URI so far (object stores "
-                f"{unsupported}): e.g. /data/tables/orders",
+                "a Delta table's location is an absolute local path, a file:/ URI or s3://bucket/path so "
+                f"far (GCS and Azure {unsupported}): e.g. /data/tables/orders or s3://lake/tables/orders",
             )
         )
     if table.catalog is not None:

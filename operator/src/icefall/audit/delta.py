@@ -116,6 +116,8 @@ def audit_delta(
     `icefall.audit.table.audit_table`'s). AuditError: no such table, or one filled from another topic."""
     from deltalake import DeltaTable
 
+    from icefall.commit.delta_storage import delta_rs_options
+
     snapshot = DeltaLog(location).snapshot()
     if not snapshot.exists:
         raise AuditError(f"no Delta table at {location} (no _delta_log)")
@@ -135,7 +137,8 @@ def audit_delta(
     )
     if None not in (state.topic_id, topic.topic_id) and state.topic_id != topic.topic_id:
         return replace(report, source_changed=_recreated(state, topic))
-    read = DeltaTable(location, version=snapshot.version).to_pyarrow_table()
+    storage = delta_rs_options(location)
+    read = DeltaTable(location, version=snapshot.version, storage_options=storage).to_pyarrow_table()
     main = _side(read, content)
     dlq = _dead_letter_side(dead_letter, content)
     ranges = _ranges(state, main, dlq, topic)
@@ -251,7 +254,9 @@ def delta_rows(location: str, version: int | None = None) -> pa.Table:
     `to_pyarrow_table` refuses such tables)."""
     from deltalake import DeltaTable, QueryBuilder
 
-    table = DeltaTable(location) if version is None else DeltaTable(location, version=version)
+    from icefall.commit.delta_storage import delta_rs_options
+
+    table = DeltaTable(location, version=version, storage_options=delta_rs_options(location))
     read = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all())
     return read.cast(pa.schema([f.with_type(_without_views(f.type)) for f in read.schema]))
 
@@ -275,11 +280,15 @@ def _dead_letter_rows(spark: SparkSession, location: str | None, ranges: tuple[A
     """(partition, offset) of the Delta dead-letter table's rows inside `ranges`; None without one."""
     from deltalake import DeltaTable
 
+    from icefall.commit.delta_storage import delta_rs_options
+
     if location is None:
         return None
     columns = ["partition", "offset"]
     if DeltaLog(location).snapshot().exists:
-        read = DeltaTable(location).to_pyarrow_table(columns=columns)
+        read = DeltaTable(location, storage_options=delta_rs_options(location)).to_pyarrow_table(
+            columns=columns
+        )
     else:
         read = pa.table({"partition": pa.array([], pa.int32()), "offset": pa.array([], pa.int64())})
     found = [

@@ -18,6 +18,7 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     (`icefall.ingest.delta_sink`); OPTIMIZE, checkpoints and VACUUM on a thread beside the batches unless
     `spec.compaction.enabled` is false, the table suspended or `--no-maintenance` given."""
     from icefall.commands.run import ingest_delta_until_stopped
+    from icefall.commit.delta_storage import is_s3
     from icefall.commit.lease import FileLease, local_process_holder
     from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import embedded_conf
@@ -33,6 +34,9 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     )
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
+    if maintain and is_s3(location):  # Delta Spark's commits on S3 are not put-if-absent (commit/DESIGN.md)
+        print("[run] no upkeep (OPTIMIZE, checkpoints, VACUUM) for a Delta table on S3 yet", flush=True)
+        maintain = False
     spark = build_spark_session(
         [],
         extra_conf=embedded_conf(st, master=args.master, maintain=maintain),

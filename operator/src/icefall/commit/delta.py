@@ -19,24 +19,26 @@ batch: it is committed on top of them, as its files are its own and its offsets 
 Checkpoints and log cleanup are Delta's own (the upkeep, `icefall.compact.delta`, has Spark's Delta write
 them); the snapshot is read from the newest checkpoint and the commits after it. Table properties outside
 `icefall.*` (the retention the spec sets) change in a metadata-only commit, `set_properties`.
-Not guaranteed / not done yet: object stores (the put-if-absent here is the local file system's `link`),
-schema evolution, partitioning.
+The folder is local or on S3 (`icefall.commit.delta_storage`: put-if-absent is `link` locally, a
+conditional PUT on S3). Not guaranteed / not done yet: GCS and Azure, schema evolution, partitioning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import re
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlparse
+from urllib.parse import quote
 
 from icefall.commit.batch import SourceBatch, state_after
+from icefall.commit.delta_storage import is_s3, local_path, storage_for
 from icefall.commit.errors import CorruptStateError, FencedError, MaintenanceConflictError, StaleHeadError
 from icefall.commit.protocol import _check_source
 from icefall.commit.state import CommittedState, state_from_properties
@@ -48,13 +50,6 @@ ENGINE_INFO = "icefall"
 MAX_ATTEMPTS = 20
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
-
-
-def local_path(location: str) -> Path:
-    """The folder of a table at `location` (an absolute path or a file:/ URI)."""
-    if location.startswith("file:"):
-        return Path(unquote(urlparse(location).path))
-    return Path(location)
 
 
 @dataclass(frozen=True)
@@ -107,27 +102,35 @@ class AddFile:
 
 
 class DeltaLog:
-    """The `_delta_log` of one table on the local file system: read versions, create the next one."""
+    """The `_delta_log` of one table (local or on S3, `storage`): read versions, create the next one.
+    `root` is the local folder (on S3: meaningless, use `storage`)."""
 
     def __init__(self, location: str) -> None:
         self.location = location
+        self.storage = storage_for(location)
         self.root = local_path(location)
         self.log_dir = self.root / LOG_DIR
+
+    def staging_root(self, name: str) -> Path:
+        """A local folder for files on their way into the table: `name` in the table's folder, or for a
+        table on S3 in this machine's temporary directory (one per table)."""
+        if is_s3(self.location):
+            digest = hashlib.sha256(self.location.encode()).hexdigest()[:16]
+            return Path(tempfile.gettempdir()) / "icefall-delta" / digest / name
+        return self.root / name
 
     def latest_version(self) -> int:
         """The newest version in the log, a commit's or a checkpoint's (Delta's log cleanup may have
         removed the commit of a checkpointed version); -1: none."""
-        if not self.log_dir.is_dir():
-            return -1
-        names = os.listdir(self.log_dir)
+        names = self.storage.list(LOG_DIR)
         versions = [
             int(m.group(1)) for n in names if (m := _COMMIT_FILE.match(n) or _CHECKPOINT_FILE.match(n))
         ]
         return max(versions, default=-1)
 
     def actions(self, version: int) -> list[dict[str, Any]]:
-        with open(self.log_dir / f"{version:020d}.json", encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        text = self.storage.read(f"{LOG_DIR}/{version:020d}.json").decode("utf-8")
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def snapshot(self) -> DeltaSnapshot:
         """The latest version with the newest Metadata and Protocol, from the commits after the newest
@@ -154,10 +157,10 @@ class DeltaLog:
 
     def latest_checkpoint(self) -> int | None:
         """The version of the newest checkpoint (None: none)."""
-        return self._latest_checkpoint(self.latest_version()) if self.log_dir.is_dir() else None
+        return self._latest_checkpoint(self.latest_version())
 
     def _latest_checkpoint(self, latest: int) -> int | None:
-        found = [int(m.group(1)) for n in os.listdir(self.log_dir) if (m := _CHECKPOINT_FILE.match(n))]
+        found = [int(m.group(1)) for n in self.storage.list(LOG_DIR) if (m := _CHECKPOINT_FILE.match(n))]
         found = [v for v in found if v <= latest]
         return max(found, default=None)
 
@@ -165,11 +168,13 @@ class DeltaLog:
         import pyarrow.parquet as pq
 
         metadata = protocol = None
-        for name in sorted(os.listdir(self.log_dir)):
+        filesystem, root = self.storage.arrow()
+        for name in sorted(self.storage.list(LOG_DIR)):
             match = _CHECKPOINT_FILE.match(name)
             if match is None or int(match.group(1)) != version:
                 continue
-            rows = pq.read_table(self.log_dir / name, columns=["metaData", "protocol"]).to_pylist()
+            path = f"{root}/{LOG_DIR}/{name}"
+            rows = pq.read_table(path, columns=["metaData", "protocol"], filesystem=filesystem).to_pylist()
             for row in rows:
                 metadata = metadata or row.get("metaData")
                 protocol = protocol or row.get("protocol")
@@ -183,21 +188,9 @@ class DeltaLog:
 
     def try_commit(self, version: int, actions: Iterable[Mapping[str, Any]]) -> bool:
         """Create `version` with `actions`; False if it exists (someone else committed it). The file is
-        complete and synced before it appears under its name (link, which never replaces a file)."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        temporary = self.log_dir / f".{version:020d}.json.{uuid.uuid4().hex}.tmp"
+        complete before it appears under its name, and never replaces one (`DeltaStorage.put_if_absent`)."""
         text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
-        with open(temporary, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(temporary, self.log_dir / f"{version:020d}.json")
-        except FileExistsError:
-            return False
-        finally:
-            temporary.unlink()
-        return True
+        return self.storage.put_if_absent(f"{LOG_DIR}/{version:020d}.json", text.encode("utf-8"))
 
 
 def protocol_for(schema_string: str, *, deletion_vectors: bool = False) -> dict[str, Any]:
@@ -388,8 +381,9 @@ def commit_batch(
     raise MaintenanceConflictError(f"{log.location}: the commit lost {MAX_ATTEMPTS} races in a row")
 
 
-def moved_into(staging: Path, root: Path) -> list[AddFile]:
-    """The Parquet files Spark wrote in `staging`, moved into `root` (files without rows are dropped)."""
+def moved_into(staging: Path, log: DeltaLog) -> list[AddFile]:
+    """The Parquet files Spark wrote in the local folder `staging`, moved into the table's folder (local
+    or S3; files without rows are dropped)."""
     import pyarrow.parquet as pq
 
     files = []
@@ -397,8 +391,6 @@ def moved_into(staging: Path, root: Path) -> list[AddFile]:
         records = pq.read_metadata(written).num_rows
         if records == 0:
             continue
-        target = root / written.name
-        os.rename(written, target)
-        os.utime(target)  # VACUUM spares unreferenced files younger than its retention (>= 1 h): from now
-        files.append(AddFile(path=written.name, size=target.stat().st_size, records=records))
+        size = log.storage.move_in(written)
+        files.append(AddFile(path=written.name, size=size, records=records))
     return files

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 from icefall.commit import StaleHeadError
 from icefall.commit.batch import SourceBatch, TopicsBatch, held_of
-from icefall.commit.delta import DeltaLog, claim_epoch, commit_batch, create_table, local_path, moved_into
+from icefall.commit.delta import DeltaLog, claim_epoch, commit_batch, create_table, moved_into
+from icefall.commit.delta_storage import is_s3, local_path
 from icefall.commit.state import CommittedState
 from icefall.runtime.failpoints import failpoint
 
@@ -46,6 +47,8 @@ def dead_letter_location(st: StreamingTable, location: str) -> str | None:
     identifier = st.dead_letter_identifier
     if identifier is None:
         return None
+    if is_s3(location):
+        return f"{location.rstrip('/').rsplit('/', 1)[0]}/{identifier[-1]}"
     return str(local_path(location).parent / identifier[-1])
 
 
@@ -78,21 +81,21 @@ class DeltaDeadLetters:
         schema = bad_rows(decoded, by_topic=self.writer.spec.source.by_topic).schema.json()
         create_table(self.log, schema, epoch, role="dlq")
         claim_epoch(self.log, epoch, role="dlq")
-        shutil.rmtree(self.log.root / STAGING_DIR, ignore_errors=True)
+        shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
 
     def commit(self, batch: SourceBatch, planned: PlannedBatch, expected: int, epoch: int) -> int:
         """Commit the batch's `expected` bad records that the dead-letter table does not hold yet; how many
         it took. StaleHeadError (nothing committed) if the second read found another number."""
         planned_on = self.log.snapshot()
         take = dead_letter_take(batch, planned_on.committed)
-        staging = self.log.root / STAGING_DIR / uuid.uuid4().hex
+        staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
         try:
             found = self._write(self.writer.bad_rows(planned.ranges), take, staging)
             if found != expected:
                 raise StaleHeadError(
                     f"reading the batch again gave {found} bad records, not {expected}; planning again"
                 )
-            files = moved_into(staging, self.log.root)
+            files = moved_into(staging, self.log)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         commit_batch(self.log, planned_on, take, epoch, files, role="dlq")

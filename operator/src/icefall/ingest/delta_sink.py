@@ -136,7 +136,7 @@ class DeltaIngestor:
             schema = (rows.drop(DELETE_COLUMN) if keyed else rows).schema.json()
             create_table(self.log, schema, self.epoch, deletion_vectors=keyed)
             claim_epoch(self.log, self.epoch)
-            shutil.rmtree(self.log.root / STAGING_DIR, ignore_errors=True)
+            shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
             if self.dead_letters is not None:
                 self.dead_letters.start(self.epoch)
         except BaseException:
@@ -199,11 +199,11 @@ class DeltaIngestor:
         observed = decoders.good.decode(source, None).observe(observation, *decoders.observed)
         if self.spec.key:
             return self._merge(planned, planned_on, decoders.good.good_rows(observed), observation)
-        staging = self.log.root / STAGING_DIR / uuid.uuid4().hex
+        staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
         decoders.good.good_rows(observed).write.parquet(str(staging))
         try:
             stats = self._read_stats(planned, observation)
-            return stats, moved_into(staging, self.log.root), None
+            return stats, moved_into(staging, self.log), None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 

@@ -1,0 +1,257 @@
+"""Where a Delta table's files live: the local file system or S3 (commit/DESIGN.md, "Delta tables on S3").
+
+The log needs four things of a store: list the `_delta_log` folder, read a file, create a file only if it
+does not exist (`put_if_absent`: commit N exists once, across processes and machines), and take in the
+Parquet files a batch wrote in a local folder (`move_in`). Locally creation is `link` of a synced temporary
+file (never replaces). On S3 it is a conditional PUT (`If-None-Match: *`): S3 answers 412 when the key
+exists, whichever of two writers' PUTs arrives last. S3 settings come from the AWS SDK's environment names
+(`S3Settings.from_env`): credentials by reference from a Secret, never in the spec.
+
+Guarantees: `put_if_absent` is True for exactly one of any number of concurrent callers with one key;
+False means the file exists (written by someone, possibly by an earlier attempt whose answer was lost).
+Any other failure raises OSError (the caller plans again from the table).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import http.client
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import quote, unquote, urlparse
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
+
+S3_SCHEMES = ("s3://", "s3a://")
+DEFAULT_REGION = "us-east-1"
+#: Answers to a conditional PUT: 412 the key exists; 409 another conditional PUT of it is in flight.
+_EXISTS, _IN_FLIGHT = 412, 409
+_IN_FLIGHT_RETRIES = 20
+
+
+def is_s3(location: str) -> bool:
+    return location.startswith(S3_SCHEMES)
+
+
+class DeltaStorage(Protocol):
+    """The store under one table's folder; `relative` paths are '/'-separated, below the table's folder."""
+
+    location: str
+
+    def list(self, relative: str) -> list[str]: ...
+    def read(self, relative: str) -> bytes: ...
+    def put_if_absent(self, relative: str, data: bytes) -> bool: ...
+    def move_in(self, staged: Path) -> int: ...
+    def arrow(self) -> tuple[FileSystem | None, str]: ...
+
+
+class LocalStorage:
+    """A table folder on the local file system (an absolute path or a file:/ URI)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.root = local_path(location)
+
+    def list(self, relative: str) -> list[str]:
+        folder = self.root / relative
+        return os.listdir(folder) if folder.is_dir() else []
+
+    def read(self, relative: str) -> bytes:
+        return (self.root / relative).read_bytes()
+
+    def put_if_absent(self, relative: str, data: bytes) -> bool:
+        target = self.root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+        with open(temporary, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(temporary, target)
+        except FileExistsError:
+            return False
+        finally:
+            temporary.unlink()
+        return True
+
+    def move_in(self, staged: Path) -> int:
+        target = self.root / staged.name
+        os.rename(staged, target)
+        os.utime(target)  # VACUUM spares unreferenced files younger than its retention (>= 1 h): from now
+        return target.stat().st_size
+
+    def arrow(self) -> tuple[FileSystem | None, str]:
+        return None, str(self.root)
+
+
+def local_path(location: str) -> Path:
+    """The folder of a table at `location` (an absolute path or a file:/ URI)."""
+    if location.startswith("file:"):
+        return Path(unquote(urlparse(location).path))
+    return Path(location)
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """How to reach S3: the AWS SDK's environment names. `endpoint` set: an S3-compatible server
+    addressed path-style (MinIO); unset: AWS, virtual-hosted."""
+
+    access_key: str | None
+    secret_key: str | None
+    session_token: str | None
+    region: str
+    endpoint: str | None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> S3Settings:
+        return cls(
+            access_key=environ.get("AWS_ACCESS_KEY_ID"),
+            secret_key=environ.get("AWS_SECRET_ACCESS_KEY"),
+            session_token=environ.get("AWS_SESSION_TOKEN"),
+            region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
+            endpoint=environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
+        )
+
+    def delta_rs_options(self) -> dict[str, str]:
+        """The same settings as delta-rs (`deltalake`) storage options."""
+        options = {"AWS_REGION": self.region}
+        if self.access_key and self.secret_key:
+            options |= {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+        if self.session_token:
+            options["AWS_SESSION_TOKEN"] = self.session_token
+        if self.endpoint:
+            options |= {"AWS_ENDPOINT_URL": self.endpoint, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"}
+            if self.endpoint.startswith("http://"):
+                options["AWS_ALLOW_HTTP"] = "true"
+        return options
+
+
+class S3Storage:
+    """A table folder under an S3 prefix (`s3://bucket/path`); reads and uploads by pyarrow's S3 client,
+    the conditional PUT by a SigV4-signed request of its own (pyarrow has none)."""
+
+    def __init__(self, location: str, settings: S3Settings | None = None) -> None:
+        self.location = location
+        parsed = urlparse(location)
+        self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+        self.settings = settings or S3Settings.from_env()
+        self._fs: FileSystem | None = None
+
+    def _key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    @property
+    def fs(self) -> FileSystem:
+        if self._fs is None:
+            from pyarrow.fs import S3FileSystem
+
+            s = self.settings
+            endpoint = urlparse(s.endpoint) if s.endpoint else None
+            self._fs = S3FileSystem(
+                access_key=s.access_key,
+                secret_key=s.secret_key,
+                session_token=s.session_token,
+                region=s.region,
+                endpoint_override=endpoint.netloc if endpoint else None,
+                scheme=endpoint.scheme if endpoint else "https",
+                force_virtual_addressing=endpoint is None,
+            )
+        return self._fs
+
+    def list(self, relative: str) -> list[str]:
+        from pyarrow.fs import FileSelector
+
+        selector = FileSelector(f"{self.bucket}/{self._key(relative)}", allow_not_found=True)
+        return [info.base_name for info in self.fs.get_file_info(selector)]
+
+    def read(self, relative: str) -> bytes:
+        with self.fs.open_input_stream(f"{self.bucket}/{self._key(relative)}") as f:
+            data: bytes = f.read()
+            return data
+
+    def move_in(self, staged: Path) -> int:
+        data = staged.read_bytes()
+        with self.fs.open_output_stream(f"{self.bucket}/{self._key(staged.name)}") as out:
+            out.write(data)
+        staged.unlink()
+        return len(data)
+
+    def arrow(self) -> tuple[FileSystem | None, str]:
+        return self.fs, f"{self.bucket}/{self.prefix}"
+
+    def put_if_absent(self, relative: str, data: bytes) -> bool:
+        for _ in range(_IN_FLIGHT_RETRIES):
+            status, body = self._conditional_put(self._key(relative), data)
+            if status == _IN_FLIGHT:  # resolves to 200 or 412 once the other PUT completes
+                time.sleep(0.2)
+                continue
+            if status == _EXISTS:
+                return False
+            if 200 <= status < 300:
+                return True
+            raise OSError(f"PUT s3://{self.bucket}/{self._key(relative)}: HTTP {status}: {body[:300]!r}")
+        raise OSError(f"PUT s3://{self.bucket}/{self._key(relative)}: conditional writes kept conflicting")
+
+    def _conditional_put(self, key: str, data: bytes) -> tuple[int, bytes]:
+        s = self.settings
+        if s.endpoint:
+            endpoint = urlparse(s.endpoint)
+            scheme, host, path = endpoint.scheme, endpoint.netloc, f"/{self.bucket}/{key}"
+        else:
+            scheme, host, path = "https", f"{self.bucket}.s3.{s.region}.amazonaws.com", f"/{key}"
+        headers = {"If-None-Match": "*", "Content-Type": "application/json"}
+        headers |= signed_headers("PUT", host, quote(path), data, s)
+        connection_type = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        connection = connection_type(host, timeout=30)
+        try:
+            connection.request("PUT", quote(path), body=data, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+
+def signed_headers(method: str, host: str, path: str, body: bytes, s: S3Settings) -> dict[str, str]:
+    """AWS Signature Version 4 headers for a request without a query (`path` already URI-encoded);
+    `If-None-Match` is signed too. Anonymous (no keys): no signature."""
+    payload = hashlib.sha256(body).hexdigest()
+    now = datetime.datetime.now(datetime.UTC)
+    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    headers = {"host": host, "if-none-match": "*", "x-amz-content-sha256": payload, "x-amz-date": amz_date}
+    if s.session_token:
+        headers["x-amz-security-token"] = s.session_token
+    result = {k: v for k, v in headers.items() if k not in ("host", "if-none-match")}
+    if not (s.access_key and s.secret_key):
+        return result
+    names = ";".join(sorted(headers))
+    canonical = "\n".join(
+        [method, path, "", *(f"{k}:{headers[k]}" for k in sorted(headers)), "", names, payload]
+    )
+    scope = f"{day}/{s.region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = f"AWS4{s.secret_key}".encode()
+    for part in (day, s.region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    result["Authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={s.access_key}/{scope}, SignedHeaders={names}, Signature={signature}"
+    )
+    return result
+
+
+def delta_rs_options(location: str) -> dict[str, str] | None:
+    """delta-rs's storage options for the table at `location` (None: local, none needed)."""
+    return S3Settings.from_env().delta_rs_options() if is_s3(location) else None
+
+
+def storage_for(location: str) -> DeltaStorage:
+    return S3Storage(location) if is_s3(location) else LocalStorage(location)

@@ -1,0 +1,155 @@
+"""Delta Lake tables on S3 (`spec.table.location: s3://...`), on the test stack's MinIO, filled from a real
+Kafka topic by real Spark, exactly once (commit/DESIGN.md, "Delta tables on S3").
+
+Proves: `icefall run` killed (status 137) at a Delta commit failpoint (its files uploaded, its log entry
+not written) and run again fills the table on MinIO exactly once, by content (`icefall verify`, read with
+delta-rs), credentials from the AWS_* environment only; and a paused writer whose replacement — another
+process, another JVM (`icefall run`) — takes over and commits between the paused writer's prepare (epoch
+checked, files uploaded) and its PUT of the log entry is refused: its PUT of the same version loses
+(`If-None-Match`), the replacement's entry stays as written, and the paused writer raises FencedError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from icefall.api.manifest import parse_manifest
+from icefall.commands.delta import verify_delta_table
+from icefall.commit import FencedError
+from icefall.commit.delta import DeltaLog
+from icefall.commit.delta_storage import S3Settings
+from icefall.commit.lease import FileLease
+from icefall.devstack.kafka import KafkaBroker
+from icefall.devstack.objectstore import ObjectStore
+from icefall.ingest.delta_sink import DeltaIngestor
+from icefall.runtime import failpoints
+from icefall.testing.streams import produce, watermarks
+
+pytestmark = pytest.mark.integration
+
+BUCKET = "delta-lake"
+
+MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {name}}}
+spec:
+  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
+  format:
+    type: json
+    schema:
+      - {{name: id, type: long, required: true}}
+      - {{name: customer, type: string}}
+      - {{name: amount, type: "decimal(10,2)"}}
+      - {{name: ts, type: timestamptz, required: true}}
+  table: {{format: delta, location: "{location}"}}
+  compaction: {{embeddedIntervalSeconds: 0}}
+  freshness: {{targetSeconds: 2}}
+  batch: {{maxRecords: 30, minIntervalSeconds: 0}}
+"""
+
+
+def aws_env(store: ObjectStore) -> dict[str, str]:
+    """The settings a pod would take from a Secret: the AWS SDK's environment names."""
+    return {
+        "AWS_ACCESS_KEY_ID": store.access_key,
+        "AWS_SECRET_ACCESS_KEY": store.secret_key,
+        "AWS_REGION": store.region,
+        "AWS_ENDPOINT_URL": store.endpoint,
+    }
+
+
+class S3Table:
+    def __init__(self, kafka: KafkaBroker, store: ObjectStore, tmp_path: Path, name: str) -> None:
+        store.filesystem().create_dir(BUCKET)
+        self.kafka, self.store, self.topic = kafka, store, f"it-delta-s3-{name}"
+        kafka.create_topic(self.topic, partitions=2)
+        self.location = f"s3://{BUCKET}/{tmp_path.name}/{name}"
+        self.manifest = tmp_path / "table.yaml"
+        self.manifest.write_text(
+            MANIFEST.format(name=name, bootstrap=kafka.bootstrap, topic=self.topic, location=self.location)
+        )
+        self.st = parse_manifest(self.manifest.read_text())
+        self.state = tmp_path / "state"
+
+    def run(self, armed: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR} | aws_env(self.store)
+        if armed:
+            env[failpoints.ENV_VAR] = armed
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "run", "-f", str(self.manifest),
+             "--state-dir", str(self.state), "--until-caught-up", "--lease-timeout", "5",
+             "--master", "local[1]"],
+            env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+
+    def ids(self) -> Counter[int]:
+        from deltalake import DeltaTable
+
+        options = S3Settings.from_env(aws_env(self.store)).delta_rs_options()
+        read = DeltaTable(self.location, storage_options=options).to_pyarrow_table()
+        return Counter(read.column("id").to_pylist())
+
+
+@pytest.fixture
+def s3_env(object_store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> ObjectStore:
+    for key, value in aws_env(object_store).items():
+        monkeypatch.setenv(key, value)
+    return object_store
+
+
+def test_icefall_run_on_minio_killed_at_a_commit_point_then_run_again_is_exactly_once(
+    kafka: KafkaBroker, s3_env: ObjectStore, spark: Any, tmp_path: Path
+) -> None:
+    table = S3Table(kafka, s3_env, tmp_path, "cli")
+    produce(kafka, table.topic, 0, 90)
+    killed = table.run("main.before-commit=exit@2")  # its files uploaded, its log entry not written
+    assert killed.returncode == failpoints.EXIT_STATUS, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert "failpoint main.before-commit triggered" in killed.stderr
+    assert DeltaLog(table.location).snapshot().committed.offsets  # the batch before the kill landed
+    done = table.run(None)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no upkeep" in done.stdout  # Delta Spark's commits are not put-if-absent on S3
+    assert table.ids() == Counter(range(90))
+    assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+    audit = verify_delta_table(table.st, table.state, spark=spark)
+    assert audit.ok, audit.render()
+    assert audit.content_checked and sum(p.in_table for p in audit.partitions) == 90
+    assert not (tmp_path / "s3:").exists()  # nothing staged under a path named after the URI
+
+
+def test_a_paused_writer_loses_the_put_of_a_version_another_process_committed(
+    kafka: KafkaBroker, s3_env: ObjectStore, spark: Any, tmp_path: Path
+) -> None:
+    table = S3Table(kafka, s3_env, tmp_path, "fenced")
+    produce(kafka, table.topic, 0, 20)
+    lease = FileLease.in_dir(tmp_path / "old-lease", "commit", "paused", duration_seconds=30)
+    old = DeltaIngestor(table.st, spark, lease, location=table.location)
+    old.start(lease_timeout=5)
+    claimed = DeltaLog(table.location).snapshot().version
+    took_over: list[subprocess.CompletedProcess[str]] = []
+
+    def replacement_commits(name: str) -> None:  # the old writer checked its epoch, uploaded its files
+        took_over.append(table.run(None))  # another process and JVM: claims a higher epoch, commits all
+
+    try:
+        with failpoints.armed("main.before-commit", replacement_commits, hit=1), pytest.raises(FencedError):
+            old.run_batch()
+    finally:
+        old.close()
+    [replacement] = took_over
+    assert replacement.returncode == 0, replacement.stdout[-3000:] + replacement.stderr[-3000:]
+    # The version the old writer tried to create is the replacement's epoch claim, not overwritten.
+    [entry] = [a for a in DeltaLog(table.location).actions(claimed + 1) if "metaData" in a]
+    epoch = int(entry["metaData"]["configuration"]["icefall.epoch"])
+    assert epoch > old.epoch, json.dumps(entry)
+    assert table.ids() == Counter(range(20))
+    assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
