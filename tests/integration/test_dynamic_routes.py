@@ -181,7 +181,7 @@ def test_one_topic_into_a_table_per_type_created_on_first_use_exactly_once(
     assert sorted(dynamic) == [f"{NAMESPACE}.{name}_{t}" for t in TABLES]
     assert dynamic[f"{NAMESPACE}.{name}_click"].table_uuid == str(click.metadata.table_uuid)
     high = watermarks(kafka, topic)
-    assert all(r.facts.committed_offsets == high for r in dynamic.values())
+    assert all(r.facts.offsets_by_topic == {topic: high} for r in dynamic.values())
 
     produce_events(kafka, topic, 140, 40)
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:

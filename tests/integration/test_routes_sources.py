@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import Consumer
@@ -105,6 +105,25 @@ def assert_tables(
             assert {t for t, _, _ in want} <= {t for t, _ in held}, table
 
 
+def reported_lags(st: Any, config: CatalogConfig, report: BatchReport) -> dict[str, int]:
+    """Each table's lag in the driver's status report (`status.writer.tables`) once `report` landed, its
+    meter reading the tables now."""
+    from icefall.controller.kube import Kube
+    from icefall.ingest.table_meter import TableMeter
+    from icefall.ingest.writer_status import WriterStatusReporter
+
+    sent: list[dict[str, Any]] = []
+
+    class Patches:
+        def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+            sent.append(body)
+
+    meter = TableMeter(st, config)
+    assert meter.read_once() is not None
+    WriterStatusReporter(cast(Kube, Patches()), NAMESPACE, st.metadata.name, interval=0, meter=meter)(report)
+    return {t["table"]: t["lagRecords"] for t in sent[-1]["writer"]["tables"]}
+
+
 def test_two_topics_into_two_routes_and_the_default_exactly_once_across_a_crash(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
@@ -135,10 +154,18 @@ def test_two_topics_into_two_routes_and_the_default_exactly_once_across_a_crash(
         return tables
 
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
-        assert ingestor.run_batch() is not None
+        first = ingestor.run_batch()
+        assert first is not None and first.topic_ends == {t: watermarks(kafka, t) for t in (a, b)}
         # The next batch: the first route commits it, then the writer dies before the second route's commit.
         with failpoints.armed("route.after-commit", "raise"), pytest.raises(failpoints.FailpointError):
             ingestor.run_batch()
+    # Each route table's lag in status: every (topic, partition) it has not committed, against the ends.
+    lags = reported_lags(st, catalog_config, first)
+    for route in (f"{name}_vip", f"{name}_b"):
+        held = read_committed(catalog_config.pyiceberg().load_table((NAMESPACE, route))).by_topic()
+        behind = sum(e - held[t].offsets[p] for t, ends in first.topic_ends.items() for p, e in ends.items())
+        assert lags[f"{NAMESPACE}.{route}"] == behind > 0, (route, lags, held)
+    assert lags[f"{NAMESPACE}.{name}_vip"] != lags[f"{NAMESPACE}.{name}_b"], lags  # one is a batch behind
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
         drain(ingestor)
     assert_tables(catalog_config, expected(), kafka, [a, b])
@@ -236,6 +263,9 @@ def test_a_pattern_with_a_table_per_topic_gives_a_topic_created_while_running_it
             stop.set()
             runner.join(60)
     assert not errors, errors
+    assert reports[-1].topic_ends == {t: watermarks(kafka, t) for t in topics}  # each topic it matched
+    # Caught up: every table, the ones the route made included, holds each topic's end under its name.
+    assert all(n == 0 for n in reported_lags(st, catalog_config, reports[-1]).values())
     expected: dict[str, set[Row]] = {name: set(), f"{name}_dlq": set()}
     for (topic, p, o), value in records_of(kafka, topics).items():
         bad = value is not None and not value.startswith(b'{"')

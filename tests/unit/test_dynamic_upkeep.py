@@ -151,10 +151,10 @@ def test_the_drivers_report_lists_and_counts_the_dynamic_tables() -> None:
     from icefall.ingest.table_meter import RouteReading, TableMeter, TableReading
     from icefall.ingest.writer_status import WriterStatusReporter
 
-    held = TableFacts(committed_offsets={0: 8})
+    held = TableFacts(offsets_by_topic={"events": {0: 8}})
     routes = (
         RouteReading("shop.ev_clicks", "c", held),
-        RouteReading("shop.ev_buy", "b", TableFacts(committed_offsets={0: 6}), dynamic=True),
+        RouteReading("shop.ev_buy", "b", TableFacts(offsets_by_topic={"events": {0: 6}}), dynamic=True),
         RouteReading("shop.ev_view", "v", held, dynamic=True),
     )
 

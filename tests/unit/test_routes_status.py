@@ -20,6 +20,7 @@ import pytest
 from icefall.api import DestinationStatus, StreamingTable, StreamingTableStatus, WriterReport
 from icefall.api.routes import MAX_ROUTES
 from icefall.api.status import MAX_STATUS_TABLES
+from icefall.commit.state import CommittedState, TopicState
 from icefall.compact.runner import MaintenanceRunner, StepResult, TablesRunner
 from icefall.plan.lease_objects import lease_children
 from icefall.plan.metadata import ChildMeta
@@ -32,6 +33,7 @@ from icefall.plan.table_status import (
     destination_status,
     reported_backlog,
     status_tables,
+    topic_ends,
 )
 
 pytestmark = pytest.mark.unit
@@ -59,20 +61,76 @@ def st(status: dict[str, Any] | None = None) -> StreamingTable:
 
 
 def test_a_destination_lags_from_its_own_offsets_and_is_as_fresh_as_the_table_when_level() -> None:
-    end, table = {0: 10, 1: 4}, {0: 8, 1: 4}
+    end, table = {"events": {0: 10, 1: 4}}, {"events": {0: 8, 1: 4}}
     level = destination_status(
-        "shop.clicks", TableFacts(committed_offsets={0: 8, 1: 4}, max_produce_time_ms=NOW_MS - 999_000),
+        "shop.clicks",
+        TableFacts(offsets_by_topic={"events": {0: 8, 1: 4}}, max_produce_time_ms=NOW_MS - 999_000),
         table_uuid="u", end=end, table_offsets=table, table_freshness=3.0, now_ms=NOW_MS,
     )  # fmt: skip
     assert (level.lag_records, level.freshness_seconds, level.table_uuid) == (2, 3.0, "u")
     behind = destination_status(
-        "web.views", TableFacts(committed_offsets={0: 5}, max_produce_time_ms=NOW_MS - 60_000,
+        "web.views", TableFacts(offsets_by_topic={"events": {0: 5}}, max_produce_time_ms=NOW_MS - 60_000,
                                 last_commit_ms=NOW_MS - 50_000, last_commit_snapshot_id=7),
         table_uuid=None, end=end, table_offsets=table, table_freshness=3.0, now_ms=NOW_MS,
     )  # fmt: skip
     # Partition 1 never committed by it: it starts where spec.table stands (nothing waits there).
     assert (behind.lag_records, behind.freshness_seconds, behind.snapshot_id) == (5, 60.0, 7)
     assert behind.last_commit_time == NOW - timedelta(seconds=50)
+
+
+def facts_of(state: CommittedState, **figures: Any) -> TableFacts:
+    """What the driver's meter reads of a table at `state` (`icefall.compact.measure.table_facts`)."""
+    return TableFacts(offsets_by_topic={t: dict(h.offsets) for t, h in state.by_topic().items()}, **figures)
+
+
+def one_topic(offsets: dict[int, int]) -> CommittedState:
+    return CommittedState(snapshot_id=1, topic="events", offsets=offsets)
+
+
+def several(**offsets: dict[int, int]) -> CommittedState:
+    return CommittedState(snapshot_id=1, topics={t.replace("_", "-"): TopicState(offsets=o)
+                                                 for t, o in offsets.items()})  # fmt: skip
+
+
+# Each form of the source: spec.table's state, a route table left behind by a crash, and the lag after the
+# batch (per topic and partition, as the driver measures it); the route's lag is what it has not committed.
+FORMS = {
+    # spec.source.topic: the one-topic form, keyed by its topic's name.
+    "topic": (one_topic({0: 8, 1: 4}), one_topic({0: 5}), {"events": {0: 2, 1: 0}}, 3 + 2),
+    # spec.source.topics of one topic: the topics form.
+    "topics of one": (several(orders={0: 8}), several(orders={0: 3}), {"orders": {0: 1}}, 5 + 1),
+    # spec.source.topics of two: the route holds one of them only (the other from spec.table's offsets).
+    "topics": (
+        several(orders_eu={0: 10, 1: 7}, orders_us={0: 25}), several(orders_eu={0: 4, 1: 7}),
+        {"orders-eu": {0: 0, 1: 0}, "orders-us": {0: 5}}, 6 + 5,
+    ),
+    # spec.source.topicPattern: a topic it matched later, never committed by the route, counts from
+    # spec.table's offsets; one the route holds as much of as spec.table lags as much.
+    "topicPattern": (
+        several(orders_eu={0: 10}, orders_us={0: 25}, orders_apac={0: 3}),
+        several(orders_eu={0: 9}, orders_us={0: 25}),
+        {"orders-eu": {0: 2}, "orders-us": {0: 0}, "orders-apac": {0: 4}}, 3 + 0 + 4,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_destination_lags_over_every_topic_and_partition_in_each_form_of_the_source(form: str) -> None:
+    table, route, lag, behind = FORMS[form]
+    held = facts_of(table).offsets_by_topic
+    end = topic_ends(held, lag)  # as the driver's report gives it (`BatchReport.topic_ends`)
+    assert sum(map(len, end.values())) == sum(map(len, held.values()))
+    entry = destination_status(
+        "shop.routed", facts_of(route, max_produce_time_ms=NOW_MS - 20_000), table_uuid=None, end=end,
+        table_offsets=held, table_freshness=1.0, now_ms=NOW_MS,
+    )  # fmt: skip
+    assert (entry.lag_records, entry.freshness_seconds) == (behind, 20.0)  # behind: from its own record
+    level = destination_status(
+        "shop.level", facts_of(table), table_uuid=None, end=end, table_offsets=held, table_freshness=1.0,
+        now_ms=NOW_MS,
+    )  # fmt: skip
+    waiting = sum(sum(max(n, 0) for n in by_partition.values()) for by_partition in lag.values())
+    assert (level.lag_records, level.freshness_seconds) == (waiting, 1.0)  # spec.table's own lag
 
 
 def test_status_lists_at_most_the_cap_keeping_the_table_and_the_most_lagging() -> None:
@@ -200,8 +258,9 @@ def test_the_driver_reports_each_table_against_the_topics_end_at_its_last_batch(
         on_reading = None
         latest = TableReading(
             "u", None, TableStatus(compaction_backlog=1), 0,
-            TableFacts(committed_offsets={0: 8}), "shop.events",
-            (RouteReading("shop.clicks", "c", TableFacts(committed_offsets={0: 6}, compaction_backlog=4)),),
+            TableFacts(offsets_by_topic={"events": {0: 8}}), "shop.events",
+            (RouteReading("shop.clicks", "c",
+                          TableFacts(offsets_by_topic={"events": {0: 6}}, compaction_backlog=4)),),
         )  # fmt: skip
 
     kube = Patches()
@@ -216,3 +275,32 @@ def test_the_driver_reports_each_table_against_the_topics_end_at_its_last_batch(
     reporter(None)  # caught up: spec.table's offsets are the topic's end
     tables = {t["table"]: t for t in kube.sent[-1]["writer"]["tables"]}
     assert (tables["shop.events"]["lagRecords"], tables["shop.clicks"]["lagRecords"]) == (0, 2)
+
+
+def test_the_driver_reports_a_route_of_several_topics_against_each_topics_end() -> None:
+    """A table of several topics (`spec.source.topics` or `topicPattern`): its report gives no partition
+    offsets, each topic's end instead (`BatchReport.topic_ends`), and a route table's lag counts them all."""
+    from icefall.api import TableStatus
+    from icefall.controller.kube import Kube
+    from icefall.ingest.report import BatchReport
+    from icefall.ingest.table_meter import RouteReading, TableMeter, TableReading
+    from icefall.ingest.writer_status import WriterStatusReporter
+
+    class Meter:
+        on_reading = None
+        latest = TableReading(
+            "u", None, TableStatus(), 0, TableFacts(offsets_by_topic={"a": {0: 8}, "b": {0: 4, 1: 2}}),
+            "shop.events", (RouteReading("shop.clicks", "c", TableFacts(offsets_by_topic={"a": {0: 6}})),),
+        )  # fmt: skip
+
+    kube = Patches()
+    reporter = WriterStatusReporter(
+        cast(Kube, kube), "ns", "events", interval=0, wall=lambda: NOW, meter=cast(TableMeter, Meter())
+    )
+    reporter(BatchReport(2, 2, 0, 1.0, 0.1, 9, {}, 6, 1.5, topic_ends={"a": {0: 10}, "b": {0: 7, 1: 3}}))
+    tables = {t["table"]: t["lagRecords"] for t in kube.sent[-1]["writer"]["tables"]}
+    # a: 10 - 6; b, never committed by the route, from spec.table's offsets: 7 - 4 and 3 - 2.
+    assert tables == {"shop.events": 6, "shop.clicks": 4 + 3 + 1}
+    reporter(None)  # caught up: spec.table's offsets are each topic's end
+    tables = {t["table"]: t["lagRecords"] for t in kube.sent[-1]["writer"]["tables"]}
+    assert tables == {"shop.events": 0, "shop.clicks": 2}

@@ -57,7 +57,7 @@ def table_facts(table: Table) -> TableFacts:
             break
     expiry = metadata.properties.get(LAST_EXPIRY_PROPERTY)
     return TableFacts(
-        committed_offsets=dict(state.offsets),
+        offsets_by_topic={topic: dict(held.offsets) for topic, held in state.by_topic().items()},
         topic_id=state.topic_id,
         max_produce_time_ms=state.max_produce_time_ms,
         lost_records=state.lost_records,

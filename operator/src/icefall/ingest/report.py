@@ -19,6 +19,7 @@ from icefall.commit.batch import batch_retention_loss, held_of
 from icefall.ingest.planning import Progress
 from icefall.plan.batching import update_throughput
 from icefall.plan.lag import freshness_seconds, partition_lag
+from icefall.plan.table_status import topic_ends
 from icefall.runtime import metrics
 
 if TYPE_CHECKING:
@@ -47,6 +48,10 @@ class BatchReport:
     skipped: int = 0  # records lost to retention this batch's commit skipped (added to icefall.lost-records)
     lost_records: int = 0  # the table's icefall.lost-records once this batch landed
     partition_lag: Mapping[int, int] = field(default_factory=dict)  # `lag` per partition
+    # Each topic's end offsets by partition when the batch landed, in either form (the route tables' lag
+    # is measured against them: `icefall.plan.table_status.destination_status`). Empty: a report of one
+    # topic that gives only `offsets` and `partition_lag` (its end is their sum).
+    topic_ends: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     # Seconds per phase of the batch (plan, stage, write, dead_letters, commit, report): where a batch's
     # fixed cost goes. "write" is the one Spark job that reads, decodes and writes the good rows; "stage"
     # puts the writer's staging branch at main's head (no catalog commit when the last commit left it
@@ -172,6 +177,7 @@ class Reporter:
             skipped=skipped,
             lost_records=committed.lost_records + skipped,
             partition_lag={} if planned.by_topic else next(iter(lag.values())),
+            topic_ends=topic_ends(after, lag),
             phases=clock.phases,
             dead_letter_reasons=landed.dead_letters.kinds,
             schema_refused=self.schema_refused(),

@@ -14,8 +14,9 @@ same pace while it lasts. With a `TableMeter`, each report also carries the mete
 table: its figures and compaction backlog (what the operator shows, and scales compaction on) and the
 table-uuids `deletionPolicy: Delete` is judged by; a new reading is reported at once, from the meter's
 thread (a lock keeps the two callers' reports whole). With the meter's reading, `tables` lists each table
-the driver writes (spec.table, then each route's), its lag from its own committed offsets against the
-topic's end at the last batch (caught up: spec.table's offsets are the end), its freshness, last commit
+the driver writes (spec.table, then each route's), its lag from its own committed offsets against each
+topic's end at the last batch, summed over every topic and partition it reads (caught up: spec.table's
+offsets are the end), its freshness, last commit
 and uuid (`icefall.plan.table_status.destination_status`), the tables its dynamic route made included
 (at most `MAX_STATUS_TABLES` in all: spec.table and the most lagging), and `dynamicTables` counts those.
 The driver's Role may patch only its own
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from icefall.api import DestinationStatus, PartitionLag, WriterReport
 from icefall.api.status import REPORTED_PARTITIONS
-from icefall.plan.table_status import bounded_tables, destination_status
+from icefall.plan.table_status import bounded_tables, destination_status, topic_ends
 
 if TYPE_CHECKING:
     from icefall.controller.kube import Kube
@@ -75,7 +76,6 @@ class WriterStatusReporter:
         self._last_loss: datetime | None = None
         self._last: BatchReport | None = None
         self._partitions: tuple[int, ...] = ()  # of the last batch: caught up, each of them lags 0
-        self._end: dict[int, int] | None = None  # the topic's end at the last batch (None: caught up)
         self._failures = 0
 
     def __call__(self, report: BatchReport | None) -> None:
@@ -87,11 +87,6 @@ class WriterStatusReporter:
             if report.skipped:
                 self._last_loss = self._last_commit
             self._partitions = tuple(report.partition_lag)
-        self._end = (
-            {p: o + max(report.partition_lag.get(p, 0), 0) for p, o in report.offsets.items()}
-            if report is not None
-            else None
-        )
         self._last = report
         self._report(force=False)
 
@@ -155,12 +150,13 @@ class WriterStatusReporter:
             compaction_backlog=reading.table.compaction_backlog,
             table_uuid=reading.table_uuid,
         )
-        end = self._end if self._end is not None else dict(reading.facts.committed_offsets)
+        held = reading.facts.offsets_by_topic
+        end = _ends(last, held)
         now_ms = int(self._wall().timestamp() * 1000)
         routes = [
             destination_status(
                 route.table, route.facts, table_uuid=route.table_uuid, end=end,
-                table_offsets=reading.facts.committed_offsets, table_freshness=freshness, now_ms=now_ms,
+                table_offsets=held, table_freshness=freshness, now_ms=now_ms,
             )
             for route in reading.routes
         ]  # fmt: skip
@@ -182,6 +178,18 @@ class WriterStatusReporter:
         if self._failures:
             log.info("reporting to %s/%s's status works again", self.namespace, self.name)
             self._failures = 0
+
+
+def _ends(last: BatchReport | None, held: Mapping[str, Mapping[int, int]]) -> Mapping[str, Mapping[int, int]]:
+    """Each topic's end at the last batch, by partition; caught up (no batch due), spec.table's offsets
+    (`held`). A report of one topic without `topic_ends` (the Delta sink's) names no topic: its end is
+    that of the one topic spec.table holds."""
+    if last is None:
+        return held
+    if last.topic_ends:
+        return last.topic_ends
+    one = next(iter(held), "")
+    return topic_ends({one: last.offsets}, {one: last.partition_lag})
 
 
 def _dynamic_count(reading: TableReading | None) -> int | None:

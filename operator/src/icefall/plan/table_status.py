@@ -25,7 +25,8 @@ Rules:
 - Compaction is scaled from the reported backlog (`reported_backlog`): of every table the StreamingTable
   writes (`status.writer.tables`), since one set of compaction pods tidies them all.
 - Per destination (`status.tables`, spec.table first, then each route's table): the driver measures each
-  table's lag from its own committed offsets against the topic's end at its last batch, and its freshness
+  table's lag from its own committed offsets against each topic's end at its last batch (summed over
+  every topic and partition, in either form of the source), and its freshness
   (`destination_status`); at most `MAX_STATUS_TABLES` (`bounded_tables`). Without a recent report the
   previous list stays; before any, the destinations are listed without figures (`status_tables`).
   The tables a dynamic route made are destinations too: the driver finds them in the catalog (by their
@@ -69,8 +70,10 @@ WRITER_REPORT_MAX_AGE_SECONDS = 60.0
 class TableFacts:
     """What a reader of the table's metadata sees (no manifests, no data): the driver's `TableMeter`."""
 
-    committed_offsets: Mapping[int, int] = field(default_factory=dict)
-    topic_id: str | None = None  # icefall.topic-id: the topic the offsets belong to
+    #: Next offset to read per topic and partition, in either form (`CommittedState.by_topic()`: the
+    #: one-topic form's under its topic's name).
+    offsets_by_topic: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    topic_id: str | None = None  # icefall.topic-id: the topic the offsets belong to (the one-topic form)
     max_produce_time_ms: int | None = None
     lost_records: int = 0
     last_commit_ms: int | None = None  # newest append snapshot
@@ -168,21 +171,25 @@ def destination_status(
     facts: TableFacts,
     *,
     table_uuid: str | None,
-    end: Mapping[int, int],
-    table_offsets: Mapping[int, int],
+    end: Mapping[str, Mapping[int, int]],
+    table_offsets: Mapping[str, Mapping[int, int]],
     table_freshness: float | None,
     now_ms: int,
 ) -> DestinationStatus:
-    """A route table's entry, from its `facts` (as the driver's meter read them). `end`: the topic's end
-    offsets at the driver's last batch; `table_offsets`/`table_freshness`: spec.table's committed offsets
-    and freshness then. Lag: the records past its own offsets (a partition it never committed counts from
-    spec.table's, where its next batch starts it: `plan.routing.destination_take`). Freshness: spec.table's
-    when it holds at least what spec.table holds (both took the same batches), else from the newest record
-    it holds (`plan.lag`)."""
-    held = facts.committed_offsets
-    position = {p: held.get(p, table_offsets.get(p, 0)) for p in {*end, *table_offsets}}
-    lag = sum(max(end.get(p, 0) - position[p], 0) for p in position)
-    level = all(position[p] >= offset for p, offset in table_offsets.items())
+    """A route table's entry, from its `facts` (as the driver's meter read them). `end`: each topic's end
+    offsets at the driver's last batch (`topic_ends`); `table_offsets`/`table_freshness`: spec.table's
+    committed offsets and freshness then; all by topic, in either form. Lag: the records past its own
+    offsets, summed over every (topic, partition) (one it never committed counts from spec.table's, where
+    its next batch starts it: `plan.routing.destination_take`). Freshness: spec.table's when it holds at
+    least what spec.table holds (both took the same batches), else from the newest record it holds
+    (`plan.lag`)."""
+    lag, level = 0, True
+    for topic in {*end, *table_offsets}:
+        ends, ours = end.get(topic, {}), table_offsets.get(topic, {})
+        held = facts.offsets_by_topic.get(topic, {})
+        position = {p: held.get(p, ours.get(p, 0)) for p in {*ends, *ours}}
+        lag += sum(max(ends.get(p, 0) - position[p], 0) for p in position)
+        level = level and all(position[p] >= offset for p, offset in ours.items())
     fresh = table_freshness if level else freshness_seconds(lag, facts.max_produce_time_ms, now_ms / 1000)
     return DestinationStatus(
         table=table,
@@ -193,6 +200,17 @@ def destination_status(
         compaction_backlog=facts.compaction_backlog,
         table_uuid=table_uuid,
     )
+
+
+def topic_ends(
+    offsets: Mapping[str, Mapping[int, int]], lag: Mapping[str, Mapping[int, int]]
+) -> dict[str, dict[int, int]]:
+    """Each topic's end offsets by partition, from the offsets a batch committed and the lag left past
+    them (a negative lag, offsets past a truncated topic's end, counts as none)."""
+    return {
+        topic: {p: o + max(lag.get(topic, {}).get(p, 0), 0) for p, o in by_partition.items()}
+        for topic, by_partition in offsets.items()
+    }
 
 
 def bounded_tables(
