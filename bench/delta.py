@@ -138,7 +138,8 @@ def drain_icefall(work: Path, bootstrap: str, topic: str, records: int, target: 
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if verified.returncode != 0:
-        raise RuntimeError(f"icefall verify of {location} failed:\n{verified.stdout[-3000:]}{verified.stderr[-3000:]}")
+        said = verified.stdout[-3000:] + verified.stderr[-3000:]
+        raise RuntimeError(f"icefall verify of {location} failed:\n{said}")
     read = sum(int(m[1]) for _, m in batches if m is not None)
     if read != records:
         raise RuntimeError(f"icefall read {read} records of {records}")

@@ -89,7 +89,7 @@ def one_read(spark: Any, spec: Any, ranges: Any, variant: str) -> None:
         spark.conf.unset(CONSUMER_OFFSETS)
 
 
-def measure(
+def measure(  # noqa: PLR0917 (the measured variants)
     spark: Any, spec: Any, ranges: Any, reads: int, rounds: int, jvm_cpu: Callable[[], float]
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Per variant: JVM CPU-s per read of each counted round; admin clients made per read."""
@@ -152,7 +152,8 @@ def main() -> int:
         "# Spark's Kafka admin client per read: what the offset resolution of a batch's read costs",
         "",
         f"`bench/offset_reader.py --records {args.records} --reads {args.reads} --rounds {args.rounds}` on "
-        f"{started:%Y-%m-%d %H:%M} UTC. Method: the docstring of `bench/offset_reader.py` (one Spark session, "
+        f"{started:%Y-%m-%d %H:%M} UTC. Method: the docstring of `bench/offset_reader.py` (one Spark "
+        "session, "
         "`local[2]`, the same offsets per variant, interleaved; JVM CPU per read, median of the rounds). "
         "**Shared machine** (load average below); the variants are interleaved, so they share the load.",
         "",
