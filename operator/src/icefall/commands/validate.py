@@ -35,11 +35,6 @@ from icefall.commands.common import EXIT_INVALID
 if TYPE_CHECKING:
     from icefall.api import StreamingTable
 
-CLUSTER_CATALOG_PROBLEM = (
-    "is required in a cluster: without it each pod would write its own embedded catalog; name a sql or "
-    "rest catalog (see examples/)"
-)
-
 
 @dataclass(frozen=True)
 class Checked:
@@ -121,12 +116,12 @@ def _nulls(path: Path) -> list[tuple[str, str]]:
 
 
 def _cluster_problems(st: StreamingTable) -> list[tuple[str, str]]:
-    from icefall.plan.children import desired_children
+    from icefall.plan.children import cluster_table_problem, desired_children
     from icefall.plan.settings import OperatorSettings
 
     problems: list[tuple[str, str]] = []
-    if st.spec.table.catalog is None:
-        problems.append(("spec.table.catalog", CLUSTER_CATALOG_PROBLEM))
+    if (unrunnable := cluster_table_problem(st)) is not None:
+        problems.append(unrunnable)
     children = desired_children(
         st,
         namespace=st.metadata.namespace or "default",

@@ -58,7 +58,7 @@ from icefall.controller import metrics, status
 from icefall.controller.kube import Kube
 from icefall.controller.status import Ref, StatusMemory
 from icefall.plan.applying import ABSENT, REPAIR_SECONDS, Applied, child_key, due, manifest_digest
-from icefall.plan.children import Children, desired_children, withheld_children
+from icefall.plan.children import Children, cluster_table_problem, desired_children, withheld_children
 from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
 from icefall.plan.conditions import Issue
 from icefall.plan.driver import (
@@ -236,8 +236,8 @@ def _plan(
             owns_leases=owner is None,
         )
     problems = [str(p) for p in children.problems]
-    if st.spec.table.catalog is None:
-        problems.append("spec.table.catalog: required in a cluster (the embedded catalog is pod-local)")
+    if (unrunnable := cluster_table_problem(st)) is not None:
+        problems.append(": ".join(unrunnable))
     return _Plan(ref, st, owner, issues, replicas, children, tuple(problems), refusals, bool(broken))
 
 

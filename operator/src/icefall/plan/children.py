@@ -245,3 +245,21 @@ def _accounts_and_executor_template(
     if on_kubernetes:
         return [*applied, workloads.executor_template(meta, settings, plans[pods.EXECUTOR])], []
     return applied, [ObjectRef("v1", "ConfigMap", names.executor_template_name(meta.name))]
+
+
+def cluster_table_problem(st: StreamingTable) -> tuple[str, str] | None:
+    """What keeps the operator from running `st`'s table in a cluster at all (its driver is then held):
+    (field, message), else None."""
+    if st.spec.table.format.value == "delta":
+        return (
+            "spec.table.format",
+            "delta tables are not run by the operator yet (only by `icefall run`): use format iceberg with a "
+            "catalog, or run this table with `icefall run -f`",
+        )
+    if st.spec.table.catalog is None:
+        return (
+            "spec.table.catalog",
+            "is required in a cluster: without it each pod would write its own embedded catalog; name a sql "
+            "or rest catalog (see examples/)",
+        )
+    return None
