@@ -137,7 +137,11 @@ def test_the_upgrade_step_replaces_helms_crd_and_accepts_newer_reasons(
             assert after["metadata"][key] == stored["metadata"][key], key
         # The same spec, plus the defaults this release's CRD added since (the API server applies them on
         # read, without a new generation): an object stored before still means what it meant.
-        defaulted = {**stored["spec"], "table": {**stored["spec"]["table"], "format": "iceberg"}}
+        defaulted = {
+            **stored["spec"],
+            "table": {**stored["spec"]["table"], "format": "iceberg"},
+            "batch": {**stored["spec"]["batch"], "maxCollectBytes": 64 << 20},
+        }
         assert after["spec"] == defaulted
         assert after["status"]["conditions"][0]["reason"] == NEWER_REASON
         after["status"] = {}  # a newer operator's reason is not this release's to read
