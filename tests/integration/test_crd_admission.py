@@ -227,7 +227,12 @@ def test_example_is_accepted_and_defaults_are_filled(kubectl: Kubectl) -> None:
     stored = kubectl.get("orders")
     spec = stored["spec"]
     # Defaults the example leaves out, filled in by the API server from the CRD.
-    assert spec["batch"] == {"maxRecords": 1_000_000, "minIntervalSeconds": 1, "pipelined": True}
+    assert spec["batch"] == {
+        "maxRecords": 1_000_000,
+        "minIntervalSeconds": 1,
+        "pipelined": True,
+        "maxCollectBytes": 64 << 20,
+    }
     assert spec["source"]["security"] == {"protocol": "PLAINTEXT"}
     assert spec["deadLetter"]["maxRecordBytes"] == 1024 * 1024
     assert (spec["suspend"], spec["deletionPolicy"], spec["format"]["type"]) == (False, "Retain", "json")
