@@ -171,6 +171,11 @@ def _side(read: pa.Table, content: DeltaContent | None) -> _Side:
                 "digest": pa.nulls(read.num_rows, pa.int64()),
             }
         ).cast(ROW_SCHEMA)
+    return _known(rows)
+
+
+def _known(rows: pa.Table) -> _Side:
+    """`rows` (ROW_SCHEMA) with a partition and an offset, and how many lacked one."""
     known = pc.and_(pc.is_valid(rows.column("partition")), pc.is_valid(rows.column("offset")))
     return _Side(rows.filter(known), nulls=rows.num_rows - count_true(known))
 
@@ -189,8 +194,7 @@ def _dead_letter_side(location: str | None, content: DeltaContent | None) -> _Si
             {"partition": read.column("partition").cast(pa.int64()), "offset": read.column("offset")}
             | {"digest": pa.nulls(read.num_rows, pa.int64())}
         ).cast(ROW_SCHEMA)
-    known = pc.and_(pc.is_valid(rows.column("partition")), pc.is_valid(rows.column("offset")))
-    return _Side(rows.filter(known), nulls=rows.num_rows - count_true(known))
+    return _known(rows)
 
 
 def audit_delta_table(
