@@ -9,7 +9,9 @@ uncommitted. `icefall verify` audits a Delta table (and its dead-letter table) b
 clean after ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
 `icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and its
 in-process upkeep writes the spec's retention into the table, and `icefall read` gives its newest version plus
-the records produced after it, each once. A keyed (upsert) table's `icefall run` killed after staging its
+the records produced after it, each once. A field added to the spec becomes a new column with the next
+batch (old rows null in it, by delta-rs, Spark and `icefall verify`); a changed type is refused at start.
+A keyed (upsert) table's `icefall run` killed after staging its
 MERGE and after its commit, then run again, holds the latest row per key, and its `icefall read` applies the
 later changes. The upkeep (OPTIMIZE Z-ordered by the spec's sort column, a checkpoint, VACUUM past the
 retention) leaves a table Spark and delta-rs read equal, one data file on disk, the offsets in the checkpoint,
@@ -357,6 +359,59 @@ def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tm
     assert all(r["customer"] == f"c{r['id'] % 7}" for r in rows), rows[:3]
     version = DeltaLog(table.location).snapshot().version
     assert f"at version {version}" in read.stderr and "tail: 30 records, 30 rows" in read.stderr, read.stderr
+
+
+def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """The spec gains an optional field: the next batch's commit adds the column (old rows read null, new
+    rows hold their values, in delta-rs and Spark's Delta reader; `icefall verify` clean). Then a type
+    change in the spec is refused at start, naming the field, with nothing written."""
+    from deltalake import DeltaTable
+
+    from icefall.catalog.delta_schema import DeltaSchemaRefusedError
+    from icefall.testing.streams import send_changes
+
+    table = Table(kafka, tmp_path, "evolve")
+    produce(kafka, table.topic, 0, 20)
+    first = table.writer(spark)
+    try:
+        table.drain(first)
+    finally:
+        first.close()
+    last = "      - {name: ts, type: timestamptz, required: true}\n"
+    table.manifest.write_text(
+        table.manifest.read_text().replace(last, last + "      - {name: region, type: string}\n")
+    )
+    table.st = parse_manifest(table.manifest.read_text())
+    record = {"customer": "c", "amount": 1.5, "ts": "2026-11-22T10:00:00Z"}
+    send_changes(
+        kafka, table.topic, [(i % 2, None, {**record, "id": i, "region": f"r{i}"}) for i in range(20, 30)]
+    )
+    second = table.writer(spark)
+    try:
+        table.drain(second)
+    finally:
+        second.close()
+    table.assert_exactly_once(30)
+    schema = json.loads(DeltaLog(table.location).snapshot().schema_string or "{}")
+    assert [f["name"] for f in schema["fields"]] == ["id", "customer", "amount", "ts", "region", "_kafka"]
+    by_rs = {r["id"]: r["region"] for r in DeltaTable(table.location).to_pyarrow_table().to_pylist()}
+    assert by_rs == {i: None if i < 20 else f"r{i}" for i in range(30)}
+    by_spark = read_with_sparks_delta_reader(table.location, tmp_path / "by-spark")
+    assert {r["id"]: r["region"] for r in by_spark} == by_rs
+    report = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert report.ok, report.render()
+
+    # A type the table cannot follow: refused when the writer starts, before anything is written.
+    changed = table.manifest.read_text().replace('type: "decimal(10,2)"', "type: string")
+    table.st = parse_manifest(changed)
+    version = DeltaLog(table.location).latest_version()
+    with pytest.raises(DeltaSchemaRefusedError) as refused:
+        table.writer(spark)
+    assert "field 'amount': the table has decimal(10,2), spec.format.schema has string" in str(refused.value)
+    assert "write the new values to a new field" in str(refused.value)
+    assert DeltaLog(table.location).latest_version() == version
 
 
 #: The upkeep of `icefall run` (`DeltaMaintenance`, the spec's policy) in a Delta table's own Spark session,

@@ -195,8 +195,9 @@ class DeltaIngestor:
             self.log, planned_on, batch, self.epoch, files, merged=actions, schema_string=schema
         )
         failpoint("main.after-commit")
-        if schema is not None:
-            log.info("%s: schema changed: %s", self.label, self.schema_plan(planned_on).describe())
+        if schema is not None and planned_on.schema_string in self._schema_plans:
+            changes = self._schema_plans[planned_on.schema_string].describe()
+            log.info("%s: schema changed with version %d: %s", self.label, version, changes)
         done = time.monotonic()
         written = merged.written if merged is not None else sum(f.records for f in files)
         return self._report(planned, stats, written, version, started, phases=(wrote, committing, done))
