@@ -361,6 +361,17 @@ def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tm
     assert f"at version {version}" in read.stderr and "tail: 30 records, 30 rows" in read.stderr, read.stderr
 
 
+def schema_change_entry(location: str) -> set[str]:
+    """The kinds of action in the log entry that first holds the column `region`: the schema change lands
+    with the rows of the batch that needs it."""
+    log = DeltaLog(location)
+    for version in range(log.latest_version() + 1):
+        actions = log.actions(version)
+        if any('"region"' in a.get("metaData", {}).get("schemaString", "") for a in actions):
+            return {next(iter(a)) for a in actions}
+    raise AssertionError("no log entry holds the new column")
+
+
 def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused(
     kafka: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
@@ -396,6 +407,7 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     table.assert_exactly_once(30)
     schema = json.loads(DeltaLog(table.location).snapshot().schema_string or "{}")
     assert [f["name"] for f in schema["fields"]] == ["id", "customer", "amount", "ts", "region", "_kafka"]
+    assert schema_change_entry(table.location) == {"commitInfo", "metaData", "add"}
     by_rs = {r["id"]: r["region"] for r in DeltaTable(table.location).to_pyarrow_table().to_pylist()}
     assert by_rs == {i: None if i < 20 else f"r{i}" for i in range(30)}
     by_spark = read_with_sparks_delta_reader(table.location, tmp_path / "by-spark")
@@ -682,3 +694,74 @@ def test_icefall_run_of_a_keyed_delta_table_killed_at_each_commit_point_then_rea
     del expected[2]
     assert {r["id"]: r["customer"] for r in rows} == expected | {1: "fresh", 70: "new"}
     assert "tail: 3 records, 3 rows" in read.stderr, read.stderr
+
+
+#: An upsert Delta table's writers in a Delta table's own Spark session (the MERGE needs Delta's extension),
+#: one per manifest, each draining the topic; the changes `later` are produced before the second.
+KEYED_EVOLVE = """
+import json, pathlib, sys, types
+from icefall.api import TableFormat
+from icefall.api.manifest import parse_manifest
+from icefall.commit.lease import FileLease
+from icefall.ingest.delta_sink import DeltaIngestor
+from icefall.spark.session import build_spark_session
+from icefall.testing.streams import send_changes
+
+job = json.loads(sys.argv[1])
+spark = build_spark_session(
+    [], master="local[1]", app_name="delta-keyed-evolve", table_format=TableFormat.DELTA,
+    extra_conf={"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
+)
+for n, manifest in enumerate(job["manifests"]):
+    if n:
+        send_changes(types.SimpleNamespace(bootstrap=job["bootstrap"]), job["topic"], job["later"])
+    lease = FileLease.in_dir(pathlib.Path(job["leases"]), "commit", f"writer-{n}", duration_seconds=30)
+    ingestor = DeltaIngestor(parse_manifest(open(manifest).read()), spark, lease, location=job["location"])
+    ingestor.start(lease_timeout=5)
+    try:
+        while ingestor.run_batch() is not None:
+            pass
+    finally:
+        ingestor.close()
+spark.stop()
+"""
+
+
+def test_a_keyed_delta_table_follows_a_field_added_to_the_spec(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """An upsert table whose spec gains an optional field: the MERGE of the next batch writes it (its
+    schema change in the same log entry); keys it does not touch read null in it; `icefall verify` clean."""
+    from icefall.testing.streams import send_changes
+
+    table = Table(kafka, tmp_path, "keyed-evolve", extra="  mode: upsert\n  key: [id]")
+    send_changes(kafka, table.topic, [(None, {"id": i}, order(i, "v1")) for i in range(10)])
+    last = "      - {name: ts, type: timestamptz, required: true}\n"
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(
+        table.manifest.read_text().replace(last, last + "      - {name: region, type: string}\n")
+    )
+    later = [(None, {"id": i}, {**order(i, "v2"), "region": f"r{i}"}) for i in (2, 11)]
+    job = {
+        "manifests": [str(table.manifest), str(wider)],
+        "location": table.location,
+        "leases": str(table.leases),
+        "topic": table.topic,
+        "bootstrap": kafka.bootstrap,
+        "later": later,
+    }
+    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
+    done = subprocess.run(
+        [sys.executable, "-c", KEYED_EVOLVE, json.dumps(job)],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, "\n".join(
+        line for line in done.stderr.splitlines() if not line.startswith(("\t", " "))
+    )[-3000:]
+    rows = {r["id"]: (r["customer"], r["region"]) for r in delta_rows(table.location).to_pylist()}
+    expected = {i: ("v1", None) for i in range(10)} | {2: ("v2", "r2"), 11: ("v2", "r11")}
+    assert rows == expected
+    assert schema_change_entry(table.location) == {"commitInfo", "metaData", "add", "remove"}
+    assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+    report = verify_delta_table(parse_manifest(wider.read_text()), tmp_path / "state", spark=spark)
+    assert report.ok, report.render()

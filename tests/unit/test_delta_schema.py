@@ -202,3 +202,48 @@ def test_the_protocol_only_grows() -> None:
         "writerFeatures": ["appendOnly", "invariants", "deletionVectors", "timestampNtz"],
     }
     assert protocol_after({**keyed, "readerFeatures": ["timestampNtz"]}, ntz) is None
+
+
+MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {name: orders}
+spec:
+  source: {bootstrapServers: "127.0.0.1:9092", topic: orders}
+  format: {type: json, schema: [%s]}
+  table: {format: delta, location: "%s"}
+"""
+
+
+def test_validate_checks_the_spec_against_an_existing_local_delta_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from icefall import cli
+    from icefall.commands.common import EXIT_INVALID
+
+    location = tmp_path / "orders"
+    manifest = tmp_path / "orders.yaml"
+
+    def validate(fields: str) -> tuple[int, str]:
+        manifest.write_text(MANIFEST % (fields, location))
+        code = cli.main(["validate", "-f", str(manifest)])
+        return code, capsys.readouterr().out
+
+    base = "{name: id, type: long, required: true}, {name: amount, type: 'decimal(10,2)'}"
+    assert validate(base) == (0, f"{manifest}: valid (StreamingTable orders)\n")  # no table yet
+    create_table(
+        DeltaLog(str(location)),
+        json.dumps(struct(field("id", "long"), field("amount", "decimal(10,2)"), KAFKA)),
+        1,
+    )
+    assert validate(base)[0] == 0
+    code, said = validate(base + ", {name: region, type: string}")
+    assert code == 0 and "changes with the next batch: add optional field 'region' string" in said
+    code, said = validate("{name: id, type: long}, {name: amount, type: string}")
+    assert code == EXIT_INVALID
+    assert (
+        "spec.format.schema: the Delta table at" in said
+        and "field 'amount': the table has decimal(10,2)" in said
+    )
+    code, said = validate(base + ", {name: region, type: string, required: true}")
+    assert code == EXIT_INVALID and "'region' is new in spec.format.schema and required" in said
