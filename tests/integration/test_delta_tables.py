@@ -378,6 +378,7 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     """The spec gains an optional field: the next batch's commit adds the column (old rows read null, new
     rows hold their values, in delta-rs and Spark's Delta reader; `icefall verify` clean). Then a type
     change in the spec is refused at start, naming the field, with nothing written."""
+    import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
     from icefall.catalog.delta_schema import DeltaSchemaRefusedError
@@ -390,10 +391,10 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
         table.drain(first)
     finally:
         first.close()
+    # A new optional field, and a narrower decimal (every value fits: the files keep the table's type).
     last = "      - {name: ts, type: timestamptz, required: true}\n"
-    table.manifest.write_text(
-        table.manifest.read_text().replace(last, last + "      - {name: region, type: string}\n")
-    )
+    wider = table.manifest.read_text().replace(last, last + "      - {name: region, type: string}\n")
+    table.manifest.write_text(wider.replace('type: "decimal(10,2)"', 'type: "decimal(8,2)"'))
     table.st = parse_manifest(table.manifest.read_text())
     record = {"customer": "c", "amount": 1.5, "ts": "2026-11-22T10:00:00Z"}
     send_changes(
@@ -408,6 +409,8 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     schema = json.loads(DeltaLog(table.location).snapshot().schema_string or "{}")
     assert [f["name"] for f in schema["fields"]] == ["id", "customer", "amount", "ts", "region", "_kafka"]
     assert schema_change_entry(table.location) == {"commitInfo", "metaData", "add"}
+    files = Path(table.location).glob("*.parquet")
+    assert {str(pq.read_schema(f).field("amount").type) for f in files} == {"decimal128(10, 2)"}
     by_rs = {r["id"]: r["region"] for r in DeltaTable(table.location).to_pyarrow_table().to_pylist()}
     assert by_rs == {i: None if i < 20 else f"r{i}" for i in range(30)}
     by_spark = read_with_sparks_delta_reader(table.location, tmp_path / "by-spark")
@@ -416,7 +419,7 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     assert report.ok, report.render()
 
     # A type the table cannot follow: refused when the writer starts, before anything is written.
-    changed = table.manifest.read_text().replace('type: "decimal(10,2)"', "type: string")
+    changed = table.manifest.read_text().replace('type: "decimal(8,2)"', "type: string")
     table.st = parse_manifest(changed)
     version = DeltaLog(table.location).latest_version()
     with pytest.raises(DeltaSchemaRefusedError) as refused:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from icefall.api import SchemaField, to_spark_schema_json
-from icefall.catalog.delta_schema import plan_delta_schema, spec_schema_against, wanted_schema
+from icefall.catalog.delta_schema import plan_delta_schema, spec_schema_against, wanted_schema, written_schema
 from icefall.catalog.evolution import AddField, MakeOptional
 from icefall.commit import StaleHeadError
 from icefall.commit.batch import Batch
@@ -247,3 +247,24 @@ def test_validate_checks_the_spec_against_an_existing_local_delta_table(
     )
     code, said = validate(base + ", {name: region, type: string, required: true}")
     assert code == EXIT_INVALID and "'region' is new in spec.format.schema and required" in said
+
+
+def test_rows_of_a_narrower_type_are_written_as_the_tables() -> None:
+    table = json.dumps(
+        struct(field("id", "long"), field("items", ITEMS), field("amount", "decimal(10,2)"), KAFKA)
+    )
+    same = struct(field("id", "long"), field("items", ITEMS), field("amount", "decimal(10,2)"), KAFKA)
+    assert written_schema(same, table) is None
+    narrow_items = {**ITEMS, "elementType": struct(field("sku", "string"), field("n", "byte"))}
+    rows = struct(
+        field("id", "integer", nullable=False),
+        field("items", narrow_items),
+        field("amount", "decimal(8,2)"),
+        KAFKA,
+    )
+    cast = written_schema(json.dumps(rows), table)
+    assert cast is not None
+    assert [f["type"] for f in cast["fields"]][0::2] == ["long", "decimal(10,2)"]
+    assert cast["fields"][0]["nullable"] is False  # the rows' own nullability
+    # A field the table does not have yet (added by this batch's commit) is written as it is.
+    assert cast["fields"][1]["type"]["elementType"]["fields"][1] == field("n", "byte")

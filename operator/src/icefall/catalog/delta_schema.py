@@ -113,6 +113,41 @@ def wanted_schema(rows: str | Mapping[str, Any], spec_fields: Mapping[str, Any] 
     return data
 
 
+def written_schema(rows: str | Mapping[str, Any], table: str) -> Json | None:
+    """The schema a batch's rows are written with into a table of schema `table`: the rows' own (`rows`,
+    their Spark schema), each value of a type the table holds wider (a narrower type in the spec, which the
+    rules accept: every value fits) of the table's type, as Delta's own writer casts; names and
+    nullability the rows'. None: the rows have the table's types already (the usual case)."""
+    have: Json = json.loads(rows) if isinstance(rows, str) else copy.deepcopy(dict(rows))
+    cast = _as_table(have, json.loads(table))
+    return None if cast == have else cast
+
+
+def _as_table(rows: Any, table: Any) -> Any:
+    if isinstance(rows, str) or isinstance(table, str):
+        both = isinstance(rows, str) and isinstance(table, str)
+        return table if both else rows  # a different shape: refused by the plan, left as it is
+    kind = rows.get("type")
+    if kind != table.get("type"):
+        return rows
+    if kind == "struct":
+        types = {f["name"]: f["type"] for f in table["fields"]}
+        fields = [
+            {**f, "type": _as_table(f["type"], types[f["name"]])} if f["name"] in types else f
+            for f in rows["fields"]
+        ]
+        return {**rows, "fields": fields}
+    if kind == "array":
+        return {**rows, "elementType": _as_table(rows["elementType"], table["elementType"])}
+    if kind == "map":
+        key, value = (
+            _as_table(rows["keyType"], table["keyType"]),
+            _as_table(rows["valueType"], table["valueType"]),
+        )
+        return {**rows, "keyType": key, "valueType": value}
+    return rows
+
+
 def spec_schema_against(table: str, spec_fields: Mapping[str, Any]) -> Json:
     """The schema the spec wants, without a batch (`icefall validate`): the spec's fields, then Icefall's
     own columns as the table has them."""

@@ -44,6 +44,7 @@ from icefall.catalog.delta_schema import (
     DeltaSchemaRefusedError,
     plan_delta_schema,
     wanted_schema,
+    written_schema,
 )
 from icefall.commit import FencedError, StaleHeadError
 from icefall.commit.delta import (
@@ -124,6 +125,7 @@ class DeltaIngestor:
         self.progress = Progress()
         self.epoch = 0
         self.wanted: dict[str, Any] | None = None  # the batch's schema as the spec wants it (`start`)
+        self.rows_schema: str | None = None  # the batch's rows' Spark schema (`start`)
         self._schema_plans: dict[str, DeltaSchemaPlan] = {}
         self.keeper: LeaseKeeper | None = None
         self.outages = Outages(
@@ -152,6 +154,7 @@ class DeltaIngestor:
             fmt, select = self.spec.format, self.spec.transforms.select
             declared = to_spark_schema_json(fmt.schema_fields) if fmt.schema_known and not select else None
             self.wanted = wanted_schema(schema, declared)
+            self.rows_schema = schema
             self.schema_plan(create_table(self.log, schema, self.epoch, deletion_vectors=keyed))
             claim_epoch(self.log, self.epoch)
             shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
@@ -242,12 +245,26 @@ class DeltaIngestor:
         if self.spec.key:
             return self._merge(planned, planned_on, schema, decoders.good.good_rows(observed), observation)
         staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
-        decoders.good.good_rows(observed).write.parquet(str(staging))
+        self._as_table(decoders.good.good_rows(observed), schema or planned_on.schema_string).write.parquet(
+            str(staging)
+        )
         try:
             stats = self._read_stats(planned, observation)
             return stats, moved_into(staging, self.log), None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _as_table(self, rows: DataFrame, table: str | None) -> DataFrame:
+        """`rows` with the table's types where the spec's are narrower (`written_schema`), so each file
+        holds the table's types; as they are otherwise."""
+        if table is None or self.rows_schema is None:
+            return rows
+        target = written_schema(self.rows_schema, table)
+        if target is None:
+            return rows
+        from pyspark.sql.types import StructType
+
+        return rows.to(StructType.fromJson(target))
 
     def _merge(
         self,
