@@ -19,8 +19,9 @@ offsets (`icefall.ingest.delta_keyed`).
 Schema evolution: the table's schema follows the spec's (`icefall.catalog.delta_schema`, the rules of
 `icefall.catalog.evolution`): a new optional field is added by the next batch's commit, in its log entry
 (`commit_batch(schema_string=...)`), so the new column, the rows that first fill it and their offsets land
-together; rows already in the table read it as null. What the table cannot follow (a type changed, narrowed
-or widened, a new required field) raises DeltaSchemaRefusedError at start and before any batch is written.
+together; rows already in the table read it as null; a narrower type is written as the table's. What the
+table cannot follow (a type changed or widened, a new required field) raises DeltaSchemaRefusedError at
+start and before any batch is written.
 
 Not done yet for Delta (refused by the spec's validation where it is a setting): a dead-letter topic,
 registry formats, partitioning, pipelining, object stores. The upkeep (OPTIMIZE, checkpoints, VACUUM) is
@@ -155,7 +156,7 @@ class DeltaIngestor:
             declared = to_spark_schema_json(fmt.schema_fields) if fmt.schema_known and not select else None
             self.wanted = wanted_schema(schema, declared)
             self.rows_schema = schema
-            self.schema_plan(create_table(self.log, schema, self.epoch, deletion_vectors=keyed))
+            self.schema_after(create_table(self.log, schema, self.epoch, deletion_vectors=keyed))
             claim_epoch(self.log, self.epoch)
             shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
             if self.dead_letters is not None:
@@ -181,7 +182,7 @@ class DeltaIngestor:
         proposal = self.planner.propose(planned_on.committed, self.progress)
         if proposal.idle:
             return None
-        schema = self.schema_plan(planned_on)
+        schema = self.schema_after(planned_on)
         planned = self.planner.batch(proposal)
         wrote = time.monotonic()
         stats, files, merged = self._write(planned, planned_on, schema)
@@ -205,7 +206,7 @@ class DeltaIngestor:
         written = merged.written if merged is not None else sum(f.records for f in files)
         return self._report(planned, stats, written, version, started, phases=(wrote, committing, done))
 
-    def schema_plan(self, snapshot: DeltaSnapshot) -> str | None:
+    def schema_after(self, snapshot: DeltaSnapshot) -> str | None:
         """The table's schema once this writer's batch lands on `snapshot` (`icefall.catalog.delta_schema`;
         None: unchanged); DeltaSchemaRefusedError for what it cannot follow, before anything is written."""
         table = snapshot.schema_string
