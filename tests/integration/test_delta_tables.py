@@ -9,7 +9,9 @@ uncommitted. `icefall verify` audits a Delta table (and its dead-letter table) b
 clean after ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
 `icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and its
 in-process upkeep writes the spec's retention into the table, and `icefall read` gives its newest version plus
-the records produced after it, each once. A keyed (upsert) table's `icefall run` killed after staging its
+the records produced after it, each once. A field added to the spec becomes a new column with the next
+batch (old rows null in it, by delta-rs, Spark and `icefall verify`); a changed type is refused at start.
+A keyed (upsert) table's `icefall run` killed after staging its
 MERGE and after its commit, then run again, holds the latest row per key, and its `icefall read` applies the
 later changes. The upkeep (OPTIMIZE Z-ordered by the spec's sort column, a checkpoint, VACUUM past the
 retention) leaves a table Spark and delta-rs read equal, one data file on disk, the offsets in the checkpoint,
@@ -359,6 +361,74 @@ def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tm
     assert f"at version {version}" in read.stderr and "tail: 30 records, 30 rows" in read.stderr, read.stderr
 
 
+def schema_change_entry(location: str) -> set[str]:
+    """The kinds of action in the log entry that first holds the column `region`: the schema change lands
+    with the rows of the batch that needs it."""
+    log = DeltaLog(location)
+    for version in range(log.latest_version() + 1):
+        actions = log.actions(version)
+        if any('"region"' in a.get("metaData", {}).get("schemaString", "") for a in actions):
+            return {next(iter(a)) for a in actions}
+    raise AssertionError("no log entry holds the new column")
+
+
+def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """The spec gains an optional field: the next batch's commit adds the column (old rows read null, new
+    rows hold their values, in delta-rs and Spark's Delta reader; `icefall verify` clean). Then a type
+    change in the spec is refused at start, naming the field, with nothing written."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    from icefall.catalog.delta_schema import DeltaSchemaRefusedError
+    from icefall.testing.streams import send_changes
+
+    table = Table(kafka, tmp_path, "evolve")
+    produce(kafka, table.topic, 0, 20)
+    first = table.writer(spark)
+    try:
+        table.drain(first)
+    finally:
+        first.close()
+    # A new optional field, and a narrower decimal (every value fits: the files keep the table's type).
+    last = "      - {name: ts, type: timestamptz, required: true}\n"
+    wider = table.manifest.read_text().replace(last, last + "      - {name: region, type: string}\n")
+    table.manifest.write_text(wider.replace('type: "decimal(10,2)"', 'type: "decimal(8,2)"'))
+    table.st = parse_manifest(table.manifest.read_text())
+    record = {"customer": "c", "amount": 1.5, "ts": "2026-11-22T10:00:00Z"}
+    send_changes(
+        kafka, table.topic, [(i % 2, None, {**record, "id": i, "region": f"r{i}"}) for i in range(20, 30)]
+    )
+    second = table.writer(spark)
+    try:
+        table.drain(second)
+    finally:
+        second.close()
+    table.assert_exactly_once(30)
+    schema = json.loads(DeltaLog(table.location).snapshot().schema_string or "{}")
+    assert [f["name"] for f in schema["fields"]] == ["id", "customer", "amount", "ts", "region", "_kafka"]
+    assert schema_change_entry(table.location) == {"commitInfo", "metaData", "add"}
+    files = Path(table.location).glob("*.parquet")
+    assert {str(pq.read_schema(f).field("amount").type) for f in files} == {"decimal128(10, 2)"}
+    by_rs = {r["id"]: r["region"] for r in DeltaTable(table.location).to_pyarrow_table().to_pylist()}
+    assert by_rs == {i: None if i < 20 else f"r{i}" for i in range(30)}
+    by_spark = read_with_sparks_delta_reader(table.location, tmp_path / "by-spark")
+    assert {r["id"]: r["region"] for r in by_spark} == by_rs
+    report = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert report.ok, report.render()
+
+    # A type the table cannot follow: refused when the writer starts, before anything is written.
+    changed = table.manifest.read_text().replace('type: "decimal(8,2)"', "type: string")
+    table.st = parse_manifest(changed)
+    version = DeltaLog(table.location).latest_version()
+    with pytest.raises(DeltaSchemaRefusedError) as refused:
+        table.writer(spark)
+    assert "field 'amount': the table has decimal(10,2), spec.format.schema has string" in str(refused.value)
+    assert "write the new values to a new field" in str(refused.value)
+    assert DeltaLog(table.location).latest_version() == version
+
+
 #: The upkeep of `icefall run` (`DeltaMaintenance`, the spec's policy) in a Delta table's own Spark session,
 #: its clock past the retention (VACUUM then deletes what OPTIMIZE replaced), step after step until nothing
 #: is due; then the table as Spark's Delta reader reads it, copied into Parquet files. Prints the steps.
@@ -627,3 +697,74 @@ def test_icefall_run_of_a_keyed_delta_table_killed_at_each_commit_point_then_rea
     del expected[2]
     assert {r["id"]: r["customer"] for r in rows} == expected | {1: "fresh", 70: "new"}
     assert "tail: 3 records, 3 rows" in read.stderr, read.stderr
+
+
+#: An upsert Delta table's writers in a Delta table's own Spark session (the MERGE needs Delta's extension),
+#: one per manifest, each draining the topic; the changes `later` are produced before the second.
+KEYED_EVOLVE = """
+import json, pathlib, sys, types
+from icefall.api import TableFormat
+from icefall.api.manifest import parse_manifest
+from icefall.commit.lease import FileLease
+from icefall.ingest.delta_sink import DeltaIngestor
+from icefall.spark.session import build_spark_session
+from icefall.testing.streams import send_changes
+
+job = json.loads(sys.argv[1])
+spark = build_spark_session(
+    [], master="local[1]", app_name="delta-keyed-evolve", table_format=TableFormat.DELTA,
+    extra_conf={"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
+)
+for n, manifest in enumerate(job["manifests"]):
+    if n:
+        send_changes(types.SimpleNamespace(bootstrap=job["bootstrap"]), job["topic"], job["later"])
+    lease = FileLease.in_dir(pathlib.Path(job["leases"]), "commit", f"writer-{n}", duration_seconds=30)
+    ingestor = DeltaIngestor(parse_manifest(open(manifest).read()), spark, lease, location=job["location"])
+    ingestor.start(lease_timeout=5)
+    try:
+        while ingestor.run_batch() is not None:
+            pass
+    finally:
+        ingestor.close()
+spark.stop()
+"""
+
+
+def test_a_keyed_delta_table_follows_a_field_added_to_the_spec(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """An upsert table whose spec gains an optional field: the MERGE of the next batch writes it (its
+    schema change in the same log entry); keys it does not touch read null in it; `icefall verify` clean."""
+    from icefall.testing.streams import send_changes
+
+    table = Table(kafka, tmp_path, "keyed-evolve", extra="  mode: upsert\n  key: [id]")
+    send_changes(kafka, table.topic, [(None, {"id": i}, order(i, "v1")) for i in range(10)])
+    last = "      - {name: ts, type: timestamptz, required: true}\n"
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(
+        table.manifest.read_text().replace(last, last + "      - {name: region, type: string}\n")
+    )
+    later = [(None, {"id": i}, {**order(i, "v2"), "region": f"r{i}"}) for i in (2, 11)]
+    job = {
+        "manifests": [str(table.manifest), str(wider)],
+        "location": table.location,
+        "leases": str(table.leases),
+        "topic": table.topic,
+        "bootstrap": kafka.bootstrap,
+        "later": later,
+    }
+    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
+    done = subprocess.run(
+        [sys.executable, "-c", KEYED_EVOLVE, json.dumps(job)],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, "\n".join(
+        line for line in done.stderr.splitlines() if not line.startswith(("\t", " "))
+    )[-3000:]
+    rows = {r["id"]: (r["customer"], r["region"]) for r in delta_rows(table.location).to_pylist()}
+    expected = {i: ("v1", None) for i in range(10)} | {2: ("v2", "r2"), 11: ("v2", "r11")}
+    assert rows == expected
+    assert schema_change_entry(table.location) == {"commitInfo", "metaData", "add", "remove"}
+    assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+    report = verify_delta_table(parse_manifest(wider.read_text()), tmp_path / "state", spark=spark)
+    assert report.ok, report.render()

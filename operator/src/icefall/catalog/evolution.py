@@ -103,21 +103,34 @@ class Evolution:
 
 
 def plan_evolution(
-    actual: Schema, wanted: Schema, *, source: str, relax_required: bool, last: Sequence[str] = ()
+    actual: Schema,
+    wanted: Schema,
+    *,
+    source: str,
+    relax_required: bool,
+    last: Sequence[str] = (),
+    table_format: str = "Iceberg",
+    no_widening: str | None = None,
 ) -> Evolution:
     """The changes that make `actual` (the table's schema) hold what `wanted` describes. `source` names
     `wanted` in messages (`spec.format.schema`, `writer schema id 7`); new top-level fields go before the
-    first of the `last` columns the table has."""
-    planner = _Planner(source, relax_required)
+    first of the `last` columns the table has. `table_format` names the table's format in messages;
+    `no_widening`: the format cannot widen a type (why, and what to do): each widening is refused with it
+    (Delta Lake, `icefall.catalog.delta_schema`)."""
+    planner = _Planner(source, relax_required, table_format, no_widening)
     planner.struct(actual.as_struct(), wanted.as_struct(), ())
     before = next((f.name for f in actual.fields if f.name in last), None)
     return Evolution(tuple(planner.changes), tuple(planner.refused), before)
 
 
 class _Planner:
-    def __init__(self, source: str, relax_required: bool) -> None:
+    def __init__(
+        self, source: str, relax_required: bool, table_format: str = "Iceberg", no_widening: str | None = None
+    ) -> None:
         self.source = source
         self.relax_required = relax_required
+        self.table_format = table_format
+        self.no_widening = no_widening
         self.changes: list[Change] = []
         self.refused: list[str] = []
 
@@ -169,10 +182,16 @@ class _Planner:
         elif have.is_primitive and want.is_primitive:
             if have == want or _widens(want, have):
                 return  # the same, or narrower: every value fits the column as it is
-            if _widens(have, want):
+            if _widens(have, want) and self.no_widening is not None:
+                self.refused.append(
+                    f"field '{_dotted(path)}': the table has {describe_type(have)}, {self.source} has "
+                    f"{describe_type(want)}; {self.no_widening}"
+                )
+            elif _widens(have, want):
                 self.changes.append(WidenType(path, have, want))
             else:
-                self.mismatch(have, want, path, why=_WIDENINGS)
+                why = _WIDENINGS if self.no_widening is None else "a column's type stays as it is"
+                self.mismatch(have, want, path, why=why)
         else:
             self.mismatch(
                 have, want, path, why="a column cannot change between struct, list, map and a value"
@@ -181,8 +200,8 @@ class _Planner:
     def mismatch(self, have: IcebergType, want: IcebergType, path: Path, *, why: str) -> None:
         self.refused.append(
             f"field '{_dotted(path)}': the table has {describe_type(have)}, {self.source} has "
-            f"{describe_type(want)}; Iceberg cannot change it ({why}): keep the type, or write the new "
-            "values to a new field"
+            f"{describe_type(want)}; {self.table_format} cannot change it ({why}): keep the type, or write "
+            "the new values to a new field"
         )
 
 

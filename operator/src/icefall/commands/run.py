@@ -163,6 +163,7 @@ def ingest_delta_until_stopped(
 ) -> int:
     """`ingest_until_stopped` for a Delta table (`icefall.ingest.delta_sink.DeltaIngestor`); `maintenance`
     as there (`icefall.compact.delta`)."""
+    from icefall.catalog.delta_schema import DeltaSchemaRefusedError
     from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
 
     progress = RunProgress(args, stop if stop is not None else stop_on_signals(), maintenance=maintenance)
@@ -170,7 +171,7 @@ def ingest_delta_until_stopped(
     try:
         ingestor = DeltaIngestor(st, spark, lease, location=location)
         code = run_ingestor(ingestor, progress, args)
-    except BadRecordsHaltedError as halted:
+    except (BadRecordsHaltedError, DeltaSchemaRefusedError) as halted:
         print(f"[run] stopping: {halted}", flush=True)
         code = 1
     finally:

@@ -12,12 +12,17 @@ With `--cluster`, also what the operator refuses although the API server accepts
 `spec.table.catalog` (the embedded catalog is pod-local) and the problems the operator's rendering of the
 pods finds with its default settings (`plan.children`).
 
+A Delta table at a local `spec.table.location` that exists already: `spec.format.schema` against the
+table's schema (its `_delta_log`, read from the disk; `icefall.catalog.delta_schema`): what the table cannot
+follow is a problem of `spec.format.schema`, what the next batch will change a note.
+
 Guarantees: no network, no cluster, no credential read; every problem is one line `<field path>: <what is
 wrong and what to do>`; exit code 0 when every file is valid, `EXIT_INVALID` (2) when one is not.
 Not checked: the transition rules, which compare with the stored object (identity fields such as
-spec.source.topic, spec.table.* cannot change: `self == oldSelf`), and what depends on the cluster (the
+spec.source.topic, spec.table.* cannot change: `self == oldSelf`), what depends on the cluster (the
 Secrets a table references, the operator's pod policy and settings when they differ from the chart's
-defaults).
+defaults), and an existing table's schema against the spec but for a local Delta table's (an Iceberg
+table's is in its catalog; a `transforms.select`'s columns need Spark).
 """
 
 from __future__ import annotations
@@ -80,13 +85,48 @@ def check_file(path: Path, *, cluster: bool = False) -> Checked:
         return Checked(str(path), problems=(*((p.path, p.message) for p in error.problems), *nulls))
     name = st.metadata.name
     problems = [*nulls, *(_cluster_problems(st) if cluster else [])]
-    notes = []
+    notes: list[str] = []
+    schema_problems, schema_notes = _delta_schema(st)
+    problems += schema_problems
+    notes += schema_notes
     if not cluster and st.spec.table.catalog is None and st.spec.table.format.value != "delta":  # by location
         notes.append(
             "spec.table.catalog is not set: fine for `icefall run` (the embedded catalog), refused by the "
             "operator in a cluster (check with --cluster)"
         )
     return Checked(str(path), name, tuple(problems), tuple(notes))
+
+
+def _delta_schema(st: StreamingTable) -> tuple[list[tuple[str, str]], list[str]]:
+    """A local Delta table that exists: what of `spec.format.schema` it cannot follow (problems), and what
+    its next batch changes (notes). Nothing for any other table (module doc)."""
+    from icefall.api import TableFormat, to_spark_schema_json
+    from icefall.commit.delta_storage import is_s3
+
+    spec = st.spec
+    location = spec.table.location
+    if spec.table.format is not TableFormat.DELTA or location is None or is_s3(location):
+        return [], []
+    if not spec.format.schema_known or spec.transforms.select:
+        return [], []
+    from icefall.catalog.delta_schema import plan_delta_schema, spec_schema_against
+    from icefall.commit.delta import DeltaLog
+
+    try:
+        table = DeltaLog(location).snapshot().schema_string
+    except (OSError, ValueError) as error:  # unreadable: the run says why
+        return [], [f"the Delta table at {location} could not be read ({error}); its schema is not checked"]
+    if table is None:
+        return [], []
+    wanted = spec_schema_against(table, to_spark_schema_json(spec.format.schema_fields))
+    plan = plan_delta_schema(table, wanted, source="spec.format.schema")
+    problems = [("spec.format.schema", f"the Delta table at {location}: {line}") for line in plan.refused]
+    notes = (
+        [f"the Delta table at {location} changes with the next batch: {plan.describe()}"]
+        if plan.changes
+        else []
+    )
+    return problems, notes
 
 
 def _nulls(path: Path) -> list[tuple[str, str]]:

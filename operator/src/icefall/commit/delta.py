@@ -20,7 +20,13 @@ Checkpoints and log cleanup are Delta's own (the upkeep, `icefall.compact.delta`
 them); the snapshot is read from the newest checkpoint and the commits after it. Table properties outside
 `icefall.*` (the retention the spec sets) change in a metadata-only commit, `set_properties`.
 The folder is local or on S3 (`icefall.commit.delta_storage`: put-if-absent is `link` locally, a
-conditional PUT on S3). Not guaranteed / not done yet: GCS and Azure, schema evolution, partitioning.
+conditional PUT on S3). Schema evolution (`icefall.catalog.delta_schema`): a batch whose schema adds
+columns commits the table's new `schemaString` in the `metaData` action of its own log entry
+(`commit_batch(schema_string=...)`, and a `protocol` action if a new column needs a feature), not in a
+metadata-only commit before it: the batch's commit writes a `metaData` action anyway, so the new column,
+its first rows and their offsets land together or not at all, behind the same epoch, offset and
+put-if-absent checks; a batch planned on another schema than the table's is StaleHeadError.
+Not guaranteed / not done yet: GCS and Azure, type widening (Delta's `typeWidening` feature), partitioning.
 """
 
 from __future__ import annotations
@@ -210,6 +216,39 @@ def protocol_for(schema_string: str, *, deletion_vectors: bool = False) -> dict[
     return {"minReaderVersion": 1, "minWriterVersion": 2}
 
 
+#: The table features each legacy writer version implies (Delta's PROTOCOL.md, "Table Features").
+_LEGACY_WRITER_FEATURES = (
+    (2, ("appendOnly", "invariants")),
+    (3, ("checkConstraints",)),
+    (4, ("changeDataFeed", "generatedColumns")),
+    (5, ("columnMapping",)),
+    (6, ("identityColumns",)),
+)
+
+
+def protocol_after(protocol: Mapping[str, Any] | None, schema_string: str) -> dict[str, Any] | None:
+    """The protocol a table with `protocol` needs once its schema is `schema_string` (a new column may need
+    a feature, `timestampNtz`); None: `protocol` holds it. Features are only ever added: a table's
+    protocol never goes down."""
+    needed = protocol_for(schema_string).get("readerFeatures", [])
+    current = dict(protocol or {})
+    reader = list(current.get("readerFeatures") or [])
+    if all(f in reader for f in needed):
+        return None
+    writer = list(current.get("writerFeatures") or [])
+    if int(current.get("minWriterVersion", 2)) < 7:  # legacy: name what its version implied
+        version = int(current.get("minWriterVersion", 2))
+        writer = [f for v, features in _LEGACY_WRITER_FEATURES if v <= version for f in features]
+    if int(current.get("minReaderVersion", 1)) == 2:
+        reader = ["columnMapping"]
+    return {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": [*reader, *(f for f in needed if f not in reader)],
+        "writerFeatures": [*writer, *(f for f in needed if f not in writer)],
+    }
+
+
 #: A keyed table's configuration: Delta's MERGE marks replaced rows in deletion vectors, no file rewrites.
 DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 
@@ -328,6 +367,11 @@ def commit_batch(
     TopicMismatchError / OffsetGapError (`_check_source`). A commit by someone else that leaves `icefall.*`
     alone is committed over, as often as MAX_ATTEMPTS.
 
+    `schema_string`: the table's schema with this batch (`icefall.catalog.delta_schema.plan_delta_schema`
+    on `planned`'s); when it differs from `planned`'s, the commit's Metadata carries it (and a Protocol
+    action the features a new column needs, `protocol_after`): the schema change lands with the batch's
+    rows and offsets in one log entry, or not at all. None: the schema stays.
+
     `merged`: a keyed batch's MERGE (`icefall.ingest.delta_keyed`), its `add` and `remove` actions (rows
     marked deleted in deletion vectors, new files) computed on `planned` exactly: committed on `planned`
     only, any other commit since is a StaleHeadError (an OPTIMIZE may have replaced the files it marks)."""
@@ -352,15 +396,16 @@ def commit_batch(
                     "was planned on: another commit of Icefall landed since"
                 )
             if current.schema_string != planned.schema_string:
+                # The batch's files and its schema change were planned on the schema it replaced.
                 raise StaleHeadError(f"the table's schema changed since version {planned.version}")
-        if schema_string is not None and current.schema_string != schema_string:
-            raise StaleHeadError(
-                "the batch's columns are not the table's: schema evolution is not supported with format "
-                "delta yet; create a new table (a new spec.table.location) for the new columns"
-            )
         _check_source(committed, batch)
         new = state_after(committed, batch, epoch, snapshot_id=current.version + 1)
         assert current.metadata is not None
+        metadata, evolved = current.metadata, []
+        if schema_string is not None and schema_string != current.schema_string:
+            metadata = {**metadata, "schemaString": schema_string}
+            upgraded = protocol_after(current.protocol, schema_string)
+            evolved = [{"protocol": upgraded}] if upgraded is not None else []
         actions = [
             _commit_info(
                 "STREAMING UPDATE" if merged is None else "MERGE",
@@ -371,7 +416,8 @@ def commit_batch(
                 isBlindAppend=False,
                 userMetadata=json.dumps(new.to_properties(), sort_keys=True),
             ),
-            _with_state(current.metadata, new),
+            *evolved,
+            _with_state(metadata, new),
             *adds,
             *extra,
         ]

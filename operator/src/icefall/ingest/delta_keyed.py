@@ -18,6 +18,10 @@ remembered (`icefall.ingest.deleted_keys.Remembering`) in a Parquet file under `
 that the commit names (`icefall.deleted-keys`). Replaced rows are marked in deletion vectors
 (`delta.enableDeletionVectors`): no file is rewritten.
 
+A batch that changes the table's schema (`icefall.catalog.delta_schema`: a new optional field) has the
+shadow's V+1 change it first (a Metadata action only), the MERGE commits V+2 there, and the table's V+1
+holds the new schema, the MERGE's actions and the offsets: one log entry, as for an append.
+
 Not guaranteed / not done: object stores (links of the local file system); the shadow costs a link per
 file of the table per batch (compaction keeps the count small).
 """
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from icefall.commit import StaleHeadError
-from icefall.commit.delta import LOG_DIR, DeltaLog, DeltaSnapshot
+from icefall.commit.delta import LOG_DIR, DeltaLog, DeltaSnapshot, protocol_after
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,15 +87,35 @@ class Merged:
 
 
 class ShadowMerge:
-    """One keyed batch's MERGE on a shadow of version `planned.version` of the table (module doc)."""
+    """One keyed batch's MERGE on a shadow of version `planned.version` of the table (module doc); with
+    `schema_string` (the batch changes the table's schema) the shadow's version V+1 changes it first."""
 
-    def __init__(self, log: DeltaLog, staging: Path, planned: DeltaSnapshot) -> None:
+    def __init__(
+        self, log: DeltaLog, staging: Path, planned: DeltaSnapshot, *, schema_string: str | None = None
+    ) -> None:
         self.log, self.planned = log, planned
         self.shadow = staging / f"merge-{uuid.uuid4().hex}"
+        self.schema_string = schema_string
+        self.merged_version = planned.version + (1 if schema_string is None else 2)
 
     def __enter__(self) -> ShadowMerge:
         self._link()
+        if self.schema_string is not None:
+            self._evolve(self.schema_string)
         return self
+
+    def _evolve(self, schema_string: str) -> None:
+        """The shadow's version V+1: only the new schema (and the protocol it needs), so the MERGE
+        (V+2) writes the new columns. Never the table's: its V+1 carries the same Metadata change with
+        the MERGE's actions (`commit_batch(schema_string=...)`)."""
+        assert self.planned.metadata is not None
+        actions: list[dict[str, Any]] = [
+            {"metaData": {**self.planned.metadata, "schemaString": schema_string}}
+        ]
+        upgraded = protocol_after(self.planned.protocol, schema_string)
+        actions += [{"protocol": upgraded}] if upgraded is not None else []
+        text = "".join(json.dumps(a) + "\n" for a in actions)
+        (self.shadow / LOG_DIR / f"{self.planned.version + 1:020d}.json").write_text(text, encoding="utf-8")
 
     def __exit__(self, *_: object) -> None:
         shutil.rmtree(self.shadow, ignore_errors=True)  # links, and files not moved: never the table's
@@ -127,7 +151,7 @@ class ShadowMerge:
             jvm = spark.sparkContext._jvm
             if jvm is not None:  # the shadow's cached DeltaLog: never read again
                 jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
-        made = self.shadow / LOG_DIR / f"{self.planned.version + 1:020d}.json"
+        made = self.shadow / LOG_DIR / f"{self.merged_version:020d}.json"
         actions = [json.loads(line) for line in made.read_text(encoding="utf-8").splitlines() if line]
         if any("metaData" in a or "protocol" in a for a in actions):
             raise RuntimeError("the MERGE changed the table's schema or protocol: not committed")

@@ -14,9 +14,17 @@ Guarantees: a batch is in the table once or not at all; a writer whose lease was
 commit (`icefall.ingest.delta_dead_letters`); with `spec.deadLetter.table.enabled: false` a bad record
 stops ingestion with BadRecordsHaltedError, nothing of its batch committed. A keyed table (`spec.mode`
 upsert or cdc) MERGEs each batch's last change per key with deletion vectors, in the same commit as its
-offsets (`icefall.ingest.delta_keyed`). Not done yet for Delta (refused
-by the spec's validation where it is a setting): a dead-letter topic, registry formats,
-schema evolution, partitioning, pipelining, object stores. The upkeep (OPTIMIZE, checkpoints, VACUUM) is
+offsets (`icefall.ingest.delta_keyed`).
+
+Schema evolution: the table's schema follows the spec's (`icefall.catalog.delta_schema`, the rules of
+`icefall.catalog.evolution`): a new optional field is added by the next batch's commit, in its log entry
+(`commit_batch(schema_string=...)`), so the new column, the rows that first fill it and their offsets land
+together; rows already in the table read it as null; a narrower type is written as the table's. What the
+table cannot follow (a type changed or widened, a new required field) raises DeltaSchemaRefusedError at
+start and before any batch is written.
+
+Not done yet for Delta (refused by the spec's validation where it is a setting): a dead-letter topic,
+registry formats, partitioning, pipelining, object stores. The upkeep (OPTIMIZE, checkpoints, VACUUM) is
 `icefall.compact.delta`'s.
 """
 
@@ -29,9 +37,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from icefall.api import StreamingTable
+from icefall.api import StreamingTable, to_spark_schema_json
+from icefall.catalog.delta_schema import (
+    DeltaSchemaPlan,
+    DeltaSchemaRefusedError,
+    plan_delta_schema,
+    wanted_schema,
+    written_schema,
+)
 from icefall.commit import FencedError, StaleHeadError
 from icefall.commit.delta import (
     AddFile,
@@ -110,6 +125,9 @@ class DeltaIngestor:
         self.dead_letters = DeltaDeadLetters(self.writer, dlq_location) if dlq_location else None
         self.progress = Progress()
         self.epoch = 0
+        self.wanted: dict[str, Any] | None = None  # the batch's schema as the spec wants it (`start`)
+        self.rows_schema: str | None = None  # the batch's rows' Spark schema (`start`)
+        self._schema_plans: dict[str, DeltaSchemaPlan] = {}
         self.keeper: LeaseKeeper | None = None
         self.outages = Outages(
             self.label,
@@ -134,7 +152,11 @@ class DeltaIngestor:
             rows = self._good_rows(self.writer.empty_source())
             keyed = bool(self.spec.key)
             schema = (rows.drop(DELETE_COLUMN) if keyed else rows).schema.json()
-            create_table(self.log, schema, self.epoch, deletion_vectors=keyed)
+            fmt, select = self.spec.format, self.spec.transforms.select
+            declared = to_spark_schema_json(fmt.schema_fields) if fmt.schema_known and not select else None
+            self.wanted = wanted_schema(schema, declared)
+            self.rows_schema = schema
+            self.schema_after(create_table(self.log, schema, self.epoch, deletion_vectors=keyed))
             claim_epoch(self.log, self.epoch)
             shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
             if self.dead_letters is not None:
@@ -160,9 +182,10 @@ class DeltaIngestor:
         proposal = self.planner.propose(planned_on.committed, self.progress)
         if proposal.idle:
             return None
+        schema = self.schema_after(planned_on)
         planned = self.planner.batch(proposal)
         wrote = time.monotonic()
-        stats, files, merged = self._write(planned, planned_on)
+        stats, files, merged = self._write(planned, planned_on, schema)
         failpoint("main.after-stage")
         self.planner.check_topics_unchanged(planned)
         if self.keeper is not None:
@@ -172,21 +195,44 @@ class DeltaIngestor:
             self.dead_letters.commit(batch, planned, stats.bad, self.epoch)
         committing = time.monotonic()
         actions = merged.actions if merged is not None else None
-        version = commit_batch(self.log, planned_on, batch, self.epoch, files, merged=actions)
+        version = commit_batch(
+            self.log, planned_on, batch, self.epoch, files, merged=actions, schema_string=schema
+        )
         failpoint("main.after-commit")
+        if schema is not None and planned_on.schema_string in self._schema_plans:
+            changes = self._schema_plans[planned_on.schema_string].describe()
+            log.info("%s: schema changed with version %d: %s", self.label, version, changes)
         done = time.monotonic()
         written = merged.written if merged is not None else sum(f.records for f in files)
         return self._report(planned, stats, written, version, started, phases=(wrote, committing, done))
+
+    def schema_after(self, snapshot: DeltaSnapshot) -> str | None:
+        """The table's schema once this writer's batch lands on `snapshot` (`icefall.catalog.delta_schema`;
+        None: unchanged); DeltaSchemaRefusedError for what it cannot follow, before anything is written."""
+        table = snapshot.schema_string
+        if table is None or self.wanted is None:
+            return None
+        if table not in self._schema_plans:
+            source = "spec.transforms.select" if self.spec.transforms.select else "spec.format.schema"
+            plan = plan_delta_schema(table, self.wanted, source=source)
+            self._schema_plans = {table: plan}  # the table's schema changes rarely: the last one is kept
+            if plan.changes:
+                log.info("%s: the next batch changes the table's schema: %s", self.label, plan.describe())
+        plan = self._schema_plans[table]
+        if plan.refused:
+            raise DeltaSchemaRefusedError(self.log.location, plan.refused)
+        return plan.schema_string if plan.changes else None
 
     def _good_rows(self, source: DataFrame) -> DataFrame:
         return self.writer.decoders.good.good_rows(self.writer.decoders.good.decode(source, None))
 
     def _write(
-        self, planned: PlannedBatch, planned_on: DeltaSnapshot
+        self, planned: PlannedBatch, planned_on: DeltaSnapshot, schema: str | None
     ) -> tuple[ReadStats, list[AddFile], Merged | None]:
         """Read and decode the batch and write its good rows as Parquet files in the table's folder (no log
-        entry names them yet): appended, or for a keyed table MERGEd on `planned_on`
-        (`icefall.ingest.delta_keyed`); the read's counts, the appended files, the MERGE's actions."""
+        entry names them yet): appended, or for a keyed table MERGEd on `planned_on` with its schema
+        changed to `schema` (`icefall.ingest.delta_keyed`); the read's counts, the appended files, the
+        MERGE's actions."""
         from icefall.ingest.planning import NOTHING_READ
 
         if not planned.ranges:
@@ -198,23 +244,44 @@ class DeltaIngestor:
         source = self.writer.read(planned.ranges, headers=False)
         observed = decoders.good.decode(source, None).observe(observation, *decoders.observed)
         if self.spec.key:
-            return self._merge(planned, planned_on, decoders.good.good_rows(observed), observation)
+            return self._merge(planned, planned_on, schema, decoders.good.good_rows(observed), observation)
         staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
-        decoders.good.good_rows(observed).write.parquet(str(staging))
+        self._as_table(decoders.good.good_rows(observed), schema or planned_on.schema_string).write.parquet(
+            str(staging)
+        )
         try:
             stats = self._read_stats(planned, observation)
             return stats, moved_into(staging, self.log), None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def _as_table(self, rows: DataFrame, table: str | None) -> DataFrame:
+        """`rows` with the table's types where the spec's are narrower (`written_schema`), so each file
+        holds the table's types; as they are otherwise."""
+        if table is None or self.rows_schema is None:
+            return rows
+        target = written_schema(self.rows_schema, table)
+        if target is None:
+            return rows
+        from pyspark.sql.types import StructType
+
+        return rows.to(StructType.fromJson(target))
+
     def _merge(
-        self, planned: PlannedBatch, planned_on: DeltaSnapshot, rows: DataFrame, observation: Observation
+        self,
+        planned: PlannedBatch,
+        planned_on: DeltaSnapshot,
+        schema: str | None,
+        rows: DataFrame,
+        observation: Observation,
     ) -> tuple[ReadStats, list[AddFile], Merged | None]:
         """A keyed batch: its last change per key MERGEd on a shadow of `planned_on` (module
-        `icefall.ingest.delta_keyed`); the MERGE's actions for the commit."""
+        `icefall.ingest.delta_keyed`), whose schema is `schema` first when it changes; the MERGE's
+        actions for the commit."""
         from icefall.ingest.delta_keyed import ShadowMerge, merge_batch
 
-        with ShadowMerge(self.log, self.log.root / STAGING_DIR, planned_on) as shadow:
+        staging = self.log.root / STAGING_DIR
+        with ShadowMerge(self.log, staging, planned_on, schema_string=schema) as shadow:
             merged, deleted_keys = merge_batch(
                 self.spark,
                 self.spec,
@@ -288,7 +355,7 @@ class DeltaIngestor:
             except StaleHeadError as refused:
                 log.warning("%s: commit refused (%s); planning again from the table", self.label, refused)
                 continue
-            except BadRecordsHaltedError:
+            except (BadRecordsHaltedError, DeltaSchemaRefusedError):
                 raise
             except Exception as error:
                 delay = self.outages.failed(error)
