@@ -9,10 +9,12 @@ uncommitted. `icefall verify` audits a Delta table (and its dead-letter table) b
 clean after ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
 `icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and its
 in-process upkeep writes the spec's retention into the table, and `icefall read` gives its newest version plus
-the records produced after it, each once. A keyed (upsert) table's `icefall run` killed after staging its
-MERGE and after its commit, then run again, holds the latest row per key, and its `icefall read` applies the
-later changes. The upkeep (OPTIMIZE Z-ordered by the spec's sort column, a checkpoint, VACUUM past the
-retention) leaves a table Spark and delta-rs read equal, one data file on disk, the offsets in the checkpoint,
+the records produced after it, each once; `icefall read --snapshot N` / `--as-of T` give an older version
+(rows a later DELETE removed included) plus the topic from its offsets, and refuse one VACUUM emptied. A
+keyed (upsert) table's `icefall run` killed after staging its MERGE and after its commit, then run again,
+holds the latest row per key, and its `icefall read` applies the later changes. The upkeep (OPTIMIZE
+Z-ordered by the spec's sort column, a checkpoint, VACUUM past the retention) leaves a table Spark and
+delta-rs read equal, one data file on disk, the offsets in the checkpoint,
 and a new writer resuming exactly once.
 """
 
@@ -357,6 +359,66 @@ def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tm
     assert all(r["customer"] == f"c{r['id'] % 7}" for r in rows), rows[:3]
     version = DeltaLog(table.location).snapshot().version
     assert f"at version {version}" in read.stderr and "tail: 30 records, 30 rows" in read.stderr, read.stderr
+
+
+def test_icefall_read_of_an_older_version_by_number_and_by_time(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """`icefall read --snapshot N` / `--as-of T` of a Delta table: version N's rows (with those a later
+    DELETE removed) plus the topic from N's offsets up to now; a time between two commits means the older
+    one. An older version whose files VACUUM would have deleted is refused in one line."""
+    import time
+
+    from deltalake import DeltaTable
+
+    table = Table(kafka, tmp_path, "travel")
+    produce(kafka, table.topic, 0, 10)
+    writer = table.writer(spark)
+    try:
+        table.drain(writer)
+        first = DeltaLog(table.location).snapshot().version
+        time.sleep(0.2)
+        between = datetime.now(UTC)
+        time.sleep(0.2)
+        produce(kafka, table.topic, 10, 10)
+        table.drain(writer)
+    finally:
+        writer.close()
+    second = DeltaLog(table.location).snapshot().version
+    assert second > first
+    kept_before = {p.name for p in Path(table.location).glob("*.parquet")}
+    DeltaTable(table.location).delete("id < 3")  # a user's DELETE, a version after `second`
+    assert table.ids() == Counter(range(3, 20))
+    produce(kafka, table.topic, 20, 5)
+
+    def read(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "read", "-f", str(table.manifest),
+             "--state-dir", str(tmp_path / "state"), "--format", "jsonl", *flags],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+
+    for flags, version, tail in (
+        (("--snapshot", str(second)), second, 5),
+        (("--as-of", between.isoformat()), first, 15),
+    ):
+        done = read(*flags)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = [json.loads(line) for line in done.stdout.splitlines()]
+        assert Counter(r["id"] for r in rows) == Counter(range(25)), flags  # ids 0..2 are back
+        assert all(r["customer"] == f"c{r['id'] % 7}" for r in rows), rows[:3]
+        assert f"at version {version} " in done.stderr, done.stderr
+        assert f"tail: {tail} records, {tail} rows" in done.stderr, done.stderr
+
+    # VACUUM with no retention: the files the DELETE replaced are gone, so `second` cannot be read.
+    newest = {Path(uri).name for uri in DeltaTable(table.location).file_uris()}
+    for name in kept_before - newest:
+        (Path(table.location) / name).unlink()
+    gone = read("--snapshot", str(second))
+    assert gone.returncode == 1, gone.stderr[-3000:]
+    said = gone.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"icefall: {table.location}: version {second} cannot be read: "), said
+    assert "deleted by VACUUM" in said, said
 
 
 #: The upkeep of `icefall run` (`DeltaMaintenance`, the spec's policy) in a Delta table's own Spark session,

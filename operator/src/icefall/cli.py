@@ -468,8 +468,16 @@ def _add_read(commands: Any) -> None:
         help="routed: spec.table (default), a route's table or a table spec.dynamicRoute created",
     )
     when = read.add_mutually_exclusive_group()
-    when.add_argument("--snapshot", type=int, help="start from this snapshot of main (default: its head)")
-    when.add_argument("--as-of", help="start from the snapshot main was at then (ISO 8601; no zone: UTC)")
+    when.add_argument(
+        "--snapshot",
+        type=int,
+        help="start from this snapshot of main (default: its head); format delta: this version",
+    )
+    when.add_argument(
+        "--as-of",
+        help="start from the snapshot main was at then (ISO 8601; no zone: UTC); format delta: the newest "
+        "version committed at or before then",
+    )
     read.add_argument(
         "--format", choices=READ_FORMATS, default="table", help="output format (default: table)"
     )

@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import quote
 
 from icefall.commit.batch import SourceBatch, state_after
+from icefall.commit.delta_history import DeltaHistory
 from icefall.commit.delta_storage import is_s3, local_path, storage_for
 from icefall.commit.errors import CorruptStateError, FencedError, MaintenanceConflictError, StaleHeadError
 from icefall.commit.protocol import _check_source
@@ -132,16 +133,29 @@ class DeltaLog:
         text = self.storage.read(f"{LOG_DIR}/{version:020d}.json").decode("utf-8")
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def snapshot(self) -> DeltaSnapshot:
-        """The latest version with the newest Metadata and Protocol, from the commits after the newest
-        checkpoint, else from that checkpoint (log cleanup may have removed older commits)."""
-        latest = self.latest_version()
+    def history(self) -> DeltaHistory:
+        """The log's commit files with their modification times, and its checkpoints (time travel:
+        `icefall.commit.delta_history`)."""
+        commits: dict[int, int] = {}
+        checkpoints: set[int] = set()
+        for name, modified_ms in self.storage.list_times(LOG_DIR).items():
+            if match := _COMMIT_FILE.match(name):
+                commits[int(match.group(1))] = modified_ms
+            elif match := _CHECKPOINT_FILE.match(name):
+                checkpoints.add(int(match.group(1)))
+        return DeltaHistory(commits, frozenset(checkpoints))
+
+    def snapshot(self, version: int | None = None) -> DeltaSnapshot:
+        """The latest version (or `version`, which must exist: `DeltaHistory.check`) with the Metadata and
+        Protocol in force there, from the commits after the newest checkpoint at or below it, else from
+        that checkpoint (log cleanup may have removed older commits)."""
+        latest = self.latest_version() if version is None else version
         if latest < 0:
             return DeltaSnapshot(-1)
         checkpoint = self._latest_checkpoint(latest)
         metadata = protocol = None
-        for version in range(latest, (checkpoint if checkpoint is not None else -1), -1):
-            for action in self.actions(version):
+        for each in range(latest, (checkpoint if checkpoint is not None else -1), -1):
+            for action in self.actions(each):
                 metadata = metadata or action.get("metaData")
                 protocol = protocol or action.get("protocol")
             if metadata is not None and protocol is not None:

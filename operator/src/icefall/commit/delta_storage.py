@@ -47,6 +47,7 @@ class DeltaStorage(Protocol):
     location: str
 
     def list(self, relative: str) -> list[str]: ...
+    def list_times(self, relative: str) -> dict[str, int]: ...
     def read(self, relative: str) -> bytes: ...
     def put_if_absent(self, relative: str, data: bytes) -> bool: ...
     def move_in(self, staged: Path) -> int: ...
@@ -63,6 +64,13 @@ class LocalStorage:
     def list(self, relative: str) -> list[str]:
         folder = self.root / relative
         return os.listdir(folder) if folder.is_dir() else []
+
+    def list_times(self, relative: str) -> dict[str, int]:
+        """`list` with each file's modification time (ms): what Delta's time travel resolves times by."""
+        folder = self.root / relative
+        if not folder.is_dir():
+            return {}
+        return {e.name: e.stat().st_mtime_ns // 1_000_000 for e in os.scandir(folder) if e.is_file()}
 
     def read(self, relative: str) -> bytes:
         return (self.root / relative).read_bytes()
@@ -172,6 +180,17 @@ class S3Storage:
 
         selector = FileSelector(f"{self.bucket}/{self._key(relative)}", allow_not_found=True)
         return [info.base_name for info in self.fs.get_file_info(selector)]
+
+    def list_times(self, relative: str) -> dict[str, int]:
+        """`list` with each object's LastModified (ms)."""
+        from pyarrow.fs import FileSelector
+
+        selector = FileSelector(f"{self.bucket}/{self._key(relative)}", allow_not_found=True)
+        return {
+            info.base_name: info.mtime_ns // 1_000_000
+            for info in self.fs.get_file_info(selector)
+            if info.mtime_ns is not None
+        }
 
     def read(self, relative: str) -> bytes:
         with self.fs.open_input_stream(f"{self.bucket}/{self._key(relative)}") as f:
