@@ -15,7 +15,9 @@ keyed (upsert) table's `icefall run` killed after staging its MERGE and after it
 holds the latest row per key, and its `icefall read` applies the later changes. The upkeep (OPTIMIZE
 Z-ordered by the spec's sort column, a checkpoint, VACUUM past the retention) leaves a table Spark and
 delta-rs read equal, one data file on disk, the offsets in the checkpoint,
-and a new writer resuming exactly once.
+and a new writer resuming exactly once. A table partitioned by a column keeps each batch's files in Delta's
+column=value folders with their partition values, is read by content by both readers, and OPTIMIZE leaves
+one file per partition.
 """
 
 from __future__ import annotations
@@ -489,6 +491,60 @@ def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_o
     key = lambda row: row["id"]  # noqa: E731
     assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
     table.assert_exactly_once(120)  # the offsets survived OPTIMIZE and the checkpoint
+
+    produce(kafka, table.topic, 120, 30)
+    after = table.writer(spark)
+    try:
+        assert table.drain(after) == 1
+    finally:
+        after.close()
+    table.assert_exactly_once(150)
+
+
+def test_a_table_partitioned_by_a_column_holds_the_topic_by_content_through_optimize(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """`partitioning: [{field: customer}]`: each batch's files land in Delta's customer=<value> folders
+    with their partitionValues; delta-rs and Spark's Delta reader give every record once with its customer;
+    OPTIMIZE leaves one file per partition, and a new writer resumes exactly once."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    table = Table(kafka, tmp_path, "parts", sort=", partitioning: [{field: customer}]")
+    produce(kafka, table.topic, 0, 120)
+    first = table.writer(spark)
+    try:
+        assert table.drain(first) == 3
+    finally:
+        first.close()
+    table.assert_exactly_once(120)
+    log = DeltaLog(table.location)
+    assert log.snapshot().partition_columns == ["customer"]
+    adds = [a["add"] for v in range(log.latest_version() + 1) for a in log.actions(v) if "add" in a]
+    assert adds and all(
+        a["path"].startswith(f"customer={a['partitionValues']['customer']}/") for a in adds
+    ), adds[:2]
+    folders = {p.parent.name for p in Path(table.location).glob("*/*.parquet")}
+    assert folders == {f"customer=c{i}" for i in range(7)}
+    assert not list(Path(table.location).glob("*.parquet"))  # no file outside a partition
+    by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
+    assert all(r["customer"] == f"c{r['id'] % 7}" for r in by_rs) and len(by_rs) == 120
+
+    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
+    done = subprocess.run(
+        [sys.executable, "-c", UPKEEP, str(table.manifest), table.location, str(tmp_path / "by-spark")],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ["Optimize", "done", 0] in steps and len(steps) < 8, steps  # then nothing left to optimize
+    live = [Path(uri) for uri in DeltaTable(table.location).file_uris()]
+    assert sorted(p.parent.name for p in live) == sorted(folders)  # one file per partition
+    by_spark = [plain(row) for row in pq.read_table(tmp_path / "by-spark").to_pylist()]
+    by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
+    key = lambda row: row["id"]  # noqa: E731
+    assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
+    assert all(r["customer"] == f"c{r['id'] % 7}" for r in by_spark) and len(by_spark) == 120
 
     produce(kafka, table.topic, 120, 30)
     after = table.writer(spark)

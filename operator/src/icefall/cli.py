@@ -498,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from icefall.catalog import CatalogCredentialsRefusedError
     from icefall.catalog.refusal import refusal
+    from icefall.commit.errors import LayoutChangedError
     from icefall.ingest.planning import DataLossHaltedError
     from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError, TopicNotFoundError
     from icefall.kafka.registry import MissingRegistrySecretError, RegistryError
@@ -512,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         MissingRegistrySecretError,
         MissingSecretError,  # a credential spec.source.security references is not set
         CatalogCredentialsRefusedError,  # names the catalog and the secretProperties to check
+        LayoutChangedError,  # a Delta table's partitioning is not the spec's
     )
     try:
         return int(args.func(args))

@@ -50,7 +50,7 @@ class DeltaStorage(Protocol):
     def list_times(self, relative: str) -> dict[str, int]: ...
     def read(self, relative: str) -> bytes: ...
     def put_if_absent(self, relative: str, data: bytes) -> bool: ...
-    def move_in(self, staged: Path) -> int: ...
+    def move_in(self, staged: Path, relative: str | None = None) -> int: ...
     def arrow(self) -> tuple[FileSystem | None, str]: ...
 
 
@@ -91,8 +91,10 @@ class LocalStorage:
             temporary.unlink()
         return True
 
-    def move_in(self, staged: Path) -> int:
-        target = self.root / staged.name
+    def move_in(self, staged: Path, relative: str | None = None) -> int:
+        """Move the local file `staged` to `relative` (default: its name) in the table's folder."""
+        target = self.root / (relative or staged.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staged, target)
         os.utime(target)  # VACUUM spares unreferenced files younger than its retention (>= 1 h): from now
         return target.stat().st_size
@@ -197,9 +199,9 @@ class S3Storage:
             data: bytes = f.read()
             return data
 
-    def move_in(self, staged: Path) -> int:
+    def move_in(self, staged: Path, relative: str | None = None) -> int:
         data = staged.read_bytes()
-        with self.fs.open_output_stream(f"{self.bucket}/{self._key(staged.name)}") as out:
+        with self.fs.open_output_stream(f"{self.bucket}/{self._key(relative or staged.name)}") as out:
             out.write(data)
         staged.unlink()
         return len(data)
