@@ -296,3 +296,18 @@ def test_partition_values_come_from_sparks_folders_and_travel_in_the_add_action(
         ("customer=c3/part-0.parquet", {"customer": "c3"}),
     ]
     assert log.actions(0)[0]["commitInfo"]["operationParameters"]["partitionBy"] == '["customer"]'
+
+
+def test_a_spec_whose_partitioning_is_not_the_tables_is_refused_at_start() -> None:
+    from icefall.commit.delta import DeltaSnapshot
+    from icefall.commit.errors import LayoutChangedError
+    from icefall.ingest.delta_sink import _check_partitioning
+
+    table = DeltaSnapshot(3, {"partitionColumns": ["customer"]})
+    _check_partitioning(table, ["customer"], ["id", "customer"], "/t")
+    with pytest.raises(
+        LayoutChangedError, match=r"partitioned by \['customer'\], spec.table.partitioning by "
+    ):
+        _check_partitioning(table, [], ["id", "customer"], "/t")
+    with pytest.raises(LayoutChangedError, match=r"names \['region'\], not columns of the table's rows"):
+        _check_partitioning(DeltaSnapshot(0, {}), ["region"], ["id"], "/t")
