@@ -9,13 +9,17 @@ uncommitted. `icefall verify` audits a Delta table (and its dead-letter table) b
 clean after ingestion, and a changed copy of a row appended by another writer is a duplicate and a wrong row.
 `icefall run` killed (status 137) right after a commit, then run again, fills the table exactly once, and its
 in-process upkeep writes the spec's retention into the table, and `icefall read` gives its newest version plus
-the records produced after it, each once. A field added to the spec becomes a new column with the next
+the records produced after it, each once; `icefall read --snapshot N` / `--as-of T` give an older version
+(rows a later DELETE removed included) plus the topic from its offsets, and refuse one VACUUM emptied. A
+field added to the spec becomes a new column with the next
 batch (old rows null in it, by delta-rs, Spark and `icefall verify`); a changed type is refused at start.
 A keyed (upsert) table's `icefall run` killed after staging its
 MERGE and after its commit, then run again, holds the latest row per key, and its `icefall read` applies the
 later changes. The upkeep (OPTIMIZE Z-ordered by the spec's sort column, a checkpoint, VACUUM past the
 retention) leaves a table Spark and delta-rs read equal, one data file on disk, the offsets in the checkpoint,
-and a new writer resuming exactly once.
+and a new writer resuming exactly once. A table partitioned by a column keeps each batch's files in Delta's
+column=value folders with their partition values, is read by content by both readers, and OPTIMIZE leaves
+one file per partition.
 """
 
 from __future__ import annotations
@@ -429,6 +433,66 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     assert DeltaLog(table.location).latest_version() == version
 
 
+def test_icefall_read_of_an_older_version_by_number_and_by_time(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """`icefall read --snapshot N` / `--as-of T` of a Delta table: version N's rows (with those a later
+    DELETE removed) plus the topic from N's offsets up to now; a time between two commits means the older
+    one. An older version whose files VACUUM would have deleted is refused in one line."""
+    import time
+
+    from deltalake import DeltaTable
+
+    table = Table(kafka, tmp_path, "travel")
+    produce(kafka, table.topic, 0, 10)
+    writer = table.writer(spark)
+    try:
+        table.drain(writer)
+        first = DeltaLog(table.location).snapshot().version
+        time.sleep(0.2)
+        between = datetime.now(UTC)
+        time.sleep(0.2)
+        produce(kafka, table.topic, 10, 10)
+        table.drain(writer)
+    finally:
+        writer.close()
+    second = DeltaLog(table.location).snapshot().version
+    assert second > first
+    kept_before = {p.name for p in Path(table.location).glob("*.parquet")}
+    DeltaTable(table.location).delete("id < 3")  # a user's DELETE, a version after `second`
+    assert table.ids() == Counter(range(3, 20))
+    produce(kafka, table.topic, 20, 5)
+
+    def read(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "read", "-f", str(table.manifest),
+             "--state-dir", str(tmp_path / "state"), "--format", "jsonl", *flags],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+
+    for flags, version, tail in (
+        (("--snapshot", str(second)), second, 5),
+        (("--as-of", between.isoformat()), first, 15),
+    ):
+        done = read(*flags)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = [json.loads(line) for line in done.stdout.splitlines()]
+        assert Counter(r["id"] for r in rows) == Counter(range(25)), flags  # ids 0..2 are back
+        assert all(r["customer"] == f"c{r['id'] % 7}" for r in rows), rows[:3]
+        assert f"at version {version} " in done.stderr, done.stderr
+        assert f"tail: {tail} records, {tail} rows" in done.stderr, done.stderr
+
+    # VACUUM with no retention: the files the DELETE replaced are gone, so `second` cannot be read.
+    newest = {Path(uri).name for uri in DeltaTable(table.location).file_uris()}
+    for name in kept_before - newest:
+        (Path(table.location) / name).unlink()
+    gone = read("--snapshot", str(second))
+    assert gone.returncode == 1, gone.stderr[-3000:]
+    said = gone.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"icefall: {table.location}: version {second} cannot be read: "), said
+    assert "deleted by VACUUM" in said, said
+
+
 #: The upkeep of `icefall run` (`DeltaMaintenance`, the spec's policy) in a Delta table's own Spark session,
 #: its clock past the retention (VACUUM then deletes what OPTIMIZE replaced), step after step until nothing
 #: is due; then the table as Spark's Delta reader reads it, copied into Parquet files. Prints the steps.
@@ -497,6 +561,60 @@ def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_o
     key = lambda row: row["id"]  # noqa: E731
     assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
     table.assert_exactly_once(120)  # the offsets survived OPTIMIZE and the checkpoint
+
+    produce(kafka, table.topic, 120, 30)
+    after = table.writer(spark)
+    try:
+        assert table.drain(after) == 1
+    finally:
+        after.close()
+    table.assert_exactly_once(150)
+
+
+def test_a_table_partitioned_by_a_column_holds_the_topic_by_content_through_optimize(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """`partitioning: [{field: customer}]`: each batch's files land in Delta's customer=<value> folders
+    with their partitionValues; delta-rs and Spark's Delta reader give every record once with its customer;
+    OPTIMIZE leaves one file per partition, and a new writer resumes exactly once."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    table = Table(kafka, tmp_path, "parts", sort=", partitioning: [{field: customer}]")
+    produce(kafka, table.topic, 0, 120)
+    first = table.writer(spark)
+    try:
+        assert table.drain(first) == 3
+    finally:
+        first.close()
+    table.assert_exactly_once(120)
+    log = DeltaLog(table.location)
+    assert log.snapshot().partition_columns == ["customer"]
+    adds = [a["add"] for v in range(log.latest_version() + 1) for a in log.actions(v) if "add" in a]
+    assert adds and all(
+        a["path"].startswith(f"customer={a['partitionValues']['customer']}/") for a in adds
+    ), adds[:2]
+    folders = {p.parent.name for p in Path(table.location).glob("*/*.parquet")}
+    assert folders == {f"customer=c{i}" for i in range(7)}
+    assert not list(Path(table.location).glob("*.parquet"))  # no file outside a partition
+    by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
+    assert all(r["customer"] == f"c{r['id'] % 7}" for r in by_rs) and len(by_rs) == 120
+
+    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
+    done = subprocess.run(
+        [sys.executable, "-c", UPKEEP, str(table.manifest), table.location, str(tmp_path / "by-spark")],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ["Optimize", "done", 0] in steps and len(steps) < 8, steps  # then nothing left to optimize
+    live = [Path(uri) for uri in DeltaTable(table.location).file_uris()]
+    assert sorted(p.parent.name for p in live) == sorted(folders)  # one file per partition
+    by_spark = [plain(row) for row in pq.read_table(tmp_path / "by-spark").to_pylist()]
+    by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
+    key = lambda row: row["id"]  # noqa: E731
+    assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
+    assert all(r["customer"] == f"c{r['id'] % 7}" for r in by_spark) and len(by_spark) == 120
 
     produce(kafka, table.topic, 120, 30)
     after = table.writer(spark)

@@ -14,7 +14,16 @@ import pytest
 from icefall.api.manifest import parse_manifest
 from icefall.commit import FencedError, OffsetGapError, StaleHeadError
 from icefall.commit.batch import Batch
-from icefall.commit.delta import AddFile, DeltaLog, claim_epoch, commit_batch, create_table, protocol_for
+from icefall.commit.delta import (
+    AddFile,
+    DeltaLog,
+    claim_epoch,
+    commit_batch,
+    create_table,
+    moved_into,
+    partition_values,
+    protocol_for,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -157,7 +166,7 @@ def problems_of(table_extra: str = "", spec_extra: str = "") -> str:
 def test_delta_spec_refuses_what_is_not_supported_yet() -> None:
     assert problems_of() == ""
     assert "spec.table.catalog" in problems_of(", catalog: {name: c, uri: 'sqlite:////tmp/c.db'}")
-    assert "spec.table.partitioning" in problems_of(", partitioning: [{field: id, transform: identity}]")
+    assert problems_of(", partitioning: [{field: id, transform: identity}]") == ""
     assert "spec.mode" not in problems_of(spec_extra="  mode: upsert\n  key: [id]")  # MERGE: delta_keyed
     assert "spec.deadLetter.topic" in problems_of(spec_extra="  deadLetter: {topic: bad}")
     assert "GCS and Azure" in problems_of(", location: gs://bucket/orders")
@@ -212,3 +221,93 @@ def test_a_deleted_keys_file_outside_the_tables_folder_is_not_read(tmp_path: Pat
         load_deleted_keys(tmp_path, elsewhere)
     with pytest.raises(ValueError, match="outside"):
         load_deleted_keys(tmp_path, str(tmp_path / "_icefall_deleted_keys" / ".." / "x.parquet"))
+
+
+PARTITIONED = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {name: orders}
+spec:
+  source: {bootstrapServers: "127.0.0.1:9092", topic: orders}
+  format:
+    type: json
+    schema:
+      - {name: id, type: long, required: true}
+      - {name: customer, type: string}
+      - {name: ts, type: timestamptz}
+      - {name: s, type: struct, fields: [{name: a, type: int}]}
+  table: {format: delta, partitioning: %s%s}
+%s
+"""
+
+
+def partition_problems(partitioning: str, table_extra: str = "", spec_extra: str = "") -> str:
+    from icefall.api import ManifestError
+
+    try:
+        parse_manifest(PARTITIONED % (partitioning, table_extra, spec_extra))
+    except ManifestError as error:
+        return str(error)
+    return ""
+
+
+def test_a_delta_table_is_partitioned_by_identity_columns_only() -> None:
+    assert partition_problems("[{field: customer}, {field: id}]") == ""
+    day = partition_problems("[{field: ts, transform: day}]")
+    assert (
+        "spec.table.partitioning[0].transform: day(ts): a Delta table is partitioned by column values" in day
+    )
+    assert "Delta has no partition transforms" in day
+    assert "bucket[4](id)" in partition_problems("[{field: id, transform: 'bucket[4]'}]")
+    assert "columns of type boolean, date, int, long, string" in partition_problems("[{field: ts}]")
+    assert "top-level columns only" in partition_problems("[{field: s.a}]")
+    assert "OPTIMIZE refuses to Z-order by it" in partition_problems(
+        "[{field: customer}]", ", sortOrder: [{field: customer}]"
+    )
+    assert partition_problems("[{field: customer}]", ", sortOrder: [{field: id}]") == ""
+    keyed = partition_problems("[{field: customer}]", spec_extra="  mode: upsert\n  key: [id]")
+    assert "keyed (upsert/cdc) Delta tables cannot be partitioned yet" in keyed
+
+
+def test_partition_values_come_from_sparks_folders_and_travel_in_the_add_action(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert partition_values("c=a%3Ab/d=__HIVE_DEFAULT_PARTITION__/part-0.parquet") == {"c": "a:b", "d": None}
+    assert partition_values("part-0.parquet") == {}
+    staging = tmp_path / "staging"
+    for folder, rows in (("customer=c%3A1", 2), ("customer=c2", 0), ("customer=c3", 1)):
+        (staging / folder).mkdir(parents=True)
+        pq.write_table(pa.table({"id": list(range(rows))}), staging / folder / "part-0.parquet")
+    log = DeltaLog(str(tmp_path / "table"))
+    planned = create_table(log, SCHEMA, epoch=1, partition_columns=["customer"])
+    assert planned.partition_columns == ["customer"]
+    files = moved_into(staging, log)  # the file without rows is dropped
+    assert [(f.path, dict(f.partition_values), f.records) for f in files] == [
+        ("customer=c%3A1/part-0.parquet", {"customer": "c:1"}, 2),
+        ("customer=c3/part-0.parquet", {"customer": "c3"}, 1),
+    ]
+    assert (tmp_path / "table" / "customer=c%3A1" / "part-0.parquet").is_file()
+    commit_batch(log, planned, batch(0, 3), 1, files)
+    adds = [a["add"] for a in log.actions(1) if "add" in a]
+    # Delta's paths are URIs: the folder's literal %3A is %253A in the log.
+    assert [(a["path"], a["partitionValues"]) for a in adds] == [
+        ("customer=c%253A1/part-0.parquet", {"customer": "c:1"}),
+        ("customer=c3/part-0.parquet", {"customer": "c3"}),
+    ]
+    assert log.actions(0)[0]["commitInfo"]["operationParameters"]["partitionBy"] == '["customer"]'
+
+
+def test_a_spec_whose_partitioning_is_not_the_tables_is_refused_at_start() -> None:
+    from icefall.commit.delta import DeltaSnapshot
+    from icefall.commit.errors import LayoutChangedError
+    from icefall.ingest.delta_sink import _check_partitioning
+
+    table = DeltaSnapshot(3, {"partitionColumns": ["customer"]})
+    _check_partitioning(table, ["customer"], ["id", "customer"], "/t")
+    with pytest.raises(
+        LayoutChangedError, match=r"partitioned by \['customer'\], spec.table.partitioning by "
+    ):
+        _check_partitioning(table, [], ["id", "customer"], "/t")
+    with pytest.raises(LayoutChangedError, match=r"names \['region'\], not columns of the table's rows"):
+        _check_partitioning(DeltaSnapshot(0, {}), ["region"], ["id"], "/t")

@@ -65,6 +65,16 @@ def test_items_come_in_order_retention_optimize_checkpoint_vacuum() -> None:
     assert plan(DeltaTableView(9, 4, (MIB,) * 4, TIDY)) == [Checkpoint(9)]  # 4 small files: not yet
 
 
+def test_a_partitioned_tables_lone_small_files_are_not_optimized() -> None:
+    # OPTIMIZE bins per partition: six partitions of one small file each leave nothing to do.
+    lone = DeltaTableView(7, 5, (MIB,) * 6, TIDY, tuple(f"c={i}" for i in range(6)))
+    assert plan(lone) == []
+    paired = DeltaTableView(7, 5, (MIB,) * 6, TIDY, ("c=0", "c=0", "c=1", "c=1", "c=2", "c=3"))
+    assert plan(paired) == []  # 4 small files in partitions with two or more: below 5
+    gathered = DeltaTableView(7, 5, (MIB,) * 7, TIDY, ("c=0",) * 3 + ("c=1",) * 2 + ("c=2", "c=3"))
+    assert plan(gathered) == [Optimize(5, ("customer",))]
+
+
 MANIFEST = """
 apiVersion: icefall.dev/v1alpha1
 kind: StreamingTable

@@ -468,8 +468,16 @@ def _add_read(commands: Any) -> None:
         help="routed: spec.table (default), a route's table or a table spec.dynamicRoute created",
     )
     when = read.add_mutually_exclusive_group()
-    when.add_argument("--snapshot", type=int, help="start from this snapshot of main (default: its head)")
-    when.add_argument("--as-of", help="start from the snapshot main was at then (ISO 8601; no zone: UTC)")
+    when.add_argument(
+        "--snapshot",
+        type=int,
+        help="start from this snapshot of main (default: its head); format delta: this version",
+    )
+    when.add_argument(
+        "--as-of",
+        help="start from the snapshot main was at then (ISO 8601; no zone: UTC); format delta: the newest "
+        "version committed at or before then",
+    )
     read.add_argument(
         "--format", choices=READ_FORMATS, default="table", help="output format (default: table)"
     )
@@ -490,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from icefall.catalog import CatalogCredentialsRefusedError
     from icefall.catalog.refusal import refusal
+    from icefall.commit.errors import LayoutChangedError
     from icefall.ingest.planning import DataLossHaltedError
     from icefall.kafka.admin import KafkaCredentialsRefusedError, KafkaUnavailableError, TopicNotFoundError
     from icefall.kafka.registry import MissingRegistrySecretError, RegistryError
@@ -504,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         MissingRegistrySecretError,
         MissingSecretError,  # a credential spec.source.security references is not set
         CatalogCredentialsRefusedError,  # names the catalog and the secretProperties to check
+        LayoutChangedError,  # a Delta table's partitioning is not the spec's
     )
     try:
         return int(args.func(args))

@@ -43,7 +43,7 @@ from icefall.api.routes import MAX_ROUTES, DynamicRoute, NameFrom, Route, Unrout
 from icefall.api.source import KafkaSource
 from icefall.api.spark import SparkSpec
 from icefall.api.status import StreamingTableStatus
-from icefall.api.table import TableFormat, TableSpec, layout_problems
+from icefall.api.table import DELTA_PARTITION_TYPES, TableFormat, TableSpec, layout_problems
 
 GROUP = "icefall.dev"
 VERSION = "v1alpha1"
@@ -447,8 +447,9 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         problems.append(
             (
                 ("retention",),
-                f"retention (rows dropped by whole time partitions) {unsupported}: a Delta table is not "
-                "partitioned yet; remove it. How long old versions and their files are kept is "
+                f"retention (rows dropped by whole time partitions) {unsupported}: a Delta table has no "
+                "time partitions (only identity ones); remove it. How long old versions and their files are "
+                "kept is "
                 "compaction.maxSnapshotAgeSeconds (the table's delta.deletedFileRetentionDuration and "
                 "delta.logRetentionDuration)",
             )
@@ -465,6 +466,16 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         problems.append((("routes",), f"routes are {unsupported[3:]}; remove them"))
     if spec.dynamic_route is not None:
         problems.append((("dynamicRoute",), f"a dynamic route {unsupported}; remove it"))
+    if spec.key and spec.table.partitioning:
+        # The keyed path's shadow folder links the table's top-level files: not a partition's folders.
+        problems.append(
+            (
+                ("table", "partitioning"),
+                "keyed (upsert/cdc) Delta tables cannot be partitioned yet; remove partitioning, or use "
+                "mode append or format iceberg",
+            )
+        )
+    problems += _delta_partition_types(spec)
     if spec.key and (spec.table.location or "").startswith("s3://"):
         # The keyed path's shadow folder links the table's files: it needs a local table.
         problems.append(
@@ -474,6 +485,27 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
                 "format iceberg",
             )
         )
+    return problems
+
+
+def _delta_partition_types(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
+    """Delta partition columns of a type whose value reads back the same (`DELTA_PARTITION_TYPES`); with
+    `transforms.select` or a registry schema the columns are checked when the writer starts."""
+    if spec.transforms.select is not None or not spec.format.schema_known:
+        return []
+    fields = {f.name: f for f in spec.format.schema_fields}
+    problems: list[tuple[Loc, str]] = []
+    for i, part in enumerate(spec.table.partitioning):
+        found = fields.get(part.field)
+        if found is not None and found.parsed.name not in DELTA_PARTITION_TYPES:
+            problems.append(
+                (
+                    ("table", "partitioning", i, "field"),
+                    f"{part.field} is a {found.parsed.name}: a Delta table is partitioned by columns of type "
+                    f"{', '.join(sorted(DELTA_PARTITION_TYPES))} (values that read back the same from its "
+                    "partition folders); partition by one of those",
+                )
+            )
     return problems
 
 

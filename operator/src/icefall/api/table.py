@@ -370,7 +370,10 @@ class TableSpec(ApiModel):
     )
     partitioning: list[PartitionField] = Field(
         default_factory=list,
-        description="Partition spec, in order. Empty: unpartitioned.",
+        description=(
+            "Partition spec, in order. Empty: unpartitioned. Format delta: identity fields of top-level "
+            "boolean, int, long, date or string columns (Delta's partitionColumns)."
+        ),
         max_length=16,
     )
     sort_order: list[SortField] = Field(
@@ -499,6 +502,43 @@ def layout_problems(
     return problems
 
 
+#: Column types a Delta table may be partitioned by: those whose value is written the same by Spark's
+#: partition folders and Delta's `partitionValues` (no time zone, no precision, no escaping that differs).
+DELTA_PARTITION_TYPES = frozenset({"boolean", "int", "long", "date", "string"})
+
+
+def delta_partition_problems(table: TableSpec) -> list[tuple[Loc, str]]:
+    """`spec.table.partitioning` of a Delta table: identity fields of top-level columns, none of them
+    Z-ordered (paths relative to `spec.table`; column types: `delta_spec_problems`)."""
+    problems: list[tuple[Loc, str]] = []
+    for i, part in enumerate(table.partitioning):
+        if part.parsed_transform.name is not TransformName.IDENTITY:
+            problems.append(
+                (
+                    ("partitioning", i, "transform"),
+                    f"{part.transform}({part.field}): a Delta table is partitioned by column values only "
+                    "(identity): Delta has no partition transforms (hour, day, bucket, ... would need a "
+                    "generated column Icefall does not write); use transform identity on a column of few "
+                    "values, or format iceberg",
+                )
+            )
+        if "." in part.field:
+            problems.append(
+                (("partitioning", i, "field"), "a Delta table is partitioned by top-level columns only")
+            )
+    partitioned = {p.field for p in table.partitioning}
+    for i, key in enumerate(table.sort_order):
+        if key.field in partitioned:
+            problems.append(
+                (
+                    ("sortOrder", i, "field"),
+                    f"{key.field} is a partition column: each file holds one value of it, and Delta's "
+                    "OPTIMIZE refuses to Z-order by it; remove it from sortOrder",
+                )
+            )
+    return problems
+
+
 def delta_table_problems(table: TableSpec) -> list[tuple[Loc, str]]:
     """What `spec.table` asks that a Delta table does not support yet (paths relative to `spec.table`);
     refused rather than ignored, so no setting silently does nothing."""
@@ -530,8 +570,7 @@ def delta_table_problems(table: TableSpec) -> list[tuple[Loc, str]]:
                 "and set spec.table.location",
             )
         )
-    if table.partitioning:
-        problems.append((("partitioning",), f"partitioning {unsupported}; remove it"))
+    problems += delta_partition_problems(table)
     for i, key in enumerate(table.sort_order):
         if "." in key.field:
             problems.append(

@@ -32,7 +32,7 @@ def read_rows(args: argparse.Namespace) -> int:
             raise SystemExit(f"--as-of {args.as_of!r} is not an ISO 8601 time") from None
     st = load_table(args)
     if st.spec.table.format.value == "delta":  # at its location, without a catalog
-        return _read_delta(args, st)
+        return _read_delta(args, st, as_of)
     try:
         identifier = read_identifier(st, args.table)
     except ReadError as error:
@@ -56,31 +56,34 @@ def read_rows(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_delta(args: argparse.Namespace, st: Any) -> int:
-    """`read_rows` of a Delta table (`icefall.ingest.delta_read`): its newest version plus the topic."""
+def _read_delta(args: argparse.Namespace, st: Any, as_of: Any) -> int:
+    """`read_rows` of a Delta table (`icefall.ingest.delta_read`): its newest version, or `--snapshot`'s
+    version, or the one committed at or before `--as-of`, plus the topic."""
     from icefall.api import TableFormat
     from icefall.commands.delta import delta_location
-    from icefall.commit.delta import DeltaLog
-    from icefall.ingest.delta_read import delta_union_read
+    from icefall.ingest.delta_read import delta_union_read, delta_version
     from icefall.ingest.union_read import ReadError
     from icefall.plan.spark_conf import tool_conf
     from icefall.spark.session import build_spark_session
 
-    for given, flag in ((args.snapshot, "--snapshot"), (args.as_of, "--as-of"), (args.table, "--table")):
-        if given is not None:
-            raise SystemExit(
-                f"icefall: {flag} is not supported for a Delta table yet: read its newest version"
-            )
-    location = delta_location(st, state_dir(args))
-    if not DeltaLog(location).snapshot().exists:  # said before Spark starts
+    own = ".".join(st.table_identifier)
+    if args.table is not None and args.table != own:
+        # --table picks among a routed table's destinations; a Delta table has no routes (refused).
         raise SystemExit(
-            f"icefall: no Delta table at {location} (no _delta_log): run the table's ingestion first"
+            f"icefall: --table {args.table!r} is not a table {st.metadata.name} writes: a Delta table "
+            f"has no routes, so --table can only name {own} (or leave it out); the dead-letter table is "
+            "no union read (read it at its location with Spark or delta-rs, as `icefall verify` does)"
         )
+    location = delta_location(st, state_dir(args))
+    try:  # said before Spark starts
+        version = delta_version(location, version=args.snapshot, as_of=as_of)
+    except ReadError as error:
+        raise SystemExit(f"icefall: {error}") from None
     print("[read] starting local Spark ...", file=sys.stderr, flush=True)
     conf = tool_conf(st.metadata.name, "read")
     spark = build_spark_session([], extra_conf=conf, table_format=TableFormat.DELTA)
     try:
-        result = delta_union_read(st, location, spark=spark)
+        result = delta_union_read(st, location, spark=spark, version=version)
     except ReadError as error:
         raise SystemExit(f"icefall: {error}") from None
     with result:

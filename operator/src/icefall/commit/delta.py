@@ -26,7 +26,8 @@ columns commits the table's new `schemaString` in the `metaData` action of its o
 metadata-only commit before it: the batch's commit writes a `metaData` action anyway, so the new column,
 its first rows and their offsets land together or not at all, behind the same epoch, offset and
 put-if-absent checks; a batch planned on another schema than the table's is StaleHeadError.
-Not guaranteed / not done yet: GCS and Azure, type widening (Delta's `typeWidening` feature), partitioning.
+Not guaranteed / not done yet: GCS and Azure, type widening (Delta's `typeWidening` feature), partition
+transforms (identity partitions only: `partitionColumns`, each `add` with its `partitionValues`).
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from icefall.commit.batch import SourceBatch, state_after
+from icefall.commit.delta_history import DeltaHistory
 from icefall.commit.delta_storage import is_s3, local_path, storage_for
 from icefall.commit.errors import CorruptStateError, FencedError, MaintenanceConflictError, StaleHeadError
 from icefall.commit.protocol import _check_source
@@ -79,6 +81,10 @@ class DeltaSnapshot:
         return (self.metadata or {}).get("schemaString")
 
     @property
+    def partition_columns(self) -> list[str]:
+        return list((self.metadata or {}).get("partitionColumns") or [])
+
+    @property
     def committed(self) -> CommittedState:
         """The `icefall.*` state of this version; `snapshot_id` is the version (None: no table yet)."""
         ours = {k: v for k, v in self.configuration.items() if k.startswith(PREFIX)}
@@ -87,18 +93,20 @@ class DeltaSnapshot:
 
 @dataclass(frozen=True)
 class AddFile:
-    """A data file a batch adds, relative to the table's folder."""
+    """A data file a batch adds, relative to the table's folder (a partitioned table's: in its partition's
+    folder, `partition_values` its values as Delta writes them, None for null)."""
 
     path: str
     size: int
     records: int
     modification_time_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)
 
     def action(self) -> dict[str, Any]:
         return {
             "add": {
-                "path": quote(self.path),
-                "partitionValues": {},
+                "path": quote(self.path, safe="/="),  # a URI, as Delta writes it: folders column=value
+                "partitionValues": dict(self.partition_values),
                 "size": self.size,
                 "modificationTime": self.modification_time_ms,
                 "dataChange": True,
@@ -138,16 +146,29 @@ class DeltaLog:
         text = self.storage.read(f"{LOG_DIR}/{version:020d}.json").decode("utf-8")
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def snapshot(self) -> DeltaSnapshot:
-        """The latest version with the newest Metadata and Protocol, from the commits after the newest
-        checkpoint, else from that checkpoint (log cleanup may have removed older commits)."""
-        latest = self.latest_version()
+    def history(self) -> DeltaHistory:
+        """The log's commit files with their modification times, and its checkpoints (time travel:
+        `icefall.commit.delta_history`)."""
+        commits: dict[int, int] = {}
+        checkpoints: set[int] = set()
+        for name, modified_ms in self.storage.list_times(LOG_DIR).items():
+            if match := _COMMIT_FILE.match(name):
+                commits[int(match.group(1))] = modified_ms
+            elif match := _CHECKPOINT_FILE.match(name):
+                checkpoints.add(int(match.group(1)))
+        return DeltaHistory(commits, frozenset(checkpoints))
+
+    def snapshot(self, version: int | None = None) -> DeltaSnapshot:
+        """The latest version (or `version`, which must exist: `DeltaHistory.check`) with the Metadata and
+        Protocol in force there, from the commits after the newest checkpoint at or below it, else from
+        that checkpoint (log cleanup may have removed older commits)."""
+        latest = self.latest_version() if version is None else version
         if latest < 0:
             return DeltaSnapshot(-1)
         checkpoint = self._latest_checkpoint(latest)
         metadata = protocol = None
-        for version in range(latest, (checkpoint if checkpoint is not None else -1), -1):
-            for action in self.actions(version):
+        for each in range(latest, (checkpoint if checkpoint is not None else -1), -1):
+            for action in self.actions(each):
                 metadata = metadata or action.get("metaData")
                 protocol = protocol or action.get("protocol")
             if metadata is not None and protocol is not None:
@@ -272,11 +293,17 @@ def _with_state(metadata: Mapping[str, Any], state: CommittedState) -> dict[str,
 
 
 def create_table(
-    log: DeltaLog, schema_string: str, epoch: int, *, role: str = "main", deletion_vectors: bool = False
+    log: DeltaLog,
+    schema_string: str,
+    epoch: int,
+    *,
+    role: str = "main",
+    deletion_vectors: bool = False,
+    partition_columns: Sequence[str] = (),
 ) -> DeltaSnapshot:
     """Version 0 of a new table (no rows; the epoch claimed), unless the table exists: then its snapshot.
     Two writers creating it at once: one creates version 0, the other reads it. `deletion_vectors`: a
-    keyed table's (`DELETION_VECTORS`)."""
+    keyed table's (`DELETION_VECTORS`); `partition_columns`: Delta's partitionColumns (identity)."""
     existing = log.snapshot()
     if existing.exists:
         return existing
@@ -284,12 +311,16 @@ def create_table(
         "id": str(uuid.uuid4()),
         "format": {"provider": "parquet", "options": {}},
         "schemaString": schema_string,
-        "partitionColumns": [],
+        "partitionColumns": list(partition_columns),
         "configuration": dict(DELETION_VECTORS) if deletion_vectors else {},
         "createdTime": int(time.time() * 1000),
     }
     actions = [
-        _commit_info("CREATE TABLE", operationParameters={"partitionBy": "[]"}, isBlindAppend=True),
+        _commit_info(
+            "CREATE TABLE",
+            operationParameters={"partitionBy": json.dumps(list(partition_columns))},
+            isBlindAppend=True,
+        ),
         {"protocol": protocol_for(schema_string, deletion_vectors=deletion_vectors)},
         _with_state(metadata, CommittedState(snapshot_id=None, epoch=epoch)),
     ]
@@ -429,14 +460,33 @@ def commit_batch(
 
 def moved_into(staging: Path, log: DeltaLog) -> list[AddFile]:
     """The Parquet files Spark wrote in the local folder `staging`, moved into the table's folder (local
-    or S3; files without rows are dropped)."""
+    or S3; files without rows are dropped). A partitioned write's files (Spark's `partitionBy`: folders
+    `column=value`, the partition columns not in the files) keep their folders, and their values are
+    read from them (`partition_values`)."""
     import pyarrow.parquet as pq
 
     files = []
-    for written in sorted(staging.glob("part-*.parquet")):
+    for written in sorted(staging.rglob("part-*.parquet")):
         records = pq.read_metadata(written).num_rows
         if records == 0:
             continue
-        size = log.storage.move_in(written)
-        files.append(AddFile(path=written.name, size=size, records=records))
+        relative = written.relative_to(staging).as_posix()
+        size = log.storage.move_in(written, relative)
+        values = partition_values(relative)
+        files.append(AddFile(path=relative, size=size, records=records, partition_values=values))
     return files
+
+
+#: Spark's folder for a null partition value (Hive's); Delta's partitionValues hold null instead.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+def partition_values(relative: str) -> dict[str, str | None]:
+    """The partition values of a file at `relative` in Spark's `column=value` folders (Hive-escaped:
+    %XX), as Delta's partitionValues hold them (strings; None for null)."""
+    values: dict[str, str | None] = {}
+    for folder in relative.split("/")[:-1]:
+        name, _, value = folder.partition("=")
+        text = unquote(value)
+        values[unquote(name)] = None if text == NULL_PARTITION else text
+    return values

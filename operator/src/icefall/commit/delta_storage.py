@@ -47,9 +47,10 @@ class DeltaStorage(Protocol):
     location: str
 
     def list(self, relative: str) -> list[str]: ...
+    def list_times(self, relative: str) -> dict[str, int]: ...
     def read(self, relative: str) -> bytes: ...
     def put_if_absent(self, relative: str, data: bytes) -> bool: ...
-    def move_in(self, staged: Path) -> int: ...
+    def move_in(self, staged: Path, relative: str | None = None) -> int: ...
     def arrow(self) -> tuple[FileSystem | None, str]: ...
 
 
@@ -63,6 +64,13 @@ class LocalStorage:
     def list(self, relative: str) -> list[str]:
         folder = self.root / relative
         return os.listdir(folder) if folder.is_dir() else []
+
+    def list_times(self, relative: str) -> dict[str, int]:
+        """`list` with each file's modification time (ms): what Delta's time travel resolves times by."""
+        folder = self.root / relative
+        if not folder.is_dir():
+            return {}
+        return {e.name: e.stat().st_mtime_ns // 1_000_000 for e in os.scandir(folder) if e.is_file()}
 
     def read(self, relative: str) -> bytes:
         return (self.root / relative).read_bytes()
@@ -83,8 +91,10 @@ class LocalStorage:
             temporary.unlink()
         return True
 
-    def move_in(self, staged: Path) -> int:
-        target = self.root / staged.name
+    def move_in(self, staged: Path, relative: str | None = None) -> int:
+        """Move the local file `staged` to `relative` (default: its name) in the table's folder."""
+        target = self.root / (relative or staged.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staged, target)
         os.utime(target)  # VACUUM spares unreferenced files younger than its retention (>= 1 h): from now
         return target.stat().st_size
@@ -173,14 +183,25 @@ class S3Storage:
         selector = FileSelector(f"{self.bucket}/{self._key(relative)}", allow_not_found=True)
         return [info.base_name for info in self.fs.get_file_info(selector)]
 
+    def list_times(self, relative: str) -> dict[str, int]:
+        """`list` with each object's LastModified (ms)."""
+        from pyarrow.fs import FileSelector
+
+        selector = FileSelector(f"{self.bucket}/{self._key(relative)}", allow_not_found=True)
+        return {
+            info.base_name: info.mtime_ns // 1_000_000
+            for info in self.fs.get_file_info(selector)
+            if info.mtime_ns is not None
+        }
+
     def read(self, relative: str) -> bytes:
         with self.fs.open_input_stream(f"{self.bucket}/{self._key(relative)}") as f:
             data: bytes = f.read()
             return data
 
-    def move_in(self, staged: Path) -> int:
+    def move_in(self, staged: Path, relative: str | None = None) -> int:
         data = staged.read_bytes()
-        with self.fs.open_output_stream(f"{self.bucket}/{self._key(staged.name)}") as out:
+        with self.fs.open_output_stream(f"{self.bucket}/{self._key(relative or staged.name)}") as out:
             out.write(data)
         staged.unlink()
         return len(data)

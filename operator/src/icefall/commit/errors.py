@@ -56,3 +56,8 @@ class StageError(CommitError):
 
 class CorruptStateError(CommitError):
     """The table's `icefall.*` properties cannot be read; someone edited them by hand."""
+
+
+class LayoutChangedError(CommitError):
+    """The table's partitioning is not the spec's (a Delta table's partitionColumns never change): the
+    batch would write files the table cannot hold. Says both and the fix."""

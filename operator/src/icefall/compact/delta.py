@@ -100,11 +100,17 @@ class DeltaMaintenance(Rounds):
         self._forget_snapshots()
         snapshot = self.log.snapshot()
         sizes: tuple[int, ...] = ()
+        partitions: tuple[str, ...] = ()
         if snapshot.exists:
-            files = self.spark.read.format("delta").load(self.location).inputFiles()
-            sizes = tuple(os.stat(unquote(urlparse(f).path)).st_size for f in files)
+            files = [
+                unquote(urlparse(f).path)
+                for f in self.spark.read.format("delta").load(self.location).inputFiles()
+            ]
+            sizes = tuple(os.stat(f).st_size for f in files)
+            if snapshot.partition_columns:  # a file's partition is its folder
+                partitions = tuple(os.path.dirname(f) for f in files)
         return DeltaTableView(
-            snapshot.version, self.log.latest_checkpoint(), sizes, dict(snapshot.configuration)
+            snapshot.version, self.log.latest_checkpoint(), sizes, dict(snapshot.configuration), partitions
         )
 
     def plan(self, now_ms: int | None = None) -> tuple[DeltaItem, ...]:

@@ -24,8 +24,9 @@ table cannot follow (a type changed or widened, a new required field) raises Del
 start and before any batch is written.
 
 Not done yet for Delta (refused by the spec's validation where it is a setting): a dead-letter topic,
-registry formats, partitioning, pipelining, object stores. The upkeep (OPTIMIZE, checkpoints, VACUUM) is
-`icefall.compact.delta`'s.
+registry formats, partition transforms (identity partitions are Spark's `partitionBy` folders, their values
+in the commit's `add` actions: `icefall.commit.delta.moved_into`), pipelining, object stores. The upkeep
+(OPTIMIZE, checkpoints, VACUUM) is `icefall.compact.delta`'s.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from icefall.commit.delta import (
     create_table,
     moved_into,
 )
+from icefall.commit.errors import LayoutChangedError
 from icefall.ingest.columns import DELETE_COLUMN
 from icefall.ingest.commits import LeaseKeeper
 from icefall.ingest.delta_dead_letters import DeltaDeadLetters, dead_letter_location
@@ -156,7 +158,12 @@ class DeltaIngestor:
             declared = to_spark_schema_json(fmt.schema_fields) if fmt.schema_known and not select else None
             self.wanted = wanted_schema(schema, declared)
             self.rows_schema = schema
-            self.schema_after(create_table(self.log, schema, self.epoch, deletion_vectors=keyed))
+            partitioned = [p.field for p in self.spec.table.partitioning]
+            made = create_table(
+                self.log, schema, self.epoch, deletion_vectors=keyed, partition_columns=partitioned
+            )
+            _check_partitioning(made, partitioned, rows.columns, self.log.location)
+            self.schema_after(made)
             claim_epoch(self.log, self.epoch)
             shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
             if self.dead_letters is not None:
@@ -246,9 +253,11 @@ class DeltaIngestor:
         if self.spec.key:
             return self._merge(planned, planned_on, schema, decoders.good.good_rows(observed), observation)
         staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
-        self._as_table(decoders.good.good_rows(observed), schema or planned_on.schema_string).write.parquet(
-            str(staging)
-        )
+        rows = self._as_table(decoders.good.good_rows(observed), schema or planned_on.schema_string)
+        write = rows.write
+        if planned_on.partition_columns:  # folders column=value; the values go into the commit's adds
+            write = write.partitionBy(*planned_on.partition_columns)
+        write.parquet(str(staging))
         try:
             stats = self._read_stats(planned, observation)
             return stats, moved_into(staging, self.log), None
@@ -385,6 +394,24 @@ def _sleep(seconds: float, should_stop: Callable[[], bool]) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not should_stop():
         time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+def _check_partitioning(
+    table: DeltaSnapshot, partitioned: list[str], columns: list[str], location: str
+) -> None:
+    """LayoutChangedError unless the table's partition columns are the spec's, and columns of its rows."""
+    unknown = [c for c in partitioned if c not in columns]
+    if unknown:
+        raise LayoutChangedError(
+            f"spec.table.partitioning names {unknown}, not columns of the table's rows "
+            f"({', '.join(columns)}): partition by a column the spec's schema (after transforms.select) has"
+        )
+    if table.partition_columns != partitioned:
+        raise LayoutChangedError(
+            f"the Delta table at {location} is partitioned by {table.partition_columns or 'nothing'}, "
+            f"spec.table.partitioning by {partitioned or 'nothing'}: a Delta table's partitioning never "
+            "changes; set spec.table.partitioning back, or write a new table (a new spec.table.location)"
+        )
 
 
 def committed_snapshot(location: str) -> DeltaSnapshot:

@@ -13,8 +13,10 @@ How the spec maps to Delta (no setting is silently dropped; what Delta cannot do
   removed less than this ago) and its `delta.logRetentionDuration` (the log kept as long; Delta's own log
   cleanup drops older entries when it writes a checkpoint), and VACUUM's RETAIN. The orphan floor (at least
   1 h) keeps a batch's files, in the table's folder but in no log entry until its commit, from VACUUM.
-- `spec.retention` (dropping rows by age, by whole time partitions) is not this: it needs partitioning,
-  which a Delta table has not yet, so the spec refuses it for format delta.
+- `spec.retention` (dropping rows by age, by whole time partitions) is not this: it needs time partitions,
+  which a Delta table has not (identity ones only), so the spec refuses it for format delta.
+- A partitioned table's small files count only in partitions holding two or more: OPTIMIZE bins files per
+  partition and leaves a lone one as it is.
 - `compaction.minSnapshotsToKeep` above 1 has no Delta equivalent (refused by the spec).
 - Z-order rewrites every file of the table each time it runs (Delta's OPTIMIZE ZORDER is not incremental), so
   it runs when small files gather, like bin-packing, not every step.
@@ -55,12 +57,14 @@ class DeltaPolicy:
 @dataclass(frozen=True)
 class DeltaTableView:
     """What planning reads of a table: its latest version, the newest checkpoint's version (None: none),
-    the sizes of its live data files and the configuration of its Metadata."""
+    the sizes of its live data files, the configuration of its Metadata, and for a partitioned table the
+    partition (folder) of each file, in the order of `file_sizes`."""
 
     version: int
     checkpoint_version: int | None
     file_sizes: tuple[int, ...]
     configuration: Mapping[str, str]
+    file_partitions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,17 @@ def checkpoint_interval(configuration: Mapping[str, str]) -> int:
     return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_CHECKPOINT_INTERVAL
 
 
-def small_files(sizes: Sequence[int], policy: DeltaPolicy) -> int:
-    return sum(1 for size in sizes if size < policy.small_file_ratio * policy.target_file_size_bytes)
+def small_files(sizes: Sequence[int], policy: DeltaPolicy, partitions: Sequence[str] = ()) -> int:
+    """The small files OPTIMIZE would rewrite: every one, or in a partitioned table (`partitions`, one per
+    file) those of partitions holding two or more (OPTIMIZE bins files per partition: a lone one stays)."""
+    limit = policy.small_file_ratio * policy.target_file_size_bytes
+    if not partitions:
+        return sum(1 for size in sizes if size < limit)
+    per_partition: dict[str, int] = {}
+    for size, partition in zip(sizes, partitions, strict=True):
+        if size < limit:
+            per_partition[partition] = per_partition.get(partition, 0) + 1
+    return sum(count for count in per_partition.values() if count >= 2)
 
 
 def plan_delta_maintenance(
@@ -124,7 +137,7 @@ def plan_delta_maintenance(
     wanted = retention_properties(policy)
     if any(view.configuration.get(k) != v for k, v in wanted.items()):
         items.append(SetRetention(wanted))
-    small = small_files(view.file_sizes, policy)
+    small = small_files(view.file_sizes, policy, view.file_partitions)
     if small >= policy.min_files_to_compact:
         items.append(Optimize(small, policy.zorder_by))
     since = view.version - (view.checkpoint_version if view.checkpoint_version is not None else 0)
