@@ -1,7 +1,9 @@
 """`make chaos`'s infrastructure faults: the services around Icefall SIGKILLed at random moments, restarted.
 
 `InfraFaults.loop` (a thread of the run) makes `count` of them, one at a time, at random moments
-(`EVERY` apart) while the kills of Icefall's own processes go on; each draws a kind (`KINDS`): a Kafka
+(`EVERY` apart) while the kills of Icefall's own processes go on; the next fault waits for the last one's
+recovery at most `SETTLE` seconds, then that recovery is awaited alongside the next faults (`_watch`); each
+draws a kind (`KINDS`): a Kafka
 broker (the leader of a random partition of the three-node cluster), PostgreSQL (the REST catalog's
 database), the object store (MinIO), the REST catalog server, and kube-apiserver or etcd of the e2e
 cluster. The service gets SIGKILL (no clean shutdown), stays down `DOWN` seconds, and is started again on
@@ -21,10 +23,13 @@ must hit given kinds.
 The operator exits by design when it could not renew its leader Lease before it ran out (an API server or
 etcd down longer than the Lease, `controller.leader`); `revive_operator` (the run's) starts it again, as its
 Deployment would, and the run counts it. A measured fault of the run (`Chaos.fault`) and an infrastructure
-fault never overlap (`lock`); none is made while the run is calm for one.
+fault are never made together (`lock`; an infrastructure fault's first `SETTLE` seconds of recovery too);
+none is made while the run is calm for one.
 
 Not guaranteed: a service that does not come back (its restart fails) ends the run's loop with an error;
-the recovery includes whatever kill of Icefall's own processes happened meanwhile (they go on).
+the recovery includes whatever kill of Icefall's own processes, and past `SETTLE` whatever later fault,
+happened meanwhile (they go on): a pessimistic figure. Waiting each recovery out before the next fault made
+a full run's 67 faults take hours (recoveries of 2 to 9 minutes while drivers are killed every minute).
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ EVERY = (5.0, 40.0)
 #: Seconds a killed service stays down before its restart (the restart itself takes more).
 DOWN = (1.0, 10.0)
 RECOVER_TIMEOUT = 900.0
+#: Seconds the next fault waits for the last one's recovery before it is awaited alongside the next faults.
+SETTLE = 30.0
 INFRA_SHARE = 1 / 3
 
 
@@ -71,6 +78,8 @@ class InfraFault:
     down_seconds: float  # from the SIGKILL until the service answered again
     recovered_after: float | None = None  # from its restart until the tables caught up
     note: str = ""
+    back: float = 0.0  # monotonic time of its restart (or its end)
+    high: dict[int, int] | None = None  # the topics' offsets then, which the tables must reach
 
 
 @dataclass
@@ -109,37 +118,68 @@ class InfraFaults:
         self.high, self.caught_up_with, self.revive_operator = high, caught_up_with, revive_operator
         self.lock, self.calm, self.done, self.note = lock, calm, done, note
         self.faults: list[InfraFault] = []
+        self.pending: list[InfraFault] = []  # made, not yet recovered: oldest first
+        self.pending_lock = threading.Lock()
+        self.made = threading.Event()  # the loop made its last fault
         self.errors: list[str] = []
         self.resources = resources  # makes a resource fault of a kind; what happened, in a few words
         self.kinds = drawn_kinds(os.environ.get("ICEFALL_CHAOS_INFRA_KINDS", ""))
 
     def loop(self) -> None:
+        watcher = threading.Thread(target=self._watch, name="infra-recoveries", daemon=True)
+        watcher.start()
         while not self.done.is_set() and len(self.faults) < self.count and not self.errors:
             if self.done.wait(self.rng.uniform(*EVERY)) or self.calm.is_set():
                 continue
             with self.lock:
                 try:
-                    self.one(self.rng.choice(self.kinds))
+                    fault = self.one(self.rng.choice(self.kinds))
                 except Exception as error:  # a service that did not come back: the run fails, says why
                     self.errors.append(f"infrastructure fault: {type(error).__name__}: {error}"[:2000])
+                    break
+                settle = fault.back + SETTLE
+                while fault.recovered_after is None and time.monotonic() < settle and not self.errors:
+                    time.sleep(0.5)
+        self.made.set()
+        watcher.join()
 
-    def one(self, kind: str) -> None:
+    def one(self, kind: str) -> InfraFault:
         started = time.monotonic()
         note = self._kill_and_restart(kind, self.rng.uniform(*DOWN))
         back = time.monotonic()
-        fault = InfraFault(kind, back - started, note=note)
-        self.faults.append(fault)
+        fault = InfraFault(kind, back - started, note=note, back=back, high=self.high())
+        with self.pending_lock:
+            self.faults.append(fault)
+            self.pending.append(fault)
         self.revive_operator()
-        high = self.high()
-        deadline = back + RECOVER_TIMEOUT
-        while not self.caught_up_with(high):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{kind}: not recovered {RECOVER_TIMEOUT:.0f} s after its restart")
-            time.sleep(1)
+        return fault
+
+    def _watch(self) -> None:
+        """Record each fault's recovery once the tables caught up with it, oldest first (a later fault's
+        offsets are no lower: while the oldest is not caught up, no other is), until every fault made
+        recovered, or one did not in `RECOVER_TIMEOUT`."""
+        while not self.done.is_set() and not self.errors:
+            with self.pending_lock:
+                oldest = self.pending[0] if self.pending else None
+            if oldest is None:
+                if self.made.is_set():
+                    return
+                time.sleep(0.5)
+                continue
             self.revive_operator()
-        fault.recovered_after = time.monotonic() - back
-        self.note(f"infrastructure fault {len(self.faults)}/{self.count}: {kind} ({note}); "
-                  f"recovered {fault.recovered_after:.0f} s after its restart")  # fmt: skip
+            assert oldest.high is not None
+            if self.caught_up_with(oldest.high):
+                oldest.recovered_after = time.monotonic() - oldest.back
+                with self.pending_lock:
+                    self.pending.pop(0)
+                number = self.faults.index(oldest) + 1
+                self.note(f"infrastructure fault {number}/{self.count}: {oldest.kind} ({oldest.note}); "
+                          f"recovered {oldest.recovered_after:.0f} s after its restart")  # fmt: skip
+                continue
+            if time.monotonic() > oldest.back + RECOVER_TIMEOUT:
+                self.errors.append(f"{oldest.kind}: not recovered {RECOVER_TIMEOUT:.0f} s after its restart")
+                return
+            time.sleep(1)
 
     def _kill_and_restart(self, kind: str, down: float) -> str:
         """SIGKILL the service of `kind`, wait `down` s, start it again; what happened, in a few words."""

@@ -13,9 +13,14 @@ wrote plus a little room, over Spark's block manager dirs only, and the driver's
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
+import threading
+import time
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -115,3 +120,42 @@ def test_the_drivers_full_disk_line_is_found() -> None:
     log = f"INFO a batch\nWARNING chaos-keyed: {line} (No space left on device); attempt 1 failed\n"
     assert spill.FULL_LINE.findall(log) == [f"{line} (No space left on device); attempt 1 failed"]
     assert spill.FULL_LINE.findall("cannot reach the object store at http://127.0.0.1:9000") == []
+
+
+def test_recoveries_are_awaited_alongside_later_faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next fault waits for the last one's recovery only `SETTLE` seconds; each recovery is recorded when
+    the tables reach the offsets of its moment, and the loop ends once every fault recovered."""
+    monkeypatch.setenv("ICEFALL_CHAOS_INFRA_KINDS", "clock skew")
+    monkeypatch.setattr(infra, "EVERY", (0.0, 0.0))
+    monkeypatch.setattr(infra, "SETTLE", 0.1)
+    offsets, committed, notes = itertools.count(10, 10), [0], []
+    faults = infra.InfraFaults(
+        cast(Any, None), count=3, seed=1, topics=("t",), partitions=1,
+        high=lambda: {0: next(offsets)}, caught_up_with=lambda high: committed[0] >= high[0],
+        revive_operator=lambda: None, lock=threading.Lock(), calm=threading.Event(), done=threading.Event(),
+        note=notes.append, resources=lambda kind, rng: "made",
+    )  # fmt: skip
+    loop = threading.Thread(target=faults.loop, daemon=True)
+    loop.start()
+    try:
+        _until(lambda: len(faults.faults) == 3)
+        assert [f.recovered_after for f in faults.faults] == [None, None, None]
+        committed[0] = 20  # the tables reached the first two faults' offsets, not the third's
+        _until(lambda: len(faults.pending) == 1)
+        assert faults.faults[0].recovered_after is not None and faults.faults[1].recovered_after is not None
+        assert loop.is_alive()
+        committed[0] = 30
+        loop.join(5)
+        assert not loop.is_alive()
+        assert all(f.recovered_after is not None for f in faults.faults)
+        assert notes[-1].startswith("infrastructure fault 3/3: clock skew (made); recovered")
+    finally:
+        faults.done.set()
+        loop.join(5)
+
+
+def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within 5 s"
+        time.sleep(0.01)

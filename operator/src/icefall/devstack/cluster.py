@@ -4,6 +4,8 @@
 (pods get the projected token volume), kube-controller-manager with the controllers a cluster with a node
 needs (`NODE_CONTROLLERS`), kube-scheduler, and a node (`icefall.devstack.node`: containerd, runc and the
 kubelet) holding Icefall's image and the pause image, built by hack/build-image.sh (`image_refs`).
+kube-controller-manager and kube-scheduler are started again when they exit (`Restarter`), as a kubelet
+restarts a control plane's static pods; the node's processes and kube-apiserver/etcd are not.
 
 There is no pod network: pods use `hostNetwork: true` (`pod_template()` gives the pod template settings
 every pod of this cluster needs), and the `kubernetes` Service's cluster IP is not reachable (no
@@ -22,7 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from icefall.devstack.kube import NODE_CONTROLLERS, KubeAPIServer, KubeControllerManager, KubeScheduler
+from icefall.devstack.kube import (
+    NODE_CONTROLLERS,
+    KubeAPIServer,
+    KubeControllerManager,
+    KubeScheduler,
+    Restarter,
+)
 from icefall.devstack.node import Node
 from icefall.devstack.tools import ToolMissingError, repo_root
 
@@ -59,6 +67,9 @@ class LocalCluster:
         )
         self.scheduler = KubeScheduler(self.api, workdir / "scheduler")
         self.node = Node(self.api, workdir / "node", images=[images.icefall], pause_image=images.pause)
+        self.restarter = Restarter(
+            {"kube-controller-manager": self.controller_manager, "kube-scheduler": self.scheduler}
+        )
 
     def start(self) -> LocalCluster:
         try:
@@ -71,12 +82,14 @@ class LocalCluster:
                 started = time.monotonic()
                 component.start()
                 print(f"[cluster] {name} running in {time.monotonic() - started:.1f}s", flush=True)
+            self.restarter.start()
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
+        self.restarter.stop()
         try:
             self.node.stop()
         finally:

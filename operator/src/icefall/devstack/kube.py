@@ -17,11 +17,15 @@ import secrets
 import shutil
 import ssl
 import subprocess
+import threading
 import time
 import urllib.request
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
-from icefall.devstack.procs import ManagedProcess, free_port, run_checked
+from icefall.devstack.procs import ManagedProcess, StartError, free_port, run_checked
 from icefall.devstack.tools import tool_dir
 
 
@@ -250,6 +254,10 @@ class KubeControllerManager:
     def running(self) -> bool:
         return self._proc is not None and self._proc.running()
 
+    def exit_code(self) -> int | None:
+        """The code it exited with by itself (None while it runs, or after `stop()`)."""
+        return None if self._proc is None else self._proc.exit_code()
+
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.stop()
@@ -274,10 +282,67 @@ class KubeScheduler:
         ).start()
         return self
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def exit_code(self) -> int | None:
+        """The code it exited with by itself (None while it runs, or after `stop()`)."""
+        return None if self._proc is None else self._proc.exit_code()
+
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
+
+
+class Supervised(Protocol):
+    def start(self) -> object: ...
+    def stop(self) -> None: ...
+    def exit_code(self) -> int | None: ...
+
+
+#: Seconds between two looks at the supervised processes (`Restarter`).
+SUPERVISE_EVERY = 1.0
+
+
+class Restarter:
+    """Starts control-plane processes (kube-controller-manager, kube-scheduler) again when they exit by
+    themselves, as a kubelet restarts a cluster's static pods. kube-scheduler exits by design when it finds
+    its cache corrupted ("Pod updated on a different node than previously added to": seen in `make chaos`
+    after a kube-apiserver restart, with a Pod deleted and created again under the same name); unsupervised,
+    nothing scheduled a Pod again. One line per restart; `restarts` counts them by name."""
+
+    def __init__(self, components: Mapping[str, Supervised], every: float = SUPERVISE_EVERY) -> None:
+        self.components = dict(components)
+        self.every = every
+        self.restarts: Counter[str] = Counter()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="control-plane-restarter", daemon=True)
+
+    def start(self) -> Restarter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching (before the components are stopped on purpose)."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.every):
+            for name, component in self.components.items():
+                code = component.exit_code()
+                if code is None or self._stopping.is_set():
+                    continue
+                print(f"[cluster] {name} exited with code {code}; starting it again", flush=True)
+                component.stop()  # reaped: its exit is not seen twice
+                self.restarts[name] += 1
+                try:
+                    component.start()
+                except StartError as error:  # tried again on the next look
+                    print(f"[cluster] {name} did not start again: {error}", flush=True)
 
 
 def http_ok(url: str, token: str | None = None, ca_file: Path | None = None) -> bool:

@@ -117,6 +117,10 @@ class ManagedProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The code it exited with by itself; None while it runs, or once `stop()` or `kill()` ended it."""
+        return None if self._proc is None else self._proc.poll()
+
     def wait_ready(self, check: Callable[[], bool], timeout: float, what: str) -> None:
         """Poll `check` until True; fail with the log tail if the process dies or time runs out."""
         deadline = time.monotonic() + timeout
