@@ -380,15 +380,16 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     kafka: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
     """The spec gains an optional field: the next batch's commit adds the column (old rows read null, new
-    rows hold their values, in delta-rs and Spark's Delta reader; `icefall verify` clean). Then a type
-    change in the spec is refused at start, naming the field, with nothing written."""
+    rows hold their values, in delta-rs and Spark's Delta reader; `icefall verify` clean), the table's
+    partitioning kept. Then a type change in the spec is refused at start, naming the field, with nothing
+    written."""
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
     from icefall.catalog.delta_schema import DeltaSchemaRefusedError
     from icefall.testing.streams import send_changes
 
-    table = Table(kafka, tmp_path, "evolve")
+    table = Table(kafka, tmp_path, "evolve", sort=", partitioning: [{field: customer}]")
     produce(kafka, table.topic, 0, 20)
     first = table.writer(spark)
     try:
@@ -413,7 +414,9 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     schema = json.loads(DeltaLog(table.location).snapshot().schema_string or "{}")
     assert [f["name"] for f in schema["fields"]] == ["id", "customer", "amount", "ts", "region", "_kafka"]
     assert schema_change_entry(table.location) == {"commitInfo", "metaData", "add"}
-    files = Path(table.location).glob("*.parquet")
+    assert DeltaLog(table.location).snapshot().partition_columns == ["customer"]
+    files = list(Path(table.location).glob("customer=*/*.parquet"))
+    assert {f.parent.name for f in files} == {"customer=c", *(f"customer=c{i}" for i in range(7))}
     assert {str(pq.read_schema(f).field("amount").type) for f in files} == {"decimal128(10, 2)"}
     by_rs = {r["id"]: r["region"] for r in DeltaTable(table.location).to_pyarrow_table().to_pylist()}
     assert by_rs == {i: None if i < 20 else f"r{i}" for i in range(30)}
