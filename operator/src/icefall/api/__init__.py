@@ -4,7 +4,7 @@ This package is the bottom layer: it imports pydantic, PyYAML and pyiceberg's pu
 that does I/O. The CRD YAML is generated from these models.
 """
 
-from icefall.api.base import SecretKeySelector, SecretRef
+from icefall.api.base import ObjectMeta, SecretKeySelector, SecretRef
 from icefall.api.format import Format, FormatType, SchemaRegistry, SubjectNameStrategy, Transforms
 from icefall.api.iceberg_schema import fields_from_iceberg, to_iceberg_schema
 from icefall.api.manifest import (
@@ -16,6 +16,7 @@ from icefall.api.manifest import (
     problems_from_validation_error,
     streaming_table_from_object,
 )
+from icefall.api.mode import TableMode
 from icefall.api.pods import (
     EnvVar,
     PodTemplate,
@@ -59,10 +60,8 @@ from icefall.api.spec import (
     DeadLetterTable,
     DeletionPolicy,
     Freshness,
-    ObjectMeta,
     StreamingTable,
     StreamingTableSpec,
-    TableMode,
 )
 from icefall.api.status import (
     REASONS_BY_TYPE,

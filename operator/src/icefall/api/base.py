@@ -210,3 +210,35 @@ class SecretRef(ApiModel):
             problems.add((), "set exactly one of secretKeyRef or env")
             problems.raise_if_any()
         return self
+
+
+#: Longest metadata.name: leaves room for child names such as `icefall-<name>-commit` within 63 characters.
+MAX_NAME_LENGTH = 40
+
+
+class ObjectMeta(BaseModel):
+    """The parts of Kubernetes object metadata Icefall reads; everything else is ignored."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,
+    )
+
+    name: str = Field(
+        description="Name of the StreamingTable.",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=DNS1123_LABEL_PATTERN,
+    )
+    namespace: str | None = Field(
+        default=None, description="Kubernetes namespace.", max_length=63, pattern=DNS1123_LABEL_PATTERN
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+    generation: int | None = Field(default=None, ge=0, description="Spec generation, set by the API server.")
+    uid: str | None = Field(default=None, description="Object UID, set by the API server.")

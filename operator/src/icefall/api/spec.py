@@ -19,25 +19,29 @@ expressions; those are checked when the pipeline starts and reported as conditio
 
 from __future__ import annotations
 
-import difflib
 import re
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, model_validator
 
 from icefall.api.base import (
-    DNS1123_LABEL_PATTERN,
     IDENTIFIER_PATTERN,
     NAMESPACE_PATTERN,
     TOPIC_PATTERN,
     ApiModel,
     Loc,
+    ObjectMeta,
     ProblemCollector,
 )
 from icefall.api.format import Format, FormatType, SubjectNameStrategy, Transforms
 from icefall.api.maintenance import CompactionSpec, RetentionSpec, retention_problems
+from icefall.api.mode import (
+    DEFAULT_REMEMBER_DELETES_SECONDS,
+    TableMode,
+    key_problems,
+    sequence_problems,
+)
 from icefall.api.pods import PodTemplates
 from icefall.api.routes import MAX_ROUTES, DynamicRoute, NameFrom, Route, Unrouted
 from icefall.api.source import KafkaSource
@@ -52,27 +56,7 @@ KIND = "StreamingTable"
 PLURAL = "streamingtables"
 SINGULAR = "streamingtable"
 SHORT_NAMES = ("st",)
-#: Longest metadata.name: leaves room for child names such as `icefall-<name>-commit` within 63 characters.
-MAX_NAME_LENGTH = 40
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
-
-
-class TableMode(StrEnum):
-    """What a record means for the table."""
-
-    APPEND = "append"  # every record is a new row
-    UPSERT = "upsert"  # a record replaces the row with its key; a tombstone (null value) deletes it
-    CDC = "cdc"  # a Debezium change event (op c/r/u/d, before/after) changes the row with its key
-
-
-#: How long a cdc table with sequenceBy remembers a deleted key by default (`rememberDeletesSeconds`).
-DEFAULT_REMEMBER_DELETES_SECONDS = 3600
-#: Types an identifier (key) field may have: Iceberg refuses float and double identifier fields, and
-#: nested types cannot be compared for equality.
-KEY_TYPES = frozenset(
-    {"boolean", "int", "long", "decimal", "date", "time", "timestamp", "timestamptz", "string", "uuid",
-     "fixed", "binary"}
-)  # fmt: skip
 
 
 class DeadLetterTable(ApiModel):
@@ -334,8 +318,8 @@ class StreamingTableSpec(ApiModel):
                 f"mode {self.mode.value} is not supported with format {self.format.type.value} yet; use "
                 "mode: append, or json or avro records",
             )
-        problems.extend((), key_problems(self))
-        problems.extend((), sequence_problems(self))
+        problems.extend((), key_problems(self.mode, self.key, self.format))
+        problems.extend((), sequence_problems(self.mode, self.sequence_by, self.remember_deletes_seconds))
         problems.extend((), route_problems(self))
         problems.extend((), delta_spec_problems(self))
         problems.raise_if_any()
@@ -356,9 +340,6 @@ class StreamingTableSpec(ApiModel):
         """`rememberDeletesSeconds`, or its default."""
         given = self.remember_deletes_seconds
         return DEFAULT_REMEMBER_DELETES_SECONDS if given is None else given
-
-
-TIME_TRANSFORM_NAMES = ("hour", "day", "month", "year")
 
 
 def pattern_subject_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
@@ -507,110 +488,6 @@ def _delta_partition_types(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
                 )
             )
     return problems
-
-
-def key_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
-    """`key` against `mode` and the schema; paths relative to `spec`. With `transforms.select` the key is
-    also checked against the selected columns when the pipeline starts (`icefall.catalog.tables`)."""
-    if spec.mode is TableMode.APPEND:
-        if spec.key is not None:
-            return [(("key",), "a key applies to mode upsert or cdc; remove it or set mode")]
-        return []
-    if spec.key is None:
-        return [(("key",), f"mode {spec.mode.value} needs the columns that identify a row, e.g. key: [id]")]
-    if not spec.format.schema_known:
-        return []  # the columns come from the registry: checked when the pipeline starts
-    problems: list[tuple[Loc, str]] = []
-    fields = {f.name: f for f in spec.format.schema_fields}
-    seen: set[str] = set()
-    for i, name in enumerate(spec.key):
-        field = fields.get(name)
-        if name in seen:
-            problems.append((("key", i), f"{name!r} is already in the key; remove one"))
-        elif field is None:
-            close = difflib.get_close_matches(name, list(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append((("key", i), f"{name!r} is not a top-level field of format.schema{hint}"))
-        elif field.parsed.name not in KEY_TYPES:
-            problems.append(
-                (("key", i), f"{name!r} is a {field.parsed.name}; a key column is a primitive other than "
-                 "float and double")
-            )  # fmt: skip
-        elif not field.required:
-            problems.append(
-                (("key", i), f"{name!r} may be null; a key column must be set: add required: true to it")
-            )
-        seen.add(name)
-    return problems
-
-
-#: A path into a Debezium envelope: dotted field names.
-SEQUENCE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-#: Envelope fields that hold the row or the operation, not a position.
-NOT_POSITIONS = ("op", "before", "after", "payload", "schema")
-
-
-def sequence_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
-    """`sequenceBy` against `mode`: paths into the Debezium envelope; paths relative to `spec`."""
-    if spec.sequence_by is None:
-        if spec.remember_deletes_seconds is not None:
-            return [(("rememberDeletesSeconds",), "applies with sequenceBy (mode cdc); remove it")]
-        return []
-    if spec.mode is not TableMode.CDC:
-        return [
-            (
-                ("sequenceBy",),
-                "sequenceBy orders Debezium change events by their source position; it applies to mode "
-                "cdc: remove it, or set mode: cdc",
-            )
-        ]
-    problems: list[tuple[Loc, str]] = []
-    for i, path in enumerate(spec.sequence_by):
-        if not SEQUENCE_PATH.match(path):
-            problems.append(
-                (("sequenceBy", i), f"{path!r} is not a path of field names, e.g. source.lsn or ts_ms")
-            )
-        elif path.split(".")[0] in NOT_POSITIONS:
-            problems.append(
-                (
-                    ("sequenceBy", i),
-                    f"{path!r} is not a position of the change: name a field of the envelope's source "
-                    "block (e.g. source.lsn; paths are inside payload when the schema envelope is on)",
-                )
-            )
-        elif path in spec.sequence_by[:i]:
-            problems.append((("sequenceBy", i), f"{path!r} is already in sequenceBy; remove one"))
-        elif any(other.startswith(f"{path}.") or path.startswith(f"{other}.") for other in spec.sequence_by):
-            problems.append((("sequenceBy", i), f"{path!r} holds, or is inside, another entry; keep one"))
-    return problems
-
-
-class ObjectMeta(BaseModel):
-    """The parts of Kubernetes object metadata Icefall reads; everything else is ignored."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="ignore",
-        frozen=True,
-        hide_input_in_errors=True,
-    )
-
-    name: str = Field(
-        description="Name of the StreamingTable.",
-        min_length=1,
-        max_length=MAX_NAME_LENGTH,
-        pattern=DNS1123_LABEL_PATTERN,
-    )
-    namespace: str | None = Field(
-        default=None, description="Kubernetes namespace.", max_length=63, pattern=DNS1123_LABEL_PATTERN
-    )
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
-    generation: int | None = Field(default=None, ge=0, description="Spec generation, set by the API server.")
-    uid: str | None = Field(default=None, description="Object UID, set by the API server.")
 
 
 class StreamingTable(ApiModel):
