@@ -2,10 +2,11 @@
 part of a batch per topic (`icefall.plan.routing.destination_takes`, `icefall.ingest.routes`).
 
 Proves: routes and a dynamic route are accepted with `source.topics`, `source.topicPattern` and the
-registry formats (avro, protobuf, jsonSchema); keyed routes read one topic (several are refused); a destination takes each topic
-from its own offsets of that topic (a topic it never committed: the batch's range), leaves out the topics
-it holds, and a destination behind in one topic raises naming that topic; its commit is in the batch's form
-(a `TopicsBatch` of the topics it takes, or the one topic's `Batch`).
+registry formats (avro, protobuf, jsonSchema); keyed routes read one topic (several are refused); a
+destination takes each topic from its own offsets of that topic (a topic it never committed: the batch's
+range), leaves out the topics it holds, and a destination behind in one topic raises naming that topic; its
+commit is in the batch's form (a `TopicsBatch` of the topics it takes, or the one topic's `Batch`), a keyed
+route table's naming its own deleted keys file.
 """
 
 from __future__ import annotations
