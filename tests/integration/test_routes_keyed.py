@@ -5,7 +5,8 @@ back from Kafka, say each table's latest row per key).
 Proves: an upsert topic split by a value field (`kind`) into two route tables and the table (unrouted)
 leaves in each table exactly the latest row of each key whose last change routes there, updates and
 tombstones applied (a tombstone has no `kind`: it deletes its key in every destination), malformed records
-dead letters, every table committed up to the topic's end; a cdc topic with `sequenceBy` routed by the
+dead letters, every table committed up to the topic's end, and `icefall read --table` reads each
+destination with the changes past its offsets that route to it; a cdc topic with `sequenceBy` routed by the
 row image (`after`, `before` for op d) keeps each route table's own remembered deletes (a late older
 change of a deleted key stays deleted there, its commit names its own deleted keys file) and sends a
 delete without a before image to every destination; `icefall run` killed between the destinations'
@@ -30,6 +31,7 @@ from icefall.api import load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
+from icefall.ingest.union_read import union_read
 from icefall.runtime import failpoints
 from icefall.testing.streams import (
     KEYED_MANIFEST,
@@ -178,6 +180,17 @@ def test_upsert_changes_land_in_their_route_tables_latest_row_per_key(
     assert b_key not in table_rows(catalog_config, f"{name}_b")
     assert table_rows(catalog_config, f"{name}_b")[40][0] == "new"
     assert 2 not in table_rows(catalog_config, name)
+
+    # `icefall read --table`: each destination plus the changes past its offsets routed to it (a tombstone
+    # to every one) is the latest row per key the topic's content names for that table.
+    send_changes(kafka, topic, upsert_changes(300, 50, seed=3))
+    for table, want in expected_rows(kafka, topic, name).items():
+        with union_read(st, catalog_config, spark=spark, table_name=f"{NAMESPACE}.{table}") as result:
+            rows = result.frame.select("id", "status").collect()
+        assert {r["id"]: r["status"] for r in rows} == {i: status for i, (status, _, _) in want.items()}, (
+            table
+        )
+        assert len(rows) == len(want), table
 
 
 def test_cdc_routes_by_the_row_image_each_table_remembering_its_deletes(
