@@ -16,19 +16,13 @@ dropped unless the commit landed; a route table behind `spec.table` stops the wr
 reader may see a route table ahead of another for the time between their commits); pipelining (a routed
 table commits each batch before the next is read).
 
-Keyed tables (`spec.mode` upsert, cdc): every destination is a keyed table (spec.key) and MERGEs the
-changes it takes as the single table does (`icefall.ingest.writer.merge`: the last change per key of its
-part of the batch, deletes, `spec.sequenceBy` with its own remembered deletes, named by its own commit);
-no rows are collected to the driver (pyiceberg writes no position deletes). A condition sees the change's
-row image: upsert's value; cdc's `after` (op c, r, u), or `before` for a delete (op d); key fields missing
-from the image come from the Kafka key (a tombstone has only those, and `_kafka`). A delete goes to the
-route its condition picks, so a condition over what every change of a key carries (its key fields,
-`_kafka.key`, headers, topic), or over a field that never changes, sends a key's deletes to its row's
-table; a delete NO condition takes (a tombstone, a Postgres `before` with only the key) goes to every
-destination (`EVERY`; spec.table too with `unrouted: Table`) and deletes its key wherever it is, never
-a dead letter. Not guaranteed: a key whose changes route to different tables over time is in each of
-them with the last change it got there (nothing moves it); key values must name one row across the route
-tables when a delete reaches all of them.
+Keyed tables (`spec.mode` upsert, cdc): every destination is keyed (spec.key) and MERGEs what it takes as
+the single table does (`writer.merge`; with `sequenceBy` its own deleted keys file, named by its own
+commit); nothing is collected to the driver. A condition sees the row image: upsert's value, cdc's `after`
+(op c, r, u) or `before` (op d), key fields the image lacks from the Kafka key (all a tombstone has). A
+delete goes where its condition sends it; one NO condition takes goes to every destination (`EVERY`) and
+deletes its key wherever it is, never a dead letter. Not guaranteed: a key whose changes route to
+different tables stays in each with its last change there (ingest/DESIGN.md says how to route deletes).
 
 Several topics (`spec.source.topics`, `topicPattern`): each destination takes its part per topic
 (`icefall.plan.routing.destination_takes`) and commits it as a `TopicsBatch`. Conditions see the decoded
