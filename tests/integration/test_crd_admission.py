@@ -72,8 +72,8 @@ Proves:
     cdc) reads one topic`; the dead-letter topic among the topics → `spec.deadLetter.topic: ... must differ
     from the source topic` (whether a topicPattern matches it is the operator's and `icefall validate`'s
     check: CEL's regular expressions are RE2's, not Java's or Python's)
-  - spec.unrouted without routes → `spec.unrouted: ... unrouted applies with routes`; keyed routes →
-    `spec.routes: ... routes need mode append`; a route table's class-valued property →
+  - spec.unrouted without routes → `spec.unrouted: ... unrouted applies with routes`; a keyed dynamic route →
+    `spec.dynamicRoute: ... dynamicRoute needs mode append`; a route table's class-valued property →
     `spec.routes[0].table.properties...`
   - spec.table.name: null → `spec.table.name: Invalid value: "null": ... must be of type string`
   - mode upsert without a key, or a key with mode append → `spec.key: Invalid value: mode upsert and cdc
@@ -321,11 +321,9 @@ REJECTED: list[tuple[str, Mutation, list[str]]] = [
         ["spec.unrouted: Invalid value", "unrouted applies with routes"],
     ),
     (
-        "keyed-routes",
-        lambda o: _spec(o).update(
-            mode="upsert", key=["id"], routes=[{"table": {"name": "x"}, "when": "true"}]
-        ),
-        ["spec.routes: Invalid value", "routes need mode append"],
+        "keyed-dynamic-route",
+        lambda o: _spec(o).update(mode="upsert", key=["id"], dynamicRoute={"from": "Key"}),
+        ["spec.dynamicRoute: Invalid value", "dynamicRoute needs mode append", "list the tables in routes"],
     ),
     (
         "route-code-property",

@@ -3,7 +3,9 @@ takes of a batch (`icefall.plan.routing`).
 
 Proves: routes are accepted with their tables' identifiers in order; a condition that is not record-local,
 a table that clashes, a layout on a missing column, unrouted without routes, DeadLetter without a
-dead-letter destination, and keyed modes (not supported yet) are refused naming the field and the fix.
+dead-letter destination are refused naming the field and the fix. Keyed routes (mode upsert, cdc with
+sequenceBy) are accepted, each route table keyed by spec.key; a keyed dynamic route, a keyed table over
+several topics, a format keyed tables do not read, are refused naming the field and the fix.
 A destination at the batch's start takes the whole batch; one ahead takes the rest of each partition and
 skips the rows it holds; one that holds everything takes nothing; one behind raises instead of losing
 records; retention gaps carry over.
@@ -26,6 +28,11 @@ ROUTES = [
     {"table": {"name": "clicks", "partitioning": BUCKETED}, "when": "kind = 'click'"},
     {"table": {"name": "views", "namespace": "web"}, "when": "_kafka.headers['kind'] = 'view'"},
 ]
+
+
+KEYED_SCHEMA = {
+    "schema": [{"name": "kind", "type": "string"}, {"name": "n", "type": "long", "required": True}]
+}
 
 
 def st(**spec: Any) -> StreamingTable:
@@ -64,13 +71,37 @@ def test_routes_name_their_tables_in_order_and_default_to_the_table() -> None:
          ["icefall.offsets", "remove it"]),
         ({"routes": [], "unrouted": "DeadLetter"}, ["unrouted", "add routes"]),
         ({"unrouted": "DeadLetter", "deadLetter": {"table": {"enabled": False}}}, ["unrouted", "use Table"]),
-        ({"mode": "upsert", "key": ["n"]}, ["routes", "mode append"]),
+        ({"mode": "upsert", "key": ["n"], "format": KEYED_SCHEMA, "routes": [],
+          "dynamicRoute": {"from": "Key"}},
+         ["dynamicRoute:", "needs mode append (not upsert)", "list the tables in routes"]),
+        ({"mode": "cdc", "key": ["n"], "format": KEYED_SCHEMA,
+          "source": {"topics": ["a", "b"], "bootstrapServers": "k:9092"}},
+         ["key:", "reads one topic", "use source.topic"]),
+        ({"mode": "upsert", "key": ["n"], "format": {"type": "protobuf", "registry": {"url": "http://r:8081"},
+          "schema": [{"name": "kind", "type": "string"}, {"name": "n", "type": "long", "required": True}]}},
+         ["mode:", "not supported with format protobuf", "use mode: append"]),
     ],
 )  # fmt: skip
 def test_what_routes_refuse_names_the_field_and_the_fix(spec: dict[str, Any], words: list[str]) -> None:
     message = refused(**spec)
     for word in words:
         assert word in message
+
+
+KEYED_SCHEMA = {
+    "schema": [{"name": "kind", "type": "string"}, {"name": "n", "type": "long", "required": True}]
+}
+
+
+@pytest.mark.parametrize(
+    "keyed",
+    [{"mode": "upsert"}, {"mode": "cdc"}, {"mode": "cdc", "sequenceBy": ["source.lsn"]}],
+    ids=["upsert", "cdc", "cdc-sequenceBy"],
+)
+def test_keyed_routes_are_accepted_each_table_keyed_like_the_table(keyed: dict[str, Any]) -> None:
+    table = st(key=["n"], format=KEYED_SCHEMA, unrouted="DeadLetter", **keyed)
+    assert table.spec.routed and table.spec.key == ["n"]
+    assert table.route_identifiers == (("shop", "clicks"), ("web", "views"))
 
 
 def test_a_route_table_must_be_a_table_of_its_own() -> None:

@@ -2,10 +2,11 @@
 part of a batch per topic (`icefall.plan.routing.destination_takes`, `icefall.ingest.routes`).
 
 Proves: routes and a dynamic route are accepted with `source.topics`, `source.topicPattern` and the
-registry formats (avro, protobuf, jsonSchema), keyed modes still refused; a destination takes each topic
-from its own offsets of that topic (a topic it never committed: the batch's range), leaves out the topics
-it holds, and a destination behind in one topic raises naming that topic; its commit is in the batch's form
-(a `TopicsBatch` of the topics it takes, or the one topic's `Batch`).
+registry formats (avro, protobuf, jsonSchema); keyed routes read one topic (several are refused); a
+destination takes each topic from its own offsets of that topic (a topic it never committed: the batch's
+range), leaves out the topics it holds, and a destination behind in one topic raises naming that topic; its
+commit is in the batch's form (a `TopicsBatch` of the topics it takes, or the one topic's `Batch`), a keyed
+route table's naming its own deleted keys file.
 """
 
 from __future__ import annotations
@@ -62,14 +63,15 @@ def test_routes_decode_registry_formats(fmt: dict[str, Any]) -> None:
     assert table.spec.routed
 
 
-def test_keyed_routes_are_still_refused() -> None:
-    with pytest.raises(ValidationError, match=r"routes needs mode append"):
-        st(
-            {"topic": "orders"},
-            mode="upsert",
-            key=["kind"],
-            format={"schema": [{**SCHEMA[0], "required": True}]},
-        )
+def test_keyed_routes_read_one_topic() -> None:
+    keyed: dict[str, Any] = {
+        "mode": "upsert",
+        "key": ["kind"],
+        "format": {"schema": [{**SCHEMA[0], "required": True}]},
+    }
+    assert st({"topic": "orders"}, **keyed).spec.routed
+    with pytest.raises(ValidationError, match=r"a keyed table \(mode upsert or cdc\) reads one topic"):
+        st({"topics": ["orders-eu", "orders-us"]}, **keyed)
 
 
 def test_a_destination_takes_each_topic_from_its_own_offsets() -> None:
@@ -101,3 +103,10 @@ def test_a_destination_commits_the_topics_it_takes_in_the_batch_form() -> None:
     assert part == TopicsBatch((Batch("a", {0: 15}, {0: 20}, topic_id="ida", max_produce_time_ms=5),))
     one = destination_batch(parts[1], {"b": Take({0: 0}, {0: 4})})
     assert one == Batch("b", {0: 0}, {0: 4}, topic_id="idb")
+    # A keyed route table (one topic) names its own deleted keys file, never the table's.
+    table = Batch("b", {0: 0}, {0: 4}, topic_id="idb", deleted_keys="s3://w/t/metadata/table.parquet")
+    own = destination_batch(
+        table, {"b": Take({0: 2}, {0: 4}, skip_below={0: 2})}, "s3://w/r/metadata/r.parquet"
+    )
+    assert own == Batch("b", {0: 2}, {0: 4}, topic_id="idb", deleted_keys="s3://w/r/metadata/r.parquet")
+    assert destination_batch(table, {"b": Take({0: 0}, {0: 4})}).deleted_keys is None

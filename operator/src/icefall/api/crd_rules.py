@@ -264,13 +264,11 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".unrouted",
         ),
         Rule(
-            "!has(self.routes) || size(self.routes) == 0 || !has(self.mode) || self.mode == 'append'",
-            message="routes need mode append for now; remove them",
-            field_path=".routes",
-        ),
-        Rule(
             "!has(self.dynamicRoute) || !has(self.mode) || self.mode == 'append'",
-            message="dynamicRoute needs mode append for now; remove it",
+            message=(
+                "dynamicRoute needs mode append for now: keyed tables route with spec.routes; remove "
+                "dynamicRoute, or list the tables in routes"
+            ),
             field_path=".dynamicRoute",
         ),
         Rule(

@@ -11,6 +11,11 @@ header's name to its value as UTF-8 text; the first of a repeated name). It is c
 null counts as false. A route's table lives in `spec.table`'s catalog, by default in its namespace, with its
 own partitioning, sort order and properties, and the columns of `spec.table`.
 
+Keyed tables (`spec.mode` upsert, cdc; static routes only): each route table is keyed by `spec.key` and
+MERGEs the changes it takes. A condition sees the row image (cdc: `after`, `before` for a delete; a
+tombstone only its key fields, from the Kafka key); a delete no condition takes deletes its key in every
+destination (`icefall.ingest.routes`).
+
 A dynamic route (kept small on purpose): `from` names the value (a top-level `Field`, a `Header`, the
 `Key` or the `Topic`, as text); `pattern` optionally extracts part of it (a regex: its one group, or the
 whole match; e.g. a Debezium topic `dbserver1.inventory.customers` to `customers`); `nameTemplate` puts it

@@ -180,7 +180,9 @@ class StreamingTableSpec(ApiModel):
         description=(
             "Static routes: the source's records into several tables, read once per batch. Each record goes "
             "to the first route whose condition holds; records no route takes go where unrouted says. Each "
-            "table commits the offsets it has taken (per topic and partition), exactly once. mode append."
+            "table commits the offsets it has taken (per topic and partition), exactly once. Keyed (mode "
+            "upsert, cdc): every route table has spec.key and MERGEs the changes it takes; a delete no "
+            "condition takes deletes its key in every destination."
         ),
     )
     dynamic_route: DynamicRoute | None = Field(
@@ -367,9 +369,14 @@ def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
             return [(("unrouted",), "applies with routes or dynamicRoute; remove it, or add routes")]
         return []
     problems: list[tuple[Loc, str]] = []
-    field = "routes" if spec.routes else "dynamicRoute"
-    if spec.mode is not TableMode.APPEND:
-        problems.append(((field,), f"{field} needs mode append (not {spec.mode.value}) for now; remove it"))
+    if spec.dynamic_route is not None and spec.mode is not TableMode.APPEND:
+        problems.append(
+            (
+                ("dynamicRoute",),
+                f"dynamicRoute needs mode append (not {spec.mode.value}) for now: keyed tables route with "
+                "spec.routes (a route per table); remove dynamicRoute, or list the tables in routes",
+            )
+        )
     problems += dynamic_spec_problems(spec)
     if spec.unrouted is Unrouted.DEAD_LETTER and not spec.dead_letter.enabled:
         problems.append(

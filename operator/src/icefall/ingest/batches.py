@@ -320,7 +320,13 @@ class Batches:
         planned, bad, clock = written.planned, written.stats.dead, written.clock
         routing, routed = self.writer.routing, 0
         if routing is not None:
-            routed = routing.commit(list(routes), batch, self.commits.epoch, self.commits.check_lease)
+            routed = routing.commit(
+                list(routes),
+                batch,
+                self.commits.epoch,
+                self.commits.check_lease,
+                written.stats.routes_deleted_keys,
+            )
             if routing.unrouted is Unrouted.DEAD_LETTER:  # nothing was written to the table
                 stage_empty(self.table, stage.branch, stage.base.snapshot_id)
             clock.mark("routes")

@@ -53,6 +53,9 @@ class ReadStats:
     unseen_writers: bool = False
     #: Good records no route takes, dead letters with `spec.unrouted: DeadLetter` (`icefall.ingest.routes`).
     unrouted: int = 0
+    #: Keyed routes, cdc with sequenceBy: the deleted keys file each route table's MERGE stored, by its
+    #: staging target (`Routing.write`), for its commit to name.
+    routes_deleted_keys: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def dead(self) -> int:

@@ -16,6 +16,14 @@ dropped unless the commit landed; a route table behind `spec.table` stops the wr
 reader may see a route table ahead of another for the time between their commits); pipelining (a routed
 table commits each batch before the next is read).
 
+Keyed tables (`spec.mode` upsert, cdc): every destination is keyed (spec.key) and MERGEs what it takes as
+the single table does (`writer.merge`; with `sequenceBy` its own deleted keys file, named by its own
+commit); nothing is collected to the driver. A condition sees the row image: upsert's value, cdc's `after`
+(op c, r, u) or `before` (op d), key fields the image lacks from the Kafka key (all a tombstone has). A
+delete goes where its condition sends it; one NO condition takes goes to every destination (`EVERY`) and
+deletes its key wherever it is, never a dead letter. Not guaranteed: a key whose changes route to
+different tables stays in each with its last change there (ingest/DESIGN.md says how to route deletes).
+
 Several topics (`spec.source.topics`, `topicPattern`): each destination takes its part per topic
 (`icefall.plan.routing.destination_takes`) and commits it as a `TopicsBatch`. Conditions see the decoded
 value's fields as the batch decodes them (a registry format's: the table's columns now).
@@ -53,7 +61,14 @@ from icefall.commit import (
 )
 from icefall.commit.batch import held_of
 from icefall.ingest.arrow_append import append_rows, arrow_writable
-from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, TYPED_COLUMN
+from icefall.ingest.columns import (
+    BAD_COLUMN,
+    DELETE_COLUMN,
+    ERROR_COLUMN,
+    INTERNAL_PREFIX,
+    KAFKA_KEY_COLUMN,
+    TYPED_COLUMN,
+)
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
 from icefall.ingest.report import added_records
 from icefall.plan.routing import (
@@ -80,6 +95,9 @@ ROUTE_COLUMN = f"{INTERNAL_PREFIX}route"
 #: (`spec.dynamicRoute`; null: none).
 NAME_COLUMN = f"{INTERNAL_PREFIX}table_name"
 _RECORD = f"{INTERNAL_PREFIX}record"
+#: `ROUTE_COLUMN` of a keyed table's delete that no route's condition takes (a tombstone has no row image to
+#: test): it goes to every destination, and deletes its key wherever it is.
+EVERY = -1
 #: The collected rows' column naming the route table each row goes to (`_append_collected`).
 _DESTINATION = f"{INTERNAL_PREFIX}destination"
 #: `_kafka.headers` of a condition: each header's name to its value as text, the first of a repeated name
@@ -88,6 +106,23 @@ _HEADERS_MAP = (
     "map_from_entries(filter(transform(headers, h -> struct(h.key AS key, CAST(h.value AS STRING) AS value)),"
     " (e, i) -> array_position(transform(headers, x -> x.key), e.key) = i + 1))"
 )
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where `Routing.write` puts one destination's rows of a batch: its staging branch (`target`, the Spark
+    name) of `table`, whether it is sorted, and (keyed, cdc with sequenceBy) the deleted keys file its
+    committed state names."""
+
+    target: str
+    sorted_table: bool
+    table: Table
+    deleted_keys: str | None = None
+
+
+#: Writes one destination's rows (append, or a keyed table's MERGE); the deleted keys file it stored for
+#: the commit to name (cdc with sequenceBy), or None (`icefall.ingest.writer.BatchWriter.write_good_rows`).
+WriteTo = Callable[["DataFrame", Destination], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +136,10 @@ class RouteStage:
     takes: Mapping[str, Take]  # by topic: the topics it takes part of (one in the one-topic form)
     target: str  # the Spark name of its staging branch
     sorted_table: bool
+
+    @property
+    def destination(self) -> Destination:
+        return Destination(self.target, self.sorted_table, self.table, self.stage.base.deleted_keys)
 
 
 class Routing:
@@ -119,6 +158,8 @@ class Routing:
         dynamic_when = [self.dynamic.when] if self.dynamic is not None and self.dynamic.when else []
         self.headers = reads_headers([*self.conditions, *dynamic_when], dynamic_from_header=from_header)
         self.unrouted = st.spec.unrouted_to
+        self.keyed = st.spec.key is not None  # every destination MERGEs its changes (`write_to`)
+        self.key = list(st.spec.key or [])
         self.max_collect_bytes = st.spec.batch.max_collect_bytes
         self.spark_name = spark_name
         self.dynamic_namespace = st.dynamic_namespace
@@ -161,7 +202,7 @@ class Routing:
 
         context = decoded.select(
             F.struct(*(F.col(c) for c in decoded.columns)).alias(_RECORD),
-            *(F.col(TYPED_COLUMN)[name].alias(name) for name in _value_fields(decoded)),
+            *(self._field(name).alias(name) for name in _value_fields(decoded)),
             self._kafka(decoded).alias("_kafka"),
         )
         conditions = self.conditions if conditions is None else conditions
@@ -171,12 +212,22 @@ class Routing:
             route = F.when(F.expr(first), F.lit(0))
             for i, condition in enumerate(rest, start=1):
                 route = route.when(F.expr(condition), F.lit(i))
+        if self.keyed:  # a delete no condition takes deletes its key wherever it is
+            route = F.when(F.col(_RECORD)[DELETE_COLUMN] & route.isNull(), F.lit(EVERY)).otherwise(route)
         good = ~F.col(_RECORD)[BAD_COLUMN]
         columns: list[Column | str] = [f"{_RECORD}.*", F.when(good, route).alias(ROUTE_COLUMN)]
         if self.dynamic is not None:
             name = F.when(good & route.isNull(), self._name())
             columns.append(name.alias(NAME_COLUMN))
         return context.select(*columns)
+
+    def _field(self, name: str) -> Column:
+        """A value field as a condition sees it: the row image's; a keyed table's key field from the Kafka
+        key where the image has none (a tombstone), as the row written gets it."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        field = F.col(TYPED_COLUMN)[name]
+        return F.coalesce(field, F.col(KAFKA_KEY_COLUMN)[name]) if name in self.key else field
 
     def _name(self) -> Column:
         """The table name a record computes (`spec.dynamicRoute`), over the context of `routed`; null when
@@ -251,21 +302,30 @@ class Routing:
         routed: DataFrame,
         stages: list[RouteStage],
         rows_of: Callable[[DataFrame], DataFrame],
-        append_to: Callable[[DataFrame, str, bool], None],
-        main: tuple[str, bool],
+        write_to: WriteTo,
+        main: Destination,
         *,
         read: Callable[[], tuple[int, int]],
-    ) -> None:
-        """Append each destination's rows of the batch (`routed`, computed once and cached) to its staging
-        branch: `spec.table`'s (`main`: its target and whether it is sorted) gets the unrouted records
-        (with `unrouted: DeadLetter` nothing is written to it), each route the records it takes past its
-        own offsets. `read`: the batch's records and value bytes (its observation, known once a job over
-        `routed` ran), which decide whether the driver collects the route rows (`driver_collects`)."""
+    ) -> dict[str, str]:
+        """Write each destination's rows of the batch (`routed`, computed once and cached) to its staging
+        branch (`write_to`: an append, or a keyed table's MERGE): `spec.table`'s (`main`) gets the unrouted
+        records (with `unrouted: DeadLetter` nothing is written to it), each route the records it takes
+        past its own offsets; a keyed table's delete no condition takes goes to each (`EVERY`). `read`: the
+        batch's records and value bytes (its observation, known once a job over `routed` ran), which decide
+        whether the driver collects the route rows (`driver_collects`). Returns the deleted keys file each
+        destination stored (cdc with sequenceBy), by its target."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         cached = routed.persist(StorageLevel.MEMORY_AND_DISK)
         route = F.col(ROUTE_COLUMN)
+        stored: dict[str, str] = {}
+
+        def write(rows: DataFrame, to: Destination) -> None:
+            path = write_to(rows, to)
+            if path is not None:
+                stored[to.target] = path
+
         try:
             if self.dynamic is not None:
                 # The batch and its observation computed once, by a count: the names' groupBy as the first
@@ -274,7 +334,7 @@ class Routing:
                 route = self._resolve(cached)
                 stages = [*stages, *self.created]
             if self.unrouted is Unrouted.TABLE:
-                append_to(rows_of(cached.where(self._unrouted(route))), *main)
+                write(rows_of(cached.where(self._unrouted(route) | self._every(route))), main)
             elif self.dynamic is None:
                 # No rows for the table: its commit stages an empty snapshot (`Batches._commit_here`). Not an
                 # append of `where(false)`: Spark prunes that query, and the batch's observation breaks.
@@ -283,18 +343,28 @@ class Routing:
             driver = self._collected(stages, read)
             for rs in stages:
                 if rs not in driver:
-                    keep = (route == rs.index) & self._taken(rs.takes, by_topic=by_topic)
-                    append_to(rows_of(cached.where(keep)), rs.target, rs.sorted_table)
+                    keep = ((route == rs.index) | self._every(route)) & self._taken(
+                        rs.takes, by_topic=by_topic
+                    )
+                    write(rows_of(cached.where(keep)), rs.destination)
             if driver:
                 self._append_collected(cached, route, driver, rows_of)
         finally:
             cached.unpersist()
+        return stored
+
+    def _every(self, route: Column) -> Column:
+        """Whether a record goes to every destination: a keyed table's delete no condition takes."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        return F.coalesce(route == EVERY, F.lit(False)) if self.keyed else F.lit(False)
 
     def _collected(self, stages: list[RouteStage], read: Callable[[], tuple[int, int]]) -> list[RouteStage]:
         """The stages whose rows the driver collects and writes (`_append_collected`): those pyiceberg
         writes as Spark would, when the batch is small enough to hold in the driver (`driver_collects`);
         none otherwise (each is then appended by Spark)."""
-        driver = [rs for rs in stages if arrow_writable(rs.table)]
+        # A keyed table's changes are MERGEd by Spark: pyiceberg writes no position deletes.
+        driver = [] if self.keyed else [rs for rs in stages if arrow_writable(rs.table)]
         if not driver:
             return []
         records, value_bytes = read()
@@ -469,13 +539,19 @@ class Routing:
                 raise
 
     def commit(
-        self, stages: list[RouteStage], batch: SourceBatch, epoch: int, check_lease: Callable[[], None]
+        self,
+        stages: list[RouteStage],
+        batch: SourceBatch,
+        epoch: int,
+        check_lease: Callable[[], None],
+        deleted_keys: Mapping[str, str] | None = None,
     ) -> int:
         """Commit each route table's part of `batch`, in order, before the dead letters and the table; the
-        rows they added."""
+        rows they added. `deleted_keys`: the deleted keys file each route table's MERGE stored (cdc with
+        sequenceBy; `write`'s result), named by its commit."""
         added = 0
         for rs in [*stages, *self.created]:
-            part = destination_batch(batch, rs.takes)
+            part = destination_batch(batch, rs.takes, (deleted_keys or {}).get(rs.target))
             stage_empty(rs.table, rs.stage.branch, rs.stage.base.snapshot_id)  # a batch that read nothing
             check_lease()
             outcome = commit_staged_outcome(rs.table, rs.stage, part, epoch)
@@ -499,9 +575,12 @@ def _value_fields(decoded: DataFrame) -> list[str]:
     return [name for name in typed.fieldNames() if not name.startswith(INTERNAL_PREFIX)]
 
 
-def destination_batch(batch: SourceBatch, takes: Mapping[str, Take]) -> SourceBatch:
+def destination_batch(
+    batch: SourceBatch, takes: Mapping[str, Take], deleted_keys: str | None = None
+) -> SourceBatch:
     """What one destination commits of `batch` (the table's): the part of each topic it takes (`takes`),
-    in the batch's form (a `TopicsBatch` in the topics form, whatever the number of topics it takes)."""
+    in the batch's form (a `TopicsBatch` in the topics form, whatever the number of topics it takes);
+    `deleted_keys`: the deleted keys file it names (a keyed table reads one topic; None: its own, kept)."""
     parts = tuple(
         Batch(
             topic=part.topic,
@@ -510,6 +589,7 @@ def destination_batch(batch: SourceBatch, takes: Mapping[str, Take]) -> SourceBa
             max_produce_time_ms=part.max_produce_time_ms,
             retention_gaps=take.gaps,
             topic_id=part.topic_id,
+            deleted_keys=deleted_keys,
         )
         for part in batch.parts
         if (take := takes.get(part.topic)) is not None

@@ -538,15 +538,16 @@ def _taken_by(st: StreamingTable, route: int | str | None) -> Column:
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
     from icefall.api import Unrouted
-    from icefall.ingest.routes import NAME_COLUMN, ROUTE_COLUMN
+    from icefall.ingest.routes import EVERY, NAME_COLUMN, ROUTE_COLUMN
 
     if isinstance(route, str):  # the table exists with the owner property: the writer takes its name there
         return F.col(ROUTE_COLUMN).isNull() & F.coalesce(F.col(NAME_COLUMN) == F.lit(route), F.lit(False))
+    every = F.coalesce(F.col(ROUTE_COLUMN) == F.lit(EVERY), F.lit(False))  # a keyed delete no route takes
     if route is not None:
-        return F.coalesce(F.col(ROUTE_COLUMN) == F.lit(route), F.lit(False))
+        return F.coalesce(F.col(ROUTE_COLUMN) == F.lit(route), F.lit(False)) | every
     if st.spec.unrouted_to is Unrouted.DEAD_LETTER:
         return F.lit(False)  # spec.table gets no rows: the records no route takes are dead letters
-    unrouted = F.col(ROUTE_COLUMN).isNull()
+    unrouted = F.col(ROUTE_COLUMN).isNull() | every
     # A record that computes a name goes to that dynamic table, or is a dead letter: never spec.table.
     return unrouted & F.col(NAME_COLUMN).isNull() if st.spec.dynamic_route is not None else unrouted
 

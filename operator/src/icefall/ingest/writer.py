@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from icefall.api import StreamingTable, StreamingTableSpec
 from icefall.ingest.known_writers import KnownWriters
 from icefall.ingest.planning import NOTHING_READ, PlannedBatch, ReadStats
-from icefall.ingest.routes import Routing
+from icefall.ingest.routes import Destination, Routing
 from icefall.kafka.admin import ISOLATION
 from icefall.plan.offsets import OffsetRange, spark_offset_options
 from icefall.runtime import metrics
@@ -152,9 +152,10 @@ class BatchWriter:
         self._schemas = schemas
         # The table's schema the decoders were built for (`icefall.ingest.schemas.decoding_spec`).
         self._table_schema: Schema | None = None
-        # cdc with sequenceBy: the deleted keys file this writer wrote last and its content, so that the
-        # next batch does not read back what it has (`_merge_changes`).
-        self._deleted_keys: tuple[str, pa.Table] | None = None
+        # cdc with sequenceBy: the deleted keys file this writer wrote last to each table (by its name; a
+        # routed table's destinations each have theirs) and its content, so that the next batch does not
+        # read back what it has (`_merge_changes`).
+        self._deleted_keys: dict[tuple[str, ...], tuple[str, pa.Table]] = {}
         # A registry format: every writer schema this writer has met; each batch decodes with them.
         self.known = KnownWriters()
         # spec.routes, spec.dynamicRoute: the routes and their Spark side (`icefall.ingest.routes`).
@@ -242,29 +243,36 @@ class BatchWriter:
         target = self.spark_name(self.st.table_identifier, branch)
         sorted_table = bool(self.spec.table.sort_order)
         deleted_keys = None
+        routes_deleted_keys: dict[str, str] = {}
         if routing is not None:
 
             def rows_of(frame: DataFrame) -> DataFrame:
                 return with_every_column(decoders.good.good_rows(frame), self._table_schema)
 
-            def append_to(rows: DataFrame, name: str, sort: bool) -> None:
-                append(rows, name, sorted_table=sort)
+            def write_to(rows: DataFrame, to: Destination) -> str | None:
+                if self.spec.key:  # each destination is keyed: its changes MERGEd as the table's are
+                    return self._merge_changes(rows, to.deleted_keys, to.target, to.table)
+                append(rows, to.target, sorted_table=to.sorted_table)
+                return None
 
             def read() -> tuple[int, int]:
                 seen = observation.get
                 return int(seen["records"] or 0), int(seen["bytes"] or 0)
 
-            routing.write(observed, list(routes), rows_of, append_to, (target, sorted_table), read=read)
+            main = Destination(target, sorted_table, table, planned.committed.deleted_keys)
+            routes_deleted_keys = routing.write(observed, list(routes), rows_of, write_to, main, read=read)
+            deleted_keys = routes_deleted_keys.pop(target, None)
         elif self.spec.key:
             rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
-            deleted_keys = self._merge_changes(rows, planned, target, table)
+            deleted_keys = self._merge_changes(rows, planned.committed.deleted_keys, target, table)
         else:
             rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
             append(rows, target, sorted_table=sorted_table)
         seen = observation.get
         stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], deleted_keys)
         if routing is not None:  # unrouted and refused dynamic names: dead letters too
-            stats = dataclasses.replace(stats, unrouted=routing.letters(int(seen["unrouted"] or 0)))
+            unrouted = routing.letters(int(seen["unrouted"] or 0))
+            stats = dataclasses.replace(stats, unrouted=unrouted, routes_deleted_keys=routes_deleted_keys)
         planned_offsets = sum(r.records for r in planned.ranges)
         if stats.records > planned_offsets:
             # Each offset holds at most one record: the write ran its input twice, and every count is off.
@@ -316,9 +324,10 @@ class BatchWriter:
             )
         return dataclasses.replace(stats, writers=self.known.of_values(values), unseen_writers=unseen)
 
-    def _merge_changes(self, rows: DataFrame, planned: PlannedBatch, target: str, table: Table) -> str | None:
-        """MERGE the last change per key of a keyed batch's `rows` into `target`. With `spec.sequenceBy`
-        first drop the changes older than a remembered delete and store the deleted keys to remember
+    def _merge_changes(self, rows: DataFrame, committed: str | None, target: str, table: Table) -> str | None:
+        """MERGE the last change per key of a keyed batch's `rows` into `target` (a staging branch of
+        `table`). With `spec.sequenceBy` first drop the changes older than a delete remembered in `committed`
+        (the deleted keys file `table`'s committed state names) and store the deleted keys to remember
         (`icefall.ingest.deleted_keys`); returns that file, for the commit to name, or None."""
         from icefall.ingest import deleted_keys
         from icefall.ingest.decode import last_changes
@@ -328,9 +337,9 @@ class BatchWriter:
         if not self.spec.sequence_by:
             merge(last_changes(rows, key), target, key, view=view)
             return None
-        committed = planned.committed.deleted_keys
-        if self._deleted_keys is not None and self._deleted_keys[0] == committed:
-            remembered: pa.Table | None = self._deleted_keys[1]
+        last = self._deleted_keys.get(table.name())
+        if last is not None and last[0] == committed:
+            remembered: pa.Table | None = last[1]
         else:
             remembered = deleted_keys.load(table, committed)
         remembering = deleted_keys.Remembering(
@@ -341,7 +350,7 @@ class BatchWriter:
         if keys is None:
             return None  # the commit keeps the set named now
         path = deleted_keys.store(table, keys)
-        self._deleted_keys = (path, keys)
+        self._deleted_keys[table.name()] = (path, keys)
         return path
 
     def bad_rows(self, ranges: tuple[OffsetRange, ...]) -> DataFrame:
