@@ -220,7 +220,6 @@ class DeltaIngestor:
         proposal = self.planner.propose(planned_on.committed, self.progress)
         if proposal.idle:
             return None
-        self.schema_after(planned_on)  # the spec's refusals before anything is read
         planned = self.planner.batch(proposal)
         wrote = time.monotonic()
         stats, files, merged, schema = self._write(planned, planned_on)
