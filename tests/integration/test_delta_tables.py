@@ -47,6 +47,7 @@ from icefall.devstack.tools import tool_dir
 from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
 from icefall.runtime import failpoints
 from icefall.spark.session import DELTA_JARS_VARIABLE
+from icefall.testing.delta import plain, read_with_sparks_delta_reader
 from icefall.testing.streams import produce, watermarks
 
 pytestmark = pytest.mark.integration
@@ -69,48 +70,6 @@ spec:
 {extra}  freshness: {{targetSeconds: 2}}
   batch: {{maxRecords: 40, minIntervalSeconds: 0}}
 """
-
-
-def plain(value: Any) -> Any:
-    """`value` with every timestamp as a naive UTC datetime (delta-rs gives aware ones, Spark naive ones in
-    the session's time zone, UTC) and nested rows as dicts."""
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        return value.astimezone(UTC).replace(tzinfo=None)
-    return value
-
-
-#: A Delta table's own Spark session (Delta's jars, extension and catalog: `table_format` delta) in a
-#: process of its own, since this process's session is an Iceberg table's: it copies the table's rows with
-#: Spark's Delta reader into Parquet files, which pyarrow reads back.
-SPARK_DELTA_READER = """
-import sys
-from icefall.api import TableFormat
-from icefall.spark.session import build_spark_session
-
-spark = build_spark_session(
-    [], master="local[1]", app_name="delta-read", table_format=TableFormat.DELTA,
-    extra_conf={"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
-)
-assert "DeltaCatalog" in spark.conf.get("spark.sql.catalog.spark_catalog")
-spark.read.format("delta").load(sys.argv[1]).write.parquet(sys.argv[2])
-spark.stop()
-"""
-
-
-def read_with_sparks_delta_reader(location: str, out: Path) -> list[dict[str, Any]]:
-    """The rows of the Delta table at `location`, read by Spark's Delta reader (`SPARK_DELTA_READER`)."""
-    import pyarrow.parquet as pq
-
-    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
-    done = subprocess.run(
-        [sys.executable, "-c", SPARK_DELTA_READER, location, str(out)],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows: list[dict[str, Any]] = pq.read_table(out).to_pylist()
-    return rows
 
 
 class Table:

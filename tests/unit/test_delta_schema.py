@@ -8,7 +8,11 @@ and the fix, nothing changed: a new required field, a changed type, every wideni
 int: Delta's typeWidening is not supported), a name that differs only in case; `wanted_schema` takes the
 spec's nullability; the commit of a batch with a new schema holds it in the same log entry as the rows and
 the offsets, upgrades the protocol for a new timestamp_ntz column, and a batch planned on an older schema
-is refused.
+is refused. A registry format's table: the spec's schema and each writer schema planned in turn on one
+schema (the first to add a field decides its type, a later writer's other type refuses the whole plan), a
+writer schema's required field added as optional; the refusal names whose schema it is and the fix; the
+writer's schema source is named by the subject without an inline schema; the registry is one of the
+services an outage may name, without its credentials.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ from typing import Any
 import pytest
 
 from icefall.api import SchemaField, to_spark_schema_json
-from icefall.catalog.delta_schema import plan_delta_schema, spec_schema_against, wanted_schema, written_schema
+from icefall.catalog.delta_schema import (
+    DeltaSchemaRefusedError,
+    Wanted,
+    plan_delta_schema,
+    plan_delta_schemas,
+    spec_schema_against,
+    wanted_schema,
+    written_schema,
+)
 from icefall.catalog.evolution import AddField, MakeOptional
 from icefall.commit import StaleHeadError
 from icefall.commit.batch import Batch
@@ -268,3 +280,61 @@ def test_rows_of_a_narrower_type_are_written_as_the_tables() -> None:
     assert cast["fields"][0]["nullable"] is False  # the rows' own nullability
     # A field the table does not have yet (added by this batch's commit) is written as it is.
     assert cast["fields"][1]["type"]["elementType"]["fields"][1] == field("n", "byte")
+
+
+def test_the_specs_and_each_writer_schemas_changes_are_planned_in_turn() -> None:
+    spec = Wanted("the latest schema of subject 'orders-value'", TABLE, relax_required=True)
+    v2 = struct(field("id", "long"), field("qty", "integer"), field("note", "string", nullable=False))
+    v3 = struct(field("id", "long"), field("note", "string"), field("tags", ITEMS))
+    writers = [Wanted("writer schema id 7", v2, True), Wanted("writer schema id 9", v3, True)]
+    evolved = plan_delta_schemas(json.dumps(TABLE), [spec, *writers])
+    assert evolved.refused == ()
+    assert [c.path for c in evolved.changes] == [("note",), ("tags",)]  # note once: v3 finds it there
+    assert names(evolved.schema_string) == ["id", "qty", "items", "note", "tags", "_kafka"]
+    assert json.loads(evolved.schema_string)["fields"][3] == field("note", "string")  # optional
+    assert plan_delta_schemas(json.dumps(TABLE), [spec]).changes == ()
+
+    # A later writer schema with another type for the field the first added: nothing changes at all.
+    other = struct(field("id", "long"), field("note", "long"))
+    refused = plan_delta_schemas(
+        json.dumps(TABLE), [spec, *writers, Wanted("writer schema id 11", other, True)]
+    )
+    assert refused.changes == () and refused.schema_string == json.dumps(TABLE)
+    [line] = refused.refused
+    assert line.startswith("field 'note': the table has string, writer schema id 11 has long")
+
+
+def test_a_refusal_names_whose_schema_it_cannot_follow_and_what_else_to_do() -> None:
+    spec = DeltaSchemaRefusedError("/t", ["field 'a': ..."])
+    assert (
+        str(spec)
+        == "the Delta table at /t cannot follow the spec's schema (nothing was written):\n  - field 'a': ..."
+    )
+    writers = DeltaSchemaRefusedError("/t", ["field 'a': ..."], of="its records' schemas", then="Do this.")
+    assert str(writers).startswith("the Delta table at /t cannot follow its records' schemas (nothing")
+    assert str(writers).endswith("\n  - field 'a': ...\nDo this.") and writers.refused == ("field 'a': ...",)
+
+
+REGISTRY_MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {name: orders}
+spec:
+  source: {bootstrapServers: "127.0.0.1:9092", topic: orders}
+  format: {type: avro, registry: {url: "http://user:secret@registry:8081"}%s}
+  table: {format: delta, location: /tables/orders}
+"""
+
+
+def test_a_registry_formats_columns_and_registry_are_named_in_messages() -> None:
+    from icefall.api.manifest import parse_manifest
+    from icefall.ingest.delta_sink import columns_source, delta_services
+    from icefall.plan.outages import Service
+
+    latest = parse_manifest(REGISTRY_MANIFEST % "").spec
+    assert columns_source(latest) == "the latest schema of subject 'orders-value'"
+    inline = parse_manifest(REGISTRY_MANIFEST % ", schema: [{name: id, type: long}]").spec
+    assert columns_source(inline) == "spec.format.schema"
+    services = delta_services(latest, "/tables/orders")
+    assert services[Service.REGISTRY] == "http://registry:8081"  # no credentials in outage lines
+    assert services[Service.OBJECT_STORE] == "/tables/orders"

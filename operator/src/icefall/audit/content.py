@@ -94,6 +94,11 @@ class SparkContent:
             self._decoding = spec_with_registry_schema(self.spec)
         return self._decoding
 
+    def written_as(self, schema: Schema) -> None:
+        """Decode records into the columns of `schema` (a table whose schema changes carry no offsets: a
+        Delta table's), as ingestion does; `main_rows` sets them from an Iceberg table's snapshot."""
+        self._written = _Written(schema, [])
+
     def main_rows(self, table: Table, snapshot_id: int, *, topic: str | None = None) -> pa.Table:
         """(Also remembers the table's columns and schema changes at `snapshot_id`, for `expected`.)"""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name

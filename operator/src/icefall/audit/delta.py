@@ -5,8 +5,9 @@ the committed offsets are the `icefall.*` keys of the Metadata action at the lat
 (`icefall.commit.delta`), and the rows are read at that same version with delta-rs (`deltalake`), a reader
 independent of the writer (Spark writes the Parquet files, Icefall's own code the log entries), so a
 commit racing the audit cannot show up as unexpected rows. By content (`DeltaContent`): the records are
-decoded again with the spec, as ingestion decodes them (`SparkContent.expected`), and each row read by
-delta-rs is handed to Spark only to take the same digest (`main_digest`).
+decoded again with the spec, as ingestion decodes them (`SparkContent.expected`; a registry format into the
+table's columns at that version, which follow its writer schemas), and each row read by delta-rs is handed
+to Spark only to take the same digest (`main_digest`).
 
 A keyed table (`spec.mode` upsert or cdc): `audit_delta_keyed`, the model of `icefall.audit.keyed` (the
 last change per key, deletes removed) against the rows delta-rs reads at the committed version.
@@ -44,6 +45,7 @@ from icefall.audit.table import (
     _Side,
     _wrong_rows,
 )
+from icefall.catalog.layout import spark_struct_to_iceberg
 from icefall.commit.delta import DeltaLog
 
 if TYPE_CHECKING:
@@ -139,6 +141,8 @@ def audit_delta(
         return replace(report, source_changed=_recreated(state, topic))
     storage = delta_rs_options(location)
     read = DeltaTable(location, version=snapshot.version, storage_options=storage).to_pyarrow_table()
+    if content is not None and snapshot.schema_string is not None:
+        content.decoded.written_as(spark_struct_to_iceberg(snapshot.schema_string))
     main = _side(read, content)
     dlq = _dead_letter_side(dead_letter, content)
     ranges = _ranges(state, main, dlq, topic)

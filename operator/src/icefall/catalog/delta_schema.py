@@ -14,6 +14,9 @@ widening (int → long, float → double, a wider decimal, byte/short → int), 
 does not write that feature yet, and a reader without it would misread the old files. And a new field whose
 name differs from an existing one only in case (Delta's column names are case-insensitive).
 
+A registry format's table follows the spec's schema (the subject's latest, without an inline one) and each
+writer schema its batches meet: `plan_delta_schemas` plans them in turn on one schema.
+
 Pure: JSON in, JSON out. `wanted_schema` builds the schema a writer wants from its batch's Spark schema and
 the spec's fields (which carry the spec's `required`; Spark's JSON decoding makes every column nullable).
 """
@@ -43,14 +46,19 @@ Json = dict[str, Any]
 
 
 class DeltaSchemaRefusedError(ValueError):
-    """The spec asks a change of the Delta table's schema that it cannot follow; one line (with fix) each."""
+    """The spec (or a writer schema of its records) asks a change of the Delta table's schema that it cannot
+    follow; one line (with fix) each."""
 
-    def __init__(self, location: str, refused: Sequence[str]) -> None:
+    def __init__(
+        self, location: str, refused: Sequence[str], *, of: str = "the spec's schema", then: str = ""
+    ) -> None:
+        """`of`: whose schema it cannot follow; `then`: a last line (what else to do)."""
         self.location = location
         self.refused = tuple(refused)
         lines = "\n".join(f"  - {line}" for line in self.refused)
         super().__init__(
-            f"the Delta table at {location} cannot follow the spec's schema (nothing was written):\n{lines}"
+            f"the Delta table at {location} cannot follow {of} (nothing was written):\n{lines}"
+            + (f"\n{then}" if then else "")
         )
 
 
@@ -99,6 +107,30 @@ def plan_delta_schema(
         elif isinstance(change, MakeOptional):
             _make_optional(evolved, change.path)
     return DeltaSchemaPlan(json.dumps(evolved, separators=(",", ":")), evolution.changes)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A schema the table must hold: `schema` (Spark JSON), `source` naming it in messages
+    (`spec.format.schema`, `writer schema id 7`), `relax_required` as `plan_evolution`'s."""
+
+    source: str
+    schema: Mapping[str, Any]
+    relax_required: bool = False
+
+
+def plan_delta_schemas(table: str, wanted: Sequence[Wanted]) -> DeltaSchemaPlan:
+    """`plan_delta_schema` of each of `wanted` in turn, each on the schema the ones before it made (the
+    first to add a field decides its type): the spec's, then a registry format's writer schemas, oldest id
+    first. Whatever is refused of any of them, nothing changes."""
+    schema, changes, refused = table, list[Change](), list[str]()
+    for want in wanted:
+        plan = plan_delta_schema(schema, want.schema, source=want.source, relax_required=want.relax_required)
+        refused += plan.refused
+        schema, changes = plan.schema_string, [*changes, *plan.changes]
+    if refused:
+        return DeltaSchemaPlan(table, refused=tuple(dict.fromkeys(refused)))
+    return DeltaSchemaPlan(schema, tuple(changes)) if changes else DeltaSchemaPlan(table)
 
 
 def wanted_schema(rows: str | Mapping[str, Any], spec_fields: Mapping[str, Any] | None) -> Json:

@@ -164,13 +164,18 @@ def ingest_delta_until_stopped(
     """`ingest_until_stopped` for a Delta table (`icefall.ingest.delta_sink.DeltaIngestor`); `maintenance`
     as there (`icefall.compact.delta`)."""
     from icefall.catalog.delta_schema import DeltaSchemaRefusedError
-    from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
+    from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor, delta_services
+    from icefall.ingest.outages import Outages
 
     progress = RunProgress(args, stop if stop is not None else stop_on_signals(), maintenance=maintenance)
     ingestor = None
     try:
-        ingestor = DeltaIngestor(st, spark, lease, location=location)
-        code = run_ingestor(ingestor, progress, args)
+        # A registry format without an inline schema asks the registry for its columns here.
+        at_start = Outages(".".join(st.table_identifier), delta_services(st.spec, location))
+        ingestor = made_when_reachable(
+            lambda: DeltaIngestor(st, spark, lease, location=location), at_start, progress.should_stop
+        )
+        code = 1 if ingestor is None else run_ingestor(ingestor, progress, args)
     except (BadRecordsHaltedError, DeltaSchemaRefusedError) as halted:
         print(f"[run] stopping: {halted}", flush=True)
         code = 1

@@ -119,7 +119,9 @@ def _delta_schema(st: StreamingTable) -> tuple[list[tuple[str, str]], list[str]]
     if table is None:
         return [], []
     wanted = spec_schema_against(table, to_spark_schema_json(spec.format.schema_fields))
-    plan = plan_delta_schema(table, wanted, source="spec.format.schema")
+    plan = plan_delta_schema(
+        table, wanted, source="spec.format.schema", relax_required=spec.format.type.uses_registry
+    )
     problems = [("spec.format.schema", f"the Delta table at {location}: {line}") for line in plan.refused]
     notes = (
         [f"the Delta table at {location} changes with the next batch: {plan.describe()}"]

@@ -23,8 +23,20 @@ together; rows already in the table read it as null; a narrower type is written 
 table cannot follow (a type changed or widened, a new required field) raises DeltaSchemaRefusedError at
 start and before any batch is written.
 
+Registry formats (avro, protobuf, jsonSchema): without an inline schema the table's columns are the
+subject's latest schema at start (`with_registry_schema`, as for Iceberg); records decode with every writer
+schema this writer has met (`BatchWriter.writers_for`, `icefall.ingest.known_writers`) into the table's
+columns, and the table follows each of them too (`plan_delta_schemas`: the spec's, then the writer schemas,
+oldest id first): a writer schema's new field is added in the log entry of the batch that first holds its
+records. A batch that meets a writer schema it was not decoded with is written again with it before
+anything is committed (its first files are dropped; a keyed batch's first MERGE leaves unnamed files that
+VACUUM removes). A writer schema the table cannot follow raises DeltaSchemaRefusedError, nothing of its
+batch committed (an Iceberg table instead dead-letters the values that do not fit). Records whose schema
+id the registry does not know, or whose bytes do not decode, are dead letters as for Iceberg; a registry
+that cannot be reached is an outage, waited out.
+
 Not done yet for Delta (refused by the spec's validation where it is a setting): a dead-letter topic,
-registry formats, partition transforms (identity partitions are Spark's `partitionBy` folders, their values
+partition transforms (identity partitions are Spark's `partitionBy` folders, their values
 in the commit's `add` actions: `icefall.commit.delta.moved_into`), pipelining, object stores. The upkeep
 (OPTIMIZE, checkpoints, VACUUM) is `icefall.compact.delta`'s.
 """
@@ -38,13 +50,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from icefall.api import StreamingTable, to_spark_schema_json
+from icefall.api import StreamingTable, StreamingTableSpec, TableMode, to_spark_schema_json
 from icefall.catalog.delta_schema import (
     DeltaSchemaPlan,
     DeltaSchemaRefusedError,
-    plan_delta_schema,
+    Wanted,
+    plan_delta_schemas,
     wanted_schema,
     written_schema,
 )
@@ -62,9 +75,10 @@ from icefall.commit.errors import LayoutChangedError
 from icefall.ingest.columns import DELETE_COLUMN
 from icefall.ingest.commits import LeaseKeeper
 from icefall.ingest.delta_dead_letters import DeltaDeadLetters, dead_letter_location
-from icefall.ingest.outages import Outages, sleep_unless
+from icefall.ingest.outages import Outages, registry_address, sleep_unless
 from icefall.ingest.planning import PlannedBatch, Planner, Progress, ReadStats
 from icefall.ingest.report import BatchReport
+from icefall.ingest.schemas import follows_table, writer_fields
 from icefall.ingest.writer import BatchWriter
 from icefall.kafka.admin import TopicView
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
@@ -73,14 +87,24 @@ from icefall.plan.outages import Service
 from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
     from pyspark.sql import DataFrame, Observation, SparkSession
 
     from icefall.commit.lease import Lease
     from icefall.ingest.delta_keyed import Merged
+    from icefall.ingest.schemas import Writers
+    from icefall.kafka.registry import Registry
 
 log = logging.getLogger(__name__)
 
 STAGING_DIR = "_icefall_staging"  # under the table's folder; names starting with _ are not table data
+#: The last line of a refusal of a registry format's table: what to do about a writer schema.
+WRITER_SCHEMA_FIX = (
+    "A writer schema the Delta table cannot follow stops its ingestion before the batch that holds its "
+    "records commits: produce them with a schema the table can follow (a registry with BACKWARD "
+    "compatibility refuses such a change under the subject), or write a new table (a new "
+    "spec.table.location)"
+)
 
 
 class BadRecordsHaltedError(RuntimeError):
@@ -103,7 +127,16 @@ class DeltaIngestor:
         *,
         location: str,
         writer_id: str | None = None,
+        registry: Registry | None = None,
     ) -> None:
+        """`registry`: writer schemas by id and the latest schema (default: the spec's `format.registry`,
+        if any); without an inline schema the latest one is asked for here."""
+        from icefall.kafka.registry import WriterSchemas, with_registry_schema
+
+        if registry is None and st.spec.format.registry is not None:
+            registry = WriterSchemas(st.spec.format.registry, format_type=st.spec.format.type)
+        self.columns_from = columns_source(st.spec)  # names the spec's schema in refusals
+        st = with_registry_schema(st, registry.latest_schema if registry is not None else None)
         self.st, self.spec, self.spark = st, st.spec, spark
         self.lease = lease
         self.writer_id = writer_id or uuid.uuid4().hex[:12]
@@ -121,23 +154,19 @@ class DeltaIngestor:
             catalog_name="",
             kafka_options=spark_kafka_options(source.security),
             writer_id=self.writer_id,
+            schemas=registry.lookup if registry is not None else None,
         )
         self.planner = Planner(self.spec, self.label, self.topics)
         dlq_location = dead_letter_location(st, location)
         self.dead_letters = DeltaDeadLetters(self.writer, dlq_location) if dlq_location else None
         self.progress = Progress()
         self.epoch = 0
-        self.wanted: dict[str, Any] | None = None  # the batch's schema as the spec wants it (`start`)
+        self.wanted: Wanted | None = None  # the batch's schema as the spec wants it (`start`)
         self.rows_schema: str | None = None  # the batch's rows' Spark schema (`start`)
-        self._schema_plans: dict[str, DeltaSchemaPlan] = {}
+        # The last schema plan: (table's schema, writer schema ids) it was made for.
+        self._schema_plan: tuple[tuple[str, frozenset[int]], DeltaSchemaPlan] | None = None
         self.keeper: LeaseKeeper | None = None
-        self.outages = Outages(
-            self.label,
-            {
-                Service.KAFKA: f"{source.bootstrap_servers} for topic '{', '.join(source.topic_names)}'",
-                Service.OBJECT_STORE: location,
-            },
-        )
+        self.outages = Outages(self.label, delta_services(self.spec, location))
         # Delta's timestamp is microseconds since the epoch in UTC: Spark's Parquet default (INT96) is not it.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
 
@@ -156,7 +185,9 @@ class DeltaIngestor:
             schema = (rows.drop(DELETE_COLUMN) if keyed else rows).schema.json()
             fmt, select = self.spec.format, self.spec.transforms.select
             declared = to_spark_schema_json(fmt.schema_fields) if fmt.schema_known and not select else None
-            self.wanted = wanted_schema(schema, declared)
+            # A registry format's spec is its producers' schema: a required field is added as optional.
+            relax = fmt.type.uses_registry
+            self.wanted = Wanted(self.columns_from, wanted_schema(schema, declared), relax_required=relax)
             self.rows_schema = schema
             partitioned = [p.field for p in self.spec.table.partitioning]
             made = create_table(
@@ -189,10 +220,9 @@ class DeltaIngestor:
         proposal = self.planner.propose(planned_on.committed, self.progress)
         if proposal.idle:
             return None
-        schema = self.schema_after(planned_on)
         planned = self.planner.batch(proposal)
         wrote = time.monotonic()
-        stats, files, merged = self._write(planned, planned_on, schema)
+        stats, files, merged, schema = self._write(planned, planned_on)
         failpoint("main.after-stage")
         self.planner.check_topics_unchanged(planned)
         if self.keeper is not None:
@@ -206,61 +236,104 @@ class DeltaIngestor:
             self.log, planned_on, batch, self.epoch, files, merged=actions, schema_string=schema
         )
         failpoint("main.after-commit")
-        if schema is not None and planned_on.schema_string in self._schema_plans:
-            changes = self._schema_plans[planned_on.schema_string].describe()
+        if schema is not None and self._schema_plan is not None:
+            changes = self._schema_plan[1].describe()
             log.info("%s: schema changed with version %d: %s", self.label, version, changes)
         done = time.monotonic()
         written = merged.written if merged is not None else sum(f.records for f in files)
         return self._report(planned, stats, written, version, started, phases=(wrote, committing, done))
 
-    def schema_after(self, snapshot: DeltaSnapshot) -> str | None:
+    def schema_after(self, snapshot: DeltaSnapshot, writers: Writers | None = None) -> str | None:
         """The table's schema once this writer's batch lands on `snapshot` (`icefall.catalog.delta_schema`;
-        None: unchanged); DeltaSchemaRefusedError for what it cannot follow, before anything is written."""
+        None: unchanged): the spec's, and a registry format's `writers` (those the batch is decoded with);
+        DeltaSchemaRefusedError for what it cannot follow, before anything of the batch is committed."""
         table = snapshot.schema_string
         if table is None or self.wanted is None:
             return None
-        if table not in self._schema_plans:
-            source = "spec.transforms.select" if self.spec.transforms.select else "spec.format.schema"
-            plan = plan_delta_schema(table, self.wanted, source=source)
-            self._schema_plans = {table: plan}  # the table's schema changes rarely: the last one is kept
+        following = follows_table(self.spec)
+        ids = frozenset(i for i, text in (writers or {}).items() if text is not None) if following else None
+        key = (table, ids or frozenset())
+        if self._schema_plan is None or self._schema_plan[0] != key:
+            plan = self._plan_schema(table, writers if following else None)
+            self._schema_plan = (key, plan)  # the table's schema changes rarely: the last one is kept
             if plan.changes:
                 log.info("%s: the next batch changes the table's schema: %s", self.label, plan.describe())
-        plan = self._schema_plans[table]
+        plan = self._schema_plan[1]
         if plan.refused:
+            if following:
+                raise DeltaSchemaRefusedError(
+                    self.log.location, plan.refused, of="its records' schemas", then=WRITER_SCHEMA_FIX
+                )
             raise DeltaSchemaRefusedError(self.log.location, plan.refused)
         return plan.schema_string if plan.changes else None
+
+    def _plan_schema(self, table: str, writers: Writers | None) -> DeltaSchemaPlan:
+        """What the table must change to hold the spec's schema and each writer schema of `writers`."""
+        assert self.wanted is not None
+        wanted, unmapped = [self.wanted], []
+        for schema_id, text in sorted((writers or {}).items()):
+            if text is None:
+                continue  # an unknown id: its records are dead letters
+            try:
+                fields = writer_fields(self.spec.format, text, cdc=self.spec.mode is TableMode.CDC)
+            except ValueError as error:  # the mapping's errors (AvroSchemaError, ...) are ValueErrors
+                unmapped.append(f"writer schema id {schema_id}: {error}")
+                continue
+            schema = to_spark_schema_json(fields)
+            wanted.append(Wanted(f"writer schema id {schema_id}", schema, relax_required=True))
+        plan = plan_delta_schemas(table, wanted)
+        return DeltaSchemaPlan(table, refused=(*unmapped, *plan.refused)) if unmapped else plan
 
     def _good_rows(self, source: DataFrame) -> DataFrame:
         return self.writer.decoders.good.good_rows(self.writer.decoders.good.decode(source, None))
 
     def _write(
-        self, planned: PlannedBatch, planned_on: DeltaSnapshot, schema: str | None
-    ) -> tuple[ReadStats, list[AddFile], Merged | None]:
+        self, planned: PlannedBatch, planned_on: DeltaSnapshot
+    ) -> tuple[ReadStats, list[AddFile], Merged | None, str | None]:
         """Read and decode the batch and write its good rows as Parquet files in the table's folder (no log
         entry names them yet): appended, or for a keyed table MERGEd on `planned_on` with its schema
-        changed to `schema` (`icefall.ingest.delta_keyed`); the read's counts, the appended files, the
-        MERGE's actions."""
+        changed (`icefall.ingest.delta_keyed`); the read's counts, the appended files, the MERGE's actions,
+        and the table's schema with the batch (None: unchanged). A registry format's batch that meets a
+        writer schema it was not decoded with is written once more with it (`BatchWriter.learned`)."""
         from icefall.ingest.planning import NOTHING_READ
 
         if not planned.ranges:
-            return NOTHING_READ, [], None
+            return NOTHING_READ, [], None, self.schema_after(planned_on)
+        writers = self.writer.writers_for(planned.ranges)
+        while True:  # twice at most: every id of the batch is met by the first write
+            schema = self.schema_after(planned_on, writers)
+            if writers is not None and follows_table(self.spec):
+                self.writer.use_table_schema(_columns(schema or planned_on.schema_string))
+            stats, files, merged = self._write_once(planned, planned_on, schema, writers)
+            if not stats.unseen_writers:
+                return stats, files, merged, schema
+            log.info("%s: the batch met new writer schemas; it is written again with them", self.label)
+            writers = self.writer.writers_for(planned.ranges)
+
+    def _write_once(
+        self, planned: PlannedBatch, planned_on: DeltaSnapshot, schema: str | None, writers: Writers | None
+    ) -> tuple[ReadStats, list[AddFile], Merged | None]:
+        """`_write` with the writer schemas `writers` (None: json); nothing moved into the table's folder
+        when the batch must be written again (its stats say `unseen_writers`)."""
         from pyspark.sql import Observation
 
         decoders = self.writer.decoders
         observation = Observation()
         source = self.writer.read(planned.ranges, headers=False)
-        observed = decoders.good.decode(source, None).observe(observation, *decoders.observed)
+        observed = decoders.good.decode(source, writers).observe(observation, *decoders.observed)
         if self.spec.key:
             return self._merge(planned, planned_on, schema, decoders.good.good_rows(observed), observation)
         staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
-        rows = self._as_table(decoders.good.good_rows(observed), schema or planned_on.schema_string)
+        rows = decoders.good.good_rows(observed)
+        if not follows_table(self.spec):  # a registry format's rows are in the table's columns already
+            rows = self._as_table(rows, schema or planned_on.schema_string)
         write = rows.write
         if planned_on.partition_columns:  # folders column=value; the values go into the commit's adds
             write = write.partitionBy(*planned_on.partition_columns)
         write.parquet(str(staging))
         try:
             stats = self._read_stats(planned, observation)
-            return stats, moved_into(staging, self.log), None
+            return stats, [] if stats.unseen_writers else moved_into(staging, self.log), None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -303,9 +376,16 @@ class DeltaIngestor:
         return stats, [], merged
 
     def _read_stats(self, planned: PlannedBatch, observation: Observation) -> ReadStats:
-        """The read's counts, once its write ran; BadRecordsHaltedError if bad records have nowhere to go."""
+        """The read's counts, once its write ran, with a registry format's writer schemas (the registry
+        asked for ids not met before); BadRecordsHaltedError if bad records have nowhere to go."""
         seen = observation.get
         stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], None)
+        if self.writer.decoders.good.uses_registry:
+            from icefall.ingest.framing import KEY_SCHEMA_IDS, SCHEMA_IDS
+
+            stats = self.writer.learned(stats, seen.get(SCHEMA_IDS) or [], seen.get(KEY_SCHEMA_IDS) or [])
+            if stats.unseen_writers:
+                return stats  # decoded again: its bad records may be good
         if stats.bad and self.dead_letters is None:
             raise BadRecordsHaltedError(
                 f"{self.label}: {stats.bad} records of offsets {planned.ranges} do not decode and "
@@ -412,6 +492,36 @@ def _check_partitioning(
             f"spec.table.partitioning by {partitioned or 'nothing'}: a Delta table's partitioning never "
             "changes; set spec.table.partitioning back, or write a new table (a new spec.table.location)"
         )
+
+
+def columns_source(spec: StreamingTableSpec) -> str:
+    """What a Delta table's columns come from, as refusals name it (before a registry's fills the spec)."""
+    if spec.transforms.select:
+        return "spec.transforms.select"
+    if spec.format.schema_known or spec.format.registry is None:
+        return "spec.format.schema"
+    subject = spec.format.registry.subject(spec.source.first_topic)
+    return f"the latest schema of subject '{subject}'"
+
+
+def delta_services(spec: StreamingTableSpec, location: str) -> dict[Service, str]:
+    """The services a Delta table's writer needs, as outage lines name them."""
+    source = spec.source
+    where = {
+        Service.KAFKA: f"{source.bootstrap_servers} for topic '{', '.join(source.topic_names)}'",
+        Service.OBJECT_STORE: location,
+    }
+    if spec.format.registry is not None:
+        where[Service.REGISTRY] = registry_address(spec.format.registry.url)
+    return where
+
+
+def _columns(schema_string: str | None) -> Schema:
+    """A Delta table's schema (Spark JSON) as the Iceberg schema `BatchWriter.use_table_schema` takes."""
+    from icefall.catalog.layout import spark_struct_to_iceberg
+
+    assert schema_string is not None  # the table is made at start
+    return spark_struct_to_iceberg(schema_string)
 
 
 def committed_snapshot(location: str) -> DeltaSnapshot:

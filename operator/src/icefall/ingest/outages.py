@@ -294,10 +294,15 @@ def service_addresses(
         Service.OBJECT_STORE: catalog.mask(store),
     }
     if registry:
-        where[Service.REGISTRY] = _USERINFO.sub(r"\1", registry)
+        where[Service.REGISTRY] = registry_address(registry)
     if local_dirs:
         where[Service.LOCAL_DISK] = local_dirs
     return where
+
+
+def registry_address(url: str) -> str:
+    """A schema registry's URL as the outage lines name it: any user:password@ in it left out."""
+    return _USERINFO.sub(r"\1", url)
 
 
 class Outages:

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from icefall.api import SchemaField, TableMode, fields_from_iceberg, to_iceberg_schema
+from icefall.api import Format, SchemaField, TableMode, fields_from_iceberg, to_iceberg_schema
 from icefall.api.avro import row_schema
 from icefall.api.registry_schema import fields_from_registry_schema
 from icefall.catalog.evolution import AddField, Change, Evolution, plan_evolution
@@ -94,8 +94,7 @@ class SchemaFollower:
             if text is None:
                 continue  # an unknown id: its records are dead letters
             try:
-                row = row_schema(text) if self.envelopes else text  # cdc: Debezium's Avro envelope
-                wanted = to_iceberg_schema(fields_from_registry_schema(self.format, row))
+                wanted = to_iceberg_schema(writer_fields(self.format, text, cdc=self.envelopes))
             except ValueError as error:  # the mapping's errors (AvroSchemaError, ...) are ValueErrors
                 refused.append(f"writer schema id {schema_id}: {error}")
                 continue
@@ -124,6 +123,12 @@ class SchemaFollower:
         """`evolution` is in the table now."""
         log.info("%s: schema changed: %s", self.label, evolution.describe())
         metrics.SCHEMA_CHANGES.labels(self.label).inc()
+
+
+def writer_fields(fmt: Format, text: str, *, cdc: bool) -> list[SchemaField]:
+    """The row fields of writer schema `text` (of `fmt`'s type), for `cdc` those of the row record inside
+    Debezium's envelope (`row_schema`). ValueError (AvroSchemaError, ...) for one that does not map."""
+    return fields_from_registry_schema(fmt, row_schema(text) if cdc else text)
 
 
 def decode_fields(table_schema: Schema) -> list[SchemaField]:

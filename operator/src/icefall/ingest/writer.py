@@ -49,7 +49,7 @@ Evolve = Callable[["Writers | None"], "Schema"]
 #: waited half a second. Larger polls mean fewer round trips per batch.
 SPARK_CONSUMER_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "5000"}
 #: A writer's first batch reads the schema ids of this many records of each partition before it is decoded
-#: (`BatchWriter._writers`): a topic's records rarely change writer schema within a batch.
+#: (`BatchWriter.writers_for`): a topic's records rarely change writer schema within a batch.
 SCHEMA_ID_SAMPLE = 100
 
 
@@ -172,7 +172,8 @@ class BatchWriter:
 
     def use_table_schema(self, schema: Schema) -> None:
         """Write into the columns of `schema` (the table's current schema) from now on."""
-        if self._table_schema is not None and self._table_schema.schema_id == schema.schema_id:
+        same = self._table_schema is not None and self._table_schema.schema_id == schema.schema_id
+        if same and self._table_schema == schema:  # (a Delta table's schemas all have id 0: the columns)
             return
         from icefall.ingest.schemas import follows_table
 
@@ -232,7 +233,7 @@ class BatchWriter:
         # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
         routing = self.routing
         source = self.read(planned.ranges, headers=routing is not None and routing.headers)
-        writers = self._writers(planned.ranges)
+        writers = self.writers_for(planned.ranges)
         self.use_table_schema(evolve(writers) if evolve is not None else table.schema())
         decoders = self.decoders
         observation = Observation()
@@ -284,9 +285,9 @@ class BatchWriter:
             return stats
         from icefall.ingest.framing import KEY_SCHEMA_IDS, SCHEMA_IDS
 
-        return self._learn(stats, seen.get(SCHEMA_IDS) or [], seen.get(KEY_SCHEMA_IDS) or [])
+        return self.learned(stats, seen.get(SCHEMA_IDS) or [], seen.get(KEY_SCHEMA_IDS) or [])
 
-    def _writers(self, ranges: tuple[OffsetRange, ...]) -> BatchWriters | None:
+    def writers_for(self, ranges: tuple[OffsetRange, ...]) -> BatchWriters | None:
         """The writer schemas a batch decodes with: those met so far (None: not a registry format). The
         first batch learns the ids of a sample of its records first (`icefall_schema_id_reads_total`: the
         first `SCHEMA_ID_SAMPLE` of each partition, not the whole batch); an id the sample missed is met
@@ -303,7 +304,7 @@ class BatchWriter:
 
         return BatchWriters(self.known.values, self.known.keys)
 
-    def _learn(self, stats: ReadStats, values: Sequence[int], keys: Sequence[int]) -> ReadStats:
+    def learned(self, stats: ReadStats, values: Sequence[int], keys: Sequence[int]) -> ReadStats:
         """`stats` with the batch's writer schemas, after the registry's answer for the ids of the batch
         not met before (`values`, `keys`: the ids the write observed)."""
         unseen_values, unseen_keys = self.known.unseen(values, keys)
