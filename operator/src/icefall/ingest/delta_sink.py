@@ -10,9 +10,10 @@ good rows as Parquet into a staging folder under the table, the files move into 
 
 Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
 (epoch in the table); every Kafka read is read_committed; a recreated topic stops ingestion
-(SourceChangedError). Bad records go to the dead-letter table beside it, committed before the table's
-commit (`icefall.ingest.delta_dead_letters`); with `spec.deadLetter.table.enabled: false` a bad record
-stops ingestion with BadRecordsHaltedError, nothing of its batch committed. A keyed table (`spec.mode`
+(SourceChangedError). Bad records go to the dead-letter table beside it and to `spec.deadLetter.topic`
+(at least once, as for Iceberg), both before the table's commit (`icefall.ingest.delta_dead_letters`);
+with neither (`spec.deadLetter.table.enabled: false`, no topic) a bad record stops ingestion with
+BadRecordsHaltedError, nothing of its batch committed. A keyed table (`spec.mode`
 upsert or cdc) MERGEs each batch's last change per key with deletion vectors, in the same commit as its
 offsets (`icefall.ingest.delta_keyed`).
 
@@ -23,10 +24,10 @@ together; rows already in the table read it as null; a narrower type is written 
 table cannot follow (a type changed or widened, a new required field) raises DeltaSchemaRefusedError at
 start and before any batch is written.
 
-Not done yet for Delta (refused by the spec's validation where it is a setting): a dead-letter topic,
-registry formats, partition transforms (identity partitions are Spark's `partitionBy` folders, their values
-in the commit's `add` actions: `icefall.commit.delta.moved_into`), pipelining, object stores. The upkeep
-(OPTIMIZE, checkpoints, VACUUM) is `icefall.compact.delta`'s.
+Not done yet for Delta (refused by the spec's validation where it is a setting): registry formats,
+partition transforms (identity partitions are Spark's `partitionBy` folders, their values in the commit's
+`add` actions: `icefall.commit.delta.moved_into`), pipelining, object stores. The upkeep (OPTIMIZE,
+checkpoints, VACUUM) is `icefall.compact.delta`'s.
 """
 
 from __future__ import annotations
@@ -124,7 +125,11 @@ class DeltaIngestor:
         )
         self.planner = Planner(self.spec, self.label, self.topics)
         dlq_location = dead_letter_location(st, location)
-        self.dead_letters = DeltaDeadLetters(self.writer, dlq_location) if dlq_location else None
+        self.dead_letters = (
+            DeltaDeadLetters(self.writer, dlq_location, self._kafka_config)
+            if self.spec.dead_letter.enabled  # a dead-letter table, a topic, or both
+            else None
+        )
         self.progress = Progress()
         self.epoch = 0
         self.wanted: dict[str, Any] | None = None  # the batch's schema as the spec wants it (`start`)
@@ -309,8 +314,9 @@ class DeltaIngestor:
         if stats.bad and self.dead_letters is None:
             raise BadRecordsHaltedError(
                 f"{self.label}: {stats.bad} records of offsets {planned.ranges} do not decode and "
-                "spec.deadLetter.table is disabled, so ingestion stops before committing them. Fix or "
-                "skip them (`icefall reset-offsets`), or enable the dead-letter table"
+                "spec.deadLetter.table is disabled (and no spec.deadLetter.topic), so ingestion stops "
+                "before committing them. Fix or skip them (`icefall reset-offsets`), or enable the "
+                "dead-letter table or name a dead-letter topic"
             )
         return stats
 
