@@ -168,12 +168,20 @@ def test_delta_spec_refuses_what_is_not_supported_yet() -> None:
     assert "spec.table.catalog" in problems_of(", catalog: {name: c, uri: 'sqlite:////tmp/c.db'}")
     assert problems_of(", partitioning: [{field: id, transform: identity}]") == ""
     assert "spec.mode" not in problems_of(spec_extra="  mode: upsert\n  key: [id]")  # MERGE: delta_keyed
-    assert "spec.deadLetter.topic" in problems_of(spec_extra="  deadLetter: {topic: bad}")
     assert "GCS and Azure" in problems_of(", location: gs://bucket/orders")
     assert "spec.table.location" in problems_of(", location: s3://bucket")  # a folder in the bucket
     assert "spec.table.location" in problems_of(", location: https://bucket/orders")
     assert problems_of(", location: /data/orders") == ""
     assert problems_of(", location: s3://lake/tables/orders") == ""
+
+
+def test_a_delta_table_takes_a_dead_letter_topic_with_or_without_its_dead_letter_table() -> None:
+    # At least once, as for an Iceberg table (ingest/delta_dead_letters.py); no longer refused.
+    for extra in ("  deadLetter: {topic: bad}", "  deadLetter: {topic: bad, table: {enabled: false}}"):
+        assert problems_of(spec_extra=extra) == ""
+        st = parse_manifest(DELTA % ("", extra))
+        assert st.spec.dead_letter.topic == "bad" and st.spec.dead_letter.enabled
+    assert "must differ from the source topic" in problems_of(spec_extra="  deadLetter: {topic: orders}")
 
 
 def test_keyed_delta_on_s3_is_refused_at_validation() -> None:

@@ -423,14 +423,6 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         return []
     unsupported = "is not supported with table format delta yet"
     problems: list[tuple[Loc, str]] = []
-    if spec.dead_letter.topic is not None:
-        problems.append(
-            (
-                ("deadLetter", "topic"),
-                f"a dead-letter topic {unsupported} (a bad record stops a Delta table's ingestion); "
-                "remove it",
-            )
-        )
     if spec.retention is not None:
         problems.append(
             (

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame
 
-    from icefall.api import StreamingTable
+    from icefall.api import StreamingTable, StreamingTableSpec
     from icefall.ingest.planning import PlannedBatch
     from icefall.ingest.writer import BatchWriter
 
@@ -79,25 +79,11 @@ class DeadLetters:
             counted = bad.groupBy(reason_kind(F.col("error")).alias("kind")).count().collect()
             kinds = {row["kind"]: int(row["count"]) for row in counted}
             if dead and self.spec.dead_letter.topic is not None:
-                self._produce(bad, planned, self.spec.dead_letter.topic, epoch)
+                produce_batch(bad, planned, self.spec, epoch, self._kafka_config)
                 failpoint("dlq-topic.after-produce")
         finally:
             bad.unpersist()
         return DeadLettersLanded(dead, kinds)
-
-    def _produce(self, bad: DataFrame, planned: PlannedBatch, topic: str, epoch: int) -> None:
-        """Before the main commit: at-least-once, deduplicated downstream by `icefall.dedupe-key`. Each
-        record's headers name its own topic (a table of several topics: one send per topic)."""
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-        for part in planned.parts:
-            produce_dead_letters(
-                bad.where(F.col("topic") == part.topic) if planned.by_topic else bad,
-                bootstrap=self.spec.source.bootstrap_servers,
-                topic=topic,
-                source=DeadLetterSource(part.topic, part.topic_id, epoch),
-                kafka_config=self._kafka_config,
-            )
 
     def _write(
         self,
@@ -165,6 +151,33 @@ class DeadLetters:
         )
         rewind_dead_letter_topics(self.table, targets, epoch)
         return True
+
+
+def produce_batch(
+    bad: DataFrame,
+    planned: PlannedBatch,
+    spec: StreamingTableSpec,
+    epoch: int,
+    kafka_config: Mapping[str, str],
+) -> int:
+    """Send a batch's dead letters `bad` to `spec.deadLetter.topic` (`icefall.kafka.dead_letters`), for an
+    Iceberg or a Delta table; how many. Before the table's commit: at least once, deduplicated downstream by
+    `icefall.dedupe-key`. Each record's headers name its own topic (several topics: one send per topic)."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    topic = spec.dead_letter.topic
+    if topic is None:
+        return 0
+    return sum(
+        produce_dead_letters(
+            bad.where(F.col("topic") == part.topic) if planned.by_topic else bad,
+            bootstrap=spec.source.bootstrap_servers,
+            topic=topic,
+            source=DeadLetterSource(part.topic, part.topic_id, epoch),
+            kafka_config=kafka_config,
+        )
+        for part in planned.parts
+    )
 
 
 def ahead_of(dead: CommittedState, main: CommittedState) -> dict[str, dict[int, int]]:

@@ -9,18 +9,27 @@ of the table; the batch is then read again from the table's offsets, and the dea
 what it does not hold (`dead_letter_take`: each partition from its own offset, never below) — the rule of
 route tables (commit/DESIGN.md, "Several destinations of one batch"), so no rewind is needed.
 
+With `spec.deadLetter.topic` the same second read is then sent to the topic (`produce_batch`, as for an
+Iceberg table), all of the batch's bad records whatever the dead-letter table took (a crash after its
+commit and before the send would otherwise lose them), still before the table's commit; a table whose
+dead-letter table is disabled sends them to the topic only.
+
 Guarantees: each bad record is in the dead-letter table once (its rows and offsets move in one Delta
 commit, planned from the offsets it holds); a writer whose epoch a newer one claimed cannot commit to it
 (the epoch is claimed in it at start); a second read giving another number of bad records than the first
-commits nothing (StaleHeadError: the batch is planned again). Not guaranteed: the dead-letter table never
-briefly holds the records of a batch whose table commit then failed (it holds them; the table gets them
-again with the next batch, without its bad ones twice); a dead-letter topic (refused for Delta).
+commits nothing to it (StaleHeadError: the batch is planned again); the table commits a batch only once
+the dead-letter topic acknowledged as many bad records as the first read found. Not guaranteed: the
+dead-letter table never briefly holds the records of a batch whose table commit then failed (it holds
+them; the table gets them again with the next batch, without its bad ones twice); the dead-letter topic
+is at least once, as an Iceberg table's (`icefall.kafka.dead_letters`): a crash between its send and the
+table's commit sends the batch's bad records again, with the same `icefall.dedupe-key`.
 """
 
 from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +39,7 @@ from icefall.commit.batch import SourceBatch, TopicsBatch, held_of
 from icefall.commit.delta import DeltaLog, claim_epoch, commit_batch, create_table, moved_into
 from icefall.commit.delta_storage import is_s3, local_path
 from icefall.commit.state import CommittedState
+from icefall.ingest.dead_letters import produce_batch
 from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
@@ -66,17 +76,22 @@ def dead_letter_take(batch: SourceBatch, dead: CommittedState) -> SourceBatch:
 
 
 class DeltaDeadLetters:
-    """One writer's dead-letter table (module doc). `start(epoch)` once, then `commit` per batch."""
+    """One writer's dead letters (module doc): the dead-letter table at `location` (None: the spec has none)
+    and the topic (if the spec names one). `start(epoch)` once, then `commit` per batch."""
 
-    def __init__(self, writer: BatchWriter, location: str) -> None:
+    def __init__(self, writer: BatchWriter, location: str | None, kafka_config: Mapping[str, str]) -> None:
+        """`kafka_config`: librdkafka settings of the dead-letter topic's producer (secrets: never logged)."""
         self.writer = writer
-        self.log = DeltaLog(location)
+        self.log = DeltaLog(location) if location is not None else None
+        self._kafka_config = kafka_config
 
     def start(self, epoch: int) -> None:
         """Create the dead-letter table (the columns of bad rows) if needed, claim `epoch` in it, drop the
         staging folders a crashed writer left."""
         from icefall.ingest.decode import bad_rows
 
+        if self.log is None:
+            return
         decoded = self.writer.decoders.with_errors.decode(self.writer.empty_source(), None)
         schema = bad_rows(decoded, by_topic=self.writer.spec.source.by_topic).schema.json()
         create_table(self.log, schema, epoch, role="dlq")
@@ -84,21 +99,38 @@ class DeltaDeadLetters:
         shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
 
     def commit(self, batch: SourceBatch, planned: PlannedBatch, expected: int, epoch: int) -> int:
-        """Commit the batch's `expected` bad records that the dead-letter table does not hold yet; how many
-        it took. StaleHeadError (nothing committed) if the second read found another number."""
-        planned_on = self.log.snapshot()
-        take = dead_letter_take(batch, planned_on.committed)
-        staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
+        """Read the batch's bad records again; commit the `expected` ones the dead-letter table does not hold
+        yet, then send all of them to the dead-letter topic; both before the table's commit, which must
+        follow. How many the dead-letter table took. StaleHeadError (the table's commit must not follow) if
+        the second read found another number (then nothing went to the dead-letter table)."""
+        spec = self.writer.spec
+        bad = self.writer.bad_rows(planned.ranges).persist()  # one Kafka read for the table and the topic
         try:
-            found = self._write(self.writer.bad_rows(planned.ranges), take, staging)
+            taken = 0 if self.log is None else self._commit_table(self.log, bad, batch, expected, epoch)
+            if spec.dead_letter.topic is not None:
+                sent = produce_batch(bad, planned, spec, epoch, self._kafka_config)
+                if sent != expected:
+                    raise StaleHeadError(_another_number(sent, expected))
+                failpoint("dlq-topic.after-produce")
+        finally:
+            bad.unpersist()
+        return taken
+
+    def _commit_table(
+        self, log: DeltaLog, bad: DataFrame, batch: SourceBatch, expected: int, epoch: int
+    ) -> int:
+        """Commit the rows of `bad` that the dead-letter table `log` does not hold yet; how many it took."""
+        planned_on = log.snapshot()
+        take = dead_letter_take(batch, planned_on.committed)
+        staging = log.staging_root(STAGING_DIR) / uuid.uuid4().hex
+        try:
+            found = self._write(bad, take, staging)
             if found != expected:
-                raise StaleHeadError(
-                    f"reading the batch again gave {found} bad records, not {expected}; planning again"
-                )
-            files = moved_into(staging, self.log)
+                raise StaleHeadError(_another_number(found, expected))
+            files = moved_into(staging, log)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        commit_batch(self.log, planned_on, take, epoch, files, role="dlq")
+        commit_batch(log, planned_on, take, epoch, files, role="dlq")
         failpoint("dlq.after-commit")
         return sum(f.records for f in files)
 
@@ -116,3 +148,7 @@ class DeltaDeadLetters:
                 kept = kept | (of_topic & (F.col("partition") == p) & (F.col("offset") >= start))
         observed.where(kept).write.parquet(str(staging))
         return int(observation.get["rows"])
+
+
+def _another_number(found: int, expected: int) -> str:
+    return f"reading the batch again gave {found} bad records, not {expected}; planning again"

@@ -10,9 +10,10 @@ good rows as Parquet into a staging folder under the table, the files move into 
 
 Guarantees: a batch is in the table once or not at all; a writer whose lease was taken over cannot commit
 (epoch in the table); every Kafka read is read_committed; a recreated topic stops ingestion
-(SourceChangedError). Bad records go to the dead-letter table beside it, committed before the table's
-commit (`icefall.ingest.delta_dead_letters`); with `spec.deadLetter.table.enabled: false` a bad record
-stops ingestion with BadRecordsHaltedError, nothing of its batch committed. A keyed table (`spec.mode`
+(SourceChangedError). Bad records go to the dead-letter table beside it and to `spec.deadLetter.topic`
+(at least once, as for Iceberg), both before the table's commit (`icefall.ingest.delta_dead_letters`);
+with neither (`spec.deadLetter.table.enabled: false`, no topic) a bad record stops ingestion with
+BadRecordsHaltedError, nothing of its batch committed. A keyed table (`spec.mode`
 upsert or cdc) MERGEs each batch's last change per key with deletion vectors, in the same commit as its
 offsets (`icefall.ingest.delta_keyed`).
 
@@ -35,10 +36,10 @@ batch committed (an Iceberg table instead dead-letters the values that do not fi
 id the registry does not know, or whose bytes do not decode, are dead letters as for Iceberg; a registry
 that cannot be reached is an outage, waited out.
 
-Not done yet for Delta (refused by the spec's validation where it is a setting): a dead-letter topic,
-partition transforms (identity partitions are Spark's `partitionBy` folders, their values
-in the commit's `add` actions: `icefall.commit.delta.moved_into`), pipelining, object stores. The upkeep
-(OPTIMIZE, checkpoints, VACUUM) is `icefall.compact.delta`'s.
+Not done yet for Delta (refused by the spec's validation where it is a setting): partition transforms
+(identity partitions are Spark's `partitionBy` folders, their values in the commit's `add` actions:
+`icefall.commit.delta.moved_into`), pipelining, GCS and Azure. The upkeep (OPTIMIZE, checkpoints, VACUUM) is
+`icefall.compact.delta`'s.
 """
 
 from __future__ import annotations
@@ -158,7 +159,11 @@ class DeltaIngestor:
         )
         self.planner = Planner(self.spec, self.label, self.topics)
         dlq_location = dead_letter_location(st, location)
-        self.dead_letters = DeltaDeadLetters(self.writer, dlq_location) if dlq_location else None
+        self.dead_letters = (
+            DeltaDeadLetters(self.writer, dlq_location, self._kafka_config)
+            if self.spec.dead_letter.enabled  # a dead-letter table, a topic, or both
+            else None
+        )
         self.progress = Progress()
         self.epoch = 0
         self.wanted: Wanted | None = None  # the batch's schema as the spec wants it (`start`)
@@ -389,8 +394,9 @@ class DeltaIngestor:
         if stats.bad and self.dead_letters is None:
             raise BadRecordsHaltedError(
                 f"{self.label}: {stats.bad} records of offsets {planned.ranges} do not decode and "
-                "spec.deadLetter.table is disabled, so ingestion stops before committing them. Fix or "
-                "skip them (`icefall reset-offsets`), or enable the dead-letter table"
+                "spec.deadLetter.table is disabled (and no spec.deadLetter.topic), so ingestion stops "
+                "before committing them. Fix or skip them (`icefall reset-offsets`), or enable the "
+                "dead-letter table or name a dead-letter topic"
             )
         return stats
 
