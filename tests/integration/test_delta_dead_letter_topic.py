@@ -205,7 +205,8 @@ class Table:
             by_key.setdefault(letter.text("icefall.dedupe-key"), []).append(letter)
         assert set(by_key) == {f"{self.topic_id}/{p}/{o}" for p, o in self.bad}
         for key, copies in by_key.items():
-            partition, offset = (int(n) for n in key.split("/")[1:])
+            # librdkafka's topic id is standard base64, which may hold '/': parse from the right.
+            partition, offset = (int(n) for n in key.rsplit("/", 2)[1:])
             sent = self.bad[(partition, offset)]
             for letter in copies:
                 assert (letter.key, letter.value) == (sent.key, sent.value)

@@ -8,7 +8,8 @@ headers, followed by these headers (UTF-8 text):
   where it came from (the topic id is Kafka's, so it changes when the topic is deleted and created again);
 - `icefall.source.timestamp`: its Kafka timestamp in the source topic, epoch milliseconds;
 - `icefall.epoch`: the epoch of the writer that sent it (a re-send after a take-over carries a newer one);
-- `icefall.dedupe-key`: `<source topic id>/<partition>/<offset>`, the dedupe key (below).
+- `icefall.dedupe-key`: `<source topic id>/<partition>/<offset>`, the dedupe key (below; the id is base64
+  and may hold '/': split it from the right).
 
 Kafka headers may repeat a key: if the original record already had one of these (a dead letter that was
 replayed into the source, say), the original stays and Icefall's comes after it, so take the last one.
