@@ -18,9 +18,6 @@ exactly its records, the tables ahead skipping what they hold.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -39,6 +36,7 @@ from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import SourceChangedError
 from icefall.runtime import failpoints
+from icefall.testing.live_run import killed_at_each, run_until_caught_up
 from icefall.testing.streams import (
     NAMESPACE,
     drain,
@@ -285,27 +283,16 @@ def test_kills_between_the_destinations_commits_leave_each_table_exactly_its_rec
     manifest, state = tmp_path / "table.yaml", tmp_path / "state"
     manifest.write_text(routed_manifest(name, topic, kafka))
 
-    def run(spec: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-        env.update({failpoints.ENV_VAR: spec} if spec else {})
-        return subprocess.run(
-            [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(state),
-             "--until-caught-up", "--lease-timeout", "5", "--no-maintenance", "--master", "local[1]"],
-            env=env, capture_output=True, text=True, timeout=1200, check=False,
-        )  # fmt: skip
-
-    logs = []
-    for spec in (
-        "route.after-commit=exit",  # the first route committed its batch, the second and the table not
-        "route.after-commit=exit@3",  # the first route skips what it holds; then two more route commits
-        "dlq.after-commit=exit",  # both routes and the dead letters ahead of the table
-    ):
-        done = run(spec)
-        point = spec.partition("=")[0]
-        assert done.returncode == failpoints.EXIT_STATUS, f"{spec}: {done.returncode}\n{done.stderr[-3000:]}"
-        assert f"failpoint {point} triggered" in done.stderr, done.stderr[-3000:]
-        logs.append(done.stderr)
+    logs = killed_at_each(
+        manifest,
+        state,
+        (
+            "route.after-commit=exit",  # the first route committed its batch, the second and the table not
+            "route.after-commit=exit@3",  # the first route skips what it holds; then two more route commits
+            "dlq.after-commit=exit",  # both routes and the dead letters ahead of the table
+        ),
+    )
     assert "holds the whole batch already" in logs[1], "the route ahead skipped the batch it held"
-    finished = run()
+    finished = run_until_caught_up(manifest, state)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert_routed(CatalogConfig.embedded(state), name, kafka, topic, "Table")

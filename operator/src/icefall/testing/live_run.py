@@ -1,4 +1,6 @@
-"""A running `icefall run` process, as a user starts it, for tests that break the world around it.
+"""A running `icefall run` process, as a user starts it, for tests that break the world around it; and
+`icefall run --until-caught-up` to its end (`run_until_caught_up`), killed at failpoints in turn
+(`killed_at_each`).
 
 `LiveRun` starts `icefall run -f <manifest>` (local Spark unless `master` says otherwise, no maintenance)
 with its output in a log file, waits on conditions while checking that the process stays up (a fault must
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.runtime import failpoints
 from icefall.testing.streams import NAMESPACE, Broker, watermarks
 
 
@@ -87,3 +90,30 @@ class LiveRun:
             self.proc.kill()
             self.proc.wait(10)
             raise AssertionError(f"icefall run did not stop on SIGTERM:\n{self.tail()}") from None
+
+
+def run_until_caught_up(
+    manifest: Path, state: Path, failpoint: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`icefall run -f manifest --until-caught-up` to its end (local[1] Spark, no maintenance), with the
+    failpoint spec `failpoint` armed (`ICEFALL_FAILPOINTS`, e.g. `route.after-commit=exit@3`) if given."""
+    env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+    env.update({failpoints.ENV_VAR: failpoint} if failpoint else {})
+    return subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(state),
+         "--until-caught-up", "--lease-timeout", "5", "--no-maintenance", "--master", "local[1]"],
+        env=env, capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+
+
+def killed_at_each(manifest: Path, state: Path, specs: tuple[str, ...]) -> list[str]:
+    """`run_until_caught_up` once per failpoint spec of `specs` (each `point=exit...`), asserting that each
+    run exited at its point; their logs (stderr), in order."""
+    logs = []
+    for spec in specs:
+        done = run_until_caught_up(manifest, state, spec)
+        point = spec.partition("=")[0]
+        assert done.returncode == failpoints.EXIT_STATUS, f"{spec}: {done.returncode}\n{done.stderr[-3000:]}"
+        assert f"failpoint {point} triggered" in done.stderr, done.stderr[-3000:]
+        logs.append(done.stderr)
+    return logs
