@@ -219,15 +219,7 @@ MAX_NAME_LENGTH = 40
 class ObjectMeta(BaseModel):
     """The parts of Kubernetes object metadata Icefall reads; everything else is ignored."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="ignore",
-        frozen=True,
-        hide_input_in_errors=True,
-    )
+    model_config = StatusModel.model_config  # the same: unknown metadata is ignored
 
     name: str = Field(
         description="Name of the StreamingTable.",
