@@ -16,9 +16,9 @@ session conf is exactly what it was before Delta (tests/unit/test_delta_session.
 
 The driver JVM's native memory is kept small without costing CPU (`DRIVER_JAVA_OPTIONS`,
 `DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md), and so is the driver's Python
-(`pyspark_flags_without_pyarrow`). `spark_conf` is the base every session
-shares; what differs per process (master, application name, the driver's memory, Kubernetes, scheduling)
-comes from `icefall.plan.spark_conf` as `extra_conf`, which wins. A conf that asks for the FAIR scheduler
+(`pyspark_flags_without_pyarrow`). `spark_conf` is the base every session shares; what differs per process
+(master, application name, the driver's memory, Kubernetes, scheduling) comes from
+`icefall.plan.spark_conf` as `extra_conf`, which wins. A conf that asks for the FAIR scheduler
 gets the pools of `fairscheduler.xml`, beside this module.
 
 Spark's catalog client (Iceberg Java) reaches each REST catalog through `icefall.catalog.rest_proxy`, in
