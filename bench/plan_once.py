@@ -28,19 +28,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import prototypes
 import yaml
-from common import load_average, machine_basics, machine_section, write_results
-from prototypes import Run, one_run, spread
-
-from icefall.devstack.kafka import KafkaBroker
+from common import machine_section
+from prototypes import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGNS = ("icefall", "stream", "rebind", "stream-bare", "rebind-bare", "icefall-serialgc", "icefall-c1")
@@ -123,52 +119,8 @@ def render(runs: list[Run], args: argparse.Namespace, facts: dict[str, str], sta
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", default="200000", help="comma-separated backlog sizes")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--warmup-records", type=int, default=50_000)
-    parser.add_argument("--designs", default=",".join(DESIGNS))
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan-once-runs.md")
-    parser.add_argument("--keep", action="store_true", help="keep each run's folder")
-    parser.add_argument(
-        "--trickle",
-        action="store_true",
-        help="produce each backlog at --trickle-rate records/s (many small batches: fixed costs)",
-    )
-    parser.add_argument("--trickle-rate", type=int, default=1000)
-    args = parser.parse_args()
-    args.designs = args.designs.split(",")
-    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
-    facts = machine_basics()  # before pinning: it reports the cores usable
-    pin: list[str] = []
-    if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
-        os.sched_setaffinity(0, {0})
-        pin = ["taskset", "-c", "1"]
-    facts["Load average at start (1/5/15 min)"] = load_average()
-    args.state = Path(tempfile.mkdtemp(prefix="icefall-planonce-"))
-    broker = KafkaBroker(args.state / "kafka", heap="1g").start()
-    runs: list[Run] = []
-    try:
-        for records in (int(n) for n in args.records.split(",")):
-            for rep in range(args.reps):
-                order = args.designs[rep % len(args.designs) :] + args.designs[: rep % len(args.designs)]
-                for design in order:
-                    try:
-                        tag = f"o{records}-{rep}"
-                        runs.append(
-                            one_run(broker, design, records, args, pin=pin, tag=tag, start=start_writer)
-                        )
-                    except Exception as err:  # one failed run does not end the bench
-                        say(f"{design} {records:,} rep {rep} FAILED: {err}")
-                    facts["Load average at end (1/5/15 min)"] = load_average()
-                    write_results(args.out, render(runs, args, facts, started))
-                    mine = [r.per_cpu for r in runs if r.design == design and r.records == records]
-                    say(f"{design} {records:,} so far: {spread(mine) if mine else 'none'}")
-    finally:
-        broker.stop()
-        if not args.keep:
-            shutil.rmtree(args.state, ignore_errors=True)
-    return 0
+    args = prototypes.arguments(__doc__, ROOT / "bench" / "results" / "plan-once-runs.md", DESIGNS)
+    return prototypes.run_all(args, render, prefix="planonce", start=start_writer)
 
 
 if __name__ == "__main__":

@@ -232,13 +232,15 @@ def render(runs: list[Run], args: argparse.Namespace, facts: dict[str, str], sta
     return "\n".join(out)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, out: Path, designs: tuple[str, ...] = DESIGNS) -> argparse.Namespace:
+    """The command line of this bench and of bench/plan_once.py (`doc`: the bench's docstring; results in
+    `out` and every design of `designs` by default)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--records", default="200000", help="comma-separated backlog sizes")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--warmup-records", type=int, default=50_000)
-    parser.add_argument("--designs", default=",".join(DESIGNS))
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prototypes.md")
+    parser.add_argument("--designs", default=",".join(designs))
+    parser.add_argument("--out", type=Path, default=out)
     parser.add_argument("--keep", action="store_true", help="keep each run's folder")
     parser.add_argument(
         "--trickle",
@@ -248,6 +250,18 @@ def main() -> int:
     parser.add_argument("--trickle-rate", type=int, default=1000)
     args = parser.parse_args()
     args.designs = args.designs.split(",")
+    return args
+
+
+def run_all(
+    args: argparse.Namespace,
+    render: Callable[[list[Run], argparse.Namespace, dict[str, str], str], str],
+    *,
+    prefix: str,
+    start: Callable[..., subprocess.Popen[bytes]] | None = None,
+) -> int:
+    """Every design at every size, `args.reps` times in rotating order, one broker for all; the results
+    rendered into `args.out` after each run. `prefix`: of the bench's folder and its topics' names."""
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     facts = machine_basics()  # before pinning: it reports the cores usable
     pin: list[str] = []
@@ -255,7 +269,7 @@ def main() -> int:
         os.sched_setaffinity(0, {0})
         pin = ["taskset", "-c", "1"]
     facts["Load average at start (1/5/15 min)"] = load_average()
-    args.state = Path(tempfile.mkdtemp(prefix="icefall-prototypes-"))
+    args.state = Path(tempfile.mkdtemp(prefix=f"icefall-{prefix}-"))
     broker = KafkaBroker(args.state / "kafka", heap="1g").start()
     runs: list[Run] = []
     try:
@@ -263,17 +277,25 @@ def main() -> int:
             for rep in range(args.reps):
                 order = args.designs[rep % len(args.designs) :] + args.designs[: rep % len(args.designs)]
                 for design in order:
+                    tag = f"{prefix[0]}{records}-{rep}"
                     try:
-                        runs.append(one_run(broker, design, records, args, pin=pin, tag=f"p{records}-{rep}"))
+                        runs.append(one_run(broker, design, records, args, pin=pin, tag=tag, start=start))
                     except Exception as err:  # one failed run does not end the bench
                         say(f"{design} {records:,} rep {rep} FAILED: {err}")
                     facts["Load average at end (1/5/15 min)"] = load_average()
                     write_results(args.out, render(runs, args, facts, started))
+                    mine = [r.per_cpu for r in runs if r.design == design and r.records == records]
+                    say(f"{design} {records:,} so far: {spread(mine) if mine else 'none'}")
     finally:
         broker.stop()
         if not args.keep:
             shutil.rmtree(args.state, ignore_errors=True)
     return 0
+
+
+def main() -> int:
+    args = arguments(__doc__, ROOT / "bench" / "results" / "prototypes.md")
+    return run_all(args, render, prefix="prototypes")
 
 
 if __name__ == "__main__":
