@@ -506,6 +506,90 @@ def test_a_table_partitioned_by_a_column_holds_the_topic_by_content_through_opti
     table.assert_exactly_once(150)
 
 
+#: In a Delta table's own Spark session: a query on `ts` alone (its plan's partition filters, derived by Delta
+#: from the generated column), then a row appended by Delta Spark without the generated columns (Delta
+#: computes them from their expressions in the log). Prints the plan's partition filters and the count.
+PRUNED = """
+import json, sys
+from datetime import datetime, timezone
+from icefall.api import TableFormat
+from icefall.spark.session import build_spark_session
+
+spark = build_spark_session([], master="local[1]", app_name="delta-pruned", table_format=TableFormat.DELTA)
+location = sys.argv[1]
+query = spark.read.format("delta").load(location).where("ts >= TIMESTAMP'2026-11-23 00:00:00 UTC'")
+plan = query._jdf.queryExecution().executedPlan().toString()
+filters = [line for line in plan.splitlines() if "PartitionFilters" in line]
+count = query.count()
+late = datetime(2026, 11, 30, 5, tzinfo=timezone.utc)
+kafka = "struct<partition: int, offset: long, timestamp: timestamp>"
+row = spark.createDataFrame(
+    [(999, "zz-appended", late, (9, 999, late))], f"id long, customer string, ts timestamp, _kafka {kafka}"
+)
+row.write.format("delta").mode("append").option("mergeSchema", "false").save(location)
+spark.stop()
+print(json.dumps({"filters": filters, "count": count}))
+"""
+
+
+def test_partition_transforms_are_generated_columns_any_delta_reader_prunes_by(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """`day(ts)` and `truncate[2](customer)`: generated columns ts_day and customer_trunc (their
+    expressions in the log, writer feature generatedColumns), each file in its folders; `icefall verify`
+    and `icefall read` (its tail with the columns computed) agree; Spark's Delta reader prunes a query on
+    `ts` by ts_day, and a row Delta Spark appends gets both columns from their expressions."""
+    from icefall.testing.streams import send_changes
+
+    table = Table(
+        kafka,
+        tmp_path,
+        "transforms",
+        table=", partitioning: [{field: ts, transform: day}, {field: customer, transform: 'truncate[2]'}]",
+    )
+    days = ("2026-11-21", "2026-11-22", "2026-11-23", "2026-11-24")
+    records = [{**order(i, f"c{i % 3}-shop"), "ts": f"{days[i % 4]}T{i % 24:02d}:30:00Z"} for i in range(60)]
+    send_changes(kafka, table.topic, [(i % 2, None, record) for i, record in enumerate(records)])
+    assert table.ingest(spark) >= 2
+    table.assert_exactly_once(60)
+    log = DeltaLog(table.location)
+    snapshot = log.snapshot()
+    assert snapshot.partition_columns == ["ts_day", "customer_trunc"]
+    fields = {f["name"]: f for f in json.loads(snapshot.schema_string or "{}")["fields"]}
+    assert fields["ts_day"]["type"] == "date" and fields["customer_trunc"]["type"] == "string"
+    assert fields["ts_day"]["metadata"] == {"delta.generationExpression": "CAST(`ts` AS DATE)"}
+    protocol = next(a["protocol"] for a in log.actions(0) if "protocol" in a)
+    assert protocol == {"minReaderVersion": 1, "minWriterVersion": 4}
+    folders = {
+        p.parent.relative_to(table.location).as_posix() for p in Path(table.location).rglob("*.parquet")
+    }
+    assert folders == {f"ts_day={d}/customer_trunc=c{n}" for d in days for n in range(3)}
+    rows = delta_rows(table.location).to_pylist()
+    assert all(str(r["ts_day"]) == r["ts"].date().isoformat() for r in rows)
+    assert all(r["customer_trunc"] == r["customer"][:2] for r in rows)
+    report = verify_delta_table(table.st, tmp_path / "state", spark=spark)
+    assert report.ok and report.content_checked, report.render()
+
+    send_changes(kafka, table.topic, [(0, None, {**order(60, "c9-late"), "ts": "2026-11-25T01:00:00Z"})])
+    read = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "read", "-f", str(table.manifest), "--state-dir",
+         str(tmp_path / "state"), "--format", "jsonl"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert read.returncode == 0, read.stderr[-3000:]
+    read_rows = {r["id"]: r for r in (json.loads(line) for line in read.stdout.splitlines())}
+    assert set(read_rows) == set(range(61)) and "tail: 1 records, 1 rows" in read.stderr, read.stderr
+    assert (read_rows[60]["ts_day"], read_rows[60]["customer_trunc"]) == ("2026-11-25", "c9")
+
+    done = in_delta_session(PRUNED, table.location)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["count"] == 30, seen  # the records of 2026-11-23 and 2026-11-24
+    assert any("ts_day" in line for line in seen["filters"]), seen
+    appended = [r for r in delta_rows(table.location).to_pylist() if r["id"] == 999]
+    assert [(str(r["ts_day"]), r["customer_trunc"]) for r in appended] == [("2026-11-30", "zz")]
+
+
 #: Keyed Delta tables in a Delta table's own Spark session (the MERGE needs Delta's extension): an upsert
 #: table's writers failing in turn at each commit point, then one draining it; a cdc table with sequenceBy
 #: fed in two batches, the second's changes out of order. Then both as Spark's Delta reader reads them.

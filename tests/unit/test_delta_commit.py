@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from icefall.api.delta_partitions import delta_partitions
 from icefall.api.manifest import parse_manifest
 from icefall.commit import FencedError, OffsetGapError, StaleHeadError
 from icefall.commit.batch import Batch
@@ -139,6 +140,34 @@ def test_protocol_needs_timestamp_ntz_feature_only_for_such_columns() -> None:
     keyed = protocol_for(SCHEMA, deletion_vectors=True)
     assert keyed["readerFeatures"] == ["deletionVectors"]
     assert keyed["writerFeatures"] == ["appendOnly", "invariants", "deletionVectors"]
+    generated = (
+        '{"name":"ts_day","type":"date","metadata":{"delta.generationExpression":"CAST(`ts` AS DATE)"}}'
+    )
+    assert protocol_for(generated) == {"minReaderVersion": 1, "minWriterVersion": 4}
+    both = protocol_for(generated + '{"type":"timestamp_ntz"}')
+    assert both["writerFeatures"] == ["appendOnly", "invariants", "generatedColumns", "timestampNtz"]
+
+
+def test_partition_transforms_map_to_generated_columns_delta_derives_filters_from() -> None:
+    from icefall.api import ManifestError
+    from icefall.api.table import PartitionField
+
+    fields = [("customer", "identity"), *(("ts", t) for t in ("year", "month", "day", "hour"))]
+    parts = [PartitionField(field=f, transform=t) for f, t in [*fields, ("customer", "truncate[3]")]]
+    assert [(p.column, p.expression, p.spark_type) for p in delta_partitions(parts)] == [
+        ("customer", None, None),
+        ("ts_year", "YEAR(`ts`)", "integer"),
+        ("ts_month", "DATE_FORMAT(`ts`, 'yyyy-MM')", "string"),
+        ("ts_day", "CAST(`ts` AS DATE)", "date"),
+        ("ts_hour", "DATE_FORMAT(`ts`, 'yyyy-MM-dd-HH')", "string"),
+        ("customer_trunc", "SUBSTRING(`customer`, 1, 3)", "string"),
+    ]
+    named = PARTITIONED.replace(
+        "- {name: ts, type: timestamptz}",
+        "- {name: ts, type: timestamptz}\n      - {name: ts_day, type: date}",
+    )
+    with pytest.raises(ManifestError, match=r"is the Delta column ts_day, which spec\.format\.schema has"):
+        parse_manifest(named % ("[{field: ts, transform: day}]", "", ""))
 
 
 DELTA = """
@@ -259,14 +288,19 @@ def partition_problems(partitioning: str, table_extra: str = "", spec_extra: str
     return ""
 
 
-def test_a_delta_table_is_partitioned_by_identity_columns_only() -> None:
+def test_a_delta_table_is_partitioned_by_columns_and_transforms_delta_readers_derive_filters_from() -> None:
     assert partition_problems("[{field: customer}, {field: id}]") == ""
-    day = partition_problems("[{field: ts, transform: day}]")
     assert (
-        "spec.table.partitioning[0].transform: day(ts): a Delta table is partitioned by column values" in day
+        partition_problems("[{field: ts, transform: day}, {field: customer, transform: 'truncate[2]'}]") == ""
     )
-    assert "Delta has no partition transforms" in day
-    assert "bucket[4](id)" in partition_problems("[{field: id, transform: 'bucket[4]'}]")
+    bucket = partition_problems("[{field: id, transform: 'bucket[4]'}]")
+    assert (
+        "spec.table.partitioning[0].transform: bucket[4](id): a Delta table has no hash partitioning"
+        in bucket
+    )
+    assert "id is a long; a Delta table truncates strings only" in partition_problems(
+        "[{field: id, transform: 'truncate[10]'}]"
+    )
     assert "columns of type boolean, date, int, long, string" in partition_problems("[{field: ts}]")
     assert "top-level columns only" in partition_problems("[{field: s.a}]")
     assert "OPTIMIZE refuses to Z-order by it" in partition_problems(

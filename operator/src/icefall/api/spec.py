@@ -427,11 +427,9 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         problems.append(
             (
                 ("retention",),
-                f"retention (rows dropped by whole time partitions) {unsupported}: a Delta table has no "
-                "time partitions (only identity ones); remove it. How long old versions and their files are "
-                "kept is "
-                "compaction.maxSnapshotAgeSeconds (the table's delta.deletedFileRetentionDuration and "
-                "delta.logRetentionDuration)",
+                f"retention (rows dropped by whole time partitions) {unsupported}; remove it. How long "
+                "old versions and their files are kept is compaction.maxSnapshotAgeSeconds (the table's "
+                "delta.deletedFileRetentionDuration and delta.logRetentionDuration)",
             )
         )
     if spec.compaction.min_snapshots_to_keep != 1:
@@ -469,21 +467,38 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
 
 
 def _delta_partition_types(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
-    """Delta partition columns of a type whose value reads back the same (`DELTA_PARTITION_TYPES`); with
-    `transforms.select` or a registry schema the columns are checked when the writer starts."""
-    if spec.transforms.select is not None or not spec.format.schema_known:
-        return []
-    fields = {f.name: f for f in spec.format.schema_fields}
+    """Delta partition columns: an identity field of a type whose value reads back the same
+    (`DELTA_PARTITION_TYPES`), or a transform Delta derives filters from (`icefall.api.delta_partitions`)
+    whose column is not a field already; with `transforms.select` or a registry schema the fields' types
+    are checked when the writer starts."""
+    from icefall.api.delta_partitions import delta_partitions, delta_transform_problem
+
+    known = spec.transforms.select is None and spec.format.schema_known
+    fields = {f.name: f for f in spec.format.schema_fields} if known else {}
     problems: list[tuple[Loc, str]] = []
     for i, part in enumerate(spec.table.partitioning):
         found = fields.get(part.field)
-        if found is not None and found.parsed.name not in DELTA_PARTITION_TYPES:
+        type_name = found.parsed.name if found is not None else None
+        where: Loc = ("table", "partitioning", i)
+        if (problem := delta_transform_problem(part, type_name)) is not None:
+            problems.append(((*where, "transform"), problem))
+            continue
+        column = delta_partitions([part])[0]
+        if column.generated and column.column in fields:
             problems.append(
                 (
-                    ("table", "partitioning", i, "field"),
-                    f"{part.field} is a {found.parsed.name}: a Delta table is partitioned by columns of type "
+                    (*where, "transform"),
+                    f"{part.transform}({part.field}) is the Delta column {column.column}, which "
+                    "spec.format.schema has already; rename that field, or partition by it (identity)",
+                )
+            )
+        if not column.generated and found is not None and type_name not in DELTA_PARTITION_TYPES:
+            problems.append(
+                (
+                    (*where, "field"),
+                    f"{part.field} is a {type_name}: a Delta table is partitioned by columns of type "
                     f"{', '.join(sorted(DELTA_PARTITION_TYPES))} (values that read back the same from its "
-                    "partition folders); partition by one of those",
+                    "partition folders); partition by one of those, or by a time transform of a timestamp",
                 )
             )
     return problems

@@ -508,25 +508,15 @@ DELTA_PARTITION_TYPES = frozenset({"boolean", "int", "long", "date", "string"})
 
 
 def delta_partition_problems(table: TableSpec) -> list[tuple[Loc, str]]:
-    """`spec.table.partitioning` of a Delta table: identity fields of top-level columns, none of them
-    Z-ordered (paths relative to `spec.table`; column types: `delta_spec_problems`)."""
+    """`spec.table.partitioning` of a Delta table: top-level columns, none of them Z-ordered (paths relative
+    to `spec.table`; transforms and column types: `delta_spec_problems`)."""
     problems: list[tuple[Loc, str]] = []
     for i, part in enumerate(table.partitioning):
-        if part.parsed_transform.name is not TransformName.IDENTITY:
-            problems.append(
-                (
-                    ("partitioning", i, "transform"),
-                    f"{part.transform}({part.field}): a Delta table is partitioned by column values only "
-                    "(identity): Delta has no partition transforms (hour, day, bucket, ... would need a "
-                    "generated column Icefall does not write); use transform identity on a column of few "
-                    "values, or format iceberg",
-                )
-            )
         if "." in part.field:
             problems.append(
                 (("partitioning", i, "field"), "a Delta table is partitioned by top-level columns only")
             )
-    partitioned = {p.field for p in table.partitioning}
+    partitioned = {p.field for p in table.partitioning if p.parsed_transform.name is TransformName.IDENTITY}
     for i, key in enumerate(table.sort_order):
         if key.field in partitioned:
             problems.append(

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from icefall.api.delta_partitions import without_generated
 from icefall.audit.content import SparkContent, main_digest
 from icefall.audit.kafka import KafkaTopic
 from icefall.audit.report import AuditReport
@@ -66,19 +67,29 @@ class DeltaContent:
         *,
         security_options: Mapping[str, str] | None = None,
     ) -> None:
+        from icefall.api.delta_partitions import delta_partitions
+
         self.spark = spark
         self.decoded = SparkContent(spark, spec, "", security_options=security_options)
+        self.generated = [p for p in delta_partitions(spec.table.partitioning) if p.generated]
 
     def main_rows(self, rows: pa.Table) -> pa.Table:
-        """`rows` (a Delta table's, as delta-rs reads them) as partition, offset and digest."""
+        """`rows` (a Delta table's, as delta-rs reads them) as partition, offset and digest. A generated
+        partition column (`icefall.api.delta_partitions`) is no record's content: the digest is of the
+        other columns, and made wrong where the row's value is not its expression's."""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
         frame = self.spark.createDataFrame(rows)
+        content = frame.drop(*(p.column for p in self.generated))
+        digest = main_digest(content)
+        for p in self.generated:
+            matches = F.col(p.column).eqNullSafe(F.expr(str(p.expression)))
+            digest = F.when(matches, digest).otherwise(digest.bitwiseXOR(F.lit(1)))
         return (
             frame.select(
                 F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
                 F.col(f"{KAFKA_COLUMN}.offset").cast("long").alias("offset"),
-                main_digest(frame).alias("digest"),
+                digest.alias("digest"),
             )
             .toArrow()
             .cast(ROW_SCHEMA)
@@ -142,7 +153,7 @@ def audit_delta(
     storage = delta_rs_options(location)
     read = DeltaTable(location, version=snapshot.version, storage_options=storage).to_pyarrow_table()
     if content is not None and snapshot.schema_string is not None:
-        content.decoded.written_as(spark_struct_to_iceberg(snapshot.schema_string))
+        content.decoded.written_as(spark_struct_to_iceberg(without_generated(snapshot.schema_string)))
     main = _side(read, content)
     dlq = _dead_letter_side(dead_letter, content)
     ranges = _ranges(state, main, dlq, topic)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+from icefall.api.delta_partitions import GENERATION_EXPRESSION
 from icefall.commit.batch import SourceBatch, state_after
 from icefall.commit.delta_history import DeltaHistory
 from icefall.commit.delta_storage import is_s3, local_path, storage_for
@@ -222,9 +223,12 @@ class DeltaLog:
 
 def protocol_for(schema_string: str, *, deletion_vectors: bool = False) -> dict[str, Any]:
     """The oldest Delta protocol that can hold `schema_string`: timestamps without a time zone need the
-    `timestampNtz` table feature (reader 3, writer 7), a keyed table's MERGE `deletionVectors`."""
+    `timestampNtz` table feature (reader 3, writer 7), a keyed table's MERGE `deletionVectors`; the
+    generated partition columns of `icefall.api.delta_partitions` the writer feature `generatedColumns`
+    (writer 4)."""
     features = ["timestampNtz"] if '"timestamp_ntz"' in schema_string else []
     features += ["deletionVectors"] if deletion_vectors else []
+    generated = f'"{GENERATION_EXPRESSION}"' in schema_string
     if features:
         return {
             "minReaderVersion": 3,
@@ -232,9 +236,14 @@ def protocol_for(schema_string: str, *, deletion_vectors: bool = False) -> dict[
             "readerFeatures": features,
             # Writer version 7 names every feature: those of writer version 2 too (NOT NULL columns need
             # `invariants`; Delta refuses a table whose metadata uses a feature its protocol lacks).
-            "writerFeatures": ["appendOnly", "invariants", *features],
+            "writerFeatures": [
+                "appendOnly",
+                "invariants",
+                *(["generatedColumns"] if generated else []),
+                *features,
+            ],
         }
-    return {"minReaderVersion": 1, "minWriterVersion": 2}
+    return {"minReaderVersion": 1, "minWriterVersion": 4 if generated else 2}
 
 
 #: The table features each legacy writer version implies (Delta's PROTOCOL.md, "Table Features").

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 from icefall.ingest.union_read import Cut, ReadError, UnionRead, tail_of, with_tail
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
-    from icefall.api import StreamingTable
+    from icefall.api import StreamingTable, StreamingTableSpec
     from icefall.commit.delta import DeltaLog
 
 
@@ -92,7 +92,26 @@ def delta_union_read(
     if older:  # the newest version's files are never VACUUM's: an older one's may be gone
         _check_files(log, snapshot.version, rows.inputFiles())
     ranges, cut = tail_of(st, snapshot.committed, cut, older=older, timeout=timeout)
-    return with_tail(spark, st, rows, ranges, cut, None)
+    return with_tail(
+        spark, st, rows, ranges, cut, None, add_columns=lambda tail: with_partition_columns(tail, st.spec)
+    )
+
+
+def with_partition_columns(rows: DataFrame, spec: StreamingTableSpec) -> DataFrame:
+    """`rows` with the Delta table's generated partition columns (`icefall.api.delta_partitions`) after
+    their columns, each with its expression in its field's metadata, as the table's schema names it."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    from icefall.api.delta_partitions import GENERATION_EXPRESSION, delta_partitions
+
+    generated = [
+        F.expr(p.expression)
+        .cast(p.spark_type)
+        .alias(p.column, metadata={GENERATION_EXPRESSION: p.expression})
+        for p in delta_partitions(spec.table.partitioning)
+        if p.expression is not None and p.spark_type is not None
+    ]
+    return rows.select("*", *generated) if generated else rows
 
 
 def _check_files(log: DeltaLog, version: int, uris: list[str]) -> None:

@@ -36,10 +36,13 @@ batch committed (an Iceberg table instead dead-letters the values that do not fi
 id the registry does not know, or whose bytes do not decode, are dead letters as for Iceberg; a registry
 that cannot be reached is an outage, waited out.
 
-Not done yet for Delta (refused by the spec's validation where it is a setting): partition transforms
-(identity partitions are Spark's `partitionBy` folders, their values in the commit's `add` actions:
-`icefall.commit.delta.moved_into`), pipelining, GCS and Azure. The upkeep (OPTIMIZE, checkpoints, VACUUM) is
-`icefall.compact.delta`'s.
+Partitioning: Spark's `partitionBy` folders, their values in the commit's `add` actions
+(`icefall.commit.delta.moved_into`); a partition transform (`day(ts)`, ...) is a generated column of the
+table (`icefall.api.delta_partitions`), computed into each batch's rows (`_with_partitions`) and named in
+the table's schema with its expression, so Spark's Delta reader prunes by it.
+
+Not done yet for Delta (refused by the spec's validation where it is a setting): pipelining, GCS and
+Azure. The upkeep (OPTIMIZE, checkpoints, VACUUM) is `icefall.compact.delta`'s.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable, StreamingTableSpec, TableMode, to_spark_schema_json
+from icefall.api.delta_partitions import delta_partitions, without_generated
 from icefall.catalog.delta_schema import (
     DeltaSchemaPlan,
     DeltaSchemaRefusedError,
@@ -76,6 +80,7 @@ from icefall.commit.errors import LayoutChangedError
 from icefall.ingest.columns import DELETE_COLUMN
 from icefall.ingest.commits import LeaseKeeper
 from icefall.ingest.delta_dead_letters import DeltaDeadLetters, dead_letter_location
+from icefall.ingest.delta_read import with_partition_columns
 from icefall.ingest.outages import Outages, registry_address, sleep_unless
 from icefall.ingest.planning import PlannedBatch, Planner, Progress, ReadStats
 from icefall.ingest.report import BatchReport
@@ -185,7 +190,7 @@ class DeltaIngestor:
             self.epoch = self.lease.acquire(lease_timeout, floor=floor)
             self.keeper = LeaseKeeper(self.lease)
             self.keeper.start()
-            rows = self._good_rows(self.writer.empty_source())
+            rows = self._with_partitions(self._good_rows(self.writer.empty_source()))
             keyed = bool(self.spec.key)
             schema = (rows.drop(DELETE_COLUMN) if keyed else rows).schema.json()
             fmt, select = self.spec.format, self.spec.transforms.select
@@ -194,7 +199,7 @@ class DeltaIngestor:
             relax = fmt.type.uses_registry
             self.wanted = Wanted(self.columns_from, wanted_schema(schema, declared), relax_required=relax)
             self.rows_schema = schema
-            partitioned = [p.field for p in self.spec.table.partitioning]
+            partitioned = [p.column for p in delta_partitions(self.spec.table.partitioning)]
             made = create_table(
                 self.log, schema, self.epoch, deletion_vectors=keyed, partition_columns=partitioned
             )
@@ -292,6 +297,9 @@ class DeltaIngestor:
     def _good_rows(self, source: DataFrame) -> DataFrame:
         return self.writer.decoders.good.good_rows(self.writer.decoders.good.decode(source, None))
 
+    def _with_partitions(self, rows: DataFrame) -> DataFrame:
+        return with_partition_columns(rows, self.spec)
+
     def _write(
         self, planned: PlannedBatch, planned_on: DeltaSnapshot
     ) -> tuple[ReadStats, list[AddFile], Merged | None, str | None]:
@@ -308,7 +316,7 @@ class DeltaIngestor:
         while True:  # twice at most: every id of the batch is met by the first write
             schema = self.schema_after(planned_on, writers)
             if writers is not None and follows_table(self.spec):
-                self.writer.use_table_schema(_columns(schema or planned_on.schema_string))
+                self.writer.use_table_schema(_columns(schema or planned_on.schema_string, generated=True))
             stats, files, merged = self._write_once(planned, planned_on, schema, writers)
             if not stats.unseen_writers:
                 return stats, files, merged, schema
@@ -329,7 +337,7 @@ class DeltaIngestor:
         if self.spec.key:
             return self._merge(planned, planned_on, schema, decoders.good.good_rows(observed), observation)
         staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
-        rows = decoders.good.good_rows(observed)
+        rows = self._with_partitions(decoders.good.good_rows(observed))
         if not follows_table(self.spec):  # a registry format's rows are in the table's columns already
             rows = self._as_table(rows, schema or planned_on.schema_string)
         write = rows.write
@@ -522,12 +530,13 @@ def delta_services(spec: StreamingTableSpec, location: str) -> dict[Service, str
     return where
 
 
-def _columns(schema_string: str | None) -> Schema:
-    """A Delta table's schema (Spark JSON) as the Iceberg schema `BatchWriter.use_table_schema` takes."""
+def _columns(schema_string: str | None, *, generated: bool = False) -> Schema:
+    """A Delta table's schema (Spark JSON) as the Iceberg schema `BatchWriter.use_table_schema` takes;
+    `generated`: without its generated columns (`_with_partitions` adds them, no record holds them)."""
     from icefall.catalog.layout import spark_struct_to_iceberg
 
     assert schema_string is not None  # the table is made at start
-    return spark_struct_to_iceberg(schema_string)
+    return spark_struct_to_iceberg(without_generated(schema_string) if generated else schema_string)
 
 
 def committed_snapshot(location: str) -> DeltaSnapshot:

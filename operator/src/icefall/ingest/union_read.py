@@ -48,7 +48,7 @@ from the rows; keys changed in several partitions have no order between partitio
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -458,10 +458,11 @@ def with_tail(  # noqa: PLR0917 (the parts of one read)
     schema: Schema | None,
     *,
     route: int | str | None = None,
+    add_columns: Callable[[DataFrame], DataFrame] | None = None,
 ) -> UnionRead:
     """`rows` (the table at the snapshot, whose Iceberg schema is `schema`; None: a Delta table's, decoded
-    with the spec as its writer does) with the decoded tail applied, and the
-    cut with its counts. The tail decodes as ingestion would write it now: into the table's columns (a
+    with the spec as its writer does, with `add_columns` as it adds them) with the decoded tail applied,
+    and the cut with its counts. The tail decodes as ingestion would write it now: into the table's columns (a
     column the spec no longer has is null); a routed table's, only the records its destination (`route`:
     an index of `spec.routes`, a dynamic table's name, None for `spec.table`) takes."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
@@ -491,6 +492,7 @@ def with_tail(  # noqa: PLR0917 (the parts of one read)
     ).first()
     assert counts is not None
     good = with_every_column(decoder.good_rows(decoded.where(mine)), schema)
+    good = add_columns(good) if add_columns is not None else good
     missing = [c for c in rows.columns if c not in good.columns]
     if missing:
         raise ReadError(
