@@ -6,19 +6,25 @@ path or file:/ URI (pods share no disk), or with executors on Kubernetes (the De
 files on the driver's disk), each time naming the field and the fix; an Iceberg table without a catalog is
 refused as before; the object-store schemes are those the Delta writer commits to; no compaction pod runs
 for a Delta table (its Deployment at 0 replicas whatever the backlog) and `Compacting` says why, while an
-Iceberg table's replicas and conditions are unchanged.
+Iceberg table's replicas and conditions are unchanged; an offset reset request on a Delta table holds its
+driver, naming the annotation (resets are Iceberg's only so far); `icefall compact` of a Delta table exits 0
+saying why there is nothing to do.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from icefall import cli
 from icefall.api import ConditionReason, ConditionStatus, ConditionType, StreamingTable
 from icefall.commit.delta_storage import S3_SCHEMES
 from icefall.plan.children import (
+    DELTA_RESET_REFUSED,
     DELTA_SHARED_SCHEMES,
     cluster_table_problem,
     desired_children,
@@ -26,6 +32,8 @@ from icefall.plan.children import (
 )
 from icefall.plan.conditions import Observations, derive_conditions
 from icefall.plan.driver import DriverState
+from icefall.plan.names import ANNOTATION_RESET_OFFSETS
+from icefall.plan.offset_reset import FIELD as RESET_FIELD
 from icefall.plan.settings import OperatorSettings
 from icefall.plan.spark_conf import ANNOTATION_SPARK_MASTER, KUBERNETES_MASTER
 
@@ -34,6 +42,7 @@ pytestmark = pytest.mark.unit
 LOCAL_MASTER = "local[*]"
 ANNOTATION = f"metadata.annotations[{ANNOTATION_SPARK_MASTER}]"
 NOW = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+REQUEST = '{"to": "earliest", "requestedAt": "2026-11-29T08:00:00Z"}'
 
 
 def table(
@@ -133,3 +142,36 @@ def test_no_compaction_pod_runs_for_a_delta_table_and_compacting_says_why() -> N
     assert condition.reason is ConditionReason.UPKEEP_NOT_AVAILABLE
     assert "not available yet" in condition.message and "ingestion is unaffected" in condition.message
     assert compacting(iceberg) == []
+
+
+def test_an_offset_reset_request_on_a_delta_table_holds_the_driver_naming_the_annotation() -> None:
+    request = {
+        ANNOTATION_SPARK_MASTER: LOCAL_MASTER,
+        ANNOTATION_RESET_OFFSETS: REQUEST,
+    }
+    iceberg = table(location=None, fmt="iceberg")
+    iceberg = iceberg.model_copy(
+        update={"metadata": iceberg.metadata.model_copy(update={"annotations": request})}
+    )
+    for st, refused in ((table(annotations=request), True), (iceberg, False)):
+        children = desired_children(
+            st,
+            namespace="shop",
+            uid="u-1",
+            generation=1,
+            image="icefall",
+            operator_settings=OperatorSettings(),
+        )
+        found = [p for p in children.problems if p.path == RESET_FIELD]
+        assert bool(found) is refused, children.problems
+        if refused:
+            assert found[0].message == DELTA_RESET_REFUSED and "remove the annotation" in found[0].message
+
+
+def test_icefall_compact_of_a_delta_table_exits_cleanly_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "table.yaml"
+    manifest.write_text(yaml.safe_dump(table().model_dump(mode="json", by_alias=True, exclude_none=True)))
+    assert cli.main(["compact", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--once"]) == 0
+    assert "compaction pods for Delta tables are not available yet" in capsys.readouterr().out
