@@ -164,8 +164,9 @@ def pipeline(  # noqa: PLR0917 (fixtures)
     rest: JsonApi, e2e_namespace: str, kafka: KafkaBroker, node: NodeView, operator: Operator,
     object_store: ObjectStore,
 ) -> Iterator[DeltaPipeline]:  # fmt: skip
-    object_store.create_bucket(e2e_namespace)
-    location = f"s3://{e2e_namespace}/tables/e2e_delta"
+    bucket = "delta-lake"  # the `lake` fixture's bucket is the namespace's: the Delta table has its own
+    object_store.create_bucket(bucket)
+    location = f"s3://{bucket}/{e2e_namespace}/e2e_delta"
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
