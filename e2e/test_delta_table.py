@@ -188,6 +188,13 @@ def pipeline(  # noqa: PLR0917 (fixtures)
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
 
 
+@pytest.fixture(autouse=True)
+def operator_log_is_clean(operator: Operator) -> Iterator[None]:
+    """No handler of the operator crashed during the test (kopf logs the traceback and retries)."""
+    yield
+    assert "Traceback" not in operator.log.read_text(errors="replace"), operator.tail()
+
+
 def _expected(i: int) -> tuple[Any, ...]:
     """Event `i` as `icefall.testing.streams.produce` wrote it."""
     return (i, f"c{i % 7}", Decimal(str(round(i * 1.25, 2))).quantize(Decimal("0.01")), "2026-11-22T10:00:00")
