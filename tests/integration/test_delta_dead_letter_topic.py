@@ -16,9 +16,6 @@ the same.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,36 +26,18 @@ from confluent_kafka import Consumer, Producer
 
 from icefall.api.manifest import parse_manifest
 from icefall.commit.delta import DeltaLog
-from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.delta_dead_letters import dead_letter_location
 from icefall.ingest.delta_sink import DeltaIngestor
 from icefall.kafka.admin import TopicView
 from icefall.kafka.dead_letters import header
 from icefall.runtime import failpoints
+from icefall.testing.delta import delta_ids, delta_manifest, drain, start_writer
+from icefall.testing.live_run import run_until_caught_up
 from icefall.testing.streams import watermarks
 
 pytestmark = pytest.mark.integration
 
-MANIFEST = """
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {{name: {name}}}
-spec:
-  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
-  format:
-    type: json
-    schema:
-      - {{name: id, type: long, required: true}}
-      - {{name: customer, type: string}}
-      - {{name: amount, type: "decimal(10,2)"}}
-      - {{name: ts, type: timestamptz, required: true}}
-  table: {{format: delta, location: "{location}"}}
-  deadLetter: {{topic: {dead_letter_topic}{dead_letter_table}}}
-  compaction: {{embeddedIntervalSeconds: 0}}
-  freshness: {{targetSeconds: 2}}
-  batch: {{maxRecords: 20, minIntervalSeconds: 0}}
-"""
 TS = "2026-11-22T10:00:00Z"
 COUNT = 60
 
@@ -151,14 +130,15 @@ class Table:
         kafka.create_topic(self.dlq_topic, partitions=1)
         self.location = str(tmp_path / name)
         self.manifest = tmp_path / "table.yaml"
+        without_table = "" if dlq_table else ", table: {enabled: false}"
         self.manifest.write_text(
-            MANIFEST.format(
-                name=name,
-                bootstrap=kafka.bootstrap,
-                topic=self.topic,
-                location=self.location,
-                dead_letter_topic=self.dlq_topic,
-                dead_letter_table="" if dlq_table else ", table: {enabled: false}",
+            delta_manifest(
+                name,
+                kafka.bootstrap,
+                self.topic,
+                self.location,
+                max_records=20,
+                spec=f"  deadLetter: {{topic: {self.dlq_topic}{without_table}}}",
             )
         )
         location = dead_letter_location(parse_manifest(self.manifest.read_text()), self.location)
@@ -170,22 +150,15 @@ class Table:
 
     def writer(self, spark: Any) -> DeltaIngestor:
         self.writers += 1
-        lease = FileLease.in_dir(self.tmp_path / "leases", "commit", f"w{self.writers}", duration_seconds=30)
-        ingestor = DeltaIngestor(
-            parse_manifest(self.manifest.read_text()), spark, lease, location=self.location
-        )
-        ingestor.start(lease_timeout=5)
-        return ingestor
+        st = parse_manifest(self.manifest.read_text())
+        return start_writer(st, spark, self.location, self.tmp_path / "leases", f"w{self.writers}")
 
     @property
     def bad(self) -> dict[tuple[int, int], Sent]:
         return {where: sent for where, sent in self.placed.items() if sent.reason is not None}
 
     def assert_table_exactly_once(self) -> None:
-        from deltalake import DeltaTable
-
-        ids = Counter(DeltaTable(self.location).to_pyarrow_table().column("id").to_pylist())
-        assert ids == Counter(i for i in range(COUNT) if i % 6)
+        assert delta_ids(self.location) == Counter(i for i in range(COUNT) if i % 6)
         assert DeltaLog(self.location).snapshot().committed.offsets == watermarks(self.kafka, self.topic)
 
     def dead_letter_table_errors(self) -> dict[tuple[int, int], str]:
@@ -230,14 +203,12 @@ def test_dead_letters_reach_the_topic_by_content_once_per_dedupe_key_through_a_f
             failpoints.armed("dlq-topic.after-produce", "raise", hit=2),
             pytest.raises(failpoints.FailpointError),
         ):
-            while failing.run_batch() is not None:
-                pass
+            drain(failing)
     finally:
         failing.close()
     after = table.writer(spark)
     try:
-        while after.run_batch() is not None:
-            pass
+        drain(after)
     finally:
         after.close()
     assert after.epoch > failing.epoch
@@ -260,26 +231,15 @@ def test_icefall_run_killed_around_the_dead_letter_topic_then_run_again(
 ) -> None:
     table = Table(kafka, tmp_path, "dlqt-run", dlq_table=True)
 
-    def run(armed: str | None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-        if armed:
-            env[failpoints.ENV_VAR] = armed
-        return subprocess.run(
-            [sys.executable, "-m", "icefall.cli", "run", "-f", str(table.manifest),
-             "--state-dir", str(tmp_path / "state"), "--until-caught-up", "--lease-timeout", "5",
-             "--master", "local[1]"],
-            env=env, capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
-
     for armed in (
         "dlq.after-commit=exit@2",  # the dead-letter table ahead of the table, the topic not sent yet
         "dlq-topic.after-produce=exit",  # that batch again: sent, the table's commit next
     ):
-        killed = run(armed)
+        killed = run_until_caught_up(table.manifest, tmp_path / "state", armed, maintenance=True)
         output = killed.stdout[-3000:] + killed.stderr[-3000:]
         assert killed.returncode == failpoints.EXIT_STATUS, output
         assert f"failpoint {armed.partition('=')[0]} triggered" in killed.stderr, output
-    done = run(None)
+    done = run_until_caught_up(table.manifest, tmp_path / "state", maintenance=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table.assert_table_exactly_once()
     table.dead_letter_table_errors()

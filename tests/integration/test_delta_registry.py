@@ -44,28 +44,15 @@ from icefall.api.manifest import parse_manifest
 from icefall.catalog.delta_schema import DeltaSchemaRefusedError
 from icefall.commands.delta import verify_delta_table
 from icefall.commit.delta import DeltaLog
-from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.ingest.delta_sink import DeltaIngestor
 from icefall.kafka.protobuf import descriptor_set_text
-from icefall.testing.delta import plain, read_with_sparks_delta_reader
+from icefall.testing.delta import delta_manifest, drain, plain, read_with_sparks_delta_reader, start_writer
 from icefall.testing.streams import watermarks
 
 pytestmark = pytest.mark.integration
 
-MANIFEST = """
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {{name: {name}}}
-spec:
-  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
-  format: {{type: {format_type}, registry: {{url: "{registry}"}}}}
-  table: {{format: delta, location: "{location}"}}
-  compaction: {{embeddedIntervalSeconds: 0}}
-  freshness: {{targetSeconds: 2}}
-  batch: {{maxRecords: 100, minIntervalSeconds: 0}}
-"""
 V1: dict[str, Any] = {
     "type": "record",
     "name": "Order",
@@ -99,13 +86,13 @@ class Table:
         self.dead_letters = str(tmp_path / f"{name}_dlq")
         self.state = tmp_path / "state"
         self.st: StreamingTable = parse_manifest(
-            MANIFEST.format(
-                name=name,
-                bootstrap=kafka.bootstrap,
-                topic=self.topic,
-                format_type=format_type,
-                registry=registry.url,
-                location=self.location,
+            delta_manifest(
+                name,
+                kafka.bootstrap,
+                self.topic,
+                self.location,
+                max_records=100,
+                format_lines=f'  format: {{type: {format_type}, registry: {{url: "{registry.url}"}}}}',
             )
         )
         self.client = SchemaRegistryClient({"url": registry.url})
@@ -114,12 +101,7 @@ class Table:
 
     def writer(self, spark: SparkSession) -> DeltaIngestor:
         self.writers += 1
-        lease = FileLease.in_dir(
-            self.state / "leases", "commit", f"writer-{self.writers}", duration_seconds=30
-        )
-        ingestor = DeltaIngestor(self.st, spark, lease, location=self.location)
-        ingestor.start(lease_timeout=5)
-        return ingestor
+        return start_writer(self.st, spark, self.location, self.state / "leases", f"writer-{self.writers}")
 
     def send(self, values: list[bytes | None]) -> None:
         producer = Producer({"bootstrap.servers": self.kafka.bootstrap, "enable.idempotence": True})
@@ -142,13 +124,6 @@ class Table:
         assert report.ok and report.content_checked, report.render()
         assert sum(p.in_dlq for p in report.partitions) == dead, report.render()
         assert DeltaLog(self.location).snapshot().committed.offsets == watermarks(self.kafka, self.topic)
-
-
-def drain(writer: DeltaIngestor) -> list[Any]:
-    reports = []
-    while (report := writer.run_batch()) is not None:
-        reports.append(report)
-    return reports
 
 
 def order(i: int, **extra: Any) -> dict[str, Any]:

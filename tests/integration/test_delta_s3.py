@@ -12,9 +12,7 @@ checked, files uploaded) and its PUT of the log entry is refused: its PUT of the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -31,30 +29,13 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.objectstore import ObjectStore
 from icefall.ingest.delta_sink import DeltaIngestor
 from icefall.runtime import failpoints
+from icefall.testing.delta import delta_ids, delta_manifest
+from icefall.testing.live_run import run_until_caught_up
 from icefall.testing.streams import produce, watermarks
 
 pytestmark = pytest.mark.integration
 
 BUCKET = "delta-lake"
-
-MANIFEST = """
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {{name: {name}}}
-spec:
-  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
-  format:
-    type: json
-    schema:
-      - {{name: id, type: long, required: true}}
-      - {{name: customer, type: string}}
-      - {{name: amount, type: "decimal(10,2)"}}
-      - {{name: ts, type: timestamptz, required: true}}
-  table: {{format: delta, location: "{location}"}}
-  compaction: {{embeddedIntervalSeconds: 0}}
-  freshness: {{targetSeconds: 2}}
-  batch: {{maxRecords: 30, minIntervalSeconds: 0}}
-"""
 
 
 def aws_env(store: ObjectStore) -> dict[str, str]:
@@ -75,28 +56,18 @@ class S3Table:
         self.location = f"s3://{BUCKET}/{tmp_path.name}/{name}"
         self.manifest = tmp_path / "table.yaml"
         self.manifest.write_text(
-            MANIFEST.format(name=name, bootstrap=kafka.bootstrap, topic=self.topic, location=self.location)
+            delta_manifest(name, kafka.bootstrap, self.topic, self.location, max_records=30)
         )
         self.st = parse_manifest(self.manifest.read_text())
         self.state = tmp_path / "state"
 
     def run(self, armed: str | None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR} | aws_env(self.store)
-        if armed:
-            env[failpoints.ENV_VAR] = armed
-        return subprocess.run(
-            [sys.executable, "-m", "icefall.cli", "run", "-f", str(self.manifest),
-             "--state-dir", str(self.state), "--until-caught-up", "--lease-timeout", "5",
-             "--master", "local[1]"],
-            env=env, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
+        return run_until_caught_up(
+            self.manifest, self.state, armed, env=aws_env(self.store), maintenance=True
+        )
 
     def ids(self) -> Counter[int]:
-        from deltalake import DeltaTable
-
-        options = S3Settings.from_env(aws_env(self.store)).delta_rs_options()
-        read = DeltaTable(self.location, storage_options=options).to_pyarrow_table()
-        return Counter(read.column("id").to_pylist())
+        return delta_ids(self.location, S3Settings.from_env(aws_env(self.store)).delta_rs_options())
 
 
 @pytest.fixture

@@ -25,7 +25,6 @@ one file per partition.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -41,42 +40,29 @@ from icefall.audit.delta import delta_rows
 from icefall.commands.delta import verify_delta_table
 from icefall.commit import FencedError
 from icefall.commit.delta import DeltaLog, set_properties
-from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
-from icefall.devstack.tools import tool_dir
 from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
 from icefall.runtime import failpoints
-from icefall.spark.session import DELTA_JARS_VARIABLE
-from icefall.testing.delta import plain, read_with_sparks_delta_reader
+from icefall.testing.delta import (
+    delta_ids,
+    delta_manifest,
+    drain,
+    in_delta_session,
+    plain,
+    read_with_sparks_delta_reader,
+    start_writer,
+)
+from icefall.testing.live_run import run_until_caught_up
 from icefall.testing.streams import produce, watermarks
 
 pytestmark = pytest.mark.integration
-
-MANIFEST = """
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {{name: {name}}}
-spec:
-  source: {{bootstrapServers: "{bootstrap}", topic: {topic}}}
-  format:
-    type: json
-    schema:
-      - {{name: id, type: long, required: true}}
-      - {{name: customer, type: string}}
-      - {{name: amount, type: "decimal(10,2)"}}
-      - {{name: ts, type: timestamptz, required: true}}
-  table: {{format: delta, location: "{location}"{sort}}}
-  compaction: {{embeddedIntervalSeconds: 0}}
-{extra}  freshness: {{targetSeconds: 2}}
-  batch: {{maxRecords: 40, minIntervalSeconds: 0}}
-"""
 
 
 class Table:
     """One Delta table on a new topic, and its writers (each with the same commit lease file)."""
 
     def __init__(
-        self, kafka: KafkaBroker, tmp_path: Path, name: str, *, sort: str = "", extra: str = ""
+        self, kafka: KafkaBroker, tmp_path: Path, name: str, *, table: str = "", spec: str = ""
     ) -> None:
         self.kafka, self.topic = kafka, f"it-delta-{name}"
         tmp_path.mkdir(parents=True, exist_ok=True)
@@ -84,13 +70,8 @@ class Table:
         self.location = str(tmp_path / "table")
         self.manifest = tmp_path / "table.yaml"
         self.manifest.write_text(
-            MANIFEST.format(
-                name=name,
-                bootstrap=kafka.bootstrap,
-                topic=self.topic,
-                location=self.location,
-                sort=sort,
-                extra=f"{extra}\n" if extra else "",
+            delta_manifest(
+                name, kafka.bootstrap, self.topic, self.location, max_records=40, table=table, spec=spec
             )
         )
         self.st = parse_manifest(self.manifest.read_text())
@@ -99,22 +80,18 @@ class Table:
 
     def writer(self, spark: Any) -> DeltaIngestor:
         self.writers += 1
-        lease = FileLease.in_dir(self.leases, "commit", f"writer-{self.writers}", duration_seconds=30)
-        ingestor = DeltaIngestor(self.st, spark, lease, location=self.location)
-        ingestor.start(lease_timeout=5)
-        return ingestor
+        return start_writer(self.st, spark, self.location, self.leases, f"writer-{self.writers}")
 
-    def drain(self, ingestor: DeltaIngestor) -> int:
-        """Batches until caught up; how many landed."""
-        landed = 0
-        while ingestor.run_batch() is not None:
-            landed += 1
-        return landed
+    def ingest(self, spark: Any) -> int:
+        """A new writer's batches until caught up; how many landed."""
+        writer = self.writer(spark)
+        try:
+            return len(drain(writer))
+        finally:
+            writer.close()
 
     def ids(self) -> Counter[int]:
-        from deltalake import DeltaTable
-
-        return Counter(DeltaTable(self.location).to_pyarrow_table().column("id").to_pylist())
+        return delta_ids(self.location)
 
     def assert_exactly_once(self, count: int) -> None:
         assert self.ids() == Counter(range(count))
@@ -126,15 +103,11 @@ def test_rows_equal_the_topic_read_by_spark_and_delta_rs_and_a_new_writer_resume
 ) -> None:
     table = Table(kafka, tmp_path, "resume")
     produce(kafka, table.topic, 0, 100)
-    first = table.writer(spark)
-    try:
-        assert table.drain(first) >= 3  # batches of at most 40
-    finally:
-        first.close()
+    assert table.ingest(spark) >= 3  # batches of at most 40
     produce(kafka, table.topic, 100, 30)
     second = table.writer(spark)
     try:
-        table.drain(second)
+        drain(second)
     finally:
         second.close()
     table.assert_exactly_once(130)
@@ -159,14 +132,10 @@ def test_a_writer_failing_at_a_commit_point_leaves_exactly_once(
     failing = table.writer(spark)
     try:
         with failpoints.armed(point, "raise", hit=2), pytest.raises(failpoints.FailpointError):
-            table.drain(failing)
+            drain(failing)
     finally:
         failing.close()
-    after = table.writer(spark)
-    try:
-        table.drain(after)
-    finally:
-        after.close()
+    table.ingest(spark)
     table.assert_exactly_once(60)
 
 
@@ -182,7 +151,7 @@ def test_a_fenced_writer_cannot_commit(kafka: KafkaBroker, spark: Any, tmp_path:
         assert new.epoch > old.epoch
         with pytest.raises(FencedError):
             old.run_batch()
-        table.drain(new)
+        drain(new)
     finally:
         new.close()
         old.topic.close()
@@ -192,7 +161,7 @@ def test_a_fenced_writer_cannot_commit(kafka: KafkaBroker, spark: Any, tmp_path:
 def test_without_a_dead_letter_table_a_bad_record_stops_the_batch_uncommitted(
     kafka: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
-    table = Table(kafka, tmp_path, "bad", extra="  deadLetter: {table: {enabled: false}}")
+    table = Table(kafka, tmp_path, "bad", spec="  deadLetter: {table: {enabled: false}}")
     produce(kafka, table.topic, 0, 10, bad_every=7)
     writer = table.writer(spark)
     try:
@@ -215,17 +184,13 @@ def test_bad_records_go_to_the_delta_dead_letter_table_once_through_a_failure_be
     failing = table.writer(spark)
     try:  # the dead letters of the second batch land, its table commit does not
         with failpoints.armed("main.before-commit", "raise", hit=2), pytest.raises(failpoints.FailpointError):
-            table.drain(failing)
+            drain(failing)
     finally:
         failing.close()
     dlq = str(tmp_path / "dlq_dlq")  # beside the table, named as the dead-letter table (<table>_dlq)
     ahead = DeltaLog(dlq).snapshot().committed.offsets
     assert ahead != DeltaLog(table.location).snapshot().committed.offsets
-    after = table.writer(spark)
-    try:
-        table.drain(after)
-    finally:
-        after.close()
+    table.ingest(spark)
     good = [i for i in range(60) if i % 7]
     assert table.ids() == Counter(good)
     assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
@@ -253,11 +218,7 @@ def test_verify_audits_a_delta_table_by_content_read_with_delta_rs(
 
     table = Table(kafka, tmp_path, "verify")
     produce(kafka, table.topic, 0, 60)
-    writer = table.writer(spark)
-    try:
-        table.drain(writer)
-    finally:
-        writer.close()
+    table.ingest(spark)
     clean = verify_delta_table(table.st, tmp_path / "state", spark=spark)
     assert clean.ok, clean.render()
     assert clean.content_checked and sum(p.expected for p in clean.partitions) == 60
@@ -283,22 +244,12 @@ def test_icefall_run_killed_after_a_commit_then_run_again(kafka: KafkaBroker, tm
     table = Table(kafka, tmp_path, "cli")
     produce(kafka, table.topic, 0, 90)
 
-    def run(armed: str | None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-        if armed:
-            env[failpoints.ENV_VAR] = armed
-        return subprocess.run(
-            [sys.executable, "-m", "icefall.cli", "run", "-f", str(table.manifest),
-             "--state-dir", str(tmp_path / "state"), "--until-caught-up", "--lease-timeout", "5",
-             "--master", "local[1]"],
-            env=env, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-
-    killed = run("main.after-commit=exit@2")
+    state = tmp_path / "state"
+    killed = run_until_caught_up(table.manifest, state, "main.after-commit=exit@2", maintenance=True)
     assert killed.returncode == failpoints.EXIT_STATUS, killed.stdout[-3000:] + killed.stderr[-3000:]
     assert "failpoint main.after-commit triggered" in killed.stderr
     assert DeltaLog(table.location).snapshot().committed.offsets  # the batches before the kill landed
-    done = run(None)
+    done = run_until_caught_up(table.manifest, state, maintenance=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table.assert_exactly_once(90)
     # Its upkeep beside the batches wrote the spec's retention (maxSnapshotAgeSeconds: 5 days) into the table.
@@ -348,13 +299,9 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     from icefall.catalog.delta_schema import DeltaSchemaRefusedError
     from icefall.testing.streams import send_changes
 
-    table = Table(kafka, tmp_path, "evolve", sort=", partitioning: [{field: customer}]")
+    table = Table(kafka, tmp_path, "evolve", table=", partitioning: [{field: customer}]")
     produce(kafka, table.topic, 0, 20)
-    first = table.writer(spark)
-    try:
-        table.drain(first)
-    finally:
-        first.close()
+    table.ingest(spark)
     # A new optional field, and a narrower decimal (every value fits: the files keep the table's type).
     last = "      - {name: ts, type: timestamptz, required: true}\n"
     wider = table.manifest.read_text().replace(last, last + "      - {name: region, type: string}\n")
@@ -364,11 +311,7 @@ def test_a_field_added_to_the_spec_is_a_new_column_and_a_changed_type_is_refused
     send_changes(
         kafka, table.topic, [(i % 2, None, {**record, "id": i, "region": f"r{i}"}) for i in range(20, 30)]
     )
-    second = table.writer(spark)
-    try:
-        table.drain(second)
-    finally:
-        second.close()
+    table.ingest(spark)
     table.assert_exactly_once(30)
     schema = json.loads(DeltaLog(table.location).snapshot().schema_string or "{}")
     assert [f["name"] for f in schema["fields"]] == ["id", "customer", "amount", "ts", "region", "_kafka"]
@@ -409,13 +352,13 @@ def test_icefall_read_of_an_older_version_by_number_and_by_time(
     produce(kafka, table.topic, 0, 10)
     writer = table.writer(spark)
     try:
-        table.drain(writer)
+        drain(writer)
         first = DeltaLog(table.location).snapshot().version
         time.sleep(0.2)
         between = datetime.now(UTC)
         time.sleep(0.2)
         produce(kafka, table.topic, 10, 10)
-        table.drain(writer)
+        drain(writer)
     finally:
         writer.close()
     second = DeltaLog(table.location).snapshot().version
@@ -490,21 +433,13 @@ def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_o
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    table = Table(kafka, tmp_path, "upkeep", sort=", sortOrder: [{field: customer}]")
+    table = Table(kafka, tmp_path, "upkeep", table=", sortOrder: [{field: customer}]")
     produce(kafka, table.topic, 0, 120)
-    first = table.writer(spark)
-    try:
-        assert table.drain(first) == 3  # 2 files each: 6 small files
-    finally:
-        first.close()
+    assert table.ingest(spark) == 3  # 2 files each: 6 small files
     # A checkpoint every 4 versions (a Delta property any Delta tool may set): due after OPTIMIZE (6).
     set_properties(DeltaLog(table.location), {"delta.checkpointInterval": "4"})
     written = {p.name for p in Path(table.location).glob("*.parquet")}
-    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
-    done = subprocess.run(
-        [sys.executable, "-c", UPKEEP, str(table.manifest), table.location, str(tmp_path / "by-spark")],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    done = in_delta_session(UPKEEP, str(table.manifest), table.location, str(tmp_path / "by-spark"))
     assert done.returncode == 0, done.stderr[-3000:]
     steps = json.loads(done.stdout.strip().splitlines()[-1])
     assert steps == [
@@ -525,11 +460,7 @@ def test_upkeep_optimizes_checkpoints_and_vacuums_and_a_writer_resumes_exactly_o
     table.assert_exactly_once(120)  # the offsets survived OPTIMIZE and the checkpoint
 
     produce(kafka, table.topic, 120, 30)
-    after = table.writer(spark)
-    try:
-        assert table.drain(after) == 1
-    finally:
-        after.close()
+    assert table.ingest(spark) == 1
     table.assert_exactly_once(150)
 
 
@@ -542,13 +473,9 @@ def test_a_table_partitioned_by_a_column_holds_the_topic_by_content_through_opti
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    table = Table(kafka, tmp_path, "parts", sort=", partitioning: [{field: customer}]")
+    table = Table(kafka, tmp_path, "parts", table=", partitioning: [{field: customer}]")
     produce(kafka, table.topic, 0, 120)
-    first = table.writer(spark)
-    try:
-        assert table.drain(first) == 3
-    finally:
-        first.close()
+    assert table.ingest(spark) == 3
     table.assert_exactly_once(120)
     log = DeltaLog(table.location)
     assert log.snapshot().partition_columns == ["customer"]
@@ -562,11 +489,7 @@ def test_a_table_partitioned_by_a_column_holds_the_topic_by_content_through_opti
     by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
     assert all(r["customer"] == f"c{r['id'] % 7}" for r in by_rs) and len(by_rs) == 120
 
-    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
-    done = subprocess.run(
-        [sys.executable, "-c", UPKEEP, str(table.manifest), table.location, str(tmp_path / "by-spark")],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    done = in_delta_session(UPKEEP, str(table.manifest), table.location, str(tmp_path / "by-spark"))
     assert done.returncode == 0, done.stderr[-3000:]
     steps = json.loads(done.stdout.strip().splitlines()[-1])
     assert ["Optimize", "done", 0] in steps and len(steps) < 8, steps  # then nothing left to optimize
@@ -579,11 +502,7 @@ def test_a_table_partitioned_by_a_column_holds_the_topic_by_content_through_opti
     assert all(r["customer"] == f"c{r['id'] % 7}" for r in by_spark) and len(by_spark) == 120
 
     produce(kafka, table.topic, 120, 30)
-    after = table.writer(spark)
-    try:
-        assert table.drain(after) == 1
-    finally:
-        after.close()
+    assert table.ingest(spark) == 1
     table.assert_exactly_once(150)
 
 
@@ -594,10 +513,9 @@ KEYED = """
 import json, pathlib, sys, time, types
 from icefall.api import TableFormat
 from icefall.api.manifest import parse_manifest
-from icefall.commit.lease import FileLease
-from icefall.ingest.delta_sink import DeltaIngestor
 from icefall.runtime import failpoints
 from icefall.spark.session import build_spark_session
+from icefall.testing.delta import drain, start_writer
 from icefall.testing.streams import send_changes
 
 job = json.loads(sys.argv[1])
@@ -607,18 +525,15 @@ spark = build_spark_session(
 )
 writers = 0
 
-def drain(table, point=None):
+def run(table, point=None):
     global writers
     writers += 1
     st = parse_manifest(open(table["manifest"]).read())
     leases = pathlib.Path(table["leases"])
-    lease = FileLease.in_dir(leases, "commit", f"writer-{writers}", duration_seconds=30)
-    ingestor = DeltaIngestor(st, spark, lease, location=table["location"])
-    ingestor.start(lease_timeout=5)
+    ingestor = start_writer(st, spark, table["location"], leases, f"writer-{writers}")
     try:
         if point is None:
-            while ingestor.run_batch() is not None:
-                pass
+            drain(ingestor)
         else:
             with failpoints.armed(point, "raise", hit=1):
                 try:
@@ -633,11 +548,11 @@ def drain(table, point=None):
 upsert, cdc = job["upsert"], job["cdc"]
 started = time.monotonic()
 for point in ("main.after-stage", "main.before-commit", "main.after-commit"):
-    drain(upsert, point)
-drain(upsert)
-drain(cdc)
+    run(upsert, point)
+run(upsert)
+run(cdc)
 send_changes(types.SimpleNamespace(bootstrap=job["bootstrap"]), cdc["topic"], job["later"])
-drain(cdc)
+run(cdc)
 for table in (upsert, cdc):
     spark.read.format("delta").load(table["location"]).write.parquet(table["by_spark"])
 spark.stop()
@@ -670,7 +585,7 @@ def test_keyed_delta_tables_hold_the_latest_row_per_key_through_failing_commits(
 
     from icefall.testing.streams import send_changes
 
-    upsert = Table(kafka, tmp_path / "upsert", "keyed-upsert", extra="  mode: upsert\n  key: [id]")
+    upsert = Table(kafka, tmp_path / "upsert", "keyed-upsert", spec="  mode: upsert\n  key: [id]")
     changes: list[Any] = [(None, {"id": i}, order(i, "v1")) for i in range(60)]
     changes += [(None, {"id": i}, order(i, "v2")) for i in range(0, 60, 3)]
     changes += [(None, {"id": i}, None) for i in range(40, 50)] + [(None, {"id": 45}, order(45, "back"))]
@@ -678,7 +593,7 @@ def test_keyed_delta_tables_hold_the_latest_row_per_key_through_failing_commits(
     expected = {i: "v2" if i % 3 == 0 else "v1" for i in range(60) if not 40 <= i < 50} | {45: "back"}
 
     cdc = Table(
-        kafka, tmp_path / "cdc", "keyed-cdc", extra='  mode: cdc\n  key: [id]\n  sequenceBy: ["source.pos"]'
+        kafka, tmp_path / "cdc", "keyed-cdc", spec='  mode: cdc\n  key: [id]\n  sequenceBy: ["source.pos"]'
     )
     send_changes(
         kafka,
@@ -708,10 +623,7 @@ def test_keyed_delta_tables_hold_the_latest_row_per_key_through_failing_commits(
             "by_spark": str(tmp_path / f"{name}-by-spark"),
         }
     job = json.dumps({**tables, "bootstrap": kafka.bootstrap, "later": later})
-    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
-    done = subprocess.run(
-        [sys.executable, "-c", KEYED, job], env=env, capture_output=True, text=True, timeout=600, check=False
-    )
+    done = in_delta_session(KEYED, job)
     assert done.returncode == 0, "\n".join(
         line for line in done.stderr.splitlines() if not line.startswith(("\t", " "))
     )[-3000:]
@@ -740,28 +652,18 @@ def test_icefall_run_of_a_keyed_delta_table_killed_at_each_commit_point_then_rea
     changes produced after the last commit (an update, a tombstone, a new key) to the table's rows."""
     from icefall.testing.streams import send_changes
 
-    table = Table(kafka, tmp_path, "keyed-cli", extra="  mode: upsert\n  key: [id]")
+    table = Table(kafka, tmp_path, "keyed-cli", spec="  mode: upsert\n  key: [id]")
     changes: list[Any] = [(None, {"id": i}, order(i, "v1")) for i in range(60)]
     changes += [(None, {"id": i}, order(i, "v2")) for i in range(0, 60, 4)]
     changes += [(None, {"id": i}, None) for i in range(50, 55)]
     send_changes(kafka, table.topic, changes)
     expected = {i: "v2" if i % 4 == 0 else "v1" for i in range(60) if not 50 <= i < 55}
 
-    def icefall(command: str, *flags: str, armed: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-        if armed:
-            env[failpoints.ENV_VAR] = armed
-        return subprocess.run(
-            [sys.executable, "-m", "icefall.cli", command, "-f", str(table.manifest),
-             "--state-dir", str(tmp_path / "state"), *flags],
-            env=env, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-
-    running = ("--until-caught-up", "--lease-timeout", "5", "--master", "local[1]")
+    state = tmp_path / "state"
     for point in ("main.after-stage=exit@2", "main.after-commit=exit@1"):
-        killed = icefall("run", *running, armed=point)
+        killed = run_until_caught_up(table.manifest, state, point, maintenance=True)
         assert killed.returncode == failpoints.EXIT_STATUS, killed.stdout[-3000:] + killed.stderr[-3000:]
-    done = icefall("run", *running)
+    done = run_until_caught_up(table.manifest, state, maintenance=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert latest_rows(table.location) == expected
     assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
@@ -770,7 +672,11 @@ def test_icefall_run_of_a_keyed_delta_table_killed_at_each_commit_point_then_rea
 
     send_changes(kafka, table.topic, [(None, {"id": 1}, order(1, "fresh")), (None, {"id": 2}, None)])
     send_changes(kafka, table.topic, [(None, {"id": 70}, order(70, "new"))])
-    read = icefall("read", "--format", "jsonl")
+    read = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "read", "-f", str(table.manifest), "--state-dir", str(state),
+         "--format", "jsonl"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
     assert read.returncode == 0, read.stderr[-3000:]
     rows = [json.loads(line) for line in read.stdout.splitlines()]
     assert len({r["id"] for r in rows}) == len(rows), "a key read twice"
@@ -785,9 +691,8 @@ KEYED_EVOLVE = """
 import json, pathlib, sys, types
 from icefall.api import TableFormat
 from icefall.api.manifest import parse_manifest
-from icefall.commit.lease import FileLease
-from icefall.ingest.delta_sink import DeltaIngestor
 from icefall.spark.session import build_spark_session
+from icefall.testing.delta import drain, start_writer
 from icefall.testing.streams import send_changes
 
 job = json.loads(sys.argv[1])
@@ -798,12 +703,10 @@ spark = build_spark_session(
 for n, manifest in enumerate(job["manifests"]):
     if n:
         send_changes(types.SimpleNamespace(bootstrap=job["bootstrap"]), job["topic"], job["later"])
-    lease = FileLease.in_dir(pathlib.Path(job["leases"]), "commit", f"writer-{n}", duration_seconds=30)
-    ingestor = DeltaIngestor(parse_manifest(open(manifest).read()), spark, lease, location=job["location"])
-    ingestor.start(lease_timeout=5)
+    st = parse_manifest(open(manifest).read())
+    ingestor = start_writer(st, spark, job["location"], pathlib.Path(job["leases"]), f"writer-{n}")
     try:
-        while ingestor.run_batch() is not None:
-            pass
+        drain(ingestor)
     finally:
         ingestor.close()
 spark.stop()
@@ -817,7 +720,7 @@ def test_a_keyed_delta_table_follows_a_field_added_to_the_spec(
     schema change in the same log entry); keys it does not touch read null in it; `icefall verify` clean."""
     from icefall.testing.streams import send_changes
 
-    table = Table(kafka, tmp_path, "keyed-evolve", extra="  mode: upsert\n  key: [id]")
+    table = Table(kafka, tmp_path, "keyed-evolve", spec="  mode: upsert\n  key: [id]")
     send_changes(kafka, table.topic, [(None, {"id": i}, order(i, "v1")) for i in range(10)])
     last = "      - {name: ts, type: timestamptz, required: true}\n"
     wider = tmp_path / "wider.yaml"
@@ -833,11 +736,7 @@ def test_a_keyed_delta_table_follows_a_field_added_to_the_spec(
         "bootstrap": kafka.bootstrap,
         "later": later,
     }
-    env = {**os.environ, DELTA_JARS_VARIABLE: str(tool_dir(DELTA_JARS_VARIABLE))}
-    done = subprocess.run(
-        [sys.executable, "-c", KEYED_EVOLVE, json.dumps(job)],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    done = in_delta_session(KEYED_EVOLVE, json.dumps(job))
     assert done.returncode == 0, "\n".join(
         line for line in done.stderr.splitlines() if not line.startswith(("\t", " "))
     )[-3000:]

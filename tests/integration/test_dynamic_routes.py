@@ -17,7 +17,6 @@ by `icefall reset-offsets` in every dynamic table too, each then taking the new 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.table_meter import TableMeter
-from icefall.runtime import failpoints
+from icefall.testing.live_run import killed_at_each, run_until_caught_up
 from icefall.testing.streams import (
     NAMESPACE,
     drain,
@@ -201,26 +200,15 @@ def test_kills_after_creating_and_between_dynamic_tables_commits_leave_each_tabl
     manifest, state = tmp_path / "table.yaml", tmp_path / "state"
     manifest.write_text(dynamic_manifest(name, topic, kafka))
 
-    def run(spec: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-        env.update({failpoints.ENV_VAR: spec} if spec else {})
-        return subprocess.run(
-            [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(state),
-             "--until-caught-up", "--lease-timeout", "5", "--no-maintenance", "--master", "local[1]"],
-            env=env, capture_output=True, text=True, timeout=1200, check=False,
-        )  # fmt: skip
-
-    logs = []
-    for spec in (
-        "route.after-create=exit@2",  # two tables created by the first batch, none committed
-        "route.after-commit=exit@3",  # three of four committed the batch; the fourth, the table not
-    ):
-        done = run(spec)
-        point = spec.partition("=")[0]
-        assert done.returncode == failpoints.EXIT_STATUS, f"{spec}: {done.returncode}\n{done.stderr[-3000:]}"
-        assert f"failpoint {point} triggered" in done.stderr, done.stderr[-3000:]
-        logs.append(done.stderr)
-    finished = run()
+    killed_at_each(
+        manifest,
+        state,
+        (
+            "route.after-create=exit@2",  # two tables created by the first batch, none committed
+            "route.after-commit=exit@3",  # three of four committed the batch; the fourth, the table not
+        ),
+    )
+    finished = run_until_caught_up(manifest, state)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "holds the whole batch already" in finished.stderr, "the tables ahead skipped the batch they held"
     assert_routed(CatalogConfig.embedded(state), name, kafka, topic)

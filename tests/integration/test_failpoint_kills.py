@@ -43,6 +43,7 @@ from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.kafka.dead_letters import SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER
 from icefall.runtime import failpoints
+from icefall.testing.live_run import run_until_caught_up
 from icefall.testing.streams import (
     assert_exactly_once,
     assert_exactly_once_by_topic,
@@ -94,15 +95,7 @@ class Chain:
         self.killed_at: list[str] = []
 
     def run(self, spec: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-        if spec:
-            env[failpoints.ENV_VAR] = spec
-        return subprocess.run(
-            [sys.executable, "-m", "icefall.cli", "run", "-f", str(self.manifest),
-             "--state-dir", str(self.state), "--until-caught-up", "--lease-timeout", "5", "--no-maintenance",
-             "--master", "local[1]"],
-            env=env, capture_output=True, text=True, timeout=1200, check=False,
-        )  # fmt: skip
+        return run_until_caught_up(self.manifest, self.state, spec)
 
     def kill_at(self, spec: str) -> str:
         """Run armed with `spec` (`name=exit[@n]`, maybe after `other=raise` entries); it must die there.

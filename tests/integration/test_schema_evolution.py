@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
@@ -53,6 +51,7 @@ from icefall.ingest.writer import SCHEMA_ID_SAMPLE
 from icefall.plan.maintenance_items import CompactPartition, MaintenancePolicy
 from icefall.plan.names import table_leases
 from icefall.runtime import failpoints, metrics
+from icefall.testing.live_run import run_until_caught_up
 from icefall.testing.streams import assert_exactly_once, drain, started_ingestor, watermarks
 
 pytestmark = pytest.mark.integration
@@ -347,14 +346,7 @@ def test_a_writer_killed_after_the_schema_change_ingests_exactly_once(
 
     def run(fields: str, armed: str | None = None) -> subprocess.CompletedProcess[str]:
         manifest.write_text(json_manifest(name, topic, kafka.bootstrap, fields))
-        env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-        if armed:
-            env[failpoints.ENV_VAR] = armed
-        return subprocess.run(
-            [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(state),
-             "--until-caught-up", "--lease-timeout", "5", "--no-maintenance", "--master", "local[1]"],
-            env=env, capture_output=True, text=True, timeout=1200, check=False,
-        )  # fmt: skip
+        return run_until_caught_up(manifest, state, armed)
 
     # The table as a writer with the old spec made it (no Spark needed to create it).
     config = CatalogConfig.embedded(state)

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -45,6 +42,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import Ingestor
 from icefall.ingest.union_read import Cut, ReadError, UnionRead, union_read
 from icefall.runtime import failpoints
+from icefall.testing.live_run import run_until_caught_up
 from icefall.testing.streams import (
     drain,
     manifest_text,
@@ -253,14 +251,8 @@ def test_read_after_a_writer_is_killed_mid_commit(
         )
     )
     st = load_manifest(manifest)
-    env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-    env[failpoints.ENV_VAR] = "main.before-commit=exit@2"
     lake = lake_dir(catalog_config)
-    run = subprocess.run(
-        [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(lake),
-         "--no-maintenance", "--until-caught-up", "--lease-timeout", "5", "--master", "local[1]"],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+    run = run_until_caught_up(manifest, lake, "main.before-commit=exit@2")
     output = (run.stdout + run.stderr)[-4000:]
     assert run.returncode == failpoints.EXIT_STATUS, f"exit {run.returncode}:\n{output}"
     assert "failpoint main.before-commit triggered" in run.stderr, output

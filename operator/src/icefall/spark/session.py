@@ -15,7 +15,8 @@ they add the jars of `spark_images/delta/pom.xml` (`delta_jars`: `ICEFALL_DELTA_
 session conf is exactly what it was before Delta (tests/unit/test_delta_session.py).
 
 The driver JVM's native memory is kept small without costing CPU (`DRIVER_JAVA_OPTIONS`,
-`DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md). `spark_conf` is the base every session
+`DRIVER_MALLOC_ARENAS`; measured in bench/results/memory.md), and so is the driver's Python
+(`pyspark_flags_without_pyarrow`). `spark_conf` is the base every session
 shares; what differs per process (master, application name, the driver's memory, Kubernetes, scheduling)
 comes from `icefall.plan.spark_conf` as `extra_conf`, which wins. A conf that asks for the FAIR scheduler
 gets the pools of `fairscheduler.xml`, beside this module.
@@ -303,6 +304,7 @@ def build_spark_session(
     # The JVM PySpark starts inherits this environment (see DRIVER_MALLOC_ARENAS).
     os.environ.setdefault("MALLOC_ARENA_MAX", DRIVER_MALLOC_ARENAS)
     quiet_lost_jvm_connections()
+    pyspark_flags_without_pyarrow()
     catalogs = list(catalogs)
     conf = session_conf(
         catalogs, master=master, app_name=app_name, extra_conf=extra_conf, table_format=table_format
@@ -357,6 +359,22 @@ class _LostJvmConnection(logging.Filter):
             record.msg, record.args = "Py4J lost its connection to Spark's JVM: %s%s", (error, why)
             record.exc_info, record.exc_text = None, None
         return True
+
+
+def pyspark_flags_without_pyarrow() -> None:
+    """Import `pyspark.testing.utils` with pyarrow hidden, unless pyarrow is loaded already. PySpark
+    imports that module at run time for its one flag `have_numpy` (in `functions.lit` and Py4J's NumPy
+    converters, asked about every argument of every JVM call), and the module also imports pyarrow and
+    probes pandas to fill the flags of PySpark's own tests: +29 MiB of the driver's RSS for nothing
+    (bench/results/memory.md). Hidden, its `have_pyarrow` is False, which only PySpark's doctests read;
+    anything that imports pyarrow afterwards gets it as usual."""
+    if "pyspark.testing.utils" in sys.modules or "pyarrow" in sys.modules:
+        return
+    sys.modules["pyarrow"] = None  # type: ignore[assignment]  # an import of it raises ImportError
+    try:
+        import pyspark.testing.utils  # noqa: F401 - loaded now, without pyarrow
+    finally:
+        del sys.modules["pyarrow"]
 
 
 def quiet_lost_jvm_connections() -> None:

@@ -93,16 +93,23 @@ class LiveRun:
 
 
 def run_until_caught_up(
-    manifest: Path, state: Path, failpoint: str | None = None
+    manifest: Path,
+    state: Path,
+    failpoint: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    maintenance: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`icefall run -f manifest --until-caught-up` to its end (local[1] Spark, no maintenance), with the
-    failpoint spec `failpoint` armed (`ICEFALL_FAILPOINTS`, e.g. `route.after-commit=exit@3`) if given."""
-    env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
-    env.update({failpoints.ENV_VAR: failpoint} if failpoint else {})
+    """`icefall run -f manifest --until-caught-up` to its end (local[1] Spark, no maintenance unless
+    `maintenance`), with the failpoint spec `failpoint` armed (`ICEFALL_FAILPOINTS`, e.g.
+    `route.after-commit=exit@3`) if given; `env`: more environment (e.g. object-store credentials)."""
+    environment = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR} | dict(env or {})
+    environment.update({failpoints.ENV_VAR: failpoint} if failpoint else {})
     return subprocess.run(
         [sys.executable, "-m", "icefall.cli", "run", "-f", str(manifest), "--state-dir", str(state),
-         "--until-caught-up", "--lease-timeout", "5", "--no-maintenance", "--master", "local[1]"],
-        env=env, capture_output=True, text=True, timeout=1200, check=False,
+         "--until-caught-up", "--lease-timeout", "5", "--master", "local[1]",
+         *([] if maintenance else ["--no-maintenance"])],
+        env=environment, capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
 
 
