@@ -50,7 +50,7 @@ fi
 # The tag: a hash of the Dockerfile, the files it copies and the base it builds on.
 hash=$(cd "$root" && {
   podman image inspect --format '{{.Id}}' "$base"
-  sha256sum spark_images/Dockerfile spark_images/pom.xml constraints.txt pyproject.toml README.md
+  sha256sum spark_images/Dockerfile spark_images/pom.xml spark_images/delta/pom.xml constraints.txt pyproject.toml README.md
   find operator/src -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum
 } | sha256sum | cut -c1-12)
 image=localhost/icefall:$hash

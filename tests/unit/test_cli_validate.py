@@ -127,11 +127,11 @@ def test_a_refusal_names_the_field_and_the_fix_in_text_and_json(
 def test_a_table_without_a_catalog_is_refused_for_a_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", "--cluster", "-f", str(EXAMPLES / "orders.yaml")]) == EXIT_INVALID
     assert "spec.table.catalog: is required in a cluster" in capsys.readouterr().out
-    # A Delta table is named by its location, never a catalog: the operator does not run it (its driver
-    # is held); the problem names the format and the fix.
+    # A Delta table is named by its location, never a catalog: in a cluster it must be an object store (the
+    # example's is the embedded warehouse, on the pod's own disk); the problem names the field and the fix.
     assert cli.main(["validate", "--cluster", "-f", str(EXAMPLES / "delta-orders.yaml")]) == EXIT_INVALID
     said = capsys.readouterr().out
-    assert "spec.table.format: delta tables are not run by the operator yet" in said
+    assert "spec.table.location: a Delta table in a cluster needs an object-store location" in said
     assert "spec.table.catalog" not in said
 
 

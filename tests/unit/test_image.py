@@ -3,9 +3,11 @@ the pinned Python packages.
 
 Proves:
 - the Maven stage copies spark_images/pom.xml and resolves it with `dependency:copy-dependencies`, and its
-  jars land in Spark's jar folder; no other jar list exists but Delta Lake's (spark_images/delta/pom.xml,
-  which the image does not use), and no `--packages`, `spark.jars.packages`, Maven coordinates or jar
-  downloads are in the Dockerfile;
+  jars land in Spark's jar folder; no other jar list exists but Delta Lake's (spark_images/delta/pom.xml),
+  resolved in the same stage into a folder of its own that `ICEFALL_DELTA_JARS` names, outside Spark's jar
+  folder (only Delta tables' sessions add them); the build context lets both poms in and hack/build-image.sh's
+  tag hashes both; no `--packages`, `spark.jars.packages`, Maven coordinates or jar downloads are in the
+  Dockerfile;
 - every stage builds on the one Debian 12 `BASE` argument (no other registry's image), Spark is the pinned
   pyspark's, whose version is the pom's spark.version;
 - the dependencies are installed with constraints.txt, the source with no further dependencies;
@@ -20,6 +22,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from icefall.spark.session import DELTA_JARS_VARIABLE
 
 pytestmark = pytest.mark.unit
 
@@ -109,9 +113,31 @@ def test_no_second_jar_list() -> None:
     for maven_coordinate in re.findall(r"\b[\w.-]+:[\w.-]+:\d[\w.-]*\b", text):
         pytest.fail(f"a Maven coordinate in the Dockerfile: {maven_coordinate}")
     poms = [p for p in ROOT.glob("spark_images/**/*") if p.name.endswith(("pom.xml", ".jars", "jars.txt"))]
-    # Beside the one list, only Delta Lake's: the jars only Delta tables' sessions add (not in the image).
+    # Beside the one list, only Delta Lake's: the jars only Delta tables' sessions add.
     assert sorted(poms) == [ROOT / "spark_images" / "delta" / "pom.xml", ROOT / "spark_images" / "pom.xml"]
-    assert "spark_images/delta" not in text
+
+
+def test_delta_jars_in_a_folder_of_their_own_named_by_icefall_delta_jars() -> None:
+    (maven,) = [stage for stage in _stages() if any("mvn" in rest for kw, rest in stage if kw == "RUN")]
+    alias = maven[0][1].split()[-1]
+    copies = [rest.split() for kw, rest in maven if kw == "COPY"]
+    assert ["spark_images/delta/pom.xml", "delta/pom.xml"] in copies, copies
+    (run,) = [rest for kw, rest in maven if kw == "RUN" and "delta/pom.xml" in rest]
+    out = re.search(r"-DoutputDirectory=(\S+)", run)
+    assert out is not None and "dependency:copy-dependencies" in run
+    final = _stages()[-1]
+    (target,) = [
+        rest.split()[-1]
+        for kw, rest in final
+        if kw == "COPY" and f"--from={alias}" in rest and out.group(1) in rest
+    ]
+    assert not target.startswith("/opt/spark"), "Iceberg sessions must not load Delta's jars"
+    env = " ".join(rest for kw, rest in final if kw == "ENV")
+    found = re.search(rf"\b{DELTA_JARS_VARIABLE}=(\S+)", env)
+    assert found is not None and found.group(1).rstrip("/") == target.rstrip("/"), env
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "!spark_images/delta/pom.xml" in ignore and "!spark_images/pom.xml" in ignore
+    assert "spark_images/delta/pom.xml" in (ROOT / "hack" / "build-image.sh").read_text()
 
 
 def test_debian_base_and_spark_from_the_pinned_pyspark() -> None:

@@ -94,6 +94,8 @@ class ConditionReason(StrEnum):
     COMPACTING = "Compacting"
     NO_COMPACTION_NEEDED = "NoCompactionNeeded"
     COMPACTION_FAILED = "CompactionFailed"
+    # No compaction pods for this table's format yet (a Delta table in a cluster: commit/DESIGN.md).
+    UPKEEP_NOT_AVAILABLE = "UpkeepNotAvailable"
 
 
 #: A reason as the CRD stores it: CamelCase, as Kubernetes conventions ask, from any release of Icefall.
@@ -185,7 +187,8 @@ REASONS_BY_TYPE: dict[ConditionType, frozenset[ConditionReason]] = {
         _R.COMPACTION_FAILED,
         _R.POD_POLICY_VIOLATION,
     },
-    ConditionType.COMPACTING: _LIFECYCLE | {_R.COMPACTING, _R.NO_COMPACTION_NEEDED, _R.COMPACTION_FAILED},
+    ConditionType.COMPACTING: _LIFECYCLE
+    | {_R.COMPACTING, _R.NO_COMPACTION_NEEDED, _R.COMPACTION_FAILED, _R.UPKEEP_NOT_AVAILABLE},
 }
 
 

@@ -1,5 +1,6 @@
 """What the `icefall` subcommands share: where local state lives, loading the manifest, the catalog it
-names, and an unreachable service reported in one line instead of a traceback.
+names, an unreachable service reported in one line instead of a traceback, and what a pod's entry point
+needs (its Lease holder identity, its SparkSession from the conf the operator rendered).
 """
 
 from __future__ import annotations
@@ -39,6 +40,27 @@ def state_dir(args: argparse.Namespace, *, in_cluster: bool = False) -> Path:
     if not chosen:
         chosen = str(Path(tempfile.gettempdir()) / "icefall") if in_cluster else ".icefall"
     return Path(chosen).resolve()
+
+
+def pod_holder() -> str:
+    """A Lease holder identity: the pod's name when the operator's pod spec gives it."""
+    import socket
+
+    from icefall.plan.env import ENV_POD_NAME
+
+    return os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def pod_spark(catalogs: list[Any], table: str, role: str, master: str, table_format: Any = None) -> Any:
+    """The SparkSession a pod of the StreamingTable `table` runs in `role`, with the Spark conf the operator
+    rendered into its environment (`master` where it names none); `table_format` delta: a Delta table's
+    session (`icefall.spark.session.delta_conf`)."""
+    from icefall.api import TableFormat
+    from icefall.plan.spark_conf import in_pod
+    from icefall.spark.session import build_spark_session
+
+    conf = in_pod(os.environ, table, role=role, master=master)
+    return build_spark_session(catalogs, extra_conf=conf, table_format=table_format or TableFormat.ICEBERG)
 
 
 def catalog_for(st: Any, state_dir: Path) -> Any:

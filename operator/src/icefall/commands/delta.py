@@ -1,7 +1,10 @@
-"""`icefall run` and `icefall verify` of a Delta Lake table (`spec.table.format: delta`): no catalog, the
-table at its location (`delta_location`), its Spark session a Delta table's (`icefall.spark.session.
-delta_conf`), its upkeep in-process beside the batches (`icefall.compact.delta`); the writer is
-`icefall.ingest.delta_sink`, the audit `icefall.audit.delta`.
+"""`icefall run`, the driver pod's `icefall ingest` and `icefall verify` of a Delta Lake table
+(`spec.table.format: delta`): no catalog, the table at its location (`delta_location`), its Spark session a
+Delta table's (`icefall.spark.session.delta_conf`), its upkeep in-process beside the batches
+(`icefall.compact.delta`; `icefall run` only, and not on S3); the writer is `icefall.ingest.delta_sink`, the
+audit `icefall.audit.delta`. In a cluster (`ingest_delta_pod`) the table is on an object store (the operator
+holds any other: `icefall.plan.children.cluster_table_problem`), the commit Lease a Kubernetes Lease, and
+the status report's figures come from the Delta log (`icefall.ingest.delta_meter`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,43 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     if maintenance is not None:
         maintenance.start()
     return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop, maintenance=maintenance)
+
+
+def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
+    """The driver pod's `icefall ingest` of a Delta table: `ingest_delta_until_stopped` at
+    `spec.table.location` with the commit Lease as a Kubernetes Lease held under the pod's name, the pod's
+    Spark conf in a Delta table's session, and the report into the StreamingTable's status (lag and
+    freshness per batch, the table's figures from its log). No upkeep (not on S3 yet: commit/DESIGN.md). An
+    offset reset request is not applied: the operator holds the driver on one (`plan.children`)."""
+    from icefall.commands.common import pod_holder, pod_spark
+    from icefall.commands.run import ingest_delta_until_stopped
+    from icefall.commit.kube_lease import KubernetesLease
+    from icefall.controller.kube import Kube
+    from icefall.ingest.delta_meter import DeltaMeter
+    from icefall.ingest.writer_status import WriterStatusReporter
+    from icefall.plan.names import ANNOTATION_RESET_OFFSETS, table_leases
+    from icefall.plan.spark_conf import DEFAULT_MASTER
+    from icefall.runtime import metrics
+
+    location = str(st.spec.table.location)
+    stop = stop_on_signals()
+    meter = DeltaMeter(st, location)
+    report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
+    if st.metadata.annotations.get(ANNOTATION_RESET_OFFSETS):
+        print(f"[ingest] {ANNOTATION_RESET_OFFSETS}: not applied (no offset resets of a Delta table yet)")
+    print(
+        f"[ingest] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> delta table {location}",
+        flush=True,
+    )
+    metrics.serve(args.metrics_port, required=False)
+    spark = pod_spark([], st.metadata.name, "ingest", DEFAULT_MASTER, TableFormat.DELTA)
+    holder = pod_holder()
+    lease = commit_lease(lambda name: KubernetesLease(api, args.namespace, name, holder), table_leases(st))
+    meter.start()
+    try:
+        return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop, report_to=report_to)
+    finally:
+        meter.stop()
 
 
 def delta_maintenance(st: Any, location: str, spark: Any) -> Any:

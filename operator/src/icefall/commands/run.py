@@ -160,21 +160,28 @@ def ingest_delta_until_stopped(
     *,
     stop: Any = None,
     maintenance: Any = None,
+    report_to: Any = None,
 ) -> int:
     """`ingest_until_stopped` for a Delta table (`icefall.ingest.delta_sink.DeltaIngestor`); `maintenance`
-    as there (`icefall.compact.delta`)."""
+    and `report_to` (the driver pod's status report) as there."""
     from icefall.catalog.delta_schema import DeltaSchemaRefusedError
     from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor, delta_services
     from icefall.ingest.outages import Outages
 
-    progress = RunProgress(args, stop if stop is not None else stop_on_signals(), maintenance=maintenance)
+    progress = RunProgress(
+        args, stop if stop is not None else stop_on_signals(), maintenance=maintenance, also=report_to
+    )
     ingestor = None
+    waiting = getattr(report_to, "waiting", None)  # the service waited out, in the driver's status
     try:
         # A registry format without an inline schema asks the registry for its columns here.
         at_start = Outages(".".join(st.table_identifier), delta_services(st.spec, location))
+        at_start.listener = waiting
         ingestor = made_when_reachable(
             lambda: DeltaIngestor(st, spark, lease, location=location), at_start, progress.should_stop
         )
+        if ingestor is not None:
+            ingestor.outages.listener = waiting
         code = 1 if ingestor is None else run_ingestor(ingestor, progress, args)
     except (BadRecordsHaltedError, DeltaSchemaRefusedError) as halted:
         print(f"[run] stopping: {halted}", flush=True)

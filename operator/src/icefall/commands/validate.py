@@ -9,8 +9,9 @@ server refuses, is refused here too. tests/unit/test_cli_validate.py runs every 
 refuses in tests/integration/test_crd_admission.py through this command.
 
 With `--cluster`, also what the operator refuses although the API server accepts it: a table without
-`spec.table.catalog` (the embedded catalog is pod-local) and the problems the operator's rendering of the
-pods finds with its default settings (`plan.children`).
+`spec.table.catalog` (the embedded catalog is pod-local), a Delta table whose `spec.table.location` is not
+an object store or whose Spark master is Kubernetes (`plan.children.cluster_table_problem`), and the problems
+the operator's rendering of the pods finds with its default settings (`plan.children`).
 
 A Delta table at a local `spec.table.location` that exists already: `spec.format.schema` against the
 table's schema (its `_delta_log`, read from the disk; `icefall.catalog.delta_schema`): what the table cannot
@@ -161,9 +162,6 @@ def _cluster_problems(st: StreamingTable) -> list[tuple[str, str]]:
     from icefall.plan.children import cluster_table_problem, desired_children
     from icefall.plan.settings import OperatorSettings
 
-    problems: list[tuple[str, str]] = []
-    if (unrunnable := cluster_table_problem(st)) is not None:
-        problems.append(unrunnable)
     children = desired_children(
         st,
         namespace=st.metadata.namespace or "default",
@@ -172,6 +170,9 @@ def _cluster_problems(st: StreamingTable) -> list[tuple[str, str]]:
         image="icefall",
         operator_settings=OperatorSettings(),
     )
+    problems: list[tuple[str, str]] = []
+    if (unrunnable := cluster_table_problem(st, spark_master=children.spark_master)) is not None:
+        problems.append(unrunnable)
     problems += [(p.path, p.message) for p in children.problems]
     return problems
 

@@ -58,7 +58,13 @@ from icefall.controller import metrics, status
 from icefall.controller.kube import Kube
 from icefall.controller.status import Ref, StatusMemory
 from icefall.plan.applying import ABSENT, REPAIR_SECONDS, Applied, child_key, due, manifest_digest
-from icefall.plan.children import Children, cluster_table_problem, desired_children, withheld_children
+from icefall.plan.children import (
+    Children,
+    cluster_table_problem,
+    desired_children,
+    upkeep_in_pods,
+    withheld_children,
+)
 from icefall.plan.claims import Claim, claim_from_object, claimed_by_other
 from icefall.plan.conditions import Issue
 from icefall.plan.driver import (
@@ -236,7 +242,7 @@ def _plan(
             owns_leases=owner is None,
         )
     problems = [str(p) for p in children.problems]
-    if (unrunnable := cluster_table_problem(st)) is not None:
+    if (unrunnable := cluster_table_problem(st, spark_master=children.spark_master)) is not None:
         problems.append(": ".join(unrunnable))
     return _Plan(ref, st, owner, issues, replicas, children, tuple(problems), refusals, bool(broken))
 
@@ -379,7 +385,7 @@ def _compaction_replicas(st: StreamingTable, uid: str, ctx: Context) -> int:
     count set (or minReplicas)."""
     spec = st.spec.compaction
     last = ctx.memory.replicas(uid)
-    if not spec.enabled:
+    if not spec.enabled or not upkeep_in_pods(st):
         return 0
     backlog = reported_backlog(st.status.writer if st.status else None, ctx.now)
     if backlog is None:

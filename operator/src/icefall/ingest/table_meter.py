@@ -13,7 +13,8 @@ catalog by its owner property at each reading (`owned_dynamic_tables`: at most `
 
 `TableMeter` reads on a thread of its own (the backlog reads manifests: never on the batch loop), at most
 every `interval` seconds, and every `retry` seconds while the table does not exist yet (the driver creates
-it at start). `latest` is the last reading.
+it at start). `latest` is the last reading. The thread is `Meter`'s, which a Delta table's meter shares
+(`icefall.ingest.delta_meter.DeltaMeter`).
 
 Guarantees: a failed reading never stops ingestion; it is logged (the first of a series with its cause) and
 the previous reading stays. The client's connections and requests wait at most `REQUEST_TIMEOUT_SECONDS`
@@ -129,30 +130,22 @@ def read_table(
     )
 
 
-class TableMeter:
-    """Reads the table of `st` through `catalog` on its own thread (module doc). `start` once, `stop` at
-    the end."""
+class Meter:
+    """Reads a table on its own thread (module doc): at most every `interval` seconds, every `retry` seconds
+    while there is no table yet. `start` once, `stop` at the end; subclasses say how to read
+    (`read_once`: the reading, also kept as `latest`; None while the table does not exist). `TableMeter`
+    reads an Iceberg table, `icefall.ingest.delta_meter.DeltaMeter` a Delta table's log."""
 
     def __init__(
-        self,
-        st: StreamingTable,
-        catalog: CatalogConfig,
-        *,
-        interval: float = READ_INTERVAL_SECONDS,
-        retry: float = MISSING_RETRY_SECONDS,
+        self, *, interval: float = READ_INTERVAL_SECONDS, retry: float = MISSING_RETRY_SECONDS
     ) -> None:
-        self.st, self.catalog_config = st, catalog
         self.interval, self.retry = interval, retry
         self._latest: TableReading | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="icefall-table-meter", daemon=True)
-        self._client: Catalog | None = None
         #: Called (on the meter's thread) after each reading that differs from the one before.
         self.on_reading: Callable[[], None] | None = None
-        self._manifests = ManifestCache()  # manifests never change: each reading reads only new ones
-        # A route table's manifests by its dotted name; a dynamic table's added when first read.
-        self._route_manifests = {".".join(i): ManifestCache() for i in st.route_identifiers}
         self._failures = 0
 
     @property
@@ -169,13 +162,9 @@ class TableMeter:
             self._thread.join(timeout)
 
     def read_once(self) -> TableReading | None:
-        """One reading now (also kept as `latest` when there is one); None while the table is missing."""
-        if self._client is None:
-            self._client = self.catalog_config.pyiceberg(
-                make_folders=False, request_timeout=REQUEST_TIMEOUT_SECONDS
-            )
-        now_ms = int(time.time() * 1000)
-        reading = read_table(self._client, self.st, now_ms, self._manifests, self._route_manifests)
+        raise NotImplementedError
+
+    def _keep(self, reading: TableReading | None) -> TableReading | None:
         if reading is not None:
             with self._lock:
                 self._latest = reading
@@ -197,3 +186,31 @@ class TableMeter:
                 continue
             self._failures = 0
             delay = self.interval if found is not None else self.retry
+
+
+class TableMeter(Meter):
+    """Reads the Iceberg table of `st` through `catalog` (module doc)."""
+
+    def __init__(
+        self,
+        st: StreamingTable,
+        catalog: CatalogConfig,
+        *,
+        interval: float = READ_INTERVAL_SECONDS,
+        retry: float = MISSING_RETRY_SECONDS,
+    ) -> None:
+        super().__init__(interval=interval, retry=retry)
+        self.st, self.catalog_config = st, catalog
+        self._client: Catalog | None = None
+        self._manifests = ManifestCache()  # manifests never change: each reading reads only new ones
+        # A route table's manifests by its dotted name; a dynamic table's added when first read.
+        self._route_manifests = {".".join(i): ManifestCache() for i in st.route_identifiers}
+
+    def read_once(self) -> TableReading | None:
+        """One reading now (also kept as `latest` when there is one); None while the table is missing."""
+        if self._client is None:
+            self._client = self.catalog_config.pyiceberg(
+                make_folders=False, request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        now_ms = int(time.time() * 1000)
+        return self._keep(read_table(self._client, self.st, now_ms, self._manifests, self._route_manifests))

@@ -3,9 +3,10 @@ lagging partitions) and freshness as ingestion measured them for its last batch,
 retention (the table's count, and when a commit of this driver last skipped some). The operator reads no
 table and no topic itself, so this report is where status, metrics and compaction scaling come from
 (`icefall.plan.table_status`). The count is the larger of what this driver's last commit left in the table
-and its `TableMeter`'s last reading of the table (so it is known before this driver's first commit); what
-this driver has not learnt yet (the count before either, a loss time) is left out of the patch, so an
-earlier driver's report of it stays.
+and its meter's last reading of the table (so it is known before this driver's first commit); what this
+driver has not learnt yet (the count before either, a loss time) is left out of the patch, so an earlier
+driver's report of it stays. The meter is an Iceberg table's `TableMeter` or a Delta table's `DeltaMeter`
+(`icefall.ingest.delta_meter`), which names no table-uuid: `deletionPolicy: Delete` keeps a Delta table.
 
 At most one PATCH every `interval` seconds, the first at once; a failed PATCH is logged (the first one with
 its cause) and never stops ingestion. While an outage is waited out no batch lands, so `waiting(service)`
@@ -39,7 +40,7 @@ from icefall.plan.table_status import bounded_tables, destination_status, topic_
 if TYPE_CHECKING:
     from icefall.controller.kube import Kube
     from icefall.ingest.report import BatchReport
-    from icefall.ingest.table_meter import TableMeter, TableReading
+    from icefall.ingest.table_meter import Meter, TableReading
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class WriterStatusReporter:
         interval: float = REPORT_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-        meter: TableMeter | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.meter = meter
@@ -128,7 +129,7 @@ class WriterStatusReporter:
             # One count, two sources: neither goes down, so the larger is the newer.
             lost_records=_larger(self._lost_records, reading.lost_records if reading is not None else None),
             last_loss_time=self._last_loss,
-            table_uuid=reading.table_uuid if reading is not None else None,
+            table_uuid=(reading.table_uuid or None) if reading is not None else None,  # Delta: none
             dead_letter_table_uuid=reading.dead_letter_table_uuid if reading is not None else None,
             table=reading.table if reading is not None else None,
             tables=self._tables(reading),
@@ -148,7 +149,7 @@ class WriterStatusReporter:
             last_commit_time=self._last_commit or _time(reading.facts.last_commit_ms),
             snapshot_id=self._snapshot_id or reading.facts.last_commit_snapshot_id,
             compaction_backlog=reading.table.compaction_backlog,
-            table_uuid=reading.table_uuid,
+            table_uuid=reading.table_uuid or None,
         )
         held = reading.facts.offsets_by_topic
         end = _ends(last, held)

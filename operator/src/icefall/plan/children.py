@@ -56,6 +56,11 @@ from icefall.plan.workloads import PodPlan
 
 Manifest = dict[str, Any]
 
+#: A reset request on a Delta table: `icefall reset-offsets` resets Iceberg tables only so far.
+DELTA_RESET_REFUSED = (
+    "offset resets of a Delta table are not supported yet (icefall reset-offsets resets Iceberg tables "
+    "only); the driver is held while the request is there: remove the annotation"
+)
 #: Any new value restarts the driver and the compaction pods (like `kubectl rollout restart`).
 ANNOTATION_RESTART = "icefall.dev/restart"
 #: Spec fields whose change must NOT restart the driver. Everything else does (safe by default).
@@ -164,6 +169,10 @@ def desired_children(
     problems += secret_problems
     if (reset_problem := reset_request_problem(st.metadata.annotations)) is not None:
         problems.append(Problem(RESET_FIELD, reset_problem))
+    elif st.spec.table.format.value == "delta" and st.metadata.annotations.get(
+        names.ANNOTATION_RESET_OFFSETS
+    ):
+        problems.append(Problem(RESET_FIELD, DELTA_RESET_REFUSED))
     plans = workloads.pod_plans(st, settings, namespace=namespace)
     executor_conf, executor_problems = spark_conf.executor_conf(plans[pods.EXECUTOR].template)
     if on_kubernetes:
@@ -181,7 +190,8 @@ def desired_children(
     applied.append(
         workloads.compaction_deployment(
             meta, settings, image=image, spark_conf=spark_conf.compaction_conf(),
-            replicas=0 if st.spec.suspend else compaction_replicas, secrets=catalog_env,
+            replicas=compaction_replicas if upkeep_in_pods(st) and not st.spec.suspend else 0,
+            secrets=catalog_env,
             pod=plans[pods.COMPACTION],
         )
     )  # fmt: skip
@@ -247,19 +257,64 @@ def _accounts_and_executor_template(
     return applied, [ObjectRef("v1", "ConfigMap", names.executor_template_name(meta.name))]
 
 
-def cluster_table_problem(st: StreamingTable) -> tuple[str, str] | None:
+def upkeep_in_pods(st: StreamingTable) -> bool:
+    """Whether compaction pods tidy `st`'s table. Not a Delta table's yet: Delta Spark's OPTIMIZE and VACUUM
+    commit unconditionally on S3 and the image has no hadoop-aws (commit/DESIGN.md, "Delta tables on S3"),
+    so its Deployment stays at 0 replicas and `Compacting` says why (`plan.conditions`)."""
+    return st.spec.table.format.value != "delta"
+
+
+#: The Delta locations every pod of a cluster reaches and the Delta writer commits to with put-if-absent
+#: (`icefall.commit.delta_storage.S3_SCHEMES`; a unit test keeps the two equal).
+DELTA_SHARED_SCHEMES = ("s3://", "s3a://")
+
+
+def cluster_table_problem(st: StreamingTable, *, spark_master: str) -> tuple[str, str] | None:
     """What keeps the operator from running `st`'s table in a cluster at all (its driver is then held):
-    (field, message), else None."""
+    (field, message), else None. `spark_master`: the driver's (`Children.spark_master`)."""
     if st.spec.table.format.value == "delta":
-        return (
-            "spec.table.format",
-            "delta tables are not run by the operator yet (only by `icefall run`): use format iceberg with a "
-            "catalog, or run this table with `icefall run -f`",
-        )
+        return _delta_problem(st, spark_master)
     if st.spec.table.catalog is None:
         return (
             "spec.table.catalog",
             "is required in a cluster: without it each pod would write its own embedded catalog; name a sql "
             "or rest catalog (see examples/)",
+        )
+    return None
+
+
+def _delta_problem(st: StreamingTable, spark_master: str) -> tuple[str, str] | None:
+    """A Delta table needs no catalog, but a location every pod reaches, and Spark inside the driver pod:
+    the Delta writer stages each batch's files on the driver's local disk (commit/DESIGN.md)."""
+    location = st.spec.table.location
+    shared = (
+        "s3://<bucket>/<path> (credentials from the AWS_* environment, e.g. spec.pods.driver.env "
+        "with valueFrom.secretKeyRef)"
+    )
+    if location is None:
+        return (
+            "spec.table.location",
+            f"a Delta table in a cluster needs an object-store location: set spec.table.location to "
+            f"{shared}; without it the table would be on the driver pod's own disk, which no other pod sees "
+            "and a new driver pod does not have",
+        )
+    if not location.startswith(DELTA_SHARED_SCHEMES):
+        return (
+            "spec.table.location",
+            f"{location!r} is a local path, and pods share no disk: a Delta table in a cluster lives in an "
+            f"object store, set it to {shared}",
+        )
+    if spark_master == spark_conf.KUBERNETES_MASTER:
+        annotation = spark_conf.ANNOTATION_SPARK_MASTER
+        chosen = (
+            "is kubernetes"
+            if annotation in st.metadata.annotations
+            else "is not set, so the operator's spark.master applies: kubernetes"
+        )
+        return (
+            f"metadata.annotations[{annotation}]",
+            f"{chosen}, but executor pods cannot write a Delta table: the Delta writer stages each batch's "
+            f"files on the driver's local disk; annotate the StreamingTable {annotation}=local[*] (Spark "
+            "inside the driver pod), or set the operator's spark.master to local[*]",
         )
     return None

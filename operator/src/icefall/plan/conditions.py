@@ -35,7 +35,8 @@ False: the driver keeps running what it started with, and the message says what 
 Guarantees:
 - Every condition carries `observedGeneration` = `metadata.generation` and a reason valid for its type.
 - `lastTransitionTime` changes only when a condition's `status` changes (`set_condition`); reason and
-  message updates keep it. Conditions of other types (e.g. Compacting) are kept as they are.
+  message updates keep it. Conditions of other types are kept as they are, but for a Delta table's
+  Compacting: False, UpkeepNotAvailable (no compaction pods run for it yet).
 - `should_write_status` writes at once when a condition appears, disappears, flips status or changes
   reason, or when `observedGeneration` changes; figures and messages alone are written at most every
   `min_interval` seconds.
@@ -216,6 +217,13 @@ def _condition(
 
 _Verdict = tuple[ConditionStatus, ConditionReason, str]
 
+#: `Compacting` of a Delta table in a cluster: no compaction pods run for it (`plan.children.upkeep_in_pods`).
+DELTA_UPKEEP = (
+    "upkeep (OPTIMIZE, checkpoints, VACUUM) of a Delta table on S3 is not available yet: Delta Spark's "
+    "commits there are not put-if-absent, so no compaction pods run for this table; ingestion is unaffected "
+    "(small files and the log grow without compaction or checkpoints)"
+)
+
 
 def derive_conditions(observations: Observations, st: StreamingTable, now: datetime) -> list[Condition]:
     """The table's conditions after `observations`, merged into its current ones (see the module doc)."""
@@ -238,6 +246,11 @@ def derive_conditions(observations: Observations, st: StreamingTable, now: datet
         (ConditionType.DEGRADED, degraded),
     ):
         conditions = set_condition(conditions, kind, status, reason, message, generation=generation, now=now)
+    if st.spec.table.format.value == "delta" and st.spec.compaction.enabled:
+        conditions = set_condition(
+            conditions, ConditionType.COMPACTING, _F, _R.UPKEEP_NOT_AVAILABLE, DELTA_UPKEEP,
+            generation=generation, now=now,
+        )  # fmt: skip
     return conditions
 
 

@@ -176,8 +176,9 @@ def _setup_jars(checkout: Path, environ: Mapping[str, str], component: str = "sp
 
 def delta_jars(environ: Mapping[str, str] = os.environ, checkout: Path | None = None) -> list[Path]:
     """The jars a Delta table's session adds (`spark_images/delta/pom.xml`): in the folder
-    `ICEFALL_DELTA_JARS` names, else in the checkout's `hack/fetch-jars.sh delta` folder. The image holds
-    none yet (the operator runs no Delta table): elsewhere this fails with one line saying what to set."""
+    `ICEFALL_DELTA_JARS` names (the image sets it to a folder of its own, outside Spark's jar folder), else
+    in the checkout's `hack/fetch-jars.sh delta` folder; elsewhere this fails with one line saying what to
+    set."""
     folder = environ.get(DELTA_JARS_VARIABLE)
     if folder:
         jars = sorted(Path(folder).glob("*.jar"))

@@ -1,0 +1,135 @@
+"""The driver's own reading of its Delta table (`spec.table.format: delta`) for its status report: what a
+`TableMeter` gives the report for an Iceberg table, from the table's `_delta_log` (`icefall.commit.delta`).
+
+- Offsets, topic id, newest produce time and records lost to retention: the `icefall.*` state of the
+  latest version (the same properties as an Iceberg table's, so `TableFacts` holds them alike), from the
+  newest `metaData` action replayed (below).
+- The last commit: the newest version whose `commitInfo` is a batch's (`STREAMING UPDATE`, `MERGE`; not an
+  epoch claim or a property change), its number as the snapshot id and its commit file's modification
+  time (what Delta's own history counts) as the time.
+- Files, bytes and records: the table's live `add` actions, replayed from version 0 (each commit file is
+  read once: versions never change, so a reading costs a listing and a GET per new version). A log whose
+  early commits log cleanup removed (a checkpoint stands for them) gives none of these three figures
+  (zeros), and its state is read as `DeltaLog.snapshot` reads it.
+- No table-uuid (the report's `tableUuid` is Iceberg's, which `deletionPolicy: Delete` drops by), no
+  dead-letter table uuid, no compaction backlog (no compaction pods run for a Delta table:
+  `icefall.plan.children.upkeep_in_pods`).
+
+Guarantees and threading are `icefall.ingest.table_meter.Meter`'s: a failed reading never stops ingestion.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from icefall.ingest.table_meter import MISSING_RETRY_SECONDS, READ_INTERVAL_SECONDS, Meter, TableReading
+from icefall.plan.table_status import TableFacts, table_status
+
+if TYPE_CHECKING:
+    from icefall.api import StreamingTable
+    from icefall.commit.delta import DeltaLog
+
+log = logging.getLogger(__name__)
+
+#: `commitInfo.operation` of a batch's commit (`icefall.commit.delta.commit_batch`).
+BATCH_OPERATIONS = frozenset({"STREAMING UPDATE", "MERGE"})
+
+
+@dataclass
+class LogReplay:
+    """What the commits replayed so far add up to: the live files (path → (bytes, records)) and the newest
+    batch's version; `through`: the newest version replayed (-1: none)."""
+
+    through: int = -1
+    files: dict[str, tuple[int, int]] = field(default_factory=dict)
+    last_batch: int | None = None
+    complete: bool = True  # False: a commit is missing (log cleanup), the file figures are unknown
+    metadata: dict[str, Any] | None = None  # the newest metaData action replayed
+
+    def apply(self, version: int, actions: list[dict[str, Any]]) -> None:
+        for action in actions:
+            if (metadata := action.get("metaData")) is not None:
+                self.metadata = metadata
+            elif (added := action.get("add")) is not None:
+                self.files[added["path"]] = (int(added.get("size") or 0), _records(added.get("stats")))
+            elif (removed := action.get("remove")) is not None:
+                self.files.pop(removed["path"], None)
+            elif (info := action.get("commitInfo")) is not None and info.get("operation") in BATCH_OPERATIONS:
+                self.last_batch = version
+        self.through = version
+
+
+def _records(stats: str | None) -> int:
+    try:
+        return int(json.loads(stats or "{}").get("numRecords") or 0)
+    except (ValueError, AttributeError):
+        return 0
+
+
+def replay(log_: DeltaLog, upto: int, commits: set[int], state: LogReplay) -> LogReplay:
+    """`state` brought up to version `upto` with the commit files listed in `commits` (in place)."""
+    for version in range(state.through + 1, upto + 1):
+        if version not in commits:
+            state.complete = False  # removed by log cleanup: a checkpoint stands for it
+            state.through = version
+            continue
+        state.apply(version, log_.actions(version))
+    return state
+
+
+def read_delta(log_: DeltaLog, st: StreamingTable, state: LogReplay) -> TableReading | None:
+    """One reading of the Delta table behind `log_` (module doc; `state`: the replay so far, advanced in
+    place); None while there is no table."""
+    from icefall.commit.delta import DeltaSnapshot
+
+    history = log_.history()
+    latest = history.latest
+    if latest < 0:
+        return None
+    replay(log_, latest, set(history.commit_file_ms), state)
+    # The replay's newest Metadata is the latest version's when nothing was skipped; else the log's own
+    # reading (from the checkpoint and the commits after it).
+    done = state.complete and state.metadata is not None
+    committed = (DeltaSnapshot(latest, state.metadata) if done else log_.snapshot(latest)).committed
+    last = state.last_batch
+    files = state.files.values() if state.complete else ()
+    facts = TableFacts(
+        offsets_by_topic={topic: dict(held.offsets) for topic, held in committed.by_topic().items()},
+        topic_id=committed.topic_id,
+        max_produce_time_ms=committed.max_produce_time_ms,
+        lost_records=committed.lost_records,
+        last_commit_ms=history.commit_file_ms.get(last) if last is not None else None,
+        last_commit_snapshot_id=last,
+        data_files=len(files),
+        total_file_bytes=sum(size for size, _ in files),
+        records=sum(records for _, records in files),
+        snapshots=len(history.commit_file_ms),
+    )
+    return TableReading(
+        "", None, table_status(facts), facts.lost_records, facts, ".".join(st.table_identifier)
+    )
+
+
+class DeltaMeter(Meter):
+    """Reads the Delta table of `st` at `location` on its own thread (module doc)."""
+
+    def __init__(
+        self,
+        st: StreamingTable,
+        location: str,
+        *,
+        interval: float = READ_INTERVAL_SECONDS,
+        retry: float = MISSING_RETRY_SECONDS,
+    ) -> None:
+        from icefall.commit.delta import DeltaLog
+
+        super().__init__(interval=interval, retry=retry)
+        self.st, self.log = st, DeltaLog(location)
+        self._replay = LogReplay()
+
+    def read_once(self) -> TableReading | None:
+        """One reading now (also kept as `latest` when there is one); None while the table is missing."""
+        return self._keep(read_delta(self.log, self.st, self._replay))
