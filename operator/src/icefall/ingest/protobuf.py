@@ -19,10 +19,12 @@ and out, no pickled row per record), each message parsed by protobuf's C parser 
 made once per message type and worker. A message that does not turn into JSON (a Timestamp outside
 0001-9999) is a dead letter like bytes that do not decode, never a failed batch.
 
-Not guaranteed: the walk and the JSON text are per-record Python: a batch of Protobuf records costs more
-CPU than the same records as Avro or JSON, decoded in the JVM (bench/results/protobuf.md). Bytes that
-happen to parse as the message (Protobuf has no checksum, and unknown fields are skipped) are taken as that
-message. Schema references other than the well-known types are not supported (`icefall.kafka.protobuf`).
+Not guaranteed: the walk and the JSON text are per-record Python: a batch of Protobuf records costs about
+twice the CPU of the same records as Avro or JSON, decoded in the JVM (bench/results/protobuf.md). The
+driver of a Protobuf table loads pyarrow (PySpark checks an Arrow UDF's return type with it; ~29 MiB of
+RSS, bench/results/memory.md), which the drivers of other formats need not. Bytes that happen to parse as
+the message (Protobuf has no checksum, and unknown fields are skipped) are taken as that message. Schema
+references other than the well-known types are not supported (`icefall.kafka.protobuf`).
 """
 
 from __future__ import annotations
