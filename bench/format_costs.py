@@ -1,14 +1,17 @@
-"""Avro and keyed batches: Icefall's write beside the plain Spark one, before and after, in one Spark session.
+"""Avro, Protobuf and keyed batches: Icefall's write beside the plain Spark one, before and after, in one
+Spark session.
 
-    .venv/bin/python bench/format_costs.py [--records N] [--batches B] [--rounds R] [--only avro|keyed]
-                                          [--out FILE]
+    .venv/bin/python bench/format_costs.py [--records N] [--batches B] [--rounds R]
+                                          [--only avro|keyed|protobuf] [--out FILE]
 
 The drain benches (bench/compare.py, bench/upsert.py) run each system alone, one after the other, and their
 records per CPU-s move by 10 to 30 % between runs on a shared machine. This bench runs every variant in the
 same JVM, in turn, round after round (round 0 a warm-up, not counted), on the same offsets: one Kafka broker,
 one Spark session (`local[2]`, Icefall's session settings, the embedded SQLite catalog). Each round splits
 the topic into `--batches` batches (the same offsets for every variant), and each batch is a new Spark plan,
-as ingestion's are. CPU is the Spark JVM's user + system time (/proc) around a variant's batches.
+as ingestion's are. CPU is user + system time (/proc) around a variant's batches of the whole process tree
+that does the work: this process (the PySpark driver), the Spark JVM, and the JVM's children (PySpark's
+Python workers, where the Protobuf decoders run). The Kafka broker is not counted.
 
 **Avro** (N ~230-byte bench events as Confluent-framed Avro, `common.AVRO_EVENT_SCHEMA`, schema id 1, in 3
 partitions; writes into a new day(ts)-partitioned table per batch):
@@ -27,16 +30,29 @@ into a new unpartitioned merge-on-read table per batch, holding every key, as a 
   `max_by(struct(...), (partition, offset))` (before this change), `icefall.ingest.writer.merge`.
 - **icefall upsert, row_number**: the same with this tree's `icefall.ingest.decode.last_changes`.
 
+**Protobuf** (the same N events as Confluent-framed Protobuf, `PROTOBUF_EVENT_SCHEMA` compiled to a
+descriptor set, schema id 1, message index [0]; ~105 bytes each), beside the same events as Avro and as
+JSON, each format on its own topic, written as the Avro cell writes (a new day(ts)-partitioned table per
+batch, Icefall's decode, observation, good rows and append):
+- **icefall avro** and **icefall json**: this tree's decoders (`from_avro`; `from_json`).
+- **icefall protobuf, row UDF (before)**: main's `icefall.ingest.protobuf` (`--before-ref`): a Python UDF,
+  each record pickled to a Python worker and its struct back, each message walked field by field.
+- **icefall protobuf, row UDF, this walk**: the same row UDF around this tree's `to_json` (the effect of
+  the walk alone).
+- **icefall protobuf, Arrow batch (after)**: this tree's `payload`: an Arrow UDF, one call per Arrow batch.
+
 Writes bench/results/format_costs.md (or `--out`). Nothing asserts on time.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import io
 import json
 import random
+import resource
 import statistics
 import struct
 import subprocess
@@ -85,6 +101,36 @@ AVRO_VARIANTS = {
     "icefall-avro-before": "Icefall Avro, before",
     "icefall-avro-after": "Icefall Avro, after",
 }
+PROTOBUF_VARIANTS = {
+    "icefall-avro": "Icefall Avro (from_avro)",
+    "icefall-json": "Icefall JSON (from_json)",
+    "icefall-protobuf-row-before": "Icefall Protobuf, row UDF (before)",
+    "icefall-protobuf-row-walk": "Icefall Protobuf, row UDF with this walk",
+    "icefall-protobuf-arrow": "Icefall Protobuf, Arrow batch UDF (after)",
+}
+#: The bench event (`common.EVENT_SCHEMA`) as a Protobuf message, as a producer of these events writes it.
+PROTOBUF_EVENT_SCHEMA = """syntax = "proto3";
+package dev.icefall.bench;
+
+import "google/protobuf/timestamp.proto";
+
+message BenchEvent {
+  message Shipping {
+    string street = 1;
+    string city = 2;
+    string country = 3;
+  }
+  int64 id = 1;
+  string key = 2;
+  google.protobuf.Timestamp ts = 3;
+  string customer = 4;
+  double amount = 5;
+  int32 items = 6;
+  Shipping shipping = 7;
+  repeated string tags = 8;
+  string note = 9;
+}
+"""
 KEYED_VARIANTS = {
     "spark-merge": "Spark: foreachBatch row_number + MERGE",
     "icefall-keyed-before": "Icefall upsert, max_by (before)",
@@ -103,6 +149,45 @@ def avro_records(seed: int) -> Iterator[tuple[str, bytes, int]]:
         return header + out.getvalue()
 
     return bench_records(seed, SMALL_NOTE_WORDS, encode=encode)
+
+
+def protobuf_records(seed: int, descriptors: str) -> Iterator[tuple[str, bytes, int]]:
+    """The bench's events as Confluent-framed Protobuf (schema id `SCHEMA_ID`, message index [0])."""
+    from icefall.ingest.protobuf import _message_class
+
+    event_class = _message_class(descriptors, "dev.icefall.bench.BenchEvent")
+    header = b"\x00" + struct.pack(">I", SCHEMA_ID) + b"\x00"
+
+    def encode(event: dict[str, Any], ts_ms: int) -> bytes:
+        message = event_class(**{k: v for k, v in event.items() if k not in ("ts", "shipping")})
+        message.ts.FromMilliseconds(ts_ms)
+        message.shipping.street = event["shipping"]["street"]
+        message.shipping.city = event["shipping"]["city"]
+        message.shipping.country = event["shipping"]["country"]
+        return header + message.SerializeToString()
+
+    return bench_records(seed, SMALL_NOTE_WORDS, encode=encode)
+
+
+def row_udf_payload(to_json: Callable[[str, int, bytes], Any]) -> Callable[[Any], Any]:
+    """main's `icefall.ingest.protobuf.payload` (a row UDF) around `to_json`."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    from icefall.ingest.framing import SCHEMA_ID_COLUMN
+    from icefall.ingest.protobuf import PAYLOAD_COLUMN, PAYLOAD_TYPE
+
+    def payload(writers: Any) -> Any:
+        known = {i: text for i, text in writers.items() if text is not None}
+
+        def decode(value: bytes | None, schema_id: int | None) -> Any:
+            if value is None or schema_id is None or schema_id not in known:
+                return None
+            return to_json(known[schema_id], schema_id, bytes(value))
+
+        udf = F.udf(decode, PAYLOAD_TYPE, useArrow=False)
+        return udf(F.col("value"), F.col(SCHEMA_ID_COLUMN)).alias(PAYLOAD_COLUMN)
+
+    return payload
 
 
 def keyed_records(seed: int, keys: int) -> Iterator[tuple[str, bytes | None, int]]:
@@ -129,6 +214,20 @@ def old_module(name: str, path: str, ref: str) -> Any:
     sys.modules[name] = module
     exec(compile(source, f"{ref}:{path}", "exec"), module.__dict__)
     return module
+
+
+def shipped_old_module(spark: Any, name: str, path: str, ref: str) -> Any:
+    """`old_module` for code that runs in PySpark's Python workers too (a UDF): written to a file that the
+    driver imports and Spark ships to the workers (`addPyFile`), so that a worker imports it once and keeps
+    its module-level caches across tasks, as it does the installed module."""
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{ref}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
+    folder = Path(tempfile.mkdtemp(prefix="icefall-bench-before-"))
+    (folder / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(folder))
+    spark.sparkContext.addPyFile(str(folder / f"{name}.py"))
+    return importlib.import_module(name)
 
 
 def manifest(bootstrap: str, topic: str, fmt: dict[str, Any], **spec: Any) -> Any:
@@ -224,6 +323,93 @@ class Bench:
         append(rows, name, sorted_table=False)
         assert observation.get["bad"] == 0, observation.get
 
+    # -- protobuf beside avro and json -------------------------------------------------------------------
+
+    def formats_setup(self, topics: dict[str, str], descriptors: str) -> None:
+        from icefall.ingest import protobuf as protobuf_now
+
+        before = shipped_old_module(
+            self.spark,
+            "icefall_bench_protobuf_before",
+            "operator/src/icefall/ingest/protobuf.py",
+            self.before_ref,
+        )
+        self.payloads = {
+            "icefall-protobuf-row-before": before.payload,
+            "icefall-protobuf-row-walk": row_udf_payload(protobuf_now.to_json),
+            "icefall-protobuf-arrow": protobuf_now.payload,
+        }
+        self.last_tables: dict[str, str] = {}
+        writers = {"avro": json.dumps(AVRO_EVENT_SCHEMA), "protobuf": descriptors}
+        self.format_specs: dict[str, Any] = {}
+        self.format_decoders: dict[str, Any] = {}
+        self.format_writers: dict[str, Any] = {}
+        for kind, topic in topics.items():
+            if kind == "json":
+                fmt: dict[str, Any] = {"type": "json", "schema": EVENT_SCHEMA}
+            else:
+                fmt = {"type": kind, "registry": {"url": "http://127.0.0.1:9"}, "schema": EVENT_SCHEMA}
+            self.format_specs[kind] = manifest(self.bootstrap, topic, fmt)
+            if kind == "json":
+                self.format_decoders[kind] = Decoders(self.format_specs[kind])
+                continue
+            text = writers[kind]
+
+            def lookup(ids: Any, text: str = text) -> dict[int, str | None]:
+                return {i: text if i == SCHEMA_ID else None for i in ids}
+
+            self.format_decoders[kind] = Decoders(self.format_specs[kind], schemas=lookup)
+        from icefall.ingest import avro as avro_now
+
+        self.format_writers = {
+            "avro": avro_now.BatchWriters({SCHEMA_ID: writers["avro"]}),
+            "protobuf": {SCHEMA_ID: descriptors},
+        }
+
+    def formats(self, variant: str, ranges: tuple[OffsetRange, ...]) -> None:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        from icefall.ingest import decode as decode_module
+
+        kind = variant.split("-")[1]
+        spec, decoders = self.format_specs[kind], self.format_decoders[kind]
+        name = self.last_tables[variant] = self.table()
+        source = read_kafka(self.spark, spec, ranges, {}, group_id=f"bench-{kind}", headers=False)
+        observation = Observation()
+        saved = decode_module.payload
+        decode_module.payload = self.payloads.get(variant, saved)  # the Protobuf decoder of this variant
+        try:
+            decoded = decoders.good.decode(source, self.format_writers.get(kind))
+        finally:
+            decode_module.payload = saved
+        rows = decoders.good.good_rows(decoded.observe(observation, *decoders.observed))
+        empty = self.spark.createDataFrame([], rows.schema)  # not `rows`: that would run the observation
+        empty.writeTo(name).using("iceberg").partitionedBy(F.days("ts")).create()
+        append(rows, name, sorted_table=False)
+        assert observation.get["bad"] == 0, observation.get
+
+    def same_rows(self) -> dict[str, str]:
+        """Did every variant write the same rows? (a check of the decoders, not of time): the tables of each
+        variant's last batch (the same offsets of the same events, each format on its own topic), on every
+        column but `_kafka`; `ts` (the produce time) only among the Protobuf variants, which share a topic."""
+        rows = {
+            variant: [r.asDict(recursive=True) for r in self.spark.table(table).drop("_kafka").collect()]
+            for variant, table in self.last_tables.items()
+        }
+        base = sorted(rows["icefall-protobuf-row-before"], key=lambda r: r["id"])
+        out = {}
+        for variant, got in rows.items():
+            same_topic = variant.startswith("icefall-protobuf")
+            drop = () if same_topic else ("ts",)
+            mine = [{k: v for k, v in r.items() if k not in drop} for r in sorted(got, key=lambda r: r["id"])]
+            theirs = [{k: v for k, v in r.items() if k not in drop} for r in base]
+            out[variant] = (
+                f"{len(got):,} rows, {'equal' if mine == theirs else 'DIFFERENT'}"
+                f"{'' if same_topic else ' (ts aside)'}"
+            )
+        return out
+
     # -- keyed ------------------------------------------------------------------------------------------
 
     def keyed_setup(self, topic: str, keys: int) -> None:
@@ -315,7 +501,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--batches", type=int, default=4, help="batches per round (each a new plan)")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds (after one warm-up round)")
-    parser.add_argument("--only", choices=["avro", "keyed"])
+    parser.add_argument("--only", choices=["avro", "keyed", "protobuf"])
     parser.add_argument("--before-ref", default="main", help="git ref of the code before the change")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -326,13 +512,15 @@ def main() -> int:
     print("[bench] starting Kafka ...", flush=True)
     broker = KafkaBroker(state / "kafka", heap="1g").start()
     results: dict[str, dict[str, list[float]]] = {}
+    same_rows: dict[str, str] = {}
     try:
         spark = build_spark_session([CatalogConfig.embedded(state)], master="local[2]")
         jvm = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
         bench = Bench(spark, broker.bootstrap, args.before_ref)
 
         def jvm_cpu() -> float:
-            return tree_cpu(jvm)
+            own = resource.getrusage(resource.RUSAGE_SELF)
+            return tree_cpu(jvm) + own.ru_utime + own.ru_stime
 
         if args.only in (None, "avro"):
             broker.create_topic("avro", partitions=PARTITIONS)
@@ -362,10 +550,29 @@ def main() -> int:
                 print(f"[bench]   {variant} batches alone: {jvm_cpu() - cpu0:.2f} CPU-s", flush=True)
 
             results["keyed"] = measure(KEYED_VARIANTS, args.rounds, keyed_round, jvm_cpu)
+        if args.only in (None, "protobuf"):
+            from icefall.kafka.protobuf import descriptor_set_text
+
+            descriptors = descriptor_set_text(PROTOBUF_EVENT_SCHEMA)
+            topics = {"avro": "fmt-avro", "json": "fmt-json", "protobuf": "fmt-protobuf"}
+            encoded = {"avro": avro_records(1), "json": None, "protobuf": protobuf_records(1, descriptors)}
+            cuts = {}
+            for kind, topic in topics.items():
+                broker.create_topic(topic, partitions=PARTITIONS)
+                preload(broker.bootstrap, topic, args.records, SMALL_NOTE_WORDS, 1, records=encoded[kind])
+                cuts[kind] = batches(whole_topic(broker.bootstrap, topic, PARTITIONS), args.batches)
+            bench.formats_setup(topics, descriptors)
+
+            def formats_round(variant: str) -> None:
+                for ranges in cuts[variant.split("-")[1]]:
+                    bench.formats(variant, ranges)
+
+            results["protobuf"] = measure(PROTOBUF_VARIANTS, args.rounds, formats_round, jvm_cpu)
+            same_rows = bench.same_rows()
         spark.stop()
     finally:
         broker.stop()
-    write_results(args.out, report(args, started, load_start, machine, results))
+    write_results(args.out, report(args, started, load_start, machine, results, same_rows=same_rows))
     return 0
 
 
@@ -375,16 +582,20 @@ def report(
     load_start: str,
     machine: dict[str, str],
     results: dict[str, dict[str, list[float]]],
+    *,
+    same_rows: dict[str, str],
 ) -> str:
     lines = [
-        "# Avro and keyed batches: Icefall beside plain Spark, before and after (one Spark session)",
+        "# Avro, Protobuf and keyed batches: Icefall beside plain Spark, before and after (one session)",
         "",
-        f"`bench/format_costs.py --records {args.records} --batches {args.batches} --rounds {args.rounds}` "
+        f"`bench/format_costs.py --records {args.records} --batches {args.batches} --rounds {args.rounds}"
+        f"{f' --only {args.only}' if args.only else ''}` "
         f"on {started:%Y-%m-%d %H:%M} UTC. How it is measured: the docstring of `bench/format_costs.py`.",
     ]
     for kind, labels, peer in (
         ("avro", AVRO_VARIANTS, "spark-avro"),
         ("keyed", KEYED_VARIANTS, "spark-merge"),
+        ("protobuf", PROTOBUF_VARIANTS, "icefall-avro"),
     ):
         cpu = results.get(kind)
         if not cpu:
@@ -394,15 +605,20 @@ def report(
             "",
             f"## {kind}",
             "",
-            "| variant | CPU-s per round, median (min) | records per CPU-s | vs Spark (records per CPU-s) |",
-            "|---|--:|--:|--:|",
+            f"| variant | CPU-s per round, median (min) | records per CPU-s | vs {labels[peer]} "
+            "(records per CPU-s) | CPU-s of each round |",
+            "|---|--:|--:|--:|---|",
         ]
         for variant, label in labels.items():
             median = statistics.median(cpu[variant])
+            rounds = ", ".join(f"{c:.2f}" for c in cpu[variant])
             lines.append(
                 f"| {label} | {median:.2f} ({min(cpu[variant]):.2f}) | {args.records / median:,.0f} | "
-                f"{base / median:.2f}x |"
+                f"{base / median:.2f}x | {rounds} |"
             )
+        if kind == "protobuf" and same_rows:
+            lines += ["", "Same rows (the last batch of each variant, against the row UDF's):", ""]
+            lines += [f"- {PROTOBUF_VARIANTS[v]}: {text}" for v, text in same_rows.items()]
     machine["Load average at start / end (1/5/15 min)"] = f"{load_start} / {load_average()}"
     return "\n".join([*lines, "", *machine_section(machine)])
 

@@ -7,8 +7,9 @@ enums, oneofs, Timestamp and wrappers; records serialized by confluent-kafka's `
 registers a base64 descriptor under the record-name subject: a second writer schema in the batch) and
 records framed by hand against the text schema (message index [0]) both land by content; a record whose
 message index names the schema's second message is decoded as that message (it lacks the table's required
-id: a dead letter saying so); a wrong magic byte, an unknown id, a message index naming no message and
-bytes that do not decode as the message are dead letters with their reasons; a later version of the
+id: a dead letter saying so); a wrong magic byte, an unknown id, a message index naming no message, bytes
+that do not decode as the message and a message whose Timestamp has no RFC 3339 text (past 9999) are dead
+letters with their reasons, not a failed batch; a later version of the
 subject that adds a field adds the column (schema evolution) and its records land with it; every offset is
 in exactly one of the two tables, and `icefall verify`'s audit agrees by content.
 
@@ -171,12 +172,15 @@ def test_protobuf_records_through_the_registry_with_evolution_and_dead_letters(
         framed(text_id, Refund(order_id=9), index=b"\x02\x02"),  # 9: index [1]: a Refund, no id
         b"\x00" + text_id.to_bytes(4, "big") + b"\x00\x0f\x01",  # 10: not an Order's bytes
     ]
+    far = message(Order, order(13))
+    far.ts.seconds = 300_000_000_000  # past 9999-12-31: no RFC 3339 text
+    values.append(framed(text_id, far))  # 11
     send(kafka, topic, values)
 
     st = manifest("protobuf_orders", topic, kafka, schema_registry.url)
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
         reports = drain(ingestor)
-        assert sum(r.records_read for r in reports) == 11
+        assert sum(r.records_read for r in reports) == 12
         catalog = catalog_config.pyiceberg()
         schema = catalog.load_table("it.protobuf_orders").schema()
         assert [(f.name, str(f.field_type), f.required) for f in schema.fields[:10]] == [
@@ -217,13 +221,14 @@ def test_protobuf_records_through_the_registry_with_evolution_and_dead_letters(
         7: f"unknown schema id {NOT_AN_ID} (the registry has no Protobuf schema with this id)",
         8: f"message index [2] names no message of schema id {text_id}",
         10: f"bytes do not decode as protobuf message shop.Order of schema id {text_id}",
+        11: f"bytes do not decode as protobuf message shop.Order of schema id {text_id}",
     }
 
     report = assert_exactly_once(
         catalog_config,
         "protobuf_orders",
         watermarks(kafka, topic),
-        {(0, o) for o in range(6, 11)},
+        {(0, o) for o in range(6, 12)},
         bootstrap=kafka.bootstrap,
         spark=spark,
         st=st,

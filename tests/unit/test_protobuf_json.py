@@ -3,8 +3,10 @@
 Proves, with messages built from a descriptor here: the message index picks the message; 64-bit integers
 are JSON numbers, bytes base64, enums names (an unknown number stays a number), maps objects with string
 keys (int and bool keys too), wrappers their value, Timestamp RFC 3339 text; a field with presence that is
-unset is absent, a proto3 field without presence is there with its default; the reasons for an index that
-does not parse, an index naming no message, and bytes that do not decode. Spark is not involved.
+unset is absent, a proto3 field without presence is there with its default; a message that holds itself
+nests; the reasons for an index that does not parse, an index naming no message, and bytes that do not
+decode (a Timestamp with no RFC 3339 text among them); a batch of values decodes in one call into the
+struct column, null where the value or schema id is null or the id unknown. Spark is not involved.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
 
-from icefall.ingest.protobuf import to_json
+from icefall.ingest.protobuf import decode_batch, to_json
 from icefall.kafka.protobuf import descriptor_set_text
 
 pytestmark = pytest.mark.unit
@@ -24,7 +26,10 @@ pytestmark = pytest.mark.unit
 
 def schema() -> tuple[str, type]:
     file = descriptor_pb2.FileDescriptorProto(
-        name="t.proto", package="t", syntax="proto3", dependency=["google/protobuf/wrappers.proto"]
+        name="t.proto",
+        package="t",
+        syntax="proto3",
+        dependency=["google/protobuf/wrappers.proto", "google/protobuf/timestamp.proto"],
     )
     kind = file.enum_type.add(name="Kind")
     kind.value.add(name="A", number=0)
@@ -48,6 +53,7 @@ def schema() -> tuple[str, type]:
         ("count", F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".google.protobuf.Int64Value"),
         ("raw", F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".google.protobuf.BytesValue"),
         ("zero", F.TYPE_INT32, F.LABEL_OPTIONAL, ""),
+        ("when", F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".google.protobuf.Timestamp"),
         ("maybe", F.TYPE_STRING, F.LABEL_OPTIONAL, ""),
     ]
     for number, (name, kind_, label, type_name) in enumerate(fields, start=1):
@@ -58,6 +64,9 @@ def schema() -> tuple[str, type]:
     message.field[-1].proto3_optional = True
     other = file.message_type.add(name="Other")
     other.field.add(name="x", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    node = file.message_type.add(name="Node")  # message index [2]
+    node.field.add(name="child", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".t.Node")
+    node.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     text = descriptor_set_text(base64.b64encode(file.SerializeToString()).decode())
     pool = descriptor_pool.DescriptorPool()
     for each in descriptor_pb2.FileDescriptorSet.FromString(base64.b64decode(text)).file:
@@ -109,3 +118,44 @@ def test_what_does_not_decode_says_why() -> None:
         None,
         "bytes do not decode as protobuf message t.M of schema id 7",
     )
+
+
+def test_a_timestamp_is_rfc_3339_text_and_one_without_it_does_not_decode() -> None:
+    text, cls = schema()
+    message = cls()
+    message.when.nanos = 5_000_000
+    encoded, _ = to_json(text, 7, HEADER + b"\x00" + message.SerializeToString())
+    assert json.loads(encoded or "")["when"] == "1970-01-01T00:00:00.005Z"
+    message.when.seconds = 300_000_000_000  # past 9999-12-31
+    assert to_json(text, 7, HEADER + b"\x00" + message.SerializeToString()) == (
+        None,
+        "bytes do not decode as protobuf message t.M of schema id 7",
+    )
+
+
+def test_a_message_that_holds_itself_nests() -> None:
+    text, _ = schema()
+    inner = b"\x12\x01b"  # name: "b"
+    outer = b"\x0a" + bytes([len(inner)]) + inner + b"\x12\x01a"  # child: inner, name: "a"
+    encoded, problem = to_json(text, 7, HEADER + b"\x02\x04" + outer)  # index [2]: Node
+    assert problem is None
+    assert json.loads(encoded or "") == {"child": {"name": "b"}, "name": "a"}
+
+
+def test_a_batch_decodes_in_one_call() -> None:
+    import pyarrow as pa
+
+    text, cls = schema()
+    good = HEADER + b"\x00" + cls(zero=3).SerializeToString()
+    values = pa.array([good, None, good, HEADER + b"\x02\x06", good], pa.binary())
+    ids = pa.array([7, 7, 8, 7, None], pa.int32())
+    decoded = decode_batch({7: text}, values, ids)
+    assert decoded.type == pa.struct([("json", pa.string()), ("problem", pa.string())])
+    assert decoded.to_pylist() == [
+        {"json": to_json(text, 7, good)[0], "problem": None},
+        None,  # no value
+        None,  # schema id 8 is not known
+        {"json": None, "problem": "message index [3] names no message of schema id 7"},
+        None,  # no schema id (the frame is wrong)
+    ]
+    assert len(decode_batch({7: text}, pa.array([], pa.binary()), pa.array([], pa.int32()))) == 0

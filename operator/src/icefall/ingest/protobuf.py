@@ -13,25 +13,36 @@ names; a field with presence that is unset is absent (null), a field without pre
 value (proto3 defaults included); enums by name (an unknown number as its number); bytes as base64;
 64-bit integers as JSON numbers; Timestamp as RFC 3339 text; wrappers as their value; maps as objects.
 
-Not guaranteed: the decoding runs in a Python UDF (spark-protobuf's `from_protobuf` is not served by the
-package registry this project builds from), so each record crosses to a Python worker and back: slower
-than the JVM decoders of Avro and JSON. Bytes that happen to parse as the message (Protobuf has no
-checksum, and unknown fields are skipped) are taken as that message. Schema references other than the
-well-known types are not supported (`icefall.kafka.protobuf`).
+How it runs: in PySpark's Python workers (spark-protobuf's `from_protobuf` is not served by the package
+registry this project builds from), as an Arrow UDF: one call per Arrow batch of records (pyarrow arrays in
+and out, no pickled row per record), each message parsed by protobuf's C parser (upb) and walked by a plan
+made once per message type and worker. A message that does not turn into JSON (a Timestamp outside
+0001-9999) is a dead letter like bytes that do not decode, never a failed batch.
+
+Not guaranteed: the walk and the JSON text are per-record Python: a batch of Protobuf records costs about
+twice the CPU of the same records as Avro or JSON, decoded in the JVM (bench/results/protobuf.md). The
+driver of a Protobuf table loads pyarrow (PySpark checks an Arrow UDF's return type with it; ~29 MiB of
+RSS, bench/results/memory.md), which the drivers of other formats need not. Bytes that happen to parse as
+the message (Protobuf has no checksum, and unknown fields are skipped) are taken as that message. Schema
+references other than the well-known types are not supported (`icefall.kafka.protobuf`).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
+from pyspark.sql.pandas.functions import arrow_udf  # pyarrow only (the name says pandas; pandas is not used)
 
 from icefall.ingest.framing import HEADER_BYTES, SCHEMA_ID_COLUMN
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: The column `payload` adds: struct<json string, problem string>.
 PAYLOAD_COLUMN = "__icefall_protobuf"
@@ -42,14 +53,39 @@ def payload(writers: Mapping[int, str | None]) -> Column:
     """`PAYLOAD_COLUMN` of the records of a batch with `writers` (schema id → base64 descriptor set, from
     `icefall.kafka.registry.WriterSchemas`): null where the id is unknown or the frame is wrong."""
     known = {i: text for i, text in writers.items() if text is not None}
+    # An Arrow UDF: one call per Arrow batch of records (`spark.sql.execution.arrow.maxRecordsPerBatch`),
+    # not a pickled row each way per record (bench/results/protobuf.md). A lambda has no annotations, so
+    # PySpark takes it as the scalar kind (pyarrow arrays in, one out), with no pandas (which
+    # `F.udf(useArrow=True)` needs) and no functionType (which its stubs ask for, and it warns about).
+    udf = arrow_udf(lambda values, ids: decode_batch(known, values, ids), PAYLOAD_TYPE)  # type: ignore[call-overload]
+    column: Column = udf(F.col("value"), F.col(SCHEMA_ID_COLUMN)).alias(PAYLOAD_COLUMN)
+    return column
 
-    def decode(value: bytes | None, schema_id: int | None) -> tuple[str | None, str | None] | None:
-        if value is None or schema_id is None or schema_id not in known:
-            return None
-        return to_json(known[schema_id], schema_id, bytes(value))
 
-    udf = F.udf(decode, PAYLOAD_TYPE, useArrow=False)  # Arrow would need pandas
-    return udf(F.col("value"), F.col(SCHEMA_ID_COLUMN)).alias(PAYLOAD_COLUMN)
+def decode_batch(known: Mapping[int, str], values: pa.Array, ids: pa.Array) -> pa.Array:
+    """`PAYLOAD_TYPE`'s struct array of one batch: `to_json` of each value (bytes) whose schema id (int)
+    is in `known`; a null struct where the value or id is null or the id unknown."""
+    import pyarrow as pa
+
+    texts: list[str | None] = []
+    problems: list[str | None] = []
+    nulls: list[bool] = []
+    for value, schema_id in zip(values.to_pylist(), ids.to_pylist(), strict=True):
+        schema = known.get(schema_id) if value is not None and schema_id is not None else None
+        if schema is None:
+            texts.append(None)
+            problems.append(None)
+            nulls.append(True)
+            continue
+        text, problem = to_json(schema, schema_id, value)
+        texts.append(text)
+        problems.append(problem)
+        nulls.append(False)
+    return pa.StructArray.from_arrays(
+        [pa.array(texts, pa.string()), pa.array(problems, pa.string())],
+        names=["json", "problem"],
+        mask=pa.array(nulls, pa.bool_()),
+    )
 
 
 def to_json(schema: str, schema_id: int, value: bytes) -> tuple[str | None, str | None]:
@@ -67,9 +103,10 @@ def to_json(schema: str, schema_id: int, value: bytes) -> tuple[str | None, str 
         return None, f"message index {indexes} names no message of schema id {schema_id}"
     try:
         message = _message_class(schema, name).FromString(value[end:])
+        # ValueError here: a Timestamp outside 0001-9999 or with nanos out of range (no RFC 3339 text)
+        return _ENCODE(_message_plan(schema, name)(message)), None
     except (DecodeError, ValueError, RuntimeError):
         return None, f"bytes do not decode as protobuf message {name} of schema id {schema_id}"
-    return json.dumps(_message(message), ensure_ascii=False), None
 
 
 def message_index(value: bytes, start: int) -> tuple[list[int] | None, int]:
@@ -121,47 +158,105 @@ def _message_class(schema: str, name: str) -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
 
 
+#: `json.dumps(..., ensure_ascii=False)` without building an encoder per record.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
 _TIMESTAMP = "google.protobuf.Timestamp"
 _WRAPPERS = frozenset(
     f"google.protobuf.{name}Value"
     for name in ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")
 )
+_TYPE_BYTES = 12  # FieldDescriptor.TYPE_BYTES
+_TYPE_BOOL = 8  # FieldDescriptor.TYPE_BOOL
+_TYPE_STRING = 9  # FieldDescriptor.TYPE_STRING
+
+#: A field's value (as the message gives it) → its JSON value; None where it is the value itself.
+Convert = Callable[[Any], Any] | None
 
 
-def _message(message: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for field in message.DESCRIPTOR.fields:
-        value = getattr(message, field.name)
-        if field.is_repeated:
-            entry = field.message_type
-            if entry is not None and entry.GetOptions().map_entry:
-                value_field = entry.fields_by_name["value"]
-                out[field.name] = {_key(k): _single(value_field, v) for k, v in value.items()}
-            else:
-                out[field.name] = [_single(field, v) for v in value]
-        elif field.has_presence and not message.HasField(field.name):
-            continue
-        else:
-            out[field.name] = _single(field, value)
-    return out
+class _Plan:
+    """How the messages of one descriptor become JSON objects, worked out once per descriptor (per Python
+    worker) rather than per field of each record: per field its name, its converter, and whether it has
+    presence (then it is left out when unset)."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self) -> None:
+        self.fields: list[tuple[str, Convert, bool]] = []
+
+    def __call__(self, message: Any) -> dict[str, Any]:
+        out = {}
+        has = message.HasField
+        for name, convert, presence in self.fields:
+            if presence and not has(name):
+                continue
+            value = getattr(message, name)  # 3x faster than ListFields() here (upb, protobuf 7)
+            out[name] = value if convert is None else convert(value)
+        return out
 
 
-def _key(key: Any) -> str:
-    return ("true" if key else "false") if isinstance(key, bool) else str(key)
+@lru_cache(maxsize=256)
+def _message_plan(schema: str, name: str) -> _Plan:
+    """The `_Plan` of message `name` of the descriptor set `schema` (cached per Python worker)."""
+    return _plan(_message_class(schema, name).DESCRIPTOR, {})
 
 
-def _single(field: Any, value: Any) -> Any:
+def _plan(descriptor: Any, plans: dict[str, _Plan]) -> _Plan:
+    """The `_Plan` of a message descriptor, from `plans` (those of one schema, by full name) or made and
+    put there before its fields are filled: a message that holds itself, directly or not, finds its own."""
+    plan = plans.get(descriptor.full_name)
+    if plan is None:
+        plan = plans[descriptor.full_name] = _Plan()
+        plan.fields = [
+            (field.name, _field(field, plans), not field.is_repeated and field.has_presence)
+            for field in descriptor.fields
+        ]
+    return plan
+
+
+def _field(field: Any, plans: dict[str, _Plan]) -> Convert:
+    """A field's converter: maps as objects, repeated fields as lists, else `_single`."""
+    entry = field.message_type
+    if field.is_repeated and entry is not None and entry.GetOptions().map_entry:
+        key = _map_key(entry.fields_by_name["key"])
+        value = _single(entry.fields_by_name["value"], plans)
+        return lambda items: {_apply(key, k): _apply(value, v) for k, v in items.items()}
+    single = _single(field, plans)
+    if field.is_repeated:
+        return list if single is None else (lambda items: [single(v) for v in items])
+    return single
+
+
+def _apply(convert: Convert, value: Any) -> Any:
+    return value if convert is None else convert(value)
+
+
+def _map_key(field: Any) -> Convert:
+    """JSON object keys are text: bool keys as true/false, integer keys as their digits."""
+    if field.type == _TYPE_STRING:
+        return None
+    if field.type == _TYPE_BOOL:
+        return lambda key: "true" if key else "false"
+    return str
+
+
+def _single(field: Any, plans: dict[str, _Plan]) -> Convert:
+    """The converter of one value of `field` (an element of a repeated field)."""
     if field.enum_type is not None:
-        number = field.enum_type.values_by_number.get(value)
-        return number.name if number is not None else value
+        names = {number: value.name for number, value in field.enum_type.values_by_number.items()}
+        return lambda number: names.get(number, number)  # an unknown number stays a number
     if field.message_type is not None:
         full_name = field.message_type.full_name
         if full_name == _TIMESTAMP:
-            return value.ToJsonString()
+            return lambda timestamp: timestamp.ToJsonString()
         if full_name in _WRAPPERS:
-            inner = value.value
-            return base64.b64encode(inner).decode("ascii") if isinstance(inner, bytes) else inner
-        return _message(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    return value
+            if full_name == "google.protobuf.BytesValue":
+                return lambda wrapper: _base64(wrapper.value)
+            return lambda wrapper: wrapper.value
+        return _plan(field.message_type, plans)
+    if field.type == _TYPE_BYTES:
+        return _base64
+    return None
+
+
+def _base64(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
