@@ -84,29 +84,33 @@ def test_a_delta_table_without_an_object_store_location_is_held_naming_the_locat
 
 
 def test_a_delta_table_with_executors_on_kubernetes_is_held_naming_the_master_and_the_fix() -> None:
-    found = cluster_table_problem(table(), spark_master=KUBERNETES_MASTER)  # the operator's default
-    assert found is not None
-    field, message = found
-    assert field == ANNOTATION
-    assert "is not set, so the operator's spark.master applies" in message
-    assert f"{ANNOTATION_SPARK_MASTER}=local[*]" in message and "driver's local disk" in message
     annotated = table(annotations={ANNOTATION_SPARK_MASTER: "kubernetes"})
     found = cluster_table_problem(annotated, spark_master=KUBERNETES_MASTER)
-    assert found is not None and found[0] == ANNOTATION and found[1].startswith("is kubernetes,")
+    assert found is not None
+    field, message = found
+    assert field == ANNOTATION and message.startswith("is kubernetes,")
+    assert "remove the annotation, or set it to local[*]" in message and "driver's local disk" in message
 
 
-def test_the_master_comes_from_the_rendered_children_so_an_annotation_lifts_the_hold() -> None:
-    settings = OperatorSettings()  # spark_master kubernetes
-    held = desired_children(
-        table(), namespace="shop", uid="u-1", generation=1, image="icefall", operator_settings=settings
-    )
-    assert cluster_table_problem(table(), spark_master=held.spark_master) is not None
+def test_a_delta_table_runs_spark_in_its_driver_pod_unless_annotated_otherwise() -> None:
+    settings = OperatorSettings()  # spark_master kubernetes: an Iceberg table's executors are pods
+    plan = {
+        "namespace": "shop",
+        "uid": "u-1",
+        "generation": 1,
+        "image": "icefall",
+        "operator_settings": settings,
+    }
+    runs = desired_children(table(), **plan)
+    assert runs.spark_master == LOCAL_MASTER and not runs.problems
+    assert cluster_table_problem(table(), spark_master=runs.spark_master) is None
+    iceberg = desired_children(table(location=None, fmt="iceberg"), **plan)
+    assert iceberg.spark_master == KUBERNETES_MASTER
+    annotated = table(annotations={ANNOTATION_SPARK_MASTER: "kubernetes"})
+    held = desired_children(annotated, **plan)
+    assert cluster_table_problem(annotated, spark_master=held.spark_master) is not None
     local = table(annotations={ANNOTATION_SPARK_MASTER: "local[2]"})
-    runs = desired_children(
-        local, namespace="shop", uid="u-1", generation=1, image="icefall", operator_settings=settings
-    )
-    assert runs.spark_master == "local[2]" and not runs.problems
-    assert cluster_table_problem(local, spark_master=runs.spark_master) is None
+    assert desired_children(local, **plan).spark_master == "local[2]"
 
 
 def test_an_iceberg_table_still_needs_a_catalog() -> None:

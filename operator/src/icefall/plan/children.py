@@ -304,17 +304,12 @@ def _delta_problem(st: StreamingTable, spark_master: str) -> tuple[str, str] | N
             f"{location!r} is a local path, and pods share no disk: a Delta table in a cluster lives in an "
             f"object store, set it to {shared}",
         )
-    if spark_master == spark_conf.KUBERNETES_MASTER:
+    if spark_master == spark_conf.KUBERNETES_MASTER:  # only when annotated so (`DELTA_DEFAULT_MASTER`)
         annotation = spark_conf.ANNOTATION_SPARK_MASTER
-        chosen = (
-            "is kubernetes"
-            if annotation in st.metadata.annotations
-            else "is not set, so the operator's spark.master applies: kubernetes"
-        )
         return (
             f"metadata.annotations[{annotation}]",
-            f"{chosen}, but executor pods cannot write a Delta table: the Delta writer stages each batch's "
-            f"files on the driver's local disk; annotate the StreamingTable {annotation}=local[*] (Spark "
-            "inside the driver pod), or set the operator's spark.master to local[*]",
+            "is kubernetes, but executor pods cannot write a Delta table: the Delta writer stages each "
+            "batch's files on the driver's local disk; remove the annotation, or set it to local[*] (Spark "
+            "inside the driver pod)",
         )
     return None

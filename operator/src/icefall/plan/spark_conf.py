@@ -86,19 +86,25 @@ def shuffle_partitions(master: str, *, cores: int) -> int:
     return SHUFFLE_PARTITIONS_PER_CORE * max(cores, 1)
 
 
+#: A Delta table's driver without the annotation: Spark inside its pod, whatever the operator's default (the
+#: Delta writer stages a batch's files on the driver's disk, so executor pods cannot write them).
+DELTA_DEFAULT_MASTER = "local[*]"
+
+
 def spark_master(st: StreamingTable, settings: OperatorSettings) -> tuple[str, list[Problem]]:
     """The Spark master URL for this table's driver, and a problem if the annotation cannot be used."""
-    wanted = st.metadata.annotations.get(ANNOTATION_SPARK_MASTER, settings.spark_master)
+    default = DELTA_DEFAULT_MASTER if st.spec.table.format.value == "delta" else settings.spark_master
+    wanted = st.metadata.annotations.get(ANNOTATION_SPARK_MASTER, default)
     problems: list[Problem] = []
     if wanted != "kubernetes" and not LOCAL_MASTER.match(wanted):
         problems.append(
             Problem(
                 f"metadata.annotations[{ANNOTATION_SPARK_MASTER}]",
                 f"{wanted!r} is not a Spark master; use kubernetes, local, local[N] or local[*] "
-                f"(using the operator default {settings.spark_master!r})",
+                f"(using the default {default!r})",
             )
         )
-        wanted = settings.spark_master
+        wanted = default
     if wanted == "kubernetes":
         return KUBERNETES_MASTER, problems
     return ("local[*]" if wanted == "local" else wanted), problems
