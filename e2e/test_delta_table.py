@@ -78,12 +78,9 @@ def manifest(namespace: str, bootstrap: str, location: str, store: ObjectStore) 
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "StreamingTable",
-        "metadata": {
-            "name": NAME,
-            "namespace": namespace,
-            # Spark inside the driver pod: the Delta writer stages a batch's files on the driver's disk.
-            "annotations": {"icefall.dev/spark-master": "local[1]"},
-        },
+        # No spark-master annotation: a Delta table's driver runs Spark inside its pod by default (the Delta
+        # writer stages a batch's files on the driver's disk), whatever the operator's spark.master.
+        "metadata": {"name": NAME, "namespace": namespace},
         "spec": {
             "source": {"bootstrapServers": bootstrap, "topic": TOPIC},
             "format": {
