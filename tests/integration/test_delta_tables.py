@@ -42,7 +42,7 @@ from icefall.commit import FencedError
 from icefall.commit.delta import DeltaLog, set_properties
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.delta_sink import BadRecordsHaltedError, DeltaIngestor
-from icefall.runtime import failpoints
+from icefall.runtime import failpoints, metrics
 from icefall.testing.delta import (
     delta_ids,
     delta_manifest,
@@ -194,6 +194,20 @@ def test_bad_records_go_to_the_delta_dead_letter_table_once_through_a_failure_be
     good = [i for i in range(60) if i % 7]
     assert table.ids() == Counter(good)
     assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+    # The same metrics as an Iceberg table's (dashboards, alerts): dead letters by kind of reason, lag.
+    label = ".".join(table.st.table_identifier)
+    sample = metrics.REGISTRY.get_sample_value
+    kinds = {
+        s.labels["reason"]: s.value
+        for m in metrics.REGISTRY.collect()
+        for s in m.samples
+        if s.name == "icefall_records_dead_lettered_total" and s.labels["table"] == label
+    }
+    assert sum(kinds.values()) >= len(bad) and set(kinds) == {"malformed_json"}, (
+        kinds
+    )  # the failed batch's too
+    assert sample("icefall_records_read_total", {"table": label}) >= 60
+    assert [sample("icefall_lag_records", {"table": label, "partition": p}) for p in "01"] == [0, 0]
     rows = DeltaTable(dlq).to_pyarrow_table()
     held = Counter(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
     assert held == Counter(bad)  # each bad record once, with its error text

@@ -47,6 +47,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def reason_kinds(bad: DataFrame) -> dict[str, int]:
+    """How many of the dead-letter rows `bad` (cached: one small job) have each kind of reason, for the
+    metrics (`icefall.ingest.decode.REASON_KINDS`)."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    from icefall.ingest.decode import reason_kind
+
+    counted = bad.groupBy(reason_kind(F.col("error")).alias("kind")).count().collect()
+    return {row["kind"]: int(row["count"]) for row in counted}
+
+
 class DeadLetters:
     """One writer's dead letters: the table (None if the spec has none) and the topic (if named)."""
 
@@ -68,16 +79,10 @@ class DeadLetters:
         dead-letter table on staging branch `branch`, then produce them to the dead-letter topic (if the
         spec names one); both before the main commit, which must follow: until it lands the dead-letter
         table is ahead of the main table. Returns how many there were, and how many of each kind."""
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-        from icefall.ingest.decode import reason_kind
-
         bad = self.writer.bad_rows(planned.ranges).persist()
         try:
             dead = self._write(bad, batch, planned.committed, expected, branch=branch, epoch=epoch)
-            # For the metrics by kind of reason (`Reporter`): one small job on the cached rows.
-            counted = bad.groupBy(reason_kind(F.col("error")).alias("kind")).count().collect()
-            kinds = {row["kind"]: int(row["count"]) for row in counted}
+            kinds = reason_kinds(bad)
             if dead and self.spec.dead_letter.topic is not None:
                 produce_batch(bad, planned, self.spec, epoch, self._kafka_config)
                 failpoint("dlq-topic.after-produce")

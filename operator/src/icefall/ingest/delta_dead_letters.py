@@ -39,7 +39,8 @@ from icefall.commit.batch import SourceBatch, TopicsBatch, held_of
 from icefall.commit.delta import DeltaLog, claim_epoch, commit_batch, create_table, moved_into
 from icefall.commit.delta_storage import is_s3, local_path
 from icefall.commit.state import CommittedState
-from icefall.ingest.dead_letters import produce_batch
+from icefall.ingest.dead_letters import produce_batch, reason_kinds
+from icefall.ingest.outcome import DeadLettersLanded
 from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
@@ -98,23 +99,26 @@ class DeltaDeadLetters:
         claim_epoch(self.log, epoch, role="dlq")
         shutil.rmtree(self.log.staging_root(STAGING_DIR), ignore_errors=True)
 
-    def commit(self, batch: SourceBatch, planned: PlannedBatch, expected: int, epoch: int) -> int:
+    def commit(
+        self, batch: SourceBatch, planned: PlannedBatch, expected: int, epoch: int
+    ) -> DeadLettersLanded:
         """Read the batch's bad records again; commit the `expected` ones the dead-letter table does not hold
         yet, then send all of them to the dead-letter topic; both before the table's commit, which must
-        follow. How many the dead-letter table took. StaleHeadError (the table's commit must not follow) if
-        the second read found another number (then nothing went to the dead-letter table)."""
+        follow. The batch's dead letters, by kind of reason. StaleHeadError (the table's commit must not
+        follow) if the second read found another number (then nothing went to the dead-letter table)."""
         spec = self.writer.spec
         bad = self.writer.bad_rows(planned.ranges).persist()  # one Kafka read for the table and the topic
         try:
-            taken = 0 if self.log is None else self._commit_table(self.log, bad, batch, expected, epoch)
+            if self.log is not None:
+                self._commit_table(self.log, bad, batch, expected, epoch)
             if spec.dead_letter.topic is not None:
                 sent = produce_batch(bad, planned, spec, epoch, self._kafka_config)
                 if sent != expected:
                     raise StaleHeadError(_another_number(sent, expected))
                 failpoint("dlq-topic.after-produce")
+            return DeadLettersLanded(expected, reason_kinds(bad))
         finally:
             bad.unpersist()
-        return taken
 
     def _commit_table(
         self, log: DeltaLog, bad: DataFrame, batch: SourceBatch, expected: int, epoch: int

@@ -51,7 +51,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +67,7 @@ from icefall.catalog.delta_schema import (
     written_schema,
 )
 from icefall.commit import FencedError, StaleHeadError
+from icefall.commit.batch import held_of
 from icefall.commit.delta import (
     AddFile,
     DeltaLog,
@@ -82,13 +83,15 @@ from icefall.ingest.commits import LeaseKeeper
 from icefall.ingest.delta_dead_letters import DeltaDeadLetters, dead_letter_location
 from icefall.ingest.delta_read import with_partition_columns
 from icefall.ingest.outages import Outages, registry_address, sleep_unless
+from icefall.ingest.outcome import NO_DEAD_LETTERS, DeadLettersLanded
 from icefall.ingest.planning import PlannedBatch, Planner, Progress, ReadStats
-from icefall.ingest.report import BatchReport
+from icefall.ingest.report import BatchReport, publish_batch
 from icefall.ingest.schemas import follows_table, writer_fields
 from icefall.ingest.writer import BatchWriter
 from icefall.kafka.admin import TopicView
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
 from icefall.plan.batching import next_batch_delay
+from icefall.plan.lag import partition_lag
 from icefall.plan.outages import Service
 from icefall.runtime.failpoints import failpoint
 
@@ -238,8 +241,9 @@ class DeltaIngestor:
         if self.keeper is not None:
             self.keeper.check(self.label)
         batch = planned.batch(stats)
+        dead = NO_DEAD_LETTERS
         if stats.bad and self.dead_letters is not None:  # before the table's commit (delta_dead_letters)
-            self.dead_letters.commit(batch, planned, stats.bad, self.epoch)
+            dead = self.dead_letters.commit(batch, planned, stats.bad, self.epoch)
         committing = time.monotonic()
         actions = merged.actions if merged is not None else None
         version = commit_batch(
@@ -251,7 +255,9 @@ class DeltaIngestor:
             log.info("%s: schema changed with version %d: %s", self.label, version, changes)
         done = time.monotonic()
         written = merged.written if merged is not None else sum(f.records for f in files)
-        return self._report(planned, stats, written, version, started, phases=(wrote, committing, done))
+        return self._report(
+            planned, stats, written, version, started, phases=(wrote, committing, done), dead=dead
+        )
 
     def schema_after(self, snapshot: DeltaSnapshot, writers: Writers | None = None) -> str | None:
         """The table's schema once this writer's batch lands on `snapshot` (`icefall.catalog.delta_schema`;
@@ -417,11 +423,14 @@ class DeltaIngestor:
         started: float,
         *,
         phases: tuple[float, float, float],
+        dead: DeadLettersLanded,
     ) -> BatchReport:
+        """The batch's report, its metrics published (`icefall.ingest.report.publish_batch`)."""
         wrote, committing, done = phases
         seconds = done - started
         newest = stats.max_produce_ms
-        lag = max(planned.backlog - planned.records, 0)
+        by_topic = self._lag_after(planned)
+        lag = sum(sum(partitions.values()) for partitions in by_topic.values())
         self.progress = Progress(
             throughput_rps=stats.records / seconds if seconds > 0 else None,
             last_batch_seconds=seconds,
@@ -430,7 +439,7 @@ class DeltaIngestor:
             backlog_after_last_batch=lag,
             batches_measured=self.progress.batches_measured + 1,
         )
-        return BatchReport(
+        report = BatchReport(
             records_read=stats.records,
             records_written=written,
             records_dead_lettered=stats.bad,
@@ -443,7 +452,26 @@ class DeltaIngestor:
             bytes_read=stats.bytes,
             data_loss=planned.lost,
             phases={"plan": wrote - started, "write": committing - wrote, "commit": done - committing},
+            partition_lag=next(iter(by_topic.values())) if len(by_topic) == 1 else {},
+            dead_letter_reasons=dead.kinds,
         )
+        publish_batch(self.spec, self.label, report, by_topic)
+        return report
+
+    def _lag_after(self, planned: PlannedBatch) -> dict[str, dict[int, int]]:
+        """Each topic's lag per partition once the batch landed: against the watermarks now (the planned
+        ones, a floor, if the broker does not answer)."""
+        lag = {}
+        for part in planned.parts:
+            marks: Mapping[int, tuple[int, int]]
+            try:
+                marks = self.topics[part.topic].watermarks()
+            except Exception:
+                log.warning("%s: reading watermarks after the commit failed; lag may be low", self.label)
+                marks = part.watermarks
+            after = {**held_of(planned.committed, part.topic).offsets, **part.end}
+            lag[part.topic] = partition_lag(after, marks)
+        return lag
 
     # -- the loop -------------------------------------------------------------------------------------
 

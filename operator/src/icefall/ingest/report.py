@@ -196,33 +196,10 @@ class Reporter:
         self.publish_lag(lag)
 
     def publish_lag(self, lag: Mapping[str, Mapping[int, int]]) -> None:
-        """`icefall_lag_records` per partition: labelled `<partition>`, or `<topic>/<partition>` in a
-        table of several topics."""
-        by_topic = self.spec.source.by_topic
-        for topic, partitions in lag.items():
-            for partition, records in partitions.items():
-                where = f"{topic}/{partition}" if by_topic else str(partition)
-                metrics.LAG.labels(self.label, where).set(records)
+        publish_lag(self.spec, self.label, lag)
 
     def _publish(self, report: BatchReport, lag: Mapping[str, Mapping[int, int]]) -> None:
-        # A keyed table writes one row per key and batch, and none for a delete: not "filtered".
-        filtered = (
-            0
-            if self.spec.key
-            else report.records_read - report.records_written - report.records_dead_lettered
-        )
-        metrics.RECORDS_READ.labels(self.label).inc(report.records_read)
-        metrics.RECORDS_WRITTEN.labels(self.label).inc(report.records_written)
-        for kind, count in report.dead_letter_reasons.items():
-            metrics.RECORDS_DEAD_LETTERED.labels(self.label, kind).inc(count)
-        metrics.RECORDS_FILTERED.labels(self.label).inc(max(filtered, 0))
-        metrics.BYTES_READ.labels(self.label).inc(report.bytes_read)
-        metrics.BATCH_DURATION.labels(self.label).observe(report.seconds)
-        metrics.COMMIT_DURATION.labels(self.label).observe(report.commit_seconds)
-        metrics.FRESHNESS.labels(self.label).set(report.freshness_seconds)
-        metrics.FRESHNESS_TARGET.labels(self.label).set(self.spec.freshness.target_seconds)
-        metrics.LAST_COMMIT.labels(self.label).set(time.time())
-        self.publish_lag(lag)
+        publish_batch(self.spec, self.label, report, lag)
 
     def _watermarks_after(self, planned: PlannedBatch) -> dict[str, Mapping[int, tuple[int, int]]]:
         """Current watermarks of each topic; the planned ones if the broker does not answer (the lag is then
@@ -232,6 +209,36 @@ class Reporter:
         except Exception:
             log.warning("%s: reading watermarks after the commit failed; lag may be low", self.label)
             return {part.topic: part.watermarks for part in planned.parts}
+
+
+def publish_lag(spec: StreamingTableSpec, label: str, lag: Mapping[str, Mapping[int, int]]) -> None:
+    """`icefall_lag_records` per partition: labelled `<partition>`, or `<topic>/<partition>` in a table of
+    several topics."""
+    by_topic = spec.source.by_topic
+    for topic, partitions in lag.items():
+        for partition, records in partitions.items():
+            where = f"{topic}/{partition}" if by_topic else str(partition)
+            metrics.LAG.labels(label, where).set(records)
+
+
+def publish_batch(
+    spec: StreamingTableSpec, label: str, report: BatchReport, lag: Mapping[str, Mapping[int, int]]
+) -> None:
+    """The metrics of a landed batch of the table `label` (either format), with its lag per topic."""
+    # A keyed table writes one row per key and batch, and none for a delete: not "filtered".
+    filtered = 0 if spec.key else report.records_read - report.records_written - report.records_dead_lettered
+    metrics.RECORDS_READ.labels(label).inc(report.records_read)
+    metrics.RECORDS_WRITTEN.labels(label).inc(report.records_written)
+    for kind, count in report.dead_letter_reasons.items():
+        metrics.RECORDS_DEAD_LETTERED.labels(label, kind).inc(count)
+    metrics.RECORDS_FILTERED.labels(label).inc(max(filtered, 0))
+    metrics.BYTES_READ.labels(label).inc(report.bytes_read)
+    metrics.BATCH_DURATION.labels(label).observe(report.seconds)
+    metrics.COMMIT_DURATION.labels(label).observe(report.commit_seconds)
+    metrics.FRESHNESS.labels(label).set(report.freshness_seconds)
+    metrics.FRESHNESS_TARGET.labels(label).set(spec.freshness.target_seconds)
+    metrics.LAST_COMMIT.labels(label).set(time.time())
+    publish_lag(spec, label, lag)
 
 
 def added_records(table: Table, snapshot_id: int) -> int:
