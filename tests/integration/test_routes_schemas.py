@@ -203,3 +203,69 @@ def test_a_topic_per_source_table_into_a_table_each_with_its_own_schema_and_key(
     with union_read(st, catalog_config, spark=spark, table_name=f"{NAMESPACE}.{name}_orders") as result:
         rows = result.frame.drop("_kafka", "_sequence").collect()
     assert {r["order_id"]: r.asDict() for r in rows} == expected_orders(sent_orders + tail)
+
+
+APPEND_MANIFEST = """
+apiVersion: icefall.dev/v1alpha1
+kind: StreamingTable
+metadata: {{name: {k8s}}}
+spec:
+  source:
+    bootstrapServers: "{bootstrap}"
+    topics: [{users}, {clicks}]
+  format:
+    schema:
+      - {{name: kind, type: string}}
+  table: {{namespace: it, name: {name}}}
+  routes:
+    - table: {{name: {name}_users}}
+      when: "_kafka.topic = '{users}'"
+      schema:
+        - {{name: user_id, type: long, required: true}}
+        - {{name: name, type: string}}
+    - table: {{name: {name}_clicks}}
+      when: "_kafka.topic = '{clicks}'"
+      schema:
+        - {{name: click_id, type: long, required: true}}
+        - {{name: user_id, type: long}}
+        - {{name: ms, type: int}}
+  batch: {{maxRecords: 50, minIntervalSeconds: 0}}
+  freshness: {{targetSeconds: 2}}
+"""
+
+
+def test_append_routes_with_their_own_schemas_are_verified_by_content(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    from icefall.audit.routed import RoutedAuditReport
+    from icefall.commands.verify import verify_table
+
+    name, users, clicks = "own_append", "it-own-append-users", "it-own-append-clicks"
+    kafka.create_topic(users, partitions=2)
+    kafka.create_topic(clicks, partitions=1)
+    # One in ten of each does not fit its route's schema: a user without user_id, a click's ms not an int.
+    user = [{"user_id": None if n % 10 == 9 else n, "name": f"u{n}"} for n in range(60)]
+    click = [{"click_id": n, "user_id": n % 7, "ms": "slow" if n % 10 == 9 else n} for n in range(70)]
+    send_changes(kafka, users, [(None, str(n), value) for n, value in enumerate(user)])
+    send_changes(kafka, clicks, [(None, None, value) for value in click])
+    text = APPEND_MANIFEST.format(
+        k8s=name.replace("_", "-"), bootstrap=kafka.bootstrap, name=name, users=users, clicks=clicks
+    )
+    st = load_manifest(text)
+    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+        assert len(drain(ingestor)) >= 2
+    catalog = catalog_config.pyiceberg()
+    user_rows = catalog.load_table((NAMESPACE, f"{name}_users")).scan().to_arrow().to_pylist()
+    click_rows = catalog.load_table((NAMESPACE, f"{name}_clicks")).scan().to_arrow().to_pylist()
+    assert sorted((r["user_id"], r["name"]) for r in user_rows) == [
+        (n, f"u{n}") for n in range(60) if n % 10 != 9
+    ]
+    assert sorted((r["click_id"], r["user_id"], r["ms"]) for r in click_rows) == [
+        (n, n % 7, n) for n in range(70) if n % 10 != 9
+    ]
+    assert catalog.load_table((NAMESPACE, name)).scan().to_arrow().num_rows == 0
+    dead = catalog.load_table((NAMESPACE, f"{name}_dlq")).scan().to_arrow().to_pylist()
+    assert sorted(r["topic"] for r in dead) == [clicks] * 7 + [users] * 6
+    report = verify_table(st, catalog_config, spark=spark)
+    assert isinstance(report, RoutedAuditReport)
+    assert report.ok and all(d.report.content_checked for d in report.destinations), report.render()

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable
-from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN
+from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
     from icefall.api import StreamingTableSpec
     from icefall.ingest.decode import Decoder
+
+
+#: `OwnDecoders.taken`'s column naming each record's route.
+ROUTE = f"{INTERNAL_PREFIX}own_route"
 
 
 def route_reason(index: int, label: str) -> str:
@@ -98,6 +102,18 @@ class OwnDecoders:
         union = functools.reduce(lambda a, b: a.unionByName(b), flags)
         row = union.agg(F.count_if(F.col(BAD_COLUMN)).alias("bad")).first()
         return int(row["bad"] or 0) if row is not None else 0
+
+    @staticmethod
+    def taken(routed: DataFrame, route: Column) -> DataFrame:
+        """The Kafka columns of `routed` and its `route` column (`ROUTE`): what an own route decodes. Cache
+        it (or checkpoint it) before decoding from it: Spark's optimizer runs out of memory on a route's
+        decode stacked on the spec's decode and the conditions."""
+        keep = [
+            c
+            for c in ("partition", "offset", "timestamp", "key", "value", "headers", "topic")
+            if c in routed.columns
+        ]
+        return routed.select(*keep, route.alias(ROUTE))
 
     def bad_rows(self, routed: DataFrame, route: Column, *, by_topic: bool) -> DataFrame:
         """The dead-letter rows (`icefall.ingest.decode.bad_rows`) of the records of `routed` (decoded with

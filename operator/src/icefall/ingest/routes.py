@@ -76,7 +76,7 @@ from icefall.ingest.route_context import (
     value_field,
     value_fields,
 )
-from icefall.ingest.route_decoding import OwnDecoders
+from icefall.ingest.route_decoding import ROUTE, OwnDecoders
 from icefall.plan.routing import (
     Take,
     TopicRange,
@@ -465,11 +465,13 @@ class Routing:
         )
 
     def own_dead_letters(self, decoded: DataFrame, *, by_topic: bool) -> DataFrame:
-        """The dead-letter rows of the records of `decoded` (with error text) that do not fit the schema of
-        the own route that takes them (`OwnDecoders.bad_rows`)."""
+        """The dead-letter rows of the records of `decoded` that do not fit the schema of the own route
+        that takes them (`OwnDecoders.bad_rows`): routed, checkpointed (a job: the dead-letter path is
+        rare, its plan must stay small), then decoded again by their routes."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        return self.own.bad_rows(self.routed(decoded), F.col(ROUTE_COLUMN), by_topic=by_topic)
+        taken = self.own.taken(self.routed(decoded), F.col(ROUTE_COLUMN)).localCheckpoint()
+        return self.own.bad_rows(taken, F.col(ROUTE), by_topic=by_topic)
 
     # -- commits ---------------------------------------------------------------------------------------
 
