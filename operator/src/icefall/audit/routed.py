@@ -28,6 +28,11 @@ own offsets of that topic, over the topics `spec.table` or it holds (`icefall.au
 dynamic route's names get their fates per topic, from each created table's start offsets of that topic
 (a table starts each topic at the first batch of it that it took).
 
+Routes with their own schema (`icefall.ingest.route_decoding`): their records are decoded again with it, as
+their writer does, from a local checkpoint of the routed records; one that does not fit it must be a dead
+letter. Its rows are digested as its schema decodes them: a field removed from it since they were written
+makes them differ (audit with the spec the tables were filled with).
+
 Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
 schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
 missing: audit with the spec the tables were filled with.
