@@ -28,6 +28,11 @@ Several topics (`spec.source.topics`, `topicPattern`): each destination takes it
 (`icefall.plan.routing.destination_takes`) and commits it as a `TopicsBatch`. Conditions see the decoded
 value's fields as the batch decodes them (a registry format's: the table's columns now).
 
+Own schemas (`spec.routes[i].schema`, `key`, `sequenceBy`; `icefall.ingest.route_decoding`): a record such
+a route takes is judged by its route's schema, not spec's (`routed`); `write` decodes its records again
+from the cached batch into its table's columns, keyed by its key (`Destination.spec`), and counts those
+that do not fit (dead letters, `own_dead_letters`).
+
 Dynamic routes (`spec.dynamicRoute`): `routed` also adds the name each good record no static route takes
 computes (`NAME_COLUMN`). `write` counts the batch's names first (one job over the cached batch, its
 observation with it), sorts them (`icefall.plan.routing.dynamic_names`), creates the new tables (`create`:
@@ -207,7 +212,8 @@ class Routing:
     def routed(self, decoded: DataFrame, conditions: list[str] | None = None) -> DataFrame:
         """`decoded` (a `decode` result) with `ROUTE_COLUMN`: the index of the first route whose condition
         (of `conditions`, default the spec's) holds for a good record; null for a record no route takes and
-        for a bad record."""
+        for a bad record. A record a route with its own schema takes is that route's, not bad here, whatever
+        spec's decode made of it (`OwnDecoders` judges it)."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         context = decoded.select(
