@@ -49,6 +49,9 @@ from icefall.api.topic_pattern import costly_problem
 
 #: Most routes one StreamingTable may have: each is a table committed every batch.
 MAX_ROUTES = 64
+#: Most fields a route's own schema has (PostgreSQL's most columns per table): the API server estimates the
+#: cost of the schema's field rules over every route's fields, and refuses a CRD whose total is too high.
+MAX_ROUTE_FIELDS = 1600
 #: The reason a dead letter of an unrouted record gives (`spec.unrouted: DeadLetter`).
 UNROUTED_REASON = "unrouted: no route's condition holds (spec.unrouted: DeadLetter)"
 
@@ -122,7 +125,7 @@ class Route(ApiModel):
         default=None,
         alias="schema",
         min_length=1,
-        max_length=10000,
+        max_length=MAX_ROUTE_FIELDS,
         description=(
             "The columns of this route's table, as spec.format.schema (json only): the records this route "
             "takes are decoded with them; one that does not fit is a dead letter naming the table. "
