@@ -2,7 +2,8 @@
 part of a batch per topic (`icefall.plan.routing.destination_takes`, `icefall.ingest.routes`).
 
 Proves: routes and a dynamic route are accepted with `source.topics`, `source.topicPattern` and the
-registry formats (avro, protobuf, jsonSchema); keyed routes read one topic (several are refused); a
+registry formats (avro, protobuf, jsonSchema); keyed routes read several topics too (a keyed table
+without routes is refused); a
 destination takes each topic from its own offsets of that topic (a topic it never committed: the batch's
 range), leaves out the topics it holds, and a destination behind in one topic raises naming that topic; its
 commit is in the batch's form (a `TopicsBatch` of the topics it takes, or the one topic's `Batch`), a keyed
@@ -63,15 +64,16 @@ def test_routes_decode_registry_formats(fmt: dict[str, Any]) -> None:
     assert table.spec.routed
 
 
-def test_keyed_routes_read_one_topic() -> None:
+def test_keyed_routes_read_several_topics_a_keyed_table_without_routes_one() -> None:
     keyed: dict[str, Any] = {
         "mode": "upsert",
         "key": ["kind"],
         "format": {"schema": [{**SCHEMA[0], "required": True}]},
     }
     assert st({"topic": "orders"}, **keyed).spec.routed
+    assert st({"topics": ["orders-eu", "orders-us"]}, **keyed).spec.source.by_topic  # a table per topic
     with pytest.raises(ValidationError, match=r"a keyed table \(mode upsert or cdc\) reads one topic"):
-        st({"topics": ["orders-eu", "orders-us"]}, **keyed)
+        st({"topics": ["orders-eu", "orders-us"]}, routes=[], **keyed)
 
 
 def test_a_destination_takes_each_topic_from_its_own_offsets() -> None:

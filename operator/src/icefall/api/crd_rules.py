@@ -272,10 +272,12 @@ MODEL_RULES: Mapping[str, tuple[Rule, ...]] = {
             field_path=".dynamicRoute",
         ),
         Rule(
-            "(!has(self.source.topics) && !has(self.source.topicPattern)) || !has(self.key)",
+            "(!has(self.source.topics) && !has(self.source.topicPattern)) || !has(self.key) "
+            "|| (has(self.routes) && size(self.routes) > 0)",
             message=(
                 "a keyed table (mode upsert or cdc) reads one topic: Kafka orders the changes of a key "
-                "within a partition of one topic only; use source.topic, or mode append"
+                "within a partition of one topic only; use source.topic, mode append, or routes (a table "
+                "per topic: a condition on _kafka.topic)"
             ),
             field_path=".key",
         ),

@@ -9,12 +9,15 @@ A route's condition (`when`) is a Spark SQL boolean expression over the record a
 header's name to its value as UTF-8 text; the first of a repeated name). It is checked like a transform
 (`icefall.api.sql_expressions`: record-local functions only, no query, no file read); a condition that is
 null counts as false. A route's table lives in `spec.table`'s catalog, by default in its namespace, with its
-own partitioning, sort order and properties, and the columns of `spec.table`.
+own partitioning, sort order and properties, and the columns of `spec.table`, or its own: a route may give
+its table's `schema`, and in keyed modes its `key` and `sequenceBy` (json only; `icefall.api.route_specs`:
+a table per source table of a database, each topic routed by `_kafka.topic`). Its condition still sees the
+record as spec.format.schema decodes it; its schema then decodes the records it takes.
 
-Keyed tables (`spec.mode` upsert, cdc; static routes only): each route table is keyed by `spec.key` and
-MERGEs the changes it takes. A condition sees the row image (cdc: `after`, `before` for a delete; a
-tombstone only its key fields, from the Kafka key); a delete no condition takes deletes its key in every
-destination (`icefall.ingest.routes`).
+Keyed tables (`spec.mode` upsert, cdc; static routes only): each route table is keyed by its key (default
+`spec.key`) and MERGEs the changes it takes. A condition sees the row image (cdc: `after`, `before` for a
+delete; a tombstone only its key fields, from the Kafka key); a delete no condition takes deletes its key in
+every destination (`icefall.ingest.routes`).
 
 A dynamic route (kept small on purpose): `from` names the value (a top-level `Field`, a `Header`, the
 `Key` or the `Topic`, as text); `pattern` optionally extracts part of it (a regex: its one group, or the
@@ -38,13 +41,17 @@ from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
 
-from icefall.api.base import IDENTIFIER_PATTERN, NAMESPACE_PATTERN, ApiModel
+from icefall.api.base import IDENTIFIER_PATTERN, NAMESPACE_PATTERN, ApiModel, ProblemCollector
+from icefall.api.schema import SchemaField, check_fields
 from icefall.api.sql_expressions import expression_problem
 from icefall.api.table import PartitionField, SortField, layout_duplicates, unreserved_properties
 from icefall.api.topic_pattern import costly_problem
 
 #: Most routes one StreamingTable may have: each is a table committed every batch.
 MAX_ROUTES = 64
+#: Most fields a route's own schema has (PostgreSQL's most columns per table): the API server estimates the
+#: cost of the schema's field rules over every route's fields, and refuses a CRD whose total is too high.
+MAX_ROUTE_FIELDS = 1600
 #: The reason a dead letter of an unrouted record gives (`spec.unrouted: DeadLetter`).
 UNROUTED_REASON = "unrouted: no route's condition holds (spec.unrouted: DeadLetter)"
 
@@ -114,6 +121,34 @@ class Route(ApiModel):
         ),
     )
 
+    schema_fields: list[SchemaField] | None = Field(
+        default=None,
+        alias="schema",
+        min_length=1,
+        max_length=MAX_ROUTE_FIELDS,
+        description=(
+            "The columns of this route's table, as spec.format.schema (json only): the records this route "
+            "takes are decoded with them; one that does not fit is a dead letter naming the table. "
+            "Default: spec.format.schema. The condition still sees the record as spec.format.schema "
+            "decodes it."
+        ),
+    )
+    key: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description=(
+            "mode upsert, cdc: the columns that identify a row of this route's table, as spec.key (required "
+            "top-level fields of this route's schema). Default: spec.key."
+        ),
+    )
+    sequence_by: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8,
+        description="mode cdc: this route's table's spec.sequenceBy. Default: spec.sequenceBy.",
+    )
+
     @field_validator("when")
     @classmethod
     def _record_local(cls, value: str) -> str:
@@ -121,6 +156,18 @@ class Route(ApiModel):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _whole_schema(self) -> Route:
+        problems = ProblemCollector()
+        problems.extend(("schema",), check_fields(self.schema_fields or [], json_format=True))
+        problems.raise_if_any()
+        return self
+
+    @property
+    def decodes_own(self) -> bool:
+        """Whether its records decode otherwise than spec.table's: it gives a schema, key or sequenceBy."""
+        return (self.schema_fields, self.key, self.sequence_by) != (None, None, None)
 
 
 #: Most tables one dynamic route may create (`maxTables` is at most this): every one of them is committed

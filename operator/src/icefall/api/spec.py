@@ -43,6 +43,7 @@ from icefall.api.mode import (
     sequence_problems,
 )
 from icefall.api.pods import PodTemplates
+from icefall.api.route_specs import own_route_problems, route_update
 from icefall.api.routes import MAX_ROUTES, DynamicRoute, NameFrom, Route, Unrouted
 from icefall.api.source import KafkaSource
 from icefall.api.spark import SparkSpec
@@ -180,9 +181,10 @@ class StreamingTableSpec(ApiModel):
         description=(
             "Static routes: the source's records into several tables, read once per batch. Each record goes "
             "to the first route whose condition holds; records no route takes go where unrouted says. Each "
-            "table commits the offsets it has taken (per topic and partition), exactly once. Keyed (mode "
-            "upsert, cdc): every route table has spec.key and MERGEs the changes it takes; a delete no "
-            "condition takes deletes its key in every destination."
+            "table commits the offsets it has taken (per topic and partition), exactly once. A route may "
+            "give its table's own schema, key and sequenceBy (json). Keyed (mode upsert, cdc): every route "
+            "table has its key and MERGEs the changes it takes; a delete no condition takes deletes its key "
+            "in every destination."
         ),
     )
     dynamic_route: DynamicRoute | None = Field(
@@ -291,11 +293,12 @@ class StreamingTableSpec(ApiModel):
         if self.dead_letter.topic is not None and self.source.reads(self.dead_letter.topic):
             problems.add(("deadLetter", "topic"), "the dead-letter topic must differ from the source topic")
         problems.extend((), pattern_subject_problems(self))
-        if self.source.by_topic and self.key is not None:
+        if self.source.by_topic and self.key is not None and not self.routes:
             problems.add(
                 ("key",),
                 "a keyed table (mode upsert or cdc) reads one topic: Kafka orders the changes of a key "
-                "within a partition of one topic only; use source.topic, or mode append",
+                "within a partition of one topic only; use source.topic, mode append, or routes (a table "
+                "per topic: a condition on _kafka.topic)",
             )
         if self.batch.min_interval_seconds > self.freshness.target_seconds:
             problems.add(
@@ -331,6 +334,11 @@ class StreamingTableSpec(ApiModel):
     def routed(self) -> bool:
         """Whether records are routed to other tables than `table` (`routes` or `dynamicRoute`)."""
         return bool(self.routes) or self.dynamic_route is not None
+
+    def route_spec(self, index: int) -> StreamingTableSpec | None:
+        """Route `index`'s table's spec when the route decodes its own way (`route_update`), else None."""
+        update = route_update(self.routes[index], self.format, self.key, self.sequence_by)
+        return None if update is None else self.model_copy(update=update)
 
     @property
     def unrouted_to(self) -> Unrouted:
@@ -382,14 +390,14 @@ def route_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         problems.append(
             (("unrouted",), "DeadLetter needs a dead-letter table or topic (spec.deadLetter); use Table")
         )
+    problems += own_route_problems(spec.routes, spec.format, spec.mode, spec.key, spec.transforms)
     if spec.transforms.select is None and spec.format.schema_known:
         for i, route in enumerate(spec.routes):
-            table = route.table
+            table, fields = route.table, spec.format.schema_fields  # (own schema: `own_route_problems`)
             problems.extend(
                 (("routes", i, "table", *loc), message)
-                for loc, message in layout_problems(
-                    spec.format.schema_fields, table.partitioning, table.sort_order
-                )
+                for loc, message in layout_problems(fields, table.partitioning, table.sort_order)
+                if route.schema_fields is None
             )
     return problems
 

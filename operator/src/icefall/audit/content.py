@@ -245,7 +245,7 @@ class _Written:
         existed."""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-        from icefall.ingest.writer import with_every_column
+        from icefall.ingest.decode import with_every_column
 
         rows = with_every_column(good, self.schema)
         partition, offset = F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset")

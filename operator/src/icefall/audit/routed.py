@@ -28,6 +28,11 @@ own offsets of that topic, over the topics `spec.table` or it holds (`icefall.au
 dynamic route's names get their fates per topic, from each created table's start offsets of that topic
 (a table starts each topic at the first batch of it that it took).
 
+Routes with their own schema (`icefall.ingest.route_decoding`): their records are decoded again with it, as
+their writer does, from a local checkpoint of the routed records; one that does not fit it must be a dead
+letter. Its rows are digested as its schema decodes them: a field removed from it since they were written
+makes them differ (audit with the spec the tables were filled with).
+
 Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
 schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
 missing: audit with the spec the tables were filled with.
@@ -36,6 +41,7 @@ missing: audit with the spec the tables were filled with.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -62,7 +68,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
-    from icefall.api import StreamingTable
+    from icefall.api import StreamingTable, StreamingTableSpec
     from icefall.audit.content import SparkContent
     from icefall.commit.state import CommittedState
 
@@ -226,7 +232,11 @@ class RoutedContent:
                 dest.cast("int").alias("dest"),
             )
             bad = bad_rows(routed)
-            digests = self.content.good_digests(good_rows(routed, spec)).unionByName(
+            if self.routing.own:  # each own route's records decoded with its schema
+                where, bad, good = self._own(routed, where, bad, spec)
+            else:
+                good = self.content.good_digests(good_rows(routed, spec))
+            digests = good.unionByName(
                 bad.select(
                     F.col("partition").cast("long").alias("partition"),
                     F.col("offset").cast("long").alias("offset"),
@@ -243,6 +253,36 @@ class RoutedContent:
             return frame.toArrow().cast(RECORDS_SCHEMA)
         finally:
             decoded.unpersist()
+
+    def _own(
+        self, routed: DataFrame, where: DataFrame, bad: DataFrame, spec: StreamingTableSpec
+    ) -> tuple[DataFrame, DataFrame, DataFrame]:
+        """`where`, the dead-letter rows and the good rows' digests with the routes that have their own
+        schema (`icefall.ingest.route_decoding`): their records decoded with it, as their writer does; those
+        that do not fit it dead letters."""
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        from icefall.audit.content import main_digest
+        from icefall.ingest.columns import KAFKA_COLUMN
+        from icefall.ingest.decode import good_rows
+        from icefall.ingest.route_decoding import ROUTE
+        from icefall.ingest.routes import ROUTE_COLUMN
+
+        own, route = self.routing.own, F.col(ROUTE_COLUMN)
+        others = routed.where(~F.coalesce(route.isin(list(own.specs)), F.lit(False)))
+        frames = [self.content.good_digests(good_rows(others, spec))]
+        taken = own.taken(routed, route).localCheckpoint()  # (a decode stacked on it must not be)
+        bad = bad.unionByName(own.bad_rows(taken, F.col(ROUTE), by_topic=False))
+        for i in own.specs:
+            rows = own.rows(i, taken.where(F.col(ROUTE) == i), None)
+            frames.append(
+                rows.select(
+                    F.col(f"{KAFKA_COLUMN}.partition").cast("long").alias("partition"),
+                    F.col(f"{KAFKA_COLUMN}.offset").cast("long").alias("offset"),
+                    main_digest(rows).alias("digest"),
+                )
+            )
+        return _own_dead(where, bad), bad, functools.reduce(lambda a, b: a.unionByName(b), frames)
 
     def _dynamic(self, routed: DataFrame, topic: str) -> DataFrame:
         """`routed` (records of `topic`) with the fate of each name its records compute
@@ -264,6 +304,21 @@ class RoutedContent:
         )
         spark = self.content.spark
         return resolve(spark, routed, fates, cap_full_from(tables, route.max_tables))
+
+
+def _own_dead(where: DataFrame, bad: DataFrame) -> DataFrame:
+    """`where` (`partition`, `offset`, `dest`) with the records of `bad` (dead-letter rows) sent to DEAD:
+    those that do not fit their own route's schema."""
+    from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+    dead = bad.select(
+        F.col("partition").cast("long").alias("partition"),
+        F.col("offset").cast("long").alias("offset"),
+        F.lit(True).alias("__icefall_dead"),
+    )
+    joined = where.join(dead, ["partition", "offset"], "left")
+    dest = F.when(F.col("__icefall_dead").isNotNull(), F.lit(DEAD)).otherwise(F.col("dest"))
+    return joined.select("partition", "offset", dest.cast("int").alias("dest"))
 
 
 class _View:

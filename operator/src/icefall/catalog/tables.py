@@ -173,20 +173,32 @@ def ensure_tables(
 def ensure_route_tables(
     catalog: Catalog, st: StreamingTable, *, schema_override: Schema | None = None
 ) -> list[Table]:
-    """Each route's table (`spec.routes`, in order), created with the table's columns and the route's own
-    layout and properties, or checked like the table (`TableMismatchError`, layout warnings logged)."""
+    """Each route's table (`spec.routes`, in order), created with the table's columns (a route's own:
+    `StreamingTableSpec.route_spec`) and the route's own layout and properties, or checked like the table
+    (`TableMismatchError`, layout warnings logged)."""
     return [
-        _ensure_route_table(catalog, st, identifier, route.table, schema_override)
-        for route, identifier in zip(st.spec.routes, st.route_identifiers, strict=True)
+        _ensure_route_table(catalog, *route_table(st, i, schema_override), identifier, route.table)
+        for i, (route, identifier) in enumerate(zip(st.spec.routes, st.route_identifiers, strict=True))
     ]
+
+
+def route_table(
+    st: StreamingTable, index: int, schema_override: Schema | None = None
+) -> tuple[StreamingTable, Schema | None]:
+    """`st` as route `index`'s table is laid out (its own spec, `StreamingTableSpec.route_spec`, else `st`),
+    with the schema override that applies to it (none for an own route: its columns are its schema's)."""
+    own = st.spec.route_spec(index)
+    if own is None:
+        return st, schema_override
+    return st.model_copy(update={"spec": own}), None
 
 
 def _ensure_route_table(
     catalog: Catalog,
     st: StreamingTable,
+    schema_override: Schema | None,
     identifier: tuple[str, ...],
     layout: RouteTable | TableTemplate,
-    schema_override: Schema | None,
     *,
     properties: Mapping[str, str] | None = None,
 ) -> Table:
@@ -231,7 +243,7 @@ def ensure_dynamic_table(
         and existing.properties.get(DYNAMIC_OWNER_PROPERTY) != owner[DYNAMIC_OWNER_PROPERTY]
     ):
         return None
-    return _ensure_route_table(catalog, st, identifier, route.table, schema_override, properties=owner)
+    return _ensure_route_table(catalog, st, schema_override, identifier, route.table, properties=owner)
 
 
 def dynamic_route_tables(
@@ -243,7 +255,7 @@ def dynamic_route_tables(
     if route is None:
         return []
     return [
-        (identifier[-1], _ensure_route_table(catalog, st, identifier, route.table, schema_override))
+        (identifier[-1], _ensure_route_table(catalog, st, schema_override, identifier, route.table))
         for identifier in dynamic_route_identifiers(catalog, st)
     ]
 

@@ -74,7 +74,7 @@ class TopicsBatch:
     topic (`CommittedState.topics`), and checks each part against what the table holds of its topic."""
 
     parts: tuple[Batch, ...]
-    deleted_keys: str | None = None  # keyed tables of several topics are not supported: always None
+    deleted_keys: str | None = None  # the deleted keys file the commit names (cdc, sequenceBy); None: same
 
     def __post_init__(self) -> None:
         topics = [part.topic for part in self.parts]

@@ -12,6 +12,7 @@ Not done here: pacing between steps and waiting out outages (`icefall.ingest.eng
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -279,11 +280,14 @@ class Batches:
             if evolution.changes:
                 self.schemas.committed(evolution)
         columns = self.table.schema()
-        for route_table in self.writer.routing.tables if self.writer.routing is not None else []:
+        routing = self.writer.routing
+        for i, route_table in enumerate(routing.tables if routing is not None else []):
             # The route tables hold the table's columns (every field it has, whichever writer schema or
             # spec added it, also one a table created or added later never met): the same fields added.
-            if _following(route_table.schema(), columns).changes:
-                evolve_schema(route_table, lambda schema: _following(schema, columns), self.commits.epoch)
+            # A route with its own schema holds that schema's.
+            wanted = routing.own.columns(i) if routing is not None and i in routing.own else columns
+            if _following(route_table.schema(), wanted).changes:
+                evolve_schema(route_table, functools.partial(_following, columns=wanted), self.commits.epoch)
         return columns
 
     def _land_below(self, flight: InFlight) -> LandedBelow:

@@ -76,6 +76,8 @@ from icefall.ingest.reasons import (
 )
 
 if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
+
     from icefall.ingest.avro import AvroDecoding, SchemaLookup
 
 HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
@@ -308,6 +310,19 @@ def _good_columns(spec: StreamingTableSpec, keyed: Keyed | None) -> list[Column]
     if keyed is not None:
         columns.append(F.col(DELETE_COLUMN))
     return columns
+
+
+def with_every_column(rows: DataFrame, schema: Schema | None) -> DataFrame:
+    """`rows` with the table's top-level columns they lack (a field the spec no longer has) as nulls."""
+    if schema is None:
+        return rows
+    missing = [f for f in schema.fields if f.name not in rows.columns]
+    if not missing:
+        return rows
+    from icefall.api import fields_from_iceberg
+
+    types = StructType.fromJson(to_spark_schema_json(fields_from_iceberg(schema.as_struct())))
+    return rows.select("*", *(F.lit(None).cast(types[f.name].dataType).alias(f.name) for f in missing))
 
 
 def last_changes(changes: DataFrame, key: Sequence[str]) -> DataFrame:

@@ -183,7 +183,8 @@ class PlannedBatch:
         if not self.by_topic:
             (part,) = self.parts
             return replace(part.batch(stats), deleted_keys=stats.deleted_keys)
-        return TopicsBatch(tuple(part.batch(stats) for part in self.parts if part.start))
+        parts = tuple(part.batch(stats) for part in self.parts if part.start)
+        return TopicsBatch(parts, deleted_keys=stats.deleted_keys)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,11 @@ Several topics (`spec.source.topics`, `topicPattern`): each destination takes it
 (`icefall.plan.routing.destination_takes`) and commits it as a `TopicsBatch`. Conditions see the decoded
 value's fields as the batch decodes them (a registry format's: the table's columns now).
 
+Own schemas (`spec.routes[i].schema`, `key`, `sequenceBy`; `icefall.ingest.route_decoding`): a record such
+a route takes is judged by its route's schema, not spec's (`routed`); `write` decodes its records again
+from the cached batch into its table's columns, keyed by its key (`Destination.spec`), and counts those
+that do not fit (dead letters, `own_dead_letters`).
+
 Dynamic routes (`spec.dynamicRoute`): `routed` also adds the name each good record no static route takes
 computes (`NAME_COLUMN`). `write` counts the batch's names first (one job over the cached batch, its
 observation with it), sorts them (`icefall.plan.routing.dynamic_names`), creates the new tables (`create`:
@@ -44,12 +49,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from icefall.api import UNROUTED_REASON, NameFrom, StreamingTable, Unrouted
+from icefall.api import UNROUTED_REASON, NameFrom, StreamingTable, StreamingTableSpec, Unrouted
 from icefall.commit import (
     Batch,
     SourceBatch,
@@ -66,11 +70,18 @@ from icefall.ingest.columns import (
     DELETE_COLUMN,
     ERROR_COLUMN,
     INTERNAL_PREFIX,
-    KAFKA_KEY_COLUMN,
-    TYPED_COLUMN,
 )
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
 from icefall.ingest.report import added_records
+from icefall.ingest.route_context import (
+    RECORD,
+    dynamic_name,
+    judged,
+    kafka_context,
+    value_field,
+    value_fields,
+)
+from icefall.ingest.route_decoding import ROUTE, OwnDecoders
 from icefall.plan.routing import (
     Take,
     TopicRange,
@@ -94,35 +105,38 @@ ROUTE_COLUMN = f"{INTERNAL_PREFIX}route"
 #: The decoded batch's column with the table name a good record no static route takes computes
 #: (`spec.dynamicRoute`; null: none).
 NAME_COLUMN = f"{INTERNAL_PREFIX}table_name"
-_RECORD = f"{INTERNAL_PREFIX}record"
 #: `ROUTE_COLUMN` of a keyed table's delete that no route's condition takes (a tombstone has no row image to
 #: test): it goes to every destination, and deletes its key wherever it is.
 EVERY = -1
 #: The collected rows' column naming the route table each row goes to (`_append_collected`).
 _DESTINATION = f"{INTERNAL_PREFIX}destination"
-#: `_kafka.headers` of a condition: each header's name to its value as text, the first of a repeated name
-#: (a map with a repeated key would fail the batch).
-_HEADERS_MAP = (
-    "map_from_entries(filter(transform(headers, h -> struct(h.key AS key, CAST(h.value AS STRING) AS value)),"
-    " (e, i) -> array_position(transform(headers, x -> x.key), e.key) = i + 1))"
-)
 
 
 @dataclass(frozen=True)
 class Destination:
     """Where `Routing.write` puts one destination's rows of a batch: its staging branch (`target`, the Spark
-    name) of `table`, whether it is sorted, and (keyed, cdc with sequenceBy) the deleted keys file its
-    committed state names."""
+    name) of `table`, whether it is sorted, (keyed, cdc with sequenceBy) the deleted keys file its
+    committed state names, and an own route's spec (`StreamingTableSpec.route_spec`; None: spec's)."""
 
     target: str
     sorted_table: bool
     table: Table
     deleted_keys: str | None = None
+    spec: StreamingTableSpec | None = None
 
 
 #: Writes one destination's rows (append, or a keyed table's MERGE); the deleted keys file it stored for
 #: the commit to name (cdc with sequenceBy), or None (`icefall.ingest.writer.BatchWriter.write_good_rows`).
 WriteTo = Callable[["DataFrame", Destination], "str | None"]
+
+
+@dataclass(frozen=True)
+class RoutesWritten:
+    """What `Routing.write` wrote: the deleted keys file each destination stored (cdc with sequenceBy), by
+    its target; the records that do not fit their own route's schema (dead letters)."""
+
+    deleted_keys: dict[str, str]
+    bad: int
 
 
 @dataclass(frozen=True)
@@ -161,6 +175,7 @@ class Routing:
         self.keyed = st.spec.key is not None  # every destination MERGEs its changes (`write_to`)
         self.key = list(st.spec.key or [])
         self.max_collect_bytes = st.spec.batch.max_collect_bytes
+        self.own = OwnDecoders(st)  # the routes with their own schema, key or sequenceBy
         self.spark_name = spark_name
         self.dynamic_namespace = st.dynamic_namespace
         self.reserved = st.dynamic_reserved
@@ -197,13 +212,14 @@ class Routing:
     def routed(self, decoded: DataFrame, conditions: list[str] | None = None) -> DataFrame:
         """`decoded` (a `decode` result) with `ROUTE_COLUMN`: the index of the first route whose condition
         (of `conditions`, default the spec's) holds for a good record; null for a record no route takes and
-        for a bad record."""
+        for a bad record. A record a route with its own schema takes is that route's, not bad here, whatever
+        spec's decode made of it (`OwnDecoders` judges it)."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         context = decoded.select(
-            F.struct(*(F.col(c) for c in decoded.columns)).alias(_RECORD),
-            *(self._field(name).alias(name) for name in _value_fields(decoded)),
-            self._kafka(decoded).alias("_kafka"),
+            F.struct(*(F.col(c) for c in decoded.columns)).alias(RECORD),
+            *(value_field(name, self.key).alias(name) for name in value_fields(decoded)),
+            kafka_context(decoded, self.spec.source.first_topic).alias("_kafka"),
         )
         conditions = self.conditions if conditions is None else conditions
         route = F.lit(None).cast("int")
@@ -213,53 +229,16 @@ class Routing:
             for i, condition in enumerate(rest, start=1):
                 route = route.when(F.expr(condition), F.lit(i))
         if self.keyed:  # a delete no condition takes deletes its key wherever it is
-            route = F.when(F.col(_RECORD)[DELETE_COLUMN] & route.isNull(), F.lit(EVERY)).otherwise(route)
-        good = ~F.col(_RECORD)[BAD_COLUMN]
-        columns: list[Column | str] = [f"{_RECORD}.*", F.when(good, route).alias(ROUTE_COLUMN)]
+            route = F.when(F.col(RECORD)[DELETE_COLUMN] & route.isNull(), F.lit(EVERY)).otherwise(route)
+        good = ~F.col(RECORD)[BAD_COLUMN]
+        columns: list[Column | str] = [f"{RECORD}.*", F.when(good, route).alias(ROUTE_COLUMN)]
+        if self.own:  # a record an own route takes is judged by its route's schema, not by spec's
+            own = F.coalesce(route.isin(list(self.own.specs)), F.lit(False))
+            columns = [*judged(decoded.columns, own), F.when(good | own, route).alias(ROUTE_COLUMN)]
         if self.dynamic is not None:
-            name = F.when(good & route.isNull(), self._name())
+            name = F.when(good & route.isNull(), dynamic_name(self.dynamic))
             columns.append(name.alias(NAME_COLUMN))
         return context.select(*columns)
-
-    def _field(self, name: str) -> Column:
-        """A value field as a condition sees it: the row image's; a keyed table's key field from the Kafka
-        key where the image has none (a tombstone), as the row written gets it."""
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-        field = F.col(TYPED_COLUMN)[name]
-        return F.coalesce(field, F.col(KAFKA_KEY_COLUMN)[name]) if name in self.key else field
-
-    def _name(self) -> Column:
-        """The table name a record computes (`spec.dynamicRoute`), over the context of `routed`; null when
-        its value is null, its pattern does not match or its condition is not true."""
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-        route = self.dynamic
-        assert route is not None
-        value = {
-            NameFrom.FIELD: lambda: F.col(f"`{route.name}`").cast("string"),
-            NameFrom.HEADER: lambda: F.col("_kafka.headers")[route.name],
-            NameFrom.KEY: lambda: F.col("_kafka.key"),
-            NameFrom.TOPIC: lambda: F.col("_kafka.topic"),
-        }[route.from_]()
-        if route.pattern is not None:
-            group = 1 if re.compile(route.pattern).groups else 0
-            value = F.when(value.rlike(route.pattern), F.regexp_extract(value, route.pattern, group))
-        name = F.concat(F.lit(route.prefix), value, F.lit(route.suffix))
-        return name if route.when is None else F.when(F.expr(route.when), name)
-
-    def _kafka(self, decoded: DataFrame) -> Column:
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-        topic = F.col("topic") if "topic" in decoded.columns else F.lit(self.spec.source.first_topic)
-        return F.struct(
-            topic.cast("string").alias("topic"),
-            F.col("partition"),
-            F.col("offset"),
-            F.col("timestamp"),
-            F.col("key").cast("string").alias("key"),
-            F.expr(_HEADERS_MAP).alias("headers"),
-        )
 
     def check(self, decoded: DataFrame) -> None:
         """Have Spark analyse each condition over `decoded` (no records): a wrong column or type fails the
@@ -306,14 +285,15 @@ class Routing:
         main: Destination,
         *,
         read: Callable[[], tuple[int, int]],
-    ) -> dict[str, str]:
+    ) -> RoutesWritten:
         """Write each destination's rows of the batch (`routed`, computed once and cached) to its staging
         branch (`write_to`: an append, or a keyed table's MERGE): `spec.table`'s (`main`) gets the unrouted
         records (with `unrouted: DeadLetter` nothing is written to it), each route the records it takes
         past its own offsets; a keyed table's delete no condition takes goes to each (`EVERY`). `read`: the
         batch's records and value bytes (its observation, known once a job over `routed` ran), which decide
-        whether the driver collects the route rows (`driver_collects`). Returns the deleted keys file each
-        destination stored (cdc with sequenceBy), by its target."""
+        whether the driver collects the route rows (`driver_collects`). An own route's rows are decoded with
+        its schema (`OwnDecoders`). Returns the deleted keys file each destination stored (cdc with
+        sequenceBy), by its target, and how many records do not fit their own route's schema."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
@@ -346,12 +326,17 @@ class Routing:
                     keep = ((route == rs.index) | self._every(route)) & self._taken(
                         rs.takes, by_topic=by_topic
                     )
-                    write(rows_of(cached.where(keep)), rs.destination)
+                    if rs.index in self.own:
+                        rows = self.own.rows(rs.index, cached.where(keep), rs.table.schema())
+                        write(rows, replace(rs.destination, spec=self.own.specs[rs.index]))
+                    else:
+                        write(rows_of(cached.where(keep)), rs.destination)
             if driver:
                 self._append_collected(cached, route, driver, rows_of)
+            bad = self.own.bad(cached, route) if self.own else 0  # every record it takes, as dead letters
         finally:
             cached.unpersist()
-        return stored
+        return RoutesWritten(stored, bad)
 
     def _every(self, route: Column) -> Column:
         """Whether a record goes to every destination: a keyed table's delete no condition takes."""
@@ -363,8 +348,10 @@ class Routing:
         """The stages whose rows the driver collects and writes (`_append_collected`): those pyiceberg
         writes as Spark would, when the batch is small enough to hold in the driver (`driver_collects`);
         none otherwise (each is then appended by Spark)."""
-        # A keyed table's changes are MERGEd by Spark: pyiceberg writes no position deletes.
-        driver = [] if self.keyed else [rs for rs in stages if arrow_writable(rs.table)]
+        # A keyed table's changes are MERGEd by Spark: pyiceberg writes no position deletes. An own route's
+        # rows have columns of their own: appended by Spark.
+        driver = [rs for rs in stages if rs.index not in self.own and arrow_writable(rs.table)]
+        driver = [] if self.keyed else driver
         if not driver:
             return []
         records, value_bytes = read()
@@ -463,10 +450,11 @@ class Routing:
 
     def dead_letters(self, decoded: DataFrame) -> DataFrame:
         """`decoded` (with error text) with the records no route takes marked bad, for `unrouted:
-        DeadLetter`: their reason is `UNROUTED_REASON`."""
+        DeadLetter`: their reason is `UNROUTED_REASON`; those an own route takes not bad (`own_dead_letters`
+        judges them)."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        if self.unrouted is not Unrouted.DEAD_LETTER and not self.refused:
+        if self.unrouted is not Unrouted.DEAD_LETTER and not self.refused and not self.own:
             return decoded
         unrouted = self._unrouted(F.col(ROUTE_COLUMN))
         if self.unrouted is not Unrouted.DEAD_LETTER:
@@ -481,6 +469,15 @@ class Routing:
             (F.col(BAD_COLUMN) | reason.isNotNull()).alias(BAD_COLUMN),
             F.coalesce(F.col(ERROR_COLUMN), reason).alias(ERROR_COLUMN),
         )
+
+    def own_dead_letters(self, decoded: DataFrame, *, by_topic: bool) -> DataFrame:
+        """The dead-letter rows of the records of `decoded` that do not fit the schema of the own route
+        that takes them (`OwnDecoders.bad_rows`): routed, checkpointed (a job: the dead-letter path is
+        rare, its plan must stay small), then decoded again by their routes."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        taken = self.own.taken(self.routed(decoded), F.col(ROUTE_COLUMN)).localCheckpoint()
+        return self.own.bad_rows(taken, F.col(ROUTE), by_topic=by_topic)
 
     # -- commits ---------------------------------------------------------------------------------------
 
@@ -565,22 +562,12 @@ class Routing:
             sweep_stages(table, role="route")
 
 
-def _value_fields(decoded: DataFrame) -> list[str]:
-    """The decoded value's fields a condition names: those of the record as decoded (`TYPED_COLUMN`), so a
-    registry format's are the table's columns as they are now (a writer schema's new field included)."""
-    from pyspark.sql.types import StructType
-
-    typed = decoded.schema[TYPED_COLUMN].dataType
-    assert isinstance(typed, StructType)
-    return [name for name in typed.fieldNames() if not name.startswith(INTERNAL_PREFIX)]
-
-
 def destination_batch(
     batch: SourceBatch, takes: Mapping[str, Take], deleted_keys: str | None = None
 ) -> SourceBatch:
     """What one destination commits of `batch` (the table's): the part of each topic it takes (`takes`),
     in the batch's form (a `TopicsBatch` in the topics form, whatever the number of topics it takes);
-    `deleted_keys`: the deleted keys file it names (a keyed table reads one topic; None: its own, kept)."""
+    `deleted_keys`: the deleted keys file it names (None: its own, kept)."""
     parts = tuple(
         Batch(
             topic=part.topic,
@@ -589,12 +576,11 @@ def destination_batch(
             max_produce_time_ms=part.max_produce_time_ms,
             retention_gaps=take.gaps,
             topic_id=part.topic_id,
-            deleted_keys=deleted_keys,
         )
         for part in batch.parts
         if (take := takes.get(part.topic)) is not None
     )
     if isinstance(batch, TopicsBatch):
-        return TopicsBatch(parts)
+        return TopicsBatch(parts, deleted_keys=deleted_keys)
     (one,) = parts
-    return one
+    return replace(one, deleted_keys=deleted_keys)

@@ -467,9 +467,8 @@ def with_tail(  # noqa: PLR0917 (the parts of one read)
     an index of `spec.routes`, a dynamic table's name, None for `spec.table`) takes."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-    from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, Decoder, last_changes
+    from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, Decoder, last_changes, with_every_column
     from icefall.ingest.engine import read_kafka
-    from icefall.ingest.writer import with_every_column
     from icefall.kafka.security import spark_kafka_options
 
     reading = tuple(r for r in ranges if r.records)
@@ -491,6 +490,15 @@ def with_tail(  # noqa: PLR0917 (the parts of one read)
         elsewhere.alias("elsewhere"),
     ).first()
     assert counts is not None
+    key, bad, cached = list(st.spec.key or []), int(counts["bad"] or 0), [decoded]
+    if routing is not None and isinstance(route, int) and route in routing.own:
+        # A route with its own schema and key: its records decoded with them, as its writer does.
+        own = routing.own.specs[route]
+        key, decoder = list(own.key or []), Decoder(own, errors=False)
+        decoded = decoder.decode(decoded.where(mine)).persist()
+        cached.append(decoded)
+        bad += decoded.where(F.col(BAD_COLUMN)).count()
+        mine = F.lit(True)
     good = with_every_column(decoder.good_rows(decoded.where(mine)), schema)
     good = add_columns(good) if add_columns is not None else good
     missing = [c for c in rows.columns if c not in good.columns]
@@ -499,11 +507,10 @@ def with_tail(  # noqa: PLR0917 (the parts of one read)
             f"{cut.table}: the spec's rows lack the table's columns {missing}: the spec changed since the "
             "table was made; read with the spec the table is filled with"
         )
-    extra = [DELETE_COLUMN] if st.spec.key else []
+    extra = [DELETE_COLUMN] if key else []
     # The table's columns are the good rows' (ingestion wrote them): the union widens only nullability.
     tail = good.select(*[F.col(f"`{c}`") for c in rows.columns], *extra)
-    if st.spec.key:
-        key = list(st.spec.key)
+    if key:
         changes = last_changes(tail, key)
         kept = rows.join(changes.select(*key), key, "left_anti")
         frame = kept.unionByName(changes.where(~F.col(DELETE_COLUMN)).drop(DELETE_COLUMN))
@@ -514,11 +521,11 @@ def with_tail(  # noqa: PLR0917 (the parts of one read)
         cut,
         tail_records=int(counts["records"]),
         tail_rows=tail_rows,
-        bad_records=int(counts["bad"] or 0),
+        bad_records=bad,
         routed_elsewhere=int(counts["elsewhere"] or 0),
     )
     return UnionRead(
-        frame=frame.select(*[F.col(f"`{c}`") for c in rows.columns]), cut=counted, _cached=[decoded]
+        frame=frame.select(*[F.col(f"`{c}`") for c in rows.columns]), cut=counted, _cached=cached
     )
 
 

@@ -230,6 +230,8 @@ class BatchWriter:
             return NOTHING_READ
         from pyspark.sql import Observation
 
+        from icefall.ingest.decode import with_every_column
+
         # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
         routing = self.routing
         source = self.read(planned.ranges, headers=routing is not None and routing.headers)
@@ -245,6 +247,7 @@ class BatchWriter:
         sorted_table = bool(self.spec.table.sort_order)
         deleted_keys = None
         routes_deleted_keys: dict[str, str] = {}
+        route_bad = 0
         if routing is not None:
 
             def rows_of(frame: DataFrame) -> DataFrame:
@@ -252,7 +255,7 @@ class BatchWriter:
 
             def write_to(rows: DataFrame, to: Destination) -> str | None:
                 if self.spec.key:  # each destination is keyed: its changes MERGEd as the table's are
-                    return self._merge_changes(rows, to.deleted_keys, to.target, to.table)
+                    return self._merge_changes(rows, to.deleted_keys, to.target, to.table, to.spec)
                 append(rows, to.target, sorted_table=to.sorted_table)
                 return None
 
@@ -261,7 +264,8 @@ class BatchWriter:
                 return int(seen["records"] or 0), int(seen["bytes"] or 0)
 
             main = Destination(target, sorted_table, table, planned.committed.deleted_keys)
-            routes_deleted_keys = routing.write(observed, list(routes), rows_of, write_to, main, read=read)
+            written = routing.write(observed, list(routes), rows_of, write_to, main, read=read)
+            routes_deleted_keys, route_bad = dict(written.deleted_keys), written.bad
             deleted_keys = routes_deleted_keys.pop(target, None)
         elif self.spec.key:
             rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
@@ -271,9 +275,11 @@ class BatchWriter:
             append(rows, target, sorted_table=sorted_table)
         seen = observation.get
         stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], deleted_keys)
-        if routing is not None:  # unrouted and refused dynamic names: dead letters too
+        if routing is not None:  # unrouted, refused dynamic names, not fitting an own route: dead letters too
             unrouted = routing.letters(int(seen["unrouted"] or 0))
-            stats = dataclasses.replace(stats, unrouted=unrouted, routes_deleted_keys=routes_deleted_keys)
+            stats = dataclasses.replace(
+                stats, bad=stats.bad + route_bad, unrouted=unrouted, routes_deleted_keys=routes_deleted_keys
+            )
         planned_offsets = sum(r.records for r in planned.ranges)
         if stats.records > planned_offsets:
             # Each offset holds at most one record: the write ran its input twice, and every count is off.
@@ -325,17 +331,26 @@ class BatchWriter:
             )
         return dataclasses.replace(stats, writers=self.known.of_values(values), unseen_writers=unseen)
 
-    def _merge_changes(self, rows: DataFrame, committed: str | None, target: str, table: Table) -> str | None:
+    def _merge_changes(
+        self,
+        rows: DataFrame,
+        committed: str | None,
+        target: str,
+        table: Table,
+        spec: StreamingTableSpec | None = None,
+    ) -> str | None:
         """MERGE the last change per key of a keyed batch's `rows` into `target` (a staging branch of
-        `table`). With `spec.sequenceBy` first drop the changes older than a delete remembered in `committed`
-        (the deleted keys file `table`'s committed state names) and store the deleted keys to remember
-        (`icefall.ingest.deleted_keys`); returns that file, for the commit to name, or None."""
+        `table`), keyed by `spec` (an own route's; default the table's). With `spec.sequenceBy` first drop
+        the changes older than a delete remembered in `committed` (the deleted keys file `table`'s committed
+        state names) and store the deleted keys to remember (`icefall.ingest.deleted_keys`); returns that
+        file, for the commit to name, or None."""
         from icefall.ingest import deleted_keys
         from icefall.ingest.decode import last_changes
 
-        key = self.spec.key or []
+        spec = spec if spec is not None else self.spec
+        key = spec.key or []
         view = f"icefall_changes_{self.writer_id}"
-        if not self.spec.sequence_by:
+        if not spec.sequence_by:
             merge(last_changes(rows, key), target, key, view=view)
             return None
         last = self._deleted_keys.get(table.name())
@@ -344,7 +359,7 @@ class BatchWriter:
         else:
             remembered = deleted_keys.load(table, committed)
         remembering = deleted_keys.Remembering(
-            remembered, now_ms=int(time.time() * 1000), keep_ms=1000 * self.spec.deletes_remembered_seconds
+            remembered, now_ms=int(time.time() * 1000), keep_ms=1000 * spec.deletes_remembered_seconds
         )
         merge(remembering.filter(self.spark, last_changes(rows, key), key), target, key, view=view)
         keys = remembering.kept()
@@ -366,25 +381,13 @@ class BatchWriter:
             # As the good rows were decoded: every id of the batch is met by now, each keeps its answer.
             writers = BatchWriters(self.known.values, self.known.keys)
         decoded = with_errors.decode(self.read(ranges), writers)
-        if self.routing is not None:
-            decoded = self.routing.dead_letters(decoded)
-        return bad_rows(decoded, by_topic=self.spec.source.by_topic)
-
-
-def with_every_column(rows: DataFrame, schema: Schema | None) -> DataFrame:
-    """`rows` with the table's top-level columns they lack (a field the spec no longer has) as nulls."""
-    if schema is None:
+        by_topic = self.spec.source.by_topic
+        if self.routing is None:
+            return bad_rows(decoded, by_topic=by_topic)
+        rows = bad_rows(self.routing.dead_letters(decoded), by_topic=by_topic)
+        if self.routing.own:  # (the dead-letter path reads the batch again for them)
+            rows = rows.unionByName(self.routing.own_dead_letters(decoded, by_topic=by_topic))
         return rows
-    missing = [f for f in schema.fields if f.name not in rows.columns]
-    if not missing:
-        return rows
-    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-    from pyspark.sql.types import StructType
-
-    from icefall.api import fields_from_iceberg, to_spark_schema_json
-
-    types = StructType.fromJson(to_spark_schema_json(fields_from_iceberg(schema.as_struct())))
-    return rows.select("*", *(F.lit(None).cast(types[f.name].dataType).alias(f.name) for f in missing))
 
 
 def append(rows: DataFrame, name: str, *, sorted_table: bool) -> None:
