@@ -172,6 +172,18 @@ def test_delete_runs_the_purge_job_and_ends_when_it_completed() -> None:
     assert done.done and event.reason is EventReason.TABLE_DROPPED and "u-1" in event.message
 
 
+def test_delete_of_a_delta_table_keeps_it_and_says_so() -> None:
+    delta = {"namespace": "shop", "format": "delta", "location": "s3://lake/tables/orders"}
+    obj = body(writer={"reportedAt": NOW.isoformat()}, deleting=True, deletionPolicy="Delete", table=delta)
+    result = finalize(obj, cast(Kube, Api({})), NOW + timedelta(seconds=1))
+    (event,) = result.events
+    assert result.done and event.reason is EventReason.TABLE_RETAINED
+    assert event.message == (
+        "deletionPolicy Delete: kept the Delta table at s3://lake/tables/orders (the operator does not purge "
+        "Delta tables yet: delete its folder yourself)"
+    )
+
+
 def deleted(api: Api, obj: dict[str, Any], *, at: float = 1, uuid_claims: list[Claim] | None = None) -> Any:
     result = finalize(obj, cast(Kube, api), NOW + timedelta(seconds=at), uuid_claims=uuid_claims or [])
     assert result.done, result

@@ -100,6 +100,12 @@ def finalize(
         return Finalized(False, message="waiting for the driver pod to stop")
 
     identifier = ".".join(st.table_identifier)
+    if st.spec.table.format.value == "delta":
+        policy, location = st.spec.deletion_policy.value, st.spec.table.location
+        kept = f"deletionPolicy {policy}: kept the Delta table at {location}"
+        if st.spec.deletion_policy is DeletionPolicy.DELETE:
+            kept += " (the operator does not purge Delta tables yet: delete its folder yourself)"
+        return Finalized(True, (Event(EventReason.TABLE_RETAINED, kept),))
     if st.spec.deletion_policy is DeletionPolicy.RETAIN or st.spec.table.catalog is None:
         kept = f"deletionPolicy {st.spec.deletion_policy.value}: kept the Iceberg table {identifier}"
         if st.dead_letter_identifier is not None:
