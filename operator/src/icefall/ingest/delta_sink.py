@@ -38,8 +38,8 @@ that cannot be reached is an outage, waited out.
 
 Partitioning: Spark's `partitionBy` folders, their values in the commit's `add` actions
 (`icefall.commit.delta.moved_into`); a partition transform (`day(ts)`, ...) is a generated column of the
-table (`icefall.api.delta_partitions`), computed into each batch's rows (`_with_partitions`) and named in
-the table's schema with its expression, so Spark's Delta reader prunes by it.
+table (`icefall.api.delta_partitions`), computed into each batch's rows (`with_partition_columns`) and
+named in the table's schema with its expression, so Spark's Delta reader prunes by it.
 
 Not done yet for Delta (refused by the spec's validation where it is a setting): pipelining, GCS and
 Azure. The upkeep (OPTIMIZE, checkpoints, VACUUM) is `icefall.compact.delta`'s.
@@ -193,7 +193,7 @@ class DeltaIngestor:
             self.epoch = self.lease.acquire(lease_timeout, floor=floor)
             self.keeper = LeaseKeeper(self.lease)
             self.keeper.start()
-            rows = self._with_partitions(self._good_rows(self.writer.empty_source()))
+            rows = with_partition_columns(self._good_rows(self.writer.empty_source()), self.spec)
             keyed = bool(self.spec.key)
             schema = (rows.drop(DELETE_COLUMN) if keyed else rows).schema.json()
             fmt, select = self.spec.format, self.spec.transforms.select
@@ -303,9 +303,6 @@ class DeltaIngestor:
     def _good_rows(self, source: DataFrame) -> DataFrame:
         return self.writer.decoders.good.good_rows(self.writer.decoders.good.decode(source, None))
 
-    def _with_partitions(self, rows: DataFrame) -> DataFrame:
-        return with_partition_columns(rows, self.spec)
-
     def _write(
         self, planned: PlannedBatch, planned_on: DeltaSnapshot
     ) -> tuple[ReadStats, list[AddFile], Merged | None, str | None]:
@@ -343,7 +340,7 @@ class DeltaIngestor:
         if self.spec.key:
             return self._merge(planned, planned_on, schema, decoders.good.good_rows(observed), observation)
         staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
-        rows = self._with_partitions(decoders.good.good_rows(observed))
+        rows = with_partition_columns(decoders.good.good_rows(observed), self.spec)
         if not follows_table(self.spec):  # a registry format's rows are in the table's columns already
             rows = self._as_table(rows, schema or planned_on.schema_string)
         write = rows.write
@@ -560,7 +557,7 @@ def delta_services(spec: StreamingTableSpec, location: str) -> dict[Service, str
 
 def _columns(schema_string: str | None, *, generated: bool = False) -> Schema:
     """A Delta table's schema (Spark JSON) as the Iceberg schema `BatchWriter.use_table_schema` takes;
-    `generated`: without its generated columns (`_with_partitions` adds them, no record holds them)."""
+    `generated`: without its generated columns (`with_partition_columns` adds them; no record holds them)."""
     from icefall.catalog.layout import spark_struct_to_iceberg
 
     assert schema_string is not None  # the table is made at start
