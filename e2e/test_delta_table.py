@@ -37,7 +37,7 @@ from icefall.devstack.objectstore import ObjectStore
 from icefall.ingest.delta_meter import BATCH_OPERATIONS
 from icefall.plan.grants import SECRET_GRANT_LABEL, SECRET_GRANT_VALUE
 from icefall.plan.names import table_leases
-from icefall.testing.delta import plain
+from icefall.testing.delta import aws_env, plain
 from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import produce, watermarks
 
@@ -54,16 +54,6 @@ TARGET_SECONDS = 30
 #: The cluster admin allows the S3 Secret in spec.pods (the chart's podPolicy.secrets).
 OPERATOR_ENV = {"ICEFALL_POD_POLICY": json.dumps({"secrets": [SECRET]})}
 Obj = dict[str, Any]
-
-
-def aws_env(store: ObjectStore) -> dict[str, str]:
-    """The AWS SDK's environment names the Delta writer reads (commit/delta_storage.py)."""
-    return {
-        "AWS_ACCESS_KEY_ID": store.access_key,
-        "AWS_SECRET_ACCESS_KEY": store.secret_key,
-        "AWS_REGION": store.region,
-        "AWS_ENDPOINT_URL": store.endpoint,
-    }
 
 
 def manifest(namespace: str, bootstrap: str, location: str, store: ObjectStore) -> Obj:

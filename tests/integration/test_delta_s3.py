@@ -29,23 +29,13 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.objectstore import ObjectStore
 from icefall.ingest.delta_sink import DeltaIngestor
 from icefall.runtime import failpoints
-from icefall.testing.delta import delta_ids, delta_manifest
+from icefall.testing.delta import aws_env, delta_ids, delta_manifest
 from icefall.testing.live_run import run_until_caught_up
 from icefall.testing.streams import produce, watermarks
 
 pytestmark = pytest.mark.integration
 
 BUCKET = "delta-lake"
-
-
-def aws_env(store: ObjectStore) -> dict[str, str]:
-    """The settings a pod would take from a Secret: the AWS SDK's environment names."""
-    return {
-        "AWS_ACCESS_KEY_ID": store.access_key,
-        "AWS_SECRET_ACCESS_KEY": store.secret_key,
-        "AWS_REGION": store.region,
-        "AWS_ENDPOINT_URL": store.endpoint,
-    }
 
 
 class S3Table:

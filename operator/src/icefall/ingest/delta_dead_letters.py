@@ -122,8 +122,8 @@ class DeltaDeadLetters:
 
     def _commit_table(
         self, log: DeltaLog, bad: DataFrame, batch: SourceBatch, expected: int, epoch: int
-    ) -> int:
-        """Commit the rows of `bad` that the dead-letter table `log` does not hold yet; how many it took."""
+    ) -> None:
+        """Commit the rows of `bad` that the dead-letter table `log` does not hold yet."""
         planned_on = log.snapshot()
         take = dead_letter_take(batch, planned_on.committed)
         staging = log.staging_root(STAGING_DIR) / uuid.uuid4().hex
@@ -136,7 +136,6 @@ class DeltaDeadLetters:
             shutil.rmtree(staging, ignore_errors=True)
         commit_batch(log, planned_on, take, epoch, files, role="dlq")
         failpoint("dlq.after-commit")
-        return sum(f.records for f in files)
 
     def _write(self, bad: DataFrame, take: SourceBatch, staging: Path) -> int:
         """Write the rows of `bad` that `take` covers into `staging`; how many bad rows `bad` held."""

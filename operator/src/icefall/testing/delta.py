@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from icefall.api import StreamingTable
+    from icefall.devstack.objectstore import ObjectStore
     from icefall.ingest.delta_sink import DeltaIngestor
 
 #: The columns of the orders the tests' JSON records carry (`icefall.testing.streams.produce`).
@@ -61,6 +62,17 @@ def delta_manifest(
         f"  batch: {{maxRecords: {max_records}, minIntervalSeconds: 0}}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def aws_env(store: ObjectStore) -> dict[str, str]:
+    """The AWS SDK's environment names the Delta writer reads (`icefall.commit.delta_storage`), for `store`:
+    what a pod takes from a Secret."""
+    return {
+        "AWS_ACCESS_KEY_ID": store.access_key,
+        "AWS_SECRET_ACCESS_KEY": store.secret_key,
+        "AWS_REGION": store.region,
+        "AWS_ENDPOINT_URL": store.endpoint,
+    }
 
 
 def start_writer(
