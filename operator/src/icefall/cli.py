@@ -201,8 +201,13 @@ def _purge(args: argparse.Namespace) -> int:
         st = load_table(args)
     else:
         _, st = _from_api(args.namespace, args.name)
-    catalog = catalog_for(st, state_dir(args, in_cluster=not args.file))
-    return purge(args, st, catalog.pyiceberg(make_folders=False), _last_words)
+    state = state_dir(args, in_cluster=not args.file)
+    if st.spec.table.format.value == "delta":  # its folder, without a catalog
+        from icefall.commands.common import delta_location
+        from icefall.commands.purge import purge_delta
+
+        return purge_delta(st, delta_location(st, state), args, _last_words)
+    return purge(args, st, catalog_for(st, state).pyiceberg(make_folders=False), _last_words)
 
 
 def _operator(args: argparse.Namespace) -> int:
