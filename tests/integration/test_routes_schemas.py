@@ -9,7 +9,9 @@ and bare tombstones applied; each table's columns and identifier field its route
 (`unrouted: DeadLetter`); a change that does not fit its route's schema (a required column missing, a
 value of the wrong type) is a dead letter whose reason names its route's table, once, and the tables are
 committed up to each topic's end; `icefall read --table` of a route table reads it with the changes past
-its offsets decoded with its route's schema.
+its offsets decoded with its route's schema. `icefall verify` audits each keyed route table by its own key
+over its own topic's changes, up to its own offsets (one table ahead of the others), and names the table
+of a row deleted, changed or written twice, and a dead letter lost.
 """
 
 from __future__ import annotations
