@@ -33,6 +33,9 @@ their writer does, from a local checkpoint of the routed records; one that does 
 letter. Its rows are digested as its schema decodes them: a field removed from it since they were written
 makes them differ (audit with the spec the tables were filled with).
 
+Keyed routes (`spec.mode` upsert, cdc) are audited by key instead (`icefall.audit.keyed_routes`), with the
+same routing (`writer_routing`) and each destination up to its own offsets.
+
 Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
 schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
 missing: audit with the spec the tables were filled with.

@@ -1,6 +1,6 @@
 """`icefall verify`: the table (its dead-letter table; routed: every destination, the tables a dynamic
-route created too) audited against its topic by content (`icefall.audit`), with Spark decoding the topic's
-records as ingestion does."""
+route created too) audited against its topic by content (`icefall.audit`; keyed tables and keyed routes by
+key), with Spark decoding the topic's records as ingestion does."""
 
 from __future__ import annotations
 
