@@ -13,7 +13,8 @@ delete without a before image to every destination; `icefall run` killed between
 commits (after the first route, after both, after the dead letters) then run to the end leaves each
 table exactly its latest rows, no key twice, the tables ahead skipping the batches they hold. `icefall
 verify` (`icefall.audit.keyed_routes`) finds every destination equal by key to the changes routed to it,
-each up to its own offsets (while the routes and the dead letters are ahead of the table too).
+each up to its own offsets (while the routes and the dead letters are ahead of the table too), and names
+the table a row of another one was copied into.
 """
 
 from __future__ import annotations
@@ -204,6 +205,21 @@ def test_upsert_changes_land_in_their_route_tables_latest_row_per_key(
             table
         )
         assert len(rows) == len(want), table
+
+    # A `b` row copied into the `a` table: `icefall verify` names it there (a key the `a` changes do not
+    # leave), the other destinations stay equal.
+    from pyiceberg.expressions import EqualTo
+
+    a_table = catalog_config.pyiceberg().load_table((NAMESPACE, f"{name}_a"))
+    b_table = catalog_config.pyiceberg().load_table((NAMESPACE, f"{name}_b"))
+    copied = b_table.scan(row_filter=EqualTo("id", 40)).to_arrow()
+    a_table.append(copied)
+    broken = verify_table(st, catalog_config, spark=spark)
+    a = broken.destination("routes[0]")
+    assert (a.unexpected, a.missing, a.wrong, a.duplicates) == (1, 0, 0, 0), broken.render()
+    assert a.examples["unexpected"] == ('{"id":40}',)
+    assert broken.destination("spec.table").ok and broken.destination("routes[1]").ok, broken.render()
+    assert broken.render().endswith("routed table, 3 destinations: FAILED: routes[0]"), broken.render()
 
 
 def test_cdc_routes_by_the_row_image_each_table_remembering_its_deletes(
