@@ -15,6 +15,7 @@ a resurrected row), rows with other content, keys held twice, and dead letters m
 Keys changed in several partitions have no order between partitions: they are counted, not judged —
 unless `spec.sequenceBy` orders every change by its source position (then the model's last change is
 the one with the highest position, and every key is judged).
+`compare` and `counted` audit each destination of keyed routes the same way (`icefall.audit.keyed_routes`).
 Not covered: tables with offset resets (`icefall reset-offsets`) and records lost to retention before
 ingestion (the model lacks them; counted in the report, which then cannot be OK by content alone).
 """
