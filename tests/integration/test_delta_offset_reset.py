@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import Any
 
 import pytest
 import yaml
-from confluent_kafka.admin import AdminClient
 from kubernetes import client, config
 
 from icefall.api import streaming_table_from_object
@@ -41,7 +39,7 @@ from icefall.plan.names import ANNOTATION_RESET_OFFSETS
 from icefall.plan.offset_reset import ResetRequest
 from icefall.testing.delta import delta_ids, delta_manifest
 from icefall.testing.live_run import run_until_caught_up
-from icefall.testing.streams import produce, watermarks
+from icefall.testing.streams import produce, recreate_topic, watermarks
 
 pytestmark = pytest.mark.integration
 
@@ -52,16 +50,7 @@ TOPIC = "it-delta-reset"
 
 def recreate(kafka: KafkaBroker, first_id: int, count: int) -> None:
     """The topic deleted and created again, then `count` records from id `first_id`."""
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept alive until the deletion is done
-    admin.delete_topics([TOPIC])[TOPIC].result(30)
-    deadline = time.monotonic() + 60
-    while True:  # created again once Kafka has finished deleting it
-        try:
-            kafka.create_topic(TOPIC, partitions=2)
-            break
-        except Exception:
-            assert time.monotonic() < deadline, "the topic could not be created again"
-            time.sleep(0.5)
+    recreate_topic(kafka, TOPIC, partitions=2)
     produce(kafka, TOPIC, first_id, count)
 
 
