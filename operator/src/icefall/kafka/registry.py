@@ -11,6 +11,9 @@ Guarantees:
   record goes to the dead-letter table because the registry was briefly down, and a batch is never
   decoded with a partial view of its schemas. Any other refusal (401, 403, ...) raises `RegistryError`:
   a configuration error, raised loudly.
+- `registered` gives the writer schemas of the ids registered under subjects (their newest
+  `MAX_REGISTERED_VERSIONS` versions), each text from `lookup` of its id, so a schema is only ever used
+  for the id the registry gives it; a subject the registry does not hold gives none.
 - `latest_schema` is the subject's latest schema (the subject per `subjectNameStrategy`); a subject the
   registry does not hold, or whose latest schema is not of the spec's format, raises `RegistryError`
   naming it.
@@ -36,6 +39,7 @@ from icefall.api import (
     SecretRef,
     StreamingTable,
     StreamingTableSpec,
+    SubjectNameStrategy,
     TableMode,
 )
 from icefall.api.avro import row_schema
@@ -55,6 +59,9 @@ class MissingRegistrySecretError(RuntimeError):
 REQUEST_TIMEOUT_SECONDS = 30.0
 #: Writer schemas a driver remembers (least recently used forgotten first, asked for again if seen again).
 MAX_KNOWN_SCHEMAS = 4096
+#: The newest versions of each subject a writer learns at start (`WriterSchemas.registered`); an older
+#: version's id is met as a batch is written, as any id not learnt.
+MAX_REGISTERED_VERSIONS = 16
 #: HTTP statuses of a registry that is there but cannot answer now (the client retries these too).
 _UNAVAILABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -111,6 +118,8 @@ class Registry(Protocol):
     def lookup(self, ids: Iterable[int]) -> dict[int, str | None]: ...
 
     def latest_schema(self, topic: str) -> str: ...
+
+    def registered(self, subjects: Iterable[str]) -> dict[int, str]: ...
 
 
 class WriterSchemas:
@@ -174,6 +183,47 @@ class WriterSchemas:
             found[schema_id] = usable
         return found
 
+    def registered(self, subjects: Iterable[str]) -> dict[int, str]:
+        """The writer schemas (of this format) of the ids registered under `subjects`, the newest
+        `MAX_REGISTERED_VERSIONS` versions of each: what a writer decodes its first batch with, so that
+        no Spark job reads the batch for its ids. A subject the registry does not hold adds none."""
+        ids: set[int] = set()
+        for subject in subjects:
+            for version in self._versions(subject)[-MAX_REGISTERED_VERSIONS:]:
+                schema_id = self._version_id(subject, version)
+                if schema_id is not None:
+                    ids.add(schema_id)
+        # The text of each id comes from the id itself, as for any record's: never a version's text.
+        return {i: text for i, text in self.lookup(sorted(ids)).items() if text is not None}
+
+    def _versions(self, subject: str) -> list[int]:
+        """The versions of `subject`, oldest first; none when the registry does not hold it."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            return sorted(self._client.get_versions(subject))
+        except SchemaRegistryError as error:
+            if error.http_status_code == 404:
+                return []
+            raise registry_failure(self.registry, f"the versions of subject {subject!r}", error) from error
+        except Exception as error:
+            raise registry_failure(self.registry, f"the versions of subject {subject!r}", error) from error
+
+    def _version_id(self, subject: str, version: int) -> int | None:
+        """The schema id of `version` of `subject` (None: deleted since it was listed)."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        what = f"version {version} of subject {subject!r}"
+        try:
+            found = self._client.get_version(subject, version)
+        except SchemaRegistryError as error:
+            if error.http_status_code == 404:
+                return None
+            raise registry_failure(self.registry, what, error) from error
+        except Exception as error:
+            raise registry_failure(self.registry, what, error) from error
+        return int(found.schema_id) if found.schema_id is not None else None
+
     def latest_schema(self, topic: str) -> str:
         """The text of the latest version of `topic`'s record subject (`SchemaRegistry.subject`)."""
         subject = self.registry.subject(topic)
@@ -201,6 +251,28 @@ class WriterSchemas:
             raise RegistryError(
                 f"schema registry {self.registry.url}: the latest schema of subject {subject!r}: {error}"
             ) from error
+
+
+def writer_subjects(spec: StreamingTableSpec) -> tuple[list[str], list[str]]:
+    """The subjects whose registered schemas a writer learns at start (`WriterSchemas.registered`): each
+    named topic's value subject, and for a keyed Avro table its `<topic>-key` subject (topic strategy:
+    Kafka Connect's and Debezium's AvroConverter register keys there). `topicPattern`'s topics are not
+    known at start: their ids are met as batches are written."""
+    registry = spec.format.registry
+    if registry is None:
+        return [], []
+    topics = spec.source.topic_names
+    values = list(dict.fromkeys(registry.subject(t) for t in topics))
+    keyed_avro = spec.mode is not TableMode.APPEND and spec.format.type is FormatType.AVRO
+    by_topic = registry.subject_name_strategy is SubjectNameStrategy.TOPIC
+    keys = [f"{t}-key" for t in topics] if keyed_avro and by_topic else []
+    return values, keys
+
+
+def registered_writers(registry: Registry, spec: StreamingTableSpec) -> tuple[dict[int, str], dict[int, str]]:
+    """The writer schemas registered under `spec`'s subjects (`writer_subjects`): values', keys'."""
+    values, keys = writer_subjects(spec)
+    return registry.registered(values), registry.registered(keys) if keys else {}
 
 
 def with_registry_schema(
