@@ -8,8 +8,9 @@ Proves, with the real broker, Spark and the embedded catalog:
   start, naming the field and the fix;
 - avro: a writer schema that adds a field and widens an int lands both in the batch that first carries it
   (and a fresh read decodes the records past the commit into the new columns); no Spark job reads a batch
-  for its schema ids: a writer starts with the schemas registered under its subject, and a batch that meets
-  a new writer schema is written once more with it (a batch of known ids is not);
+  for its schema ids: a writer starts with its subject's latest schema, and a batch that meets another
+  writer schema (an older version, another subject's) is written once more with it (one of known ids is
+  not);
   a later writer schema that changes a type is refused (counted, logged) and its records that do not fit go
   to the dead-letter table with the reason, while those that fit are ingested;
 - a writer killed right after the schema change (`main.after-schema-change`) and started again ingests
@@ -278,7 +279,7 @@ spec:
     assert report.ok and report.content_checked, report.render()
 
 
-def test_a_first_batch_decodes_with_the_subjects_schemas_and_meets_the_others_as_it_is_written(
+def test_a_first_batch_decodes_with_the_subjects_latest_schema_and_meets_the_others_as_it_is_written(
     kafka: KafkaBroker,
     schema_registry: SchemaRegistryServer,
     spark: SparkSession,
@@ -289,14 +290,16 @@ def test_a_first_batch_decodes_with_the_subjects_schemas_and_meets_the_others_as
     kafka.create_topic(topic, partitions=1)
     client = SchemaRegistryClient({"url": schema_registry.url})
     context = SerializationContext(topic, MessageField.VALUE)
-    v1 = AvroSerializer(client, json.dumps(ORDER_V1))
-    v2 = AvroSerializer(client, json.dumps(ORDER_V2))
+    v1_id = client.register_schema(f"{topic}-value", Schema(json.dumps(ORDER_V1), "AVRO"))
+    v2 = AvroSerializer(client, json.dumps(ORDER_V2))  # registers v2: the subject's latest
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(3):
-        producer.produce(topic, value=v1({"id": i, "qty": i, "tags": []}, context))
-    for i in range(3, 6):  # v2, with a field v1 lacks: registered under the topic's subject too
-        producer.produce(topic, value=v2({"id": i, "qty": i, "note": f"n{i}"}, context))
-    assert producer.flush(30) == 0
+
+    def send(values: Iterable[bytes]) -> None:
+        for value in values:
+            producer.produce(topic, value=value)
+        assert producer.flush(30) == 0
+
+    send(v2({"id": i, "qty": i, "note": f"n{i}"}, context) for i in range(3))
     st = load_manifest(
         f"""
 apiVersion: icefall.dev/v1alpha1
@@ -310,27 +313,27 @@ spec:
     )
     table_name = f"it.{name}"
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
-        assert [(r.records_written, r.records_dead_lettered) for r in drain(ingestor)] == [(6, 0)]
-        # Both ids were learnt from the subject before the first batch: written once, with v2's field.
-        assert sorted(ingestor.writer.known.values) == sorted(
-            client.get_version(f"{topic}-value", v).schema_id for v in (1, 2)
-        )
-        assert rewritten(table_name) == 0
-        # An id registered under another subject (as the record name strategies do) is met as the batch
-        # holding it is written: that batch is written again with it, committed once.
+        assert [(r.records_written, r.records_dead_lettered) for r in drain(ingestor)] == [(3, 0)]
+        # The subject's latest id was learnt before the first batch (no Spark job for it): written once.
+        v2_id = client.get_latest_version(f"{topic}-value").schema_id
+        assert (sorted(ingestor.writer.known.values), rewritten(table_name)) == ([v2_id], 0)
+        # An older version, and an id registered under another subject (as the record name strategies
+        # do), are met as the batch holding them is written: written again with them, committed once.
+        send([framed(v1_id, ORDER_V1, {"id": 3, "qty": 3, "tags": ["a"]})])
+        assert [(r.records_written, r.records_dead_lettered) for r in drain(ingestor)] == [(1, 0)]
+        assert rewritten(table_name) == 1
         other = client.register_schema(
             f"{topic}-other", Schema(json.dumps({**ORDER_V2, "doc": "another subject"}), "AVRO")
         )
-        assert other not in ingestor.writer.known.values
-        producer.produce(topic, value=framed(other, ORDER_V2, {"id": 6, "qty": 6, "tags": None, "note": "o"}))
-        assert producer.flush(30) == 0
+        send([framed(other, ORDER_V2, {"id": 4, "qty": 4, "tags": None, "note": "o"})])
         assert [(r.records_written, r.records_dead_lettered) for r in drain(ingestor)] == [(1, 0)]
-        assert rewritten(table_name) == 1
+        assert rewritten(table_name) == 2
+        assert sorted(ingestor.writer.known.values) == sorted([v1_id, v2_id, other])
     rows = catalog_config.pyiceberg().load_table(table_name).scan().to_arrow().to_pylist()
     assert sorted((r["id"], r["note"]) for r in rows) == [
-        *((i, None) for i in range(3)),
-        *((i, f"n{i}") for i in range(3, 6)),
-        (6, "o"),
+        *((i, f"n{i}") for i in range(3)),
+        (3, None),
+        (4, "o"),
     ]
 
 

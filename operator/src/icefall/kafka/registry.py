@@ -11,9 +11,10 @@ Guarantees:
   record goes to the dead-letter table because the registry was briefly down, and a batch is never
   decoded with a partial view of its schemas. Any other refusal (401, 403, ...) raises `RegistryError`:
   a configuration error, raised loudly.
-- `registered` gives the writer schemas of the ids registered under subjects (their newest
-  `MAX_REGISTERED_VERSIONS` versions), each text from `lookup` of its id, so a schema is only ever used
-  for the id the registry gives it; a subject the registry does not hold gives none.
+- `registered` gives the writer schemas of the latest versions of subjects, each text from `lookup` of
+  its id, so a schema is only ever used for the id the registry gives it; a subject the registry does not
+  hold gives none. Only the latest: every id a writer knows is one more parse in each batch's plan and
+  its fields are added to the table, so older versions are learnt only when a batch holds them.
 - `latest_schema` is the subject's latest schema (the subject per `subjectNameStrategy`); a subject the
   registry does not hold, or whose latest schema is not of the spec's format, raises `RegistryError`
   naming it.
@@ -59,9 +60,6 @@ class MissingRegistrySecretError(RuntimeError):
 REQUEST_TIMEOUT_SECONDS = 30.0
 #: Writer schemas a driver remembers (least recently used forgotten first, asked for again if seen again).
 MAX_KNOWN_SCHEMAS = 4096
-#: The newest versions of each subject a writer learns at start (`WriterSchemas.registered`); an older
-#: version's id is met as a batch is written, as any id not learnt.
-MAX_REGISTERED_VERSIONS = 16
 #: HTTP statuses of a registry that is there but cannot answer now (the client retries these too).
 _UNAVAILABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -184,38 +182,20 @@ class WriterSchemas:
         return found
 
     def registered(self, subjects: Iterable[str]) -> dict[int, str]:
-        """The writer schemas (of this format) of the ids registered under `subjects`, the newest
-        `MAX_REGISTERED_VERSIONS` versions of each: what a writer decodes its first batch with, so that
-        no Spark job reads the batch for its ids. A subject the registry does not hold adds none."""
-        ids: set[int] = set()
-        for subject in subjects:
-            for version in self._versions(subject)[-MAX_REGISTERED_VERSIONS:]:
-                schema_id = self._version_id(subject, version)
-                if schema_id is not None:
-                    ids.add(schema_id)
+        """The writer schemas (of this format) of the latest version of each of `subjects`: what a writer
+        decodes its first batch with, so that no Spark job reads the batch for its ids. A subject the
+        registry does not hold adds none."""
+        ids = {i for i in map(self._latest_id, subjects) if i is not None}
         # The text of each id comes from the id itself, as for any record's: never a version's text.
         return {i: text for i, text in self.lookup(sorted(ids)).items() if text is not None}
 
-    def _versions(self, subject: str) -> list[int]:
-        """The versions of `subject`, oldest first; none when the registry does not hold it."""
+    def _latest_id(self, subject: str) -> int | None:
+        """The schema id of the latest version of `subject` (None: the registry does not hold it)."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+        what = f"the latest version of subject {subject!r}"
         try:
-            return sorted(self._client.get_versions(subject))
-        except SchemaRegistryError as error:
-            if error.http_status_code == 404:
-                return []
-            raise registry_failure(self.registry, f"the versions of subject {subject!r}", error) from error
-        except Exception as error:
-            raise registry_failure(self.registry, f"the versions of subject {subject!r}", error) from error
-
-    def _version_id(self, subject: str, version: int) -> int | None:
-        """The schema id of `version` of `subject` (None: deleted since it was listed)."""
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-        what = f"version {version} of subject {subject!r}"
-        try:
-            found = self._client.get_version(subject, version)
+            found = self._client.get_latest_version(subject, fmt=self._format)
         except SchemaRegistryError as error:
             if error.http_status_code == 404:
                 return None
