@@ -47,7 +47,7 @@ Evolve = Callable[["Writers | None"], "Schema"]
 #: default), and a broker answers one request per connection at a time, so every task of a caught-up batch
 #: waited half a second. Larger polls mean fewer round trips per batch.
 SPARK_CONSUMER_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "5000"}
-#: The writer schemas registered under a spec's subjects, values' and keys' by id
+#: The writer schemas of the latest versions of a spec's subjects, values' and keys' by id
 #: (`icefall.kafka.registry.registered_writers`): what a writer's first batch decodes with.
 Registered = Callable[[], tuple[Mapping[int, str], Mapping[int, str]]]
 
@@ -140,7 +140,7 @@ class BatchWriter:
         registered: Registered | None = None,
     ) -> None:
         """`kafka_options`: Spark's Kafka security options (secrets: never logged). `schemas`: writer
-        schemas by id; `registered`: those of the spec's subjects, learnt before the first batch."""
+        schemas by id; `registered`: the latest of the spec's subjects, learnt before the first batch."""
         self.st = st
         self.spec = st.spec
         self.spark = spark
@@ -221,7 +221,7 @@ class BatchWriter:
         (its commit stages its empty snapshot). `evolve` first makes the table hold the writer schemas.
 
         A registry format decodes with the writer schemas this writer has met (`known`; before its first
-        batch, those registered under its subjects: `writers_for`). The observation
+        batch, the latest of its subjects': `writers_for`). The observation
         also names the batch's schema ids: ids not met before are looked up, and when one has a writer
         schema the stats say `unseen_writers` (the batch must be written again, `plan.pipelining`
         REWRITE).
@@ -297,8 +297,8 @@ class BatchWriter:
 
     def writers_for(self) -> BatchWriters | None:
         """The writer schemas a batch decodes with: those met so far (None: not a registry format). Before
-        the first batch they are the ones registered under the spec's subjects (`registered`: asked of the
-        registry, no Spark job reads the batch for its ids); an id the batch holds beyond them is met by
+        the first batch they are the latest of the spec's subjects (`registered`: asked of the registry,
+        no Spark job reads the batch for its ids); an id the batch holds beyond them is met by
         the write's observation like any new one (the batch is written again with it)."""
         good = self.decoders.good
         if not good.uses_registry:
@@ -307,7 +307,7 @@ class BatchWriter:
             values, keys = self._registered() if self._registered is not None else ({}, {})
             self.known.learn(values, keys)
             log.info(
-                "%s: decoding with the registered writer schemas of the subjects: ids %s (keys %s)",
+                "%s: decoding with the subjects' latest writer schemas: ids %s (keys %s)",
                 self.label,
                 sorted(values),
                 sorted(keys),

@@ -234,7 +234,7 @@ class WriterSchemas:
 
 
 def writer_subjects(spec: StreamingTableSpec) -> tuple[list[str], list[str]]:
-    """The subjects whose registered schemas a writer learns at start (`WriterSchemas.registered`): each
+    """The subjects whose latest schemas a writer learns at start (`WriterSchemas.registered`): each
     named topic's value subject, and for a keyed Avro table its `<topic>-key` subject (topic strategy:
     Kafka Connect's and Debezium's AvroConverter register keys there). `topicPattern`'s topics are not
     known at start: their ids are met as batches are written."""
@@ -250,7 +250,7 @@ def writer_subjects(spec: StreamingTableSpec) -> tuple[list[str], list[str]]:
 
 
 def registered_writers(registry: Registry, spec: StreamingTableSpec) -> tuple[dict[int, str], dict[int, str]]:
-    """The writer schemas registered under `spec`'s subjects (`writer_subjects`): values', keys'."""
+    """The writer schemas of the latest versions of `spec`'s subjects (`writer_subjects`): values', keys'."""
     values, keys = writer_subjects(spec)
     return registry.registered(values), registry.registered(keys) if keys else {}
 
