@@ -7,11 +7,12 @@ Spark session.
 The drain benches (bench/compare.py, bench/upsert.py) run each system alone, one after the other, and their
 records per CPU-s move by 10 to 30 % between runs on a shared machine. This bench runs every variant in the
 same JVM, in turn, round after round (round 0 a warm-up, not counted), on the same offsets: one Kafka broker,
-one Spark session (`local[2]`, Icefall's session settings, the embedded SQLite catalog). Each round splits
-the topic into `--batches` batches (the same offsets for every variant), and each batch is a new Spark plan,
-as ingestion's are. CPU is user + system time (/proc) around a variant's batches of the whole process tree
-that does the work: this process (the PySpark driver), the Spark JVM, and the JVM's children (PySpark's
-Python workers, where the Protobuf decoders run). The Kafka broker is not counted.
+one Spark session (`local[2]`, Icefall's session settings, the embedded SQLite catalog). Each round splits the
+topic into `--batches` batches (the same offsets for every variant), and each batch is a new Spark plan, as
+ingestion's are; each batch writes into a table of its own, made before the variant's CPU is counted (as
+ingestion writes into a table that exists). CPU is user + system time (/proc) around a variant's batches of
+the whole process tree that does the work: this process (the PySpark driver), the Spark JVM, and the JVM's
+children (PySpark's Python workers, where the Protobuf decoders run). The Kafka broker is not counted.
 
 **Avro** (N ~230-byte bench events as Confluent-framed Avro, `common.AVRO_EVENT_SCHEMA`, schema id 1, in 3
 partitions; writes into a new day(ts)-partitioned table per batch):
@@ -265,6 +266,7 @@ class Bench:
         self.bootstrap = bootstrap
         self.before_ref = before_ref
         self.tables = 0
+        self.ready: dict[str, list[str]] = {}  # tables made for each variant's next batches (`precreate`)
         spark.sql("CREATE NAMESPACE IF NOT EXISTS icefall.bench")
 
     def table(self) -> str:
@@ -297,29 +299,43 @@ class Bench:
         self.avro_before_writers = before.BatchWriters({SCHEMA_ID: writer})
         self.avro_schema = writer
 
-    def avro(self, variant: str, ranges: tuple[OffsetRange, ...]) -> None:
+    def avro_rows(self, variant: str, ranges: tuple[OffsetRange, ...]) -> tuple[Any, Any]:
+        """`variant`'s rows of `ranges` (a plan, not run) and its observation (None: Spark's)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
         from pyspark.sql.avro.functions import from_avro
 
-        name = self.table()
         source = read_kafka(self.spark, self.avro_spec, ranges, {}, group_id="bench-avro", headers=False)
         if variant == "spark-avro":
             rows = source.select(from_avro(F.expr("substring(value, 6)"), self.avro_schema).alias("e"))
-            rows = rows.select("e.*")
-            rows.limit(0).writeTo(name).using("iceberg").partitionedBy(F.days("ts")).create()
+            return rows.select("e.*"), None
+        decoders = self.avro_before if variant == "icefall-avro-before" else self.avro_after
+        writers = self.avro_before_writers if variant == "icefall-avro-before" else self.avro_writers
+        observation = Observation()
+        decoded = decoders.good.decode(source, writers).observe(observation, *decoders.observed)
+        return decoders.good.good_rows(decoded), observation
+
+    def precreate(self, variant: str, schema: Any, count: int) -> None:
+        """`count` new day(ts)-partitioned tables with `schema` for `variant`'s next batches, made before
+        its CPU is counted: ingestion writes into a table that exists (a CTAS per batch from a frame made
+        in Python runs a Python worker: 0.3-0.4 CPU-s a batch that is no part of a batch's cost)."""
+        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+        for _ in range(count):
+            name = self.table()
+            empty = self.spark.createDataFrame([], schema)
+            empty.writeTo(name).using("iceberg").partitionedBy(F.days("ts")).create()
+            self.ready.setdefault(variant, []).append(name)
+
+    def avro(self, variant: str, ranges: tuple[OffsetRange, ...]) -> None:
+        rows, observation = self.avro_rows(variant, ranges)
+        name = self.ready[variant].pop(0)
+        if variant == "spark-avro":
             tasks = self.spark.sparkContext.defaultParallelism
             rows.coalesce(tasks).writeTo(name).option("distribution-mode", "none").option(
                 "fanout-enabled", "true"
             ).append()
             return
-        decoders = self.avro_before if variant == "icefall-avro-before" else self.avro_after
-        writers = self.avro_before_writers if variant == "icefall-avro-before" else self.avro_writers
-        observation = Observation()
-        decoded = decoders.good.decode(source, writers).observe(observation, *decoders.observed)
-        rows = decoders.good.good_rows(decoded)
-        empty = self.spark.createDataFrame([], rows.schema)  # not `rows`: that would run the observation
-        empty.writeTo(name).using("iceberg").partitionedBy(F.days("ts")).create()
         append(rows, name, sorted_table=False)
         assert observation.get["bad"] == 0, observation.get
 
@@ -366,15 +382,14 @@ class Bench:
             "protobuf": {SCHEMA_ID: descriptors},
         }
 
-    def formats(self, variant: str, ranges: tuple[OffsetRange, ...]) -> None:
+    def formats_rows(self, variant: str, ranges: tuple[OffsetRange, ...]) -> tuple[Any, Any]:
+        """`variant`'s rows of `ranges` (a plan, not run) and its observation."""
         from pyspark.sql import Observation
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         from icefall.ingest import decode as decode_module
 
         kind = variant.split("-")[1]
         spec, decoders = self.format_specs[kind], self.format_decoders[kind]
-        name = self.last_tables[variant] = self.table()
         source = read_kafka(self.spark, spec, ranges, {}, group_id=f"bench-{kind}", headers=False)
         observation = Observation()
         saved = decode_module.payload
@@ -383,9 +398,11 @@ class Bench:
             decoded = decoders.good.decode(source, self.format_writers.get(kind))
         finally:
             decode_module.payload = saved
-        rows = decoders.good.good_rows(decoded.observe(observation, *decoders.observed))
-        empty = self.spark.createDataFrame([], rows.schema)  # not `rows`: that would run the observation
-        empty.writeTo(name).using("iceberg").partitionedBy(F.days("ts")).create()
+        return decoders.good.good_rows(decoded.observe(observation, *decoders.observed)), observation
+
+    def formats(self, variant: str, ranges: tuple[OffsetRange, ...]) -> None:
+        rows, observation = self.formats_rows(variant, ranges)
+        name = self.last_tables[variant] = self.ready[variant].pop(0)
         append(rows, name, sorted_table=False)
         assert observation.get["bad"] == 0, observation.get
 
@@ -476,13 +493,20 @@ def max_by_last_changes(changes: Any, key: list[str]) -> Any:
 
 
 def measure(
-    variants: dict[str, str], rounds: int, run: Callable[[str], None], jvm_cpu: Callable[[], float]
+    variants: dict[str, str],
+    rounds: int,
+    run: Callable[[str], None],
+    jvm_cpu: Callable[[], float],
+    prepare: Callable[[str], None] | None = None,
 ) -> dict[str, list[float]]:
-    """CPU-s of each variant per round (round 0 not kept); the variants' order turns each round."""
+    """CPU-s of each variant per round (round 0 not kept); the variants' order turns each round.
+    `prepare(variant)` runs before each of its rounds, not counted."""
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     order = list(variants)
     for round_ in range(rounds + 1):
         for variant in order:
+            if prepare is not None:
+                prepare(variant)
             cpu0, t0 = jvm_cpu(), time.monotonic()
             run(variant)
             used = jvm_cpu() - cpu0
@@ -527,12 +551,16 @@ def main() -> int:
             preload(broker.bootstrap, "avro", args.records, SMALL_NOTE_WORDS, 1, records=avro_records(1))
             cut = batches(whole_topic(broker.bootstrap, "avro", PARTITIONS), args.batches)
             bench.avro_setup("avro")
+            avro_schemas = {v: bench.avro_rows(v, cut[0])[0].schema for v in AVRO_VARIANTS}
 
             def avro_round(variant: str) -> None:
                 for ranges in cut:
                     bench.avro(variant, ranges)
 
-            results["avro"] = measure(AVRO_VARIANTS, args.rounds, avro_round, jvm_cpu)
+            def avro_tables(variant: str) -> None:
+                bench.precreate(variant, avro_schemas[variant], len(cut))
+
+            results["avro"] = measure(AVRO_VARIANTS, args.rounds, avro_round, jvm_cpu, avro_tables)
         if args.only in (None, "keyed"):
             keys = max(args.records // 4, 1)
             broker.create_topic("keyed", partitions=PARTITIONS)
@@ -562,12 +590,20 @@ def main() -> int:
                 preload(broker.bootstrap, topic, args.records, SMALL_NOTE_WORDS, 1, records=encoded[kind])
                 cuts[kind] = batches(whole_topic(broker.bootstrap, topic, PARTITIONS), args.batches)
             bench.formats_setup(topics, descriptors)
+            format_schemas = {
+                v: bench.formats_rows(v, cuts[v.split("-")[1]][0])[0].schema for v in PROTOBUF_VARIANTS
+            }
 
             def formats_round(variant: str) -> None:
                 for ranges in cuts[variant.split("-")[1]]:
                     bench.formats(variant, ranges)
 
-            results["protobuf"] = measure(PROTOBUF_VARIANTS, args.rounds, formats_round, jvm_cpu)
+            def formats_tables(variant: str) -> None:
+                bench.precreate(variant, format_schemas[variant], len(cuts[variant.split("-")[1]]))
+
+            results["protobuf"] = measure(
+                PROTOBUF_VARIANTS, args.rounds, formats_round, jvm_cpu, formats_tables
+            )
             same_rows = bench.same_rows()
         spark.stop()
     finally:

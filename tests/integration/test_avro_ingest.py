@@ -193,7 +193,9 @@ def test_a_registry_outage_is_waited_out_without_dead_letters(
     finally:
         registry.stop()
     lines = [r for r in caplog.records if r.name == "icefall.ingest.outages"]
-    where = f"cannot reach the schema registry at {registry.url} (schema id "
+    # The first thing asked: the subject's latest schema, before the first batch (no job reads its ids).
+    subject = "'it-avro-registry-outage-value'"
+    where = f"cannot reach the schema registry at {registry.url} (the latest version of subject {subject}"
     assert lines and all(r.exc_info is None for r in lines)
     assert where in lines[0].getMessage() and "answers again" in lines[-1].getMessage()
 

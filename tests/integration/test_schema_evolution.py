@@ -7,9 +7,10 @@ Proves, with the real broker, Spark and the embedded catalog:
   compaction rewrites files of both schemas together; a spec that adds a required field is refused at
   start, naming the field and the fix;
 - avro: a writer schema that adds a field and widens an int lands both in the batch that first carries it
-  (and a fresh read decodes the records past the commit into the new columns); only the writer's first
-  batch reads Kafka for its schema ids, and a batch that meets a new writer schema is written once more
-  with it (a batch of known ids is not);
+  (and a fresh read decodes the records past the commit into the new columns); no Spark job reads a batch
+  for its schema ids: a writer starts with its subject's latest schema, and a batch that meets another
+  writer schema (an older version, another subject's) is written once more with it (one of known ids is
+  not);
   a later writer schema that changes a type is refused (counted, logged) and its records that do not fit go
   to the dead-letter table with the reason, while those that fit are ingested;
 - a writer killed right after the schema change (`main.after-schema-change`) and started again ingests
@@ -47,7 +48,6 @@ from icefall.compact.worker import Outcome
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.registry import SchemaRegistryServer
 from icefall.ingest.union_read import union_read
-from icefall.ingest.writer import SCHEMA_ID_SAMPLE
 from icefall.plan.maintenance_items import CompactPartition, MaintenancePolicy
 from icefall.plan.names import table_leases
 from icefall.runtime import failpoints, metrics
@@ -216,14 +216,14 @@ spec:
         drain(ingestor)
         table = catalog_config.pyiceberg().load_table(table_name)
         assert [f.name for f in table.schema().fields] == ["id", "qty", "tags", "_kafka"]
-        # The first batch learnt its schema id with a Spark job of its own; no later one does.
-        assert (id_reads(table_name), rewritten(table_name)) == (1, 0)
+        # The first batch decoded with the subject's registered schema: written once.
+        assert rewritten(table_name) == 0
 
         send(v2({"id": i, "qty": 2**40 + i, "note": f"n{i}"}, context) for i in range(3, 6))
         (report,) = drain(ingestor)
         assert report.records_written == 3
         # v2's id was met as the batch was written: written once more with v2, committed once.
-        assert (id_reads(table_name), rewritten(table_name)) == (1, 1)
+        assert rewritten(table_name) == 1
         table.refresh()
         schema = table.schema()
         assert [(f.name, str(f.field_type), f.required) for f in schema.fields[:4]] == [
@@ -242,7 +242,7 @@ spec:
             read = sorted((r["id"], r["note"]) for r in fresh.frame.select("id", "note").collect())
         assert read == [*((i, None) for i in range(3)), *((i, f"n{i}") for i in range(3, 6)), (99, "fresh")]
         drain(ingestor)
-        assert (id_reads(table_name), rewritten(table_name)) == (1, 1)  # v2 is known now: written once
+        assert rewritten(table_name) == 1  # v2 is known now: written once
 
         # A producer that changes qty's type: the registry refuses it under the topic's subject (BACKWARD),
         # so it registers under another subject (as the record name strategies do) and frames by that id.
@@ -250,7 +250,7 @@ spec:
         send([framed(v3_id, ORDER_V3, {"id": 6, "qty": "7"}), framed(v3_id, ORDER_V3, {"id": 7, "qty": "x"})])
         (report,) = drain(ingestor)
         assert (report.records_written, report.records_dead_lettered) == (1, 1)
-        assert (id_reads(table_name), rewritten(table_name)) == (1, 2)
+        assert rewritten(table_name) == 2
         refused = metrics.REGISTRY.get_sample_value("icefall_schema_changes_refused", {"table": table_name})
         assert refused == 1
         assert report.schema_refused == (
@@ -279,31 +279,32 @@ spec:
     assert report.ok and report.content_checked, report.render()
 
 
-def test_a_first_batch_reads_the_ids_of_a_sample_and_meets_the_others_as_it_is_written(
+def test_a_first_batch_decodes_with_the_subjects_latest_schema_and_meets_the_others_as_it_is_written(
     kafka: KafkaBroker,
     schema_registry: SchemaRegistryServer,
     spark: SparkSession,
     catalog_config: CatalogConfig,
     tmp_path: Path,
 ) -> None:
-    topic, name = "it-evolve-sample", "evolve_sample"
+    topic, name = "it-evolve-registered", "evolve_registered"
     kafka.create_topic(topic, partitions=1)
     client = SchemaRegistryClient({"url": schema_registry.url})
     context = SerializationContext(topic, MessageField.VALUE)
-    v1 = AvroSerializer(client, json.dumps(ORDER_V1))
-    v2 = AvroSerializer(client, json.dumps(ORDER_V2))
-    sample = SCHEMA_ID_SAMPLE
+    v1_id = client.register_schema(f"{topic}-value", Schema(json.dumps(ORDER_V1), "AVRO"))
+    v2 = AvroSerializer(client, json.dumps(ORDER_V2))  # registers v2: the subject's latest
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
-    for i in range(sample):  # the sample: v1 only
-        producer.produce(topic, value=v1({"id": i, "qty": i, "tags": []}, context))
-    for i in range(sample, sample + 3):  # past it: v2, with a field v1 lacks
-        producer.produce(topic, value=v2({"id": i, "qty": i, "note": f"n{i}"}, context))
-    assert producer.flush(30) == 0
+
+    def send(values: Iterable[bytes]) -> None:
+        for value in values:
+            producer.produce(topic, value=value)
+        assert producer.flush(30) == 0
+
+    send(v2({"id": i, "qty": i, "note": f"n{i}"}, context) for i in range(3))
     st = load_manifest(
         f"""
 apiVersion: icefall.dev/v1alpha1
 kind: StreamingTable
-metadata: {{name: evolve-sample}}
+metadata: {{name: evolve-registered}}
 spec:
   source: {{bootstrapServers: "{kafka.bootstrap}", topic: {topic}}}
   format: {{type: avro, registry: {{url: "{schema_registry.url}"}}}}
@@ -312,21 +313,28 @@ spec:
     )
     table_name = f"it.{name}"
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
-        reports = drain(ingestor)
-    # One batch; its schema ids read from a sample that held v1 only, v2 met as it was written: written
-    # again with v2 (before, the whole batch was read for its ids first and written once).
-    assert [(r.records_written, r.records_dead_lettered) for r in reports] == [(sample + 3, 0)]
-    assert (id_reads(table_name), rewritten(table_name)) == (1, 1)
+        assert [(r.records_written, r.records_dead_lettered) for r in drain(ingestor)] == [(3, 0)]
+        # The subject's latest id was learnt before the first batch (no Spark job for it): written once.
+        v2_id = client.get_latest_version(f"{topic}-value").schema_id
+        assert (sorted(ingestor.writer.known.values), rewritten(table_name)) == ([v2_id], 0)
+        # An older version, and an id registered under another subject (as the record name strategies
+        # do), are met as the batch holding them is written: written again with them, committed once.
+        send([framed(v1_id, ORDER_V1, {"id": 3, "qty": 3, "tags": ["a"]})])
+        assert [(r.records_written, r.records_dead_lettered) for r in drain(ingestor)] == [(1, 0)]
+        assert rewritten(table_name) == 1
+        other = client.register_schema(
+            f"{topic}-other", Schema(json.dumps({**ORDER_V2, "doc": "another subject"}), "AVRO")
+        )
+        send([framed(other, ORDER_V2, {"id": 4, "qty": 4, "tags": None, "note": "o"})])
+        assert [(r.records_written, r.records_dead_lettered) for r in drain(ingestor)] == [(1, 0)]
+        assert rewritten(table_name) == 2
+        assert sorted(ingestor.writer.known.values) == sorted([v1_id, v2_id, other])
     rows = catalog_config.pyiceberg().load_table(table_name).scan().to_arrow().to_pylist()
-    assert sorted((r["id"], r["note"]) for r in rows)[-4:] == [
-        (sample - 1, None),
-        *((i, f"n{i}") for i in range(sample, sample + 3)),
+    assert sorted((r["id"], r["note"]) for r in rows) == [
+        *((i, f"n{i}") for i in range(3)),
+        (3, None),
+        (4, "o"),
     ]
-
-
-def id_reads(table_name: str) -> float:
-    """Spark jobs that read a batch only for its schema ids (`icefall_schema_id_reads_total`)."""
-    return metrics.REGISTRY.get_sample_value("icefall_schema_id_reads_total", {"table": table_name}) or 0
 
 
 def rewritten(table_name: str) -> float:

@@ -49,9 +49,9 @@ as a framed key.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -117,7 +117,7 @@ class _Decoded:
         self.row, self.checks, self.op, self.position = row, list(checks), op, position
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Plan:
     """The columns that decode a batch with one set of writer schemas, added in this order."""
 
@@ -129,6 +129,7 @@ class _Plan:
     problem: Column
     verdict: list[Column]
     internal: list[str]  # dropped at the end
+    kept: list[str] = dataclasses.field(default_factory=list)  # the output's, filled by the first batch
 
 
 class AvroDecoding:
@@ -210,13 +211,13 @@ class AvroDecoding:
         parsed = kafka_df.select(*self._base, headers, plan.schema_id, *key_id)
         for column in plan.parsed:
             parsed = parsed.select("*", column)
-        rows = parsed.select("*", *plan.failed).select("*", *plan.by_id)
+        rows = parsed.select("*", *plan.failed, *plan.by_id)  # (each select is analysed anew, every batch)
         if plan.kafka_key is not None:
             rows = rows.select("*", plan.kafka_key)
         checked = rows.select("*", plan.problem)
-        # The verdict and the internal columns' drop in one projection (each select is analysed anew).
-        kept = [F.col(c) for c in checked.columns if c not in plan.internal]
-        return checked.select(*kept, *plan.verdict)
+        if not plan.kept:  # the same in every batch: asked of Spark once (verdict and drop: one projection)
+            plan.kept.extend(c for c in checked.columns if c not in plan.internal)
+        return checked.select(*plan.kept, *plan.verdict)
 
     def _plan(
         self, writers: Mapping[int, str | None], key_writers: Mapping[int, str | None], spark: SparkSession

@@ -47,6 +47,7 @@ Azure. The upkeep (OPTIMIZE, checkpoints, VACUUM) is `icefall.compact.delta`'s.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -140,7 +141,7 @@ class DeltaIngestor:
     ) -> None:
         """`registry`: writer schemas by id and the latest schema (default: the spec's `format.registry`,
         if any); without an inline schema the latest one is asked for here."""
-        from icefall.kafka.registry import WriterSchemas, with_registry_schema
+        from icefall.kafka.registry import WriterSchemas, registered_writers, with_registry_schema
 
         if registry is None and st.spec.format.registry is not None:
             registry = WriterSchemas(st.spec.format.registry, format_type=st.spec.format.type)
@@ -164,6 +165,9 @@ class DeltaIngestor:
             kafka_options=spark_kafka_options(source.security),
             writer_id=self.writer_id,
             schemas=registry.lookup if registry is not None else None,
+            registered=functools.partial(registered_writers, registry, st.spec)
+            if registry is not None
+            else None,
         )
         self.planner = Planner(self.spec, self.label, self.topics)
         dlq_location = dead_letter_location(st, location)
@@ -315,7 +319,7 @@ class DeltaIngestor:
 
         if not planned.ranges:
             return NOTHING_READ, [], None, self.schema_after(planned_on)
-        writers = self.writer.writers_for(planned.ranges)
+        writers = self.writer.writers_for()
         while True:  # twice at most: every id of the batch is met by the first write
             schema = self.schema_after(planned_on, writers)
             if writers is not None and follows_table(self.spec):
@@ -324,7 +328,7 @@ class DeltaIngestor:
             if not stats.unseen_writers:
                 return stats, files, merged, schema
             log.info("%s: the batch met new writer schemas; it is written again with them", self.label)
-            writers = self.writer.writers_for(planned.ranges)
+            writers = self.writer.writers_for()
 
     def _write_once(
         self, planned: PlannedBatch, planned_on: DeltaSnapshot, schema: str | None, writers: Writers | None

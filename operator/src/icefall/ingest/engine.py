@@ -22,6 +22,7 @@ then failed; they are removed before the next batch (and at start).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -88,7 +89,7 @@ class Ingestor:
         """`yield_to`: the table's yield Lease (`rewrite_yield_name`), only read: a keyed table's batches wait
         while a rewrite holds it (`icefall.compact.runner`), so compaction cannot starve. `registry`: writer
         schemas by id and the latest schema (default: the spec's `format.registry`, if any)."""
-        from icefall.kafka.registry import WriterSchemas, with_registry_schema
+        from icefall.kafka.registry import WriterSchemas, registered_writers, with_registry_schema
 
         if registry is None and st.spec.format.registry is not None:
             registry = WriterSchemas(st.spec.format.registry, format_type=st.spec.format.type)
@@ -113,6 +114,9 @@ class Ingestor:
             kafka_options=spark_kafka_options(self.spec.source.security),
             writer_id=self.writer_id,
             schemas=registry.lookup if registry is not None else None,
+            registered=functools.partial(registered_writers, registry, st.spec)
+            if registry is not None
+            else None,
         )
         self.planner = Planner(self.spec, self.label, self.topics)
         self.reporter = Reporter(self.spec, self.label, self.topics)

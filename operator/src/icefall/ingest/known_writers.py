@@ -2,12 +2,13 @@
 Avro table, those of Kafka keys. Pure: no Spark, no registry.
 
 A batch is decoded with every writer schema remembered here, not with a lookup of its own ids first (that
-lookup read the batch from Kafka once more, in a Spark job of its own). The write's observation collects
-the batch's schema ids; `unseen` names the ones not remembered when it was decoded, and `learn` takes the
-registry's answer for them. A record of an unseen id was decoded as an unknown id (a dead letter, or for a
-key: read as a plain key), which is right only if the registry has no schema for it either: `learn`
-returns True when an unseen id has one, and the batch is then written again with it (`plan.pipelining`:
-REWRITE), never committed as first written.
+lookup read the batch from Kafka once more, in a Spark job of its own); before the first batch, what is
+remembered is the latest writer schema of each of the spec's subjects (`BatchWriter.writers_for`). The write's
+observation collects the batch's schema ids; `unseen` names the ones not remembered when it was decoded,
+and `learn` takes the registry's answer for them. A record of an unseen id was decoded as an unknown id
+(a dead letter, or for a key: read as a plain key), which is right only if the registry has no schema for
+it either: `learn` returns True when an unseen id has one, and the batch is then written again with it
+(`plan.pipelining`: REWRITE), never committed as first written.
 
 Guarantees: a writer schema, once learnt, is never forgotten or changed (registry ids are immutable), so a
 batch's good rows and its dead letters, decoded at different times, decide every record alike. An id the
@@ -31,7 +32,7 @@ class KnownWriters:
 
     @property
     def empty(self) -> bool:
-        """Nothing learnt yet: the writer's first batch learns its ids before it is decoded."""
+        """Nothing learnt yet: before the writer's first batch, the subjects' latest schemas are."""
         return not self._learnt
 
     def unseen(self, values: Iterable[int], keys: Iterable[int] = ()) -> tuple[list[int], list[int]]:

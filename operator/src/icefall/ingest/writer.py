@@ -23,7 +23,6 @@ from icefall.ingest.planning import NOTHING_READ, PlannedBatch, ReadStats
 from icefall.ingest.routes import Destination, Routing
 from icefall.kafka.admin import ISOLATION
 from icefall.plan.offsets import OffsetRange, spark_offset_options
-from icefall.runtime import metrics
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -48,9 +47,9 @@ Evolve = Callable[["Writers | None"], "Schema"]
 #: default), and a broker answers one request per connection at a time, so every task of a caught-up batch
 #: waited half a second. Larger polls mean fewer round trips per batch.
 SPARK_CONSUMER_DEFAULTS = {"fetch.max.wait.ms": "10", "max.poll.records": "5000"}
-#: A writer's first batch reads the schema ids of this many records of each partition before it is decoded
-#: (`BatchWriter.writers_for`): a topic's records rarely change writer schema within a batch.
-SCHEMA_ID_SAMPLE = 100
+#: The writer schemas of the latest versions of a spec's subjects, values' and keys' by id
+#: (`icefall.kafka.registry.registered_writers`): what a writer's first batch decodes with.
+Registered = Callable[[], tuple[Mapping[int, str], Mapping[int, str]]]
 
 
 def read_kafka(
@@ -138,8 +137,10 @@ class BatchWriter:
         kafka_options: Mapping[str, str],
         writer_id: str,
         schemas: SchemaLookup | None = None,
+        registered: Registered | None = None,
     ) -> None:
-        """`kafka_options`: Spark's Kafka security options (secrets: never logged)."""
+        """`kafka_options`: Spark's Kafka security options (secrets: never logged). `schemas`: writer
+        schemas by id; `registered`: the latest of the spec's subjects, learnt before the first batch."""
         self.st = st
         self.spec = st.spec
         self.spark = spark
@@ -150,6 +151,7 @@ class BatchWriter:
         self.consumer_group = f"icefall-{self.label}-{writer_id}"
         self._kafka_options = kafka_options
         self._schemas = schemas
+        self._registered = registered
         # The table's schema the decoders were built for (`icefall.ingest.schemas.decoding_spec`).
         self._table_schema: Schema | None = None
         # cdc with sequenceBy: the deleted keys file this writer wrote last to each table (by its name; a
@@ -218,8 +220,8 @@ class BatchWriter:
         bytes, the newest produce time and the bad rows. A batch with nothing to read writes nothing here
         (its commit stages its empty snapshot). `evolve` first makes the table hold the writer schemas.
 
-        A registry format decodes with the writer schemas this writer has met (`known`; its first batch
-        learns the ids of a sample of its records first, in one more small Spark job). The observation
+        A registry format decodes with the writer schemas this writer has met (`known`; before its first
+        batch, the latest of its subjects': `writers_for`). The observation
         also names the batch's schema ids: ids not met before are looked up, and when one has a writer
         schema the stats say `unseen_writers` (the batch must be written again, `plan.pipelining`
         REWRITE).
@@ -235,7 +237,7 @@ class BatchWriter:
         # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
         routing = self.routing
         source = self.read(planned.ranges, headers=routing is not None and routing.headers)
-        writers = self.writers_for(planned.ranges)
+        writers = self.writers_for()
         self.use_table_schema(evolve(writers) if evolve is not None else table.schema())
         decoders = self.decoders
         observation = Observation()
@@ -293,19 +295,23 @@ class BatchWriter:
 
         return self.learned(stats, seen.get(SCHEMA_IDS) or [], seen.get(KEY_SCHEMA_IDS) or [])
 
-    def writers_for(self, ranges: tuple[OffsetRange, ...]) -> BatchWriters | None:
-        """The writer schemas a batch decodes with: those met so far (None: not a registry format). The
-        first batch learns the ids of a sample of its records first (`icefall_schema_id_reads_total`: the
-        first `SCHEMA_ID_SAMPLE` of each partition, not the whole batch); an id the sample missed is met
-        by the write's observation like any new one (the batch is written again with it)."""
+    def writers_for(self) -> BatchWriters | None:
+        """The writer schemas a batch decodes with: those met so far (None: not a registry format). Before
+        the first batch they are the latest of the spec's subjects (`registered`: asked of the registry,
+        no Spark job reads the batch for its ids); an id the batch holds beyond them is met by
+        the write's observation like any new one (the batch is written again with it)."""
         good = self.decoders.good
         if not good.uses_registry:
             return None
         if self.known.empty:
-            metrics.SCHEMA_ID_READS.labels(self.label).inc()
-            sample = tuple(dataclasses.replace(r, end=min(r.end, r.start + SCHEMA_ID_SAMPLE)) for r in ranges)
-            found = good.writer_schemas(self.read(sample, headers=False)) or {}
-            self.known.learn(found, getattr(found, "key_schemas", None))
+            values, keys = self._registered() if self._registered is not None else ({}, {})
+            self.known.learn(values, keys)
+            log.info(
+                "%s: decoding with the subjects' latest writer schemas: ids %s (keys %s)",
+                self.label,
+                sorted(values),
+                sorted(keys),
+            )
         from icefall.ingest.avro import BatchWriters
 
         return BatchWriters(self.known.values, self.known.keys)

@@ -11,6 +11,10 @@ Guarantees:
   record goes to the dead-letter table because the registry was briefly down, and a batch is never
   decoded with a partial view of its schemas. Any other refusal (401, 403, ...) raises `RegistryError`:
   a configuration error, raised loudly.
+- `registered` gives the writer schemas of the latest versions of subjects, each text from `lookup` of
+  its id, so a schema is only ever used for the id the registry gives it; a subject the registry does not
+  hold gives none. Only the latest: every id a writer knows is one more parse in each batch's plan and
+  its fields are added to the table, so older versions are learnt only when a batch holds them.
 - `latest_schema` is the subject's latest schema (the subject per `subjectNameStrategy`); a subject the
   registry does not hold, or whose latest schema is not of the spec's format, raises `RegistryError`
   naming it.
@@ -36,6 +40,7 @@ from icefall.api import (
     SecretRef,
     StreamingTable,
     StreamingTableSpec,
+    SubjectNameStrategy,
     TableMode,
 )
 from icefall.api.avro import row_schema
@@ -112,6 +117,8 @@ class Registry(Protocol):
 
     def latest_schema(self, topic: str) -> str: ...
 
+    def registered(self, subjects: Iterable[str]) -> dict[int, str]: ...
+
 
 class WriterSchemas:
     """Writer schemas by id from one registry, cached per process: those of `format_type` (default Avro)."""
@@ -174,6 +181,29 @@ class WriterSchemas:
             found[schema_id] = usable
         return found
 
+    def registered(self, subjects: Iterable[str]) -> dict[int, str]:
+        """The writer schemas (of this format) of the latest version of each of `subjects`: what a writer
+        decodes its first batch with, so that no Spark job reads the batch for its ids. A subject the
+        registry does not hold adds none."""
+        ids = {i for i in map(self._latest_id, subjects) if i is not None}
+        # The text of each id comes from the id itself, as for any record's: never a version's text.
+        return {i: text for i, text in self.lookup(sorted(ids)).items() if text is not None}
+
+    def _latest_id(self, subject: str) -> int | None:
+        """The schema id of the latest version of `subject` (None: the registry does not hold it)."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        what = f"the latest version of subject {subject!r}"
+        try:
+            found = self._client.get_latest_version(subject, fmt=self._format)
+        except SchemaRegistryError as error:
+            if error.http_status_code == 404:
+                return None
+            raise registry_failure(self.registry, what, error) from error
+        except Exception as error:
+            raise registry_failure(self.registry, what, error) from error
+        return int(found.schema_id) if found.schema_id is not None else None
+
     def latest_schema(self, topic: str) -> str:
         """The text of the latest version of `topic`'s record subject (`SchemaRegistry.subject`)."""
         subject = self.registry.subject(topic)
@@ -201,6 +231,28 @@ class WriterSchemas:
             raise RegistryError(
                 f"schema registry {self.registry.url}: the latest schema of subject {subject!r}: {error}"
             ) from error
+
+
+def writer_subjects(spec: StreamingTableSpec) -> tuple[list[str], list[str]]:
+    """The subjects whose latest schemas a writer learns at start (`WriterSchemas.registered`): each
+    named topic's value subject, and for a keyed Avro table its `<topic>-key` subject (topic strategy:
+    Kafka Connect's and Debezium's AvroConverter register keys there). `topicPattern`'s topics are not
+    known at start: their ids are met as batches are written."""
+    registry = spec.format.registry
+    if registry is None:
+        return [], []
+    topics = spec.source.topic_names
+    values = list(dict.fromkeys(registry.subject(t) for t in topics))
+    keyed_avro = spec.mode is not TableMode.APPEND and spec.format.type is FormatType.AVRO
+    by_topic = registry.subject_name_strategy is SubjectNameStrategy.TOPIC
+    keys = [f"{t}-key" for t in topics] if keyed_avro and by_topic else []
+    return values, keys
+
+
+def registered_writers(registry: Registry, spec: StreamingTableSpec) -> tuple[dict[int, str], dict[int, str]]:
+    """The writer schemas of the latest versions of `spec`'s subjects (`writer_subjects`): values', keys'."""
+    values, keys = writer_subjects(spec)
+    return registry.registered(values), registry.registered(keys) if keys else {}
 
 
 def with_registry_schema(

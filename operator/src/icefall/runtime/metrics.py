@@ -92,13 +92,6 @@ INGEST_YIELD_SECONDS = Counter(
     ["table"],
     registry=REGISTRY,
 )
-SCHEMA_ID_READS = Counter(
-    "icefall_schema_id_reads_total",
-    "Spark jobs that read a batch from Kafka only to learn its writer schema ids: the writer's first batch "
-    "(later batches decode with the writer schemas met so far and learn new ids as they are written).",
-    ["table"],
-    registry=REGISTRY,
-)
 INGEST_BATCHES_REWRITTEN = Counter(
     "icefall_ingest_batches_rewritten_total",
     "Batches written again because their records carried a schema id the writer had not met and the "
