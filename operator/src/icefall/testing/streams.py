@@ -382,7 +382,7 @@ def watermarks(kafka: Broker, topic: str) -> dict[int, int]:
 
 
 def recreate_topic(kafka: Any, topic: str, *, partitions: int = 1, timeout: float = 60) -> None:
-    """Delete `topic` and create it again (empty, a new topic id) as soon as Kafka has finished deleting it."""
+    """Delete `topic` and create it again (empty, a new topic id) once Kafka has finished deleting it."""
     import time
 
     from confluent_kafka.admin import AdminClient
