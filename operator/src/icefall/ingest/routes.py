@@ -49,9 +49,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from icefall.api import UNROUTED_REASON, NameFrom, StreamingTable, StreamingTableSpec, Unrouted
 from icefall.commit import (
@@ -123,6 +123,13 @@ class Destination:
     table: Table
     deleted_keys: str | None = None
     spec: StreamingTableSpec | None = None
+
+
+class RowsOf(Protocol):
+    """The table's rows of (part of) the decoded batch (`Decoder.good_rows`, every table column); `carry`:
+    columns of the batch kept beside them."""
+
+    def __call__(self, frame: DataFrame, carry: Sequence[str] = ()) -> DataFrame: ...
 
 
 #: Writes one destination's rows (append, or a keyed table's MERGE); the deleted keys file it stored for
@@ -280,7 +287,7 @@ class Routing:
         self,
         routed: DataFrame,
         stages: list[RouteStage],
-        rows_of: Callable[[DataFrame], DataFrame],
+        rows_of: RowsOf,
         write_to: WriteTo,
         main: Destination,
         *,
@@ -368,28 +375,30 @@ class Routing:
         return []
 
     def _append_collected(
-        self,
-        cached: DataFrame,
-        route: Column,
-        stages: list[RouteStage],
-        rows_of: Callable[[DataFrame], DataFrame],
+        self, cached: DataFrame, route: Column, stages: list[RouteStage], rows_of: RowsOf
     ) -> None:
-        """Collect the rows of every stage of `stages` in ONE Spark job (a union of each one's rows, tagged
-        with its index) and append each table's to its staging branch from the driver (`arrow_append`):
-        no Spark job per route table. A table with no rows gets nothing here (its commit stages an empty
-        snapshot)."""
+        """Collect the rows of every stage of `stages` in ONE Spark job (one projection of the cached batch,
+        each row tagged with the index of the stage it goes to) and append each table's to its staging
+        branch from the driver (`arrow_append`): no Spark job, and no plan, per route table. A table with
+        no rows gets nothing here (its commit stages an empty snapshot)."""
         import pyarrow.compute as pc
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         by_topic = "topic" in cached.columns
-        tagged = [
-            rows_of(cached.where((route == rs.index) & self._taken(rs.takes, by_topic=by_topic))).withColumn(
-                _DESTINATION, F.lit(rs.index)
-            )
-            for rs in stages
-        ]
-        union = functools.reduce(lambda a, b: a.unionByName(b), tagged)
-        collected = union.toArrow()
+        # One condition per distinct take (after a crash between commits a table ahead takes less), not one
+        # per table: in the steady state every table takes the whole batch.
+        groups: list[tuple[Mapping[str, Take], list[int]]] = []
+        for rs in stages:
+            group = next((g for takes, g in groups if takes == rs.takes), None)
+            if group is None:
+                groups.append((rs.takes, [rs.index]))
+            else:
+                group.append(rs.index)
+        taken = functools.reduce(
+            lambda a, b: a | b,
+            [route.isin(indexes) & self._taken(takes, by_topic=by_topic) for takes, indexes in groups],
+        )
+        tagged = cached.where(taken).withColumn(_DESTINATION, route)
+        collected = rows_of(tagged, carry=[_DESTINATION]).toArrow()
         for rs in stages:
             rows = collected.filter(pc.equal(collected[_DESTINATION], rs.index)).drop_columns([_DESTINATION])
             if rows.num_rows:

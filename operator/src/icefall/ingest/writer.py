@@ -250,8 +250,8 @@ class BatchWriter:
         route_bad = 0
         if routing is not None:
 
-            def rows_of(frame: DataFrame) -> DataFrame:
-                return with_every_column(decoders.good.good_rows(frame), self._table_schema)
+            def rows_of(frame: DataFrame, carry: Sequence[str] = ()) -> DataFrame:
+                return with_every_column(decoders.good.good_rows(frame, carry), self._table_schema)
 
             def write_to(rows: DataFrame, to: Destination) -> str | None:
                 if self.spec.key:  # each destination is keyed: its changes MERGEd as the table's are
