@@ -7,7 +7,8 @@ table; a `Transaction` still keeps what it staged in `_updates` (a tuple of tabl
 in `table_metadata`; a snapshot producer still has `snapshot_id` and `append_data_file`, and stages an
 `AddSnapshotUpdate` and a `SetSnapshotRefUpdate` of `main`; a delete that matches nothing still moves
 `main` (the adapter adds an empty append); `ManifestFile.fetch_manifest_entry` still takes
-`discard_deleted`. Each failure says what moved. Not proved here: that a real catalog accepts the commits
+`discard_deleted`; `_dataframe_to_data_files` still writes Arrow rows as data files without a commit. Each
+failure says what moved. Not proved here: that a real catalog accepts the commits
 (tests/integration/test_commit_protocol.py, which any pyiceberg upgrade must also pass).
 """
 
@@ -18,9 +19,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import load_file_io
+from pyiceberg.io import pyarrow as pyiceberg_pyarrow
 from pyiceberg.manifest import ManifestFile
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
@@ -39,6 +42,7 @@ from icefall.commit.pyiceberg_internals import (
     new_snapshot,
     schema_updates,
     staged_updates,
+    write_data_files,
 )
 
 pytestmark = pytest.mark.unit
@@ -170,7 +174,24 @@ def test_reading_manifest_entries_keeps_the_deleted_ones_on_request() -> None:
     )
 
 
+def test_arrow_rows_are_written_as_data_files_without_a_commit(tmp_path: Path) -> None:
+    writer = getattr(pyiceberg_pyarrow, "_dataframe_to_data_files", None)
+    assert writer is not None, moved("pyiceberg.io.pyarrow._dataframe_to_data_files is gone")
+    parameters = set(inspect.signature(writer).parameters)
+    assert {"table_metadata", "df", "io", "write_uuid"} <= parameters, moved(
+        f"_dataframe_to_data_files takes {sorted(parameters)}"
+    )
+    table = make_table(tmp_path)
+    rows = pa.table({"partition": pa.array([0, 0], pa.int64()), "offset": pa.array([5, 6], pa.int64())})
+    files = write_data_files(table, rows)
+    assert [f.record_count for f in files] == [2]
+    assert Path(files[0].file_path.removeprefix("file://")).exists()
+    assert table.metadata.snapshots == [], "nothing committed"
+    assert write_data_files(table, rows.slice(0, 0)) == []
+
+
 def test_the_adapter_names_every_internal_it_relies_on() -> None:
     doc = pyiceberg_internals.__doc__ or ""
-    for internal in ("Transaction._updates", "Transaction.table_metadata", "Catalog.commit_table", "0.12"):
+    internals = ("Transaction._updates", "Transaction.table_metadata", "Catalog.commit_table", "0.12")
+    for internal in (*internals, "_dataframe_to_data_files"):
         assert internal in doc, internal

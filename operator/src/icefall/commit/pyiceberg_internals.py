@@ -10,7 +10,9 @@ writer commit to `main`"). pyiceberg has no public API for that, so this module 
 - `Transaction._updates`: the updates a transaction has staged (a snapshot producer's `AddSnapshotUpdate`
   and `SetSnapshotRefUpdate`; a delete's snapshots), taken to send in the protocol's own commit;
 - `Transaction.table_metadata`: the table's metadata with those updates applied, and a snapshot
-  producer's `snapshot_id`, to find a staged snapshot (and the id a staged schema change gets).
+  producer's `snapshot_id`, to find a staged snapshot (and the id a staged schema change gets);
+- `pyiceberg.io.pyarrow._dataframe_to_data_files(table_metadata, df, io, write_uuid)`: the Parquet files
+  `Table.append` writes for Arrow rows, as `DataFile`s, without its commit (`write_data_files`).
 
 Everything else the protocol uses is pyiceberg's public API (the models of `pyiceberg.table.update`,
 `ancestors_of`, `ManifestFile.fetch_manifest_entry`). tests/unit/test_pyiceberg_internals.py checks each
@@ -21,6 +23,7 @@ re-run tests/integration/test_commit_protocol.py on any upgrade.
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -30,6 +33,7 @@ from pyiceberg.table.update import AddSnapshotUpdate
 from icefall.commit.errors import ClockBehindError, CommitError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table, Transaction
     from pyiceberg.table.snapshots import Snapshot
@@ -93,6 +97,18 @@ def new_snapshot(table: Table, summary: Mapping[str, str], files: Iterable[DataF
     if snapshot is None:  # pragma: no cover - pyiceberg staged it a line above
         raise CommitError("pyiceberg did not stage the snapshot it was asked for")
     return snapshot
+
+
+def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
+    """Write `rows` (in the table's Arrow schema) as the data files `Table.append` would, with the table's
+    current schema and partition spec; nothing is committed: the files are referenced by no snapshot."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    if not rows.num_rows:
+        return []
+    return list(
+        _dataframe_to_data_files(table_metadata=table.metadata, df=rows, io=table.io, write_uuid=uuid.uuid4())
+    )
 
 
 def empty_snapshot_updates(table: Table, summary: Mapping[str, str]) -> tuple[TableUpdate, ...]:
