@@ -1,14 +1,15 @@
 """Static routes (`spec.routes`): one read of a batch into several tables, each exactly once.
 
 Each batch is read and decoded once; a column names the first route whose condition holds for each good
-record (`Routing.routed`), the decoded batch is cached, and each destination appends its rows to its own
-staging branch (`Routing.write`). The route tables commit first, one after the other, each through the
-commit protocol with the offsets of the part of the batch it takes (`icefall.plan.routing.destination_take`,
-whether or not its condition kept any record); then the dead letters; `spec.table` commits LAST. The batch
-is planned from `spec.table`'s offsets, so after a crash between two commits every route table stands at or
-past them: the range is read again, a route table that is behind takes its records, one that is ahead
-takes only what is past its own offsets (nothing at all once it holds the range), and no table gets a
-record twice.
+record (`Routing.routed`), the decoded batch is cached, and each destination's rows are written
+(`Routing.write`): by Spark to its staging branch, or (most route tables) as data files by the driver
+from one Spark job for all (`_write_collected`). The route tables commit first, one after the other, each
+through the commit protocol (`commit_files` for the driver's files) with the offsets of the part of the
+batch it takes (`icefall.plan.routing.destination_take`, whether or not its condition kept any record);
+then the dead letters; `spec.table` commits LAST. The batch is planned from `spec.table`'s offsets, so
+after a crash between two commits every route table stands at or past them: the range is read again, a
+route table that is behind takes its records, one that is ahead takes only what is past its own offsets
+(nothing at all once it holds the range), and no table gets a record twice.
 
 Guarantees: a route table's commit records exactly the range its rows came from; its staging branch is
 dropped unless the commit landed; a route table behind `spec.table` stops the writer
@@ -92,6 +93,7 @@ from icefall.plan.routing import (
     dynamic_names,
     not_created_reason,
     reads_headers,
+    same_takes,
 )
 
 if TYPE_CHECKING:
@@ -387,28 +389,12 @@ class Routing:
         import pyarrow.compute as pc
 
         by_topic = "topic" in cached.columns
-        # One condition per distinct take (after a crash between commits a table ahead takes less), not one
-        # per table: in the steady state every table takes the whole batch.
-        groups: list[tuple[Mapping[str, Take], list[int]]] = []
-        for rs in stages:
-            group = next((g for takes, g in groups if takes == rs.takes), None)
-            if group is None:
-                groups.append((rs.takes, [rs.index]))
-            else:
-                group.append(rs.index)
-        taken = functools.reduce(
-            lambda a, b: a | b,
-            [route.isin(indexes) & self._taken(takes, by_topic=by_topic) for takes, indexes in groups],
-        )
-        tagged = cached.where(taken).withColumn(_DESTINATION, route)
+        groups = same_takes((rs.index, rs.takes) for rs in stages)  # one condition per distinct take
+        taken = [route.isin(indexes) & self._taken(takes, by_topic=by_topic) for takes, indexes in groups]
+        tagged = cached.where(functools.reduce(lambda a, b: a | b, taken)).withColumn(_DESTINATION, route)
         collected = rows_of(tagged, carry=[_DESTINATION]).toArrow()
-        return {
-            rs.target: write_rows(
-                rs.table,
-                collected.filter(pc.equal(collected[_DESTINATION], rs.index)).drop_columns([_DESTINATION]),
-            )
-            for rs in stages
-        }
+        tags, rows = collected[_DESTINATION], collected.drop_columns([_DESTINATION])
+        return {rs.target: write_rows(rs.table, rows.filter(pc.equal(tags, rs.index))) for rs in stages}
 
     @staticmethod
     def _taken(takes: Mapping[str, Take], *, by_topic: bool) -> Column:
