@@ -36,6 +36,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 from icefall.commit import pyiceberg_internals
 from icefall.commit.pyiceberg_internals import (
     PINNED,
+    ReadOnceTransaction,
     commit_table,
     delete_updates,
     empty_snapshot_updates,
@@ -148,6 +149,22 @@ def test_a_snapshot_producer_stages_a_snapshot_on_main(tmp_path: Path) -> None:
     ref = updates[1]
     assert isinstance(ref, SetSnapshotRefUpdate)
     assert ref.ref_name == "main", moved(f"a fast append moves {ref.ref_name!r}, not main")
+
+
+def test_a_read_once_transaction_applies_its_updates_once_per_set(tmp_path: Path) -> None:
+    table = make_table(tmp_path)
+    tx = ReadOnceTransaction(table)
+    first = tx.table_metadata
+    assert tx.table_metadata is first  # pyiceberg's own deep-copies the whole metadata at every read
+    tx.set_properties(staged="yes")
+    assert tx.table_metadata is not first, moved("Transaction._stage no longer replaces _updates")
+    assert tx.table_metadata.properties["staged"] == "yes"
+    assert tx.table_metadata is tx.table_metadata
+    # What a snapshot producer stages through it is what it stages through pyiceberg's own transaction.
+    rows = pa.table({"partition": pa.array([0], pa.int64()), "offset": pa.array([1], pa.int64())})
+    snapshot = new_snapshot(table, {"note": "x"}, write_data_files(table, rows))
+    assert snapshot.parent_snapshot_id is None and snapshot.sequence_number == 1
+    assert snapshot.summary is not None and snapshot.summary["added-records"] == "1"
 
 
 def test_a_delete_matching_nothing_still_moves_main(tmp_path: Path) -> None:
