@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 
 from icefall import cli
@@ -32,7 +31,7 @@ from icefall.ingest.engine import Ingestor
 from icefall.kafka.admin import TopicView
 from icefall.kafka.dead_letters import DeadLetterDeliveryError, Source, produce_dead_letters
 from icefall.runtime.failpoints import FailpointError, armed
-from icefall.testing.streams import audit, drain, manifest_text
+from icefall.testing.streams import audit, drain, manifest_text, recreate_topic
 from icefall.testing.streams import produce as stream_produce
 
 pytestmark = pytest.mark.integration
@@ -303,16 +302,7 @@ def test_a_crash_before_the_commit_resends_dead_letters_that_the_dedupe_key_remo
     assert sum(p.dead_letters_elsewhere for p in report.partitions) == len(bad), report.render()
 
     # The source topic recreated and refilled: its records reuse the partitions and offsets, not the keys.
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept: the future needs its handle
-    admin.delete_topics([topic])[topic].result(30)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            kafka.create_topic(topic, partitions=2)
-            break
-        except Exception:
-            assert time.monotonic() < deadline, "the topic could not be created again"
-            time.sleep(0.5)
+    recreate_topic(kafka, topic, partitions=2)
     again = stream_produce(kafka, topic, 0, 30, bad_every=4)
     with TopicView(kafka.bootstrap, topic) as view:
         second_id = view.topic_id()

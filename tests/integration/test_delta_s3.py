@@ -6,13 +6,16 @@ not written) and run again fills the table on MinIO exactly once, by content (`i
 delta-rs), credentials from the AWS_* environment only; and a paused writer whose replacement — another
 process, another JVM (`icefall run`) — takes over and commits between the paused writer's prepare (epoch
 checked, files uploaded) and its PUT of the log entry is refused: its PUT of the same version loses
-(`If-None-Match`), the replacement's entry stays as written, and the paused writer raises FencedError.
+(`If-None-Match`), the replacement's entry stays as written, and the paused writer raises FencedError;
+`icefall purge` deletes a table's folders only when their logs' ids are the recorded ones.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,14 @@ import pytest
 from icefall.api.manifest import parse_manifest
 from icefall.commands.delta import verify_delta_table
 from icefall.commit import FencedError
-from icefall.commit.delta import DeltaLog
+from icefall.commit.delta import DeltaLog, create_table
 from icefall.commit.delta_storage import S3Settings
 from icefall.commit.lease import FileLease
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.objectstore import ObjectStore
+from icefall.ingest.delta_dead_letters import dead_letter_location
 from icefall.ingest.delta_sink import DeltaIngestor
+from icefall.plan.purge import EXIT_REFUSED
 from icefall.runtime import failpoints
 from icefall.testing.delta import aws_env, delta_ids, delta_manifest
 from icefall.testing.live_run import run_until_caught_up
@@ -36,6 +41,9 @@ from icefall.testing.streams import produce, watermarks
 pytestmark = pytest.mark.integration
 
 BUCKET = "delta-lake"
+SCHEMA_STRING = json.dumps(
+    {"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]}
+)
 
 
 class S3Table:
@@ -114,3 +122,40 @@ def test_a_paused_writer_loses_the_put_of_a_version_another_process_committed(
     assert epoch > old.epoch, json.dumps(entry)
     assert table.ids() == Counter(range(20))
     assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
+
+
+def test_purge_deletes_the_folders_whose_log_ids_were_recorded_and_nothing_else(
+    kafka: KafkaBroker, s3_env: ObjectStore, tmp_path: Path
+) -> None:
+    """`icefall purge` of a Delta table (`deletionPolicy: Delete`'s Job command, here with `-f`): refused with
+    another id, nothing deleted; with the ids its driver reported, the table's and its dead-letter table's
+    folders go, a sibling folder sharing the name's prefix stays."""
+    table = S3Table(kafka, s3_env, tmp_path, "purged")
+    dead = dead_letter_location(table.st, table.location)
+    assert dead is not None
+    ids = {}
+    for folder in (table.location, dead):
+        ids[folder] = create_table(DeltaLog(folder), SCHEMA_STRING, epoch=1).metadata["id"]
+    fs = s3_env.filesystem()
+    prefix = table.location.removeprefix("s3://")
+    for key in (f"{prefix}/part-0.parquet", f"{prefix}-eu/_delta_log/00000000000000000000.json"):
+        with fs.open_output_stream(key) as out:
+            out.write(b"x")
+
+    def purge(table_id: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "icefall.cli", "purge", "-f", str(table.manifest), "--state-dir",
+             str(table.state), "--table-uuid", table_id, "--dead-letter-table-uuid", ids[dead]],
+            capture_output=True, text=True, timeout=120, check=False, env={**os.environ, **aws_env(s3_env)},
+        )  # fmt: skip
+
+    refused = purge("another-table")
+    assert refused.returncode == EXIT_REFUSED, refused.stdout + refused.stderr
+    assert "nothing was deleted" in refused.stdout
+    assert DeltaLog(table.location).snapshot().exists and DeltaLog(dead).snapshot().exists
+
+    done = purge(ids[table.location])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not DeltaLog(table.location).snapshot().exists and not DeltaLog(dead).snapshot().exists
+    assert fs.get_file_info(f"{prefix}/part-0.parquet").type.name == "NotFound"
+    assert fs.get_file_info(f"{prefix}-eu/_delta_log/00000000000000000000.json").type.name == "File"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +39,7 @@ from icefall.testing.streams import (
     drain,
     kafka_source_frame,
     manifest_text,
+    recreate_topic,
     started_ingestor,
     watermarks,
 )
@@ -227,7 +227,6 @@ def test_kills_after_creating_and_between_dynamic_tables_commits_leave_each_tabl
 def test_a_recreated_topic_is_reset_in_every_dynamic_table(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
-    from confluent_kafka.admin import AdminClient
 
     from icefall import cli
     from icefall.ingest.engine import SourceChangedError
@@ -240,16 +239,7 @@ def test_a_recreated_topic_is_reset_in_every_dynamic_table(
     st = load_manifest(manifest.read_text())
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
         drain(ingestor)
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept: its futures die with it
-        admin.delete_topics([topic])[topic].result(30)
-        deadline = time.monotonic() + 60
-        while True:  # created again once Kafka has finished deleting it
-            try:
-                kafka.create_topic(topic, partitions=1)
-                break
-            except Exception:
-                assert time.monotonic() < deadline
-                time.sleep(0.5)
+        recreate_topic(kafka, topic)
         produce_events(kafka, topic, 101, 7)  # one record of each type
         with pytest.raises(SourceChangedError):
             ingestor.run_batch()

@@ -49,6 +49,7 @@ from icefall.testing.streams import (
     drain,
     manifest_text,
     produce,
+    recreate_topic,
     streaming_table,
     watermarks,
 )
@@ -248,9 +249,7 @@ def test_a_recreated_topic_stops_ingestion_until_the_offsets_are_reset(
         before = read_committed(table)
         assert before.offsets == {0: 30} and before.topic_id is not None
 
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-        admin.delete_topics([topic])[topic].result(30)
-        _recreate(kafka, topic)
+        recreate_topic(kafka, topic)
         # More records than the old topic had: resuming at offset 30 would skip the first 30 silently.
         produce(kafka, topic, 100, 40, partitions=[0])
 
@@ -293,19 +292,6 @@ def test_a_recreated_topic_stops_ingestion_until_the_offsets_are_reset(
     p0 = report.partition(0)
     assert (p0.in_table, p0.before_reset, p0.expected, p0.duplicates) == (40, 30, 40, 0), report.render()
     assert report.reset_note is not None and "30 set aside" in report.reset_note, report.render()
-
-
-def _recreate(kafka: KafkaBroker, topic: str, timeout: float = 60) -> None:
-    """Create `topic` again as soon as Kafka has finished deleting it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            kafka.create_topic(topic, partitions=1)
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def test_a_partition_added_with_its_first_records_deleted_counts_them_lost(

@@ -18,14 +18,12 @@ exactly its records, the tables ahead skipping what they hold.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient
 from pyiceberg.table.snapshots import ancestors_of
 from pyspark.sql import SparkSession
 
@@ -43,6 +41,7 @@ from icefall.testing.streams import (
     kafka_source_frame,
     manifest_text,
     produce,
+    recreate_topic,
     started_ingestor,
     watermarks,
 )
@@ -242,16 +241,7 @@ def test_a_recreated_topic_is_reset_in_every_route_table(
     st = load_manifest(manifest.read_text())
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
         drain(ingestor)
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-        admin.delete_topics([topic])[topic].result(30)
-        deadline = time.monotonic() + 60
-        while True:  # created again once Kafka has finished deleting it
-            try:
-                kafka.create_topic(topic, partitions=1)
-                break
-            except Exception:
-                assert time.monotonic() < deadline
-                time.sleep(0.5)
+        recreate_topic(kafka, topic)
         produce(kafka, topic, 100, 20)
         with pytest.raises(SourceChangedError):
             ingestor.run_batch()

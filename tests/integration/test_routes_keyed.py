@@ -11,21 +11,28 @@ row image (`after`, `before` for op d) keeps each route table's own remembered d
 change of a deleted key stays deleted there, its commit names its own deleted keys file) and sends a
 delete without a before image to every destination; `icefall run` killed between the destinations'
 commits (after the first route, after both, after the dead letters) then run to the end leaves each
-table exactly its latest rows, no key twice, the tables ahead skipping the batches they hold.
+table exactly its latest rows, no key twice, the tables ahead skipping the batches they hold. `icefall
+verify` (`icefall.audit.keyed_routes`) finds every destination equal by key to the changes routed to it,
+each up to its own offsets (while the routes and the dead letters are ahead of the table too), and names
+the table a row of another one was copied into.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
-from icefall.api import load_manifest
+from icefall.api import StreamingTable, load_manifest
+from icefall.audit.routed import RoutedAuditReport
 from icefall.catalog import CatalogConfig
+from icefall.commands.verify import verify_table
 from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.union_read import union_read
@@ -133,6 +140,15 @@ def assert_latest_rows(config: CatalogConfig, kafka: KafkaBroker, topic: str, na
     assert sorted((r["partition"], r["offset"]) for r in dlq) == malformed
 
 
+def assert_verified(st: StreamingTable, config: CatalogConfig, spark: SparkSession, name: str) -> None:
+    """`icefall verify` finds each destination equal by key to the changes routed to it."""
+    report = verify_table(st, config, spark=spark)
+    assert isinstance(report, RoutedAuditReport) and report.ok, report.render()
+    for destination, table in (("spec.table", name), ("routes[0]", f"{name}_a"), ("routes[1]", f"{name}_b")):
+        audit = report.destination(destination)
+        assert audit.table == f"{NAMESPACE}.{table}" and audit.rows == len(table_rows(config, table)), table
+
+
 def table_rows(config: CatalogConfig, table: str) -> dict[int, tuple[str, int, int]]:
     """id → (status, partition, offset) of `it.<table>` read by pyiceberg (position deletes applied); no
     key twice."""
@@ -177,6 +193,7 @@ def test_upsert_changes_land_in_their_route_tables_latest_row_per_key(
     assert b_key not in table_rows(catalog_config, f"{name}_b")
     assert table_rows(catalog_config, f"{name}_b")[40][0] == "new"
     assert 2 not in table_rows(catalog_config, name)
+    assert_verified(st, catalog_config, spark, name)
 
     # `icefall read --table`: each destination plus the changes past its offsets routed to it (a tombstone
     # to every one) is the latest row per key the topic's content names for that table.
@@ -188,6 +205,21 @@ def test_upsert_changes_land_in_their_route_tables_latest_row_per_key(
             table
         )
         assert len(rows) == len(want), table
+
+    # A `b` row copied into the `a` table: `icefall verify` names it there (a key the `a` changes do not
+    # leave), the other destinations stay equal.
+    from pyiceberg.expressions import EqualTo
+
+    a_table = catalog_config.pyiceberg().load_table((NAMESPACE, f"{name}_a"))
+    b_table = catalog_config.pyiceberg().load_table((NAMESPACE, f"{name}_b"))
+    copied = b_table.scan(row_filter=EqualTo("id", 40)).to_arrow()
+    a_table.append(copied)
+    broken = verify_table(st, catalog_config, spark=spark)
+    a = broken.destination("routes[0]")
+    assert (a.unexpected, a.missing, a.wrong, a.duplicates) == (1, 0, 0, 0), broken.render()
+    assert a.examples["unexpected"] == ('{"id":40}',)
+    assert broken.destination("spec.table").ok and broken.destination("routes[1]").ok, broken.render()
+    assert broken.render().endswith("routed table, 3 destinations: FAILED: routes[0]"), broken.render()
 
 
 def test_cdc_routes_by_the_row_image_each_table_remembering_its_deletes(
@@ -242,6 +274,7 @@ def test_cdc_routes_by_the_row_image_each_table_remembering_its_deletes(
         committed = read_committed(catalog.load_table((NAMESPACE, table)))
         assert committed.offsets == high, table
         assert committed.deleted_keys, f"{table} remembers the delete of 4"
+    assert_verified(st, catalog_config, spark, name)
 
 
 @pytest.mark.timeout(3600)  # four `icefall run` processes, each starting Spark: minutes on a loaded machine
@@ -264,6 +297,21 @@ def test_kills_between_the_destinations_commits_leave_each_table_its_latest_rows
         ),
     )
     assert "holds the whole batch already" in logs[1], "the route ahead skipped the batch it held"
+    verified_by_cli(manifest, state, name)  # both routes and the dead letters ahead of the table
     finished = run_until_caught_up(manifest, state)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert_latest_rows(CatalogConfig.embedded(state), kafka, topic, name)
+    verified_by_cli(manifest, state, name)
+
+
+def verified_by_cli(manifest: Path, state: Path, name: str) -> None:
+    """`icefall verify` finds each destination equal by key to the changes routed to it, each up to its
+    own offsets, and says so per destination."""
+    verified = subprocess.run(
+        [sys.executable, "-m", "icefall.cli", "verify", "-f", str(manifest), "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    for destination, table in (("spec.table", name), ("routes[0]", f"{name}_a"), ("routes[1]", f"{name}_b")):
+        assert f"[{destination}] table {NAMESPACE}.{table} (keyed)" in verified.stdout, verified.stdout
+    assert verified.stdout.rstrip().endswith("routed table, 3 destinations: OK"), verified.stdout[-2000:]

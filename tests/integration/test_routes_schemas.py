@@ -9,7 +9,9 @@ and bare tombstones applied; each table's columns and identifier field its route
 (`unrouted: DeadLetter`); a change that does not fit its route's schema (a required column missing, a
 value of the wrong type) is a dead letter whose reason names its route's table, once, and the tables are
 committed up to each topic's end; `icefall read --table` of a route table reads it with the changes past
-its offsets decoded with its route's schema.
+its offsets decoded with its route's schema. `icefall verify` audits each keyed route table by its own key
+over its own topic's changes, up to its own offsets (one table ahead of the others), and names the table
+of a row deleted, changed or written twice, and a dead letter lost.
 """
 
 from __future__ import annotations
@@ -269,3 +271,79 @@ def test_append_routes_with_their_own_schemas_are_verified_by_content(
     report = verify_table(st, catalog_config, spark=spark)
     assert isinstance(report, RoutedAuditReport)
     assert report.ok and all(d.report.content_checked for d in report.destinations), report.render()
+
+
+def test_keyed_routes_with_their_own_schemas_are_verified_by_key_per_table(
+    kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
+) -> None:
+    from pyiceberg.expressions import EqualTo
+
+    from icefall.audit.routed import RoutedAuditReport
+    from icefall.commands.verify import verify_table
+    from icefall.runtime import failpoints
+
+    name, customers, orders = (
+        "cdc_verify",
+        "it-cdc-verify.inventory.customers",
+        "it-cdc-verify.inventory.orders",
+    )
+    kafka.create_topic(customers, partitions=2)
+    kafka.create_topic(orders, partitions=2)
+    send_changes(kafka, customers, customer_changes(0, 120, seed=11))
+    send_changes(kafka, orders, order_changes(0, 90, seed=12))
+    text = MANIFEST.format(
+        k8s=name.replace("_", "-"), bootstrap=kafka.bootstrap, name=name, customers=customers, orders=orders
+    )
+    st = load_manifest(text)
+    catalog = catalog_config.pyiceberg()
+    with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
+        drain(ingestor)
+        send_changes(kafka, customers, customer_changes(120, 40, seed=13))
+        send_changes(kafka, orders, order_changes(90, 40, seed=14))
+        with failpoints.armed("route.after-commit", "raise"), pytest.raises(failpoints.FailpointError):
+            ingestor.run_batch()  # the customers table commits the batch; orders, the DLQ and the table not
+    tables = {t: catalog.load_table((NAMESPACE, t)) for t in (name, f"{name}_customers", f"{name}_orders")}
+    held = {t: read_committed(table).by_topic() for t, table in tables.items()}
+    assert held[f"{name}_customers"] != held[name] == held[f"{name}_orders"], held
+
+    # Each route table by key up to its own offsets: the customers table is ahead of the others.
+    report = verify_table(st, catalog_config, spark=spark)
+    assert isinstance(report, RoutedAuditReport)
+    assert report.ok, report.render()
+    main, custs, ords = (report.destination(d) for d in ("spec.table", "routes[0]", "routes[1]"))
+    assert (main.table, main.rows, main.keys) == (f"{NAMESPACE}.{name}", 0, 0)
+    assert custs.table == f"{NAMESPACE}.{name}_customers"
+    assert custs.rows == custs.keys == len(table_rows(catalog_config, f"{name}_customers", "customer_id")) > 0
+    assert ords.rows == ords.keys == len(table_rows(catalog_config, f"{name}_orders", "order_id")) > 0
+    assert custs.records > ords.records == main.records  # the batch it is ahead by
+    text = report.render()
+    assert f"[routes[0]] table {NAMESPACE}.{name}_customers (keyed)" in text
+    assert text.endswith("routed table, 3 destinations: OK"), text
+
+    # A customer deleted and one changed, an order written twice, a dead letter lost: each under its table.
+    customer_ids = sorted(table_rows(catalog_config, f"{name}_customers", "customer_id"))
+    order_id = min(table_rows(catalog_config, f"{name}_orders", "order_id"))
+    tables[f"{name}_customers"].delete(EqualTo("customer_id", customer_ids[0]))
+    spark.sql(
+        f"UPDATE {catalog_config.name}.{NAMESPACE}.{name}_customers SET email = 'tampered' "
+        f"WHERE customer_id = {customer_ids[1]}"
+    )
+    copied = tables[f"{name}_orders"].scan(row_filter=EqualTo("order_id", order_id)).to_arrow()
+    tables[f"{name}_orders"].append(copied)
+    dlq = catalog.load_table((NAMESPACE, f"{name}_dlq"))
+    lost = dlq.scan().to_arrow().to_pylist()[0]
+    dlq.delete(
+        EqualTo("offset", lost["offset"])
+        & EqualTo("partition", lost["partition"])
+        & EqualTo("topic", lost["topic"])
+    )
+    broken = verify_table(st, catalog_config, spark=spark)
+    assert not broken.ok
+    main, custs, ords = (broken.destination(d) for d in ("spec.table", "routes[0]", "routes[1]"))
+    assert (custs.missing, custs.wrong, custs.duplicates, custs.unexpected) == (1, 1, 0, 0), broken.render()
+    assert custs.examples["missing"] == (f'{{"customer_id":{customer_ids[0]}}}',)
+    assert custs.examples["wrong"] == (f'{{"customer_id":{customer_ids[1]}}}',)
+    assert (ords.missing, ords.wrong, ords.duplicates, ords.unexpected) == (0, 0, 1, 0), broken.render()
+    assert (main.dead_letters_missing, main.dead_letters_unexpected) == (1, 0), broken.render()
+    assert main.examples["dead letters missing"] == (f"{lost['topic']}/{lost['partition']}:{lost['offset']}",)
+    assert broken.render().endswith("FAILED: spec.table, routes[0], routes[1]"), broken.render()

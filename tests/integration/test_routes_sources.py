@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import pytest
 from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from icefall.api import load_manifest
@@ -43,6 +42,7 @@ from icefall.testing.streams import (
     drain,
     manifest_text,
     produce,
+    recreate_topic,
     started_ingestor,
     watermarks,
 )
@@ -184,16 +184,7 @@ def test_two_topics_into_two_routes_and_the_default_exactly_once_across_a_crash(
     }
 
     # Topic b deleted and created again: reset in every destination for b alone, then each takes its records.
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    admin.delete_topics([b])[b].result(30)
-    deadline = time.monotonic() + 60
-    while True:  # created again once Kafka has finished deleting it
-        try:
-            kafka.create_topic(b, partitions=1)
-            break
-        except Exception:
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
+    recreate_topic(kafka, b)
     produce(kafka, b, 300, 12)
     with started_ingestor(st, catalog_config, spark, tmp_path / "lease.json") as ingestor:
         with pytest.raises(SourceChangedError):

@@ -47,6 +47,7 @@ from icefall.testing.streams import (
     drain,
     manifest_text,
     produce,
+    recreate_topic,
     shared_catalog,
     streaming_table,
     watermarks,
@@ -387,23 +388,13 @@ def test_a_recreated_topic_is_refused(
 ) -> None:
     """The table's offsets belong to the topic that was deleted: a read from them would skip or repeat
     records of the new one, so it is refused, as ingestion refuses it."""
-    from confluent_kafka.admin import AdminClient
 
     topic = "it-union-recreated"
     kafka.create_topic(topic, partitions=1)
     produce(kafka, topic, 0, 20, partitions=[0])
     st = streaming_table("union_recreated", topic, kafka.bootstrap)
     ingest_to_end(st, catalog_config, spark, tmp_path / "lease")
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept: its futures need it alive
-    admin.delete_topics([topic])[topic].result(30)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            kafka.create_topic(topic, partitions=1)
-            break
-        except Exception:
-            assert time.monotonic() < deadline, "the topic could not be created again"
-            time.sleep(0.5)
+    recreate_topic(kafka, topic)
     produce(kafka, topic, 100, 30, partitions=[0])
     with pytest.raises(ReadError, match=r"deleted and created again.*icefall reset-offsets"):
         union_read(st, catalog_config, spark=spark)

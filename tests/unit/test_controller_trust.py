@@ -172,16 +172,36 @@ def test_delete_runs_the_purge_job_and_ends_when_it_completed() -> None:
     assert done.done and event.reason is EventReason.TABLE_DROPPED and "u-1" in event.message
 
 
-def test_delete_of_a_delta_table_keeps_it_and_says_so() -> None:
-    delta = {"namespace": "shop", "format": "delta", "location": "s3://lake/tables/orders"}
-    obj = body(writer={"reportedAt": NOW.isoformat()}, deleting=True, deletionPolicy="Delete", table=delta)
-    result = finalize(obj, cast(Kube, Api({})), NOW + timedelta(seconds=1))
-    (event,) = result.events
-    assert result.done and event.reason is EventReason.TABLE_RETAINED
-    assert event.message == (
-        "deletionPolicy Delete: kept the Delta table at s3://lake/tables/orders (the operator does not purge "
-        "Delta tables yet: delete its folder yourself)"
+DELTA = {"namespace": "shop", "format": "delta", "location": "s3://lake/tables/orders"}
+
+
+def test_delete_of_a_delta_table_purges_the_folder_its_driver_reported_by_its_log_id() -> None:
+    api = Api({"lake": ALLOW})
+    writer = {"reportedAt": NOW.isoformat(), "tableUuid": "delta-id-1"}
+    obj = body(writer=writer, deleting=True, deletionPolicy="Delete", table=DELTA)
+    first = finalize(obj, cast(Kube, api), NOW + timedelta(seconds=1), config=Config(image="icefall:t"))
+    (started,) = first.events
+    assert not first.done and started.reason is EventReason.TABLE_PURGE_STARTED
+    assert "the Delta table at s3://lake/tables/orders" in started.message
+    command = api.created["Job/orders-purge"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-2:] == ["--table-uuid", "delta-id-1"]
+    api.objects[("Job", "orders-purge")]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    done = finalize(obj, cast(Kube, api), NOW + timedelta(seconds=3))
+    (event,) = done.events
+    assert done.done and event.reason is EventReason.TABLE_DROPPED
+    assert "dropped the Delta table at s3://lake/tables/orders" in event.message
+
+
+def test_delete_of_a_delta_table_kept_or_never_measured_says_so() -> None:
+    retained = finalize(body(deleting=True, table=DELTA), cast(Kube, Api({})), NOW + timedelta(seconds=1))
+    (event,) = retained.events
+    assert retained.done and event.reason is EventReason.TABLE_RETAINED
+    assert event.message == "deletionPolicy Retain: kept the Delta table at s3://lake/tables/orders"
+    unmeasured = body(
+        writer={"reportedAt": NOW.isoformat()}, deleting=True, deletionPolicy="Delete", table=DELTA
     )
+    (kept,) = finalize(unmeasured, cast(Kube, Api({"lake": ALLOW})), NOW + timedelta(seconds=1)).events
+    assert kept.reason is EventReason.TABLE_DROP_FAILED and "delete its folder" in kept.message
 
 
 def deleted(api: Api, obj: dict[str, Any], *, at: float = 1, uuid_claims: list[Claim] | None = None) -> Any:

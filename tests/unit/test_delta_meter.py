@@ -4,9 +4,10 @@
 Proves: before the table exists there is no reading; after batches, the reading holds the committed offsets
 by topic, the topic id, the newest produce time, the last batch's version and its commit file's time (an
 epoch claim after it is not a commit of records), the live files, bytes and records (a removed file is no
-longer counted), and no table-uuid; the replay reads each commit file once; a log whose first commits are
+longer counted), and the table's id; the replay reads each commit file once; a log whose first commits are
 gone gives no file figures but the rest; and `WriterStatusReporter` sends it unchanged: the table's figures,
-the per-table lag and last commit, and no `tableUuid` (so `deletionPolicy: Delete` keeps a Delta table).
+the per-table lag and last commit, and the log's table id as `tableUuid` (what `deletionPolicy: Delete`'s
+purge checks), the dead-letter table's once it exists.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from icefall.api import StreamingTable
 from icefall.commit.batch import Batch
 from icefall.commit.delta import LOG_DIR, AddFile, DeltaLog, claim_epoch, commit_batch, create_table
 from icefall.controller.kube import Kube
+from icefall.ingest.delta_dead_letters import dead_letter_location
 from icefall.ingest.delta_meter import DeltaMeter, LogReplay, read_delta, replay
 from icefall.ingest.report import BatchReport
 from icefall.ingest.writer_status import WriterStatusReporter
@@ -84,7 +86,7 @@ def test_the_reading_is_the_logs_offsets_last_batch_and_live_files(tmp_path: Pat
     assert (
         reading.table.files == 2 and reading.table.records == 15 and reading.table.avg_file_size_bytes == 75
     )
-    assert reading.table_uuid == "" and reading.dead_letter_table_uuid is None
+    assert reading.table_uuid == log.snapshot().metadata["id"] and reading.dead_letter_table_uuid is None
     assert reading.identifier == "shop.orders"
     # A later commit that removes a file (an OPTIMIZE's, say): only the new version is read.
     assert log.try_commit(4, [{"remove": {"path": "a.parquet"}}, {"commitInfo": {"operation": "OPTIMIZE"}}])
@@ -118,17 +120,22 @@ class RecordingKube:
         self.patches.append(status)
 
 
-def test_the_reporter_sends_the_delta_reading_without_a_table_uuid(tmp_path: Path) -> None:
-    filled(tmp_path)
-    meter = DeltaMeter(table(str(tmp_path)), str(tmp_path))
+def test_the_reporter_sends_the_delta_reading_with_the_logs_table_id(tmp_path: Path) -> None:
+    log = filled(tmp_path / "orders")
+    st = table(str(tmp_path / "orders"))
+    meter = DeltaMeter(st, str(tmp_path / "orders"))
     kube = RecordingKube()
     report = WriterStatusReporter(cast(Kube, kube), "shop", "orders", meter=meter, wall=lambda: T0)
     assert meter.read_once() is not None
     report(BatchReport(5, 5, 0, 1.0, 0.1, 2, {0: 15}, 3, 1.5, partition_lag={0: 3}))
     writer = kube.patches[-1]["writer"]
-    assert "tableUuid" not in writer and "deadLetterTableUuid" not in writer
+    assert writer["tableUuid"] == log.snapshot().metadata["id"] and "deadLetterTableUuid" not in writer
     assert writer["snapshotId"] == 2 and writer["lagRecords"] == 3 and writer["freshnessSeconds"] == 1.5
     assert writer["table"]["files"] == 2 and writer["table"]["records"] == 15
     (main,) = writer["tables"]
     assert main["table"] == "shop.orders" and main["lagRecords"] == 3 and main["snapshotId"] == 2
-    assert "tableUuid" not in main
+    # The dead-letter table, once its first bad record made it: its id too (what a purge checks).
+    dead = DeltaLog(str(dead_letter_location(st, str(tmp_path / "orders"))))
+    create_table(dead, SCHEMA, epoch=1)
+    reading = meter.read_once()
+    assert reading is not None and reading.dead_letter_table_uuid == dead.snapshot().metadata["id"]

@@ -10,7 +10,6 @@ spec.transforms, a route schema that is not one, a partition column its schema l
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,11 +125,3 @@ def test_what_a_routes_own_schema_refuses_names_the_field_and_the_fix(
     message = refused(routes, **spec)
     for word in words:
         assert word in message, message
-
-
-def test_icefall_verify_refuses_keyed_routes_with_their_own_schema(tmp_path: Path) -> None:
-    from icefall.cli import main
-
-    with pytest.raises(SystemExit) as refused:
-        main(["verify", "-f", "examples/cdc-database.yaml", "--state-dir", str(tmp_path / "state")])
-    assert "keyed routes" in str(refused.value.code) and "icefall read --table" in str(refused.value.code)

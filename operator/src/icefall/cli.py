@@ -117,8 +117,10 @@ def _ingest(args: argparse.Namespace) -> int:
     if not at_start.retrying(catalog.pyiceberg, stop.is_set):
         return 1
     from icefall.commands.reset_request import apply_reset_request
+    from icefall.commands.table import iceberg_target
 
-    apply_reset_request(st, catalog.pyiceberg(), Kube(api), now=datetime.now(UTC))  # before the first batch
+    target = iceberg_target(st, catalog.pyiceberg())
+    apply_reset_request(st, target, Kube(api), now=datetime.now(UTC))  # before the first batch
     print(
         f"[ingest] {st.metadata.name}: "
         f"{', '.join(st.spec.source.topic_names) or st.spec.source.topics_text} -> "
@@ -199,8 +201,13 @@ def _purge(args: argparse.Namespace) -> int:
         st = load_table(args)
     else:
         _, st = _from_api(args.namespace, args.name)
-    catalog = catalog_for(st, state_dir(args, in_cluster=not args.file))
-    return purge(args, st, catalog.pyiceberg(make_folders=False), _last_words)
+    state = state_dir(args, in_cluster=not args.file)
+    if st.spec.table.format.value == "delta":  # its folder, without a catalog
+        from icefall.commands.common import delta_location
+        from icefall.commands.purge import purge_delta
+
+        return purge_delta(st, delta_location(st, state), args, _last_words)
+    return purge(args, st, catalog_for(st, state).pyiceberg(make_folders=False), _last_words)
 
 
 def _operator(args: argparse.Namespace) -> int:

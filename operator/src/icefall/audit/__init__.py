@@ -7,7 +7,8 @@
 - `content`: `SparkContent`, the content side on Spark (rows and records as digests).
 - `keyed`: the audit of a keyed table (`spec.mode` upsert, cdc) against a model of the topic (`audit_keyed`).
 - `routed`: the audit of a routed table (`spec.routes`), each destination up to its own offsets
-  (`audit_routed`).
+  (`audit_routed`); `keyed_routes`: the same for keyed routes, each destination by key
+  (`audit_keyed_routes`).
 """
 
 from icefall.audit.content import SparkContent, main_digest

@@ -15,6 +15,7 @@ a resurrected row), rows with other content, keys held twice, and dead letters m
 Keys changed in several partitions have no order between partitions: they are counted, not judged —
 unless `spec.sequenceBy` orders every change by its source position (then the model's last change is
 the one with the highest position, and every key is judged).
+`compare` and `counted` audit each destination of keyed routes the same way (`icefall.audit.keyed_routes`).
 Not covered: tables with offset resets (`icefall reset-offsets`) and records lost to retention before
 ingestion (the model lacks them; counted in the report, which then cannot be OK by content alone).
 """
@@ -29,7 +30,7 @@ from icefall.commit.state import OFFSET_RESETS, CommittedState, read_committed
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from icefall.api import StreamingTable, StreamingTableSpec
     from icefall.plan.offsets import OffsetRange
@@ -128,20 +129,48 @@ def audit_keyed(
     spec = decoding_spec(spec_with_registry_schema(st.spec), schema_at(table, committed.snapshot_id))
     return compare_with_topic(
         spark, st, spec, committed, rows,
-        dead_letters=lambda ranges: _dead_letters(spark, st, catalog_name, ranges),
+        dead_letters=lambda ranges: dead_letter_positions(spark, st, catalog_name, ranges),
         security_options=security_options,
     )  # fmt: skip
 
 
 def committed_ranges(committed: CommittedState) -> tuple[OffsetRange, ...]:
-    """The offset ranges the table holds of its topic: from where each partition was first read."""
+    """The offset ranges the table holds of its topic (of each topic, in the topics form, each range naming
+    it): from where each partition was first read."""
     from icefall.plan.offsets import OffsetRange
 
+    if committed.topics is None:
+        return tuple(
+            OffsetRange(p, committed.start_offsets.get(p, 0), end)
+            for p, end in sorted(committed.offsets.items())
+            if end > committed.start_offsets.get(p, 0)
+        )
     return tuple(
-        OffsetRange(p, committed.start_offsets.get(p, 0), end)
-        for p, end in sorted(committed.offsets.items())
-        if end > committed.start_offsets.get(p, 0)
+        OffsetRange(p, held.start_offsets.get(p, 0), end, topic)
+        for topic, held in sorted(committed.topics.items())
+        for p, end in sorted(held.offsets.items())
+        if end > held.start_offsets.get(p, 0)
     )
+
+
+def inside(ranges: tuple[OffsetRange, ...]) -> Column:
+    """Whether a record or dead letter (columns `partition`, `offset`, and `topic` where a range names
+    one) is in `ranges`."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    found = F.lit(False)
+    for r in ranges:
+        here = (F.col("partition") == r.partition) & (F.col("offset") >= r.start) & (F.col("offset") < r.end)
+        found = found | (here & (F.col("topic") == F.lit(r.topic)) if r.topic is not None else here)
+    return found
+
+
+def positions(frame: DataFrame, *, by_topic: bool) -> DataFrame:
+    """(`partition`, `offset`, and with `by_topic` `topic`) of records or dead letters: how they meet."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    topic = [F.col("topic").cast("string").alias("topic")] if by_topic else []
+    return frame.select(F.col("partition").cast("int"), F.col("offset").cast("long"), *topic)
 
 
 def compare_with_topic(
@@ -157,20 +186,23 @@ def compare_with_topic(
     """The keyed audit of a table's `rows` (any format) holding `committed`: the topic's committed ranges
     decoded with `spec`, collapsed to the last change per key and compared by key; `dead_letters(ranges)`:
     the dead-letter table's (partition, offset) rows inside those ranges (None without one)."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
     from icefall.audit.content import RECORDS_PER_TASK
-    from icefall.ingest.decode import decode
+    from icefall.ingest.decode import BAD_COLUMN, decode, good_rows
     from icefall.ingest.engine import read_kafka
 
     ranges = committed_ranges(committed)
     kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
     decoded = decode(kafka, spec).persist()
-    comparison: _Comparison | None = None
+    comparison: KeyedComparison | None = None
     try:
         records = decoded.count() if ranges else 0
-        comparison = _compare(decoded, rows, spec, list(st.spec.key or []))
-        return _report(
-            st, committed, records=records, rows=rows, comparison=comparison, dead=dead_letters(ranges),
-            decoded=decoded,
+        comparison = compare(good_rows(decoded, spec), rows, list(st.spec.key or []))
+        bad = positions(decoded.where(F.col(BAD_COLUMN)), by_topic=False)
+        return counted(
+            ".".join(st.table_identifier), committed, records=records, rows=rows, comparison=comparison,
+            bad=bad if st.dead_letter_identifier else None, dead=dead_letters(ranges),
         )  # fmt: skip
     finally:
         decoded.unpersist()
@@ -179,27 +211,35 @@ def compare_with_topic(
 
 
 @dataclass(frozen=True)
-class _Comparison:
-    """The model against the table's rows, by key: `compared` (key, expected, actual digests; persisted),
-    `duplicates` (keys held twice) and `unordered` (keys changed in several partitions, not judged)."""
+class KeyedComparison:
+    """The model against the table's rows, by key: `compared` (key, expected, actual digests; persisted:
+    the caller unpersists), `duplicates` (keys held twice) and `unordered` (keys changed in several
+    partitions, not judged)."""
 
     compared: DataFrame
     duplicates: DataFrame
     unordered: DataFrame
 
 
-def _compare(decoded: DataFrame, rows: DataFrame, spec: StreamingTableSpec, key: list[str]) -> _Comparison:
-    """Collapse the decoded changes to the last per key (deletes removed) and join them with the rows."""
+def compare(changes: DataFrame, rows: DataFrame, key: list[str]) -> KeyedComparison:
+    """Collapse `changes` (the good rows of a keyed decode, as the table's writer MERGEs them) to the last
+    per key, deletes removed, and join them with the table's `rows` by key. A row's digest covers every
+    column and its Kafka position (topic too, where `_kafka` has it)."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     from icefall.audit.content import main_digest
-    from icefall.ingest.decode import DELETE_COLUMN, KAFKA_COLUMN, good_rows, last_changes
+    from icefall.ingest.decode import DELETE_COLUMN, KAFKA_COLUMN, SEQUENCE_COLUMN, last_changes
 
-    changes = good_rows(decoded, spec)
+    def source(frame: DataFrame) -> list[Column]:
+        """Where a row's change came from: (topic,) partition; its order there is the offset."""
+        kafka = F.col(KAFKA_COLUMN)
+        topics = "topic" in frame.select(f"{KAFKA_COLUMN}.*").columns
+        return [kafka["topic"], kafka["partition"]] if topics else [kafka["partition"]]
+
     unordered = (
         changes.groupBy(*key)
-        .agg(F.count_distinct(F.col(f"{KAFKA_COLUMN}.partition")).alias("partitions"))
-        .where("partitions > 1" if not spec.sequence_by else "false")
+        .agg(F.count_distinct(*source(changes)).alias("partitions"))
+        .where("partitions > 1" if SEQUENCE_COLUMN not in changes.columns else "false")
         .select(*key)
     )
     model = last_changes(changes, key).where(~F.col(DELETE_COLUMN)).drop(DELETE_COLUMN)
@@ -207,49 +247,51 @@ def _compare(decoded: DataFrame, rows: DataFrame, spec: StreamingTableSpec, key:
     table_rows = rows.join(unordered, key, "left_anti")
 
     def digested(frame: DataFrame, side: str) -> DataFrame:
-        kafka = F.col(KAFKA_COLUMN)
-        digest = F.xxhash64(main_digest(frame), kafka["partition"], kafka["offset"])
+        digest = F.xxhash64(main_digest(frame), *source(frame), F.col(f"{KAFKA_COLUMN}.offset"))
         return frame.select(F.to_json(F.struct(*key)).alias("key"), digest.alias(side))
 
     expected = digested(model, "expected")
     actual = digested(table_rows, "actual")
     duplicates = actual.groupBy("key").count().where("count > 1")
-    # Counted four ways by `_report`: the model's aggregation and the join run once.
+    # Counted four ways by `counted`: the model's aggregation and the join run once.
     compared = expected.join(actual.dropDuplicates(["key"]), "key", "full_outer").persist()
-    return _Comparison(compared=compared, duplicates=duplicates, unordered=unordered)
+    return KeyedComparison(compared=compared, duplicates=duplicates, unordered=unordered)
 
 
-def _report(
-    st: StreamingTable,
+def counted(
+    table: str,
     committed: CommittedState,
     *,
     records: int,
     rows: DataFrame,
-    comparison: _Comparison,
+    comparison: KeyedComparison,
+    bad: DataFrame | None,
     dead: DataFrame | None,
-    decoded: DataFrame,
 ) -> KeyedAuditReport:
-    """Count the comparison and the dead letters (the bad records of `decoded` against `dead`)."""
-    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-    from icefall.ingest.decode import BAD_COLUMN
-
+    """The report of `table` (`namespace.name`): the comparison counted, and the records that must be dead
+    letters (`bad`, `positions`; None: not checked here) against the dead-letter table's (`dead`, the same
+    columns; None: it has none)."""
+    meet: list[str] = [c for c in ("partition", "offset", "topic") if bad is not None and c in bad.columns]
     compared = comparison.compared
     missing = compared.where("actual IS NULL")
     unexpected = compared.where("expected IS NULL")
     wrong = compared.where("expected IS NOT NULL AND actual IS NOT NULL AND expected != actual")
-    bad = decoded.where(F.col(BAD_COLUMN)).select("partition", "offset")
-    dead_missing = bad.join(dead, ["partition", "offset"], "left_anti") if dead is not None else bad
-    dead_unexpected = dead.join(bad, ["partition", "offset"], "left_anti") if dead is not None else None
+    dead_missing = dead_unexpected = None
+    if bad is not None:
+        dead_missing = bad.join(dead, meet, "left_anti") if dead is not None else bad
+        dead_unexpected = dead.join(bad, meet, "left_anti") if dead is not None else None
 
     def keys_of(frame: DataFrame) -> tuple[str, ...]:
         return tuple(r["key"] for r in frame.limit(EXAMPLES).collect())
 
-    def offsets_of(frame: DataFrame) -> tuple[str, ...]:
-        return tuple(f"{r['partition']}:{r['offset']}" for r in frame.limit(EXAMPLES).collect())
+    def offsets_of(frame: DataFrame | None) -> tuple[str, ...]:
+        if frame is None:
+            return ()
+        rows = frame.limit(EXAMPLES).collect()
+        return tuple(f"{r['topic']}/" * ("topic" in meet) + f"{r['partition']}:{r['offset']}" for r in rows)
 
     return KeyedAuditReport(
-        table=".".join(st.table_identifier),
+        table=table,
         snapshot_id=committed.snapshot_id,
         records=records,
         keys=compared.where("expected IS NOT NULL").count(),
@@ -259,7 +301,7 @@ def _report(
         wrong=wrong.count(),
         duplicates=comparison.duplicates.count(),
         unordered=comparison.unordered.count(),
-        dead_letters_missing=dead_missing.count() if st.dead_letter_identifier else 0,
+        dead_letters_missing=dead_missing.count() if dead_missing is not None else 0,
         dead_letters_unexpected=dead_unexpected.count() if dead_unexpected is not None else 0,
         lost_records=committed.lost_records,
         examples={
@@ -268,25 +310,19 @@ def _report(
             "wrong": keys_of(wrong),
             "duplicates": keys_of(comparison.duplicates),
             "dead letters missing": offsets_of(dead_missing),
-            "dead letters unexpected": offsets_of(dead_unexpected) if dead_unexpected else (),
+            "dead letters unexpected": offsets_of(dead_unexpected),
         },
     )
 
 
-def _dead_letters(
+def dead_letter_positions(
     spark: SparkSession, st: StreamingTable, catalog_name: str, ranges: tuple[OffsetRange, ...]
 ) -> DataFrame | None:
-    """(partition, offset) of the dead-letter table's rows inside the audited ranges; None without one."""
-    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
+    """`positions` of the dead-letter table's rows inside the audited `ranges` (with their topic when the
+    ranges name topics); None without one."""
     identifier = st.dead_letter_identifier
     if identifier is None:
         return None
     name = ".".join(f"`{part}`" for part in (catalog_name, *identifier))
-    rows = spark.table(name).select(F.col("partition").cast("int"), F.col("offset").cast("long"))
-    inside = F.lit(False)
-    for r in ranges:
-        inside = inside | (
-            (F.col("partition") == r.partition) & (F.col("offset") >= r.start) & (F.col("offset") < r.end)
-        )
-    return rows.where(inside)
+    by_topic = any(r.topic is not None for r in ranges)
+    return positions(spark.table(name), by_topic=by_topic).where(inside(ranges))

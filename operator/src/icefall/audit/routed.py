@@ -33,6 +33,9 @@ their writer does, from a local checkpoint of the routed records; one that does 
 letter. Its rows are digested as its schema decodes them: a field removed from it since they were written
 makes them differ (audit with the spec the tables were filled with).
 
+Keyed routes (`spec.mode` upsert, cdc) are audited by key instead (`icefall.audit.keyed_routes`), with the
+same routing (`writer_routing`) and each destination up to its own offsets.
+
 Not guaranteed: the records are decoded with the columns of the first table audited (`spec.table`'s
 schema changes); a route added, removed or changed since its rows were written makes them wrong-table or
 missing: audit with the spec the tables were filled with.
@@ -44,7 +47,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,6 +61,7 @@ from icefall.audit.dynamic import (
     resolve,
 )
 from icefall.audit.kafka import KafkaTopic
+from icefall.audit.keyed import KeyedAuditReport
 from icefall.audit.report import AuditReport
 from icefall.audit.rows import DEAD_LETTER, ELSEWHERE, EXPECTED_SCHEMA, FILTERED, GOOD
 from icefall.audit.table import audit_table, dlq_identifier, of_topics
@@ -71,6 +75,7 @@ if TYPE_CHECKING:
     from icefall.api import StreamingTable, StreamingTableSpec
     from icefall.audit.content import SparkContent
     from icefall.commit.state import CommittedState
+    from icefall.ingest.routes import Routing
 
 #: Where re-decoding sends a record (`RoutedContent.records`' `dest`): a route's index, or one of these.
 DEFAULT, DEAD = -1, -2
@@ -86,20 +91,24 @@ RECORDS_SCHEMA = pa.schema(
 )
 
 
+#: A destination's report: by content (`AuditReport`), or by key (`KeyedAuditReport`: keyed routes).
+Report = TypeVar("Report", AuditReport, KeyedAuditReport)
+
+
 @dataclass(frozen=True)
-class DestinationAudit:
+class DestinationAudit(Generic[Report]):
     """One destination's audit: `spec.table` (with the dead-letter table) or `routes[i]`."""
 
     destination: str
-    report: AuditReport
+    report: Report
 
 
 @dataclass(frozen=True)
-class RoutedAuditReport:
+class RoutedAuditReport(Generic[Report]):
     """The audits of every destination of a routed table, `spec.table` first; `problems`: tables of the
     dynamic route its records do not explain; `notes`: those that could not be told."""
 
-    destinations: tuple[DestinationAudit, ...]
+    destinations: tuple[DestinationAudit[Report], ...]
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -107,7 +116,7 @@ class RoutedAuditReport:
     def ok(self) -> bool:
         return all(d.report.ok for d in self.destinations) and not self.problems
 
-    def destination(self, name: str) -> AuditReport:
+    def destination(self, name: str) -> Report:
         """The report of `spec.table`, `routes[i]` or a table's name (`namespace.name`)."""
         for d in self.destinations:
             if name in (d.destination, d.report.table):
@@ -174,11 +183,8 @@ class RoutedContent:
     ) -> None:
         """`dynamic`: the tables the dynamic route created (destinations after the routes'); `unowned`: the
         names of the other tables of its namespace (`icefall.audit.dynamic.found_tables`)."""
-        from icefall.ingest.routes import Routing
-
         self.content = content
-        # The writer's routing; it stages nothing here, so no staging branch is ever named.
-        self.routing = Routing(st, _no_branch)
+        self.routing = writer_routing(st)
         self.st = st
         self.dynamic = tuple(dynamic)
         self.unowned = frozenset(unowned)
@@ -345,7 +351,7 @@ def audit_routed(
     *,
     kafka_config: Mapping[str, Any] | None = None,
     ingesting: bool = False,
-) -> RoutedAuditReport:
+) -> RoutedAuditReport[AuditReport]:
     """Audit every destination of the routed `st` by content (`content`: a `SparkContent` of its spec made
     with `reason=UNROUTED_REASON`, and `reason_prefix=DYNAMIC_REASON_PREFIX` for a dynamic route), each
     against the topic up to its own committed offsets: `spec.table`, each route's table, each table the
@@ -363,7 +369,7 @@ def audit_routed(
     ]
     routed = RoutedContent(content, st, dynamic, unowned)
     options: dict[str, Any] = {"filter_configured": bool(st.spec.transforms.filter), "ingesting": ingesting}
-    audits = []
+    audits: list[DestinationAudit[AuditReport]] = []
     with contextlib.ExitStack() as stack:
         one = None
         if topics is None:  # the one topic, for every destination
@@ -420,7 +426,7 @@ def _dynamic_table(name: str, index: int, state: CommittedState) -> DynamicTable
 
 def unexplained(
     taken: Callable[[int, Mapping[int, tuple[int, int]], str | None], int],
-    audits: Sequence[DestinationAudit],
+    audits: Sequence[DestinationAudit[AuditReport]],
     dynamic: Sequence[DynamicTable],
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(problems, notes) of the created tables (`dynamic`, audited as `audits`): one none of whose audited
@@ -452,7 +458,7 @@ def unexplained(
 
 def verify_routed(
     spark: SparkSession, st: StreamingTable, catalog: Catalog, catalog_name: str, *, ingesting: bool = False
-) -> RoutedAuditReport:
+) -> RoutedAuditReport[AuditReport]:
     """`audit_routed` as `icefall verify` runs it: by content on `spark` (`catalog_name`: the table's
     catalog there), with the source's security settings."""
     from icefall.api import UNROUTED_REASON
@@ -479,6 +485,14 @@ def _dead_letter_table(catalog: Catalog, st: StreamingTable) -> Table | None:
         return catalog.load_table(named)
     default = dlq_identifier(".".join(st.table_identifier))
     return catalog.load_table(default) if catalog.table_exists(default) else None
+
+
+def writer_routing(st: StreamingTable) -> Routing:
+    """The writer's routing of `st`, to route records as it does; it stages nothing here, so no staging
+    branch is ever named."""
+    from icefall.ingest.routes import Routing
+
+    return Routing(st, _no_branch)
 
 
 def _no_branch(identifier: tuple[str, ...], branch: str) -> str:

@@ -17,8 +17,15 @@ is never dropped). Each is dropped when its uuid is the one `--route-table-uuid`
 (the owner property says whose it is; the driver's status list is bounded), and refused like any table
 when another uuid is named.
 
+A Delta table (`spec.table.format: delta`) has no catalog: it is its folder, identified by the `id` of its
+log's Metadata action (`--table-uuid`, as its driver reported it; `--dead-letter-table-uuid` for the Delta
+dead-letter table beside it). `purge_delta` checks both before it deletes either: a folder whose log has
+another id is refused as above, one without a log counts as gone; then every object under each folder goes
+(a Delta table owns its folder: VACUUM deletes what its log does not name there too), never a sibling
+folder that shares the name's prefix.
+
 Not guaranteed: that the catalog does not swap the table between the check and the drop (pyiceberg drops
-by name).
+by name); likewise a Delta folder written again between the check and the deletion.
 """
 
 from __future__ import annotations
@@ -80,6 +87,46 @@ def purge_tables(catalog: Catalog, targets: list[Target]) -> tuple[list[str], li
             continue
         dropped.append(".".join(target.identifier))
     return dropped, kept
+
+
+def purge_delta(st: Any, location: str, args: argparse.Namespace, say: Callable[[str], None]) -> int:
+    """`icefall purge` of the Delta table at `location` and its dead-letter table (module doc); the exit
+    code, as `purge`."""
+    from icefall.commit.delta import DeltaLog
+    from icefall.commit.delta_storage import storage_for
+    from icefall.ingest.delta_dead_letters import dead_letter_location
+    from icefall.plan.purge import EXIT_REFUSED
+
+    targets = [(location, args.table_uuid, "Delta table")]
+    dead = dead_letter_location(st, location)
+    if dead is not None:
+        targets.append((dead, args.dead_letter_table_uuid, "Delta dead-letter table"))
+    due, kept = [], []
+    for folder, recorded, what in targets:
+        snapshot = DeltaLog(folder).snapshot()
+        if not snapshot.exists:
+            continue
+        found = str((snapshot.metadata or {}).get("id"))
+        if recorded is None:
+            kept.append(f"the {what} at {folder}: no table id was recorded for it; kept")
+        elif found != recorded:
+            refused = (
+                f"refusing to delete the {what} at {folder}: its log's table id is {found}, but this "
+                f"StreamingTable's driver wrote the table {recorded}. It is another table (created again at "
+                "the location, or another StreamingTable's); nothing was deleted. Delete the folder yourself "
+                "if it is to go"
+            )
+            print(f"[purge] {refused}", flush=True)
+            say(f"PurgeRefused: {refused}")
+            return EXIT_REFUSED
+        else:
+            due.append(folder)
+    for folder in due:
+        storage_for(folder).delete_all()
+    print(f"[purge] deleted {', '.join(due) or 'nothing (the tables did not exist)'}", flush=True)
+    for line in kept:
+        print(f"[purge] {line}", flush=True)
+    return 0
 
 
 def route_uuids(pairs: list[str]) -> dict[str, str]:

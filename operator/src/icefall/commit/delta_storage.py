@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import http.client
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ class DeltaStorage(Protocol):
     def put_if_absent(self, relative: str, data: bytes) -> bool: ...
     def move_in(self, staged: Path, relative: str | None = None) -> int: ...
     def arrow(self) -> tuple[FileSystem | None, str]: ...
+    def delete_all(self) -> None: ...
 
 
 class LocalStorage:
@@ -101,6 +103,10 @@ class LocalStorage:
 
     def arrow(self) -> tuple[FileSystem | None, str]:
         return None, str(self.root)
+
+    def delete_all(self) -> None:
+        """The table's folder and everything in it (a purge)."""
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def local_path(location: str) -> Path:
@@ -208,6 +214,12 @@ class S3Storage:
 
     def arrow(self) -> tuple[FileSystem | None, str]:
         return self.fs, f"{self.bucket}/{self.prefix}"
+
+    def delete_all(self) -> None:
+        """Every object under the table's prefix and its '/' (a purge): never `<prefix>-eu/...`."""
+        if not self.prefix:
+            raise ValueError(f"{self.location}: refusing to delete a whole bucket; give the table a folder")
+        self.fs.delete_dir(f"{self.bucket}/{self.prefix}")
 
     def put_if_absent(self, relative: str, data: bytes) -> bool:
         for _ in range(_IN_FLIGHT_RETRIES):

@@ -63,6 +63,10 @@ DO_IT_YOURSELF = (
     "drop it with your catalog's tools, or run `icefall purge -f <manifest> --table-uuid <its table-uuid>` "
     "with the table's credentials"
 )
+DELETE_IT_YOURSELF = (
+    "delete its folder, or run `icefall purge -f <manifest> --table-uuid <the id of its log's metaData>` "
+    "with the table's credentials"
+)
 
 
 @dataclass(frozen=True)
@@ -99,15 +103,13 @@ def finalize(
             kube.delete("Pod", namespace, driver_pod_name(name), uid=pod["metadata"]["uid"])
         return Finalized(False, message="waiting for the driver pod to stop")
 
-    identifier = ".".join(st.table_identifier)
-    if st.spec.table.format.value == "delta":
-        policy, location = st.spec.deletion_policy.value, st.spec.table.location
-        kept = f"deletionPolicy {policy}: kept the Delta table at {location}"
-        if st.spec.deletion_policy is DeletionPolicy.DELETE:
-            kept += " (the operator does not purge Delta tables yet: delete its folder yourself)"
+    identifier = _table_text(st)
+    delta = st.spec.table.format.value == "delta"
+    if delta and (st.spec.deletion_policy is DeletionPolicy.RETAIN or st.spec.table.location is None):
+        kept = f"deletionPolicy {st.spec.deletion_policy.value}: kept {identifier}"
         return Finalized(True, (Event(EventReason.TABLE_RETAINED, kept),))
-    if st.spec.deletion_policy is DeletionPolicy.RETAIN or st.spec.table.catalog is None:
-        kept = f"deletionPolicy {st.spec.deletion_policy.value}: kept the Iceberg table {identifier}"
+    if not delta and (st.spec.deletion_policy is DeletionPolicy.RETAIN or st.spec.table.catalog is None):
+        kept = f"deletionPolicy {st.spec.deletion_policy.value}: kept {identifier}"
         if st.dead_letter_identifier is not None:
             kept += f" and its dead-letter table {'.'.join(st.dead_letter_identifier)}"
         kept += _routes_text(st) + _dynamic_text(st)
@@ -117,12 +119,17 @@ def finalize(
     others = [c for c in claims if me is None or c.uid != me.uid]
     if others:
         owner = min(others, key=lambda c: (c.created, c.uid))
-        text = (
-            f"deletionPolicy Delete: kept the Iceberg table {identifier}: StreamingTable {owner.ref} uses it"
-        )
+        text = f"deletionPolicy Delete: kept {identifier}: StreamingTable {owner.ref} uses it"
         return Finalized(True, (Event(EventReason.TABLE_KEPT_FOR_OWNER, text, EventType.WARNING),))
     owners = [c for c in uuid_claims if me is None or c.uid != me.uid]
     return _purge(body, st, kube, now, owners=owners, config=config)
+
+
+def _table_text(st: StreamingTable) -> str:
+    """How Events name the table: "the Iceberg table <namespace>.<name>", "the Delta table at <location>"."""
+    if st.spec.table.format.value == "delta":
+        return f"the Delta table at {st.spec.table.location}"
+    return f"the Iceberg table {'.'.join(st.table_identifier)}"
 
 
 def _routes_text(st: StreamingTable, names: Sequence[str] | None = None) -> str:
@@ -168,8 +175,8 @@ def _purge(
         elapsed_seconds=elapsed,
         deadline_seconds=deadline,
     )
-    identifier = ".".join(st.table_identifier)
-    kept = f"deletionPolicy Delete: kept the Iceberg table {identifier}"
+    identifier = _table_text(st)
+    kept = f"deletionPolicy Delete: kept {identifier}"
     if step is PurgeStep.CREATE:
         dead_letters = report.dead_letter_table_uuid if report is not None else None
         assert table_uuid is not None  # purge_step creates nothing without it
@@ -184,7 +191,7 @@ def _purge(
     if step is PurgeStep.WAIT:
         return Finalized(False, message=f"waiting for the purge Job {job_name}")
     if step is PurgeStep.DROPPED:
-        text = f"deletionPolicy Delete: the Job {job_name} dropped the Iceberg table {identifier}"
+        text = f"deletionPolicy Delete: the Job {job_name} dropped {identifier}"
         text += f" (table-uuid {table_uuid})"
         if st.dead_letter_identifier is not None:
             text += f" and its dead-letter table {'.'.join(st.dead_letter_identifier)}"
@@ -198,7 +205,9 @@ def _purge(
         text = f"{kept} (table-uuid {table_uuid}): StreamingTable {owners[0].ref} writes it too"
         return Finalized(True, (Event(EventReason.TABLE_KEPT_FOR_OWNER, text, EventType.WARNING),))
     failure = job.message if job is not None else ""
-    return Finalized(True, (_kept(step, kept, job_name, refusals, kube, namespace, failure),))
+    how = DELETE_IT_YOURSELF if st.spec.table.format.value == "delta" else DO_IT_YOURSELF
+    event = _kept(step, kept, job_name, refusals, kube, namespace, failure, how=how)
+    return Finalized(True, (event,))
 
 
 def _pod_refusals(kube: Kube, st: StreamingTable, namespace: str, config: Config) -> list[str]:
@@ -220,6 +229,8 @@ def _kept(  # noqa: PLR0917 (private: the why of each way to keep)
     kube: Kube,
     namespace: str,
     job_failure: str,
+    *,
+    how: str,
 ) -> Event:
     """The Warning Event of a Delete that keeps the table (KEEP, FAILED, TIMED_OUT)."""
     if step is PurgeStep.FAILED:
@@ -238,7 +249,7 @@ def _kept(  # noqa: PLR0917 (private: the why of each way to keep)
             "its driver never reported which table it writes (status.writer.tableUuid), so nothing proves "
             "the table under that name is this StreamingTable's"
         )
-    message = f"{kept}: {why}. To remove it, {DO_IT_YOURSELF}"
+    message = f"{kept}: {why}. To remove it, {how}"
     log.warning("%s/%s", namespace, message)
     return Event(EventReason.TABLE_DROP_FAILED, message, EventType.WARNING)
 

@@ -11,9 +11,10 @@
   read once: versions never change, so a reading costs a listing and a GET per new version). A log whose
   early commits log cleanup removed (a checkpoint stands for them) gives none of these three figures
   (zeros), and its state is read as `DeltaLog.snapshot` reads it.
-- No table-uuid (the report's `tableUuid` is Iceberg's, which `deletionPolicy: Delete` drops by), no
-  dead-letter table uuid, no compaction backlog (no compaction pods run for a Delta table:
-  `icefall.plan.children.upkeep_in_pods`).
+- The table's id (its Metadata action's `id`) as the report's `tableUuid`, and the Delta dead-letter
+  table's as `deadLetterTableUuid` once it exists: what `deletionPolicy: Delete`'s purge checks before it
+  deletes a folder (`icefall.commands.purge.purge_delta`). No compaction backlog (no compaction pods
+  run for a Delta table: `icefall.plan.children.upkeep_in_pods`).
 
 Guarantees and threading are `icefall.ingest.table_meter.Meter`'s: a failed reading never stops ingestion.
 """
@@ -80,9 +81,12 @@ def replay(log_: DeltaLog, upto: int, commits: set[int], state: LogReplay) -> Lo
     return state
 
 
-def read_delta(log_: DeltaLog, st: StreamingTable, state: LogReplay) -> TableReading | None:
+def read_delta(
+    log_: DeltaLog, st: StreamingTable, state: LogReplay, dead_letter_id: str | None = None
+) -> TableReading | None:
     """One reading of the Delta table behind `log_` (module doc; `state`: the replay so far, advanced in
-    place); None while there is no table."""
+    place; `dead_letter_id`: the dead-letter table's id, if it has one yet); None while there is no
+    table."""
     from icefall.commit.delta import DeltaSnapshot
 
     history = log_.history()
@@ -93,7 +97,8 @@ def read_delta(log_: DeltaLog, st: StreamingTable, state: LogReplay) -> TableRea
     # The replay's newest Metadata is the latest version's when nothing was skipped; else the log's own
     # reading (from the checkpoint and the commits after it).
     done = state.complete and state.metadata is not None
-    committed = (DeltaSnapshot(latest, state.metadata) if done else log_.snapshot(latest)).committed
+    snapshot = DeltaSnapshot(latest, state.metadata) if done else log_.snapshot(latest)
+    committed = snapshot.committed
     last = state.last_batch
     files = state.files.values() if state.complete else ()
     facts = TableFacts(
@@ -108,8 +113,14 @@ def read_delta(log_: DeltaLog, st: StreamingTable, state: LogReplay) -> TableRea
         records=sum(records for _, records in files),
         snapshots=len(history.commit_file_ms),
     )
+    table_id = str((snapshot.metadata or {}).get("id") or "")  # what a purge checks (commands.purge)
     return TableReading(
-        "", None, table_status(facts), facts.lost_records, facts, ".".join(st.table_identifier)
+        table_id,
+        dead_letter_id,
+        table_status(facts),
+        facts.lost_records,
+        facts,
+        ".".join(st.table_identifier),
     )
 
 
@@ -125,11 +136,18 @@ class DeltaMeter(Meter):
         retry: float = MISSING_RETRY_SECONDS,
     ) -> None:
         from icefall.commit.delta import DeltaLog
+        from icefall.ingest.delta_dead_letters import dead_letter_location
 
         super().__init__(interval=interval, retry=retry)
         self.st, self.log = st, DeltaLog(location)
         self._replay = LogReplay()
+        dead = dead_letter_location(st, location)
+        self._dead_letters = DeltaLog(dead) if dead is not None else None
+        self._dead_letter_id: str | None = None
 
     def read_once(self) -> TableReading | None:
         """One reading now (also kept as `latest` when there is one); None while the table is missing."""
-        return self._keep(read_delta(self.log, self.st, self._replay))
+        if self._dead_letters is not None and self._dead_letter_id is None:  # made by the first bad record
+            snapshot = self._dead_letters.snapshot()
+            self._dead_letter_id = (snapshot.metadata or {}).get("id") if snapshot.exists else None
+        return self._keep(read_delta(self.log, self.st, self._replay, self._dead_letter_id))

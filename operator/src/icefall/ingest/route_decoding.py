@@ -96,12 +96,19 @@ class OwnDecoders:
     def bad(self, routed: DataFrame, route: Column) -> int:
         """How many records of `routed` (the cached batch; `route`: its route column) do not fit the own
         route that takes them: one Spark job over them all."""
+        return self.misfits(routed, route).count()
+
+    def misfits(self, routed: DataFrame, route: Column) -> DataFrame:
+        """The `partition`, `offset` (and `topic`, where `routed` has it) of the records of `routed`
+        (`route`: its route column) that do not fit the own route that takes them."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        flags = [self.good[i].decode(routed.where(route == i)).select(F.col(BAD_COLUMN)) for i in self.specs]
-        union = functools.reduce(lambda a, b: a.unionByName(b), flags)
-        row = union.agg(F.count_if(F.col(BAD_COLUMN)).alias("bad")).first()
-        return int(row["bad"] or 0) if row is not None else 0
+        where = [c for c in ("partition", "offset", "topic") if c in routed.columns]
+        frames = [
+            self.good[i].decode(routed.where(route == i)).where(F.col(BAD_COLUMN)).select(*where)
+            for i in self.specs
+        ]
+        return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
     @staticmethod
     def taken(routed: DataFrame, route: Column) -> DataFrame:

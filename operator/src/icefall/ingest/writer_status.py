@@ -129,7 +129,7 @@ class WriterStatusReporter:
             # One count, two sources: neither goes down, so the larger is the newer.
             lost_records=_larger(self._lost_records, reading.lost_records if reading is not None else None),
             last_loss_time=self._last_loss,
-            table_uuid=(reading.table_uuid or None) if reading is not None else None,  # Delta: none
+            table_uuid=(reading.table_uuid or None) if reading is not None else None,  # Delta: its log's id
             dead_letter_table_uuid=reading.dead_letter_table_uuid if reading is not None else None,
             table=reading.table if reading is not None else None,
             tables=self._tables(reading),

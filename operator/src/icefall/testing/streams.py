@@ -381,6 +381,25 @@ def watermarks(kafka: Broker, topic: str) -> dict[int, int]:
         return {p: high for p, (_, high) in view.watermarks().items()}
 
 
+def recreate_topic(kafka: Any, topic: str, *, partitions: int = 1, timeout: float = 60) -> None:
+    """Delete `topic` and create it again (empty, a new topic id) as soon as Kafka has finished deleting it."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # kept alive: its futures need its handle
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            kafka.create_topic(topic, partitions=partitions)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def table_offsets(
     config: CatalogConfig, name: str, namespace: str = NAMESPACE
 ) -> tuple[Counter[tuple[int, int]], Counter[tuple[int, int]]]:
