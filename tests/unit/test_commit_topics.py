@@ -22,8 +22,8 @@ from icefall.commit import (
     state_after,
     state_from_properties,
 )
+from icefall.commit.batch import check_source
 from icefall.commit.direct import _rows_past
-from icefall.commit.protocol import _check_source
 from icefall.commit.state import (
     SchemaChange,
     decode_offsets,
@@ -95,22 +95,22 @@ def test_a_version_of_one_topic_refuses_the_offsets_of_several() -> None:
 
 def test_each_topic_of_a_batch_is_checked_against_what_the_table_holds_of_it() -> None:
     held = state_after(CommittedState(snapshot_id=1), two_topics(a={0: 5}, b={0: 2}), 1, snapshot_id=2)
-    _check_source(held, TopicsBatch((Batch("a", {0: 5}, {0: 6}, topic_id="id-a"),)))
+    check_source(held, TopicsBatch((Batch("a", {0: 5}, {0: 6}, topic_id="id-a"),)))
     with pytest.raises(OffsetGapError, match="committed up to 2"):
-        _check_source(held, TopicsBatch((Batch("a", {0: 5}, {0: 6}), Batch("b", {0: 1}, {0: 4}))))
+        check_source(held, TopicsBatch((Batch("a", {0: 5}, {0: 6}), Batch("b", {0: 1}, {0: 4}))))
     with pytest.raises(TopicMismatchError, match="recreated"):
-        _check_source(held, TopicsBatch((Batch("b", {0: 2}, {0: 4}, topic_id="another"),)))
+        check_source(held, TopicsBatch((Batch("b", {0: 2}, {0: 4}, topic_id="another"),)))
     # A topic new to the table starts anywhere: it was not read before.
-    _check_source(held, TopicsBatch((Batch("c", {0: 40}, {0: 41}),)))
+    check_source(held, TopicsBatch((Batch("c", {0: 40}, {0: 41}),)))
 
 
 def test_the_two_forms_never_fill_one_table() -> None:
     one = state_from_properties(ONE_TOPIC, snapshot_id=5)
     with pytest.raises(TopicMismatchError, match="one topic"):
-        _check_source(one, TopicsBatch((Batch("orders", {0: 12}, {0: 13}),)))
+        check_source(one, TopicsBatch((Batch("orders", {0: 12}, {0: 13}),)))
     several = state_after(CommittedState(snapshot_id=1), two_topics(a={0: 5}), 1, snapshot_id=2)
     with pytest.raises(TopicMismatchError, match="several topics"):
-        _check_source(several, Batch("a", {0: 5}, {0: 6}))
+        check_source(several, Batch("a", {0: 5}, {0: 6}))
 
 
 def test_a_topic_new_to_a_table_loses_nothing_and_a_gap_of_a_known_one_is_counted() -> None:

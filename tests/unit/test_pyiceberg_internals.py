@@ -7,7 +7,8 @@ table; a `Transaction` still keeps what it staged in `_updates` (a tuple of tabl
 in `table_metadata`; a snapshot producer still has `snapshot_id` and `append_data_file`, and stages an
 `AddSnapshotUpdate` and a `SetSnapshotRefUpdate` of `main`; a delete that matches nothing still moves
 `main` (the adapter adds an empty append); `ManifestFile.fetch_manifest_entry` still takes
-`discard_deleted`. Each failure says what moved. Not proved here: that a real catalog accepts the commits
+`discard_deleted`; `_dataframe_to_data_files` still writes Arrow rows as data files without a commit. Each
+failure says what moved. Not proved here: that a real catalog accepts the commits
 (tests/integration/test_commit_protocol.py, which any pyiceberg upgrade must also pass).
 """
 
@@ -18,9 +19,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import load_file_io
+from pyiceberg.io import pyarrow as pyiceberg_pyarrow
 from pyiceberg.manifest import ManifestFile
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
@@ -33,12 +36,14 @@ from pyiceberg.types import LongType, NestedField, StringType
 from icefall.commit import pyiceberg_internals
 from icefall.commit.pyiceberg_internals import (
     PINNED,
+    ReadOnceTransaction,
     commit_table,
     delete_updates,
     empty_snapshot_updates,
     new_snapshot,
     schema_updates,
     staged_updates,
+    write_data_files,
 )
 
 pytestmark = pytest.mark.unit
@@ -146,6 +151,22 @@ def test_a_snapshot_producer_stages_a_snapshot_on_main(tmp_path: Path) -> None:
     assert ref.ref_name == "main", moved(f"a fast append moves {ref.ref_name!r}, not main")
 
 
+def test_a_read_once_transaction_applies_its_updates_once_per_set(tmp_path: Path) -> None:
+    table = make_table(tmp_path)
+    tx = ReadOnceTransaction(table)
+    first = tx.table_metadata
+    assert tx.table_metadata is first  # pyiceberg's own deep-copies the whole metadata at every read
+    tx.set_properties(staged="yes")
+    assert tx.table_metadata is not first, moved("Transaction._stage no longer replaces _updates")
+    assert tx.table_metadata.properties["staged"] == "yes"
+    assert tx.table_metadata is tx.table_metadata
+    # What a snapshot producer stages through it is what it stages through pyiceberg's own transaction.
+    rows = pa.table({"partition": pa.array([0], pa.int64()), "offset": pa.array([1], pa.int64())})
+    snapshot = new_snapshot(table, {"note": "x"}, write_data_files(table, rows))
+    assert snapshot.parent_snapshot_id is None and snapshot.sequence_number == 1
+    assert snapshot.summary is not None and snapshot.summary["added-records"] == "1"
+
+
 def test_a_delete_matching_nothing_still_moves_main(tmp_path: Path) -> None:
     updates = delete_updates(make_table(tmp_path), "partition = 0 AND offset >= 5")
     assert any(isinstance(update, AddSnapshotUpdate) for update in updates), moved(
@@ -170,7 +191,24 @@ def test_reading_manifest_entries_keeps_the_deleted_ones_on_request() -> None:
     )
 
 
+def test_arrow_rows_are_written_as_data_files_without_a_commit(tmp_path: Path) -> None:
+    writer = getattr(pyiceberg_pyarrow, "_dataframe_to_data_files", None)
+    assert writer is not None, moved("pyiceberg.io.pyarrow._dataframe_to_data_files is gone")
+    parameters = set(inspect.signature(writer).parameters)
+    assert {"table_metadata", "df", "io", "write_uuid"} <= parameters, moved(
+        f"_dataframe_to_data_files takes {sorted(parameters)}"
+    )
+    table = make_table(tmp_path)
+    rows = pa.table({"partition": pa.array([0, 0], pa.int64()), "offset": pa.array([5, 6], pa.int64())})
+    files = write_data_files(table, rows)
+    assert [f.record_count for f in files] == [2]
+    assert Path(files[0].file_path.removeprefix("file://")).exists()
+    assert table.metadata.snapshots == [], "nothing committed"
+    assert write_data_files(table, rows.slice(0, 0)) == []
+
+
 def test_the_adapter_names_every_internal_it_relies_on() -> None:
     doc = pyiceberg_internals.__doc__ or ""
-    for internal in ("Transaction._updates", "Transaction.table_metadata", "Catalog.commit_table", "0.12"):
+    internals = ("Transaction._updates", "Transaction.table_metadata", "Catalog.commit_table", "0.12")
+    for internal in (*internals, "_dataframe_to_data_files"):
         assert internal in doc, internal

@@ -8,7 +8,7 @@ sequenceBy) are accepted, each route table keyed by spec.key; a keyed dynamic ro
 several topics, a format keyed tables do not read, are refused naming the field and the fix.
 A destination at the batch's start takes the whole batch; one ahead takes the rest of each partition and
 skips the rows it holds; one that holds everything takes nothing; one behind raises instead of losing
-records; retention gaps carry over.
+records; retention gaps carry over; the driver's one job filters by one condition per distinct take.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from icefall.api import StreamingTable, Unrouted
-from icefall.plan.routing import DestinationBehindError, Take, destination_take, reads_headers
+from icefall.plan.routing import DestinationBehindError, Take, destination_take, reads_headers, same_takes
 
 pytestmark = pytest.mark.unit
 
@@ -142,3 +142,13 @@ def test_retention_gaps_carry_over_to_each_destination() -> None:
 def test_headers_are_read_only_when_a_condition_names_them() -> None:
     assert reads_headers(["kind = 'a'", "_kafka.headers['k'] = 'v'"])
     assert not reads_headers(["kind = 'a'"])
+
+
+def test_the_driver_filters_its_one_job_by_one_condition_per_distinct_take() -> None:
+    whole = {"t": Take(start={0: 10, 1: 4}, end={0: 20, 1: 9})}
+    ahead = {"t": Take(start={0: 15, 1: 4}, end={0: 20, 1: 9}, skip_below={0: 15})}
+    # The steady state: every destination takes the whole batch, one condition.
+    assert same_takes([(0, whole), (1, dict(whole)), (2, whole)]) == [(whole, [0, 1, 2])]
+    # After a crash between commits the tables ahead take less: a group of their own, order kept.
+    assert same_takes([(0, ahead), (1, whole), (2, ahead)]) == [(ahead, [0, 2]), (whole, [1])]
+    assert same_takes([]) == []

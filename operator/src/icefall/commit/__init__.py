@@ -9,6 +9,9 @@ Typical use by an ingestion loop holding the table's commit lease:
     ... write the batch's rows to branch `stage.branch` (one append) ...
     commit_staged(table, stage, batch, epoch)             # or a CommitError: nothing committed
 
+A writer that writes the batch's data files itself lands them with `commit_files(table, stage, batch,
+epoch, written)` instead: the snapshot and the swap in one catalog commit (`icefall.commit.files`).
+
 Pipelined, the next batch is written while a commit runs: `stage = staged_on(table, stage)`, then
 `after = next_stage(stage, batch, epoch)`; commit `stage` on another thread while the next batch is
 appended to the same branch, and commit that one with `after` once the first has landed.
@@ -21,6 +24,7 @@ from icefall.commit.batch import (
     SourceBatch,
     Stage,
     TopicsBatch,
+    WrittenFiles,
     next_stage,
     retention_loss,
     stage_branch_name,
@@ -45,6 +49,7 @@ from icefall.commit.errors import (
     StaleHeadError,
     TopicMismatchError,
 )
+from icefall.commit.files import commit_files
 from icefall.commit.protocol import (
     abandon_stage,
     commit_staged,
@@ -74,8 +79,10 @@ __all__ = [
     "TopicMismatchError",
     "TopicState",
     "TopicsBatch",
+    "WrittenFiles",
     "abandon_stage",
     "claim_epoch",
+    "commit_files",
     "commit_staged",
     "commit_staged_outcome",
     "evolve_schema",

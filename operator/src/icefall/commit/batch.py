@@ -2,10 +2,11 @@
 
 `Batch` is the offset range a writer read; `Stage` the staging branch it writes to (named by
 `stage_branch_name`), with the committed state it was planned from; `CommitOutcome` what
-`commit_staged_outcome` did. `state_after` is the state a batch's commit writes to the table (`icefall.*`,
-commit/DESIGN.md; `retention_loss` the records it counts as lost), and `next_stage` the stage of the
-writer's next batch while that commit runs (pipelining). The checks and the commit itself are
-`icefall.commit.protocol`'s.
+`commit_staged_outcome` did; `WrittenFiles` the data files a writer holds for a batch (`commit_files`).
+`state_after` is the state a batch's commit writes to the table (`icefall.*`, commit/DESIGN.md;
+`retention_loss` the records it counts as lost), `check_source` whether a batch continues what the table
+holds, and `next_stage` the stage of the writer's next batch while that commit runs (pipelining). The
+commit itself is `icefall.commit.protocol`'s (and `icefall.commit.files`').
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from time import monotonic
+from typing import TYPE_CHECKING
 
+from icefall.commit.errors import OffsetGapError, TopicMismatchError
 from icefall.commit.state import CommittedState, TopicState
 from icefall.runtime.failpoints import TableRole
+
+if TYPE_CHECKING:
+    from pyiceberg.manifest import DataFile
 
 STAGE_PREFIX = "icefall_stage_"
 
@@ -120,6 +126,17 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class WrittenFiles:
+    """The data files a writer wrote for a batch itself and holds, referenced by no snapshot yet
+    (`icefall.commit.files.commit_files` lands them), and the schema and partition spec they were written
+    with. No files: the batch kept no row of this table."""
+
+    files: tuple[DataFile, ...]
+    schema_id: int
+    spec_id: int
+
+
+@dataclass(frozen=True)
 class CommitOutcome:
     """What `commit_staged_outcome` did: `snapshot_id` is `main`'s new head.
 
@@ -177,6 +194,45 @@ def held_of(committed: CommittedState, topic: str) -> TopicState:
     if committed.topics is None:
         return TopicState(committed.topic_id, committed.offsets, committed.start_offsets)
     return committed.of_topic(topic)
+
+
+def check_source(committed: CommittedState, batch: SourceBatch) -> None:
+    """Refuse a batch of another topic or form, or one that does not start at the committed offsets."""
+    if committed.has_offsets and batch.by_topic != (committed.topics is not None):
+        held, read = ("one topic", "several topics") if batch.by_topic else ("several topics", "one topic")
+        raise TopicMismatchError(
+            f"the table holds the offsets of {held}, the batch is of {read} (spec.source.topic and "
+            "spec.source.topics do not fill the same table)"
+        )
+    for part in batch.parts:
+        _check_topic(committed, part)
+
+
+def _check_topic(committed: CommittedState, batch: Batch) -> None:
+    """Refuse a batch of one topic that is not the table's, or does not start at its committed offsets."""
+    if committed.topics is None and committed.topic is not None and committed.topic != batch.topic:
+        raise TopicMismatchError(
+            f"the table holds topic {committed.topic!r}, the batch is from {batch.topic!r}"
+        )
+    held = held_of(committed, batch.topic)
+    if None not in (held.topic_id, batch.topic_id) and held.topic_id != batch.topic_id:
+        raise TopicMismatchError(
+            f"the table holds offsets of topic {batch.topic!r} with id {held.topic_id}, the batch is from "
+            f"topic id {batch.topic_id}: the topic was recreated"
+        )
+    for partition, start in sorted(batch.start.items()):
+        done = held.offsets.get(partition)
+        expected = batch.retention_gaps.get(partition, start)
+        if done is None and held.offsets and expected not in (0, start):
+            raise OffsetGapError(
+                f"partition {partition} is new to the table: a retention gap before {start} starts at 0, "
+                f"not {expected}"
+            )
+        if done is not None and done != expected:
+            raise OffsetGapError(
+                f"partition {partition}: the table is committed up to {done}, the batch starts at {start}"
+                + (f" after a retention gap from {expected}" if expected != start else "")
+            )
 
 
 def next_stage(stage: Stage, batch: SourceBatch, epoch: int) -> Stage:

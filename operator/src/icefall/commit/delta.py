@@ -13,7 +13,7 @@ cleanup and VACUUM cannot remove what resume needs (a `commitInfo` would be gone
 
 Guarantees: a commit lands only if the table's epoch is not above the writer's (FencedError), the table's
 `icefall.*` state is still the one the batch was planned from (StaleHeadError otherwise: another ingestion
-commit landed), and the batch starts at the committed offsets of the same topic id (`_check_source`, as
+commit landed), and the batch starts at the committed offsets of the same topic id (`check_source`, as
 for Iceberg). Commits by others that leave `icefall.*` alone (OPTIMIZE, a user's DELETE) do not cost the
 batch: it is committed on top of them, as its files are its own and its offsets still come next.
 Checkpoints and log cleanup are Delta's own (the upkeep, `icefall.compact.delta`, has Spark's Delta write
@@ -45,11 +45,10 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from icefall.api.delta_partitions import GENERATION_EXPRESSION
-from icefall.commit.batch import SourceBatch, state_after
+from icefall.commit.batch import SourceBatch, check_source, state_after
 from icefall.commit.delta_history import DeltaHistory
 from icefall.commit.delta_storage import is_s3, local_path, storage_for
 from icefall.commit.errors import CorruptStateError, FencedError, MaintenanceConflictError, StaleHeadError
-from icefall.commit.protocol import _check_source
 from icefall.commit.state import (
     OFFSET_RESETS,
     CommittedState,
@@ -440,7 +439,7 @@ def commit_batch(
     """Commit `files` (already in the table's folder) with `batch`'s offsets, planned on `planned`; the
     version made. Refuses, in this order: FencedError (the table's epoch is above `epoch`), StaleHeadError
     (an ingestion commit, reset or epoch claim landed since `planned`, or the schema changed),
-    TopicMismatchError / OffsetGapError (`_check_source`). A commit by someone else that leaves `icefall.*`
+    TopicMismatchError / OffsetGapError (`check_source`). A commit by someone else that leaves `icefall.*`
     alone is committed over, as often as MAX_ATTEMPTS.
 
     `schema_string`: the table's schema with this batch (`icefall.catalog.delta_schema.plan_delta_schema`
@@ -474,7 +473,7 @@ def commit_batch(
             if current.schema_string != planned.schema_string:
                 # The batch's files and its schema change were planned on the schema it replaced.
                 raise StaleHeadError(f"the table's schema changed since version {planned.version}")
-        _check_source(committed, batch)
+        check_source(committed, batch)
         new = state_after(committed, batch, epoch, snapshot_id=current.version + 1)
         assert current.metadata is not None
         metadata, evolved = current.metadata, []

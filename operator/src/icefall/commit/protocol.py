@@ -63,16 +63,14 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 
-from icefall.commit.batch import STAGE_PREFIX, Batch, CommitOutcome, SourceBatch, Stage, held_of, state_after
+from icefall.commit.batch import STAGE_PREFIX, CommitOutcome, SourceBatch, Stage, check_source, state_after
 from icefall.commit.errors import (
     CommitError,
     FencedError,
     MaintenanceConflictError,
-    OffsetGapError,
     StageError,
     StageExpiredError,
     StaleHeadError,
-    TopicMismatchError,
 )
 from icefall.commit.pyiceberg_internals import (
     check_clock,
@@ -252,7 +250,7 @@ def _swap(table: Table, stage: Stage, plan: _Plan, new_head: int, updates: tuple
         AssertRefSnapshotId(ref=stage.branch, snapshot_id=plan.branch_head),
     )
     failpoint(f"{stage.role}.before-commit")
-    _check_alive(table, stage, plan)
+    _check_alive(table, stage, plan.properties.get(DELETED_KEYS))
     try:
         commit_table(table, updates, requirements)
     except CommitFailedException as e:
@@ -272,16 +270,15 @@ def _swap(table: Table, stage: Stage, plan: _Plan, new_head: int, updates: tuple
     return True
 
 
-def _check_alive(table: Table, stage: Stage, plan: _Plan) -> None:
+def _check_alive(table: Table, stage: Stage, named: str | None) -> None:
     """Refuse a batch whose files orphan removal may have taken: staged too long ago, or its deleted keys
-    file (the one file the swap itself makes referenced) gone. Checked after the last pause point."""
+    file (`named`: the one file the swap itself makes referenced) gone. Checked after the last pause point."""
     age = time.monotonic() - stage.prepared_at
     if age > MAX_STAGE_SECONDS:
         raise StageExpiredError(
             f"{stage.branch} was staged {age:.0f}s ago, over {MAX_STAGE_SECONDS:.0f}s (half the orphan "
             "window): its files may have been removed before it committed; writing the batch again"
         )
-    named = plan.properties.get(DELETED_KEYS)
     if named and named != stage.base.deleted_keys and not _readable(table, named):
         raise StageExpiredError(
             f"{stage.branch}: its deleted keys file {named} was removed before it committed (orphan removal: "
@@ -333,20 +330,7 @@ def sweep_stages(table: Table, keep: Collection[str] = (), *, role: TableRole = 
 
 def _check(meta: TableMetadata, stage: Stage, batch: SourceBatch, epoch: int) -> _Plan:
     """The commit to make (fast-forward or re-stage, and the properties to set), or the reason to refuse."""
-    main = meta.refs.get(MAIN)
-    head = main.snapshot_id if main else None
-    committed = state_of(meta)
-    if meta.table_uuid != stage.table_uuid:
-        raise StaleHeadError("the table was dropped and created again since the stage was prepared")
-    if epoch < committed.epoch:
-        raise FencedError(
-            f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
-        )
-    base = stage.base.snapshot_id
-    if head is None:
-        raise StaleHeadError(f"main was removed since the batch was planned on {base}")
-    restage_over = () if head == base else _maintenance_since(meta, stage, head)
-    _check_source(committed, batch)
+    head, restage_over, committed = _check_head(meta, stage, batch, epoch)
     ref = meta.refs.get(stage.branch)
     if ref is None or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
         raise StageError(f"staging branch {stage.branch} does not exist (abandoned, or already committed)")
@@ -362,43 +346,27 @@ def _check(meta: TableMetadata, stage: Stage, batch: SourceBatch, epoch: int) ->
     )
 
 
-def _check_source(committed: CommittedState, batch: SourceBatch) -> None:
-    """Refuse a batch of another topic or form, or one that does not start at the committed offsets."""
-    if committed.has_offsets and batch.by_topic != (committed.topics is not None):
-        held, read = ("one topic", "several topics") if batch.by_topic else ("several topics", "one topic")
-        raise TopicMismatchError(
-            f"the table holds the offsets of {held}, the batch is of {read} (spec.source.topic and "
-            "spec.source.topics do not fill the same table)"
+def _check_head(
+    meta: TableMetadata, stage: Stage, batch: SourceBatch, epoch: int
+) -> tuple[int, tuple[int, ...], CommittedState]:
+    """The refusals before the staging branch is looked at, in their order (the table, the epoch, `main`,
+    the source): `main`'s head, the maintenance snapshots since the stage's base (none: fast-forward), and
+    the committed state."""
+    main = meta.refs.get(MAIN)
+    head = main.snapshot_id if main else None
+    committed = state_of(meta)
+    if meta.table_uuid != stage.table_uuid:
+        raise StaleHeadError("the table was dropped and created again since the stage was prepared")
+    if epoch < committed.epoch:
+        raise FencedError(
+            f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
         )
-    for part in batch.parts:
-        _check_topic(committed, part)
-
-
-def _check_topic(committed: CommittedState, batch: Batch) -> None:
-    """Refuse a batch of one topic that is not the table's, or does not start at its committed offsets."""
-    if committed.topics is None and committed.topic is not None and committed.topic != batch.topic:
-        raise TopicMismatchError(
-            f"the table holds topic {committed.topic!r}, the batch is from {batch.topic!r}"
-        )
-    held = held_of(committed, batch.topic)
-    if None not in (held.topic_id, batch.topic_id) and held.topic_id != batch.topic_id:
-        raise TopicMismatchError(
-            f"the table holds offsets of topic {batch.topic!r} with id {held.topic_id}, the batch is from "
-            f"topic id {batch.topic_id}: the topic was recreated"
-        )
-    for partition, start in sorted(batch.start.items()):
-        done = held.offsets.get(partition)
-        expected = batch.retention_gaps.get(partition, start)
-        if done is None and held.offsets and expected not in (0, start):
-            raise OffsetGapError(
-                f"partition {partition} is new to the table: a retention gap before {start} starts at 0, "
-                f"not {expected}"
-            )
-        if done is not None and done != expected:
-            raise OffsetGapError(
-                f"partition {partition}: the table is committed up to {done}, the batch starts at {start}"
-                + (f" after a retention gap from {expected}" if expected != start else "")
-            )
+    base = stage.base.snapshot_id
+    if head is None:
+        raise StaleHeadError(f"main was removed since the batch was planned on {base}")
+    restage_over = () if head == base else _maintenance_since(meta, stage, head)
+    check_source(committed, batch)
+    return head, restage_over, committed
 
 
 def _check_staged(meta: TableMetadata, stage: Stage, staged: int, branch_head: int) -> None:

@@ -10,7 +10,11 @@ writer commit to `main`"). pyiceberg has no public API for that, so this module 
 - `Transaction._updates`: the updates a transaction has staged (a snapshot producer's `AddSnapshotUpdate`
   and `SetSnapshotRefUpdate`; a delete's snapshots), taken to send in the protocol's own commit;
 - `Transaction.table_metadata`: the table's metadata with those updates applied, and a snapshot
-  producer's `snapshot_id`, to find a staged snapshot (and the id a staged schema change gets).
+  producer's `snapshot_id`, to find a staged snapshot (and the id a staged schema change gets);
+  `new_snapshot` reads it through `ReadOnceTransaction`, which computes it once per set of updates
+  (`Transaction(table)` and `_stage` replacing the `_updates` tuple);
+- `pyiceberg.io.pyarrow._dataframe_to_data_files(table_metadata, df, io, write_uuid)`: the Parquet files
+  `Table.append` writes for Arrow rows, as `DataFile`s, without its commit (`write_data_files`).
 
 Everything else the protocol uses is pyiceberg's public API (the models of `pyiceberg.table.update`,
 `ancestors_of`, `ManifestFile.fetch_manifest_entry`). tests/unit/test_pyiceberg_internals.py checks each
@@ -21,17 +25,21 @@ re-run tests/integration/test_commit_protocol.py on any upgrade.
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from pyiceberg.table import Transaction
 from pyiceberg.table.update import AddSnapshotUpdate
 
 from icefall.commit.errors import ClockBehindError, CommitError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyiceberg.manifest import DataFile
-    from pyiceberg.table import Table, Transaction
+    from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
     from pyiceberg.table.snapshots import Snapshot
     from pyiceberg.table.update import TableRequirement, TableUpdate
     from pyiceberg.table.update.schema import UpdateSchema
@@ -79,13 +87,31 @@ def staged_updates(tx: Transaction) -> tuple[TableUpdate, ...]:
     return tuple(tx._updates)
 
 
+class ReadOnceTransaction(Transaction):
+    """A `Transaction` whose `table_metadata` is computed once per set of staged updates (and table
+    metadata). pyiceberg's applies the updates and deep-copies the whole metadata at every read, and a
+    snapshot producer reads it about fifteen times: a cost per snapshot that grows with the table's
+    snapshots and metadata log. Safe to share: the metadata models are frozen."""
+
+    def __init__(self, table: Table) -> None:
+        super().__init__(table)
+        self._applied: tuple[TableMetadata, tuple[TableUpdate, ...], TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        base, updates = self._table.metadata, self._updates
+        if self._applied is None or self._applied[0] is not base or self._applied[1] is not updates:
+            self._applied = (base, updates, super().table_metadata)
+        return self._applied[2]
+
+
 def new_snapshot(table: Table, summary: Mapping[str, str], files: Iterable[DataFile] = ()) -> Snapshot:
     """A snapshot appending `files` (none: an empty one) on `main`'s head, not committed.
 
     Its manifest and manifest list are written now; the caller commits `AddSnapshotUpdate(snapshot)` with
     the ref moves it wants (the files become orphans if that commit is refused).
     """
-    tx = table.transaction()
+    tx = ReadOnceTransaction(table)
     with tx.update_snapshot(snapshot_properties=dict(summary)).fast_append() as append:
         for data_file in files:
             append.append_data_file(data_file)
@@ -93,6 +119,18 @@ def new_snapshot(table: Table, summary: Mapping[str, str], files: Iterable[DataF
     if snapshot is None:  # pragma: no cover - pyiceberg staged it a line above
         raise CommitError("pyiceberg did not stage the snapshot it was asked for")
     return snapshot
+
+
+def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
+    """Write `rows` (in the table's Arrow schema) as the data files `Table.append` would, with the table's
+    current schema and partition spec; nothing is committed: the files are referenced by no snapshot."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    if not rows.num_rows:
+        return []
+    return list(
+        _dataframe_to_data_files(table_metadata=table.metadata, df=rows, io=table.io, write_uuid=uuid.uuid4())
+    )
 
 
 def empty_snapshot_updates(table: Table, summary: Mapping[str, str]) -> tuple[TableUpdate, ...]:

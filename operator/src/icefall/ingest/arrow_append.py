@@ -1,39 +1,35 @@
-"""Appending a route table's rows of a batch to its staging branch from the driver (pyiceberg), not by a
-Spark job of its own.
+"""A route table's rows of a batch written as data files from the driver (pyiceberg), not by a Spark job of
+its own; they land with the table's offsets in one catalog commit (`icefall.commit.files.commit_files`).
 
 Why: a Spark append costs about half a CPU-second of driver and JVM work whatever its rows (planning, a
 job, Iceberg's Spark commit of the branch): with 20 route tables that was 4x the CPU of one table
 (`bench/results/routing.md`). `icefall.ingest.routes.Routing.write` collects every such route's rows of
-the cached batch in ONE Spark job (Arrow), and each table's rows are then written here: Parquet files and
-one snapshot on the table's staging branch, the same snapshot a Spark append makes there. The commit
-protocol is unchanged: the branch is committed (or dropped) afterwards exactly as before.
+the cached batch in ONE Spark job (Arrow), and each table's rows are then written here as Parquet files,
+referenced by no snapshot until `Routing.commit` lands them: the snapshot, `main`'s move and the offsets
+in one metadata commit, instead of an append to the staging branch and a second commit moving `main`.
 
 Guarantees: only tables pyiceberg writes as Spark would (`arrow_writable`: no sort order, every partition
-transform one pyiceberg applies) are written here; the others keep the Spark append. A refused snapshot
-(maintenance committed meanwhile) is tried again from fresh metadata; the branch must still be at the
-stage's base, else `StaleHeadError` (the batch is planned again). Not guaranteed: file sizes as Spark's
-(one file per partition value per batch; compaction merges them).
+transform one pyiceberg applies) are written here; the others keep the Spark append. The files carry the
+schema and partition spec they were written with: the commit refuses them if the table's have changed
+since (the batch is written again). Not guaranteed: file sizes as Spark's (one file per partition value
+per batch; compaction merges them).
 
-Exactly once: this module writes the staging branch only, as Spark's append would (the writer's step of
-`icefall.commit`); it never moves `main` nor sets `icefall.*`. The destination's offsets travel with its rows
-in `Routing.commit`'s `commit_staged_outcome`, the one metadata commit that moves `main` to the staged
-snapshot and sets the offsets; it refuses a branch holding more than one snapshot past the base.
+Exactly once: this module writes files only; it never moves a ref nor sets `icefall.*`. Files of a batch
+that never lands are referenced by nothing (orphan removal takes them).
 Driver memory: `Routing` collects only batches `icefall.plan.routing.driver_collects` allows
 (`spec.batch.maxCollectBytes`); larger ones keep the Spark append.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
-from icefall.commit import StaleHeadError
+from icefall.commit import WrittenFiles
+from icefall.commit.pyiceberg_internals import write_data_files
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.table import Table
-
-log = logging.getLogger(__name__)
 
 
 def arrow_writable(table: Table) -> bool:
@@ -54,24 +50,12 @@ def arrow_writable(table: Table) -> bool:
     return all(isinstance(field.transform, simple) for field in table.spec().fields)
 
 
-def append_rows(table: Table, branch: str, base: int | None, rows: pa.Table, attempts: int = 5) -> None:
-    """Append `rows` to `branch` of `table` (the stage's branch, at `base`) as one snapshot."""
-    from pyiceberg.exceptions import CommitFailedException
-
-    rows = _as_table_rows(table, rows)
-    for _ in range(attempts):
-        table.refresh()
-        ref = table.metadata.refs.get(branch)
-        if ref is None or ref.snapshot_id != base:
-            raise StaleHeadError(f"staging branch {branch} is no longer at {base}; planning again")
-        try:
-            table.append(rows, branch=branch)
-            return
-        except (CommitFailedException, ValueError) as e:
-            if isinstance(e, ValueError) and "sequence" not in str(e).lower():
-                raise  # not a race with another commit (e.g. rows the table cannot take)
-            log.info("appending to %s was refused (%s); trying again", branch, e)
-    raise StaleHeadError(f"appending to staging branch {branch} was refused {attempts} times; planning again")
+def write_rows(table: Table, rows: pa.Table) -> WrittenFiles:
+    """`rows` (collected from Spark) written as `table`'s data files, with its current schema and partition
+    spec (no files for no rows); nothing committed."""
+    meta = table.metadata
+    files = write_data_files(table, _as_table_rows(table, rows))
+    return WrittenFiles(tuple(files), meta.current_schema_id, meta.default_spec_id)
 
 
 def _as_table_rows(table: Table, rows: pa.Table) -> pa.Table:

@@ -329,7 +329,8 @@ class Batches:
                 batch,
                 self.commits.epoch,
                 self.commits.check_lease,
-                written.stats.routes_deleted_keys,
+                deleted_keys=written.stats.routes_deleted_keys,
+                files=written.stats.routes_files,
             )
             if routing.unrouted is Unrouted.DEAD_LETTER:  # nothing was written to the table
                 stage_empty(self.table, stage.branch, stage.base.snapshot_id)

@@ -212,9 +212,11 @@ class Decoder:
         self._good_filter = ~F.col(BAD_COLUMN)
         self._good = _good_columns(spec, self._avro.keyed)
 
-    def good_rows(self, decoded: DataFrame) -> DataFrame:
-        """`good_rows` (module function) of a `decode` result of this decoder."""
-        return _transformed(decoded.where(self._good_filter).select(*self._good), self.spec)
+    def good_rows(self, decoded: DataFrame, carry: Sequence[str] = ()) -> DataFrame:
+        """`good_rows` (module function) of a `decode` result of this decoder; `carry`: columns of `decoded`
+        kept beside the table's (a routed batch's destination: `icefall.ingest.routes`)."""
+        good = decoded.where(self._good_filter).select(*self._good, *carry)
+        return _transformed(good, self.spec, carry)
 
     @property
     def uses_registry(self) -> bool:
@@ -347,13 +349,14 @@ def last_changes(changes: DataFrame, key: Sequence[str]) -> DataFrame:
     return changes.select("*", rank.alias(_RANK)).where(F.col(_RANK) == 1).drop(_RANK)
 
 
-def _transformed(good: DataFrame, spec: StreamingTableSpec) -> DataFrame:
-    """`spec.transforms` on the good rows. `_kafka` (and in keyed modes the delete flag) is kept even when
-    `select` leaves it out; a delete is never filtered out (it carries only its key, which the filter
-    may not be able to judge, and deleting a key that is not there changes nothing)."""
+def _transformed(good: DataFrame, spec: StreamingTableSpec, carry: Sequence[str] = ()) -> DataFrame:
+    """`spec.transforms` on the good rows. `_kafka` (and in keyed modes the delete flag, and `carry`) is
+    kept even when `select` leaves it out; a delete is never filtered out (it carries only its key, which
+    the filter may not be able to judge, and deleting a key that is not there changes nothing)."""
     transforms = spec.transforms
     keep = [KAFKA_COLUMN] + ([DELETE_COLUMN] if spec.mode is not TableMode.APPEND else [])
     keep += [SEQUENCE_COLUMN] if spec.sequence_by else []
+    keep += list(carry)
     if transforms.select is not None:
         projected = good.selectExpr(*transforms.select)
         missing = [c for c in keep if c not in projected.columns]

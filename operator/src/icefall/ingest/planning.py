@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from icefall.api import ConditionReason, OnDataLoss, StreamingTableSpec
 from icefall.api.source import StartingPositionType
-from icefall.commit import Batch, CommittedState, SourceBatch, TopicsBatch
+from icefall.commit import Batch, CommittedState, SourceBatch, TopicsBatch, WrittenFiles
 from icefall.commit.batch import held_of
 from icefall.plan.batching import BatchLimits, choose_batch_size
 from icefall.plan.lag import total_lag
@@ -56,6 +56,9 @@ class ReadStats:
     #: Keyed routes, cdc with sequenceBy: the deleted keys file each route table's MERGE stored, by its
     #: staging target (`Routing.write`), for its commit to name.
     routes_deleted_keys: Mapping[str, str] = field(default_factory=dict)
+    #: The data files the driver wrote for each route table whose rows it collected, by its staging target
+    #: (`Routing.write`), landed by its commit (`icefall.commit.files`).
+    routes_files: Mapping[str, WrittenFiles] = field(default_factory=dict)
 
     @property
     def dead(self) -> int:

@@ -1,14 +1,15 @@
 """Static routes (`spec.routes`): one read of a batch into several tables, each exactly once.
 
 Each batch is read and decoded once; a column names the first route whose condition holds for each good
-record (`Routing.routed`), the decoded batch is cached, and each destination appends its rows to its own
-staging branch (`Routing.write`). The route tables commit first, one after the other, each through the
-commit protocol with the offsets of the part of the batch it takes (`icefall.plan.routing.destination_take`,
-whether or not its condition kept any record); then the dead letters; `spec.table` commits LAST. The batch
-is planned from `spec.table`'s offsets, so after a crash between two commits every route table stands at or
-past them: the range is read again, a route table that is behind takes its records, one that is ahead
-takes only what is past its own offsets (nothing at all once it holds the range), and no table gets a
-record twice.
+record (`Routing.routed`), the decoded batch is cached, and each destination's rows are written
+(`Routing.write`): by Spark to its staging branch, or (most route tables) as data files by the driver
+from one Spark job for all (`_write_collected`). The route tables commit first, one after the other, each
+through the commit protocol (`commit_files` for the driver's files) with the offsets of the part of the
+batch it takes (`icefall.plan.routing.destination_take`, whether or not its condition kept any record);
+then the dead letters; `spec.table` commits LAST. The batch is planned from `spec.table`'s offsets, so
+after a crash between two commits every route table stands at or past them: the range is read again, a
+route table that is behind takes its records, one that is ahead takes only what is past its own offsets
+(nothing at all once it holds the range), and no table gets a record twice.
 
 Guarantees: a route table's commit records exactly the range its rows came from; its staging branch is
 dropped unless the commit landed; a route table behind `spec.table` stops the writer
@@ -49,9 +50,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
 
 from icefall.api import UNROUTED_REASON, NameFrom, StreamingTable, StreamingTableSpec, Unrouted
 from icefall.commit import (
@@ -59,12 +60,14 @@ from icefall.commit import (
     SourceBatch,
     Stage,
     TopicsBatch,
+    WrittenFiles,
+    commit_files,
     commit_staged_outcome,
     prepare_stage,
     sweep_stages,
 )
 from icefall.commit.batch import held_of
-from icefall.ingest.arrow_append import append_rows, arrow_writable
+from icefall.ingest.arrow_append import arrow_writable, write_rows
 from icefall.ingest.columns import (
     BAD_COLUMN,
     DELETE_COLUMN,
@@ -90,6 +93,7 @@ from icefall.plan.routing import (
     dynamic_names,
     not_created_reason,
     reads_headers,
+    same_takes,
 )
 
 if TYPE_CHECKING:
@@ -108,7 +112,7 @@ NAME_COLUMN = f"{INTERNAL_PREFIX}table_name"
 #: `ROUTE_COLUMN` of a keyed table's delete that no route's condition takes (a tombstone has no row image to
 #: test): it goes to every destination, and deletes its key wherever it is.
 EVERY = -1
-#: The collected rows' column naming the route table each row goes to (`_append_collected`).
+#: The collected rows' column naming the route table each row goes to (`_write_collected`).
 _DESTINATION = f"{INTERNAL_PREFIX}destination"
 
 
@@ -125,6 +129,13 @@ class Destination:
     spec: StreamingTableSpec | None = None
 
 
+class RowsOf(Protocol):
+    """The table's rows of (part of) the decoded batch (`Decoder.good_rows`, every table column); `carry`:
+    columns of the batch kept beside them."""
+
+    def __call__(self, frame: DataFrame, carry: Sequence[str] = ()) -> DataFrame: ...
+
+
 #: Writes one destination's rows (append, or a keyed table's MERGE); the deleted keys file it stored for
 #: the commit to name (cdc with sequenceBy), or None (`icefall.ingest.writer.BatchWriter.write_good_rows`).
 WriteTo = Callable[["DataFrame", Destination], "str | None"]
@@ -133,10 +144,12 @@ WriteTo = Callable[["DataFrame", Destination], "str | None"]
 @dataclass(frozen=True)
 class RoutesWritten:
     """What `Routing.write` wrote: the deleted keys file each destination stored (cdc with sequenceBy), by
-    its target; the records that do not fit their own route's schema (dead letters)."""
+    its target; the records that do not fit their own route's schema (dead letters); the data files the
+    driver wrote for each route table whose rows it collected (none: it kept no row), by its target."""
 
     deleted_keys: dict[str, str]
     bad: int
+    files: dict[str, WrittenFiles] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -280,7 +293,7 @@ class Routing:
         self,
         routed: DataFrame,
         stages: list[RouteStage],
-        rows_of: Callable[[DataFrame], DataFrame],
+        rows_of: RowsOf,
         write_to: WriteTo,
         main: Destination,
         *,
@@ -331,12 +344,11 @@ class Routing:
                         write(rows, replace(rs.destination, spec=self.own.specs[rs.index]))
                     else:
                         write(rows_of(cached.where(keep)), rs.destination)
-            if driver:
-                self._append_collected(cached, route, driver, rows_of)
+            files = self._write_collected(cached, route, driver, rows_of) if driver else {}
             bad = self.own.bad(cached, route) if self.own else 0  # every record it takes, as dead letters
         finally:
             cached.unpersist()
-        return RoutesWritten(stored, bad)
+        return RoutesWritten(stored, bad, files)
 
     def _every(self, route: Column) -> Column:
         """Whether a record goes to every destination: a keyed table's delete no condition takes."""
@@ -345,7 +357,7 @@ class Routing:
         return F.coalesce(route == EVERY, F.lit(False)) if self.keyed else F.lit(False)
 
     def _collected(self, stages: list[RouteStage], read: Callable[[], tuple[int, int]]) -> list[RouteStage]:
-        """The stages whose rows the driver collects and writes (`_append_collected`): those pyiceberg
+        """The stages whose rows the driver collects and writes (`_write_collected`): those pyiceberg
         writes as Spark would, when the batch is small enough to hold in the driver (`driver_collects`);
         none otherwise (each is then appended by Spark)."""
         # A keyed table's changes are MERGEd by Spark: pyiceberg writes no position deletes. An own route's
@@ -367,33 +379,22 @@ class Routing:
         )
         return []
 
-    def _append_collected(
-        self,
-        cached: DataFrame,
-        route: Column,
-        stages: list[RouteStage],
-        rows_of: Callable[[DataFrame], DataFrame],
-    ) -> None:
-        """Collect the rows of every stage of `stages` in ONE Spark job (a union of each one's rows, tagged
-        with its index) and append each table's to its staging branch from the driver (`arrow_append`):
-        no Spark job per route table. A table with no rows gets nothing here (its commit stages an empty
-        snapshot)."""
+    def _write_collected(
+        self, cached: DataFrame, route: Column, stages: list[RouteStage], rows_of: RowsOf
+    ) -> dict[str, WrittenFiles]:
+        """Collect the rows of every stage of `stages` in ONE Spark job (one projection of the cached batch,
+        each row tagged with the index of the stage it goes to) and write each table's as data files from
+        the driver (`arrow_append`): no Spark job, no plan and no catalog commit per route table here. The
+        files by each stage's target (none for a table that keeps no row); `commit` lands them."""
         import pyarrow.compute as pc
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         by_topic = "topic" in cached.columns
-        tagged = [
-            rows_of(cached.where((route == rs.index) & self._taken(rs.takes, by_topic=by_topic))).withColumn(
-                _DESTINATION, F.lit(rs.index)
-            )
-            for rs in stages
-        ]
-        union = functools.reduce(lambda a, b: a.unionByName(b), tagged)
-        collected = union.toArrow()
-        for rs in stages:
-            rows = collected.filter(pc.equal(collected[_DESTINATION], rs.index)).drop_columns([_DESTINATION])
-            if rows.num_rows:
-                append_rows(rs.table, rs.stage.branch, rs.stage.base.snapshot_id, rows)
+        groups = same_takes((rs.index, rs.takes) for rs in stages)  # one condition per distinct take
+        taken = [route.isin(indexes) & self._taken(takes, by_topic=by_topic) for takes, indexes in groups]
+        tagged = cached.where(functools.reduce(lambda a, b: a | b, taken)).withColumn(_DESTINATION, route)
+        collected = rows_of(tagged, carry=[_DESTINATION]).toArrow()
+        tags, rows = collected[_DESTINATION], collected.drop_columns([_DESTINATION])
+        return {rs.target: write_rows(rs.table, rows.filter(pc.equal(tags, rs.index))) for rs in stages}
 
     @staticmethod
     def _taken(takes: Mapping[str, Take], *, by_topic: bool) -> Column:
@@ -541,17 +542,26 @@ class Routing:
         batch: SourceBatch,
         epoch: int,
         check_lease: Callable[[], None],
+        *,
         deleted_keys: Mapping[str, str] | None = None,
+        files: Mapping[str, WrittenFiles] | None = None,
     ) -> int:
         """Commit each route table's part of `batch`, in order, before the dead letters and the table; the
         rows they added. `deleted_keys`: the deleted keys file each route table's MERGE stored (cdc with
-        sequenceBy; `write`'s result), named by its commit."""
+        sequenceBy; `write`'s result), named by its commit. `files`: the data files the driver wrote for a
+        route table (`write`'s result), landed with its offsets in one catalog commit (`commit_files`);
+        the others land what Spark appended to their branch (`commit_staged_outcome`)."""
         added = 0
         for rs in [*stages, *self.created]:
             part = destination_batch(batch, rs.takes, (deleted_keys or {}).get(rs.target))
-            stage_empty(rs.table, rs.stage.branch, rs.stage.base.snapshot_id)  # a batch that read nothing
+            written = (files or {}).get(rs.target)
+            if written is None:
+                stage_empty(rs.table, rs.stage.branch, rs.stage.base.snapshot_id)  # a batch that read nothing
             check_lease()
-            outcome = commit_staged_outcome(rs.table, rs.stage, part, epoch)
+            if written is None:
+                outcome = commit_staged_outcome(rs.table, rs.stage, part, epoch)
+            else:
+                outcome = commit_files(rs.table, rs.stage, part, epoch, written)
             count_restage(rs.label, outcome)
             added += added_records(rs.table, outcome.snapshot_id)
         return added

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
+    from icefall.commit import WrittenFiles
     from icefall.ingest.avro import BatchWriters, SchemaLookup
     from icefall.ingest.decode import Decoder
     from icefall.ingest.routes import RouteStage
@@ -249,11 +250,12 @@ class BatchWriter:
         sorted_table = bool(self.spec.table.sort_order)
         deleted_keys = None
         routes_deleted_keys: dict[str, str] = {}
+        routes_files: dict[str, WrittenFiles] = {}
         route_bad = 0
         if routing is not None:
 
-            def rows_of(frame: DataFrame) -> DataFrame:
-                return with_every_column(decoders.good.good_rows(frame), self._table_schema)
+            def rows_of(frame: DataFrame, carry: Sequence[str] = ()) -> DataFrame:
+                return with_every_column(decoders.good.good_rows(frame, carry), self._table_schema)
 
             def write_to(rows: DataFrame, to: Destination) -> str | None:
                 if self.spec.key:  # each destination is keyed: its changes MERGEd as the table's are
@@ -267,7 +269,11 @@ class BatchWriter:
 
             main = Destination(target, sorted_table, table, planned.committed.deleted_keys)
             written = routing.write(observed, list(routes), rows_of, write_to, main, read=read)
-            routes_deleted_keys, route_bad = dict(written.deleted_keys), written.bad
+            routes_deleted_keys, route_bad, routes_files = (
+                dict(written.deleted_keys),
+                written.bad,
+                written.files,
+            )
             deleted_keys = routes_deleted_keys.pop(target, None)
         elif self.spec.key:
             rows = with_every_column(decoders.good.good_rows(observed), self._table_schema)
@@ -280,7 +286,11 @@ class BatchWriter:
         if routing is not None:  # unrouted, refused dynamic names, not fitting an own route: dead letters too
             unrouted = routing.letters(int(seen["unrouted"] or 0))
             stats = dataclasses.replace(
-                stats, bad=stats.bad + route_bad, unrouted=unrouted, routes_deleted_keys=routes_deleted_keys
+                stats,
+                bad=stats.bad + route_bad,
+                unrouted=unrouted,
+                routes_deleted_keys=routes_deleted_keys,
+                routes_files=routes_files,
             )
         planned_offsets = sum(r.records for r in planned.ranges)
         if stats.records > planned_offsets:

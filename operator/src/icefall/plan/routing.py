@@ -142,6 +142,20 @@ def destination_takes(
     return takes
 
 
+def same_takes(takes: Iterable[tuple[int, Mapping[str, Take]]]) -> list[tuple[Mapping[str, Take], list[int]]]:
+    """The destinations (`(index, its takes)`) grouped by equal takes, in first-seen order: the driver's
+    one job filters the batch by one condition per group (in the steady state there is one group: every
+    destination takes the whole batch)."""
+    groups: list[tuple[Mapping[str, Take], list[int]]] = []
+    for index, taken in takes:
+        group = next((indexes for seen, indexes in groups if seen == taken), None)
+        if group is None:
+            groups.append((taken, [index]))
+        else:
+            group.append(index)
+    return groups
+
+
 def collected_bytes(records: int, value_bytes: int) -> int:
     """Estimated bytes, in the driver, of a batch's rows collected to Arrow: `records` records holding
     `value_bytes` bytes of Kafka values (the read's observation). Every record counts, whichever table it

@@ -1,0 +1,139 @@
+"""Files the writer holds: a batch's data files made a snapshot and landed on `main` in ONE catalog commit.
+
+`commit_staged` lands the snapshot a writer (Spark) appended to its staging branch: two catalog commits per
+batch, the append and the swap. A writer that writes the batch's data files itself (the driver's route
+tables, `icefall.ingest.arrow_append`) holds them, referenced by no snapshot, and `commit_files` lands
+them in one: a new snapshot N appending exactly those files (none: an empty snapshot, which still moves
+`main`) on `main`'s head, `main` → N, the staging branch → N (where the writer's next batch starts, as
+after `commit_staged`), and the `icefall.*` properties with the batch's offsets, guarded by
+`AssertRefSnapshotId(main, head)` and `AssertRefSnapshotId(branch, the stage's base)`.
+
+The checks are `commit_staged`'s, in its order, on freshly loaded metadata (`protocol._check_head`):
+FencedError, the table's head (StaleHeadError unless it is the stage's base or only maintenance followed
+it: then N goes on top of that maintenance, as a re-stage does), TopicMismatchError, OffsetGapError; then
+StageError unless the branch is still at the stage's base (nothing staged there: a batch is committed
+either way, never both), and MaintenanceConflictError when the table's schema or partition spec is no
+longer the one the files were written with. A refused swap is checked again from fresh metadata (up to
+`MAX_ATTEMPTS`): N is derived again each time, never rebased.
+
+Exactly once (commit/DESIGN.md, "Files the writer holds"): `main` moves only from the head the checks saw,
+to a snapshot whose parent is that head and whose added files are the batch's, in the same metadata commit
+as the offsets; after it `main` is N or a descendant, so the same call again finds `main` moved by an
+append (StaleHeadError) and the branch moved (StageError). Not guaranteed: cleanup of the files of a batch
+that never lands (orphan removal takes them, as it takes a dropped stage's).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    SetPropertiesUpdate,
+)
+
+from icefall.commit.batch import CommitOutcome, SourceBatch, Stage, WrittenFiles, state_after
+from icefall.commit.errors import CommitError, MaintenanceConflictError, StageError
+from icefall.commit.protocol import (
+    MAX_ATTEMPTS,
+    _check_alive,
+    _check_head,
+    _landed,
+    _point_branch,
+    table_name,
+)
+from icefall.commit.pyiceberg_internals import commit_table, new_snapshot
+from icefall.commit.state import MAIN
+from icefall.runtime.failpoints import failpoint
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
+
+log = logging.getLogger(__name__)
+
+
+def commit_files(
+    table: Table, stage: Stage, batch: SourceBatch, epoch: int, written: WrittenFiles
+) -> CommitOutcome:
+    """Land `written` (the batch's data files, or none) and the batch's offsets on `main` in one commit.
+
+    `stage` is the writer's stage of the table (`prepare_stage`), its branch still at its base. Raises what
+    `commit_staged` raises, each meaning nothing was committed; any other exception leaves the outcome to
+    be found out by re-reading the table (it returns normally if the commit did land).
+    """
+    failpoint(f"{stage.role}.after-stage")
+    if epoch < 0:
+        raise ValueError(f"epoch must not be negative, got {epoch}")
+    if stage.staged is not None:
+        raise ValueError(f"{stage.branch}: a stage with a staged snapshot is landed by commit_staged")
+    over: tuple[int, ...] = ()
+    for _ in range(MAX_ATTEMPTS):
+        table.refresh()
+        meta = table.metadata
+        head, over, committed = _check_head(meta, stage, batch, epoch)
+        _check_unstaged(meta, stage, written)
+        snapshot = new_snapshot(table, {}, written.files)  # on `main`'s head in `meta`: its manifests now
+        landed = snapshot.snapshot_id
+        properties = state_after(committed, batch, epoch, snapshot_id=landed).to_properties()
+        updates = (
+            AddSnapshotUpdate(snapshot=snapshot),
+            _point_branch(meta, MAIN, landed),
+            _point_branch(meta, stage.branch, landed),
+            SetPropertiesUpdate(updates=properties),
+        )
+        requirements = (
+            AssertTableUUID(uuid=stage.table_uuid),
+            AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
+            AssertRefSnapshotId(ref=stage.branch, snapshot_id=stage.base.snapshot_id),
+        )
+        failpoint(f"{stage.role}.before-commit")
+        _check_alive(table, stage, None)
+        try:
+            commit_table(table, updates, requirements)
+        except (CommitFailedException, ValueError) as e:
+            # ValueError: the snapshot's sequence number no longer follows the table's (a commit elsewhere
+            # in the table since `meta`), refused while the catalog applied the updates, before any swap.
+            log.info("commit of %s's files refused (%s); checking again", stage.branch, e)
+            continue
+        except Exception:
+            if not _landed(table, landed):
+                raise
+            log.warning("commit of %s's files reported an error but landed", stage.branch)
+        break
+    else:
+        if over:
+            raise MaintenanceConflictError(
+                f"could not land {stage.branch}'s files: maintenance kept committing to main "
+                f"({MAX_ATTEMPTS} attempts)"
+            )
+        raise CommitError(f"could not land {stage.branch}'s files: the table kept changing")
+    if over:
+        log.info(
+            "%s: main had moved by maintenance (%s); files of %s landed on top as %d",
+            table_name(table), ", ".join(map(str, over)), stage.branch, landed,
+        )  # fmt: skip
+    failpoint(f"{stage.role}.after-commit")
+    return CommitOutcome(snapshot_id=landed, restaged_over=over)
+
+
+def _check_unstaged(meta: TableMetadata, stage: Stage, written: WrittenFiles) -> None:
+    """Refuse unless the branch is still at the stage's base and the files fit the table's layout."""
+    ref = meta.refs.get(stage.branch)
+    if ref is None:
+        raise StageError(f"staging branch {stage.branch} does not exist (abandoned, or already committed)")
+    if ref.snapshot_id != stage.base.snapshot_id:
+        raise StageError(
+            f"{stage.branch} is at {ref.snapshot_id}, not at its base {stage.base.snapshot_id}: something "
+            "was staged there, or the files already landed"
+        )
+    if (written.schema_id, written.spec_id) != (meta.current_schema_id, meta.default_spec_id):
+        raise MaintenanceConflictError(
+            f"{stage.branch}: the files were written with schema {written.schema_id} and partition spec "
+            f"{written.spec_id}, the table now has {meta.current_schema_id} and {meta.default_spec_id}; "
+            "writing the batch again"
+        )
