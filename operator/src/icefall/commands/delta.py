@@ -90,6 +90,32 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
         meter.stop()
 
 
+def compact_delta(args: argparse.Namespace, st: Any, leases: Any) -> int:
+    """`icefall compact` of a Delta table on S3 (the compaction pods; `-f` locally): Icefall's own merge and
+    VACUUM (`icefall.compact.delta_pods`), work Leases from `leases`, no Spark and no catalog. A table not
+    on S3 is the `icefall run` upkeep's (Delta's own commands): nothing to do here."""
+    from icefall.commit.delta_storage import is_s3
+    from icefall.compact.delta_pods import DeltaPodRunner
+    from icefall.compact.runner import serve
+    from icefall.plan.delta_maintenance import delta_policy_from_spec
+    from icefall.plan.names import table_leases
+    from icefall.runtime import metrics
+
+    location = st.spec.table.location
+    name = st.metadata.name
+    if location is None or not is_s3(str(location)):
+        print(f"[compact] {name}: a local Delta table's upkeep runs beside its batches in `icefall run`")
+        return 0
+    if not st.spec.compaction.enabled or st.spec.suspend:
+        print(f"[compact] {name}: compaction is disabled or suspended; nothing to do", flush=True)
+        return 0
+    metrics.serve(args.metrics_port, required=bool(args.file))  # a pod: see metrics.serve
+    runner = DeltaPodRunner(
+        str(location), delta_policy_from_spec(st.spec), leases, table_leases=table_leases(st), label=name
+    )
+    return serve(runner, once=args.once, idle_seconds=args.idle_seconds)
+
+
 def delta_maintenance(st: Any, location: str, spark: Any) -> Any:
     """`icefall run`'s upkeep of a Delta table: one item per pause, `spec.compaction.embeddedIntervalSeconds`
     apart, on a thread of its own (`icefall.compact.runner.EmbeddedMaintenance`)."""

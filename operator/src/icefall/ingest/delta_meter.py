@@ -11,9 +11,12 @@
   read once: versions never change, so a reading costs a listing and a GET per new version). A log whose
   early commits log cleanup removed (a checkpoint stands for them) gives none of these three figures
   (zeros), and its state is read as `DeltaLog.snapshot` reads it.
+- The compaction backlog of a table the compaction pods tidy (on S3, `icefall.plan.children.upkeep_in_pods`):
+  the merges of small files due (`icefall.plan.delta_maintenance.delta_backlog`, the pods' own planning),
+  which the operator scales the pods by; none for a table `icefall run` tidies, or while the replay is
+  incomplete.
 - No table-uuid (the report's `tableUuid` is Iceberg's, which `deletionPolicy: Delete` drops by), no
-  dead-letter table uuid, no compaction backlog (no compaction pods run for a Delta table:
-  `icefall.plan.children.upkeep_in_pods`).
+  dead-letter table uuid.
 
 Guarantees and threading are `icefall.ingest.table_meter.Meter`'s: a failed reading never stops ingestion.
 """
@@ -26,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from icefall.ingest.table_meter import MISSING_RETRY_SECONDS, READ_INTERVAL_SECONDS, Meter, TableReading
+from icefall.plan.children import upkeep_in_pods
+from icefall.plan.delta_maintenance import DeltaFile, delta_backlog, delta_policy_from_spec, partition_key
 from icefall.plan.table_status import TableFacts, table_status
 
 if TYPE_CHECKING:
@@ -45,6 +50,7 @@ class LogReplay:
 
     through: int = -1
     files: dict[str, tuple[int, int]] = field(default_factory=dict)
+    partitions: dict[str, str] = field(default_factory=dict)  # path -> partition key, files a merge may read
     last_batch: int | None = None
     complete: bool = True  # False: a commit is missing (log cleanup), the file figures are unknown
     metadata: dict[str, Any] | None = None  # the newest metaData action replayed
@@ -55,8 +61,12 @@ class LogReplay:
                 self.metadata = metadata
             elif (added := action.get("add")) is not None:
                 self.files[added["path"]] = (int(added.get("size") or 0), _records(added.get("stats")))
+                self.partitions.pop(added["path"], None)
+                if not added.get("deletionVector"):
+                    self.partitions[added["path"]] = partition_key(added.get("partitionValues") or {})
             elif (removed := action.get("remove")) is not None:
                 self.files.pop(removed["path"], None)
+                self.partitions.pop(removed["path"], None)
             elif (info := action.get("commitInfo")) is not None and info.get("operation") in BATCH_OPERATIONS:
                 self.last_batch = version
         self.through = version
@@ -107,10 +117,16 @@ def read_delta(log_: DeltaLog, st: StreamingTable, state: LogReplay) -> TableRea
         total_file_bytes=sum(size for size, _ in files),
         records=sum(records for _, records in files),
         snapshots=len(history.commit_file_ms),
+        compaction_backlog=_backlog(st, state) if upkeep_in_pods(st) and state.complete else None,
     )
     return TableReading(
         "", None, table_status(facts), facts.lost_records, facts, ".".join(st.table_identifier)
     )
+
+
+def _backlog(st: StreamingTable, state: LogReplay) -> int:
+    files = [DeltaFile(path, state.files[path][0], key) for path, key in state.partitions.items()]
+    return delta_backlog(files, delta_policy_from_spec(st.spec))
 
 
 class DeltaMeter(Meter):
