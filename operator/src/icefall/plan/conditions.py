@@ -36,7 +36,8 @@ Guarantees:
 - Every condition carries `observedGeneration` = `metadata.generation` and a reason valid for its type.
 - `lastTransitionTime` changes only when a condition's `status` changes (`set_condition`); reason and
   message updates keep it. Conditions of other types are kept as they are, but for a Delta table's
-  Compacting: False, UpkeepNotAvailable (no compaction pods run for it yet).
+  Compacting: on S3 True (Compacting) while the driver measures merges due, False (NoCompactionNeeded) when
+  none, unchanged without a recent measure; elsewhere False, UpkeepNotAvailable (no compaction pods).
 - `should_write_status` writes at once when a condition appears, disappears, flips status or changes
   reason, or when `observedGeneration` changes; figures and messages alone are written at most every
   `min_interval` seconds.
