@@ -176,8 +176,6 @@ def commit_rewrite(
     files: LogFiles,
     removed: Sequence[str],
     added: Sequence[Mapping[str, Any]],
-    *,
-    role: str = "main",
 ) -> int:
     """Commit the swap of `removed` (live paths) for `added` (add actions), on the latest version (module
     doc); the version made. `files` is the replay the merge was planned on, advanced in place.
@@ -207,7 +205,7 @@ def commit_rewrite(
         ]
         made = files.version + 1
         if log.try_commit(made, actions):
-            failpoint(f"{role}.after-rewrite")
+            failpoint("main.after-rewrite")
             return made
     raise MaintenanceConflictError(f"{log.location}: the merge lost {MAX_ATTEMPTS} races in a row")
 
