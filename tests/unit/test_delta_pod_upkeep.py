@@ -8,7 +8,8 @@ within the retention, young unnamed files and hidden folders, and takes the rest
 live files and tombstones, also across a checkpoint; a merge keeps every row once and the Metadata (with
 the offsets) as it was, commits on top of a batch that took its version (re-checked), gives up when its
 input was removed meanwhile, and a batch planned before it commits over it; a table whose protocol uses
-a writer feature the merge does not maintain is refused.
+a writer feature the merge does not maintain is refused; the runner runs one item per round under its work
+Lease and skips one another pod holds; a log path outside the table's folder (`..`, a URI) is never merged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -255,3 +257,29 @@ def test_the_replay_reads_live_files_and_tombstones_across_a_checkpoint(tmp_path
     assert files.live[live["path"]]["partitionValues"] == {"x": "y"}
     assert files.removed == {gone["path"]: 123}
     assert files.configuration["icefall.epoch"] == "1" and files.protocol == protocol
+
+
+def test_the_runner_skips_an_item_another_pod_holds_and_merges_only_files_inside_the_folder(
+    tmp_path: Path,
+) -> None:
+    log = table_with_small_files(tmp_path / "t")
+    names = TableLeases(TableIdentity("", "", "shop", "t"))
+    policy = DeltaPolicy(target_file_size_bytes=2**20, min_files_to_compact=3, retention_ms=7_200_000)
+
+    def leases_of(holder: str) -> Any:
+        return lambda name: FileLease.in_dir(tmp_path / "leases", name, holder, duration_seconds=60)
+
+    runner = DeltaPodRunner(str(tmp_path / "t"), policy, leases_of("pod-1"), table_leases=names, label="t")
+    assert runner.step(10**13).result is not None  # SetRetention
+    other = leases_of("pod-2")(names.work_for("delta-merge/"))
+    other.acquire(timeout=0)
+    try:
+        step = runner.step(10**13)
+        assert step.busy == 1 and step.result is not None and step.result.kind == "Vacuum"
+    finally:
+        other.release()
+    assert len(LogFiles.read(log).live) == 4  # nothing merged while another pod held the partition
+    files = LogFiles.read(log)
+    files.live["../other-table/part-0.parquet"] = {"path": "../other-table/part-0.parquet", "size": 1}
+    files.live["s3://elsewhere/part-0.parquet"] = {"path": "s3://elsewhere/part-0.parquet", "size": 1}
+    assert set(files.mergeable()) == set(LogFiles.read(log).live)

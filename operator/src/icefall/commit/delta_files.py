@@ -118,12 +118,15 @@ class LogFiles:
         self.version = version
 
     def mergeable(self) -> dict[str, dict[str, Any]]:
-        """The live files a merge may read: relative paths (not another location's URI) without a deletion
-        vector (its Parquet still holds the rows the vector deletes)."""
+        """The live files a merge may read: paths inside the table's folder (not another location's URI, no
+        `..`) without a deletion vector (its Parquet still holds the rows the vector deletes)."""
         return {
             path: add
             for path, add in self.live.items()
-            if "://" not in path and not path.startswith("/") and not add.get("deletionVector")
+            if "://" not in path
+            and not path.startswith("/")
+            and ".." not in path.split("/")  # the log is table data: never a file outside the folder
+            and not add.get("deletionVector")
         }
 
     def _apply_checkpoint(self, log: DeltaLog, version: int) -> None:
