@@ -3,14 +3,15 @@ MinIO, while a real writer (Spark, a real Kafka topic) keeps committing (commit/
 for Delta tables on S3").
 
 Proves: merges of small files land between the writer's batches, both ways round — a batch that takes the
-version a merge wanted makes the merge re-check and commit after it; a batch planned before a merge commits
-over it — and with the writer running on a thread of its own; a merge crashed after writing its file
-(`main.mid-rewrite`) leaves the table as it was, one crashed after its commit (`main.after-rewrite`) leaves
-it merged; afterwards every record is in the table exactly once by content, read by delta-rs and by Spark's
-Delta reader (a copy of the table's folder: the image has no hadoop-aws), with fewer files than before, the
-offsets at the topic's end and the Metadata's `icefall.*` keys the writer's; VACUUM past the retention
-deletes the merged-away and crashed merges' files, and no live one; `icefall compact -f` runs the pods'
-loop on it with no Spark.
+version a merge wanted, between the merge's check and its PUT, makes the merge's PUT lose and the merge
+re-check and commit after it (checked: with an unconditional PUT the merge overwrote the batch); a batch
+planned before a merge commits over it — and with the writer running on a thread of its own; a merge
+crashed after writing its file (`main.mid-rewrite`) leaves the table as it was, one crashed after its
+commit (`main.after-rewrite`) leaves it merged; afterwards every record is in the table exactly once by
+content, read by delta-rs and by Spark's Delta reader (a copy of the table's folder: the image has no
+hadoop-aws), with fewer files than before, the offsets at the topic's end and the Metadata's keys the
+writer's; VACUUM past the retention deletes the merged-away and crashed merges' files, and no live one;
+`icefall compact -f` runs the pods' loop on it with no Spark.
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ def test_merges_on_s3_beside_a_committing_writer_keep_every_record_once(
         configuration = dict(log.snapshot().configuration)
         assert pods.step().result.kind == "SetRetention"  # type: ignore[union-attr]
 
-        # A batch takes the version the merge wanted: the merge re-checks its files and commits after it.
+        # A batch takes the version the merge wanted, between the merge's check and its PUT: the PUT loses
+        # (If-None-Match), the merge re-checks its files and commits after the batch.
         produce(kafka, topic, 60, 20)
         wanted = log.latest_version() + 1
-        with failpoints.armed("main.mid-rewrite", lambda _: drain(writer), hit=1):
+        with failpoints.armed("main.before-rewrite-commit", lambda _: drain(writer), hit=1):
             merged = pods.step().result
         assert merged is not None and merged.outcome is Outcome.DONE, merged
         assert merged.snapshot_id is not None and merged.snapshot_id > wanted  # the batches took `wanted`

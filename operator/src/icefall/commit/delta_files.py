@@ -207,6 +207,7 @@ def commit_rewrite(
             *adds,
         ]
         made = files.version + 1
+        failpoint("main.before-rewrite-commit")
         if log.try_commit(made, actions):
             failpoint("main.after-rewrite")
             return made
