@@ -4,12 +4,13 @@
 Proves: the plan packs each partition's small files, smallest first, into merges within the target size
 (a lone file, a big file, a table with too few small files: no merge), asks for the retention first and
 VACUUM once an interval, and keys merges by partition; VACUUM's selection keeps live files, files removed
-within the retention, young unnamed files and hidden folders, and takes the rest; the log replay gives the
-live files and tombstones, also across a checkpoint; a merge keeps every row once and the Metadata (with
-the offsets) as it was, commits on top of a batch that took its version (re-checked), gives up when its
-input was removed meanwhile, and a batch planned before it commits over it; a table whose protocol uses
-a writer feature the merge does not maintain is refused; the runner runs one item per round under its work
-Lease and skips one another pod holds; a log path outside the table's folder (`..`, a URI) is never merged.
+within the retention, young unnamed files, hidden folders and any file named as a kept one, and takes the
+rest; the log replay gives the live files and tombstones, also across a checkpoint; a merge keeps every
+row once and the Metadata (with the offsets) as it was, commits on top of a batch that took its version
+(re-checked), gives up when its input was removed meanwhile, and a batch planned before it commits over
+it; a table whose protocol uses a writer feature the merge does not maintain is refused; the runner runs
+one item per round under its work Lease and skips one another pod holds; a log path outside the table's
+folder (`..`, encoded or not, a URI) is never merged.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def test_vacuum_takes_only_files_no_version_within_the_retention_names_and_older
         "_icefall_staging/x/part-0.parquet": old,
         "d=a/.part-1.crc": old,
         "_p=1/old.parquet": old,  # a partition column starting with _
+        "d=a%3Ab/live.parquet": old,  # the live file's name under a folder the log spells otherwise
     }
     removed = {"removed-long-ago.parquet": cutoff - 5, "removed-lately.parquet": cutoff}
     doomed = vacuum_deletions(listed, ["live.parquet"], removed, cutoff_ms=cutoff, partition_columns=["_p"])
@@ -281,5 +283,6 @@ def test_the_runner_skips_an_item_another_pod_holds_and_merges_only_files_inside
     assert len(LogFiles.read(log).live) == 4  # nothing merged while another pod held the partition
     files = LogFiles.read(log)
     files.live["../other-table/part-0.parquet"] = {"path": "../other-table/part-0.parquet", "size": 1}
+    files.live["%2E%2E/other/part-1.parquet"] = {"path": "%2E%2E/other/part-1.parquet", "size": 1}
     files.live["s3://elsewhere/part-0.parquet"] = {"path": "s3://elsewhere/part-0.parquet", "size": 1}
     assert set(files.mergeable()) == set(LogFiles.read(log).live)

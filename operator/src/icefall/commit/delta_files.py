@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from icefall.commit.delta import MAX_ATTEMPTS, DeltaLog, _commit_info
 from icefall.commit.errors import CorruptStateError, MaintenanceConflictError, StaleHeadError
@@ -125,7 +126,7 @@ class LogFiles:
             for path, add in self.live.items()
             if "://" not in path
             and not path.startswith("/")
-            and ".." not in path.split("/")  # the log is table data: never a file outside the folder
+            and ".." not in unquote(path).split("/")  # the log is table data: no file outside the folder
             and not add.get("deletionVector")
         }
 

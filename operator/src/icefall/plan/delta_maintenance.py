@@ -273,12 +273,19 @@ def vacuum_deletions(
     modified before `cutoff_ms` (a batch's files are in the folder, in no log entry, until its commit; so
     are a merge's between its write and its commit). Hidden folders and files (a name starting with `_`
     or `.`: `_delta_log`, `_icefall_staging`) are never touched, but for a partition folder `_col=value`
-    of a partition column. Paths of `live` and `removed` are decoded alike by the caller."""
+    of a partition column. Paths of `live` and `removed` are decoded alike by the caller. A listed file
+    whose name (its last segment) is that of a kept file is kept too, whatever its folder: data file names
+    are unique, so this only ever spares a file — a path the log encodes in a way the decoding missed
+    would otherwise look unnamed, and deleting a live file loses rows."""
     kept = set(live) | {path for path, deleted_ms in removed.items() if deleted_ms >= cutoff_ms}
+    kept_names = {path.rpartition("/")[2] for path in kept}
     doomed = [
         path
         for path, modified_ms in listed.items()
-        if path not in kept and modified_ms < cutoff_ms and not _hidden(path, partition_columns)
+        if path not in kept
+        and path.rpartition("/")[2] not in kept_names
+        and modified_ms < cutoff_ms
+        and not _hidden(path, partition_columns)
     ]
     return tuple(sorted(doomed))
 
