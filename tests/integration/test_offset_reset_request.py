@@ -32,6 +32,7 @@ from icefall.api import ConditionReason, streaming_table_from_object
 from icefall.catalog import CatalogConfig
 from icefall.catalog.tables import ensure_tables
 from icefall.commands.reset_request import apply_reset_request
+from icefall.commands.table import iceberg_target
 from icefall.commit import read_committed
 from icefall.commit.state import OFFSET_RESETS, CommittedState
 from icefall.controller import reconcile
@@ -166,7 +167,7 @@ def test_the_driver_applies_a_request_once_and_says_so_in_an_event(
     def driver_start(request: ResetRequest) -> str | None:
         kube.patch_annotations(NAMESPACE, "ahead", {ANNOTATION_RESET_OFFSETS: request.to_annotation()})
         st = streaming_table_from_object(current(api, "ahead"))
-        return apply_reset_request(st, catalog, kube, now=now, say=said.append)
+        return apply_reset_request(st, iceberg_target(st, catalog), kube, now=now, say=said.append)
 
     request = ResetRequest("earliest", now.replace(microsecond=0))
     assert driver_start(request) == "reset"

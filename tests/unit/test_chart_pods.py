@@ -151,6 +151,7 @@ def chart_env(values: dict[str, Any]) -> dict[str, str]:
         "ICEFALL_HOST_NETWORK_PORTS": f"{int(ports['first'])}-{int(ports['last'])}",
         "ICEFALL_NETWORK_POLICY": str(values["networkPolicy"]["enabled"]).lower(),
         "ICEFALL_METRICS_NAMESPACE": values["networkPolicy"]["metricsNamespace"],
+        "ICEFALL_ALLOW_NODE_IDENTITY": str(values["cloudIdentity"]["allowNodeIdentity"]).lower(),
     }
 
 

@@ -42,6 +42,26 @@ def st(name: str, *, table: str = "orders", namespace: str = "shop", catalog: st
     return StreamingTable.model_validate(body)
 
 
+def delta(name: str, location: str, *, table: str = "orders", namespace: str = "shop") -> StreamingTable:
+    body: dict[str, Any] = {
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"bootstrapServers": "kafka:9092", "topic": "orders"},
+            "format": {"schema": [{"name": "id", "type": "long"}]},
+            "table": {"format": "delta", "namespace": namespace, "name": table, "location": location},
+        },
+    }
+    return StreamingTable.model_validate(body)
+
+
+def test_a_delta_tables_identity_is_its_folder_whatever_the_table_is_named() -> None:
+    one = table_identity(delta("a", "s3://lake/tables/orders"))
+    assert one == table_identity(delta("b", "s3a://lake/tables/orders/", table="other", namespace="x"))
+    assert one != table_identity(delta("a", "s3://lake/tables/orders-eu"))
+    assert one != table_identity(delta("a", "s3://lake/other/orders"))
+    assert one != table_identity(st("a"))  # an Iceberg table of the same name is another table
+
+
 def test_identity_is_catalog_namespace_and_table_case_insensitively() -> None:
     assert table_identity(st("a")) == table_identity(st("b", table="ORDERS", catalog="Lake"))
     assert table_identity(st("a")) != table_identity(st("a", table="payments"))

@@ -25,6 +25,7 @@ from icefall.api.pods import reserved_env
 from icefall.plan import pods
 from icefall.plan.children import Children, desired_children
 from icefall.plan.env import ENV_SPARK_CONF
+from icefall.plan.purge import purge_job
 from icefall.plan.settings import OperatorSettings
 from icefall.plan.spark_conf import BLOCK_MANAGER_PORT, DRIVER_PORT, EXECUTOR_TEMPLATE_KEY
 from icefall.plan.workloads import POD_METRICS_PORT, pod_plans
@@ -313,6 +314,30 @@ def test_every_env_var_the_operator_sets_is_refused_in_a_template() -> None:
     }
     assert {"ICEFALL_SPARK_CONF", "ICEFALL_KAFKA_PASSWORD", "ICEFALL_CATALOG_CREDENTIAL"} <= names
     assert all(reserved_env(name) for name in names), sorted(n for n in names if not reserved_env(n))
+
+
+def node_identity_values(children: Children, st: StreamingTable, settings: OperatorSettings) -> list[Any]:
+    """AWS_EC2_METADATA_DISABLED in the driver, executor, compaction and purge pods (None: not set)."""
+    job = purge_job(
+        st, namespace="shop", uid=UID, image="img:1", settings=settings, table_uuid="u",
+        dead_letter_table_uuid=None, active_seconds=60,
+    )  # fmt: skip
+    specs = [*pod_specs(children).values(), job["spec"]["template"]["spec"]]
+    return [
+        {e["name"]: e.get("value") for e in spec["containers"][0].get("env", [])}.get(
+            "AWS_EC2_METADATA_DISABLED"
+        )
+        for spec in specs
+    ]
+
+
+def test_no_table_pod_may_borrow_the_nodes_aws_role_unless_the_operator_allows_it() -> None:
+    st = table()
+    assert node_identity_values(render(st), st, OperatorSettings()) == ["true"] * 4
+    allowed = OperatorSettings.from_environ({"ICEFALL_ALLOW_NODE_IDENTITY": "true"})
+    assert node_identity_values(render(st, allowed), st, allowed) == [None] * 4
+    with pytest.raises(ValueError, match="AWS_EC2_METADATA_DISABLED"):  # a table cannot turn it back on
+        template(env=[{"name": "AWS_EC2_METADATA_DISABLED", "value": "false"}])
 
 
 # --- host network ---------------------------------------------------------------------------------------

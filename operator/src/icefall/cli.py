@@ -117,8 +117,10 @@ def _ingest(args: argparse.Namespace) -> int:
     if not at_start.retrying(catalog.pyiceberg, stop.is_set):
         return 1
     from icefall.commands.reset_request import apply_reset_request
+    from icefall.commands.table import iceberg_target
 
-    apply_reset_request(st, catalog.pyiceberg(), Kube(api), now=datetime.now(UTC))  # before the first batch
+    target = iceberg_target(st, catalog.pyiceberg())
+    apply_reset_request(st, target, Kube(api), now=datetime.now(UTC))  # before the first batch
     print(
         f"[ingest] {st.metadata.name}: "
         f"{', '.join(st.spec.source.topic_names) or st.spec.source.topics_text} -> "

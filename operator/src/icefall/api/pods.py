@@ -43,8 +43,9 @@ from icefall.api.base import (
     ProblemCollector,
 )
 
-#: Env vars the operator sets in its pods, and the prefixes of the ones it derives from the spec.
-RESERVED_ENV_NAMES = ("ICEFALL_SPARK_CONF", "HOME")
+#: Env vars the operator sets in its pods (`AWS_EC2_METADATA_DISABLED`: `icefall.plan.env.NODE_IDENTITY_OFF`),
+#: and the prefixes of the ones it derives from the spec.
+RESERVED_ENV_NAMES = ("ICEFALL_SPARK_CONF", "HOME", "AWS_EC2_METADATA_DISABLED")
 RESERVED_ENV_PREFIXES = ("ICEFALL_POD_", "ICEFALL_KAFKA_", "ICEFALL_CATALOG_", "ICEFALL_REGISTRY_")
 #: Volumes the operator (and Spark, `spark-*`) adds, and where it mounts them (`/opt/spark/conf`: Spark's
 #: own executor configuration).

@@ -118,3 +118,13 @@ def unreachable_is_one_line(st: Any, catalog: Any) -> Iterator[None]:
             raise
         describe = outages_for(st, catalog).describe(found)
         raise SystemExit(f"icefall: {describe} ({found.reason})") from None
+
+
+def delta_location(st: Any, state: Any) -> str:
+    """`spec.table.location`, else the embedded warehouse in `state` plus namespace/table."""
+    from icefall.ingest.delta_sink import default_location
+
+    table = st.spec.table
+    if table.location is not None:
+        return str(table.location)
+    return default_location(state / "warehouse", table.namespace, st.table_identifier[-1])

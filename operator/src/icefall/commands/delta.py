@@ -12,9 +12,11 @@ commit Lease a Kubernetes Lease, and the status report's figures come from the D
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from typing import Any
 
 from icefall.api import TableFormat
+from icefall.commands.common import delta_location
 from icefall.commands.run import commit_lease, stop_on_signals
 
 
@@ -64,15 +66,17 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
     `spec.table.location` with the commit Lease as a Kubernetes Lease held under the pod's name, the pod's
     Spark conf in a Delta table's session, and the report into the StreamingTable's status (lag and
     freshness per batch, the table's figures from its log, the merges due as the compaction backlog). The
-    upkeep is the compaction pods' (`compact_delta`). An offset reset request is not applied: the operator
-    holds the driver on one (`plan.children`)."""
+    upkeep is the compaction pods' (`compact_delta`). An offset reset request is applied before the first
+    batch (`commands.reset_request`)."""
     from icefall.commands.common import pod_holder, pod_spark
+    from icefall.commands.reset_request import apply_reset_request
     from icefall.commands.run import ingest_delta_until_stopped
+    from icefall.commands.table import delta_target
     from icefall.commit.kube_lease import KubernetesLease
     from icefall.controller.kube import Kube
     from icefall.ingest.delta_meter import DeltaMeter
     from icefall.ingest.writer_status import WriterStatusReporter
-    from icefall.plan.names import ANNOTATION_RESET_OFFSETS, table_leases
+    from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import DEFAULT_MASTER
     from icefall.runtime import metrics
 
@@ -80,8 +84,7 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
     stop = stop_on_signals()
     meter = DeltaMeter(st, location)
     report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
-    if st.metadata.annotations.get(ANNOTATION_RESET_OFFSETS):
-        print(f"[ingest] {ANNOTATION_RESET_OFFSETS}: not applied (no offset resets of a Delta table yet)")
+    apply_reset_request(st, delta_target(st, location), Kube(api), now=datetime.now(UTC))
     print(
         f"[ingest] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> delta table {location}",
         flush=True,
@@ -158,16 +161,6 @@ def delta_pod_maintenance(st: Any, location: str, state: Any) -> Any:
         interval_seconds=st.spec.compaction.embedded_interval_seconds,
         freshness_target_seconds=st.spec.freshness.target_seconds,
     )
-
-
-def delta_location(st: Any, state: Any) -> str:
-    """`spec.table.location`, else the embedded warehouse in `state` plus namespace/table."""
-    from icefall.ingest.delta_sink import default_location
-
-    table = st.spec.table
-    if table.location is not None:
-        return str(table.location)
-    return default_location(state / "warehouse", table.namespace, st.table_identifier[-1])
 
 
 def verify_delta_table(st: Any, state: Any, *, ingesting: bool = False, spark: Any = None) -> Any:

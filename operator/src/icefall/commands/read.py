@@ -60,7 +60,7 @@ def _read_delta(args: argparse.Namespace, st: Any, as_of: Any) -> int:
     """`read_rows` of a Delta table (`icefall.ingest.delta_read`): its newest version, or `--snapshot`'s
     version, or the one committed at or before `--as-of`, plus the topic."""
     from icefall.api import TableFormat
-    from icefall.commands.delta import delta_location
+    from icefall.commands.common import delta_location
     from icefall.ingest.delta_read import delta_union_read, delta_version
     from icefall.ingest.union_read import ReadError
     from icefall.plan.spark_conf import tool_conf

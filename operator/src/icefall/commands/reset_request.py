@@ -15,7 +15,8 @@ Not guaranteed: that the Event is sent (a driver that stops right after the comm
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +25,6 @@ from icefall.plan.names import ANNOTATION_RESET_OFFSETS
 from icefall.plan.offset_reset import FIELD, ResetRequest, ResetRequestError, parse_reset_request
 
 if TYPE_CHECKING:
-    from pyiceberg.catalog import Catalog
-
     from icefall.api import StreamingTable
     from icefall.controller.kube import Kube
 
@@ -73,17 +72,27 @@ def _api_client() -> Any:
     return ApiClient()
 
 
+@dataclass(frozen=True)
+class ResetTarget:
+    """The table a request resets, in either format: its `icefall.*` properties (None: no table yet) and
+    its reset (`to`, the request's id) → whether it reset, and what to say (`commands.table.iceberg_target`,
+    `commands.table.delta_target`)."""
+
+    properties: Callable[[], Mapping[str, str] | None]
+    reset: Callable[[str, str], tuple[bool, str]]
+
+
 def apply_reset_request(
     st: StreamingTable,
-    catalog: Catalog,
+    target: ResetTarget,
     kube: Kube,
     *,
     now: datetime,
     say: Callable[[str], None] = print,
 ) -> str | None:
-    """Apply the StreamingTable's reset request if it has one not applied yet (module docstring). The
-    outcome, for the log and tests: None (no request), malformed, expired, done-before, reset, refused."""
-    from icefall.commands.table import reset_table
+    """Apply the StreamingTable's reset request to `target` (its table) if it has one not applied yet (module
+    docstring). The outcome, for the log and tests: None (no request), malformed, expired, done-before,
+    reset, refused."""
     from icefall.commit.state import reset_recorded
 
     try:
@@ -100,11 +109,12 @@ def apply_reset_request(
         )
         _report(kube, st, say, EventReason.OFFSET_RESET_REFUSED, message, warning=True)
         return "expired"
-    if catalog.table_exists(st.table_identifier):
-        if reset_recorded(catalog.load_table(st.table_identifier).properties, request.id):
+    properties = target.properties()
+    if properties is not None:
+        if reset_recorded(properties, request.id):
             say(f"[reset] the offset reset request of {request.id} was applied already")
             return "done-before"
-        done, message = reset_table(st, catalog, request.to, request=request.id)
+        done, message = target.reset(request.to, request.id)
     else:
         done, message = False, "nothing to reset: the table does not exist yet"
     reason = EventReason.OFFSETS_RESET if done else EventReason.OFFSET_RESET_REFUSED

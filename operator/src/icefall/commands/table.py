@@ -11,14 +11,22 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from icefall.commands.common import catalog_for, load_table, state_dir, unreachable_is_one_line
+from icefall.commands.common import (
+    catalog_for,
+    delta_location,
+    load_table,
+    state_dir,
+    unreachable_is_one_line,
+)
 
 if TYPE_CHECKING:
     from icefall.api import StreamingTable
     from icefall.api.source import KafkaSource
+    from icefall.commands.reset_request import ResetTarget
+    from icefall.commit.state import OffsetReset
     from icefall.kafka.admin import TopicView
 
 
@@ -195,24 +203,48 @@ def reset_offsets(args: argparse.Namespace) -> int:
     if not args.file:
         raise SystemExit("give -f <manifest>, or --namespace and --name of a StreamingTable in a cluster")
     st = load_table(args)
-    catalog = catalog_for(st, state_dir(args)).pyiceberg()
-    done, message = reset_table(st, catalog, args.to)
+    if st.spec.table.format.value == "delta":  # at its location, without a catalog
+        done, message = reset_delta_table(st, delta_location(st, state_dir(args)), args.to)
+    else:
+        done, message = reset_table(st, catalog_for(st, state_dir(args)).pyiceberg(), args.to)
     print(message)
     return 0 if done else 1
 
 
 def reset_table(st: Any, catalog: Any, to: str, *, request: str | None = None) -> tuple[bool, str]:
-    """Reset the committed offsets of `st`'s table (and first its dead-letter table) to the topic's `to`
-    (earliest | latest) offsets, if the topic was recreated or truncated below them; else nothing; in a
-    table of several topics, each topic that was. Whether it reset, and what to say. `request`: the cluster
-    request's id, recorded with the reset (a request recorded already is not applied again:
-    `commit.reset_offsets`)."""
+    """Reset the committed offsets of `st`'s Iceberg table (and first its route and dead-letter tables) to
+    the topic's `to` (earliest | latest) offsets, if the topic was recreated or truncated below them
+    (`reset_topics`). Whether it reset, and what to say. `request`: the cluster request's id, recorded with
+    the reset (a request recorded already is not applied again: `commit.reset_offsets`)."""
     from icefall.commit import read_committed
-    from icefall.commit.batch import held_of
-    from icefall.plan.offsets import resolve_positions, source_change
 
     table = catalog.load_table(st.table_identifier)
-    committed = read_committed(table)
+    return reset_topics(
+        st, read_committed(table), to, lambda asked: _reset_both(st, catalog, table, asked), request=request
+    )
+
+
+def iceberg_target(st: StreamingTable, catalog: Any) -> ResetTarget:
+    """The Iceberg table of `st` as the target of a cluster's reset request (`commands.reset_request`)."""
+    from icefall.commands.reset_request import ResetTarget
+
+    def properties() -> Mapping[str, str] | None:
+        exists = catalog.table_exists(st.table_identifier)
+        return catalog.load_table(st.table_identifier).properties if exists else None
+
+    return ResetTarget(properties, lambda to, request: reset_table(st, catalog, to, request=request))
+
+
+def reset_topics(
+    st: Any, committed: Any, to: str, reset: Callable[[OffsetReset], None], *, request: str | None = None
+) -> tuple[bool, str]:
+    """`reset(asked)` for each topic of `st` that was recreated or truncated below the `committed` offsets,
+    to its `to` (earliest | latest) offsets; in a table of several topics, each topic that was. Whether
+    any was reset, and what to say. Both formats' `reset-offsets` (`reset_table`, `reset_delta_table`)."""
+    from icefall.commit.batch import held_of
+    from icefall.commit.state import OffsetReset
+    from icefall.plan.offsets import resolve_positions, source_change
+
     source = st.spec.source
     name = ".".join(st.table_identifier)
     said: list[str] = []
@@ -225,7 +257,7 @@ def reset_table(st: Any, catalog: Any, to: str, *, request: str | None = None) -
         reason = "topic-recreated" if held.topic_id not in (None, topic_id) else "offsets-ahead"
         offsets = {p: (low if to == "earliest" else high) for p, (low, high) in marks.items()}
         of_topic = topic if committed.topics is not None else None
-        _reset_both(st, catalog, table, of_topic, (topic_id, offsets, reason), request)
+        reset(OffsetReset(topic_id, offsets, reason, int(time.time() * 1000), of_topic, request))
         said.append(
             f"[reset] {problem.split(';')[0]}\n"
             f"[reset] {name} now follows topic id {topic_id} from its {to} offsets {offsets}; recorded in "
@@ -240,37 +272,64 @@ def reset_table(st: Any, catalog: Any, to: str, *, request: str | None = None) -
     return True, "\n".join(said)
 
 
-def _reset_both(  # noqa: PLR0917 (one topic's reset, of both tables)
-    st: Any,
-    catalog: Any,
-    table: Any,
-    topic: str | None,
-    reset: tuple[str, Mapping[int, int], str],
-    request: str | None,
-) -> None:
-    """Reset `topic` (None: the table's one topic) to `reset` (topic id, offsets, reason) in the route tables
-    (`spec.routes`, and the tables `spec.dynamicRoute` made) and the dead-letter table first, then in the
-    table: the others are never left behind the table (a route table behind it stops the writer; the
-    dead-letter table's rows past the new offsets would be taken for leftovers of a failed batch and
-    deleted). A request already recorded in a table is not applied to it again, so a reset stopped half-way
-    is finished by running it again."""
+def _reset_both(st: Any, catalog: Any, table: Any, asked: OffsetReset) -> None:
+    """Reset `asked.topic` (None: the table's one topic) in the route tables (`spec.routes`, and the tables
+    `spec.dynamicRoute` made) and the dead-letter table first, then in the table: the others are never left
+    behind the table (a route table behind it stops the writer; the dead-letter table's rows past the new
+    offsets would be taken for leftovers of a failed batch and deleted). A request already recorded in a
+    table is not applied to it again, so a reset stopped half-way is finished by running it again."""
     from icefall.catalog.tables import dynamic_route_identifiers
     from icefall.commit import read_committed, reset_offsets
     from icefall.commit.batch import held_of
 
-    topic_id, offsets, reason = reset
-    now_ms = int(time.time() * 1000)
+    def apply(target: Any) -> None:
+        reset_offsets(
+            target, topic_id=asked.topic_id, offsets=asked.offsets, reason=asked.reason, now_ms=asked.now_ms,
+            request=asked.request, topic=asked.topic,
+        )  # fmt: skip
+
     dead_letter = st.dead_letter_identifier
     dynamic = dynamic_route_identifiers(catalog, st)
     for other in [*st.route_identifiers, *dynamic, *([dead_letter] if dead_letter else [])]:
         if catalog.table_exists(other):
             loaded = catalog.load_table(other)
-            if not held_of(read_committed(loaded), topic or "").offsets:
-                continue
-            reset_offsets(
-                loaded, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request,
-                topic=topic,
-            )  # fmt: skip
-    reset_offsets(
-        table, topic_id=topic_id, offsets=offsets, reason=reason, now_ms=now_ms, request=request, topic=topic
-    )
+            if held_of(read_committed(loaded), asked.topic or "").offsets:
+                apply(loaded)
+    apply(table)
+
+
+def delta_target(st: Any, location: str) -> Any:
+    """The Delta table at `location` as the target of a cluster's reset request (`commands.reset_request`)."""
+    from icefall.commands.reset_request import ResetTarget
+    from icefall.commit.delta import DeltaLog
+
+    def properties() -> Any:
+        snapshot = DeltaLog(location).snapshot()
+        return snapshot.configuration if snapshot.exists else None
+
+    return ResetTarget(properties, lambda to, request: reset_delta_table(st, location, to, request=request))
+
+
+def reset_delta_table(st: Any, location: str, to: str, *, request: str | None = None) -> tuple[bool, str]:
+    """`icefall reset-offsets` of the Delta table at `location`: each topic recreated or truncated below its
+    committed offsets (`reset_topics`) is reset in the dead-letter table first (if it holds
+    offsets of it: it is never left behind the table), then in the table, each by one metadata-only version
+    (`commit.delta.reset_offsets`). Whether it reset, and what to say."""
+    from icefall.commit.batch import held_of
+    from icefall.commit.delta import DeltaLog, reset_offsets
+    from icefall.ingest.delta_dead_letters import dead_letter_location
+
+    log = DeltaLog(location)
+    snapshot = log.snapshot()
+    if not snapshot.exists:
+        return False, f"nothing to reset: there is no Delta table at {location} yet"
+    dead = dead_letter_location(st, location)
+
+    def reset(asked: Any) -> None:
+        if dead is not None:
+            dead_log = DeltaLog(dead)
+            if held_of(dead_log.snapshot().committed, asked.topic or "").offsets:
+                reset_offsets(dead_log, asked)
+        reset_offsets(log, asked)
+
+    return reset_topics(st, snapshot.committed, to, reset, request=request)

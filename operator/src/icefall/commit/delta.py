@@ -39,7 +39,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -50,7 +50,13 @@ from icefall.commit.delta_history import DeltaHistory
 from icefall.commit.delta_storage import is_s3, local_path, storage_for
 from icefall.commit.errors import CorruptStateError, FencedError, MaintenanceConflictError, StaleHeadError
 from icefall.commit.protocol import _check_source
-from icefall.commit.state import CommittedState, state_from_properties
+from icefall.commit.state import (
+    OFFSET_RESETS,
+    CommittedState,
+    OffsetReset,
+    planned_reset,
+    state_from_properties,
+)
 from icefall.runtime.failpoints import failpoint
 
 LOG_DIR = "_delta_log"
@@ -295,10 +301,15 @@ def _commit_info(operation: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _with_state(metadata: Mapping[str, Any], state: CommittedState) -> dict[str, Any]:
-    """`metadata` with its `icefall.*` configuration replaced by `state`'s; other keys are kept."""
-    kept = {k: v for k, v in (metadata.get("configuration") or {}).items() if not k.startswith(PREFIX)}
-    return {"metaData": {**metadata, "configuration": {**kept, **state.to_properties()}}}
+def _with_state(
+    metadata: Mapping[str, Any], state: CommittedState, history: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """`metadata` with its `icefall.*` configuration replaced by `state`'s; other keys are kept, and so is
+    the record of offset resets (`OFFSET_RESETS`: a history every commit carries forward) unless `history`
+    gives a new one."""
+    configuration = metadata.get("configuration") or {}
+    kept = {k: v for k, v in configuration.items() if not k.startswith(PREFIX) or k == OFFSET_RESETS}
+    return {"metaData": {**metadata, "configuration": {**kept, **state.to_properties(), **(history or {})}}}
 
 
 def create_table(
@@ -350,8 +361,6 @@ def claim_epoch(log: DeltaLog, epoch: int, *, role: str = "main") -> DeltaSnapsh
             )
         if epoch == committed.epoch:
             return current
-        from dataclasses import replace
-
         assert current.metadata is not None
         actions = [
             _commit_info(
@@ -363,6 +372,33 @@ def claim_epoch(log: DeltaLog, epoch: int, *, role: str = "main") -> DeltaSnapsh
             failpoint(f"{role}.after-claim")
             return log.snapshot()
     raise MaintenanceConflictError(f"{log.location}: the epoch claim lost {MAX_ATTEMPTS} races in a row")
+
+
+def reset_offsets(log: DeltaLog, asked: OffsetReset) -> CommittedState:
+    """Point the committed offsets at `asked`'s (`icefall reset-offsets`; `commit.direct.reset_offsets` is the
+    Iceberg table's): ONE metadata-only version carries the new `icefall.*` state and the reset appended to
+    `icefall.offset-resets` (`commit.state.planned_reset`). A batch planned before it is StaleHeadError at its
+    commit (the offsets changed) and is planned again from here; the epoch is kept; rows stay. A request
+    recorded already commits nothing. Returns the state after it."""
+    for _ in range(MAX_ATTEMPTS):
+        current = log.snapshot()
+        if current.metadata is None:
+            raise CorruptStateError(f"{log.location}: no Delta table to reset")
+        planned = planned_reset(current.committed, current.configuration, asked, log.location)
+        if planned is None:
+            return current.committed
+        reset, properties = planned
+        actions = [
+            _commit_info(
+                "SET TBLPROPERTIES",
+                operationParameters={"properties": json.dumps(properties)},
+                userMetadata=json.dumps({"icefall.offset-reset": asked.reason}),
+            ),
+            _with_state(current.metadata, reset, {OFFSET_RESETS: properties[OFFSET_RESETS]}),
+        ]
+        if log.try_commit(current.version + 1, actions):
+            return replace(reset, snapshot_id=current.version + 1)
+    raise MaintenanceConflictError(f"{log.location}: the offset reset lost {MAX_ATTEMPTS} races in a row")
 
 
 def set_properties(log: DeltaLog, properties: Mapping[str, str]) -> int | None:

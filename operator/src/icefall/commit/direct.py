@@ -21,10 +21,9 @@ Not guaranteed: progress under contention (each gives up after `MAX_ATTEMPTS` re
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
@@ -54,11 +53,10 @@ from icefall.commit.pyiceberg_internals import (
 )
 from icefall.commit.state import (
     MAIN,
-    OFFSET_RESETS,
     SCHEMA_CHANGES,
     CommittedState,
-    TopicState,
-    reset_recorded,
+    OffsetReset,
+    planned_reset,
     schema_change_at,
     state_of,
     with_schema_change,
@@ -73,7 +71,6 @@ if TYPE_CHECKING:
 
     from icefall.catalog.evolution import Evolution
 
-MAX_RESETS_KEPT = 20
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +222,7 @@ def reset_offsets(
     (another driver's commit landed first) commits nothing and returns the state as it is: a request is
     applied once.
     """
-    asked = _Reset(topic_id, offsets, reason, now_ms, topic, request)
+    asked = OffsetReset(topic_id, offsets, reason, now_ms, topic, request)
     return _until_committed(
         table,
         lambda meta: _reset_once(table, meta, asked),
@@ -233,50 +230,12 @@ def reset_offsets(
     )
 
 
-@dataclass(frozen=True)
-class _Reset:
-    topic_id: str
-    offsets: Mapping[int, int]
-    reason: str
-    now_ms: int
-    topic: str | None
-    request: str | None
-
-
-def _reset_once(table: Table, meta: TableMetadata, asked: _Reset) -> CommittedState | None:
+def _reset_once(table: Table, meta: TableMetadata, asked: OffsetReset) -> CommittedState | None:
     committed = state_of(meta)
-    by_topic = committed.topics is not None
-    if by_topic != (asked.topic is not None):
-        need = "name one of its topics" if by_topic else "name no topic: it has one"
-        raise ValueError(f"{table_name(table)}: a reset of its offsets must {need}")
-    held = held_of(committed, asked.topic or "")
-    if not held.offsets:
-        raise ValueError(f"{table_name(table)} has no committed offsets: there is nothing to reset")
-    if asked.request is not None and reset_recorded(meta.properties, asked.request, asked.topic):
+    planned = planned_reset(committed, meta.properties, asked, table_name(table))
+    if planned is None:
         return committed
-    entry: dict[str, object] = {
-        "time_ms": asked.now_ms,
-        "reason": asked.reason,
-        "from_topic_id": held.topic_id,
-        "to_topic_id": asked.topic_id,
-        "from_offsets": {str(p): o for p, o in sorted(held.offsets.items())},
-        "to_offsets": {str(p): o for p, o in sorted(asked.offsets.items())},
-    }
-    if asked.request is not None:
-        entry["request"] = asked.request
-    new = TopicState(asked.topic_id, dict(asked.offsets), dict(asked.offsets))
-    if asked.topic is None:
-        reset = replace(
-            committed, topic_id=new.topic_id, offsets=new.offsets, start_offsets=new.start_offsets
-        )
-    else:
-        entry["topic"] = asked.topic
-        reset = committed.with_topics({**committed.by_topic(), asked.topic: new}, by_topic=True)
-    history = [*json.loads(meta.properties.get(OFFSET_RESETS, "[]")), entry]
-    properties = {
-        **reset.to_properties(),
-        OFFSET_RESETS: json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":")),
-    }
+    reset, properties = planned
     # an empty snapshot: the properties ride on a commit that moves main
     summary = {RESET_PROPERTY: asked.reason}
     if asked.topic is not None:

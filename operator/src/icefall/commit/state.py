@@ -326,6 +326,62 @@ def with_schema_change(properties: Mapping[str, str], change: SchemaChange) -> s
     return json.dumps(entries, separators=(",", ":"))
 
 
+MAX_RESETS_KEPT = 20
+
+
+@dataclass(frozen=True)
+class OffsetReset:
+    """An offset reset a user asked for (`icefall reset-offsets`): the topic's new id and offsets, why, when,
+    which topic of a table of several (None: its one topic), and the cluster request it applies (if any)."""
+
+    topic_id: str
+    offsets: Mapping[int, int]
+    reason: str
+    now_ms: int
+    topic: str | None = None
+    request: str | None = None
+
+
+def planned_reset(
+    committed: CommittedState, properties: Mapping[str, str], asked: OffsetReset, name: str
+) -> tuple[CommittedState, dict[str, str]] | None:
+    """The state after `asked` and the `icefall.*` properties that say it (`OFFSET_RESETS` with the reset
+    appended, the newest `MAX_RESETS_KEPT` kept), for a table `name` whose state is `committed` and whose
+    properties are `properties`; None when its request is recorded already (a request is applied once).
+    The epoch is kept. ValueError: the table has no committed offsets of that topic, or `asked.topic` does
+    not fit the table's form. Pure: both formats' commits use it (`commit.direct`, `commit.delta`)."""
+    by_topic = committed.topics is not None
+    if by_topic != (asked.topic is not None):
+        need = "name one of its topics" if by_topic else "name no topic: it has one"
+        raise ValueError(f"{name}: a reset of its offsets must {need}")
+    held = committed.of_topic(asked.topic) if asked.topic is not None else committed
+    if not held.offsets:
+        raise ValueError(f"{name} has no committed offsets: there is nothing to reset")
+    if asked.request is not None and reset_recorded(properties, asked.request, asked.topic):
+        return None
+    entry: dict[str, object] = {
+        "time_ms": asked.now_ms,
+        "reason": asked.reason,
+        "from_topic_id": held.topic_id,
+        "to_topic_id": asked.topic_id,
+        "from_offsets": {str(p): o for p, o in sorted(held.offsets.items())},
+        "to_offsets": {str(p): o for p, o in sorted(asked.offsets.items())},
+    }
+    if asked.request is not None:
+        entry["request"] = asked.request
+    new = TopicState(asked.topic_id, dict(asked.offsets), dict(asked.offsets))
+    if asked.topic is None:
+        reset = replace(
+            committed, topic_id=new.topic_id, offsets=new.offsets, start_offsets=new.start_offsets
+        )
+    else:
+        entry["topic"] = asked.topic
+        reset = committed.with_topics({**committed.by_topic(), asked.topic: new}, by_topic=True)
+    history = [*json.loads(properties.get(OFFSET_RESETS, "[]")), entry]
+    recorded = json.dumps(history[-MAX_RESETS_KEPT:], separators=(",", ":"))
+    return reset, {**reset.to_properties(), OFFSET_RESETS: recorded}
+
+
 def reset_recorded(properties: Mapping[str, str], request: str, topic: str | None = None) -> bool:
     """Whether `OFFSET_RESETS` records a reset made for the cluster request `request`
     (`icefall.plan.offset_reset`); with `topic` (a table of several topics), a reset of that topic."""

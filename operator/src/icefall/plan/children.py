@@ -56,11 +56,6 @@ from icefall.plan.workloads import PodPlan
 
 Manifest = dict[str, Any]
 
-#: A reset request on a Delta table: `icefall reset-offsets` resets Iceberg tables only so far.
-DELTA_RESET_REFUSED = (
-    "offset resets of a Delta table are not supported yet (icefall reset-offsets resets Iceberg tables "
-    "only); the driver is held while the request is there: remove the annotation"
-)
 #: Any new value restarts the driver and the compaction pods (like `kubectl rollout restart`).
 ANNOTATION_RESTART = "icefall.dev/restart"
 #: Spec fields whose change must NOT restart the driver. Everything else does (safe by default).
@@ -169,10 +164,6 @@ def desired_children(
     problems += secret_problems
     if (reset_problem := reset_request_problem(st.metadata.annotations)) is not None:
         problems.append(Problem(RESET_FIELD, reset_problem))
-    elif st.spec.table.format.value == "delta" and st.metadata.annotations.get(
-        names.ANNOTATION_RESET_OFFSETS
-    ):
-        problems.append(Problem(RESET_FIELD, DELTA_RESET_REFUSED))
     plans = workloads.pod_plans(st, settings, namespace=namespace)
     executor_conf, executor_problems = spark_conf.executor_conf(plans[pods.EXECUTOR].template)
     if on_kubernetes:

@@ -3,7 +3,9 @@
 Two StreamingTables that name the same Iceberg table (same catalog name, namespace and table name,
 compared case-insensitively, as catalogs such as the JDBC one and most REST servers fold them) would run
 two writers against one table. The older one wins: the earliest `creationTimestamp`, then the smaller
-uid (timestamps have one-second resolution). The winner runs as usual; every other one holds no driver and
+uid (timestamps have one-second resolution). A Delta table with a location is its folder
+(`TableIdentity.of_delta_folder`): two StreamingTables giving one folder claim one table whatever they
+name it. The winner runs as usual; every other one holds no driver and
 says `Ready=False`, reason `TableClaimedByOther`, naming the winner.
 
 Guarantees: every observer that sees the same claims picks the same winner, whatever order it sees them in;

@@ -6,7 +6,10 @@ Both sides import the names from here, so they cannot drift apart:
   `secretKeyRef`s; `icefall.kafka` and `icefall.catalog` read them back by the same names;
 - the pod's own identity from the downward API (`ENV_POD_NAME`, `ENV_POD_NAMESPACE`, `ENV_POD_IP`);
 - `ENV_SPARK_CONF`: the Spark configuration the operator rendered (`spark_conf_env`), read back by the
-  entry point (`spark_conf_from`).
+  entry point (`spark_conf_from`);
+- `NODE_IDENTITY_OFF`: no AWS SDK in the pod (Iceberg's S3FileIO in the JVM, pyarrow's S3 client under
+  pyiceberg and the Delta log) asks the instance metadata service for the node's role; a table reaches
+  S3 with the keys it references or its pods' own identity (IRSA, EKS Pod Identity), never the node's.
 
 Guarantees: no secret value is ever in a manifest: only the Secret's name and key. Not guaranteed: that the
 referenced Secrets exist (a missing one keeps the pod in CreateContainerConfigError). `env` references
@@ -32,6 +35,9 @@ ENV_SPARK_CONF = "ICEFALL_SPARK_CONF"
 ENV_POD_NAME = "ICEFALL_POD_NAME"
 ENV_POD_NAMESPACE = "ICEFALL_POD_NAMESPACE"
 ENV_POD_IP = "ICEFALL_POD_IP"
+#: In every table pod unless the operator setting `allow_node_identity` is on; spec.pods may not set it
+#: (`icefall.api.pods.RESERVED_ENV_NAMES`).
+NODE_IDENTITY_OFF: dict[str, str] = {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}
 
 
 @dataclass(frozen=True)

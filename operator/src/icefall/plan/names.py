@@ -177,6 +177,9 @@ class TableIdentity:
     def of(cls, st: StreamingTable, identifier: tuple[str, ...] | None = None) -> TableIdentity:
         """The identity of `st`'s table, or of another table it writes in its catalog (`identifier`: a
         route's table, `StreamingTable.destination_identifiers`)."""
+        location = st.spec.table.location
+        if identifier is None and st.spec.table.format.value == "delta" and location is not None:
+            return cls.of_delta_folder(str(location))
         catalog = st.spec.table.catalog
         *namespace, table = identifier or st.table_identifier
         return cls(
@@ -185,6 +188,13 @@ class TableIdentity:
             namespace=".".join(namespace).lower(),
             table=table.lower(),
         )
+
+    @classmethod
+    def of_delta_folder(cls, location: str) -> TableIdentity:
+        """A Delta table with a location is its folder, whatever a StreamingTable names it: two that give one
+        folder (`s3a://` is `s3://`, a trailing '/' aside) write one table, and the older one wins it."""
+        folder = re.sub(r"^s3a://", "s3://", location).rstrip("/")
+        return cls(catalog="delta", catalog_uri=folder, namespace="", table=folder.rsplit("/", 1)[-1].lower())
 
     @property
     def key(self) -> str:

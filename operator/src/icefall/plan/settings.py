@@ -86,6 +86,11 @@ class OperatorSettings:
     network_policy: bool = True
     #: The namespace whose pods may scrape the table pods' `metrics` port ("": none may).
     metrics_namespace: str = "monitoring"
+    #: Let table pods fall back to the node's AWS instance role (the chart's
+    #: `cloudIdentity.allowNodeIdentity`). Off: every table pod runs with `AWS_EC2_METADATA_DISABLED=true`
+    #: (`icefall.plan.env.NODE_IDENTITY_OFF`), so a table without keys or a pod identity of its own cannot
+    #: borrow the node's credentials.
+    allow_node_identity: bool = False
 
     def __post_init__(self) -> None:
         if self.spark_master != "kubernetes" and not LOCAL_MASTER.match(self.spark_master):
@@ -164,7 +169,8 @@ def _pod_template(raw: str) -> PodTemplates:
 
 
 #: OperatorSettings field → the operator's environment variable that sets it (charts/icefall: `spark.*`,
-#: `pods`, `hostNetworkPorts`, `networkPolicy`).
+#: `pods`, `hostNetworkPorts`, `networkPolicy`,
+#: `cloudIdentity.allowNodeIdentity`).
 SETTINGS_ENV = {
     "spark_master": "ICEFALL_SPARK_MASTER",
     "image_pull_policy": "ICEFALL_IMAGE_PULL_POLICY",
@@ -178,6 +184,7 @@ SETTINGS_ENV = {
     "host_network_ports": "ICEFALL_HOST_NETWORK_PORTS",
     "network_policy": "ICEFALL_NETWORK_POLICY",
     "metrics_namespace": "ICEFALL_METRICS_NAMESPACE",
+    "allow_node_identity": "ICEFALL_ALLOW_NODE_IDENTITY",
 }
 #: How a variable's text becomes the field's value (str when not listed); a ValueError says what is wrong.
 _SETTINGS_PARSERS: dict[str, Callable[[str], Any]] = {
@@ -188,4 +195,5 @@ _SETTINGS_PARSERS: dict[str, Callable[[str], Any]] = {
     "pod_template": _pod_template,
     "host_network_ports": _port_range,
     "network_policy": _boolean,
+    "allow_node_identity": _boolean,
 }

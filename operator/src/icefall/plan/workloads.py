@@ -24,7 +24,14 @@ from typing import Any
 
 from icefall.api import PodTemplate, ResourceRequirements, StreamingTable
 from icefall.plan import names, pods
-from icefall.plan.env import ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, SecretEnv, spark_conf_env
+from icefall.plan.env import (
+    ENV_POD_IP,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    NODE_IDENTITY_OFF,
+    SecretEnv,
+    spark_conf_env,
+)
 from icefall.plan.isolation import spark_auth_volume
 from icefall.plan.metadata import ChildMeta
 from icefall.plan.settings import OperatorSettings
@@ -129,9 +136,15 @@ def _scratch_volumes(settings: OperatorSettings) -> tuple[list[Manifest], list[M
     return volumes, mounts
 
 
-def _env(spark_conf: Mapping[str, str], secrets: Sequence[SecretEnv]) -> list[Manifest]:
-    """The downward API's pod identity, HOME, then `ICEFALL_SPARK_CONF` (the kubelet expands `$(...)` from
-    earlier vars only), then the credentials."""
+def _node_identity(settings: OperatorSettings) -> list[Manifest]:
+    return [] if settings.allow_node_identity else [dict(NODE_IDENTITY_OFF)]
+
+
+def _env(
+    settings: OperatorSettings, spark_conf: Mapping[str, str], secrets: Sequence[SecretEnv]
+) -> list[Manifest]:
+    """The downward API's pod identity, HOME, no node identity, then `ICEFALL_SPARK_CONF` (the kubelet
+    expands `$(...)` from earlier vars only), then the credentials."""
 
     def field_ref(name: str, path: str) -> Manifest:
         return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
@@ -141,6 +154,7 @@ def _env(spark_conf: Mapping[str, str], secrets: Sequence[SecretEnv]) -> list[Ma
         field_ref(ENV_POD_NAMESPACE, "metadata.namespace"),
         field_ref(ENV_POD_IP, "status.podIP"),
         {"name": "HOME", "value": TMP_DIR},
+        *_node_identity(settings),
         spark_conf_env(spark_conf),
         *(s.manifest() for s in secrets),
     ]
@@ -214,7 +228,7 @@ def driver_pod(
         volumes.append(auth_volume)
         mounts.append(auth_mount)
     args = command(INGEST_COMMAND, namespace=meta.namespace, name=meta.name, metrics_port=pod.metrics_port)
-    env = _env(spark_conf, secrets)
+    env = _env(settings, spark_conf, secrets)
     container = _container(settings, "ingest", image=image, args=args, env=env, mounts=mounts, pod=pod)
     if executor_template is not None and not pod.host_network:  # on the host network Spark picks free ports
         container["ports"] += [
@@ -246,7 +260,7 @@ def purge_pod_spec(
     `secrets`, the driver's pod template and the same restricted security context; no ports, no Spark."""
     volumes, mounts = _scratch_volumes(settings)
     container = _container(
-        settings, "purge", image=image, args=args, env=_env({}, secrets), mounts=mounts, pod=pod
+        settings, "purge", image=image, args=args, env=_env(settings, {}, secrets), mounts=mounts, pod=pod
     )
     del container["ports"]  # it serves nothing
     own = {"serviceAccountName": names.driver_account_name(meta.name), "restartPolicy": "Never"}
@@ -267,6 +281,8 @@ def executor_template(meta: ChildMeta, settings: OperatorSettings, pod: PodPlan)
         "workingDir": TMP_DIR,
         "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}, auth_mount],
     }
+    if env := _node_identity(settings):  # Spark keeps the template's env; executors read the table's files
+        container["env"] = env
     pods.apply_to_container(container, template, resources=False)
     other = pods.resources_manifest(template.resources or ResourceRequirements(), leave_out=("cpu", "memory"))
     if other:  # cpu and memory are Spark's (spark.executor.memory, spark.kubernetes.executor.*.cores)
@@ -306,7 +322,7 @@ def compaction_deployment(
     """The Deployment of `replicas` compaction pods running `icefall compact`."""
     volumes, mounts = _scratch_volumes(settings)
     args = command(COMPACT_COMMAND, namespace=meta.namespace, name=meta.name, metrics_port=pod.metrics_port)
-    env = _env(spark_conf, secrets)
+    env = _env(settings, spark_conf, secrets)
     container = _container(settings, "compact", image=image, args=args, env=env, mounts=mounts, pod=pod)
     own = {"serviceAccountName": names.compaction_account_name(meta.name)}
     spec = _pod_spec(settings, own, container=container, volumes=volumes, pod=pod)
