@@ -156,7 +156,20 @@ class DeltaPipeline:
 
     def explain(self) -> str:
         status = json.dumps(self.st().get("status"), indent=1)
-        return f"--- status\n{status}\n{pod_logs(self.node, DRIVER)}\n--- operator\n{self.operator.tail()}"
+        pods = (self.rest.get(f"/api/v1/namespaces/{self.namespace}/pods") or {}).get("items") or []
+        compaction = [p for p in pods if p["metadata"]["name"].startswith(f"{NAME}-compact-")]
+        deployment = self.rest.get(f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{NAME}-compact")
+        replicas = (deployment or {}).get("spec", {}).get("replicas")
+        compaction_text = "\n".join(
+            pod_logs(self.node, p["metadata"]["name"])
+            + "\n"
+            + json.dumps(p.get("status", {}).get("containerStatuses"))
+            for p in compaction
+        )
+        return (
+            f"--- status\n{status}\n{pod_logs(self.node, DRIVER)}\n--- compaction (replicas {replicas})\n"
+            f"{compaction_text}\n--- operator\n{self.operator.tail()}"
+        )
 
 
 @pytest.fixture(scope="module")
