@@ -187,3 +187,13 @@ def test_icefall_compact_of_a_local_delta_table_exits_cleanly_saying_why(
     manifest.write_text(yaml.safe_dump(local.model_dump(mode="json", by_alias=True, exclude_none=True)))
     assert cli.main(["compact", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--once"]) == 0
     assert "upkeep runs beside its batches in `icefall run`" in capsys.readouterr().out
+
+
+def test_the_compaction_role_names_the_work_leases_of_a_delta_tables_folder() -> None:
+    from icefall.plan.names import destination_leases, table_leases
+    from icefall.plan.rbac import compaction_rules
+
+    delta = table()
+    assert destination_leases(delta)[0] == table_leases(delta)
+    named = {n for rule in compaction_rules(delta) for n in rule.get("resourceNames", [])}
+    assert set(table_leases(delta).work) <= named
