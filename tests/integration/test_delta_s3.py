@@ -2,7 +2,8 @@
 Kafka topic by real Spark, exactly once (commit/DESIGN.md, "Delta tables on S3").
 
 Proves: `icefall run` killed (status 137) at a Delta commit failpoint (its files uploaded, its log entry
-not written) and run again fills the table on MinIO exactly once, by content (`icefall verify`, read with
+not written) and run again, with its upkeep on (the compaction pods' merge and VACUUM), fills the table on
+MinIO exactly once, by content (`icefall verify`, read with
 delta-rs), credentials from the AWS_* environment only; and a paused writer whose replacement — another
 process, another JVM (`icefall run`) — takes over and commits between the paused writer's prepare (epoch
 checked, files uploaded) and its PUT of the log entry is refused: its PUT of the same version loses
@@ -86,7 +87,7 @@ def test_icefall_run_on_minio_killed_at_a_commit_point_then_run_again_is_exactly
     assert DeltaLog(table.location).snapshot().committed.offsets  # the batch before the kill landed
     done = table.run(None)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "no upkeep" in done.stdout  # Delta Spark's commits are not put-if-absent on S3
+    assert "upkeep on S3: Icefall's merge and VACUUM" in done.stdout  # not Delta Spark's (not put-if-absent)
     assert table.ids() == Counter(range(90))
     assert DeltaLog(table.location).snapshot().committed.offsets == watermarks(kafka, table.topic)
     audit = verify_delta_table(table.st, table.state, spark=spark)

@@ -5,9 +5,10 @@ Proves: before the table exists there is no reading; after batches, the reading 
 by topic, the topic id, the newest produce time, the last batch's version and its commit file's time (an
 epoch claim after it is not a commit of records), the live files, bytes and records (a removed file is no
 longer counted), and the table's id; the replay reads each commit file once; a log whose first commits are
-gone gives no file figures but the rest; and `WriterStatusReporter` sends it unchanged: the table's figures,
-the per-table lag and last commit, and the log's table id as `tableUuid` (what `deletionPolicy: Delete`'s
-purge checks), the dead-letter table's once it exists.
+gone gives no file figures but the rest; a table on S3 reports the merges due as its compaction backlog
+(a local one none); and `WriterStatusReporter` sends it unchanged: the table's figures, the per-table lag
+and last commit, and the log's table id as `tableUuid` (what `deletionPolicy: Delete`'s purge checks), the
+dead-letter table's once it exists.
 """
 
 from __future__ import annotations
@@ -139,3 +140,14 @@ def test_the_reporter_sends_the_delta_reading_with_the_logs_table_id(tmp_path: P
     create_table(dead, SCHEMA, epoch=1)
     reading = meter.read_once()
     assert reading is not None and reading.dead_letter_table_uuid == dead.snapshot().metadata["id"]
+
+
+def test_a_table_on_s3_reports_the_merges_due_as_its_compaction_backlog(tmp_path: Path) -> None:
+    log = filled(tmp_path)
+    for i in range(5):  # five more small files: one merge of all seven is due (Delta's default policy)
+        commit_batch(log, log.snapshot(), batch(15 + i, 16 + i), 2, [AddFile(f"c{i}.parquet", 10, 1)])
+    on_s3 = read_delta(log, table("s3://lake/orders"), LogReplay())  # the log read here, the spec's S3
+    assert on_s3 is not None and on_s3.facts.compaction_backlog == 1
+    assert on_s3.table.compaction_backlog == 1
+    local = read_delta(log, table(str(tmp_path)), LogReplay())
+    assert local is not None and local.facts.compaction_backlog is None  # `icefall run` tidies it

@@ -4,11 +4,12 @@ Proves: the operator runs a Delta table whose `spec.table.location` is an object
 with Spark inside the driver pod, and needs no catalog for it; it holds one without a location, at a local
 path or file:/ URI (pods share no disk), or with executors on Kubernetes (the Delta writer stages a batch's
 files on the driver's disk), each time naming the field and the fix; an Iceberg table without a catalog is
-refused as before; the object-store schemes are those the Delta writer commits to; no compaction pod runs
-for a Delta table (its Deployment at 0 replicas whatever the backlog) and `Compacting` says why, while an
-Iceberg table's replicas and conditions are unchanged; an offset reset request on a Delta table holds its
-driver, naming the annotation (resets are Iceberg's only so far); `icefall compact` of a Delta table exits 0
-saying why there is nothing to do.
+refused as before; the object-store schemes are those the Delta writer commits to; compaction pods run for
+a Delta table on S3 (its Deployment at the backlog's replicas) and `Compacting` follows the merges the driver
+measured due (True, False NoCompactionNeeded, kept without a recent measure), while a local Delta table's
+stays at 0 with `Compacting` saying why, and an Iceberg table's replicas and conditions are unchanged; an
+offset reset request on a Delta table holds its driver, naming the annotation (resets are Iceberg's only so
+far); `icefall compact` of a local Delta table exits 0 saying why there is nothing to do.
 """
 
 from __future__ import annotations
@@ -121,10 +122,12 @@ def test_the_shared_schemes_are_those_the_delta_writer_commits_to() -> None:
     assert DELTA_SHARED_SCHEMES == S3_SCHEMES
 
 
-def test_no_compaction_pod_runs_for_a_delta_table_and_compacting_says_why() -> None:
+def test_compaction_pods_run_for_a_delta_table_on_s3_and_compacting_follows_its_backlog() -> None:
     local = {"annotations": {ANNOTATION_SPARK_MASTER: LOCAL_MASTER}}
     delta, iceberg = table(**local), table(location=None, fmt="iceberg", **local)
-    assert not upkeep_in_pods(delta) and upkeep_in_pods(iceberg)
+    on_disk = table(location="/data/orders", **local)
+    assert upkeep_in_pods(delta) and upkeep_in_pods(iceberg) and not upkeep_in_pods(on_disk)
+    assert upkeep_in_pods(table(location="s3a://lake/orders", **local))
 
     def replicas(st: StreamingTable) -> int:
         children = desired_children(
@@ -134,17 +137,23 @@ def test_no_compaction_pod_runs_for_a_delta_table_and_compacting_says_why() -> N
         count: int = children.get("Deployment", "orders-compact")["spec"]["replicas"]
         return count
 
-    assert replicas(delta) == 0 and replicas(iceberg) == 3
+    assert replicas(delta) == 3 and replicas(iceberg) == 3 and replicas(on_disk) == 0
 
-    def compacting(st: StreamingTable) -> list[Any]:
-        conditions = derive_conditions(Observations(driver=DriverState.RUNNING), st, NOW)
+    def compacting(st: StreamingTable, backlog: int | None = None) -> list[Any]:
+        observed = Observations(driver=DriverState.RUNNING, compaction_backlog=backlog)
+        conditions = derive_conditions(observed, st, NOW)
         return [c for c in conditions if c.type is ConditionType.COMPACTING]
 
-    (condition,) = compacting(delta)
-    assert condition.status is ConditionStatus.FALSE
-    assert condition.reason is ConditionReason.UPKEEP_NOT_AVAILABLE
-    assert "not available yet" in condition.message and "ingestion is unaffected" in condition.message
-    assert compacting(iceberg) == []
+    (due,) = compacting(delta, 2)
+    assert (due.status, due.reason) == (ConditionStatus.TRUE, ConditionReason.COMPACTING)
+    assert "2 merges" in due.message
+    (tidy,) = compacting(delta, 0)
+    assert (tidy.status, tidy.reason) == (ConditionStatus.FALSE, ConditionReason.NO_COMPACTION_NEEDED)
+    assert compacting(delta) == []  # no recent measure: nothing to say yet (an existing one is kept)
+    (held,) = compacting(on_disk, 2)
+    assert (held.status, held.reason) == (ConditionStatus.FALSE, ConditionReason.UPKEEP_NOT_AVAILABLE)
+    assert "s3://" in held.message
+    assert compacting(iceberg, 2) == []
 
 
 def test_an_offset_reset_request_on_a_delta_table_holds_nothing_as_for_iceberg() -> None:
@@ -170,10 +179,21 @@ def test_an_offset_reset_request_on_a_delta_table_holds_nothing_as_for_iceberg()
         assert children.driver_pod is not None
 
 
-def test_icefall_compact_of_a_delta_table_exits_cleanly_saying_why(
+def test_icefall_compact_of_a_local_delta_table_exits_cleanly_saying_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     manifest = tmp_path / "table.yaml"
-    manifest.write_text(yaml.safe_dump(table().model_dump(mode="json", by_alias=True, exclude_none=True)))
+    local = table(location=str(tmp_path / "orders"))
+    manifest.write_text(yaml.safe_dump(local.model_dump(mode="json", by_alias=True, exclude_none=True)))
     assert cli.main(["compact", "-f", str(manifest), "--state-dir", str(tmp_path / "state"), "--once"]) == 0
-    assert "compaction pods for Delta tables are not available yet" in capsys.readouterr().out
+    assert "upkeep runs beside its batches in `icefall run`" in capsys.readouterr().out
+
+
+def test_the_compaction_role_names_the_work_leases_of_a_delta_tables_folder() -> None:
+    from icefall.plan.names import destination_leases, table_leases
+    from icefall.plan.rbac import compaction_rules
+
+    delta = table()
+    assert destination_leases(delta)[0] == table_leases(delta)
+    named = {n for rule in compaction_rules(delta) for n in rule.get("resourceNames", [])}
+    assert set(table_leases(delta).work) <= named

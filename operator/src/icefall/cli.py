@@ -167,13 +167,10 @@ def _compact(args: argparse.Namespace) -> int:
         def leases(name: str) -> Any:
             return KubernetesLease(api, args.namespace, name, holder, duration_seconds=WORK_LEASE_SECONDS)
 
-    if st.spec.table.format.value == "delta":  # the operator runs no compaction pod for it (plan.children)
-        print(
-            f"[compact] {st.metadata.name}: a Delta table's upkeep runs beside its batches in `icefall run` "
-            "(local tables only); compaction pods for Delta tables are not available yet",
-            flush=True,
-        )
-        return 0
+    if st.spec.table.format.value == "delta":  # no catalog, no Spark: Icefall's own merge and VACUUM
+        from icefall.commands.delta import compact_delta
+
+        return compact_delta(args, st, leases)
     if not st.spec.compaction.enabled or st.spec.suspend:
         print(f"[compact] {st.metadata.name}: compaction is disabled or suspended; nothing to do", flush=True)
         return 0

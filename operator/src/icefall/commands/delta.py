@@ -1,10 +1,12 @@
 """`icefall run`, the driver pod's `icefall ingest` and `icefall verify` of a Delta Lake table
 (`spec.table.format: delta`): no catalog, the table at its location (`delta_location`), its Spark session a
 Delta table's (`icefall.spark.session.delta_conf`), its upkeep in-process beside the batches
-(`icefall.compact.delta`; `icefall run` only, and not on S3); the writer is `icefall.ingest.delta_sink`, the
-audit `icefall.audit.delta`. In a cluster (`ingest_delta_pod`) the table is on an object store (the operator
-holds any other: `icefall.plan.children.cluster_table_problem`), the commit Lease a Kubernetes Lease, and
-the status report's figures come from the Delta log (`icefall.ingest.delta_meter`).
+(`icefall.compact.delta`, Delta's own commands; on S3 the compaction pods' own merge and VACUUM,
+`icefall.compact.delta_pods`, which the pods run too, `compact_delta`); the writer is
+`icefall.ingest.delta_sink`, the audit `icefall.audit.delta`. In a cluster (`ingest_delta_pod`) the table is
+on an object store (the operator holds any other: `icefall.plan.children.cluster_table_problem`), the
+commit Lease a Kubernetes Lease, and the status report's figures come from the Delta log
+(`icefall.ingest.delta_meter`).
 """
 
 from __future__ import annotations
@@ -39,17 +41,21 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     )
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
-    if maintain and is_s3(location):  # Delta Spark's commits on S3 are not put-if-absent (commit/DESIGN.md)
-        print("[run] no upkeep (OPTIMIZE, checkpoints, VACUUM) for a Delta table on S3 yet", flush=True)
-        maintain = False
+    on_s3 = is_s3(location)
+    if maintain and on_s3:  # Delta Spark's commits on S3 are not put-if-absent (commit/DESIGN.md)
+        print("[run] upkeep on S3: Icefall's merge and VACUUM, as the compaction pods (no checkpoints)")
     spark = build_spark_session(
         [],
-        extra_conf=embedded_conf(st, master=args.master, maintain=maintain),
+        extra_conf=embedded_conf(st, master=args.master, maintain=maintain and not on_s3),
         table_format=st.spec.table.format,
     )
     names = table_leases(st)
     lease = commit_lease(lambda name: FileLease.in_dir(state / "leases", name, local_process_holder()), names)
-    maintenance = delta_maintenance(st, location, spark) if maintain else None
+    maintenance = None
+    if maintain:
+        maintenance = (
+            delta_pod_maintenance(st, location, state) if on_s3 else delta_maintenance(st, location, spark)
+        )
     if maintenance is not None:
         maintenance.start()
     return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop, maintenance=maintenance)
@@ -59,8 +65,9 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
     """The driver pod's `icefall ingest` of a Delta table: `ingest_delta_until_stopped` at
     `spec.table.location` with the commit Lease as a Kubernetes Lease held under the pod's name, the pod's
     Spark conf in a Delta table's session, and the report into the StreamingTable's status (lag and
-    freshness per batch, the table's figures from its log). No upkeep (not on S3 yet: commit/DESIGN.md). An
-    offset reset request is applied before the first batch (`commands.reset_request`)."""
+    freshness per batch, the table's figures from its log, the merges due as the compaction backlog). The
+    upkeep is the compaction pods' (`compact_delta`). An offset reset request is applied before the first
+    batch (`commands.reset_request`)."""
     from icefall.commands.common import pod_holder, pod_spark
     from icefall.commands.reset_request import apply_reset_request
     from icefall.commands.run import ingest_delta_until_stopped
@@ -93,6 +100,32 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
         meter.stop()
 
 
+def compact_delta(args: argparse.Namespace, st: Any, leases: Any) -> int:
+    """`icefall compact` of a Delta table on S3 (the compaction pods; `-f` locally): Icefall's own merge and
+    VACUUM (`icefall.compact.delta_pods`), work Leases from `leases`, no Spark and no catalog. A table not
+    on S3 is the `icefall run` upkeep's (Delta's own commands): nothing to do here."""
+    from icefall.commit.delta_storage import is_s3
+    from icefall.compact.delta_pods import DeltaPodRunner
+    from icefall.compact.runner import serve
+    from icefall.plan.delta_maintenance import delta_policy_from_spec
+    from icefall.plan.names import table_leases
+    from icefall.runtime import metrics
+
+    location = st.spec.table.location
+    name = st.metadata.name
+    if location is None or not is_s3(str(location)):
+        print(f"[compact] {name}: a local Delta table's upkeep runs beside its batches in `icefall run`")
+        return 0
+    if not st.spec.compaction.enabled or st.spec.suspend:
+        print(f"[compact] {name}: compaction is disabled or suspended; nothing to do", flush=True)
+        return 0
+    metrics.serve(args.metrics_port, required=bool(args.file))  # a pod: see metrics.serve
+    runner = DeltaPodRunner(
+        str(location), delta_policy_from_spec(st.spec), leases, table_leases=table_leases(st), label=name
+    )
+    return serve(runner, once=args.once, idle_seconds=args.idle_seconds)
+
+
 def delta_maintenance(st: Any, location: str, spark: Any) -> Any:
     """`icefall run`'s upkeep of a Delta table: one item per pause, `spec.compaction.embeddedIntervalSeconds`
     apart, on a thread of its own (`icefall.compact.runner.EmbeddedMaintenance`)."""
@@ -101,6 +134,28 @@ def delta_maintenance(st: Any, location: str, spark: Any) -> Any:
     from icefall.plan.delta_maintenance import delta_policy_from_spec
 
     runner = DeltaMaintenance(spark, location, delta_policy_from_spec(st.spec), label=location)
+    return EmbeddedMaintenance(
+        runner,
+        interval_seconds=st.spec.compaction.embedded_interval_seconds,
+        freshness_target_seconds=st.spec.freshness.target_seconds,
+    )
+
+
+def delta_pod_maintenance(st: Any, location: str, state: Any) -> Any:
+    """`icefall run`'s upkeep of a Delta table on S3: the compaction pods' (`icefall.compact.delta_pods`),
+    work Leases as files in `state`, one item per pause as `delta_maintenance`."""
+    from icefall.compact.delta_pods import DeltaPodRunner
+    from icefall.compact.runner import EmbeddedMaintenance, file_leases
+    from icefall.plan.delta_maintenance import delta_policy_from_spec
+    from icefall.plan.names import table_leases
+
+    runner = DeltaPodRunner(
+        location,
+        delta_policy_from_spec(st.spec),
+        file_leases(state / "leases"),
+        table_leases=table_leases(st),
+        label=location,
+    )
     return EmbeddedMaintenance(
         runner,
         interval_seconds=st.spec.compaction.embedded_interval_seconds,

@@ -49,6 +49,8 @@ class DeltaStorage(Protocol):
 
     def list(self, relative: str) -> list[str]: ...
     def list_times(self, relative: str) -> dict[str, int]: ...
+    def list_tree(self) -> dict[str, int]: ...
+    def delete(self, relative: str) -> bool: ...
     def read(self, relative: str) -> bytes: ...
     def put_if_absent(self, relative: str, data: bytes) -> bool: ...
     def move_in(self, staged: Path, relative: str | None = None) -> int: ...
@@ -73,6 +75,23 @@ class LocalStorage:
         if not folder.is_dir():
             return {}
         return {e.name: e.stat().st_mtime_ns // 1_000_000 for e in os.scandir(folder) if e.is_file()}
+
+    def list_tree(self) -> dict[str, int]:
+        """Every file under the table's folder (relative path → modification time, ms): what VACUUM sees."""
+        found: dict[str, int] = {}
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                path = Path(folder) / name
+                found[path.relative_to(self.root).as_posix()] = path.stat().st_mtime_ns // 1_000_000
+        return found
+
+    def delete(self, relative: str) -> bool:
+        """Delete a file of the table's folder; False if it was gone."""
+        try:
+            (self.root / relative).unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def read(self, relative: str) -> bytes:
         return (self.root / relative).read_bytes()
@@ -199,6 +218,26 @@ class S3Storage:
             for info in self.fs.get_file_info(selector)
             if info.mtime_ns is not None
         }
+
+    def list_tree(self) -> dict[str, int]:
+        """Every object under the table's prefix (relative key → LastModified, ms): what VACUUM sees."""
+        from pyarrow.fs import FileSelector, FileType
+
+        base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+        selector = FileSelector(base, allow_not_found=True, recursive=True)
+        return {
+            info.path[len(base) + 1 :]: (info.mtime_ns or 0) // 1_000_000
+            for info in self.fs.get_file_info(selector)
+            if info.type == FileType.File
+        }
+
+    def delete(self, relative: str) -> bool:
+        """Delete an object under the table's prefix; False if it was gone."""
+        try:
+            self.fs.delete_file(f"{self.bucket}/{self._key(relative)}")
+        except FileNotFoundError:
+            return False
+        return True
 
     def read(self, relative: str) -> bytes:
         with self.fs.open_input_stream(f"{self.bucket}/{self._key(relative)}") as f:

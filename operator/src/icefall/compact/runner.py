@@ -120,7 +120,7 @@ class ItemRunner(Protocol):
     ) -> ItemResult: ...
 
 
-class _Renewer:
+class Renewer:
     """Renews a held Lease every third of its duration until stopped (a long rewrite keeps its claim)."""
 
     def __init__(self, lease: Lease, period: float) -> None:
@@ -129,7 +129,7 @@ class _Renewer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="icefall-work-lease", daemon=True)
 
-    def __enter__(self) -> _Renewer:
+    def __enter__(self) -> Renewer:
         self._thread.start()
         return self
 
@@ -243,7 +243,7 @@ class MaintenanceRunner(Rounds):
                 busy += 1
                 continue
             try:
-                with _Renewer(lease, max(self.lease_seconds / 3, 0.5)):
+                with Renewer(lease, max(self.lease_seconds / 3, 0.5)):
                     result = self._run_claimed(item, key)
             except Exception as error:  # counted and logged by run_item; planned again next round
                 if jvm_stopped(self.spark, error):  # the process is being stopped: nothing to report but that
@@ -280,7 +280,7 @@ class MaintenanceRunner(Rounds):
         )
         metrics.COMPACTION_YIELDS.labels(self.label).inc()
         try:
-            with _Renewer(barrier, max(self.lease_seconds / 3, 0.5)):
+            with Renewer(barrier, max(self.lease_seconds / 3, 0.5)):
                 try:
                     return self._run_counting_conflicts(item, key)
                 except Exception as error:

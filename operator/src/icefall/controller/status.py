@@ -49,6 +49,7 @@ from icefall.plan.driver import DriverDecision, Event, EventReason, EventType
 from icefall.plan.table_status import (
     Summary,
     acknowledged_loss,
+    reported_backlog,
     status_tables,
     summarize,
     table_count,
@@ -177,6 +178,7 @@ def derive(
         spec_problems=tuple(problems),
         issues=tuple(found),
         unmeasured=summary.unmeasured,
+        compaction_backlog=reported_backlog(writer, now),
     )
     previous = st.status.tables if st.status else []
     update: dict[str, Any] = {

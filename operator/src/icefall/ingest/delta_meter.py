@@ -11,10 +11,13 @@
   read once: versions never change, so a reading costs a listing and a GET per new version). A log whose
   early commits log cleanup removed (a checkpoint stands for them) gives none of these three figures
   (zeros), and its state is read as `DeltaLog.snapshot` reads it.
+- The compaction backlog of a table the compaction pods tidy (on S3, `icefall.plan.children.upkeep_in_pods`):
+  the merges of small files due (`icefall.plan.delta_maintenance.delta_backlog`, the pods' own planning),
+  which the operator scales the pods by; none for a table `icefall run` tidies, or while the replay is
+  incomplete.
 - The table's id (its Metadata action's `id`) as the report's `tableUuid`, and the Delta dead-letter
   table's as `deadLetterTableUuid` once it exists: what `deletionPolicy: Delete`'s purge checks before it
-  deletes a folder (`icefall.commands.purge.purge_delta`). No compaction backlog (no compaction pods
-  run for a Delta table: `icefall.plan.children.upkeep_in_pods`).
+  deletes a folder (`icefall.commands.purge.purge_delta`).
 
 Guarantees and threading are `icefall.ingest.table_meter.Meter`'s: a failed reading never stops ingestion.
 """
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from icefall.ingest.table_meter import MISSING_RETRY_SECONDS, READ_INTERVAL_SECONDS, Meter, TableReading
+from icefall.plan.children import upkeep_in_pods
+from icefall.plan.delta_maintenance import DeltaFile, delta_backlog, delta_policy_from_spec, partition_key
 from icefall.plan.table_status import TableFacts, table_status
 
 if TYPE_CHECKING:
@@ -46,6 +51,7 @@ class LogReplay:
 
     through: int = -1
     files: dict[str, tuple[int, int]] = field(default_factory=dict)
+    partitions: dict[str, str] = field(default_factory=dict)  # path -> partition key, files a merge may read
     last_batch: int | None = None
     complete: bool = True  # False: a commit is missing (log cleanup), the file figures are unknown
     metadata: dict[str, Any] | None = None  # the newest metaData action replayed
@@ -56,8 +62,12 @@ class LogReplay:
                 self.metadata = metadata
             elif (added := action.get("add")) is not None:
                 self.files[added["path"]] = (int(added.get("size") or 0), _records(added.get("stats")))
+                self.partitions.pop(added["path"], None)
+                if not added.get("deletionVector"):
+                    self.partitions[added["path"]] = partition_key(added.get("partitionValues") or {})
             elif (removed := action.get("remove")) is not None:
                 self.files.pop(removed["path"], None)
+                self.partitions.pop(removed["path"], None)
             elif (info := action.get("commitInfo")) is not None and info.get("operation") in BATCH_OPERATIONS:
                 self.last_batch = version
         self.through = version
@@ -112,6 +122,7 @@ def read_delta(
         total_file_bytes=sum(size for size, _ in files),
         records=sum(records for _, records in files),
         snapshots=len(history.commit_file_ms),
+        compaction_backlog=_backlog(st, state) if upkeep_in_pods(st) and state.complete else None,
     )
     table_id = str((snapshot.metadata or {}).get("id") or "")  # what a purge checks (commands.purge)
     return TableReading(
@@ -122,6 +133,11 @@ def read_delta(
         facts,
         ".".join(st.table_identifier),
     )
+
+
+def _backlog(st: StreamingTable, state: LogReplay) -> int:
+    files = [DeltaFile(path, state.files[path][0], key) for path, key in state.partitions.items()]
+    return delta_backlog(files, delta_policy_from_spec(st.spec))
 
 
 class DeltaMeter(Meter):

@@ -249,10 +249,13 @@ def _accounts_and_executor_template(
 
 
 def upkeep_in_pods(st: StreamingTable) -> bool:
-    """Whether compaction pods tidy `st`'s table. Not a Delta table's yet: Delta Spark's OPTIMIZE and VACUUM
-    commit unconditionally on S3 and the image has no hadoop-aws (commit/DESIGN.md, "Delta tables on S3"),
-    so its Deployment stays at 0 replicas and `Compacting` says why (`plan.conditions`)."""
-    return st.spec.table.format.value != "delta"
+    """Whether compaction pods tidy `st`'s table: an Iceberg table's always; a Delta table's on S3, with
+    Icefall's own merge and VACUUM committed by put-if-absent (`icefall.compact.delta_pods`; Delta Spark's
+    OPTIMIZE and VACUUM commit unconditionally there, commit/DESIGN.md). A Delta table elsewhere is held in
+    a cluster anyway (`cluster_table_problem`); its Deployment stays at 0 and `Compacting` says why."""
+    if st.spec.table.format.value != "delta":
+        return True
+    return (st.spec.table.location or "").startswith(DELTA_SHARED_SCHEMES)
 
 
 #: The Delta locations every pod of a cluster reaches and the Delta writer commits to with put-if-absent

@@ -36,7 +36,8 @@ Guarantees:
 - Every condition carries `observedGeneration` = `metadata.generation` and a reason valid for its type.
 - `lastTransitionTime` changes only when a condition's `status` changes (`set_condition`); reason and
   message updates keep it. Conditions of other types are kept as they are, but for a Delta table's
-  Compacting: False, UpkeepNotAvailable (no compaction pods run for it yet).
+  Compacting: on S3 True (Compacting) while the driver measures merges due, False (NoCompactionNeeded) when
+  none, unchanged without a recent measure; elsewhere False, UpkeepNotAvailable (no compaction pods).
 - `should_write_status` writes at once when a condition appears, disappears, flips status or changes
   reason, or when `observedGeneration` changes; figures and messages alone are written at most every
   `min_interval` seconds.
@@ -66,6 +67,7 @@ from icefall.api import (
     StreamingTable,
     StreamingTableStatus,
 )
+from icefall.plan.children import upkeep_in_pods
 from icefall.plan.driver import DriverHistory, DriverState, Event, EventReason, EventType
 
 _R = ConditionReason
@@ -170,6 +172,7 @@ class Observations:
     suspended: bool = False  # in addition to spec.suspend (e.g. a pause annotation)
     unmeasured: str = ""  # why freshness could not be measured (e.g. a credential the operator lacks)
     deleting: bool = False
+    compaction_backlog: int | None = None  # the driver's last measure (`reported_backlog`); None: none recent
 
 
 def set_condition(
@@ -217,12 +220,30 @@ def _condition(
 
 _Verdict = tuple[ConditionStatus, ConditionReason, str]
 
-#: `Compacting` of a Delta table in a cluster: no compaction pods run for it (`plan.children.upkeep_in_pods`).
+#: `Compacting` of a Delta table whose upkeep no compaction pod runs (`plan.children.upkeep_in_pods`).
 DELTA_UPKEEP = (
-    "upkeep (OPTIMIZE, checkpoints, VACUUM) of a Delta table on S3 is not available yet: Delta Spark's "
-    "commits there are not put-if-absent, so no compaction pods run for this table; ingestion is unaffected "
-    "(small files and the log grow without compaction or checkpoints)"
+    "upkeep of a Delta table that is not on S3 does not run in compaction pods: `icefall run` does it beside "
+    "its batches; in a cluster set spec.table.location to s3://<bucket>/<path>"
 )
+
+
+def _delta_compacting(obs: Observations, st: StreamingTable) -> _Verdict | None:
+    """`Compacting` of a Delta table (None: not set): on S3 from the merges the driver measured due (the
+    compaction pods run while there are some); elsewhere UpkeepNotAvailable."""
+    if not upkeep_in_pods(st):
+        return _F, _R.UPKEEP_NOT_AVAILABLE, DELTA_UPKEEP
+    if _suspended(obs, st) or obs.deleting:
+        return _F, _R.SUSPENDED if not obs.deleting else _R.DELETING, "compaction pods are stopped"
+    backlog = obs.compaction_backlog
+    if backlog is None:
+        return None  # no recent measure: keep what the condition says
+    if backlog == 0:
+        return _F, _R.NO_COMPACTION_NEEDED, "no small files to merge; VACUUM runs when compaction pods run"
+    return (
+        _T,
+        _R.COMPACTING,
+        f"{backlog} merges of small files due; compaction pods merge them (Icefall's OPTIMIZE) and VACUUM",
+    )
 
 
 def derive_conditions(observations: Observations, st: StreamingTable, now: datetime) -> list[Condition]:
@@ -246,10 +267,10 @@ def derive_conditions(observations: Observations, st: StreamingTable, now: datet
         (ConditionType.DEGRADED, degraded),
     ):
         conditions = set_condition(conditions, kind, status, reason, message, generation=generation, now=now)
-    if st.spec.table.format.value == "delta" and st.spec.compaction.enabled:
+    verdict = _delta_compacting(obs, st) if st.spec.table.format.value == "delta" else None
+    if verdict is not None and st.spec.compaction.enabled:
         conditions = set_condition(
-            conditions, ConditionType.COMPACTING, _F, _R.UPKEEP_NOT_AVAILABLE, DELTA_UPKEEP,
-            generation=generation, now=now,
+            conditions, ConditionType.COMPACTING, *verdict, generation=generation, now=now
         )  # fmt: skip
     return conditions
 

@@ -24,7 +24,7 @@ How the spec maps to Delta (no setting is silently dropped; what Delta cannot do
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from icefall.api import StreamingTableSpec
@@ -146,3 +146,152 @@ def plan_delta_maintenance(
     if last_vacuum_ms is None or now_ms - last_vacuum_ms >= policy.vacuum_interval_ms:
         items.append(Vacuum(policy.retention_ms))
     return tuple(items)
+
+
+# --- the compaction pods' upkeep of a Delta table on S3 (`icefall.compact.delta_pods`) --------------------
+#
+# Delta Spark's OPTIMIZE and VACUUM cannot run there (its S3 log store commits unconditionally), so the pods
+# run Icefall's own: `CompactFiles` merges small files of one partition into one file and commits the
+# swap through Icefall's log writer (put-if-absent); `Vacuum` deletes what `vacuum_deletions` selects.
+# No checkpoints (see commit/DESIGN.md, "Compaction pods for Delta tables on S3").
+
+#: At most this many files in one merge: the commit names each, and a pod reads them one after the other.
+MAX_FILES_PER_MERGE = 500
+
+
+@dataclass(frozen=True)
+class DeltaFile:
+    """A live data file as the log names it: its `add` path (relative, URI-encoded), size, and its
+    partition (a key of its partition values; "" unpartitioned)."""
+
+    path: str
+    size: int
+    partition: str = ""
+
+
+@dataclass(frozen=True)
+class CompactFiles:
+    """Merge `paths` (live small files of one partition) into one file, in one commit of ours."""
+
+    partition: str
+    paths: tuple[str, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class DeltaFilesView:
+    """What the pods' planning reads of a table: its latest version, live files (deletion-vector files
+    left out by the reader: merging their Parquet would bring deleted rows back) and configuration."""
+
+    version: int
+    files: tuple[DeltaFile, ...]
+    configuration: Mapping[str, str]
+
+
+DeltaPodItem = SetRetention | CompactFiles | Vacuum
+
+
+def partition_key(values: Mapping[str, str | None]) -> str:
+    """A partition's key in plans and work Leases: its values as `column=value`, columns sorted."""
+    return "/".join(f"{k}={'' if v is None else v}" for k, v in sorted(values.items()))
+
+
+def merge_bins(files: Sequence[DeltaFile], policy: DeltaPolicy) -> tuple[CompactFiles, ...]:
+    """The merges that turn the small files into files of about the target size: per partition, its small
+    files smallest first, packed greedily into bins whose sum stays within the target (a merged file is
+    about the sum of its inputs); a bin of one file is no merge. Nothing while the table holds fewer than
+    `min_files_to_compact` small files that could merge (as `small_files` counts them)."""
+    limit = policy.small_file_ratio * policy.target_file_size_bytes
+    small = [f for f in files if f.size < limit]
+    counted = small_files([f.size for f in small], policy, [f.partition for f in small] if small else ())
+    if counted < policy.min_files_to_compact:
+        return ()
+    by_partition: dict[str, list[DeltaFile]] = {}
+    for each in small:
+        by_partition.setdefault(each.partition, []).append(each)
+    bins: list[CompactFiles] = []
+    for partition in sorted(by_partition):
+        current: list[DeltaFile] = []
+        for each in sorted(by_partition[partition], key=lambda f: (f.size, f.path)):
+            full = len(current) >= MAX_FILES_PER_MERGE
+            if current and (full or sum(f.size for f in current) + each.size > policy.target_file_size_bytes):
+                bins.append(_bin(partition, current))
+                current = []
+            current.append(each)
+        bins.append(_bin(partition, current))
+    return tuple(b for b in bins if len(b.paths) >= 2)
+
+
+def _bin(partition: str, files: Sequence[DeltaFile]) -> CompactFiles:
+    return CompactFiles(partition, tuple(f.path for f in files), sum(f.size for f in files))
+
+
+def plan_delta_pod_work(
+    view: DeltaFilesView, policy: DeltaPolicy, *, now_ms: int, last_vacuum_ms: int | None
+) -> tuple[DeltaPodItem, ...]:
+    """The items due now, in order: `SetRetention` when the table's retention properties differ from the
+    spec's, then the merges (`merge_bins`), then `Vacuum` when this process has not run one for
+    `vacuum_interval_ms`; () when the table does not exist."""
+    if view.version < 0:
+        return ()
+    items: list[DeltaPodItem] = []
+    wanted = retention_properties(policy)
+    if any(view.configuration.get(k) != v for k, v in wanted.items()):
+        items.append(SetRetention(wanted))
+    items += merge_bins(view.files, policy)
+    if last_vacuum_ms is None or now_ms - last_vacuum_ms >= policy.vacuum_interval_ms:
+        items.append(Vacuum(policy.retention_ms))
+    return tuple(items)
+
+
+def delta_backlog(files: Sequence[DeltaFile], policy: DeltaPolicy) -> int:
+    """The compaction backlog the driver reports for a Delta table on S3: its merges due (each one a pod can
+    claim), which the operator scales the compaction pods by (`plan.scaling`)."""
+    return len(merge_bins(files, policy))
+
+
+def delta_work_key(item: DeltaPodItem) -> str:
+    """The work Lease key of an item (`TableLeases.work_for`): merges one partition at a time (two pods
+    planning bins of one partition a moment apart could pick overlapping files; the commit would refuse
+    the second, but its work would be wasted), VACUUM and the properties once per table."""
+    if isinstance(item, CompactFiles):
+        return f"delta-merge/{item.partition}"
+    return "delta-vacuum" if isinstance(item, Vacuum) else "delta-properties"
+
+
+def vacuum_deletions(
+    listed: Mapping[str, int],
+    live: Iterable[str],
+    removed: Mapping[str, int],
+    *,
+    cutoff_ms: int,
+    partition_columns: Sequence[str] = (),
+) -> tuple[str, ...]:
+    """What VACUUM deletes of the files `listed` under the table's folder (decoded relative path →
+    modification time, ms): those no version within the retention names and older than it — not `live`
+    now, not removed at or after `cutoff_ms` (`removed`: path → the remove's deletionTimestamp), and last
+    modified before `cutoff_ms` (a batch's files are in the folder, in no log entry, until its commit; so
+    are a merge's between its write and its commit). Hidden folders and files (a name starting with `_`
+    or `.`: `_delta_log`, `_icefall_staging`) are never touched, but for a partition folder `_col=value`
+    of a partition column. Paths of `live` and `removed` are decoded alike by the caller. A listed file
+    whose name (its last segment) is that of a kept file is kept too, whatever its folder: data file names
+    are unique, so this only ever spares a file — a path the log encodes in a way the decoding missed
+    would otherwise look unnamed, and deleting a live file loses rows."""
+    kept = set(live) | {path for path, deleted_ms in removed.items() if deleted_ms >= cutoff_ms}
+    kept_names = {path.rpartition("/")[2] for path in kept}
+    doomed = [
+        path
+        for path, modified_ms in listed.items()
+        if path not in kept
+        and path.rpartition("/")[2] not in kept_names
+        and modified_ms < cutoff_ms
+        and not _hidden(path, partition_columns)
+    ]
+    return tuple(sorted(doomed))
+
+
+def _hidden(path: str, partition_columns: Sequence[str]) -> bool:
+    for part in path.split("/"):
+        if part.startswith(("_", ".")) and part.partition("=")[0] not in partition_columns:
+            return True
+    return False

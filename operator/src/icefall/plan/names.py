@@ -261,7 +261,12 @@ def destination_leases(st: StreamingTable) -> tuple[TableLeases, ...]:
     """The Leases of each table `st` writes (`StreamingTable.destination_identifiers`: spec.table's
     first): compaction claims each table's work with that table's own work and yield Leases. Only
     spec.table's commit Lease is taken: its driver commits every destination while it holds it."""
-    return tuple(TableLeases(TableIdentity.of(st, i)) for i in st.destination_identifiers)
+    # spec.table's by `TableIdentity.of(st)` (a Delta table's folder), as `table_leases` and the Leases the
+    # operator creates: the compaction Role must name the work Leases its pods take.
+    return tuple(
+        TableLeases(TableIdentity.of(st, None if n == 0 else i))
+        for n, i in enumerate(st.destination_identifiers)
+    )
 
 
 #: The suffix of a dynamic route's identity (`dynamic_route_leases`): '-' is never in a table's name

@@ -1,0 +1,282 @@
+"""The compaction pods' upkeep of a Delta table on S3: Icefall's own OPTIMIZE (bin-packing) and VACUUM
+(commit/DESIGN.md, "Compaction pods for Delta tables on S3"; compact/DESIGN.md).
+
+`DeltaPodRunner.step()` replays the table's log (`icefall.commit.delta_files.LogFiles`, only the commits
+since its last round), plans with `icefall.plan.delta_maintenance.plan_delta_pod_work` and runs the first
+item whose work Lease it can claim (`delta_work_key`; a busy one is skipped), as the Iceberg runner does:
+
+- `CompactFiles` (`merge`): the planned files still live and mergeable, of one Parquet schema (files from
+  before and after a schema change are not mixed), are read one record batch at a time with pyarrow over
+  the table's storage (S3 or local) and written into ONE local Parquet file, which is uploaded into the
+  partition's folder; its row count must equal the inputs' (else nothing is committed). Then — after the
+  failpoint `main.mid-rewrite`: written, not committed — `commit_rewrite` swaps the inputs for it with
+  put-if-absent (removes and add with dataChange false, no Metadata action), re-checking on every version
+  someone else took first that the inputs are still live. Failpoint `main.after-rewrite`: committed, not
+  reported.
+- `Vacuum`: deletes what `vacuum_deletions` selects of a listing of the table's folder against a fresh
+  replay: files no version within the retention names, older than it.
+- `SetRetention`: `icefall.commit.delta.set_properties` (a Metadata-only commit of ours that keeps the
+  `icefall.*` keys).
+
+Exactly once: a merge never changes rows (its file is the inputs' rows, checked by count; the swap is one
+log version or none), and it leaves the Metadata alone, so the writer's batch planned before it is
+committed over it (`commit_batch`), and a batch that took the merge's version makes the merge re-check and
+commit after it. A crash before the commit leaves an unnamed file (VACUUM's, later); after it, a merged
+table. No Spark: the pod reads and writes Parquet with pyarrow.
+Not done: checkpoints and log cleanup (the log grows one file per version), Z-order (`spec.table.sortOrder`
+is not applied by the pods' merge), merging files with deletion vectors (keyed tables are refused on S3).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+from icefall.commit.delta import DeltaLog, set_properties
+from icefall.commit.delta_files import LogFiles, RewriteConflictError, commit_rewrite, records_of
+from icefall.commit.lease import LeasePool, LeaseTimeoutError
+from icefall.compact.runner import LeaseFactory, Renewer, Rounds, StepResult, wall_clock_ms
+from icefall.compact.worker import ItemResult, Outcome
+from icefall.ingest.outages import log_failure
+from icefall.plan.delta_maintenance import (
+    CompactFiles,
+    DeltaFile,
+    DeltaFilesView,
+    DeltaPodItem,
+    DeltaPolicy,
+    SetRetention,
+    Vacuum,
+    delta_work_key,
+    partition_key,
+    plan_delta_pod_work,
+    vacuum_deletions,
+)
+from icefall.plan.leases import WORK_LEASE_SECONDS
+from icefall.runtime import metrics
+from icefall.runtime.failpoints import failpoint
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from icefall.plan.names import TableLeases
+
+log = logging.getLogger(__name__)
+
+
+def files_view(files: LogFiles, configuration: Mapping[str, str]) -> DeltaFilesView:
+    """What planning reads of a replay: the mergeable live files with their partitions."""
+    found = tuple(
+        DeltaFile(path, int(add.get("size") or 0), partition_key(add.get("partitionValues") or {}))
+        for path, add in sorted(files.mergeable().items())
+    )
+    return DeltaFilesView(files.version, found, dict(configuration))
+
+
+class DeltaPodRunner(Rounds):
+    """Plan and run the pods' upkeep of one Delta table (module doc)."""
+
+    def __init__(
+        self,
+        location: str,
+        policy: DeltaPolicy,
+        leases: LeaseFactory,
+        *,
+        table_leases: TableLeases,
+        label: str,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        lease_seconds: float = WORK_LEASE_SECONDS,
+    ) -> None:
+        self.spark = None  # type: ignore[assignment]  # no Spark: pyarrow reads and writes
+        self.location, self.policy, self.label = location, policy, label
+        self.log = DeltaLog(location)
+        self.leases = LeasePool(leases)
+        self.table_leases = table_leases
+        self.clock_ms = clock_ms
+        self.lease_seconds = lease_seconds
+        self.files = LogFiles()
+        self.last_vacuum_ms: int | None = None
+
+    def plan(self, now_ms: int | None = None) -> tuple[DeltaPodItem, ...]:
+        now = self.clock_ms() if now_ms is None else now_ms
+        self.files = self.files.advance(self.log) if self.files.version >= 0 else LogFiles.read(self.log)
+        work = plan_delta_pod_work(
+            files_view(self.files, self.files.configuration),
+            self.policy,
+            now_ms=now,
+            last_vacuum_ms=self.last_vacuum_ms,
+        )
+        metrics.MAINTENANCE_BACKLOG.labels(self.label).set(len(work))
+        return work
+
+    def step(self, now_ms: int | None = None) -> StepResult:
+        """One round: at most one item run (module doc). Errors of the item are returned, not raised."""
+        now = self.clock_ms() if now_ms is None else now_ms
+        work = self.plan(now)
+        busy = 0
+        for item in work:
+            lease = self.leases(self.table_leases.work_for(delta_work_key(item)))
+            try:
+                lease.acquire(timeout=0)
+            except LeaseTimeoutError:
+                busy += 1
+                continue
+            try:
+                with Renewer(lease, max(self.lease_seconds / 3, 0.5)):
+                    result = self._counted(item, now)
+            except Exception as error:  # counted; planned again next round
+                log_failure(log, error, "%s: %s failed", self.label, type(item).__name__)
+                return StepResult(
+                    len(work), error=f"{type(error).__name__}: {error}", busy=busy, table=self.label
+                )
+            finally:
+                try:
+                    lease.release()
+                except Exception:  # it runs out by itself
+                    log.warning("releasing a work lease failed", exc_info=True)
+            return StepResult(len(work), result=result, busy=busy, table=self.label)
+        return StepResult(len(work), busy=busy, table=self.label)
+
+    def _counted(self, item: DeltaPodItem, now_ms: int) -> ItemResult:
+        kind = type(item).__name__
+        started = time.monotonic()
+        try:
+            result = self.run_item(item, now_ms)
+        except Exception:
+            metrics.MAINTENANCE_ITEMS.labels(self.label, kind, Outcome.FAILED.value).inc()
+            raise
+        result = replace(result, seconds=time.monotonic() - started)
+        metrics.MAINTENANCE_ITEMS.labels(self.label, kind, result.outcome.value).inc()
+        metrics.MAINTENANCE_ITEM_DURATION.labels(self.label, kind).observe(result.seconds)
+        if result.outcome is Outcome.DONE and isinstance(item, CompactFiles):
+            metrics.COMPACTION_FILES_REWRITTEN.labels(self.label).inc(result.files_rewritten)
+            metrics.COMPACTION_FILES_ADDED.labels(self.label).inc(result.files_added)
+            metrics.LAST_COMPACTION.labels(self.label).set(time.time())
+        log.info("%s: %s %s: %s", self.label, kind, result.outcome.value, result.detail)
+        return result
+
+    def run_item(self, item: DeltaPodItem, now_ms: int) -> ItemResult:
+        if isinstance(item, SetRetention):
+            version = set_properties(self.log, item.properties)
+            detail = ", ".join(f"{k}={v}" for k, v in item.properties.items())
+            outcome = Outcome.DONE if version is not None else Outcome.SKIPPED
+            return ItemResult("SetRetention", outcome, detail, 0, version)
+        if isinstance(item, CompactFiles):
+            return merge(self.log, self.files, item)
+        return self._vacuum(item, now_ms)
+
+    def _vacuum(self, item: Vacuum, now_ms: int) -> ItemResult:
+        deleted = vacuum(self.log, item.retention_ms, now_ms)
+        self.last_vacuum_ms = now_ms
+        detail = f"{len(deleted)} files deleted (retention {item.retention_ms // 1000}s)"
+        return ItemResult("Vacuum", Outcome.DONE, detail, 0, deleted_paths=deleted)
+
+
+def vacuum(log_: DeltaLog, retention_ms: int, now_ms: int) -> tuple[str, ...]:
+    """Delete the table's files no version within `retention_ms` of `now_ms` names and older than that
+    (`vacuum_deletions`); the paths deleted. The listing comes first, the log after it: a file a commit
+    names after the replay is newer than the cut-off (a batch's, a merge's) or was live in the replay."""
+    cutoff = now_ms - retention_ms
+    listed = log_.storage.list_tree()
+    files = LogFiles.read(log_)
+    doomed = vacuum_deletions(
+        listed,
+        (unquote(p) for p in files.live),
+        {unquote(p): t for p, t in files.removed.items()},
+        cutoff_ms=cutoff,
+        partition_columns=files.partition_columns,
+    )
+    deleted = []
+    for path in doomed:
+        failpoint("main.before-orphan-delete")
+        if log_.storage.delete(path):
+            deleted.append(path)
+    return tuple(deleted)
+
+
+def merge(log_: DeltaLog, files: LogFiles, item: CompactFiles) -> ItemResult:
+    """Merge the item's files that are still live into one (module doc); SKIPPED when fewer than two are
+    left (of one schema), or when a commit in between removed one of them."""
+    live = files.mergeable()
+    inputs = [path for path in item.paths if path in live]
+    filesystem, root = log_.storage.arrow()
+    inputs = _one_schema(inputs, filesystem, root)
+    if len(inputs) < 2:
+        return ItemResult(
+            "CompactFiles", Outcome.SKIPPED, f"{len(inputs)} of {len(item.paths)} planned files left", 0
+        )
+    adds = [live[p] for p in inputs]
+    folder = unquote(inputs[0]).rpartition("/")[0]
+    relative = f"{folder}/" if folder else ""
+    relative += f"part-00000-{uuid.uuid4()}-c000.icefall-merge.snappy.parquet"
+    with tempfile.TemporaryDirectory(prefix="icefall-merge-") as scratch:
+        staged = Path(scratch) / "merged.parquet"
+        records = _write_merged(inputs, filesystem, root, staged)
+        expected = [records_of(a) for a in adds]
+        if None not in expected and sum(e or 0 for e in expected) != records:
+            raise RuntimeError(
+                f"merged {records} rows, but the log says the inputs hold {sum(e or 0 for e in expected)}"
+            )
+        size = log_.storage.move_in(staged, relative)
+    failpoint("main.mid-rewrite")  # written, not committed: an unnamed file
+    added = {
+        "path": quote(relative, safe="/="),
+        "partitionValues": dict(adds[0].get("partitionValues") or {}),
+        "size": size,
+        "modificationTime": int(time.time() * 1000),
+        "stats": f'{{"numRecords":{records}}}',
+    }
+    try:
+        version = commit_rewrite(log_, files, inputs, [added])
+    except RewriteConflictError as conflict:
+        return ItemResult("CompactFiles", Outcome.SKIPPED, str(conflict), 0)
+    detail = f"{len(inputs)} files ({records} rows) of partition {item.partition!r} into 1, version {version}"
+    return ItemResult("CompactFiles", Outcome.DONE, detail, 0, version, len(inputs), 1)
+
+
+def _one_schema(paths: list[str], filesystem: Any, root: str) -> list[str]:
+    """The largest group of `paths` whose files share one Parquet schema (first in plan order on a tie)."""
+    import pyarrow.parquet as pq
+
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        schema = pq.read_schema(f"{root}/{unquote(path)}", filesystem=filesystem)
+        groups.setdefault(schema.to_string(show_schema_metadata=False), []).append(path)
+    return max(groups.values(), key=len, default=[])
+
+
+def _write_merged(paths: list[str], filesystem: Any, root: str, out: Path) -> int:
+    """Copy the rows of `paths` (one schema) into the Parquet file `out`, a record batch at a time (memory:
+    one row group's worth); the rows written. Decimals as integers and timestamps in microseconds, as Spark
+    writes them for Delta."""
+    import pyarrow.parquet as pq
+
+    records = 0
+    writer: pq.ParquetWriter | None = None
+    try:
+        for path in paths:
+            with (
+                filesystem.open_input_file(f"{root}/{unquote(path)}")
+                if filesystem
+                else open(f"{root}/{unquote(path)}", "rb") as handle
+            ):
+                source = pq.ParquetFile(handle)
+                schema: pa.Schema = source.schema_arrow.remove_metadata()
+                if writer is None:
+                    writer = pq.ParquetWriter(
+                        out, schema, compression="snappy", store_decimal_as_integer=True,
+                        coerce_timestamps="us",
+                    )  # fmt: skip
+                for batch in source.iter_batches():
+                    writer.write_batch(batch.replace_schema_metadata(None))
+                    records += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    return records
