@@ -353,3 +353,28 @@ def test_a_spec_whose_partitioning_is_not_the_tables_is_refused_at_start() -> No
         _check_partitioning(table, [], ["id", "customer"], "/t")
     with pytest.raises(LayoutChangedError, match=r"names \['region'\], not columns of the table's rows"):
         _check_partitioning(DeltaSnapshot(0, {}), ["region"], ["id"], "/t")
+
+
+def test_a_commit_reads_only_the_versions_since_the_last_snapshot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a checkpoint the Protocol is only in version 0: a log that walked back to it for every commit
+    made each commit cost more than the last. The same answers as a log read from scratch."""
+    log = DeltaLog(str(tmp_path))
+    create_table(log, SCHEMA, epoch=1)
+    read: list[int] = []
+    actions = log.actions
+    monkeypatch.setattr(log, "actions", lambda version: read.append(version) or actions(version))
+    for n in range(30):
+        read.clear()
+        commit_batch(log, log.snapshot(), batch(n, n + 1), 1, [AddFile(f"f{n}.parquet", 10, 1)])
+        assert len(read) <= 2, read  # the version just committed (and at most one more), never back to 0
+    fresh = DeltaLog(str(tmp_path)).snapshot()
+    assert log.snapshot() == fresh and fresh.committed.offsets == {0: 30}
+    # Another table at the location (deleted and created again, same versions reached): read it whole.
+    other = DeltaLog(str(tmp_path / "other"))
+    create_table(other, SCHEMA.replace('"long"', '"integer"'), epoch=1)
+    for n in range(31):
+        commit_batch(other, other.snapshot(), batch(n, n + 1), 1, [AddFile(f"g{n}.parquet", 10, 1)])
+    monkeypatch.setattr(log, "storage", other.storage)
+    assert log.snapshot() == other.snapshot() != fresh
