@@ -10,11 +10,11 @@ with a 1 s grace period (SIGTERM, then SIGKILL if the batch in flight is not don
 table exactly once, by content, read back with delta-rs (an independent reader); the Delta log's committed
 offsets are the topic's ends; the operator created a new driver Pod, which took the commit Lease with a
 newer epoch; the driver's report gives status its lag (0 once caught up), freshness, last commit (the Delta
-version of the last batch) and the table's figures from the Delta log (records, files; no table-uuid), and
-Ready is True; a compaction pod (the same Secret in `spec.pods.compaction.env`), started by the operator
-on the merges due that the driver reports, merges small files while the stream runs (an OPTIMIZE commit of
-Icefall's in the log, put-if-absent beside the batches), and the rows stay exactly once; `Compacting`
-follows the merges due (Compacting or NoCompactionNeeded).
+version of the last batch) and the table's figures from the Delta log (records, files, the log's table id
+as `tableUuid`), and Ready is True; a compaction pod (the same Secret in `spec.pods.compaction.env`),
+started by the operator on the merges due that the driver reports, merges small files while the stream
+runs (an OPTIMIZE commit of Icefall's in the log, put-if-absent beside the batches), and the rows stay
+exactly once; `Compacting` follows the merges due (Compacting or NoCompactionNeeded).
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def test_a_delta_table_on_s3_through_a_deleted_driver_pod_is_exactly_once(
     assert status["freshness"]["snapshotId"] == last_batch
     assert status["table"]["files"] >= 1
     writer = status["writer"]
-    assert "tableUuid" not in writer, writer  # no Iceberg table-uuid: deletionPolicy Delete keeps the table
+    assert writer["tableUuid"] == log.snapshot().metadata["id"], writer  # what a purge checks
     assert [t["table"] for t in writer.get("tables") or []] == ["it.e2e_delta"], writer
     # Compaction pods tidy a Delta table on S3; Compacting follows the merges due.
     compacting = conditions["Compacting"]
