@@ -14,7 +14,9 @@ version of the last batch) and the table's figures from the Delta log (records, 
 as `tableUuid`), and Ready is True; a compaction pod (the same Secret in `spec.pods.compaction.env`),
 started by the operator on the merges due that the driver reports, merges small files while the stream
 runs (an OPTIMIZE commit of Icefall's in the log, put-if-absent beside the batches), and the rows stay
-exactly once; `Compacting` follows the merges due (Compacting or NoCompactionNeeded).
+exactly once; `Compacting` follows the merges due (Compacting or NoCompactionNeeded); deleted with
+`deletionPolicy: Delete`, the purge Job deletes the table's folder (its log id the reported one) and the
+StreamingTable goes.
 """
 
 from __future__ import annotations
@@ -321,3 +323,14 @@ def test_a_delta_table_on_s3_through_a_deleted_driver_pod_is_exactly_once(
     compacting = conditions["Compacting"]
     assert compacting["reason"] in ("Compacting", "NoCompactionNeeded"), compacting
     assert len(log.history().commit_file_ms) > 0 and pipeline.merges()
+
+    # deletionPolicy Delete: the purge Job (the driver's pod template, its S3 Secret) deletes the folder
+    # whose log id the driver reported, then the StreamingTable goes.
+    pipeline.rest.call(
+        "PATCH", f"{pipeline.st_path}/{NAME}", {"spec": {"deletionPolicy": "Delete"}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    pipeline.rest.call("DELETE", f"{pipeline.st_path}/{NAME}")
+    wait_for("the StreamingTable gone", lambda: not pipeline.st(), timeout=240, details=pipeline.explain)
+    assert not pipeline.log().snapshot().exists, "the Delta table's log is still there"
+    pipeline.note("deletionPolicy Delete: the purge Job deleted the Delta table's folder")

@@ -202,13 +202,14 @@ current-context: {user}@icefall-test
 DEFAULT_CONTROLLERS = ("deployment-controller", "replicaset-controller", "garbage-collector-controller",
                        "serviceaccount-controller")  # fmt: skip
 #: What a cluster with a node needs besides: each namespace's `kube-root-ca.crt` (the projected token volume
-#: mounts it), a deleted namespace emptied (its pods stopped), and the node's `not-ready` taint lifted once
-#: the kubelet reports Ready (the kubelet registers with it).
+#: mounts it), a deleted namespace emptied (its pods stopped), the node's `not-ready` taint lifted once
+#: the kubelet reports Ready (the kubelet registers with it), and Jobs run (`deletionPolicy: Delete`'s purge).
 NODE_CONTROLLERS = (
     *DEFAULT_CONTROLLERS,
     "root-ca-certificate-publisher-controller",
     "namespace-controller",
     "node-lifecycle-controller",
+    "job-controller",
 )
 
 
