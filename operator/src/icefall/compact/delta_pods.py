@@ -41,8 +41,8 @@ from urllib.parse import quote, unquote
 
 from icefall.commit.delta import DeltaLog, set_properties
 from icefall.commit.delta_files import LogFiles, RewriteConflictError, commit_rewrite, records_of
-from icefall.commit.lease import LeasePool, LeaseTimeoutError
-from icefall.compact.runner import LeaseFactory, Renewer, Rounds, StepResult, wall_clock_ms
+from icefall.commit.lease import LeasePool
+from icefall.compact.runner import LeaseFactory, Rounds, StepResult, claimed, wall_clock_ms
 from icefall.compact.worker import ItemResult, Outcome
 from icefall.ingest.outages import log_failure
 from icefall.plan.delta_maintenance import (
@@ -121,25 +121,19 @@ class DeltaPodRunner(Rounds):
         work = self.plan(now)
         busy = 0
         for item in work:
-            lease = self.leases(self.table_leases.work_for(delta_work_key(item)))
-            try:
-                lease.acquire(timeout=0)
-            except LeaseTimeoutError:
-                busy += 1
-                continue
-            try:
-                with Renewer(lease, max(self.lease_seconds / 3, 0.5)):
-                    result = self._counted(item, now)
-            except Exception as error:  # counted; planned again next round
-                log_failure(log, error, "%s: %s failed", self.label, type(item).__name__)
-                return StepResult(
-                    len(work), error=f"{type(error).__name__}: {error}", busy=busy, table=self.label
-                )
-            finally:
+            with claimed(
+                self.leases(self.table_leases.work_for(delta_work_key(item))), self.lease_seconds
+            ) as held:
+                if not held:
+                    busy += 1
+                    continue
                 try:
-                    lease.release()
-                except Exception:  # it runs out by itself
-                    log.warning("releasing a work lease failed", exc_info=True)
+                    result = self._counted(item, now)
+                except Exception as error:  # counted; planned again next round
+                    log_failure(log, error, "%s: %s failed", self.label, type(item).__name__)
+                    return StepResult(
+                        len(work), error=f"{type(error).__name__}: {error}", busy=busy, table=self.label
+                    )
             return StepResult(len(work), result=result, busy=busy, table=self.label)
         return StepResult(len(work), busy=busy, table=self.label)
 

@@ -63,7 +63,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -118,6 +119,25 @@ class ItemRunner(Protocol):
     def __call__(
         self, spark: SparkSession, catalog: CatalogConfig, identifier: Sequence[str], item: WorkItem
     ) -> ItemResult: ...
+
+
+@contextmanager
+def claimed(lease: Lease, lease_seconds: float) -> Iterator[bool]:
+    """A work Lease taken at once and renewed while the body runs, then let go (True), or False when another
+    worker holds it. Both compaction loops claim their items so (`Maintenance.step`, Delta's pods)."""
+    try:
+        lease.acquire(timeout=0)
+    except LeaseTimeoutError:
+        yield False
+        return
+    try:
+        with Renewer(lease, max(lease_seconds / 3, 0.5)):
+            yield True
+    finally:
+        try:
+            lease.release()
+        except Exception:  # it runs out by itself
+            log.warning("releasing a work lease failed", exc_info=True)
 
 
 class Renewer:
@@ -237,25 +257,18 @@ class MaintenanceRunner(Rounds):
         for item in work:
             key = work_key(item)
             lease = self.leases(self.table_leases.work_for(self.work_scope + key))
-            try:
-                lease.acquire(timeout=0)
-            except LeaseTimeoutError:
-                busy += 1
-                continue
-            try:
-                with Renewer(lease, max(self.lease_seconds / 3, 0.5)):
-                    result = self._run_claimed(item, key)
-            except Exception as error:  # counted and logged by run_item; planned again next round
-                if jvm_stopped(self.spark, error):  # the process is being stopped: nothing to report but that
-                    log.info("%s: %s stopped with Spark's JVM", self.label, kind_of(item))
-                    return StepResult(len(work), item, None, "Spark's JVM stopped", busy)
-                log_failure(log, error, "%s: %s failed", self.label, kind_of(item))
-                return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
-            finally:
+            with claimed(lease, self.lease_seconds) as held:
+                if not held:
+                    busy += 1
+                    continue
                 try:
-                    lease.release()
-                except Exception:  # it runs out by itself
-                    log.warning("releasing a work lease failed", exc_info=True)
+                    result = self._run_claimed(item, key)
+                except Exception as error:  # counted and logged by run_item; planned again next round
+                    if jvm_stopped(self.spark, error):  # being stopped: nothing to report but that
+                        log.info("%s: %s stopped with Spark's JVM", self.label, kind_of(item))
+                        return StepResult(len(work), item, None, "Spark's JVM stopped", busy)
+                    log_failure(log, error, "%s: %s failed", self.label, kind_of(item))
+                    return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
             return StepResult(len(work), item, result, None, busy)
         return StepResult(len(work), busy=busy)
 
