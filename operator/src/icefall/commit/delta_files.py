@@ -63,6 +63,8 @@ class LogFiles:
     removed: dict[str, int] = field(default_factory=dict)  # path -> deletionTimestamp (ms)
     metadata: dict[str, Any] | None = None  # the metaData action in force
     protocol: dict[str, Any] | None = None  # the protocol action in force
+    tombstones: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> its remove action
+    txns: dict[str, dict[str, Any]] = field(default_factory=dict)  # appId -> its txn action
 
     @property
     def configuration(self) -> dict[str, str]:
@@ -75,14 +77,13 @@ class LogFiles:
     @classmethod
     def read(cls, log: DeltaLog) -> LogFiles:
         """The latest version's files, from the newest checkpoint and the commits after it."""
-        latest = log.latest_version()
+        tail = log.tail()
         files = cls()
-        if latest < 0:
+        if tail.latest < 0:
             return files
-        checkpoint = log.latest_checkpoint()
-        if checkpoint is not None:
-            files._apply_checkpoint(log, checkpoint)
-        return files.advance(log, latest)
+        if tail.checkpoint is not None:
+            files._apply_checkpoint(log, tail.checkpoint, tail.checkpoint_files)
+        return files.advance(log, tail.latest)
 
     def advance(self, log: DeltaLog, upto: int | None = None) -> LogFiles:
         """This replay brought to `upto` (default the latest version), in place; a commit log cleanup
@@ -92,15 +93,16 @@ class LogFiles:
             try:
                 actions = log.actions(version)
             except FileNotFoundError as error:
-                checkpoint = log.latest_checkpoint()
-                if checkpoint is None or checkpoint < version:
+                tail = log.tail()
+                if tail.checkpoint is None or tail.checkpoint < version:
                     raise CorruptStateError(
                         f"{log.location}: version {version} is missing from the log and no checkpoint "
                         "stands for it"
                     ) from error
-                self.version, self.live, self.removed, self.metadata, self.protocol = -1, {}, {}, None, None
-                self._apply_checkpoint(log, checkpoint)
-                return self.advance(log, latest)
+                fresh = LogFiles()
+                fresh._apply_checkpoint(log, tail.checkpoint, tail.checkpoint_files)
+                self.__dict__.update(fresh.__dict__)
+                return self.advance(log, max(latest, tail.latest))
             self.apply(version, actions)
         return self
 
@@ -113,9 +115,16 @@ class LogFiles:
             elif (added := action.get("add")) is not None:
                 self.live[added["path"]] = dict(added)
                 self.removed.pop(added["path"], None)
+                self.tombstones.pop(added["path"], None)
             elif (gone := action.get("remove")) is not None:
-                self.live.pop(gone["path"], None)
+                # A logical file is (path, deletion vector): a MERGE's remove of the old vector and add of
+                # the new one share a path, in either order (PROTOCOL.md, "Action Reconciliation").
+                if _dv_id(self.live.get(gone["path"])) == _dv_id(gone):
+                    self.live.pop(gone["path"], None)
                 self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
+                self.tombstones[gone["path"]] = dict(gone)
+            elif (txn := action.get("txn")) is not None:
+                self.txns[txn["appId"]] = dict(txn)
         self.version = version
 
     def mergeable(self) -> dict[str, dict[str, Any]]:
@@ -130,29 +139,47 @@ class LogFiles:
             and not add.get("deletionVector")
         }
 
-    def _apply_checkpoint(self, log: DeltaLog, version: int) -> None:
+    def _apply_checkpoint(self, log: DeltaLog, version: int, names: Sequence[str]) -> None:
         import pyarrow.parquet as pq
 
         self.metadata, self.protocol = (
-            dict(found) if found else None for found in log._from_checkpoint(version)
+            dict(found) if found else None for found in log._from_checkpoint(version, names)
         )
         filesystem, root = log.storage.arrow()
-        names = sorted(
-            n for n in log.storage.list("_delta_log") if n.startswith(f"{version:020d}.checkpoint")
-        )
         for name in names:
-            table = pq.read_table(
-                f"{root}/_delta_log/{name}", columns=["add", "remove"], filesystem=filesystem
-            )
-            for row in table.to_pylist():
+            path = f"{root}/_delta_log/{name}"
+            columns = [
+                c for c in ("add", "remove", "txn") if c in pq.read_schema(path, filesystem=filesystem).names
+            ]
+            for row in pq.read_table(path, columns=columns, filesystem=filesystem).to_pylist():
                 if (added := row.get("add")) is not None:
-                    values = added.get("partitionValues")
-                    if isinstance(values, list):  # a map is read as a list of pairs
-                        added = {**added, "partitionValues": dict(values)}
-                    self.live[added["path"]] = {k: v for k, v in added.items() if v is not None}
+                    self.live[added["path"]] = _plain(added)
                 elif (gone := row.get("remove")) is not None:
                     self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
+                    self.tombstones[gone["path"]] = _plain(gone)
+                elif (txn := row.get("txn")) is not None:
+                    self.txns[txn["appId"]] = _plain(txn)
         self.version = version
+
+
+def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint row as a log action: no null fields, maps (read as lists of pairs) as dicts."""
+    plain = {}
+    for key, value in row.items():
+        if value is None:
+            continue
+        plain[key] = dict(value) if key in ("partitionValues", "tags") and isinstance(value, list) else value
+    if isinstance(plain.get("deletionVector"), dict):
+        plain["deletionVector"] = {k: v for k, v in plain["deletionVector"].items() if v is not None}
+    return plain
+
+
+def _dv_id(action: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    """The deletion vector's identity in an add or remove (None: none), as Delta's `dvId`."""
+    vector = (action or {}).get("deletionVector")
+    if not vector:
+        return None
+    return (vector.get("storageType"), vector.get("pathOrInlineDv"), vector.get("offset"))
 
 
 def records_of(add: Mapping[str, Any]) -> int | None:

@@ -76,6 +76,10 @@ class LocalStorage:
             return {}
         return {e.name: e.stat().st_mtime_ns // 1_000_000 for e in os.scandir(folder) if e.is_file()}
 
+    def list_after(self, relative: str, after: str) -> dict[str, int]:
+        """`list_times` of the names sorting after `after` (what S3's `start-after` gives: `list_after`)."""
+        return {name: ms for name, ms in self.list_times(relative).items() if name > after}
+
     def list_tree(self) -> dict[str, int]:
         """Every file under the table's folder (relative path → modification time, ms): what VACUUM sees."""
         found: dict[str, int] = {}
@@ -254,6 +258,16 @@ class S3Storage:
     def arrow(self) -> tuple[FileSystem | None, str]:
         return self.fs, f"{self.bucket}/{self.prefix}"
 
+    def list_after(self, relative: str, after: str) -> dict[str, int]:
+        """The objects directly in `relative` whose names sort after `after` (name → LastModified, ms): ONE
+        ListObjectsV2 with `start-after` per 1000 keys, so reading the tail of a long `_delta_log` costs as
+        much as the tail (pyarrow's listing has no `start-after`). Sub-folders are not listed."""
+        from icefall.commit.s3_list import list_objects_after
+
+        prefix = f"{self._key(relative)}/"
+        found = list_objects_after(self.settings, self.bucket, prefix, prefix + after)
+        return {key[len(prefix) :]: ms for key, ms in found.items()}
+
     def delete_all(self) -> None:
         """Every object under the table's prefix and its '/' (a purge): never `<prefix>-eu/...`."""
         if not self.prefix:
@@ -323,6 +337,16 @@ def signed_headers(method: str, host: str, path: str, body: bytes, s: S3Settings
 def delta_rs_options(location: str) -> dict[str, str] | None:
     """delta-rs's storage options for the table at `location` (None: local, none needed)."""
     return S3Settings.from_env().delta_rs_options() if is_s3(location) else None
+
+
+def list_after(storage: DeltaStorage, relative: str, after: str) -> dict[str, int]:
+    """The names in `relative` sorting after `after`, with their modification times (ms): the store's own
+    `list_after` when it has one (S3: `start-after`), else its whole listing filtered."""
+    own = getattr(storage, "list_after", None)
+    if own is not None:
+        found: dict[str, int] = own(relative, after)
+        return found
+    return {name: ms for name, ms in storage.list_times(relative).items() if name > after}
 
 
 def storage_for(location: str) -> DeltaStorage:
