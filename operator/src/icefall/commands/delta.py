@@ -1,8 +1,8 @@
 """`icefall run`, the driver pod's `icefall ingest` and `icefall verify` of a Delta Lake table
 (`spec.table.format: delta`): no catalog, the table at its location (`delta_location`), its Spark session a
 Delta table's (`icefall.spark.session.delta_conf`), its upkeep in-process beside the batches
-(`icefall.compact.delta`, Delta's own commands; on S3 the compaction pods' own merge and VACUUM,
-`icefall.compact.delta_pods`, which the pods run too, `compact_delta`); the writer is
+(`icefall.compact.delta`, Delta's own commands; on S3 the compaction pods' own merge, checkpoints and
+VACUUM, `icefall.compact.delta_pods`, which the pods run too, `compact_delta`); the writer is
 `icefall.ingest.delta_sink`, the audit `icefall.audit.delta`. In a cluster (`ingest_delta_pod`) the table is
 on an object store (the operator holds any other: `icefall.plan.children.cluster_table_problem`), the
 commit Lease a Kubernetes Lease, and the status report's figures come from the Delta log
@@ -43,7 +43,9 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
     on_s3 = is_s3(location)
     if maintain and on_s3:  # Delta Spark's commits on S3 are not put-if-absent (commit/DESIGN.md)
-        print("[run] upkeep on S3: Icefall's merge and VACUUM, as the compaction pods (no checkpoints)")
+        print(
+            "[run] upkeep on S3: Icefall's merge, checkpoints, log cleanup and VACUUM, as the compaction pods"
+        )
     spark = build_spark_session(
         [],
         extra_conf=embedded_conf(st, master=args.master, maintain=maintain and not on_s3),

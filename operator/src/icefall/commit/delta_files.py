@@ -65,6 +65,7 @@ class LogFiles:
     protocol: dict[str, Any] | None = None  # the protocol action in force
     tombstones: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> its remove action
     txns: dict[str, dict[str, Any]] = field(default_factory=dict)  # appId -> its txn action
+    newest_checkpoint: int | None = None  # the newest checkpoint at the last listing (None: none)
 
     @property
     def configuration(self) -> dict[str, str]:
@@ -83,12 +84,23 @@ class LogFiles:
             return files
         if tail.checkpoint is not None:
             files._apply_checkpoint(log, tail.checkpoint, tail.checkpoint_files)
+        files.newest_checkpoint = tail.checkpoint
         return files.advance(log, tail.latest)
+
+    @classmethod
+    def at_checkpoint(cls, log: DeltaLog, version: int, names: Sequence[str]) -> LogFiles:
+        """The files of the checkpoint at `version` (its file names `names`), no commit after it."""
+        files = cls()
+        files._apply_checkpoint(log, version, names)
+        return files
 
     def advance(self, log: DeltaLog, upto: int | None = None) -> LogFiles:
         """This replay brought to `upto` (default the latest version), in place; a commit log cleanup
         removed meanwhile makes it read again from the newest checkpoint."""
-        latest = log.latest_version() if upto is None else upto
+        latest = upto
+        if latest is None:
+            tail = log.tail()
+            latest, self.newest_checkpoint = tail.latest, tail.checkpoint
         for version in range(self.version + 1, latest + 1):
             try:
                 actions = log.actions(version)

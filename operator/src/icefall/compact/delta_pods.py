@@ -17,13 +17,17 @@ item whose work Lease it can claim (`delta_work_key`; a busy one is skipped), as
   replay: files no version within the retention names, older than it.
 - `SetRetention`: `icefall.commit.delta.set_properties` (a Metadata-only commit of ours that keeps the
   `icefall.*` keys).
+- `Checkpoint`: the checkpoint of the round's replay (`icefall.commit.delta_checkpoint.write_checkpoint`,
+  every `delta.checkpointInterval` versions), then Delta's log cleanup by `delta.logRetentionDuration`
+  (`clean_up_log`). Neither commits: a checkpoint is a copy of a version's state, Metadata and offsets
+  included, and cleanup deletes only log files a kept checkpoint stands for.
 
 Exactly once: a merge never changes rows (its file is the inputs' rows, checked by count; the swap is one
 log version or none), and it leaves the Metadata alone, so the writer's batch planned before it is
 committed over it (`commit_batch`), and a batch that took the merge's version makes the merge re-check and
 commit after it. A crash before the commit leaves an unnamed file (VACUUM's, later); after it, a merged
 table. No Spark: the pod reads and writes Parquet with pyarrow.
-Not done: checkpoints and log cleanup (the log grows one file per version), Z-order (`spec.table.sortOrder`
+Not done: Z-order (`spec.table.sortOrder`
 is not applied by the pods' merge), merging files with deletion vectors (keyed tables are refused on S3).
 """
 
@@ -40,12 +44,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from icefall.commit.delta import DeltaLog, set_properties
+from icefall.commit.delta_checkpoint import checkpoint_refusal, clean_up_log, write_checkpoint
 from icefall.commit.delta_files import LogFiles, RewriteConflictError, commit_rewrite, records_of
 from icefall.commit.lease import LeasePool
 from icefall.compact.runner import LeaseFactory, Rounds, StepResult, claimed, wall_clock_ms
 from icefall.compact.worker import ItemResult, Outcome
 from icefall.ingest.outages import log_failure
 from icefall.plan.delta_maintenance import (
+    Checkpoint,
     CompactFiles,
     DeltaFile,
     DeltaFilesView,
@@ -76,7 +82,7 @@ def files_view(files: LogFiles, configuration: Mapping[str, str]) -> DeltaFilesV
         DeltaFile(path, int(add.get("size") or 0), partition_key(add.get("partitionValues") or {}))
         for path, add in sorted(files.mergeable().items())
     )
-    return DeltaFilesView(files.version, found, dict(configuration))
+    return DeltaFilesView(files.version, found, dict(configuration), files.newest_checkpoint)
 
 
 class DeltaPodRunner(Rounds):
@@ -112,6 +118,8 @@ class DeltaPodRunner(Rounds):
             now_ms=now,
             last_vacuum_ms=self.last_vacuum_ms,
         )
+        if checkpoint_refusal(self.files.protocol) is not None:  # never due: it would fail every round
+            work = tuple(item for item in work if not isinstance(item, Checkpoint))
         metrics.MAINTENANCE_BACKLOG.labels(self.label).set(len(work))
         return work
 
@@ -163,7 +171,21 @@ class DeltaPodRunner(Rounds):
             return ItemResult("SetRetention", outcome, detail, 0, version)
         if isinstance(item, CompactFiles):
             return merge(self.log, self.files, item)
+        if isinstance(item, Checkpoint):
+            return self._checkpoint(now_ms)
         return self._vacuum(item, now_ms)
+
+    def _checkpoint(self, now_ms: int) -> ItemResult:
+        """The checkpoint of this round's replay (at or after the planned version), then log cleanup."""
+        written = write_checkpoint(self.log, self.files, now_ms)
+        self.files.newest_checkpoint = written.version
+        deleted = clean_up_log(self.log, self.files.configuration, now_ms)
+        detail = (
+            f"checkpoint at version {written.version} ({written.add_files} files, {written.size_bytes} bytes"
+            f"{'' if written.created else ', written by another'}), {len(deleted)} log files cleaned up"
+        )
+        outcome = Outcome.DONE if written.created or deleted else Outcome.SKIPPED
+        return ItemResult("Checkpoint", outcome, detail, 0, written.version)
 
     def _vacuum(self, item: Vacuum, now_ms: int) -> ItemResult:
         deleted = vacuum(self.log, item.retention_ms, now_ms)

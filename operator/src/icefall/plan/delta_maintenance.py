@@ -114,6 +114,12 @@ def checkpoint_interval(configuration: Mapping[str, str]) -> int:
     return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_CHECKPOINT_INTERVAL
 
 
+def checkpoint_due(version: int, checkpoint_version: int | None, configuration: Mapping[str, str]) -> bool:
+    """At least `delta.checkpointInterval` versions since the newest checkpoint (or since version 0)."""
+    since = version - (checkpoint_version if checkpoint_version is not None else 0)
+    return since >= checkpoint_interval(configuration)
+
+
 def small_files(sizes: Sequence[int], policy: DeltaPolicy, partitions: Sequence[str] = ()) -> int:
     """The small files OPTIMIZE would rewrite: every one, or in a partitioned table (`partitions`, one per
     file) those of partitions holding two or more (OPTIMIZE bins files per partition: a lone one stays)."""
@@ -140,8 +146,7 @@ def plan_delta_maintenance(
     small = small_files(view.file_sizes, policy, view.file_partitions)
     if small >= policy.min_files_to_compact:
         items.append(Optimize(small, policy.zorder_by))
-    since = view.version - (view.checkpoint_version if view.checkpoint_version is not None else 0)
-    if since >= checkpoint_interval(view.configuration):
+    if checkpoint_due(view.version, view.checkpoint_version, view.configuration):
         items.append(Checkpoint(view.version))
     if last_vacuum_ms is None or now_ms - last_vacuum_ms >= policy.vacuum_interval_ms:
         items.append(Vacuum(policy.retention_ms))
@@ -152,8 +157,8 @@ def plan_delta_maintenance(
 #
 # Delta Spark's OPTIMIZE and VACUUM cannot run there (its S3 log store commits unconditionally), so the pods
 # run Icefall's own: `CompactFiles` merges small files of one partition into one file and commits the
-# swap through Icefall's log writer (put-if-absent); `Vacuum` deletes what `vacuum_deletions` selects.
-# No checkpoints (see commit/DESIGN.md, "Compaction pods for Delta tables on S3").
+# swap through Icefall's log writer (put-if-absent); `Vacuum` deletes what `vacuum_deletions` selects;
+# `Checkpoint` writes a checkpoint without Spark and cleans up the log (`icefall.commit.delta_checkpoint`).
 
 #: At most this many files in one merge: the commit names each, and a pod reads them one after the other.
 MAX_FILES_PER_MERGE = 500
@@ -186,9 +191,10 @@ class DeltaFilesView:
     version: int
     files: tuple[DeltaFile, ...]
     configuration: Mapping[str, str]
+    checkpoint_version: int | None = None  # the newest checkpoint's (None: none)
 
 
-DeltaPodItem = SetRetention | CompactFiles | Vacuum
+DeltaPodItem = SetRetention | Checkpoint | CompactFiles | Vacuum
 
 
 def partition_key(values: Mapping[str, str | None]) -> str:
@@ -230,14 +236,18 @@ def plan_delta_pod_work(
     view: DeltaFilesView, policy: DeltaPolicy, *, now_ms: int, last_vacuum_ms: int | None
 ) -> tuple[DeltaPodItem, ...]:
     """The items due now, in order: `SetRetention` when the table's retention properties differ from the
-    spec's, then the merges (`merge_bins`), then `Vacuum` when this process has not run one for
-    `vacuum_interval_ms`; () when the table does not exist."""
+    spec's, `Checkpoint` when `delta.checkpointInterval` versions passed since the newest checkpoint (before
+    the merges: a busy table always has merges due, and reads get slower with every version), then the
+    merges (`merge_bins`), then `Vacuum` when this process has not run one for `vacuum_interval_ms`; ()
+    when the table does not exist."""
     if view.version < 0:
         return ()
     items: list[DeltaPodItem] = []
     wanted = retention_properties(policy)
     if any(view.configuration.get(k) != v for k, v in wanted.items()):
         items.append(SetRetention(wanted))
+    if checkpoint_due(view.version, view.checkpoint_version, view.configuration):
+        items.append(Checkpoint(view.version))
     items += merge_bins(view.files, policy)
     if last_vacuum_ms is None or now_ms - last_vacuum_ms >= policy.vacuum_interval_ms:
         items.append(Vacuum(policy.retention_ms))
@@ -256,6 +266,8 @@ def delta_work_key(item: DeltaPodItem) -> str:
     the second, but its work would be wasted), VACUUM and the properties once per table."""
     if isinstance(item, CompactFiles):
         return f"delta-merge/{item.partition}"
+    if isinstance(item, Checkpoint):
+        return "delta-checkpoint"
     return "delta-vacuum" if isinstance(item, Vacuum) else "delta-properties"
 
 
