@@ -14,11 +14,24 @@ import hashlib
 import hmac
 import http.client
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import quote, urlparse
 
-if TYPE_CHECKING:
-    from icefall.commit.delta_storage import S3Settings
+
+class S3Settings(Protocol):
+    """What a request needs of `icefall.commit.delta_storage.S3Settings` (no import: it imports this)."""
+
+    @property
+    def access_key(self) -> str | None: ...
+    @property
+    def secret_key(self) -> str | None: ...
+    @property
+    def session_token(self) -> str | None: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def endpoint(self) -> str | None: ...
+
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
