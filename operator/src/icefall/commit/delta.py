@@ -270,13 +270,14 @@ class DeltaLog:
             for row in rows:
                 metadata = metadata or row.get("metaData")
                 protocol = protocol or row.get("protocol")
-        if metadata is not None:  # maps are read as lists of pairs: as maps they go back into the log
+        if metadata is not None:  # maps read as lists of pairs, absent fields as nulls: back as in a commit
+            metadata = {k: v for k, v in metadata.items() if v is not None}
             if isinstance(metadata.get("configuration"), list):
-                metadata = {**metadata, "configuration": dict(metadata["configuration"])}
+                metadata["configuration"] = dict(metadata["configuration"])
             found_format = metadata.get("format") or {}
             if isinstance(found_format.get("options"), list):
-                metadata = {**metadata, "format": {**found_format, "options": dict(found_format["options"])}}
-        return metadata, protocol
+                metadata["format"] = {**found_format, "options": dict(found_format["options"])}
+        return metadata, {k: v for k, v in protocol.items() if v is not None} if protocol else None
 
     def try_commit(self, version: int, actions: Iterable[Mapping[str, Any]]) -> bool:
         """Create `version` with `actions`; False if it exists (someone else committed it). The file is
@@ -285,8 +286,7 @@ class DeltaLog:
         return self.storage.put_if_absent(f"{LOG_DIR}/{version:020d}.json", text.encode("utf-8"))
 
 
-def _walk_floor(checkpoint: int | None) -> int:
-    """Where a walk back through the commits stops (exclusive): the checkpoint's version, -1 for none."""
+def _walk_floor(checkpoint: int | None) -> int:  # where a walk back through the commits stops (exclusive)
     return checkpoint if checkpoint is not None else -1
 
 
