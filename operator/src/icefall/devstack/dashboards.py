@@ -304,7 +304,9 @@ def build() -> model.Dashboard:
     builder = (
         db.Dashboard(TITLE)
         .uid(UID)
-        .description("Kafka topics into Iceberg and Delta Lake tables: freshness, lag, throughput, commits, compaction.")
+        .description(
+            "Kafka topics into Iceberg and Delta Lake tables: freshness, lag, throughput, commits, compaction"
+        )
         .tags(["icefall", "kafka", "iceberg", "delta"])
         .editable()
         .tooltip(model.DashboardCursorSync.CROSSHAIR)
