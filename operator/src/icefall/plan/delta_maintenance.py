@@ -171,11 +171,13 @@ class DeltaFile:
 
 @dataclass(frozen=True)
 class CompactFiles:
-    """Merge `paths` (live small files of one partition) into one file, in one commit of ours."""
+    """Merge `paths` (live small files of one partition) into one file, in one commit of ours; its rows in
+    Z-order over `zorder_by` (`spec.table.sortOrder`) when given, else the files' rows one after another."""
 
     partition: str
     paths: tuple[str, ...]
     bytes: int
+    zorder_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,15 +217,16 @@ def merge_bins(files: Sequence[DeltaFile], policy: DeltaPolicy) -> tuple[Compact
         for each in sorted(by_partition[partition], key=lambda f: (f.size, f.path)):
             full = len(current) >= MAX_FILES_PER_MERGE
             if current and (full or sum(f.size for f in current) + each.size > policy.target_file_size_bytes):
-                bins.append(_bin(partition, current))
+                bins.append(_bin(partition, current, policy))
                 current = []
             current.append(each)
-        bins.append(_bin(partition, current))
+        bins.append(_bin(partition, current, policy))
     return tuple(b for b in bins if len(b.paths) >= 2)
 
 
-def _bin(partition: str, files: Sequence[DeltaFile]) -> CompactFiles:
-    return CompactFiles(partition, tuple(f.path for f in files), sum(f.size for f in files))
+def _bin(partition: str, files: Sequence[DeltaFile], policy: DeltaPolicy) -> CompactFiles:
+    paths = tuple(f.path for f in files)
+    return CompactFiles(partition, paths, sum(f.size for f in files), policy.zorder_by)
 
 
 def plan_delta_pod_work(
