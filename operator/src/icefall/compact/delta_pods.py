@@ -8,7 +8,11 @@ item whose work Lease it can claim (`delta_work_key`; a busy one is skipped), as
 - `CompactFiles` (`merge`): the planned files still live and mergeable, of one Parquet schema (files from
   before and after a schema change are not mixed), are read one record batch at a time with pyarrow over
   the table's storage (S3 or local) and written into ONE local Parquet file, which is uploaded into the
-  partition's folder; its row count must equal the inputs' (else nothing is committed). Then — after the
+  partition's folder; its row count must equal the inputs' (else nothing is committed). With a sort order
+  (`spec.table.sortOrder`, `CompactFiles.zorder_by`) the rows are instead all read, ordered by their
+  Z-value over the sort columns (`icefall.compact.zorder`) and written in row groups of
+  `ZORDER_ROW_GROUP_ROWS`: memory is then the merge's rows (at most `targetFileSizeBytes` of Parquet,
+  decoded), not one record batch. Then — after the
   failpoint `main.mid-rewrite`: written, not committed — `commit_rewrite` swaps the inputs for it with
   put-if-absent (removes and add with dataChange false, no Metadata action), re-checking on every version
   someone else took first that the inputs are still live. Failpoint `main.after-rewrite`: committed, not
@@ -23,8 +27,9 @@ log version or none), and it leaves the Metadata alone, so the writer's batch pl
 committed over it (`commit_batch`), and a batch that took the merge's version makes the merge re-check and
 commit after it. A crash before the commit leaves an unnamed file (VACUUM's, later); after it, a merged
 table. No Spark: the pod reads and writes Parquet with pyarrow.
-Not done: checkpoints and log cleanup (the log grows one file per version), Z-order (`spec.table.sortOrder`
-is not applied by the pods' merge), merging files with deletion vectors (keyed tables are refused on S3).
+Not done: checkpoints and log cleanup (the log grows one file per version), merging files with deletion
+vectors (keyed tables are refused on S3); Z-order across files (each merge orders its own rows; Delta's
+OPTIMIZE ZORDER rewrites a whole partition into files of disjoint Z-ranges).
 """
 
 from __future__ import annotations
