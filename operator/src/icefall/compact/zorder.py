@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-#: Bits per column: 64 shared by the columns, at most 32 each (a merge holds far fewer than 2**32 rows).
+#: Bits per column: 64 shared by the columns, at most 32 each (a merge holds far fewer than 2**32 rows);
+#: fewer when no column has that many distinct values (the order is the same, the work less).
 MAX_BITS = 32
 WORD_BITS = 64
 
@@ -36,8 +37,9 @@ def default_bits(columns: int) -> int:
     return max(1, min(MAX_BITS, WORD_BITS // max(1, columns)))
 
 
-def rank_buckets(column: pa.Array | pa.ChunkedArray, bits: int) -> pa.Array:
-    """Each value's dense rank among `column`'s (0-based, nulls last) scaled to `bits` bits (module doc)."""
+def dense_ranks(column: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, int]:
+    """Each value's dense rank among `column`'s (0-based, ascending, nulls last) and the bits the largest
+    rank needs (at least 1)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -46,20 +48,17 @@ def rank_buckets(column: pa.Array | pa.ChunkedArray, bits: int) -> pa.Array:
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
     if len(column) == 0:
-        return pa.array([], pa.uint64())
+        return pa.array([], pa.uint64()), 1
     ranks = pc.subtract(
         pc.rank(column, sort_keys=[("", "ascending", "at_end")], tiebreaker="dense").cast(pa.uint64()),
         pa.scalar(1, pa.uint64()),
     )
-    distinct = int(pc.max(ranks).as_py()) + 1
-    needed = max(1, (distinct - 1).bit_length())
-    if needed <= bits:
-        return pc.shift_left(ranks, pa.scalar(bits - needed, pa.uint64()))
-    return pc.shift_right(ranks, pa.scalar(needed - bits, pa.uint64()))  # coarser: neighbours share one
+    return ranks, max(1, int(pc.max(ranks).as_py()).bit_length())
 
 
 def zorder_values(columns: Sequence[pa.Array | pa.ChunkedArray], *, bits: int | None = None) -> pa.Array:
-    """The Z-value of each row over `columns` (module doc); `bits` per column (default `default_bits`)."""
+    """The Z-value of each row over `columns` (module doc); `bits` per column (default: as many as the
+    column with the most distinct values needs, at most `default_bits`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -69,14 +68,23 @@ def zorder_values(columns: Sequence[pa.Array | pa.ChunkedArray], *, bits: int | 
     lengths = {len(c) for c in used}
     if len(lengths) != 1:
         raise ValueError(f"the columns of a Z-order differ in length: {sorted(lengths)}")
-    width = default_bits(len(used)) if bits is None else bits
+    ranked = [dense_ranks(c) for c in used]
+    width = min(default_bits(len(used)), max(n for _, n in ranked)) if bits is None else bits
     if not 1 <= width * len(used) <= WORD_BITS:
         raise ValueError(f"{len(used)} columns of {width} bits do not fit in {WORD_BITS} bits")
-    buckets = [rank_buckets(c, width) for c in used]
+    # Each rank scaled to fill `width` bits; a column with more values than that loses its low bits.
+    buckets = [
+        (pc.shift_left(r, pa.scalar(width - n, pa.uint64())), width - n)
+        if n <= width
+        else (pc.shift_right(r, pa.scalar(n - width, pa.uint64())), 0)
+        for r, n in ranked
+    ]
     one = pa.scalar(1, pa.uint64())
     value = pa.repeat(pa.scalar(0, pa.uint64()), lengths.pop())
     for level in range(width - 1, -1, -1):  # most significant first
-        for i, bucket in enumerate(buckets):
+        for i, (bucket, zeros) in enumerate(buckets):
+            if level < zeros:
+                continue  # below a scaled column's ranks: always 0
             bit = pc.bit_wise_and(pc.shift_right(bucket, pa.scalar(level, pa.uint64())), one)
             position = level * len(used) + (len(used) - 1 - i)  # the first column leads each level
             value = pc.bit_wise_or(value, pc.shift_left(bit, pa.scalar(position, pa.uint64())))
