@@ -73,8 +73,8 @@ spill disk full (a small tmpfs filled to ENOSPC). The report lists every fault b
 
 Where things are: e2e/chaos_pods.py (the Pod watch, the kill tally, signals to containers),
 e2e/chaos_faults.py (the measured faults), e2e/chaos_audit.py (the append table's audit), e2e/chaos_keyed.py
-(the keyed table), e2e/chaos_delta.py (the Delta table), e2e/chaos_infra.py, e2e/chaos_resources.py and e2e/chaos_spill.py (the infrastructure
-and resource faults), e2e/chaos_report.py (the report).
+(the keyed table), e2e/chaos_delta.py (the Delta table), e2e/chaos_infra.py, e2e/chaos_resources.py and
+e2e/chaos_spill.py (the infrastructure and resource faults), e2e/chaos_report.py (the report).
 
 Not covered: kills of the kubelet and containerd; a disk-backed emptyDir past its `sizeLimit` (a kubelet
 eviction, not ENOSPC; the spill disk fault is a small tmpfs); the operator has no failpoints (its kills
@@ -354,7 +354,11 @@ class Chaos:
         compact = {c.pod for c in self.pods.running("compaction")}
         more = "\n".join(pod_logs(self.node, name) for name in sorted(compact))
         driver = pod_logs(self.node, DRIVER)
-        return f"--- status\n{status}{driver}\n{more}\n--- operator\n{self.operator.tail()}"
+        delta_driver = pod_logs(self.node, delta.DELTA_DRIVER)[-4000:]
+        return (
+            f"--- status\n{status}{driver}\n{more}\n--- Delta driver\n{delta_driver}\n"
+            f"--- operator\n{self.operator.tail()}"
+        )
 
     def st_path(self, name: str = NAME) -> str:
         return f"/apis/icefall.dev/v1alpha1/namespaces/{self.namespace}/streamingtables/{name}"
