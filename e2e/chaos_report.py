@@ -108,7 +108,7 @@ def write_report(
         lines.append(f"| {fault.name} | {after} | {fault.note} |")
     lines += [
         "",
-        "Converged: both tables committed every record that was in their topics when the fault ended.",
+        "Converged: every table committed every record that was in its topic when the fault ended.",
         "",
     ]
     if chaos.infra is not None:
