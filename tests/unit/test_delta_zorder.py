@@ -7,8 +7,8 @@ Z-curve's locality (each quarter of a shuffled 8 x 8 grid is one quadrant, each 
 a column with few values still splits its range at the top level; nulls rank last in their column; more
 values than bits coarsen without reordering; a point lookup on either column reads fewer row runs than
 in arrival order. A merge with a sort order writes the rows in Z-order (every row once), names the
-columns in its commit (`zOrderBy`), skips a sort column the files lack, and a merge without one keeps
-arrival order.
+columns in its commit (`zOrderBy`), skips a sort column the files lack, finds a column by its physical
+name when the table maps names, and a merge without one keeps arrival order.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 from icefall.commit.batch import Batch
 from icefall.commit.delta import AddFile, DeltaLog, commit_batch, create_table
 from icefall.commit.delta_files import LogFiles
-from icefall.compact.delta_pods import merge
+from icefall.compact.delta_pods import merge, parquet_names
 from icefall.compact.worker import Outcome
 from icefall.compact.zorder import default_bits, zorder_indices, zorder_values
 from icefall.plan.delta_maintenance import CompactFiles, DeltaFile, DeltaPolicy, merge_bins
@@ -202,3 +202,14 @@ def test_timestamps_order_by_instant() -> None:
     base = datetime(2026, 11, 29, tzinfo=UTC)
     stamps = pa.array([base + timedelta(seconds=s) for s in (5, -1, 3, 0)], pa.timestamp("us", tz="UTC"))
     assert ordered([stamps]) == [1, 3, 2, 0]
+
+
+def test_sort_columns_are_found_by_their_physical_names_when_the_table_maps_names() -> None:
+    field = {"name": "Customer", "type": "string", "nullable": True, "metadata": {}}
+    mapped = {**field, "metadata": {"delta.columnMapping.physicalName": "col-1a2b"}}
+    schema = {"type": "struct", "fields": [mapped]}
+    metadata = {"schemaString": json.dumps(schema), "configuration": {"delta.columnMapping.mode": "name"}}
+    assert parquet_names(["customer", "other"], metadata) == {"customer": "col-1a2b", "other": "other"}
+    unmapped = {"schemaString": json.dumps(schema), "configuration": {}}
+    assert parquet_names(["customer"], unmapped) == {"customer": "Customer"}
+    assert parquet_names(["id"], None) == {"id": "id"}
