@@ -47,7 +47,7 @@ from urllib.parse import quote, unquote
 from icefall.api.delta_partitions import GENERATION_EXPRESSION
 from icefall.commit.batch import SourceBatch, check_source, state_after
 from icefall.commit.delta_history import DeltaHistory
-from icefall.commit.delta_storage import is_s3, local_path, storage_for
+from icefall.commit.delta_storage import is_object_store, local_path, storage_for
 from icefall.commit.errors import CorruptStateError, FencedError, MaintenanceConflictError, StaleHeadError
 from icefall.commit.state import (
     OFFSET_RESETS,
@@ -137,8 +137,8 @@ class DeltaLog:
 
     def staging_root(self, name: str) -> Path:
         """A local folder for files on their way into the table: `name` in the table's folder, or for a
-        table on S3 in this machine's temporary directory (one per table)."""
-        if is_s3(self.location):
+        table in an object store in this machine's temporary directory (one per table)."""
+        if is_object_store(self.location):
             digest = hashlib.sha256(self.location.encode()).hexdigest()[:16]
             return Path(tempfile.gettempdir()) / "icefall-delta" / digest / name
         return self.root / name
