@@ -10,8 +10,9 @@ Proves, with the settings from the environment only (`STORAGE_EMULATOR_HOST`; `A
 - `icefall run` killed (status 137) at a Delta commit failpoint (its files uploaded, its log entry not
   written) and run again, with its upkeep on (the compaction pods' merge and VACUUM), resumes from the table
   and fills it exactly once, by content: read back by delta-rs with the same settings (`icefall verify`),
-  the committed offsets the topic's end; the compaction pods' steps merge its small files (an OPTIMIZE
-  commit) and VACUUM past the retention deletes the merged-away files and no live one, every row still once;
+  the committed offsets the topic's end, and the driver's status reading (`DeltaMeter`) the same; the
+  compaction pods' steps merge its small files (an OPTIMIZE commit) and VACUUM past the retention deletes
+  the merged-away files and no live one, every row still once;
 - `icefall purge`'s deletion (`purge_delta`) removes the table's folder only, with the recorded table id.
 """
 
@@ -41,6 +42,7 @@ from icefall.compact.worker import Outcome
 from icefall.devstack.azurite import Azurite
 from icefall.devstack.gcs import GcsEmulator
 from icefall.devstack.kafka import KafkaBroker
+from icefall.ingest.delta_meter import DeltaMeter
 from icefall.plan.delta_maintenance import DeltaPolicy
 from icefall.plan.names import table_leases
 from icefall.runtime import failpoints
@@ -172,6 +174,10 @@ def test_icefall_run_killed_at_a_commit_point_then_run_again_is_exactly_once(
     audit = verify_delta_table(st, state, spark=spark)
     assert audit.ok, audit.render()
     assert audit.content_checked and sum(p.in_table for p in audit.partitions) == 90
+    # The driver's status report reads the same log (a cluster's `icefall ingest`).
+    reading = DeltaMeter(st, location).read_once()
+    assert reading is not None and reading.facts.offsets_by_topic == {topic: watermarks(kafka, topic)}
+    assert reading.table.records == 90 and reading.table_uuid == DeltaLog(location).snapshot().metadata["id"]
 
     # The compaction pods' upkeep here: the small files merged (by the run's upkeep or these steps), then
     # VACUUM past the retention deletes the merged-away files and no live one.

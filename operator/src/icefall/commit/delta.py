@@ -19,14 +19,15 @@ batch: it is committed on top of them, as its files are its own and its offsets 
 Checkpoints and log cleanup are Delta's own (the upkeep, `icefall.compact.delta`, has Spark's Delta write
 them); the snapshot is read from the newest checkpoint and the commits after it. Table properties outside
 `icefall.*` (the retention the spec sets) change in a metadata-only commit, `set_properties`.
-The folder is local or on S3 (`icefall.commit.delta_storage`: put-if-absent is `link` locally, a
-conditional PUT on S3). Schema evolution (`icefall.catalog.delta_schema`): a batch whose schema adds
-columns commits the table's new `schemaString` in the `metaData` action of its own log entry
+The folder is local or in an object store (`icefall.commit.delta_storage`: put-if-absent is `link`
+locally, a conditional PUT on S3, a create-only upload on GCS and Azure, `icefall.commit.delta_cloud`).
+Schema evolution (`icefall.catalog.delta_schema`): a batch whose schema adds columns commits the table's
+new `schemaString` in the `metaData` action of its own log entry
 (`commit_batch(schema_string=...)`, and a `protocol` action if a new column needs a feature), not in a
 metadata-only commit before it: the batch's commit writes a `metaData` action anyway, so the new column,
 its first rows and their offsets land together or not at all, behind the same epoch, offset and
 put-if-absent checks; a batch planned on another schema than the table's is StaleHeadError.
-Not guaranteed / not done yet: GCS and Azure, type widening (Delta's `typeWidening` feature), partition
+Not guaranteed / not done yet: type widening (Delta's `typeWidening` feature), partition
 transforms (identity partitions only: `partitionColumns`, each `add` with its `partitionValues`).
 """
 

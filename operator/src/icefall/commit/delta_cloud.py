@@ -1,6 +1,6 @@
 """Delta tables on Google Cloud Storage (`gs://bucket/path`) and Azure storage
 (`abfss://container@account.dfs.core.windows.net/path`): `icefall.commit.object_storage.ObjectStorage` with
-each store's create-only write (commit/DESIGN.md, "Delta tables on S3, GCS and Azure").
+each store's create-only write (commit/DESIGN.md, "Delta tables on GCS and Azure").
 
 - GCS: the JSON API's media upload with `ifGenerationMatch=0` ("only if no live object has this name"):
   412 when the object exists. Settings from Google's own environment names (`GcsSettings.from_env`):

@@ -1,5 +1,5 @@
 """Where a Delta table's files live: the local file system, S3, GCS or Azure (commit/DESIGN.md, "Delta
-tables on S3, GCS and Azure").
+tables on S3", "Delta tables on GCS and Azure").
 
 The log needs four things of a store: list the `_delta_log` folder, read a file, create a file only if it
 does not exist (`put_if_absent`: commit N exists once, across processes and machines), and take in the
