@@ -12,6 +12,7 @@ commit Lease a Kubernetes Lease, and the status report's figures come from the D
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -67,11 +68,9 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
     Spark conf in a Delta table's session, and the report into the StreamingTable's status (lag and
     freshness per batch, the table's figures from its log, the merges due as the compaction backlog). The
     upkeep is the compaction pods' (`compact_delta`). An offset reset request is applied before the first
-    batch (`commands.reset_request`)."""
+    batch (`commands.reset_request`), an object store down at start waited out."""
     from icefall.commands.common import pod_holder, pod_spark
-    from icefall.commands.reset_request import apply_reset_request
     from icefall.commands.run import ingest_delta_until_stopped
-    from icefall.commands.table import delta_target
     from icefall.commit.kube_lease import KubernetesLease
     from icefall.controller.kube import Kube
     from icefall.ingest.delta_meter import DeltaMeter
@@ -84,7 +83,8 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
     stop = stop_on_signals()
     meter = DeltaMeter(st, location)
     report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
-    apply_reset_request(st, delta_target(st, location), Kube(api), now=datetime.now(UTC))
+    if not reset_when_reachable(st, location, Kube(api), stop.is_set, listener=report_to.waiting):
+        return 1
     print(
         f"[ingest] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> delta table {location}",
         flush=True,
@@ -98,6 +98,24 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
         return ingest_delta_until_stopped(st, location, spark, lease, args, stop=stop, report_to=report_to)
     finally:
         meter.stop()
+
+
+def reset_when_reachable(
+    st: Any, location: str, kube: Any, should_stop: Callable[[], bool], *, listener: Any = None
+) -> bool:
+    """The driver pod's offset reset request applied to the Delta table at `location` before the first batch
+    (`commands.reset_request`), an object store that is down meanwhile waited out as the batches do; False:
+    stopped before the store answered."""
+    from icefall.commands.reset_request import apply_reset_request
+    from icefall.commands.table import delta_target
+    from icefall.ingest.delta_sink import delta_services
+    from icefall.ingest.outages import Outages
+
+    outages = Outages(".".join(st.table_identifier), delta_services(st.spec, location))
+    outages.listener = listener
+    return outages.retrying(
+        lambda: apply_reset_request(st, delta_target(st, location), kube, now=datetime.now(UTC)), should_stop
+    )
 
 
 def compact_delta(args: argparse.Namespace, st: Any, leases: Any) -> int:

@@ -180,9 +180,12 @@ def commit_rewrite(
     files: LogFiles,
     removed: Sequence[str],
     added: Sequence[Mapping[str, Any]],
+    *,
+    zorder_by: Sequence[str] = (),
 ) -> int:
     """Commit the swap of `removed` (live paths) for `added` (add actions), on the latest version (module
-    doc); the version made. `files` is the replay the merge was planned on, advanced in place.
+    doc); the version made. `files` is the replay the merge was planned on, advanced in place; `zorder_by`:
+    the columns the added files' rows are Z-ordered by, recorded as Delta's OPTIMIZE records them.
     RewriteConflictError: a removed path is no longer live; MaintenanceConflictError: the commit lost
     MAX_ATTEMPTS races in a row; CorruptStateError: the table's protocol refuses a merge."""
     adds = [{"add": {**a, "dataChange": False}} for a in added]
@@ -200,7 +203,11 @@ def commit_rewrite(
         actions = [
             _commit_info(
                 "OPTIMIZE",
-                operationParameters={"predicate": "[]", "auto": "false"},
+                operationParameters={
+                    "predicate": "[]",
+                    "zOrderBy": json.dumps(list(zorder_by), separators=(",", ":")),
+                    "auto": "false",
+                },
                 readVersion=files.version,
                 isBlindAppend=False,
             ),

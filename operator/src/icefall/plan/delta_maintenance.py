@@ -19,7 +19,8 @@ How the spec maps to Delta (no setting is silently dropped; what Delta cannot do
   partition and leaves a lone one as it is.
 - `compaction.minSnapshotsToKeep` above 1 has no Delta equivalent (refused by the spec).
 - Z-order rewrites every file of the table each time it runs (Delta's OPTIMIZE ZORDER is not incremental), so
-  it runs when small files gather, like bin-packing, not every step.
+  it runs when small files gather, like bin-packing, not every step. The pods' merges (below) Z-order only
+  the small files each one merges (`CompactFiles.zorder_by`).
 """
 
 from __future__ import annotations
@@ -171,11 +172,13 @@ class DeltaFile:
 
 @dataclass(frozen=True)
 class CompactFiles:
-    """Merge `paths` (live small files of one partition) into one file, in one commit of ours."""
+    """Merge `paths` (live small files of one partition) into one file, in one commit of ours; its rows in
+    Z-order over `zorder_by` (`spec.table.sortOrder`) when given, else the files' rows one after another."""
 
     partition: str
     paths: tuple[str, ...]
     bytes: int
+    zorder_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,9 @@ def merge_bins(files: Sequence[DeltaFile], policy: DeltaPolicy) -> tuple[Compact
     """The merges that turn the small files into files of about the target size: per partition, its small
     files smallest first, packed greedily into bins whose sum stays within the target (a merged file is
     about the sum of its inputs); a bin of one file is no merge. Nothing while the table holds fewer than
-    `min_files_to_compact` small files that could merge (as `small_files` counts them)."""
+    `min_files_to_compact` small files that could merge (as `small_files` counts them). A merge's file,
+    Z-ordered or not, is merged again only while it is small, with newer small files (each merge makes
+    one file of two or more, so merging ends): a file at size is never rewritten to re-sort it."""
     limit = policy.small_file_ratio * policy.target_file_size_bytes
     small = [f for f in files if f.size < limit]
     counted = small_files([f.size for f in small], policy, [f.partition for f in small] if small else ())
@@ -215,15 +220,16 @@ def merge_bins(files: Sequence[DeltaFile], policy: DeltaPolicy) -> tuple[Compact
         for each in sorted(by_partition[partition], key=lambda f: (f.size, f.path)):
             full = len(current) >= MAX_FILES_PER_MERGE
             if current and (full or sum(f.size for f in current) + each.size > policy.target_file_size_bytes):
-                bins.append(_bin(partition, current))
+                bins.append(_bin(partition, current, policy))
                 current = []
             current.append(each)
-        bins.append(_bin(partition, current))
+        bins.append(_bin(partition, current, policy))
     return tuple(b for b in bins if len(b.paths) >= 2)
 
 
-def _bin(partition: str, files: Sequence[DeltaFile]) -> CompactFiles:
-    return CompactFiles(partition, tuple(f.path for f in files), sum(f.size for f in files))
+def _bin(partition: str, files: Sequence[DeltaFile], policy: DeltaPolicy) -> CompactFiles:
+    paths = tuple(f.path for f in files)
+    return CompactFiles(partition, paths, sum(f.size for f in files), policy.zorder_by)
 
 
 def plan_delta_pod_work(
