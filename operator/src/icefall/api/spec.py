@@ -471,6 +471,14 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
                 "format iceberg",
             )
         )
+    if spec.key and (spec.table.location or "").startswith(("gs://", "abfs://", "abfss://")):
+        problems.append(  # as on S3: the shadow links local files
+            (
+                ("table", "location"),
+                "keyed (upsert/cdc) Delta tables on GCS or Azure are not supported yet; use a local path or "
+                "format iceberg",
+            )
+        )
     return problems
 
 

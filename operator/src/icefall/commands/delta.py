@@ -26,7 +26,7 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     (`icefall.ingest.delta_sink`); OPTIMIZE, checkpoints and VACUUM on a thread beside the batches unless
     `spec.compaction.enabled` is false, the table suspended or `--no-maintenance` given."""
     from icefall.commands.run import ingest_delta_until_stopped
-    from icefall.commit.delta_storage import is_s3
+    from icefall.commit.delta_storage import is_object_store, store_name
     from icefall.commit.lease import FileLease, local_process_holder
     from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import embedded_conf
@@ -42,10 +42,11 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     )
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
-    on_s3 = is_s3(location)
-    if maintain and on_s3:  # Delta Spark's commits on S3 are not put-if-absent (commit/DESIGN.md)
+    on_s3 = is_object_store(location)  # S3, GCS or Azure
+    if maintain and on_s3:  # Delta Spark's commits there are not put-if-absent (commit/DESIGN.md)
         print(
-            "[run] upkeep on S3: Icefall's merge, checkpoints, log cleanup and VACUUM, as the compaction pods"
+            f"[run] upkeep on {store_name(location)}: Icefall's merge, checkpoints, log cleanup and VACUUM, "
+            "as the compaction pods"
         )
     spark = build_spark_session(
         [],
@@ -121,10 +122,10 @@ def reset_when_reachable(
 
 
 def compact_delta(args: argparse.Namespace, st: Any, leases: Any) -> int:
-    """`icefall compact` of a Delta table on S3 (the compaction pods; `-f` locally): Icefall's own merge and
-    VACUUM (`icefall.compact.delta_pods`), work Leases from `leases`, no Spark and no catalog. A table not
-    on S3 is the `icefall run` upkeep's (Delta's own commands): nothing to do here."""
-    from icefall.commit.delta_storage import is_s3
+    """`icefall compact` of a Delta table in an object store (S3, GCS, Azure; the compaction pods, `-f`
+    locally): Icefall's own merge and VACUUM (`icefall.compact.delta_pods`), work Leases from `leases`, no
+    Spark and no catalog. A local table is the `icefall run` upkeep's (Delta's own commands): none here."""
+    from icefall.commit.delta_storage import is_object_store
     from icefall.compact.delta_pods import DeltaPodRunner
     from icefall.compact.runner import serve
     from icefall.plan.delta_maintenance import delta_policy_from_spec
@@ -133,7 +134,7 @@ def compact_delta(args: argparse.Namespace, st: Any, leases: Any) -> int:
 
     location = st.spec.table.location
     name = st.metadata.name
-    if location is None or not is_s3(str(location)):
+    if location is None or not is_object_store(str(location)):
         print(f"[compact] {name}: a local Delta table's upkeep runs beside its batches in `icefall run`")
         return 0
     if not st.spec.compaction.enabled or st.spec.suspend:
@@ -162,8 +163,9 @@ def delta_maintenance(st: Any, location: str, spark: Any) -> Any:
 
 
 def delta_pod_maintenance(st: Any, location: str, state: Any) -> Any:
-    """`icefall run`'s upkeep of a Delta table on S3: the compaction pods' (`icefall.compact.delta_pods`),
-    work Leases as files in `state`, one item per pause as `delta_maintenance`."""
+    """`icefall run`'s upkeep of a Delta table in an object store: the compaction pods'
+    (`icefall.compact.delta_pods`), work Leases as files in `state`, one item per pause as
+    `delta_maintenance`."""
     from icefall.compact.delta_pods import DeltaPodRunner
     from icefall.compact.runner import EmbeddedMaintenance, file_leases
     from icefall.plan.delta_maintenance import delta_policy_from_spec

@@ -19,14 +19,15 @@ batch: it is committed on top of them, as its files are its own and its offsets 
 Checkpoints and log cleanup: Delta Spark's locally, Icefall's own on an object store (`delta_checkpoint`);
 a snapshot reads the newest checkpoint and the commits after it (`DeltaLog.tail`). Table properties outside
 `icefall.*` (the retention the spec sets) change in a metadata-only commit, `set_properties`.
-The folder is local or on S3 (`icefall.commit.delta_storage`: put-if-absent is `link` locally, a
-conditional PUT on S3). Schema evolution (`icefall.catalog.delta_schema`): a batch whose schema adds
-columns commits the table's new `schemaString` in the `metaData` action of its own log entry
+The folder is local or in an object store (`icefall.commit.delta_storage`: put-if-absent is `link`
+locally, a conditional PUT on S3, a create-only upload on GCS and Azure, `icefall.commit.delta_cloud`).
+Schema evolution (`icefall.catalog.delta_schema`): a batch whose schema adds columns commits the table's
+new `schemaString` in the `metaData` action of its own log entry
 (`commit_batch(schema_string=...)`, and a `protocol` action if a new column needs a feature), not in a
 metadata-only commit before it: the batch's commit writes a `metaData` action anyway, so the new column,
 its first rows and their offsets land together or not at all, behind the same epoch, offset and
 put-if-absent checks; a batch planned on another schema than the table's is StaleHeadError.
-Not guaranteed / not done yet: GCS and Azure, type widening (Delta's `typeWidening` feature), partition
+Not guaranteed / not done yet: type widening (Delta's `typeWidening` feature), partition
 transforms (identity partitions only: `partitionColumns`, each `add` with its `partitionValues`).
 """
 
@@ -46,7 +47,7 @@ from urllib.parse import quote, unquote
 from icefall.api.delta_partitions import GENERATION_EXPRESSION
 from icefall.commit.batch import SourceBatch, check_source, state_after
 from icefall.commit.delta_history import DeltaHistory
-from icefall.commit.delta_storage import is_s3, list_after, local_path, storage_for
+from icefall.commit.delta_storage import is_object_store, list_after, local_path, storage_for
 from icefall.commit.delta_tail import (
     CHECKPOINT_FILE,
     COMMIT_FILE,
@@ -144,8 +145,8 @@ class DeltaLog:
 
     def staging_root(self, name: str) -> Path:
         """A local folder for files on their way into the table: `name` in the table's folder, or for a
-        table on S3 in this machine's temporary directory (one per table)."""
-        if is_s3(self.location):
+        table in an object store in this machine's temporary directory (one per table)."""
+        if is_object_store(self.location):
             digest = hashlib.sha256(self.location.encode()).hexdigest()[:16]
             return Path(tempfile.gettempdir()) / "icefall-delta" / digest / name
         return self.root / name

@@ -1,5 +1,5 @@
-"""The compaction pods' upkeep of a Delta table on S3: Icefall's own OPTIMIZE (bin-packing) and VACUUM
-(commit/DESIGN.md, "Compaction pods for Delta tables on S3"; compact/DESIGN.md).
+"""The compaction pods' upkeep of a Delta table in an object store (S3, GCS, Azure): Icefall's own OPTIMIZE
+(bin-packing) and VACUUM (commit/DESIGN.md, "Compaction pods for Delta tables on S3"; compact/DESIGN.md).
 
 `DeltaPodRunner.step()` replays the table's log (`icefall.commit.delta_files.LogFiles`, only the commits
 since its last round), plans with `icefall.plan.delta_maintenance.plan_delta_pod_work` and runs the first

@@ -14,7 +14,7 @@
   removed before the replay read them are stood for by the checkpoint, read instead. A log without a
   checkpoint whose early commits are gone gives none of these three figures (zeros), and its state is read
   as `DeltaLog.snapshot` reads it.
-- The compaction backlog of a table the compaction pods tidy (on S3, `icefall.plan.children.upkeep_in_pods`):
+- The compaction backlog of a table the compaction pods tidy (object stores, `plan.children.upkeep_in_pods`):
   the merges of small files due (`icefall.plan.delta_maintenance.delta_backlog`, the pods' own planning),
   which the operator scales the pods by; none for a table `icefall run` tidies, or while the replay is
   incomplete.
