@@ -167,7 +167,7 @@ def test_icefall_run_killed_at_a_commit_point_then_run_again_is_exactly_once(
 
     done = run_until_caught_up(manifest, state, env=store.env, maintenance=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"upkeep on {store.name}: Icefall's merge and VACUUM" in done.stdout
+    assert f"upkeep on {store.name}: Icefall's merge, checkpoints" in done.stdout
     assert delta_ids(location, delta_rs_options(location)) == Counter(range(90))  # delta-rs, the emulator
     assert DeltaLog(location).snapshot().committed.offsets == watermarks(kafka, topic)
     st = parse_manifest(manifest.read_text())
