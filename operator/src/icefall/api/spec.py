@@ -452,23 +452,15 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         problems.append((("routes",), f"routes are {unsupported[3:]}; remove them"))
     if spec.dynamic_route is not None:
         problems.append((("dynamicRoute",), f"a dynamic route {unsupported}; remove it"))
-    if spec.key and spec.table.partitioning:
-        # The keyed path's shadow folder links the table's top-level files: not a partition's folders.
-        problems.append(
-            (
-                ("table", "partitioning"),
-                "keyed (upsert/cdc) Delta tables cannot be partitioned yet; remove partitioning, or use "
-                "mode append or format iceberg",
-            )
-        )
     problems += _delta_partition_types(spec)
-    if spec.key and (spec.table.location or "").startswith("s3://"):
-        # The keyed path's shadow folder links the table's files: it needs a local table.
+    location = spec.table.location or ""
+    if spec.key and "://" in location and not location.startswith(("s3://", "file:")):
+        # The keyed MERGE reads the table's files through Spark's Hadoop file systems: S3A or local only.
         problems.append(
             (
                 ("table", "location"),
-                "keyed (upsert/cdc) Delta tables on s3:// are not supported yet; use a local path or "
-                "format iceberg",
+                "keyed (upsert/cdc) Delta tables are written on S3 (s3://) or a local path only; use one "
+                "of those, or mode append",
             )
         )
     return problems

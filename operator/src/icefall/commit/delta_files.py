@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from icefall.commit.delta import MAX_ATTEMPTS, DeltaLog, _commit_info
+from icefall.commit.delta_vectors import vector_file
 from icefall.commit.errors import CorruptStateError, MaintenanceConflictError, StaleHeadError
 from icefall.runtime.failpoints import failpoint
 
@@ -63,6 +64,8 @@ class LogFiles:
     removed: dict[str, int] = field(default_factory=dict)  # path -> deletionTimestamp (ms)
     metadata: dict[str, Any] | None = None  # the metaData action in force
     protocol: dict[str, Any] | None = None  # the protocol action in force
+    # deletion vector file (decoded relative path) -> deletionTimestamp of the last remove naming it
+    removed_vectors: dict[str, int] = field(default_factory=dict)
 
     @property
     def configuration(self) -> dict[str, str]:
@@ -99,12 +102,23 @@ class LogFiles:
                         "stands for it"
                     ) from error
                 self.version, self.live, self.removed, self.metadata, self.protocol = -1, {}, {}, None, None
+                self.removed_vectors = {}
                 self._apply_checkpoint(log, checkpoint)
                 return self.advance(log, latest)
             self.apply(version, actions)
         return self
 
     def apply(self, version: int, actions: Iterable[Mapping[str, Any]]) -> None:
+        """One version's actions. Its removes before its adds: a file is (path, deletion vector), and a
+        MERGE's version holds `add(path, new vector)` before `remove(path, old vector)` (Delta's order),
+        which leaves the file live with its new vector."""
+        actions = list(actions)
+        for action in actions:
+            if (gone := action.get("remove")) is not None:
+                self.live.pop(gone["path"], None)
+                self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
+                if (vector := vector_file(gone.get("deletionVector"))) is not None:
+                    self.removed_vectors[vector] = int(gone.get("deletionTimestamp") or 0)
         for action in actions:
             if (metadata := action.get("metaData")) is not None:
                 self.metadata = dict(metadata)
@@ -113,10 +127,11 @@ class LogFiles:
             elif (added := action.get("add")) is not None:
                 self.live[added["path"]] = dict(added)
                 self.removed.pop(added["path"], None)
-            elif (gone := action.get("remove")) is not None:
-                self.live.pop(gone["path"], None)
-                self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
         self.version = version
+
+    def vector_files(self) -> set[str]:
+        """The deletion vector files (decoded table-relative paths) the live files need."""
+        return {f for add in self.live.values() if (f := vector_file(add.get("deletionVector"))) is not None}
 
     def mergeable(self) -> dict[str, dict[str, Any]]:
         """The live files a merge may read: paths inside the table's folder (not another location's URI, no
@@ -152,6 +167,8 @@ class LogFiles:
                     self.live[added["path"]] = {k: v for k, v in added.items() if v is not None}
                 elif (gone := row.get("remove")) is not None:
                     self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
+                    if (vector := vector_file(gone.get("deletionVector"))) is not None:
+                        self.removed_vectors[vector] = int(gone.get("deletionTimestamp") or 0)
         self.version = version
 
 
@@ -183,12 +200,16 @@ def commit_rewrite(
 ) -> int:
     """Commit the swap of `removed` (live paths) for `added` (add actions), on the latest version (module
     doc); the version made. `files` is the replay the merge was planned on, advanced in place.
-    RewriteConflictError: a removed path is no longer live; MaintenanceConflictError: the commit lost
-    MAX_ATTEMPTS races in a row; CorruptStateError: the table's protocol refuses a merge."""
+    RewriteConflictError: a removed path is no longer live (or has a deletion vector now);
+    MaintenanceConflictError: the commit lost MAX_ATTEMPTS races in a row; CorruptStateError: the
+    table's protocol refuses a merge."""
     adds = [{"add": {**a, "dataChange": False}} for a in added]
     for _ in range(MAX_ATTEMPTS):
         files.advance(log)
-        gone = [path for path in removed if path not in files.live]
+        # Still live AND still without a deletion vector: a keyed batch that marked rows of an input
+        # deleted since the plan would otherwise see them back in the merged copy.
+        mergeable = files.mergeable()
+        gone = [path for path in removed if path not in mergeable]
         if gone:
             raise RewriteConflictError(
                 f"{len(gone)} of the {len(removed)} merged files are no longer live at version "

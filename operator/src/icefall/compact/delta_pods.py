@@ -181,8 +181,8 @@ def vacuum(log_: DeltaLog, retention_ms: int, now_ms: int) -> tuple[str, ...]:
     files = LogFiles.read(log_)
     doomed = vacuum_deletions(
         listed,
-        (unquote(p) for p in files.live),
-        {unquote(p): t for p, t in files.removed.items()},
+        [*(unquote(p) for p in files.live), *files.vector_files()],  # a keyed table's deletion vectors too
+        {unquote(p): t for p, t in files.removed.items()} | files.removed_vectors,
         cutoff_ms=cutoff,
         partition_columns=files.partition_columns,
     )
