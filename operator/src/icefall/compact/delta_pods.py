@@ -24,7 +24,8 @@ committed over it (`commit_batch`), and a batch that took the merge's version ma
 commit after it. A crash before the commit leaves an unnamed file (VACUUM's, later); after it, a merged
 table. No Spark: the pod reads and writes Parquet with pyarrow.
 Not done: checkpoints and log cleanup (the log grows one file per version), Z-order (`spec.table.sortOrder`
-is not applied by the pods' merge), merging files with deletion vectors (keyed tables are refused on S3).
+is not applied by the pods' merge), merging files with deletion vectors (a keyed table's: such a file stays
+as it is; VACUUM keeps the vectors' files, `LogFiles.vector_files`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ Guarantees: a batch is in the table once or not at all; a writer whose lease was
 (at least once, as for Iceberg), both before the table's commit (`icefall.ingest.delta_dead_letters`);
 with neither (`spec.deadLetter.table.enabled: false`, no topic) a bad record stops ingestion with
 BadRecordsHaltedError, nothing of its batch committed. A keyed table (`spec.mode`
-upsert or cdc) MERGEs each batch's last change per key with deletion vectors, in the same commit as its
-offsets (`icefall.ingest.delta_keyed`).
+upsert or cdc; partitioned or not, local or on S3) MERGEs each batch's last change per key with deletion
+vectors, in the same commit as its offsets (`icefall.ingest.delta_keyed`: the MERGE runs on a local shadow
+naming the table's files by URI, the writer keeps the log replay it needs, `_files_at`).
 
 Schema evolution: the table's schema follows the spec's (`icefall.catalog.delta_schema`, the rules of
 `icefall.catalog.evolution`): a new optional field is added by the next batch's commit, in its log entry
