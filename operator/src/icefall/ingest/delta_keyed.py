@@ -104,15 +104,17 @@ def store_deleted_keys(log: DeltaLog, staging: Path, keys: pa.Table) -> str:
 
 
 def table_uri(location: str) -> str:
-    """The table folder's URI as Spark's Hadoop file systems read it, ending in '/': `s3a://` for S3
-    (S3A, `spark_images/delta/pom.xml`), `file:` for a local folder."""
+    """The table folder's URI as Spark's Hadoop file systems read and render it, ending in '/': `s3a://`
+    for S3 (S3A, `spark_images/delta/pom.xml`), `file:` for a local folder."""
     if is_s3(location):
         parsed = urlparse(location)
         prefix = parsed.path.strip("/")
         return f"s3a://{parsed.netloc}/" + (f"{quote(prefix)}/" if prefix else "")
     from icefall.commit.delta_storage import local_path
 
-    return local_path(location).resolve().as_uri().rstrip("/") + "/"
+    # `file:/path`, as Hadoop's Path renders a local file (Spark's `_metadata.file_path`): Delta's MERGE
+    # matches the rows it marks deleted to `add.path` by that text, and `file:///path` does not match.
+    return "file:" + quote(local_path(location).resolve().as_posix().rstrip("/")) + "/"
 
 
 def s3a_properties(settings: S3Settings) -> dict[str, str]:
