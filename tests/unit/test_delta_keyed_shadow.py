@@ -112,7 +112,7 @@ def test_the_shadow_names_the_tables_files_and_vectors_by_uri() -> None:
     }
     assert "deletionVector" not in by_path[BASE + "b%20c.parquet"]
     assert live["p=0/a.parquet"]["deletionVector"]["storageType"] == "u"  # the table's own untouched
-    for outside in ("s3a://other/x.parquet", "/abs/x.parquet", "../x.parquet"):
+    for outside in ("s3a://other/x.parquet", "/abs/x.parquet", "../x.parquet", "file:/x.parquet"):
         with pytest.raises(ValueError, match="outside its folder"):
             shadow_adds({outside: add(outside)}, BASE)
     with pytest.raises(ValueError, match="by URI"):
@@ -154,6 +154,9 @@ def test_the_merges_actions_come_back_in_the_tables_terms_with_the_files_to_move
         table_actions([{"remove": add(BASE + "gone.parquet")}], names)
     with pytest.raises(RuntimeError, match="did not hold"):
         table_actions([{"remove": add("p=1/part-new.parquet")}], names)
+    local = shadow_adds({"c=a%3Ab/x.parquet": add("c=a%3Ab/x.parquet", c="a:b")}, "file:/t/")
+    removed = {"remove": add("file:/t/c=a%3Ab/x.parquet", c="a:b")}  # `file:/`, no `//`: a URI too
+    assert table_actions([removed], local) == ([{"remove": add("c=a%3Ab/x.parquet", c="a:b")}], [])
     with pytest.raises(RuntimeError, match="lacks"):
         table_actions([{"remove": add(BASE + "p=0/a.parquet", vector(new))}], names)
 

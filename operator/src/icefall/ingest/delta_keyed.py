@@ -37,6 +37,7 @@ on other machines (the shadow is the driver's folder).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from icefall.commit.delta_files import LogFiles
 
 DELETED_KEYS_DIR = "_icefall_deleted_keys"  # under the table's folder; `_` names are not table data
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # RFC 3986's scheme, then its colon
 
 
 def deleted_keys_relative(log: DeltaLog, path: str) -> str:
@@ -160,7 +162,7 @@ def shadow_adds(live: Mapping[str, Mapping[str, Any]], base: str) -> ShadowFiles
     absolute already, or a `p` deletion vector, is refused (ValueError): not written here."""
     adds, originals = [], {}
     for path, add in live.items():
-        if "://" in path or path.startswith("/") or ".." in unquote(path).split("/"):
+        if _absolute(path) or ".." in unquote(path).split("/"):
             raise ValueError(f"the table names a file outside its folder ({path}): keyed batches refuse it")
         vector = add.get("deletionVector") or {}
         if vector and vector.get("storageType") != IN_TABLE and vector.get("storageType") != "i":
@@ -187,7 +189,7 @@ def table_actions(
             continue  # commitInfo
         body = dict(action[kind])
         path, vector = body["path"], body.get("deletionVector")
-        if "://" in path or path.startswith("/"):
+        if _absolute(path):
             table_add, shadow_add = _original(files, path)
             body["path"] = table_add["path"]
             if vector == shadow_add.get("deletionVector"):  # the file as the table holds it
@@ -205,6 +207,12 @@ def table_actions(
             new_files += [unquote(path), *(f for f in [vector_file(vector)] if f is not None)]
         kept.append({kind: body})
     return kept, list(dict.fromkeys(new_files))
+
+
+def _absolute(path: str) -> bool:
+    """Whether a log's `path` is a URI (`s3a://...`, `file:/...`) or an absolute path, not one relative to
+    the table's folder (whose first segment, `column=value` or a file name, has no `scheme:`)."""
+    return path.startswith("/") or _SCHEME.match(path) is not None
 
 
 def _original(files: ShadowFiles, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
