@@ -8,7 +8,8 @@ and a cdc table with sequenceBy partitioned by day(ts) (an update moving a row t
 change, an older delete, a remembered delete: its deleted keys file on S3) hold the latest row per key —
 deletes applied, rows moved between partitions, rows of files that carry deletion vectors marked again —
 by content, alike read by Spark's Delta reader and by delta-rs, and clean by `icefall verify` (the Kafka
-records' keyed model). Credentials come from the AWS_* environment only.
+records' keyed model); `icefall read` of the S3 table applies the changes produced after its last commit.
+Credentials come from the AWS_* environment only.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ BUCKET = "delta-keyed"
 
 #: The cdc table's writers in a Delta table's own Spark session (the MERGE needs Delta's extension; S3A
 #: reads the table's files with the AWS_* environment the child inherits), in two batches; then both
-#: tables as Spark's Delta reader reads them (into local Parquet).
+#: tables as Spark's Delta reader reads them (into local Parquet), and the upsert table's fresh read
+#: (`icefall read`'s union of the table and the changes produced after its last commit).
 KEYED_S3 = """
 import json, pathlib, sys, time, types
 from icefall.api import TableFormat
 from icefall.api.manifest import parse_manifest
+from icefall.ingest.delta_read import delta_union_read
 from icefall.spark.session import build_spark_session
 from icefall.testing.delta import drain, start_writer
 from icefall.testing.streams import send_changes
@@ -65,6 +68,10 @@ for n in range(2):
     print(f"cdc drained: {time.monotonic() - started:.1f} s", file=sys.stderr)
 for table in (job["upsert"], cdc):
     spark.read.format("delta").load(table["uri"]).write.parquet(table["by_spark"])
+upsert = job["upsert"]
+send_changes(types.SimpleNamespace(bootstrap=job["bootstrap"]), upsert["topic"], job["upsert_tail"])
+read = delta_union_read(parse_manifest(open(upsert["manifest"]).read()), upsert["location"], spark=spark)
+read.frame.select("id", "customer").write.parquet(upsert["by_read"])  # `icefall read`: table + tail
 spark.stop()
 """
 
@@ -116,13 +123,16 @@ class S3KeyedTable:
             "leases": str(self.leases),
             "topic": self.topic,
             "by_spark": str(self.by_spark),
+            "by_read": str(self.by_spark.with_name("by-read")),
         }
+
+    def assert_caught_up(self) -> None:
+        assert DeltaLog(self.location).snapshot().committed.offsets == watermarks(self.kafka, self.topic)
 
     def assert_read_alike_and_verified(self, spark: Any) -> None:
         by_rs = [plain(row) for row in delta_rows(self.location).to_pylist()]
         read = [plain(row) for row in pq.read_table(self.by_spark).to_pylist()]
         assert sorted(read, key=lambda r: r["id"]) == sorted(by_rs, key=lambda r: r["id"])
-        assert DeltaLog(self.location).snapshot().committed.offsets == watermarks(self.kafka, self.topic)
         report = verify_delta_table(self.st, self.state, spark=spark)
         assert report.ok, report.render()
 
@@ -160,6 +170,7 @@ def test_keyed_delta_tables_on_s3_hold_the_latest_row_per_key_through_a_killed_w
     done = run_until_caught_up(upsert.manifest, upsert.state, env=env, maintenance=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "upkeep on S3: Icefall's merge and VACUUM" in done.stdout
+    upsert.assert_caught_up()
 
     cdc = S3KeyedTable(
         kafka,
@@ -187,14 +198,28 @@ def test_keyed_delta_tables_on_s3_hold_the_latest_row_per_key_through_a_killed_w
         (1, {"id": 3}, cdc_event("u", 3, "newer", 31, day=23)),  # to another day's partition
         (0, {"id": 4}, cdc_event("c", 4, "before its delete", 39)),  # the remembered delete wins
     ]
-    job = {"upsert": upsert.job(), "cdc": cdc.job(), "bootstrap": kafka.bootstrap, "cdc_later": cdc_later}
+    tail = [
+        (None, {"id": 1}, order(1, "fresh")),
+        (None, {"id": 2}, None),
+        (None, {"id": 70}, order(70, "new")),
+    ]
+    job = {
+        "upsert": upsert.job(),
+        "cdc": cdc.job(),
+        "bootstrap": kafka.bootstrap,
+        "cdc_later": cdc_later,
+        "upsert_tail": tail,
+    }
     read = in_delta_session(KEYED_S3, json.dumps(job))
     assert read.returncode == 0, "\n".join(
         line for line in read.stderr.splitlines() if not line.startswith(("\t", " "))
     )[-3000:]
 
     assert latest_rows(upsert.location) == expected
+    fresh = {r["id"]: r["customer"] for r in pq.read_table(upsert.by_spark.with_name("by-read")).to_pylist()}
+    assert fresh == {k: v for k, v in expected.items() if k != 2} | {1: "fresh", 70: "new"}
     assert latest_rows(cdc.location) == {1: "created", 2: "two", 3: "newer"}
+    cdc.assert_caught_up()
     days = {r["id"]: str(r["ts_day"]) for r in delta_rows(cdc.location).to_pylist()}
     assert days == {1: "2026-11-22", 2: "2026-11-22", 3: "2026-11-23"}
     for table in (upsert, cdc):
