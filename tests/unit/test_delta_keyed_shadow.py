@@ -166,6 +166,8 @@ def test_an_absolute_vector_keeps_its_offset_size_and_cardinality() -> None:
     made = with_absolute_vector(add("a.parquet", vector(text, offset=7)), BASE)
     assert made["deletionVector"]["offset"] == 7 and made["deletionVector"]["cardinality"] == 1
     assert with_absolute_vector(add("a.parquet"), BASE) == add("a.parquet")
+    from_checkpoint = with_absolute_vector(add("a.parquet", {**vector(text), "maxRowIndex": None}), BASE)
+    assert "maxRowIndex" not in from_checkpoint["deletionVector"]
 
 
 def test_s3a_reads_with_the_sdks_environment_credentials_never_a_secret_in_a_setting() -> None:

@@ -58,5 +58,7 @@ def with_absolute_vector(add: Mapping[str, Any], base_uri: str) -> dict[str, Any
         return dict(add)
     from urllib.parse import quote
 
-    absolute = {**descriptor, "storageType": ABSOLUTE, "pathOrInlineDv": base_uri + quote(relative)}
+    # A checkpoint's row holds every field, unset ones null (maxRowIndex): the log's JSON omits them.
+    kept = {k: v for k, v in descriptor.items() if v is not None}
+    absolute = {**kept, "storageType": ABSOLUTE, "pathOrInlineDv": base_uri + quote(relative)}
     return {**add, "deletionVector": absolute}
