@@ -261,11 +261,12 @@ bench-compaction: setup
 	$(TOOLS) && $(BIN)/python bench/compaction.py $(BENCH_ARGS)
 
 # The chaos run (e2e/chaos_run.py; not a test: `make test` never collects it): CHAOS_KILLS observed kills of
-# the driver, compaction pods and operator of an append and a keyed (upsert) table, CHAOS_INFRA_FAULTS
+# the driver, compaction pods and operator of an append and a keyed (upsert) Iceberg table and an append
+# Delta table on MinIO (e2e/chaos_delta.py), CHAOS_INFRA_FAULTS
 # faults of the services (the three-node Kafka cluster: a partition leader's or the controller's SIGKILL,
 # an unclean or a rolling restart; PostgreSQL, MinIO, the REST catalog, kube-apiserver, etcd; default: half
 # the kills, a third of all faults), plus a broker restart, catalog and object-store outages and a paused
-# writer, then an audit of both tables by content. CHAOS_KILLS=20 took 39 min on a 2-core machine at a load average
+# writer, then an audit of the three tables by content. CHAOS_KILLS=20 took 39 min on a 2-core machine at a load average
 # of 12 to 19 (setup and the four outages are ~20 min of it; a driver kill costs a Spark start). Results in
 # bench/results/chaos.md. Extra pytest options: CHAOS_ARGS.
 CHAOS_KILLS ?= 200

@@ -2,9 +2,10 @@
 content, with none of the ingestion code.
 
 Every record of the topic read with confluent-kafka (read_committed), decoded by `chaos_data`'s reference
-decoder, compared with the table's rows (pyiceberg) by `_kafka` (partition, offset) and by every value, and
-with the dead-letter table's rows (by offset and value bytes): duplicates, missing and wrong values counted,
-the first 20 problems kept as examples.
+decoder, compared (`compare`) with the table's rows (pyiceberg; the Delta table's, e2e/chaos_delta.py:
+delta-rs) by `_kafka` (partition, offset) and by every value, and with the dead-letter table's rows (by
+offset and value bytes): duplicates, missing and wrong values counted, the first 20 problems kept as
+examples.
 """
 
 from __future__ import annotations
@@ -96,6 +97,14 @@ def audit(
     namespace, name = table
     rows = iceberg.load_table((namespace, name)).scan().to_arrow().to_pylist()
     dead = iceberg.load_table((namespace, f"{name}_dlq")).scan().to_arrow().to_pylist()
+    return compare(records, rows, dead)
+
+
+def compare(
+    records: dict[tuple[int, int], bytes | None], rows: list[dict[str, Any]], dead: list[dict[str, Any]]
+) -> Audit:
+    """A table's `rows` and its dead-letter table's `dead` (as pyiceberg or delta-rs read them) against the
+    topic's `records` ((partition, offset) → value)."""
     result = Audit(records=len(records), rows=len(rows), dead_rows=len(dead))
     in_table: Counter[tuple[int, int]] = Counter()
     for row in rows:

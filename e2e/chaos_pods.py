@@ -32,6 +32,7 @@ from icefall.devstack.procs import free_port
 from icefall.plan.names import compaction_name, driver_pod_name
 from icefall.runtime.failpoints import CHAOS_ENV_VAR
 
+from . import chaos_delta as delta
 from . import chaos_keyed as keyed
 from .conftest import NodeView, wait_for
 
@@ -53,16 +54,16 @@ Obj = dict[str, Any]
 
 
 def component_of(pod: str) -> str | None:
-    """The component of either table's driver or compaction pod (they share the kill quotas), else None."""
-    if pod in (DRIVER, keyed.KEYED_DRIVER):
+    """The component of any table's driver or compaction pod (they share the kill quotas), else None."""
+    if pod in (DRIVER, keyed.KEYED_DRIVER, delta.DELTA_DRIVER):
         return "driver"
-    if pod.startswith((COMPACT_PREFIX, keyed.KEYED_COMPACT_PREFIX)):
+    if pod.startswith((COMPACT_PREFIX, keyed.KEYED_COMPACT_PREFIX, delta.DELTA_COMPACT_PREFIX)):
         return "compaction"
     return None
 
 
 def table_of(pod: str) -> str | None:
-    return keyed.table_of(pod, DRIVER, COMPACT_PREFIX)
+    return delta.table_of(pod) or keyed.table_of(pod, DRIVER, COMPACT_PREFIX)
 
 
 @dataclass

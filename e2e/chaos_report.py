@@ -2,7 +2,7 @@
 
 Written even when the run fails: the result line says why; the sections say what was made (kills per
 component and crash point, the measured faults, the infrastructure and resource faults by kind with their
-recovery p50/p99, the keyed table's audit) and what is not covered.
+recovery p50/p99, the keyed and Delta tables' audits) and what is not covered.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import chaos_delta as delta
 from . import chaos_keyed as keyed
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ def write_report(
         "",
         "`make chaos` (e2e/chaos_run.py): random kills and outages on the whole system while edge-case "
         "records arrive, then an audit by content that uses none of the ingestion code (the topic, "
-        "read_committed, decoded by a reference decoder, against both tables read by pyiceberg). The "
+        "read_committed, decoded by a reference decoder, against the Iceberg tables read by pyiceberg and "
+        "the Delta table read by delta-rs). The "
         "driver and compaction pods are containers of the image on the e2e's one-node cluster (the real "
         "kubelet on containerd); the operator is a process.",
         "",
@@ -106,7 +108,7 @@ def write_report(
         lines.append(f"| {fault.name} | {after} | {fault.note} |")
     lines += [
         "",
-        "Converged: both tables committed every record that was in their topics when the fault ended.",
+        "Converged: every table committed every record that was in its topic when the fault ended.",
         "",
     ]
     if chaos.infra is not None:
@@ -116,6 +118,7 @@ def write_report(
                      "server outage) and was started again, as its Deployment would.")  # fmt: skip
         lines.append("")
     lines += keyed.report(chaos.keyed_audit, chaos.keyed_verify, chaos.keyed, tally.by_table)
+    lines += delta.report(chaos.delta_audit, chaos.delta_verify, tally.by_table)
     lines += [
         "## Records produced, by kind",
         "",

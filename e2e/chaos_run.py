@@ -16,9 +16,12 @@ always running (`minReplicas: 1`) and snapshot expiry after a minute, so compact
 meanwhile; and a keyed one (e2e/chaos_keyed.py: `mode: upsert` by `id`, its own topic and producer of
 updates and tombstones to a bounded set of keys, the same batches and compaction), whose driver and
 compaction pods are killed from the same loops and count against the same quotas; its audit: exactly the
-last change per key of its topic (read_committed) as rows, by content. A fault converges, below, once
-both tables committed every record of their topics (`high`: the keyed topic's partition p as
-`KEYED_PARTITIONS_FROM + p`); the faults that need a running driver wait for the append table's.
+last change per key of its topic (read_committed) as rows, by content; and a Delta table (e2e/chaos_delta.py:
+the append table's topic into an append-mode Delta table on the same object store, its own dead-letter
+table, merges Z-ordered by a sort order), killed from the same loops too, audited like the append table
+with delta-rs as its reader. A fault converges, below, once all three tables committed every record of
+their topics (`high`: the keyed topic's partition p as `KEYED_PARTITIONS_FROM + p`); the faults that need
+a running driver wait for the append table's.
 
 Chaos, while a producer keeps writing edge-case records (`chaos_data`: unicode, extreme numbers and
 timestamps, large values, every malformed kind):
@@ -70,8 +73,8 @@ spill disk full (a small tmpfs filled to ENOSPC). The report lists every fault b
 
 Where things are: e2e/chaos_pods.py (the Pod watch, the kill tally, signals to containers),
 e2e/chaos_faults.py (the measured faults), e2e/chaos_audit.py (the append table's audit), e2e/chaos_keyed.py
-(the keyed table), e2e/chaos_infra.py, e2e/chaos_resources.py and e2e/chaos_spill.py (the infrastructure
-and resource faults), e2e/chaos_report.py (the report).
+(the keyed table), e2e/chaos_delta.py (the Delta table), e2e/chaos_infra.py, e2e/chaos_resources.py and
+e2e/chaos_spill.py (the infrastructure and resource faults), e2e/chaos_report.py (the report).
 
 Not covered: kills of the kubelet and containerd; a disk-backed emptyDir past its `sizeLimit` (a kubelet
 eviction, not ENOSPC; the spill disk fault is a small tmpfs); the operator has no failpoints (its kills
@@ -105,18 +108,22 @@ from icefall.api import load_manifest
 from icefall.api.pod_policy import DEFAULT_RESERVED_ENV
 from icefall.catalog import CatalogConfig
 from icefall.commit import read_committed
+from icefall.commit.delta_storage import S3Settings
 from icefall.controller.leader import EXIT_LEADERSHIP_LOST
 from icefall.devstack.cluster import LocalCluster
 from icefall.devstack.kafka_cluster import KafkaCluster
 from icefall.devstack.objectstore import ObjectStore
 from icefall.devstack.postgres import PostgresServer
 from icefall.devstack.rest_catalog import RESTCatalogServer
+from icefall.ingest.delta_dead_letters import dead_letter_location
 from icefall.plan.env import secret_env_vars
 from icefall.plan.grants import SECRET_GRANT_LABEL, SECRET_GRANT_VALUE
 from icefall.runtime.failpoints import CHAOS_ENV_VAR
+from icefall.testing.delta import aws_env
 from icefall.testing.kubeapi import JsonApi
 
 from . import chaos_data as data
+from . import chaos_delta as delta
 from . import chaos_faults as measured
 from . import chaos_keyed as keyed
 from .chaos_audit import Audit, audit, watermarks
@@ -150,6 +157,7 @@ SEED = int(os.environ.get("ICEFALL_CHAOS_SEED", "1"))
 REPORT = Path(os.environ.get("ICEFALL_CHAOS_REPORT", str(REPO / "bench" / "results" / "chaos.md")))
 TOPIC, DLQ_TOPIC = "chaos", "chaos-dlq"
 TABLE_NAMESPACE, TABLE = "chaos", "events"
+BUCKET = "chaos"  # the object store's: the Iceberg warehouse and the Delta table
 PARTITIONS = 3
 SHARES = {"driver": 0.40, "compaction": 0.35, "operator": 0.25}
 #: Failpoints a driver passes on a table with traffic and malformed records (see
@@ -175,7 +183,8 @@ KEYED_ARMING = {
     "driver": f"{SEED}:{ARM_CHANCE}:"
     + ",".join(p if p in AT_START else f"{p}@3" for p in keyed.KEYED_DRIVER_POINTS),
 }
-TABLES = ("append", "keyed")
+DELTA_ARMING = delta.arming(SEED, ARM_CHANCE)
+TABLES = ("append", "keyed", "delta")
 KEYED_PARTITIONS_FROM = 1000  # the keyed topic's partitions in `Chaos.high` and `caught_up_with`
 #: Seconds after a container (or the operator) started before its SIGKILL: short enough that many kills fit
 #: in an hour on 2 cores (a Spark start is most of a cycle), long enough to land mid-batch as well.
@@ -196,7 +205,7 @@ Obj = dict[str, Any]
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
     running = ObjectStore(tmp_path_factory.mktemp("chaos-store")).start()
-    running.create_bucket("chaos")
+    running.create_bucket(BUCKET)
     yield running
     running.stop()
 
@@ -255,10 +264,15 @@ def streaming_table(kafka: KafkaCluster, catalog: RESTCatalogServer, store: Obje
     }
 
 
-def arming_patch(on: bool, arming: dict[str, str] = ARMING) -> Obj:
+def arming_patch(on: bool, arming: dict[str, str] = ARMING, base: list[Obj] | None = None) -> Obj:
     """A merge patch of a StreamingTable that arms (or disarms) every new driver and compaction container.
-    Each is a spec change: the operator rolls the driver and the compaction pods."""
-    env = {role: [{"name": CHAOS_ENV_VAR, "value": spec}] if on else None for role, spec in arming.items()}
+    Each is a spec change: the operator rolls the driver and the compaction pods. `base`: the pods' own
+    env, kept (a merge patch replaces the whole list)."""
+    kept = list(base or [])
+    env = {
+        role: [*kept, {"name": CHAOS_ENV_VAR, "value": spec}] if on else (kept or None)
+        for role, spec in arming.items()
+    }
     return {"spec": {"pods": {role: {"env": value} for role, value in env.items()}}}
 
 
@@ -279,6 +293,7 @@ class Chaos:
         rest: JsonApi,
         namespace: str,
         workdir: Path,
+        delta_env: list[Obj] | None = None,
     ) -> None:
         self.kafka, self.store, self.catalog_server, self.catalog = kafka, store, catalog_server, catalog
         self.cluster, self.pods, self.kubectl = cluster, pods, kubectl
@@ -307,6 +322,10 @@ class Chaos:
         )  # fmt: skip
         self.keyed_audit: keyed.KeyedAudit | None = None
         self.keyed_verify = "not run"
+        self.delta_env = list(delta_env or [])  # the Delta table's pods' S3 variables
+        self.delta_offsets = delta.DeltaOffsets(delta.location(BUCKET))
+        self.delta_audit: Audit | None = None
+        self.delta_verify = "not run"
 
     # --- progress and failure details ---
 
@@ -320,7 +339,8 @@ class Chaos:
         return (
             f"kills {sum(kills.values())}/{KILLS} {kills}, produced {self.produced}, "
             f"committed {sum(self.committed().values())}, faults converged {converged}; keyed: produced "
-            f"{self.keyed.produced}, committed {sum(self.keyed_committed().values())}"
+            f"{self.keyed.produced}, committed {sum(self.keyed_committed().values())}; delta: committed "
+            f"{sum(self.delta_offsets.committed().values())}"
         )
 
     def progress_loop(self) -> None:
@@ -334,7 +354,11 @@ class Chaos:
         compact = {c.pod for c in self.pods.running("compaction")}
         more = "\n".join(pod_logs(self.node, name) for name in sorted(compact))
         driver = pod_logs(self.node, DRIVER)
-        return f"--- status\n{status}{driver}\n{more}\n--- operator\n{self.operator.tail()}"
+        delta_driver = pod_logs(self.node, delta.DELTA_DRIVER)[-4000:]
+        return (
+            f"--- status\n{status}{driver}\n{more}\n--- Delta driver\n{delta_driver}\n"
+            f"--- operator\n{self.operator.tail()}"
+        )
 
     def st_path(self, name: str = NAME) -> str:
         return f"/apis/icefall.dev/v1alpha1/namespaces/{self.namespace}/streamingtables/{name}"
@@ -344,10 +368,12 @@ class Chaos:
 
     def arm(self, on: bool) -> None:
         """Arm (or disarm) every driver and compaction container started from now on; wait for the roll."""
-        for name, arming in ((NAME, ARMING), (keyed.KEYED_NAME, KEYED_ARMING)):
-            self.rest.call("PATCH", self.st_path(name), arming_patch(on, arming),
+        tables = ((NAME, ARMING, None), (keyed.KEYED_NAME, KEYED_ARMING, None),
+                  (delta.DELTA_NAME, DELTA_ARMING, self.delta_env))  # fmt: skip
+        for name, arming, base in tables:
+            self.rest.call("PATCH", self.st_path(name), arming_patch(on, arming, base),
                            content_type="application/merge-patch+json")  # fmt: skip
-        self.note(f"failpoint arming {'on' if on else 'off'}: both tables' driver and compaction pods roll")
+        self.note(f"failpoint arming {'on' if on else 'off'}: the tables' driver and compaction pods roll")
 
         def rolled() -> bool:
             """Each component of each table runs, and only from Pods whose spec says what was asked."""
@@ -392,10 +418,16 @@ class Chaos:
             return {}
 
     def caught_up_with(self, high: dict[int, int]) -> bool:
-        """Both tables committed the offsets `high` (as `high()` gives them)."""
+        """Every table committed the offsets `high` (as `high()` gives them; the Delta table reads the append
+        table's topic)."""
         committed, keyed_committed = self.committed(), self.keyed_committed()
         both = committed | {KEYED_PARTITIONS_FROM + p: o for p, o in keyed_committed.items()}
-        return bool(committed) and bool(keyed_committed) and all(both.get(p, 0) >= o for p, o in high.items())
+        if not (committed and keyed_committed and all(both.get(p, 0) >= o for p, o in high.items())):
+            return False
+        delta_committed = self.delta_offsets.committed()
+        return bool(delta_committed) and all(
+            delta_committed.get(p, 0) >= o for p, o in high.items() if p < KEYED_PARTITIONS_FROM
+        )
 
     def converge(self, fault: Fault) -> None:
         """Wait until both tables have every record that was in their topics when `fault` ended; record how
@@ -559,9 +591,10 @@ class Chaos:
 
 
 KEYED_EXTRA_SECONDS = 1800  # the keyed table's first commit and its `icefall verify`
+DELTA_EXTRA_SECONDS = 1800  # the Delta table's, the same
 
 
-@pytest.mark.timeout(3600 + KEYED_EXTRA_SECONDS + KILLS * 150 + INFRA_FAULTS * 120)
+@pytest.mark.timeout(3600 + KEYED_EXTRA_SECONDS + DELTA_EXTRA_SECONDS + KILLS * 150 + INFRA_FAULTS * 120)
 def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     kafka_cluster: KafkaCluster,
     postgres: PostgresServer,
@@ -595,6 +628,16 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     keyed_object = keyed.keyed_streaming_table(st_object)
     keyed_manifest = workdir / "chaos-keyed.yaml"
     keyed_manifest.write_text(yaml.safe_dump(keyed_object, allow_unicode=True))
+    delta_env = delta.pod_env("lake", store)
+    delta_object = delta.delta_streaming_table(st_object, bucket=BUCKET, env=delta_env)
+    delta_manifest = workdir / "chaos-delta.yaml"
+    delta_manifest.write_text(yaml.safe_dump(delta_object, allow_unicode=True))
+    delta_location = delta_object["spec"]["table"]["location"]
+    delta_dead = dead_letter_location(load_manifest(delta_manifest), delta_location)
+    assert delta_dead is not None
+    s3_env = aws_env(store)  # what the Delta pods get; the run's own reads of the Delta tables use it too
+    saved_env = {k: os.environ.get(k) for k in s3_env}
+    os.environ.update(s3_env)
     _, catalog_env, problems = secret_env_vars(st.spec)
     assert problems == []
     variables = {ref.name: secret[ref.key] for ref in catalog_env}
@@ -604,14 +647,17 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
     operator = Operator(cluster.api, e2e_namespace, workdir / "operator.log", env={
         "ICEFALL_IMAGE": cluster.images.icefall,
         "ICEFALL_POD_TEMPLATE": json.dumps({"common": cluster.pod_template()}),
-        # The run arms failpoints through spec.pods (`arming_patch`): its pod policy lets a table set them.
-        "ICEFALL_POD_POLICY": json.dumps({"reservedEnv": [p for p in DEFAULT_RESERVED_ENV if p != ICEFALL]}),
+        # The run arms failpoints through spec.pods (`arming_patch`): its pod policy lets a table set them;
+        # the Delta table's pods take the S3 keys from the Secret `lake` (as an admin allows it).
+        "ICEFALL_POD_POLICY": json.dumps({"reservedEnv": [p for p in DEFAULT_RESERVED_ENV if p != ICEFALL],
+                                          "secrets": ["lake"]}),
         "ICEFALL_DRIVER_MAX_BACKOFF_SECONDS": "2", "ICEFALL_STATUS_REFRESH_SECONDS": "2",
     })  # fmt: skip
     pods = PodWatch(api, node).start()
     chaos = Chaos(
         kafka=kafka, store=store, catalog_server=rest_catalog, catalog=catalog, cluster=cluster, pods=pods,
         kubectl=kubectl, operator=operator, rest=rest, namespace=e2e_namespace, workdir=workdir,
+        delta_env=delta_env,
     )  # fmt: skip
     chaos.infra = infra = InfraFaults(
         Services(kafka=kafka, postgres=postgres, store=store, catalog=rest_catalog, kube=cluster.api),
@@ -637,7 +683,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         for thread in threads:
             thread.start()
         st_path = f"/apis/icefall.dev/v1alpha1/namespaces/{e2e_namespace}/streamingtables"
-        for obj in (st_object, keyed_object):
+        for obj in (st_object, keyed_object, delta_object):
             rest.call("POST", st_path, {**obj, "metadata": {**obj["metadata"], "namespace": e2e_namespace}})
         # The first driver and compaction pod start unarmed: a broken setup fails here, not in the chaos.
         wait_for("the first driver pod running", chaos.running_driver, timeout=600, every=1,
@@ -646,6 +692,8 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         wait_for("the compaction pod running", lambda: pods.running("compaction"), timeout=600, every=1,
                  details=chaos.explain)  # fmt: skip
         wait_for("the keyed table's first commit", chaos.keyed_committed, timeout=900, every=2,
+                 details=chaos.explain)  # fmt: skip
+        wait_for("the Delta table's first commit", chaos.delta_offsets.committed, timeout=900, every=2,
                  details=chaos.explain)  # fmt: skip
         chaos.note(f"pipeline up: {chaos.progress()}")
         chaos.arm(True)
@@ -697,14 +745,23 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
         chaos.note(f"audit: {outcome}")
         chaos.keyed_audit = keyed.audit(kafka.bootstrap, PARTITIONS, catalog.pyiceberg(), TABLE_NAMESPACE)
         chaos.note(f"keyed audit: {chaos.keyed_audit}")
+        options = S3Settings.from_env(s3_env).delta_rs_options()
+        chaos.delta_audit = delta.audit(kafka, TOPIC, PARTITIONS, (delta_location, delta_dead), options)
+        chaos.note(f"Delta audit: {chaos.delta_audit}")
         verify = run_verify(manifest, variables, workdir)
         chaos.keyed_verify = run_verify(keyed_manifest, variables, workdir)
+        chaos.delta_verify = run_verify(delta_manifest, s3_env, workdir)
     except BaseException as error:
         failure = error
         raise
     finally:
         chaos.done.set()
         chaos._producing.clear()
+        for key, was in saved_env.items():
+            if was is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = was
         try:
             operator.stop()
         finally:
@@ -714,5 +771,7 @@ def test_chaos(  # noqa: PLR0917 (fixtures; the run reads top to bottom)
                 write_report(chaos, outcome, verify, failure, path=REPORT, seed=SEED, kills=KILLS)
     assert outcome.duplicates == outcome.missing == outcome.wrong == 0, outcome.examples
     assert chaos.keyed_audit is not None and chaos.keyed_audit.clean, chaos.keyed_audit
+    found = chaos.delta_audit
+    assert found is not None and found.duplicates == found.missing == found.wrong == 0, found.examples
     assert chaos.tally.total() >= KILLS
     assert len(infra.faults) >= INFRA_FAULTS

@@ -14,10 +14,14 @@ its files in the object store (the `lake` fixture), which the pod reaches only o
   Pod's grace period) and the old driver stops cleanly, the operator creates a new driver Pod (new uid,
   an Event), the node runs it, it takes the commit Lease with a newer epoch and resumes from the
   offsets in the table, and once producing stops the table equals the topic exactly once (record by
-  record, and per the auditor); only the new Pod is left.
+  record, and per the auditor); only the new Pod is left;
+- (c) `deletionPolicy: Delete`: the purge Job (the driver's pod template and the catalog's Secret; the
+  operator holds no lake credential) drops the table and its dead-letter table and deletes their files,
+  then the StreamingTable goes.
 
-The two tests share one StreamingTable and run in order: (b) starts from the running driver of (a),
-which saves a Spark start. Each still checks everything it claims on its own.
+The three tests share one StreamingTable and run in order: (b) starts from the running driver of (a),
+which saves a Spark start, and (c) deletes what (b) left. Each still checks everything it claims on its
+own.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from icefall.plan.names import table_leases
 from icefall.testing.kubeapi import JsonApi
 from icefall.testing.streams import assert_exactly_once, manifest_text, watermarks
 
-from .conftest import Kubectl, Lake, NodeView, Operator, TableStream, pod_logs, wait_for
+from .conftest import TABLE_NAMESPACE, Kubectl, Lake, NodeView, Operator, TableStream, pod_logs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -337,3 +341,26 @@ def test_deleted_driver_pod_is_recreated_and_the_table_equals_the_topic(
             ]
         ),
     )
+
+
+def test_deletion_policy_delete_purges_both_tables_with_the_drivers_credentials(pipeline: Pipeline) -> None:
+    """(c) `deletionPolicy: Delete`: the operator (which holds none of the lake's credentials) runs the purge
+    Job under the driver's pod template and the catalog Secret; the Job drops the table and its dead-letter
+    table with their files (the uuids the driver reported checked first), then the StreamingTable goes."""
+    catalog = pipeline.catalog.pyiceberg()
+    tables = [catalog.load_table((TABLE_NAMESPACE, name)) for name in (TABLE, f"{TABLE}_dlq")]
+    files = [t.metadata_location for t in tables] + [
+        task.file.file_path for t in tables for task in t.scan().plan_files()
+    ]
+    assert all(tables[0].io.new_input(path).exists() for path in files)
+    pipeline.rest.call(
+        "PATCH", f"{pipeline.st_path}/{NAME}", {"spec": {"deletionPolicy": "Delete"}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    pipeline.rest.call("DELETE", f"{pipeline.st_path}/{NAME}")
+    wait_for("the StreamingTable gone", lambda: not pipeline.st(), timeout=240, details=pipeline.explain)
+    assert [e["reason"] for e in pipeline.events(frozenset({"TablePurgeStarted"}))] == ["TablePurgeStarted"]
+    assert not any(catalog.table_exists((TABLE_NAMESPACE, t.name()[-1])) for t in tables)
+    left = [path for path in files if tables[0].io.new_input(path).exists()]
+    assert not left, f"files of the purged tables still in the store: {left}"
+    pipeline.note(f"deletionPolicy Delete: the purge Job dropped both tables and deleted {len(files)} files")

@@ -11,7 +11,9 @@ commit (`main.after-rewrite`) leaves it merged; afterwards every record is in th
 content, read by delta-rs and by Spark's Delta reader (a copy of the table's folder: the image has no
 hadoop-aws), with fewer files than before, the offsets at the topic's end and the Metadata's keys the
 writer's; VACUUM past the retention deletes the merged-away and crashed merges' files, and no live one;
-`icefall compact -f` runs the pods' loop on it with no Spark.
+`icefall compact -f` runs the pods' loop on it with no Spark. The table has a sort order (customer, id):
+a merge writes its rows in Z-order over it, and a point lookup on either column must read fewer of the
+merged file's row runs than of the files it replaced (their per-file min/max overlap less).
 """
 
 from __future__ import annotations
@@ -22,17 +24,21 @@ import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyarrow import fs as pafs
 
 from icefall.api.manifest import parse_manifest
-from icefall.commit.delta import DeltaLog
+from icefall.commit.delta import DeltaLog, set_properties
 from icefall.commit.delta_files import LogFiles
 from icefall.commit.delta_storage import S3Settings
 from icefall.commit.lease import FileLease
 from icefall.compact.delta_pods import DeltaPodRunner
 from icefall.compact.worker import Outcome
+from icefall.compact.zorder import zorder_values
 from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.objectstore import ObjectStore
 from icefall.plan.delta_maintenance import DeltaPolicy
@@ -51,8 +57,11 @@ from icefall.testing.streams import produce, watermarks
 pytestmark = pytest.mark.integration
 
 BUCKET = "delta-lake"
-#: Small files merge at once: any two of them (the test's files are a few KiB).
-POLICY = DeltaPolicy(target_file_size_bytes=4 * 2**20, min_files_to_compact=2, retention_ms=3_600_000)
+#: Small files merge at once: any two of them (the test's files are a few KiB); rows Z-ordered by SORT.
+SORT = ("customer", "id")
+POLICY = DeltaPolicy(
+    target_file_size_bytes=4 * 2**20, min_files_to_compact=2, retention_ms=3_600_000, zorder_by=SORT
+)
 FAR_FUTURE_MS = 10**13
 
 
@@ -73,6 +82,42 @@ def live_files(location: str) -> int:
     return len(LogFiles.read(DeltaLog(location)).live)
 
 
+def sort_rows(location: str, path: str) -> list[tuple[Any, ...]]:
+    """The SORT columns of the data file `path` (as the log names it), row by row in the file's order."""
+    filesystem, root = DeltaLog(location).storage.arrow()
+    table = pq.read_table(f"{root}/{unquote(path)}", filesystem=filesystem, columns=list(SORT))
+    return list(zip(*(table.column(c).to_pylist() for c in SORT), strict=True))
+
+
+def lookup_shares(runs: list[list[tuple[Any, ...]]]) -> list[float]:
+    """Per sort column, the mean share of `runs` (files, or stretches of one file) whose min/max range a
+    point lookup of one of the column's values falls in: what a reader skipping by min/max must read."""
+    shares = []
+    for column in range(len(SORT)):
+        values = {row[column] for run in runs for row in run}
+        spans = [(min(r[column] for r in run), max(r[column] for r in run)) for run in runs]
+        hits = sum(lo <= value <= hi for value in values for lo, hi in spans)
+        shares.append(hits / (len(values) * len(runs)))
+    return shares
+
+
+def check_zordered_merge(location: str, version: int) -> None:
+    """The merge of `version` wrote its rows in Z-order over SORT, clustered better than its inputs."""
+    actions = DeltaLog(location).actions(version)
+    [info] = [a["commitInfo"] for a in actions if "commitInfo" in a]
+    assert info["operationParameters"]["zOrderBy"] == '["customer","id"]'
+    [added] = [a["add"]["path"] for a in actions if "add" in a]
+    inputs = [sort_rows(location, a["remove"]["path"]) for a in actions if "remove" in a]
+    rows = sort_rows(location, added)
+    assert sorted(rows) == sorted(r for run in inputs for r in run)
+    values = zorder_values([pa.array([r[i] for r in rows]) for i in range(len(SORT))]).to_pylist()
+    assert values == sorted(values), "the merged file's rows are not in Z-order"
+    count = len(inputs)  # cut the merged file into as many stretches as it had inputs
+    runs = [rows[i * len(rows) // count : (i + 1) * len(rows) // count] for i in range(count)]
+    before, after = lookup_shares(inputs), lookup_shares(runs)
+    assert sum(after) < sum(before) and max(after) < max(before), (before, after)
+
+
 def test_merges_on_s3_beside_a_committing_writer_keep_every_record_once(
     kafka: KafkaBroker, s3_env: ObjectStore, spark: Any, tmp_path: Path
 ) -> None:
@@ -80,7 +125,12 @@ def test_merges_on_s3_beside_a_committing_writer_keep_every_record_once(
     kafka.create_topic(topic, partitions=2)
     location = f"s3://{BUCKET}/{tmp_path.name}/orders"
     manifest = tmp_path / "table.yaml"
-    manifest.write_text(delta_manifest("orders", kafka.bootstrap, topic, location, max_records=10))
+    sort = ", ".join(f"{{field: {c}}}" for c in SORT)
+    manifest.write_text(
+        delta_manifest(
+            "orders", kafka.bootstrap, topic, location, max_records=10, table=f", sortOrder: [{sort}]"
+        )
+    )
     st = parse_manifest(manifest.read_text())
     options = S3Settings.from_env().delta_rs_options()
 
@@ -95,6 +145,7 @@ def test_merges_on_s3_beside_a_committing_writer_keep_every_record_once(
         small = live_files(location)
         assert small >= 6
         log = DeltaLog(location)
+        set_properties(log, {"delta.checkpointInterval": "1000"})  # merges only (checkpoints: their own test)
         configuration = dict(log.snapshot().configuration)
         assert pods.step().result.kind == "SetRetention"  # type: ignore[union-attr]
 
@@ -111,6 +162,7 @@ def test_merges_on_s3_beside_a_committing_writer_keep_every_record_once(
         )
         assert log.snapshot().committed.offsets == watermarks(kafka, topic)
         assert delta_ids(location, options) == Counter(range(80))
+        check_zordered_merge(location, merged.snapshot_id)
 
         # A batch planned before a merge commits over it, with its offsets.
         produce(kafka, topic, 80, 20)

@@ -16,6 +16,7 @@ again (twice):
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -28,6 +29,7 @@ import yaml
 from kubernetes import client, config
 
 from icefall.api import streaming_table_from_object
+from icefall.commands.delta import reset_when_reachable
 from icefall.commands.reset_request import apply_reset_request
 from icefall.commands.table import delta_target
 from icefall.commit.delta import DeltaLog
@@ -37,6 +39,7 @@ from icefall.devstack.kafka import KafkaBroker
 from icefall.devstack.kube import KubeAPIServer, install_crds
 from icefall.plan.names import ANNOTATION_RESET_OFFSETS
 from icefall.plan.offset_reset import ResetRequest
+from icefall.plan.outages import Service
 from icefall.testing.delta import delta_ids, delta_manifest
 from icefall.testing.live_run import run_until_caught_up
 from icefall.testing.streams import produce, recreate_topic, watermarks
@@ -94,11 +97,9 @@ def test_a_recreated_topic_is_reset_by_the_clusters_request_and_by_the_cli(
     st = streaming_table_from_object(
         custom.get_namespaced_custom_object("icefall.dev", "v1alpha1", NAMESPACE, "streamingtables", "orders")
     )
-    said: list[str] = []
-    assert (
-        apply_reset_request(st, delta_target(st, location), kube_client, now=now, say=said.append) == "reset"
-    )
+    assert reset_when_reachable(st, location, kube_client, lambda: False)  # what the driver pod runs
     version = DeltaLog(location).latest_version()
+    said: list[str] = []
     again = apply_reset_request(st, delta_target(st, location), kube_client, now=now, say=said.append)
     assert again == "done-before" and DeltaLog(location).latest_version() == version, said
     events = client.CoreV1Api(api).list_namespaced_event(
@@ -119,3 +120,32 @@ def test_a_recreated_topic_is_reset_by_the_clusters_request_and_by_the_cli(
     history = json.loads(DeltaLog(location).snapshot().configuration[OFFSET_RESETS])
     assert [h["reason"] for h in history] == ["topic-recreated", "topic-recreated"]
     assert history[0]["request"] == request.id and "request" not in history[1]
+
+
+def test_a_driver_waits_out_an_object_store_down_before_its_reset_request(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The driver pod applies a reset request before its first batch: with the table's S3 store down (no
+    server on its port) it waits, as a batch does, instead of crashing; it gives up only when stopped."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    for name, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "icefall",
+        "AWS_SECRET_ACCESS_KEY": "icefall-secret",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    location = "s3://lake/orders"
+    body: dict[str, Any] = yaml.safe_load(
+        delta_manifest("delta-reset", "127.0.0.1:9", TOPIC, location, max_records=50)
+    )
+    request = ResetRequest("earliest", datetime.now(UTC).replace(microsecond=0))
+    annotations = {ANNOTATION_RESET_OFFSETS: request.to_annotation()}
+    body["metadata"] = {"name": "orders", "namespace": NAMESPACE, "annotations": annotations}
+    st = streaming_table_from_object(body)
+    waited: list[Service | None] = []
+    stopped_after_two_attempts = lambda: len(waited) >= 2  # noqa: E731
+    assert not reset_when_reachable(st, location, None, stopped_after_two_attempts, listener=waited.append)
+    assert waited == [Service.OBJECT_STORE, Service.OBJECT_STORE]

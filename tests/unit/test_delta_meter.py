@@ -8,7 +8,8 @@ longer counted), and the table's id; the replay reads each commit file once; a l
 gone gives no file figures but the rest; a table on S3 reports the merges due as its compaction backlog
 (a local one none); and `WriterStatusReporter` sends it unchanged: the table's figures, the per-table lag
 and last commit, and the log's table id as `tableUuid` (what `deletionPolicy: Delete`'s purge checks), the
-dead-letter table's once it exists.
+dead-letter table's once it exists (looked for at the first reading and when the writer reports dead
+letters).
 """
 
 from __future__ import annotations
@@ -135,9 +136,13 @@ def test_the_reporter_sends_the_delta_reading_with_the_logs_table_id(tmp_path: P
     assert writer["table"]["files"] == 2 and writer["table"]["records"] == 15
     (main,) = writer["tables"]
     assert main["table"] == "shop.orders" and main["lagRecords"] == 3 and main["snapshotId"] == 2
-    # The dead-letter table, once its first bad record made it: its id too (what a purge checks).
+    # The dead-letter table, once its first bad record made it: its id too (what a purge checks). Its log
+    # is looked for again only once the writer reports dead letters, not at every reading.
     dead = DeltaLog(str(dead_letter_location(st, str(tmp_path / "orders"))))
     create_table(dead, SCHEMA, epoch=1)
+    reading = meter.read_once()
+    assert reading is not None and reading.dead_letter_table_uuid is None
+    report(BatchReport(5, 4, 1, 1.0, 0.1, 3, {0: 20}, 0, 1.5, partition_lag={0: 0}))
     reading = meter.read_once()
     assert reading is not None and reading.dead_letter_table_uuid == dead.snapshot().metadata["id"]
 

@@ -1,15 +1,16 @@
 """A Delta Lake table (`spec.table.format: delta`) in a cluster, planned without a cluster.
 
-Proves: the operator runs a Delta table whose `spec.table.location` is an object store (s3://, s3a://)
+Proves: the operator runs a Delta table whose `spec.table.location` is an object store (s3://, s3a://,
+gs://, abfss://)
 with Spark inside the driver pod, and needs no catalog for it; it holds one without a location, at a local
 path or file:/ URI (pods share no disk), or with executors on Kubernetes (the Delta writer stages a batch's
 files on the driver's disk), each time naming the field and the fix; an Iceberg table without a catalog is
 refused as before; the object-store schemes are those the Delta writer commits to; compaction pods run for
-a Delta table on S3 (its Deployment at the backlog's replicas) and `Compacting` follows the merges the driver
-measured due (True, False NoCompactionNeeded, kept without a recent measure), while a local Delta table's
-stays at 0 with `Compacting` saying why, and an Iceberg table's replicas and conditions are unchanged; an
-offset reset request on a Delta table holds its driver, naming the annotation (resets are Iceberg's only so
-far); `icefall compact` of a local Delta table exits 0 saying why there is nothing to do.
+a Delta table in an object store (its Deployment at the backlog's replicas) and `Compacting` follows the
+merges the driver measured due (True, False NoCompactionNeeded, kept without a recent measure), while a
+local Delta table's stays at 0 with `Compacting` saying why, and an Iceberg table's replicas and conditions
+are unchanged; an offset reset request on a Delta table holds its driver, naming the annotation (resets are
+Iceberg's only so far); `icefall compact` of a local Delta table exits 0 saying why there is nothing to do.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import yaml
 
 from icefall import cli
 from icefall.api import ConditionReason, ConditionStatus, ConditionType, StreamingTable
-from icefall.commit.delta_storage import S3_SCHEMES
+from icefall.commit.delta_storage import OBJECT_STORE_SCHEMES
 from icefall.plan.children import (
     DELTA_SHARED_SCHEMES,
     cluster_table_problem,
@@ -65,9 +66,15 @@ def table(
     )
 
 
-def test_a_delta_table_on_s3_with_spark_in_the_driver_pod_runs_without_a_catalog() -> None:
+GCS = "gs://lake/tables/orders"
+AZURE = "abfss://lake@shop.dfs.core.windows.net/tables/orders"
+
+
+def test_a_delta_table_in_an_object_store_with_spark_in_the_driver_pod_runs_without_a_catalog() -> None:
     assert cluster_table_problem(table(), spark_master=LOCAL_MASTER) is None
     assert cluster_table_problem(table(location="s3a://lake/tables/orders"), spark_master="local[2]") is None
+    assert cluster_table_problem(table(location=GCS), spark_master=LOCAL_MASTER) is None
+    assert cluster_table_problem(table(location=AZURE), spark_master=LOCAL_MASTER) is None
 
 
 @pytest.mark.parametrize("location", [None, "/data/tables/orders", "file:/data/tables/orders"])
@@ -78,7 +85,9 @@ def test_a_delta_table_without_an_object_store_location_is_held_naming_the_locat
     assert found is not None
     field, message = found
     assert field == "spec.table.location"
-    assert "s3://<bucket>/<path>" in message and "AWS_*" in message  # the fix
+    assert "s3://<bucket>/<path>" in message and "gs://<bucket>/<path>" in message  # the fix
+    assert "abfss://<container>@<account>.dfs.core.windows.net/<path>" in message
+    assert "secretKeyRef" in message
     if location is not None:
         assert "pods share no disk" in message and repr(location) in message
 
@@ -119,7 +128,7 @@ def test_an_iceberg_table_still_needs_a_catalog() -> None:
 
 
 def test_the_shared_schemes_are_those_the_delta_writer_commits_to() -> None:
-    assert DELTA_SHARED_SCHEMES == S3_SCHEMES
+    assert DELTA_SHARED_SCHEMES == OBJECT_STORE_SCHEMES
 
 
 def test_compaction_pods_run_for_a_delta_table_on_s3_and_compacting_follows_its_backlog() -> None:
@@ -128,6 +137,7 @@ def test_compaction_pods_run_for_a_delta_table_on_s3_and_compacting_follows_its_
     on_disk = table(location="/data/orders", **local)
     assert upkeep_in_pods(delta) and upkeep_in_pods(iceberg) and not upkeep_in_pods(on_disk)
     assert upkeep_in_pods(table(location="s3a://lake/orders", **local))
+    assert upkeep_in_pods(table(location=GCS, **local)) and upkeep_in_pods(table(location=AZURE, **local))
 
     def replicas(st: StreamingTable) -> int:
         children = desired_children(

@@ -453,14 +453,12 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
     if spec.dynamic_route is not None:
         problems.append((("dynamicRoute",), f"a dynamic route {unsupported}; remove it"))
     problems += _delta_partition_types(spec)
-    location = spec.table.location or ""
-    if spec.key and "://" in location and not location.startswith(("s3://", "file:")):
-        # The keyed MERGE reads the table's files through Spark's Hadoop file systems: S3A or local only.
-        problems.append(
+    if spec.key and (spec.table.location or "").startswith(("gs://", "abfs://", "abfss://")):
+        problems.append(  # the keyed MERGE reads the table's files through Hadoop's S3A (or locally)
             (
                 ("table", "location"),
-                "keyed (upsert/cdc) Delta tables are written on S3 (s3://) or a local path only; use one "
-                "of those, or mode append",
+                "keyed (upsert/cdc) Delta tables on GCS or Azure are not supported yet; use s3://, a local "
+                "path or format iceberg",
             )
         )
     return problems

@@ -323,8 +323,34 @@ class TableFormat(StrEnum):
     DELTA = "delta"
 
 
-#: Location schemes a Delta table may use so far: the local file system (the embedded default).
-DELTA_LOCATION_RE = re.compile(r"^(/|file:/|s3a?://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^/])")
+#: Where a Delta table may live: the local file system (the embedded default), S3, GCS or Azure, each a
+#: folder below a bucket (a container), not the bucket itself.
+DELTA_LOCATION_RE = re.compile(
+    r"^(/|file:/"
+    r"|s3a?://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^/]"
+    r"|gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]/[^/]"
+    r"|abfss?://[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}@[a-z0-9]{3,24}\.[a-z0-9.-]*[a-z0-9](?::[0-9]+)?/[^/])"
+)
+#: The fix for a malformed Delta location, by its scheme (`delta_location_problem`).
+_DELTA_LOCATION_FORMS = (
+    (("s3://", "s3a://"), "an S3 location is s3://<bucket>/<folder>, e.g. s3://lake/tables/orders"),
+    (
+        ("gs://",),
+        "a GCS location is gs://<bucket>/<folder> (a bucket of 3-63 lowercase letters, digits, '-', '_' "
+        "and '.'), e.g. gs://lake/tables/orders",
+    ),
+    (
+        ("abfs://", "abfss://"),
+        "an Azure location is abfss://<container>@<account>.dfs.core.windows.net/<folder> (a container of "
+        "3-63 lowercase letters, digits and single '-', an account of 3-24 lowercase letters and digits), "
+        "e.g. abfss://lake@myaccount.dfs.core.windows.net/tables/orders",
+    ),
+    (
+        ("wasb://", "wasbs://"),
+        "write an Azure location as abfss://<container>@<account>.dfs.core.windows.net/<folder> (wasb(s):// "
+        "is not supported for a Delta table)",
+    ),
+)
 
 
 class TableSpec(ApiModel):
@@ -340,9 +366,12 @@ class TableSpec(ApiModel):
     location: str | None = Field(
         default=None,
         description=(
-            "format delta: where the table lives, an absolute path, a file:/ URI or s3://bucket/path "
-            "(S3 or an S3 server with conditional writes; credentials from the AWS_* environment, e.g. "
-            "a Secret's). Default: the local runner's warehouse folder plus <namespace>/<name>. Immutable."
+            "format delta: where the table lives, an absolute path, a file:/ URI, s3://bucket/path (S3 or "
+            "an S3 server with conditional writes; credentials from the AWS_* environment), gs://bucket/path "
+            "(Google's default credentials; STORAGE_EMULATOR_HOST) or "
+            "abfss://container@account.dfs.core.windows.net/path (AZURE_STORAGE_ACCOUNT_KEY or "
+            "AZURE_STORAGE_SAS_TOKEN; AZURE_STORAGE_ENDPOINT), the environment e.g. from a Secret. Default: "
+            "the local runner's warehouse folder plus <namespace>/<name>. Immutable."
         ),
         min_length=1,
         max_length=1024,
@@ -529,6 +558,20 @@ def delta_partition_problems(table: TableSpec) -> list[tuple[Loc, str]]:
     return problems
 
 
+def delta_location_problem(location: str) -> str | None:
+    """What is wrong with a Delta table's `spec.table.location` (None: nothing), with the form to write."""
+    if DELTA_LOCATION_RE.match(location):
+        return None
+    for schemes, form in _DELTA_LOCATION_FORMS:
+        if location.lower().startswith(schemes):
+            return f"{location!r} is not a Delta table location: {form}"
+    return (
+        "a Delta table's location is an absolute local path, a file:/ URI, s3://<bucket>/<folder>, "
+        "gs://<bucket>/<folder> or abfss://<container>@<account>.dfs.core.windows.net/<folder>: e.g. "
+        "/data/tables/orders or gs://lake/tables/orders"
+    )
+
+
 def delta_table_problems(table: TableSpec) -> list[tuple[Loc, str]]:
     """What `spec.table` asks that a Delta table does not support yet (paths relative to `spec.table`);
     refused rather than ignored, so no setting silently does nothing."""
@@ -544,14 +587,8 @@ def delta_table_problems(table: TableSpec) -> list[tuple[Loc, str]]:
         return []
     problems: list[tuple[Loc, str]] = []
     unsupported = "is not supported with format delta yet"
-    if table.location is not None and DELTA_LOCATION_RE.match(table.location) is None:
-        problems.append(
-            (
-                ("location",),
-                "a Delta table's location is an absolute local path, a file:/ URI or s3://bucket/path so "
-                f"far (GCS and Azure {unsupported}): e.g. /data/tables/orders or s3://lake/tables/orders",
-            )
-        )
+    if table.location is not None and (problem := delta_location_problem(table.location)):
+        problems.append((("location",), problem))
     if table.catalog is not None:
         problems.append(
             (

@@ -1,8 +1,8 @@
 """`icefall run`, the driver pod's `icefall ingest` and `icefall verify` of a Delta Lake table
 (`spec.table.format: delta`): no catalog, the table at its location (`delta_location`), its Spark session a
 Delta table's (`icefall.spark.session.delta_conf`), its upkeep in-process beside the batches
-(`icefall.compact.delta`, Delta's own commands; on S3 the compaction pods' own merge and VACUUM,
-`icefall.compact.delta_pods`, which the pods run too, `compact_delta`); the writer is
+(`icefall.compact.delta`, Delta's own commands; on S3 the compaction pods' own merge, checkpoints and
+VACUUM, `icefall.compact.delta_pods`, which the pods run too, `compact_delta`); the writer is
 `icefall.ingest.delta_sink`, the audit `icefall.audit.delta`. In a cluster (`ingest_delta_pod`) the table is
 on an object store (the operator holds any other: `icefall.plan.children.cluster_table_problem`), the
 commit Lease a Kubernetes Lease, and the status report's figures come from the Delta log
@@ -12,6 +12,7 @@ commit Lease a Kubernetes Lease, and the status report's figures come from the D
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +26,7 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     (`icefall.ingest.delta_sink`); OPTIMIZE, checkpoints and VACUUM on a thread beside the batches unless
     `spec.compaction.enabled` is false, the table suspended or `--no-maintenance` given."""
     from icefall.commands.run import ingest_delta_until_stopped
-    from icefall.commit.delta_storage import is_s3
+    from icefall.commit.delta_storage import is_object_store, store_name
     from icefall.commit.lease import FileLease, local_process_holder
     from icefall.plan.names import table_leases
     from icefall.plan.spark_conf import embedded_conf
@@ -41,9 +42,12 @@ def run_delta(args: argparse.Namespace, st: Any, state: Any) -> int:
     )
     print("[run] starting local Spark ...", flush=True)
     maintain = st.spec.compaction.enabled and not st.spec.suspend and not args.no_maintenance
-    on_s3 = is_s3(location)
-    if maintain and on_s3:  # Delta Spark's commits on S3 are not put-if-absent (commit/DESIGN.md)
-        print("[run] upkeep on S3: Icefall's merge and VACUUM, as the compaction pods (no checkpoints)")
+    on_s3 = is_object_store(location)  # S3, GCS or Azure
+    if maintain and on_s3:  # Delta Spark's commits there are not put-if-absent (commit/DESIGN.md)
+        print(
+            f"[run] upkeep on {store_name(location)}: Icefall's merge, checkpoints, log cleanup and VACUUM, "
+            "as the compaction pods"
+        )
     spark = build_spark_session(
         [],
         extra_conf=embedded_conf(st, master=args.master, maintain=maintain and not on_s3),
@@ -67,11 +71,9 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
     Spark conf in a Delta table's session, and the report into the StreamingTable's status (lag and
     freshness per batch, the table's figures from its log, the merges due as the compaction backlog). The
     upkeep is the compaction pods' (`compact_delta`). An offset reset request is applied before the first
-    batch (`commands.reset_request`)."""
+    batch (`commands.reset_request`), an object store down at start waited out."""
     from icefall.commands.common import pod_holder, pod_spark
-    from icefall.commands.reset_request import apply_reset_request
     from icefall.commands.run import ingest_delta_until_stopped
-    from icefall.commands.table import delta_target
     from icefall.commit.kube_lease import KubernetesLease
     from icefall.controller.kube import Kube
     from icefall.ingest.delta_meter import DeltaMeter
@@ -84,7 +86,8 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
     stop = stop_on_signals()
     meter = DeltaMeter(st, location)
     report_to = WriterStatusReporter(Kube(api), args.namespace, args.name, meter=meter)
-    apply_reset_request(st, delta_target(st, location), Kube(api), now=datetime.now(UTC))
+    if not reset_when_reachable(st, location, Kube(api), stop.is_set, listener=report_to.waiting):
+        return 1
     print(
         f"[ingest] {st.metadata.name}: {', '.join(st.spec.source.topic_names)} -> delta table {location}",
         flush=True,
@@ -100,11 +103,29 @@ def ingest_delta_pod(args: argparse.Namespace, api: Any, st: Any) -> int:
         meter.stop()
 
 
+def reset_when_reachable(
+    st: Any, location: str, kube: Any, should_stop: Callable[[], bool], *, listener: Any = None
+) -> bool:
+    """The driver pod's offset reset request applied to the Delta table at `location` before the first batch
+    (`commands.reset_request`), an object store that is down meanwhile waited out as the batches do; False:
+    stopped before the store answered."""
+    from icefall.commands.reset_request import apply_reset_request
+    from icefall.commands.table import delta_target
+    from icefall.ingest.delta_sink import delta_services
+    from icefall.ingest.outages import Outages
+
+    outages = Outages(".".join(st.table_identifier), delta_services(st.spec, location))
+    outages.listener = listener
+    return outages.retrying(
+        lambda: apply_reset_request(st, delta_target(st, location), kube, now=datetime.now(UTC)), should_stop
+    )
+
+
 def compact_delta(args: argparse.Namespace, st: Any, leases: Any) -> int:
-    """`icefall compact` of a Delta table on S3 (the compaction pods; `-f` locally): Icefall's own merge and
-    VACUUM (`icefall.compact.delta_pods`), work Leases from `leases`, no Spark and no catalog. A table not
-    on S3 is the `icefall run` upkeep's (Delta's own commands): nothing to do here."""
-    from icefall.commit.delta_storage import is_s3
+    """`icefall compact` of a Delta table in an object store (S3, GCS, Azure; the compaction pods, `-f`
+    locally): Icefall's own merge and VACUUM (`icefall.compact.delta_pods`), work Leases from `leases`, no
+    Spark and no catalog. A local table is the `icefall run` upkeep's (Delta's own commands): none here."""
+    from icefall.commit.delta_storage import is_object_store
     from icefall.compact.delta_pods import DeltaPodRunner
     from icefall.compact.runner import serve
     from icefall.plan.delta_maintenance import delta_policy_from_spec
@@ -113,7 +134,7 @@ def compact_delta(args: argparse.Namespace, st: Any, leases: Any) -> int:
 
     location = st.spec.table.location
     name = st.metadata.name
-    if location is None or not is_s3(str(location)):
+    if location is None or not is_object_store(str(location)):
         print(f"[compact] {name}: a local Delta table's upkeep runs beside its batches in `icefall run`")
         return 0
     if not st.spec.compaction.enabled or st.spec.suspend:
@@ -142,8 +163,9 @@ def delta_maintenance(st: Any, location: str, spark: Any) -> Any:
 
 
 def delta_pod_maintenance(st: Any, location: str, state: Any) -> Any:
-    """`icefall run`'s upkeep of a Delta table on S3: the compaction pods' (`icefall.compact.delta_pods`),
-    work Leases as files in `state`, one item per pause as `delta_maintenance`."""
+    """`icefall run`'s upkeep of a Delta table in an object store: the compaction pods'
+    (`icefall.compact.delta_pods`), work Leases as files in `state`, one item per pause as
+    `delta_maintenance`."""
     from icefall.compact.delta_pods import DeltaPodRunner
     from icefall.compact.runner import EmbeddedMaintenance, file_leases
     from icefall.plan.delta_maintenance import delta_policy_from_spec

@@ -102,11 +102,11 @@ def _delta_schema(st: StreamingTable) -> tuple[list[tuple[str, str]], list[str]]
     """A local Delta table that exists: what of `spec.format.schema` it cannot follow (problems), and what
     its next batch changes (notes). Nothing for any other table (module doc)."""
     from icefall.api import TableFormat, to_spark_schema_json
-    from icefall.commit.delta_storage import is_s3
+    from icefall.commit.delta_storage import is_object_store
 
     spec = st.spec
     location = spec.table.location
-    if spec.table.format is not TableFormat.DELTA or location is None or is_s3(location):
+    if spec.table.format is not TableFormat.DELTA or location is None or is_object_store(location):
         return [], []
     if not spec.format.schema_known or spec.transforms.select:
         return [], []

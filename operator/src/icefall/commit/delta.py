@@ -16,17 +16,18 @@ Guarantees: a commit lands only if the table's epoch is not above the writer's (
 commit landed), and the batch starts at the committed offsets of the same topic id (`check_source`, as
 for Iceberg). Commits by others that leave `icefall.*` alone (OPTIMIZE, a user's DELETE) do not cost the
 batch: it is committed on top of them, as its files are its own and its offsets still come next.
-Checkpoints and log cleanup are Delta's own (the upkeep, `icefall.compact.delta`, has Spark's Delta write
-them); the snapshot is read from the newest checkpoint and the commits after it. Table properties outside
+Checkpoints and log cleanup: Delta Spark's locally, Icefall's own on an object store (`delta_checkpoint`);
+a snapshot reads the newest checkpoint and the commits after it (`DeltaLog.tail`). Table properties outside
 `icefall.*` (the retention the spec sets) change in a metadata-only commit, `set_properties`.
-The folder is local or on S3 (`icefall.commit.delta_storage`: put-if-absent is `link` locally, a
-conditional PUT on S3). Schema evolution (`icefall.catalog.delta_schema`): a batch whose schema adds
-columns commits the table's new `schemaString` in the `metaData` action of its own log entry
+The folder is local or in an object store (`icefall.commit.delta_storage`: put-if-absent is `link`
+locally, a conditional PUT on S3, a create-only upload on GCS and Azure, `icefall.commit.delta_cloud`).
+Schema evolution (`icefall.catalog.delta_schema`): a batch whose schema adds columns commits the table's
+new `schemaString` in the `metaData` action of its own log entry
 (`commit_batch(schema_string=...)`, and a `protocol` action if a new column needs a feature), not in a
 metadata-only commit before it: the batch's commit writes a `metaData` action anyway, so the new column,
 its first rows and their offsets land together or not at all, behind the same epoch, offset and
 put-if-absent checks; a batch planned on another schema than the table's is StaleHeadError.
-Not guaranteed / not done yet: GCS and Azure, type widening (Delta's `typeWidening` feature), partition
+Not guaranteed / not done yet: type widening (Delta's `typeWidening` feature), partition
 transforms (identity partitions only: `partitionColumns`, each `add` with its `partitionValues`).
 """
 
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import tempfile
 import time
 import uuid
@@ -47,7 +47,16 @@ from urllib.parse import quote, unquote
 from icefall.api.delta_partitions import GENERATION_EXPRESSION
 from icefall.commit.batch import SourceBatch, check_source, state_after
 from icefall.commit.delta_history import DeltaHistory
-from icefall.commit.delta_storage import is_s3, local_path, storage_for
+from icefall.commit.delta_storage import is_object_store, list_after, local_path, storage_for
+from icefall.commit.delta_tail import (
+    CHECKPOINT_FILE,
+    COMMIT_FILE,
+    LAST_CHECKPOINT,
+    LogTail,
+    complete_checkpoints,
+    last_checkpoint_version,
+    tail_of,
+)
 from icefall.commit.errors import CorruptStateError, FencedError, MaintenanceConflictError, StaleHeadError
 from icefall.commit.state import (
     OFFSET_RESETS,
@@ -62,8 +71,6 @@ LOG_DIR = "_delta_log"
 PREFIX = "icefall."
 ENGINE_INFO = "icefall"
 MAX_ATTEMPTS = 20
-_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
-_CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -131,14 +138,15 @@ class DeltaLog:
         self.root = local_path(location)
         self.log_dir = self.root / LOG_DIR
         # The newest snapshot read: a version never changes, so a later read walks back only to it (without
-        # it, each read walked to version 0 for the Protocol where there is no checkpoint: a commit's cost
-        # grew with the log, 26 ms at version 7 to ~150 ms at version 40 on MinIO).
+        # it each read walked to version 0 for the Protocol where there is no checkpoint).
         self._known: DeltaSnapshot | None = None
+        self._floor: int | None = None  # the newest checkpoint listed: the next listing starts there
+        self._listed = False  # listed once: a log without checkpoints needs no `_last_checkpoint` read
 
     def staging_root(self, name: str) -> Path:
         """A local folder for files on their way into the table: `name` in the table's folder, or for a
-        table on S3 in this machine's temporary directory (one per table)."""
-        if is_s3(self.location):
+        table in an object store in this machine's temporary directory (one per table)."""
+        if is_object_store(self.location):
             digest = hashlib.sha256(self.location.encode()).hexdigest()[:16]
             return Path(tempfile.gettempdir()) / "icefall-delta" / digest / name
         return self.root / name
@@ -146,11 +154,35 @@ class DeltaLog:
     def latest_version(self) -> int:
         """The newest version in the log, a commit's or a checkpoint's (Delta's log cleanup may have
         removed the commit of a checkpointed version); -1: none."""
-        names = self.storage.list(LOG_DIR)
-        versions = [
-            int(m.group(1)) for n in names if (m := _COMMIT_FILE.match(n) or _CHECKPOINT_FILE.match(n))
-        ]
-        return max(versions, default=-1)
+        return self.tail().latest
+
+    def tail(self) -> LogTail:
+        """The newest checkpoint and the commits after it, from ONE listing starting at the newest checkpoint
+        this object knows, else (first read, or it is gone) at `_last_checkpoint`'s, else at the start
+        (`icefall.commit.delta_tail`): a snapshot costs as much as the tail, not the whole log."""
+        known = self._floor
+        if known is not None and (found := self._tail_from(known)) is not None:
+            return found
+        if known is not None or not self._listed:
+            hint = self._last_checkpoint()
+            if hint is not None and hint != known and (found := self._tail_from(hint)) is not None:
+                return found
+        whole = self._tail_from(None)
+        assert whole is not None  # a listing from the start always stands
+        return whole
+
+    def _tail_from(self, start: int | None) -> LogTail | None:
+        after = "" if start is None else f"{start:020d}."
+        found = tail_of(list_after(self.storage, LOG_DIR, after), start)
+        if found is not None:
+            self._floor, self._listed = found.checkpoint, True
+        return found
+
+    def _last_checkpoint(self) -> int | None:  # None: no such file, or unreadable (it is only a hint)
+        try:
+            return last_checkpoint_version(self.storage.read(f"{LOG_DIR}/{LAST_CHECKPOINT}"))
+        except OSError:
+            return None
 
     def actions(self, version: int) -> list[dict[str, Any]]:
         text = self.storage.read(f"{LOG_DIR}/{version:020d}.json").decode("utf-8")
@@ -162,9 +194,9 @@ class DeltaLog:
         commits: dict[int, int] = {}
         checkpoints: set[int] = set()
         for name, modified_ms in self.storage.list_times(LOG_DIR).items():
-            if match := _COMMIT_FILE.match(name):
+            if match := COMMIT_FILE.match(name):
                 commits[int(match.group(1))] = modified_ms
-            elif match := _CHECKPOINT_FILE.match(name):
+            elif match := CHECKPOINT_FILE.match(name):
                 checkpoints.add(int(match.group(1)))
         return DeltaHistory(commits, frozenset(checkpoints))
 
@@ -172,10 +204,9 @@ class DeltaLog:
         """The latest version (or `version`, which must exist: `DeltaHistory.check`) with the Metadata and
         Protocol in force there, from the commits after the newest checkpoint at or below it, else from
         that checkpoint (log cleanup may have removed older commits)."""
-        latest = self.latest_version() if version is None else version
+        latest, checkpoint, checkpoint_files = self._bounds(version)
         if latest < 0:
             return DeltaSnapshot(-1)
-        checkpoint = self._latest_checkpoint(latest)
         known = self._known
         if known is None or not _walk_floor(checkpoint) <= known.version <= latest:
             known = None  # none, before a checkpoint (log cleanup may have removed what follows), or newer
@@ -195,7 +226,7 @@ class DeltaLog:
                 return self.snapshot(latest)
             metadata, protocol = metadata or known.metadata, protocol or known.protocol
         elif (metadata is None or protocol is None) and checkpoint is not None:
-            found = self._from_checkpoint(checkpoint)
+            found = self._from_checkpoint(checkpoint, checkpoint_files)
             metadata, protocol = metadata or found[0], protocol or found[1]
         if metadata is None or protocol is None:
             raise CorruptStateError(
@@ -206,36 +237,48 @@ class DeltaLog:
             self._known = read
         return read
 
+    def _bounds(self, version: int | None) -> tuple[int, int | None, tuple[str, ...]]:
+        """The version to read (the latest for None), the newest checkpoint at or below it, its files."""
+        if version is None:
+            tail = self.tail()
+            return tail.latest, tail.checkpoint, tail.checkpoint_files
+        checkpoint = self._latest_checkpoint(version)  # time travel: from the whole listing
+        return version, checkpoint, self.checkpoint_files(checkpoint) if checkpoint is not None else ()
+
     def latest_checkpoint(self) -> int | None:
         """The version of the newest checkpoint (None: none)."""
-        return self._latest_checkpoint(self.latest_version())
+        return self.tail().checkpoint
 
     def _latest_checkpoint(self, latest: int) -> int | None:
-        found = [int(m.group(1)) for n in self.storage.list(LOG_DIR) if (m := _CHECKPOINT_FILE.match(n))]
-        found = [v for v in found if v <= latest]
+        found = [v for v in complete_checkpoints(self.storage.list(LOG_DIR)) if v <= latest]
         return max(found, default=None)
 
-    def _from_checkpoint(self, version: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    def checkpoint_files(self, version: int) -> tuple[str, ...]:
+        """The file names of the complete checkpoint at `version` (a whole listing; () if none)."""
+        return complete_checkpoints(self.storage.list(LOG_DIR)).get(version, ())
+
+    def _from_checkpoint(
+        self, version: int, names: Sequence[str] | None = None
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The Metadata and Protocol of the checkpoint at `version` (its files `names`, else listed)."""
         import pyarrow.parquet as pq
 
         metadata = protocol = None
         filesystem, root = self.storage.arrow()
-        for name in sorted(self.storage.list(LOG_DIR)):
-            match = _CHECKPOINT_FILE.match(name)
-            if match is None or int(match.group(1)) != version:
-                continue
+        for name in names if names is not None else self.checkpoint_files(version):
             path = f"{root}/{LOG_DIR}/{name}"
             rows = pq.read_table(path, columns=["metaData", "protocol"], filesystem=filesystem).to_pylist()
             for row in rows:
                 metadata = metadata or row.get("metaData")
                 protocol = protocol or row.get("protocol")
-        if metadata is not None:  # maps are read as lists of pairs: as maps they go back into the log
+        if metadata is not None:  # maps read as lists of pairs, absent fields as nulls: back as in a commit
+            metadata = {k: v for k, v in metadata.items() if v is not None}
             if isinstance(metadata.get("configuration"), list):
-                metadata = {**metadata, "configuration": dict(metadata["configuration"])}
+                metadata["configuration"] = dict(metadata["configuration"])
             found_format = metadata.get("format") or {}
             if isinstance(found_format.get("options"), list):
-                metadata = {**metadata, "format": {**found_format, "options": dict(found_format["options"])}}
-        return metadata, protocol
+                metadata["format"] = {**found_format, "options": dict(found_format["options"])}
+        return metadata, {k: v for k, v in protocol.items() if v is not None} if protocol else None
 
     def try_commit(self, version: int, actions: Iterable[Mapping[str, Any]]) -> bool:
         """Create `version` with `actions`; False if it exists (someone else committed it). The file is
@@ -244,8 +287,7 @@ class DeltaLog:
         return self.storage.put_if_absent(f"{LOG_DIR}/{version:020d}.json", text.encode("utf-8"))
 
 
-def _walk_floor(checkpoint: int | None) -> int:
-    """Where a walk back through the commits stops (exclusive): the checkpoint's version, -1 for none."""
+def _walk_floor(checkpoint: int | None) -> int:  # where a walk back through the commits stops (exclusive)
     return checkpoint if checkpoint is not None else -1
 
 

@@ -64,6 +64,9 @@ class LogFiles:
     removed: dict[str, int] = field(default_factory=dict)  # path -> deletionTimestamp (ms)
     metadata: dict[str, Any] | None = None  # the metaData action in force
     protocol: dict[str, Any] | None = None  # the protocol action in force
+    tombstones: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> its remove action
+    txns: dict[str, dict[str, Any]] = field(default_factory=dict)  # appId -> its txn action
+    newest_checkpoint: int | None = None  # the newest checkpoint at the last listing (None: none)
     # deletion vector file (decoded relative path) -> deletionTimestamp of the last remove naming it
     removed_vectors: dict[str, int] = field(default_factory=dict)
 
@@ -78,47 +81,47 @@ class LogFiles:
     @classmethod
     def read(cls, log: DeltaLog) -> LogFiles:
         """The latest version's files, from the newest checkpoint and the commits after it."""
-        latest = log.latest_version()
+        tail = log.tail()
         files = cls()
-        if latest < 0:
+        if tail.latest < 0:
             return files
-        checkpoint = log.latest_checkpoint()
-        if checkpoint is not None:
-            files._apply_checkpoint(log, checkpoint)
-        return files.advance(log, latest)
+        if tail.checkpoint is not None:
+            files._apply_checkpoint(log, tail.checkpoint, tail.checkpoint_files)
+        files.newest_checkpoint = tail.checkpoint
+        return files.advance(log, tail.latest)
+
+    @classmethod
+    def at_checkpoint(cls, log: DeltaLog, version: int, names: Sequence[str]) -> LogFiles:
+        """The files of the checkpoint at `version` (its file names `names`), no commit after it."""
+        files = cls()
+        files._apply_checkpoint(log, version, names)
+        return files
 
     def advance(self, log: DeltaLog, upto: int | None = None) -> LogFiles:
         """This replay brought to `upto` (default the latest version), in place; a commit log cleanup
         removed meanwhile makes it read again from the newest checkpoint."""
-        latest = log.latest_version() if upto is None else upto
+        latest = upto
+        if latest is None:
+            tail = log.tail()
+            latest, self.newest_checkpoint = tail.latest, tail.checkpoint
         for version in range(self.version + 1, latest + 1):
             try:
                 actions = log.actions(version)
             except FileNotFoundError as error:
-                checkpoint = log.latest_checkpoint()
-                if checkpoint is None or checkpoint < version:
+                tail = log.tail()
+                if tail.checkpoint is None or tail.checkpoint < version:
                     raise CorruptStateError(
                         f"{log.location}: version {version} is missing from the log and no checkpoint "
                         "stands for it"
                     ) from error
-                self.version, self.live, self.removed, self.metadata, self.protocol = -1, {}, {}, None, None
-                self.removed_vectors = {}
-                self._apply_checkpoint(log, checkpoint)
-                return self.advance(log, latest)
+                fresh = LogFiles()
+                fresh._apply_checkpoint(log, tail.checkpoint, tail.checkpoint_files)
+                self.__dict__.update(fresh.__dict__)
+                return self.advance(log, max(latest, tail.latest))
             self.apply(version, actions)
         return self
 
     def apply(self, version: int, actions: Iterable[Mapping[str, Any]]) -> None:
-        """One version's actions. Its removes before its adds: a file is (path, deletion vector), and a
-        MERGE's version holds `add(path, new vector)` before `remove(path, old vector)` (Delta's order),
-        which leaves the file live with its new vector."""
-        actions = list(actions)
-        for action in actions:
-            if (gone := action.get("remove")) is not None:
-                self.live.pop(gone["path"], None)
-                self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
-                if (vector := vector_file(gone.get("deletionVector"))) is not None:
-                    self.removed_vectors[vector] = int(gone.get("deletionTimestamp") or 0)
         for action in actions:
             if (metadata := action.get("metaData")) is not None:
                 self.metadata = dict(metadata)
@@ -127,11 +130,28 @@ class LogFiles:
             elif (added := action.get("add")) is not None:
                 self.live[added["path"]] = dict(added)
                 self.removed.pop(added["path"], None)
+                self.tombstones.pop(added["path"], None)
+            elif (gone := action.get("remove")) is not None:
+                # A logical file is (path, deletion vector): a MERGE's remove of the old vector and add of
+                # the new one share a path, in either order (PROTOCOL.md, "Action Reconciliation").
+                if _dv_id(self.live.get(gone["path"])) == _dv_id(gone):
+                    self.live.pop(gone["path"], None)
+                self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
+                self.tombstones[gone["path"]] = dict(gone)
+                self._removed_vector(gone)
+            elif (txn := action.get("txn")) is not None:
+                self.txns[txn["appId"]] = dict(txn)
         self.version = version
+
+    def _removed_vector(self, remove: Mapping[str, Any]) -> None:
+        """Remember the deletion vector file a remove names (a file's older vector: VACUUM keeps it within
+        the retention, as the remove itself; `tombstones` keeps only a path's last remove)."""
+        if (vector := _vector_file(remove)) is not None:
+            self.removed_vectors[vector] = int(remove.get("deletionTimestamp") or 0)
 
     def vector_files(self) -> set[str]:
         """The deletion vector files (decoded table-relative paths) the live files need."""
-        return {f for add in self.live.values() if (f := vector_file(add.get("deletionVector"))) is not None}
+        return {f for add in self.live.values() if (f := _vector_file(add)) is not None}
 
     def mergeable(self) -> dict[str, dict[str, Any]]:
         """The live files a merge may read: paths inside the table's folder (not another location's URI, no
@@ -145,31 +165,57 @@ class LogFiles:
             and not add.get("deletionVector")
         }
 
-    def _apply_checkpoint(self, log: DeltaLog, version: int) -> None:
+    def _apply_checkpoint(self, log: DeltaLog, version: int, names: Sequence[str]) -> None:
         import pyarrow.parquet as pq
 
         self.metadata, self.protocol = (
-            dict(found) if found else None for found in log._from_checkpoint(version)
+            dict(found) if found else None for found in log._from_checkpoint(version, names)
         )
         filesystem, root = log.storage.arrow()
-        names = sorted(
-            n for n in log.storage.list("_delta_log") if n.startswith(f"{version:020d}.checkpoint")
-        )
         for name in names:
-            table = pq.read_table(
-                f"{root}/_delta_log/{name}", columns=["add", "remove"], filesystem=filesystem
-            )
-            for row in table.to_pylist():
+            path = f"{root}/_delta_log/{name}"
+            columns = [
+                c for c in ("add", "remove", "txn") if c in pq.read_schema(path, filesystem=filesystem).names
+            ]
+            for row in pq.read_table(path, columns=columns, filesystem=filesystem).to_pylist():
                 if (added := row.get("add")) is not None:
-                    values = added.get("partitionValues")
-                    if isinstance(values, list):  # a map is read as a list of pairs
-                        added = {**added, "partitionValues": dict(values)}
-                    self.live[added["path"]] = {k: v for k, v in added.items() if v is not None}
+                    self.live[added["path"]] = _plain(added)
                 elif (gone := row.get("remove")) is not None:
                     self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
-                    if (vector := vector_file(gone.get("deletionVector"))) is not None:
-                        self.removed_vectors[vector] = int(gone.get("deletionTimestamp") or 0)
+                    self.tombstones[gone["path"]] = _plain(gone)
+                    self._removed_vector(gone)
+                elif (txn := row.get("txn")) is not None:
+                    self.txns[txn["appId"]] = _plain(txn)
         self.version = version
+
+
+def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint row as a log action: no null fields, maps (read as lists of pairs) as dicts."""
+    plain = {}
+    for key, value in row.items():
+        if value is None:
+            continue
+        plain[key] = dict(value) if key in ("partitionValues", "tags") and isinstance(value, list) else value
+    if isinstance(plain.get("deletionVector"), dict):
+        plain["deletionVector"] = {k: v for k, v in plain["deletionVector"].items() if v is not None}
+    return plain
+
+
+def _vector_file(action: Mapping[str, Any]) -> str | None:
+    """The file of an add's or remove's in-table deletion vector (`vector_file`); None for none, and for a
+    descriptor whose name is not Delta's (no reader could open it: the replay goes on without it)."""
+    try:
+        return vector_file(action.get("deletionVector"))
+    except ValueError:
+        return None
+
+
+def _dv_id(action: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    """The deletion vector's identity in an add or remove (None: none), as Delta's `dvId`."""
+    vector = (action or {}).get("deletionVector")
+    if not vector:
+        return None
+    return (vector.get("storageType"), vector.get("pathOrInlineDv"), vector.get("offset"))
 
 
 def records_of(add: Mapping[str, Any]) -> int | None:
@@ -197,9 +243,12 @@ def commit_rewrite(
     files: LogFiles,
     removed: Sequence[str],
     added: Sequence[Mapping[str, Any]],
+    *,
+    zorder_by: Sequence[str] = (),
 ) -> int:
     """Commit the swap of `removed` (live paths) for `added` (add actions), on the latest version (module
-    doc); the version made. `files` is the replay the merge was planned on, advanced in place.
+    doc); the version made. `files` is the replay the merge was planned on, advanced in place; `zorder_by`:
+    the columns the added files' rows are Z-ordered by, recorded as Delta's OPTIMIZE records them.
     RewriteConflictError: a removed path is no longer live (or has a deletion vector now);
     MaintenanceConflictError: the commit lost MAX_ATTEMPTS races in a row; CorruptStateError: the
     table's protocol refuses a merge."""
@@ -221,7 +270,11 @@ def commit_rewrite(
         actions = [
             _commit_info(
                 "OPTIMIZE",
-                operationParameters={"predicate": "[]", "auto": "false"},
+                operationParameters={
+                    "predicate": "[]",
+                    "zOrderBy": json.dumps(list(zorder_by), separators=(",", ":")),
+                    "auto": "false",
+                },
                 readVersion=files.version,
                 isBlindAppend=False,
             ),

@@ -1,11 +1,14 @@
-"""Where a Delta table's files live: the local file system or S3 (commit/DESIGN.md, "Delta tables on S3").
+"""Where a Delta table's files live: the local file system, S3, GCS or Azure (commit/DESIGN.md, "Delta
+tables on S3", "Delta tables on GCS and Azure").
 
 The log needs four things of a store: list the `_delta_log` folder, read a file, create a file only if it
 does not exist (`put_if_absent`: commit N exists once, across processes and machines), and take in the
 Parquet files a batch wrote in a local folder (`move_in`). Locally creation is `link` of a synced temporary
-file (never replaces). On S3 it is a conditional PUT (`If-None-Match: *`): S3 answers 412 when the key
-exists, whichever of two writers' PUTs arrives last. S3 settings come from the AWS SDK's environment names
-(`S3Settings.from_env`): credentials by reference from a Secret, never in the spec.
+file (never replaces). In an object store (`ObjectStorage`: listing, reads and uploads by pyarrow's client)
+it is the store's create-only write: on S3 a conditional PUT (`If-None-Match: *`, 412 when the key exists,
+whichever of two writers' PUTs arrives last); on GCS and Azure `icefall.commit.delta_cloud`'s. Settings come
+from each cloud SDK's environment names (`S3Settings.from_env`: the AWS SDK's; GCS and Azure: that module's):
+credentials by reference from a Secret, never in the spec.
 
 Guarantees: `put_if_absent` is True for exactly one of any number of concurrent callers with one key;
 False means the file exists (written by someone, possibly by an earlier attempt whose answer was lost).
@@ -17,10 +20,8 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
-import http.client
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,18 +29,37 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote, unquote, urlparse
 
+from icefall.commit.object_storage import Created, ObjectStorage, http_request
+
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
 
 S3_SCHEMES = ("s3://", "s3a://")
+GCS_SCHEMES = ("gs://",)
+AZURE_SCHEMES = ("abfs://", "abfss://")
+#: Every object store a Delta table may live in (`icefall.plan.children.DELTA_SHARED_SCHEMES` is the same).
+OBJECT_STORE_SCHEMES = S3_SCHEMES + GCS_SCHEMES + AZURE_SCHEMES
 DEFAULT_REGION = "us-east-1"
 #: Answers to a conditional PUT: 412 the key exists; 409 another conditional PUT of it is in flight.
 _EXISTS, _IN_FLIGHT = 412, 409
-_IN_FLIGHT_RETRIES = 20
 
 
 def is_s3(location: str) -> bool:
     return location.startswith(S3_SCHEMES)
+
+
+def store_name(location: str) -> str:
+    """The store of `location` as people name it: S3, GCS, Azure or local disk (for messages)."""
+    for schemes, name in ((S3_SCHEMES, "S3"), (GCS_SCHEMES, "GCS"), (AZURE_SCHEMES, "Azure")):
+        if location.startswith(schemes):
+            return name
+    return "local disk"
+
+
+def is_object_store(location: str) -> bool:
+    """On S3, GCS or Azure: pods reach it, batches are staged on local disk first, commits are conditional
+    writes."""
+    return location.startswith(OBJECT_STORE_SCHEMES)
 
 
 class DeltaStorage(Protocol):
@@ -75,6 +95,10 @@ class LocalStorage:
         if not folder.is_dir():
             return {}
         return {e.name: e.stat().st_mtime_ns // 1_000_000 for e in os.scandir(folder) if e.is_file()}
+
+    def list_after(self, relative: str, after: str) -> dict[str, int]:
+        """`list_times` of the names sorting after `after` (what S3's `start-after` gives: `list_after`)."""
+        return {name: ms for name, ms in self.list_times(relative).items() if name > after}
 
     def list_tree(self) -> dict[str, int]:
         """Every file under the table's folder (relative path → modification time, ms): what VACUUM sees."""
@@ -170,126 +194,56 @@ class S3Settings:
         return options
 
 
-class S3Storage:
-    """A table folder under an S3 prefix (`s3://bucket/path`); reads and uploads by pyarrow's S3 client,
-    the conditional PUT by a SigV4-signed request of its own (pyarrow has none)."""
+class S3Storage(ObjectStorage):
+    """A table folder under an S3 prefix (`s3://bucket/path`); the create is a SigV4-signed conditional PUT
+    (`If-None-Match: *`)."""
 
     def __init__(self, location: str, settings: S3Settings | None = None) -> None:
-        self.location = location
         parsed = urlparse(location)
-        self.bucket, self.prefix = parsed.netloc, parsed.path.strip("/")
+        super().__init__(location, parsed.netloc, parsed.path)
         self.settings = settings or S3Settings.from_env()
-        self._fs: FileSystem | None = None
 
-    def _key(self, relative: str) -> str:
-        return f"{self.prefix}/{relative}" if self.prefix else relative
+    def _filesystem(self) -> FileSystem:
+        from pyarrow.fs import S3FileSystem
 
-    @property
-    def fs(self) -> FileSystem:
-        if self._fs is None:
-            from pyarrow.fs import S3FileSystem
+        s = self.settings
+        endpoint = urlparse(s.endpoint) if s.endpoint else None
+        return S3FileSystem(
+            access_key=s.access_key,
+            secret_key=s.secret_key,
+            session_token=s.session_token,
+            region=s.region,
+            endpoint_override=endpoint.netloc if endpoint else None,
+            scheme=endpoint.scheme if endpoint else "https",
+            force_virtual_addressing=endpoint is None,
+        )
 
-            s = self.settings
-            endpoint = urlparse(s.endpoint) if s.endpoint else None
-            self._fs = S3FileSystem(
-                access_key=s.access_key,
-                secret_key=s.secret_key,
-                session_token=s.session_token,
-                region=s.region,
-                endpoint_override=endpoint.netloc if endpoint else None,
-                scheme=endpoint.scheme if endpoint else "https",
-                force_virtual_addressing=endpoint is None,
-            )
-        return self._fs
+    def list_after(self, relative: str, after: str) -> dict[str, int]:
+        """The objects directly in `relative` whose names sort after `after` (name → LastModified, ms): ONE
+        ListObjectsV2 with `start-after` per 1000 keys, so reading the tail of a long `_delta_log` costs as
+        much as the tail (pyarrow's listing has no `start-after`). Sub-folders are not listed."""
+        from icefall.commit.s3_list import list_objects_after
 
-    def list(self, relative: str) -> list[str]:
-        from pyarrow.fs import FileSelector
+        prefix = f"{self._key(relative)}/"
+        found = list_objects_after(self.settings, self.bucket, prefix, prefix + after)
+        return {key[len(prefix) :]: ms for key, ms in found.items()}
 
-        selector = FileSelector(f"{self.bucket}/{self._key(relative)}", allow_not_found=True)
-        return [info.base_name for info in self.fs.get_file_info(selector)]
-
-    def list_times(self, relative: str) -> dict[str, int]:
-        """`list` with each object's LastModified (ms)."""
-        from pyarrow.fs import FileSelector
-
-        selector = FileSelector(f"{self.bucket}/{self._key(relative)}", allow_not_found=True)
-        return {
-            info.base_name: info.mtime_ns // 1_000_000
-            for info in self.fs.get_file_info(selector)
-            if info.mtime_ns is not None
-        }
-
-    def list_tree(self) -> dict[str, int]:
-        """Every object under the table's prefix (relative key → LastModified, ms): what VACUUM sees."""
-        from pyarrow.fs import FileSelector, FileType
-
-        base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
-        selector = FileSelector(base, allow_not_found=True, recursive=True)
-        return {
-            info.path[len(base) + 1 :]: (info.mtime_ns or 0) // 1_000_000
-            for info in self.fs.get_file_info(selector)
-            if info.type == FileType.File
-        }
-
-    def delete(self, relative: str) -> bool:
-        """Delete an object under the table's prefix; False if it was gone."""
-        try:
-            self.fs.delete_file(f"{self.bucket}/{self._key(relative)}")
-        except FileNotFoundError:
-            return False
-        return True
-
-    def read(self, relative: str) -> bytes:
-        with self.fs.open_input_stream(f"{self.bucket}/{self._key(relative)}") as f:
-            data: bytes = f.read()
-            return data
-
-    def move_in(self, staged: Path, relative: str | None = None) -> int:
-        data = staged.read_bytes()
-        with self.fs.open_output_stream(f"{self.bucket}/{self._key(relative or staged.name)}") as out:
-            out.write(data)
-        staged.unlink()
-        return len(data)
-
-    def arrow(self) -> tuple[FileSystem | None, str]:
-        return self.fs, f"{self.bucket}/{self.prefix}"
-
-    def delete_all(self) -> None:
-        """Every object under the table's prefix and its '/' (a purge): never `<prefix>-eu/...`."""
-        if not self.prefix:
-            raise ValueError(f"{self.location}: refusing to delete a whole bucket; give the table a folder")
-        self.fs.delete_dir(f"{self.bucket}/{self.prefix}")
-
-    def put_if_absent(self, relative: str, data: bytes) -> bool:
-        for _ in range(_IN_FLIGHT_RETRIES):
-            status, body = self._conditional_put(self._key(relative), data)
-            if status == _IN_FLIGHT:  # resolves to 200 or 412 once the other PUT completes
-                time.sleep(0.2)
-                continue
-            if status == _EXISTS:
-                return False
-            if 200 <= status < 300:
-                return True
-            raise OSError(f"PUT s3://{self.bucket}/{self._key(relative)}: HTTP {status}: {body[:300]!r}")
-        raise OSError(f"PUT s3://{self.bucket}/{self._key(relative)}: conditional writes kept conflicting")
-
-    def _conditional_put(self, key: str, data: bytes) -> tuple[int, bytes]:
+    def _create(self, key: str, data: bytes) -> Created:
         s = self.settings
         if s.endpoint:
-            endpoint = urlparse(s.endpoint)
-            scheme, host, path = endpoint.scheme, endpoint.netloc, f"/{self.bucket}/{key}"
+            base, path = s.endpoint, f"/{self.bucket}/{key}"
         else:
-            scheme, host, path = "https", f"{self.bucket}.s3.{s.region}.amazonaws.com", f"/{key}"
+            base, path = f"https://{self.bucket}.s3.{s.region}.amazonaws.com", f"/{key}"
         headers = {"If-None-Match": "*", "Content-Type": "application/json"}
-        headers |= signed_headers("PUT", host, quote(path), data, s)
-        connection_type = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        connection = connection_type(host, timeout=30)
-        try:
-            connection.request("PUT", quote(path), body=data, headers=headers)
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
+        headers |= signed_headers("PUT", urlparse(base).netloc, quote(path), data, s)
+        status, body = http_request("PUT", base, quote(path), data, headers=headers)
+        if status == _IN_FLIGHT:
+            return Created.IN_FLIGHT
+        if status == _EXISTS:
+            return Created.NO
+        if 200 <= status < 300:
+            return Created.YES
+        raise OSError(f"PUT s3://{self.bucket}/{key}: HTTP {status}: {body[:300]!r}")
 
 
 def signed_headers(method: str, host: str, path: str, body: bytes, s: S3Settings) -> dict[str, str]:
@@ -322,8 +276,35 @@ def signed_headers(method: str, host: str, path: str, body: bytes, s: S3Settings
 
 def delta_rs_options(location: str) -> dict[str, str] | None:
     """delta-rs's storage options for the table at `location` (None: local, none needed)."""
-    return S3Settings.from_env().delta_rs_options() if is_s3(location) else None
+    if is_s3(location):
+        return S3Settings.from_env().delta_rs_options()
+    from icefall.commit.delta_cloud import AzureSettings, GcsSettings
+
+    if location.startswith(GCS_SCHEMES):
+        return GcsSettings.from_env().delta_rs_options()
+    if location.startswith(AZURE_SCHEMES):
+        return AzureSettings.from_env(location).delta_rs_options()
+    return None
+
+
+def list_after(storage: DeltaStorage, relative: str, after: str) -> dict[str, int]:
+    """The names in `relative` sorting after `after`, with their modification times (ms): the store's own
+    `list_after` when it has one (S3: `start-after`), else its whole listing filtered."""
+    own = getattr(storage, "list_after", None)
+    if own is not None:
+        found: dict[str, int] = own(relative, after)
+        return found
+    return {name: ms for name, ms in storage.list_times(relative).items() if name > after}
 
 
 def storage_for(location: str) -> DeltaStorage:
-    return S3Storage(location) if is_s3(location) else LocalStorage(location)
+    """The store of the table at `location`: local, S3, GCS or Azure by its scheme."""
+    if is_s3(location):
+        return S3Storage(location)
+    from icefall.commit.delta_cloud import AzureStorage, GcsStorage
+
+    if location.startswith(GCS_SCHEMES):
+        return GcsStorage(location)
+    if location.startswith(AZURE_SCHEMES):
+        return AzureStorage(location)
+    return LocalStorage(location)

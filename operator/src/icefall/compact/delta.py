@@ -20,7 +20,8 @@ in the folder before its commit names them, are touched when they move there).
 
 `step(now_ms)` takes the clock for planning and for VACUUM's cut-off (files older than now_ms - retention),
 so tests move time forward instead of waiting out the retention. Local tables only: a table on S3 gets the
-compaction pods' own merge and VACUUM (`icefall.compact.delta_pods`), in the pods and in `icefall run`. Not
+compaction pods' own merge, checkpoints and VACUUM (`icefall.compact.delta_pods`), in the pods and in
+`icefall run`. Not
 done: work Leases (one `icefall run` per table holds its commit lease), the yield Lease against an OPTIMIZE
 starved by back-to-back batches.
 """

@@ -1,5 +1,5 @@
-"""The compaction pods' upkeep of a Delta table on S3: Icefall's own OPTIMIZE (bin-packing) and VACUUM
-(commit/DESIGN.md, "Compaction pods for Delta tables on S3"; compact/DESIGN.md).
+"""The compaction pods' upkeep of a Delta table in an object store (S3, GCS, Azure): Icefall's own OPTIMIZE
+(bin-packing) and VACUUM (commit/DESIGN.md, "Compaction pods for Delta tables on S3"; compact/DESIGN.md).
 
 `DeltaPodRunner.step()` replays the table's log (`icefall.commit.delta_files.LogFiles`, only the commits
 since its last round), plans with `icefall.plan.delta_maintenance.plan_delta_pod_work` and runs the first
@@ -8,7 +8,11 @@ item whose work Lease it can claim (`delta_work_key`; a busy one is skipped), as
 - `CompactFiles` (`merge`): the planned files still live and mergeable, of one Parquet schema (files from
   before and after a schema change are not mixed), are read one record batch at a time with pyarrow over
   the table's storage (S3 or local) and written into ONE local Parquet file, which is uploaded into the
-  partition's folder; its row count must equal the inputs' (else nothing is committed). Then — after the
+  partition's folder; its row count must equal the inputs' (else nothing is committed). With a sort order
+  (`spec.table.sortOrder`, `CompactFiles.zorder_by`) the rows are instead all read, ordered by their
+  Z-value over the sort columns (`icefall.compact.zorder`) and written in row groups of
+  `ZORDER_ROW_GROUP_ROWS`: memory is then the merge's rows (at most `targetFileSizeBytes` of Parquet,
+  decoded), not one record batch. Then — after the
   failpoint `main.mid-rewrite`: written, not committed — `commit_rewrite` swaps the inputs for it with
   put-if-absent (removes and add with dataChange false, no Metadata action), re-checking on every version
   someone else took first that the inputs are still live. Failpoint `main.after-rewrite`: committed, not
@@ -17,36 +21,44 @@ item whose work Lease it can claim (`delta_work_key`; a busy one is skipped), as
   replay: files no version within the retention names, older than it.
 - `SetRetention`: `icefall.commit.delta.set_properties` (a Metadata-only commit of ours that keeps the
   `icefall.*` keys).
+- `Checkpoint`: the checkpoint of the round's replay (`icefall.commit.delta_checkpoint.write_checkpoint`,
+  every `delta.checkpointInterval` versions), then Delta's log cleanup by `delta.logRetentionDuration`
+  (`clean_up_log`). Neither commits: a checkpoint is a copy of a version's state, Metadata and offsets
+  included, and cleanup deletes only log files a kept checkpoint stands for.
 
 Exactly once: a merge never changes rows (its file is the inputs' rows, checked by count; the swap is one
 log version or none), and it leaves the Metadata alone, so the writer's batch planned before it is
 committed over it (`commit_batch`), and a batch that took the merge's version makes the merge re-check and
 commit after it. A crash before the commit leaves an unnamed file (VACUUM's, later); after it, a merged
 table. No Spark: the pod reads and writes Parquet with pyarrow.
-Not done: checkpoints and log cleanup (the log grows one file per version), Z-order (`spec.table.sortOrder`
-is not applied by the pods' merge), merging files with deletion vectors (a keyed table's: such a file stays
-as it is; VACUUM keeps the vectors' files, `LogFiles.vector_files`).
+Not done: merging files with deletion vectors (a keyed table's: such a file stays as it is; VACUUM keeps the
+vectors' files, `LogFiles.vector_files`); Z-order across files (each
+merge orders its own rows; Delta's OPTIMIZE ZORDER rewrites a whole partition into files of disjoint
+Z-ranges).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from icefall.commit.delta import DeltaLog, set_properties
+from icefall.commit.delta_checkpoint import checkpoint_refusal, clean_up_log, write_checkpoint
 from icefall.commit.delta_files import LogFiles, RewriteConflictError, commit_rewrite, records_of
 from icefall.commit.lease import LeasePool
 from icefall.compact.runner import LeaseFactory, Rounds, StepResult, claimed, wall_clock_ms
 from icefall.compact.worker import ItemResult, Outcome
 from icefall.ingest.outages import log_failure
 from icefall.plan.delta_maintenance import (
+    Checkpoint,
     CompactFiles,
     DeltaFile,
     DeltaFilesView,
@@ -77,7 +89,7 @@ def files_view(files: LogFiles, configuration: Mapping[str, str]) -> DeltaFilesV
         DeltaFile(path, int(add.get("size") or 0), partition_key(add.get("partitionValues") or {}))
         for path, add in sorted(files.mergeable().items())
     )
-    return DeltaFilesView(files.version, found, dict(configuration))
+    return DeltaFilesView(files.version, found, dict(configuration), files.newest_checkpoint)
 
 
 class DeltaPodRunner(Rounds):
@@ -113,6 +125,8 @@ class DeltaPodRunner(Rounds):
             now_ms=now,
             last_vacuum_ms=self.last_vacuum_ms,
         )
+        if checkpoint_refusal(self.files.protocol) is not None:  # never due: it would fail every round
+            work = tuple(item for item in work if not isinstance(item, Checkpoint))
         metrics.MAINTENANCE_BACKLOG.labels(self.label).set(len(work))
         return work
 
@@ -164,7 +178,21 @@ class DeltaPodRunner(Rounds):
             return ItemResult("SetRetention", outcome, detail, 0, version)
         if isinstance(item, CompactFiles):
             return merge(self.log, self.files, item)
+        if isinstance(item, Checkpoint):
+            return self._checkpoint(now_ms)
         return self._vacuum(item, now_ms)
+
+    def _checkpoint(self, now_ms: int) -> ItemResult:
+        """The checkpoint of this round's replay (at or after the planned version), then log cleanup."""
+        written = write_checkpoint(self.log, self.files, now_ms)
+        self.files.newest_checkpoint = written.version
+        deleted = clean_up_log(self.log, self.files.configuration, now_ms)
+        detail = (
+            f"checkpoint at version {written.version} ({written.add_files} files, {written.size_bytes} bytes"
+            f"{'' if written.created else ', written by another'}), {len(deleted)} log files cleaned up"
+        )
+        outcome = Outcome.DONE if written.created or deleted else Outcome.SKIPPED
+        return ItemResult("Checkpoint", outcome, detail, 0, written.version)
 
     def _vacuum(self, item: Vacuum, now_ms: int) -> ItemResult:
         deleted = vacuum(self.log, item.retention_ms, now_ms)
@@ -212,7 +240,11 @@ def merge(log_: DeltaLog, files: LogFiles, item: CompactFiles) -> ItemResult:
     relative += f"part-00000-{uuid.uuid4()}-c000.icefall-merge.snappy.parquet"
     with tempfile.TemporaryDirectory(prefix="icefall-merge-") as scratch:
         staged = Path(scratch) / "merged.parquet"
-        records = _write_merged(inputs, filesystem, root, staged)
+        if item.zorder_by:
+            sort = parquet_names(item.zorder_by, files.metadata)
+            records, zordered = _write_zordered(inputs, filesystem, root, staged, sort)
+        else:
+            records, zordered = _write_merged(inputs, filesystem, root, staged), ()
         expected = [records_of(a) for a in adds]
         if None not in expected and sum(e or 0 for e in expected) != records:
             raise RuntimeError(
@@ -228,10 +260,11 @@ def merge(log_: DeltaLog, files: LogFiles, item: CompactFiles) -> ItemResult:
         "stats": f'{{"numRecords":{records}}}',
     }
     try:
-        version = commit_rewrite(log_, files, inputs, [added])
+        version = commit_rewrite(log_, files, inputs, [added], zorder_by=zordered)
     except RewriteConflictError as conflict:
         return ItemResult("CompactFiles", Outcome.SKIPPED, str(conflict), 0)
     detail = f"{len(inputs)} files ({records} rows) of partition {item.partition!r} into 1, version {version}"
+    detail += f", z-ordered by {', '.join(zordered)}" if zordered else ""
     return ItemResult("CompactFiles", Outcome.DONE, detail, 0, version, len(inputs), 1)
 
 
@@ -275,3 +308,61 @@ def _write_merged(paths: list[str], filesystem: Any, root: str, out: Path) -> in
         if writer is not None:
             writer.close()
     return records
+
+
+#: Rows per row group of a Z-ordered merge: readers skip row groups by their Parquet min/max, so a file
+#: cut finer lets a lookup on a sort column skip more of it (a few MB per group for typical rows).
+ZORDER_ROW_GROUP_ROWS = 128 * 1024
+
+
+def parquet_names(columns: Sequence[str], metadata: Mapping[str, Any] | None) -> dict[str, str]:
+    """The Parquet column of each of `columns` (top-level, by the table's name; Delta's names are
+    case-insensitive): its column-mapping physical name when the table maps names, else the name."""
+    found = dict(metadata or {})
+    mapped = (found.get("configuration") or {}).get("delta.columnMapping.mode", "none") != "none"
+    fields = json.loads(found.get("schemaString") or "{}").get("fields") or []
+    physical = {
+        str(f["name"]).lower(): (f.get("metadata") or {}).get("delta.columnMapping.physicalName", f["name"])
+        if mapped
+        else f["name"]
+        for f in fields
+    }
+    return {c: str(physical.get(c.lower(), c)) for c in columns}
+
+
+def _write_zordered(
+    paths: list[str], filesystem: Any, root: str, out: Path, sort: Mapping[str, str]
+) -> tuple[int, tuple[str, ...]]:
+    """Copy the rows of `paths` (one schema) into `out` in Z-order over the `sort` columns (name -> Parquet
+    column; `icefall.compact.zorder`), in row groups of `ZORDER_ROW_GROUP_ROWS`; the rows written and the
+    columns ordered by (those the files hold: a column added after them is all null in them). Memory: the
+    merge's rows, decoded, plus one row group — the rows must all be in hand to be ordered; a merge reads
+    at most `targetFileSizeBytes` of Parquet (`merge_bins`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from icefall.compact.zorder import zorder_indices
+
+    parts = []
+    for path in paths:
+        with _opened(filesystem, f"{root}/{unquote(path)}") as handle:
+            parts.append(pq.ParquetFile(handle).read().replace_schema_metadata(None))
+    table = pa.concat_tables(parts)
+    del parts
+    used = tuple(name for name, column in sort.items() if column in table.column_names)
+    order = zorder_indices([table.column(sort[name]) for name in used]) if used else None
+    with pq.ParquetWriter(
+        out, table.schema, compression="snappy", store_decimal_as_integer=True, coerce_timestamps="us"
+    ) as writer:
+        for start in range(0, table.num_rows, ZORDER_ROW_GROUP_ROWS):
+            rows = (
+                table.slice(start, ZORDER_ROW_GROUP_ROWS)
+                if order is None
+                else table.take(order.slice(start, ZORDER_ROW_GROUP_ROWS))
+            )
+            writer.write_table(rows)
+    return table.num_rows, used
+
+
+def _opened(filesystem: Any, path: str) -> Any:
+    return filesystem.open_input_file(path) if filesystem else open(path, "rb")

@@ -271,7 +271,7 @@ def _reconcile_owner(body: kopf.Body, memo: kopf.Memo, indexes: Mapping[str, Any
 
 
 @kopf.on.delete(*RESOURCE, id="delete")
-def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
+def on_delete(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     uid = str(body.metadata.uid)
     claims = _claims_for(body, kwargs["claims"])
     table_uuid = ((body.get("status") or {}).get("writer") or {}).get("tableUuid")
@@ -280,9 +280,8 @@ def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> No
         result = finalize(
             body, memo.kube, datetime.now(UTC), claims=claims, uuid_claims=uuid_claims, config=memo.config
         )
-    for event in result.events:
-        if result.done or retry % 30 == 0:  # a failing drop is retried often; say so now and then
-            kopf.event(body, type=event.type.value, reason=event.reason.value, message=event.message)
+    for event in result.events:  # each once: a pass that waits says nothing new
+        kopf.event(body, type=event.type.value, reason=event.reason.value, message=event.message)
     if not result.done:
         raise kopf.TemporaryError(result.message, delay=result.retry_seconds)
     memo.status.forget(uid)

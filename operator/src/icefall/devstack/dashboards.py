@@ -304,8 +304,10 @@ def build() -> model.Dashboard:
     builder = (
         db.Dashboard(TITLE)
         .uid(UID)
-        .description("Kafka topics into Iceberg tables: freshness, lag, throughput, commits, compaction.")
-        .tags(["icefall", "kafka", "iceberg"])
+        .description(
+            "Kafka topics into Iceberg and Delta Lake tables: freshness, lag, throughput, commits, compaction"
+        )
+        .tags(["icefall", "kafka", "iceberg", "delta"])
         .editable()
         .tooltip(model.DashboardCursorSync.CROSSHAIR)
         .refresh("30s")

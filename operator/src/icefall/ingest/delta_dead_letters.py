@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from icefall.commit import StaleHeadError
 from icefall.commit.batch import SourceBatch, TopicsBatch, held_of
 from icefall.commit.delta import DeltaLog, claim_epoch, commit_batch, create_table, moved_into
-from icefall.commit.delta_storage import is_s3, local_path
+from icefall.commit.delta_storage import is_object_store, local_path
 from icefall.commit.state import CommittedState
 from icefall.ingest.dead_letters import produce_batch, reason_kinds
 from icefall.ingest.outcome import DeadLettersLanded
@@ -58,7 +58,7 @@ def dead_letter_location(st: StreamingTable, location: str) -> str | None:
     identifier = st.dead_letter_identifier
     if identifier is None:
         return None
-    if is_s3(location):
+    if is_object_store(location):
         return f"{location.rstrip('/').rsplit('/', 1)[0]}/{identifier[-1]}"
     return str(local_path(location).parent / identifier[-1])
 

@@ -164,6 +164,9 @@ class Meter:
     def read_once(self) -> TableReading | None:
         raise NotImplementedError
 
+    def dead_letters_seen(self) -> None:
+        """The writer committed dead letters (a dead-letter table may exist now); nothing by default."""
+
     def _keep(self, reading: TableReading | None) -> TableReading | None:
         if reading is not None:
             with self._lock:

@@ -88,6 +88,8 @@ class WriterStatusReporter:
             if report.skipped:
                 self._last_loss = self._last_commit
             self._partitions = tuple(report.partition_lag)
+            if report.records_dead_lettered and self.meter is not None:
+                self.meter.dead_letters_seen()
         self._last = report
         self._report(force=False)
 

@@ -249,7 +249,8 @@ def _accounts_and_executor_template(
 
 
 def upkeep_in_pods(st: StreamingTable) -> bool:
-    """Whether compaction pods tidy `st`'s table: an Iceberg table's always; a Delta table's on S3, with
+    """Whether compaction pods tidy `st`'s table: an Iceberg table's always; a Delta table's in an object
+    store (S3, GCS, Azure), with
     Icefall's own merge and VACUUM committed by put-if-absent (`icefall.compact.delta_pods`; Delta Spark's
     OPTIMIZE and VACUUM commit unconditionally there, commit/DESIGN.md). A Delta table elsewhere is held in
     a cluster anyway (`cluster_table_problem`); its Deployment stays at 0 and `Compacting` says why."""
@@ -259,8 +260,8 @@ def upkeep_in_pods(st: StreamingTable) -> bool:
 
 
 #: The Delta locations every pod of a cluster reaches and the Delta writer commits to with put-if-absent
-#: (`icefall.commit.delta_storage.S3_SCHEMES`; a unit test keeps the two equal).
-DELTA_SHARED_SCHEMES = ("s3://", "s3a://")
+#: (`icefall.commit.delta_storage.OBJECT_STORE_SCHEMES`; a unit test keeps the two equal).
+DELTA_SHARED_SCHEMES = ("s3://", "s3a://", "gs://", "abfs://", "abfss://")
 
 
 def cluster_table_problem(st: StreamingTable, *, spark_master: str) -> tuple[str, str] | None:
@@ -282,8 +283,8 @@ def _delta_problem(st: StreamingTable, spark_master: str) -> tuple[str, str] | N
     the Delta writer stages each batch's files on the driver's local disk (commit/DESIGN.md)."""
     location = st.spec.table.location
     shared = (
-        "s3://<bucket>/<path> (credentials from the AWS_* environment, e.g. spec.pods.driver.env "
-        "with valueFrom.secretKeyRef)"
+        "s3://<bucket>/<path>, gs://<bucket>/<path> or abfss://<container>@<account>.dfs.core.windows.net/"
+        "<path> (credentials from the environment, e.g. spec.pods.driver.env with valueFrom.secretKeyRef)"
     )
     if location is None:
         return (

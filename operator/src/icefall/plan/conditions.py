@@ -222,8 +222,8 @@ _Verdict = tuple[ConditionStatus, ConditionReason, str]
 
 #: `Compacting` of a Delta table whose upkeep no compaction pod runs (`plan.children.upkeep_in_pods`).
 DELTA_UPKEEP = (
-    "upkeep of a Delta table that is not on S3 does not run in compaction pods: `icefall run` does it beside "
-    "its batches; in a cluster set spec.table.location to s3://<bucket>/<path>"
+    "upkeep of a Delta table that is not in an object store does not run in compaction pods: `icefall run` "
+    "does it beside its batches; in a cluster set spec.table.location to s3://, gs:// or abfss://"
 )
 
 

@@ -19,7 +19,8 @@ How the spec maps to Delta (no setting is silently dropped; what Delta cannot do
   partition and leaves a lone one as it is.
 - `compaction.minSnapshotsToKeep` above 1 has no Delta equivalent (refused by the spec).
 - Z-order rewrites every file of the table each time it runs (Delta's OPTIMIZE ZORDER is not incremental), so
-  it runs when small files gather, like bin-packing, not every step.
+  it runs when small files gather, like bin-packing, not every step. The pods' merges (below) Z-order only
+  the small files each one merges (`CompactFiles.zorder_by`).
 """
 
 from __future__ import annotations
@@ -114,6 +115,12 @@ def checkpoint_interval(configuration: Mapping[str, str]) -> int:
     return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_CHECKPOINT_INTERVAL
 
 
+def checkpoint_due(version: int, checkpoint_version: int | None, configuration: Mapping[str, str]) -> bool:
+    """At least `delta.checkpointInterval` versions since the newest checkpoint (or since version 0)."""
+    since = version - (checkpoint_version if checkpoint_version is not None else 0)
+    return since >= checkpoint_interval(configuration)
+
+
 def small_files(sizes: Sequence[int], policy: DeltaPolicy, partitions: Sequence[str] = ()) -> int:
     """The small files OPTIMIZE would rewrite: every one, or in a partitioned table (`partitions`, one per
     file) those of partitions holding two or more (OPTIMIZE bins files per partition: a lone one stays)."""
@@ -140,8 +147,7 @@ def plan_delta_maintenance(
     small = small_files(view.file_sizes, policy, view.file_partitions)
     if small >= policy.min_files_to_compact:
         items.append(Optimize(small, policy.zorder_by))
-    since = view.version - (view.checkpoint_version if view.checkpoint_version is not None else 0)
-    if since >= checkpoint_interval(view.configuration):
+    if checkpoint_due(view.version, view.checkpoint_version, view.configuration):
         items.append(Checkpoint(view.version))
     if last_vacuum_ms is None or now_ms - last_vacuum_ms >= policy.vacuum_interval_ms:
         items.append(Vacuum(policy.retention_ms))
@@ -152,8 +158,8 @@ def plan_delta_maintenance(
 #
 # Delta Spark's OPTIMIZE and VACUUM cannot run there (its S3 log store commits unconditionally), so the pods
 # run Icefall's own: `CompactFiles` merges small files of one partition into one file and commits the
-# swap through Icefall's log writer (put-if-absent); `Vacuum` deletes what `vacuum_deletions` selects.
-# No checkpoints (see commit/DESIGN.md, "Compaction pods for Delta tables on S3").
+# swap through Icefall's log writer (put-if-absent); `Vacuum` deletes what `vacuum_deletions` selects;
+# `Checkpoint` writes a checkpoint without Spark and cleans up the log (`icefall.commit.delta_checkpoint`).
 
 #: At most this many files in one merge: the commit names each, and a pod reads them one after the other.
 MAX_FILES_PER_MERGE = 500
@@ -171,11 +177,13 @@ class DeltaFile:
 
 @dataclass(frozen=True)
 class CompactFiles:
-    """Merge `paths` (live small files of one partition) into one file, in one commit of ours."""
+    """Merge `paths` (live small files of one partition) into one file, in one commit of ours; its rows in
+    Z-order over `zorder_by` (`spec.table.sortOrder`) when given, else the files' rows one after another."""
 
     partition: str
     paths: tuple[str, ...]
     bytes: int
+    zorder_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -186,9 +194,10 @@ class DeltaFilesView:
     version: int
     files: tuple[DeltaFile, ...]
     configuration: Mapping[str, str]
+    checkpoint_version: int | None = None  # the newest checkpoint's (None: none)
 
 
-DeltaPodItem = SetRetention | CompactFiles | Vacuum
+DeltaPodItem = SetRetention | Checkpoint | CompactFiles | Vacuum
 
 
 def partition_key(values: Mapping[str, str | None]) -> str:
@@ -200,7 +209,9 @@ def merge_bins(files: Sequence[DeltaFile], policy: DeltaPolicy) -> tuple[Compact
     """The merges that turn the small files into files of about the target size: per partition, its small
     files smallest first, packed greedily into bins whose sum stays within the target (a merged file is
     about the sum of its inputs); a bin of one file is no merge. Nothing while the table holds fewer than
-    `min_files_to_compact` small files that could merge (as `small_files` counts them)."""
+    `min_files_to_compact` small files that could merge (as `small_files` counts them). A merge's file,
+    Z-ordered or not, is merged again only while it is small, with newer small files (each merge makes
+    one file of two or more, so merging ends): a file at size is never rewritten to re-sort it."""
     limit = policy.small_file_ratio * policy.target_file_size_bytes
     small = [f for f in files if f.size < limit]
     counted = small_files([f.size for f in small], policy, [f.partition for f in small] if small else ())
@@ -215,29 +226,34 @@ def merge_bins(files: Sequence[DeltaFile], policy: DeltaPolicy) -> tuple[Compact
         for each in sorted(by_partition[partition], key=lambda f: (f.size, f.path)):
             full = len(current) >= MAX_FILES_PER_MERGE
             if current and (full or sum(f.size for f in current) + each.size > policy.target_file_size_bytes):
-                bins.append(_bin(partition, current))
+                bins.append(_bin(partition, current, policy))
                 current = []
             current.append(each)
-        bins.append(_bin(partition, current))
+        bins.append(_bin(partition, current, policy))
     return tuple(b for b in bins if len(b.paths) >= 2)
 
 
-def _bin(partition: str, files: Sequence[DeltaFile]) -> CompactFiles:
-    return CompactFiles(partition, tuple(f.path for f in files), sum(f.size for f in files))
+def _bin(partition: str, files: Sequence[DeltaFile], policy: DeltaPolicy) -> CompactFiles:
+    paths = tuple(f.path for f in files)
+    return CompactFiles(partition, paths, sum(f.size for f in files), policy.zorder_by)
 
 
 def plan_delta_pod_work(
     view: DeltaFilesView, policy: DeltaPolicy, *, now_ms: int, last_vacuum_ms: int | None
 ) -> tuple[DeltaPodItem, ...]:
     """The items due now, in order: `SetRetention` when the table's retention properties differ from the
-    spec's, then the merges (`merge_bins`), then `Vacuum` when this process has not run one for
-    `vacuum_interval_ms`; () when the table does not exist."""
+    spec's, `Checkpoint` when `delta.checkpointInterval` versions passed since the newest checkpoint (before
+    the merges: a busy table always has merges due, and reads get slower with every version), then the
+    merges (`merge_bins`), then `Vacuum` when this process has not run one for `vacuum_interval_ms`; ()
+    when the table does not exist."""
     if view.version < 0:
         return ()
     items: list[DeltaPodItem] = []
     wanted = retention_properties(policy)
     if any(view.configuration.get(k) != v for k, v in wanted.items()):
         items.append(SetRetention(wanted))
+    if checkpoint_due(view.version, view.checkpoint_version, view.configuration):
+        items.append(Checkpoint(view.version))
     items += merge_bins(view.files, policy)
     if last_vacuum_ms is None or now_ms - last_vacuum_ms >= policy.vacuum_interval_ms:
         items.append(Vacuum(policy.retention_ms))
@@ -256,6 +272,8 @@ def delta_work_key(item: DeltaPodItem) -> str:
     the second, but its work would be wasted), VACUUM and the properties once per table."""
     if isinstance(item, CompactFiles):
         return f"delta-merge/{item.partition}"
+    if isinstance(item, Checkpoint):
+        return "delta-checkpoint"
     return "delta-vacuum" if isinstance(item, Vacuum) else "delta-properties"
 
 

@@ -192,8 +192,9 @@ class TableIdentity:
     @classmethod
     def of_delta_folder(cls, location: str) -> TableIdentity:
         """A Delta table with a location is its folder, whatever a StreamingTable names it: two that give one
-        folder (`s3a://` is `s3://`, a trailing '/' aside) write one table, and the older one wins it."""
-        folder = re.sub(r"^s3a://", "s3://", location).rstrip("/")
+        folder (`s3a://` is `s3://`, `abfs://` is `abfss://`, a trailing '/' aside) write one table, and the
+        older one wins it."""
+        folder = re.sub(r"^abfs://", "abfss://", re.sub(r"^s3a://", "s3://", location)).rstrip("/")
         return cls(catalog="delta", catalog_uri=folder, namespace="", table=folder.rsplit("/", 1)[-1].lower())
 
     @property

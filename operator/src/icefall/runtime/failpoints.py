@@ -99,6 +99,7 @@ DESCRIPTIONS: Mapping[str, str] = {
     "main.before-orphan-delete": "orphans: a file is referenced by nothing (re-checked); its delete is next",
     "main.before-rewrite-commit": "a Delta merge's inputs are live at the latest version; its PUT is next",
     "main.after-rewrite": "a Delta table's merge (compaction pods) is committed; the pod has not reported it",
+    "main.after-checkpoint": "a Delta checkpoint is written; `_last_checkpoint` and log cleanup are next",
     # A route's table (`spec.routes`; ingest/routes.py): the commit protocol once per route table, each
     # route committed before the dead letters and the table (hit n: the n-th route commit since start).
     "route.after-create": "ensure_tables: a route's table was created, nothing committed to it",
