@@ -169,7 +169,7 @@ def test_keyed_delta_tables_on_s3_hold_the_latest_row_per_key_through_a_killed_w
     assert DeltaLog(upsert.location).snapshot().committed.offsets  # the batch before the kill landed
     done = run_until_caught_up(upsert.manifest, upsert.state, env=env, maintenance=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "upkeep on S3: Icefall's merge and VACUUM" in done.stdout
+    assert "upkeep on S3: Icefall's merge" in done.stdout  # not Delta Spark's (not conditional)
     upsert.assert_caught_up()
 
     cdc = S3KeyedTable(
