@@ -213,11 +213,21 @@ def test_a_delta_table_takes_a_dead_letter_topic_with_or_without_its_dead_letter
     assert "must differ from the source topic" in problems_of(spec_extra="  deadLetter: {topic: orders}")
 
 
-def test_keyed_delta_on_s3_is_refused_at_validation() -> None:
+def test_keyed_delta_tables_are_taken_on_s3_and_partitioned_not_on_other_stores() -> None:
+    from icefall.api.spec import delta_spec_problems
+
     keyed = "  mode: upsert\n  key: [id]"
-    refused = problems_of(", location: s3://lake/tables/orders", keyed)
-    assert "spec.table.location: keyed (upsert/cdc) Delta tables on s3:// are not supported yet" in refused
-    assert "Delta tables on s3://" not in problems_of(", location: /data/orders", keyed)
+    keyed_delta = DELTA.replace("type: long}", "type: long, required: true}")
+    for table in (
+        ", location: s3://lake/orders",
+        ", location: /data/orders",
+        ", partitioning: [{field: id}]",
+    ):
+        assert parse_manifest(keyed_delta % (table, keyed)).spec.key == ["id"]
+    spec = parse_manifest(keyed_delta % (", location: s3://lake/orders", keyed)).spec
+    elsewhere = spec.model_copy(update={"table": spec.table.model_copy(update={"location": "gs://b/orders"})})
+    [(where, problem)] = delta_spec_problems(elsewhere)  # a store the MERGE's S3A cannot read
+    assert where == ("table", "location") and "on GCS or Azure are not supported yet; use s3://" in problem
 
 
 def test_s3_settings_come_from_the_aws_environment_and_reach_delta_rs() -> None:
@@ -250,14 +260,32 @@ def test_a_deleted_keys_file_outside_the_tables_folder_is_not_read(tmp_path: Pat
 
     from icefall.ingest.delta_keyed import load_deleted_keys, store_deleted_keys
 
-    stored = store_deleted_keys(tmp_path, pa.table({"id": [1, 2]}))
-    assert load_deleted_keys(tmp_path, stored).num_rows == 2  # type: ignore[union-attr]
-    assert load_deleted_keys(tmp_path, None) is None
-    elsewhere = store_deleted_keys(tmp_path / "other", pa.table({"id": [3]}))
+    log, other = DeltaLog(str(tmp_path / "t")), DeltaLog(str(tmp_path / "other"))
+    stored = store_deleted_keys(log, tmp_path / "staging", pa.table({"id": [1, 2]}))
+    assert stored.startswith(str(tmp_path / "t" / "_icefall_deleted_keys"))  # a local path, as before
+    assert load_deleted_keys(log, stored).num_rows == 2  # type: ignore[union-attr]
+    assert load_deleted_keys(log, None) is None
+    elsewhere = store_deleted_keys(other, tmp_path / "staging", pa.table({"id": [3]}))
     with pytest.raises(ValueError, match="outside"):
-        load_deleted_keys(tmp_path, elsewhere)
+        load_deleted_keys(log, elsewhere)
     with pytest.raises(ValueError, match="outside"):
-        load_deleted_keys(tmp_path, str(tmp_path / "_icefall_deleted_keys" / ".." / "x.parquet"))
+        load_deleted_keys(log, str(tmp_path / "t" / "_icefall_deleted_keys" / ".." / "x.parquet"))
+
+
+def test_a_deleted_keys_uri_on_s3_must_be_in_the_tables_own_folder() -> None:
+    from icefall.ingest.delta_keyed import deleted_keys_relative
+
+    log = DeltaLog("s3://lake/tables/orders")
+    named = "s3://lake/tables/orders/_icefall_deleted_keys/a.parquet"
+    assert deleted_keys_relative(log, named) == "_icefall_deleted_keys/a.parquet"
+    for outside in (
+        "s3://lake/tables/orders-eu/_icefall_deleted_keys/a.parquet",
+        "s3://lake/tables/orders/_icefall_deleted_keys/../../x.parquet",
+        "s3://lake/tables/orders/_icefall_deleted_keys/",
+        "/etc/passwd",
+    ):
+        with pytest.raises(ValueError, match="outside"):
+            deleted_keys_relative(log, outside)
 
 
 PARTITIONED = """
@@ -307,8 +335,7 @@ def test_a_delta_table_is_partitioned_by_columns_and_transforms_delta_readers_de
         "[{field: customer}]", ", sortOrder: [{field: customer}]"
     )
     assert partition_problems("[{field: customer}]", ", sortOrder: [{field: id}]") == ""
-    keyed = partition_problems("[{field: customer}]", spec_extra="  mode: upsert\n  key: [id]")
-    assert "keyed (upsert/cdc) Delta tables cannot be partitioned yet" in keyed
+    assert partition_problems("[{field: customer}]", spec_extra="  mode: upsert\n  key: [id]") == ""
 
 
 def test_partition_values_come_from_sparks_folders_and_travel_in_the_add_action(tmp_path: Path) -> None:

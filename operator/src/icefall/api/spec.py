@@ -452,31 +452,13 @@ def delta_spec_problems(spec: StreamingTableSpec) -> list[tuple[Loc, str]]:
         problems.append((("routes",), f"routes are {unsupported[3:]}; remove them"))
     if spec.dynamic_route is not None:
         problems.append((("dynamicRoute",), f"a dynamic route {unsupported}; remove it"))
-    if spec.key and spec.table.partitioning:
-        # The keyed path's shadow folder links the table's top-level files: not a partition's folders.
-        problems.append(
-            (
-                ("table", "partitioning"),
-                "keyed (upsert/cdc) Delta tables cannot be partitioned yet; remove partitioning, or use "
-                "mode append or format iceberg",
-            )
-        )
     problems += _delta_partition_types(spec)
-    if spec.key and (spec.table.location or "").startswith("s3://"):
-        # The keyed path's shadow folder links the table's files: it needs a local table.
-        problems.append(
-            (
-                ("table", "location"),
-                "keyed (upsert/cdc) Delta tables on s3:// are not supported yet; use a local path or "
-                "format iceberg",
-            )
-        )
     if spec.key and (spec.table.location or "").startswith(("gs://", "abfs://", "abfss://")):
-        problems.append(  # as on S3: the shadow links local files
+        problems.append(  # the keyed MERGE reads the table's files through Hadoop's S3A (or locally)
             (
                 ("table", "location"),
-                "keyed (upsert/cdc) Delta tables on GCS or Azure are not supported yet; use a local path or "
-                "format iceberg",
+                "keyed (upsert/cdc) Delta tables on GCS or Azure are not supported yet; use s3://, a local "
+                "path or format iceberg",
             )
         )
     return problems

@@ -251,6 +251,7 @@ def audit_delta_keyed(
     from icefall.audit.keyed import KeyedAuditError, compare_with_topic
     from icefall.commit.state import OFFSET_RESETS
     from icefall.ingest.delta_dead_letters import dead_letter_location
+    from icefall.ingest.delta_read import with_partition_columns
 
     snapshot = DeltaLog(location).snapshot()
     if not snapshot.exists:
@@ -264,6 +265,7 @@ def audit_delta_keyed(
         spark, st, st.spec, committed, rows,
         dead_letters=lambda ranges: _dead_letter_rows(spark, dlq, ranges),
         security_options=security_options,
+        computed=lambda changes: with_partition_columns(changes, st.spec),  # generated partition columns
     )  # fmt: skip
 
 

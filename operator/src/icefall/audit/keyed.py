@@ -182,10 +182,13 @@ def compare_with_topic(
     *,
     dead_letters: Callable[[tuple[OffsetRange, ...]], DataFrame | None],
     security_options: Mapping[str, str] | None,
+    computed: Callable[[DataFrame], DataFrame] | None = None,
 ) -> KeyedAuditReport:
     """The keyed audit of a table's `rows` (any format) holding `committed`: the topic's committed ranges
     decoded with `spec`, collapsed to the last change per key and compared by key; `dead_letters(ranges)`:
-    the dead-letter table's (partition, offset) rows inside those ranges (None without one)."""
+    the dead-letter table's (partition, offset) rows inside those ranges (None without one); `computed`:
+    the decoded changes with the columns the writer computes from them (a Delta table's generated
+    partition columns), so a row's stored value is judged too."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     from icefall.audit.content import RECORDS_PER_TASK
@@ -198,7 +201,8 @@ def compare_with_topic(
     comparison: KeyedComparison | None = None
     try:
         records = decoded.count() if ranges else 0
-        comparison = compare(good_rows(decoded, spec), rows, list(st.spec.key or []))
+        changes = good_rows(decoded, spec)
+        comparison = compare(computed(changes) if computed else changes, rows, list(st.spec.key or []))
         bad = positions(decoded.where(F.col(BAD_COLUMN)), by_topic=False)
         return counted(
             ".".join(st.table_identifier), committed, records=records, rows=rows, comparison=comparison,

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from icefall.commit.delta import MAX_ATTEMPTS, DeltaLog, _commit_info
+from icefall.commit.delta_vectors import vector_file
 from icefall.commit.errors import CorruptStateError, MaintenanceConflictError, StaleHeadError
 from icefall.runtime.failpoints import failpoint
 
@@ -66,6 +67,8 @@ class LogFiles:
     tombstones: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> its remove action
     txns: dict[str, dict[str, Any]] = field(default_factory=dict)  # appId -> its txn action
     newest_checkpoint: int | None = None  # the newest checkpoint at the last listing (None: none)
+    # deletion vector file (decoded relative path) -> deletionTimestamp of the last remove naming it
+    removed_vectors: dict[str, int] = field(default_factory=dict)
 
     @property
     def configuration(self) -> dict[str, str]:
@@ -135,9 +138,20 @@ class LogFiles:
                     self.live.pop(gone["path"], None)
                 self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
                 self.tombstones[gone["path"]] = dict(gone)
+                self._removed_vector(gone)
             elif (txn := action.get("txn")) is not None:
                 self.txns[txn["appId"]] = dict(txn)
         self.version = version
+
+    def _removed_vector(self, remove: Mapping[str, Any]) -> None:
+        """Remember the deletion vector file a remove names (a file's older vector: VACUUM keeps it within
+        the retention, as the remove itself; `tombstones` keeps only a path's last remove)."""
+        if (vector := _vector_file(remove)) is not None:
+            self.removed_vectors[vector] = int(remove.get("deletionTimestamp") or 0)
+
+    def vector_files(self) -> set[str]:
+        """The deletion vector files (decoded table-relative paths) the live files need."""
+        return {f for add in self.live.values() if (f := _vector_file(add)) is not None}
 
     def mergeable(self) -> dict[str, dict[str, Any]]:
         """The live files a merge may read: paths inside the table's folder (not another location's URI, no
@@ -169,6 +183,7 @@ class LogFiles:
                 elif (gone := row.get("remove")) is not None:
                     self.removed[gone["path"]] = int(gone.get("deletionTimestamp") or 0)
                     self.tombstones[gone["path"]] = _plain(gone)
+                    self._removed_vector(gone)
                 elif (txn := row.get("txn")) is not None:
                     self.txns[txn["appId"]] = _plain(txn)
         self.version = version
@@ -184,6 +199,15 @@ def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(plain.get("deletionVector"), dict):
         plain["deletionVector"] = {k: v for k, v in plain["deletionVector"].items() if v is not None}
     return plain
+
+
+def _vector_file(action: Mapping[str, Any]) -> str | None:
+    """The file of an add's or remove's in-table deletion vector (`vector_file`); None for none, and for a
+    descriptor whose name is not Delta's (no reader could open it: the replay goes on without it)."""
+    try:
+        return vector_file(action.get("deletionVector"))
+    except ValueError:
+        return None
 
 
 def _dv_id(action: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
@@ -225,12 +249,16 @@ def commit_rewrite(
     """Commit the swap of `removed` (live paths) for `added` (add actions), on the latest version (module
     doc); the version made. `files` is the replay the merge was planned on, advanced in place; `zorder_by`:
     the columns the added files' rows are Z-ordered by, recorded as Delta's OPTIMIZE records them.
-    RewriteConflictError: a removed path is no longer live; MaintenanceConflictError: the commit lost
-    MAX_ATTEMPTS races in a row; CorruptStateError: the table's protocol refuses a merge."""
+    RewriteConflictError: a removed path is no longer live (or has a deletion vector now);
+    MaintenanceConflictError: the commit lost MAX_ATTEMPTS races in a row; CorruptStateError: the
+    table's protocol refuses a merge."""
     adds = [{"add": {**a, "dataChange": False}} for a in added]
     for _ in range(MAX_ATTEMPTS):
         files.advance(log)
-        gone = [path for path in removed if path not in files.live]
+        # Still live AND still without a deletion vector: a keyed batch that marked rows of an input
+        # deleted since the plan would otherwise see them back in the merged copy.
+        mergeable = files.mergeable()
+        gone = [path for path in removed if path not in mergeable]
         if gone:
             raise RewriteConflictError(
                 f"{len(gone)} of the {len(removed)} merged files are no longer live at version "

@@ -31,7 +31,8 @@ log version or none), and it leaves the Metadata alone, so the writer's batch pl
 committed over it (`commit_batch`), and a batch that took the merge's version makes the merge re-check and
 commit after it. A crash before the commit leaves an unnamed file (VACUUM's, later); after it, a merged
 table. No Spark: the pod reads and writes Parquet with pyarrow.
-Not done: merging files with deletion vectors (keyed tables are refused on S3); Z-order across files (each
+Not done: merging files with deletion vectors (a keyed table's: such a file stays as it is; VACUUM keeps the
+vectors' files, `LogFiles.vector_files`); Z-order across files (each
 merge orders its own rows; Delta's OPTIMIZE ZORDER rewrites a whole partition into files of disjoint
 Z-ranges).
 """
@@ -209,8 +210,8 @@ def vacuum(log_: DeltaLog, retention_ms: int, now_ms: int) -> tuple[str, ...]:
     files = LogFiles.read(log_)
     doomed = vacuum_deletions(
         listed,
-        (unquote(p) for p in files.live),
-        {unquote(p): t for p, t in files.removed.items()},
+        [*(unquote(p) for p in files.live), *files.vector_files()],  # a keyed table's deletion vectors too
+        {unquote(p): t for p, t in files.removed.items()} | files.removed_vectors,
         cutoff_ms=cutoff,
         partition_columns=files.partition_columns,
     )

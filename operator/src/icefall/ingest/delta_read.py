@@ -16,6 +16,8 @@
   once, the records decoded with the spec as the Delta writer decodes them, bad and filtered records left
   out and counted; a keyed table's last change per key replaces or deletes the table's row.
 
+A table on S3 is read through S3A (`s3a://`, the AWS_* environment: `icefall.ingest.delta_keyed.use_s3a`).
+
 Refused (`ReadError`, before any Spark work where it can be): a version that never was, one log cleanup
 removed (`delta.logRetentionDuration`), a time before the oldest version the log keeps, and an older
 version whose data files VACUUM deleted (`delta.deletedFileRetentionDuration`).
@@ -88,7 +90,12 @@ def delta_union_read(
         taken_at_ms=0,
         unit="version",
     )
-    rows = spark.read.format("delta").option("versionAsOf", snapshot.version).load(location)
+    from icefall.commit.delta_storage import is_s3
+    from icefall.ingest.delta_keyed import table_uri, use_s3a
+
+    use_s3a(spark, location)  # a table on S3: Spark's Delta reader reads it through S3A (s3a://)
+    where = table_uri(location) if is_s3(location) else location
+    rows = spark.read.format("delta").option("versionAsOf", snapshot.version).load(where)
     if older:  # the newest version's files are never VACUUM's: an older one's may be gone
         _check_files(log, snapshot.version, rows.inputFiles())
     ranges, cut = tail_of(st, snapshot.committed, cut, older=older, timeout=timeout)

@@ -14,8 +14,9 @@ Guarantees: a batch is in the table once or not at all; a writer whose lease was
 (at least once, as for Iceberg), both before the table's commit (`icefall.ingest.delta_dead_letters`);
 with neither (`spec.deadLetter.table.enabled: false`, no topic) a bad record stops ingestion with
 BadRecordsHaltedError, nothing of its batch committed. A keyed table (`spec.mode`
-upsert or cdc) MERGEs each batch's last change per key with deletion vectors, in the same commit as its
-offsets (`icefall.ingest.delta_keyed`).
+upsert or cdc; partitioned or not, local or on S3) MERGEs each batch's last change per key with deletion
+vectors, in the same commit as its offsets (`icefall.ingest.delta_keyed`: the MERGE runs on a local shadow
+naming the table's files by URI, the writer keeps the log replay it needs, `_files_at`).
 
 Schema evolution: the table's schema follows the spec's (`icefall.catalog.delta_schema`, the rules of
 `icefall.catalog.evolution`): a new optional field is added by the next batch's commit, in its log entry
@@ -100,6 +101,7 @@ if TYPE_CHECKING:
     from pyiceberg.schema import Schema
     from pyspark.sql import DataFrame, Observation, SparkSession
 
+    from icefall.commit.delta_files import LogFiles
     from icefall.commit.lease import Lease
     from icefall.ingest.delta_keyed import Merged
     from icefall.ingest.schemas import Writers
@@ -183,6 +185,7 @@ class DeltaIngestor:
         # The last schema plan: (table's schema, writer schema ids) it was made for.
         self._schema_plan: tuple[tuple[str, frozenset[int]], DeltaSchemaPlan] | None = None
         self.keeper: LeaseKeeper | None = None
+        self._files: LogFiles | None = None  # a keyed table's live files, replayed from the log (`_files_at`)
         self.outages = Outages(self.label, delta_services(self.spec, location))
         # Delta's timestamp is microseconds since the epoch in UTC: Spark's Parquet default (INT96) is not it.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -341,10 +344,10 @@ class DeltaIngestor:
         observation = Observation()
         source = self.writer.read(planned.ranges, headers=False)
         observed = decoders.good.decode(source, writers).observe(observation, *decoders.observed)
-        if self.spec.key:
-            return self._merge(planned, planned_on, schema, decoders.good.good_rows(observed), observation)
-        staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
         rows = with_partition_columns(decoders.good.good_rows(observed), self.spec)
+        if self.spec.key:
+            return self._merge(planned, planned_on, schema, rows, observation)
+        staging = self.log.staging_root(STAGING_DIR) / uuid.uuid4().hex
         if not follows_table(self.spec):  # a registry format's rows are in the table's columns already
             rows = self._as_table(rows, schema or planned_on.schema_string)
         write = rows.write
@@ -382,8 +385,9 @@ class DeltaIngestor:
         actions for the commit."""
         from icefall.ingest.delta_keyed import ShadowMerge, merge_batch
 
-        staging = self.log.root / STAGING_DIR
-        with ShadowMerge(self.log, staging, planned_on, schema_string=schema) as shadow:
+        staging = self.log.staging_root(STAGING_DIR)
+        files = self._files_at(planned_on)
+        with ShadowMerge(self.log, staging, planned_on, files, schema_string=schema) as shadow:
             merged, deleted_keys = merge_batch(
                 self.spark,
                 self.spec,
@@ -394,6 +398,25 @@ class DeltaIngestor:
             )
         stats = replace(self._read_stats(planned, observation), deleted_keys=deleted_keys)
         return stats, [], merged
+
+    def _files_at(self, planned_on: DeltaSnapshot) -> LogFiles:
+        """The table's live files at `planned_on` (a keyed batch's MERGE reads them): a replay of the log
+        kept across batches and advanced by the commits since; read again for another table at the
+        location. A replay past `planned_on` (a commit since) makes the MERGE StaleHeadError."""
+        from icefall.commit.delta_files import LogFiles
+
+        files = self._files
+        table_id = (planned_on.metadata or {}).get("id")
+        if (
+            files is None
+            or files.version > planned_on.version
+            or (files.metadata or {}).get("id") != table_id
+        ):
+            files = LogFiles.read(self.log)
+        elif files.version < planned_on.version:
+            files = files.advance(self.log, planned_on.version)
+        self._files = files
+        return files
 
     def _read_stats(self, planned: PlannedBatch, observation: Observation) -> ReadStats:
         """The read's counts, once its write ran, with a registry format's writer schemas (the registry
