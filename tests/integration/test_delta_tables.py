@@ -563,6 +563,12 @@ def test_a_table_partitioned_by_a_column_holds_the_topic_by_content_through_opti
     assert adds and all(
         a["path"].startswith(f"customer={a['partitionValues']['customer']}/") for a in adds
     ), adds[:2]
+    stats = [json.loads(a["stats"]) for a in adds]  # of the file's columns: the partition column is not one
+    assert all(
+        "customer" not in s["nullCount"]
+        and s["minValues"]["id"] % 7 == int(a["partitionValues"]["customer"][1:])
+        for s, a in zip(stats, adds, strict=True)
+    ), stats[:2]
     folders = {p.parent.name for p in Path(table.location).glob("*/*.parquet")}
     assert folders == {f"customer=c{i}" for i in range(7)}
     assert not list(Path(table.location).glob("*.parquet"))  # no file outside a partition
