@@ -46,7 +46,6 @@ from urllib.parse import quote, unquote
 from icefall.api.delta_partitions import GENERATION_EXPRESSION
 from icefall.commit.batch import SourceBatch, check_source, state_after
 from icefall.commit.delta_history import DeltaHistory
-from icefall.commit.delta_stats import StatsColumns, delta_stats
 from icefall.commit.delta_storage import is_s3, list_after, local_path, storage_for
 from icefall.commit.delta_tail import (
     CHECKPOINT_FILE,
@@ -569,11 +568,12 @@ def commit_batch(
 
 
 def moved_into(staging: Path, log: DeltaLog, metadata: Mapping[str, Any] | None = None) -> list[AddFile]:
-    """The Parquet files Spark wrote in the local folder `staging`, moved into the table's folder (local
-    or S3; files without rows are dropped). A partitioned write's files (Spark's `partitionBy`: folders
-    `column=value`, the partition columns not in the files) keep their folders and values (partition_values).
-    Statistics: each footer's, read before the move, of the columns `metadata` indexes (`delta_stats`)."""
+    """The Parquet files Spark wrote in `staging` moved into the table's folder (files without rows dropped;
+    Spark's `partitionBy` folders `column=value` kept, their values the adds' `partition_values`), with
+    each footer's statistics (read before the move) of the columns `metadata` indexes (`delta_stats`)."""
     import pyarrow.parquet as pq
+
+    from icefall.commit.delta_stats import StatsColumns, delta_stats
 
     columns, files = StatsColumns.of(metadata), []
     for written in sorted(staging.rglob("part-*.parquet")):
