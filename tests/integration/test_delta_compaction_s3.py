@@ -18,6 +18,7 @@ merged file's row runs than of the files it replaced (their per-file min/max ove
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -106,10 +107,18 @@ def check_zordered_merge(location: str, version: int) -> None:
     actions = DeltaLog(location).actions(version)
     [info] = [a["commitInfo"] for a in actions if "commitInfo" in a]
     assert info["operationParameters"]["zOrderBy"] == '["customer","id"]'
-    [added] = [a["add"]["path"] for a in actions if "add" in a]
+    [add] = [a["add"] for a in actions if "add" in a]
+    added = add["path"]
     inputs = [sort_rows(location, a["remove"]["path"]) for a in actions if "remove" in a]
     rows = sort_rows(location, added)
     assert sorted(rows) == sorted(r for run in inputs for r in run)
+    stats = json.loads(add["stats"])  # the merged file's own statistics (commit/delta_stats.py)
+    ids = [r[SORT.index("id")] for r in rows]
+    assert (stats["numRecords"], stats["minValues"]["id"], stats["maxValues"]["id"]) == (
+        len(rows),
+        min(ids),
+        max(ids),
+    )
     values = zorder_values([pa.array([r[i] for r in rows]) for i in range(len(SORT))]).to_pylist()
     assert values == sorted(values), "the merged file's rows are not in Z-order"
     count = len(inputs)  # cut the merged file into as many stretches as it had inputs

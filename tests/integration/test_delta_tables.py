@@ -1,7 +1,9 @@
 """Delta Lake tables (`spec.table.format: delta`) filled from a real Kafka topic by real Spark, exactly once.
 
 Proves: the table holds each produced record once, by content, read by Spark's Delta reader (in a Delta
-table's own session: this process's is an Iceberg table's, without Delta) and by delta-rs alike; a new writer
+table's own session: this process's is an Iceberg table's, without Delta) and by delta-rs alike, and both
+skip files by the min/max in the batches' `add` stats (a point filter reads fewer files than the table
+has, each filter's rows exactly those the whole table holds for it); a new writer
 resumes from the offsets in the table (no duplicates, nothing lost); a writer that fails at each commit point
 (after writing its files, just before, and just after its log entry) leaves a table the next writer completes
 exactly once; a writer whose epoch a newer one claimed cannot commit; a bad record stops the batch
@@ -29,10 +31,12 @@ import subprocess
 import sys
 from collections import Counter
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from icefall.api.manifest import parse_manifest
@@ -114,13 +118,75 @@ def test_rows_equal_the_topic_read_by_spark_and_delta_rs_and_a_new_writer_resume
     from deltalake import DeltaTable
 
     by_rs = [plain(row) for row in DeltaTable(table.location).to_pyarrow_table().to_pylist()]
-    by_spark = [plain(row) for row in read_with_sparks_delta_reader(table.location, tmp_path / "by-spark")]
+    skipping = in_delta_session(
+        SKIPPING, table.location, str(tmp_path / "by-spark"), json.dumps(list(FILTERS))
+    )
+    assert skipping.returncode == 0, skipping.stderr[-3000:]
+    by_spark = [plain(row) for row in pq.read_table(tmp_path / "by-spark").to_pylist()]
     key = lambda row: row["id"]  # noqa: E731
     assert sorted(by_spark, key=key) == sorted(by_rs, key=key)
+    assert_readers_skip_files_by_the_stats(
+        table.location, json.loads(skipping.stdout.splitlines()[-1]), by_rs
+    )
     assert {r["customer"] for r in by_rs} == {f"c{i % 7}" for i in range(7)}
     # The offsets are table properties other readers see too (kept by checkpoints: the Metadata action).
     properties = DeltaTable(table.location).metadata().configuration
     assert properties["icefall.epoch"] == str(second.epoch)
+
+
+#: Spark's Delta reader: the table's rows into a Parquet folder, and for each filter the files it reads
+#: (`inputFiles`: after Delta's data skipping by the log's stats) and the ids it returns.
+SKIPPING = """
+import json, sys
+from icefall.api import TableFormat
+from icefall.spark.session import build_spark_session
+
+spark = build_spark_session(
+    [], master="local[1]", app_name="delta-skipping", table_format=TableFormat.DELTA,
+    extra_conf={"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"},
+)
+table = spark.read.format("delta").load(sys.argv[1])
+table.write.parquet(sys.argv[2])
+found = {"files": len(table.inputFiles())}
+for where in json.loads(sys.argv[3]):
+    query = table.where(where)
+    ids = sorted(r.id for r in query.select("id").collect())
+    found[where] = {"files": len(query.inputFiles()), "ids": ids}
+spark.stop()
+print(json.dumps(found))
+"""
+
+#: Point and range filters on a long, a decimal, a nested long, a string and a timestamp column, each
+#: with the rows it must return (checked in Python on the rows read whole: skipping must not lose any).
+FILTERS: dict[str, Any] = {
+    "id = 125": lambda r: r["id"] == 125,
+    "amount = 156.25": lambda r: r["amount"] == Decimal("156.25"),
+    "_kafka.offset >= 60": lambda r: r["_kafka"]["offset"] >= 60,
+    "customer = 'zz'": lambda r: r["customer"] == "zz",
+    # every ts is 10:00:00 (Delta Spark widens a timestamp max by 1 ms, as it keeps milliseconds)
+    "ts > TIMESTAMP'2026-11-22 10:00:01 UTC'": lambda r: r["ts"] > datetime(2026, 11, 22, 10, 0, 1),
+}
+
+
+def assert_readers_skip_files_by_the_stats(location: str, spark_saw: dict[str, Any], rows: list[Any]) -> None:
+    """Spark's Delta reader (`spark_saw`, from SKIPPING) and delta-rs read fewer files than the table has for
+    a point filter, by the min/max in the log, and every filter returns exactly its rows of `rows`."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    for where, wanted in FILTERS.items():
+        assert spark_saw[where]["ids"] == sorted(r["id"] for r in rows if wanted(r)), where
+    total, files = spark_saw["files"], {w: spark_saw[w]["files"] for w in FILTERS}
+    assert total >= 3 and all(n < total for n in files.values()), (total, files)
+    assert files["customer = 'zz'"] == 0 and files["id = 125"] <= 2, (total, files)
+    delta_rs = DeltaTable(location)
+    adds = pa.table(delta_rs.get_add_actions(flatten=True))
+    assert None not in adds.column("min.id").to_pylist() + adds.column("max._kafka.offset").to_pylist()
+    dataset = delta_rs.to_pyarrow_dataset()
+    assert len(list(dataset.get_fragments(filter=ds.field("id") == 125))) < len(list(dataset.get_fragments()))
+    amount = pa.scalar(Decimal("156.25"), pa.decimal128(10, 2))
+    for filters in ([("id", "=", 125)], [("amount", "=", amount)]):
+        assert delta_rs.to_pyarrow_table(filters=filters).column("id").to_pylist() == [125]
 
 
 @pytest.mark.parametrize("point", ["main.after-stage", "main.before-commit", "main.after-commit"])
@@ -497,6 +563,12 @@ def test_a_table_partitioned_by_a_column_holds_the_topic_by_content_through_opti
     assert adds and all(
         a["path"].startswith(f"customer={a['partitionValues']['customer']}/") for a in adds
     ), adds[:2]
+    stats = [json.loads(a["stats"]) for a in adds]  # of the file's columns: the partition column is not one
+    assert all(
+        "customer" not in s["nullCount"]
+        and s["minValues"]["id"] % 7 == int(a["partitionValues"]["customer"][1:])
+        for s, a in zip(stats, adds, strict=True)
+    ), stats[:2]
     folders = {p.parent.name for p in Path(table.location).glob("*/*.parquet")}
     assert folders == {f"customer=c{i}" for i in range(7)}
     assert not list(Path(table.location).glob("*.parquet"))  # no file outside a partition

@@ -107,13 +107,14 @@ class DeltaSnapshot:
 @dataclass(frozen=True)
 class AddFile:
     """A data file a batch adds, relative to the table's folder (a partitioned table's: in its partition's
-    folder, `partition_values` its values as Delta writes them, None for null)."""
+    folder, `partition_values` its values as Delta writes them, None for null; no `stats`: numRecords)."""
 
     path: str
     size: int
     records: int
     modification_time_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
+    stats: str | None = None
 
     def action(self) -> dict[str, Any]:
         return {
@@ -123,7 +124,7 @@ class AddFile:
                 "size": self.size,
                 "modificationTime": self.modification_time_ms,
                 "dataChange": True,
-                "stats": json.dumps({"numRecords": self.records}),
+                "stats": self.stats or json.dumps({"numRecords": self.records}),
             }
         }
 
@@ -567,22 +568,21 @@ def commit_batch(
     raise MaintenanceConflictError(f"{log.location}: the commit lost {MAX_ATTEMPTS} races in a row")
 
 
-def moved_into(staging: Path, log: DeltaLog) -> list[AddFile]:
-    """The Parquet files Spark wrote in the local folder `staging`, moved into the table's folder (local
-    or S3; files without rows are dropped). A partitioned write's files (Spark's `partitionBy`: folders
-    `column=value`, the partition columns not in the files) keep their folders, and their values are
-    read from them (`partition_values`)."""
+def moved_into(staging: Path, log: DeltaLog, metadata: Mapping[str, Any] | None = None) -> list[AddFile]:
+    """The Parquet files Spark wrote in `staging` moved into the table's folder (files without rows dropped;
+    Spark's `partitionBy` folders `column=value` kept, their values the adds' `partition_values`), with
+    each footer's statistics (read before the move) of the columns `metadata` indexes (`delta_stats`)."""
     import pyarrow.parquet as pq
 
-    files = []
+    from icefall.commit.delta_stats import StatsColumns, delta_stats
+
+    columns, files = StatsColumns.of(metadata), []
     for written in sorted(staging.rglob("part-*.parquet")):
-        records = pq.read_metadata(written).num_rows
-        if records == 0:
+        if (footer := pq.read_metadata(written)).num_rows == 0:
             continue
-        relative = written.relative_to(staging).as_posix()
-        size = log.storage.move_in(written, relative)
-        values = partition_values(relative)
-        files.append(AddFile(path=relative, size=size, records=records, partition_values=values))
+        stats, relative = delta_stats(footer, columns), written.relative_to(staging).as_posix()
+        size, values = log.storage.move_in(written, relative), partition_values(relative)
+        files.append(AddFile(relative, size, footer.num_rows, partition_values=values, stats=stats))
     return files
 
 

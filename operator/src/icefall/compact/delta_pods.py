@@ -53,6 +53,7 @@ from urllib.parse import quote, unquote
 from icefall.commit.delta import DeltaLog, set_properties
 from icefall.commit.delta_checkpoint import checkpoint_refusal, clean_up_log, write_checkpoint
 from icefall.commit.delta_files import LogFiles, RewriteConflictError, commit_rewrite, records_of
+from icefall.commit.delta_stats import StatsColumns, delta_stats
 from icefall.commit.lease import LeasePool
 from icefall.compact.runner import LeaseFactory, Rounds, StepResult, claimed, wall_clock_ms
 from icefall.compact.worker import ItemResult, Outcome
@@ -250,6 +251,7 @@ def merge(log_: DeltaLog, files: LogFiles, item: CompactFiles) -> ItemResult:
             raise RuntimeError(
                 f"merged {records} rows, but the log says the inputs hold {sum(e or 0 for e in expected)}"
             )
+        stats = merged_stats(staged, files.metadata)
         size = log_.storage.move_in(staged, relative)
     failpoint("main.mid-rewrite")  # written, not committed: an unnamed file
     added = {
@@ -257,7 +259,7 @@ def merge(log_: DeltaLog, files: LogFiles, item: CompactFiles) -> ItemResult:
         "partitionValues": dict(adds[0].get("partitionValues") or {}),
         "size": size,
         "modificationTime": int(time.time() * 1000),
-        "stats": f'{{"numRecords":{records}}}',
+        "stats": stats,
     }
     try:
         version = commit_rewrite(log_, files, inputs, [added], zorder_by=zordered)
@@ -266,6 +268,14 @@ def merge(log_: DeltaLog, files: LogFiles, item: CompactFiles) -> ItemResult:
     detail = f"{len(inputs)} files ({records} rows) of partition {item.partition!r} into 1, version {version}"
     detail += f", z-ordered by {', '.join(zordered)}" if zordered else ""
     return ItemResult("CompactFiles", Outcome.DONE, detail, 0, version, len(inputs), 1)
+
+
+def merged_stats(staged: Path, metadata: Mapping[str, Any] | None) -> str:
+    """The Delta statistics of the merged file `staged` (still local), for the table's indexed columns
+    (`icefall.commit.delta_stats`): its footer, read before the upload."""
+    import pyarrow.parquet as pq
+
+    return delta_stats(pq.read_metadata(staged), StatsColumns.of(metadata))
 
 
 def _one_schema(paths: list[str], filesystem: Any, root: str) -> list[str]:

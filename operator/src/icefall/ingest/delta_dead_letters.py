@@ -131,7 +131,7 @@ class DeltaDeadLetters:
             found = self._write(bad, take, staging)
             if found != expected:
                 raise StaleHeadError(_another_number(found, expected))
-            files = moved_into(staging, log)
+            files = moved_into(staging, log, planned_on.metadata)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         commit_batch(log, planned_on, take, epoch, files, role="dlq")

@@ -356,7 +356,11 @@ class DeltaIngestor:
         write.parquet(str(staging))
         try:
             stats = self._read_stats(planned, observation)
-            return stats, [] if stats.unseen_writers else moved_into(staging, self.log), None
+            if stats.unseen_writers:
+                return stats, [], None
+            # The files' statistics follow the schema they are committed with (a new column's too).
+            metadata = {**(planned_on.metadata or {}), **({"schemaString": schema} if schema else {})}
+            return stats, moved_into(staging, self.log, metadata), None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
