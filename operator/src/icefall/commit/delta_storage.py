@@ -17,9 +17,7 @@ Any other failure raises OSError (the caller plans again from the table).
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import hmac
 import os
 import shutil
 import uuid
@@ -30,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote, unquote, urlparse
 
 from icefall.commit.object_storage import Created, ObjectStorage, http_request
+from icefall.commit.s3_list import sigv4_headers
 
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
@@ -235,7 +234,16 @@ class S3Storage(ObjectStorage):
         else:
             base, path = f"https://{self.bucket}.s3.{s.region}.amazonaws.com", f"/{key}"
         headers = {"If-None-Match": "*", "Content-Type": "application/json"}
-        headers |= signed_headers("PUT", urlparse(base).netloc, quote(path), data, s)
+        payload = hashlib.sha256(data).hexdigest()
+        headers |= sigv4_headers(
+            "PUT",
+            urlparse(base).netloc,
+            quote(path),
+            "",
+            payload_sha256=payload,
+            s=s,
+            signed={"if-none-match": "*"},
+        )
         status, body = http_request("PUT", base, quote(path), data, headers=headers)
         if status == _IN_FLIGHT:
             return Created.IN_FLIGHT
@@ -244,34 +252,6 @@ class S3Storage(ObjectStorage):
         if 200 <= status < 300:
             return Created.YES
         raise OSError(f"PUT s3://{self.bucket}/{key}: HTTP {status}: {body[:300]!r}")
-
-
-def signed_headers(method: str, host: str, path: str, body: bytes, s: S3Settings) -> dict[str, str]:
-    """AWS Signature Version 4 headers for a request without a query (`path` already URI-encoded);
-    `If-None-Match` is signed too. Anonymous (no keys): no signature."""
-    payload = hashlib.sha256(body).hexdigest()
-    now = datetime.datetime.now(datetime.UTC)
-    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-    headers = {"host": host, "if-none-match": "*", "x-amz-content-sha256": payload, "x-amz-date": amz_date}
-    if s.session_token:
-        headers["x-amz-security-token"] = s.session_token
-    result = {k: v for k, v in headers.items() if k not in ("host", "if-none-match")}
-    if not (s.access_key and s.secret_key):
-        return result
-    names = ";".join(sorted(headers))
-    canonical = "\n".join(
-        [method, path, "", *(f"{k}:{headers[k]}" for k in sorted(headers)), "", names, payload]
-    )
-    scope = f"{day}/{s.region}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-    key = f"AWS4{s.secret_key}".encode()
-    for part in (day, s.region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    result["Authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={s.access_key}/{scope}, SignedHeaders={names}, Signature={signature}"
-    )
-    return result
 
 
 def delta_rs_options(location: str) -> dict[str, str] | None:

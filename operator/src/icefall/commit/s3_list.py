@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import http.client
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from typing import Protocol
 from urllib.parse import quote, urlparse
 
@@ -75,7 +76,7 @@ def _get(settings: S3Settings, bucket: str, query: dict[str, str]) -> ET.Element
     else:
         scheme, host, path = "https", f"{bucket}.s3.{s.region}.amazonaws.com", "/"
     canonical_query = "&".join(f"{_encode(k)}={_encode(v)}" for k, v in sorted(query.items()))
-    headers = _signed(host, path, canonical_query, s)
+    headers = sigv4_headers("GET", host, path, canonical_query, payload_sha256=_EMPTY_SHA256, s=s)
     connection_type = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     connection = connection_type(host, timeout=30)
     try:
@@ -89,28 +90,31 @@ def _get(settings: S3Settings, bucket: str, query: dict[str, str]) -> ET.Element
     return ET.fromstring(body)
 
 
-def _signed(host: str, path: str, canonical_query: str, s: S3Settings) -> dict[str, str]:
-    """SigV4 headers of a GET of `path?canonical_query` without a body (anonymous: none)."""
+def sigv4_headers(
+    method: str,
+    host: str,
+    path: str,
+    canonical_query: str,
+    *,
+    payload_sha256: str,
+    s: S3Settings,
+    signed: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """AWS Signature Version 4 headers of a request to `path?canonical_query` (both URI-encoded) whose body
+    hashes to `payload_sha256`; `signed` (lower-case names): headers the caller sends itself, signed too.
+    Anonymous (no keys): no signature."""
     now = datetime.datetime.now(datetime.UTC)
     amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-    headers = {"host": host, "x-amz-content-sha256": _EMPTY_SHA256, "x-amz-date": amz_date}
+    extra = dict(signed or {})
+    headers = {"host": host, **extra, "x-amz-content-sha256": payload_sha256, "x-amz-date": amz_date}
     if s.session_token:
         headers["x-amz-security-token"] = s.session_token
-    result = {k: v for k, v in headers.items() if k != "host"}
+    result = {k: v for k, v in headers.items() if k != "host" and k not in extra}
     if not (s.access_key and s.secret_key):
         return result
     names = ";".join(sorted(headers))
-    canonical = "\n".join(
-        [
-            "GET",
-            path,
-            canonical_query,
-            *(f"{k}:{headers[k]}" for k in sorted(headers)),
-            "",
-            names,
-            _EMPTY_SHA256,
-        ]
-    )
+    lines = [method, path, canonical_query, *(f"{k}:{headers[k]}" for k in sorted(headers)), "", names]
+    canonical = "\n".join([*lines, payload_sha256])
     scope = f"{day}/{s.region}/s3/aws4_request"
     to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     key = f"AWS4{s.secret_key}".encode()
