@@ -355,3 +355,21 @@ def test_a_clock_behind_the_table_is_waited_out_never_committed_through() -> Non
     found = classify(behind.value)
     assert found is not None and found.service is Service.CLOCK
     assert Outages("it.t", {}).describe(found) == "this host's clock is behind the table"
+
+
+def test_a_request_icefall_sends_to_a_store_that_does_not_answer_is_an_object_store_outage() -> None:
+    """The Delta log's own requests (conditional create, the tail's listing) are not pyarrow's: a refused
+    connection is still an object store outage, waited out, not a crash."""
+    import socket
+
+    from icefall.commit.errors import ObjectStoreUnreachableError
+    from icefall.commit.object_storage import http_request
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(ObjectStoreUnreachableError) as raised:
+        http_request("GET", f"http://127.0.0.1:{port}", "/lake?list-type=2", b"", headers={})
+    assert f"GET http://127.0.0.1:{port}/lake: ConnectionRefusedError" in str(raised.value)
+    found = classify(raised.value)
+    assert found is not None and found.service.value == "object_store"

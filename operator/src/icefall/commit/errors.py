@@ -61,3 +61,9 @@ class CorruptStateError(CommitError):
 class LayoutChangedError(CommitError):
     """The table's partitioning is not the spec's (a Delta table's partitionColumns never change): the
     batch would write files the table cannot hold. Says both and the fix."""
+
+
+class ObjectStoreUnreachableError(OSError):
+    """A request Icefall sends to an object store itself (a Delta log's conditional create, a listing of its
+    tail) got no answer: refused, reset or timed out. An outage, waited out like pyarrow's own failures; an
+    OSError, as every other failure of a store is."""

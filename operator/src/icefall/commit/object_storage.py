@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from icefall.commit.errors import ObjectStoreUnreachableError
+
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
 
@@ -150,5 +152,8 @@ def http_request(
         connection.request(method, path, body=body, headers=dict(headers))
         response = connection.getresponse()
         return response.status, response.read()
+    except (OSError, http.client.HTTPException) as error:  # no answer: an outage (ingest.outages)
+        where = f"{url.scheme}://{url.netloc}{path.split('?', 1)[0]}"
+        raise ObjectStoreUnreachableError(f"{method} {where}: {type(error).__name__}: {error}") from error
     finally:
         connection.close()

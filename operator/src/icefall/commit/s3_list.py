@@ -12,11 +12,12 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
-import http.client
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Protocol
 from urllib.parse import quote, urlparse
+
+from icefall.commit.object_storage import http_request
 
 
 class S3Settings(Protocol):
@@ -77,16 +78,10 @@ def _get(settings: S3Settings, bucket: str, query: dict[str, str]) -> ET.Element
         scheme, host, path = "https", f"{bucket}.s3.{s.region}.amazonaws.com", "/"
     canonical_query = "&".join(f"{_encode(k)}={_encode(v)}" for k, v in sorted(query.items()))
     headers = sigv4_headers("GET", host, path, canonical_query, payload_sha256=_EMPTY_SHA256, s=s)
-    connection_type = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-    connection = connection_type(host, timeout=30)
-    try:
-        connection.request("GET", f"{path}?{canonical_query}", headers=headers)
-        response = connection.getresponse()
-        body = response.read()
-    finally:
-        connection.close()
-    if response.status != 200:
-        raise OSError(f"LIST s3://{bucket}/{query['prefix']}: HTTP {response.status}: {body[:300]!r}")
+    target = f"{path}?{canonical_query}"
+    status, body = http_request("GET", f"{scheme}://{host}", target, b"", headers=headers)
+    if status != 200:
+        raise OSError(f"LIST s3://{bucket}/{query['prefix']}: HTTP {status}: {body[:300]!r}")
     return ET.fromstring(body)
 
 

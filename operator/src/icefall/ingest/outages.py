@@ -222,7 +222,7 @@ def _configuration_error(link: BaseException) -> bool:
 
 def _client_outage(link: BaseException) -> Unavailable | None:
     """The outage a Python client's exception `link` says (its type and text), if any."""
-    from icefall.commit.errors import ClockBehindError
+    from icefall.commit.errors import ClockBehindError, ObjectStoreUnreachableError
     from icefall.commit.kube_lease import KubeAPIUnavailableError
     from icefall.kafka.admin import KafkaUnavailableError
     from icefall.kafka.registry import RegistryUnavailableError
@@ -230,6 +230,8 @@ def _client_outage(link: BaseException) -> Unavailable | None:
     kind = f"{type(link).__module__}.{type(link).__qualname__}"
     if isinstance(link, ClockBehindError):
         return Unavailable(Service.CLOCK, _one_line(str(link)))
+    if isinstance(link, ObjectStoreUnreachableError):
+        return Unavailable(Service.OBJECT_STORE, _one_line(str(link)))
     if isinstance(link, OSError) and link.errno == errno.ENOSPC:
         return Unavailable(Service.LOCAL_DISK, _one_line(str(link)))
     if isinstance(link, KafkaUnavailableError):
