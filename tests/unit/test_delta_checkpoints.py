@@ -186,14 +186,14 @@ def test_a_snapshot_lists_only_the_tail_from_the_newest_checkpoint(tmp_path: Pat
         commit_batch(log, log.snapshot(), batch(50 + i, 51 + i), 1, [added])
     listed: list[tuple[str, int]] = []
     reader = DeltaLog(str(tmp_path))
-    original = reader.storage.list_after  # type: ignore[attr-defined]
+    original = reader.storage.list_after
 
     def counting(relative: str, after: str) -> dict[str, int]:
         found: dict[str, int] = original(relative, after)
         listed.append((after, len(found)))
         return found
 
-    reader.storage.list_after = counting  # type: ignore[attr-defined]
+    reader.storage.list_after = counting  # type: ignore[method-assign]
     assert reader.snapshot().version == 11 and reader.snapshot().committed.offsets == {0: 55}
     assert listed == [(f"{5:020d}.", 9)] * 2  # from the checkpoint `_last_checkpoint` names, no whole listing
 

@@ -47,7 +47,7 @@ from urllib.parse import quote, unquote
 from icefall.api.delta_partitions import GENERATION_EXPRESSION
 from icefall.commit.batch import SourceBatch, check_source, state_after
 from icefall.commit.delta_history import DeltaHistory
-from icefall.commit.delta_storage import is_object_store, list_after, local_path, storage_for
+from icefall.commit.delta_storage import is_object_store, local_path, storage_for
 from icefall.commit.delta_tail import (
     CHECKPOINT_FILE,
     COMMIT_FILE,
@@ -174,7 +174,7 @@ class DeltaLog:
 
     def _tail_from(self, start: int | None) -> LogTail | None:
         after = "" if start is None else f"{start:020d}."
-        found = tail_of(list_after(self.storage, LOG_DIR, after), start)
+        found = tail_of(self.storage.list_after(LOG_DIR, after), start)
         if found is not None:
             self._floor, self._listed = found.checkpoint, True
         return found

@@ -68,6 +68,7 @@ class DeltaStorage(Protocol):
 
     def list(self, relative: str) -> list[str]: ...
     def list_times(self, relative: str) -> dict[str, int]: ...
+    def list_after(self, relative: str, after: str) -> dict[str, int]: ...
     def list_tree(self) -> dict[str, int]: ...
     def delete(self, relative: str) -> bool: ...
     def read(self, relative: str) -> bytes: ...
@@ -265,16 +266,6 @@ def delta_rs_options(location: str) -> dict[str, str] | None:
     if location.startswith(AZURE_SCHEMES):
         return AzureSettings.from_env(location).delta_rs_options()
     return None
-
-
-def list_after(storage: DeltaStorage, relative: str, after: str) -> dict[str, int]:
-    """The names in `relative` sorting after `after`, with their modification times (ms): the store's own
-    `list_after` when it has one (S3: `start-after`), else its whole listing filtered."""
-    own = getattr(storage, "list_after", None)
-    if own is not None:
-        found: dict[str, int] = own(relative, after)
-        return found
-    return {name: ms for name, ms in storage.list_times(relative).items() if name > after}
 
 
 def storage_for(location: str) -> DeltaStorage:

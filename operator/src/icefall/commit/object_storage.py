@@ -75,6 +75,11 @@ class ObjectStorage:
             if info.type == FileType.File
         }
 
+    def list_after(self, relative: str, after: str) -> dict[str, int]:
+        """`list_times` of the names sorting after `after`: the whole listing filtered (S3 asks for the
+        tail only, `S3Storage.list_after`)."""
+        return {name: ms for name, ms in self.list_times(relative).items() if name > after}
+
     def list_tree(self) -> dict[str, int]:
         """Every object under the table's prefix (relative key → modification time, ms): what VACUUM sees."""
         from pyarrow.fs import FileSelector, FileType
