@@ -9,33 +9,19 @@ from __future__ import annotations
 
 import pytest
 
-from icefall.api import ManifestError
-from icefall.api.manifest import parse_manifest
 from icefall.commit.delta_cloud import AzureSettings, AzureStorage, GcsSettings, GcsStorage, azure_parts
 from icefall.commit.delta_storage import LocalStorage, S3Storage, is_object_store, storage_for, store_name
 from icefall.plan.names import TableIdentity
 
+from .test_delta_commit import problems_of as delta_problems_of
+
 pytestmark = pytest.mark.unit
 
 AZURE = "abfss://lake@shop.dfs.core.windows.net/tables/orders"
-MANIFEST = """
-apiVersion: icefall.dev/v1alpha1
-kind: StreamingTable
-metadata: {name: orders}
-spec:
-  source: {bootstrapServers: "127.0.0.1:9092", topic: orders}
-  format: {type: json, schema: [{name: id, type: long}]}
-  table: {format: delta, location: "%s"}
-%s
-"""
 
 
 def problems_of(location: str, spec_extra: str = "") -> str:
-    try:
-        parse_manifest(MANIFEST % (location, spec_extra))
-    except ManifestError as error:
-        return str(error)
-    return ""
+    return delta_problems_of(f', location: "{location}"', spec_extra)
 
 
 @pytest.mark.parametrize(
