@@ -29,6 +29,8 @@ from icefall.controller.reconcile import Config, Context
 from icefall.controller.status import StatusMemory
 from icefall.plan.claims import Claim
 from icefall.plan.driver import EventReason, EventType
+from icefall.plan.names import COMPONENT_COMPACT, selector_labels
+from icefall.plan.purge import JOB_NAME_LABEL
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +65,8 @@ class Api:
         return self.objects.get((kind, name))
 
     def list_objects(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return self.pods
+        wanted = dict(term.split("=", 1) for term in label_selector.split(","))
+        return [p for p in self.pods if wanted.items() <= (p["metadata"].get("labels") or {}).items()]
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         self.deleted.append(f"{kind}/{name}")
@@ -192,6 +195,26 @@ def test_delete_of_a_delta_table_purges_the_folder_its_driver_reported_by_its_lo
     assert "dropped the Delta table at s3://lake/tables/orders" in event.message
 
 
+def test_delete_stops_the_compaction_pods_before_the_purge_job_runs() -> None:
+    # A compaction pod that commits (a merge, a Delta checkpoint) after the purge leaves a table behind.
+    api = Api({"lake": ALLOW})
+    api.objects[("Deployment", "orders-compact")] = {"metadata": {"name": "orders-compact", "uid": "d-1"}}
+    labels = selector_labels("orders", COMPONENT_COMPACT)
+    api.pods = [
+        {"metadata": {"name": "orders-compact-1", "labels": labels, "deletionTimestamp": NOW.isoformat()}}
+    ]
+    writer = {"reportedAt": NOW.isoformat(), "tableUuid": "delta-id-1"}
+    obj = body(writer=writer, deleting=True, deletionPolicy="Delete", table=DELTA)
+    first = finalize(obj, cast(Kube, api), NOW + timedelta(seconds=1), config=Config(image="icefall:t"))
+    assert not first.done and "compaction pods" in first.message
+    assert api.deleted == ["Deployment/orders-compact"] and not api.created
+    assert not finalize(obj, cast(Kube, api), NOW + timedelta(seconds=2)).done and not api.created
+    api.pods = []  # gone
+    started = finalize(obj, cast(Kube, api), NOW + timedelta(seconds=3), config=Config(image="icefall:t"))
+    assert [e.reason for e in started.events] == [EventReason.TABLE_PURGE_STARTED]
+    assert "Job/orders-purge" in api.created
+
+
 def test_delete_of_a_delta_table_kept_or_never_measured_says_so() -> None:
     retained = finalize(body(deleting=True, table=DELTA), cast(Kube, Api({})), NOW + timedelta(seconds=1))
     (event,) = retained.events
@@ -239,7 +262,10 @@ def test_delete_keeps_the_table_it_cannot_prove_is_its_own_and_says_what_to_do()
     finalize(recorded, cast(Kube, api), NOW + timedelta(seconds=1))
     api.objects[("Job", "orders-purge")]["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
     api.pods = [
-        {"status": {"containerStatuses": [{"state": {"terminated": {"message": "PurgeRefused: x"}}}]}}
+        {
+            "metadata": {"labels": {JOB_NAME_LABEL: "orders-purge"}},
+            "status": {"containerStatuses": [{"state": {"terminated": {"message": "PurgeRefused: x"}}}]},
+        }
     ]
     failed = deleted(api, recorded, at=2)
     assert "PurgeRefused: x" in failed.message and "kept the Iceberg table" in failed.message

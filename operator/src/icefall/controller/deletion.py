@@ -4,7 +4,9 @@ Runs from the operator's one finalizer (`icefall.dev/finalizer`), once per pass 
 
 1. Status says Deleting (best effort; the object is going away).
 2. The driver Pod is deleted and waited for: nothing may write while the table is dropped. (The other
-   children go with the garbage collector through their owner references.)
+   children go with the garbage collector through their owner references; before a purge the compaction
+   Deployment is deleted and its pods waited for too: they commit merges, checkpoints and expiry, and one
+   that committed after the purge left a table behind, a Delta log of one checkpoint.)
 3. `Retain` (the default): the table and its dead-letter table stay; an Event names them. The catalog is
    never contacted, so an unreachable catalog cannot hold the deletion up.
 4. `Delete`: the operator holds no table credential, so it never drops a table itself. Unless another
@@ -45,7 +47,13 @@ from icefall.controller.reconcile import Config, secret_refusals_of
 from icefall.plan.claims import Claim, claim_from_object
 from icefall.plan.conditions import set_condition
 from icefall.plan.driver import Event, EventReason, EventType
-from icefall.plan.names import driver_pod_name, purge_job_name
+from icefall.plan.names import (
+    COMPONENT_COMPACT,
+    compaction_name,
+    driver_pod_name,
+    purge_job_name,
+    selector_labels,
+)
 from icefall.plan.pod_policy import policy_issue, violations
 from icefall.plan.purge import (
     JOB_NAME_LABEL,
@@ -122,7 +130,20 @@ def finalize(
         text = f"deletionPolicy Delete: kept {identifier}: StreamingTable {owner.ref} uses it"
         return Finalized(True, (Event(EventReason.TABLE_KEPT_FOR_OWNER, text, EventType.WARNING),))
     owners = [c for c in uuid_claims if me is None or c.uid != me.uid]
+    if (waiting := _stop_compaction(kube, namespace, name)) is not None:
+        return waiting
     return _purge(body, st, kube, now, owners=owners, config=config)
+
+
+def _stop_compaction(kube: Kube, namespace: str, name: str) -> Finalized | None:
+    """Delete the compaction Deployment and wait until its pods are gone (step 2); None: none runs."""
+    deployment = kube.get("Deployment", namespace, compaction_name(name))
+    if deployment is not None and not deployment["metadata"].get("deletionTimestamp"):
+        kube.delete("Deployment", namespace, compaction_name(name), uid=deployment["metadata"].get("uid"))
+    selector = ",".join(f"{k}={v}" for k, v in selector_labels(name, COMPONENT_COMPACT).items())
+    if deployment is None and not kube.list_objects("Pod", namespace, selector):
+        return None
+    return Finalized(False, message="waiting for the compaction pods to stop")
 
 
 def _table_text(st: StreamingTable) -> str:
