@@ -23,7 +23,6 @@ from icefall.commit import (
     state_from_properties,
 )
 from icefall.commit.batch import check_source
-from icefall.commit.direct import _rows_past
 from icefall.commit.state import (
     SchemaChange,
     decode_offsets,
@@ -129,14 +128,3 @@ def test_schema_changes_of_a_table_of_several_topics_record_the_offsets_of_each(
     assert change.offsets_of("b") == {1: 2}
     one = with_schema_change({}, schema_change_at(2, state_from_properties(ONE_TOPIC, 5)))
     assert one == '[{"schema-id":2,"offsets":{"0":12,"1":7}}]'  # as the one-topic form always wrote it
-
-
-def test_a_rewind_of_several_topics_deletes_the_rows_of_all_of_them_at_once() -> None:
-    assert (
-        _rows_past({None: {0: 5, 1: 7}})
-        == "(partition = 0 AND offset >= 5) OR (partition = 1 AND offset >= 7)"
-    )
-    assert _rows_past({"a": {0: 5}, "b": {2: 1}}) == (
-        "(topic = 'a' AND ((partition = 0 AND offset >= 5))) OR "
-        "(topic = 'b' AND ((partition = 2 AND offset >= 1)))"
-    )

@@ -115,10 +115,10 @@ def test_hits_are_counted_from_arming_in_process() -> None:
 
 def test_the_triggered_line_names_the_point_and_its_hit(caplog: pytest.LogCaptureFixture) -> None:
     failpoints.reset_hits()
-    failpoint("dlq.after-rewind")
-    with failpoints.armed("dlq.after-rewind", lambda name: None):
-        failpoint("dlq.after-rewind")
-    assert "failpoint dlq.after-rewind triggered (hit 2)" in caplog.text
+    failpoint("dlq.after-claim")
+    with failpoints.armed("dlq.after-claim", lambda name: None):
+        failpoint("dlq.after-claim")
+    assert "failpoint dlq.after-claim triggered (hit 2)" in caplog.text
 
 
 @pytest.mark.parametrize(

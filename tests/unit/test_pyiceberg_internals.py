@@ -38,7 +38,6 @@ from icefall.commit.pyiceberg_internals import (
     PINNED,
     ReadOnceTransaction,
     commit_table,
-    delete_updates,
     empty_snapshot_updates,
     new_snapshot,
     schema_updates,
@@ -165,14 +164,6 @@ def test_a_read_once_transaction_applies_its_updates_once_per_set(tmp_path: Path
     snapshot = new_snapshot(table, {"note": "x"}, write_data_files(table, rows))
     assert snapshot.parent_snapshot_id is None and snapshot.sequence_number == 1
     assert snapshot.summary is not None and snapshot.summary["added-records"] == "1"
-
-
-def test_a_delete_matching_nothing_still_moves_main(tmp_path: Path) -> None:
-    updates = delete_updates(make_table(tmp_path), "partition = 0 AND offset >= 5")
-    assert any(isinstance(update, AddSnapshotUpdate) for update in updates), moved(
-        f"a delete that matches nothing stages {[type(u).__name__ for u in updates]}"
-    )
-    assert any(isinstance(u, SetSnapshotRefUpdate) and u.ref_name == "main" for u in updates)
 
 
 def test_a_schema_change_stages_the_new_schema_and_names_its_id(tmp_path: Path) -> None:

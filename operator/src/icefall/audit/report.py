@@ -23,8 +23,10 @@ class PartitionAudit:
     expected: int  # records Kafka holds in [max(start, low), committed)
     in_table: int  # rows of this partition in the main table (all of them)
     in_dlq: int  # rows of this partition in the dead-letter table
-    in_table_and_dlq: int  # offsets in both (each also counts as a duplicate)
-    duplicates: int  # offsets present more than once across table and DLQ
+    # Offsets in both: by content, the row its record does not make is `wrong` (a spec changed between a
+    # crash and the retry puts a record in both); by offsets only, each also counts as a duplicate.
+    in_table_and_dlq: int
+    duplicates: int  # offsets one table holds more than once (and, by offsets only, those in both)
     duplicate_rows: int  # rows beyond the first for each such offset
     missing: int  # in Kafka, in neither table, and not dropped by the spec's filter
     filtered: int  # in Kafka, in neither table, and dropped by the spec's filter (re-evaluated)

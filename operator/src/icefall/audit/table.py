@@ -6,8 +6,13 @@ offset (`icefall.offsets`, read with `read_committed`), the start is where inges
 partitions absent from it). The records Kafka still holds in that range are compared with the main table's
 rows (`_kafka.partition`, `_kafka.offset`) and the dead-letter table's rows (`partition`, `offset`):
 
-- duplicate: an offset that appears more than once across the table and the DLQ (twice in the table, or in
-  both); reported as offsets, and as `duplicate_rows` (rows beyond the first per offset);
+- duplicate: an offset that one table holds more than once (the table, or the DLQ); reported as offsets,
+  and as `duplicate_rows` (rows beyond the first per offset). Each destination holds a record at most
+  once (commit/DESIGN.md, "Several destinations of one batch"), but a record may be in both tables: the
+  DLQ's row under the spec that found it bad, the table's under a spec changed (fixed) between a crash
+  and the batch read again (`in_table_and_dlq`). By content, the row that is not what the audited spec
+  makes of its record is `wrong`; by offsets only, which one is cannot be told, and an offset in both
+  counts as a duplicate;
 - wrong (by content, below): a row whose content is not what its record decodes to; named by offset;
 - missing: in Kafka, in neither table, and not dropped by the spec's filter;
 - unexpected: in a table but below the range start, at or beyond the committed end, or inside the range
@@ -41,7 +46,7 @@ apart and are set aside unaudited, together with the new topic's records at thos
 The main table is read at `main`'s head from the same metadata the committed offsets were read from, so an
 ingestion commit racing the audit cannot show up as unexpected rows. The dead-letter table is read after
 it and cut at the same committed offsets: ingestion commits a batch's dead letters before the batch
-itself (and drops them again if the main commit fails, `reconcile_dead_letters`), so every dead letter of
+itself (and keeps them if the main commit fails: the batch read again skips them), so every dead letter of
 the main table's batches is there, and DLQ rows at or past the committed end (`dlq_ahead`) belong to a
 batch not committed yet: unexpected in a stopped table, reported without failing with `ingesting=True`.
 Offset comparisons are vectorised pyarrow kernels; digests are computed by Spark.
@@ -389,7 +394,10 @@ def _audit_partition(r: _Range, found: _Found, options: _Options) -> PartitionAu
         dlq = dlq.filter(pc.less(dlq, committed))
 
     rows = pa.concat_arrays([table, dlq]).sort()
-    duplicate_rows, duplicated = _duplicates(rows)
+    if found.expected is None:  # by offsets only: a row in both tables cannot be judged, a duplicate
+        duplicate_rows, duplicated = _duplicates(rows)
+    else:  # by content: each table on its own; a row in both is judged by its record (`wrong`)
+        duplicate_rows, duplicated = _duplicates_per_table(table, dlq)
     present = pc.unique(rows)
     both = count_true(pc.is_in(pc.unique(dlq), value_set=table)) if len(dlq) and len(table) else 0
 
@@ -442,6 +450,13 @@ def _duplicates(rows: Any) -> tuple[int, Any]:
         return 0, pa.array([], OFFSETS)
     repeated = pc.equal(rows.slice(1), rows.slice(0, len(rows) - 1))
     return int(pc.sum(repeated).as_py() or 0), pc.unique(rows.slice(1).filter(repeated))
+
+
+def _duplicates_per_table(table: Any, dlq: Any) -> tuple[int, Any]:
+    """`_duplicates` of each table's sorted offsets, added up: (rows, the offsets one table holds twice)."""
+    in_table, in_dlq = _duplicates(table), _duplicates(dlq)
+    offsets = pc.unique(pa.concat_arrays([in_table[1], in_dlq[1]])).sort()
+    return in_table[0] + in_dlq[0], offsets
 
 
 def _absent(absent: Any, expected: pa.Table | None, options: _Options) -> tuple[int, int, Any, int]:

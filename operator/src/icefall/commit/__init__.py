@@ -34,8 +34,6 @@ from icefall.commit.direct import (
     claim_epoch,
     evolve_schema,
     reset_offsets,
-    rewind_dead_letter_topics,
-    rewind_dead_letters,
 )
 from icefall.commit.errors import (
     ClockBehindError,
@@ -91,8 +89,6 @@ __all__ = [
     "read_committed",
     "reset_offsets",
     "retention_loss",
-    "rewind_dead_letter_topics",
-    "rewind_dead_letters",
     "stage_branch_name",
     "staged_on",
     "state_after",

@@ -1,4 +1,4 @@
-"""The commits that move `main` without a staged batch: an epoch claim, an offset reset, a dead-letter rewind.
+"""The commits that move `main` without a staged batch: an epoch claim, an offset reset.
 
 Each is ONE catalog commit that moves `main` by a snapshot of its own (an empty one, or a delete) and sets
 the `icefall.*` properties, guarded by `AssertTableUUID` and `AssertRefSnapshotId(main, head)`: the
@@ -8,8 +8,6 @@ planned before one of these commits is refused afterwards (its head moved).
 
 - `claim_epoch`: a writer records its lease epoch before it commits anything (commit/DESIGN.md, "Leases
   and epochs").
-- `rewind_dead_letters`: takes a dead-letter table left ahead of its main table (a batch whose dead letters
-  landed but whose main commit did not) back to the main table's offsets, deleting the rows past them.
 - `reset_offsets`: the explicit user action after a topic was recreated or truncated.
 
 One writer commit does not move `main`: `evolve_schema` changes the table's schema before the batch that
@@ -35,7 +33,6 @@ from pyiceberg.table.update import (
     TableRequirement,
 )
 
-from icefall.commit.batch import held_of
 from icefall.commit.errors import CommitError, FencedError
 from icefall.commit.protocol import (
     EPOCH_CLAIM_PROPERTY,
@@ -47,7 +44,6 @@ from icefall.commit.protocol import (
 )
 from icefall.commit.pyiceberg_internals import (
     commit_table,
-    delete_updates,
     empty_snapshot_updates,
     schema_updates,
 )
@@ -75,89 +71,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def rewind_dead_letters(table: Table, to_offsets: Mapping[int, int], epoch: int) -> dict[int, int]:
-    """Take a dead-letter table back to `to_offsets` (the main table's committed offsets); return what moved.
-
-    A batch's dead letters are committed before the batch itself; if the main commit then fails, the
-    dead-letter table is ahead of the main table. For every partition whose committed offset here is
-    beyond `to_offsets[p]`, this deletes the rows with `offset >= to_offsets[p]` and sets the committed
-    offset back to `to_offsets[p]`, in ONE catalog commit that moves `main` (the delete's snapshot, or an
-    empty one if no row matched) and sets `icefall.offsets` and `icefall.epoch`, guarded by
-    `AssertRefSnapshotId(main, head)`: rows and offsets cannot drift apart. Partitions at or behind their
-    target are left alone (this never moves forward). Returns `{partition: offset rewound to}`; empty when
-    nothing was ahead.
-
-    Raises FencedError, changing nothing, if `epoch` is below the table's `icefall.epoch` (a newer writer
-    owns the table and may have committed those rows for real). The epoch check is atomic with the
-    commit for the same reason as in `commit_staged`: `icefall.*` only change in commits that move `main`.
-    """
-    return rewind_dead_letter_topics(table, {None: to_offsets}, epoch).get(None, {})
-
-
-def rewind_dead_letter_topics(
-    table: Table, to_offsets: Mapping[str | None, Mapping[int, int]], epoch: int
-) -> dict[str | None, dict[int, int]]:
-    """`rewind_dead_letters` of a table of several topics (`spec.source.topics`): the offsets to go back
-    to by topic, every topic in the ONE commit (a batch's dead-letter files hold rows of all its topics,
-    so they are deleted whole); the key None is the one topic of a table of one. Returns what moved, by
-    topic."""
-    if epoch < 0:
-        raise ValueError(f"epoch must not be negative, got {epoch}")
-    return _until_committed(
-        table,
-        lambda meta: _rewind_once(table, meta, to_offsets, epoch),
-        failed=f"rewind {table_name(table)}",
-    )
-
-
-def _rewind_once(
-    table: Table, meta: TableMetadata, to_offsets: Mapping[str | None, Mapping[int, int]], epoch: int
-) -> dict[str | None, dict[int, int]] | None:
-    committed = state_of(meta)
-    if epoch < committed.epoch:
-        raise FencedError(
-            f"epoch {epoch} is below the table's epoch {committed.epoch}: a newer writer took over"
-        )
-    if committed.has_offsets and any((t is not None) != (committed.topics is not None) for t in to_offsets):
-        raise ValueError(f"{table_name(table)}: a rewind names the topics of a table of several, only those")
-    back: dict[str | None, dict[int, int]] = {}
-    for topic, targets in to_offsets.items():
-        held = held_of(committed, topic or "").offsets
-        moved = {p: o for p, o in sorted(targets.items()) if p in held and held[p] > o}
-        if moved:
-            back[topic] = moved
-    if not back:
-        return {}
-    head = meta.refs[MAIN].snapshot_id  # committed offsets exist, so main does
-    # Staged, not committed; an empty append if no row matched: the property change rides on a commit that
-    # moves main.
-    staged = delete_updates(table, _rows_past(back))
-    if committed.topics is None:
-        rewound = replace(committed, offsets={**committed.offsets, **back.get(None, {})}, epoch=epoch)
-    else:
-        topics = {
-            t: replace(held, offsets={**held.offsets, **back.get(t, {})})
-            for t, held in committed.topics.items()
-        }
-        rewound = replace(committed.with_topics(topics, by_topic=True), epoch=epoch)
-    failpoint("dlq.before-rewind")
-    updates = (*staged, SetPropertiesUpdate(updates=rewound.to_properties()))
-    if not _commit_on_main(table, meta, head, updates, what=f"rewind of {table_name(table)}"):
-        return None
-    failpoint("dlq.after-rewind")
-    return back
-
-
-def _rows_past(back: Mapping[str | None, Mapping[int, int]]) -> str:
-    """The row filter of the dead letters at or past `back` (by topic; None: the table's one topic)."""
-    conditions = []
-    for topic, offsets in back.items():
-        partitions = " OR ".join(f"(partition = {p} AND offset >= {o})" for p, o in offsets.items())
-        # A topic name is [a-zA-Z0-9._-] only: nothing to escape.
-        conditions.append(partitions if topic is None else f"(topic = '{topic}' AND ({partitions}))")
-    return " OR ".join(conditions)
 
 
 def claim_epoch(table: Table, epoch: int, *, role: TableRole = "main") -> None:

@@ -26,7 +26,7 @@
 
 A batch that skips records Kafka's retention deleted names the gap (`Batch.retention_gaps`); its commit adds
 the gap's width to `icefall.lost-records` in the same metadata commit. The commits that set `icefall.*`
-without a batch (an epoch claim, an offset reset, a dead-letter rewind) are `icefall.commit.direct`'s.
+without a batch (an epoch claim, an offset reset) are `icefall.commit.direct`'s.
 
 Guarantees: `main` only ever moves forward by one staged snapshot whose parent it was pointing at, or by
 one snapshot appending exactly the staged files onto maintenance commits that changed no `icefall.*`
@@ -393,7 +393,7 @@ def _maintenance_since(meta: TableMetadata, stage: Stage, head: int) -> tuple[in
 
     Maintenance: `head` descends from the base, no snapshot in between is an append (every ingestion
     commit is one), and the `icefall.*` properties are still exactly those the stage read (every ingestion
-    commit, and a dead-letter rewind, changes `icefall.offsets`). Otherwise StaleHeadError: someone else
+    commit changes `icefall.offsets`). Otherwise StaleHeadError: someone else
     committed, and the batch must be planned again.
     """
     base = stage.base.snapshot_id

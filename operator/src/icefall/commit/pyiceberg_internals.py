@@ -8,7 +8,7 @@ writer commit to `main`"). pyiceberg has no public API for that, so this module 
   and `metadata_location`, and `Table.metadata` / `Table.metadata_location` being plain attributes: after
   a commit they are set by hand, as `Table._do_commit` does (without its old-metadata cleanup);
 - `Transaction._updates`: the updates a transaction has staged (a snapshot producer's `AddSnapshotUpdate`
-  and `SetSnapshotRefUpdate`; a delete's snapshots), taken to send in the protocol's own commit;
+  and `SetSnapshotRefUpdate`), taken to send in the protocol's own commit;
 - `Transaction.table_metadata`: the table's metadata with those updates applied, and a snapshot
   producer's `snapshot_id`, to find a staged snapshot (and the id a staged schema change gets);
   `new_snapshot` reads it through `ReadOnceTransaction`, which computes it once per set of updates
@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from pyiceberg.table import Transaction
-from pyiceberg.table.update import AddSnapshotUpdate
 
 from icefall.commit.errors import ClockBehindError, CommitError
 
@@ -138,22 +136,6 @@ def empty_snapshot_updates(table: Table, summary: Mapping[str, str]) -> tuple[Ta
     tx = table.transaction()
     with tx.update_snapshot(snapshot_properties=dict(summary)).fast_append():
         pass
-    return staged_updates(tx)
-
-
-def delete_updates(table: Table, condition: str) -> tuple[TableUpdate, ...]:
-    """The updates that delete the rows matching `condition` on `main`, as pyiceberg stages them.
-
-    A delete snapshot and/or an overwrite snapshot; an empty append when no row matched, so the updates
-    always move `main`.
-    """
-    tx = table.transaction()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Delete operation did not match any records")
-        tx.delete(condition)
-    if not any(isinstance(update, AddSnapshotUpdate) for update in staged_updates(tx)):
-        with tx.update_snapshot().fast_append():
-            pass
     return staged_updates(tx)
 
 

@@ -5,7 +5,7 @@ Guarantees: a batch's branch is dropped unless its commit landed; a batch writte
 flight is committed only after that commit landed as staged, and is otherwise dropped (re-staged below:
 planned again, counted in `icefall_ingest_batches_discarded_total`; refused below: the refusal is raised);
 a step that fails while a commit is in flight still waits for that commit. Dead letters are committed before
-their batch, and reconciled before the next batch whenever a batch or an outage may have left them ahead.
+their batch; a dead-letter table a failed batch left ahead takes only what it does not hold of the next.
 Not done here: pacing between steps and waiting out outages (`icefall.ingest.engine`).
 """
 
@@ -98,7 +98,7 @@ class Batches:
         self.commits = commits
         self.dead_letters = dead_letters
         # What the last step left to clean (`icefall.ingest.outcome`): nothing, once `Ingestor.start` has
-        # swept the staging branches and rewound the dead letters.
+        # swept the staging branches.
         self._left = NOTHING_TO_CLEAN
 
     def step(self, *, pipeline: bool) -> list[BatchReport]:
@@ -115,7 +115,7 @@ class Batches:
         StaleHeadError when the table moved under the batch.
         """
         left = self._left
-        # Until the step returns, the worst it may leave: dead letters ahead of a main commit that failed.
+        # Until the step returns, the worst it may leave (what it was to clean, still there).
         self._left = left.after_failure()
         flight = self.commits.take_in_flight()
         if flight is None:
@@ -191,7 +191,7 @@ class Batches:
     def _plan(self, committed: CommittedState, left: Cleanup) -> tuple[PlannedBatch | None, Cleanup]:
         """The next batch after `committed` (the table's, or the state the batch in flight gives it), and
         what is still left to clean; None (lag published) when there is nothing to commit. Cleans first
-        what `left` names: staging branches an outage left, then (a batch is due) the dead letters."""
+        what `left` names: staging branches an outage left."""
         if left.stages:
             self._sweep_after_outage()
             left = replace(left, stages=False)
@@ -200,8 +200,6 @@ class Batches:
             self.reporter.idle(proposal.lag)
             return None, left
         self.commits.check_lease()
-        if left.dead_letters:
-            self.dead_letters.reconcile(self.table, self.commits.epoch)
         return self.planner.batch(proposal), NOTHING_TO_CLEAN
 
     def _decide(
@@ -356,8 +354,8 @@ class Batches:
     # -- after a failed step --------------------------------------------------------------------------
 
     def refused(self, refused: StaleHeadError | FencedError) -> None:
-        """A commit was refused: count it (the dead letters it may have left are cleaned by the next step,
-        as after any failed step)."""
+        """A commit was refused: count it (the dead letters it may have left stay: the next batch's
+        dead-letter commit skips them)."""
         reason = "fenced" if isinstance(refused, FencedError) else "stale_head"
         metrics.COMMITS_REFUSED.labels(self.label, reason).inc()
         if isinstance(refused, MaintenanceConflictError):

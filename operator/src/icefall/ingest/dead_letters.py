@@ -1,13 +1,20 @@
 """A batch's bad records: committed to the dead-letter table (and produced to the dead-letter topic) before
-the batch's main commit, and dropped again if that main commit never lands.
+the batch's main commit.
+
+The dead-letter table is one more destination of the batch (commit/DESIGN.md, "Several destinations of one
+batch"): its commit takes what `plan.routing.destination_takes` gives it against its own offsets
+(`dead_letter_take`), so after a crash between its commit and the main one it is ahead, and the batch read
+again skips what it holds; it is never rewound. It is *sparse*: only batches with bad records commit it, so
+it may stand behind the table too, and then takes from its own offset.
 
 Guarantees: dead letters are committed with the same protocol as the table (a staging branch, a
-compare-and-swap with the writer's epoch); a batch whose second read gives another number of bad rows is
-refused (StaleHeadError, nothing committed); dead letters past the main table's offsets are removed
-(`reconcile`) before the next batch whenever a batch may have left them (the step's
-`icefall.ingest.outcome.Cleanup` says when). Not guaranteed: the
-dead-letter table never briefly holds rows of a batch whose main commit then failed; the dead-letter topic
-is at-least-once (deduplicated downstream by `icefall.dedupe-key`).
+compare-and-swap with the writer's epoch); each bad record is in the dead-letter table once, under the
+spec that found it bad; a batch whose second read gives another number of bad rows than its first is
+refused (StaleHeadError, nothing committed: the count is taken over the whole second read, before the rows
+the dead-letter table holds are filtered out). Not guaranteed: the dead-letter table never holds rows of a
+batch whose main commit then failed (it keeps them; the table takes that batch again); a record the table
+takes under a spec changed since its dead letter was committed is in both (one each); the dead-letter
+topic is at-least-once (deduplicated downstream by `icefall.dedupe-key`).
 """
 
 from __future__ import annotations
@@ -17,23 +24,21 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from icefall.commit import (
-    Batch,
     CommittedState,
     SourceBatch,
     StaleHeadError,
-    TopicsBatch,
     abandon_stage,
     commit_staged_outcome,
     prepare_stage,
-    read_committed,
-    rewind_dead_letter_topics,
 )
 from icefall.commit.batch import held_of
 from icefall.ingest.commits import count_restage, dropped_unless_committed
 from icefall.ingest.outcome import DeadLettersLanded
+from icefall.ingest.routes import destination_batch, taken_filter
 from icefall.ingest.writer import append
 from icefall.kafka.dead_letters import Source as DeadLetterSource
 from icefall.kafka.dead_letters import produce_dead_letters
+from icefall.plan.routing import Take, TopicRange, destination_takes
 from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
@@ -75,13 +80,13 @@ class DeadLetters:
     def commit(
         self, batch: SourceBatch, planned: PlannedBatch, expected: int, *, branch: str, epoch: int
     ) -> DeadLettersLanded:
-        """Read the batch's offsets again and commit its `expected` bad rows (with their error text) to the
-        dead-letter table on staging branch `branch`, then produce them to the dead-letter topic (if the
-        spec names one); both before the main commit, which must follow: until it lands the dead-letter
-        table is ahead of the main table. Returns how many there were, and how many of each kind."""
+        """Read the batch's offsets again and commit its `expected` bad rows (with their error text) that the
+        dead-letter table does not hold yet, on staging branch `branch`, then produce all of them to the
+        dead-letter topic (if the spec names one); both before the main commit, which must follow. Returns
+        how many bad rows the batch has, and how many of each kind."""
         bad = self.writer.bad_rows(planned.ranges).persist()
         try:
-            dead = self._write(bad, batch, planned.committed, expected, branch=branch, epoch=epoch)
+            dead = self._write(bad, batch, expected, branch=branch, epoch=epoch)
             kinds = reason_kinds(bad)
             if dead and self.spec.dead_letter.topic is not None:
                 produce_batch(bad, planned, self.spec, epoch, self._kafka_config)
@@ -90,72 +95,44 @@ class DeadLetters:
             bad.unpersist()
         return DeadLettersLanded(dead, kinds)
 
-    def _write(
-        self,
-        bad: DataFrame,
-        batch: SourceBatch,
-        committed: CommittedState,
-        expected: int,
-        *,
-        branch: str,
-        epoch: int,
-    ) -> int:
-        """Commit the `expected` rows of `bad` to the dead-letter table; refused (StaleHeadError, nothing
-        committed) if reading the offsets again gave another number of bad rows."""
+    def _write(self, bad: DataFrame, batch: SourceBatch, expected: int, *, branch: str, epoch: int) -> int:
+        """Commit the rows of `bad` the dead-letter table does not hold (`dead_letter_take`); refused
+        (StaleHeadError, nothing committed) if reading the offsets again gave another number than
+        `expected` of bad rows (counted over all of `bad`, the rows it holds included)."""
         if expected == 0 or self.table is None:
             return expected
         dlq = self.table
         stage = prepare_stage(dlq, branch, role="dlq")
-        ahead = ahead_of(stage.base, committed)
-        if ahead:
-            # Dead letters of a batch whose main commit never landed (a writer fenced mid-batch, say):
-            # writing on top would put their records in the dead-letter table twice.
+        taken = dead_letter_take(batch, stage.base, name=".".join(self.identifier))
+        if taken is None:
+            # A crash after its commit and before the main one: it holds every bad row of the batch.
+            log.warning("%s: the dead-letter table holds the batch's dead letters already", self.label)
             abandon_stage(dlq, stage.branch, role="dlq")
-            raise StaleHeadError(f"the dead-letter table is ahead of the table at {ahead}; rewind it first")
-        dlq_batch = dead_letter_batch(batch, stage.base)
+            _check_count(bad.count(), expected)
+            return expected
+        dlq_batch, takes = taken
         label = ".".join(self.identifier)
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         observation = Observation()
+        # Counted before the filter: the count check compares the whole second read with the first.
         observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
+        kept = observed.where(taken_filter(takes, by_topic=batch.by_topic))
         with dropped_unless_committed(dlq, stage.branch, label, "dlq"):
-            append(observed, self.writer.spark_name(self.identifier, stage.branch), sorted_table=False)
-            written = int(observation.get["rows"])
-            if written != expected:
-                raise StaleHeadError(
-                    f"reading the batch again gave {written} bad records, not {expected}; planning again"
-                )
+            append(kept, self.writer.spark_name(self.identifier, stage.branch), sorted_table=False)
+            _check_count(int(observation.get["rows"]), expected)
             # Dead letters come now and then: a branch left behind would pin old snapshots meanwhile.
             outcome = commit_staged_outcome(dlq, stage, dlq_batch, epoch, keep_branch=False)
         count_restage(label, outcome)
         return expected
 
-    def reconcile(self, main: Table, epoch: int) -> bool:
-        """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed.
 
-        The delete and the offsets (of every topic) move in one commit of `icefall.commit`
-        (`rewind_dead_letter_topics`), refused with FencedError if a newer writer has committed to the
-        dead-letter table. Returns whether the dead-letter table was ahead.
-        """
-        if self.table is None:
-            return False
-        committed = read_committed(main)
-        dead = read_committed(self.table)
-        ahead = ahead_of(dead, committed)
-        if not ahead:
-            return False
-        targets = {
-            (topic if dead.topics is not None else None): {
-                p: held_of(committed, topic).offsets.get(p, 0) for p in partitions
-            }
-            for topic, partitions in ahead.items()
-        }
-        log.warning(
-            "%s: dropping dead letters of uncommitted batches from %s", self.label, targets.get(None, targets)
+def _check_count(found: int, expected: int) -> None:
+    if found != expected:
+        raise StaleHeadError(
+            f"reading the batch again gave {found} bad records, not {expected}; planning again"
         )
-        rewind_dead_letter_topics(self.table, targets, epoch)
-        return True
 
 
 def produce_batch(
@@ -185,28 +162,15 @@ def produce_batch(
     )
 
 
-def ahead_of(dead: CommittedState, main: CommittedState) -> dict[str, dict[int, int]]:
-    """Per topic, the partitions whose dead-letter offset `dead` is past the main table's `main`."""
-    ahead: dict[str, dict[int, int]] = {}
-    for topic, held in dead.by_topic().items():
-        done = held_of(main, topic).offsets
-        past = {p: o for p, o in held.offsets.items() if o > done.get(p, 0)}
-        if past:
-            ahead[topic] = past
-    return ahead
-
-
-def dead_letter_batch(batch: SourceBatch, dead: CommittedState) -> SourceBatch:
-    """The dead-letter table's commit of `batch`: the same ends, each partition from the dead-letter table's
-    own offset (batches without bad records leave it alone, so it may start further back)."""
-    parts = tuple(
-        Batch(
-            topic=part.topic,
-            start={p: held_of(dead, part.topic).offsets.get(p, s) for p, s in part.start.items()},
-            end=dict(part.end),
-            max_produce_time_ms=part.max_produce_time_ms,
-            topic_id=part.topic_id,
-        )
-        for part in batch.parts
-    )
-    return TopicsBatch(parts) if batch.by_topic else parts[0]
+def dead_letter_take(
+    batch: SourceBatch, dead: CommittedState, *, name: str
+) -> tuple[SourceBatch, Mapping[str, Take]] | None:
+    """The dead-letter table's part of `batch` (the table's) against what it holds (`dead`): its commit and
+    its takes by topic (which rows it writes), from `plan.routing.destination_takes` as for any destination,
+    sparse (behind the batch's start: from its own offset); None when it holds all of the batch."""
+    ranges = [TopicRange(part.topic, part.start, part.end, part.retention_gaps) for part in batch.parts]
+    held = {part.topic: held_of(dead, part.topic).offsets for part in batch.parts}
+    takes = destination_takes(ranges, held, name=name, by_topic=batch.by_topic, sparse=True)
+    if not takes:
+        return None
+    return destination_batch(batch, takes), takes

@@ -15,9 +15,9 @@ when it cannot, `icefall_ingest_commits_failed_by_maintenance_total` counts it a
 again. A pipelined batch whose commit below was re-staged is dropped and planned again
 (`icefall_ingest_batches_discarded_total`). `run` waits out an unreachable Kafka, catalog or object store
 (`icefall.ingest.outages`) and plans the next batch from the table, so a batch whose commit outcome is unknown
-is found committed or read again, never committed twice; staging branches and dead letters the outage left are
-cleaned before it. Not guaranteed: the dead-letter table may briefly hold rows of a batch whose main commit
-then failed; they are removed before the next batch (and at start).
+is found committed or read again, never committed twice; staging branches the outage left are cleaned before
+it. Not guaranteed: the dead-letter table may hold rows of a batch whose main commit then failed; the batch
+read again does not put them there twice (it skips what it holds, `icefall.ingest.dead_letters`).
 """
 
 from __future__ import annotations
@@ -229,7 +229,6 @@ class Ingestor:
             sweep_stages(dlq, role="dlq")
         if self.writer.routing is not None:
             self.writer.routing.sweep()
-        self.reconcile_dead_letters()
 
     def _ensure_routes(self, override: Schema | None) -> list[Table]:
         """The route tables (`spec.routes`), made ready like the table; their conditions analysed by Spark
@@ -268,10 +267,6 @@ class Ingestor:
         self.commits.stop()
         self.topic.close()
         self.commits.lease.release()
-
-    def reconcile_dead_letters(self) -> None:
-        """Drop dead-letter rows past the main table's offsets: left by a batch whose main commit failed."""
-        self.dead_letters.reconcile(self.table, self.epoch)
 
     # -- one batch ------------------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 returns them with its reports (`icefall.ingest.batches.StepOutcome`); no flag elsewhere says it.
 
 A step that raises returns nothing: the writer then assumes the worst it can have left
-(`Cleanup.after_failure`: dead letters committed ahead of a main commit that did not land; after an outage
-staging branches too), and the next step cleans that first.
+(`Cleanup.after_failure`: after an outage, staging branches), and the next step cleans that first. Dead
+letters committed ahead of a main commit that did not land need no cleaning: the dead-letter table is a
+destination that skips what it holds (`icefall.ingest.dead_letters`).
 """
 
 from __future__ import annotations
@@ -17,16 +18,13 @@ from dataclasses import dataclass, field, replace
 class Cleanup:
     """What the next step must clean before it plans a batch."""
 
-    #: The dead-letter table may be ahead of the main table (its commit landed, the main one maybe not):
-    #: rewound to the main table's offsets (`DeadLetters.reconcile`) before the next batch is written.
-    dead_letters: bool = False
     #: An outage may have left staging branches (of both tables): swept before the next batch is planned.
     stages: bool = False
 
     def after_failure(self, *, outage: bool = False) -> Cleanup:
-        """What is left to clean once a step raised: this, plus the dead letters (and the staging branches,
-        for an outage) it may have left."""
-        return replace(self, dead_letters=True, stages=self.stages or outage)
+        """What is left to clean once a step raised: this, plus the staging branches an outage may have
+        left."""
+        return replace(self, stages=self.stages or outage)
 
 
 NOTHING_TO_CLEAN = Cleanup()

@@ -398,17 +398,7 @@ class Routing:
 
     @staticmethod
     def _taken(takes: Mapping[str, Take], *, by_topic: bool) -> Column:
-        """Whether a record is in the part of the batch a destination takes (`takes`, by topic): its topic
-        and partition taken, its offset past what the destination holds."""
-        from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
-
-        taken = F.lit(False)
-        for topic, take in takes.items():
-            keep = F.col("partition").isin(list(take.start))
-            for p, below in take.skip_below.items():
-                keep = keep & ((F.col("partition") != p) | (F.col("offset") >= below))
-            taken = taken | ((F.col("topic") == F.lit(topic)) & keep if by_topic else keep)
-        return taken
+        return taken_filter(takes, by_topic=by_topic)
 
     def _resolve(self, cached: DataFrame) -> Column:
         """Count the batch's computed names, create and stage the new tables, remember the refused names;
@@ -594,3 +584,18 @@ def destination_batch(
         return TopicsBatch(parts, deleted_keys=deleted_keys)
     (one,) = parts
     return replace(one, deleted_keys=deleted_keys)
+
+
+def taken_filter(takes: Mapping[str, Take], *, by_topic: bool) -> Column:
+    """Whether a record (columns `partition`, `offset`, and `topic` in the topics form: a batch's rows or
+    its dead letters) is in the part of the batch a destination takes (`takes`, by topic): its topic and
+    partition taken, its offset past what the destination holds."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    kept = F.lit(False)
+    for topic, take in takes.items():
+        keep = F.col("partition").isin(list(take.start))
+        for p, below in take.skip_below.items():
+            keep = keep & ((F.col("partition") != p) | (F.col("offset") >= below))
+        kept = kept | ((F.col("topic") == F.lit(topic)) & keep if by_topic else keep)
+    return kept

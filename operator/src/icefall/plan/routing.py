@@ -10,7 +10,9 @@ Guarantees: a take starts each partition exactly at the destination's committed 
 partition it has never committed, where the batch starts, with the batch's retention gap), so the commit
 protocol's offset check holds; a destination that holds everything the batch reads takes nothing (None)
 and is not committed. A destination behind the batch's start (it would lose records) raises
-`DestinationBehindError` instead of skipping them.
+`DestinationBehindError` instead of skipping them, unless it is *sparse*: the dead-letter table is
+committed only by batches with bad records, so it is behind after batches that had none, and takes from
+its own offset (the records in between held nothing for it).
 
 Several topics (`spec.source.topics`, `topicPattern`): `destination_takes` does the same per topic, against
 what the destination holds of each; a topic it has never committed (a topic new to the pattern, a table
@@ -76,6 +78,7 @@ def destination_take(
     held: Mapping[int, int],
     *,
     name: str,
+    sparse: bool = False,
 ) -> Take | None:
     """The part of a batch (`start`, `end`, `gaps`: the commit range of the table planned from) that a
     destination holding offsets `held` takes; None when it already holds all of it.
@@ -84,6 +87,8 @@ def destination_take(
     a partition the destination never committed, or committed up to `from_`, takes the batch's range as it
     is; one committed past the end takes nothing; one committed inside the range takes the rest of it (from
     its own offset: inside a retention gap, from the batch's start with the gap from its own offset).
+    Committed below `from_`: refused, unless `sparse` (a destination only the batches with records for it
+    commit: the dead-letter table), which takes `[own, end)` with no gap, its rows all of the batch's.
     """
     take_start: dict[int, int] = {}
     take_end: dict[int, int] = {}
@@ -93,6 +98,9 @@ def destination_take(
         s, e = start[p], end[p]
         from_ = gaps.get(p, s)
         own = held.get(p)
+        if own is not None and own < from_ and sparse:
+            take_start[p], take_end[p] = own, e  # `[own, from_)` was read by batches with none of its rows
+            continue
         if own is not None and own < from_:
             raise DestinationBehindError(
                 f"{name}: partition {p} is committed up to {own}, behind the batch's start {from_}: its "
@@ -128,7 +136,12 @@ class TopicRange:
 
 
 def destination_takes(
-    ranges: Iterable[TopicRange], held: Mapping[str, Mapping[int, int]], *, name: str, by_topic: bool
+    ranges: Iterable[TopicRange],
+    held: Mapping[str, Mapping[int, int]],
+    *,
+    name: str,
+    by_topic: bool,
+    sparse: bool = False,
 ) -> dict[str, Take]:
     """`destination_take` of each topic of a batch against what the destination holds of that topic
     (`held`, by topic; a topic it never committed is missing), by topic; the topics it holds all of are
@@ -136,7 +149,7 @@ def destination_takes(
     takes: dict[str, Take] = {}
     for r in ranges:
         label = f"{name} (topic {r.topic})" if by_topic else name
-        take = destination_take(r.start, r.end, r.gaps, held.get(r.topic, {}), name=label)
+        take = destination_take(r.start, r.end, r.gaps, held.get(r.topic, {}), name=label, sparse=sparse)
         if take is not None:
             takes[r.topic] = take
     return takes

@@ -85,8 +85,6 @@ DESCRIPTIONS: Mapping[str, str] = {
     "dlq.after-commit": "dead letters committed, the dead-letter topic not produced, the table not committed",
     "main.before-abandon": "a failed attempt: its staging branch is found; the commit dropping it is next",
     "dlq.before-abandon": "a failed dead-letter attempt: the commit dropping its staging branch is next",
-    "dlq.before-rewind": "rewind: dead letters past the table's offsets found; the delete commit is next",
-    "dlq.after-rewind": "rewind: the dead-letter table is back at the table's offsets",
     "main.after-schema-change": "a batch's new fields are in the table's schema; the batch is not written",
     # The dead-letter topic (kafka/dead_letters.py): at least once.
     "dlq-topic.mid-produce": "a dead letter went to the producer (not acknowledged yet); more may follow",
