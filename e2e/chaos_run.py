@@ -165,10 +165,10 @@ SHARES = {"driver": 0.40, "compaction": 0.35, "operator": 0.25}
 DRIVER_POINTS = (
     "main.after-prepare", "main.after-stage", "main.before-commit", "main.after-commit",
     "dlq.after-prepare", "dlq.after-stage", "dlq.before-commit", "dlq.after-commit",
-    "dlq-topic.mid-produce", "dlq-topic.after-produce", "dlq.before-rewind", "dlq.after-rewind",
-    "main.before-sweep", "dlq.before-sweep", "lease.renew",
+    "dlq-topic.mid-produce", "dlq-topic.after-produce", "main.before-sweep", "dlq.before-sweep",
+    "lease.renew",
 )  # fmt: skip
-AT_START = {"dlq.before-rewind", "dlq.after-rewind", "main.before-sweep", "dlq.before-sweep"}
+AT_START = {"main.before-sweep", "dlq.before-sweep"}
 COMPACTION_POINTS = ("main.mid-rewrite", "main.before-expire")
 ARM_CHANCE = 0.7  # of a container start arming a failpoint; the others die at a random moment
 #: `ICEFALL_FAILPOINTS_CHAOS` per pod role: a driver exits on hit 1 to 3 of its point (1 for a point passed

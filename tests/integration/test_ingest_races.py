@@ -9,9 +9,10 @@ table exactly once (and that the auditor agrees):
   of the main table next) cannot commit once another writer has taken over and committed: the resumed
   commit is refused, and every later `run_batch` raises FencedError, both when it notices the lost lease
   and when its lease backend wrongly says it still holds it (the table's epoch fences it);
-- dead letters left ahead of the main table by a crash between the two commits of a batch are removed on
-  restart by `rewind_dead_letters`, in one guarded commit that deletes the rows and moves the offsets
-  back together, and which a writer with an older epoch is refused;
+- dead letters left ahead of the main table by a crash between the two commits of a batch stay: the batch
+  read again (with more records since) puts in the dead-letter table only what it does not hold, and its
+  history holds no delete (no rewind); each bad record in it once, each good one in the table once, by
+  content;
 - dead letters a fenced-out writer tries to commit after the new holder started (before the new holder has
   committed any) are refused by the new holder's epoch claim in the dead-letter table;
 - a commit refused because someone else committed in between drops its staging branch at once (counted in
@@ -31,7 +32,6 @@ from pyspark.sql import SparkSession
 
 from icefall.catalog import CatalogConfig
 from icefall.commit import FencedError, claim_epoch, read_committed
-from icefall.commit.direct import rewind_dead_letters
 from icefall.commit.lease import FileLease, LeaseLostError
 from icefall.devstack.kafka import KafkaBroker
 from icefall.ingest.engine import BatchReport, Ingestor, LeaseKeeper
@@ -227,9 +227,9 @@ def test_a_writer_paused_past_its_lease_cannot_commit_after_a_takeover(
             b = Ingestor(st, catalog_config, spark, lease_b, writer_id="b")
             b.start(lease_timeout=30)
             assert b.epoch == a.epoch + 1
-            # B's start dropped A's staging branch and rewound A's dead letters (never committed on main).
-            assert set(read_committed(dead_letters).offsets.values()) == {0}
-            assert sum(table_offsets(catalog_config, name)[1].values()) == 0
+            # B's start dropped A's staging branch and left A's dead letters: B's batch skips them.
+            assert read_committed(dead_letters).offsets == watermarks(kafka, topic)
+            assert sum(table_offsets(catalog_config, name)[1].values()) == len(bad)
             b_report = b.run_batch()
             assert b_report is not None and b_report.records_read == 80
             head = read_committed(table)
@@ -263,7 +263,7 @@ def test_a_writer_paused_past_its_lease_cannot_commit_after_a_takeover(
             b.close()
 
 
-def test_dead_letters_left_ahead_by_a_crash_are_rewound_on_restart(
+def test_dead_letters_left_ahead_by_a_crash_are_skipped_never_rewound(
     kafka: KafkaBroker, spark: SparkSession, catalog_config: CatalogConfig, tmp_path: Path
 ) -> None:
     topic, name = "it-race-dlq", "race_dlq"
@@ -282,53 +282,30 @@ def test_dead_letters_left_ahead_by_a_crash_are_rewound_on_restart(
     finally:
         crashed.close()
     table, dead_letters = tables(catalog_config, name)
-    high = watermarks(kafka, topic)
+    ahead = watermarks(kafka, topic)
     assert read_committed(table).offsets == {}
-    ahead = read_committed(dead_letters)
-    assert (ahead.offsets, ahead.epoch) == (high, 1)
+    assert (read_committed(dead_letters).offsets, read_committed(dead_letters).epoch) == (ahead, 1)
     assert sum(table_offsets(catalog_config, name)[1].values()) == len(bad)
 
-    # A writer with an older epoch may not rewind: the rows might have been committed for real.
-    location = dead_letters.metadata_location
-    with pytest.raises(FencedError):
-        rewind_dead_letters(dead_letters, dict.fromkeys(high, 0), epoch=0)
-    dead_letters.refresh()
-    assert dead_letters.metadata_location == location
-
-    versions = len(dead_letters.metadata.metadata_log)
+    # More records: the batch read again covers the crashed one's range and more, so the dead-letter table
+    # takes part of it (from its own offsets) while its count check sees all of it.
+    bad |= produce(kafka, topic, 60, 20, bad_every=5, partitions=[0, 1])
     restarted = Ingestor(st, catalog_config, spark, FileLease(lease_file, "restarted"), writer_id="restarted")
     restarted.start(lease_timeout=10)
     try:
-        # After the restarted writer's epoch claim, one metadata commit deleted the rows and moved the
-        # offsets back, at the new epoch.
         dead_letters.refresh()
-        assert len(dead_letters.metadata.metadata_log) == versions + 2
-        claim = dead_letters.metadata.snapshot_by_id(
-            dead_letters.metadata.current_snapshot().parent_snapshot_id
-        )
-        assert claim is not None and claim.parent_snapshot_id == ahead.snapshot_id
-        rewound = read_committed(dead_letters)
-        assert (rewound.offsets, rewound.epoch) == (dict.fromkeys(high, 0), restarted.epoch)
-        assert sum(table_offsets(catalog_config, name)[1].values()) == 0
-
-        assert sum(r.records_read for r in drain(restarted)) == 60
-        assert_exactly_once(catalog_config, name, high, bad, bootstrap=kafka.bootstrap)
-
-        # Rewinding to where the table already is, or behind it, commits nothing.
+        assert read_committed(dead_letters).offsets == ahead  # the start claimed its epoch, rewound nothing
+        reports = drain(restarted)
+        assert sum(r.records_read for r in reports) == 80
+        assert sum(r.records_dead_lettered for r in reports) == len(bad)  # counted over all the batch
+        high = watermarks(kafka, topic)
+        assert_exactly_once(catalog_config, name, high, bad, bootstrap=kafka.bootstrap, spark=spark, st=st)
+        # Its history: the genesis, epoch claims and commits of dead letters, all appends; a rewind would
+        # have committed a delete.
         dead_letters.refresh()
-        location = dead_letters.metadata_location
-        assert rewind_dead_letters(dead_letters, high, restarted.epoch) == {}
-        assert dead_letters.metadata_location == location
-        # Rewinding past the last dead letter of a partition deletes no row and still moves main, so the
-        # offsets change in a commit that moves main, like every change of `icefall.*`.
-        last_bad = max(offset for partition, offset in bad if partition == 0)
-        assert last_bad + 1 < high[0]
-        before = read_committed(dead_letters)
-        assert rewind_dead_letters(dead_letters, {0: last_bad + 1}, restarted.epoch) == {0: last_bad + 1}
-        after = read_committed(dead_letters)
-        assert after.offsets == {**high, 0: last_bad + 1}
-        assert dead_letters.metadata.current_snapshot().parent_snapshot_id == before.snapshot_id
-        assert set(table_offsets(catalog_config, name)[1]) == bad
+        operations = [s.summary.operation.value for s in dead_letters.snapshots() if s.summary is not None]
+        assert set(operations) == {"append"}, operations
+        assert read_committed(dead_letters).offsets == high
     finally:
         restarted.close()
 

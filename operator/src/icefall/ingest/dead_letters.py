@@ -30,6 +30,7 @@ from icefall.commit import (
     abandon_stage,
     commit_staged_outcome,
     prepare_stage,
+    read_committed,
 )
 from icefall.commit.batch import held_of
 from icefall.ingest.commits import count_restage, dropped_unless_committed
@@ -101,17 +102,19 @@ class DeadLetters:
         `expected` of bad rows (counted over all of `bad`, the rows it holds included)."""
         if expected == 0 or self.table is None:
             return expected
-        dlq = self.table
-        stage = prepare_stage(dlq, branch, role="dlq")
-        taken = dead_letter_take(batch, stage.base, name=".".join(self.identifier))
-        if taken is None:
-            # A crash after its commit and before the main one: it holds every bad row of the batch.
+        dlq, label = self.table, ".".join(self.identifier)
+        if dead_letter_take(batch, read_committed(dlq), name=label) is None:
+            # A crash after its commit and before the main one: it holds every bad row of the batch (no
+            # staging branch made, nothing committed).
             log.warning("%s: the dead-letter table holds the batch's dead letters already", self.label)
-            abandon_stage(dlq, stage.branch, role="dlq")
             _check_count(bad.count(), expected)
             return expected
+        stage = prepare_stage(dlq, branch, role="dlq", refresh=False)  # read just now
+        taken = dead_letter_take(batch, stage.base, name=label)
+        if taken is None:  # committed meanwhile: only by another writer, whose epoch fences this one
+            abandon_stage(dlq, stage.branch, role="dlq")
+            raise StaleHeadError(f"{label} moved while its dead letters were staged; planning again")
         dlq_batch, takes = taken
-        label = ".".join(self.identifier)
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
