@@ -163,15 +163,19 @@ def test_the_latest_version_may_be_a_checkpoint_whose_commit_was_cleaned_up(tmp_
 
 def test_the_dead_letter_table_takes_only_what_it_does_not_hold() -> None:
     from icefall.commit.state import CommittedState
-    from icefall.ingest.delta_dead_letters import dead_letter_take
+    from icefall.ingest.dead_letters import dead_letter_take  # the Iceberg dead-letter table's too
 
     batch = Batch(topic="t", start={0: 10, 1: 10, 2: 10}, end={0: 20, 1: 20, 2: 20}, topic_id="tid")
     # Behind on 0 (batches without bad records), ahead on 1 (a crash after its commit), past the end on 2.
     dead = CommittedState(snapshot_id=3, topic="t", topic_id="tid", offsets={0: 4, 1: 15, 2: 25})
-    take = dead_letter_take(batch, dead)
-    assert (dict(take.start), dict(take.end)) == ({0: 4, 1: 15, 2: 25}, {0: 20, 1: 20, 2: 25})
-    fresh = dead_letter_take(batch, CommittedState(snapshot_id=0))  # a new dead-letter table
-    assert (dict(fresh.start), dict(fresh.end)) == (dict(batch.start), dict(batch.end))
+    taken = dead_letter_take(batch, dead, name="dlq")
+    assert taken is not None
+    take, takes = taken
+    assert (dict(take.start), dict(take.end)) == ({0: 4, 1: 15}, {0: 20, 1: 20})  # 2: nothing to take
+    assert takes["t"].skip_below == {1: 15}
+    fresh = dead_letter_take(batch, CommittedState(snapshot_id=0), name="dlq")  # a new dead-letter table
+    assert fresh is not None
+    assert (dict(fresh[0].start), dict(fresh[0].end)) == (dict(batch.start), dict(batch.end))
 
 
 def test_the_dead_letter_table_lives_beside_the_table() -> None:

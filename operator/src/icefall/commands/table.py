@@ -276,8 +276,9 @@ def _reset_both(st: Any, catalog: Any, table: Any, asked: OffsetReset) -> None:
     """Reset `asked.topic` (None: the table's one topic) in the route tables (`spec.routes`, and the tables
     `spec.dynamicRoute` made) and the dead-letter table first, then in the table: the others are never left
     behind the table (a route table behind it stops the writer), nor ahead of it (a destination ahead skips
-    the records below its offsets: the new topic's dead letters there would be lost). A request already recorded in a
-    table is not applied to it again, so a reset stopped half-way is finished by running it again."""
+    the records below its offsets: the new topic's dead letters there would be lost). A request already
+    recorded in a table is not applied to it again, so a reset stopped half-way is finished by running it
+    again."""
     from icefall.catalog.tables import dynamic_route_identifiers
     from icefall.commit import read_committed, reset_offsets
     from icefall.commit.batch import held_of

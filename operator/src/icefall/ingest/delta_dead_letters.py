@@ -6,8 +6,9 @@ A batch with bad records reads its offsets again (`BatchWriter.bad_rows`: the re
 with their error text) and commits them to the dead-letter table, with the batch's offsets in its own
 `icefall.*` state, BEFORE the table's commit. A crash between the two leaves the dead-letter table ahead
 of the table; the batch is then read again from the table's offsets, and the dead-letter table takes only
-what it does not hold (`dead_letter_take`: each partition from its own offset, never below) — the rule of
-route tables (commit/DESIGN.md, "Several destinations of one batch"), so no rewind is needed.
+what it does not hold (`icefall.ingest.dead_letters.dead_letter_take`, the Iceberg dead-letter table's: each
+partition from its own offset, never below; nothing when it holds the whole batch) — the rule of route
+tables (commit/DESIGN.md, "Several destinations of one batch"), so no rewind is needed.
 
 With `spec.deadLetter.topic` the same second read is then sent to the topic (`produce_batch`, as for an
 Iceberg table), all of the batch's bad records whatever the dead-letter table took (a crash after its
@@ -30,21 +31,20 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from icefall.commit import StaleHeadError
-from icefall.commit.batch import SourceBatch, TopicsBatch, held_of
+from icefall.commit.batch import SourceBatch
 from icefall.commit.delta import DeltaLog, claim_epoch, commit_batch, create_table, moved_into
 from icefall.commit.delta_storage import is_object_store, local_path
-from icefall.commit.state import CommittedState
-from icefall.ingest.dead_letters import produce_batch, reason_kinds
+from icefall.ingest.dead_letters import dead_letter_take, produce_batch, reason_kinds
 from icefall.ingest.outcome import DeadLettersLanded
+from icefall.ingest.routes import taken_filter
 from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
     from icefall.api import StreamingTable
     from icefall.ingest.planning import PlannedBatch
@@ -61,19 +61,6 @@ def dead_letter_location(st: StreamingTable, location: str) -> str | None:
     if is_object_store(location):
         return f"{location.rstrip('/').rsplit('/', 1)[0]}/{identifier[-1]}"
     return str(local_path(location).parent / identifier[-1])
-
-
-def dead_letter_take(batch: SourceBatch, dead: CommittedState) -> SourceBatch:
-    """The dead-letter table's commit of `batch`: each partition from the dead-letter table's own offset
-    (behind the batch: batches without bad records leave it there; ahead: a crash after its commit and
-    before the table's), to the batch's end, or no further than its own offset (nothing to take)."""
-    parts = []
-    for part in batch.parts:
-        held = held_of(dead, part.topic).offsets
-        start = {p: held.get(p, s) for p, s in part.start.items()}
-        end = {p: max(e, start[p]) for p, e in part.end.items()}
-        parts.append(replace(part, start=start, end=end, retention_gaps={}))
-    return TopicsBatch(tuple(parts)) if batch.by_topic else parts[0]
 
 
 class DeltaDeadLetters:
@@ -123,12 +110,19 @@ class DeltaDeadLetters:
     def _commit_table(
         self, log: DeltaLog, bad: DataFrame, batch: SourceBatch, expected: int, epoch: int
     ) -> None:
-        """Commit the rows of `bad` that the dead-letter table `log` does not hold yet."""
+        """Commit the rows of `bad` that the dead-letter table `log` does not hold yet (none: nothing is
+        committed)."""
         planned_on = log.snapshot()
-        take = dead_letter_take(batch, planned_on.committed)
+        taken = dead_letter_take(batch, planned_on.committed, name=log.location)
+        if taken is None:  # it holds the whole batch (a crash after its commit and before the table's)
+            found = bad.count()
+            if found != expected:
+                raise StaleHeadError(_another_number(found, expected))
+            return
+        take, takes = taken
         staging = log.staging_root(STAGING_DIR) / uuid.uuid4().hex
         try:
-            found = self._write(bad, take, staging)
+            found = self._write(bad, taken_filter(takes, by_topic=take.by_topic), staging)
             if found != expected:
                 raise StaleHeadError(_another_number(found, expected))
             files = moved_into(staging, log, planned_on.metadata)
@@ -137,18 +131,14 @@ class DeltaDeadLetters:
         commit_batch(log, planned_on, take, epoch, files, role="dlq")
         failpoint("dlq.after-commit")
 
-    def _write(self, bad: DataFrame, take: SourceBatch, staging: Path) -> int:
-        """Write the rows of `bad` that `take` covers into `staging`; how many bad rows `bad` held."""
+    def _write(self, bad: DataFrame, kept: Column, staging: Path) -> int:
+        """Write the rows of `bad` that `kept` holds into `staging`; how many bad rows `bad` held (counted
+        before the filter)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
         observation = Observation()
         observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
-        kept = F.lit(False)
-        for part in take.parts:
-            of_topic = F.col("topic") == part.topic if take.by_topic else F.lit(True)
-            for p, start in part.start.items():
-                kept = kept | (of_topic & (F.col("partition") == p) & (F.col("offset") >= start))
         observed.where(kept).write.parquet(str(staging))
         return int(observation.get["rows"])
 
