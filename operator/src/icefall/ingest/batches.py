@@ -114,9 +114,7 @@ class Batches:
         Raises FencedError when this writer lost its lease or a newer writer committed (stop writing),
         StaleHeadError when the table moved under the batch.
         """
-        left = self._left
-        # Until the step returns, the worst it may leave (what it was to clean, still there).
-        self._left = left.after_failure()
+        left = self._left  # kept until the step returns its own outcome: a step that raises cleaned nothing
         flight = self.commits.take_in_flight()
         if flight is None:
             outcome = self._step(left, pipeline=pipeline)
