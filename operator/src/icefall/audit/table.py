@@ -10,9 +10,9 @@ rows (`_kafka.partition`, `_kafka.offset`) and the dead-letter table's rows (`pa
   and as `duplicate_rows` (rows beyond the first per offset). Each destination holds a record at most
   once (commit/DESIGN.md, "Several destinations of one batch"), but a record may be in both tables: the
   DLQ's row under the spec that found it bad, the table's under a spec changed (fixed) between a crash
-  and the batch read again (`in_table_and_dlq`). By content, the row that is not what the audited spec
-  makes of its record is `wrong`; by offsets only, which one is cannot be told, and an offset in both
-  counts as a duplicate;
+  and the batch read again (`in_table_and_dlq`; the reverse change leaves a record in neither: missing).
+  By content, the row that is not what the audited spec makes of its record is `wrong`; by offsets only,
+  which one is cannot be told, and an offset in both counts as a duplicate;
 - wrong (by content, below): a row whose content is not what its record decodes to; named by offset;
 - missing: in Kafka, in neither table, and not dropped by the spec's filter;
 - unexpected: in a table but below the range start, at or beyond the committed end, or inside the range

@@ -12,9 +12,10 @@ compare-and-swap with the writer's epoch); each bad record is in the dead-letter
 spec that found it bad; a batch whose second read gives another number of bad rows than its first is
 refused (StaleHeadError, nothing committed: the count is taken over the whole second read, before the rows
 the dead-letter table holds are filtered out). Not guaranteed: the dead-letter table never holds rows of a
-batch whose main commit then failed (it keeps them; the table takes that batch again); a record the table
-takes under a spec changed since its dead letter was committed is in both (one each); the dead-letter
-topic is at-least-once (deduplicated downstream by `icefall.dedupe-key`).
+batch whose main commit then failed (it keeps them; the table takes that batch again); with a spec changed
+between that failure and the retry, a record of the range it holds is in both tables (bad before, good
+now) or in neither (good before, bad now; on the dead-letter topic only); the dead-letter topic is
+at-least-once (deduplicated downstream by `icefall.dedupe-key`).
 """
 
 from __future__ import annotations
