@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import re
 import subprocess
@@ -230,6 +231,9 @@ class Driver:
         (destination.work / "table.yaml").write_text(json.dumps(destination.manifest))
         argv = [sys.executable, "-m", "icefall.cli", "run", "-f", str(destination.work / "table.yaml"),
                 "--state-dir", str(destination.work), "--no-maintenance", *extra]  # fmt: skip
+        if profiles := os.environ.get("BENCH_ROUTING_CPROFILE"):  # the driver's Python, by hand (DIR)
+            out = Path(profiles) / f"{destination.name.replace(' ', '-')}.prof"
+            argv[1:3] = ["-m", "cProfile", "-o", str(out), "-m", "icefall.cli"]
         with open(destination.work / "stderr.log", "w") as stderr:  # the child keeps its own copy
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True

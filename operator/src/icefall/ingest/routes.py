@@ -202,6 +202,9 @@ class Routing:
         self._batch: tuple[str, PlannedBatch] | None = None
         self.created: list[RouteStage] = []
         self.staged: list[RouteStage] = []  # the route tables `stage` staged for the batch being written
+        # The tables (indexes) whose loaded metadata is what this writer's last commit to them left
+        # (`commit`): staged without loading it again (`_stage_one`).
+        self.current: set[int] = set()
         self.refused: dict[str, str] = {}
         self.refused_records = 0
 
@@ -496,7 +499,10 @@ class Routing:
 
     def _stage_one(self, i: int, branch: str, planned: PlannedBatch) -> RouteStage | None:
         table = self.tables[i]
-        stage = prepare_stage(table, branch, role="route")
+        # A table this writer committed to last needs no load: what changed it since (maintenance, another
+        # writer, a reset) makes its commit re-stage over it or refuse, on freshly loaded metadata.
+        fresh, self.current = i in self.current, self.current - {i}
+        stage = prepare_stage(table, branch, role="route", refresh=not fresh)
         held = {part.topic: held_of(stage.base, part.topic).offsets for part in planned.parts}
         ranges = [TopicRange(part.topic, part.start, part.end, part.gaps) for part in planned.parts]
         takes = destination_takes(ranges, held, name=self.labels[i], by_topic=planned.by_topic)
@@ -563,6 +569,7 @@ class Routing:
             else:
                 outcome = commit_files(rs.table, rs.stage, part, epoch, written)
             count_restage(rs.label, outcome)
+            self.current.add(rs.index)  # the table holds the metadata of this commit
             added += added_records(rs.table, outcome.snapshot_id)
         return added
 
