@@ -14,7 +14,11 @@ it: then N goes on top of that maintenance, as a re-stage does), TopicMismatchEr
 StageError unless the branch is still at the stage's base (nothing staged there: a batch is committed
 either way, never both), and MaintenanceConflictError when the table's schema or partition spec is no
 longer the one the files were written with. A refused swap is checked again from fresh metadata (up to
-`MAX_ATTEMPTS`): N is derived again each time, never rebased.
+`MAX_ATTEMPTS`): N is derived again each time, never rebased. With `loaded` the first attempt checks on
+the metadata the writer's own last commit to the table left instead of loading it: the swap asserts all
+those checks read (`main`, which every change of the committed state moves: a batch, an epoch claim, a
+reset, maintenance; the branch; the schema and the default partition spec), so a table changed since is
+refused by the catalog and checked again on fresh metadata.
 
 Exactly once (commit/DESIGN.md, "Files the writer holds"): `main` moves only from the head the checks saw,
 to a snapshot whose parent is that head and whose added files are the batch's, in the same metadata commit
@@ -31,6 +35,8 @@ from typing import TYPE_CHECKING
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import (
     AddSnapshotUpdate,
+    AssertCurrentSchemaId,
+    AssertDefaultSpecId,
     AssertRefSnapshotId,
     AssertTableUUID,
     SetPropertiesUpdate,
@@ -58,13 +64,22 @@ log = logging.getLogger(__name__)
 
 
 def commit_files(
-    table: Table, stage: Stage, batch: SourceBatch, epoch: int, written: WrittenFiles
+    table: Table,
+    stage: Stage,
+    batch: SourceBatch,
+    epoch: int,
+    written: WrittenFiles,
+    *,
+    loaded: bool = False,
 ) -> CommitOutcome:
     """Land `written` (the batch's data files, or none) and the batch's offsets on `main` in one commit.
 
     `stage` is the writer's stage of the table (`prepare_stage`), its branch still at its base. Raises what
     `commit_staged` raises, each meaning nothing was committed; any other exception leaves the outcome to
     be found out by re-reading the table (it returns normally if the commit did land).
+    `loaded`: `table` holds the metadata this writer's own last commit to it left and the stage was
+    prepared on it: the first attempt checks on it instead of loading it again (module doc: the swap's
+    requirements refuse it if the table changed since in anything the checks read).
     """
     failpoint(f"{stage.role}.after-stage")
     if epoch < 0:
@@ -72,8 +87,9 @@ def commit_files(
     if stage.staged is not None:
         raise ValueError(f"{stage.branch}: a stage with a staged snapshot is landed by commit_staged")
     over: tuple[int, ...] = ()
-    for _ in range(MAX_ATTEMPTS):
-        table.refresh()
+    for attempt in range(MAX_ATTEMPTS):
+        if attempt or not loaded:
+            table.refresh()
         meta = table.metadata
         head, over, committed = _check_head(meta, stage, batch, epoch)
         _check_unstaged(meta, stage, written)
@@ -90,6 +106,9 @@ def commit_files(
             AssertTableUUID(uuid=stage.table_uuid),
             AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
             AssertRefSnapshotId(ref=stage.branch, snapshot_id=stage.base.snapshot_id),
+            # The files' layout, checked above on `meta`; a schema change by anyone comes with a new id.
+            AssertCurrentSchemaId(current_schema_id=written.schema_id),
+            AssertDefaultSpecId(default_spec_id=written.spec_id),
         )
         failpoint(f"{stage.role}.before-commit")
         _check_alive(table, stage, None)

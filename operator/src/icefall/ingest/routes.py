@@ -163,6 +163,7 @@ class RouteStage:
     takes: Mapping[str, Take]  # by topic: the topics it takes part of (one in the one-topic form)
     target: str  # the Spark name of its staging branch
     sorted_table: bool
+    loaded: bool = False  # staged on the metadata this writer's last commit to it left (`commit_files`)
 
     @property
     def destination(self) -> Destination:
@@ -517,7 +518,7 @@ class Routing:
                 "%s: ahead of the table (a crash between commits); takes from %s", self.labels[i], ahead
             )
         target = self.spark_name(self.identifiers[i], branch)
-        return RouteStage(i, self.labels[i], table, stage, takes, target, self.sorted[i])
+        return RouteStage(i, self.labels[i], table, stage, takes, target, self.sorted[i], loaded=fresh)
 
     @contextlib.contextmanager
     def dropped_unless_committed(self, stages: list[RouteStage]) -> Iterator[None]:
@@ -567,7 +568,7 @@ class Routing:
             if written is None:
                 outcome = commit_staged_outcome(rs.table, rs.stage, part, epoch)
             else:
-                outcome = commit_files(rs.table, rs.stage, part, epoch, written)
+                outcome = commit_files(rs.table, rs.stage, part, epoch, written, loaded=rs.loaded)
             count_restage(rs.label, outcome)
             self.current.add(rs.index)  # the table holds the metadata of this commit
             added += added_records(rs.table, outcome.snapshot_id)
