@@ -37,6 +37,7 @@ from icefall.commit import (
     commit_staged,
     prepare_stage,
     read_committed,
+    reset_offsets,
     stage_branch_name,
 )
 from icefall.commit.state import committed_at
@@ -222,8 +223,8 @@ def test_a_loaded_table_changed_since_the_writers_last_commit_is_checked_again(
     catalog: Catalog, table: Table
 ) -> None:
     """`loaded`: staged and checked on the metadata the writer's own last commit left, not loaded again;
-    whatever changed the table since (maintenance, another writer's epoch claim, a schema change) makes
-    the swap refused by the catalog and the checks run again on fresh metadata."""
+    whatever changed the table since (maintenance, an offset reset, another writer's epoch claim, a schema
+    change) makes the swap refused by the catalog and the checks run again on fresh metadata."""
 
     def loaded(ends: dict[int, int]) -> tuple[Stage, Batch, WrittenFiles]:
         stage = prepare_stage(table, BRANCH, role="route", refresh=False)
@@ -245,6 +246,13 @@ def test_a_loaded_table_changed_since_the_writers_last_commit_is_checked_again(
     assert outcome.restaged
     assert keys(table) == sorted([*expected({0: 4}), (1, 3)])
     assert read_committed(table).offsets == {0: 4, 1: 4}
+    # An offset reset since (the part the writer took was decided on the old offsets): planned again.
+    stage, batch, written = loaded({0: 5})
+    reset_offsets(
+        catalog.load_table(IDENTIFIER), topic_id="id-events", offsets={0: 4, 1: 3}, reason="t", now_ms=1
+    )
+    with pytest.raises(StaleHeadError, match="offsets moved"):
+        commit_files(table, stage, batch, 3, written, loaded=True)
     # Another writer's epoch claim since: fenced, nothing landed.
     stage, batch, written = loaded({0: 5})
     claim_epoch(catalog.load_table(IDENTIFIER), 4, role="route")
@@ -257,4 +265,4 @@ def test_a_loaded_table_changed_since_the_writers_last_commit_is_checked_again(
     with pytest.raises(MaintenanceConflictError, match="schema"):
         commit_files(table, stage, batch, 4, written, loaded=True)
     assert keys(table) == sorted([*expected({0: 4}), (1, 3)])
-    assert read_committed(table).offsets == {0: 4, 1: 4}
+    assert read_committed(table).offsets == {0: 4, 1: 3}

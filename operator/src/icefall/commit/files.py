@@ -18,7 +18,8 @@ longer the one the files were written with. A refused swap is checked again from
 the metadata the writer's own last commit to the table left instead of loading it: the swap asserts all
 those checks read (`main`, which every change of the committed state moves: a batch, an epoch claim, a
 reset, maintenance; the branch; the schema and the default partition spec), so a table changed since is
-refused by the catalog and checked again on fresh metadata.
+refused by the catalog and checked again on fresh metadata; offsets found moved then (a reset: the part of
+the batch the writer took was decided on the old ones) are a StaleHeadError, the batch planned again.
 
 Exactly once (commit/DESIGN.md, "Files the writer holds"): `main` moves only from the head the checks saw,
 to a snapshot whose parent is that head and whose added files are the batch's, in the same metadata commit
@@ -43,7 +44,14 @@ from pyiceberg.table.update import (
 )
 
 from icefall.commit.batch import CommitOutcome, SourceBatch, Stage, WrittenFiles, state_after
-from icefall.commit.errors import CommitError, MaintenanceConflictError, StageError
+from icefall.commit.errors import (
+    CommitError,
+    MaintenanceConflictError,
+    OffsetGapError,
+    StageError,
+    StaleHeadError,
+    TopicMismatchError,
+)
 from icefall.commit.protocol import (
     MAX_ATTEMPTS,
     _check_alive,
@@ -91,7 +99,14 @@ def commit_files(
         if attempt or not loaded:
             table.refresh()
         meta = table.metadata
-        head, over, committed = _check_head(meta, stage, batch, epoch)
+        try:
+            head, over, committed = _check_head(meta, stage, batch, epoch)
+        except (OffsetGapError, TopicMismatchError) as moved:
+            if not (loaded and attempt):
+                raise
+            # The batch's part was decided on the metadata of the writer's last commit, and the table's
+            # offsets have moved since (a reset): planned again from the table, as after a moved head.
+            raise StaleHeadError(f"{stage.branch}: the table's offsets moved since ({moved})") from moved
         _check_unstaged(meta, stage, written)
         snapshot = new_snapshot(table, {}, written.files)  # on `main`'s head in `meta`: its manifests now
         landed = snapshot.snapshot_id
