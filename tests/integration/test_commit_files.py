@@ -226,10 +226,10 @@ def test_a_loaded_table_changed_since_the_writers_last_commit_is_checked_again(
     whatever changed the table since (maintenance, an offset reset, another writer's epoch claim, a schema
     change) makes the swap refused by the catalog and the checks run again on fresh metadata."""
 
-    def loaded(ends: dict[int, int]) -> tuple[Stage, Batch, WrittenFiles]:
+    def loaded(ends: dict[int, int], topic_id: str = "id-events") -> tuple[Stage, Batch, WrittenFiles]:
         stage = prepare_stage(table, BRANCH, role="route", refresh=False)
         start = {p: stage.base.offsets.get(p, 0) for p in ends}
-        batch = Batch(TOPIC, start=start, end=ends, topic_id="id-events")
+        batch = Batch(TOPIC, start=start, end=ends, topic_id=topic_id)
         return stage, batch, write_rows(table, collected(batch))
 
     stage, batch, written = staged(table, {0: 2, 1: 2})
@@ -253,16 +253,23 @@ def test_a_loaded_table_changed_since_the_writers_last_commit_is_checked_again(
     )
     with pytest.raises(StaleHeadError, match="offsets moved"):
         commit_files(table, stage, batch, 3, written, loaded=True)
+    # A topic recreated and reset since, at the same offsets: the old view refuses the batch of the new
+    # topic, the table itself takes it.
+    stage, batch, written = loaded({0: 5}, "id-new")
+    reset_offsets(
+        catalog.load_table(IDENTIFIER), topic_id="id-new", offsets={0: 4, 1: 3}, reason="t", now_ms=2
+    )
+    commit_files(table, stage, batch, 3, written, loaded=True)
     # Another writer's epoch claim since: fenced, nothing landed.
-    stage, batch, written = loaded({0: 5})
+    stage, batch, written = loaded({0: 6}, "id-new")
     claim_epoch(catalog.load_table(IDENTIFIER), 4, role="route")
     with pytest.raises(FencedError):
         commit_files(table, stage, batch, 3, written, loaded=True)
     # A schema change since (it does not move main): the files' schema is no longer the table's.
-    stage, batch, written = loaded({0: 5})
+    stage, batch, written = loaded({0: 6}, "id-new")
     with catalog.load_table(IDENTIFIER).update_schema() as update:
         update.add_column("note", StringType())
     with pytest.raises(MaintenanceConflictError, match="schema"):
         commit_files(table, stage, batch, 4, written, loaded=True)
-    assert keys(table) == sorted([*expected({0: 4}), (1, 3)])
-    assert read_committed(table).offsets == {0: 4, 1: 3}
+    assert keys(table) == sorted([*expected({0: 5}), (1, 3)])
+    assert read_committed(table).offsets == {0: 5, 1: 3}

@@ -18,8 +18,9 @@ longer the one the files were written with. A refused swap is checked again from
 the metadata the writer's own last commit to the table left instead of loading it: the swap asserts all
 those checks read (`main`, which every change of the committed state moves: a batch, an epoch claim, a
 reset, maintenance; the branch; the schema and the default partition spec), so a table changed since is
-refused by the catalog and checked again on fresh metadata; offsets found moved then (a reset: the part of
-the batch the writer took was decided on the old ones) are a StaleHeadError, the batch planned again.
+refused by the catalog and checked again on fresh metadata (as is one those checks refuse); offsets found
+moved then (a reset: the part of the batch the writer took was decided on the old ones) are a
+StaleHeadError, the batch planned again.
 
 Exactly once (commit/DESIGN.md, "Files the writer holds"): `main` moves only from the head the checks saw,
 to a snapshot whose parent is that head and whose added files are the batch's, in the same metadata commit
@@ -61,7 +62,7 @@ from icefall.commit.protocol import (
     table_name,
 )
 from icefall.commit.pyiceberg_internals import commit_table, new_snapshot
-from icefall.commit.state import MAIN
+from icefall.commit.state import MAIN, CommittedState
 from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
@@ -99,15 +100,10 @@ def commit_files(
         if attempt or not loaded:
             table.refresh()
         meta = table.metadata
-        try:
-            head, over, committed = _check_head(meta, stage, batch, epoch)
-        except (OffsetGapError, TopicMismatchError) as moved:
-            if not (loaded and attempt):
-                raise
-            # The batch's part was decided on the metadata of the writer's last commit, and the table's
-            # offsets have moved since (a reset): planned again from the table, as after a moved head.
-            raise StaleHeadError(f"{stage.branch}: the table's offsets moved since ({moved})") from moved
-        _check_unstaged(meta, stage, written)
+        checked = _checked(meta, stage, batch, epoch, written, loaded=loaded, first=not attempt)
+        if checked is None:
+            continue  # refused on the writer's own last view: the table itself decides
+        head, over, committed = checked
         snapshot = new_snapshot(table, {}, written.files)  # on `main`'s head in `meta`: its manifests now
         landed = snapshot.snapshot_id
         properties = state_after(committed, batch, epoch, snapshot_id=landed).to_properties()
@@ -153,6 +149,34 @@ def commit_files(
         )  # fmt: skip
     failpoint(f"{stage.role}.after-commit")
     return CommitOutcome(snapshot_id=landed, restaged_over=over)
+
+
+def _checked(
+    meta: TableMetadata,
+    stage: Stage,
+    batch: SourceBatch,
+    epoch: int,
+    written: WrittenFiles,
+    *,
+    loaded: bool,
+    first: bool,
+) -> tuple[int, tuple[int, ...], CommittedState] | None:
+    """`_check_head` and `_check_unstaged` on `meta`; None to load the table and check again (`loaded`:
+    the `first` attempt's metadata is the writer's own last view, possibly stale)."""
+    try:
+        checked = _check_head(meta, stage, batch, epoch)
+        _check_unstaged(meta, stage, written)
+    except CommitError as refused:
+        if not loaded:
+            raise
+        if first:
+            return None
+        if isinstance(refused, (OffsetGapError, TopicMismatchError)):
+            # The batch's part was decided on that view, and the table's offsets have moved since (a
+            # reset): planned again from the table, as after a moved head.
+            raise StaleHeadError(f"{stage.branch}: the table's offsets moved ({refused})") from refused
+        raise
+    return checked
 
 
 def _check_unstaged(meta: TableMetadata, stage: Stage, written: WrittenFiles) -> None:
