@@ -261,7 +261,8 @@ def test_a_loaded_table_changed_since_the_writers_last_commit_is_checked_again(
     )
     with pytest.raises(StaleHeadError):
         commit_files(table, stage, batch, 3, written, loaded=True)
-    commit_files(table, *loaded({0: 5}, "id-new"), 3, loaded=True)
+    stage, batch, written = loaded({0: 5}, "id-new")
+    commit_files(table, stage, batch, 3, written, loaded=True)
     # Another writer's epoch claim since: fenced, nothing landed.
     stage, batch, written = loaded({0: 6}, "id-new")
     claim_epoch(catalog.load_table(IDENTIFIER), 4, role="route")
