@@ -23,6 +23,8 @@ window of `--seconds` opens once every process of the form has committed a batch
 seconds passed; CPU over the window, and freshness per record: the time its snapshot became `main`'s head
 (the table's snapshot log) minus its produce time (`ts`), p50/p99 over the records produced in the window,
 all of the form's tables pooled. The live tables are audited the same way. Nothing here asserts on time.
+`BENCH_ROUTING_CPROFILE=DIR` runs each driver under cProfile (its main thread's Python only; the figures
+then include the profiler's overhead), writing `DIR/<process>.prof` (`routed.prof`, `all.prof`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import re
 import subprocess
@@ -230,6 +233,9 @@ class Driver:
         (destination.work / "table.yaml").write_text(json.dumps(destination.manifest))
         argv = [sys.executable, "-m", "icefall.cli", "run", "-f", str(destination.work / "table.yaml"),
                 "--state-dir", str(destination.work), "--no-maintenance", *extra]  # fmt: skip
+        if profiles := os.environ.get("BENCH_ROUTING_CPROFILE"):  # the driver's Python, by hand (DIR)
+            out = Path(profiles) / f"{destination.name.replace(' ', '-')}.prof"
+            argv[1:3] = ["-m", "cProfile", "-o", str(out), "-m", "icefall.cli"]
         with open(destination.work / "stderr.log", "w") as stderr:  # the child keeps its own copy
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True

@@ -8,7 +8,9 @@ that kept no row still moves `main` and its offsets (an empty snapshot); the sam
 (StaleHeadError), nor after another writer's append, below the table's epoch, or from the wrong offset;
 a maintenance commit in between (a delete) is landed on top of, once; an unrelated commit (a property)
 changes nothing; files written with a schema the table no longer has are refused
-(MaintenanceConflictError); a failure before the swap leaves the table as it was.
+(MaintenanceConflictError); a failure before the swap leaves the table as it was; a commit checked on
+the metadata the writer's own last commit left (`loaded`) is refused by the catalog, and checked again on
+fresh metadata, when the table changed since.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from icefall.commit import (
     Stage,
     StaleHeadError,
     WrittenFiles,
+    claim_epoch,
     commit_files,
     commit_staged,
     prepare_stage,
     read_committed,
+    reset_offsets,
     stage_branch_name,
 )
 from icefall.commit.state import committed_at
@@ -213,3 +217,62 @@ def test_a_failure_before_the_swap_leaves_the_table_as_it_was(table: Table) -> N
     assert keys(table) == [] and read_committed(table).offsets == {}
     commit_files(table, stage, batch, 1, written)  # the same files, once the failure is gone
     assert keys(table) == expected({0: 2})
+
+
+def test_a_loaded_table_changed_since_the_writers_last_commit_is_checked_again(
+    catalog: Catalog, table: Table
+) -> None:
+    """`loaded`: staged and checked on the metadata the writer's own last commit left, not loaded again;
+    whatever changed the table since (maintenance, an offset reset, another writer's epoch claim, a schema
+    change) makes the swap refused by the catalog and the checks run again on fresh metadata."""
+
+    def loaded(ends: dict[int, int], topic_id: str = "id-events") -> tuple[Stage, Batch, WrittenFiles]:
+        stage = prepare_stage(table, BRANCH, role="route", refresh=False)
+        start = {p: stage.base.offsets.get(p, 0) for p in ends}
+        batch = Batch(TOPIC, start=start, end=ends, topic_id=topic_id)
+        return stage, batch, write_rows(table, collected(batch))
+
+    stage, batch, written = staged(table, {0: 2, 1: 2})
+    commit_files(table, stage, batch, 3, written)
+    # Nothing changed: one catalog commit on the metadata at hand.
+    stage, batch, written = loaded({0: 3, 1: 3})
+    versions = len(table.metadata.metadata_log)
+    outcome = commit_files(table, stage, batch, 3, written, loaded=True)
+    assert not outcome.restaged and len(table.metadata.metadata_log) == versions + 1
+    # Maintenance on main since: landed on top of it, once.
+    stage, batch, written = loaded({0: 4, 1: 4})
+    catalog.load_table(IDENTIFIER).delete("partition = 1")
+    outcome = commit_files(table, stage, batch, 3, written, loaded=True)
+    assert outcome.restaged
+    assert keys(table) == sorted([*expected({0: 4}), (1, 3)])
+    assert read_committed(table).offsets == {0: 4, 1: 4}
+    # An offset reset since (the part the writer took was decided on the old offsets): planned again.
+    stage, batch, written = loaded({0: 5})
+    reset_offsets(
+        catalog.load_table(IDENTIFIER), topic_id="id-events", offsets={0: 4, 1: 3}, reason="t", now_ms=1
+    )
+    with pytest.raises(StaleHeadError):
+        commit_files(table, stage, batch, 3, written, loaded=True)
+    # A topic recreated and reset since, at the same offsets: the old view refuses the new topic's batch,
+    # the table itself too (its head moved since the stage): planned again, on the table as it is now.
+    stage, batch, written = loaded({0: 5}, "id-new")
+    reset_offsets(
+        catalog.load_table(IDENTIFIER), topic_id="id-new", offsets={0: 4, 1: 3}, reason="t", now_ms=2
+    )
+    with pytest.raises(StaleHeadError):
+        commit_files(table, stage, batch, 3, written, loaded=True)
+    stage, batch, written = loaded({0: 5}, "id-new")
+    commit_files(table, stage, batch, 3, written, loaded=True)
+    # Another writer's epoch claim since: fenced, nothing landed.
+    stage, batch, written = loaded({0: 6}, "id-new")
+    claim_epoch(catalog.load_table(IDENTIFIER), 4, role="route")
+    with pytest.raises(FencedError):
+        commit_files(table, stage, batch, 3, written, loaded=True)
+    # A schema change since (it does not move main): the files' schema is no longer the table's.
+    stage, batch, written = loaded({0: 6}, "id-new")
+    with catalog.load_table(IDENTIFIER).update_schema() as update:
+        update.add_column("note", StringType())
+    with pytest.raises(MaintenanceConflictError, match="schema"):
+        commit_files(table, stage, batch, 4, written, loaded=True)
+    assert keys(table) == sorted([*expected({0: 5}), (1, 3)])
+    assert read_committed(table).offsets == {0: 5, 1: 3}

@@ -154,6 +154,9 @@ def test_a_read_once_transaction_applies_its_updates_once_per_set(tmp_path: Path
     table = make_table(tmp_path)
     tx = ReadOnceTransaction(table)
     first = tx.table_metadata
+    assert first is table.metadata  # nothing staged: pyiceberg's own deep-copies the metadata even then
+    tx.set_properties(first="yes")
+    first = tx.table_metadata
     assert tx.table_metadata is first  # pyiceberg's own deep-copies the whole metadata at every read
     tx.set_properties(staged="yes")
     assert tx.table_metadata is not first, moved("Transaction._stage no longer replaces _updates")

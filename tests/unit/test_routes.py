@@ -19,7 +19,15 @@ import pytest
 from pydantic import ValidationError
 
 from icefall.api import StreamingTable, Unrouted
-from icefall.plan.routing import DestinationBehindError, Take, destination_take, reads_headers, same_takes
+from icefall.ingest.routes import whole_batch
+from icefall.plan.routing import (
+    DestinationBehindError,
+    Take,
+    TopicRange,
+    destination_take,
+    reads_headers,
+    same_takes,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -152,3 +160,15 @@ def test_the_driver_filters_its_one_job_by_one_condition_per_distinct_take() -> 
     # After a crash between commits the tables ahead take less: a group of their own, order kept.
     assert same_takes([(0, ahead), (1, whole), (2, ahead)]) == [(ahead, [0, 2]), (whole, [1])]
     assert same_takes([]) == []
+
+
+def test_a_stale_view_is_trusted_only_for_a_destination_taking_the_whole_batch() -> None:
+    """`whole_batch`: a route table staged on its last commit's metadata (no load) keeps that view only
+    where it takes the batch as planned; ahead, behind or past the end is decided on fresh metadata."""
+    ranges = [TopicRange("a", {0: 10, 1: 5}, {0: 20, 1: 9}), TopicRange("b", {0: 3}, {0: 7}, gaps={0: 1})]
+    assert whole_batch(ranges, {"a": {0: 10, 1: 5}, "b": {0: 1}})
+    assert whole_batch(ranges, {"a": {0: 10}})  # partitions and topics never committed: taken whole
+    assert not whole_batch(ranges, {"a": {0: 15, 1: 5}, "b": {0: 1}})  # ahead
+    assert not whole_batch(ranges, {"a": {0: 10, 1: 2}})  # behind
+    assert not whole_batch(ranges, {"a": {0: 10, 1: 5}, "b": {0: 3}})  # at the start, inside its gap
+    assert not whole_batch(ranges, {"a": {0: 25}})  # holds it all

@@ -14,7 +14,13 @@ it: then N goes on top of that maintenance, as a re-stage does), TopicMismatchEr
 StageError unless the branch is still at the stage's base (nothing staged there: a batch is committed
 either way, never both), and MaintenanceConflictError when the table's schema or partition spec is no
 longer the one the files were written with. A refused swap is checked again from fresh metadata (up to
-`MAX_ATTEMPTS`): N is derived again each time, never rebased.
+`MAX_ATTEMPTS`): N is derived again each time, never rebased. With `loaded` the first attempt checks on
+the metadata the writer's own last commit to the table left instead of loading it: the swap asserts all
+those checks read (`main`, which every change of the committed state moves: a batch, an epoch claim, a
+reset, maintenance; the branch; the schema and the default partition spec), so a table changed since is
+refused by the catalog and checked again on fresh metadata (as is one those checks refuse); offsets found
+moved then (a reset: the part of the batch the writer took was decided on the old ones) are a
+StaleHeadError, the batch planned again.
 
 Exactly once (commit/DESIGN.md, "Files the writer holds"): `main` moves only from the head the checks saw,
 to a snapshot whose parent is that head and whose added files are the batch's, in the same metadata commit
@@ -31,13 +37,22 @@ from typing import TYPE_CHECKING
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table.update import (
     AddSnapshotUpdate,
+    AssertCurrentSchemaId,
+    AssertDefaultSpecId,
     AssertRefSnapshotId,
     AssertTableUUID,
     SetPropertiesUpdate,
 )
 
 from icefall.commit.batch import CommitOutcome, SourceBatch, Stage, WrittenFiles, state_after
-from icefall.commit.errors import CommitError, MaintenanceConflictError, StageError
+from icefall.commit.errors import (
+    CommitError,
+    MaintenanceConflictError,
+    OffsetGapError,
+    StageError,
+    StaleHeadError,
+    TopicMismatchError,
+)
 from icefall.commit.protocol import (
     MAX_ATTEMPTS,
     _check_alive,
@@ -47,7 +62,7 @@ from icefall.commit.protocol import (
     table_name,
 )
 from icefall.commit.pyiceberg_internals import commit_table, new_snapshot
-from icefall.commit.state import MAIN
+from icefall.commit.state import MAIN, CommittedState
 from icefall.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
@@ -58,13 +73,22 @@ log = logging.getLogger(__name__)
 
 
 def commit_files(
-    table: Table, stage: Stage, batch: SourceBatch, epoch: int, written: WrittenFiles
+    table: Table,
+    stage: Stage,
+    batch: SourceBatch,
+    epoch: int,
+    written: WrittenFiles,
+    *,
+    loaded: bool = False,
 ) -> CommitOutcome:
     """Land `written` (the batch's data files, or none) and the batch's offsets on `main` in one commit.
 
     `stage` is the writer's stage of the table (`prepare_stage`), its branch still at its base. Raises what
     `commit_staged` raises, each meaning nothing was committed; any other exception leaves the outcome to
     be found out by re-reading the table (it returns normally if the commit did land).
+    `loaded`: `table` holds the metadata this writer's own last commit to it left and the stage was
+    prepared on it: the first attempt checks on it instead of loading it again (module doc: the swap's
+    requirements refuse it if the table changed since in anything the checks read).
     """
     failpoint(f"{stage.role}.after-stage")
     if epoch < 0:
@@ -72,11 +96,14 @@ def commit_files(
     if stage.staged is not None:
         raise ValueError(f"{stage.branch}: a stage with a staged snapshot is landed by commit_staged")
     over: tuple[int, ...] = ()
-    for _ in range(MAX_ATTEMPTS):
-        table.refresh()
+    for attempt in range(MAX_ATTEMPTS):
+        if attempt or not loaded:
+            table.refresh()
         meta = table.metadata
-        head, over, committed = _check_head(meta, stage, batch, epoch)
-        _check_unstaged(meta, stage, written)
+        checked = _checked(meta, stage, batch, epoch, written, loaded=loaded, first=not attempt)
+        if checked is None:
+            continue  # refused on the writer's own last view: the table itself decides
+        head, over, committed = checked
         snapshot = new_snapshot(table, {}, written.files)  # on `main`'s head in `meta`: its manifests now
         landed = snapshot.snapshot_id
         properties = state_after(committed, batch, epoch, snapshot_id=landed).to_properties()
@@ -90,6 +117,9 @@ def commit_files(
             AssertTableUUID(uuid=stage.table_uuid),
             AssertRefSnapshotId(ref=MAIN, snapshot_id=head),
             AssertRefSnapshotId(ref=stage.branch, snapshot_id=stage.base.snapshot_id),
+            # The files' layout, checked above on `meta`; a schema change by anyone comes with a new id.
+            AssertCurrentSchemaId(current_schema_id=written.schema_id),
+            AssertDefaultSpecId(default_spec_id=written.spec_id),
         )
         failpoint(f"{stage.role}.before-commit")
         _check_alive(table, stage, None)
@@ -119,6 +149,34 @@ def commit_files(
         )  # fmt: skip
     failpoint(f"{stage.role}.after-commit")
     return CommitOutcome(snapshot_id=landed, restaged_over=over)
+
+
+def _checked(
+    meta: TableMetadata,
+    stage: Stage,
+    batch: SourceBatch,
+    epoch: int,
+    written: WrittenFiles,
+    *,
+    loaded: bool,
+    first: bool,
+) -> tuple[int, tuple[int, ...], CommittedState] | None:
+    """`_check_head` and `_check_unstaged` on `meta`; None to load the table and check again (`loaded`:
+    the `first` attempt's metadata is the writer's own last view, possibly stale)."""
+    try:
+        checked = _check_head(meta, stage, batch, epoch)
+        _check_unstaged(meta, stage, written)
+    except CommitError as refused:
+        if not loaded:
+            raise
+        if first:
+            return None
+        if isinstance(refused, (OffsetGapError, TopicMismatchError)):
+            # The batch's part was decided on that view, and the table's offsets have moved since (a
+            # reset): planned again from the table, as after a moved head.
+            raise StaleHeadError(f"{stage.branch}: the table's offsets moved ({refused})") from refused
+        raise
+    return checked
 
 
 def _check_unstaged(meta: TableMetadata, stage: Stage, written: WrittenFiles) -> None:

@@ -9,10 +9,11 @@ writer commit to `main`"). pyiceberg has no public API for that, so this module 
   a commit they are set by hand, as `Table._do_commit` does (without its old-metadata cleanup);
 - `Transaction._updates`: the updates a transaction has staged (a snapshot producer's `AddSnapshotUpdate`
   and `SetSnapshotRefUpdate`), taken to send in the protocol's own commit;
-- `Transaction.table_metadata`: the table's metadata with those updates applied, and a snapshot
-  producer's `snapshot_id`, to find a staged snapshot (and the id a staged schema change gets);
-  `new_snapshot` reads it through `ReadOnceTransaction`, which computes it once per set of updates
-  (`Transaction(table)` and `_stage` replacing the `_updates` tuple);
+- `Transaction.table_metadata`: the table's metadata with those updates applied (the id a staged schema
+  change gets), and a snapshot producer's `snapshot_id`, to find its staged snapshot (`new_snapshot`: in
+  the staged `AddSnapshotUpdate`); `new_snapshot` builds it through `ReadOnceTransaction`, which computes
+  the metadata once per set of updates (`Transaction(table)` and `_stage` replacing the `_updates` tuple)
+  and hands out the table's own while nothing is staged;
 - `pyiceberg.io.pyarrow._dataframe_to_data_files(table_metadata, df, io, write_uuid)`: the Parquet files
   `Table.append` writes for Arrow rows, as `DataFile`s, without its commit (`write_data_files`).
 
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from pyiceberg.table import Transaction
+from pyiceberg.table.update import AddSnapshotUpdate
 
 from icefall.commit.errors import ClockBehindError, CommitError
 
@@ -87,9 +89,10 @@ def staged_updates(tx: Transaction) -> tuple[TableUpdate, ...]:
 
 class ReadOnceTransaction(Transaction):
     """A `Transaction` whose `table_metadata` is computed once per set of staged updates (and table
-    metadata). pyiceberg's applies the updates and deep-copies the whole metadata at every read, and a
-    snapshot producer reads it about fifteen times: a cost per snapshot that grows with the table's
-    snapshots and metadata log. Safe to share: the metadata models are frozen."""
+    metadata), and is the table's own metadata while nothing is staged. pyiceberg's applies the updates
+    and deep-copies the whole metadata at every read (with no updates too), and a snapshot producer reads
+    it about fifteen times: a cost per snapshot that grows with the table's snapshots and metadata log.
+    Safe to share: the metadata models are frozen."""
 
     def __init__(self, table: Table) -> None:
         super().__init__(table)
@@ -98,6 +101,8 @@ class ReadOnceTransaction(Transaction):
     @property
     def table_metadata(self) -> TableMetadata:
         base, updates = self._table.metadata, self._updates
+        if not updates:
+            return base  # what applying nothing gives, but for the copy
         if self._applied is None or self._applied[0] is not base or self._applied[1] is not updates:
             self._applied = (base, updates, super().table_metadata)
         return self._applied[2]
@@ -113,7 +118,9 @@ def new_snapshot(table: Table, summary: Mapping[str, str], files: Iterable[DataF
     with tx.update_snapshot(snapshot_properties=dict(summary)).fast_append() as append:
         for data_file in files:
             append.append_data_file(data_file)
-    snapshot = tx.table_metadata.snapshot_by_id(append.snapshot_id)
+    # Taken from the staged update: applying the updates to find it would copy the whole metadata again.
+    staged = [u.snapshot for u in staged_updates(tx) if isinstance(u, AddSnapshotUpdate)]
+    snapshot = next((s for s in staged if s.snapshot_id == append.snapshot_id), None)
     if snapshot is None:  # pragma: no cover - pyiceberg staged it a line above
         raise CommitError("pyiceberg did not stage the snapshot it was asked for")
     return snapshot

@@ -163,6 +163,7 @@ class RouteStage:
     takes: Mapping[str, Take]  # by topic: the topics it takes part of (one in the one-topic form)
     target: str  # the Spark name of its staging branch
     sorted_table: bool
+    loaded: bool = False  # staged on the metadata this writer's last commit to it left (`commit_files`)
 
     @property
     def destination(self) -> Destination:
@@ -202,6 +203,9 @@ class Routing:
         self._batch: tuple[str, PlannedBatch] | None = None
         self.created: list[RouteStage] = []
         self.staged: list[RouteStage] = []  # the route tables `stage` staged for the batch being written
+        # The tables (indexes) whose loaded metadata is what this writer's last commit to them left
+        # (`commit`): staged without loading it again (`_stage_one`).
+        self.current: set[int] = set()
         self.refused: dict[str, str] = {}
         self.refused_records = 0
 
@@ -486,9 +490,20 @@ class Routing:
 
     def _stage_one(self, i: int, branch: str, planned: PlannedBatch) -> RouteStage | None:
         table = self.tables[i]
-        stage = prepare_stage(table, branch, role="route")
-        held = {part.topic: held_of(stage.base, part.topic).offsets for part in planned.parts}
         ranges = [TopicRange(part.topic, part.start, part.end, part.gaps) for part in planned.parts]
+        # A table this writer committed to last is staged on the metadata that commit left, no load, when
+        # it takes the whole batch as planned: a change since (maintenance, another writer, a reset) moved
+        # `main`, and its commit is then refused by the catalog and checked on fresh metadata
+        # (`commit_files(loaded=True)`). Any other take (ahead, behind, nothing) is decided on fresh metadata.
+        loaded, self.current = i in self.current, self.current - {i}
+        if loaded:
+            stage = prepare_stage(table, branch, role="route", refresh=False)
+            held = {part.topic: held_of(stage.base, part.topic).offsets for part in planned.parts}
+            if not whole_batch(ranges, held):
+                loaded = False
+        if not loaded:
+            stage = prepare_stage(table, branch, role="route")
+            held = {part.topic: held_of(stage.base, part.topic).offsets for part in planned.parts}
         takes = destination_takes(ranges, held, name=self.labels[i], by_topic=planned.by_topic)
         if not takes:
             log.warning(
@@ -501,7 +516,7 @@ class Routing:
                 "%s: ahead of the table (a crash between commits); takes from %s", self.labels[i], ahead
             )
         target = self.spark_name(self.identifiers[i], branch)
-        return RouteStage(i, self.labels[i], table, stage, takes, target, self.sorted[i])
+        return RouteStage(i, self.labels[i], table, stage, takes, target, self.sorted[i], loaded=loaded)
 
     @contextlib.contextmanager
     def dropped_unless_committed(self, stages: list[RouteStage]) -> Iterator[None]:
@@ -551,8 +566,9 @@ class Routing:
             if written is None:
                 outcome = commit_staged_outcome(rs.table, rs.stage, part, epoch)
             else:
-                outcome = commit_files(rs.table, rs.stage, part, epoch, written)
+                outcome = commit_files(rs.table, rs.stage, part, epoch, written, loaded=rs.loaded)
             count_restage(rs.label, outcome)
+            self.current.add(rs.index)  # the table holds the metadata of this commit
             added += added_records(rs.table, outcome.snapshot_id)
         return added
 
@@ -560,6 +576,17 @@ class Routing:
         """Drop the staging branches crashed writers (or an outage) left in the route tables."""
         for table in self.tables:
             sweep_stages(table, role="route")
+
+
+def whole_batch(ranges: Sequence[TopicRange], held: Mapping[str, Mapping[int, int]]) -> bool:
+    """Whether a destination holding `held` (offsets by topic) takes every range of the batch as planned:
+    each partition it committed stands exactly where the batch was planned from (its retention gap, else
+    its start). Anything else (ahead, behind, past the end) is what a stale view could get wrong."""
+    for r in ranges:
+        own = held.get(r.topic, {})
+        if any(p in own and own[p] != r.gaps.get(p, start) for p, start in r.start.items()):
+            return False
+    return True
 
 
 def destination_batch(
