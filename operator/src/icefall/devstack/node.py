@@ -98,8 +98,23 @@ class Containerd:
         listed = self.ctr("images", "list", "--quiet", f"name=={_qualified(ref)}")
         return _qualified(ref) in listed.stdout.split()
 
-    def import_from_podman(self, ref: str) -> None:
-        """Copy image `ref` from podman's store (where hack/build-image.sh built it)."""
+    def import_from_podman(self, ref: str, attempts: int = 3) -> None:
+        """Copy image `ref` from podman's store (where hack/build-image.sh built it). Tried again on failure:
+        an import that finds a layer in the shared store skips it, and containerd's garbage collection
+        (at start, of what earlier runs left unreferenced) may delete it before the image names it
+        ("content digest ...: not found", seen once in a fresh run); the next import writes it anew."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._import_from_podman(ref)
+                return
+            except StartError as error:
+                if attempt == attempts:
+                    raise
+                print(f"[node] {error}; trying again ({attempt + 1}/{attempts})", flush=True)
+                self.ctr("images", "remove", _qualified(ref))
+                time.sleep(2)
+
+    def _import_from_podman(self, ref: str) -> None:
         env = {**os.environ, "CONTAINERS_CONF": str(_repo_file("hack/node/containers.conf"))}
         with subprocess.Popen(
             ["podman", "save", "--format", "oci-archive", _qualified(ref)],
