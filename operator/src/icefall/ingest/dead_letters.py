@@ -108,7 +108,7 @@ class DeadLetters:
             # A crash after its commit and before the main one: it holds every bad row of the batch (no
             # staging branch made, nothing committed).
             log.warning("%s: the dead-letter table holds the batch's dead letters already", self.label)
-            _check_count(bad.count(), expected)
+            check_count(bad.count(), expected)
             return expected
         stage = prepare_stage(dlq, branch, role="dlq", refresh=False)  # read just now
         taken = dead_letter_take(batch, stage.base, name=label)
@@ -125,14 +125,15 @@ class DeadLetters:
         kept = observed.where(taken_filter(takes, by_topic=batch.by_topic))
         with dropped_unless_committed(dlq, stage.branch, label, "dlq"):
             append(kept, self.writer.spark_name(self.identifier, stage.branch), sorted_table=False)
-            _check_count(int(observation.get["rows"]), expected)
+            check_count(int(observation.get["rows"]), expected)
             # Dead letters come now and then: a branch left behind would pin old snapshots meanwhile.
             outcome = commit_staged_outcome(dlq, stage, dlq_batch, epoch, keep_branch=False)
         count_restage(label, outcome)
         return expected
 
 
-def _check_count(found: int, expected: int) -> None:
+def check_count(found: int, expected: int) -> None:
+    """Refuse a second read whose number of bad records is not the first's (StaleHeadError, planned again)."""
     if found != expected:
         raise StaleHeadError(
             f"reading the batch again gave {found} bad records, not {expected}; planning again"

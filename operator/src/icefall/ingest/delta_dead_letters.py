@@ -34,11 +34,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from icefall.commit import StaleHeadError
 from icefall.commit.batch import SourceBatch
 from icefall.commit.delta import DeltaLog, claim_epoch, commit_batch, create_table, moved_into
 from icefall.commit.delta_storage import is_object_store, local_path
-from icefall.ingest.dead_letters import dead_letter_take, produce_batch, reason_kinds
+from icefall.ingest.dead_letters import check_count, dead_letter_take, produce_batch, reason_kinds
 from icefall.ingest.outcome import DeadLettersLanded
 from icefall.ingest.routes import taken_filter
 from icefall.runtime.failpoints import failpoint
@@ -100,8 +99,7 @@ class DeltaDeadLetters:
                 self._commit_table(self.log, bad, batch, expected, epoch)
             if spec.dead_letter.topic is not None:
                 sent = produce_batch(bad, planned, spec, epoch, self._kafka_config)
-                if sent != expected:
-                    raise StaleHeadError(_another_number(sent, expected))
+                check_count(sent, expected)
                 failpoint("dlq-topic.after-produce")
             return DeadLettersLanded(expected, reason_kinds(bad))
         finally:
@@ -116,15 +114,13 @@ class DeltaDeadLetters:
         taken = dead_letter_take(batch, planned_on.committed, name=log.location)
         if taken is None:  # it holds the whole batch (a crash after its commit and before the table's)
             found = bad.count()
-            if found != expected:
-                raise StaleHeadError(_another_number(found, expected))
+            check_count(found, expected)
             return
         take, takes = taken
         staging = log.staging_root(STAGING_DIR) / uuid.uuid4().hex
         try:
             found = self._write(bad, taken_filter(takes, by_topic=take.by_topic), staging)
-            if found != expected:
-                raise StaleHeadError(_another_number(found, expected))
+            check_count(found, expected)
             files = moved_into(staging, log, planned_on.metadata)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -141,7 +137,3 @@ class DeltaDeadLetters:
         observed = bad.observe(observation, F.count(F.lit(1)).alias("rows"))
         observed.where(kept).write.parquet(str(staging))
         return int(observation.get["rows"])
-
-
-def _another_number(found: int, expected: int) -> str:
-    return f"reading the batch again gave {found} bad records, not {expected}; planning again"

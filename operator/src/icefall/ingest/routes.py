@@ -340,7 +340,7 @@ class Routing:
             driver = self._collected(stages, read)
             for rs in stages:
                 if rs not in driver:
-                    keep = ((route == rs.index) | self._every(route)) & self._taken(
+                    keep = ((route == rs.index) | self._every(route)) & taken_filter(
                         rs.takes, by_topic=by_topic
                     )
                     if rs.index in self.own:
@@ -394,15 +394,11 @@ class Routing:
 
         by_topic = "topic" in cached.columns
         groups = same_takes((rs.index, rs.takes) for rs in stages)  # one condition per distinct take
-        taken = [route.isin(indexes) & self._taken(takes, by_topic=by_topic) for takes, indexes in groups]
+        taken = [route.isin(indexes) & taken_filter(takes, by_topic=by_topic) for takes, indexes in groups]
         tagged = cached.where(functools.reduce(lambda a, b: a | b, taken)).withColumn(_DESTINATION, route)
         collected = rows_of(tagged, carry=[_DESTINATION]).toArrow()
         tags, rows = collected[_DESTINATION], collected.drop_columns([_DESTINATION])
         return {rs.target: write_rows(rs.table, rows.filter(pc.equal(tags, rs.index))) for rs in stages}
-
-    @staticmethod
-    def _taken(takes: Mapping[str, Take], *, by_topic: bool) -> Column:
-        return taken_filter(takes, by_topic=by_topic)
 
     def _resolve(self, cached: DataFrame) -> Column:
         """Count the batch's computed names, create and stage the new tables, remember the refused names;
@@ -496,12 +492,10 @@ class Routing:
         # `main`, and its commit is then refused by the catalog and checked on fresh metadata
         # (`commit_files(loaded=True)`). Any other take (ahead, behind, nothing) is decided on fresh metadata.
         loaded, self.current = i in self.current, self.current - {i}
-        if loaded:
-            stage = prepare_stage(table, branch, role="route", refresh=False)
-            held = {part.topic: held_of(stage.base, part.topic).offsets for part in planned.parts}
-            if not whole_batch(ranges, held):
-                loaded = False
-        if not loaded:
+        stage = prepare_stage(table, branch, role="route", refresh=not loaded)
+        held = {part.topic: held_of(stage.base, part.topic).offsets for part in planned.parts}
+        if loaded and not whole_batch(ranges, held):
+            loaded = False
             stage = prepare_stage(table, branch, role="route")
             held = {part.topic: held_of(stage.base, part.topic).offsets for part in planned.parts}
         takes = destination_takes(ranges, held, name=self.labels[i], by_topic=planned.by_topic)
