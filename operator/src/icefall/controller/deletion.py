@@ -130,8 +130,6 @@ def finalize(
         text = f"deletionPolicy Delete: kept {identifier}: StreamingTable {owner.ref} uses it"
         return Finalized(True, (Event(EventReason.TABLE_KEPT_FOR_OWNER, text, EventType.WARNING),))
     owners = [c for c in uuid_claims if me is None or c.uid != me.uid]
-    if (waiting := _stop_compaction(kube, namespace, name)) is not None:
-        return waiting
     return _purge(body, st, kube, now, owners=owners, config=config)
 
 
@@ -199,6 +197,8 @@ def _purge(
     identifier = _table_text(st)
     kept = f"deletionPolicy Delete: kept {identifier}"
     if step is PurgeStep.CREATE:
+        if (waiting := _stop_compaction(kube, namespace, name)) is not None:
+            return waiting
         dead_letters = report.dead_letter_table_uuid if report is not None else None
         assert table_uuid is not None  # purge_step creates nothing without it
         kube.create(
