@@ -286,3 +286,24 @@ def test_the_runner_skips_an_item_another_pod_holds_and_merges_only_files_inside
     files.live["%2E%2E/other/part-1.parquet"] = {"path": "%2E%2E/other/part-1.parquet", "size": 1}
     files.live["s3://elsewhere/part-0.parquet"] = {"path": "s3://elsewhere/part-0.parquet", "size": 1}
     assert set(files.mergeable()) == set(LogFiles.read(log).live)
+
+
+def test_the_pods_loop_goes_on_after_an_item_so_a_due_checkpoint_never_starves_the_merges(tmp_path: Path) -> None:
+    """CI's e2e failure: a busy table has a checkpoint due at every round and it comes first; the loop
+    took a round that ran it for an idle one (its result named no item) and slept, so no merge ever ran."""
+    log = table_with_small_files(tmp_path / "t", count=12)  # 12 versions: a checkpoint due (interval 10)
+    names = TableLeases(TableIdentity("", "", "shop", "t"))
+    policy = DeltaPolicy(target_file_size_bytes=2**20, min_files_to_compact=3, retention_ms=7_200_000)
+
+    def leases(name: str) -> FileLease:
+        return FileLease.in_dir(tmp_path / "leases", name, "pod-1", duration_seconds=60)
+
+    runner = DeltaPodRunner(str(tmp_path / "t"), policy, leases, table_leases=names, label="t")
+    steps: list[Any] = []
+    pauses: list[float] = []
+    runner.run(lambda: len(steps) >= 5, idle_seconds=30, wait=pauses.append, on_step=steps.append)
+    ran = [type(step.item).__name__ for step in steps if step.ran]
+    assert ran == ["SetRetention", "Checkpoint", "CompactFiles", "Vacuum"]
+    assert all(step.result is not None and step.result.kind == kind for step, kind in zip(steps, ran))
+    assert not steps[4].ran and pauses == []  # no pause between items (before: 30 s after each)
+    assert ids(log) == Counter(range(120)) and len(LogFiles.read(log).live) == 1

@@ -148,9 +148,9 @@ class DeltaPodRunner(Rounds):
                 except Exception as error:  # counted; planned again next round
                     log_failure(log, error, "%s: %s failed", self.label, type(item).__name__)
                     return StepResult(
-                        len(work), error=f"{type(error).__name__}: {error}", busy=busy, table=self.label
+                        len(work), item, error=f"{type(error).__name__}: {error}", busy=busy, table=self.label
                     )
-            return StepResult(len(work), result=result, busy=busy, table=self.label)
+            return StepResult(len(work), item, result=result, busy=busy, table=self.label)
         return StepResult(len(work), busy=busy, table=self.label)
 
     def _counted(self, item: DeltaPodItem, now_ms: int) -> ItemResult:

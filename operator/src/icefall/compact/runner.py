@@ -74,6 +74,7 @@ from icefall.commit.lease import Lease, LeaseError, LeasePool, LeaseTimeoutError
 from icefall.compact.view import ManifestCache, read_table_view
 from icefall.compact.worker import ItemResult, is_delete_conflict, kind_of, run_item, table_label
 from icefall.ingest.outages import log_failure
+from icefall.plan.delta_maintenance import DeltaPodItem
 from icefall.plan.leases import WORK_LEASE_SECONDS, YIELD_AFTER_CONFLICTS
 from icefall.plan.maintenance import plan_maintenance, policy_from_spec, work_key
 from icefall.plan.maintenance_items import MIB, ApplyDeletes, CompactPartition, MaintenancePolicy, WorkItem
@@ -104,7 +105,7 @@ class StepResult:
     """One round: how many items the plan had, which one ran (if any), and how it went."""
 
     planned: int
-    item: WorkItem | None = None
+    item: WorkItem | DeltaPodItem | None = None  # None: nothing ran (`ran`), so the loop pauses
     result: ItemResult | None = None
     error: str | None = None
     busy: int = 0  # items skipped because another worker holds their Lease

@@ -102,7 +102,7 @@ class ItemResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def kind_of(item: WorkItem) -> str:
+def kind_of(item: object) -> str:
     return type(item).__name__
 
 
