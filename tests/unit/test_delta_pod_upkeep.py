@@ -288,7 +288,7 @@ def test_the_runner_skips_an_item_another_pod_holds_and_merges_only_files_inside
     assert set(files.mergeable()) == set(LogFiles.read(log).live)
 
 
-def test_the_pods_loop_goes_on_after_an_item_so_a_due_checkpoint_never_starves_the_merges(tmp_path: Path) -> None:
+def test_the_pods_loop_goes_on_after_an_item_so_a_checkpoint_due_never_starves_merges(tmp_path: Path) -> None:
     """CI's e2e failure: a busy table has a checkpoint due at every round and it comes first; the loop
     took a round that ran it for an idle one (its result named no item) and slept, so no merge ever ran."""
     log = table_with_small_files(tmp_path / "t", count=12)  # 12 versions: a checkpoint due (interval 10)
@@ -304,6 +304,6 @@ def test_the_pods_loop_goes_on_after_an_item_so_a_due_checkpoint_never_starves_t
     runner.run(lambda: len(steps) >= 5, idle_seconds=30, wait=pauses.append, on_step=steps.append)
     ran = [type(step.item).__name__ for step in steps if step.ran]
     assert ran == ["SetRetention", "Checkpoint", "CompactFiles", "Vacuum"]
-    assert all(step.result is not None and step.result.kind == kind for step, kind in zip(steps, ran))
+    assert [step.result.kind for step in steps[:4] if step.result is not None] == ran
     assert not steps[4].ran and pauses == []  # no pause between items (before: 30 s after each)
     assert ids(log) == Counter(range(120)) and len(LogFiles.read(log).live) == 1
