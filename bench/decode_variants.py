@@ -154,7 +154,7 @@ class Runs:
     def _without_utf8_check(self) -> Decoders:
         """Icefall's decoders with `is_valid_utf8` answering true: what the check costs (a measurement
         only: invalid UTF-8 would then be ingested with replacement characters)."""
-        from icefall.ingest import decode as decode_module
+        from icefall.decode import decode as decode_module
 
         functions = decode_module.F
         original = functions.is_valid_utf8

@@ -29,14 +29,14 @@ into a new unpartitioned merge-on-read table per batch, holding every key, as a 
   by offset, one MERGE).
 - **icefall upsert, max_by**: Icefall's decoder, the observation, the good rows, the last change per key by
   `max_by(struct(...), (partition, offset))` (before this change), `icefall.ingest.writer.merge`.
-- **icefall upsert, row_number**: the same with this tree's `icefall.ingest.decode.last_changes`.
+- **icefall upsert, row_number**: the same with this tree's `icefall.decode.decode.last_changes`.
 
 **Protobuf** (the same N events as Confluent-framed Protobuf, `PROTOBUF_EVENT_SCHEMA` compiled to a
 descriptor set, schema id 1, message index [0]; ~105 bytes each), beside the same events as Avro and as
 JSON, each format on its own topic, written as the Avro cell writes (a new day(ts)-partitioned table per
 batch, Icefall's decode, observation, good rows and append):
 - **icefall avro** and **icefall json**: this tree's decoders (`from_avro`; `from_json`).
-- **icefall protobuf, row UDF (before)**: main's `icefall.ingest.protobuf` (`--before-ref`): a Python UDF,
+- **icefall protobuf, row UDF (before)**: main's `icefall.decode.protobuf` (`--before-ref`): a Python UDF,
   each record pickled to a Python worker and its struct back, each message walked field by field.
 - **icefall protobuf, row UDF, this walk**: the same row UDF around this tree's `to_json` (the effect of
   the walk alone).
@@ -154,7 +154,7 @@ def avro_records(seed: int) -> Iterator[tuple[str, bytes, int]]:
 
 def protobuf_records(seed: int, descriptors: str) -> Iterator[tuple[str, bytes, int]]:
     """The bench's events as Confluent-framed Protobuf (schema id `SCHEMA_ID`, message index [0])."""
-    from icefall.ingest.protobuf import _message_class
+    from icefall.decode.protobuf import _message_class
 
     event_class = _message_class(descriptors, "dev.icefall.bench.BenchEvent")
     header = b"\x00" + struct.pack(">I", SCHEMA_ID) + b"\x00"
@@ -171,11 +171,11 @@ def protobuf_records(seed: int, descriptors: str) -> Iterator[tuple[str, bytes, 
 
 
 def row_udf_payload(to_json: Callable[[str, int, bytes], Any]) -> Callable[[Any], Any]:
-    """main's `icefall.ingest.protobuf.payload` (a row UDF) around `to_json`."""
+    """main's `icefall.decode.protobuf.payload` (a row UDF) around `to_json`."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    from icefall.ingest.framing import SCHEMA_ID_COLUMN
-    from icefall.ingest.protobuf import PAYLOAD_COLUMN, PAYLOAD_TYPE
+    from icefall.decode.framing import SCHEMA_ID_COLUMN
+    from icefall.decode.protobuf import PAYLOAD_COLUMN, PAYLOAD_TYPE
 
     def payload(writers: Any) -> Any:
         known = {i: text for i, text in writers.items() if text is not None}
@@ -276,7 +276,7 @@ class Bench:
     # -- avro -------------------------------------------------------------------------------------------
 
     def avro_setup(self, topic: str) -> None:
-        from icefall.ingest import avro as avro_now
+        from icefall.decode import avro as avro_now
 
         writer = json.dumps(AVRO_EVENT_SCHEMA)
 
@@ -288,7 +288,7 @@ class Bench:
         self.avro_writers = avro_now.BatchWriters({SCHEMA_ID: writer})
         self.avro_after = Decoders(self.avro_spec, schemas=lookup)
         before = old_module(
-            "icefall_bench_avro_before", "operator/src/icefall/ingest/avro.py", self.before_ref
+            "icefall_bench_avro_before", "operator/src/icefall/decode/avro.py", self.before_ref
         )
         saved = avro_now.AvroDecoding
         avro_now.AvroDecoding = before.AvroDecoding  # type: ignore[misc] - Decoder imports it from here
@@ -342,12 +342,12 @@ class Bench:
     # -- protobuf beside avro and json -------------------------------------------------------------------
 
     def formats_setup(self, topics: dict[str, str], descriptors: str) -> None:
-        from icefall.ingest import protobuf as protobuf_now
+        from icefall.decode import protobuf as protobuf_now
 
         before = shipped_old_module(
             self.spark,
             "icefall_bench_protobuf_before",
-            "operator/src/icefall/ingest/protobuf.py",
+            "operator/src/icefall/decode/protobuf.py",
             self.before_ref,
         )
         self.payloads = {
@@ -375,7 +375,7 @@ class Bench:
                 return {i: text if i == SCHEMA_ID else None for i in ids}
 
             self.format_decoders[kind] = Decoders(self.format_specs[kind], schemas=lookup)
-        from icefall.ingest import avro as avro_now
+        from icefall.decode import avro as avro_now
 
         self.format_writers = {
             "avro": avro_now.BatchWriters({SCHEMA_ID: writers["avro"]}),
@@ -386,7 +386,7 @@ class Bench:
         """`variant`'s rows of `ranges` (a plan, not run) and its observation."""
         from pyspark.sql import Observation
 
-        from icefall.ingest import decode as decode_module
+        from icefall.decode import decode as decode_module
 
         kind = variant.split("-")[1]
         spec, decoders = self.format_specs[kind], self.format_decoders[kind]
@@ -465,7 +465,7 @@ class Bench:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        from icefall.ingest.decode import last_changes
+        from icefall.decode.decode import last_changes
 
         source = read_kafka(self.spark, self.keyed_spec, ranges, {}, group_id="bench-keyed", headers=False)
         if variant == "spark-merge":
@@ -484,7 +484,7 @@ class Bench:
 
 
 def max_by_last_changes(changes: Any, key: list[str]) -> Any:
-    """`icefall.ingest.decode.last_changes` before this change (upsert, no sequenceBy): `max_by`."""
+    """`icefall.decode.decode.last_changes` before this change (upsert, no sequenceBy): `max_by`."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     order = F.struct(F.col("_kafka.partition"), F.col("_kafka.offset"))

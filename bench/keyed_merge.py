@@ -8,7 +8,7 @@ bench keeps only what a keyed batch does in Spark after decoding: the last chang
 batch, interleaved round after round (round 0 is a warm-up, not counted), each into a new branch made from
 the same base snapshot, so every MERGE sees the same table.
 
-- **row_number**: `icefall.ingest.decode.last_changes` (`row_number() = 1` over (partition, offset) desc:
+- **row_number**: `icefall.decode.decode.last_changes` (`row_number() = 1` over (partition, offset) desc:
   Spark's window group limit cuts each task to one row per key before the shuffle; what the peer does).
 - **max_by**: what it replaced (`max_by(struct(every column), (partition, offset))`: an aggregation buffer
   holding strings cannot be hashed, so Spark sorts the whole batch in a sort aggregate).
@@ -33,7 +33,7 @@ from typing import Any
 from common import tree_cpu
 
 from icefall.catalog import CatalogConfig
-from icefall.ingest.decode import DELETE_COLUMN, KAFKA_COLUMN, last_changes
+from icefall.decode.decode import DELETE_COLUMN, KAFKA_COLUMN, last_changes
 from icefall.ingest.writer import merge
 from icefall.spark.session import build_spark_session
 

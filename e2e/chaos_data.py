@@ -3,7 +3,7 @@
 `records(rng, start, count)` makes a mix of good records (plain, unicode, extreme numbers and timestamps,
 large values, nulls, trailing text) and one of every malformed kind (see `BAD_KINDS`), each with the kind
 it is. `expected(value)` decodes one Kafka value with the rules `SCHEMA` states, written here from the
-documented JSON mapping (`icefall.ingest.decode`'s module doc), with `json` and `decimal` only: either the
+documented JSON mapping (`icefall.decode.decode`'s module doc), with `json` and `decimal` only: either the
 row the table must hold (column → value, as pyiceberg reads it back) or `BAD` (it belongs in the
 dead-letter table). The chaos run's audit compares the tables with it, record by record.
 

@@ -28,8 +28,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.sql import SparkSession
 
 from icefall.api import StreamingTableSpec, load_manifest
+from icefall.decode.decode import DEAD_LETTER_COLUMNS, KAFKA_COLUMN, Decoder, split
 from icefall.devstack.registry import SchemaRegistryServer
-from icefall.ingest.decode import DEAD_LETTER_COLUMNS, KAFKA_COLUMN, Decoder, split
 from icefall.kafka.registry import WriterSchemas
 from icefall.testing.streams import kafka_source_frame
 

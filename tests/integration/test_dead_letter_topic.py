@@ -25,8 +25,8 @@ from icefall import cli
 from icefall.api import StreamingTableSpec, load_manifest
 from icefall.catalog import CatalogConfig
 from icefall.commit.lease import FileLease
+from icefall.decode.decode import prepare
 from icefall.devstack.kafka import KafkaBroker
-from icefall.ingest.decode import prepare
 from icefall.ingest.engine import Ingestor
 from icefall.kafka.admin import TopicView
 from icefall.kafka.dead_letters import DeadLetterDeliveryError, Source, produce_dead_letters

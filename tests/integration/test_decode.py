@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
 from icefall.api import StreamingTableSpec, load_manifest
-from icefall.ingest.decode import (
+from icefall.decode.decode import (
     BAD_COLUMN,
     DEAD_LETTER_COLUMNS,
     ERROR_COLUMN,

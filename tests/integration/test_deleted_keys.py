@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from icefall.decode.decode import DELETE_COLUMN, SEQUENCE_COLUMN
 from icefall.ingest import deleted_keys
-from icefall.ingest.decode import DELETE_COLUMN, SEQUENCE_COLUMN
 
 pytestmark = pytest.mark.integration
 

@@ -133,7 +133,7 @@ def assert_routed(config: CatalogConfig, name: str, kafka: KafkaBroker, topic: s
 
 
 def test_names_come_from_a_field_a_header_the_key_or_the_topic(spark: SparkSession) -> None:
-    from icefall.ingest.decode import decode
+    from icefall.decode.decode import decode
     from icefall.ingest.routes import NAME_COLUMN, Routing
 
     text = manifest_text("dyn_names", "orders", "k:9092")

@@ -193,7 +193,7 @@ def test_records_split_by_content_into_their_tables_exactly_once(
 
 
 def test_conditions_see_the_key_the_headers_and_the_topic(spark: SparkSession) -> None:
-    from icefall.ingest.decode import decode
+    from icefall.decode.decode import decode
     from icefall.ingest.routes import ROUTE_COLUMN, Routing
 
     text = manifest_text("routes_context", "orders", "k:9092")

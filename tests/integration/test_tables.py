@@ -28,7 +28,7 @@ from icefall.catalog.layout import (
     spark_struct_to_iceberg,
 )
 from icefall.catalog.tables import TableMismatchError, ensure_tables
-from icefall.ingest.decode import prepare
+from icefall.decode.decode import prepare
 from icefall.testing.streams import kafka_source_frame
 
 pytestmark = pytest.mark.integration

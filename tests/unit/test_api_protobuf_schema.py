@@ -19,7 +19,7 @@ from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
 
 from icefall.api import to_iceberg_schema
 from icefall.api.protobuf_schema import ProtobufSchemaError, fields_from_protobuf, message_name, table_message
-from icefall.ingest.protobuf import message_index
+from icefall.decode.protobuf import message_index
 from icefall.kafka.protobuf import descriptor_set_text
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""The writer schemas an ingestion writer has met (`icefall.ingest.known_writers`).
+"""The writer schemas an ingestion writer has met (`icefall.decode.known_writers`).
 
 Proves: a batch's ids not met before are named, values and keys apart; learning asks for a rewrite only
 when a newly met id has a writer schema (an id the registry has none for leaves the batch as decoded: its
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from icefall.ingest.known_writers import KnownWriters
+from icefall.decode.known_writers import KnownWriters
 
 pytestmark = pytest.mark.unit
 

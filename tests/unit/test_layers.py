@@ -8,8 +8,10 @@ Proves:
   (`load_catalog`, `SqlCatalog`, `RestCatalog`) or writes `spark.sql.catalog.*` settings (the clients it
   builds are `icefall.catalog.confined`'s subclasses, the one other module that names them);
 - the package root holds the entry points only (`icefall.cli`), every other module lives in a package;
-- no import cycles between the package's modules (`ingest.avro` and `ingest.decode` once imported each
-  other), counting every import: at module level, inside functions and under `TYPE_CHECKING`.
+- no import cycles between the package's modules (`decode.avro` and `decode.decode` once imported each
+  other), counting every import: at module level, inside functions and under `TYPE_CHECKING`;
+- the package order of `PACKAGES_BELOW`: decoding (`icefall.decode`) imports nothing of the batch engine
+  (`icefall.ingest`) nor of anything above it, counting the same imports.
 Not proved here: what the built wheel holds (tests/integration/test_installed.py builds and installs it).
 """
 
@@ -29,6 +31,10 @@ PACKAGE = ROOT / "operator" / "src" / "icefall"
 DEV_PACKAGES = ("icefall.devstack", "icefall.testing")
 CATALOG_MAPPING = "icefall.catalog.config"
 CATALOG_CLIENTS = "icefall.catalog.confined"  # pyiceberg's clients, confined to Icefall's code
+#: The only Icefall packages each of these packages may import (a package order, not yet of every package).
+PACKAGES_BELOW = {
+    "icefall.decode": {"icefall.api", "icefall.plan", "icefall.runtime", "icefall.catalog", "icefall.kafka"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -133,11 +139,30 @@ def test_no_import_cycles_between_modules() -> None:
         for name, tree in trees.items()
     }
     # decode imports avro only inside a function and under TYPE_CHECKING: those count too.
-    assert "icefall.ingest.avro" in graph["icefall.ingest.decode"], "the import graph misses lazy imports"
+    assert "icefall.decode.avro" in graph["icefall.decode.decode"], "the import graph misses lazy imports"
     cycles = import_cycles(graph)
     assert not cycles, "modules that import each other (directly or through others):\n" + "\n".join(
         " <-> ".join(cycle) for cycle in cycles
     )
+
+
+def package_of(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_packages_import_only_the_packages_below_them() -> None:
+    trees = dict(all_modules())
+    found = [
+        f"{name}:{line} imports {target}"
+        for name, tree in trees.items()
+        if package_of(name) in PACKAGES_BELOW
+        for line, target in imported(tree)
+        if target in trees
+        and package_of(target) != package_of(name)
+        and package_of(target) not in PACKAGES_BELOW[package_of(name)]
+    ]
+    assert set(PACKAGES_BELOW) <= {package_of(name) for name in trees}, "a package of PACKAGES_BELOW is gone"
+    assert not found, "imports against the package order:\n" + "\n".join(found)
 
 
 def test_the_package_root_holds_entry_points_only() -> None:

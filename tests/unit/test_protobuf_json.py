@@ -18,7 +18,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
 
-from icefall.ingest.protobuf import decode_batch, to_json
+from icefall.decode.protobuf import decode_batch, to_json
 from icefall.kafka.protobuf import descriptor_set_text
 
 pytestmark = pytest.mark.unit

@@ -148,7 +148,7 @@ def test_a_cdc_table_follows_the_row_record_of_each_debezium_envelope() -> None:
     import json
 
     from icefall.api import parse_manifest
-    from icefall.ingest.schemas import SchemaFollower
+    from icefall.decode.schemas import SchemaFollower
 
     st = parse_manifest(
         """
@@ -186,7 +186,7 @@ spec:
 
 def test_the_follower_reports_what_each_batch_needs_even_when_remembered() -> None:
     from icefall.api import load_manifest
-    from icefall.ingest.schemas import SchemaFollower
+    from icefall.decode.schemas import SchemaFollower
 
     st = load_manifest(
         """

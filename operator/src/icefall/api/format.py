@@ -168,7 +168,7 @@ class Format(ApiModel):
             )
         problems.extend(
             ("schema",),
-            # jsonSchema and protobuf records are read as JSON too (`icefall.ingest.decode`)
+            # jsonSchema and protobuf records are read as JSON too (`icefall.decode.decode`)
             check_fields(self.schema_fields, json_format=self.type is not FormatType.AVRO),
         )
         problems.raise_if_any()

@@ -1,7 +1,7 @@
 """The table's schema from a JSON Schema document (a registry's schema for `spec.format.type: jsonSchema`).
 
 `fields_from_json_schema` maps an object schema to `spec.format.schema` fields, the way the JSON decoder
-(`icefall.ingest.decode`, Spark's `from_json`) reads the records that follow it:
+(`icefall.decode.decode`, Spark's `from_json`) reads the records that follow it:
 - each of `properties`, in order, is a field; `title` or `description` is its doc; a field is required
   when `required` lists it and its type does not admit null;
 - null is admitted by `type: [X, "null"]`, or a `oneOf`/`anyOf` of `{type: null}` and one other schema;

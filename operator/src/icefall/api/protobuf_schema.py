@@ -5,7 +5,7 @@ A Protobuf schema arrives here as a serialized `FileDescriptorSet` (base64 text;
 files before it are what it imports (well-known types such as google/protobuf/timestamp.proto).
 
 `fields_from_protobuf(text, message)` maps one message of the schema to `spec.format.schema` fields, the
-way the Protobuf decoder (`icefall.ingest.protobuf`) writes its records as JSON for the JSON path:
+way the Protobuf decoder (`icefall.decode.protobuf`) writes its records as JSON for the JSON path:
 - scalars: int32/sint32/sfixed32 → int; int64/sint64/sfixed64, uint32/fixed32, uint64/fixed64 → long;
   float, double, bool, string; bytes → binary; enums → string (the value's name);
 - a message → struct; repeated → list; map<K, V> → map with string keys (JSON object keys);

@@ -2,7 +2,7 @@
 
 `SparkContent` reads the table's rows through Spark's Iceberg catalog at the snapshot the audit names, and
 the topic's records through Spark's Kafka source (read_committed, the offsets the audit names), decodes the
-records with `icefall.ingest.decode` and the StreamingTable's spec (format, schema, transforms: `select`
+records with `icefall.decode.decode` and the StreamingTable's spec (format, schema, transforms: `select`
 and `filter`), and turns both sides into one int64 digest per row. Avro records decode as ingestion decodes
 them: each with its own writer schema from `spec.format.registry` (`icefall.kafka.registry.WriterSchemas`),
 onto the inline schema's fields or, without one, the subject's latest schema's, as ingestion derives them
@@ -15,7 +15,7 @@ when it starts (`spec_with_registry_schema`).
 - a record: the digest of the row it must have become (GOOD), of the dead letter it must have become
   (DEAD_LETTER), or FILTERED when the spec's filter drops it.
 
-A table whose schema ingestion changed (`icefall.ingest.schemas`) is audited as it was written: records decode
+A table whose schema ingestion changed (`icefall.decode.schemas`) is audited as it was written: records decode
 into the table's columns (a registry format follows its writer schemas into them), a column the spec no
 longer has is null, and a field is compared only for the rows written after the change that added it
 (`icefall.schema-changes` records the offsets committed then; older rows hold null in it). Fields added
@@ -134,7 +134,7 @@ class SparkContent:
     def expected(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-        from icefall.ingest.decode import split
+        from icefall.decode.decode import split
 
         decoded, spec = self.decoded(topic, ranges)
         try:
@@ -171,7 +171,7 @@ class SparkContent:
     ) -> tuple[DataFrame, StreamingTableSpec]:
         """The records of `topic` in `ranges` decoded as ingestion decodes them (persisted: the caller
         unpersists), and the spec they decoded with."""
-        from icefall.ingest.decode import decode
+        from icefall.decode.decode import decode
         from icefall.ingest.engine import read_kafka
         from icefall.plan.offsets import OffsetRange
 
@@ -216,7 +216,7 @@ class _Written:
     @classmethod
     def of(cls, table: Table, snapshot_id: int, topic: str | None = None) -> _Written:
         from icefall.commit.state import schema_changes
-        from icefall.ingest.schemas import schema_at
+        from icefall.decode.schemas import schema_at
 
         meta = table.metadata
         schemas = {s.schema_id: s for s in meta.schemas}
@@ -235,8 +235,8 @@ class _Written:
         return cls(schema, added)
 
     def decoding(self, spec: StreamingTableSpec) -> StreamingTableSpec:
-        """`spec` as ingestion decodes with it (`icefall.ingest.schemas.decoding_spec`)."""
-        from icefall.ingest.schemas import decoding_spec
+        """`spec` as ingestion decodes with it (`icefall.decode.schemas.decoding_spec`)."""
+        from icefall.decode.schemas import decoding_spec
 
         return decoding_spec(spec, self.schema)
 
@@ -245,7 +245,7 @@ class _Written:
         existed."""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-        from icefall.ingest.decode import with_every_column
+        from icefall.decode.decode import with_every_column
 
         rows = with_every_column(good, self.schema)
         partition, offset = F.col(f"{KAFKA_COLUMN}.partition"), F.col(f"{KAFKA_COLUMN}.offset")

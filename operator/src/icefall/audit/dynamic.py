@@ -153,7 +153,7 @@ def resolve(
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
     from pyspark.sql.types import IntegerType, LongType, MapType, StringType, StructField, StructType
 
-    from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN
+    from icefall.decode.columns import BAD_COLUMN, ERROR_COLUMN
     from icefall.ingest.routes import NAME_COLUMN
 
     schema = StructType(

@@ -4,7 +4,7 @@ The model: every record of the committed offset ranges (per partition from where
 to the committed offset, read_committed) decoded with the table's spec exactly as ingestion decodes it
 (the same `Decoder`; Avro with each record's writer schema, and without an inline schema onto the
 registry's latest schema's fields, as ingestion derives them at start: `spec_with_registry_schema`);
-the good changes collapsed to the last per key (`icefall.ingest.decode.last_changes`, the rule ingestion
+the good changes collapsed to the last per key (`icefall.decode.decode.last_changes`, the rule ingestion
 applies batch by batch); deletes removed. Compared with the table's rows at the committed snapshot by key
 and by content: a digest of every column, `_kafka` (partition, offset, timestamp) included, so a row must
 be the very record that last changed its key. The bad records must be in the dead-letter table, by
@@ -110,7 +110,7 @@ def audit_keyed(
     security_options: Mapping[str, str] | None = None,
 ) -> KeyedAuditReport:
     """Audit the keyed table of `st` (module doc). `spark` has `catalog_name` configured."""
-    from icefall.ingest.schemas import decoding_spec, schema_at
+    from icefall.decode.schemas import decoding_spec, schema_at
     from icefall.kafka.registry import spec_with_registry_schema
 
     if not st.spec.key:
@@ -192,7 +192,7 @@ def compare_with_topic(
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     from icefall.audit.content import RECORDS_PER_TASK
-    from icefall.ingest.decode import BAD_COLUMN, decode, good_rows
+    from icefall.decode.decode import BAD_COLUMN, decode, good_rows
     from icefall.ingest.engine import read_kafka
 
     ranges = committed_ranges(committed)
@@ -232,7 +232,7 @@ def compare(changes: DataFrame, rows: DataFrame, key: list[str]) -> KeyedCompari
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     from icefall.audit.content import main_digest
-    from icefall.ingest.decode import DELETE_COLUMN, KAFKA_COLUMN, SEQUENCE_COLUMN, last_changes
+    from icefall.decode.decode import DELETE_COLUMN, KAFKA_COLUMN, SEQUENCE_COLUMN, last_changes
 
     def source(frame: DataFrame) -> list[Column]:
         """Where a row's change came from: (topic,) partition; its order there is the offset."""

@@ -77,9 +77,9 @@ def audit_keyed_routes(
     from pyspark import StorageLevel
 
     from icefall.audit.content import RECORDS_PER_TASK
-    from icefall.ingest.decode import decode
+    from icefall.decode.decode import decode
+    from icefall.decode.schemas import decoding_spec, schema_at
     from icefall.ingest.engine import read_kafka
-    from icefall.ingest.schemas import decoding_spec, schema_at
     from icefall.kafka.registry import spec_with_registry_schema
 
     destinations = _destinations(st, catalog)
@@ -146,9 +146,9 @@ class _Routed:
         letters."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        from icefall.ingest.decode import good_rows, with_every_column
+        from icefall.decode.decode import good_rows, with_every_column
+        from icefall.decode.schemas import schema_at
         from icefall.ingest.routes import ROUTE_COLUMN
-        from icefall.ingest.schemas import schema_at
 
         index, own = destination.index, self.routing.own
         mine = self.routed.where(inside(destination.ranges))
@@ -178,7 +178,7 @@ class _Routed:
         of the own route that takes them."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        from icefall.ingest.decode import BAD_COLUMN
+        from icefall.decode.decode import BAD_COLUMN
         from icefall.ingest.routes import ROUTE_COLUMN
 
         by_topic = self.st.spec.source.by_topic

@@ -28,7 +28,7 @@ own offsets of that topic, over the topics `spec.table` or it holds (`icefall.au
 dynamic route's names get their fates per topic, from each created table's start offsets of that topic
 (a table starts each topic at the first batch of it that it took).
 
-Routes with their own schema (`icefall.ingest.route_decoding`): their records are decoded again with it, as
+Routes with their own schema (`icefall.decode.route_decoding`): their records are decoded again with it, as
 their writer does, from a local checkpoint of the routed records; one that does not fit it must be a dead
 letter. Its rows are digested as its schema decodes them: a field removed from it since they were written
 makes them differ (audit with the spec the tables were filled with).
@@ -219,8 +219,8 @@ class RoutedContent:
     def _decode(self, topic: str, ranges: Mapping[int, tuple[int, int]]) -> pa.Table:
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-        from icefall.ingest.columns import BAD_COLUMN
-        from icefall.ingest.decode import bad_rows, good_rows
+        from icefall.decode.columns import BAD_COLUMN
+        from icefall.decode.decode import bad_rows, good_rows
         from icefall.ingest.routes import ROUTE_COLUMN
 
         decoded, spec = self.content.decoded(topic, ranges)
@@ -264,14 +264,14 @@ class RoutedContent:
         self, routed: DataFrame, where: DataFrame, bad: DataFrame, spec: StreamingTableSpec
     ) -> tuple[DataFrame, DataFrame, DataFrame]:
         """`where`, the dead-letter rows and the good rows' digests with the routes that have their own
-        schema (`icefall.ingest.route_decoding`): their records decoded with it, as their writer does; those
+        schema (`icefall.decode.route_decoding`): their records decoded with it, as their writer does; those
         that do not fit it dead letters."""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
         from icefall.audit.content import main_digest
-        from icefall.ingest.columns import KAFKA_COLUMN
-        from icefall.ingest.decode import good_rows
-        from icefall.ingest.route_decoding import ROUTE
+        from icefall.decode.columns import KAFKA_COLUMN
+        from icefall.decode.decode import good_rows
+        from icefall.decode.route_decoding import ROUTE
         from icefall.ingest.routes import ROUTE_COLUMN
 
         own, route = self.routing.own, F.col(ROUTE_COLUMN)

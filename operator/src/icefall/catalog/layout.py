@@ -52,7 +52,7 @@ from icefall.api import ParsedTransform, StreamingTable, TransformName, to_icebe
 from icefall.api import SortDirection as SpecSortDirection
 
 KAFKA_COLUMN = "_kafka"
-#: cdc with `spec.sequenceBy`: each row's position in the source (`icefall.ingest.decode.SEQUENCE_COLUMN`).
+#: cdc with `spec.sequenceBy`: each row's position in the source (`icefall.decode.decode.SEQUENCE_COLUMN`).
 SEQUENCE_COLUMN = "_sequence"
 SEQUENCE_DOC = (
     "The change's position in the source (spec.sequenceBy); integers zero-padded to compare as text"

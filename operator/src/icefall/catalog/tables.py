@@ -10,7 +10,7 @@ the caller passes as `schema_override`, e.g. from `spark_struct_to_iceberg(good.
 committing every few seconds would otherwise leave tens of thousands of metadata files a day for orphan
 removal, which waits days.
 
-The dead-letter table has `DEAD_LETTER_SCHEMA` (the columns of `icefall.ingest.decode`'s bad rows) and is
+The dead-letter table has `DEAD_LETTER_SCHEMA` (the columns of `icefall.decode.decode`'s bad rows) and is
 partitioned by day(ingested_at): dead letters are read and expired by time ("what failed since
 yesterday", "drop what is older than 30 days"), which a day partition turns into whole-file operations,
 and a batch writes one file per day either way, so it costs no extra files.
@@ -23,7 +23,7 @@ Guarantees:
   changed or narrowed, a new required field; `icefall.catalog.evolution`) raises `TableMismatchError`
   listing every such field with its fix. Nothing is altered here: what Iceberg can follow (new optional
   fields, wider types, required to optional) is changed by the writer before its first batch
-  (`icefall.ingest.schemas`), under its lease.
+  (`icefall.decode.schemas`), under its lease.
 - A different partition spec or sort order is not an error (data is still correct): each difference is
   logged and returned in `EnsuredTables.warnings`.
 

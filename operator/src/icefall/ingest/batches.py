@@ -43,12 +43,12 @@ if TYPE_CHECKING:
     from icefall.api import StreamingTableSpec
     from icefall.catalog.evolution import Evolution
     from icefall.commit import CommittedState, SourceBatch, Stage
+    from icefall.decode.schemas import SchemaFollower, Writers
     from icefall.ingest.commits import CommitPipeline, InFlight
     from icefall.ingest.dead_letters import DeadLetters
     from icefall.ingest.planning import PlannedBatch, Planner
     from icefall.ingest.report import BatchReport, Reporter
     from icefall.ingest.routes import RouteStage
-    from icefall.ingest.schemas import SchemaFollower, Writers
     from icefall.ingest.writer import BatchWriter
     from icefall.runtime.failpoints import TableRole
 
@@ -255,7 +255,7 @@ class Batches:
         self, planned: PlannedBatch, clock: PhaseClock
     ) -> tuple[Stage, WrittenBatch, Sequence[RouteStage]]:
         """Write the batch again on a fresh stage (the commit below, if any, has landed): its first write
-        met writer schemas it was not decoded with (`icefall.ingest.known_writers`); that write is dropped
+        met writer schemas it was not decoded with (`icefall.decode.known_writers`); that write is dropped
         with the snapshot it staged, and is never committed. Routed: every route table's branch is pointed
         back at its head the same way (`Routing.stage`), and written again."""
         log.info("%s: the batch met new writer schemas; it is written again with them", self.label)
@@ -267,7 +267,7 @@ class Batches:
 
     def _evolve(self, writers: Writers | None) -> Schema:
         """Make the table hold the spec's fields and the writer schemas the batch is decoded with
-        (`icefall.ingest.schemas`) before the batch is written; the table's schema."""
+        (`icefall.decode.schemas`) before the batch is written; the table's schema."""
         if self.schemas.evolution(self.table.schema(), writers).changes:
             # Planned again on the metadata each attempt loads.
             evolution = evolve_schema(
@@ -384,7 +384,7 @@ class Batches:
 def _following(schema: Schema, columns: Schema) -> Evolution:
     """What a route table (`schema`) must change to hold the table's `columns`."""
     from icefall.catalog.evolution import plan_evolution
-    from icefall.ingest.schemas import OWN_COLUMNS
+    from icefall.decode.schemas import OWN_COLUMNS
 
     return plan_evolution(
         schema, columns, source="the table's columns", relax_required=True, last=OWN_COLUMNS

@@ -56,10 +56,10 @@ log = logging.getLogger(__name__)
 
 def reason_kinds(bad: DataFrame) -> dict[str, int]:
     """How many of the dead-letter rows `bad` (cached: one small job) have each kind of reason, for the
-    metrics (`icefall.ingest.decode.REASON_KINDS`)."""
+    metrics (`icefall.decode.decode.REASON_KINDS`)."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    from icefall.ingest.decode import reason_kind
+    from icefall.decode.decode import reason_kind
 
     counted = bad.groupBy(reason_kind(F.col("error")).alias("kind")).count().collect()
     return {row["kind"]: int(row["count"]) for row in counted}

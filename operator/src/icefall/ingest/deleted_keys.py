@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from icefall.ingest.columns import DELETE_COLUMN, SEQUENCE_COLUMN
+from icefall.decode.columns import DELETE_COLUMN, SEQUENCE_COLUMN
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -75,7 +75,7 @@ class DeltaDeadLetters:
     def start(self, epoch: int) -> None:
         """Create the dead-letter table (the columns of bad rows) if needed, claim `epoch` in it, drop the
         staging folders a crashed writer left."""
-        from icefall.ingest.decode import bad_rows
+        from icefall.decode.decode import bad_rows
 
         if self.log is None:
             return

@@ -18,7 +18,7 @@ batch is planned again). The live files come from a replay of the log (`LogFiles
 advanced by the commits since: no link, no copy, no listing of the table's folder; partitioned tables
 alike (the adds carry their partition values).
 
-The MERGE is the Iceberg path's (`icefall.ingest.writer.merge` on `icefall.ingest.decode.last_changes`):
+The MERGE is the Iceberg path's (`icefall.ingest.writer.merge` on `icefall.decode.decode.last_changes`):
 the batch's last change per key by (sequence,) partition, offset; a delete (tombstone, cdc op d) removes
 the key; with `spec.sequenceBy` a change older than the row's `_sequence` is skipped, and deleted keys are
 remembered (`icefall.ingest.deleted_keys.Remembering`) in a Parquet file under `_icefall_deleted_keys`
@@ -330,7 +330,7 @@ def merge_batch(
     deleted keys file the commit names (None: the committed one stays)."""
     import time
 
-    from icefall.ingest.decode import last_changes
+    from icefall.decode.decode import last_changes
     from icefall.ingest.deleted_keys import Remembering
 
     key = list(spec.key or [])

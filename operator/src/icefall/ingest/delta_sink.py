@@ -27,7 +27,7 @@ start and before any batch is written.
 
 Registry formats (avro, protobuf, jsonSchema): without an inline schema the table's columns are the
 subject's latest schema at start (`with_registry_schema`, as for Iceberg); records decode with every writer
-schema this writer has met (`BatchWriter.writers_for`, `icefall.ingest.known_writers`) into the table's
+schema this writer has met (`BatchWriter.writers_for`, `icefall.decode.known_writers`) into the table's
 columns, and the table follows each of them too (`plan_delta_schemas`: the spec's, then the writer schemas,
 oldest id first): a writer schema's new field is added in the log entry of the batch that first holds its
 records. A batch that meets a writer schema it was not decoded with is written again with it before
@@ -80,7 +80,8 @@ from icefall.commit.delta import (
     moved_into,
 )
 from icefall.commit.errors import LayoutChangedError
-from icefall.ingest.columns import DELETE_COLUMN
+from icefall.decode.columns import DELETE_COLUMN
+from icefall.decode.schemas import follows_table, writer_fields
 from icefall.ingest.commits import LeaseKeeper
 from icefall.ingest.delta_dead_letters import DeltaDeadLetters, dead_letter_location
 from icefall.ingest.delta_read import with_partition_columns
@@ -88,7 +89,6 @@ from icefall.ingest.outages import Outages, registry_address, sleep_unless
 from icefall.ingest.outcome import NO_DEAD_LETTERS, DeadLettersLanded
 from icefall.ingest.planning import PlannedBatch, Planner, Progress, ReadStats
 from icefall.ingest.report import BatchReport, publish_batch
-from icefall.ingest.schemas import follows_table, writer_fields
 from icefall.ingest.writer import BatchWriter
 from icefall.kafka.admin import TopicView
 from icefall.kafka.security import librdkafka_config, spark_kafka_options
@@ -103,8 +103,8 @@ if TYPE_CHECKING:
 
     from icefall.commit.delta_files import LogFiles
     from icefall.commit.lease import Lease
+    from icefall.decode.schemas import Writers
     from icefall.ingest.delta_keyed import Merged
-    from icefall.ingest.schemas import Writers
     from icefall.kafka.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -428,7 +428,7 @@ class DeltaIngestor:
         seen = observation.get
         stats = ReadStats.of(seen["records"], seen["bytes"], seen["newest"], seen["bad"], None)
         if self.writer.decoders.good.uses_registry:
-            from icefall.ingest.framing import KEY_SCHEMA_IDS, SCHEMA_IDS
+            from icefall.decode.framing import KEY_SCHEMA_IDS, SCHEMA_IDS
 
             stats = self.writer.learned(stats, seen.get(SCHEMA_IDS) or [], seen.get(KEY_SCHEMA_IDS) or [])
             if stats.unseen_writers:

@@ -196,8 +196,8 @@ class Ingestor:
     def _start(self, lease_timeout: float | None) -> None:
         from icefall.catalog.layout import expected_schema, spark_struct_to_iceberg
         from icefall.catalog.tables import ensure_tables
-        from icefall.ingest.decode import prepare
-        from icefall.ingest.schemas import SchemaFollower
+        from icefall.decode.decode import prepare
+        from icefall.decode.schemas import SchemaFollower
 
         override = None
         if self.spec.transforms.select:
@@ -251,7 +251,7 @@ class Ingestor:
         """Dynamic route table `name`, created on first use, with this writer's epoch claimed in it (a
         late commit of an older writer to it is fenced like one to any other table)."""
         from icefall.catalog.tables import ensure_dynamic_table
-        from icefall.ingest.schemas import follows_table
+        from icefall.decode.schemas import follows_table
 
         if follows_table(self.spec):
             # A registry format: the table's columns now (every writer schema met), not the latest schema

@@ -57,9 +57,9 @@ class BatchReport:
     # puts the writer's staging branch at main's head (no catalog commit when the last commit left it
     # there) and, for a batch that wrote nothing, stages its empty snapshot.
     phases: Mapping[str, float] = field(default_factory=dict)
-    # The dead letters by kind of reason (`icefall.ingest.decode.REASON_KINDS`), summing to the above.
+    # The dead letters by kind of reason (`icefall.decode.decode.REASON_KINDS`), summing to the above.
     dead_letter_reasons: Mapping[str, int] = field(default_factory=dict)
-    # Schema changes the table cannot follow, as last planned (`icefall.ingest.schemas`), one per field.
+    # Schema changes the table cannot follow, as last planned (`icefall.decode.schemas`), one per field.
     schema_refused: tuple[str, ...] = ()
 
 
@@ -115,7 +115,7 @@ class Reporter:
         self.label = label
         self.topics = topics
         self.progress = Progress()
-        #: What the table cannot follow now (`icefall.ingest.schemas.SchemaFollower.refused`).
+        #: What the table cannot follow now (`icefall.decode.schemas.SchemaFollower.refused`).
         self.schema_refused: Callable[[], tuple[str, ...]] = tuple
 
     def step_started(self, at: float) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from icefall.api import DynamicRoute, NameFrom
-from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, KAFKA_KEY_COLUMN, TYPED_COLUMN
+from icefall.decode.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX, KAFKA_KEY_COLUMN, TYPED_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -80,7 +80,7 @@ def dynamic_name(route: DynamicRoute | None) -> Column:
 
 def judged(names: Sequence[str], own: Column) -> list[Column]:
     """The record's columns (`names`, in the routing context) with a record an own route takes (`own`) not
-    bad here: its route's schema judges it (`icefall.ingest.route_decoding`)."""
+    bad here: its route's schema judges it (`icefall.decode.route_decoding`)."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
     record = F.col(RECORD)

@@ -29,7 +29,7 @@ Several topics (`spec.source.topics`, `topicPattern`): each destination takes it
 (`icefall.plan.routing.destination_takes`) and commits it as a `TopicsBatch`. Conditions see the decoded
 value's fields as the batch decodes them (a registry format's: the table's columns now).
 
-Own schemas (`spec.routes[i].schema`, `key`, `sequenceBy`; `icefall.ingest.route_decoding`): a record such
+Own schemas (`spec.routes[i].schema`, `key`, `sequenceBy`; `icefall.decode.route_decoding`): a record such
 a route takes is judged by its route's schema, not spec's (`routed`); `write` decodes its records again
 from the cached batch into its table's columns, keyed by its key (`Destination.spec`), and counts those
 that do not fit (dead letters, `own_dead_letters`).
@@ -67,13 +67,14 @@ from icefall.commit import (
     sweep_stages,
 )
 from icefall.commit.batch import held_of
-from icefall.ingest.arrow_append import arrow_writable, write_rows
-from icefall.ingest.columns import (
+from icefall.decode.columns import (
     BAD_COLUMN,
     DELETE_COLUMN,
     ERROR_COLUMN,
     INTERNAL_PREFIX,
 )
+from icefall.decode.route_decoding import ROUTE, OwnDecoders
+from icefall.ingest.arrow_append import arrow_writable, write_rows
 from icefall.ingest.commits import count_restage, dropped_unless_committed, stage_empty
 from icefall.ingest.report import added_records
 from icefall.ingest.route_context import (
@@ -84,7 +85,6 @@ from icefall.ingest.route_context import (
     value_field,
     value_fields,
 )
-from icefall.ingest.route_decoding import ROUTE, OwnDecoders
 from icefall.plan.routing import (
     Take,
     TopicRange,

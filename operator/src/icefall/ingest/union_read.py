@@ -20,7 +20,7 @@ is every record of the topic up to the cut exactly once, fresh to the moment the
   read_committed, the spec's source properties) from where ingestion would go on (`icefall.plan.offsets.
   resolve_positions`: committed offsets, new partitions from their first record, the spec's starting
   position before the first commit), decoded with the spec's format, schema and transforms
-  (`icefall.ingest.decode`). Bad records are left out and counted, as ingestion sends them to the
+  (`icefall.decode.decode`). Bad records are left out and counted, as ingestion sends them to the
   dead-letter path; records the filter drops are left out.
 - **Routed tables** (`spec.routes`, `spec.dynamicRoute`): `table` chooses a destination (`spec.table` by
   default; a dynamic route's table is one the catalog holds with its owner property), read from its own
@@ -54,7 +54,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from icefall.commit.state import CommittedState, committed_at, read_committed
-from icefall.ingest.schemas import decoding_spec, schema_at
+from icefall.decode.schemas import decoding_spec, schema_at
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -467,7 +467,7 @@ def with_tail(  # noqa: PLR0917 (the parts of one read)
     an index of `spec.routes`, a dynamic table's name, None for `spec.table`) takes."""
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-    from icefall.ingest.decode import BAD_COLUMN, DELETE_COLUMN, Decoder, last_changes, with_every_column
+    from icefall.decode.decode import BAD_COLUMN, DELETE_COLUMN, Decoder, last_changes, with_every_column
     from icefall.ingest.engine import read_kafka
     from icefall.kafka.security import spark_kafka_options
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable, StreamingTableSpec
-from icefall.ingest.known_writers import KnownWriters
+from icefall.decode.known_writers import KnownWriters
 from icefall.ingest.planning import NOTHING_READ, PlannedBatch, ReadStats
 from icefall.ingest.routes import Destination, Routing
 from icefall.kafka.admin import ISOLATION
@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from icefall.commit import WrittenFiles
-    from icefall.ingest.avro import BatchWriters, SchemaLookup
-    from icefall.ingest.decode import Decoder
+    from icefall.decode.avro import BatchWriters, SchemaLookup
+    from icefall.decode.decode import Decoder
+    from icefall.decode.schemas import Writers
     from icefall.ingest.routes import RouteStage
-    from icefall.ingest.schemas import Writers
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,12 @@ def read_kafka(
 
 class Decoders:
     """The spec's `Decoder`s and the batch's observed aggregates, built once per writer: building them
-    costs more than reading and writing a small batch (`icefall.ingest.decode.Decoder`)."""
+    costs more than reading and writing a small batch (`icefall.decode.decode.Decoder`)."""
 
     def __init__(self, spec: StreamingTableSpec, schemas: SchemaLookup | None = None) -> None:
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        from icefall.ingest.decode import BAD_COLUMN, Decoder
+        from icefall.decode.decode import BAD_COLUMN, Decoder
 
         self.spec = spec
         self.schemas = schemas
@@ -121,7 +121,7 @@ class Decoders:
     @functools.cached_property
     def with_errors(self) -> Decoder:
         """The dead-letter path's decoder (with error text), built when a batch first has bad records."""
-        from icefall.ingest.decode import Decoder
+        from icefall.decode.decode import Decoder
 
         return Decoder(self.spec, schemas=self.schemas)
 
@@ -153,7 +153,7 @@ class BatchWriter:
         self._kafka_options = kafka_options
         self._schemas = schemas
         self._registered = registered
-        # The table's schema the decoders were built for (`icefall.ingest.schemas.decoding_spec`).
+        # The table's schema the decoders were built for (`icefall.decode.schemas.decoding_spec`).
         self._table_schema: Schema | None = None
         # cdc with sequenceBy: the deleted keys file this writer wrote last to each table (by its name; a
         # routed table's destinations each have theirs) and its content, so that the next batch does not
@@ -168,7 +168,7 @@ class BatchWriter:
     def decoders(self) -> Decoders:
         """Built on first use (its columns need the running Spark session), again after the table's schema
         changed (`use_table_schema`)."""
-        from icefall.ingest.schemas import decoding_spec
+        from icefall.decode.schemas import decoding_spec
 
         schema = self._table_schema
         return Decoders(decoding_spec(self.spec, schema) if schema is not None else self.spec, self._schemas)
@@ -178,7 +178,7 @@ class BatchWriter:
         same = self._table_schema is not None and self._table_schema.schema_id == schema.schema_id
         if same and self._table_schema == schema:  # (a Delta table's schemas all have id 0: the columns)
             return
-        from icefall.ingest.schemas import follows_table
+        from icefall.decode.schemas import follows_table
 
         changed = self._table_schema is not None or follows_table(self.spec)
         self._table_schema = schema
@@ -197,7 +197,7 @@ class BatchWriter:
 
     def empty_source(self) -> DataFrame:
         """No records, in the columns of Spark's Kafka source (for the analyser to type the transforms)."""
-        from icefall.ingest.decode import HEADERS_TYPE
+        from icefall.decode.decode import HEADERS_TYPE
 
         schema = (
             "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
@@ -233,7 +233,7 @@ class BatchWriter:
             return NOTHING_READ
         from pyspark.sql import Observation
 
-        from icefall.ingest.decode import with_every_column
+        from icefall.decode.decode import with_every_column
 
         # The table's rows carry no headers: only dead letters keep them (`bad_rows`).
         routing = self.routing
@@ -301,7 +301,7 @@ class BatchWriter:
             )
         if writers is None:
             return stats
-        from icefall.ingest.framing import KEY_SCHEMA_IDS, SCHEMA_IDS
+        from icefall.decode.framing import KEY_SCHEMA_IDS, SCHEMA_IDS
 
         return self.learned(stats, seen.get(SCHEMA_IDS) or [], seen.get(KEY_SCHEMA_IDS) or [])
 
@@ -322,7 +322,7 @@ class BatchWriter:
                 sorted(values),
                 sorted(keys),
             )
-        from icefall.ingest.avro import BatchWriters
+        from icefall.decode.avro import BatchWriters
 
         return BatchWriters(self.known.values, self.known.keys)
 
@@ -360,8 +360,8 @@ class BatchWriter:
         the changes older than a delete remembered in `committed` (the deleted keys file `table`'s committed
         state names) and store the deleted keys to remember (`icefall.ingest.deleted_keys`); returns that
         file, for the commit to name, or None."""
+        from icefall.decode.decode import last_changes
         from icefall.ingest import deleted_keys
-        from icefall.ingest.decode import last_changes
 
         spec = spec if spec is not None else self.spec
         key = spec.key or []
@@ -387,12 +387,12 @@ class BatchWriter:
 
     def bad_rows(self, ranges: tuple[OffsetRange, ...]) -> DataFrame:
         """The bad records of `ranges`, read again and decoded with their error text and headers."""
-        from icefall.ingest.decode import bad_rows
+        from icefall.decode.decode import bad_rows
 
         with_errors = self.decoders.with_errors
         writers = None
         if with_errors.uses_registry and not self.known.empty:
-            from icefall.ingest.avro import BatchWriters
+            from icefall.decode.avro import BatchWriters
 
             # As the good rows were decoded: every id of the batch is met by now, each keeps its answer.
             writers = BatchWriters(self.known.values, self.known.keys)
@@ -431,13 +431,13 @@ def merge(changes: DataFrame, name: str, key: Sequence[str], *, view: str) -> No
     staging branch) in ONE Spark MERGE: one snapshot, new rows plus position deletes of the rows they
     replace (the table is merge-on-read, `icefall.catalog.tables.KEYED_TABLE_DEFAULTS`).
 
-    `changes` are the batch's last change per key (`icefall.ingest.decode.last_changes`), and that one
+    `changes` are the batch's last change per key (`icefall.decode.decode.last_changes`), and that one
     decides alone: insert-then-delete leaves no row, delete-then-insert leaves the insert, and the
     batch never deletes a row it writes itself (position deletes name rows of files already there). With
     `SEQUENCE_COLUMN` (cdc with `spec.sequenceBy`) a change older than the row's stored position, or
     without one (a tombstone), leaves the row as it is.
     """
-    from icefall.ingest.decode import DELETE_COLUMN, SEQUENCE_COLUMN
+    from icefall.decode.decode import DELETE_COLUMN, SEQUENCE_COLUMN
 
     changes.createOrReplaceTempView(view)
     columns = [_quoted(c) for c in changes.columns if c != DELETE_COLUMN]

@@ -3,7 +3,7 @@
 Each bad record goes out with its original key and value (a tombstone stays a tombstone) and its original
 headers, followed by these headers (UTF-8 text):
 
-- `icefall.error`: why it cannot be ingested (the dead-letter `error` column, see `icefall.ingest.decode`);
+- `icefall.error`: why it cannot be ingested (the dead-letter `error` column, see `icefall.decode.decode`);
 - `icefall.source.topic`, `icefall.source.topic-id`, `icefall.source.partition`, `icefall.source.offset`:
   where it came from (the topic id is Kafka's, so it changes when the topic is deleted and created again);
 - `icefall.source.timestamp`: its Kafka timestamp in the source topic, epoch milliseconds;
@@ -101,7 +101,7 @@ def produce_dead_letters(
     source: Source,
     kafka_config: Mapping[str, str] | None = None,
 ) -> int:
-    """Send every row of `bad` (`icefall.ingest.decode` dead-letter columns) to `topic`; returns how many.
+    """Send every row of `bad` (`icefall.decode.decode` dead-letter columns) to `topic`; returns how many.
 
     `kafka_config`: extra librdkafka producer properties (security, timeouts); idempotence and acks=all
     cannot be turned off. Rows are collected to the driver one Spark partition at a time.

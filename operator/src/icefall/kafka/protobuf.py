@@ -1,5 +1,5 @@
 """A registry's Protobuf schema as a self-contained `FileDescriptorSet` (base64 text: what
-`icefall.api.protobuf_schema` and `icefall.ingest.protobuf` read).
+`icefall.api.protobuf_schema` and `icefall.decode.protobuf` read).
 
 A registry holds a Protobuf schema as either
 - a base64 serialized `FileDescriptorProto` (what confluent-kafka's Python serializer registers, kept as

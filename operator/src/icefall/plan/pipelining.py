@@ -11,7 +11,7 @@ A writer is in one of two states; each step plans, reads and writes one batch, t
       RESTAGED → DISCARD: the batch sits on a snapshot that never landed; it is planned again from the table
       REFUSED  → DROP: the batch goes with its branch and the refusal is raised, as without pipelining
     A batch whose records carry a schema id the writer had not met, with a writer schema in the registry
-    (`icefall.ingest.known_writers`), was decoded without that schema: once the commit below landed (or
+    (`icefall.decode.known_writers`), was decoded without that schema: once the commit below landed (or
     there was none) it is REWRITTEN (its branch moved back, the batch written again with the new writer
     schema), then decided again; below RESTAGED or REFUSED, DISCARD and DROP come first.
     IN_FLIGHT ── nothing to read ─────────────► SERIAL         (the commit below is waited for and reported)

@@ -24,7 +24,7 @@ RECORDS_DEAD_LETTERED = Counter(
     "icefall_records_dead_lettered_total",
     "Records routed to the dead-letter destination, by kind of reason (the first of a record's reasons: "
     "malformed_json, type_mismatch, required_missing, too_large, tombstone, ... see "
-    "icefall.ingest.decode.REASON_KINDS; the full text is in the dead-letter table's error column).",
+    "icefall.decode.decode.REASON_KINDS; the full text is in the dead-letter table's error column).",
     ["table", "reason"],
     registry=REGISTRY,
 )

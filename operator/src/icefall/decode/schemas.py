@@ -4,7 +4,7 @@
 written (`icefall.catalog.evolution`): the spec's expected schema (`spec.format.schema`, or what
 `transforms.select` produces; changed by a `kubectl apply`), then, for a registry format without
 `transforms.select`, the fields of every writer schema the batch is decoded with (those the writer has
-met, `icefall.ingest.known_writers`), oldest id first (for `mode: cdc` the fields of the row record inside
+met, `icefall.decode.known_writers`), oldest id first (for `mode: cdc` the fields of the row record inside
 each Debezium envelope, `icefall.api.avro.row_schema`: the envelope itself is not the row).
 `icefall.ingest.batches` commits the changes (`icefall.commit.evolve_schema`) before it writes the batch,
 and the writer then decodes into the table's columns (`decode_fields`): a writer's new field lands in the

@@ -1,6 +1,6 @@
 """Confluent's wire format around a record value: magic byte 0, a 4-byte big-endian schema id, then the
 encoded record. Spark column expressions for the schema id of each record and the reasons a frame is
-refused, for every registry format (`icefall.ingest.avro` uses the header checks, and words its unknown-id
+refused, for every registry format (`icefall.decode.avro` uses the header checks, and words its unknown-id
 reason itself).
 
 Reasons, worded as the Avro decoder words them: `tombstone: the record's value is null`;
@@ -9,7 +9,7 @@ Reasons, worded as the Avro decoder words them: `tombstone: the record's value i
 format (...)`; `unknown schema id 42 (the registry has no JSON Schema with this id)`.
 
 Use: select `schema_id`, then `known(writers)` on that frame; the reasons read both columns. The writers
-are those the ingestion writer has met (`icefall.ingest.known_writers`): the decoded frame keeps
+are those the ingestion writer has met (`icefall.decode.known_writers`): the decoded frame keeps
 `SCHEMA_ID_COLUMN`, and `observed_ids` are the aggregates that name the batch's ids as it is written.
 Audits and union reads ask first (`schema_ids`: a Spark job over the headers, then the registry).
 Not here: what follows the header (a Protobuf message index, the payload's own decoding).

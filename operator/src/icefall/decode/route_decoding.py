@@ -23,14 +23,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from icefall.api import StreamingTable
-from icefall.ingest.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX
+from icefall.decode.columns import BAD_COLUMN, ERROR_COLUMN, INTERNAL_PREFIX
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
     from pyspark.sql import Column, DataFrame
 
     from icefall.api import StreamingTableSpec
-    from icefall.ingest.decode import Decoder
+    from icefall.decode.decode import Decoder
 
 
 #: `OwnDecoders.taken`'s column naming each record's route.
@@ -73,14 +73,14 @@ class OwnDecoders:
     @functools.cached_property
     def good(self) -> Mapping[int, Decoder]:
         """Each own route's decoder without error text (the table's rows)."""
-        from icefall.ingest.decode import Decoder
+        from icefall.decode.decode import Decoder
 
         return {i: Decoder(spec, errors=False) for i, spec in self.specs.items()}
 
     @functools.cached_property
     def with_errors(self) -> Mapping[int, Decoder]:
         """Each own route's decoder with error text (the dead letters), built when first needed."""
-        from icefall.ingest.decode import Decoder
+        from icefall.decode.decode import Decoder
 
         return {i: Decoder(spec) for i, spec in self.specs.items()}
 
@@ -88,7 +88,7 @@ class OwnDecoders:
         """The good rows of route `index` of `frame` (records of the routed batch it takes), decoded with
         its own schema into its table's columns (`schema`: a column the route's schema no longer has is
         null): `_kafka`, and for a keyed table the delete flag."""
-        from icefall.ingest.decode import with_every_column
+        from icefall.decode.decode import with_every_column
 
         decoder = self.good[index]
         return with_every_column(decoder.good_rows(decoder.decode(frame)), schema)
@@ -123,12 +123,12 @@ class OwnDecoders:
         return routed.select(*keep, route.alias(ROUTE))
 
     def bad_rows(self, routed: DataFrame, route: Column, *, by_topic: bool) -> DataFrame:
-        """The dead-letter rows (`icefall.ingest.decode.bad_rows`) of the records of `routed` (decoded with
+        """The dead-letter rows (`icefall.decode.decode.bad_rows`) of the records of `routed` (decoded with
         error text and routed) that do not fit their own route's schema, each reason ending with
         `route_reason`."""
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        from icefall.ingest.decode import bad_rows
+        from icefall.decode.decode import bad_rows
 
         frames = []
         for i, decoder in self.with_errors.items():

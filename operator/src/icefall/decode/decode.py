@@ -31,14 +31,14 @@ How JSON maps to types (Spark's JSON reader, `from_json` in PERMISSIVE mode):
 - Fields not in the schema are ignored; text after the first JSON value is ignored.
 
 JSON Schema (`spec.format.type: jsonSchema`): the JSON text after the Confluent wire format's header, read
-as above into the table's fields; the frame's reasons come first (`icefall.ingest.framing`: tombstone, too
+as above into the table's fields; the frame's reasons come first (`icefall.decode.framing`: tombstone, too
 short, wrong magic byte, `unknown schema id 42 (the registry has no JSON Schema with this id)`, also for an
-id whose schema is of another type). Avro and Protobuf: `icefall.ingest.avro`, `icefall.ingest.protobuf`.
+id whose schema is of another type). Avro and Protobuf: `icefall.decode.avro`, `icefall.decode.protobuf`.
 
-Keyed modes (`spec.mode` upsert, cdc; `icefall.ingest.keyed`): the good rows carry `DELETE_COLUMN` (true for a
+Keyed modes (`spec.mode` upsert, cdc; `icefall.decode.keyed`): the good rows carry `DELETE_COLUMN` (true for a
 record that deletes its key: a tombstone, a Debezium d event), a delete needs only its key, a Debezium event
 is decoded from its row image (after, or before for d), and key fields missing from the image come from the
-Kafka key (Avro: `icefall.ingest.avro`, the same rules and reasons). Errors of keyed modes: `tombstone
+Kafka key (Avro: `icefall.decode.avro`, the same rules and reasons). Errors of keyed modes: `tombstone
 (null value): the Kafka key gives no value for key field 'id' ...`, `delete (op d, or a tombstone): the
 before image nor the Kafka key gives ...`, `not a Debezium change event: it has no op (nor payload.op)`,
 `Debezium op 't' is not one of c, r, u, d`, `Debezium op 'c' has no after image`.
@@ -60,12 +60,12 @@ from pyspark.sql import functions as F  # noqa: N812 - the usual name
 from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
 
 from icefall.api import FormatType, SchemaField, StreamingTableSpec, TableMode, to_spark_schema_json
-from icefall.ingest import columns
-from icefall.ingest.columns import CORRUPT_COLUMN, POSITION_COLUMN, RAW_COLUMN, TEXT_COLUMN
-from icefall.ingest.framing import HEADER_BYTES, KNOWN_COLUMN, Framing, observed_ids
-from icefall.ingest.keyed import Keyed, image_column
-from icefall.ingest.protobuf import PAYLOAD_COLUMN, payload
-from icefall.ingest.reasons import (
+from icefall.decode import columns
+from icefall.decode.columns import CORRUPT_COLUMN, POSITION_COLUMN, RAW_COLUMN, TEXT_COLUMN
+from icefall.decode.framing import HEADER_BYTES, KNOWN_COLUMN, Framing, observed_ids
+from icefall.decode.keyed import Keyed, image_column
+from icefall.decode.protobuf import PAYLOAD_COLUMN, payload
+from icefall.decode.reasons import (
     RECORD_QUOTE_CHARS,
     VALUE_QUOTE_CHARS,
     Check,
@@ -78,10 +78,10 @@ from icefall.ingest.reasons import (
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
 
-    from icefall.ingest.avro import AvroDecoding, SchemaLookup
+    from icefall.decode.avro import AvroDecoding, SchemaLookup
 
 HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
-#: The columns of a decode result, named by `icefall.ingest.columns` (the Avro decoder shares them).
+#: The columns of a decode result, named by `icefall.decode.columns` (the Avro decoder shares them).
 KAFKA_COLUMN = columns.KAFKA_COLUMN
 SEQUENCE_COLUMN = columns.SEQUENCE_COLUMN
 _RANK = "__icefall_rank"  # `last_changes`: a change's rank among its key's, latest first
@@ -169,7 +169,7 @@ class Decoder:
 
     def _init_framing(self, spec: StreamingTableSpec, schemas: SchemaLookup | None) -> None:
         """JSON Schema and Protobuf: JSON text from what follows the wire format's header
-        (`icefall.ingest.framing`), read as json is. The text is there only for a record whose frame is
+        (`icefall.decode.framing`), read as json is. The text is there only for a record whose frame is
         right and whose schema id the registry knows; `_frame_reasons` say why else it is not."""
         self._schemas = schemas if schemas is not None else _registry_lookup(spec)
         max_bytes = spec.dead_letter.max_record_bytes
@@ -200,8 +200,8 @@ class Decoder:
     def _init_registry_format(
         self, spec: StreamingTableSpec, *, errors: bool, schemas: SchemaLookup | None
     ) -> None:
-        """A registry format (`spec.format.registry`): decoded by `icefall.ingest.avro`."""
-        from icefall.ingest.avro import AvroDecoding
+        """A registry format (`spec.format.registry`): decoded by `icefall.decode.avro`."""
+        from icefall.decode.avro import AvroDecoding
 
         if schemas is None:
             schemas = _registry_lookup(spec)
@@ -232,7 +232,7 @@ class Decoder:
 
     def observed_ids(self) -> list[Column]:
         """A registry format: aggregates naming the schema ids of a `decode` result's records
-        (`icefall.ingest.framing.observed_ids`: values, and for a keyed Avro table keys); json: none."""
+        (`icefall.decode.framing.observed_ids`: values, and for a keyed Avro table keys); json: none."""
         if not self.uses_registry:
             return []
         return observed_ids(keys=self._avro is not None and self._avro.keyed is not None)

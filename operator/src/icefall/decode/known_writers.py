@@ -3,12 +3,13 @@ Avro table, those of Kafka keys. Pure: no Spark, no registry.
 
 A batch is decoded with every writer schema remembered here, not with a lookup of its own ids first (that
 lookup read the batch from Kafka once more, in a Spark job of its own); before the first batch, what is
-remembered is the latest writer schema of each of the spec's subjects (`BatchWriter.writers_for`). The write's
-observation collects the batch's schema ids; `unseen` names the ones not remembered when it was decoded,
-and `learn` takes the registry's answer for them. A record of an unseen id was decoded as an unknown id
-(a dead letter, or for a key: read as a plain key), which is right only if the registry has no schema for
-it either: `learn` returns True when an unseen id has one, and the batch is then written again with it
-(`plan.pipelining`: REWRITE), never committed as first written.
+remembered is the latest writer schema of each of the spec's subjects
+(`icefall.ingest.writer.BatchWriter.writers_for`). The write's observation collects the batch's schema ids;
+`unseen` names the ones not remembered when it was decoded, and `learn` takes the registry's answer for them.
+A record of an unseen id was decoded as an unknown id (a dead letter, or for a key: read as a plain key),
+which is right only if the registry has no schema for it either: `learn` returns True when an unseen id has
+one, and the batch is then written again with it (`plan.pipelining`: REWRITE), never committed as first
+written.
 
 Guarantees: a writer schema, once learnt, is never forgotten or changed (registry ids are immutable), so a
 batch's good rows and its dead letters, decoded at different times, decide every record alike. An id the

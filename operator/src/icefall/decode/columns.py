@@ -1,5 +1,5 @@
-"""The columns of a decoded batch, shared by both decoders (`icefall.ingest.decode` for JSON, and
-`icefall.ingest.avro`, which `decode` calls): names only, no Spark.
+"""The columns of a decoded batch, shared by both decoders (`icefall.decode.decode` for JSON, and
+`icefall.decode.avro`, which `decode` calls): names only, no Spark.
 
 A decode result holds the Kafka columns, `TYPED_COLUMN` (the record as the table's fields), `BAD_COLUMN`
 (true: the record goes to the dead-letter table) and, when error texts are built, `ERROR_COLUMN`. Good rows
@@ -14,7 +14,7 @@ INTERNAL_PREFIX = "__icefall_"
 
 KAFKA_COLUMN = "_kafka"
 #: cdc with `spec.sequenceBy`: the change's position in the source, one text per path, numbers padded so
-#: that arrays compare in the source's order (`icefall.ingest.keyed.sequence_part`).
+#: that arrays compare in the source's order (`icefall.decode.keyed.sequence_part`).
 SEQUENCE_COLUMN = "_sequence"
 DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
 

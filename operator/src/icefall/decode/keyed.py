@@ -2,8 +2,8 @@
 the row image a Debezium event carries, the key read from the Kafka key where the value has none, and a
 change's position in its source (`spec.sequenceBy`).
 
-Used by `icefall.ingest.decode`, which owns the decoding flow; everything here is Spark column
-expressions over the columns of `icefall.ingest.columns`.
+Used by `icefall.decode.decode`, which owns the decoding flow; everything here is Spark column
+expressions over the columns of `icefall.decode.columns`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pyspark.sql import functions as F  # noqa: N812 - the usual name
 from pyspark.sql.types import StructField, StructType
 
 from icefall.api import SchemaField, StreamingTableSpec, TableMode, to_spark_schema_json
-from icefall.ingest.columns import (
+from icefall.decode.columns import (
     DELETE_COLUMN,
     ENVELOPE_COLUMN,
     IMAGE_COLUMN,
@@ -24,7 +24,7 @@ from icefall.ingest.columns import (
     TEXT_COLUMN,
     TYPED_COLUMN,
 )
-from icefall.ingest.reasons import VALUE_QUOTE_CHARS, Check, json_problem, quote
+from icefall.decode.reasons import VALUE_QUOTE_CHARS, Check, json_problem, quote
 
 #: Digits of the largest non-negative integer a sequence part compares as a number (Spark's decimal(38)).
 SEQUENCE_DIGITS = 38

@@ -3,7 +3,7 @@
 A record's value is magic byte 0, the 4-byte schema id, the message index (zig-zag varints: a count, then
 that many indexes into the schema's messages and their nested ones; the single byte 0 means [0], the first
 message), then the Protobuf binary of that message. `payload(writers)` is a column of struct<json string,
-problem string>: the message as JSON text, which the JSON path of `icefall.ingest.decode` then reads
+problem string>: the message as JSON text, which the JSON path of `icefall.decode.decode` then reads
 into the table's fields with its own checks and reasons, or why it cannot be read:
 `the message index after the schema id does not parse (...)`, `message index [3] names no message of
 schema id 7`, `bytes do not decode as protobuf message shop.Order of schema id 7`.
@@ -39,7 +39,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
 from pyspark.sql.pandas.functions import arrow_udf  # pyarrow only (the name says pandas; pandas is not used)
 
-from icefall.ingest.framing import HEADER_BYTES, SCHEMA_ID_COLUMN
+from icefall.decode.framing import HEADER_BYTES, SCHEMA_ID_COLUMN
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -2,18 +2,18 @@
 
 A record's value is the Confluent wire format: magic byte 0, a 4-byte big-endian schema id, then the Avro
 binary encoding of the record with that (writer) schema. `AvroDecoding.decode` returns the same columns as
-`icefall.ingest.decode.Decoder.decode` (so `good_rows`, `bad_rows` and `split` apply unchanged): the Kafka
+`icefall.decode.decode.Decoder.decode` (so `good_rows`, `bad_rows` and `split` apply unchanged): the Kafka
 columns, `TYPED_COLUMN` (the table's fields), `BAD_COLUMN` and, with `errors`, `ERROR_COLUMN`.
 
 How a batch is decoded: with the writer schemas it is given (ingestion: every one the writer has met,
-`icefall.ingest.known_writers`), or else those of the schema ids present in the batch, gathered first (one
+`icefall.decode.known_writers`), or else those of the schema ids present in the batch, gathered first (one
 small Spark job over the first five bytes of each value) and looked up (`SchemaLookup`, in production
 `icefall.kafka.registry.WriterSchemas`). Each record is decoded by spark-avro's `from_avro` (mode
 PERMISSIVE) with the writer schema of its own id — one `from_avro` per id, chosen per record by a CASE on
 the id, so each record is parsed once; an id without a writer schema is an unknown id. The writer's record
 is then projected onto the table's fields by name (`try_cast` to the table's type; a field the writer does
 not have is null; a writer whose record is the table's row as it is, is the row). The decoded frame keeps
-the value's (and key's) schema id (`icefall.ingest.framing`: `SCHEMA_ID_COLUMN`, `KEY_SCHEMA_ID_COLUMN`),
+the value's (and key's) schema id (`icefall.decode.framing`: `SCHEMA_ID_COLUMN`, `KEY_SCHEMA_ID_COLUMN`),
 for the write's observation. The columns for one set of writer schemas are built once and kept
 (`MAX_PLANS_KEPT`): building them costs more than a small batch.
 
@@ -26,7 +26,7 @@ Reasons a record goes to the dead-letter table (`error`, joined by "; " like the
 `field 'amount': the writer's value does not fit decimal(10,2)`;
 `required field 'id' is missing or null` (with `, and writer schema id 7 has no such field` when absent).
 
-Keyed modes (`spec.mode` upsert and cdc, `icefall.ingest.keyed` for the rules they share with JSON): the
+Keyed modes (`spec.mode` upsert and cdc, `icefall.decode.keyed` for the rules they share with JSON): the
 output also holds `DELETE_COLUMN`, `KAFKA_KEY_COLUMN` and, for cdc with `spec.sequenceBy`, `POSITION_COLUMN`.
 upsert: the value is the row; a tombstone deletes its key. cdc: the value is Debezium's Avro envelope
 (`{before, after, source, op, ts_ms, ...}`, the row record in before and after); op c, r and u write the
@@ -60,7 +60,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructT
 
 from icefall.api import StreamingTableSpec, TableMode, to_spark_schema_json
 from icefall.api.avro import IMAGE_FIELDS, envelope_row, named_records
-from icefall.ingest.columns import (
+from icefall.decode.columns import (
     BAD_COLUMN,
     DELETE_COLUMN,
     ERROR_COLUMN,
@@ -68,8 +68,8 @@ from icefall.ingest.columns import (
     POSITION_COLUMN,
     TYPED_COLUMN,
 )
-from icefall.ingest.framing import HEADER_BYTES, KEY_SCHEMA_ID_COLUMN, SCHEMA_ID_COLUMN, Framing
-from icefall.ingest.keyed import Keyed, change_reasons, sequence_part
+from icefall.decode.framing import HEADER_BYTES, KEY_SCHEMA_ID_COLUMN, SCHEMA_ID_COLUMN, Framing
+from icefall.decode.keyed import Keyed, change_reasons, sequence_part
 
 #: The writer schemas (Avro JSON text) of schema ids; None for an id the registry does not know.
 SchemaLookup = Callable[[Iterable[int]], Mapping[int, str | None]]
@@ -429,7 +429,7 @@ class AvroDecoding:
 
     def _verdict(self, unknown: Column, schema_id: Column) -> list[Column]:
         """`BAD_COLUMN` and, with `errors`, `ERROR_COLUMN`: from the frame, the id and the projection; in
-        keyed modes a delete needs only its key (`icefall.ingest.decode._bad`)."""
+        keyed modes a delete needs only its key (`icefall.decode.decode._bad`)."""
         reasons = [
             *self._frame_reasons,
             (
