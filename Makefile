@@ -196,8 +196,8 @@ bench-upsert: setup $(VENV)/.bench-installed
 	$(TOOLS) && $(BIN)/python bench/upsert.py $(BENCH_ARGS)
 # Sustained drains (issue #45): 5,000,000 small events per system for JSON, Avro and Protobuf (bench/compare.py
 # --sustained; bench/results/sustained.md), then keyed: 5M keys and 5M changes, Icefall beside Spark's MERGE
-# (bench/upsert.py --sustained; bench/results/sustained-upsert.md). Over 2 hours on 2 cores: run it on a quiet
-# machine. Options: SUSTAINED_ARGS to compare.py (e.g. "--records 1000000"), SUSTAINED_UPSERT_ARGS to upsert.py.
+# (bench/upsert.py --sustained; bench/results/sustained-upsert.md). Estimated from smoke runs on 2 cores: ~1 h
+# for compare.py, 1-2 h for upsert.py (its MERGEs grow with the 5M-row table): run it on a quiet machine. Options: SUSTAINED_ARGS to compare.py (e.g. "--records 1000000"), SUSTAINED_UPSERT_ARGS to upsert.py.
 .PHONY: bench-sustained
 bench-sustained: setup $(VENV)/.bench-installed
 	$(TOOLS) && $(BIN)/python bench/compare.py --sustained $(SUSTAINED_ARGS)
