@@ -14,6 +14,7 @@ import platform
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from icefall.plan.offsets import OffsetRange
 
@@ -208,11 +210,99 @@ def machine_basics() -> dict[str, str]:
 
 def cpu_probe_seconds() -> float:
     """CPU-seconds of a fixed pure-Python loop: machines that report the same model name ("AMD EPYC") differ
-    several-fold in speed, so results of two runs are comparable only when their probes are close."""
-    started, total = time.process_time(), 0
+    several-fold in speed, so results of two runs are comparable only when their probes are close. The
+    calling thread's CPU time only (a bench's producer and monitor threads run beside it)."""
+    started, total = time.thread_time(), 0
     for i in range(10_000_000):
         total += i
-    return time.process_time() - started
+    return time.thread_time() - started
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """How fast and how busy the machine was at one moment: `cpu_probe_seconds` and `load_average`."""
+
+    probe: float  # CPU-s of the probe, in this process (on core 0 when the bench pins itself there)
+    load: str  # "1 5 15" minutes
+
+    @classmethod
+    def now(cls) -> Gauge:
+        return cls(cpu_probe_seconds(), load_average())
+
+
+# --- bytes and CPU ---------------------------------------------------------------------------------------
+
+GIB = 1024**3
+
+
+def cpu_per_gib(cpu_seconds: float, payload_bytes: int) -> float:
+    """CPU-seconds per GiB: `cpu_seconds` over `payload_bytes` / 2**30; NaN when either is not positive.
+
+    What the drain tables call "CPU-s per GiB": the system's process-tree CPU over the drain divided by the
+    GiB of the backlog's Kafka record keys and values as produced (`Tally`: the bytes handed to the
+    producer; no headers, timestamps or batch framing, no trickle or warm-up records). It is
+    2**30 / (records per CPU-s x mean key + value bytes of a record)."""
+    if cpu_seconds <= 0 or payload_bytes <= 0:
+        return float("nan")
+    return cpu_seconds / (payload_bytes / GIB)
+
+
+#: A record as the benches produce it: (key, value or None for a tombstone, timestamp ms).
+Record = tuple[str, bytes | None, int]
+
+
+class Tally:
+    """An iterator over `records` that counts what it hands out: records, key bytes (UTF-8, as the producer
+    sends a str key) and value bytes (0 for a tombstone)."""
+
+    def __init__(self, records: Iterator[Record]) -> None:
+        self._records = records
+        self.records = self.key_bytes = self.value_bytes = 0
+
+    def __iter__(self) -> Tally:
+        return self
+
+    def __next__(self) -> Record:
+        key, value, ts = next(self._records)
+        self.records += 1
+        self.key_bytes += len(key.encode())
+        self.value_bytes += len(value) if value is not None else 0
+        return key, value, ts
+
+    @property
+    def bytes(self) -> int:
+        """Keys and values."""
+        return self.key_bytes + self.value_bytes
+
+
+_SPOOLED = struct.Struct(">IiQ")  # key length, value length (-1: a tombstone), timestamp ms
+
+
+def spooled(records: Iterator[Record], count: int, path: Path) -> Iterator[Record]:
+    """The next `count` of `records`, encoded now into the file `path`, then read back one by one.
+
+    For a backlog whose encoder is slower than a system drains (confluent-kafka's AvroSerializer): encoded
+    before a drain's clock starts, as a list in memory was, but with memory bounded whatever `count` (a
+    5,000,000-record backlog of ~100-byte values is ~0.6 GB on disk). The file is deleted when read to its
+    end."""
+    with path.open("wb") as out:
+        for _ in range(count):
+            key, value, ts = next(records)
+            raw = key.encode()
+            out.write(_SPOOLED.pack(len(raw), -1 if value is None else len(value), ts))
+            out.write(raw)
+            if value is not None:
+                out.write(value)
+    return _read_spool(path)
+
+
+def _read_spool(path: Path) -> Iterator[Record]:
+    with path.open("rb", buffering=1 << 20) as spool:
+        while head := spool.read(_SPOOLED.size):
+            key_len, value_len, ts = _SPOOLED.unpack(head)
+            key = spool.read(key_len).decode()
+            yield key, (None if value_len < 0 else spool.read(value_len)), ts
+    path.unlink()
 
 
 # --- events ------------------------------------------------------------------------------------------
@@ -294,6 +384,31 @@ AVRO_EVENT_SCHEMA: dict[str, object] = {
     ],
 }
 
+#: The bench event (`EVENT_SCHEMA`) as a Protobuf message, as a producer of these events writes it (the
+#: `.proto` text a registry holds; bench/compare.py's icefall-protobuf, bench/format_costs.py).
+PROTOBUF_EVENT_SCHEMA = """syntax = "proto3";
+package dev.icefall.bench;
+
+import "google/protobuf/timestamp.proto";
+
+message BenchEvent {
+  message Shipping {
+    string street = 1;
+    string city = 2;
+    string country = 3;
+  }
+  int64 id = 1;
+  string key = 2;
+  google.protobuf.Timestamp ts = 3;
+  string customer = 4;
+  double amount = 5;
+  int32 items = 6;
+  Shipping shipping = 7;
+  repeated string tags = 8;
+  string note = 9;
+}
+"""
+
 #: How an event becomes a record value: (the event, its produce time in ms) -> bytes.
 Encode = Callable[[dict[str, object], int], bytes]
 
@@ -306,6 +421,26 @@ def json_value(event: dict[str, object], _ts_ms: int) -> bytes:
 def avro_datum(event: dict[str, object], ts_ms: int) -> dict[str, object]:
     """The event as a datum of AVRO_EVENT_SCHEMA: `ts` as microseconds since the epoch."""
     return {**event, "ts": ts_ms * 1000}
+
+
+def protobuf_encoder(descriptors: str, schema_id: int) -> Encode:
+    """Events as Confluent-framed Protobuf: magic byte, `schema_id`, message index [0] (the single byte 0),
+    then `dev.icefall.bench.BenchEvent` of `descriptors` (a base64 FileDescriptorSet of
+    PROTOBUF_EVENT_SCHEMA, `icefall.kafka.protobuf.descriptor_set_text`); `ts` the produce time."""
+    from icefall.decode.protobuf import _message_class
+
+    event_class = _message_class(descriptors, "dev.icefall.bench.BenchEvent")
+    header = b"\x00" + struct.pack(">I", schema_id) + b"\x00"
+
+    def encode(event: dict[str, Any], ts_ms: int) -> bytes:
+        message = event_class(**{k: v for k, v in event.items() if k not in ("ts", "shipping")})
+        message.ts.FromMilliseconds(ts_ms)
+        message.shipping.street = event["shipping"]["street"]
+        message.shipping.city = event["shipping"]["city"]
+        message.shipping.country = event["shipping"]["country"]
+        return header + bytes(message.SerializeToString())
+
+    return encode
 
 
 def iso_ms(epoch_ms: int) -> str:

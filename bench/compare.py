@@ -2,11 +2,13 @@
 
     .venv/bin/python bench/compare.py [--records N] [--large-records N] [--seconds S] [--quick]
                                       [--systems icefall,icefall-nodlq,icefall-nomaint,icefall-serial,
-                                                 spark,icefall-avro,spark-avro,connect,floor]
+                                                 spark,icefall-avro,spark-avro,icefall-protobuf,connect,floor]
                                       [--live-systems icefall,icefall-nomaint,icefall-3s,spark,connect]
     .venv/bin/python bench/compare.py --growth [--records N] [--warmup-records N] [--systems icefall,spark]
                                       [--growth-sizes small,1k,4k] [--growth-partitions 3,48] [--out FILE]
-    (or: make bench / make bench-growth BENCH_ARGS="...")
+    .venv/bin/python bench/compare.py --sustained [--records N] [--large-records N] [--systems ...]
+                                      [--out FILE]
+    (or: make bench / make bench-growth / make bench-sustained BENCH_ARGS="...")
 
 One Kafka broker (the devstack's) is started once. Events are the seeded ones of `common.bench_records`
 (9 fields: a timestamp, a string key, a nested struct, a list, a free-text note; ~230 bytes of JSON, and a
@@ -32,13 +34,21 @@ and polls) on core 0 when the machine has 2 or more cores. Every peer is set for
   Confluent-framed Avro (`common.AVRO_EVENT_SCHEMA`: the 9 fields, `ts` a timestamp-micros, `shipping` a
   nested record, `tags` an array), encoded by confluent-kafka's `AvroSerializer`, which registers the
   writer schema in a schema registry the bench starts beside the broker (Apicurio,
-  `icefall.devstack.registry`, core 0, its CPU not counted; only when an Avro system runs). The backlog is
-  encoded before its clock starts, then produced as fast as the client goes (encoding as it produces, the
-  serializer was slower than the systems drain), so its `ts` is when it was encoded. Icefall:
+  `icefall.devstack.registry`, core 0, its CPU not counted; only when an Avro or Protobuf system runs).
+  The backlog is encoded before its clock starts into a spool file in the state folder
+  (`common.spooled`: memory bounded whatever the backlog), then read back and produced as fast as the
+  client goes (encoding as it produces, the serializer was slower than the systems drain), so its `ts` is
+  when it was encoded. Icefall:
   `spec.format.type: avro` with `registry.url` (each batch looks up its schema ids; the inline `schema`
   is the JSON table's, so the tables are the same). Spark: the peer with `--format avro`,
   `from_avro(expr("substring(value, 6)"), schema_json)` with the writer schema as JSON, as a Spark user
   writes it without a registry client.
+- **icefall-protobuf** (measures 1 to 5 only; not in the default `--systems`): the same events as
+  Confluent-framed Protobuf (`common.PROTOBUF_EVENT_SCHEMA`, ~105 bytes a small value): its `.proto` text
+  registered in the bench's registry as `<topic>-value` (as a Java serializer registers it), each event
+  framed with that id and message index [0] as it is produced (`common.protobuf_encoder`); Icefall with
+  `spec.format.type: protobuf` and `registry.url`, the JSON table's inline `schema`. No Spark peer:
+  spark-protobuf (`from_protobuf`) is not served by the package registry this project builds from.
 - **connect**: Kafka Connect standalone with the Apache Iceberg sink connector (jars from
   hack/kafka-connect/pom.xml), commit interval `F/2`, its control topic created first.
 - **floor**: `bench/peers/floor.py` on one core: confluent-kafka → json → pyarrow Parquet files, no
@@ -60,11 +70,17 @@ Measures, per system:
    commit requests only while records arrive, so on a backlog that stops growing it never commits the
    tail (seen here; compare apache/iceberg#17811). Commit-interval systems are penalised by up to one
    interval at the end: that is their cost of visibility, not hidden.
+   The CPU probe (`common.cpu_probe_seconds`, in this process) and the load averages are taken just
+   before the backlog's first record and once the completing commit is seen (`common.Gauge`).
 2. Exactly once by content: every backlog event in the table once, and each column but `ts` equal to
    the event produced (regenerated from its seed): "exact", or the counts of duplicates, missing and
-   different rows.
+   different rows. Rows are read a batch at a time and compared by a 64-bit digest against one per
+   event (`audit_rows`), so memory stays bounded (9 bytes an event) on a backlog of millions.
 3. CPU: user + system seconds of the system's whole process tree (/proc; the broker is not counted) over
-   the drain -> records per CPU-second.
+   the drain -> records per CPU-second, and **CPU-s per GiB**: those CPU-seconds / GiB (2^30 bytes) of
+   the backlog's Kafka record keys and values as produced (`common.Tally`, `common.cpu_per_gib`; no
+   headers, timestamps or batch framing; warm-up and trickle not counted) = 2^30 / (records per CPU-s x
+   mean key + value bytes of a record).
 4. Peak RSS: the largest sum of resident memory of the tree, sampled every 0.5 s.
 5. Data files: `total-data-files` of the final snapshot (the floor: files written).
 6. Freshness at half of Icefall's drain rate (the small events): a fresh topic per system, the live
@@ -88,24 +104,36 @@ equal: `--records` small events, a quarter as many of ~1 KB, a sixteenth of ~4 K
 run one after another on fresh topics. Writes one table (per system records/s, records per CPU-s, peak RSS,
 commits while draining, the audit; Icefall/Spark in records per CPU-s) to `--out`, default
 bench/results/growth.md.
+
+`--sustained` (issue #45 item 5): only measure 1, on a long stream, where the default 200,000 records drain
+in ~10 s, fixed costs weigh and cells swing by ±30 % between runs: `--records` (default 5,000,000) small
+events per system, 3 partitions, a 1 KB backlog only with `--large-records`, `--systems` default
+icefall,spark,icefall-avro,spark-avro,icefall-protobuf, `--timeout` 3600 s per phase. The producer (~36-58k
+small JSON events/s alone on core 0 here) takes ~1.5-2.5 min for 5M records and streams them (never a list
+in memory); the Avro backlog is spooled to disk first (~0.6 GB for 5M). Writes the drain table (records/s,
+records per CPU-s, CPU-s per GiB, ...), each drain's bytes, CPU probe and load averages at start and end,
+and Icefall/Spark per format (JSON, Avro) to `--out`, default bench/results/sustained.md (compare.md is
+left as it is).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import math
 import os
+import random
 import re
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -119,21 +147,28 @@ from common import (
     AVRO_EVENT_SCHEMA,
     EVENT_SCHEMA,
     LARGE_NOTE_WORDS,
+    PROTOBUF_EVENT_SCHEMA,
     SMALL_NOTE_WORDS,
     XL_NOTE_WORDS,
     Encode,
+    Gauge,
+    Tally,
     TreeMonitor,
     avro_datum,
+    bench_event,
     bench_records,
+    cpu_per_gib,
     json_value,
     load_average,
     machine_basics,
     machine_section,
     percentile,
+    protobuf_encoder,
+    spooled,
     write_results,
 )
 from confluent_kafka import Producer, libversion
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
@@ -159,10 +194,19 @@ TRICKLE_FIRST_ID = 1_000_000_000
 WARMUP_FIRST_ID = 2_000_000_000
 SYSTEMS = (
     "icefall", "icefall-nodlq", "icefall-nomaint", "icefall-serial", "spark", "icefall-avro", "spark-avro",
-    "connect", "floor",
+    "icefall-protobuf", "connect", "floor",
 )  # fmt: skip
-#: Systems fed Confluent-framed Avro through the schema registry (the others: JSON text).
+#: The default systems of a run (icefall-protobuf has no Spark peer: `--systems` adds it).
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "icefall-protobuf")
+#: Systems fed Confluent-framed Avro through the schema registry.
 AVRO_SYSTEMS = ("icefall-avro", "spark-avro")
+#: Systems fed Confluent-framed Protobuf through the schema registry (the others: JSON text).
+PROTOBUF_SYSTEMS = ("icefall-protobuf",)
+REGISTRY_SYSTEMS = AVRO_SYSTEMS + PROTOBUF_SYSTEMS
+#: `--sustained`'s systems: each format's Icefall beside its Spark peer (Protobuf has none: the docstring).
+SUSTAINED_SYSTEMS = ("icefall", "spark", "icefall-avro", "spark-avro", "icefall-protobuf")
+#: `--sustained`'s backlog unless `--records` says otherwise.
+SUSTAINED_RECORDS = 5_000_000
 #: Systems of the live phase; `icefall-3s` is Icefall at a 3 s freshness target (the others run at
 #: `--freshness-target`).
 LIVE_SYSTEMS = ("icefall", "icefall-nomaint", "icefall-3s", "spark", "connect")
@@ -184,6 +228,7 @@ LABELS = {
     "spark": "Spark Structured Streaming → Iceberg",
     "icefall-avro": "Icefall, Avro through the registry",
     "spark-avro": "Spark Structured Streaming, from_avro → Iceberg",
+    "icefall-protobuf": "Icefall, Protobuf through the registry",
     "connect": "Iceberg Kafka Connect sink",
     "floor": "floor: confluent-kafka → pyarrow Parquet",
 }
@@ -275,6 +320,11 @@ class Context:
     registry: SchemaRegistryServer | None = None  # running when an Avro system is among --systems
 
 
+def format_of(system: str) -> str:
+    """`spec.format.type` of `system`'s records: avro, protobuf or json."""
+    return "avro" if system in AVRO_SYSTEMS else "protobuf" if system in PROTOBUF_SYSTEMS else "json"
+
+
 def cadence(ctx: Context) -> float:
     """The peers' trigger / commit interval: Icefall's batch cadence once caught up at the same target when
     its batches are cheap (`plan.batching.caught_up_interval`: half the target)."""
@@ -293,14 +343,15 @@ def icefall_manifest(
     target: float | None = None,
     dead_letters: bool = True,
     pipelined: bool = True,
-    avro: bool = False,
+    format_type: str = "json",
 ) -> dict[str, Any]:
     """Icefall's StreamingTable for `topic`, at `target` seconds (default `--freshness-target`); with
-    `avro`, Confluent-framed Avro through the bench's registry into the same columns."""
+    `format_type` avro or protobuf, Confluent-framed records through the bench's registry into the same
+    columns."""
     fmt: dict[str, Any] = {"type": "json", "schema": EVENT_SCHEMA}
-    if avro:
-        assert ctx.registry is not None, "an Avro system runs only with the bench's schema registry"
-        fmt = {"type": "avro", "registry": {"url": ctx.registry.url}, "schema": EVENT_SCHEMA}
+    if format_type != "json":
+        assert ctx.registry is not None, f"a {format_type} system runs only with the bench's schema registry"
+        fmt = {"type": format_type, "registry": {"url": ctx.registry.url}, "schema": EVENT_SCHEMA}
     return {
         "apiVersion": "icefall.dev/v1alpha1",
         "kind": "StreamingTable",
@@ -347,7 +398,7 @@ def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[M
                 target=target,
                 dead_letters=dead_letters,
                 pipelined=system != "icefall-serial",
-                avro=system in AVRO_SYSTEMS,
+                format_type=format_of(system),
             ),
             sort_keys=False,
         )
@@ -369,10 +420,10 @@ def launch_icefall(ctx: Context, system: str, topic: str, work: Path) -> tuple[M
         + ("on (default)" if dead_letters else "off (deadLetter.table.enabled: false)")
         + ("" if system != "icefall-serial" else "; batch.pipelined: false"),
     }
-    if system in AVRO_SYSTEMS:
+    if system in REGISTRY_SYSTEMS:
         ctx.settings[system]["format"] = (
-            "avro, registry.url: the bench's registry (writer schemas looked up by id per batch), inline "
-            "schema: the JSON table's columns"
+            f"{format_of(system)}, registry.url: the bench's registry (writer schemas looked up by id per "
+            "batch), inline schema: the JSON table's columns"
         )
     proc = ManagedProcess(system, [*ctx.pin, *argv], work / "system.log").start()
     return proc, CatalogConfig.embedded(work)
@@ -596,14 +647,27 @@ def preload(
     return time.monotonic() - started
 
 
+@functools.cache
+def protobuf_descriptors() -> str:
+    """PROTOBUF_EVENT_SCHEMA compiled to a base64 FileDescriptorSet (protoc of grpcio-tools)."""
+    from icefall.kafka.protobuf import descriptor_set_text
+
+    return descriptor_set_text(PROTOBUF_EVENT_SCHEMA)
+
+
 def encoder(ctx: Context, system: str, topic: str) -> Encode:
-    """How `system`'s events become values on `topic`: JSON text, or for an Avro system Confluent-framed
+    """How `system`'s events become values on `topic`: JSON text; for an Avro system Confluent-framed
     Avro by confluent-kafka's `AvroSerializer` (which registers AVRO_EVENT_SCHEMA as `<topic>-value` in the
-    bench's registry on first use). One per producing thread: a serializer keeps state."""
-    if system not in AVRO_SYSTEMS:
+    bench's registry on first use); for a Protobuf system PROTOBUF_EVENT_SCHEMA's `.proto` text registered
+    as `<topic>-value` (as a Java serializer registers it) and each event framed with its id and message
+    index [0] (`common.protobuf_encoder`). One per producing thread: a serializer keeps state."""
+    if system not in REGISTRY_SYSTEMS:
         return json_value
-    assert ctx.registry is not None, "an Avro system runs only with the bench's schema registry"
+    assert ctx.registry is not None, "a registry system runs only with the bench's schema registry"
     client = SchemaRegistryClient({"url": ctx.registry.url})
+    if system in PROTOBUF_SYSTEMS:
+        schema_id = client.register_schema(f"{topic}-value", Schema(PROTOBUF_EVENT_SCHEMA, "PROTOBUF"))
+        return protobuf_encoder(protobuf_descriptors(), schema_id)
     serializer = AvroSerializer(client, json.dumps(AVRO_EVENT_SCHEMA))
     context = SerializationContext(topic, MessageField.VALUE)
 
@@ -678,6 +742,15 @@ class Throughput:
     peak_rss: int
     files: int
     audit: str  # "exact" or what is wrong, by content
+    cpu_s: float  # CPU seconds of the system's process tree over the drain
+    payload_bytes: int  # the backlog's Kafka record keys + values, as produced (`common.Tally`)
+    start: Gauge  # CPU probe and load average just before the backlog's first record
+    end: Gauge  # the same once the commit that completed it was seen
+
+    @property
+    def per_gib(self) -> float:
+        """CPU-s per GiB of keys + values ingested (`common.cpu_per_gib`)."""
+        return cpu_per_gib(self.cpu_s, self.payload_bytes)
 
 
 def backlog_rows(run: Run) -> int:
@@ -687,28 +760,31 @@ def backlog_rows(run: Run) -> int:
         ids = [pq.read_table(f, columns=["id"]).column("id") for f in files]
         return sum(int(pc.sum(pc.less(i, TRICKLE_FIRST_ID)).as_py() or 0) for i in ids)
     table = run.catalog.pyiceberg().load_table(TABLE)
-    return int(table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=("id",)).to_arrow().num_rows)
+    scan = table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=("id",))
+    return sum(batch.num_rows for batch in scan.to_arrow_batch_reader())  # a batch at a time
 
 
 #: The columns compared by content (`ts` is the produce time, checked against nothing but itself).
 CONTENT = ("id", "key", "customer", "amount", "items", "shipping", "tags", "note")
 
 
-def committed_backlog(catalog: CatalogConfig) -> list[dict[str, Any]]:
-    """The backlog's rows in the bench table of `catalog`, `CONTENT` columns, as Python values."""
+def committed_backlog(catalog: CatalogConfig) -> Iterator[dict[str, Any]]:
+    """The backlog's rows in the bench table of `catalog`, `CONTENT` columns, as Python values, read a
+    batch at a time (memory bounded by a batch, not by the table)."""
     table = catalog.pyiceberg().load_table(TABLE)
     scan = table.scan(row_filter=f"id < {TRICKLE_FIRST_ID}", selected_fields=CONTENT)
-    committed: list[dict[str, Any]] = scan.to_arrow().to_pylist()
-    return committed
+    for batch in scan.to_arrow_batch_reader():
+        yield from batch.to_pylist()
 
 
-def backlog_content(run: Run) -> list[dict[str, Any]]:
-    """The committed rows of the backlog, `CONTENT` columns, as Python values."""
+def backlog_content(run: Run) -> Iterator[dict[str, Any]]:
+    """The committed rows of the backlog, `CONTENT` columns, as Python values, a batch at a time."""
     if run.catalog is not None:
-        return committed_backlog(run.catalog)
-    files = sorted((run.work / "files").glob("*.parquet"))
-    rows = [row for f in files for row in pq.read_table(f, columns=list(CONTENT)).to_pylist()]
-    return [row for row in rows if row["id"] < TRICKLE_FIRST_ID]
+        yield from committed_backlog(run.catalog)
+        return
+    for file in sorted((run.work / "files").glob("*.parquet")):
+        for batch in pq.ParquetFile(file).iter_batches(columns=list(CONTENT)):
+            yield from (row for row in batch.to_pylist() if row["id"] < TRICKLE_FIRST_ID)
 
 
 def audit_backlog(run: Run, records: int, seed: int, note_words: int) -> str:
@@ -716,30 +792,55 @@ def audit_backlog(run: Run, records: int, seed: int, note_words: int) -> str:
     return audit_rows(backlog_content(run), records, seed, note_words)
 
 
-def audit_rows(rows: list[dict[str, Any]], records: int, seed: int, note_words: int) -> str:
+def audit_rows(rows: Iterable[dict[str, Any]], records: int, seed: int, note_words: int) -> str:
     """Every backlog event exactly once in `rows`, each column equal to the event produced: "exact", or what
     is not.
 
-    The events are generated again from their seed (`common.bench_records`); every field but `ts` (the
-    produce time) is compared.
+    The events are generated again from their seed (`common.bench_event`, as `common.bench_records` made
+    them); every field but `ts` (the produce time) is compared, as a `digest` of the row against the
+    event's. Memory is bounded whatever the backlog: 9 bytes per event (its digest and a count), `rows`
+    taken one at a time. Not guaranteed: two different rows with one digest (a 64-bit hash) pass as equal.
     """
-    expected = bench_records(seed, note_words)
-    wanted: dict[int, dict[str, Any]] = {}
-    for _ in range(records):
-        event = json.loads(next(expected)[1])
-        wanted[event["id"]] = {c: event[c] for c in CONTENT}
-    seen: Counter[int] = Counter()
+    expected = expected_digests(records, seed, note_words)
+    seen = bytearray(records)  # rows per id, saturating at 255
     wrong = 0
     for row in rows:
-        seen[row["id"]] += 1
-        want = wanted.get(row["id"])
-        if want is None or any(not same(row[c], want[c]) for c in CONTENT):
-            wrong += 1
-    duplicates = sum(n - 1 for n in seen.values() if n > 1)
-    missing = sum(1 for i in wanted if i not in seen)
+        i = row["id"]
+        if isinstance(i, int) and 0 <= i < records:
+            seen[i] = min(seen[i] + 1, 255)
+            if digest(row) == expected[i]:
+                continue
+        wrong += 1
+    duplicates = sum(n - 1 for n in seen if n > 1)
+    missing = seen.count(0)
     if not (duplicates or missing or wrong):
         return "exact"
     return f"{duplicates} duplicates, {missing} missing, {wrong} differ"
+
+
+def digest(row: dict[str, Any]) -> int:
+    """A hash of `row`'s `CONTENT` columns as Python values (structs as sorted items, lists as tuples):
+    rows equal by `==` (floats exactly) have equal digests, within this process (str hashes are salted
+    per process)."""
+    return hash(tuple(_frozen(row[c]) for c in CONTENT))
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+@functools.lru_cache(maxsize=2)  # every system of a run drains the same backlogs (small, 1 KB)
+def expected_digests(records: int, seed: int, note_words: int) -> array[int]:
+    """`digest` of backlog events 0 .. `records`-1 of `seed`, as `common.bench_records` generates them."""
+    rng = random.Random(seed)
+    out = array("q", bytes(8 * records))
+    for i in range(records):
+        out[i] = digest(bench_event(i, rng, 0, note_words))  # `ts` only takes the time: the rng is the same
+    return out
 
 
 def same(got: Any, want: Any) -> bool:
@@ -784,19 +885,25 @@ def throughput(
             preload(ctx.broker.bootstrap, topic, warmup, note_words, seed + 100,
                     records=bench_records(seed + 100, note_words, WARMUP_FIRST_ID, encode))  # fmt: skip
             first = wait_for(run, lambda c: bool(c) and c[-1].total_records >= warm, ctx.args.timeout)
-        backlog = bench_records(seed, note_words, encode=encode)
+        events = bench_records(seed, note_words, encode=encode)
         if system in AVRO_SYSTEMS:  # encoded before the clock starts: AvroSerializer is slower than they are
-            backlog = iter(list(itertools.islice(backlog, records)))
-        say(f"{system}: producing {records:,} {variant} records ...")
+            say(f"{system}: encoding {records:,} {variant} records into a spool file ...")
+            events = spooled(events, records, ctx.state / f"{topic}.spool")
+        backlog = Tally(events)
+        start = Gauge.now()
+        say(f"{system}: producing {records:,} {variant} records (CPU probe {start.probe:.2f} s, "
+            f"load {start.load}) ...")  # fmt: skip
         started, cpu_start, commits_before = time.time(), run.monitor.sample().cpu, len(first)
         preload(ctx.broker.bootstrap, topic, records, note_words, seed, records=backlog)
         commits = wait_for(run, complete, ctx.args.timeout)
+        end = Gauge.now()
     finally:
         trickle.stop()
         run.stop()
     last = commits[-1]
     drain = last.visible_ms / 1000 - started
     cpu = run.monitor.cpu_at(last.visible_ms / 1000) - cpu_start
+    say(f"{system}: drained in {drain:.1f}s; auditing {records:,} rows by content ...")
     audit = audit_backlog(run, records, seed, note_words)
     result = Throughput(
         records=records,
@@ -808,9 +915,14 @@ def throughput(
         peak_rss=run.monitor.peak_rss,
         files=last.total_files,
         audit=audit,
+        cpu_s=cpu,
+        payload_bytes=backlog.bytes,
+        start=start,
+        end=end,
     )
     say(f"{system} ({variant}): {result.rate:,.0f} records/s, {result.per_cpu:,.0f} per CPU-s, "
-        f"drain {drain:.1f}s, {result.commits} commits, audit: {audit}")  # fmt: skip
+        f"{result.per_gib:,.0f} CPU-s per GiB, drain {drain:.1f}s, {result.commits} commits, "
+        f"audit: {audit}")  # fmt: skip
     return result
 
 
@@ -953,27 +1065,75 @@ class Results:
     live: dict[str, Live | str] = field(default_factory=dict)
 
 
+#: The drain tables' note on their CPU columns (the same words in every results file).
+PER_GIB_NOTE = (
+    "**CPU-s per GiB** = CPU-seconds (user + system) of the system's process tree over the drain / GiB "
+    "(2^30 bytes) of the backlog's Kafka record keys and values as produced (no headers, timestamps or "
+    "batch framing; the warm-up and the trickle not counted), = 2^30 / (records per CPU-s x mean key + "
+    "value bytes of a record). Lower is better; it compares formats whose records differ in size (an Avro "
+    "value is ~95 bytes where the JSON one is ~230)."
+)
+
+
 def throughput_table(title: str, results: dict[str, Throughput | str]) -> list[str]:
     lines = [
         f"### {title}",
         "",
-        "| system | records/s (drain) | records per CPU-s (drain) | drain | start-up "
+        "| system | records/s (drain) | records per CPU-s (drain) | CPU-s per GiB (drain) | drain | start-up "
         "| commits while draining | data files | peak RSS | exactly once, by content |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|---|",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for system, r in results.items():
         if isinstance(r, str):
-            lines.append(f"| {LABELS[system]} | failed: {r.splitlines()[0][:200]} | | | | | | | |")
+            lines.append(f"| {LABELS[system]} | failed: {r.splitlines()[0][:200]} | | | | | | | | |")
             continue
         lines.append(
-            f"| {LABELS[system]} | {fmt(r.rate)} | {fmt(r.per_cpu)} | {r.drain_s:.1f} s "
+            f"| {LABELS[system]} | {fmt(r.rate)} | {fmt(r.per_cpu)} | {fmt(r.per_gib)} | {r.drain_s:.1f} s "
             f"| {r.startup_s:.1f} s | {r.commits} | {r.files} | {mib(r.peak_rss)} | {r.audit} |"
         )
-    return [*lines, ""]
+    return [*lines, "", *conditions_table([(LABELS[s], r) for s, r in results.items()])]
+
+
+def conditions_table(drains: list[tuple[str, Throughput | str]]) -> list[str]:
+    """What each drain of a table ingested and the machine it ran on: the backlog's bytes, the CPU, and
+    the CPU probe and load averages just before its first record and once its last commit was seen."""
+    lines = [
+        "| drain of | keys + values produced | bytes per record | CPU-s over the drain "
+        "| CPU probe, start → end | load average 1/5/15 min, start → end |",
+        "|---|--:|--:|--:|--:|---|",
+    ]
+    for name, r in drains:
+        if isinstance(r, Throughput):
+            lines.append(
+                f"| {name} | {r.payload_bytes / 2**20:,.1f} MiB | {r.payload_bytes / r.records:,.0f} "
+                f"| {r.cpu_s:,.1f} | {r.start.probe:.2f} → {r.end.probe:.2f} s "
+                f"| {r.start.load} → {r.end.load} |"
+            )
+    return [*lines, ""] if len(lines) > 2 else []
 
 
 def avro_note(systems: list[str]) -> list[str]:
-    """The paragraph on the Avro systems' input, when one ran; [] otherwise."""
+    """The paragraphs on the Avro and Protobuf systems' input, when one ran; [] otherwise."""
+    return [*_avro_note(systems), *protobuf_note(systems)]
+
+
+def protobuf_note(systems: list[str]) -> list[str]:
+    if not any(s in PROTOBUF_SYSTEMS for s in systems):
+        return []
+    return [
+        "The Protobuf row (icefall-protobuf) drains the same events as Confluent-framed Protobuf "
+        "(`common.PROTOBUF_EVENT_SCHEMA`: `ts` a google.protobuf.Timestamp, `shipping` a nested message, "
+        "`tags` repeated; ~105 bytes a value for the small events): the `.proto` text registered in the "
+        "schema registry as `<topic>-value` (as a Java serializer registers it), each record framed with its "
+        'id and message index [0], encoded as it is produced (see "Producer alone, Protobuf"). Icefall '
+        "looks the schema up by id and decodes in PySpark's Python workers (`icefall.decode.protobuf`). No "
+        "Spark peer: Spark's `from_protobuf` (spark-protobuf) is not served by the package registry this "
+        "project builds from (bench/results/protobuf.md).",
+        "",
+    ]
+
+
+def _avro_note(systems: list[str]) -> list[str]:
     if not any(s in AVRO_SYSTEMS for s in systems):
         return []
     return [
@@ -983,9 +1143,9 @@ def avro_note(systems: list[str]) -> list[str]:
         "ones), encoded with confluent-kafka's `AvroSerializer` through a schema registry on core 0 "
         "(Apicurio, its CPU not counted); Icefall looks the writer schemas up by id, Spark's `from_avro` is "
         "given the writer schema as JSON. The same table, audited the same way. Their backlog is encoded "
-        "before the clock starts and then produced (the serializer encoding as it produces is slower than "
-        'the systems drain: see "Producer alone, Avro" in the machine table); the JSON backlogs are '
-        "encoded as they are produced.",
+        "before the clock starts into a spool file, then read back and produced (the serializer encoding "
+        'as it produces is slower than the systems drain: see "Producer alone, Avro" in the machine '
+        "table); the JSON backlogs are encoded as they are produced.",
         "",
     ]
 
@@ -1141,6 +1301,8 @@ def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: st
         "commit requests only while records arrive; compare apache/iceberg#17811). The floor is bounded by "
         "the producer (this process, one core).",
         "",
+        PER_GIB_NOTE,
+        "",
         *avro_note(a.systems),
         *throughput_table("~230-byte events", results.small),
         *throughput_table("~1 KB events", results.large),
@@ -1166,31 +1328,52 @@ def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: st
 # --- main --------------------------------------------------------------------------------------------
 
 
-def run_all(ctx: Context) -> tuple[Results, dict[str, str]]:
+def producer_alone(ctx: Context) -> dict[str, str]:
+    """How fast this process produces 50,000 small events alone, as JSON, and as Avro and Protobuf when
+    a system of that format runs (machine table rows: name -> rate)."""
+    out = {}
+    for name, system, how in (
+        ("Producer alone", "icefall", ""),
+        ("Producer alone, Avro", "icefall-avro", " (AvroSerializer)"),
+        ("Producer alone, Protobuf", "icefall-protobuf", " (common.protobuf_encoder)"),
+    ):
+        if system != "icefall" and system not in ctx.args.systems:
+            continue
+        topic = f"events-probe-{format_of(system)}"
+        ctx.broker.create_topic(topic, partitions=PARTITIONS)
+        events = bench_records(1, SMALL_NOTE_WORDS, encode=encoder(ctx, system, topic))
+        took = preload(ctx.broker.bootstrap, topic, 50_000, SMALL_NOTE_WORDS, 1, records=events)
+        out[f"{name} (this process, core 0)"] = f"{50_000 / took:,.0f} small events/s{how}"
+    return out
+
+
+def run_drains(ctx: Context, results: Results) -> None:
+    """The drain measurement of every system of `--systems`, one after another: `--records` small events,
+    then `--large-records` ~1 KB ones (none when 0)."""
     a = ctx.args
-    results = Results()
-    ctx.broker.create_topic("events-probe", partitions=PARTITIONS)
-    took = preload(ctx.broker.bootstrap, "events-probe", 50_000, SMALL_NOTE_WORDS, seed=1)
-    produced = {"producer alone": f"{50_000 / took:,.0f} small events/s"}
-    if ctx.registry is not None:
-        ctx.broker.create_topic("events-probe-avro", partitions=PARTITIONS)
-        avro = bench_records(1, SMALL_NOTE_WORDS, encode=encoder(ctx, "icefall-avro", "events-probe-avro"))
-        took = preload(ctx.broker.bootstrap, "events-probe-avro", 50_000, SMALL_NOTE_WORDS, 1, records=avro)
-        produced["producer alone, Avro"] = f"{50_000 / took:,.0f} small events/s (AvroSerializer)"
-    rate = a.rate
     for system in a.systems:
         for variant, count, words, seed, into in (
             ("small", a.records, SMALL_NOTE_WORDS, 1, results.small),
             ("1kb", a.large_records, LARGE_NOTE_WORDS, 2, results.large),
         ):
+            if not count:
+                continue
             try:
                 into[system] = throughput(ctx, system, count, variant, note_words=words, seed=seed)
             except Exception as exc:
                 say(f"{system} ({variant}) FAILED: {exc}")
                 into[system] = str(exc)
-        small = results.small.get(system)
-        if system == "icefall" and isinstance(small, Throughput) and not rate:
-            rate = small.rate / 2
+
+
+def run_all(ctx: Context) -> tuple[Results, dict[str, str]]:
+    a = ctx.args
+    results = Results()
+    produced = producer_alone(ctx)
+    run_drains(ctx, results)
+    rate = a.rate
+    small = results.small.get("icefall")
+    if isinstance(small, Throughput) and not rate:
+        rate = small.rate / 2
     for system in a.live_systems:
         try:
             results.live[system] = live(ctx, system, rate or 2_000)
@@ -1236,9 +1419,10 @@ def growth_table(systems: list[str], grid: Grid) -> list[str]:
     """One row per (size, partitions): per system records/s, per CPU-s, peak RSS, commits, audit; and
     Icefall/Spark in records per CPU-s when both ran."""
     ratio = "icefall" in systems and "spark" in systems
-    columns = ["records/s", "records per CPU-s", "peak RSS", "commits while draining", "exactly once"]
+    columns = ["records/s", "records per CPU-s", "CPU-s per GiB", "peak RSS", "commits while draining",
+               "exactly once"]  # fmt: skip
     head = ["events", "partitions", *(f"{s}: {c}" for s in systems for c in columns)]
-    align = ["---", "--:", *(a for _ in systems for a in ("--:", "--:", "--:", "--:", "---"))]
+    align = ["---", "--:", *(a for _ in systems for a in ("--:", "--:", "--:", "--:", "--:", "---"))]
     if ratio:
         head.append("Icefall / Spark, records per CPU-s")
         align.append("--:")
@@ -1248,9 +1432,9 @@ def growth_table(systems: list[str], grid: Grid) -> list[str]:
         for system in systems:
             r = cell.get(system)
             if isinstance(r, Throughput):
-                row += [fmt(r.rate), fmt(r.per_cpu), mib(r.peak_rss), str(r.commits), r.audit]
+                row += [fmt(r.rate), fmt(r.per_cpu), fmt(r.per_gib), mib(r.peak_rss), str(r.commits), r.audit]
             else:
-                row += ["failed" if r else "not run", "", "", "", ""]
+                row += ["failed" if r else "not run", "", "", "", "", ""]
         if ratio:
             ice, spark = cell.get("icefall"), cell.get("spark")
             if isinstance(ice, Throughput) and isinstance(spark, Throughput):
@@ -1258,7 +1442,12 @@ def growth_table(systems: list[str], grid: Grid) -> list[str]:
             else:
                 row.append("n/a")
         lines.append("| " + " | ".join(row) + " |")
-    return [*lines, ""]
+    drains = [
+        (f"{system}, {GROWTH_SIZES[size][0]}, {partitions} partitions", r)
+        for (size, partitions), cell in grid.items()
+        for system, r in cell.items()
+    ]
+    return [*lines, "", PER_GIB_NOTE, "", *conditions_table(drains)]
 
 
 def render_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) -> str:
@@ -1309,6 +1498,78 @@ def write_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) 
     out = ctx.args.out or RESULTS / "growth.md"
     out = out / "growth.md" if out.is_dir() else out
     write_results(out, render_growth(ctx, facts, grid, started))
+
+
+# --- sustained mode ----------------------------------------------------------------------------------
+
+#: Pairs compared in a sustained run's ratio table: (format, Icefall's system, its Spark peer).
+PAIRS = (("JSON", "icefall", "spark"), ("Avro", "icefall-avro", "spark-avro"))
+
+
+def ratio_table(results: dict[str, Throughput | str]) -> list[str]:
+    """Icefall / Spark per format that has both: records per CPU-s (above 1: Icefall does more with a
+    CPU-second) and CPU-s per GiB (below 1: Icefall spends less); [] when no pair ran."""
+    lines = []
+    for name, ice, spark in PAIRS:
+        i, s = results.get(ice), results.get(spark)
+        if isinstance(i, Throughput) and isinstance(s, Throughput):
+            lines.append(
+                f"| {name} | {fmt(i.per_cpu / s.per_cpu, '.2f')} | {fmt(i.per_gib / s.per_gib, '.2f')} "
+                f"| {fmt(i.rate / s.rate, '.2f')} |"
+            )
+    if not lines:
+        return []
+    return [
+        "| format | Icefall / Spark, records per CPU-s | Icefall / Spark, CPU-s per GiB "
+        "| Icefall / Spark, records/s |",
+        "|---|--:|--:|--:|",
+        *lines,
+        "",
+    ]
+
+
+def render_sustained(ctx: Context, facts: dict[str, str], results: Results, started: str) -> str:
+    a = ctx.args
+    kind = (
+        "a sustained run"
+        if a.records >= SUSTAINED_RECORDS
+        else f"a reduced-scale run (under {SUSTAINED_RECORDS:,} records: a smoke run, not a sustained figure)"
+    )
+    lines = [
+        "# Sustained drains: the cost of a long stream",
+        "",
+        f"`bench/compare.py {' '.join(a.argv)}` started {started}; this is **{kind}**. "
+        "The drain measurement of `bench/compare.py` (its docstring says how each figure is measured) on a "
+        f"backlog of {a.records:,} ~230-byte events per system"
+        + (f" and {a.large_records:,} ~1 KB ones" if a.large_records else "")
+        + ": minutes of draining, where bench/results/compare.md's 200,000 records take ~10 s and "
+        "fixed costs weigh. The systems run one after another, so a change of load between them falls on "
+        "some of them only: the CPU probe and load averages at the start and end of every drain are in the "
+        "table below each result; compare drains only at similar probes and loads.",
+        "",
+        f"{PARTITIONS} partitions, a fresh topic per system; a warm-up of {a.warmup_records:,} records "
+        f"before each backlog (not measured); a trickle of {a.trickle:g} records/s meanwhile. Each at the "
+        f"same freshness target ({a.freshness_target:g} s): Spark's trigger at Icefall's cadence "
+        f"({cadence(ctx):g} s), `maxOffsetsPerTrigger` {a.spark_max_offsets or 'unlimited'}, Kafka consumer "
+        + ", ".join(f"`{k}={v}`" for k, v in SPARK_CONSUMER.items())
+        + " (Icefall's reader defaults). The audit by content covers every backlog record (a digest per "
+        "event, memory bounded).",
+        "",
+        PER_GIB_NOTE,
+        "",
+        *avro_note(a.systems),
+        "## Drains",
+        "",
+        *throughput_table(f"{a.records:,} events of ~230 bytes", results.small),
+        *(throughput_table(f"{a.large_records:,} events of ~1 KB", results.large) if a.large_records else []),
+        "## Icefall / Spark, per format",
+        "",
+        *(ratio_table(results.small) or ["No format had both systems in this run.", ""]),
+        *failures(results),
+        *settings_section(ctx),
+        *machine_section(facts),
+    ]
+    return "\n".join(lines)
 
 
 def comma_list(text: str) -> list[str]:
@@ -1368,14 +1629,28 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help=f"results folder (default {RESULTS}); --growth: the markdown file (default: growth.md in it)",
     )
+    parser.add_argument(
+        "--sustained",
+        action="store_true",
+        help=f"only the drain measurement, on a backlog of {SUSTAINED_RECORDS:,} small events per system "
+        f"(--records), systems {','.join(SUSTAINED_SYSTEMS)}, --timeout 3600, no 1 KB backlog unless "
+        "--large-records; writes bench/results/sustained.md (--out: the file)",
+    )
     parser.add_argument("--keep", type=Path, help="keep the state (logs, tables) in this new folder")
     args = parser.parse_args(argv)
+    if args.sustained:  # its scale, unless an option says otherwise
+        if args.quick or args.growth:
+            parser.error("--sustained: not with --quick or --growth (give --records for a smaller run)")
+        parser.set_defaults(records=SUSTAINED_RECORDS, large_records=0, timeout=3_600)
+        args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     if args.quick:
         args.records, args.large_records, args.seconds, args.warmup_records = 40_000, 10_000, 30, 10_000
-    default_systems = GROWTH_SYSTEMS if args.growth else SYSTEMS
+    default_systems = (
+        GROWTH_SYSTEMS if args.growth else SUSTAINED_SYSTEMS if args.sustained else DEFAULT_SYSTEMS
+    )
     args.systems = comma_list(args.systems or ",".join(default_systems))
-    args.live_systems = comma_list(args.live_systems)
+    args.live_systems = [] if args.sustained else comma_list(args.live_systems)
     if args.growth:
         args.live_systems = []  # no live phase
         args.growth_sizes = comma_list(args.growth_sizes)
@@ -1402,6 +1677,10 @@ def main(argv: list[str] | None = None) -> int:
     with bench_context(args, "icefall-compare-") as ctx:
         if args.growth:
             grid = run_growth(ctx)
+        elif args.sustained:
+            produced = producer_alone(ctx)
+            results = Results()
+            run_drains(ctx, results)
         else:
             results, produced = run_all(ctx)
     facts.update(versions(ctx))
@@ -1409,10 +1688,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.growth:
         write_growth(ctx, facts, grid, started)
         return 0
+    if args.sustained:
+        facts.update(produced)
+        out = args.out or RESULTS / "sustained.md"
+        write_results(
+            out / "sustained.md" if out.is_dir() else out, render_sustained(ctx, facts, results, started)
+        )
+        return 0
     args.out = args.out or RESULTS
-    facts["Producer alone (this process, core 0)"] = produced["producer alone"]
-    if "producer alone, Avro" in produced:
-        facts["Producer alone, Avro (this process, core 0)"] = produced["producer alone, Avro"]
+    facts.update(produced)
     args.out.mkdir(parents=True, exist_ok=True)
     chart_line = chart(results, args.out / "compare.png")
     write_results(args.out / "compare.md", render(ctx, facts, results, chart_line, started))
@@ -1440,7 +1724,7 @@ def bench_context(args: argparse.Namespace, prefix: str) -> Iterator[Context]:
         broker = KafkaBroker(state / "kafka", heap="1g").start()
         stack.callback(broker.stop)
         registry = None
-        if any(system in AVRO_SYSTEMS for system in getattr(args, "systems", ())):
+        if any(system in REGISTRY_SYSTEMS for system in getattr(args, "systems", ())):
             say("starting the schema registry ...")
             registry = SchemaRegistryServer(state / "registry").start()
             stack.callback(registry.stop)

@@ -70,6 +70,7 @@ import yaml
 from common import (
     AVRO_EVENT_SCHEMA,
     EVENT_SCHEMA,
+    PROTOBUF_EVENT_SCHEMA,
     SMALL_NOTE_WORDS,
     avro_datum,
     bench_records,
@@ -77,6 +78,7 @@ from common import (
     load_average,
     machine_basics,
     machine_section,
+    protobuf_encoder,
     tree_cpu,
     whole_topic,
     write_results,
@@ -109,29 +111,6 @@ PROTOBUF_VARIANTS = {
     "icefall-protobuf-row-walk": "Icefall Protobuf, row UDF with this walk",
     "icefall-protobuf-arrow": "Icefall Protobuf, Arrow batch UDF (after)",
 }
-#: The bench event (`common.EVENT_SCHEMA`) as a Protobuf message, as a producer of these events writes it.
-PROTOBUF_EVENT_SCHEMA = """syntax = "proto3";
-package dev.icefall.bench;
-
-import "google/protobuf/timestamp.proto";
-
-message BenchEvent {
-  message Shipping {
-    string street = 1;
-    string city = 2;
-    string country = 3;
-  }
-  int64 id = 1;
-  string key = 2;
-  google.protobuf.Timestamp ts = 3;
-  string customer = 4;
-  double amount = 5;
-  int32 items = 6;
-  Shipping shipping = 7;
-  repeated string tags = 8;
-  string note = 9;
-}
-"""
 KEYED_VARIANTS = {
     "spark-merge": "Spark: foreachBatch row_number + MERGE",
     "icefall-keyed-before": "Icefall upsert, max_by (before)",
@@ -154,20 +133,7 @@ def avro_records(seed: int) -> Iterator[tuple[str, bytes, int]]:
 
 def protobuf_records(seed: int, descriptors: str) -> Iterator[tuple[str, bytes, int]]:
     """The bench's events as Confluent-framed Protobuf (schema id `SCHEMA_ID`, message index [0])."""
-    from icefall.decode.protobuf import _message_class
-
-    event_class = _message_class(descriptors, "dev.icefall.bench.BenchEvent")
-    header = b"\x00" + struct.pack(">I", SCHEMA_ID) + b"\x00"
-
-    def encode(event: dict[str, Any], ts_ms: int) -> bytes:
-        message = event_class(**{k: v for k, v in event.items() if k not in ("ts", "shipping")})
-        message.ts.FromMilliseconds(ts_ms)
-        message.shipping.street = event["shipping"]["street"]
-        message.shipping.city = event["shipping"]["city"]
-        message.shipping.country = event["shipping"]["country"]
-        return header + message.SerializeToString()
-
-    return bench_records(seed, SMALL_NOTE_WORDS, encode=encode)
+    return bench_records(seed, SMALL_NOTE_WORDS, encode=protobuf_encoder(descriptors, SCHEMA_ID))
 
 
 def row_udf_payload(to_json: Callable[[str, int, bytes], Any]) -> Callable[[Any], Any]:

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/upsert.py [--keys N] [--backlog-changes N] [--rate R] [--seconds S]
                                      [--sample-seconds S] [--systems icefall,icefall-nocompact,spark]
-                                     [--quick] [--out FILE]
+                                     [--quick | --sustained] [--out FILE]
     (or: make bench-upsert BENCH_ARGS="...")
 
 The machinery is bench/compare.py's (one Kafka broker, each system alone on a fresh 3-partition topic and
@@ -33,7 +33,10 @@ Phases, per system (measured on its own topic):
    micro-batch's offsets). Not measured.
 2. Initial load: the remaining keys produced as fast as the client goes; drain = first record produced to
    the commit that consumed the last (snapshot log time; compaction's `replace` snapshots are not
-   commits here); records/s and records per CPU-second (user + system of the process tree) over it.
+   commits here); records/s, records per CPU-second (user + system of the process tree) and CPU-s per GiB
+   (those CPU-seconds / GiB of the Kafka keys and values produced, a tombstone its key only:
+   `common.cpu_per_gib`) over it; the CPU probe and load averages before the first record and once the
+   last is consumed (`common.Gauge`).
 3. Change backlog: `--backlog-changes` changes produced as fast as the client goes; the same figures.
 4. Live: changes at `--rate` records/s for `--seconds`, the table's files sampled every
    `--sample-seconds` (data files, delete files, position deletes, records of main's head). Freshness of
@@ -48,11 +51,15 @@ Phases, per system (measured on its own topic):
    ... WHERE id = k`), each run `READS` times, the median reported (the first run included: a cold start
    is what a reader sees).
 6. Exactness: the final table against the model (the workload's last value per key, deletes removed) by
-   content (every column but `ts`, compared like bench/compare.py's audit); Icefall's table also by
-   `icefall.audit.keyed.audit_keyed` (`icefall verify`: the table against the topic, row by row).
+   content (every column but `ts`, compared like bench/compare.py's audit; the table read a batch at a
+   time); Icefall's table also by `icefall.audit.keyed.audit_keyed` (`icefall verify`: the table against
+   the topic, row by row).
 
 `--quick` (a smoke run): 50,000 keys, 10,000 changes, 60 s live at 300/s, files sampled every 5 s; an
 option given beside it wins. A full run (the defaults) streams an hour per system: over three hours in all.
+`--sustained` (issue #45 item 5): the ingest phases at scale, 5,000,000 keys and 5,000,000 changes, a 60 s
+live phase at 1,000/s, systems icefall,spark, `--timeout` 7200; writes bench/results/sustained-upsert.md.
+Not bounded in memory: the model holds every live key's value (~450 bytes a key: ~2.5 GB at 5M keys).
 
 Writes bench/results/upsert.md (or `--out`). Nothing asserts on time. One run on a shared machine: the load
 averages at start and end are in the report; compare runs only at similar loads.
@@ -67,7 +74,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,8 +84,11 @@ import yaml
 from common import (
     EVENT_SCHEMA,
     SMALL_NOTE_WORDS,
+    Gauge,
+    Tally,
     TreeMonitor,
     bench_event,
+    cpu_per_gib,
     load_average,
     machine_basics,
     machine_section,
@@ -87,6 +97,7 @@ from common import (
 )
 from compare import (
     CONTENT,
+    PER_GIB_NOTE,
     RESULTS,
     TABLE,
     Commit,
@@ -126,6 +137,8 @@ LABELS = {
     "icefall-nocompact": "Icefall upsert, no compaction",
     "spark": "Spark Structured Streaming, foreachBatch MERGE",
 }
+#: `--sustained`'s keys of the initial load and changes of the backlog (each a drain of at least 5M records).
+SUSTAINED_KEYS = 5_000_000
 #: Keys of the initial load produced before the system starts (its start-up, not measured).
 START_KEYS = 1_000
 #: What Icefall logs when maintenance moved `main` under a staged keyed batch (planned again, not re-staged).
@@ -203,7 +216,7 @@ class Workload:
         return str(key), None, int(time.time() * 1000)
 
 
-def compare_rows(model: dict[int, bytes], rows: list[dict[str, Any]]) -> str:
+def compare_rows(model: dict[int, bytes], rows: Iterable[dict[str, Any]]) -> str:
     """The table's `rows` (CONTENT columns) against the model by content: "exact", or what differs."""
     seen: dict[int, int] = {}
     wrong = 0
@@ -327,10 +340,19 @@ class Drain:
     seconds: float
     per_cpu: float
     commits: int
+    cpu_s: float = float("nan")  # CPU seconds of the process tree over the drain
+    payload_bytes: int = 0  # keys + values produced (a tombstone: its key only), `common.Tally`
+    start: Gauge | None = None  # CPU probe and load average before the first record
+    end: Gauge | None = None  # the same once the last record was consumed
 
     @property
     def rate(self) -> float:
         return self.records / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def per_gib(self) -> float:
+        """CPU-s per GiB of keys + values (`common.cpu_per_gib`)."""
+        return cpu_per_gib(self.cpu_s, self.payload_bytes)
 
 
 @dataclass(frozen=True)
@@ -370,12 +392,23 @@ class Result:
 def drain(ctx: Context, run: Run, records: Iterator[Change], count: int) -> Drain:
     """Produce `count` of `records` as fast as the client goes; time it to the commit that consumed all."""
     before = len(writes(run, run.commits()))
+    produced = Tally(records)
+    gauge = Gauge.now()
     started, cpu_start = time.time(), run.monitor.sample().cpu
-    preload(ctx.broker.bootstrap, run.topic, count, SMALL_NOTE_WORDS, 0, records=records)
+    preload(ctx.broker.bootstrap, run.topic, count, SMALL_NOTE_WORDS, 0, records=produced)
     commits = writes(run, until_consumed(ctx, run))
     end = commits[-1].visible_ms / 1000 if commits else time.time()
     cpu = run.monitor.cpu_at(end) - cpu_start
-    return Drain(count, end - started, count / cpu if cpu > 0 else float("nan"), len(commits) - before)
+    return Drain(
+        count,
+        end - started,
+        count / cpu if cpu > 0 else float("nan"),
+        len(commits) - before,
+        cpu_s=cpu,
+        payload_bytes=produced.bytes,
+        start=gauge,
+        end=Gauge.now(),
+    )
 
 
 def writes(run: Run, commits: list[Commit]) -> list[Commit]:
@@ -467,9 +500,17 @@ def reads(run: Run, workload: Workload, result: Result) -> None:
 
         result.scan_s = timed(f"SELECT count(*), sum(amount) FROM {name}")
         result.lookup_s = timed(f"SELECT * FROM {name} WHERE id = {probe}")
-        rows = run.catalog.pyiceberg().load_table(TABLE).scan(selected_fields=CONTENT).to_arrow().to_pylist()
-        result.rows, result.model_keys = len(rows), len(workload.model)
-        result.exact = compare_rows(workload.model, rows)
+        scan = run.catalog.pyiceberg().load_table(TABLE).scan(selected_fields=CONTENT)
+        read = 0
+
+        def rows() -> Iterator[dict[str, Any]]:  # a batch at a time: memory bounded by a batch, not the table
+            nonlocal read
+            for batch in scan.to_arrow_batch_reader():
+                read += batch.num_rows
+                yield from batch.to_pylist()
+
+        result.exact = compare_rows(workload.model, rows())
+        result.rows, result.model_keys = read, len(workload.model)
         if run.system.startswith("icefall"):
             st = load_manifest((run.work / "upsert.yaml").read_text())
             report = audit_keyed(spark, st, run.catalog.pyiceberg(), run.catalog.name)
@@ -523,9 +564,25 @@ def thinned(samples: list[Files], most: int) -> list[Files]:
 
 
 def drain_cells(d: Drain | None) -> list[str]:
+    """A drain's column: records, per s, per CPU-s, CPU-s per GiB, the drain, bytes, probe, load."""
     if d is None:
-        return ["n/a"] * 4
-    return [f"{d.records:,}", fmt(d.rate), fmt(d.per_cpu), f"{d.seconds:.1f} s, {d.commits} commits"]
+        return ["n/a"] * 8
+    gauges = (
+        [f"{d.start.probe:.2f} → {d.end.probe:.2f} s", f"{d.start.load} → {d.end.load}"]
+        if d.start and d.end
+        else ["n/a", "n/a"]
+    )
+    return [
+        f"{d.records:,}",
+        fmt(d.rate),
+        fmt(d.per_cpu),
+        fmt(d.per_gib),
+        f"{d.seconds:.1f} s, {d.commits} commits",
+        f"{d.payload_bytes / 2**20:,.1f} MiB ({d.payload_bytes / d.records:,.0f} per record)"
+        if d.records
+        else "n/a",
+        *gauges,
+    ]
 
 
 def render(ctx: Context, facts: dict[str, str], results: list[Result], started: str) -> str:
@@ -534,6 +591,10 @@ def render(ctx: Context, facts: dict[str, str], results: list[Result], started: 
         "a QUICK run (`--quick`: a smoke run at reduced scale) on a shared 2-core machine (other work ran "
         "at the same time: see the load averages), so every figure is noisy"
         if a.quick
+        else "a sustained run (`--sustained`: the ingest phases at scale, a short live phase)"
+        if a.sustained and a.keys >= SUSTAINED_KEYS
+        else "a reduced-scale `--sustained` run (a smoke run, not a sustained figure)"
+        if a.sustained
         else "a full run on a shared machine (see the load averages)"
     )
     ok = [r for r in results if not r.error]
@@ -569,17 +630,27 @@ def render(ctx: Context, facts: dict[str, str], results: list[Result], started: 
         row("initial load: records", [c[0] for c in loads]),
         row("initial load: records/s", [c[1] for c in loads]),
         row("initial load: records per CPU-s", [c[2] for c in loads]),
-        row("initial load: drain", [c[3] for c in loads]),
+        row("initial load: CPU-s per GiB", [c[3] for c in loads]),
+        row("initial load: drain", [c[4] for c in loads]),
+        row("initial load: keys + values produced", [c[5] for c in loads]),
+        row("initial load: CPU probe, start → end", [c[6] for c in loads]),
+        row("initial load: load average 1/5/15 min, start → end", [c[7] for c in loads]),
         row("change backlog: changes", [c[0] for c in backlogs]),
         row("change backlog: changes/s", [c[1] for c in backlogs]),
         row("change backlog: changes per CPU-s", [c[2] for c in backlogs]),
-        row("change backlog: drain", [c[3] for c in backlogs]),
+        row("change backlog: CPU-s per GiB", [c[3] for c in backlogs]),
+        row("change backlog: drain", [c[4] for c in backlogs]),
+        row("change backlog: keys + values produced", [c[5] for c in backlogs]),
+        row("change backlog: CPU probe, start → end", [c[6] for c in backlogs]),
+        row("change backlog: load average 1/5/15 min, start → end", [c[7] for c in backlogs]),
         row("live: changes produced in the window", [f"{r.produced:,} in {r.window_s:.0f} s" for r in ok]),
         row("live: freshness p50 / p99", [f"{fmt(r.p50, '.1f')} / {fmt(r.p99, '.1f')} s" for r in ok]),
         row("live: rows measured for freshness", [f"{r.measured:,}" for r in ok]),
         row("live: CPU cores busy", [fmt(r.cpu_cores, ".2f") for r in ok]),
         row("peak RSS of the process tree", [mib(r.peak_rss) for r in ok]),
         row("batches planned again: maintenance moved main (from its log)", [r.replanned for r in ok]),
+        "",
+        PER_GIB_NOTE + " A tombstone counts its key only.",
         "",
         "## After the run",
         "",
@@ -650,11 +721,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 50,000 keys, 10,000 changes, 60 s live at 300/s"
     )
+    parser.add_argument(
+        "--sustained",
+        action="store_true",
+        help=f"the ingest phases at scale: {SUSTAINED_KEYS:,} keys, {SUSTAINED_KEYS:,} changes, 60 s live at "
+        "1,000/s, systems icefall,spark, --timeout 7200, bench/results/sustained-upsert.md",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "upsert.md")
     parser.add_argument("--keep", type=Path, help="keep the state (logs, tables) in this new folder")
     args = parser.parse_args(argv)
+    if args.quick and args.sustained:
+        parser.error("--quick and --sustained: one or the other (give --keys for a smaller sustained run)")
     if args.quick:  # its scale, unless an option says otherwise
         parser.set_defaults(keys=50_000, backlog_changes=10_000, seconds=60, rate=300, sample_seconds=5)
+        args = parser.parse_args(argv)
+    if args.sustained:  # the same
+        parser.set_defaults(
+            keys=SUSTAINED_KEYS, backlog_changes=SUSTAINED_KEYS, seconds=60, sample_seconds=10, timeout=7_200,
+            systems="icefall,spark", out=RESULTS / "sustained-upsert.md",
+        )  # fmt: skip
         args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     args.systems = comma_list(args.systems)

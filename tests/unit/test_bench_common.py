@@ -7,7 +7,12 @@ reads back as the same event; a process tree's CPU at a moment is interpolated b
 icefall manifests the comparison writes (JSON, and Avro through a registry) are valid StreamingTables over
 that schema, and so are the executor pods' table (in its catalog, compaction off) and the keyed profile's
 (bench/upsert.py's keyed table); the audit by content
-counts duplicates, missing and changed events.
+counts duplicates, missing and changed events, from rows streamed one at a time, with the same digest for an
+event and for its row read back; CPU-s per GiB is the CPU over the GiB of keys and values, the reciprocal of
+records per CPU-s times the bytes of a record, and `Tally` counts those bytes as produced (a tombstone its
+key only); a spooled backlog reads back as produced and leaves no file; the Protobuf events decode with
+Icefall's own decoder into the JSON events; the sustained report carries CPU-s per GiB, each drain's probe
+and load averages, and Icefall / Spark per format.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import math
 import random
 import sys
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 
@@ -147,11 +153,13 @@ def test_the_avro_manifest_reads_the_registry_into_the_same_columns() -> None:
     ctx = compare.Context(
         broker=Broker(), args=Args(), state=Path("/nonexistent"), pin=[], registry=Registry()
     )
-    st = load_manifest(yaml.safe_dump(compare.icefall_manifest(ctx, "small-icefall-avro", avro=True)))
-    assert st.spec.format.type.value == "avro"
-    assert st.spec.format.registry is not None and st.spec.format.registry.url == Registry.url
-    assert st.spec.format.registry.subject("small-icefall-avro") == "small-icefall-avro-value"
-    assert [f.name for f in st.spec.format.schema_fields] == [f["name"] for f in common.EVENT_SCHEMA]
+    for kind in ("avro", "protobuf"):
+        topic = f"small-icefall-{kind}"
+        st = load_manifest(yaml.safe_dump(compare.icefall_manifest(ctx, topic, format_type=kind)))
+        assert st.spec.format.type.value == kind
+        assert st.spec.format.registry is not None and st.spec.format.registry.url == Registry.url
+        assert st.spec.format.registry.subject(topic) == f"{topic}-value"
+        assert [f.name for f in st.spec.format.schema_fields] == [f["name"] for f in common.EVENT_SCHEMA]
 
 
 def test_the_audit_finds_a_duplicate_a_missing_and_a_changed_event() -> None:
@@ -163,6 +171,102 @@ def test_the_audit_finds_a_duplicate_a_missing_and_a_changed_event() -> None:
     changed = {**rows[2], "amount": rows[2]["amount"] + 0.01}
     found = compare.audit_rows([rows[0], rows[0], changed], 4, seed=5, note_words=common.SMALL_NOTE_WORDS)
     assert found == "1 duplicates, 2 missing, 1 differ"  # events 1 and 3 missing
+    unknown = {**rows[3], "id": 4}  # not a backlog id
+    assert compare.audit_rows(iter([*rows, unknown]), 4, seed=5, note_words=5) != "exact"  # other events
+    assert (
+        compare.audit_rows(iter([*rows, unknown]), 4, seed=5, note_words=2)
+        == "0 duplicates, 0 missing, 1 differ"
+    )
+
+
+def test_an_event_and_its_row_read_back_have_one_digest() -> None:
+    compare = _load("compare")
+    events = common.bench_records(seed=8, note_words=common.LARGE_NOTE_WORDS)
+    rows = []
+    for _ in range(20):
+        event = json.loads(next(events)[1])
+        row = {c: event[c] for c in reversed(compare.CONTENT)}
+        row["shipping"] = dict(reversed(row["shipping"].items()))  # a struct's order is not its content
+        rows.append(row)
+    expected = compare.expected_digests(20, 8, common.LARGE_NOTE_WORDS)
+    assert [compare.digest(row) for row in rows] == list(expected)
+    assert compare.digest({**rows[0], "tags": ["other"]}) != expected[0]
+
+
+def test_cpu_per_gib_is_the_reciprocal_of_records_per_cpu_second_times_record_bytes() -> None:
+    assert common.cpu_per_gib(2.0, common.GIB) == 2.0
+    assert common.cpu_per_gib(1.5, common.GIB // 2) == 3.0
+    records, cpu, per_record = 1_000_000, 40.0, 250
+    per_cpu = records / cpu
+    assert common.cpu_per_gib(cpu, records * per_record) == pytest.approx(common.GIB / (per_cpu * per_record))
+    assert math.isnan(common.cpu_per_gib(1.0, 0)) and math.isnan(common.cpu_per_gib(0.0, 100))
+
+
+def test_tally_counts_keys_and_values_as_produced() -> None:
+    produced = [("k1", b"abc", 1), ("ключ", None, 2), ("k3", b"", 3)]
+    tally = common.Tally(iter(produced))
+    assert list(tally) == produced
+    assert (tally.records, tally.key_bytes, tally.value_bytes) == (3, 2 + 8 + 2, 3)  # UTF-8 key bytes
+    assert tally.bytes == 15
+
+
+def test_a_spooled_backlog_reads_back_as_produced_and_leaves_no_file(tmp_path: Path) -> None:
+    source = iter([("a", b"\x00\x01", 10), ("ключ", None, 11), ("c", b"x" * 70_000, 12), ("d", b"", 13)])
+    spool = tmp_path / "backlog.spool"
+    records = common.spooled(source, 3, spool)
+    assert spool.exists() and next(source) == ("d", b"", 13)  # written up front: only `count` taken
+    assert list(records) == [("a", b"\x00\x01", 10), ("ключ", None, 11), ("c", b"x" * 70_000, 12)]
+    assert not spool.exists()
+
+
+def test_the_protobuf_events_decode_with_icefalls_decoder_into_the_json_events() -> None:
+    from icefall.decode.protobuf import to_json
+    from icefall.kafka.protobuf import descriptor_set_text
+
+    descriptors = descriptor_set_text(common.PROTOBUF_EVENT_SCHEMA)
+    as_json = common.bench_records(seed=5, note_words=common.SMALL_NOTE_WORDS)
+    as_protobuf = common.bench_records(
+        seed=5, note_words=common.SMALL_NOTE_WORDS, encode=common.protobuf_encoder(descriptors, 42)
+    )
+    for _ in range(30):
+        (key, text, _), (protobuf_key, value, ts_ms) = next(as_json), next(as_protobuf)
+        assert value[:6] == b"\x00\x00\x00\x00\x2a\x00"  # magic byte, schema id 42, message index [0]
+        decoded, problem = to_json(descriptors, 42, value)
+        assert problem is None and decoded is not None and protobuf_key == key
+        event, back = json.loads(text), json.loads(decoded)
+        assert datetime.fromisoformat(back.pop("ts")).timestamp() * 1000 == ts_ms  # the produce time
+        del event["ts"]
+        assert back == event
+
+
+def _throughput(compare: ModuleType, records: int, cpu: float, value_bytes: int) -> object:
+    gauge = common.Gauge(0.37, "1.00 1.20 1.30")
+    return compare.Throughput(
+        records=records, commits=4, startup_s=20.0, drain_s=records / 20_000, rate=20_000.0,
+        per_cpu=records / cpu, peak_rss=2**30, files=5, audit="exact", cpu_s=cpu,
+        payload_bytes=records * value_bytes, start=gauge, end=common.Gauge(0.39, "1.90 1.40 1.35"),
+    )  # fmt: skip
+
+
+def test_the_sustained_report_has_cpu_per_gib_the_gauges_and_icefall_over_spark() -> None:
+    from types import SimpleNamespace
+
+    compare = _load("compare")
+    args = SimpleNamespace(argv=["--sustained", "--records", "60000"], records=60_000, large_records=0,
+                           warmup_records=10_000, trickle=5.0, freshness_target=10.0, spark_max_offsets=0,
+                           systems=["icefall", "spark", "icefall-protobuf"])  # fmt: skip
+    ctx = compare.Context(broker=None, args=args, state=Path("/nonexistent"), pin=[])
+    results = compare.Results()
+    results.small["icefall"] = _throughput(compare, 60_000, 2.0, 256)  # 30,000 records per CPU-s
+    results.small["spark"] = _throughput(compare, 60_000, 6.0, 256)
+    results.small["icefall-protobuf"] = "boom"
+    text = compare.render_sustained(ctx, {"CPU": "test"}, results, "now")
+    assert "reduced-scale run" in text and "CPU-s per GiB" in text
+    per_gib = common.GIB / (30_000 * 256)  # 2 CPU-s over 60,000 records of 256 bytes
+    assert f"| 30,000 | {per_gib:,.0f} | 3.0 s |" in text
+    assert "| 14.6 MiB | 256 | 2.0 | 0.37 → 0.39 s | 1.00 1.20 1.30 → 1.90 1.40 1.35 |" in text
+    assert "| JSON | 3.00 | 0.33 | 1.00 |" in text
+    assert "## Failures" in text and "boom" in text
 
 
 def test_the_executors_bench_table_is_valid_in_its_catalog_without_compaction() -> None:

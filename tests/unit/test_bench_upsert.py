@@ -126,3 +126,21 @@ def test_the_report_puts_the_systems_side_by_side_and_keeps_failures() -> None:
     assert "| live: freshness p50 / p99 | 4.9 / 10.5 s |" in text
     assert "| 10 | 1 | 5 | 8,680 | 50,922 |" in text
     assert "## Failures" in text and "boom" in text
+
+
+def test_the_ingest_table_has_cpu_per_gib_and_each_drains_gauges() -> None:
+    args = SimpleNamespace(argv=["--sustained"], quick=False, sustained=True, keys=5_000_000,
+                           backlog_changes=5_000_000, rate=1_000.0, seconds=60.0, freshness_target=10.0,
+                           sample_seconds=10.0)  # fmt: skip
+    ctx = upsert.Context(SimpleNamespace(bootstrap="x"), args, Path("/nonexistent"), [])
+    start, end = common.Gauge(0.37, "1.00 1.10 1.20"), common.Gauge(0.40, "2.00 1.50 1.30")
+    load = upsert.Drain(4_999_000, 500.0, 20_000.0, 90, cpu_s=249.95, payload_bytes=4_999_000 * 256,
+                        start=start, end=end)  # fmt: skip
+    text = upsert.render(ctx, {"CPU": "test"}, [upsert.Result("icefall", load=load)], "now")
+    assert "a sustained run" in text
+    per_gib = 249.95 / (4_999_000 * 256 / 2**30)
+    assert f"| initial load: CPU-s per GiB | {per_gib:,.0f} |" in text
+    assert "| initial load: keys + values produced | 1,220.5 MiB (256 per record) |" in text
+    assert "| initial load: CPU probe, start → end | 0.37 → 0.40 s |" in text
+    assert "| initial load: load average 1/5/15 min, start → end | 1.00 1.10 1.20 → 2.00 1.50 1.30 |" in text
+    assert "| change backlog: CPU-s per GiB | n/a |" in text
