@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import struct
@@ -82,6 +83,30 @@ def tree_cpu(root: int) -> float:
     return sum(cpu_seconds(stat) for pid in descendants(root) if (stat := proc_stat(pid)) is not None)
 
 
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of process `pid`: its name (the kernel's, cut at 15 characters) and its CPU-s
+    (utime + stime)."""
+    found: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # it ended between the listing and the read
+        fields = text[text.rindex(")") + 2 :].split()
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        found[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
+    return found
+
+
+def thread_kind(name: str) -> str:
+    """A thread's name with its numbers as N: the threads of one pool count together."""
+    return re.sub(r"\d+", "N", name)
+
+
 def rss_bytes(stat: list[str]) -> int:
     return int(stat[21]) * PAGE_BYTES
 
@@ -99,11 +124,15 @@ class TreeMonitor:
 
     A child that exits is reaped by its parent in the tree, whose cutime/cstime then hold its CPU, so the
     cumulative sum stays right; a child reaped by something outside the tree would be lost.
+
+    With `threads`, each sample also reads every thread's CPU (`thread_cpu`), for `cpu_by_thread`.
     """
 
     root: int
     interval: float = 0.5
+    threads: bool = False
     samples: list[TreeSample] = field(default_factory=list)
+    thread_samples: list[tuple[float, dict[tuple[int, int], tuple[str, float]]]] = field(default_factory=list)
     _halt: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -116,6 +145,11 @@ class TreeMonitor:
                 rss += rss_bytes(stat)
         sample = TreeSample(time.time(), cpu, rss)
         self.samples.append(sample)
+        if self.threads:
+            by_thread = {
+                (pid, tid): seen for pid in descendants(self.root) for tid, seen in thread_cpu(pid).items()
+            }
+            self.thread_samples.append((sample.at, by_thread))
         return sample
 
     def start(self) -> TreeMonitor:
@@ -140,6 +174,26 @@ class TreeMonitor:
     @property
     def total_cpu(self) -> float:
         return max((s.cpu for s in self.samples), default=0.0)
+
+    def cpu_by_thread(self, start: float, end: float) -> dict[str, float]:
+        """CPU-s between the samples last taken at or before `start` and `end` (time.time()), per kind of
+        thread (`thread_kind`), most first. A thread counts up to its last sample: what one that ended
+        did after it is missed (a thread that lives less than `interval` is missed whole); the process
+        tree's CPU over the same time less the sum tells how much that was."""
+
+        def at(when: float) -> dict[tuple[int, int], tuple[str, float]]:
+            taken = [seen for t, seen in self.thread_samples if t <= when]
+            return taken[-1] if taken else {}
+
+        before, after = at(start), {}
+        for t, seen in self.thread_samples:
+            if start < t <= end:
+                after.update(seen)  # a thread's latest sample, also of one that ended since
+        kinds: dict[str, float] = {}
+        for key, (name, cpu) in after.items():
+            spent = cpu - before.get(key, (name, 0.0))[1]
+            kinds[thread_kind(name)] = kinds.get(thread_kind(name), 0.0) + spent
+        return dict(sorted(kinds.items(), key=lambda kind: -kind[1]))
 
     def cpu_at(self, when: float) -> float:
         """Cumulative CPU at `when` (time.time()), linear between the two nearest samples."""

@@ -579,7 +579,8 @@ def launch(ctx: Context, system: str, topic: str, work: Path) -> Run:
     else:
         raise ValueError(f"--systems: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
     assert proc.pid is not None
-    return Run(system, topic, work, proc, TreeMonitor(proc.pid).start(), started, catalog)
+    monitor = TreeMonitor(proc.pid, threads=ctx.args.threads).start()
+    return Run(system, topic, work, proc, monitor, started, catalog)
 
 
 def wait_for(run: Run, done: Callable[[list[Commit]], bool], timeout: float) -> list[Commit]:
@@ -746,6 +747,7 @@ class Throughput:
     payload_bytes: int  # the backlog's Kafka record keys + values, as produced (`common.Tally`)
     start: Gauge  # CPU probe and load average just before the backlog's first record
     end: Gauge  # the same once the commit that completed it was seen
+    threads: dict[str, float] = field(default_factory=dict)  # --threads: CPU-s over the drain per kind
 
     @property
     def per_gib(self) -> float:
@@ -919,6 +921,7 @@ def throughput(
         payload_bytes=backlog.bytes,
         start=start,
         end=end,
+        threads=run.monitor.cpu_by_thread(started, last.visible_ms / 1000) if ctx.args.threads else {},
     )
     say(f"{system} ({variant}): {result.rate:,.0f} records/s, {result.per_cpu:,.0f} per CPU-s, "
         f"{result.per_gib:,.0f} CPU-s per GiB, drain {drain:.1f}s, {result.commits} commits, "
@@ -1091,7 +1094,48 @@ def throughput_table(title: str, results: dict[str, Throughput | str]) -> list[s
             f"| {LABELS[system]} | {fmt(r.rate)} | {fmt(r.per_cpu)} | {fmt(r.per_gib)} | {r.drain_s:.1f} s "
             f"| {r.startup_s:.1f} s | {r.commits} | {r.files} | {mib(r.peak_rss)} | {r.audit} |"
         )
-    return [*lines, "", *conditions_table([(LABELS[s], r) for s, r in results.items()])]
+    return [
+        *lines,
+        "",
+        *conditions_table([(LABELS[s], r) for s, r in results.items()]),
+        *threads_table(results),
+    ]
+
+
+#: Rows of `threads_table`: the kinds of thread that spent the most, the rest summed.
+THREAD_ROWS = 14
+
+
+def threads_table(results: dict[str, Throughput | str]) -> list[str]:
+    """With --threads: CPU-s over the drain per kind of thread (`common.thread_kind`), a column per system;
+    the tree's CPU less the threads' sum is what threads that lived between two samples spent."""
+    drains = {s: r for s, r in results.items() if isinstance(r, Throughput) and r.threads}
+    if not drains:
+        return []
+    totals: dict[str, float] = {}
+    for r in drains.values():
+        for kind, cpu in r.threads.items():
+            totals[kind] = totals.get(kind, 0.0) + cpu
+    shown = sorted(totals, key=lambda kind: -totals[kind])[:THREAD_ROWS]
+    lines = [
+        "CPU-s over the drain by kind of thread (`/proc/<pid>/task/*/stat` at each 0.5 s sample; the "
+        "kernel's thread names, cut at 15 characters, numbers as N):",
+        "",
+        "| thread | " + " | ".join(LABELS[s] for s in drains) + " |",
+        "|---|" + "--:|" * len(drains),
+    ]
+    for kind in shown:
+        lines.append(
+            f"| `{kind}` | " + " | ".join(f"{r.threads.get(kind, 0.0):.1f}" for r in drains.values()) + " |"
+        )
+    rest = [sum(c for k, c in r.threads.items() if k not in shown) for r in drains.values()]
+    unseen = [r.cpu_s - sum(r.threads.values()) for r in drains.values()]
+    lines.append("| every other kind | " + " | ".join(f"{c:.1f}" for c in rest) + " |")
+    lines.append(
+        "| threads that lived between two samples | " + " | ".join(f"{c:.1f}" for c in unseen) + " |"
+    )
+    lines.append("| the process tree | " + " | ".join(f"{r.cpu_s:.1f}" for r in drains.values()) + " |")
+    return [*lines, ""]
 
 
 def conditions_table(drains: list[tuple[str, Throughput | str]]) -> list[str]:
@@ -1635,6 +1679,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"only the drain measurement, on a backlog of {SUSTAINED_RECORDS:,} small events per system "
         f"(--records), systems {','.join(SUSTAINED_SYSTEMS)}, --timeout 3600, no 1 KB backlog unless "
         "--large-records; writes bench/results/sustained.md (--out: the file)",
+    )
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="also the CPU of each kind of thread over every drain (JVM executors, JIT, GC, Kafka, Python; "
+        "/proc per thread at each sample), in a table per drain size",
     )
     parser.add_argument("--keep", type=Path, help="keep the state (logs, tables) in this new folder")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Where an `icefall run` drain spends its CPU: JFR on the Spark JVM, py-spy on the Python driver.
 
     .venv/bin/python bench/profile_drain.py [--records N] [--large-records N] [--warmup-records N]
-                                            [--keyed] [--out FILE] [--from RUN_DIR]
+                                            [--keyed] [--systems S,...] [--out FILE] [--from RUN_DIR]
     (or: make bench-profile BENCH_ARGS="...")
 
 One Kafka broker (the devstack's), a topic of 3 partitions, the bench's seeded events (`common.bench_records`:
@@ -12,7 +12,14 @@ mode: driver = executor; `jcmd JFR.start settings=profile`, stack depth 256 set 
 SPARK_SUBMIT_OPTS) and py-spy records the Python driver (`--nonblocking`, 100 Hz, idle threads left out);
 the backlog is produced as fast as the client goes, and both profilers stop when the table has committed
 it all. With `--keyed`, the table is bench/upsert.py's keyed one (`mode: upsert`, `key: [id]`): the warm-up
-inserts the keys and the profiled backlog updates them (each batch one MERGE).
+inserts the keys and the profiled backlog updates them (each batch one MERGE). `--systems` profiles others
+the same way, one after another: icefall-nomaint (`icefall run --no-maintenance`) and spark (bench/compare.py's
+Structured Streaming peer, its table and settings; done when its table holds every record).
+
+The CPU of every thread of the system's processes over the drain, by kind (`common.TreeMonitor` with
+`threads`, from /proc: JIT compiler and GC threads too, which JFR's execution samples leave out; JFR's
+`jdk.ThreadCPULoad`, used before, averages each thread's load per second and so weighs a thread that lived
+a fraction of a second, such as a batch's Kafka admin client, like one busy all along).
 
 Aggregates (JFR `jdk.ExecutionSample`: Java threads running Java code; GC, JIT and native time are not in
 it): the top self frames (leaf method), the top frames by total (inclusive, each frame counted once per
@@ -43,12 +50,14 @@ import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 from common import (
     EVENT_SCHEMA,
     LARGE_NOTE_WORDS,
     SMALL_NOTE_WORDS,
+    TreeMonitor,
     descendants,
     load_average,
     machine_basics,
@@ -57,7 +66,7 @@ from common import (
     tree_cpu,
     write_results,
 )
-from compare import TABLE, preload, table_commits
+from compare import TABLE, create_peer_table, preload, spark_peer_argv, table_commits
 from pyiceberg.exceptions import NoSuchTableError
 
 from icefall.catalog import CatalogConfig
@@ -65,6 +74,7 @@ from icefall.commit import read_committed
 from icefall.devstack.kafka import KafkaBroker
 
 RESULTS = Path(__file__).parent / "results" / "profile.md"
+SYSTEMS = ("icefall", "icefall-nomaint", "spark")
 PARTITIONS = 3
 DAY_TS = {"field": "ts", "transform": "day"}
 EARLIEST = {"type": "earliest"}
@@ -148,7 +158,7 @@ def java_pid(root: int, timeout: float = 120) -> int:
             if exe.endswith("/java") and b"deploy.SparkSubmit" in cmd and b"launcher.Main" not in cmd:
                 return pid
         time.sleep(0.5)
-    raise RuntimeError("the Spark JVM of `icefall run` did not appear")
+    raise RuntimeError("the Spark JVM did not appear")
 
 
 def jcmd(pid: int, *command: str) -> None:
@@ -161,7 +171,7 @@ def wait_rows(catalog: CatalogConfig, rows: int, proc: subprocess.Popen[bytes], 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"icefall run exited with {proc.returncode} (see its log)")
+            raise RuntimeError(f"the system exited with {proc.returncode} (see its log)")
         commits = table_commits(catalog)
         if commits and commits[-1].total_records >= rows:
             return
@@ -192,13 +202,31 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
     seed: int,
     *,
     keyed: bool = False,
+    system: str = "icefall",
 ) -> dict[str, object]:
     """Warm-up, then the profiled backlog: new events, or with `keyed` new values of the warm-up's first
-    `records` keys (updates)."""
+    `records` keys (updates). `system`: icefall, icefall-nomaint (`--no-maintenance`) or spark (the
+    Structured Streaming peer of bench/compare.py)."""
     topic = f"profile-{work.name}"
     broker.create_topic(topic, partitions=PARTITIONS)
     st = manifest(broker.bootstrap, topic, keyed=keyed)
     (work / "events.yaml").write_text(yaml.safe_dump(st, sort_keys=False))
+    catalog = CatalogConfig.embedded(work)
+    if system == "spark":
+        ctx = SimpleNamespace(broker=broker, args=SimpleNamespace(freshness_target=10), registry=None)
+        create_peer_table(ctx, catalog)  # type: ignore[arg-type]
+        argv = spark_peer_argv(ctx, topic, work, catalog)  # type: ignore[arg-type]
+    else:
+        icefall = str(Path(sys.executable).with_name("icefall"))
+        argv = [icefall, "run", "-f", str(work / "events.yaml"), "--state-dir", str(work)]
+        argv += ["--no-maintenance"] if system == "icefall-nomaint" else []
+
+    def committed(total: int, timeout: float) -> None:
+        if system == "spark":
+            wait_rows(catalog, total, proc, timeout)
+        else:
+            wait_offsets(catalog, total, proc, timeout)
+
     say(f"{size}: warm-up backlog of {warmup:,} events")
     preload(broker.bootstrap, topic, warmup, note_words, seed)
     # JFR from the JVM's start: starting it later (jcmd JFR.start) deoptimizes the compiled code, and the
@@ -210,16 +238,12 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
         "SPARK_SUBMIT_OPTS": "-XX:FlightRecorderOptions=stackdepth=256 "
         f"-XX:StartFlightRecording=name=drain,settings=profile,filename={jfr}",
     }
-    icefall = str(Path(sys.executable).with_name("icefall"))
-    log = (work / "icefall.log").open("wb")
-    proc = subprocess.Popen(
-        [icefall, "run", "-f", str(work / "events.yaml"), "--state-dir", str(work)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )  # fmt: skip
+    log = (work / "system.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     spy: subprocess.Popen[bytes] | None = None
-    catalog = CatalogConfig.embedded(work)
+    monitor = TreeMonitor(proc.pid, threads=True).start()
     try:
-        wait_offsets(catalog, warmup, proc, 600)
+        committed(warmup, 600)
         jvm = java_pid(proc.pid)  # after the launcher JVM (spark-class) is gone
         pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         raw = work / "drain.pyspy.txt"
@@ -230,14 +254,14 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
                 stdout=subprocess.DEVNULL, stderr=(work / "pyspy.log").open("wb"),
             )  # fmt: skip
         load_start, window_start = load_average(), datetime.now(UTC)
-        cpu0, jvm0, t0 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic()
+        cpu0, jvm0, t0, at0 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic(), monitor.sample().at
         say(f"{size}: profiling; backlog of {records:,} events")
         if keyed:  # the same ids from 0, other values (another seed)
             preload(broker.bootstrap, topic, records, note_words, seed + 1)
         else:
             preload(broker.bootstrap, topic, records, note_words, seed, start=warmup)
-        wait_offsets(catalog, warmup + records, proc, 1200)
-        cpu1, jvm1, t1 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic()
+        committed(warmup + records, 1200)
+        cpu1, jvm1, t1, at1 = tree_cpu(proc.pid), tree_cpu(jvm), time.monotonic(), monitor.sample().at
         load_end, window_end = load_average(), datetime.now(UTC)
         jcmd(jvm, "JFR.dump", "name=drain", f"filename={jfr}")
         if spy is not None:
@@ -245,8 +269,10 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
             spy.wait(60)
         say(f"{size}: {records / (t1 - t0):,.0f} records/s, {records / (cpu1 - cpu0):,.0f} records per CPU-s")
         return {
+            "system": system,
             "size": size,
             "records": records,
+            "threads": monitor.cpu_by_thread(at0, at1),
             "wall": t1 - t0,
             "cpu": cpu1 - cpu0,
             "jvm_cpu": jvm1 - jvm0,
@@ -256,6 +282,7 @@ def drain(  # noqa: PLR0917 (one call site, the size's parameters)
             "pyspy": raw if spy is not None and raw.exists() else None,
         }
     finally:
+        monitor.stop()
         if spy is not None and spy.poll() is None:
             spy.kill()
             spy.wait()
@@ -295,27 +322,6 @@ def jfr_stacks(
         frames = re.findall(r"^\s+([\w$.<>/]+)\(.*\)\s+line:", block, re.M)
         stacks.append(frames)
     return stacks, threads
-
-
-def thread_cpu(path: Path, window: tuple[datetime, datetime]) -> collections.Counter[str]:
-    """The JVM's CPU (user + system) by thread kind, from `jdk.ThreadCPULoad` (once a second per Java
-    thread; JIT compiler threads included, GC threads not)."""
-    out = subprocess.run(
-        ["jfr", "print", "--events", "jdk.ThreadCPULoad", str(path)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    load: collections.Counter[str] = collections.Counter()
-    for block in out.split("jdk.ThreadCPULoad {")[1:]:
-        if not in_window(block, window):
-            continue
-        user = re.search(r"user = ([\d.]+)%", block)
-        system = re.search(r"system = ([\d.]+)%", block)
-        thread = re.search(r'eventThread = "([^"]*)"', block)
-        if user and system and thread:
-            load[re.sub(r"\d+", "N", thread.group(1))[:60]] += float(user.group(1)) + float(system.group(1))
-    return load
 
 
 def area_of(stack: Iterable[str], areas: list[tuple[str, re.Pattern[str]]]) -> str:
@@ -392,7 +398,7 @@ def pyspy_stacks(path: Path) -> list[list[str]]:
 
 def report(args: argparse.Namespace, started: datetime, runs: list[dict[str, object]], work: Path) -> str:
     lines = [
-        "# Where an `icefall run` drain spends its CPU (JFR on the Spark JVM, py-spy on the driver)",
+        "# Where a drain spends its CPU (JFR on the Spark JVM, py-spy on the driver)",
         "",
         f"`bench/profile_drain.py --records {args.records} --large-records {args.large_records} "
         "--warmup-records "
@@ -410,32 +416,42 @@ def report(args: argparse.Namespace, started: datetime, runs: list[dict[str, obj
         "engineers' builds and tests**: the load average is given per run; the shares below are robust "
         "to that, the records per CPU-s are of one run and not comparable to compare.md's pinned runs.",
         "",
-        "| events | records | drain, s | CPU-s (tree) | of it Spark JVM | records per CPU-s "
+        "| system | events | records | drain, s | CPU-s (tree) | of it Spark JVM | records per CPU-s "
         "| load avg start / end |",
-        "|---|--:|--:|--:|--:|--:|---|",
+        "|---|---|--:|--:|--:|--:|--:|---|",
     ]
     for run in runs:
         cpu, wall, records = float(run["cpu"]), float(run["wall"]), int(run["records"])  # type: ignore[arg-type]
+        jvm = float(run["jvm_cpu"])  # type: ignore[arg-type]
         lines.append(
-            f"| {run['size']} | {records:,} | {wall:.1f} | {cpu:.1f} | {float(run['jvm_cpu']):.1f} |"  # type: ignore[arg-type]
-            f" {records / cpu:,.0f} | {run['load']} |"
+            f"| {run.get('system', 'icefall')} | {run['size']} | {records:,} | {wall:.1f} | {cpu:.1f} "
+            f"| {jvm:.1f} | {records / cpu:,.0f} | {run['load']} |"
         )
     for run in runs:
+        name = f"{run.get('system', 'icefall')}, {run['size']} events"
         start, end = (datetime.fromisoformat(t) for t in run["window"])  # type: ignore[attr-defined]
         window = (start, end)
         stacks, threads = jfr_stacks(Path(str(run["jfr"])), window)
-        lines += ["", f"## {run['size']} events: JVM (JFR, {len(stacks):,} execution samples)", ""]
-        lines += ["Samples by thread:", "", "| thread | samples |", "|---|--:|"]
-        lines += [f"| {t} | {c:,} |" for t, c in threads.most_common(6)]
-        cpu_by_thread = thread_cpu(Path(str(run["jfr"])), window)
-        whole = sum(cpu_by_thread.values()) or 1
         lines += [
             "",
-            "The JVM's CPU by thread (`jdk.ThreadCPULoad`; JIT threads included, GC threads not):",
+            f"## {name}: JVM (JFR, {len(stacks):,} execution samples)",
             "",
         ]
-        lines += ["| thread | share of the JVM's thread CPU |", "|---|--:|"]
-        lines += [f"| {t} | {100 * c / whole:.1f} % |" for t, c in cpu_by_thread.most_common(8)]
+        lines += ["Samples by thread:", "", "| thread | samples |", "|---|--:|"]
+        lines += [f"| {t} | {c:,} |" for t, c in threads.most_common(6)]
+        by_thread: dict[str, float] = run.get("threads") or {}  # type: ignore[assignment]
+        lines += [
+            "",
+            "CPU-s over the drain by kind of thread, every process of the system (`/proc/<pid>/task/*/stat`"
+            " every 0.5 s; the kernel's names, cut at 15 characters, numbers as N; with the serial GC that a"
+            " JVM on one core picks, collections run on `VM Thread`):",
+            "",
+        ]
+        lines += ["| thread | CPU-s | share |", "|---|--:|--:|"]
+        lines += [
+            f"| `{t}` | {c:.1f} | {100 * c / float(run['cpu']):.1f} % |"  # type: ignore[arg-type]
+            for t, c in list(by_thread.items())[:10]
+        ]
         lines += ["", *tables(stacks, JVM_AREAS, JVM_RUNTIME)]
         if run["pyspy"] is None:
             lines += ["", "Python driver: py-spy not installed or it could not attach; not profiled."]
@@ -443,7 +459,7 @@ def report(args: argparse.Namespace, started: datetime, runs: list[dict[str, obj
         py = pyspy_stacks(Path(str(run["pyspy"])))
         lines += [
             "",
-            f"## {run['size']} events: Python driver (py-spy, {len(py):,} samples of busy threads)",
+            f"## {name}: Python driver (py-spy, {len(py):,} samples of busy threads)",
             "",
         ]
         lines += tables(py, PY_AREAS, PY_RUNTIME, top_self=10, top_total=10)
@@ -463,11 +479,20 @@ def main() -> int:
         help="a keyed table (bench/upsert.py's): the profiled backlog updates the warm-up's keys",
     )
     parser.add_argument(
+        "--systems",
+        default="icefall",
+        help="comma-separated, in this order: icefall, icefall-nomaint (--no-maintenance), spark (the "
+        "Structured Streaming peer of bench/compare.py; not with --keyed)",
+    )
+    parser.add_argument(
         "--from", dest="again", type=Path, help="only aggregate again the recordings of a run"
     )
     args = parser.parse_args()
     if args.keyed and args.warmup_records < max(args.records, args.large_records):
         parser.error("--keyed: --warmup-records must be at least the backlog (its keys are the ones updated)")
+    for system in args.systems.split(","):
+        if system not in SYSTEMS or (args.keyed and system == "spark"):
+            parser.error(f"--systems: {system!r}: choose from {', '.join(SYSTEMS)} (spark: not with --keyed)")
     if args.again:
         saved = json.loads((args.again / "runs.json").read_text())
         write_results(
@@ -484,14 +509,25 @@ def main() -> int:
             ("~230 B", args.records, SMALL_NOTE_WORDS, 1),
             ("~1 KB", args.large_records, LARGE_NOTE_WORDS, 2),
         ]
-        for size, records, words, seed in sizes:
-            if records:
-                folder = work / ("small" if words == SMALL_NOTE_WORDS else "1kb")
-                folder.mkdir()
-                label = f"{size}, keyed updates" if args.keyed else size
-                runs.append(
-                    drain(broker, folder, label, records, args.warmup_records, words, seed, keyed=args.keyed)
-                )
+        for system in args.systems.split(","):
+            for size, records, words, seed in sizes:
+                if records:
+                    folder = work / f"{system}-{'small' if words == SMALL_NOTE_WORDS else '1kb'}"
+                    folder.mkdir()
+                    label = f"{size}, keyed updates" if args.keyed else size
+                    runs.append(
+                        drain(
+                            broker,
+                            folder,
+                            label,
+                            records,
+                            args.warmup_records,
+                            words,
+                            seed,
+                            keyed=args.keyed,
+                            system=system,
+                        )
+                    )
     finally:
         broker.stop()
     saved = {"started": started.isoformat(), "runs": runs}
