@@ -13,10 +13,11 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
 from icefall.api import StreamingTableSpec, load_manifest
+from icefall.decode.columns import BYTES_COLUMN, TEXT_COLUMN
 from icefall.decode.decode import (
     BAD_COLUMN,
     DEAD_LETTER_COLUMNS,
@@ -29,6 +30,7 @@ from icefall.decode.decode import (
     prepare,
     reason_kind,
 )
+from icefall.ingest.writer import Decoders
 from icefall.testing.streams import kafka_source_frame
 
 pytestmark = pytest.mark.integration
@@ -433,3 +435,33 @@ def test_values_that_are_not_utf8_get_a_valid_utf8_reason(spark: SparkSession) -
     assert errors[1] == "the value is not valid UTF-8 text, as JSON must be; its first bytes: 0xE282"
     # The Arrow round trip a reader does fails on invalid UTF-8 in a string column.
     assert bad.select("error", "value").toArrow().column("error").to_pylist() == [errors[0], errors[1]]
+
+
+def test_a_batch_carries_neither_the_value_nor_its_text_past_the_parse(spark: SparkSession) -> None:
+    """The write's plan (decode, observation, good rows) keeps only the value's length once it is parsed:
+    each step after the parse copies its rows, and the value and its text are most of a row's bytes."""
+    values: list[Any] = [good(), good(id=2, tags=["x" * 200]), "not json", b"\xff\xfe", None]
+    decoders = Decoders(make_spec())
+    observation = Observation()
+    decoded = decoders.good.decode(kafka_frame(spark, values)).observe(observation, *decoders.observed)
+    rows = decoders.good.good_rows(decoded)
+
+    plan = rows._jdf.queryExecution().optimizedPlan()
+    found = [node for node in plan_nodes(plan) if node.nodeName() == "CollectMetrics"]
+    assert len(found) == 1, plan.toString()
+    output = found[0].child().output()
+    carried = {output.apply(i).name() for i in range(output.size())}
+    assert "value" not in carried and TEXT_COLUMN not in carried, plan.toString()
+
+    assert sorted(row["id"] for row in rows.collect()) == [1, 2]
+    sizes = [len(json.dumps(v).encode() if isinstance(v, dict) else v.encode() if isinstance(v, str) else v)
+             for v in values if v is not None]  # fmt: skip
+    seen = observation.get
+    assert (seen["records"], seen["bytes"], seen["bad"]) == (5, sum(sizes), 3)
+    assert BYTES_COLUMN not in rows.columns
+
+
+def plan_nodes(plan: Any) -> list[Any]:
+    """A Catalyst plan (a py4j object) and every node below it."""
+    children = plan.children()
+    return [plan, *(node for i in range(children.size()) for node in plan_nodes(children.apply(i)))]

@@ -1,11 +1,11 @@
 """The columns of a decoded batch, shared by both decoders (`icefall.decode.decode` for JSON, and
 `icefall.decode.avro`, which `decode` calls): names only, no Spark.
 
-A decode result holds the Kafka columns, `TYPED_COLUMN` (the record as the table's fields), `BAD_COLUMN`
-(true: the record goes to the dead-letter table) and, when error texts are built, `ERROR_COLUMN`. Good rows
-hold the spec's fields and `KAFKA_COLUMN` (keyed modes also `DELETE_COLUMN`, cdc with `spec.sequenceBy`
-`SEQUENCE_COLUMN`); dead-letter rows hold `DEAD_LETTER_COLUMNS`. Columns named with `INTERNAL_PREFIX` never
-reach a table.
+A decode result holds the Kafka columns, `BYTES_COLUMN`, `TYPED_COLUMN` (the record as the table's fields),
+`BAD_COLUMN` (true: the record goes to the dead-letter table) and, when error texts are built,
+`ERROR_COLUMN`. Good rows hold the spec's fields and `KAFKA_COLUMN` (keyed modes also `DELETE_COLUMN`, cdc
+with `spec.sequenceBy` `SEQUENCE_COLUMN`); dead-letter rows hold `DEAD_LETTER_COLUMNS`. Columns named with
+`INTERNAL_PREFIX` never reach a table.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ SEQUENCE_COLUMN = "_sequence"
 DEAD_LETTER_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "error", "ingested_at")
 
 TYPED_COLUMN = f"{INTERNAL_PREFIX}typed"
+#: The value's length in bytes, for the batch's observed bytes: taken with the Kafka columns, so that the
+#: value itself (often the widest column) is not carried through every later step of the plan for it.
+BYTES_COLUMN = f"{INTERNAL_PREFIX}bytes"
 ERROR_COLUMN = f"{INTERNAL_PREFIX}error"
 BAD_COLUMN = f"{INTERNAL_PREFIX}bad"
 #: Keyed modes (upsert, cdc): true when the record deletes its key (a tombstone, a Debezium d event).

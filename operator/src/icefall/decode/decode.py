@@ -87,6 +87,7 @@ SEQUENCE_COLUMN = columns.SEQUENCE_COLUMN
 _RANK = "__icefall_rank"  # `last_changes`: a change's rank among its key's, latest first
 DEAD_LETTER_COLUMNS = columns.DEAD_LETTER_COLUMNS
 TYPED_COLUMN = columns.TYPED_COLUMN
+BYTES_COLUMN = columns.BYTES_COLUMN
 ERROR_COLUMN = columns.ERROR_COLUMN
 BAD_COLUMN = columns.BAD_COLUMN
 DELETE_COLUMN = columns.DELETE_COLUMN
@@ -273,6 +274,7 @@ def _kafka_columns(spec: StreamingTableSpec) -> list[Column]:
         F.col("timestamp").cast("timestamp").alias("timestamp"),
         F.col("key").cast("binary").alias("key"),
         F.col("value").cast("binary").alias("value"),
+        F.length(F.col("value")).alias(BYTES_COLUMN),
     ]
     if spec.source.by_topic:
         columns.append(F.col("topic").cast("string").alias("topic"))
@@ -550,8 +552,10 @@ def _bad(fields: Sequence[SchemaField], keyed: Keyed | None = None) -> Column:
     fit: every such reason requires it), a required field is missing, or a value check fails. `_reasons`
     tells these apart only to word the message.
     """
-    text, typed = F.col(TEXT_COLUMN if keyed is None else keyed.image), F.col(TYPED_COLUMN)
-    conditions = [text.isNull(), typed.isNull(), typed[CORRUPT_COLUMN].isNotNull()]
+    # No test of the text itself: where it is null (not parsed), so is the typed parse of it, and a plan
+    # that read the text here would carry it, row after row, through every later step.
+    typed = F.col(TYPED_COLUMN)
+    conditions = [typed.isNull(), typed[CORRUPT_COLUMN].isNotNull()]
     for field in fields:
         column = keyed.column(field.name) if keyed is not None else typed[field.name]
         if field.required:

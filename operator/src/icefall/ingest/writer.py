@@ -105,14 +105,14 @@ class Decoders:
     def __init__(self, spec: StreamingTableSpec, schemas: SchemaLookup | None = None) -> None:
         from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-        from icefall.decode.decode import BAD_COLUMN, Decoder
+        from icefall.decode.decode import BAD_COLUMN, BYTES_COLUMN, Decoder
 
         self.spec = spec
         self.schemas = schemas
         self.good = Decoder(spec, errors=False, schemas=schemas)  # no error text: the table's rows
         self.observed = [
             F.count(F.lit(1)).alias("records"),
-            F.sum(F.length("value")).alias("bytes"),
+            F.sum(BYTES_COLUMN).alias("bytes"),
             F.max("timestamp").alias("newest"),
             F.count_if(F.col(BAD_COLUMN)).alias("bad"),
             *self.good.observed_ids(),  # a registry format: the batch's schema ids
