@@ -21,6 +21,17 @@ embedded SQLite catalog), and the same offsets read and written by each variant 
 - **plain Spark**: `from_json` and the fanout writer, no `_kafka` (the write of
   bench/peers/spark_streaming.py, without its streaming machinery).
 
+With `--validation`, also Icefall's write with one part of its validation left out at a time (each
+variant's gap to **icefall** is what that part costs; the bench swaps the part in a `Decoder` it built,
+reaching into its columns, which no production code does):
+
+- **without the UTF-8 check**: the value's text without `is_valid_utf8` and the size limit;
+- **without the corrupt-record column**: the typed parse without `columnNameOfCorruptRecord` (Spark then
+  passes each parsed row on instead of copying it field by field), the bad flag without its test;
+- **without the value checks**: the bad flag is the parse's only (no required fields, timestamps' years,
+  uuids, fixed lengths, nested checks);
+- **observing the count only**: the batch's observation holds `count(1)` alone.
+
 CPU is the Spark JVM's user + system time (/proc) around each write; the median of the rounds is reported
 with the min, records per CPU-second and the ratio to plain Spark. Writes bench/results/write_path.md.
 Nothing asserts on time.
@@ -71,6 +82,13 @@ VARIANTS = {
     "no-validation": "no validation: from_json + `_kafka`, fanout",
     "plain-spark": "plain Spark: from_json, fanout",
 }
+#: `--validation`: Icefall's write (as **icefall**) with one part of its validation left out.
+VALIDATION_VARIANTS = {
+    "no-utf8-check": "Icefall without the UTF-8 check (and size limit) of the value",
+    "no-corrupt-column": "Icefall without the corrupt-record column (nor its test)",
+    "no-value-checks": "Icefall without the value checks (required fields, years, ...)",
+    "count-only": "Icefall observing the count only",
+}
 
 
 class Writes:
@@ -116,11 +134,12 @@ class Writes:
             )
             rows = source.select(event, *kafka).select("e.*", *(["_kafka"] if kafka else []))
         else:
-            observation = Observation()
-            decoded = self.decoders.good.decode(source).observe(observation, *self.decoders.observed)
-            rows = self.decoders.good.good_rows(decoded)
+            decoder = trimmed(self.spec, variant) if variant in VALIDATION_VARIANTS else self.decoders.good
+            observed = [F.count(F.lit(1))] if variant == "count-only" else self.decoders.observed
+            decoded = decoder.decode(source).observe(Observation(), *observed)
+            rows = decoder.good_rows(decoded)
         rows.limit(0).writeTo(name).using("iceberg").partitionedBy(F.days("ts")).create()
-        if variant == "icefall":
+        if variant == "icefall" or variant in VALIDATION_VARIANTS:
             append(rows, name, sorted_table=False)
         elif variant == "icefall-hash":
             append(rows, name, sorted_table=True)  # what a sorted table gets: hash distribution
@@ -131,12 +150,53 @@ class Writes:
             ).append()
 
 
+def trimmed(spec: Any, variant: str) -> Any:
+    """Icefall's JSON `Decoder` of `spec` (without error texts) with the part `variant` names left out."""
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+    from pyspark.sql.types import StructType
+
+    from icefall.api import to_spark_schema_json
+    from icefall.decode.columns import BAD_COLUMN, CORRUPT_COLUMN, TEXT_COLUMN, TYPED_COLUMN
+    from icefall.decode.decode import Decoder
+    from icefall.decode.reasons import value_checks
+
+    decoder = Decoder(spec, errors=False)
+    typed, fields = F.col(TYPED_COLUMN), spec.format.schema_fields
+    checks = [c for f in fields for c, _ in value_checks(f, typed[f.name], f.name, quotable=True)]
+    checks += [typed[f.name].isNull() for f in fields if f.required]
+    if variant == "no-utf8-check":
+        value = F.col("value")
+        decoder._text = F.when(value.isNotNull(), value.cast("string")).alias(TEXT_COLUMN)
+    elif variant == "no-corrupt-column":
+        plain = StructType.fromJson(to_spark_schema_json(fields))
+        decoder._typed = F.from_json(F.col(TEXT_COLUMN), plain).alias(TYPED_COLUMN)
+        decoder._bad = _any([typed.isNull(), *checks]).alias(BAD_COLUMN)
+    elif variant == "no-value-checks":
+        decoder._bad = _any([typed.isNull(), typed[CORRUPT_COLUMN].isNotNull()]).alias(BAD_COLUMN)
+    return decoder
+
+
+def _any(conditions: list[Any]) -> Any:
+    from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
+
+    found = F.lit(False)
+    for condition in conditions:
+        found = found | F.coalesce(condition, F.lit(False))
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after one warm-up round)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--validation",
+        action="store_true",
+        help="also Icefall's write with one part of its validation left out at a time",
+    )
     args = parser.parse_args()
+    variants = {**VARIANTS, **(VALIDATION_VARIANTS if args.validation else {})}
     started = datetime.now(UTC)
     load_start = load_average()
     state = Path(tempfile.mkdtemp(prefix="icefall-write-path-"))
@@ -155,10 +215,10 @@ def main() -> int:
             return tree_cpu(jvm)
 
         writes = Writes(spark, broker.bootstrap, ranges)
-        cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        cpu: dict[str, list[float]] = {v: [] for v in variants}
+        wall: dict[str, list[float]] = {v: [] for v in variants}
         for round_ in range(args.rounds + 1):
-            for variant in VARIANTS:
+            for variant in variants:
                 cpu0, t0 = jvm_cpu(), time.monotonic()
                 writes.run(variant)
                 cpu1, t1 = jvm_cpu(), time.monotonic()
@@ -188,7 +248,8 @@ def report(
     lines = [
         "# Where a batch's CPU goes: Icefall's write path beside the plain Spark write",
         "",
-        f"`bench/write_path.py --records {args.records} --rounds {args.rounds}` on "
+        f"`bench/write_path.py --records {args.records} --rounds {args.rounds}"
+        f"{' --validation' if args.validation else ''}` on "
         f"{started:%Y-%m-%d %H:%M} UTC. How it is measured: the docstring of `bench/write_path.py` (one "
         f"Spark session, {records:,} ~230-byte events in {PARTITIONS} partitions, every variant writing the "
         "same offsets to a new day(ts)-partitioned table, in turn, round after round; the Spark JVM's CPU "
@@ -197,7 +258,9 @@ def report(
         "| write | CPU-s, median (min) | records per CPU-s | CPU vs plain Spark | wall, median |",
         "|---|--:|--:|--:|--:|",
     ]
-    for variant, label in VARIANTS.items():
+    for variant, label in {**VARIANTS, **VALIDATION_VARIANTS}.items():
+        if variant not in cpu:
+            continue
         median = statistics.median(cpu[variant])
         lines.append(
             f"| {label} | {median:.2f} ({min(cpu[variant]):.2f}) | {records / median:,.0f} | "
