@@ -13,8 +13,9 @@ SPARK_SUBMIT_OPTS) and py-spy records the Python driver (`--nonblocking`, 100 Hz
 the backlog is produced as fast as the client goes, and both profilers stop when the table has committed
 it all. With `--keyed`, the table is bench/upsert.py's keyed one (`mode: upsert`, `key: [id]`): the warm-up
 inserts the keys and the profiled backlog updates them (each batch one MERGE). `--systems` profiles others
-the same way, one after another: icefall-nomaint (`icefall run --no-maintenance`) and spark (bench/compare.py's
-Structured Streaming peer, its table and settings; done when its table holds every record).
+the same way, one after another: icefall-nomaint (`icefall run --no-maintenance`) and spark
+(bench/compare.py's Structured Streaming peer, its table and settings; done when its table holds every
+record).
 
 The CPU of every thread of the system's processes over the drain, by kind (`common.TreeMonitor` with
 `threads`, from /proc: JIT compiler and GC threads too, which JFR's execution samples leave out; JFR's
