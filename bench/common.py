@@ -47,11 +47,18 @@ def percentile(values: list[float], q: float) -> float:
 
 def proc_stat(pid: int) -> list[str] | None:
     """Fields 3.. of /proc/<pid>/stat (state first), or None when the process is gone."""
+    named = _named_stat(Path(f"/proc/{pid}/stat"))
+    return named[1] if named is not None else None
+
+
+def _named_stat(path: Path) -> tuple[str, list[str]] | None:
+    """A process's or thread's stat file: its name and fields 3.. (state first); None when it is gone."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = path.read_text()
     except OSError:
         return None
-    return text[text.rindex(")") + 2 :].split()  # the name may hold spaces
+    end = text.rindex(")")  # the name may hold spaces and parentheses
+    return text[text.index("(") + 1 : end], text[end + 2 :].split()
 
 
 def descendants(root: int) -> list[int]:
@@ -92,13 +99,10 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     except OSError:
         return found
     for tid in tids:
-        try:
-            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue  # it ended between the listing and the read
-        fields = text[text.rindex(")") + 2 :].split()
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        found[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
+        named = _named_stat(Path(f"/proc/{pid}/task/{tid}/stat"))
+        if named is not None:  # (None: it ended between the listing and the read)
+            name, fields = named
+            found[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
     return found
 
 

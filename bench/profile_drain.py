@@ -64,6 +64,7 @@ from common import (
     machine_basics,
     machine_section,
     stop_group,
+    thread_kind,
     tree_cpu,
     write_results,
 )
@@ -319,7 +320,7 @@ def jfr_stacks(
             continue
         thread = re.search(r'sampledThread = "([^"]*)"', block)
         name = thread.group(1) if thread else "?"
-        threads[re.sub(r"\d+", "N", name)[:60]] += 1
+        threads[thread_kind(name)[:60]] += 1
         frames = re.findall(r"^\s+([\w$.<>/]+)\(.*\)\s+line:", block, re.M)
         stacks.append(frames)
     return stacks, threads
@@ -444,8 +445,8 @@ def report(args: argparse.Namespace, started: datetime, runs: list[dict[str, obj
         lines += [
             "",
             "CPU-s over the drain by kind of thread, every process of the system (`/proc/<pid>/task/*/stat`"
-            " every 0.5 s; the kernel's names, cut at 15 characters, numbers as N; with the serial GC that a"
-            " JVM on one core picks, collections run on `VM Thread`):",
+            " every 0.5 s; the kernel's names, cut at 15 characters, numbers as N; GC: `GC Thread#N` and"
+            " `GN Conc#N`, or `VM Thread` under the serial GC a JVM pinned to one core picks):",
             "",
         ]
         lines += ["| thread | CPU-s | share |", "|---|--:|--:|"]

@@ -162,12 +162,12 @@ def trimmed(spec: Any, variant: str) -> Any:
 
     decoder = Decoder(spec, errors=False)
     typed, fields = F.col(TYPED_COLUMN), spec.format.schema_fields
-    checks = [c for f in fields for c, _ in value_checks(f, typed[f.name], f.name, quotable=True)]
-    checks += [typed[f.name].isNull() for f in fields if f.required]
     if variant == "no-utf8-check":
         value = F.col("value")
         decoder._text = F.when(value.isNotNull(), value.cast("string")).alias(TEXT_COLUMN)
     elif variant == "no-corrupt-column":
+        checks = [c for f in fields for c, _ in value_checks(f, typed[f.name], f.name, quotable=True)]
+        checks += [typed[f.name].isNull() for f in fields if f.required]
         plain = StructType.fromJson(to_spark_schema_json(fields))
         decoder._typed = F.from_json(F.col(TEXT_COLUMN), plain).alias(TYPED_COLUMN)
         decoder._bad = _any([typed.isNull(), *checks]).alias(BAD_COLUMN)
