@@ -467,6 +467,29 @@ message BenchEvent {
 }
 """
 
+#: The bench event (`EVENT_SCHEMA`) as a JSON Schema, as a producer of these events registers it (the
+#: schema type JSON of a registry; bench/compare.py's icefall-jsonschema and spark-jsonschema). `ts` is the
+#: produce time as RFC 3339 text, as in the JSON events.
+JSON_SCHEMA_EVENT_SCHEMA: dict[str, object] = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "BenchEvent",
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "key": {"type": "string"},
+        "ts": {"type": "string", "format": "date-time"},
+        "customer": {"type": "string"},
+        "amount": {"type": "number"},
+        "items": {"type": "integer"},
+        "shipping": {
+            "type": "object",
+            "properties": {name: {"type": "string"} for name in ("street", "city", "country")},
+        },
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "note": {"type": "string"},
+    },
+}
+
 #: How an event becomes a record value: (the event, its produce time in ms) -> bytes.
 Encode = Callable[[dict[str, object], int], bytes]
 
@@ -479,6 +502,18 @@ def json_value(event: dict[str, object], _ts_ms: int) -> bytes:
 def avro_datum(event: dict[str, object], ts_ms: int) -> dict[str, object]:
     """The event as a datum of AVRO_EVENT_SCHEMA: `ts` as microseconds since the epoch."""
     return {**event, "ts": ts_ms * 1000}
+
+
+def json_schema_encoder(schema_id: int) -> Encode:
+    """Events as Confluent-framed JSON Schema records: magic byte, `schema_id`, then the event's JSON text
+    (`json_value`), as confluent-kafka's `JSONSerializer` frames them (without its per-record validation,
+    which would make the producer slower than the systems drain)."""
+    header = b"\x00" + struct.pack(">I", schema_id)
+
+    def encode(event: dict[str, object], ts_ms: int) -> bytes:
+        return header + json_value(event, ts_ms)
+
+    return encode
 
 
 def protobuf_encoder(descriptors: str, schema_id: int) -> Encode:

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/compare.py [--records N] [--large-records N] [--seconds S] [--quick]
                                       [--systems icefall,icefall-nodlq,icefall-nomaint,icefall-serial,
-                                                 spark,icefall-avro,spark-avro,icefall-protobuf,connect,floor]
+                                                 spark,icefall-jsonschema,spark-jsonschema,icefall-avro,
+                                                 spark-avro,icefall-protobuf,connect,floor]
                                       [--live-systems icefall,icefall-nomaint,icefall-3s,spark,connect]
     .venv/bin/python bench/compare.py --growth [--records N] [--warmup-records N] [--systems icefall,spark]
                                       [--growth-sizes small,1k,4k] [--growth-partitions 3,48] [--out FILE]
@@ -43,6 +44,13 @@ and polls) on core 0 when the machine has 2 or more cores. Every peer is set for
   is the JSON table's, so the tables are the same). Spark: the peer with `--format avro`,
   `from_avro(expr("substring(value, 6)"), schema_json)` with the writer schema as JSON, as a Spark user
   writes it without a registry client.
+- **icefall-jsonschema**, **spark-jsonschema** (measures 1 to 5 only, no live phase): the same JSON events
+  as Confluent-framed JSON Schema records (`common.JSON_SCHEMA_EVENT_SCHEMA` registered in the bench's
+  registry as `<topic>-value`, schema type JSON; each value the magic byte, that id, then the JSON text:
+  `common.json_schema_encoder`, as the Kafka clients' JSON Schema serializers frame it). Icefall:
+  `spec.format.type: jsonSchema` with `registry.url` (each batch checks its records' ids against the
+  registry), the JSON table's inline `schema`. Spark: the peer with `--format jsonschema`,
+  `from_json(expr("substring(value, 6)").cast("string"), ddl)`, as a Spark user reads such a topic.
 - **icefall-protobuf** (measures 1 to 5 only; not in the default `--systems`): the same events as
   Confluent-framed Protobuf (`common.PROTOBUF_EVENT_SCHEMA`, ~105 bytes a small value): its `.proto` text
   registered in the bench's registry as `<topic>-value` (as a Java serializer registers it), each event
@@ -108,12 +116,13 @@ bench/results/growth.md.
 `--sustained` (issue #45 item 5): only measure 1, on a long stream, where the default 200,000 records drain
 in ~10 s, fixed costs weigh and cells swing by ±30 % between runs: `--records` (default 5,000,000) small
 events per system, 3 partitions, a 1 KB backlog only with `--large-records`, `--systems` default
-icefall,spark,icefall-avro,spark-avro,icefall-protobuf, `--timeout` 3600 s per phase. The producer (~36-58k
+icefall,spark,icefall-jsonschema,spark-jsonschema,icefall-avro,spark-avro,icefall-protobuf, `--timeout`
+3600 s per phase. The producer (~36-58k
 small JSON events/s alone on core 0 here) takes ~1.5-2.5 min for 5M records and streams them (never a list
 in memory); the Avro backlog is spooled to disk first (~0.6 GB for 5M). Writes the drain table (records/s,
 records per CPU-s, CPU-s per GiB, ...), each drain's bytes, CPU probe and load averages at start and end,
-and Icefall/Spark per format (JSON, Avro) to `--out`, default bench/results/sustained.md (compare.md is
-left as it is).
+and Icefall/Spark per format (JSON, JSON Schema, Avro) to `--out`, default bench/results/sustained.md
+(compare.md is left as it is).
 """
 
 from __future__ import annotations
@@ -146,6 +155,7 @@ import yaml
 from common import (
     AVRO_EVENT_SCHEMA,
     EVENT_SCHEMA,
+    JSON_SCHEMA_EVENT_SCHEMA,
     LARGE_NOTE_WORDS,
     PROTOBUF_EVENT_SCHEMA,
     SMALL_NOTE_WORDS,
@@ -158,6 +168,7 @@ from common import (
     bench_event,
     bench_records,
     cpu_per_gib,
+    json_schema_encoder,
     json_value,
     load_average,
     machine_basics,
@@ -193,18 +204,23 @@ TRICKLE_FIRST_ID = 1_000_000_000
 # Ids of the warm-up backlog (above the trickle's, so neither counts as backlog).
 WARMUP_FIRST_ID = 2_000_000_000
 SYSTEMS = (
-    "icefall", "icefall-nodlq", "icefall-nomaint", "icefall-serial", "spark", "icefall-avro", "spark-avro",
-    "icefall-protobuf", "connect", "floor",
+    "icefall", "icefall-nodlq", "icefall-nomaint", "icefall-serial", "spark", "icefall-jsonschema",
+    "spark-jsonschema", "icefall-avro", "spark-avro", "icefall-protobuf", "connect", "floor",
 )  # fmt: skip
 #: The default systems of a run (icefall-protobuf has no Spark peer: `--systems` adds it).
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "icefall-protobuf")
+#: Systems fed Confluent-framed JSON Schema records through the schema registry.
+JSON_SCHEMA_SYSTEMS = ("icefall-jsonschema", "spark-jsonschema")
 #: Systems fed Confluent-framed Avro through the schema registry.
 AVRO_SYSTEMS = ("icefall-avro", "spark-avro")
 #: Systems fed Confluent-framed Protobuf through the schema registry (the others: JSON text).
 PROTOBUF_SYSTEMS = ("icefall-protobuf",)
-REGISTRY_SYSTEMS = AVRO_SYSTEMS + PROTOBUF_SYSTEMS
+REGISTRY_SYSTEMS = JSON_SCHEMA_SYSTEMS + AVRO_SYSTEMS + PROTOBUF_SYSTEMS
 #: `--sustained`'s systems: each format's Icefall beside its Spark peer (Protobuf has none: the docstring).
-SUSTAINED_SYSTEMS = ("icefall", "spark", "icefall-avro", "spark-avro", "icefall-protobuf")
+SUSTAINED_SYSTEMS = (
+    "icefall", "spark", "icefall-jsonschema", "spark-jsonschema", "icefall-avro", "spark-avro",
+    "icefall-protobuf",
+)  # fmt: skip
 #: `--sustained`'s backlog unless `--records` says otherwise.
 SUSTAINED_RECORDS = 5_000_000
 #: Systems of the live phase; `icefall-3s` is Icefall at a 3 s freshness target (the others run at
@@ -226,6 +242,8 @@ LABELS = {
     "icefall-serial": "Icefall without pipelining",
     "icefall-3s": "Icefall at a 3 s freshness target",
     "spark": "Spark Structured Streaming → Iceberg",
+    "icefall-jsonschema": "Icefall, JSON Schema through the registry",
+    "spark-jsonschema": "Spark Structured Streaming, JSON Schema framing → Iceberg",
     "icefall-avro": "Icefall, Avro through the registry",
     "spark-avro": "Spark Structured Streaming, from_avro → Iceberg",
     "icefall-protobuf": "Icefall, Protobuf through the registry",
@@ -321,7 +339,9 @@ class Context:
 
 
 def format_of(system: str) -> str:
-    """`spec.format.type` of `system`'s records: avro, protobuf or json."""
+    """`spec.format.type` of `system`'s records: jsonSchema, avro, protobuf or json."""
+    if system in JSON_SCHEMA_SYSTEMS:
+        return "jsonSchema"
     return "avro" if system in AVRO_SYSTEMS else "protobuf" if system in PROTOBUF_SYSTEMS else "json"
 
 
@@ -346,8 +366,8 @@ def icefall_manifest(
     format_type: str = "json",
 ) -> dict[str, Any]:
     """Icefall's StreamingTable for `topic`, at `target` seconds (default `--freshness-target`); with
-    `format_type` avro or protobuf, Confluent-framed records through the bench's registry into the same
-    columns."""
+    `format_type` jsonSchema, avro or protobuf, Confluent-framed records through the bench's registry into
+    the same columns."""
     fmt: dict[str, Any] = {"type": "json", "schema": EVENT_SCHEMA}
     if format_type != "json":
         assert ctx.registry is not None, f"a {format_type} system runs only with the bench's schema registry"
@@ -450,6 +470,8 @@ def launch_spark(ctx: Context, system: str, topic: str, work: Path) -> tuple[Man
     if system in AVRO_SYSTEMS:
         (work / "event.avsc").write_text(json.dumps(AVRO_EVENT_SCHEMA))
         decode = ["--format", "avro", "--avro-schema", str(work / "event.avsc")]
+    elif system in JSON_SCHEMA_SYSTEMS:
+        decode = ["--format", "jsonschema"]
     argv = spark_peer_argv(ctx, topic, work, catalog, "--max-offsets-per-trigger", limit, *decode)
     ctx.settings[system] = {
         "command": "bench/peers/spark_streaming.py (master local[2], driver memory 1g)",
@@ -460,11 +482,14 @@ def launch_spark(ctx: Context, system: str, topic: str, work: Path) -> tuple[Man
         + " (Icefall's reader defaults)",
         "write": "format iceberg, append, fanout-enabled, checkpoint folder",
     }
-    if decode:
+    if system in AVRO_SYSTEMS:
         ctx.settings[system]["decode"] = (
             'from_avro(expr("substring(value, 6)"), schema_json), the writer schema given as JSON '
             "(mode FAILFAST, the default)"
         )
+    elif system in JSON_SCHEMA_SYSTEMS:
+        ctx.settings[system]["decode"] = 'from_json(expr("substring(value, 6)").cast("string"), ddl)'
+
     return ManagedProcess(system, [*ctx.pin, *argv], work / "system.log").start(), catalog
 
 
@@ -661,7 +686,9 @@ def encoder(ctx: Context, system: str, topic: str) -> Encode:
     Avro by confluent-kafka's `AvroSerializer` (which registers AVRO_EVENT_SCHEMA as `<topic>-value` in the
     bench's registry on first use); for a Protobuf system PROTOBUF_EVENT_SCHEMA's `.proto` text registered
     as `<topic>-value` (as a Java serializer registers it) and each event framed with its id and message
-    index [0] (`common.protobuf_encoder`). One per producing thread: a serializer keeps state."""
+    index [0] (`common.protobuf_encoder`); for a JSON Schema system JSON_SCHEMA_EVENT_SCHEMA registered
+    likewise and the JSON text framed with its id (`common.json_schema_encoder`). One per producing thread:
+    a serializer keeps state."""
     if system not in REGISTRY_SYSTEMS:
         return json_value
     assert ctx.registry is not None, "a registry system runs only with the bench's schema registry"
@@ -669,6 +696,9 @@ def encoder(ctx: Context, system: str, topic: str) -> Encode:
     if system in PROTOBUF_SYSTEMS:
         schema_id = client.register_schema(f"{topic}-value", Schema(PROTOBUF_EVENT_SCHEMA, "PROTOBUF"))
         return protobuf_encoder(protobuf_descriptors(), schema_id)
+    if system in JSON_SCHEMA_SYSTEMS:
+        schema = Schema(json.dumps(JSON_SCHEMA_EVENT_SCHEMA), "JSON")
+        return json_schema_encoder(client.register_schema(f"{topic}-value", schema))
     serializer = AvroSerializer(client, json.dumps(AVRO_EVENT_SCHEMA))
     context = SerializationContext(topic, MessageField.VALUE)
 
@@ -1157,8 +1187,23 @@ def conditions_table(drains: list[tuple[str, Throughput | str]]) -> list[str]:
 
 
 def avro_note(systems: list[str]) -> list[str]:
-    """The paragraphs on the Avro and Protobuf systems' input, when one ran; [] otherwise."""
-    return [*_avro_note(systems), *protobuf_note(systems)]
+    """The paragraphs on the registry formats' input (JSON Schema, Avro, Protobuf), when one ran; []
+    otherwise."""
+    return [*json_schema_note(systems), *_avro_note(systems), *protobuf_note(systems)]
+
+
+def json_schema_note(systems: list[str]) -> list[str]:
+    if not any(s in JSON_SCHEMA_SYSTEMS for s in systems):
+        return []
+    return [
+        "The JSON Schema rows (icefall-jsonschema, spark-jsonschema) drain the same JSON events, each value "
+        "framed as the Kafka clients' JSON Schema serializers frame it (a magic byte and the 4-byte id of "
+        "`common.JSON_SCHEMA_EVENT_SCHEMA` in the schema registry, then the JSON text; ~5 bytes more a "
+        "record), encoded as they are produced. Icefall checks each record's frame and schema id against "
+        "the registry, then reads the text as its JSON format does; Spark's job reads the text past the "
+        "header with `from_json` and looks at neither.",
+        "",
+    ]
 
 
 def protobuf_note(systems: list[str]) -> list[str]:
@@ -1373,15 +1418,16 @@ def render(ctx: Context, facts: dict[str, str], results: Results, chart_line: st
 
 
 def producer_alone(ctx: Context) -> dict[str, str]:
-    """How fast this process produces 50,000 small events alone, as JSON, and as Avro and Protobuf when
-    a system of that format runs (machine table rows: name -> rate)."""
+    """How fast this process produces 50,000 small events alone, as JSON, and as JSON Schema, Avro and
+    Protobuf when a system of that format runs (machine table rows: name -> rate)."""
     out = {}
     for name, system, how in (
         ("Producer alone", "icefall", ""),
+        ("Producer alone, JSON Schema", "icefall-jsonschema", " (common.json_schema_encoder)"),
         ("Producer alone, Avro", "icefall-avro", " (AvroSerializer)"),
         ("Producer alone, Protobuf", "icefall-protobuf", " (common.protobuf_encoder)"),
     ):
-        if system != "icefall" and system not in ctx.args.systems:
+        if system != "icefall" and not {system, system.replace("icefall", "spark")} & set(ctx.args.systems):
             continue
         topic = f"events-probe-{format_of(system)}"
         ctx.broker.create_topic(topic, partitions=PARTITIONS)
@@ -1547,7 +1593,11 @@ def write_growth(ctx: Context, facts: dict[str, str], grid: Grid, started: str) 
 # --- sustained mode ----------------------------------------------------------------------------------
 
 #: Pairs compared in a sustained run's ratio table: (format, Icefall's system, its Spark peer).
-PAIRS = (("JSON", "icefall", "spark"), ("Avro", "icefall-avro", "spark-avro"))
+PAIRS = (
+    ("JSON", "icefall", "spark"),
+    ("JSON Schema", "icefall-jsonschema", "spark-jsonschema"),
+    ("Avro", "icefall-avro", "spark-avro"),
+)
 
 
 def ratio_table(results: dict[str, Throughput | str]) -> list[str]:

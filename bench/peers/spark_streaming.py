@@ -2,7 +2,8 @@
 
     python bench/peers/spark_streaming.py --bootstrap HOST:PORT --topic T --table bench.events \
         --catalog-db catalog.db --warehouse DIR --checkpoint DIR --jars 'a.jar,b.jar' [--trigger-seconds 10] \
-        [--kafka-option fetch.max.wait.ms=10 ...] [--upsert-key id] [--format avro --avro-schema FILE]
+        [--kafka-option fetch.max.wait.ms=10 ...] [--upsert-key id]
+        [--format jsonschema | --format avro --avro-schema FILE]
 
 readStream from Kafka (earliest) → from_json with the events' schema → writeStream format iceberg into an
 existing table of a JDBC (SQLite) catalog named `icefall`, trigger processingTime, a checkpoint folder.
@@ -10,6 +11,8 @@ With `--format avro` the values are Confluent-framed Avro (a magic byte and a 4-
 record) and the job decodes them as a Spark user does without a registry client: spark-avro's
 `from_avro(expr("substring(value, 6)"), schema_json)` with the writer schema of `--avro-schema` (an .avsc
 file), default mode FAILFAST. The schema id is not looked at: every record must be of that writer schema.
+With `--format jsonschema` the values are Confluent-framed JSON Schema records (the header, then JSON
+text) and the job reads them likewise: `from_json(expr("substring(value, 6)").cast("string"), ...)`.
 With `--upsert-key COLUMN` (bench/upsert.py) the job is the keyed one a Spark user writes instead: each
 micro-batch, in `foreachBatch`, is cut to the last record per key (by Kafka offset; a key stays in one
 partition), a tombstone (null value) taking its key from the Kafka key (a bare value), then applied by
@@ -72,7 +75,10 @@ def upsert_batch(table: str, key: str) -> Callable[[DataFrame, int], None]:
 
 
 def decoded(args: argparse.Namespace) -> Column:
-    """The event of a record's value: from_json with EVENT_DDL, or from_avro past the 5-byte header."""
+    """The event of a record's value: from_json with EVENT_DDL (of the text past the 5-byte header for
+    jsonschema), or from_avro past the header."""
+    if args.format == "jsonschema":
+        return from_json(expr("substring(value, 6)").cast("string"), EVENT_DDL)
     if args.format == "avro":
         from pyspark.sql.avro.functions import from_avro
 
@@ -97,7 +103,9 @@ def main() -> int:
     parser.add_argument("--trigger-seconds", type=float, default=10)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: no limit")
     parser.add_argument("--upsert-key", help="a keyed table: MERGE each micro-batch by this column")
-    parser.add_argument("--format", choices=("json", "avro"), default="json", help="the record values")
+    parser.add_argument(
+        "--format", choices=("json", "jsonschema", "avro"), default="json", help="the record values"
+    )
     parser.add_argument("--avro-schema", type=Path, help="--format avro: the writer schema (.avsc)")
     parser.add_argument(
         "--kafka-option", action="append", default=[], metavar="KEY=VALUE", help="a Kafka consumer option"

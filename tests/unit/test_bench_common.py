@@ -3,11 +3,12 @@
 Proves: percentiles interpolate between ranks (and are NaN for nothing); the bench events have the 9
 documented fields, match the schema every system is given, carry the Kafka timestamp in `ts`, and come
 in the two documented sizes; the Avro writer schema has the same 9 columns and an event encoded with it
-reads back as the same event; a process tree's CPU at a moment is interpolated between samples; the
-icefall manifests the comparison writes (JSON, and Avro through a registry) are valid StreamingTables over
-that schema, and so are the executor pods' table (in its catalog, compaction off) and the keyed profile's
-(bench/upsert.py's keyed table); the audit by content
-counts duplicates, missing and changed events, from rows streamed one at a time, with the same digest for an
+reads back as the same event; the JSON Schema events are the JSON events framed with their id and valid
+against their JSON Schema, which has the same 9 fields; a process tree's CPU at a moment is interpolated
+between samples; the icefall manifests the comparison writes (JSON, and Avro, Protobuf and JSON Schema
+through a registry) are valid StreamingTables over that schema, and so are the executor pods' table (in its
+catalog, compaction off) and the keyed profile's (bench/upsert.py's keyed table); the audit by content counts
+duplicates, missing and changed events, from rows streamed one at a time, with the same digest for an
 event and for its row read back; CPU-s per GiB is the CPU over the GiB of keys and values, the reciprocal of
 records per CPU-s times the bytes of a record, and `Tally` counts those bytes as produced (a tombstone its
 key only); a spooled backlog reads back as produced and leaves no file; the Protobuf events decode with
@@ -153,7 +154,7 @@ def test_the_avro_manifest_reads_the_registry_into_the_same_columns() -> None:
     ctx = compare.Context(
         broker=Broker(), args=Args(), state=Path("/nonexistent"), pin=[], registry=Registry()
     )
-    for kind in ("avro", "protobuf"):
+    for kind in ("avro", "protobuf", "jsonSchema"):
         topic = f"small-icefall-{kind}"
         st = load_manifest(yaml.safe_dump(compare.icefall_manifest(ctx, topic, format_type=kind)))
         assert st.spec.format.type.value == kind
@@ -237,6 +238,26 @@ def test_the_protobuf_events_decode_with_icefalls_decoder_into_the_json_events()
         assert datetime.fromisoformat(back.pop("ts")).timestamp() * 1000 == ts_ms  # the produce time
         del event["ts"]
         assert back == event
+
+
+def test_the_json_schema_events_are_the_json_events_framed_and_valid_against_their_schema() -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(common.JSON_SCHEMA_EVENT_SCHEMA)
+    as_json = common.bench_records(seed=5, note_words=common.SMALL_NOTE_WORDS)
+    framed = common.bench_records(seed=5, note_words=common.SMALL_NOTE_WORDS,
+                                  encode=common.json_schema_encoder(42))  # fmt: skip
+    for _ in range(30):
+        (key, text, _), (framed_key, value, ts_ms) = next(as_json), next(framed)
+        assert value[:5] == b"\x00\x00\x00\x00\x2a" and framed_key == key  # magic byte, schema id 42
+        event, framed_event = json.loads(text), json.loads(value[5:])
+        validator.validate(framed_event)
+        assert datetime.fromisoformat(framed_event.pop("ts")).timestamp() * 1000 == ts_ms
+        del event["ts"]
+        assert framed_event == event
+    properties = common.JSON_SCHEMA_EVENT_SCHEMA["properties"]
+    assert isinstance(properties, dict)
+    assert list(properties) == [f["name"] for f in common.EVENT_SCHEMA]
 
 
 def _throughput(compare: ModuleType, records: int, cpu: float, value_bytes: int) -> object:
