@@ -296,6 +296,17 @@ DELETES = ApplyDeletes((), ("file:///w/a.parquet",), ("file:///w/a-deletes.parqu
 CONFLICT = "ValidationException: Cannot commit, found new position delete for replaced data file: a.parquet"
 
 
+def test_a_rewrite_lost_to_deletes_is_one_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    def run(spark: Any, catalog: Any, identifier: Any, item: WorkItem) -> ItemResult:
+        raise RuntimeError(CONFLICT)
+
+    runner = PlannedRunner([DELETES], run, set(), [])
+    with caplog.at_level(logging.INFO):
+        assert runner.step().error == f"RuntimeError: {CONFLICT}"
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert "ApplyDeletes lost to ingestion's deletes (1 in a row); planned again" in caplog.text
+
+
 def test_a_rewrite_that_keeps_losing_to_deletes_runs_holding_the_yield_lease() -> None:
     """Two refusals for new deletes in a row: the third attempt holds `icefall-t-yield` (ingestion waits), is
     tried once more if the batch in flight still beat it, and the lease is let go; success resets the count;

@@ -268,7 +268,13 @@ class MaintenanceRunner(Rounds):
                     if jvm_stopped(self.spark, error):  # being stopped: nothing to report but that
                         log.info("%s: %s stopped with Spark's JVM", self.label, kind_of(item))
                         return StepResult(len(work), item, None, "Spark's JVM stopped", busy)
-                    log_failure(log, error, "%s: %s failed", self.label, kind_of(item))
+                    if is_delete_conflict(error):  # expected beside a keyed table's MERGEs: no traceback
+                        log.info(
+                            "%s: %s lost to ingestion's deletes (%d in a row); planned again",
+                            self.label, kind_of(item), self.conflicts.get(key, 0),
+                        )  # fmt: skip
+                    else:
+                        log_failure(log, error, "%s: %s failed", self.label, kind_of(item))
                     return StepResult(len(work), item, None, f"{type(error).__name__}: {error}", busy)
             return StepResult(len(work), item, result, None, busy)
         return StepResult(len(work), busy=busy)
