@@ -517,6 +517,21 @@ def reads(run: Run, workload: Workload, result: Result) -> None:
             result.audit = "OK" if report.ok else report.render().replace("\n", "; ")
     finally:
         spark.stop()
+        fresh_jvm_next()
+
+
+def fresh_jvm_next() -> None:
+    """End this process's Spark JVM, so that the next system's reads start their own: a JVM that died (an
+    out-of-memory audit) would otherwise stay PySpark's gateway, and every session after it fail with
+    'Connection refused'. PySpark's JVM exits when its stdin closes."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    SparkContext._gateway = SparkContext._jvm = None
+    if gateway is not None:
+        gateway.close()
+        gateway.proc.stdin.close()
+        gateway.proc.wait(60)
 
 
 def bench_system(ctx: Context, result: Result) -> None:
@@ -597,7 +612,9 @@ def render(ctx: Context, facts: dict[str, str], results: list[Result], started: 
         if a.sustained
         else "a full run on a shared machine (see the load averages)"
     )
-    ok = [r for r in results if not r.error]
+    # A system that failed after its initial load keeps its column: what was measured stands (its error is
+    # under Failures, and the cells not reached say n/a or not checked).
+    ok = [r for r in results if r.load is not None]
     head = "| | " + " | ".join(LABELS[r.system] for r in ok) + " |"
     rule = "|---|" + "--:|" * len(ok)
 

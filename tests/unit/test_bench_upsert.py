@@ -126,6 +126,19 @@ def test_the_report_puts_the_systems_side_by_side_and_keeps_failures() -> None:
     assert "| live: freshness p50 / p99 | 4.9 / 10.5 s |" in text
     assert "| 10 | 1 | 5 | 8,680 | 50,922 |" in text
     assert "## Failures" in text and "boom" in text
+    assert upsert.LABELS["spark"] not in text.split("## Ingest")[1].split("\n")[2]  # nothing measured: no column
+
+
+def test_a_system_that_failed_after_its_initial_load_keeps_what_was_measured() -> None:
+    args = SimpleNamespace(argv=["--quick"], quick=True, keys=50_000, backlog_changes=10_000, rate=300.0,
+                           seconds=60.0, freshness_target=10.0, sample_seconds=5.0)  # fmt: skip
+    ctx = upsert.Context(SimpleNamespace(bootstrap="x"), args, Path("/nonexistent"), [])
+    load = upsert.Drain(49_000, 10.0, 4_000.0, 3)
+    failed = upsert.Result("icefall", load=load, p50=4.9, p99=10.5, error="Java heap space")
+    text = upsert.render(ctx, {"CPU": "test"}, [failed], "now")
+    assert "| initial load: records/s | 4,900 |" in text
+    assert "| exact against the model, by content | not checked |" in text
+    assert "## Failures" in text and "Java heap space" in text
 
 
 def test_the_ingest_table_has_cpu_per_gib_and_each_drains_gauges() -> None:
