@@ -59,6 +59,16 @@ RECORDS_PER_TASK = 100_000
 _TIMESTAMP = "__icefall_kafka_timestamp"
 
 
+def cached(frame: DataFrame) -> DataFrame:
+    """`frame` cached on local disk only, for the audits that read a whole topic: far more than the heap
+    holds. Cached in memory and on disk, a block read back from disk is unrolled into the memory store
+    again (Spark's `BlockManager.maybeCacheDiskValuesInMemory`), and the audit of a keyed table of
+    5,000,000 keys and 10,000,000 records ran a 1 GB driver out of heap doing it, 100,000 records a task."""
+    from pyspark import StorageLevel
+
+    return frame.persist(StorageLevel.DISK_ONLY)
+
+
 class SparkContent:
     """`ContentSource` on a Spark session: see the module docstring."""
 
@@ -184,7 +194,7 @@ class SparkContent:
         spec = self.decoding_spec
         if self._written is not None:
             spec = self._written.decoding(spec)
-        return decode(kafka, spec).persist(), spec
+        return cached(decode(kafka, spec)), spec
 
     def good_digests(self, good: DataFrame) -> DataFrame:
         """(`partition`, `offset`, `digest`) of decoded good rows, as the table holds them."""

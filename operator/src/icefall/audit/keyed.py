@@ -191,13 +191,13 @@ def compare_with_topic(
     partition columns), so a row's stored value is judged too."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    from icefall.audit.content import RECORDS_PER_TASK
+    from icefall.audit.content import RECORDS_PER_TASK, cached
     from icefall.decode.decode import BAD_COLUMN, decode, good_rows
     from icefall.ingest.engine import read_kafka
 
     ranges = committed_ranges(committed)
     kafka = read_kafka(spark, st.spec, ranges, security_options or {}, records_per_task=RECORDS_PER_TASK)
-    decoded = decode(kafka, spec).persist()
+    decoded = cached(decode(kafka, spec))
     comparison: KeyedComparison | None = None
     try:
         records = decoded.count() if ranges else 0
@@ -231,7 +231,7 @@ def compare(changes: DataFrame, rows: DataFrame, key: list[str]) -> KeyedCompari
     column and its Kafka position (topic too, where `_kafka` has it)."""
     from pyspark.sql import functions as F  # noqa: N812 (the PySpark idiom)
 
-    from icefall.audit.content import main_digest
+    from icefall.audit.content import cached, main_digest
     from icefall.decode.decode import DELETE_COLUMN, KAFKA_COLUMN, SEQUENCE_COLUMN, last_changes
 
     def source(frame: DataFrame) -> list[Column]:
@@ -258,7 +258,7 @@ def compare(changes: DataFrame, rows: DataFrame, key: list[str]) -> KeyedCompari
     actual = digested(table_rows, "actual")
     duplicates = actual.groupBy("key").count().where("count > 1")
     # Counted four ways by `counted`: the model's aggregation and the join run once.
-    compared = expected.join(actual.dropDuplicates(["key"]), "key", "full_outer").persist()
+    compared = cached(expected.join(actual.dropDuplicates(["key"]), "key", "full_outer"))
     return KeyedComparison(compared=compared, duplicates=duplicates, unordered=unordered)
 
 

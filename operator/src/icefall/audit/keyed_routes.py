@@ -74,9 +74,7 @@ def audit_keyed_routes(
 ) -> RoutedAuditReport[KeyedAuditReport]:
     """Audit every destination of the keyed, routed `st` (module doc), `spec.table` first. `spark` has
     `catalog_name` configured."""
-    from pyspark import StorageLevel
-
-    from icefall.audit.content import RECORDS_PER_TASK
+    from icefall.audit.content import RECORDS_PER_TASK, cached
     from icefall.decode.decode import decode
     from icefall.decode.schemas import decoding_spec, schema_at
     from icefall.ingest.engine import read_kafka
@@ -95,7 +93,7 @@ def audit_keyed_routes(
     routing = writer_routing(st)
     # Computed once for every destination (as the writer caches its batch): an own route's decode stacked
     # on the spec's decode and the conditions, uncached, runs Spark's optimizer out of memory.
-    routed = routing.routed(routing.dead_letters(decode(kafka, spec))).persist(StorageLevel.MEMORY_AND_DISK)
+    routed = cached(routing.routed(routing.dead_letters(decode(kafka, spec))))
     try:
         audit = _Routed(spark, st, spec, routing, routed, catalog_name).audit
         audits = [DestinationAudit(d.name, audit(d)) for d in destinations]
