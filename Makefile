@@ -25,7 +25,7 @@ help:
 	@echo "make bench  Icefall side by side with its peers (bench/results/compare.md); BENCH_ARGS=--quick: short"
 	@echo "make bench-growth  drain throughput over event sizes x partitions (bench/results/growth.md)"
 	@echo "make bench-upsert  keyed upserts: Icefall beside Spark's foreachBatch MERGE (bench/results/upsert.md)"
-	@echo "make bench-sustained  5M-record drains: JSON, Avro, Protobuf, keyed, with CPU-s per GiB (bench/results/sustained.md, sustained-upsert.md)"
+	@echo "make bench-sustained  5M-record drains: JSON, JSON Schema, Avro, Protobuf, keyed, with CPU-s per GiB (bench/results/sustained.md, sustained-upsert.md)"
 	@echo "make bench-write-path  CPU of Icefall's write path vs the plain Spark write (bench/results/write_path.md)"
 	@echo "make bench-fresh  union reads (icefall read) vs a plain scan: latency, staleness (bench/results/union_read.md)"
 	@echo "make bench-pipelining  a backlog drained with spec.batch.pipelined on and off (bench/results/pipelining.md)"
@@ -194,10 +194,10 @@ bench-growth: setup $(VENV)/.bench-installed
 .PHONY: bench-upsert
 bench-upsert: setup $(VENV)/.bench-installed
 	$(TOOLS) && $(BIN)/python bench/upsert.py $(BENCH_ARGS)
-# Sustained drains (issue #45): 5,000,000 small events per system for JSON, Avro and Protobuf (bench/compare.py
-# --sustained; bench/results/sustained.md), then keyed: 5M keys and 5M changes, Icefall beside Spark's MERGE
-# (bench/upsert.py --sustained; bench/results/sustained-upsert.md). Estimated from smoke runs on 2 cores: ~1 h
-# for compare.py, 1-2 h for upsert.py (its MERGEs grow with the 5M-row table): run it on a quiet machine. Options: SUSTAINED_ARGS to compare.py (e.g. "--records 1000000"), SUSTAINED_UPSERT_ARGS to upsert.py.
+# Sustained drains (issue #45): 5,000,000 small events per system for JSON, JSON Schema, Avro and Protobuf
+# (bench/compare.py --sustained; bench/results/sustained.md), then keyed: 5M keys and 5M changes, Icefall beside
+# Spark's MERGE (bench/upsert.py --sustained; bench/results/sustained-upsert.md). On 2 cores: ~1 h for
+# compare.py, ~35 min for upsert.py (2026-11-30): run it on a quiet machine. Options: SUSTAINED_ARGS to compare.py (e.g. "--records 1000000"), SUSTAINED_UPSERT_ARGS to upsert.py.
 .PHONY: bench-sustained
 bench-sustained: setup $(VENV)/.bench-installed
 	$(TOOLS) && $(BIN)/python bench/compare.py --sustained $(SUSTAINED_ARGS)
