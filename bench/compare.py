@@ -35,7 +35,7 @@ and polls) on core 0 when the machine has 2 or more cores. Every peer is set for
   Confluent-framed Avro (`common.AVRO_EVENT_SCHEMA`: the 9 fields, `ts` a timestamp-micros, `shipping` a
   nested record, `tags` an array), encoded by confluent-kafka's `AvroSerializer`, which registers the
   writer schema in a schema registry the bench starts beside the broker (Apicurio,
-  `icefall.devstack.registry`, core 0, its CPU not counted; only when an Avro or Protobuf system runs).
+  `icefall.devstack.registry`, core 0, its CPU not counted; only when a registry format runs).
   The backlog is encoded before its clock starts into a spool file in the state folder
   (`common.spooled`: memory bounded whatever the backlog), then read back and produced as fast as the
   client goes (encoding as it produces, the serializer was slower than the systems drain), so its `ts` is
@@ -335,7 +335,7 @@ class Context:
     state: Path
     pin: list[str]  # the taskset prefix for systems, [] on a 1-core machine
     settings: dict[str, dict[str, str]] = field(default_factory=dict)
-    registry: SchemaRegistryServer | None = None  # running when an Avro system is among --systems
+    registry: SchemaRegistryServer | None = None  # running when a registry format's system is among --systems
 
 
 def format_of(system: str) -> str:
@@ -1808,7 +1808,7 @@ def main(argv: list[str] | None = None) -> int:
 def bench_context(args: argparse.Namespace, prefix: str) -> Iterator[Context]:
     """The run's Context: this process (and the broker it starts) pinned to core 0 and the systems to core 1
     when there are 2 or more cores; the state in `args.keep` (a new folder) or a temporary one named
-    `prefix`...; one Kafka broker, and a schema registry when an Avro system is among `args.systems`, both
+    `prefix`...; one Kafka broker, and a schema registry when a registry system is among `args.systems`, both
     stopped (and a temporary state deleted) when the block ends."""
     pin: list[str] = []
     if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
