@@ -1187,45 +1187,23 @@ def conditions_table(drains: list[tuple[str, Throughput | str]]) -> list[str]:
 
 
 def avro_note(systems: list[str]) -> list[str]:
-    """The paragraphs on the registry formats' input (JSON Schema, Avro, Protobuf), when one ran; []
-    otherwise."""
-    return [*json_schema_note(systems), *_avro_note(systems), *protobuf_note(systems)]
+    """The paragraphs on the registry formats' input (JSON Schema, Avro, Protobuf) whose systems ran."""
+    return [line for members, text in REGISTRY_NOTES if set(members) & set(systems) for line in (text, "")]
 
 
-def json_schema_note(systems: list[str]) -> list[str]:
-    if not any(s in JSON_SCHEMA_SYSTEMS for s in systems):
-        return []
-    return [
+#: (the systems of a registry format, the paragraph on their input).
+REGISTRY_NOTES = (
+    (
+        JSON_SCHEMA_SYSTEMS,
         "The JSON Schema rows (icefall-jsonschema, spark-jsonschema) drain the same JSON events, each value "
         "framed as the Kafka clients' JSON Schema serializers frame it (a magic byte and the 4-byte id of "
         "`common.JSON_SCHEMA_EVENT_SCHEMA` in the schema registry, then the JSON text; ~5 bytes more a "
         "record), encoded as they are produced. Icefall checks each record's frame and schema id against "
         "the registry, then reads the text as its JSON format does; Spark's job reads the text past the "
         "header with `from_json` and looks at neither.",
-        "",
-    ]
-
-
-def protobuf_note(systems: list[str]) -> list[str]:
-    if not any(s in PROTOBUF_SYSTEMS for s in systems):
-        return []
-    return [
-        "The Protobuf row (icefall-protobuf) drains the same events as Confluent-framed Protobuf "
-        "(`common.PROTOBUF_EVENT_SCHEMA`: `ts` a google.protobuf.Timestamp, `shipping` a nested message, "
-        "`tags` repeated; ~105 bytes a value for the small events): the `.proto` text registered in the "
-        "schema registry as `<topic>-value` (as a Java serializer registers it), each record framed with its "
-        'id and message index [0], encoded as it is produced (see "Producer alone, Protobuf"). Icefall '
-        "looks the schema up by id and decodes in PySpark's Python workers (`icefall.decode.protobuf`). No "
-        "Spark peer: Spark's `from_protobuf` (spark-protobuf) is not served by the package registry this "
-        "project builds from (bench/results/protobuf.md).",
-        "",
-    ]
-
-
-def _avro_note(systems: list[str]) -> list[str]:
-    if not any(s in AVRO_SYSTEMS for s in systems):
-        return []
-    return [
+    ),
+    (
+        AVRO_SYSTEMS,
         "The Avro rows (icefall-avro, spark-avro) drain the same events as Confluent-framed Avro "
         "(`common.AVRO_EVENT_SCHEMA`: `ts` a timestamp-micros, `shipping` a nested record, `tags` an array; "
         "~95 bytes a value for the small events against ~230 of JSON, ~870 against ~1,000 for the 1 KB "
@@ -1235,8 +1213,19 @@ def _avro_note(systems: list[str]) -> list[str]:
         "before the clock starts into a spool file, then read back and produced (the serializer encoding "
         'as it produces is slower than the systems drain: see "Producer alone, Avro" in the machine '
         "table); the JSON backlogs are encoded as they are produced.",
-        "",
-    ]
+    ),
+    (
+        PROTOBUF_SYSTEMS,
+        "The Protobuf row (icefall-protobuf) drains the same events as Confluent-framed Protobuf "
+        "(`common.PROTOBUF_EVENT_SCHEMA`: `ts` a google.protobuf.Timestamp, `shipping` a nested message, "
+        "`tags` repeated; ~105 bytes a value for the small events): the `.proto` text registered in the "
+        "schema registry as `<topic>-value` (as a Java serializer registers it), each record framed with its "
+        'id and message index [0], encoded as it is produced (see "Producer alone, Protobuf"). Icefall '
+        "looks the schema up by id and decodes in PySpark's Python workers (`icefall.decode.protobuf`). No "
+        "Spark peer: Spark's `from_protobuf` (spark-protobuf) is not served by the package registry this "
+        "project builds from (bench/results/protobuf.md).",
+    ),
+)
 
 
 def live_table(results: dict[str, Live | str]) -> list[str]:
